@@ -1,0 +1,225 @@
+"""The ``nmmc`` command line.
+
+Every user error (bad shape, unknown name, a schedule over a hardware limit) prints one line,
+``nmmc: error: ...``, and exits with code 2, writing nothing. ``nmmc verify`` exits 1 when a kernel
+fails verification.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .codegen import DEFAULT_DIALECT, DIALECTS
+from .errors import InputError, NmmcError
+from .ir import A_LAYOUTS, parse_shape
+from .schedule import PARAMS, PRESETS, GemmProblem, lower_gemm, preset, preset_doc
+from .targets import DEFAULT_TARGET, TARGETS, get_target
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+class _Group(click.Group):
+    """Turn click's usage errors and nmmc's user errors into one line and exit code 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("nmmc: aborted", err=True)
+            sys.exit(EXIT_FAILED)
+        except click.UsageError as exc:
+            cmd = f" {exc.ctx.info_name}" if exc.ctx and exc.ctx.parent else ""
+            click.echo(f"nmmc: error: {exc.format_message()} (see 'nmmc{cmd} --help')", err=True)
+            sys.exit(EXIT_USAGE)
+        except NmmcError as exc:
+            click.echo(f"nmmc: error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write the whole file or nothing: a temporary file in the same directory, then a rename."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise InputError(f"cannot write {path!r}: directory {str(directory)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _parse_params(values: tuple[str, ...]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise InputError(f"--param takes key=value (e.g. tiles_in_block_m=4); got {item!r}")
+        params[key.strip()] = value.strip()
+    return params
+
+
+def _choice(value: str, accepted: dict[str, Any] | tuple[str, ...], what: str) -> str:
+    if value not in accepted:
+        raise InputError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
+    return value
+
+
+def _problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--a-layout", default="mk", show_default=True,
+                      help="How A is stored in HBM: mk = row-major [M,K] (activations), km = transposed [K,M].")(fn)
+    fn = click.option("--dtype", default="bf16", show_default=True,
+                      help="Element type of A, B and C: bf16 (bfloat16) or fp32 (float32).")(fn)
+    fn = click.option("--shape", required=True, metavar="MxNxK",
+                      help="GEMM C[M,N] = A[M,K] @ B[K,N], e.g. 1024x2048x512.")(fn)
+    return fn
+
+
+def _problem(shape: str, dtype: str, a_layout: str) -> GemmProblem:
+    from .ir import canonical_dtype
+
+    m, n, k = parse_shape(shape)
+    return GemmProblem(m, n, k, dtype=canonical_dtype(dtype), a_layout=_choice(a_layout, A_LAYOUTS, "A layout"))
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="nmmc")
+def main() -> None:
+    """nmmc, the NeuronMM compiler: lowers matmul graphs to NKI kernels for AWS Trainium,
+    and verifies them on the CPU with its own NKI interpreter.
+
+    \b
+    Typical use:
+      nmmc emit --shape 1024x2048x1024 -o gemm.py     # write a kernel
+      nmmc verify gemm.py                              # run it in the interpreter vs NumPy
+      nmmc schedules --shape 1024x2048x1024            # presets and schedule parameters
+      nmmc targets                                     # the hardware table
+    """
+
+
+@main.command()
+@_problem_options
+@click.option("--schedule", "schedule_name", default=None, metavar="PRESET",
+              help=f"Schedule preset: {', '.join(PRESETS)} (default aws-fully-optimized).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Override one schedule parameter; repeatable. See 'nmmc schedules' for the parameters.")
+@click.option("--dialect", default=DEFAULT_DIALECT, show_default=True,
+              help="NKI dialect: nki (NKI 0.3+, import nki) or neuronxcc (NKI 0.1, import neuronxcc.nki).")
+@click.option("--target", default=DEFAULT_TARGET, show_default=True, help=f"Hardware: {', '.join(TARGETS)}.")
+@click.option("-o", "--output", required=True, metavar="FILE", help="Kernel file to write ('-' for stdout).")
+def emit(shape: str, dtype: str, a_layout: str, schedule_name: str | None, params: tuple[str, ...],
+         dialect: str, target: str, output: str) -> None:
+    """Emit the NKI kernel of a GEMM under a schedule preset (plus --param overrides)."""
+    from .compiler import compile_gemm
+
+    m, n, k = parse_shape(shape)
+    _choice(dialect, DIALECTS, "dialect")
+    result = compile_gemm(m, n, k, dtype=dtype, a_layout=a_layout, target=target, dialect=dialect,
+                          schedule=schedule_name, params=_parse_params(params))
+    if output == "-":
+        click.echo(result.kernel.source, nl=False)
+        return
+    _write_atomic(output, result.kernel.source)
+    click.echo(f"wrote {output}: {result.program.name} for {result.problem.describe()}")
+    click.echo(f"  target {result.target.name}, dialect {dialect}, schedule {result.schedule_name}")
+    click.echo(f"  {result.footprint.describe()}")
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
+@click.option("--target", default=None, help="Check limits of this target instead of the one in the file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(file: str, seed: int, target: str | None, as_json: bool) -> None:
+    """Run an emitted kernel FILE in the CPU interpreter on random inputs, compare it with a float64
+    NumPy evaluation of its graph, and print the relative error and the interpreter's counters.
+
+    Exits 0 when the kernel is within tolerance (bf16 1e-2, fp32 1e-5), 1 on a mismatch or a
+    violated hardware limit, 2 when FILE is not an nmmc kernel."""
+    from .verification import verify_file
+
+    report = verify_file(file, seed=seed, target=get_target(target) if target else None)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        status = "OK" if report.ok else "FAILED"
+        click.echo(f"{status}: {file} ({report.kernel}, {report.dialect}, {report.target}, seed {report.seed})")
+        if report.rel_error is not None:
+            click.echo(f"  relative error {report.rel_error:.3e} (tolerance {report.tolerance:.0e}), "
+                       f"max abs error {report.max_abs_error:.3e}")
+        if report.error:
+            click.echo(f"  {report.error}")
+        c = report.counters
+        if c:
+            click.echo(f"  HBM read {c['total_hbm_bytes_read']} B {c['hbm_bytes_read']}, "
+                       f"written {c['total_hbm_bytes_written']} B {c['hbm_bytes_written']}")
+            click.echo(f"  DMA transfers {c['dma_transfers']} (transposing {c['dma_transposes']}), "
+                       f"matmuls {c['matmul_instructions']}, TensorE transposes {c['transposes']}")
+            click.echo(f"  peak SBUF {c['sbuf_peak_bytes']} B/partition, PSUM {c['psum_peak_banks']} banks")
+    sys.exit(0 if report.ok else EXIT_FAILED)
+
+
+@main.command()
+@_problem_options
+@click.option("--target", default=DEFAULT_TARGET, show_default=True, help=f"Hardware: {', '.join(TARGETS)}.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def schedules(shape: str, dtype: str, a_layout: str, target: str, as_json: bool) -> None:
+    """List the schedule presets for a GEMM shape (their parameters and on-chip footprint) and the
+    parameters of the schedule space that --param can set."""
+    from .compiler import footprint
+
+    problem = _problem(shape, dtype, a_layout)
+    tgt = get_target(target)
+    rows = []
+    for name in PRESETS:
+        sched = preset(name, problem)
+        fp = footprint(lower_gemm(problem, sched), tgt)
+        rows.append({"name": name, "description": preset_doc(name), "params": sched.as_dict(),
+                     "sbuf_bytes_per_partition": fp.sbuf_bytes_per_partition, "psum_banks": fp.psum_banks,
+                     "fits": fp.fits})
+    space = [{"name": p.name, "type": p.kind.__name__, "choices": list(p.choices) if p.choices else None,
+              "help": p.help} for p in PARAMS]
+    if as_json:
+        click.echo(json.dumps({"problem": problem.describe(), "target": tgt.name, "presets": rows,
+                               "parameters": space}, indent=2))
+        return
+    click.echo(f"{problem.describe()}; target {tgt.name}")
+    click.echo("\npresets:")
+    for row in rows:
+        fits = "fits" if row["fits"] else "DOES NOT FIT"
+        click.echo(f"  {row['name']}: {row['description']}")
+        click.echo("    " + " ".join(f"{k}={v}" for k, v in row["params"].items()))
+        click.echo(f"    SBUF {row['sbuf_bytes_per_partition']} B/partition, PSUM {row['psum_banks']} banks: {fits}")
+    click.echo("\nparameters (--param KEY=VALUE):")
+    for p in space:
+        accepted = ", ".join(p["choices"]) if p["choices"] else p["type"]
+        click.echo(f"  {p['name']:<18} {p['help']} [{accepted}]")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def targets(as_json: bool) -> None:
+    """Print the hardware table nmmc uses (per NeuronCore)."""
+    if as_json:
+        click.echo(json.dumps({name: t.as_dict() for name, t in TARGETS.items()}, indent=2))
+        return
+    for name, tgt in TARGETS.items():
+        click.echo(f"{name}: {tgt.description}")
+        for key, value in tgt.summary_rows():
+            click.echo(f"  {key:<22} {value}")

@@ -1,0 +1,209 @@
+"""Print a loop-nest :class:`Program` as NKI source, one printer per dialect.
+
+``nki`` is NKI 0.3+ (``import nki``): every ISA call names its destination with ``dst=``, loops are
+plain Python ``range`` (unrolled at trace time), outputs live in ``nl.shared_hbm``.
+``neuronxcc`` is the older NKI 0.1 API (``import neuronxcc.nki``) that the NeuronMM paper used:
+instructions return values that are assigned into buffers, loads and stores are ``nl.load`` /
+``nl.store``, matmul results accumulate with ``+=`` into a zeroed PSUM tile, and loops are
+``nl.affine_range`` (independent), ``nl.sequential_range`` (loop-carried partial sums) or
+``nl.static_range`` (a loop whose variable sizes a ragged tile, so it must be unrolled).
+"""
+
+from __future__ import annotations
+
+from ..schedule.program import (
+    Activation,
+    Alloc,
+    Buffer,
+    Comment,
+    Copy,
+    DmaCopy,
+    Loop,
+    Matmul,
+    PeTranspose,
+    Program,
+    Ref,
+    Stmt,
+    TensorTensor,
+    walk,
+)
+from ..schedule.expr import Min, code
+
+INDENT = "    "
+NL_DTYPES = {"bfloat16": "nl.bfloat16", "float32": "nl.float32", "float16": "nl.float16"}
+NL_MEMORY = {"sbuf": "nl.sbuf", "psum": "nl.psum", "hbm": "nl.shared_hbm"}
+NL_OPS = {"add": "nl.add", "multiply": "nl.multiply", "silu": "nl.silu", "copy": "nl.copy"}
+
+DIALECTS = {
+    "nki": "NKI 0.3+ (import nki; Neuron SDK 2.29 and later)",
+    "neuronxcc": "NKI 0.1 (import neuronxcc.nki; Neuron SDK 2.27 and earlier), as the NeuronMM paper used",
+}
+DEFAULT_DIALECT = "nki"
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+class _Printer:
+    imports: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append(INDENT * depth + text)
+
+    def kernel(self, program: Program) -> list[str]:
+        self.lines = []
+        args = ", ".join(p.name for p in program.params)
+        self.emit(0, "@nki.jit")
+        self.emit(0, f"def {program.name}({args}):")
+        doc_lines = program.doc.splitlines() or [program.name]
+        self.emit(1, '"""' + doc_lines[0])
+        for line in doc_lines[1:]:
+            self.emit(1, line)
+        self.emit(1, '"""')
+        for p in program.params:
+            shape = tuple(p.shape)
+            self.emit(1, f"assert tuple({p.name}.shape) == {shape}, "
+                         f"f\"{p.name}: expected shape {shape}, got {{{p.name}.shape}}\"")
+        for out in program.outputs:
+            self.emit(1, f"{out.name} = nl.ndarray({_shape(out.shape)}, dtype={NL_DTYPES[out.dtype]}, "
+                         f"buffer=nl.shared_hbm)")
+        self.block(program.body, 1)
+        outs = ", ".join(o.name for o in program.outputs)
+        self.emit(1, f"return {outs}")
+        return self.lines
+
+    def block(self, body: list[Stmt], depth: int) -> None:
+        for stmt in body:
+            self.stmt(stmt, depth)
+
+    def stmt(self, stmt: Stmt, depth: int) -> None:
+        if isinstance(stmt, Comment):
+            self.emit(depth, f"# {stmt.text}")
+        elif isinstance(stmt, Loop):
+            if stmt.comment:
+                self.emit(depth, f"# {stmt.comment}")
+            self.emit(depth, f"for {stmt.var} in {self.range_call(stmt)}:")
+            self.block(stmt.body, depth + 1)
+        elif isinstance(stmt, Alloc):
+            if stmt.comment:
+                self.emit(depth, f"# {stmt.comment}")
+            self.alloc(stmt, depth)
+        else:
+            self.instruction(stmt, depth)
+
+    def alloc_call(self, buffer: Buffer, fn: str = "nl.ndarray") -> str:
+        return (f"{buffer.name} = {fn}({_shape(buffer.shape)}, dtype={NL_DTYPES[buffer.dtype]}, "
+                f"buffer={NL_MEMORY[buffer.memory]})")
+
+    def range_call(self, loop: Loop) -> str:
+        raise NotImplementedError
+
+    def alloc(self, stmt: Alloc, depth: int) -> None:
+        raise NotImplementedError
+
+    def instruction(self, stmt: Stmt, depth: int) -> None:
+        raise NotImplementedError
+
+
+class NkiPrinter(_Printer):
+    """NKI 0.3+."""
+
+    imports = ("import nki", "import nki.isa as nisa", "import nki.language as nl")
+
+    def range_call(self, loop: Loop) -> str:
+        return f"range({code(loop.trip)})"
+
+    def alloc(self, stmt: Alloc, depth: int) -> None:
+        self.emit(depth, self.alloc_call(stmt.buffer))
+        if stmt.zero:
+            self.emit(depth, f"nisa.memset(dst={stmt.buffer.name}, value=0.0)")
+
+    def instruction(self, stmt: Stmt, depth: int) -> None:
+        if isinstance(stmt, DmaCopy):
+            fn = "nisa.dma_transpose" if stmt.transpose else "nisa.dma_copy"
+            self.emit(depth, f"{fn}(dst={stmt.dst.code()}, src={stmt.src.code()})")
+        elif isinstance(stmt, Matmul):
+            self.emit(depth, f"nisa.nc_matmul(dst={stmt.dst.code()}, stationary={stmt.stationary.code()}, "
+                             f"moving={stmt.moving.code()})")
+        elif isinstance(stmt, PeTranspose):
+            self.emit(depth, f"nisa.nc_transpose(dst={stmt.dst.code()}, data={stmt.src.code()})")
+        elif isinstance(stmt, Copy):
+            self.emit(depth, f"nisa.tensor_copy(dst={stmt.dst.code()}, src={stmt.src.code()})")
+        elif isinstance(stmt, TensorTensor):
+            self.emit(depth, f"nisa.tensor_tensor(dst={stmt.dst.code()}, data1={stmt.lhs.code()}, "
+                             f"data2={stmt.rhs.code()}, op={NL_OPS[stmt.op]})")
+        elif isinstance(stmt, Activation):
+            self.emit(depth, f"nisa.activation(dst={stmt.dst.code()}, op={NL_OPS[stmt.op]}, "
+                             f"data={stmt.src.code()})")
+        else:  # pragma: no cover - every statement kind is handled above
+            raise TypeError(f"cannot print {type(stmt).__name__}")
+
+
+class NeuronxccPrinter(_Printer):
+    """NKI 0.1 (neuronxcc.nki)."""
+
+    imports = ("import neuronxcc.nki as nki", "import neuronxcc.nki.isa as nisa",
+               "import neuronxcc.nki.language as nl")
+
+    def range_call(self, loop: Loop) -> str:
+        if _sizes_ragged_tiles(loop):
+            fn = "nl.static_range"
+        elif loop.sequential:
+            fn = "nl.sequential_range"
+        else:
+            fn = "nl.affine_range"
+        return f"{fn}({code(loop.trip)})"
+
+    def alloc(self, stmt: Alloc, depth: int) -> None:
+        zeroed = stmt.zero or stmt.accumulator
+        self.emit(depth, self.alloc_call(stmt.buffer, "nl.zeros" if zeroed else "nl.ndarray"))
+
+    def instruction(self, stmt: Stmt, depth: int) -> None:
+        if isinstance(stmt, DmaCopy):
+            if stmt.is_load:
+                fn = "nl.load_transpose2d" if stmt.transpose else "nl.load"
+                self.emit(depth, f"{stmt.dst.code()} = {fn}({stmt.src.code()})")
+            else:
+                self.emit(depth, f"nl.store({stmt.dst.code()}, value={stmt.src.code()})")
+        elif isinstance(stmt, Matmul):
+            self.emit(depth, f"{stmt.dst.code()} += nisa.nc_matmul({stmt.stationary.code()}, "
+                             f"{stmt.moving.code()})")
+        elif isinstance(stmt, PeTranspose):
+            self.emit(depth, f"{stmt.dst.code()} = nisa.nc_transpose({stmt.src.code()})")
+        elif isinstance(stmt, Copy):
+            self.emit(depth, f"{stmt.dst.code()} = nl.copy({stmt.src.code()}, "
+                             f"dtype={NL_DTYPES[stmt.dst.buffer.dtype]})")
+        elif isinstance(stmt, TensorTensor):
+            self.emit(depth, f"{stmt.dst.code()} = {NL_OPS[stmt.op]}({stmt.lhs.code()}, {stmt.rhs.code()}, "
+                             f"dtype={NL_DTYPES[stmt.dst.buffer.dtype]})")
+        elif isinstance(stmt, Activation):
+            self.emit(depth, f"{stmt.dst.code()} = {NL_OPS[stmt.op]}({stmt.src.code()}, "
+                             f"dtype={NL_DTYPES[stmt.dst.buffer.dtype]})")
+        else:  # pragma: no cover
+            raise TypeError(f"cannot print {type(stmt).__name__}")
+
+
+def _refs(stmt: Stmt) -> list[Ref]:
+    return [v for v in vars(stmt).values() if isinstance(v, Ref)] if not isinstance(stmt, Loop) else []
+
+
+def _sizes_ragged_tiles(loop: Loop) -> bool:
+    """True when the loop variable appears inside a min(): its iterations differ in shape, which
+    NKI 0.1's symbolic affine/sequential loop variables cannot express."""
+    for stmt, _ in walk(loop.body):
+        exprs = []
+        if isinstance(stmt, Loop):
+            exprs.append(stmt.trip)
+        for ref in _refs(stmt):
+            for ix in ref.index:
+                exprs.extend(getattr(ix, a) for a in ("start", "stop", "index") if hasattr(ix, a))
+        if any(isinstance(e, Min) and loop.var in e.variables() for e in exprs):
+            return True
+    return False
+
+
+PRINTERS: dict[str, type[_Printer]] = {"nki": NkiPrinter, "neuronxcc": NeuronxccPrinter}

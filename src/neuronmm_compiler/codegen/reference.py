@@ -1,0 +1,50 @@
+"""Print a graph as a NumPy ``reference(...)`` function: what the kernel computes, in float64."""
+
+from __future__ import annotations
+
+from ..ir import Graph
+
+INDENT = "    "
+
+
+def reference_source(graph: Graph, name: str = "reference") -> list[str]:
+    """Source lines of ``def reference(<inputs in storage layout>) -> output(s)`` in float64."""
+    inputs = graph.inputs()
+    outputs = graph.outputs()
+    args = ", ".join(node.attrs["name"] for node in inputs)
+    lines = [f"def {name}({args}):",
+             f'{INDENT}"""float64 NumPy reference of the kernel (inputs in their HBM layout)."""']
+    names: dict[str, str] = {}
+    for node in inputs:
+        arg = node.attrs["name"]
+        value = f"np.asarray({arg}, dtype=np.float64)"
+        if node.attrs.get("layout", "row_major") == "transposed":
+            value += ".T"
+        lines.append(f"{INDENT}{arg}_f64 = {value}")
+        names[node.id] = f"{arg}_f64"
+    for index, node in enumerate(graph.nodes()):
+        if node.kind in ("input", "output"):
+            continue
+        ops = [names[o] for o in node.operands]
+        if node.kind == "matmul":
+            expr = f"{ops[0]} @ {ops[1]}"
+        elif node.kind == "transpose":
+            expr = f"{ops[0]}.T"
+        elif node.kind == "elementwise":
+            op = node.attrs["op"]
+            if op == "silu":
+                expr = f"{ops[0]} / (1.0 + np.exp(-{ops[0]}))"
+            elif op == "multiply":
+                expr = f"{ops[0]} * {ops[1]}"
+            elif op == "add":
+                expr = f"{ops[0]} + {ops[1]}"
+            else:
+                raise ValueError(f"no NumPy reference for elementwise op {op!r}")
+        else:
+            raise ValueError(f"no NumPy reference for node kind {node.kind!r}")
+        local = f"v{index}"
+        lines.append(f"{INDENT}{local} = {expr}  # {node.kind} {node.id}")
+        names[node.id] = local
+    results = [names[node.operands[0]] for node in outputs]
+    lines.append(f"{INDENT}return {', '.join(results)}")
+    return lines

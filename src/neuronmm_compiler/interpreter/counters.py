@@ -1,0 +1,78 @@
+"""What the interpreter counts while it runs a kernel.
+
+The counters are the interpreter's side of the cost-model contract: the cost model predicts bytes
+moved, DMA transfers and engine instructions for a schedule, and a test compares its prediction with
+these numbers for the emitted kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Counters:
+    """Event counts of one kernel run.
+
+    Byte counts are exact element counts times item sizes of the tensors involved. ``*_peak_bytes``
+    are per partition. ``psum_peak_bytes`` sums the raw (not bank-rounded) bytes of live PSUM
+    allocations; ``psum_peak_banks`` counts whole banks (each allocation starts on a bank boundary).
+    """
+
+    hbm_bytes_read: dict[str, int] = field(default_factory=dict)
+    hbm_bytes_written: dict[str, int] = field(default_factory=dict)
+    dma_transfers: int = 0
+    #: histogram: bytes per partition of one transfer (SBUF side) -> number of such transfers
+    dma_bytes_per_partition: dict[int, int] = field(default_factory=dict)
+    dma_transposes: int = 0
+    matmul_instructions: int = 0
+    #: sum over nc_matmul instructions of the moving operand's free size (PE-time accounting)
+    matmul_moving_columns: int = 0
+    transposes: int = 0
+    tensor_copies: int = 0
+    tensor_tensor_ops: int = 0
+    activations: int = 0
+    memsets: int = 0
+    sbuf_peak_bytes: int = 0
+    psum_peak_bytes: int = 0
+    psum_peak_banks: int = 0
+
+    @property
+    def total_hbm_bytes_read(self) -> int:
+        """Bytes read from HBM, all tensors."""
+        return sum(self.hbm_bytes_read.values())
+
+    @property
+    def total_hbm_bytes_written(self) -> int:
+        """Bytes written to HBM, all tensors."""
+        return sum(self.hbm_bytes_written.values())
+
+    def record_dma(self, bytes_per_partition: int) -> None:
+        """Count one DMA transfer moving ``bytes_per_partition`` bytes on each SBUF partition."""
+        self.dma_transfers += 1
+        hist = self.dma_bytes_per_partition
+        hist[bytes_per_partition] = hist.get(bytes_per_partition, 0) + 1
+
+    def as_dict(self) -> dict[str, object]:
+        """Every counter as plain JSON-able values (histogram keys become strings, sorted)."""
+        return {
+            "hbm_bytes_read": dict(self.hbm_bytes_read),
+            "hbm_bytes_written": dict(self.hbm_bytes_written),
+            "total_hbm_bytes_read": self.total_hbm_bytes_read,
+            "total_hbm_bytes_written": self.total_hbm_bytes_written,
+            "dma_transfers": self.dma_transfers,
+            "dma_bytes_per_partition": {
+                str(k): v for k, v in sorted(self.dma_bytes_per_partition.items())
+            },
+            "dma_transposes": self.dma_transposes,
+            "matmul_instructions": self.matmul_instructions,
+            "matmul_moving_columns": self.matmul_moving_columns,
+            "transposes": self.transposes,
+            "tensor_copies": self.tensor_copies,
+            "tensor_tensor_ops": self.tensor_tensor_ops,
+            "activations": self.activations,
+            "memsets": self.memsets,
+            "sbuf_peak_bytes": self.sbuf_peak_bytes,
+            "psum_peak_bytes": self.psum_peak_bytes,
+            "psum_peak_banks": self.psum_peak_banks,
+        }

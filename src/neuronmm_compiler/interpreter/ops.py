@@ -1,0 +1,264 @@
+"""Instruction semantics shared by both dialects: DMA, TensorE matmul/transpose, elementwise math.
+
+Each function checks the operands (memory spaces, shapes, tile limits, written-ness), does the
+arithmetic in float32 like the Vector/Scalar/Tensor engines, and counts the instruction. Writing
+results is the caller's job (0.3 writes into ``dst=``, 0.1 returns a temporary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
+from .tensor import HBM, PSUM, SBUF, Tensor, as_f32, require_written, write
+
+if TYPE_CHECKING:
+    from .machine import Machine
+
+
+class Op:
+    """An ``op=`` value such as ``nl.add`` or ``nl.silu``; in the 0.1 dialect also callable."""
+
+    __slots__ = ("call", "fn", "kind", "name")
+
+    def __init__(self, name: str, kind: str, fn: Callable[..., np.ndarray]):
+        self.name = name
+        self.kind = kind  # "binary" (tensor_tensor) or "activation"
+        self.fn = fn
+        self.call: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.call is None:
+            raise UnsupportedAPIError(
+                f"nl.{self.name} cannot be called in the NKI 0.3 subset; pass it as op= to "
+                f"{'nisa.tensor_tensor' if self.kind == 'binary' else 'nisa.activation'}")
+        return self.call(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x / (np.float32(1.0) + np.exp(-x))
+
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.exp(x)
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+BINARY_FUNCS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add, "multiply": np.multiply, "subtract": np.subtract, "maximum": np.maximum,
+}
+ACTIVATION_FUNCS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "silu": _silu, "exp": _exp, "copy": _identity, "identity": _identity,
+}
+
+
+def make_ops() -> dict[str, Op]:
+    """Fresh ``Op`` objects for one module instance (their ``call`` is set per dialect)."""
+    ops = {name: Op(name, "binary", fn) for name, fn in BINARY_FUNCS.items()}
+    ops.update({name: Op(name, "activation", fn) for name, fn in ACTIVATION_FUNCS.items()})
+    return ops
+
+
+# --- operand checks ---------------------------------------------------------------------------
+def tensor_arg(value: Any, what: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise UnsupportedAPIError(f"{what} must be a tensor, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def on_chip(value: Any, what: str) -> Tensor:
+    t = tensor_arg(value, what)
+    if t.alloc.buffer == HBM:
+        raise KernelLimitError(
+            f"{what} is in HBM ({t.describe()}): compute engines read and write only SBUF/PSUM; "
+            "move data with DMA first")
+    return t
+
+
+def same_shape(a: Tensor, b: Tensor, what: str) -> None:
+    if a.shape != b.shape:
+        raise KernelError(f"{what}: shape mismatch {list(a.shape)} vs {list(b.shape)} "
+                          f"({a.describe()} vs {b.describe()})")
+
+
+def op_arg(op: Any, kind: str, what: str) -> Op:
+    if not isinstance(op, Op) or op.kind != kind:
+        allowed = ", ".join(f"nl.{n}" for n in (BINARY_FUNCS if kind == "binary" else ACTIVATION_FUNCS))
+        raise UnsupportedAPIError(f"{what}: op={op!r} is not supported; use one of {allowed}")
+    return op
+
+
+# --- DMA ----------------------------------------------------------------------------------------
+def dma(m: Machine, dst: Tensor, src: Tensor, what: str, *, transpose: bool = False,
+        allow_cast: bool = False) -> None:
+    """One DMA transfer HBM->SBUF or SBUF->HBM (optionally a 2-D transposing load)."""
+    if dst.alloc.buffer == PSUM or src.alloc.buffer == PSUM:
+        side = dst if dst.alloc.buffer == PSUM else src
+        raise KernelLimitError(f"DMA cannot access PSUM: {what} touches {side.describe()}; "
+                               "evict PSUM to SBUF with a tensor copy first")
+    if src.alloc.buffer == HBM and dst.alloc.buffer == SBUF:
+        hbm, sbuf, reading = src, dst, True
+    elif src.alloc.buffer == SBUF and dst.alloc.buffer == HBM and not transpose:
+        hbm, sbuf, reading = dst, src, False
+    else:
+        direction = "HBM->SBUF" if transpose else "HBM->SBUF or SBUF->HBM"
+        raise UnsupportedAPIError(f"{what}: DMA from {src.alloc.buffer} to {dst.alloc.buffer} is not in "
+                                  f"the subset (only {direction})")
+    if transpose:
+        if src.ndim != 2 or dst.shape != src.shape[::-1]:
+            raise KernelError(f"{what}: needs a 2-D source [a, b] and a destination [b, a], got "
+                              f"{list(src.shape)} -> {list(dst.shape)}")
+    elif dst.shape != src.shape:
+        raise KernelError(f"{what}: shape mismatch, destination {list(dst.shape)} vs source "
+                          f"{list(src.shape)} (DMA copies equal shapes)")
+    if not allow_cast and dst.dtype != src.dtype:
+        raise KernelError(f"{what}: dtype mismatch, destination {dst.dtype.name} vs source "
+                          f"{src.dtype.name} (DMA does not cast)")
+    require_written(src, f"{what} source")
+    write(dst, src.data.T if transpose else src.data)
+    nbytes = hbm.data.nbytes
+    if reading:
+        hbm.alloc.bytes_read += nbytes
+    else:
+        hbm.alloc.bytes_written += nbytes
+    c = m.counters
+    c.record_dma(sbuf.data.nbytes // sbuf.shape[0])
+    if transpose:
+        c.dma_transposes += 1
+
+
+# --- TensorE ----------------------------------------------------------------------------------
+def _sbuf_operand(value: Any, what: str) -> Tensor:
+    t = tensor_arg(value, what)
+    if t.alloc.buffer != SBUF:
+        raise KernelLimitError(f"{what} must be in SBUF (TensorE reads SBUF only), got {t.describe()}")
+    if t.ndim != 2:
+        raise KernelError(f"{what} must be a 2-D view [partition, free], got shape {list(t.shape)}")
+    return t
+
+
+def matmul(m: Machine, stationary: Any, moving: Any, what: str) -> np.ndarray:
+    """Check and compute ``stationary.T @ moving`` in fp32; counts one nc_matmul."""
+    st = _sbuf_operand(stationary, f"{what} stationary")
+    mv = _sbuf_operand(moving, f"{what} moving")
+    k, m_free = st.shape
+    k2, n_free = mv.shape
+    t = m.target
+    if k != k2:
+        raise KernelLimitError(f"{what}: partition (contraction) dims differ: stationary has {k}, "
+                               f"moving has {k2}")
+    if k > t.pmax:
+        raise KernelLimitError(f"{what}: contraction dim K={k} exceeds pmax {t.pmax}")
+    if m_free > t.gemm_stationary_fmax:
+        raise KernelLimitError(f"{what}: stationary free size M={m_free} exceeds gemm_stationary_fmax "
+                               f"{t.gemm_stationary_fmax}")
+    if n_free > t.gemm_moving_fmax:
+        raise KernelLimitError(f"{what}: moving free size N={n_free} exceeds gemm_moving_fmax "
+                               f"{t.gemm_moving_fmax}")
+    require_written(st, f"{what} stationary")
+    require_written(mv, f"{what} moving")
+    c = m.counters
+    c.matmul_instructions += 1
+    c.matmul_moving_columns += n_free
+    return as_f32(st).T @ as_f32(mv)
+
+
+def transpose(m: Machine, data: Any, what: str) -> np.ndarray:
+    """Check a TensorE transpose of ``data`` [P, F] (P, F <= pmax); counts it; returns [F, P]."""
+    d = _sbuf_operand(data, f"{what} data")
+    p, f = d.shape
+    pmax = m.target.pmax
+    if p > pmax or f > pmax:
+        raise KernelLimitError(f"{what}: data [{p}, {f}] exceeds pmax {pmax} in a dim "
+                               f"(the result [{f}, {p}] puts F on partitions)")
+    require_written(d, f"{what} data")
+    m.counters.transposes += 1
+    return d.data.T
+
+
+def check_one_bank(m: Machine, dst: Tensor, what: str) -> None:
+    """A TensorE output view must lie within one PSUM bank of each partition."""
+    a = dst.alloc
+    data = a.data
+    strides = data.strides
+    box = dst.box
+    first = last = 0
+    for d in range(1, data.ndim):
+        lo, hi = box[d]
+        first += lo * strides[d]
+        last += (hi - 1) * strides[d]
+    last += data.itemsize - 1
+    bank = m.target.psum_bank_bytes
+    if first // bank != last // bank:
+        raise KernelLimitError(
+            f"{what} output spans PSUM banks {first // bank}..{last // bank}: it covers bytes "
+            f"{first}..{last} of each partition of {dst.describe()} (one bank = {bank} bytes); "
+            "a matmul output must lie within one PSUM bank")
+
+
+def psum_dst(value: Any, what: str) -> Tensor:
+    t = tensor_arg(value, f"{what} dst")
+    if t.alloc.buffer != PSUM:
+        raise KernelLimitError(f"{what} writes PSUM only (TensorE output), dst is {t.describe()}")
+    return t
+
+
+# --- Vector / Scalar engines ------------------------------------------------------------------
+def binary(m: Machine, op: Any, data1: Any, data2: Any, what: str) -> np.ndarray:
+    """Elementwise ``op(data1, data2)`` in fp32; not both operands in PSUM."""
+    o = op_arg(op, "binary", what)
+    a = on_chip(data1, f"{what} data1")
+    b = on_chip(data2, f"{what} data2")
+    if a.alloc.buffer == PSUM and b.alloc.buffer == PSUM:
+        raise KernelLimitError(f"{what}: both inputs are in PSUM ({a.describe()}, {b.describe()}); "
+                               "at most one tensor_tensor operand may be in PSUM")
+    same_shape(a, b, what)
+    require_written(a, f"{what} data1")
+    require_written(b, f"{what} data2")
+    m.counters.tensor_tensor_ops += 1
+    return o.fn(as_f32(a), as_f32(b))
+
+
+def _per_partition(value: Any, data: Tensor, what: str) -> Any:
+    """A bias/scale operand: a Python number, or a [P, 1] on-chip tensor broadcast along free dims."""
+    if isinstance(value, (int, float, np.floating, np.integer)):
+        return np.float32(value)
+    t = on_chip(value, what)
+    if t.shape != (data.shape[0], 1):
+        raise KernelError(f"{what} must be [{data.shape[0]}, 1] (one value per partition), "
+                          f"got {list(t.shape)}")
+    require_written(t, what)
+    return as_f32(t).reshape((data.shape[0],) + (1,) * (data.ndim - 1))
+
+
+def activation(m: Machine, op: Any, data: Any, bias: Any, scale: Any, what: str) -> np.ndarray:
+    """``op(data * scale + bias)`` in fp32."""
+    o = op_arg(op, "activation", what)
+    d = on_chip(data, f"{what} data")
+    require_written(d, f"{what} data")
+    x = as_f32(d)
+    if not (isinstance(scale, (int, float)) and scale == 1.0):
+        x = x * _per_partition(scale, d, f"{what} scale")
+    if bias is not None:
+        x = x + _per_partition(bias, d, f"{what} bias")
+    m.counters.activations += 1
+    return o.fn(x)
+
+
+def copy_source(m: Machine, src: Any, what: str) -> Tensor:
+    """Check a tensor-copy source and count the copy."""
+    s = on_chip(src, f"{what} src")
+    require_written(s, f"{what} src")
+    m.counters.tensor_copies += 1
+    return s

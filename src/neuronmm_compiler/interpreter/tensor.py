@@ -1,0 +1,265 @@
+"""Tensors of the interpreter: an allocation (NumPy storage plus a per-element "written" mask) and
+views of it made by indexing.
+
+Indexing accepts ints, ``slice`` with step 1 and ``nl.ds(start, size)`` (which is a slice), and is
+bounds-checked: NumPy would silently clip an out-of-range slice, the hardware would read or write
+someone else's bytes, so the interpreter stops with :class:`KernelLimitError`.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import KernelLimitError, UninitializedReadError, UnsupportedAPIError
+
+if TYPE_CHECKING:
+    from .machine import Machine
+
+HBM, SBUF, PSUM = "hbm", "sbuf", "psum"
+
+
+class Allocation:
+    """One buffer: storage, written mask and bookkeeping. Views (:class:`Tensor`) keep it alive."""
+
+    __slots__ = (
+        "__weakref__",
+        "buffer",
+        "bytes_read",
+        "bytes_written",
+        "data",
+        "fully_written",
+        "line",
+        "machine",
+        "name",
+        "producer",
+        "rotated_line",
+        "written",
+    )
+
+    def __init__(self, machine: Machine, data: np.ndarray, buffer: str, name: str, line: int | None,
+                 *, written: bool = False, producer: str | None = None):
+        self.machine = machine
+        self.data = data
+        self.buffer = buffer
+        self.name = name
+        self.line = line
+        self.fully_written = written
+        # a fully written allocation never consults its mask; give it a free read-only one
+        self.written = np.broadcast_to(True, data.shape) if written else np.zeros(data.shape, bool)
+        self.producer = producer  # set on 0.1 temporaries: "dma", "pe" (TensorE) or "engine"
+        self.rotated_line = None  # line of the newer allocation at the same site that replaced it
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    def describe(self) -> str:
+        where = f", allocated at line {self.line}" if self.line is not None else ""
+        kind = "temporary " if self.producer is not None else ""
+        shape = list(self.data.shape)
+        return f"'{self.name}' ({kind}{self.buffer} {shape} {self.data.dtype.name}{where})"
+
+
+def _format_box(box: tuple[tuple[int, int], ...], dims: tuple[int, ...]) -> str:
+    parts = [f"{a}:{b}" if d in dims else str(a) for d, (a, b) in enumerate(box)]
+    return "[" + ", ".join(parts) + "]"
+
+
+def _index_value(value: Any, what: str) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise UnsupportedAPIError(
+            f"tensor index {what} must be an int, got {type(value).__name__} {value!r}; "
+            "the subset indexes with ints, start:stop slices and nl.ds(start, size)") from None
+
+
+class Tensor:
+    """A view of an :class:`Allocation`: a box of allocation coordinates, some dims kept."""
+
+    __slots__ = ("alloc", "box", "data", "dims", "is_full", "key", "shape")
+
+    def __init__(self, alloc: Allocation, box: tuple[tuple[int, int], ...], dims: tuple[int, ...]):
+        self.alloc = alloc
+        self.box = box
+        self.dims = dims
+        self.shape = tuple(box[d][1] - box[d][0] for d in dims)
+        key = tuple(slice(a, b) if d in dims else a for d, (a, b) in enumerate(box))
+        self.key = key
+        full_shape = alloc.data.shape
+        self.is_full = len(dims) == len(box) and all(
+            a == 0 and b == n for (a, b), n in zip(box, full_shape))
+        if dims:
+            self.data = alloc.data[key]
+        else:  # all ints: keep a 0-d *view* (plain indexing would copy a scalar out)
+            self.data = alloc.data[tuple(slice(a, b) for a, b in box)].reshape(())
+
+    @classmethod
+    def whole(cls, alloc: Allocation) -> Tensor:
+        """The view covering all of ``alloc``."""
+        shape = alloc.data.shape
+        return cls(alloc, tuple((0, n) for n in shape), tuple(range(len(shape))))
+
+    # --- attributes -------------------------------------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        return self.alloc.data.dtype
+
+    @property
+    def buffer(self) -> str:
+        return self.alloc.buffer
+
+    @property
+    def ndim(self) -> int:
+        return len(self.dims)
+
+    @property
+    def partitions(self) -> int:
+        """Partition count of an on-chip view (the extent of allocation dim 0)."""
+        a, b = self.box[0]
+        return b - a
+
+    def region(self) -> str:
+        """This view in allocation coordinates, e.g. ``[0:128, 256:512]``."""
+        return _format_box(self.box, self.dims)
+
+    def describe(self) -> str:
+        return f"{self.alloc.describe()} region {self.region()}"
+
+    def __repr__(self) -> str:
+        return f"<nmmc tensor {self.describe()}>"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise UnsupportedAPIError(f"tensor attribute .{name} is not in the NKI subset nmmc interprets "
+                                  "(tensors have .shape, .dtype, .buffer, .ndim)")
+
+    def __iter__(self):
+        raise UnsupportedAPIError("iterating over a tensor is not in the NKI subset; index it instead")
+
+    # --- indexing ---------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> Tensor:
+        if not isinstance(key, tuple):
+            key = (key,)
+        ndim = len(self.dims)
+        if any(k is Ellipsis for k in key):
+            at = next(i for i, k in enumerate(key) if k is Ellipsis)
+            rest = key[at + 1:]
+            if any(k is Ellipsis for k in rest):
+                raise UnsupportedAPIError("a tensor index may contain at most one '...'")
+            fill = ndim - (len(key) - 1)
+            key = key[:at] + (slice(None),) * max(fill, 0) + rest
+        if len(key) > ndim:
+            raise KernelLimitError(
+                f"slice out of bounds: {len(key)} indices for {ndim}-d view of {self.describe()}")
+        alloc = self.alloc
+        on_chip = alloc.buffer != HBM
+        box = list(self.box)
+        dropped: set[int] = set()
+        for i, k in enumerate(key):
+            d = self.dims[i]
+            start0, stop0 = box[d]
+            length = stop0 - start0
+            if isinstance(k, slice):
+                if k.step is not None and _index_value(k.step, "step") != 1:
+                    raise UnsupportedAPIError(f"slice step {k.step!r} in dim {i}: only step 1 is supported")
+                start = 0 if k.start is None else _index_value(k.start, "start")
+                stop = length if k.stop is None else _index_value(k.stop, "stop")
+                if not 0 <= start < stop <= length:
+                    what = "empty slice" if 0 <= stop <= start <= length else "slice out of bounds"
+                    raise KernelLimitError(
+                        f"{what}: {start}:{stop} in dim {i} (extent {length}) of {self.describe()}")
+                box[d] = (start0 + start, start0 + stop)
+            else:
+                idx = _index_value(k, f"in dim {i}")
+                if not 0 <= idx < length:
+                    raise KernelLimitError(
+                        f"slice out of bounds: index {idx} in dim {i} (extent {length}) of {self.describe()}")
+                if on_chip and d == 0:
+                    raise UnsupportedAPIError(
+                        f"integer index on the partition dim of {self.describe()}: "
+                        "use a slice such as t[i:i+1, ...] to keep dim 0 the partition dim")
+                box[d] = (start0 + idx, start0 + idx + 1)
+                dropped.add(d)
+        dims = tuple(d for d in self.dims if d not in dropped) if dropped else self.dims
+        return Tensor(alloc, tuple(box), dims)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.alloc.machine.assign(self[key], value)
+
+    def __iadd__(self, value: Any) -> Tensor:
+        self.alloc.machine.accumulate(self, value)
+        return self
+
+    def same_region(self, other: Tensor) -> bool:
+        return self.alloc is other.alloc and self.box == other.box and self.dims == other.dims
+
+
+# --- access checks and writes (hot path: keep cheap) ------------------------------------------
+def check_live(t: Tensor) -> None:
+    """A view of an allocation rotated out by a newer one at the same site may not be used."""
+    a = t.alloc
+    if a.rotated_line is not None:
+        raise KernelLimitError(
+            f"use of a rotated-out buffer: {a.describe()} was replaced by the allocation at line "
+            f"{a.rotated_line} (same site); the liveness rule keeps one live allocation per site, so "
+            "allocate one larger buffer instead of several from one line")
+
+
+def require_written(t: Tensor, role: str) -> None:
+    """Raise :class:`UninitializedReadError` if any element of view ``t`` was never written."""
+    a = t.alloc
+    if a.rotated_line is not None:
+        check_live(t)
+    if a.fully_written:
+        return
+    mask = a.written[t.key]
+    if mask.all():
+        return
+    missing = np.nonzero(~np.asarray(mask))
+    box = list(t.box)
+    for i, d in enumerate(t.dims):
+        base = t.box[d][0]
+        box[d] = (base + int(missing[i].min()), base + int(missing[i].max()) + 1)
+    count = int(missing[0].size) if missing else 1
+    raise UninitializedReadError(
+        f"read of unwritten memory: {role} reads {a.describe()} region {t.region()}, whose elements "
+        f"{_format_box(tuple(box), t.dims)} ({count} element(s)) were never written")
+
+
+def write(t: Tensor, values: Any) -> None:
+    """Store ``values`` into view ``t`` (cast to its dtype, round-to-nearest) and mark it written."""
+    a = t.alloc
+    if a.rotated_line is not None:
+        check_live(t)
+    t.data[...] = values
+    if not a.fully_written:
+        if t.is_full:
+            a.fully_written = True
+            a.written = np.broadcast_to(True, a.data.shape)
+        else:
+            a.written[t.key] = True
+
+
+def mark_written(t: Tensor) -> None:
+    """Mark view ``t`` written after its data was updated in place."""
+    a = t.alloc
+    if not a.fully_written:
+        if t.is_full:
+            a.fully_written = True
+            a.written = np.broadcast_to(True, a.data.shape)
+        else:
+            a.written[t.key] = True
+
+
+def written_mask(t: Tensor) -> np.ndarray:
+    """The written mask of view ``t`` (read-only)."""
+    return t.alloc.written[t.key]
+
+
+def as_f32(t: Tensor) -> np.ndarray:
+    """The view's values as float32 (no copy when already float32)."""
+    d = t.data
+    return d if d.dtype == np.float32 else d.astype(np.float32)

@@ -1,0 +1,103 @@
+"""A NumPy reference evaluator for the graph IR: the ground truth emitted kernels are compared with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, IRError, NmmcError
+from .graph import Graph, Node, format_shape
+from .verify import verify
+
+__all__ = ["evaluate"]
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """silu(x) = x / (1 + exp(-x)); exp overflows to inf for very negative x, giving -0."""
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-x))
+
+
+def _load_input(node: Node, value: Any, dtype: np.dtype) -> np.ndarray:
+    name = node.name
+    try:
+        array = np.asarray(value)
+        cast = array.astype(dtype)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"input {name!r}: cannot convert to {np.dtype(dtype).name}: {err}") from None
+    if array.shape != node.storage_shape:
+        layout = node.attrs.get("layout")
+        hint = ""
+        if layout == "transposed":
+            hint = f" (layout transposed: HBM holds the transpose of the logical {format_shape(node.shape)})"
+        raise InputError(
+            f"input {name!r} has shape {format_shape(array.shape)}; expected its storage shape "
+            f"{format_shape(node.storage_shape)}{hint}"
+        )
+    return cast.T if node.attrs.get("layout") == "transposed" else cast
+
+
+def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
+    if node.kind == "matmul":
+        return args[0] @ args[1]
+    if node.kind == "transpose":
+        return args[0].T
+    if node.kind == "output":
+        return args[0]
+    op = node.attrs["op"]
+    if op == "silu":
+        return silu(args[0])
+    if op == "multiply":
+        return args[0] * args[1]
+    if op == "add":
+        return args[0] + args[1]
+    raise IRError(f"no evaluation rule for elementwise op {op!r}")
+
+
+def evaluate(
+    graph: Graph, inputs: Mapping[str, np.ndarray], dtype: Any = np.float64
+) -> dict[str, np.ndarray]:
+    """Evaluate ``graph`` with NumPy; return ``{output name: value}`` (logical shapes).
+
+    ``inputs`` maps each input name to an array in its STORAGE shape: a ``transposed`` input of
+    logical shape [M, K] arrives as [K, M]. Everything is cast to ``dtype`` (float64 by default)
+    and computed in it. Missing or extra inputs, or wrong storage shapes, raise InputError; a
+    failure while evaluating raises IRError naming the node.
+    """
+    verify(graph)
+    declared = {node.name: node for node in graph.inputs()}
+    missing = [name for name in declared if name not in inputs]
+    extra = sorted(str(name) for name in inputs if name not in declared)
+    if missing or extra:
+        problems = []
+        if missing:
+            problems.append(f"missing {', '.join(missing)}")
+        if extra:
+            problems.append(f"unexpected {', '.join(extra)}")
+        raise InputError(
+            f"inputs do not match graph {graph.name}: {'; '.join(problems)} "
+            f"(it takes {', '.join(map(str, declared)) or 'no inputs'})"
+        )
+    values: dict[str, np.ndarray] = {}
+    results: dict[str, np.ndarray] = {}
+    for node in graph.nodes():
+        if node.kind == "input":
+            values[node.id] = _load_input(node, inputs[node.name], dtype)
+            continue
+        try:
+            value = _compute(node, [values[operand] for operand in node.operands])
+        except NmmcError as err:
+            raise IRError(f"evaluating {node.kind} %{node.id}: {err}") from err
+        except Exception as err:
+            raise IRError(f"evaluating {node.kind} %{node.id} failed: {type(err).__name__}: {err}") from err
+        if value.shape != node.shape:
+            raise IRError(
+                f"evaluating {node.kind} %{node.id}: got shape {format_shape(value.shape)}, "
+                f"the IR says {format_shape(node.shape)}"
+            )
+        values[node.id] = value
+        if node.kind == "output":
+            results[node.name] = np.array(value, dtype=dtype, copy=True)
+    return results

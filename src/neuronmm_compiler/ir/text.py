@@ -1,0 +1,287 @@
+"""The text form of the graph IR (prints and parses back exactly) and a torch.fx style table.
+
+Grammar (``#`` starts a comment that runs to the end of the line; whitespace and newlines between
+tokens are free; values must be defined above their first use)::
+
+    graph      := "graph" IDENT "{" statement* "}"
+    statement  := VALUE "=" op
+    op         := "input" STRING shape DTYPE [ "layout" "=" LAYOUT ]
+                | "matmul" VALUE "," VALUE ":" shape DTYPE
+                | "transpose" VALUE ":" shape DTYPE
+                | "elementwise" ELEMENTWISE_OP VALUE ( "," VALUE )* ":" shape DTYPE
+                | "output" STRING VALUE
+    shape      := "[" INT ( "," INT )* "]"
+    VALUE      := "%" IDENT          STRING := '"' IDENT '"'
+    DTYPE      := bfloat16 | float32 | bf16 | fp32        LAYOUT := row_major | transposed
+
+:func:`to_text` prints one statement per line, indented two spaces, in :meth:`Graph.nodes` order,
+always with ``layout=``, canonical dtypes, and a trailing newline. The ``: shape dtype`` of a
+computed node is checked against what its operands give.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import NmmcError, ParseError
+from .graph import ELEMENTWISE_ARITY, LAYOUTS, Graph, Node, canonical_dtype, format_shape
+
+__all__ = ["format_line", "format_node", "parse_text", "to_table", "to_text"]
+
+
+def format_line(
+    node_id: str,
+    kind: Any,
+    operands: Iterable[str],
+    shape: Iterable[Any] | None,
+    dtype: Any,
+    attrs: Mapping[str, Any],
+) -> str:
+    """One statement of the text form (no indentation); tolerant of missing fields (prints ``?``)."""
+    values = ", ".join(f"%{operand}" for operand in operands)
+    shape_text = format_shape(shape) if shape is not None else "?"
+    if kind == "input":
+        return (
+            f'%{node_id} = input "{attrs.get("name", "?")}" {shape_text} {dtype} '
+            f"layout={attrs.get('layout', '?')}"
+        )
+    if kind == "output":
+        return f'%{node_id} = output "{attrs.get("name", "?")}" {values}'
+    head = f"elementwise {attrs.get('op', '?')}" if kind == "elementwise" else str(kind)
+    return f"%{node_id} = {head} {values} : {shape_text} {dtype}"
+
+
+def format_node(node: Node) -> str:
+    """The text-form statement of ``node``."""
+    return format_line(node.id, node.kind, node.operands, node.shape, node.dtype, node.attrs)
+
+
+def to_text(graph: Graph) -> str:
+    """The readable text form of ``graph``; :func:`parse_text` gives back an equal graph."""
+    lines = [f"graph {graph.name} {{"]
+    lines.extend(f"  {format_node(node)}" for node in graph.nodes())
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def to_table(graph: Graph) -> str:
+    """A torch.fx style table: one row per node (id, kind, operands, shape, dtype, attrs)."""
+    header = ("id", "kind", "operands", "shape", "dtype", "attrs")
+    rows = [
+        (
+            f"%{node.id}",
+            node.kind,
+            ", ".join(f"%{operand}" for operand in node.operands),
+            format_shape(node.shape),
+            node.dtype,
+            " ".join(f"{key}={value}" for key, value in sorted(node.attrs.items())),
+        )
+        for node in graph.nodes()
+    ]
+    widths = [max(len(row[col]) for row in [header, *rows]) for col in range(len(header))]
+
+    def render(row: tuple[str, ...]) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([render(header), rule, *(render(row) for row in rows)]) + "\n"
+
+
+# --------------------------------------------------------------------------- parser
+
+_TOKEN = re.compile(
+    r"""(?P<space>[ \t\r]+)
+      | (?P<comment>\#[^\n]*)
+      | (?P<newline>\n)
+      | (?P<value>%[A-Za-z_][A-Za-z0-9_]*)
+      | (?P<string>"[^"\n]*")
+      | (?P<int>-?[0-9]+)
+      | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+      | (?P<punct>[\[\],:={}])""",
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class _Token:
+    kind: str  # value, string, int, ident, punct, end
+    text: str
+    line: int
+    column: int
+
+
+def _describe(token: _Token) -> str:
+    return "end of input" if token.kind == "end" else repr(token.text)
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.source_lines = text.split("\n")
+        self.tokens = self._tokenize(text)
+        self.position = 0
+
+    def error(self, token: _Token, message: str) -> ParseError:
+        source = self.source_lines[token.line - 1] if token.line <= len(self.source_lines) else ""
+        caret = " " * (token.column - 1) + "^"
+        return ParseError(f"line {token.line}, column {token.column}: {message}\n    {source}\n    {caret}")
+
+    def _tokenize(self, text: str) -> list[_Token]:
+        tokens: list[_Token] = []
+        line, line_start, offset = 1, 0, 0
+        while offset < len(text):
+            match = _TOKEN.match(text, offset)
+            if match is None:
+                bad = _Token("char", text[offset], line, offset - line_start + 1)
+                raise self.error(bad, f"unexpected character {text[offset]!r}")
+            kind = match.lastgroup or ""
+            if kind == "newline":
+                line, line_start = line + 1, match.end()
+            elif kind not in ("space", "comment"):
+                tokens.append(_Token(kind, match.group(), line, offset - line_start + 1))
+            offset = match.end()
+        tokens.append(_Token("end", "", line, offset - line_start + 1))
+        return tokens
+
+    def peek(self) -> _Token:
+        return self.tokens[self.position]
+
+    def take(self, kind: str, what: str, text: str | None = None) -> _Token:
+        token = self.peek()
+        if token.kind != kind or (text is not None and token.text != text):
+            raise self.error(token, f"expected {what}, found {_describe(token)}")
+        self.position += 1
+        return token
+
+    def punct(self, symbol: str, context: str) -> None:
+        self.take("punct", f"'{symbol}' {context}", symbol)
+
+    def shape(self, context: str) -> tuple[int, ...]:
+        self.punct("[", f"to open the shape {context}")
+        dims = []
+        while True:
+            token = self.take("int", f"a dimension (positive integer) in the shape {context}")
+            if int(token.text) <= 0:
+                raise self.error(
+                    token, f"expected a positive dimension in the shape {context}, found {token.text}"
+                )
+            dims.append(int(token.text))
+            if self.peek().text == "]":
+                self.position += 1
+                return tuple(dims)
+            self.punct(",", f"or ']' in the shape {context}")
+
+    def dtype(self, context: str) -> str:
+        token = self.take("ident", f"a dtype (bfloat16, float32) {context}")
+        try:
+            return canonical_dtype(token.text)
+        except NmmcError as err:
+            raise self.error(token, f"expected a dtype {context}: {err}") from None
+
+    def value(self, defined: Mapping[str, int], context: str) -> str:
+        token = self.take("value", f"a value (%name) {context}")
+        node_id = token.text[1:]
+        if node_id not in defined:
+            raise self.error(token, f"{token.text} is not defined (values must be defined above their use)")
+        return node_id
+
+    def string(self, context: str) -> str:
+        return self.take("string", f'a quoted name ("...") {context}').text[1:-1]
+
+    def parse(self) -> Graph:
+        self.take("ident", "'graph' to start the graph", "graph")
+        name_token = self.take("ident", "the graph's name after 'graph'")
+        try:
+            graph = Graph(name_token.text)
+        except NmmcError as err:
+            raise self.error(name_token, str(err)) from None
+        self.punct("{", "after the graph's name")
+        defined: dict[str, int] = {}
+        while not (self.peek().kind == "punct" and self.peek().text == "}"):
+            self.statement(graph, defined)
+        self.position += 1
+        self.take("end", "end of input after the closing '}'")
+        return graph
+
+    def statement(self, graph: Graph, defined: dict[str, int]) -> None:
+        target = self.take("value", "a statement '%name = ...' or the closing '}'")
+        node_id = target.text[1:]
+        if node_id in defined:
+            raise self.error(target, f"{target.text} is defined twice (first on line {defined[node_id]})")
+        self.punct("=", f"after {target.text}")
+        kinds = "input, matmul, transpose, elementwise, output"
+        kind_token = self.take("ident", f"an op ({kinds})")
+        kind = kind_token.text
+        context = f"of {kind} {target.text}"
+        if kind == "input":
+            self.input_statement(graph, node_id, context, kind_token)
+        elif kind == "output":
+            name = self.string(context)
+            operand = self.value(defined, context)
+            self.build(kind_token, lambda: graph.add_output(name, operand, id=node_id))
+        elif kind in ("matmul", "transpose", "elementwise"):
+            self.computed_statement(graph, node_id, kind_token, defined)
+        else:
+            raise self.error(kind_token, f"expected an op ({kinds}), found {kind!r}")
+        defined[node_id] = target.line
+
+    def build(self, token: _Token, action: Callable[[], str]) -> None:
+        try:
+            action()
+        except NmmcError as err:
+            raise self.error(token, str(err)) from None
+
+    def input_statement(self, graph: Graph, node_id: str, context: str, kind_token: _Token) -> None:
+        name = self.string(context)
+        shape = self.shape(context)
+        dtype = self.dtype(context)
+        layout = "row_major"
+        if self.peek().kind == "ident" and self.peek().text == "layout":
+            self.position += 1
+            self.punct("=", "after 'layout'")
+            layout = self.take("ident", f"a layout ({', '.join(LAYOUTS)}) {context}").text
+        self.build(kind_token, lambda: graph.add_input(name, shape, dtype, layout, id=node_id))
+
+    def computed_statement(
+        self, graph: Graph, node_id: str, kind_token: _Token, defined: Mapping[str, int]
+    ) -> None:
+        kind = kind_token.text
+        op = None
+        if kind == "elementwise":
+            known = ", ".join(ELEMENTWISE_ARITY)
+            op_token = self.take("ident", f"an elementwise op ({known})")
+            op = op_token.text
+            if op not in ELEMENTWISE_ARITY:
+                raise self.error(op_token, f"expected an elementwise op ({known}), found {op!r}")
+        head = f"{kind} {op}" if op else kind
+        context = f"of {head} %{node_id}"
+        operands = [self.value(defined, context)]
+        while self.peek().text == ",":
+            self.position += 1
+            operands.append(self.value(defined, context))
+        arity = ELEMENTWISE_ARITY[op] if op else {"matmul": 2, "transpose": 1}[kind]
+        if len(operands) != arity:
+            raise self.error(kind_token, f"expected {arity} operand(s) for {head}, found {len(operands)}")
+        self.punct(":", f"before the result type {context}")
+        shape = self.shape(context)
+        dtype = self.dtype(context)
+        if kind == "matmul":
+            self.build(kind_token, lambda: graph.add_matmul(*operands, id=node_id))
+        elif kind == "transpose":
+            self.build(kind_token, lambda: graph.add_transpose(*operands, id=node_id))
+        else:
+            self.build(kind_token, lambda: graph.add_elementwise(op, *operands, id=node_id))
+        node = graph.node(node_id)
+        if (node.shape, node.dtype) != (shape, dtype):
+            raise self.error(
+                kind_token,
+                f"%{node_id} is annotated {format_shape(shape)} {dtype} but its operands give "
+                f"{format_shape(node.shape)} {node.dtype}",
+            )
+
+
+def parse_text(text: str) -> Graph:
+    """Parse the text form back into a :class:`Graph`; ParseError says the line and what was expected."""
+    return _Parser(text).parse()

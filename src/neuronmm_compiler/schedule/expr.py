@@ -1,0 +1,175 @@
+"""Index expressions of the loop-nest program: affine forms in loop variables, and their minimum.
+
+Loop trip counts and slice bounds of an emitted kernel are either affine in the enclosing loop
+variables (``256 * m_blk + 128 * bm``) or, for the last, ragged tile of a dimension, the minimum of
+such forms (``min(256 * m_blk + 128, 700)``). That closed class is all a schedule needs, and it
+keeps expressions cheap to evaluate (the cost model does so thousands of times per search) and
+easy to print as Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+IntLike = "int | Lin | Min"
+
+
+@dataclass(frozen=True)
+class Lin:
+    """``const + sum(coef * var)``; terms keep their first-insertion order for stable printing."""
+
+    const: int = 0
+    terms: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def variables(self) -> set[str]:
+        return {name for name, _ in self.terms}
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        total = self.const
+        for name, coef in self.terms:
+            total += coef * env[name]
+        return total
+
+    def substitute(self, env: Mapping[str, int]) -> Lin:
+        const = self.const
+        terms = []
+        for name, coef in self.terms:
+            if name in env:
+                const += coef * env[name]
+            else:
+                terms.append((name, coef))
+        return Lin(const, tuple(terms))
+
+    def code(self) -> str:
+        # Positive terms first, then the constant, then subtracted terms: "300 - 128 * bk".
+        def term(name: str, coef: int) -> str:
+            return name if coef == 1 else f"{coef} * {name}"
+
+        text = ""
+        for name, coef in self.terms:
+            if coef > 0:
+                text += (" + " if text else "") + term(name, coef)
+        if self.const > 0 or (self.const < 0 and not text):
+            text += (" + " if text else "") + str(self.const)
+        elif self.const < 0:
+            text += f" - {-self.const}"
+        for name, coef in self.terms:
+            if coef < 0:
+                text += (" - " if text else "-") + term(name, -coef)
+        return text or "0"
+
+
+@dataclass(frozen=True)
+class Min:
+    """The minimum of two or more affine forms (never all constant: that folds to a Lin)."""
+
+    args: tuple[Lin, ...]
+
+    def variables(self) -> set[str]:
+        out: set[str] = set()
+        for arg in self.args:
+            out |= arg.variables()
+        return out
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        return min(arg.evaluate(env) for arg in self.args)
+
+    def substitute(self, env: Mapping[str, int]) -> Expr:
+        return minimum(*(arg.substitute(env) for arg in self.args))
+
+    def code(self) -> str:
+        return "min(" + ", ".join(arg.code() for arg in self.args) + ")"
+
+
+Expr = Lin | Min
+
+
+def as_expr(value: int | Expr) -> Expr:
+    if isinstance(value, Lin | Min):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an index expression: {value!r}")
+    return Lin(value)
+
+
+def var(name: str) -> Lin:
+    return Lin(0, ((name, 1),))
+
+
+def _add_lin(a: Lin, b: Lin) -> Lin:
+    coeffs: dict[str, int] = dict(a.terms)
+    for name, coef in b.terms:
+        coeffs[name] = coeffs.get(name, 0) + coef
+    return Lin(a.const + b.const, tuple((n, c) for n, c in coeffs.items() if c != 0))
+
+
+def add(*values: int | Expr) -> Expr:
+    """Sum of expressions; a sum involving a Min distributes into it."""
+    result: Expr = Lin(0)
+    for value in values:
+        item = as_expr(value)
+        if isinstance(result, Min):
+            result = minimum(*(add(arg, item) for arg in result.args))
+        elif isinstance(item, Min):
+            result = minimum(*(add(result, arg) for arg in item.args))
+        else:
+            result = _add_lin(result, item)
+    return result
+
+
+def scale(value: int | Expr, factor: int) -> Expr:
+    """Multiply by a non-negative integer constant."""
+    if factor < 0:
+        raise ValueError("scale() takes a non-negative factor (it distributes into min)")
+    item = as_expr(value)
+    if isinstance(item, Min):
+        return minimum(*(scale(arg, factor) for arg in item.args))
+    if factor == 0:
+        return Lin(0)
+    return Lin(item.const * factor, tuple((n, c * factor) for n, c in item.terms))
+
+
+def sub(a: int | Expr, b: int | Lin) -> Expr:
+    b_expr = as_expr(b)
+    if isinstance(b_expr, Min):
+        raise ValueError("cannot subtract a min() expression")
+    return add(a, Lin(-b_expr.const, tuple((n, -c) for n, c in b_expr.terms)))
+
+
+def minimum(*values: int | Expr) -> Expr:
+    """min() of expressions, dropping arguments that provably never win."""
+    flat: list[Lin] = []
+    for value in values:
+        item = as_expr(value)
+        flat.extend(item.args if isinstance(item, Min) else (item,))
+    kept: list[Lin] = []
+    for cand in flat:
+        dominated = False
+        for i, other in enumerate(kept):
+            diff = _add_lin(cand, Lin(-other.const, tuple((n, -c) for n, c in other.terms)))
+            if diff.is_const:
+                if diff.const < 0:
+                    kept[i] = cand
+                dominated = True
+                break
+        if not dominated:
+            kept.append(cand)
+    # Replacing entries may leave duplicates; remove them preserving order.
+    unique: list[Lin] = []
+    for item in kept:
+        if item not in unique:
+            unique.append(item)
+    return unique[0] if len(unique) == 1 else Min(tuple(unique))
+
+
+def evaluate(value: int | Expr, env: Mapping[str, int]) -> int:
+    return as_expr(value).evaluate(env)
+
+
+def code(value: int | Expr) -> str:
+    return as_expr(value).code()

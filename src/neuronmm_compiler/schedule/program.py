@@ -1,0 +1,244 @@
+"""The loop-nest program: what a schedule lowers to, what codegen prints and the cost model counts.
+
+A :class:`Program` is one kernel: HBM parameters and outputs, and a body of statements: loops,
+on-chip buffer allocations, and the instructions of the NKI subset nmmc emits (DMA copies, matmul,
+transposes, PSUM evictions, vector ops). Indices are :mod:`.expr` expressions over loop variables.
+Nothing here is dialect specific: the dialect printers in :mod:`neuronmm_compiler.codegen` decide
+how each statement is spelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .expr import Expr, add, as_expr, code, sub
+
+Memory = Literal["hbm", "sbuf", "psum"]
+
+DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float32": 4, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Span:
+    """A half-open slice ``start:stop`` of one tensor axis."""
+
+    start: Expr
+    stop: Expr
+
+    @property
+    def size(self) -> Expr:
+        return sub(self.stop, self.start)  # starts are affine; only stops may be min()
+
+    def code(self) -> str:
+        return f"{code(self.start)}:{code(self.stop)}"
+
+
+@dataclass(frozen=True)
+class Point:
+    """A single index that drops its axis (used for the tile axis of multi-tile buffers)."""
+
+    index: Expr
+
+    def code(self) -> str:
+        return code(self.index)
+
+
+Index = Span | Point
+
+
+def span(start: int | Expr, size: int | Expr) -> Span:
+    start_e = as_expr(start)
+    return Span(start_e, add(start_e, size))
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor: an HBM kernel argument/output, or an on-chip allocation (dim 0 = partitions)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    memory: Memory
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def bytes_per_partition(self) -> int:
+        size = self.itemsize
+        for extent in self.shape[1:]:
+            size *= extent
+        return size
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A region of a buffer: one index per axis."""
+
+    buffer: Buffer
+    index: tuple[Index, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.index) != len(self.buffer.shape):
+            raise ValueError(f"{self.buffer.name}: {len(self.index)} indices for rank {len(self.buffer.shape)}")
+
+    @property
+    def shape(self) -> tuple[Expr, ...]:
+        return tuple(ix.size for ix in self.index if isinstance(ix, Span))
+
+    def code(self) -> str:
+        return f"{self.buffer.name}[" + ", ".join(ix.code() for ix in self.index) + "]"
+
+
+def whole(buffer: Buffer) -> Ref:
+    return Ref(buffer, tuple(span(0, extent) for extent in buffer.shape))
+
+
+# ----------------------------------------------------------------------------- statements
+
+
+@dataclass(frozen=True)
+class Alloc:
+    """Allocate an on-chip buffer. ``zero`` fills it with 0 (partial sums start at zero);
+    ``accumulator`` marks a PSUM buffer that matmuls accumulate into (0.1 dialects zero it)."""
+
+    buffer: Buffer
+    zero: bool = False
+    accumulator: bool = False
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class DmaCopy:
+    """HBM -> SBUF load or SBUF -> HBM store. ``transpose`` loads a 2-D HBM region transposed."""
+
+    dst: Ref
+    src: Ref
+    transpose: bool = False
+
+    @property
+    def is_load(self) -> bool:
+        return self.src.buffer.memory == "hbm"
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` on the TensorEngine, into PSUM."""
+
+    dst: Ref
+    stationary: Ref
+    moving: Ref
+
+
+@dataclass(frozen=True)
+class PeTranspose:
+    """TensorEngine transpose of an SBUF tile into PSUM."""
+
+    dst: Ref
+    src: Ref
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Engine copy with cast to dst's dtype (PSUM -> SBUF eviction, packing)."""
+
+    dst: Ref
+    src: Ref
+
+
+@dataclass(frozen=True)
+class TensorTensor:
+    """Elementwise ``dst = op(lhs, rhs)`` on the VectorEngine, in fp32."""
+
+    dst: Ref
+    lhs: Ref
+    rhs: Ref
+    op: Literal["add", "multiply"]
+
+
+@dataclass(frozen=True)
+class Activation:
+    """``dst = op(src)`` on the ScalarEngine, in fp32."""
+
+    dst: Ref
+    src: Ref
+    op: Literal["silu", "copy"]
+
+
+@dataclass
+class Loop:
+    """``for var in range(trip)``. ``sequential`` marks a loop-carried dependence (SBUF partial sums)."""
+
+    var: str
+    trip: Expr
+    body: list[Stmt] = field(default_factory=list)
+    sequential: bool = False
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class Comment:
+    text: str
+
+
+Stmt = Alloc | DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation | Loop | Comment
+Instruction = DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation
+
+
+@dataclass
+class Program:
+    """One kernel: ``outputs = name(*params)``."""
+
+    name: str
+    params: list[Buffer]
+    outputs: list[Buffer]
+    body: list[Stmt]
+    doc: str = ""
+
+    def allocations(self) -> list[Alloc]:
+        return [stmt for stmt, _ in walk(self.body) if isinstance(stmt, Alloc)]
+
+    def sbuf_bytes_per_partition(self) -> int:
+        """On-chip footprint: every allocation site holds its buffer for the kernel's lifetime
+        (the interpreter's liveness rule gives the same figure for emitted kernels)."""
+        return sum(a.buffer.bytes_per_partition for a in self.allocations() if a.buffer.memory == "sbuf")
+
+    def psum_banks(self, bank_bytes: int) -> int:
+        return sum(
+            -(-a.buffer.bytes_per_partition // bank_bytes)
+            for a in self.allocations()
+            if a.buffer.memory == "psum"
+        )
+
+
+def walk(body: list[Stmt], loops: tuple[Loop, ...] = ()) -> Iterator[tuple[Stmt, tuple[Loop, ...]]]:
+    """Every statement in program order with the loops enclosing it (outermost first)."""
+    for stmt in body:
+        yield stmt, loops
+        if isinstance(stmt, Loop):
+            yield from walk(stmt.body, (*loops, stmt))
+
+
+def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None) -> Iterator[tuple[Stmt, dict[str, int], int]]:
+    """Yield (statement, loop environment, multiplicity) for every leaf statement, evaluating
+    loops in closed form: an iteration space is split into its first and last iterations, the
+    only ones that can differ (ragged tiles are always the last). The first stands for all but
+    the last. Exact for the programs nmmc's lowerings build; tests compare it with enumeration."""
+    env = dict(env or {})
+    yield from _counts(body, env, 1)
+
+
+def _counts(body: list[Stmt], env: dict[str, int], mult: int) -> Iterator[tuple[Stmt, dict[str, int], int]]:
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            trip = stmt.trip.evaluate(env)
+            if trip <= 0:
+                continue
+            if trip > 1:
+                yield from _counts(stmt.body, {**env, stmt.var: 0}, mult * (trip - 1))
+            yield from _counts(stmt.body, {**env, stmt.var: trip - 1}, mult)
+        else:
+            yield stmt, env, mult

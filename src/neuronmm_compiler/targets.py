@@ -1,0 +1,203 @@
+"""The hardware table: every Trainium constant nmmc uses lives here, once.
+
+Figures are per NeuronCore and come from AWS's public Neuron documentation (architecture guides,
+NKI API reference, performance and DMA guides) as collected in the project's hardware notes. Where
+a figure is an engineering estimate rather than a published number, its field says so; those are
+the parameters a calibration against measurements may refit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import UnknownNameError
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+#: DMA efficiency against bytes per partition per transfer (fraction of peak), read off AWS's
+#: DMA-efficiency chart. Between points the cost model interpolates linearly in log2(bytes).
+DMA_EFFICIENCY_CURVE: tuple[tuple[int, float], ...] = (
+    (32, 0.014),
+    (64, 0.026),
+    (128, 0.05),
+    (256, 0.10),
+    (512, 0.21),
+    (1 * KIB, 0.42),
+    (2 * KIB, 0.81),
+    (4 * KIB, 0.97),
+    (8 * KIB, 0.98),
+    (16 * KIB, 0.99),
+    (32 * KIB, 1.00),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One NeuronCore generation. All sizes in bytes, clocks in GHz, bandwidths in bytes/ns (= GB/s / 1)."""
+
+    name: str
+    core: str
+    description: str
+    cores_per_chip: int
+    # --- on-chip memory ---
+    partitions: int
+    sbuf_bytes_per_partition: int
+    sbuf_reserved_bytes_per_partition: int  # held back by the compiler (estimate: ~16 KiB on trn1)
+    psum_bytes_per_partition: int
+    psum_banks: int
+    # --- engines ---
+    pe_clock_ghz: float
+    peak_bf16_tflops: float
+    vector_clock_ghz: float
+    scalar_clock_ghz: float
+    gpsimd_clock_ghz: float
+    engine_lanes: int
+    # --- HBM and DMA ---
+    hbm_bytes_per_chip: int
+    hbm_gbytes_per_s_per_chip: float
+    dma_engines: int
+    dma_bytes_per_ns_per_engine: float
+    dma_fixed_cost_us: float  # per transfer (trn1: ~1.3 us across engines; trn2: ~0.6 us per DGE instr.)
+    dma_transpose_efficiency: float  # fraction of DMA throughput a transposing load reaches (estimate)
+    # --- tile limits (nl.tile_size), identical on all current generations ---
+    pmax: int = 128
+    gemm_stationary_fmax: int = 128
+    gemm_moving_fmax: int = 512
+    dma_efficiency_curve: tuple[tuple[int, float], ...] = field(default=DMA_EFFICIENCY_CURVE)
+
+    @property
+    def psum_bank_bytes(self) -> int:
+        """Bytes per partition of one PSUM bank (2 KiB: 512 fp32 values)."""
+        return self.psum_bytes_per_partition // self.psum_banks
+
+    @property
+    def sbuf_usable_bytes_per_partition(self) -> int:
+        """SBUF bytes per partition a kernel may allocate (total minus the compiler's reserve)."""
+        return self.sbuf_bytes_per_partition - self.sbuf_reserved_bytes_per_partition
+
+    @property
+    def hbm_bytes_per_core(self) -> int:
+        return self.hbm_bytes_per_chip // self.cores_per_chip
+
+    @property
+    def hbm_gbytes_per_s_per_core(self) -> float:
+        return self.hbm_gbytes_per_s_per_chip / self.cores_per_chip
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """Human-readable (field, value) pairs, for ``nmmc targets``."""
+        return [
+            ("core", self.core),
+            ("SBUF", f"{self.partitions} x {self.sbuf_bytes_per_partition // KIB} KiB "
+                     f"({self.sbuf_usable_bytes_per_partition // KIB} KiB usable per partition)"),
+            ("PSUM", f"{self.partitions} x {self.psum_bytes_per_partition // KIB} KiB "
+                     f"= {self.psum_banks} banks x {self.psum_bank_bytes // KIB} KiB"),
+            ("TensorEngine", f"128x128 systolic, {self.pe_clock_ghz} GHz, "
+                             f"{self.peak_bf16_tflops} TFLOPS bf16"),
+            ("Vector/Scalar/GpSimd", f"{self.vector_clock_ghz} / {self.scalar_clock_ghz} / "
+                                     f"{self.gpsimd_clock_ghz} GHz, {self.engine_lanes} lanes"),
+            ("HBM per core", f"{self.hbm_bytes_per_core / GIB:.0f} GiB, "
+                             f"{self.hbm_gbytes_per_s_per_core:.0f} GB/s"),
+            ("DMA", f"{self.dma_engines} engines x {self.dma_bytes_per_ns_per_engine} B/ns, "
+                    f"{self.dma_fixed_cost_us} us fixed per transfer, "
+                    f"transpose at {self.dma_transpose_efficiency:.0%}"),
+            ("tile limits", f"pmax {self.pmax}, stationary fmax {self.gemm_stationary_fmax}, "
+                            f"moving fmax {self.gemm_moving_fmax}"),
+        ]
+
+    def as_dict(self) -> dict[str, object]:
+        """Every field, plus the derived figures, as plain JSON-able values."""
+        out: dict[str, object] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = [list(p) for p in value] if name == "dma_efficiency_curve" else value
+        out["psum_bank_bytes"] = self.psum_bank_bytes
+        out["sbuf_usable_bytes_per_partition"] = self.sbuf_usable_bytes_per_partition
+        out["hbm_gbytes_per_s_per_core"] = self.hbm_gbytes_per_s_per_core
+        return out
+
+
+TARGETS: dict[str, Target] = {
+    "trn1": Target(
+        name="trn1",
+        core="NeuronCore-v2",
+        description="Trainium1 (trn1/inf2), 2 cores per chip",
+        cores_per_chip=2,
+        partitions=128,
+        sbuf_bytes_per_partition=192 * KIB,
+        sbuf_reserved_bytes_per_partition=16 * KIB,
+        psum_bytes_per_partition=16 * KIB,
+        psum_banks=8,
+        pe_clock_ghz=2.8,
+        peak_bf16_tflops=92.0,
+        vector_clock_ghz=1.12,
+        scalar_clock_ghz=1.4,
+        gpsimd_clock_ghz=1.4,
+        engine_lanes=128,
+        hbm_bytes_per_chip=32 * GIB,
+        hbm_gbytes_per_s_per_chip=820.0,
+        dma_engines=16,
+        dma_bytes_per_ns_per_engine=17.0,
+        dma_fixed_cost_us=1.3,
+        # AWS: load_transpose2d on trn1 runs at "much lower DMA bandwidth"; 25% is our estimate.
+        dma_transpose_efficiency=0.25,
+    ),
+    "trn2": Target(
+        name="trn2",
+        core="NeuronCore-v3",
+        description="Trainium2, 8 cores per chip",
+        cores_per_chip=8,
+        partitions=128,
+        sbuf_bytes_per_partition=224 * KIB,
+        sbuf_reserved_bytes_per_partition=16 * KIB,
+        psum_bytes_per_partition=16 * KIB,
+        psum_banks=8,
+        pe_clock_ghz=2.4,
+        peak_bf16_tflops=79.0,
+        vector_clock_ghz=0.96,
+        scalar_clock_ghz=1.2,
+        gpsimd_clock_ghz=1.2,
+        engine_lanes=128,
+        hbm_bytes_per_chip=96 * GIB,
+        hbm_gbytes_per_s_per_chip=2900.0,
+        dma_engines=16,
+        dma_bytes_per_ns_per_engine=23.0,
+        dma_fixed_cost_us=0.6,
+        dma_transpose_efficiency=0.9,  # AWS: DMA transpose reaches up to ~90% of DMA throughput
+    ),
+    "trn3": Target(
+        name="trn3",
+        core="NeuronCore-v4",
+        description="Trainium3, 8 cores per chip",
+        cores_per_chip=8,
+        partitions=128,
+        sbuf_bytes_per_partition=256 * KIB,
+        sbuf_reserved_bytes_per_partition=16 * KIB,
+        psum_bytes_per_partition=16 * KIB,
+        psum_banks=8,
+        pe_clock_ghz=2.4,
+        peak_bf16_tflops=79.0,
+        vector_clock_ghz=1.2,
+        scalar_clock_ghz=1.2,
+        gpsimd_clock_ghz=1.2,
+        engine_lanes=128,
+        hbm_bytes_per_chip=144 * GIB,
+        hbm_gbytes_per_s_per_chip=4700.0,
+        dma_engines=16,
+        dma_bytes_per_ns_per_engine=33.0,
+        dma_fixed_cost_us=0.6,  # not published for trn3; trn2's DGE figure assumed
+        dma_transpose_efficiency=0.9,  # assumed as on trn2
+    ),
+}
+
+DEFAULT_TARGET = "trn1"
+
+
+def get_target(name: str) -> Target:
+    """Look a target up by name; an unknown name is a user error listing the known ones."""
+    try:
+        return TARGETS[name]
+    except KeyError:
+        known = ", ".join(sorted(TARGETS))
+        raise UnknownNameError(f"unknown target {name!r}; known targets: {known}") from None
