@@ -218,12 +218,14 @@ def require_written(t: Tensor, role: str) -> None:
     mask = a.written[t.key]
     if mask.all():
         return
-    missing = np.nonzero(~np.asarray(mask))
     box = list(t.box)
-    for i, d in enumerate(t.dims):
-        base = t.box[d][0]
-        box[d] = (base + int(missing[i].min()), base + int(missing[i].max()) + 1)
-    count = int(missing[0].size) if missing else 1
+    count = 1
+    if t.dims:
+        missing = np.nonzero(~np.asarray(mask))
+        for i, d in enumerate(t.dims):
+            base = t.box[d][0]
+            box[d] = (base + int(missing[i].min()), base + int(missing[i].max()) + 1)
+        count = int(missing[0].size)
     raise UninitializedReadError(
         f"read of unwritten memory: {role} reads {a.describe()} region {t.region()}, whose elements "
         f"{_format_box(tuple(box), t.dims)} ({count} element(s)) were never written")

@@ -9,8 +9,9 @@ A :class:`GemmSchedule` fixes the tile sizes, how many tiles make a block along 
 the order of the three block loops, the order of the two free-dimension tile loops inside a block,
 where partial sums over K live when K spans several blocks, how DMAs are grouped, and how A^T tiles
 are produced when A is stored row-major. Operand blocks are loaded in the body of the innermost
-block loop they depend on (loops of one trip do not count), so they stay in SBUF across the loops
-nested inside: loop order and block sizes together decide what is cached across which loop.
+block loop they depend on, so they stay in SBUF across the loops nested inside: loop order and
+block sizes together decide what is cached across which loop. A loop of one trip is not emitted
+but still positions the loads (order ``kmn`` with one K block keeps an A^T strip across the n loop).
 """
 
 from __future__ import annotations
@@ -205,13 +206,13 @@ def _aws_tiled(problem: GemmProblem) -> GemmSchedule:
 def _aws_hoist_load(problem: GemmProblem) -> GemmSchedule:
     """AWS 'hoisted loads': the whole K strip of A^T loaded per m tile, of B per (m, n) tile."""
     whole_k = math.ceil(problem.k / 128)
-    return GemmSchedule(tiles_in_block_k=whole_k, loop_order="mnk")
+    return GemmSchedule(tiles_in_block_k=whole_k, loop_order="kmn")
 
 
 def _aws_block_free(problem: GemmProblem) -> GemmSchedule:
     """AWS 'blocked free dimensions': 2 x 2 tiles per (m, n) block, K not blocked."""
     whole_k = math.ceil(problem.k / 128)
-    return GemmSchedule(tiles_in_block_m=2, tiles_in_block_n=2, tiles_in_block_k=whole_k, loop_order="mnk")
+    return GemmSchedule(tiles_in_block_m=2, tiles_in_block_n=2, tiles_in_block_k=whole_k, loop_order="kmn")
 
 
 def _aws_fully_optimized(problem: GemmProblem) -> GemmSchedule:

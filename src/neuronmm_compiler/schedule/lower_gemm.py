@@ -125,11 +125,12 @@ class _GemmLowering:
         kpos = order.index("k")
         self.outer_dims = [d for d in order[:kpos]]
         self.inner_dims = [d for d in order[kpos + 1:]]
-        emitted = [d for d in order if self.dims[d].blocks > 1]
+        # Where each operand block is loaded and the accumulators live: the body of the innermost
+        # loop (in loop_order, one-trip loops included) the operand depends on.
         self.level = {
-            "a": max((order.index(d) for d in "mk" if d in emitted), default=-1),
-            "b": max((order.index(d) for d in "kn" if d in emitted), default=-1),
-            "acc": max((order.index(d) for d in self.outer_dims if d in emitted), default=-1),
+            "a": max(order.index(d) for d in "mk"),
+            "b": max(order.index(d) for d in "kn"),
+            "acc": max((order.index(d) for d in self.outer_dims), default=-1),
         }
         # Accumulator coverage: the dims whose blocks the K loop revisits get all their tiles.
         self.acc_m_tiles = m.tiles if "m" in self.inner_dims else m.tiles_in_block

@@ -1,0 +1,144 @@
+"""The NKI 0.3+ dialect: ``import nki``, ``nki.language as nl``, ``nki.isa as nisa``.
+
+Every ISA call writes into ``dst=``; nothing returns a value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
+from . import ops
+from .machine import BFLOAT16, FLOAT16, FLOAT32, HBM_BUFFERS, PSUM_BUFFER, SBUF_BUFFER, Machine
+from .modules import StandInModule, api, ds, jit, plain_range, tile_size
+from .tensor import Tensor, check_live, mark_written, require_written, write
+
+
+def language_attrs(m: Machine) -> dict[str, Any]:
+    """What ``nki.language`` and ``neuronxcc.nki.language`` share."""
+
+    @api("nl.ndarray")
+    def ndarray(shape: Any, dtype: Any, buffer: Any = SBUF_BUFFER, name: str = "") -> Tensor:
+        return m.allocate(shape, dtype, buffer, name, zero=False)
+
+    @api("nl.zeros")
+    def zeros(shape: Any, dtype: Any, buffer: Any = SBUF_BUFFER, name: str = "") -> Tensor:
+        return m.allocate(shape, dtype, buffer, name, zero=True)
+
+    attrs: dict[str, Any] = {
+        "ndarray": ndarray, "zeros": zeros, "ds": ds, "tile_size": tile_size(m.target),
+        "bfloat16": BFLOAT16, "float32": FLOAT32, "float16": FLOAT16,
+        "sbuf": SBUF_BUFFER, "psum": PSUM_BUFFER,
+        "affine_range": plain_range, "sequential_range": plain_range, "static_range": plain_range,
+    }
+    attrs.update(HBM_BUFFERS)
+    attrs.update(ops.make_ops())
+    return attrs
+
+
+def isa_attrs(m: Machine) -> dict[str, Any]:
+    """``nki.isa`` of the 0.3 dialect."""
+    counters = m.counters
+
+    @api("nisa.dma_copy")
+    def dma_copy(dst: Any, src: Any) -> None:
+        ops.dma(m, ops.tensor_arg(dst, "nisa.dma_copy dst"), ops.tensor_arg(src, "nisa.dma_copy src"),
+                "nisa.dma_copy")
+
+    @api("nisa.dma_transpose")
+    def dma_transpose(dst: Any, src: Any) -> None:
+        ops.dma(m, ops.tensor_arg(dst, "nisa.dma_transpose dst"),
+                ops.tensor_arg(src, "nisa.dma_transpose src"), "nisa.dma_transpose", transpose=True)
+
+    @api("nisa.nc_matmul")
+    def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None) -> None:
+        out = ops.psum_dst(dst, "nisa.nc_matmul")
+        if out.dtype != FLOAT32:
+            raise KernelLimitError(f"nisa.nc_matmul dst must be float32 (PSUM accumulates in fp32), "
+                                   f"got {out.describe()}")
+        result = ops.matmul(m, stationary, moving, "nisa.nc_matmul")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.nc_matmul: dst shape {list(out.shape)} != [M, N] = "
+                              f"{list(result.shape)} of stationary.T @ moving")
+        ops.check_one_bank(m, out, "nisa.nc_matmul")
+        if accumulate is None:
+            alloc = out.alloc
+            check_live(out)
+            if alloc.fully_written:
+                np.add(out.data, result, out=out.data)
+            else:
+                mask = alloc.written[out.key]
+                if mask.all():
+                    np.add(out.data, result, out=out.data)
+                elif not mask.any():
+                    out.data[...] = result
+                else:
+                    out.data[...] = np.where(mask, out.data + result, result)
+                mark_written(out)
+        elif accumulate is True:
+            require_written(out, "nisa.nc_matmul dst (accumulate=True)")
+            np.add(out.data, result, out=out.data)
+        elif accumulate is False:
+            write(out, result)
+        else:
+            raise UnsupportedAPIError(f"nisa.nc_matmul accumulate={accumulate!r}: use None, True or False")
+
+    @api("nisa.nc_transpose")
+    def nc_transpose(dst: Any, data: Any) -> None:
+        out = ops.psum_dst(dst, "nisa.nc_transpose")
+        result = ops.transpose(m, data, "nisa.nc_transpose")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.nc_transpose: dst shape {list(out.shape)} != [F, P] = "
+                              f"{list(result.shape)}")
+        ops.check_one_bank(m, out, "nisa.nc_transpose")
+        write(out, result)
+
+    @api("nisa.tensor_copy")
+    def tensor_copy(dst: Any, src: Any) -> None:
+        out = ops.on_chip(dst, "nisa.tensor_copy dst")
+        s = ops.copy_source(m, src, "nisa.tensor_copy")
+        ops.same_shape(out, s, "nisa.tensor_copy")
+        write(out, s.data)
+
+    @api("nisa.tensor_tensor")
+    def tensor_tensor(dst: Any, data1: Any, data2: Any, op: Any) -> None:
+        out = ops.on_chip(dst, "nisa.tensor_tensor dst")
+        result = ops.binary(m, op, data1, data2, "nisa.tensor_tensor")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.tensor_tensor: dst shape {list(out.shape)} != input shape "
+                              f"{list(result.shape)}")
+        write(out, result)
+
+    @api("nisa.activation")
+    def activation(dst: Any, op: Any, data: Any, bias: Any = None, scale: Any = 1.0) -> None:
+        out = ops.on_chip(dst, "nisa.activation dst")
+        result = ops.activation(m, op, data, bias, scale, "nisa.activation")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.activation: dst shape {list(out.shape)} != data shape "
+                              f"{list(result.shape)}")
+        write(out, result)
+
+    @api("nisa.memset")
+    def memset(dst: Any, value: Any) -> None:
+        out = ops.on_chip(dst, "nisa.memset dst")
+        if not isinstance(value, (int, float, np.integer, np.floating)):
+            raise UnsupportedAPIError(f"nisa.memset value must be a number, got {value!r:.60}")
+        counters.memsets += 1
+        write(out, np.float32(value))
+
+    return {
+        "dma_copy": dma_copy, "dma_transpose": dma_transpose, "nc_matmul": nc_matmul,
+        "nc_transpose": nc_transpose, "tensor_copy": tensor_copy, "tensor_tensor": tensor_tensor,
+        "activation": activation, "memset": memset,
+    }
+
+
+def build_modules(m: Machine) -> dict[str, StandInModule]:
+    """The ``nki``, ``nki.language`` and ``nki.isa`` stand-ins bound to ``m``."""
+    language = StandInModule("nki.language", language_attrs(m))
+    isa = StandInModule("nki.isa", isa_attrs(m))
+    top = StandInModule("nki", {"jit": jit, "language": language, "isa": isa})
+    return {"nki": top, "nki.language": language, "nki.isa": isa}
+

@@ -1,0 +1,160 @@
+"""Run an NKI kernel file on the CPU: restricted imports, argument wrapping, error locations."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import inspect
+import linecache
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError, UnsupportedAPIError
+from ..targets import Target
+from . import api_legacy, api_nki
+from .counters import Counters
+from .machine import Machine
+from .modules import StandInModule
+from .tensor import HBM, Tensor, require_written
+
+#: modules a kernel file may import besides the NKI stand-ins (__future__ is a compiler directive)
+PLAIN_IMPORTS = frozenset({"numpy", "math", "ml_dtypes", "__future__"})
+DIALECT_OF_TOP = {"nki": "0.3", "neuronxcc": "0.1"}
+
+
+@dataclass
+class KernelRun:
+    """The result of :func:`run_kernel`: output arrays (in their HBM dtype) and the counters."""
+
+    outputs: list[np.ndarray]
+    counters: Counters
+    dialect: str | None
+
+
+class _Importer:
+    """The ``__import__`` of a kernel namespace: NKI stand-ins, numpy, math, ml_dtypes only."""
+
+    def __init__(self, machine: Machine):
+        self.machine = machine
+        self.modules: dict[str, StandInModule] = {}
+
+    def __call__(self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
+                 level: int = 0) -> Any:
+        if level:
+            raise UnsupportedAPIError(f"relative import of {name!r} is not allowed in a kernel file")
+        if name in PLAIN_IMPORTS:
+            return builtins.__import__(name, globals, locals, fromlist, level)
+        top = name.partition(".")[0]
+        dialect = DIALECT_OF_TOP.get(top)
+        if dialect is None:
+            allowed = ", ".join(sorted(PLAIN_IMPORTS - {"__future__"}))
+            raise UnsupportedAPIError(f"import of {name!r} is not allowed in a kernel file; allowed: "
+                                      f"{allowed} and the NKI modules (nki, nki.language, nki.isa or "
+                                      "neuronxcc.nki, neuronxcc.nki.language, neuronxcc.nki.isa)")
+        m = self.machine
+        if m.dialect is None:
+            m.dialect = dialect
+            build = api_nki.build_modules if dialect == "0.3" else api_legacy.build_modules
+            self.modules = build(m)
+        elif m.dialect != dialect:
+            raise UnsupportedAPIError(f"import of {name!r} mixes NKI dialects: the file already imported "
+                                      f"the NKI {m.dialect} modules")
+        module = self.modules.get(name)
+        if module is None:
+            raise UnsupportedAPIError(f"import of {name!r} is not allowed: only {sorted(self.modules)}")
+        return module if fromlist else self.modules[top]
+
+
+def _kernel_line(tb: Any, filename: str) -> int | None:
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+@contextlib.contextmanager
+def _located(m: Machine) -> Iterator[None]:
+    """Turn every exception into a KernelError naming the innermost kernel-file line executing."""
+    try:
+        yield
+    except KernelError as exc:
+        if exc.line is not None:
+            raise
+        line = _kernel_line(exc.__traceback__, m.filename)
+        located = type(exc)(exc.bare_message, line=line, source_line=m.source_line(line))
+        raise located.with_traceback(exc.__traceback__) from None
+    except Exception as exc:
+        line = _kernel_line(exc.__traceback__, m.filename)
+        message = f"kernel raised {type(exc).__name__}: {exc}"
+        raise KernelError(message, line=line, source_line=m.source_line(line)) from exc
+
+
+def run_kernel(source: str, *, filename: str, kernel_name: str, args: Sequence[np.ndarray],
+               target: Target, output_names: Sequence[str] | None = None,
+               arg_names: Sequence[str] | None = None) -> KernelRun:
+    """Execute kernel ``kernel_name`` of the NKI source file ``source`` on NumPy arrays.
+
+    ``args`` become HBM tensors named by the kernel's parameter names (or ``arg_names``); each keeps
+    its dtype (float32, bfloat16 or float16). The kernel must return an HBM tensor or a tuple of
+    them; they come back as arrays in :attr:`KernelRun.outputs`, and their counters are keyed by
+    ``output_names`` (default ``output0``, ``output1``, ...). Every failure is a
+    :class:`~neuronmm_compiler.errors.KernelError` whose ``line`` is the kernel-file line executing.
+    """
+    lines = source.splitlines()
+    m = Machine(target, filename, lines)
+    try:
+        code = compile(source, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise KernelError(f"kernel source does not parse: {exc.msg}", line=exc.lineno,
+                          source_line=exc.text) from None
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    kernel_builtins = dict(vars(builtins))
+    kernel_builtins["__import__"] = _Importer(m)
+    namespace: dict[str, Any] = {"__builtins__": kernel_builtins, "__name__": "__nmmc_kernel__",
+                                 "__file__": filename}
+    with _located(m):
+        exec(code, namespace)
+    fn = namespace.get(kernel_name)
+    if not callable(fn):
+        raise KernelError(f"the kernel file defines no function {kernel_name!r}")
+    names = _argument_names(fn, kernel_name, args, arg_names)
+    hbm_args = [m.input_tensor(array, name) for array, name in zip(args, names)]
+    with _located(m):
+        result = fn(*hbm_args)
+    del hbm_args
+    returned = list(result) if isinstance(result, (tuple, list)) else [result]
+    if output_names is None:
+        output_names = [f"output{i}" for i in range(len(returned))]
+    elif len(output_names) != len(returned):
+        raise KernelError(f"kernel {kernel_name!r} returned {len(returned)} tensor(s) but "
+                          f"{len(output_names)} output name(s) were given")
+    outputs = []
+    for value, name in zip(returned, output_names):
+        if not isinstance(value, Tensor) or value.alloc.buffer != HBM:
+            raise KernelError(f"kernel {kernel_name!r} must return HBM tensors (nl.shared_hbm), output "
+                              f"{name!r} is {value!r:.100}")
+        require_written(value, f"kernel output {name!r}")
+        outputs.append(value.data if value.is_full else value.data.copy())
+    c = m.counters
+    keys = m.hbm_counter_names([v.alloc for v in returned], list(output_names))
+    c.hbm_bytes_read = {keys[id(a)]: a.bytes_read for a in m.hbm_allocs}
+    c.hbm_bytes_written = {keys[id(a)]: a.bytes_written for a in m.hbm_allocs}
+    return KernelRun(outputs=outputs, counters=c, dialect=m.dialect)
+
+
+def _argument_names(fn: Any, kernel_name: str, args: Sequence[np.ndarray],
+                    arg_names: Sequence[str] | None) -> list[str]:
+    if arg_names is not None:
+        if len(arg_names) != len(args):
+            raise KernelError(f"{len(args)} argument(s) but {len(arg_names)} argument name(s)")
+        return list(arg_names)
+    params = list(inspect.signature(fn).parameters)
+    if len(params) != len(args):
+        raise KernelError(f"kernel {kernel_name!r} takes {len(params)} parameter(s) {params}, "
+                          f"got {len(args)} argument(s)")
+    return params

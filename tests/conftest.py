@@ -1,0 +1,27 @@
+"""Shared helpers for the test suite."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from neuronmm_compiler.compiler import compile_gemm
+from neuronmm_compiler.verification import verify_source
+
+settings.register_profile(
+    "nmmc", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("nmmc")
+
+
+def compile_and_verify(m: int, n: int, k: int, *, seed: int = 0, **options):
+    """Compile a GEMM, run it in the interpreter, return (compiled, report); fails on mismatch."""
+    compiled = compile_gemm(m, n, k, **options)
+    report = verify_source(compiled.kernel.source, filename=f"<gemm {m}x{n}x{k}>", seed=seed)
+    assert report.ok, f"{m}x{n}x{k} {options}: {report.error}"
+    return compiled, report
+
+
+@pytest.fixture
+def verify_gemm():
+    return compile_and_verify
