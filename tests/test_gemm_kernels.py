@@ -6,10 +6,10 @@ import itertools
 import math
 
 import pytest
-from conftest import compile_and_verify
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import compile_and_verify
 from neuronmm_compiler.compiler import compile_gemm
 from neuronmm_compiler.schedule import PRESETS
 from neuronmm_compiler.schedule.gemm import LOOP_ORDERS
@@ -83,7 +83,7 @@ def test_hbm_bytes_equal_hand_counts(shape, layout):
 def test_fully_optimized_dma_counts():
     """One DMA per K-tile row of each block, and one packed store per output tile row."""
     m, n, k = 2048, 2048, 2048
-    compiled, report = compile_and_verify(m, n, k, schedule="aws-fully-optimized", a_layout="km")
+    _, report = compile_and_verify(m, n, k, schedule="aws-fully-optimized", a_layout="km")
     blocks_m, blocks_n, tiles_k, tiles_m = m // 2048, n // 1024, k // 128, m // 128
     loads = blocks_n * tiles_k + blocks_n * blocks_m * tiles_k
     assert report.counters["dma_transfers"] == loads + blocks_n * tiles_m

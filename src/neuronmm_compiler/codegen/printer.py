@@ -11,6 +11,7 @@ instructions return values that are assigned into buffers, loads and stores are 
 
 from __future__ import annotations
 
+from ..schedule.expr import Min, code
 from ..schedule.program import (
     Activation,
     Alloc,
@@ -27,7 +28,6 @@ from ..schedule.program import (
     TensorTensor,
     walk,
 )
-from ..schedule.expr import Min, code
 
 INDENT = "    "
 NL_DTYPES = {"bfloat16": "nl.bfloat16", "float32": "nl.float32", "float16": "nl.float16"}

@@ -222,7 +222,10 @@ def walk(body: list[Stmt], loops: tuple[Loop, ...] = ()) -> Iterator[tuple[Stmt,
             yield from walk(stmt.body, (*loops, stmt))
 
 
-def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None) -> Iterator[tuple[Stmt, dict[str, int], int]]:
+Counted = Iterator[tuple[Stmt, dict[str, int], int]]
+
+
+def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None) -> Counted:
     """Yield (statement, loop environment, multiplicity) for every leaf statement, evaluating
     loops in closed form: an iteration space is split into its first and last iterations, the
     only ones that can differ (ragged tiles are always the last). The first stands for all but
@@ -231,7 +234,7 @@ def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None) -
     yield from _counts(body, env, 1)
 
 
-def _counts(body: list[Stmt], env: dict[str, int], mult: int) -> Iterator[tuple[Stmt, dict[str, int], int]]:
+def _counts(body: list[Stmt], env: dict[str, int], mult: int) -> Counted:
     for stmt in body:
         if isinstance(stmt, Loop):
             trip = stmt.trip.evaluate(env)

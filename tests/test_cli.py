@@ -1,0 +1,132 @@
+"""The nmmc command line, driven as a user would."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from neuronmm_compiler.cli import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_emit_then_verify(tmp_path):
+    out = tmp_path / "gemm.py"
+    result = run("emit", "--shape", "200x700x300", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.output and out.exists()
+    result = run("verify", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    for key in ("ok", "rel_error", "hbm_bytes_read", "hbm_bytes_written", "dma_transfers",
+                "matmul_instructions", "transposes", "sbuf_peak_bytes", "psum_peak_banks"):
+        assert key in report
+    assert report["ok"] is True and report["rel_error"] < 1e-2
+    human = run("verify", str(out))
+    assert human.exit_code == 0 and human.output.startswith("OK:")
+
+
+def test_emit_to_stdout_is_the_file():
+    result = run("emit", "--shape", "1x512x128", "--dialect", "neuronxcc", "-o", "-")
+    assert result.exit_code == 0
+    assert "import neuronxcc.nki as nki" in result.output and "def reference(" in result.output
+
+
+def test_verify_fails_on_a_broken_kernel(tmp_path):
+    out = tmp_path / "gemm.py"
+    assert run("emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "-o", str(out)).exit_code == 0
+    text = out.read_text()
+    # Drop the last K tile's contribution: the kernel now computes the wrong thing.
+    broken = text.replace("for k_blk in range(2):", "for k_blk in range(1):")
+    assert broken != text
+    out.write_text(broken)
+    result = run("verify", str(out), "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.output)["ok"] is False
+
+
+def test_verify_reports_a_violated_limit(tmp_path):
+    out = tmp_path / "gemm.py"
+    assert run("emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "-o", str(out)).exit_code == 0
+    text = out.read_text().replace("nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)",
+                                   "nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum)")
+    text = text.replace("acc_psum[0:128, 0:512]", "acc_psum[0:128, 0:1024]", 1)
+    out.write_text(text)
+    result = run("verify", str(out))
+    assert result.exit_code == 1
+    assert "FAILED" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["emit", "--shape", "12x34", "-o", "X"], "MxNxK"),
+        (["emit", "--shape", "0x512x128", "-o", "X"], "positive"),
+        (["emit", "--shape", "-1x512x128", "-o", "X"], "MxNxK"),
+        (["emit", "--shape", "axbxc", "-o", "X"], "MxNxK"),
+        (["emit", "--shape", "128x512x128", "--target", "trn9", "-o", "X"], "trn1"),
+        (["emit", "--shape", "128x512x128", "--dialect", "cuda", "-o", "X"], "neuronxcc"),
+        (["emit", "--shape", "128x512x128", "--schedule", "fast", "-o", "X"], "aws-tiled"),
+        (["emit", "--shape", "128x512x128", "--param", "speed=9", "-o", "X"], "tile_m"),
+        (["emit", "--shape", "128x512x128", "--param", "tile_m", "-o", "X"], "key=value"),
+        (["emit", "--shape", "128x512x128", "--param", "tile_m=256", "-o", "X"], "128"),
+        (["emit", "--shape", "128x512x128", "--param", "loop_order=mmk", "-o", "X"], "one of"),
+        (["emit", "--shape", "128x512x128", "--dtype", "int8", "-o", "X"], "bf16"),
+        (["emit", "--shape", "128x512x128", "--a-layout", "nm", "-o", "X"], "km"),
+        (["emit", "--shape", "8192x8192x8192", "--param", "tiles_in_block_m=64", "-o", "X"], "SBUF"),
+        (["emit", "--shape", "2048x4096x2048", "--schedule", "aws-tiled", "--param", "loop_order=kmn",
+          "--param", "tiles_in_block_k=1", "-o", "X"], "PSUM"),
+        (["emit", "--shape", "128x512x128"], "--output"),
+        (["emit", "--shape", "128x512x128", "--bogus", "-o", "X"], "bogus"),
+        (["frobnicate"], "frobnicate"),
+        (["schedules", "--shape", "1x2"], "MxNxK"),
+        (["verify", "/nonexistent/kernel.py"], "cannot read"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, (args, result.output)
+    err = result.stderr.strip()
+    assert err.startswith("nmmc: error:") and "\n" not in err, err
+    assert fragment in err
+    assert "Traceback" not in result.output + result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_rejects_a_file_that_is_not_a_kernel(tmp_path):
+    path = tmp_path / "plain.py"
+    path.write_text("print('hello')\n")
+    result = CliRunner().invoke(main, ["verify", str(path)])
+    assert result.exit_code == 2 and "not an nmmc kernel" in result.stderr
+
+
+def test_schedules_and_targets_list_everything():
+    result = run("schedules", "--shape", "1024x2048x1024", "--json")
+    data = json.loads(result.output)
+    assert [p["name"] for p in data["presets"]] == ["aws-tiled", "aws-hoist-load", "aws-block-free",
+                                                   "aws-fully-optimized"]
+    assert all(p["fits"] for p in data["presets"])
+    assert {p["name"] for p in data["parameters"]} >= {"tile_m", "loop_order", "a_transpose"}
+    human = run("schedules", "--shape", "1024x2048x1024")
+    assert "aws-fully-optimized" in human.output and "--param" in human.output
+    targets = json.loads(run("targets", "--json").output)
+    assert set(targets) == {"trn1", "trn2", "trn3"}
+    assert targets["trn2"]["sbuf_bytes_per_partition"] == 224 * 1024
+    assert "NeuronCore-v2" in run("targets").output
+
+
+@pytest.mark.parametrize("command", ["emit", "verify", "schedules", "targets"])
+def test_help_is_complete(command):
+    result = run(command, "--help")
+    assert result.exit_code == 0
+    assert "Usage: " in result.output
+    assert "--help" in result.output
+
+
+def test_version():
+    assert run("--version").output.startswith("nmmc, version ")
