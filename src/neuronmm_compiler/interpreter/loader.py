@@ -123,7 +123,7 @@ def run_kernel(source: str, *, filename: str, kernel_name: str, args: Sequence[n
     if not callable(fn):
         raise KernelError(f"the kernel file defines no function {kernel_name!r}")
     names = _argument_names(fn, kernel_name, args, arg_names)
-    hbm_args = [m.input_tensor(array, name) for array, name in zip(args, names)]
+    hbm_args = [m.input_tensor(array, name) for array, name in zip(args, names, strict=True)]
     with _located(m):
         result = fn(*hbm_args)
     del hbm_args
@@ -134,7 +134,7 @@ def run_kernel(source: str, *, filename: str, kernel_name: str, args: Sequence[n
         raise KernelError(f"kernel {kernel_name!r} returned {len(returned)} tensor(s) but "
                           f"{len(output_names)} output name(s) were given")
     outputs = []
-    for value, name in zip(returned, output_names):
+    for value, name in zip(returned, output_names, strict=True):
         if not isinstance(value, Tensor) or value.alloc.buffer != HBM:
             raise KernelError(f"kernel {kernel_name!r} must return HBM tensors (nl.shared_hbm), output "
                               f"{name!r} is {value!r:.100}")

@@ -214,12 +214,10 @@ class Machine:
         """Counter key of every HBM allocation: outputs by ``output_names``, others by name; unique."""
         names: dict[int, str] = {}
         taken: set[str] = set()
-        by_id = {id(a): n for a, n in zip(outputs, output_names)}
+        by_id = {id(a): n for a, n in zip(outputs, output_names, strict=True)}
         for alloc in self.hbm_allocs:
-            if alloc.line is None:
-                name = alloc.name  # kernel argument
-            else:
-                name = by_id.get(id(alloc), alloc.name)
+            # kernel arguments (no allocation line) keep their parameter name
+            name = alloc.name if alloc.line is None else by_id.get(id(alloc), alloc.name)
             base, k = name, 2
             while name in taken:
                 name, k = f"{base}#{k}", k + 1

@@ -89,7 +89,7 @@ class Tensor:
         self.key = key
         full_shape = alloc.data.shape
         self.is_full = len(dims) == len(box) and all(
-            a == 0 and b == n for (a, b), n in zip(box, full_shape))
+            a == 0 and b == n for (a, b), n in zip(box, full_shape, strict=True))
         if dims:
             self.data = alloc.data[key]
         else:  # all ints: keep a 0-d *view* (plain indexing would copy a scalar out)
