@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import KernelError, UnsupportedAPIError
 from ..targets import Target
 from . import api_legacy, api_nki
+from .blas import single_threaded_blas
 from .counters import Counters
 from .machine import Machine
 from .modules import StandInModule
@@ -105,6 +106,12 @@ def run_kernel(source: str, *, filename: str, kernel_name: str, args: Sequence[n
     ``output_names`` (default ``output0``, ``output1``, ...). Every failure is a
     :class:`~neuronmm_compiler.errors.KernelError` whose ``line`` is the kernel-file line executing.
     """
+    with single_threaded_blas():
+        return _run(source, filename, kernel_name, args, target, output_names, arg_names)
+
+
+def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray], target: Target,
+         output_names: Sequence[str] | None, arg_names: Sequence[str] | None) -> KernelRun:
     lines = source.splitlines()
     m = Machine(target, filename, lines)
     try:

@@ -1,0 +1,32 @@
+"""The project's contract: README commands, CI script, docs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S)]
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    commands = _readme_commands()
+    assert len(commands) >= 2, "README must show the install+run and the test commands"
+    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    assert ci_lines == [commands[1]]
+
+
+def test_readme_main_command_emits_and_verifies():
+    main_command = _readme_commands()[0]
+    assert "pip install ." in main_command and "nmmc emit --shape" in main_command
+    assert "nmmc verify" in main_command
+
+
+def test_docs_exist():
+    for doc in ("architecture.md", "nki-subset.md"):
+        assert (ROOT / "docs" / doc).read_text().strip()
