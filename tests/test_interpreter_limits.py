@@ -386,3 +386,36 @@ u = nl.add(t, t)  # <-- error
 return a
 """)
     expect(src, [A], UnsupportedAPIError, "nl.add", "op=")
+
+
+def test_unknown_isa_attribute() -> None:
+    src = nki_kernel("""
+nisa.tensor_scalar(a, a)  # <-- error
+return a
+""")
+    expect(src, [A], UnsupportedAPIError, "nki.isa.tensor_scalar")
+
+
+def test_error_in_helper_names_innermost_line() -> None:
+    src = HEADER_NKI + """
+def load_tile(src, cols):
+    t = nl.ndarray((128, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=src[:, 0:cols])  # <-- error
+    return t
+
+@nki.jit
+def k(a):
+    load_tile(a, 256)
+    load_tile(a, 1024)
+    return a
+"""
+    expect(src, [A], KernelLimitError, "slice out of bounds", "0:1024")
+
+
+def test_legacy_transpose_result_into_sbuf() -> None:
+    src = legacy_kernel("""
+t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+t[...] = nisa.nc_transpose(nl.load(a[:, 0:128]))  # <-- error
+return a
+""")
+    expect(src, [A], KernelLimitError, "must be written to PSUM")

@@ -139,3 +139,26 @@ def k(a):
     c = run(src, [A]).counters
     assert c.psum_peak_banks == 3
     assert c.psum_peak_bytes == 4 + 513 * 4
+
+
+def test_helper_called_from_two_places_allocates_at_two_sites() -> None:
+    src = HEADER_NKI + """
+def load(src):
+    t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=src)
+    return t
+
+@nki.jit
+def k(a):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    for i in range(3):
+        x = load(a)
+        y = load(a)
+        s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=s, data1=x, data2=y, op=nl.add)
+    nisa.dma_copy(dst=out, src=s)
+    return out
+"""
+    result = run(src, [A], kernel="k")
+    np.testing.assert_array_equal(result.outputs[0], 2 * A)
+    assert result.counters.sbuf_peak_bytes == 3 * 512 * 4

@@ -182,7 +182,7 @@ def verify(file: str, seed: int, target: str | None, as_json: bool) -> None:
 def schedules(shape: str, dtype: str, a_layout: str, target: str, as_json: bool) -> None:
     """List the schedule presets for a GEMM shape (their parameters and on-chip footprint) and the
     parameters of the schedule space that --param can set."""
-    from .compiler import footprint
+    from .cost_model.footprint import footprint
 
     problem = _problem(shape, dtype, a_layout)
     tgt = get_target(target)

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..errors import KernelError, UnsupportedAPIError
 from ..targets import Target
 from . import api_legacy, api_nki
-from .blas import single_threaded_blas
 from .counters import Counters
 from .machine import Machine
 from .modules import StandInModule
@@ -106,7 +106,9 @@ def run_kernel(source: str, *, filename: str, kernel_name: str, args: Sequence[n
     ``output_names`` (default ``output0``, ``output1``, ...). Every failure is a
     :class:`~neuronmm_compiler.errors.KernelError` whose ``line`` is the kernel-file line executing.
     """
-    with single_threaded_blas():
+    # Thousands of small matmuls: multi-threaded BLAS gains nothing on them and, on a busy machine,
+    # its spinning threads make each one up to ~100x slower.
+    with threadpool_limits(limits=1, user_api="blas"):
         return _run(source, filename, kernel_name, args, target, output_names, arg_names)
 
 

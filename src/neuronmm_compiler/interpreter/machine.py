@@ -60,15 +60,22 @@ class Machine:
         return self.current_site()[0]
 
     def current_site(self) -> tuple[int | None, object]:
-        """(line, site) of the innermost kernel-file frame; the site is the call's bytecode position,
-        so two allocations on one line are two sites while every iteration of a loop is one."""
+        """(line, site) of the innermost kernel-file frame.
+
+        The site is the bytecode position of the call in every kernel-file frame on the stack: two
+        allocation calls on one line are two sites, a helper function called from two places
+        allocates at two sites, and every iteration of a loop allocates at the same site."""
         f = sys._getframe(1)
         filename = self.filename
+        line = None
+        site: list[object] = []
         while f is not None:
             if f.f_code.co_filename == filename:
-                return f.f_lineno, (f.f_code, f.f_lasti)
+                if line is None:
+                    line = f.f_lineno
+                site.append((f.f_code, f.f_lasti))
             f = f.f_back
-        return None, object()
+        return line, (tuple(site) if site else object())
 
     def source_line(self, line: int | None) -> str | None:
         if line is None or not 1 <= line <= len(self.source_lines):
@@ -184,7 +191,7 @@ class Machine:
             if dst.alloc.buffer != PSUM:
                 raise KernelLimitError(f"matmul result must be written to PSUM (TensorE writes PSUM "
                                        f"only), not {dst.describe()}")
-            ops.check_one_bank(self, dst, "nc_matmul")
+            ops.check_one_bank(self, dst, "TensorE (nc_matmul / nc_transpose)")
         elif producer == "dma" and dst.alloc.buffer == PSUM:
             raise KernelLimitError(f"DMA cannot access PSUM: loaded value assigned into {dst.describe()}")
         write(dst, value.data)
@@ -201,7 +208,7 @@ class Machine:
         if value.shape != dst.shape:
             raise KernelError(f"+= shape mismatch: value {list(value.shape)} into {dst.describe()} of "
                               f"shape {list(dst.shape)}")
-        ops.check_one_bank(self, dst, "nc_matmul")
+        ops.check_one_bank(self, dst, "TensorE (nc_matmul / nc_transpose)")
         require_written(dst, "+= accumulation target")
         if dst.dtype == FLOAT32:
             np.add(dst.data, as_f32(value), out=dst.data)

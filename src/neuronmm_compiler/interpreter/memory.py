@@ -4,9 +4,10 @@ Liveness rule. Only explicit ``nl.ndarray``/``nl.zeros`` calls with ``buffer=nl.
 ``buffer=nl.psum`` allocate on-chip memory (values returned by 0.1-style ops are temporaries and
 are not counted). An allocation is live from its creation until either
 
-* the next allocation made at the same *site* (the kernel source line that allocated it): the
-  compiler rotates the buffer of one site, so the newer allocation replaces the older one (using
-  the older one afterwards is an error), or
+* the next allocation made at the same *site* (the allocation call in the kernel file, reached
+  through the same kernel-file call chain: in practice the same line, see
+  :meth:`Machine.current_site`): the compiler rotates the buffer of one site, so the newer
+  allocation replaces the older one (using the older one afterwards is an error), or
 * it becomes unreachable from the kernel (a ``weakref.finalize`` on the allocation releases it).
 
 Limits checked at every allocation: partition dim <= ``pmax``; live SBUF bytes per partition <=

@@ -19,7 +19,7 @@ class StandInModule(types.ModuleType):
         self.__dict__.update(attrs)
 
     def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
+        if attr.startswith("_"):
             raise AttributeError(attr)
         raise UnsupportedAPIError(f"{self.__name__}.{attr} is not in the NKI subset nmmc interprets "
                                   "(see docs/nki-subset.md)")

@@ -84,12 +84,21 @@ class Tensor:
         self.alloc = alloc
         self.box = box
         self.dims = dims
-        self.shape = tuple(box[d][1] - box[d][0] for d in dims)
-        key = tuple(slice(a, b) if d in dims else a for d, (a, b) in enumerate(box))
-        self.key = key
         full_shape = alloc.data.shape
-        self.is_full = len(dims) == len(box) and all(
-            a == 0 and b == n for (a, b), n in zip(box, full_shape, strict=True))
+        full = len(dims) == len(box)
+        shape = []
+        key: list[slice | int] = []
+        for d, (a, b) in enumerate(box):
+            if d in dims:
+                key.append(slice(a, b))
+                shape.append(b - a)
+            else:
+                key.append(a)
+            if full and (a or b != full_shape[d]):
+                full = False
+        self.shape = tuple(shape)
+        self.key = key = tuple(key)
+        self.is_full = full
         if dims:
             self.data = alloc.data[key]
         else:  # all ints: keep a 0-d *view* (plain indexing would copy a scalar out)
@@ -114,12 +123,6 @@ class Tensor:
     def ndim(self) -> int:
         return len(self.dims)
 
-    @property
-    def partitions(self) -> int:
-        """Partition count of an on-chip view (the extent of allocation dim 0)."""
-        a, b = self.box[0]
-        return b - a
-
     def region(self) -> str:
         """This view in allocation coordinates, e.g. ``[0:128, 256:512]``."""
         return _format_box(self.box, self.dims)
@@ -131,7 +134,7 @@ class Tensor:
         return f"<nmmc tensor {self.describe()}>"
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("_"):
             raise AttributeError(name)
         raise UnsupportedAPIError(f"tensor attribute .{name} is not in the NKI subset nmmc interprets "
                                   "(tensors have .shape, .dtype, .buffer, .ndim)")
@@ -254,11 +257,6 @@ def mark_written(t: Tensor) -> None:
             a.written = np.broadcast_to(True, a.data.shape)
         else:
             a.written[t.key] = True
-
-
-def written_mask(t: Tensor) -> np.ndarray:
-    """The written mask of view ``t`` (read-only)."""
-    return t.alloc.written[t.key]
 
 
 def as_f32(t: Tensor) -> np.ndarray:

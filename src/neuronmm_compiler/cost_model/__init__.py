@@ -1,0 +1,24 @@
+"""The analytic cost model of a loop-nest program on a Trainium target."""
+
+from .counts import ProgramCounts, count_program
+from .footprint import Footprint, check_fits, footprint
+from .model import FORMULAS, LATENCY, LOWER_BOUND, CostReport, dma_efficiency, estimate, model_inputs
+from .params import COST_MODEL_VERSION, DEFAULT_PARAMS, ModelParams
+
+__all__ = [
+    "COST_MODEL_VERSION",
+    "DEFAULT_PARAMS",
+    "FORMULAS",
+    "LATENCY",
+    "LOWER_BOUND",
+    "CostReport",
+    "Footprint",
+    "ModelParams",
+    "ProgramCounts",
+    "check_fits",
+    "count_program",
+    "dma_efficiency",
+    "estimate",
+    "footprint",
+    "model_inputs",
+]

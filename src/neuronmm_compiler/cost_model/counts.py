@@ -1,0 +1,192 @@
+"""Count what a loop-nest program does: bytes per HBM tensor, DMA transfers with their bytes per
+partition, TensorEngine and Vector/Scalar instructions, and what precedes the first matmul or
+follows the last one (the prologue and epilogue that no engine overlap can hide).
+
+Counting uses :func:`~neuronmm_compiler.schedule.program.instruction_counts`, the closed-form
+evaluation of the program's loops, so the figures equal what the interpreter measures when it runs
+the emitted kernel (tests assert equality) at a fraction of the cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from ..schedule.program import (
+    Activation,
+    Alloc,
+    Comment,
+    Copy,
+    DmaCopy,
+    Loop,
+    Matmul,
+    PeTranspose,
+    Program,
+    Ref,
+    Stmt,
+    TensorTensor,
+    instruction_counts,
+)
+from .params import ModelParams
+
+
+def _extents(ref: Ref, env: Mapping[str, int]) -> list[int]:
+    return [e.evaluate(env) for e in ref.shape]
+
+
+@dataclass
+class DmaClass:
+    """Transfers that share direction, transposition and bytes per partition."""
+
+    count: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class ProgramCounts:
+    """Aggregate instruction and traffic counts of one program."""
+
+    hbm_bytes_read: dict[str, int] = field(default_factory=dict)
+    hbm_bytes_written: dict[str, int] = field(default_factory=dict)
+    dma: dict[tuple[str, bool, int], DmaClass] = field(default_factory=dict)  # (dir, transpose, bpp)
+    matmuls: int = 0
+    flops: int = 0
+    matmul_moving_columns: int = 0
+    pe_cycles: int = 0
+    transposes: int = 0
+    vector_instructions: int = 0
+    vector_cycles: int = 0
+    scalar_instructions: int = 0
+    scalar_cycles: int = 0
+    psum_evictions: int = 0
+    sbuf_read_bytes_by_pe: int = 0
+    psum_to_sbuf_bytes: int = 0
+
+    @property
+    def dma_transfers(self) -> int:
+        return sum(c.count for c in self.dma.values())
+
+    @property
+    def dma_transposes(self) -> int:
+        return sum(c.count for key, c in self.dma.items() if key[1])
+
+    @property
+    def total_hbm_bytes_read(self) -> int:
+        return sum(self.hbm_bytes_read.values())
+
+    @property
+    def total_hbm_bytes_written(self) -> int:
+        return sum(self.hbm_bytes_written.values())
+
+
+def _engine_cycles(free_elems: int, inputs: int, params: ModelParams) -> int:
+    return inputs * free_elems + params.engine_instruction_cycles + params.engine_access_cycles * (inputs + 1)
+
+
+def _free(ref: Ref, env: Mapping[str, int]) -> tuple[int, int]:
+    """(partitions, elements per partition) of a region."""
+    extents = _extents(ref, env)
+    return extents[0], math.prod(extents[1:])
+
+
+def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mult: int, params: ModelParams) -> None:
+    """Account ``mult`` executions of one leaf statement."""
+    if isinstance(stmt, DmaCopy):
+        hbm = stmt.src if stmt.is_load else stmt.dst
+        sbuf = stmt.dst if stmt.is_load else stmt.src
+        nbytes = math.prod(_extents(hbm, env)) * hbm.buffer.itemsize
+        partitions, per_partition = _free(sbuf, env)
+        bpp = per_partition * sbuf.buffer.itemsize
+        book = counts.hbm_bytes_read if stmt.is_load else counts.hbm_bytes_written
+        book[hbm.buffer.name] = book.get(hbm.buffer.name, 0) + mult * nbytes
+        key = ("load" if stmt.is_load else "store", stmt.transpose, bpp)
+        cls = counts.dma.setdefault(key, DmaClass())
+        cls.count += mult
+        cls.bytes += mult * nbytes
+    elif isinstance(stmt, Matmul):
+        k, m = _extents(stmt.stationary, env)
+        _, n = _extents(stmt.moving, env)
+        factor = params.matmul_fp32_factor if stmt.moving.buffer.dtype == "float32" else 1
+        counts.matmuls += mult
+        counts.flops += mult * 2 * k * m * n
+        counts.matmul_moving_columns += mult * n
+        counts.pe_cycles += mult * max(n, params.matmul_min_cycles) * factor
+        per_partition = m * stmt.stationary.buffer.itemsize + n * stmt.moving.buffer.itemsize
+        counts.sbuf_read_bytes_by_pe += mult * k * per_partition
+    elif isinstance(stmt, PeTranspose):
+        p, f = _extents(stmt.src, env)
+        counts.transposes += mult
+        counts.pe_cycles += mult * max(p, min(params.transpose_min_cycles, f))
+    elif isinstance(stmt, Copy | TensorTensor | Activation):
+        partitions, free = _free(stmt.dst, env)
+        inputs = 2 if isinstance(stmt, TensorTensor) else 1
+        cycles = _engine_cycles(free, inputs, params)
+        sources = (stmt.lhs, stmt.rhs) if isinstance(stmt, TensorTensor) else (stmt.src,)
+        if any(src.buffer.memory == "psum" for src in sources):
+            counts.psum_evictions += mult
+            counts.psum_to_sbuf_bytes += mult * partitions * free * 4
+        if isinstance(stmt, Activation):
+            counts.scalar_instructions += mult
+            counts.scalar_cycles += mult * cycles
+        else:
+            counts.vector_instructions += mult
+            counts.vector_cycles += mult * cycles
+    elif isinstance(stmt, Alloc):
+        if stmt.zero:  # memset of the whole buffer on the VectorEngine
+            free = math.prod(stmt.buffer.shape[1:])
+            counts.vector_instructions += mult
+            counts.vector_cycles += mult * _engine_cycles(free, 0, params)
+    elif isinstance(stmt, Comment):
+        pass
+    else:  # pragma: no cover - loops never reach here
+        raise TypeError(f"cannot count {type(stmt).__name__}")
+
+
+def count_program(program: Program, params: ModelParams) -> ProgramCounts:
+    counts = ProgramCounts()
+    for stmt, env, mult in instruction_counts(program.body):
+        add_statement(counts, stmt, env, mult, params)
+    for param in program.params:
+        counts.hbm_bytes_read.setdefault(param.name, 0)
+    for out in program.outputs:
+        counts.hbm_bytes_written.setdefault(out.name, 0)
+    return counts
+
+
+def _contains_matmul(loop: Loop) -> bool:
+    return any(isinstance(s, Matmul) or (isinstance(s, Loop) and _contains_matmul(s)) for s in loop.body)
+
+
+def _edge(body: list[Stmt], env: dict[str, int], reverse: bool) -> Iterator[tuple[Stmt, dict[str, int], int]]:
+    """Statements executed before the first matmul (or, reversed, after the last one)."""
+    for stmt in (reversed(body) if reverse else body):
+        if isinstance(stmt, Matmul):
+            return
+        if isinstance(stmt, Loop):
+            trip = stmt.trip.evaluate(env)
+            if trip <= 0:
+                continue
+            if _contains_matmul(stmt):
+                yield from _edge(stmt.body, {**env, stmt.var: trip - 1 if reverse else 0}, reverse)
+                return
+            yield from instruction_counts([stmt], env)
+        else:
+            yield stmt, env, 1
+
+
+def edge_counts(program: Program, params: ModelParams, *, reverse: bool) -> ProgramCounts:
+    """Counts of the prologue (``reverse=False``) or epilogue (``reverse=True``)."""
+    counts = ProgramCounts()
+    for stmt, env, mult in _edge(program.body, {}, reverse):
+        add_statement(counts, stmt, env, mult, params)
+    return counts
+
+
+def dma_histogram(counts: ProgramCounts) -> dict[int, int]:
+    """Bytes per partition of each transfer -> number of transfers (as the interpreter reports)."""
+    out: dict[int, int] = defaultdict(int)
+    for (_, _, bpp), cls in counts.dma.items():
+        out[bpp] += cls.count
+    return dict(sorted(out.items()))

@@ -1,0 +1,59 @@
+"""On-chip footprint of a program against a target's SBUF and PSUM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ScheduleError
+from ..schedule.program import Program
+from ..targets import Target
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """On-chip memory a program needs, against what the target has."""
+
+    sbuf_bytes_per_partition: int
+    sbuf_capacity: int
+    psum_banks: int
+    psum_capacity: int
+
+    @property
+    def fits(self) -> bool:
+        return self.sbuf_bytes_per_partition <= self.sbuf_capacity and self.psum_banks <= self.psum_capacity
+
+    @property
+    def overflow(self) -> float:
+        """How far over capacity, as a fraction (0 when it fits): a search constraint value."""
+        return max(self.sbuf_bytes_per_partition / self.sbuf_capacity - 1.0,
+                   self.psum_banks / self.psum_capacity - 1.0, 0.0)
+
+    def describe(self) -> str:
+        return (f"SBUF {self.sbuf_bytes_per_partition} of {self.sbuf_capacity} bytes/partition, "
+                f"PSUM {self.psum_banks} of {self.psum_capacity} banks")
+
+
+def footprint(program: Program, target: Target) -> Footprint:
+    """Every allocation site holds its buffer for the kernel's lifetime (see docs/architecture.md)."""
+    return Footprint(
+        sbuf_bytes_per_partition=program.sbuf_bytes_per_partition(),
+        sbuf_capacity=target.sbuf_usable_bytes_per_partition,
+        psum_banks=program.psum_banks(target.psum_bank_bytes),
+        psum_capacity=target.psum_banks,
+    )
+
+
+def check_fits(program: Program, target: Target) -> Footprint:
+    """Raise ScheduleError when the program's buffers exceed the target's SBUF or PSUM."""
+    fp = footprint(program, target)
+    if fp.sbuf_bytes_per_partition > fp.sbuf_capacity:
+        raise ScheduleError(
+            f"schedule needs {fp.sbuf_bytes_per_partition} bytes of SBUF per partition; {target.name} has "
+            f"{fp.sbuf_capacity} usable: use fewer tiles per block"
+        )
+    if fp.psum_banks > fp.psum_capacity:
+        raise ScheduleError(
+            f"schedule holds {fp.psum_banks} PSUM banks at once; {target.name} has {fp.psum_capacity}: "
+            "use fewer tiles per block, accumulate=sbuf, or put k innermost in loop_order"
+        )
+    return fp

@@ -1,0 +1,216 @@
+"""The analytic latency model: sympy formulas over a program's counts and the target's constants.
+
+Counting (``counts.py``) turns the loop-nest program into aggregate quantities: TensorEngine
+cycles, Vector/Scalar cycles, DMA transfers and their efficiency-weighted bytes, and the same for
+the prologue (everything before the first matmul) and the epilogue (everything after the last).
+This module combines them with the target's clocks and bandwidths:
+
+    T_pe   = pe_cycles / f_pe                   T_vec = vec_cycles / f_vec     T_act = act_cycles / f_act
+    T_dma  = n_dma * c_dma / q  +  B_eff / BW   (fixed cost overlapped over q queues; bytes at the
+                                                  curve's efficiency for their bytes per partition)
+    latency = T_prologue + max(T_pe, T_dma, T_vec, T_act over the steady state) + T_epilogue
+
+The formulas are sympy expressions (printed by ``nmmc explain``) lambdified once into plain
+Python functions for the search. docs/cost_model.md derives each term.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import sympy as sp
+
+from ..schedule.program import Program
+from ..targets import Target
+from .counts import ProgramCounts, count_program, dma_histogram, edge_counts
+from .footprint import footprint
+from .params import DEFAULT_PARAMS, ModelParams
+
+# ----------------------------------------------------------------------------- symbols and formulas
+S = {name: sp.Symbol(name, nonnegative=True) for name in (
+    "pe_cycles", "vec_cycles", "act_cycles", "n_dma", "eff_bytes",
+    "pro_pe_cycles", "pro_vec_cycles", "pro_n_dma", "pro_eff_bytes",
+    "epi_pe_cycles", "epi_vec_cycles", "epi_n_dma", "epi_eff_bytes",
+    "f_pe", "f_vec", "f_act", "c_dma", "q", "bw", "flops", "hbm_bytes", "compulsory_bytes", "peak_flops_per_us",
+)}
+
+
+def _engine_us(cycles: sp.Expr, ghz: sp.Expr) -> sp.Expr:
+    return cycles / (1000 * ghz)
+
+
+def _dma_us(n: sp.Expr, eff_bytes: sp.Expr, overlap: sp.Expr) -> sp.Expr:
+    return n * S["c_dma"] / overlap + eff_bytes / S["bw"]
+
+
+FORMULAS: dict[str, sp.Expr] = {}
+FORMULAS["T_pe"] = _engine_us(S["pe_cycles"] - S["pro_pe_cycles"] - S["epi_pe_cycles"], S["f_pe"])
+FORMULAS["T_vec"] = _engine_us(S["vec_cycles"] - S["pro_vec_cycles"] - S["epi_vec_cycles"], S["f_vec"])
+FORMULAS["T_act"] = _engine_us(S["act_cycles"], S["f_act"])
+FORMULAS["T_dma"] = _dma_us(S["n_dma"] - S["pro_n_dma"] - S["epi_n_dma"],
+                            S["eff_bytes"] - S["pro_eff_bytes"] - S["epi_eff_bytes"], S["q"])
+# Edge phases: their transfers are issued together (ceil(n/q) rounds of fixed cost), and nothing
+# overlaps them: the TensorEngine waits for the first operands, the last store waits for it.
+FORMULAS["T_prologue"] = (sp.ceiling(S["pro_n_dma"] / S["q"]) * S["c_dma"] + S["pro_eff_bytes"] / S["bw"]
+                          + _engine_us(S["pro_pe_cycles"], S["f_pe"]) + _engine_us(S["pro_vec_cycles"], S["f_vec"]))
+FORMULAS["T_epilogue"] = (sp.ceiling(S["epi_n_dma"] / S["q"]) * S["c_dma"] + S["epi_eff_bytes"] / S["bw"]
+                          + _engine_us(S["epi_pe_cycles"], S["f_pe"]) + _engine_us(S["epi_vec_cycles"], S["f_vec"]))
+_T = {name: sp.Symbol(name) for name in FORMULAS}
+LATENCY = _T["T_prologue"] + sp.Max(_T["T_pe"], _T["T_dma"], _T["T_vec"], _T["T_act"]) + _T["T_epilogue"]
+LOWER_BOUND = sp.Max(S["flops"] / S["peak_flops_per_us"], S["compulsory_bytes"] / S["bw"])
+
+_ARGS = tuple(S.values())
+_COMPILED = {name: sp.lambdify(_ARGS, expr, modules="math") for name, expr in FORMULAS.items()}
+_LATENCY = sp.lambdify(tuple(_T.values()), LATENCY, modules="math")
+_LOWER = sp.lambdify(_ARGS, LOWER_BOUND, modules="math")
+
+
+def dma_efficiency(bytes_per_partition: float, target: Target) -> float:
+    """Fraction of peak DMA bandwidth at this transfer size (log-linear between curve points)."""
+    curve = target.dma_efficiency_curve
+    if bytes_per_partition <= curve[0][0]:
+        return curve[0][1] * max(bytes_per_partition, 1) / curve[0][0]
+    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
+        if bytes_per_partition <= x1:
+            t = (math.log2(bytes_per_partition) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+            return y0 + t * (y1 - y0)
+    return curve[-1][1]
+
+
+def dma_bandwidth_bytes_per_us(target: Target) -> float:
+    """Peak DMA bandwidth of one core: the DMA engines' aggregate, capped by the core's HBM share."""
+    engines = target.dma_engines * target.dma_bytes_per_ns_per_engine * 1000
+    return min(engines, target.hbm_gbytes_per_s_per_core * 1000)
+
+
+def _eff_bytes(counts: ProgramCounts, target: Target) -> float:
+    total = 0.0
+    for (_, transpose, bpp), cls in counts.dma.items():
+        eff = dma_efficiency(bpp, target) * (target.dma_transpose_efficiency if transpose else 1.0)
+        total += cls.bytes / eff
+    return total
+
+
+@dataclass
+class CostReport:
+    """The model's figures for one program on one target (times in microseconds)."""
+
+    latency_us: float
+    bound: str
+    flops: int
+    arithmetic_intensity: float
+    hbm_bytes_read: int
+    hbm_bytes_written: int
+    hbm_bytes_read_by_tensor: dict[str, int]
+    hbm_bytes_written_by_tensor: dict[str, int]
+    dma_transfers: int
+    dma_transposes: int
+    dma_bytes_per_partition: dict[int, int]
+    engine_us: dict[str, float]
+    dma_fixed_us: float
+    dma_bytes_us: float
+    prologue_us: float
+    epilogue_us: float
+    matmul_instructions: int
+    transposes: int
+    psum_evictions: int
+    sbuf_read_bytes_by_pe: int
+    psum_to_sbuf_bytes: int
+    sbuf_bytes_per_partition: int
+    psum_banks: int
+    feasible: bool
+    lower_bound_us: float
+    values: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("values")
+        out["dma_bytes_per_partition"] = {str(k): v for k, v in self.dma_bytes_per_partition.items()}
+        return out
+
+
+def model_inputs(program: Program, target: Target, params: ModelParams = DEFAULT_PARAMS,
+                 counts: ProgramCounts | None = None) -> tuple[dict[str, float], ProgramCounts]:
+    """The numeric value of every symbol of the formulas, for this program and target."""
+    counts = counts or count_program(program, params)
+    pro = edge_counts(program, params, reverse=False)
+    epi = edge_counts(program, params, reverse=True)
+    dtype = program.params[0].dtype if program.params else "bfloat16"
+    peak = target.peak_bf16_tflops * 1e6 / (params.matmul_fp32_factor if dtype == "float32" else 1)
+    compulsory = sum(p.itemsize * math.prod(p.shape) for p in program.params)
+    compulsory += sum(o.itemsize * math.prod(o.shape) for o in program.outputs)
+    values = {
+        "pe_cycles": counts.pe_cycles, "vec_cycles": counts.vector_cycles, "act_cycles": counts.scalar_cycles,
+        "n_dma": counts.dma_transfers, "eff_bytes": _eff_bytes(counts, target),
+        "pro_pe_cycles": pro.pe_cycles, "pro_vec_cycles": pro.vector_cycles, "pro_n_dma": pro.dma_transfers,
+        "pro_eff_bytes": _eff_bytes(pro, target),
+        "epi_pe_cycles": epi.pe_cycles, "epi_vec_cycles": epi.vector_cycles, "epi_n_dma": epi.dma_transfers,
+        "epi_eff_bytes": _eff_bytes(epi, target),
+        "f_pe": target.pe_clock_ghz, "f_vec": target.vector_clock_ghz, "f_act": target.scalar_clock_ghz,
+        "c_dma": target.dma_fixed_cost_us, "q": params.dma_queues_in_flight,
+        "bw": dma_bandwidth_bytes_per_us(target), "flops": counts.flops,
+        "hbm_bytes": counts.total_hbm_bytes_read + counts.total_hbm_bytes_written,
+        "compulsory_bytes": compulsory, "peak_flops_per_us": peak,
+    }
+    return values, counts
+
+
+def estimate(program: Program, target: Target, params: ModelParams = DEFAULT_PARAMS) -> CostReport:
+    """Predict the latency of ``program`` on ``target``."""
+    values, counts = model_inputs(program, target, params)
+    args = tuple(values[name] for name in S)
+    times = {name: float(fn(*args)) for name, fn in _COMPILED.items()}
+    latency = float(_LATENCY(*(times[name] for name in _T)))
+    lower = float(_LOWER(*args))
+    dma_fixed = (values["n_dma"] - values["pro_n_dma"] - values["epi_n_dma"]) * values["c_dma"] / values["q"]
+    dma_bytes = times["T_dma"] - dma_fixed
+    steady = {"compute": times["T_pe"], "dma": times["T_dma"], "vector": times["T_vec"], "scalar": times["T_act"]}
+    top = max(steady, key=lambda k: steady[k])
+    if top == "compute":
+        bound = "compute"
+    elif top == "dma":
+        bound = "memory" if dma_bytes >= dma_fixed else "overhead"
+    else:
+        bound = "overhead"
+    if times["T_prologue"] + times["T_epilogue"] > steady[top]:
+        bound = "overhead"
+    fp = footprint(program, target)
+    hbm = counts.total_hbm_bytes_read + counts.total_hbm_bytes_written
+    return CostReport(
+        latency_us=latency,
+        bound=bound,
+        flops=counts.flops,
+        arithmetic_intensity=counts.flops / hbm if hbm else 0.0,
+        hbm_bytes_read=counts.total_hbm_bytes_read,
+        hbm_bytes_written=counts.total_hbm_bytes_written,
+        hbm_bytes_read_by_tensor=dict(counts.hbm_bytes_read),
+        hbm_bytes_written_by_tensor=dict(counts.hbm_bytes_written),
+        dma_transfers=counts.dma_transfers,
+        dma_transposes=counts.dma_transposes,
+        dma_bytes_per_partition=dma_histogram(counts),
+        engine_us={"tensor": _engine_total(counts.pe_cycles, target.pe_clock_ghz),
+                   "vector": _engine_total(counts.vector_cycles, target.vector_clock_ghz),
+                   "scalar": _engine_total(counts.scalar_cycles, target.scalar_clock_ghz),
+                   "dma": values["n_dma"] * values["c_dma"] / values["q"] + values["eff_bytes"] / values["bw"]},
+        dma_fixed_us=dma_fixed,
+        dma_bytes_us=dma_bytes,
+        prologue_us=times["T_prologue"],
+        epilogue_us=times["T_epilogue"],
+        matmul_instructions=counts.matmuls,
+        transposes=counts.transposes,
+        psum_evictions=counts.psum_evictions,
+        sbuf_read_bytes_by_pe=counts.sbuf_read_bytes_by_pe,
+        psum_to_sbuf_bytes=counts.psum_to_sbuf_bytes,
+        sbuf_bytes_per_partition=fp.sbuf_bytes_per_partition,
+        psum_banks=fp.psum_banks,
+        feasible=fp.fits,
+        lower_bound_us=lower,
+        values={**values, **times},
+    )
+
+
+def _engine_total(cycles: float, ghz: float) -> float:
+    return cycles / (1000 * ghz)
