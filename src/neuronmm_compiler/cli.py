@@ -98,6 +98,19 @@ def _problem(shape: str, dtype: str, a_layout: str) -> GemmProblem:
     return GemmProblem(m, n, k, dtype=canonical_dtype(dtype), a_layout=_choice(a_layout, A_LAYOUTS, "A layout"))
 
 
+def _schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+                      help="Override one schedule parameter; repeatable. See 'nmmc schedules'.")(fn)
+    fn = click.option("--schedule", "schedule_name", default=None, metavar="PRESET",
+                      help=f"Schedule preset: {', '.join(PRESETS)} (default aws-fully-optimized).")(fn)
+    return fn
+
+
+def _target_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--target", default=DEFAULT_TARGET, show_default=True,
+                        help=f"Hardware: {', '.join(TARGETS)}.")(fn)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="nmmc")
 def main() -> None:
@@ -106,8 +119,11 @@ def main() -> None:
 
     \b
     Typical use:
-      nmmc emit --shape 1024x2048x1024 -o gemm.py     # write a kernel
+      nmmc tune --shape 1024x2048x1024 -o gemm.py     # search a schedule, write its kernel
       nmmc verify gemm.py                              # run it in the interpreter vs NumPy
+      nmmc emit --shape 1024x2048x1024 -o gemm.py     # the kernel of a preset schedule
+      nmmc cost --shape 1024x2048x1024                 # the cost model's figures for one schedule
+      nmmc explain --shape 1024x2048x1024 --tuned     # passes, loop nest, cost formulas
       nmmc schedules --shape 1024x2048x1024            # presets and schedule parameters
       nmmc targets                                     # the hardware table
     """
@@ -115,13 +131,10 @@ def main() -> None:
 
 @main.command()
 @_problem_options
-@click.option("--schedule", "schedule_name", default=None, metavar="PRESET",
-              help=f"Schedule preset: {', '.join(PRESETS)} (default aws-fully-optimized).")
-@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="Override one schedule parameter; repeatable. See 'nmmc schedules' for the parameters.")
+@_schedule_options
 @click.option("--dialect", default=DEFAULT_DIALECT, show_default=True,
               help="NKI dialect: nki (NKI 0.3+, import nki) or neuronxcc (NKI 0.1, import neuronxcc.nki).")
-@click.option("--target", default=DEFAULT_TARGET, show_default=True, help=f"Hardware: {', '.join(TARGETS)}.")
+@_target_option
 @click.option("-o", "--output", required=True, metavar="FILE", help="Kernel file to write ('-' for stdout).")
 def emit(shape: str, dtype: str, a_layout: str, schedule_name: str | None, params: tuple[str, ...],
          dialect: str, target: str, output: str) -> None:
@@ -139,6 +152,161 @@ def emit(shape: str, dtype: str, a_layout: str, schedule_name: str | None, param
     click.echo(f"wrote {output}: {result.program.name} for {result.problem.describe()}")
     click.echo(f"  target {result.target.name}, dialect {dialect}, schedule {result.schedule_name}")
     click.echo(f"  {result.footprint.describe()}")
+    click.echo(f"  predicted {result.cost.latency_us:.1f} us ({result.cost.bound}-bound)")
+
+
+@main.command()
+@_problem_options
+@_schedule_options
+@_target_option
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def cost(shape: str, dtype: str, a_layout: str, schedule_name: str | None, params: tuple[str, ...],
+         target: str, as_json: bool) -> None:
+    """Predict the cost of one schedule with the analytic model: latency and what bounds it, HBM
+    traffic per tensor, DMA transfers, engine busy times, on-chip footprint and feasibility.
+    A schedule that does not fit on chip is reported (feasible: false), not rejected."""
+    from .compiler import lower_frontend, resolve_schedule
+    from .cost_model import estimate
+    from .report import cost_lines
+
+    m, n, k = parse_shape(shape)
+    tgt = get_target(target)
+    lowered = lower_frontend(m, n, k, dtype=dtype, a_layout=a_layout)
+    sched = resolve_schedule(lowered.problem, schedule_name, _parse_params(params), tgt)
+    report = estimate(lower_gemm(lowered.problem, sched), tgt)
+    if as_json:
+        data = {"problem": lowered.problem.describe(), "target": tgt.name, "schedule": sched.as_dict(),
+                **report.as_dict()}
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(f"{lowered.problem.describe()} on {tgt.name}")
+    click.echo(f"schedule {schedule_name or 'aws-fully-optimized'}: {sched.describe()}")
+    for line in cost_lines(report):
+        click.echo(f"  {line}")
+
+
+def _progress_bar(enabled: bool) -> tuple[Callable[[int, int, float], None] | None, Callable[[], None]]:
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc="tuning", unit="trial", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int, best: float) -> None:
+        bar.total = total
+        bar.n = done
+        bar.set_postfix_str(f"best {best:.1f} us" if best != float("inf") else "no fit yet", refresh=False)
+        bar.refresh()
+
+    return update, bar.close
+
+
+@main.command()
+@_problem_options
+@_target_option
+@click.option("--trials", default=None, type=click.IntRange(min=1), help="Optuna trials [default: 150].")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the search (same seed, same result).")
+@click.option("--timeout", default=None, type=click.FloatRange(min=0.0),
+              help="Stop the search after this many seconds.")
+@click.option("--method", default="auto", show_default=True,
+              help="auto (exhaustive when the space has at most --exhaustive-threshold schedules), optuna, "
+                   "or exhaustive.")
+@click.option("--exhaustive-threshold", default=None, type=click.IntRange(min=0),
+              help="Largest space enumerated exhaustively by --method auto [default: 1000].")
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1), help="Runners-up to report.")
+@click.option("--dialect", default=DEFAULT_DIALECT, show_default=True,
+              help="NKI dialect of the kernel: nki (NKI 0.3+) or neuronxcc (NKI 0.1).")
+@click.option("--verify", "run_verify", is_flag=True, help="Also run the emitted kernel in the interpreter.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr [default: when stderr is a terminal].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("-o", "--output", required=True, metavar="FILE", help="Kernel file to write ('-' for stdout).")
+def tune(shape: str, dtype: str, a_layout: str, target: str, trials: int | None, seed: int,
+         timeout: float | None, method: str, exhaustive_threshold: int | None, top_k: int, dialect: str,
+         run_verify: bool, progress: bool | None, as_json: bool, output: str) -> None:
+    """Search the schedule space with the cost model (Optuna TPE, or exhaustive for small spaces),
+    write the NKI kernel of the best schedule, and compare it with AWS's fully optimized kernel
+    (aws-fully-optimized) at the same shape."""
+    from .compiler import tune as run_tune
+    from .report import tune_lines
+    from .search import DEFAULT_EXHAUSTIVE_THRESHOLD, DEFAULT_TRIALS
+
+    m, n, k = parse_shape(shape)
+    _choice(dialect, DIALECTS, "dialect")
+    _choice(method, ("auto", "optuna", "exhaustive"), "search method")
+    show = progress if progress is not None else (sys.stderr.isatty() and not as_json)
+    update, close = _progress_bar(show)
+    try:
+        tuned = run_tune(m, n, k, dtype=dtype, a_layout=a_layout, target=target, dialect=dialect,
+                         trials=trials or DEFAULT_TRIALS, seed=seed, timeout=timeout, top_k=top_k,
+                         exhaustive_threshold=DEFAULT_EXHAUSTIVE_THRESHOLD if exhaustive_threshold is None
+                         else exhaustive_threshold,
+                         method=None if method == "auto" else method, progress=update)
+    finally:
+        close()
+    report = None
+    if run_verify:
+        from .verification import verify_source
+
+        report = verify_source(tuned.compiled.kernel.source, filename=output)
+    if output != "-":
+        _write_atomic(output, tuned.compiled.kernel.source)
+    if as_json:
+        speedup = tuned.speedup_vs_baseline
+        data = {
+            "problem": tuned.compiled.problem.describe(),
+            "target": tuned.compiled.target.name,
+            "schedule": tuned.compiled.schedule.as_dict(),
+            "predicted": tuned.compiled.cost.as_dict(),
+            "baseline": {"schedule": "aws-fully-optimized", **tuned.baseline.as_dict()},
+            "speedup_vs_baseline": speedup,
+            "search": tuned.search.search_summary(),
+            "top": [{"latency_us": c.latency_us, "schedule": c.schedule.as_dict()} for c in tuned.search.top],
+            "output": output,
+        }
+        if report is not None:
+            data["verify"] = report.as_dict()
+        click.echo(json.dumps(data, indent=2))
+    else:
+        if output == "-":
+            click.echo(tuned.compiled.kernel.source, nl=False)
+        else:
+            for line in tune_lines(tuned):
+                click.echo(line)
+            click.echo(f"wrote {output}")
+        if report is not None:
+            status = "verified" if report.ok else "VERIFICATION FAILED"
+            rel = f"{report.rel_error:.3e}" if report.rel_error is not None else "n/a"
+            click.echo(f"{status}: relative error {rel}"
+                       + (f"; {report.error}" if report.error else ""), err=output == "-")
+    if report is not None and not report.ok:
+        sys.exit(EXIT_FAILED)
+
+
+@main.command()
+@_problem_options
+@_schedule_options
+@_target_option
+@click.option("--tuned", is_flag=True, help="Explain the schedule 'nmmc tune' would pick instead of a preset.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the search, with --tuned.")
+def explain(shape: str, dtype: str, a_layout: str, schedule_name: str | None, params: tuple[str, ...],
+            target: str, tuned: bool, seed: int) -> None:
+    """Show how a GEMM is compiled: the graph after each pass, the chosen schedule as a loop nest,
+    and the cost model's formulas with this schedule's numbers plugged in."""
+    from .compiler import compile_gemm
+    from .compiler import tune as run_tune
+    from .report import explain_lines
+
+    m, n, k = parse_shape(shape)
+    if tuned:
+        if schedule_name or params:
+            raise InputError("--tuned picks the schedule itself: drop --schedule/--param")
+        compiled = run_tune(m, n, k, dtype=dtype, a_layout=a_layout, target=target, seed=seed).compiled
+    else:
+        compiled = compile_gemm(m, n, k, dtype=dtype, a_layout=a_layout, target=target,
+                                schedule=schedule_name, params=_parse_params(params))
+    for line in explain_lines(compiled):
+        click.echo(line)
 
 
 @main.command()

@@ -120,7 +120,9 @@ class CostReport:
     sbuf_read_bytes_by_pe: int
     psum_to_sbuf_bytes: int
     sbuf_bytes_per_partition: int
+    sbuf_capacity: int
     psum_banks: int
+    psum_capacity: int
     feasible: bool
     lower_bound_us: float
     values: dict[str, float] = field(default_factory=dict, repr=False)
@@ -205,7 +207,9 @@ def estimate(program: Program, target: Target, params: ModelParams = DEFAULT_PAR
         sbuf_read_bytes_by_pe=counts.sbuf_read_bytes_by_pe,
         psum_to_sbuf_bytes=counts.psum_to_sbuf_bytes,
         sbuf_bytes_per_partition=fp.sbuf_bytes_per_partition,
+        sbuf_capacity=fp.sbuf_capacity,
         psum_banks=fp.psum_banks,
+        psum_capacity=fp.psum_capacity,
         feasible=fp.fits,
         lower_bound_us=lower,
         values={**values, **times},

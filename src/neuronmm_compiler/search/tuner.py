@@ -1,0 +1,199 @@
+"""Pick the best GEMM schedule: Optuna TPE over the candidate lists, or exhaustive enumeration
+when the space of distinct schedules is small, then a local polish.
+
+Every candidate is lowered to its loop-nest program and costed by the analytic model, the same
+program codegen would print. Schedules over the target's SBUF or PSUM are infeasible: Optuna sees
+the overflow as a constraint (TPE's ``constraints_func``) and they never win.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import optuna
+
+from ..cost_model import DEFAULT_PARAMS, CostReport, ModelParams, estimate
+from ..schedule.gemm import GemmProblem, GemmSchedule, normalize
+from ..schedule.lower_gemm import lower_gemm
+from ..targets import Target
+from .space import SearchSpace, gemm_space, heuristic_guesses
+
+DEFAULT_TRIALS = 150
+DEFAULT_EXHAUSTIVE_THRESHOLD = 1000
+ORDINAL = ("tile_m", "tile_n", "tile_k", "tiles_in_block_m", "tiles_in_block_n", "tiles_in_block_k")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A costed schedule."""
+
+    schedule: GemmSchedule
+    cost: CostReport
+
+    @property
+    def latency_us(self) -> float:
+        return self.cost.latency_us
+
+
+@dataclass
+class TuneResult:
+    """The outcome of a search."""
+
+    best: Candidate
+    top: list[Candidate]
+    method: str  # "optuna" or "exhaustive"
+    trials: int  # Optuna trials run (0 for exhaustive)
+    evaluated: int  # distinct schedules costed
+    feasible: int  # of which fit on chip
+    space_size: int  # distinct schedules in the space
+    seconds: float
+    history: list[float] = field(default_factory=list)  # best feasible latency after each evaluation
+
+    def search_summary(self) -> dict[str, object]:
+        return {"method": self.method, "trials": self.trials, "evaluated": self.evaluated,
+                "feasible": self.feasible, "space_size": self.space_size, "seconds": round(self.seconds, 3)}
+
+
+class _Evaluator:
+    """Costs schedules once each (normalized schedules are the memo key)."""
+
+    def __init__(self, problem: GemmProblem, target: Target, params: ModelParams):
+        self.problem, self.target, self.params = problem, target, params
+        self.memo: dict[GemmSchedule, Candidate] = {}
+        self.history: list[float] = []
+        self.best: float = math.inf
+
+    def __call__(self, schedule: GemmSchedule) -> Candidate:
+        sched = normalize(self.problem, schedule)
+        hit = self.memo.get(sched)
+        if hit is not None:
+            return hit
+        cand = Candidate(sched, estimate(lower_gemm(self.problem, sched), self.target, self.params))
+        self.memo[sched] = cand
+        if cand.cost.feasible:
+            self.best = min(self.best, cand.latency_us)
+        self.history.append(self.best)
+        return cand
+
+    def ranked(self) -> list[Candidate]:
+        feasible = [c for c in self.memo.values() if c.cost.feasible]
+        return sorted(feasible, key=lambda c: (c.latency_us, _key(c.schedule)))
+
+
+def _key(schedule: GemmSchedule) -> tuple:
+    return tuple(schedule.as_dict().values())
+
+
+def distinct_size(problem: GemmProblem, space: SearchSpace) -> int:
+    """Number of distinct normalized schedules in the space (numeric parts collapse; the
+    categorical parameters never do)."""
+    numeric = {name: space.candidates[name] for name in ORDINAL}
+    categorical = math.prod(len(v) for k, v in space.candidates.items() if k not in ORDINAL)
+    seen = set()
+    names = list(numeric)
+    for values in itertools.product(*numeric.values()):
+        sched = normalize(problem, GemmSchedule(**dict(zip(names, values, strict=True))))
+        seen.add(tuple(getattr(sched, n) for n in names))
+    return len(seen) * categorical
+
+
+def _polish(evaluate: _Evaluator, space: SearchSpace, start: Candidate) -> Candidate:
+    """Coordinate descent: try every candidate value of each parameter, keep improvements."""
+    best = start
+    improved = True
+    while improved:
+        improved = False
+        for name, values in space.candidates.items():
+            for value in values:
+                point = space.point_of(best.schedule) or {}
+                if not point or point[name] == value:
+                    continue
+                cand = evaluate(space.decode({**point, name: value}))
+                better = (cand.latency_us, _key(cand.schedule)) < (best.latency_us, _key(best.schedule))
+                if cand.cost.feasible and better:
+                    best, improved = cand, True
+    return best
+
+
+def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
+              timeout: float | None = None, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
+              top_k: int = 5, params: ModelParams = DEFAULT_PARAMS, space: SearchSpace | None = None,
+              force: str | None = None, progress: Callable[[int, int, float], None] | None = None) -> TuneResult:
+    """Search the schedule space of ``problem`` on ``target``.
+
+    ``force`` = "optuna" or "exhaustive" overrides the automatic choice (exhaustive when the space
+    has at most ``exhaustive_threshold`` distinct schedules). ``progress(done, total, best_us)`` is
+    called after each trial.
+    """
+    start = time.perf_counter()
+    space = space or gemm_space(problem)
+    evaluate = _Evaluator(problem, target, params)
+    size = distinct_size(problem, space)
+    method = force or ("exhaustive" if size <= exhaustive_threshold else "optuna")
+    if method not in ("optuna", "exhaustive"):
+        raise ValueError(f"unknown search method {method!r}")
+    n_trials = 0
+    if method == "exhaustive":
+        points = space.distinct(problem) if size <= 20 * exhaustive_threshold else None
+        for i, sched in enumerate(points if points is not None else (space.decode(p) for p in space.points())):
+            evaluate(sched)
+            if progress:
+                progress(i + 1, size, evaluate.best)
+    else:
+        n_trials = _run_optuna(evaluate, space, problem, trials, seed, timeout, progress)
+    ranked = evaluate.ranked()
+    if not ranked:
+        from ..errors import ScheduleError
+
+        raise ScheduleError(f"no schedule of the search space fits {target.name} for {problem.describe()}")
+    best = ranked[0]
+    if method == "optuna":
+        best = _polish(evaluate, space, best)
+        ranked = evaluate.ranked()
+    return TuneResult(best=best, top=ranked[:top_k], method=method, trials=n_trials, evaluated=len(evaluate.memo),
+                      feasible=sum(c.cost.feasible for c in evaluate.memo.values()), space_size=size,
+                      seconds=time.perf_counter() - start, history=list(evaluate.history))
+
+
+def _run_optuna(evaluate: _Evaluator, space: SearchSpace, problem: GemmProblem, trials: int, seed: int,
+                timeout: float | None, progress: Callable[[int, int, float], None] | None) -> int:
+    optuna.logging.set_verbosity(logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(20, max(trials // 5, 1)))
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    for guess in heuristic_guesses(problem, space):
+        study.enqueue_trial(_params_of(space, guess))
+
+    def objective(trial: optuna.Trial) -> float:
+        point = {}
+        for name, values in space.candidates.items():
+            if name in ORDINAL:
+                point[name] = values[trial.suggest_int(name, 0, len(values) - 1)]
+            else:
+                point[name] = trial.suggest_categorical(name, list(values))
+        cand = evaluate(space.decode(point))
+        trial.set_constraint("on_chip_overflow", _overflow(cand))
+        if progress:
+            progress(trial.number + 1, trials, evaluate.best)
+        return cand.latency_us
+
+    study.optimize(objective, n_trials=trials, timeout=timeout)
+    return len(study.trials)
+
+
+def _params_of(space: SearchSpace, schedule: GemmSchedule) -> dict[str, object]:
+    point = space.point_of(schedule) or {}
+    return {name: (space.candidates[name].index(value) if name in ORDINAL else value)
+            for name, value in point.items()}
+
+
+def _overflow(cand: Candidate) -> float:
+    """How far the schedule is over SBUF or PSUM capacity (0 when it fits): TPE prefers smaller."""
+    cost = cand.cost
+    sbuf = cost.sbuf_bytes_per_partition / cost.sbuf_capacity - 1.0
+    psum = cost.psum_banks / cost.psum_capacity - 1.0
+    return max(sbuf, psum, 0.0)
