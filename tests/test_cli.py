@@ -120,7 +120,7 @@ def test_schedules_and_targets_list_everything():
     assert "NeuronCore-v2" in run("targets").output
 
 
-@pytest.mark.parametrize("command", ["emit", "verify", "schedules", "targets"])
+@pytest.mark.parametrize("command", ["emit", "verify", "schedules", "targets", "cost", "tune", "explain"])
 def test_help_is_complete(command):
     result = run(command, "--help")
     assert result.exit_code == 0
@@ -130,3 +130,73 @@ def test_help_is_complete(command):
 
 def test_version():
     assert run("--version").output.startswith("nmmc, version ")
+
+
+def test_cost_json_has_the_documented_keys():
+    result = run("cost", "--shape", "1024x2048x1024", "--schedule", "aws-block-free", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    for key in ("latency_us", "bound", "flops", "arithmetic_intensity", "hbm_bytes_read", "hbm_bytes_written",
+                "dma_transfers", "engine_us", "sbuf_bytes_per_partition", "psum_banks", "feasible",
+                "lower_bound_us"):
+        assert key in data, key
+    assert set(data["engine_us"]) == {"tensor", "vector", "scalar", "dma"}
+    assert data["flops"] == 2 * 1024 * 2048 * 1024 and data["feasible"] is True
+
+
+def test_cost_reports_an_infeasible_schedule_without_failing():
+    result = run("cost", "--shape", "8192x8192x8192", "--param", "tiles_in_block_m=64", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.output)["feasible"] is False
+    assert "DOES NOT FIT" in run("cost", "--shape", "8192x8192x8192", "--param", "tiles_in_block_m=64").output
+
+
+def test_tune_json_and_kernel(tmp_path):
+    out = tmp_path / "tuned.py"
+    result = run("tune", "--shape", "200x700x300", "--trials", "30", "--verify", "--json", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    for key in ("schedule", "predicted", "baseline", "speedup_vs_baseline", "search"):
+        assert key in data
+    assert set(data["search"]) >= {"method", "evaluated", "feasible", "seconds"}
+    assert data["predicted"]["latency_us"] <= data["baseline"]["latency_us"]
+    assert data["speedup_vs_baseline"] >= 1.0
+    assert data["verify"]["ok"] is True
+    assert "tuned (" in out.read_text()
+    human = run("tune", "--shape", "200x700x300", "--trials", "30", "-o", str(tmp_path / "t2.py"))
+    assert "speedup vs aws-fully-optimized" in human.output and "wrote" in human.output
+
+
+def test_tune_is_reproducible(tmp_path):
+    paths = [tmp_path / "a.py", tmp_path / "b.py"]
+    for path in paths:
+        assert run("tune", "--shape", "64x1536x768", "--seed", "7", "--trials", "40", "-o", str(path)).exit_code == 0
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_explain_shows_passes_loop_nest_and_formulas():
+    result = run("explain", "--shape", "256x1024x512", "--a-layout", "km")
+    assert result.exit_code == 0
+    out = result.output
+    assert "== after pass fold-transposes (changed)" in out and "layout=transposed" in out
+    assert "def gemm_kernel(a_t, b):" in out and "nisa.nc_matmul" in out
+    assert "T_dma = " in out and "latency = " in out and "lower_bound = " in out
+    tuned = run("explain", "--shape", "256x1024x512", "--tuned")
+    assert tuned.exit_code == 0 and "== schedule tuned" in tuned.output
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["tune", "--shape", "128x512x128", "--method", "random", "-o", "X"], "exhaustive"),
+        (["tune", "--shape", "128x512x128", "--trials", "0", "-o", "X"], "trials"),
+        (["cost", "--shape", "128x512x128", "--target", "inf1"], "trn2"),
+        (["explain", "--shape", "128x512x128", "--tuned", "--schedule", "aws-tiled"], "--tuned"),
+    ],
+)
+def test_bad_tune_cost_explain_input(tmp_path, monkeypatch, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("nmmc: error:") and fragment in result.stderr
+    assert list(tmp_path.iterdir()) == []

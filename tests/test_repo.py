@@ -21,9 +21,9 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert ci_lines == [commands[1]]
 
 
-def test_readme_main_command_emits_and_verifies():
+def test_readme_main_command_tunes_and_verifies():
     main_command = _readme_commands()[0]
-    assert "pip install ." in main_command and "nmmc emit --shape" in main_command
+    assert "pip install ." in main_command and "nmmc tune --shape" in main_command
     assert "nmmc verify" in main_command
 
 
