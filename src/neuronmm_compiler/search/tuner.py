@@ -53,6 +53,7 @@ class TuneResult:
     space_size: int  # distinct schedules in the space
     seconds: float
     history: list[float] = field(default_factory=list)  # best feasible latency after each evaluation
+    trial_history: list[float] = field(default_factory=list)  # best feasible latency after each Optuna trial
 
     def search_summary(self) -> dict[str, object]:
         return {"method": self.method, "trials": self.trials, "evaluated": self.evaluated,
@@ -66,6 +67,7 @@ class _Evaluator:
         self.problem, self.target, self.params = problem, target, params
         self.memo: dict[GemmSchedule, Candidate] = {}
         self.history: list[float] = []
+        self.trial_history: list[float] = []
         self.best: float = math.inf
 
     def __call__(self, schedule: GemmSchedule) -> Candidate:
@@ -157,7 +159,8 @@ def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRI
         ranked = evaluate.ranked()
     return TuneResult(best=best, top=ranked[:top_k], method=method, trials=n_trials, evaluated=len(evaluate.memo),
                       feasible=sum(c.cost.feasible for c in evaluate.memo.values()), space_size=size,
-                      seconds=time.perf_counter() - start, history=list(evaluate.history))
+                      seconds=time.perf_counter() - start, history=list(evaluate.history),
+                      trial_history=list(evaluate.trial_history))
 
 
 def _run_optuna(evaluate: _Evaluator, space: SearchSpace, problem: GemmProblem, trials: int, seed: int,
@@ -177,6 +180,7 @@ def _run_optuna(evaluate: _Evaluator, space: SearchSpace, problem: GemmProblem, 
                 point[name] = trial.suggest_categorical(name, list(values))
         cand = evaluate(space.decode(point))
         trial.set_constraint("on_chip_overflow", _overflow(cand))
+        evaluate.trial_history.append(evaluate.best)
         if progress:
             progress(trial.number + 1, trials, evaluate.best)
         return cand.latency_us
