@@ -122,6 +122,23 @@ def _polish(evaluate: _Evaluator, space: SearchSpace, start: Candidate) -> Candi
     return best
 
 
+POLISH_CLASSES = ("accumulate", "dma", "a_transpose")
+POLISH_WITHIN = 1.15
+
+
+def _polish_starts(ranked: list[Candidate]) -> list[Candidate]:
+    """The best schedule of each structural class (where partial sums live, DMA grouping, A^T
+    strategy) within 15% of the overall best: coordinate descent cannot cross between classes
+    (moving one parameter at a time out of a class's optimum usually makes things worse), so each
+    promising class gets its own descent."""
+    starts: dict[tuple, Candidate] = {}
+    for cand in ranked:
+        key = tuple(getattr(cand.schedule, name) for name in POLISH_CLASSES)
+        if key not in starts and cand.latency_us <= POLISH_WITHIN * ranked[0].latency_us:
+            starts[key] = cand
+    return list(starts.values())
+
+
 def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
               timeout: float | None = None, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
               top_k: int = 5, params: ModelParams = DEFAULT_PARAMS, space: SearchSpace | None = None,
@@ -155,7 +172,8 @@ def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRI
         raise ScheduleError(f"no schedule of the search space fits {target.name} for {problem.describe()}")
     best = ranked[0]
     if method == "optuna":
-        best = _polish(evaluate, space, best)
+        best = min((_polish(evaluate, space, start) for start in _polish_starts(ranked)),
+                   key=lambda c: (c.latency_us, _key(c.schedule)))
         ranked = evaluate.ranked()
     return TuneResult(best=best, top=ranked[:top_k], method=method, trials=n_trials, evaluated=len(evaluate.memo),
                       feasible=sum(c.cost.feasible for c in evaluate.memo.values()), space_size=size,
