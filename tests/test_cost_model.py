@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import compile_and_verify
 
+from conftest import compile_and_verify
 from neuronmm_compiler.cost_model import dma_efficiency, estimate
 from neuronmm_compiler.schedule import PRESETS, GemmProblem, lower_gemm, preset
 from neuronmm_compiler.search import gemm_space, tune_gemm
