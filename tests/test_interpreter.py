@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from neuronmm_compiler.errors import KernelError
 from neuronmm_compiler.interpreter import KernelRun, run_kernel
 from neuronmm_compiler.targets import get_target
 
@@ -315,7 +316,7 @@ def transpose(x):
     out = nl.ndarray((F, P), dtype=x.dtype, buffer=nl.shared_hbm)
     x_sb = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_sb, src=x)
-    t_ps = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
+    t_ps = nl.ndarray((F, P), dtype=x.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=t_ps, data=x_sb)
     t_sb = nl.ndarray((F, P), dtype=x.dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=t_sb, src=t_ps)
@@ -333,6 +334,14 @@ def transpose(x):
     nl.store(out, value=nl.copy(t_ps, dtype=x.dtype))
     return out
 """
+
+
+def test_nc_transpose_does_not_cast() -> None:
+    x = np.random.default_rng(7).standard_normal((96, 80)).astype(BF16)
+    casting = TRANSPOSE_NKI.replace("t_ps = nl.ndarray((F, P), dtype=x.dtype",
+                                    "t_ps = nl.ndarray((F, P), dtype=nl.float32")
+    with pytest.raises(KernelError, match="must equal the data dtype"):
+        run(casting, [x])
 
 
 @pytest.mark.parametrize("source", [TRANSPOSE_NKI, TRANSPOSE_LEGACY], ids=["nki", "legacy"])

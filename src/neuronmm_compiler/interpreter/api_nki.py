@@ -92,6 +92,9 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         if out.shape != result.shape:
             raise KernelError(f"nisa.nc_transpose: dst shape {list(out.shape)} != [F, P] = "
                               f"{list(result.shape)}")
+        if out.dtype != data.dtype:
+            raise KernelError(f"nisa.nc_transpose: dst dtype {out.dtype} must equal the data dtype {data.dtype} "
+                              "(a TensorE transpose does not cast)")
         ops.check_one_bank(m, out, "nisa.nc_transpose")
         write(out, result)
 

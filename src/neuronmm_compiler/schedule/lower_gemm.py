@@ -117,7 +117,7 @@ class _GemmLowering:
         self.c_hbm = Buffer("c", (problem.m, problem.n), dt, "hbm")
         self.a_tiles = Buffer("a_t_tiles", (k.tile, k.tiles_in_block, m.block_elems), dt, "sbuf")
         self.a_rows = Buffer("a_rows", (m.tile, m.tiles_in_block, k.block_elems), dt, "sbuf")
-        self.a_t_psum = Buffer("a_t_psum", (k.tile, m.tile), "float32", "psum")
+        self.a_t_psum = Buffer("a_t_psum", (k.tile, m.tile), dt, "psum")  # a transpose does not cast
         self.b_tiles = Buffer("b_tiles", (k.tile, k.tiles_in_block, n.block_elems), dt, "sbuf")
         self.per_tile_psum = s.accumulate == "psum" and k.blocks == 1
         self.hoisted_acc = not self.per_tile_psum
