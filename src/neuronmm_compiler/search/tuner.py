@@ -66,12 +66,14 @@ class _Evaluator:
     def __init__(self, problem: GemmProblem, target: Target, params: ModelParams):
         self.problem, self.target, self.params = problem, target, params
         self.memo: dict[GemmSchedule, Candidate] = {}
+        self.raw: dict[GemmSchedule, GemmSchedule] = {}  # normalized -> first raw schedule seen
         self.history: list[float] = []
         self.trial_history: list[float] = []
         self.best: float = math.inf
 
     def __call__(self, schedule: GemmSchedule) -> Candidate:
         sched = normalize(self.problem, schedule)
+        self.raw.setdefault(sched, schedule)
         hit = self.memo.get(sched)
         if hit is not None:
             return hit
@@ -104,39 +106,56 @@ def distinct_size(problem: GemmProblem, space: SearchSpace) -> int:
     return len(seen) * categorical
 
 
+BLOCK_PARAMS = ("tiles_in_block_m", "tiles_in_block_n", "tiles_in_block_k")
+
+
+def _neighbours(space: SearchSpace, point: dict) -> list[dict]:
+    """Every point one parameter away, plus 'exchange' moves that grow one block dimension by a
+    step of its list while shrinking another (about the same SBUF footprint, a different reuse
+    pattern), which single-parameter moves cannot reach when the footprint is tight."""
+    out = []
+    for name, values in space.candidates.items():
+        out += [{**point, name: value} for value in values if value != point[name]]
+    for grow, shrink in itertools.permutations(BLOCK_PARAMS, 2):
+        g_vals, s_vals = space.candidates[grow], space.candidates[shrink]
+        g, s = g_vals.index(point[grow]), s_vals.index(point[shrink])
+        if g + 1 < len(g_vals) and s >= 1:
+            out.append({**point, grow: g_vals[g + 1], shrink: s_vals[s - 1]})
+    return out
+
+
 def _polish(evaluate: _Evaluator, space: SearchSpace, start: Candidate) -> Candidate:
-    """Coordinate descent: try every candidate value of each parameter, keep improvements."""
+    """Descent over :func:`_neighbours` until no neighbour is better."""
     best = start
     improved = True
     while improved:
         improved = False
-        for name, values in space.candidates.items():
-            for value in values:
-                point = space.point_of(best.schedule) or {}
-                if not point or point[name] == value:
-                    continue
-                cand = evaluate(space.decode({**point, name: value}))
-                better = (cand.latency_us, _key(cand.schedule)) < (best.latency_us, _key(best.schedule))
-                if cand.cost.feasible and better:
-                    best, improved = cand, True
+        # The raw point (tiles before clipping to the problem) is what lies in the candidate lists.
+        point = space.point_of(evaluate.raw.get(best.schedule, best.schedule))
+        if point is None:
+            break
+        for neighbour in _neighbours(space, point):
+            cand = evaluate(space.decode(neighbour))
+            better = (cand.latency_us, _key(cand.schedule)) < (best.latency_us, _key(best.schedule))
+            if cand.cost.feasible and better:
+                best, improved = cand, True
     return best
 
 
 POLISH_CLASSES = ("accumulate", "dma", "a_transpose")
-POLISH_WITHIN = 1.15
+POLISH_STARTS = 4
 
 
 def _polish_starts(ranked: list[Candidate]) -> list[Candidate]:
     """The best schedule of each structural class (where partial sums live, DMA grouping, A^T
-    strategy) within 15% of the overall best: coordinate descent cannot cross between classes
-    (moving one parameter at a time out of a class's optimum usually makes things worse), so each
+    strategy), for the best few classes: coordinate descent cannot cross between classes (moving
+    one parameter at a time out of a class's optimum usually makes things worse), so each
     promising class gets its own descent."""
     starts: dict[tuple, Candidate] = {}
     for cand in ranked:
         key = tuple(getattr(cand.schedule, name) for name in POLISH_CLASSES)
-        if key not in starts and cand.latency_us <= POLISH_WITHIN * ranked[0].latency_us:
-            starts[key] = cand
-    return list(starts.values())
+        starts.setdefault(key, cand)
+    return list(starts.values())[:POLISH_STARTS]
 
 
 def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
