@@ -63,36 +63,66 @@ def random_inputs(specs: list[dict[str, Any]], seed: int) -> dict[str, np.ndarra
     return out
 
 
+def _merge(total: dict[str, Any], part: dict[str, Any]) -> None:
+    """Add one kernel's counters into the file's: counts add up, peaks take the maximum."""
+    for key, value in part.items():
+        if isinstance(value, dict):
+            into = total.setdefault(key, {})
+            for k, v in value.items():
+                into[k] = into.get(k, 0) + v
+        elif key.endswith(("_peak_bytes", "_peak_banks")):
+            total[key] = max(total.get(key, 0), value)
+        else:
+            total[key] = total.get(key, 0) + value
+
+
 def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0,
                   target: Target | None = None) -> VerifyReport:
-    """Verify kernel source text (see the module docstring)."""
+    """Verify kernel source text (see the module docstring). A file with several kernels runs them
+    in order, each reading its arguments by name from the graph's inputs and earlier kernels'
+    outputs; counters add up over kernels (peaks: the largest kernel's) and are also reported per
+    kernel under ``kernels``."""
     meta = read_metadata(source)
     if meta is None:
         raise InputError(f"{filename}: not an nmmc kernel file (no '# nmmc-metadata:' header line)")
     try:
         tgt = target or get_target(meta["target"])
         graph = parse_text(meta["graph"])
-        kernel_name = meta["kernel"]
+        kernels = meta["kernels"]
         inputs_spec, outputs_spec = meta["inputs"], meta["outputs"]
+        names = [k["name"] for k in kernels]
     except (KeyError, TypeError) as exc:
         raise InputError(f"{filename}: malformed nmmc metadata ({exc})") from None
     out_dtype = outputs_spec[0]["dtype"]
-    report = VerifyReport(ok=False, kernel=kernel_name, target=tgt.name, dialect=meta.get("dialect", "?"),
+    report = VerifyReport(ok=False, kernel=", ".join(names), target=tgt.name, dialect=meta.get("dialect", "?"),
                           seed=seed, rel_error=None, tolerance=TOLERANCES[out_dtype], max_abs_error=None)
     inputs = random_inputs(inputs_spec, seed)
-    try:
-        run = run_kernel(source, filename=filename, kernel_name=kernel_name,
-                         args=[inputs[s["name"]] for s in inputs_spec], target=tgt,
-                         output_names=[s["name"] for s in outputs_spec])
-    except KernelError as exc:
-        report.error = str(exc)
-        return report
-    report.counters = run.counters.as_dict()
+    tensors: dict[str, np.ndarray] = dict(inputs)
+    per_kernel: list[dict[str, Any]] = []
+    totals: dict[str, Any] = {}
+    for kernel in kernels:
+        try:
+            run = run_kernel(source, filename=filename, kernel_name=kernel["name"],
+                             args=[tensors[s["name"]] for s in kernel["inputs"]], target=tgt,
+                             arg_names=[s["name"] for s in kernel["inputs"]],
+                             output_names=[s["name"] for s in kernel["outputs"]])
+        except KernelError as exc:
+            report.error = f"{kernel['name']}: {exc}" if len(kernels) > 1 else str(exc)
+            return report
+        except KeyError as exc:
+            raise InputError(f"{filename}: kernel {kernel['name']} reads {exc}, which no input or earlier "
+                             "kernel provides") from None
+        for spec, value in zip(kernel["outputs"], run.outputs, strict=True):
+            tensors[spec["name"]] = value
+        counters = run.counters.as_dict()
+        per_kernel.append({"name": kernel["name"], **counters})
+        _merge(totals, counters)
+    report.counters = {**totals, "kernels": per_kernel} if len(kernels) > 1 else totals
     expected = evaluate(graph, inputs)
     worst_rel, worst_abs = 0.0, 0.0
-    for spec, actual in zip(outputs_spec, run.outputs, strict=True):
+    for spec in outputs_spec:
         ref = np.asarray(expected[spec["name"]], dtype=np.float64)
-        got = np.asarray(actual, dtype=np.float64)
+        got = np.asarray(tensors[spec["name"]], dtype=np.float64)
         if got.shape != ref.shape:
             report.error = f"output {spec['name']}: shape {got.shape}, expected {ref.shape}"
             return report

@@ -19,9 +19,8 @@ expressions, so no out-of-bounds access and no padding of the user's tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .expr import Expr, Lin, add, minimum, scale, sub, var
+from .dims import Dim, iv, loop
+from .expr import Expr, Lin, add, scale
 from .gemm import GemmProblem, GemmSchedule, normalize, tile_counts
 from .program import (
     Alloc,
@@ -29,7 +28,6 @@ from .program import (
     Comment,
     Copy,
     DmaCopy,
-    Loop,
     Matmul,
     PeTranspose,
     Point,
@@ -43,62 +41,6 @@ from .program import (
 PSUM_BANK_FP32 = 512  # fp32 values per partition in one 2 KiB PSUM bank
 
 
-@dataclass(frozen=True)
-class _Dim:
-    """One GEMM dimension under a schedule: size, tile, tiles per block, block count."""
-
-    name: str
-    size: int
-    tile: int
-    tiles: int
-    tiles_in_block: int
-
-    @property
-    def blocks(self) -> int:
-        return -(-self.tiles // self.tiles_in_block)
-
-    @property
-    def block_elems(self) -> int:
-        return self.tile * self.tiles_in_block
-
-    def tiles_in(self, blk: Expr) -> Expr:
-        if self.tiles % self.tiles_in_block == 0:
-            return Lin(self.tiles_in_block)
-        return minimum(self.tiles_in_block, sub(self.tiles, scale(blk, self.tiles_in_block)))
-
-    def tile_index(self, blk: Expr, t: Expr) -> Expr:
-        return add(scale(blk, self.tiles_in_block), t)
-
-    def tile_start(self, g: Expr) -> Expr:
-        return scale(g, self.tile)
-
-    def tile_size(self, g: Expr) -> Expr:
-        if self.size % self.tile == 0:
-            return Lin(self.tile)
-        return minimum(self.tile, sub(self.size, scale(g, self.tile)))
-
-    def block_start(self, blk: Expr) -> Expr:
-        return scale(blk, self.block_elems)
-
-    def block_size(self, blk: Expr) -> Expr:
-        if self.size % self.block_elems == 0:
-            return Lin(self.block_elems)
-        return minimum(self.block_elems, sub(self.size, scale(blk, self.block_elems)))
-
-
-def _loop(var_name: str, trip: Expr, max_trip: int, body: list[Stmt], *, sequential: bool = False,
-          comment: str = "") -> list[Stmt]:
-    """A loop, or its body alone when it can only ever run once (its variable is then 0)."""
-    if max_trip <= 1:
-        return body
-    return [Loop(var_name, trip, body, sequential=sequential, comment=comment)]
-
-
-def _iv(name: str, max_trip: int) -> Expr:
-    """The induction variable of a loop, or 0 for a loop that is not emitted."""
-    return var(name) if max_trip > 1 else Lin(0)
-
-
 class _GemmLowering:
     def __init__(self, problem: GemmProblem, schedule: GemmSchedule):
         self.p = problem
@@ -106,9 +48,9 @@ class _GemmLowering:
         counts = tile_counts(problem, self.s)
         s = self.s
         self.dims = {
-            "m": _Dim("m", problem.m, s.tile_m, counts["m"], s.tiles_in_block_m),
-            "n": _Dim("n", problem.n, s.tile_n, counts["n"], s.tiles_in_block_n),
-            "k": _Dim("k", problem.k, s.tile_k, counts["k"], s.tiles_in_block_k),
+            "m": Dim("m", problem.m, s.tile_m, counts["m"], s.tiles_in_block_m),
+            "n": Dim("n", problem.n, s.tile_n, counts["n"], s.tiles_in_block_n),
+            "k": Dim("k", problem.k, s.tile_k, counts["k"], s.tiles_in_block_k),
         }
         dt = problem.dtype
         m, n, k = self.dims["m"], self.dims["n"], self.dims["k"]
@@ -151,7 +93,7 @@ class _GemmLowering:
     # ------------------------------------------------------------------ operand loads
     def load_a(self, mb: Expr, kb: Expr) -> list[Stmt]:
         m, k, s = self.dims["m"], self.dims["k"], self.s
-        bm, bk = _iv("bm", m.tiles_in_block), _iv("bk", k.tiles_in_block)
+        bm, bk = iv("bm", m.tiles_in_block), iv("bk", k.tiles_in_block)
         gm, gk = m.tile_index(mb, bm), k.tile_index(kb, bk)
         msz, ksz = m.tile_size(gm), k.tile_size(gk)
         a_tile_dst = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), msz)))
@@ -165,14 +107,14 @@ class _GemmLowering:
                 else:
                     src = Ref(self.a_hbm, (span(m.block_start(mb), mrows), span(k.tile_start(gk), ksz)))
                 dst = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(0, mrows)))
-                out += _loop("bk", k.tiles_in(kb), k.tiles_in_block, [DmaCopy(dst, src, transpose=not km)])
+                out += loop("bk", k.tiles_in(kb), k.tiles_in_block, [DmaCopy(dst, src, transpose=not km)])
             else:
                 if km:
                     src = Ref(self.a_hbm, (span(k.tile_start(gk), ksz), span(m.tile_start(gm), msz)))
                 else:
                     src = Ref(self.a_hbm, (span(m.tile_start(gm), msz), span(k.tile_start(gk), ksz)))
-                inner = _loop("bk", k.tiles_in(kb), k.tiles_in_block, [DmaCopy(a_tile_dst, src, transpose=not km)])
-                out += _loop("bm", m.tiles_in(mb), m.tiles_in_block, inner)
+                inner = loop("bk", k.tiles_in(kb), k.tiles_in_block, [DmaCopy(a_tile_dst, src, transpose=not km)])
+                out += loop("bm", m.tiles_in(mb), m.tiles_in_block, inner)
             return out
         # A row-major, transposed on the TensorEngine: load rows, transpose tile by tile via PSUM.
         out.append(Alloc(self.a_rows, comment="A block as stored: M on partitions, K free"))
@@ -180,25 +122,25 @@ class _GemmLowering:
             krows = k.block_size(kb)
             load = DmaCopy(Ref(self.a_rows, (span(0, msz), Point(bm), span(0, krows))),
                            Ref(self.a_hbm, (span(m.tile_start(gm), msz), span(k.block_start(kb), krows))))
-            out += _loop("bm", m.tiles_in(mb), m.tiles_in_block, [load])
+            out += loop("bm", m.tiles_in(mb), m.tiles_in_block, [load])
         else:
             load = DmaCopy(Ref(self.a_rows, (span(0, msz), Point(bm), span(scale(bk, k.tile), ksz))),
                            Ref(self.a_hbm, (span(m.tile_start(gm), msz), span(k.tile_start(gk), ksz))))
-            out += _loop("bm", m.tiles_in(mb), m.tiles_in_block,
-                         _loop("bk", k.tiles_in(kb), k.tiles_in_block, [load]))
+            out += loop("bm", m.tiles_in(mb), m.tiles_in_block,
+                         loop("bk", k.tiles_in(kb), k.tiles_in_block, [load]))
         transpose = [
             Alloc(self.a_t_psum),
             PeTranspose(Ref(self.a_t_psum, (span(0, ksz), span(0, msz))),
                         Ref(self.a_rows, (span(0, msz), Point(bm), span(scale(bk, k.tile), ksz)))),
             Copy(a_tile_dst, Ref(self.a_t_psum, (span(0, ksz), span(0, msz)))),
         ]
-        out += _loop("bm", m.tiles_in(mb), m.tiles_in_block,
-                     _loop("bk", k.tiles_in(kb), k.tiles_in_block, transpose))
+        out += loop("bm", m.tiles_in(mb), m.tiles_in_block,
+                     loop("bk", k.tiles_in(kb), k.tiles_in_block, transpose))
         return out
 
     def load_b(self, kb: Expr, nb: Expr) -> list[Stmt]:
         n, k = self.dims["n"], self.dims["k"]
-        bn, bk = _iv("bn", n.tiles_in_block), _iv("bk", k.tiles_in_block)
+        bn, bk = iv("bn", n.tiles_in_block), iv("bk", k.tiles_in_block)
         gn, gk = n.tile_index(nb, bn), k.tile_index(kb, bk)
         nsz, ksz = n.tile_size(gn), k.tile_size(gk)
         out: list[Stmt] = [Alloc(self.b_tiles, comment="B block: K on partitions, N free (moving)")]
@@ -206,31 +148,31 @@ class _GemmLowering:
             ncols = n.block_size(nb)
             load = DmaCopy(Ref(self.b_tiles, (span(0, ksz), Point(bk), span(0, ncols))),
                            Ref(self.b_hbm, (span(k.tile_start(gk), ksz), span(n.block_start(nb), ncols))))
-            return out + _loop("bk", k.tiles_in(kb), k.tiles_in_block, [load])
+            return out + loop("bk", k.tiles_in(kb), k.tiles_in_block, [load])
         load = DmaCopy(Ref(self.b_tiles, (span(0, ksz), Point(bk), span(scale(bn, n.tile), nsz))),
                        Ref(self.b_hbm, (span(k.tile_start(gk), ksz), span(n.tile_start(gn), nsz))))
-        return out + _loop("bn", n.tiles_in(nb), n.tiles_in_block,
-                           _loop("bk", k.tiles_in(kb), k.tiles_in_block, [load]))
+        return out + loop("bn", n.tiles_in(nb), n.tiles_in_block,
+                           loop("bk", k.tiles_in(kb), k.tiles_in_block, [load]))
 
     # ------------------------------------------------------------------ compute
     def compute(self, blocks: dict[str, Expr]) -> list[Stmt]:
         m, n, k, s = self.dims["m"], self.dims["n"], self.dims["k"], self.s
         mb, nb, kb = blocks["m"], blocks["n"], blocks["k"]
-        bm, bn, bk = _iv("bm", m.tiles_in_block), _iv("bn", n.tiles_in_block), _iv("bk", k.tiles_in_block)
+        bm, bn, bk = iv("bm", m.tiles_in_block), iv("bn", n.tiles_in_block), iv("bk", k.tiles_in_block)
         gm, gn, gk = m.tile_index(mb, bm), n.tile_index(nb, bn), k.tile_index(kb, bk)
         msz, nsz, ksz = m.tile_size(gm), n.tile_size(gn), k.tile_size(gk)
         stationary = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), msz)))
         moving = Ref(self.b_tiles, (span(0, ksz), Point(bk), span(scale(bn, n.tile), nsz)))
 
-        def k_loop(dst: Ref) -> list[Stmt]:
-            return _loop("bk", k.tiles_in(kb), k.tiles_in_block, [Matmul(dst, stationary, moving)])
+        def kloop(dst: Ref) -> list[Stmt]:
+            return loop("bk", k.tiles_in(kb), k.tiles_in_block, [Matmul(dst, stationary, moving)])
 
         body: list[Stmt]
         pre: list[Stmt] = []
         post: list[Stmt] = []
         if self.per_tile_psum:
             psum = Ref(self.psum_tile, (span(0, msz), span(0, nsz)))
-            body = [Alloc(self.psum_tile, accumulator=True), *k_loop(psum)]
+            body = [Alloc(self.psum_tile, accumulator=True), *kloop(psum)]
             if s.dma == "tile":
                 c_sb = Ref(self.c_tile, (span(0, msz), span(0, nsz)))
                 body += [Alloc(self.c_tile), Copy(c_sb, psum),
@@ -241,7 +183,7 @@ class _GemmLowering:
                 ncols = n.block_size(nb)
                 store = DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.block_start(nb), ncols))),
                                 Ref(self.c_block, (span(0, msz), Point(bm), span(0, ncols))))
-                post = _loop("bm", m.tiles_in(mb), m.tiles_in_block, [store])
+                post = loop("bm", m.tiles_in(mb), m.tiles_in_block, [store])
         else:
             m_slot = gm if "m" in self.inner_dims else bm
             n_slot = gn if "n" in self.inner_dims else bn
@@ -251,15 +193,15 @@ class _GemmLowering:
                     dst = Ref(self.acc, (span(0, msz), span(0, nsz)))
                 else:
                     dst = Ref(self.acc, (span(0, msz), Point(slot), span(0, nsz)))
-                body = k_loop(dst)
+                body = kloop(dst)
             else:
                 psum = Ref(self.psum_tile, (span(0, msz), span(0, nsz)))
                 acc = Ref(self.acc, (span(0, msz), Point(m_slot), span(scale(n_slot, n.tile), nsz)))
-                body = [Alloc(self.psum_tile, accumulator=True), *k_loop(psum), TensorTensor(acc, acc, psum, "add")]
+                body = [Alloc(self.psum_tile, accumulator=True), *kloop(psum), TensorTensor(acc, acc, psum, "add")]
         loops = {"m": ("bm", m.tiles_in(mb), m.tiles_in_block), "n": ("bn", n.tiles_in(nb), n.tiles_in_block)}
         for d in reversed(s.tile_order):
             name, trip, max_trip = loops[d]
-            body = _loop(name, trip, max_trip, body)
+            body = loop(name, trip, max_trip, body)
         return pre + body + post
 
     # ------------------------------------------------------------------ accumulator store
@@ -268,20 +210,20 @@ class _GemmLowering:
         m, n, s = self.dims["m"], self.dims["n"], self.s
         if "m" in self.inner_dims:
             mt_name, mt_trip, mt_max = "m_tile", Lin(m.tiles), m.tiles
-            gm = _iv("m_tile", m.tiles)
+            gm = iv("m_tile", m.tiles)
             m_slot = gm
         else:
             mt_name, mt_trip, mt_max = "bm", m.tiles_in(blocks["m"]), m.tiles_in_block
-            m_slot = _iv("bm", m.tiles_in_block)
+            m_slot = iv("bm", m.tiles_in_block)
             gm = m.tile_index(blocks["m"], m_slot)
         if "n" in self.inner_dims:
             nt_name, nt_trip, nt_max = "n_tile", Lin(n.tiles), n.tiles
-            gn = _iv("n_tile", n.tiles)
+            gn = iv("n_tile", n.tiles)
             n_slot = gn
             col0, ncols = Lin(0), Lin(self.p.n)
         else:
             nt_name, nt_trip, nt_max = "bn", n.tiles_in(blocks["n"]), n.tiles_in_block
-            n_slot = _iv("bn", n.tiles_in_block)
+            n_slot = iv("bn", n.tiles_in_block)
             gn = n.tile_index(blocks["n"], n_slot)
             col0, ncols = n.block_start(blocks["n"]), n.block_size(blocks["n"])
         msz, nsz = m.tile_size(gm), n.tile_size(gn)
@@ -297,12 +239,12 @@ class _GemmLowering:
             store = DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(col0, ncols))),
                             Ref(self.c_rows, (span(0, msz), span(0, ncols))))
             row = [Alloc(self.c_rows, comment="one row of output tiles, packed for a single store"),
-                   *_loop(nt_name, nt_trip, nt_max, [pack]), store]
-            return _loop(mt_name, mt_trip, mt_max, row)
+                   *loop(nt_name, nt_trip, nt_max, [pack]), store]
+            return loop(mt_name, mt_trip, mt_max, row)
         c_sb = Ref(self.c_tile, (span(0, msz), span(0, nsz)))
         tile = [Alloc(self.c_tile), Copy(c_sb, src),
                 DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.tile_start(gn), nsz))), c_sb)]
-        return _loop(mt_name, mt_trip, mt_max, _loop(nt_name, nt_trip, nt_max, tile))
+        return loop(mt_name, mt_trip, mt_max, loop(nt_name, nt_trip, nt_max, tile))
 
     # ------------------------------------------------------------------ nest
     def nest(self, pos: int, blocks: dict[str, Expr]) -> list[Stmt]:
@@ -311,10 +253,10 @@ class _GemmLowering:
             return self.compute(blocks)
         d = order[pos]
         dim = self.dims[d]
-        blocks = {**blocks, d: _iv(f"{d}_blk", dim.blocks)}
+        blocks = {**blocks, d: iv(f"{d}_blk", dim.blocks)}
         body = self.level_body(pos, blocks)
         sequential = d == "k" and self.s.accumulate == "sbuf"
-        return _loop(f"{d}_blk", Lin(dim.blocks), dim.blocks, body, sequential=sequential)
+        return loop(f"{d}_blk", Lin(dim.blocks), dim.blocks, body, sequential=sequential)
 
     def level_body(self, pos: int, blocks: dict[str, Expr]) -> list[Stmt]:
         body: list[Stmt] = []

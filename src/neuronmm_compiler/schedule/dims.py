@@ -1,0 +1,66 @@
+"""Tiled dimensions and loop helpers shared by the lowerings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .expr import Expr, Lin, add, minimum, scale, sub, var
+from .program import Loop, Stmt
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One GEMM dimension under a schedule: size, tile, tiles per block, block count."""
+
+    name: str
+    size: int
+    tile: int
+    tiles: int
+    tiles_in_block: int
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.tiles // self.tiles_in_block)
+
+    @property
+    def block_elems(self) -> int:
+        return self.tile * self.tiles_in_block
+
+    def tiles_in(self, blk: Expr) -> Expr:
+        if self.tiles % self.tiles_in_block == 0:
+            return Lin(self.tiles_in_block)
+        return minimum(self.tiles_in_block, sub(self.tiles, scale(blk, self.tiles_in_block)))
+
+    def tile_index(self, blk: Expr, t: Expr) -> Expr:
+        return add(scale(blk, self.tiles_in_block), t)
+
+    def tile_start(self, g: Expr) -> Expr:
+        return scale(g, self.tile)
+
+    def tile_size(self, g: Expr) -> Expr:
+        if self.size % self.tile == 0:
+            return Lin(self.tile)
+        return minimum(self.tile, sub(self.size, scale(g, self.tile)))
+
+    def block_start(self, blk: Expr) -> Expr:
+        return scale(blk, self.block_elems)
+
+    def block_size(self, blk: Expr) -> Expr:
+        if self.size % self.block_elems == 0:
+            return Lin(self.block_elems)
+        return minimum(self.block_elems, sub(self.size, scale(blk, self.block_elems)))
+
+
+def loop(var_name: str, trip: Expr, max_trip: int, body: list[Stmt], *, sequential: bool = False,
+          comment: str = "") -> list[Stmt]:
+    """A loop, or its body alone when it can only ever run once (its variable is then 0)."""
+    if max_trip <= 1:
+        return body
+    return [Loop(var_name, trip, body, sequential=sequential, comment=comment)]
+
+
+def iv(name: str, max_trip: int) -> Expr:
+    """The induction variable of a loop, or 0 for a loop that is not emitted."""
+    return var(name) if max_trip > 1 else Lin(0)
+
+

@@ -1,0 +1,112 @@
+"""The schedule space of fused kernels (matmul chains with elementwise epilogues).
+
+A fused kernel walks the tokens in blocks. For each block it holds the transposed activations
+(X^T: features on partitions, the block's tokens on the free axis) in SBUF as a *strip*, and runs
+the kernel's matmuls one after another, each reading its input strip from SBUF:
+
+* a matmul whose result feeds another matmul is computed *transposed* (TrainiumFusion's implicit
+  transposition): ``psum[n, tokens] = W_tile[k, n].T @ strip[k, tokens]`` gives (X W)^T, whose
+  contraction dimension for the next matmul is already on the partitions;
+* elementwise epilogues (silu, multiply, add) are applied on those PSUM tiles as they are evicted;
+* the last matmul is computed in the normal orientation,
+  ``psum[tokens, n] = strip[k, tokens].T @ W[k, n]``, and stored row-major.
+
+:class:`FusedSchedule` sets the block and tile sizes, how weights are moved and which stay resident
+across token blocks, and how X^T is produced when X is row-major.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from ..errors import InputError, ScheduleError, UnknownNameError
+from .gemm import ParamSpec
+
+WEIGHT_DMA = ("row", "tile")
+CACHE_WEIGHTS = ("none", "stage1", "all")
+X_TRANSPOSE = ("dma", "pe")
+
+FUSED_PARAMS: tuple[ParamSpec, ...] = (
+    ParamSpec("tokens_per_block", int, None,
+              "tokens per block (BM): the strip width, <= 512; a multiple of token_tile when larger than it"),
+    ParamSpec("token_tile", int, None, "tokens per stationary tile of the final, row-major matmul, 1..128"),
+    ParamSpec("feature_tiles_per_block", int, None,
+              "128-feature tiles per weight block of a transposed matmul (>= 1)"),
+    ParamSpec("out_tile", int, None, "output columns per matmul of the final, row-major matmul, 1..512"),
+    ParamSpec("out_tiles_per_block", int, None, "out_tile tiles per weight block of the final matmul (>= 1)"),
+    ParamSpec("weight_dma", str, WEIGHT_DMA, "row: one DMA per 128-row slab of a weight block; tile: per tile"),
+    ParamSpec("cache_weights", str, CACHE_WEIGHTS,
+              "weights loaded once and kept in SBUF across token blocks: none, stage1 (the factors applied "
+              "to the kernel's inputs, e.g. U), or all"),
+    ParamSpec("x_transpose", str, X_TRANSPOSE,
+              "how X^T strips are made from a row-major X: dma (transposing load) or pe (TensorE)"),
+)
+FUSED_PARAM_NAMES = tuple(p.name for p in FUSED_PARAMS)
+
+
+@dataclass(frozen=True)
+class FusedSchedule:
+    """A point of the fused-kernel schedule space (see the module docstring)."""
+
+    tokens_per_block: int = 128
+    token_tile: int = 128
+    feature_tiles_per_block: int = 4
+    out_tile: int = 512
+    out_tiles_per_block: int = 2
+    weight_dma: str = "row"
+    cache_weights: str = "none"
+    x_transpose: str = "dma"
+
+    def as_dict(self) -> dict[str, int | str]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+    def with_params(self, params: dict[str, str | int]) -> FusedSchedule:
+        changes: dict[str, int | str] = {}
+        specs = {p.name: p for p in FUSED_PARAMS}
+        for key, raw in params.items():
+            spec = specs.get(key)
+            if spec is None:
+                raise UnknownNameError(
+                    f"unknown fused-schedule parameter {key!r}; parameters: {', '.join(FUSED_PARAM_NAMES)}")
+            if spec.kind is int:
+                try:
+                    changes[key] = int(raw)
+                except (TypeError, ValueError):
+                    raise InputError(f"schedule parameter {key} takes an integer; got {raw!r}") from None
+            else:
+                if spec.choices and str(raw) not in spec.choices:
+                    raise InputError(f"schedule parameter {key} must be one of {', '.join(spec.choices)}; got {raw!r}")
+                changes[key] = str(raw)
+        return replace(self, **changes)
+
+
+def check_fused(schedule: FusedSchedule, moving_fmax: int = 512, stationary_fmax: int = 128) -> None:
+    """Raise ScheduleError when a parameter is outside its domain or a TensorEngine limit."""
+    s = schedule
+    if not 1 <= s.tokens_per_block <= moving_fmax:
+        raise ScheduleError(f"tokens_per_block={s.tokens_per_block} is outside 1..{moving_fmax} "
+                            "(the strip is the moving operand of the transposed matmuls)")
+    if not 1 <= s.token_tile <= stationary_fmax:
+        raise ScheduleError(f"token_tile={s.token_tile} is outside 1..{stationary_fmax} (stationary free size)")
+    if s.tokens_per_block > s.token_tile and s.tokens_per_block % s.token_tile:
+        raise ScheduleError(f"tokens_per_block={s.tokens_per_block} must be a multiple of token_tile={s.token_tile}")
+    if not 1 <= s.out_tile <= moving_fmax:
+        raise ScheduleError(f"out_tile={s.out_tile} is outside 1..{moving_fmax} (moving free size)")
+    for name in ("feature_tiles_per_block", "out_tiles_per_block"):
+        if getattr(s, name) < 1:
+            raise ScheduleError(f"{name}={getattr(s, name)} must be at least 1")
+    for spec in FUSED_PARAMS:
+        if spec.choices and getattr(s, spec.name) not in spec.choices:
+            raise ScheduleError(f"{spec.name}={getattr(s, spec.name)!r} is not one of {', '.join(spec.choices)}")
+
+
+def normalize_fused(schedule: FusedSchedule, tokens: int) -> FusedSchedule:
+    """Clip the token block and tile to the number of tokens (a decode step gets 1-token strips)."""
+    block = min(schedule.tokens_per_block, tokens)
+    tile = min(schedule.token_tile, block)
+    if block > tile and block % tile:
+        block = (block // tile) * tile
+    return replace(schedule, tokens_per_block=block, token_tile=tile)
