@@ -155,21 +155,25 @@ def count_program(program: Program, params: ModelParams) -> ProgramCounts:
     return counts
 
 
-def _contains_matmul(loop: Loop) -> bool:
-    return any(isinstance(s, Matmul) or (isinstance(s, Loop) and _contains_matmul(s)) for s in loop.body)
+ENGINE_WORK = (Matmul, PeTranspose, Copy, TensorTensor, Activation)
 
 
-def _edge(body: list[Stmt], env: dict[str, int], reverse: bool) -> Iterator[tuple[Stmt, dict[str, int], int]]:
-    """Statements executed before the first matmul (or, reversed, after the last one)."""
+def _contains(loop: Loop, kinds: tuple[type, ...]) -> bool:
+    return any(isinstance(s, kinds) or (isinstance(s, Loop) and _contains(s, kinds)) for s in loop.body)
+
+
+def _edge(body: list[Stmt], env: dict[str, int], reverse: bool,
+          anchor: tuple[type, ...]) -> Iterator[tuple[Stmt, dict[str, int], int]]:
+    """Statements executed before the first anchor instruction (or, reversed, after the last)."""
     for stmt in (reversed(body) if reverse else body):
-        if isinstance(stmt, Matmul):
+        if isinstance(stmt, anchor):
             return
         if isinstance(stmt, Loop):
             trip = stmt.trip.evaluate(env)
             if trip <= 0:
                 continue
-            if _contains_matmul(stmt):
-                yield from _edge(stmt.body, {**env, stmt.var: trip - 1 if reverse else 0}, reverse)
+            if _contains(stmt, anchor):
+                yield from _edge(stmt.body, {**env, stmt.var: trip - 1 if reverse else 0}, reverse, anchor)
                 return
             yield from instruction_counts([stmt], env)
         else:
@@ -177,9 +181,14 @@ def _edge(body: list[Stmt], env: dict[str, int], reverse: bool) -> Iterator[tupl
 
 
 def edge_counts(program: Program, params: ModelParams, *, reverse: bool) -> ProgramCounts:
-    """Counts of the prologue (``reverse=False``) or epilogue (``reverse=True``)."""
+    """Counts of the prologue (``reverse=False``: everything before the first matmul, the work the
+    TensorEngine waits for) or the epilogue (``reverse=True``: everything after the last one). A
+    program without matmuls (an elementwise kernel) is anchored on its first/last engine instruction."""
+    has_matmul = any(isinstance(s, Matmul) or (isinstance(s, Loop) and _contains(s, (Matmul,)))
+                     for s in program.body)
+    anchor: tuple[type, ...] = (Matmul,) if has_matmul else ENGINE_WORK
     counts = ProgramCounts()
-    for stmt, env, mult in _edge(program.body, {}, reverse):
+    for stmt, env, mult in _edge(program.body, {}, reverse, anchor):
         add_statement(counts, stmt, env, mult, params)
     return counts
 

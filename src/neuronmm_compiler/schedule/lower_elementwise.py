@@ -1,0 +1,44 @@
+"""A standalone elementwise kernel (``out = silu(a)``, ``a * b``, ``a + b`` on row-major [rows, cols]
+tensors): what an unfused baseline runs between its matmul kernels, HBM to HBM."""
+
+from __future__ import annotations
+
+from ..errors import ScheduleError
+from .dims import Dim, iv, loop
+from .expr import Lin
+from .program import Activation, Alloc, Buffer, DmaCopy, Program, Ref, Stmt, TensorTensor, span
+
+OPS = {"silu": 1, "multiply": 2, "add": 2}
+
+
+def lower_elementwise(op: str, shape: tuple[int, int], dtype: str, *, name: str | None = None,
+                      cols_per_tile: int = 2048) -> Program:
+    """Rows in tiles of 128 partitions, columns in tiles of ``cols_per_tile``: load, compute, store."""
+    if op not in OPS:
+        raise ScheduleError(f"no elementwise kernel for {op!r}; known: {', '.join(OPS)}")
+    rows, cols = shape
+    rdim = Dim("r", rows, min(128, rows), -(-rows // 128), 1)
+    width = min(cols_per_tile, cols)
+    cdim = Dim("c", cols, width, -(-cols // width), 1)
+    ins = [Buffer(n, shape, dtype, "hbm") for n in ("a", "b")[: OPS[op]]]
+    out = Buffer("out", shape, dtype, "hbm")
+    rt, ct = iv("r_tile", rdim.tiles), iv("c_tile", cdim.tiles)
+    rsz, csz = rdim.tile_size(rt), cdim.tile_size(ct)
+    region = (span(rdim.tile_start(rt), rsz), span(cdim.tile_start(ct), csz))
+    body: list[Stmt] = []
+    tiles = []
+    for buf in ins:
+        tile = Buffer(f"{buf.name}_tile", (rdim.tile, width), dtype, "sbuf")
+        tiles.append(Ref(tile, (span(0, rsz), span(0, csz))))
+        body += [Alloc(tile), DmaCopy(tiles[-1], Ref(buf, region))]
+    res = Buffer("out_tile", (rdim.tile, width), dtype, "sbuf")
+    res_ref = Ref(res, (span(0, rsz), span(0, csz)))
+    body.append(Alloc(res))
+    if op == "silu":
+        body.append(Activation(res_ref, tiles[0], "silu"))
+    else:
+        body.append(TensorTensor(res_ref, tiles[0], tiles[1], op))  # type: ignore[arg-type]
+    body.append(DmaCopy(Ref(out, region), res_ref))
+    nest = loop("r_tile", Lin(rdim.tiles), rdim.tiles, loop("c_tile", Lin(cdim.tiles), cdim.tiles, body))
+    doc = f"out = {op}({', '.join(b.name for b in ins)}) over [{rows}, {cols}] ({dtype}), HBM to HBM."
+    return Program(name or f"{op}_kernel", ins, [out], nest, doc=doc)
