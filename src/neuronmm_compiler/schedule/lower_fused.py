@@ -50,10 +50,7 @@ K_TILE = 128  # contraction rows per matmul (partitions)
 
 
 def annotation(node: Node, key: str) -> str | None:
-    notes = getattr(node, "annotations", None)
-    if isinstance(notes, dict) and key in notes:
-        return notes[key]
-    return node.attrs.get(key)
+    return node.annotations.get(key)
 
 
 @dataclass

@@ -13,17 +13,24 @@ speed is the user's call, via ``--param``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..schedule.gemm import LOOP_ORDERS, GemmProblem, GemmSchedule, normalize, preset
 
 
+def _gemm_schedule(point: dict) -> GemmSchedule:
+    return GemmSchedule(**point, accumulator_dtype="float32")
+
+
 @dataclass(frozen=True)
 class SearchSpace:
-    """Candidate values per parameter (the order is the Optuna index order)."""
+    """Candidate values per parameter (the order is the Optuna index order) and how a point
+    becomes a schedule object (whose attributes carry the same names)."""
 
     candidates: dict[str, tuple]
+    build: Callable[[dict], Any] = _gemm_schedule
 
     @property
     def size(self) -> int:
@@ -32,8 +39,8 @@ class SearchSpace:
             size *= len(values)
         return size
 
-    def decode(self, point: dict[str, int | str]) -> GemmSchedule:
-        return GemmSchedule(**point, accumulator_dtype="float32")  # type: ignore[arg-type]
+    def decode(self, point: dict[str, int | str]) -> Any:
+        return self.build(point)
 
     def points(self) -> Iterator[dict]:
         names = list(self.candidates)
@@ -47,7 +54,7 @@ class SearchSpace:
             out.setdefault(normalize(problem, self.decode(point)), point)
         return out
 
-    def point_of(self, schedule: GemmSchedule) -> dict | None:
+    def point_of(self, schedule: Any) -> dict | None:
         """The point of ``schedule``'s parameters, if every one is a candidate."""
         point = {name: getattr(schedule, name) for name in self.candidates}
         if all(point[name] in values for name, values in self.candidates.items()):
