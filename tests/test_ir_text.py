@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuronmm_compiler.errors import IRError, ParseError
-from neuronmm_compiler.ir import LAYOUTS, Graph, gemm_graph, parse_text, to_table, to_text, verify
+from neuronmm_compiler.ir import LAYOUTS, ORIENTS, PLACES, Graph, gemm_graph, parse_text, to_table, to_text, verify
 
 GEMM_TEXT = """\
 graph gemm {
@@ -36,8 +36,13 @@ graph mlp {
 
 
 @st.composite
-def random_graphs(draw: st.DrawFn) -> Graph:
-    """Small valid graphs over every node kind, both layouts, shared and repeated operands."""
+def random_graphs(draw: st.DrawFn, annotated: bool = True, max_ops: int = 7, chains: bool = False) -> Graph:
+    """Small valid graphs over every node kind, both layouts (inputs and outputs), shared and
+    repeated operands, and (with ``annotated``) random annotations on compute nodes: any subset of
+    orient/place, and kernel on all compute nodes or on none (as the verifier demands).
+
+    ``chains=True`` favours deep graphs: the first operand of each op is one of the last three
+    values and the last value is always an output (so little is dead), as in MLP-like chains."""
     dtype = draw(st.sampled_from(["bfloat16", "float32"]))
     dims = st.sampled_from([1, 2, 3, 5])
     graph = Graph(draw(st.sampled_from(["g", "gemm", "mlp_2"])))
@@ -49,9 +54,9 @@ def random_graphs(draw: st.DrawFn) -> Graph:
 
     for _ in range(draw(st.integers(1, 3))):
         values.append(new_input((draw(dims), draw(dims))))
-    for _ in range(draw(st.integers(0, 7))):
+    for _ in range(draw(st.integers(0, max_ops))):
         kind = draw(st.sampled_from(["matmul", "transpose", "silu", "multiply", "add"]))
-        x = draw(st.sampled_from(values))
+        x = draw(st.sampled_from(values[-3:] if chains else values))
         rows, cols = graph.node(x).shape
         if kind == "transpose":
             values.append(graph.add_transpose(x))
@@ -65,7 +70,17 @@ def random_graphs(draw: st.DrawFn) -> Graph:
             y = draw(st.sampled_from([v for v in values if graph.node(v).shape == (rows, cols)]))
             values.append(graph.add_elementwise(kind, x, y))
     for index in range(draw(st.integers(1, 2))):
-        graph.add_output(f"out{index}", draw(st.sampled_from(values)))
+        value = values[-1] if chains and index == 0 else draw(st.sampled_from(values))
+        graph.add_output(f"out{index}", value, layout=draw(st.sampled_from(LAYOUTS)))
+    if annotated:
+        with_kernels = draw(st.booleans())
+        for node in graph.compute_nodes():
+            values_drawn = {
+                "orient": draw(st.sampled_from((None, *ORIENTS))),
+                "place": draw(st.sampled_from((None, *PLACES))),
+                "kernel": draw(st.sampled_from(["k0", "k1", "fused_2"])) if with_kernels else None,
+            }
+            graph.annotate(node.id, **{key: value for key, value in values_drawn.items() if value})
     return graph
 
 
@@ -118,7 +133,7 @@ def test_parser_accepts_comments_aliases_and_free_layout():
 def test_table_form():
     table = to_table(parse_text(MLP_TEXT))
     lines = table.splitlines()
-    assert lines[0].split() == ["id", "kind", "operands", "shape", "dtype", "attrs"]
+    assert lines[0].split() == ["id", "kind", "operands", "shape", "dtype", "attrs", "annotations"]
     assert set(lines[1].replace(" ", "")) == {"-"}
     assert lines[2].split() == ["%x", "input", "[4,", "8]", "float32", "layout=transposed", "name=x"]
     assert lines[5].split() == ["%mm0", "matmul", "%x,", "%g", "[4,", "16]", "float32"]

@@ -198,9 +198,9 @@ def test_pipeline_options_are_typed():
     ("spec", "error", "message"),
     [
         (
-            "canonicalize,fuse",
+            "canonicalize,tile",
             UnknownNameError,
-            r"unknown pass 'fuse'; known passes: canonicalize, fold-transposes",
+            r"unknown pass 'tile'; known passes: canonicalize, fold-transposes, fuse, implicit-transpose, place",
         ),
         ("canonicalize,,fold-transposes", InputError, r"malformed pipeline item ''"),
         ("canonicalize{max_iterations=5", InputError, r"malformed pipeline item"),

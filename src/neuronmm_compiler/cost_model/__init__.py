@@ -2,7 +2,16 @@
 
 from .counts import ProgramCounts, count_program
 from .footprint import Footprint, check_fits, footprint
-from .model import FORMULAS, LATENCY, LOWER_BOUND, CostReport, dma_efficiency, estimate, model_inputs
+from .model import (
+    FORMULAS,
+    LATENCY,
+    LOWER_BOUND,
+    CostReport,
+    combine_reports,
+    dma_efficiency,
+    estimate,
+    model_inputs,
+)
 from .params import COST_MODEL_VERSION, DEFAULT_PARAMS, ModelParams
 
 __all__ = [
@@ -16,6 +25,7 @@ __all__ = [
     "ModelParams",
     "ProgramCounts",
     "check_fits",
+    "combine_reports",
     "count_program",
     "dma_efficiency",
     "estimate",

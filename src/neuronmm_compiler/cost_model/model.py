@@ -218,3 +218,57 @@ def estimate(program: Program, target: Target, params: ModelParams = DEFAULT_PAR
 
 def _engine_total(cycles: float, ghz: float) -> float:
     return cycles / (1000 * ghz)
+
+
+def combine_reports(reports: list[CostReport]) -> CostReport:
+    """The figures of kernels run one after another: times, traffic and instructions add up, on-chip
+    footprints take the largest kernel's (each kernel has the chip to itself), the bound is the
+    slowest kernel's, and the whole is feasible when every kernel is. HBM traffic between kernels
+    (a handoff written by one and read by the next) is counted on both sides, as it happens."""
+    if not reports:
+        raise ValueError("combine_reports needs at least one report")
+    if len(reports) == 1:
+        return reports[0]
+
+    def total(name: str) -> float:
+        return sum(getattr(r, name) for r in reports)
+
+    def merged(name: str) -> dict:
+        out: dict = {}
+        for r in reports:
+            for key, value in getattr(r, name).items():
+                out[key] = out.get(key, 0) + value
+        return dict(sorted(out.items())) if name == "dma_bytes_per_partition" else out
+
+    slowest = max(reports, key=lambda r: r.latency_us)
+    hbm = total("hbm_bytes_read") + total("hbm_bytes_written")
+    flops = int(total("flops"))
+    return CostReport(
+        latency_us=total("latency_us"),
+        bound=slowest.bound,
+        flops=flops,
+        arithmetic_intensity=flops / hbm if hbm else 0.0,
+        hbm_bytes_read=int(total("hbm_bytes_read")),
+        hbm_bytes_written=int(total("hbm_bytes_written")),
+        hbm_bytes_read_by_tensor=merged("hbm_bytes_read_by_tensor"),
+        hbm_bytes_written_by_tensor=merged("hbm_bytes_written_by_tensor"),
+        dma_transfers=int(total("dma_transfers")),
+        dma_transposes=int(total("dma_transposes")),
+        dma_bytes_per_partition=merged("dma_bytes_per_partition"),
+        engine_us={k: sum(r.engine_us[k] for r in reports) for k in reports[0].engine_us},
+        dma_fixed_us=total("dma_fixed_us"),
+        dma_bytes_us=total("dma_bytes_us"),
+        prologue_us=total("prologue_us"),
+        epilogue_us=total("epilogue_us"),
+        matmul_instructions=int(total("matmul_instructions")),
+        transposes=int(total("transposes")),
+        psum_evictions=int(total("psum_evictions")),
+        sbuf_read_bytes_by_pe=int(total("sbuf_read_bytes_by_pe")),
+        psum_to_sbuf_bytes=int(total("psum_to_sbuf_bytes")),
+        sbuf_bytes_per_partition=max(r.sbuf_bytes_per_partition for r in reports),
+        sbuf_capacity=reports[0].sbuf_capacity,
+        psum_banks=max(r.psum_banks for r in reports),
+        psum_capacity=reports[0].psum_capacity,
+        feasible=all(r.feasible for r in reports),
+        lower_bound_us=total("lower_bound_us"),
+    )

@@ -59,10 +59,12 @@ def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
 def evaluate(
     graph: Graph, inputs: Mapping[str, np.ndarray], dtype: Any = np.float64
 ) -> dict[str, np.ndarray]:
-    """Evaluate ``graph`` with NumPy; return ``{output name: value}`` (logical shapes).
+    """Evaluate ``graph`` with NumPy; return ``{output name: value}`` in each output's STORAGE layout.
 
     ``inputs`` maps each input name to an array in its STORAGE shape: a ``transposed`` input of
-    logical shape [M, K] arrives as [K, M]. Everything is cast to ``dtype`` (float64 by default)
+    logical shape [M, K] arrives as [K, M]. Likewise a ``transposed`` output of logical shape
+    [M, N] comes back as its transpose, [N, M] (what the kernel writes to HBM); row_major outputs
+    come back as they are. Everything is cast to ``dtype`` (float64 by default)
     and computed in it. Missing or extra inputs, or wrong storage shapes, raise InputError; a
     failure while evaluating raises IRError naming the node.
     """
@@ -99,5 +101,6 @@ def evaluate(
             )
         values[node.id] = value
         if node.kind == "output":
-            results[node.name] = np.array(value, dtype=dtype, copy=True)
+            stored = value.T if node.layout == "transposed" else value
+            results[node.name] = np.array(stored, dtype=dtype, copy=True)
     return results

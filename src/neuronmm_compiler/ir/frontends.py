@@ -1,13 +1,19 @@
-"""Frontends that build graphs from user descriptions: ``--shape MxNxK`` and the plain GEMM."""
+"""Frontends that build graphs from user descriptions: ``--shape MxNxK``, the plain GEMM, the SVD
+chain ``X @ U @ V`` and the (SVD or dense) gated MLP, plus the block-aligned SVD rank.
+
+Every frontend builds the *literal* graph of what the user holds; passes decide how to run it.
+"""
 
 from __future__ import annotations
 
+import math
 import re
+from numbers import Real
 
 from ..errors import InputError
 from .graph import Graph
 
-__all__ = ["A_LAYOUTS", "gemm_graph", "parse_shape"]
+__all__ = ["A_LAYOUTS", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
 
 #: How the user holds A: "mk" is A[M, K] as is, "km" is A transposed, stored [K, M].
 A_LAYOUTS: tuple[str, ...] = ("mk", "km")
@@ -29,9 +35,9 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return m, n, k
 
 
-def _check_dim(value: object, what: str) -> int:
+def _check_dim(value: object, what: str, frontend: str = "gemm") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(f"gemm: {what} must be a positive integer; got {value!r}")
+        raise InputError(f"{frontend}: {what} must be a positive integer; got {value!r}")
     return value
 
 
@@ -54,4 +60,115 @@ def gemm_graph(m: int, n: int, k: int, dtype: str = "bfloat16", a_layout: str = 
         rhs = graph.add_input("b", (k, n), dtype)
         lhs = graph.add_transpose(a_t)
     graph.add_output("c", graph.add_matmul(lhs, rhs))
+    return graph
+
+
+def block_aligned_rank(k: int, n: int, keep_ratio: float, align: int = 128) -> int:
+    """The NeuronMM block-aligned SVD rank of a [k, n] weight keeping ``keep_ratio`` of its parameters.
+
+    ``r = round(k * n * keep_ratio / ((k + n) * align)) * align``: U [k, r] and V [r, n] hold
+    ``r (k + n)`` parameters, about ``keep_ratio * k * n``, and r is a whole number of ``align``
+    tiles so no tile is padded. Ties round up (half-up, not Python's round-half-even).
+
+    Clamping: the result is at least ``align`` (a tiny ratio still keeps one tile) and at most the
+    full rank ``min(k, n)`` rounded down to a multiple of ``align``. The upper bound wins: when
+    ``min(k, n) < align`` no aligned rank fits and the result is ``min(k, n)`` itself.
+
+    ``k``, ``n``, ``align`` must be positive integers and ``keep_ratio`` a number in (0, 1]
+    (InputError otherwise). Example: Llama-3.2-1B's gate projection (2048, 8192) at 0.8 -> 1280.
+    """
+    k, n = _check_dim(k, "k", "block_aligned_rank"), _check_dim(n, "n", "block_aligned_rank")
+    align = _check_dim(align, "align", "block_aligned_rank")
+    if (
+        isinstance(keep_ratio, bool)
+        or not isinstance(keep_ratio, Real)
+        or math.isnan(keep_ratio)
+        or not 0 < keep_ratio <= 1
+    ):
+        raise InputError(
+            f"block_aligned_rank: keep_ratio is the fraction of parameters kept and must be a number "
+            f"in (0, 1]; got {keep_ratio!r}"
+        )
+    tiles = math.floor(k * n * float(keep_ratio) / ((k + n) * align) + 0.5)
+    full = min(k, n)
+    ceiling = full // align * align if full >= align else full
+    return min(max(tiles * align, align), ceiling)
+
+
+def svd_chain_graph(m: int, n: int, k: int, rank: int, dtype: str = "bfloat16", x_layout: str = "mk") -> Graph:
+    """Y[M, N] = (X[M, K] @ U[K, R]) @ V[R, N], the SVD-compressed ``X @ W``; graph name ``svd_chain``.
+
+    Inputs ``x``, ``u``, ``v``; nodes ``xu`` (X U) and ``xuv`` (X U V); output ``y``. With
+    ``x_layout="km"`` the user holds X transposed: the graph has an input ``x_t`` [K, M] and a
+    ``transpose`` before the first matmul, as :func:`gemm_graph` does for A.
+    """
+    where = "svd_chain"
+    m, n, k = _check_dim(m, "M", where), _check_dim(n, "N", where), _check_dim(k, "K", where)
+    rank = _check_dim(rank, "rank", where)
+    if x_layout not in A_LAYOUTS:
+        raise InputError(f"{where}: unknown X layout {x_layout!r}; accepted: {', '.join(A_LAYOUTS)}")
+    graph = Graph("svd_chain")
+    x = graph.add_input("x", (m, k), dtype) if x_layout == "mk" else graph.add_input("x_t", (k, m), dtype)
+    u = graph.add_input("u", (k, rank), dtype)
+    v = graph.add_input("v", (rank, n), dtype)
+    if x_layout == "km":
+        x = graph.add_transpose(x)
+    xu = graph.add_matmul(x, u, id="xu")
+    graph.add_output("y", graph.add_matmul(xu, v, id="xuv"))
+    return graph
+
+
+def mlp_graph(
+    tokens: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, dtype: str = "bfloat16"
+) -> Graph:
+    """The gated MLP ``out = (silu(x W_gate) * (x W_up)) W_down`` for x [T, H]; output ``out`` [T, H].
+
+    With ``ranks=(r_gate, r_up, r_down)`` each weight is an SVD pair (graph ``svd_mlp``): inputs
+    ``x`` [T, H], ``u_gate`` [H, Rg], ``v_gate`` [Rg, I], ``u_up`` [H, Ru], ``v_up`` [Ru, I],
+    ``u_down`` [I, Rd], ``v_down`` [Rd, H]; nodes ``x_ug``, ``gate``, ``x_uu``, ``up``, ``act``
+    (silu of gate), ``h`` (act * up), ``h_ud``, ``down``. With ``ranks=None`` the weights are
+    dense (graph ``dense_mlp``): ``w_gate`` [H, I], ``w_up`` [H, I], ``w_down`` [I, H]; nodes
+    ``gate``, ``up``, ``act``, ``h``, ``down``.
+    """
+    where = "mlp"
+    tokens = _check_dim(tokens, "tokens", where)
+    hidden = _check_dim(hidden, "hidden", where)
+    intermediate = _check_dim(intermediate, "intermediate", where)
+    if ranks is not None:
+        if not isinstance(ranks, (tuple, list)) or len(ranks) != 3:
+            raise InputError(
+                f"{where}: ranks must be None (dense MLP) or three positive integers (gate, up, down); "
+                f"got {ranks!r}"
+            )
+        parts = ("gate", "up", "down")
+        ranks = tuple(_check_dim(r, f"{part} rank", where) for r, part in zip(ranks, parts, strict=True))
+    graph = Graph("dense_mlp" if ranks is None else "svd_mlp")
+    x = graph.add_input("x", (tokens, hidden), dtype)
+    if ranks is None:
+        weights = {
+            "gate": graph.add_input("w_gate", (hidden, intermediate), dtype),
+            "up": graph.add_input("w_up", (hidden, intermediate), dtype),
+            "down": graph.add_input("w_down", (intermediate, hidden), dtype),
+        }
+
+        def project(value: str, part: str, _tag: str) -> str:
+            return graph.add_matmul(value, weights[part], id=part)
+    else:
+        sizes = {"gate": (hidden, intermediate), "up": (hidden, intermediate), "down": (intermediate, hidden)}
+        factors = {}
+        for (part, (rows, cols)), rank in zip(sizes.items(), ranks, strict=True):
+            factors[part] = (
+                graph.add_input(f"u_{part}", (rows, rank), dtype),
+                graph.add_input(f"v_{part}", (rank, cols), dtype),
+            )
+
+        def project(value: str, part: str, tag: str) -> str:
+            u, v = factors[part]
+            return graph.add_matmul(graph.add_matmul(value, u, id=f"{value}_{tag}"), v, id=part)
+
+    gate = project(x, "gate", "ug")
+    up = project(x, "up", "uu")
+    act = graph.add_elementwise("silu", gate, id="act")
+    h = graph.add_elementwise("multiply", act, up, id="h")
+    graph.add_output("out", project(h, "down", "ud"))
     return graph

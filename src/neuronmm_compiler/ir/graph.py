@@ -1,17 +1,19 @@
-"""The graph IR: a ``networkx.DiGraph`` of typed op nodes with shapes, dtypes and layouts.
+"""The graph IR: a ``networkx.DiGraph`` of typed op nodes with shapes, dtypes, layouts and annotations.
 
 Storage, which :mod:`.verify` checks and every other module reads through :class:`Graph`:
 
 - a node is keyed by its id (a readable string: ``a``, ``mm0``, ``t0``, ``silu0``) and holds
   ``kind``, ``shape`` (tuple of ints, the *logical* shape), ``dtype`` (canonical string),
-  ``attrs`` (dict of strings) and ``order`` (insertion counter, used to break ties in
-  :meth:`Graph.nodes`);
+  ``attrs`` (dict of strings), ``annotations`` (dict of strings, set by passes on compute nodes;
+  see :mod:`.node`) and ``order`` (insertion counter, used to break ties in :meth:`Graph.nodes`);
 - an edge ``operand -> user`` holds ``operand_indices``: the operand positions at which the user
   reads that value. It is a tuple, not one int, because ``multiply(x, x)`` reads the same value
   twice and a DiGraph has no parallel edges.
 
 Kinds: ``input`` (attrs ``name``, ``layout``), ``matmul`` ([M, K] @ [K, N] -> [M, N]), ``transpose``
-(2-D), ``elementwise`` (attr ``op``: ``silu``, ``multiply``, ``add``), ``output`` (attr ``name``).
+(2-D), ``elementwise`` (attr ``op``: ``silu``, ``multiply``, ``add``), ``output`` (attrs ``name``,
+``layout``). A ``transposed`` input or output is stored in HBM as the transpose of its logical
+value (storage shape reversed).
 """
 
 from __future__ import annotations
@@ -19,168 +21,59 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import keyword
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import networkx as nx
-import numpy as np
 
 from ..errors import InputError, IRError, UnknownNameError
-
-#: Canonical dtype names.
-DTYPES: tuple[str, ...] = ("bfloat16", "float32")
-#: Accepted spellings (lower case) and the canonical dtype each one means.
-DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
-    {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+from .node import (
+    ANNOTATION_VALUES,
+    COMPUTE_KINDS,
+    DTYPE_ALIASES,
+    DTYPES,
+    ELEMENTWISE_ARITY,
+    KINDS,
+    LAYOUTS,
+    OPERAND_INDICES,
+    ORIENTS,
+    PLACES,
+    Node,
+    canonical_dtype,
+    check_annotation,
+    check_identifier,
+    check_layout,
+    check_shape,
+    format_shape,
+    infer_result,
+    is_identifier,
+    operand_arity,
 )
-#: How an input is stored in HBM: as its logical shape, or as the transpose of it (2-D only).
-LAYOUTS: tuple[str, ...] = ("row_major", "transposed")
-KINDS: tuple[str, ...] = ("input", "matmul", "transpose", "elementwise", "output")
-#: Elementwise ops and their operand counts.
-ELEMENTWISE_ARITY: Mapping[str, int] = MappingProxyType({"silu": 1, "multiply": 2, "add": 2})
-#: Edge attribute holding the operand positions of the source in the target.
-OPERAND_INDICES = "operand_indices"
 
-_ID_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+__all__ = [
+    "ANNOTATION_VALUES",
+    "COMPUTE_KINDS",
+    "DTYPES",
+    "DTYPE_ALIASES",
+    "ELEMENTWISE_ARITY",
+    "KINDS",
+    "LAYOUTS",
+    "OPERAND_INDICES",
+    "ORIENTS",
+    "PLACES",
+    "Graph",
+    "Node",
+    "canonical_dtype",
+    "format_shape",
+    "infer_result",
+    "is_identifier",
+    "operand_arity",
+]
+
 _ELEMENTWISE_ID_PREFIX: Mapping[str, str] = MappingProxyType(
     {"silu": "silu", "multiply": "mul", "add": "add"}
 )
-
-
-def canonical_dtype(dtype: Any) -> str:
-    """Return the canonical dtype string ("bfloat16" or "float32") for an alias or NumPy dtype.
-
-    Accepts "bf16", "bfloat16", "fp32", "float32" (any case) and NumPy / ml_dtypes dtypes of those.
-    Anything else raises :class:`InputError` listing what is accepted.
-    """
-    if isinstance(dtype, str):
-        key = dtype.strip().lower()
-    else:
-        try:
-            key = np.dtype(dtype).name
-        except TypeError:
-            key = repr(dtype)
-    if key in DTYPE_ALIASES:
-        return DTYPE_ALIASES[key]
-    accepted = ", ".join(DTYPE_ALIASES)
-    raise InputError(f"unknown dtype {dtype!r}; accepted: {accepted}")
-
-
-def format_shape(shape: Iterable[Any]) -> str:
-    """Format a shape as in the text form: ``[1024, 512]``."""
-    return "[" + ", ".join(str(dim) for dim in shape) + "]"
-
-
-def is_identifier(text: Any) -> bool:
-    """True when ``text`` is a Python identifier (ASCII) that is not a keyword."""
-    return isinstance(text, str) and bool(_ID_PATTERN.match(text)) and not keyword.iskeyword(text)
-
-
-def _check_identifier(text: Any, what: str) -> str:
-    if not is_identifier(text):
-        raise InputError(
-            f"{what} must be a Python identifier that is not a keyword "
-            f"(letters, digits, underscores; not starting with a digit); got {text!r}"
-        )
-    return text
-
-
-def _check_shape(shape: Any, what: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        dims = None
-    ok = bool(dims) and all(
-        isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim > 0 for dim in dims
-    )
-    if not ok:
-        raise InputError(f"{what}: shape must be a non-empty list of positive integers; got {shape!r}")
-    return tuple(int(dim) for dim in dims)
-
-
-def _check_layout(layout: Any, shape: tuple[int, ...], what: str) -> str:
-    if layout not in LAYOUTS:
-        raise InputError(f"{what}: unknown layout {layout!r}; accepted: {', '.join(LAYOUTS)}")
-    if layout == "transposed" and len(shape) != 2:
-        raise InputError(f"{what}: layout 'transposed' needs a 2-D shape; got {format_shape(shape)}")
-    return layout
-
-
-@dataclass(frozen=True)
-class Node:
-    """A read-only view of one node: its id, kind, ordered operand ids, logical shape, dtype, attrs."""
-
-    id: str
-    kind: str
-    operands: tuple[str, ...]
-    shape: tuple[int, ...]
-    dtype: str
-    attrs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-
-    @property
-    def name(self) -> str | None:
-        """The user-visible name of an input or output (its kernel argument name), else None."""
-        return self.attrs.get("name")
-
-    @property
-    def storage_shape(self) -> tuple[int, ...]:
-        """The shape as stored in HBM: the reversed shape for a ``transposed`` input, else ``shape``."""
-        if self.kind == "input" and self.attrs.get("layout") == "transposed":
-            return tuple(reversed(self.shape))
-        return self.shape
-
-
-def operand_arity(node_id: str, kind: str, attrs: Mapping[str, str]) -> int:
-    """The number of operands a node of ``kind`` with ``attrs`` takes (IRError if unknown)."""
-    if kind == "elementwise":
-        op = attrs.get("op")
-        if op not in ELEMENTWISE_ARITY:
-            raise IRError(f"elementwise %{node_id}: unknown op {op!r}; known: {', '.join(ELEMENTWISE_ARITY)}")
-        return ELEMENTWISE_ARITY[op]
-    arity = {"input": 0, "matmul": 2, "transpose": 1, "output": 1}
-    if kind not in arity:
-        raise IRError(f"%{node_id}: unknown node kind {kind!r}; known: {', '.join(KINDS)}")
-    return arity[kind]
-
-
-def infer_result(
-    node_id: str, kind: str, attrs: Mapping[str, str], operands: Sequence[Node]
-) -> tuple[tuple[int, ...], str]:
-    """Compute the (shape, dtype) a non-input node produces from its operands; IRError on mismatch."""
-    where = f"{kind} %{node_id}" if kind != "elementwise" else f"elementwise {attrs.get('op')} %{node_id}"
-    expected = operand_arity(node_id, kind, attrs)
-    if kind == "input":
-        raise IRError(f"{where}: inputs are declared, their shape is not inferred")
-    if len(operands) != expected:
-        raise IRError(f"{where} takes {expected} operand(s), got {len(operands)}")
-    for operand in operands:
-        if operand.kind == "output":
-            raise IRError(f"{where} uses output %{operand.id} as an operand; outputs have no users")
-    described = [f"%{op.id} {format_shape(op.shape)} {op.dtype}" for op in operands]
-    if kind in ("matmul", "transpose"):
-        for operand in operands:
-            if len(operand.shape) != 2:
-                raise IRError(f"{where} needs 2-D operands; got {', '.join(described)}")
-    if len({op.dtype for op in operands}) > 1:
-        raise IRError(f"{where}: operand dtypes differ: {', '.join(described)}")
-    first = operands[0]
-    if kind == "matmul":
-        lhs, rhs = operands
-        if lhs.shape[1] != rhs.shape[0]:
-            raise IRError(
-                f"{where}: contraction sizes differ: lhs %{lhs.id} [M, K] = {format_shape(lhs.shape)}, "
-                f"rhs %{rhs.id} [K, N] = {format_shape(rhs.shape)}"
-            )
-        return (lhs.shape[0], rhs.shape[1]), lhs.dtype
-    if kind == "transpose":
-        return (first.shape[1], first.shape[0]), first.dtype
-    if kind == "elementwise" and len({op.shape for op in operands}) > 1:
-        raise IRError(f"{where}: operand shapes differ: {', '.join(described)}")
-    return first.shape, first.dtype
 
 
 class Graph:
@@ -188,7 +81,7 @@ class Graph:
 
     def __init__(self, name: str = "graph") -> None:
         """Create an empty graph; ``name`` must be an identifier (it names the kernel)."""
-        self._name = _check_identifier(name, "graph name")
+        self._name = check_identifier(name, "graph name")
         self._g: nx.DiGraph = nx.DiGraph()
         self._next_order = 0
 
@@ -216,13 +109,13 @@ class Graph:
     def _claim_id(self, node_id: str | None, base: str, numbered: bool) -> str:
         if node_id is None:
             return self._fresh_id(base, numbered)
-        _check_identifier(node_id, "node id")
+        check_identifier(node_id, "node id")
         if node_id in self._g:
             raise IRError(f"node id %{node_id} is already used in graph {self._name}")
         return node_id
 
     def _check_boundary_name(self, name: str, what: str) -> None:
-        _check_identifier(name, f"{what} name")
+        check_identifier(name, f"{what} name")
         for node_id, data in self._g.nodes(data=True):
             if data.get("kind") in ("input", "output") and data.get("attrs", {}).get("name") == name:
                 raise InputError(
@@ -239,7 +132,9 @@ class Graph:
         dtype: str,
         attrs: dict[str, str],
     ) -> str:
-        self._g.add_node(node_id, kind=kind, shape=shape, dtype=dtype, attrs=attrs, order=self._next_order)
+        self._g.add_node(
+            node_id, kind=kind, shape=shape, dtype=dtype, attrs=attrs, annotations={}, order=self._next_order
+        )
         self._next_order += 1
         for index, operand in enumerate(operands):
             if self._g.has_edge(operand, node_id):
@@ -266,9 +161,9 @@ class Graph:
         its storage shape is the reversed ``shape``. Bad name/shape/dtype/layout -> InputError.
         """
         self._check_boundary_name(name, "input")
-        dims = _check_shape(shape, f"input {name!r}")
+        dims = check_shape(shape, f"input {name!r}")
         canonical = canonical_dtype(dtype)
-        _check_layout(layout, dims, f"input {name!r}")
+        check_layout(layout, dims, f"input {name!r}")
         new_id = self._claim_id(id, name, numbered=False)
         return self._add(new_id, "input", (), dims, canonical, {"name": name, "layout": layout})
 
@@ -286,12 +181,17 @@ class Graph:
             raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ELEMENTWISE_ARITY)}")
         return self._add_computed("elementwise", operands, {"op": op}, id, _ELEMENTWISE_ID_PREFIX[op])
 
-    def add_output(self, name: str, value: str, *, id: str | None = None) -> str:
-        """Mark ``value`` as the output ``name``; return the output node's id (``name`` unless taken)."""
+    def add_output(self, name: str, value: str, *, layout: str = "row_major", id: str | None = None) -> str:
+        """Mark ``value`` as the output ``name``; return the output node's id (``name`` unless taken).
+
+        ``layout="transposed"`` (2-D only) means the kernel writes the transpose of ``value`` to
+        HBM: the output's logical shape is ``value``'s, its storage shape the reverse.
+        """
         self._check_boundary_name(name, "output")
         operand = self.node(value)
+        check_layout(layout, operand.shape, f"output {name!r}")
         new_id = self._claim_id(id, name, numbered=False)
-        attrs = {"name": name}
+        attrs = {"name": name, "layout": layout}
         shape, dtype = infer_result(new_id, "output", attrs, [operand])
         return self._add(new_id, "output", (value,), shape, dtype, attrs)
 
@@ -318,6 +218,7 @@ class Graph:
             shape=tuple(data["shape"]),
             dtype=data["dtype"],
             attrs=MappingProxyType(dict(data["attrs"])),
+            annotations=MappingProxyType(dict(data.get("annotations") or {})),
         )
 
     def _order_key(self, node_id: str) -> int:
@@ -348,6 +249,56 @@ class Graph:
         if id not in self._g:
             raise IRError(f"graph {self._name} has no node %{id}")
         return sorted(self._g.successors(id), key=self._order_key)
+
+    def compute_nodes(self) -> list[Node]:
+        """The matmul, transpose and elementwise nodes, in topological order."""
+        return [node for node in self.nodes() if node.kind in COMPUTE_KINDS]
+
+    # ----------------------------------------------------------------- annotations
+
+    def _compute_data(self, node_id: str, what: str) -> dict[str, Any]:
+        if node_id not in self._g:
+            raise IRError(f"graph {self._name} has no node %{node_id}")
+        data = self._g.nodes[node_id]
+        if data["kind"] not in COMPUTE_KINDS:
+            raise IRError(
+                f"cannot {what} %{node_id}: it is an {data['kind']}; only compute nodes "
+                f"({', '.join(COMPUTE_KINDS)}) carry annotations"
+            )
+        return data
+
+    def annotate(self, node_id: str, **values: str) -> bool:
+        """Set annotations on the compute node ``node_id``; return True if any value changed.
+
+        Known keys: ``orient`` (normal, transposed), ``kernel`` (an identifier), ``place`` (sbuf,
+        hbm); an existing value is overwritten. Unknown key -> UnknownNameError, bad value ->
+        InputError, missing or non-compute node -> IRError. Nothing is set unless all are valid.
+        """
+        data = self._compute_data(node_id, "annotate")
+        for key, value in values.items():
+            try:
+                check_annotation(key, value)
+            except InputError as err:
+                raise type(err)(f"%{node_id}: {err}") from None
+        current = data.setdefault("annotations", {})
+        changed = any(current.get(key) != value for key, value in values.items())
+        current.update(values)
+        return changed
+
+    def annotations(self, node_id: str) -> dict[str, str]:
+        """A copy of the annotations of ``node_id`` (empty for inputs and outputs)."""
+        if node_id not in self._g:
+            raise IRError(f"graph {self._name} has no node %{node_id}")
+        return dict(self._g.nodes[node_id].get("annotations") or {})
+
+    def clear_annotations(self, node_id: str, *keys: str) -> bool:
+        """Remove the annotations ``keys`` (all when none given) of a compute node; True if any went."""
+        data = self._compute_data(node_id, "clear annotations of")
+        current = data.setdefault("annotations", {})
+        doomed = [key for key in (keys or tuple(current)) if key in current]
+        for key in doomed:
+            del current[key]
+        return bool(doomed)
 
     # ----------------------------------------------------------------- mutation
 
@@ -395,16 +346,19 @@ class Graph:
         node = self.node(id)
         if node.kind != "input":
             raise IRError(f"redeclare_input: %{id} is a {node.kind}, not an input")
-        dims = _check_shape(shape, f"input {node.name!r}")
-        _check_layout(layout, dims, f"input {node.name!r}")
+        dims = check_shape(shape, f"input {node.name!r}")
+        check_layout(layout, dims, f"input {node.name!r}")
         data = self._g.nodes[id]
         data["shape"] = dims
         data["attrs"] = {**data["attrs"], "layout": layout}
 
-    def copy(self) -> Graph:
-        """An independent deep copy (same ids, attrs and insertion order)."""
+    def copy(self, name: str | None = None) -> Graph:
+        """An independent deep copy (same ids, attrs, annotations and insertion order).
+
+        ``name`` renames the copy (it must be an identifier); by default it keeps this name.
+        """
         duplicate = Graph.__new__(Graph)
-        duplicate._name = self._name
+        duplicate._name = self._name if name is None else check_identifier(name, "graph name")
         duplicate._g = copy.deepcopy(self._g)
         duplicate._next_order = self._next_order
         return duplicate
@@ -418,14 +372,22 @@ class Graph:
             "inputs": [node.id for node in self.inputs()],
             "outputs": [node.id for node in self.outputs()],
             "nodes": [
-                [n.id, n.kind, list(n.operands), list(n.shape), n.dtype, sorted(n.attrs.items())]
+                [
+                    n.id,
+                    n.kind,
+                    list(n.operands),
+                    list(n.shape),
+                    n.dtype,
+                    sorted(n.attrs.items()),
+                    sorted(n.annotations.items()),
+                ]
                 for n in nodes
             ],
         }
 
     def __eq__(self, other: object) -> bool:
         """Structural equality: same name, nodes (ids, kinds, ordered operands, shapes, dtypes,
-        attrs) and the same order of inputs and of outputs (the kernel's argument order).
+        attrs, annotations) and the same order of inputs and of outputs (the kernel's argument order).
         The insertion order of other nodes does not matter."""
         if not isinstance(other, Graph):
             return NotImplemented

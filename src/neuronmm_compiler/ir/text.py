@@ -3,20 +3,24 @@
 Grammar (``#`` starts a comment that runs to the end of the line; whitespace and newlines between
 tokens are free; values must be defined above their first use)::
 
-    graph      := "graph" IDENT "{" statement* "}"
-    statement  := VALUE "=" op
-    op         := "input" STRING shape DTYPE [ "layout" "=" LAYOUT ]
-                | "matmul" VALUE "," VALUE ":" shape DTYPE
-                | "transpose" VALUE ":" shape DTYPE
-                | "elementwise" ELEMENTWISE_OP VALUE ( "," VALUE )* ":" shape DTYPE
-                | "output" STRING VALUE
-    shape      := "[" INT ( "," INT )* "]"
-    VALUE      := "%" IDENT          STRING := '"' IDENT '"'
-    DTYPE      := bfloat16 | float32 | bf16 | fp32        LAYOUT := row_major | transposed
+    graph       := "graph" IDENT "{" statement* "}"
+    statement   := VALUE "=" op
+    op          := "input" STRING shape DTYPE [ "layout" "=" LAYOUT ]
+                 | "matmul" VALUE "," VALUE ":" shape DTYPE [ annotations ]
+                 | "transpose" VALUE ":" shape DTYPE [ annotations ]
+                 | "elementwise" ELEMENTWISE_OP VALUE ( "," VALUE )* ":" shape DTYPE [ annotations ]
+                 | "output" STRING VALUE [ "layout" "=" LAYOUT ]
+    annotations := "{" IDENT "=" IDENT ( "," IDENT "=" IDENT )* "}"      (keys: kernel, orient, place)
+    shape       := "[" INT ( "," INT )* "]"
+    VALUE       := "%" IDENT          STRING := '"' IDENT '"'
+    DTYPE       := bfloat16 | float32 | bf16 | fp32        LAYOUT := row_major | transposed
 
 :func:`to_text` prints one statement per line, indented two spaces, in :meth:`Graph.nodes` order,
-always with ``layout=``, canonical dtypes, and a trailing newline. The ``: shape dtype`` of a
-computed node is checked against what its operands give.
+with canonical dtypes and a trailing newline. Inputs always print ``layout=``; outputs print
+``layout=transposed`` only when transposed (row_major is the default), and compute nodes print
+their annotations, keys sorted, only when they have any, e.g.
+``%mm0 = matmul %x, %u : [128, 1280] bfloat16 {kernel=k0, orient=transposed, place=sbuf}``.
+The ``: shape dtype`` of a computed node is checked against what its operands give.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 from ..errors import NmmcError, ParseError
 from .graph import ELEMENTWISE_ARITY, LAYOUTS, Graph, Node, canonical_dtype, format_shape
+from .node import ANNOTATION_VALUES, format_annotations
 
 __all__ = ["format_line", "format_node", "parse_text", "to_table", "to_text"]
 
@@ -39,6 +44,7 @@ def format_line(
     shape: Iterable[Any] | None,
     dtype: Any,
     attrs: Mapping[str, Any],
+    annotations: Mapping[str, Any] | None = None,
 ) -> str:
     """One statement of the text form (no indentation); tolerant of missing fields (prints ``?``)."""
     values = ", ".join(f"%{operand}" for operand in operands)
@@ -49,14 +55,17 @@ def format_line(
             f"layout={attrs.get('layout', '?')}"
         )
     if kind == "output":
-        return f'%{node_id} = output "{attrs.get("name", "?")}" {values}'
+        layout = attrs.get("layout", "row_major")
+        suffix = "" if layout == "row_major" else f" layout={layout}"
+        return f'%{node_id} = output "{attrs.get("name", "?")}" {values}{suffix}'
     head = f"elementwise {attrs.get('op', '?')}" if kind == "elementwise" else str(kind)
-    return f"%{node_id} = {head} {values} : {shape_text} {dtype}"
+    suffix = f" {format_annotations(annotations)}" if annotations else ""
+    return f"%{node_id} = {head} {values} : {shape_text} {dtype}{suffix}"
 
 
 def format_node(node: Node) -> str:
     """The text-form statement of ``node``."""
-    return format_line(node.id, node.kind, node.operands, node.shape, node.dtype, node.attrs)
+    return format_line(node.id, node.kind, node.operands, node.shape, node.dtype, node.attrs, node.annotations)
 
 
 def to_text(graph: Graph) -> str:
@@ -68,8 +77,8 @@ def to_text(graph: Graph) -> str:
 
 
 def to_table(graph: Graph) -> str:
-    """A torch.fx style table: one row per node (id, kind, operands, shape, dtype, attrs)."""
-    header = ("id", "kind", "operands", "shape", "dtype", "attrs")
+    """A torch.fx style table: one row per node (id, kind, operands, shape, dtype, attrs, annotations)."""
+    header = ("id", "kind", "operands", "shape", "dtype", "attrs", "annotations")
     rows = [
         (
             f"%{node.id}",
@@ -78,6 +87,7 @@ def to_table(graph: Graph) -> str:
             format_shape(node.shape),
             node.dtype,
             " ".join(f"{key}={value}" for key, value in sorted(node.attrs.items())),
+            " ".join(f"{key}={value}" for key, value in sorted(node.annotations.items())),
         )
         for node in graph.nodes()
     ]
@@ -220,14 +230,20 @@ class _Parser:
         elif kind == "output":
             name = self.string(context)
             operand = self.value(defined, context)
-            self.build(kind_token, lambda: graph.add_output(name, operand, id=node_id))
+            layout = self.layout(context)
+            self.build(kind_token, lambda: graph.add_output(name, operand, layout=layout, id=node_id))
         elif kind in ("matmul", "transpose", "elementwise"):
             self.computed_statement(graph, node_id, kind_token, defined)
         else:
             raise self.error(kind_token, f"expected an op ({kinds}), found {kind!r}")
+        if kind in ("input", "output") and self.peek().text == "{" and self.peek().kind == "punct":
+            raise self.error(
+                self.peek(), f"{kind} {target.text} cannot carry annotations; only compute nodes "
+                "(matmul, transpose, elementwise) do",
+            )
         defined[node_id] = target.line
 
-    def build(self, token: _Token, action: Callable[[], str]) -> None:
+    def build(self, token: _Token, action: Callable[[], object]) -> None:
         try:
             action()
         except NmmcError as err:
@@ -237,12 +253,37 @@ class _Parser:
         name = self.string(context)
         shape = self.shape(context)
         dtype = self.dtype(context)
-        layout = "row_major"
-        if self.peek().kind == "ident" and self.peek().text == "layout":
-            self.position += 1
-            self.punct("=", "after 'layout'")
-            layout = self.take("ident", f"a layout ({', '.join(LAYOUTS)}) {context}").text
+        layout = self.layout(context)
         self.build(kind_token, lambda: graph.add_input(name, shape, dtype, layout, id=node_id))
+
+    def layout(self, context: str) -> str:
+        """An optional ``layout=LAYOUT`` (row_major when absent)."""
+        if not (self.peek().kind == "ident" and self.peek().text == "layout"):
+            return "row_major"
+        self.position += 1
+        self.punct("=", "after 'layout'")
+        return self.take("ident", f"a layout ({', '.join(LAYOUTS)}) {context}").text
+
+    def annotations(self, context: str) -> dict[str, tuple[str, _Token]]:
+        """An optional ``{key=value, ...}``: each key with its value and the value's token."""
+        found: dict[str, tuple[str, _Token]] = {}
+        if not (self.peek().kind == "punct" and self.peek().text == "{"):
+            return found
+        self.position += 1
+        keys = ", ".join(ANNOTATION_VALUES)
+        while True:
+            key_token = self.take("ident", f"an annotation key ({keys}) {context}")
+            if key_token.text not in ANNOTATION_VALUES:
+                raise self.error(key_token, f"expected an annotation key ({keys}), found {key_token.text!r}")
+            if key_token.text in found:
+                raise self.error(key_token, f"annotation {key_token.text!r} is given twice {context}")
+            self.punct("=", f"after the annotation key {key_token.text!r}")
+            value_token = self.take("ident", f"a value (an identifier) for annotation {key_token.text!r}")
+            found[key_token.text] = (value_token.text, value_token)
+            if self.peek().text == "}" and self.peek().kind == "punct":
+                self.position += 1
+                return found
+            self.punct(",", f"or '}}' in the annotations {context}")
 
     def computed_statement(
         self, graph: Graph, node_id: str, kind_token: _Token, defined: Mapping[str, int]
@@ -267,6 +308,7 @@ class _Parser:
         self.punct(":", f"before the result type {context}")
         shape = self.shape(context)
         dtype = self.dtype(context)
+        annotations = self.annotations(context)
         if kind == "matmul":
             self.build(kind_token, lambda: graph.add_matmul(*operands, id=node_id))
         elif kind == "transpose":
@@ -280,6 +322,8 @@ class _Parser:
                 f"%{node_id} is annotated {format_shape(shape)} {dtype} but its operands give "
                 f"{format_shape(node.shape)} {node.dtype}",
             )
+        for key, (value, token) in annotations.items():
+            self.build(token, lambda key=key, value=value: graph.annotate(node_id, **{key: value}))
 
 
 def parse_text(text: str) -> Graph:

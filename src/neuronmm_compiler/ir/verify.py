@@ -12,8 +12,9 @@ from typing import Any
 
 import networkx as nx
 
-from ..errors import IRError
+from ..errors import InputError, IRError
 from .graph import (
+    COMPUTE_KINDS,
     DTYPES,
     KINDS,
     LAYOUTS,
@@ -24,13 +25,14 @@ from .graph import (
     is_identifier,
     operand_arity,
 )
+from .node import check_annotation
 from .text import format_line
 
 __all__ = ["verify"]
 
 #: Lines of context printed on each side of the failing node.
 CONTEXT_LINES = 3
-_REQUIRED_ATTRS = {"input": ("name", "layout"), "output": ("name",), "elementwise": ("op",)}
+_REQUIRED_ATTRS = {"input": ("name", "layout"), "output": ("name", "layout"), "elementwise": ("op",)}
 
 
 def _raw_operands(graph: Graph, node_id: str) -> list[str]:
@@ -52,6 +54,7 @@ def _raw_line(graph: Graph, node_id: str) -> str:
             data.get("shape"),
             data.get("dtype", "?"),
             data.get("attrs") or {},
+            data.get("annotations") if isinstance(data.get("annotations"), dict) else None,
         )
     except Exception:  # a damaged node must not hide the real error
         return f"%{node_id} = <unprintable {data.get('kind')!r}>"
@@ -116,6 +119,24 @@ def _check_fields(graph: Graph, node_id: str, data: dict[str, Any]) -> None:
     missing = [key for key in _REQUIRED_ATTRS.get(kind, ()) if key not in attrs]
     if missing:
         raise _fail(graph, node_id, f"{kind} lacks attribute(s) {', '.join(missing)}")
+    _check_annotations(graph, node_id, kind, data.get("annotations", {}))
+
+
+def _check_annotations(graph: Graph, node_id: str, kind: str, annotations: Any) -> None:
+    if not isinstance(annotations, dict):
+        raise _fail(graph, node_id, f"annotations must be a dict, got {annotations!r}")
+    if annotations and kind not in COMPUTE_KINDS:
+        raise _fail(
+            graph,
+            node_id,
+            f"{kind} carries annotations ({', '.join(sorted(map(str, annotations)))}); only compute nodes "
+            f"({', '.join(COMPUTE_KINDS)}) do",
+        )
+    for key, value in sorted(annotations.items(), key=lambda item: str(item[0])):
+        try:
+            check_annotation(key, value)
+        except InputError as err:
+            raise _fail(graph, node_id, str(err)) from None
 
 
 def _check_operands(graph: Graph, node_id: str, data: dict[str, Any]) -> None:
@@ -147,7 +168,7 @@ def _check_operands(graph: Graph, node_id: str, data: dict[str, Any]) -> None:
 
 def _check_boundary(graph: Graph, node_id: str, data: dict[str, Any], seen: dict[str, str]) -> None:
     kind, attrs = data["kind"], data["attrs"]
-    if kind == "input":
+    if kind in ("input", "output"):
         if attrs["layout"] not in LAYOUTS:
             raise _fail(graph, node_id, f"layout {attrs['layout']!r} is not one of {', '.join(LAYOUTS)}")
         if attrs["layout"] == "transposed" and len(data["shape"]) != 2:
@@ -172,9 +193,11 @@ def verify(graph: Graph) -> None:
 
     Rules: every referenced node is defined (no dangling references); kinds, shapes, dtypes and
     required attrs are well formed; each node has exactly the operands its kind takes (inputs none);
-    the graph is acyclic; each node's shape and dtype match what its operands give; input layouts
-    are valid; input/output names are unique identifiers; outputs have no users; there is at least
-    one output (and so every output is reachable from an input).
+    the graph is acyclic; each node's shape and dtype match what its operands give; input and
+    output layouts are valid; input/output names are unique identifiers; outputs have no users;
+    there is at least one output (and so every output is reachable from an input). Annotations sit
+    on compute nodes only, with known keys and valid values, and when any node has a ``kernel``
+    annotation every compute node has one.
     """
     g = graph.nx_graph
     ordered = sorted(g.nodes(data=True), key=lambda item: item[1].get("order", 1 << 62))
@@ -209,3 +232,14 @@ def verify(graph: Graph) -> None:
     # remains to check is that there is an output at all.
     if not graph.outputs():
         raise _fail(graph, None, "the graph has no outputs; add one with add_output")
+    compute = graph.compute_nodes()
+    fused = [node.id for node in compute if "kernel" in node.annotations]
+    if fused:
+        unfused = [node.id for node in compute if "kernel" not in node.annotations]
+        if unfused:
+            raise _fail(
+                graph,
+                unfused[0],
+                f"has no kernel annotation but %{fused[0]} has one; once any node is assigned to a kernel, "
+                f"every compute node must be (missing on {_ids(unfused)})",
+            )

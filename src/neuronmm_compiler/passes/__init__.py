@@ -1,6 +1,6 @@
 """Graph passes and the pipeline driver; importing this package registers every pass."""
 
-from . import canonicalize, fold_transposes
+from . import canonicalize, fold_transposes, fuse, implicit_transpose, place
 from .base import (
     Pass,
     PipelineResult,
@@ -13,22 +13,38 @@ from .base import (
 )
 from .canonicalize import Canonicalize
 from .fold_transposes import FoldTransposes
+from .fuse import MLP_MODES, Fuse
+from .implicit_transpose import ImplicitTranspose
+from .place import Place
+from .split import kernel_order, split_kernels
 
 #: The pipeline nmmc runs by default before scheduling.
 DEFAULT_PIPELINE = "canonicalize,fold-transposes,canonicalize"
+#: The pipeline for fused (multi-matmul) graphs: the default one, then orientation, kernels, placement.
+DEFAULT_FUSION_PIPELINE = "canonicalize,fold-transposes,canonicalize,implicit-transpose,fuse,place"
 
 __all__ = [
+    "DEFAULT_FUSION_PIPELINE",
     "DEFAULT_PIPELINE",
+    "MLP_MODES",
     "Canonicalize",
     "FoldTransposes",
+    "Fuse",
+    "ImplicitTranspose",
     "Pass",
     "PipelineResult",
     "PipelineStep",
+    "Place",
     "canonicalize",
     "fold_transposes",
+    "fuse",
     "get_pass",
+    "implicit_transpose",
+    "kernel_order",
     "parse_pipeline",
+    "place",
     "register_pass",
     "registered_passes",
     "run_pipeline",
+    "split_kernels",
 ]

@@ -25,6 +25,7 @@ from .gemm import ParamSpec
 WEIGHT_DMA = ("row", "tile")
 CACHE_WEIGHTS = ("none", "stage1", "all")
 X_TRANSPOSE = ("dma", "pe")
+MLP_MODES = ("whole", "split")
 
 FUSED_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("tokens_per_block", int, None,
@@ -40,6 +41,9 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
               "to the kernel's inputs, e.g. U), or all"),
     ParamSpec("x_transpose", str, X_TRANSPOSE,
               "how X^T strips are made from a row-major X: dma (transposing load) or pe (TensorE)"),
+    ParamSpec("mlp", str, MLP_MODES,
+              "how a gated MLP is split into kernels: whole (one kernel, h stays in SBUF) or split "
+              "(gate/up kernel, then down kernel; h^T goes through HBM)"),
 )
 FUSED_PARAM_NAMES = tuple(p.name for p in FUSED_PARAMS)
 
@@ -56,6 +60,7 @@ class FusedSchedule:
     weight_dma: str = "row"
     cache_weights: str = "none"
     x_transpose: str = "dma"
+    mlp: str = "whole"
 
     def as_dict(self) -> dict[str, int | str]:
         return asdict(self)

@@ -1,0 +1,220 @@
+"""The compiler driver for fused graphs (SVD chains, gated MLPs): passes, kernels, search, baselines.
+
+``compile_graph`` runs the fusion pipeline (implicit transposition, fusion, placement), splits the
+graph into kernels, lowers each with one :class:`FusedSchedule`, costs and prints them into one file.
+``tune_graph`` searches the fused schedule space (the MLP's one-or-two-kernel choice included) and
+reports two baselines at the same shape, as the NeuronMM paper does: the dense computation with
+AWS's fully optimized kernel per projection (SiLU and multiply as their own kernels), and the SVD
+factors as separate AWS-kernel GEMMs with every intermediate through HBM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from .codegen import DEFAULT_DIALECT, KernelFile, check_dialect, emit_kernel
+from .cost_model import COST_MODEL_VERSION, CostReport, combine_reports, estimate
+from .cost_model.footprint import Footprint, check_fits
+from .errors import ScheduleError
+from .ir import Graph
+from .passes import run_pipeline, split_kernels
+from .schedule import PRESETS, GemmProblem, lower_gemm, preset
+from .schedule.fused import FusedSchedule, check_fused, normalize_fused
+from .schedule.lower_elementwise import lower_elementwise
+from .schedule.lower_fused import lower_fused_kernel
+from .schedule.program import Program
+from .search import DEFAULT_EXHAUSTIVE_THRESHOLD, DEFAULT_TRIALS, SearchSpace, TuneResult
+from .search.tuner import Evaluator, SpaceSpec, search
+from .targets import Target
+from .workloads import Workload
+
+FUSION_PIPELINE = "canonicalize,fold-transposes,canonicalize,implicit-transpose,fuse{{mlp={mlp}}},place"
+
+
+@dataclass
+class GraphLowered:
+    """A graph after the fusion passes, split into kernels."""
+
+    source_graph: Graph
+    graph: Graph
+    pipeline_steps: list
+    kernels: list[Graph]
+
+
+def lower_graph(graph: Graph, mlp: str = "whole") -> GraphLowered:
+    result = run_pipeline(graph, FUSION_PIPELINE.format(mlp=mlp))
+    return GraphLowered(graph, result.graph, list(result.steps), split_kernels(result.graph))
+
+
+def graph_programs(lowered: GraphLowered, schedule: FusedSchedule) -> list[Program]:
+    return [lower_fused_kernel(kernel, schedule, kernel.name) for kernel in lowered.kernels]
+
+
+def _tokens(graph: Graph) -> int:
+    return graph.inputs()[0].shape[0]
+
+
+@dataclass
+class CompiledGraph:
+    """Everything one fused compilation produced."""
+
+    workload: Workload
+    lowered: GraphLowered
+    schedule_name: str
+    schedule: FusedSchedule
+    programs: list[Program]
+    footprints: list[Footprint]
+    kernel_costs: list[CostReport]
+    cost: CostReport
+    kernel: KernelFile
+    target: Target
+    dialect: str
+
+
+def resolve_fused(workload: Workload, schedule: FusedSchedule | None, params: Mapping[str, str | int] | None,
+                  target: Target) -> FusedSchedule:
+    chosen = (schedule or FusedSchedule()).with_params(dict(params or {}))
+    check_fused(chosen, target.gemm_moving_fmax, target.gemm_stationary_fmax)
+    if chosen.mlp == "split" and workload.kind != "mlp":
+        raise ScheduleError("mlp=split applies to gated MLP workloads only")
+    return normalize_fused(chosen, _tokens(workload.graph()))
+
+
+def compile_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT,
+                  schedule: FusedSchedule | None = None, params: Mapping[str, str | int] | None = None,
+                  schedule_name: str | None = None) -> CompiledGraph:
+    """Compile a chain or MLP workload into one file of fused kernels."""
+    check_dialect(dialect)
+    chosen = resolve_fused(workload, schedule, params, target)
+    lowered = lower_graph(workload.graph(), chosen.mlp)
+    programs = graph_programs(lowered, chosen)
+    footprints = [check_fits(p, target) for p in programs]
+    costs = [estimate(p, target) for p in programs]
+    total = combine_reports(costs)
+    name = schedule_name or ("default" if schedule is None else "custom")
+    if params:
+        name += " + " + " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+    summary = [
+        ("workload", workload.describe()),
+        ("schedule", name),
+        ("parameters", chosen.describe()),
+        ("footprint", "; ".join(f"{p.name}: {fp.describe()}" for p, fp in zip(programs, footprints, strict=True))),
+        ("predicted", f"{total.latency_us:.1f} us on {target.name} (cost model v{COST_MODEL_VERSION}, "
+                      f"{len(programs)} kernel{'s' if len(programs) > 1 else ''})"),
+    ]
+    kernel = emit_kernel(programs, lowered.graph, target=target, dialect=dialect, summary=summary,
+                         schedule={"name": name, "params": chosen.as_dict()})
+    return CompiledGraph(workload, lowered, name, chosen, programs, footprints, costs, total, kernel, target, dialect)
+
+
+# ----------------------------------------------------------------------------- baselines
+
+
+def _gemm_cost(problem: GemmProblem, target: Target) -> CostReport:
+    """AWS's fully optimized kernel; where it does not fit the shape, the first AWS preset that does."""
+    for name in ("aws-fully-optimized", *[p for p in PRESETS if p != "aws-fully-optimized"]):
+        report = estimate(lower_gemm(problem, preset(name, problem)), target)
+        if report.feasible:
+            return report
+    return report
+
+
+def unfused_cost(graph: Graph, target: Target) -> CostReport:
+    """Every matmul as its own AWS-kernel GEMM (activations row-major in HBM, so the lhs is
+    transposed on load as that kernel needs), every elementwise op as its own HBM-to-HBM kernel."""
+    reports = []
+    for node in graph.nodes():
+        if node.kind == "matmul":
+            lhs = graph.node(node.operands[0])
+            m, k = lhs.shape
+            reports.append(_gemm_cost(GemmProblem(m, node.shape[1], k, dtype=node.dtype), target))
+        elif node.kind == "elementwise":
+            reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype), target))
+        elif node.kind == "transpose":
+            raise ScheduleError("baselines of graphs with explicit transposes are not modelled")
+    return combine_reports(reports)
+
+
+# ----------------------------------------------------------------------------- search
+
+
+def fused_space(workload: Workload) -> SearchSpace:
+    row_major_x = workload.kind == "mlp" or workload.a_layout == "mk"
+    candidates: dict[str, tuple] = {
+        "tokens_per_block": (32, 64, 128, 256, 512),
+        "token_tile": (128,),
+        "feature_tiles_per_block": (1, 2, 4, 8),
+        "out_tile": (512, 256),
+        "out_tiles_per_block": (1, 2, 4),
+        "weight_dma": ("row", "tile"),
+        "cache_weights": ("none", "stage1", "all"),
+        "x_transpose": ("dma", "pe") if row_major_x else ("dma",),
+        "mlp": ("whole", "split") if workload.kind == "mlp" else ("whole",),
+    }
+    return SearchSpace(candidates, build=lambda point: FusedSchedule(**point))
+
+
+FUSED_ORDINAL = ("tokens_per_block", "token_tile", "feature_tiles_per_block", "out_tile", "out_tiles_per_block")
+
+
+@dataclass
+class TunedGraph:
+    compiled: CompiledGraph
+    search: TuneResult
+    baseline: CostReport  # dense, AWS kernel per projection
+    unfused_baseline: CostReport  # SVD factors as separate AWS-kernel GEMMs
+
+    @property
+    def speedup_vs_baseline(self) -> float | None:
+        return self.baseline.latency_us / self.compiled.cost.latency_us if self.baseline.feasible else None
+
+    @property
+    def speedup_vs_unfused(self) -> float | None:
+        if not self.unfused_baseline.feasible:
+            return None
+        return self.unfused_baseline.latency_us / self.compiled.cost.latency_us
+
+
+def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT,
+               trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, top_k: int = 5,
+               exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD, method: str | None = None,
+               progress: Callable[[int, int, float], None] | None = None) -> TunedGraph:
+    """Search the fused schedule space with the cost model; compile the winner; cost the baselines."""
+    check_dialect(dialect)
+    graph = workload.graph()
+    tokens = _tokens(graph)
+    lowered_by_mode: dict[str, GraphLowered] = {}
+
+    def cost(schedule: FusedSchedule) -> CostReport:
+        if schedule.mlp not in lowered_by_mode:
+            lowered_by_mode[schedule.mlp] = lower_graph(graph, schedule.mlp)
+        return combine_reports([estimate(p, target) for p in graph_programs(lowered_by_mode[schedule.mlp],
+                                                                             schedule)])
+
+    space = fused_space(workload)
+
+    def distinct() -> list[FusedSchedule]:
+        seen: dict[FusedSchedule, None] = {}
+        for point in space.points():
+            seen.setdefault(normalize_fused(space.decode(point), tokens), None)
+        return list(seen)
+
+    everything = distinct()
+    base = FusedSchedule()
+    guesses = [replace(base, x_transpose="pe" if tokens < 128 and "pe" in space.candidates["x_transpose"] else "dma"),
+               replace(base, cache_weights="stage1", tokens_per_block=512)]
+    if workload.kind == "mlp":
+        guesses.append(replace(base, mlp="split"))
+    spec = SpaceSpec(space=space, ordinal=FUSED_ORDINAL,
+                     exchange=("tokens_per_block", "feature_tiles_per_block", "out_tiles_per_block"),
+                     classes=("cache_weights", "x_transpose", "mlp"), guesses=guesses, size=len(everything),
+                     distinct=lambda: everything)
+    evaluate = Evaluator(cost, lambda s: normalize_fused(s, tokens))
+    result = search(spec, evaluate, what=f"{workload.describe()} on {target.name}", trials=trials, seed=seed,
+                    timeout=timeout, exhaustive_threshold=exhaustive_threshold, top_k=top_k, force=method,
+                    progress=progress)
+    compiled = compile_graph(workload, target=target, dialect=dialect, schedule=result.best.schedule,
+                             schedule_name=f"tuned ({result.method}, seed {seed})")
+    return TunedGraph(compiled, result, unfused_cost(workload.dense_graph(), target), unfused_cost(graph, target))
+

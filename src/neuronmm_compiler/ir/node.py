@@ -1,0 +1,224 @@
+"""Node-level vocabulary of the graph IR: kinds, dtypes, layouts, annotations, :class:`Node` and shape rules.
+
+:mod:`.graph` builds on this (and re-exports every public name here), :mod:`.verify` and
+:mod:`.text` use it. Nothing here touches a graph.
+
+Annotations are string key/value pairs that passes put on *compute* nodes (matmul, transpose,
+elementwise); they describe how a node is to be lowered, never what it computes:
+
+- ``orient``: ``normal`` (the value is held with its first logical dim on the partition axis,
+  row-major) or ``transposed`` (its last logical dim on partitions: the value's transpose,
+  feature-major). Set by ``implicit-transpose``.
+- ``kernel``: an identifier naming the fused kernel the node belongs to (``k0``, ``k1``, ...).
+  Set by ``fuse``.
+- ``place``: ``sbuf`` (the value stays on chip inside its kernel) or ``hbm`` (it is written to
+  HBM: a graph output, or handed to a later kernel). Set by ``place``.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, IRError, UnknownNameError
+
+#: Canonical dtype names.
+DTYPES: tuple[str, ...] = ("bfloat16", "float32")
+#: Accepted spellings (lower case) and the canonical dtype each one means.
+DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
+    {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+)
+#: How an input or output is stored in HBM: as its logical shape, or as its transpose (2-D only).
+LAYOUTS: tuple[str, ...] = ("row_major", "transposed")
+KINDS: tuple[str, ...] = ("input", "matmul", "transpose", "elementwise", "output")
+#: The kinds that compute a value on chip; only these carry annotations.
+COMPUTE_KINDS: tuple[str, ...] = ("matmul", "transpose", "elementwise")
+#: Elementwise ops and their operand counts.
+ELEMENTWISE_ARITY: Mapping[str, int] = MappingProxyType({"silu": 1, "multiply": 2, "add": 2})
+#: Edge attribute holding the operand positions of the source in the target.
+OPERAND_INDICES = "operand_indices"
+#: Values of the ``orient`` annotation: first logical dim on partitions, or last (the transpose).
+ORIENTS: tuple[str, ...] = ("normal", "transposed")
+#: Values of the ``place`` annotation: where a computed value lives.
+PLACES: tuple[str, ...] = ("sbuf", "hbm")
+#: Known annotation keys and their accepted values (None: any identifier).
+ANNOTATION_VALUES: Mapping[str, tuple[str, ...] | None] = MappingProxyType(
+    {"kernel": None, "orient": ORIENTS, "place": PLACES}
+)
+
+_ID_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def canonical_dtype(dtype: Any) -> str:
+    """Return the canonical dtype string ("bfloat16" or "float32") for an alias or NumPy dtype.
+
+    Accepts "bf16", "bfloat16", "fp32", "float32" (any case) and NumPy / ml_dtypes dtypes of those.
+    Anything else raises :class:`InputError` listing what is accepted.
+    """
+    if isinstance(dtype, str):
+        key = dtype.strip().lower()
+    else:
+        try:
+            key = np.dtype(dtype).name
+        except TypeError:
+            key = repr(dtype)
+    if key in DTYPE_ALIASES:
+        return DTYPE_ALIASES[key]
+    accepted = ", ".join(DTYPE_ALIASES)
+    raise InputError(f"unknown dtype {dtype!r}; accepted: {accepted}")
+
+
+def format_shape(shape: Iterable[Any]) -> str:
+    """Format a shape as in the text form: ``[1024, 512]``."""
+    return "[" + ", ".join(str(dim) for dim in shape) + "]"
+
+
+def is_identifier(text: Any) -> bool:
+    """True when ``text`` is a Python identifier (ASCII) that is not a keyword."""
+    return isinstance(text, str) and bool(_ID_PATTERN.match(text)) and not keyword.iskeyword(text)
+
+
+def check_identifier(text: Any, what: str) -> str:
+    """Return ``text`` if it is an identifier (see :func:`is_identifier`), else raise InputError."""
+    if not is_identifier(text):
+        raise InputError(
+            f"{what} must be a Python identifier that is not a keyword "
+            f"(letters, digits, underscores; not starting with a digit); got {text!r}"
+        )
+    return text
+
+
+def check_shape(shape: Any, what: str) -> tuple[int, ...]:
+    """Return ``shape`` as a tuple of positive ints, or raise InputError."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    ok = bool(dims) and all(
+        isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim > 0 for dim in dims
+    )
+    if not ok:
+        raise InputError(f"{what}: shape must be a non-empty list of positive integers; got {shape!r}")
+    return tuple(int(dim) for dim in dims)
+
+
+def check_layout(layout: Any, shape: tuple[int, ...], what: str) -> str:
+    """Return ``layout`` if it is one of :data:`LAYOUTS` and fits ``shape``, else raise InputError."""
+    if layout not in LAYOUTS:
+        raise InputError(f"{what}: unknown layout {layout!r}; accepted: {', '.join(LAYOUTS)}")
+    if layout == "transposed" and len(shape) != 2:
+        raise InputError(f"{what}: layout 'transposed' needs a 2-D shape; got {format_shape(shape)}")
+    return layout
+
+
+def check_annotation(key: Any, value: Any) -> None:
+    """Check one annotation: UnknownNameError for an unknown key, InputError for a bad value."""
+    if key not in ANNOTATION_VALUES:
+        raise UnknownNameError(f"unknown annotation key {key!r}; known: {', '.join(ANNOTATION_VALUES)}")
+    accepted = ANNOTATION_VALUES[key]
+    if accepted is None:
+        if not is_identifier(value):
+            raise InputError(f"annotation {key}={value!r}: the value must be an identifier (e.g. k0)")
+    elif value not in accepted:
+        raise InputError(f"annotation {key}={value!r} is not valid; accepted: {', '.join(accepted)}")
+
+
+def format_annotations(annotations: Mapping[str, Any]) -> str:
+    """Annotations as in the text form, keys sorted: ``{kernel=k0, orient=normal}``."""
+    return "{" + ", ".join(f"{key}={value}" for key, value in sorted(annotations.items())) + "}"
+
+
+def _empty() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Node:
+    """A read-only view of one node.
+
+    ``attrs`` are what the node *is* (an input's name and layout, an elementwise op, an output's
+    name and layout); ``annotations`` are how passes decided to lower it (``orient``, ``kernel``,
+    ``place``; compute nodes only, empty elsewhere).
+    """
+
+    id: str
+    kind: str
+    operands: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    attrs: Mapping[str, str] = field(default_factory=_empty)
+    annotations: Mapping[str, str] = field(default_factory=_empty)
+
+    @property
+    def name(self) -> str | None:
+        """The user-visible name of an input or output (its kernel argument name), else None."""
+        return self.attrs.get("name")
+
+    @property
+    def layout(self) -> str | None:
+        """The HBM layout of an input or output (``row_major`` or ``transposed``), else None."""
+        if self.kind not in ("input", "output"):
+            return None
+        return self.attrs.get("layout", "row_major")
+
+    @property
+    def storage_shape(self) -> tuple[int, ...]:
+        """The shape as stored in HBM: reversed for a ``transposed`` input or output, else ``shape``."""
+        if self.layout == "transposed":
+            return tuple(reversed(self.shape))
+        return self.shape
+
+
+def operand_arity(node_id: str, kind: str, attrs: Mapping[str, str]) -> int:
+    """The number of operands a node of ``kind`` with ``attrs`` takes (IRError if unknown)."""
+    if kind == "elementwise":
+        op = attrs.get("op")
+        if op not in ELEMENTWISE_ARITY:
+            raise IRError(f"elementwise %{node_id}: unknown op {op!r}; known: {', '.join(ELEMENTWISE_ARITY)}")
+        return ELEMENTWISE_ARITY[op]
+    arity = {"input": 0, "matmul": 2, "transpose": 1, "output": 1}
+    if kind not in arity:
+        raise IRError(f"%{node_id}: unknown node kind {kind!r}; known: {', '.join(KINDS)}")
+    return arity[kind]
+
+
+def infer_result(
+    node_id: str, kind: str, attrs: Mapping[str, str], operands: Sequence[Node]
+) -> tuple[tuple[int, ...], str]:
+    """Compute the (shape, dtype) a non-input node produces from its operands; IRError on mismatch."""
+    where = f"{kind} %{node_id}" if kind != "elementwise" else f"elementwise {attrs.get('op')} %{node_id}"
+    expected = operand_arity(node_id, kind, attrs)
+    if kind == "input":
+        raise IRError(f"{where}: inputs are declared, their shape is not inferred")
+    if len(operands) != expected:
+        raise IRError(f"{where} takes {expected} operand(s), got {len(operands)}")
+    for operand in operands:
+        if operand.kind == "output":
+            raise IRError(f"{where} uses output %{operand.id} as an operand; outputs have no users")
+    described = [f"%{op.id} {format_shape(op.shape)} {op.dtype}" for op in operands]
+    if kind in ("matmul", "transpose"):
+        for operand in operands:
+            if len(operand.shape) != 2:
+                raise IRError(f"{where} needs 2-D operands; got {', '.join(described)}")
+    if len({op.dtype for op in operands}) > 1:
+        raise IRError(f"{where}: operand dtypes differ: {', '.join(described)}")
+    first = operands[0]
+    if kind == "matmul":
+        lhs, rhs = operands
+        if lhs.shape[1] != rhs.shape[0]:
+            raise IRError(
+                f"{where}: contraction sizes differ: lhs %{lhs.id} [M, K] = {format_shape(lhs.shape)}, "
+                f"rhs %{rhs.id} [K, N] = {format_shape(rhs.shape)}"
+            )
+        return (lhs.shape[0], rhs.shape[1]), lhs.dtype
+    if kind == "transpose":
+        return (first.shape[1], first.shape[0]), first.dtype
+    if kind == "elementwise" and len({op.shape for op in operands}) > 1:
+        raise IRError(f"{where}: operand shapes differ: {', '.join(described)}")
+    return first.shape, first.dtype
