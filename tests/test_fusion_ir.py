@@ -1,38 +1,29 @@
-"""IR support for fusion: annotations, transposed outputs, their text form and verification, and the
-SVD frontends (block-aligned rank, SVD chain, SVD and dense MLP)."""
+"""IR support for fusion: the annotation API, transposed outputs, their verification, and
+split_kernels (a fused graph cut into one graph per kernel), checked by evaluating the kernels in turn.
+
+The text form of annotations is tested in test_ir_text.py, evaluation of transposed outputs in
+test_ir_evaluate.py, the passes that set annotations in test_fusion_passes.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from neuronmm_compiler.errors import InputError, IRError, ParseError, UnknownNameError
+from neuronmm_compiler.errors import InputError, IRError, UnknownNameError
 from neuronmm_compiler.ir import (
+    COMPUTE_KINDS,
     Graph,
-    block_aligned_rank,
     evaluate,
-    gemm_graph,
     mlp_graph,
     parse_text,
-    svd_chain_graph,
-    to_table,
     to_text,
     verify,
 )
-from neuronmm_compiler.passes import DEFAULT_PIPELINE, run_pipeline
-
-ANNOTATED = """\
-graph fused {
-  %x = input "x" [128, 2048] bfloat16 layout=row_major
-  %ug = input "ug" [2048, 1280] bfloat16 layout=row_major
-  %vg = input "vg" [1280, 256] bfloat16 layout=row_major
-  %mm0 = matmul %x, %ug : [128, 1280] bfloat16 {kernel=k0, orient=transposed, place=sbuf}
-  %v3 = matmul %mm0, %vg : [128, 256] bfloat16 {kernel=k0, orient=transposed, place=hbm}
-  %s = elementwise silu %v3 : [128, 256] bfloat16 {kernel=k0}
-  %h_t = output "h_t" %v3 layout=transposed
-  %s_out = output "s_out" %s
-}
-"""
+from neuronmm_compiler.passes import kernel_order, run_pipeline, split_kernels
+from test_fusion_passes import BRANCHY_FUSED, SVD_CHAIN, SVD_MLP_SPLIT, SVD_MLP_WHOLE, split_pipeline
+from test_ir_text import ANNOTATED, random_graphs
 
 
 def small_graph() -> Graph:
@@ -148,92 +139,6 @@ def test_output_layout_checks():
     assert "o" not in graph
 
 
-def test_evaluate_returns_outputs_in_storage_layout():
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((5, 3)), rng.standard_normal((3, 4))
-    graph = Graph("g")
-    product = graph.add_matmul(graph.add_input("a", (5, 3), "fp32"), graph.add_input("b", (3, 4), "fp32"))
-    graph.add_output("c", product)
-    graph.add_output("c_t", product, layout="transposed")
-    result = evaluate(graph, {"a": a, "b": b})
-    np.testing.assert_allclose(result["c"], a @ b, rtol=1e-12)
-    assert result["c_t"].shape == (4, 5)
-    np.testing.assert_allclose(result["c_t"], (a @ b).T, rtol=1e-12)
-
-
-# ----------------------------------------------------------------------------- text form
-
-
-def test_annotated_text_round_trips_exactly():
-    graph = parse_text(ANNOTATED)
-    verify(graph)
-    assert to_text(graph) == ANNOTATED
-    assert parse_text(to_text(graph)) == graph
-    assert graph.annotations("mm0") == {"kernel": "k0", "orient": "transposed", "place": "sbuf"}
-    assert graph.annotations("s") == {"kernel": "k0"}
-    assert graph.node("h_t").layout == "transposed" and graph.node("h_t").storage_shape == (256, 128)
-    assert graph.node("s_out").layout == "row_major"
-
-
-def test_annotations_print_sorted_and_only_when_present():
-    graph = small_graph()
-    assert "{" not in to_text(graph).split("\n", 1)[1]
-    graph.annotate("mm0", place="hbm", orient="normal", kernel="k0")
-    assert "  %mm0 = matmul %a, %b : [4, 3] float32 {kernel=k0, orient=normal, place=hbm}\n" in to_text(graph)
-    assert '  %c = output "c" %silu0\n' in to_text(graph)
-
-
-def test_parser_accepts_any_key_order_and_explicit_row_major_output():
-    loose = ANNOTATED.replace(
-        "{kernel=k0, orient=transposed, place=sbuf}", "{ place = sbuf,orient=transposed ,kernel=k0 }"
-    )
-    loose = loose.replace('%s_out = output "s_out" %s', '%s_out = output "s_out" %s layout=row_major')
-    assert loose != ANNOTATED
-    assert to_text(parse_text(loose)) == ANNOTATED
-
-
-def test_table_shows_annotations():
-    lines = to_table(parse_text(ANNOTATED)).splitlines()
-    row = next(line for line in lines if line.startswith("%mm0 "))
-    assert row.split()[-3:] == ["kernel=k0", "orient=transposed", "place=sbuf"]
-    output_row = next(line for line in lines if line.startswith("%h_t "))
-    assert "layout=transposed" in output_row
-
-
-def _annotated(body: str) -> str:
-    return f'graph g {{\n  %a = input "a" [4, 4] bfloat16\n{body}\n}}\n'
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {colour=red}"), "expected an annotation key (kernel"),
-        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {orient=sideways}"), "orient='sideways' is not valid"),
-        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {place=hbm, place=sbuf}"), "'place' is given twice"),
-        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {kernel=0}"), "expected a value (an identifier)"),
-        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {kernel k0}"), "expected '=' after the annotation key"),
-        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {kernel=k0 place=hbm}"), "or '}' in the annotations"),
-        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {}"), "expected an annotation key"),
-        (_annotated('  %b = input "b" [4, 4] bfloat16 {kernel=k0}'), "input %b cannot carry annotations"),
-        (_annotated('  %o = output "o" %a {kernel=k0}'), "output %o cannot carry annotations"),
-        (_annotated('  %o = output "o" %a layout=diagonal'), "unknown layout 'diagonal'"),
-        (_annotated('  %o = output "o" %a layout=5'), "expected a layout (row_major, transposed)"),
-    ],
-)
-def test_annotation_parse_errors(text, expected):
-    with pytest.raises(ParseError) as caught:
-        parse_text(text)
-    message = str(caught.value)
-    assert message.startswith("line 3, column ")
-    assert expected in message
-
-
-def test_transposed_output_of_one_d_value_is_a_parse_error():
-    text = 'graph g {\n  %a = input "a" [4] bfloat16\n  %o = output "o" %a layout=transposed\n}\n'
-    with pytest.raises(ParseError, match="needs a 2-D shape"):
-        parse_text(text)
-
-
 # ----------------------------------------------------------------------------- verifier
 
 
@@ -299,192 +204,180 @@ def test_verify_shows_annotations_in_context():
     assert "%v3 = matmul %mm0, %vg : [1, 1] bfloat16 {kernel=k0, orient=transposed, place=hbm}" in marked
 
 
-# ----------------------------------------------------------------------------- block-aligned rank
+def run_kernels(kernels: list[Graph], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Evaluate kernels one after another, each reading graph inputs and earlier kernels' outputs by name."""
+    available = dict(inputs)
+    produced: dict[str, np.ndarray] = {}
+    for kernel in kernels:
+        result = evaluate(kernel, {node.name: available[node.name] for node in kernel.inputs()})
+        assert not set(result) & set(produced), "a name is produced twice"
+        available.update(result)
+        produced.update(result)
+    return produced
 
 
-@pytest.mark.parametrize(
-    ("model", "k", "n", "rank"),
-    [
-        ("Llama-3.2-1B", 2048, 8192, 1280),
-        ("Llama-3.2-3B", 3072, 8192, 1792),
-        ("Llama-3.1-8B", 4096, 14336, 2560),
-        ("Qwen3-1.7B", 2048, 6144, 1280),
-        ("Qwen3-4B", 2560, 9728, 1664),
-    ],
-)
-def test_block_aligned_rank_matches_the_paper(model, k, n, rank):
-    assert block_aligned_rank(k, n, 0.8) == rank, model
-    assert block_aligned_rank(n, k, 0.8) == rank  # symmetric: the down projection gets the same rank
+def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {node.name: rng.standard_normal(node.storage_shape) for node in graph.inputs()}
 
 
-def test_block_aligned_rank_rounding_and_clamping():
-    assert block_aligned_rank(1024, 1024, 0.625) == 384  # 2.5 tiles -> 3 (half-up; round() would give 2)
-    assert block_aligned_rank(512, 512, 0.625) == 128  # 1.25 tiles -> 1
-    assert block_aligned_rank(4096, 4096, 0.01) == 128  # 0.16 tiles -> 0, clamped up to one tile
-    assert block_aligned_rank(1_000_000, 250, 1.0) == 128  # 1.95 tiles -> 2 > 250: clamped to 250 // 128 tiles
-    assert block_aligned_rank(100, 4096, 1.0) == 100  # min(k, n) < align: full rank, unaligned
-    assert block_aligned_rank(2048, 8192, 0.8, align=64) == 1280  # 20.48 tiles of 64 -> 20
-    assert block_aligned_rank(2048, 8192, 0.5, align=64) == 832  # 12.8 -> 13 tiles of 64
-
-
-@pytest.mark.parametrize("ratio", [0, -0.1, 1.01, float("nan"), "0.8", True, None])
-def test_block_aligned_rank_rejects_bad_ratio(ratio):
-    with pytest.raises(InputError, match=r"keep_ratio .* must be a number in \(0, 1\]"):
-        block_aligned_rank(2048, 8192, ratio)
-
-
-@pytest.mark.parametrize(("k", "n", "align"), [(0, 8, 128), (8, -1, 128), (8, 8, 0), (8.0, 8, 128), (8, 8, True)])
-def test_block_aligned_rank_rejects_bad_sizes(k, n, align):
-    with pytest.raises(InputError, match="must be a positive integer"):
-        block_aligned_rank(k, n, 0.8, align)
-
-
-# ----------------------------------------------------------------------------- SVD chain frontend
-
-SVD_CHAIN_TEXT = """\
-graph svd_chain {
-  %x = input "x" [128, 2048] bfloat16 layout=row_major
-  %u = input "u" [2048, 1280] bfloat16 layout=row_major
-  %v = input "v" [1280, 8192] bfloat16 layout=row_major
-  %xu = matmul %x, %u : [128, 1280] bfloat16
-  %xuv = matmul %xu, %v : [128, 8192] bfloat16
-  %y = output "y" %xuv
+SVD_MLP_K0 = """\
+graph svd_mlp_k0 {
+  %x = input "x" [4, 8] float32 layout=row_major
+  %u_gate = input "u_gate" [8, 2] float32 layout=row_major
+  %v_gate = input "v_gate" [2, 16] float32 layout=row_major
+  %u_up = input "u_up" [8, 3] float32 layout=row_major
+  %v_up = input "v_up" [3, 16] float32 layout=row_major
+  %x_ug = matmul %x, %u_gate : [4, 2] float32 {kernel=k0, orient=transposed, place=sbuf}
+  %gate = matmul %x_ug, %v_gate : [4, 16] float32 {kernel=k0, orient=transposed, place=sbuf}
+  %x_uu = matmul %x, %u_up : [4, 3] float32 {kernel=k0, orient=transposed, place=sbuf}
+  %up = matmul %x_uu, %v_up : [4, 16] float32 {kernel=k0, orient=transposed, place=sbuf}
+  %act = elementwise silu %gate : [4, 16] float32 {kernel=k0, orient=transposed, place=sbuf}
+  %h = elementwise multiply %act, %up : [4, 16] float32 {kernel=k0, orient=transposed, place=hbm}
+  %h_0 = output "h" %h layout=transposed
 }
 """
-
-SVD_CHAIN_KM_FOLDED = """\
-graph svd_chain {
-  %x_t = input "x_t" [4, 16] float32 layout=transposed
-  %u = input "u" [16, 2] float32 layout=row_major
-  %v = input "v" [2, 8] float32 layout=row_major
-  %xu = matmul %x_t, %u : [4, 2] float32
-  %xuv = matmul %xu, %v : [4, 8] float32
-  %y = output "y" %xuv
+SVD_MLP_K1 = """\
+graph svd_mlp_k1 {
+  %u_down = input "u_down" [16, 4] float32 layout=row_major
+  %v_down = input "v_down" [4, 8] float32 layout=row_major
+  %h = input "h" [4, 16] float32 layout=transposed
+  %h_ud = matmul %h, %u_down : [4, 4] float32 {kernel=k1, orient=transposed, place=sbuf}
+  %down = matmul %h_ud, %v_down : [4, 8] float32 {kernel=k1, orient=normal, place=hbm}
+  %out = output "out" %down
 }
 """
 
 
-def test_svd_chain_graph_text_and_values():
-    graph = svd_chain_graph(128, 8192, 2048, 1280)
-    assert to_text(graph) == SVD_CHAIN_TEXT
-    rng = np.random.default_rng(1)
-    x, u, v = rng.standard_normal((6, 5)), rng.standard_normal((5, 2)), rng.standard_normal((2, 3))
-    result = evaluate(svd_chain_graph(6, 3, 5, 2, dtype="fp32"), {"x": x, "u": u, "v": v})
-    np.testing.assert_allclose(result["y"], x @ u @ v, rtol=1e-12)
+# ----------------------------------------------------------------------------- split_kernels
 
 
-def test_svd_chain_graph_km_is_literal_and_folds():
-    graph = svd_chain_graph(4, 8, 16, 2, dtype="fp32", x_layout="km")
-    assert graph.node("x_t").shape == (16, 4)
-    assert [node.kind for node in graph.nodes()].count("transpose") == 1
-    assert graph.node("xu").operands[0] != "x_t"
-    folded = run_pipeline(graph, DEFAULT_PIPELINE).graph
-    assert to_text(folded) == SVD_CHAIN_KM_FOLDED
+def test_split_kernels_of_a_single_kernel_graph_is_the_graph_renamed():
+    graph = parse_text(SVD_MLP_WHOLE)
+    [kernel] = split_kernels(graph)
+    assert kernel.name == "svd_mlp_k0"
+    assert kernel == graph.copy(name="svd_mlp_k0")
+    assert to_text(kernel) == SVD_MLP_WHOLE.replace("graph svd_mlp {", "graph svd_mlp_k0 {")
 
 
-def test_svd_chain_graph_rejects_bad_arguments():
-    with pytest.raises(InputError, match=r"svd_chain: rank must be a positive integer; got 0"):
-        svd_chain_graph(4, 8, 16, 0)
-    with pytest.raises(InputError, match=r"svd_chain: M must be a positive integer"):
-        svd_chain_graph(-4, 8, 16, 2)
-    with pytest.raises(InputError, match=r"unknown X layout 'nk'; accepted: mk, km"):
-        svd_chain_graph(4, 8, 16, 2, x_layout="nk")
+def test_split_kernels_of_the_split_mlp_hands_h_over_transposed():
+    graph = parse_text(SVD_MLP_SPLIT)
+    kernels = split_kernels(graph)
+    assert [to_text(kernel) for kernel in kernels] == [SVD_MLP_K0, SVD_MLP_K1]
+    assert [kernel.name for kernel in kernels] == ["svd_mlp_k0", "svd_mlp_k1"]
+    boundary_out = kernels[0].outputs()[-1]
+    boundary_in = kernels[1].inputs()[-1]
+    assert (boundary_out.name, boundary_out.layout, boundary_out.storage_shape) == ("h", "transposed", (16, 4))
+    assert (boundary_in.name, boundary_in.layout, boundary_in.storage_shape) == ("h", "transposed", (16, 4))
 
 
-# ----------------------------------------------------------------------------- MLP frontend
+@pytest.mark.parametrize("mode", ["whole", "split"])
+def test_split_kernels_evaluate_like_the_whole_graph(mode):
+    source = mlp_graph(5, 8, 16, (2, 3, 4), dtype="fp32")
+    fused = run_pipeline(source, split_pipeline(mode)).graph
+    inputs = random_inputs(source, seed=3)
+    expected = evaluate(source, inputs)
+    kernels = split_kernels(fused)
+    assert len(kernels) == (1 if mode == "whole" else 2)
+    produced = run_kernels(kernels, inputs)
+    np.testing.assert_allclose(produced["out"], expected["out"], rtol=1e-12)
+    if mode == "split":  # the hand-over is h, stored transposed
+        x = inputs["x"]
+        h = (x @ inputs["u_gate"] @ inputs["v_gate"]) / (1 + np.exp(-(x @ inputs["u_gate"] @ inputs["v_gate"])))
+        h = h * (x @ inputs["u_up"] @ inputs["v_up"])
+        np.testing.assert_allclose(produced["h"], h.T, rtol=1e-12)
 
 
-def _silu(x: np.ndarray) -> np.ndarray:
-    return x / (1 + np.exp(-x))
-
-
-def test_svd_mlp_graph_structure_and_shapes():
-    graph = mlp_graph(128, 2048, 8192, (1280, 1152, 1024))
-    verify(graph)
-    assert graph.name == "svd_mlp"
-    shapes = {node.name: node.shape for node in graph.inputs()}
-    assert shapes == {
-        "x": (128, 2048),
-        "u_gate": (2048, 1280),
-        "v_gate": (1280, 8192),
-        "u_up": (2048, 1152),
-        "v_up": (1152, 8192),
-        "u_down": (8192, 1024),
-        "v_down": (1024, 2048),
-    }
-    computed = [(node.id, node.kind, node.operands, node.shape) for node in graph.compute_nodes()]
-    assert computed == [
-        ("x_ug", "matmul", ("x", "u_gate"), (128, 1280)),
-        ("gate", "matmul", ("x_ug", "v_gate"), (128, 8192)),
-        ("x_uu", "matmul", ("x", "u_up"), (128, 1152)),
-        ("up", "matmul", ("x_uu", "v_up"), (128, 8192)),
-        ("act", "elementwise", ("gate",), (128, 8192)),
-        ("h", "elementwise", ("act", "up"), (128, 8192)),
-        ("h_ud", "matmul", ("h", "u_down"), (128, 1024)),
-        ("down", "matmul", ("h_ud", "v_down"), (128, 2048)),
+def test_split_kernels_boundaries_names_and_order():
+    graph = parse_text(BRANCHY_FUSED)
+    kernels = split_kernels(graph)
+    assert kernel_order(graph) == ["k0", "k1", "k2"]
+    signatures = [
+        (
+            kernel.name,
+            [(node.id, node.name) for node in kernel.inputs()],
+            [node.id for node in kernel.compute_nodes()],
+            [(node.name, node.operands[0]) for node in kernel.outputs()],
+        )
+        for kernel in kernels
     ]
-    assert graph.node("act").attrs["op"] == "silu" and graph.node("h").attrs["op"] == "multiply"
-    [out] = graph.outputs()
-    assert (out.name, out.operands, out.shape, out.layout) == ("out", ("down",), (128, 2048), "row_major")
-
-
-def test_dense_mlp_graph_structure():
-    graph = mlp_graph(4, 8, 16, None, dtype="fp32")
-    assert graph.name == "dense_mlp"
-    assert [(node.name, node.shape) for node in graph.inputs()] == [
-        ("x", (4, 8)),
-        ("w_gate", (8, 16)),
-        ("w_up", (8, 16)),
-        ("w_down", (16, 8)),
+    assert signatures == [
+        ("g_k0", [("x", "x"), ("w", "w")], ["e", "m2", "e2"], [("e", "e"), ("m2_0", "m2"), ("e2", "e2")]),
+        ("g_k1", [("w", "w"), ("e", "e"), ("m2", "m2_0")], ["m1", "m4"], [("z", "m4"), ("m4", "m4")]),
+        ("g_k2", [("w", "w"), ("m4", "m4"), ("e2", "e2")], ["m5", "m6"], [("m2", "m6")]),
     ]
-    assert [node.id for node in graph.compute_nodes()] == ["gate", "up", "act", "h", "down"]
-    assert graph.node("down").operands == ("h", "w_down") and graph.node("out").shape == (4, 8)
+    for kernel in kernels:
+        assert all(node.layout == "row_major" for node in [*kernel.inputs(), *kernel.outputs()])  # no orients
+        for node in kernel.compute_nodes():
+            assert kernel.annotations(node.id) == graph.annotations(node.id)
+    inputs = random_inputs(graph, seed=5)
+    produced, expected = run_kernels(kernels, inputs), evaluate(graph, inputs)
+    for name in ("m2", "z"):
+        np.testing.assert_allclose(produced[name], expected[name], rtol=1e-12)
 
 
-def test_mlp_graphs_compute_the_gated_mlp():
-    rng = np.random.default_rng(2)
-    t, hidden, inter, ranks = 3, 6, 10, (2, 3, 4)
-    arrays = {
-        "x": rng.standard_normal((t, hidden)),
-        "u_gate": rng.standard_normal((hidden, ranks[0])),
-        "v_gate": rng.standard_normal((ranks[0], inter)),
-        "u_up": rng.standard_normal((hidden, ranks[1])),
-        "v_up": rng.standard_normal((ranks[1], inter)),
-        "u_down": rng.standard_normal((inter, ranks[2])),
-        "v_down": rng.standard_normal((ranks[2], hidden)),
-    }
-    a = arrays
-    h = _silu(a["x"] @ a["u_gate"] @ a["v_gate"]) * (a["x"] @ a["u_up"] @ a["v_up"])
-    expected = h @ a["u_down"] @ a["v_down"]
-    got = evaluate(mlp_graph(t, hidden, inter, ranks, dtype="fp32"), arrays)["out"]
-    np.testing.assert_allclose(got, expected, rtol=1e-10)
-    dense = {
-        "x": a["x"],
-        "w_gate": a["u_gate"] @ a["v_gate"],
-        "w_up": a["u_up"] @ a["v_up"],
-        "w_down": a["u_down"] @ a["v_down"],
-    }
-    got_dense = evaluate(mlp_graph(t, hidden, inter, None, dtype="fp32"), dense)["out"]
-    np.testing.assert_allclose(got_dense, expected, rtol=1e-10)
+def test_split_kernels_unused_inputs_and_passed_through_inputs_go_to_the_first_kernel():
+    out_line = '  %out = output "out" %down\n'
+    graph = parse_text(SVD_MLP_SPLIT.replace(out_line, out_line + '  %xo = output "x_again" %x\n'))
+    graph.add_input("spare", (2, 2), "fp32")
+    first, second = split_kernels(graph)
+    assert "spare" in [node.name for node in first.inputs()]
+    assert "x_again" in [node.name for node in first.outputs()]
+    assert "spare" not in [node.name for node in second.inputs()]
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ((0, 8, 16, None), r"mlp: tokens must be a positive integer; got 0"),
-        ((4, 8.0, 16, None), r"mlp: hidden must be a positive integer"),
-        ((4, 8, -16, None), r"mlp: intermediate must be a positive integer"),
-        ((4, 8, 16, (2, 2)), r"ranks must be None \(dense MLP\) or three positive integers \(gate, up, down\)"),
-        ((4, 8, 16, 2), r"ranks must be None"),
-        ((4, 8, 16, (2, 0, 2)), r"mlp: up rank must be a positive integer; got 0"),
-        ((4, 8, 16, (2, 2, True)), r"mlp: down rank must be a positive integer"),
-    ],
+def test_split_kernels_errors():
+    with pytest.raises(IRError, match=r"no kernel annotations \(run the fuse pass first\)"):
+        split_kernels(parse_text(SVD_CHAIN))
+    passthrough = Graph("p")
+    passthrough.add_output("o", passthrough.add_input("a", (2, 2), "fp32"))
+    with pytest.raises(IRError, match=r"has no compute nodes"):
+        split_kernels(passthrough)
+    backwards = parse_text(SVD_CHAIN)
+    backwards.annotate("xu", kernel="k1")
+    backwards.annotate("xuv", kernel="k0")
+    backwards.add_output("extra", backwards.add_transpose("xu", id="t_late"))
+    backwards.annotate("t_late", kernel="k0")
+    # first appearance: xu (k1), xuv (k0) -> order k1, k0; xuv (k0) reads xu (k1): fine
+    assert [kernel.name for kernel in split_kernels(backwards)] == ["svd_chain_k1", "svd_chain_k0"]
+    backwards.annotate("xu", kernel="k0")
+    backwards.annotate("xuv", kernel="k1")
+    backwards.add_output("late", backwards.add_elementwise("silu", "xuv", id="s_late"))
+    backwards.annotate("s_late", kernel="k0")
+    with pytest.raises(IRError, match=r"%s_late \(kernel k0\) reads %xuv of the later kernel k1"):
+        split_kernels(backwards)
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.one_of(random_graphs(), random_graphs(max_ops=12, chains=True)),
+    st.sampled_from(["whole", "split"]),
+    st.integers(0, 2**32 - 1),
 )
-def test_mlp_graph_rejects_bad_arguments(args, message):
-    with pytest.raises(InputError, match=message):
-        mlp_graph(*args)
-
-
-def test_gemm_text_is_unchanged_by_output_layouts():
-    # outputs print layout= only when transposed, so existing texts stay byte-identical
-    assert '%c = output "c" %mm0\n' in to_text(gemm_graph(2, 3, 4))
+def test_fusion_pipeline_and_split_preserve_values(graph, mode, seed):
+    result = run_pipeline(graph, split_pipeline(mode)).graph
+    compute = result.compute_nodes()
+    assume(compute)
+    order = kernel_order(result)
+    assert order == [f"k{index}" for index in range(len(order))]
+    for node in compute:
+        annotations = result.annotations(node.id)
+        assert set(annotations) == {"orient", "kernel", "place"}
+        users = [result.node(user) for user in result.users(node.id)]
+        leaves = any(
+            user.kind not in COMPUTE_KINDS or user.annotations["kernel"] != annotations["kernel"] for user in users
+        )
+        assert annotations["place"] == ("hbm" if leaves else "sbuf")
+        if users and all(user.kind == "matmul" and user.operands[1] != node.id for user in users):
+            assert annotations["orient"] == "transposed"  # read only as a matmul lhs
+        for operand in node.operands:
+            if operand in {n.id for n in compute}:
+                assert order.index(result.annotations(operand)["kernel"]) <= order.index(annotations["kernel"])
+    inputs = random_inputs(graph, seed)
+    expected = evaluate(graph, inputs)
+    produced = run_kernels(split_kernels(result), inputs)
+    for name, value in expected.items():
+        np.testing.assert_allclose(produced[name], value, rtol=1e-9, atol=1e-12)

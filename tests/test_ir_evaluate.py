@@ -139,3 +139,16 @@ def test_evaluation_failure_names_the_node(monkeypatch):
     graph.add_output("y", graph.add_elementwise("silu", graph.add_input("x", (1, 1), "fp32")))
     with pytest.raises(IRError, match=r"evaluating elementwise %silu0 failed: FloatingPointError: overflow"):
         evaluate(graph, {"x": np.ones((1, 1))})
+
+
+def test_evaluate_returns_outputs_in_storage_layout():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((5, 3)), rng.standard_normal((3, 4))
+    graph = Graph("g")
+    product = graph.add_matmul(graph.add_input("a", (5, 3), "fp32"), graph.add_input("b", (3, 4), "fp32"))
+    graph.add_output("c", product)
+    graph.add_output("c_t", product, layout="transposed")
+    result = evaluate(graph, {"a": a, "b": b})
+    np.testing.assert_allclose(result["c"], a @ b, rtol=1e-12)
+    assert result["c_t"].shape == (4, 5)
+    np.testing.assert_allclose(result["c_t"], (a @ b).T, rtol=1e-12)

@@ -35,6 +35,20 @@ graph mlp {
 """
 
 
+ANNOTATED = """\
+graph fused {
+  %x = input "x" [128, 2048] bfloat16 layout=row_major
+  %ug = input "ug" [2048, 1280] bfloat16 layout=row_major
+  %vg = input "vg" [1280, 256] bfloat16 layout=row_major
+  %mm0 = matmul %x, %ug : [128, 1280] bfloat16 {kernel=k0, orient=transposed, place=sbuf}
+  %v3 = matmul %mm0, %vg : [128, 256] bfloat16 {kernel=k0, orient=transposed, place=hbm}
+  %s = elementwise silu %v3 : [128, 256] bfloat16 {kernel=k0}
+  %h_t = output "h_t" %v3 layout=transposed
+  %s_out = output "s_out" %s
+}
+"""
+
+
 @st.composite
 def random_graphs(draw: st.DrawFn, annotated: bool = True, max_ops: int = 7, chains: bool = False) -> Graph:
     """Small valid graphs over every node kind, both layouts (inputs and outputs), shared and
@@ -230,3 +244,76 @@ def test_parse_errors_say_line_and_what_was_expected(text, line, expected):
 def test_parse_error_is_an_irerror():
     with pytest.raises(IRError):
         parse_text("")
+
+
+# ----------------------------------------------------------------------------- annotations and transposed outputs
+
+
+def test_annotated_text_round_trips_exactly():
+    graph = parse_text(ANNOTATED)
+    verify(graph)
+    assert to_text(graph) == ANNOTATED
+    assert parse_text(to_text(graph)) == graph
+    assert graph.annotations("mm0") == {"kernel": "k0", "orient": "transposed", "place": "sbuf"}
+    assert graph.annotations("s") == {"kernel": "k0"}
+    assert graph.node("h_t").layout == "transposed" and graph.node("h_t").storage_shape == (256, 128)
+    assert graph.node("s_out").layout == "row_major"
+
+
+def test_annotations_print_sorted_and_only_when_present():
+    graph = gemm_graph(4, 3, 8, dtype="fp32")
+    assert "{" not in to_text(graph).split("\n", 1)[1]
+    graph.annotate("mm0", place="hbm", orient="normal", kernel="k0")
+    assert "  %mm0 = matmul %a, %b : [4, 3] float32 {kernel=k0, orient=normal, place=hbm}\n" in to_text(graph)
+    assert '  %c = output "c" %mm0\n' in to_text(graph)
+
+
+def test_parser_accepts_any_key_order_and_explicit_row_major_output():
+    loose = ANNOTATED.replace(
+        "{kernel=k0, orient=transposed, place=sbuf}", "{ place = sbuf,orient=transposed ,kernel=k0 }"
+    )
+    loose = loose.replace('%s_out = output "s_out" %s', '%s_out = output "s_out" %s layout=row_major')
+    assert loose != ANNOTATED
+    assert to_text(parse_text(loose)) == ANNOTATED
+
+
+def test_table_shows_annotations():
+    lines = to_table(parse_text(ANNOTATED)).splitlines()
+    row = next(line for line in lines if line.startswith("%mm0 "))
+    assert row.split()[-3:] == ["kernel=k0", "orient=transposed", "place=sbuf"]
+    output_row = next(line for line in lines if line.startswith("%h_t "))
+    assert "layout=transposed" in output_row
+
+
+def _annotated(body: str) -> str:
+    return f'graph g {{\n  %a = input "a" [4, 4] bfloat16\n{body}\n}}\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {colour=red}"), "expected an annotation key (kernel"),
+        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {orient=sideways}"), "orient='sideways' is not valid"),
+        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {place=hbm, place=sbuf}"), "'place' is given twice"),
+        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {kernel=0}"), "expected a value (an identifier)"),
+        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {kernel k0}"), "expected '=' after the annotation key"),
+        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {kernel=k0 place=hbm}"), "or '}' in the annotations"),
+        (_annotated("  %b = transpose %a : [4, 4] bfloat16 {}"), "expected an annotation key"),
+        (_annotated('  %b = input "b" [4, 4] bfloat16 {kernel=k0}'), "input %b cannot carry annotations"),
+        (_annotated('  %o = output "o" %a {kernel=k0}'), "output %o cannot carry annotations"),
+        (_annotated('  %o = output "o" %a layout=diagonal'), "unknown layout 'diagonal'"),
+        (_annotated('  %o = output "o" %a layout=5'), "expected a layout (row_major, transposed)"),
+    ],
+)
+def test_annotation_parse_errors(text, expected):
+    with pytest.raises(ParseError) as caught:
+        parse_text(text)
+    message = str(caught.value)
+    assert message.startswith("line 3, column ")
+    assert expected in message
+
+
+def test_transposed_output_of_one_d_value_is_a_parse_error():
+    text = 'graph g {\n  %a = input "a" [4] bfloat16\n  %o = output "o" %a layout=transposed\n}\n'
+    with pytest.raises(ParseError, match="needs a 2-D shape"):
+        parse_text(text)

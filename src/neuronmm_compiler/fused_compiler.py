@@ -120,15 +120,20 @@ def _gemm_cost(problem: GemmProblem, target: Target) -> CostReport:
     return report
 
 
-def unfused_cost(graph: Graph, target: Target) -> CostReport:
-    """Every matmul as its own AWS-kernel GEMM (activations row-major in HBM, so the lhs is
-    transposed on load as that kernel needs), every elementwise op as its own HBM-to-HBM kernel."""
+def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = "mk") -> CostReport:
+    """Every matmul as its own AWS-kernel GEMM, every elementwise op as its own HBM-to-HBM kernel.
+
+    ``lhs_layout="mk"``: activations are row-major in HBM, so each GEMM transposes its left operand
+    on load (the unfused SVD baseline: "whatever transposes the layouts need"). ``"km"``: every left
+    operand is assumed already transposed, as AWS's kernel takes it (the dense baseline, given the
+    benefit of the doubt)."""
     reports = []
     for node in graph.nodes():
         if node.kind == "matmul":
             lhs = graph.node(node.operands[0])
             m, k = lhs.shape
-            reports.append(_gemm_cost(GemmProblem(m, node.shape[1], k, dtype=node.dtype), target))
+            problem = GemmProblem(m, node.shape[1], k, dtype=node.dtype, a_layout=lhs_layout)
+            reports.append(_gemm_cost(problem, target))
         elif node.kind == "elementwise":
             reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype), target))
         elif node.kind == "transpose":
@@ -144,9 +149,8 @@ def fused_space(workload: Workload) -> SearchSpace:
     candidates: dict[str, tuple] = {
         "tokens_per_block": (32, 64, 128, 256, 512),
         "token_tile": (128,),
-        "feature_tiles_per_block": (1, 2, 4, 8),
+        "weight_block_kib": (4, 8, 16, 32, 64),
         "out_tile": (512, 256),
-        "out_tiles_per_block": (1, 2, 4),
         "weight_dma": ("row", "tile"),
         "cache_weights": ("none", "stage1", "all"),
         "x_transpose": ("dma", "pe") if row_major_x else ("dma",),
@@ -155,7 +159,7 @@ def fused_space(workload: Workload) -> SearchSpace:
     return SearchSpace(candidates, build=lambda point: FusedSchedule(**point))
 
 
-FUSED_ORDINAL = ("tokens_per_block", "token_tile", "feature_tiles_per_block", "out_tile", "out_tiles_per_block")
+FUSED_ORDINAL = ("tokens_per_block", "token_tile", "weight_block_kib", "out_tile")
 
 
 @dataclass
@@ -207,7 +211,7 @@ def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIA
     if workload.kind == "mlp":
         guesses.append(replace(base, mlp="split"))
     spec = SpaceSpec(space=space, ordinal=FUSED_ORDINAL,
-                     exchange=("tokens_per_block", "feature_tiles_per_block", "out_tiles_per_block"),
+                     exchange=("tokens_per_block", "weight_block_kib"),
                      classes=("cache_weights", "x_transpose", "mlp"), guesses=guesses, size=len(everything),
                      distinct=lambda: everything)
     evaluate = Evaluator(cost, lambda s: normalize_fused(s, tokens))
@@ -216,5 +220,15 @@ def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIA
                     progress=progress)
     compiled = compile_graph(workload, target=target, dialect=dialect, schedule=result.best.schedule,
                              schedule_name=f"tuned ({result.method}, seed {seed})")
-    return TunedGraph(compiled, result, unfused_cost(workload.dense_graph(), target), unfused_cost(graph, target))
+    return TunedGraph(compiled, result, unfused_cost(workload.dense_graph(), target, lhs_layout="km"),
+                      unfused_cost(graph, target, lhs_layout="mk"))
 
+
+
+def cost_graph(workload: Workload, *, target: Target, params: Mapping[str, str | int] | None = None
+               ) -> tuple[FusedSchedule, list[Program], list[CostReport], CostReport]:
+    """The model's figures for one fused schedule, feasible or not (nothing is emitted)."""
+    chosen = resolve_fused(workload, None, params, target)
+    programs = graph_programs(lower_graph(workload.graph(), chosen.mlp), chosen)
+    costs = [estimate(p, target) for p in programs]
+    return chosen, programs, costs, combine_reports(costs)

@@ -7,6 +7,7 @@ import sympy as sp
 from .codegen.printer import NkiPrinter
 from .compiler import CompiledKernel, Tuned
 from .cost_model import FORMULAS, LATENCY, LOWER_BOUND, CostReport
+from .fused_compiler import CompiledGraph, TunedGraph
 from .ir import to_text
 
 
@@ -68,6 +69,21 @@ def _fmt(expr: sp.Expr) -> str:
     return sp.sstr(expr)
 
 
+def _formula_lines(cost: CostReport) -> list[str]:
+    """The model's symbols with their values, then each formula and its value."""
+    values = cost.values
+    symbols = sorted({str(sym) for expr in FORMULAS.values() for sym in expr.free_symbols})
+    lines = ["symbols:", *(f"  {name:<18} = {values[name]:.6g}" for name in symbols), "formulas (microseconds):"]
+    for name, expr in FORMULAS.items():
+        lines.append(f"  {name} = {_fmt(expr)}")
+        lines.append(f"  {' ' * len(name)} = {values[name]:.3f}")
+    lines.append(f"  latency = {_fmt(LATENCY)} = {cost.latency_us:.3f}  ({cost.bound}-bound)")
+    lines.append(f"  lower_bound = {_fmt(LOWER_BOUND)}")
+    lines.append(f"  {' ' * 11} = max({values['flops']:.6g} / {values['peak_flops_per_us']:.6g}, "
+                 f"{values['compulsory_bytes']:.6g} / {values['bw']:.6g}) = {cost.lower_bound_us:.3f}")
+    return lines
+
+
 def explain_lines(compiled: CompiledKernel) -> list[str]:
     """The IR after each pass, the schedule as a loop nest, the cost formulas with numbers."""
     lowered, cost = compiled.lowered, compiled.cost
@@ -78,17 +94,50 @@ def explain_lines(compiled: CompiledKernel) -> list[str]:
     lines += ["", f"== problem: {compiled.problem.describe()}",
               f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}",
               "", "== loop nest (NKI 0.3+ spelling)", *NkiPrinter().kernel(compiled.program)]
-    values = cost.values
-    lines += ["", f"== cost model on {compiled.target.name}: symbols"]
-    symbols = sorted({str(sym) for expr in FORMULAS.values() for sym in expr.free_symbols})
-    lines += [f"  {name:<18} = {values[name]:.6g}" for name in symbols]
-    lines += ["", "== cost model: formulas (microseconds)"]
-    for name, expr in FORMULAS.items():
-        lines.append(f"  {name} = {_fmt(expr)}")
-        lines.append(f"  {' ' * len(name)} = {values[name]:.3f}")
-    lines.append(f"  latency = {_fmt(LATENCY)} = {cost.latency_us:.3f}  ({cost.bound}-bound)")
-    lines.append(f"  lower_bound = {_fmt(LOWER_BOUND)}")
-    lines.append(f"  {' ' * 11} = max({values['flops']:.6g} / {values['peak_flops_per_us']:.6g}, "
-                 f"{values['compulsory_bytes']:.6g} / {values['bw']:.6g}) = {cost.lower_bound_us:.3f}")
+    lines += ["", f"== cost model on {compiled.target.name}", *_formula_lines(cost)]
     lines += ["", "== predicted figures", *cost_lines(cost)]
+    return lines
+
+
+def tune_graph_lines(tuned: TunedGraph) -> list[str]:
+    c, s = tuned.compiled, tuned.search
+    lines = [
+        f"{c.workload.describe()} on {c.target.name}",
+        f"search: {s.method}, {s.trials} trials, {s.evaluated} schedules costed ({s.feasible} fit) "
+        f"of {s.space_size}, {s.seconds:.2f} s",
+        "",
+        f"  {'':<34}{'latency us':>12}{'HBM MiB':>10}{'DMAs':>8}{'kernels':>9}",
+    ]
+    rows = [("nmmc fused", c.cost, len(c.programs)),
+            ("SVD factors unfused (AWS kernels)", tuned.unfused_baseline, None),
+            ("dense (AWS kernels)", tuned.baseline, None)]
+    for name, cost, kernels in rows:
+        lat = f"{cost.latency_us:12.2f}" if cost.feasible else f"{'(no fit)':>12}"
+        hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
+        lines.append(f"  {name:<34}{lat}{hbm:10.2f}{cost.dma_transfers:8d}{kernels or '':>9}")
+    lines.append("")
+    for label, value in (("speedup vs dense", tuned.speedup_vs_baseline),
+                         ("speedup vs unfused SVD", tuned.speedup_vs_unfused)):
+        lines.append(f"{label}: {value:.2f}x" if value else f"{label}: n/a (baseline does not fit)")
+    lines.append(f"schedule: {c.schedule.describe()}")
+    for program, cost in zip(c.programs, c.kernel_costs, strict=True):
+        lines.append(f"  {program.name}: {cost.latency_us:.2f} us, {cost.bound}-bound, "
+                     f"SBUF {cost.sbuf_bytes_per_partition} B/partition, PSUM {cost.psum_banks} banks")
+    return lines
+
+
+def explain_graph_lines(compiled: CompiledGraph) -> list[str]:
+    """explain for fused graphs: passes, every kernel's loop nest and cost formulas."""
+    lowered = compiled.lowered
+    lines = ["== graph from the frontend", *to_text(lowered.source_graph).splitlines()]
+    for step in lowered.pipeline_steps:
+        lines += ["", f"== after pass {step.pass_name} ({'changed' if step.changed else 'unchanged'})",
+                  *step.text.splitlines()]
+    lines += ["", f"== workload: {compiled.workload.describe()}",
+              f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}"]
+    for kernel, program, cost in zip(lowered.kernels, compiled.programs, compiled.kernel_costs, strict=True):
+        lines += ["", f"== kernel {program.name}", *to_text(kernel).splitlines(),
+                  "", f"== loop nest of {program.name} (NKI 0.3+ spelling)", *NkiPrinter().kernel(program)]
+        lines += ["", f"== cost model of {program.name}", *_formula_lines(cost), *cost_lines(cost)]
+    lines += ["", "== whole graph", *cost_lines(compiled.cost)]
     return lines

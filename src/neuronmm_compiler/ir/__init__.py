@@ -3,20 +3,18 @@
 from .evaluate import evaluate
 from .frontends import A_LAYOUTS, block_aligned_rank, gemm_graph, mlp_graph, parse_shape, svd_chain_graph
 from .graph import (
-    ANNOTATION_VALUES,
     COMPUTE_KINDS,
     DTYPE_ALIASES,
     DTYPES,
     ELEMENTWISE_ARITY,
     KINDS,
     LAYOUTS,
-    ORIENTS,
-    PLACES,
     Graph,
     Node,
     canonical_dtype,
     format_shape,
 )
+from .node import ANNOTATION_VALUES, ORIENTS, PLACES
 from .text import format_node, parse_text, to_table, to_text
 from .verify import verify
 

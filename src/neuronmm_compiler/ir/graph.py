@@ -29,7 +29,6 @@ import networkx as nx
 
 from ..errors import InputError, IRError, UnknownNameError
 from .node import (
-    ANNOTATION_VALUES,
     COMPUTE_KINDS,
     DTYPE_ALIASES,
     DTYPES,
@@ -37,8 +36,6 @@ from .node import (
     KINDS,
     LAYOUTS,
     OPERAND_INDICES,
-    ORIENTS,
-    PLACES,
     Node,
     canonical_dtype,
     check_annotation,
@@ -52,7 +49,6 @@ from .node import (
 )
 
 __all__ = [
-    "ANNOTATION_VALUES",
     "COMPUTE_KINDS",
     "DTYPES",
     "DTYPE_ALIASES",
@@ -60,8 +56,6 @@ __all__ = [
     "KINDS",
     "LAYOUTS",
     "OPERAND_INDICES",
-    "ORIENTS",
-    "PLACES",
     "Graph",
     "Node",
     "canonical_dtype",
@@ -372,15 +366,7 @@ class Graph:
             "inputs": [node.id for node in self.inputs()],
             "outputs": [node.id for node in self.outputs()],
             "nodes": [
-                [
-                    n.id,
-                    n.kind,
-                    list(n.operands),
-                    list(n.shape),
-                    n.dtype,
-                    sorted(n.attrs.items()),
-                    sorted(n.annotations.items()),
-                ]
+                (n.id, n.kind, n.operands, n.shape, n.dtype, sorted(n.attrs.items()), sorted(n.annotations.items()))
                 for n in nodes
             ],
         }

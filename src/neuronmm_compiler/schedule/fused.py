@@ -31,10 +31,10 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("tokens_per_block", int, None,
               "tokens per block (BM): the strip width, <= 512; a multiple of token_tile when larger than it"),
     ParamSpec("token_tile", int, None, "tokens per stationary tile of the final, row-major matmul, 1..128"),
-    ParamSpec("feature_tiles_per_block", int, None,
-              "128-feature tiles per weight block of a transposed matmul (>= 1)"),
+    ParamSpec("weight_block_kib", int, None,
+              "SBUF KiB per partition of one weight block (all of its contraction rows, as many output "
+              "tiles as fit, at least one): larger blocks mean fewer, longer weight DMAs"),
     ParamSpec("out_tile", int, None, "output columns per matmul of the final, row-major matmul, 1..512"),
-    ParamSpec("out_tiles_per_block", int, None, "out_tile tiles per weight block of the final matmul (>= 1)"),
     ParamSpec("weight_dma", str, WEIGHT_DMA, "row: one DMA per 128-row slab of a weight block; tile: per tile"),
     ParamSpec("cache_weights", str, CACHE_WEIGHTS,
               "weights loaded once and kept in SBUF across token blocks: none, stage1 (the factors applied "
@@ -54,9 +54,8 @@ class FusedSchedule:
 
     tokens_per_block: int = 128
     token_tile: int = 128
-    feature_tiles_per_block: int = 4
+    weight_block_kib: int = 16
     out_tile: int = 512
-    out_tiles_per_block: int = 2
     weight_dma: str = "row"
     cache_weights: str = "none"
     x_transpose: str = "dma"
@@ -100,9 +99,8 @@ def check_fused(schedule: FusedSchedule, moving_fmax: int = 512, stationary_fmax
         raise ScheduleError(f"tokens_per_block={s.tokens_per_block} must be a multiple of token_tile={s.token_tile}")
     if not 1 <= s.out_tile <= moving_fmax:
         raise ScheduleError(f"out_tile={s.out_tile} is outside 1..{moving_fmax} (moving free size)")
-    for name in ("feature_tiles_per_block", "out_tiles_per_block"):
-        if getattr(s, name) < 1:
-            raise ScheduleError(f"{name}={getattr(s, name)} must be at least 1")
+    if s.weight_block_kib < 1:
+        raise ScheduleError(f"weight_block_kib={s.weight_block_kib} must be at least 1")
     for spec in FUSED_PARAMS:
         if spec.choices and getattr(s, spec.name) not in spec.choices:
             raise ScheduleError(f"{spec.name}={getattr(s, spec.name)!r} is not one of {', '.join(spec.choices)}")
@@ -115,3 +113,11 @@ def normalize_fused(schedule: FusedSchedule, tokens: int) -> FusedSchedule:
     if block > tile and block % tile:
         block = (block // tile) * tile
     return replace(schedule, tokens_per_block=block, token_tile=tile)
+
+
+def tiles_per_weight_block(schedule: FusedSchedule, k_tiles: int, tile_cols: int, itemsize: int,
+                           tiles: int) -> int:
+    """Output tiles of ``tile_cols`` columns that fit a weight block of ``weight_block_kib`` KiB per
+    partition when the block holds all ``k_tiles`` contraction tiles (at least 1, at most all)."""
+    per_tile = k_tiles * tile_cols * itemsize
+    return max(1, min(tiles, schedule.weight_block_kib * 1024 // per_tile))

@@ -27,8 +27,9 @@ from ..errors import ScheduleError
 from ..ir import Graph, Node
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin, scale
-from .fused import FusedSchedule, normalize_fused
+from .fused import FusedSchedule, normalize_fused, tiles_per_weight_block
 from .program import (
+    DTYPE_BYTES,
     Activation,
     Alloc,
     Buffer,
@@ -79,6 +80,7 @@ class _FusedLowering:
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
                        max(1, s.tokens_per_block // s.token_tile))
         self.dtype = lhs_inputs[0].dtype
+        self.dtype_bytes = DTYPE_BYTES[self.dtype]
         self.hbm = {n.id: Buffer(n.attrs["name"], n.storage_shape, n.dtype, "hbm") for n in self.inputs}
         self.out_hbm = {n.operands[0]: (n, Buffer(n.attrs["name"], n.storage_shape, n.dtype, "hbm"))
                         for n in self.outputs}
@@ -247,7 +249,9 @@ class _FusedLowering:
         root, s = group.root, self.s
         n = root.shape[1]
         ntiles = -(-n // FEATURE_TILE)
-        fdim = Dim("f", n, min(FEATURE_TILE, n), ntiles, min(s.feature_tiles_per_block, ntiles))
+        k_tiles = max(-(-self.nodes[leaf.operands[0]].shape[1] // K_TILE) for leaf in group.leaves)
+        per_block = tiles_per_weight_block(s, k_tiles, min(FEATURE_TILE, n), self.dtype_bytes, ntiles)
+        fdim = Dim("f", n, min(FEATURE_TILE, n), ntiles, per_block)
         bm = self.tok.block_size(mb)
         out_strip = self._strip(root.id, n)
         what = " * ".join(leaf.id for leaf in group.leaves)
@@ -334,8 +338,8 @@ class _FusedLowering:
         n = mm.shape[1]
         tile_n = min(s.out_tile, n)
         ntiles = -(-n // tile_n)
-        odim = Dim("o", n, tile_n, ntiles, min(s.out_tiles_per_block, ntiles))
         kdim = self._kdim(lhs.shape[1])
+        odim = Dim("o", n, tile_n, ntiles, tiles_per_weight_block(s, kdim.tiles, tile_n, self.dtype_bytes, ntiles))
         ob = iv("o_blk", odim.blocks)
         loads, wbuf, whole = self._weights(mm, odim, ob)
         tt = iv("tt", tok.tiles_in_block)

@@ -1,0 +1,168 @@
+"""Plumbing of the ``nmmc`` command line: error handling, shared options, atomic writes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import InputError, NmmcError
+from .ir import A_LAYOUTS, canonical_dtype, parse_shape
+from .schedule import PRESETS
+from .targets import DEFAULT_TARGET, TARGETS
+from .workloads import Workload, chain_workload, mlp_workload
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+class NmmcGroup(click.Group):
+    """Turn click's usage errors and nmmc's user errors into one line and exit code 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("nmmc: aborted", err=True)
+            sys.exit(EXIT_FAILED)
+        except click.UsageError as exc:
+            cmd = f" {exc.ctx.info_name}" if exc.ctx and exc.ctx.parent else ""
+            click.echo(f"nmmc: error: {exc.format_message()} (see 'nmmc{cmd} --help')", err=True)
+            sys.exit(EXIT_USAGE)
+        except NmmcError as exc:
+            click.echo(f"nmmc: error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write the whole file or nothing: a temporary file in the same directory, then a rename."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise InputError(f"cannot write {path!r}: directory {str(directory)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def parse_params(values: tuple[str, ...]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise InputError(f"--param takes key=value (e.g. tiles_in_block_m=4); got {item!r}")
+        params[key.strip()] = value.strip()
+    return params
+
+
+def choice(value: str, accepted: dict[str, Any] | tuple[str, ...], what: str) -> str:
+    if value not in accepted:
+        raise InputError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
+    return value
+
+
+WORKLOAD_KEYS = ("shape", "rank", "keep_ratio", "mlp", "tokens", "hidden", "intermediate", "ranks", "dense",
+                 "dtype", "a_layout")
+
+
+def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What to compile: a GEMM (--shape), an SVD chain (--shape with --rank or --keep-ratio), or a
+    gated MLP (--mlp with --tokens/--hidden/--intermediate and ranks, or --dense)."""
+    options = [
+        click.option("--shape", metavar="MxNxK",
+                     help="GEMM C[M,N] = A[M,K] @ B[K,N] (e.g. 1024x2048x512); with --rank or --keep-ratio, the "
+                          "SVD chain Y = X[M,K] @ U[K,R] @ V[R,N]."),
+        click.option("--rank", type=int, default=None, help="SVD rank R (chain), or every projection's rank (--mlp)."),
+        click.option("--keep-ratio", type=float, default=None,
+                     help="Fraction of parameters kept; the block-aligned rank follows (NeuronMM's formula)."),
+        click.option("--mlp", is_flag=True, help="Compile the gated MLP silu(x Wg) * (x Wu) Wd."),
+        click.option("--tokens", type=int, default=None, help="--mlp: tokens T (rows of x)."),
+        click.option("--hidden", type=int, default=None, help="--mlp: hidden size H."),
+        click.option("--intermediate", type=int, default=None, help="--mlp: intermediate size I."),
+        click.option("--ranks", default=None, metavar="G,U,D", help="--mlp: ranks of gate, up and down."),
+        click.option("--dense", is_flag=True, help="--mlp: the uncompressed MLP (no SVD)."),
+        click.option("--dtype", default="bf16", show_default=True,
+                     help="Element type: bf16 (bfloat16) or fp32 (float32)."),
+        click.option("--a-layout", default="mk", show_default=True,
+                     help="How A (or X) is stored in HBM: mk = row-major [M,K] (activations), km = transposed "
+                          "[K,M]."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def workload_from(options: dict[str, Any]) -> Workload:
+    """Build the workload from :func:`workload_options` values (popped from ``options``)."""
+    o = {key: options.pop(key) for key in WORKLOAD_KEYS}
+    dtype = canonical_dtype(o["dtype"])
+    layout = choice(o["a_layout"], A_LAYOUTS, "A layout")
+    if o["mlp"]:
+        if o["shape"]:
+            raise InputError("--mlp takes --tokens/--hidden/--intermediate, not --shape")
+        missing = [name for name in ("tokens", "hidden", "intermediate") if o[name] is None]
+        if missing:
+            raise InputError("--mlp needs " + ", ".join(f"--{m}" for m in missing))
+        if layout != "mk":
+            raise InputError("--a-layout applies to GEMMs and chains; an MLP's x is row-major [tokens, hidden]")
+        ranks = None
+        if o["ranks"] is not None:
+            try:
+                ranks = tuple(int(r) for r in o["ranks"].split(","))
+            except ValueError:
+                raise InputError(f"--ranks takes three integers G,U,D; got {o['ranks']!r}") from None
+        return mlp_workload(o["tokens"], o["hidden"], o["intermediate"], rank=o["rank"], ranks=ranks,  # type: ignore[arg-type]
+                            keep_ratio=o["keep_ratio"], dense=o["dense"], dtype=dtype)
+    for name in ("tokens", "hidden", "intermediate", "ranks"):
+        if o[name] is not None:
+            raise InputError(f"--{name} goes with --mlp")
+    if o["dense"]:
+        raise InputError("--dense goes with --mlp")
+    if not o["shape"]:
+        raise InputError("give --shape MxNxK (a GEMM, or an SVD chain with --rank/--keep-ratio) or --mlp")
+    m, n, k = parse_shape(o["shape"])
+    if o["rank"] is not None or o["keep_ratio"] is not None:
+        return chain_workload(m, n, k, rank=o["rank"], keep_ratio=o["keep_ratio"], dtype=dtype, a_layout=layout)
+    return Workload("gemm", dtype=dtype, m=m, n=n, k=k, a_layout=layout)
+
+
+def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+                      help="Override one schedule parameter; repeatable. See 'nmmc schedules'.")(fn)
+    fn = click.option("--schedule", "schedule_name", default=None, metavar="PRESET",
+                      help=f"GEMM schedule preset: {', '.join(PRESETS)} (default aws-fully-optimized).")(fn)
+    return fn
+
+
+def target_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--target", default=DEFAULT_TARGET, show_default=True,
+                        help=f"Hardware: {', '.join(TARGETS)}.")(fn)
+
+
+def progress_bar(enabled: bool) -> tuple[Callable[[int, int, float], None] | None, Callable[[], None]]:
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc="tuning", unit="trial", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int, best: float) -> None:
+        bar.total = total
+        bar.n = done
+        bar.set_postfix_str(f"best {best:.1f} us" if best != float("inf") else "no fit yet", refresh=False)
+        bar.refresh()
+
+    return update, bar.close
