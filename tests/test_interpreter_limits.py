@@ -97,10 +97,18 @@ def test_more_than_eight_psum_banks_live() -> None:
 p1 = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.psum)
 p2 = nl.ndarray((128, 4, 512), dtype=nl.float32, buffer=nl.psum)
 p3 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-- error
+nisa.memset(dst=p1, value=0.0)
+nisa.memset(dst=p2, value=0.0)
 return a
 """)
+    # p1 and p2 are live until their memsets, after p3's allocation (live = allocation to last use)
     exc = expect(src, [A], KernelLimitError, "PSUM banks exceeded", "9 > 8 banks")
     assert "'p1'" in str(exc) and "'p2'" in str(exc)
+    # without the late uses, p1 and p2 are live only at their allocations: 4 banks at most
+    for name in ("p1", "p2"):
+        src = src.replace(f"    nisa.memset(dst={name}, value=0.0)\n", "")
+    assert "memset" not in src
+    assert run(src, [A]).counters.psum_peak_banks == 4
 
 
 def test_single_psum_allocation_over_psum_size() -> None:
@@ -116,11 +124,15 @@ def test_sbuf_over_capacity() -> None:
     src = nki_kernel("""
 big = nl.ndarray((128, 45000), dtype=nl.float32, buffer=nl.sbuf)
 extra = nl.ndarray((2, 200), dtype=nl.float32, buffer=nl.sbuf)  # <-- error
+nisa.memset(dst=big, value=0.0)
 return a
 """)
     exc = expect(src, [A], KernelLimitError, "SBUF capacity exceeded", "needs 800 bytes/partition",
                  "180800 > 180224 usable")
     assert "'big'" in str(exc)
+    fits = src.replace("    nisa.memset(dst=big, value=0.0)\n", "")
+    assert "memset" not in fits
+    assert run(fits, [A]).counters.sbuf_peak_bytes == 180000
 
 
 def test_sbuf_capacity_depends_on_target() -> None:

@@ -45,6 +45,8 @@ def reference_source(graph: Graph, name: str = "reference") -> list[str]:
         local = f"v{index}"
         lines.append(f"{INDENT}{local} = {expr}  # {node.kind} {node.id}")
         names[node.id] = local
-    results = [names[node.operands[0]] for node in outputs]
+    # Outputs come back in their HBM layout: a transposed output is returned transposed.
+    results = [names[node.operands[0]] + (".T" if node.attrs.get("layout") == "transposed" else "")
+               for node in outputs]
     lines.append(f"{INDENT}return {', '.join(results)}")
     return lines

@@ -37,7 +37,7 @@ def _legacy_language(m: Machine) -> dict[str, Any]:
     def par_dim(n: int) -> ParDim:
         return ParDim(n)
 
-    @api("nl.load")
+    @api("nl.load", m)
     def load(src: Any, dtype: Any = None) -> Tensor:
         s = _hbm_source(m, src, "nl.load")
         dt = s.dtype if dtype is None else m.dtype(dtype)
@@ -46,7 +46,7 @@ def _legacy_language(m: Machine) -> dict[str, Any]:
         counters.record_dma(value.data.nbytes // value.shape[0])
         return value
 
-    @api("nl.load_transpose2d")
+    @api("nl.load_transpose2d", m)
     def load_transpose2d(src: Any) -> Tensor:
         s = _hbm_source(m, src, "nl.load_transpose2d")
         if s.ndim != 2:
@@ -57,13 +57,13 @@ def _legacy_language(m: Machine) -> dict[str, Any]:
         counters.dma_transposes += 1
         return value
 
-    @api("nl.store")
+    @api("nl.store", m)
     def store(dst: Any, value: Any) -> None:
         ops.dma(m, ops.tensor_arg(dst, "nl.store dst"), ops.tensor_arg(value, "nl.store value"),
                 "nl.store", allow_cast=True)
 
     def binary_call(op: ops.Op) -> Any:
-        @api(f"nl.{op.name}")
+        @api(f"nl.{op.name}", m)
         def call(x: Any, y: Any, dtype: Any = None) -> Tensor:
             result = ops.binary(m, op, x, y, f"nl.{op.name}")
             if dtype is None:
@@ -72,13 +72,13 @@ def _legacy_language(m: Machine) -> dict[str, Any]:
         return call
 
     def activation_call(op: ops.Op) -> Any:
-        @api(f"nl.{op.name}")
+        @api(f"nl.{op.name}", m)
         def call(x: Any, dtype: Any = None) -> Tensor:
             result = ops.activation(m, op, x, None, 1.0, f"nl.{op.name}")
             return m.temporary(result, x.dtype if dtype is None else m.dtype(dtype), SBUF, "engine")
         return call
 
-    @api("nl.copy")
+    @api("nl.copy", m)
     def copy(x: Any, dtype: Any = None) -> Tensor:
         s = ops.copy_source(m, x, "nl.copy")
         return m.temporary(s.data, s.dtype if dtype is None else m.dtype(dtype), SBUF, "engine")
@@ -94,23 +94,23 @@ def _legacy_language(m: Machine) -> dict[str, Any]:
 
 
 def _legacy_isa(m: Machine) -> dict[str, Any]:
-    @api("nisa.nc_matmul")
+    @api("nisa.nc_matmul", m)
     def nc_matmul(stationary: Any, moving: Any) -> Tensor:
         return m.temporary(ops.matmul(m, stationary, moving, "nisa.nc_matmul"), FLOAT32, PSUM, "pe")
 
-    @api("nisa.nc_transpose")
+    @api("nisa.nc_transpose", m)
     def nc_transpose(x: Any) -> Tensor:
         result = ops.transpose(m, x, "nisa.nc_transpose")
         return m.temporary(result, x.dtype, PSUM, "pe")
 
-    @api("nisa.tensor_tensor")
+    @api("nisa.tensor_tensor", m)
     def tensor_tensor(data1: Any, data2: Any, op: Any, dtype: Any = None) -> Tensor:
         result = ops.binary(m, op, data1, data2, "nisa.tensor_tensor")
         if dtype is None:
             dtype = data1.dtype if data1.dtype == data2.dtype else FLOAT32
         return m.temporary(result, m.dtype(dtype), SBUF, "engine")
 
-    @api("nisa.activation")
+    @api("nisa.activation", m)
     def activation(op: Any, data: Any, bias: Any = None, scale: Any = 1.0, dtype: Any = None) -> Tensor:
         result = ops.activation(m, op, data, bias, scale, "nisa.activation")
         return m.temporary(result, data.dtype if dtype is None else m.dtype(dtype), SBUF, "engine")

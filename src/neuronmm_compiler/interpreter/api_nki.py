@@ -13,17 +13,17 @@ from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
 from . import ops
 from .machine import BFLOAT16, FLOAT16, FLOAT32, HBM_BUFFERS, PSUM_BUFFER, SBUF_BUFFER, Machine
 from .modules import StandInModule, api, ds, jit, plain_range, tile_size
-from .tensor import Tensor, check_live, mark_written, require_written, write
+from .tensor import Tensor, mark_written, require_written, write
 
 
 def language_attrs(m: Machine) -> dict[str, Any]:
     """What ``nki.language`` and ``neuronxcc.nki.language`` share."""
 
-    @api("nl.ndarray")
+    @api("nl.ndarray", m)
     def ndarray(shape: Any, dtype: Any, buffer: Any = SBUF_BUFFER, name: str = "") -> Tensor:
         return m.allocate(shape, dtype, buffer, name, zero=False)
 
-    @api("nl.zeros")
+    @api("nl.zeros", m)
     def zeros(shape: Any, dtype: Any, buffer: Any = SBUF_BUFFER, name: str = "") -> Tensor:
         return m.allocate(shape, dtype, buffer, name, zero=True)
 
@@ -42,17 +42,17 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
     """``nki.isa`` of the 0.3 dialect."""
     counters = m.counters
 
-    @api("nisa.dma_copy")
+    @api("nisa.dma_copy", m)
     def dma_copy(dst: Any, src: Any) -> None:
         ops.dma(m, ops.tensor_arg(dst, "nisa.dma_copy dst"), ops.tensor_arg(src, "nisa.dma_copy src"),
                 "nisa.dma_copy")
 
-    @api("nisa.dma_transpose")
+    @api("nisa.dma_transpose", m)
     def dma_transpose(dst: Any, src: Any) -> None:
         ops.dma(m, ops.tensor_arg(dst, "nisa.dma_transpose dst"),
                 ops.tensor_arg(src, "nisa.dma_transpose src"), "nisa.dma_transpose", transpose=True)
 
-    @api("nisa.nc_matmul")
+    @api("nisa.nc_matmul", m)
     def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None) -> None:
         out = ops.psum_dst(dst, "nisa.nc_matmul")
         if out.dtype != FLOAT32:
@@ -65,7 +65,6 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         ops.check_one_bank(m, out, "nisa.nc_matmul")
         if accumulate is None:
             alloc = out.alloc
-            check_live(out)
             if alloc.fully_written:
                 np.add(out.data, result, out=out.data)
             else:
@@ -85,7 +84,7 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         else:
             raise UnsupportedAPIError(f"nisa.nc_matmul accumulate={accumulate!r}: use None, True or False")
 
-    @api("nisa.nc_transpose")
+    @api("nisa.nc_transpose", m)
     def nc_transpose(dst: Any, data: Any) -> None:
         out = ops.psum_dst(dst, "nisa.nc_transpose")
         result = ops.transpose(m, data, "nisa.nc_transpose")
@@ -98,14 +97,14 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         ops.check_one_bank(m, out, "nisa.nc_transpose")
         write(out, result)
 
-    @api("nisa.tensor_copy")
+    @api("nisa.tensor_copy", m)
     def tensor_copy(dst: Any, src: Any) -> None:
         out = ops.on_chip(dst, "nisa.tensor_copy dst")
         s = ops.copy_source(m, src, "nisa.tensor_copy")
         ops.same_shape(out, s, "nisa.tensor_copy")
         write(out, s.data)
 
-    @api("nisa.tensor_tensor")
+    @api("nisa.tensor_tensor", m)
     def tensor_tensor(dst: Any, data1: Any, data2: Any, op: Any) -> None:
         out = ops.on_chip(dst, "nisa.tensor_tensor dst")
         result = ops.binary(m, op, data1, data2, "nisa.tensor_tensor")
@@ -114,7 +113,7 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
                               f"{list(result.shape)}")
         write(out, result)
 
-    @api("nisa.activation")
+    @api("nisa.activation", m)
     def activation(dst: Any, op: Any, data: Any, bias: Any = None, scale: Any = 1.0) -> None:
         out = ops.on_chip(dst, "nisa.activation dst")
         result = ops.activation(m, op, data, bias, scale, "nisa.activation")
@@ -123,7 +122,7 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
                               f"{list(result.shape)}")
         write(out, result)
 
-    @api("nisa.memset")
+    @api("nisa.memset", m)
     def memset(dst: Any, value: Any) -> None:
         out = ops.on_chip(dst, "nisa.memset dst")
         if not isinstance(value, (int, float, np.integer, np.floating)):

@@ -15,7 +15,8 @@ class Counters:
     """Event counts of one kernel run.
 
     Byte counts are exact element counts times item sizes of the tensors involved. ``*_peak_bytes``
-    are per partition. ``psum_peak_bytes`` sums the raw (not bank-rounded) bytes of live PSUM
+    are per partition; an on-chip allocation is live from its allocation to its last access (see
+    ``memory.py``). ``psum_peak_bytes`` sums the raw (not bank-rounded) bytes of live PSUM
     allocations; ``psum_peak_banks`` counts whole banks (each allocation starts on a bank boundary).
     """
 

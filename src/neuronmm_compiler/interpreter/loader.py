@@ -136,6 +136,8 @@ def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray
     with _located(m):
         result = fn(*hbm_args)
     del hbm_args
+    # capacity: sweep the live intervals [allocation, last access] of the on-chip allocations
+    m.memory.finish(m.source_line)
     returned = list(result) if isinstance(result, (tuple, list)) else [result]
     if output_names is None:
         output_names = [f"output{i}" for i in range(len(returned))]

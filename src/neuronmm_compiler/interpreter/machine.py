@@ -51,31 +51,22 @@ class Machine:
         self.source_lines = source_lines
         self.counters = Counters()
         self.memory = MemoryTracker(target, self.counters)
+        #: event clock: +1 on every API call (modules.api) and 0.1-style assignment / +=; every access
+        #: to an on-chip allocation stamps its liveness record with it (see memory.py)
+        self.clock = 0
         self.dialect: str | None = None
         self.hbm_allocs: list[Allocation] = []
 
     # --- source position ----------------------------------------------------------------
     def current_line(self) -> int | None:
         """Line of the innermost kernel-file frame on the stack."""
-        return self.current_site()[0]
-
-    def current_site(self) -> tuple[int | None, object]:
-        """(line, site) of the innermost kernel-file frame.
-
-        The site is the bytecode position of the call in every kernel-file frame on the stack: two
-        allocation calls on one line are two sites, a helper function called from two places
-        allocates at two sites, and every iteration of a loop allocates at the same site."""
         f = sys._getframe(1)
         filename = self.filename
-        line = None
-        site: list[object] = []
         while f is not None:
             if f.f_code.co_filename == filename:
-                if line is None:
-                    line = f.f_lineno
-                site.append((f.f_code, f.f_lasti))
+                return f.f_lineno
             f = f.f_back
-        return line, (tuple(site) if site else object())
+        return None
 
     def source_line(self, line: int | None) -> str | None:
         if line is None or not 1 <= line <= len(self.source_lines):
@@ -128,7 +119,7 @@ class Machine:
                                       "nl.shared_hbm")
         dims = self.shape(shape)
         dt = self.dtype(dtype)
-        line, site = self.current_site()
+        line = self.current_line()
         kind = buffer.kind
         if not name:
             name = self._default_name(line, kind)
@@ -139,7 +130,7 @@ class Machine:
                 raise UnsupportedAPIError("nl.zeros in HBM is not in the subset; allocate with nl.ndarray")
             self.hbm_allocs.append(alloc)
         else:
-            self.memory.allocate(alloc, site)
+            self.memory.allocate(alloc, self.clock)
             if zero:
                 self.counters.memsets += 1
         return Tensor.whole(alloc)
@@ -175,6 +166,7 @@ class Machine:
         if isinstance(value, Tensor) and value.alloc.producer is None and value.same_region(dst):
             return  # the write-back half of `buf[idx] += value`, already applied in place
         self._require_legacy("assignment into a tensor")
+        self.clock += 1
         if not isinstance(value, Tensor):
             raise UnsupportedAPIError(f"assigning {type(value).__name__} into {dst.describe()}: the "
                                       "subset assigns only op results (nl.load, nl.copy, nc_matmul, ...)")
@@ -199,6 +191,7 @@ class Machine:
     def accumulate(self, dst: Tensor, value: Any) -> None:
         """``psum[idx] += nc_matmul(...)`` (0.1): accumulate in place in fp32."""
         self._require_legacy("+= on a tensor")
+        self.clock += 1
         if dst.alloc.buffer != PSUM:
             raise KernelLimitError(f"+= accumulation target must be in PSUM (matmul accumulation), not "
                                    f"{dst.describe()}")

@@ -6,9 +6,12 @@ import functools
 import inspect
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedAPIError
+
+if TYPE_CHECKING:
+    from .machine import Machine
 
 
 class StandInModule(types.ModuleType):
@@ -28,14 +31,17 @@ class StandInModule(types.ModuleType):
         return f"<nmmc stand-in module {self.__name__!r}>"
 
 
-def api(qualname: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Name an API function; a call that does not match its signature raises UnsupportedAPIError."""
+def api(qualname: str, machine: Machine) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Name an API function of ``machine``'s stand-ins; each call advances the machine's event clock
+    (:attr:`Machine.clock`) by one, and a call that does not match the signature raises
+    UnsupportedAPIError."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:
+            machine.clock += 1
             try:
                 return fn(*args, **kwargs)
             except TypeError:

@@ -25,7 +25,6 @@ class Allocation:
     """One buffer: storage, written mask and bookkeeping. Views (:class:`Tensor`) keep it alive."""
 
     __slots__ = (
-        "__weakref__",
         "buffer",
         "bytes_read",
         "bytes_written",
@@ -35,7 +34,7 @@ class Allocation:
         "machine",
         "name",
         "producer",
-        "rotated_line",
+        "record",
         "written",
     )
 
@@ -50,7 +49,9 @@ class Allocation:
         # a fully written allocation never consults its mask; give it a free read-only one
         self.written = np.broadcast_to(True, data.shape) if written else np.zeros(data.shape, bool)
         self.producer = producer  # set on 0.1 temporaries: "dma", "pe" (TensorE) or "engine"
-        self.rotated_line = None  # line of the newer allocation at the same site that replaced it
+        # liveness record of a counted on-chip allocation (set by MemoryTracker.allocate), else None;
+        # every access stamps ``record.last`` with the machine's event clock
+        self.record = None
         self.bytes_read = 0
         self.bytes_written = 0
 
@@ -201,21 +202,14 @@ class Tensor:
 
 
 # --- access checks and writes (hot path: keep cheap) ------------------------------------------
-def check_live(t: Tensor) -> None:
-    """A view of an allocation rotated out by a newer one at the same site may not be used."""
-    a = t.alloc
-    if a.rotated_line is not None:
-        raise KernelLimitError(
-            f"use of a rotated-out buffer: {a.describe()} was replaced by the allocation at line "
-            f"{a.rotated_line} (same site); the liveness rule keeps one live allocation per site, so "
-            "allocate one larger buffer instead of several from one line")
-
-
+# Every read of a view goes through require_written and every write through write or mark_written;
+# each stamps the allocation's liveness record with the current event clock (its last access).
 def require_written(t: Tensor, role: str) -> None:
     """Raise :class:`UninitializedReadError` if any element of view ``t`` was never written."""
     a = t.alloc
-    if a.rotated_line is not None:
-        check_live(t)
+    record = a.record
+    if record is not None:
+        record.last = a.machine.clock
     if a.fully_written:
         return
     mask = a.written[t.key]
@@ -237,8 +231,9 @@ def require_written(t: Tensor, role: str) -> None:
 def write(t: Tensor, values: Any) -> None:
     """Store ``values`` into view ``t`` (cast to its dtype, round-to-nearest) and mark it written."""
     a = t.alloc
-    if a.rotated_line is not None:
-        check_live(t)
+    record = a.record
+    if record is not None:
+        record.last = a.machine.clock
     t.data[...] = values
     if not a.fully_written:
         if t.is_full:
@@ -249,8 +244,11 @@ def write(t: Tensor, values: Any) -> None:
 
 
 def mark_written(t: Tensor) -> None:
-    """Mark view ``t`` written after its data was updated in place."""
+    """Mark view ``t`` written after its data was updated in place (an access, like :func:`write`)."""
     a = t.alloc
+    record = a.record
+    if record is not None:
+        record.last = a.machine.clock
     if not a.fully_written:
         if t.is_full:
             a.fully_written = True

@@ -204,20 +204,32 @@ class Program:
     def live_intervals(self) -> list[tuple[int, int, Buffer]]:
         """(first, last, buffer) of every allocation site, in positions of the program read once in
         order (a loop body counted once): a buffer occupies memory from its allocation to its last
-        use. Every iteration of a loop repeats its body's intervals, so the peak over this single
-        pass is the kernel's peak; the interpreter measures the same on the running kernel."""
+        use. A use inside a loop that the allocation is outside of keeps the buffer live to the end
+        of that loop (later iterations use it again). Every iteration repeats its body's intervals,
+        so the peak over this pass is the kernel's peak; the interpreter measures the same."""
+        walked = list(walk(self.body))
+        loop_end: dict[int, int] = {}
+        for position, (_, loops) in enumerate(walked):
+            for loop in loops:
+                loop_end[id(loop)] = position
         intervals: list[list] = []
-        current: dict[int, list] = {}
-        for position, (stmt, _) in enumerate(walk(self.body)):
+        current: dict[int, tuple[list, tuple[Loop, ...]]] = {}
+        for position, (stmt, loops) in enumerate(walked):
             if isinstance(stmt, Alloc):
                 record = [position, position, stmt.buffer]
-                current[id(stmt.buffer)] = record
+                current[id(stmt.buffer)] = (record, loops)
                 intervals.append(record)
                 continue
             for ref in _refs(stmt):
-                record = current.get(id(ref.buffer))
-                if record is not None:
-                    record[1] = position
+                found = current.get(id(ref.buffer))
+                if found is None:
+                    continue
+                record, alloc_loops = found
+                end = position
+                outer = [loop for loop in loops if all(loop is not a for a in alloc_loops)]
+                if outer:
+                    end = loop_end[id(outer[0])]
+                record[1] = max(record[1], end)
         return [(a, b, buf) for a, b, buf in intervals]
 
     def _peak(self, memory: str, size: Callable[[Buffer], int]) -> int:

@@ -1,0 +1,114 @@
+"""Fused X·U·V chains and gated MLPs: emitted kernels run in the interpreter against float64."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuronmm_compiler.fused_compiler import compile_graph, tune_graph, unfused_cost
+from neuronmm_compiler.targets import get_target
+from neuronmm_compiler.verification import verify_source
+from neuronmm_compiler.workloads import chain_workload, mlp_workload
+
+TRN1 = get_target("trn1")
+
+
+def _verify(workload, **params):
+    dialect = params.pop("dialect", "nki")
+    compiled = compile_graph(workload, target=TRN1, dialect=dialect, params=params)
+    report = verify_source(compiled.kernel.source, filename=workload.describe())
+    assert report.ok, f"{workload.describe()} {params}: {report.error}"
+    return compiled, report
+
+
+CHAINS = [(1, 512, 256, 128), (77, 700, 300, 128), (200, 1024, 512, 256), (256, 640, 384, 130)]
+MLPS = [(1, 256, 768, (128, 128, 128)), (77, 256, 640, (128, 256, 128)), (200, 384, 768, (256, 128, 128))]
+
+
+@pytest.mark.parametrize(("m", "n", "k", "rank"), CHAINS, ids=str)
+@pytest.mark.parametrize("dialect", ["nki", "neuronxcc"])
+@pytest.mark.parametrize("x_transpose", ["dma", "pe"])
+def test_chains_verify(m, n, k, rank, dialect, x_transpose):
+    _, report = _verify(chain_workload(m, n, k, rank=rank), dialect=dialect, x_transpose=x_transpose)
+    counters = report.counters
+    x_tiles = -(-k // 128) * -(-m // min(128, m))
+    # X U never leaves the chip, and no intermediate is transposed: only X's tiles, when asked to.
+    assert set(k for k, v in counters["hbm_bytes_written"].items() if v) == {"y"}
+    assert counters["transposes"] == (x_tiles if x_transpose == "pe" else 0)
+    assert counters["dma_transposes"] == (-(-k // 128) * -(-m // 128) if x_transpose == "dma" else 0)
+
+
+@pytest.mark.parametrize(("tokens", "hidden", "intermediate", "ranks"), MLPS, ids=str)
+@pytest.mark.parametrize("dialect", ["nki", "neuronxcc"])
+@pytest.mark.parametrize("mlp", ["whole", "split"])
+def test_mlps_verify(tokens, hidden, intermediate, ranks, dialect, mlp):
+    compiled, report = _verify(mlp_workload(tokens, hidden, intermediate, ranks=ranks), dialect=dialect,
+                               mlp=mlp, x_transpose="dma")
+    counters = report.counters
+    assert counters["transposes"] == 0
+    written = {k for k, v in counters["hbm_bytes_written"].items() if v}
+    read = {k for k, v in counters["hbm_bytes_read"].items() if v}
+    if mlp == "whole":
+        assert written == {"out"} and "h" not in read  # h never touches HBM
+        assert len(compiled.programs) == 1
+    else:
+        assert written == {"out", "h"} and "h" in read  # h^T handed to the down kernel, transposed
+        assert counters["hbm_bytes_written"]["h"] == tokens * intermediate * 2
+        assert len(compiled.programs) == 2
+
+
+def test_dense_mlp_fuses_too():
+    _verify(mlp_workload(64, 256, 512, dense=True), x_transpose="pe")
+
+
+@pytest.mark.parametrize("cache", ["none", "stage1", "all"])
+@pytest.mark.parametrize("weight_dma", ["row", "tile"])
+def test_weight_options_verify(cache, weight_dma):
+    _verify(mlp_workload(300, 256, 640, ranks=(128, 128, 256)), cache_weights=cache, weight_dma=weight_dma,
+            tokens_per_block=256, weight_block_kib=4)
+
+
+def _assert_model_counts(compiled, report):
+    cost, counters = compiled.cost, report.counters
+    for name, value in counters["hbm_bytes_read"].items():
+        assert cost.hbm_bytes_read_by_tensor.get(name, 0) == value, name
+    for name, value in counters["hbm_bytes_written"].items():
+        assert cost.hbm_bytes_written_by_tensor.get(name, 0) == value, name
+    assert cost.dma_transfers == counters["dma_transfers"]
+    assert cost.matmul_instructions == counters["matmul_instructions"]
+    assert cost.transposes == counters["transposes"]
+    assert {str(k): v for k, v in cost.dma_bytes_per_partition.items()} == counters["dma_bytes_per_partition"]
+    assert cost.sbuf_bytes_per_partition == counters["sbuf_peak_bytes"]
+    assert cost.psum_banks == counters["psum_peak_banks"]
+
+
+@pytest.mark.parametrize("mlp", ["whole", "split"])
+@pytest.mark.parametrize("params", [{}, {"cache_weights": "stage1", "tokens_per_block": 64, "x_transpose": "pe"},
+                                    {"weight_dma": "tile", "weight_block_kib": 8, "out_tile": 256}], ids=str)
+def test_model_counts_equal_interpreter_for_fused_kernels(mlp, params):
+    compiled, report = _verify(mlp_workload(130, 384, 640, ranks=(128, 256, 128)), mlp=mlp, **params)
+    _assert_model_counts(compiled, report)
+
+
+def test_tuned_fused_kernels_beat_the_unfused_baseline_and_verify():
+    for workload in (chain_workload(32, 2048, 1024, keep_ratio=0.8), mlp_workload(1, 512, 1536, keep_ratio=0.8)):
+        tuned = tune_graph(workload, target=TRN1, trials=40)
+        assert tuned.speedup_vs_unfused and tuned.speedup_vs_unfused > 1
+        assert verify_source(tuned.compiled.kernel.source).ok
+
+
+def test_unfused_baseline_sums_one_kernel_per_op():
+    workload = mlp_workload(128, 256, 512, rank=128)
+    cost = unfused_cost(workload.graph(), TRN1)
+    # every intermediate goes through HBM: x_ug, gate, x_uu, up, act, h, h_ud, and the output
+    intermediates = 128 * (128 + 512 + 128 + 512 + 512 + 512 + 128 + 256) * 2
+    assert cost.hbm_bytes_written == intermediates
+
+
+@given(m=st.integers(1, 300), n=st.integers(1, 700), k=st.integers(1, 400), rank=st.integers(1, 260),
+       dialect=st.sampled_from(["nki", "neuronxcc"]), x_transpose=st.sampled_from(["dma", "pe"]),
+       tokens_per_block=st.sampled_from([32, 64, 128, 256]))
+def test_property_chains_of_any_shape_verify(m, n, k, rank, dialect, x_transpose, tokens_per_block):
+    _verify(chain_workload(m, n, k, rank=rank), dialect=dialect, x_transpose=x_transpose,
+            tokens_per_block=tokens_per_block)
