@@ -58,6 +58,15 @@ def test_mlps_verify(tokens, hidden, intermediate, ranks, dialect, mlp):
         assert len(compiled.programs) == 2
 
 
+@pytest.mark.parametrize("dialect", ["nki", "neuronxcc"])
+@pytest.mark.parametrize("k_tiles_per_block", [1, 3])
+def test_k_blocked_contraction_verifies(dialect, k_tiles_per_block):
+    """Gate and up share K (rank 384: 3 tiles), the down projection's U has 9 K tiles: both blocked."""
+    compiled, report = _verify(mlp_workload(77, 300, 1100, ranks=(384, 384, 256)), dialect=dialect,
+                               k_tiles_per_block=k_tiles_per_block, weight_block_kib=64)
+    _assert_model_counts(compiled, report)
+
+
 def test_dense_mlp_fuses_too():
     _verify(mlp_workload(64, 256, 512, dense=True), x_transpose="pe")
 
@@ -85,7 +94,9 @@ def _assert_model_counts(compiled, report):
 
 @pytest.mark.parametrize("mlp", ["whole", "split"])
 @pytest.mark.parametrize("params", [{}, {"cache_weights": "stage1", "tokens_per_block": 64, "x_transpose": "pe"},
-                                    {"weight_dma": "tile", "weight_block_kib": 8, "out_tile": 256}], ids=str)
+                                    {"weight_dma": "tile", "weight_block_kib": 8, "out_tile": 256},
+                                    {"k_tiles_per_block": 2, "weight_block_kib": 64},
+                                    {"k_tiles_per_block": 1, "weight_dma": "tile", "weight_block_kib": 4}], ids=str)
 def test_model_counts_equal_interpreter_for_fused_kernels(mlp, params):
     compiled, report = _verify(mlp_workload(130, 384, 640, ranks=(128, 256, 128)), mlp=mlp, **params)
     _assert_model_counts(compiled, report)

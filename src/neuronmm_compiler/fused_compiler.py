@@ -150,6 +150,7 @@ def fused_space(workload: Workload) -> SearchSpace:
         "tokens_per_block": (32, 64, 128, 256, 512),
         "token_tile": (128,),
         "weight_block_kib": (4, 8, 16, 32, 64),
+        "k_tiles_per_block": (0, 8, 16, 32),
         "out_tile": (512, 256),
         "weight_dma": ("row", "tile"),
         "cache_weights": ("none", "stage1", "all"),
@@ -159,7 +160,7 @@ def fused_space(workload: Workload) -> SearchSpace:
     return SearchSpace(candidates, build=lambda point: FusedSchedule(**point))
 
 
-FUSED_ORDINAL = ("tokens_per_block", "token_tile", "weight_block_kib", "out_tile")
+FUSED_ORDINAL = ("tokens_per_block", "token_tile", "weight_block_kib", "k_tiles_per_block", "out_tile")
 
 
 @dataclass

@@ -34,6 +34,10 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("weight_block_kib", int, None,
               "SBUF KiB per partition of one weight block (all of its contraction rows, as many output "
               "tiles as fit, at least one): larger blocks mean fewer, longer weight DMAs"),
+    ParamSpec("k_tiles_per_block", int, None,
+              "contraction tiles per weight block of a transposed matmul; 0 = all of them. Blocking K "
+              "keeps a PSUM bank per feature tile across K blocks, so long contractions (the down "
+              "projection's U) stream wide weight rows instead of narrow ones"),
     ParamSpec("out_tile", int, None, "output columns per matmul of the final, row-major matmul, 1..512"),
     ParamSpec("weight_dma", str, WEIGHT_DMA, "row: one DMA per 128-row slab of a weight block; tile: per tile"),
     ParamSpec("cache_weights", str, CACHE_WEIGHTS,
@@ -55,6 +59,7 @@ class FusedSchedule:
     tokens_per_block: int = 128
     token_tile: int = 128
     weight_block_kib: int = 16
+    k_tiles_per_block: int = 0
     out_tile: int = 512
     weight_dma: str = "row"
     cache_weights: str = "none"
@@ -99,6 +104,8 @@ def check_fused(schedule: FusedSchedule, moving_fmax: int = 512, stationary_fmax
         raise ScheduleError(f"tokens_per_block={s.tokens_per_block} must be a multiple of token_tile={s.token_tile}")
     if not 1 <= s.out_tile <= moving_fmax:
         raise ScheduleError(f"out_tile={s.out_tile} is outside 1..{moving_fmax} (moving free size)")
+    if s.k_tiles_per_block < 0:
+        raise ScheduleError(f"k_tiles_per_block={s.k_tiles_per_block} must be 0 (all) or positive")
     if s.weight_block_kib < 1:
         raise ScheduleError(f"weight_block_kib={s.weight_block_kib} must be at least 1")
     for spec in FUSED_PARAMS:

@@ -48,6 +48,8 @@ from .program import (
 
 FEATURE_TILE = 128  # output features per transposed matmul (stationary free size)
 K_TILE = 128  # contraction rows per matmul (partitions)
+PSUM_BANK_FP32 = 512  # fp32 values per partition in one PSUM bank
+GROUP_PSUM_BANKS = 6  # banks a K-blocked group may hold: 8, less one for the row-major matmul, one for transposes
 
 
 def annotation(node: Node, key: str) -> str | None:
@@ -245,13 +247,30 @@ class _FusedLowering:
         ]
         return out + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, body)
 
+    def _k_blocked(self, group: _Group) -> int:
+        """K tiles per weight block when the group's contraction is blocked (0: not blocked)."""
+        s = self.s
+        ks = {-(-self.nodes[leaf.operands[0]].shape[1] // K_TILE) for leaf in group.leaves}
+        if s.k_tiles_per_block <= 0 or len(ks) != 1 or any(self._cache(leaf) for leaf in group.leaves):
+            return 0
+        k_tiles = ks.pop()
+        return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
+
     def transposed_group(self, group: _Group, mb: Expr) -> list[Stmt]:
         root, s = group.root, self.s
         n = root.shape[1]
         ntiles = -(-n // FEATURE_TILE)
-        k_tiles = max(-(-self.nodes[leaf.operands[0]].shape[1] // K_TILE) for leaf in group.leaves)
-        per_block = tiles_per_weight_block(s, k_tiles, min(FEATURE_TILE, n), self.dtype_bytes, ntiles)
-        fdim = Dim("f", n, min(FEATURE_TILE, n), ntiles, per_block)
+        ftile = min(FEATURE_TILE, n)
+        kb = self._k_blocked(group)
+        if kb:
+            # Contraction blocked: each feature tile's PSUM accumulator (a bank) lives across the
+            # K blocks, so the feature block is bounded by the banks left for this group.
+            by_sbuf = tiles_per_weight_block(s, kb, ftile, self.dtype_bytes, ntiles)
+            per_block = max(1, min(by_sbuf, GROUP_PSUM_BANKS // len(group.leaves)))
+        else:
+            k_tiles = max(-(-self.nodes[leaf.operands[0]].shape[1] // K_TILE) for leaf in group.leaves)
+            per_block = tiles_per_weight_block(s, k_tiles, ftile, self.dtype_bytes, ntiles)
+        fdim = Dim("f", n, ftile, ntiles, per_block)
         bm = self.tok.block_size(mb)
         out_strip = self._strip(root.id, n)
         what = " * ".join(leaf.id for leaf in group.leaves)
@@ -266,48 +285,103 @@ class _FusedLowering:
         ft = iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
         nsz = fdim.tile_size(g)
-        block: list[Stmt] = []
-        sources: dict[str, tuple[Buffer, bool]] = {}
-        for leaf in group.leaves:
-            loads, buf, whole = self._weights(leaf, fdim, fb)
-            block += loads
-            sources[leaf.id] = (buf, whole)
-        tile: list[Stmt] = []
-        values: dict[str, Ref] = {}
-        for leaf in group.leaves:
-            lhs = self.nodes[leaf.operands[0]]
-            kdim = self._kdim(lhs.shape[1])
-            kt = iv("kt", kdim.tiles)
-            ksz = kdim.tile_size(kt)
-            buf, whole = sources[leaf.id]
-            col = fdim.tile_start(g) if whole else scale(ft, fdim.tile)
-            psum = Buffer(f"{leaf.id}_psum", (fdim.tile, s.tokens_per_block), "float32", "psum")
-            dst = Ref(psum, (span(0, nsz), span(0, bm)))
-            mm = Matmul(dst, Ref(buf, (span(0, ksz), Point(kt), span(col, nsz))),
-                        Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(0, bm))))
-            tile += [Alloc(psum, accumulator=True), *loop("kt", Lin(kdim.tiles), kdim.tiles, [mm])]
-            values[leaf.id] = dst
         result = Ref(out_strip, (span(0, nsz), Point(g), span(0, bm)))
-        if not group.tree:
-            tile.append(Copy(result, values[root.id]))
-        for node in group.tree:
-            dst = result if node is root else Ref(temps[node.id], (span(0, nsz), span(0, bm)))
-            ops = [values[o] for o in node.operands]
-            op = node.attrs["op"]
-            if op == "silu":
-                tile.append(Activation(dst, ops[0], "silu"))
-            else:
-                if all(r.buffer.memory == "psum" for r in ops):
-                    moved = Ref(spill, (span(0, nsz), span(0, bm)))
-                    tile.append(Copy(moved, ops[1]))  # a vector op reads at most one PSUM operand
-                    ops[1] = moved
-                tile.append(TensorTensor(dst, ops[0], ops[1], op))  # type: ignore[arg-type]
-            values[node.id] = dst
+        block: list[Stmt] = []
+        if kb:
+            values, accumulate = self._k_blocked_matmuls(group, fdim, fb, ft, nsz, bm, kb)
+            block += accumulate
+            tile = self._epilogue(group, values, result, temps, spill, nsz, bm)
+        else:
+            sources: dict[str, tuple[Buffer, bool]] = {}
+            for leaf in group.leaves:
+                loads, buf, whole = self._weights(leaf, fdim, fb)
+                block += loads
+                sources[leaf.id] = (buf, whole)
+            tile = []
+            values = {}
+            for leaf in group.leaves:
+                lhs = self.nodes[leaf.operands[0]]
+                kdim = self._kdim(lhs.shape[1])
+                kt = iv("kt", kdim.tiles)
+                ksz = kdim.tile_size(kt)
+                buf, whole = sources[leaf.id]
+                col = fdim.tile_start(g) if whole else scale(ft, fdim.tile)
+                psum = Buffer(f"{leaf.id}_psum", (fdim.tile, s.tokens_per_block), "float32", "psum")
+                dst = Ref(psum, (span(0, nsz), span(0, bm)))
+                mm = Matmul(dst, Ref(buf, (span(0, ksz), Point(kt), span(col, nsz))),
+                            Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(0, bm))))
+                tile += [Alloc(psum, accumulator=True), *loop("kt", Lin(kdim.tiles), kdim.tiles, [mm])]
+                values[leaf.id] = dst
+            tile += self._epilogue(group, values, result, temps, spill, nsz, bm)
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
         out += [Comment(f"{root.id}^T = {what if group.tree else root.id} (transposed, in SBUF)")]
         out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block)
         if root.id in self.out_hbm:
             out += self._store_strip(root, out_strip, fdim, mb)
+        return out
+
+    def _k_blocked_matmuls(self, group: _Group, fdim: Dim, fb: Expr, ft: Expr, nsz: Expr, bm: Expr,
+                           kb: int) -> tuple[dict[str, Ref], list[Stmt]]:
+        """PSUM accumulators of the feature block, then the K-block loop: load weight rows, matmul."""
+        lhs0 = self.nodes[group.leaves[0].operands[0]]
+        k = lhs0.shape[1]
+        kdim = Dim("k", k, min(K_TILE, k), -(-k // K_TILE), kb)
+        kblk = iv("k_blk", kdim.blocks)
+        kt = iv("kt", kdim.tiles_in_block)
+        gk = kdim.tile_index(kblk, kt)
+        ksz = kdim.tile_size(gk)
+        allocs: list[Stmt] = []
+        loads: list[Stmt] = []
+        tile: list[Stmt] = []
+        values: dict[str, Ref] = {}
+        for leaf in group.leaves:
+            w = self._weight(leaf)
+            hbm = self.hbm[w.id]
+            psum = Buffer(f"{leaf.id}_psum", (fdim.tile, fdim.tiles_in_block, PSUM_BANK_FP32), "float32", "psum")
+            allocs.append(Alloc(psum, accumulator=True, comment="one PSUM bank per feature tile, across K blocks"))
+            wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, fdim.block_elems), w.dtype, "sbuf")
+            loads.append(Alloc(wbuf))
+            if self.s.weight_dma == "row" or fdim.tiles_in_block == 1:
+                cols = fdim.block_size(fb)
+                dma = DmaCopy(Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))),
+                              Ref(hbm, (span(kdim.tile_start(gk), ksz), span(fdim.block_start(fb), cols))))
+                loads += loop("kt", kdim.tiles_in(kblk), kb, [dma])
+            else:
+                wt = iv("wt", fdim.tiles_in_block)
+                gw = fdim.tile_index(fb, wt)
+                csz = fdim.tile_size(gw)
+                dma = DmaCopy(Ref(wbuf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))),
+                              Ref(hbm, (span(kdim.tile_start(gk), ksz), span(fdim.tile_start(gw), csz))))
+                loads += loop("wt", fdim.tiles_in(fb), fdim.tiles_in_block, loop("kt", kdim.tiles_in(kblk), kb, [dma]))
+            dst = Ref(psum, (span(0, nsz), Point(ft), span(0, bm)))
+            mm = Matmul(dst, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(ft, fdim.tile), nsz))),
+                        Ref(self.strips[self.nodes[leaf.operands[0]].id], (span(0, ksz), Point(gk), span(0, bm))))
+            tile += loop("kt", kdim.tiles_in(kblk), kb, [mm])
+            values[leaf.id] = dst
+        body = loads + loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
+        return values, allocs + loop("k_blk", Lin(kdim.blocks), kdim.blocks, body)
+
+    def _epilogue(self, group: _Group, values: dict[str, Ref], result: Ref, temps: dict[str, Buffer],
+                  spill: Buffer, nsz: Expr, bm: Expr) -> list[Stmt]:
+        """Evaluate the group's elementwise tree on its PSUM tiles, writing the root into ``result``."""
+        out: list[Stmt] = []
+        values = dict(values)
+        root = group.root
+        if not group.tree:
+            return [Copy(result, values[root.id])]
+        for node in group.tree:
+            dst = result if node is root else Ref(temps[node.id], (span(0, nsz), span(0, bm)))
+            ops = [values[o] for o in node.operands]
+            op = node.attrs["op"]
+            if op == "silu":
+                out.append(Activation(dst, ops[0], "silu"))
+            else:
+                if all(r.buffer.memory == "psum" for r in ops):
+                    moved = Ref(spill, (span(0, nsz), span(0, bm)))
+                    out.append(Copy(moved, ops[1]))  # a vector op reads at most one PSUM operand
+                    ops[1] = moved
+                out.append(TensorTensor(dst, ops[0], ops[1], op))  # type: ignore[arg-type]
+            values[node.id] = dst
         return out
 
     def _two_psum_operands(self, node: Node, group: _Group) -> bool:
