@@ -212,7 +212,7 @@ def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIA
     if workload.kind == "mlp":
         guesses.append(replace(base, mlp="split"))
     spec = SpaceSpec(space=space, ordinal=FUSED_ORDINAL,
-                     exchange=("tokens_per_block", "weight_block_kib"),
+                     exchange=("tokens_per_block", "weight_block_kib", "k_tiles_per_block"),
                      classes=("cache_weights", "x_transpose", "mlp"), guesses=guesses, size=len(everything),
                      distinct=lambda: everything)
     evaluate = Evaluator(cost, lambda s: normalize_fused(s, tokens))

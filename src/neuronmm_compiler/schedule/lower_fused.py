@@ -272,9 +272,16 @@ class _FusedLowering:
             per_block = tiles_per_weight_block(s, k_tiles, ftile, self.dtype_bytes, ntiles)
         fdim = Dim("f", n, ftile, ntiles, per_block)
         bm = self.tok.block_size(mb)
-        out_strip = self._strip(root.id, n)
         what = " * ".join(leaf.id for leaf in group.leaves)
-        out: list[Stmt] = [Alloc(out_strip, comment=f"({root.id})^T for this token block, kept in SBUF")]
+        # A result no matmul of this kernel reads (e.g. h^T of a split MLP's first kernel) is stored
+        # tile by tile as it is produced, instead of being held whole in SBUF.
+        streamed = root.id in self.out_hbm and not any(u.kind != "output" for u in self._users(root.id))
+        if streamed:
+            out_strip = Buffer(f"{root.id}_tile", (min(FEATURE_TILE, n), s.tokens_per_block), self.dtype, "sbuf")
+            out: list[Stmt] = []
+        else:
+            out_strip = self._strip(root.id, n)
+            out = [Alloc(out_strip, comment=f"({root.id})^T for this token block, kept in SBUF")]
         temps = {node.id: Buffer(f"{node.id}_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
                  for node in group.tree if node is not root}
         spill = Buffer(f"{root.id}_operand_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
@@ -285,12 +292,19 @@ class _FusedLowering:
         ft = iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
         nsz = fdim.tile_size(g)
-        result = Ref(out_strip, (span(0, nsz), Point(g), span(0, bm)))
+        if streamed:
+            result = Ref(out_strip, (span(0, nsz), span(0, bm)))
+            hbm = self.out_hbm[root.id][1]
+            store = [DmaCopy(Ref(hbm, (span(fdim.tile_start(g), nsz), span(self.tok.block_start(mb), bm))), result)]
+        else:
+            result = Ref(out_strip, (span(0, nsz), Point(g), span(0, bm)))
+            store = []
         block: list[Stmt] = []
         if kb:
             values, accumulate = self._k_blocked_matmuls(group, fdim, fb, ft, nsz, bm, kb)
             block += accumulate
-            tile = self._epilogue(group, values, result, temps, spill, nsz, bm)
+            tile = ([Alloc(out_strip)] if streamed else []) + self._epilogue(group, values, result, temps, spill,
+                                                                              nsz, bm) + store
         else:
             sources: dict[str, tuple[Buffer, bool]] = {}
             for leaf in group.leaves:
@@ -312,11 +326,12 @@ class _FusedLowering:
                             Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(0, bm))))
                 tile += [Alloc(psum, accumulator=True), *loop("kt", Lin(kdim.tiles), kdim.tiles, [mm])]
                 values[leaf.id] = dst
-            tile += self._epilogue(group, values, result, temps, spill, nsz, bm)
+            tile += ([Alloc(out_strip)] if streamed else []) + self._epilogue(group, values, result, temps, spill,
+                                                                               nsz, bm) + store
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
         out += [Comment(f"{root.id}^T = {what if group.tree else root.id} (transposed, in SBUF)")]
         out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block)
-        if root.id in self.out_hbm:
+        if root.id in self.out_hbm and not streamed:
             out += self._store_strip(root, out_strip, fdim, mb)
         return out
 
