@@ -200,3 +200,67 @@ def test_bad_tune_cost_explain_input(tmp_path, monkeypatch, args, fragment):
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("nmmc: error:") and fragment in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fused_chain_and_mlp_through_the_cli(tmp_path):
+    chain = tmp_path / "chain.py"
+    result = run("emit", "--shape", "77x700x300", "--rank", "128", "--dialect", "neuronxcc", "-o", str(chain))
+    assert result.exit_code == 0, result.output
+    assert json.loads(run("verify", str(chain), "--json").output)["ok"] is True
+    mlp = tmp_path / "mlp.py"
+    result = run("tune", "--mlp", "--tokens", "33", "--hidden", "256", "--intermediate", "640", "--keep-ratio", "0.8",
+                 "--trials", "20", "--verify", "--json", "-o", str(mlp))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    for key in ("schedule", "predicted", "baseline", "unfused_baseline", "speedup_vs_baseline", "speedup_vs_unfused",
+                "search", "kernels"):
+        assert key in data, key
+    assert data["verify"]["ok"] is True and data["verify"]["transposes"] >= 0
+    assert "ranks gate/up/down 128/128/128" in data["workload"]
+    split = run("emit", "--mlp", "--tokens", "33", "--hidden", "256", "--intermediate", "640", "--ranks", "128,128,256",
+                "--param", "mlp=split", "-o", str(tmp_path / "split.py"))
+    assert split.exit_code == 0 and "svd_mlp_k0, svd_mlp_k1" in split.output
+    verify_split = json.loads(run("verify", str(tmp_path / "split.py"), "--json").output)
+    assert verify_split["ok"] is True and [k["name"] for k in verify_split["kernels"]] == ["svd_mlp_k0", "svd_mlp_k1"]
+    cost = json.loads(run("cost", "--mlp", "--tokens", "33", "--hidden", "256", "--intermediate", "640",
+                          "--rank", "128", "--param", "mlp=split", "--json").output)
+    assert len(cost["kernels"]) == 2 and cost["feasible"] is True
+
+
+def test_explain_fused_shows_passes_and_every_kernel():
+    result = run("explain", "--mlp", "--tokens", "16", "--hidden", "256", "--intermediate", "512", "--rank", "128",
+                 "--param", "mlp=split")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for text in ("== after pass implicit-transpose (changed)", "== after pass fuse{mlp=split} (changed)",
+                 "== after pass place (changed)", "orient=transposed", "== kernel svd_mlp_k0",
+                 "== loop nest of svd_mlp_k1", "nisa.activation(", "op=nl.silu", "op=nl.multiply", "T_dma = "):
+        assert text in out, text
+    assert "nc_transpose" not in out.split("== loop nest of svd_mlp_k1")[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["emit", "--shape", "128x512x128", "--rank", "0", "-o", "X"], "--rank"),
+        (["emit", "--shape", "128x512x128", "--rank", "128", "--keep-ratio", "0.5", "-o", "X"], "exactly one"),
+        (["emit", "--shape", "128x512x128", "--keep-ratio", "1.5", "-o", "X"], "keep"),
+        (["emit", "--mlp", "--tokens", "8", "--hidden", "256", "-o", "X"], "--intermediate"),
+        (["emit", "--mlp", "--tokens", "8", "--hidden", "256", "--intermediate", "512", "-o", "X"], "exactly one"),
+        (["emit", "--mlp", "--tokens", "8", "--hidden", "256", "--intermediate", "512", "--ranks", "1,2", "-o", "X"],
+         "three"),
+        (["emit", "--mlp", "--tokens", "8", "--hidden", "256", "--intermediate", "512", "--rank", "128",
+          "--schedule", "aws-tiled", "-o", "X"], "GEMM"),
+        (["emit", "--mlp", "--tokens", "8", "--hidden", "256", "--intermediate", "512", "--rank", "128",
+          "--param", "tokens_per_block=9999", "-o", "X"], "tokens_per_block"),
+        (["emit", "--shape", "128x512x128", "--rank", "128", "--param", "mlp=split", "-o", "X"], "MLP"),
+        (["emit", "--tokens", "8", "--shape", "128x512x128", "-o", "X"], "--mlp"),
+        (["emit", "--shape", "128x512x128", "--dense", "-o", "X"], "--mlp"),
+    ],
+)
+def test_bad_fused_input(tmp_path, monkeypatch, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("nmmc: error:") and fragment in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
