@@ -123,3 +123,20 @@ def test_unfused_baseline_sums_one_kernel_per_op():
 def test_property_chains_of_any_shape_verify(m, n, k, rank, dialect, x_transpose, tokens_per_block):
     _verify(chain_workload(m, n, k, rank=rank), dialect=dialect, x_transpose=x_transpose,
             tokens_per_block=tokens_per_block)
+
+
+def test_single_output_chain_with_cancellation_verifies():
+    """Regression (found by hypothesis): one output element of 27 rank terms; the bf16 strip's
+    rounding is what the rounding allowance is for."""
+    _verify(chain_workload(1, 1, 398, rank=27), x_transpose="dma", tokens_per_block=32)
+
+
+def test_a_broken_fused_kernel_fails_verification():
+    compiled = compile_graph(mlp_workload(64, 256, 512, rank=128), target=TRN1)
+    source = compiled.kernel.source
+    # drop the last K tile of the h @ u_down accumulation (its weights are still loaded)
+    loop = "for kt in range(4):\n        nisa.nc_matmul(dst=h_ud_psum"
+    broken = source.replace(loop, loop.replace("range(4)", "range(3)"), 1)
+    assert broken != source
+    report = verify_source(broken)
+    assert not report.ok and "exceeds" in report.error

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sympy as sp
 
 from .codegen.printer import NkiPrinter
-from .compiler import CompiledKernel, Tuned
+from .compiler import CompiledKernel, Lowered, Tuned
 from .cost_model import FORMULAS, LATENCY, LOWER_BOUND, CostReport
-from .fused_compiler import CompiledGraph, TunedGraph
+from .fused_compiler import CompiledGraph, GraphLowered, TunedGraph
 from .ir import to_text
 
 
@@ -69,6 +69,15 @@ def _fmt(expr: sp.Expr) -> str:
     return sp.sstr(expr)
 
 
+def _pass_lines(lowered: Lowered | GraphLowered) -> list[str]:
+    """The frontend's graph, then the graph after every pass of the pipeline."""
+    lines = ["== graph from the frontend", *to_text(lowered.source_graph).splitlines()]
+    for step in lowered.pipeline_steps:
+        lines += ["", f"== after pass {step.pass_name} ({'changed' if step.changed else 'unchanged'})",
+                  *step.text.splitlines()]
+    return lines
+
+
 def _formula_lines(cost: CostReport) -> list[str]:
     """The model's symbols with their values, then each formula and its value."""
     values = cost.values
@@ -87,10 +96,7 @@ def _formula_lines(cost: CostReport) -> list[str]:
 def explain_lines(compiled: CompiledKernel) -> list[str]:
     """The IR after each pass, the schedule as a loop nest, the cost formulas with numbers."""
     lowered, cost = compiled.lowered, compiled.cost
-    lines = ["== graph from the frontend", *to_text(lowered.source_graph).splitlines()]
-    for step in lowered.pipeline_steps:
-        lines += ["", f"== after pass {step.pass_name} ({'changed' if step.changed else 'unchanged'})",
-                  *step.text.splitlines()]
+    lines = _pass_lines(lowered)
     lines += ["", f"== problem: {compiled.problem.describe()}",
               f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}",
               "", "== loop nest (NKI 0.3+ spelling)", *NkiPrinter().kernel(compiled.program)]
@@ -129,10 +135,7 @@ def tune_graph_lines(tuned: TunedGraph) -> list[str]:
 def explain_graph_lines(compiled: CompiledGraph) -> list[str]:
     """explain for fused graphs: passes, every kernel's loop nest and cost formulas."""
     lowered = compiled.lowered
-    lines = ["== graph from the frontend", *to_text(lowered.source_graph).splitlines()]
-    for step in lowered.pipeline_steps:
-        lines += ["", f"== after pass {step.pass_name} ({'changed' if step.changed else 'unchanged'})",
-                  *step.text.splitlines()]
+    lines = _pass_lines(lowered)
     lines += ["", f"== workload: {compiled.workload.describe()}",
               f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}"]
     for kernel, program, cost in zip(lowered.kernels, compiled.programs, compiled.kernel_costs, strict=True):

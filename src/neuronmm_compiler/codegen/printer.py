@@ -23,9 +23,9 @@ from ..schedule.program import (
     Matmul,
     PeTranspose,
     Program,
-    Ref,
     Stmt,
     TensorTensor,
+    refs_of,
     walk,
 )
 
@@ -187,10 +187,6 @@ class NeuronxccPrinter(_Printer):
             raise TypeError(f"cannot print {type(stmt).__name__}")
 
 
-def _refs(stmt: Stmt) -> list[Ref]:
-    return [v for v in vars(stmt).values() if isinstance(v, Ref)] if not isinstance(stmt, Loop) else []
-
-
 def _sizes_ragged_tiles(loop: Loop) -> bool:
     """True when the loop variable appears inside a min(): its iterations differ in shape, which
     NKI 0.1's symbolic affine/sequential loop variables cannot express."""
@@ -198,7 +194,7 @@ def _sizes_ragged_tiles(loop: Loop) -> bool:
         exprs = []
         if isinstance(stmt, Loop):
             exprs.append(stmt.trip)
-        for ref in _refs(stmt):
+        for ref in refs_of(stmt):
             for ix in ref.index:
                 exprs.extend(getattr(ix, a) for a in ("start", "stop", "index") if hasattr(ix, a))
         if any(isinstance(e, Min) and loop.var in e.variables() for e in exprs):

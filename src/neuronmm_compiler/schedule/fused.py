@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from ..errors import InputError, ScheduleError, UnknownNameError
-from .gemm import ParamSpec
+from ..errors import ScheduleError
+from .gemm import ParamSpec, parse_params
 
 WEIGHT_DMA = ("row", "tile")
 CACHE_WEIGHTS = ("none", "stage1", "all")
@@ -73,23 +73,8 @@ class FusedSchedule:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
     def with_params(self, params: dict[str, str | int]) -> FusedSchedule:
-        changes: dict[str, int | str] = {}
-        specs = {p.name: p for p in FUSED_PARAMS}
-        for key, raw in params.items():
-            spec = specs.get(key)
-            if spec is None:
-                raise UnknownNameError(
-                    f"unknown fused-schedule parameter {key!r}; parameters: {', '.join(FUSED_PARAM_NAMES)}")
-            if spec.kind is int:
-                try:
-                    changes[key] = int(raw)
-                except (TypeError, ValueError):
-                    raise InputError(f"schedule parameter {key} takes an integer; got {raw!r}") from None
-            else:
-                if spec.choices and str(raw) not in spec.choices:
-                    raise InputError(f"schedule parameter {key} must be one of {', '.join(spec.choices)}; got {raw!r}")
-                changes[key] = str(raw)
-        return replace(self, **changes)
+        """A copy with ``--param key=value`` overrides applied (values may be strings)."""
+        return replace(self, **parse_params(FUSED_PARAMS, params, "fused-schedule"))
 
 
 def check_fused(schedule: FusedSchedule, moving_fmax: int = 512, stationary_fmax: int = 128) -> None:

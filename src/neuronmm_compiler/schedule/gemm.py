@@ -103,6 +103,27 @@ PARAMS: tuple[ParamSpec, ...] = (
 PARAM_NAMES = tuple(p.name for p in PARAMS)
 
 
+def parse_params(specs: tuple[ParamSpec, ...], params: dict[str, str | int], what: str) -> dict[str, int | str]:
+    """Check ``--param key=value`` pairs against ``specs``; values typed (ints parsed)."""
+    by_name = {p.name: p for p in specs}
+    changes: dict[str, int | str] = {}
+    for key, raw in params.items():
+        spec = by_name.get(key)
+        if spec is None:
+            names = ", ".join(by_name)
+            raise UnknownNameError(f"unknown {what} parameter {key!r}; parameters: {names}")
+        if spec.kind is int:
+            try:
+                changes[key] = int(raw)
+            except (TypeError, ValueError):
+                raise InputError(f"schedule parameter {key} takes an integer; got {raw!r}") from None
+        else:
+            if spec.choices and str(raw) not in spec.choices:
+                raise InputError(f"schedule parameter {key} must be one of {', '.join(spec.choices)}; got {raw!r}")
+            changes[key] = str(raw)
+    return changes
+
+
 @dataclass(frozen=True)
 class GemmSchedule:
     """A point of the GEMM schedule space. See the module docstring for the meaning."""
@@ -125,25 +146,7 @@ class GemmSchedule:
 
     def with_params(self, params: dict[str, str | int]) -> GemmSchedule:
         """A copy with ``--param key=value`` overrides applied (values may be strings)."""
-        changes: dict[str, int | str] = {}
-        specs = {p.name: p for p in PARAMS}
-        for key, raw in params.items():
-            spec = specs.get(key)
-            if spec is None:
-                raise UnknownNameError(f"unknown schedule parameter {key!r}; parameters: {', '.join(PARAM_NAMES)}")
-            if spec.kind is int:
-                try:
-                    value: int | str = int(raw)
-                except (TypeError, ValueError):
-                    raise InputError(f"schedule parameter {key} takes an integer; got {raw!r}") from None
-            else:
-                value = str(raw)
-                if spec.choices and value not in spec.choices:
-                    raise InputError(
-                        f"schedule parameter {key} must be one of {', '.join(spec.choices)}; got {value!r}"
-                    )
-            changes[key] = value
-        return replace(self, **changes)
+        return replace(self, **parse_params(PARAMS, params, "schedule"))
 
     def describe(self) -> str:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))

@@ -220,7 +220,7 @@ class Program:
                 current[id(stmt.buffer)] = (record, loops)
                 intervals.append(record)
                 continue
-            for ref in _refs(stmt):
+            for ref in refs_of(stmt):
                 found = current.get(id(ref.buffer))
                 if found is None:
                     continue
@@ -252,7 +252,8 @@ class Program:
         return self._peak("psum", lambda b: -(-b.bytes_per_partition // bank_bytes))
 
 
-def _refs(stmt: Stmt) -> list[Ref]:
+def refs_of(stmt: Stmt) -> list[Ref]:
+    """The tensor regions an instruction reads or writes (none for loops, comments, allocations)."""
     if isinstance(stmt, Loop | Comment | Alloc):
         return []
     return [value for value in vars(stmt).values() if isinstance(value, Ref)]
