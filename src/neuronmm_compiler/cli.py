@@ -161,17 +161,27 @@ def cost(schedule_name: str | None, params: tuple[str, ...], target: str, as_jso
 @click.option("--verify", "run_verify", is_flag=True, help="Also run the emitted kernel in the interpreter.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
+@click.option("--model", default=None, metavar="PATH",
+              help="Tune a model's MLP for every --tokens bucket: a model directory (config.json), a config.json, "
+                   "or an 'nmmc compress' output (its ranks). -o is then a directory: one kernel file per bucket "
+                   "and index.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("-o", "--output", required=True, metavar="FILE", help="Kernel file to write ('-' for stdout).")
+@click.option("-o", "--output", required=True, metavar="FILE",
+              help="Kernel file to write ('-' for stdout); with --model, the output directory.")
 def tune(target: str, trials: int | None, seed: int, timeout: float | None, method: str,
          exhaustive_threshold: int | None, top_k: int, dialect: str, run_verify: bool, progress: bool | None,
-         as_json: bool, output: str, **options: Any) -> None:
+         model: str | None, as_json: bool, output: str, **options: Any) -> None:
     """Search the schedule space with the cost model (Optuna TPE, or exhaustive for small spaces),
     write the NKI kernel(s) of the best schedule, and compare with the baselines at the same shape:
     AWS's fully optimized kernel for a GEMM; for chains and MLPs, the dense computation and the
-    unfused SVD factors, each with AWS's kernel per matmul."""
+    unfused SVD factors, each with AWS's kernel per matmul. With --model, do that for a model's MLP
+    at every token bucket."""
     from .search import DEFAULT_TRIALS
 
+    if model is not None:
+        _tune_model(model, options, target=target, dialect=dialect, trials=trials or DEFAULT_TRIALS, seed=seed,
+                    run_verify=run_verify, as_json=as_json, output=output)
+        return
     wl = workload_from(options)
     choice(dialect, DIALECTS, "dialect")
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
@@ -219,6 +229,52 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
             click.echo(f"{status}: relative error {rel}" + (f"; {report.error}" if report.error else ""),
                        err=output == "-")
     if report is not None and not report.ok:
+        sys.exit(EXIT_FAILED)
+
+
+def _tune_model(model: str, options: dict[str, Any], *, target: str, dialect: str, trials: int, seed: int,
+                run_verify: bool, as_json: bool, output: str) -> None:
+    from .model_tuning import parse_buckets, resolve_model, tune_model
+
+    allowed = {"tokens", "keep_ratio", "dtype", "a_layout"}
+    given = [k for k, v in options.items() if k not in allowed and v not in (None, False)]
+    if given:
+        raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
+                         ", ".join("--" + k.replace("_", "-") for k in given))
+    if options["tokens"] is None:
+        raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
+    choice(dialect, DIALECTS, "dialect")
+    source = resolve_model(model, options["keep_ratio"])
+    buckets = parse_buckets(str(options["tokens"]))
+    index = tune_model(source, buckets, output, target=get_target(target), dialect=dialect, trials=trials, seed=seed)
+    failures = []
+    if run_verify:
+        from pathlib import Path
+
+        from .verification import verify_file
+
+        for entry in index["buckets"]:
+            report = verify_file(Path(output) / entry["file"])
+            entry["verified"] = report.ok
+            if not report.ok:
+                failures.append(f"{entry['file']}: {report.error}")
+    if as_json:
+        click.echo(json.dumps(index, indent=2))
+    else:
+        ranks = "/".join(str(r) for r in index["ranks"].values())
+        click.echo(f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); "
+                   f"{target}")
+        click.echo(f"  {'tokens':>7}{'fused us':>11}{'dense us':>11}{'unfused us':>12}{'vs dense':>10}{'vs unf.':>9}"
+                   f"{'kernels':>9}  file")
+        for e in index["buckets"]:
+            check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
+            click.echo(f"  {e['tokens']:>7}{e['predicted_us']:>11.1f}{e['baseline_us']:>11.1f}"
+                       f"{e['unfused_baseline_us']:>12.1f}{e['speedup_vs_baseline']:>9.2f}x"
+                       f"{e['speedup_vs_unfused']:>8.2f}x{len(e['kernels']):>9}  {e['file']}{check}")
+        click.echo(f"wrote {len(index['buckets'])} kernel files and index.json to {output}")
+    for failure in failures:
+        click.echo(f"VERIFICATION FAILED: {failure}", err=True)
+    if failures:
         sys.exit(EXIT_FAILED)
 
 
@@ -283,6 +339,54 @@ def explain(schedule_name: str | None, params: tuple[str, ...], target: str, tun
         lines = explain_lines(compiled)
     for line in lines:
         click.echo(line)
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(file_okay=False))
+@click.option("--keep-ratio", type=float, required=True, help="Fraction of each MLP weight's parameters kept.")
+@click.option("--align", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Ranks are multiples of this (the tile size).")
+@click.option("--rank-gate", type=click.IntRange(min=1), default=None, help="Override the gate projection's rank.")
+@click.option("--rank-up", type=click.IntRange(min=1), default=None, help="Override the up projection's rank.")
+@click.option("--rank-down", type=click.IntRange(min=1), default=None, help="Override the down projection's rank.")
+@click.option("--factor-dtype", default="float32", show_default=True,
+              help="dtype of the stored factors: float32, bfloat16, float16, or model (the model's torch_dtype).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr [default: when stderr is a terminal].")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@click.option("-o", "--output", required=True, metavar="OUT_DIR", help="Directory for the factors and manifest.json.")
+def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | None, rank_up: int | None,
+             rank_down: int | None, factor_dtype: str, progress: bool | None, as_json: bool, output: str) -> None:
+    """Compress every MLP projection (gate, up, down) of the model in MODEL_DIR (config.json and
+    safetensors weights) with block-aligned SVD: one safetensors file of factors per layer, and a
+    manifest with ranks, parameter counts and reconstruction errors. Layer by layer, resumable: an
+    interrupted run continues where it stopped."""
+    from .models import compress_model
+
+    ranks = {k: v for k, v in (("gate", rank_gate), ("up", rank_up), ("down", rank_down)) if v is not None}
+    show = progress if progress is not None else (sys.stderr.isatty() and not as_json)
+    bar_update, close = progress_bar(show)
+    try:
+        manifest = compress_model(model_dir, output, keep_ratio, align=align, ranks=ranks or None,
+                                  dtype=factor_dtype,
+                                  progress=(lambda done, total: bar_update(done, total, float("inf")))
+                                  if bar_update else None)
+    finally:
+        close()
+    if as_json:
+        from pathlib import Path
+
+        from .models.manifest import MANIFEST_FILE
+
+        click.echo((Path(output) / MANIFEST_FILE).read_text())
+        return
+    click.echo(f"{manifest.model.describe()}")
+    click.echo(f"  ranks gate/up/down {'/'.join(str(r) for r in manifest.ranks.values())}, "
+               f"MLP parameters {manifest.params_before} -> {manifest.params_after} "
+               f"(kept {manifest.kept_fraction:.3f}, compression {manifest.compression_ratio:.2f}x)")
+    worst = max(p.relative_error for layer in manifest.layers for p in layer.projections.values())
+    click.echo(f"  worst relative reconstruction error {worst:.4f}")
+    click.echo(f"wrote {len(manifest.layers)} layer files and manifest.json to {output}")
 
 
 @main.command()

@@ -89,7 +89,8 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--keep-ratio", type=float, default=None,
                      help="Fraction of parameters kept; the block-aligned rank follows (NeuronMM's formula)."),
         click.option("--mlp", is_flag=True, help="Compile the gated MLP silu(x Wg) * (x Wu) Wd."),
-        click.option("--tokens", type=int, default=None, help="--mlp: tokens T (rows of x)."),
+        click.option("--tokens", default=None, metavar="T",
+                     help="--mlp: tokens T (rows of x); with tune --model, the token buckets, e.g. 1,32,128."),
         click.option("--hidden", type=int, default=None, help="--mlp: hidden size H."),
         click.option("--intermediate", type=int, default=None, help="--mlp: intermediate size I."),
         click.option("--ranks", default=None, metavar="G,U,D", help="--mlp: ranks of gate, up and down."),
@@ -118,6 +119,10 @@ def workload_from(options: dict[str, Any]) -> Workload:
             raise InputError("--mlp needs " + ", ".join(f"--{m}" for m in missing))
         if layout != "mk":
             raise InputError("--a-layout applies to GEMMs and chains; an MLP's x is row-major [tokens, hidden]")
+        try:
+            o["tokens"] = int(o["tokens"])
+        except ValueError:
+            raise InputError(f"--tokens takes one positive integer with --mlp; got {o['tokens']!r}") from None
         ranks = None
         if o["ranks"] is not None:
             try:

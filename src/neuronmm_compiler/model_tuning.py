@@ -1,0 +1,133 @@
+"""From a model to tuned kernels: the MLP of a Hugging Face style model, compressed with
+block-aligned SVD, tuned for every token bucket the user serves.
+
+``tune_model`` takes a model directory (config.json), a config.json, or the output directory of
+``nmmc compress`` (its manifest.json gives the ranks actually used; otherwise they follow from the
+keep ratio), tunes one fused MLP per distinct bucket, and writes the kernel files plus an index
+(JSON) mapping each bucket to its file, schedule, predicted latency and speedups.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import InputError
+from .fused_compiler import TunedGraph, tune_graph
+from .ir import block_aligned_rank
+from .models import ModelConfig, read_config, read_manifest
+from .models.manifest import MANIFEST_FILE
+from .models.weights import write_text_atomic
+from .targets import Target
+from .workloads import Workload, mlp_workload
+
+INDEX_FILE = "index.json"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The model's shapes and the MLP ranks to compile for."""
+
+    config: ModelConfig
+    ranks: tuple[int, int, int]
+    keep_ratio: float | None
+    ranks_from: str  # "manifest" or "formula"
+
+
+def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128) -> ModelSource:
+    """Shapes from config.json (or a compression manifest), ranks from the manifest if there is
+    one, else from the block-aligned rank formula at ``keep_ratio``."""
+    p = Path(path)
+    manifest_path = p / MANIFEST_FILE if p.is_dir() else None
+    if manifest_path is not None and manifest_path.is_file():
+        manifest = read_manifest(manifest_path)
+        r = manifest.ranks
+        if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
+            raise InputError(f"{p} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
+                             f"{manifest.keep_ratio}")
+        return ModelSource(manifest.model, (r["gate"], r["up"], r["down"]), manifest.keep_ratio, "manifest")
+    if not p.exists():
+        raise InputError(f"model not found: {p} (give a model directory, its config.json, or an 'nmmc compress' "
+                         "output directory)")
+    config = read_config(p)
+    if keep_ratio is None:
+        raise InputError("--keep-ratio is needed when the model has no compression manifest")
+    h, i = config.hidden_size, config.intermediate_size
+    gate_up = block_aligned_rank(h, i, keep_ratio, align)
+    return ModelSource(config, (gate_up, gate_up, block_aligned_rank(i, h, keep_ratio, align)), keep_ratio, "formula")
+
+
+def parse_buckets(text: str) -> list[int]:
+    """``1,32,128`` -> [1, 32, 128] (positive, duplicates dropped, order kept)."""
+    buckets: list[int] = []
+    for item in text.split(","):
+        try:
+            value = int(item)
+        except ValueError:
+            raise InputError(f"token buckets are positive integers separated by commas, e.g. 1,32,128; "
+                             f"got {text!r}") from None
+        if value <= 0:
+            raise InputError(f"token buckets must be positive; got {value}")
+        if value not in buckets:
+            buckets.append(value)
+    return buckets
+
+
+@dataclass
+class BucketResult:
+    tokens: int
+    file: str
+    workload: Workload
+    tuned: TunedGraph
+
+
+def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,
+               trials: int, seed: int, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Tune and emit one fused MLP per bucket into ``out_dir``; write and return the index."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    c = source.config
+    results: list[BucketResult] = []
+    for done, tokens in enumerate(buckets):
+        workload = mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks)
+        tuned = tune_graph(workload, target=target, dialect=dialect, trials=trials, seed=seed)
+        name = f"mlp_t{tokens}.py"
+        write_text_atomic(out / name, tuned.compiled.kernel.source)
+        results.append(BucketResult(tokens, name, workload, tuned))
+        if progress:
+            progress(done + 1, len(buckets))
+    index = {
+        "nmmc_version": __version__,
+        "model": {"name": c.name, "architecture": c.architecture, "hidden_size": c.hidden_size,
+                  "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers},
+        "keep_ratio": source.keep_ratio,
+        "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
+        "ranks_from": source.ranks_from,
+        "target": target.name,
+        "dialect": dialect,
+        "buckets": [_bucket_entry(r) for r in results],
+    }
+    write_text_atomic(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    return index
+
+
+def _bucket_entry(result: BucketResult) -> dict[str, Any]:
+    compiled = result.tuned.compiled
+    return {
+        "tokens": result.tokens,
+        "file": result.file,
+        "kernels": [{"name": p.name, "inputs": [b.name for b in p.params], "outputs": [b.name for b in p.outputs]}
+                    for p in compiled.programs],
+        "schedule": compiled.schedule.as_dict(),
+        "predicted_us": compiled.cost.latency_us,
+        "baseline_us": result.tuned.baseline.latency_us,
+        "unfused_baseline_us": result.tuned.unfused_baseline.latency_us,
+        "speedup_vs_baseline": result.tuned.speedup_vs_baseline,
+        "speedup_vs_unfused": result.tuned.speedup_vs_unfused,
+    }

@@ -1,0 +1,260 @@
+"""Block-aligned SVD compression of a model's MLP weights (NeuronMM section 1), resumable.
+
+:func:`compress_model` reads every gate/up/down weight of a Hugging Face model directory one tensor at
+a time, factors ``W = weight.T`` [in, out] into ``u`` [in, r] and ``v`` [r, out] (:mod:`.svd`), and
+writes one safetensors file per layer plus ``manifest.json`` (:mod:`.manifest`). Memory is bounded by
+one layer: the three factor pairs of the layer being built and one weight with its float64 work
+arrays.
+
+Crash safety and resuming: every file is written to a temporary name and renamed (``os.replace``),
+so a file under its final name is complete. The manifest of a previous run is removed first and
+written last, so its presence means the directory is complete. A layer file that opens, holds
+exactly the expected tensors with the expected shapes and dtype, and records the same settings in
+its metadata (model, keep ratio, alignment, ranks, dtype, SVD parameters) is kept and not recomputed;
+its ranks and errors come from that metadata. The SVD is deterministic and safetensors writes its
+header in a fixed order, so a resumed run produces byte-identical files to an uninterrupted one (with
+the same NumPy/BLAS build and BLAS thread count).
+One run per output directory at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from ..errors import InputError, UnknownNameError
+from ..ir import block_aligned_rank
+from . import svd
+from .config import PROJECTIONS, ModelConfig, mlp_weight_names, projection_shape, read_config
+from .manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    LAYER_FILE,
+    MANIFEST_FILE,
+    LayerEntry,
+    Manifest,
+    ProjectionEntry,
+    factor_names,
+    layer_file,
+)
+from .weights import WeightReader, stale_temp_files, valid_tensor_file, write_tensor_file, write_text_atomic
+
+__all__ = ["OUTPUT_DTYPES", "compress_model", "plan_ranks", "resolve_dtype"]
+
+#: Output dtypes of the factors: name -> (NumPy dtype, safetensors dtype code).
+OUTPUT_DTYPES: dict[str, tuple[type, str]] = {
+    "float32": (np.float32, "F32"),
+    "bfloat16": (ml_dtypes.bfloat16, "BF16"),
+    "float16": (np.float16, "F16"),
+}
+_DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16",
+                  "half": "float16"}
+
+Progress = Callable[[int, int], None]
+#: Matrices of at most this many elements are factored with one BLAS thread.
+SMALL_MATRIX = 1 << 20
+
+
+def resolve_dtype(dtype: str, config: ModelConfig) -> str:
+    """The canonical output dtype name; "model" means the model's own ``torch_dtype``."""
+    name = config.torch_dtype if dtype == "model" else dtype
+    name = _DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
+    if name not in OUTPUT_DTYPES:
+        what = f"the model's torch_dtype {config.torch_dtype!r}" if dtype == "model" else repr(dtype)
+        raise UnknownNameError(f"unsupported factor dtype {what}; accepted: {', '.join(OUTPUT_DTYPES)}, model")
+    return name
+
+
+def plan_ranks(config: ModelConfig, keep_ratio: float, align: int = 128,
+               ranks: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Rank per projection: ``block_aligned_rank(in, out, keep_ratio, align)`` unless ``ranks`` overrides it.
+
+    ``ranks`` maps "gate"/"up"/"down" to a rank in [1, min(in, out)]; an override need not be a
+    multiple of ``align``. keep_ratio and align are validated even when every rank is overridden.
+    """
+    overrides = dict(ranks or {})
+    unknown = sorted(set(overrides) - set(PROJECTIONS))
+    if unknown:
+        raise UnknownNameError(f"unknown projection(s) in ranks: {', '.join(map(repr, unknown))}; "
+                               f"accepted: {', '.join(PROJECTIONS)}")
+    plan = {}
+    for proj in PROJECTIONS:
+        k, n = projection_shape(config, proj)
+        rank = block_aligned_rank(k, n, keep_ratio, align)
+        if proj in overrides:
+            rank = overrides[proj]
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(k, n):
+                raise InputError(f"rank for {proj} must be an integer in [1, {min(k, n)}] (W is {k}x{n}); got {rank!r}")
+        plan[proj] = rank
+    return plan
+
+
+def _settings(config: ModelConfig, keep_ratio: float, align: int, dtype: str, ranks: dict[str, int]) -> dict:
+    """What a layer file must record to be reused by a run (as it reads back from JSON)."""
+    return json.loads(json.dumps({
+        "model": {"name": config.name, "architecture": config.architecture, "hidden_size": config.hidden_size,
+                  "intermediate_size": config.intermediate_size},
+        "keep_ratio": float(keep_ratio),
+        "align": align,
+        "dtype": dtype,
+        "ranks": ranks,
+        "svd": {"lapack_max_dim": svd.LAPACK_MAX_DIM, "gram_cutoff": svd.GRAM_CUTOFF},
+    }))
+
+
+def _expected_tensors(config: ModelConfig, layer: int, ranks: dict[str, int], code: str):
+    expected = {}
+    for proj in PROJECTIONS:
+        k, n = projection_shape(config, proj)
+        u_name, v_name = factor_names(layer, proj)
+        expected[u_name] = ((k, ranks[proj]), code)
+        expected[v_name] = ((ranks[proj], n), code)
+    return expected
+
+
+def _layer_metadata(layer: int, settings: dict, projections: Mapping[str, ProjectionEntry]) -> dict[str, str]:
+    """The safetensors metadata of a layer file: one key, ``"nmmc"``, holding canonical JSON.
+
+    One key because safetensors does not write several metadata keys in a fixed order, and the
+    files must be byte-identical from run to run.
+    """
+    record = {"format": FORMAT, "format_version": FORMAT_VERSION, "layer": layer, "settings": settings,
+              "projections": {proj: projections[proj].to_dict() for proj in PROJECTIONS}}
+    return {"nmmc": json.dumps(record, sort_keys=True)}
+
+
+def _entry_from_metadata(metadata: Mapping[str, str], layer: int, settings: dict, file: str) -> LayerEntry | None:
+    """The layer's entry if ``metadata`` was written for this layer with the same settings, else None."""
+    try:
+        record = json.loads(metadata["nmmc"])
+        if (record["format"], record["format_version"], record["layer"]) != (FORMAT, FORMAT_VERSION, layer):
+            return None
+        if record["settings"] != settings:
+            return None
+        raw = record["projections"]
+        return LayerEntry(layer, file, {proj: ProjectionEntry.from_dict(raw[proj]) for proj in PROJECTIONS})
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _finished_layer(path: Path, layer: int, settings: dict, expected) -> LayerEntry | None:
+    """The entry of a complete layer file written with the same settings, else None."""
+    metadata = valid_tensor_file(path, expected)
+    return None if metadata is None else _entry_from_metadata(metadata, layer, settings, path.name)
+
+
+def _remove_previous_manifest(path: Path) -> None:
+    """Remove the manifest of a previous run; refuse to delete a ``manifest.json`` that is not nmmc's."""
+    if not path.exists():
+        return
+    try:
+        ours = json.loads(path.read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        raise InputError(f"{path} exists and is not an nmmc manifest; choose an empty or nmmc output directory")
+    path.unlink()
+
+
+def _factor(w: np.ndarray, rank: int, np_dtype: type, threads: int | None):
+    # Multi-threaded BLAS gains nothing on small matrices and, on a busy machine, its spinning threads
+    # make a 256 x 768 SVD ~100x slower; large ones use ``threads`` (None: the BLAS library's default).
+    limit = 1 if w.size <= SMALL_MATRIX else threads
+    with threadpool_limits(limits=limit, user_api="blas"):
+        factors = svd.truncated_svd(w, rank)
+        u, v = factors.u.astype(np_dtype), factors.v.astype(np_dtype)
+        return u, v, svd.relative_error(w, u, v), factors.method
+
+
+def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks: dict[str, int], dtype: str,
+                    threads: int | None,
+                    on_matrix: Callable[[], None]) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
+    np_dtype, _ = OUTPUT_DTYPES[dtype]
+    tensors: dict[str, np.ndarray] = {}
+    entries: dict[str, ProjectionEntry] = {}
+    for proj, name in mlp_weight_names(config, layer).items():
+        k, n = projection_shape(config, proj)
+        w = reader.read(name, shape=(n, k)).T  # HF stores [out, in]; nmmc's W is [in, out]
+        u, v, error, method = _factor(w, ranks[proj], np_dtype, threads)
+        entries[proj] = ProjectionEntry(rank=ranks[proj], shape=(k, n), relative_error=error, method=method)
+        del w
+        u_name, v_name = factor_names(layer, proj)
+        tensors[u_name], tensors[v_name] = u, v
+        on_matrix()
+    return tensors, entries
+
+
+def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float, *, align: int = 128,
+                   ranks: Mapping[str, int] | None = None, progress: Progress | None = None,
+                   dtype: str = "float32", threads: int | None = None) -> Manifest:
+    """Compress the MLP of the model in ``model_dir`` into ``out_dir``; return the manifest written.
+
+    - ``keep_ratio``: fraction of each MLP weight's parameters kept; the rank is the NeuronMM
+      block-aligned rank ``block_aligned_rank(in, out, keep_ratio, align)``.
+    - ``ranks``: per-projection overrides, e.g. ``{"down": 1024}``.
+    - ``dtype``: the factors' dtype, "float32" (default: exactly the fp32 factorization), "bfloat16",
+      "float16" or "model" (the model's ``torch_dtype``). Errors in the manifest are of the stored factors.
+    - ``threads``: BLAS threads for matrices of more than ``SMALL_MATRIX`` elements (None: the BLAS
+      library's default; smaller matrices always use one thread). It changes the factors in the last
+      bits only, but byte-identical reruns need the same thread count.
+    - ``progress(done, total)``: called after each matrix factorized by this call; ``total`` is 3 x layers
+      and ``done`` counts matrices finished so far, including those of layers found already complete
+      (which are not recomputed and cause no call).
+
+    The model directory needs ``config.json`` and ``model.safetensors`` or a sharded
+    ``model.safetensors.index.json``. Bad input raises InputError; see the module docstring for
+    atomicity and resuming.
+    """
+    if not Path(model_dir).is_dir():
+        raise InputError(f"model directory not found: {model_dir} (it must hold config.json and safetensors weights)")
+    config = read_config(model_dir)
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0:
+        raise InputError(f"align must be a positive integer; got {align!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0):
+        raise InputError(f"threads must be a positive integer or None; got {threads!r}")
+    plan = plan_ranks(config, keep_ratio, align, ranks)
+    dtype = resolve_dtype(dtype, config)
+    reader = WeightReader(model_dir)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"output path {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in stale_temp_files(out, LAYER_FILE.replace("{layer:03d}", "*")) + stale_temp_files(out, MANIFEST_FILE):
+        stale.unlink(missing_ok=True)
+    _remove_previous_manifest(out / MANIFEST_FILE)  # present again only once every layer is done
+
+    settings = _settings(config, keep_ratio, align, dtype, plan)
+    code = OUTPUT_DTYPES[dtype][1]
+    layers = range(config.num_hidden_layers)
+    entries: dict[int, LayerEntry | None] = {
+        layer: _finished_layer(out / layer_file(layer), layer, settings, _expected_tensors(config, layer, plan, code))
+        for layer in layers
+    }
+    total = len(PROJECTIONS) * config.num_hidden_layers
+    done = len(PROJECTIONS) * sum(entry is not None for entry in entries.values())
+
+    def on_matrix() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    for layer in layers:
+        if entries[layer] is not None:
+            continue
+        tensors, projections = _compress_layer(reader, config, layer, plan, dtype, threads, on_matrix)
+        metadata = _layer_metadata(layer, settings, projections)
+        write_tensor_file(out / layer_file(layer), tensors, metadata)
+        del tensors
+        # the manifest is built from the recorded JSON, exactly as a resumed run reads it back
+        entries[layer] = _entry_from_metadata(metadata, layer, settings, layer_file(layer))
+
+    manifest = Manifest(model=config, keep_ratio=float(keep_ratio), align=align, dtype=dtype,
+                        layers=tuple(entries[layer] for layer in layers))  # type: ignore[misc]
+    write_text_atomic(out / MANIFEST_FILE, manifest.to_json())
+    return manifest

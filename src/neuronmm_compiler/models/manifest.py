@@ -1,0 +1,219 @@
+"""The output format of ``compress_model``: tensor names, layer files and ``manifest.json``.
+
+An output directory holds one safetensors file per decoder layer and a manifest written last::
+
+    layer_{i:03d}.safetensors    model.layers.{i}.mlp.{gate,up,down}_proj.u   [in, r]
+                                 model.layers.{i}.mlp.{gate,up,down}_proj.v   [r, out]
+    manifest.json
+
+``x @ u @ v`` approximates ``x @ W`` with ``W = weight.T`` [in, out] (gate/up: in = hidden, out =
+intermediate; down: in = intermediate, out = hidden). ``docs/compression.md`` documents the manifest
+schema; :meth:`Manifest.to_dict` is its definition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .config import PROJECTIONS, ModelConfig
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "LAYER_FILE",
+    "MANIFEST_FILE",
+    "U_NAME",
+    "V_NAME",
+    "LayerEntry",
+    "Manifest",
+    "ProjectionEntry",
+    "factor_names",
+    "layer_file",
+    "read_manifest",
+]
+
+FORMAT = "nmmc-svd-mlp"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+LAYER_FILE = "layer_{layer:03d}.safetensors"
+U_NAME = "model.layers.{layer}.mlp.{proj}_proj.u"
+V_NAME = "model.layers.{layer}.mlp.{proj}_proj.v"
+LAYOUT = "x[tokens, in] @ u[in, r] @ v[r, out] ~= x @ W, W = weight.T [in, out] (HF weight is [out, in])"
+
+
+def layer_file(layer: int) -> str:
+    return LAYER_FILE.format(layer=layer)
+
+
+def factor_names(layer: int, projection: str) -> tuple[str, str]:
+    """The names of the ``u`` and ``v`` tensors of one projection in its layer file."""
+    return U_NAME.format(layer=layer, proj=projection), V_NAME.format(layer=layer, proj=projection)
+
+
+@dataclass(frozen=True)
+class ProjectionEntry:
+    """One compressed matrix: rank, ``shape`` = [in, out] of W, parameter counts, reconstruction error."""
+
+    rank: int
+    shape: tuple[int, int]
+    relative_error: float
+    method: str
+
+    @property
+    def params_before(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def params_after(self) -> int:
+        return self.rank * (self.shape[0] + self.shape[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "shape": list(self.shape),
+            "params_before": self.params_before,
+            "params_after": self.params_after,
+            "relative_error": self.relative_error,
+            "svd_method": self.method,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ProjectionEntry:
+        shape = tuple(int(d) for d in raw["shape"])
+        if len(shape) != 2:
+            raise ValueError(f"shape must be [in, out], got {raw['shape']!r}")
+        return cls(rank=int(raw["rank"]), shape=shape,  # type: ignore[arg-type]
+                   relative_error=float(raw["relative_error"]), method=str(raw["svd_method"]))
+
+
+@dataclass(frozen=True)
+class LayerEntry:
+    layer: int
+    file: str
+    projections: Mapping[str, ProjectionEntry]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "file": self.file,
+                "projections": {proj: self.projections[proj].to_dict() for proj in PROJECTIONS}}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> LayerEntry:
+        projections = {proj: ProjectionEntry.from_dict(raw["projections"][proj]) for proj in PROJECTIONS}
+        return cls(layer=int(raw["layer"]), file=str(raw["file"]), projections=projections)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``compress_model`` wrote: the model, the settings, every matrix's rank and error, totals."""
+
+    model: ModelConfig
+    keep_ratio: float
+    align: int
+    dtype: str
+    layers: tuple[LayerEntry, ...]
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """Rank per projection (the same in every layer)."""
+        return {proj: self.layers[0].projections[proj].rank for proj in PROJECTIONS} if self.layers else {}
+
+    @property
+    def params_before(self) -> int:
+        return sum(p.params_before for layer in self.layers for p in layer.projections.values())
+
+    @property
+    def params_after(self) -> int:
+        return sum(p.params_after for layer in self.layers for p in layer.projections.values())
+
+    @property
+    def kept_fraction(self) -> float:
+        """MLP parameters after / before (compare with ``keep_ratio``)."""
+        return self.params_after / self.params_before
+
+    @property
+    def compression_ratio(self) -> float:
+        """MLP parameters before / after (e.g. 1.25 at a kept fraction of 0.8)."""
+        return self.params_before / self.params_after
+
+    def errors(self) -> list[float]:
+        return [p.relative_error for layer in self.layers for p in layer.projections.values()]
+
+    def to_dict(self) -> dict[str, Any]:
+        errors = self.errors()
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "model": {
+                "name": self.model.name,
+                "architecture": self.model.architecture,
+                "hidden_size": self.model.hidden_size,
+                "intermediate_size": self.model.intermediate_size,
+                "num_hidden_layers": self.model.num_hidden_layers,
+                "torch_dtype": self.model.torch_dtype,
+            },
+            "keep_ratio": self.keep_ratio,
+            "align": self.align,
+            "dtype": self.dtype,
+            "ranks": self.ranks,
+            "naming": {"file": LAYER_FILE, "u": U_NAME, "v": V_NAME, "layout": LAYOUT,
+                       "factors": "u = U_r * sqrt(S_r), v = sqrt(S_r) * V_r^T"},
+            "layers": [layer.to_dict() for layer in self.layers],
+            "totals": {
+                "params_before": self.params_before,
+                "params_after": self.params_after,
+                "kept_fraction": self.kept_fraction,
+                "compression_ratio": self.compression_ratio,
+                "mean_relative_error": sum(errors) / len(errors),
+                "max_relative_error": max(errors),
+            },
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Manifest:
+        if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"not an {FORMAT} v{FORMAT_VERSION} manifest (format {raw.get('format')!r}, "
+                             f"version {raw.get('format_version')!r})")
+        model = raw["model"]
+        config = ModelConfig(
+            architecture=str(model["architecture"]),
+            hidden_size=int(model["hidden_size"]),
+            intermediate_size=int(model["intermediate_size"]),
+            num_hidden_layers=int(model["num_hidden_layers"]),
+            torch_dtype=str(model["torch_dtype"]),
+            name=str(model["name"]),
+        )
+        layers = tuple(LayerEntry.from_dict(layer) for layer in raw["layers"])
+        if not layers:
+            raise ValueError("no layers")
+        return cls(model=config, keep_ratio=float(raw["keep_ratio"]), align=int(raw["align"]),
+                   dtype=str(raw["dtype"]), layers=layers)
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Read ``manifest.json`` (``path`` is the file or the output directory holding it).
+
+    A missing file, malformed JSON or a file that is not an nmmc manifest raises InputError.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_FILE
+    if not path.is_file():
+        raise InputError(f"manifest not found: {path} (an interrupted compression writes no manifest; rerun it)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: malformed JSON: {exc}") from None
+    try:
+        if not isinstance(raw, dict):
+            raise ValueError("expected a JSON object")
+        return Manifest.from_dict(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{path}: malformed nmmc manifest: {exc!r}") from None

@@ -1,0 +1,96 @@
+"""From a model to tuned, verified kernels: tune --model, compress, and the end-to-end example."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from neuronmm_compiler.cli import main
+from neuronmm_compiler.model_tuning import parse_buckets, resolve_model
+from neuronmm_compiler.models import known_config
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER_RANKS = {"llama-3.2-1b": 1280, "llama-3.2-3b": 1792, "llama-3.1-8b": 2560, "qwen3-1.7b": 1280,
+               "qwen3-4b": 1664}
+
+
+@pytest.mark.parametrize(("name", "rank"), PAPER_RANKS.items())
+def test_shipped_configs_give_the_papers_ranks(name, rank):
+    source = resolve_model(known_config(name), 0.8)
+    assert source.ranks == (rank, rank, rank) and source.ranks_from == "formula"
+
+
+def test_tune_model_emits_verified_kernels_for_every_bucket(tmp_path):
+    out = tmp_path / "kernels"
+    result = CliRunner().invoke(main, ["tune", "--model", str(known_config("qwen3-1.7b")), "--keep-ratio", "0.8",
+                                       "--tokens", "1,32,32,3", "--trials", "20", "--verify", "--json",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output + result.stderr
+    index = json.loads(result.output)
+    assert [b["tokens"] for b in index["buckets"]] == [1, 32, 3]  # a repeated bucket is tuned once
+    assert index["ranks"] == {"gate": 1280, "up": 1280, "down": 1280}
+    for bucket in index["buckets"]:
+        assert bucket["verified"] is True
+        assert (out / bucket["file"]).is_file()
+        assert bucket["speedup_vs_unfused"] > 1
+    assert json.loads((out / "index.json").read_text())["buckets"][0]["file"] == "mlp_t1.py"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--tokens", "1,32"], "--keep-ratio"),
+        (["--keep-ratio", "0.8"], "--tokens"),
+        (["--keep-ratio", "0.8", "--tokens", "1,x"], "comma"),
+        (["--keep-ratio", "0.8", "--tokens", "0"], "positive"),
+        (["--keep-ratio", "0.8", "--tokens", "8", "--shape", "8x8x8"], "--shape"),
+    ],
+)
+def test_tune_model_bad_input(tmp_path, args, fragment):
+    result = CliRunner().invoke(main, ["tune", "--model", str(known_config("llama-3.2-1b")), *args,
+                                       "-o", str(tmp_path / "k")])
+    assert result.exit_code == 2 and fragment in result.stderr, result.stderr
+    assert not (tmp_path / "k").exists()
+
+
+def test_tune_model_rejects_a_missing_model(tmp_path):
+    result = CliRunner().invoke(main, ["tune", "--model", str(tmp_path / "nope"), "--keep-ratio", "0.8",
+                                       "--tokens", "1", "-o", str(tmp_path / "k")])
+    assert result.exit_code == 2 and "model not found" in result.stderr
+
+
+def test_parse_buckets():
+    assert parse_buckets("1,32,1,128") == [1, 32, 128]
+
+
+def test_end_to_end_example_runs(tmp_path):
+    """The example writes a tiny model, compresses it, tunes the MLP, runs the kernel on the factors in
+    the interpreter, and compares with the dense MLP in float64 within the rank truncation's error."""
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "svd_mlp_end_to_end.py"), "--workdir",
+                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("OK")
+    assert (tmp_path / "factors" / "manifest.json").is_file() and (tmp_path / "kernels" / "index.json").is_file()
+
+
+def test_compress_cli_writes_the_manifest(tmp_path):
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from svd_mlp_end_to_end import write_tiny_model
+    finally:
+        sys.path.pop(0)
+    write_tiny_model(tmp_path / "model")
+    result = CliRunner().invoke(main, ["compress", str(tmp_path / "model"), "--keep-ratio", "0.8", "--rank-down",
+                                       "256", "-o", str(tmp_path / "factors")])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "ranks gate/up/down 128/128/256" in result.output
+    manifest = json.loads((tmp_path / "factors" / "manifest.json").read_text())
+    assert manifest["keep_ratio"] == 0.8
+    bad = CliRunner().invoke(main, ["compress", str(tmp_path / "missing"), "--keep-ratio", "0.8", "-o",
+                                    str(tmp_path / "f2")])
+    assert bad.exit_code == 2 and bad.stderr.startswith("nmmc: error:")
