@@ -94,3 +94,48 @@ def test_compress_cli_writes_the_manifest(tmp_path):
     bad = CliRunner().invoke(main, ["compress", str(tmp_path / "missing"), "--keep-ratio", "0.8", "-o",
                                     str(tmp_path / "f2")])
     assert bad.exit_code == 2 and bad.stderr.startswith("nmmc: error:")
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_sigkilled_compress_resumes_to_identical_output(tmp_path):
+    """Kill `nmmc compress` with SIGKILL once its first layer file exists, rerun it, and compare every
+    output byte with an uninterrupted run."""
+    import json as _json
+    import os
+    import signal
+    import time
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    hidden, inter, layers = 512, 1536, 6
+    (model / "config.json").write_text(_json.dumps({
+        "model_type": "llama", "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+        "torch_dtype": "float32"}))
+    rng = np.random.default_rng(0)
+    save_file({f"model.layers.{i}.mlp.{p}_proj.weight": rng.standard_normal(s).astype(np.float32)
+               for i in range(layers) for p, s in (("gate", (inter, hidden)), ("up", (inter, hidden)),
+                                                   ("down", (hidden, inter)))}, str(model / "model.safetensors"))
+    command = [sys.executable, "-c", "from neuronmm_compiler.cli import main; main()", "compress", str(model),
+               "--keep-ratio", "0.8", "--no-progress"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([*command, "-o", str(tmp_path / "reference")], check=True, env=env, capture_output=True)
+    interrupted = tmp_path / "interrupted"
+    proc = subprocess.Popen([*command, "-o", str(interrupted)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (interrupted / "layer_000.safetensors").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    killed_early = proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if killed_early:
+        assert not (interrupted / "manifest.json").exists()  # the manifest is written last
+    resumed = subprocess.run([*command, "-o", str(interrupted)], env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _tree_bytes(interrupted) == _tree_bytes(tmp_path / "reference")
