@@ -17,10 +17,11 @@ across token blocks, and how X^T is produced when X is row-major.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from ..errors import ScheduleError
-from .gemm import ParamSpec, parse_params
+from .gemm import ParamSpec, ScheduleParams
 
 WEIGHT_DMA = ("row", "tile")
 CACHE_WEIGHTS = ("none", "stage1", "all")
@@ -53,8 +54,11 @@ FUSED_PARAM_NAMES = tuple(p.name for p in FUSED_PARAMS)
 
 
 @dataclass(frozen=True)
-class FusedSchedule:
+class FusedSchedule(ScheduleParams):
     """A point of the fused-kernel schedule space (see the module docstring)."""
+
+    SPECS: ClassVar[tuple[ParamSpec, ...]] = FUSED_PARAMS
+    WHAT: ClassVar[str] = "fused-schedule"
 
     tokens_per_block: int = 128
     token_tile: int = 128
@@ -65,16 +69,6 @@ class FusedSchedule:
     cache_weights: str = "none"
     x_transpose: str = "dma"
     mlp: str = "whole"
-
-    def as_dict(self) -> dict[str, int | str]:
-        return asdict(self)
-
-    def describe(self) -> str:
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
-
-    def with_params(self, params: dict[str, str | int]) -> FusedSchedule:
-        """A copy with ``--param key=value`` overrides applied (values may be strings)."""
-        return replace(self, **parse_params(FUSED_PARAMS, params, "fused-schedule"))
 
 
 def check_fused(schedule: FusedSchedule, moving_fmax: int = 512, stationary_fmax: int = 128) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from itertools import permutations
+from typing import ClassVar, TypeVar
 
 from ..errors import InputError, ScheduleError, UnknownNameError
 
@@ -124,9 +125,32 @@ def parse_params(specs: tuple[ParamSpec, ...], params: dict[str, str | int], wha
     return changes
 
 
+_S = TypeVar("_S", bound="ScheduleParams")
+
+
+class ScheduleParams:
+    """What every schedule dataclass offers: its parameters as a dict, one readable line, and
+    ``--param key=value`` overrides checked against the class's ``SPECS``."""
+
+    SPECS: ClassVar[tuple[ParamSpec, ...]] = ()
+    WHAT: ClassVar[str] = "schedule"
+
+    def as_dict(self) -> dict[str, int | str]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    def describe(self) -> str:
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))  # type: ignore[arg-type]
+
+    def with_params(self: _S, params: dict[str, str | int]) -> _S:
+        """A copy with ``--param key=value`` overrides applied (values may be strings)."""
+        return replace(self, **parse_params(self.SPECS, params, self.WHAT))  # type: ignore[type-var]
+
+
 @dataclass(frozen=True)
-class GemmSchedule:
+class GemmSchedule(ScheduleParams):
     """A point of the GEMM schedule space. See the module docstring for the meaning."""
+
+    SPECS: ClassVar[tuple[ParamSpec, ...]] = PARAMS
 
     tile_m: int = 128
     tile_n: int = 512
@@ -140,16 +164,6 @@ class GemmSchedule:
     dma: str = "tile"
     a_transpose: str = "dma"
     accumulator_dtype: str = "float32"
-
-    def as_dict(self) -> dict[str, int | str]:
-        return asdict(self)
-
-    def with_params(self, params: dict[str, str | int]) -> GemmSchedule:
-        """A copy with ``--param key=value`` overrides applied (values may be strings)."""
-        return replace(self, **parse_params(PARAMS, params, "schedule"))
-
-    def describe(self) -> str:
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
 
 def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
