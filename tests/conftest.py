@@ -22,6 +22,12 @@ def compile_and_verify(m: int, n: int, k: int, *, seed: int = 0, **options):
     return compiled, report
 
 
+@pytest.fixture(autouse=True)
+def private_result_cache(tmp_path, monkeypatch):
+    """Every test gets its own empty result cache (nmmc tune reads and writes one by default)."""
+    monkeypatch.setenv("NMMC_CACHE_DIR", str(tmp_path / "nmmc-cache"))
+
+
 @pytest.fixture
 def verify_gemm():
     return compile_and_verify

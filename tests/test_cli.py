@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -264,3 +266,64 @@ def test_bad_fused_input(tmp_path, monkeypatch, args, fragment):
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("nmmc: error:") and fragment in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_repeated_tune_is_answered_from_the_cache(tmp_path):
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    cold = run("tune", "--shape", "96x640x384", "--trials", "20", "--json", "-o", str(first))
+    assert json.loads(cold.output)["search"]["cached"] is False
+    warm = run("tune", "--shape", "96x640x384", "--trials", "20", "--json", "-o", str(second))
+    data = json.loads(warm.output)
+    assert data["search"]["cached"] is True and data["search"]["method"] == "cache"
+    assert first.read_bytes() == second.read_bytes()  # the decision is cached; the file is regenerated identically
+    human = run("tune", "--shape", "96x640x384", "-o", str(second))
+    assert "answered from the cache" in human.output
+    bypass = json.loads(run("tune", "--shape", "96x640x384", "--trials", "20", "--no-cache", "--json",
+                            "-o", str(second)).output)
+    assert bypass["search"]["cached"] is False
+    fused = run("tune", "--shape", "64x512x256", "--rank", "128", "--trials", "10", "-o", str(tmp_path / "c.py"))
+    assert fused.exit_code == 0
+    listing = run("cache", "list", "--json")
+    entries = json.loads(listing.output)
+    assert {e["kind"] for e in entries} == {"gemm", "fused"}
+    shown = json.loads(run("cache", "show", entries[0]["key"][:10]).output)
+    assert shown["key"] == entries[0]["key"]
+    assert "removed 2 entries" in run("cache", "clear").output
+    assert json.loads(run("cache", "list", "--json").output) == []
+
+
+def test_corrupt_cache_entry_is_reported_and_ignored(tmp_path):
+    out = tmp_path / "k.py"
+    assert run("tune", "--shape", "64x512x128", "--trials", "10", "-o", str(out)).exit_code == 0
+    cache_dir = Path(os.environ["NMMC_CACHE_DIR"]) / "tune"
+    (entry,) = list(cache_dir.glob("*.json"))
+    entry.write_text("{ not json")
+    result = CliRunner().invoke(main, ["tune", "--shape", "64x512x128", "--trials", "10", "-o", str(out)])
+    assert result.exit_code == 0 and "nmmc: warning:" in result.stderr
+    assert "answered from the cache" not in result.output
+
+
+def test_lock_and_regress_through_the_cli(tmp_path):
+    lock = tmp_path / "nmmc.lock.json"
+    for args in (["--shape", "128x512x256"], ["--shape", "64x512x256", "--rank", "128"]):
+        result = run("tune", *args, "--trials", "15", "--lock", str(lock), "-o", str(tmp_path / "k.py"))
+        assert result.exit_code == 0, result.output
+    data = json.loads(lock.read_text())
+    assert len(data["entries"]) == 2
+    ok = run("regress", str(lock))
+    assert ok.exit_code == 0, ok.output
+    # Edit a locked GEMM schedule to a valid but slower one: the regress run fails and says why.
+    for entry in data["entries"].values() if isinstance(data["entries"], dict) else data["entries"]:
+        if entry["schedule_kind"] == "gemm":
+            entry["schedule"]["tiles_in_block_k"] = 1
+            entry["schedule"]["loop_order"] = "mnk"
+            entry["schedule"]["dma"] = "tile"
+    lock.write_text(json.dumps(data, indent=2))
+    failing = CliRunner().invoke(main, ["regress", str(lock)])
+    assert failing.exit_code == 1, failing.output
+    assert "drift" in failing.output or "stale" in failing.output
+    updated = CliRunner().invoke(main, ["regress", str(lock), "--update"])
+    assert updated.exit_code == 0, updated.output + updated.stderr
+    assert run("regress", str(lock)).exit_code == 0
+    missing = CliRunner().invoke(main, ["regress", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "lockfile not found" in missing.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -165,12 +166,18 @@ def cost(schedule_name: str | None, params: tuple[str, ...], target: str, as_jso
               help="Tune a model's MLP for every --tokens bucket: a model directory (config.json), a config.json, "
                    "or an 'nmmc compress' output (its ranks). -o is then a directory: one kernel file per bucket "
                    "and index.json.")
+@click.option("--lock", "lock_path", default=None, metavar="LOCKFILE",
+              help="Record the chosen schedule in this lockfile (created if missing) for 'nmmc regress'.")
+@click.option("--no-cache", is_flag=True, help="Search even if the result cache has an answer (and do not store one).")
+@click.option("--cache-dir", default=None, metavar="DIR",
+              help="Result cache directory [default: $NMMC_CACHE_DIR, else $XDG_CACHE_HOME/nmmc, else ~/.cache/nmmc].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-o", "--output", required=True, metavar="FILE",
               help="Kernel file to write ('-' for stdout); with --model, the output directory.")
 def tune(target: str, trials: int | None, seed: int, timeout: float | None, method: str,
          exhaustive_threshold: int | None, top_k: int, dialect: str, run_verify: bool, progress: bool | None,
-         model: str | None, as_json: bool, output: str, **options: Any) -> None:
+         model: str | None, lock_path: str | None, no_cache: bool, cache_dir: str | None, as_json: bool,
+         output: str, **options: Any) -> None:
     """Search the schedule space with the cost model (Optuna TPE, or exhaustive for small spaces),
     write the NKI kernel(s) of the best schedule, and compare with the baselines at the same shape:
     AWS's fully optimized kernel for a GEMM; for chains and MLPs, the dense computation and the
@@ -179,6 +186,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     from .search import DEFAULT_TRIALS
 
     if model is not None:
+        if lock_path:
+            raise InputError("--lock records single workloads; lock a model's buckets one --mlp workload at a time")
         _tune_model(model, options, target=target, dialect=dialect, trials=trials or DEFAULT_TRIALS, seed=seed,
                     run_verify=run_verify, as_json=as_json, output=output)
         return
@@ -191,20 +200,23 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     common = {"target": tgt, "dialect": dialect, "trials": trials or DEFAULT_TRIALS, "seed": seed,
               "timeout": timeout, "top_k": top_k, "method": None if method == "auto" else method,
               "progress": update}
+    from .artifacts.cache import ResultCache
+    from .tuning import tune_workload
+
+    cache = None if no_cache else ResultCache(Path(cache_dir) if cache_dir else None)
+    threshold = exhaustive_threshold if exhaustive_threshold is not None else (200 if wl.fused else 1000)
     try:
-        if wl.fused:
-            from .fused_compiler import tune_graph
-
-            tuned: Any = tune_graph(wl, exhaustive_threshold=200 if exhaustive_threshold is None
-                                    else exhaustive_threshold, **common)
-        else:
-            from .compiler import tune as run_tune
-
-            tuned = run_tune(wl.m, wl.n, wl.k, dtype=wl.dtype, a_layout=wl.a_layout,
-                             exhaustive_threshold=1000 if exhaustive_threshold is None else exhaustive_threshold,
-                             **common)
+        tuned, from_cache = tune_workload(wl, cache=cache, exhaustive_threshold=threshold, **common)
     finally:
         close()
+    for warning in cache.warnings if cache else []:
+        click.echo(f"nmmc: warning: {warning}", err=True)
+    if lock_path:
+        from .artifacts.lockfile import Lockfile, entry_from_tuned
+
+        lock = Lockfile.load(lock_path)
+        lock.add(entry_from_tuned(wl, tuned, seed=seed, trials=trials or DEFAULT_TRIALS))
+        lock.save(lock_path)
     report = None
     if run_verify:
         from .verification import verify_source
@@ -220,6 +232,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
         if output == "-":
             click.echo(tuned.compiled.kernel.source, nl=False)
         else:
+            if from_cache:
+                click.echo(f"answered from the cache ({cache.tune_dir if cache else ''}); --no-cache to search again")
             for line in tune_graph_lines(tuned) if wl.fused else tune_lines(tuned):
                 click.echo(line)
             click.echo(f"wrote {output}")
@@ -297,7 +311,7 @@ def _tune_json(wl: Any, tuned: Any, output: str, report: Any) -> dict[str, Any]:
         data["problem"] = c.problem.describe()
         data["baseline"] = {"schedule": "aws-fully-optimized", **tuned.baseline.as_dict()}
     data["speedup_vs_baseline"] = tuned.speedup_vs_baseline
-    data["search"] = tuned.search.search_summary()
+    data["search"] = {**tuned.search.search_summary(), "cached": tuned.search.method == "cache"}
     data["top"] = [{"latency_us": cand.latency_us, "schedule": cand.schedule.as_dict()} for cand in tuned.search.top]
     data["output"] = output
     if report is not None:
@@ -471,6 +485,95 @@ def schedules(target: str, as_json: bool, **options: Any) -> None:
     for p in space:
         accepted = ", ".join(p["choices"]) if p["choices"] else p["type"]
         click.echo(f"  {p['name']:<24} {p['help']} [{accepted}]")
+
+
+@main.command()
+@click.argument("lockfile", type=click.Path(dir_okay=False))
+@click.option("--tolerance", default=0.02, show_default=True, type=click.FloatRange(min=0.0),
+              help="Relative change of predicted latency (and fresh-search gain) that fails an entry.")
+@click.option("--update", is_flag=True, help="Rewrite the lockfile with today's schedules and predictions.")
+@click.option("--no-search", is_flag=True, help="Skip the fresh search (no stale-lock check).")
+@click.option("--no-verify", is_flag=True, help="Skip running the kernels in the interpreter.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def regress(lockfile: str, tolerance: float, update: bool, no_search: bool, no_verify: bool, as_json: bool) -> None:
+    """Re-derive every schedule of a lockfile and check it: still valid and fitting on chip, its
+    kernel still verifies in the interpreter, the target table unchanged, its predicted latency
+    within --tolerance, and no fresh search (same seed and trials) better by more than --tolerance.
+
+    Exits 0 when every entry passes, 1 when one fails (with the reasons), 2 on a bad lockfile.
+    With --update, rewrites the lockfile and exits 1 only if an entry could not be repaired."""
+    from .artifacts.lockfile import Lockfile
+    from .artifacts.regress import regress as run_regress
+    from .artifacts.regress import update_lock
+
+    if not Path(lockfile).is_file():
+        raise InputError(f"lockfile not found: {lockfile} (create one with 'nmmc tune ... --lock {lockfile}')")
+    lock = Lockfile.load(lockfile)
+    report = run_regress(lock, tolerance=tolerance, search=not no_search, verify=not no_verify)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        click.echo(report.table())
+    if update:
+        updated = update_lock(lock, report)
+        updated.save(lockfile)
+        stuck = [r for r in report.failures if updated.entries.get(r.entry.key) == r.entry]
+        click.echo(f"updated {lockfile}" + (f"; {len(stuck)} entr{'y' if len(stuck) == 1 else 'ies'} could not "
+                                            "be repaired" if stuck else ""), err=as_json)
+        sys.exit(EXIT_FAILED if stuck else 0)
+    if not report.ok:
+        click.echo(f"{len(report.failures)} of {len(report.results)} entries failed", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+@main.group()
+def cache() -> None:
+    """The result cache of 'nmmc tune': tuning decisions (schedules, never code) keyed by the graph's
+    structure, target, dialect, cost-model and nmmc versions."""
+
+
+def _cache(cache_dir: str | None) -> Any:
+    from .artifacts.cache import ResultCache
+
+    return ResultCache(Path(cache_dir) if cache_dir else None)
+
+
+_cache_dir_option = click.option(
+    "--cache-dir", default=None, metavar="DIR",
+    help="Cache directory [default: $NMMC_CACHE_DIR, $XDG_CACHE_HOME/nmmc, ~/.cache/nmmc].")
+
+
+@cache.command("list")
+@_cache_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def cache_list(cache_dir: str | None, as_json: bool) -> None:
+    """List the cached tuning decisions."""
+    store = _cache(cache_dir)
+    records = store.list()
+    for warning in store.warnings:
+        click.echo(f"nmmc: warning: {warning}", err=True)
+    if as_json:
+        click.echo(json.dumps([json.loads(r.to_json()) for r in records], indent=2))
+        return
+    click.echo(f"{len(records)} entries in {store.tune_dir}")
+    for r in records:
+        click.echo(f"  {r.key[:12]}  {r.target:<5} {r.dialect:<9} {r.latency_us:10.2f} us  {r.workload}")
+
+
+@cache.command("show")
+@click.argument("key_prefix")
+@_cache_dir_option
+def cache_show(key_prefix: str, cache_dir: str | None) -> None:
+    """Print one cached decision (KEY_PREFIX: the start of its key)."""
+    click.echo(_cache(cache_dir).show(key_prefix).to_json())
+
+
+@cache.command("clear")
+@_cache_dir_option
+def cache_clear(cache_dir: str | None) -> None:
+    """Delete every cached decision."""
+    store = _cache(cache_dir)
+    click.echo(f"removed {store.clear()} entries from {store.tune_dir}")
 
 
 @main.command()
