@@ -327,3 +327,28 @@ def test_lock_and_regress_through_the_cli(tmp_path):
     assert run("regress", str(lock)).exit_code == 0
     missing = CliRunner().invoke(main, ["regress", str(tmp_path / "none.json")])
     assert missing.exit_code == 2 and "lockfile not found" in missing.stderr
+
+
+def test_reports_of_a_search_and_of_a_lockfile(tmp_path):
+    lock = tmp_path / "nmmc.lock.json"
+    result = run("tune", "--shape", "128x512x256", "--trials", "15", "--report", str(tmp_path / "search"),
+                 "--lock", str(lock), "-o", str(tmp_path / "k.py"))
+    assert result.exit_code == 0, result.output
+    for name in ("history.png", "importance.png", "roofline.png"):
+        assert (tmp_path / "search" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "roofline.png" in (tmp_path / "search" / "summary.md").read_text()
+    result = run("report", str(lock), "-o", str(tmp_path / "lock"))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "lock" / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "lock" / "summary.md").is_file()
+
+
+def test_tune_with_storage_resumes_the_study(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    args = ["tune", "--shape", "256x1024x512", "--trials", "12", "--storage", storage, "--no-cache", "--json"]
+    first = json.loads(run(*args, "-o", str(tmp_path / "a.py")).output)
+    assert first["search"]["study"]["trials_in_study"] == 12
+    more = json.loads(run(*args[:4], "20", *args[5:], "-o", str(tmp_path / "b.py")).output)
+    assert more["search"]["study"]["trials_in_study"] == 20 and more["search"]["study"]["trials_run"] == 8
+    bad = CliRunner().invoke(main, ["tune", "--shape", "64x64x64", "--workers", "2", "-o", str(tmp_path / "c.py")])
+    assert bad.exit_code == 2 and "--storage" in bad.stderr

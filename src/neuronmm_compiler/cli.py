@@ -166,6 +166,15 @@ def cost(schedule_name: str | None, params: tuple[str, ...], target: str, as_jso
               help="Tune a model's MLP for every --tokens bucket: a model directory (config.json), a config.json, "
                    "or an 'nmmc compress' output (its ranks). -o is then a directory: one kernel file per bucket "
                    "and index.json.")
+@click.option("--storage", default=None, metavar="URL",
+              help="Optuna storage making the search resumable and shareable: sqlite:///FILE.db, "
+                   "journal:///FILE.log, or postgresql://USER:PASSWORD@HOST/DB (needs psycopg2).")
+@click.option("--study", "study_name", default=None, metavar="NAME",
+              help="Study name in --storage [default: derived from the workload, so a rerun resumes].")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Local worker processes sharing the study (needs --storage).")
+@click.option("--report", "report_dir", default=None, metavar="DIR",
+              help="Also write plots of the search (history, parameter importance, roofline) and a summary to DIR.")
 @click.option("--lock", "lock_path", default=None, metavar="LOCKFILE",
               help="Record the chosen schedule in this lockfile (created if missing) for 'nmmc regress'.")
 @click.option("--no-cache", is_flag=True, help="Search even if the result cache has an answer (and do not store one).")
@@ -176,8 +185,9 @@ def cost(schedule_name: str | None, params: tuple[str, ...], target: str, as_jso
               help="Kernel file to write ('-' for stdout); with --model, the output directory.")
 def tune(target: str, trials: int | None, seed: int, timeout: float | None, method: str,
          exhaustive_threshold: int | None, top_k: int, dialect: str, run_verify: bool, progress: bool | None,
-         model: str | None, lock_path: str | None, no_cache: bool, cache_dir: str | None, as_json: bool,
-         output: str, **options: Any) -> None:
+         model: str | None, storage: str | None, study_name: str | None, workers: int, report_dir: str | None,
+         lock_path: str | None, no_cache: bool, cache_dir: str | None, as_json: bool, output: str,
+         **options: Any) -> None:
     """Search the schedule space with the cost model (Optuna TPE, or exhaustive for small spaces),
     write the NKI kernel(s) of the best schedule, and compare with the baselines at the same shape:
     AWS's fully optimized kernel for a GEMM; for chains and MLPs, the dense computation and the
@@ -186,8 +196,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     from .search import DEFAULT_TRIALS
 
     if model is not None:
-        if lock_path:
-            raise InputError("--lock records single workloads; lock a model's buckets one --mlp workload at a time")
+        if lock_path or report_dir or storage:
+            raise InputError("--lock, --report and --storage take single workloads; use them per --mlp bucket")
         _tune_model(model, options, target=target, dialect=dialect, trials=trials or DEFAULT_TRIALS, seed=seed,
                     run_verify=run_verify, as_json=as_json, output=output)
         return
@@ -197,9 +207,11 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     tgt = get_target(target)
     show = progress if progress is not None else (sys.stderr.isatty() and not as_json)
     update, close = progress_bar(show)
+    if workers > 1 and not storage:
+        raise InputError("--workers shares a study between processes: give --storage too (e.g. sqlite:///tune.db)")
     common = {"target": tgt, "dialect": dialect, "trials": trials or DEFAULT_TRIALS, "seed": seed,
               "timeout": timeout, "top_k": top_k, "method": None if method == "auto" else method,
-              "progress": update}
+              "progress": update, "storage": storage, "study_name": study_name, "workers": workers}
     from .artifacts.cache import ResultCache
     from .tuning import tune_workload
 
@@ -211,6 +223,11 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
         close()
     for warning in cache.warnings if cache else []:
         click.echo(f"nmmc: warning: {warning}", err=True)
+    if report_dir:
+        from .artifacts.report import write_report
+
+        write_report(tuned.search, target=tgt, out_dir=Path(report_dir), title=wl.describe(),
+                     candidates=tuned.search.candidates or None)
     if lock_path:
         from .artifacts.lockfile import Lockfile, entry_from_tuned
 
@@ -524,6 +541,23 @@ def regress(lockfile: str, tolerance: float, update: bool, no_search: bool, no_v
     if not report.ok:
         click.echo(f"{len(report.failures)} of {len(report.results)} entries failed", err=True)
         sys.exit(EXIT_FAILED)
+
+
+@main.command()
+@click.argument("lockfile", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, metavar="DIR", help="Directory for the PNG plots and summary.md.")
+def report(lockfile: str, output: str) -> None:
+    """Plot a lockfile's schedules: a roofline chart (arithmetic intensity vs predicted throughput,
+    with the target's compute and bandwidth ceilings) and predicted latencies, with a Markdown
+    summary. For the plots of one search (history, parameter importance, roofline of every
+    evaluated schedule), use 'nmmc tune ... --report DIR'."""
+    from .artifacts.lockfile import Lockfile
+    from .artifacts.report import write_lock_report
+
+    if not Path(lockfile).is_file():
+        raise InputError(f"lockfile not found: {lockfile}")
+    paths = write_lock_report(Lockfile.load(lockfile), out_dir=Path(output))
+    click.echo(f"wrote {', '.join(p.name for p in paths)} to {output}")
 
 
 @main.group()

@@ -147,14 +147,17 @@ def tune(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: str = "mk
          target: str | Target = DEFAULT_TARGET, dialect: str = DEFAULT_DIALECT, trials: int = DEFAULT_TRIALS,
          seed: int = 0, timeout: float | None = None, top_k: int = 5,
          exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD, method: str | None = None,
-         progress: Callable[[int, int, float], None] | None = None) -> Tuned:
-    """Search the schedule space with the cost model and compile the winner."""
+         progress: Callable[[int, int, float], None] | None = None, storage: str | None = None,
+         study_name: str | None = None, workers: int = 1) -> Tuned:
+    """Search the schedule space with the cost model and compile the winner (``storage``,
+    ``study_name``, ``workers``: a resumable, shareable search, see :func:`search.tuner.search`)."""
     tgt = target if isinstance(target, Target) else get_target(target)
     check_dialect(dialect)
     lowered = lower_frontend(m, n, k, dtype=dtype, a_layout=a_layout)
     problem = lowered.problem
     result = tune_gemm(problem, tgt, trials=trials, seed=seed, timeout=timeout, top_k=top_k,
-                       exhaustive_threshold=exhaustive_threshold, force=method, progress=progress)
+                       exhaustive_threshold=exhaustive_threshold, force=method, progress=progress,
+                       storage=storage, study_name=study_name, workers=workers)
     compiled = compile_lowered(lowered, target=tgt, dialect=dialect, schedule=result.best.schedule,
                                schedule_name=f"tuned ({result.method}, seed {seed})")
     baseline = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem)), tgt)

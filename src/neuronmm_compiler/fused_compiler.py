@@ -10,6 +10,7 @@ factors as separate AWS-kernel GEMMs with every intermediate through HBM.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -181,12 +182,8 @@ class TunedGraph:
         return self.unfused_baseline.latency_us / self.compiled.cost.latency_us
 
 
-def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT,
-               trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, top_k: int = 5,
-               exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD, method: str | None = None,
-               progress: Callable[[int, int, float], None] | None = None) -> TunedGraph:
-    """Search the fused schedule space with the cost model; compile the winner; cost the baselines."""
-    check_dialect(dialect)
+def _fused_setup(workload: Workload, target: Target) -> tuple[SpaceSpec, Evaluator]:
+    """The fused search's space and evaluator (module-level and picklable, for worker processes)."""
     graph = workload.graph()
     tokens = _tokens(graph)
     lowered_by_mode: dict[str, GraphLowered] = {}
@@ -215,10 +212,23 @@ def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIA
                      exchange=("tokens_per_block", "weight_block_kib", "k_tiles_per_block"),
                      classes=("cache_weights", "x_transpose", "mlp"), guesses=guesses, size=len(everything),
                      distinct=lambda: everything)
-    evaluate = Evaluator(cost, lambda s: normalize_fused(s, tokens))
+    return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens))
+
+
+def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT,
+               trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, top_k: int = 5,
+               exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD, method: str | None = None,
+               progress: Callable[[int, int, float], None] | None = None, storage: str | None = None,
+               study_name: str | None = None, workers: int = 1) -> TunedGraph:
+    """Search the fused schedule space with the cost model; compile the winner; cost the baselines.
+    ``storage``, ``study_name``, ``workers``: a resumable, shareable search (see :func:`search`)."""
+    check_dialect(dialect)
+    graph = workload.graph()
+    setup = functools.partial(_fused_setup, workload, target)
+    spec, evaluate = setup()
     result = search(spec, evaluate, what=f"{workload.describe()} on {target.name}", trials=trials, seed=seed,
                     timeout=timeout, exhaustive_threshold=exhaustive_threshold, top_k=top_k, force=method,
-                    progress=progress)
+                    progress=progress, storage=storage, study_name=study_name, workers=workers, setup=setup)
     compiled = compile_graph(workload, target=target, dialect=dialect, schedule=result.best.schedule,
                              schedule_name=f"tuned ({result.method}, seed {seed})")
     return TunedGraph(compiled, result, unfused_cost(workload.dense_graph(), target, lhs_layout="km"),

@@ -48,11 +48,15 @@ def _from_record(workload: Workload, record: CacheRecord, *, target: Target, dia
 
 def tune_workload(workload: Workload, *, target: Target, dialect: str, cache: ResultCache | None,
                   exhaustive_threshold: int, **search: Any) -> tuple[Tuned | TunedGraph, bool]:
-    """(tuned, answered_from_cache). ``search``: trials, seed, timeout, top_k, method, progress."""
+    """(tuned, answered_from_cache). ``search``: trials, seed, timeout, top_k, method, progress, storage,
+    study_name, workers.
+
+    With a ``storage`` the cache is not read (the caller asked for that study to be run or resumed,
+    and its result is the whole study's), but the outcome is still written to it."""
     started = time.perf_counter()
     graph = workload.graph()
     key = cache_key(graph, target=target, dialect=dialect, kind=_kind(workload))
-    if cache is not None:
+    if cache is not None and search.get("storage") is None:
         record = cache.get(key)
         if record is not None:
             return _from_record(workload, record, target=target, dialect=dialect, started=started), True

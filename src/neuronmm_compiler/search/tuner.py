@@ -8,9 +8,15 @@ the overflow as a constraint (TPE's ``constraints_func``) and they never win.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import itertools
+import json
 import logging
 import math
+import multiprocessing
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,7 +25,7 @@ from typing import Any
 import optuna
 
 from ..cost_model import DEFAULT_PARAMS, CostReport, ModelParams, estimate
-from ..errors import ScheduleError
+from ..errors import InputError, ScheduleError
 from ..schedule.gemm import GemmProblem, GemmSchedule, normalize
 from ..schedule.lower_gemm import lower_gemm
 from ..targets import Target
@@ -56,10 +62,17 @@ class TuneResult:
     seconds: float
     history: list[float] = field(default_factory=list)  # best feasible latency after each evaluation
     trial_history: list[float] = field(default_factory=list)  # best feasible latency after each Optuna trial
+    candidates: list[Candidate] = field(default_factory=list, repr=False)  # every schedule costed, in order
+    # With a persistent storage: name, storage kind, trials_in_study (COMPLETE), trials_run (by this call), workers.
+    study: dict[str, object] | None = None
 
     def search_summary(self) -> dict[str, object]:
-        return {"method": self.method, "trials": self.trials, "evaluated": self.evaluated,
-                "feasible": self.feasible, "space_size": self.space_size, "seconds": round(self.seconds, 3)}
+        summary: dict[str, object] = {
+            "method": self.method, "trials": self.trials, "evaluated": self.evaluated, "feasible": self.feasible,
+            "space_size": self.space_size, "seconds": round(self.seconds, 3)}
+        if self.study is not None:
+            summary["study"] = dict(self.study)
+        return summary
 
 
 class Evaluator:
@@ -172,25 +185,52 @@ class SpaceSpec:
 def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEFAULT_TRIALS, seed: int = 0,
            timeout: float | None = None, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
            top_k: int = 5, force: str | None = None,
-           progress: Callable[[int, int, float], None] | None = None) -> TuneResult:
+           progress: Callable[[int, int, float], None] | None = None, storage: str | None = None,
+           study_name: str | None = None, workers: int = 1,
+           setup: Callable[[], tuple[SpaceSpec, Evaluator]] | None = None) -> TuneResult:
     """Optuna TPE (or exhaustive enumeration of a small space), then the polish.
 
     ``force`` = "optuna" or "exhaustive" overrides the automatic choice (exhaustive when the space
     has at most ``exhaustive_threshold`` distinct schedules). ``progress(done, total, best_us)`` is
     called after each trial.
+
+    Each trial's sample depends only on (``seed``, number of COMPLETE trials, the stored history),
+    so with ``storage`` (a URL, see :mod:`.storage`) a search killed part-way and rerun with the
+    same arguments runs only the missing trials and returns what an uninterrupted run returns. The
+    study (``study_name``, default derived from the workload) is created on first use and records
+    the workload's fingerprint: reusing it for another workload is an :class:`InputError`. The
+    evaluator is warmed from every stored trial, so the best, the top-k and the polish use the
+    whole study.
+
+    ``workers`` > 1 (needs ``storage``) runs the trials in that many spawned processes, each
+    rebuilding the space and the evaluator with ``setup`` (picklable); each worker checks the
+    number of COMPLETE trials before starting one, so the study can end up to ``workers - 1``
+    trials over ``trials``. Worker runs are not bit-reproducible (the interleaving decides which
+    history each trial sees). An exhaustive search never uses the storage.
     """
     start = time.perf_counter()
     method = force or ("exhaustive" if spec.size <= exhaustive_threshold else "optuna")
     if method not in ("optuna", "exhaustive"):
         raise ValueError(f"unknown search method {method!r}")
+    if workers < 1:
+        raise InputError(f"workers must be at least 1, got {workers}")
+    if workers > 1 and storage is None:
+        raise InputError("workers > 1 needs a storage (an in-memory study cannot be shared between processes)")
+    if workers > 1 and setup is None:
+        raise InputError(f"this search ({what}) cannot run in worker processes")
     n_trials = 0
+    study_info = None
     if method == "exhaustive":
         for i, sched in enumerate(spec.distinct()):
             evaluate(sched)
             if progress:
                 progress(i + 1, spec.size, evaluate.best)
-    else:
+    elif storage is None:
         n_trials = _run_optuna(evaluate, spec, trials, seed, timeout, progress)
+    else:
+        n_trials, study_info = _run_stored(evaluate, spec, what=what, trials=trials, seed=seed, timeout=timeout,
+                                           progress=progress, storage=storage, study_name=study_name,
+                                           workers=workers, setup=setup)
     ranked = evaluate.ranked()
     if not ranked:
         raise ScheduleError(f"no schedule of the search space fits on chip for {what}")
@@ -202,14 +242,13 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
     return TuneResult(best=best, top=ranked[:top_k], method=method, trials=n_trials, evaluated=len(evaluate.memo),
                       feasible=sum(c.cost.feasible for c in evaluate.memo.values()), space_size=spec.size,
                       seconds=time.perf_counter() - start, history=list(evaluate.history),
-                      trial_history=list(evaluate.trial_history))
+                      trial_history=list(evaluate.trial_history), study=study_info,
+                      candidates=list(evaluate.memo.values()))
 
 
-def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
-              timeout: float | None = None, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
-              top_k: int = 5, params: ModelParams = DEFAULT_PARAMS, space: SearchSpace | None = None,
-              force: str | None = None, progress: Callable[[int, int, float], None] | None = None) -> TuneResult:
-    """Search the GEMM schedule space of ``problem`` on ``target`` (see :func:`search`)."""
+def _gemm_setup(problem: GemmProblem, target: Target, params: ModelParams, space: SearchSpace | None,
+                exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
+    """The GEMM search's space and evaluator (module-level and picklable, for worker processes)."""
     space = space or gemm_space(problem)
     size = distinct_size(problem, space)
     spec = SpaceSpec(
@@ -220,21 +259,81 @@ def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRI
     )
     evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s), target, params),
                          lambda s: normalize(problem, s))
+    return spec, evaluate
+
+
+def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
+              timeout: float | None = None, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
+              top_k: int = 5, params: ModelParams = DEFAULT_PARAMS, space: SearchSpace | None = None,
+              force: str | None = None, progress: Callable[[int, int, float], None] | None = None,
+              storage: str | None = None, study_name: str | None = None, workers: int = 1) -> TuneResult:
+    """Search the GEMM schedule space of ``problem`` on ``target`` (see :func:`search`)."""
+    setup = functools.partial(_gemm_setup, problem, target, params, space, exhaustive_threshold)
+    spec, evaluate = setup()
     return search(spec, evaluate, what=f"{problem.describe()} on {target.name}", trials=trials, seed=seed,
                   timeout=timeout, exhaustive_threshold=exhaustive_threshold, top_k=top_k, force=force,
-                  progress=progress)
+                  progress=progress, storage=storage, study_name=study_name, workers=workers, setup=setup)
 
 
-def _run_optuna(evaluate: Evaluator, spec: SpaceSpec, trials: int, seed: int,
-                timeout: float | None, progress: Callable[[int, int, float], None] | None) -> int:
-    optuna.logging.set_verbosity(logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(20, max(trials // 5, 1)))
-    study = optuna.create_study(direction="minimize", sampler=sampler)
-    space = spec.space
+# ----------------------------------------------------------------------------- the Optuna loop
+
+_OWNER_ATTR = "nmmc_owner"  # "host:pid" of the process running a trial, to recognize trials of dead processes
+_FINGERPRINT_ATTR = "nmmc_fingerprint"
+_WORKLOAD_ATTR = "nmmc_workload"
+_ORPHAN_GRACE_S = 120.0  # a RUNNING trial without owner (killed between ask and tagging) is dead after this
+
+
+def _trial_seed(seed: int, done: int, worker: int = 0) -> int:
+    """The sampler seed of the trial that starts when ``done`` trials are complete."""
+    digest = hashlib.sha256(f"nmmc-trial:{seed}:{done}:{worker}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _guess_params(spec: SpaceSpec) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
     for guess in spec.guesses:
-        study.enqueue_trial(_params_of(space, guess, spec.ordinal))
+        params = _params_of(spec.space, guess, spec.ordinal)
+        if params and params not in out:
+            out.append(params)
+    return out
 
-    def objective(trial: optuna.Trial) -> float:
+
+def _point_of_params(spec: SpaceSpec, params: dict[str, Any]) -> dict[str, object]:
+    space = spec.space
+    return {name: (values[int(params[name])] if name in spec.ordinal else params[name])
+            for name, values in space.candidates.items()}
+
+
+def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trials: int, seed: int,
+                timeout: float | None, progress: Callable[[int, int, float], None] | None, *,
+                worker: int = 0, constant_liar: bool = False) -> int:
+    """Run trials one at a time until the study holds ``trials`` COMPLETE trials (or ``timeout``).
+
+    Before each trial the sampler is replaced by one seeded from (seed, COMPLETE trials, worker), so
+    the sample depends only on those and the stored history, never on this process's past. The
+    heuristic guesses are enqueued one at a time, each only if no waiting, running or complete
+    trial holds it yet. Returns the trials this call ran."""
+    started = time.perf_counter()
+    space, state = spec.space, optuna.trial.TrialState
+    guesses = _guess_params(spec)
+    n_startup = min(20, max(trials // 5, 1))
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    ran = 0
+    while timeout is None or time.perf_counter() - started < timeout:
+        existing = study.get_trials(deepcopy=False)
+        done = sum(t.state == state.COMPLETE for t in existing)
+        if done >= trials:
+            break
+        if guesses and not any(t.state == state.WAITING for t in existing):
+            held = [t.system_attrs.get("fixed_params") for t in existing
+                    if t.state in (state.COMPLETE, state.RUNNING, state.WAITING)]
+            guesses = [g for g in guesses if g not in held]
+            if guesses:
+                study.enqueue_trial(guesses[0])
+        study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(seed, done, worker), n_startup_trials=n_startup,
+                                                   constant_liar=constant_liar)
+        trial = study.ask()
+        trial.set_user_attr(_OWNER_ATTR, owner)
         point = {}
         for name, values in space.candidates.items():
             if name in spec.ordinal:
@@ -243,13 +342,144 @@ def _run_optuna(evaluate: Evaluator, spec: SpaceSpec, trials: int, seed: int,
                 point[name] = trial.suggest_categorical(name, list(values))
         cand = evaluate(space.decode(point))
         trial.set_constraint("on_chip_overflow", _overflow(cand))
+        study.tell(trial, cand.latency_us)
+        ran += 1
         evaluate.trial_history.append(evaluate.best)
         if progress:
-            progress(trial.number + 1, trials, evaluate.best)
-        return cand.latency_us
+            progress(done + 1, trials, evaluate.best)
+    return ran
 
-    study.optimize(objective, n_trials=trials, timeout=timeout)
-    return len(study.trials)
+
+def _run_optuna(evaluate: Evaluator, spec: SpaceSpec, trials: int, seed: int,
+                timeout: float | None, progress: Callable[[int, int, float], None] | None) -> int:
+    optuna.logging.set_verbosity(logging.WARNING)
+    study = optuna.create_study(direction="minimize")
+    return _trial_loop(study, evaluate, spec, trials, seed, timeout, progress)
+
+
+def _fingerprint(what: str, spec: SpaceSpec) -> str:
+    text = json.dumps({"workload": what, "space": {k: list(v) for k, v in spec.space.candidates.items()},
+                       "ordinal": list(spec.ordinal)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fail_dead_trials(study: optuna.Study) -> int:
+    """Mark FAIL the RUNNING trials of processes on this host that no longer exist (a killed run),
+    and RUNNING trials that never got an owner tag and started long ago. Trials of other hosts are
+    left alone: they may be running. FAIL trials are never counted nor sampled from."""
+    host = socket.gethostname()
+    now = time.time()
+    failed = 0
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        owner = t.user_attrs.get(_OWNER_ATTR)
+        if owner is None:
+            started = t.datetime_start.timestamp() if t.datetime_start else now
+            dead = now - started > _ORPHAN_GRACE_S
+        else:
+            owner_host, _, pid = str(owner).rpartition(":")
+            dead = owner_host == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+        if dead:
+            try:
+                study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+                failed += 1
+            except Exception:  # finished meanwhile (it was not dead after all)
+                continue
+    return failed
+
+
+def _open_study(storage: str, study_name: str) -> optuna.Study:
+    from .storage import open_storage
+
+    return optuna.create_study(storage=open_storage(storage), study_name=study_name, load_if_exists=True,
+                               direction="minimize")
+
+
+def _warm(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, seen: set[int]) -> None:
+    """Cost the schedules of the study's COMPLETE trials not in ``seen`` (trial numbers), in trial
+    order, extending the per-trial history as if this process had run them."""
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    for t in sorted(complete, key=lambda t: t.number):
+        if t.number in seen:
+            continue
+        seen.add(t.number)
+        try:
+            point = _point_of_params(spec, t.params)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise InputError(f"study {study.study_name!r} holds a trial whose parameters are not in this "
+                             f"search space ({exc}); use another study name") from exc
+        evaluate(spec.space.decode(point))
+        evaluate.trial_history.append(evaluate.best)
+
+
+def _worker_main(setup: Callable[[], tuple[SpaceSpec, Evaluator]], storage: str, study_name: str, trials: int,
+                 seed: int, timeout: float | None, worker: int) -> None:
+    optuna.logging.set_verbosity(logging.WARNING)
+    spec, evaluate = setup()
+    study = _open_study(storage, study_name)
+    _trial_loop(study, evaluate, spec, trials, seed, timeout, None, worker=worker, constant_liar=True)
+
+
+def _run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, seed: int,
+                timeout: float | None, progress: Callable[[int, int, float], None] | None, storage: str,
+                study_name: str | None, workers: int,
+                setup: Callable[[], tuple[SpaceSpec, Evaluator]] | None) -> tuple[int, dict[str, object]]:
+    from .storage import storage_kind
+
+    optuna.logging.set_verbosity(logging.WARNING)
+    kind = storage_kind(storage)
+    fingerprint = _fingerprint(what, spec)
+    name = study_name or f"nmmc-{fingerprint[:16]}"
+    study = _open_study(storage, name)
+    recorded = study.user_attrs.get(_FINGERPRINT_ATTR)
+    if recorded is None:
+        study.set_user_attr(_FINGERPRINT_ATTR, fingerprint)
+        study.set_user_attr(_WORKLOAD_ATTR, what)
+    elif recorded != fingerprint:
+        raise InputError(f"study {name!r} in {kind} storage was created for "
+                         f"{study.user_attrs.get(_WORKLOAD_ATTR, 'another workload')}, not {what}; "
+                         "use another study name")
+    _fail_dead_trials(study)
+    seen: set[int] = set()
+    _warm(study, evaluate, spec, seen)
+    done_before = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    if workers == 1:
+        _trial_loop(study, evaluate, spec, trials, seed, timeout, progress)
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_worker_main, args=(setup, storage, name, trials, seed, timeout, i + 1),
+                             name=f"nmmc-tune-worker-{i + 1}") for i in range(workers)]
+        for proc in procs:
+            proc.start()
+        try:
+            while any(proc.is_alive() for proc in procs):
+                for proc in procs:
+                    proc.join(timeout=0.5)
+                if progress:
+                    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                    progress(min(len(complete), trials), trials, evaluate.best)
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join()
+        codes = [proc.exitcode for proc in procs]
+        if any(code != 0 for code in codes):
+            raise RuntimeError(f"tuning worker processes exited with codes {codes}")
+        _warm(study, evaluate, spec, seen)
+    total = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    info: dict[str, object] = {"name": name, "storage": kind, "trials_in_study": total,
+                               "trials_run": total - done_before, "workers": workers}
+    return total, info
 
 
 def _params_of(space: SearchSpace, schedule: Any, ordinal: tuple[str, ...]) -> dict[str, object]:

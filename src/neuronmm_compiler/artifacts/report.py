@@ -1,0 +1,473 @@
+"""Search reports: plots and a Markdown summary of a tuning run or of a lockfile.
+
+:func:`write_report` turns a :class:`~neuronmm_compiler.search.tuner.TuneResult` into
+
+* ``history.png``: the optimization history (every evaluated schedule's predicted latency in
+  evaluation order when the candidates are known, and the best-so-far line);
+* ``importance.png``: parameter importance, the spread of the median predicted latency over each
+  parameter's values across the evaluated schedules (on a log scale, as a share of the total);
+* ``roofline.png``: achieved throughput against arithmetic intensity, with the target's compute
+  and DMA-bandwidth ceilings, every evaluated schedule in grey and the chosen one highlighted;
+* ``summary.md``: the run's figures, the chosen schedule, the top-k table and the three images.
+
+:func:`write_lock_report` does the same for a lockfile (no search history): a roofline with one
+point per entry (each entry's schedule recompiled to get today's cost report), a bar chart of the
+predicted latencies and a summary table.
+
+Every file is written atomically (a temporary file in the same directory, then ``os.replace``).
+Plots are drawn on matplotlib's Agg canvas directly (no pyplot, no display, no global backend
+change); matplotlib is imported only when a report is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..cost_model import DEFAULT_PARAMS, CostReport
+from ..cost_model.model import dma_bandwidth_bytes_per_us
+from ..errors import NmmcError
+from ..models.weights import temp_name, write_text_atomic
+from ..search.tuner import Candidate, TuneResult
+from ..targets import Target, get_target
+from .lockfile import LockEntry, Lockfile, workload_from_dict
+from .regress import compile_entry
+
+DPI = 120
+REPORT_FILES = ("history.png", "importance.png", "roofline.png", "summary.md")
+LOCK_REPORT_FILES = ("roofline.png", "latency.png", "summary.md")
+#: Log-scale the latency axis when the plotted values span more than this factor.
+LOG_RANGE = 20.0
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _figure(width: float = 7.5, height: float = 4.6) -> Any:
+    """A figure on an Agg canvas (never pyplot: no display, no global state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save_png(fig: Any, path: Path) -> Path:
+    """Save ``fig`` as a PNG atomically (temporary file next to ``path``, fsync, ``os.replace``)."""
+    fig.tight_layout()
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "xb") as handle:
+            fig.savefig(handle, format="png", dpi=DPI)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _write_md(path: Path, text: str) -> Path:
+    write_text_atomic(path, text)
+    return path
+
+
+def tflops(cost: CostReport) -> float:
+    """Achieved throughput in TFLOP/s (FLOP per microsecond / 1e6)."""
+    return cost.flops / cost.latency_us / 1e6 if cost.latency_us > 0 else 0.0
+
+
+def _plottable(cost: CostReport) -> bool:
+    return (cost.feasible and cost.flops > 0 and cost.arithmetic_intensity > 0
+            and 0 < cost.latency_us < math.inf)
+
+
+def _peak_tflops(target: Target, dtype: str) -> float:
+    return target.peak_bf16_tflops / (DEFAULT_PARAMS.matmul_fp32_factor if dtype == "float32" else 1)
+
+
+def _infer_dtype(cost: CostReport, target: Target) -> str | None:
+    """The matmul dtype behind a cost report, from the peak its lower bound used (None: unknown,
+    e.g. a fused report combining several programs)."""
+    peak = cost.values.get("peak_flops_per_us")
+    if not peak:
+        return None
+    return "float32" if peak < target.peak_bf16_tflops * 1e6 * 0.99 else "bfloat16"
+
+
+def _short_dtype(dtype: str) -> str:
+    return {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+
+
+def _draw_ceilings(ax: Any, target: Target, dtypes: Sequence[str], x_lo: float, x_hi: float,
+                   *, style: str = "-", label_target: bool = False) -> None:
+    """The roofline of ``target``: the DMA-bandwidth slope and one compute ceiling per dtype."""
+    import numpy as np
+
+    bw = dma_bandwidth_bytes_per_us(target) / 1e6  # bytes/us -> TB/s (= TFLOP/s per FLOP/B)
+    xs = np.logspace(math.log10(x_lo), math.log10(x_hi), 256)
+    prefix = f"{target.name}: " if label_target else ""
+    top = max(_peak_tflops(target, d) for d in dtypes)
+    ax.plot(xs, np.minimum(xs * bw, top), linestyle=style, color="tab:blue", linewidth=1.6,
+            label=f"{prefix}DMA bandwidth {bw:.2f} TB/s")
+    for i, dtype in enumerate(sorted(dtypes, key=lambda d: -_peak_tflops(target, d))):
+        peak = _peak_tflops(target, dtype)
+        ridge = peak / bw
+        ax.plot([max(ridge, x_lo), x_hi], [peak, peak], linestyle=style if i == 0 else ":", color="tab:orange",
+                linewidth=1.6, label=f"{prefix}{_short_dtype(dtype)} compute peak {peak:g} TFLOP/s")
+
+
+def _roofline_limits(costs: Iterable[CostReport], targets: Iterable[Target], dtypes: Sequence[str]
+                     ) -> tuple[float, float]:
+    """An x range covering the points and every ridge point, with a margin."""
+    xs = [c.arithmetic_intensity for c in costs if _plottable(c)]
+    for target in targets:
+        bw = dma_bandwidth_bytes_per_us(target) / 1e6
+        xs += [_peak_tflops(target, d) / bw for d in dtypes]
+    if not xs:
+        return 1.0, 1000.0
+    return min(xs) / 4, max(xs) * 4
+
+
+def _param_table(rows: list[list[str]], header: list[str]) -> list[str]:
+    def clean(cell: str) -> str:
+        return cell.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(clean(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _params(schedule: Any) -> dict[str, Any]:
+    return dict(schedule.as_dict()) if hasattr(schedule, "as_dict") else {"schedule": str(schedule)}
+
+
+# ----------------------------------------------------------------------------- search reports
+
+
+def _candidates(result: TuneResult, candidates: Sequence[Candidate] | None) -> tuple[list[Candidate], bool]:
+    """The schedules to plot, and whether they are every evaluated one (else only the top-k)."""
+    given = candidates if candidates is not None else getattr(result, "candidates", None)
+    if given:
+        return list(given), True
+    out = list(result.top)
+    if all(c.schedule != result.best.schedule for c in out):
+        out.insert(0, result.best)
+    return out, False
+
+
+def parameter_importance(candidates: Sequence[Candidate]) -> dict[str, float]:
+    """For each schedule parameter, the spread (max - min) of the median log10 latency over its
+    values, across the feasible candidates, as a share of the sum over all parameters (0 for a
+    parameter seen with one value only). Sorted, most important first."""
+    feasible = [c for c in candidates if c.cost.feasible and 0 < c.latency_us < math.inf]
+    spreads: dict[str, float] = {}
+    for cand in feasible:
+        for name in _params(cand.schedule):
+            spreads.setdefault(name, 0.0)
+    for name in spreads:
+        groups: dict[str, list[float]] = {}
+        for cand in feasible:
+            value = _params(cand.schedule).get(name)
+            groups.setdefault(repr(value), []).append(math.log10(cand.latency_us))
+        if len(groups) > 1:
+            medians = [statistics.median(v) for v in groups.values()]
+            spreads[name] = max(medians) - min(medians)
+    total = sum(spreads.values())
+    shares = {name: (s / total if total > 0 else 0.0) for name, s in spreads.items()}
+    return dict(sorted(shares.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _history_png(result: TuneResult, cands: list[Candidate], complete: bool, path: Path) -> Path:
+    panels = 2 if result.trial_history else 1
+    fig = _figure(7.5 if panels == 1 else 11.0, 4.6)
+    ax = fig.add_subplot(1, panels, 1)
+    values: list[float] = []
+    if complete:
+        feas = [(i + 1, c.latency_us) for i, c in enumerate(cands) if c.cost.feasible]
+        infeas = [(i + 1, c.latency_us) for i, c in enumerate(cands)
+                  if not c.cost.feasible and 0 < c.latency_us < math.inf]
+        if feas:
+            ax.scatter(*zip(*feas, strict=True), s=12, color="tab:blue", alpha=0.55, label="feasible schedule")
+        if infeas:
+            ax.scatter(*zip(*infeas, strict=True), s=14, marker="x", color="tab:red", alpha=0.55,
+                       label="does not fit on chip")
+        values += [v for _, v in feas + infeas]
+    best = [(i + 1, v) for i, v in enumerate(result.history) if v < math.inf]
+    if best:
+        ax.step(*zip(*best, strict=True), where="post", color="black", linewidth=1.8, label="best so far")
+        values += [v for _, v in best]
+    ax.axhline(result.best.latency_us, color="tab:green", linestyle="--", linewidth=1.2,
+               label=f"chosen: {result.best.latency_us:.2f} us")
+    values.append(result.best.latency_us)
+    if max(values) / min(values) > LOG_RANGE:
+        ax.set_yscale("log")
+    ax.set_xlabel("evaluation (distinct schedules costed, in order)")
+    ax.set_ylabel("predicted latency (us)")
+    what = "" if complete else " (best-so-far only; per-schedule points need the candidates)"
+    ax.set_title(f"Optimization history: {result.method}, {result.evaluated} evaluated{what}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    if panels == 2:
+        ax2 = fig.add_subplot(1, 2, 2)
+        trial = [(i + 1, v) for i, v in enumerate(result.trial_history) if v < math.inf]
+        if trial:
+            ax2.step(*zip(*trial, strict=True), where="post", color="tab:purple", linewidth=1.8,
+                     label="best so far")
+            if max(v for _, v in trial) / min(v for _, v in trial) > LOG_RANGE:
+                ax2.set_yscale("log")
+        ax2.axhline(result.best.latency_us, color="tab:green", linestyle="--", linewidth=1.2,
+                    label="chosen (after polish)")
+        ax2.set_xlabel("Optuna trial")
+        ax2.set_ylabel("best predicted latency (us)")
+        ax2.set_title(f"Per trial ({result.trials} trials)", fontsize=10)
+        ax2.grid(True, which="both", alpha=0.3)
+        ax2.legend(fontsize=8, loc="upper right")
+    return _save_png(fig, path)
+
+
+def _importance_png(cands: list[Candidate], complete: bool, path: Path) -> Path:
+    shares = parameter_importance(cands)
+    n = sum(c.cost.feasible for c in cands)
+    fig = _figure(7.5, max(3.0, 0.38 * len(shares) + 1.5))
+    ax = fig.add_subplot(1, 1, 1)
+    which = "evaluated" if complete else "top-k"
+    ax.set_title(f"Parameter importance over {n} feasible {which} schedules", fontsize=10)
+    if shares and any(shares.values()):
+        names = list(shares)[::-1]  # largest at the top
+        vals = [shares[k] for k in names]
+        bars = ax.barh(names, vals, color="tab:blue")
+        for bar, v in zip(bars, vals, strict=True):
+            ax.text(bar.get_width() + 0.005, bar.get_y() + bar.get_height() / 2, f"{v:.0%}",
+                    va="center", fontsize=8)
+        ax.set_xlim(0, max(vals) * 1.15)
+    else:
+        ax.text(0.5, 0.5, "not enough variation among the schedules", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_yticks([])
+    ax.set_xlabel("share of spread in median log latency across the parameter's values")
+    ax.grid(True, axis="x", alpha=0.3)
+    return _save_png(fig, path)
+
+
+def _roofline_png(result: TuneResult, cands: list[Candidate], target: Target, dtype: str | None,
+                  path: Path) -> Path:
+    dtypes = [dtype] if dtype else ["bfloat16", "float32"]
+    costs = [c.cost for c in cands if _plottable(c.cost)]
+    x_lo, x_hi = _roofline_limits([*costs, result.best.cost], [target], dtypes)
+    fig = _figure(7.5, 5.0)
+    ax = fig.add_subplot(1, 1, 1)
+    _draw_ceilings(ax, target, dtypes, x_lo, x_hi)
+    others = [c for c in costs if c is not result.best.cost]
+    if others:
+        ax.scatter([c.arithmetic_intensity for c in others], [tflops(c) for c in others], s=14, color="grey",
+                   alpha=0.5, label=f"evaluated schedules ({len(others)})")
+    best = result.best.cost
+    if _plottable(best):
+        ax.scatter([best.arithmetic_intensity], [tflops(best)], s=120, marker="*", color="tab:red", zorder=5,
+                   label="chosen schedule")
+        ax.annotate(f"chosen: {best.latency_us:.2f} us\n{tflops(best):.2f} TFLOP/s ({best.bound}-bound)",
+                    (best.arithmetic_intensity, tflops(best)), textcoords="offset points", xytext=(10, -24),
+                    fontsize=8, color="tab:red")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte of HBM traffic)")
+    ax.set_ylabel("achieved throughput (TFLOP/s)")
+    ax.set_title(f"Roofline on {target.name} ({target.core})", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _save_png(fig, path)
+
+
+def _summary_md(result: TuneResult, target: Target, title: str, complete: bool) -> str:
+    best = result.best
+    cost = best.cost
+    lines = [f"# {title}", "", "| | |", "|---|---|",
+             f"| target | {target.name} ({target.core}) |",
+             f"| method | {result.method} |",
+             f"| trials | {result.trials} |",
+             f"| evaluated | {result.evaluated} distinct schedules (space: {result.space_size}) |",
+             f"| feasible | {result.feasible} |",
+             f"| search time | {result.seconds:.2f} s |",
+             f"| best latency | **{best.latency_us:.2f} us** ({cost.bound}-bound; lower bound "
+             f"{cost.lower_bound_us:.2f} us) |",
+             f"| throughput | {tflops(cost):.2f} TFLOP/s at {cost.arithmetic_intensity:.1f} FLOP/B |",
+             "", "## Chosen schedule", ""]
+    lines += _param_table([[k, str(v)] for k, v in _params(best.schedule).items()], ["parameter", "value"])
+    lines += ["", f"## Top {len(result.top)}", ""]
+    names = list(_params(best.schedule))
+    rows = [[str(i), f"{c.latency_us:.2f}", c.cost.bound, f"{tflops(c.cost):.2f}",
+             f"{c.cost.arithmetic_intensity:.1f}", *(str(_params(c.schedule).get(n, "")) for n in names)]
+            for i, c in enumerate(result.top, 1)]
+    lines += _param_table(rows, ["#", "latency (us)", "bound", "TFLOP/s", "FLOP/B", *names])
+    note = "" if complete else " Only the top-k schedules were available: the per-schedule points are missing."
+    lines += ["", "## Plots", "", f"Optimization history.{note}", "", "![Optimization history](history.png)", "",
+              "Parameter importance (spread of the median predicted latency over each parameter's values).", "",
+              "![Parameter importance](importance.png)", "",
+              "Roofline (model predictions; ceilings from the target's hardware table).", "",
+              "![Roofline](roofline.png)", ""]
+    return "\n".join(lines)
+
+
+def write_report(result: TuneResult, *, target: Target, out_dir: Path | str, title: str,
+                 candidates: Sequence[Candidate] | None = None, dtype: str | None = None) -> list[Path]:
+    """Write ``history.png``, ``importance.png``, ``roofline.png`` and ``summary.md`` into ``out_dir``
+    (created if missing); return their paths in that order.
+
+    ``candidates`` are every evaluated schedule, in evaluation order (a TuneResult only keeps the
+    top-k; a ``candidates`` attribute on it is used when present). Without them the history shows the
+    best-so-far line only, and importance and roofline use the top-k. ``dtype`` picks the roofline's
+    compute ceiling (bf16 peak, fp32 a quarter); by default it is read off the chosen schedule's cost
+    report, and both are drawn when that does not say."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cands, complete = _candidates(result, candidates)
+    dtype = dtype or _infer_dtype(result.best.cost, target)
+    return [
+        _history_png(result, cands, complete, out / "history.png"),
+        _importance_png(cands, complete, out / "importance.png"),
+        _roofline_png(result, cands, target, dtype, out / "roofline.png"),
+        _write_md(out / "summary.md", _summary_md(result, target, title, complete)),
+    ]
+
+
+# ----------------------------------------------------------------------------- lockfile reports
+
+
+@dataclass
+class LockPoint:
+    """One lock entry recompiled: today's cost report, or why it could not be rebuilt."""
+
+    entry: LockEntry
+    target: Target | None
+    cost: CostReport | None
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.entry.label} ({self.entry.target}/{self.entry.dialect})"
+
+
+def lock_points(lock: Lockfile) -> list[LockPoint]:
+    """Recompile every entry's schedule (as ``nmmc regress`` does) for its current cost report."""
+    points = []
+    for entry in lock:
+        try:
+            target = get_target(entry.target)
+            compiled = compile_entry(entry, workload_from_dict(entry.workload), target)
+        except NmmcError as exc:
+            points.append(LockPoint(entry, None, None, str(exc)))
+            continue
+        points.append(LockPoint(entry, target, compiled.cost))
+    return points
+
+
+def _lock_roofline_png(points: list[LockPoint], path: Path) -> Path:
+    ok = [p for p in points if p.cost is not None and p.target is not None and _plottable(p.cost)]
+    targets = {p.target.name: p.target for p in ok if p.target is not None}
+    dtypes = sorted({str(p.entry.workload.get("dtype", "bfloat16")) for p in ok}) or ["bfloat16"]
+    x_lo, x_hi = _roofline_limits([p.cost for p in ok if p.cost is not None], targets.values(), dtypes)
+    fig = _figure(8.5, 5.2)
+    ax = fig.add_subplot(1, 1, 1)
+    styles = ["-", "--", "-.", ":"]
+    for i, target in enumerate(targets.values()):
+        _draw_ceilings(ax, target, dtypes, x_lo, x_hi, style=styles[i % len(styles)], label_target=len(targets) > 1)
+    markers = "o^sDvP*X"
+    for i, p in enumerate(ok):
+        assert p.cost is not None
+        ax.scatter([p.cost.arithmetic_intensity], [tflops(p.cost)], s=60, marker=markers[i % len(markers)],
+                   color=f"C{(i + 2) % 10}", zorder=5, label=f"{p.name}: {p.cost.latency_us:.2f} us")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte of HBM traffic)")
+    ax.set_ylabel("achieved throughput (TFLOP/s)")
+    skipped = len(points) - len(ok)
+    ax.set_title(f"Roofline of {len(ok)} locked schedules" + (f" ({skipped} not rebuilt)" if skipped else ""),
+                 fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    if ok or targets:
+        ax.legend(fontsize=7, loc="lower right")
+    return _save_png(fig, path)
+
+
+def _lock_latency_png(points: list[LockPoint], path: Path) -> Path:
+    import numpy as np
+
+    fig = _figure(max(6.0, 1.1 * len(points) + 3.0), 4.8)
+    ax = fig.add_subplot(1, 1, 1)
+    if points:
+        xs = np.arange(len(points))
+        locked = [p.entry.latency_us for p in points]
+        now = [p.cost.latency_us if p.cost is not None else 0.0 for p in points]
+        ax.bar(xs - 0.2, locked, width=0.4, color="tab:blue", label="locked prediction")
+        ax.bar(xs + 0.2, now, width=0.4, color="tab:orange", label="today's model (0: not rebuilt)")
+        ax.set_xticks(xs, [p.name for p in points], rotation=25, ha="right", fontsize=8)
+        positive = [v for v in locked + now if v > 0]
+        if positive and max(positive) / min(positive) > LOG_RANGE:
+            ax.set_yscale("log")
+            ax.set_ylim(top=max(positive) * 4)
+        elif positive:
+            ax.set_ylim(0, max(positive) * 1.3)  # headroom for the legend
+        ax.legend(fontsize=8, loc="upper center", ncols=2)
+    else:
+        ax.text(0.5, 0.5, "the lockfile has no entries", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("predicted latency (us)")
+    ax.set_title("Predicted latency per locked schedule", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    return _save_png(fig, path)
+
+
+def _lock_summary_md(points: list[LockPoint], title: str) -> str:
+    lines = [f"# {title}", "", f"{len(points)} locked schedules.", ""]
+    rows = []
+    for p in points:
+        e = p.entry
+        if p.cost is not None:
+            change = (p.cost.latency_us - e.latency_us) / e.latency_us if e.latency_us > 0 else 0.0
+            rows.append([e.label, f"{e.target}/{e.dialect}", e.schedule_kind, e.method, f"{e.latency_us:.2f}",
+                         f"{p.cost.latency_us:.2f}", f"{change:+.1%}", p.cost.bound, f"{tflops(p.cost):.2f}",
+                         f"{p.cost.arithmetic_intensity:.1f}"])
+        else:
+            rows.append([e.label, f"{e.target}/{e.dialect}", e.schedule_kind, e.method, f"{e.latency_us:.2f}",
+                         "-", "-", f"not rebuilt: {p.error}", "-", "-"])
+    lines += _param_table(rows, ["workload", "target", "kind", "method", "locked (us)", "now (us)", "change",
+                                 "bound", "TFLOP/s", "FLOP/B"])
+    lines += ["", "## Plots", "", "![Roofline](roofline.png)", "", "![Predicted latency](latency.png)", ""]
+    return "\n".join(lines)
+
+
+def write_lock_report(lock: Lockfile, *, out_dir: Path | str, title: str = "nmmc lockfile report") -> list[Path]:
+    """Write ``roofline.png``, ``latency.png`` and ``summary.md`` for a lockfile into ``out_dir``
+    (created if missing); return their paths. Each entry's schedule is recompiled for today's cost
+    report (an entry that no longer builds is listed with the reason and left off the roofline)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    points = lock_points(lock)
+    return [
+        _lock_roofline_png(points, out / "roofline.png"),
+        _lock_latency_png(points, out / "latency.png"),
+        _write_md(out / "summary.md", _lock_summary_md(points, title)),
+    ]
+
+
+__all__ = [
+    "LOCK_REPORT_FILES",
+    "REPORT_FILES",
+    "LockPoint",
+    "lock_points",
+    "parameter_importance",
+    "tflops",
+    "write_lock_report",
+    "write_report",
+]

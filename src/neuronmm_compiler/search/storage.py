@@ -1,0 +1,93 @@
+"""Persistent Optuna storages, so a search can be resumed and shared by several processes or hosts.
+
+Accepted URLs:
+
+* ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (SQLAlchemy's convention): one
+  file, fine for one host and a few workers.
+* ``journal:///relative/path.log`` or ``journal:////absolute/path.log`` (same convention): Optuna's
+  append-only journal file (``JournalStorage(JournalFileBackend(path))``); robust against a killed
+  writer and good for many workers on one host or a shared (lock-capable) filesystem.
+* ``postgresql://user:password@host[:port]/database`` (also ``postgresql+psycopg2://`` and
+  ``postgresql+psycopg://``): for several hosts. Needs a PostgreSQL driver in the environment:
+  ``pip install psycopg2-binary`` (or ``psycopg``); without one the URL is an :class:`InputError`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import optuna
+
+from ..errors import InputError
+
+ACCEPTED = ("sqlite:///PATH.db, journal:///PATH.log (three slashes: relative path, four: absolute), "
+            "postgresql://USER:PASSWORD@HOST[:PORT]/DATABASE")
+_POSTGRES_PREFIXES = ("postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://")
+
+
+def storage_kind(url: str) -> str:
+    """``"sqlite"``, ``"journal"`` or ``"postgresql"``; InputError for anything else."""
+    if not isinstance(url, str) or not url.strip():
+        raise InputError(f"empty storage URL; accepted forms: {ACCEPTED}")
+    for prefix, kind in (("sqlite:///", "sqlite"), ("journal:///", "journal")):
+        if url.startswith(prefix):
+            if not url[len(prefix):].strip("/"):
+                raise InputError(f"storage URL {url!r} names no file; accepted forms: {ACCEPTED}")
+            return kind
+    if url.startswith(_POSTGRES_PREFIXES):
+        return "postgresql"
+    raise InputError(f"unsupported storage URL {url!r}; accepted forms: {ACCEPTED}")
+
+
+def _file_path(url: str, prefix: str) -> Path:
+    path = Path(url[len(prefix):])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _postgres_url(url: str) -> str:
+    has_psycopg2 = importlib.util.find_spec("psycopg2") is not None
+    has_psycopg = importlib.util.find_spec("psycopg") is not None
+    if url.startswith("postgresql+psycopg2://") and not has_psycopg2:
+        raise InputError("storage URL uses psycopg2, which is not installed: pip install psycopg2-binary")
+    if url.startswith("postgresql+psycopg://") and not has_psycopg:
+        raise InputError("storage URL uses psycopg (3), which is not installed: pip install psycopg")
+    if url.startswith("postgresql://"):
+        # Name the driver: SQLAlchemy's default for plain postgresql:// differs between versions.
+        if has_psycopg2:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+        if has_psycopg:
+            return "postgresql+psycopg://" + url[len("postgresql://"):]
+        raise InputError("a postgresql:// storage needs a PostgreSQL driver: pip install psycopg2-binary "
+                         "(or psycopg)")
+    return url
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """The Optuna storage behind ``url`` (see the module docstring for the accepted forms)."""
+    kind = storage_kind(url)
+    if kind == "journal":
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(str(_file_path(url, "journal:///"))))
+    if kind == "sqlite":
+        _file_path(url, "sqlite:///")
+        # Several workers write one file: wait for the lock rather than fail after SQLite's 5 s.
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 120}})
+    try:
+        return optuna.storages.RDBStorage(_postgres_url(url), engine_kwargs={"pool_pre_ping": True})
+    except InputError:
+        raise
+    except Exception as exc:  # SQLAlchemy's OperationalError and friends: unreachable server, bad password
+        raise InputError(f"cannot open storage {_redact(url)}: {exc.__class__.__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+
+def _redact(url: str) -> str:
+    """The URL with any password replaced, for messages."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"

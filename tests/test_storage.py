@@ -1,0 +1,153 @@
+"""Resumable and distributed tuning: persistent studies (SQLite, journal file, PostgreSQL), resume
+after SIGKILL, several worker processes on one study."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+
+from neuronmm_compiler.errors import InputError
+from neuronmm_compiler.schedule import GemmProblem
+from neuronmm_compiler.search import tune_gemm
+from neuronmm_compiler.search.storage import open_storage, storage_kind
+from neuronmm_compiler.targets import get_target
+
+TRN1 = get_target("trn1")
+PROBLEM = GemmProblem(512, 2048, 4096)
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+COMPLETE = optuna.trial.TrialState.COMPLETE
+
+
+def _complete(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=name, storage=open_storage(url))
+    return study.get_trials(deepcopy=False, states=(COMPLETE,))
+
+
+def _sqlite_complete(path: Path) -> int:
+    """COMPLETE trials in an Optuna SQLite file, read without Optuna (which would create the tables
+    while the process under test may be creating them)."""
+    try:
+        with sqlite3.connect(path, timeout=5) as db:
+            return db.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.OperationalError:  # no file or no tables yet
+        return 0
+
+
+def _assert_whole(url: str, name: str, at_least: int, exactly: bool = False) -> None:
+    """COMPLETE trials number ``at_least`` (or exactly that) and no trial number repeats."""
+    study = optuna.load_study(study_name=name, storage=open_storage(url))
+    numbers = [t.number for t in study.trials]
+    assert sorted(numbers) == list(range(len(numbers)))
+    complete = [t for t in study.trials if t.state == COMPLETE]
+    assert len(complete) == at_least if exactly else len(complete) >= at_least
+
+
+def _tune_script(url: str, *, trials: int, slow: bool) -> str:
+    # A short sleep per trial (``slow``) gives the test time to kill the run mid-search.
+    return (
+        "import time\n"
+        "from neuronmm_compiler.schedule import GemmProblem\n"
+        "from neuronmm_compiler.search import tune_gemm\n"
+        "from neuronmm_compiler.targets import get_target\n"
+        f"tune_gemm(GemmProblem(512, 2048, 4096), get_target('trn1'), trials={trials}, seed=3, storage={url!r},\n"
+        f"          study_name='s', progress={'lambda d, t, b: time.sleep(0.1)' if slow else 'None'})\n"
+    )
+
+
+def _run_python(code: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-c", code], env=env, **kwargs)
+
+
+def test_killed_search_resumes_to_the_uninterrupted_result(tmp_path):
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    proc = _run_python(_tune_script(url, trials=60, slow=True))
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if _sqlite_complete(tmp_path / "killed.db") >= 10:
+                break
+        else:
+            pytest.fail("the search never reached 10 complete trials")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert 10 <= len(_complete(url, "s")) < 60
+
+    resumed = tune_gemm(PROBLEM, TRN1, trials=60, seed=3, storage=url, study_name="s")
+    _assert_whole(url, "s", 60, exactly=True)
+    assert resumed.study is not None and resumed.study["trials_in_study"] == 60 and resumed.study["trials_run"] < 60
+
+    fresh_url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    fresh = tune_gemm(PROBLEM, TRN1, trials=60, seed=3, storage=fresh_url, study_name="s")
+    assert resumed.best.schedule == fresh.best.schedule
+    assert [c.schedule for c in resumed.top] == [c.schedule for c in fresh.top]
+    assert [t.params for t in _complete(url, "s")] == [t.params for t in _complete(fresh_url, "s")]
+    # The storage path samples exactly as the in-memory one.
+    assert tune_gemm(PROBLEM, TRN1, trials=60, seed=3).best.schedule == fresh.best.schedule
+
+
+def test_rerunning_a_finished_study_runs_no_trial(tmp_path):
+    url = f"journal:///{tmp_path / 'done.log'}"
+    first = tune_gemm(PROBLEM, TRN1, trials=25, seed=1, storage=url)
+    again = tune_gemm(PROBLEM, TRN1, trials=25, seed=1, storage=url)
+    assert again.study is not None and again.study["trials_run"] == 0 and again.study["trials_in_study"] == 25
+    assert again.best.schedule == first.best.schedule
+    assert again.search_summary()["study"]["storage"] == "journal"
+
+
+def test_study_of_another_workload_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 'other.db'}"
+    tune_gemm(PROBLEM, TRN1, trials=22, storage=url, study_name="s")
+    with pytest.raises(InputError, match="created for"):
+        tune_gemm(GemmProblem(256, 1024, 2048), TRN1, trials=22, storage=url, study_name="s")
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_two_workers_share_one_study(tmp_path, kind):
+    url = f"{kind}:///{tmp_path / 'shared'}.{'log' if kind == 'journal' else 'db'}"
+    result = tune_gemm(PROBLEM, TRN1, trials=40, seed=2, storage=url, study_name="w", workers=2)
+    _assert_whole(url, "w", 40)
+    assert result.study is not None and result.study["workers"] == 2
+    assert 40 <= result.study["trials_in_study"] <= 41  # at most workers - 1 over
+    assert result.best.cost.feasible and all(c.cost.feasible for c in result.top)
+    owners = {t.user_attrs.get("nmmc_owner") for t in _complete(url, "w")}
+    assert len(owners) == 2  # both workers ran trials
+
+
+def test_bad_storage_arguments_are_input_errors(tmp_path):
+    for url in ["", "mysql://x/y", "sqlite://", "journal:///", "redis://localhost", str(tmp_path / "x.db")]:
+        with pytest.raises(InputError, match="accepted forms"):
+            storage_kind(url)
+    with pytest.raises(InputError, match="needs a storage"):
+        tune_gemm(PROBLEM, TRN1, trials=22, workers=2)
+
+
+def test_postgresql_study():
+    url = os.environ.get("NMMC_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("NMMC_TEST_POSTGRES_URL is unset in CI: .ci/run must start PostgreSQL and export it")
+        pytest.skip("NMMC_TEST_POSTGRES_URL is unset (set it to a postgresql:// URL to run this test)")
+    name = f"nmmc-test-{uuid.uuid4().hex[:12]}"
+    try:
+        result = tune_gemm(PROBLEM, TRN1, trials=30, seed=5, storage=url, study_name=name, workers=2)
+        _assert_whole(url, name, 30)
+        assert result.study is not None and result.study["storage"] == "postgresql"
+        assert result.best.cost.feasible
+        again = tune_gemm(PROBLEM, TRN1, trials=30, seed=5, storage=url, study_name=name)
+        assert again.study is not None and again.study["trials_run"] == 0
+    finally:
+        optuna.delete_study(study_name=name, storage=open_storage(url))
