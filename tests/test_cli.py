@@ -352,3 +352,18 @@ def test_tune_with_storage_resumes_the_study(tmp_path):
     assert more["search"]["study"]["trials_in_study"] == 20 and more["search"]["study"]["trials_run"] == 8
     bad = CliRunner().invoke(main, ["tune", "--shape", "64x64x64", "--workers", "2", "-o", str(tmp_path / "c.py")])
     assert bad.exit_code == 2 and "--storage" in bad.stderr
+
+
+def test_report_of_a_stored_study(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    tuned = run("tune", "--shape", "200x700x300", "--trials", "15", "--storage", storage, "--no-cache",
+                "-o", str(tmp_path / "k.py"))
+    assert tuned.exit_code == 0, tuned.output
+    result = CliRunner().invoke(main, ["report", storage, "-o", str(tmp_path / "study")])
+    assert result.exit_code == 0, result.output + result.stderr
+    for name in ("history.png", "importance.png", "roofline.png"):
+        assert (tmp_path / "study" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (tmp_path / "study" / "summary.md").read_text()
+    assert "200" in summary and "roofline.png" in summary
+    missing = CliRunner().invoke(main, ["report", storage, "--study", "nope", "-o", str(tmp_path / "x")])
+    assert missing.exit_code == 2 and "no study" in missing.stderr

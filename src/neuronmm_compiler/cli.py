@@ -223,6 +223,14 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
         close()
     for warning in cache.warnings if cache else []:
         click.echo(f"nmmc: warning: {warning}", err=True)
+    if storage and tuned.search.study:
+        from .artifacts.lockfile import workload_to_dict
+        from .search.storage import open_storage
+
+        study = optuna_load_study(tuned.search.study["name"], open_storage(storage))
+        study.set_user_attr("nmmc_workload", workload_to_dict(wl))
+        study.set_user_attr("nmmc_target", tgt.name)
+        study.set_user_attr("nmmc_dialect", dialect)
     if report_dir:
         from .artifacts.report import write_report
 
@@ -544,20 +552,65 @@ def regress(lockfile: str, tolerance: float, update: bool, no_search: bool, no_v
 
 
 @main.command()
-@click.argument("lockfile", type=click.Path(dir_okay=False))
+@click.argument("source", metavar="STUDY_OR_LOCK")
+@click.option("--study", "study_name", default=None, metavar="NAME",
+              help="Study to report when STUDY_OR_LOCK is a storage URL holding several.")
 @click.option("-o", "--output", required=True, metavar="DIR", help="Directory for the PNG plots and summary.md.")
-def report(lockfile: str, output: str) -> None:
-    """Plot a lockfile's schedules: a roofline chart (arithmetic intensity vs predicted throughput,
-    with the target's compute and bandwidth ceilings) and predicted latencies, with a Markdown
-    summary. For the plots of one search (history, parameter importance, roofline of every
-    evaluated schedule), use 'nmmc tune ... --report DIR'."""
-    from .artifacts.lockfile import Lockfile
-    from .artifacts.report import write_lock_report
+def report(source: str, study_name: str | None, output: str) -> None:
+    """Plot a search or a lockfile, with a Markdown summary.
 
-    if not Path(lockfile).is_file():
-        raise InputError(f"lockfile not found: {lockfile}")
-    paths = write_lock_report(Lockfile.load(lockfile), out_dir=Path(output))
+    STUDY_OR_LOCK is an Optuna storage URL written by 'nmmc tune --storage' (sqlite:///FILE.db,
+    journal:///FILE.log, postgresql://...): optimization history, parameter importance and a roofline
+    chart (arithmetic intensity vs predicted throughput, with the target's compute and bandwidth
+    ceilings) placing the chosen schedule among every evaluated one. Or a lockfile: a roofline chart
+    of its schedules and their predicted latencies."""
+    if "://" not in source:
+        from .artifacts.lockfile import Lockfile
+        from .artifacts.report import write_lock_report
+
+        if not Path(source).is_file():
+            raise InputError(f"lockfile not found: {source} (or give a storage URL such as sqlite:///tune.db)")
+        paths = write_lock_report(Lockfile.load(source), out_dir=Path(output))
+    else:
+        paths = _study_report(source, study_name, Path(output))
     click.echo(f"wrote {', '.join(p.name for p in paths)} to {output}")
+
+
+def optuna_load_study(name: str, storage: Any) -> Any:
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]:
+    """Rebuild the search of a stored study (no new trials) and plot it."""
+    import optuna
+
+    from .artifacts.lockfile import workload_from_dict
+    from .artifacts.report import write_report
+    from .search.storage import open_storage
+    from .tuning import tune_workload
+
+    storage = open_storage(url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if study_name is None:
+        if len(names) != 1:
+            raise InputError(f"{url} holds {len(names)} studies; choose one with --study: {', '.join(names)}")
+        study_name = names[0]
+    if study_name not in names:
+        raise InputError(f"no study {study_name!r} in {url}; studies: {', '.join(names) or 'none'}")
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    attrs = study.user_attrs
+    if "nmmc_workload" not in attrs:
+        raise InputError(f"study {study_name!r} was not written by 'nmmc tune' (no workload recorded)")
+    wl = workload_from_dict(attrs["nmmc_workload"])
+    tgt = get_target(attrs.get("nmmc_target", "trn1"))
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    tuned, _ = tune_workload(wl, target=tgt, dialect=attrs.get("nmmc_dialect", DEFAULT_DIALECT), cache=None,
+                             exhaustive_threshold=0, trials=max(done, 1), seed=0, timeout=None, top_k=5,
+                             method="optuna", progress=None, storage=url, study_name=study_name, workers=1)
+    return write_report(tuned.search, target=tgt, out_dir=out_dir, title=f"{wl.describe()} (study {study_name})",
+                        candidates=tuned.search.candidates or None)
 
 
 @main.group()

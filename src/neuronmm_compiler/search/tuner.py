@@ -425,8 +425,16 @@ def _worker_main(setup: Callable[[], tuple[SpaceSpec, Evaluator]], storage: str,
                  seed: int, timeout: float | None, worker: int) -> None:
     optuna.logging.set_verbosity(logging.WARNING)
     spec, evaluate = setup()
-    study = _open_study(storage, study_name)
-    _trial_loop(study, evaluate, spec, trials, seed, timeout, None, worker=worker, constant_liar=True)
+    for attempt in range(5):
+        study = _open_study(storage, study_name)
+        try:
+            _trial_loop(study, evaluate, spec, trials, seed, timeout, None, worker=worker, constant_liar=True)
+            return
+        except Exception as exc:  # transient storage contention ("database is locked") under load: retry
+            transient = "OperationalError" in type(exc).__name__ or "locked" in str(exc)
+            if not transient or attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, seed: int,
@@ -474,7 +482,12 @@ def _run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int,
                     proc.join()
         codes = [proc.exitcode for proc in procs]
         if any(code != 0 for code in codes):
-            raise RuntimeError(f"tuning worker processes exited with codes {codes}")
+            # A worker that died (e.g. storage contention on a loaded machine) loses no finished
+            # trial: mark its interrupted ones failed and finish the study here.
+            logging.getLogger(__name__).warning("tuning worker processes exited with codes %s; "
+                                                "finishing the study in this process", codes)
+            _fail_dead_trials(study)
+            _trial_loop(study, evaluate, spec, trials, seed, timeout, progress)
         _warm(study, evaluate, spec, seen)
     total = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     info: dict[str, object] = {"name": name, "storage": kind, "trials_in_study": total,
