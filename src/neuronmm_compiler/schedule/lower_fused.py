@@ -272,7 +272,6 @@ class _FusedLowering:
             per_block = tiles_per_weight_block(s, k_tiles, ftile, self.dtype_bytes, ntiles)
         fdim = Dim("f", n, ftile, ntiles, per_block)
         bm = self.tok.block_size(mb)
-        what = " * ".join(leaf.id for leaf in group.leaves)
         # A result no matmul of this kernel reads (e.g. h^T of a split MLP's first kernel) is stored
         # tile by tile as it is produced, instead of being held whole in SBUF.
         streamed = root.id in self.out_hbm and not any(u.kind != "output" for u in self._users(root.id))
@@ -281,7 +280,7 @@ class _FusedLowering:
             out: list[Stmt] = []
         else:
             out_strip = self._strip(root.id, n)
-            out = [Alloc(out_strip, comment=f"({root.id})^T for this token block, kept in SBUF")]
+            out = [Alloc(out_strip, comment=f"{root.id}^T strip of this token block, kept in SBUF")]
         temps = {node.id: Buffer(f"{node.id}_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
                  for node in group.tree if node is not root}
         spill = Buffer(f"{root.id}_operand_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
@@ -329,7 +328,7 @@ class _FusedLowering:
             tile += ([Alloc(out_strip)] if streamed else []) + self._epilogue(group, values, result, temps, spill,
                                                                                nsz, bm) + store
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
-        out += [Comment(f"{root.id}^T = {what if group.tree else root.id} (transposed, in SBUF)")]
+        out += [Comment(self._describe_group(group))]
         out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block)
         if root.id in self.out_hbm and not streamed:
             out += self._store_strip(root, out_strip, fdim, mb)
@@ -398,6 +397,19 @@ class _FusedLowering:
                 out.append(TensorTensor(dst, ops[0], ops[1], op))  # type: ignore[arg-type]
             values[node.id] = dst
         return out
+
+    def _describe_group(self, group: _Group) -> str:
+        """One line saying what the group computes and how (for the emitted kernel's readers)."""
+        def product(leaf: Node) -> str:
+            return f"{leaf.operands[0]} @ {self._weight(leaf).attrs['name']}"
+
+        if not group.tree:
+            leaf = group.leaves[0]
+            return (f"{leaf.id}^T = ({product(leaf)})^T: weight tiles stationary, {leaf.operands[0]}^T strip moving "
+                    "(implicit transposition)")
+        terms = ", ".join(f"{leaf.id} = {product(leaf)}" for leaf in group.leaves)
+        ops = " then ".join(f"{node.attrs['op']}" for node in group.tree)
+        return f"{group.root.id}^T from the PSUM tiles of {terms} ({ops} on the eviction)"
 
     def _two_psum_operands(self, node: Node, group: _Group) -> bool:
         leaves = {leaf.id for leaf in group.leaves}
