@@ -86,16 +86,24 @@ def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSche
     NeuronMM's rule for a cached strip: make the stationary block (M) large so the moving operand
     (B) is streamed from HBM once, with K blocked to bound SBUF and rows coalesced into long DMAs;
     for decode-sized M, transpose A on the TensorEngine from one long row load rather than with
-    many 2-byte-per-partition DMAs. AWS's fully optimized parameters are the second guess.
+    many 2-byte-per-partition DMAs. Around that rule, a small grid of the structures that win in
+    practice (PSUM accumulation with K inside, SBUF partial sums with K outside M; moderate and
+    large M blocks; both A^T strategies), then AWS's fully optimized parameters. The grid costs a
+    few dozen evaluations and keeps TPE from settling in a poor basin on large shapes.
     """
-    big_m = GemmSchedule(tiles_in_block_m=16, tiles_in_block_n=2, tiles_in_block_k=8, loop_order="nkm",
-                         accumulate="sbuf", dma="row", a_transpose="pe" if problem.m < 128 else "dma")
-    k_inner = GemmSchedule(tiles_in_block_m=4, tiles_in_block_n=2, tiles_in_block_k=8, loop_order="mnk",
-                           accumulate="psum", dma="row", a_transpose="pe" if problem.m < 128 else "dma")
-    aws = preset("aws-fully-optimized", problem)
+    transposes = ("pe", "dma") if problem.a_layout == "mk" else ("dma",)
+    grid = [
+        GemmSchedule(tiles_in_block_m=bm, tiles_in_block_n=bn, tiles_in_block_k=bk, loop_order=order,
+                     accumulate=acc, dma="row", a_transpose=a_t)
+        for a_t in transposes
+        for order, acc in (("kmn", "psum"), ("mnk", "psum"), ("nkm", "sbuf"))
+        for bm, bn, bk in ((4, 4, 16), (16, 2, 8), (4, 2, 8))
+    ]
     guesses = []
-    for sched in (big_m, k_inner, aws):
+    for sched in (*grid, preset("aws-fully-optimized", problem)):
         point = space.point_of(sched)
         if point is not None:
-            guesses.append(space.decode(point))
+            decoded = space.decode(point)
+            if decoded not in guesses:
+                guesses.append(decoded)
     return guesses
