@@ -52,10 +52,6 @@ def graph_programs(lowered: GraphLowered, schedule: FusedSchedule) -> list[Progr
     return [lower_fused_kernel(kernel, schedule, kernel.name) for kernel in lowered.kernels]
 
 
-def _tokens(graph: Graph) -> int:
-    return graph.inputs()[0].shape[0]
-
-
 @dataclass
 class CompiledGraph:
     """Everything one fused compilation produced."""
@@ -79,7 +75,7 @@ def resolve_fused(workload: Workload, schedule: FusedSchedule | None, params: Ma
     check_fused(chosen, target.gemm_moving_fmax, target.gemm_stationary_fmax)
     if chosen.mlp == "split" and workload.kind != "mlp":
         raise ScheduleError("mlp=split applies to gated MLP workloads only")
-    return normalize_fused(chosen, _tokens(workload.graph()))
+    return normalize_fused(chosen, workload.token_count)
 
 
 def compile_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT,
@@ -185,7 +181,7 @@ class TunedGraph:
 def _fused_setup(workload: Workload, target: Target) -> tuple[SpaceSpec, Evaluator]:
     """The fused search's space and evaluator (module-level and picklable, for worker processes)."""
     graph = workload.graph()
-    tokens = _tokens(graph)
+    tokens = workload.token_count
     lowered_by_mode: dict[str, GraphLowered] = {}
 
     def cost(schedule: FusedSchedule) -> CostReport:

@@ -4,7 +4,6 @@ remember the decision (the schedule, never generated code)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .artifacts.cache import CacheRecord, ResultCache, cache_key, cached_schedule, new_record
@@ -75,5 +74,3 @@ def tune_workload(workload: Workload, *, target: Target, dialect: str, cache: Re
                              workload=workload.describe()))
     return tuned, False
 
-
-ProgressFn = Callable[[int, int, float], None]

@@ -29,6 +29,11 @@ class Workload:
     ranks: tuple[int, int, int] | None = None
 
     @property
+    def token_count(self) -> int:
+        """Rows of the activations (M of a GEMM or chain, tokens of an MLP)."""
+        return self.tokens if self.kind == "mlp" else self.m
+
+    @property
     def fused(self) -> bool:
         return self.kind != "gemm"
 
