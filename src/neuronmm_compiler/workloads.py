@@ -1,18 +1,20 @@
-"""What the user asks nmmc to compile: a GEMM, an SVD-compressed chain X·U·V, or a gated MLP
-(SVD-compressed or dense), with the dense graph each is measured against."""
+"""What the user asks nmmc to compile: a GEMM, an SVD-compressed chain X·U·V, a gated MLP
+(SVD-compressed or dense), or a graph the user described in a graph file, with the graph each is
+measured against."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .errors import InputError
-from .ir import Graph, block_aligned_rank, gemm_graph, mlp_graph, svd_chain_graph
+from .ir import Graph, block_aligned_rank, gemm_graph, mlp_graph, parse_text, svd_chain_graph, to_text
 from .schedule import GemmProblem
 
 
 @dataclass(frozen=True)
 class Workload:
-    """One compilation request. ``kind`` is "gemm", "chain" or "mlp"."""
+    """One compilation request. ``kind`` is "gemm", "chain", "mlp" or "graph" (a user's graph file,
+    held as the IR text of the graph with its dimensions bound, so the workload stays hashable)."""
 
     kind: str
     dtype: str = "bfloat16"
@@ -27,10 +29,15 @@ class Workload:
     hidden: int = 0
     intermediate: int = 0
     ranks: tuple[int, int, int] | None = None
+    # graph: the IR text form of the bound graph, and where it came from (for messages)
+    graph_text: str = ""
+    source: str = ""
 
     @property
     def token_count(self) -> int:
         """Rows of the activations (M of a GEMM or chain, tokens of an MLP)."""
+        if self.kind == "graph":
+            return graph_token_count(self.graph())
         return self.tokens if self.kind == "mlp" else self.m
 
     @property
@@ -48,15 +55,24 @@ class Workload:
             return gemm_graph(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
         if self.kind == "chain":
             return svd_chain_graph(self.m, self.n, self.k, self.rank, dtype=self.dtype, x_layout=self.a_layout)
+        if self.kind == "graph":
+            return parse_text(self.graph_text)
         return mlp_graph(self.tokens, self.hidden, self.intermediate, self.ranks, dtype=self.dtype)
 
     def dense_graph(self) -> Graph:
-        """The uncompressed computation: the paper's baseline."""
+        """The uncompressed computation: the paper's baseline (a user's graph is its own)."""
+        if self.kind == "graph":
+            return self.graph()
         if self.kind in ("gemm", "chain"):
             return gemm_graph(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
         return mlp_graph(self.tokens, self.hidden, self.intermediate, None, dtype=self.dtype)
 
     def describe(self) -> str:
+        if self.kind == "graph":
+            graph = self.graph()
+            ins = ", ".join(f"{n.name}{list(n.shape)}" for n in graph.inputs())
+            outs = ", ".join(f"{n.name}{list(n.shape)}" for n in graph.outputs())
+            return f"graph {graph.name} ({self.source}): {ins} -> {outs}, {self.dtype}"
         if self.kind == "gemm":
             return self.problem().describe()
         if self.kind == "chain":
@@ -65,6 +81,22 @@ class Workload:
         ranks = "dense" if self.ranks is None else "ranks gate/up/down " + "/".join(map(str, self.ranks))
         return (f"gated MLP silu(x Wg) * (x Wu) Wd, tokens={self.tokens} hidden={self.hidden} "
                 f"intermediate={self.intermediate}, {ranks}, {self.dtype}")
+
+
+def graph_token_count(graph: Graph) -> int:
+    """Rows of the largest left operand of a matmul (the token dimension a fused kernel blocks),
+    or of the largest computed value when the graph has no matmul."""
+    rows = [graph.node(n.operands[0]).shape[0] for n in graph.nodes() if n.kind == "matmul"]
+    rows = rows or [n.shape[0] for n in graph.compute_nodes()]
+    return max(rows, default=1)
+
+
+def graph_workload(graph: Graph, source: str) -> Workload:
+    """A workload compiling a user's graph (see :mod:`.graph_file`)."""
+    dtypes = {n.dtype for n in graph.inputs()}
+    if len(dtypes) > 1:
+        raise InputError(f"{source}: inputs mix dtypes ({', '.join(sorted(dtypes))}); a graph has one dtype")
+    return Workload("graph", dtype=dtypes.pop(), graph_text=to_text(graph), source=source)
 
 
 def _positive(value: int | None, what: str) -> int:

@@ -57,12 +57,30 @@ def annotation(node: Node, key: str) -> str | None:
 
 
 @dataclass
+class _Term:
+    """One PSUM accumulator: a matmul, or an ``add`` of products summed in place (``x W + h B``
+    accumulates both products into the same PSUM tile, as a matmul over the joined contraction)."""
+
+    node: Node
+    matmuls: list[Node]
+
+
+@dataclass
 class _Group:
-    """Transposed matmuls evaluated together, and the elementwise tree over them."""
+    """Values evaluated together, tile by tile: PSUM accumulators (``terms``), the elementwise tree
+    over them evaluated on the PSUM eviction (``tree``, operands before users) and the other values
+    it reads (``operands``: transposed values held in SBUF strips, or, for a row-major group,
+    kernel inputs loaded tile by tile). ``orient`` is the orientation of every value of the group."""
 
     root: Node
-    leaves: list[Node]
-    tree: list[Node] = field(default_factory=list)  # elementwise nodes, operands before users
+    orient: str
+    terms: list[_Term] = field(default_factory=list)
+    tree: list[Node] = field(default_factory=list)
+    operands: list[Node] = field(default_factory=list)
+
+    @property
+    def matmuls(self) -> list[Node]:
+        return [mm for term in self.terms for mm in term.matmuls]
 
 
 class _FusedLowering:
@@ -72,34 +90,40 @@ class _FusedLowering:
         self.nodes = {n.id: n for n in graph.nodes()}
         self.inputs = graph.inputs()
         self.outputs = graph.outputs()
-        lhs_inputs = self._lhs_inputs()
-        if not lhs_inputs:
-            raise ScheduleError(f"kernel {name}: no matmul reads a kernel input as its left operand")
-        self.lhs_inputs = lhs_inputs
-        self.tokens = lhs_inputs[0].shape[0]
+        compute = graph.compute_nodes()
+        if not compute:
+            raise ScheduleError(f"kernel {name}: nothing to compute")
+        for node in compute:
+            if node.kind == "transpose":
+                raise ScheduleError(f"kernel {name}: transpose %{node.id} of a computed value survived the passes; "
+                                    "fused kernels contain no transpose instruction (transposes of inputs become "
+                                    "input layouts, and of outputs output layouts)")
+            if len(node.shape) != 2:
+                raise ScheduleError(f"kernel {name}: %{node.id} is not 2-D; fused kernels compute 2-D values")
+        rows = {node.shape[0] for node in compute}
+        if len(rows) != 1:
+            raise ScheduleError(f"kernel {name}: its values have different row counts ({sorted(rows)}); a fused "
+                                "kernel blocks one token dimension")
+        self.tokens = rows.pop()
         self.s = normalize_fused(schedule, self.tokens)
         s = self.s
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
                        max(1, s.tokens_per_block // s.token_tile))
-        self.dtype = lhs_inputs[0].dtype
+        self.dtype = compute[0].dtype
         self.dtype_bytes = DTYPE_BYTES[self.dtype]
         self.hbm = {n.id: Buffer(n.attrs["name"], n.storage_shape, n.dtype, "hbm") for n in self.inputs}
-        self.out_hbm = {n.operands[0]: (n, Buffer(n.attrs["name"], n.storage_shape, n.dtype, "hbm"))
-                        for n in self.outputs}
+        self.out_hbm: dict[str, list[tuple[Node, Buffer]]] = {}
+        for n in self.outputs:
+            self.out_hbm.setdefault(n.operands[0], []).append(
+                (n, Buffer(n.attrs["name"], n.storage_shape, n.dtype, "hbm")))
         self.strips: dict[str, Buffer] = {}
         self.cached: dict[str, Buffer] = {}
+        self.group_list = self._groups()
+        self.strip_inputs = self._strip_inputs()
 
     # ------------------------------------------------------------------ analysis
     def _matmuls(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.kind == "matmul"]
-
-    def _lhs_inputs(self) -> list[Node]:
-        seen: list[Node] = []
-        for mm in self._matmuls():
-            lhs = self.nodes[mm.operands[0]]
-            if lhs.kind == "input" and lhs not in seen:
-                seen.append(lhs)
-        return seen
 
     def _weight(self, mm: Node) -> Node:
         rhs = self.nodes[mm.operands[1]]
@@ -111,47 +135,81 @@ class _FusedLowering:
     def _users(self, node_id: str) -> list[Node]:
         return [self.nodes[u] for u in self.g.users(node_id)]
 
-    def groups(self) -> list[_Group | Node]:
-        """Transposed groups and row-major matmuls, in dependency order."""
-        out: list[_Group | Node] = []
-        claimed: set[str] = set()
-        for node in self.g.nodes():
-            if node.kind == "transpose":
-                raise ScheduleError(f"kernel {self.name}: transpose %{node.id} survived the passes; fused kernels "
-                                    "contain no transpose instruction")
-            if node.kind == "elementwise":
-                if any(u.kind == "elementwise" for u in self._users(node.id)):
-                    continue  # not a root: evaluated inside its root's tree
-                if annotation(node, "orient") != "transposed":
-                    raise ScheduleError(f"kernel {self.name}: elementwise %{node.id} on a row-major value is not "
-                                        "supported; only epilogues of transposed matmuls fuse")
-                group = _Group(node, [])
-                self._collect(node, group)
-                claimed.update(leaf.id for leaf in group.leaves)
-                out.append(group)
-            elif node.kind == "matmul":
-                if annotation(node, "orient") == "transposed":
-                    if any(u.kind == "elementwise" for u in self._users(node.id)):
-                        continue  # a leaf: evaluated with its tree (placed at the root)
-                    out.append(_Group(node, [node]))
-                else:
-                    out.append(node)
-        # A leaf must come after everything its inputs need: roots are in topological order and
-        # leaves precede their root, so placing the whole group at the root keeps the order valid.
-        return out
+    def _absorbed(self, node: Node) -> bool:
+        """True when ``node`` is evaluated inside its only user's group (a PSUM term or a tree node)."""
+        if node.kind not in ("matmul", "elementwise"):
+            return False
+        users = self._users(node.id)
+        return (len(users) == 1 and users[0].kind == "elementwise"
+                and annotation(users[0], "orient") == annotation(node, "orient"))
 
-    def _collect(self, node: Node, group: _Group) -> None:
-        for op_id in node.operands:
-            op = self.nodes[op_id]
-            if op.kind == "elementwise":
-                self._collect(op, group)
-            elif op.kind == "matmul" and annotation(op, "orient") == "transposed":
-                if op not in group.leaves:
-                    group.leaves.append(op)
+    def _term(self, node: Node) -> _Term | None:
+        """The PSUM accumulator ``node`` can be, if it is a matmul or an add of such (else None)."""
+        if node.kind == "matmul":
+            return _Term(node, [node])
+        if node.kind == "elementwise" and node.attrs["op"] == "add" and len(set(node.operands)) == 2:
+            parts = [self.nodes[o] for o in node.operands]
+            terms = [self._term(p) if self._absorbed(p) else None for p in parts]
+            if all(terms):
+                return _Term(node, [mm for t in terms for mm in t.matmuls])  # type: ignore[union-attr]
+        return None
+
+    def _groups(self) -> list[_Group]:
+        """The groups, one per root (a value not absorbed into its user's group), in dependency order."""
+        groups: list[_Group] = []
+        done: set[str] = set()
+        for node in self.g.compute_nodes():
+            if self._absorbed(node):
+                continue
+            orient = annotation(node, "orient") or "normal"
+            group = _Group(node, orient)
+            term = self._term(node)
+            if term is not None:
+                group.terms.append(term)
             else:
-                raise ScheduleError(f"kernel {self.name}: elementwise %{node.id} reads %{op_id}, which is not a "
-                                    "transposed matmul result; it cannot be fused on the PSUM eviction")
+                self._collect(node, group, done)
+            if orient == "normal":
+                users = self._users(node.id)
+                if any(u.kind != "output" for u in users):
+                    raise ScheduleError(f"kernel {self.name}: row-major %{node.id} is read inside the kernel; a "
+                                        "row-major value can only be stored (run the fuse pass to split kernels)")
+            done.add(node.id)
+            groups.append(group)
+        return groups
+
+    def _collect(self, node: Node, group: _Group, done: set[str]) -> None:
+        """Add ``node`` (an elementwise node of the group) and what it reads to ``group``."""
+        for op_id in dict.fromkeys(node.operands):
+            op = self.nodes[op_id]
+            term = self._term(op) if self._absorbed(op) else None
+            if term is not None:
+                group.terms.append(term)
+            elif op.kind == "elementwise" and self._absorbed(op):
+                self._collect(op, group, done)
+            elif op.kind == "input" or (group.orient == "transposed" and op.id in done
+                                        and annotation(op, "orient") == "transposed"):
+                if op not in group.operands:
+                    group.operands.append(op)
+            else:
+                raise ScheduleError(f"kernel {self.name}: elementwise %{node.id} reads %{op_id}, which is neither "
+                                    f"a matmul result, a kernel input nor a value held {group.orient}")
         group.tree.append(node)
+
+    def _strip_inputs(self) -> list[Node]:
+        """Kernel inputs held as transposed strips: matmul left operands and transposed groups' operands."""
+        seen: dict[str, Node] = {}
+        for group in self.group_list:
+            for mm in group.matmuls:
+                lhs = self.nodes[mm.operands[0]]
+                if lhs.kind == "input":
+                    seen.setdefault(lhs.id, lhs)
+                elif annotation(lhs, "orient") != "transposed":
+                    raise ScheduleError(f"kernel {self.name}: %{lhs.id} is not held transposed for matmul %{mm.id}")
+            if group.orient == "transposed":
+                for op in group.operands:
+                    if op.kind == "input":
+                        seen.setdefault(op.id, op)
+        return list(seen.values())
 
     # ------------------------------------------------------------------ helpers
     def _kdim(self, size: int) -> Dim:
@@ -250,11 +308,56 @@ class _FusedLowering:
     def _k_blocked(self, group: _Group) -> int:
         """K tiles per weight block when the group's contraction is blocked (0: not blocked)."""
         s = self.s
-        ks = {-(-self.nodes[leaf.operands[0]].shape[1] // K_TILE) for leaf in group.leaves}
-        if s.k_tiles_per_block <= 0 or len(ks) != 1 or any(self._cache(leaf) for leaf in group.leaves):
+        matmuls = group.matmuls
+        ks = {-(-self.nodes[mm.operands[0]].shape[1] // K_TILE) for mm in matmuls}
+        if (s.k_tiles_per_block <= 0 or len(ks) != 1 or any(len(t.matmuls) > 1 for t in group.terms)
+                or any(self._cache(mm) for mm in matmuls)):
             return 0
         k_tiles = ks.pop()
         return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
+
+    def _weight_sources(self, group: _Group, fdim: Dim, blk: Expr) -> tuple[list[Stmt], dict[str, tuple[Buffer, bool]]]:
+        """(loads of the block's weights, matmul id -> (buffer, whether it holds all columns))."""
+        loads: list[Stmt] = []
+        sources: dict[str, tuple[Buffer, bool]] = {}
+        for mm in group.matmuls:
+            more, buf, whole = self._weights(mm, fdim, blk)
+            loads += more
+            sources[mm.id] = (buf, whole)
+        return loads, sources
+
+    def _term_tiles(self, group: _Group, sources: dict[str, tuple[Buffer, bool]], fdim: Dim, g: Expr,
+                    local: Expr, nsz: Expr, tile: Expr, tsz: Expr, row_major: bool
+                    ) -> tuple[list[Stmt], dict[str, Ref]]:
+        """PSUM tiles of every term of the group for one output tile."""
+        out: list[Stmt] = []
+        values: dict[str, Ref] = {}
+        s = self.s
+        for term in group.terms:
+            if row_major:
+                psum = Buffer(f"{term.node.id}_psum", (self.tok.tile, fdim.tile), "float32", "psum")
+                dst = Ref(psum, (span(0, tsz), span(0, nsz)))
+            else:
+                psum = Buffer(f"{term.node.id}_psum", (fdim.tile, s.tokens_per_block), "float32", "psum")
+                dst = Ref(psum, (span(0, nsz), span(0, tsz)))
+            out.append(Alloc(psum, accumulator=True))
+            for mm in term.matmuls:
+                buf, whole = sources[mm.id]
+                col = fdim.tile_start(g) if whole else local
+                lhs = self.nodes[mm.operands[0]]
+                kdim = self._kdim(lhs.shape[1])
+                kt = iv("kt", kdim.tiles)
+                ksz = kdim.tile_size(kt)
+                w = Ref(buf, (span(0, ksz), Point(kt), span(col, nsz)))
+                if row_major:
+                    x = Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(scale(tile, self.tok.tile), tsz)))
+                    mmul = Matmul(dst, x, w)
+                else:
+                    x = Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(0, tsz)))
+                    mmul = Matmul(dst, w, x)
+                out += loop("kt", Lin(kdim.tiles), kdim.tiles, [mmul])
+            values[term.node.id] = dst
+        return out, values
 
     def transposed_group(self, group: _Group, mb: Expr) -> list[Stmt]:
         root, s = group.root, self.s
@@ -262,14 +365,15 @@ class _FusedLowering:
         ntiles = -(-n // FEATURE_TILE)
         ftile = min(FEATURE_TILE, n)
         kb = self._k_blocked(group)
+        matmuls = group.matmuls
         if kb:
             # Contraction blocked: each feature tile's PSUM accumulator (a bank) lives across the
             # K blocks, so the feature block is bounded by the banks left for this group.
             by_sbuf = tiles_per_weight_block(s, kb, ftile, self.dtype_bytes, ntiles)
-            per_block = max(1, min(by_sbuf, GROUP_PSUM_BANKS // len(group.leaves)))
+            per_block = max(1, min(by_sbuf, GROUP_PSUM_BANKS // len(group.terms)))
         else:
-            k_tiles = max(-(-self.nodes[leaf.operands[0]].shape[1] // K_TILE) for leaf in group.leaves)
-            per_block = tiles_per_weight_block(s, k_tiles, ftile, self.dtype_bytes, ntiles)
+            k_tiles = max((-(-self.nodes[mm.operands[0]].shape[1] // K_TILE) for mm in matmuls), default=1)
+            per_block = tiles_per_weight_block(s, k_tiles, ftile, self.dtype_bytes, ntiles) if matmuls else ntiles
         fdim = Dim("f", n, ftile, ntiles, per_block)
         bm = self.tok.block_size(mb)
         # A result no matmul of this kernel reads (e.g. h^T of a split MLP's first kernel) is stored
@@ -293,40 +397,25 @@ class _FusedLowering:
         nsz = fdim.tile_size(g)
         if streamed:
             result = Ref(out_strip, (span(0, nsz), span(0, bm)))
-            hbm = self.out_hbm[root.id][1]
-            store = [DmaCopy(Ref(hbm, (span(fdim.tile_start(g), nsz), span(self.tok.block_start(mb), bm))), result)]
+            store = [DmaCopy(Ref(hbm, (span(fdim.tile_start(g), nsz), span(self.tok.block_start(mb), bm))), result)
+                     for _, hbm in self.out_hbm[root.id]]
         else:
             result = Ref(out_strip, (span(0, nsz), Point(g), span(0, bm)))
             store = []
+        operands = {op.id: Ref(self.strips[op.id], (span(0, nsz), Point(g), span(0, bm))) for op in group.operands}
         block: list[Stmt] = []
         if kb:
             values, accumulate = self._k_blocked_matmuls(group, fdim, fb, ft, nsz, bm, kb)
             block += accumulate
-            tile = ([Alloc(out_strip)] if streamed else []) + self._epilogue(group, values, result, temps, spill,
-                                                                              nsz, bm) + store
-        else:
-            sources: dict[str, tuple[Buffer, bool]] = {}
-            for leaf in group.leaves:
-                loads, buf, whole = self._weights(leaf, fdim, fb)
-                block += loads
-                sources[leaf.id] = (buf, whole)
             tile = []
-            values = {}
-            for leaf in group.leaves:
-                lhs = self.nodes[leaf.operands[0]]
-                kdim = self._kdim(lhs.shape[1])
-                kt = iv("kt", kdim.tiles)
-                ksz = kdim.tile_size(kt)
-                buf, whole = sources[leaf.id]
-                col = fdim.tile_start(g) if whole else scale(ft, fdim.tile)
-                psum = Buffer(f"{leaf.id}_psum", (fdim.tile, s.tokens_per_block), "float32", "psum")
-                dst = Ref(psum, (span(0, nsz), span(0, bm)))
-                mm = Matmul(dst, Ref(buf, (span(0, ksz), Point(kt), span(col, nsz))),
-                            Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(0, bm))))
-                tile += [Alloc(psum, accumulator=True), *loop("kt", Lin(kdim.tiles), kdim.tiles, [mm])]
-                values[leaf.id] = dst
-            tile += ([Alloc(out_strip)] if streamed else []) + self._epilogue(group, values, result, temps, spill,
-                                                                               nsz, bm) + store
+        else:
+            loads, sources = self._weight_sources(group, fdim, fb)
+            block += loads
+            tile, values = self._term_tiles(group, sources, fdim, g, scale(ft, fdim.tile), nsz, Lin(0), bm,
+                                            row_major=False)
+        values.update(operands)
+        tile += ([Alloc(out_strip)] if streamed else []) + self._epilogue(group, values, result, temps, spill,
+                                                                          (nsz, bm)) + store
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
         out += [Comment(self._describe_group(group))]
         out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block)
@@ -337,7 +426,7 @@ class _FusedLowering:
     def _k_blocked_matmuls(self, group: _Group, fdim: Dim, fb: Expr, ft: Expr, nsz: Expr, bm: Expr,
                            kb: int) -> tuple[dict[str, Ref], list[Stmt]]:
         """PSUM accumulators of the feature block, then the K-block loop: load weight rows, matmul."""
-        lhs0 = self.nodes[group.leaves[0].operands[0]]
+        lhs0 = self.nodes[group.matmuls[0].operands[0]]
         k = lhs0.shape[1]
         kdim = Dim("k", k, min(K_TILE, k), -(-k // K_TILE), kb)
         kblk = iv("k_blk", kdim.blocks)
@@ -348,7 +437,7 @@ class _FusedLowering:
         loads: list[Stmt] = []
         tile: list[Stmt] = []
         values: dict[str, Ref] = {}
-        for leaf in group.leaves:
+        for leaf in group.matmuls:
             w = self._weight(leaf)
             hbm = self.hbm[w.id]
             psum = Buffer(f"{leaf.id}_psum", (fdim.tile, fdim.tiles_in_block, PSUM_BANK_FP32), "float32", "psum")
@@ -376,22 +465,24 @@ class _FusedLowering:
         return values, allocs + loop("k_blk", Lin(kdim.blocks), kdim.blocks, body)
 
     def _epilogue(self, group: _Group, values: dict[str, Ref], result: Ref, temps: dict[str, Buffer],
-                  spill: Buffer, nsz: Expr, bm: Expr) -> list[Stmt]:
-        """Evaluate the group's elementwise tree on its PSUM tiles, writing the root into ``result``."""
+                  spill: Buffer, sizes: tuple[Expr, Expr]) -> list[Stmt]:
+        """Evaluate the group's elementwise tree on its tiles (PSUM terms, SBUF operands), writing the
+        root into ``result``."""
         out: list[Stmt] = []
         values = dict(values)
         root = group.root
+        rows, cols = sizes
         if not group.tree:
             return [Copy(result, values[root.id])]
         for node in group.tree:
-            dst = result if node is root else Ref(temps[node.id], (span(0, nsz), span(0, bm)))
+            dst = result if node is root else Ref(temps[node.id], (span(0, rows), span(0, cols)))
             ops = [values[o] for o in node.operands]
             op = node.attrs["op"]
             if op == "silu":
                 out.append(Activation(dst, ops[0], "silu"))
             else:
                 if all(r.buffer.memory == "psum" for r in ops):
-                    moved = Ref(spill, (span(0, nsz), span(0, bm)))
+                    moved = Ref(spill, (span(0, rows), span(0, cols)))
                     out.append(Copy(moved, ops[1]))  # a vector op reads at most one PSUM operand
                     ops[1] = moved
                 out.append(TensorTensor(dst, ops[0], ops[1], op))  # type: ignore[arg-type]
@@ -400,73 +491,98 @@ class _FusedLowering:
 
     def _describe_group(self, group: _Group) -> str:
         """One line saying what the group computes and how (for the emitted kernel's readers)."""
-        def product(leaf: Node) -> str:
-            return f"{leaf.operands[0]} @ {self._weight(leaf).attrs['name']}"
+        def product(term: _Term) -> str:
+            return " + ".join(f"{mm.operands[0]} @ {self._weight(mm).attrs['name']}" for mm in term.matmuls)
 
+        how = ("weight tiles stationary, strips moving (implicit transposition)" if group.orient == "transposed"
+               else "strips stationary, weights moving")
+        mark = "^T" if group.orient == "transposed" else ""
         if not group.tree:
-            leaf = group.leaves[0]
-            return (f"{leaf.id}^T = ({product(leaf)})^T: weight tiles stationary, {leaf.operands[0]}^T strip moving "
-                    "(implicit transposition)")
-        terms = ", ".join(f"{leaf.id} = {product(leaf)}" for leaf in group.leaves)
+            term = group.terms[0]
+            summed = " (summed in one PSUM accumulator)" if len(term.matmuls) > 1 else ""
+            return f"{term.node.id}{mark} = ({product(term)}){mark}{summed}: {how}"
+        terms = ", ".join(f"{t.node.id} = {product(t)}" for t in group.terms)
+        reads = ", ".join(op.id for op in group.operands)
         ops = " then ".join(f"{node.attrs['op']}" for node in group.tree)
-        return f"{group.root.id}^T from the PSUM tiles of {terms} ({ops} on the eviction)"
+        sources = "; ".join(part for part in (f"PSUM tiles of {terms}" if terms else "",
+                                              f"tiles of {reads}" if reads else "") if part)
+        return f"{group.root.id}{mark} from {sources} ({ops} on the eviction)"
 
     def _two_psum_operands(self, node: Node, group: _Group) -> bool:
-        leaves = {leaf.id for leaf in group.leaves}
-        return node.attrs.get("op") != "silu" and all(o in leaves for o in node.operands)
+        terms = {t.node.id for t in group.terms}
+        return node.attrs.get("op") != "silu" and all(o in terms for o in node.operands)
 
     def _store_strip(self, node: Node, strip: Buffer, fdim: Dim, mb: Expr) -> list[Stmt]:
-        out_node, hbm = self.out_hbm[node.id]
-        if out_node.attrs.get("layout") != "transposed":
-            raise ScheduleError(f"kernel {self.name}: output {out_node.attrs['name']} is held transposed but "
-                                "declared row-major; run the implicit-transpose pass")
-        nt = iv("nt", fdim.tiles)
-        nsz = fdim.tile_size(nt)
-        t0, bm = self.tok.block_start(mb), self.tok.block_size(mb)
-        dma = DmaCopy(Ref(hbm, (span(fdim.tile_start(nt), nsz), span(t0, bm))),
-                      Ref(strip, (span(0, nsz), Point(nt), span(0, bm))))
-        return [Comment(f"store {out_node.attrs['name']} (transposed in HBM)"),
-                *loop("nt", Lin(fdim.tiles), fdim.tiles, [dma])]
+        out: list[Stmt] = []
+        for out_node, hbm in self.out_hbm[node.id]:
+            if out_node.attrs.get("layout") != "transposed":
+                raise ScheduleError(f"kernel {self.name}: output {out_node.attrs['name']} is held transposed but "
+                                    "declared row-major; run the implicit-transpose pass")
+            nt = iv("nt", fdim.tiles)
+            nsz = fdim.tile_size(nt)
+            t0, bm = self.tok.block_start(mb), self.tok.block_size(mb)
+            dma = DmaCopy(Ref(hbm, (span(fdim.tile_start(nt), nsz), span(t0, bm))),
+                          Ref(strip, (span(0, nsz), Point(nt), span(0, bm))))
+            out += [Comment(f"store {out_node.attrs['name']} (transposed in HBM)"),
+                    *loop("nt", Lin(fdim.tiles), fdim.tiles, [dma])]
+        return out
 
-    def normal_matmul(self, mm: Node, mb: Expr) -> list[Stmt]:
-        s, tok = self.s, self.tok
-        if mm.id not in self.out_hbm:
-            raise ScheduleError(f"kernel {self.name}: row-major matmul %{mm.id} must feed a kernel output")
-        out_node, hbm = self.out_hbm[mm.id]
-        lhs = self.nodes[mm.operands[0]]
-        if lhs.id not in self.strips:
-            raise ScheduleError(f"kernel {self.name}: %{lhs.id} is not held transposed for matmul %{mm.id}")
-        n = mm.shape[1]
+    def row_major_group(self, group: _Group, mb: Expr) -> list[Stmt]:
+        """A group held row-major (tokens on partitions), stored row by row to its output(s)."""
+        s, tok, root = self.s, self.tok, group.root
+        if root.id not in self.out_hbm:
+            raise ScheduleError(f"kernel {self.name}: row-major %{root.id} must feed a kernel output")
+        stores = self.out_hbm[root.id]
+        for out_node, _ in stores:
+            if out_node.attrs.get("layout") == "transposed":
+                raise ScheduleError(f"kernel {self.name}: output {out_node.attrs['name']} is declared transposed but "
+                                    f"%{root.id} is held row-major; run the implicit-transpose pass")
+        out_dtype = stores[0][0].dtype
+        n = root.shape[1]
         tile_n = min(s.out_tile, n)
         ntiles = -(-n // tile_n)
-        kdim = self._kdim(lhs.shape[1])
-        odim = Dim("o", n, tile_n, ntiles, tiles_per_weight_block(s, kdim.tiles, tile_n, self.dtype_bytes, ntiles))
+        k_tiles = max((-(-self.nodes[mm.operands[0]].shape[1] // K_TILE) for mm in group.matmuls), default=1)
+        per_block = (tiles_per_weight_block(s, k_tiles, tile_n, self.dtype_bytes, ntiles) if group.matmuls
+                     else ntiles)
+        odim = Dim("o", n, tile_n, ntiles, per_block)
         ob = iv("o_blk", odim.blocks)
-        loads, wbuf, whole = self._weights(mm, odim, ob)
+        loads, sources = self._weight_sources(group, odim, ob)
         tt = iv("tt", tok.tiles_in_block)
         tg = tok.tile_index(mb, tt)
         tsz = tok.tile_size(tg)
         bn = iv("bn", odim.tiles_in_block)
         g = odim.tile_index(ob, bn)
         nsz = odim.tile_size(g)
-        kt = iv("kt", kdim.tiles)
-        ksz = kdim.tile_size(kt)
-        psum = Buffer(f"{mm.id}_psum", (tok.tile, tile_n), "float32", "psum")
-        rows = Buffer(f"{out_node.attrs['name']}_rows", (tok.tile, odim.block_elems), out_node.dtype, "sbuf")
-        col = odim.tile_start(g) if whole else scale(bn, tile_n)
-        matmul = Matmul(Ref(psum, (span(0, tsz), span(0, nsz))),
-                        Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(scale(tt, tok.tile), tsz))),
-                        Ref(wbuf, (span(0, ksz), Point(kt), span(col, nsz))))
-        per_tile = [Alloc(psum, accumulator=True), *loop("kt", Lin(kdim.tiles), kdim.tiles, [matmul]),
-                    Copy(Ref(rows, (span(0, tsz), span(scale(bn, tile_n), nsz))),
-                         Ref(psum, (span(0, tsz), span(0, nsz))))]
+        name = stores[0][0].attrs["name"]
+        rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
+        per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True)
+        for op in group.operands:
+            buf = Buffer(f"{op.attrs['name']}_in_tile", (tok.tile, tile_n), op.dtype, "sbuf")
+            dst = Ref(buf, (span(0, tsz), span(0, nsz)))
+            hbm = self.hbm[op.id]
+            t0, c0 = tok.tile_start(tg), odim.tile_start(g)
+            if op.attrs.get("layout") == "transposed":
+                dma = DmaCopy(dst, Ref(hbm, (span(c0, nsz), span(t0, tsz))), transpose=True)
+            else:
+                dma = DmaCopy(dst, Ref(hbm, (span(t0, tsz), span(c0, nsz))))
+            per_tile += [Alloc(buf), dma]
+            values[op.id] = dst
+        temps = {node.id: Buffer(f"{node.id}_f32", (tok.tile, tile_n), "float32", "sbuf")
+                 for node in group.tree if node is not root}
+        spill = Buffer(f"{root.id}_operand_f32", (tok.tile, tile_n), "float32", "sbuf")
+        per_tile += [Alloc(t) for t in temps.values()]
+        if any(self._two_psum_operands(node, group) for node in group.tree):
+            per_tile.append(Alloc(spill))
+        result = Ref(rows, (span(0, tsz), span(scale(bn, tile_n), nsz)))
+        per_tile += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
         cols = odim.block_size(ob)
-        store = DmaCopy(Ref(hbm, (span(tok.tile_start(tg), tsz), span(odim.block_start(ob), cols))),
-                        Ref(rows, (span(0, tsz), span(0, cols))))
+        store = [DmaCopy(Ref(hbm, (span(tok.tile_start(tg), tsz), span(odim.block_start(ob), cols))),
+                         Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
         token_tile = [Alloc(rows, comment="one packed row of output tiles"),
-                      *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile), store]
+                      *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile), *store]
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, token_tile)
-        return [Comment(f"{out_node.attrs['name']} = {lhs.id} @ {self._weight(mm).attrs['name']} (row-major)"),
+        names = ", ".join(o.attrs["name"] for o, _ in stores)
+        return [Comment(f"{names} = {self._describe_group(group)}"),
                 *loop("o_blk", Lin(odim.blocks), odim.blocks, body)]
 
     def program(self) -> Program:
@@ -475,13 +591,14 @@ class _FusedLowering:
         body += self.cached_weights()
         mb = iv("m_blk", tok.blocks)
         block: list[Stmt] = []
-        for inp in self.lhs_inputs:
+        for inp in self.strip_inputs:
             block += self.load_strip(inp, mb)
-        for item in self.groups():
-            block += self.transposed_group(item, mb) if isinstance(item, _Group) else self.normal_matmul(item, mb)
+        for group in self.group_list:
+            block += (self.transposed_group(group, mb) if group.orient == "transposed"
+                      else self.row_major_group(group, mb))
         body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens")
         params = [self.hbm[n.id] for n in self.inputs]
-        outs = [self.out_hbm[n.operands[0]][1] for n in self.outputs]
+        outs = [hbm for n in self.outputs for node, hbm in self.out_hbm[n.operands[0]] if node is n]
         args = ", ".join(f"{p.name}{list(p.shape)}" for p in params)
         results = ", ".join(f"{o.name}{list(o.shape)}" for o in outs)
         doc = (f"Fused kernel {self.name} over {self.tokens} tokens ({self.dtype}).\n"
