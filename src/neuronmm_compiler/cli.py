@@ -73,7 +73,7 @@ def emit(schedule_name: str | None, params: tuple[str, ...], dialect: str, targe
          **options: Any) -> None:
     """Emit the NKI kernel(s) of a workload under a schedule preset (GEMM) or the default fused
     schedule (chains, MLPs), plus --param overrides."""
-    wl = workload_from(options)
+    wl = workload_from(options, target)
     choice(dialect, DIALECTS, "dialect")
     tgt = get_target(target)
     if wl.fused:
@@ -110,7 +110,7 @@ def cost(schedule_name: str | None, params: tuple[str, ...], target: str, as_jso
     A schedule that does not fit on chip is reported (feasible: false), not rejected."""
     from .report import cost_lines
 
-    wl = workload_from(options)
+    wl = workload_from(options, target)
     tgt = get_target(target)
     kernels: list[tuple[str, Any]] = []
     if wl.fused:
@@ -201,7 +201,7 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
         _tune_model(model, options, target=target, dialect=dialect, trials=trials or DEFAULT_TRIALS, seed=seed,
                     run_verify=run_verify, as_json=as_json, output=output)
         return
-    wl = workload_from(options)
+    wl = workload_from(options, target)
     choice(dialect, DIALECTS, "dialect")
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
     tgt = get_target(target)
@@ -276,7 +276,7 @@ def _tune_model(model: str, options: dict[str, Any], *, target: str, dialect: st
     from .model_tuning import parse_buckets, resolve_model, tune_model
 
     allowed = {"tokens", "keep_ratio", "dtype", "a_layout"}
-    given = [k for k, v in options.items() if k not in allowed and v not in (None, False)]
+    given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
     if given:
         raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
                          ", ".join("--" + k.replace("_", "-") for k in given))
@@ -327,10 +327,10 @@ def _tune_json(wl: Any, tuned: Any, output: str, report: Any) -> dict[str, Any]:
     }
     if wl.fused:
         data["kernels"] = [{"name": p.name, **k.as_dict()} for p, k in zip(c.programs, c.kernel_costs, strict=True)]
-        data["baseline"] = {"computation": "dense, AWS fully optimized kernel per projection",
-                            **tuned.baseline.as_dict()}
-        data["unfused_baseline"] = {"computation": "SVD factors as separate AWS-kernel GEMMs",
-                                    **tuned.unfused_baseline.as_dict()}
+        data["baseline"] = None if tuned.baseline is None else {"computation": tuned.baseline_label,
+                                                                  **tuned.baseline.as_dict()}
+        data["unfused_baseline"] = None if tuned.unfused_baseline is None else {
+            "computation": tuned.unfused_label, **tuned.unfused_baseline.as_dict()}
         data["speedup_vs_unfused"] = tuned.speedup_vs_unfused
     else:
         data["problem"] = c.problem.describe()
@@ -356,7 +356,7 @@ def explain(schedule_name: str | None, params: tuple[str, ...], target: str, tun
     cost model's formulas with the schedule's numbers plugged in."""
     from .report import explain_graph_lines, explain_lines
 
-    wl = workload_from(options)
+    wl = workload_from(options, target)
     tgt = get_target(target)
     if tuned and (schedule_name or params):
         raise InputError("--tuned picks the schedule itself: drop --schedule/--param")
@@ -474,7 +474,7 @@ def schedules(target: str, as_json: bool, **options: Any) -> None:
     parameters --param can set; for a chain or MLP, the fused-kernel parameters and defaults."""
     from .cost_model.footprint import footprint
 
-    wl = workload_from(options)
+    wl = workload_from(options, target)
     tgt = get_target(target)
     specs = FUSED_PARAMS if wl.fused else PARAMS
     space = [{"name": p.name, "type": p.kind.__name__, "choices": list(p.choices) if p.choices else None,

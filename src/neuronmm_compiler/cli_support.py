@@ -74,14 +74,21 @@ def choice(value: str, accepted: dict[str, Any] | tuple[str, ...], what: str) ->
     return value
 
 
-WORKLOAD_KEYS = ("shape", "rank", "keep_ratio", "mlp", "tokens", "hidden", "intermediate", "ranks", "dense",
-                 "dtype", "a_layout")
+WORKLOAD_KEYS = ("graph", "dims", "shape", "rank", "keep_ratio", "mlp", "tokens", "hidden", "intermediate", "ranks",
+                 "dense", "dtype", "a_layout")
 
 
 def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """What to compile: a GEMM (--shape), an SVD chain (--shape with --rank or --keep-ratio), or a
-    gated MLP (--mlp with --tokens/--hidden/--intermediate and ranks, or --dense)."""
+    """What to compile: a GEMM (--shape), an SVD chain (--shape with --rank or --keep-ratio), a
+    gated MLP (--mlp with --tokens/--hidden/--intermediate and ranks, or --dense), or a graph file
+    (--graph, with --dim bindings)."""
     options = [
+        click.option("--graph", metavar="FILE",
+                     help="A graph file (YAML or JSON; see docs/graph-format.md) describing the matmul graph to "
+                          "compile, e.g. examples/graphs/lora.yaml."),
+        click.option("--dim", "dims", multiple=True, metavar="NAME=N",
+                     help="--graph: bind a named dimension of the graph file (e.g. --dim tokens=512); repeatable. "
+                          "Overrides the file's default."),
         click.option("--shape", metavar="MxNxK",
                      help="GEMM C[M,N] = A[M,K] @ B[K,N] (e.g. 1024x2048x512); with --rank or --keep-ratio, the "
                           "SVD chain Y = X[M,K] @ U[K,R] @ V[R,N]."),
@@ -106,9 +113,15 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def workload_from(options: dict[str, Any]) -> Workload:
-    """Build the workload from :func:`workload_options` values (popped from ``options``)."""
+def workload_from(options: dict[str, Any], target: str | None = None) -> Workload:
+    """Build the workload from :func:`workload_options` values (popped from ``options``).
+
+    ``target`` (a --target value) is where a graph file's inputs and outputs must fit in HBM."""
     o = {key: options.pop(key) for key in WORKLOAD_KEYS}
+    if o["graph"] is not None:
+        return _graph_workload(o, target)
+    if o["dims"]:
+        raise InputError("--dim binds dimensions of a --graph file")
     dtype = canonical_dtype(o["dtype"])
     layout = choice(o["a_layout"], A_LAYOUTS, "A layout")
     if o["mlp"]:
@@ -142,6 +155,28 @@ def workload_from(options: dict[str, Any]) -> Workload:
     if o["rank"] is not None or o["keep_ratio"] is not None:
         return chain_workload(m, n, k, rank=o["rank"], keep_ratio=o["keep_ratio"], dtype=dtype, a_layout=layout)
     return Workload("gemm", dtype=dtype, m=m, n=n, k=k, a_layout=layout)
+
+
+def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
+    from .graph_file import check_fits_hbm, load_graph_spec, parse_dim_bindings
+    from .targets import get_target
+    from .workloads import graph_workload
+
+    others = [f"--{key.replace('_', '-')}" for key in WORKLOAD_KEYS
+              if key not in ("graph", "dims", "dtype", "a_layout") and o[key] not in (None, False)]
+    if o["a_layout"] != "mk":
+        others.append("--a-layout")
+    if o["dtype"] != "bf16":
+        others.append("--dtype")
+    if others:
+        raise InputError(f"--graph describes the whole workload (shapes, dtypes, layouts are in the file); "
+                         f"drop {', '.join(others)}")
+    spec = load_graph_spec(o["graph"])
+    graph = spec.graph(parse_dim_bindings(o["dims"]))
+    if target is not None:
+        tgt = get_target(target)
+        check_fits_hbm(graph, tgt.hbm_bytes_per_core, tgt.name, spec.source)
+    return graph_workload(graph, spec.source)
 
 
 def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -69,12 +69,32 @@ class CompiledGraph:
     dialect: str
 
 
+def splittable(workload: Workload) -> bool:
+    """True when ``mlp=split`` changes anything: a matmul reads an elementwise result (the MLP's h)."""
+    if workload.kind in ("mlp", "gemm", "chain"):
+        return workload.kind == "mlp"
+    graph = workload.graph()
+    return any(n.kind == "matmul" and graph.node(n.operands[0]).kind == "elementwise" for n in graph.nodes())
+
+
+def row_major_activations(workload: Workload) -> bool:
+    """True when some activation is row-major in HBM, so how X^T is made (x_transpose) matters."""
+    if workload.kind == "mlp":
+        return True
+    if workload.kind != "graph":
+        return workload.a_layout == "mk"
+    graph = workload.graph()
+    lhs = {n.operands[0] for n in graph.nodes() if n.kind == "matmul"}
+    return any(n.layout == "row_major" for n in graph.inputs() if n.id in lhs)
+
+
 def resolve_fused(workload: Workload, schedule: FusedSchedule | None, params: Mapping[str, str | int] | None,
                   target: Target) -> FusedSchedule:
     chosen = (schedule or FusedSchedule()).with_params(dict(params or {}))
     check_fused(chosen, target.gemm_moving_fmax, target.gemm_stationary_fmax)
-    if chosen.mlp == "split" and workload.kind != "mlp":
-        raise ScheduleError("mlp=split applies to gated MLP workloads only")
+    if chosen.mlp == "split" and not splittable(workload):
+        raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
+                            "(the gated MLP's h)")
     return normalize_fused(chosen, workload.token_count)
 
 
@@ -129,7 +149,8 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = "mk") -> Cos
         if node.kind == "matmul":
             lhs = graph.node(node.operands[0])
             m, k = lhs.shape
-            problem = GemmProblem(m, node.shape[1], k, dtype=node.dtype, a_layout=lhs_layout)
+            layout = "km" if lhs.kind == "input" and lhs.layout == "transposed" else lhs_layout
+            problem = GemmProblem(m, node.shape[1], k, dtype=node.dtype, a_layout=layout)
             reports.append(_gemm_cost(problem, target))
         elif node.kind == "elementwise":
             reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype), target))
@@ -142,7 +163,7 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = "mk") -> Cos
 
 
 def fused_space(workload: Workload) -> SearchSpace:
-    row_major_x = workload.kind == "mlp" or workload.a_layout == "mk"
+    row_major_x = row_major_activations(workload)
     candidates: dict[str, tuple] = {
         "tokens_per_block": (32, 64, 128, 256, 512),
         "token_tile": (128,),
@@ -152,7 +173,7 @@ def fused_space(workload: Workload) -> SearchSpace:
         "weight_dma": ("row", "tile"),
         "cache_weights": ("none", "stage1", "all"),
         "x_transpose": ("dma", "pe") if row_major_x else ("dma",),
-        "mlp": ("whole", "split") if workload.kind == "mlp" else ("whole",),
+        "mlp": ("whole", "split") if splittable(workload) else ("whole",),
     }
     return SearchSpace(candidates, build=lambda point: FusedSchedule(**point))
 
@@ -164,18 +185,50 @@ FUSED_ORDINAL = ("tokens_per_block", "token_tile", "weight_block_kib", "k_tiles_
 class TunedGraph:
     compiled: CompiledGraph
     search: TuneResult
-    baseline: CostReport  # dense, AWS kernel per projection
-    unfused_baseline: CostReport  # SVD factors as separate AWS-kernel GEMMs
+    baseline: CostReport | None  # dense, AWS kernel per projection (None: not modelled for this graph)
+    unfused_baseline: CostReport | None  # SVD factors (every op) as separate AWS-kernel GEMMs
+
+    @property
+    def baseline_label(self) -> str:
+        if self.compiled.workload.kind == "graph":
+            return "per-op kernels, lhs pre-transposed"
+        return "dense (AWS kernels)"
+
+    @property
+    def unfused_label(self) -> str:
+        if self.compiled.workload.kind == "graph":
+            return "per-op kernels (AWS GEMMs)"
+        return "SVD factors unfused (AWS kernels)"
 
     @property
     def speedup_vs_baseline(self) -> float | None:
-        return self.baseline.latency_us / self.compiled.cost.latency_us if self.baseline.feasible else None
+        return _speedup(self.baseline, self.compiled.cost)
 
     @property
     def speedup_vs_unfused(self) -> float | None:
-        if not self.unfused_baseline.feasible:
-            return None
-        return self.unfused_baseline.latency_us / self.compiled.cost.latency_us
+        return _speedup(self.unfused_baseline, self.compiled.cost)
+
+
+def _speedup(baseline: CostReport | None, cost: CostReport) -> float | None:
+    if baseline is None or not baseline.feasible:
+        return None
+    return baseline.latency_us / cost.latency_us
+
+
+def baselines(workload: Workload, target: Target) -> tuple[CostReport | None, CostReport | None]:
+    """(dense baseline, unfused baseline) of a fused workload, as the NeuronMM paper measures them.
+
+    A user's graph is its own dense graph: its baselines run every op as its own kernel, AWS's GEMM
+    per matmul, with left operands given pre-transposed (the favourable case) or row-major. Graphs
+    the baselines cannot model (a transpose of a computed value) get None."""
+    if workload.kind == "graph":
+        graph = run_pipeline(workload.graph(), "canonicalize,fold-transposes,canonicalize").graph
+        try:
+            return unfused_cost(graph, target, lhs_layout="km"), unfused_cost(graph, target, lhs_layout="mk")
+        except ScheduleError:
+            return None, None
+    return (unfused_cost(workload.dense_graph(), target, lhs_layout="km"),
+            unfused_cost(workload.graph(), target, lhs_layout="mk"))
 
 
 def _fused_setup(workload: Workload, target: Target) -> tuple[SpaceSpec, Evaluator]:
@@ -202,7 +255,7 @@ def _fused_setup(workload: Workload, target: Target) -> tuple[SpaceSpec, Evaluat
     base = FusedSchedule()
     guesses = [replace(base, x_transpose="pe" if tokens < 128 and "pe" in space.candidates["x_transpose"] else "dma"),
                replace(base, cache_weights="stage1", tokens_per_block=512)]
-    if workload.kind == "mlp":
+    if "split" in space.candidates["mlp"]:
         guesses.append(replace(base, mlp="split"))
     spec = SpaceSpec(space=space, ordinal=FUSED_ORDINAL,
                      exchange=("tokens_per_block", "weight_block_kib", "k_tiles_per_block"),
@@ -219,7 +272,6 @@ def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIA
     """Search the fused schedule space with the cost model; compile the winner; cost the baselines.
     ``storage``, ``study_name``, ``workers``: a resumable, shareable search (see :func:`search`)."""
     check_dialect(dialect)
-    graph = workload.graph()
     setup = functools.partial(_fused_setup, workload, target)
     spec, evaluate = setup()
     result = search(spec, evaluate, what=f"{workload.describe()} on {target.name}", trials=trials, seed=seed,
@@ -227,8 +279,7 @@ def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIA
                     progress=progress, storage=storage, study_name=study_name, workers=workers, setup=setup)
     compiled = compile_graph(workload, target=target, dialect=dialect, schedule=result.best.schedule,
                              schedule_name=f"tuned ({result.method}, seed {seed})")
-    return TunedGraph(compiled, result, unfused_cost(workload.dense_graph(), target, lhs_layout="km"),
-                      unfused_cost(graph, target, lhs_layout="mk"))
+    return TunedGraph(compiled, result, *baselines(workload, target))
 
 
 

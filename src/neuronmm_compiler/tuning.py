@@ -10,7 +10,7 @@ from .artifacts.cache import CacheRecord, ResultCache, cache_key, cached_schedul
 from .compiler import Tuned, compile_lowered, lower_frontend
 from .compiler import tune as tune_gemm_workload
 from .cost_model import estimate
-from .fused_compiler import TunedGraph, compile_graph, tune_graph, unfused_cost
+from .fused_compiler import TunedGraph, baselines, compile_graph, tune_graph
 from .schedule import lower_gemm, preset
 from .search import Candidate, TuneResult
 from .targets import Target
@@ -37,9 +37,7 @@ def _from_record(workload: Workload, record: CacheRecord, *, target: Target, dia
     search = TuneResult(best=best, top=[best], method="cache", trials=0, evaluated=0, feasible=0,
                         space_size=int(record.search.get("space_size", 0)), seconds=time.perf_counter() - started)
     if workload.fused:
-        graph = workload.graph()
-        return TunedGraph(compiled, search, unfused_cost(workload.dense_graph(), target, lhs_layout="km"),
-                          unfused_cost(graph, target, lhs_layout="mk"))
+        return TunedGraph(compiled, search, *baselines(workload, target))
     problem = compiled.problem
     baseline = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem)), target)
     return Tuned(compiled, search, baseline)

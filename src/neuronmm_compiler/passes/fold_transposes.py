@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..ir.graph import Graph
+from ..ir.graph import OPERAND_INDICES, Graph
 from .base import Pass, register_pass
 
 _FLIPPED_LAYOUT = {"row_major": "transposed", "transposed": "row_major"}
@@ -29,6 +29,10 @@ class FoldTransposes(Pass):
     An input that is also read directly is left alone: it is one tensor in HBM and can have only
     one layout; folding would need the kernel to read it both ways, which a layout cannot say.
     One sweep over the inputs; run ``canonicalize`` first so ``transpose(transpose(x))`` is gone.
+
+    Likewise at the other boundary: an output of ``transpose(v)``, ``v`` computed, becomes an output
+    of ``v`` with the flipped layout (the same array in HBM); the transpose, if nothing else reads
+    it, is left dead for ``canonicalize``.
     """
 
     name: ClassVar[str] = "fold-transposes"
@@ -47,4 +51,21 @@ class FoldTransposes(Pass):
                 graph.replace_all_uses(transpose.id, node.id)
                 graph.remove_node(transpose.id)
             changed = True
-        return changed
+        return fold_output_transposes(graph) or changed
+
+
+def fold_output_transposes(graph: Graph) -> bool:
+    """Outputs of transposes of computed values become outputs of those values, layout flipped."""
+    changed = False
+    g = graph.nx_graph
+    for out in graph.outputs():
+        transpose = graph.node(out.operands[0])
+        if transpose.kind != "transpose" or graph.node(transpose.operands[0]).kind == "input":
+            continue
+        data = g.nodes[out.id]
+        data["attrs"] = {**data["attrs"], "layout": _FLIPPED_LAYOUT[data["attrs"].get("layout", "row_major")]}
+        data["shape"] = tuple(reversed(data["shape"]))
+        g.remove_edge(transpose.id, out.id)
+        g.add_edge(transpose.operands[0], out.id, **{OPERAND_INDICES: (0,)})
+        changed = True
+    return changed

@@ -13,9 +13,39 @@ from .base import Pass, register_pass
 MLP_MODES: tuple[str, ...] = ("whole", "split")
 
 
+def _needs_new_kernel(graph: Graph, node_id: str, kernel: int, index: dict[str, int], rows: dict[int, int]) -> str:
+    """Why ``node_id`` cannot join kernel ``kernel`` (empty string: it can).
+
+    The fused lowering keeps every value on chip in one orientation and reads weights from HBM, so
+    a node starts a new kernel, and the values it reads cross HBM, when: a matmul's right operand
+    (its weight) is computed in the same kernel; a value it reads in the same kernel is held
+    row-major where it needs it transposed (a matmul's left operand) or in the other orientation
+    than its own (an elementwise operand), or is row-major and has other readers (a row-major
+    value is only ever stored); or its rows differ from the kernel's token count."""
+    node = graph.node(node_id)
+    orient = node.annotations.get("orient", "normal")
+    if rows.get(kernel, node.shape[0]) != node.shape[0]:
+        return "rows"
+    for position, operand_id in enumerate(node.operands):
+        if index.get(operand_id) != kernel:
+            continue
+        operand = graph.node(operand_id)
+        held = operand.annotations.get("orient", "normal")
+        if node.kind == "matmul" and position == 1:
+            return "weight computed in the kernel"
+        if node.kind == "matmul" and held != "transposed":
+            return "row-major lhs"
+        if node.kind == "elementwise" and held != orient:
+            return "orientation"
+        if held == "normal" and len(graph.users(operand_id)) > 1:
+            return "row-major value with several readers"
+    return ""
+
+
 def kernel_assignment(graph: Graph, mlp: str = "whole") -> dict[str, str]:
     """The kernel id (``k0``, ``k1``, ...) of every compute node under ``mlp`` mode (see :class:`Fuse`)."""
     index: dict[str, int] = {}
+    rows: dict[int, int] = {}
     created = 0
     for node in graph.compute_nodes():
         starts_kernel = (
@@ -23,11 +53,12 @@ def kernel_assignment(graph: Graph, mlp: str = "whole") -> dict[str, str]:
             and node.kind == "matmul"
             and graph.node(node.operands[0]).kind == "elementwise"
         )
-        if starts_kernel:
+        kernel = max((index.get(operand, 0) for operand in node.operands), default=0)
+        if starts_kernel or _needs_new_kernel(graph, node.id, kernel, index, rows):
             created += 1
-            index[node.id] = created
-        else:  # join the latest kernel any operand comes from (inputs count as k0)
-            index[node.id] = max((index.get(operand, 0) for operand in node.operands), default=0)
+            kernel = created
+        index[node.id] = kernel
+        rows.setdefault(kernel, node.shape[0])
     return {node_id: f"k{number}" for node_id, number in index.items()}
 
 
@@ -43,6 +74,12 @@ class Fuse(Pass):
     latest kernel among its operands), as in NeuronMM's separate up/gate and down kernels. A
     graph without elementwise nodes is one kernel either way. Kernels only read values of earlier
     kernels, so they can run one after another.
+
+    In either mode a node also starts a new kernel where the fused lowering could not keep the
+    value it reads on chip (see :func:`_needs_new_kernel`): a weight computed by the graph, a
+    row-major value read as a matmul's left operand or read more than once, an orientation
+    mismatch, a different row count. The built-in graphs (GEMM, SVD chain, MLP) never hit these;
+    user graphs may, and then pay an HBM round trip for that value instead of failing.
     """
 
     name: ClassVar[str] = "fuse"
