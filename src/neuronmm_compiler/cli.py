@@ -432,22 +432,31 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
 @click.option("--target", default=None, help="Check limits of this target instead of the one in the file.")
+@click.option("--backend", default="interpreter", show_default=True,
+              type=click.Choice(["interpreter", "nki-simulator"]),
+              help="Run the kernels in nmmc's interpreter, or in AWS's NKI simulator (needs the file's NKI package: "
+                   "nki for --dialect nki, neuronx-cc for neuronxcc; from AWS's Neuron pip index).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(file: str, seed: int, target: str | None, as_json: bool) -> None:
-    """Run an emitted kernel FILE in the CPU interpreter on random inputs (every kernel of the file,
-    in order), compare with a float64 NumPy evaluation of its graph, and print the relative error and
-    the interpreter's counters.
+def verify(file: str, seed: int, target: str | None, backend: str, as_json: bool) -> None:
+    """Run an emitted kernel FILE on random inputs (every kernel of the file, in order), compare with a
+    float64 NumPy evaluation of its graph, and print the relative error and, in the interpreter, its
+    counters (HBM bytes, DMA transfers, matmuls, peak SBUF/PSUM).
+
+    The interpreter checks Trainium's tile limits and SBUF/PSUM capacity as well; --backend
+    nki-simulator runs the file under AWS's own simulator instead (same inputs, reference and
+    tolerance; it checks no capacity and keeps no counters).
 
     Exits 0 when the kernel is within tolerance (bf16 1e-2, fp32 1e-5), 1 on a mismatch or a
-    violated hardware limit, 2 when FILE is not an nmmc kernel."""
+    violated hardware limit, 2 when FILE is not an nmmc kernel or the backend's package is missing."""
     from .verification import verify_file
 
-    report = verify_file(file, seed=seed, target=get_target(target) if target else None)
+    report = verify_file(file, seed=seed, target=get_target(target) if target else None, backend=backend)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
         status = "OK" if report.ok else "FAILED"
-        click.echo(f"{status}: {file} ({report.kernel}, {report.dialect}, {report.target}, seed {report.seed})")
+        where = "" if backend == "interpreter" else f", {backend}"
+        click.echo(f"{status}: {file} ({report.kernel}, {report.dialect}, {report.target}, seed {report.seed}{where})")
         if report.rel_error is not None:
             click.echo(f"  relative error {report.rel_error:.3e} (tolerance {report.tolerance:.0e}), "
                        f"max abs error {report.max_abs_error:.3e}")
@@ -674,3 +683,71 @@ def targets(as_json: bool) -> None:
         click.echo(f"{name}: {tgt.description}")
         for key, value in tgt.summary_rows():
             click.echo(f"  {key:<22} {value}")
+
+
+@main.command()
+@click.argument("measurements", type=click.Path(dir_okay=False))
+@click.option("--target", default="trn1", show_default=True,
+              help="The target to calibrate (trn1, trn2, trn3), or a calibrated target file to refine.")
+@click.option("--fit", default=None, metavar="NAME,...",
+              help="The parameters to fit [default: dma_fixed_cost_us, dma_transpose_efficiency, "
+                   "dma_bandwidth_efficiency, tensor_engine_efficiency, matmul_fp32_factor, "
+                   "engine_instruction_cycles]; also engine_access_cycles, matmul_min_cycles, "
+                   "transpose_min_cycles, dma_queues_in_flight.")
+@click.option("--max-iter", default=100, show_default=True, type=click.IntRange(min=1),
+              help="Levenberg-Marquardt iterations at most.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("-o", "--output", required=True, metavar="FILE.json",
+              help="Calibrated target file to write; give it to --target of any command.")
+def calibrate(measurements: str, target: str, fit: str | None, max_iter: int, as_json: bool, output: str) -> None:
+    """Fit the cost model's efficiency parameters to measured latencies.
+
+    MEASUREMENTS is a CSV with a header and one row per measurement: 'kernel' (an emitted kernel file,
+    relative to the CSV's directory) and 'latency_us' (its measured latency in microseconds), as
+    'nmmc bench --append-csv' writes it. Every kernel is rebuilt from its metadata and predicted by
+    the cost model; a Levenberg-Marquardt least-squares fit of log(predicted/measured) refits the
+    chosen parameters. Prints each measurement with its prediction before and after and the RMS
+    relative error, and writes the calibrated target (see docs/calibration.md)."""
+    from .calibration.fit import DEFAULT_FIT
+    from .calibration.run import calibrate as run_calibration
+    from .target_file import target_file_text
+
+    names = DEFAULT_FIT if fit is None else tuple(n.strip() for n in fit.split(",") if n.strip())
+    report = run_calibration(measurements, get_target(target), output=output, fit=names, max_iter=max_iter)
+    write_atomic(output, target_file_text(report.target))
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    for line in report.lines():
+        click.echo(line)
+    click.echo(f"wrote {output}; use it with --target {output}")
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0), help="Untimed runs per kernel.")
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(min=1), help="Timed runs per kernel.")
+@click.option("--target", default=None,
+              help="Target whose cost model predicts the kernel [default: the file's]; a calibrated target file "
+                   "compares with its fit.")
+@click.option("--append-csv", default=None, metavar="CSV",
+              help="Append the measurement to this CSV (created with a header if missing), for 'nmmc calibrate'.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+def bench(file: str, warmup: int, iters: int, target: str | None, append_csv: str | None, as_json: bool) -> None:
+    """Benchmark an emitted kernel FILE on this host's Neuron device with AWS's benchmark API
+    (needs a Trainium instance and the file's NKI package), and print the median, p10 and p90
+    latencies next to the cost model's prediction. With --append-csv, record the measurement in the
+    format 'nmmc calibrate' reads: bench, calibrate, then --target the calibrated file."""
+    from .calibration.bench import bench_file
+    from .calibration.measurements import appended_text
+
+    report = bench_file(file, warmup=warmup, iters=iters, target=get_target(target) if target else None)
+    if append_csv:
+        write_atomic(append_csv, appended_text(append_csv, report.csv_values(append_csv)))
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    for line in report.lines():
+        click.echo(line)
+    if append_csv:
+        click.echo(f"appended to {append_csv}")

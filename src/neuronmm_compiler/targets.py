@@ -4,13 +4,26 @@ Figures are per NeuronCore and come from AWS's public Neuron documentation (arch
 NKI API reference, performance and DMA guides) as collected in the project's hardware notes. Where
 a figure is an engineering estimate rather than a published number, its field says so; those are
 the parameters a calibration against measurements may refit.
+
+A *calibrated* target (``nmmc calibrate ... -o FILE.json``, loaded by ``get_target("FILE.json")``)
+is a stock target with some estimated fields refitted, the cost model's efficiency parameters it
+carries (:attr:`Target.params`), and where they came from (:attr:`Target.calibration`). Its
+``name`` stays the stock name, because the hardware (tile limits, capacities) is the same one: a
+kernel emitted for it records that name and verifies against that hardware.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UnknownNameError
+
+if TYPE_CHECKING:
+    from .cost_model.params import ModelParams
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -31,6 +44,26 @@ DMA_EFFICIENCY_CURVE: tuple[tuple[int, float], ...] = (
     (16 * KIB, 0.99),
     (32 * KIB, 1.00),
 )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Where a calibrated target's values come from (written by ``nmmc calibrate``)."""
+
+    source: str = field(compare=False)  # the calibrated target file, as the user named it
+    measurements: str  # the measurements CSV the fit used
+    rows: int
+    rms_rel_error_before: float
+    rms_rel_error_after: float
+    date: str  # ISO 8601, UTC
+    fitted: tuple[str, ...]  # names of the refitted target fields and model parameters
+
+    def as_dict(self) -> dict[str, object]:
+        """The provenance as stored in the file (without ``source``, which is where it was read from)."""
+        out = asdict(self)
+        out.pop("source")
+        out["fitted"] = list(self.fitted)
+        return out
 
 
 @dataclass(frozen=True)
@@ -66,6 +99,30 @@ class Target:
     gemm_stationary_fmax: int = 128
     gemm_moving_fmax: int = 512
     dma_efficiency_curve: tuple[tuple[int, float], ...] = field(default=DMA_EFFICIENCY_CURVE)
+    # --- calibration (None on the stock targets) ---
+    params: ModelParams | None = None  # the cost model's efficiency parameters; None: the defaults
+    calibration: Calibration | None = None
+
+    @property
+    def calibrated(self) -> bool:
+        return self.calibration is not None
+
+    @property
+    def spec(self) -> str:
+        """What ``get_target`` resolves back to this target: the name, or the calibrated file."""
+        return self.calibration.source if self.calibration is not None else self.name
+
+    @property
+    def label(self) -> str:
+        """The name, marked when calibrated: ``trn1`` or ``trn1 (calibrated: cal.json)``."""
+        return f"{self.name} (calibrated: {self.spec})" if self.calibrated else self.name
+
+    def model_fingerprint(self) -> str:
+        """sha256 of everything that affects predictions (every field and the model parameters,
+        not the provenance): equal for equal fits, whatever file or date they came from."""
+        data = self.as_dict()
+        data.pop("calibration", None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     @property
     def psum_bank_bytes(self) -> int:
@@ -104,13 +161,21 @@ class Target:
                     f"transpose at {self.dma_transpose_efficiency:.0%}"),
             ("tile limits", f"pmax {self.pmax}, stationary fmax {self.gemm_stationary_fmax}, "
                             f"moving fmax {self.gemm_moving_fmax}"),
-        ]
+        ] + ([("calibrated", f"from {self.calibration.measurements} ({self.calibration.rows} rows, "
+                               f"{self.calibration.date}): {', '.join(self.calibration.fitted)}")]
+             if self.calibration is not None else [])
 
     def as_dict(self) -> dict[str, object]:
-        """Every field, plus the derived figures, as plain JSON-able values."""
+        """Every field, plus the derived figures, as plain JSON-able values. The calibration fields
+        appear only on a calibrated target (so a stock target's dict, and its fingerprint, are
+        unchanged by their existence)."""
         out: dict[str, object] = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
+            if name in ("params", "calibration"):
+                if value is not None:
+                    out[name] = value.as_dict()
+                continue
             out[name] = [list(p) for p in value] if name == "dma_efficiency_curve" else value
         out["psum_bank_bytes"] = self.psum_bank_bytes
         out["sbuf_usable_bytes_per_partition"] = self.sbuf_usable_bytes_per_partition
@@ -194,10 +259,20 @@ TARGETS: dict[str, Target] = {
 DEFAULT_TARGET = "trn1"
 
 
-def get_target(name: str) -> Target:
-    """Look a target up by name; an unknown name is a user error listing the known ones."""
-    try:
-        return TARGETS[name]
-    except KeyError:
-        known = ", ".join(sorted(TARGETS))
-        raise UnknownNameError(f"unknown target {name!r}; known targets: {known}") from None
+def _names_a_file(spec: str) -> bool:
+    return spec.endswith(".json") or "/" in spec or "\\" in spec or Path(spec).is_file()
+
+
+def get_target(spec: str) -> Target:
+    """A stock target by name (``trn1``), or a calibrated target file written by ``nmmc calibrate``
+    (a path; see :mod:`neuronmm_compiler.target_file`). An unknown name is an UnknownNameError
+    listing the known ones; a missing or malformed file an InputError."""
+    if spec in TARGETS:
+        return TARGETS[spec]
+    if isinstance(spec, str) and _names_a_file(spec):
+        from .target_file import load_target_file  # imports the cost model, which imports this module
+
+        return load_target_file(spec)
+    known = ", ".join(sorted(TARGETS))
+    raise UnknownNameError(f"unknown target {spec!r}; known targets: {known}, or a calibrated target file "
+                           "written by 'nmmc calibrate'")

@@ -26,6 +26,7 @@ error, far outside either term.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,12 @@ UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
 SILU_LIPSCHITZ = 1.1
 SIGMAS = 4.0
 NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+#: Where a kernel runs: nmmc's interpreter, or AWS's simulator (``nki`` / ``neuronxcc``, see nki_backend.py).
+BACKENDS = ("interpreter", "nki-simulator")
+
+#: Runs one kernel of a file: (the metadata's kernel entry, its argument arrays, the target) ->
+#: (output arrays, the interpreter's counters or None when the backend has none).
+KernelRunner = Callable[[dict[str, Any], list[np.ndarray], Target], tuple[list[np.ndarray], dict[str, Any] | None]]
 
 
 @dataclass
@@ -60,6 +67,7 @@ class VerifyReport:
     max_abs_error: float | None
     rounding_allowance: float = 0.0  # ||A|| / ||ref||: what intermediate roundings may add (see module doc)
     error: str | None = None
+    backend: str = "interpreter"
     counters: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -132,12 +140,35 @@ def _merge(total: dict[str, Any], part: dict[str, Any]) -> None:
             total[key] = total.get(key, 0) + value
 
 
-def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0,
-                  target: Target | None = None) -> VerifyReport:
+def interpreter_runner(source: str, filename: str) -> KernelRunner:
+    """Run the file's kernels in nmmc's interpreter (limits checked, counters kept)."""
+    def run(kernel: dict[str, Any], args: list[np.ndarray], target: Target) -> tuple[list[np.ndarray], dict[str, Any]]:
+        result = run_kernel(source, filename=filename, kernel_name=kernel["name"], args=args, target=target,
+                            arg_names=[s["name"] for s in kernel["inputs"]],
+                            output_names=[s["name"] for s in kernel["outputs"]])
+        return result.outputs, result.counters.as_dict()
+
+    return run
+
+
+def _runner(backend: str, source: str, filename: str, dialect: str) -> KernelRunner:
+    if backend == "interpreter":
+        return interpreter_runner(source, filename)
+    if backend == "nki-simulator":
+        from .nki_backend import simulator_runner
+
+        return simulator_runner(source, filename, dialect)
+    raise InputError(f"unknown verification backend {backend!r}; backends: {', '.join(BACKENDS)}")
+
+
+def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, target: Target | None = None,
+                  backend: str = "interpreter") -> VerifyReport:
     """Verify kernel source text (see the module docstring). A file with several kernels runs them
     in order, each reading its arguments by name from the graph's inputs and earlier kernels'
     outputs; counters add up over kernels (peaks: the largest kernel's) and are also reported per
-    kernel under ``kernels``."""
+    kernel under ``kernels``. ``backend`` runs the kernels in nmmc's interpreter (the default) or in
+    AWS's NKI simulator (``nki-simulator``: no counters, and the simulator checks no capacity); the
+    inputs, reference and tolerance are the same."""
     meta = read_metadata(source)
     if meta is None:
         raise InputError(f"{filename}: not an nmmc kernel file (no '# nmmc-metadata:' header line)")
@@ -150,29 +181,33 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0,
     except (KeyError, TypeError) as exc:
         raise InputError(f"{filename}: malformed nmmc metadata ({exc})") from None
     out_dtype = outputs_spec[0]["dtype"]
-    report = VerifyReport(ok=False, kernel=", ".join(names), target=tgt.name, dialect=meta.get("dialect", "?"),
-                          seed=seed, rel_error=None, tolerance=TOLERANCES[out_dtype], max_abs_error=None)
+    dialect = meta.get("dialect", "?")
+    runner = _runner(backend, source, filename, dialect)
+    report = VerifyReport(ok=False, kernel=", ".join(names), target=tgt.name, dialect=dialect, seed=seed,
+                          rel_error=None, tolerance=TOLERANCES[out_dtype], max_abs_error=None, backend=backend)
     inputs = random_inputs(inputs_spec, seed)
     tensors: dict[str, np.ndarray] = dict(inputs)
     per_kernel: list[dict[str, Any]] = []
     totals: dict[str, Any] = {}
     for kernel in kernels:
         try:
-            run = run_kernel(source, filename=filename, kernel_name=kernel["name"],
-                             args=[tensors[s["name"]] for s in kernel["inputs"]], target=tgt,
-                             arg_names=[s["name"] for s in kernel["inputs"]],
-                             output_names=[s["name"] for s in kernel["outputs"]])
-        except KernelError as exc:
-            report.error = f"{kernel['name']}: {exc}" if len(kernels) > 1 else str(exc)
-            return report
+            args = [tensors[s["name"]] for s in kernel["inputs"]]
         except KeyError as exc:
             raise InputError(f"{filename}: kernel {kernel['name']} reads {exc}, which no input or earlier "
                              "kernel provides") from None
-        for spec, value in zip(kernel["outputs"], run.outputs, strict=True):
+        try:
+            outputs, counters = runner(kernel, args, tgt)
+            if len(outputs) != len(kernel["outputs"]):
+                raise KernelError(f"kernel {kernel['name']!r} returned {len(outputs)} tensor(s), its metadata "
+                                  f"declares {len(kernel['outputs'])}")
+        except KernelError as exc:
+            report.error = f"{kernel['name']}: {exc}" if len(kernels) > 1 else str(exc)
+            return report
+        for spec, value in zip(kernel["outputs"], outputs, strict=True):
             tensors[spec["name"]] = value
-        counters = run.counters.as_dict()
-        per_kernel.append({"name": kernel["name"], **counters})
-        _merge(totals, counters)
+        if counters is not None:
+            per_kernel.append({"name": kernel["name"], **counters})
+            _merge(totals, counters)
     report.counters = {**totals, "kernels": per_kernel} if len(kernels) > 1 else totals
     expected = evaluate(graph, inputs)
     allowance = rounding_allowance(graph, inputs)
@@ -202,10 +237,12 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0,
     return report
 
 
-def verify_file(path: str | Path, *, seed: int = 0, target: Target | None = None) -> VerifyReport:
+def verify_file(path: str | Path, *, seed: int = 0, target: Target | None = None,
+                backend: str = "interpreter") -> VerifyReport:
+    """:func:`verify_source` of a file (InputError when it cannot be read)."""
     p = Path(path)
     try:
         source = p.read_text()
     except OSError as exc:
         raise InputError(f"cannot read kernel file {str(p)!r}: {exc.strerror}") from None
-    return verify_source(source, filename=str(p), seed=seed, target=target)
+    return verify_source(source, filename=str(p), seed=seed, target=target, backend=backend)

@@ -37,7 +37,7 @@ from ..ir import Graph
 from ..models.weights import stale_temp_files, write_text_atomic
 from ..schedule.fused import FusedSchedule
 from ..schedule.gemm import GemmSchedule
-from ..targets import Target
+from ..targets import TARGETS, Target, get_target
 
 try:  # POSIX only; elsewhere writes are still atomic, just not serialized.
     import fcntl
@@ -56,16 +56,28 @@ def _versions() -> dict[str, str]:
             "cost_model_version": str(cost_model_params.COST_MODEL_VERSION)}
 
 
+def _target(target: str | Target) -> str | Target:
+    """A stock target's name as given; anything else (a calibrated target file) loaded."""
+    return target if isinstance(target, Target) or target in TARGETS else get_target(target)
+
+
 def _target_name(target: str | Target) -> str:
-    return target.name if isinstance(target, Target) else str(target)
+    target = _target(target)
+    return target.label if isinstance(target, Target) else str(target)
 
 
 def cache_key(graph: Graph, *, target: str | Target, dialect: str, kind: str) -> str:
-    """The cache key of tuning ``graph`` for ``target``/``dialect``: a 64-digit SHA-256 hex string."""
+    """The cache key of tuning ``graph`` for ``target``/``dialect``: a 64-digit SHA-256 hex string.
+    A calibrated target adds the fingerprint of its fitted values, so it never shares decisions with
+    its stock target nor with another fit (stock targets' keys do not change)."""
     if kind not in KINDS:
         raise InputError(f"unknown cache kind {kind!r}; kinds: {', '.join(KINDS)}")
-    fields_ = {"graph": graph.signature(), "target": _target_name(target), "dialect": dialect, "kind": kind,
-               **_versions()}
+    tgt = _target(target)
+    name = tgt.name if isinstance(tgt, Target) else tgt
+    fields_: dict[str, str] = {"graph": graph.signature(), "target": name, "dialect": dialect, "kind": kind,
+                               **_versions()}
+    if isinstance(tgt, Target) and tgt.calibrated:
+        fields_["target_model"] = tgt.model_fingerprint()
     text = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

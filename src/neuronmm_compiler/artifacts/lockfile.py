@@ -4,7 +4,9 @@ A lockfile (``nmmc.lock.json``, written by ``nmmc tune ... --lock FILE``) holds 
 :class:`LockEntry` per (workload, target, dialect): the chosen schedule's parameters, what the cost
 model predicted for it, the sha256 of the kernel file that was emitted, the search settings that
 found it (seed, trials, method), the nmmc and cost-model versions, and a fingerprint of the target's
-hardware table. ``nmmc regress`` (:mod:`.regress`) re-derives every entry and reports what moved.
+hardware table. A schedule tuned for a calibrated target records the target file's path (as given to
+``--target``), so ``nmmc regress`` reloads the same fit and reports ``target-changed`` after a
+recalibration. ``nmmc regress`` (:mod:`.regress`) re-derives every entry and reports what moved.
 
 The file is JSON with sorted keys, two-space indentation and a trailing newline, entries in key
 order, so equal locks are equal bytes and a change shows as a small diff. It is written atomically
@@ -132,7 +134,7 @@ class LockEntry:
     """One locked schedule (see the module docstring). ``key`` is derived, never set by hand."""
 
     workload: dict[str, Any]
-    target: str
+    target: str  # the stock target's name, or the calibrated target file the schedule was tuned with
     target_fingerprint: str
     dialect: str
     schedule_kind: str  # "gemm" or "fused"
@@ -198,7 +200,7 @@ def entry_from_compiled(workload: Workload, compiled: CompiledKernel | CompiledG
     (``method`` defaults to the one named in a tuned kernel's schedule name)."""
     return LockEntry(
         workload=workload_to_dict(workload),
-        target=compiled.target.name,
+        target=compiled.target.spec,
         target_fingerprint=target_fingerprint(compiled.target),
         dialect=compiled.dialect,
         schedule_kind="fused" if isinstance(compiled, CompiledGraph) else "gemm",
@@ -223,9 +225,9 @@ def entry_from_tuned(workload: Workload, tuned: Tuned | TunedGraph, *, target: s
     """The lock entry of a ``tune`` / ``tune_graph`` result. ``target`` and ``dialect``, when given,
     must be the ones the kernel was compiled for (they default to those)."""
     compiled = tuned.compiled
-    name = target.name if isinstance(target, Target) else target
-    if name is not None and name != compiled.target.name:
-        raise InputError(f"tuned kernel is for target {compiled.target.name}, not {name}")
+    name = target.spec if isinstance(target, Target) else target
+    if name is not None and name != compiled.target.spec:
+        raise InputError(f"tuned kernel is for target {compiled.target.spec}, not {name}")
     if dialect is not None and dialect != compiled.dialect:
         raise InputError(f"tuned kernel is in dialect {compiled.dialect}, not {dialect}")
     if workload.fused != isinstance(tuned, TunedGraph):

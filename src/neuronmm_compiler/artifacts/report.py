@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cost_model import DEFAULT_PARAMS, CostReport
+from ..cost_model import CostReport, params_of
 from ..cost_model.model import dma_bandwidth_bytes_per_us
 from ..errors import NmmcError
 from ..models.weights import temp_name, write_text_atomic
@@ -92,7 +92,7 @@ def _plottable(cost: CostReport) -> bool:
 
 
 def _peak_tflops(target: Target, dtype: str) -> float:
-    return target.peak_bf16_tflops / (DEFAULT_PARAMS.matmul_fp32_factor if dtype == "float32" else 1)
+    return target.peak_bf16_tflops / (params_of(target).matmul_fp32_factor if dtype == "float32" else 1)
 
 
 def _infer_dtype(cost: CostReport, target: Target) -> str | None:

@@ -9,10 +9,11 @@ from .model import (
     CostReport,
     combine_reports,
     dma_efficiency,
+    effective_rates,
     estimate,
     model_inputs,
 )
-from .params import COST_MODEL_VERSION, DEFAULT_PARAMS, ModelParams
+from .params import COST_MODEL_VERSION, DEFAULT_PARAMS, PARAM_NAMES, ModelParams, params_of
 
 __all__ = [
     "COST_MODEL_VERSION",
@@ -20,6 +21,7 @@ __all__ = [
     "FORMULAS",
     "LATENCY",
     "LOWER_BOUND",
+    "PARAM_NAMES",
     "CostReport",
     "Footprint",
     "ModelParams",
@@ -28,7 +30,9 @@ __all__ = [
     "combine_reports",
     "count_program",
     "dma_efficiency",
+    "effective_rates",
     "estimate",
     "footprint",
     "model_inputs",
+    "params_of",
 ]

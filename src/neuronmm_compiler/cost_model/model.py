@@ -27,7 +27,7 @@ from ..schedule.program import Program
 from ..targets import Target
 from .counts import ProgramCounts, count_program, dma_histogram, edge_counts
 from .footprint import footprint
-from .params import DEFAULT_PARAMS, ModelParams
+from .params import ModelParams, params_of
 
 # ----------------------------------------------------------------------------- symbols and formulas
 S = {name: sp.Symbol(name, nonnegative=True) for name in (
@@ -86,6 +86,13 @@ def dma_bandwidth_bytes_per_us(target: Target) -> float:
     return min(engines, target.hbm_gbytes_per_s_per_core * 1000)
 
 
+def effective_rates(target: Target, params: ModelParams) -> tuple[float, float]:
+    """(TensorEngine GHz, DMA bytes/us) the model uses: the nominal figures times the achieved
+    fractions ``tensor_engine_efficiency`` and ``dma_bandwidth_efficiency`` (1.0 unless calibrated)."""
+    return (target.pe_clock_ghz * params.tensor_engine_efficiency,
+            dma_bandwidth_bytes_per_us(target) * params.dma_bandwidth_efficiency)
+
+
 def _eff_bytes(counts: ProgramCounts, target: Target) -> float:
     total = 0.0
     for (_, transpose, bpp), cls in counts.dma.items():
@@ -134,9 +141,12 @@ class CostReport:
         return out
 
 
-def model_inputs(program: Program, target: Target, params: ModelParams = DEFAULT_PARAMS,
+def model_inputs(program: Program, target: Target, params: ModelParams | None = None,
                  counts: ProgramCounts | None = None) -> tuple[dict[str, float], ProgramCounts]:
-    """The numeric value of every symbol of the formulas, for this program and target."""
+    """The numeric value of every symbol of the formulas, for this program and target (``params``:
+    the target's own, i.e. a calibrated target's fit or the defaults, unless given)."""
+    params = params if params is not None else params_of(target)
+    f_pe, bw = effective_rates(target, params)
     counts = counts or count_program(program, params)
     pro = edge_counts(program, params, reverse=False)
     epi = edge_counts(program, params, reverse=True)
@@ -151,17 +161,18 @@ def model_inputs(program: Program, target: Target, params: ModelParams = DEFAULT
         "pro_eff_bytes": _eff_bytes(pro, target),
         "epi_pe_cycles": epi.pe_cycles, "epi_vec_cycles": epi.vector_cycles, "epi_n_dma": epi.dma_transfers,
         "epi_eff_bytes": _eff_bytes(epi, target),
-        "f_pe": target.pe_clock_ghz, "f_vec": target.vector_clock_ghz, "f_act": target.scalar_clock_ghz,
+        "f_pe": f_pe, "f_vec": target.vector_clock_ghz, "f_act": target.scalar_clock_ghz,
         "c_dma": target.dma_fixed_cost_us, "q": params.dma_queues_in_flight,
-        "bw": dma_bandwidth_bytes_per_us(target), "flops": counts.flops,
+        "bw": bw, "flops": counts.flops,
         "hbm_bytes": counts.total_hbm_bytes_read + counts.total_hbm_bytes_written,
         "compulsory_bytes": compulsory, "peak_flops_per_us": peak,
     }
     return values, counts
 
 
-def estimate(program: Program, target: Target, params: ModelParams = DEFAULT_PARAMS) -> CostReport:
-    """Predict the latency of ``program`` on ``target``."""
+def estimate(program: Program, target: Target, params: ModelParams | None = None) -> CostReport:
+    """Predict the latency of ``program`` on ``target``, with the target's model parameters (a
+    calibrated target's fit, else the defaults) unless ``params`` overrides them."""
     values, counts = model_inputs(program, target, params)
     args = tuple(values[name] for name in S)
     times = {name: float(fn(*args)) for name, fn in _COMPILED.items()}
@@ -193,7 +204,7 @@ def estimate(program: Program, target: Target, params: ModelParams = DEFAULT_PAR
         dma_transfers=counts.dma_transfers,
         dma_transposes=counts.dma_transposes,
         dma_bytes_per_partition=dma_histogram(counts),
-        engine_us={"tensor": _engine_total(counts.pe_cycles, target.pe_clock_ghz),
+        engine_us={"tensor": _engine_total(counts.pe_cycles, values["f_pe"]),
                    "vector": _engine_total(counts.vector_cycles, target.vector_clock_ghz),
                    "scalar": _engine_total(counts.scalar_cycles, target.scalar_clock_ghz),
                    "dma": values["n_dma"] * values["c_dma"] / values["q"] + values["eff_bytes"] / values["bw"]},

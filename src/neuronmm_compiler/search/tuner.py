@@ -24,7 +24,7 @@ from typing import Any
 
 import optuna
 
-from ..cost_model import DEFAULT_PARAMS, CostReport, ModelParams, estimate
+from ..cost_model import CostReport, ModelParams, estimate
 from ..errors import InputError, ScheduleError
 from ..schedule.gemm import GemmProblem, GemmSchedule, normalize
 from ..schedule.lower_gemm import lower_gemm
@@ -246,7 +246,7 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
                       candidates=list(evaluate.memo.values()))
 
 
-def _gemm_setup(problem: GemmProblem, target: Target, params: ModelParams, space: SearchSpace | None,
+def _gemm_setup(problem: GemmProblem, target: Target, params: ModelParams | None, space: SearchSpace | None,
                 exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
     """The GEMM search's space and evaluator (module-level and picklable, for worker processes)."""
     space = space or gemm_space(problem)
@@ -264,13 +264,13 @@ def _gemm_setup(problem: GemmProblem, target: Target, params: ModelParams, space
 
 def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
               timeout: float | None = None, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
-              top_k: int = 5, params: ModelParams = DEFAULT_PARAMS, space: SearchSpace | None = None,
+              top_k: int = 5, params: ModelParams | None = None, space: SearchSpace | None = None,
               force: str | None = None, progress: Callable[[int, int, float], None] | None = None,
               storage: str | None = None, study_name: str | None = None, workers: int = 1) -> TuneResult:
     """Search the GEMM schedule space of ``problem`` on ``target`` (see :func:`search`)."""
     setup = functools.partial(_gemm_setup, problem, target, params, space, exhaustive_threshold)
     spec, evaluate = setup()
-    return search(spec, evaluate, what=f"{problem.describe()} on {target.name}", trials=trials, seed=seed,
+    return search(spec, evaluate, what=f"{problem.describe()} on {target.label}", trials=trials, seed=seed,
                   timeout=timeout, exhaustive_threshold=exhaustive_threshold, top_k=top_k, force=force,
                   progress=progress, storage=storage, study_name=study_name, workers=workers, setup=setup)
 

@@ -1,0 +1,1 @@
+"""Calibration of the cost model against measured latencies (``nmmc calibrate``, ``nmmc bench``)."""

@@ -1,0 +1,126 @@
+"""Rebuild the loop-nest programs of an emitted kernel file, so the cost model can predict it.
+
+An nmmc kernel file records, in its ``# nmmc-metadata:`` line, the graph it computes (after the
+pass pipeline, in text form) and its schedule's parameters. That is everything the compiler needs:
+a GEMM graph gives its :class:`GemmProblem` and the parameters a :class:`GemmSchedule`, lowered with
+``lower_gemm`` exactly as ``nmmc emit``/``tune`` did; a fused graph is split into kernels and each
+is lowered with the :class:`FusedSchedule`, as ``compile_graph`` does. The rebuilt programs' names,
+arguments and outputs are checked against the file's metadata, so a file the current compiler
+would lower differently is an error rather than a silently wrong prediction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..codegen import read_metadata
+from ..compiler import gemm_problem_from_graph
+from ..cost_model import CostReport, ModelParams, combine_reports, estimate
+from ..errors import InputError, NmmcError
+from ..ir import parse_text
+from ..passes import split_kernels
+from ..schedule import lower_gemm
+from ..schedule.fused import FusedSchedule
+from ..schedule.gemm import GemmSchedule
+from ..schedule.lower_fused import lower_fused_kernel
+from ..schedule.program import Program
+from ..targets import Target
+
+SCHEDULE_KINDS: dict[str, type[GemmSchedule] | type[FusedSchedule]] = {"gemm": GemmSchedule, "fused": FusedSchedule}
+
+
+@dataclass
+class KernelFile:
+    """An emitted kernel file read back: its text, metadata, sha256 and rebuilt programs."""
+
+    path: str
+    source: str
+    metadata: dict[str, Any]
+    programs: list[Program] = field(repr=False)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode("utf-8")).hexdigest()
+
+    @property
+    def target_name(self) -> str:
+        return str(self.metadata.get("target"))
+
+    @property
+    def dialect(self) -> str:
+        return str(self.metadata.get("dialect"))
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return [p.name for p in self.programs]
+
+    def cost(self, target: Target, params: ModelParams | None = None) -> CostReport:
+        """The cost model's figures for the whole file (its kernels run one after another)."""
+        return combine_reports([estimate(p, target, params) for p in self.programs])
+
+    def predict_us(self, target: Target, params: ModelParams | None = None) -> float:
+        """Predicted latency of the whole file in microseconds."""
+        return sum(estimate(p, target, params).latency_us for p in self.programs)
+
+
+def _schedule_kind(params: dict[str, Any]) -> str:
+    for kind, cls in SCHEDULE_KINDS.items():
+        if set(params) == {f.name for f in fields(cls)}:
+            return kind
+    raise InputError(f"its schedule parameters {sorted(params)} are neither a GEMM nor a fused schedule's")
+
+
+def _specs(buffers: list) -> list[dict[str, Any]]:
+    return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype} for b in buffers]
+
+
+def programs_from_metadata(meta: dict[str, Any]) -> list[Program]:
+    """The programs a kernel file's metadata describes (InputError when they cannot be rebuilt or do
+    not match the kernels the file declares)."""
+    try:
+        graph = parse_text(meta["graph"])
+        params = dict(meta["schedule"]["params"])
+        declared = [{"name": k["name"], "inputs": k["inputs"], "outputs": k["outputs"]} for k in meta["kernels"]]
+    except (KeyError, TypeError) as exc:
+        raise InputError(f"malformed nmmc metadata (missing {exc})") from None
+    except NmmcError as exc:
+        raise InputError(f"malformed graph in the metadata: {exc}") from None
+    kind = _schedule_kind(params)
+    try:
+        if kind == "gemm":
+            programs = [lower_gemm(gemm_problem_from_graph(graph), GemmSchedule().with_params(params))]
+        else:
+            schedule = FusedSchedule().with_params(params)
+            programs = [lower_fused_kernel(kernel, schedule, kernel.name) for kernel in split_kernels(graph)]
+    except NmmcError as exc:
+        raise InputError(f"cannot re-lower its schedule: {exc}") from None
+    rebuilt = [{"name": p.name, "inputs": _specs(p.params), "outputs": _specs(p.outputs)} for p in programs]
+    if rebuilt != declared:
+        names = ", ".join(k["name"] for k in declared)
+        raise InputError(f"this nmmc lowers its schedule to other kernels than the file's ({names}); "
+                         "re-emit the file with this nmmc")
+    return programs
+
+
+def read_kernel_file(path: str | Path, *, shown: str | None = None) -> KernelFile:
+    """Read an emitted kernel file and rebuild its programs; InputError naming the file (as ``shown``)
+    when it is missing, not an nmmc kernel, or cannot be rebuilt."""
+    name = shown or str(path)
+    p = Path(path)
+    try:
+        source = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"kernel file not found: {name}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read kernel file {name}: {exc}") from None
+    meta = read_metadata(source)
+    if meta is None:
+        raise InputError(f"{name} is not an nmmc kernel file (no '# nmmc-metadata:' header line)")
+    try:
+        programs = programs_from_metadata(meta)
+    except InputError as exc:
+        raise InputError(f"{name}: {exc}") from None
+    return KernelFile(path=str(path), source=source, metadata=meta, programs=programs)
