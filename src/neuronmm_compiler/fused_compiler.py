@@ -45,6 +45,9 @@ class GraphLowered:
 
 def lower_graph(graph: Graph, mlp: str = "whole") -> GraphLowered:
     result = run_pipeline(graph, FUSION_PIPELINE.format(mlp=mlp))
+    if not result.graph.compute_nodes():
+        raise ScheduleError(f"graph {graph.name} computes nothing: every output returns an input (transposes of "
+                            "inputs become input layouts); nmmc compiles computations")
     return GraphLowered(graph, result.graph, list(result.steps), split_kernels(result.graph))
 
 

@@ -78,6 +78,9 @@ class Graph:
         self._name = check_identifier(name, "graph name")
         self._g: nx.DiGraph = nx.DiGraph()
         self._next_order = 0
+        #: Inputs that are views of another HBM array (input id -> that array's name); set by
+        #: split_kernels for transposes read across kernels, not part of the IR's text form.
+        self.hbm_aliases: dict[str, str] = {}
 
     # ----------------------------------------------------------------- construction
 

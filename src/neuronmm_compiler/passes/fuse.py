@@ -30,6 +30,10 @@ def _needs_new_kernel(graph: Graph, node_id: str, kernel: int, index: dict[str, 
         if index.get(operand_id) != kernel:
             continue
         operand = graph.node(operand_id)
+        if operand.kind == "transpose":
+            if graph.node(operand.operands[0]).kind != "input":
+                return "transpose of a value computed in the kernel"
+            continue
         held = operand.annotations.get("orient", "normal")
         if node.kind == "matmul" and position == 1:
             return "weight computed in the kernel"
@@ -48,6 +52,11 @@ def kernel_assignment(graph: Graph, mlp: str = "whole") -> dict[str, str]:
     rows: dict[int, int] = {}
     created = 0
     for node in graph.compute_nodes():
+        if node.kind == "transpose":
+            # Not computed by any kernel: a view, with the other layout, of the HBM array holding its
+            # operand (a graph input, or a value an earlier kernel stores); see split_kernels.
+            index[node.id] = index.get(node.operands[0], 0)
+            continue
         starts_kernel = (
             mlp == "split"
             and node.kind == "matmul"
@@ -78,8 +87,11 @@ class Fuse(Pass):
     In either mode a node also starts a new kernel where the fused lowering could not keep the
     value it reads on chip (see :func:`_needs_new_kernel`): a weight computed by the graph, a
     row-major value read as a matmul's left operand or read more than once, an orientation
-    mismatch, a different row count. The built-in graphs (GEMM, SVD chain, MLP) never hit these;
-    user graphs may, and then pay an HBM round trip for that value instead of failing.
+    mismatch, a different row count, or the transpose of a value computed in the kernel (a
+    transpose is never computed: its readers see the HBM array of its operand with the other
+    layout, so a computed operand must be stored by an earlier kernel). The built-in graphs (GEMM,
+    SVD chain, MLP) never hit these; user graphs may, and then pay an HBM round trip for that
+    value instead of failing.
     """
 
     name: ClassVar[str] = "fuse"

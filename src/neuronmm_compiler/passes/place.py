@@ -16,7 +16,9 @@ class Place(Pass):
     """Annotate every compute node with ``place``: ``sbuf`` when all its users are compute nodes of
     its own kernel (the value stays on chip, in SBUF, inside the kernel, as NeuronMM caches the
     ``(X U)^T`` strip), else ``hbm`` (it feeds a graph output, or a later kernel reads it through
-    HBM). A node without users keeps nothing alive outside its kernel and is ``sbuf``.
+    HBM). A node without users keeps nothing alive outside its kernel and is ``sbuf``. A
+    ``transpose`` is ``hbm``, and so is a value it reads: kernels read a transpose as a view, with
+    the other layout, of the HBM array holding its operand.
 
     Needs a ``kernel`` annotation on every compute node: run ``fuse`` first (IRError otherwise).
     """
@@ -36,6 +38,9 @@ class Place(Pass):
         for node in compute:
             kernel = node.annotations["kernel"]
             users = [graph.node(user) for user in graph.users(node.id)]
-            on_chip = all(user.kind in COMPUTE_KINDS and user.annotations.get("kernel") == kernel for user in users)
+            # A transpose is read from HBM (a view of its operand's array), so it and its operand are hbm.
+            on_chip = node.kind != "transpose" and all(
+                user.kind in COMPUTE_KINDS and user.kind != "transpose" and user.annotations.get("kernel") == kernel
+                for user in users)
             changed |= graph.annotate(node.id, place="sbuf" if on_chip else "hbm")
         return changed

@@ -31,6 +31,9 @@ def _unique(base: str, taken: set[str]) -> str:
     return name
 
 
+_FLIPPED = {"row_major": "transposed", "transposed": "row_major"}
+
+
 def _boundary_layout(node: Node) -> str:
     return "transposed" if node.annotations.get("orient") == "transposed" else "row_major"
 
@@ -73,6 +76,11 @@ def split_kernels(graph: Graph) -> list[Graph]:
       input belongs to the first kernel), then the values later kernels read, named as the inputs
       that receive them, with the same layout.
 
+    A ``transpose`` belongs to no kernel: a kernel reading it gets an input with the transpose's
+    id, logical shape and the flipped layout, recorded in the kernel graph's ``hbm_aliases`` as a
+    view of its operand's HBM array (the graph input's, or the boundary tensor of the computed
+    value, which its kernel then stores even if no later kernel reads it directly).
+
     A boundary value's name is its node id, suffixed ``_0``, ``_1``, ... if a graph input or output
     already has that name, so names stay unique identifiers across all kernels. A single-kernel
     graph comes back equal to ``graph`` apart from its name.
@@ -81,14 +89,18 @@ def split_kernels(graph: Graph) -> list[Graph]:
     ``kernel`` annotation (run ``fuse``), or a kernel reads a value of a later kernel.
     """
     verify(graph)
-    compute = graph.compute_nodes()
-    if not compute:
+    every = graph.compute_nodes()
+    if not every:
         raise IRError(f"split_kernels: graph {graph.name} has no compute nodes, so no kernels to split into")
-    missing = [node.id for node in compute if "kernel" not in node.annotations]
+    missing = [node.id for node in every if "kernel" not in node.annotations]
     if missing:  # verify allows a graph without any kernel annotation
         raise IRError(f"split_kernels: graph {graph.name} has no kernel annotations (run the fuse pass first)")
+    # Transposes are not computed by any kernel: a kernel reading one reads its operand's HBM array
+    # (a graph input, or a value an earlier kernel stores) as a view with the other layout.
+    compute = [node for node in every if node.kind != "transpose"]
+    views = {node.id: node for node in every if node.kind == "transpose"}
     order = kernel_order(graph)
-    kernel_of = {node.id: node.annotations["kernel"] for node in compute}
+    kernel_of = {node.id: node.annotations["kernel"] for node in every}
     _check_kernels(graph, compute, kernel_of, order)
     for output in graph.outputs():
         kernel_of[output.id] = kernel_of.get(output.operands[0], order[0])
@@ -97,15 +109,17 @@ def split_kernels(graph: Graph) -> list[Graph]:
     boundary: dict[str, str] = {}  # value id -> name of the HBM tensor carrying it
     readers: dict[str, set[str]] = {}  # value id -> later kernels reading it
     for node in compute:
-        later = {kernel_of[user] for user in graph.users(node.id) if kernel_of[user] != kernel_of[node.id]}
-        if later:
+        users = graph.users(node.id)
+        later = {kernel_of[user] for user in users if user not in views and kernel_of[user] != kernel_of[node.id]}
+        if later or any(user in views for user in users):
             boundary[node.id] = _unique(node.id, taken)
             readers[node.id] = later
 
     kernels = []
     for kernel in order:
         sub = Graph(f"{graph.name}_{kernel}")
-        members = [node for node in graph.nodes() if kernel_of.get(node.id) == kernel]
+        members = [node for node in graph.nodes()
+                   if kernel_of.get(node.id) == kernel and node.id not in views]
         read = {operand for node in members for operand in node.operands}
         for node in graph.inputs():
             if node.id in read or (kernel == order[0] and not graph.users(node.id)):
@@ -113,6 +127,13 @@ def split_kernels(graph: Graph) -> list[Graph]:
         for node in compute:
             if kernel in readers.get(node.id, ()):
                 sub.add_input(boundary[node.id], node.shape, node.dtype, _boundary_layout(node), id=node.id)
+        for view_id in (v for v in views if v in read):
+            view = views[view_id]
+            source = graph.node(view.operands[0])
+            array, layout = ((source.name, source.layout) if source.kind == "input"
+                             else (boundary[source.id], _boundary_layout(source)))
+            sub.add_input(view.id, view.shape, view.dtype, _FLIPPED[layout], id=view.id)
+            sub.hbm_aliases[view.id] = array
         for node in members:
             if node.kind in COMPUTE_KINDS:
                 _add_like(sub, node)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..errors import ScheduleError
 from ..ir import Graph, Node
 from .dims import Dim, iv, loop
-from .expr import Expr, Lin, scale
+from .expr import Expr, Lin, add, scale
 from .fused import FusedSchedule, normalize_fused, tiles_per_weight_block
 from .program import (
     DTYPE_BYTES,
@@ -91,7 +91,8 @@ class _FusedLowering:
         self.inputs = graph.inputs()
         self.outputs = graph.outputs()
         compute = graph.compute_nodes()
-        if not compute:
+        copied = [n for n in self.inputs if any(u.kind == "output" for u in self._users(n.id))]
+        if not compute and not copied:
             raise ScheduleError(f"kernel {name}: nothing to compute")
         for node in compute:
             if node.kind == "transpose":
@@ -100,7 +101,7 @@ class _FusedLowering:
                                     "input layouts, and of outputs output layouts)")
             if len(node.shape) != 2:
                 raise ScheduleError(f"kernel {name}: %{node.id} is not 2-D; fused kernels compute 2-D values")
-        rows = {node.shape[0] for node in compute}
+        rows = {node.shape[0] for node in compute} or {copied[0].shape[0]}
         if len(rows) != 1:
             raise ScheduleError(f"kernel {name}: its values have different row counts ({sorted(rows)}); a fused "
                                 "kernel blocks one token dimension")
@@ -109,9 +110,11 @@ class _FusedLowering:
         s = self.s
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
                        max(1, s.tokens_per_block // s.token_tile))
-        self.dtype = compute[0].dtype
+        self.dtype = (compute or copied)[0].dtype
         self.dtype_bytes = DTYPE_BYTES[self.dtype]
-        self.hbm = {n.id: Buffer(n.attrs["name"], n.storage_shape, n.dtype, "hbm") for n in self.inputs}
+        aliases = graph.hbm_aliases
+        self.hbm = {n.id: Buffer(aliases.get(n.id, n.attrs["name"]), n.storage_shape, n.dtype, "hbm")
+                    for n in self.inputs}
         self.out_hbm: dict[str, list[tuple[Node, Buffer]]] = {}
         for n in self.outputs:
             self.out_hbm.setdefault(n.operands[0], []).append(
@@ -119,6 +122,9 @@ class _FusedLowering:
         self.strips: dict[str, Buffer] = {}
         self.cached: dict[str, Buffer] = {}
         self.group_list = self._groups()
+        # An output that returns an input (e.g. x^T, once the transpose became x's layout) is a copy,
+        # made outside the token blocks, in row tiles of its own.
+        self.copies = [_Group(n, "normal", operands=[n]) for n in copied]
         self.strip_inputs = self._strip_inputs()
 
     # ------------------------------------------------------------------ analysis
@@ -127,9 +133,9 @@ class _FusedLowering:
 
     def _weight(self, mm: Node) -> Node:
         rhs = self.nodes[mm.operands[1]]
-        if rhs.kind != "input" or rhs.attrs.get("layout", "row_major") != "row_major":
-            raise ScheduleError(f"kernel {self.name}: matmul %{mm.id} needs a row-major weight input as its right "
-                                "operand; fused kernels take weights from HBM")
+        if rhs.kind != "input":
+            raise ScheduleError(f"kernel {self.name}: matmul %{mm.id} needs a kernel input as its right operand; "
+                                "fused kernels take weights from HBM (run the fuse pass to split kernels)")
         return rhs
 
     def _users(self, node_id: str) -> list[Node]:
@@ -228,21 +234,28 @@ class _FusedLowering:
         stage1 = self.nodes[mm.operands[0]].kind == "input"
         return self.s.cache_weights == "all" or (self.s.cache_weights == "stage1" and stage1)
 
+    def _weight_dma(self, w: Node, dst: Ref, k0: Expr, ksz: Expr, c0: Expr, csz: Expr) -> DmaCopy:
+        """Load weight rows ``k0:k0+ksz``, columns ``c0:c0+csz`` into ``dst`` [ksz, csz]; a weight stored
+        transposed in HBM (W^T [N, K]) is read with a transposing DMA."""
+        hbm = self.hbm[w.id]
+        if w.attrs.get("layout") == "transposed":
+            return DmaCopy(dst, Ref(hbm, (span(c0, csz), span(k0, ksz))), transpose=True)
+        return DmaCopy(dst, Ref(hbm, (span(k0, ksz), span(c0, csz))))
+
     def _load_block(self, w: Node, buf: Buffer, kdim: Dim, fdim: Dim, blk: Expr, max_tiles: int) -> list[Stmt]:
         """DMAs filling ``buf[k, kt, :]`` with the weight columns of feature block ``blk``."""
-        hbm = self.hbm[w.id]
         kt = iv("kt", kdim.tiles)
         ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
         if self.s.weight_dma == "row" or max_tiles == 1:
             cols = fdim.block_size(blk)
-            dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, cols))),
-                          Ref(hbm, (span(k0, ksz), span(fdim.block_start(blk), cols))))
+            dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(0, cols))), k0, ksz,
+                                   fdim.block_start(blk), cols)
             return loop("kt", Lin(kdim.tiles), kdim.tiles, [dma])
         wt = iv("wt", max_tiles)
         g = fdim.tile_index(blk, wt)
         csz = fdim.tile_size(g)
-        dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))),
-                      Ref(hbm, (span(k0, ksz), span(fdim.tile_start(g), csz))))
+        dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))), k0, ksz,
+                               fdim.tile_start(g), csz)
         return loop("wt", fdim.tiles_in(blk), max_tiles, loop("kt", Lin(kdim.tiles), kdim.tiles, [dma]))
 
     def _weights(self, mm: Node, fdim: Dim, blk: Expr) -> tuple[list[Stmt], Buffer, bool]:
@@ -292,7 +305,7 @@ class _FusedLowering:
         tg = tok.tile_index(mb, tt)
         tsz = tok.tile_size(tg)
         rows = Buffer(f"{inp.attrs['name']}_rows", (tok.tile, k), inp.dtype, "sbuf")
-        tp = Buffer(f"{inp.attrs['name']}_t_psum", (kdim.tile, tok.tile), inp.dtype, "psum")
+        tp = Buffer(f"{inp.attrs['name']}_tpsum", (kdim.tile, tok.tile), inp.dtype, "psum")
         body: list[Stmt] = [
             Alloc(rows, comment="tokens on partitions, as stored"),
             DmaCopy(Ref(rows, (span(0, tsz), span(0, k))), Ref(hbm, (span(tok.tile_start(tg), tsz), span(0, k)))),
@@ -387,7 +400,7 @@ class _FusedLowering:
             out = [Alloc(out_strip, comment=f"{root.id}^T strip of this token block, kept in SBUF")]
         temps = {node.id: Buffer(f"{node.id}_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
                  for node in group.tree if node is not root}
-        spill = Buffer(f"{root.id}_operand_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
+        spill = Buffer(f"{root.id}_spill", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
         out += [Alloc(t) for t in temps.values()]
         if any(self._two_psum_operands(node, group) for node in group.tree):
             out.append(Alloc(spill))
@@ -439,22 +452,21 @@ class _FusedLowering:
         values: dict[str, Ref] = {}
         for leaf in group.matmuls:
             w = self._weight(leaf)
-            hbm = self.hbm[w.id]
             psum = Buffer(f"{leaf.id}_psum", (fdim.tile, fdim.tiles_in_block, PSUM_BANK_FP32), "float32", "psum")
             allocs.append(Alloc(psum, accumulator=True, comment="one PSUM bank per feature tile, across K blocks"))
             wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, fdim.block_elems), w.dtype, "sbuf")
             loads.append(Alloc(wbuf))
             if self.s.weight_dma == "row" or fdim.tiles_in_block == 1:
                 cols = fdim.block_size(fb)
-                dma = DmaCopy(Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))),
-                              Ref(hbm, (span(kdim.tile_start(gk), ksz), span(fdim.block_start(fb), cols))))
+                dma = self._weight_dma(w, Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk),
+                                       ksz, fdim.block_start(fb), cols)
                 loads += loop("kt", kdim.tiles_in(kblk), kb, [dma])
             else:
                 wt = iv("wt", fdim.tiles_in_block)
                 gw = fdim.tile_index(fb, wt)
                 csz = fdim.tile_size(gw)
-                dma = DmaCopy(Ref(wbuf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))),
-                              Ref(hbm, (span(kdim.tile_start(gk), ksz), span(fdim.tile_start(gw), csz))))
+                dma = self._weight_dma(w, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))),
+                                       kdim.tile_start(gk), ksz, fdim.tile_start(gw), csz)
                 loads += loop("wt", fdim.tiles_in(fb), fdim.tiles_in_block, loop("kt", kdim.tiles_in(kblk), kb, [dma]))
             dst = Ref(psum, (span(0, nsz), Point(ft), span(0, bm)))
             mm = Matmul(dst, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(ft, fdim.tile), nsz))),
@@ -497,6 +509,8 @@ class _FusedLowering:
         how = ("weight tiles stationary, strips moving (implicit transposition)" if group.orient == "transposed"
                else "strips stationary, weights moving")
         mark = "^T" if group.orient == "transposed" else ""
+        if not group.terms and not group.tree:
+            return f"{group.root.id} copied"
         if not group.tree:
             term = group.terms[0]
             summed = " (summed in one PSUM accumulator)" if len(term.matmuls) > 1 else ""
@@ -532,12 +546,9 @@ class _FusedLowering:
         s, tok, root = self.s, self.tok, group.root
         if root.id not in self.out_hbm:
             raise ScheduleError(f"kernel {self.name}: row-major %{root.id} must feed a kernel output")
-        stores = self.out_hbm[root.id]
-        for out_node, _ in stores:
-            if out_node.attrs.get("layout") == "transposed":
-                raise ScheduleError(f"kernel {self.name}: output {out_node.attrs['name']} is declared transposed but "
-                                    f"%{root.id} is held row-major; run the implicit-transpose pass")
-        out_dtype = stores[0][0].dtype
+        stores = [(o, hbm) for o, hbm in self.out_hbm[root.id] if o.attrs.get("layout") != "transposed"]
+        flipped = [(o, hbm) for o, hbm in self.out_hbm[root.id] if o.attrs.get("layout") == "transposed"]
+        out_dtype = self.out_hbm[root.id][0][0].dtype
         n = root.shape[1]
         tile_n = min(s.out_tile, n)
         ntiles = -(-n // tile_n)
@@ -553,11 +564,11 @@ class _FusedLowering:
         bn = iv("bn", odim.tiles_in_block)
         g = odim.tile_index(ob, bn)
         nsz = odim.tile_size(g)
-        name = stores[0][0].attrs["name"]
+        name = self.out_hbm[root.id][0][0].attrs["name"]
         rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
         per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True)
         for op in group.operands:
-            buf = Buffer(f"{op.attrs['name']}_in_tile", (tok.tile, tile_n), op.dtype, "sbuf")
+            buf = Buffer(f"{op.attrs['name']}_rowtile", (tok.tile, tile_n), op.dtype, "sbuf")
             dst = Ref(buf, (span(0, tsz), span(0, nsz)))
             hbm = self.hbm[op.id]
             t0, c0 = tok.tile_start(tg), odim.tile_start(g)
@@ -569,21 +580,54 @@ class _FusedLowering:
             values[op.id] = dst
         temps = {node.id: Buffer(f"{node.id}_f32", (tok.tile, tile_n), "float32", "sbuf")
                  for node in group.tree if node is not root}
-        spill = Buffer(f"{root.id}_operand_f32", (tok.tile, tile_n), "float32", "sbuf")
+        spill = Buffer(f"{root.id}_spill", (tok.tile, tile_n), "float32", "sbuf")
         per_tile += [Alloc(t) for t in temps.values()]
         if any(self._two_psum_operands(node, group) for node in group.tree):
             per_tile.append(Alloc(spill))
         result = Ref(rows, (span(0, tsz), span(scale(bn, tile_n), nsz)))
         per_tile += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
+        for out_node, hbm in flipped:
+            per_tile += self._transposed_store(out_node, hbm, rows, odim, g, scale(bn, tile_n), tg, tsz)
         cols = odim.block_size(ob)
         store = [DmaCopy(Ref(hbm, (span(tok.tile_start(tg), tsz), span(odim.block_start(ob), cols))),
                          Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
         token_tile = [Alloc(rows, comment="one packed row of output tiles"),
                       *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile), *store]
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, token_tile)
-        names = ", ".join(o.attrs["name"] for o, _ in stores)
+        names = ", ".join(o.attrs["name"] for o, _ in self.out_hbm[root.id])
         return [Comment(f"{names} = {self._describe_group(group)}"),
                 *loop("o_blk", Lin(odim.blocks), odim.blocks, body)]
+
+    def _transposed_store(self, out_node: Node, hbm: Buffer, rows: Buffer, odim: Dim, g: Expr, col: Expr,
+                          tg: Expr, tsz: Expr) -> list[Stmt]:
+        """Store output tile ``g`` of a row-major value to an output declared transposed: TensorE
+        transposes of 128-column chunks of the packed row, each stored as rows of the output."""
+        tok, n = self.tok, odim.size
+        if odim.tile <= FEATURE_TILE:
+            cdim = Dim("c", n, odim.tile, odim.tiles, 1)
+        elif odim.tiles == 1 or odim.tile % FEATURE_TILE == 0:
+            cdim = Dim("c", n, FEATURE_TILE, -(-n // FEATURE_TILE), -(-odim.tile // FEATURE_TILE))
+        else:
+            raise ScheduleError(f"kernel {self.name}: output {out_node.attrs['name']} is stored transposed from "
+                                f"row-major tiles of {odim.tile} columns; use an out_tile of at most 128 or a "
+                                "multiple of 128")
+        ct = iv("ct", cdim.tiles_in_block)
+        gc = cdim.tile_index(g, ct)
+        csz = cdim.tile_size(gc)
+        name = out_node.attrs["name"]
+        tp = Buffer(f"{name}_tpsum", (cdim.tile, tok.tile), rows.dtype, "psum")
+        tile = Buffer(f"{name}_tile", (cdim.tile, tok.tile), rows.dtype, "sbuf")
+        body: list[Stmt] = [
+            Alloc(tp),
+            PeTranspose(Ref(tp, (span(0, csz), span(0, tsz))),
+                        Ref(rows, (span(0, tsz), span(add(col, scale(ct, cdim.tile)), csz)))),
+            Alloc(tile),
+            Copy(Ref(tile, (span(0, csz), span(0, tsz))), Ref(tp, (span(0, csz), span(0, tsz)))),
+            DmaCopy(Ref(hbm, (span(cdim.tile_start(gc), csz), span(tok.tile_start(tg), tsz))),
+                    Ref(tile, (span(0, csz), span(0, tsz)))),
+        ]
+        return [Comment(f"{name} is declared transposed: TensorE transposes of the row, stored as columns"),
+                *loop("ct", cdim.tiles_in(g), cdim.tiles_in_block, body)]
 
     def program(self) -> Program:
         tok = self.tok
@@ -597,7 +641,13 @@ class _FusedLowering:
             block += (self.transposed_group(group, mb) if group.orient == "transposed"
                       else self.row_major_group(group, mb))
         body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens")
-        params = [self.hbm[n.id] for n in self.inputs]
+        for copy in self.copies:
+            rows = copy.root.shape[0]
+            tiles = -(-rows // self.tok.tile)
+            self.tok = Dim("t", rows, min(self.tok.tile, rows), tiles, tiles)
+            body += self.row_major_group(copy, Lin(0))
+        self.tok = tok
+        params = list({self.hbm[n.id].name: self.hbm[n.id] for n in self.inputs}.values())  # views share arrays
         outs = [hbm for n in self.outputs for node, hbm in self.out_hbm[n.operands[0]] if node is n]
         args = ", ".join(f"{p.name}{list(p.shape)}" for p in params)
         results = ", ".join(f"{o.name}{list(o.shape)}" for o in outs)
