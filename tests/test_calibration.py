@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from neuronmm_compiler.artifacts.cache import cache_key
 from neuronmm_compiler.artifacts.lockfile import Lockfile, entry_from_tuned, target_fingerprint
 from neuronmm_compiler.artifacts.regress import regress
+from neuronmm_compiler.artifacts.report import _infer_dtype
 from neuronmm_compiler.calibration.fit import DEFAULT_FIT, fit_parameters, rms_rel_error, value_of, with_values
 from neuronmm_compiler.calibration.kernels import read_kernel_file
 from neuronmm_compiler.calibration.measurements import (
@@ -327,6 +328,11 @@ def test_target_file_round_trip_and_params_reach_estimate(kernels: list, tmp_pat
     assert tuned.compiled.cost.latency_us == estimate(tuned.compiled.program, target).latency_us
     assert tuned.search.best.cost.latency_us == tuned.compiled.cost.latency_us
     assert dict(target.summary_rows())["calibrated"].startswith(f"from {path}.csv (")
+    # the lower bound and the roofline use the model's calibrated rates too
+    bf16 = compile_gemm(2048, 2048, 2048, target=TRN1).program
+    assert estimate(bf16, target).lower_bound_us == pytest.approx(estimate(bf16, TRN1).lower_bound_us / 0.87, rel=1e-5)
+    assert _infer_dtype(estimate(bf16, target), target) == "bfloat16"
+    assert _infer_dtype(estimate(program, target), target) == "float32"
     assert TARGETS["trn1"].params is None and "params" not in TARGETS["trn1"].as_dict()
 
 

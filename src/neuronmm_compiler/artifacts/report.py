@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cost_model import CostReport, params_of
-from ..cost_model.model import dma_bandwidth_bytes_per_us
+from ..cost_model import CostReport, effective_rates, params_of
 from ..errors import NmmcError
 from ..models.weights import temp_name, write_text_atomic
 from ..search.tuner import Candidate, TuneResult
@@ -92,7 +91,15 @@ def _plottable(cost: CostReport) -> bool:
 
 
 def _peak_tflops(target: Target, dtype: str) -> float:
-    return target.peak_bf16_tflops / (params_of(target).matmul_fp32_factor if dtype == "float32" else 1)
+    """The model's compute ceiling (the peak times a calibrated target's TensorEngine efficiency)."""
+    params = params_of(target)
+    return target.peak_bf16_tflops * params.tensor_engine_efficiency / (
+        params.matmul_fp32_factor if dtype == "float32" else 1)
+
+
+def _bandwidth_tb_s(target: Target) -> float:
+    """The model's DMA bandwidth in TB/s (= TFLOP/s per FLOP/B), calibrated efficiency included."""
+    return effective_rates(target, params_of(target))[1] / 1e6
 
 
 def _infer_dtype(cost: CostReport, target: Target) -> str | None:
@@ -101,7 +108,7 @@ def _infer_dtype(cost: CostReport, target: Target) -> str | None:
     peak = cost.values.get("peak_flops_per_us")
     if not peak:
         return None
-    return "float32" if peak < target.peak_bf16_tflops * 1e6 * 0.99 else "bfloat16"
+    return "float32" if peak < _peak_tflops(target, "bfloat16") * 1e6 * 0.99 else "bfloat16"
 
 
 def _short_dtype(dtype: str) -> str:
@@ -113,7 +120,7 @@ def _draw_ceilings(ax: Any, target: Target, dtypes: Sequence[str], x_lo: float, 
     """The roofline of ``target``: the DMA-bandwidth slope and one compute ceiling per dtype."""
     import numpy as np
 
-    bw = dma_bandwidth_bytes_per_us(target) / 1e6  # bytes/us -> TB/s (= TFLOP/s per FLOP/B)
+    bw = _bandwidth_tb_s(target)
     xs = np.logspace(math.log10(x_lo), math.log10(x_hi), 256)
     prefix = f"{target.name}: " if label_target else ""
     top = max(_peak_tflops(target, d) for d in dtypes)
@@ -131,7 +138,7 @@ def _roofline_limits(costs: Iterable[CostReport], targets: Iterable[Target], dty
     """An x range covering the points and every ridge point, with a margin."""
     xs = [c.arithmetic_intensity for c in costs if _plottable(c)]
     for target in targets:
-        bw = dma_bandwidth_bytes_per_us(target) / 1e6
+        bw = _bandwidth_tb_s(target)
         xs += [_peak_tflops(target, d) / bw for d in dtypes]
     if not xs:
         return 1.0, 1000.0

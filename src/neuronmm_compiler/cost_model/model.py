@@ -151,7 +151,8 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
     pro = edge_counts(program, params, reverse=False)
     epi = edge_counts(program, params, reverse=True)
     dtype = program.params[0].dtype if program.params else "bfloat16"
-    peak = target.peak_bf16_tflops * 1e6 / (params.matmul_fp32_factor if dtype == "float32" else 1)
+    peak = (target.peak_bf16_tflops * 1e6 * params.tensor_engine_efficiency
+            / (params.matmul_fp32_factor if dtype == "float32" else 1))
     compulsory = sum(p.itemsize * math.prod(p.shape) for p in program.params)
     compulsory += sum(o.itemsize * math.prod(o.shape) for o in program.outputs)
     values = {
