@@ -112,7 +112,9 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
                 same = [v for v in values if shapes[v][0] == cols]
                 rhs = rng.choice(same) if same else new_input((cols, _size(rng)), weight=True)
             else:
-                rhs = new_input((cols, _size(rng)), weight=True)
+                # large-but-cheap: a wide weight when there are few tokens
+                wide = rows <= 8 and rng.random() < 0.3
+                rhs = new_input((cols, rng.choice((4096, 8192)) if wide else _size(rng)), weight=True)
             values.append(new_op("matmul", [a, rhs], (rows, shapes[rhs][1])))
         elif roll < 0.75:
             same = [v for v in values if shapes[v] == (rows, cols)]

@@ -144,7 +144,9 @@ def explain_graph_lines(compiled: CompiledGraph) -> list[str]:
     lines += ["", f"== workload: {compiled.workload.describe()}",
               f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}"]
     for kernel, program, cost in zip(lowered.kernels, compiled.programs, compiled.kernel_costs, strict=True):
-        lines += ["", f"== kernel {program.name}", *to_text(kernel).splitlines(),
+        views = [f"  (input %{view} is a view of the HBM array {array}, with the other layout)"
+                 for view, array in kernel.hbm_aliases.items()]
+        lines += ["", f"== kernel {program.name}", *to_text(kernel).splitlines(), *views,
                   "", f"== loop nest of {program.name} (NKI 0.3+ spelling)", *NkiPrinter().kernel(program)]
         lines += ["", f"== cost model of {program.name}", *_formula_lines(cost), *cost_lines(cost)]
     lines += ["", "== whole graph", *cost_lines(compiled.cost)]

@@ -23,7 +23,7 @@ def _needs_new_kernel(graph: Graph, node_id: str, kernel: int, index: dict[str, 
     than its own (an elementwise operand), or is row-major and has other readers (a row-major
     value is only ever stored); or its rows differ from the kernel's token count."""
     node = graph.node(node_id)
-    orient = node.annotations.get("orient", "normal")
+    orient = node.annotations.get("orient")
     if rows.get(kernel, node.shape[0]) != node.shape[0]:
         return "rows"
     for position, operand_id in enumerate(node.operands):
@@ -34,9 +34,11 @@ def _needs_new_kernel(graph: Graph, node_id: str, kernel: int, index: dict[str, 
             if graph.node(operand.operands[0]).kind != "input":
                 return "transpose of a value computed in the kernel"
             continue
-        held = operand.annotations.get("orient", "normal")
+        held = operand.annotations.get("orient")
         if node.kind == "matmul" and position == 1:
             return "weight computed in the kernel"
+        if held is None:
+            continue  # orientations not decided (implicit-transpose has not run): nothing more to check
         if node.kind == "matmul" and held != "transposed":
             return "row-major lhs"
         if node.kind == "elementwise" and held != orient:
