@@ -268,8 +268,10 @@ def test_csv_comments_paths_and_hashes(kernel_dir: Path, kernels: list, tmp_path
     assert all(r.path == Path(decode.path) for r in rows)
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "k.py").write_text(Path(decode.path).read_text())
-    (tmp_path / "sub" / "m.csv").write_text("kernel,latency_us\nk.py,1\n")  # relative to the CSV's directory
+    (tmp_path / "sub" / "m.csv").write_text("kernel,latency_us\r\nk.py,1\r\n")  # relative to the CSV's directory
     assert read_measurements(tmp_path / "sub" / "m.csv")[0].path == tmp_path / "sub" / "k.py"
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbfkernel,latency_us\nk.py,2\n")  # as spreadsheets save it
+    assert read_measurements(tmp_path / "bom.csv")[0].latency_us == 2.0
 
 
 def test_appended_rows_are_what_calibrate_reads(kernel_dir: Path, kernels: list, tmp_path: Path) -> None:

@@ -268,3 +268,16 @@ def test_bench_compares_with_a_calibrated_target(monkeypatch, gemm_file: Path, t
     assert report["target"] == str(tmp_path / "cal.json") and abs(report["rel_error"]) < 1e-6
     other = CliRunner().invoke(main, ["bench", str(gemm_file), "--target", "trn2"])
     assert other.exit_code == 2 and "emitted for trn1, not trn2" in other.output
+
+
+def test_bench_checks_the_csv_before_measuring(monkeypatch, gemm_file: Path, tmp_path: Path) -> None:
+    calls: list = []
+    install(monkeypatch, "nki", benchmark=FakeBenchmark({"gemm_kernel": 50.0}, calls))
+    monkeypatch.setattr(nki_backend, "neuron_devices", lambda: ["/dev/neuron0"])
+    result = CliRunner().invoke(main, ["bench", str(gemm_file), "--append-csv", str(tmp_path / "no" / "m.csv")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    foreign = tmp_path / "other.csv"
+    foreign.write_text("name,seconds\nx,1\n")
+    result = CliRunner().invoke(main, ["bench", str(gemm_file), "--append-csv", str(foreign)])
+    assert result.exit_code == 2 and "lacks kernel, latency_us" in result.output
+    assert calls == [] and foreign.read_text() == "name,seconds\nx,1\n"

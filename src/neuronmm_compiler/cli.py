@@ -739,8 +739,10 @@ def bench(file: str, warmup: int, iters: int, target: str | None, append_csv: st
     latencies next to the cost model's prediction. With --append-csv, record the measurement in the
     format 'nmmc calibrate' reads: bench, calibrate, then --target the calibrated file."""
     from .calibration.bench import bench_file
-    from .calibration.measurements import appended_text
+    from .calibration.measurements import appended_text, check_appendable
 
+    if append_csv:
+        check_appendable(append_csv)  # fail before the device time is spent
     report = bench_file(file, warmup=warmup, iters=iters, target=get_target(target) if target else None)
     if append_csv:
         write_atomic(append_csv, appended_text(append_csv, report.csv_values(append_csv)))

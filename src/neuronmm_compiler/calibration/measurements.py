@@ -70,7 +70,7 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     p = Path(path)
     where = str(p)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # tolerate the BOM spreadsheets write
     except FileNotFoundError:
         raise InputError(f"measurements file not found: {where}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -138,7 +138,7 @@ def appended_text(csv_path: str | Path, values: dict[str, object]) -> str:
     without the required columns is an InputError."""
     p = Path(csv_path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # tolerate the BOM spreadsheets write
     except FileNotFoundError:
         text = ""
     except (OSError, UnicodeDecodeError) as exc:
@@ -153,3 +153,13 @@ def appended_text(csv_path: str | Path, values: dict[str, object]) -> str:
     if not text.endswith("\n"):
         text += "\n"
     return text + format_row(values, header)
+
+
+def check_appendable(csv_path: str | Path) -> None:
+    """InputError now, before a measurement is taken, when a row could not be appended to ``csv_path``
+    (its directory is missing, or its header lacks the required columns)."""
+    p = Path(csv_path)
+    directory = p.parent if str(p.parent) else Path(".")
+    if not directory.is_dir():
+        raise InputError(f"cannot append to {p}: directory {str(directory)!r} does not exist")
+    appended_text(p, {})
