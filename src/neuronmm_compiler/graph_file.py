@@ -3,17 +3,31 @@
 A graph file names its inputs (shape, dtype, layout), its ops (``matmul``, ``transpose``, ``add``,
 ``multiply``, ``silu``) and its outputs; shapes may use named dimensions bound on the command line
 (``--dim tokens=128``). docs/graph-format.md is the user's guide and
-``schemas/graph.schema.json`` (shipped in the package) the JSON Schema; this module is what nmmc
-actually enforces, and is stricter than the schema where a schema cannot say it (references,
-cycles, shapes, reserved names).
+``schemas/graph.schema.json`` (shipped in the package, see :func:`schema_path`) the JSON Schema;
+this module is what nmmc actually enforces, and is stricter than the schema where a schema cannot
+say it (references, cycles, shapes, Python keywords and builtins).
 
-Everything in a file is untrusted: its names become identifiers in emitted Python (kernel
-arguments, buffer and function names), so a name must be a plain ASCII identifier of at most 64
-characters that is not a keyword, not a builtin, not a name the emitted code itself uses (``nl``,
-``nki``, loop variables, ...) and not shaped like a name nmmc derives from another one (``x_strip``,
-``mm_psum``, ...). Any violation, and any malformed file (bad YAML, duplicate keys, YAML aliases,
-cycles, dangling references, shape mismatches, unsupported ops, sizes beyond the target's HBM),
-is one :class:`InputError` line naming the file and the offending entry.
+Everything in a file is untrusted, and so is its path:
+
+- Value names (inputs, ops, outputs) and the graph name become identifiers in emitted Python
+  (kernel arguments, buffer and function names), so each must be a plain ASCII identifier of at
+  most 64 characters that does not start with an underscore, is not a keyword or builtin, not a
+  name the emitted code itself uses (``nl``, ``nki``, loop variables, ...) and not shaped like a
+  name nmmc derives from another one (``x_strip``, ``mm_psum``, ``g_k0``, ...). Dimension names
+  never reach emitted code; they only need to be plain identifiers.
+- The description is never emitted; it is kept as one line of printable text all the same, so
+  that it is safe wherever a later change might echo it (a ``#`` comment, a message).
+- The path labels every message and the kernel file's header comment, so a path that is not
+  printable text (a newline in a file name) is shown escaped, as a Python literal.
+- The YAML loader accepts only what a graph file needs: mappings, lists, strings, decimal
+  integers, floats, booleans and null. No tags (``!!python/object``), aliases (expansion bombs),
+  merge keys, timestamps, duplicate keys, or nesting deeper than :data:`MAX_DEPTH`. Files are at
+  most :data:`MAX_FILE_BYTES`, graphs at most :data:`MAX_NODES` inputs and ops, dimensions at most
+  :data:`MAX_DIMENSION`: beyond those lie only mistakes and denial of service.
+
+Any violation, and any malformed file (bad YAML, duplicate keys, cycles, dangling references,
+shape mismatches, unsupported ops, ops no output uses, sizes beyond the target's HBM), is one
+:class:`InputError` line naming the file and the offending entry.
 """
 
 from __future__ import annotations
@@ -25,100 +39,210 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import InputError, NmmcError, ParseError
-from .ir import Graph, canonical_dtype
-from .ir.graph import LAYOUTS, is_identifier
+from .ir import Graph
+from .ir.graph import DTYPE_ALIASES, LAYOUTS, is_identifier
 
 #: The format version a file declares as ``nmmc_graph: 1``.
 FORMAT_VERSION = 1
 #: Ops a graph file may use, and their operand counts.
 OPS: Mapping[str, int] = {"matmul": 2, "transpose": 1, "add": 2, "multiply": 2, "silu": 1}
 MAX_NAME_LENGTH = 64
-MAX_FILE_BYTES = 1 << 20
-MAX_NODES = 4096
+MAX_DESCRIPTION_LENGTH = 1000
+MAX_FILE_BYTES = 256 * 1024
+#: Inputs plus ops. Real graphs (an MLP, a LoRA projection) have tens; the lowering recurses over
+#: chains of ops, so thousands would only exhaust the stack.
+MAX_NODES = 256
+#: Nesting of YAML/JSON collections; a graph file needs 4 (top level, inputs, an input, its shape).
+MAX_DEPTH = 16
+#: Largest dimension, far beyond any model and small enough that every size nmmc derives from a
+#: shape (bytes of a [MAX, MAX] fp32 tensor) stays exact and printable.
+MAX_DIMENSION = 2**31
+#: Integers are written in decimal with at most this many digits (YAML 1.1's octal ``010``, hex,
+#: ``1_000`` and sexagesimal ``1:20`` forms are refused; Python caps int parsing at 4300 digits).
+MAX_INT_DIGITS = 18
 TOP_KEYS = ("nmmc_graph", "name", "description", "dtype", "dims", "inputs", "ops", "outputs")
 INPUT_KEYS = ("shape", "dtype", "layout")
 OP_KEYS = ("op", "args")
 OUTPUT_KEYS = ("value", "layout")
 
-#: Names the emitted kernel file uses itself (imports, loop variables, helpers).
+#: Names the emitted kernel file uses itself: modules, the reference function, the loop variables
+#: of every lowering (fused and GEMM), and names kept back for them.
 RESERVED_NAMES = frozenset({
-    "np", "nki", "nl", "nisa", "numpy", "neuronxcc", "reference", "ml_dtypes",
-    "m_blk", "kt", "tt", "ft", "f_blk", "o_blk", "bn", "nt", "wt", "k_blk", "r_tile", "c_tile",
-    "m_tile", "n_tile", "k_tile", "i", "j", "k", "self", "cls",
+    "np", "nki", "nl", "nisa", "numpy", "neuronxcc", "math", "ml_dtypes", "reference",
+    "m_blk", "n_blk", "k_blk", "f_blk", "o_blk", "bm", "bn", "bk", "kt", "tt", "ft", "nt", "wt", "ct",
+    "r_tile", "c_tile", "m_tile", "n_tile", "k_tile", "i", "j", "k", "self", "cls",
 })
-#: Suffixes nmmc appends to a name to name its buffers; a user name may not end with one.
-_DERIVED = re.compile(r".*_(strip|psum|block|rows|resident|tile|f32|f64|t_psum|operand_f32|k\d+)\Z|v\d+\Z")
+#: Names nmmc derives from a user's name (``x_strip``, ``mm_psum``, ``w_block``, ``x_f64``, the
+#: kernels ``<graph>_k0``, the reference's locals ``v3``): a user name may not have that form, nor
+#: contain ``__`` (kept free so that derived names can never collide). The same pattern is in the
+#: schema's ``$defs/value_name``; tests/test_graph_file.py checks every name an emitted kernel binds
+#: itself against it.
+DERIVED_PATTERN = (r"_(strip|psum|tpsum|block|rows|rowtile|resident|tile|tiles|blk|sbuf|spill|f32|f64|kernel"
+                   r"|k[0-9]+)$|^v[0-9]+$|__")
+_DERIVED = re.compile(DERIVED_PATTERN)
+#: Builtins as the interpreter sees them, plus the ones ``site`` adds (not there under ``python -S``).
+_BUILTINS = frozenset(dir(builtins)) | {"exit", "quit", "help", "copyright", "credits", "license"}
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+
+
+def schema_path() -> Path:
+    """The JSON Schema of the graph file format, as shipped in the package."""
+    return Path(str(resources.files("neuronmm_compiler") / "schemas" / "graph.schema.json"))
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """A value as a message shows it: YAML's spelling of true/false/null, else a truncated repr (one
+    line, every non-printable character escaped)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value[:limit] if isinstance(value, str) else value)
+    return text if len(text) <= limit + 2 else text[:limit] + "..."
+
+
+def _plain_name(name: Any, what: str) -> str:
+    """``name`` if it is a plain ASCII identifier (letters, digits, underscores; a letter first; not a
+    keyword; at most 64 characters), else InputError."""
+    if not isinstance(name, str):
+        hint = ""
+        if isinstance(name, (bool, int, float)) or name is None:
+            hint = (" (YAML reads unquoted true/false/yes/no/on/off as booleans, null and ~ as null, and "
+                    "numbers as numbers: quote the name)")
+        raise InputError(f"{what} {_show(name)}: names must be strings{hint}")
+    if not _IDENTIFIER.match(name) or keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        raise InputError(f"{what} {_show(name)} is not a valid name: use ASCII letters, digits and underscores, "
+                         "starting with a letter, and not a Python keyword")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InputError(f"{what} {_show(name)} is longer than {MAX_NAME_LENGTH} characters")
+    return name
 
 
 def check_user_name(name: Any, what: str) -> str:
     """Return ``name`` if it is safe as an identifier in emitted code, else raise InputError."""
-    shown = repr(name) if not isinstance(name, str) else repr(name[:80])
-    if not isinstance(name, str):
-        raise InputError(f"{what} {shown}: names must be strings")
-    if not is_identifier(name):
-        raise InputError(f"{what} {shown} is not a valid name: use ASCII letters, digits and underscores, "
-                         "not starting with a digit, and not a Python keyword")
-    if len(name) > MAX_NAME_LENGTH:
-        raise InputError(f"{what} {shown} is longer than {MAX_NAME_LENGTH} characters")
-    if name.startswith("_"):
-        raise InputError(f"{what} {shown}: names may not start with an underscore")
-    if keyword.issoftkeyword(name) or hasattr(builtins, name) or name in RESERVED_NAMES:
-        raise InputError(f"{what} {shown} is reserved (a Python builtin or a name the emitted kernel uses)")
-    if _DERIVED.match(name):
-        raise InputError(f"{what} {shown} is reserved: nmmc derives names of that form (e.g. x_strip, mm_psum, "
-                         "v3) for its own buffers")
+    _plain_name(name, what)
+    if name in _BUILTINS or name in RESERVED_NAMES:
+        raise InputError(f"{what} {name!r} is reserved (a Python builtin or a name the emitted kernel uses)")
+    if _DERIVED.search(name):
+        raise InputError(f"{what} {name!r} is reserved: nmmc derives names of that form (e.g. x_strip, mm_psum, "
+                         "w_block, g_k0, v3, or with a double underscore) for its own buffers")
+    assert is_identifier(name)
     return name
 
 
 # ----------------------------------------------------------------------------- reading
 
 
+def _yaml_error(message: str, node_or_event: Any) -> yaml.constructor.ConstructorError:
+    return yaml.constructor.ConstructorError(None, None, message, node_or_event.start_mark)
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader without aliases (no expansion bombs) and without duplicate keys."""
+    """YAML's safe loader cut down to what a graph file needs (see the module docstring)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.constructor.ConstructorError(
-                None, None, "YAML aliases (*name) are not accepted in graph files", event.start_mark)
-        return super().compose_node(parent, index)
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _yaml_error("YAML aliases (*name) are not accepted in graph files", event)
+        tag = getattr(event, "tag", None)
+        if tag is not None:
+            shown = "!!" + tag[len("tag:yaml.org,2002:"):] if tag.startswith("tag:yaml.org,2002:") else tag
+            raise _yaml_error(f"YAML tags ({_show(shown, 60)}) are not accepted in graph files", event)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _yaml_error(f"nested more than {MAX_DEPTH} levels deep", event)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise _yaml_error("YAML merge keys (<<) are not accepted in graph files", key_node)
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            if isinstance(key, (str, int, float, bool)):
-                seen.add(key)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: SafeConstructor reports it below
+                continue
+            if duplicate:
+                raise _yaml_error(f"duplicate key {_show(key)}", key_node)
+            seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: Any) -> int:
+        text = str(self.construct_scalar(node))
+        if not re.fullmatch(r"[-+]?(0|[1-9][0-9]*)", text):
+            raise _yaml_error(f"integer {_show(text, 40)}: write integers in plain decimal (no 0x, 0o, 0b, "
+                              "leading zeros, underscores or colons)", node)
+        if len(text.lstrip("+-")) > MAX_INT_DIGITS:
+            raise _yaml_error(f"integer of {len(text.lstrip('+-'))} digits: the limit is {MAX_INT_DIGITS}", node)
+        return int(text)
+
+    def construct_refused(self, node: Any) -> Any:
+        kind = node.tag.rpartition(":")[2]
+        raise _yaml_error(f"a YAML {kind} ({_show(self.construct_scalar(node), 40)}) is not accepted in graph "
+                          "files; quote it to make it a string", node)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _StrictLoader.construct_refused)
+_StrictLoader.add_constructor("tag:yaml.org,2002:value", _StrictLoader.construct_refused)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ParseError(f"duplicate key {key!r}")
+            raise ParseError(f"duplicate key {_show(key)}")
         out[key] = value
     return out
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ParseError(f"integer of {len(text.lstrip('-'))} digits: the limit is {MAX_INT_DIGITS}")
+    return int(text)
 
 
-def parse_document(text: str, source: str) -> Any:
-    """The parsed document (JSON for ``*.json``, YAML otherwise); ParseError in one line."""
-    if source.endswith(".json"):
+def _json_constant(name: str) -> Any:
+    raise ParseError(f"{name} is not a JSON number")
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """``text`` (a parser's or the IR's message) as one line of printable text, at most ``limit`` long."""
+    line = " ".join(str(text).split())
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def source_label(path: str | Path) -> str:
+    """How messages (and the header of an emitted kernel) name a file: its path, or the path as an
+    escaped Python literal when it holds anything but printable text (a newline, a control or
+    bidirectional-override character)."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def parse_document(text: str, source: str, *, is_json: bool | None = None) -> Any:
+    """The parsed document, JSON when ``is_json`` (default: ``source`` ends with ``.json``), else
+    YAML; ParseError in one line."""
+    if is_json if is_json is not None else source.lower().endswith(".json"):
         try:
-            return json.loads(text, object_pairs_hook=_no_duplicates)
+            return json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_json_int,
+                              parse_constant=_json_constant)
         except json.JSONDecodeError as exc:
             raise ParseError(f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
         except ParseError as exc:
@@ -133,29 +257,29 @@ def parse_document(text: str, source: str) -> Any:
         raise ParseError(f"{source}: invalid YAML{where}: {_one_line(exc.problem or exc.context or '')}") from None
     except yaml.YAMLError as exc:
         raise ParseError(f"{source}: invalid YAML: {_one_line(str(exc))}") from None
-    except RecursionError:
-        raise ParseError(f"{source}: invalid YAML: nested too deeply") from None
+    except (ValueError, OverflowError, RecursionError) as exc:  # a scalar PyYAML's constructors choke on
+        raise ParseError(f"{source}: invalid YAML: {_one_line(str(exc))}") from None
 
 
 def read_document(path: str | Path) -> tuple[Any, str]:
     """(parsed document, source label) of a graph file; InputError if it cannot be read."""
     p = Path(path)
-    source = str(path)
+    source = source_label(path)
     try:
-        size = p.stat().st_size
+        if not p.is_file():
+            what = "does not exist" if not p.exists() else "is not a regular file"
+            raise InputError(f"graph file {source} {what}")
+        with p.open("rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise InputError(f"cannot read graph file {source!r}: {exc.strerror or exc}") from None
-    if not p.is_file():
-        raise InputError(f"graph file {source!r} is not a regular file")
-    if size > MAX_FILE_BYTES:
-        raise InputError(f"{source}: graph file of {size} bytes is larger than the {MAX_FILE_BYTES} accepted")
+        raise InputError(f"cannot read graph file {source}: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"{source}: graph files are at most {MAX_FILE_BYTES // 1024} KiB; this one is larger")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{source}: graph files must be UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"cannot read graph file {source!r}: {exc.strerror or exc}") from None
-    return parse_document(text, source), source
+    return parse_document(text, source, is_json=p.suffix.lower() == ".json"), source
 
 
 # ----------------------------------------------------------------------------- the spec
@@ -185,7 +309,8 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """A validated graph file, dimensions not yet bound. ``ops`` are in dependency order."""
+    """A validated graph file, dimensions not yet bound. ``ops`` are in dependency order;
+    ``description`` is one line of printable text."""
 
     source: str
     name: str
@@ -198,17 +323,17 @@ class GraphSpec:
     def bind(self, bindings: Mapping[str, int] | None = None) -> dict[str, int]:
         """The value of every named dimension: the file's default, overridden by ``bindings``."""
         bindings = dict(bindings or {})
-        unknown = sorted(set(bindings) - set(self.dims))
+        unknown = sorted(set(bindings) - set(self.dims), key=str)
         if unknown:
             known = ", ".join(self.dims) or "none"
-            raise InputError(f"{self.source}: --dim {unknown[0]}: the graph has no dimension {unknown[0]!r} "
+            raise InputError(f"{self.source}: --dim {_show(unknown[0])}: the graph has no such dimension "
                              f"(its dimensions: {known})")
         values: dict[str, int] = {}
         for name, default in self.dims.items():
             value = bindings.get(name, default)
             if value is None:
                 raise InputError(f"{self.source}: dimension {name!r} has no value; pass --dim {name}=N")
-            values[name] = value
+            values[name] = _positive(value, f"--dim {name}", self.source)
         return values
 
     def graph(self, bindings: Mapping[str, int] | None = None) -> Graph:
@@ -231,69 +356,119 @@ class GraphSpec:
             for out in self.outputs:
                 graph.add_output(out.name, ids[out.value], layout=out.layout)
         except NmmcError as exc:
-            raise InputError(f"{self.source}: {_one_line(str(exc))}") from None
+            raise InputError(f"{self.source}: {_one_line(str(exc), 400)}") from None
         return graph
 
 
 def _mapping(value: Any, where: str, source: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise InputError(f"{source}: {where} must be a mapping (name: ...); got {type(value).__name__}")
+        got = "an empty value" if value is None else f"{_type_name(value)} {_show(value, 40)}"
+        raise InputError(f"{source}: {where} must be a mapping (name: ...); got {got}")
     return value
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    return {str: "a string", int: "an integer", float: "a number", list: "a list"}.get(type(value), "a value")
+
+
+def _required(doc: Mapping[str, Any], key: str, source: str) -> Any:
+    if doc.get(key) is None:
+        raise InputError(f"{source}: '{key}' is required (see docs/graph-format.md)")
+    return doc[key]
 
 
 def _keys(value: Mapping[str, Any], allowed: tuple[str, ...], where: str, source: str) -> None:
     for key in value:
         if key not in allowed:
-            raise InputError(f"{source}: {where}: unknown key {str(key)[:80]!r}; accepted: {', '.join(allowed)}")
+            raise InputError(f"{source}: {where}: unknown key {_show(key)}; accepted: {', '.join(allowed)}")
 
 
 def _positive(value: Any, where: str, source: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(f"{source}: {where} must be a positive integer; got {str(value)[:80]!r}")
+        raise InputError(f"{source}: {where} must be a positive integer; got {_show(value)}")
+    if value > MAX_DIMENSION:
+        raise InputError(f"{source}: {where} is {value}; dimensions are at most {MAX_DIMENSION}")
     return value
 
 
-def _name(value: Any, what: str, source: str) -> str:
+def _name(value: Any, what: str, source: str, *, emitted: bool = True) -> str:
     try:
-        return check_user_name(value, what)
+        return check_user_name(value, what) if emitted else _plain_name(value, what)
     except InputError as exc:
         raise InputError(f"{source}: {exc}") from None
+
+
+def _dtype(value: Any, where: str, source: str) -> str:
+    if not isinstance(value, str) or value not in DTYPE_ALIASES:
+        raise InputError(f"{source}: {where}unknown dtype {_show(value, 40)}; accepted: {', '.join(DTYPE_ALIASES)}")
+    return DTYPE_ALIASES[value]
+
+
+def _layout(value: Any, where: str, source: str) -> str:
+    if value not in LAYOUTS:
+        raise InputError(f"{source}: {where}: unknown layout {_show(value, 40)}; accepted: {', '.join(LAYOUTS)}")
+    return value
+
+
+def _description(value: Any, source: str) -> str:
+    """The description as one line of printable text (whitespace, newlines included, collapsed)."""
+    if not isinstance(value, str):
+        raise InputError(f"{source}: description must be a string; got {_type_name(value)}")
+    if len(value) > MAX_DESCRIPTION_LENGTH:
+        raise InputError(f"{source}: description is longer than {MAX_DESCRIPTION_LENGTH} characters")
+    line = " ".join(value.split())
+    bad = next((c for c in line if not c.isprintable()), None)
+    if bad is not None:
+        raise InputError(f"{source}: description contains the invisible or control character U+{ord(bad):04X}; "
+                         "descriptions are printable text")
+    return line
 
 
 def spec_from_document(doc: Any, source: str) -> GraphSpec:
     """Validate a parsed graph document into a :class:`GraphSpec` (InputError, one line, on any fault)."""
-    doc = _mapping(doc, "the document", source)
+    if doc is None:
+        raise InputError(f"{source}: the graph file is empty")
+    if not isinstance(doc, Mapping):
+        raise InputError(f"{source}: a graph file is a mapping of {', '.join(TOP_KEYS)}; "
+                         f"got {_type_name(doc)}")
     _keys(doc, TOP_KEYS, "top level", source)
     version = doc.get("nmmc_graph")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:
         raise InputError(f"{source}: 'nmmc_graph: {FORMAT_VERSION}' (the format version) is required; "
-                         f"got {str(version)[:40]!r}")
-    name = _name(doc.get("name"), "graph name", source)
-    description = doc.get("description", "")
-    if not isinstance(description, str):
-        raise InputError(f"{source}: description must be a string")
-    try:
-        default_dtype = canonical_dtype(doc.get("dtype", "bfloat16"))
-    except InputError as exc:
-        raise InputError(f"{source}: {exc}") from None
+                         f"got {_show(version, 40)}")
+    name = _name(_required(doc, "name", source), "graph name", source)
+    description = _description(doc.get("description", ""), source)
+    default_dtype = _dtype(doc.get("dtype", "bfloat16"), "", source)
+    raw_dims = _mapping(doc.get("dims", {}), "dims", source)
+    raw_inputs = _mapping(_required(doc, "inputs", source), "inputs", source)
+    raw_ops = _mapping(doc.get("ops", {}), "ops", source)
+    raw_outputs = _mapping(_required(doc, "outputs", source), "outputs", source)
+    if len(raw_inputs) + len(raw_ops) > MAX_NODES or len(raw_dims) > MAX_NODES:
+        raise InputError(f"{source}: more than {MAX_NODES} inputs and ops (or dims); nmmc compiles graphs of "
+                         "at most that many")
+    if not raw_inputs:
+        raise InputError(f"{source}: a graph needs at least one input")
+    if not raw_outputs:
+        raise InputError(f"{source}: a graph needs at least one output")
+
     dims: dict[str, int | None] = {}
-    for dim, value in _mapping(doc.get("dims", {}), "dims", source).items():
-        dims[_name(dim, "dimension", source)] = None if value is None else _positive(value, f"dims.{dim}", source)
+    for dim, value in raw_dims.items():
+        dims[_name(dim, "dimension", source, emitted=False)] = (
+            None if value is None else _positive(value, f"dims.{dim}", source))
     names: dict[str, str] = {}
 
-    def claim(entry: str, what: str) -> str:
+    def claim(entry: Any, what: str) -> str:
         checked = _name(entry, what, source)
         if checked in names:
             raise InputError(f"{source}: {what} {checked!r} is already used by {names[checked]}")
         if checked in dims:
             raise InputError(f"{source}: {what} {checked!r} is already used by a dimension")
-        names[checked] = what
+        names[checked] = f"an {what}" if what[0] in "aeiou" else f"a {what}"
         return checked
 
     inputs = []
-    raw_inputs = _mapping(doc.get("inputs"), "inputs", source)
-    if not raw_inputs:
-        raise InputError(f"{source}: a graph needs at least one input")
     for key, entry in raw_inputs.items():
         inp = claim(key, "input")
         entry = _mapping(entry, f"input {inp}", source)
@@ -301,49 +476,37 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
         shape = entry.get("shape")
         if not isinstance(shape, list) or not 1 <= len(shape) <= 2:
             raise InputError(f"{source}: input {inp}: shape must be a list of one or two dimensions "
-                             f"(integers or dimension names); got {str(shape)[:80]!r}")
+                             f"(integers or dimension names); got {_show(shape)}")
         dims_of: list[int | str] = []
         for index, dim in enumerate(shape):
             if isinstance(dim, str):
                 if dim not in dims:
-                    raise InputError(f"{source}: input {inp}: shape uses dimension {dim[:80]!r}, which is not "
+                    raise InputError(f"{source}: input {inp}: shape uses dimension {_show(dim)}, which is not "
                                      "declared under dims")
                 dims_of.append(dim)
             else:
                 dims_of.append(_positive(dim, f"input {inp}: shape[{index}]", source))
-        try:
-            dtype = canonical_dtype(entry.get("dtype", default_dtype))
-        except InputError as exc:
-            raise InputError(f"{source}: input {inp}: {exc}") from None
-        layout = entry.get("layout", "row_major")
-        if layout not in LAYOUTS:
-            raise InputError(f"{source}: input {inp}: unknown layout {str(layout)[:40]!r}; "
-                             f"accepted: {', '.join(LAYOUTS)}")
-        inputs.append(InputSpec(inp, tuple(dims_of), dtype, layout))
-    raw_ops = _mapping(doc.get("ops", {}), "ops", source)
+        dtype = _dtype(entry.get("dtype", default_dtype), f"input {inp}: ", source)
+        inputs.append(InputSpec(inp, tuple(dims_of), dtype, _layout(entry.get("layout", "row_major"),
+                                                                    f"input {inp}", source)))
     ops: dict[str, OpSpec] = {}
     for key, entry in raw_ops.items():
         op_name = claim(key, "op")
         entry = _mapping(entry, f"op {op_name}", source)
         _keys(entry, OP_KEYS, f"op {op_name}", source)
         kind = entry.get("op")
-        if kind not in OPS:
-            raise InputError(f"{source}: op {op_name}: unsupported op {str(kind)[:40]!r}; supported: {', '.join(OPS)}")
+        if not isinstance(kind, str) or kind not in OPS:
+            raise InputError(f"{source}: op {op_name}: unsupported op {_show(kind, 40)}; supported: {', '.join(OPS)}")
         args = entry.get("args")
         if not isinstance(args, list) or len(args) != OPS[kind]:
             raise InputError(f"{source}: op {op_name}: {kind} takes a list of {OPS[kind]} argument name(s) as "
-                             f"args; got {str(args)[:80]!r}")
+                             f"args; got {_show(args)}")
         for arg in args:
             if not isinstance(arg, str) or (arg not in raw_inputs and arg not in raw_ops):
-                raise InputError(f"{source}: op {op_name}: argument {str(arg)[:80]!r} is not an input or op of "
-                                 "the graph")
+                what = "an output; ops read inputs and ops" if arg in raw_outputs else "not an input or op of the graph"
+                raise InputError(f"{source}: op {op_name}: argument {_show(arg)} is {what}")
         ops[op_name] = OpSpec(op_name, kind, tuple(args))
-    if len(inputs) + len(ops) > MAX_NODES:
-        raise InputError(f"{source}: more than {MAX_NODES} inputs and ops")
     outputs = []
-    raw_outputs = _mapping(doc.get("outputs"), "outputs", source)
-    if not raw_outputs:
-        raise InputError(f"{source}: a graph needs at least one output")
     returned: dict[str, str] = {}
     for key, entry in raw_outputs.items():
         out = claim(key, "output")
@@ -353,19 +516,17 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
         _keys(entry, OUTPUT_KEYS, f"output {out}", source)
         value = entry.get("value")
         if not isinstance(value, str) or value not in ops:
-            what = "an input: outputs must be computed" if value in raw_inputs else "not an op of the graph"
-            raise InputError(f"{source}: output {out}: value {str(value)[:80]!r} is {what}")
+            computed = not isinstance(value, str) or value not in raw_inputs
+            what = "not an op of the graph" if computed else "an input: outputs must be computed"
+            raise InputError(f"{source}: output {out}: value {_show(value)} is {what}")
         if value in returned:
             raise InputError(f"{source}: outputs {returned[value]} and {out} both return op {value}; "
                              "return each value once")
         returned[value] = out
-        layout = entry.get("layout", "row_major")
-        if layout not in LAYOUTS:
-            raise InputError(f"{source}: output {out}: unknown layout {str(layout)[:40]!r}; "
-                             f"accepted: {', '.join(LAYOUTS)}")
-        outputs.append(OutputSpec(out, value, layout))
-    return GraphSpec(source, name, description, dims, tuple(inputs), _dependency_order(ops, source),
-                     tuple(outputs))
+        outputs.append(OutputSpec(out, value, _layout(entry.get("layout", "row_major"), f"output {out}", source)))
+    ordered = _dependency_order(ops, source)
+    _check_all_used(ordered, returned, source)
+    return GraphSpec(source, name, description, dims, tuple(inputs), ordered, tuple(outputs))
 
 
 def _dependency_order(ops: Mapping[str, OpSpec], source: str) -> tuple[OpSpec, ...]:
@@ -397,6 +558,18 @@ def _dependency_order(ops: Mapping[str, OpSpec], source: str) -> tuple[OpSpec, .
     return tuple(order)
 
 
+def _check_all_used(ordered: tuple[OpSpec, ...], returned: Mapping[str, str], source: str) -> None:
+    """InputError naming the first op no output depends on (nmmc would drop it without a word)."""
+    needed = set(returned)
+    for spec in reversed(ordered):
+        if spec.name in needed:
+            needed.update(spec.args)
+    for spec in ordered:
+        if spec.name not in needed:
+            raise InputError(f"{source}: op {spec.name} is computed but no output uses it; return it as an output "
+                             "or remove it")
+
+
 def load_graph_spec(path: str | Path) -> GraphSpec:
     """Read and validate a graph file."""
     doc, source = read_document(path)
@@ -410,16 +583,20 @@ def parse_dim_bindings(values: tuple[str, ...] | list[str]) -> dict[str, int]:
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not name or not value:
-            raise InputError(f"--dim takes NAME=N (e.g. tokens=128); got {item!r}")
+            raise InputError(f"--dim takes NAME=N (e.g. tokens=128); got {_show(item, 60)}")
+        try:
+            _plain_name(name, "--dim")
+        except InputError:
+            raise InputError(f"--dim {_show(name, 60)}: not a dimension name") from None
         if name in out:
             raise InputError(f"--dim {name} is given twice")
-        try:
-            number = int(value)
-        except ValueError:
-            raise InputError(f"--dim {name}: {value!r} is not an integer") from None
-        if number <= 0:
-            raise InputError(f"--dim {name}: dimensions must be positive; got {number}")
-        out[name] = number
+        if not (value.isascii() and value.isdigit()):
+            raise InputError(f"--dim {name}: {_show(value, 40)} is not a positive decimal integer")
+        if len(value) > MAX_INT_DIGITS or int(value) > MAX_DIMENSION:
+            raise InputError(f"--dim {name}: {_show(value, 40)} is too large; dimensions are at most {MAX_DIMENSION}")
+        if int(value) == 0:
+            raise InputError(f"--dim {name}: dimensions must be positive; got 0")
+        out[name] = int(value)
     return out
 
 
@@ -433,5 +610,5 @@ def check_fits_hbm(graph: Graph, hbm_bytes: int, target_name: str, source: str) 
     """InputError when the graph's inputs and outputs alone exceed the target's HBM per core."""
     needed = boundary_bytes(graph)
     if needed > hbm_bytes:
-        raise InputError(f"{source}: the graph's inputs and outputs need {needed / 2**30:.1f} GiB of HBM; "
-                         f"a {target_name} NeuronCore has {hbm_bytes / 2**30:.1f} GiB")
+        raise InputError(f"{source}: the graph's inputs and outputs need {needed / 2**30:.2f} GiB of HBM; "
+                         f"a {target_name} NeuronCore has {hbm_bytes / 2**30:.2f} GiB")
