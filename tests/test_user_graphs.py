@@ -150,3 +150,27 @@ def test_elementwise_on_inputs_and_strips():
                  "y0": ("matmul", "s", "w"), "e": ("add", "x", "b")},
                 {"y": "y0", "e_out": "e"}, dtype="bf16")
     verified(compile_doc(doc))
+
+
+def test_a_tuned_graph_is_locked_and_regressed(tmp_path):
+    lock = tmp_path / "nmmc.lock.json"
+    path = str(EXAMPLES / "lora.yaml")
+    result = run("tune", "--graph", path, "--dim", "tokens=32", "--trials", "10", "--lock", str(lock),
+                 "-o", str(tmp_path / "k.py"))
+    assert result.exit_code == 0, result.output
+    check = run("regress", str(lock))
+    assert check.exit_code == 0, check.output
+    assert "graph lora bf16" in check.output and " ok " in check.output
+    # a hand-edited lock is refused (its entry key no longer matches) ...
+    data = json.loads(lock.read_text())
+    lock.write_text(json.dumps(data).replace("lora_a", "lora_z"))
+    bad = CliRunner().invoke(main, ["regress", str(lock)])
+    assert bad.exit_code == 2 and "edited by hand" in bad.output
+    # ... and a recorded graph's names are checked as a graph file's are
+    from neuronmm_compiler.artifacts.lockfile import workload_from_dict
+    from neuronmm_compiler.errors import InputError
+
+    workload = data["entries"][0]["workload"] if "entries" in data else data[0]["workload"]
+    workload["graph"] = workload["graph"].replace('"x"', '"nl"').replace("%x ", "%nl ").replace("%x,", "%nl,")
+    with pytest.raises(InputError, match="reserved"):
+        workload_from_dict(workload)

@@ -40,8 +40,8 @@ DIALECT_HELP = "NKI dialect: nki (NKI 0.3+, import nki) or neuronxcc (NKI 0.1, i
 @click.version_option(__version__, prog_name="nmmc")
 def main() -> None:
     """nmmc, the NeuronMM compiler: lowers matmul graphs (GEMMs, SVD-compressed X·U·V chains,
-    gated MLPs) to tuned NKI kernels for AWS Trainium, and verifies them on the CPU with its own
-    NKI interpreter.
+    gated MLPs, graphs described in a graph file) to tuned NKI kernels for AWS Trainium, and
+    verifies them on the CPU with its own NKI interpreter.
 
     \b
     Typical use:
@@ -49,11 +49,14 @@ def main() -> None:
       nmmc verify gemm.py                               # run it in the interpreter vs NumPy
       nmmc tune --shape 512x8192x2048 --keep-ratio 0.8 -o chain.py           # fused X·U·V
       nmmc tune --mlp --tokens 128 --hidden 2048 --intermediate 8192 --keep-ratio 0.8 -o mlp.py
+      nmmc tune --graph examples/graphs/lora.yaml --dim tokens=256 -o lora.py   # your own graph
       nmmc emit --shape 1024x2048x1024 -o gemm.py      # the kernel of a preset schedule
       nmmc cost --shape 1024x2048x1024                  # the cost model's figures for one schedule
       nmmc explain --shape 1024x2048x1024 --tuned      # passes, loop nest, cost formulas
       nmmc schedules --shape 1024x2048x1024             # presets and schedule parameters
       nmmc targets                                      # the hardware table
+      nmmc bench gemm.py --append-csv m.csv             # on a Trainium host: measure a kernel
+      nmmc calibrate m.csv -o trn1-cal.json             # fit the cost model; then --target trn1-cal.json
     """
 
 
@@ -229,7 +232,7 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
 
         study = optuna_load_study(tuned.search.study["name"], open_storage(storage))
         study.set_user_attr("nmmc_workload", workload_to_dict(wl))
-        study.set_user_attr("nmmc_target", tgt.name)
+        study.set_user_attr("nmmc_target", tgt.spec)
         study.set_user_attr("nmmc_dialect", dialect)
     if report_dir:
         from .artifacts.report import write_report

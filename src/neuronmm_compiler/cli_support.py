@@ -189,7 +189,8 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def target_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--target", default=DEFAULT_TARGET, show_default=True,
-                        help=f"Hardware: {', '.join(TARGETS)}.")(fn)
+                        help=f"Hardware: {', '.join(TARGETS)}, or a calibrated target file written by "
+                             "'nmmc calibrate'.")(fn)
 
 
 def progress_bar(enabled: bool) -> tuple[Callable[[int, int, float], None] | None, Callable[[], None]]:

@@ -109,7 +109,7 @@ def compile_lowered(lowered: Lowered, *, target: Target, dialect: str = DEFAULT_
         ("schedule", name),
         ("parameters", chosen.describe()),
         ("footprint", fp.describe()),
-        ("predicted", f"{cost.latency_us:.1f} us on {target.name} ({cost.bound}-bound; cost model "
+        ("predicted", f"{cost.latency_us:.1f} us on {target.label} ({cost.bound}-bound; cost model "
                       f"v{COST_MODEL_VERSION}, lower bound {cost.lower_bound_us:.1f} us)"),
     ]
     kernel = emit_kernel(program, lowered.graph, target=target, dialect=dialect, summary=summary,

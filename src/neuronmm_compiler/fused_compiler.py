@@ -120,7 +120,7 @@ def compile_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_
         ("schedule", name),
         ("parameters", chosen.describe()),
         ("footprint", "; ".join(f"{p.name}: {fp.describe()}" for p, fp in zip(programs, footprints, strict=True))),
-        ("predicted", f"{total.latency_us:.1f} us on {target.name} (cost model v{COST_MODEL_VERSION}, "
+        ("predicted", f"{total.latency_us:.1f} us on {target.label} (cost model v{COST_MODEL_VERSION}, "
                       f"{len(programs)} kernel{'s' if len(programs) > 1 else ''})"),
     ]
     kernel = emit_kernel(programs, lowered.graph, target=target, dialect=dialect, summary=summary,
@@ -277,7 +277,7 @@ def tune_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIA
     check_dialect(dialect)
     setup = functools.partial(_fused_setup, workload, target)
     spec, evaluate = setup()
-    result = search(spec, evaluate, what=f"{workload.describe()} on {target.name}", trials=trials, seed=seed,
+    result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=trials, seed=seed,
                     timeout=timeout, exhaustive_threshold=exhaustive_threshold, top_k=top_k, force=method,
                     progress=progress, storage=storage, study_name=study_name, workers=workers, setup=setup)
     compiled = compile_graph(workload, target=target, dialect=dialect, schedule=result.best.schedule,

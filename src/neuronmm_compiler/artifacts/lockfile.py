@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -37,7 +38,7 @@ LOCK_VERSION = 1
 #: The CostReport fields a lock entry records as the prediction.
 PREDICTED_FIELDS = ("latency_us", "bound", "hbm_bytes_read", "hbm_bytes_written", "dma_transfers", "feasible")
 SCHEDULE_KINDS = ("gemm", "fused")
-WORKLOAD_KINDS = ("gemm", "chain", "mlp")
+WORKLOAD_KINDS = ("gemm", "chain", "mlp", "graph")
 
 
 def _sha256(text: str) -> str:
@@ -74,6 +75,8 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
         out.update(m=workload.m, n=workload.n, k=workload.k, a_layout=workload.a_layout)
         if workload.kind == "chain":
             out["rank"] = workload.rank
+    elif workload.kind == "graph":
+        out.update(graph=workload.graph_text, source=workload.source)
     else:
         out.update(tokens=workload.tokens, hidden=workload.hidden, intermediate=workload.intermediate,
                    ranks=None if workload.ranks is None else list(workload.ranks))
@@ -85,6 +88,23 @@ def _positive_int(data: Mapping[str, Any], name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(f"workload field {name!r} must be a positive integer; got {value!r}")
     return value
+
+
+def _graph_from_dict(data: Mapping[str, Any]) -> Workload:
+    """A user graph recorded as its IR text: parsed and its names checked as a graph file's are
+    (a lockfile is edited by hand, and its names become identifiers in emitted code)."""
+    from ..graph_file import check_user_name
+    from ..ir import parse_text
+    from ..workloads import graph_workload
+
+    text, source = data.get("graph"), data.get("source", "lockfile")
+    if not isinstance(text, str) or not isinstance(source, str):
+        raise InputError("a graph workload needs 'graph' (the graph's text form) and 'source' strings")
+    graph = parse_text(text)
+    check_user_name(graph.name, "graph name")
+    for node in graph.nodes():
+        check_user_name(node.name if node.kind in ("input", "output") else node.id, node.kind)
+    return graph_workload(graph, source)
 
 
 def workload_from_dict(data: Mapping[str, Any]) -> Workload:
@@ -103,6 +123,8 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
         rank = _positive_int(data, "rank") if kind == "chain" else 0
         return Workload(kind, dtype=dtype, m=_positive_int(data, "m"), n=_positive_int(data, "n"),
                         k=_positive_int(data, "k"), rank=rank, a_layout=layout)
+    if kind == "graph":
+        return _graph_from_dict(data)
     ranks = data.get("ranks")
     if ranks is not None:
         if not isinstance(ranks, list) or len(ranks) != 3:
@@ -121,6 +143,9 @@ def workload_label(data: Mapping[str, Any]) -> str:
         text += f" r{data.get('rank')}" if kind == "chain" else ""
         text += " A^T" if data.get("a_layout") == "km" else ""
         return f"{text} {dtype}"
+    if kind == "graph":
+        match = re.search(r"graph\s+(\w+)", str(data.get("graph", "")))
+        return f"graph {match.group(1) if match else '?'} {dtype}"
     ranks = data.get("ranks")
     rank_text = "dense" if ranks is None else "r" + "/".join(map(str, ranks))
     return f"mlp t{data.get('tokens')} h{data.get('hidden')} i{data.get('intermediate')} {rank_text} {dtype}"

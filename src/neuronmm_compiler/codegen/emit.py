@@ -74,6 +74,7 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
     rows = [*summary, ("target", hardware), ("dialect", f"{dialect}: {DIALECTS[dialect]}")]
     if len(kernels) > 1:
         rows.append(("kernels", f"{names}, run in this order (later ones read earlier ones' outputs)"))
+    rows = [(_one_comment_line(k), _one_comment_line(v)) for k, v in rows]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         lines.append(f"# {key.ljust(width)}  {value}")
@@ -93,6 +94,12 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
     lines += ["", ""]
     lines += reference_source(graph)
     return KernelFile("\n".join(lines) + "\n", metadata)
+
+
+def _one_comment_line(text: str) -> str:
+    """``text`` safe inside one ``#`` comment line: anything not printable (a newline in a file
+    name, say) is escaped, so no header text can end the comment and become code."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def read_metadata(source: str) -> dict[str, Any] | None:
