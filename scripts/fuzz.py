@@ -52,6 +52,9 @@ def main() -> int:
                 reasons[re.sub(r"%?\b(op|x|w|y)\d+\b|fuzz_k\d+", "#", detail)[:110]] += 1
             if status not in GOOD or args.only is not None:
                 failures.append((index, status, detail, case))
+            done = sum(counts.values())
+            if done % 500 == 0:
+                print(f"  {done} cases, {time.perf_counter() - started:.0f} s: {dict(counts)}", file=sys.stderr)
     elapsed = time.perf_counter() - started
     print(f"nmmc fuzz: {len(indices)} cases, seed {args.seed}, {elapsed:.0f} s on {args.jobs} processes")
     for status in ("ok", "rejected", "internal", "unverified", "bytes"):

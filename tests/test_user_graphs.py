@@ -174,3 +174,13 @@ def test_a_tuned_graph_is_locked_and_regressed(tmp_path):
     workload["graph"] = workload["graph"].replace('"x"', '"nl"').replace("%x ", "%nl ").replace("%x,", "%nl,")
     with pytest.raises(InputError, match="reserved"):
         workload_from_dict(workload)
+
+
+def test_values_handed_between_kernels_count_against_hbm():
+    from neuronmm_compiler.errors import ScheduleError
+
+    # a @ b is a computed weight, so it crosses HBM: 131072 x 65536 bf16 = 16 GiB, a trn1 core's HBM
+    doc = graph({"x": [1, 131072], "a": [131072, 128], "b": [128, 65536]},
+                {"ab": ("matmul", "a", "b"), "y0": ("matmul", "x", "ab")}, {"y": "y0"}, dtype="bf16")
+    with pytest.raises(ScheduleError, match=r"values handed between kernels\) need 16\.\d GiB; a trn1 NeuronCore"):
+        compile_doc(doc)

@@ -11,12 +11,13 @@ factors as separate AWS-kernel GEMMs with every intermediate through HBM.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from .codegen import DEFAULT_DIALECT, KernelFile, check_dialect, emit_kernel
 from .cost_model import COST_MODEL_VERSION, CostReport, combine_reports, estimate
-from .cost_model.footprint import Footprint, check_fits
+from .cost_model.footprint import FUSED_ADVICE, Footprint, check_fits
 from .errors import ScheduleError
 from .ir import Graph
 from .passes import run_pipeline, split_kernels
@@ -53,6 +54,17 @@ def lower_graph(graph: Graph, mlp: str = "whole") -> GraphLowered:
 
 def graph_programs(lowered: GraphLowered, schedule: FusedSchedule) -> list[Program]:
     return [lower_fused_kernel(kernel, schedule, kernel.name) for kernel in lowered.kernels]
+
+
+def check_hbm(programs: list[Program], target: Target) -> None:
+    """ScheduleError when the HBM tensors of all kernels (graph inputs and outputs, and the values
+    kernels hand each other) do not fit the target's HBM per core at once."""
+    arrays = {b.name: b for p in programs for b in (*p.params, *p.outputs)}
+    needed = sum(b.itemsize * math.prod(b.shape) for b in arrays.values())
+    if needed > target.hbm_bytes_per_core:
+        raise ScheduleError(f"the kernels' HBM tensors (inputs, outputs and values handed between kernels) need "
+                            f"{needed / 2**30:.1f} GiB; a {target.name} NeuronCore has "
+                            f"{target.hbm_bytes_per_core / 2**30:.1f} GiB")
 
 
 @dataclass
@@ -109,7 +121,8 @@ def compile_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_
     chosen = resolve_fused(workload, schedule, params, target)
     lowered = lower_graph(workload.graph(), chosen.mlp)
     programs = graph_programs(lowered, chosen)
-    footprints = [check_fits(p, target) for p in programs]
+    check_hbm(programs, target)
+    footprints = [check_fits(p, target, FUSED_ADVICE) for p in programs]
     costs = [estimate(p, target) for p in programs]
     total = combine_reports(costs)
     name = schedule_name or ("default" if schedule is None else "custom")

@@ -43,17 +43,23 @@ def footprint(program: Program, target: Target) -> Footprint:
     )
 
 
-def check_fits(program: Program, target: Target) -> Footprint:
-    """Raise ScheduleError when the program's buffers exceed the target's SBUF or PSUM."""
+GEMM_ADVICE = ("use fewer tiles per block",
+               "use fewer tiles per block, accumulate=sbuf, or put k innermost in loop_order")
+FUSED_ADVICE = ("use a smaller tokens_per_block or weight_block_kib, or cache_weights=none",
+                "use k_tiles_per_block=0 (no K blocking) or a smaller out_tile")
+
+
+def check_fits(program: Program, target: Target, advice: tuple[str, str] = GEMM_ADVICE) -> Footprint:
+    """Raise ScheduleError when the program's buffers exceed the target's SBUF or PSUM; ``advice``
+    is what the message suggests for each (the parameters of the schedule family)."""
     fp = footprint(program, target)
     if fp.sbuf_bytes_per_partition > fp.sbuf_capacity:
         raise ScheduleError(
             f"schedule needs {fp.sbuf_bytes_per_partition} bytes of SBUF per partition; {target.name} has "
-            f"{fp.sbuf_capacity} usable: use fewer tiles per block"
+            f"{fp.sbuf_capacity} usable: {advice[0]}"
         )
     if fp.psum_banks > fp.psum_capacity:
         raise ScheduleError(
-            f"schedule holds {fp.psum_banks} PSUM banks at once; {target.name} has {fp.psum_capacity}: "
-            "use fewer tiles per block, accumulate=sbuf, or put k innermost in loop_order"
+            f"schedule holds {fp.psum_banks} PSUM banks at once; {target.name} has {fp.psum_capacity}: {advice[1]}"
         )
     return fp
