@@ -184,3 +184,20 @@ def test_values_handed_between_kernels_count_against_hbm():
                 {"ab": ("matmul", "a", "b"), "y0": ("matmul", "x", "ab")}, {"y": "y0"}, dtype="bf16")
     with pytest.raises(ScheduleError, match=r"values handed between kernels\) need 16\.\d GiB; a trn1 NeuronCore"):
         compile_doc(doc)
+
+
+@pytest.mark.parametrize(("ops", "outputs", "kernels"), [
+    # xw is a row-major output and also a matmul's left operand: the second matmul reads it from HBM
+    ({"xw": ("matmul", "x", "w"), "y0": ("matmul", "xw", "v")}, {"y": "y0", "z": "xw"}, 2),
+    # silu(xw) feeds a matmul (held transposed) but xw is held row-major for its output
+    ({"xw": ("matmul", "x", "w"), "s": ("silu", "xw"), "y0": ("matmul", "s", "v")}, {"y": "y0", "z": "xw"}, 2),
+    # a row-major value read twice: by its output and by a row-major epilogue
+    ({"xw": ("matmul", "x", "w"), "s": ("silu", "xw")}, {"y": "s", "z": "xw"}, 2),
+    # no conflict: one kernel
+    ({"xw": ("matmul", "x", "w"), "s": ("silu", "xw"), "y0": ("matmul", "s", "v")}, {"y": "y0"}, 1),
+])
+def test_kernel_split_rules(ops, outputs, kernels):
+    doc = graph({"x": [48, 96], "w": [96, 80], "v": [80, 40]}, ops, outputs)
+    compiled = compile_doc(doc)
+    assert len(compiled.programs) == kernels
+    verified(compiled)
