@@ -201,3 +201,17 @@ def test_kernel_split_rules(ops, outputs, kernels):
     compiled = compile_doc(doc)
     assert len(compiled.programs) == kernels
     verified(compiled)
+
+
+def test_a_kernel_of_copies_only():
+    # found by scripts/fuzz.py (seed 7, case 1268): both outputs return x0, one through a transpose
+    # that cannot fold (x0 is also returned directly), so the only kernel computes nothing
+    doc = {"nmmc_graph": 1, "name": "g", "dtype": "bf16",
+           "inputs": {"x0": {"layout": "transposed", "shape": [384, 4]}},
+           "ops": {"op0": {"op": "transpose", "args": ["x0"]}, "op1": {"op": "transpose", "args": ["op0"]},
+                   "op2": {"op": "transpose", "args": ["x0"]}},
+           "outputs": {"y0": {"layout": "transposed", "value": "op1"}, "y1": "op2"}}
+    compiled = compile_doc(doc, target="trn2")
+    assert "m_blk" not in compiled.kernel.source
+    counters = verified(compiled)
+    assert counters["dma_transposes"] == 0 and counters["transposes"] == 0  # copied as stored

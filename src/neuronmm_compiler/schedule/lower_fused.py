@@ -629,6 +629,22 @@ class _FusedLowering:
         return [Comment(f"{name} is declared transposed: TensorE transposes of the row, stored as columns"),
                 *loop("ct", cdim.tiles_in(g), cdim.tiles_in_block, body)]
 
+    def _plain_copy(self, inp: Node, out_node: Node, hbm: Buffer) -> list[Stmt]:
+        """An output returning an input in the same layout: HBM to SBUF to HBM, tile by tile."""
+        rows, cols = inp.storage_shape
+        rdim = Dim("r", rows, min(K_TILE, rows), -(-rows // K_TILE), 1)
+        width = min(PSUM_BANK_FP32, cols)
+        cdim = Dim("c", cols, width, -(-cols // width), 1)
+        rt, ct = iv("r_tile", rdim.tiles), iv("c_tile", cdim.tiles)
+        rsz, csz = rdim.tile_size(rt), cdim.tile_size(ct)
+        region = (span(rdim.tile_start(rt), rsz), span(cdim.tile_start(ct), csz))
+        name = out_node.attrs["name"]
+        tile = Buffer(f"{name}_rows", (rdim.tile, width), inp.dtype, "sbuf")
+        held = Ref(tile, (span(0, rsz), span(0, csz)))
+        body: list[Stmt] = [Alloc(tile), DmaCopy(held, Ref(self.hbm[inp.id], region)), DmaCopy(Ref(hbm, region), held)]
+        return [Comment(f"{name} = {inp.id}, copied as stored"),
+                *loop("r_tile", Lin(rdim.tiles), rdim.tiles, loop("c_tile", Lin(cdim.tiles), cdim.tiles, body))]
+
     def program(self) -> Program:
         tok = self.tok
         body: list[Stmt] = [Comment(f"schedule: {self.s.describe()}")]
@@ -640,15 +656,25 @@ class _FusedLowering:
         for group in self.group_list:
             block += (self.transposed_group(group, mb) if group.orient == "transposed"
                       else self.row_major_group(group, mb))
-        body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens")
-        for copy in self.copies:
-            rows = copy.root.shape[0]
-            tiles = -(-rows // self.tok.tile)
-            self.tok = Dim("t", rows, min(self.tok.tile, rows), tiles, tiles)
-            body += self.row_major_group(copy, Lin(0))
-        self.tok = tok
-        params = list({self.hbm[n.id].name: self.hbm[n.id] for n in self.inputs}.values())  # views share arrays
+        if block:
+            body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens")
         outs = [hbm for n in self.outputs for node, hbm in self.out_hbm[n.operands[0]] if node is n]
+        for copy in self.copies:
+            inp = copy.root
+            stores = self.out_hbm[inp.id]
+            for out_node, hbm in stores:
+                if out_node.attrs.get("layout") == inp.attrs.get("layout"):
+                    body += self._plain_copy(inp, out_node, hbm)
+            # outputs in the other layout than the input: through row tiles, as a row-major group
+            self.out_hbm[inp.id] = [(o, h) for o, h in stores if o.attrs.get("layout") != inp.attrs.get("layout")]
+            if self.out_hbm[inp.id]:
+                rows = inp.shape[0]
+                tiles = -(-rows // tok.tile)
+                self.tok = Dim("t", rows, min(tok.tile, rows), tiles, tiles)
+                body += self.row_major_group(copy, Lin(0))
+                self.tok = tok
+            self.out_hbm[inp.id] = stores
+        params = list({self.hbm[n.id].name: self.hbm[n.id] for n in self.inputs}.values())  # views share arrays
         args = ", ".join(f"{p.name}{list(p.shape)}" for p in params)
         results = ", ".join(f"{o.name}{list(o.shape)}" for o in outs)
         doc = (f"Fused kernel {self.name} over {self.tokens} tokens ({self.dtype}).\n"
