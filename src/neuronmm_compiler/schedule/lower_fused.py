@@ -329,6 +329,14 @@ class _FusedLowering:
         k_tiles = ks.pop()
         return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
 
+    def _tiles_per_block(self, group: _Group, tile: int, ntiles: int) -> int:
+        """Output tiles per weight block of a group: as many as ``weight_block_kib`` holds with all the
+        contraction rows of its longest matmul; all of them when the group has no matmul."""
+        if not group.matmuls:
+            return ntiles
+        k_tiles = max(-(-self.nodes[mm.operands[0]].shape[1] // K_TILE) for mm in group.matmuls)
+        return tiles_per_weight_block(self.s, k_tiles, tile, self.dtype_bytes, ntiles)
+
     def _weight_sources(self, group: _Group, fdim: Dim, blk: Expr) -> tuple[list[Stmt], dict[str, tuple[Buffer, bool]]]:
         """(loads of the block's weights, matmul id -> (buffer, whether it holds all columns))."""
         loads: list[Stmt] = []
@@ -378,15 +386,13 @@ class _FusedLowering:
         ntiles = -(-n // FEATURE_TILE)
         ftile = min(FEATURE_TILE, n)
         kb = self._k_blocked(group)
-        matmuls = group.matmuls
         if kb:
             # Contraction blocked: each feature tile's PSUM accumulator (a bank) lives across the
             # K blocks, so the feature block is bounded by the banks left for this group.
             by_sbuf = tiles_per_weight_block(s, kb, ftile, self.dtype_bytes, ntiles)
             per_block = max(1, min(by_sbuf, GROUP_PSUM_BANKS // len(group.terms)))
         else:
-            k_tiles = max((-(-self.nodes[mm.operands[0]].shape[1] // K_TILE) for mm in matmuls), default=1)
-            per_block = tiles_per_weight_block(s, k_tiles, ftile, self.dtype_bytes, ntiles) if matmuls else ntiles
+            per_block = self._tiles_per_block(group, ftile, ntiles)
         fdim = Dim("f", n, ftile, ntiles, per_block)
         bm = self.tok.block_size(mb)
         # A result no matmul of this kernel reads (e.g. h^T of a split MLP's first kernel) is stored
@@ -541,21 +547,23 @@ class _FusedLowering:
                     *loop("nt", Lin(fdim.tiles), fdim.tiles, [dma])]
         return out
 
-    def row_major_group(self, group: _Group, mb: Expr) -> list[Stmt]:
-        """A group held row-major (tokens on partitions), stored row by row to its output(s)."""
-        s, tok, root = self.s, self.tok, group.root
-        if root.id not in self.out_hbm:
-            raise ScheduleError(f"kernel {self.name}: row-major %{root.id} must feed a kernel output")
-        stores = [(o, hbm) for o, hbm in self.out_hbm[root.id] if o.attrs.get("layout") != "transposed"]
-        flipped = [(o, hbm) for o, hbm in self.out_hbm[root.id] if o.attrs.get("layout") == "transposed"]
-        out_dtype = self.out_hbm[root.id][0][0].dtype
+    def row_major_group(self, group: _Group, mb: Expr, tok: Dim | None = None,
+                        outputs: list[tuple[Node, Buffer]] | None = None) -> list[Stmt]:
+        """A group held row-major (tokens on partitions), stored row by row to its outputs (default:
+        every output of its root) over the token dimension ``tok`` (default: the kernel's)."""
+        s, root = self.s, group.root
+        tok = tok or self.tok
+        if outputs is None:
+            if root.id not in self.out_hbm:
+                raise ScheduleError(f"kernel {self.name}: row-major %{root.id} must feed a kernel output")
+            outputs = self.out_hbm[root.id]
+        stores = [(o, hbm) for o, hbm in outputs if o.attrs.get("layout") != "transposed"]
+        flipped = [(o, hbm) for o, hbm in outputs if o.attrs.get("layout") == "transposed"]
+        out_dtype = outputs[0][0].dtype
         n = root.shape[1]
         tile_n = min(s.out_tile, n)
         ntiles = -(-n // tile_n)
-        k_tiles = max((-(-self.nodes[mm.operands[0]].shape[1] // K_TILE) for mm in group.matmuls), default=1)
-        per_block = (tiles_per_weight_block(s, k_tiles, tile_n, self.dtype_bytes, ntiles) if group.matmuls
-                     else ntiles)
-        odim = Dim("o", n, tile_n, ntiles, per_block)
+        odim = Dim("o", n, tile_n, ntiles, self._tiles_per_block(group, tile_n, ntiles))
         ob = iv("o_blk", odim.blocks)
         loads, sources = self._weight_sources(group, odim, ob)
         tt = iv("tt", tok.tiles_in_block)
@@ -564,7 +572,7 @@ class _FusedLowering:
         bn = iv("bn", odim.tiles_in_block)
         g = odim.tile_index(ob, bn)
         nsz = odim.tile_size(g)
-        name = self.out_hbm[root.id][0][0].attrs["name"]
+        name = outputs[0][0].attrs["name"]
         rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
         per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True)
         for op in group.operands:
@@ -587,22 +595,22 @@ class _FusedLowering:
         result = Ref(rows, (span(0, tsz), span(scale(bn, tile_n), nsz)))
         per_tile += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
         for out_node, hbm in flipped:
-            per_tile += self._transposed_store(out_node, hbm, rows, odim, g, scale(bn, tile_n), tg, tsz)
+            per_tile += self._transposed_store(out_node, hbm, rows, odim, g, scale(bn, tile_n), tok, tg, tsz)
         cols = odim.block_size(ob)
         store = [DmaCopy(Ref(hbm, (span(tok.tile_start(tg), tsz), span(odim.block_start(ob), cols))),
                          Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
         token_tile = [Alloc(rows, comment="one packed row of output tiles"),
                       *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile), *store]
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, token_tile)
-        names = ", ".join(o.attrs["name"] for o, _ in self.out_hbm[root.id])
+        names = ", ".join(o.attrs["name"] for o, _ in outputs)
         return [Comment(f"{names} = {self._describe_group(group)}"),
                 *loop("o_blk", Lin(odim.blocks), odim.blocks, body)]
 
     def _transposed_store(self, out_node: Node, hbm: Buffer, rows: Buffer, odim: Dim, g: Expr, col: Expr,
-                          tg: Expr, tsz: Expr) -> list[Stmt]:
+                          tok: Dim, tg: Expr, tsz: Expr) -> list[Stmt]:
         """Store output tile ``g`` of a row-major value to an output declared transposed: TensorE
         transposes of 128-column chunks of the packed row, each stored as rows of the output."""
-        tok, n = self.tok, odim.size
+        n = odim.size
         if odim.tile <= FEATURE_TILE:
             cdim = Dim("c", n, odim.tile, odim.tiles, 1)
         elif odim.tiles == 1 or odim.tile % FEATURE_TILE == 0:
@@ -661,19 +669,14 @@ class _FusedLowering:
         outs = [hbm for n in self.outputs for node, hbm in self.out_hbm[n.operands[0]] if node is n]
         for copy in self.copies:
             inp = copy.root
-            stores = self.out_hbm[inp.id]
-            for out_node, hbm in stores:
-                if out_node.attrs.get("layout") == inp.attrs.get("layout"):
-                    body += self._plain_copy(inp, out_node, hbm)
-            # outputs in the other layout than the input: through row tiles, as a row-major group
-            self.out_hbm[inp.id] = [(o, h) for o, h in stores if o.attrs.get("layout") != inp.attrs.get("layout")]
-            if self.out_hbm[inp.id]:
+            same = [(o, h) for o, h in self.out_hbm[inp.id] if o.attrs.get("layout") == inp.attrs.get("layout")]
+            other = [(o, h) for o, h in self.out_hbm[inp.id] if o.attrs.get("layout") != inp.attrs.get("layout")]
+            for out_node, hbm in same:
+                body += self._plain_copy(inp, out_node, hbm)
+            if other:  # the other layout: through row tiles, as a row-major group over the input's own rows
                 rows = inp.shape[0]
                 tiles = -(-rows // tok.tile)
-                self.tok = Dim("t", rows, min(tok.tile, rows), tiles, tiles)
-                body += self.row_major_group(copy, Lin(0))
-                self.tok = tok
-            self.out_hbm[inp.id] = stores
+                body += self.row_major_group(copy, Lin(0), Dim("t", rows, min(tok.tile, rows), tiles, tiles), other)
         params = list({self.hbm[n.id].name: self.hbm[n.id] for n in self.inputs}.values())  # views share arrays
         args = ", ".join(f"{p.name}{list(p.shape)}" for p in params)
         results = ", ".join(f"{o.name}{list(o.shape)}" for o in outs)
