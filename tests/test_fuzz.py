@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuronmm_compiler import fuzz
 from neuronmm_compiler.fuzz import GOOD, FuzzCase, random_case, run_case
 
 CI_CASES = 240
@@ -88,4 +87,3 @@ def test_a_user_error_is_rejected_in_one_line() -> None:
 
 def test_the_generator_is_deterministic_per_seed() -> None:
     assert random_case(random.Random(5)).describe() == random_case(random.Random(5)).describe()
-    assert fuzz.TARGETS and fuzz.DIALECTS

@@ -415,3 +415,20 @@ def test_verify_needs_an_output():
     graph = Graph("g")
     graph.add_input("a", (2, 2), "bf16")
     assert "the graph has no outputs" in _verify_error(graph)
+
+
+def test_redirect_output_flips_the_layout_and_keeps_the_array():
+    graph = Graph("g")
+    x = graph.add_input("x", (4, 6), "fp32")
+    w = graph.add_input("w", (6, 3), "fp32")
+    xw = graph.add_matmul(x, w, id="xw")
+    out = graph.add_output("y", graph.add_transpose(xw, id="t"))
+    before = graph.node(out).storage_shape
+    graph.redirect_output(out, xw)
+    node = graph.node(out)
+    assert node.operands == ("xw",) and node.layout == "transposed" and node.shape == (4, 3)
+    assert node.storage_shape == before
+    with pytest.raises(IRError, match="does not return a transpose"):
+        graph.redirect_output(out, x)
+    with pytest.raises(IRError, match="not an output"):
+        graph.redirect_output(xw, x)

@@ -205,16 +205,23 @@ class TunedGraph:
     unfused_baseline: CostReport | None  # SVD factors (every op) as separate AWS-kernel GEMMs
 
     @property
+    def _user_graph(self) -> bool:
+        return self.compiled.workload.kind == "graph"
+
+    @property
     def baseline_label(self) -> str:
-        if self.compiled.workload.kind == "graph":
-            return "per-op kernels, lhs pre-transposed"
-        return "dense (AWS kernels)"
+        return "per-op kernels, lhs pre-transposed" if self._user_graph else "dense (AWS kernels)"
 
     @property
     def unfused_label(self) -> str:
-        if self.compiled.workload.kind == "graph":
-            return "per-op kernels (AWS GEMMs)"
-        return "SVD factors unfused (AWS kernels)"
+        return "per-op kernels (AWS GEMMs)" if self._user_graph else "SVD factors unfused (AWS kernels)"
+
+    @property
+    def speedup_labels(self) -> tuple[str, str]:
+        """How the two speedups are named: (vs the baseline, vs the unfused baseline)."""
+        if self._user_graph:
+            return "pre-transposed per-op kernels", "per-op kernels"
+        return "dense", "unfused SVD"
 
     @property
     def speedup_vs_baseline(self) -> float | None:

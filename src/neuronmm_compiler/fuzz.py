@@ -24,12 +24,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from .codegen import DIALECTS
 from .errors import NmmcError
+from .targets import TARGETS
 
 #: Outcomes that are not bugs.
 GOOD = ("ok", "rejected")
-TARGETS = ("trn1", "trn2", "trn3")
-DIALECTS = ("nki", "neuronxcc")
 
 
 @dataclass
@@ -144,7 +144,7 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
                          ("token_tile", (64, 128)), ("mlp", ("whole", "split"))):
         if rng.random() < (0.1 if key == "mlp" else 0.3):
             params[key] = rng.choice(choices)
-    return FuzzCase(doc, bound, rng.choice(TARGETS), rng.choice(DIALECTS), params)
+    return FuzzCase(doc, bound, rng.choice(tuple(TARGETS)), rng.choice(tuple(DIALECTS)), params)
 
 
 def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:

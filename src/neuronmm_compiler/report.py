@@ -125,10 +125,8 @@ def tune_graph_lines(tuned: TunedGraph) -> list[str]:
         hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
         lines.append(f"  {name:<34}{lat}{hbm:10.2f}{cost.dma_transfers:8d}{kernels or '':>9}")
     lines.append("")
-    graph = c.workload.kind == "graph"
-    for label, value in (("speedup vs " + ("pre-transposed per-op kernels" if graph else "dense"),
-                          tuned.speedup_vs_baseline),
-                         ("speedup vs " + ("per-op kernels" if graph else "unfused SVD"), tuned.speedup_vs_unfused)):
+    for name, value in zip(tuned.speedup_labels, (tuned.speedup_vs_baseline, tuned.speedup_vs_unfused), strict=True):
+        label = f"speedup vs {name}"
         lines.append(f"{label}: {value:.2f}x" if value else f"{label}: n/a (baseline not modelled or does not fit)")
     lines.append(f"schedule: {c.schedule.describe()}")
     for program, cost in zip(c.programs, c.kernel_costs, strict=True):

@@ -33,6 +33,7 @@ from .node import (
     DTYPE_ALIASES,
     DTYPES,
     ELEMENTWISE_ARITY,
+    FLIPPED_LAYOUT,
     KINDS,
     LAYOUTS,
     OPERAND_INDICES,
@@ -53,6 +54,7 @@ __all__ = [
     "DTYPES",
     "DTYPE_ALIASES",
     "ELEMENTWISE_ARITY",
+    "FLIPPED_LAYOUT",
     "KINDS",
     "LAYOUTS",
     "OPERAND_INDICES",
@@ -348,6 +350,21 @@ class Graph:
         data = self._g.nodes[id]
         data["shape"] = dims
         data["attrs"] = {**data["attrs"], "layout": layout}
+
+    def redirect_output(self, id: str, value: str) -> None:
+        """Make output ``id`` return ``value``, the operand of the transpose it returned, in the
+        flipped layout: the same array in HBM, so its storage shape is kept."""
+        node = self.node(id)
+        if node.kind != "output":
+            raise IRError(f"redirect_output: %{id} is a {node.kind}, not an output")
+        operand = self.node(node.operands[0])
+        if operand.kind != "transpose" or operand.operands[0] != value:
+            raise IRError(f"redirect_output: output %{id} does not return a transpose of %{value}")
+        data = self._g.nodes[id]
+        data["attrs"] = {**data["attrs"], "layout": FLIPPED_LAYOUT[node.layout or "row_major"]}
+        data["shape"] = tuple(reversed(node.shape))
+        self._g.remove_edge(operand.id, id)
+        self._g.add_edge(value, id, **{OPERAND_INDICES: (0,)})
 
     def copy(self, name: str | None = None) -> Graph:
         """An independent deep copy (same ids, attrs, annotations and insertion order).

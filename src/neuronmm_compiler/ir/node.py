@@ -36,6 +36,8 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
 )
 #: How an input or output is stored in HBM: as its logical shape, or as its transpose (2-D only).
 LAYOUTS: tuple[str, ...] = ("row_major", "transposed")
+#: The other layout: the same HBM array read as the transpose of the value.
+FLIPPED_LAYOUT: Mapping[str, str] = MappingProxyType({"row_major": "transposed", "transposed": "row_major"})
 KINDS: tuple[str, ...] = ("input", "matmul", "transpose", "elementwise", "output")
 #: The kinds that compute a value on chip; only these carry annotations.
 COMPUTE_KINDS: tuple[str, ...] = ("matmul", "transpose", "elementwise")

@@ -11,10 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..ir.graph import OPERAND_INDICES, Graph
+from ..ir.graph import FLIPPED_LAYOUT, Graph
 from .base import Pass, register_pass
-
-_FLIPPED_LAYOUT = {"row_major": "transposed", "transposed": "row_major"}
 
 
 @register_pass
@@ -45,7 +43,7 @@ class FoldTransposes(Pass):
             if not users or any(user.kind != "transpose" for user in users):
                 continue
             graph.redeclare_input(
-                node.id, shape=tuple(reversed(node.shape)), layout=_FLIPPED_LAYOUT[node.attrs["layout"]]
+                node.id, shape=tuple(reversed(node.shape)), layout=FLIPPED_LAYOUT[node.attrs["layout"]]
             )
             for transpose in users:
                 graph.replace_all_uses(transpose.id, node.id)
@@ -57,15 +55,9 @@ class FoldTransposes(Pass):
 def fold_output_transposes(graph: Graph) -> bool:
     """Outputs of transposes of computed values become outputs of those values, layout flipped."""
     changed = False
-    g = graph.nx_graph
     for out in graph.outputs():
         transpose = graph.node(out.operands[0])
-        if transpose.kind != "transpose" or graph.node(transpose.operands[0]).kind == "input":
-            continue
-        data = g.nodes[out.id]
-        data["attrs"] = {**data["attrs"], "layout": _FLIPPED_LAYOUT[data["attrs"].get("layout", "row_major")]}
-        data["shape"] = tuple(reversed(data["shape"]))
-        g.remove_edge(transpose.id, out.id)
-        g.add_edge(transpose.operands[0], out.id, **{OPERAND_INDICES: (0,)})
-        changed = True
+        if transpose.kind == "transpose" and graph.node(transpose.operands[0]).kind != "input":
+            graph.redirect_output(out.id, transpose.operands[0])
+            changed = True
     return changed

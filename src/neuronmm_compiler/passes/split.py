@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import IRError
-from ..ir.graph import COMPUTE_KINDS, Graph, Node
+from ..ir.graph import COMPUTE_KINDS, FLIPPED_LAYOUT, Graph, Node
 from ..ir.verify import verify
 
 __all__ = ["kernel_order", "split_kernels"]
@@ -29,9 +29,6 @@ def _unique(base: str, taken: set[str]) -> str:
         name, counter = f"{base}_{counter}", counter + 1
     taken.add(name)
     return name
-
-
-_FLIPPED = {"row_major": "transposed", "transposed": "row_major"}
 
 
 def _boundary_layout(node: Node) -> str:
@@ -132,7 +129,7 @@ def split_kernels(graph: Graph) -> list[Graph]:
             source = graph.node(view.operands[0])
             array, layout = ((source.name, source.layout) if source.kind == "input"
                              else (boundary[source.id], _boundary_layout(source)))
-            sub.add_input(view.id, view.shape, view.dtype, _FLIPPED[layout], id=view.id)
+            sub.add_input(view.id, view.shape, view.dtype, FLIPPED_LAYOUT[layout], id=view.id)
             sub.hbm_aliases[view.id] = array
         for node in members:
             if node.kind in COMPUTE_KINDS:
