@@ -16,20 +16,18 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..artifacts.cache import KINDS
 from ..codegen import read_metadata
 from ..compiler import gemm_problem_from_graph
-from ..cost_model import CostReport, ModelParams, combine_reports, estimate
+from ..cost_model import estimate
 from ..errors import InputError, NmmcError
 from ..ir import parse_text
 from ..passes import split_kernels
 from ..schedule import lower_gemm
-from ..schedule.fused import FusedSchedule
 from ..schedule.gemm import GemmSchedule
 from ..schedule.lower_fused import lower_fused_kernel
 from ..schedule.program import Program
 from ..targets import Target
-
-SCHEDULE_KINDS: dict[str, type[GemmSchedule] | type[FusedSchedule]] = {"gemm": GemmSchedule, "fused": FusedSchedule}
 
 
 @dataclass
@@ -53,21 +51,13 @@ class KernelFile:
     def dialect(self) -> str:
         return str(self.metadata.get("dialect"))
 
-    @property
-    def kernel_names(self) -> list[str]:
-        return [p.name for p in self.programs]
-
-    def cost(self, target: Target, params: ModelParams | None = None) -> CostReport:
-        """The cost model's figures for the whole file (its kernels run one after another)."""
-        return combine_reports([estimate(p, target, params) for p in self.programs])
-
-    def predict_us(self, target: Target, params: ModelParams | None = None) -> float:
-        """Predicted latency of the whole file in microseconds."""
-        return sum(estimate(p, target, params).latency_us for p in self.programs)
+    def predict_us(self, target: Target) -> float:
+        """Predicted latency of the whole file in microseconds (its kernels run one after another)."""
+        return sum(estimate(p, target).latency_us for p in self.programs)
 
 
 def _schedule_kind(params: dict[str, Any]) -> str:
-    for kind, cls in SCHEDULE_KINDS.items():
+    for kind, cls in KINDS.items():
         if set(params) == {f.name for f in fields(cls)}:
             return kind
     raise InputError(f"its schedule parameters {sorted(params)} are neither a GEMM nor a fused schedule's")
@@ -90,10 +80,10 @@ def programs_from_metadata(meta: dict[str, Any]) -> list[Program]:
         raise InputError(f"malformed graph in the metadata: {exc}") from None
     kind = _schedule_kind(params)
     try:
-        if kind == "gemm":
-            programs = [lower_gemm(gemm_problem_from_graph(graph), GemmSchedule().with_params(params))]
+        schedule = KINDS[kind]().with_params(params)
+        if isinstance(schedule, GemmSchedule):
+            programs = [lower_gemm(gemm_problem_from_graph(graph), schedule)]
         else:
-            schedule = FusedSchedule().with_params(params)
             programs = [lower_fused_kernel(kernel, schedule, kernel.name) for kernel in split_kernels(graph)]
     except NmmcError as exc:
         raise InputError(f"cannot re-lower its schedule: {exc}") from None
