@@ -37,31 +37,41 @@ import numpy as np
 
 from ..cost_model import ModelParams, params_of
 from ..errors import InputError
+from ..target_file import FRACTIONS, TARGET_FIELDS
 from ..targets import Target
 from .kernels import KernelFile
 
 
 @dataclass(frozen=True)
 class FitParameter:
-    """An unknown the fit may refit: where it lives, its range, what it means."""
+    """An unknown the fit may refit: its name and what it means. Where it lives and its range are
+    those a calibrated target file gives it (:mod:`neuronmm_compiler.target_file`)."""
 
     name: str
-    owner: str  # "target" (a Target field) or "params" (a ModelParams field)
-    fraction: bool  # a fraction in (0, 1) (else any positive number)
     help: str
+
+    @property
+    def owner(self) -> str:
+        """"target" (a Target field a calibration may set) or "params" (a ModelParams field)."""
+        return "target" if self.name in TARGET_FIELDS else "params"
+
+    @property
+    def fraction(self) -> bool:
+        """A fraction in (0, 1) (else any positive number)."""
+        return self.name in FRACTIONS
 
 
 FIT_PARAMETERS: dict[str, FitParameter] = {p.name: p for p in (
-    FitParameter("dma_fixed_cost_us", "target", False, "fixed cost of one DMA transfer (us)"),
-    FitParameter("dma_transpose_efficiency", "target", True, "fraction of DMA throughput a transposing load reaches"),
-    FitParameter("dma_bandwidth_efficiency", "params", False, "achieved fraction of the nominal DMA bandwidth"),
-    FitParameter("tensor_engine_efficiency", "params", False, "achieved fraction of the TensorEngine clock"),
-    FitParameter("matmul_fp32_factor", "params", False, "slowdown of fp32 matmuls against bf16"),
-    FitParameter("engine_instruction_cycles", "params", False, "fixed cycles of a Vector/Scalar instruction"),
-    FitParameter("engine_access_cycles", "params", False, "cycles per SBUF/PSUM access of a Vector/Scalar instruction"),
-    FitParameter("matmul_min_cycles", "params", False, "minimum cycles of one nc_matmul"),
-    FitParameter("transpose_min_cycles", "params", False, "minimum cycles of one TensorE transpose"),
-    FitParameter("dma_queues_in_flight", "params", False, "DMA transfers whose fixed costs overlap"),
+    FitParameter("dma_fixed_cost_us", "fixed cost of one DMA transfer (us)"),
+    FitParameter("dma_transpose_efficiency", "fraction of DMA throughput a transposing load reaches"),
+    FitParameter("dma_bandwidth_efficiency", "achieved fraction of the nominal DMA bandwidth"),
+    FitParameter("tensor_engine_efficiency", "achieved fraction of the TensorEngine clock"),
+    FitParameter("matmul_fp32_factor", "slowdown of fp32 matmuls against bf16"),
+    FitParameter("engine_instruction_cycles", "fixed cycles of a Vector/Scalar instruction"),
+    FitParameter("engine_access_cycles", "cycles per SBUF/PSUM access of a Vector/Scalar instruction"),
+    FitParameter("matmul_min_cycles", "minimum cycles of one nc_matmul"),
+    FitParameter("transpose_min_cycles", "minimum cycles of one TensorE transpose"),
+    FitParameter("dma_queues_in_flight", "DMA transfers whose fixed costs overlap"),
 )}
 #: What ``nmmc calibrate`` fits unless told otherwise: the estimated figures that move predictions
 #: most. The rest are published per-instruction figures (fit them with --fit when measurements
@@ -159,8 +169,8 @@ def fit_parameters(kernels: Sequence[KernelFile], measured: Sequence[float], bas
 
     theta0 = np.array([_encode(n, v) for n, v in start.items()])
     before = predictions(theta0)
-    theta, iterations, converged, jac = _levenberg_marquardt(residuals, theta0, max_iter)
-    r = residuals(theta)
+    theta, r, iterations, converged, jac = _levenberg_marquardt(residuals, theta0, np.log(before) - log_measured,
+                                                                max_iter)
     norms = np.linalg.norm(jac, axis=0)
     undetermined = [n for n, c in zip(names, norms, strict=True) if c <= 1e-9 * max(float(norms.max()), 1e-30)]
     # a coordinate that never moved keeps its exact starting value (no exp(log(v)) round-off)
@@ -183,17 +193,17 @@ def _jacobian(residuals: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, 
     return jac
 
 
-def _levenberg_marquardt(residuals: Callable[[np.ndarray], np.ndarray], theta: np.ndarray,
-                         max_iter: int) -> tuple[np.ndarray, int, bool, np.ndarray]:
-    """(solution, iterations, converged, Jacobian at the solution)."""
-    r = residuals(theta)
+def _levenberg_marquardt(residuals: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, r: np.ndarray,
+                         max_iter: int) -> tuple[np.ndarray, np.ndarray, int, bool, np.ndarray]:
+    """(solution, residuals there, iterations, converged, Jacobian at the solution), from ``theta``
+    whose residuals are ``r``."""
     cost = float(r @ r)
     lam = 1e-3
     jac = _jacobian(residuals, theta, r)
     for iteration in range(1, max_iter + 1):
         grad = jac.T @ r
         if cost <= 1e-24 or float(np.max(np.abs(grad))) <= 1e-14:
-            return theta, iteration - 1, True, jac
+            return theta, r, iteration - 1, True, jac
         diag = np.sum(jac * jac, axis=0)
         diag = np.maximum(diag, 1e-12 * max(float(diag.max()), 1e-30))
         while True:
@@ -207,15 +217,15 @@ def _levenberg_marquardt(residuals: Callable[[np.ndarray], np.ndarray], theta: n
                 break
             lam *= 4.0
             if lam > 1e12:
-                return theta, iteration, True, jac  # no step lowers the objective: a (local) minimum
+                return theta, r, iteration, True, jac  # no step lowers the objective: a (local) minimum
         small_step = float(np.max(np.abs(step))) <= 1e-10
         small_gain = cost - cost_new <= 1e-12 * cost
         theta, r, cost = candidate, r_new, cost_new
         lam = max(lam / 3.0, 1e-12)
         jac = _jacobian(residuals, theta, r)
         if small_step or small_gain:
-            return theta, iteration, True, jac
-    return theta, max_iter, False, jac
+            return theta, r, iteration, True, jac
+    return theta, r, max_iter, False, jac
 
 
 def _standard_errors(jac: np.ndarray, r: np.ndarray, names: Sequence[str], values: dict[str, float],
