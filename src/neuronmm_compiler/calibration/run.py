@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..target_file import TARGET_FIELDS, calibrated_target
 from ..targets import Calibration, Target
 from .fit import DEFAULT_FIT, FitResult, fit_parameters, rms_rel_error
 from .kernels import KernelFile, read_kernel_file
@@ -117,14 +116,12 @@ def calibrate(csv_path: str | Path, base: Target, *, output: str, fit: Sequence[
     if max_iter < 1:
         raise InputError(f"--max-iter must be at least 1; got {max_iter}")
     measurements, kernels = load_measured_kernels(csv_path, base)
-    result = fit_parameters(kernels, [m.latency_us for m in measurements], base, fit, max_iter=max_iter)
     measured = [m.latency_us for m in measurements]
+    result = fit_parameters(kernels, measured, base, fit, max_iter=max_iter)
     calibration = Calibration(source=output, measurements=str(csv_path), rows=len(measurements),
                               rms_rel_error_before=rms_rel_error(result.predicted_before, measured),
                               rms_rel_error_after=rms_rel_error(result.predicted_after, measured),
                               date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               fitted=tuple(result.determined))
-    fitted = result.target
-    target = calibrated_target(fitted, target_values={n: getattr(fitted, n) for n in TARGET_FIELDS},
-                               params=fitted.params, calibration=calibration)  # type: ignore[arg-type]
-    return CalibrationReport(measurements, kernels, result, base, target)
+    # the fit's target already carries the fitted fields and parameters (in range by construction)
+    return CalibrationReport(measurements, kernels, result, base, replace(result.target, calibration=calibration))
