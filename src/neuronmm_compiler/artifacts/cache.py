@@ -37,7 +37,7 @@ from ..ir import Graph
 from ..models.weights import stale_temp_files, write_text_atomic
 from ..schedule.fused import FusedSchedule
 from ..schedule.gemm import GemmSchedule
-from ..targets import TARGETS, Target, get_target
+from ..targets import Target, get_target
 
 try:  # POSIX only; elsewhere writes are still atomic, just not serialized.
     import fcntl
@@ -56,14 +56,9 @@ def _versions() -> dict[str, str]:
             "cost_model_version": str(cost_model_params.COST_MODEL_VERSION)}
 
 
-def _target(target: str | Target) -> str | Target:
-    """A stock target's name as given; anything else (a calibrated target file) loaded."""
-    return target if isinstance(target, Target) or target in TARGETS else get_target(target)
-
-
-def _target_name(target: str | Target) -> str:
-    target = _target(target)
-    return target.label if isinstance(target, Target) else str(target)
+def _target(target: str | Target) -> Target:
+    """The target itself, or the one a name (or calibrated target file) names."""
+    return target if isinstance(target, Target) else get_target(target)
 
 
 def cache_key(graph: Graph, *, target: str | Target, dialect: str, kind: str) -> str:
@@ -73,10 +68,9 @@ def cache_key(graph: Graph, *, target: str | Target, dialect: str, kind: str) ->
     if kind not in KINDS:
         raise InputError(f"unknown cache kind {kind!r}; kinds: {', '.join(KINDS)}")
     tgt = _target(target)
-    name = tgt.name if isinstance(tgt, Target) else tgt
-    fields_: dict[str, str] = {"graph": graph.signature(), "target": name, "dialect": dialect, "kind": kind,
+    fields_: dict[str, str] = {"graph": graph.signature(), "target": tgt.name, "dialect": dialect, "kind": kind,
                                **_versions()}
-    if isinstance(tgt, Target) and tgt.calibrated:
+    if tgt.calibrated:
         fields_["target_model"] = tgt.model_fingerprint()
     text = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
@@ -95,7 +89,7 @@ def describe_graph(graph: Graph) -> str:
 def describe_key(graph: Graph, *, target: str | Target, dialect: str, kind: str,
                  workload: str | None = None) -> dict[str, str]:
     """The human-readable fields stored next to a key (``workload`` defaults to :func:`describe_graph`)."""
-    return {"workload": workload or describe_graph(graph), "target": _target_name(target), "dialect": dialect,
+    return {"workload": workload or describe_graph(graph), "target": _target(target).label, "dialect": dialect,
             "kind": kind, **_versions()}
 
 
@@ -167,6 +161,7 @@ def new_record(graph: Graph, *, target: str | Target, dialect: str, kind: str,
                schedule: GemmSchedule | FusedSchedule, schedule_name: str, latency_us: float,
                search: dict[str, Any], workload: str | None = None) -> CacheRecord:
     """A record of tuning ``graph`` (key and descriptive fields computed here, ``created`` = now)."""
+    target = _target(target)  # a calibrated target file is read once
     desc = describe_key(graph, target=target, dialect=dialect, kind=kind, workload=workload)
     return CacheRecord(key=cache_key(graph, target=target, dialect=dialect, kind=kind), kind=kind,
                        schedule_name=schedule_name, params=schedule.as_dict(), latency_us=float(latency_us),
