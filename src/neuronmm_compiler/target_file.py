@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .cost_model.params import PARAM_NAMES, ModelParams
+from .cost_model.params import PARAM_NAMES, ModelParams, params_of
 from .errors import InputError
 from .targets import TARGETS, Calibration, Target
 
@@ -70,7 +70,7 @@ def target_file_text(target: Target) -> str:
         "version": VERSION,
         "base": target.name,
         "target": {name: getattr(target, name) for name in TARGET_FIELDS},
-        "params": target.params.as_dict() if target.params is not None else ModelParams().as_dict(),
+        "params": params_of(target).as_dict(),
         "provenance": target.calibration.as_dict(),
     }
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"

@@ -11,6 +11,10 @@ calibrated :class:`~neuronmm_compiler.targets.Target` carries its own instance, 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..targets import Target
 
 #: Version of the cost model; part of any cache key of search results.
 COST_MODEL_VERSION = "1"
@@ -50,7 +54,6 @@ DEFAULT_PARAMS = ModelParams()
 PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ModelParams))
 
 
-def params_of(target: object) -> ModelParams:
+def params_of(target: Target) -> ModelParams:
     """The parameters a target carries (a calibrated target's fit), else :data:`DEFAULT_PARAMS`."""
-    params = getattr(target, "params", None)
-    return params if isinstance(params, ModelParams) else DEFAULT_PARAMS
+    return target.params if target.params is not None else DEFAULT_PARAMS
