@@ -836,7 +836,8 @@ def test_every_name_nmmc_binds_is_refused_as_a_user_name(tmp_path, dialect):
     the lowering invents a new kind of name, this test says which, and RESERVED_NAMES or
     DERIVED_PATTERN in graph_file.py must learn it.)"""
     kernels = 0
-    for index, (path, options) in enumerate(_graphs_for_codegen(tmp_path)):
+    graphs = _graphs_for_codegen(tmp_path)
+    for index, (path, options) in enumerate(graphs):
         out = tmp_path / f"{path.stem}-{index}-{dialect}.py"
         result = run("emit", "--graph", str(path), "--dialect", dialect, *options, "-o", str(out))
         assert result.exit_code == 0, (path.name, result.output)
@@ -854,7 +855,7 @@ def test_every_name_nmmc_binds_is_refused_as_a_user_name(tmp_path, dialect):
         assert accepted == [], f"{path.name}: names nmmc binds that a graph file could also use: {accepted}"
         verified = run("verify", str(out), "--json")
         assert verified.exit_code == 0 and json.loads(verified.output)["ok"] is True, (path.name, verified.output)
-    assert kernels >= len(_graphs_for_codegen(tmp_path)) + 2  # the split MLP and the split graph have two each
+    assert kernels >= len(graphs) + 2  # the split MLP and the split graph have two each
 
 
 def test_hostile_documents_through_the_cli_write_nothing(tmp_path):

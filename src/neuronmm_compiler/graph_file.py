@@ -48,6 +48,7 @@ import yaml
 from .errors import InputError, NmmcError, ParseError
 from .ir import Graph
 from .ir.graph import DTYPE_ALIASES, LAYOUTS, is_identifier
+from .schedule.program import DTYPE_BYTES
 
 #: The format version a file declares as ``nmmc_graph: 1``.
 FORMAT_VERSION = 1
@@ -236,10 +237,9 @@ def source_label(path: str | Path) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def parse_document(text: str, source: str, *, is_json: bool | None = None) -> Any:
-    """The parsed document, JSON when ``is_json`` (default: ``source`` ends with ``.json``), else
-    YAML; ParseError in one line."""
-    if is_json if is_json is not None else source.lower().endswith(".json"):
+def parse_document(text: str, source: str, *, is_json: bool) -> Any:
+    """The parsed document, JSON when ``is_json``, else YAML; ParseError in one line."""
+    if is_json:
         try:
             return json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_json_int,
                               parse_constant=_json_constant)
@@ -602,8 +602,7 @@ def parse_dim_bindings(values: tuple[str, ...] | list[str]) -> dict[str, int]:
 
 def boundary_bytes(graph: Graph) -> int:
     """Bytes of every graph input and output in HBM."""
-    itemsize = {"bfloat16": 2, "float32": 4}
-    return sum(math.prod(n.shape) * itemsize[n.dtype] for n in graph.nodes() if n.kind in ("input", "output"))
+    return sum(math.prod(n.shape) * DTYPE_BYTES[n.dtype] for n in graph.nodes() if n.kind in ("input", "output"))
 
 
 def check_fits_hbm(graph: Graph, hbm_bytes: int, target_name: str, source: str) -> None:
