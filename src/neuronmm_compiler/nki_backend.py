@@ -22,6 +22,7 @@ p-th percentile of the measured latency in microseconds (AWS's ``nki.benchmark``
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import importlib
@@ -132,14 +133,15 @@ def simulator_runner(source: str, filename: str, dialect: str) -> KernelRunner:
     """A :data:`~neuronmm_compiler.verification.KernelRunner` running kernels in AWS's simulator
     (NeuronUnavailableError at once when the dialect's package is absent)."""
     package = nki_package(dialect)
-    loaded: list[KernelModule] = []
+
+    @functools.cache
+    def module() -> KernelModule:  # imported when the first kernel runs, once
+        return KernelModule(source, filename)
 
     def run(kernel: dict[str, Any], args: list[np.ndarray], target: Target) -> tuple[list[np.ndarray], None]:
-        if not loaded:
-            loaded.append(KernelModule(source, filename))
-        fn = loaded[0].function(kernel["name"])
+        fn = module().function(kernel["name"])
         try:
-            outputs = simulate(package, dialect, fn, list(args))
+            outputs = simulate(package, dialect, fn, args)
         except NmmcError:
             raise
         except Exception as exc:
