@@ -174,8 +174,7 @@ def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
     spec = load_graph_spec(o["graph"])
     graph = spec.graph(parse_dim_bindings(o["dims"]))
     if target is not None:
-        tgt = get_target(target)
-        check_fits_hbm(graph, tgt.hbm_bytes_per_core, tgt.name, spec.source)
+        check_fits_hbm(graph, get_target(target), spec.source)
     return graph_workload(graph, spec.source)
 
 

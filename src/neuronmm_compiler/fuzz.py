@@ -159,7 +159,7 @@ def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:
         target = get_target(case.target)
         spec = spec_from_document(case.document, "fuzz.yaml")
         graph = spec.graph(case.dims)
-        check_fits_hbm(graph, target.hbm_bytes_per_core, target.name, spec.source)
+        check_fits_hbm(graph, target, spec.source)
         workload = graph_workload(graph, spec.source)
         compiled = compile_graph(workload, target=target, dialect=case.dialect, params=case.params)
     except NmmcError as exc:

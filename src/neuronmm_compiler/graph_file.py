@@ -49,6 +49,7 @@ from .errors import InputError, NmmcError, ParseError
 from .ir import Graph
 from .ir.graph import DTYPE_ALIASES, LAYOUTS, is_identifier
 from .schedule.program import DTYPE_BYTES
+from .targets import Target
 
 #: The format version a file declares as ``nmmc_graph: 1``.
 FORMAT_VERSION = 1
@@ -605,9 +606,9 @@ def boundary_bytes(graph: Graph) -> int:
     return sum(math.prod(n.shape) * DTYPE_BYTES[n.dtype] for n in graph.nodes() if n.kind in ("input", "output"))
 
 
-def check_fits_hbm(graph: Graph, hbm_bytes: int, target_name: str, source: str) -> None:
+def check_fits_hbm(graph: Graph, target: Target, source: str) -> None:
     """InputError when the graph's inputs and outputs alone exceed the target's HBM per core."""
-    needed = boundary_bytes(graph)
+    needed, hbm_bytes = boundary_bytes(graph), target.hbm_bytes_per_core
     if needed > hbm_bytes:
         raise InputError(f"{source}: the graph's inputs and outputs need {needed / 2**30:.2f} GiB of HBM; "
-                         f"a {target_name} NeuronCore has {hbm_bytes / 2**30:.2f} GiB")
+                         f"a {target.name} NeuronCore has {hbm_bytes / 2**30:.2f} GiB")

@@ -208,7 +208,7 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
         if counters is not None:
             per_kernel.append({"name": kernel["name"], **counters})
             _merge(totals, counters)
-    report.counters = {**totals, "kernels": per_kernel} if len(kernels) > 1 else totals
+    report.counters = {**totals, "kernels": per_kernel} if len(kernels) > 1 and per_kernel else totals
     expected = evaluate(graph, inputs)
     allowance = rounding_allowance(graph, inputs)
     worst_rel, worst_abs, ok = 0.0, 0.0, True

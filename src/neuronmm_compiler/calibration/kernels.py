@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts.cache import KINDS
-from ..codegen import read_metadata
+from ..codegen import buffer_specs, read_metadata
 from ..compiler import gemm_problem_from_graph
 from ..cost_model import estimate
 from ..errors import InputError, NmmcError
@@ -63,10 +63,6 @@ def _schedule_kind(params: dict[str, Any]) -> str:
     raise InputError(f"its schedule parameters {sorted(params)} are neither a GEMM nor a fused schedule's")
 
 
-def _specs(buffers: list) -> list[dict[str, Any]]:
-    return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype} for b in buffers]
-
-
 def programs_from_metadata(meta: dict[str, Any]) -> list[Program]:
     """The programs a kernel file's metadata describes (InputError when they cannot be rebuilt or do
     not match the kernels the file declares)."""
@@ -87,7 +83,7 @@ def programs_from_metadata(meta: dict[str, Any]) -> list[Program]:
             programs = [lower_fused_kernel(kernel, schedule, kernel.name) for kernel in split_kernels(graph)]
     except NmmcError as exc:
         raise InputError(f"cannot re-lower its schedule: {exc}") from None
-    rebuilt = [{"name": p.name, "inputs": _specs(p.params), "outputs": _specs(p.outputs)} for p in programs]
+    rebuilt = [{"name": p.name, "inputs": buffer_specs(p.params), "outputs": buffer_specs(p.outputs)} for p in programs]
     if rebuilt != declared:
         names = ", ".join(k["name"] for k in declared)
         raise InputError(f"this nmmc lowers its schedule to other kernels than the file's ({names}); "

@@ -1,6 +1,6 @@
 """NKI code generation: print loop-nest programs as kernel files in either NKI dialect."""
 
-from .emit import METADATA_PREFIX, KernelFile, check_dialect, emit_kernel, read_metadata
+from .emit import METADATA_PREFIX, KernelFile, buffer_specs, check_dialect, emit_kernel, read_metadata
 from .printer import DEFAULT_DIALECT, DIALECTS
 
 __all__ = [
@@ -8,6 +8,7 @@ __all__ = [
     "DIALECTS",
     "METADATA_PREFIX",
     "KernelFile",
+    "buffer_specs",
     "check_dialect",
     "emit_kernel",
     "read_metadata",

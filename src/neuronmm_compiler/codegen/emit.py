@@ -40,7 +40,8 @@ def check_dialect(dialect: str) -> str:
     return dialect
 
 
-def _specs(buffers: list) -> list[dict[str, Any]]:
+def buffer_specs(buffers: list) -> list[dict[str, Any]]:
+    """Name, shape and dtype of each buffer, as the metadata lists a kernel's inputs and outputs."""
     return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype} for b in buffers]
 
 
@@ -58,7 +59,8 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
     metadata: dict[str, Any] = {
         "format": METADATA_FORMAT,
         "nmmc_version": __version__,
-        "kernels": [{"name": k.name, "inputs": _specs(k.params), "outputs": _specs(k.outputs)} for k in kernels],
+        "kernels": [{"name": k.name, "inputs": buffer_specs(k.params), "outputs": buffer_specs(k.outputs)}
+                    for k in kernels],
         "dialect": dialect,
         "target": target.name,
         "inputs": graph_inputs,
