@@ -23,8 +23,7 @@ DOC = ROOT / "docs" / "errors.md"
 FIXTURES = ROOT / "tests" / "fixtures" / "errors"
 ROW = re.compile(r"^\| `(?P<command>nmmc [^`]*)` \| (?P<what>.+?) \| `(?P<line>(?:[^`]|\\`)+)` \| (?P<exit>[0-9]) \|$")
 #: Commands the table must cover.
-COMMANDS = {"tune", "emit", "cost", "explain", "schedules", "verify", "compress", "regress", "report", "cache",
-            "targets"}
+COMMANDS = set(main.commands)
 
 
 def _rows() -> list[dict[str, str]]:
