@@ -1,0 +1,97 @@
+"""The golden corpus: nmmc command lines whose emitted kernels are stored byte for byte.
+
+Each case is a name (the stored file is ``kernels/<name>.py``) and the arguments of an ``nmmc emit``
+or ``nmmc tune`` run that prints the kernel to stdout. ``tests/test_golden.py`` reruns every case
+and compares; ``scripts/update_golden.py --update`` rewrites the stored files (only for an intended
+change to emitted code, named in the commit).
+"""
+
+from __future__ import annotations
+
+PRESETS = ("aws-tiled", "aws-hoist-load", "aws-block-free", "aws-fully-optimized")
+DIALECTS = ("nki", "neuronxcc")
+GRAPHS = ("lora", "svd_mlp", "three_factor_chain")
+MLP = ("--mlp", "--tokens", "128", "--hidden", "2048", "--intermediate", "8192")
+
+
+def _cases() -> dict[str, tuple[str, ...]]:
+    cases: dict[str, tuple[str, ...]] = {}
+
+    def emit(name: str, *args: str) -> None:
+        cases[name] = ("emit", *args, "-o", "-")
+
+    def tune(name: str, *args: str) -> None:
+        cases[name] = ("tune", *args, "--seed", "0", "--no-cache", "--no-progress", "-o", "-")
+
+    # every preset, both dialects (trn1); every preset on trn2 and trn3
+    for preset in PRESETS:
+        for dialect in DIALECTS:
+            emit(f"gemm-1024x2048x1024-{preset}-{dialect}-trn1", "--shape", "1024x2048x1024", "--schedule", preset,
+                 "--dialect", dialect)
+        for target in ("trn2", "trn3"):
+            emit(f"gemm-2048x2048x2048-{preset}-nki-{target}", "--shape", "2048x2048x2048", "--schedule", preset,
+                 "--target", target)
+    # ragged, fp32, A stored transposed, parameter overrides
+    for dialect in DIALECTS:
+        emit(f"gemm-ragged-3000x5000x700-{dialect}", "--shape", "3000x5000x700", "--dialect", dialect)
+        emit(f"gemm-km-1024x1024x512-{dialect}", "--shape", "1024x1024x512", "--a-layout", "km",
+             "--dialect", dialect)
+        emit(f"gemm-block-free-k2-mnk-{dialect}", "--shape", "1024x2048x1024", "--schedule", "aws-block-free",
+             "--param", "tiles_in_block_k=2", "--param", "loop_order=mnk", "--dialect", dialect)
+        emit(f"gemm-pe-transpose-psum-{dialect}", "--shape", "640x1536x384", "--param", "a_transpose=pe",
+             "--param", "accumulate=psum", "--param", "loop_order=kmn", "--dialect", dialect)
+    emit("gemm-fp32-2000x3000x1000", "--shape", "2000x3000x1000", "--dtype", "fp32")
+    emit("gemm-ragged-tiles-200x700x300-trn3", "--shape", "200x700x300", "--param", "tile_m=64",
+         "--param", "tile_n=256", "--param", "dma=tile", "--target", "trn3")
+    # decode GEMMs
+    for tokens in ("1", "32"):
+        for dialect in DIALECTS:
+            emit(f"gemm-decode-{tokens}x4096x4096-{dialect}", "--shape", f"{tokens}x4096x4096", "--dialect", dialect)
+    emit("gemm-decode-1x4096x4096-trn2", "--shape", "1x4096x4096", "--target", "trn2")
+    # SVD chains
+    for dialect in DIALECTS:
+        emit(f"chain-512x8192x2048-keep0.8-{dialect}", "--shape", "512x8192x2048", "--keep-ratio", "0.8",
+             "--dialect", dialect)
+        emit(f"chain-pe-cacheall-{dialect}", "--shape", "256x4096x2048", "--rank", "512", "--param",
+             "x_transpose=pe", "--param", "cache_weights=all", "--dialect", dialect)
+    emit("chain-km-512x4096x1024-rank256", "--shape", "512x4096x1024", "--rank", "256", "--a-layout", "km")
+    emit("chain-decode-1x4096x4096-rank512", "--shape", "1x4096x4096", "--rank", "512")
+    emit("chain-ragged-77x1000x600-rank256", "--shape", "77x1000x600", "--rank", "256")
+    for target in ("trn2", "trn3"):
+        emit(f"chain-1024x4096x4096-rank1024-{target}", "--shape", "1024x4096x4096", "--rank", "1024",
+             "--target", target)
+    # gated MLPs: whole and split, SVD and dense
+    for dialect in DIALECTS:
+        for mode in ("whole", "split"):
+            emit(f"mlp-128-rank1280-{mode}-{dialect}", *MLP, "--rank", "1280", "--param", f"mlp={mode}",
+                 "--dialect", dialect)
+        emit(f"mlp-128-dense-{dialect}", *MLP, "--dense", "--dialect", dialect)
+    emit("mlp-2048-keep0.8-trn2", "--mlp", "--tokens", "2048", "--hidden", "4096", "--intermediate", "14336",
+         "--keep-ratio", "0.8", "--target", "trn2")
+    emit("mlp-decode-1-ranks", "--mlp", "--tokens", "1", "--hidden", "2048", "--intermediate", "8192",
+         "--ranks", "512,512,1024")
+    emit("mlp-32-dense-split-trn3", "--mlp", "--tokens", "32", "--hidden", "2048", "--intermediate", "8192",
+         "--dense", "--param", "mlp=split", "--target", "trn3")
+    # every example graph, both dialects, and on trn2
+    for graph in GRAPHS:
+        for dialect in DIALECTS:
+            emit(f"graph-{graph}-{dialect}", "--graph", f"examples/graphs/{graph}.yaml", "--dim", "tokens=256",
+                 "--dialect", dialect)
+        emit(f"graph-{graph}-decode-trn2", "--graph", f"examples/graphs/{graph}.yaml", "--dim", "tokens=1",
+             "--target", "trn2")
+    # tuned with a fixed seed (the search itself is part of what must not change)
+    tune("tuned-gemm-1024x2048x1024", "--shape", "1024x2048x1024", "--trials", "40")
+    tune("tuned-gemm-ragged-3000x5000x700-neuronxcc", "--shape", "3000x5000x700", "--trials", "40",
+         "--dialect", "neuronxcc")
+    tune("tuned-gemm-decode-1x4096x4096-trn2", "--shape", "1x4096x4096", "--trials", "40", "--target", "trn2")
+    tune("tuned-gemm-km-2048x1024x1024-trn3", "--shape", "2048x1024x1024", "--a-layout", "km", "--trials", "40",
+         "--target", "trn3")
+    tune("tuned-chain-512x8192x2048-keep0.8", "--shape", "512x8192x2048", "--keep-ratio", "0.8", "--trials", "40")
+    tune("tuned-mlp-128-rank1280", *MLP, "--rank", "1280", "--trials", "40")
+    tune("tuned-mlp-1-dense-trn2", "--mlp", "--tokens", "1", "--hidden", "2048", "--intermediate", "8192", "--dense",
+         "--trials", "40", "--target", "trn2", "--dialect", "neuronxcc")
+    tune("tuned-graph-lora", "--graph", "examples/graphs/lora.yaml", "--dim", "tokens=256", "--trials", "40")
+    return cases
+
+
+CASES = _cases()
