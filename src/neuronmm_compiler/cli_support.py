@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +10,7 @@ from typing import Any
 import click
 
 from .errors import InputError, NmmcError
+from .io import write_text_atomic
 from .ir import A_LAYOUTS, canonical_dtype, parse_shape
 from .schedule import PRESETS
 from .targets import DEFAULT_TARGET, TARGETS
@@ -43,19 +42,12 @@ class NmmcGroup(click.Group):
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write the whole file or nothing: a temporary file in the same directory, then a rename."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
+    """Write the whole file or nothing (:func:`neuronmm_compiler.io.write_text_atomic`); a missing directory is
+    an InputError."""
+    directory = Path(path).parent
     if not directory.is_dir():
         raise InputError(f"cannot write {path!r}: directory {str(directory)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
 
 
 def parse_params(values: tuple[str, ...]) -> dict[str, str]:

@@ -18,10 +18,10 @@ from typing import Any
 from . import __version__
 from .errors import InputError
 from .fused_compiler import TunedGraph, tune_graph
+from .io import write_text_atomic
 from .ir import block_aligned_rank
 from .models import ModelConfig, read_config, read_manifest
 from .models.manifest import MANIFEST_FILE
-from .models.weights import write_text_atomic
 from .targets import Target
 from .workloads import Workload, mlp_workload
 

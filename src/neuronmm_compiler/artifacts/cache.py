@@ -33,8 +33,8 @@ import neuronmm_compiler
 
 from ..cost_model import params as cost_model_params
 from ..errors import InputError
+from ..io import stale_temp_files, write_text_atomic
 from ..ir import Graph
-from ..models.weights import stale_temp_files, write_text_atomic
 from ..schedule.fused import FusedSchedule
 from ..schedule.gemm import GemmSchedule
 from ..targets import Target, get_target

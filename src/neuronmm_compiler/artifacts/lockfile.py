@@ -28,7 +28,7 @@ from ..compiler import CompiledKernel, Tuned
 from ..cost_model import COST_MODEL_VERSION, CostReport
 from ..errors import InputError
 from ..fused_compiler import CompiledGraph, TunedGraph
-from ..models.weights import write_text_atomic
+from ..io import write_text_atomic
 from ..schedule.gemm import A_LAYOUTS, DTYPES
 from ..targets import Target, get_target
 from ..workloads import Workload

@@ -21,9 +21,8 @@ change); matplotlib is imported only when a report is written.
 
 from __future__ import annotations
 
-import contextlib
+import io
 import math
-import os
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Any
 
 from ..cost_model import CostReport, effective_rates, params_of
 from ..errors import NmmcError
-from ..models.weights import temp_name, write_text_atomic
+from ..io import write_bytes_atomic, write_text_atomic
 from ..search.tuner import Candidate, TuneResult
 from ..targets import Target, get_target
 from .lockfile import LockEntry, Lockfile, workload_from_dict
@@ -59,19 +58,11 @@ def _figure(width: float = 7.5, height: float = 4.6) -> Any:
 
 
 def _save_png(fig: Any, path: Path) -> Path:
-    """Save ``fig`` as a PNG atomically (temporary file next to ``path``, fsync, ``os.replace``)."""
+    """Save ``fig`` as a PNG atomically (:func:`neuronmm_compiler.io.write_bytes_atomic`)."""
     fig.tight_layout()
-    tmp = temp_name(path)
-    try:
-        with open(tmp, "xb") as handle:
-            fig.savefig(handle, format="png", dpi=DPI)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
+    write_bytes_atomic(path, png.getvalue())
     return path
 
 

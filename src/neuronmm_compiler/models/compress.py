@@ -28,6 +28,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..errors import InputError, UnknownNameError
+from ..io import stale_temp_files, write_text_atomic
 from ..ir import block_aligned_rank
 from . import svd
 from .config import PROJECTIONS, ModelConfig, mlp_weight_names, projection_shape, read_config
@@ -42,7 +43,7 @@ from .manifest import (
     factor_names,
     layer_file,
 )
-from .weights import WeightReader, stale_temp_files, valid_tensor_file, write_tensor_file, write_text_atomic
+from .weights import WeightReader, valid_tensor_file, write_tensor_file
 
 __all__ = ["OUTPUT_DTYPES", "compress_model", "plan_ranks", "resolve_dtype"]
 

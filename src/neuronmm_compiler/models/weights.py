@@ -1,4 +1,4 @@
-"""Reading model weights from safetensors one tensor at a time, and writing factor files atomically.
+"""Reading model weights from safetensors one tensor at a time, and writing factor files.
 
 A Hugging Face model directory holds either ``model.safetensors`` or shards listed in
 ``model.safetensors.index.json`` (``{"weight_map": {tensor name: shard file}}``). :class:`WeightReader`
@@ -13,10 +13,8 @@ uint16 from the file's header offsets and shifted into the top half of a float32
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
 import stat
 import struct
 from collections.abc import Mapping
@@ -27,15 +25,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from ..errors import InputError
+from ..io import atomic_path
 
 __all__ = [
     "WeightReader",
     "bf16_to_f32",
     "read_raw_tensor",
-    "stale_temp_files",
     "valid_tensor_file",
     "write_tensor_file",
-    "write_text_atomic",
 ]
 
 SINGLE_FILE = "model.safetensors"
@@ -168,57 +165,14 @@ def valid_tensor_file(path: str | Path, expected: Mapping[str, tuple[tuple[int, 
 
 
 def write_tensor_file(path: str | Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
-    """Write a safetensors file atomically: to a temporary file in the same directory, fsync, ``os.replace``.
+    """Write a safetensors file atomically (:func:`neuronmm_compiler.io.atomic_path`).
 
     No partially written file ever carries the final name; the temporary file is removed on failure.
     The bytes depend only on the tensors and metadata (safetensors orders its header deterministically).
     """
-    path = Path(path)
-    tmp = temp_name(path)
-    try:
+    with atomic_path(path) as tmp:
         # safetensors creates its files with mode 0600; give the file the mode any new file gets (umask)
         with open(tmp, "x"):
             mode = stat.S_IMODE(os.stat(tmp).st_mode)
         save_file({name: np.ascontiguousarray(t) for name, t in tensors.items()}, tmp, metadata=dict(metadata))
         os.chmod(tmp, mode)
-        _fsync_replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a text file atomically (temporary file in the same directory, fsync, ``os.replace``)."""
-    path = Path(path)
-    tmp = temp_name(path)
-    try:
-        with open(tmp, "x", encoding="utf-8") as handle:
-            handle.write(text)
-        _fsync_replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def temp_name(path: Path) -> Path:
-    """A fresh temporary name next to ``path``: ``.{name}.{pid}.{random}.tmp`` (see :func:`stale_temp_files`)."""
-    return path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-
-
-def stale_temp_files(directory: Path, final_name_glob: str) -> list[Path]:
-    """Temporary files left by an interrupted writer of files matching ``final_name_glob``."""
-    return sorted(directory.glob(f".{final_name_glob}.*.tmp"))
-
-
-def _fsync_replace(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # make the rename durable where directories can be fsynced
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
