@@ -756,3 +756,8 @@ def bench(file: str, warmup: int, iters: int, target: str | None, append_csv: st
         click.echo(line)
     if append_csv:
         click.echo(f"appended to {append_csv}")
+
+
+from .opt_command import opt  # noqa: E402
+
+main.add_command(opt)

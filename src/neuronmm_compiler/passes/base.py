@@ -11,6 +11,8 @@ Pipeline specs are comma separated pass names, each optionally followed by optio
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -34,6 +36,10 @@ __all__ = [
 ]
 
 
+#: Where a docstring's first sentence ends: a full stop, then a space and a capital letter.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
 @dataclass(frozen=True)
 class Pass(ABC):
     """Base class of graph passes; subclasses are frozen dataclasses registered by ``name``."""
@@ -43,6 +49,27 @@ class Pass(ABC):
     @abstractmethod
     def apply(self, graph: Graph) -> bool:
         """Rewrite ``graph`` in place; return True when anything changed."""
+
+    @classmethod
+    def summary(cls) -> str:
+        """What the pass does, on one line: the first sentence of its class docstring (which may
+        wrap over several lines), with reST double backquotes shown as single ones.
+
+        Empty when the class has no docstring of its own (a dataclass without one gets its
+        signature as ``__doc__``, which describes nothing). ``nmmc opt --help`` lists these.
+        """
+        doc = cls.__dict__.get("__doc__") or ""
+        if not doc.strip() or doc.startswith(f"{cls.__name__}("):
+            return ""
+        paragraph = " ".join(inspect.cleandoc(doc).split("\n\n", 1)[0].split())
+        return _SENTENCE_END.split(paragraph, 1)[0].replace("``", "`")
+
+    @classmethod
+    def options(cls) -> dict[str, tuple[Any, Any]]:
+        """The pass's options as ``{name: (type, default)}``, in field order; a required option's
+        default is ``dataclasses.MISSING``."""
+        types = _option_types(cls)
+        return {f.name: (types[f.name], f.default) for f in dataclasses.fields(cls)}
 
     def spec(self) -> str:
         """This pass as a pipeline spec item: its name, plus options that differ from the defaults."""
