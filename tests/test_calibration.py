@@ -31,8 +31,8 @@ from neuronmm_compiler.cost_model import DEFAULT_PARAMS, estimate
 from neuronmm_compiler.errors import InputError, UnknownNameError
 from neuronmm_compiler.fused_compiler import compile_graph
 from neuronmm_compiler.ir import gemm_graph
-from neuronmm_compiler.target_file import load_target_file, parse_target_file, target_file_text
-from neuronmm_compiler.targets import TARGETS, get_target
+from neuronmm_compiler.target_file import target_file_text
+from neuronmm_compiler.targets import TARGETS, get_target, load_target_file, parse_target_file
 from neuronmm_compiler.workloads import Workload, chain_workload, mlp_workload
 
 TRN1 = get_target("trn1")

@@ -9,21 +9,25 @@ A *calibrated* target (``nmmc calibrate ... -o FILE.json``, loaded by ``get_targ
 is a stock target with some estimated fields refitted, the cost model's efficiency parameters it
 carries (:attr:`Target.params`), and where they came from (:attr:`Target.calibration`). Its
 ``name`` stays the stock name, because the hardware (tile limits, capacities) is the same one: a
-kernel emitted for it records that name and verifies against that hardware.
+kernel emitted for it records that name and verifies against that hardware. The file is read here
+(:func:`parse_target_file`, :func:`load_target_file`) because ``get_target`` resolves a path anywhere a
+target is named; :mod:`neuronmm_compiler.target_file` writes it.
+
+The cost model's efficiency parameters (:class:`ModelParams`) are defined here too, since a target
+carries them; :mod:`neuronmm_compiler.cost_model.params` is where the cost model takes them from.
+This module imports nothing else of nmmc's but its errors, so everything may import it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-from .errors import UnknownNameError
-
-if TYPE_CHECKING:
-    from .cost_model.params import ModelParams
+from .errors import InputError, UnknownNameError
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -44,6 +48,42 @@ DMA_EFFICIENCY_CURVE: tuple[tuple[int, float], ...] = (
     (16 * KIB, 0.99),
     (32 * KIB, 1.00),
 )
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """Efficiency parameters of the cost model: the numbers that are not hardware facts (see
+    docs/cost_model.md for each derivation). A calibration (``nmmc calibrate``) refits them.
+
+    Per-instruction cycle costs, overlap assumptions and achieved-fraction-of-peak factors, each with
+    its source. Cycle counts are floats so a calibration can fit them continuously; the defaults are
+    the published (integer) figures."""
+
+    # TensorEngine: an nc_matmul takes about max(moving free size, 64) cycles (AWS NKI performance
+    # guide); fp32 operands run at a quarter of the bf16 rate.
+    matmul_min_cycles: float = 64
+    matmul_fp32_factor: float = 4
+    # TensorE transpose (matmul with an identity): about max(P, min(64, F)) cycles (AWS guide).
+    transpose_min_cycles: float = 64
+    # Vector/Scalar engines: ~N cycles per input per instruction over the free size, plus a fixed
+    # instruction overhead of ~60-100 cycles and ~60 cycles per SBUF/PSUM access (AWS guide).
+    engine_instruction_cycles: float = 64
+    engine_access_cycles: float = 60
+    # DMA fixed cost per transfer (the target's dma_fixed_cost_us) overlaps across the DMA queues;
+    # this many transfers are in flight at once. AWS: 16 DMA engines per core; we assume they
+    # all serve one kernel's transfers.
+    dma_queues_in_flight: float = 16
+    # Achieved fraction of the nominal TensorEngine clock and of the nominal DMA bandwidth. 1.0 is
+    # the datasheet figure; a calibration fits them (AWS's best GEMM reaches ~85% of peak).
+    tensor_engine_efficiency: float = 1.0
+    dma_bandwidth_efficiency: float = 1.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+DEFAULT_PARAMS = ModelParams()
+PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ModelParams))
 
 
 @dataclass(frozen=True)
@@ -258,6 +298,96 @@ TARGETS: dict[str, Target] = {
 
 DEFAULT_TARGET = "trn1"
 
+# ----------------------------------------------------------------------------- calibrated target files
+
+FORMAT = "nmmc-calibrated-target"
+VERSION = 1
+#: The hardware table's estimated fields a calibration may refit.
+TARGET_FIELDS: tuple[str, ...] = ("dma_fixed_cost_us", "dma_transpose_efficiency")
+#: Fields that are fractions in (0, 1]; every other fitted value is a positive number.
+FRACTIONS: frozenset[str] = frozenset({"dma_transpose_efficiency"})
+PROVENANCE_TYPES: dict[str, type | tuple[type, ...]] = {
+    "measurements": str, "rows": int, "rms_rel_error_before": (int, float), "rms_rel_error_after": (int, float),
+    "date": str, "fitted": list,
+}
+
+
+def check_value(name: str, value: Any) -> float:
+    """A fitted value as a float; InputError unless it is a positive finite number (a fraction in
+    (0, 1] for :data:`FRACTIONS`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InputError(f"{name} must be a positive finite number; got {value!r}")
+    if name in FRACTIONS and value > 1:
+        raise InputError(f"{name} is a fraction in (0, 1]; got {value!r}")
+    return float(value)
+
+
+def calibrated_target(base: Target, *, target_values: dict[str, float], params: ModelParams,
+                      calibration: Calibration) -> Target:
+    """``base`` with refitted estimated fields, its model parameters and provenance."""
+    unknown = sorted(set(target_values) - set(TARGET_FIELDS))
+    if unknown:
+        raise InputError(f"a calibration may set only {', '.join(TARGET_FIELDS)} of a target; not {unknown}")
+    values = {name: check_value(name, v) for name, v in target_values.items()}
+    return replace(base, **values, params=params, calibration=calibration)
+
+
+def _section(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key)
+    if not isinstance(value, dict):
+        raise InputError(f"'{key}' must be a JSON object; got {type(value).__name__}")
+    return value
+
+
+def parse_target_file(text: str, *, source: str) -> Target:
+    """The calibrated target a file's text describes (format: :mod:`neuronmm_compiler.target_file`);
+    InputError (without the file name) when malformed."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise InputError(f"not a calibrated target file (no \"format\": \"{FORMAT}\"; write one with "
+                         "'nmmc calibrate')")
+    if data.get("version") != VERSION:
+        raise InputError(f"version {data.get('version')!r} is not supported (this nmmc reads version {VERSION})")
+    base = data.get("base")
+    if base not in TARGETS:
+        raise InputError(f"base target {base!r} is not one of {', '.join(TARGETS)}")
+    target_values = _section(data, "target")
+    raw_params = _section(data, "params")
+    unknown = sorted(set(raw_params) - set(PARAM_NAMES))
+    if unknown:
+        raise InputError(f"unknown model parameter(s) {unknown}; known: {', '.join(PARAM_NAMES)}")
+    params = ModelParams(**{name: check_value(name, v) for name, v in raw_params.items()})
+    provenance = _section(data, "provenance")
+    for name, kind in PROVENANCE_TYPES.items():
+        value = provenance.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise InputError(f"provenance field {name!r} is missing or of the wrong type ({value!r})")
+    calibration = Calibration(source=source, measurements=provenance["measurements"], rows=provenance["rows"],
+                              rms_rel_error_before=float(provenance["rms_rel_error_before"]),
+                              rms_rel_error_after=float(provenance["rms_rel_error_after"]),
+                              date=provenance["date"], fitted=tuple(str(f) for f in provenance["fitted"]))
+    return calibrated_target(TARGETS[base], target_values=target_values, params=params, calibration=calibration)
+
+
+def load_target_file(path: str | Path) -> Target:
+    """Read a calibrated target file; InputError naming the file when it is missing or malformed."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"calibrated target file not found: {str(p)!r} (write one with 'nmmc calibrate "
+                         "MEASUREMENTS.csv -o FILE.json', or name a stock target: "
+                         f"{', '.join(TARGETS)})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read calibrated target file {str(p)!r}: {exc}") from None
+    try:
+        return parse_target_file(text, source=str(path))
+    except InputError as exc:
+        raise InputError(f"{p}: {exc}") from None
+
 
 def _names_a_file(spec: str) -> bool:
     return spec.endswith(".json") or "/" in spec or "\\" in spec or Path(spec).is_file()
@@ -265,13 +395,11 @@ def _names_a_file(spec: str) -> bool:
 
 def get_target(spec: str) -> Target:
     """A stock target by name (``trn1``), or a calibrated target file written by ``nmmc calibrate``
-    (a path; see :mod:`neuronmm_compiler.target_file`). An unknown name is an UnknownNameError
-    listing the known ones; a missing or malformed file an InputError."""
+    (a path; see :func:`load_target_file`). An unknown name is an UnknownNameError listing the known
+    ones; a missing or malformed file an InputError."""
     if spec in TARGETS:
         return TARGETS[spec]
     if isinstance(spec, str) and _names_a_file(spec):
-        from .target_file import load_target_file  # imports the cost model, which imports this module
-
         return load_target_file(spec)
     known = ", ".join(sorted(TARGETS))
     raise UnknownNameError(f"unknown target {spec!r}; known targets: {known}, or a calibrated target file "

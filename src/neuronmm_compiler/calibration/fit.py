@@ -37,8 +37,7 @@ import numpy as np
 
 from ..cost_model import ModelParams, params_of
 from ..errors import InputError
-from ..target_file import FRACTIONS, TARGET_FIELDS
-from ..targets import Target
+from ..targets import FRACTIONS, TARGET_FIELDS, Target
 from .kernels import KernelFile
 
 
