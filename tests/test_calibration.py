@@ -148,6 +148,15 @@ def test_a_parameter_no_measurement_depends_on_is_reported_and_kept(kernels: lis
         assert result.values[name] == pytest.approx(true, rel=1e-6), name
 
 
+def test_a_fraction_stops_at_its_bound(kernels: list) -> None:
+    # "hardware" whose transposing loads beat plain ones: the best fit a fraction allows is 1
+    measured = synthetic(kernels, {"dma_transpose_efficiency": 1.5})
+    result = fit_parameters(kernels, measured, TRN1, ["dma_transpose_efficiency"])
+    assert result.converged and result.undetermined == []
+    assert 0.999 < result.values["dma_transpose_efficiency"] <= 1.0
+    assert rms_rel_error(result.predicted_after, measured) < rms_rel_error(result.predicted_before, measured)
+
+
 def test_unknown_fit_parameter_is_an_input_error(kernels: list) -> None:
     with pytest.raises(InputError, match="known: dma_fixed_cost_us"):
         fit_parameters(kernels, synthetic(kernels), TRN1, ["pe_clock_ghz"])

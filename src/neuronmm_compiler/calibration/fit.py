@@ -1,4 +1,4 @@
-"""Fit the cost model's efficiency parameters to measured latencies (Levenberg-Marquardt, NumPy only).
+"""Fit the cost model's efficiency parameters to measured latencies (``scipy.optimize.least_squares``).
 
 The unknowns are a chosen subset of the hardware table's estimated fields and of
 :class:`~neuronmm_compiler.cost_model.params.ModelParams` (:data:`FIT_PARAMETERS`). The model is
@@ -10,30 +10,32 @@ and ``tune`` predict.
 a 5 ms kernel weigh the same), symmetric in over- and under-prediction, and zero when the
 prediction is exact. The fit minimizes the sum of their squares.
 
-*Parametrization.* Each unknown is optimized in an unbounded coordinate: ``log(v)`` for positive
-values, ``logit(v)`` for fractions in (0, 1). Steps are then relative changes, and no step can
-leave the valid range.
+*Parametrization.* Each unknown is optimized as ``log(v)``, so steps are relative changes. Its range
+is a bound on that coordinate: at most ``log(1) = 0`` for a fraction in (0, 1], and within
+``+-LOG_BOUND`` for everything (no trial step can overflow ``exp`` or reach zero).
 
-*Method.* Levenberg-Marquardt with Marquardt's diagonal scaling: at each iteration the Jacobian is
-taken by forward differences (relative step 1e-6 in those coordinates), the damped step solves
-``[J; sqrt(lambda D)] d = [-r; 0]`` by least squares, a step that lowers the objective is taken and
-lowers lambda, one that does not raises it. The model is piecewise smooth (a maximum over engines,
-DMA rounds): forward differences take the slope on the side the step goes, which is what LM needs.
+*Method.* SciPy's trust-region reflective least squares (``method="trf"``, which honours the bounds),
+with the Jacobian taken by forward differences (relative step 1e-6 in those coordinates, stepping
+away from a bound the coordinate sits on). The model is piecewise smooth (a maximum over engines, DMA
+rounds): forward differences take the slope on the side the step goes. ``max_iter`` bounds the
+model evaluations at trial points (the finite differences not counted); :attr:`FitResult.iterations`
+is how many there were.
 
 *Identifiability.* A parameter no measurement is sensitive to (its Jacobian column is zero: e.g.
 ``matmul_fp32_factor`` without an fp32 kernel whose TensorEngine time matters) gets no step, keeps
 its starting value, and is reported as not determined. Standard errors come from the Gauss-Newton
 covariance ``s^2 (J^T J)^-1`` at the solution (``s^2`` the residual variance), when there are more
-measurements than determined parameters.
+measurements than determined parameters; in ``log(v)`` they are relative errors of the values.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from ..cost_model import ModelParams, params_of
 from ..errors import InputError
@@ -56,7 +58,7 @@ class FitParameter:
 
     @property
     def fraction(self) -> bool:
-        """A fraction in (0, 1) (else any positive number)."""
+        """A fraction in (0, 1] (else any positive number)."""
         return self.name in FRACTIONS
 
 
@@ -77,9 +79,10 @@ FIT_PARAMETERS: dict[str, FitParameter] = {p.name: p for p in (
 #: separate them, e.g. engine_access_cycles from engine_instruction_cycles).
 DEFAULT_FIT: tuple[str, ...] = ("dma_fixed_cost_us", "dma_transpose_efficiency", "dma_bandwidth_efficiency",
                                 "tensor_engine_efficiency", "matmul_fp32_factor", "engine_instruction_cycles")
-FRACTION_EPS = 1e-9
-STEP = 1e-6
-MAX_THETA = 60.0
+#: Relative forward-difference step of the Jacobian, in the ``log(v)`` coordinates.
+DIFF_STEP = 1e-6
+#: Every value stays within exp(+-LOG_BOUND) (a fraction: at most 1).
+LOG_BOUND = 60.0
 
 
 def check_names(names: Sequence[str]) -> tuple[str, ...]:
@@ -96,20 +99,6 @@ def value_of(target: Target, name: str) -> float:
     """The current value of a fittable parameter on ``target``."""
     owner = target if FIT_PARAMETERS[name].owner == "target" else params_of(target)
     return float(getattr(owner, name))
-
-
-def _encode(name: str, value: float) -> float:
-    if FIT_PARAMETERS[name].fraction:
-        v = min(max(value, FRACTION_EPS), 1 - FRACTION_EPS)
-        return math.log(v / (1 - v))
-    return math.log(value)
-
-
-def _decode(name: str, theta: float) -> float:
-    theta = min(max(theta, -MAX_THETA), MAX_THETA)  # a wild trial step must not overflow
-    if FIT_PARAMETERS[name].fraction:
-        return 1.0 / (1.0 + math.exp(-theta))
-    return math.exp(theta)
 
 
 def with_values(base: Target, values: dict[str, float]) -> Target:
@@ -156,91 +145,41 @@ def fit_parameters(kernels: Sequence[KernelFile], measured: Sequence[float], bas
     log_measured = np.log(np.asarray(measured, dtype=float))
     start = {n: value_of(base, n) for n in names}
 
-    def target_at(theta: np.ndarray) -> Target:
-        return with_values(base, {n: _decode(n, float(t)) for n, t in zip(names, theta, strict=True)})
-
     def predictions(theta: np.ndarray) -> np.ndarray:
-        tgt = target_at(theta)
+        tgt = with_values(base, {n: math.exp(t) for n, t in zip(names, theta, strict=True)})
         return np.array([k.predict_us(tgt) for k in kernels])
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         return np.log(predictions(theta)) - log_measured
 
-    theta0 = np.array([_encode(n, v) for n, v in start.items()])
+    theta0 = np.log([start[n] for n in names])
+    upper = np.array([0.0 if FIT_PARAMETERS[n].fraction else LOG_BOUND for n in names])
     before = predictions(theta0)
-    theta, r, iterations, converged, jac = _levenberg_marquardt(residuals, theta0, np.log(before) - log_measured,
-                                                                max_iter)
+    solution = least_squares(residuals, theta0, method="trf", bounds=(-LOG_BOUND, upper), diff_step=DIFF_STEP,
+                             max_nfev=max_iter)
+    jac = np.atleast_2d(solution.jac)
     norms = np.linalg.norm(jac, axis=0)
     undetermined = [n for n, c in zip(names, norms, strict=True) if c <= 1e-9 * max(float(norms.max()), 1e-30)]
-    # a coordinate that never moved keeps its exact starting value (no exp(log(v)) round-off)
-    values = {n: start[n] if t == t0 else _decode(n, float(t)) for n, t, t0 in zip(names, theta, theta0, strict=True)}
-    std_rel = _standard_errors(jac, r, names, values, undetermined)
+    # an undetermined parameter keeps its exact starting value (trf starts strictly inside the bounds)
+    values = {n: start[n] if n in undetermined else math.exp(float(t)) for n, t in zip(names, solution.x, strict=True)}
+    std_rel = _standard_errors(jac, solution.fun, names, undetermined)
     fitted = with_values(base, values)
     after = [float(k.predict_us(fitted)) for k in kernels]
     return FitResult(names=names, start=start, values=values, undetermined=undetermined, std_rel=std_rel,
-                     predicted_before=[float(x) for x in before], predicted_after=after, iterations=iterations,
-                     converged=converged, target=fitted)
+                     predicted_before=[float(x) for x in before], predicted_after=after,
+                     iterations=int(solution.nfev), converged=solution.status > 0, target=fitted)
 
 
-def _jacobian(residuals: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, r: np.ndarray) -> np.ndarray:
-    jac = np.empty((r.size, theta.size))
-    for j in range(theta.size):
-        h = STEP * max(1.0, abs(theta[j]))
-        shifted = theta.copy()
-        shifted[j] += h
-        jac[:, j] = (residuals(shifted) - r) / h
-    return jac
-
-
-def _levenberg_marquardt(residuals: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, r: np.ndarray,
-                         max_iter: int) -> tuple[np.ndarray, np.ndarray, int, bool, np.ndarray]:
-    """(solution, residuals there, iterations, converged, Jacobian at the solution), from ``theta``
-    whose residuals are ``r``."""
-    cost = float(r @ r)
-    lam = 1e-3
-    jac = _jacobian(residuals, theta, r)
-    for iteration in range(1, max_iter + 1):
-        grad = jac.T @ r
-        if cost <= 1e-24 or float(np.max(np.abs(grad))) <= 1e-14:
-            return theta, r, iteration - 1, True, jac
-        diag = np.sum(jac * jac, axis=0)
-        diag = np.maximum(diag, 1e-12 * max(float(diag.max()), 1e-30))
-        while True:
-            lhs = np.vstack([jac, np.diag(np.sqrt(lam * diag))])
-            rhs = np.concatenate([-r, np.zeros(theta.size)])
-            step = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
-            candidate = theta + step
-            r_new = residuals(candidate)
-            cost_new = float(r_new @ r_new)
-            if math.isfinite(cost_new) and cost_new < cost:
-                break
-            lam *= 4.0
-            if lam > 1e12:
-                return theta, r, iteration, True, jac  # no step lowers the objective: a (local) minimum
-        small_step = float(np.max(np.abs(step))) <= 1e-10
-        small_gain = cost - cost_new <= 1e-12 * cost
-        theta, r, cost = candidate, r_new, cost_new
-        lam = max(lam / 3.0, 1e-12)
-        jac = _jacobian(residuals, theta, r)
-        if small_step or small_gain:
-            return theta, r, iteration, True, jac
-    return theta, r, max_iter, False, jac
-
-
-def _standard_errors(jac: np.ndarray, r: np.ndarray, names: Sequence[str], values: dict[str, float],
+def _standard_errors(jac: np.ndarray, r: np.ndarray, names: Sequence[str],
                      undetermined: list[str]) -> dict[str, float | None]:
+    """Relative standard errors of the determined values (the Gauss-Newton covariance in ``log(v)``)."""
     keep = [i for i, n in enumerate(names) if n not in undetermined]
     out: dict[str, float | None] = dict.fromkeys(names)
     dof = r.size - len(keep)
     if not keep or dof <= 0:
         return out
     j = jac[:, keep]
-    s2 = float(r @ r) / dof
-    cov = s2 * np.linalg.pinv(j.T @ j)
+    cov = float(r @ r) / dof * np.linalg.pinv(j.T @ j)
     for pos, i in enumerate(keep):
-        name = names[i]
-        std_theta = math.sqrt(max(float(cov[pos, pos]), 0.0))
-        # d value / value = d theta for log(v); (1 - v) d theta for logit(v)
-        scale = (1.0 - values[name]) if FIT_PARAMETERS[name].fraction else 1.0
-        out[name] = std_theta * scale
+        out[names[i]] = math.sqrt(max(float(cov[pos, pos]), 0.0))
     return out
