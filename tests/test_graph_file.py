@@ -150,8 +150,8 @@ def test_ops_are_put_in_dependency_order(tmp_path):
     doc = base_doc()
     doc["ops"] = dict(reversed(list(doc["ops"].items())))
     spec = load(tmp_path, doc)
-    order = [o.name for o in spec.ops]
-    assert order.index("xw") < order.index("act") < order.index("total") and order.index("xv") < order.index("total")
+    # depth first from the ops in file order, arguments in order: the graph (and so the kernel) is stable
+    assert [o.name for o in spec.ops] == ["xw", "act", "xv", "total"]
 
 
 def test_layouts_dtypes_and_output_forms(tmp_path):
@@ -301,6 +301,7 @@ REJECTED = [
     (_with(ops__xw__kernel="k0"), "graph.yaml", "op xw: unknown key 'kernel'; accepted: op, args"),
     (_with(ops__act__args=["total"]), "graph.yaml", "the ops form a cycle: act -> total -> act"),
     (_with(ops__act__args=["act"]), "graph.yaml", "the ops form a cycle: act -> act"),
+    (_with(ops__xw__args=["x", "total"]), "graph.yaml", "the ops form a cycle: xw -> total -> act -> xw"),
     (_with(ops__dead={"op": "silu", "args": ["x"]}), "graph.yaml",
      "op dead is computed but no output uses it; return it as an output or remove it"),
     # shapes (checked on the bound graph)

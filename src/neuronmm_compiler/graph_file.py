@@ -43,6 +43,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import yaml
 
 from .errors import InputError, NmmcError, ParseError
@@ -531,32 +532,17 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
 
 
 def _dependency_order(ops: Mapping[str, OpSpec], source: str) -> tuple[OpSpec, ...]:
-    """Ops with every op after the ops it reads (file order where free); InputError on a cycle."""
-    order: list[OpSpec] = []
-    state: dict[str, int] = {}  # 1: on the current path, 2: placed
-    for start in ops:
-        if start in state:
-            continue
-        stack: list[tuple[str, int]] = [(start, 0)]
-        state[start] = 1
-        while stack:
-            name, index = stack[-1]
-            deps = [a for a in ops[name].args if a in ops]
-            if index < len(deps):
-                stack[-1] = (name, index + 1)
-                dep = deps[index]
-                if state.get(dep) == 1:
-                    path = [n for n, _ in stack]
-                    cycle = [*path[path.index(dep):], dep]
-                    raise InputError(f"{source}: the ops form a cycle: {' -> '.join(cycle)}")
-                if dep not in state:
-                    state[dep] = 1
-                    stack.append((dep, 0))
-            else:
-                stack.pop()
-                state[name] = 2
-                order.append(ops[name])
-    return tuple(order)
+    """Ops with every op after the ops it reads, in file order where free (a depth-first postorder
+    from the ops in file order, arguments in order); InputError naming the first cycle that search meets."""
+    reads = nx.DiGraph()
+    reads.add_nodes_from(ops)
+    reads.add_edges_from((name, arg) for name, spec in ops.items() for arg in spec.args if arg in ops)
+    try:
+        cycle = nx.find_cycle(reads)
+    except nx.NetworkXNoCycle:
+        return tuple(ops[name] for name in nx.dfs_postorder_nodes(reads))
+    path = [*(reader for reader, _ in cycle), cycle[0][0]]
+    raise InputError(f"{source}: the ops form a cycle: {' -> '.join(path)}")
 
 
 def _check_all_used(ordered: tuple[OpSpec, ...], returned: Mapping[str, str], source: str) -> None:
