@@ -169,9 +169,8 @@ def parameter_importance(candidates: Sequence[Candidate]) -> dict[str, float]:
     parameter seen with one value only). Sorted, most important first.
 
     Not ``optuna.importance.get_param_importances``: a report has no study to give it (exhaustive
-    runs never create one and a TuneResult keeps none, only the candidates), its default fANOVA
-    evaluator needs scikit-learn, and this statistic is deterministic and reads the same for an
-    exhaustive and an Optuna search."""
+    runs never create one and a TuneResult keeps none, only the candidates), and this statistic reads
+    the same for an exhaustive and an Optuna search."""
     feasible = [c for c in candidates if c.cost.feasible and 0 < c.latency_us < math.inf]
     spreads: dict[str, float] = {}
     for cand in feasible:
