@@ -8,6 +8,7 @@ bytes equal to the interpreter's) or ``rejected`` with a user-facing one-line er
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -66,15 +67,17 @@ def test_an_internal_exception_is_reported_not_swallowed(monkeypatch: pytest.Mon
 
 
 def test_a_wrong_kernel_is_reported_unverified(monkeypatch: pytest.MonkeyPatch) -> None:
-    import neuronmm_compiler.schedule.lower_fused as lower
+    import neuronmm_compiler.fused_compiler as fused
 
-    real = lower._FusedLowering._epilogue
+    real = fused.compile_graph
 
-    def skip_silu(self, group, values, result, temps, spill, sizes):  # drops the activation
-        stmts = real(self, group, values, result, temps, spill, sizes)
-        return [lower.Copy(s.dst, s.src) if isinstance(s, lower.Activation) else s for s in stmts]
+    def without_silu(*args, **kwargs):  # the kernel evicts the matmul without its activation
+        compiled = real(*args, **kwargs)
+        source = compiled.kernel.source.replace("op=nl.silu", "op=nl.copy")
+        assert source != compiled.kernel.source
+        return dataclasses.replace(compiled, kernel=dataclasses.replace(compiled.kernel, source=source))
 
-    monkeypatch.setattr(lower._FusedLowering, "_epilogue", skip_silu)
+    monkeypatch.setattr(fused, "compile_graph", without_silu)
     assert run_case(_case()).status == "unverified"
 
 

@@ -56,9 +56,7 @@ class ProgramCounts:
     matmul_moving_columns: int = 0
     pe_cycles: int = 0
     transposes: int = 0
-    vector_instructions: int = 0
     vector_cycles: int = 0
-    scalar_instructions: int = 0
     scalar_cycles: int = 0
     psum_evictions: int = 0
     sbuf_read_bytes_by_pe: int = 0
@@ -128,15 +126,12 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
             counts.psum_evictions += mult
             counts.psum_to_sbuf_bytes += mult * partitions * free * 4
         if isinstance(stmt, Activation):
-            counts.scalar_instructions += mult
             counts.scalar_cycles += mult * cycles
         else:
-            counts.vector_instructions += mult
             counts.vector_cycles += mult * cycles
     elif isinstance(stmt, Alloc):
         if stmt.zero:  # memset of the whole buffer on the VectorEngine
             free = math.prod(stmt.buffer.shape[1:])
-            counts.vector_instructions += mult
             counts.vector_cycles += mult * _engine_cycles(free, 0, params)
     elif isinstance(stmt, Comment):
         pass

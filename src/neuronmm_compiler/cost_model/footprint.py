@@ -22,12 +22,6 @@ class Footprint:
     def fits(self) -> bool:
         return self.sbuf_bytes_per_partition <= self.sbuf_capacity and self.psum_banks <= self.psum_capacity
 
-    @property
-    def overflow(self) -> float:
-        """How far over capacity, as a fraction (0 when it fits): a search constraint value."""
-        return max(self.sbuf_bytes_per_partition / self.sbuf_capacity - 1.0,
-                   self.psum_banks / self.psum_capacity - 1.0, 0.0)
-
     def describe(self) -> str:
         return (f"SBUF {self.sbuf_bytes_per_partition} of {self.sbuf_capacity} bytes/partition, "
                 f"PSUM {self.psum_banks} of {self.psum_capacity} banks")

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-IntLike = "int | Lin | Min"
-
 
 @dataclass(frozen=True)
 class Lin:

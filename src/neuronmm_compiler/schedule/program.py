@@ -185,7 +185,6 @@ class Comment:
 
 
 Stmt = Alloc | DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation | Loop | Comment
-Instruction = DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation
 
 
 @dataclass
@@ -197,9 +196,6 @@ class Program:
     outputs: list[Buffer]
     body: list[Stmt]
     doc: str = ""
-
-    def allocations(self) -> list[Alloc]:
-        return [stmt for stmt, _ in walk(self.body) if isinstance(stmt, Alloc)]
 
     def live_intervals(self) -> list[tuple[int, int, Buffer]]:
         """(first, last, buffer) of every allocation site, in positions of the program read once in
