@@ -8,44 +8,10 @@ from typing import ClassVar
 from ..errors import InputError, UnknownNameError
 from ..ir.graph import Graph
 from .base import Pass, register_pass
+from .legality import join_conflict
 
 #: How the gated MLP is fused: one kernel, or the up/gate part and the down projection apart.
 MLP_MODES: tuple[str, ...] = ("whole", "split")
-
-
-def _needs_new_kernel(graph: Graph, node_id: str, kernel: int, index: dict[str, int], rows: dict[int, int]) -> str:
-    """Why ``node_id`` cannot join kernel ``kernel`` (empty string: it can).
-
-    The fused lowering keeps every value on chip in one orientation and reads weights from HBM, so
-    a node starts a new kernel, and the values it reads cross HBM, when: a matmul's right operand
-    (its weight) is computed in the same kernel; a value it reads in the same kernel is held
-    row-major where it needs it transposed (a matmul's left operand) or in the other orientation
-    than its own (an elementwise operand), or is row-major and has other readers (a row-major
-    value is only ever stored); or its rows differ from the kernel's token count."""
-    node = graph.node(node_id)
-    orient = node.annotations.get("orient")
-    if rows.get(kernel, node.shape[0]) != node.shape[0]:
-        return "rows"
-    for position, operand_id in enumerate(node.operands):
-        if index.get(operand_id) != kernel:
-            continue
-        operand = graph.node(operand_id)
-        if operand.kind == "transpose":
-            if graph.node(operand.operands[0]).kind != "input":
-                return "transpose of a value computed in the kernel"
-            continue
-        held = operand.annotations.get("orient")
-        if node.kind == "matmul" and position == 1:
-            return "weight computed in the kernel"
-        if held is None:
-            continue  # orientations not decided (implicit-transpose has not run): nothing more to check
-        if node.kind == "matmul" and held != "transposed":
-            return "row-major lhs"
-        if node.kind == "elementwise" and held != orient:
-            return "orientation"
-        if held == "normal" and len(graph.users(operand_id)) > 1:
-            return "row-major value with several readers"
-    return ""
 
 
 def kernel_assignment(graph: Graph, mlp: str = "whole") -> dict[str, str]:
@@ -65,7 +31,7 @@ def kernel_assignment(graph: Graph, mlp: str = "whole") -> dict[str, str]:
             and graph.node(node.operands[0]).kind == "elementwise"
         )
         kernel = max((index.get(operand, 0) for operand in node.operands), default=0)
-        if starts_kernel or _needs_new_kernel(graph, node.id, kernel, index, rows):
+        if starts_kernel or join_conflict(graph, node.id, kernel, index, rows) is not None:
             created += 1
             kernel = created
         index[node.id] = kernel
@@ -87,11 +53,12 @@ class Fuse(Pass):
     kernels, so they can run one after another.
 
     In either mode a node also starts a new kernel where the fused lowering could not keep the
-    value it reads on chip (see :func:`_needs_new_kernel`): a weight computed by the graph, a
-    row-major value read as a matmul's left operand or read more than once, an orientation
-    mismatch, a different row count, or the transpose of a value computed in the kernel (a
-    transpose is never computed: its readers see the HBM array of its operand with the other
-    layout, so a computed operand must be stored by an earlier kernel). The built-in graphs (GEMM,
+    value it reads on chip: the rules of :mod:`.legality` (which the lowering checks each kernel
+    against too): a weight computed by the graph, a row-major value read as a matmul's left
+    operand or read more than once, an orientation mismatch, a different row count, or the
+    transpose of a value computed in the kernel (a transpose is never computed: its readers see
+    the HBM array of its operand with the other layout, so a computed operand must be stored by an
+    earlier kernel). The built-in graphs (GEMM,
     SVD chain, MLP) never hit these; user graphs may, and then pay an HBM round trip for that
     value instead of failing.
     """
