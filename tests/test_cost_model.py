@@ -59,10 +59,10 @@ def test_model_counts_equal_interpreter_for_searched_schedules(shape, layout):
 def test_presets_rank_as_their_structure_implies():
     """For a large square GEMM: tiled < hoisted loads < blocked free dims < fully optimized."""
     problem = GemmProblem(4096, 4096, 4096, a_layout="km")
-    latency = {name: estimate(lower_gemm(problem, preset(name, problem)), TRN1).latency_us for name in PRESETS}
+    latency = {name: estimate(lower_gemm(problem, preset(name, problem), TRN1), TRN1).latency_us for name in PRESETS}
     assert latency["aws-tiled"] > latency["aws-hoist-load"] > latency["aws-block-free"] > latency[
         "aws-fully-optimized"]
-    full = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem)), TRN1)
+    full = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem), TRN1), TRN1)
     assert full.bound == "compute"
     assert full.lower_bound_us <= full.latency_us
 
@@ -80,7 +80,7 @@ def test_more_bandwidth_or_clock_never_predicts_slower(target_name, field):
     for shape in [(1, 4096, 4096), (200, 700, 300), (2048, 2048, 2048)]:
         problem = GemmProblem(*shape)
         for name in PRESETS:
-            program = lower_gemm(problem, preset(name, problem))
+            program = lower_gemm(problem, preset(name, problem), base)
             assert estimate(program, faster).latency_us <= estimate(program, base).latency_us + 1e-9
 
 
@@ -89,7 +89,7 @@ def test_cheaper_dma_fixed_cost_never_predicts_slower():
     cheaper = dataclasses.replace(base, dma_fixed_cost_us=base.dma_fixed_cost_us / 2)
     problem = GemmProblem(1024, 2048, 1024)
     for name in PRESETS:
-        program = lower_gemm(problem, preset(name, problem))
+        program = lower_gemm(problem, preset(name, problem), base)
         assert estimate(program, cheaper).latency_us <= estimate(program, base).latency_us
 
 
@@ -105,8 +105,8 @@ def test_fp32_matmuls_cost_four_times_the_cycles():
     bf16 = GemmProblem(512, 1024, 512)
     fp32 = GemmProblem(512, 1024, 512, dtype="float32")
     sched = preset("aws-block-free", bf16)
-    assert estimate(lower_gemm(fp32, sched), TRN1).engine_us["tensor"] == pytest.approx(
-        4 * estimate(lower_gemm(bf16, sched), TRN1).engine_us["tensor"])
+    assert estimate(lower_gemm(fp32, sched, TRN1), TRN1).engine_us["tensor"] == pytest.approx(
+        4 * estimate(lower_gemm(bf16, sched, TRN1), TRN1).engine_us["tensor"])
 
 
 def test_search_never_returns_an_infeasible_winner():
@@ -131,12 +131,12 @@ def test_exhaustive_search_finds_the_optimum_of_a_small_space():
     space = gemm_space(problem)
     result = tune_gemm(problem, TRN1, space=space)
     assert result.method == "exhaustive" and result.evaluated == result.space_size
-    every = [estimate(lower_gemm(problem, s), TRN1) for s in space.distinct(problem)]
+    every = [estimate(lower_gemm(problem, s, TRN1), TRN1) for s in space.distinct(problem)]
     assert result.best.latency_us == min(c.latency_us for c in every if c.feasible)
 
 
 def test_tuned_is_never_slower_than_the_baseline_preset():
     for shape in [(1, 4096, 4096), (32, 2048, 8192), (512, 1024, 1024)]:
         problem = GemmProblem(*shape)
-        base = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem)), TRN1)
+        base = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem), TRN1), TRN1)
         assert tune_gemm(problem, TRN1, trials=60).best.latency_us <= base.latency_us

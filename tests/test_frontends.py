@@ -317,8 +317,8 @@ def test_fusion_pipeline_on_the_svd_chain_with_transposed_x():
         '  %x_t = input "x_t" [4, 16] float32 layout=transposed\n'
         '  %u = input "u" [16, 2] float32 layout=row_major\n'
         '  %v = input "v" [2, 8] float32 layout=row_major\n'
-        "  %xu = matmul %x_t, %u : [4, 2] float32 {kernel=k0, orient=transposed, place=sbuf}\n"
-        "  %xuv = matmul %xu, %v : [4, 8] float32 {kernel=k0, orient=normal, place=hbm}\n"
+        "  %xu = matmul %x_t, %u : [4, 2] float32 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n"
+        "  %xuv = matmul %xu, %v : [4, 8] float32 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n"
         '  %y = output "y" %xuv\n'
         "}\n"
     )
@@ -328,9 +328,9 @@ def test_fusion_pipeline_on_the_dense_mlp():
     graph = run_pipeline(mlp_graph(4, 8, 16, None), DEFAULT_FUSION_PIPELINE.replace("fuse", "fuse{mlp=split}")).graph
     annotations = {node.id: graph.annotations(node.id) for node in graph.compute_nodes()}
     assert annotations == {
-        "gate": {"orient": "transposed", "kernel": "k0", "place": "sbuf"},
-        "up": {"orient": "transposed", "kernel": "k0", "place": "sbuf"},
-        "act": {"orient": "transposed", "kernel": "k0", "place": "sbuf"},
-        "h": {"orient": "transposed", "kernel": "k0", "place": "hbm"},
-        "down": {"orient": "normal", "kernel": "k1", "place": "hbm"},
+        "gate": {"orient": "transposed", "kernel": "k0", "place": "sbuf", "group": "h", "acc": "gate"},
+        "up": {"orient": "transposed", "kernel": "k0", "place": "sbuf", "group": "h", "acc": "up"},
+        "act": {"orient": "transposed", "kernel": "k0", "place": "sbuf", "group": "h"},
+        "h": {"orient": "transposed", "kernel": "k0", "place": "hbm", "group": "h"},
+        "down": {"orient": "normal", "kernel": "k1", "place": "hbm", "group": "down", "acc": "down"},
     }

@@ -22,6 +22,7 @@ from neuronmm_compiler.ir import (
     verify,
 )
 from neuronmm_compiler.passes import kernel_order, run_pipeline, split_kernels
+from neuronmm_compiler.schedule.fused_groups import read_groups
 from test_fusion_passes import BRANCHY_FUSED, SVD_CHAIN, SVD_MLP_SPLIT, SVD_MLP_WHOLE, split_pipeline
 from test_ir_text import ANNOTATED, random_graphs
 
@@ -367,7 +368,11 @@ def test_fusion_pipeline_and_split_preserve_values(graph, mode, seed):
     assert order == [f"k{index}" for index in range(len(order))]
     for node in compute:
         annotations = result.annotations(node.id)
-        assert set(annotations) == {"orient", "kernel", "place"}
+        grouped = set() if node.kind == "transpose" else {"group"} | ({"acc"} if node.kind == "matmul" else set())
+        assert {"orient", "kernel", "place"} | grouped <= set(annotations)
+        assert set(annotations) <= {"orient", "kernel", "place", "group", "acc"}
+        if "group" in annotations:  # a group never spans kernels
+            assert result.annotations(annotations["group"])["kernel"] == annotations["kernel"]
         users = [result.node(user) for user in result.users(node.id)]
         # transposes are HBM views of their operand, so both are in HBM
         leaves = node.kind == "transpose" or any(
@@ -380,6 +385,8 @@ def test_fusion_pipeline_and_split_preserve_values(graph, mode, seed):
         for operand in node.operands:
             if operand in {n.id for n in compute}:
                 assert order.index(result.annotations(operand)["kernel"]) <= order.index(annotations["kernel"])
+    for kernel in split_kernels(result):  # the fused lowering can read every kernel's groups
+        read_groups(kernel, kernel.name)
     inputs = random_inputs(graph, seed)
     expected = evaluate(graph, inputs)
     produced = run_kernels(split_kernels(result), inputs)

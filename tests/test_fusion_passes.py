@@ -1,4 +1,5 @@
-"""The fusion passes (implicit-transpose, fuse, place) and the fusion pipeline.
+"""The fusion passes (implicit-transpose, fuse, place; group-epilogues in test_group_epilogues.py) and
+the fusion pipeline.
 
 Before/expected pairs are text-form strings, compared structurally and textually. The graphs here
 are reused by test_fusion_ir.py, which splits them into kernels.
@@ -15,6 +16,7 @@ from neuronmm_compiler.passes import (
     Canonicalize,
     FoldTransposes,
     Fuse,
+    GroupEpilogues,
     ImplicitTranspose,
     Pass,
     Place,
@@ -137,6 +139,38 @@ SVD_MLP_SPLIT = (
 """
 )
 SVD_MLP_FUSED_SPLIT = strip(SVD_MLP_SPLIT, "orient", "place")  # what fuse{mlp=split} alone gives
+# What the whole fusion pipeline gives: group-epilogues adds each value's group (the root of the
+# values a kernel evaluates together) and, on values summed into a PSUM accumulator, that accumulator.
+SVD_MLP_WHOLE_GROUPED = (
+    _MLP_INPUTS
+    + """\
+  %x_ug = matmul %x, %u_gate : [4, 2] float32 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}
+  %gate = matmul %x_ug, %v_gate : [4, 16] float32 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}
+  %x_uu = matmul %x, %u_up : [4, 3] float32 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}
+  %up = matmul %x_uu, %v_up : [4, 16] float32 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}
+  %act = elementwise silu %gate : [4, 16] float32 {group=h, kernel=k0, orient=transposed, place=sbuf}
+  %h = elementwise multiply %act, %up : [4, 16] float32 {group=h, kernel=k0, orient=transposed, place=sbuf}
+  %h_ud = matmul %h, %u_down : [4, 4] float32 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}
+  %down = matmul %h_ud, %v_down : [4, 8] float32 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
+  %out = output "out" %down
+}
+"""
+)
+SVD_MLP_SPLIT_GROUPED = (
+    _MLP_INPUTS
+    + """\
+  %x_ug = matmul %x, %u_gate : [4, 2] float32 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}
+  %gate = matmul %x_ug, %v_gate : [4, 16] float32 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}
+  %x_uu = matmul %x, %u_up : [4, 3] float32 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}
+  %up = matmul %x_uu, %v_up : [4, 16] float32 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}
+  %act = elementwise silu %gate : [4, 16] float32 {group=h, kernel=k0, orient=transposed, place=sbuf}
+  %h = elementwise multiply %act, %up : [4, 16] float32 {group=h, kernel=k0, orient=transposed, place=hbm}
+  %h_ud = matmul %h, %u_down : [4, 4] float32 {acc=h_ud, group=h_ud, kernel=k1, orient=transposed, place=sbuf}
+  %down = matmul %h_ud, %v_down : [4, 8] float32 {acc=down, group=down, kernel=k1, orient=normal, place=hbm}
+  %out = output "out" %down
+}
+"""
+)
 ORIENT_MIXED = """\
 graph g {
   %a = input "a" [4, 8] float32 layout=row_major
@@ -296,7 +330,7 @@ def test_place_needs_kernels():
 
 
 def test_registry_and_fusion_pipeline():
-    assert {"implicit-transpose", "fuse", "place"} <= set(registered_passes())
+    assert {"implicit-transpose", "fuse", "place", "group-epilogues"} <= set(registered_passes())
     assert get_pass("fuse", mlp="split") == Fuse(mlp="split")
     assert parse_pipeline(DEFAULT_FUSION_PIPELINE) == [
         Canonicalize(),
@@ -305,10 +339,11 @@ def test_registry_and_fusion_pipeline():
         ImplicitTranspose(),
         Fuse(),
         Place(),
+        GroupEpilogues(),
     ]
 
 
-@pytest.mark.parametrize(("mode", "expected"), [("whole", SVD_MLP_WHOLE), ("split", SVD_MLP_SPLIT)])
+@pytest.mark.parametrize(("mode", "expected"), [("whole", SVD_MLP_WHOLE_GROUPED), ("split", SVD_MLP_SPLIT_GROUPED)])
 def test_fusion_pipeline_on_the_svd_mlp(mode, expected):
     result = run_pipeline(parse_text(SVD_MLP), split_pipeline(mode))
     assert result.graph == parse_text(expected)

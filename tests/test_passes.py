@@ -200,7 +200,8 @@ def test_pipeline_options_are_typed():
         (
             "canonicalize,tile",
             UnknownNameError,
-            r"unknown pass 'tile'; known passes: canonicalize, fold-transposes, fuse, implicit-transpose, place",
+            r"unknown pass 'tile'; known passes: canonicalize, fold-transposes, fuse, group-epilogues, "
+            r"implicit-transpose, place",
         ),
         ("canonicalize,,fold-transposes", InputError, r"malformed pipeline item ''"),
         ("canonicalize{max_iterations=5", InputError, r"malformed pipeline item"),

@@ -12,6 +12,9 @@ from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, lower_gemm, no
 from neuronmm_compiler.schedule.expr import Lin, Min, add, minimum, scale, sub, var
 from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, check_ranges
 from neuronmm_compiler.schedule.program import DmaCopy, Loop, Matmul, TensorTensor, instruction_counts, walk
+from neuronmm_compiler.targets import get_target
+
+TRN1 = get_target("trn1")
 
 
 def test_expr_folds_and_prints():
@@ -59,7 +62,7 @@ SHAPES = [(1, 512, 128), (200, 700, 300), (300, 1100, 700), (256, 1024, 2048)]
 @pytest.mark.parametrize("layout", ["mk", "km"])
 def test_closed_form_counts_equal_enumeration(shape, name, layout):
     problem = GemmProblem(*shape, a_layout=layout)
-    program = lower_gemm(problem, preset(name, problem))
+    program = lower_gemm(problem, preset(name, problem), TRN1)
     assert _totals(instruction_counts(program.body)) == _totals(_enumerate(program.body, {}))
 
 
@@ -79,15 +82,15 @@ def test_presets_are_structurally_faithful(shape):
     tiles_m, tiles_n, tiles_k = m // 128, n // 512, k // 128
     matmuls = tiles_m * tiles_n * tiles_k
 
-    tiled = lower_gemm(problem, preset("aws-tiled", problem))
+    tiled = lower_gemm(problem, preset("aws-tiled", problem), TRN1)
     assert _loads(tiled, "a_t") == matmuls and _loads(tiled, "b") == matmuls  # two loads per matmul
-    hoist = lower_gemm(problem, preset("aws-hoist-load", problem))
+    hoist = lower_gemm(problem, preset("aws-hoist-load", problem), TRN1)
     assert _loads(hoist, "a_t") == tiles_m * tiles_k  # A^T strip once per m tile
     assert _loads(hoist, "b") == tiles_m * tiles_n * tiles_k  # B strip per (m, n)
-    block = lower_gemm(problem, preset("aws-block-free", problem))
+    block = lower_gemm(problem, preset("aws-block-free", problem), TRN1)
     assert _loads(block, "a_t") == tiles_m * tiles_k
     assert _loads(block, "b") == (tiles_m // 2) * tiles_n * tiles_k  # B strip per (m block, n tile)
-    full = lower_gemm(problem, preset("aws-fully-optimized", problem))
+    full = lower_gemm(problem, preset("aws-fully-optimized", problem), TRN1)
     blocks_m, blocks_n = math.ceil(tiles_m / 16), math.ceil(tiles_n / 2)
     assert _loads(full, "b") == blocks_n * tiles_k  # one DMA per K tile row of a B block
     assert _loads(full, "a_t") == blocks_n * blocks_m * tiles_k  # one DMA per K tile row of an A block
@@ -103,7 +106,7 @@ def test_presets_are_structurally_faithful(shape):
 
 def test_fully_optimized_loop_nest_order():
     problem = GemmProblem(4096, 2048, 2048, a_layout="km")
-    program = lower_gemm(problem, preset("aws-fully-optimized", problem))
+    program = lower_gemm(problem, preset("aws-fully-optimized", problem), TRN1)
     enclosing = {s.var: tuple(loop.var for loop in loops) for s, loops in walk(program.body) if isinstance(s, Loop)}
     assert enclosing["m_blk"] == ("n_blk", "k_blk")
 
@@ -112,7 +115,7 @@ def test_decode_shape_is_not_padded():
     problem = GemmProblem(1, 4096, 4096)
     sched = preset("aws-fully-optimized", problem)
     assert sched.tile_m == 1 and sched.tiles_in_block_m == 1
-    program = lower_gemm(problem, sched)
+    program = lower_gemm(problem, sched, TRN1)
     elems = sum(
         mult * math.prod(e.evaluate(env) for e in stmt.src.shape)
         for stmt, env, mult in instruction_counts(program.body)
@@ -127,7 +130,7 @@ def test_every_loop_order_lowers_with_exact_counts(order, accumulate):
     problem = GemmProblem(300, 1100, 700)
     sched = GemmSchedule(tiles_in_block_m=2, tiles_in_block_n=1, tiles_in_block_k=2, loop_order=order,
                          accumulate=accumulate)
-    program = lower_gemm(problem, sched)
+    program = lower_gemm(problem, sched, TRN1)
     totals = _totals(instruction_counts(program.body))
     assert totals == _totals(_enumerate(program.body, {}))
     assert totals["Matmul"] == 3 * 3 * 6
@@ -187,5 +190,5 @@ def test_all_parameter_combinations_lower():
     ):
         sched = GemmSchedule(tiles_in_block_m=2, tiles_in_block_n=2, tiles_in_block_k=2, loop_order=order,
                              tile_order=tile_order, accumulate=acc, dma=dma, a_transpose=a_t)
-        program = lower_gemm(problem, sched)
+        program = lower_gemm(problem, sched, TRN1)
         assert _count(program, lambda s: isinstance(s, Matmul)) == 2 * 2 * 3

@@ -129,7 +129,7 @@ def cost(schedule_name: str | None, params: tuple[str, ...], target: str, as_jso
 
         lowered = lower_frontend(wl.m, wl.n, wl.k, dtype=wl.dtype, a_layout=wl.a_layout)
         sched = resolve_schedule(lowered.problem, schedule_name, parse_params(params), tgt)
-        report = estimate(lower_gemm(lowered.problem, sched), tgt)
+        report = estimate(lower_gemm(lowered.problem, sched, tgt), tgt)
         label = schedule_name or "aws-fully-optimized"
     if as_json:
         data = {"workload": wl.describe(), "target": tgt.name, "schedule": sched.as_dict(), **report.as_dict()}
@@ -496,7 +496,7 @@ def schedules(target: str, as_json: bool, **options: Any) -> None:
         problem = wl.problem()
         for name in PRESETS:
             sched = preset(name, problem)
-            fp = footprint(lower_gemm(problem, sched), tgt)
+            fp = footprint(lower_gemm(problem, sched, tgt), tgt)
             rows.append({"name": name, "description": preset_doc(name), "params": sched.as_dict(),
                          "sbuf_bytes_per_partition": fp.sbuf_bytes_per_partition, "psum_banks": fp.psum_banks,
                          "fits": fp.fits})

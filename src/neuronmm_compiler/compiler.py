@@ -101,7 +101,7 @@ def compile_lowered(lowered: Lowered, *, target: Target, dialect: str = DEFAULT_
         "custom" if isinstance(schedule, GemmSchedule) else DEFAULT_PRESET)
     if params:
         name += " + " + " ".join(f"{key}={value}" for key, value in sorted(params.items()))
-    program = lower_gemm(problem, chosen)
+    program = lower_gemm(problem, chosen, target)
     fp = check_fits(program, target)
     cost = estimate(program, target)
     summary = [
@@ -160,5 +160,5 @@ def tune(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: str = "mk
                        storage=storage, study_name=study_name, workers=workers)
     compiled = compile_lowered(lowered, target=tgt, dialect=dialect, schedule=result.best.schedule,
                                schedule_name=f"tuned ({result.method}, seed {seed})")
-    baseline = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem)), tgt)
+    baseline = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem), tgt), tgt)
     return Tuned(compiled, result, baseline)

@@ -31,7 +31,7 @@ from .search.tuner import Evaluator, SpaceSpec, search
 from .targets import Target
 from .workloads import Workload
 
-FUSION_PIPELINE = "canonicalize,fold-transposes,canonicalize,implicit-transpose,fuse{{mlp={mlp}}},place"
+FUSION_PIPELINE = "canonicalize,fold-transposes,canonicalize,implicit-transpose,fuse{{mlp={mlp}}},place,group-epilogues"
 
 
 @dataclass
@@ -52,8 +52,8 @@ def lower_graph(graph: Graph, mlp: str = "whole") -> GraphLowered:
     return GraphLowered(graph, result.graph, list(result.steps), split_kernels(result.graph))
 
 
-def graph_programs(lowered: GraphLowered, schedule: FusedSchedule) -> list[Program]:
-    return [lower_fused_kernel(kernel, schedule, kernel.name) for kernel in lowered.kernels]
+def graph_programs(lowered: GraphLowered, schedule: FusedSchedule, target: Target) -> list[Program]:
+    return [lower_fused_kernel(kernel, schedule, target, kernel.name) for kernel in lowered.kernels]
 
 
 def check_hbm(programs: list[Program], target: Target) -> None:
@@ -120,7 +120,7 @@ def compile_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_
     check_dialect(dialect)
     chosen = resolve_fused(workload, schedule, params, target)
     lowered = lower_graph(workload.graph(), chosen.mlp)
-    programs = graph_programs(lowered, chosen)
+    programs = graph_programs(lowered, chosen, target)
     check_hbm(programs, target)
     footprints = [check_fits(p, target, FUSED_ADVICE) for p in programs]
     costs = [estimate(p, target) for p in programs]
@@ -147,7 +147,7 @@ def compile_graph(workload: Workload, *, target: Target, dialect: str = DEFAULT_
 def _gemm_cost(problem: GemmProblem, target: Target) -> CostReport:
     """AWS's fully optimized kernel; where it does not fit the shape, the first AWS preset that does."""
     for name in ("aws-fully-optimized", *[p for p in PRESETS if p != "aws-fully-optimized"]):
-        report = estimate(lower_gemm(problem, preset(name, problem)), target)
+        report = estimate(lower_gemm(problem, preset(name, problem), target), target)
         if report.feasible:
             return report
     return report
@@ -169,7 +169,7 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = "mk") -> Cos
             problem = GemmProblem(m, node.shape[1], k, dtype=node.dtype, a_layout=layout)
             reports.append(_gemm_cost(problem, target))
         elif node.kind == "elementwise":
-            reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype), target))
+            reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype, target), target))
         elif node.kind == "transpose":
             raise ScheduleError("baselines of graphs with explicit transposes are not modelled")
     return combine_reports(reports)
@@ -264,7 +264,7 @@ def _fused_setup(workload: Workload, target: Target) -> tuple[SpaceSpec, Evaluat
         if schedule.mlp not in lowered_by_mode:
             lowered_by_mode[schedule.mlp] = lower_graph(graph, schedule.mlp)
         return combine_reports([estimate(p, target) for p in graph_programs(lowered_by_mode[schedule.mlp],
-                                                                             schedule)])
+                                                                             schedule, target)])
 
     space = fused_space(workload)
 
@@ -310,6 +310,6 @@ def cost_graph(workload: Workload, *, target: Target, params: Mapping[str, str |
                ) -> tuple[FusedSchedule, list[Program], list[CostReport], CostReport]:
     """The model's figures for one fused schedule, feasible or not (nothing is emitted)."""
     chosen = resolve_fused(workload, None, params, target)
-    programs = graph_programs(lower_graph(workload.graph(), chosen.mlp), chosen)
+    programs = graph_programs(lower_graph(workload.graph(), chosen.mlp), chosen, target)
     costs = [estimate(p, target) for p in programs]
     return chosen, programs, costs, combine_reports(costs)

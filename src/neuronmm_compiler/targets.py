@@ -118,6 +118,9 @@ class Target:
     partitions: int
     sbuf_bytes_per_partition: int
     sbuf_reserved_bytes_per_partition: int  # held back by the compiler (estimate: ~16 KiB on trn1)
+    # PSUM: 16 KiB per partition in 8 banks of 2 KiB (512 fp32); a PSUM allocation starts on a bank, and the
+    # lowerings give each accumulator held across a loop a bank (shared/trainium-facts.md, "Hardware" and
+    # "Tile limits": AWS Trainium architecture guide, NKI programming model)
     psum_bytes_per_partition: int
     psum_banks: int
     # --- engines ---
@@ -134,7 +137,8 @@ class Target:
     dma_bytes_per_ns_per_engine: float
     dma_fixed_cost_us: float  # per transfer (trn1: ~1.3 us across engines; trn2: ~0.6 us per DGE instr.)
     dma_transpose_efficiency: float  # fraction of DMA throughput a transposing load reaches (estimate)
-    # --- tile limits (nl.tile_size), identical on all current generations ---
+    # --- tile limits (nl.tile_size), identical on all current generations; the lowerings tile by these
+    # (shared/trainium-facts.md, "Tile limits": AWS NKI API reference, nl.tile_size) ---
     pmax: int = 128
     gemm_stationary_fmax: int = 128
     gemm_moving_fmax: int = 512

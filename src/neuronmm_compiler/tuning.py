@@ -39,7 +39,7 @@ def _from_record(workload: Workload, record: CacheRecord, *, target: Target, dia
     if workload.fused:
         return TunedGraph(compiled, search, *baselines(workload, target))
     problem = compiled.problem
-    baseline = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem)), target)
+    baseline = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem), target), target)
     return Tuned(compiled, search, baseline)
 
 

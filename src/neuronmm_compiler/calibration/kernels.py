@@ -27,7 +27,7 @@ from ..schedule import lower_gemm
 from ..schedule.gemm import GemmSchedule
 from ..schedule.lower_fused import lower_fused_kernel
 from ..schedule.program import Program
-from ..targets import Target
+from ..targets import Target, get_target
 
 
 @dataclass
@@ -68,6 +68,7 @@ def programs_from_metadata(meta: dict[str, Any]) -> list[Program]:
     not match the kernels the file declares)."""
     try:
         graph = parse_text(meta["graph"])
+        target = get_target(meta["target"])
         params = dict(meta["schedule"]["params"])
         declared = [{"name": k["name"], "inputs": k["inputs"], "outputs": k["outputs"]} for k in meta["kernels"]]
     except (KeyError, TypeError) as exc:
@@ -78,9 +79,9 @@ def programs_from_metadata(meta: dict[str, Any]) -> list[Program]:
     try:
         schedule = KINDS[kind]().with_params(params)
         if isinstance(schedule, GemmSchedule):
-            programs = [lower_gemm(gemm_problem_from_graph(graph), schedule)]
+            programs = [lower_gemm(gemm_problem_from_graph(graph), schedule, target)]
         else:
-            programs = [lower_fused_kernel(kernel, schedule, kernel.name) for kernel in split_kernels(graph)]
+            programs = [lower_fused_kernel(kernel, schedule, target, kernel.name) for kernel in split_kernels(graph)]
     except NmmcError as exc:
         raise InputError(f"cannot re-lower its schedule: {exc}") from None
     rebuilt = [{"name": p.name, "inputs": buffer_specs(p.params), "outputs": buffer_specs(p.outputs)} for p in programs]

@@ -49,9 +49,11 @@ OPERAND_INDICES = "operand_indices"
 ORIENTS: tuple[str, ...] = ("normal", "transposed")
 #: Values of the ``place`` annotation: where a computed value lives.
 PLACES: tuple[str, ...] = ("sbuf", "hbm")
-#: Known annotation keys and their accepted values (None: any identifier).
+#: Known annotation keys and their accepted values (None: any identifier). ``group`` (the id of the
+#: node whose group evaluates the value, see passes/group_epilogues.py) and ``acc`` (the id of the
+#: PSUM accumulator it is summed into) name nodes.
 ANNOTATION_VALUES: Mapping[str, tuple[str, ...] | None] = MappingProxyType(
-    {"kernel": None, "orient": ORIENTS, "place": PLACES}
+    {"kernel": None, "orient": ORIENTS, "place": PLACES, "group": None, "acc": None}
 )
 
 _ID_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

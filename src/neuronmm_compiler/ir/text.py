@@ -10,7 +10,7 @@ tokens are free; values must be defined above their first use)::
                  | "transpose" VALUE ":" shape DTYPE [ annotations ]
                  | "elementwise" ELEMENTWISE_OP VALUE ( "," VALUE )* ":" shape DTYPE [ annotations ]
                  | "output" STRING VALUE [ "layout" "=" LAYOUT ]
-    annotations := "{" IDENT "=" IDENT ( "," IDENT "=" IDENT )* "}"      (keys: kernel, orient, place)
+    annotations := "{" IDENT "=" IDENT ( "," IDENT "=" IDENT )* "}"      (keys: kernel, orient, place, group, acc)
     shape       := "[" INT ( "," INT )* "]"
     VALUE       := "%" IDENT          STRING := '"' IDENT '"'
     DTYPE       := bfloat16 | float32 | bf16 | fp32        LAYOUT := row_major | transposed

@@ -1,6 +1,6 @@
 """Graph passes and the pipeline driver; importing this package registers every pass."""
 
-from . import canonicalize, fold_transposes, fuse, implicit_transpose, place
+from . import canonicalize, fold_transposes, fuse, group_epilogues, implicit_transpose, place
 from .base import (
     Pass,
     PipelineResult,
@@ -14,14 +14,16 @@ from .base import (
 from .canonicalize import Canonicalize
 from .fold_transposes import FoldTransposes
 from .fuse import MLP_MODES, Fuse
+from .group_epilogues import GroupEpilogues
 from .implicit_transpose import ImplicitTranspose
 from .place import Place
 from .split import kernel_order, split_kernels
 
 #: The pipeline nmmc runs by default before scheduling.
 DEFAULT_PIPELINE = "canonicalize,fold-transposes,canonicalize"
-#: The pipeline for fused (multi-matmul) graphs: the default one, then orientation, kernels, placement.
-DEFAULT_FUSION_PIPELINE = "canonicalize,fold-transposes,canonicalize,implicit-transpose,fuse,place"
+#: The pipeline for fused (multi-matmul) graphs: the default one, then orientation, kernels, placement,
+#: and the groups each kernel evaluates on one PSUM eviction.
+DEFAULT_FUSION_PIPELINE = "canonicalize,fold-transposes,canonicalize,implicit-transpose,fuse,place,group-epilogues"
 
 __all__ = [
     "DEFAULT_FUSION_PIPELINE",
@@ -30,6 +32,7 @@ __all__ = [
     "Canonicalize",
     "FoldTransposes",
     "Fuse",
+    "GroupEpilogues",
     "ImplicitTranspose",
     "Pass",
     "PipelineResult",
@@ -39,6 +42,7 @@ __all__ = [
     "fold_transposes",
     "fuse",
     "get_pass",
+    "group_epilogues",
     "implicit_transpose",
     "kernel_order",
     "parse_pipeline",

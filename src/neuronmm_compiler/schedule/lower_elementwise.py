@@ -3,22 +3,30 @@ tensors): what an unfused baseline runs between its matmul kernels, HBM to HBM."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import ScheduleError
 from .dims import Dim, iv, loop
 from .expr import Lin
+from .limits import elementwise_tile_cols
 from .program import Activation, Alloc, Buffer, DmaCopy, Program, Ref, Stmt, TensorTensor, span
+
+if TYPE_CHECKING:
+    from ..targets import Target
 
 OPS = {"silu": 1, "multiply": 2, "add": 2}
 
 
-def lower_elementwise(op: str, shape: tuple[int, int], dtype: str, *, name: str | None = None,
-                      cols_per_tile: int = 2048) -> Program:
-    """Rows in tiles of 128 partitions, columns in tiles of ``cols_per_tile``: load, compute, store."""
+def lower_elementwise(op: str, shape: tuple[int, int], dtype: str, target: Target, *, name: str | None = None,
+                      cols_per_tile: int | None = None) -> Program:
+    """Rows in tiles of the target's partitions (``pmax``), columns in tiles of ``cols_per_tile``
+    (default: :func:`~.limits.elementwise_tile_cols` of the target): load, compute, store."""
     if op not in OPS:
         raise ScheduleError(f"no elementwise kernel for {op!r}; known: {', '.join(OPS)}")
     rows, cols = shape
-    rdim = Dim("r", rows, min(128, rows), -(-rows // 128), 1)
-    width = min(cols_per_tile, cols)
+    pmax = target.pmax
+    rdim = Dim("r", rows, min(pmax, rows), -(-rows // pmax), 1)
+    width = min(cols_per_tile or elementwise_tile_cols(target), cols)
     cdim = Dim("c", cols, width, -(-cols // width), 1)
     ins = [Buffer(n, shape, dtype, "hbm") for n in ("a", "b")[: OPS[op]]]
     out = Buffer("out", shape, dtype, "hbm")

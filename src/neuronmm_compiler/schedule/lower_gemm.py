@@ -19,9 +19,12 @@ expressions, so no out-of-bounds access and no padding of the user's tensors.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin, add, scale
 from .gemm import GemmProblem, GemmSchedule, normalize, tile_counts
+from .limits import psum_bank_fp32
 from .program import (
     Alloc,
     Buffer,
@@ -38,12 +41,14 @@ from .program import (
     span,
 )
 
-PSUM_BANK_FP32 = 512  # fp32 values per partition in one 2 KiB PSUM bank
+if TYPE_CHECKING:
+    from ..targets import Target
 
 
 class _GemmLowering:
-    def __init__(self, problem: GemmProblem, schedule: GemmSchedule):
+    def __init__(self, problem: GemmProblem, schedule: GemmSchedule, target: Target):
         self.p = problem
+        self.target = target
         self.s = normalize(problem, schedule)
         counts = tile_counts(problem, self.s)
         s = self.s
@@ -79,7 +84,7 @@ class _GemmLowering:
         self.acc_n_tiles = n.tiles if "n" in self.inner_dims else n.tiles_in_block
         acc_slots = self.acc_m_tiles * self.acc_n_tiles
         if s.accumulate == "psum":
-            shape = (m.tile, n.tile) if acc_slots == 1 else (m.tile, acc_slots, PSUM_BANK_FP32)
+            shape = (m.tile, n.tile) if acc_slots == 1 else (m.tile, acc_slots, psum_bank_fp32(target))
             self.acc = Buffer("acc_psum", shape, "float32", "psum")
         else:
             acc_dtype = "float32" if s.accumulator_dtype == "float32" else dt
@@ -284,6 +289,7 @@ class _GemmLowering:
         return Program("gemm_kernel", [self.a_hbm, self.b_hbm], [self.c_hbm], body, doc=doc)
 
 
-def lower_gemm(problem: GemmProblem, schedule: GemmSchedule) -> Program:
-    """The loop-nest program of ``schedule`` for ``problem`` (the schedule is normalized first)."""
-    return _GemmLowering(problem, schedule).program()
+def lower_gemm(problem: GemmProblem, schedule: GemmSchedule, target: Target) -> Program:
+    """The loop-nest program of ``schedule`` for ``problem`` on ``target`` (the schedule is normalized
+    first). PSUM accumulators held across the K loop take one bank of the target each."""
+    return _GemmLowering(problem, schedule, target).program()

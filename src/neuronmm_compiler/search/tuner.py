@@ -257,7 +257,7 @@ def _gemm_setup(problem: GemmProblem, target: Target, params: ModelParams | None
         distinct=lambda: (space.distinct(problem) if size <= 20 * exhaustive_threshold
                           else (space.decode(p) for p in space.points())),
     )
-    evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s), target, params),
+    evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params),
                          lambda s: normalize(problem, s))
     return spec, evaluate
 

@@ -1,0 +1,219 @@
+"""The operands of a fused kernel's matmuls: weight blocks and strips loaded into SBUF, and the
+matmuls that accumulate each group's PSUM tiles from them.
+
+Part of the fused lowering (:mod:`.lower_fused`); :class:`FusedState` declares the lowering's state
+the parts share, :class:`OperandLoads` the loads and matmul tiles every kind of group uses.
+Contraction tiles are ``pmax`` rows of the target (the partitions a matmul contracts over).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import IRError
+from ..ir import Graph, Node
+from .dims import Dim, iv, loop
+from .expr import Expr, Lin, scale
+from .fused import FusedSchedule, tiles_per_weight_block
+from .fused_groups import Group
+from .program import Alloc, Buffer, Copy, DmaCopy, Matmul, PeTranspose, Point, Ref, Stmt, span
+
+if TYPE_CHECKING:
+    from ..targets import Target
+
+
+class FusedState:
+    """What the parts of the fused lowering share (set by :class:`~.lower_fused._FusedLowering`)."""
+
+    g: Graph
+    name: str
+    target: Target
+    nodes: dict[str, Node]
+    s: FusedSchedule  # normalized to the kernel's tokens
+    tok: Dim  # the token dimension: tiles of token_tile, blocks of tokens_per_block
+    dtype: str
+    dtype_bytes: int
+    hbm: dict[str, Buffer]  # kernel input id -> its HBM array
+    out_hbm: dict[str, list[tuple[Node, Buffer]]]  # value id -> its outputs and their HBM arrays
+    strips: dict[str, Buffer]  # value or input id -> its SBUF strip (held transposed)
+    cached: dict[str, Buffer]  # matmul id -> its weight, resident across token blocks
+
+    def _users(self, node_id: str) -> list[Node]:
+        return [self.nodes[u] for u in self.g.users(node_id)]
+
+    def _stored(self, node: Node) -> bool:
+        """Whether the kernel stores ``node`` to HBM: its ``place`` annotation (``hbm``), which must
+        agree with the kernel graph having outputs of it (split_kernels gives those to every value
+        placed in HBM)."""
+        place = node.annotations["place"]
+        outputs = node.id in self.out_hbm
+        if (place == "hbm") != outputs:
+            has = "has outputs" if outputs else "has no output"
+            raise IRError(f"kernel {self.name}: %{node.id} is annotated place={place} but {has} in the kernel graph; "
+                          "rerun the place pass and split_kernels")
+        return outputs
+
+
+class OperandLoads(FusedState):
+    """Weights (streamed per block, or resident), input strips, and the PSUM tiles of groups' terms."""
+
+    def _matmuls(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.kind == "matmul"]
+
+    def _weight(self, mm: Node) -> Node:
+        """The weight of ``mm``: its right operand, a kernel input (passes/legality.py's rules)."""
+        return self.nodes[mm.operands[1]]
+
+    def _kdim(self, size: int) -> Dim:
+        """A contraction of ``size`` rows in tiles of the target's partitions, all in one block."""
+        pmax = self.target.pmax
+        tiles = -(-size // pmax)
+        return Dim("k", size, min(pmax, size), tiles, tiles)
+
+    def _strip(self, node_id: str, features: int) -> Buffer:
+        """The SBUF strip holding a value transposed: [features (tiles of pmax), tiles, tokens of a block]."""
+        if node_id not in self.strips:
+            pmax = self.target.pmax
+            tiles = -(-features // pmax)
+            shape = (min(pmax, features), tiles, self.s.tokens_per_block)
+            self.strips[node_id] = Buffer(f"{node_id}_strip", shape, self.dtype, "sbuf")
+        return self.strips[node_id]
+
+    def _cache(self, mm: Node) -> bool:
+        stage1 = self.nodes[mm.operands[0]].kind == "input"
+        return self.s.cache_weights == "all" or (self.s.cache_weights == "stage1" and stage1)
+
+    def _weight_dma(self, w: Node, dst: Ref, k0: Expr, ksz: Expr, c0: Expr, csz: Expr) -> DmaCopy:
+        """Load weight rows ``k0:k0+ksz``, columns ``c0:c0+csz`` into ``dst`` [ksz, csz]; a weight stored
+        transposed in HBM (W^T [N, K]) is read with a transposing DMA."""
+        hbm = self.hbm[w.id]
+        if w.attrs.get("layout") == "transposed":
+            return DmaCopy(dst, Ref(hbm, (span(c0, csz), span(k0, ksz))), transpose=True)
+        return DmaCopy(dst, Ref(hbm, (span(k0, ksz), span(c0, csz))))
+
+    def _load_block(self, w: Node, buf: Buffer, kdim: Dim, fdim: Dim, blk: Expr, max_tiles: int) -> list[Stmt]:
+        """DMAs filling ``buf[k, kt, :]`` with the weight columns of feature block ``blk``."""
+        kt = iv("kt", kdim.tiles)
+        ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
+        if self.s.weight_dma == "row" or max_tiles == 1:
+            cols = fdim.block_size(blk)
+            dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(0, cols))), k0, ksz,
+                                   fdim.block_start(blk), cols)
+            return loop("kt", Lin(kdim.tiles), kdim.tiles, [dma])
+        wt = iv("wt", max_tiles)
+        g = fdim.tile_index(blk, wt)
+        csz = fdim.tile_size(g)
+        dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))), k0, ksz,
+                               fdim.tile_start(g), csz)
+        return loop("wt", fdim.tiles_in(blk), max_tiles, loop("kt", Lin(kdim.tiles), kdim.tiles, [dma]))
+
+    def _weights(self, mm: Node, fdim: Dim, blk: Expr) -> tuple[list[Stmt], Buffer, bool]:
+        """(statements loading the weight block, the buffer to read, whether it holds all columns)."""
+        w = self._weight(mm)
+        if self._cache(mm):
+            return [], self.cached[mm.id], True
+        kdim = self._kdim(w.shape[0])
+        buf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kdim.tiles, fdim.block_elems), w.dtype, "sbuf")
+        return [Alloc(buf), *self._load_block(w, buf, kdim, fdim, blk, fdim.tiles_in_block)], buf, False
+
+    def cached_weights(self) -> list[Stmt]:
+        """Loads, before the token loop, of the weights ``cache_weights`` keeps resident in SBUF."""
+        out: list[Stmt] = []
+        for mm in self._matmuls():
+            if not self._cache(mm):
+                continue
+            w = self._weight(mm)
+            kdim = self._kdim(w.shape[0])
+            n = w.shape[1]
+            buf = Buffer(f"{w.attrs['name']}_resident", (kdim.tile, kdim.tiles, n), w.dtype, "sbuf")
+            self.cached[mm.id] = buf
+            whole = Dim("w", n, n, 1, 1)
+            out += [Alloc(buf, comment=f"{w.attrs['name']} stays in SBUF across token blocks"),
+                    *self._load_block(w, buf, kdim, whole, Lin(0), 1)]
+        return out
+
+    def load_strip(self, inp: Node, mb: Expr) -> list[Stmt]:
+        """X^T strip of a kernel input: [K on partitions (tiles), tokens of the block]."""
+        tok, s = self.tok, self.s
+        k = inp.shape[1]
+        kdim = self._kdim(k)
+        buf = self._strip(inp.id, k)
+        hbm = self.hbm[inp.id]
+        t0, bm = tok.block_start(mb), tok.block_size(mb)
+        kt = iv("kt", kdim.tiles)
+        ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
+        out: list[Stmt] = [Alloc(buf, comment=f"{inp.attrs['name']}^T strip: features on partitions, tokens free")]
+        if inp.attrs.get("layout") == "transposed":
+            dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, bm))), Ref(hbm, (span(k0, ksz), span(t0, bm))))
+            return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma])
+        if s.x_transpose == "dma":
+            dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, bm))),
+                          Ref(hbm, (span(t0, bm), span(k0, ksz))), transpose=True)
+            return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma])
+        tt = iv("tt", tok.tiles_in_block)
+        tg = tok.tile_index(mb, tt)
+        tsz = tok.tile_size(tg)
+        rows = Buffer(f"{inp.attrs['name']}_rows", (tok.tile, k), inp.dtype, "sbuf")
+        tp = Buffer(f"{inp.attrs['name']}_tpsum", (kdim.tile, tok.tile), inp.dtype, "psum")
+        body: list[Stmt] = [
+            Alloc(rows, comment="tokens on partitions, as stored"),
+            DmaCopy(Ref(rows, (span(0, tsz), span(0, k))), Ref(hbm, (span(tok.tile_start(tg), tsz), span(0, k)))),
+            *loop("kt", Lin(kdim.tiles), kdim.tiles, [
+                Alloc(tp),
+                PeTranspose(Ref(tp, (span(0, ksz), span(0, tsz))), Ref(rows, (span(0, tsz), span(k0, ksz)))),
+                Copy(Ref(buf, (span(0, ksz), Point(kt), span(scale(tt, tok.tile), tsz))),
+                     Ref(tp, (span(0, ksz), span(0, tsz)))),
+            ]),
+        ]
+        return out + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, body)
+
+    def _tiles_per_block(self, group: Group, tile: int, ntiles: int) -> int:
+        """Output tiles per weight block of a group: as many as ``weight_block_kib`` holds with all the
+        contraction rows of its longest matmul; all of them when the group has no matmul."""
+        if not group.matmuls:
+            return ntiles
+        k_tiles = max(-(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax) for mm in group.matmuls)
+        return tiles_per_weight_block(self.s, k_tiles, tile, self.dtype_bytes, ntiles)
+
+    def _weight_sources(self, group: Group, fdim: Dim, blk: Expr) -> tuple[list[Stmt], dict[str, tuple[Buffer, bool]]]:
+        """(loads of the block's weights, matmul id -> (buffer, whether it holds all columns))."""
+        loads: list[Stmt] = []
+        sources: dict[str, tuple[Buffer, bool]] = {}
+        for mm in group.matmuls:
+            more, buf, whole = self._weights(mm, fdim, blk)
+            loads += more
+            sources[mm.id] = (buf, whole)
+        return loads, sources
+
+    def _term_tiles(self, group: Group, sources: dict[str, tuple[Buffer, bool]], fdim: Dim, g: Expr,
+                    local: Expr, nsz: Expr, tile: Expr, tsz: Expr, row_major: bool
+                    ) -> tuple[list[Stmt], dict[str, Ref]]:
+        """PSUM tiles of every term of the group for one output tile."""
+        out: list[Stmt] = []
+        values: dict[str, Ref] = {}
+        s = self.s
+        for term in group.terms:
+            if row_major:
+                psum = Buffer(f"{term.node.id}_psum", (self.tok.tile, fdim.tile), "float32", "psum")
+                dst = Ref(psum, (span(0, tsz), span(0, nsz)))
+            else:
+                psum = Buffer(f"{term.node.id}_psum", (fdim.tile, s.tokens_per_block), "float32", "psum")
+                dst = Ref(psum, (span(0, nsz), span(0, tsz)))
+            out.append(Alloc(psum, accumulator=True))
+            for mm in term.matmuls:
+                buf, whole = sources[mm.id]
+                col = fdim.tile_start(g) if whole else local
+                lhs = self.nodes[mm.operands[0]]
+                kdim = self._kdim(lhs.shape[1])
+                kt = iv("kt", kdim.tiles)
+                ksz = kdim.tile_size(kt)
+                w = Ref(buf, (span(0, ksz), Point(kt), span(col, nsz)))
+                if row_major:
+                    x = Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(scale(tile, self.tok.tile), tsz)))
+                    mmul = Matmul(dst, x, w)
+                else:
+                    x = Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(0, tsz)))
+                    mmul = Matmul(dst, w, x)
+                out += loop("kt", Lin(kdim.tiles), kdim.tiles, [mmul])
+            values[term.node.id] = dst
+        return out, values

@@ -1,0 +1,133 @@
+"""Row-major groups of a fused kernel: values held token-major (tokens on partitions), computed
+with a strip slice as the stationary operand and the weight as the moving one, packed into rows and
+stored; outputs declared transposed of such values; and outputs that copy an input.
+
+Part of the fused lowering (:mod:`.lower_fused`).
+"""
+
+from __future__ import annotations
+
+from ..errors import ScheduleError
+from ..ir import Node
+from .dims import Dim, iv, loop
+from .expr import Expr, Lin, add, scale
+from .fused_groups import Group
+from .fused_operands import OperandLoads
+from .limits import copy_tile_cols
+from .program import Alloc, Buffer, Comment, Copy, DmaCopy, PeTranspose, Ref, Stmt, span
+
+
+class RowMajorGroups(OperandLoads):
+    """The lowering of groups annotated ``orient=normal``, of transposed stores and of copies."""
+
+    def row_major_group(self, group: Group, mb: Expr, tok: Dim | None = None,
+                        outputs: list[tuple[Node, Buffer]] | None = None) -> list[Stmt]:
+        """A group held row-major (tokens on partitions), stored row by row to its outputs (default:
+        every output of its root) over the token dimension ``tok`` (default: the kernel's)."""
+        s, root = self.s, group.root
+        tok = tok or self.tok
+        if outputs is None:
+            if not self._stored(root):
+                raise ScheduleError(f"kernel {self.name}: row-major %{root.id} is placed in SBUF, but a row-major "
+                                    "value is only ever stored")
+            outputs = self.out_hbm[root.id]
+        stores = [(o, hbm) for o, hbm in outputs if o.attrs.get("layout") != "transposed"]
+        flipped = [(o, hbm) for o, hbm in outputs if o.attrs.get("layout") == "transposed"]
+        out_dtype = outputs[0][0].dtype
+        n = root.shape[1]
+        tile_n = min(s.out_tile, n)
+        ntiles = -(-n // tile_n)
+        odim = Dim("o", n, tile_n, ntiles, self._tiles_per_block(group, tile_n, ntiles))
+        ob = iv("o_blk", odim.blocks)
+        loads, sources = self._weight_sources(group, odim, ob)
+        tt = iv("tt", tok.tiles_in_block)
+        tg = tok.tile_index(mb, tt)
+        tsz = tok.tile_size(tg)
+        bn = iv("bn", odim.tiles_in_block)
+        g = odim.tile_index(ob, bn)
+        nsz = odim.tile_size(g)
+        name = outputs[0][0].attrs["name"]
+        rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
+        per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True)
+        for op in group.operands:
+            buf = Buffer(f"{op.attrs['name']}_rowtile", (tok.tile, tile_n), op.dtype, "sbuf")
+            dst = Ref(buf, (span(0, tsz), span(0, nsz)))
+            hbm = self.hbm[op.id]
+            t0, c0 = tok.tile_start(tg), odim.tile_start(g)
+            if op.attrs.get("layout") == "transposed":
+                dma = DmaCopy(dst, Ref(hbm, (span(c0, nsz), span(t0, tsz))), transpose=True)
+            else:
+                dma = DmaCopy(dst, Ref(hbm, (span(t0, tsz), span(c0, nsz))))
+            per_tile += [Alloc(buf), dma]
+            values[op.id] = dst
+        temps = {node.id: Buffer(f"{node.id}_f32", (tok.tile, tile_n), "float32", "sbuf")
+                 for node in group.tree if node is not root}
+        spill = Buffer(f"{root.id}_spill", (tok.tile, tile_n), "float32", "sbuf")
+        per_tile += [Alloc(t) for t in temps.values()]
+        if any(self._two_psum_operands(node, group) for node in group.tree):
+            per_tile.append(Alloc(spill))
+        result = Ref(rows, (span(0, tsz), span(scale(bn, tile_n), nsz)))
+        per_tile += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
+        for out_node, hbm in flipped:
+            per_tile += self._transposed_store(out_node, hbm, rows, odim, g, scale(bn, tile_n), tok, tg, tsz)
+        cols = odim.block_size(ob)
+        store = [DmaCopy(Ref(hbm, (span(tok.tile_start(tg), tsz), span(odim.block_start(ob), cols))),
+                         Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
+        token_tile = [Alloc(rows, comment="one packed row of output tiles"),
+                      *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile), *store]
+        body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, token_tile)
+        names = ", ".join(o.attrs["name"] for o, _ in outputs)
+        return [Comment(f"{names} = {self._describe_group(group)}"),
+                *loop("o_blk", Lin(odim.blocks), odim.blocks, body)]
+
+    def _transposed_store(self, out_node: Node, hbm: Buffer, rows: Buffer, odim: Dim, g: Expr, col: Expr,
+                          tok: Dim, tg: Expr, tsz: Expr) -> list[Stmt]:
+        """Store output tile ``g`` of a row-major value to an output declared transposed: TensorE
+        transposes of chunks of the packed row, each stored as rows of the output. A TensorE transpose
+        is a matmul of the chunk (stationary) with an identity, so a chunk has at most
+        ``gemm_stationary_fmax`` columns, which land on the result's partitions (at most ``pmax``)."""
+        n = odim.size
+        chunk = min(self.target.pmax, self.target.gemm_stationary_fmax)
+        if odim.tile <= chunk:
+            cdim = Dim("c", n, odim.tile, odim.tiles, 1)
+        elif odim.tiles == 1 or odim.tile % chunk == 0:
+            cdim = Dim("c", n, chunk, -(-n // chunk), -(-odim.tile // chunk))
+        else:
+            raise ScheduleError(f"kernel {self.name}: output {out_node.attrs['name']} is stored transposed from "
+                                f"row-major tiles of {odim.tile} columns; use an out_tile of at most {chunk} or a "
+                                f"multiple of {chunk}")
+        ct = iv("ct", cdim.tiles_in_block)
+        gc = cdim.tile_index(g, ct)
+        csz = cdim.tile_size(gc)
+        name = out_node.attrs["name"]
+        tp = Buffer(f"{name}_tpsum", (cdim.tile, tok.tile), rows.dtype, "psum")
+        tile = Buffer(f"{name}_tile", (cdim.tile, tok.tile), rows.dtype, "sbuf")
+        body: list[Stmt] = [
+            Alloc(tp),
+            PeTranspose(Ref(tp, (span(0, csz), span(0, tsz))),
+                        Ref(rows, (span(0, tsz), span(add(col, scale(ct, cdim.tile)), csz)))),
+            Alloc(tile),
+            Copy(Ref(tile, (span(0, csz), span(0, tsz))), Ref(tp, (span(0, csz), span(0, tsz)))),
+            DmaCopy(Ref(hbm, (span(cdim.tile_start(gc), csz), span(tok.tile_start(tg), tsz))),
+                    Ref(tile, (span(0, csz), span(0, tsz)))),
+        ]
+        return [Comment(f"{name} is declared transposed: TensorE transposes of the row, stored as columns"),
+                *loop("ct", cdim.tiles_in(g), cdim.tiles_in_block, body)]
+
+    def _plain_copy(self, inp: Node, out_node: Node, hbm: Buffer) -> list[Stmt]:
+        """An output returning an input in the same layout: HBM to SBUF to HBM, tile by tile."""
+        rows, cols = inp.storage_shape
+        pmax = self.target.pmax
+        rdim = Dim("r", rows, min(pmax, rows), -(-rows // pmax), 1)
+        width = min(copy_tile_cols(self.target), cols)
+        cdim = Dim("c", cols, width, -(-cols // width), 1)
+        rt, ct = iv("r_tile", rdim.tiles), iv("c_tile", cdim.tiles)
+        rsz, csz = rdim.tile_size(rt), cdim.tile_size(ct)
+        region = (span(rdim.tile_start(rt), rsz), span(cdim.tile_start(ct), csz))
+        name = out_node.attrs["name"]
+        tile = Buffer(f"{name}_rows", (rdim.tile, width), inp.dtype, "sbuf")
+        held = Ref(tile, (span(0, rsz), span(0, csz)))
+        body: list[Stmt] = [Alloc(tile), DmaCopy(held, Ref(self.hbm[inp.id], region)), DmaCopy(Ref(hbm, region), held)]
+        return [Comment(f"{name} = {inp.id}, copied as stored"),
+                *loop("r_tile", Lin(rdim.tiles), rdim.tiles, loop("c_tile", Lin(cdim.tiles), cdim.tiles, body))]
+

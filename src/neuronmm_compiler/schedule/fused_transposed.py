@@ -1,0 +1,155 @@
+"""Transposed groups of a fused kernel: values held feature-major (features on partitions, tokens
+free), computed with the weight tile as the stationary operand and the strip as the moving one.
+
+Part of the fused lowering (:mod:`.lower_fused`). Each group walks its output features in weight
+blocks of ``gemm_stationary_fmax``-feature tiles, accumulates one PSUM tile per term and feature
+tile over the contraction (or, with ``k_tiles_per_block``, over K blocks with one PSUM bank per
+feature tile held across them), and evaluates its epilogue on the eviction into its result strip.
+"""
+
+from __future__ import annotations
+
+from ..ir import Node
+from .dims import Dim, iv, loop
+from .expr import Expr, Lin, scale
+from .fused import tiles_per_weight_block
+from .fused_groups import Group
+from .fused_operands import OperandLoads
+from .limits import k_blocked_group_banks, psum_bank_fp32
+from .program import Alloc, Buffer, Comment, DmaCopy, Matmul, Point, Ref, Stmt, span
+
+
+class TransposedGroups(OperandLoads):
+    """The lowering of groups annotated ``orient=transposed``."""
+
+    def _k_blocked(self, group: Group) -> int:
+        """K tiles per weight block when the group's contraction is blocked (0: not blocked)."""
+        s = self.s
+        matmuls = group.matmuls
+        ks = {-(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax) for mm in matmuls}
+        if (s.k_tiles_per_block <= 0 or len(ks) != 1 or any(len(t.matmuls) > 1 for t in group.terms)
+                or any(self._cache(mm) for mm in matmuls)):
+            return 0
+        k_tiles = ks.pop()
+        return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
+
+    def transposed_group(self, group: Group, mb: Expr) -> list[Stmt]:
+        """The statements computing ``group`` for token block ``mb`` into its strip (or streamed to HBM)."""
+        root, s = group.root, self.s
+        n = root.shape[1]
+        feature_tile = self.target.gemm_stationary_fmax  # output features per matmul: the stationary free size
+        ntiles = -(-n // feature_tile)
+        ftile = min(feature_tile, n)
+        kb = self._k_blocked(group)
+        if kb:
+            # Contraction blocked: each feature tile's PSUM accumulator (a bank) lives across the
+            # K blocks, so the feature block is bounded by the banks left for this group.
+            by_sbuf = tiles_per_weight_block(s, kb, ftile, self.dtype_bytes, ntiles)
+            per_block = max(1, min(by_sbuf, k_blocked_group_banks(self.target) // len(group.terms)))
+        else:
+            per_block = self._tiles_per_block(group, ftile, ntiles)
+        fdim = Dim("f", n, ftile, ntiles, per_block)
+        bm = self.tok.block_size(mb)
+        # A result placed in HBM that no matmul of this kernel reads (e.g. h^T of a split MLP's first
+        # kernel) is stored tile by tile as it is produced, instead of being held whole in SBUF.
+        stored = self._stored(root)
+        streamed = stored and not any(u.kind != "output" for u in self._users(root.id))
+        if streamed:
+            out_strip = Buffer(f"{root.id}_tile", (ftile, s.tokens_per_block), self.dtype, "sbuf")
+            out: list[Stmt] = []
+        else:
+            out_strip = self._strip(root.id, n)
+            out = [Alloc(out_strip, comment=f"{root.id}^T strip of this token block, kept in SBUF")]
+        temps = {node.id: Buffer(f"{node.id}_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
+                 for node in group.tree if node is not root}
+        spill = Buffer(f"{root.id}_spill", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
+        out += [Alloc(t) for t in temps.values()]
+        if any(self._two_psum_operands(node, group) for node in group.tree):
+            out.append(Alloc(spill))
+        fb = iv("f_blk", fdim.blocks)
+        ft = iv("ft", fdim.tiles_in_block)
+        g = fdim.tile_index(fb, ft)
+        nsz = fdim.tile_size(g)
+        if streamed:
+            result = Ref(out_strip, (span(0, nsz), span(0, bm)))
+            store = [DmaCopy(Ref(hbm, (span(fdim.tile_start(g), nsz), span(self.tok.block_start(mb), bm))), result)
+                     for _, hbm in self.out_hbm[root.id]]
+        else:
+            result = Ref(out_strip, (span(0, nsz), Point(g), span(0, bm)))
+            store = []
+        operands = {op.id: Ref(self.strips[op.id], (span(0, nsz), Point(g), span(0, bm))) for op in group.operands}
+        block: list[Stmt] = []
+        if kb:
+            values, accumulate = self._k_blocked_matmuls(group, fdim, fb, ft, nsz, bm, kb)
+            block += accumulate
+            tile = []
+        else:
+            loads, sources = self._weight_sources(group, fdim, fb)
+            block += loads
+            tile, values = self._term_tiles(group, sources, fdim, g, scale(ft, fdim.tile), nsz, Lin(0), bm,
+                                            row_major=False)
+        values.update(operands)
+        tile += ([Alloc(out_strip)] if streamed else []) + self._epilogue(group, values, result, temps, spill,
+                                                                          (nsz, bm)) + store
+        block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
+        out += [Comment(self._describe_group(group))]
+        out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block)
+        if stored and not streamed:
+            out += self._store_strip(root, out_strip, fdim, mb)
+        return out
+
+    def _k_blocked_matmuls(self, group: Group, fdim: Dim, fb: Expr, ft: Expr, nsz: Expr, bm: Expr,
+                           kb: int) -> tuple[dict[str, Ref], list[Stmt]]:
+        """PSUM accumulators of the feature block, then the K-block loop: load weight rows, matmul."""
+        lhs0 = self.nodes[group.matmuls[0].operands[0]]
+        k = lhs0.shape[1]
+        pmax = self.target.pmax
+        kdim = Dim("k", k, min(pmax, k), -(-k // pmax), kb)
+        kblk = iv("k_blk", kdim.blocks)
+        kt = iv("kt", kdim.tiles_in_block)
+        gk = kdim.tile_index(kblk, kt)
+        ksz = kdim.tile_size(gk)
+        allocs: list[Stmt] = []
+        loads: list[Stmt] = []
+        tile: list[Stmt] = []
+        values: dict[str, Ref] = {}
+        for leaf in group.matmuls:
+            w = self._weight(leaf)
+            psum = Buffer(f"{leaf.id}_psum", (fdim.tile, fdim.tiles_in_block, psum_bank_fp32(self.target)), "float32",
+                          "psum")
+            allocs.append(Alloc(psum, accumulator=True, comment="one PSUM bank per feature tile, across K blocks"))
+            wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, fdim.block_elems), w.dtype, "sbuf")
+            loads.append(Alloc(wbuf))
+            if self.s.weight_dma == "row" or fdim.tiles_in_block == 1:
+                cols = fdim.block_size(fb)
+                dma = self._weight_dma(w, Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk),
+                                       ksz, fdim.block_start(fb), cols)
+                loads += loop("kt", kdim.tiles_in(kblk), kb, [dma])
+            else:
+                wt = iv("wt", fdim.tiles_in_block)
+                gw = fdim.tile_index(fb, wt)
+                csz = fdim.tile_size(gw)
+                dma = self._weight_dma(w, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))),
+                                       kdim.tile_start(gk), ksz, fdim.tile_start(gw), csz)
+                loads += loop("wt", fdim.tiles_in(fb), fdim.tiles_in_block, loop("kt", kdim.tiles_in(kblk), kb, [dma]))
+            dst = Ref(psum, (span(0, nsz), Point(ft), span(0, bm)))
+            mm = Matmul(dst, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(ft, fdim.tile), nsz))),
+                        Ref(self.strips[self.nodes[leaf.operands[0]].id], (span(0, ksz), Point(gk), span(0, bm))))
+            tile += loop("kt", kdim.tiles_in(kblk), kb, [mm])
+            values[leaf.id] = dst
+        body = loads + loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
+        return values, allocs + loop("k_blk", Lin(kdim.blocks), kdim.blocks, body)
+
+    def _store_strip(self, node: Node, strip: Buffer, fdim: Dim, mb: Expr) -> list[Stmt]:
+        """Store the strip of ``node`` to each of its outputs (declared transposed: the legality rules)."""
+        out: list[Stmt] = []
+        for out_node, hbm in self.out_hbm[node.id]:
+            nt = iv("nt", fdim.tiles)
+            nsz = fdim.tile_size(nt)
+            t0, bm = self.tok.block_start(mb), self.tok.block_size(mb)
+            dma = DmaCopy(Ref(hbm, (span(fdim.tile_start(nt), nsz), span(t0, bm))),
+                          Ref(strip, (span(0, nsz), Point(nt), span(0, bm))))
+            out += [Comment(f"store {out_node.attrs['name']} (transposed in HBM)"),
+                    *loop("nt", Lin(fdim.tiles), fdim.tiles, [dma])]
+        return out
+
