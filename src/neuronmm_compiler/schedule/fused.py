@@ -21,36 +21,58 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..errors import ScheduleError
-from .gemm import ParamSpec, ScheduleParams
+from .gemm import (
+    CLASS,
+    EXCHANGE,
+    ParamSpec,
+    ScheduleParams,
+    categorical,
+    check_schedule,
+    integer,
+    max_tiles_per_block,
+    sbuf_kib_per_partition,
+    tile_limits_target,
+)
 
 WEIGHT_DMA = ("row", "tile")
 CACHE_WEIGHTS = ("none", "stage1", "all")
 X_TRANSPOSE = ("dma", "pe")
 MLP_MODES = ("whole", "split")
 
+#: The fused schedule space, in :class:`FusedSchedule`'s field order. The search narrows
+#: ``x_transpose`` to ``dma`` when no activation is row-major, and ``mlp`` to ``whole`` when no
+#: matmul reads an elementwise result.
 FUSED_PARAMS: tuple[ParamSpec, ...] = (
-    ParamSpec("tokens_per_block", int, None,
-              "tokens per block (BM): the strip width, <= 512; a multiple of token_tile when larger than it"),
-    ParamSpec("token_tile", int, None, "tokens per stationary tile of the final, row-major matmul, 1..128"),
-    ParamSpec("weight_block_kib", int, None,
-              "SBUF KiB per partition of one weight block (all of its contraction rows, as many output "
-              "tiles as fit, at least one): larger blocks mean fewer, longer weight DMAs"),
-    ParamSpec("k_tiles_per_block", int, None,
-              "contraction tiles per weight block of a transposed matmul; 0 = all of them. Blocking K "
-              "keeps a PSUM bank per feature tile across K blocks, so long contractions (the down "
-              "projection's U) stream wide weight rows instead of narrow ones"),
-    ParamSpec("out_tile", int, None, "output columns per matmul of the final, row-major matmul, 1..512"),
-    ParamSpec("weight_dma", str, WEIGHT_DMA, "row: one DMA per 128-row slab of a weight block; tile: per tile"),
-    ParamSpec("cache_weights", str, CACHE_WEIGHTS,
-              "weights loaded once and kept in SBUF across token blocks: none, stage1 (the factors applied "
-              "to the kernel's inputs, e.g. U), or all"),
-    ParamSpec("x_transpose", str, X_TRANSPOSE,
-              "how X^T strips are made from a row-major X: dma (transposing load) or pe (TensorE)"),
-    ParamSpec("mlp", str, MLP_MODES,
-              "how a gated MLP is split into kernels: whole (one kernel, h stays in SBUF) or split "
-              "(gate/up kernel, then down kernel; h^T goes through HBM)"),
+    integer("tokens_per_block", 1, "gemm_moving_fmax",
+            "the strip is the moving operand of the transposed matmuls", (32, 64, 128, 256, 512),
+            "tokens per block (BM): the strip width, 1..512; a multiple of token_tile when larger than it",
+            role=EXCHANGE),
+    integer("token_tile", 1, "gemm_stationary_fmax", "stationary free size", (128,),
+            "tokens per stationary tile of the final, row-major matmul, 1..128"),
+    integer("weight_block_kib", 1, sbuf_kib_per_partition, "SBUF KiB per partition: a larger block cannot fit",
+            (4, 8, 16, 32, 64),
+            "SBUF KiB per partition of one weight block (all of its contraction rows, as many output "
+            "tiles as fit, at least one), 1..SBUF KiB per partition (192 on trn1): larger blocks mean "
+            "fewer, longer weight DMAs", role=EXCHANGE),
+    integer("k_tiles_per_block", 0, max_tiles_per_block,
+            "0 = all; at most SBUF bytes per partition / 2: a block of more tiles cannot fit", (0, 8, 16, 32),
+            "contraction tiles per weight block of a transposed matmul, 0..SBUF bytes per partition / 2 "
+            "(98304 on trn1); 0 = all of them. Blocking K keeps a PSUM bank per feature tile across K "
+            "blocks, so long contractions (the down projection's U) stream wide weight rows instead of "
+            "narrow ones", role=EXCHANGE),
+    integer("out_tile", 1, "gemm_moving_fmax", "moving free size", (512, 256),
+            "output columns per matmul of the final, row-major matmul, 1..512"),
+    categorical("weight_dma", WEIGHT_DMA, ("row", "tile"),
+                "row: one DMA per 128-row slab of a weight block; tile: per tile"),
+    categorical("cache_weights", CACHE_WEIGHTS, ("none", "stage1", "all"),
+                "weights loaded once and kept in SBUF across token blocks: none, stage1 (the factors applied "
+                "to the kernel's inputs, e.g. U), or all", role=CLASS),
+    categorical("x_transpose", X_TRANSPOSE, ("dma", "pe"),
+                "how X^T strips are made from a row-major X: dma (transposing load) or pe (TensorE)", role=CLASS),
+    categorical("mlp", MLP_MODES, ("whole", "split"),
+                "how a gated MLP is split into kernels: whole (one kernel, h stays in SBUF) or split "
+                "(gate/up kernel, then down kernel; h^T goes through HBM)", role=CLASS),
 )
-FUSED_PARAM_NAMES = tuple(p.name for p in FUSED_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -70,26 +92,21 @@ class FusedSchedule(ScheduleParams):
     x_transpose: str = "dma"
     mlp: str = "whole"
 
+    def check_relations(self) -> None:
+        """A token block wider than a token tile is a whole number of tiles."""
+        if self.tokens_per_block > self.token_tile and self.tokens_per_block % self.token_tile:
+            raise ScheduleError(f"tokens_per_block={self.tokens_per_block} must be a multiple of "
+                                f"token_tile={self.token_tile}")
+
+    def normalized(self, context: int) -> FusedSchedule:
+        """:func:`normalize_fused` to ``context`` tokens."""
+        return normalize_fused(self, context)
+
 
 def check_fused(schedule: FusedSchedule, moving_fmax: int = 512, stationary_fmax: int = 128) -> None:
-    """Raise ScheduleError when a parameter is outside its domain or a TensorEngine limit."""
-    s = schedule
-    if not 1 <= s.tokens_per_block <= moving_fmax:
-        raise ScheduleError(f"tokens_per_block={s.tokens_per_block} is outside 1..{moving_fmax} "
-                            "(the strip is the moving operand of the transposed matmuls)")
-    if not 1 <= s.token_tile <= stationary_fmax:
-        raise ScheduleError(f"token_tile={s.token_tile} is outside 1..{stationary_fmax} (stationary free size)")
-    if s.tokens_per_block > s.token_tile and s.tokens_per_block % s.token_tile:
-        raise ScheduleError(f"tokens_per_block={s.tokens_per_block} must be a multiple of token_tile={s.token_tile}")
-    if not 1 <= s.out_tile <= moving_fmax:
-        raise ScheduleError(f"out_tile={s.out_tile} is outside 1..{moving_fmax} (moving free size)")
-    if s.k_tiles_per_block < 0:
-        raise ScheduleError(f"k_tiles_per_block={s.k_tiles_per_block} must be 0 (all) or positive")
-    if s.weight_block_kib < 1:
-        raise ScheduleError(f"weight_block_kib={s.weight_block_kib} must be at least 1")
-    for spec in FUSED_PARAMS:
-        if spec.choices and getattr(s, spec.name) not in spec.choices:
-            raise ScheduleError(f"{spec.name}={getattr(s, spec.name)!r} is not one of {', '.join(spec.choices)}")
+    """Transitional: :func:`~.gemm.check_schedule` on the default target with these tile limits.
+    Callers holding a target should call ``check_schedule(schedule, target)``."""
+    check_schedule(schedule, tile_limits_target(gemm_moving_fmax=moving_fmax, gemm_stationary_fmax=stationary_fmax))
 
 
 def normalize_fused(schedule: FusedSchedule, tokens: int) -> FusedSchedule:

@@ -17,11 +17,15 @@ but still positions the loads (order ``kmn`` with one K block keeps an A^T strip
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from itertools import permutations
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..errors import InputError, ScheduleError, UnknownNameError
+
+if TYPE_CHECKING:
+    from ..targets import Target
 
 DTYPES = ("bfloat16", "float32")
 A_LAYOUTS = ("mk", "km")
@@ -76,32 +80,168 @@ class GemmProblem:
         return f"C[M,N] = A[M,K] @ B[K,N], M={self.m} N={self.n} K={self.k}, {self.dtype}, {a}"
 
 
+#: How the search treats a parameter (its *role*). Integers are ordinal: Optuna samples an index
+#: into their candidate list, so neighbouring candidates are related. Strings are categorical.
+#: ``exchange`` (an ordinal block size) and ``class`` (a structural categorical) add what the
+#: polish does with them: it trades one exchange parameter's step against another's, and it
+#: starts one descent per combination of class values.
+ORDINAL = "ordinal"
+EXCHANGE = "exchange"
+CATEGORICAL = "categorical"
+CLASS = "class"
+ROLES = (ORDINAL, EXCHANGE, CATEGORICAL, CLASS)
+
+#: An integer parameter's upper bound: a number, the name of a :class:`~neuronmm_compiler.targets.Target`
+#: attribute, or a function of the target.
+Bound = int | str | Callable[["Target"], int]
+
+#: Bytes of the narrowest element a schedule tiles (bf16).
+MIN_ITEMSIZE = 2
+
+
+def max_tiles_per_block(target: Target) -> int:
+    """The most tiles a block may have along one dimension on ``target``: SBUF bytes per partition
+    / 2 (98304 on trn1). A block of T tiles keeps at least T elements per partition of one operand
+    in SBUF (the A^T and B blocks hold every tile of theirs side by side on the free axis, a fused
+    weight block every contraction tile), at least 2 bytes each, so a larger block can never fit;
+    a larger value could only ever be clipped to the problem's tile count."""
+    return target.sbuf_bytes_per_partition // MIN_ITEMSIZE
+
+
+def sbuf_kib_per_partition(target: Target) -> int:
+    """SBUF KiB per partition on ``target`` (192 on trn1): the most one weight block can hold."""
+    return target.sbuf_bytes_per_partition // 1024
+
+
 @dataclass(frozen=True)
 class ParamSpec:
+    """One schedule parameter, declared once: its name and type, its domain (``choices`` of a
+    categorical; ``low..high`` of an integer, ``high`` a number, a Target attribute or a function of
+    the Target, ``limit`` saying what it is), the values the search tries (``candidates``, in
+    Optuna's index order; empty: not searched, the dataclass default is used), its role in the
+    search (:data:`ROLES`), and the help ``nmmc schedules`` prints. Defaults are the schedule
+    dataclass's field defaults. Build with :func:`integer` or :func:`categorical`."""
+
     name: str
     kind: type
     choices: tuple[str, ...] | None
     help: str
+    low: int = 0
+    high: Bound = 0
+    limit: str = ""
+    candidates: tuple = ()
+    role: str = CATEGORICAL
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"{self.name}: unknown role {self.role!r}")
+        if self.kind is int:
+            if self.choices is not None or not self.ordinal:
+                raise ValueError(f"{self.name}: an integer parameter is ordinal and has no choices")
+            bad = [v for v in self.candidates if not _is_int(v) or v < self.low
+                   or (isinstance(self.high, int) and v > self.high)]
+        elif self.kind is str:
+            if not self.choices or self.ordinal:
+                raise ValueError(f"{self.name}: a string parameter is categorical and has choices")
+            bad = [v for v in self.candidates if v not in self.choices]
+        else:
+            raise ValueError(f"{self.name}: parameters are int or str, not {self.kind!r}")
+        if bad or len(set(self.candidates)) != len(self.candidates):
+            raise ValueError(f"{self.name}: candidates {self.candidates} repeat or leave the domain")
+
+    @property
+    def searched(self) -> bool:
+        """True when the search samples this parameter."""
+        return bool(self.candidates)
+
+    @property
+    def ordinal(self) -> bool:
+        """Optuna samples an index into the candidates (else the candidate itself, categorically)."""
+        return self.role in (ORDINAL, EXCHANGE)
+
+    @property
+    def exchange(self) -> bool:
+        """The polish trades a step of this block size against a step of another."""
+        return self.role == EXCHANGE
+
+    @property
+    def polish_class(self) -> bool:
+        """Structural: the polish starts once per combination of these parameters' values."""
+        return self.role == CLASS
+
+    def upper(self, target: Target) -> int:
+        """The largest value an integer parameter may take on ``target``."""
+        if isinstance(self.high, int):
+            return self.high
+        if isinstance(self.high, str):
+            return int(getattr(target, self.high))
+        return self.high(target)
+
+    def check(self, value: object, target: Target) -> None:
+        """Raise ScheduleError when ``value`` is outside this parameter's domain on ``target``."""
+        if self.kind is str:
+            if value not in (self.choices or ()):
+                raise ScheduleError(f"{self.name}={value!r} is not one of {', '.join(self.choices or ())}")
+            return
+        if not _is_int(value):
+            raise ScheduleError(f"{self.name}={value!r} is not an integer")
+        high = self.upper(target)
+        if not self.low <= value <= high:  # type: ignore[operator]
+            raise ScheduleError(f"{self.name}={value} is outside {self.low}..{high} ({self.limit})")
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(name: str, low: int, high: Bound, limit: str, candidates: tuple[int, ...], help: str, *,
+            role: str = ORDINAL) -> ParamSpec:
+    """An integer parameter with domain ``low..high`` (``limit``: what ``high`` is, for errors)."""
+    return ParamSpec(name, int, None, help, low=low, high=high, limit=limit, candidates=candidates, role=role)
+
+
+def categorical(name: str, choices: tuple[str, ...], candidates: tuple[str, ...], help: str, *,
+                role: str = CATEGORICAL) -> ParamSpec:
+    """A string parameter with domain ``choices``."""
+    return ParamSpec(name, str, choices, help, candidates=candidates, role=role)
+
+
+_TILES_LIMIT = "SBUF bytes per partition / 2: a block of more tiles cannot fit"
+
+
+def _tiles_in_block(dim: str) -> ParamSpec:
+    return integer(
+        f"tiles_in_block_{dim}", 1, max_tiles_per_block, _TILES_LIMIT,
+        (1, 2, 4, 8) if dim == "n" else (1, 2, 4, 8, 16, 32),
+        f"{dim.upper()} tiles per block, 1..SBUF bytes per partition / 2 (98304 on trn1: a block keeps at least "
+        "2 bytes per tile and partition in SBUF); clipped to the tile count", role=EXCHANGE)
+
+
+#: The GEMM schedule space, in :class:`GemmSchedule`'s field order. Left out of the search on purpose:
+#: ``tile_order`` (one candidate: it changes no count the model sees, only the order of independent
+#: tiles) and ``accumulator_dtype`` (partial sums stay in fp32: trading accuracy for speed is the
+#: user's call, via ``--param``). ``a_transpose`` is narrowed to ``dma`` when A is stored [K, M].
 PARAMS: tuple[ParamSpec, ...] = (
-    ParamSpec("tile_m", int, None, "stationary free size of a tile (rows of C), 1..128"),
-    ParamSpec("tile_n", int, None, "moving free size of a tile (columns of C), 1..512"),
-    ParamSpec("tile_k", int, None, "partition size of a tile (contraction), 1..128"),
-    ParamSpec("tiles_in_block_m", int, None, "M tiles per block (>= 1; clipped to the tile count)"),
-    ParamSpec("tiles_in_block_n", int, None, "N tiles per block (>= 1; clipped to the tile count)"),
-    ParamSpec("tiles_in_block_k", int, None, "K tiles per block (>= 1; clipped to the tile count)"),
-    ParamSpec("loop_order", str, LOOP_ORDERS, "order of the block loops, outermost first"),
-    ParamSpec("tile_order", str, TILE_ORDERS, "order of the M and N tile loops inside a block"),
-    ParamSpec("accumulate", str, ACCUMULATE,
-              "where partial sums over K blocks live: psum (banks held across the K loop) or sbuf"),
-    ParamSpec("dma", str, DMA_MODES, "tile: one DMA per tile; row: one DMA per partition row of a block"),
-    ParamSpec("a_transpose", str, A_TRANSPOSE,
-              "how A^T tiles are made when A is row-major: dma (transposing load) or pe (TensorE)"),
-    ParamSpec("accumulator_dtype", str, ACCUMULATOR_DTYPES,
-              "dtype of SBUF partial sums: float32 or the output dtype"),
+    integer("tile_m", 1, "gemm_stationary_fmax", "the TensorEngine's stationary free size limit", (128, 64),
+            "stationary free size of a tile (rows of C), 1..128"),
+    integer("tile_n", 1, "gemm_moving_fmax", "the TensorEngine's moving free size limit", (512, 256),
+            "moving free size of a tile (columns of C), 1..512"),
+    integer("tile_k", 1, "pmax", "the TensorEngine's partition count limit", (128,),
+            "partition size of a tile (contraction), 1..128"),
+    _tiles_in_block("m"),
+    _tiles_in_block("n"),
+    _tiles_in_block("k"),
+    categorical("loop_order", LOOP_ORDERS, LOOP_ORDERS, "order of the block loops, outermost first"),
+    categorical("tile_order", TILE_ORDERS, ("mn",), "order of the M and N tile loops inside a block"),
+    categorical("accumulate", ACCUMULATE, ("psum", "sbuf"),
+                "where partial sums over K blocks live: psum (banks held across the K loop) or sbuf", role=CLASS),
+    categorical("dma", DMA_MODES, ("row", "tile"),
+                "tile: one DMA per tile; row: one DMA per partition row of a block", role=CLASS),
+    categorical("a_transpose", A_TRANSPOSE, ("dma", "pe"),
+                "how A^T tiles are made when A is row-major: dma (transposing load) or pe (TensorE)", role=CLASS),
+    categorical("accumulator_dtype", ACCUMULATOR_DTYPES, (),
+                "dtype of SBUF partial sums: float32 or the output dtype"),
 )
-PARAM_NAMES = tuple(p.name for p in PARAMS)
 
 
 def parse_params(specs: tuple[ParamSpec, ...], params: dict[str, str | int], what: str) -> dict[str, int | str]:
@@ -129,8 +269,9 @@ _S = TypeVar("_S", bound="ScheduleParams")
 
 
 class ScheduleParams:
-    """What every schedule dataclass offers: its parameters as a dict, one readable line, and
-    ``--param key=value`` overrides checked against the class's ``SPECS``."""
+    """What every schedule dataclass offers: its parameters as a dict, one readable line,
+    ``--param key=value`` overrides checked against the class's ``SPECS`` (which name the
+    dataclass's fields, in order), and a check of every parameter against its domain."""
 
     SPECS: ClassVar[tuple[ParamSpec, ...]] = ()
     WHAT: ClassVar[str] = "schedule"
@@ -144,6 +285,21 @@ class ScheduleParams:
     def with_params(self: _S, params: dict[str, str | int]) -> _S:
         """A copy with ``--param key=value`` overrides applied (values may be strings)."""
         return replace(self, **parse_params(self.SPECS, params, self.WHAT))  # type: ignore[type-var]
+
+    def check_relations(self) -> None:
+        """Raise ScheduleError when parameters contradict each other (each within its domain)."""
+
+    def normalized(self: _S, context: Any) -> _S:
+        """The equivalent schedule with sizes clipped to the workload ``context`` describes."""
+        raise NotImplementedError
+
+
+def check_schedule(schedule: ScheduleParams, target: Target) -> None:
+    """Raise ScheduleError when a parameter of ``schedule`` is outside its declared domain on
+    ``target`` (see its class's ``SPECS``) or parameters contradict each other."""
+    for spec in schedule.SPECS:
+        spec.check(getattr(schedule, spec.name), target)
+    schedule.check_relations()
 
 
 @dataclass(frozen=True)
@@ -165,6 +321,10 @@ class GemmSchedule(ScheduleParams):
     a_transpose: str = "dma"
     accumulator_dtype: str = "float32"
 
+    def normalized(self, context: GemmProblem) -> GemmSchedule:
+        """:func:`normalize` to the problem ``context``."""
+        return normalize(context, self)
+
 
 def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
     """Number of tiles along m, n, k."""
@@ -175,23 +335,20 @@ def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
     }
 
 
+def tile_limits_target(**limits: int) -> Target:
+    """The default target with some tile limits replaced (for the transitional ``check_ranges`` and
+    ``check_fused``, whose callers pass limits rather than a target)."""
+    from ..targets import DEFAULT_TARGET, get_target
+
+    return replace(get_target(DEFAULT_TARGET), **limits)
+
+
 def check_ranges(schedule: GemmSchedule, pmax: int = 128, stationary_fmax: int = 128,
                  moving_fmax: int = 512) -> None:
-    """Raise ScheduleError when a parameter is outside its domain or a tile limit."""
-    limits = {"tile_m": (stationary_fmax, "stationary free size"), "tile_n": (moving_fmax, "moving free size"),
-              "tile_k": (pmax, "partition count")}
-    for name, (limit, what) in limits.items():
-        value = getattr(schedule, name)
-        if not 1 <= value <= limit:
-            raise ScheduleError(f"{name}={value} is outside 1..{limit} (the TensorEngine's {what} limit)")
-    for name in ("tiles_in_block_m", "tiles_in_block_n", "tiles_in_block_k"):
-        if getattr(schedule, name) < 1:
-            raise ScheduleError(f"{name}={getattr(schedule, name)} must be at least 1")
-    for spec in PARAMS:
-        if spec.choices and getattr(schedule, spec.name) not in spec.choices:
-            raise ScheduleError(
-                f"{spec.name}={getattr(schedule, spec.name)!r} is not one of {', '.join(spec.choices)}"
-            )
+    """Transitional: :func:`check_schedule` on the default target with these tile limits. Callers
+    holding a target should call ``check_schedule(schedule, target)``."""
+    check_schedule(schedule, tile_limits_target(pmax=pmax, gemm_stationary_fmax=stationary_fmax,
+                                                gemm_moving_fmax=moving_fmax))
 
 
 def normalize(problem: GemmProblem, schedule: GemmSchedule) -> GemmSchedule:
