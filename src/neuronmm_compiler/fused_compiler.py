@@ -27,6 +27,7 @@ from .schedule.lower_elementwise import lower_elementwise
 from .schedule.lower_fused import lower_fused_kernel
 from .schedule.program import Program
 from .search import DEFAULT_EXHAUSTIVE_THRESHOLD, DEFAULT_TRIALS, SearchSpace, TuneResult
+from .search import space as search_space
 from .search.tuner import Evaluator, SpaceSpec, search
 from .targets import Target
 from .workloads import Workload
@@ -179,22 +180,7 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = "mk") -> Cos
 
 
 def fused_space(workload: Workload) -> SearchSpace:
-    row_major_x = row_major_activations(workload)
-    candidates: dict[str, tuple] = {
-        "tokens_per_block": (32, 64, 128, 256, 512),
-        "token_tile": (128,),
-        "weight_block_kib": (4, 8, 16, 32, 64),
-        "k_tiles_per_block": (0, 8, 16, 32),
-        "out_tile": (512, 256),
-        "weight_dma": ("row", "tile"),
-        "cache_weights": ("none", "stage1", "all"),
-        "x_transpose": ("dma", "pe") if row_major_x else ("dma",),
-        "mlp": ("whole", "split") if splittable(workload) else ("whole",),
-    }
-    return SearchSpace(candidates, build=lambda point: FusedSchedule(**point))
-
-
-FUSED_ORDINAL = ("tokens_per_block", "token_tile", "weight_block_kib", "k_tiles_per_block", "out_tile")
+    return search_space.fused_space(row_major_activations(workload), splittable(workload))
 
 
 @dataclass
@@ -280,10 +266,7 @@ def _fused_setup(workload: Workload, target: Target) -> tuple[SpaceSpec, Evaluat
                replace(base, cache_weights="stage1", tokens_per_block=512)]
     if "split" in space.candidates["mlp"]:
         guesses.append(replace(base, mlp="split"))
-    spec = SpaceSpec(space=space, ordinal=FUSED_ORDINAL,
-                     exchange=("tokens_per_block", "weight_block_kib", "k_tiles_per_block"),
-                     classes=("cache_weights", "x_transpose", "mlp"), guesses=guesses, size=len(everything),
-                     distinct=lambda: everything)
+    spec = SpaceSpec(space=space, guesses=guesses, size=len(everything), distinct=lambda: everything)
     return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens))
 
 

@@ -1,36 +1,86 @@
-"""The GEMM search space: fixed candidate lists per schedule parameter.
+"""Search spaces, derived from a schedule class's parameter declarations.
 
-Optuna samples an index into each list; a point decodes to a :class:`GemmSchedule`, which is then
-normalized to the problem (tiles clipped to the dimensions, tiles-in-block to the tile counts), so
-many points of a small problem collapse onto one schedule. The search evaluates each distinct
-normalized schedule once.
+Each parameter of a schedule class is declared once, in the class's ``SPECS``
+(:class:`~neuronmm_compiler.schedule.gemm.ParamSpec`): its candidate values in Optuna's index order
+and its role in the search. :meth:`SearchSpace.for_schedule` takes the searched parameters from
+there; the caller narrows them to the workload with ``restrict`` (e.g. a GEMM whose A is stored
+[K, M] has no A^T to make on the TensorEngine).
 
-Left out on purpose: ``tile_order`` (it changes no count the model sees, only the order of
-independent tiles) and ``accumulator_dtype`` (partial sums stay in fp32: trading accuracy for
-speed is the user's call, via ``--param``).
+Optuna samples an index into each ordinal parameter's candidates and a categorical parameter's
+value itself; a point decodes to a schedule object, which is then normalized to the workload
+(tiles clipped to the dimensions, tiles-in-block to the tile counts), so many points of a small
+problem collapse onto one schedule. The search evaluates each distinct normalized schedule once.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from ..schedule.gemm import LOOP_ORDERS, GemmProblem, GemmSchedule, normalize, preset
-
-
-def _gemm_schedule(point: dict) -> GemmSchedule:
-    return GemmSchedule(**point, accumulator_dtype="float32")
+from ..schedule.fused import FusedSchedule
+from ..schedule.gemm import GemmProblem, GemmSchedule, ParamSpec, ScheduleParams, preset
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Candidate values per parameter (the order is the Optuna index order) and how a point
-    becomes a schedule object (whose attributes carry the same names)."""
+    """Candidate values per parameter of ``schedule`` (the order is the Optuna index order); a
+    point (parameter name -> value) decodes to ``schedule(**point)``, the parameters left out at
+    their defaults. Roles (ordinal, exchange, structural class) come from ``schedule.SPECS``."""
 
+    schedule: type[ScheduleParams]
     candidates: dict[str, tuple]
-    build: Callable[[dict], Any] = _gemm_schedule
+
+    def __post_init__(self) -> None:
+        specs = {spec.name: spec for spec in self.schedule.SPECS}
+        for name, values in self.candidates.items():
+            if name not in specs:
+                raise ValueError(f"{self.schedule.__name__} has no parameter {name!r}")
+            if not values:
+                raise ValueError(f"search space parameter {name} has no candidate")
+
+    @classmethod
+    def for_schedule(cls, schedule: type[ScheduleParams],
+                     restrict: Mapping[str, tuple] | None = None) -> SearchSpace:
+        """The space of ``schedule``'s searched parameters, each with its declared candidates;
+        ``restrict`` maps a parameter to the values allowed for this workload (the candidates keep
+        their declared order)."""
+        restrict = dict(restrict or {})
+        candidates: dict[str, tuple] = {}
+        for spec in schedule.SPECS:
+            if not spec.searched:
+                continue
+            allowed = restrict.pop(spec.name, spec.candidates)
+            candidates[spec.name] = tuple(v for v in spec.candidates if v in allowed)
+            if not candidates[spec.name]:
+                raise ValueError(f"restricting {spec.name} to {allowed} leaves no candidate of {spec.candidates}")
+        if restrict:
+            raise ValueError(f"cannot restrict {', '.join(restrict)}: not searched parameters of "
+                             f"{schedule.__name__}")
+        return cls(schedule, candidates)
+
+    @cached_property
+    def specs(self) -> tuple[ParamSpec, ...]:
+        """The declarations of the parameters in the space, in candidate order."""
+        by_name = {spec.name: spec for spec in self.schedule.SPECS}
+        return tuple(by_name[name] for name in self.candidates)
+
+    @cached_property
+    def ordinal(self) -> tuple[str, ...]:
+        """Parameters Optuna samples as indices into their candidates (the rest: categorically)."""
+        return tuple(spec.name for spec in self.specs if spec.ordinal)
+
+    @cached_property
+    def exchange(self) -> tuple[str, ...]:
+        """Block sizes the polish trades against each other."""
+        return tuple(spec.name for spec in self.specs if spec.exchange)
+
+    @cached_property
+    def classes(self) -> tuple[str, ...]:
+        """Structural parameters: the polish starts once per combination of their values."""
+        return tuple(spec.name for spec in self.specs if spec.polish_class)
 
     @property
     def size(self) -> int:
@@ -39,19 +89,22 @@ class SearchSpace:
             size *= len(values)
         return size
 
-    def decode(self, point: dict[str, int | str]) -> Any:
-        return self.build(point)
+    def decode(self, point: Mapping[str, int | str]) -> Any:
+        """The schedule of a point."""
+        return self.schedule(**point)
 
     def points(self) -> Iterator[dict]:
         names = list(self.candidates)
         for values in itertools.product(*(self.candidates[n] for n in names)):
             yield dict(zip(names, values, strict=True))
 
-    def distinct(self, problem: GemmProblem) -> dict[GemmSchedule, dict]:
-        """Every distinct normalized schedule of the space, with one point that produces it."""
-        out: dict[GemmSchedule, dict] = {}
+    def distinct(self, context: Any) -> dict[Any, dict]:
+        """Every distinct schedule of the space normalized to ``context`` (the workload as the
+        schedule class's ``normalized`` takes it: a GemmProblem, a token count), with one point
+        that produces it."""
+        out: dict[Any, dict] = {}
         for point in self.points():
-            out.setdefault(normalize(problem, self.decode(point)), point)
+            out.setdefault(self.decode(point).normalized(context), point)
         return out
 
     def point_of(self, schedule: Any) -> dict | None:
@@ -63,21 +116,20 @@ class SearchSpace:
 
 
 def gemm_space(problem: GemmProblem) -> SearchSpace:
-    """The default candidate lists for a GEMM problem."""
-    candidates: dict[str, tuple] = {
-        "tile_m": (128, 64),
-        "tile_n": (512, 256),
-        "tile_k": (128,),
-        "tiles_in_block_m": (1, 2, 4, 8, 16, 32),
-        "tiles_in_block_n": (1, 2, 4, 8),
-        "tiles_in_block_k": (1, 2, 4, 8, 16, 32),
-        "loop_order": LOOP_ORDERS,
-        "tile_order": ("mn",),
-        "accumulate": ("psum", "sbuf"),
-        "dma": ("row", "tile"),
-        "a_transpose": ("dma", "pe") if problem.a_layout == "mk" else ("dma",),
-    }
-    return SearchSpace(candidates)
+    """The GEMM search space of a problem: A^T made only by DMA when A is stored [K, M]."""
+    restrict = {} if problem.a_layout == "mk" else {"a_transpose": ("dma",)}
+    return SearchSpace.for_schedule(GemmSchedule, restrict)
+
+
+def fused_space(row_major_x: bool, splittable: bool) -> SearchSpace:
+    """The fused search space of a workload: X^T made only by DMA unless some activation is
+    row-major (``row_major_x``); one kernel per gated MLP unless ``splittable``."""
+    restrict: dict[str, tuple] = {}
+    if not row_major_x:
+        restrict["x_transpose"] = ("dma",)
+    if not splittable:
+        restrict["mlp"] = ("whole",)
+    return SearchSpace.for_schedule(FusedSchedule, restrict)
 
 
 def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSchedule]:

@@ -33,7 +33,6 @@ from .space import SearchSpace, gemm_space, heuristic_guesses
 
 DEFAULT_TRIALS = 150
 DEFAULT_EXHAUSTIVE_THRESHOLD = 1000
-ORDINAL = ("tile_m", "tile_n", "tile_k", "tiles_in_block_m", "tiles_in_block_n", "tiles_in_block_k")
 
 
 @dataclass(frozen=True)
@@ -111,8 +110,8 @@ def _key(schedule: Any) -> tuple:
 def distinct_size(problem: GemmProblem, space: SearchSpace) -> int:
     """Number of distinct normalized schedules in the space (numeric parts collapse; the
     categorical parameters never do)."""
-    numeric = {name: space.candidates[name] for name in ORDINAL}
-    categorical = math.prod(len(v) for k, v in space.candidates.items() if k not in ORDINAL)
+    numeric = {name: space.candidates[name] for name in space.ordinal}
+    categorical = math.prod(len(v) for k, v in space.candidates.items() if k not in space.ordinal)
     seen = set()
     names = list(numeric)
     for values in itertools.product(*numeric.values()):
@@ -146,7 +145,7 @@ def _polish(evaluate: Evaluator, spec: SpaceSpec, start: Candidate) -> Candidate
         point = spec.space.point_of(evaluate.raw.get(best.schedule, best.schedule))
         if point is None:
             break
-        for neighbour in _neighbours(spec.space, point, spec.exchange):
+        for neighbour in _neighbours(spec.space, point, spec.space.exchange):
             cand = evaluate(spec.space.decode(neighbour))
             better = (cand.latency_us, _key(cand.schedule)) < (best.latency_us, _key(best.schedule))
             if cand.cost.feasible and better:
@@ -171,12 +170,9 @@ def _polish_starts(ranked: list[Candidate], classes: tuple[str, ...]) -> list[Ca
 
 @dataclass(frozen=True)
 class SpaceSpec:
-    """What the search needs to know about a schedule space."""
+    """What the search needs to know about a schedule space (the parameters' roles: ``space``)."""
 
     space: SearchSpace
-    ordinal: tuple[str, ...]  # parameters Optuna samples as ordered indices (the rest: categorical)
-    exchange: tuple[str, ...]  # block-size parameters the polish trades against each other
-    classes: tuple[str, ...]  # structural parameters: the polish starts once per class
     guesses: list[Any]  # schedules enqueued as the first trials
     size: int  # distinct (normalized) schedules in the space
     distinct: Callable[[], Iterable[Any]]  # every distinct schedule, for exhaustive search
@@ -236,7 +232,7 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
         raise ScheduleError(f"no schedule of the search space fits on chip for {what}")
     best = ranked[0]
     if method == "optuna":
-        best = min((_polish(evaluate, spec, s) for s in _polish_starts(ranked, spec.classes)),
+        best = min((_polish(evaluate, spec, s) for s in _polish_starts(ranked, spec.space.classes)),
                    key=lambda c: (c.latency_us, _key(c.schedule)))
         ranked = evaluate.ranked()
     return TuneResult(best=best, top=ranked[:top_k], method=method, trials=n_trials, evaluated=len(evaluate.memo),
@@ -252,8 +248,7 @@ def _gemm_setup(problem: GemmProblem, target: Target, params: ModelParams | None
     space = space or gemm_space(problem)
     size = distinct_size(problem, space)
     spec = SpaceSpec(
-        space=space, ordinal=ORDINAL, exchange=("tiles_in_block_m", "tiles_in_block_n", "tiles_in_block_k"),
-        classes=("accumulate", "dma", "a_transpose"), guesses=heuristic_guesses(problem, space), size=size,
+        space=space, guesses=heuristic_guesses(problem, space), size=size,
         distinct=lambda: (space.distinct(problem) if size <= 20 * exhaustive_threshold
                           else (space.decode(p) for p in space.points())),
     )
@@ -292,7 +287,7 @@ def _trial_seed(seed: int, done: int, worker: int = 0) -> int:
 def _guess_params(spec: SpaceSpec) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for guess in spec.guesses:
-        params = _params_of(spec.space, guess, spec.ordinal)
+        params = _params_of(spec.space, guess)
         if params and params not in out:
             out.append(params)
     return out
@@ -300,7 +295,7 @@ def _guess_params(spec: SpaceSpec) -> list[dict[str, object]]:
 
 def _point_of_params(spec: SpaceSpec, params: dict[str, Any]) -> dict[str, object]:
     space = spec.space
-    return {name: (values[int(params[name])] if name in spec.ordinal else params[name])
+    return {name: (values[int(params[name])] if name in space.ordinal else params[name])
             for name, values in space.candidates.items()}
 
 
@@ -315,6 +310,7 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
     trial holds it yet. Returns the trials this call ran."""
     started = time.perf_counter()
     space, state = spec.space, optuna.trial.TrialState
+    ordinal = space.ordinal
     guesses = _guess_params(spec)
     n_startup = min(20, max(trials // 5, 1))
     owner = f"{socket.gethostname()}:{os.getpid()}"
@@ -325,7 +321,7 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
         if done >= trials:
             break
         if guesses and not any(t.state == state.WAITING for t in existing):
-            held = [t.system_attrs.get("fixed_params") for t in existing
+            held = [_enqueued_params(t) for t in existing
                     if t.state in (state.COMPLETE, state.RUNNING, state.WAITING)]
             guesses = [g for g in guesses if g not in held]
             if guesses:
@@ -336,7 +332,7 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
         trial.set_user_attr(_OWNER_ATTR, owner)
         point = {}
         for name, values in space.candidates.items():
-            if name in spec.ordinal:
+            if name in ordinal:
                 point[name] = values[trial.suggest_int(name, 0, len(values) - 1)]
             else:
                 point[name] = trial.suggest_categorical(name, list(values))
@@ -359,7 +355,7 @@ def _run_optuna(evaluate: Evaluator, spec: SpaceSpec, trials: int, seed: int,
 
 def _fingerprint(what: str, spec: SpaceSpec) -> str:
     text = json.dumps({"workload": what, "space": {k: list(v) for k, v in spec.space.candidates.items()},
-                       "ordinal": list(spec.ordinal)}, sort_keys=True, default=str)
+                       "ordinal": list(spec.space.ordinal)}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -390,7 +386,7 @@ def _fail_dead_trials(study: optuna.Study) -> int:
             dead = owner_host == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
         if dead:
             try:
-                study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
                 failed += 1
             except Exception:  # finished meanwhile (it was not dead after all)
                 continue
@@ -495,10 +491,18 @@ def _run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int,
     return total, info
 
 
-def _params_of(space: SearchSpace, schedule: Any, ordinal: tuple[str, ...]) -> dict[str, object]:
+def _params_of(space: SearchSpace, schedule: Any) -> dict[str, object]:
     point = space.point_of(schedule) or {}
-    return {name: (space.candidates[name].index(value) if name in ordinal else value)
+    return {name: (space.candidates[name].index(value) if name in space.ordinal else value)
             for name, value in point.items()}
+
+
+def _enqueued_params(trial: optuna.trial.FrozenTrial) -> object:
+    """The parameters ``study.enqueue_trial`` gave a trial (None for a sampled one). Optuna has no
+    public accessor: ``enqueue_trial`` keeps them in the trial's system attribute "fixed_params"
+    (optuna/study/study.py), which is what this reads. A trial's ``params`` would not do: those of a
+    sampled trial that happens to equal a guess would withdraw the guess."""
+    return trial.system_attrs.get("fixed_params")
 
 
 def _overflow(cand: Candidate) -> float:
