@@ -27,10 +27,10 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from neuronmm_compiler.compiler import tune
-from neuronmm_compiler.search import tune_gemm
+from neuronmm_compiler.driver import tune
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
+from neuronmm_compiler.workloads import gemm_workload
 
 # (label, M tokens, N out features, K in features)
 SUITE = [
@@ -57,10 +57,10 @@ VERIFY_MAX_MATMULS = 200000  # every suite kernel (the largest, ~29k matmuls, ta
 def run_case(args: tuple[str, int, int, int, str, bool]) -> dict:
     label, m, n, k, target_name, verify = args
     start = time.perf_counter()
-    tuned = tune(m, n, k, target=target_name)
+    workload = gemm_workload(m, n, k)
+    tuned = tune(workload, target=get_target(target_name))
     tune_seconds = time.perf_counter() - start
-    problem = tuned.compiled.problem
-    exhaustive = tune_gemm(problem, get_target(target_name), force="exhaustive")
+    exhaustive = tune(workload, target=get_target(target_name), method="exhaustive").search
     exh_best = exhaustive.best.latency_us
     best = tuned.compiled.cost.latency_us
     within = next((i + 1 for i, v in enumerate(tuned.search.trial_history) if v <= 1.01 * exh_best), None)

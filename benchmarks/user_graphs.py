@@ -23,7 +23,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from neuronmm_compiler.fused_compiler import tune_graph
+from neuronmm_compiler.driver import tune as tune_graph
 from neuronmm_compiler.graph_file import load_graph_spec
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
@@ -43,9 +43,11 @@ def run_case(args: tuple[str, int, str]) -> dict:
     verified: object = "-"
     if fused.matmul_instructions <= INTERPRET_MAX_MATMULS:
         verified = verify_source(tuned.compiled.kernel.source, filename=name).ok
+    per_op, per_op_t = tuned.baselines["unfused"].cost, tuned.baselines["dense"].cost
+    speedups = tuned.speedups()
     return {"graph": name, "tokens": tokens, "target": target_name, "fused": fused.latency_us,
-            "per_op": tuned.unfused_baseline.latency_us, "per_op_t": tuned.baseline.latency_us,
-            "vs_per_op": tuned.speedup_vs_unfused, "vs_per_op_t": tuned.speedup_vs_baseline,
+            "per_op": per_op.latency_us if per_op else None, "per_op_t": per_op_t.latency_us if per_op_t else None,
+            "vs_per_op": speedups["unfused"], "vs_per_op_t": speedups["dense"],
             "kernels": len(tuned.compiled.programs), "verified": verified}
 
 

@@ -12,10 +12,13 @@ import itertools
 import sys
 import time
 
-from neuronmm_compiler.compiler import compile_gemm
+from neuronmm_compiler.driver import compile_workload
 from neuronmm_compiler.errors import ScheduleError
+from neuronmm_compiler.ir import canonical_dtype
 from neuronmm_compiler.schedule import PRESETS
+from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
+from neuronmm_compiler.workloads import gemm_workload
 
 SHAPES = [
     (1, 512, 128), (1, 4096, 4096), (7, 2048, 8192), (32, 2048, 2048), (127, 3072, 8192),
@@ -38,8 +41,8 @@ def main() -> int:
     ):
         label = f"{'x'.join(map(str, shape)):>16} {preset:<20} {dialect:<9} {layout} {dtype}"
         try:
-            compiled = compile_gemm(*shape, schedule=preset, dialect=dialect, a_layout=layout, dtype=dtype,
-                                    target=args.target)
+            workload = gemm_workload(*shape, dtype=canonical_dtype(dtype), a_layout=layout)
+            compiled = compile_workload(workload, preset=preset, dialect=dialect, target=get_target(args.target))
         except ScheduleError as exc:
             skipped += 1
             print(f"{label}  does not fit: {exc}")

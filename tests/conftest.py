@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-from neuronmm_compiler.compiler import compile_gemm
+from helpers import compile_gemm
 from neuronmm_compiler.verification import verify_source
 
 settings.register_profile(

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from helpers import compile_gemm, compile_graph
+from helpers import tune_gemm as tune
 from neuronmm_compiler.artifacts.cache import cache_key
 from neuronmm_compiler.artifacts.lockfile import Lockfile, entry_from_tuned, target_fingerprint
 from neuronmm_compiler.artifacts.regress import regress
@@ -26,10 +28,8 @@ from neuronmm_compiler.calibration.measurements import (
     relative_to_csv,
 )
 from neuronmm_compiler.cli import main
-from neuronmm_compiler.compiler import compile_gemm, tune
 from neuronmm_compiler.cost_model import DEFAULT_PARAMS, estimate
 from neuronmm_compiler.errors import InputError, UnknownNameError
-from neuronmm_compiler.fused_compiler import compile_graph
 from neuronmm_compiler.ir import gemm_graph
 from neuronmm_compiler.target_file import target_file_text
 from neuronmm_compiler.targets import TARGETS, get_target, load_target_file, parse_target_file

@@ -6,8 +6,8 @@ import ast
 
 import pytest
 
+from helpers import compile_gemm
 from neuronmm_compiler.codegen import read_metadata
-from neuronmm_compiler.compiler import compile_gemm
 from neuronmm_compiler.schedule import PRESETS
 
 ALLOWED = {

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuronmm_compiler.fused_compiler import compile_graph, tune_graph, unfused_cost
+from helpers import compile_graph, tune_graph
+from neuronmm_compiler.lowerings.fused import unfused_cost
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
 from neuronmm_compiler.workloads import chain_workload, mlp_workload

@@ -56,12 +56,12 @@ def test_a_plain_case_is_ok() -> None:
 
 
 def test_an_internal_exception_is_reported_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import neuronmm_compiler.fused_compiler as fused
+    import neuronmm_compiler.driver as driver
 
     def broken(*args, **kwargs):
         raise KeyError("bug")
 
-    monkeypatch.setattr(fused, "compile_graph", broken)
+    monkeypatch.setattr(driver, "compile_workload", broken)
     outcome = run_case(_case())
     assert outcome.status == "internal" and "KeyError" in outcome.detail
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import compile_and_verify
-from neuronmm_compiler.compiler import compile_gemm
+from helpers import compile_gemm
 from neuronmm_compiler.schedule import PRESETS
 from neuronmm_compiler.schedule.gemm import LOOP_ORDERS
 

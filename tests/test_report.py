@@ -7,8 +7,9 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-import neuronmm_compiler.fused_compiler as fused_module
 import neuronmm_compiler.search.tuner as tuner_module
+from helpers import tune_gemm as tune
+from helpers import tune_graph
 from neuronmm_compiler.artifacts.lockfile import Lockfile, entry_from_tuned
 from neuronmm_compiler.artifacts.report import (
     LOCK_REPORT_FILES,
@@ -17,8 +18,6 @@ from neuronmm_compiler.artifacts.report import (
     write_lock_report,
     write_report,
 )
-from neuronmm_compiler.compiler import tune
-from neuronmm_compiler.fused_compiler import tune_graph
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.workloads import Workload, chain_workload
 
@@ -53,7 +52,7 @@ def gemm_run():
 @pytest.fixture(scope="module")
 def chain_run():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fused_module, "Evaluator", RecordingEvaluator)
+        mp.setattr(tuner_module, "Evaluator", RecordingEvaluator)
         tuned = tune_graph(CHAIN, target=get_target("trn1"), trials=TRIALS, seed=0)
         return tuned, _candidates()
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from helpers import compile_graph
 from neuronmm_compiler.cli import main
-from neuronmm_compiler.fused_compiler import compile_graph
 from neuronmm_compiler.graph_file import load_graph_spec, spec_from_document
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source

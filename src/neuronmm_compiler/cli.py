@@ -29,8 +29,7 @@ from .cli_support import (
 )
 from .codegen import DEFAULT_DIALECT, DIALECTS
 from .errors import InputError
-from .schedule import PARAMS, PRESETS, lower_gemm, preset, preset_doc
-from .schedule.fused import FUSED_PARAMS
+from .report import cost_json, costed_lines, emit_lines, explain_lines, schedules_lines
 from .targets import TARGETS, get_target
 
 DIALECT_HELP = "NKI dialect: nki (NKI 0.3+, import nki) or neuronxcc (NKI 0.1, import neuronxcc.nki)."
@@ -60,10 +59,9 @@ def main() -> None:
     """
 
 
-def _no_presets(schedule_name: str | None) -> None:
-    if schedule_name is not None:
-        raise InputError("--schedule presets are GEMM schedules; fused graphs take --param only "
-                         "(see 'nmmc schedules --mlp ...')")
+def _compile_options(options: dict[str, Any], target: str) -> tuple[Any, Any]:
+    """The workload and Target of a compile command's options."""
+    return workload_from(options, target), get_target(target)
 
 
 @main.command()
@@ -72,34 +70,22 @@ def _no_presets(schedule_name: str | None) -> None:
 @click.option("--dialect", default=DEFAULT_DIALECT, show_default=True, help=DIALECT_HELP)
 @target_option
 @click.option("-o", "--output", required=True, metavar="FILE", help="Kernel file to write ('-' for stdout).")
-def emit(schedule_name: str | None, params: tuple[str, ...], dialect: str, target: str, output: str,
-         **options: Any) -> None:
+def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | None, dialect: str, target: str,
+         output: str, **options: Any) -> None:
     """Emit the NKI kernel(s) of a workload under a schedule preset (GEMM) or the default fused
-    schedule (chains, MLPs), plus --param overrides."""
-    wl = workload_from(options, target)
+    schedule (chains, MLPs, graphs), plus --param overrides."""
+    from .driver import compile_workload
+
+    wl, tgt = _compile_options(options, target)
     choice(dialect, DIALECTS, "dialect")
-    tgt = get_target(target)
-    if wl.fused:
-        from .fused_compiler import compile_graph
-
-        _no_presets(schedule_name)
-        result: Any = compile_graph(wl, target=tgt, dialect=dialect, params=parse_params(params))
-        names = ", ".join(p.name for p in result.programs)
-        footprint = "; ".join(fp.describe() for fp in result.footprints)
-    else:
-        from .compiler import compile_gemm
-
-        result = compile_gemm(wl.m, wl.n, wl.k, dtype=wl.dtype, a_layout=wl.a_layout, target=tgt, dialect=dialect,
-                              schedule=schedule_name, params=parse_params(params))
-        names, footprint = result.program.name, result.footprint.describe()
+    result = compile_workload(wl, target=tgt, dialect=dialect, preset=schedule_name, params=parse_params(params),
+                              pipeline=pipeline)
     if output == "-":
         click.echo(result.kernel.source, nl=False)
         return
     write_atomic(output, result.kernel.source)
-    click.echo(f"wrote {output}: {names} for {wl.describe()}")
-    click.echo(f"  target {tgt.name}, dialect {dialect}, schedule {result.schedule_name}")
-    click.echo(f"  {footprint}")
-    click.echo(f"  predicted {result.cost.latency_us:.1f} us ({result.cost.bound}-bound)")
+    for line in emit_lines(result, output):
+        click.echo(line)
 
 
 @main.command()
@@ -107,44 +93,20 @@ def emit(schedule_name: str | None, params: tuple[str, ...], dialect: str, targe
 @schedule_options
 @target_option
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def cost(schedule_name: str | None, params: tuple[str, ...], target: str, as_json: bool, **options: Any) -> None:
+def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | None, target: str, as_json: bool,
+         **options: Any) -> None:
     """Predict the cost of one schedule with the analytic model: latency and what bounds it, HBM
     traffic per tensor, DMA transfers, engine busy times, on-chip footprint and feasibility.
     A schedule that does not fit on chip is reported (feasible: false), not rejected."""
-    from .report import cost_lines
+    from .driver import cost_workload
 
-    wl = workload_from(options, target)
-    tgt = get_target(target)
-    kernels: list[tuple[str, Any]] = []
-    if wl.fused:
-        from .fused_compiler import cost_graph
-
-        _no_presets(schedule_name)
-        sched, programs, costs, report = cost_graph(wl, target=tgt, params=parse_params(params))
-        kernels = [(p.name, c) for p, c in zip(programs, costs, strict=True)]
-        label = "default"
-    else:
-        from .compiler import lower_frontend, resolve_schedule
-        from .cost_model import estimate
-
-        lowered = lower_frontend(wl.m, wl.n, wl.k, dtype=wl.dtype, a_layout=wl.a_layout)
-        sched = resolve_schedule(lowered.problem, schedule_name, parse_params(params), tgt)
-        report = estimate(lower_gemm(lowered.problem, sched, tgt), tgt)
-        label = schedule_name or "aws-fully-optimized"
+    wl, tgt = _compile_options(options, target)
+    costed = cost_workload(wl, target=tgt, preset=schedule_name, params=parse_params(params), pipeline=pipeline)
     if as_json:
-        data = {"workload": wl.describe(), "target": tgt.name, "schedule": sched.as_dict(), **report.as_dict()}
-        if len(kernels) > 1:
-            data["kernels"] = [{"name": name, **c.as_dict()} for name, c in kernels]
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(cost_json(wl, tgt, costed), indent=2))
         return
-    click.echo(f"{wl.describe()} on {tgt.name}")
-    click.echo(f"schedule {label}: {sched.describe()}")
-    for line in cost_lines(report):
-        click.echo(f"  {line}")
-    for name, c in kernels if len(kernels) > 1 else []:
-        click.echo(f"kernel {name}:")
-        for line in cost_lines(c):
-            click.echo(f"  {line}")
+    for line in costed_lines(wl, tgt, costed):
+        click.echo(line)
 
 
 @main.command()
@@ -153,7 +115,7 @@ def cost(schedule_name: str | None, params: tuple[str, ...], target: str, as_jso
 @click.option("--trials", default=None, type=click.IntRange(min=1), help="Optuna trials [default: 150].")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the search (same seed, same result).")
 @click.option("--timeout", default=None, type=click.FloatRange(min=0.0),
-              help="Stop the search after this many seconds.")
+              help="Stop the search after this many seconds (such a search is not cached).")
 @click.option("--method", default="auto", show_default=True,
               help="auto (exhaustive when the space has at most --exhaustive-threshold schedules), optuna, "
                    "or exhaustive.")
@@ -196,155 +158,25 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     AWS's fully optimized kernel for a GEMM; for chains and MLPs, the dense computation and the
     unfused SVD factors, each with AWS's kernel per matmul. With --model, do that for a model's MLP
     at every token bucket."""
-    from .search import DEFAULT_TRIALS
+    from .tuning import TuneRequest, run_model_tune, run_tune
 
+    choice(dialect, DIALECTS, "dialect")
+    choice(method, ("auto", "optuna", "exhaustive"), "search method")
+    show = progress if progress is not None else (sys.stderr.isatty() and not as_json)
+    request = TuneRequest(target=get_target(target), dialect=dialect, trials=trials, seed=seed, timeout=timeout,
+                          method=None if method == "auto" else method, exhaustive_threshold=exhaustive_threshold,
+                          top_k=top_k, storage=storage, study_name=study_name, workers=workers,
+                          cache_dir=cache_dir, use_cache=not no_cache, progress=show)
     if model is not None:
         if lock_path or report_dir or storage:
             raise InputError("--lock, --report and --storage take single workloads; use them per --mlp bucket")
-        _tune_model(model, options, target=target, dialect=dialect, trials=trials or DEFAULT_TRIALS, seed=seed,
-                    run_verify=run_verify, as_json=as_json, output=output)
-        return
-    wl = workload_from(options, target)
-    choice(dialect, DIALECTS, "dialect")
-    choice(method, ("auto", "optuna", "exhaustive"), "search method")
-    tgt = get_target(target)
-    show = progress if progress is not None else (sys.stderr.isatty() and not as_json)
-    update, close = progress_bar(show)
-    if workers > 1 and not storage:
-        raise InputError("--workers shares a study between processes: give --storage too (e.g. sqlite:///tune.db)")
-    common = {"target": tgt, "dialect": dialect, "trials": trials or DEFAULT_TRIALS, "seed": seed,
-              "timeout": timeout, "top_k": top_k, "method": None if method == "auto" else method,
-              "progress": update, "storage": storage, "study_name": study_name, "workers": workers}
-    from .artifacts.cache import ResultCache
-    from .tuning import tune_workload
-
-    cache = None if no_cache else ResultCache(Path(cache_dir) if cache_dir else None)
-    threshold = exhaustive_threshold if exhaustive_threshold is not None else (200 if wl.fused else 1000)
-    try:
-        tuned, from_cache = tune_workload(wl, cache=cache, exhaustive_threshold=threshold, **common)
-    finally:
-        close()
-    for warning in cache.warnings if cache else []:
-        click.echo(f"nmmc: warning: {warning}", err=True)
-    if storage and tuned.search.study:
-        from .artifacts.lockfile import workload_to_dict
-        from .search.storage import open_storage
-
-        study = optuna_load_study(tuned.search.study["name"], open_storage(storage))
-        study.set_user_attr("nmmc_workload", workload_to_dict(wl))
-        study.set_user_attr("nmmc_target", tgt.spec)
-        study.set_user_attr("nmmc_dialect", dialect)
-    if report_dir:
-        from .artifacts.report import write_report
-
-        write_report(tuned.search, target=tgt, out_dir=Path(report_dir), title=wl.describe(),
-                     candidates=tuned.search.candidates or None)
-    if lock_path:
-        from .artifacts.lockfile import Lockfile, entry_from_tuned
-
-        lock = Lockfile.load(lock_path)
-        lock.add(entry_from_tuned(wl, tuned, seed=seed, trials=trials or DEFAULT_TRIALS))
-        lock.save(lock_path)
-    report = None
-    if run_verify:
-        from .verification import verify_source
-
-        report = verify_source(tuned.compiled.kernel.source, filename=output)
-    if output != "-":
-        write_atomic(output, tuned.compiled.kernel.source)
-    if as_json:
-        click.echo(json.dumps(_tune_json(wl, tuned, output, report), indent=2))
+        ok = run_model_tune(model, options, request, target_name=target, verify=run_verify, as_json=as_json,
+                            output=output, echo=click.echo)
     else:
-        from .report import tune_graph_lines, tune_lines
-
-        if output == "-":
-            click.echo(tuned.compiled.kernel.source, nl=False)
-        else:
-            if from_cache:
-                click.echo(f"answered from the cache ({cache.tune_dir if cache else ''}); --no-cache to search again")
-            for line in tune_graph_lines(tuned) if wl.fused else tune_lines(tuned):
-                click.echo(line)
-            click.echo(f"wrote {output}")
-        if report is not None:
-            status = "verified" if report.ok else "VERIFICATION FAILED"
-            rel = f"{report.rel_error:.3e}" if report.rel_error is not None else "n/a"
-            click.echo(f"{status}: relative error {rel}" + (f"; {report.error}" if report.error else ""),
-                       err=output == "-")
-    if report is not None and not report.ok:
+        ok = run_tune(workload_from(options, target), request, verify=run_verify, lock_path=lock_path,
+                      report_dir=report_dir, as_json=as_json, output=output, echo=click.echo)
+    if not ok:
         sys.exit(EXIT_FAILED)
-
-
-def _tune_model(model: str, options: dict[str, Any], *, target: str, dialect: str, trials: int, seed: int,
-                run_verify: bool, as_json: bool, output: str) -> None:
-    from .model_tuning import parse_buckets, resolve_model, tune_model
-
-    allowed = {"tokens", "keep_ratio", "dtype", "a_layout"}
-    given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
-    if given:
-        raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
-                         ", ".join("--" + k.replace("_", "-") for k in given))
-    if options["tokens"] is None:
-        raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
-    choice(dialect, DIALECTS, "dialect")
-    source = resolve_model(model, options["keep_ratio"])
-    buckets = parse_buckets(str(options["tokens"]))
-    index = tune_model(source, buckets, output, target=get_target(target), dialect=dialect, trials=trials, seed=seed)
-    failures = []
-    if run_verify:
-        from pathlib import Path
-
-        from .verification import verify_file
-
-        for entry in index["buckets"]:
-            report = verify_file(Path(output) / entry["file"])
-            entry["verified"] = report.ok
-            if not report.ok:
-                failures.append(f"{entry['file']}: {report.error}")
-    if as_json:
-        click.echo(json.dumps(index, indent=2))
-    else:
-        ranks = "/".join(str(r) for r in index["ranks"].values())
-        click.echo(f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); "
-                   f"{target}")
-        click.echo(f"  {'tokens':>7}{'fused us':>11}{'dense us':>11}{'unfused us':>12}{'vs dense':>10}{'vs unf.':>9}"
-                   f"{'kernels':>9}  file")
-        for e in index["buckets"]:
-            check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
-            click.echo(f"  {e['tokens']:>7}{e['predicted_us']:>11.1f}{e['baseline_us']:>11.1f}"
-                       f"{e['unfused_baseline_us']:>12.1f}{e['speedup_vs_baseline']:>9.2f}x"
-                       f"{e['speedup_vs_unfused']:>8.2f}x{len(e['kernels']):>9}  {e['file']}{check}")
-        click.echo(f"wrote {len(index['buckets'])} kernel files and index.json to {output}")
-    for failure in failures:
-        click.echo(f"VERIFICATION FAILED: {failure}", err=True)
-    if failures:
-        sys.exit(EXIT_FAILED)
-
-
-def _tune_json(wl: Any, tuned: Any, output: str, report: Any) -> dict[str, Any]:
-    c = tuned.compiled
-    data: dict[str, Any] = {
-        "workload": wl.describe(),
-        "target": c.target.name,
-        "schedule": c.schedule.as_dict(),
-        "predicted": c.cost.as_dict(),
-    }
-    if wl.fused:
-        data["kernels"] = [{"name": p.name, **k.as_dict()} for p, k in zip(c.programs, c.kernel_costs, strict=True)]
-        data["baseline"] = None if tuned.baseline is None else {"computation": tuned.baseline_label,
-                                                                  **tuned.baseline.as_dict()}
-        data["unfused_baseline"] = None if tuned.unfused_baseline is None else {
-            "computation": tuned.unfused_label, **tuned.unfused_baseline.as_dict()}
-        data["speedup_vs_unfused"] = tuned.speedup_vs_unfused
-    else:
-        data["problem"] = c.problem.describe()
-        data["baseline"] = {"schedule": "aws-fully-optimized", **tuned.baseline.as_dict()}
-    data["speedup_vs_baseline"] = tuned.speedup_vs_baseline
-    data["search"] = {**tuned.search.search_summary(), "cached": tuned.search.method == "cache"}
-    data["top"] = [{"latency_us": cand.latency_us, "schedule": cand.schedule.as_dict()} for cand in tuned.search.top]
-    data["output"] = output
-    if report is not None:
-        data["verify"] = report.as_dict()
-    return data
 
 
 @main.command()
@@ -353,33 +185,19 @@ def _tune_json(wl: Any, tuned: Any, output: str, report: Any) -> dict[str, Any]:
 @target_option
 @click.option("--tuned", is_flag=True, help="Explain the schedule 'nmmc tune' would pick.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the search, with --tuned.")
-def explain(schedule_name: str | None, params: tuple[str, ...], target: str, tuned: bool, seed: int,
-            **options: Any) -> None:
-    """Show how a workload is compiled: the graph after each pass, each kernel's loop nest, and the
-    cost model's formulas with the schedule's numbers plugged in."""
-    from .report import explain_graph_lines, explain_lines
+def explain(schedule_name: str | None, params: tuple[str, ...], pipeline: str | None, target: str, tuned: bool,
+            seed: int, **options: Any) -> None:
+    """Show how a workload is compiled: the graph after each pass (with every annotation the passes
+    wrote), each kernel's loop nest, and the cost model's formulas with the schedule's numbers."""
+    from .driver import compile_workload
+    from .driver import tune as run_search
 
-    wl = workload_from(options, target)
-    tgt = get_target(target)
-    if tuned and (schedule_name or params):
-        raise InputError("--tuned picks the schedule itself: drop --schedule/--param")
-    if wl.fused:
-        from .fused_compiler import compile_graph, tune_graph
-
-        _no_presets(schedule_name)
-        compiled: Any = (tune_graph(wl, target=tgt, seed=seed).compiled if tuned
-                         else compile_graph(wl, target=tgt, params=parse_params(params)))
-        lines = explain_graph_lines(compiled)
-    else:
-        from .compiler import compile_gemm
-        from .compiler import tune as run_tune
-
-        compiled = (run_tune(wl.m, wl.n, wl.k, dtype=wl.dtype, a_layout=wl.a_layout, target=tgt, seed=seed).compiled
-                    if tuned else
-                    compile_gemm(wl.m, wl.n, wl.k, dtype=wl.dtype, a_layout=wl.a_layout, target=tgt,
-                                 schedule=schedule_name, params=parse_params(params)))
-        lines = explain_lines(compiled)
-    for line in lines:
+    wl, tgt = _compile_options(options, target)
+    if tuned and (schedule_name or params or pipeline):
+        raise InputError("--tuned picks the schedule itself: drop --schedule/--param/--pipeline")
+    compiled = (run_search(wl, target=tgt, seed=seed).compiled if tuned else
+                compile_workload(wl, target=tgt, preset=schedule_name, params=parse_params(params), pipeline=pipeline))
+    for line in explain_lines(compiled):
         click.echo(line)
 
 
@@ -482,46 +300,20 @@ def verify(file: str, seed: int, target: str | None, backend: str, as_json: bool
 @target_option
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def schedules(target: str, as_json: bool, **options: Any) -> None:
-    """List the schedule presets of a GEMM (their parameters and on-chip footprint) and the
-    parameters --param can set; for a chain or MLP, the fused-kernel parameters and defaults."""
-    from .cost_model.footprint import footprint
+    """List the named schedules of a workload (a GEMM's presets, a fused graph's default) with
+    their parameters and on-chip footprint, and the parameters --param can set."""
+    from .driver import named_schedules
 
-    wl = workload_from(options, target)
-    tgt = get_target(target)
-    specs = FUSED_PARAMS if wl.fused else PARAMS
+    wl, tgt = _compile_options(options, target)
+    rows, specs = named_schedules(wl, tgt)
     space = [{"name": p.name, "type": p.kind.__name__, "choices": list(p.choices) if p.choices else None,
               "help": p.help} for p in specs]
-    rows = []
-    if not wl.fused:
-        problem = wl.problem()
-        for name in PRESETS:
-            sched = preset(name, problem)
-            fp = footprint(lower_gemm(problem, sched, tgt), tgt)
-            rows.append({"name": name, "description": preset_doc(name), "params": sched.as_dict(),
-                         "sbuf_bytes_per_partition": fp.sbuf_bytes_per_partition, "psum_banks": fp.psum_banks,
-                         "fits": fp.fits})
-    else:
-        from .schedule.fused import FusedSchedule
-
-        rows.append({"name": "default", "description": "the fused schedule 'nmmc emit' uses without --param",
-                     "params": FusedSchedule().as_dict()})
     if as_json:
         click.echo(json.dumps({"workload": wl.describe(), "target": tgt.name, "presets": rows,
                                "parameters": space}, indent=2))
         return
-    click.echo(f"{wl.describe()}; target {tgt.name}")
-    click.echo("\npresets:")
-    for row in rows:
-        click.echo(f"  {row['name']}: {row['description']}")
-        click.echo("    " + " ".join(f"{k}={v}" for k, v in row["params"].items()))
-        if "fits" in row:
-            fits = "fits" if row["fits"] else "DOES NOT FIT"
-            click.echo(f"    SBUF {row['sbuf_bytes_per_partition']} B/partition, PSUM {row['psum_banks']} banks: "
-                       f"{fits}")
-    click.echo("\nparameters (--param KEY=VALUE):")
-    for p in space:
-        accepted = ", ".join(p["choices"]) if p["choices"] else p["type"]
-        click.echo(f"  {p['name']:<24} {p['help']} [{accepted}]")
+    for line in schedules_lines(wl, tgt, rows, space):
+        click.echo(line)
 
 
 @main.command()
@@ -598,10 +390,10 @@ def _study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]
     """Rebuild the search of a stored study (no new trials) and plot it."""
     import optuna
 
-    from .artifacts.lockfile import workload_from_dict
     from .artifacts.report import write_report
+    from .driver import tune_cached
     from .search.storage import open_storage
-    from .tuning import tune_workload
+    from .workloads import workload_from_dict
 
     storage = open_storage(url)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
@@ -618,9 +410,9 @@ def _study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]
     wl = workload_from_dict(attrs["nmmc_workload"])
     tgt = get_target(attrs.get("nmmc_target", "trn1"))
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    tuned, _ = tune_workload(wl, target=tgt, dialect=attrs.get("nmmc_dialect", DEFAULT_DIALECT), cache=None,
-                             exhaustive_threshold=0, trials=max(done, 1), seed=0, timeout=None, top_k=5,
-                             method="optuna", progress=None, storage=url, study_name=study_name, workers=1)
+    tuned, _ = tune_cached(wl, target=tgt, dialect=attrs.get("nmmc_dialect", DEFAULT_DIALECT), cache=None,
+                           exhaustive_threshold=0, trials=max(done, 1), seed=0, method="optuna", storage=url,
+                           study_name=study_name)
     return write_report(tuned.search, target=tgt, out_dir=out_dir, title=f"{wl.describe()} (study {study_name})",
                         candidates=tuned.search.candidates or None)
 

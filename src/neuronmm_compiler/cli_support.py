@@ -14,7 +14,7 @@ from .io import write_text_atomic
 from .ir import A_LAYOUTS, canonical_dtype, parse_shape
 from .schedule import PRESETS
 from .targets import DEFAULT_TARGET, TARGETS
-from .workloads import Workload, chain_workload, mlp_workload
+from .workloads import Workload, chain_workload, gemm_workload, mlp_workload
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -146,7 +146,7 @@ def workload_from(options: dict[str, Any], target: str | None = None) -> Workloa
     m, n, k = parse_shape(o["shape"])
     if o["rank"] is not None or o["keep_ratio"] is not None:
         return chain_workload(m, n, k, rank=o["rank"], keep_ratio=o["keep_ratio"], dtype=dtype, a_layout=layout)
-    return Workload("gemm", dtype=dtype, m=m, n=n, k=k, a_layout=layout)
+    return gemm_workload(m, n, k, dtype=dtype, a_layout=layout)
 
 
 def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
@@ -171,6 +171,11 @@ def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
 
 
 def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--schedule PRESET, --param KEY=VALUE (repeatable) and --pipeline SPEC."""
+    fn = click.option("--pipeline", default=None, metavar="SPEC",
+                      help="Run this pass pipeline instead of the workload's own (see 'nmmc opt --help' for the "
+                           "passes), e.g. 'canonicalize,fold-transposes,canonicalize,implicit-transpose,"
+                           "fuse{mlp=split},place'.")(fn)
     fn = click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
                       help="Override one schedule parameter; repeatable. See 'nmmc schedules'.")(fn)
     fn = click.option("--schedule", "schedule_name", default=None, metavar="PRESET",

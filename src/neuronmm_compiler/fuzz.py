@@ -149,7 +149,7 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
 
 def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:
     """Compile (and verify) one case; never raises."""
-    from .fused_compiler import compile_graph
+    from .driver import compile_workload
     from .graph_file import check_fits_hbm, spec_from_document
     from .targets import get_target
     from .verification import verify_source
@@ -161,7 +161,7 @@ def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:
         graph = spec.graph(case.dims)
         check_fits_hbm(graph, target, spec.source)
         workload = graph_workload(graph, spec.source)
-        compiled = compile_graph(workload, target=target, dialect=case.dialect, params=case.params)
+        compiled = compile_workload(workload, target=target, dialect=case.dialect, params=case.params)
     except NmmcError as exc:
         return Outcome("rejected", str(exc))
     except Exception:  # classifying every failure is the point

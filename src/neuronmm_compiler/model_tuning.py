@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .cost_model import CostReport
+from .driver import Tuned, tune
 from .errors import InputError
-from .fused_compiler import TunedGraph, tune_graph
 from .io import write_text_atomic
 from .ir import block_aligned_rank
 from .models import ModelConfig, read_config, read_manifest
@@ -82,7 +83,7 @@ class BucketResult:
     tokens: int
     file: str
     workload: Workload
-    tuned: TunedGraph
+    tuned: Tuned
 
 
 def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,
@@ -96,7 +97,7 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     results: list[BucketResult] = []
     for done, tokens in enumerate(buckets):
         workload = mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks)
-        tuned = tune_graph(workload, target=target, dialect=dialect, trials=trials, seed=seed)
+        tuned = tune(workload, target=target, dialect=dialect, trials=trials, seed=seed)
         name = f"mlp_t{tokens}.py"
         write_text_atomic(out / name, tuned.compiled.kernel.source)
         results.append(BucketResult(tokens, name, workload, tuned))
@@ -117,8 +118,13 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     return index
 
 
+def _latency(cost: CostReport | None) -> float | None:
+    return None if cost is None else cost.latency_us
+
+
 def _bucket_entry(result: BucketResult) -> dict[str, Any]:
     compiled = result.tuned.compiled
+    speedups = result.tuned.speedups()
     return {
         "tokens": result.tokens,
         "file": result.file,
@@ -126,8 +132,8 @@ def _bucket_entry(result: BucketResult) -> dict[str, Any]:
                     for p in compiled.programs],
         "schedule": compiled.schedule.as_dict(),
         "predicted_us": compiled.cost.latency_us,
-        "baseline_us": result.tuned.baseline.latency_us,
-        "unfused_baseline_us": result.tuned.unfused_baseline.latency_us,
-        "speedup_vs_baseline": result.tuned.speedup_vs_baseline,
-        "speedup_vs_unfused": result.tuned.speedup_vs_unfused,
+        "baseline_us": _latency(result.tuned.baselines["dense"].cost),
+        "unfused_baseline_us": _latency(result.tuned.baselines["unfused"].cost),
+        "speedup_vs_baseline": speedups["dense"],
+        "speedup_vs_unfused": speedups["unfused"],
     }

@@ -1,14 +1,18 @@
-"""Human-readable views of cost reports, tuning results and the ``explain`` walk-through."""
+"""Views: the text (and JSON) nmmc prints about compiled, costed and tuned workloads, and the
+``explain`` walk-through. Nothing here compiles or searches; the CLI passes in what the driver made."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import sympy as sp
 
 from .codegen.printer import NkiPrinter
-from .compiler import CompiledKernel, Lowered, Tuned
 from .cost_model import FORMULAS, LATENCY, LOWER_BOUND, CostReport
-from .fused_compiler import CompiledGraph, GraphLowered, TunedGraph
+from .driver import Compiled, Costed, Lowered, Tuned
 from .ir import to_text
+from .targets import Target
+from .workloads import Workload
 
 
 def _mib(nbytes: float) -> str:
@@ -39,43 +43,8 @@ def cost_lines(cost: CostReport) -> list[str]:
     ]
 
 
-def tune_lines(tuned: Tuned) -> list[str]:
-    c, s, base = tuned.compiled, tuned.search, tuned.baseline
-    lines = [
-        f"{c.problem.describe()} on {c.target.name}",
-        f"search: {s.method}, {s.trials} trials, {s.evaluated} schedules costed ({s.feasible} fit) "
-        f"of {s.space_size}, {s.seconds:.2f} s",
-        "",
-        f"  {'':<22}{'latency us':>12}  {'bound':<9}{'HBM MiB':>9}{'DMAs':>8}{'SBUF B/part':>13}{'PSUM':>6}",
-    ]
-    for name, cost in (("nmmc tuned", c.cost), ("aws-fully-optimized", base)):
-        lat = f"{cost.latency_us:12.2f}" if cost.feasible else f"{'(no fit)':>12}"
-        hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
-        lines.append(f"  {name:<22}{lat}  {cost.bound:<9}{hbm:9.2f}{cost.dma_transfers:8d}"
-                     f"{cost.sbuf_bytes_per_partition:13d}{cost.psum_banks:6d}")
-    speedup = tuned.speedup_vs_baseline
-    lines.append("")
-    lines.append(f"speedup vs aws-fully-optimized: {speedup:.2f}x" if speedup else
-                 "speedup vs aws-fully-optimized: n/a (the preset does not fit this shape)")
-    lines.append(f"schedule: {c.schedule.describe()}")
-    if len(s.top) > 1:
-        lines.append("runners-up:")
-        for cand in s.top[1:]:
-            lines.append(f"  {cand.latency_us:10.2f} us  {cand.schedule.describe()}")
-    return lines
-
-
 def _fmt(expr: sp.Expr) -> str:
     return sp.sstr(expr)
-
-
-def _pass_lines(lowered: Lowered | GraphLowered) -> list[str]:
-    """The frontend's graph, then the graph after every pass of the pipeline."""
-    lines = ["== graph from the frontend", *to_text(lowered.source_graph).splitlines()]
-    for step in lowered.pipeline_steps:
-        lines += ["", f"== after pass {step.pass_name} ({'changed' if step.changed else 'unchanged'})",
-                  *step.text.splitlines()]
-    return lines
 
 
 def _formula_lines(cost: CostReport) -> list[str]:
@@ -93,59 +62,149 @@ def _formula_lines(cost: CostReport) -> list[str]:
     return lines
 
 
-def explain_lines(compiled: CompiledKernel) -> list[str]:
-    """The IR after each pass, the schedule as a loop nest, the cost formulas with numbers."""
-    lowered, cost = compiled.lowered, compiled.cost
-    lines = _pass_lines(lowered)
-    lines += ["", f"== problem: {compiled.problem.describe()}",
-              f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}",
-              "", "== loop nest (NKI 0.3+ spelling)", *NkiPrinter().kernel(compiled.program)]
-    lines += ["", f"== cost model on {compiled.target.name}", *_formula_lines(cost)]
-    lines += ["", "== predicted figures", *cost_lines(cost)]
+def _pass_lines(lowered: Lowered) -> list[str]:
+    """The frontend's graph, then the graph after every pass of the pipeline (with its annotations)."""
+    lines = ["== graph from the frontend", *to_text(lowered.source_graph).splitlines()]
+    for step in lowered.pipeline_steps:
+        lines += ["", f"== after pass {step.pass_name} ({'changed' if step.changed else 'unchanged'})",
+                  *step.text.splitlines()]
     return lines
 
 
-def tune_graph_lines(tuned: TunedGraph) -> list[str]:
+def emit_lines(compiled: Compiled, output: str) -> list[str]:
+    """What ``nmmc emit -o FILE`` prints after writing the file."""
+    names = ", ".join(p.name for p in compiled.programs)
+    footprint = "; ".join(fp.describe() for fp in compiled.footprints)
+    return [f"wrote {output}: {names} for {compiled.workload.describe()}",
+            f"  target {compiled.target.name}, dialect {compiled.dialect}, schedule {compiled.schedule_name}",
+            f"  {footprint}",
+            f"  predicted {compiled.cost.latency_us:.1f} us ({compiled.cost.bound}-bound)"]
+
+
+def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str]:
+    """``nmmc cost``: the schedule, the whole's figures, then each kernel's when there are several."""
+    lines = [f"{workload.describe()} on {target.name}",
+             f"schedule {costed.schedule_name}: {costed.schedule.describe()}"]
+    lines += [f"  {line}" for line in cost_lines(costed.cost)]
+    if len(costed.programs) > 1:
+        for program, cost in zip(costed.programs, costed.kernel_costs, strict=True):
+            lines += [f"kernel {program.name}:", *(f"  {line}" for line in cost_lines(cost))]
+    return lines
+
+
+def cost_json(workload: Workload, target: Target, costed: Costed) -> dict[str, Any]:
+    data = {"workload": workload.describe(), "target": target.name, "schedule": costed.schedule.as_dict(),
+            **costed.cost.as_dict()}
+    if len(costed.programs) > 1:
+        data["kernels"] = [{"name": p.name, **c.as_dict()} for p, c in zip(costed.programs, costed.kernel_costs,
+                                                                           strict=True)]
+    return data
+
+
+def _row(name: str, cost: CostReport | None, kernels: int | None) -> str:
+    if cost is None:
+        return f"  {name:<34}{'(not modelled)':>12}"
+    lat = f"{cost.latency_us:12.2f}" if cost.feasible else f"{'(no fit)':>12}"
+    hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
+    return (f"  {name:<34}{lat}  {cost.bound:<9}{hbm:9.2f}{cost.dma_transfers:8d}{cost.sbuf_bytes_per_partition:13d}"
+            f"{cost.psum_banks:6d}{kernels or '':>9}")
+
+
+def tune_lines(tuned: Tuned) -> list[str]:
+    """``nmmc tune``: the search, the tuned kernel next to every baseline, speedups, the schedule."""
     c, s = tuned.compiled, tuned.search
     lines = [
         f"{c.workload.describe()} on {c.target.name}",
         f"search: {s.method}, {s.trials} trials, {s.evaluated} schedules costed ({s.feasible} fit) "
         f"of {s.space_size}, {s.seconds:.2f} s",
         "",
-        f"  {'':<34}{'latency us':>12}{'HBM MiB':>10}{'DMAs':>8}{'kernels':>9}",
+        f"  {'':<34}{'latency us':>12}  {'bound':<9}{'HBM MiB':>9}{'DMAs':>8}{'SBUF B/part':>13}{'PSUM':>6}"
+        f"{'kernels':>9}",
+        _row("nmmc tuned", c.cost, len(c.programs)),
+        *(_row(b.label, b.cost, None) for b in tuned.baselines.values()),
+        "",
     ]
-    rows = [("nmmc fused", c.cost, len(c.programs)),
-            (tuned.unfused_label, tuned.unfused_baseline, None),
-            (tuned.baseline_label, tuned.baseline, None)]
-    for name, cost, kernels in rows:
-        if cost is None:
-            lines.append(f"  {name:<34}{'(not modelled)':>12}")
-            continue
-        lat = f"{cost.latency_us:12.2f}" if cost.feasible else f"{'(no fit)':>12}"
-        hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
-        lines.append(f"  {name:<34}{lat}{hbm:10.2f}{cost.dma_transfers:8d}{kernels or '':>9}")
-    lines.append("")
-    for name, value in zip(tuned.speedup_labels, (tuned.speedup_vs_baseline, tuned.speedup_vs_unfused), strict=True):
-        label = f"speedup vs {name}"
-        lines.append(f"{label}: {value:.2f}x" if value else f"{label}: n/a (baseline not modelled or does not fit)")
+    for name, speedup in tuned.speedups().items():
+        label = f"speedup vs {tuned.baselines[name].speedup_label}"
+        lines.append(f"{label}: {speedup:.2f}x" if speedup else f"{label}: n/a (baseline not modelled or does not fit)")
     lines.append(f"schedule: {c.schedule.describe()}")
-    for program, cost in zip(c.programs, c.kernel_costs, strict=True):
-        lines.append(f"  {program.name}: {cost.latency_us:.2f} us, {cost.bound}-bound, "
-                     f"SBUF {cost.sbuf_bytes_per_partition} B/partition, PSUM {cost.psum_banks} banks")
+    if len(c.programs) > 1:
+        for program, cost in zip(c.programs, c.kernel_costs, strict=True):
+            lines.append(f"  {program.name}: {cost.latency_us:.2f} us, {cost.bound}-bound, "
+                         f"SBUF {cost.sbuf_bytes_per_partition} B/partition, PSUM {cost.psum_banks} banks")
+    if len(s.top) > 1:
+        lines.append("runners-up:")
+        lines += [f"  {cand.latency_us:10.2f} us  {cand.schedule.describe()}" for cand in s.top[1:]]
     return lines
 
 
-def explain_graph_lines(compiled: CompiledGraph) -> list[str]:
-    """explain for fused graphs: passes, every kernel's loop nest and cost formulas."""
+def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
+    """``nmmc tune --json``."""
+    c = tuned.compiled
+    data: dict[str, Any] = {
+        "workload": c.workload.describe(),
+        "target": c.target.name,
+        "kind": c.kind,
+        "schedule": c.schedule.as_dict(),
+        "predicted": c.cost.as_dict(),
+        "kernels": [{"name": p.name, **k.as_dict()} for p, k in zip(c.programs, c.kernel_costs, strict=True)],
+        "baselines": {name: None if b.cost is None else {"computation": b.label, **b.cost.as_dict()}
+                      for name, b in tuned.baselines.items()},
+        "speedups": tuned.speedups(),
+        "search": {**tuned.search.search_summary(), "cached": tuned.search.method == "cache"},
+        "top": [{"latency_us": cand.latency_us, "schedule": cand.schedule.as_dict()} for cand in tuned.search.top],
+        "output": output,
+    }
+    if report is not None:
+        data["verify"] = report.as_dict()
+    return data
+
+
+def explain_lines(compiled: Compiled) -> list[str]:
+    """The IR after each pass, every kernel's subgraph, loop nest and cost formulas with numbers."""
     lowered = compiled.lowered
     lines = _pass_lines(lowered)
     lines += ["", f"== workload: {compiled.workload.describe()}",
+              f"== lowering: {compiled.kind}",
               f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}"]
     for kernel, program, cost in zip(lowered.kernels, compiled.programs, compiled.kernel_costs, strict=True):
         views = [f"  (input %{view} is a view of the HBM array {array}, with the other layout)"
                  for view, array in kernel.hbm_aliases.items()]
         lines += ["", f"== kernel {program.name}", *to_text(kernel).splitlines(), *views,
                   "", f"== loop nest of {program.name} (NKI 0.3+ spelling)", *NkiPrinter().kernel(program)]
-        lines += ["", f"== cost model of {program.name}", *_formula_lines(cost), *cost_lines(cost)]
-    lines += ["", "== whole graph", *cost_lines(compiled.cost)]
+        lines += ["", f"== cost model of {program.name} on {compiled.target.name}", *_formula_lines(cost),
+                  *cost_lines(cost)]
+    if len(compiled.programs) > 1:
+        lines += ["", "== whole graph", *cost_lines(compiled.cost)]
+    return lines
+
+
+def schedules_lines(workload: Workload, target: Target, rows: list[dict[str, Any]],
+                    space: list[dict[str, Any]]) -> list[str]:
+    """``nmmc schedules``: the named schedules with their footprint, then the parameters."""
+    lines = [f"{workload.describe()}; target {target.name}", "", "presets:"]
+    for row in rows:
+        fits = "fits" if row["fits"] else "DOES NOT FIT"
+        lines += [f"  {row['name']}: {row['description']}",
+                  "    " + " ".join(f"{k}={v}" for k, v in row["params"].items()),
+                  f"    SBUF {row['sbuf_bytes_per_partition']} B/partition, PSUM {row['psum_banks']} banks: {fits}"]
+    lines += ["", "parameters (--param KEY=VALUE):"]
+    for p in space:
+        accepted = ", ".join(p["choices"]) if p["choices"] else p["type"]
+        lines.append(f"  {p['name']:<24} {p['help']} [{accepted}]")
+    return lines
+
+
+def model_lines(source: Any, index: dict[str, Any], target_name: str, output: str) -> list[str]:
+    """``nmmc tune --model``: one row per token bucket."""
+    ranks = "/".join(str(r) for r in index["ranks"].values())
+    lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target_name}",
+             f"  {'tokens':>7}{'fused us':>11}{'dense us':>11}{'unfused us':>12}{'vs dense':>10}{'vs unf.':>9}"
+             f"{'kernels':>9}  file"]
+    for e in index["buckets"]:
+        check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
+        lines.append(f"  {e['tokens']:>7}{e['predicted_us']:>11.1f}{e['baseline_us']:>11.1f}"
+                     f"{e['unfused_baseline_us']:>12.1f}{e['speedup_vs_baseline']:>9.2f}x"
+                     f"{e['speedup_vs_unfused']:>8.2f}x{len(e['kernels']):>9}  {e['file']}{check}")
+    lines.append(f"wrote {len(index['buckets'])} kernel files and index.json to {output}")
     return lines

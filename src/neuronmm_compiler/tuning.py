@@ -1,74 +1,169 @@
-"""``nmmc tune`` with its result cache: answer a repeated request from the cache, else search and
-remember the decision (the schedule, never generated code)."""
+"""``nmmc tune`` as a user request: the search (answered from the result cache when it can be),
+then what the request asked for besides the kernel (study records, plots, a lock entry,
+verification), then the kernel file and the report. The command function only parses options;
+the views are in :mod:`.report`."""
 
 from __future__ import annotations
 
-import time
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from .artifacts.cache import CacheRecord, ResultCache, cache_key, cached_schedule, new_record
-from .compiler import Tuned, compile_lowered, lower_frontend
-from .compiler import tune as tune_gemm_workload
-from .cost_model import estimate
-from .fused_compiler import TunedGraph, baselines, compile_graph, tune_graph
-from .schedule import lower_gemm, preset
-from .search import Candidate, TuneResult
+from .driver import Tuned, tune_cached
+from .errors import InputError
+from .search import DEFAULT_TRIALS
 from .targets import Target
 from .workloads import Workload
 
-
-def _kind(workload: Workload) -> str:
-    return "fused" if workload.fused else "gemm"
+Echo = Callable[..., None]
 
 
-def _from_record(workload: Workload, record: CacheRecord, *, target: Target, dialect: str,
-                 started: float) -> Tuned | TunedGraph:
-    """Recompile the cached schedule (codegen is cheap; only the decision is cached)."""
-    schedule = cached_schedule(record)
-    # Same schedule, same name: the file is byte-identical to the one the search wrote.
-    if workload.fused:
-        compiled: Any = compile_graph(workload, target=target, dialect=dialect, schedule=schedule,  # type: ignore[arg-type]
-                                      schedule_name=record.schedule_name)
+@dataclass(frozen=True)
+class TuneRequest:
+    """The search settings of one ``nmmc tune`` (None: the default of the workload's lowering)."""
+
+    target: Target
+    dialect: str
+    trials: int | None = None
+    seed: int = 0
+    timeout: float | None = None
+    method: str | None = None
+    exhaustive_threshold: int | None = None
+    top_k: int = 5
+    storage: str | None = None
+    study_name: str | None = None
+    workers: int = 1
+    cache_dir: str | None = None
+    use_cache: bool = True
+    progress: bool = False
+
+    @property
+    def trial_count(self) -> int:
+        return self.trials or DEFAULT_TRIALS
+
+
+def search(workload: Workload, request: TuneRequest, echo: Echo) -> tuple[Tuned, str | None]:
+    """(tuned, the cache directory that answered or None), with the progress bar and the cache
+    warnings the request asks for."""
+    from .artifacts.cache import ResultCache
+    from .cli_support import progress_bar
+
+    if request.workers > 1 and not request.storage:
+        raise InputError("--workers shares a study between processes: give --storage too (e.g. sqlite:///tune.db)")
+    cache = ResultCache(Path(request.cache_dir) if request.cache_dir else None) if request.use_cache else None
+    update, close = progress_bar(request.progress)
+    try:
+        tuned, from_cache = tune_cached(
+            workload, target=request.target, dialect=request.dialect, cache=cache, trials=request.trial_count,
+            seed=request.seed, timeout=request.timeout, method=request.method,
+            exhaustive_threshold=request.exhaustive_threshold, storage=request.storage, top_k=request.top_k,
+            progress=update, study_name=request.study_name, workers=request.workers)
+    finally:
+        close()
+    for warning in cache.warnings if cache else []:
+        echo(f"nmmc: warning: {warning}", err=True)
+    return tuned, str(cache.tune_dir) if cache is not None and from_cache else None
+
+
+def record_study(workload: Workload, tuned: Tuned, request: TuneRequest) -> None:
+    """Tag the stored study with what it tuned, so ``nmmc report`` can rebuild its result."""
+    import optuna
+
+    from .search.storage import open_storage
+
+    assert request.storage is not None and tuned.search.study is not None
+    study = optuna.load_study(study_name=str(tuned.search.study["name"]), storage=open_storage(request.storage))
+    study.set_user_attr("nmmc_workload", workload.to_dict())
+    study.set_user_attr("nmmc_target", request.target.spec)
+    study.set_user_attr("nmmc_dialect", request.dialect)
+
+
+def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_path: str | None,
+             report_dir: str | None, as_json: bool, output: str, echo: Echo) -> bool:
+    """The whole of ``nmmc tune`` for one workload; False when --verify found a wrong kernel."""
+    from .cli_support import write_atomic
+    from .report import tune_json, tune_lines
+
+    tuned, from_cache = search(workload, request, echo)
+    if request.storage and tuned.search.study:
+        record_study(workload, tuned, request)
+    if report_dir:
+        from .artifacts.report import write_report
+
+        write_report(tuned.search, target=request.target, out_dir=Path(report_dir), title=workload.describe(),
+                     candidates=tuned.search.candidates or None)
+    if lock_path:
+        from .artifacts.lockfile import Lockfile, entry_from_tuned
+
+        lock = Lockfile.load(lock_path)
+        lock.add(entry_from_tuned(workload, tuned, seed=request.seed, trials=request.trial_count))
+        lock.save(lock_path)
+    report = None
+    if verify:
+        from .verification import verify_source
+
+        report = verify_source(tuned.compiled.kernel.source, filename=output)
+    source = tuned.compiled.kernel.source
+    if output != "-":
+        write_atomic(output, source)
+    if as_json:
+        echo(json.dumps(tune_json(tuned, output, report), indent=2))
+    elif output == "-":
+        echo(source, nl=False)
     else:
-        lowered = lower_frontend(workload.m, workload.n, workload.k, dtype=workload.dtype, a_layout=workload.a_layout)
-        compiled = compile_lowered(lowered, target=target, dialect=dialect, schedule=schedule,  # type: ignore[arg-type]
-                                   schedule_name=record.schedule_name)
-    best = Candidate(compiled.schedule, compiled.cost)
-    search = TuneResult(best=best, top=[best], method="cache", trials=0, evaluated=0, feasible=0,
-                        space_size=int(record.search.get("space_size", 0)), seconds=time.perf_counter() - started)
-    if workload.fused:
-        return TunedGraph(compiled, search, *baselines(workload, target))
-    problem = compiled.problem
-    baseline = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem), target), target)
-    return Tuned(compiled, search, baseline)
+        if from_cache:
+            echo(f"answered from the cache ({from_cache}); --no-cache to search again")
+        for line in tune_lines(tuned):
+            echo(line)
+        echo(f"wrote {output}")
+    if report is not None:
+        status = "verified" if report.ok else "VERIFICATION FAILED"
+        rel = f"{report.rel_error:.3e}" if report.rel_error is not None else "n/a"
+        echo(f"{status}: relative error {rel}" + (f"; {report.error}" if report.error else ""),
+             err=output == "-" or as_json)
+    return report is None or report.ok
 
 
-def tune_workload(workload: Workload, *, target: Target, dialect: str, cache: ResultCache | None,
-                  exhaustive_threshold: int, **search: Any) -> tuple[Tuned | TunedGraph, bool]:
-    """(tuned, answered_from_cache). ``search``: trials, seed, timeout, top_k, method, progress, storage,
-    study_name, workers.
+def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *, target_name: str, verify: bool,
+                   as_json: bool, output: str, echo: Echo) -> bool:
+    """``nmmc tune --model``: one tuned MLP kernel per token bucket and an index; False when
+    --verify found a wrong kernel."""
+    from .cli_support import progress_bar
+    from .model_tuning import parse_buckets, resolve_model, tune_model
+    from .report import model_lines
 
-    With a ``storage`` the cache is not read (the caller asked for that study to be run or resumed,
-    and its result is the whole study's), but the outcome is still written to it."""
-    started = time.perf_counter()
-    graph = workload.graph()
-    key = cache_key(graph, target=target, dialect=dialect, kind=_kind(workload))
-    if cache is not None and search.get("storage") is None:
-        record = cache.get(key)
-        if record is not None:
-            return _from_record(workload, record, target=target, dialect=dialect, started=started), True
-    tuned: Tuned | TunedGraph
-    if workload.fused:
-        tuned = tune_graph(workload, target=target, dialect=dialect, exhaustive_threshold=exhaustive_threshold,
-                           **search)
+    allowed = {"tokens", "keep_ratio", "dtype", "a_layout"}
+    given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
+    if given:
+        raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
+                         ", ".join("--" + k.replace("_", "-") for k in given))
+    if options["tokens"] is None:
+        raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
+    source = resolve_model(model, options["keep_ratio"])
+    buckets = parse_buckets(str(options["tokens"]))
+    update, close = progress_bar(request.progress)
+    try:
+        index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect,
+                           trials=request.trial_count, seed=request.seed,
+                           progress=(lambda done, total: update(done, total, float("inf"))) if update else None)
+    finally:
+        close()
+    failures = []
+    if verify:
+        from .verification import verify_file
+
+        for entry in index["buckets"]:
+            report = verify_file(Path(output) / entry["file"])
+            entry["verified"] = report.ok
+            if not report.ok:
+                failures.append(f"{entry['file']}: {report.error}")
+    if as_json:
+        echo(json.dumps(index, indent=2))
     else:
-        tuned = tune_gemm_workload(workload.m, workload.n, workload.k, dtype=workload.dtype,
-                                   a_layout=workload.a_layout, target=target, dialect=dialect,
-                                   exhaustive_threshold=exhaustive_threshold, **search)
-    if cache is not None:
-        cache.put(new_record(graph, target=target, dialect=dialect, kind=_kind(workload),
-                             schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
-                             latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),
-                             workload=workload.describe()))
-    return tuned, False
-
+        for line in model_lines(source, index, target_name, output):
+            echo(line)
+    for failure in failures:
+        echo(f"VERIFICATION FAILED: {failure}", err=True)
+    return not failures

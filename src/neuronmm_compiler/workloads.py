@@ -1,86 +1,182 @@
-"""What the user asks nmmc to compile: a GEMM, an SVD-compressed chain X·U·V, a gated MLP
-(SVD-compressed or dense), or a graph the user described in a graph file, with the graph each is
-measured against."""
+"""What the user asks nmmc to compile, as a tagged union: a GEMM, an SVD-compressed chain X·U·V, a
+gated MLP (SVD-compressed or dense), or a graph the user described in a graph file. Each kind knows
+the graph it compiles, the dense graph it is measured against, a one-line description, and its
+plain-JSON form (:meth:`Workload.to_dict` / :func:`workload_from_dict`, used by lockfiles and study
+attributes). Which lowering compiles a workload is the lowering registry's business
+(:mod:`.lowerings`), not the workload's.
+"""
 
 from __future__ import annotations
 
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from .errors import InputError
-from .ir import Graph, block_aligned_rank, gemm_graph, mlp_graph, parse_text, svd_chain_graph, to_text
+from .ir import DTYPES, Graph, block_aligned_rank, gemm_graph, mlp_graph, parse_text, svd_chain_graph, to_text
+from .ir.frontends import A_LAYOUTS
 from .schedule import GemmProblem
 
 
-@dataclass(frozen=True)
-class Workload:
-    """One compilation request. ``kind`` is "gemm", "chain", "mlp" or "graph" (a user's graph file,
-    held as the IR text of the graph with its dimensions bound, so the workload stays hashable)."""
+class Workload(ABC):
+    """One compilation request (frozen, hashable). ``kind`` names the variant in its JSON form."""
 
-    kind: str
-    dtype: str = "bfloat16"
-    # gemm / chain: Y[M, N] = X[M, K] @ W[K, N] (W = U V for a chain)
-    m: int = 0
-    n: int = 0
-    k: int = 0
-    rank: int = 0
-    a_layout: str = "mk"
-    # mlp
-    tokens: int = 0
-    hidden: int = 0
-    intermediate: int = 0
-    ranks: tuple[int, int, int] | None = None
-    # graph: the IR text form of the bound graph, and where it came from (for messages)
-    graph_text: str = ""
-    source: str = ""
+    kind: ClassVar[str]
+    dtype: str
+
+    @abstractmethod
+    def graph(self) -> Graph:
+        """The graph nmmc compiles (the SVD-compressed one for chain and SVD MLP workloads)."""
+
+    @abstractmethod
+    def dense_graph(self) -> Graph:
+        """The uncompressed computation, the paper's baseline (a user's graph is its own)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for headers and reports."""
 
     @property
+    @abstractmethod
     def token_count(self) -> int:
         """Rows of the activations (M of a GEMM or chain, tokens of an MLP)."""
-        if self.kind == "graph":
-            return graph_token_count(self.graph())
-        return self.tokens if self.kind == "mlp" else self.m
 
-    @property
-    def fused(self) -> bool:
-        return self.kind != "gemm"
+    @abstractmethod
+    def fields_dict(self) -> dict[str, Any]:
+        """The kind's own fields as plain JSON values (see :meth:`to_dict`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that rebuild this workload, as plain JSON values (``kind`` and ``dtype`` first)."""
+        return {"kind": self.kind, "dtype": self.dtype, **self.fields_dict()}
+
+
+@dataclass(frozen=True)
+class GemmWorkload(Workload):
+    """``C[M,N] = A[M,K] @ B[K,N]``; ``a_layout="km"``: A is stored transposed, as [K, M]."""
+
+    kind: ClassVar[str] = "gemm"
+    m: int
+    n: int
+    k: int
+    dtype: str = "bfloat16"
+    a_layout: str = "mk"
 
     def problem(self) -> GemmProblem:
-        if self.kind != "gemm":
-            raise InputError(f"a {self.kind} workload is not a single GEMM")
         return GemmProblem(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
 
     def graph(self) -> Graph:
-        """The graph nmmc compiles (the SVD-compressed one for chain and SVD MLP workloads)."""
-        if self.kind == "gemm":
-            return gemm_graph(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
-        if self.kind == "chain":
-            return svd_chain_graph(self.m, self.n, self.k, self.rank, dtype=self.dtype, x_layout=self.a_layout)
-        if self.kind == "graph":
-            return parse_text(self.graph_text)
+        return gemm_graph(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
+
+    def dense_graph(self) -> Graph:
+        return self.graph()
+
+    def describe(self) -> str:
+        return self.problem().describe()
+
+    @property
+    def token_count(self) -> int:
+        return self.m
+
+    def fields_dict(self) -> dict[str, Any]:
+        return {"m": self.m, "n": self.n, "k": self.k, "a_layout": self.a_layout}
+
+
+@dataclass(frozen=True)
+class ChainWorkload(Workload):
+    """``Y[M,N] = X[M,K] @ U[K,R] @ V[R,N]``: an SVD-compressed weight ``W ≈ U V`` applied to X."""
+
+    kind: ClassVar[str] = "chain"
+    m: int
+    n: int
+    k: int
+    rank: int
+    dtype: str = "bfloat16"
+    a_layout: str = "mk"
+
+    def graph(self) -> Graph:
+        return svd_chain_graph(self.m, self.n, self.k, self.rank, dtype=self.dtype, x_layout=self.a_layout)
+
+    def dense_graph(self) -> Graph:
+        return gemm_graph(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
+
+    def describe(self) -> str:
+        return (f"Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M={self.m} N={self.n} K={self.k} R={self.rank}, "
+                f"{self.dtype}, X {'[M,K]' if self.a_layout == 'mk' else 'stored as X_t[K,M]'}")
+
+    @property
+    def token_count(self) -> int:
+        return self.m
+
+    def fields_dict(self) -> dict[str, Any]:
+        return {"m": self.m, "n": self.n, "k": self.k, "a_layout": self.a_layout, "rank": self.rank}
+
+
+@dataclass(frozen=True)
+class MlpWorkload(Workload):
+    """The gated MLP ``silu(x Wg) * (x Wu) Wd``; ``ranks`` (gate, up, down) or None for dense."""
+
+    kind: ClassVar[str] = "mlp"
+    tokens: int
+    hidden: int
+    intermediate: int
+    ranks: tuple[int, int, int] | None = None
+    dtype: str = "bfloat16"
+
+    def graph(self) -> Graph:
         return mlp_graph(self.tokens, self.hidden, self.intermediate, self.ranks, dtype=self.dtype)
 
     def dense_graph(self) -> Graph:
-        """The uncompressed computation: the paper's baseline (a user's graph is its own)."""
-        if self.kind == "graph":
-            return self.graph()
-        if self.kind in ("gemm", "chain"):
-            return gemm_graph(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
         return mlp_graph(self.tokens, self.hidden, self.intermediate, None, dtype=self.dtype)
 
     def describe(self) -> str:
-        if self.kind == "graph":
-            graph = self.graph()
-            ins = ", ".join(f"{n.name}{list(n.shape)}" for n in graph.inputs())
-            outs = ", ".join(f"{n.name}{list(n.shape)}" for n in graph.outputs())
-            return f"graph {graph.name} ({self.source}): {ins} -> {outs}, {self.dtype}"
-        if self.kind == "gemm":
-            return self.problem().describe()
-        if self.kind == "chain":
-            return (f"Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M={self.m} N={self.n} K={self.k} R={self.rank}, "
-                    f"{self.dtype}, X {'[M,K]' if self.a_layout == 'mk' else 'stored as X_t[K,M]'}")
         ranks = "dense" if self.ranks is None else "ranks gate/up/down " + "/".join(map(str, self.ranks))
         return (f"gated MLP silu(x Wg) * (x Wu) Wd, tokens={self.tokens} hidden={self.hidden} "
                 f"intermediate={self.intermediate}, {ranks}, {self.dtype}")
+
+    @property
+    def token_count(self) -> int:
+        return self.tokens
+
+    def fields_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "hidden": self.hidden, "intermediate": self.intermediate,
+                "ranks": None if self.ranks is None else list(self.ranks)}
+
+
+@dataclass(frozen=True)
+class GraphWorkload(Workload):
+    """A user's graph (see :mod:`.graph_file`), held as the IR text of the graph with its dimensions
+    bound (so the workload stays hashable), and where it came from (for messages)."""
+
+    kind: ClassVar[str] = "graph"
+    graph_text: str
+    source: str
+    dtype: str = "bfloat16"
+
+    def graph(self) -> Graph:
+        return parse_text(self.graph_text)
+
+    def dense_graph(self) -> Graph:
+        return self.graph()
+
+    def describe(self) -> str:
+        graph = self.graph()
+        ins = ", ".join(f"{n.name}{list(n.shape)}" for n in graph.inputs())
+        outs = ", ".join(f"{n.name}{list(n.shape)}" for n in graph.outputs())
+        return f"graph {graph.name} ({self.source}): {ins} -> {outs}, {self.dtype}"
+
+    @property
+    def token_count(self) -> int:
+        return graph_token_count(self.graph())
+
+    def fields_dict(self) -> dict[str, Any]:
+        return {"graph": self.graph_text, "source": self.source}
+
+
+#: The variants by their ``kind``.
+WORKLOAD_KINDS: Mapping[str, type[Workload]] = {
+    cls.kind: cls for cls in (GemmWorkload, ChainWorkload, MlpWorkload, GraphWorkload)}
 
 
 def graph_token_count(graph: Graph) -> int:
@@ -91,32 +187,39 @@ def graph_token_count(graph: Graph) -> int:
     return max(rows, default=1)
 
 
-def graph_workload(graph: Graph, source: str) -> Workload:
+def graph_workload(graph: Graph, source: str) -> GraphWorkload:
     """A workload compiling a user's graph (see :mod:`.graph_file`)."""
     dtypes = {n.dtype for n in graph.inputs()}
     if len(dtypes) > 1:
         raise InputError(f"{source}: inputs mix dtypes ({', '.join(sorted(dtypes))}); a graph has one dtype")
-    return Workload("graph", dtype=dtypes.pop(), graph_text=to_text(graph), source=source)
+    return GraphWorkload(graph_text=to_text(graph), source=source, dtype=dtypes.pop())
 
 
-def _positive(value: int | None, what: str) -> int:
+def _positive(value: object, what: str) -> int:
     if value is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(f"{what} must be a positive integer; got {value!r}")
     return value
 
 
+def gemm_workload(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: str = "mk") -> GemmWorkload:
+    """``C[M,N] = A[M,K] @ B[K,N]`` (dimensions and dtype checked by :class:`GemmProblem`)."""
+    workload = GemmWorkload(m, n, k, dtype=dtype, a_layout=a_layout)
+    workload.problem()
+    return workload
+
+
 def chain_workload(m: int, n: int, k: int, *, rank: int | None = None, keep_ratio: float | None = None,
-                   dtype: str = "bfloat16", a_layout: str = "mk", align: int = 128) -> Workload:
+                   dtype: str = "bfloat16", a_layout: str = "mk", align: int = 128) -> ChainWorkload:
     """X[M,K] @ U[K,R] @ V[R,N]; the rank given, or block-aligned from the dense [K, N] weight."""
     if (rank is None) == (keep_ratio is None):
         raise InputError("give exactly one of --rank and --keep-ratio for an SVD chain")
-    r = _positive(rank, "--rank") if rank is not None else block_aligned_rank(k, n, keep_ratio, align)  # type: ignore[arg-type]
-    return Workload("chain", dtype=dtype, m=m, n=n, k=k, rank=r, a_layout=a_layout)
+    r = _positive(rank, "--rank") if keep_ratio is None else block_aligned_rank(k, n, keep_ratio, align)
+    return ChainWorkload(m, n, k, r, dtype=dtype, a_layout=a_layout)
 
 
 def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | None = None,
-                 ranks: tuple[int, int, int] | None = None, keep_ratio: float | None = None,
-                 dense: bool = False, dtype: str = "bfloat16", align: int = 128) -> Workload:
+                 ranks: tuple[int, ...] | None = None, keep_ratio: float | None = None,
+                 dense: bool = False, dtype: str = "bfloat16", align: int = 128) -> MlpWorkload:
     """The gated MLP; ranks per projection (gate, up, down), one rank for all, or block-aligned from
     keep_ratio (gate/up from [hidden, intermediate], down from [intermediate, hidden])."""
     for value, what in ((tokens, "--tokens"), (hidden, "--hidden"), (intermediate, "--intermediate")):
@@ -125,7 +228,7 @@ def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | Non
     if dense:
         if given:
             raise InputError("a dense MLP takes no --rank, --ranks or --keep-ratio")
-        return Workload("mlp", dtype=dtype, tokens=tokens, hidden=hidden, intermediate=intermediate)
+        return MlpWorkload(tokens, hidden, intermediate, dtype=dtype)
     if given != 1:
         raise InputError("give exactly one of --rank, --ranks and --keep-ratio for an SVD MLP (or --dense)")
     if keep_ratio is not None:
@@ -133,10 +236,76 @@ def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | Non
         down = block_aligned_rank(intermediate, hidden, keep_ratio, align)
         chosen = (gate_up, gate_up, down)
     elif ranks is not None:
+        if len(ranks) != 3:
+            raise InputError(f"--ranks takes three ranks gate,up,down; got {len(ranks)}")
         chosen = tuple(_positive(r, "--ranks entry") for r in ranks)  # type: ignore[assignment]
-        if len(chosen) != 3:
-            raise InputError(f"--ranks takes three ranks gate,up,down; got {len(chosen)}")
     else:
         chosen = (_positive(rank, "--rank"),) * 3
-    return Workload("mlp", dtype=dtype, tokens=tokens, hidden=hidden, intermediate=intermediate,
-                    ranks=chosen)  # type: ignore[arg-type]
+    return MlpWorkload(tokens, hidden, intermediate, ranks=chosen, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- JSON form
+
+
+def _field(data: Mapping[str, Any], name: str) -> int:
+    return _positive(data.get(name), f"workload field {name!r}")
+
+
+def _graph_from_dict(data: Mapping[str, Any]) -> GraphWorkload:
+    """A user graph recorded as its IR text: parsed and its names checked as a graph file's are
+    (a lockfile is edited by hand, and its names become identifiers in emitted code)."""
+    from .graph_file import check_user_name
+
+    text, source = data.get("graph"), data.get("source", "lockfile")
+    if not isinstance(text, str) or not isinstance(source, str):
+        raise InputError("a graph workload needs 'graph' (the graph's text form) and 'source' strings")
+    graph = parse_text(text)
+    check_user_name(graph.name, "graph name")
+    for node in graph.nodes():
+        check_user_name(node.name if node.kind in ("input", "output") else node.id, node.kind)
+    return graph_workload(graph, source)
+
+
+def workload_from_dict(data: Mapping[str, Any]) -> Workload:
+    """Rebuild a workload from :meth:`Workload.to_dict`'s output; InputError when malformed."""
+    if not isinstance(data, Mapping):
+        raise InputError(f"a workload must be a JSON object; got {data!r}")
+    kind, dtype = data.get("kind"), data.get("dtype", "bfloat16")
+    if kind not in WORKLOAD_KINDS:
+        raise InputError(f"unknown workload kind {kind!r}; kinds: {', '.join(WORKLOAD_KINDS)}")
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    if kind in ("gemm", "chain"):
+        layout = data.get("a_layout", "mk")
+        if layout not in A_LAYOUTS:
+            raise InputError(f"unknown A layout {layout!r}; accepted: {', '.join(A_LAYOUTS)}")
+        m, n, k = (_field(data, name) for name in ("m", "n", "k"))
+        if kind == "chain":
+            return ChainWorkload(m, n, k, _field(data, "rank"), dtype=dtype, a_layout=layout)
+        return GemmWorkload(m, n, k, dtype=dtype, a_layout=layout)
+    if kind == "graph":
+        return _graph_from_dict(data)
+    ranks = data.get("ranks")
+    if ranks is not None:
+        if not isinstance(ranks, list) or len(ranks) != 3:
+            raise InputError(f"workload field 'ranks' must be null or three ranks gate, up, down; got {ranks!r}")
+        ranks = tuple(_positive(r, "workload field 'rank'") for r in ranks)
+    return MlpWorkload(_field(data, "tokens"), _field(data, "hidden"), _field(data, "intermediate"),
+                       ranks=ranks, dtype=dtype)
+
+
+def workload_label(data: Mapping[str, Any]) -> str:
+    """A short label of a workload dict for tables: ``gemm 128x512x256 bf16``, ``chain ... r128``."""
+    dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(str(data.get("dtype")), str(data.get("dtype")))
+    kind = data.get("kind")
+    if kind in ("gemm", "chain"):
+        text = f"{kind} {data.get('m')}x{data.get('n')}x{data.get('k')}"
+        text += f" r{data.get('rank')}" if kind == "chain" else ""
+        text += " A^T" if data.get("a_layout") == "km" else ""
+        return f"{text} {dtype}"
+    if kind == "graph":
+        match = re.search(r"graph\s+(\w+)", str(data.get("graph", "")))
+        return f"graph {match.group(1) if match else '?'} {dtype}"
+    ranks = data.get("ranks")
+    rank_text = "dense" if ranks is None else "r" + "/".join(map(str, ranks))
+    return f"mlp t{data.get('tokens')} h{data.get('hidden')} i{data.get('intermediate')} {rank_text} {dtype}"

@@ -4,7 +4,9 @@ Only decisions are cached, never generated code: a hit rebuilds the schedule obj
 (:func:`cached_schedule`) and the kernel is lowered and printed again, so a cached kernel is exactly
 what the same schedule compiles to today. The key (:func:`cache_key`) is a SHA-256 over everything
 the decision depends on: the graph's structural signature (shapes, dtypes, layouts), the target, the
-dialect, the kind of search ("gemm" or "fused"), the cost model version and the nmmc version. A
+dialect, the lowering entry whose schedule it is (``gemm`` or ``fused``), the search request
+(method, trials, seed, exhaustive threshold) with a fingerprint of the schedule space, the cost
+model version and the nmmc version. A
 change to any of them is a different key; stale files are simply never read again.
 
 Layout: ``<cache dir>/tune/<key>.json``, one :class:`CacheRecord` per file. Files are written to a
@@ -23,7 +25,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,8 +37,6 @@ from ..cost_model import params as cost_model_params
 from ..errors import InputError
 from ..io import stale_temp_files, write_text_atomic
 from ..ir import Graph
-from ..schedule.fused import FusedSchedule
-from ..schedule.gemm import GemmSchedule
 from ..targets import Target, get_target
 
 try:  # POSIX only; elsewhere writes are still atomic, just not serialized.
@@ -46,7 +46,6 @@ except ImportError:  # pragma: no cover
 
 CACHE_FORMAT = "nmmc-tune-cache"
 CACHE_FORMAT_VERSION = 1
-KINDS: dict[str, type[GemmSchedule] | type[FusedSchedule]] = {"gemm": GemmSchedule, "fused": FusedSchedule}
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -61,15 +60,19 @@ def _target(target: str | Target) -> Target:
     return target if isinstance(target, Target) else get_target(target)
 
 
-def cache_key(graph: Graph, *, target: str | Target, dialect: str, kind: str) -> str:
+def cache_key(graph: Graph, *, target: str | Target, dialect: str, kind: str,
+              search: Mapping[str, str] | None = None) -> str:
     """The cache key of tuning ``graph`` for ``target``/``dialect``: a 64-digit SHA-256 hex string.
-    A calibrated target adds the fingerprint of its fitted values, so it never shares decisions with
-    its stock target nor with another fit (stock targets' keys do not change)."""
-    if kind not in KINDS:
-        raise InputError(f"unknown cache kind {kind!r}; kinds: {', '.join(KINDS)}")
+    ``search`` is what else the decision depends on (the driver's ``search_fingerprint``: method,
+    trials, seed, exhaustive threshold, a fingerprint of the schedule space). A calibrated target
+    adds the fingerprint of its fitted values, so it never shares decisions with its stock target
+    nor with another fit."""
+    _schedule_class(kind)
     tgt = _target(target)
     fields_: dict[str, str] = {"graph": graph.signature(), "target": tgt.name, "dialect": dialect, "kind": kind,
                                **_versions()}
+    if search:
+        fields_["search"] = json.dumps(dict(search), sort_keys=True)
     if tgt.calibrated:
         fields_["target_model"] = tgt.model_fingerprint()
     text = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
@@ -143,11 +146,19 @@ class CacheRecord:
         return record
 
 
-def cached_schedule(record: CacheRecord) -> GemmSchedule | FusedSchedule:
+def _schedule_class(kind: str) -> type:
+    """The schedule class of a lowering entry's ``kind`` (InputError for an unknown kind)."""
+    from ..lowerings import registered_lowerings
+
+    entries = registered_lowerings()
+    if kind not in entries:
+        raise InputError(f"unknown cache kind {kind!r}; kinds: {', '.join(entries)}")
+    return entries[kind].schedule_class
+
+
+def cached_schedule(record: CacheRecord) -> Any:
     """Rebuild the schedule object a record stores (InputError if its parameters do not fit its kind)."""
-    cls = KINDS.get(record.kind)
-    if cls is None:
-        raise InputError(f"unknown cache kind {record.kind!r}; kinds: {', '.join(KINDS)}")
+    cls = _schedule_class(record.kind)
     names = {f.name for f in fields(cls)}
     missing, extra = sorted(names - set(record.params)), sorted(set(record.params) - names)
     if missing or extra:
@@ -157,13 +168,14 @@ def cached_schedule(record: CacheRecord) -> GemmSchedule | FusedSchedule:
     return cls().with_params(dict(record.params))
 
 
-def new_record(graph: Graph, *, target: str | Target, dialect: str, kind: str,
-               schedule: GemmSchedule | FusedSchedule, schedule_name: str, latency_us: float,
-               search: dict[str, Any], workload: str | None = None) -> CacheRecord:
-    """A record of tuning ``graph`` (key and descriptive fields computed here, ``created`` = now)."""
+def new_record(key: str, graph: Graph, *, target: str | Target, dialect: str, kind: str, schedule: Any,
+               schedule_name: str, latency_us: float, search: dict[str, Any],
+               workload: str | None = None) -> CacheRecord:
+    """A record of tuning ``graph`` under ``key`` (:func:`cache_key`; descriptive fields computed
+    here, ``created`` = now)."""
     target = _target(target)  # a calibrated target file is read once
     desc = describe_key(graph, target=target, dialect=dialect, kind=kind, workload=workload)
-    return CacheRecord(key=cache_key(graph, target=target, dialect=dialect, kind=kind), kind=kind,
+    return CacheRecord(key=key, kind=kind,
                        schedule_name=schedule_name, params=schedule.as_dict(), latency_us=float(latency_us),
                        search=dict(search), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        workload=desc["workload"], target=desc["target"], dialect=dialect,

@@ -17,28 +17,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..compiler import CompiledKernel, Tuned
 from ..cost_model import COST_MODEL_VERSION, CostReport
+from ..driver import Compiled, Tuned
 from ..errors import InputError
-from ..fused_compiler import CompiledGraph, TunedGraph
 from ..io import write_text_atomic
-from ..schedule.gemm import A_LAYOUTS, DTYPES
+from ..lowerings import registered_lowerings
 from ..targets import Target, get_target
-from ..workloads import Workload
+from ..workloads import Workload, workload_label
 
 LOCK_FORMAT = "nmmc-lock"
 LOCK_VERSION = 1
 #: The CostReport fields a lock entry records as the prediction.
 PREDICTED_FIELDS = ("latency_us", "bound", "hbm_bytes_read", "hbm_bytes_written", "dma_transfers", "feasible")
-SCHEDULE_KINDS = ("gemm", "fused")
-WORKLOAD_KINDS = ("gemm", "chain", "mlp", "graph")
 
 
 def _sha256(text: str) -> str:
@@ -63,92 +59,6 @@ def kernel_sha256(source: str) -> str:
 def entry_key(workload: Mapping[str, Any], target: str, dialect: str) -> str:
     """The stable key of an entry: sha256 of its workload, target name and dialect."""
     return _sha256(_canonical({"workload": dict(workload), "target": target, "dialect": dialect}))
-
-
-# ----------------------------------------------------------------------------- workloads
-
-
-def workload_to_dict(workload: Workload) -> dict[str, Any]:
-    """The fields that rebuild ``workload`` (only those its kind uses), as plain JSON values."""
-    out: dict[str, Any] = {"kind": workload.kind, "dtype": workload.dtype}
-    if workload.kind in ("gemm", "chain"):
-        out.update(m=workload.m, n=workload.n, k=workload.k, a_layout=workload.a_layout)
-        if workload.kind == "chain":
-            out["rank"] = workload.rank
-    elif workload.kind == "graph":
-        out.update(graph=workload.graph_text, source=workload.source)
-    else:
-        out.update(tokens=workload.tokens, hidden=workload.hidden, intermediate=workload.intermediate,
-                   ranks=None if workload.ranks is None else list(workload.ranks))
-    return out
-
-
-def _positive_int(data: Mapping[str, Any], name: str) -> int:
-    value = data.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(f"workload field {name!r} must be a positive integer; got {value!r}")
-    return value
-
-
-def _graph_from_dict(data: Mapping[str, Any]) -> Workload:
-    """A user graph recorded as its IR text: parsed and its names checked as a graph file's are
-    (a lockfile is edited by hand, and its names become identifiers in emitted code)."""
-    from ..graph_file import check_user_name
-    from ..ir import parse_text
-    from ..workloads import graph_workload
-
-    text, source = data.get("graph"), data.get("source", "lockfile")
-    if not isinstance(text, str) or not isinstance(source, str):
-        raise InputError("a graph workload needs 'graph' (the graph's text form) and 'source' strings")
-    graph = parse_text(text)
-    check_user_name(graph.name, "graph name")
-    for node in graph.nodes():
-        check_user_name(node.name if node.kind in ("input", "output") else node.id, node.kind)
-    return graph_workload(graph, source)
-
-
-def workload_from_dict(data: Mapping[str, Any]) -> Workload:
-    """Rebuild a :class:`Workload` from :func:`workload_to_dict`'s output; InputError when malformed."""
-    if not isinstance(data, Mapping):
-        raise InputError(f"a workload must be a JSON object; got {data!r}")
-    kind, dtype = data.get("kind"), data.get("dtype", "bfloat16")
-    if kind not in WORKLOAD_KINDS:
-        raise InputError(f"unknown workload kind {kind!r}; kinds: {', '.join(WORKLOAD_KINDS)}")
-    if dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
-    if kind in ("gemm", "chain"):
-        layout = data.get("a_layout", "mk")
-        if layout not in A_LAYOUTS:
-            raise InputError(f"unknown A layout {layout!r}; accepted: {', '.join(A_LAYOUTS)}")
-        rank = _positive_int(data, "rank") if kind == "chain" else 0
-        return Workload(kind, dtype=dtype, m=_positive_int(data, "m"), n=_positive_int(data, "n"),
-                        k=_positive_int(data, "k"), rank=rank, a_layout=layout)
-    if kind == "graph":
-        return _graph_from_dict(data)
-    ranks = data.get("ranks")
-    if ranks is not None:
-        if not isinstance(ranks, list) or len(ranks) != 3:
-            raise InputError(f"workload field 'ranks' must be null or three ranks gate, up, down; got {ranks!r}")
-        ranks = tuple(_positive_int({"rank": r}, "rank") for r in ranks)
-    return Workload("mlp", dtype=dtype, tokens=_positive_int(data, "tokens"), hidden=_positive_int(data, "hidden"),
-                    intermediate=_positive_int(data, "intermediate"), ranks=ranks)
-
-
-def workload_label(data: Mapping[str, Any]) -> str:
-    """A short label of a workload dict for tables: ``gemm 128x512x256 bf16``, ``chain ... r128``."""
-    dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(str(data.get("dtype")), str(data.get("dtype")))
-    kind = data.get("kind")
-    if kind in ("gemm", "chain"):
-        text = f"{kind} {data.get('m')}x{data.get('n')}x{data.get('k')}"
-        text += f" r{data.get('rank')}" if kind == "chain" else ""
-        text += " A^T" if data.get("a_layout") == "km" else ""
-        return f"{text} {dtype}"
-    if kind == "graph":
-        match = re.search(r"graph\s+(\w+)", str(data.get("graph", "")))
-        return f"graph {match.group(1) if match else '?'} {dtype}"
-    ranks = data.get("ranks")
-    rank_text = "dense" if ranks is None else "r" + "/".join(map(str, ranks))
-    return f"mlp t{data.get('tokens')} h{data.get('hidden')} i{data.get('intermediate')} {rank_text} {dtype}"
 
 
 # ----------------------------------------------------------------------------- entries
@@ -203,8 +113,9 @@ class LockEntry:
             want = types.get(name, str)
             if not isinstance(data[name], want) or isinstance(data[name], bool):
                 raise InputError(f"entry field {name!r} must be a {want.__name__}; got {data[name]!r}")
-        if data["schedule_kind"] not in SCHEDULE_KINDS:
-            raise InputError(f"entry schedule_kind must be one of {', '.join(SCHEDULE_KINDS)}")
+        kinds = registered_lowerings()
+        if data["schedule_kind"] not in kinds:
+            raise InputError(f"entry schedule_kind must be one of {', '.join(kinds)}")
         if not isinstance(data["predicted"].get("latency_us"), (int, float)):
             raise InputError("entry 'predicted' has no numeric latency_us")
         entry = cls(**{k: v for k, v in data.items() if k != "key"})
@@ -219,16 +130,16 @@ def predicted_fields(cost: CostReport) -> dict[str, Any]:
     return {name: getattr(cost, name) for name in PREDICTED_FIELDS}
 
 
-def entry_from_compiled(workload: Workload, compiled: CompiledKernel | CompiledGraph, *, seed: int, trials: int,
+def entry_from_compiled(workload: Workload, compiled: Compiled, *, seed: int, trials: int,
                         method: str | None = None) -> LockEntry:
     """A lock entry for one compiled kernel (GEMM or fused) and the search settings behind it
     (``method`` defaults to the one named in a tuned kernel's schedule name)."""
     return LockEntry(
-        workload=workload_to_dict(workload),
+        workload=workload.to_dict(),
         target=compiled.target.spec,
         target_fingerprint=target_fingerprint(compiled.target),
         dialect=compiled.dialect,
-        schedule_kind="fused" if isinstance(compiled, CompiledGraph) else "gemm",
+        schedule_kind=compiled.kind,
         schedule=dict(compiled.schedule.as_dict()),
         schedule_name=compiled.schedule_name,
         predicted=predicted_fields(compiled.cost),
@@ -239,13 +150,13 @@ def entry_from_compiled(workload: Workload, compiled: CompiledKernel | CompiledG
     )
 
 
-def compiled_method(compiled: CompiledKernel | CompiledGraph) -> str:
+def compiled_method(compiled: Compiled) -> str:
     """The search method named in a tuned kernel's schedule name (``tuned (exhaustive, seed 0)``)."""
     name = compiled.schedule_name
     return name.split("(", 1)[1].split(",", 1)[0] if name.startswith("tuned (") else "auto"
 
 
-def entry_from_tuned(workload: Workload, tuned: Tuned | TunedGraph, *, target: str | Target | None = None,
+def entry_from_tuned(workload: Workload, tuned: Tuned, *, target: str | Target | None = None,
                      dialect: str | None = None, seed: int, trials: int) -> LockEntry:
     """The lock entry of a ``tune`` / ``tune_graph`` result. ``target`` and ``dialect``, when given,
     must be the ones the kernel was compiled for (they default to those)."""
@@ -255,8 +166,8 @@ def entry_from_tuned(workload: Workload, tuned: Tuned | TunedGraph, *, target: s
         raise InputError(f"tuned kernel is for target {compiled.target.spec}, not {name}")
     if dialect is not None and dialect != compiled.dialect:
         raise InputError(f"tuned kernel is in dialect {compiled.dialect}, not {dialect}")
-    if workload.fused != isinstance(tuned, TunedGraph):
-        raise InputError(f"workload {workload.kind} does not match a {type(tuned).__name__} result")
+    if workload != compiled.workload:
+        raise InputError(f"the tuned kernel is for {compiled.workload.describe()}, not {workload.describe()}")
     return entry_from_compiled(workload, compiled, seed=seed, trials=trials, method=tuned.search.method)
 
 

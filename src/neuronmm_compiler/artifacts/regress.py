@@ -35,23 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..codegen import check_dialect
-from ..compiler import compile_lowered, lower_frontend, tune
+from ..driver import Compiled, recompile, tune
 from ..errors import InputError, NmmcError
-from ..fused_compiler import compile_graph, tune_graph
-from ..schedule.fused import FusedSchedule
-from ..schedule.gemm import GemmSchedule
 from ..targets import Target, get_target
 from ..verification import verify_source
-from ..workloads import Workload
-from .lockfile import (
-    LockEntry,
-    Lockfile,
-    entry_from_compiled,
-    entry_from_tuned,
-    target_fingerprint,
-    workload_from_dict,
-    workload_label,
-)
+from ..workloads import Workload, workload_from_dict, workload_label
+from .lockfile import LockEntry, Lockfile, entry_from_compiled, entry_from_tuned, target_fingerprint
 
 DEFAULT_TOLERANCE = 0.02
 #: Statuses in order of severity; all but the last two fail a regression check.
@@ -143,34 +132,17 @@ class RegressReport:
         return "\n".join(line.rstrip() for line in lines)
 
 
-def build_schedule(kind: str, params: dict[str, Any]) -> GemmSchedule | FusedSchedule:
-    """The schedule a lock entry names; unknown parameters or bad values raise an InputError."""
-    base = GemmSchedule() if kind == "gemm" else FusedSchedule()
-    return base.with_params(dict(params))
-
-
-def compile_entry(entry: LockEntry, workload: Workload, target: Target) -> Any:
-    """Recompile the locked schedule through the path ``tune`` used (same schedule name)."""
-    schedule = build_schedule(entry.schedule_kind, entry.schedule)
-    if (entry.schedule_kind == "fused") != workload.fused:
-        raise InputError(f"a {entry.schedule_kind} schedule does not apply to a {workload.kind} workload")
-    if isinstance(schedule, GemmSchedule):
-        lowered = lower_frontend(workload.m, workload.n, workload.k, dtype=workload.dtype, a_layout=workload.a_layout)
-        return compile_lowered(lowered, target=target, dialect=entry.dialect, schedule=schedule,
-                               schedule_name=entry.schedule_name)
-    return compile_graph(workload, target=target, dialect=entry.dialect, schedule=schedule,
-                         schedule_name=entry.schedule_name)
+def compile_entry(entry: LockEntry, workload: Workload, target: Target) -> Compiled:
+    """Recompile the locked schedule through the path ``tune`` used (same schedule name); an unknown
+    or out-of-range parameter, or a schedule of another kind than the workload's, is an InputError."""
+    return recompile(workload, entry.schedule_kind, entry.schedule, schedule_name=entry.schedule_name,
+                     target=target, dialect=entry.dialect)
 
 
 def fresh_search(entry: LockEntry, workload: Workload, target: Target, trials: int) -> tuple[LockEntry, str]:
     """Rerun the search the entry records (seed, trials, method): its winner as an entry, and its kernel."""
     force = entry.method if entry.method in ("optuna", "exhaustive") else None
-    if workload.fused:
-        tuned: Any = tune_graph(workload, target=target, dialect=entry.dialect, trials=trials, seed=entry.seed,
-                                method=force)
-    else:
-        tuned = tune(workload.m, workload.n, workload.k, dtype=workload.dtype, a_layout=workload.a_layout,
-                     target=target, dialect=entry.dialect, trials=trials, seed=entry.seed, method=force)
+    tuned = tune(workload, target=target, dialect=entry.dialect, trials=trials, seed=entry.seed, method=force)
     return entry_from_tuned(workload, tuned, seed=entry.seed, trials=trials), tuned.compiled.kernel.source
 
 

@@ -34,7 +34,8 @@ from ..errors import NmmcError
 from ..io import write_bytes_atomic, write_text_atomic
 from ..search.tuner import Candidate, TuneResult
 from ..targets import Target, get_target
-from .lockfile import LockEntry, Lockfile, workload_from_dict
+from ..workloads import workload_from_dict
+from .lockfile import LockEntry, Lockfile
 from .regress import compile_entry
 
 DPI = 120

@@ -1,10 +1,10 @@
 """Rebuild the loop-nest programs of an emitted kernel file, so the cost model can predict it.
 
 An nmmc kernel file records, in its ``# nmmc-metadata:`` line, the graph it computes (after the
-pass pipeline, in text form) and its schedule's parameters. That is everything the compiler needs:
-a GEMM graph gives its :class:`GemmProblem` and the parameters a :class:`GemmSchedule`, lowered with
-``lower_gemm`` exactly as ``nmmc emit``/``tune`` did; a fused graph is split into kernels and each
-is lowered with the :class:`FusedSchedule`, as ``compile_graph`` does. The rebuilt programs' names,
+pass pipeline, in text form), its schedule's kind (the lowering registry entry) and parameters, and
+its target. That is everything the compiler needs: :func:`neuronmm_compiler.driver.relower` splits
+the graph into kernels and lowers each under the stored schedule, exactly as ``nmmc emit``/``tune``
+did. The rebuilt programs' names,
 arguments and outputs are checked against the file's metadata, so a file the current compiler
 would lower differently is an error rather than a silently wrong prediction.
 """
@@ -12,20 +12,15 @@ would lower differently is an error rather than a silently wrong prediction.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..artifacts.cache import KINDS
 from ..codegen import buffer_specs, read_metadata
-from ..compiler import gemm_problem_from_graph
 from ..cost_model import estimate
+from ..driver import relower
 from ..errors import InputError, NmmcError
 from ..ir import parse_text
-from ..passes import split_kernels
-from ..schedule import lower_gemm
-from ..schedule.gemm import GemmSchedule
-from ..schedule.lower_fused import lower_fused_kernel
 from ..schedule.program import Program
 from ..targets import Target, get_target
 
@@ -56,32 +51,22 @@ class KernelFile:
         return sum(estimate(p, target).latency_us for p in self.programs)
 
 
-def _schedule_kind(params: dict[str, Any]) -> str:
-    for kind, cls in KINDS.items():
-        if set(params) == {f.name for f in fields(cls)}:
-            return kind
-    raise InputError(f"its schedule parameters {sorted(params)} are neither a GEMM nor a fused schedule's")
-
-
-def programs_from_metadata(meta: dict[str, Any]) -> list[Program]:
+def programs_from_metadata(meta: dict[str, Any], target: Target) -> list[Program]:
     """The programs a kernel file's metadata describes (InputError when they cannot be rebuilt or do
     not match the kernels the file declares)."""
     try:
         graph = parse_text(meta["graph"])
-        target = get_target(meta["target"])
+        kind = meta["schedule"].get("kind")
         params = dict(meta["schedule"]["params"])
         declared = [{"name": k["name"], "inputs": k["inputs"], "outputs": k["outputs"]} for k in meta["kernels"]]
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"malformed nmmc metadata (missing {exc})") from None
     except NmmcError as exc:
         raise InputError(f"malformed graph in the metadata: {exc}") from None
-    kind = _schedule_kind(params)
+    if not isinstance(kind, str):
+        raise InputError("its metadata records no schedule kind (written by an older nmmc); re-emit the file")
     try:
-        schedule = KINDS[kind]().with_params(params)
-        if isinstance(schedule, GemmSchedule):
-            programs = [lower_gemm(gemm_problem_from_graph(graph), schedule, target)]
-        else:
-            programs = [lower_fused_kernel(kernel, schedule, target, kernel.name) for kernel in split_kernels(graph)]
+        programs = relower(graph, kind, params, target)
     except NmmcError as exc:
         raise InputError(f"cannot re-lower its schedule: {exc}") from None
     rebuilt = [{"name": p.name, "inputs": buffer_specs(p.params), "outputs": buffer_specs(p.outputs)} for p in programs]
@@ -107,7 +92,7 @@ def read_kernel_file(path: str | Path, *, shown: str | None = None) -> KernelFil
     if meta is None:
         raise InputError(f"{name} is not an nmmc kernel file (no '# nmmc-metadata:' header line)")
     try:
-        programs = programs_from_metadata(meta)
+        programs = programs_from_metadata(meta, get_target(str(meta.get("target"))))
     except InputError as exc:
         raise InputError(f"{name}: {exc}") from None
     return KernelFile(path=str(path), source=source, metadata=meta, programs=programs)

@@ -23,7 +23,7 @@ from .printer import DIALECTS, PRINTERS
 from .reference import reference_source
 
 METADATA_PREFIX = "# nmmc-metadata: "
-METADATA_FORMAT = 2
+METADATA_FORMAT = 3  # 3: the schedule records its lowering entry ("kind")
 
 
 @dataclass(frozen=True)

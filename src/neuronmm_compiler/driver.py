@@ -1,0 +1,318 @@
+"""The compiler driver: one path from a workload to a kernel file, for every kind of workload.
+
+    workload ──> lowering entry (lowerings.lowering_for) ──> schedule (preset / given / tuned)
+             ──> pass pipeline (the entry's, or --pipeline) ──> kernel split ──> one program per kernel
+             ──> footprint check, cost ──> NKI source (codegen.emit_kernel)
+
+:func:`compile_workload` runs it for one schedule, :func:`tune` searches the entry's schedule space
+first, :func:`recompile` rebuilds a stored decision (a cache hit, a lock entry), and
+:func:`cost_workload` stops before the footprint check and codegen. Nothing here knows what kind
+of workload it compiles: the entry (:class:`~.lowerings.base.Lowering`) supplies the pipeline, the
+lowering of a kernel, the header, the search space and the baselines.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .codegen import DEFAULT_DIALECT, KernelFile, check_dialect, emit_kernel
+from .cost_model import CostReport, combine_reports, estimate
+from .cost_model.footprint import Footprint, check_fits
+from .errors import InputError, NmmcError
+from .ir import Graph
+from .lowerings import Baseline, Lowering, lowering_for, lowering_named
+from .passes import Pass, PipelineStep, parse_pipeline, run_pipeline
+from .schedule.program import Program
+from .search import DEFAULT_TRIALS, Candidate, TuneResult
+from .search.tuner import search
+from .targets import Target
+from .workloads import Workload
+
+if TYPE_CHECKING:
+    from .artifacts.cache import ResultCache
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+@dataclass
+class Lowered:
+    """A workload's graph after the pass pipeline, cut into kernels."""
+
+    workload: Workload
+    source_graph: Graph
+    graph: Graph
+    pipeline_steps: list[PipelineStep]
+    kernels: list[Graph]
+
+
+def lower_graph(workload: Workload, lowering: Lowering, schedule: Any,
+                pipeline: Sequence[Pass] | str | None = None) -> Lowered:
+    """Run the pipeline (the entry's for ``schedule`` unless one is given) and split into kernels."""
+    source = workload.graph()
+    passes = lowering.pipeline(schedule) if pipeline is None else pipeline
+    result = run_pipeline(source, parse_pipeline(passes) if isinstance(passes, str) else passes)
+    return Lowered(workload, source, result.graph, list(result.steps), lowering.kernels(result.graph))
+
+
+def lower_programs(lowering: Lowering, lowered: Lowered, schedule: Any, target: Target) -> list[Program]:
+    """Every kernel of ``lowered`` as a loop-nest program under ``schedule``."""
+    return [lowering.lower(kernel, schedule, target) for kernel in lowered.kernels]
+
+
+def check_hbm(programs: list[Program], target: Target) -> None:
+    """ScheduleError when the HBM tensors of all kernels (graph inputs and outputs, and the values
+    kernels hand each other) do not fit the target's HBM per core at once."""
+    from .errors import ScheduleError
+
+    arrays = {b.name: b for p in programs for b in (*p.params, *p.outputs)}
+    needed = sum(b.itemsize * _prod(b.shape) for b in arrays.values())
+    if needed > target.hbm_bytes_per_core:
+        raise ScheduleError(f"the kernels' HBM tensors (inputs, outputs and values handed between kernels) need "
+                            f"{needed / 2**30:.1f} GiB; a {target.name} NeuronCore has "
+                            f"{target.hbm_bytes_per_core / 2**30:.1f} GiB")
+
+
+def _prod(shape: Sequence[int]) -> int:
+    out = 1
+    for dim in shape:
+        out *= dim
+    return out
+
+
+@dataclass
+class Compiled:
+    """Everything one compilation produced, for printing, emitting and testing."""
+
+    workload: Workload
+    lowering: Lowering
+    lowered: Lowered
+    schedule_name: str
+    schedule: Any
+    programs: list[Program]
+    footprints: list[Footprint]
+    kernel_costs: list[CostReport]
+    cost: CostReport
+    kernel: KernelFile
+    target: Target
+    dialect: str
+
+    @property
+    def kind(self) -> str:
+        """The lowering entry's name (recorded with stored schedules)."""
+        return self.lowering.kind
+
+    @property
+    def program(self) -> Program:
+        """The program of a one-kernel compilation."""
+        if len(self.programs) != 1:
+            raise ValueError(f"{len(self.programs)} kernels; use .programs")
+        return self.programs[0]
+
+
+def _name(lowering: Lowering, schedule: Any | None, preset: str | None, params: Mapping[str, Any],
+          schedule_name: str | None) -> str:
+    name = schedule_name or preset or ("custom" if schedule is not None else lowering.default_schedule_name)
+    if params:
+        name += " + " + " ".join(f"{key}={value}" for key, value in sorted(params.items()))
+    return name
+
+
+def compile_workload(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT,
+                     schedule: Any | None = None, preset: str | None = None,
+                     params: Mapping[str, str | int] | None = None, schedule_name: str | None = None,
+                     pipeline: Sequence[Pass] | str | None = None) -> Compiled:
+    """Compile ``workload`` under a schedule (a given one, a preset, or the entry's default) with
+    ``params`` overrides: lower, check it fits on chip and in HBM, cost and print it."""
+    check_dialect(dialect)
+    lowering = lowering_for(workload)
+    params = dict(params or {})
+    chosen = lowering.resolve(workload, schedule, preset, params, target)
+    lowered = lower_graph(workload, lowering, chosen, pipeline)
+    programs = lower_programs(lowering, lowered, chosen, target)
+    check_hbm(programs, target)
+    footprints = [check_fits(p, target, lowering.fit_advice) for p in programs]
+    costs = [estimate(p, target) for p in programs]
+    total = combine_reports(costs)
+    name = _name(lowering, schedule, preset, params, schedule_name)
+    summary = lowering.summary(workload, name, chosen, programs, footprints, total, target)
+    kernel = emit_kernel(programs, lowered.graph, target=target, dialect=dialect, summary=summary,
+                         schedule={"kind": lowering.kind, "name": name, "params": chosen.as_dict()})
+    return Compiled(workload, lowering, lowered, name, chosen, programs, footprints, costs, total, kernel, target,
+                    dialect)
+
+
+@dataclass
+class Costed:
+    """The model's figures for one schedule, feasible or not (nothing checked, nothing emitted)."""
+
+    schedule_name: str
+    schedule: Any
+    programs: list[Program]
+    kernel_costs: list[CostReport]
+    cost: CostReport
+
+
+def cost_workload(workload: Workload, *, target: Target, preset: str | None = None,
+                  params: Mapping[str, str | int] | None = None,
+                  pipeline: Sequence[Pass] | str | None = None) -> Costed:
+    """What ``nmmc cost`` prints: the schedule's programs and costs, whether or not it fits."""
+    lowering = lowering_for(workload)
+    chosen = lowering.resolve(workload, None, preset, dict(params or {}), target)
+    programs = lower_programs(lowering, lower_graph(workload, lowering, chosen, pipeline), chosen, target)
+    costs = [estimate(p, target) for p in programs]
+    return Costed(preset or lowering.default_schedule_name, chosen, programs, costs, combine_reports(costs))
+
+
+# ----------------------------------------------------------------------------- stored schedules
+
+
+def stored_schedule(kind: str, params: Mapping[str, Any], target: Target) -> tuple[Lowering, Any]:
+    """The schedule a stored decision (cache record, lock entry, kernel metadata) names: its
+    lowering entry and the schedule, every parameter checked against its domain and the target
+    (InputError when a parameter is unknown, mistyped or out of range)."""
+    lowering = lowering_named(kind)
+    try:
+        schedule = lowering.schedule_class().with_params(dict(params))
+        check = getattr(schedule, "check", None)
+        if check is not None:
+            check(target)
+    except NmmcError as exc:
+        raise InputError(f"stored {kind} schedule: {exc}") from None
+    return lowering, schedule
+
+
+def recompile(workload: Workload, kind: str, params: Mapping[str, Any], *, schedule_name: str, target: Target,
+              dialect: str) -> Compiled:
+    """Rebuild a stored decision for ``workload``: the same schedule under the same name compiles
+    to the byte-identical file the search wrote (codegen is cheap; only decisions are stored)."""
+    lowering, schedule = stored_schedule(kind, params, target)
+    if lowering is not lowering_for(workload):
+        raise InputError(f"a {kind} schedule does not apply to a {workload.kind} workload")
+    return compile_workload(workload, target=target, dialect=dialect, schedule=schedule,
+                            schedule_name=schedule_name)
+
+
+def relower(graph: Graph, kind: str, params: Mapping[str, Any], target: Target) -> list[Program]:
+    """The programs of an emitted file: its post-pipeline graph (from the metadata) lowered under
+    its stored schedule, as :func:`compile_workload` lowered it."""
+    lowering, schedule = stored_schedule(kind, params, target)
+    return [lowering.lower(kernel, schedule, target) for kernel in lowering.kernels(graph)]
+
+
+# ----------------------------------------------------------------------------- tuning
+
+
+@dataclass
+class Tuned:
+    """A tuned kernel, its search, and the alternatives it is compared with (by name)."""
+
+    compiled: Compiled
+    search: TuneResult
+    baselines: dict[str, Baseline]
+
+    def speedups(self) -> dict[str, float | None]:
+        """Speedup over each baseline (None where it is not modelled or does not fit)."""
+        return {name: b.speedup(self.compiled.cost) for name, b in self.baselines.items()}
+
+
+def tune(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT, trials: int = DEFAULT_TRIALS,
+         seed: int = 0, timeout: float | None = None, top_k: int = 5, exhaustive_threshold: int | None = None,
+         method: str | None = None, progress: ProgressFn | None = None, storage: str | None = None,
+         study_name: str | None = None, workers: int = 1) -> Tuned:
+    """Search the workload's schedule space with the cost model, compile the winner, cost the
+    baselines. ``storage``, ``study_name``, ``workers``: a resumable, shareable search (see
+    :func:`search.tuner.search`); ``exhaustive_threshold`` defaults to the entry's."""
+    check_dialect(dialect)
+    lowering = lowering_for(workload)
+    threshold = lowering.exhaustive_threshold if exhaustive_threshold is None else exhaustive_threshold
+    setup = functools.partial(lowering.search_setup, workload, target, threshold)
+    spec, evaluate = setup()
+    result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=trials, seed=seed,
+                    timeout=timeout, exhaustive_threshold=threshold, top_k=top_k, force=method, progress=progress,
+                    storage=storage, study_name=study_name, workers=workers, setup=setup)
+    compiled = compile_workload(workload, target=target, dialect=dialect, schedule=result.best.schedule,
+                                schedule_name=f"tuned ({result.method}, seed {seed})")
+    return Tuned(compiled, result, lowering.baselines(workload, target))
+
+
+def search_fingerprint(workload: Workload, *, trials: int, seed: int, method: str | None,
+                       exhaustive_threshold: int | None) -> dict[str, str]:
+    """What a search's outcome depends on besides the graph, target and dialect: the request
+    (method, trials, seed, exhaustive threshold) and a fingerprint of the schedule space."""
+    lowering = lowering_for(workload)
+    threshold = lowering.exhaustive_threshold if exhaustive_threshold is None else exhaustive_threshold
+    space = lowering.space(workload)
+    text = json.dumps({"schedule": lowering.schedule_class.__name__,
+                       "candidates": {name: list(values) for name, values in space.candidates.items()}},
+                      sort_keys=True, default=str)
+    return {"method": method or "auto", "trials": str(trials), "seed": str(seed),
+            "exhaustive_threshold": str(threshold), "space": hashlib.sha256(text.encode()).hexdigest()[:16]}
+
+
+def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: ResultCache | None,
+                trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, method: str | None = None,
+                exhaustive_threshold: int | None = None, storage: str | None = None,
+                **search_options: Any) -> tuple[Tuned, bool]:
+    """(tuned, answered_from_cache): :func:`tune`, answered from the result cache when the same
+    request (graph, target, dialect, search settings, schedule space) was tuned before.
+
+    A search cut short by ``timeout`` depends on the machine's speed, so it is neither answered
+    from nor stored in the cache. With a ``storage`` the cache is not read (the caller asked for
+    that study to be run or resumed, and its result is the whole study's), but the outcome is
+    still written to it."""
+    from .artifacts.cache import cache_key, new_record
+
+    started = time.perf_counter()
+    lowering = lowering_for(workload)
+    graph = workload.graph()
+    use_cache = cache is not None and timeout is None
+    key = ""
+    if use_cache:
+        request = search_fingerprint(workload, trials=trials, seed=seed, method=method,
+                                     exhaustive_threshold=exhaustive_threshold)
+        key = cache_key(graph, target=target, dialect=dialect, kind=lowering.kind, search=request)
+        record = cache.get(key) if storage is None else None  # type: ignore[union-attr]
+        if record is not None:
+            compiled = recompile(workload, record.kind, record.params, schedule_name=record.schedule_name,
+                                 target=target, dialect=dialect)
+            best = Candidate(compiled.schedule, compiled.cost)
+            result = TuneResult(best=best, top=[best], method="cache", trials=0, evaluated=0, feasible=0,
+                                space_size=int(record.search.get("space_size", 0)),
+                                seconds=time.perf_counter() - started)
+            return Tuned(compiled, result, lowering.baselines(workload, target)), True
+    tuned = tune(workload, target=target, dialect=dialect, trials=trials, seed=seed, timeout=timeout, method=method,
+                 exhaustive_threshold=exhaustive_threshold, storage=storage, **search_options)
+    if use_cache:
+        cache.put(new_record(key, graph, target=target, dialect=dialect, kind=lowering.kind,  # type: ignore[union-attr]
+                             schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
+                             latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),
+                             workload=workload.describe()))
+    return tuned, False
+
+
+
+def named_schedules(workload: Workload, target: Target) -> tuple[list[dict[str, Any]], tuple[Any, ...]]:
+    """What ``nmmc schedules`` lists: every named schedule of the workload's lowering (its presets,
+    and its default when that is not one of them) with parameters and on-chip footprint, and the
+    parameter specs ``--param`` accepts."""
+    from .cost_model.footprint import footprint
+
+    lowering = lowering_for(workload)
+    named = dict(lowering.presets(workload))
+    named.setdefault(lowering.default_schedule_name, f"the {lowering.kind} schedule 'nmmc emit' uses without "
+                                                     "--schedule or --param")
+    rows = []
+    for name, description in named.items():
+        preset = name if name in lowering.presets(workload) else None
+        costed = cost_workload(workload, target=target, preset=preset)
+        fps = [footprint(p, target) for p in costed.programs]
+        rows.append({"name": name, "description": description, "params": costed.schedule.as_dict(),
+                     "sbuf_bytes_per_partition": max(fp.sbuf_bytes_per_partition for fp in fps),
+                     "psum_banks": max(fp.psum_banks for fp in fps), "fits": all(fp.fits for fp in fps)})
+    return rows, lowering.schedule_class.SPECS

@@ -1,0 +1,197 @@
+"""The ``fused`` lowering: chains, gated MLPs and user graphs as fused kernels under a
+:class:`FusedSchedule` (see docs/fusion.md).
+
+The fusion pipeline orients every computed value (implicit transposition), assigns kernels (the
+MLP whole or split) and marks what stays on chip; :func:`split_kernels` cuts the annotated graph
+into one subgraph per kernel, each lowered by :func:`lower_fused_kernel`. A tuned kernel is compared
+with two baselines at the same shape, as the NeuronMM paper measures them: the dense computation
+with AWS's kernel per projection, and the SVD factors as separate AWS-kernel GEMMs with every
+intermediate through HBM (for a user's graph: every op as its own kernel, left operands given
+pre-transposed or row-major).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..cost_model import COST_MODEL_VERSION, CostReport, combine_reports, estimate
+from ..cost_model.footprint import FUSED_ADVICE
+from ..errors import InputError, ScheduleError
+from ..ir import Graph
+from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
+from ..schedule import GemmProblem
+from ..schedule.fused import FusedSchedule, check_fused, normalize_fused
+from ..schedule.lower_elementwise import lower_elementwise
+from ..schedule.lower_fused import lower_fused_kernel
+from ..schedule.program import Program
+from ..search import SearchSpace
+from ..targets import Target
+from ..workloads import GraphWorkload, MlpWorkload, Workload
+from .base import Baseline, Lowering
+from .gemm import aws_gemm_cost
+
+if TYPE_CHECKING:
+    from ..cost_model.footprint import Footprint
+    from ..search.tuner import Evaluator, SpaceSpec
+
+
+def splittable(workload: Workload) -> bool:
+    """True when ``mlp=split`` changes anything: a matmul reads an elementwise result (the MLP's h)."""
+    if not isinstance(workload, GraphWorkload):
+        return isinstance(workload, MlpWorkload)
+    graph = workload.graph()
+    return any(n.kind == "matmul" and graph.node(n.operands[0]).kind == "elementwise" for n in graph.nodes())
+
+
+def row_major_activations(workload: Workload) -> bool:
+    """True when some activation is row-major in HBM, so how X^T is made (x_transpose) matters."""
+    if isinstance(workload, MlpWorkload):
+        return True
+    if not isinstance(workload, GraphWorkload):
+        return getattr(workload, "a_layout", "mk") == "mk"
+    graph = workload.graph()
+    lhs = {n.operands[0] for n in graph.nodes() if n.kind == "matmul"}
+    return any(n.layout == "row_major" for n in graph.inputs() if n.id in lhs)
+
+
+def fusion_pipeline(mlp: str) -> list[Pass]:
+    """The fusion pipeline with the fuse pass's MLP mode set."""
+    return [replace(p, mlp=mlp) if isinstance(p, Fuse) else p for p in parse_pipeline(DEFAULT_FUSION_PIPELINE)]
+
+
+def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = "mk") -> CostReport:
+    """Every matmul as its own AWS-kernel GEMM, every elementwise op as its own HBM-to-HBM kernel,
+    on a canonical graph (transposes of inputs folded into their layouts).
+
+    ``lhs_layout="mk"``: activations are row-major in HBM, so each GEMM transposes its left operand
+    on load (the unfused SVD baseline: "whatever transposes the layouts need"). ``"km"``: every left
+    operand is assumed already transposed, as AWS's kernel takes it (the dense baseline, given the
+    benefit of the doubt). An input stored transposed is read as such in both."""
+    reports = []
+    for node in graph.nodes():
+        if node.kind == "matmul":
+            lhs = graph.node(node.operands[0])
+            m, k = lhs.shape
+            layout = "km" if lhs.kind == "input" and lhs.layout == "transposed" else lhs_layout
+            problem = GemmProblem(m, node.shape[1], k, dtype=node.dtype, a_layout=layout)
+            reports.append(aws_gemm_cost(problem, target))
+        elif node.kind == "elementwise":
+            reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype, target), target))
+        elif node.kind == "transpose":
+            raise ScheduleError("baselines of graphs with transposes of computed values are not modelled")
+    return combine_reports(reports)
+
+
+def _canonical(graph: Graph) -> Graph:
+    return run_pipeline(graph, DEFAULT_PIPELINE).graph
+
+
+class FusedLowering(Lowering):
+    kind: ClassVar[str] = "fused"
+    schedule_class: ClassVar[type] = FusedSchedule
+    default_schedule_name: ClassVar[str] = "default"
+    exhaustive_threshold: ClassVar[int] = 200  # fused schedules take longer to cost
+    fit_advice: ClassVar[tuple[str, str]] = FUSED_ADVICE
+
+    def accepts(self, workload: Workload) -> bool:
+        return True
+
+    def resolve(self, workload: Workload, schedule: Any | None, preset_name: str | None,
+                params: Mapping[str, str | int], target: Target) -> FusedSchedule:
+        if preset_name is not None:
+            raise InputError("--schedule presets are GEMM schedules; fused graphs take --param only "
+                             "(see 'nmmc schedules --mlp ...')")
+        chosen = (schedule or FusedSchedule()).with_params(dict(params))
+        check_fused(chosen, target.gemm_moving_fmax, target.gemm_stationary_fmax)
+        if chosen.mlp == "split" and not splittable(workload):
+            raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
+                                "(the gated MLP's h)")
+        return normalize_fused(chosen, workload.token_count)
+
+    def pipeline(self, schedule: Any) -> list[Pass]:
+        return fusion_pipeline(schedule.mlp)
+
+    def kernels(self, graph: Graph) -> list[Graph]:
+        if not graph.compute_nodes():
+            raise ScheduleError(f"graph {graph.name} computes nothing: every output returns an input (transposes "
+                                "of inputs become input layouts); nmmc compiles computations")
+        return split_kernels(graph)
+
+    def lower(self, kernel: Graph, schedule: Any, target: Target) -> Program:
+        return lower_fused_kernel(kernel, schedule, target, kernel.name)
+
+    def summary(self, workload: Workload, schedule_name: str, schedule: Any, programs: list[Program],
+                footprints: list[Footprint], cost: CostReport, target: Target) -> list[tuple[str, str]]:
+        return [
+            ("workload", workload.describe()),
+            ("schedule", schedule_name),
+            ("parameters", schedule.describe()),
+            ("footprint", "; ".join(f"{p.name}: {fp.describe()}" for p, fp in zip(programs, footprints, strict=True))),
+            ("predicted", f"{cost.latency_us:.1f} us on {target.label} (cost model v{COST_MODEL_VERSION}, "
+                          f"{len(programs)} kernel{'s' if len(programs) > 1 else ''})"),
+        ]
+
+    def space(self, workload: Workload) -> SearchSpace:
+        row_major_x = row_major_activations(workload)
+        candidates: dict[str, tuple] = {
+            "tokens_per_block": (32, 64, 128, 256, 512),
+            "token_tile": (128,),
+            "weight_block_kib": (4, 8, 16, 32, 64),
+            "k_tiles_per_block": (0, 8, 16, 32),
+            "out_tile": (512, 256),
+            "weight_dma": ("row", "tile"),
+            "cache_weights": ("none", "stage1", "all"),
+            "x_transpose": ("dma", "pe") if row_major_x else ("dma",),
+            "mlp": ("whole", "split") if splittable(workload) else ("whole",),
+        }
+        return SearchSpace(candidates, build=lambda point: FusedSchedule(**point))
+
+    def search_setup(self, workload: Workload, target: Target,
+                     exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
+        from ..search.tuner import Evaluator, SpaceSpec
+
+        tokens = workload.token_count
+        graph = workload.graph()
+        kernels_by_mode: dict[str, list[Graph]] = {}
+
+        def cost(schedule: FusedSchedule) -> CostReport:
+            if schedule.mlp not in kernels_by_mode:
+                kernels_by_mode[schedule.mlp] = self.kernels(run_pipeline(graph, self.pipeline(schedule)).graph)
+            return combine_reports([estimate(self.lower(k, schedule, target), target)
+                                    for k in kernels_by_mode[schedule.mlp]])
+
+        space = self.space(workload)
+        seen: dict[FusedSchedule, None] = {}
+        for point in space.points():
+            seen.setdefault(normalize_fused(space.decode(point), tokens), None)
+        everything = list(seen)
+        base = FusedSchedule()
+        x_transpose = "pe" if tokens < 128 and "pe" in space.candidates["x_transpose"] else "dma"
+        guesses = [replace(base, x_transpose=x_transpose), replace(base, cache_weights="stage1", tokens_per_block=512)]
+        if "split" in space.candidates["mlp"]:
+            guesses.append(replace(base, mlp="split"))
+        spec = SpaceSpec(space=space, ordinal=FUSED_ORDINAL,
+                         exchange=("tokens_per_block", "weight_block_kib", "k_tiles_per_block"),
+                         classes=("cache_weights", "x_transpose", "mlp"), guesses=guesses, size=len(everything),
+                         distinct=lambda: everything)
+        return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens))
+
+    def baselines(self, workload: Workload, target: Target) -> dict[str, Baseline]:
+        if isinstance(workload, GraphWorkload):
+            graph = _canonical(workload.graph())
+            try:
+                dense, unfused = (unfused_cost(graph, target, lhs_layout="km"),
+                                  unfused_cost(graph, target, lhs_layout="mk"))
+            except ScheduleError:
+                dense = unfused = None
+            return {"dense": Baseline("per-op kernels, lhs pre-transposed", "pre-transposed per-op kernels", dense),
+                    "unfused": Baseline("per-op kernels (AWS GEMMs)", "per-op kernels", unfused)}
+        dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout="km")
+        unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout="mk")
+        return {"dense": Baseline("dense (AWS kernels)", "dense", dense),
+                "unfused": Baseline("SVD factors unfused (AWS kernels)", "unfused SVD", unfused)}
+
+
+FUSED_ORDINAL = ("tokens_per_block", "token_tile", "weight_block_kib", "k_tiles_per_block", "out_tile")
