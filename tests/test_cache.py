@@ -30,7 +30,7 @@ from neuronmm_compiler.ir import Graph, gemm_graph
 from neuronmm_compiler.schedule.fused import FusedSchedule
 from neuronmm_compiler.schedule.gemm import GemmSchedule
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.workloads import Workload, chain_workload, mlp_workload
+from neuronmm_compiler.workloads import chain_workload, gemm_workload, mlp_workload
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -86,7 +86,7 @@ def test_key_is_stable_and_covers_what_the_decision_depends_on(monkeypatch):
     base = key(gemm_graph(64, 128, 256))
     assert len(base) == 64 and int(base, 16) >= 0
     assert key(gemm_graph(64, 128, 256)) == base
-    assert key(Workload("gemm", m=64, n=128, k=256).graph()) == base
+    assert key(gemm_workload(64, 128, 256).graph()) == base
     assert cache_key(gemm_graph(64, 128, 256), target=get_target("trn1"), dialect="nki", kind="gemm") == base
     # structurally equal, built by hand (dtype spelled differently) or copied
     by_hand = Graph("gemm")

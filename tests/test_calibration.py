@@ -33,7 +33,7 @@ from neuronmm_compiler.errors import InputError, UnknownNameError
 from neuronmm_compiler.ir import gemm_graph
 from neuronmm_compiler.target_file import target_file_text
 from neuronmm_compiler.targets import TARGETS, get_target, load_target_file, parse_target_file
-from neuronmm_compiler.workloads import Workload, chain_workload, mlp_workload
+from neuronmm_compiler.workloads import chain_workload, gemm_workload, mlp_workload
 
 TRN1 = get_target("trn1")
 #: The "hardware" the synthetic measurements come from: every default-fit parameter perturbed.
@@ -363,7 +363,7 @@ def test_cache_keys_and_lockfiles_tell_calibrated_from_stock(kernels: list, tmp_
     assert key(str(other)) not in (stock, key(str(path)))
 
     target = get_target(str(path))
-    workload = Workload("gemm", m=512, n=1024, k=512)
+    workload = gemm_workload(512, 1024, 512)
     entry = entry_from_tuned(workload, tune(512, 1024, 512, target=target, trials=10, seed=0), seed=0, trials=10)
     assert entry.target == str(path) and entry.target_fingerprint == target_fingerprint(target)
     assert target_fingerprint(target) != target_fingerprint("trn1")

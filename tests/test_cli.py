@@ -158,11 +158,12 @@ def test_tune_json_and_kernel(tmp_path):
     result = run("tune", "--shape", "200x700x300", "--trials", "30", "--verify", "--json", "-o", str(out))
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    for key in ("schedule", "predicted", "baseline", "speedup_vs_baseline", "search"):
+    for key in ("kind", "schedule", "predicted", "baselines", "speedups", "search", "kernels"):
         assert key in data
+    assert data["kind"] == "gemm" and list(data["baselines"]) == ["aws-fully-optimized"]
     assert set(data["search"]) >= {"method", "evaluated", "feasible", "seconds"}
-    assert data["predicted"]["latency_us"] <= data["baseline"]["latency_us"]
-    assert data["speedup_vs_baseline"] >= 1.0
+    assert data["predicted"]["latency_us"] <= data["baselines"]["aws-fully-optimized"]["latency_us"]
+    assert data["speedups"]["aws-fully-optimized"] >= 1.0
     assert data["verify"]["ok"] is True
     assert "tuned (" in out.read_text()
     human = run("tune", "--shape", "200x700x300", "--trials", "30", "-o", str(tmp_path / "t2.py"))
@@ -214,9 +215,9 @@ def test_fused_chain_and_mlp_through_the_cli(tmp_path):
                  "--trials", "20", "--verify", "--json", "-o", str(mlp))
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    for key in ("schedule", "predicted", "baseline", "unfused_baseline", "speedup_vs_baseline", "speedup_vs_unfused",
-                "search", "kernels"):
+    for key in ("kind", "schedule", "predicted", "baselines", "speedups", "search", "kernels"):
         assert key in data, key
+    assert data["kind"] == "fused" and set(data["baselines"]) == set(data["speedups"]) == {"dense", "unfused"}
     assert data["verify"]["ok"] is True and data["verify"]["transposes"] >= 0
     assert "ranks gate/up/down 128/128/128" in data["workload"]
     split = run("emit", "--mlp", "--tokens", "33", "--hidden", "256", "--intermediate", "640", "--ranks", "128,128,256",
@@ -276,7 +277,7 @@ def test_repeated_tune_is_answered_from_the_cache(tmp_path):
     data = json.loads(warm.output)
     assert data["search"]["cached"] is True and data["search"]["method"] == "cache"
     assert first.read_bytes() == second.read_bytes()  # the decision is cached; the file is regenerated identically
-    human = run("tune", "--shape", "96x640x384", "-o", str(second))
+    human = run("tune", "--shape", "96x640x384", "--trials", "20", "-o", str(second))
     assert "answered from the cache" in human.output
     bypass = json.loads(run("tune", "--shape", "96x640x384", "--trials", "20", "--no-cache", "--json",
                             "-o", str(second)).output)
@@ -288,7 +289,7 @@ def test_repeated_tune_is_answered_from_the_cache(tmp_path):
     assert {e["kind"] for e in entries} == {"gemm", "fused"}
     shown = json.loads(run("cache", "show", entries[0]["key"][:10]).output)
     assert shown["key"] == entries[0]["key"]
-    assert "removed 2 entries" in run("cache", "clear").output
+    assert "removed 3 entries" in run("cache", "clear").output
     assert json.loads(run("cache", "list", "--json").output) == []
 
 
@@ -367,3 +368,21 @@ def test_report_of_a_stored_study(tmp_path):
     assert "200" in summary and "roofline.png" in summary
     missing = CliRunner().invoke(main, ["report", storage, "--study", "nope", "-o", str(tmp_path / "x")])
     assert missing.exit_code == 2 and "no study" in missing.stderr
+
+
+def test_the_cache_key_includes_the_search_request(tmp_path):
+    """Another trial count, seed, method or threshold is another search: it is not answered by an
+    earlier one (the cached kernel would say the other seed); a --timeout search is never cached."""
+    out = tmp_path / "k.py"
+    shape = ("tune", "--shape", "96x640x384", "--json", "-o", str(out))
+    assert json.loads(run(*shape, "--trials", "20").output)["search"]["cached"] is False
+    for extra in (("--trials", "150", "--seed", "3"), ("--trials", "20", "--seed", "3"),
+                  ("--trials", "20", "--method", "optuna"), ("--trials", "20", "--exhaustive-threshold", "5")):
+        data = json.loads(run(*shape, *extra).output)
+        assert data["search"]["cached"] is False, extra
+        if "--seed" in extra:
+            assert "seed 3" in out.read_text()
+    assert json.loads(run(*shape, "--trials", "150", "--seed", "3").output)["search"]["cached"] is True
+    timed = ("--trials", "20", "--timeout", "60")
+    assert json.loads(run(*shape, *timed).output)["search"]["cached"] is False
+    assert json.loads(run(*shape, *timed).output)["search"]["cached"] is False

@@ -101,8 +101,8 @@ def test_emitted_file_is_deterministic():
 
 def test_footprint_matches_interpreter_peak():
     compiled, report = compile_and_verify(1024, 2048, 2048, schedule="aws-fully-optimized")
-    assert report.counters["sbuf_peak_bytes"] == compiled.footprint.sbuf_bytes_per_partition
-    assert report.counters["psum_peak_banks"] == compiled.footprint.psum_banks
+    assert report.counters["sbuf_peak_bytes"] == compiled.footprints[0].sbuf_bytes_per_partition
+    assert report.counters["psum_peak_banks"] == compiled.footprints[0].psum_banks
 
 
 @given(

@@ -16,16 +16,14 @@ from neuronmm_compiler.artifacts.lockfile import (
     Lockfile,
     entry_from_compiled,
     entry_from_tuned,
-    workload_from_dict,
-    workload_to_dict,
 )
 from neuronmm_compiler.artifacts.regress import compile_entry, regress, update_lock
 from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.workloads import Workload, chain_workload, mlp_workload
+from neuronmm_compiler.workloads import Workload, chain_workload, gemm_workload, mlp_workload, workload_from_dict
 
 TRIALS = 20
-GEMM = Workload("gemm", m=128, n=512, k=256)
+GEMM = gemm_workload(128, 512, 256)
 CHAIN = chain_workload(64, 512, 256, rank=128)
 # valid for GEMM but slow: one DMA per tile, transposing loads of A, no blocking
 SLOW_GEMM = {"tile_m": 128, "tile_n": 128, "tile_k": 128, "tiles_in_block_m": 1, "tiles_in_block_n": 1,
@@ -117,11 +115,11 @@ def test_malformed_lock_is_an_input_error(lock: Lockfile, tmp_path, mutate) -> N
         Lockfile.load(path)
 
 
-@pytest.mark.parametrize("workload", [GEMM, CHAIN, Workload("gemm", dtype="float32", m=3, n=5, k=7, a_layout="km"),
+@pytest.mark.parametrize("workload", [GEMM, CHAIN, gemm_workload(3, 5, 7, dtype="float32", a_layout="km"),
                                       mlp_workload(16, 256, 512, ranks=(128, 128, 256)),
                                       mlp_workload(16, 256, 512, dense=True)])
 def test_workload_dict_round_trip(workload: Workload) -> None:
-    data = json.loads(json.dumps(workload_to_dict(workload)))
+    data = json.loads(json.dumps(workload.to_dict()))
     assert workload_from_dict(data) == workload
 
 

@@ -19,10 +19,10 @@ from neuronmm_compiler.artifacts.report import (
     write_report,
 )
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.workloads import Workload, chain_workload
+from neuronmm_compiler.workloads import chain_workload, gemm_workload
 
 TRIALS = 20
-GEMM = Workload("gemm", m=128, n=512, k=256)
+GEMM = gemm_workload(128, 512, 256)
 CHAIN = chain_workload(64, 512, 256, rank=128)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

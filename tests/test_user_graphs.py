@@ -167,8 +167,8 @@ def test_a_tuned_graph_is_locked_and_regressed(tmp_path):
     bad = CliRunner().invoke(main, ["regress", str(lock)])
     assert bad.exit_code == 2 and "edited by hand" in bad.output
     # ... and a recorded graph's names are checked as a graph file's are
-    from neuronmm_compiler.artifacts.lockfile import workload_from_dict
     from neuronmm_compiler.errors import InputError
+    from neuronmm_compiler.workloads import workload_from_dict
 
     workload = data["entries"][0]["workload"] if "entries" in data else data[0]["workload"]
     workload["graph"] = workload["graph"].replace('"x"', '"nl"').replace("%x ", "%nl ").replace("%x,", "%nl,")

@@ -289,7 +289,7 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: Resu
     tuned = tune(workload, target=target, dialect=dialect, trials=trials, seed=seed, timeout=timeout, method=method,
                  exhaustive_threshold=exhaustive_threshold, storage=storage, **search_options)
     if use_cache:
-        cache.put(new_record(key, graph, target=target, dialect=dialect, kind=lowering.kind,  # type: ignore[union-attr]
+        cache.put(new_record(graph, key=key, target=target, dialect=dialect, kind=lowering.kind,  # type: ignore[union-attr]
                              schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
                              latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),
                              workload=workload.describe()))

@@ -169,7 +169,7 @@ def explain_lines(compiled: Compiled) -> list[str]:
               f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}"]
     for kernel, program, cost in zip(lowered.kernels, compiled.programs, compiled.kernel_costs, strict=True):
         views = [f"  (input %{view} is a view of the HBM array {array}, with the other layout)"
-                 for view, array in kernel.hbm_aliases.items()]
+                 for view, array in getattr(kernel, "hbm_aliases", {}).items()]
         lines += ["", f"== kernel {program.name}", *to_text(kernel).splitlines(), *views,
                   "", f"== loop nest of {program.name} (NKI 0.3+ spelling)", *NkiPrinter().kernel(program)]
         lines += ["", f"== cost model of {program.name} on {compiled.target.name}", *_formula_lines(cost),

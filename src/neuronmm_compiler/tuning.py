@@ -118,11 +118,10 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         for line in tune_lines(tuned):
             echo(line)
         echo(f"wrote {output}")
-    if report is not None:
+    if report is not None and not as_json:  # with --json the result is in the "verify" field
         status = "verified" if report.ok else "VERIFICATION FAILED"
         rel = f"{report.rel_error:.3e}" if report.rel_error is not None else "n/a"
-        echo(f"{status}: relative error {rel}" + (f"; {report.error}" if report.error else ""),
-             err=output == "-" or as_json)
+        echo(f"{status}: relative error {rel}" + (f"; {report.error}" if report.error else ""), err=output == "-")
     return report is None or report.ok
 
 

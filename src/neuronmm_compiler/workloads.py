@@ -15,7 +15,17 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .errors import InputError
-from .ir import DTYPES, Graph, block_aligned_rank, gemm_graph, mlp_graph, parse_text, svd_chain_graph, to_text
+from .ir import (
+    DTYPES,
+    Graph,
+    block_aligned_rank,
+    canonical_dtype,
+    gemm_graph,
+    mlp_graph,
+    parse_text,
+    svd_chain_graph,
+    to_text,
+)
 from .ir.frontends import A_LAYOUTS
 from .schedule import GemmProblem
 
@@ -202,8 +212,9 @@ def _positive(value: object, what: str) -> int:
 
 
 def gemm_workload(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: str = "mk") -> GemmWorkload:
-    """``C[M,N] = A[M,K] @ B[K,N]`` (dimensions and dtype checked by :class:`GemmProblem`)."""
-    workload = GemmWorkload(m, n, k, dtype=dtype, a_layout=a_layout)
+    """``C[M,N] = A[M,K] @ B[K,N]`` (``dtype`` may be spelled bf16/fp32; dimensions and dtype are
+    checked by :class:`GemmProblem`)."""
+    workload = GemmWorkload(m, n, k, dtype=canonical_dtype(dtype), a_layout=a_layout)
     workload.problem()
     return workload
 

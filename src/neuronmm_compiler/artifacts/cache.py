@@ -168,13 +168,14 @@ def cached_schedule(record: CacheRecord) -> Any:
     return cls().with_params(dict(record.params))
 
 
-def new_record(key: str, graph: Graph, *, target: str | Target, dialect: str, kind: str, schedule: Any,
-               schedule_name: str, latency_us: float, search: dict[str, Any],
-               workload: str | None = None) -> CacheRecord:
-    """A record of tuning ``graph`` under ``key`` (:func:`cache_key`; descriptive fields computed
-    here, ``created`` = now)."""
+def new_record(graph: Graph, *, target: str | Target, dialect: str, kind: str, schedule: Any,
+               schedule_name: str, latency_us: float, search: dict[str, Any], workload: str | None = None,
+               key: str | None = None) -> CacheRecord:
+    """A record of tuning ``graph`` (``key`` defaults to :func:`cache_key` without a search request;
+    descriptive fields computed here, ``created`` = now)."""
     target = _target(target)  # a calibrated target file is read once
     desc = describe_key(graph, target=target, dialect=dialect, kind=kind, workload=workload)
+    key = key or cache_key(graph, target=target, dialect=dialect, kind=kind)
     return CacheRecord(key=key, kind=kind,
                        schedule_name=schedule_name, params=schedule.as_dict(), latency_us=float(latency_us),
                        search=dict(search), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
