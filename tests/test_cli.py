@@ -289,7 +289,7 @@ def test_repeated_tune_is_answered_from_the_cache(tmp_path):
     assert {e["kind"] for e in entries} == {"gemm", "fused"}
     shown = json.loads(run("cache", "show", entries[0]["key"][:10]).output)
     assert shown["key"] == entries[0]["key"]
-    assert "removed 3 entries" in run("cache", "clear").output
+    assert "removed 2 entries" in run("cache", "clear").output
     assert json.loads(run("cache", "list", "--json").output) == []
 
 
@@ -386,3 +386,17 @@ def test_the_cache_key_includes_the_search_request(tmp_path):
     timed = ("--trials", "20", "--timeout", "60")
     assert json.loads(run(*shape, *timed).output)["search"]["cached"] is False
     assert json.loads(run(*shape, *timed).output)["search"]["cached"] is False
+
+
+def test_chain_with_x_given_transposed_tunes_and_verifies_without_transposes(tmp_path):
+    """X stored as X_t[K,M] (the output of a previous fused kernel) is the paper's case: the chain
+    tunes, verifies, its baselines are modelled, and the kernel transposes nothing."""
+    out = tmp_path / "chain_km.py"
+    result = run("tune", "--shape", "77x1000x600", "--rank", "256", "--a-layout", "km", "--trials", "20",
+                 "--verify", "--json", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["verify"]["ok"] is True
+    assert data["verify"]["transposes"] == 0 and data["predicted"]["dma_transposes"] == 0
+    assert data["predicted"]["transposes"] == 0
+    assert all(b is not None for b in data["baselines"].values()) and all(data["speedups"].values())
