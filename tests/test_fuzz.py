@@ -67,9 +67,9 @@ def test_an_internal_exception_is_reported_not_swallowed(monkeypatch: pytest.Mon
 
 
 def test_a_wrong_kernel_is_reported_unverified(monkeypatch: pytest.MonkeyPatch) -> None:
-    import neuronmm_compiler.fused_compiler as fused
+    import neuronmm_compiler.driver as driver
 
-    real = fused.compile_graph
+    real = driver.compile_workload
 
     def without_silu(*args, **kwargs):  # the kernel evicts the matmul without its activation
         compiled = real(*args, **kwargs)
@@ -77,7 +77,7 @@ def test_a_wrong_kernel_is_reported_unverified(monkeypatch: pytest.MonkeyPatch) 
         assert source != compiled.kernel.source
         return dataclasses.replace(compiled, kernel=dataclasses.replace(compiled.kernel, source=source))
 
-    monkeypatch.setattr(fused, "compile_graph", without_silu)
+    monkeypatch.setattr(driver, "compile_workload", without_silu)
     assert run_case(_case()).status == "unverified"
 
 

@@ -8,9 +8,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from neuronmm_compiler.fused_compiler import lower_graph
 
 from neuronmm_compiler.errors import IRError, ScheduleError
-from neuronmm_compiler.fused_compiler import lower_graph
 from neuronmm_compiler.graph_file import load_graph_spec
 from neuronmm_compiler.ir import mlp_graph, parse_text, to_text
 from neuronmm_compiler.passes import GroupEpilogues, run_pipeline, split_kernels
