@@ -8,11 +8,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from neuronmm_compiler.fused_compiler import lower_graph
 
 from neuronmm_compiler.errors import IRError, ScheduleError
 from neuronmm_compiler.graph_file import load_graph_spec
 from neuronmm_compiler.ir import mlp_graph, parse_text, to_text
+from neuronmm_compiler.lowerings.fused import FusedLowering
 from neuronmm_compiler.passes import GroupEpilogues, run_pipeline, split_kernels
 from neuronmm_compiler.passes.legality import RULES, check_kernel, join_conflict, kernel_conflicts
 from neuronmm_compiler.schedule import GemmProblem, lower_gemm, preset
@@ -201,7 +201,9 @@ def _allocs(program) -> dict[str, tuple[int, ...]]:
 
 
 def test_fused_lowering_takes_psum_banks_and_partitions_from_the_target():
-    [kernel] = lower_graph(mlp_graph(128, 512, 1024, (512, 512, 512))).kernels
+    fused = FusedLowering()
+    graph = run_pipeline(mlp_graph(128, 512, 1024, (512, 512, 512)), fused.pipeline(FusedSchedule())).graph
+    [kernel] = fused.kernels(graph)
     blocked = FusedSchedule(k_tiles_per_block=2)  # gate and up accumulate across K blocks: a bank per tile
     stock = _allocs(lower_fused_kernel(kernel, blocked, TRN1))
     assert stock["gate_psum"] == (128, 3, 512)  # (8 banks - 2 reserved) // 2 terms = 3 feature tiles

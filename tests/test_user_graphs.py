@@ -51,7 +51,7 @@ def test_examples_tune_emit_and_verify(tmp_path, example, dialect):
     result = run("tune", "--graph", path, *dims, "--dialect", dialect, "--trials", "30", "--json", "-o", str(tuned))
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["speedup_vs_unfused"] > 1.0
+    assert data["speedups"]["unfused"] > 1.0
     emitted = tmp_path / "emitted.py"
     result = run("emit", "--graph", path, *dims, "--dialect", dialect, "-o", str(emitted))
     assert result.exit_code == 0, result.output
@@ -108,9 +108,9 @@ def test_transpose_of_a_computed_value_is_a_view_of_its_hbm_array():
 
 
 def run_explain(doc: dict) -> list[str]:
-    from neuronmm_compiler.report import explain_graph_lines
+    from neuronmm_compiler.report import explain_lines
 
-    return explain_graph_lines(compile_doc(doc))
+    return explain_lines(compile_doc(doc))
 
 
 def test_input_read_directly_and_transposed_in_one_kernel():
