@@ -136,6 +136,10 @@ def test_malformed_workload_is_an_input_error(data) -> None:
     ("gemm", {"tile_q": 64}, "unknown schedule parameter 'tile_q'"),
     ("gemm", {"loop_order": "mmm"}, "loop_order"),
     ("fused", {"tokens_per_block": 4096}, "tokens_per_block=4096"),
+    # out of the declared range: once silently clamped by the lowering, now invalid
+    ("fused", {"k_tiles_per_block": 100000}, "k_tiles_per_block=100000"),
+    ("fused", {"weight_block_kib": 100000}, "weight_block_kib=100000"),
+    ("gemm", {"tiles_in_block_k": 100000}, "tiles_in_block_k=100000"),
 ])
 def test_edited_params_that_no_longer_validate_are_invalid(lock: Lockfile, kind, params, match) -> None:
     workload_kind = "gemm" if kind == "gemm" else "chain"

@@ -10,7 +10,7 @@ import pytest
 from neuronmm_compiler.errors import InputError, ScheduleError, UnknownNameError
 from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, lower_gemm, normalize, preset
 from neuronmm_compiler.schedule.expr import Lin, Min, add, minimum, scale, sub, var
-from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, check_ranges
+from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, check_schedule
 from neuronmm_compiler.schedule.program import DmaCopy, Loop, Matmul, TensorTensor, instruction_counts, walk
 from neuronmm_compiler.targets import get_target
 
@@ -155,7 +155,7 @@ def test_normalize_clips_to_problem():
 )
 def test_check_ranges_rejects_limits(params, error):
     with pytest.raises(error):
-        check_ranges(GemmSchedule().with_params(params))
+        check_schedule(GemmSchedule().with_params(params), get_target("trn1"))
 
 
 @pytest.mark.parametrize(

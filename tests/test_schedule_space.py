@@ -10,12 +10,13 @@ import optuna
 import pytest
 
 from neuronmm_compiler.errors import ScheduleError
+from neuronmm_compiler.lowerings.fused import fused_space
+from neuronmm_compiler.lowerings.gemm import gemm_space
 from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, check_schedule
 from neuronmm_compiler.schedule.fused import FusedSchedule
 from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, max_tiles_per_block
-from neuronmm_compiler.search import SearchSpace, gemm_space
+from neuronmm_compiler.search import SearchSpace
 from neuronmm_compiler.search import tuner as tuner_module
-from neuronmm_compiler.search.space import fused_space
 from neuronmm_compiler.targets import TARGETS, get_target
 
 SCHEDULES = (GemmSchedule, FusedSchedule)
@@ -85,17 +86,6 @@ def test_range_errors_keep_their_documented_wording():
 def test_check_schedule_rejects_wrong_types_choices_and_relations(schedule, fragment):
     with pytest.raises(ScheduleError, match=fragment.replace(".", r"\.")):
         check_schedule(schedule, TRN1)
-
-
-def test_transitional_checks_take_tile_limits():
-    from neuronmm_compiler.schedule.fused import check_fused
-    from neuronmm_compiler.schedule.gemm import check_ranges
-
-    check_ranges(GemmSchedule(tile_m=64), stationary_fmax=64)
-    with pytest.raises(ScheduleError, match=r"outside 1\.\.64"):
-        check_ranges(GemmSchedule(tile_m=128), stationary_fmax=64)
-    with pytest.raises(ScheduleError, match=r"out_tile=512 is outside 1\.\.256"):
-        check_fused(FusedSchedule(), moving_fmax=256)
 
 
 # ----------------------------------------------------------------------------- search spaces

@@ -16,8 +16,8 @@ import optuna
 import pytest
 
 from neuronmm_compiler.errors import InputError
+from neuronmm_compiler.lowerings.gemm import tune_gemm
 from neuronmm_compiler.schedule import GemmProblem
-from neuronmm_compiler.search import tune_gemm
 from neuronmm_compiler.search.storage import open_storage, storage_kind
 from neuronmm_compiler.targets import get_target
 
@@ -56,7 +56,7 @@ def _tune_script(url: str, *, trials: int, slow: bool) -> str:
     return (
         "import time\n"
         "from neuronmm_compiler.schedule import GemmProblem\n"
-        "from neuronmm_compiler.search import tune_gemm\n"
+        "from neuronmm_compiler.lowerings.gemm import tune_gemm\n"
         "from neuronmm_compiler.targets import get_target\n"
         f"tune_gemm(GemmProblem(512, 2048, 4096), get_target('trn1'), trials={trials}, seed=3, storage={url!r},\n"
         f"          study_name='s', progress={'lambda d, t, b: time.sleep(0.1)' if slow else 'None'})\n"

@@ -28,9 +28,9 @@ from .errors import InputError, NmmcError
 from .ir import Graph
 from .lowerings import Baseline, Lowering, lowering_for, lowering_named
 from .passes import Pass, PipelineStep, parse_pipeline, run_pipeline
+from .schedule.gemm import check_schedule
 from .schedule.program import Program
-from .search import DEFAULT_TRIALS, Candidate, TuneResult
-from .search.tuner import search
+from .search import DEFAULT_TRIALS, Candidate, TuneResult, search
 from .targets import Target
 from .workloads import Workload
 
@@ -179,9 +179,7 @@ def stored_schedule(kind: str, params: Mapping[str, Any], target: Target) -> tup
     lowering = lowering_named(kind)
     try:
         schedule = lowering.schedule_class().with_params(dict(params))
-        check = getattr(schedule, "check", None)
-        if check is not None:
-            check(target)
+        check_schedule(schedule, target)
     except NmmcError as exc:
         raise InputError(f"stored {kind} schedule: {exc}") from None
     return lowering, schedule

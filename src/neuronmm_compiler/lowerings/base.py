@@ -14,13 +14,12 @@ from ..cost_model import CostReport
 from ..ir import Graph
 from ..passes import Pass
 from ..schedule.program import Program
+from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target
 from ..workloads import Workload
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
-    from ..search import SearchSpace
-    from ..search.tuner import Evaluator, SpaceSpec
 
 __all__ = ["Baseline", "Lowering"]
 

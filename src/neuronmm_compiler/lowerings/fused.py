@@ -22,11 +22,12 @@ from ..errors import InputError, ScheduleError
 from ..ir import Graph
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
-from ..schedule.fused import FusedSchedule, check_fused, normalize_fused
+from ..schedule.fused import FusedSchedule, normalize_fused
+from ..schedule.gemm import check_schedule
 from ..schedule.lower_elementwise import lower_elementwise
 from ..schedule.lower_fused import lower_fused_kernel
 from ..schedule.program import Program
-from ..search import SearchSpace
+from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target
 from ..workloads import GraphWorkload, MlpWorkload, Workload
 from .base import Baseline, Lowering
@@ -34,7 +35,6 @@ from .gemm import aws_gemm_cost
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
-    from ..search.tuner import Evaluator, SpaceSpec
 
 
 def splittable(workload: Workload) -> bool:
@@ -54,6 +54,17 @@ def row_major_activations(workload: Workload) -> bool:
     graph = workload.graph()
     lhs = {n.operands[0] for n in graph.nodes() if n.kind == "matmul"}
     return any(n.layout == "row_major" for n in graph.inputs() if n.id in lhs)
+
+
+def fused_space(row_major_x: bool, splittable: bool) -> SearchSpace:
+    """The fused search space: X^T made only by DMA unless some activation is row-major
+    (``row_major_x``); one kernel per gated MLP unless ``splittable``."""
+    restrict: dict[str, tuple] = {}
+    if not row_major_x:
+        restrict["x_transpose"] = ("dma",)
+    if not splittable:
+        restrict["mlp"] = ("whole",)
+    return SearchSpace.for_schedule(FusedSchedule, restrict)
 
 
 def fusion_pipeline(mlp: str) -> list[Pass]:
@@ -104,7 +115,7 @@ class FusedLowering(Lowering):
             raise InputError("--schedule presets are GEMM schedules; fused graphs take --param only "
                              "(see 'nmmc schedules --mlp ...')")
         chosen = (schedule or FusedSchedule()).with_params(dict(params))
-        check_fused(chosen, target.gemm_moving_fmax, target.gemm_stationary_fmax)
+        check_schedule(chosen, target)
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")
@@ -134,24 +145,10 @@ class FusedLowering(Lowering):
         ]
 
     def space(self, workload: Workload) -> SearchSpace:
-        row_major_x = row_major_activations(workload)
-        candidates: dict[str, tuple] = {
-            "tokens_per_block": (32, 64, 128, 256, 512),
-            "token_tile": (128,),
-            "weight_block_kib": (4, 8, 16, 32, 64),
-            "k_tiles_per_block": (0, 8, 16, 32),
-            "out_tile": (512, 256),
-            "weight_dma": ("row", "tile"),
-            "cache_weights": ("none", "stage1", "all"),
-            "x_transpose": ("dma", "pe") if row_major_x else ("dma",),
-            "mlp": ("whole", "split") if splittable(workload) else ("whole",),
-        }
-        return SearchSpace(candidates, build=lambda point: FusedSchedule(**point))
+        return fused_space(row_major_activations(workload), splittable(workload))
 
     def search_setup(self, workload: Workload, target: Target,
                      exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
-        from ..search.tuner import Evaluator, SpaceSpec
-
         tokens = workload.token_count
         graph = workload.graph()
         kernels_by_mode: dict[str, list[Graph]] = {}
@@ -172,10 +169,7 @@ class FusedLowering(Lowering):
         guesses = [replace(base, x_transpose=x_transpose), replace(base, cache_weights="stage1", tokens_per_block=512)]
         if "split" in space.candidates["mlp"]:
             guesses.append(replace(base, mlp="split"))
-        spec = SpaceSpec(space=space, ordinal=FUSED_ORDINAL,
-                         exchange=("tokens_per_block", "weight_block_kib", "k_tiles_per_block"),
-                         classes=("cache_weights", "x_transpose", "mlp"), guesses=guesses, size=len(everything),
-                         distinct=lambda: everything)
+        spec = SpaceSpec(space=space, guesses=guesses, size=len(everything), distinct=lambda: everything)
         return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens))
 
     def baselines(self, workload: Workload, target: Target) -> dict[str, Baseline]:
@@ -193,5 +187,3 @@ class FusedLowering(Lowering):
         return {"dense": Baseline("dense (AWS kernels)", "dense", dense),
                 "unfused": Baseline("SVD factors unfused (AWS kernels)", "unfused SVD", unfused)}
 
-
-FUSED_ORDINAL = ("tokens_per_block", "token_tile", "weight_block_kib", "k_tiles_per_block", "out_tile")

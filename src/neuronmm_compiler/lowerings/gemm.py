@@ -7,6 +7,9 @@ NKI matmul tutorial are presets; a tuned kernel is compared with AWS's fully opt
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -16,15 +19,14 @@ from ..errors import ScheduleError
 from ..ir import Graph
 from ..passes import DEFAULT_PIPELINE, Pass, parse_pipeline
 from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, Program, lower_gemm, normalize, preset
-from ..schedule.gemm import check_ranges, preset_doc
-from ..targets import Target
+from ..schedule.gemm import check_schedule, preset_doc
+from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
+from ..targets import ModelParams, Target
 from ..workloads import GemmWorkload, Workload
 from .base import Baseline, Lowering
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
-    from ..search import SearchSpace
-    from ..search.tuner import Evaluator, SpaceSpec
 
 #: The tuned GEMM's baseline: AWS's tutorial kernel a user would otherwise run.
 BASELINE_PRESET = "aws-fully-optimized"
@@ -75,7 +77,7 @@ class GemmLowering(Lowering):
         problem = _problem(workload)
         base = schedule if schedule is not None else preset(preset_name or DEFAULT_PRESET, problem)
         chosen = base.with_params(dict(params))
-        check_ranges(chosen, target.pmax, target.gemm_stationary_fmax, target.gemm_moving_fmax)
+        check_schedule(chosen, target)
         return normalize(problem, chosen)
 
     def pipeline(self, schedule: Any) -> list[Pass]:
@@ -99,15 +101,11 @@ class GemmLowering(Lowering):
         ]
 
     def space(self, workload: Workload) -> SearchSpace:
-        from ..search.space import gemm_space
-
         return gemm_space(_problem(workload))
 
     def search_setup(self, workload: Workload, target: Target,
                      exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
-        from ..search import tuner
-
-        return tuner._gemm_setup(_problem(workload), target, None, None, exhaustive_threshold)
+        return gemm_search_setup(_problem(workload), target, exhaustive_threshold)
 
     def baselines(self, workload: Workload, target: Target) -> dict[str, Baseline]:
         problem = _problem(workload)
@@ -123,3 +121,82 @@ def aws_gemm_cost(problem: GemmProblem, target: Target) -> CostReport:
         if report.feasible:
             return report
     return report
+
+
+# ----------------------------------------------------------------------------- the GEMM search space
+
+
+def gemm_space(problem: GemmProblem) -> SearchSpace:
+    """The GEMM search space of a problem: A^T made only by DMA when A is stored [K, M]."""
+    restrict = {} if problem.a_layout == "mk" else {"a_transpose": ("dma",)}
+    return SearchSpace.for_schedule(GemmSchedule, restrict)
+
+
+def distinct_size(problem: GemmProblem, space: SearchSpace) -> int:
+    """Number of distinct normalized schedules in the space (numeric parts collapse; the
+    categorical parameters never do)."""
+    numeric = {name: space.candidates[name] for name in space.ordinal}
+    categorical = math.prod(len(v) for k, v in space.candidates.items() if k not in space.ordinal)
+    seen = set()
+    names = list(numeric)
+    for values in itertools.product(*numeric.values()):
+        sched = normalize(problem, GemmSchedule(**dict(zip(names, values, strict=True))))
+        seen.add(tuple(getattr(sched, n) for n in names))
+    return len(seen) * categorical
+
+
+def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSchedule]:
+    """Closed-form starting points, enqueued as the first trials.
+
+    NeuronMM's rule for a cached strip: make the stationary block (M) large so the moving operand
+    (B) is streamed from HBM once, with K blocked to bound SBUF and rows coalesced into long DMAs;
+    for decode-sized M, transpose A on the TensorEngine from one long row load rather than with
+    many 2-byte-per-partition DMAs. Around that rule, a small grid of the structures that win in
+    practice (PSUM accumulation with K inside, SBUF partial sums with K outside M; moderate and
+    large M blocks; both A^T strategies), then AWS's fully optimized parameters. The grid costs a
+    few dozen evaluations and keeps TPE from settling in a poor basin on large shapes.
+    """
+    transposes = ("pe", "dma") if problem.a_layout == "mk" else ("dma",)
+    grid = [
+        GemmSchedule(tiles_in_block_m=bm, tiles_in_block_n=bn, tiles_in_block_k=bk, loop_order=order,
+                     accumulate=acc, dma="row", a_transpose=a_t)
+        for a_t in transposes
+        for order, acc in (("kmn", "psum"), ("mnk", "psum"), ("nkm", "sbuf"))
+        for bm, bn, bk in ((4, 4, 16), (16, 2, 8), (4, 2, 8))
+    ]
+    guesses = []
+    for sched in (*grid, preset("aws-fully-optimized", problem)):
+        point = space.point_of(sched)
+        if point is not None:
+            decoded = space.decode(point)
+            if decoded not in guesses:
+                guesses.append(decoded)
+    return guesses
+
+
+def gemm_search_setup(problem: GemmProblem, target: Target, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
+                      *, params: ModelParams | None = None,
+                      space: SearchSpace | None = None) -> tuple[SpaceSpec, Evaluator]:
+    """The GEMM search's space and evaluator (module-level and picklable, for worker processes);
+    ``params`` overrides the target's cost-model parameters, ``space`` the default space."""
+    space = space or gemm_space(problem)
+    size = distinct_size(problem, space)
+    spec = SpaceSpec(
+        space=space, guesses=heuristic_guesses(problem, space), size=size,
+        distinct=lambda: (space.distinct(problem) if size <= 20 * exhaustive_threshold
+                          else (space.decode(p) for p in space.points())),
+    )
+    evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params),
+                         lambda s: normalize(problem, s))
+    return spec, evaluate
+
+
+def tune_gemm(problem: GemmProblem, target: Target, *, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
+              params: ModelParams | None = None, space: SearchSpace | None = None,
+              **search_options: Any) -> TuneResult:
+    """Only the search of a GEMM's schedule (no kernel, no baselines; :func:`driver.tune` does the
+    whole): ``search_options`` as :func:`search.tuner.search` takes them."""
+    setup = functools.partial(gemm_search_setup, problem, target, exhaustive_threshold, params=params, space=space)
+    spec, evaluate = setup()
+    return search(spec, evaluate, what=f"{problem.describe()} on {target.label}",
+                  exhaustive_threshold=exhaustive_threshold, setup=setup, **search_options)

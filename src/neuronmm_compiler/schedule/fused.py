@@ -27,11 +27,9 @@ from .gemm import (
     ParamSpec,
     ScheduleParams,
     categorical,
-    check_schedule,
     integer,
     max_tiles_per_block,
     sbuf_kib_per_partition,
-    tile_limits_target,
 )
 
 WEIGHT_DMA = ("row", "tile")
@@ -101,12 +99,6 @@ class FusedSchedule(ScheduleParams):
     def normalized(self, context: int) -> FusedSchedule:
         """:func:`normalize_fused` to ``context`` tokens."""
         return normalize_fused(self, context)
-
-
-def check_fused(schedule: FusedSchedule, moving_fmax: int = 512, stationary_fmax: int = 128) -> None:
-    """Transitional: :func:`~.gemm.check_schedule` on the default target with these tile limits.
-    Callers holding a target should call ``check_schedule(schedule, target)``."""
-    check_schedule(schedule, tile_limits_target(gemm_moving_fmax=moving_fmax, gemm_stationary_fmax=stationary_fmax))
 
 
 def normalize_fused(schedule: FusedSchedule, tokens: int) -> FusedSchedule:

@@ -335,22 +335,6 @@ def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
     }
 
 
-def tile_limits_target(**limits: int) -> Target:
-    """The default target with some tile limits replaced (for the transitional ``check_ranges`` and
-    ``check_fused``, whose callers pass limits rather than a target)."""
-    from ..targets import DEFAULT_TARGET, get_target
-
-    return replace(get_target(DEFAULT_TARGET), **limits)
-
-
-def check_ranges(schedule: GemmSchedule, pmax: int = 128, stationary_fmax: int = 128,
-                 moving_fmax: int = 512) -> None:
-    """Transitional: :func:`check_schedule` on the default target with these tile limits. Callers
-    holding a target should call ``check_schedule(schedule, target)``."""
-    check_schedule(schedule, tile_limits_target(pmax=pmax, gemm_stationary_fmax=stationary_fmax,
-                                                gemm_moving_fmax=moving_fmax))
-
-
 def normalize(problem: GemmProblem, schedule: GemmSchedule) -> GemmSchedule:
     """Clip tile sizes to the problem and tiles-in-block to the tile counts, so that a decode-sized
     M (1..127 tokens) gets tiles of exactly M rows and equivalent schedules compare equal."""

@@ -1,17 +1,17 @@
-"""Schedule search: Optuna (TPE) or exhaustive enumeration over the schedule space, guided by the
-cost model."""
+"""Schedule search: Optuna (TPE) or exhaustive enumeration over a schedule space, guided by the
+cost model. What a space holds and how a candidate is costed come from the lowering registry's
+entries (:mod:`neuronmm_compiler.lowerings`); nothing here knows a kind of schedule."""
 
-from .space import SearchSpace, gemm_space, heuristic_guesses
-from .tuner import DEFAULT_EXHAUSTIVE_THRESHOLD, DEFAULT_TRIALS, Candidate, TuneResult, distinct_size, tune_gemm
+from .space import SearchSpace
+from .tuner import DEFAULT_EXHAUSTIVE_THRESHOLD, DEFAULT_TRIALS, Candidate, Evaluator, SpaceSpec, TuneResult, search
 
 __all__ = [
     "DEFAULT_EXHAUSTIVE_THRESHOLD",
     "DEFAULT_TRIALS",
     "Candidate",
+    "Evaluator",
     "SearchSpace",
+    "SpaceSpec",
     "TuneResult",
-    "distinct_size",
-    "gemm_space",
-    "heuristic_guesses",
-    "tune_gemm",
+    "search",
 ]

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from ..schedule.fused import FusedSchedule
-from ..schedule.gemm import GemmProblem, GemmSchedule, ParamSpec, ScheduleParams, preset
+from ..schedule.gemm import ParamSpec, ScheduleParams
 
 
 @dataclass(frozen=True)
@@ -113,49 +112,3 @@ class SearchSpace:
         if all(point[name] in values for name, values in self.candidates.items()):
             return point
         return None
-
-
-def gemm_space(problem: GemmProblem) -> SearchSpace:
-    """The GEMM search space of a problem: A^T made only by DMA when A is stored [K, M]."""
-    restrict = {} if problem.a_layout == "mk" else {"a_transpose": ("dma",)}
-    return SearchSpace.for_schedule(GemmSchedule, restrict)
-
-
-def fused_space(row_major_x: bool, splittable: bool) -> SearchSpace:
-    """The fused search space of a workload: X^T made only by DMA unless some activation is
-    row-major (``row_major_x``); one kernel per gated MLP unless ``splittable``."""
-    restrict: dict[str, tuple] = {}
-    if not row_major_x:
-        restrict["x_transpose"] = ("dma",)
-    if not splittable:
-        restrict["mlp"] = ("whole",)
-    return SearchSpace.for_schedule(FusedSchedule, restrict)
-
-
-def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSchedule]:
-    """Closed-form starting points, enqueued as the first trials.
-
-    NeuronMM's rule for a cached strip: make the stationary block (M) large so the moving operand
-    (B) is streamed from HBM once, with K blocked to bound SBUF and rows coalesced into long DMAs;
-    for decode-sized M, transpose A on the TensorEngine from one long row load rather than with
-    many 2-byte-per-partition DMAs. Around that rule, a small grid of the structures that win in
-    practice (PSUM accumulation with K inside, SBUF partial sums with K outside M; moderate and
-    large M blocks; both A^T strategies), then AWS's fully optimized parameters. The grid costs a
-    few dozen evaluations and keeps TPE from settling in a poor basin on large shapes.
-    """
-    transposes = ("pe", "dma") if problem.a_layout == "mk" else ("dma",)
-    grid = [
-        GemmSchedule(tiles_in_block_m=bm, tiles_in_block_n=bn, tiles_in_block_k=bk, loop_order=order,
-                     accumulate=acc, dma="row", a_transpose=a_t)
-        for a_t in transposes
-        for order, acc in (("kmn", "psum"), ("mnk", "psum"), ("nkm", "sbuf"))
-        for bm, bn, bk in ((4, 4, 16), (16, 2, 8), (4, 2, 8))
-    ]
-    guesses = []
-    for sched in (*grid, preset("aws-fully-optimized", problem)):
-        point = space.point_of(sched)
-        if point is not None:
-            decoded = space.decode(point)
-            if decoded not in guesses:
-                guesses.append(decoded)
-    return guesses

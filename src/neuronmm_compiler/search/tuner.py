@@ -8,7 +8,6 @@ the overflow as a constraint (TPE's ``constraints_func``) and they never win.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
@@ -24,12 +23,9 @@ from typing import Any
 
 import optuna
 
-from ..cost_model import CostReport, ModelParams, estimate
+from ..cost_model import CostReport
 from ..errors import InputError, ScheduleError
-from ..schedule.gemm import GemmProblem, GemmSchedule, normalize
-from ..schedule.lower_gemm import lower_gemm
-from ..targets import Target
-from .space import SearchSpace, gemm_space, heuristic_guesses
+from .space import SearchSpace
 
 DEFAULT_TRIALS = 150
 DEFAULT_EXHAUSTIVE_THRESHOLD = 1000
@@ -105,19 +101,6 @@ class Evaluator:
 
 def _key(schedule: Any) -> tuple:
     return tuple(schedule.as_dict().values())
-
-
-def distinct_size(problem: GemmProblem, space: SearchSpace) -> int:
-    """Number of distinct normalized schedules in the space (numeric parts collapse; the
-    categorical parameters never do)."""
-    numeric = {name: space.candidates[name] for name in space.ordinal}
-    categorical = math.prod(len(v) for k, v in space.candidates.items() if k not in space.ordinal)
-    seen = set()
-    names = list(numeric)
-    for values in itertools.product(*numeric.values()):
-        sched = normalize(problem, GemmSchedule(**dict(zip(names, values, strict=True))))
-        seen.add(tuple(getattr(sched, n) for n in names))
-    return len(seen) * categorical
 
 
 def _neighbours(space: SearchSpace, point: dict, exchange: tuple[str, ...]) -> list[dict]:
@@ -240,34 +223,6 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
                       seconds=time.perf_counter() - start, history=list(evaluate.history),
                       trial_history=list(evaluate.trial_history), study=study_info,
                       candidates=list(evaluate.memo.values()))
-
-
-def _gemm_setup(problem: GemmProblem, target: Target, params: ModelParams | None, space: SearchSpace | None,
-                exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
-    """The GEMM search's space and evaluator (module-level and picklable, for worker processes)."""
-    space = space or gemm_space(problem)
-    size = distinct_size(problem, space)
-    spec = SpaceSpec(
-        space=space, guesses=heuristic_guesses(problem, space), size=size,
-        distinct=lambda: (space.distinct(problem) if size <= 20 * exhaustive_threshold
-                          else (space.decode(p) for p in space.points())),
-    )
-    evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params),
-                         lambda s: normalize(problem, s))
-    return spec, evaluate
-
-
-def tune_gemm(problem: GemmProblem, target: Target, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
-              timeout: float | None = None, exhaustive_threshold: int = DEFAULT_EXHAUSTIVE_THRESHOLD,
-              top_k: int = 5, params: ModelParams | None = None, space: SearchSpace | None = None,
-              force: str | None = None, progress: Callable[[int, int, float], None] | None = None,
-              storage: str | None = None, study_name: str | None = None, workers: int = 1) -> TuneResult:
-    """Search the GEMM schedule space of ``problem`` on ``target`` (see :func:`search`)."""
-    setup = functools.partial(_gemm_setup, problem, target, params, space, exhaustive_threshold)
-    spec, evaluate = setup()
-    return search(spec, evaluate, what=f"{problem.describe()} on {target.label}", trials=trials, seed=seed,
-                  timeout=timeout, exhaustive_threshold=exhaustive_threshold, top_k=top_k, force=force,
-                  progress=progress, storage=storage, study_name=study_name, workers=workers, setup=setup)
 
 
 # ----------------------------------------------------------------------------- the Optuna loop
