@@ -7,7 +7,6 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-import neuronmm_compiler.search.tuner as tuner_module
 from helpers import tune_gemm as tune
 from helpers import tune_graph
 from neuronmm_compiler.artifacts.lockfile import Lockfile, entry_from_tuned
@@ -27,34 +26,16 @@ CHAIN = chain_workload(64, 512, 256, rank=128)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-class RecordingEvaluator(tuner_module.Evaluator):
-    """An Evaluator that remembers itself, so a test can read every costed schedule."""
-
-    instances: list[tuner_module.Evaluator] = []  # noqa: RUF012
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        RecordingEvaluator.instances.append(self)
-
-
-def _candidates() -> list[tuner_module.Candidate]:
-    return list(RecordingEvaluator.instances[-1].memo.values())  # insertion order = evaluation order
-
-
 @pytest.fixture(scope="module")
 def gemm_run():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tuner_module, "Evaluator", RecordingEvaluator)
-        tuned = tune(GEMM.m, GEMM.n, GEMM.k, target="trn1", trials=TRIALS, seed=0, method="optuna")
-        return tuned, _candidates()
+    tuned = tune(GEMM.m, GEMM.n, GEMM.k, target="trn1", trials=TRIALS, seed=0, method="optuna")
+    return tuned, tuned.search.candidates  # every costed schedule, in evaluation order
 
 
 @pytest.fixture(scope="module")
 def chain_run():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tuner_module, "Evaluator", RecordingEvaluator)
-        tuned = tune_graph(CHAIN, target=get_target("trn1"), trials=TRIALS, seed=0)
-        return tuned, _candidates()
+    tuned = tune_graph(CHAIN, target=get_target("trn1"), trials=TRIALS, seed=0)
+    return tuned, tuned.search.candidates
 
 
 def assert_png(path: Path) -> None:

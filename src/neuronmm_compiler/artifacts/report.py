@@ -4,8 +4,8 @@
 
 * ``history.png``: the optimization history (every evaluated schedule's predicted latency in
   evaluation order when the candidates are known, and the best-so-far line);
-* ``importance.png``: parameter importance, the spread of the median predicted latency over each
-  parameter's values across the evaluated schedules (on a log scale, as a share of the total);
+* ``importance.png``: each parameter's share of what separates the fastest evaluated schedules
+  from the rest (Optuna's PED-ANOVA over the candidates; see :func:`parameter_importance`);
 * ``roofline.png``: achieved throughput against arithmetic intensity, with the target's compute
   and DMA-bandwidth ceilings, every evaluated schedule in grey and the chosen one highlighted;
 * ``summary.md``: the run's figures, the chosen schedule, the top-k table and the three images.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import math
-import statistics
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,28 +165,31 @@ def _candidates(result: TuneResult, candidates: Sequence[Candidate] | None) -> t
 
 
 def parameter_importance(candidates: Sequence[Candidate]) -> dict[str, float]:
-    """For each schedule parameter, the spread (max - min) of the median log10 latency over its
-    values, across the feasible candidates, as a share of the sum over all parameters (0 for a
-    parameter seen with one value only). Sorted, most important first.
+    """For each schedule parameter, its share of what separates the fastest schedules from the rest,
+    over the feasible candidates: Optuna's PED-ANOVA importance
+    (``optuna.importance.PedAnovaImportanceEvaluator``) of log10 latency, computed on an in-memory
+    study holding one trial per candidate (a report has the candidates, not necessarily a study:
+    exhaustive searches never create one). Parameters seen with one value only get 0; with fewer
+    than two distinct schedules every share is 0. Sorted, most important first."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import create_trial
 
-    Not ``optuna.importance.get_param_importances``: a report has no study to give it (exhaustive
-    runs never create one and a TuneResult keeps none, only the candidates), and this statistic reads
-    the same for an exhaustive and an Optuna search."""
     feasible = [c for c in candidates if c.cost.feasible and 0 < c.latency_us < math.inf]
-    spreads: dict[str, float] = {}
-    for cand in feasible:
-        for name in _params(cand.schedule):
-            spreads.setdefault(name, 0.0)
-    for name in spreads:
-        groups: dict[str, list[float]] = {}
-        for cand in feasible:
-            value = _params(cand.schedule).get(name)
-            groups.setdefault(repr(value), []).append(math.log10(cand.latency_us))
-        if len(groups) > 1:
-            medians = [statistics.median(v) for v in groups.values()]
-            spreads[name] = max(medians) - min(medians)
-    total = sum(spreads.values())
-    shares = {name: (s / total if total > 0 else 0.0) for name, s in spreads.items()}
+    names = list(dict.fromkeys(name for c in feasible for name in _params(c.schedule)))
+    shares = dict.fromkeys(names, 0.0)
+    values = {name: sorted({repr(_params(c.schedule).get(name)) for c in feasible}) for name in names}
+    distributions = {name: CategoricalDistribution(v) for name, v in values.items() if len(v) > 1}
+    if len(feasible) >= 2 and distributions:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study()
+        study.add_trials([create_trial(params={n: repr(_params(c.schedule).get(n)) for n in distributions},
+                                       distributions=distributions, value=math.log10(c.latency_us))
+                          for c in feasible])
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+        with warnings.catch_warnings():  # few trials: PED-ANOVA warns that its quantiles coincide
+            warnings.simplefilter("ignore", UserWarning)
+            shares.update(optuna.importance.get_param_importances(study, evaluator=evaluator))
     return dict(sorted(shares.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -315,7 +318,7 @@ def _summary_md(result: TuneResult, target: Target, title: str, complete: bool) 
     lines += _param_table(rows, ["#", "latency (us)", "bound", "TFLOP/s", "FLOP/B", *names])
     note = "" if complete else " Only the top-k schedules were available: the per-schedule points are missing."
     lines += ["", "## Plots", "", f"Optimization history.{note}", "", "![Optimization history](history.png)", "",
-              "Parameter importance (spread of the median predicted latency over each parameter's values).", "",
+              "Parameter importance (Optuna's PED-ANOVA over log latency: what separates the fastest schedules).", "",
               "![Parameter importance](importance.png)", "",
               "Roofline (model predictions; ceilings from the target's hardware table).", "",
               "![Roofline](roofline.png)", ""]
