@@ -32,9 +32,6 @@ PACKAGE_DIR = ROOT / "src" / "neuronmm_compiler"
 
 #: Cycles through a function-level import, each to be broken by its module's owner (then deleted here).
 KNOWN_LAZY_CYCLES: frozenset[frozenset[str]] = frozenset({
-    # verification._runner imports nki_backend lazily; nki_backend imports verification.KernelRunner
-    # (a Callable alias, only used in an annotation) at module level.
-    frozenset({"neuronmm_compiler.verification", "neuronmm_compiler.nki_backend"}),
     # Graph.__str__ imports ir.text.to_text lazily; ir.text imports Graph and helpers from ir.graph.
     frozenset({"neuronmm_compiler.ir.graph", "neuronmm_compiler.ir.text"}),
 })

@@ -32,13 +32,15 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import KernelError, NmmcError
 from .targets import Target
-from .verification import KernelRunner
+
+if TYPE_CHECKING:  # verification imports this module lazily to run kernels here
+    from .verification import KernelRunner
 
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
 INSTALL_HINT = (f"it is published only on AWS's Neuron pip index: pip install --extra-index-url {NEURON_INDEX} "
