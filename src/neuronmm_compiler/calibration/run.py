@@ -62,8 +62,8 @@ class CalibrationReport:
     def lines(self) -> list[str]:
         """The human-readable report."""
         out = [f"calibrated {self.base.label} against {len(self.measurements)} measurements "
-               f"({self.fit.iterations} Levenberg-Marquardt iterations"
-               + ("" if self.fit.converged else ", stopped at the iteration limit") + ")"]
+               f"({self.fit.iterations} model evaluations of the least-squares fit"
+               + ("" if self.fit.converged else ", stopped at the evaluation limit") + ")"]
         out.append("parameters:")
         for name, p in self.parameters().items():
             if p["determined"]:
