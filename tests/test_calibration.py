@@ -17,8 +17,8 @@ from helpers import compile_gemm, compile_graph
 from helpers import tune_gemm as tune
 from neuronmm_compiler.artifacts.cache import cache_key
 from neuronmm_compiler.artifacts.lockfile import Lockfile, entry_from_tuned, target_fingerprint
+from neuronmm_compiler.artifacts.plots import infer_dtype as _infer_dtype
 from neuronmm_compiler.artifacts.regress import regress
-from neuronmm_compiler.artifacts.report import _infer_dtype
 from neuronmm_compiler.calibration.fit import DEFAULT_FIT, fit_parameters, rms_rel_error, value_of, with_values
 from neuronmm_compiler.calibration.kernels import read_kernel_file
 from neuronmm_compiler.calibration.measurements import (

@@ -21,133 +21,35 @@ change); matplotlib is imported only when a report is written.
 
 from __future__ import annotations
 
-import io
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ..cost_model import CostReport, effective_rates, params_of
+from ..cost_model import CostReport
 from ..errors import NmmcError
-from ..io import write_bytes_atomic, write_text_atomic
 from ..search.tuner import Candidate, TuneResult
 from ..targets import Target, get_target
 from ..workloads import workload_from_dict
 from .lockfile import LockEntry, Lockfile
+from .plots import (
+    LOG_RANGE,
+    draw_ceilings,
+    figure,
+    infer_dtype,
+    param_table,
+    plottable,
+    roofline_limits,
+    save_png,
+    schedule_params,
+    tflops,
+    write_md,
+)
 from .regress import compile_entry
 
-DPI = 120
 REPORT_FILES = ("history.png", "importance.png", "roofline.png", "summary.md")
 LOCK_REPORT_FILES = ("roofline.png", "latency.png", "summary.md")
-#: Log-scale the latency axis when the plotted values span more than this factor.
-LOG_RANGE = 20.0
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _figure(width: float = 7.5, height: float = 4.6) -> Any:
-    """A figure on an Agg canvas (never pyplot: no display, no global state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=DPI)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save_png(fig: Any, path: Path) -> Path:
-    """Save ``fig`` as a PNG atomically (:func:`neuronmm_compiler.io.write_bytes_atomic`)."""
-    fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=DPI)
-    write_bytes_atomic(path, png.getvalue())
-    return path
-
-
-def _write_md(path: Path, text: str) -> Path:
-    write_text_atomic(path, text)
-    return path
-
-
-def tflops(cost: CostReport) -> float:
-    """Achieved throughput in TFLOP/s (FLOP per microsecond / 1e6)."""
-    return cost.flops / cost.latency_us / 1e6 if cost.latency_us > 0 else 0.0
-
-
-def _plottable(cost: CostReport) -> bool:
-    return (cost.feasible and cost.flops > 0 and cost.arithmetic_intensity > 0
-            and 0 < cost.latency_us < math.inf)
-
-
-def _peak_tflops(target: Target, dtype: str) -> float:
-    """The model's compute ceiling (the peak times a calibrated target's TensorEngine efficiency)."""
-    params = params_of(target)
-    return target.peak_bf16_tflops * params.tensor_engine_efficiency / (
-        params.matmul_fp32_factor if dtype == "float32" else 1)
-
-
-def _bandwidth_tb_s(target: Target) -> float:
-    """The model's DMA bandwidth in TB/s (= TFLOP/s per FLOP/B), calibrated efficiency included."""
-    return effective_rates(target, params_of(target))[1] / 1e6
-
-
-def _infer_dtype(cost: CostReport, target: Target) -> str | None:
-    """The matmul dtype behind a cost report, from the peak its lower bound used (None: unknown,
-    e.g. a fused report combining several programs)."""
-    peak = cost.values.get("peak_flops_per_us")
-    if not peak:
-        return None
-    return "float32" if peak < _peak_tflops(target, "bfloat16") * 1e6 * 0.99 else "bfloat16"
-
-
-def _short_dtype(dtype: str) -> str:
-    return {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
-
-
-def _draw_ceilings(ax: Any, target: Target, dtypes: Sequence[str], x_lo: float, x_hi: float,
-                   *, style: str = "-", label_target: bool = False) -> None:
-    """The roofline of ``target``: the DMA-bandwidth slope and one compute ceiling per dtype."""
-    import numpy as np
-
-    bw = _bandwidth_tb_s(target)
-    xs = np.logspace(math.log10(x_lo), math.log10(x_hi), 256)
-    prefix = f"{target.name}: " if label_target else ""
-    top = max(_peak_tflops(target, d) for d in dtypes)
-    ax.plot(xs, np.minimum(xs * bw, top), linestyle=style, color="tab:blue", linewidth=1.6,
-            label=f"{prefix}DMA bandwidth {bw:.2f} TB/s")
-    for i, dtype in enumerate(sorted(dtypes, key=lambda d: -_peak_tflops(target, d))):
-        peak = _peak_tflops(target, dtype)
-        ridge = peak / bw
-        ax.plot([max(ridge, x_lo), x_hi], [peak, peak], linestyle=style if i == 0 else ":", color="tab:orange",
-                linewidth=1.6, label=f"{prefix}{_short_dtype(dtype)} compute peak {peak:g} TFLOP/s")
-
-
-def _roofline_limits(costs: Iterable[CostReport], targets: Iterable[Target], dtypes: Sequence[str]
-                     ) -> tuple[float, float]:
-    """An x range covering the points and every ridge point, with a margin."""
-    xs = [c.arithmetic_intensity for c in costs if _plottable(c)]
-    for target in targets:
-        bw = _bandwidth_tb_s(target)
-        xs += [_peak_tflops(target, d) / bw for d in dtypes]
-    if not xs:
-        return 1.0, 1000.0
-    return min(xs) / 4, max(xs) * 4
-
-
-def _param_table(rows: list[list[str]], header: list[str]) -> list[str]:
-    def clean(cell: str) -> str:
-        return cell.replace("|", "\\|")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(clean(c) for c in row) + " |" for row in rows]
-    return lines
-
-
-def _params(schedule: Any) -> dict[str, Any]:
-    return dict(schedule.as_dict()) if hasattr(schedule, "as_dict") else {"schedule": str(schedule)}
 
 
 # ----------------------------------------------------------------------------- search reports
@@ -176,14 +78,14 @@ def parameter_importance(candidates: Sequence[Candidate]) -> dict[str, float]:
     from optuna.trial import create_trial
 
     feasible = [c for c in candidates if c.cost.feasible and 0 < c.latency_us < math.inf]
-    names = list(dict.fromkeys(name for c in feasible for name in _params(c.schedule)))
+    names = list(dict.fromkeys(name for c in feasible for name in schedule_params(c.schedule)))
     shares = dict.fromkeys(names, 0.0)
-    values = {name: sorted({repr(_params(c.schedule).get(name)) for c in feasible}) for name in names}
+    values = {name: sorted({repr(schedule_params(c.schedule).get(name)) for c in feasible}) for name in names}
     distributions = {name: CategoricalDistribution(v) for name, v in values.items() if len(v) > 1}
     if len(feasible) >= 2 and distributions:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study()
-        study.add_trials([create_trial(params={n: repr(_params(c.schedule).get(n)) for n in distributions},
+        study.add_trials([create_trial(params={n: repr(schedule_params(c.schedule).get(n)) for n in distributions},
                                        distributions=distributions, value=math.log10(c.latency_us))
                           for c in feasible])
         evaluator = optuna.importance.PedAnovaImportanceEvaluator()
@@ -195,7 +97,7 @@ def parameter_importance(candidates: Sequence[Candidate]) -> dict[str, float]:
 
 def _history_png(result: TuneResult, cands: list[Candidate], complete: bool, path: Path) -> Path:
     panels = 2 if result.trial_history else 1
-    fig = _figure(7.5 if panels == 1 else 11.0, 4.6)
+    fig = figure(7.5 if panels == 1 else 11.0, 4.6)
     ax = fig.add_subplot(1, panels, 1)
     values: list[float] = []
     if complete:
@@ -238,13 +140,13 @@ def _history_png(result: TuneResult, cands: list[Candidate], complete: bool, pat
         ax2.set_title(f"Per trial ({result.trials} trials)", fontsize=10)
         ax2.grid(True, which="both", alpha=0.3)
         ax2.legend(fontsize=8, loc="upper right")
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def _importance_png(cands: list[Candidate], complete: bool, path: Path) -> Path:
     shares = parameter_importance(cands)
     n = sum(c.cost.feasible for c in cands)
-    fig = _figure(7.5, max(3.0, 0.38 * len(shares) + 1.5))
+    fig = figure(7.5, max(3.0, 0.38 * len(shares) + 1.5))
     ax = fig.add_subplot(1, 1, 1)
     which = "evaluated" if complete else "top-k"
     ax.set_title(f"Parameter importance over {n} feasible {which} schedules", fontsize=10)
@@ -262,23 +164,23 @@ def _importance_png(cands: list[Candidate], complete: bool, path: Path) -> Path:
         ax.set_yticks([])
     ax.set_xlabel("share of spread in median log latency across the parameter's values")
     ax.grid(True, axis="x", alpha=0.3)
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def _roofline_png(result: TuneResult, cands: list[Candidate], target: Target, dtype: str | None,
                   path: Path) -> Path:
     dtypes = [dtype] if dtype else ["bfloat16", "float32"]
-    costs = [c.cost for c in cands if _plottable(c.cost)]
-    x_lo, x_hi = _roofline_limits([*costs, result.best.cost], [target], dtypes)
-    fig = _figure(7.5, 5.0)
+    costs = [c.cost for c in cands if plottable(c.cost)]
+    x_lo, x_hi = roofline_limits([*costs, result.best.cost], [target], dtypes)
+    fig = figure(7.5, 5.0)
     ax = fig.add_subplot(1, 1, 1)
-    _draw_ceilings(ax, target, dtypes, x_lo, x_hi)
+    draw_ceilings(ax, target, dtypes, x_lo, x_hi)
     others = [c for c in costs if c is not result.best.cost]
     if others:
         ax.scatter([c.arithmetic_intensity for c in others], [tflops(c) for c in others], s=14, color="grey",
                    alpha=0.5, label=f"evaluated schedules ({len(others)})")
     best = result.best.cost
-    if _plottable(best):
+    if plottable(best):
         ax.scatter([best.arithmetic_intensity], [tflops(best)], s=120, marker="*", color="tab:red", zorder=5,
                    label="chosen schedule")
         ax.annotate(f"chosen: {best.latency_us:.2f} us\n{tflops(best):.2f} TFLOP/s ({best.bound}-bound)",
@@ -292,7 +194,7 @@ def _roofline_png(result: TuneResult, cands: list[Candidate], target: Target, dt
     ax.set_title(f"Roofline on {target.name} ({target.core})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def _summary_md(result: TuneResult, target: Target, title: str, complete: bool) -> str:
@@ -309,13 +211,13 @@ def _summary_md(result: TuneResult, target: Target, title: str, complete: bool) 
              f"{cost.lower_bound_us:.2f} us) |",
              f"| throughput | {tflops(cost):.2f} TFLOP/s at {cost.arithmetic_intensity:.1f} FLOP/B |",
              "", "## Chosen schedule", ""]
-    lines += _param_table([[k, str(v)] for k, v in _params(best.schedule).items()], ["parameter", "value"])
+    lines += param_table([[k, str(v)] for k, v in schedule_params(best.schedule).items()], ["parameter", "value"])
     lines += ["", f"## Top {len(result.top)}", ""]
-    names = list(_params(best.schedule))
+    names = list(schedule_params(best.schedule))
     rows = [[str(i), f"{c.latency_us:.2f}", c.cost.bound, f"{tflops(c.cost):.2f}",
-             f"{c.cost.arithmetic_intensity:.1f}", *(str(_params(c.schedule).get(n, "")) for n in names)]
+             f"{c.cost.arithmetic_intensity:.1f}", *(str(schedule_params(c.schedule).get(n, "")) for n in names)]
             for i, c in enumerate(result.top, 1)]
-    lines += _param_table(rows, ["#", "latency (us)", "bound", "TFLOP/s", "FLOP/B", *names])
+    lines += param_table(rows, ["#", "latency (us)", "bound", "TFLOP/s", "FLOP/B", *names])
     note = "" if complete else " Only the top-k schedules were available: the per-schedule points are missing."
     lines += ["", "## Plots", "", f"Optimization history.{note}", "", "![Optimization history](history.png)", "",
               "Parameter importance (Optuna's PED-ANOVA over log latency: what separates the fastest schedules).", "",
@@ -338,12 +240,12 @@ def write_report(result: TuneResult, *, target: Target, out_dir: Path | str, tit
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cands, complete = _candidates(result, candidates)
-    dtype = dtype or _infer_dtype(result.best.cost, target)
+    dtype = dtype or infer_dtype(result.best.cost, target)
     return [
         _history_png(result, cands, complete, out / "history.png"),
         _importance_png(cands, complete, out / "importance.png"),
         _roofline_png(result, cands, target, dtype, out / "roofline.png"),
-        _write_md(out / "summary.md", _summary_md(result, target, title, complete)),
+        write_md(out / "summary.md", _summary_md(result, target, title, complete)),
     ]
 
 
@@ -379,15 +281,15 @@ def lock_points(lock: Lockfile) -> list[LockPoint]:
 
 
 def _lock_roofline_png(points: list[LockPoint], path: Path) -> Path:
-    ok = [p for p in points if p.cost is not None and p.target is not None and _plottable(p.cost)]
+    ok = [p for p in points if p.cost is not None and p.target is not None and plottable(p.cost)]
     targets = {p.target.name: p.target for p in ok if p.target is not None}
     dtypes = sorted({str(p.entry.workload.get("dtype", "bfloat16")) for p in ok}) or ["bfloat16"]
-    x_lo, x_hi = _roofline_limits([p.cost for p in ok if p.cost is not None], targets.values(), dtypes)
-    fig = _figure(8.5, 5.2)
+    x_lo, x_hi = roofline_limits([p.cost for p in ok if p.cost is not None], targets.values(), dtypes)
+    fig = figure(8.5, 5.2)
     ax = fig.add_subplot(1, 1, 1)
     styles = ["-", "--", "-.", ":"]
     for i, target in enumerate(targets.values()):
-        _draw_ceilings(ax, target, dtypes, x_lo, x_hi, style=styles[i % len(styles)], label_target=len(targets) > 1)
+        draw_ceilings(ax, target, dtypes, x_lo, x_hi, style=styles[i % len(styles)], label_target=len(targets) > 1)
     markers = "o^sDvP*X"
     for i, p in enumerate(ok):
         assert p.cost is not None
@@ -404,13 +306,13 @@ def _lock_roofline_png(points: list[LockPoint], path: Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     if ok or targets:
         ax.legend(fontsize=7, loc="lower right")
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def _lock_latency_png(points: list[LockPoint], path: Path) -> Path:
     import numpy as np
 
-    fig = _figure(max(6.0, 1.1 * len(points) + 3.0), 4.8)
+    fig = figure(max(6.0, 1.1 * len(points) + 3.0), 4.8)
     ax = fig.add_subplot(1, 1, 1)
     if points:
         xs = np.arange(len(points))
@@ -431,7 +333,7 @@ def _lock_latency_png(points: list[LockPoint], path: Path) -> Path:
     ax.set_ylabel("predicted latency (us)")
     ax.set_title("Predicted latency per locked schedule", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def _lock_summary_md(points: list[LockPoint], title: str) -> str:
@@ -447,7 +349,7 @@ def _lock_summary_md(points: list[LockPoint], title: str) -> str:
         else:
             rows.append([e.label, f"{e.target}/{e.dialect}", e.schedule_kind, e.method, f"{e.latency_us:.2f}",
                          "-", "-", f"not rebuilt: {p.error}", "-", "-"])
-    lines += _param_table(rows, ["workload", "target", "kind", "method", "locked (us)", "now (us)", "change",
+    lines += param_table(rows, ["workload", "target", "kind", "method", "locked (us)", "now (us)", "change",
                                  "bound", "TFLOP/s", "FLOP/B"])
     lines += ["", "## Plots", "", "![Roofline](roofline.png)", "", "![Predicted latency](latency.png)", ""]
     return "\n".join(lines)
@@ -463,7 +365,7 @@ def write_lock_report(lock: Lockfile, *, out_dir: Path | str, title: str = "nmmc
     return [
         _lock_roofline_png(points, out / "roofline.png"),
         _lock_latency_png(points, out / "latency.png"),
-        _write_md(out / "summary.md", _lock_summary_md(points, title)),
+        write_md(out / "summary.md", _lock_summary_md(points, title)),
     ]
 
 
