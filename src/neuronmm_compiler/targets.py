@@ -16,6 +16,10 @@ target is named; :mod:`neuronmm_compiler.target_file` writes it.
 The cost model's efficiency parameters (:class:`ModelParams`) are defined here too, since a target
 carries them; :mod:`neuronmm_compiler.cost_model.params` is where the cost model takes them from.
 This module imports nothing else of nmmc's but its errors, so everything may import it.
+
+It is longer than the project's ~400-line guideline on purpose: the hardware table is the one place
+hardware constants live (each field with its source), and the calibrated-file reader and
+:class:`ModelParams` must sit beside it for ``get_target`` to resolve a file without an import cycle.
 """
 
 from __future__ import annotations
