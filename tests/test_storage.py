@@ -108,6 +108,32 @@ def test_rerunning_a_finished_study_runs_no_trial(tmp_path):
     assert again.search_summary()["study"]["storage"] == "journal"
 
 
+def test_result_from_a_study_runs_no_trial(tmp_path):
+    """The search rebuilt from the stored trials alone is the search that wrote them (best, top,
+    trial count, per-trial history), and the study gains no trial."""
+    from neuronmm_compiler.lowerings.gemm import gemm_search_setup
+    from neuronmm_compiler.search.tuner import result_from_study
+
+    url = f"sqlite:///{tmp_path / 'read.db'}"
+    searched = tune_gemm(PROBLEM, TRN1, trials=25, seed=4, storage=url, study_name="s")
+    before = _sqlite_complete(tmp_path / "read.db")
+    study = optuna.load_study(study_name="s", storage=open_storage(url))
+    spec, evaluate = gemm_search_setup(PROBLEM, TRN1)
+    rebuilt = result_from_study(study, spec, evaluate, what=f"{PROBLEM.describe()} on {TRN1.label}", storage=url)
+    assert len(study.get_trials(deepcopy=False)) == before == 25 == _sqlite_complete(tmp_path / "read.db")
+    assert rebuilt.method == "optuna" and rebuilt.trials == 25
+    assert rebuilt.study == {"name": "s", "storage": "sqlite", "trials_in_study": 25, "trials_run": 0, "workers": 1}
+    assert rebuilt.best.schedule == searched.best.schedule
+    assert [c.schedule for c in rebuilt.top] == [c.schedule for c in searched.top]
+    assert rebuilt.trial_history == searched.trial_history and rebuilt.candidates
+    with pytest.raises(InputError, match="created for"):
+        other = GemmProblem(256, 1024, 2048)
+        result_from_study(study, *gemm_search_setup(other, TRN1), what=f"{other.describe()} on {TRN1.label}")
+    empty = optuna.create_study(study_name="empty", storage=open_storage(url))
+    with pytest.raises(InputError, match="no completed trial"):
+        result_from_study(empty, spec, evaluate, what="anything")
+
+
 def test_study_of_another_workload_is_refused(tmp_path):
     url = f"sqlite:///{tmp_path / 'other.db'}"
     tune_gemm(PROBLEM, TRN1, trials=22, storage=url, study_name="s")

@@ -3,7 +3,16 @@ cost model. What a space holds and how a candidate is costed come from the lower
 entries (:mod:`neuronmm_compiler.lowerings`); nothing here knows a kind of schedule."""
 
 from .space import SearchSpace
-from .tuner import DEFAULT_EXHAUSTIVE_THRESHOLD, DEFAULT_TRIALS, Candidate, Evaluator, SpaceSpec, TuneResult, search
+from .tuner import (
+    DEFAULT_EXHAUSTIVE_THRESHOLD,
+    DEFAULT_TRIALS,
+    Candidate,
+    Evaluator,
+    SpaceSpec,
+    TuneResult,
+    result_from_study,
+    search,
+)
 
 __all__ = [
     "DEFAULT_EXHAUSTIVE_THRESHOLD",
@@ -13,5 +22,6 @@ __all__ = [
     "SearchSpace",
     "SpaceSpec",
     "TuneResult",
+    "result_from_study",
     "search",
 ]

@@ -210,6 +210,41 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
         n_trials, study_info = _run_stored(evaluate, spec, what=what, trials=trials, seed=seed, timeout=timeout,
                                            progress=progress, storage=storage, study_name=study_name,
                                            workers=workers, setup=setup)
+    return _result(evaluate, spec, what=what, method=method, trials=n_trials, top_k=top_k, started=start,
+                   study=study_info)
+
+
+def result_from_study(study: optuna.Study, spec: SpaceSpec, evaluate: Evaluator, *, what: str,
+                      top_k: int = 5, storage: str | None = None) -> TuneResult:
+    """The result of the Optuna search stored in ``study``, rebuilt without running a trial.
+
+    Every COMPLETE trial's schedule is costed into ``evaluate`` in trial order (as a resumed
+    :func:`search` warms its evaluator), then the polish runs from the best schedules exactly as
+    at the end of :func:`search`, so ``best`` is the schedule that search chose; the polish costs
+    neighbouring schedules but adds no trial to the study. ``spec`` and ``evaluate`` come from the
+    workload's lowering (``search_setup``) and ``what`` names the workload as the search named it:
+    a study recorded for another workload or space is an :class:`InputError`, and so is a study
+    without a completed trial. ``storage`` (the study's URL) only names the storage kind in
+    ``result.study``."""
+    from .storage import storage_kind
+
+    started = time.perf_counter()
+    kind = storage_kind(storage) if storage else None
+    _check_fingerprint(study, what, spec, kind=kind or "the")
+    seen: set[int] = set()
+    _warm(study, evaluate, spec, seen)
+    if not seen:
+        raise InputError(f"study {study.study_name!r} holds no completed trial")
+    info: dict[str, object] = {"name": study.study_name, "storage": kind,
+                               "trials_in_study": len(seen), "trials_run": 0, "workers": 1}
+    return _result(evaluate, spec, what=what, method="optuna", trials=len(seen), top_k=top_k, started=started,
+                   study=info)
+
+
+def _result(evaluate: Evaluator, spec: SpaceSpec, *, what: str, method: str, trials: int, top_k: int,
+            started: float, study: dict[str, object] | None) -> TuneResult:
+    """The TuneResult of an evaluator holding a finished search: after an Optuna search, the best
+    schedule polished from the best of each structural class."""
     ranked = evaluate.ranked()
     if not ranked:
         raise ScheduleError(f"no schedule of the search space fits on chip for {what}")
@@ -218,10 +253,10 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
         best = min((_polish(evaluate, spec, s) for s in _polish_starts(ranked, spec.space.classes)),
                    key=lambda c: (c.latency_us, _key(c.schedule)))
         ranked = evaluate.ranked()
-    return TuneResult(best=best, top=ranked[:top_k], method=method, trials=n_trials, evaluated=len(evaluate.memo),
+    return TuneResult(best=best, top=ranked[:top_k], method=method, trials=trials, evaluated=len(evaluate.memo),
                       feasible=sum(c.cost.feasible for c in evaluate.memo.values()), space_size=spec.size,
-                      seconds=time.perf_counter() - start, history=list(evaluate.history),
-                      trial_history=list(evaluate.trial_history), study=study_info,
+                      seconds=time.perf_counter() - started, history=list(evaluate.history),
+                      trial_history=list(evaluate.trial_history), study=study,
                       candidates=list(evaluate.memo.values()))
 
 
@@ -314,6 +349,15 @@ def _fingerprint(what: str, spec: SpaceSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _check_fingerprint(study: optuna.Study, what: str, spec: SpaceSpec, *, kind: str) -> None:
+    """InputError when ``study`` records another workload or schedule space than (``what``, ``spec``)."""
+    recorded = study.user_attrs.get(_FINGERPRINT_ATTR)
+    if recorded is not None and recorded != _fingerprint(what, spec):
+        raise InputError(f"study {study.study_name!r} in {kind} storage was created for "
+                         f"{study.user_attrs.get(_WORKLOAD_ATTR, 'another workload')}, not {what}; "
+                         "use another study name")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -399,14 +443,10 @@ def _run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int,
     fingerprint = _fingerprint(what, spec)
     name = study_name or f"nmmc-{fingerprint[:16]}"
     study = _open_study(storage, name)
-    recorded = study.user_attrs.get(_FINGERPRINT_ATTR)
-    if recorded is None:
+    if study.user_attrs.get(_FINGERPRINT_ATTR) is None:
         study.set_user_attr(_FINGERPRINT_ATTR, fingerprint)
         study.set_user_attr(_WORKLOAD_ATTR, what)
-    elif recorded != fingerprint:
-        raise InputError(f"study {name!r} in {kind} storage was created for "
-                         f"{study.user_attrs.get(_WORKLOAD_ATTR, 'another workload')}, not {what}; "
-                         "use another study name")
+    _check_fingerprint(study, what, spec, kind=kind)
     _fail_dead_trials(study)
     seen: set[int] = set()
     _warm(study, evaluate, spec, seen)
