@@ -370,6 +370,44 @@ def test_report_of_a_stored_study(tmp_path):
     assert missing.exit_code == 2 and "no study" in missing.stderr
 
 
+def test_report_of_a_study_runs_no_trial(tmp_path, monkeypatch):
+    """``nmmc report`` rebuilds the search from the stored trials: no search runs, no trial is
+    asked for, the study holds the same trials afterwards, and the summary's best is the schedule
+    'nmmc tune' chose."""
+    import sqlite3
+
+    import optuna
+
+    from neuronmm_compiler.search import tuner
+
+    db = tmp_path / "tune.db"
+    storage = f"sqlite:///{db}"
+    tuned = run("tune", "--shape", "256x640x384", "--trials", "12", "--storage", storage, "--no-cache", "--json",
+                "-o", str(tmp_path / "k.py"))
+    assert tuned.exit_code == 0, tuned.output
+
+    def trials() -> list[tuple]:
+        with sqlite3.connect(db) as con:
+            return con.execute("SELECT number, state FROM trials ORDER BY number").fetchall()
+
+    before = trials()
+    assert len(before) == 12 and {state for _, state in before} == {"COMPLETE"}
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("nmmc report ran a search")
+
+    monkeypatch.setattr(tuner, "search", no_search)
+    monkeypatch.setattr(tuner, "_trial_loop", no_search)
+    monkeypatch.setattr(optuna.Study, "ask", no_search)
+    result = CliRunner().invoke(main, ["report", storage, "-o", str(tmp_path / "plots")])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert trials() == before
+    assert result.output == f"wrote history.png, importance.png, roofline.png, summary.md to {tmp_path / 'plots'}\n"
+    summary = (tmp_path / "plots" / "summary.md").read_text()
+    assert "| method | optuna |" in summary and "| trials | 12 |" in summary
+    assert f"**{json.loads(tuned.output)['predicted']['latency_us']:.2f} us**" in summary
+
+
 def test_the_cache_key_includes_the_search_request(tmp_path):
     """Another trial count, seed, method or threshold is another search: it is not answered by an
     earlier one (the cached kernel would say the other seed); a --timeout search is never cached."""

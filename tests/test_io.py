@@ -8,7 +8,6 @@ import stat
 import pytest
 
 from neuronmm_compiler import io as nmmc_io
-from neuronmm_compiler.cli_support import write_atomic
 from neuronmm_compiler.errors import InputError
 
 
@@ -81,8 +80,8 @@ def test_stale_temp_files_finds_what_an_interrupted_writer_left(tmp_path):
     assert nmmc_io.stale_temp_files(tmp_path, "layer_*.safetensors") == [leftover]
 
 
-def test_cli_write_atomic_reports_a_missing_directory(tmp_path):
+def test_write_output_reports_a_missing_directory(tmp_path):
     with pytest.raises(InputError, match=r"directory .* does not exist"):
-        write_atomic(str(tmp_path / "missing" / "k.py"), "x")
-    write_atomic(str(tmp_path / "k.py"), "x = 1\n")
+        nmmc_io.write_output(str(tmp_path / "missing" / "k.py"), "x")
+    nmmc_io.write_output(str(tmp_path / "k.py"), "x = 1\n")
     assert (tmp_path / "k.py").read_text() == "x = 1\n"

@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
+from neuronmm_compiler.cli.opt import pass_help_rows
 from neuronmm_compiler.ir import Graph, parse_text, to_text
-from neuronmm_compiler.opt_command import pass_help_rows
 from neuronmm_compiler.passes import Pass, base, registered_passes
 from opt.cases import CASE_DIR, EXPECTED_SUFFIX, case_files, expected_path, run_args, run_case
 

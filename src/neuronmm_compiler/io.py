@@ -19,7 +19,10 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "stale_temp_files", "temp_name", "write_bytes_atomic", "write_text_atomic"]
+from .errors import InputError
+
+__all__ = ["atomic_path", "stale_temp_files", "temp_name", "write_bytes_atomic", "write_output",
+           "write_text_atomic"]
 
 
 def temp_name(path: Path) -> Path:
@@ -63,6 +66,15 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` as UTF-8, atomically and durably (see the module docstring)."""
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_output(path: str, text: str) -> None:
+    """Write a file the user named (a command's ``-o FILE``) with :func:`write_text_atomic`; a missing
+    directory is an :class:`~neuronmm_compiler.errors.InputError` rather than an OSError."""
+    directory = Path(path).parent
+    if not directory.is_dir():
+        raise InputError(f"cannot write {path!r}: directory {str(directory)!r} does not exist")
+    write_text_atomic(path, text)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -1,8 +1,11 @@
-"""Views: the text (and JSON) nmmc prints about compiled, costed and tuned workloads, and the
-``explain`` walk-through. Nothing here compiles or searches; the CLI passes in what the driver made."""
+"""Views: the text (and JSON) nmmc prints about compiled, costed and tuned workloads, the
+``explain`` walk-through, and the progress bar of long runs. Nothing here compiles or searches; the
+CLI passes in what the driver made."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import sympy as sp
@@ -208,3 +211,21 @@ def model_lines(source: Any, index: dict[str, Any], target_name: str, output: st
                      f"{e['speedup_vs_unfused']:>8.2f}x{len(e['kernels']):>9}  {e['file']}{check}")
     lines.append(f"wrote {len(index['buckets'])} kernel files and index.json to {output}")
     return lines
+
+
+def progress_bar(enabled: bool) -> tuple[Callable[[int, int, float], None] | None, Callable[[], None]]:
+    """(update, close) of a tqdm bar on stderr: ``update(done, total, best_us)`` (``inf``: nothing
+    fits yet); (None, a no-op) when not ``enabled``."""
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc="tuning", unit="trial", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int, best: float) -> None:
+        bar.total = total
+        bar.n = done
+        bar.set_postfix_str(f"best {best:.1f} us" if best != float("inf") else "no fit yet", refresh=False)
+        bar.refresh()
+
+    return update, bar.close

@@ -1,7 +1,7 @@
 """``nmmc tune`` as a user request: the search (answered from the result cache when it can be),
 then what the request asked for besides the kernel (study records, plots, a lock entry,
-verification), then the kernel file and the report. The command function only parses options;
-the views are in :mod:`.report`."""
+verification), then the kernel file and the report; and ``nmmc report``'s way back from a stored
+study to its search. The command functions only parse options; the views are in :mod:`.report`."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def search(workload: Workload, request: TuneRequest, echo: Echo) -> tuple[Tuned,
     """(tuned, the cache directory that answered or None), with the progress bar and the cache
     warnings the request asks for."""
     from .artifacts.cache import ResultCache
-    from .cli_support import progress_bar
+    from .report import progress_bar
 
     if request.workers > 1 and not request.storage:
         raise InputError("--workers shares a study between processes: give --storage too (e.g. sqlite:///tune.db)")
@@ -80,10 +80,45 @@ def record_study(workload: Workload, tuned: Tuned, request: TuneRequest) -> None
     study.set_user_attr("nmmc_dialect", request.dialect)
 
 
+def study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]:
+    """``nmmc report`` on a storage URL: the search of a study written by ``nmmc tune --storage``,
+    rebuilt from its stored trials without running one (:func:`~.search.tuner.result_from_study`),
+    plotted into ``out_dir``. ``study_name`` may be omitted when the storage holds one study."""
+    import optuna
+
+    from .artifacts.report import write_report
+    from .lowerings import lowering_for
+    from .search.storage import open_storage
+    from .search.tuner import result_from_study
+    from .targets import get_target
+    from .workloads import workload_from_dict
+
+    storage = open_storage(url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if study_name is None:
+        if len(names) != 1:
+            raise InputError(f"{url} holds {len(names)} studies; choose one with --study: {', '.join(names)}")
+        study_name = names[0]
+    if study_name not in names:
+        raise InputError(f"no study {study_name!r} in {url}; studies: {', '.join(names) or 'none'}")
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    attrs = study.user_attrs
+    if "nmmc_workload" not in attrs:
+        raise InputError(f"study {study_name!r} was not written by 'nmmc tune' (no workload recorded)")
+    workload = workload_from_dict(attrs["nmmc_workload"])
+    target = get_target(attrs.get("nmmc_target", "trn1"))
+    lowering = lowering_for(workload)
+    spec, evaluate = lowering.search_setup(workload, target, lowering.exhaustive_threshold)
+    # ``what`` as driver.tune names the search: the study's fingerprint covers it.
+    result = result_from_study(study, spec, evaluate, what=f"{workload.describe()} on {target.label}", storage=url)
+    return write_report(result, target=target, out_dir=out_dir, title=f"{workload.describe()} (study {study_name})",
+                        candidates=result.candidates or None)
+
+
 def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_path: str | None,
              report_dir: str | None, as_json: bool, output: str, echo: Echo) -> bool:
     """The whole of ``nmmc tune`` for one workload; False when --verify found a wrong kernel."""
-    from .cli_support import write_atomic
+    from .io import write_output
     from .report import tune_json, tune_lines
 
     tuned, from_cache = search(workload, request, echo)
@@ -107,7 +142,7 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         report = verify_source(tuned.compiled.kernel.source, filename=output)
     source = tuned.compiled.kernel.source
     if output != "-":
-        write_atomic(output, source)
+        write_output(output, source)
     if as_json:
         echo(json.dumps(tune_json(tuned, output, report), indent=2))
     elif output == "-":
@@ -129,9 +164,8 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                    as_json: bool, output: str, echo: Echo) -> bool:
     """``nmmc tune --model``: one tuned MLP kernel per token bucket and an index; False when
     --verify found a wrong kernel."""
-    from .cli_support import progress_bar
     from .model_tuning import parse_buckets, resolve_model, tune_model
-    from .report import model_lines
+    from .report import model_lines, progress_bar
 
     allowed = {"tokens", "keep_ratio", "dtype", "a_layout"}
     given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]

@@ -1,20 +1,20 @@
-"""Plumbing of the ``nmmc`` command line: error handling, shared options, atomic writes."""
+"""Plumbing of the ``nmmc`` command line: error handling, the options several commands share, and the
+workload those options describe."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
 
-from .errors import InputError, NmmcError
-from .io import write_text_atomic
-from .ir import A_LAYOUTS, canonical_dtype, parse_shape
-from .schedule import PRESETS
-from .targets import DEFAULT_TARGET, TARGETS
-from .workloads import Workload, chain_workload, gemm_workload, mlp_workload
+from ..codegen import DEFAULT_DIALECT
+from ..errors import InputError, NmmcError
+from ..ir import A_LAYOUTS, canonical_dtype, parse_shape
+from ..schedule import PRESETS
+from ..targets import DEFAULT_TARGET, TARGETS, Target, get_target
+from ..workloads import Workload, chain_workload, gemm_workload, mlp_workload
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -41,16 +41,8 @@ class NmmcGroup(click.Group):
             sys.exit(EXIT_USAGE)
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write the whole file or nothing (:func:`neuronmm_compiler.io.write_text_atomic`); a missing directory is
-    an InputError."""
-    directory = Path(path).parent
-    if not directory.is_dir():
-        raise InputError(f"cannot write {path!r}: directory {str(directory)!r} does not exist")
-    write_text_atomic(path, text)
-
-
 def parse_params(values: tuple[str, ...]) -> dict[str, str]:
+    """The ``--param KEY=VALUE`` values as a mapping (InputError on an item without ``=``)."""
     params: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
@@ -61,6 +53,7 @@ def parse_params(values: tuple[str, ...]) -> dict[str, str]:
 
 
 def choice(value: str, accepted: dict[str, Any] | tuple[str, ...], what: str) -> str:
+    """``value`` when it is one of ``accepted``, else an InputError naming ``what`` and the choices."""
     if value not in accepted:
         raise InputError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
     return value
@@ -150,9 +143,8 @@ def workload_from(options: dict[str, Any], target: str | None = None) -> Workloa
 
 
 def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
-    from .graph_file import check_fits_hbm, load_graph_spec, parse_dim_bindings
-    from .targets import get_target
-    from .workloads import graph_workload
+    from ..graph_file import check_fits_hbm, load_graph_spec, parse_dim_bindings
+    from ..workloads import graph_workload
 
     others = [f"--{key.replace('_', '-')}" for key in WORKLOAD_KEYS
               if key not in ("graph", "dims", "dtype", "a_layout") and o[key] not in (None, False)]
@@ -184,22 +176,33 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def target_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--target NAME_OR_FILE (default trn1)."""
     return click.option("--target", default=DEFAULT_TARGET, show_default=True,
                         help=f"Hardware: {', '.join(TARGETS)}, or a calibrated target file written by "
                              "'nmmc calibrate'.")(fn)
 
 
-def progress_bar(enabled: bool) -> tuple[Callable[[int, int, float], None] | None, Callable[[], None]]:
-    if not enabled:
-        return None, lambda: None
-    from tqdm import tqdm
+DIALECT_HELP = "NKI dialect: nki (NKI 0.3+, import nki) or neuronxcc (NKI 0.1, import neuronxcc.nki)."
 
-    bar = tqdm(total=0, desc="tuning", unit="trial", file=sys.stderr, leave=False)
 
-    def update(done: int, total: int, best: float) -> None:
-        bar.total = total
-        bar.n = done
-        bar.set_postfix_str(f"best {best:.1f} us" if best != float("inf") else "no fit yet", refresh=False)
-        bar.refresh()
+def dialect_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--dialect nki|neuronxcc (checked by the command against ``codegen.DIALECTS``)."""
+    return click.option("--dialect", default=DEFAULT_DIALECT, show_default=True, help=DIALECT_HELP)(fn)
 
-    return update, bar.close
+
+def progress_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--progress/--no-progress (default: when stderr is a terminal; see :func:`show_progress`)."""
+    return click.option("--progress/--no-progress", default=None,
+                        help="Progress bar on stderr [default: when stderr is a terminal].")(fn)
+
+
+def show_progress(progress: bool | None, as_json: bool) -> bool:
+    """Whether to draw a progress bar: as --progress/--no-progress say, else when stderr is a
+    terminal and the output is not JSON."""
+    return progress if progress is not None else (sys.stderr.isatty() and not as_json)
+
+
+def compile_inputs(options: dict[str, Any], target: str) -> tuple[Workload, Target]:
+    """The workload (popped from ``options``, see :func:`workload_from`) and Target of a compile
+    command's options."""
+    return workload_from(options, target), get_target(target)

@@ -20,10 +20,10 @@ from typing import Any
 
 import click
 
-from .cli_support import write_atomic
-from .errors import InputError, IRError
-from .ir import Graph, parse_text, to_text, verify
-from .passes import Pass, parse_pipeline, registered_passes, run_pipeline
+from ..errors import InputError, IRError
+from ..io import write_output
+from ..ir import Graph, parse_text, to_text, verify
+from ..passes import Pass, parse_pipeline, registered_passes, run_pipeline
 
 __all__ = ["GRAPH_FILE_SUFFIXES", "opt", "pass_help_rows", "read_graph"]
 
@@ -65,20 +65,20 @@ def _read_text(path: str) -> str:
 
 
 def _label(path: str) -> str:
-    from .graph_file import source_label
+    from ..graph_file import source_label
 
     return STDIN_LABEL if path == "-" else source_label(path)
 
 
 def _graph_from_file(path: str, dims: tuple[str, ...]) -> Graph:
-    from .graph_file import load_graph_spec, parse_dim_bindings
+    from ..graph_file import load_graph_spec, parse_dim_bindings
 
     spec = load_graph_spec(path)
     return spec.graph(parse_dim_bindings(dims))
 
 
 def _graph_from_stdin_document(text: str, dims: tuple[str, ...]) -> Graph:
-    from .graph_file import MAX_FILE_BYTES, parse_dim_bindings, parse_document, spec_from_document
+    from ..graph_file import MAX_FILE_BYTES, parse_dim_bindings, parse_document, spec_from_document
 
     if len(text.encode("utf-8")) > MAX_FILE_BYTES:
         raise InputError(f"{STDIN_LABEL}: graph files are at most {MAX_FILE_BYTES // 1024} KiB; this one is larger")
@@ -205,4 +205,4 @@ def opt(file: str, spec: str, dims: tuple[str, ...], output: str, print_after_al
     if output == "-":
         click.echo(text, nl=False)
     else:
-        write_atomic(output, text)
+        write_output(output, text)

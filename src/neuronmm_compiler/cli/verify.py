@@ -1,0 +1,76 @@
+"""Commands that run an emitted kernel: ``nmmc verify`` (interpreter or AWS's simulator) and ``nmmc
+bench`` (a Neuron device)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .options import EXIT_FAILED
+from .views import echo_lines, verify_lines
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
+@click.option("--target", default=None, help="Check limits of this target instead of the one in the file.")
+@click.option("--backend", default="interpreter", show_default=True,
+              type=click.Choice(["interpreter", "nki-simulator"]),
+              help="Run the kernels in nmmc's interpreter, or in AWS's NKI simulator (needs the file's NKI package: "
+                   "nki for --dialect nki, neuronx-cc for neuronxcc; from AWS's Neuron pip index).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(file: str, seed: int, target: str | None, backend: str, as_json: bool) -> None:
+    """Run an emitted kernel FILE on random inputs (every kernel of the file, in order), compare with a
+    float64 NumPy evaluation of its graph, and print the relative error and, in the interpreter, its
+    counters (HBM bytes, DMA transfers, matmuls, peak SBUF/PSUM).
+
+    The interpreter checks Trainium's tile limits and SBUF/PSUM capacity as well; --backend
+    nki-simulator runs the file under AWS's own simulator instead (same inputs, reference and
+    tolerance; it checks no capacity and keeps no counters).
+
+    Exits 0 when the kernel is within tolerance (bf16 1e-2, fp32 1e-5), 1 on a mismatch or a
+    violated hardware limit, 2 when FILE is not an nmmc kernel or the backend's package is missing."""
+    from ..targets import get_target
+    from ..verification import verify_file
+
+    report = verify_file(file, seed=seed, target=get_target(target) if target else None, backend=backend)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        echo_lines(verify_lines(report, file, backend))
+    sys.exit(0 if report.ok else EXIT_FAILED)
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0), help="Untimed runs per kernel.")
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(min=1), help="Timed runs per kernel.")
+@click.option("--target", default=None,
+              help="Target whose cost model predicts the kernel [default: the file's]; a calibrated target file "
+                   "compares with its fit.")
+@click.option("--append-csv", default=None, metavar="CSV",
+              help="Append the measurement to this CSV (created with a header if missing), for 'nmmc calibrate'.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+def bench(file: str, warmup: int, iters: int, target: str | None, append_csv: str | None, as_json: bool) -> None:
+    """Benchmark an emitted kernel FILE on this host's Neuron device with AWS's benchmark API
+    (needs a Trainium instance and the file's NKI package), and print the median, p10 and p90
+    latencies next to the cost model's prediction. With --append-csv, record the measurement in the
+    format 'nmmc calibrate' reads: bench, calibrate, then --target the calibrated file."""
+    from ..calibration.bench import bench_file
+    from ..calibration.measurements import appended_text, check_appendable
+    from ..io import write_output
+    from ..targets import get_target
+
+    if append_csv:
+        check_appendable(append_csv)  # fail before the device time is spent
+    report = bench_file(file, warmup=warmup, iters=iters, target=get_target(target) if target else None)
+    if append_csv:
+        write_output(append_csv, appended_text(append_csv, report.csv_values(append_csv)))
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    echo_lines(report.lines())
+    if append_csv:
+        click.echo(f"appended to {append_csv}")
