@@ -27,6 +27,7 @@ from typing import Any
 from .codegen import DIALECTS
 from .errors import NmmcError
 from .targets import TARGETS
+from .vocab import Layout
 
 #: Outcomes that are not bugs.
 GOOD = ("ok", "rejected")
@@ -90,7 +91,7 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
         entry: dict[str, Any] = {"shape": [("tokens" if "tokens" in dims and d == tokens and i == 0 else d)
                                            for i, d in enumerate(shape)]}
         if rng.random() < (0.1 if weight else 0.25):
-            entry["layout"] = "transposed"
+            entry["layout"] = Layout.TRANSPOSED.value
         inputs[name] = entry
         shapes[name] = shape
         return name
@@ -132,8 +133,8 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
     chosen = list(dict.fromkeys(sinks + [v for v in computed if rng.random() < 0.15]))
     outputs: dict[str, Any] = {}
     for index, value in enumerate(chosen):
-        layout = "transposed" if rng.random() < 0.2 else "row_major"
-        outputs[f"y{index}"] = value if layout == "row_major" else {"value": value, "layout": layout}
+        layout = Layout.TRANSPOSED if rng.random() < 0.2 else Layout.ROW_MAJOR
+        outputs[f"y{index}"] = value if layout == Layout.ROW_MAJOR else {"value": value, "layout": layout.value}
     if dims:
         doc["dims"] = dims
     doc.update(inputs=inputs, ops=ops, outputs=outputs)

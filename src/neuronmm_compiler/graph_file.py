@@ -51,6 +51,7 @@ from .ir import Graph
 from .ir.graph import DTYPE_ALIASES, LAYOUTS, is_identifier
 from .schedule.program import DTYPE_BYTES
 from .targets import Target
+from .vocab import Layout
 
 #: The format version a file declares as ``nmmc_graph: 1``.
 FORMAT_VERSION = 1
@@ -292,7 +293,7 @@ class InputSpec:
     name: str
     shape: tuple[int | str, ...]
     dtype: str
-    layout: str
+    layout: Layout
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ class OpSpec:
 class OutputSpec:
     name: str
     value: str
-    layout: str
+    layout: Layout
 
 
 @dataclass(frozen=True)
@@ -408,10 +409,11 @@ def _dtype(value: Any, where: str, source: str) -> str:
     return DTYPE_ALIASES[value]
 
 
-def _layout(value: Any, where: str, source: str) -> str:
-    if value not in LAYOUTS:
+def _layout(value: Any, where: str, source: str) -> Layout:
+    layout = Layout.lookup(value)
+    if layout is None:
         raise InputError(f"{source}: {where}: unknown layout {_show(value, 40)}; accepted: {', '.join(LAYOUTS)}")
-    return value
+    return layout
 
 
 def _description(value: Any, source: str) -> str:
@@ -489,7 +491,7 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
             else:
                 dims_of.append(_positive(dim, f"input {inp}: shape[{index}]", source))
         dtype = _dtype(entry.get("dtype", default_dtype), f"input {inp}: ", source)
-        inputs.append(InputSpec(inp, tuple(dims_of), dtype, _layout(entry.get("layout", "row_major"),
+        inputs.append(InputSpec(inp, tuple(dims_of), dtype, _layout(entry.get("layout", Layout.ROW_MAJOR),
                                                                     f"input {inp}", source)))
     ops: dict[str, OpSpec] = {}
     for key, entry in raw_ops.items():
@@ -525,7 +527,7 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
             raise InputError(f"{source}: outputs {returned[value]} and {out} both return op {value}; "
                              "return each value once")
         returned[value] = out
-        outputs.append(OutputSpec(out, value, _layout(entry.get("layout", "row_major"), f"output {out}", source)))
+        outputs.append(OutputSpec(out, value, _layout(entry.get("layout", Layout.ROW_MAJOR), f"output {out}", source)))
     ordered = _dependency_order(ops, source)
     _check_all_used(ordered, returned, source)
     return GraphSpec(source, name, description, dims, tuple(inputs), ordered, tuple(outputs))

@@ -39,6 +39,7 @@ from .errors import InputError, KernelError
 from .interpreter import run_kernel
 from .ir import Graph, evaluate, parse_text
 from .targets import Target, get_target
+from .vocab import Layout
 
 TOLERANCES = {"bfloat16": 1e-2, "float32": 1e-5}
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
@@ -96,12 +97,12 @@ def rounding_allowance(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str,
     for node in graph.nodes():
         if node.kind == "input":
             value = np.asarray(inputs[node.name], dtype=np.float64)
-            values[node.id] = value.T if node.attrs.get("layout") == "transposed" else value
+            values[node.id] = value.T if node.layout == Layout.TRANSPOSED else value
             variances[node.id] = np.zeros_like(values[node.id])
             continue
         if node.kind == "output":
             sigma = SIGMAS * np.sqrt(variances[node.operands[0]])
-            out[node.attrs["name"]] = sigma.T if node.attrs.get("layout") == "transposed" else sigma
+            out[node.attrs["name"]] = sigma.T if node.layout == Layout.TRANSPOSED else sigma
             continue
         ops = [values[o] for o in node.operands]
         var = [variances[o] for o in node.operands]

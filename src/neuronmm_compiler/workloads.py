@@ -26,8 +26,8 @@ from .ir import (
     svd_chain_graph,
     to_text,
 )
-from .ir.frontends import A_LAYOUTS
 from .schedule import GemmProblem
+from .vocab import ALayout
 
 
 class Workload(ABC):
@@ -62,6 +62,12 @@ class Workload(ABC):
         return {"kind": self.kind, "dtype": self.dtype, **self.fields_dict()}
 
 
+def _typed_a_layout(workload: GemmWorkload | ChainWorkload) -> None:
+    """Hold a valid ``a_layout`` given as a string as its :class:`ALayout` (equal, and hashing
+    equal, to the string); an invalid one is kept for the graph's frontend to reject."""
+    object.__setattr__(workload, "a_layout", ALayout.lookup(workload.a_layout) or workload.a_layout)
+
+
 @dataclass(frozen=True)
 class GemmWorkload(Workload):
     """``C[M,N] = A[M,K] @ B[K,N]``; ``a_layout="km"``: A is stored transposed, as [K, M]."""
@@ -71,7 +77,10 @@ class GemmWorkload(Workload):
     n: int
     k: int
     dtype: str = "bfloat16"
-    a_layout: str = "mk"
+    a_layout: ALayout = ALayout.MK
+
+    def __post_init__(self) -> None:
+        _typed_a_layout(self)
 
     def problem(self) -> GemmProblem:
         return GemmProblem(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
@@ -103,7 +112,10 @@ class ChainWorkload(Workload):
     k: int
     rank: int
     dtype: str = "bfloat16"
-    a_layout: str = "mk"
+    a_layout: ALayout = ALayout.MK
+
+    def __post_init__(self) -> None:
+        _typed_a_layout(self)
 
     def graph(self) -> Graph:
         return svd_chain_graph(self.m, self.n, self.k, self.rank, dtype=self.dtype, x_layout=self.a_layout)
@@ -113,7 +125,7 @@ class ChainWorkload(Workload):
 
     def describe(self) -> str:
         return (f"Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M={self.m} N={self.n} K={self.k} R={self.rank}, "
-                f"{self.dtype}, X {'[M,K]' if self.a_layout == 'mk' else 'stored as X_t[K,M]'}")
+                f"{self.dtype}, X {'[M,K]' if self.a_layout == ALayout.MK else 'stored as X_t[K,M]'}")
 
     @property
     def token_count(self) -> int:
@@ -211,7 +223,7 @@ def _positive(value: object, what: str) -> int:
     return value
 
 
-def gemm_workload(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: str = "mk") -> GemmWorkload:
+def gemm_workload(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: str = ALayout.MK) -> GemmWorkload:
     """``C[M,N] = A[M,K] @ B[K,N]`` (``dtype`` may be spelled bf16/fp32; dimensions and dtype are
     checked by :class:`GemmProblem`)."""
     workload = GemmWorkload(m, n, k, dtype=canonical_dtype(dtype), a_layout=a_layout)
@@ -220,7 +232,7 @@ def gemm_workload(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: 
 
 
 def chain_workload(m: int, n: int, k: int, *, rank: int | None = None, keep_ratio: float | None = None,
-                   dtype: str = "bfloat16", a_layout: str = "mk", align: int = 128) -> ChainWorkload:
+                   dtype: str = "bfloat16", a_layout: str = ALayout.MK, align: int = 128) -> ChainWorkload:
     """X[M,K] @ U[K,R] @ V[R,N]; the rank given, or block-aligned from the dense [K, N] weight."""
     if (rank is None) == (keep_ratio is None):
         raise InputError("give exactly one of --rank and --keep-ratio for an SVD chain")
@@ -287,9 +299,9 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     if kind in ("gemm", "chain"):
-        layout = data.get("a_layout", "mk")
-        if layout not in A_LAYOUTS:
-            raise InputError(f"unknown A layout {layout!r}; accepted: {', '.join(A_LAYOUTS)}")
+        layout = ALayout.lookup(data.get("a_layout", ALayout.MK))
+        if layout is None:
+            raise InputError(f"unknown A layout {data.get('a_layout')!r}; accepted: {', '.join(ALayout)}")
         m, n, k = (_field(data, name) for name in ("m", "n", "k"))
         if kind == "chain":
             return ChainWorkload(m, n, k, _field(data, "rank"), dtype=dtype, a_layout=layout)
@@ -312,7 +324,7 @@ def workload_label(data: Mapping[str, Any]) -> str:
     if kind in ("gemm", "chain"):
         text = f"{kind} {data.get('m')}x{data.get('n')}x{data.get('k')}"
         text += f" r{data.get('rank')}" if kind == "chain" else ""
-        text += " A^T" if data.get("a_layout") == "km" else ""
+        text += " A^T" if data.get("a_layout") == ALayout.KM else ""
         return f"{text} {dtype}"
     if kind == "graph":
         match = re.search(r"graph\s+(\w+)", str(data.get("graph", "")))

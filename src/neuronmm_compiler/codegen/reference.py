@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..ir import Graph
+from ..vocab import Layout
 
 INDENT = "    "
 
@@ -18,7 +19,7 @@ def reference_source(graph: Graph, name: str = "reference") -> list[str]:
     for node in inputs:
         arg = node.attrs["name"]
         value = f"np.asarray({arg}, dtype=np.float64)"
-        if node.attrs.get("layout", "row_major") == "transposed":
+        if node.layout == Layout.TRANSPOSED:
             value += ".T"
         lines.append(f"{INDENT}{arg}_f64 = {value}")
         names[node.id] = f"{arg}_f64"
@@ -46,7 +47,7 @@ def reference_source(graph: Graph, name: str = "reference") -> list[str]:
         lines.append(f"{INDENT}{local} = {expr}  # {node.kind} {node.id}")
         names[node.id] = local
     # Outputs come back in their HBM layout: a transposed output is returned transposed.
-    results = [names[node.operands[0]] + (".T" if node.attrs.get("layout") == "transposed" else "")
+    results = [names[node.operands[0]] + (".T" if node.layout == Layout.TRANSPOSED else "")
                for node in outputs]
     lines.append(f"{INDENT}return {', '.join(results)}")
     return lines

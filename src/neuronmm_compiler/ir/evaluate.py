@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, IRError, NmmcError
+from ..vocab import Layout
 from .graph import Graph, Node, format_shape
 from .verify import verify
 
@@ -28,15 +29,14 @@ def _load_input(node: Node, value: Any, dtype: np.dtype) -> np.ndarray:
     except (TypeError, ValueError) as err:
         raise InputError(f"input {name!r}: cannot convert to {np.dtype(dtype).name}: {err}") from None
     if array.shape != node.storage_shape:
-        layout = node.attrs.get("layout")
         hint = ""
-        if layout == "transposed":
+        if node.layout == Layout.TRANSPOSED:
             hint = f" (layout transposed: HBM holds the transpose of the logical {format_shape(node.shape)})"
         raise InputError(
             f"input {name!r} has shape {format_shape(array.shape)}; expected its storage shape "
             f"{format_shape(node.storage_shape)}{hint}"
         )
-    return cast.T if node.attrs.get("layout") == "transposed" else cast
+    return cast.T if node.layout == Layout.TRANSPOSED else cast
 
 
 def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
@@ -101,6 +101,6 @@ def evaluate(
             )
         values[node.id] = value
         if node.kind == "output":
-            stored = value.T if node.layout == "transposed" else value
+            stored = value.T if node.layout == Layout.TRANSPOSED else value
             results[node.name] = np.array(stored, dtype=dtype, copy=True)
     return results

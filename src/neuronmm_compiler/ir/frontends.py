@@ -11,12 +11,14 @@ import re
 from numbers import Real
 
 from ..errors import InputError
+from ..vocab import ALayout
 from .graph import Graph
 
 __all__ = ["A_LAYOUTS", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
 
-#: How the user holds A: "mk" is A[M, K] as is, "km" is A transposed, stored [K, M].
-A_LAYOUTS: tuple[str, ...] = ("mk", "km")
+#: How the user holds A (:class:`~neuronmm_compiler.vocab.ALayout`): "mk" is A[M, K] as is, "km" is
+#: A transposed, stored [K, M].
+A_LAYOUTS: tuple[ALayout, ...] = tuple(ALayout)
 _SHAPE = re.compile(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*\Z")
 _SHAPE_HELP = "expected MxNxK with positive integers, e.g. 1024x2048x512"
 
@@ -41,7 +43,7 @@ def _check_dim(value: object, what: str, frontend: str = "gemm") -> int:
     return value
 
 
-def gemm_graph(m: int, n: int, k: int, dtype: str = "bfloat16", a_layout: str = "mk") -> Graph:
+def gemm_graph(m: int, n: int, k: int, dtype: str = "bfloat16", a_layout: str = ALayout.MK) -> Graph:
     """C[M, N] = A[M, K] @ B[K, N] with inputs ``a``, ``b`` and output ``c``, graph name ``gemm``.
 
     With ``a_layout="km"`` the user holds A transposed: the graph is the literal one, an input
@@ -49,10 +51,10 @@ def gemm_graph(m: int, n: int, k: int, dtype: str = "bfloat16", a_layout: str = 
     ``fold-transposes`` pass turns that into a ``transposed`` input.
     """
     m, n, k = _check_dim(m, "M"), _check_dim(n, "N"), _check_dim(k, "K")
-    if a_layout not in A_LAYOUTS:
+    if ALayout.lookup(a_layout) is None:
         raise InputError(f"gemm: unknown A layout {a_layout!r}; accepted: {', '.join(A_LAYOUTS)}")
     graph = Graph("gemm")
-    if a_layout == "mk":
+    if a_layout == ALayout.MK:
         lhs = graph.add_input("a", (m, k), dtype)
         rhs = graph.add_input("b", (k, n), dtype)
     else:
@@ -95,7 +97,8 @@ def block_aligned_rank(k: int, n: int, keep_ratio: float, align: int = 128) -> i
     return min(max(tiles * align, align), ceiling)
 
 
-def svd_chain_graph(m: int, n: int, k: int, rank: int, dtype: str = "bfloat16", x_layout: str = "mk") -> Graph:
+def svd_chain_graph(m: int, n: int, k: int, rank: int, dtype: str = "bfloat16",
+                    x_layout: str = ALayout.MK) -> Graph:
     """Y[M, N] = (X[M, K] @ U[K, R]) @ V[R, N], the SVD-compressed ``X @ W``; graph name ``svd_chain``.
 
     Inputs ``x``, ``u``, ``v``; nodes ``xu`` (X U) and ``xuv`` (X U V); output ``y``. With
@@ -105,13 +108,13 @@ def svd_chain_graph(m: int, n: int, k: int, rank: int, dtype: str = "bfloat16", 
     where = "svd_chain"
     m, n, k = _check_dim(m, "M", where), _check_dim(n, "N", where), _check_dim(k, "K", where)
     rank = _check_dim(rank, "rank", where)
-    if x_layout not in A_LAYOUTS:
+    if ALayout.lookup(x_layout) is None:
         raise InputError(f"{where}: unknown X layout {x_layout!r}; accepted: {', '.join(A_LAYOUTS)}")
     graph = Graph("svd_chain")
-    x = graph.add_input("x", (m, k), dtype) if x_layout == "mk" else graph.add_input("x_t", (k, m), dtype)
+    x = graph.add_input("x", (m, k), dtype) if x_layout == ALayout.MK else graph.add_input("x_t", (k, m), dtype)
     u = graph.add_input("u", (k, rank), dtype)
     v = graph.add_input("v", (rank, n), dtype)
-    if x_layout == "km":
+    if x_layout == ALayout.KM:
         x = graph.add_transpose(x)
     xu = graph.add_matmul(x, u, id="xu")
     graph.add_output("y", graph.add_matmul(xu, v, id="xuv"))

@@ -28,12 +28,12 @@ from typing import Any
 import networkx as nx
 
 from ..errors import InputError, IRError, UnknownNameError
+from ..vocab import Layout
 from .node import (
     COMPUTE_KINDS,
     DTYPE_ALIASES,
     DTYPES,
     ELEMENTWISE_ARITY,
-    FLIPPED_LAYOUT,
     KINDS,
     LAYOUTS,
     OPERAND_INDICES,
@@ -54,7 +54,6 @@ __all__ = [
     "DTYPES",
     "DTYPE_ALIASES",
     "ELEMENTWISE_ARITY",
-    "FLIPPED_LAYOUT",
     "KINDS",
     "LAYOUTS",
     "OPERAND_INDICES",
@@ -152,7 +151,7 @@ class Graph:
         return self._add(new_id, kind, operands, shape, dtype, attrs)
 
     def add_input(
-        self, name: str, shape: Sequence[int], dtype: str, layout: str = "row_major", *, id: str | None = None
+        self, name: str, shape: Sequence[int], dtype: str, layout: str = Layout.ROW_MAJOR, *, id: str | None = None
     ) -> str:
         """Declare an input with its logical ``shape``; return its id (``name`` unless taken).
 
@@ -162,9 +161,9 @@ class Graph:
         self._check_boundary_name(name, "input")
         dims = check_shape(shape, f"input {name!r}")
         canonical = canonical_dtype(dtype)
-        check_layout(layout, dims, f"input {name!r}")
+        checked = check_layout(layout, dims, f"input {name!r}")
         new_id = self._claim_id(id, name, numbered=False)
-        return self._add(new_id, "input", (), dims, canonical, {"name": name, "layout": layout})
+        return self._add(new_id, "input", (), dims, canonical, {"name": name, "layout": checked})
 
     def add_matmul(self, lhs: str, rhs: str, id: str | None = None) -> str:
         """Add ``lhs [M, K] @ rhs [K, N] -> [M, N]`` (dtype of the operands); return its id."""
@@ -180,7 +179,7 @@ class Graph:
             raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ELEMENTWISE_ARITY)}")
         return self._add_computed("elementwise", operands, {"op": op}, id, _ELEMENTWISE_ID_PREFIX[op])
 
-    def add_output(self, name: str, value: str, *, layout: str = "row_major", id: str | None = None) -> str:
+    def add_output(self, name: str, value: str, *, layout: str = Layout.ROW_MAJOR, id: str | None = None) -> str:
         """Mark ``value`` as the output ``name``; return the output node's id (``name`` unless taken).
 
         ``layout="transposed"`` (2-D only) means the kernel writes the transpose of ``value`` to
@@ -188,9 +187,9 @@ class Graph:
         """
         self._check_boundary_name(name, "output")
         operand = self.node(value)
-        check_layout(layout, operand.shape, f"output {name!r}")
+        checked = check_layout(layout, operand.shape, f"output {name!r}")
         new_id = self._claim_id(id, name, numbered=False)
-        attrs = {"name": name, "layout": layout}
+        attrs = {"name": name, "layout": checked}
         shape, dtype = infer_result(new_id, "output", attrs, [operand])
         return self._add(new_id, "output", (value,), shape, dtype, attrs)
 
@@ -346,10 +345,10 @@ class Graph:
         if node.kind != "input":
             raise IRError(f"redeclare_input: %{id} is a {node.kind}, not an input")
         dims = check_shape(shape, f"input {node.name!r}")
-        check_layout(layout, dims, f"input {node.name!r}")
+        checked = check_layout(layout, dims, f"input {node.name!r}")
         data = self._g.nodes[id]
         data["shape"] = dims
-        data["attrs"] = {**data["attrs"], "layout": layout}
+        data["attrs"] = {**data["attrs"], "layout": checked}
 
     def redirect_output(self, id: str, value: str) -> None:
         """Make output ``id`` return ``value``, the operand of the transpose it returned, in the
@@ -361,7 +360,7 @@ class Graph:
         if operand.kind != "transpose" or operand.operands[0] != value:
             raise IRError(f"redirect_output: output %{id} does not return a transpose of %{value}")
         data = self._g.nodes[id]
-        data["attrs"] = {**data["attrs"], "layout": FLIPPED_LAYOUT[node.layout or "row_major"]}
+        data["attrs"] = {**data["attrs"], "layout": Layout(node.layout or Layout.ROW_MAJOR).flipped}
         data["shape"] = tuple(reversed(node.shape))
         self._g.remove_edge(operand.id, id)
         self._g.add_edge(value, id, **{OPERAND_INDICES: (0,)})

@@ -6,9 +6,9 @@
 Annotations are string key/value pairs that passes put on *compute* nodes (matmul, transpose,
 elementwise); they describe how a node is to be lowered, never what it computes:
 
-- ``orient``: ``normal`` (the value is held with its first logical dim on the partition axis,
-  row-major) or ``transposed`` (its last logical dim on partitions: the value's transpose,
-  feature-major). Set by ``implicit-transpose``.
+- ``orient`` (:class:`~neuronmm_compiler.vocab.Orient`): ``normal`` (the value is held with its
+  first logical dim on the partition axis, row-major) or ``transposed`` (its last logical dim on
+  partitions: the value's transpose, feature-major). Set by ``implicit-transpose``.
 - ``kernel``: an identifier naming the fused kernel the node belongs to (``k0``, ``k1``, ...).
   Set by ``fuse``.
 - ``place``: ``sbuf`` (the value stays on chip inside its kernel) or ``hbm`` (it is written to
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, IRError, UnknownNameError
+from ..vocab import Layout, Orient
 
 #: Canonical dtype names.
 DTYPES: tuple[str, ...] = ("bfloat16", "float32")
@@ -34,10 +35,9 @@ DTYPES: tuple[str, ...] = ("bfloat16", "float32")
 DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
     {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
 )
-#: How an input or output is stored in HBM: as its logical shape, or as its transpose (2-D only).
-LAYOUTS: tuple[str, ...] = ("row_major", "transposed")
-#: The other layout: the same HBM array read as the transpose of the value.
-FLIPPED_LAYOUT: Mapping[str, str] = MappingProxyType({"row_major": "transposed", "transposed": "row_major"})
+#: How an input or output is stored in HBM (:class:`~neuronmm_compiler.vocab.Layout`): as its
+#: logical shape, or as its transpose (2-D only).
+LAYOUTS: tuple[Layout, ...] = tuple(Layout)
 KINDS: tuple[str, ...] = ("input", "matmul", "transpose", "elementwise", "output")
 #: The kinds that compute a value on chip; only these carry annotations.
 COMPUTE_KINDS: tuple[str, ...] = ("matmul", "transpose", "elementwise")
@@ -45,8 +45,9 @@ COMPUTE_KINDS: tuple[str, ...] = ("matmul", "transpose", "elementwise")
 ELEMENTWISE_ARITY: Mapping[str, int] = MappingProxyType({"silu": 1, "multiply": 2, "add": 2})
 #: Edge attribute holding the operand positions of the source in the target.
 OPERAND_INDICES = "operand_indices"
-#: Values of the ``orient`` annotation: first logical dim on partitions, or last (the transpose).
-ORIENTS: tuple[str, ...] = ("normal", "transposed")
+#: Values of the ``orient`` annotation (:class:`~neuronmm_compiler.vocab.Orient`): first logical
+#: dim on partitions, or last (the transpose).
+ORIENTS: tuple[Orient, ...] = tuple(Orient)
 #: Values of the ``place`` annotation: where a computed value lives.
 PLACES: tuple[str, ...] = ("sbuf", "hbm")
 #: Known annotation keys and their accepted values (None: any identifier). ``group`` (the id of the
@@ -112,13 +113,14 @@ def check_shape(shape: Any, what: str) -> tuple[int, ...]:
     return tuple(int(dim) for dim in dims)
 
 
-def check_layout(layout: Any, shape: tuple[int, ...], what: str) -> str:
-    """Return ``layout`` if it is one of :data:`LAYOUTS` and fits ``shape``, else raise InputError."""
-    if layout not in LAYOUTS:
+def check_layout(layout: Any, shape: tuple[int, ...], what: str) -> Layout:
+    """Return ``layout`` as a :class:`Layout` if it is one and fits ``shape``, else raise InputError."""
+    checked = Layout.lookup(layout)
+    if checked is None:
         raise InputError(f"{what}: unknown layout {layout!r}; accepted: {', '.join(LAYOUTS)}")
-    if layout == "transposed" and len(shape) != 2:
+    if checked == Layout.TRANSPOSED and len(shape) != 2:
         raise InputError(f"{what}: layout 'transposed' needs a 2-D shape; got {format_shape(shape)}")
-    return layout
+    return checked
 
 
 def check_annotation(key: Any, value: Any) -> None:
@@ -165,16 +167,17 @@ class Node:
         return self.attrs.get("name")
 
     @property
-    def layout(self) -> str | None:
+    def layout(self) -> Layout | None:
         """The HBM layout of an input or output (``row_major`` or ``transposed``), else None."""
         if self.kind not in ("input", "output"):
             return None
-        return self.attrs.get("layout", "row_major")
+        layout = self.attrs.get("layout", Layout.ROW_MAJOR)
+        return Layout.lookup(layout) or layout  # type: ignore[return-value]  # unverified: as stored
 
     @property
     def storage_shape(self) -> tuple[int, ...]:
         """The shape as stored in HBM: reversed for a ``transposed`` input or output, else ``shape``."""
-        if self.layout == "transposed":
+        if self.layout == Layout.TRANSPOSED:
             return tuple(reversed(self.shape))
         return self.shape
 

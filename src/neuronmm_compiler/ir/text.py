@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NmmcError, ParseError
+from ..vocab import Layout
 from .graph import ELEMENTWISE_ARITY, LAYOUTS, Graph, Node, canonical_dtype, format_shape
 from .node import ANNOTATION_VALUES, format_annotations
 
@@ -55,8 +56,8 @@ def format_line(
             f"layout={attrs.get('layout', '?')}"
         )
     if kind == "output":
-        layout = attrs.get("layout", "row_major")
-        suffix = "" if layout == "row_major" else f" layout={layout}"
+        layout = attrs.get("layout", Layout.ROW_MAJOR)
+        suffix = "" if layout == Layout.ROW_MAJOR else f" layout={layout}"
         return f'%{node_id} = output "{attrs.get("name", "?")}" {values}{suffix}'
     head = f"elementwise {attrs.get('op', '?')}" if kind == "elementwise" else str(kind)
     suffix = f" {format_annotations(annotations)}" if annotations else ""
@@ -257,9 +258,9 @@ class _Parser:
         self.build(kind_token, lambda: graph.add_input(name, shape, dtype, layout, id=node_id))
 
     def layout(self, context: str) -> str:
-        """An optional ``layout=LAYOUT`` (row_major when absent)."""
+        """An optional ``layout=LAYOUT`` (row_major when absent; the graph checks the value)."""
         if not (self.peek().kind == "ident" and self.peek().text == "layout"):
-            return "row_major"
+            return Layout.ROW_MAJOR
         self.position += 1
         self.punct("=", "after 'layout'")
         return self.take("ident", f"a layout ({', '.join(LAYOUTS)}) {context}").text

@@ -13,6 +13,7 @@ from typing import Any
 import networkx as nx
 
 from ..errors import InputError, IRError
+from ..vocab import Layout
 from .graph import (
     COMPUTE_KINDS,
     DTYPES,
@@ -171,7 +172,7 @@ def _check_boundary(graph: Graph, node_id: str, data: dict[str, Any], seen: dict
     if kind in ("input", "output"):
         if attrs["layout"] not in LAYOUTS:
             raise _fail(graph, node_id, f"layout {attrs['layout']!r} is not one of {', '.join(LAYOUTS)}")
-        if attrs["layout"] == "transposed" and len(data["shape"]) != 2:
+        if attrs["layout"] == Layout.TRANSPOSED and len(data["shape"]) != 2:
             raise _fail(
                 graph, node_id, f"layout 'transposed' needs a 2-D shape, got {format_shape(data['shape'])}"
             )

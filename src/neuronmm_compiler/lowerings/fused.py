@@ -29,6 +29,7 @@ from ..schedule.lower_fused import lower_fused_kernel
 from ..schedule.program import Program
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target
+from ..vocab import ALayout, Layout
 from ..workloads import GraphWorkload, MlpWorkload, Workload
 from .base import Baseline, Lowering
 from .gemm import aws_gemm_cost
@@ -50,10 +51,10 @@ def row_major_activations(workload: Workload) -> bool:
     if isinstance(workload, MlpWorkload):
         return True
     if not isinstance(workload, GraphWorkload):
-        return getattr(workload, "a_layout", "mk") == "mk"
+        return getattr(workload, "a_layout", ALayout.MK) == ALayout.MK
     graph = workload.graph()
     lhs = {n.operands[0] for n in graph.nodes() if n.kind == "matmul"}
-    return any(n.layout == "row_major" for n in graph.inputs() if n.id in lhs)
+    return any(n.layout == Layout.ROW_MAJOR for n in graph.inputs() if n.id in lhs)
 
 
 def fused_space(row_major_x: bool, splittable: bool) -> SearchSpace:
@@ -72,7 +73,7 @@ def fusion_pipeline(mlp: str) -> list[Pass]:
     return [replace(p, mlp=mlp) if isinstance(p, Fuse) else p for p in parse_pipeline(DEFAULT_FUSION_PIPELINE)]
 
 
-def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = "mk") -> CostReport:
+def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = ALayout.MK) -> CostReport:
     """Every matmul as its own AWS-kernel GEMM, every elementwise op as its own HBM-to-HBM kernel,
     on a canonical graph (transposes of inputs folded into their layouts).
 
@@ -85,7 +86,7 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = "mk") -> Cos
         if node.kind == "matmul":
             lhs = graph.node(node.operands[0])
             m, k = lhs.shape
-            layout = "km" if lhs.kind == "input" and lhs.layout == "transposed" else lhs_layout
+            layout = ALayout.KM if lhs.kind == "input" and lhs.layout == Layout.TRANSPOSED else lhs_layout
             problem = GemmProblem(m, node.shape[1], k, dtype=node.dtype, a_layout=layout)
             reports.append(aws_gemm_cost(problem, target))
         elif node.kind == "elementwise":
@@ -176,14 +177,14 @@ class FusedLowering(Lowering):
         if isinstance(workload, GraphWorkload):
             graph = _canonical(workload.graph())
             try:
-                dense, unfused = (unfused_cost(graph, target, lhs_layout="km"),
-                                  unfused_cost(graph, target, lhs_layout="mk"))
+                dense, unfused = (unfused_cost(graph, target, lhs_layout=ALayout.KM),
+                                  unfused_cost(graph, target, lhs_layout=ALayout.MK))
             except ScheduleError:
                 dense = unfused = None
             return {"dense": Baseline("per-op kernels, lhs pre-transposed", "pre-transposed per-op kernels", dense),
                     "unfused": Baseline("per-op kernels (AWS GEMMs)", "per-op kernels", unfused)}
-        dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout="km")
-        unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout="mk")
+        dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM)
+        unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK)
         return {"dense": Baseline("dense (AWS kernels)", "dense", dense),
                 "unfused": Baseline("SVD factors unfused (AWS kernels)", "unfused SVD", unfused)}
 

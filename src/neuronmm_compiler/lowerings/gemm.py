@@ -22,6 +22,7 @@ from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, Progr
 from ..schedule.gemm import check_schedule, preset_doc
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target
+from ..vocab import ALayout, Layout
 from ..workloads import GemmWorkload, Workload
 from .base import Baseline, Lowering
 
@@ -47,11 +48,10 @@ def gemm_problem_from_graph(graph: Graph) -> GemmProblem:
     lhs, rhs = (graph.node(o) for o in mm.operands)
     if lhs.kind != "input" or rhs.kind != "input":
         raise ScheduleError("the GEMM's operands must be kernel inputs after the pass pipeline")
-    if rhs.attrs.get("layout", "row_major") != "row_major":
+    if rhs.layout != Layout.ROW_MAJOR:
         raise ScheduleError("B must be stored row-major [K, N]")
     (m, k), n = lhs.shape, rhs.shape[1]
-    layout = "km" if lhs.attrs.get("layout") == "transposed" else "mk"
-    return GemmProblem(m, n, k, dtype=lhs.dtype, a_layout=layout)
+    return GemmProblem(m, n, k, dtype=lhs.dtype, a_layout=ALayout.of(lhs.layout or Layout.ROW_MAJOR))
 
 
 def _problem(workload: Workload) -> GemmProblem:
@@ -128,7 +128,7 @@ def aws_gemm_cost(problem: GemmProblem, target: Target) -> CostReport:
 
 def gemm_space(problem: GemmProblem) -> SearchSpace:
     """The GEMM search space of a problem: A^T made only by DMA when A is stored [K, M]."""
-    restrict = {} if problem.a_layout == "mk" else {"a_transpose": ("dma",)}
+    restrict = {} if problem.a_layout == ALayout.MK else {"a_transpose": ("dma",)}
     return SearchSpace.for_schedule(GemmSchedule, restrict)
 
 
@@ -156,7 +156,7 @@ def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSche
     large M blocks; both A^T strategies), then AWS's fully optimized parameters. The grid costs a
     few dozen evaluations and keeps TPE from settling in a poor basin on large shapes.
     """
-    transposes = ("pe", "dma") if problem.a_layout == "mk" else ("dma",)
+    transposes = ("pe", "dma") if problem.a_layout == ALayout.MK else ("dma",)
     grid = [
         GemmSchedule(tiles_in_block_m=bm, tiles_in_block_n=bn, tiles_in_block_k=bk, loop_order=order,
                      accumulate=acc, dma="row", a_transpose=a_t)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..ir.graph import FLIPPED_LAYOUT, Graph
+from ..ir.graph import Graph
+from ..vocab import Layout
 from .base import Pass, register_pass
 
 
@@ -43,7 +44,7 @@ class FoldTransposes(Pass):
             if not users or any(user.kind != "transpose" for user in users):
                 continue
             graph.redeclare_input(
-                node.id, shape=tuple(reversed(node.shape)), layout=FLIPPED_LAYOUT[node.attrs["layout"]]
+                node.id, shape=tuple(reversed(node.shape)), layout=Layout(node.attrs["layout"]).flipped
             )
             for transpose in users:
                 graph.replace_all_uses(transpose.id, node.id)

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..ir.graph import Graph
+from ..vocab import Layout, Orient
 from .base import Pass, register_pass
 
 
-def required_orients(graph: Graph) -> dict[str, str]:
+def required_orients(graph: Graph) -> dict[str, Orient]:
     """The ``orient`` each compute node should get (see :class:`ImplicitTranspose`), by node id."""
-    orient: dict[str, str] = {}
+    orient: dict[str, Orient] = {}
     for node in reversed(graph.compute_nodes()):  # users before the values they read
-        wants: set[str] = set()
+        wants: set[Orient] = set()
         read_as_rhs = False
         for user_id in graph.users(node.id):
             user = graph.node(user_id)
@@ -32,12 +33,12 @@ def required_orients(graph: Graph) -> dict[str, str]:
             if user.kind == "matmul":
                 read_as_rhs |= 1 in positions
                 if 0 in positions:
-                    wants.add("transposed")
+                    wants.add(Orient.TRANSPOSED)
             elif user.kind == "output":
-                wants.add("transposed" if user.layout == "transposed" else "normal")
+                wants.add(Orient.of(user.layout or Layout.ROW_MAJOR))
             else:  # elementwise and transpose pass their own orientation on to their operands
                 wants.add(orient[user.id])
-        orient[node.id] = wants.pop() if len(wants) == 1 and not read_as_rhs else "normal"
+        orient[node.id] = wants.pop() if len(wants) == 1 and not read_as_rhs else Orient.NORMAL
     return orient
 
 

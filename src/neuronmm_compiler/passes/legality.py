@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from ..ir.graph import COMPUTE_KINDS, Graph, Node
+from ..vocab import Layout, Orient
 
 __all__ = ["RULES", "Conflict", "check_kernel", "join_conflict", "kernel_conflicts", "operand_conflict"]
 
@@ -84,11 +85,11 @@ def operand_conflict(graph: Graph, node: Node, position: int, operand: Node) -> 
     held = operand.annotations.get("orient")
     if held is None:
         return ""
-    if node.kind == "matmul" and held != "transposed":
+    if node.kind == "matmul" and held != Orient.TRANSPOSED:
         return "row-major lhs"
     if node.kind == "elementwise" and held != node.annotations.get("orient"):
         return "orientation"
-    if held == "normal" and len(graph.users(operand.id)) > 1:
+    if held == Orient.NORMAL and len(graph.users(operand.id)) > 1:
         return "row-major reread"
     return ""
 
@@ -132,9 +133,9 @@ def kernel_conflicts(graph: Graph) -> list[Conflict]:
                     conflicts.append(Conflict(node.id, rule, operand_id))
         users = [graph.node(user) for user in graph.users(node.id)]
         orient = node.annotations.get("orient")
-        if orient == "transposed" and any(u.kind == "output" and u.layout != "transposed" for u in users):
+        if orient == Orient.TRANSPOSED and any(u.kind == "output" and u.layout != Layout.TRANSPOSED for u in users):
             conflicts.append(Conflict(node.id, "transposed output"))
-        if orient == "normal" and not users:
+        if orient == Orient.NORMAL and not users:
             conflicts.append(Conflict(node.id, "row-major unstored"))
     return conflicts
 

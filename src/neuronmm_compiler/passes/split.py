@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import IRError
-from ..ir.graph import COMPUTE_KINDS, FLIPPED_LAYOUT, Graph, Node
+from ..ir.graph import COMPUTE_KINDS, Graph, Node
 from ..ir.verify import verify
+from ..vocab import Layout, Orient
 
 __all__ = ["kernel_order", "split_kernels"]
 
@@ -31,8 +32,9 @@ def _unique(base: str, taken: set[str]) -> str:
     return name
 
 
-def _boundary_layout(node: Node) -> str:
-    return "transposed" if node.annotations.get("orient") == "transposed" else "row_major"
+def _boundary_layout(node: Node) -> Layout:
+    """The HBM layout that stores a computed value as its kernel holds it (row_major if unannotated)."""
+    return Orient(node.annotations.get("orient", Orient.NORMAL)).layout
 
 
 def _add_like(graph: Graph, node: Node) -> None:
@@ -129,7 +131,7 @@ def split_kernels(graph: Graph) -> list[Graph]:
             source = graph.node(view.operands[0])
             array, layout = ((source.name, source.layout) if source.kind == "input"
                              else (boundary[source.id], _boundary_layout(source)))
-            sub.add_input(view.id, view.shape, view.dtype, FLIPPED_LAYOUT[layout], id=view.id)
+            sub.add_input(view.id, view.shape, view.dtype, Layout(layout).flipped, id=view.id)
             sub.hbm_aliases[view.id] = array
         for node in members:
             if node.kind in COMPUTE_KINDS:

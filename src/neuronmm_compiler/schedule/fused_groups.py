@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import IRError
 from ..ir import Graph, Node
+from ..vocab import Orient
 
 #: The annotation every compute node of a kernel needs, and the pass that writes it.
 REQUIRED_ANNOTATIONS: Mapping[str, str] = {
@@ -41,7 +42,7 @@ class Group:
     kernel inputs loaded tile by tile). ``orient`` is the orientation of every value of the group."""
 
     root: Node
-    orient: str
+    orient: Orient
     terms: list[Term] = field(default_factory=list)
     tree: list[Node] = field(default_factory=list)
     operands: list[Node] = field(default_factory=list)
@@ -122,7 +123,7 @@ def read_groups(graph: Graph, name: str) -> list[Group]:
     for node in graph.compute_nodes():
         if node.annotations["group"] != node.id:
             continue
-        group = Group(node, node.annotations["orient"])
+        group = Group(node, Orient(node.annotations["orient"]))
         if node.annotations.get("acc") == node.id:
             group.terms.append(reader.term(node))
         else:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import IRError
 from ..ir import Graph, Node
+from ..vocab import Layout
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin, scale
 from .fused import FusedSchedule, tiles_per_weight_block
@@ -87,7 +88,7 @@ class OperandLoads(FusedState):
         """Load weight rows ``k0:k0+ksz``, columns ``c0:c0+csz`` into ``dst`` [ksz, csz]; a weight stored
         transposed in HBM (W^T [N, K]) is read with a transposing DMA."""
         hbm = self.hbm[w.id]
-        if w.attrs.get("layout") == "transposed":
+        if w.layout == Layout.TRANSPOSED:
             return DmaCopy(dst, Ref(hbm, (span(c0, csz), span(k0, ksz))), transpose=True)
         return DmaCopy(dst, Ref(hbm, (span(k0, ksz), span(c0, csz))))
 
@@ -143,7 +144,7 @@ class OperandLoads(FusedState):
         kt = iv("kt", kdim.tiles)
         ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
         out: list[Stmt] = [Alloc(buf, comment=f"{inp.attrs['name']}^T strip: features on partitions, tokens free")]
-        if inp.attrs.get("layout") == "transposed":
+        if inp.layout == Layout.TRANSPOSED:
             dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, bm))), Ref(hbm, (span(k0, ksz), span(t0, bm))))
             return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma])
         if s.x_transpose == "dma":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import Node
+from ..vocab import Layout
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin, add, scale
 from .fused_groups import Group
@@ -31,8 +32,8 @@ class RowMajorGroups(OperandLoads):
                 raise ScheduleError(f"kernel {self.name}: row-major %{root.id} is placed in SBUF, but a row-major "
                                     "value is only ever stored")
             outputs = self.out_hbm[root.id]
-        stores = [(o, hbm) for o, hbm in outputs if o.attrs.get("layout") != "transposed"]
-        flipped = [(o, hbm) for o, hbm in outputs if o.attrs.get("layout") == "transposed"]
+        stores = [(o, hbm) for o, hbm in outputs if o.layout != Layout.TRANSPOSED]
+        flipped = [(o, hbm) for o, hbm in outputs if o.layout == Layout.TRANSPOSED]
         out_dtype = outputs[0][0].dtype
         n = root.shape[1]
         tile_n = min(s.out_tile, n)
@@ -54,7 +55,7 @@ class RowMajorGroups(OperandLoads):
             dst = Ref(buf, (span(0, tsz), span(0, nsz)))
             hbm = self.hbm[op.id]
             t0, c0 = tok.tile_start(tg), odim.tile_start(g)
-            if op.attrs.get("layout") == "transposed":
+            if op.layout == Layout.TRANSPOSED:
                 dma = DmaCopy(dst, Ref(hbm, (span(c0, nsz), span(t0, tsz))), transpose=True)
             else:
                 dma = DmaCopy(dst, Ref(hbm, (span(t0, tsz), span(c0, nsz))))

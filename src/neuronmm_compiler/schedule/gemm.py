@@ -23,12 +23,13 @@ from itertools import permutations
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..errors import InputError, ScheduleError, UnknownNameError
+from ..vocab import ALayout
 
 if TYPE_CHECKING:
     from ..targets import Target
 
 DTYPES = ("bfloat16", "float32")
-A_LAYOUTS = ("mk", "km")
+A_LAYOUTS: tuple[ALayout, ...] = tuple(ALayout)
 LOOP_ORDERS = tuple("".join(p) for p in permutations("mnk"))
 TILE_ORDERS = ("mn", "nm")
 ACCUMULATE = ("psum", "sbuf")
@@ -45,7 +46,7 @@ class GemmProblem:
     n: int
     k: int
     dtype: str = "bfloat16"
-    a_layout: str = "mk"
+    a_layout: ALayout = ALayout.MK
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "k"):
@@ -54,18 +55,20 @@ class GemmProblem:
                 raise InputError(f"GEMM dimension {name.upper()} must be a positive integer; got {value!r}")
         if self.dtype not in DTYPES:
             raise InputError(f"unknown dtype {self.dtype!r}; accepted: {', '.join(DTYPES)}")
-        if self.a_layout not in A_LAYOUTS:
+        layout = ALayout.lookup(self.a_layout)
+        if layout is None:
             raise InputError(
                 f"unknown A layout {self.a_layout!r}; accepted: mk (A stored [M,K]), km (A stored [K,M])"
             )
+        object.__setattr__(self, "a_layout", layout)
 
     @property
     def a_name(self) -> str:
-        return "a" if self.a_layout == "mk" else "a_t"
+        return "a" if self.a_layout == ALayout.MK else "a_t"
 
     @property
     def a_storage_shape(self) -> tuple[int, int]:
-        return (self.m, self.k) if self.a_layout == "mk" else (self.k, self.m)
+        return (self.m, self.k) if self.a_layout == ALayout.MK else (self.k, self.m)
 
     @property
     def flops(self) -> int:
@@ -76,7 +79,7 @@ class GemmProblem:
         return f"{self.m}x{self.n}x{self.k}"
 
     def describe(self) -> str:
-        a = "A[M,K]" if self.a_layout == "mk" else "A stored as A_t[K,M]"
+        a = "A[M,K]" if self.a_layout == ALayout.MK else "A stored as A_t[K,M]"
         return f"C[M,N] = A[M,K] @ B[K,N], M={self.m} N={self.n} K={self.k}, {self.dtype}, {a}"
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from ..errors import ScheduleError
 from ..ir import Graph, Node
 from ..passes.legality import check_kernel
+from ..vocab import Orient
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin
 from .fused import FusedSchedule, normalize_fused
@@ -77,7 +78,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         self.cached: dict[str, Buffer] = {}
         # An output that returns an input (e.g. x^T, once the transpose became x's layout) is a copy,
         # made outside the token blocks, in row tiles of its own.
-        self.copies = [Group(n, "normal", operands=[n]) for n in copied]
+        self.copies = [Group(n, Orient.NORMAL, operands=[n]) for n in copied]
         self.strip_inputs = self._strip_inputs()
 
     def _strip_inputs(self) -> list[Node]:
@@ -88,7 +89,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
                 lhs = self.nodes[mm.operands[0]]
                 if lhs.kind == "input":
                     seen.setdefault(lhs.id, lhs)
-            if group.orient == "transposed":
+            if group.orient == Orient.TRANSPOSED:
                 for op in group.operands:
                     if op.kind == "input":
                         seen.setdefault(op.id, op)
@@ -124,9 +125,9 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         def product(term: Term) -> str:
             return " + ".join(f"{mm.operands[0]} @ {self._weight(mm).attrs['name']}" for mm in term.matmuls)
 
-        how = ("weight tiles stationary, strips moving (implicit transposition)" if group.orient == "transposed"
+        how = ("weight tiles stationary, strips moving (implicit transposition)" if group.orient == Orient.TRANSPOSED
                else "strips stationary, weights moving")
-        mark = "^T" if group.orient == "transposed" else ""
+        mark = "^T" if group.orient == Orient.TRANSPOSED else ""
         if not group.terms and not group.tree:
             return f"{group.root.id} copied"
         if not group.tree:
@@ -155,7 +156,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         for inp in self.strip_inputs:
             block += self.load_strip(inp, mb)
         for group in self.group_list:
-            block += (self.transposed_group(group, mb) if group.orient == "transposed"
+            block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
                       else self.row_major_group(group, mb))
         if block:
             body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..vocab import ALayout
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin, add, scale
 from .gemm import GemmProblem, GemmSchedule, normalize, tile_counts
@@ -103,7 +104,7 @@ class _GemmLowering:
         msz, ksz = m.tile_size(gm), k.tile_size(gk)
         a_tile_dst = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), msz)))
         out: list[Stmt] = [Alloc(self.a_tiles, comment="A^T block: K on partitions, M free (stationary)")]
-        km = self.p.a_layout == "km"
+        km = self.p.a_layout == ALayout.KM
         if km or s.a_transpose == "dma":
             if s.dma == "row":
                 mrows = m.block_size(mb)
@@ -283,7 +284,7 @@ class _GemmLowering:
         zero = {"m": Lin(0), "n": Lin(0), "k": Lin(0)}
         body: list[Stmt] = [Comment(f"schedule: {self.s.describe()}")]
         body += self.level_body(-1, zero)
-        a = "a[M, K]" if self.p.a_layout == "mk" else "a_t[K, M] (A stored transposed)"
+        a = "a[M, K]" if self.p.a_layout == ALayout.MK else "a_t[K, M] (A stored transposed)"
         doc = (f"C[M, N] = A[M, K] @ B[K, N] with M={self.p.m}, N={self.p.n}, K={self.p.k} ({self.p.dtype}).\n"
                f"Arguments: {a}, b[K, N]. Returns c[M, N].")
         return Program("gemm_kernel", [self.a_hbm, self.b_hbm], [self.c_hbm], body, doc=doc)

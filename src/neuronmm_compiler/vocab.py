@@ -1,0 +1,118 @@
+"""nmmc's closed vocabularies, each defined once as a typed enum.
+
+Every vocabulary here is a :class:`StrEnum`: its members *are* their string values (``str``
+subclasses that compare and hash equal to them, and print, format and serialize to JSON as them),
+so a member can stand wherever the plain string stood before: in graph attributes, the IR's text
+form, JSON metadata and emitted code, byte for byte. Code compares against members
+(``node.layout == Layout.TRANSPOSED``) rather than spelling the string again, and converts user
+input with :meth:`StrEnum.lookup`, raising its own message when that gives None.
+
+- :class:`Layout`: how an IR input or output is stored in HBM (``row_major``, ``transposed``);
+- :class:`ALayout`: how the user holds a GEMM's A (or a chain's X), ``mk`` or ``km``: the
+  ``--a-layout`` spelling of a :class:`Layout` (:attr:`ALayout.layout`, :meth:`ALayout.of`);
+- :class:`Orient`: the ``orient`` annotation of the fusion passes, how a computed value is held on
+  chip (``normal``, ``transposed``), and the HBM layout that holds it the same way.
+
+This module imports nothing of nmmc's, so every layer can use it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TypeVar
+
+__all__ = ["ALayout", "Layout", "Orient", "StrEnum"]
+
+_E = TypeVar("_E", bound="StrEnum")
+
+
+class StrEnum(str, enum.Enum):
+    """An enum whose members are their string values (``enum.StrEnum`` is Python 3.11+ only).
+
+    ``str(member)``, ``f"{member}"`` and ``json.dumps(member)`` give the value; ``member == value``
+    and ``hash(member) == hash(value)``, so members and plain strings mix as dict keys and in
+    tuples. ``repr`` stays the enum's (``<Layout.ROW_MAJOR: 'row_major'>``), which is what debugging
+    wants; messages that quote a value should quote the user's input, not a member.
+    """
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(str.__str__(self), format_spec)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        """Every member's value, in definition order (for ``accepted: ...`` messages)."""
+        return tuple(member.value for member in cls)
+
+    @classmethod
+    def lookup(cls: type[_E], value: object) -> _E | None:
+        """The member equal to ``value`` (a member or its string), or None for anything else."""
+        if isinstance(value, str):
+            for member in cls:
+                if member == value:
+                    return member
+        return None
+
+
+class Layout(StrEnum):
+    """How an input or output of the graph IR is stored in HBM: as its logical shape, or as its
+    transpose (2-D only; the storage shape is the logical shape reversed)."""
+
+    ROW_MAJOR = "row_major"
+    TRANSPOSED = "transposed"
+
+    @property
+    def flipped(self) -> Layout:
+        """The other layout: the same HBM array read as the transpose of the value."""
+        return Layout.TRANSPOSED if self is Layout.ROW_MAJOR else Layout.ROW_MAJOR
+
+
+class ALayout(StrEnum):
+    """How the user holds the left operand A of a GEMM (X of a chain): ``mk`` is A[M, K] as is,
+    ``km`` is A transposed, stored [K, M] (``--a-layout``)."""
+
+    MK = "mk"
+    KM = "km"
+
+    @property
+    def layout(self) -> Layout:
+        """The IR layout of an A held this way (``mk``: row_major, ``km``: transposed)."""
+        return _A_LAYOUT_TO_LAYOUT[self]
+
+    @classmethod
+    def of(cls, layout: str) -> ALayout:
+        """The A layout of an operand stored in the IR ``layout`` (ValueError if it is none)."""
+        return _LAYOUT_TO_A_LAYOUT[Layout(layout)]
+
+
+class Orient(StrEnum):
+    """The ``orient`` annotation: how a computed value is held on chip. ``normal``: its first
+    logical dim on the partition axis (row-major); ``transposed``: its last dim on partitions (the
+    value's transpose, feature-major)."""
+
+    NORMAL = "normal"
+    TRANSPOSED = "transposed"
+
+    @property
+    def layout(self) -> Layout:
+        """The HBM layout that stores the value the way it is held (normal: row_major)."""
+        return _ORIENT_TO_LAYOUT[self]
+
+    @classmethod
+    def of(cls, layout: str) -> Orient:
+        """The orientation that holds a value the way HBM ``layout`` stores it (ValueError if none)."""
+        return _LAYOUT_TO_ORIENT[Layout(layout)]
+
+
+#: The one definition of ``--a-layout`` in IR terms; the inverse is derived.
+_A_LAYOUT_TO_LAYOUT: Mapping[ALayout, Layout] = MappingProxyType(
+    {ALayout.MK: Layout.ROW_MAJOR, ALayout.KM: Layout.TRANSPOSED})
+_LAYOUT_TO_A_LAYOUT: Mapping[Layout, ALayout] = MappingProxyType({v: k for k, v in _A_LAYOUT_TO_LAYOUT.items()})
+#: Orientation on chip vs layout in HBM; the inverse is derived.
+_ORIENT_TO_LAYOUT: Mapping[Orient, Layout] = MappingProxyType(
+    {Orient.NORMAL: Layout.ROW_MAJOR, Orient.TRANSPOSED: Layout.TRANSPOSED})
+_LAYOUT_TO_ORIENT: Mapping[Layout, Orient] = MappingProxyType({v: k for k, v in _ORIENT_TO_LAYOUT.items()})

@@ -1,0 +1,60 @@
+"""The typed vocabularies (vocab.py): members are their strings, and each conversion is defined once."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import pytest
+
+from neuronmm_compiler.ir import A_LAYOUTS, LAYOUTS, ORIENTS, gemm_graph
+from neuronmm_compiler.vocab import ALayout, Layout, Orient, StrEnum
+
+ENUMS: tuple[type[StrEnum], ...] = (Layout, ALayout, Orient)
+
+
+@pytest.mark.parametrize("enum", ENUMS)
+def test_members_are_their_strings(enum: type[StrEnum]) -> None:
+    for member in enum:
+        value = member.value
+        assert type(value) is str
+        assert member == value and value == member and hash(member) == hash(value)
+        assert str(member) == f"{member}" == format(member) == "-".join([member]) == value
+        assert f"{member:>12}" == f"{value:>12}"
+        assert json.dumps({member: [member]}) == json.dumps({value: [value]})
+        assert {value: 1}[member] == 1 and {member: 1}[value] == 1
+        assert member in enum.values() and value in tuple(enum)
+        assert pickle.loads(pickle.dumps(member)) is member and copy.deepcopy(member) is member
+        assert enum(value) is member and enum.lookup(value) is member and enum.lookup(member) is member
+        assert repr(member).startswith(f"<{enum.__name__}.")
+
+
+@pytest.mark.parametrize("enum", ENUMS)
+@pytest.mark.parametrize("value", ["", "ROW_MAJOR", "nope", None, 1, ["row_major"], {"mk": 1}])
+def test_lookup_of_anything_else_is_none(enum: type[StrEnum], value: object) -> None:
+    assert enum.lookup(value) is None
+
+
+def test_values_in_definition_order() -> None:
+    assert Layout.values() == ("row_major", "transposed")
+    assert ALayout.values() == ("mk", "km")
+    assert Orient.values() == ("normal", "transposed")
+    assert (tuple(Layout), tuple(ALayout), tuple(Orient)) == (LAYOUTS, A_LAYOUTS, ORIENTS)
+
+
+def test_layout_conversions_are_one_table() -> None:
+    assert [layout.flipped for layout in Layout] == [Layout.TRANSPOSED, Layout.ROW_MAJOR]
+    assert {a: a.layout for a in ALayout} == {ALayout.MK: Layout.ROW_MAJOR, ALayout.KM: Layout.TRANSPOSED}
+    assert {o: o.layout for o in Orient} == {Orient.NORMAL: Layout.ROW_MAJOR, Orient.TRANSPOSED: Layout.TRANSPOSED}
+    for layout in Layout:
+        assert ALayout.of(layout).layout is layout and ALayout.of(layout.value).layout is layout
+        assert Orient.of(layout).layout is layout
+    with pytest.raises(ValueError):
+        ALayout.of("mk")
+
+
+def test_graph_holds_typed_layouts() -> None:
+    graph = gemm_graph(64, 32, 16, a_layout="km")
+    assert all(type(node.layout) is Layout for node in graph.nodes() if node.kind in ("input", "output"))
+    assert "layout=row_major" in str(graph) and "Layout" not in str(graph)
