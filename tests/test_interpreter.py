@@ -15,6 +15,7 @@ import pytest
 from neuronmm_compiler.errors import KernelError
 from neuronmm_compiler.interpreter import KernelRun, run_kernel
 from neuronmm_compiler.targets import get_target
+from neuronmm_compiler.vocab import Dialect
 
 HEADER_NKI = """\
 import nki
@@ -217,8 +218,9 @@ def test_tiled_matmul_counters_exact(dialect: str) -> None:
 
 def test_dialect_reported() -> None:
     a, b = random_inputs(4, 4, 4, F32)
-    assert run(SINGLE_TILE_NKI, [a, b]).dialect == "0.3"
-    assert run(SINGLE_TILE_LEGACY, [a, b]).dialect == "0.1"
+    nki_run, legacy_run = run(SINGLE_TILE_NKI, [a, b]), run(SINGLE_TILE_LEGACY, [a, b])
+    assert nki_run.dialect is Dialect.NKI and nki_run.dialect.nki_version == "0.3"
+    assert legacy_run.dialect is Dialect.NEURONXCC and legacy_run.dialect.nki_version == "0.1"
 
 
 ELEMENTWISE_NKI = HEADER_NKI + """

@@ -8,10 +8,15 @@ import pickle
 
 import pytest
 
+from neuronmm_compiler.codegen import DEFAULT_DIALECT, DIALECTS, check_dialect
+from neuronmm_compiler.codegen.printer import PRINTERS
+from neuronmm_compiler.errors import UnknownNameError
+from neuronmm_compiler.interpreter.loader import PLAIN_IMPORTS
 from neuronmm_compiler.ir import A_LAYOUTS, LAYOUTS, ORIENTS, gemm_graph
-from neuronmm_compiler.vocab import ALayout, Layout, Orient, StrEnum
+from neuronmm_compiler.nki_backend import MIN_NKI_VERSION, PACKAGES
+from neuronmm_compiler.vocab import ALayout, Dialect, Layout, Orient, StrEnum
 
-ENUMS: tuple[type[StrEnum], ...] = (Layout, ALayout, Orient)
+ENUMS: tuple[type[StrEnum], ...] = (Layout, ALayout, Orient, Dialect)
 
 
 @pytest.mark.parametrize("enum", ENUMS)
@@ -58,3 +63,30 @@ def test_graph_holds_typed_layouts() -> None:
     graph = gemm_graph(64, 32, 16, a_layout="km")
     assert all(type(node.layout) is Layout for node in graph.nodes() if node.kind in ("input", "output"))
     assert "layout=row_major" in str(graph) and "Layout" not in str(graph)
+
+
+def test_dialects_and_what_derives_from_them() -> None:
+    assert Dialect.values() == ("nki", "neuronxcc") and DEFAULT_DIALECT == "nki"
+    assert type(DEFAULT_DIALECT) is str  # click shows an enum default by its member name
+    assert [(d.nki_version, d.module, d.top_module, d.versions) for d in Dialect] == [
+        ("0.3", "nki", "nki", "NKI 0.3+"), ("0.1", "neuronxcc.nki", "neuronxcc", "NKI 0.1")]
+    assert dict(DIALECTS) == {
+        "nki": "NKI 0.3+ (import nki; Neuron SDK 2.29 and later)",
+        "neuronxcc": "NKI 0.1 (import neuronxcc.nki; Neuron SDK 2.27 and earlier), as the NeuronMM paper used"}
+    assert list(PRINTERS) == list(Dialect) and all(PRINTERS[d].dialect is d for d in Dialect)
+    assert PRINTERS[Dialect.NKI].imports == ("import nki", "import nki.isa as nisa", "import nki.language as nl")
+    assert PRINTERS[Dialect.NEURONXCC].imports == (
+        "import neuronxcc.nki as nki", "import neuronxcc.nki.isa as nisa", "import neuronxcc.nki.language as nl")
+    assert PACKAGES == {"nki": ("nki", "'nki' (NKI 0.3+, Neuron SDK 2.29 and later)"),
+                        "neuronxcc": ("neuronxcc.nki", "'neuronx-cc' (neuronxcc.nki, NKI 0.1)")}
+    assert MIN_NKI_VERSION == (0, 3)
+    assert check_dialect("neuronxcc") is Dialect.NEURONXCC
+    with pytest.raises(UnknownNameError, match=r"unknown dialect 'cuda'; dialects: nki, neuronxcc"):
+        check_dialect("cuda")
+
+
+@pytest.mark.parametrize(("module", "dialect"), [
+    ("nki", Dialect.NKI), ("nki.language", Dialect.NKI), ("neuronxcc", Dialect.NEURONXCC),
+    ("neuronxcc.nki.isa", Dialect.NEURONXCC), ("numpy", None), ("nkix", None), *((m, None) for m in PLAIN_IMPORTS)])
+def test_dialect_of_a_module(module: str, dialect: Dialect | None) -> None:
+    assert Dialect.of_module(module) is dialect

@@ -24,10 +24,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codegen import DIALECTS
 from .errors import NmmcError
 from .targets import TARGETS
-from .vocab import Layout
+from .vocab import Dialect, Layout
 
 #: Outcomes that are not bugs.
 GOOD = ("ok", "rejected")
@@ -145,7 +144,7 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
                          ("token_tile", (64, 128)), ("mlp", ("whole", "split"))):
         if rng.random() < (0.1 if key == "mlp" else 0.3):
             params[key] = rng.choice(choices)
-    return FuzzCase(doc, bound, rng.choice(tuple(TARGETS)), rng.choice(tuple(DIALECTS)), params)
+    return FuzzCase(doc, bound, rng.choice(tuple(TARGETS)), rng.choice(tuple(Dialect)), params)
 
 
 def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:

@@ -38,6 +38,7 @@ import numpy as np
 
 from .errors import KernelError, NmmcError
 from .targets import Target
+from .vocab import Dialect
 
 if TYPE_CHECKING:  # verification imports this module lazily to run kernels here
     from .verification import KernelRunner
@@ -46,9 +47,8 @@ NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
 INSTALL_HINT = (f"it is published only on AWS's Neuron pip index: pip install --extra-index-url {NEURON_INDEX} "
                 "'nmmc[neuron]' (on a Trainium host, or a Neuron DLAMI environment)")
 #: dialect -> (module to import, what to call it in messages)
-PACKAGES = {"nki": ("nki", "'nki' (NKI 0.3+, Neuron SDK 2.29 and later)"),
-            "neuronxcc": ("neuronxcc.nki", "'neuronx-cc' (neuronxcc.nki, NKI 0.1)")}
-MIN_NKI_VERSION = (0, 3)
+PACKAGES: dict[Dialect, tuple[str, str]] = {dialect: (dialect.module, dialect.info.package) for dialect in Dialect}
+MIN_NKI_VERSION = tuple(int(part) for part in Dialect.NKI.nki_version.split("."))
 
 
 class NeuronUnavailableError(NmmcError):
@@ -66,7 +66,7 @@ def nki_package(dialect: str) -> ModuleType:
     except ImportError:
         raise NeuronUnavailableError(f"running a {dialect}-dialect kernel on AWS's toolchain needs the package "
                                      f"{package}, which is not installed; {INSTALL_HINT}") from None
-    if dialect == "nki":
+    if dialect == Dialect.NKI:
         version = _version_tuple(getattr(module, "__version__", None))
         if version is not None and version < MIN_NKI_VERSION:
             raise NeuronUnavailableError(f"the installed nki is version {module.__version__}; nmmc's nki dialect "
@@ -123,7 +123,7 @@ def _outputs(result: Any) -> list[np.ndarray]:
 
 def simulate(package: ModuleType, dialect: str, fn: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     """Run one kernel in AWS's simulator (see the module docstring for the API of each dialect)."""
-    if dialect == "nki" and hasattr(package, "simulate"):
+    if dialect == Dialect.NKI and hasattr(package, "simulate"):
         return _outputs(package.simulate(fn)(*args))
     if hasattr(package, "simulate_kernel"):
         return _outputs(package.simulate_kernel(fn, *args))

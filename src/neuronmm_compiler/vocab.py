@@ -11,7 +11,10 @@ input with :meth:`StrEnum.lookup`, raising its own message when that gives None.
 - :class:`ALayout`: how the user holds a GEMM's A (or a chain's X), ``mk`` or ``km``: the
   ``--a-layout`` spelling of a :class:`Layout` (:attr:`ALayout.layout`, :meth:`ALayout.of`);
 - :class:`Orient`: the ``orient`` annotation of the fusion passes, how a computed value is held on
-  chip (``normal``, ``transposed``), and the HBM layout that holds it the same way.
+  chip (``normal``, ``transposed``), and the HBM layout that holds it the same way;
+- :class:`Dialect`: the NKI dialect a kernel file is printed in (``nki``, ``neuronxcc``), with its
+  NKI version, the module it imports and the package that provides it; the codegen's printers and
+  descriptions, the interpreter's import hook and the AWS toolchain backend all derive from it.
 
 This module imports nothing of nmmc's, so every layer can use it.
 """
@@ -20,10 +23,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeVar
 
-__all__ = ["ALayout", "Layout", "Orient", "StrEnum"]
+__all__ = ["DEFAULT_DIALECT", "ALayout", "Dialect", "DialectInfo", "Layout", "Orient", "StrEnum"]
 
 _E = TypeVar("_E", bound="StrEnum")
 
@@ -116,3 +120,77 @@ _LAYOUT_TO_A_LAYOUT: Mapping[Layout, ALayout] = MappingProxyType({v: k for k, v 
 _ORIENT_TO_LAYOUT: Mapping[Orient, Layout] = MappingProxyType(
     {Orient.NORMAL: Layout.ROW_MAJOR, Orient.TRANSPOSED: Layout.TRANSPOSED})
 _LAYOUT_TO_ORIENT: Mapping[Layout, Orient] = MappingProxyType({v: k for k, v in _ORIENT_TO_LAYOUT.items()})
+
+
+@dataclass(frozen=True)
+class DialectInfo:
+    """What a :class:`Dialect` is: the NKI release(s) it targets and where its API comes from."""
+
+    #: The NKI version, as the interpreter and messages name it (``0.3``, ``0.1``).
+    nki_version: str
+    #: True when later NKI versions keep the dialect (``NKI 0.3+``).
+    and_later: bool
+    #: The module holding ``language`` and ``isa`` that kernel files import (``neuronxcc.nki``).
+    module: str
+    #: The Neuron SDK releases that ship it.
+    sdk: str
+    #: How messages name the pip package that provides :attr:`module`.
+    package: str
+    #: Said after the description in kernel file headers.
+    note: str = ""
+
+
+class Dialect(StrEnum):
+    """The NKI dialect of an emitted kernel file (``--dialect``). ``nki`` is NKI 0.3+ (``import
+    nki``, ``dst=`` everywhere); ``neuronxcc`` is NKI 0.1 (``import neuronxcc.nki``, value-returning
+    calls), the API the NeuronMM paper used."""
+
+    NKI = "nki"
+    NEURONXCC = "neuronxcc"
+
+    @property
+    def info(self) -> DialectInfo:
+        """Everything the dialect stands for (see :class:`DialectInfo`)."""
+        return _DIALECT_INFO[self]
+
+    @property
+    def nki_version(self) -> str:
+        """The NKI version of the dialect (``0.3``, ``0.1``)."""
+        return self.info.nki_version
+
+    @property
+    def module(self) -> str:
+        """The NKI module a kernel file of this dialect imports (``nki``, ``neuronxcc.nki``)."""
+        return self.info.module
+
+    @property
+    def top_module(self) -> str:
+        """The top-level package of :attr:`module` (``nki``, ``neuronxcc``)."""
+        return self.module.partition(".")[0]
+
+    @property
+    def versions(self) -> str:
+        """``NKI 0.3+`` or ``NKI 0.1``: the NKI releases the dialect runs on."""
+        return f"NKI {self.nki_version}" + ("+" if self.info.and_later else "")
+
+    @property
+    def description(self) -> str:
+        """One line for kernel file headers and ``--help``: version, import, SDK releases."""
+        return f"{self.versions} (import {self.module}; {self.info.sdk}){self.info.note}"
+
+    @classmethod
+    def of_module(cls, name: str) -> Dialect | None:
+        """The dialect whose NKI package ``name`` (a dotted module name) belongs to, if any."""
+        top = name.partition(".")[0]
+        return next((dialect for dialect in cls if dialect.top_module == top), None)
+
+
+_DIALECT_INFO: Mapping[Dialect, DialectInfo] = MappingProxyType({
+    Dialect.NKI: DialectInfo(nki_version="0.3", and_later=True, module="nki", sdk="Neuron SDK 2.29 and later",
+                             package="'nki' (NKI 0.3+, Neuron SDK 2.29 and later)"),
+    Dialect.NEURONXCC: DialectInfo(nki_version="0.1", and_later=False, module="neuronxcc.nki",
+                                   sdk="Neuron SDK 2.27 and earlier", package="'neuronx-cc' (neuronxcc.nki, NKI 0.1)",
+                                   note=", as the NeuronMM paper used"),
+})
+#: The dialect nmmc prints unless told otherwise.
+DEFAULT_DIALECT = Dialect.NKI

@@ -19,6 +19,7 @@ from ..errors import UnknownNameError
 from ..ir import Graph, to_text
 from ..schedule.program import Program
 from ..targets import Target
+from ..vocab import Dialect
 from .printer import DIALECTS, PRINTERS
 from .reference import reference_source
 
@@ -34,10 +35,12 @@ class KernelFile:
     metadata: dict[str, Any] = field(hash=False)
 
 
-def check_dialect(dialect: str) -> str:
-    if dialect not in PRINTERS:
-        raise UnknownNameError(f"unknown dialect {dialect!r}; dialects: {', '.join(PRINTERS)}")
-    return dialect
+def check_dialect(dialect: str) -> Dialect:
+    """``dialect`` as a :class:`Dialect`; UnknownNameError naming the dialects when it is none."""
+    checked = Dialect.lookup(dialect)
+    if checked is None:
+        raise UnknownNameError(f"unknown dialect {dialect!r}; dialects: {', '.join(Dialect)}")
+    return checked
 
 
 def buffer_specs(buffers: list) -> list[dict[str, Any]]:
@@ -51,7 +54,8 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
     ``dialect``. ``summary`` rows go into the human-readable header; ``schedule`` (name and
     parameters) goes into both header and metadata."""
     kernels = [programs] if isinstance(programs, Program) else list(programs)
-    printer = PRINTERS[check_dialect(dialect)]()
+    dialect = check_dialect(dialect)
+    printer = PRINTERS[dialect]()
     graph_inputs = [{"name": n.attrs["name"], "shape": list(n.storage_shape), "dtype": n.dtype}
                     for n in graph.inputs()]
     graph_outputs = [{"name": n.attrs["name"], "shape": list(n.storage_shape), "dtype": n.dtype}

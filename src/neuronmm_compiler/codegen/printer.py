@@ -11,6 +11,9 @@ instructions return values that are assigned into buffers, loads and stores are 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from ..schedule.expr import Min, code
 from ..schedule.program import (
     Activation,
@@ -28,17 +31,22 @@ from ..schedule.program import (
     refs_of,
     walk,
 )
+from ..vocab import Dialect
 
 INDENT = "    "
 NL_DTYPES = {"bfloat16": "nl.bfloat16", "float32": "nl.float32", "float16": "nl.float16"}
 NL_MEMORY = {"sbuf": "nl.sbuf", "psum": "nl.psum", "hbm": "nl.shared_hbm"}
 NL_OPS = {"add": "nl.add", "multiply": "nl.multiply", "silu": "nl.silu", "copy": "nl.copy"}
 
-DIALECTS = {
-    "nki": "NKI 0.3+ (import nki; Neuron SDK 2.29 and later)",
-    "neuronxcc": "NKI 0.1 (import neuronxcc.nki; Neuron SDK 2.27 and earlier), as the NeuronMM paper used",
-}
-DEFAULT_DIALECT = "nki"
+#: Each dialect and its one-line description (kernel file headers, ``--dialect`` choices).
+DIALECTS: Mapping[Dialect, str] = MappingProxyType({dialect: dialect.description for dialect in Dialect})
+
+
+def _imports(dialect: Dialect) -> tuple[str, ...]:
+    """The import lines of a kernel file in ``dialect``: its NKI module as ``nki``, ``nisa``, ``nl``."""
+    module = dialect.module
+    top = f"import {module}" if module == "nki" else f"import {module} as nki"
+    return (top, f"import {module}.isa as nisa", f"import {module}.language as nl")
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -46,6 +54,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 
 class _Printer:
+    dialect: Dialect
     imports: tuple[str, ...] = ()
 
     def __init__(self) -> None:
@@ -112,7 +121,8 @@ class _Printer:
 class NkiPrinter(_Printer):
     """NKI 0.3+."""
 
-    imports = ("import nki", "import nki.isa as nisa", "import nki.language as nl")
+    dialect = Dialect.NKI
+    imports = _imports(dialect)
 
     def range_call(self, loop: Loop) -> str:
         return f"range({code(loop.trip)})"
@@ -146,8 +156,8 @@ class NkiPrinter(_Printer):
 class NeuronxccPrinter(_Printer):
     """NKI 0.1 (neuronxcc.nki)."""
 
-    imports = ("import neuronxcc.nki as nki", "import neuronxcc.nki.isa as nisa",
-               "import neuronxcc.nki.language as nl")
+    dialect = Dialect.NEURONXCC
+    imports = _imports(dialect)
 
     def range_call(self, loop: Loop) -> str:
         if _sizes_ragged_tiles(loop):
@@ -202,4 +212,5 @@ def _sizes_ragged_tiles(loop: Loop) -> bool:
     return False
 
 
-PRINTERS: dict[str, type[_Printer]] = {"nki": NkiPrinter, "neuronxcc": NeuronxccPrinter}
+#: The printer of each dialect.
+PRINTERS: Mapping[Dialect, type[_Printer]] = MappingProxyType({p.dialect: p for p in (NkiPrinter, NeuronxccPrinter)})

@@ -15,6 +15,7 @@ from threadpoolctl import threadpool_limits
 
 from ..errors import KernelError, UnsupportedAPIError
 from ..targets import Target
+from ..vocab import Dialect
 from . import api_legacy, api_nki
 from .counters import Counters
 from .machine import Machine
@@ -23,16 +24,16 @@ from .tensor import HBM, Tensor, require_written
 
 #: modules a kernel file may import besides the NKI stand-ins (__future__ is a compiler directive)
 PLAIN_IMPORTS = frozenset({"numpy", "math", "ml_dtypes", "__future__"})
-DIALECT_OF_TOP = {"nki": "0.3", "neuronxcc": "0.1"}
 
 
 @dataclass
 class KernelRun:
-    """The result of :func:`run_kernel`: output arrays (in their HBM dtype) and the counters."""
+    """The result of :func:`run_kernel`: output arrays (in their HBM dtype), the counters, and the
+    dialect whose NKI modules the file imported (None when it imported none)."""
 
     outputs: list[np.ndarray]
     counters: Counters
-    dialect: str | None
+    dialect: Dialect | None
 
 
 class _Importer:
@@ -49,7 +50,7 @@ class _Importer:
         if name in PLAIN_IMPORTS:
             return builtins.__import__(name, globals, locals, fromlist, level)
         top = name.partition(".")[0]
-        dialect = DIALECT_OF_TOP.get(top)
+        dialect = Dialect.of_module(name)
         if dialect is None:
             allowed = ", ".join(sorted(PLAIN_IMPORTS - {"__future__"}))
             raise UnsupportedAPIError(f"import of {name!r} is not allowed in a kernel file; allowed: "
@@ -58,11 +59,11 @@ class _Importer:
         m = self.machine
         if m.dialect is None:
             m.dialect = dialect
-            build = api_nki.build_modules if dialect == "0.3" else api_legacy.build_modules
+            build = api_nki.build_modules if dialect == Dialect.NKI else api_legacy.build_modules
             self.modules = build(m)
         elif m.dialect != dialect:
             raise UnsupportedAPIError(f"import of {name!r} mixes NKI dialects: the file already imported "
-                                      f"the NKI {m.dialect} modules")
+                                      f"the NKI {m.dialect.nki_version} modules")
         module = self.modules.get(name)
         if module is None:
             raise UnsupportedAPIError(f"import of {name!r} is not allowed: only {sorted(self.modules)}")

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
 from ..targets import Target
+from ..vocab import Dialect
 from . import ops
 from .counters import Counters
 from .memory import MemoryTracker
@@ -54,7 +55,8 @@ class Machine:
         #: event clock: +1 on every API call (modules.api) and 0.1-style assignment / +=; every access
         #: to an on-chip allocation stamps its liveness record with it (see memory.py)
         self.clock = 0
-        self.dialect: str | None = None
+        #: the NKI dialect of the file, set by its first NKI import (see loader.py)
+        self.dialect: Dialect | None = None
         self.hbm_allocs: list[Allocation] = []
 
     # --- source position ----------------------------------------------------------------
@@ -157,7 +159,7 @@ class Machine:
 
     # --- 0.1 writes through indexing --------------------------------------------------------
     def _require_legacy(self, what: str) -> None:
-        if self.dialect != "0.1":
+        if self.dialect != Dialect.NEURONXCC:
             raise UnsupportedAPIError(f"{what} is not in the NKI 0.3 subset: write tensors through an "
                                       "nisa call's dst= argument")
 
