@@ -378,6 +378,7 @@ def test_report_of_a_study_runs_no_trial(tmp_path, monkeypatch):
 
     import optuna
 
+    from neuronmm_compiler.search import trials as trials_module
     from neuronmm_compiler.search import tuner
 
     db = tmp_path / "tune.db"
@@ -397,7 +398,7 @@ def test_report_of_a_study_runs_no_trial(tmp_path, monkeypatch):
         raise AssertionError("nmmc report ran a search")
 
     monkeypatch.setattr(tuner, "search", no_search)
-    monkeypatch.setattr(tuner, "_trial_loop", no_search)
+    monkeypatch.setattr(trials_module, "_trial_loop", no_search)
     monkeypatch.setattr(optuna.Study, "ask", no_search)
     result = CliRunner().invoke(main, ["report", storage, "-o", str(tmp_path / "plots")])
     assert result.exit_code == 0, result.output + result.stderr

@@ -16,7 +16,7 @@ from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, check_schedule
 from neuronmm_compiler.schedule.fused import FusedSchedule
 from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, max_tiles_per_block
 from neuronmm_compiler.search import SearchSpace
-from neuronmm_compiler.search import tuner as tuner_module
+from neuronmm_compiler.search import trials as trials_module
 from neuronmm_compiler.targets import TARGETS, get_target
 
 SCHEDULES = (GemmSchedule, FusedSchedule)
@@ -166,10 +166,10 @@ def test_trials_of_dead_processes_are_failed_through_the_public_api():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()
     dead = study.ask()
-    dead.set_user_attr(tuner_module._OWNER_ATTR, f"{socket.gethostname()}:{_dead_pid()}")
+    dead.set_user_attr(trials_module._OWNER_ATTR, f"{socket.gethostname()}:{_dead_pid()}")
     finished = study.ask()
-    finished.set_user_attr(tuner_module._OWNER_ATTR, f"{socket.gethostname()}:{_dead_pid()}")
+    finished.set_user_attr(trials_module._OWNER_ATTR, f"{socket.gethostname()}:{_dead_pid()}")
     study.tell(finished, 1.0)
-    assert tuner_module._fail_dead_trials(study) == 1
+    assert trials_module._fail_dead_trials(study) == 1
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]

@@ -1,6 +1,6 @@
 """Search reports: plots and a Markdown summary of a tuning run or of a lockfile.
 
-:func:`write_report` turns a :class:`~neuronmm_compiler.search.tuner.TuneResult` into
+:func:`write_report` turns a :class:`~neuronmm_compiler.search.TuneResult` into
 
 * ``history.png``: the optimization history (every evaluated schedule's predicted latency in
   evaluation order when the candidates are known, and the best-so-far line);
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..cost_model import CostReport
 from ..errors import NmmcError
-from ..search.tuner import Candidate, TuneResult
+from ..search import Candidate, TuneResult
 from ..targets import Target, get_target
 from ..workloads import workload_from_dict
 from .lockfile import LockEntry, Lockfile

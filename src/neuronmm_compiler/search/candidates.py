@@ -1,0 +1,95 @@
+"""What a search works with: a costed schedule (:class:`Candidate`), the memo that costs each
+distinct schedule once (:class:`Evaluator`), what the search needs to know about a space
+(:class:`SpaceSpec`), and its outcome (:class:`TuneResult`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cost_model import CostReport
+from .space import SearchSpace
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A costed schedule."""
+
+    schedule: Any  # GemmSchedule or FusedSchedule
+    cost: CostReport
+
+    @property
+    def latency_us(self) -> float:
+        return self.cost.latency_us
+
+
+@dataclass
+class TuneResult:
+    """The outcome of a search."""
+
+    best: Candidate
+    top: list[Candidate]
+    method: str  # "optuna" or "exhaustive"
+    trials: int  # Optuna trials run (0 for exhaustive)
+    evaluated: int  # distinct schedules costed
+    feasible: int  # of which fit on chip
+    space_size: int  # distinct schedules in the space
+    seconds: float
+    history: list[float] = field(default_factory=list)  # best feasible latency after each evaluation
+    trial_history: list[float] = field(default_factory=list)  # best feasible latency after each Optuna trial
+    candidates: list[Candidate] = field(default_factory=list, repr=False)  # every schedule costed, in order
+    # With a persistent storage: name, storage kind, trials_in_study (COMPLETE), trials_run (by this call), workers.
+    study: dict[str, object] | None = None
+
+    def search_summary(self) -> dict[str, object]:
+        summary: dict[str, object] = {
+            "method": self.method, "trials": self.trials, "evaluated": self.evaluated, "feasible": self.feasible,
+            "space_size": self.space_size, "seconds": round(self.seconds, 3)}
+        if self.study is not None:
+            summary["study"] = dict(self.study)
+        return summary
+
+
+class Evaluator:
+    """Costs schedules once each (normalized schedules are the memo key)."""
+
+    def __init__(self, cost: Callable[[Any], CostReport], normalize: Callable[[Any], Any]):
+        self.cost, self.normalize = cost, normalize
+        self.memo: dict[Any, Candidate] = {}
+        self.raw: dict[Any, Any] = {}  # normalized -> first raw schedule seen
+        self.history: list[float] = []
+        self.trial_history: list[float] = []
+        self.best: float = math.inf
+
+    def __call__(self, schedule: Any) -> Candidate:
+        sched = self.normalize(schedule)
+        self.raw.setdefault(sched, schedule)
+        hit = self.memo.get(sched)
+        if hit is not None:
+            return hit
+        cand = Candidate(sched, self.cost(sched))
+        self.memo[sched] = cand
+        if cand.cost.feasible:
+            self.best = min(self.best, cand.latency_us)
+        self.history.append(self.best)
+        return cand
+
+    def ranked(self) -> list[Candidate]:
+        feasible = [c for c in self.memo.values() if c.cost.feasible]
+        return sorted(feasible, key=lambda c: (c.latency_us, schedule_key(c.schedule)))
+
+
+def schedule_key(schedule: Any) -> tuple:
+    return tuple(schedule.as_dict().values())
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """What the search needs to know about a schedule space (the parameters' roles: ``space``)."""
+
+    space: SearchSpace
+    guesses: list[Any]  # schedules enqueued as the first trials
+    size: int  # distinct (normalized) schedules in the space
+    distinct: Callable[[], Iterable[Any]]  # every distinct schedule, for exhaustive search
