@@ -139,3 +139,14 @@ def test_sigkilled_compress_resumes_to_identical_output(tmp_path):
     resumed = subprocess.run([*command, "-o", str(interrupted)], env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert _tree_bytes(interrupted) == _tree_bytes(tmp_path / "reference")
+
+
+def test_tune_model_honours_progress(tmp_path):
+    """--progress draws the bar over the buckets (it was silently ignored with --model)."""
+    args = ["tune", "--model", str(known_config("llama-3.2-1b")), "--keep-ratio", "0.8", "--tokens", "1,2",
+            "--trials", "5"]
+    shown = CliRunner().invoke(main, [*args, "--progress", "-o", str(tmp_path / "a")])
+    assert shown.exit_code == 0, shown.output + shown.stderr
+    assert "tuning" in shown.stderr and "2/2" in shown.stderr
+    hidden = CliRunner().invoke(main, [*args, "--no-progress", "-o", str(tmp_path / "b")])
+    assert hidden.exit_code == 0 and "tuning" not in hidden.stderr
