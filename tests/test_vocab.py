@@ -6,17 +6,32 @@ import copy
 import json
 import pickle
 
+import numpy as np
 import pytest
 
+from neuronmm_compiler import graph_file
 from neuronmm_compiler.codegen import DEFAULT_DIALECT, DIALECTS, check_dialect
-from neuronmm_compiler.codegen.printer import PRINTERS
+from neuronmm_compiler.codegen.printer import NL_OPS, PRINTERS
+from neuronmm_compiler.codegen.reference import reference_source
 from neuronmm_compiler.errors import UnknownNameError
 from neuronmm_compiler.interpreter.loader import PLAIN_IMPORTS
-from neuronmm_compiler.ir import A_LAYOUTS, LAYOUTS, ORIENTS, gemm_graph
+from neuronmm_compiler.interpreter.ops import ACTIVATION_FUNCS, BINARY_FUNCS
+from neuronmm_compiler.ir import (
+    A_LAYOUTS,
+    COMPUTE_KINDS,
+    ELEMENTWISE_ARITY,
+    KINDS,
+    LAYOUTS,
+    ORIENTS,
+    Graph,
+    evaluate,
+    gemm_graph,
+    mlp_graph,
+)
 from neuronmm_compiler.nki_backend import MIN_NKI_VERSION, PACKAGES
-from neuronmm_compiler.vocab import ALayout, Dialect, Layout, Orient, StrEnum
+from neuronmm_compiler.vocab import ALayout, Dialect, ElementwiseOp, Layout, NodeKind, Orient, StrEnum
 
-ENUMS: tuple[type[StrEnum], ...] = (Layout, ALayout, Orient, Dialect)
+ENUMS: tuple[type[StrEnum], ...] = (Layout, ALayout, Orient, Dialect, NodeKind, ElementwiseOp)
 
 
 @pytest.mark.parametrize("enum", ENUMS)
@@ -90,3 +105,41 @@ def test_dialects_and_what_derives_from_them() -> None:
     ("neuronxcc.nki.isa", Dialect.NEURONXCC), ("numpy", None), ("nkix", None), *((m, None) for m in PLAIN_IMPORTS)])
 def test_dialect_of_a_module(module: str, dialect: Dialect | None) -> None:
     assert Dialect.of_module(module) is dialect
+
+
+def test_node_kinds() -> None:
+    assert KINDS == tuple(NodeKind) == ("input", "matmul", "transpose", "elementwise", "output")
+    assert COMPUTE_KINDS == ("matmul", "transpose", "elementwise")
+    assert {kind: kind.arity for kind in NodeKind} == {
+        "input": 0, "matmul": 2, "transpose": 1, "elementwise": None, "output": 1}
+    graph = mlp_graph(4, 8, 16, None)
+    assert all(type(node.kind) is NodeKind for node in graph.nodes())
+    assert all(type(node.attrs["op"]) is ElementwiseOp for node in graph.nodes() if node.kind == NodeKind.ELEMENTWISE)
+
+
+def test_one_elementwise_table_for_every_user() -> None:
+    assert ElementwiseOp.values() == ("silu", "multiply", "add")
+    assert dict(ELEMENTWISE_ARITY) == {"silu": 1, "multiply": 2, "add": 2}
+    assert [op for op in ElementwiseOp if op.unary] == [ElementwiseOp.SILU]
+    assert {op: NL_OPS[op] for op in ElementwiseOp} == {"silu": "nl.silu", "multiply": "nl.multiply", "add": "nl.add"}
+    assert dict(graph_file.OPS) == {"matmul": 2, "transpose": 1, "add": 2, "multiply": 2, "silu": 1}
+    for op in ElementwiseOp:  # the interpreter implements every op kernels are printed with
+        assert op.nki.removeprefix("nl.") in (ACTIVATION_FUNCS if op.unary else BINARY_FUNCS)
+    assert ElementwiseOp.SILU.numpy_source("x") == "x / (1.0 + np.exp(-x))"
+    assert ElementwiseOp.ADD.numpy_source("a", "b") == "a + b"
+
+
+@pytest.mark.parametrize("op", list(ElementwiseOp))
+def test_numpy_spelling_and_evaluation_agree(op: ElementwiseOp) -> None:
+    """The reference source a kernel file prints and the evaluator compute the same op."""
+    graph = Graph("g")
+    args = [graph.add_input(name, (3, 5), "fp32") for name in ("a", "b")[: op.arity]]
+    node = graph.add_elementwise(op.value, *args)
+    assert node.startswith(op.info.id_prefix)
+    graph.add_output("y", node)
+    rng = np.random.default_rng(0)
+    inputs = {name: rng.standard_normal((3, 5)) * 30 for name in ("a", "b")[: op.arity]}
+    namespace: dict = {"np": np}
+    exec("\n".join(reference_source(graph)), namespace)
+    printed = namespace["reference"](*inputs.values())
+    assert np.allclose(printed, evaluate(graph, inputs)["y"], rtol=1e-12, atol=0)

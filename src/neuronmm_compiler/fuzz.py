@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import NmmcError
 from .targets import TARGETS
-from .vocab import Dialect, Layout
+from .vocab import Dialect, ElementwiseOp, Layout, NodeKind
 
 #: Outcomes that are not bugs.
 GOOD = ("ok", "rejected")
@@ -115,17 +115,18 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
                 # large-but-cheap: a wide weight when there are few tokens
                 wide = rows <= 8 and rng.random() < 0.3
                 rhs = new_input((cols, rng.choice((4096, 8192)) if wide else _size(rng)), weight=True)
-            values.append(new_op("matmul", [a, rhs], (rows, shapes[rhs][1])))
+            values.append(new_op(NodeKind.MATMUL.value, [a, rhs], (rows, shapes[rhs][1])))
         elif roll < 0.75:
             same = [v for v in values if shapes[v] == (rows, cols)]
             b = rng.choice(same) if same and rng.random() < 0.7 else new_input((rows, cols), weight=False)
-            values.append(new_op(rng.choice(("add", "multiply")), [a, b], (rows, cols)))
+            binary = rng.choice((ElementwiseOp.ADD, ElementwiseOp.MULTIPLY))
+            values.append(new_op(binary.value, [a, b], (rows, cols)))
         elif roll < 0.92:
-            values.append(new_op("silu", [a], (rows, cols)))
+            values.append(new_op(ElementwiseOp.SILU.value, [a], (rows, cols)))
         else:
-            values.append(new_op("transpose", [a], (cols, rows)))
+            values.append(new_op(NodeKind.TRANSPOSE.value, [a], (cols, rows)))
     if not ops:
-        values.append(new_op("silu", [values[0]], shapes[values[0]]))
+        values.append(new_op(ElementwiseOp.SILU.value, [values[0]], shapes[values[0]]))
     computed = [v for v in values if v in ops]
     used = {arg for op in ops.values() for arg in op["args"]}
     sinks = [v for v in computed if v not in used]

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import networkx as nx
@@ -51,12 +52,15 @@ from .ir import Graph
 from .ir.graph import DTYPE_ALIASES, LAYOUTS, is_identifier
 from .schedule.program import DTYPE_BYTES
 from .targets import Target
-from .vocab import Layout
+from .vocab import ElementwiseOp, Layout, NodeKind
 
 #: The format version a file declares as ``nmmc_graph: 1``.
 FORMAT_VERSION = 1
-#: Ops a graph file may use, and their operand counts.
-OPS: Mapping[str, int] = {"matmul": 2, "transpose": 1, "add": 2, "multiply": 2, "silu": 1}
+#: Ops a graph file may use (in the order messages and the schema list them): the node kinds it
+#: spells as ops, then the elementwise ops; each with its operand count.
+OPS: Mapping[NodeKind | ElementwiseOp, int] = MappingProxyType({
+    op: op.arity for op in (NodeKind.MATMUL, NodeKind.TRANSPOSE, ElementwiseOp.ADD, ElementwiseOp.MULTIPLY,
+                            ElementwiseOp.SILU)})
 MAX_NAME_LENGTH = 64
 MAX_DESCRIPTION_LENGTH = 1000
 MAX_FILE_BYTES = 256 * 1024
@@ -299,7 +303,7 @@ class InputSpec:
 @dataclass(frozen=True)
 class OpSpec:
     name: str
-    op: str
+    op: NodeKind | ElementwiseOp
     args: tuple[str, ...]
 
 
@@ -350,9 +354,9 @@ class GraphSpec:
                 ids[inp.name] = graph.add_input(inp.name, shape, inp.dtype, inp.layout, id=inp.name)
             for spec in self.ops:
                 args = [ids[a] for a in spec.args]
-                if spec.op == "matmul":
+                if spec.op == NodeKind.MATMUL:
                     ids[spec.name] = graph.add_matmul(*args, id=spec.name)
-                elif spec.op == "transpose":
+                elif spec.op == NodeKind.TRANSPOSE:
                     ids[spec.name] = graph.add_transpose(*args, id=spec.name)
                 else:
                     ids[spec.name] = graph.add_elementwise(spec.op, *args, id=spec.name)
@@ -498,9 +502,10 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
         op_name = claim(key, "op")
         entry = _mapping(entry, f"op {op_name}", source)
         _keys(entry, OP_KEYS, f"op {op_name}", source)
-        kind = entry.get("op")
-        if not isinstance(kind, str) or kind not in OPS:
-            raise InputError(f"{source}: op {op_name}: unsupported op {_show(kind, 40)}; supported: {', '.join(OPS)}")
+        kind = next((op for op in OPS if op == entry.get("op")), None)
+        if kind is None:
+            raise InputError(f"{source}: op {op_name}: unsupported op {_show(entry.get('op'), 40)}; "
+                             f"supported: {', '.join(OPS)}")
         args = entry.get("args")
         if not isinstance(args, list) or len(args) != OPS[kind]:
             raise InputError(f"{source}: op {op_name}: {kind} takes a list of {OPS[kind]} argument name(s) as "
@@ -591,7 +596,8 @@ def parse_dim_bindings(values: tuple[str, ...] | list[str]) -> dict[str, int]:
 
 def boundary_bytes(graph: Graph) -> int:
     """Bytes of every graph input and output in HBM."""
-    return sum(math.prod(n.shape) * DTYPE_BYTES[n.dtype] for n in graph.nodes() if n.kind in ("input", "output"))
+    return sum(math.prod(n.shape) * DTYPE_BYTES[n.dtype] for n in graph.nodes()
+               if n.kind in (NodeKind.INPUT, NodeKind.OUTPUT))
 
 
 def check_fits_hbm(graph: Graph, target: Target, source: str) -> None:

@@ -39,7 +39,7 @@ from .errors import InputError, KernelError
 from .interpreter import run_kernel
 from .ir import Graph, evaluate, parse_text
 from .targets import Target, get_target
-from .vocab import Layout
+from .vocab import ElementwiseOp, Layout, NodeKind
 
 TOLERANCES = {"bfloat16": 1e-2, "float32": 1e-5}
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
@@ -95,32 +95,32 @@ def rounding_allowance(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str,
     variances: dict[str, np.ndarray] = {}
     out: dict[str, np.ndarray] = {}
     for node in graph.nodes():
-        if node.kind == "input":
+        if node.kind == NodeKind.INPUT:
             value = np.asarray(inputs[node.name], dtype=np.float64)
             values[node.id] = value.T if node.layout == Layout.TRANSPOSED else value
             variances[node.id] = np.zeros_like(values[node.id])
             continue
-        if node.kind == "output":
+        if node.kind == NodeKind.OUTPUT:
             sigma = SIGMAS * np.sqrt(variances[node.operands[0]])
             out[node.attrs["name"]] = sigma.T if node.layout == Layout.TRANSPOSED else sigma
             continue
         ops = [values[o] for o in node.operands]
         var = [variances[o] for o in node.operands]
-        if node.kind == "matmul":
+        if node.kind == NodeKind.MATMUL:
             value = ops[0] @ ops[1]
             variance = var[0] @ ops[1] ** 2 + ops[0] ** 2 @ var[1]
-        elif node.kind == "transpose":
+        elif node.kind == NodeKind.TRANSPOSE:
             value, variance = ops[0].T, var[0].T
-        elif node.attrs.get("op") == "silu":
+        elif node.attrs.get("op") == ElementwiseOp.SILU:
             value = ops[0] / (1.0 + np.exp(-np.clip(ops[0], -700.0, 700.0)))
             variance = SILU_LIPSCHITZ**2 * var[0]
-        elif node.attrs.get("op") == "multiply":
+        elif node.attrs.get("op") == ElementwiseOp.MULTIPLY:
             value = ops[0] * ops[1]
             variance = var[0] * ops[1] ** 2 + ops[0] ** 2 * var[1]
-        else:  # add
+        else:  # ElementwiseOp.ADD
             value = ops[0] + ops[1]
             variance = var[0] + var[1]
-        if any(graph.node(u).kind == "matmul" for u in graph.users(node.id)):
+        if any(graph.node(u).kind == NodeKind.MATMUL for u in graph.users(node.id)):
             # held on chip (or handed between kernels) in the graph's dtype as a matmul operand:
             # rounding adds a relative error uniform in [-u, u], of variance u^2 / 3
             variance = variance + UNIT_ROUNDOFF[node.dtype] ** 2 / 3.0 * value**2

@@ -14,20 +14,39 @@ input with :meth:`StrEnum.lookup`, raising its own message when that gives None.
   chip (``normal``, ``transposed``), and the HBM layout that holds it the same way;
 - :class:`Dialect`: the NKI dialect a kernel file is printed in (``nki``, ``neuronxcc``), with its
   NKI version, the module it imports and the package that provides it; the codegen's printers and
-  descriptions, the interpreter's import hook and the AWS toolchain backend all derive from it.
+  descriptions, the interpreter's import hook and the AWS toolchain backend all derive from it;
+- :class:`NodeKind`: the kinds of graph IR nodes (``input``, ``matmul``, ``transpose``,
+  ``elementwise``, ``output``), with their operand counts;
+- :class:`ElementwiseOp`: the elementwise ops (``silu``, ``multiply``, ``add``), the one table of
+  each op's arity, node id prefix, NumPy spelling (the reference ``reference()`` prints and the
+  evaluation of the graph) and NKI spelling (the ``nl.*`` op kernels pass).
 
-This module imports nothing of nmmc's, so every layer can use it.
+This module imports nothing of nmmc's (only NumPy, for :meth:`ElementwiseOp.apply`), so every
+layer can use it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeVar
 
-__all__ = ["DEFAULT_DIALECT", "ALayout", "Dialect", "DialectInfo", "Layout", "Orient", "StrEnum"]
+import numpy as np
+
+__all__ = [
+    "DEFAULT_DIALECT",
+    "ALayout",
+    "Dialect",
+    "DialectInfo",
+    "ElementwiseOp",
+    "ElementwiseOpInfo",
+    "Layout",
+    "NodeKind",
+    "Orient",
+    "StrEnum",
+]
 
 _E = TypeVar("_E", bound="StrEnum")
 
@@ -194,3 +213,93 @@ _DIALECT_INFO: Mapping[Dialect, DialectInfo] = MappingProxyType({
 })
 #: The dialect nmmc prints unless told otherwise.
 DEFAULT_DIALECT = Dialect.NKI
+
+
+class NodeKind(StrEnum):
+    """The kind of a graph IR node. Compute kinds (matmul, transpose, elementwise) produce a value
+    on chip and carry the passes' annotations; inputs and outputs are the kernel's HBM tensors."""
+
+    INPUT = "input"
+    MATMUL = "matmul"
+    TRANSPOSE = "transpose"
+    ELEMENTWISE = "elementwise"
+    OUTPUT = "output"
+
+    @property
+    def is_compute(self) -> bool:
+        """True for the kinds that compute a value on chip (and so carry annotations)."""
+        return self not in (NodeKind.INPUT, NodeKind.OUTPUT)
+
+    @property
+    def arity(self) -> int | None:
+        """The operands a node of this kind takes; None for ``elementwise`` (its op's arity)."""
+        return _KIND_ARITY[self]
+
+
+_KIND_ARITY: Mapping[NodeKind, int | None] = MappingProxyType({
+    NodeKind.INPUT: 0, NodeKind.MATMUL: 2, NodeKind.TRANSPOSE: 1, NodeKind.ELEMENTWISE: None, NodeKind.OUTPUT: 1})
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    """silu(x) = x / (1 + exp(-x)); exp overflows to inf for very negative x, giving -0."""
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-x))
+
+
+@dataclass(frozen=True)
+class ElementwiseOpInfo:
+    """One row of the elementwise op table (see :class:`ElementwiseOp`)."""
+
+    #: Operand count.
+    arity: int
+    #: Prefix of the ids the graph numbers such nodes with (``mul0``, ``mul1``, ...).
+    id_prefix: str
+    #: The NumPy expression of the op, ``{0}``/``{1}`` standing for its operands (float64 reference).
+    numpy: str
+    #: The NKI op (``nl.*``) a kernel passes to ``nisa.activation`` (unary) or ``nisa.tensor_tensor``.
+    nki: str
+    #: The op on NumPy arrays (what :attr:`numpy` spells, for the evaluator).
+    function: Callable[..., np.ndarray]
+
+
+class ElementwiseOp(StrEnum):
+    """An elementwise op of the graph IR (the ``op`` attr of an ``elementwise`` node)."""
+
+    SILU = "silu"
+    MULTIPLY = "multiply"
+    ADD = "add"
+
+    @property
+    def info(self) -> ElementwiseOpInfo:
+        """The op's row of the table (arity, id prefix, NumPy and NKI spellings)."""
+        return _ELEMENTWISE_OPS[self]
+
+    @property
+    def arity(self) -> int:
+        """How many operands the op takes."""
+        return self.info.arity
+
+    @property
+    def unary(self) -> bool:
+        """True for an activation (one operand, ``nisa.activation``); False for a tensor-tensor op."""
+        return self.info.arity == 1
+
+    @property
+    def nki(self) -> str:
+        """The ``nl.*`` op that computes it in a kernel."""
+        return self.info.nki
+
+    def numpy_source(self, *operands: str) -> str:
+        """The op as a NumPy expression over the operand expressions ``operands``."""
+        return self.info.numpy.format(*operands)
+
+    def apply(self, *operands: np.ndarray) -> np.ndarray:
+        """The op on NumPy arrays (in their dtype)."""
+        return self.info.function(*operands)
+
+
+_ELEMENTWISE_OPS: Mapping[ElementwiseOp, ElementwiseOpInfo] = MappingProxyType({
+    ElementwiseOp.SILU: ElementwiseOpInfo(1, "silu", "{0} / (1.0 + np.exp(-{0}))", "nl.silu", _silu),
+    ElementwiseOp.MULTIPLY: ElementwiseOpInfo(2, "mul", "{0} * {1}", "nl.multiply", np.multiply),
+    ElementwiseOp.ADD: ElementwiseOpInfo(2, "add", "{0} + {1}", "nl.add", np.add),
+})

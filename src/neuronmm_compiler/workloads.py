@@ -27,7 +27,7 @@ from .ir import (
     to_text,
 )
 from .schedule import GemmProblem
-from .vocab import ALayout
+from .vocab import ALayout, NodeKind
 
 
 class Workload(ABC):
@@ -204,7 +204,7 @@ WORKLOAD_KINDS: Mapping[str, type[Workload]] = {
 def graph_token_count(graph: Graph) -> int:
     """Rows of the largest left operand of a matmul (the token dimension a fused kernel blocks),
     or of the largest computed value when the graph has no matmul."""
-    rows = [graph.node(n.operands[0]).shape[0] for n in graph.nodes() if n.kind == "matmul"]
+    rows = [graph.node(n.operands[0]).shape[0] for n in graph.nodes() if n.kind == NodeKind.MATMUL]
     rows = rows or [n.shape[0] for n in graph.compute_nodes()]
     return max(rows, default=1)
 
@@ -285,7 +285,7 @@ def _graph_from_dict(data: Mapping[str, Any]) -> GraphWorkload:
     graph = parse_text(text)
     check_user_name(graph.name, "graph name")
     for node in graph.nodes():
-        check_user_name(node.name if node.kind in ("input", "output") else node.id, node.kind)
+        check_user_name(node.name if node.kind in (NodeKind.INPUT, NodeKind.OUTPUT) else node.id, node.kind)
     return graph_workload(graph, source)
 
 

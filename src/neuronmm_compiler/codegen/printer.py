@@ -31,12 +31,13 @@ from ..schedule.program import (
     refs_of,
     walk,
 )
-from ..vocab import Dialect
+from ..vocab import Dialect, ElementwiseOp
 
 INDENT = "    "
 NL_DTYPES = {"bfloat16": "nl.bfloat16", "float32": "nl.float32", "float16": "nl.float16"}
 NL_MEMORY = {"sbuf": "nl.sbuf", "psum": "nl.psum", "hbm": "nl.shared_hbm"}
-NL_OPS = {"add": "nl.add", "multiply": "nl.multiply", "silu": "nl.silu", "copy": "nl.copy"}
+#: The ``nl.*`` op of each program op: the graph's elementwise ops (their NKI spelling) and ``copy``.
+NL_OPS: Mapping[str, str] = MappingProxyType({**{op: op.nki for op in ElementwiseOp}, "copy": "nl.copy"})
 
 #: Each dialect and its one-line description (kernel file headers, ``--dialect`` choices).
 DIALECTS: Mapping[Dialect, str] = MappingProxyType({dialect: dialect.description for dialect in Dialect})

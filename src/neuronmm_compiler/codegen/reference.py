@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..ir import Graph
-from ..vocab import Layout
+from ..vocab import ElementwiseOp, Layout, NodeKind
 
 INDENT = "    "
 
@@ -24,23 +24,18 @@ def reference_source(graph: Graph, name: str = "reference") -> list[str]:
         lines.append(f"{INDENT}{arg}_f64 = {value}")
         names[node.id] = f"{arg}_f64"
     for index, node in enumerate(graph.nodes()):
-        if node.kind in ("input", "output"):
+        if node.kind in (NodeKind.INPUT, NodeKind.OUTPUT):
             continue
         ops = [names[o] for o in node.operands]
-        if node.kind == "matmul":
+        if node.kind == NodeKind.MATMUL:
             expr = f"{ops[0]} @ {ops[1]}"
-        elif node.kind == "transpose":
+        elif node.kind == NodeKind.TRANSPOSE:
             expr = f"{ops[0]}.T"
-        elif node.kind == "elementwise":
-            op = node.attrs["op"]
-            if op == "silu":
-                expr = f"{ops[0]} / (1.0 + np.exp(-{ops[0]}))"
-            elif op == "multiply":
-                expr = f"{ops[0]} * {ops[1]}"
-            elif op == "add":
-                expr = f"{ops[0]} + {ops[1]}"
-            else:
-                raise ValueError(f"no NumPy reference for elementwise op {op!r}")
+        elif node.kind == NodeKind.ELEMENTWISE:
+            op = ElementwiseOp.lookup(node.attrs["op"])
+            if op is None:
+                raise ValueError(f"no NumPy reference for elementwise op {node.attrs['op']!r}")
+            expr = op.numpy_source(*ops)
         else:
             raise ValueError(f"no NumPy reference for node kind {node.kind!r}")
         local = f"v{index}"

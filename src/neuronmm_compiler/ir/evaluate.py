@@ -8,17 +8,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, IRError, NmmcError
-from ..vocab import Layout
+from ..vocab import ElementwiseOp, Layout, NodeKind
 from .graph import Graph, Node, format_shape
 from .verify import verify
 
 __all__ = ["evaluate"]
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    """silu(x) = x / (1 + exp(-x)); exp overflows to inf for very negative x, giving -0."""
-    with np.errstate(over="ignore"):
-        return x / (1 + np.exp(-x))
 
 
 def _load_input(node: Node, value: Any, dtype: np.dtype) -> np.ndarray:
@@ -40,20 +34,16 @@ def _load_input(node: Node, value: Any, dtype: np.dtype) -> np.ndarray:
 
 
 def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
-    if node.kind == "matmul":
+    if node.kind == NodeKind.MATMUL:
         return args[0] @ args[1]
-    if node.kind == "transpose":
+    if node.kind == NodeKind.TRANSPOSE:
         return args[0].T
-    if node.kind == "output":
+    if node.kind == NodeKind.OUTPUT:
         return args[0]
-    op = node.attrs["op"]
-    if op == "silu":
-        return silu(args[0])
-    if op == "multiply":
-        return args[0] * args[1]
-    if op == "add":
-        return args[0] + args[1]
-    raise IRError(f"no evaluation rule for elementwise op {op!r}")
+    op = ElementwiseOp.lookup(node.attrs["op"])
+    if op is None:
+        raise IRError(f"no evaluation rule for elementwise op {node.attrs['op']!r}")
+    return op.apply(*args)
 
 
 def evaluate(
@@ -85,7 +75,7 @@ def evaluate(
     values: dict[str, np.ndarray] = {}
     results: dict[str, np.ndarray] = {}
     for node in graph.nodes():
-        if node.kind == "input":
+        if node.kind == NodeKind.INPUT:
             values[node.id] = _load_input(node, inputs[node.name], dtype)
             continue
         try:
@@ -100,7 +90,7 @@ def evaluate(
                 f"the IR says {format_shape(node.shape)}"
             )
         values[node.id] = value
-        if node.kind == "output":
+        if node.kind == NodeKind.OUTPUT:
             stored = value.T if node.layout == Layout.TRANSPOSED else value
             results[node.name] = np.array(stored, dtype=dtype, copy=True)
     return results

@@ -11,7 +11,7 @@ import re
 from numbers import Real
 
 from ..errors import InputError
-from ..vocab import ALayout
+from ..vocab import ALayout, ElementwiseOp
 from .graph import Graph
 
 __all__ = ["A_LAYOUTS", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
@@ -171,7 +171,7 @@ def mlp_graph(
 
     gate = project(x, "gate", "ug")
     up = project(x, "up", "uu")
-    act = graph.add_elementwise("silu", gate, id="act")
-    h = graph.add_elementwise("multiply", act, up, id="h")
+    act = graph.add_elementwise(ElementwiseOp.SILU, gate, id="act")
+    h = graph.add_elementwise(ElementwiseOp.MULTIPLY, act, up, id="h")
     graph.add_output("out", project(h, "down", "ud"))
     return graph

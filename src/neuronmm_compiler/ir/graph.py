@@ -21,14 +21,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
 import networkx as nx
 
 from ..errors import InputError, IRError, UnknownNameError
-from ..vocab import Layout
+from ..vocab import ElementwiseOp, Layout, NodeKind
 from .node import (
     COMPUTE_KINDS,
     DTYPE_ALIASES,
@@ -65,11 +65,6 @@ __all__ = [
     "is_identifier",
     "operand_arity",
 ]
-
-_ELEMENTWISE_ID_PREFIX: Mapping[str, str] = MappingProxyType(
-    {"silu": "silu", "multiply": "mul", "add": "add"}
-)
-
 
 class Graph:
     """A matmul graph: typed op nodes in a ``networkx.DiGraph``, checked as they are added."""
@@ -115,7 +110,7 @@ class Graph:
     def _check_boundary_name(self, name: str, what: str) -> None:
         check_identifier(name, f"{what} name")
         for node_id, data in self._g.nodes(data=True):
-            if data.get("kind") in ("input", "output") and data.get("attrs", {}).get("name") == name:
+            if data.get("kind") in (NodeKind.INPUT, NodeKind.OUTPUT) and data.get("attrs", {}).get("name") == name:
                 raise InputError(
                     f"{what} name {name!r} is already used by {data['kind']} %{node_id}; "
                     "input and output names must be unique (they become kernel argument names)"
@@ -124,7 +119,7 @@ class Graph:
     def _add(
         self,
         node_id: str,
-        kind: str,
+        kind: NodeKind,
         operands: Sequence[str],
         shape: tuple[int, ...],
         dtype: str,
@@ -143,7 +138,7 @@ class Graph:
         return node_id
 
     def _add_computed(
-        self, kind: str, operands: Sequence[str], attrs: dict[str, str], node_id: str | None, base: str
+        self, kind: NodeKind, operands: Sequence[str], attrs: dict[str, str], node_id: str | None, base: str
     ) -> str:
         operand_nodes = [self.node(operand) for operand in operands]
         new_id = self._claim_id(node_id, base, numbered=True)
@@ -163,21 +158,22 @@ class Graph:
         canonical = canonical_dtype(dtype)
         checked = check_layout(layout, dims, f"input {name!r}")
         new_id = self._claim_id(id, name, numbered=False)
-        return self._add(new_id, "input", (), dims, canonical, {"name": name, "layout": checked})
+        return self._add(new_id, NodeKind.INPUT, (), dims, canonical, {"name": name, "layout": checked})
 
     def add_matmul(self, lhs: str, rhs: str, id: str | None = None) -> str:
         """Add ``lhs [M, K] @ rhs [K, N] -> [M, N]`` (dtype of the operands); return its id."""
-        return self._add_computed("matmul", (lhs, rhs), {}, id, "mm")
+        return self._add_computed(NodeKind.MATMUL, (lhs, rhs), {}, id, "mm")
 
     def add_transpose(self, x: str, id: str | None = None) -> str:
         """Add the transpose of a 2-D value; return its id."""
-        return self._add_computed("transpose", (x,), {}, id, "t")
+        return self._add_computed(NodeKind.TRANSPOSE, (x,), {}, id, "t")
 
     def add_elementwise(self, op: str, *operands: str, id: str | None = None) -> str:
         """Add ``silu(x)``, ``multiply(x, y)`` or ``add(x, y)`` (binary ops need equal shapes)."""
-        if op not in ELEMENTWISE_ARITY:
-            raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ELEMENTWISE_ARITY)}")
-        return self._add_computed("elementwise", operands, {"op": op}, id, _ELEMENTWISE_ID_PREFIX[op])
+        checked = ElementwiseOp.lookup(op)
+        if checked is None:
+            raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ElementwiseOp)}")
+        return self._add_computed(NodeKind.ELEMENTWISE, operands, {"op": checked}, id, checked.info.id_prefix)
 
     def add_output(self, name: str, value: str, *, layout: str = Layout.ROW_MAJOR, id: str | None = None) -> str:
         """Mark ``value`` as the output ``name``; return the output node's id (``name`` unless taken).
@@ -190,8 +186,8 @@ class Graph:
         checked = check_layout(layout, operand.shape, f"output {name!r}")
         new_id = self._claim_id(id, name, numbered=False)
         attrs = {"name": name, "layout": checked}
-        shape, dtype = infer_result(new_id, "output", attrs, [operand])
-        return self._add(new_id, "output", (value,), shape, dtype, attrs)
+        shape, dtype = infer_result(new_id, NodeKind.OUTPUT, attrs, [operand])
+        return self._add(new_id, NodeKind.OUTPUT, (value,), shape, dtype, attrs)
 
     # ----------------------------------------------------------------- queries
 
@@ -236,11 +232,11 @@ class Graph:
 
     def inputs(self) -> list[Node]:
         """Input nodes in topological order (which keeps their declaration order)."""
-        return [node for node in self.nodes() if node.kind == "input"]
+        return [node for node in self.nodes() if node.kind == NodeKind.INPUT]
 
     def outputs(self) -> list[Node]:
         """Output nodes in topological order."""
-        return [node for node in self.nodes() if node.kind == "output"]
+        return [node for node in self.nodes() if node.kind == NodeKind.OUTPUT]
 
     def users(self, id: str) -> list[str]:
         """Ids of the nodes that read ``id``, in insertion order (each user listed once)."""
@@ -342,7 +338,7 @@ class Graph:
         verify catches a pass that does not).
         """
         node = self.node(id)
-        if node.kind != "input":
+        if node.kind != NodeKind.INPUT:
             raise IRError(f"redeclare_input: %{id} is a {node.kind}, not an input")
         dims = check_shape(shape, f"input {node.name!r}")
         checked = check_layout(layout, dims, f"input {node.name!r}")
@@ -354,10 +350,10 @@ class Graph:
         """Make output ``id`` return ``value``, the operand of the transpose it returned, in the
         flipped layout: the same array in HBM, so its storage shape is kept."""
         node = self.node(id)
-        if node.kind != "output":
+        if node.kind != NodeKind.OUTPUT:
             raise IRError(f"redirect_output: %{id} is a {node.kind}, not an output")
         operand = self.node(node.operands[0])
-        if operand.kind != "transpose" or operand.operands[0] != value:
+        if operand.kind != NodeKind.TRANSPOSE or operand.operands[0] != value:
             raise IRError(f"redirect_output: output %{id} does not return a transpose of %{value}")
         data = self._g.nodes[id]
         data["attrs"] = {**data["attrs"], "layout": Layout(node.layout or Layout.ROW_MAJOR).flipped}

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, IRError, UnknownNameError
-from ..vocab import Layout, Orient
+from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
 
 #: Canonical dtype names.
 DTYPES: tuple[str, ...] = ("bfloat16", "float32")
@@ -38,11 +38,12 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
 #: How an input or output is stored in HBM (:class:`~neuronmm_compiler.vocab.Layout`): as its
 #: logical shape, or as its transpose (2-D only).
 LAYOUTS: tuple[Layout, ...] = tuple(Layout)
-KINDS: tuple[str, ...] = ("input", "matmul", "transpose", "elementwise", "output")
+#: Node kinds (:class:`~neuronmm_compiler.vocab.NodeKind`).
+KINDS: tuple[NodeKind, ...] = tuple(NodeKind)
 #: The kinds that compute a value on chip; only these carry annotations.
-COMPUTE_KINDS: tuple[str, ...] = ("matmul", "transpose", "elementwise")
-#: Elementwise ops and their operand counts.
-ELEMENTWISE_ARITY: Mapping[str, int] = MappingProxyType({"silu": 1, "multiply": 2, "add": 2})
+COMPUTE_KINDS: tuple[NodeKind, ...] = tuple(kind for kind in NodeKind if kind.is_compute)
+#: Elementwise ops (:class:`~neuronmm_compiler.vocab.ElementwiseOp`) and their operand counts.
+ELEMENTWISE_ARITY: Mapping[ElementwiseOp, int] = MappingProxyType({op: op.arity for op in ElementwiseOp})
 #: Edge attribute holding the operand positions of the source in the target.
 OPERAND_INDICES = "operand_indices"
 #: Values of the ``orient`` annotation (:class:`~neuronmm_compiler.vocab.Orient`): first logical
@@ -154,7 +155,7 @@ class Node:
     """
 
     id: str
-    kind: str
+    kind: NodeKind
     operands: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: str
@@ -169,7 +170,7 @@ class Node:
     @property
     def layout(self) -> Layout | None:
         """The HBM layout of an input or output (``row_major`` or ``transposed``), else None."""
-        if self.kind not in ("input", "output"):
+        if self.kind not in (NodeKind.INPUT, NodeKind.OUTPUT):
             return None
         layout = self.attrs.get("layout", Layout.ROW_MAJOR)
         return Layout.lookup(layout) or layout  # type: ignore[return-value]  # unverified: as stored
@@ -184,39 +185,39 @@ class Node:
 
 def operand_arity(node_id: str, kind: str, attrs: Mapping[str, str]) -> int:
     """The number of operands a node of ``kind`` with ``attrs`` takes (IRError if unknown)."""
-    if kind == "elementwise":
-        op = attrs.get("op")
-        if op not in ELEMENTWISE_ARITY:
-            raise IRError(f"elementwise %{node_id}: unknown op {op!r}; known: {', '.join(ELEMENTWISE_ARITY)}")
-        return ELEMENTWISE_ARITY[op]
-    arity = {"input": 0, "matmul": 2, "transpose": 1, "output": 1}
-    if kind not in arity:
+    checked = NodeKind.lookup(kind)
+    if checked is None:
         raise IRError(f"%{node_id}: unknown node kind {kind!r}; known: {', '.join(KINDS)}")
-    return arity[kind]
+    if checked.arity is not None:
+        return checked.arity
+    op = ElementwiseOp.lookup(attrs.get("op"))
+    if op is None:
+        raise IRError(f"elementwise %{node_id}: unknown op {attrs.get('op')!r}; known: {', '.join(ElementwiseOp)}")
+    return op.arity
 
 
 def infer_result(
     node_id: str, kind: str, attrs: Mapping[str, str], operands: Sequence[Node]
 ) -> tuple[tuple[int, ...], str]:
     """Compute the (shape, dtype) a non-input node produces from its operands; IRError on mismatch."""
-    where = f"{kind} %{node_id}" if kind != "elementwise" else f"elementwise {attrs.get('op')} %{node_id}"
+    where = f"{kind} %{node_id}" if kind != NodeKind.ELEMENTWISE else f"elementwise {attrs.get('op')} %{node_id}"
     expected = operand_arity(node_id, kind, attrs)
-    if kind == "input":
+    if kind == NodeKind.INPUT:
         raise IRError(f"{where}: inputs are declared, their shape is not inferred")
     if len(operands) != expected:
         raise IRError(f"{where} takes {expected} operand(s), got {len(operands)}")
     for operand in operands:
-        if operand.kind == "output":
+        if operand.kind == NodeKind.OUTPUT:
             raise IRError(f"{where} uses output %{operand.id} as an operand; outputs have no users")
     described = [f"%{op.id} {format_shape(op.shape)} {op.dtype}" for op in operands]
-    if kind in ("matmul", "transpose"):
+    if kind in (NodeKind.MATMUL, NodeKind.TRANSPOSE):
         for operand in operands:
             if len(operand.shape) != 2:
                 raise IRError(f"{where} needs 2-D operands; got {', '.join(described)}")
     if len({op.dtype for op in operands}) > 1:
         raise IRError(f"{where}: operand dtypes differ: {', '.join(described)}")
     first = operands[0]
-    if kind == "matmul":
+    if kind == NodeKind.MATMUL:
         lhs, rhs = operands
         if lhs.shape[1] != rhs.shape[0]:
             raise IRError(
@@ -224,8 +225,8 @@ def infer_result(
                 f"rhs %{rhs.id} [K, N] = {format_shape(rhs.shape)}"
             )
         return (lhs.shape[0], rhs.shape[1]), lhs.dtype
-    if kind == "transpose":
+    if kind == NodeKind.TRANSPOSE:
         return (first.shape[1], first.shape[0]), first.dtype
-    if kind == "elementwise" and len({op.shape for op in operands}) > 1:
+    if kind == NodeKind.ELEMENTWISE and len({op.shape for op in operands}) > 1:
         raise IRError(f"{where}: operand shapes differ: {', '.join(described)}")
     return first.shape, first.dtype

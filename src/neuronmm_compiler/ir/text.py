@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NmmcError, ParseError
-from ..vocab import Layout
-from .graph import ELEMENTWISE_ARITY, LAYOUTS, Graph, Node, canonical_dtype, format_shape
+from ..vocab import ElementwiseOp, Layout, NodeKind
+from .graph import COMPUTE_KINDS, LAYOUTS, Graph, Node, canonical_dtype, format_shape
 from .node import ANNOTATION_VALUES, format_annotations
 
 __all__ = ["format_line", "format_node", "parse_text", "to_table", "to_text"]
@@ -50,16 +50,16 @@ def format_line(
     """One statement of the text form (no indentation); tolerant of missing fields (prints ``?``)."""
     values = ", ".join(f"%{operand}" for operand in operands)
     shape_text = format_shape(shape) if shape is not None else "?"
-    if kind == "input":
+    if kind == NodeKind.INPUT:
         return (
             f'%{node_id} = input "{attrs.get("name", "?")}" {shape_text} {dtype} '
             f"layout={attrs.get('layout', '?')}"
         )
-    if kind == "output":
+    if kind == NodeKind.OUTPUT:
         layout = attrs.get("layout", Layout.ROW_MAJOR)
         suffix = "" if layout == Layout.ROW_MAJOR else f" layout={layout}"
         return f'%{node_id} = output "{attrs.get("name", "?")}" {values}{suffix}'
-    head = f"elementwise {attrs.get('op', '?')}" if kind == "elementwise" else str(kind)
+    head = f"elementwise {attrs.get('op', '?')}" if kind == NodeKind.ELEMENTWISE else str(kind)
     suffix = f" {format_annotations(annotations)}" if annotations else ""
     return f"%{node_id} = {head} {values} : {shape_text} {dtype}{suffix}"
 
@@ -222,25 +222,25 @@ class _Parser:
         if node_id in defined:
             raise self.error(target, f"{target.text} is defined twice (first on line {defined[node_id]})")
         self.punct("=", f"after {target.text}")
-        kinds = "input, matmul, transpose, elementwise, output"
+        kinds = ", ".join(NodeKind)
         kind_token = self.take("ident", f"an op ({kinds})")
-        kind = kind_token.text
+        kind = NodeKind.lookup(kind_token.text)
+        if kind is None:
+            raise self.error(kind_token, f"expected an op ({kinds}), found {kind_token.text!r}")
         context = f"of {kind} {target.text}"
-        if kind == "input":
+        if kind == NodeKind.INPUT:
             self.input_statement(graph, node_id, context, kind_token)
-        elif kind == "output":
+        elif kind == NodeKind.OUTPUT:
             name = self.string(context)
             operand = self.value(defined, context)
             layout = self.layout(context)
             self.build(kind_token, lambda: graph.add_output(name, operand, layout=layout, id=node_id))
-        elif kind in ("matmul", "transpose", "elementwise"):
-            self.computed_statement(graph, node_id, kind_token, defined)
         else:
-            raise self.error(kind_token, f"expected an op ({kinds}), found {kind!r}")
-        if kind in ("input", "output") and self.peek().text == "{" and self.peek().kind == "punct":
+            self.computed_statement(graph, node_id, kind, kind_token, defined)
+        if not kind.is_compute and self.peek().text == "{" and self.peek().kind == "punct":
             raise self.error(
                 self.peek(), f"{kind} {target.text} cannot carry annotations; only compute nodes "
-                "(matmul, transpose, elementwise) do",
+                f"({', '.join(COMPUTE_KINDS)}) do",
             )
         defined[node_id] = target.line
 
@@ -287,32 +287,31 @@ class _Parser:
             self.punct(",", f"or '}}' in the annotations {context}")
 
     def computed_statement(
-        self, graph: Graph, node_id: str, kind_token: _Token, defined: Mapping[str, int]
+        self, graph: Graph, node_id: str, kind: NodeKind, kind_token: _Token, defined: Mapping[str, int]
     ) -> None:
-        kind = kind_token.text
         op = None
-        if kind == "elementwise":
-            known = ", ".join(ELEMENTWISE_ARITY)
+        if kind == NodeKind.ELEMENTWISE:
+            known = ", ".join(ElementwiseOp)
             op_token = self.take("ident", f"an elementwise op ({known})")
-            op = op_token.text
-            if op not in ELEMENTWISE_ARITY:
-                raise self.error(op_token, f"expected an elementwise op ({known}), found {op!r}")
-        head = f"{kind} {op}" if op else kind
+            op = ElementwiseOp.lookup(op_token.text)
+            if op is None:
+                raise self.error(op_token, f"expected an elementwise op ({known}), found {op_token.text!r}")
+        head = f"{kind} {op}" if op else str(kind)
         context = f"of {head} %{node_id}"
         operands = [self.value(defined, context)]
         while self.peek().text == ",":
             self.position += 1
             operands.append(self.value(defined, context))
-        arity = ELEMENTWISE_ARITY[op] if op else {"matmul": 2, "transpose": 1}[kind]
+        arity = op.arity if op else kind.arity
         if len(operands) != arity:
             raise self.error(kind_token, f"expected {arity} operand(s) for {head}, found {len(operands)}")
         self.punct(":", f"before the result type {context}")
         shape = self.shape(context)
         dtype = self.dtype(context)
         annotations = self.annotations(context)
-        if kind == "matmul":
+        if kind == NodeKind.MATMUL:
             self.build(kind_token, lambda: graph.add_matmul(*operands, id=node_id))
-        elif kind == "transpose":
+        elif kind == NodeKind.TRANSPOSE:
             self.build(kind_token, lambda: graph.add_transpose(*operands, id=node_id))
         else:
             self.build(kind_token, lambda: graph.add_elementwise(op, *operands, id=node_id))

@@ -13,7 +13,7 @@ from typing import Any
 import networkx as nx
 
 from ..errors import InputError, IRError
-from ..vocab import Layout
+from ..vocab import Layout, NodeKind
 from .graph import (
     COMPUTE_KINDS,
     DTYPES,
@@ -33,7 +33,8 @@ __all__ = ["verify"]
 
 #: Lines of context printed on each side of the failing node.
 CONTEXT_LINES = 3
-_REQUIRED_ATTRS = {"input": ("name", "layout"), "output": ("name", "layout"), "elementwise": ("op",)}
+_REQUIRED_ATTRS = {NodeKind.INPUT: ("name", "layout"), NodeKind.OUTPUT: ("name", "layout"),
+                   NodeKind.ELEMENTWISE: ("op",)}
 
 
 def _raw_operands(graph: Graph, node_id: str) -> list[str]:
@@ -143,7 +144,7 @@ def _check_annotations(graph: Graph, node_id: str, kind: str, annotations: Any) 
 def _check_operands(graph: Graph, node_id: str, data: dict[str, Any]) -> None:
     kind = data["kind"]
     in_edges = list(graph.nx_graph.in_edges(node_id, data=True))
-    if kind == "input":
+    if kind == NodeKind.INPUT:
         if in_edges:
             raise _fail(
                 graph, node_id, f"input has operands ({_ids(u for u, _, _ in in_edges)}); inputs take none"
@@ -169,16 +170,16 @@ def _check_operands(graph: Graph, node_id: str, data: dict[str, Any]) -> None:
 
 def _check_boundary(graph: Graph, node_id: str, data: dict[str, Any], seen: dict[str, str]) -> None:
     kind, attrs = data["kind"], data["attrs"]
-    if kind in ("input", "output"):
+    if kind in (NodeKind.INPUT, NodeKind.OUTPUT):
         if attrs["layout"] not in LAYOUTS:
             raise _fail(graph, node_id, f"layout {attrs['layout']!r} is not one of {', '.join(LAYOUTS)}")
         if attrs["layout"] == Layout.TRANSPOSED and len(data["shape"]) != 2:
             raise _fail(
                 graph, node_id, f"layout 'transposed' needs a 2-D shape, got {format_shape(data['shape'])}"
             )
-    if kind == "output" and graph.nx_graph.out_degree(node_id):
+    if kind == NodeKind.OUTPUT and graph.nx_graph.out_degree(node_id):
         raise _fail(graph, node_id, f"output is used by {_ids(graph.users(node_id))}; outputs have no users")
-    if kind in ("input", "output"):
+    if kind in (NodeKind.INPUT, NodeKind.OUTPUT):
         name = attrs["name"]
         if not is_identifier(name):
             raise _fail(graph, node_id, f"{kind} name {name!r} is not a Python identifier (or is a keyword)")
@@ -214,7 +215,7 @@ def verify(graph: Graph) -> None:
     seen_names: dict[str, str] = {}
     for node in graph.nodes():
         _check_boundary(graph, node.id, g.nodes[node.id], seen_names)
-        if node.kind == "input":
+        if node.kind == NodeKind.INPUT:
             continue
         operands = [graph.node(operand) for operand in node.operands]
         try:

@@ -29,7 +29,7 @@ from ..schedule.lower_fused import lower_fused_kernel
 from ..schedule.program import Program
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target
-from ..vocab import ALayout, Layout
+from ..vocab import ALayout, Layout, NodeKind
 from ..workloads import GraphWorkload, MlpWorkload, Workload
 from .base import Baseline, Lowering
 from .gemm import aws_gemm_cost
@@ -43,7 +43,8 @@ def splittable(workload: Workload) -> bool:
     if not isinstance(workload, GraphWorkload):
         return isinstance(workload, MlpWorkload)
     graph = workload.graph()
-    return any(n.kind == "matmul" and graph.node(n.operands[0]).kind == "elementwise" for n in graph.nodes())
+    return any(n.kind == NodeKind.MATMUL and graph.node(n.operands[0]).kind == NodeKind.ELEMENTWISE
+               for n in graph.nodes())
 
 
 def row_major_activations(workload: Workload) -> bool:
@@ -53,7 +54,7 @@ def row_major_activations(workload: Workload) -> bool:
     if not isinstance(workload, GraphWorkload):
         return getattr(workload, "a_layout", ALayout.MK) == ALayout.MK
     graph = workload.graph()
-    lhs = {n.operands[0] for n in graph.nodes() if n.kind == "matmul"}
+    lhs = {n.operands[0] for n in graph.nodes() if n.kind == NodeKind.MATMUL}
     return any(n.layout == Layout.ROW_MAJOR for n in graph.inputs() if n.id in lhs)
 
 
@@ -83,15 +84,15 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = ALayout.MK) 
     benefit of the doubt). An input stored transposed is read as such in both."""
     reports = []
     for node in graph.nodes():
-        if node.kind == "matmul":
+        if node.kind == NodeKind.MATMUL:
             lhs = graph.node(node.operands[0])
             m, k = lhs.shape
-            layout = ALayout.KM if lhs.kind == "input" and lhs.layout == Layout.TRANSPOSED else lhs_layout
+            layout = ALayout.KM if lhs.kind == NodeKind.INPUT and lhs.layout == Layout.TRANSPOSED else lhs_layout
             problem = GemmProblem(m, node.shape[1], k, dtype=node.dtype, a_layout=layout)
             reports.append(aws_gemm_cost(problem, target))
-        elif node.kind == "elementwise":
+        elif node.kind == NodeKind.ELEMENTWISE:
             reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype, target), target))
-        elif node.kind == "transpose":
+        elif node.kind == NodeKind.TRANSPOSE:
             raise ScheduleError("baselines of graphs with transposes of computed values are not modelled")
     return combine_reports(reports)
 

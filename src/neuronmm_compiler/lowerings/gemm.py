@@ -22,7 +22,7 @@ from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, Progr
 from ..schedule.gemm import check_schedule, preset_doc
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target
-from ..vocab import ALayout, Layout
+from ..vocab import ALayout, Layout, NodeKind
 from ..workloads import GemmWorkload, Workload
 from .base import Baseline, Lowering
 
@@ -36,8 +36,8 @@ BASELINE_PRESET = "aws-fully-optimized"
 def gemm_problem_from_graph(graph: Graph) -> GemmProblem:
     """Recognize a single GEMM ``output(matmul(input, input))`` in a canonicalized graph."""
     nodes = graph.nodes()
-    matmuls = [n for n in nodes if n.kind == "matmul"]
-    others = [n for n in nodes if n.kind not in ("input", "output", "matmul")]
+    matmuls = [n for n in nodes if n.kind == NodeKind.MATMUL]
+    others = [n for n in nodes if n.kind not in (NodeKind.INPUT, NodeKind.OUTPUT, NodeKind.MATMUL)]
     outputs = graph.outputs()
     if len(matmuls) != 1 or others or len(outputs) != 1 or outputs[0].operands[0] != matmuls[0].id:
         raise ScheduleError(
@@ -46,7 +46,7 @@ def gemm_problem_from_graph(graph: Graph) -> GemmProblem:
         )
     mm = matmuls[0]
     lhs, rhs = (graph.node(o) for o in mm.operands)
-    if lhs.kind != "input" or rhs.kind != "input":
+    if lhs.kind != NodeKind.INPUT or rhs.kind != NodeKind.INPUT:
         raise ScheduleError("the GEMM's operands must be kernel inputs after the pass pipeline")
     if rhs.layout != Layout.ROW_MAJOR:
         raise ScheduleError("B must be stored row-major [K, N]")

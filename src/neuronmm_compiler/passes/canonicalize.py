@@ -9,6 +9,7 @@ import networkx as nx
 
 from ..errors import InputError, IRError
 from ..ir.graph import Graph
+from ..vocab import NodeKind
 from .base import Pass, register_pass
 
 
@@ -23,7 +24,7 @@ def remove_dead_nodes(graph: Graph) -> bool:
     for output in graph.outputs():
         live.add(output.id)
         live |= nx.ancestors(g, output.id)
-    dead = [node.id for node in graph.nodes() if node.id not in live and node.kind != "input"]
+    dead = [node.id for node in graph.nodes() if node.id not in live and node.kind != NodeKind.INPUT]
     for node_id in reversed(dead):  # users before their operands
         graph.remove_node(node_id)
     return bool(dead)
@@ -37,10 +38,10 @@ def cancel_double_transposes(graph: Graph) -> bool:
     changed = False
     for node_id in graph.node_ids():
         node = graph.node(node_id)  # fresh: earlier rewrites may have changed its operand
-        if node.kind != "transpose":
+        if node.kind != NodeKind.TRANSPOSE:
             continue
         inner = graph.node(node.operands[0])
-        if inner.kind == "transpose" and graph.replace_all_uses(node.id, inner.operands[0]) > 0:
+        if inner.kind == NodeKind.TRANSPOSE and graph.replace_all_uses(node.id, inner.operands[0]) > 0:
             changed = True
     return changed
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..ir.graph import Graph
-from ..vocab import Layout
+from ..vocab import Layout, NodeKind
 from .base import Pass, register_pass
 
 
@@ -41,7 +41,7 @@ class FoldTransposes(Pass):
         changed = False
         for node in graph.inputs():
             users = [graph.node(user) for user in graph.users(node.id)]
-            if not users or any(user.kind != "transpose" for user in users):
+            if not users or any(user.kind != NodeKind.TRANSPOSE for user in users):
                 continue
             graph.redeclare_input(
                 node.id, shape=tuple(reversed(node.shape)), layout=Layout(node.attrs["layout"]).flipped
@@ -58,7 +58,7 @@ def fold_output_transposes(graph: Graph) -> bool:
     changed = False
     for out in graph.outputs():
         transpose = graph.node(out.operands[0])
-        if transpose.kind == "transpose" and graph.node(transpose.operands[0]).kind != "input":
+        if transpose.kind == NodeKind.TRANSPOSE and graph.node(transpose.operands[0]).kind != NodeKind.INPUT:
             graph.redirect_output(out.id, transpose.operands[0])
             changed = True
     return changed

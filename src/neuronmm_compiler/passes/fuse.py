@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from ..errors import InputError, UnknownNameError
 from ..ir.graph import Graph
+from ..vocab import NodeKind
 from .base import Pass, register_pass
 from .legality import join_conflict
 
@@ -20,15 +21,15 @@ def kernel_assignment(graph: Graph, mlp: str = "whole") -> dict[str, str]:
     rows: dict[int, int] = {}
     created = 0
     for node in graph.compute_nodes():
-        if node.kind == "transpose":
+        if node.kind == NodeKind.TRANSPOSE:
             # Not computed by any kernel: a view, with the other layout, of the HBM array holding its
             # operand (a graph input, or a value an earlier kernel stores); see split_kernels.
             index[node.id] = index.get(node.operands[0], 0)
             continue
         starts_kernel = (
             mlp == "split"
-            and node.kind == "matmul"
-            and graph.node(node.operands[0]).kind == "elementwise"
+            and node.kind == NodeKind.MATMUL
+            and graph.node(node.operands[0]).kind == NodeKind.ELEMENTWISE
         )
         kernel = max((index.get(operand, 0) for operand in node.operands), default=0)
         if starts_kernel or join_conflict(graph, node.id, kernel, index, rows) is not None:

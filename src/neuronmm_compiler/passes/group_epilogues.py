@@ -31,6 +31,7 @@ from typing import ClassVar
 
 from ..errors import IRError
 from ..ir.graph import Graph, Node
+from ..vocab import ElementwiseOp, NodeKind
 from .base import Pass, register_pass
 
 __all__ = ["GroupEpilogues", "absorbed", "accumulator", "epilogue_groups"]
@@ -39,13 +40,13 @@ __all__ = ["GroupEpilogues", "absorbed", "accumulator", "epilogue_groups"]
 def absorbed(graph: Graph, node: Node) -> bool:
     """True when ``node`` is evaluated inside its only reader's group: a matmul or elementwise value
     read by exactly one node, an elementwise node of the same kernel and orientation."""
-    if node.kind not in ("matmul", "elementwise"):
+    if node.kind not in (NodeKind.MATMUL, NodeKind.ELEMENTWISE):
         return False
     users = graph.users(node.id)
     if len(users) != 1:
         return False
     user = graph.node(users[0])
-    return (user.kind == "elementwise"
+    return (user.kind == NodeKind.ELEMENTWISE
             and user.annotations.get("orient") == node.annotations.get("orient")
             and user.annotations.get("kernel") == node.annotations.get("kernel"))
 
@@ -54,9 +55,9 @@ def accumulator(graph: Graph, node: Node) -> list[str] | None:
     """The ids of the values summed into one PSUM accumulator that is ``node`` (``node`` first,
     then its parts in operand order), or None when ``node`` cannot be one: a matmul is one; an
     ``add`` of two different values is one when both are absorbed accumulators."""
-    if node.kind == "matmul":
+    if node.kind == NodeKind.MATMUL:
         return [node.id]
-    if node.kind == "elementwise" and node.attrs["op"] == "add" and len(set(node.operands)) == 2:
+    if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.ADD and len(set(node.operands)) == 2:
         parts = [graph.node(operand) for operand in node.operands]
         summed = [accumulator(graph, part) if absorbed(graph, part) else None for part in parts]
         if all(members is not None for members in summed):
@@ -82,7 +83,7 @@ def epilogue_groups(graph: Graph) -> dict[str, tuple[str, str | None]]:
     """``(group root, accumulator or None)`` of every compute node that is not a transpose."""
     plan: dict[str, tuple[str, str | None]] = {}
     for node in graph.compute_nodes():
-        if node.kind == "transpose" or absorbed(graph, node):
+        if node.kind == NodeKind.TRANSPOSE or absorbed(graph, node):
             continue
         members = accumulator(graph, node)
         if members is not None:
@@ -104,7 +105,7 @@ class GroupEpilogues(Pass):
     def apply(self, graph: Graph) -> bool:
         """Annotate in place; return True if any ``group`` or ``acc`` annotation changed."""
         compute = graph.compute_nodes()
-        missing = [f"%{node.id} ({key})" for node in compute if node.kind != "transpose"
+        missing = [f"%{node.id} ({key})" for node in compute if node.kind != NodeKind.TRANSPOSE
                    for key in ("kernel", "orient") if key not in node.annotations]
         if missing:
             raise IRError("group-epilogues needs kernel and orient annotations on every computed value (run "

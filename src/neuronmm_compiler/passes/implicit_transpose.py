@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..ir.graph import Graph
-from ..vocab import Layout, Orient
+from ..vocab import Layout, NodeKind, Orient
 from .base import Pass, register_pass
 
 
@@ -30,11 +30,11 @@ def required_orients(graph: Graph) -> dict[str, Orient]:
         for user_id in graph.users(node.id):
             user = graph.node(user_id)
             positions = [index for index, operand in enumerate(user.operands) if operand == node.id]
-            if user.kind == "matmul":
+            if user.kind == NodeKind.MATMUL:
                 read_as_rhs |= 1 in positions
                 if 0 in positions:
                     wants.add(Orient.TRANSPOSED)
-            elif user.kind == "output":
+            elif user.kind == NodeKind.OUTPUT:
                 wants.add(Orient.of(user.layout or Layout.ROW_MAJOR))
             else:  # elementwise and transpose pass their own orientation on to their operands
                 wants.add(orient[user.id])

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from ..ir.graph import COMPUTE_KINDS, Graph, Node
-from ..vocab import Layout, Orient
+from ..vocab import Layout, NodeKind, Orient
 
 __all__ = ["RULES", "Conflict", "check_kernel", "join_conflict", "kernel_conflicts", "operand_conflict"]
 
@@ -78,16 +78,16 @@ def operand_conflict(graph: Graph, node: Node, position: int, operand: Node) -> 
     """The rule ``node`` breaks by reading ``operand`` (its operand ``position``) on chip, when both are
     computed in one kernel; empty when it breaks none. Orientation rules apply once ``orient`` is
     decided (implicit-transpose has run); before that only the structural ones do."""
-    if operand.kind == "transpose":
-        return "transpose" if graph.node(operand.operands[0]).kind != "input" else ""
-    if node.kind == "matmul" and position == 1:
+    if operand.kind == NodeKind.TRANSPOSE:
+        return "transpose" if graph.node(operand.operands[0]).kind != NodeKind.INPUT else ""
+    if node.kind == NodeKind.MATMUL and position == 1:
         return "computed weight"
     held = operand.annotations.get("orient")
     if held is None:
         return ""
-    if node.kind == "matmul" and held != Orient.TRANSPOSED:
+    if node.kind == NodeKind.MATMUL and held != Orient.TRANSPOSED:
         return "row-major lhs"
-    if node.kind == "elementwise" and held != node.annotations.get("orient"):
+    if node.kind == NodeKind.ELEMENTWISE and held != node.annotations.get("orient"):
         return "orientation"
     if held == Orient.NORMAL and len(graph.users(operand.id)) > 1:
         return "row-major reread"
@@ -117,7 +117,7 @@ def kernel_conflicts(graph: Graph) -> list[Conflict]:
     compute = graph.compute_nodes()
     rows = compute[0].shape[0] if compute else None
     for node in compute:
-        if node.kind == "transpose":
+        if node.kind == NodeKind.TRANSPOSE:
             conflicts.append(Conflict(node.id, "transpose computed"))
             continue
         if len(node.shape) != 2:
@@ -133,7 +133,8 @@ def kernel_conflicts(graph: Graph) -> list[Conflict]:
                     conflicts.append(Conflict(node.id, rule, operand_id))
         users = [graph.node(user) for user in graph.users(node.id)]
         orient = node.annotations.get("orient")
-        if orient == Orient.TRANSPOSED and any(u.kind == "output" and u.layout != Layout.TRANSPOSED for u in users):
+        if orient == Orient.TRANSPOSED and any(u.kind == NodeKind.OUTPUT and u.layout != Layout.TRANSPOSED
+                                               for u in users):
             conflicts.append(Conflict(node.id, "transposed output"))
         if orient == Orient.NORMAL and not users:
             conflicts.append(Conflict(node.id, "row-major unstored"))

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from ..errors import IRError
 from ..ir.graph import COMPUTE_KINDS, Graph
+from ..vocab import NodeKind
 from .base import Pass, register_pass
 
 
@@ -39,8 +40,8 @@ class Place(Pass):
             kernel = node.annotations["kernel"]
             users = [graph.node(user) for user in graph.users(node.id)]
             # A transpose is read from HBM (a view of its operand's array), so it and its operand are hbm.
-            on_chip = node.kind != "transpose" and all(
-                user.kind in COMPUTE_KINDS and user.kind != "transpose" and user.annotations.get("kernel") == kernel
-                for user in users)
+            on_chip = node.kind != NodeKind.TRANSPOSE and all(
+                user.kind in COMPUTE_KINDS and user.kind != NodeKind.TRANSPOSE
+                and user.annotations.get("kernel") == kernel for user in users)
             changed |= graph.annotate(node.id, place="sbuf" if on_chip else "hbm")
         return changed

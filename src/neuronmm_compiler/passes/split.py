@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from ..errors import IRError
 from ..ir.graph import COMPUTE_KINDS, Graph, Node
 from ..ir.verify import verify
-from ..vocab import Layout, Orient
+from ..vocab import Layout, NodeKind, Orient
 
 __all__ = ["kernel_order", "split_kernels"]
 
@@ -38,9 +38,9 @@ def _boundary_layout(node: Node) -> Layout:
 
 
 def _add_like(graph: Graph, node: Node) -> None:
-    if node.kind == "matmul":
+    if node.kind == NodeKind.MATMUL:
         graph.add_matmul(*node.operands, id=node.id)
-    elif node.kind == "transpose":
+    elif node.kind == NodeKind.TRANSPOSE:
         graph.add_transpose(*node.operands, id=node.id)
     else:
         graph.add_elementwise(node.attrs["op"], *node.operands, id=node.id)
@@ -96,8 +96,8 @@ def split_kernels(graph: Graph) -> list[Graph]:
         raise IRError(f"split_kernels: graph {graph.name} has no kernel annotations (run the fuse pass first)")
     # Transposes are not computed by any kernel: a kernel reading one reads its operand's HBM array
     # (a graph input, or a value an earlier kernel stores) as a view with the other layout.
-    compute = [node for node in every if node.kind != "transpose"]
-    views = {node.id: node for node in every if node.kind == "transpose"}
+    compute = [node for node in every if node.kind != NodeKind.TRANSPOSE]
+    views = {node.id: node for node in every if node.kind == NodeKind.TRANSPOSE}
     order = kernel_order(graph)
     kernel_of = {node.id: node.annotations["kernel"] for node in every}
     _check_kernels(graph, compute, kernel_of, order)
@@ -129,7 +129,7 @@ def split_kernels(graph: Graph) -> list[Graph]:
         for view_id in (v for v in views if v in read):
             view = views[view_id]
             source = graph.node(view.operands[0])
-            array, layout = ((source.name, source.layout) if source.kind == "input"
+            array, layout = ((source.name, source.layout) if source.kind == NodeKind.INPUT
                              else (boundary[source.id], _boundary_layout(source)))
             sub.add_input(view.id, view.shape, view.dtype, Layout(layout).flipped, id=view.id)
             sub.hbm_aliases[view.id] = array
@@ -137,7 +137,7 @@ def split_kernels(graph: Graph) -> list[Graph]:
             if node.kind in COMPUTE_KINDS:
                 _add_like(sub, node)
         for node in members:
-            if node.kind == "output":
+            if node.kind == NodeKind.OUTPUT:
                 sub.add_output(node.name, node.operands[0], layout=node.layout, id=node.id)
         for node in members:
             if node.id in boundary:

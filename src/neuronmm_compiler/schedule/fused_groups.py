@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import IRError
 from ..ir import Graph, Node
-from ..vocab import Orient
+from ..vocab import ElementwiseOp, NodeKind, Orient
 
 #: The annotation every compute node of a kernel needs, and the pass that writes it.
 REQUIRED_ANNOTATIONS: Mapping[str, str] = {
@@ -56,7 +56,7 @@ def check_annotations(graph: Graph, name: str) -> None:
     """IRError unless every compute node of kernel ``name`` carries :data:`REQUIRED_ANNOTATIONS`
     (and ``acc`` on matmuls), all with one ``kernel``."""
     for node in graph.compute_nodes():
-        keys = [*REQUIRED_ANNOTATIONS, *(("acc",) if node.kind == "matmul" else ())]
+        keys = [*REQUIRED_ANNOTATIONS, *(("acc",) if node.kind == NodeKind.MATMUL else ())]
         for key in keys:
             if key not in node.annotations:
                 writer = REQUIRED_ANNOTATIONS.get(key, "group-epilogues")
@@ -88,9 +88,9 @@ class _Reader:
             self.seen.add(part.id)
             if part.annotations.get("acc") != node.id:
                 raise _inconsistent(self.name, part, f"is read by the accumulator %{node.id} but not summed into it")
-            if part.kind == "matmul":
+            if part.kind == NodeKind.MATMUL:
                 return [part]
-            if part.kind != "elementwise" or part.attrs["op"] != "add":
+            if part.kind != NodeKind.ELEMENTWISE or part.attrs["op"] != ElementwiseOp.ADD:
                 raise _inconsistent(self.name, part, "is an accumulator but neither a matmul nor an add")
             return [mm for operand in part.operands for mm in matmuls(self.nodes[operand])]
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import IRError
 from ..ir import Graph, Node
-from ..vocab import Layout
+from ..vocab import Layout, NodeKind
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin, scale
 from .fused import FusedSchedule, tiles_per_weight_block
@@ -59,7 +59,7 @@ class OperandLoads(FusedState):
     """Weights (streamed per block, or resident), input strips, and the PSUM tiles of groups' terms."""
 
     def _matmuls(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.kind == "matmul"]
+        return [n for n in self.nodes.values() if n.kind == NodeKind.MATMUL]
 
     def _weight(self, mm: Node) -> Node:
         """The weight of ``mm``: its right operand, a kernel input (passes/legality.py's rules)."""
@@ -81,7 +81,7 @@ class OperandLoads(FusedState):
         return self.strips[node_id]
 
     def _cache(self, mm: Node) -> bool:
-        stage1 = self.nodes[mm.operands[0]].kind == "input"
+        stage1 = self.nodes[mm.operands[0]].kind == NodeKind.INPUT
         return self.s.cache_weights == "all" or (self.s.cache_weights == "stage1" and stage1)
 
     def _weight_dma(self, w: Node, dst: Ref, k0: Expr, ksz: Expr, c0: Expr, csz: Expr) -> DmaCopy:

@@ -10,6 +10,7 @@ feature tile held across them), and evaluates its epilogue on the eviction into 
 from __future__ import annotations
 
 from ..ir import Node
+from ..vocab import NodeKind
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin, scale
 from .fused import tiles_per_weight_block
@@ -53,7 +54,7 @@ class TransposedGroups(OperandLoads):
         # A result placed in HBM that no matmul of this kernel reads (e.g. h^T of a split MLP's first
         # kernel) is stored tile by tile as it is produced, instead of being held whole in SBUF.
         stored = self._stored(root)
-        streamed = stored and not any(u.kind != "output" for u in self._users(root.id))
+        streamed = stored and not any(u.kind != NodeKind.OUTPUT for u in self._users(root.id))
         if streamed:
             out_strip = Buffer(f"{root.id}_tile", (ftile, s.tokens_per_block), self.dtype, "sbuf")
             out: list[Stmt] = []

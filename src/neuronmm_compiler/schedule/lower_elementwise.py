@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from ..vocab import ElementwiseOp
 from .dims import Dim, iv, loop
 from .expr import Lin
 from .limits import elementwise_tile_cols
@@ -14,21 +15,20 @@ from .program import Activation, Alloc, Buffer, DmaCopy, Program, Ref, Stmt, Ten
 if TYPE_CHECKING:
     from ..targets import Target
 
-OPS = {"silu": 1, "multiply": 2, "add": 2}
-
-
 def lower_elementwise(op: str, shape: tuple[int, int], dtype: str, target: Target, *, name: str | None = None,
                       cols_per_tile: int | None = None) -> Program:
     """Rows in tiles of the target's partitions (``pmax``), columns in tiles of ``cols_per_tile``
     (default: :func:`~.limits.elementwise_tile_cols` of the target): load, compute, store."""
-    if op not in OPS:
-        raise ScheduleError(f"no elementwise kernel for {op!r}; known: {', '.join(OPS)}")
+    checked = ElementwiseOp.lookup(op)
+    if checked is None:
+        raise ScheduleError(f"no elementwise kernel for {op!r}; known: {', '.join(ElementwiseOp)}")
+    op = checked
     rows, cols = shape
     pmax = target.pmax
     rdim = Dim("r", rows, min(pmax, rows), -(-rows // pmax), 1)
     width = min(cols_per_tile or elementwise_tile_cols(target), cols)
     cdim = Dim("c", cols, width, -(-cols // width), 1)
-    ins = [Buffer(n, shape, dtype, "hbm") for n in ("a", "b")[: OPS[op]]]
+    ins = [Buffer(n, shape, dtype, "hbm") for n in ("a", "b")[: op.arity]]
     out = Buffer("out", shape, dtype, "hbm")
     rt, ct = iv("r_tile", rdim.tiles), iv("c_tile", cdim.tiles)
     rsz, csz = rdim.tile_size(rt), cdim.tile_size(ct)
@@ -42,10 +42,10 @@ def lower_elementwise(op: str, shape: tuple[int, int], dtype: str, target: Targe
     res = Buffer("out_tile", (rdim.tile, width), dtype, "sbuf")
     res_ref = Ref(res, (span(0, rsz), span(0, csz)))
     body.append(Alloc(res))
-    if op == "silu":
-        body.append(Activation(res_ref, tiles[0], "silu"))
+    if op.unary:
+        body.append(Activation(res_ref, tiles[0], op))
     else:
-        body.append(TensorTensor(res_ref, tiles[0], tiles[1], op))  # type: ignore[arg-type]
+        body.append(TensorTensor(res_ref, tiles[0], tiles[1], op))
     body.append(DmaCopy(Ref(out, region), res_ref))
     nest = loop("r_tile", Lin(rdim.tiles), rdim.tiles, loop("c_tile", Lin(cdim.tiles), cdim.tiles, body))
     doc = f"out = {op}({', '.join(b.name for b in ins)}) over [{rows}, {cols}] ({dtype}), HBM to HBM."

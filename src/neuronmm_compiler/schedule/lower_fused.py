@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from ..errors import ScheduleError
 from ..ir import Graph, Node
 from ..passes.legality import check_kernel
-from ..vocab import Orient
+from ..vocab import ElementwiseOp, NodeKind, Orient
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin
 from .fused import FusedSchedule, normalize_fused
@@ -55,7 +55,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         self.inputs = graph.inputs()
         self.outputs = graph.outputs()
         compute = graph.compute_nodes()
-        copied = [n for n in self.inputs if any(u.kind == "output" for u in self._users(n.id))]
+        copied = [n for n in self.inputs if any(u.kind == NodeKind.OUTPUT for u in self._users(n.id))]
         if not compute and not copied:
             raise ScheduleError(f"kernel {name}: nothing to compute")
         check_kernel(graph, name)
@@ -87,11 +87,11 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         for group in self.group_list:
             for mm in group.matmuls:
                 lhs = self.nodes[mm.operands[0]]
-                if lhs.kind == "input":
+                if lhs.kind == NodeKind.INPUT:
                     seen.setdefault(lhs.id, lhs)
             if group.orient == Orient.TRANSPOSED:
                 for op in group.operands:
-                    if op.kind == "input":
+                    if op.kind == NodeKind.INPUT:
                         seen.setdefault(op.id, op)
         return list(seen.values())
 
@@ -108,15 +108,15 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         for node in group.tree:
             dst = result if node is root else Ref(temps[node.id], (span(0, rows), span(0, cols)))
             ops = [values[o] for o in node.operands]
-            op = node.attrs["op"]
-            if op == "silu":
-                out.append(Activation(dst, ops[0], "silu"))
+            op = ElementwiseOp(node.attrs["op"])
+            if op.unary:
+                out.append(Activation(dst, ops[0], op))
             else:
                 if all(r.buffer.memory == "psum" for r in ops):
                     moved = Ref(spill, (span(0, rows), span(0, cols)))
                     out.append(Copy(moved, ops[1]))  # a vector op reads at most one PSUM operand
                     ops[1] = moved
-                out.append(TensorTensor(dst, ops[0], ops[1], op))  # type: ignore[arg-type]
+                out.append(TensorTensor(dst, ops[0], ops[1], op))
             values[node.id] = dst
         return out
 
@@ -143,7 +143,8 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
 
     def _two_psum_operands(self, node: Node, group: Group) -> bool:
         terms = {t.node.id for t in group.terms}
-        return node.attrs.get("op") != "silu" and all(o in terms for o in node.operands)
+        op = ElementwiseOp.lookup(node.attrs.get("op"))
+        return not (op is not None and op.unary) and all(o in terms for o in node.operands)
 
     def program(self) -> Program:
         """The kernel: resident weights, then per token block the strips and every group in order,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocab import ALayout
+from ..vocab import ALayout, ElementwiseOp
 from .dims import Dim, iv, loop
 from .expr import Expr, Lin, add, scale
 from .gemm import GemmProblem, GemmSchedule, normalize, tile_counts
@@ -203,7 +203,8 @@ class _GemmLowering:
             else:
                 psum = Ref(self.psum_tile, (span(0, msz), span(0, nsz)))
                 acc = Ref(self.acc, (span(0, msz), Point(m_slot), span(scale(n_slot, n.tile), nsz)))
-                body = [Alloc(self.psum_tile, accumulator=True), *kloop(psum), TensorTensor(acc, acc, psum, "add")]
+                body = [Alloc(self.psum_tile, accumulator=True), *kloop(psum),
+                        TensorTensor(acc, acc, psum, ElementwiseOp.ADD)]
         loops = {"m": ("bm", m.tiles_in(mb), m.tiles_in_block), "n": ("bn", n.tiles_in(nb), n.tiles_in_block)}
         for d in reversed(s.tile_order):
             name, trip, max_trip = loops[d]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..vocab import ElementwiseOp
 from .expr import Expr, add, as_expr, code, sub
 
 Memory = Literal["hbm", "sbuf", "psum"]
@@ -151,21 +152,21 @@ class Copy:
 
 @dataclass(frozen=True)
 class TensorTensor:
-    """Elementwise ``dst = op(lhs, rhs)`` on the VectorEngine, in fp32."""
+    """Elementwise ``dst = op(lhs, rhs)`` on the VectorEngine, in fp32 (a binary op: add, multiply)."""
 
     dst: Ref
     lhs: Ref
     rhs: Ref
-    op: Literal["add", "multiply"]
+    op: ElementwiseOp
 
 
 @dataclass(frozen=True)
 class Activation:
-    """``dst = op(src)`` on the ScalarEngine, in fp32."""
+    """``dst = op(src)`` on the ScalarEngine, in fp32 (a unary op: silu; or copy)."""
 
     dst: Ref
     src: Ref
-    op: Literal["silu", "copy"]
+    op: ElementwiseOp | Literal["copy"]
 
 
 @dataclass
