@@ -7,8 +7,9 @@ import ast
 import pytest
 
 from helpers import compile_gemm
-from neuronmm_compiler.codegen import read_metadata
+from neuronmm_compiler.codegen import TensorSpec, read_metadata
 from neuronmm_compiler.schedule import PRESETS
+from neuronmm_compiler.vocab import Dialect
 
 ALLOWED = {
     "nki": {
@@ -70,11 +71,11 @@ def test_header_records_what_a_reader_needs():
     compiled = compile_gemm(200, 700, 300, schedule="aws-block-free", target="trn2", dialect="neuronxcc")
     source = compiled.kernel.source
     meta = read_metadata(source)
-    assert meta["target"] == "trn2" and meta["dialect"] == "neuronxcc"
-    assert [k["name"] for k in meta["kernels"]] == ["gemm_kernel"]
-    assert meta["inputs"] == [{"name": "a", "shape": [200, 300], "dtype": "bfloat16"},
-                              {"name": "b", "shape": [300, 700], "dtype": "bfloat16"}]
-    assert meta["schedule"]["params"]["tiles_in_block_m"] == 2
+    assert meta == compiled.kernel.metadata
+    assert meta.target == "trn2" and meta.dialect is Dialect.NEURONXCC
+    assert [k.name for k in meta.kernels] == ["gemm_kernel"]
+    assert meta.inputs == (TensorSpec("a", (200, 300), "bfloat16"), TensorSpec("b", (300, 700), "bfloat16"))
+    assert meta.schedule.kind == "gemm" and meta.schedule.params["tiles_in_block_m"] == 2
     header = source.split('"""NKI kernel emitted')[0]
     for text in ("M=200 N=700 K=300", "aws-block-free", "tiles_in_block_m=2", "trn2", "nmmc 0.1.0", "predicted"):
         assert text in header

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from neuronmm_compiler import graph_file as gf
 from neuronmm_compiler.cli import main
-from neuronmm_compiler.codegen.emit import read_metadata
+from neuronmm_compiler.codegen import read_metadata
 from neuronmm_compiler.errors import InputError, NmmcError
 from neuronmm_compiler.ir import parse_text, to_text
 
@@ -661,9 +661,9 @@ def check_kernel_ast(source: str, dialect: str) -> set[str]:
     doc_line = next(i for i, line in enumerate(lines) if line.startswith('"""'))
     assert all(line.startswith("#") for line in lines[:doc_line]), "a header line that is not a comment"
     metadata = read_metadata(source)
-    assert metadata is not None and metadata["dialect"] == dialect
-    parse_text(metadata["graph"])  # the metadata's graph is plain IR text
-    kernels = [k["name"] for k in metadata["kernels"]]
+    assert metadata is not None and metadata.dialect == dialect
+    parse_text(metadata.graph)  # the metadata's graph is plain IR text
+    kernels = [k.name for k in metadata.kernels]
 
     tree = ast.parse(source)
     body = tree.body
@@ -843,7 +843,7 @@ def test_every_name_nmmc_binds_is_refused_as_a_user_name(tmp_path, dialect):
         result = run("emit", "--graph", str(path), "--dialect", dialect, *options, "-o", str(out))
         assert result.exit_code == 0, (path.name, result.output)
         source = out.read_text()
-        kernels += len(read_metadata(source)["kernels"])
+        kernels += len(read_metadata(source).kernels)
         own = check_kernel_ast(source, dialect) - _user_names(gf.load_graph_spec(path))
         assert own, path
         accepted = []

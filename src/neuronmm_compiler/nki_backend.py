@@ -41,6 +41,7 @@ from .targets import Target
 from .vocab import Dialect
 
 if TYPE_CHECKING:  # verification imports this module lazily to run kernels here
+    from .codegen import KernelSpec
     from .verification import KernelRunner
 
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
@@ -140,8 +141,8 @@ def simulator_runner(source: str, filename: str, dialect: str) -> KernelRunner:
     def module() -> KernelModule:  # imported when the first kernel runs, once
         return KernelModule(source, filename)
 
-    def run(kernel: dict[str, Any], args: list[np.ndarray], target: Target) -> tuple[list[np.ndarray], None]:
-        fn = module().function(kernel["name"])
+    def run(kernel: KernelSpec, args: list[np.ndarray], target: Target) -> tuple[list[np.ndarray], None]:
+        fn = module().function(kernel.name)
         try:
             outputs = simulate(package, dialect, fn, args)
         except NmmcError:

@@ -26,7 +26,7 @@ error, far outside either term.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .codegen import read_metadata
+from .codegen import KernelSpec, TensorSpec, read_metadata
 from .errors import InputError, KernelError
 from .interpreter import run_kernel
 from .ir import Graph, evaluate, parse_text
@@ -51,7 +51,7 @@ BACKENDS = ("interpreter", "nki-simulator")
 
 #: Runs one kernel of a file: (the metadata's kernel entry, its argument arrays, the target) ->
 #: (output arrays, the interpreter's counters or None when the backend has none).
-KernelRunner = Callable[[dict[str, Any], list[np.ndarray], Target], tuple[list[np.ndarray], dict[str, Any] | None]]
+KernelRunner = Callable[[KernelSpec, list[np.ndarray], Target], tuple[list[np.ndarray], dict[str, Any] | None]]
 
 
 @dataclass
@@ -78,13 +78,13 @@ class VerifyReport:
         return out
 
 
-def random_inputs(specs: list[dict[str, Any]], seed: int) -> dict[str, np.ndarray]:
+def random_inputs(specs: Iterable[TensorSpec], seed: int) -> dict[str, np.ndarray]:
     """Standard-normal inputs of the given names, shapes and dtypes (deterministic per seed)."""
     rng = np.random.default_rng(seed)
     out = {}
     for spec in specs:
-        values = rng.standard_normal(tuple(spec["shape"]), dtype=np.float32)
-        out[spec["name"]] = values.astype(NUMPY_DTYPES[spec["dtype"]])
+        values = rng.standard_normal(spec.shape, dtype=np.float32)
+        out[spec.name] = values.astype(NUMPY_DTYPES[spec.dtype])
     return out
 
 
@@ -143,10 +143,9 @@ def _merge(total: dict[str, Any], part: dict[str, Any]) -> None:
 
 def interpreter_runner(source: str, filename: str) -> KernelRunner:
     """Run the file's kernels in nmmc's interpreter (limits checked, counters kept)."""
-    def run(kernel: dict[str, Any], args: list[np.ndarray], target: Target) -> tuple[list[np.ndarray], dict[str, Any]]:
-        result = run_kernel(source, filename=filename, kernel_name=kernel["name"], args=args, target=target,
-                            arg_names=[s["name"] for s in kernel["inputs"]],
-                            output_names=[s["name"] for s in kernel["outputs"]])
+    def run(kernel: KernelSpec, args: list[np.ndarray], target: Target) -> tuple[list[np.ndarray], dict[str, Any]]:
+        result = run_kernel(source, filename=filename, kernel_name=kernel.name, args=args, target=target,
+                            arg_names=[s.name for s in kernel.inputs], output_names=[s.name for s in kernel.outputs])
         return result.outputs, result.counters.as_dict()
 
     return run
@@ -170,62 +169,60 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
     kernel under ``kernels``. ``backend`` runs the kernels in nmmc's interpreter (the default) or in
     AWS's NKI simulator (``nki-simulator``: no counters, and the simulator checks no capacity); the
     inputs, reference and tolerance are the same."""
-    meta = read_metadata(source)
+    try:
+        meta = read_metadata(source)
+    except InputError as exc:
+        raise InputError(f"{filename}: {exc}") from None
     if meta is None:
         raise InputError(f"{filename}: not an nmmc kernel file (no '# nmmc-metadata:' header line)")
-    try:
-        tgt = target or get_target(meta["target"])
-        graph = parse_text(meta["graph"])
-        kernels = meta["kernels"]
-        inputs_spec, outputs_spec = meta["inputs"], meta["outputs"]
-        names = [k["name"] for k in kernels]
-    except (KeyError, TypeError) as exc:
-        raise InputError(f"{filename}: malformed nmmc metadata ({exc})") from None
-    out_dtype = outputs_spec[0]["dtype"]
-    dialect = meta.get("dialect", "?")
-    runner = _runner(backend, source, filename, dialect)
-    report = VerifyReport(ok=False, kernel=", ".join(names), target=tgt.name, dialect=dialect, seed=seed,
-                          rel_error=None, tolerance=TOLERANCES[out_dtype], max_abs_error=None, backend=backend)
-    inputs = random_inputs(inputs_spec, seed)
+    tgt = target or get_target(meta.target)
+    graph = parse_text(meta.graph)
+    kernels = meta.kernels
+    out_dtype = meta.outputs[0].dtype
+    runner = _runner(backend, source, filename, meta.dialect)
+    report = VerifyReport(ok=False, kernel=", ".join(k.name for k in kernels), target=tgt.name, dialect=meta.dialect,
+                          seed=seed, rel_error=None, tolerance=TOLERANCES[out_dtype], max_abs_error=None,
+                          backend=backend)
+    inputs = random_inputs(meta.inputs, seed)
     tensors: dict[str, np.ndarray] = dict(inputs)
     per_kernel: list[dict[str, Any]] = []
     totals: dict[str, Any] = {}
     for kernel in kernels:
         try:
-            args = [tensors[s["name"]] for s in kernel["inputs"]]
+            args = [tensors[s.name] for s in kernel.inputs]
         except KeyError as exc:
-            raise InputError(f"{filename}: kernel {kernel['name']} reads {exc}, which no input or earlier "
+            raise InputError(f"{filename}: kernel {kernel.name} reads {exc}, which no input or earlier "
                              "kernel provides") from None
         try:
             outputs, counters = runner(kernel, args, tgt)
-            if len(outputs) != len(kernel["outputs"]):
-                raise KernelError(f"kernel {kernel['name']!r} returned {len(outputs)} tensor(s), its metadata "
-                                  f"declares {len(kernel['outputs'])}")
+            if len(outputs) != len(kernel.outputs):
+                raise KernelError(f"kernel {kernel.name!r} returned {len(outputs)} tensor(s), its metadata "
+                                  f"declares {len(kernel.outputs)}")
         except KernelError as exc:
-            report.error = f"{kernel['name']}: {exc}" if len(kernels) > 1 else str(exc)
+            report.error = f"{kernel.name}: {exc}" if len(kernels) > 1 else str(exc)
             return report
-        for spec, value in zip(kernel["outputs"], outputs, strict=True):
-            tensors[spec["name"]] = value
+        for spec, value in zip(kernel.outputs, outputs, strict=True):
+            tensors[spec.name] = value
         if counters is not None:
-            per_kernel.append({"name": kernel["name"], **counters})
+            per_kernel.append({"name": kernel.name, **counters})
             _merge(totals, counters)
     report.counters = {**totals, "kernels": per_kernel} if len(kernels) > 1 and per_kernel else totals
     expected = evaluate(graph, inputs)
     allowance = rounding_allowance(graph, inputs)
     worst_rel, worst_abs, ok = 0.0, 0.0, True
-    for spec in outputs_spec:
-        ref = np.asarray(expected[spec["name"]], dtype=np.float64)
-        got = np.asarray(tensors[spec["name"]], dtype=np.float64)
+    for spec in meta.outputs:
+        ref = np.asarray(expected[spec.name], dtype=np.float64)
+        got = np.asarray(tensors[spec.name], dtype=np.float64)
         if got.shape != ref.shape:
-            report.error = f"output {spec['name']}: shape {got.shape}, expected {ref.shape}"
+            report.error = f"output {spec.name}: shape {got.shape}, expected {ref.shape}"
             return report
         if not np.all(np.isfinite(got)):
-            report.error = f"output {spec['name']} holds non-finite values (unwritten or overflowed)"
+            report.error = f"output {spec.name} holds non-finite values (unwritten or overflowed)"
             return report
         diff = got - ref
         denom = float(np.linalg.norm(ref)) or 1.0
         error = float(np.linalg.norm(diff))
-        extra = float(np.linalg.norm(allowance[spec["name"]]))
+        extra = float(np.linalg.norm(allowance[spec.name]))
         ok = ok and error <= report.tolerance * denom + extra
         worst_rel = max(worst_rel, error / denom)
         report.rounding_allowance = max(report.rounding_allowance, extra / denom)

@@ -97,16 +97,16 @@ def bench_file(path: str | Path, *, warmup: int = 10, iters: int = 100, target: 
     package = benchmark_package(kernel_file.dialect)
     module = KernelModule(kernel_file.source, str(path))
     timings = []
-    for spec, program in zip(kernel_file.metadata["kernels"], kernel_file.programs, strict=True):
-        args = list(random_inputs(spec["inputs"], seed).values())
+    for spec, program in zip(kernel_file.metadata.kernels, kernel_file.programs, strict=True):
+        args = list(random_inputs(spec.inputs, seed).values())
         try:
-            measured = benchmark_kernel(package, module.function(spec["name"]), args, warmup=warmup, iters=iters)
+            measured = benchmark_kernel(package, module.function(spec.name), args, warmup=warmup, iters=iters)
         except NmmcError:
             raise
         except Exception as exc:
-            raise NmmcError(f"benchmarking {spec['name']} failed: {type(exc).__name__}: {exc}") from exc
+            raise NmmcError(f"benchmarking {spec.name} failed: {type(exc).__name__}: {exc}") from exc
         if not all(v > 0 for v in measured.values()):
-            raise NmmcError(f"benchmarking {spec['name']} returned non-positive latencies {measured}")
-        timings.append(KernelTiming(spec["name"], measured[10], measured[50], measured[90],
+            raise NmmcError(f"benchmarking {spec.name} returned non-positive latencies {measured}")
+        timings.append(KernelTiming(spec.name, measured[10], measured[50], measured[90],
                                     estimate(program, tgt).latency_us))
     return BenchReport(kernel_file, tgt, warmup, iters, timings)

@@ -14,15 +14,15 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..codegen import buffer_specs, read_metadata
+from ..codegen import KernelMetadata, KernelSpec, buffer_specs, read_metadata
 from ..cost_model import estimate
 from ..driver import relower
 from ..errors import InputError, NmmcError
 from ..ir import parse_text
 from ..schedule.program import Program
 from ..targets import Target, get_target
+from ..vocab import Dialect
 
 
 @dataclass
@@ -31,7 +31,7 @@ class KernelFile:
 
     path: str
     source: str
-    metadata: dict[str, Any]
+    metadata: KernelMetadata
     programs: list[Program] = field(repr=False)
 
     @property
@@ -40,38 +40,34 @@ class KernelFile:
 
     @property
     def target_name(self) -> str:
-        return str(self.metadata.get("target"))
+        """The name of the target the file was emitted for."""
+        return self.metadata.target
 
     @property
-    def dialect(self) -> str:
-        return str(self.metadata.get("dialect"))
+    def dialect(self) -> Dialect:
+        """The file's NKI dialect."""
+        return self.metadata.dialect
 
     def predict_us(self, target: Target) -> float:
         """Predicted latency of the whole file in microseconds (its kernels run one after another)."""
         return sum(estimate(p, target).latency_us for p in self.programs)
 
 
-def programs_from_metadata(meta: dict[str, Any], target: Target) -> list[Program]:
+def programs_from_metadata(meta: KernelMetadata, target: Target) -> list[Program]:
     """The programs a kernel file's metadata describes (InputError when they cannot be rebuilt or do
     not match the kernels the file declares)."""
     try:
-        graph = parse_text(meta["graph"])
-        kind = meta["schedule"].get("kind")
-        params = dict(meta["schedule"]["params"])
-        declared = [{"name": k["name"], "inputs": k["inputs"], "outputs": k["outputs"]} for k in meta["kernels"]]
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"malformed nmmc metadata (missing {exc})") from None
+        graph = parse_text(meta.graph)
     except NmmcError as exc:
         raise InputError(f"malformed graph in the metadata: {exc}") from None
-    if not isinstance(kind, str):
-        raise InputError("its metadata records no schedule kind (written by an older nmmc); re-emit the file")
     try:
-        programs = relower(graph, kind, params, target)
+        programs = relower(graph, meta.schedule.kind, dict(meta.schedule.params), target)
     except NmmcError as exc:
         raise InputError(f"cannot re-lower its schedule: {exc}") from None
-    rebuilt = [{"name": p.name, "inputs": buffer_specs(p.params), "outputs": buffer_specs(p.outputs)} for p in programs]
+    rebuilt = tuple(KernelSpec(p.name, buffer_specs(p.params), buffer_specs(p.outputs)) for p in programs)
+    declared = meta.kernels
     if rebuilt != declared:
-        names = ", ".join(k["name"] for k in declared)
+        names = ", ".join(k.name for k in declared)
         raise InputError(f"this nmmc lowers its schedule to other kernels than the file's ({names}); "
                          "re-emit the file with this nmmc")
     return programs
@@ -88,11 +84,14 @@ def read_kernel_file(path: str | Path, *, shown: str | None = None) -> KernelFil
         raise InputError(f"kernel file not found: {name}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read kernel file {name}: {exc}") from None
-    meta = read_metadata(source)
+    try:
+        meta = read_metadata(source)
+    except InputError as exc:
+        raise InputError(f"{name}: {exc}") from None
     if meta is None:
         raise InputError(f"{name} is not an nmmc kernel file (no '# nmmc-metadata:' header line)")
     try:
-        programs = programs_from_metadata(meta, get_target(str(meta.get("target"))))
+        programs = programs_from_metadata(meta, get_target(meta.target))
     except InputError as exc:
         raise InputError(f"{name}: {exc}") from None
     return KernelFile(path=str(path), source=source, metadata=meta, programs=programs)
