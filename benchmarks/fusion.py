@@ -25,9 +25,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from neuronmm_compiler.driver import tune as tune_graph
+from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
-from neuronmm_compiler.workloads import mlp_workload
 
 MODELS = {  # hidden, intermediate
     "llama3.2-1b": (2048, 8192),

@@ -28,9 +28,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from neuronmm_compiler.driver import tune
+from neuronmm_compiler.frontends.workloads import gemm_workload
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
-from neuronmm_compiler.workloads import gemm_workload
 
 # (label, M tokens, N out features, K in features)
 SUITE = [

@@ -24,10 +24,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from neuronmm_compiler.driver import tune as tune_graph
-from neuronmm_compiler.graph_file import load_graph_spec
+from neuronmm_compiler.frontends.graph_file import load_graph_spec
+from neuronmm_compiler.frontends.workloads import graph_workload
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
-from neuronmm_compiler.workloads import graph_workload
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "graphs"
 GRAPHS = ("lora", "three_factor_chain", "svd_mlp")

@@ -14,11 +14,11 @@ import time
 
 from neuronmm_compiler.driver import compile_workload
 from neuronmm_compiler.errors import ScheduleError
+from neuronmm_compiler.frontends.workloads import gemm_workload
 from neuronmm_compiler.ir import canonical_dtype
 from neuronmm_compiler.schedule import PRESETS
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
-from neuronmm_compiler.workloads import gemm_workload
 
 SHAPES = [
     (1, 512, 128), (1, 4096, 4096), (7, 2048, 8192), (32, 2048, 2048), (127, 3072, 8192),

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from neuronmm_compiler.driver import Compiled, Tuned, compile_workload, tune
+from neuronmm_compiler.frontends.workloads import Workload, gemm_workload
 from neuronmm_compiler.targets import Target, get_target
-from neuronmm_compiler.workloads import Workload, gemm_workload
 
 
 def _target(target: str | Target) -> Target:

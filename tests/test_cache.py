@@ -26,11 +26,12 @@ from neuronmm_compiler.artifacts import (
 )
 from neuronmm_compiler.cost_model import params as cost_model_params
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.ir import Graph, gemm_graph
+from neuronmm_compiler.frontends.shapes import gemm_graph
+from neuronmm_compiler.frontends.workloads import chain_workload, gemm_workload, mlp_workload
+from neuronmm_compiler.ir import Graph
 from neuronmm_compiler.schedule.fused import FusedSchedule
 from neuronmm_compiler.schedule.gemm import GemmSchedule
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.workloads import chain_workload, gemm_workload, mlp_workload
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -120,7 +121,8 @@ def test_key_is_stable_and_covers_what_the_decision_depends_on(monkeypatch):
 
 
 def test_key_is_the_same_in_another_process():
-    code = ("from neuronmm_compiler.artifacts import cache_key; from neuronmm_compiler.ir import gemm_graph;"
+    code = ("from neuronmm_compiler.artifacts import cache_key; "
+            "from neuronmm_compiler.frontends.shapes import gemm_graph;"
             "print(cache_key(gemm_graph(64, 128, 256, a_layout='km'), target='trn2', dialect='nki', kind='gemm'))")
     env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -30,10 +30,10 @@ from neuronmm_compiler.calibration.measurements import (
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.cost_model import DEFAULT_PARAMS, estimate
 from neuronmm_compiler.errors import InputError, UnknownNameError
-from neuronmm_compiler.ir import gemm_graph
+from neuronmm_compiler.frontends.shapes import gemm_graph
+from neuronmm_compiler.frontends.workloads import chain_workload, gemm_workload, mlp_workload
 from neuronmm_compiler.target_file import target_file_text
 from neuronmm_compiler.targets import TARGETS, get_target, load_target_file, parse_target_file
-from neuronmm_compiler.workloads import chain_workload, gemm_workload, mlp_workload
 
 TRN1 = get_target("trn1")
 #: The "hardware" the synthetic measurements come from: every default-fit parameter perturbed.

@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 from threadpoolctl import threadpool_limits
 
 from neuronmm_compiler.errors import InputError, UnknownNameError
-from neuronmm_compiler.ir import block_aligned_rank
+from neuronmm_compiler.frontends.shapes import block_aligned_rank
 from neuronmm_compiler.models import compress_model, read_config, read_manifest
 from neuronmm_compiler.models import svd as svd_module
 from neuronmm_compiler.models.svd import relative_error, truncated_svd

@@ -9,7 +9,8 @@ import pytest
 from conftest import compile_and_verify
 from neuronmm_compiler.cost_model import dma_efficiency, estimate
 from neuronmm_compiler.lowerings.gemm import gemm_space, tune_gemm
-from neuronmm_compiler.schedule import PRESETS, GemmProblem, lower_gemm, preset
+from neuronmm_compiler.lowerings.lower_gemm import lower_gemm
+from neuronmm_compiler.schedule import PRESETS, GemmProblem, preset
 from neuronmm_compiler.targets import TARGETS, get_target
 
 TRN1 = get_target("trn1")

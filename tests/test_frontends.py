@@ -6,17 +6,8 @@ import numpy as np
 import pytest
 
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.ir import (
-    block_aligned_rank,
-    evaluate,
-    gemm_graph,
-    mlp_graph,
-    parse_shape,
-    parse_text,
-    svd_chain_graph,
-    to_text,
-    verify,
-)
+from neuronmm_compiler.frontends.shapes import block_aligned_rank, gemm_graph, mlp_graph, parse_shape, svd_chain_graph
+from neuronmm_compiler.ir import evaluate, parse_text, to_text, verify
 from neuronmm_compiler.passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, run_pipeline
 
 

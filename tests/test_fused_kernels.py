@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import compile_graph, tune_graph
+from neuronmm_compiler.frontends.workloads import chain_workload, mlp_workload
 from neuronmm_compiler.lowerings.fused import unfused_cost
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
-from neuronmm_compiler.workloads import chain_workload, mlp_workload
 
 TRN1 = get_target("trn1")
 

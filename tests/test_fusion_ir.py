@@ -12,17 +12,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from neuronmm_compiler.errors import InputError, IRError, UnknownNameError
-from neuronmm_compiler.ir import (
-    COMPUTE_KINDS,
-    Graph,
-    evaluate,
-    mlp_graph,
-    parse_text,
-    to_text,
-    verify,
-)
+from neuronmm_compiler.frontends.shapes import mlp_graph
+from neuronmm_compiler.ir import COMPUTE_KINDS, Graph, evaluate, parse_text, to_text, verify
+from neuronmm_compiler.lowerings.fused_groups import read_groups
 from neuronmm_compiler.passes import kernel_order, run_pipeline, split_kernels
-from neuronmm_compiler.schedule.fused_groups import read_groups
 from test_fusion_passes import BRANCHY_FUSED, SVD_CHAIN, SVD_MLP_SPLIT, SVD_MLP_WHOLE, split_pipeline
 from test_ir_text import ANNOTATED, random_graphs
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from neuronmm_compiler.errors import InputError, IRError, UnknownNameError
-from neuronmm_compiler.ir import mlp_graph, parse_text, svd_chain_graph, to_text
+from neuronmm_compiler.frontends.shapes import mlp_graph, svd_chain_graph
+from neuronmm_compiler.ir import parse_text, to_text
 from neuronmm_compiler.passes import (
     DEFAULT_FUSION_PIPELINE,
     Canonicalize,

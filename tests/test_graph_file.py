@@ -21,10 +21,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from neuronmm_compiler import graph_file as gf
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.codegen import read_metadata
 from neuronmm_compiler.errors import InputError, NmmcError
+from neuronmm_compiler.frontends import graph_file as gf
 from neuronmm_compiler.ir import parse_text, to_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -533,7 +533,8 @@ def test_the_schema_ships_with_the_package():
     assert path.is_file() and path.parent.name == "schemas"
     assert path.parent.parent == Path(gf.__file__).parent
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert '\n"neuronmm_compiler" = ["schemas/*.json"]\n' in pyproject.split("[tool.setuptools.package-data]")[1]
+    package_data = pyproject.split("[tool.setuptools.package-data]")[1]
+    assert '\n"neuronmm_compiler.frontends" = ["schemas/*.json"]\n' in package_data
     assert _schema()["$schema"] == "https://json-schema.org/draft/2020-12/schema"
 
 

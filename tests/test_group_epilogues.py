@@ -10,17 +10,19 @@ from pathlib import Path
 import pytest
 
 from neuronmm_compiler.errors import IRError, ScheduleError
-from neuronmm_compiler.graph_file import load_graph_spec
-from neuronmm_compiler.ir import mlp_graph, parse_text, to_text
+from neuronmm_compiler.frontends.graph_file import load_graph_spec
+from neuronmm_compiler.frontends.shapes import mlp_graph
+from neuronmm_compiler.ir import parse_text, to_text
+from neuronmm_compiler.kernel_ir.program import Alloc, DmaCopy, walk
 from neuronmm_compiler.lowerings.fused import FusedLowering
+from neuronmm_compiler.lowerings.fused_groups import read_groups
+from neuronmm_compiler.lowerings.lower_elementwise import lower_elementwise
+from neuronmm_compiler.lowerings.lower_fused import lower_fused_kernel
+from neuronmm_compiler.lowerings.lower_gemm import lower_gemm
 from neuronmm_compiler.passes import GroupEpilogues, run_pipeline, split_kernels
 from neuronmm_compiler.passes.legality import RULES, check_kernel, join_conflict, kernel_conflicts
-from neuronmm_compiler.schedule import GemmProblem, lower_gemm, preset
+from neuronmm_compiler.schedule import GemmProblem, preset
 from neuronmm_compiler.schedule.fused import FusedSchedule
-from neuronmm_compiler.schedule.fused_groups import read_groups
-from neuronmm_compiler.schedule.lower_elementwise import lower_elementwise
-from neuronmm_compiler.schedule.lower_fused import lower_fused_kernel
-from neuronmm_compiler.schedule.program import Alloc, DmaCopy, walk
 from neuronmm_compiler.targets import KIB, get_target
 from test_fusion_passes import (
     SVD_CHAIN,

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from neuronmm_compiler.errors import InputError, IRError
-from neuronmm_compiler.ir import Graph, evaluate, gemm_graph, parse_text
+from neuronmm_compiler.frontends.shapes import gemm_graph
+from neuronmm_compiler.ir import Graph, evaluate, parse_text
 from neuronmm_compiler.passes import DEFAULT_PIPELINE, run_pipeline
 from neuronmm_compiler.vocab import ElementwiseOp
 

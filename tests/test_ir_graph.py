@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from neuronmm_compiler.errors import InputError, IRError, UnknownNameError
-from neuronmm_compiler.ir import Graph, canonical_dtype, gemm_graph, verify
+from neuronmm_compiler.frontends.shapes import gemm_graph
+from neuronmm_compiler.ir import Graph, canonical_dtype, verify
 
 
 def mlp_graph() -> Graph:

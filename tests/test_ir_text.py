@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuronmm_compiler.errors import IRError, ParseError
-from neuronmm_compiler.ir import LAYOUTS, ORIENTS, PLACES, Graph, gemm_graph, parse_text, to_table, to_text, verify
+from neuronmm_compiler.frontends.shapes import gemm_graph
+from neuronmm_compiler.ir import LAYOUTS, ORIENTS, PLACES, Graph, parse_text, to_table, to_text, verify
 
 GEMM_TEXT = """\
 graph gemm {

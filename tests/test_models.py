@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from neuronmm_compiler.errors import InputError, UnknownNameError
-from neuronmm_compiler.ir import block_aligned_rank
+from neuronmm_compiler.frontends.shapes import block_aligned_rank
 from neuronmm_compiler.models import (
     KNOWN_MODELS,
     ModelConfig,

@@ -14,15 +14,14 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import compile_gemm, compile_graph
-from neuronmm_compiler import nki_backend
 from neuronmm_compiler.calibration.kernels import read_kernel_file
 from neuronmm_compiler.calibration.measurements import BENCH_COLUMNS, read_measurements
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.cost_model import estimate
+from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.interpreter import run_kernel
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.verification import verify_source
-from neuronmm_compiler.workloads import mlp_workload
+from neuronmm_compiler.verification import nki_backend, verify_source
 
 TRN1 = get_target("trn1")
 MODULES = {"nki": ("nki", "nki.isa", "nki.language"),

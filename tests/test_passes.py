@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuronmm_compiler.errors import InputError, IRError, UnknownNameError
-from neuronmm_compiler.ir import Graph, evaluate, gemm_graph, parse_text, to_text
+from neuronmm_compiler.frontends.shapes import gemm_graph
+from neuronmm_compiler.ir import Graph, evaluate, parse_text, to_text
 from neuronmm_compiler.passes import (
     DEFAULT_PIPELINE,
     Canonicalize,

@@ -19,8 +19,14 @@ from neuronmm_compiler.artifacts.lockfile import (
 )
 from neuronmm_compiler.artifacts.regress import compile_entry, regress, update_lock
 from neuronmm_compiler.errors import InputError
+from neuronmm_compiler.frontends.workloads import (
+    Workload,
+    chain_workload,
+    gemm_workload,
+    mlp_workload,
+    workload_from_dict,
+)
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.workloads import Workload, chain_workload, gemm_workload, mlp_workload, workload_from_dict
 
 TRIALS = 20
 GEMM = gemm_workload(128, 512, 256)

@@ -17,8 +17,8 @@ from neuronmm_compiler.artifacts.report import (
     write_lock_report,
     write_report,
 )
+from neuronmm_compiler.frontends.workloads import chain_workload, gemm_workload
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.workloads import chain_workload, gemm_workload
 
 TRIALS = 20
 GEMM = gemm_workload(128, 512, 256)

@@ -8,10 +8,11 @@ import math
 import pytest
 
 from neuronmm_compiler.errors import InputError, ScheduleError, UnknownNameError
-from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, lower_gemm, normalize, preset
-from neuronmm_compiler.schedule.expr import Lin, Min, add, minimum, scale, sub, var
+from neuronmm_compiler.kernel_ir.expr import Lin, Min, add, minimum, scale, sub, var
+from neuronmm_compiler.kernel_ir.program import DmaCopy, Loop, Matmul, TensorTensor, instruction_counts, walk
+from neuronmm_compiler.lowerings.lower_gemm import lower_gemm
+from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, normalize, preset
 from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, check_schedule
-from neuronmm_compiler.schedule.program import DmaCopy, Loop, Matmul, TensorTensor, instruction_counts, walk
 from neuronmm_compiler.targets import get_target
 
 TRN1 = get_target("trn1")

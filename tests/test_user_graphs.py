@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 from helpers import compile_graph
 from neuronmm_compiler.cli import main
-from neuronmm_compiler.graph_file import load_graph_spec, spec_from_document
+from neuronmm_compiler.frontends.graph_file import load_graph_spec, spec_from_document
+from neuronmm_compiler.frontends.workloads import graph_workload
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
-from neuronmm_compiler.workloads import graph_workload
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "graphs"
 
@@ -168,7 +168,7 @@ def test_a_tuned_graph_is_locked_and_regressed(tmp_path):
     assert bad.exit_code == 2 and "edited by hand" in bad.output
     # ... and a recorded graph's names are checked as a graph file's are
     from neuronmm_compiler.errors import InputError
-    from neuronmm_compiler.workloads import workload_from_dict
+    from neuronmm_compiler.frontends.workloads import workload_from_dict
 
     workload = data["entries"][0]["workload"] if "entries" in data else data[0]["workload"]
     workload["graph"] = workload["graph"].replace('"x"', '"nl"').replace("%x ", "%nl ").replace("%x,", "%nl,")

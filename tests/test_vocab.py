@@ -9,26 +9,16 @@ import pickle
 import numpy as np
 import pytest
 
-from neuronmm_compiler import graph_file
 from neuronmm_compiler.codegen import DEFAULT_DIALECT, DIALECTS, check_dialect
 from neuronmm_compiler.codegen.printer import NL_OPS, PRINTERS
 from neuronmm_compiler.codegen.reference import reference_source
 from neuronmm_compiler.errors import UnknownNameError
+from neuronmm_compiler.frontends import graph_file
+from neuronmm_compiler.frontends.shapes import A_LAYOUTS, gemm_graph, mlp_graph
 from neuronmm_compiler.interpreter.loader import PLAIN_IMPORTS
 from neuronmm_compiler.interpreter.ops import ACTIVATION_FUNCS, BINARY_FUNCS
-from neuronmm_compiler.ir import (
-    A_LAYOUTS,
-    COMPUTE_KINDS,
-    ELEMENTWISE_ARITY,
-    KINDS,
-    LAYOUTS,
-    ORIENTS,
-    Graph,
-    evaluate,
-    gemm_graph,
-    mlp_graph,
-)
-from neuronmm_compiler.nki_backend import MIN_NKI_VERSION, PACKAGES
+from neuronmm_compiler.ir import COMPUTE_KINDS, ELEMENTWISE_ARITY, KINDS, LAYOUTS, ORIENTS, Graph, evaluate
+from neuronmm_compiler.verification.nki_backend import MIN_NKI_VERSION, PACKAGES
 from neuronmm_compiler.vocab import ALayout, Dialect, ElementwiseOp, Layout, NodeKind, Orient, StrEnum
 
 ENUMS: tuple[type[StrEnum], ...] = (Layout, ALayout, Orient, Dialect, NodeKind, ElementwiseOp)

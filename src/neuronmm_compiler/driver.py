@@ -25,14 +25,14 @@ from .codegen import DEFAULT_DIALECT, KernelFile, check_dialect, emit_kernel
 from .cost_model import CostReport, combine_reports, estimate
 from .cost_model.footprint import Footprint, check_fits
 from .errors import InputError, NmmcError
+from .frontends.workloads import Workload
 from .ir import Graph
+from .kernel_ir.program import Program
 from .lowerings import Baseline, Lowering, lowering_for, lowering_named
 from .passes import Pass, PipelineStep, parse_pipeline, run_pipeline
 from .schedule.gemm import check_schedule
-from .schedule.program import Program
 from .search import DEFAULT_TRIALS, Candidate, TuneResult, search
 from .targets import Target
-from .workloads import Workload
 
 if TYPE_CHECKING:
     from .artifacts.cache import ResultCache

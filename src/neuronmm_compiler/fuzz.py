@@ -151,10 +151,10 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
 def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:
     """Compile (and verify) one case; never raises."""
     from .driver import compile_workload
-    from .graph_file import check_fits_hbm, spec_from_document
+    from .frontends.graph_file import check_fits_hbm, spec_from_document
+    from .frontends.workloads import graph_workload
     from .targets import get_target
     from .verification import verify_source
-    from .workloads import graph_workload
 
     try:
         target = get_target(case.target)

@@ -19,12 +19,12 @@ from . import __version__
 from .cost_model import CostReport
 from .driver import Tuned, tune
 from .errors import InputError
+from .frontends.shapes import block_aligned_rank
+from .frontends.workloads import Workload, mlp_workload
 from .io import write_text_atomic
-from .ir import block_aligned_rank
 from .models import ModelConfig, read_config, read_manifest
 from .models.manifest import MANIFEST_FILE
 from .targets import Target
-from .workloads import Workload, mlp_workload
 
 INDEX_FILE = "index.json"
 

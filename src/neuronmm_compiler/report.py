@@ -13,9 +13,9 @@ import sympy as sp
 from .codegen.printer import NkiPrinter
 from .cost_model import FORMULAS, LATENCY, LOWER_BOUND, CostReport
 from .driver import Compiled, Costed, Lowered, Tuned
+from .frontends.workloads import Workload
 from .ir import to_text
 from .targets import Target
-from .workloads import Workload
 
 
 def _mib(nbytes: float) -> str:

@@ -13,9 +13,9 @@ from typing import Any
 
 from .driver import Tuned, tune_cached
 from .errors import InputError
+from .frontends.workloads import Workload
 from .search import DEFAULT_TRIALS
 from .targets import Target
-from .workloads import Workload
 
 Echo = Callable[..., None]
 
@@ -87,11 +87,11 @@ def study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]:
     import optuna
 
     from .artifacts.report import write_report
+    from .frontends.workloads import workload_from_dict
     from .lowerings import lowering_for
     from .search.storage import open_storage
     from .search.tuner import result_from_study
     from .targets import get_target
-    from .workloads import workload_from_dict
 
     storage = open_storage(url)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]

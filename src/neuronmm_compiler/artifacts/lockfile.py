@@ -26,10 +26,10 @@ from .. import __version__
 from ..cost_model import COST_MODEL_VERSION, CostReport
 from ..driver import Compiled, Tuned
 from ..errors import InputError
+from ..frontends.workloads import Workload, workload_label
 from ..io import write_text_atomic
 from ..lowerings import registered_lowerings
 from ..targets import Target, get_target
-from ..workloads import Workload, workload_label
 
 LOCK_FORMAT = "nmmc-lock"
 LOCK_VERSION = 1

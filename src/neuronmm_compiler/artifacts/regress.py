@@ -37,9 +37,9 @@ from typing import Any
 from ..codegen import check_dialect
 from ..driver import Compiled, recompile, tune
 from ..errors import InputError, NmmcError
+from ..frontends.workloads import Workload, workload_from_dict, workload_label
 from ..targets import Target, get_target
 from ..verification import verify_source
-from ..workloads import Workload, workload_from_dict, workload_label
 from .lockfile import LockEntry, Lockfile, entry_from_compiled, entry_from_tuned, target_fingerprint
 
 DEFAULT_TOLERANCE = 0.02

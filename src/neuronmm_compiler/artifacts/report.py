@@ -29,9 +29,9 @@ from pathlib import Path
 
 from ..cost_model import CostReport
 from ..errors import NmmcError
+from ..frontends.workloads import workload_from_dict
 from ..search import Candidate, TuneResult
 from ..targets import Target, get_target
-from ..workloads import workload_from_dict
 from .lockfile import LockEntry, Lockfile
 from .plots import (
     LOG_RANGE,

@@ -17,9 +17,9 @@ from typing import Any
 
 from ..cost_model import estimate
 from ..errors import InputError, NmmcError
-from ..nki_backend import KernelModule, benchmark_kernel, benchmark_package
 from ..targets import Target, get_target
 from ..verification import random_inputs
+from ..verification.nki_backend import KernelModule, benchmark_kernel, benchmark_package
 from .kernels import KernelFile, read_kernel_file
 from .measurements import relative_to_csv
 

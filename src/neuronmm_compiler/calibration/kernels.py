@@ -20,7 +20,7 @@ from ..cost_model import estimate
 from ..driver import relower
 from ..errors import InputError, NmmcError
 from ..ir import parse_text
-from ..schedule.program import Program
+from ..kernel_ir.program import Program
 from ..targets import Target, get_target
 from ..vocab import Dialect
 

@@ -11,10 +11,11 @@ import click
 
 from ..codegen import DEFAULT_DIALECT
 from ..errors import InputError, NmmcError
-from ..ir import A_LAYOUTS, canonical_dtype, parse_shape
+from ..frontends.shapes import A_LAYOUTS, parse_shape
+from ..frontends.workloads import Workload, chain_workload, gemm_workload, mlp_workload
+from ..ir import canonical_dtype
 from ..schedule import PRESETS
 from ..targets import DEFAULT_TARGET, TARGETS, Target, get_target
-from ..workloads import Workload, chain_workload, gemm_workload, mlp_workload
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -143,8 +144,8 @@ def workload_from(options: dict[str, Any], target: str | None = None) -> Workloa
 
 
 def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
-    from ..graph_file import check_fits_hbm, load_graph_spec, parse_dim_bindings
-    from ..workloads import graph_workload
+    from ..frontends.graph_file import check_fits_hbm, load_graph_spec, parse_dim_bindings
+    from ..frontends.workloads import graph_workload
 
     others = [f"--{key.replace('_', '-')}" for key in WORKLOAD_KEYS
               if key not in ("graph", "dims", "dtype", "a_layout") and o[key] not in (None, False)]

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
+from ..frontends.workloads import Workload
 from ..targets import Target
-from ..workloads import Workload
 
 
 def echo_lines(lines: Iterable[str]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from .. import __version__
 from ..errors import UnknownNameError
 from ..ir import Graph, to_text
-from ..schedule.program import Program
+from ..kernel_ir.program import Program
 from ..targets import Target
 from ..vocab import Dialect
 from .metadata import METADATA_FORMAT, KernelMetadata, KernelSpec, ScheduleRecord, TensorSpec, buffer_specs

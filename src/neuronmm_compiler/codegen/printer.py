@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from ..schedule.expr import Min, code
-from ..schedule.program import (
+from ..kernel_ir.expr import Min, code
+from ..kernel_ir.program import (
     Activation,
     Alloc,
     Buffer,

@@ -2,7 +2,7 @@
 partition, TensorEngine and Vector/Scalar instructions, and what precedes the first matmul or
 follows the last one (the prologue and epilogue that no engine overlap can hide).
 
-Counting uses :func:`~neuronmm_compiler.schedule.program.instruction_counts`, the closed-form
+Counting uses :func:`~neuronmm_compiler.kernel_ir.program.instruction_counts`, the closed-form
 evaluation of the program's loops, so the figures equal what the interpreter measures when it runs
 the emitted kernel (tests assert equality) at a fraction of the cost.
 """
@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from ..schedule.program import (
+from ..kernel_ir.program import (
     Activation,
     Alloc,
     Comment,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from ..schedule.program import Program
+from ..kernel_ir.program import Program
 from ..targets import Target
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import sympy as sp
 
-from ..schedule.program import Program
+from ..kernel_ir.program import Program
 from ..targets import Target
 from .counts import ProgramCounts, count_program, dma_histogram, edge_counts
 from .footprint import footprint

@@ -1,7 +1,6 @@
 """The graph IR: typed op nodes in a networkx DiGraph, its text form, verifier and NumPy evaluator."""
 
 from .evaluate import evaluate
-from .frontends import A_LAYOUTS, block_aligned_rank, gemm_graph, mlp_graph, parse_shape, svd_chain_graph
 from .graph import (
     COMPUTE_KINDS,
     DTYPE_ALIASES,
@@ -20,7 +19,6 @@ from .verify import verify
 
 __all__ = [
     "ANNOTATION_VALUES",
-    "A_LAYOUTS",
     "COMPUTE_KINDS",
     "DTYPES",
     "DTYPE_ALIASES",
@@ -31,16 +29,11 @@ __all__ = [
     "PLACES",
     "Graph",
     "Node",
-    "block_aligned_rank",
     "canonical_dtype",
     "evaluate",
     "format_node",
     "format_shape",
-    "gemm_graph",
-    "mlp_graph",
-    "parse_shape",
     "parse_text",
-    "svd_chain_graph",
     "to_table",
     "to_text",
     "verify",

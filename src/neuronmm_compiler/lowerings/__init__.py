@@ -13,7 +13,7 @@ kernels).
 from __future__ import annotations
 
 from ..errors import UnknownNameError
-from ..workloads import Workload
+from ..frontends.workloads import Workload
 from .base import Baseline, Lowering
 from .fused import FusedLowering
 from .gemm import GemmLowering

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..cost_model import CostReport
+from ..frontends.workloads import Workload
 from ..ir import Graph
+from ..kernel_ir.program import Program
 from ..passes import Pass
-from ..schedule.program import Program
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target
-from ..workloads import Workload
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint

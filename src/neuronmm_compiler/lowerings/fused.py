@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..cost_model import COST_MODEL_VERSION, CostReport, combine_reports, estimate
 from ..cost_model.footprint import FUSED_ADVICE
 from ..errors import InputError, ScheduleError
+from ..frontends.workloads import GraphWorkload, MlpWorkload, Workload
 from ..ir import Graph
+from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
 from ..schedule.fused import FusedSchedule, normalize_fused
 from ..schedule.gemm import check_schedule
-from ..schedule.lower_elementwise import lower_elementwise
-from ..schedule.lower_fused import lower_fused_kernel
-from ..schedule.program import Program
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target
 from ..vocab import ALayout, Layout, NodeKind
-from ..workloads import GraphWorkload, MlpWorkload, Workload
 from .base import Baseline, Lowering
 from .gemm import aws_gemm_cost
+from .lower_elementwise import lower_elementwise
+from .lower_fused import lower_fused_kernel
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint

@@ -1,7 +1,7 @@
 """The ``gemm`` lowering: one GEMM kernel ``C[M,N] = A[M,K] @ B[K,N]`` under a :class:`GemmSchedule`.
 
 The canonical graph (after canonicalize and fold-transposes) is recognized as a :class:`GemmProblem`
-and lowered by :func:`~neuronmm_compiler.schedule.lower_gemm.lower_gemm`. The four kernels of AWS's
+and lowered by :func:`~neuronmm_compiler.lowerings.lower_gemm.lower_gemm`. The four kernels of AWS's
 NKI matmul tutorial are presets; a tuned kernel is compared with AWS's fully optimized kernel.
 """
 
@@ -16,15 +16,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..cost_model import COST_MODEL_VERSION, CostReport, estimate
 from ..cost_model.footprint import GEMM_ADVICE
 from ..errors import ScheduleError
+from ..frontends.workloads import GemmWorkload, Workload
 from ..ir import Graph
+from ..kernel_ir.program import Program
 from ..passes import DEFAULT_PIPELINE, Pass, parse_pipeline
-from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, Program, lower_gemm, normalize, preset
+from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, normalize, preset
 from ..schedule.gemm import check_schedule, preset_doc
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target
 from ..vocab import ALayout, Layout, NodeKind
-from ..workloads import GemmWorkload, Workload
 from .base import Baseline, Lowering
+from .lower_gemm import lower_gemm
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint

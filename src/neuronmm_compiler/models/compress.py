@@ -28,8 +28,8 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..errors import InputError, UnknownNameError
+from ..frontends.shapes import block_aligned_rank
 from ..io import stale_temp_files, write_text_atomic
-from ..ir import block_aligned_rank
 from . import svd
 from .config import PROJECTIONS, ModelConfig, mlp_weight_names, projection_shape, read_config
 from .manifest import (

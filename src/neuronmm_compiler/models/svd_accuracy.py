@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ..ir import block_aligned_rank
+from ..frontends.shapes import block_aligned_rank
 from .config import KNOWN_MODELS, known_config, read_config
 from .svd import relative_error, truncated_svd
 

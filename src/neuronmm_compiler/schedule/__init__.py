@@ -1,4 +1,4 @@
-"""Schedules: the GEMM schedule space, its presets, and lowering to loop-nest programs."""
+"""Schedules: the GEMM and fused schedule classes, their parameter specs and presets."""
 
 from .gemm import (
     DEFAULT_PRESET,
@@ -12,8 +12,6 @@ from .gemm import (
     preset,
     preset_doc,
 )
-from .lower_gemm import lower_gemm
-from .program import Program
 
 __all__ = [
     "DEFAULT_PRESET",
@@ -22,9 +20,7 @@ __all__ = [
     "GemmProblem",
     "GemmSchedule",
     "ParamSpec",
-    "Program",
     "check_schedule",
-    "lower_gemm",
     "normalize",
     "preset",
     "preset_doc",

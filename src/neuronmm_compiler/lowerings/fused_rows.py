@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import Node
+from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.expr import Expr, Lin, add, scale
+from ..kernel_ir.program import Alloc, Buffer, Comment, Copy, DmaCopy, PeTranspose, Ref, Stmt, span
 from ..vocab import Layout
-from .dims import Dim, iv, loop
-from .expr import Expr, Lin, add, scale
 from .fused_groups import Group
 from .fused_operands import OperandLoads
 from .limits import copy_tile_cols
-from .program import Alloc, Buffer, Comment, Copy, DmaCopy, PeTranspose, Ref, Stmt, span
 
 
 class RowMajorGroups(OperandLoads):

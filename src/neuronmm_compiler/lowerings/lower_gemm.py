@@ -21,12 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocab import ALayout, ElementwiseOp
-from .dims import Dim, iv, loop
-from .expr import Expr, Lin, add, scale
-from .gemm import GemmProblem, GemmSchedule, normalize, tile_counts
-from .limits import psum_bank_fp32
-from .program import (
+from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.expr import Expr, Lin, add, scale
+from ..kernel_ir.program import (
     Alloc,
     Buffer,
     Comment,
@@ -41,6 +38,9 @@ from .program import (
     TensorTensor,
     span,
 )
+from ..schedule.gemm import GemmProblem, GemmSchedule, normalize, tile_counts
+from ..vocab import ALayout, ElementwiseOp
+from .limits import psum_bank_fp32
 
 if TYPE_CHECKING:
     from ..targets import Target

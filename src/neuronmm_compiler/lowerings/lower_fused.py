@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..ir import Graph, Node
+from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.expr import Expr, Lin
+from ..kernel_ir.program import DTYPE_BYTES, Activation, Buffer, Comment, Copy, Program, Ref, Stmt, TensorTensor, span
 from ..passes.legality import check_kernel
+from ..schedule.fused import FusedSchedule, normalize_fused
 from ..vocab import ElementwiseOp, NodeKind, Orient
-from .dims import Dim, iv, loop
-from .expr import Expr, Lin
-from .fused import FusedSchedule, normalize_fused
 from .fused_groups import Group, Term, read_groups
 from .fused_rows import RowMajorGroups
 from .fused_transposed import TransposedGroups
-from .program import DTYPE_BYTES, Activation, Buffer, Comment, Copy, Program, Ref, Stmt, TensorTensor, span
 
 if TYPE_CHECKING:
     from ..targets import Target

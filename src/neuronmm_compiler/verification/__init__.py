@@ -34,12 +34,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .codegen import KernelSpec, TensorSpec, read_metadata
-from .errors import InputError, KernelError
-from .interpreter import run_kernel
-from .ir import Graph, evaluate, parse_text
-from .targets import Target, get_target
-from .vocab import ElementwiseOp, Layout, NodeKind
+from ..codegen import KernelSpec, TensorSpec, read_metadata
+from ..errors import InputError, KernelError
+from ..interpreter import run_kernel
+from ..ir import Graph, evaluate, parse_text
+from ..targets import Target, get_target
+from ..vocab import ElementwiseOp, Layout, NodeKind
 
 TOLERANCES = {"bfloat16": 1e-2, "float32": 1e-5}
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}

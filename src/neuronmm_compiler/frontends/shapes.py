@@ -11,8 +11,8 @@ import re
 from numbers import Real
 
 from ..errors import InputError
+from ..ir.graph import Graph
 from ..vocab import ALayout, ElementwiseOp
-from .graph import Graph
 
 __all__ = ["A_LAYOUTS", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
 

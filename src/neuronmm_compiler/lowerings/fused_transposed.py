@@ -10,14 +10,14 @@ feature tile held across them), and evaluates its epilogue on the eviction into 
 from __future__ import annotations
 
 from ..ir import Node
+from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.expr import Expr, Lin, scale
+from ..kernel_ir.program import Alloc, Buffer, Comment, DmaCopy, Matmul, Point, Ref, Stmt, span
+from ..schedule.fused import tiles_per_weight_block
 from ..vocab import NodeKind
-from .dims import Dim, iv, loop
-from .expr import Expr, Lin, scale
-from .fused import tiles_per_weight_block
 from .fused_groups import Group
 from .fused_operands import OperandLoads
 from .limits import k_blocked_group_banks, psum_bank_fp32
-from .program import Alloc, Buffer, Comment, DmaCopy, Matmul, Point, Ref, Stmt, span
 
 
 class TransposedGroups(OperandLoads):

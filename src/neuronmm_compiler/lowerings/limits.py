@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .program import DTYPE_BYTES
+from ..kernel_ir.program import DTYPE_BYTES
 
 if TYPE_CHECKING:
     from ..targets import Target

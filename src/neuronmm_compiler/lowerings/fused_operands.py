@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from ..errors import IRError
 from ..ir import Graph, Node
+from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.expr import Expr, Lin, scale
+from ..kernel_ir.program import Alloc, Buffer, Copy, DmaCopy, Matmul, PeTranspose, Point, Ref, Stmt, span
+from ..schedule.fused import FusedSchedule, tiles_per_weight_block
 from ..vocab import Layout, NodeKind
-from .dims import Dim, iv, loop
-from .expr import Expr, Lin, scale
-from .fused import FusedSchedule, tiles_per_weight_block
 from .fused_groups import Group
-from .program import Alloc, Buffer, Copy, DmaCopy, Matmul, PeTranspose, Point, Ref, Stmt, span
 
 if TYPE_CHECKING:
     from ..targets import Target

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.expr import Lin
+from ..kernel_ir.program import Activation, Alloc, Buffer, DmaCopy, Program, Ref, Stmt, TensorTensor, span
 from ..vocab import ElementwiseOp
-from .dims import Dim, iv, loop
-from .expr import Lin
 from .limits import elementwise_tile_cols
-from .program import Activation, Alloc, Buffer, DmaCopy, Program, Ref, Stmt, TensorTensor, span
 
 if TYPE_CHECKING:
     from ..targets import Target

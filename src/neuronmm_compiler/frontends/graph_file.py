@@ -47,12 +47,12 @@ from typing import Any
 import networkx as nx
 import yaml
 
-from .errors import InputError, NmmcError, ParseError
-from .ir import Graph
-from .ir.graph import DTYPE_ALIASES, LAYOUTS, is_identifier
-from .schedule.program import DTYPE_BYTES
-from .targets import Target
-from .vocab import ElementwiseOp, Layout, NodeKind
+from ..errors import InputError, NmmcError, ParseError
+from ..ir import Graph
+from ..ir.graph import DTYPE_ALIASES, LAYOUTS, is_identifier
+from ..kernel_ir.program import DTYPE_BYTES
+from ..targets import Target
+from ..vocab import ElementwiseOp, Layout, NodeKind
 
 #: The format version a file declares as ``nmmc_graph: 1``.
 FORMAT_VERSION = 1
@@ -102,7 +102,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
 def schema_path() -> Path:
     """The JSON Schema of the graph file format, as shipped in the package."""
-    return Path(str(resources.files("neuronmm_compiler") / "schemas" / "graph.schema.json"))
+    return Path(str(resources.files("neuronmm_compiler.frontends") / "schemas" / "graph.schema.json"))
 
 
 def _show(value: Any, limit: int = 80) -> str:

@@ -14,20 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .errors import InputError
-from .ir import (
-    DTYPES,
-    Graph,
-    block_aligned_rank,
-    canonical_dtype,
-    gemm_graph,
-    mlp_graph,
-    parse_text,
-    svd_chain_graph,
-    to_text,
-)
-from .schedule import GemmProblem
-from .vocab import ALayout, NodeKind
+from ..errors import InputError
+from ..ir import DTYPES, Graph, canonical_dtype, parse_text, to_text
+from ..schedule import GemmProblem
+from ..vocab import ALayout, NodeKind
+from .shapes import block_aligned_rank, gemm_graph, mlp_graph, svd_chain_graph
 
 
 class Workload(ABC):

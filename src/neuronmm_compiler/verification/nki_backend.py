@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import KernelError, NmmcError
-from .targets import Target
-from .vocab import Dialect
+from ..errors import KernelError, NmmcError
+from ..targets import Target
+from ..vocab import Dialect
 
 if TYPE_CHECKING:  # verification imports this module lazily to run kernels here
-    from .codegen import KernelSpec
-    from .verification import KernelRunner
+    from ..codegen import KernelSpec
+    from . import KernelRunner
 
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
 INSTALL_HINT = (f"it is published only on AWS's Neuron pip index: pip install --extra-index-url {NEURON_INDEX} "
