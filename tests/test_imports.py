@@ -13,9 +13,7 @@ importer's own enclosing packages, which are always initialized before it.
 Not counted: imports under ``if TYPE_CHECKING:``, which never run (two classes naming each other in
 annotations is not an import cycle), and dynamic imports (``importlib.import_module``).
 
-Two cycles through function-level imports exist in modules this test's author does not own; they
-are listed in :data:`KNOWN_LAZY_CYCLES` and fail the test once fixed, so the list only shrinks.
-Module-level imports must be acyclic without exception.
+Module-level and function-level imports alike must be acyclic, without exception.
 """
 
 from __future__ import annotations
@@ -31,10 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = ROOT / "src" / "neuronmm_compiler"
 
 #: Cycles through a function-level import, each to be broken by its module's owner (then deleted here).
-KNOWN_LAZY_CYCLES: frozenset[frozenset[str]] = frozenset({
-    # Graph.__str__ imports ir.text.to_text lazily; ir.text imports Graph and helpers from ir.graph.
-    frozenset({"neuronmm_compiler.ir.graph", "neuronmm_compiler.ir.text"}),
-})
 
 
 def _module_names(package_dir: Path) -> dict[str, Path]:
@@ -132,10 +126,7 @@ def test_no_import_cycles_at_module_level():
 
 def test_no_import_cycles_counting_function_level_imports():
     found = cycles(import_graph(PACKAGE_DIR))
-    new = [cycle for cycle in found if frozenset(cycle) not in KNOWN_LAZY_CYCLES]
-    assert not new, f"import cycles (a function-level import counts as much as any):\n{_describe(new)}"
-    fixed = KNOWN_LAZY_CYCLES - {frozenset(cycle) for cycle in found}
-    assert not fixed, f"no longer cycles; delete them from KNOWN_LAZY_CYCLES: {[sorted(c) for c in fixed]}"
+    assert not found, f"import cycles (a function-level import counts as much as any):\n{_describe(found)}"
 
 
 # ----------------------------------------------------------------------------- the scanner itself
