@@ -12,7 +12,8 @@ from neuronmm_compiler.kernel_ir.expr import Lin, Min, add, minimum, scale, sub,
 from neuronmm_compiler.kernel_ir.program import DmaCopy, Loop, Matmul, TensorTensor, instruction_counts, walk
 from neuronmm_compiler.lowerings.lower_gemm import lower_gemm
 from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, normalize, preset
-from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, check_schedule
+from neuronmm_compiler.schedule.gemm import LOOP_ORDERS
+from neuronmm_compiler.schedule.params import check_schedule
 from neuronmm_compiler.targets import get_target
 
 TRN1 = get_target("trn1")

@@ -14,7 +14,8 @@ from neuronmm_compiler.lowerings.fused import fused_space
 from neuronmm_compiler.lowerings.gemm import gemm_space
 from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, check_schedule
 from neuronmm_compiler.schedule.fused import FusedSchedule
-from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, max_tiles_per_block
+from neuronmm_compiler.schedule.gemm import LOOP_ORDERS
+from neuronmm_compiler.schedule.params import max_tiles_per_block
 from neuronmm_compiler.search import SearchSpace
 from neuronmm_compiler.search import trials as trials_module
 from neuronmm_compiler.targets import TARGETS, get_target

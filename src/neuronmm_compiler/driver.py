@@ -30,7 +30,7 @@ from .ir import Graph
 from .kernel_ir.program import Program
 from .lowerings import Baseline, Lowering, lowering_for, lowering_named
 from .passes import Pass, PipelineStep, parse_pipeline, run_pipeline
-from .schedule.gemm import check_schedule
+from .schedule.params import check_schedule
 from .search import DEFAULT_TRIALS, Candidate, TuneResult, search
 from .targets import Target
 

@@ -25,7 +25,7 @@ from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
 from ..schedule.fused import FusedSchedule, normalize_fused
-from ..schedule.gemm import check_schedule
+from ..schedule.params import check_schedule
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target
 from ..vocab import ALayout, Layout, NodeKind

@@ -21,7 +21,8 @@ from ..ir import Graph
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_PIPELINE, Pass, parse_pipeline
 from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, normalize, preset
-from ..schedule.gemm import check_schedule, preset_doc
+from ..schedule.gemm import preset_doc
+from ..schedule.params import check_schedule
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target
 from ..vocab import ALayout, Layout, NodeKind

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..errors import ScheduleError
-from .gemm import (
+from .params import (
     CLASS,
     EXCHANGE,
     ParamSpec,

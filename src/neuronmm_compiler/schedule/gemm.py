@@ -17,16 +17,24 @@ but still positions the loads (order ``kmn`` with one K block keeps an A^T strip
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from itertools import permutations
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar
 
-from ..errors import InputError, ScheduleError, UnknownNameError
+from ..errors import InputError, UnknownNameError
 from ..vocab import ALayout
+from .params import (
+    CLASS,
+    EXCHANGE,
+    ParamSpec,
+    ScheduleParams,
+    categorical,
+    integer,
+    max_tiles_per_block,
+)
 
 if TYPE_CHECKING:
-    from ..targets import Target
+    pass
 
 DTYPES = ("bfloat16", "float32")
 A_LAYOUTS: tuple[ALayout, ...] = tuple(ALayout)
@@ -83,132 +91,6 @@ class GemmProblem:
         return f"C[M,N] = A[M,K] @ B[K,N], M={self.m} N={self.n} K={self.k}, {self.dtype}, {a}"
 
 
-#: How the search treats a parameter (its *role*). Integers are ordinal: Optuna samples an index
-#: into their candidate list, so neighbouring candidates are related. Strings are categorical.
-#: ``exchange`` (an ordinal block size) and ``class`` (a structural categorical) add what the
-#: polish does with them: it trades one exchange parameter's step against another's, and it
-#: starts one descent per combination of class values.
-ORDINAL = "ordinal"
-EXCHANGE = "exchange"
-CATEGORICAL = "categorical"
-CLASS = "class"
-ROLES = (ORDINAL, EXCHANGE, CATEGORICAL, CLASS)
-
-#: An integer parameter's upper bound: a number, the name of a :class:`~neuronmm_compiler.targets.Target`
-#: attribute, or a function of the target.
-Bound = int | str | Callable[["Target"], int]
-
-#: Bytes of the narrowest element a schedule tiles (bf16).
-MIN_ITEMSIZE = 2
-
-
-def max_tiles_per_block(target: Target) -> int:
-    """The most tiles a block may have along one dimension on ``target``: SBUF bytes per partition
-    / 2 (98304 on trn1). A block of T tiles keeps at least T elements per partition of one operand
-    in SBUF (the A^T and B blocks hold every tile of theirs side by side on the free axis, a fused
-    weight block every contraction tile), at least 2 bytes each, so a larger block can never fit;
-    a larger value could only ever be clipped to the problem's tile count."""
-    return target.sbuf_bytes_per_partition // MIN_ITEMSIZE
-
-
-def sbuf_kib_per_partition(target: Target) -> int:
-    """SBUF KiB per partition on ``target`` (192 on trn1): the most one weight block can hold."""
-    return target.sbuf_bytes_per_partition // 1024
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One schedule parameter, declared once: its name and type, its domain (``choices`` of a
-    categorical; ``low..high`` of an integer, ``high`` a number, a Target attribute or a function of
-    the Target, ``limit`` saying what it is), the values the search tries (``candidates``, in
-    Optuna's index order; empty: not searched, the dataclass default is used), its role in the
-    search (:data:`ROLES`), and the help ``nmmc schedules`` prints. Defaults are the schedule
-    dataclass's field defaults. Build with :func:`integer` or :func:`categorical`."""
-
-    name: str
-    kind: type
-    choices: tuple[str, ...] | None
-    help: str
-    low: int = 0
-    high: Bound = 0
-    limit: str = ""
-    candidates: tuple = ()
-    role: str = CATEGORICAL
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"{self.name}: unknown role {self.role!r}")
-        if self.kind is int:
-            if self.choices is not None or not self.ordinal:
-                raise ValueError(f"{self.name}: an integer parameter is ordinal and has no choices")
-            bad = [v for v in self.candidates if not _is_int(v) or v < self.low
-                   or (isinstance(self.high, int) and v > self.high)]
-        elif self.kind is str:
-            if not self.choices or self.ordinal:
-                raise ValueError(f"{self.name}: a string parameter is categorical and has choices")
-            bad = [v for v in self.candidates if v not in self.choices]
-        else:
-            raise ValueError(f"{self.name}: parameters are int or str, not {self.kind!r}")
-        if bad or len(set(self.candidates)) != len(self.candidates):
-            raise ValueError(f"{self.name}: candidates {self.candidates} repeat or leave the domain")
-
-    @property
-    def searched(self) -> bool:
-        """True when the search samples this parameter."""
-        return bool(self.candidates)
-
-    @property
-    def ordinal(self) -> bool:
-        """Optuna samples an index into the candidates (else the candidate itself, categorically)."""
-        return self.role in (ORDINAL, EXCHANGE)
-
-    @property
-    def exchange(self) -> bool:
-        """The polish trades a step of this block size against a step of another."""
-        return self.role == EXCHANGE
-
-    @property
-    def polish_class(self) -> bool:
-        """Structural: the polish starts once per combination of these parameters' values."""
-        return self.role == CLASS
-
-    def upper(self, target: Target) -> int:
-        """The largest value an integer parameter may take on ``target``."""
-        if isinstance(self.high, int):
-            return self.high
-        if isinstance(self.high, str):
-            return int(getattr(target, self.high))
-        return self.high(target)
-
-    def check(self, value: object, target: Target) -> None:
-        """Raise ScheduleError when ``value`` is outside this parameter's domain on ``target``."""
-        if self.kind is str:
-            if value not in (self.choices or ()):
-                raise ScheduleError(f"{self.name}={value!r} is not one of {', '.join(self.choices or ())}")
-            return
-        if not _is_int(value):
-            raise ScheduleError(f"{self.name}={value!r} is not an integer")
-        high = self.upper(target)
-        if not self.low <= value <= high:  # type: ignore[operator]
-            raise ScheduleError(f"{self.name}={value} is outside {self.low}..{high} ({self.limit})")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def integer(name: str, low: int, high: Bound, limit: str, candidates: tuple[int, ...], help: str, *,
-            role: str = ORDINAL) -> ParamSpec:
-    """An integer parameter with domain ``low..high`` (``limit``: what ``high`` is, for errors)."""
-    return ParamSpec(name, int, None, help, low=low, high=high, limit=limit, candidates=candidates, role=role)
-
-
-def categorical(name: str, choices: tuple[str, ...], candidates: tuple[str, ...], help: str, *,
-                role: str = CATEGORICAL) -> ParamSpec:
-    """A string parameter with domain ``choices``."""
-    return ParamSpec(name, str, choices, help, candidates=candidates, role=role)
-
-
 _TILES_LIMIT = "SBUF bytes per partition / 2: a block of more tiles cannot fit"
 
 
@@ -245,64 +127,6 @@ PARAMS: tuple[ParamSpec, ...] = (
     categorical("accumulator_dtype", ACCUMULATOR_DTYPES, (),
                 "dtype of SBUF partial sums: float32 or the output dtype"),
 )
-
-
-def parse_params(specs: tuple[ParamSpec, ...], params: dict[str, str | int], what: str) -> dict[str, int | str]:
-    """Check ``--param key=value`` pairs against ``specs``; values typed (ints parsed)."""
-    by_name = {p.name: p for p in specs}
-    changes: dict[str, int | str] = {}
-    for key, raw in params.items():
-        spec = by_name.get(key)
-        if spec is None:
-            names = ", ".join(by_name)
-            raise UnknownNameError(f"unknown {what} parameter {key!r}; parameters: {names}")
-        if spec.kind is int:
-            try:
-                changes[key] = int(raw)
-            except (TypeError, ValueError):
-                raise InputError(f"schedule parameter {key} takes an integer; got {raw!r}") from None
-        else:
-            if spec.choices and str(raw) not in spec.choices:
-                raise InputError(f"schedule parameter {key} must be one of {', '.join(spec.choices)}; got {raw!r}")
-            changes[key] = str(raw)
-    return changes
-
-
-_S = TypeVar("_S", bound="ScheduleParams")
-
-
-class ScheduleParams:
-    """What every schedule dataclass offers: its parameters as a dict, one readable line,
-    ``--param key=value`` overrides checked against the class's ``SPECS`` (which name the
-    dataclass's fields, in order), and a check of every parameter against its domain."""
-
-    SPECS: ClassVar[tuple[ParamSpec, ...]] = ()
-    WHAT: ClassVar[str] = "schedule"
-
-    def as_dict(self) -> dict[str, int | str]:
-        return asdict(self)  # type: ignore[call-overload]
-
-    def describe(self) -> str:
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))  # type: ignore[arg-type]
-
-    def with_params(self: _S, params: dict[str, str | int]) -> _S:
-        """A copy with ``--param key=value`` overrides applied (values may be strings)."""
-        return replace(self, **parse_params(self.SPECS, params, self.WHAT))  # type: ignore[type-var]
-
-    def check_relations(self) -> None:
-        """Raise ScheduleError when parameters contradict each other (each within its domain)."""
-
-    def normalized(self: _S, context: Any) -> _S:
-        """The equivalent schedule with sizes clipped to the workload ``context`` describes."""
-        raise NotImplementedError
-
-
-def check_schedule(schedule: ScheduleParams, target: Target) -> None:
-    """Raise ScheduleError when a parameter of ``schedule`` is outside its declared domain on
-    ``target`` (see its class's ``SPECS``) or parameters contradict each other."""
-    for spec in schedule.SPECS:
-        spec.check(getattr(schedule, spec.name), target)
-    schedule.check_relations()
 
 
 @dataclass(frozen=True)

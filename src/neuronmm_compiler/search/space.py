@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from ..schedule.gemm import ParamSpec, ScheduleParams
+from ..schedule.params import ParamSpec, ScheduleParams
 
 
 @dataclass(frozen=True)
