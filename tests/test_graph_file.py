@@ -25,6 +25,7 @@ from neuronmm_compiler.cli import main
 from neuronmm_compiler.codegen import read_metadata
 from neuronmm_compiler.errors import InputError, NmmcError
 from neuronmm_compiler.frontends import graph_file as gf
+from neuronmm_compiler.frontends import untrusted
 from neuronmm_compiler.ir import parse_text, to_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,7 +241,7 @@ REJECTED = [
     ("nmmc_graph: 1\nname: g\x07\n", "graph.yaml", "invalid YAML"),
     ("nmmc_graph: 1\n---\nnmmc_graph: 1\n", "graph.yaml", "but found another document"),
     (b"\xff\xfe\x00garbage\x00\x80", "graph.yaml", "graph files must be UTF-8 text"),
-    ("#" * (gf.MAX_FILE_BYTES + 1), "graph.yaml", "graph files are at most 256 KiB"),
+    ("#" * (untrusted.MAX_FILE_BYTES + 1), "graph.yaml", "graph files are at most 256 KiB"),
     # the document
     (_with(extra=1), "graph.yaml", "top level: unknown key 'extra'; accepted: nmmc_graph, name"),
     (_with(nmmc_graph=2), "graph.yaml", "'nmmc_graph: 1' (the format version) is required; got 2"),
@@ -411,7 +412,7 @@ def test_beyond_the_targets_hbm_is_rejected(tmp_path):
 @pytest.mark.parametrize("name", ["x", "X1", "lora_a", "x_ug", "hidden_states", "q" * 64, "os", "sys", "system",
                                   "builtins", "subprocess", "strip", "psum", "k0", "v", "v_1", "vx3", "x_k", "block_x"])
 def test_plain_names_are_accepted(name):
-    assert gf.check_user_name(name, "input") == name
+    assert untrusted.check_user_name(name, "input") == name
 
 
 @pytest.mark.parametrize(
@@ -478,7 +479,7 @@ def test_plain_names_are_accepted(name):
 )
 def test_unsafe_names_are_rejected(name, fragment):
     with pytest.raises(InputError) as info:
-        gf.check_user_name(name, "input")
+        untrusted.check_user_name(name, "input")
     message = str(info.value)
     assert fragment in message and "\n" not in message, message
 
@@ -540,7 +541,7 @@ def test_the_schema_ships_with_the_package():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_validate_against_the_schema(path):
-    doc = gf.read_document(path)[0]
+    doc = untrusted.read_document(path)[0]
     errors = [e.message for e in _validator().iter_errors(doc)]
     assert errors == []
 
@@ -557,7 +558,7 @@ def test_every_document_the_reader_accepts_here_validates(tmp_path):
     """The schema is never stricter than nmmc: documents nmmc compiles validate."""
     docs = [base_doc(), _with(dims__tokens=None), _with(description="x" * gf.MAX_DESCRIPTION_LENGTH),
             *(doc for doc in NEUTRALISED.values() if isinstance(doc, dict)),
-            *(gf.read_document(path)[0] for path in EXAMPLES)]
+            *(untrusted.read_document(path)[0] for path in EXAMPLES)]
     for index, doc in enumerate(docs):
         gf.spec_from_document(doc, f"doc {index}")
         assert [e.message for e in _validator().iter_errors(doc)] == [], index
@@ -600,9 +601,9 @@ def test_schema_and_reader_share_their_constants():
     schema = _schema()
     defs = schema["$defs"]
     not_enum, not_pattern = (part["not"] for part in defs["value_name"]["allOf"][1:])
-    assert set(not_enum["enum"]) == gf.RESERVED_NAMES
-    assert not_pattern["pattern"] == gf.DERIVED_PATTERN
-    assert defs["plain_name"]["pattern"] == f"^[A-Za-z][A-Za-z0-9_]{{0,{gf.MAX_NAME_LENGTH - 1}}}$"
+    assert set(not_enum["enum"]) == untrusted.RESERVED_NAMES
+    assert not_pattern["pattern"] == untrusted.DERIVED_PATTERN
+    assert defs["plain_name"]["pattern"] == f"^[A-Za-z][A-Za-z0-9_]{{0,{untrusted.MAX_NAME_LENGTH - 1}}}$"
     assert defs["op"]["properties"]["op"]["enum"] == list(gf.OPS)
     arity = {tuple(rule["if"]["properties"]["op"]["enum"]): rule["then"]["properties"]["args"]["minItems"]
              for rule in defs["op"]["allOf"]}
@@ -622,7 +623,7 @@ def test_schema_and_reader_agree_on_names(name):
     """Keywords and builtins are the reader's alone; on every other name the two agree."""
     schema_ok = not list(_validator().iter_errors(_with(name=name)))
     try:
-        gf.check_user_name(name, "graph name")
+        untrusted.check_user_name(name, "graph name")
         reader_ok = True
     except InputError:
         reader_ok = False
@@ -850,7 +851,7 @@ def test_every_name_nmmc_binds_is_refused_as_a_user_name(tmp_path, dialect):
         accepted = []
         for name in sorted(own):
             try:
-                gf.check_user_name(name, "input")
+                untrusted.check_user_name(name, "input")
                 accepted.append(name)
             except InputError:
                 pass

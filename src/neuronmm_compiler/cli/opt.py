@@ -65,7 +65,7 @@ def _read_text(path: str) -> str:
 
 
 def _label(path: str) -> str:
-    from ..frontends.graph_file import source_label
+    from ..frontends.untrusted import source_label
 
     return STDIN_LABEL if path == "-" else source_label(path)
 
@@ -78,7 +78,8 @@ def _graph_from_file(path: str, dims: tuple[str, ...]) -> Graph:
 
 
 def _graph_from_stdin_document(text: str, dims: tuple[str, ...]) -> Graph:
-    from ..frontends.graph_file import MAX_FILE_BYTES, parse_dim_bindings, parse_document, spec_from_document
+    from ..frontends.graph_file import parse_dim_bindings, spec_from_document
+    from ..frontends.untrusted import MAX_FILE_BYTES, parse_document
 
     if len(text.encode("utf-8")) > MAX_FILE_BYTES:
         raise InputError(f"{STDIN_LABEL}: graph files are at most {MAX_FILE_BYTES // 1024} KiB; this one is larger")

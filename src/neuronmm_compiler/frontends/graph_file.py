@@ -3,40 +3,20 @@
 A graph file names its inputs (shape, dtype, layout), its ops (``matmul``, ``transpose``, ``add``,
 ``multiply``, ``silu``) and its outputs; shapes may use named dimensions bound on the command line
 (``--dim tokens=128``). docs/graph-format.md is the user's guide and
-``schemas/graph.schema.json`` (shipped in the package, see :func:`schema_path`) the JSON Schema;
+``frontends/schemas/graph.schema.json`` (shipped in the package, see :func:`schema_path`) the JSON Schema;
 this module is what nmmc actually enforces, and is stricter than the schema where a schema cannot
 say it (references, cycles, shapes, Python keywords and builtins).
 
-Everything in a file is untrusted, and so is its path:
-
-- Value names (inputs, ops, outputs) and the graph name become identifiers in emitted Python
-  (kernel arguments, buffer and function names), so each must be a plain ASCII identifier of at
-  most 64 characters that does not start with an underscore, is not a keyword or builtin, not a
-  name the emitted code itself uses (``nl``, ``nki``, loop variables, ...) and not shaped like a
-  name nmmc derives from another one (``x_strip``, ``mm_psum``, ``g_k0``, ...). Dimension names
-  never reach emitted code; they only need to be plain identifiers.
-- The description is never emitted; it is kept as one line of printable text all the same, so
-  that it is safe wherever a later change might echo it (a ``#`` comment, a message).
-- The path labels every message and the kernel file's header comment, so a path that is not
-  printable text (a newline in a file name) is shown escaped, as a Python literal.
-- The YAML loader accepts only what a graph file needs: mappings, lists, strings, decimal
-  integers, floats, booleans and null. No tags (``!!python/object``), aliases (expansion bombs),
-  merge keys, timestamps, duplicate keys, or nesting deeper than :data:`MAX_DEPTH`. Files are at
-  most :data:`MAX_FILE_BYTES`, graphs at most :data:`MAX_NODES` inputs and ops, dimensions at most
-  :data:`MAX_DIMENSION`: beyond those lie only mistakes and denial of service.
-
-Any violation, and any malformed file (bad YAML, duplicate keys, cycles, dangling references,
+Everything in a file is untrusted, and so is its path (see :mod:`.untrusted` for what that means).
+The names and the strict reading are in :mod:`.untrusted`; this module builds the spec and the
+graph. Any violation, and any malformed file (bad YAML, duplicate keys, cycles, dangling references,
 shape mismatches, unsupported ops, ops no output uses, sizes beyond the target's HBM), is one
 :class:`InputError` line naming the file and the offending entry.
 """
 
 from __future__ import annotations
 
-import builtins
-import json
-import keyword
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -45,14 +25,21 @@ from types import MappingProxyType
 from typing import Any
 
 import networkx as nx
-import yaml
 
-from ..errors import InputError, NmmcError, ParseError
+from ..errors import InputError, NmmcError
 from ..ir import Graph
-from ..ir.graph import DTYPE_ALIASES, LAYOUTS, is_identifier
+from ..ir.graph import DTYPE_ALIASES, LAYOUTS
 from ..kernel_ir.program import DTYPE_BYTES
 from ..targets import Target
 from ..vocab import ElementwiseOp, Layout, NodeKind
+from .untrusted import (
+    MAX_INT_DIGITS,
+    check_user_name,
+    one_line,
+    plain_name,
+    read_document,
+    show_value,
+)
 
 #: The format version a file declares as ``nmmc_graph: 1``.
 FORMAT_VERSION = 1
@@ -61,232 +48,21 @@ FORMAT_VERSION = 1
 OPS: Mapping[NodeKind | ElementwiseOp, int] = MappingProxyType({
     op: op.arity for op in (NodeKind.MATMUL, NodeKind.TRANSPOSE, ElementwiseOp.ADD, ElementwiseOp.MULTIPLY,
                             ElementwiseOp.SILU)})
-MAX_NAME_LENGTH = 64
 MAX_DESCRIPTION_LENGTH = 1000
-MAX_FILE_BYTES = 256 * 1024
 #: Inputs plus ops. Real graphs (an MLP, a LoRA projection) have tens; the lowering recurses over
 #: chains of ops, so thousands would only exhaust the stack.
 MAX_NODES = 256
-#: Nesting of YAML/JSON collections; a graph file needs 4 (top level, inputs, an input, its shape).
-MAX_DEPTH = 16
 #: Largest dimension, far beyond any model and small enough that every size nmmc derives from a
 #: shape (bytes of a [MAX, MAX] fp32 tensor) stays exact and printable.
 MAX_DIMENSION = 2**31
-#: Integers are written in decimal with at most this many digits (YAML 1.1's octal ``010``, hex,
-#: ``1_000`` and sexagesimal ``1:20`` forms are refused; Python caps int parsing at 4300 digits).
-MAX_INT_DIGITS = 18
 TOP_KEYS = ("nmmc_graph", "name", "description", "dtype", "dims", "inputs", "ops", "outputs")
 INPUT_KEYS = ("shape", "dtype", "layout")
 OP_KEYS = ("op", "args")
 OUTPUT_KEYS = ("value", "layout")
 
-#: Names the emitted kernel file uses itself: modules, the reference function, the loop variables
-#: of every lowering (fused and GEMM), and names kept back for them.
-RESERVED_NAMES = frozenset({
-    "np", "nki", "nl", "nisa", "numpy", "neuronxcc", "math", "ml_dtypes", "reference",
-    "m_blk", "n_blk", "k_blk", "f_blk", "o_blk", "bm", "bn", "bk", "kt", "tt", "ft", "nt", "wt", "ct",
-    "r_tile", "c_tile", "m_tile", "n_tile", "k_tile", "i", "j", "k", "self", "cls",
-})
-#: Names nmmc derives from a user's name (``x_strip``, ``mm_psum``, ``w_block``, ``x_f64``, the
-#: kernels ``<graph>_k0``, the reference's locals ``v3``): a user name may not have that form, nor
-#: contain ``__`` (kept free so that derived names can never collide). The same pattern is in the
-#: schema's ``$defs/value_name``; tests/test_graph_file.py checks every name an emitted kernel binds
-#: itself against it.
-DERIVED_PATTERN = (r"_(strip|psum|tpsum|block|rows|rowtile|resident|tile|tiles|blk|sbuf|spill|f32|f64|kernel"
-                   r"|k[0-9]+)$|^v[0-9]+$|__")
-_DERIVED = re.compile(DERIVED_PATTERN)
-#: Builtins as the interpreter sees them, plus the ones ``site`` adds (not there under ``python -S``).
-_BUILTINS = frozenset(dir(builtins)) | {"exit", "quit", "help", "copyright", "credits", "license"}
-_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
-
-
 def schema_path() -> Path:
     """The JSON Schema of the graph file format, as shipped in the package."""
     return Path(str(resources.files("neuronmm_compiler.frontends") / "schemas" / "graph.schema.json"))
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    """A value as a message shows it: YAML's spelling of true/false/null, else a truncated repr (one
-    line, every non-printable character escaped)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    text = repr(value[:limit] if isinstance(value, str) else value)
-    return text if len(text) <= limit + 2 else text[:limit] + "..."
-
-
-def _plain_name(name: Any, what: str) -> str:
-    """``name`` if it is a plain ASCII identifier (letters, digits, underscores; a letter first; not a
-    keyword; at most 64 characters), else InputError."""
-    if not isinstance(name, str):
-        hint = ""
-        if isinstance(name, (bool, int, float)) or name is None:
-            hint = (" (YAML reads unquoted true/false/yes/no/on/off as booleans, null and ~ as null, and "
-                    "numbers as numbers: quote the name)")
-        raise InputError(f"{what} {_show(name)}: names must be strings{hint}")
-    if not _IDENTIFIER.match(name) or keyword.iskeyword(name) or keyword.issoftkeyword(name):
-        raise InputError(f"{what} {_show(name)} is not a valid name: use ASCII letters, digits and underscores, "
-                         "starting with a letter, and not a Python keyword")
-    if len(name) > MAX_NAME_LENGTH:
-        raise InputError(f"{what} {_show(name)} is longer than {MAX_NAME_LENGTH} characters")
-    return name
-
-
-def check_user_name(name: Any, what: str) -> str:
-    """Return ``name`` if it is safe as an identifier in emitted code, else raise InputError."""
-    _plain_name(name, what)
-    if name in _BUILTINS or name in RESERVED_NAMES:
-        raise InputError(f"{what} {name!r} is reserved (a Python builtin or a name the emitted kernel uses)")
-    if _DERIVED.search(name):
-        raise InputError(f"{what} {name!r} is reserved: nmmc derives names of that form (e.g. x_strip, mm_psum, "
-                         "w_block, g_k0, v3, or with a double underscore) for its own buffers")
-    assert is_identifier(name)
-    return name
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def _yaml_error(message: str, node_or_event: Any) -> yaml.constructor.ConstructorError:
-    return yaml.constructor.ConstructorError(None, None, message, node_or_event.start_mark)
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader cut down to what a graph file needs (see the module docstring)."""
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            raise _yaml_error("YAML aliases (*name) are not accepted in graph files", event)
-        tag = getattr(event, "tag", None)
-        if tag is not None:
-            shown = "!!" + tag[len("tag:yaml.org,2002:"):] if tag.startswith("tag:yaml.org,2002:") else tag
-            raise _yaml_error(f"YAML tags ({_show(shown, 60)}) are not accepted in graph files", event)
-        self._depth += 1
-        if self._depth > MAX_DEPTH:
-            raise _yaml_error(f"nested more than {MAX_DEPTH} levels deep", event)
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise _yaml_error("YAML merge keys (<<) are not accepted in graph files", key_node)
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:  # an unhashable key: SafeConstructor reports it below
-                continue
-            if duplicate:
-                raise _yaml_error(f"duplicate key {_show(key)}", key_node)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_yaml_int(self, node: Any) -> int:
-        text = str(self.construct_scalar(node))
-        if not re.fullmatch(r"[-+]?(0|[1-9][0-9]*)", text):
-            raise _yaml_error(f"integer {_show(text, 40)}: write integers in plain decimal (no 0x, 0o, 0b, "
-                              "leading zeros, underscores or colons)", node)
-        if len(text.lstrip("+-")) > MAX_INT_DIGITS:
-            raise _yaml_error(f"integer of {len(text.lstrip('+-'))} digits: the limit is {MAX_INT_DIGITS}", node)
-        return int(text)
-
-    def construct_refused(self, node: Any) -> Any:
-        kind = node.tag.rpartition(":")[2]
-        raise _yaml_error(f"a YAML {kind} ({_show(self.construct_scalar(node), 40)}) is not accepted in graph "
-                          "files; quote it to make it a string", node)
-
-
-_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
-_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _StrictLoader.construct_refused)
-_StrictLoader.add_constructor("tag:yaml.org,2002:value", _StrictLoader.construct_refused)
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ParseError(f"duplicate key {_show(key)}")
-        out[key] = value
-    return out
-
-
-def _json_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ParseError(f"integer of {len(text.lstrip('-'))} digits: the limit is {MAX_INT_DIGITS}")
-    return int(text)
-
-
-def _json_constant(name: str) -> Any:
-    raise ParseError(f"{name} is not a JSON number")
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    """``text`` (a parser's or the IR's message) as one line of printable text, at most ``limit`` long."""
-    line = " ".join(str(text).split())
-    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
-    return line if len(line) <= limit else line[:limit] + "..."
-
-
-def source_label(path: str | Path) -> str:
-    """How messages (and the header of an emitted kernel) name a file: its path, or the path as an
-    escaped Python literal when it holds anything but printable text (a newline, a control or
-    bidirectional-override character)."""
-    text = str(path)
-    return text if text.isprintable() else repr(text)
-
-
-def parse_document(text: str, source: str, *, is_json: bool) -> Any:
-    """The parsed document, JSON when ``is_json``, else YAML; ParseError in one line."""
-    if is_json:
-        try:
-            return json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_json_int,
-                              parse_constant=_json_constant)
-        except json.JSONDecodeError as exc:
-            raise ParseError(f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-        except ParseError as exc:
-            raise ParseError(f"{source}: invalid JSON: {exc}") from None
-        except RecursionError:
-            raise ParseError(f"{source}: invalid JSON: nested too deeply") from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ParseError(f"{source}: invalid YAML{where}: {_one_line(exc.problem or exc.context or '')}") from None
-    except yaml.YAMLError as exc:
-        raise ParseError(f"{source}: invalid YAML: {_one_line(str(exc))}") from None
-    except (ValueError, OverflowError, RecursionError) as exc:  # a scalar PyYAML's constructors choke on
-        raise ParseError(f"{source}: invalid YAML: {_one_line(str(exc))}") from None
-
-
-def read_document(path: str | Path) -> tuple[Any, str]:
-    """(parsed document, source label) of a graph file; InputError if it cannot be read."""
-    p = Path(path)
-    source = source_label(path)
-    try:
-        if not p.is_file():
-            what = "does not exist" if not p.exists() else "is not a regular file"
-            raise InputError(f"graph file {source} {what}")
-        with p.open("rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(f"cannot read graph file {source}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise InputError(f"{source}: graph files are at most {MAX_FILE_BYTES // 1024} KiB; this one is larger")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{source}: graph files must be UTF-8 text") from None
-    return parse_document(text, source, is_json=p.suffix.lower() == ".json"), source
 
 
 # ----------------------------------------------------------------------------- the spec
@@ -333,7 +109,7 @@ class GraphSpec:
         unknown = sorted(set(bindings) - set(self.dims), key=str)
         if unknown:
             known = ", ".join(self.dims) or "none"
-            raise InputError(f"{self.source}: --dim {_show(unknown[0])}: the graph has no such dimension "
+            raise InputError(f"{self.source}: --dim {show_value(unknown[0])}: the graph has no such dimension "
                              f"(its dimensions: {known})")
         values: dict[str, int] = {}
         for name, default in self.dims.items():
@@ -363,13 +139,13 @@ class GraphSpec:
             for out in self.outputs:
                 graph.add_output(out.name, ids[out.value], layout=out.layout)
         except NmmcError as exc:
-            raise InputError(f"{self.source}: {_one_line(str(exc), 400)}") from None
+            raise InputError(f"{self.source}: {one_line(str(exc), 400)}") from None
         return graph
 
 
 def _mapping(value: Any, where: str, source: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        got = "an empty value" if value is None else f"{_type_name(value)} {_show(value, 40)}"
+        got = "an empty value" if value is None else f"{_type_name(value)} {show_value(value, 40)}"
         raise InputError(f"{source}: {where} must be a mapping (name: ...); got {got}")
     return value
 
@@ -389,12 +165,12 @@ def _required(doc: Mapping[str, Any], key: str, source: str) -> Any:
 def _keys(value: Mapping[str, Any], allowed: tuple[str, ...], where: str, source: str) -> None:
     for key in value:
         if key not in allowed:
-            raise InputError(f"{source}: {where}: unknown key {_show(key)}; accepted: {', '.join(allowed)}")
+            raise InputError(f"{source}: {where}: unknown key {show_value(key)}; accepted: {', '.join(allowed)}")
 
 
 def _positive(value: Any, where: str, source: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(f"{source}: {where} must be a positive integer; got {_show(value)}")
+        raise InputError(f"{source}: {where} must be a positive integer; got {show_value(value)}")
     if value > MAX_DIMENSION:
         raise InputError(f"{source}: {where} is {value}; dimensions are at most {MAX_DIMENSION}")
     return value
@@ -402,21 +178,22 @@ def _positive(value: Any, where: str, source: str) -> int:
 
 def _name(value: Any, what: str, source: str, *, emitted: bool = True) -> str:
     try:
-        return check_user_name(value, what) if emitted else _plain_name(value, what)
+        return check_user_name(value, what) if emitted else plain_name(value, what)
     except InputError as exc:
         raise InputError(f"{source}: {exc}") from None
 
 
 def _dtype(value: Any, where: str, source: str) -> str:
     if not isinstance(value, str) or value not in DTYPE_ALIASES:
-        raise InputError(f"{source}: {where}unknown dtype {_show(value, 40)}; accepted: {', '.join(DTYPE_ALIASES)}")
+        raise InputError(f"{source}: {where}unknown dtype {show_value(value, 40)}; "
+                         f"accepted: {', '.join(DTYPE_ALIASES)}")
     return DTYPE_ALIASES[value]
 
 
 def _layout(value: Any, where: str, source: str) -> Layout:
     layout = Layout.lookup(value)
     if layout is None:
-        raise InputError(f"{source}: {where}: unknown layout {_show(value, 40)}; accepted: {', '.join(LAYOUTS)}")
+        raise InputError(f"{source}: {where}: unknown layout {show_value(value, 40)}; accepted: {', '.join(LAYOUTS)}")
     return layout
 
 
@@ -445,7 +222,7 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
     version = doc.get("nmmc_graph")
     if type(version) is not int or version != FORMAT_VERSION:
         raise InputError(f"{source}: 'nmmc_graph: {FORMAT_VERSION}' (the format version) is required; "
-                         f"got {_show(version, 40)}")
+                         f"got {show_value(version, 40)}")
     name = _name(_required(doc, "name", source), "graph name", source)
     description = _description(doc.get("description", ""), source)
     default_dtype = _dtype(doc.get("dtype", "bfloat16"), "", source)
@@ -484,12 +261,12 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
         shape = entry.get("shape")
         if not isinstance(shape, list) or not 1 <= len(shape) <= 2:
             raise InputError(f"{source}: input {inp}: shape must be a list of one or two dimensions "
-                             f"(integers or dimension names); got {_show(shape)}")
+                             f"(integers or dimension names); got {show_value(shape)}")
         dims_of: list[int | str] = []
         for index, dim in enumerate(shape):
             if isinstance(dim, str):
                 if dim not in dims:
-                    raise InputError(f"{source}: input {inp}: shape uses dimension {_show(dim)}, which is not "
+                    raise InputError(f"{source}: input {inp}: shape uses dimension {show_value(dim)}, which is not "
                                      "declared under dims")
                 dims_of.append(dim)
             else:
@@ -504,16 +281,16 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
         _keys(entry, OP_KEYS, f"op {op_name}", source)
         kind = next((op for op in OPS if op == entry.get("op")), None)
         if kind is None:
-            raise InputError(f"{source}: op {op_name}: unsupported op {_show(entry.get('op'), 40)}; "
+            raise InputError(f"{source}: op {op_name}: unsupported op {show_value(entry.get('op'), 40)}; "
                              f"supported: {', '.join(OPS)}")
         args = entry.get("args")
         if not isinstance(args, list) or len(args) != OPS[kind]:
             raise InputError(f"{source}: op {op_name}: {kind} takes a list of {OPS[kind]} argument name(s) as "
-                             f"args; got {_show(args)}")
+                             f"args; got {show_value(args)}")
         for arg in args:
             if not isinstance(arg, str) or (arg not in raw_inputs and arg not in raw_ops):
                 what = "an output; ops read inputs and ops" if arg in raw_outputs else "not an input or op of the graph"
-                raise InputError(f"{source}: op {op_name}: argument {_show(arg)} is {what}")
+                raise InputError(f"{source}: op {op_name}: argument {show_value(arg)} is {what}")
         ops[op_name] = OpSpec(op_name, kind, tuple(args))
     outputs = []
     returned: dict[str, str] = {}
@@ -527,7 +304,7 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
         if not isinstance(value, str) or value not in ops:
             computed = not isinstance(value, str) or value not in raw_inputs
             what = "not an op of the graph" if computed else "an input: outputs must be computed"
-            raise InputError(f"{source}: output {out}: value {_show(value)} is {what}")
+            raise InputError(f"{source}: output {out}: value {show_value(value)} is {what}")
         if value in returned:
             raise InputError(f"{source}: outputs {returned[value]} and {out} both return op {value}; "
                              "return each value once")
@@ -577,17 +354,18 @@ def parse_dim_bindings(values: tuple[str, ...] | list[str]) -> dict[str, int]:
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not name or not value:
-            raise InputError(f"--dim takes NAME=N (e.g. tokens=128); got {_show(item, 60)}")
+            raise InputError(f"--dim takes NAME=N (e.g. tokens=128); got {show_value(item, 60)}")
         try:
-            _plain_name(name, "--dim")
+            plain_name(name, "--dim")
         except InputError:
-            raise InputError(f"--dim {_show(name, 60)}: not a dimension name") from None
+            raise InputError(f"--dim {show_value(name, 60)}: not a dimension name") from None
         if name in out:
             raise InputError(f"--dim {name} is given twice")
         if not (value.isascii() and value.isdigit()):
-            raise InputError(f"--dim {name}: {_show(value, 40)} is not a positive decimal integer")
+            raise InputError(f"--dim {name}: {show_value(value, 40)} is not a positive decimal integer")
         if len(value) > MAX_INT_DIGITS or int(value) > MAX_DIMENSION:
-            raise InputError(f"--dim {name}: {_show(value, 40)} is too large; dimensions are at most {MAX_DIMENSION}")
+            raise InputError(f"--dim {name}: {show_value(value, 40)} is too large; "
+                             f"dimensions are at most {MAX_DIMENSION}")
         if int(value) == 0:
             raise InputError(f"--dim {name}: dimensions must be positive; got 0")
         out[name] = int(value)

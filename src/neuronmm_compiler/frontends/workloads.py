@@ -268,7 +268,7 @@ def _field(data: Mapping[str, Any], name: str) -> int:
 def _graph_from_dict(data: Mapping[str, Any]) -> GraphWorkload:
     """A user graph recorded as its IR text: parsed and its names checked as a graph file's are
     (a lockfile is edited by hand, and its names become identifiers in emitted code)."""
-    from .graph_file import check_user_name
+    from .untrusted import check_user_name
 
     text, source = data.get("graph"), data.get("source", "lockfile")
     if not isinstance(text, str) or not isinstance(source, str):
