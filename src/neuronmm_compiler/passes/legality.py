@@ -1,6 +1,6 @@
 """What one fused kernel may hold: the rules the ``fuse`` pass splits kernels by, and the lowering checks.
 
-A fused kernel (``schedule/lower_fused.py``) blocks one token dimension, keeps every value it
+A fused kernel (``lowerings/lower_fused.py``) blocks one token dimension, keeps every value it
 computes on chip in one orientation (``orient``), reads its weights from HBM and stores its results
 to HBM. So a value may be read on chip, inside the kernel that computes it, only where that works:
 
