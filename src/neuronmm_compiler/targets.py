@@ -407,6 +407,8 @@ def get_target(spec: str) -> Target:
     ones; a missing or malformed file an InputError."""
     if spec in TARGETS:
         return TARGETS[spec]
+    if isinstance(spec, str) and spec.lower() in TARGETS and not _names_a_file(spec):
+        return TARGETS[spec.lower()]  # names nmmc defines are case-insensitive; file paths are not
     if isinstance(spec, str) and _names_a_file(spec):
         return load_target_file(spec)
     known = ", ".join(sorted(TARGETS))

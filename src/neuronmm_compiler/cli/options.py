@@ -49,8 +49,22 @@ def parse_params(values: tuple[str, ...]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise InputError(f"--param takes key=value (e.g. tiles_in_block_m=4); got {item!r}")
+        if key.strip() in params:
+            raise InputError(f"--param {key.strip()} is given twice ({params[key.strip()]} and {value.strip()}); "
+                             "give each parameter once")
         params[key.strip()] = value.strip()
     return params
+
+
+def lowercase_name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Click callback for options naming something nmmc defines (a dtype, layout, preset, dialect,
+    search method, stock target): such names are case-insensitive, so the value is lowercased.
+    File paths are left as they are (``--target`` also takes a calibrated target file)."""
+    if not isinstance(value, str):
+        return value
+    if param.name == "target" and value.lower() not in TARGETS:
+        return value
+    return value.lower()
 
 
 def choice(value: str, accepted: dict[str, Any] | tuple[str, ...], what: str) -> str:
@@ -88,9 +102,9 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--intermediate", type=int, default=None, help="--mlp: intermediate size I."),
         click.option("--ranks", default=None, metavar="G,U,D", help="--mlp: ranks of gate, up and down."),
         click.option("--dense", is_flag=True, help="--mlp: the uncompressed MLP (no SVD)."),
-        click.option("--dtype", default="bf16", show_default=True,
+        click.option("--dtype", default="bf16", show_default=True, callback=lowercase_name,
                      help="Element type: bf16 (bfloat16) or fp32 (float32)."),
-        click.option("--a-layout", default="mk", show_default=True,
+        click.option("--a-layout", default="mk", show_default=True, callback=lowercase_name,
                      help="How A (or X) is stored in HBM: mk = row-major [M,K] (activations), km = transposed "
                           "[K,M]."),
     ]
@@ -106,6 +120,17 @@ def workload_from(options: dict[str, Any], target: str | None = None) -> Workloa
     o = {key: options.pop(key) for key in WORKLOAD_KEYS}
     if o["graph"] is not None:
         return _graph_workload(o, target)
+    workload = _builtin_workload(o)
+    if target is not None:
+        from ..frontends.graph_file import check_fits_hbm
+        from ..targets import get_target
+
+        check_fits_hbm(workload.graph(), get_target(target), "--mlp" if o["mlp"] else f"--shape {o['shape']}")
+    return workload
+
+
+def _builtin_workload(o: dict[str, Any]) -> Workload:
+    """A GEMM, chain or MLP from the workload options (not a graph file)."""
     if o["dims"]:
         raise InputError("--dim binds dimensions of a --graph file")
     dtype = canonical_dtype(o["dtype"])
@@ -171,14 +196,14 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                            "fuse{mlp=split},place'.")(fn)
     fn = click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
                       help="Override one schedule parameter; repeatable. See 'nmmc schedules'.")(fn)
-    fn = click.option("--schedule", "schedule_name", default=None, metavar="PRESET",
+    fn = click.option("--schedule", "schedule_name", default=None, metavar="PRESET", callback=lowercase_name,
                       help=f"GEMM schedule preset: {', '.join(PRESETS)} (default aws-fully-optimized).")(fn)
     return fn
 
 
 def target_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--target NAME_OR_FILE (default trn1)."""
-    return click.option("--target", default=DEFAULT_TARGET, show_default=True,
+    return click.option("--target", default=DEFAULT_TARGET, show_default=True, callback=lowercase_name,
                         help=f"Hardware: {', '.join(TARGETS)}, or a calibrated target file written by "
                              "'nmmc calibrate'.")(fn)
 
@@ -188,7 +213,8 @@ DIALECT_HELP = "NKI dialect: nki (NKI 0.3+, import nki) or neuronxcc (NKI 0.1, i
 
 def dialect_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--dialect nki|neuronxcc (checked by the command against ``codegen.DIALECTS``)."""
-    return click.option("--dialect", default=DEFAULT_DIALECT, show_default=True, help=DIALECT_HELP)(fn)
+    return click.option("--dialect", default=DEFAULT_DIALECT, show_default=True, callback=lowercase_name,
+                        help=DIALECT_HELP)(fn)
 
 
 def progress_option(fn: Callable[..., Any]) -> Callable[..., Any]:

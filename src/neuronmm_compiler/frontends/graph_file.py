@@ -32,6 +32,7 @@ from ..ir.graph import DTYPE_ALIASES, LAYOUTS
 from ..kernel_ir.program import DTYPE_BYTES
 from ..targets import Target
 from ..vocab import ElementwiseOp, Layout, NodeKind
+from .shapes import MAX_DIMENSION
 from .untrusted import (
     MAX_INT_DIGITS,
     check_user_name,
@@ -52,9 +53,6 @@ MAX_DESCRIPTION_LENGTH = 1000
 #: Inputs plus ops. Real graphs (an MLP, a LoRA projection) have tens; the lowering recurses over
 #: chains of ops, so thousands would only exhaust the stack.
 MAX_NODES = 256
-#: Largest dimension, far beyond any model and small enough that every size nmmc derives from a
-#: shape (bytes of a [MAX, MAX] fp32 tensor) stays exact and printable.
-MAX_DIMENSION = 2**31
 TOP_KEYS = ("nmmc_graph", "name", "description", "dtype", "dims", "inputs", "ops", "outputs")
 INPUT_KEYS = ("shape", "dtype", "layout")
 OP_KEYS = ("op", "args")

@@ -21,6 +21,9 @@ __all__ = ["A_LAYOUTS", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_
 A_LAYOUTS: tuple[ALayout, ...] = tuple(ALayout)
 _SHAPE = re.compile(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*\Z")
 _SHAPE_HELP = "expected MxNxK with positive integers, e.g. 1024x2048x512"
+#: Largest dimension any frontend accepts (graph files too), far beyond any model and small enough
+#: that every size nmmc derives from a shape (bytes of a [MAX, MAX] fp32 tensor) stays exact.
+MAX_DIMENSION = 2**31
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -31,15 +34,21 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     match = _SHAPE.match(text) if isinstance(text, str) else None
     if match is None:
         raise InputError(f"{_SHAPE_HELP}; got {text!r}")
+    if any(len(group) > 12 for group in match.groups()):
+        raise InputError(f"{_SHAPE_HELP}; got {text!r} (dimensions are at most {MAX_DIMENSION})")
     m, n, k = (int(group) for group in match.groups())
     if min(m, n, k) <= 0:
         raise InputError(f"{_SHAPE_HELP}; got {text!r} (every dimension must be at least 1)")
+    if max(m, n, k) > MAX_DIMENSION:
+        raise InputError(f"{_SHAPE_HELP}; got {text!r} (dimensions are at most {MAX_DIMENSION})")
     return m, n, k
 
 
 def _check_dim(value: object, what: str, frontend: str = "gemm") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(f"{frontend}: {what} must be a positive integer; got {value!r}")
+    if value > MAX_DIMENSION:
+        raise InputError(f"{frontend}: {what} is {value}; dimensions are at most {MAX_DIMENSION}")
     return value
 
 

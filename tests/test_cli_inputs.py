@@ -1,0 +1,58 @@
+"""Command-line inputs nmmc once took silently: repeated --param, names in another case, shapes far
+beyond any device (issue 14, items 8 and 9)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from neuronmm_compiler.cli import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_a_repeated_param_is_an_error_not_last_wins(tmp_path):
+    out = tmp_path / "k.py"
+    result = run("emit", "--shape", "256x512x256", "--param", "tile_m=64", "--param", "tile_m=32", "-o", str(out))
+    assert result.exit_code == 2 and "--param tile_m is given twice" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", [("--target", "TRN2"), ("--dialect", "NeuronXCC"), ("--a-layout", "KM"),
+                                    ("--schedule", "AWS-Tiled"), ("--dtype", "FP32")])
+def test_names_nmmc_defines_are_case_insensitive(tmp_path, option):
+    """One rule for case: every name nmmc defines (target, dialect, layout, preset, dtype, search
+    method) is accepted in any case and recorded in its canonical spelling."""
+    upper, lower = run("emit", "--shape", "256x512x256", *option, "-o", "-"), None
+    assert upper.exit_code == 0, upper.output + upper.stderr
+    lower = run("emit", "--shape", "256x512x256", option[0], option[1].lower(), "-o", "-")
+    assert upper.stdout == lower.stdout
+
+
+def test_search_method_in_any_case(tmp_path):
+    result = run("tune", "--shape", "128x256x128", "--method", "OPTUNA", "--trials", "3", "--no-cache", "--json",
+                 "-o", str(tmp_path / "k.py"))
+    assert result.exit_code == 0, result.stderr
+
+
+def test_a_file_path_target_keeps_its_case(tmp_path):
+    result = run("emit", "--shape", "256x512x256", "--target", str(tmp_path / "Missing.JSON"), "-o", "-")
+    assert result.exit_code == 2 and "Missing.JSON" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--shape", "1000000000000x128x128"), "dimensions are at most 2147483648"),
+    (("--shape", "2000000x2000000x128"), "GiB of HBM; a trn1 NeuronCore has 16.00 GiB"),
+    (("--shape", "2000000x2000000x128", "--rank", "128"), "GiB of HBM"),
+    (("--mlp", "--tokens", "100000000", "--hidden", "4096", "--intermediate", "14336", "--dense"), "GiB of HBM"),
+    (("--mlp", "--tokens", "8", "--hidden", "4294967296", "--intermediate", "64", "--dense"), "at most 2147483648"),
+])
+@pytest.mark.parametrize("command", ["emit", "tune", "cost"])
+def test_shapes_beyond_the_device_are_refused_before_any_work(tmp_path, args, fragment, command):
+    out = ("-o", str(tmp_path / "k.py")) if command != "cost" else ()
+    result = run(command, *args, *out)
+    assert result.exit_code == 2 and fragment in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "k.py").exists()
