@@ -150,3 +150,19 @@ def test_tune_model_honours_progress(tmp_path):
     assert "tuning" in shown.stderr and "2/2" in shown.stderr
     hidden = CliRunner().invoke(main, [*args, "--no-progress", "-o", str(tmp_path / "b")])
     assert hidden.exit_code == 0 and "tuning" not in hidden.stderr
+
+
+def test_tune_model_takes_the_search_options(tmp_path):
+    """--method, --timeout, --top-k, --exhaustive-threshold and the cache apply to every bucket;
+    --workers (which needs a stored study) is refused rather than ignored (issue 14, item 6)."""
+    base = ["tune", "--model", str(known_config("llama-3.2-1b")), "--keep-ratio", "0.8", "--tokens", "1",
+            "--trials", "4", "--json"]
+    first = CliRunner().invoke(main, [*base, "--method", "optuna", "-o", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.stderr
+    again = CliRunner().invoke(main, [*base, "--method", "optuna", "--top-k", "2", "-o", str(tmp_path / "b")])
+    assert again.exit_code == 0
+    assert (tmp_path / "a" / "mlp_t1.py").read_bytes() == (tmp_path / "b" / "mlp_t1.py").read_bytes()
+    exhaustive = CliRunner().invoke(main, [*base, "--method", "exhaustive", "--no-cache", "-o", str(tmp_path / "c")])
+    assert exhaustive.exit_code == 0 and "exhaustive" in (tmp_path / "c" / "mlp_t1.py").read_text()
+    workers = CliRunner().invoke(main, [*base, "--workers", "2", "-o", str(tmp_path / "d")])
+    assert workers.exit_code == 2 and "--workers" in workers.stderr and not (tmp_path / "d").exists()

@@ -24,6 +24,7 @@ from .frontends.workloads import Workload, mlp_workload
 from .io import write_text_atomic
 from .models import ModelConfig, read_config, read_manifest
 from .models.manifest import MANIFEST_FILE
+from .search import DEFAULT_TRIALS
 from .targets import Target
 
 INDEX_FILE = "index.json"
@@ -87,8 +88,16 @@ class BucketResult:
 
 
 def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,
-               trials: int, seed: int, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Tune and emit one fused MLP per bucket into ``out_dir``; write and return the index."""
+               trials: int = DEFAULT_TRIALS, seed: int = 0,
+               tune_bucket: Callable[[Workload, int], Tuned] | None = None) -> dict[str, Any]:
+    """Tune and emit one fused MLP per bucket into ``out_dir``; write and return the index.
+    ``tune_bucket(workload, buckets_done)`` runs one bucket's search with the caller's settings
+    (``nmmc tune --model``: cache, timeout, method, progress); by default :func:`driver.tune` with
+    ``trials`` and ``seed``."""
+    if tune_bucket is None:
+        def tune_bucket(workload: Workload, done: int) -> Tuned:
+            return tune(workload, target=target, dialect=dialect, trials=trials, seed=seed)
+
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
@@ -97,12 +106,10 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     results: list[BucketResult] = []
     for done, tokens in enumerate(buckets):
         workload = mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks)
-        tuned = tune(workload, target=target, dialect=dialect, trials=trials, seed=seed)
+        tuned = tune_bucket(workload, done)
         name = f"mlp_t{tokens}.py"
         write_text_atomic(out / name, tuned.compiled.kernel.source)
         results.append(BucketResult(tokens, name, workload, tuned))
-        if progress:
-            progress(done + 1, len(buckets))
     index = {
         "nmmc_version": __version__,
         "model": {"name": c.name, "architecture": c.architecture, "hidden_size": c.hidden_size,

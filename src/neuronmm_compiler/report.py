@@ -213,14 +213,15 @@ def model_lines(source: Any, index: dict[str, Any], target_name: str, output: st
     return lines
 
 
-def progress_bar(enabled: bool) -> tuple[Callable[[int, int, float], None] | None, Callable[[], None]]:
-    """(update, close) of a tqdm bar on stderr: ``update(done, total, best_us)`` (``inf``: nothing
-    fits yet); (None, a no-op) when not ``enabled``."""
+def progress_bar(enabled: bool, desc: str = "tuning") -> tuple[Callable[[int, int, float], None] | None,
+                                                               Callable[[], None]]:
+    """(update, close) of a tqdm bar on stderr labelled ``desc``: ``update(done, total, best_us)``
+    (``inf``: nothing fits yet); (None, a no-op) when not ``enabled``."""
     if not enabled:
         return None, lambda: None
     from tqdm import tqdm
 
-    bar = tqdm(total=0, desc="tuning", unit="trial", file=sys.stderr, leave=False)
+    bar = tqdm(total=0, desc=desc, unit="trial", file=sys.stderr, leave=False)
 
     def update(done: int, total: int, best: float) -> None:
         bar.total = total

@@ -5,9 +5,11 @@ study to its search. The command functions only parse options; the views are in 
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ class TuneRequest:
     cache_dir: str | None = None
     use_cache: bool = True
     progress: bool = False
+    progress_label: str = "tuning"  # what the progress bar says it is doing (a model's bucket, say)
 
     @property
     def trial_count(self) -> int:
@@ -47,24 +50,41 @@ class TuneRequest:
 def search(workload: Workload, request: TuneRequest, echo: Echo) -> tuple[Tuned, str | None]:
     """(tuned, the cache directory that answered or None), with the progress bar and the cache
     warnings the request asks for."""
+    tuned, from_cache, commit = search_uncommitted(workload, request, echo)
+    commit()
+    return tuned, from_cache
+
+
+def search_uncommitted(workload: Workload, request: TuneRequest,
+                       echo: Echo) -> tuple[Tuned, str | None, Callable[[], None]]:
+    """:func:`search` without writing its outcome to the result cache: the third item writes it
+    (and prints the cache's warnings), for the caller to call once all its outputs are written."""
     from .artifacts.cache import ResultCache
+    from .driver import store_tuned
     from .report import progress_bar
 
     if request.workers > 1 and not request.storage:
         raise InputError("--workers shares a study between processes: give --storage too (e.g. sqlite:///tune.db)")
     cache = ResultCache(Path(request.cache_dir) if request.cache_dir else None) if request.use_cache else None
-    update, close = progress_bar(request.progress)
+    update, close = progress_bar(request.progress, request.progress_label)
     try:
         tuned, from_cache = tune_cached(
             workload, target=request.target, dialect=request.dialect, cache=cache, trials=request.trial_count,
             seed=request.seed, timeout=request.timeout, method=request.method,
             exhaustive_threshold=request.exhaustive_threshold, storage=request.storage, top_k=request.top_k,
-            progress=update, study_name=request.study_name, workers=request.workers)
+            progress=update, study_name=request.study_name, workers=request.workers, store=False)
     finally:
         close()
-    for warning in cache.warnings if cache else []:
-        echo(f"nmmc: warning: {warning}", err=True)
-    return tuned, str(cache.tune_dir) if cache is not None and from_cache else None
+
+    def commit() -> None:
+        if cache is not None and not from_cache:
+            store_tuned(workload, tuned, cache=cache, target=request.target, dialect=request.dialect,
+                        trials=request.trial_count, seed=request.seed, timeout=request.timeout,
+                        method=request.method, exhaustive_threshold=request.exhaustive_threshold)
+        for warning in cache.warnings if cache else []:
+            echo(f"nmmc: warning: {warning}", err=True)
+
+    return tuned, str(cache.tune_dir) if cache is not None and from_cache else None, commit
 
 
 def record_study(workload: Workload, tuned: Tuned, request: TuneRequest) -> None:
@@ -115,34 +135,64 @@ def study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]:
                         candidates=result.candidates or None)
 
 
+def check_tune_outputs(request: TuneRequest, *, output: str, lock_path: str | None,
+                       report_dir: str | None) -> None:
+    """Check every path ``nmmc tune`` will write (-o, --lock, --report, --storage) before any work,
+    so a command that cannot write one of them fails at once and writes nothing (InputError)."""
+    from .io import check_output_dir, check_output_file
+    from .search.storage import check_storage
+
+    if output != "-":
+        check_output_file(output)
+    if lock_path:
+        from .artifacts.lockfile import Lockfile
+
+        check_output_file(lock_path)
+        Lockfile.load(lock_path)  # a malformed lockfile fails now, not after the search
+    if report_dir:
+        check_output_dir(report_dir)
+    if request.storage:
+        check_storage(request.storage)
+
+
 def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_path: str | None,
              report_dir: str | None, as_json: bool, output: str, echo: Echo) -> bool:
-    """The whole of ``nmmc tune`` for one workload; False when --verify found a wrong kernel."""
+    """The whole of ``nmmc tune`` for one workload; False when --verify found a wrong kernel.
+
+    Every output path is checked first (:func:`check_tune_outputs`); the outputs are written only
+    once everything they need was computed: the report into a temporary directory, then the kernel
+    file, the lockfile, the report files and last the result cache entry, so a failing command
+    leaves none of them behind."""
     from .io import write_output
     from .report import tune_json, tune_lines
 
-    tuned, from_cache = search(workload, request, echo)
+    check_tune_outputs(request, output=output, lock_path=lock_path, report_dir=report_dir)
+    tuned, from_cache, commit_cache = search_uncommitted(workload, request, echo)
     if request.storage and tuned.search.study:
         record_study(workload, tuned, request)
-    if report_dir:
-        from .artifacts.report import write_report
-
-        write_report(tuned.search, target=request.target, out_dir=Path(report_dir), title=workload.describe(),
-                     candidates=tuned.search.candidates or None)
+    elif request.storage:
+        echo(f"nmmc: note: --storage {request.storage} is unused: the {tuned.search.method} search keeps no "
+             "Optuna study (use --method optuna to record one)", err=True)
+    lock_text = None
     if lock_path:
         from .artifacts.lockfile import Lockfile, entry_from_tuned
 
         lock = Lockfile.load(lock_path)
         lock.add(entry_from_tuned(workload, tuned, seed=request.seed, trials=request.trial_count))
-        lock.save(lock_path)
+        lock_text = lock.to_json()
     report = None
     if verify:
         from .verification import verify_source
 
         report = verify_source(tuned.compiled.kernel.source, filename=output)
     source = tuned.compiled.kernel.source
-    if output != "-":
-        write_output(output, source)
+    with _staged_report(tuned, request, workload, report_dir) as publish_report:
+        if output != "-":
+            write_output(output, source)
+        if lock_text is not None:
+            write_output(lock_path, lock_text)  # type: ignore[arg-type]
+        publish_report()
+    commit_cache()
     if as_json:
         echo(json.dumps(tune_json(tuned, output, report), indent=2))
     elif output == "-":
@@ -160,12 +210,43 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
     return report is None or report.ok
 
 
+@contextlib.contextmanager
+def _staged_report(tuned: Tuned, request: TuneRequest, workload: Workload,
+                   report_dir: str | None) -> Iterator[Callable[[], None]]:
+    """Write ``tune --report``'s files into a temporary directory in or next to ``report_dir`` and yield a
+    function that moves them into ``report_dir`` (created if missing); the temporary directory is
+    removed however the block ends. Yields a no-op without ``report_dir``."""
+    if not report_dir:
+        yield lambda: None
+        return
+    import shutil
+
+    from .artifacts.report import write_report
+    from .io import temp_name
+
+    final = Path(report_dir)
+    # Inside the directory when it exists (it may be all the user can write), else next to it.
+    staging = temp_name(final / "report") if final.is_dir() else temp_name(final.resolve())
+    try:
+        paths = write_report(tuned.search, target=request.target, out_dir=staging, title=workload.describe(),
+                             candidates=tuned.search.candidates or None)
+
+        def publish() -> None:
+            final.mkdir(exist_ok=True)
+            for path in paths:
+                os.replace(path, final / path.name)
+
+        yield publish
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *, target_name: str, verify: bool,
                    as_json: bool, output: str, echo: Echo) -> bool:
     """``nmmc tune --model``: one tuned MLP kernel per token bucket and an index; False when
     --verify found a wrong kernel."""
     from .model_tuning import parse_buckets, resolve_model, tune_model
-    from .report import model_lines, progress_bar
+    from .report import model_lines
 
     allowed = {"tokens", "keep_ratio", "dtype", "a_layout"}
     given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
@@ -174,15 +255,19 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                          ", ".join("--" + k.replace("_", "-") for k in given))
     if options["tokens"] is None:
         raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
+    if request.workers > 1:
+        raise InputError("--workers shares a stored study between processes; --model tunes its buckets one after "
+                         "another without a storage: drop --workers")
     source = resolve_model(model, options["keep_ratio"])
     buckets = parse_buckets(str(options["tokens"]))
-    update, close = progress_bar(request.progress)
-    try:
-        index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect,
-                           trials=request.trial_count, seed=request.seed,
-                           progress=(lambda done, total: update(done, total, float("inf"))) if update else None)
-    finally:
-        close()
+
+    def tune_bucket(workload: Workload, done: int) -> Tuned:
+        """One bucket through the same search as a single ``nmmc tune`` (cache, timeout, method, top-k)."""
+        label = f"tuning bucket {done + 1}/{len(buckets)} ({workload.token_count} tokens)"
+        return search(workload, replace(request, progress_label=label), echo)[0]
+
+    index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect,
+                       tune_bucket=tune_bucket)
     failures = []
     if verify:
         from .verification import verify_file
