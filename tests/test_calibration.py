@@ -19,7 +19,14 @@ from neuronmm_compiler.artifacts.cache import cache_key
 from neuronmm_compiler.artifacts.lockfile import Lockfile, entry_from_tuned, target_fingerprint
 from neuronmm_compiler.artifacts.plots import infer_dtype as _infer_dtype
 from neuronmm_compiler.artifacts.regress import regress
-from neuronmm_compiler.calibration.fit import DEFAULT_FIT, fit_parameters, rms_rel_error, value_of, with_values
+from neuronmm_compiler.calibration.fit import (
+    DEFAULT_FIT,
+    FIT_PARAMETERS,
+    fit_parameters,
+    rms_rel_error,
+    value_of,
+    with_values,
+)
 from neuronmm_compiler.calibration.kernels import read_kernel_file
 from neuronmm_compiler.calibration.measurements import (
     BENCH_COLUMNS,
@@ -414,3 +421,16 @@ def test_stock_targets_are_unchanged() -> None:
     program = compile_gemm(1024, 1024, 1024, target=TRN1).program
     assert estimate(program, dataclasses.replace(TRN1, params=DEFAULT_PARAMS)) == estimate(program, TRN1)
     assert set(TRN1.as_dict()).isdisjoint({"params", "calibration"})
+
+
+def test_one_measurement_cannot_fit_several_parameters(kernel_dir: Path, kernels: list, tmp_path: Path) -> None:
+    """A one-row CSV once 'fitted' dma_bandwidth_efficiency = 1.1e26: an underdetermined fit is an
+    error that says what to do, and writes nothing (issue 14, item 10)."""
+    csv = write_csv(kernel_dir / "one.csv", kernels[:1], synthetic(kernels)[:1])
+    out = tmp_path / "cal.json"
+    result = CliRunner().invoke(main, ["calibrate", str(csv), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "1 measurement cannot determine" in result.stderr and "--fit" in result.stderr
+    assert not out.exists()
+    with pytest.raises(InputError, match="cannot determine"):
+        fit_parameters(kernels[:2], synthetic(kernels)[:2], TRN1, sorted(FIT_PARAMETERS))

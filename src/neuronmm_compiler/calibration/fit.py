@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -155,6 +156,7 @@ def fit_parameters(kernels: Sequence[KernelFile], measured: Sequence[float], bas
     theta0 = np.log([start[n] for n in names])
     upper = np.array([0.0 if FIT_PARAMETERS[n].fraction else LOG_BOUND for n in names])
     before = predictions(theta0)
+    _check_determined(residuals, theta0, names, len(kernels))
     solution = least_squares(residuals, theta0, method="trf", bounds=(-LOG_BOUND, upper), diff_step=DIFF_STEP,
                              max_nfev=max_iter)
     jac = np.atleast_2d(solution.jac)
@@ -168,6 +170,31 @@ def fit_parameters(kernels: Sequence[KernelFile], measured: Sequence[float], bas
     return FitResult(names=names, start=start, values=values, undetermined=undetermined, std_rel=std_rel,
                      predicted_before=[float(x) for x in before], predicted_after=after,
                      iterations=int(solution.nfev), converged=solution.status > 0, target=fitted)
+
+
+def _check_determined(residuals: Any, theta0: np.ndarray, names: Sequence[str], rows: int) -> None:
+    """InputError when the measurements cannot determine the parameters they depend on: the
+    Jacobian of the residuals at the start (forward differences) has lower rank than the number of
+    parameters with any effect, so some combination of them could drift without bound (one
+    measurement of one kernel and several parameters, say). Parameters with no effect at all are
+    fine: they are reported as undetermined and keep their values."""
+    base = residuals(theta0)
+    columns = []
+    for i in range(len(names)):
+        step = np.zeros_like(theta0)
+        step[i] = DIFF_STEP * max(1.0, abs(float(theta0[i])))
+        columns.append((residuals(theta0 + step) - base) / step[i])
+    jac = np.column_stack(columns)
+    norms = np.linalg.norm(jac, axis=0)
+    active = [i for i, c in enumerate(norms) if c > 1e-9 * max(float(norms.max()), 1e-30)]
+    if not active:
+        return
+    rank = int(np.linalg.matrix_rank(jac[:, active] / norms[active], tol=1e-6))
+    if rank < len(active):
+        which = ", ".join(names[i] for i in active)
+        raise InputError(f"{rows} measurement{'s' if rows != 1 else ''} cannot determine the {len(active)} parameters "
+                         f"they depend on ({which}); they fix at most {rank}: measure more kernels of varied shapes "
+                         "and schedules, or fit fewer parameters with --fit")
 
 
 def _standard_errors(jac: np.ndarray, r: np.ndarray, names: Sequence[str],
