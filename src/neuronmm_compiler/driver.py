@@ -255,7 +255,7 @@ def search_fingerprint(workload: Workload, *, trials: int, seed: int, method: st
 
 def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: ResultCache | None,
                 trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, method: str | None = None,
-                exhaustive_threshold: int | None = None, storage: str | None = None,
+                exhaustive_threshold: int | None = None, storage: str | None = None, store: bool = True,
                 **search_options: Any) -> tuple[Tuned, bool]:
     """(tuned, answered_from_cache): :func:`tune`, answered from the result cache when the same
     request (graph, target, dialect, search settings, schedule space) was tuned before.
@@ -263,8 +263,10 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: Resu
     A search cut short by ``timeout`` depends on the machine's speed, so it is neither answered
     from nor stored in the cache. With a ``storage`` the cache is not read (the caller asked for
     that study to be run or resumed, and its result is the whole study's), but the outcome is
-    still written to it."""
-    from .artifacts.cache import cache_key, new_record
+    still written to it. With ``store=False`` a search's outcome is not written: the caller writes
+    it with :func:`store_tuned` once everything else it makes has succeeded (``nmmc tune`` does, so
+    a command that fails leaves no cache entry behind)."""
+    from .artifacts.cache import cache_key
 
     started = time.perf_counter()
     lowering = lowering_for(workload)
@@ -277,8 +279,13 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: Resu
         key = cache_key(graph, target=target, dialect=dialect, kind=lowering.kind, search=request)
         record = cache.get(key) if storage is None else None  # type: ignore[union-attr]
         if record is not None:
-            compiled = recompile(workload, record.kind, record.params, schedule_name=record.schedule_name,
-                                 target=target, dialect=dialect)
+            try:
+                compiled = recompile(workload, record.kind, record.params, schedule_name=record.schedule_name,
+                                     target=target, dialect=dialect)
+            except NmmcError as exc:  # a hand-edited or stale entry: ignored like any unusable one
+                cache.warnings.append(f"ignoring cache file {cache.path(key)}: {exc}")  # type: ignore[union-attr]
+                record = None
+        if record is not None:
             best = Candidate(compiled.schedule, compiled.cost)
             result = TuneResult(best=best, top=[best], method="cache", trials=0, evaluated=0, feasible=0,
                                 space_size=int(record.search.get("space_size", 0)),
@@ -286,12 +293,31 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: Resu
             return Tuned(compiled, result, lowering.baselines(workload, target)), True
     tuned = tune(workload, target=target, dialect=dialect, trials=trials, seed=seed, timeout=timeout, method=method,
                  exhaustive_threshold=exhaustive_threshold, storage=storage, **search_options)
-    if use_cache:
-        cache.put(new_record(graph, key=key, target=target, dialect=dialect, kind=lowering.kind,  # type: ignore[union-attr]
-                             schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
-                             latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),
-                             workload=workload.describe()))
+    if use_cache and store:
+        store_tuned(workload, tuned, cache=cache, target=target, dialect=dialect, trials=trials,  # type: ignore[arg-type]
+                    seed=seed, method=method, exhaustive_threshold=exhaustive_threshold)
     return tuned, False
+
+
+def store_tuned(workload: Workload, tuned: Tuned, *, cache: ResultCache, target: Target, dialect: str,
+                trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, method: str | None = None,
+                exhaustive_threshold: int | None = None) -> bool:
+    """Write the decision of a search :func:`tune_cached` ran (with the same arguments) to
+    ``cache``; False when it was not written (a ``timeout`` search is never cached, or the cache
+    directory cannot be written: then ``cache.warnings`` says why)."""
+    from .artifacts.cache import cache_key, new_record
+
+    if timeout is not None:
+        return False
+    lowering = lowering_for(workload)
+    graph = workload.graph()
+    request = search_fingerprint(workload, trials=trials, seed=seed, method=method,
+                                 exhaustive_threshold=exhaustive_threshold)
+    key = cache_key(graph, target=target, dialect=dialect, kind=lowering.kind, search=request)
+    return cache.put(new_record(graph, key=key, target=target, dialect=dialect, kind=lowering.kind,
+                                schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
+                                latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),
+                                workload=workload.describe()))
 
 
 

@@ -9,6 +9,16 @@ temporary file behind; :func:`stale_temp_files` finds those.
 
 Temporary files are created with ``open(..., "x")``, so they get the mode any new file gets (the
 umask), not ``tempfile.mkstemp``'s 0600.
+
+What an existing final name may be: a regular file (replaced), or a symbolic link, which is written
+*through*: the file it points to is replaced atomically and the link is kept. Anything else (a
+directory, a device such as ``/dev/null``, a FIFO, a socket) is refused with an
+:class:`~neuronmm_compiler.errors.InputError` before anything is written, so a command run as root
+never replaces a device node with a regular file.
+
+:func:`check_output_file` and :func:`check_output_dir` check the paths a user names (``-o``,
+``--lock``, ``--report``) before a command does any work, so a command that cannot write its
+outputs fails at once, with one line, and writes nothing.
 """
 
 from __future__ import annotations
@@ -16,13 +26,77 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["atomic_path", "stale_temp_files", "temp_name", "write_bytes_atomic", "write_output",
-           "write_text_atomic"]
+__all__ = ["atomic_path", "check_output_dir", "check_output_file", "final_path", "stale_temp_files", "temp_name",
+           "write_bytes_atomic", "write_output", "write_text_atomic"]
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def final_path(path: str | Path) -> Path:
+    """The file a write to ``path`` replaces: ``path`` itself, or the file a symbolic link at
+    ``path`` points to (followed to the end). InputError when that exists and is not a regular file."""
+    path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # new, or under a file ('file/x'): the directory check says
+        return path
+    except OSError as exc:
+        raise InputError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"cannot write {str(path)!r}: it is {_kind(mode)}, not a regular file")
+    return path
+
+
+def _check_directory(directory: Path, path: str) -> None:
+    """``directory`` (where ``path`` goes) exists, is a directory and can be written."""
+    if not directory.exists():
+        # A component of the path is a regular file ('file/x') or is missing.
+        for parent in reversed((directory, *directory.parents)):
+            if parent.exists() and not parent.is_dir():
+                raise InputError(f"cannot write {path!r}: {str(parent)!r} is not a directory")
+        raise InputError(f"cannot write {path!r}: directory {str(directory)!r} does not exist")
+    if not directory.is_dir():
+        raise InputError(f"cannot write {path!r}: {str(directory)!r} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write {path!r}: directory {str(directory)!r} is not writable")
+
+
+def check_output_file(path: str | Path) -> Path:
+    """Check that a file the user named can be written, before any work: its directory exists and is
+    writable, and the name is new, a regular file or a symbolic link to one. Returns the file that
+    will be replaced (see :func:`final_path`); InputError otherwise."""
+    target = final_path(path)
+    _check_directory(target.parent, str(path))
+    return target
+
+
+def check_output_dir(path: str | Path) -> Path:
+    """Check that an output directory the user named can be written, before any work: it is an
+    existing writable directory, or it does not exist and its parent is one (the command creates
+    it). InputError otherwise."""
+    out = Path(path)
+    if out.exists():
+        if not out.is_dir():
+            raise InputError(f"cannot write to {str(path)!r}: it exists and is not a directory")
+        _check_directory(out, str(path))
+    elif out.is_symlink():
+        raise InputError(f"cannot write to {str(path)!r}: it is a symbolic link to nothing")
+    else:
+        _check_directory(out.parent, str(path))
+    return out
 
 
 def temp_name(path: Path) -> Path:
@@ -43,7 +117,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     creates and closes the file inside the ``with`` block; leaving the block normally makes it
     durable and gives it the final name, leaving it by an exception removes it.
     """
-    path = Path(path)
+    path = final_path(path)
     tmp = temp_name(path)
     try:
         yield tmp
@@ -69,12 +143,14 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_output(path: str, text: str) -> None:
-    """Write a file the user named (a command's ``-o FILE``) with :func:`write_text_atomic`; a missing
-    directory is an :class:`~neuronmm_compiler.errors.InputError` rather than an OSError."""
-    directory = Path(path).parent
-    if not directory.is_dir():
-        raise InputError(f"cannot write {path!r}: directory {str(directory)!r} does not exist")
-    write_text_atomic(path, text)
+    """Write a file the user named (a command's ``-o FILE``) with :func:`write_text_atomic`, after
+    :func:`check_output_file`; a path that cannot be written is an
+    :class:`~neuronmm_compiler.errors.InputError` rather than an OSError."""
+    check_output_file(path)
+    try:
+        write_text_atomic(path, text)
+    except OSError as exc:
+        raise InputError(f"cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -70,9 +70,14 @@ def report(source: str, study_name: str | None, output: str) -> None:
     chart (arithmetic intensity vs predicted throughput, with the target's compute and bandwidth
     ceilings) placing the chosen schedule among every evaluated one. Or a lockfile: a roofline chart
     of its schedules and their predicted latencies."""
+    from ..io import check_output_dir
+
     if "://" in source:
+        from ..search.storage import check_storage
         from ..tuning import study_report
 
+        check_storage(source, must_exist=True)  # reading a study must not create an empty one
+        check_output_dir(output)
         paths = study_report(source, study_name, Path(output))
     else:
         from ..artifacts.lockfile import Lockfile
@@ -80,6 +85,7 @@ def report(source: str, study_name: str | None, output: str) -> None:
 
         if not Path(source).is_file():
             raise InputError(f"lockfile not found: {source} (or give a storage URL such as sqlite:///tune.db)")
+        check_output_dir(output)
         paths = write_lock_report(Lockfile.load(source), out_dir=Path(output))
     click.echo(f"wrote {', '.join(p.name for p in paths)} to {output}")
 

@@ -39,8 +39,10 @@ def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     """Emit the NKI kernel(s) of a workload under a schedule preset (GEMM) or the default fused
     schedule (chains, MLPs, graphs), plus --param overrides."""
     from ..driver import compile_workload
-    from ..io import write_output
+    from ..io import check_output_file, write_output
 
+    if output != "-":
+        check_output_file(output)
     wl, tgt = compile_inputs(options, target)
     choice(dialect, DIALECTS, "dialect")
     result = compile_workload(wl, target=tgt, dialect=dialect, preset=schedule_name, params=parse_params(params),
@@ -132,6 +134,9 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     if model is not None:
         if lock_path or report_dir or storage:
             raise InputError("--lock, --report and --storage take single workloads; use them per --mlp bucket")
+        from ..io import check_output_dir
+
+        check_output_dir(output)
         ok = run_model_tune(model, options, request, target_name=target, verify=run_verify, as_json=as_json,
                             output=output, echo=click.echo)
     else:

@@ -29,10 +29,12 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
     safetensors weights) with block-aligned SVD: one safetensors file of factors per layer, and a
     manifest with ranks, parameter counts and reconstruction errors. Layer by layer, resumable: an
     interrupted run continues where it stopped."""
+    from ..io import check_output_dir
     from ..models import compress_model
     from ..models.manifest import MANIFEST_FILE
     from ..report import progress_bar
 
+    check_output_dir(output)
     ranks = {k: v for k, v in (("gate", rank_gate), ("up", rank_up), ("down", rank_down)) if v is not None}
     bar_update, close = progress_bar(show_progress(progress, as_json))
     try:

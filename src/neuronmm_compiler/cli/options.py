@@ -19,20 +19,32 @@ from ..targets import DEFAULT_TARGET, TARGETS, Target, get_target
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+EXIT_INTERRUPTED = 128 + 2  # as a shell reports a command killed by SIGINT (Ctrl-C)
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE (`nmmc targets | head -1`)
 
 
 class NmmcGroup(click.Group):
-    """Turn click's usage errors and nmmc's user errors into one line and exit code 2."""
+    """Turn click's usage errors and nmmc's user errors into one line and exit code 2; Ctrl-C into
+    exit code 130 and a reader that closed stdout (``| head``) into a quiet exit code 141, the
+    codes a shell shows for a command killed by SIGINT and SIGPIPE."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         kwargs["standalone_mode"] = False
         try:
-            return super().main(*args, **kwargs)
+            result = super().main(*args, **kwargs)
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+            return result
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            click.echo("nmmc: aborted", err=True)
-            sys.exit(EXIT_FAILED)
+        except (BrokenPipeError, _BrokenPipe):
+            _quiet_stdout()
+            sys.exit(EXIT_BROKEN_PIPE)
+        except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+            if isinstance(exc, click.exceptions.Abort) and not isinstance(exc.__cause__, KeyboardInterrupt):
+                click.echo("nmmc: aborted", err=True)  # end of input at a prompt
+                sys.exit(EXIT_FAILED)
+            click.echo("nmmc: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except click.UsageError as exc:
             cmd = f" {exc.ctx.info_name}" if exc.ctx and exc.ctx.parent else ""
             click.echo(f"nmmc: error: {exc.format_message()} (see 'nmmc{cmd} --help')", err=True)
@@ -40,6 +52,28 @@ class NmmcGroup(click.Group):
         except NmmcError as exc:
             click.echo(f"nmmc: error: {exc}", err=True)
             sys.exit(EXIT_USAGE)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:  # click's main would turn it into exit code 1
+            raise _BrokenPipe() from exc
+
+
+class _BrokenPipe(Exception):
+    """A BrokenPipeError on its way out of click's main, which handles OSError itself."""
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush into a closed pipe is silent."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (a test runner's stream)
+        pass
 
 
 def parse_params(values: tuple[str, ...]) -> dict[str, str]:

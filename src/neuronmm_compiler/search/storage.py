@@ -40,6 +40,37 @@ def storage_kind(url: str) -> str:
     raise InputError(f"unsupported storage URL {url!r}; accepted forms: {ACCEPTED}")
 
 
+def check_storage(url: str, *, must_exist: bool = False) -> str:
+    """Check a storage URL before any work, creating nothing; its kind (see :func:`storage_kind`).
+
+    For a file storage (sqlite, journal): the file, when it exists, must be a regular file, and
+    otherwise the nearest existing directory above it must be writable (``nmmc tune`` creates the
+    file and any missing directories). With ``must_exist`` (``nmmc report``, which reads a study)
+    the file must exist. A PostgreSQL URL is only checked for its form and driver here."""
+    import os
+
+    kind = storage_kind(url)
+    if kind == "postgresql":
+        _postgres_url(url)
+        return kind
+    path = Path(url[len(f"{kind}:///"):])
+    if path.exists():
+        if not path.is_file():
+            raise InputError(f"storage {url!r}: {str(path)!r} is not a regular file")
+        return kind
+    if must_exist:
+        raise InputError(f"storage {url!r}: no such file {str(path)!r} (a study is written by "
+                         f"'nmmc tune --storage {url}')")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"storage {url!r}: {str(ancestor)!r} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(f"storage {url!r}: directory {str(ancestor)!r} is not writable")
+    return kind
+
+
 def _file_path(url: str, prefix: str) -> Path:
     path = Path(url[len(prefix):])
     path.parent.mkdir(parents=True, exist_ok=True)
