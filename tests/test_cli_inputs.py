@@ -56,3 +56,30 @@ def test_shapes_beyond_the_device_are_refused_before_any_work(tmp_path, args, fr
     assert result.exit_code == 2 and fragment in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "k.py").exists()
+
+
+def test_a_cache_entry_out_of_range_is_ignored_with_a_warning_naming_its_file(tmp_path, monkeypatch):
+    """Like every other unusable cache file (issue 14, item 11): warned about by path, then searched again."""
+    import json
+    import os
+
+    cache_dir = tmp_path / "cache"
+    monkeypatch.setenv("NMMC_CACHE_DIR", str(cache_dir))
+    args = ("tune", "--shape", "128x256x128", "--trials", "5", "--json", "-o", str(tmp_path / "k.py"))
+    assert json.loads(run(*args).stdout)["search"]["cached"] is False
+    [entry] = list((cache_dir / "tune").glob("*.json"))
+    data = json.loads(entry.read_text())
+    data["params"]["tile_m"] = 4096
+    entry.write_text(json.dumps(data))
+    result = run(*args)
+    assert result.exit_code == 0, result.stderr
+    assert f"ignoring cache file {entry}" in result.stderr and "tile_m=4096" in result.stderr
+    assert json.loads(result.stdout)["search"]["cached"] is False
+    assert os.path.exists(entry) and json.loads(entry.read_text())["params"]["tile_m"] != 4096
+
+
+@pytest.mark.parametrize("value", ["0", "nan", "inf", "-1"])
+def test_a_timeout_must_be_a_positive_number_of_seconds(tmp_path, value):
+    result = run("tune", "--shape", "128x256x128", "--timeout", value, "-o", str(tmp_path / "k.py"))
+    assert result.exit_code == 2 and "--timeout" in result.stderr and "no schedule" not in result.stderr
+    assert not (tmp_path / "k.py").exists()

@@ -16,6 +16,7 @@ from .options import (
     choice,
     compile_inputs,
     dialect_option,
+    finite_seconds,
     lowercase_name,
     parse_params,
     progress_option,
@@ -79,7 +80,7 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
 @target_option
 @click.option("--trials", default=None, type=click.IntRange(min=1), help="Optuna trials [default: 150].")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the search (same seed, same result).")
-@click.option("--timeout", default=None, type=click.FloatRange(min=0.0),
+@click.option("--timeout", default=None, type=click.FloatRange(min=0.0, min_open=True), callback=finite_seconds,
               help="Stop the search after this many seconds (such a search is not cached).")
 @click.option("--method", default="auto", show_default=True, callback=lowercase_name,
               help="auto (exhaustive when the space has at most --exhaustive-threshold schedules), optuna, "

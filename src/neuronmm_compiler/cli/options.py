@@ -3,6 +3,7 @@ workload those options describe."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -99,6 +100,14 @@ def lowercase_name(ctx: click.Context, param: click.Parameter, value: Any) -> An
     if param.name == "target" and value.lower() not in TARGETS:
         return value
     return value.lower()
+
+
+def finite_seconds(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Click callback: a duration must be a finite number of seconds (click's FloatRange lets nan and
+    inf through)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds", ctx=ctx, param=param)
+    return value
 
 
 def choice(value: str, accepted: dict[str, Any] | tuple[str, ...], what: str) -> str:
