@@ -9,10 +9,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.numpy import save_file
 from threadpoolctl import threadpool_limits
 
+from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError, UnknownNameError
 from neuronmm_compiler.frontends.shapes import block_aligned_rank
 from neuronmm_compiler.models import compress_model, read_config, read_manifest
@@ -398,3 +400,28 @@ def test_a_foreign_manifest_is_not_overwritten(tmp_path, fp32_model):
     with pytest.raises(InputError, match="is not an nmmc manifest"):
         compress_model(fp32_model[0], out, 0.8)
     assert (out / "manifest.json").read_text() == '{"files": ["something else"]}'
+
+
+def test_a_nan_weight_is_one_line_naming_the_tensor(tmp_path):
+    """Once a LinAlgError traceback (issue 14, item 11)."""
+    from safetensors.numpy import load_file
+
+    model, _ = make_model(tmp_path / "m")
+    tensors = load_file(model / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = np.nan
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    result = CliRunner().invoke(main, ["compress", str(model), "--keep-ratio", "0.5", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "model.layers.1.mlp.up_proj.weight" in result.stderr and "NaN" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("field", "value"), [("num_hidden_layers", 1_000_000_000), ("hidden_size", 2**40)])
+def test_absurd_config_sizes_are_refused_not_looped_over(tmp_path, field, value):
+    model, _ = make_model(tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    config[field] = value
+    (model / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["compress", str(model), "--keep-ratio", "0.5", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and f"field '{field}' is {value}; nmmc accepts at most" in result.stderr
+    assert not (tmp_path / "out").exists()

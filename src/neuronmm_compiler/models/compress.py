@@ -181,7 +181,10 @@ def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks
     for proj, name in mlp_weight_names(config, layer).items():
         k, n = projection_shape(config, proj)
         w = reader.read(name, shape=(n, k)).T  # HF stores [out, in]; nmmc's W is [in, out]
-        u, v, error, method = _factor(w, ranks[proj], np_dtype, threads)
+        try:
+            u, v, error, method = _factor(w, ranks[proj], np_dtype, threads)
+        except InputError as exc:
+            raise InputError(f"{name}: {exc}") from None
         entries[proj] = ProjectionEntry(rank=ranks[proj], shape=(k, n), relative_error=error, method=method)
         del w
         u_name, v_name = factor_names(layer, proj)

@@ -50,6 +50,9 @@ _CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 KNOWN_MODELS: tuple[str, ...] = ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "qwen3-1.7b", "qwen3-4b")
 
 _SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers")
+#: Upper bounds of a config's sizes: far beyond any released model (Llama-3.1-405B has 126 layers,
+#: hidden 16384, intermediate 53248), low enough that a corrupt config cannot make nmmc loop for hours.
+SIZE_LIMITS = {"hidden_size": 2**20, "intermediate_size": 2**22, "num_hidden_layers": 4096}
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ def _positive_int(raw: dict, field: str, where: Path) -> int:
     value = raw[field]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(f"{where}: field {field!r} must be a positive integer; got {value!r}")
+    if value > SIZE_LIMITS.get(field, value):
+        raise InputError(f"{where}: field {field!r} is {value}; nmmc accepts at most {SIZE_LIMITS[field]}")
     return value
 
 

@@ -111,6 +111,10 @@ def truncated_svd(w: np.ndarray, rank: int, method: str = "auto") -> SvdFactors:
                          f"got {rank!r}")
     chosen = choose_method(k, n, method)
     w64 = np.asarray(w, dtype=np.float64)
+    bad = int(np.count_nonzero(~np.isfinite(w64)))
+    if bad:
+        raise InputError(f"the {k}x{n} weight holds {bad} NaN or infinite value{'s' if bad > 1 else ''}; "
+                         "an SVD of it is meaningless (check the checkpoint)")
     u, v, s = (_lapack if chosen == "lapack" else _gram)(w64, rank)
     return SvdFactors(
         u=np.ascontiguousarray(u, dtype=np.float32),
