@@ -26,6 +26,9 @@ error, far outside either term.
 
 from __future__ import annotations
 
+import os
+import stat
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +43,7 @@ from ..interpreter import run_kernel
 from ..ir import Graph, evaluate, parse_text
 from ..targets import Target, get_target
 from ..vocab import ElementwiseOp, Layout, NodeKind
+from .sandbox import check_source
 
 TOLERANCES = {"bfloat16": 1e-2, "float32": 1e-5}
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
@@ -48,6 +52,8 @@ SIGMAS = 4.0
 NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 #: Where a kernel runs: nmmc's interpreter, or AWS's simulator (``nki`` / ``neuronxcc``, see nki_backend.py).
 BACKENDS = ("interpreter", "nki-simulator")
+#: The largest kernel file verify reads (emitted kernels are tens of KiB).
+MAX_KERNEL_BYTES = 8 * 1024 * 1024
 
 #: Runs one kernel of a file: (the metadata's kernel entry, its argument arrays, the target) ->
 #: (output arrays, the interpreter's counters or None when the backend has none).
@@ -168,13 +174,26 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
     outputs; counters add up over kernels (peaks: the largest kernel's) and are also reported per
     kernel under ``kernels``. ``backend`` runs the kernels in nmmc's interpreter (the default) or in
     AWS's NKI simulator (``nki-simulator``: no counters, and the simulator checks no capacity); the
-    inputs, reference and tolerance are the same."""
+    inputs, reference and tolerance are the same.
+
+    Before anything runs, the file must pass :func:`~.sandbox.check_source` (SandboxError, an
+    InputError, otherwise): it may hold only the NKI subset nmmc emits. NumPy's floating-point
+    warnings are silenced; an overflow shows as a non-finite output or a failed comparison."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(f"the seed must be a non-negative integer; got {seed!r}")
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _verify_source(source, filename, seed, target, backend)
+
+
+def _verify_source(source: str, filename: str, seed: int, target: Target | None, backend: str) -> VerifyReport:
     try:
         meta = read_metadata(source)
     except InputError as exc:
         raise InputError(f"{filename}: {exc}") from None
     if meta is None:
         raise InputError(f"{filename}: not an nmmc kernel file (no '# nmmc-metadata:' header line)")
+    check_source(source, filename)
     tgt = target or get_target(meta.target)
     graph = parse_text(meta.graph)
     kernels = meta.kernels
@@ -237,10 +256,36 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
 
 def verify_file(path: str | Path, *, seed: int = 0, target: Target | None = None,
                 backend: str = "interpreter") -> VerifyReport:
-    """:func:`verify_source` of a file (InputError when it cannot be read)."""
+    """:func:`verify_source` of a file (InputError when it cannot be read, is not a regular file, is
+    larger than :data:`MAX_KERNEL_BYTES` or is not UTF-8 text)."""
     p = Path(path)
-    try:
-        source = p.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read kernel file {str(p)!r}: {exc.strerror}") from None
+    source = read_kernel_file(p)
     return verify_source(source, filename=str(p), seed=seed, target=target, backend=backend)
+
+
+def read_kernel_file(path: Path) -> str:
+    """The text of a kernel file: a regular file (a FIFO or device is refused before it is opened,
+    so ``/dev/zero`` or a pipe cannot hang verify) of at most :data:`MAX_KERNEL_BYTES`, UTF-8 text
+    without NUL bytes; InputError otherwise."""
+    where = f"kernel file {str(path)!r}"
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise InputError(f"cannot read {where}: not a regular file")
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)  # in case it turned into a FIFO since
+        fd = os.open(path, flags)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise InputError(f"cannot read {where}: not a regular file")
+            data = f.read(MAX_KERNEL_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read {where}: {exc.strerror}") from None
+    if len(data) > MAX_KERNEL_BYTES:
+        raise InputError(f"cannot read {where}: larger than {MAX_KERNEL_BYTES // (1024 * 1024)} MiB")
+    if b"\0" in data:
+        raise InputError(f"cannot read {where}: it holds NUL bytes (a binary file, not a kernel)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"cannot read {where}: not UTF-8 text (byte {exc.start}); a binary file, "
+                         "not a kernel") from None
+
