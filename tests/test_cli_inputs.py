@@ -83,3 +83,18 @@ def test_a_timeout_must_be_a_positive_number_of_seconds(tmp_path, value):
     result = run("tune", "--shape", "128x256x128", "--timeout", value, "-o", str(tmp_path / "k.py"))
     assert result.exit_code == 2 and "--timeout" in result.stderr and "no schedule" not in result.stderr
     assert not (tmp_path / "k.py").exists()
+
+
+def test_explain_prints_the_lower_bound_terms_in_the_formulas_order():
+    import re
+
+    lines = run("explain", "--shape", "256x512x256").stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("lower_bound = Max("))
+    names = re.findall(r"(\w+)/(\w+)", lines[at])
+    numbers = re.findall(r"([0-9.e+]+) / ([0-9.e+]+)", lines[at + 1])
+    symbols = dict(re.findall(r"^  (\w+)\s+= (\S+)$", "\n".join(lines), re.M))
+    assert len(names) == len(numbers) == 2
+    for (num, den), (num_value, den_value) in zip(names, numbers, strict=True):
+        if num in symbols:
+            assert float(symbols[num]) == pytest.approx(float(num_value), rel=1e-5)
+        assert float(symbols[den]) == pytest.approx(float(den_value), rel=1e-5)

@@ -137,7 +137,7 @@ def test_block_aligned_rank_rounding_and_clamping():
 
 @pytest.mark.parametrize("ratio", [0, -0.1, 1.01, float("nan"), "0.8", True, None])
 def test_block_aligned_rank_rejects_bad_ratio(ratio):
-    with pytest.raises(InputError, match=r"keep_ratio .* must be a number in \(0, 1\]"):
+    with pytest.raises(InputError, match=r"--keep-ratio .* must be a number in \(0, 1\]"):
         block_aligned_rank(2048, 8192, ratio)
 
 

@@ -60,8 +60,11 @@ def _formula_lines(cost: CostReport) -> list[str]:
         lines.append(f"  {' ' * len(name)} = {values[name]:.3f}")
     lines.append(f"  latency = {_fmt(LATENCY)} = {cost.latency_us:.3f}  ({cost.bound}-bound)")
     lines.append(f"  lower_bound = {_fmt(LOWER_BOUND)}")
-    lines.append(f"  {' ' * 11} = max({values['flops']:.6g} / {values['peak_flops_per_us']:.6g}, "
-                 f"{values['compulsory_bytes']:.6g} / {values['bw']:.6g}) = {cost.lower_bound_us:.3f}")
+    terms = []
+    for term in LOWER_BOUND.args:  # in the order the formula prints them
+        num, den = sp.fraction(term)
+        terms.append(f"{values[str(num)]:.6g} / {values[str(den)]:.6g}")
+    lines.append(f"  {' ' * 11} = max({', '.join(terms)}) = {cost.lower_bound_us:.3f}")
     return lines
 
 
@@ -209,7 +212,8 @@ def model_lines(source: Any, index: dict[str, Any], target_name: str, output: st
         lines.append(f"  {e['tokens']:>7}{e['predicted_us']:>11.1f}{e['baseline_us']:>11.1f}"
                      f"{e['unfused_baseline_us']:>12.1f}{e['speedup_vs_baseline']:>9.2f}x"
                      f"{e['speedup_vs_unfused']:>8.2f}x{len(e['kernels']):>9}  {e['file']}{check}")
-    lines.append(f"wrote {len(index['buckets'])} kernel files and index.json to {output}")
+    count = len(index["buckets"])
+    lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
     return lines
 
 

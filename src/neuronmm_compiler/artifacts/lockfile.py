@@ -109,10 +109,11 @@ class LockEntry:
         if missing or unknown:
             raise InputError(f"entry has missing fields {missing} / unknown fields {unknown}")
         types = {"workload": dict, "schedule": dict, "predicted": dict, "seed": int, "trials": int}
+        spelled = {dict: "a JSON object", int: "an integer", str: "a string"}
         for name in names - {"key"}:
             want = types.get(name, str)
             if not isinstance(data[name], want) or isinstance(data[name], bool):
-                raise InputError(f"entry field {name!r} must be a {want.__name__}; got {data[name]!r}")
+                raise InputError(f"entry field {name!r} must be {spelled[want]}; got {data[name]!r}")
         kinds = registered_lowerings()
         if data["schedule_kind"] not in kinds:
             raise InputError(f"entry schedule_kind must be one of {', '.join(kinds)}")

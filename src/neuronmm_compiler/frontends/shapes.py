@@ -97,7 +97,7 @@ def block_aligned_rank(k: int, n: int, keep_ratio: float, align: int = 128) -> i
         or not 0 < keep_ratio <= 1
     ):
         raise InputError(
-            f"block_aligned_rank: keep_ratio is the fraction of parameters kept and must be a number "
+            f"--keep-ratio is the fraction of parameters kept and must be a number "
             f"in (0, 1]; got {keep_ratio!r}"
         )
     tiles = math.floor(k * n * float(keep_ratio) / ((k + n) * align) + 0.5)
