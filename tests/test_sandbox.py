@@ -170,6 +170,24 @@ def test_the_message_names_the_construct(tmp_path):
         f"modules as nki, nisa, nl) {SUFFIX}")
 
 
+@pytest.mark.parametrize("code", ["t = " + "-" * 200000 + "1", "t = " + "1 + " * 100000 + "1",
+                                  "t = " + "(" * 150 + "1" + ")" * 150 + " + " + "-" * 2000 + "1"],
+                         ids=["unary-200000", "binary-100000", "parenthesized"])
+def test_deep_nesting_is_one_error_line(tmp_path, code):
+    source, _ = _inject(NKI_KERNEL.read_text(), "kernel", code)
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(source)
+    assert re.fullmatch(rf"nmmc: error: {re.escape(str(kernel))}:? .*(nest|parse).*", _one_error_line(_verify(kernel)))
+
+
+def test_the_simulator_backend_gets_the_static_check_too():
+    from neuronmm_compiler.verification import verify_source
+
+    source, line = _inject(NKI_KERNEL.read_text(), "kernel", f"open('{MARK}', 'w')")
+    with pytest.raises(sandbox.SandboxError, match=f"^k.py line {line}: a call of open {SUFFIX}$"):
+        verify_source(source, filename="k.py", backend="nki-simulator")
+
+
 # ----------------------------------------------------------------------------- the golden corpus passes
 
 GOLDEN = sorted(KERNELS.glob("*.py"))
@@ -224,6 +242,12 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "kernel.py"
     os.mkfifo(fifo)
     assert _one_error_line(_verify(fifo)) == f"nmmc: error: cannot read kernel file '{fifo}': not a regular file"
+
+
+def test_a_symlink_to_a_device_is_refused(tmp_path):
+    link = tmp_path / "kernel.py"
+    link.symlink_to("/dev/zero")
+    assert _one_error_line(_verify(link)) == f"nmmc: error: cannot read kernel file '{link}': not a regular file"
 
 
 def test_dev_zero_is_refused():

@@ -132,6 +132,8 @@ def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray
     except SyntaxError as exc:
         raise KernelError(f"kernel source does not parse: {exc.msg}", line=exc.lineno,
                           source_line=exc.text) from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, nesting too deep to compile
+        raise KernelError(f"kernel source does not compile: {type(exc).__name__}") from None
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     kernel_builtins: dict[str, Any] = {name: getattr(builtins, name) for name in KERNEL_BUILTINS}
     kernel_builtins["__import__"] = _Importer(m)

@@ -345,7 +345,11 @@ def check_source(source: str, filename: str) -> None:
         raise SandboxError(f"{filename} line {exc.lineno}: the kernel file does not parse: {exc.msg}") from None
     except ValueError as exc:  # NUL bytes
         raise SandboxError(f"{filename}: the kernel file does not parse: {exc}") from None
+    except (RecursionError, MemoryError):
+        raise SandboxError(f"{filename}: the kernel file nests too deeply to parse") from None
     try:
         _Checker(tree).check()
     except SandboxError as exc:
         raise SandboxError(f"{filename} {exc}") from None
+    except RecursionError:
+        raise SandboxError(f"{filename}: the kernel file nests expressions too deeply to check") from None
