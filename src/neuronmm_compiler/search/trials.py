@@ -4,17 +4,20 @@ and worker processes sharing one study."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from ..errors import InputError
 from .candidates import Candidate, Evaluator, SpaceSpec
@@ -23,10 +26,14 @@ from .space import SearchSpace
 _OWNER_ATTR = "nmmc_owner"  # "host:pid" of the process running a trial, to recognize trials of dead processes
 _FINGERPRINT_ATTR = "nmmc_fingerprint"
 _WORKLOAD_ATTR = "nmmc_workload"
+_GUESS_ATTR = "nmmc_guess"  # the heuristic guess (parameters) a trial runs
+_SURPLUS_ATTR = "nmmc_surplus"  # a trial asked when no slot was left, failed unrun
 _ORPHAN_GRACE_S = 120.0  # a RUNNING trial without owner (killed between ask and tagging) is dead after this
+_OPEN_ATTEMPTS = 8
+_POLL_S = 0.05  # how often a process waiting for other processes' last trials looks again
 
 
-def _trial_seed(seed: int, done: int, worker: int = 0) -> int:
+def _trial_seed(seed: int, done: int, worker: int | str = 0) -> int:
     """The sampler seed of the trial that starts when ``done`` trials are complete."""
     digest = hashlib.sha256(f"nmmc-trial:{seed}:{done}:{worker}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
@@ -47,46 +54,167 @@ def _point_of_params(spec: SpaceSpec, params: dict[str, Any]) -> dict[str, objec
             for name, values in space.candidates.items()}
 
 
+class _GuessSampler(optuna.samplers.BaseSampler):
+    """``base`` except that the parameters in ``fixed`` take those values: one heuristic guess run
+    as a trial. (``Study.enqueue_trial`` would do the same through a WAITING trial, but on SQLite
+    two processes can both pop one WAITING trial, then both run and tell it.)"""
+
+    def __init__(self, base: optuna.samplers.BaseSampler, fixed: dict[str, object]) -> None:
+        self._base, self._fixed = base, fixed
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+        space = self._base.infer_relative_search_space(study, trial)
+        return {name: dist for name, dist in space.items() if name not in self._fixed}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
+        return self._base.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: Any) -> Any:
+        if param_name in self._fixed:
+            return self._fixed[param_name]
+        return self._base.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: optuna.trial.TrialState,
+                    values: Any) -> None:
+        self._base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._base.reseed_rng()
+
+
+def _owner_tag() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _started(t: optuna.trial.FrozenTrial, now: float) -> float:
+    return t.datetime_start.timestamp() if t.datetime_start else now
+
+
+def _is_live(t: optuna.trial.FrozenTrial, me: str, host: str, now: float) -> bool:
+    """Whether RUNNING trial ``t`` may still finish: its owner is another live process on this host,
+    or a process on another host (which cannot be checked), or it has no owner tag yet and started
+    less than the grace period ago (asked, not yet tagged). A trial tagged with this process is
+    live only while this process runs it, which the caller knows: here it is a leftover."""
+    owner = t.user_attrs.get(_OWNER_ATTR)
+    if owner is None:
+        return now - _started(t, now) <= _ORPHAN_GRACE_S
+    if owner == me:
+        return False
+    owner_host, _, pid = str(owner).rpartition(":")
+    if owner_host != host or not pid.isdigit():
+        return True
+    return _pid_alive(int(pid))
+
+
+def _finish(study: optuna.Study, number: int, state: optuna.trial.TrialState) -> None:
+    """Tell ``state`` for trial ``number`` unless it is finished already (telling is idempotent;
+    another process may finish it between the check and the write, which is fine too)."""
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+        study.tell(number, state=state, skip_if_finished=True)
+
+
+def _slot_is_free(study: optuna.Study, number: int, trials: int, me: str) -> bool:
+    """Whether trial ``number`` (just asked, tagged with this process) may run without the study
+    ending over ``trials`` COMPLETE trials: fewer than ``trials`` trials are COMPLETE or live
+    RUNNING with a smaller number. Trial numbers are given atomically by the storage, so of trials
+    asked concurrently for the last free slots exactly the lowest-numbered ones run."""
+    host, now = socket.gethostname(), time.time()
+    complete, running = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
+    taken = sum(t.state == complete or (t.number < number and _is_live(t, me, host, now))
+                for t in study.get_trials(deepcopy=False, states=(complete, running)))
+    return taken < trials
+
+
 def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trials: int, seed: int,
                 timeout: float | None, progress: Callable[[int, int, float], None] | None, *,
-                worker: int = 0, constant_liar: bool = False) -> int:
+                worker: int = 0, constant_liar: bool = False, seen: list[int | None] | None = None) -> int:
     """Run trials one at a time until the study holds ``trials`` COMPLETE trials (or ``timeout``).
 
     Before each trial the sampler is replaced by one seeded from (seed, COMPLETE trials, worker), so
     the sample depends only on those and the stored history, never on this process's past. The
-    heuristic guesses are enqueued one at a time, each only if no waiting, running or complete
-    trial holds it yet. Returns the trials this call ran."""
+    heuristic guesses run first, in order, each unless a running or complete trial holds it.
+
+    Several processes may run this loop on one study: a trial starts only while COMPLETE plus
+    live RUNNING trials are fewer than ``trials`` (else the loop waits for them), and once asked it
+    runs only if it got a free slot (:func:`_slot_is_free`), else it is marked FAIL (``nmmc_surplus``)
+    unrun; a trial some other process finished meanwhile (judged dead) is dropped, not told again.
+    When other processes are running trials, the sample is also salted with this process's tag
+    (and the sampler lies constant about their trials), so concurrent processes do not draw the
+    same point. Each trial costed here is appended to ``seen``: its number, or None if it did
+    not end COMPLETE. Returns the trials this call completed."""
     started = time.perf_counter()
     space, state = spec.space, optuna.trial.TrialState
     ordinal = space.ordinal
     guesses = _guess_params(spec)
     n_startup = min(20, max(trials // 5, 1))
-    owner = f"{socket.gethostname()}:{os.getpid()}"
+    me, host = _owner_tag(), socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(state.RUNNING,)):
+        if t.user_attrs.get(_OWNER_ATTR) == me:  # left by an earlier attempt of this process
+            _finish(study, t.number, state.FAIL)
     ran = 0
+    waiting_since: tuple[int, float] | None = None
     while timeout is None or time.perf_counter() - started < timeout:
         existing = study.get_trials(deepcopy=False)
         done = sum(t.state == state.COMPLETE for t in existing)
         if done >= trials:
             break
-        if guesses and not any(t.state == state.WAITING for t in existing):
-            held = [_enqueued_params(t) for t in existing
-                    if t.state in (state.COMPLETE, state.RUNNING, state.WAITING)]
-            guesses = [g for g in guesses if g not in held]
-            if guesses:
-                study.enqueue_trial(guesses[0])
-        study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(seed, done, worker), n_startup_trials=n_startup,
-                                                   constant_liar=constant_liar)
+        now = time.time()
+        live = [t for t in existing if t.state == state.RUNNING and _is_live(t, me, host, now)]
+        if done + len(live) >= trials:
+            # Every slot left is taken by another process's trial: wait for them (one whose
+            # process dies frees its slot). Trials stuck past the grace period are failed.
+            if waiting_since is None or waiting_since[0] != done:
+                waiting_since = (done, now)
+            elif now - waiting_since[1] > _ORPHAN_GRACE_S:
+                for t in live:
+                    if now - _started(t, now) > _ORPHAN_GRACE_S:
+                        _finish(study, t.number, state.FAIL)
+            time.sleep(_POLL_S)
+            continue
+        waiting_since = None
+        live_numbers = {t.number for t in live}
+        held = [_guess_of(t) for t in existing if t.state == state.COMPLETE or t.number in live_numbers]
+        guess = next((g for g in guesses if g not in held), None)
+        contended = bool(live)
+        lane = f"{worker}@{me}" if contended else worker
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
+            seed=_trial_seed(seed, done, lane), n_startup_trials=n_startup, constant_liar=constant_liar or contended)
+        study.sampler = _GuessSampler(sampler, guess) if guess is not None else sampler
         trial = study.ask()
-        trial.set_user_attr(_OWNER_ATTR, owner)
-        point = {}
-        for name, values in space.candidates.items():
-            if name in ordinal:
-                point[name] = values[trial.suggest_int(name, 0, len(values) - 1)]
-            else:
-                point[name] = trial.suggest_categorical(name, list(values))
-        cand = evaluate(space.decode(point))
-        trial.set_constraint("on_chip_overflow", _overflow(cand))
-        study.tell(trial, cand.latency_us)
+        cand = None
+        try:
+            trial.set_user_attr(_OWNER_ATTR, me)
+            if guess is not None:
+                trial.set_user_attr(_GUESS_ATTR, guess)
+            if not _slot_is_free(study, trial.number, trials, me):
+                trial.set_user_attr(_SURPLUS_ATTR, True)
+                _finish(study, trial.number, state.FAIL)
+                continue
+            point = {}
+            for name, values in space.candidates.items():
+                if name in ordinal:
+                    point[name] = values[trial.suggest_int(name, 0, len(values) - 1)]
+                else:
+                    point[name] = trial.suggest_categorical(name, list(values))
+            cand = evaluate(space.decode(point))
+            trial.set_constraint("on_chip_overflow", _overflow(cand))
+            told = study.tell(trial, cand.latency_us, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another process judged this trial dead and failed it: its slot is free again.
+            if seen is not None and cand is not None:
+                seen.append(None)
+            continue
+        except BaseException:
+            _finish(study, trial.number, state.FAIL)
+            raise
+        if seen is not None:
+            seen.append(trial.number if told.state == state.COMPLETE else None)
+        if told.state != state.COMPLETE:
+            continue
         ran += 1
         evaluate.trial_history.append(evaluate.best)
         if progress:
@@ -127,44 +255,61 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _fail_dead_trials(study: optuna.Study) -> int:
-    """Mark FAIL the RUNNING trials of processes on this host that no longer exist (a killed run),
-    and RUNNING trials that never got an owner tag and started long ago. Trials of other hosts are
-    left alone: they may be running. FAIL trials are never counted nor sampled from."""
-    host = socket.gethostname()
-    now = time.time()
+    """Mark FAIL the RUNNING trials that cannot finish (:func:`_is_live`): those of processes on
+    this host that no longer exist (a killed run), and those that never got an owner tag and
+    started long ago. Trials of other hosts are left alone: they may be running. FAIL trials are
+    never counted nor sampled from."""
+    me, host, now = _owner_tag(), socket.gethostname(), time.time()
     failed = 0
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = t.user_attrs.get(_OWNER_ATTR)
-        if owner is None:
-            started = t.datetime_start.timestamp() if t.datetime_start else now
-            dead = now - started > _ORPHAN_GRACE_S
-        else:
-            owner_host, _, pid = str(owner).rpartition(":")
-            dead = owner_host == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
-        if dead:
-            try:
-                study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-                failed += 1
-            except Exception:  # finished meanwhile (it was not dead after all)
-                continue
+        if t.user_attrs.get(_OWNER_ATTR) != me and not _is_live(t, me, host, now):
+            _finish(study, t.number, optuna.trial.TrialState.FAIL)
+            failed += 1
     return failed
 
 
+def _transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is storage contention that a retry
+    gets past: processes creating the same tables or version row at once ("table ... already
+    exists", a unique violation), or a busy SQLite file ("database is locked")."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = f"{type(seen).__name__}: {seen}"
+        if any(word in text for word in ("IntegrityError", "UniqueViolation", "DuplicateTable", "already exists",
+                                         "database is locked", "DuplicatedStudyError")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _open_study(storage: str, study_name: str) -> optuna.Study:
+    """The study ``study_name`` in ``storage``, created if missing. Several processes may do this at
+    once on a fresh storage: creating the schema (SQLAlchemy's create_all, Alembic's version row)
+    is not atomic across processes, so the loser of such a race retries; creating the study itself
+    is (``load_if_exists``)."""
     from .storage import open_storage
 
-    return optuna.create_study(storage=open_storage(storage), study_name=study_name, load_if_exists=True,
-                               direction="minimize")
+    for attempt in range(_OPEN_ATTEMPTS):
+        try:
+            return optuna.create_study(storage=open_storage(storage), study_name=study_name, load_if_exists=True,
+                                       direction="minimize")
+        except Exception as exc:
+            if attempt == _OPEN_ATTEMPTS - 1 or not _transient(exc):
+                raise
+            time.sleep(0.05 * (attempt + 1) * (1 + random.random()))
+    raise AssertionError("unreachable")
 
 
-def warm(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, seen: set[int]) -> None:
-    """Cost the schedules of the study's COMPLETE trials not in ``seen`` (trial numbers), in trial
-    order, extending the per-trial history as if this process had run them."""
+def warm(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, seen: list[int | None]) -> None:
+    """Cost the schedules of the study's COMPLETE trials not in ``seen`` (trial numbers, in the
+    order ``evaluate`` costed them; this appends to it), in trial order, extending the per-trial
+    history as if this process had run them."""
+    known = set(seen)
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     for t in sorted(complete, key=lambda t: t.number):
-        if t.number in seen:
+        if t.number in known:
             continue
-        seen.add(t.number)
+        seen.append(t.number)
         try:
             point = _point_of_params(spec, t.params)
         except (KeyError, IndexError, ValueError) as exc:
@@ -172,6 +317,21 @@ def warm(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, seen: set[in
                              f"search space ({exc}); use another study name") from exc
         evaluate(spec.space.decode(point))
         evaluate.trial_history.append(evaluate.best)
+
+
+def _catch_up(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec,
+              seen: list[int | None]) -> Evaluator:
+    """``evaluate`` holding every COMPLETE trial of the study, as if costed in trial order (what
+    :func:`~.tuner.result_from_study` rebuilds, so every process sharing a study ends with the same
+    result). When ``seen`` is a prefix of that order (a single process, or workers whose trials all
+    follow this process's earlier ones) the rest is appended; when other processes' trials
+    interleave with this one's, or a trial costed here did not end COMPLETE, a fresh evaluator is
+    warmed from the study instead."""
+    complete = sorted(t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    if seen != complete[:len(seen)]:
+        evaluate, seen[:] = Evaluator(evaluate.cost, evaluate.normalize), []
+    warm(study, evaluate, spec, seen)
+    return evaluate
 
 
 def _worker_main(setup: Callable[[], tuple[SpaceSpec, Evaluator]], storage: str, study_name: str, trials: int,
@@ -183,8 +343,8 @@ def _worker_main(setup: Callable[[], tuple[SpaceSpec, Evaluator]], storage: str,
         try:
             _trial_loop(study, evaluate, spec, trials, seed, timeout, None, worker=worker, constant_liar=True)
             return
-        except Exception as exc:  # transient storage contention ("database is locked") under load: retry
-            transient = "OperationalError" in type(exc).__name__ or "locked" in str(exc)
+        except Exception as exc:  # storage contention ("database is locked") on a loaded machine: retry
+            transient = "OperationalError" in type(exc).__name__ or _transient(exc)
             if not transient or attempt == 4:
                 raise
             time.sleep(0.2 * (attempt + 1))
@@ -193,7 +353,12 @@ def _worker_main(setup: Callable[[], tuple[SpaceSpec, Evaluator]], storage: str,
 def run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, seed: int,
                 timeout: float | None, progress: Callable[[int, int, float], None] | None, storage: str,
                 study_name: str | None, workers: int,
-                setup: Callable[[], tuple[SpaceSpec, Evaluator]] | None) -> tuple[int, dict[str, object]]:
+                setup: Callable[[], tuple[SpaceSpec, Evaluator]] | None
+                ) -> tuple[int, dict[str, object], Evaluator]:
+    """Search the stored study until it holds ``trials`` COMPLETE trials (this process's trials,
+    its workers' and those of any other process on the study). Returns the COMPLETE trials, the
+    study summary and the evaluator holding every COMPLETE trial in trial order (``evaluate`` itself
+    unless other processes' trials interleaved with this one's, see :func:`_catch_up`)."""
     from .storage import storage_kind
 
     optuna.logging.set_verbosity(logging.WARNING)
@@ -206,11 +371,11 @@ def run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, 
         study.set_user_attr(_WORKLOAD_ATTR, what)
     check_fingerprint(study, what, spec, kind=kind)
     _fail_dead_trials(study)
-    seen: set[int] = set()
+    seen: list[int | None] = []
     warm(study, evaluate, spec, seen)
     done_before = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     if workers == 1:
-        _trial_loop(study, evaluate, spec, trials, seed, timeout, progress)
+        _trial_loop(study, evaluate, spec, trials, seed, timeout, progress, seen=seen)
     else:
         ctx = multiprocessing.get_context("spawn")
         procs = [ctx.Process(target=_worker_main, args=(setup, storage, name, trials, seed, timeout, i + 1),
@@ -236,12 +401,12 @@ def run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, 
             logging.getLogger(__name__).warning("tuning worker processes exited with codes %s; "
                                                 "finishing the study in this process", codes)
             _fail_dead_trials(study)
-            _trial_loop(study, evaluate, spec, trials, seed, timeout, progress)
-        warm(study, evaluate, spec, seen)
+            _trial_loop(study, evaluate, spec, trials, seed, timeout, progress, seen=seen)
+    evaluate = _catch_up(study, evaluate, spec, seen)
     total = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     info: dict[str, object] = {"name": name, "storage": kind, "trials_in_study": total,
                                "trials_run": total - done_before, "workers": workers}
-    return total, info
+    return total, info, evaluate
 
 
 def _params_of(space: SearchSpace, schedule: Any) -> dict[str, object]:
@@ -250,12 +415,14 @@ def _params_of(space: SearchSpace, schedule: Any) -> dict[str, object]:
             for name, value in point.items()}
 
 
-def _enqueued_params(trial: optuna.trial.FrozenTrial) -> object:
-    """The parameters ``study.enqueue_trial`` gave a trial (None for a sampled one). Optuna has no
-    public accessor: ``enqueue_trial`` keeps them in the trial's system attribute "fixed_params"
-    (optuna/study/study.py), which is what this reads. A trial's ``params`` would not do: those of a
-    sampled trial that happens to equal a guess would withdraw the guess."""
-    return trial.system_attrs.get("fixed_params")
+def _guess_of(trial: optuna.trial.FrozenTrial) -> object:
+    """The heuristic guess a trial runs (None for a sampled one): its ``nmmc_guess`` attribute, or
+    for a trial of an older nmmc, which ran guesses through ``study.enqueue_trial``, the
+    parameters Optuna keeps in the system attribute "fixed_params" (optuna/study/study.py). A
+    trial's ``params`` would not do: those of a sampled trial that happens to equal a guess would
+    withdraw the guess."""
+    guess = trial.user_attrs.get(_GUESS_ATTR)
+    return guess if guess is not None else trial.system_attrs.get("fixed_params")
 
 
 def _overflow(cand: Candidate) -> float:

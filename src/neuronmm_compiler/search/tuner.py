@@ -92,10 +92,12 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
     whole study.
 
     ``workers`` > 1 (needs ``storage``) runs the trials in that many spawned processes, each
-    rebuilding the space and the evaluator with ``setup`` (picklable); each worker checks the
-    number of COMPLETE trials before starting one, so the study can end up to ``workers - 1``
-    trials over ``trials``. Worker runs are not bit-reproducible (the interleaving decides which
-    history each trial sees). An exhaustive search never uses the storage.
+    rebuilding the space and the evaluator with ``setup`` (picklable). Any number of processes
+    (each with any number of workers) may search one study at once: the study ends with exactly
+    ``trials`` COMPLETE trials (a trial asked when no slot is left is marked FAIL unrun, see
+    :func:`~.trials._trial_loop`) and every process returns the result of the whole study.
+    Concurrent runs are not bit-reproducible (the interleaving decides which history each trial
+    sees). An exhaustive search never uses the storage.
     """
     start = time.perf_counter()
     method = force or ("exhaustive" if spec.size <= exhaustive_threshold else "optuna")
@@ -117,9 +119,9 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
     elif storage is None:
         n_trials = run_optuna(evaluate, spec, trials, seed, timeout, progress)
     else:
-        n_trials, study_info = run_stored(evaluate, spec, what=what, trials=trials, seed=seed, timeout=timeout,
-                                           progress=progress, storage=storage, study_name=study_name,
-                                           workers=workers, setup=setup)
+        n_trials, study_info, evaluate = run_stored(evaluate, spec, what=what, trials=trials, seed=seed,
+                                                     timeout=timeout, progress=progress, storage=storage,
+                                                     study_name=study_name, workers=workers, setup=setup)
     return _result(evaluate, spec, what=what, method=method, trials=n_trials, top_k=top_k, started=start,
                    study=study_info)
 
@@ -141,7 +143,7 @@ def result_from_study(study: optuna.Study, spec: SpaceSpec, evaluate: Evaluator,
     started = time.perf_counter()
     kind = storage_kind(storage) if storage else None
     check_fingerprint(study, what, spec, kind=kind or "the")
-    seen: set[int] = set()
+    seen: list[int | None] = []
     warm(study, evaluate, spec, seen)
     if not seen:
         raise InputError(f"study {study.study_name!r} holds no completed trial")
