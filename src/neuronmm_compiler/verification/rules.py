@@ -1,0 +1,267 @@
+"""The NKI rule book: the documented rules nmmc's kernels rely on, each with its source.
+
+One data module: a single table (:data:`RULES`) whose entries each carry their citations and, where
+sources conflict, a note saying which reading was chosen (always the conservative one).
+
+Every rule was read in the cited text (the Neuron SDK documentation repository at a fixed commit, or
+the NKI 0.1 documentation as it stood before its removal); nothing here is from memory. Where a
+limit is a hardware number that :mod:`neuronmm_compiler.targets` also holds, the rule names the
+:class:`~neuronmm_compiler.targets.Target` field (``target_field``) and records the documented value
+per target (``documented``) instead of restating it as a limit; ``tests/test_nki_rules.py`` checks
+the two agree, except for the targets listed in ``targets_disagree`` (explained in the note; the
+hardware table is fixed by another change, not here).
+
+SDK ranges are Neuron SDK release numbers (``"2.30"``), inclusive; ``None`` means unbounded. A rule
+whose ``checkable`` is True is enforced by :mod:`neuronmm_compiler.verification.static_check`.
+``docs/nki-rules.md`` is generated from this table by ``scripts/nki_rules_doc.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..vocab import Dialect
+
+#: The Neuron SDK documentation (docs for NKI 0.1 to 0.6, SDK up to 2.32) these rules were read in.
+SDK_DOCS = "aws-neuron/aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155"
+#: The same repository before the NKI 0.1 pages under general/nki/ were removed (NKI 0.1 docs).
+LEGACY_DOCS = "aws-neuron/aws-neuron-sdk@cca378474a507331b7c0cd4b6cbbf2bbe0956324"
+
+BOTH = (Dialect.NKI, Dialect.NEURONXCC)
+ALL_TARGETS = ("trn1", "trn2", "trn3")
+KIB = 1024
+
+#: Topics, in the order the generated document lists them.
+TOPICS = ("memory", "tiles", "loops", "isa", "dialect")
+
+#: ``op=`` values the Scalar Engine accepts in ``nisa.activation``: the table "Supported Activation
+#: Functions for NKI ISA" (names under ``nki.language``). There is no ``identity``: the identity is
+#: ``copy``.
+ACTIVATION_FUNCTIONS = frozenset((
+    "copy", "square", "sigmoid", "relu", "prelu", "gelu", "gelu_dx", "gelu_apprx_tanh", "gelu_apprx_sigmoid",
+    "gelu_apprx_sigmoid_dx", "silu", "silu_dx", "tanh", "softplus", "mish", "erf", "erf_dx", "exp", "log", "sin",
+    "arctan", "sqrt", "rsqrt", "reciprocal", "sign", "abs",
+))
+
+#: Input dtypes ``nc_matmul`` accepts (section "Data types" of its API page); float8_e4m3fn from v4 on.
+MATMUL_INPUT_DTYPES = frozenset(("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"))
+#: ``nc_matmul`` result dtypes (PSUM) per target: float32 on NeuronCore-v2/v3, float32 or bfloat16 on v4.
+MATMUL_DST_DTYPES = {"trn1": ("float32",), "trn2": ("float32",), "trn3": ("float32", "bfloat16")}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One documented NKI rule. ``limit`` is the value(s) the rule bounds by (None when it is not a number or
+    when ``target_field`` holds it); ``documented`` maps target -> the value the docs give for ``target_field``."""
+
+    id: str
+    topic: str
+    summary: str
+    citations: tuple[str, ...]
+    dialects: tuple[Dialect, ...] = BOTH
+    targets: tuple[str, ...] = ALL_TARGETS
+    sdk_min: str | None = None
+    sdk_max: str | None = None
+    limit: object = None
+    target_field: str | None = None
+    documented: tuple[tuple[str, int], ...] = ()
+    targets_disagree: tuple[str, ...] = ()
+    checkable: bool = False
+    note: str = ""
+
+    @property
+    def citation(self) -> str:
+        """The first (main) source, as violations quote it."""
+        return self.citations[0]
+
+    def applies(self, dialect: Dialect, target: str, sdk: str | None) -> bool:
+        """True when the rule holds for this dialect, target and SDK (an unknown SDK: only rules without an SDK
+        bound apply, since a bounded rule cannot be said to hold)."""
+        if dialect not in self.dialects or target not in self.targets:
+            return False
+        if self.sdk_min is None and self.sdk_max is None:
+            return True
+        if sdk is None:
+            return False
+        version = sdk_tuple(sdk)
+        return ((self.sdk_min is None or version >= sdk_tuple(self.sdk_min))
+                and (self.sdk_max is None or version <= sdk_tuple(self.sdk_max)))
+
+
+def sdk_tuple(version: str) -> tuple[int, ...]:
+    """``"2.30"`` -> ``(2, 30)``, for comparing SDK releases."""
+    return tuple(int(part) for part in version.split("."))
+
+
+def _sdk(path: str, where: str) -> str:
+    return f"{SDK_DOCS}:{path} ({where})"
+
+
+def _legacy(path: str, where: str) -> str:
+    return f"{LEGACY_DOCS}:{path} ({where})"
+
+
+_TILING = "nki/get-started/about/tiling-overview.rst"
+_ISA = "nki/api/nki/isa/__init__.py"
+_LANG = "nki/api/nki/language/__init__.py"
+_MIGRATION = "nki/migration/index.rst"
+_RELNOTES = "release-notes/components/nki.rst"
+_ARCH1 = "nki/guides/architecture/trainium_inferentia2_arch.rst"
+_ARCH2 = "nki/guides/architecture/trainium2_arch.rst"
+_ARCH3 = "nki/guides/architecture/trainium3_arch.rst"
+_LEGACY_PM = "general/nki/programming_model.rst"
+_LEGACY_LANG = "general/nki/api/nki/language/__init__.py"
+
+RULES: tuple[Rule, ...] = (
+    # --- memory ---------------------------------------------------------------------------------
+    Rule("NKI-SBUF-SIZE", "memory", "SBUF bytes per partition (128 partitions)",
+         (_sdk(_ARCH1, "NeuronCore-v2 Compute Engines: 24MiB SBUF, 192KiB per partition"),
+          _sdk(_ARCH2, "NeuronCore-v3 Compute Engine Updates: 28MiB, 128 partitions of 224KiB"),
+          _sdk(_ARCH3, "NeuronCore-v4 Compute Engine Updates: 32 MiB")),
+         target_field="sbuf_bytes_per_partition",
+         documented=(("trn1", 192 * KIB), ("trn2", 224 * KIB), ("trn3", 256 * KIB)),
+         note="trn3: the guide gives 32 MiB in total; 256 KiB per partition is 32 MiB / 128 partitions."),
+    Rule("NKI-PSUM-SIZE", "memory", "PSUM bytes per partition (2 MiB over 128 partitions)",
+         (_sdk(_ARCH1, "NeuronCore-v2 Compute Engines: one PSUM partition has 16KiB"),
+          _sdk(_MIGRATION, "Improved allocation API: PSUM on NeuronCore v2/v3/v4, 16KB per partition")),
+         target_field="psum_bytes_per_partition",
+         documented=(("trn1", 16 * KIB), ("trn2", 16 * KIB), ("trn3", 16 * KIB))),
+    Rule("NKI-PSUM-BANK-COUNT", "memory", "PSUM banks per partition; at most this many matmul accumulation "
+         "groups are live at once",
+         (_sdk(_ARCH1, "Near-memory accumulation in PSUM: 8 PSUM banks per partition"),
+          _sdk("nki/api/nki.language.tile_size.rst", "psum_num_banks")),
+         target_field="psum_banks", documented=(("trn1", 8), ("trn2", 8), ("trn3", 8)),
+         note="tile_size.psum_num_banks is 7 when NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+ (bank 7 "
+              "reserved for nc_transpose); nmmc does not set it, so 8."),
+    Rule("NKI-PSUM-BANK", "memory", "PSUM bank size per partition: 2 KiB = 512 float32",
+         (_sdk(_ARCH1, "Near-memory accumulation in PSUM: each bank holds up to 512 FP32 values"),
+          _sdk(_MIGRATION, "Improved allocation API: each bank holding up to 2KB")),
+         target_field="psum_bank_bytes", documented=(("trn1", 2 * KIB), ("trn2", 2 * KIB), ("trn3", 2 * KIB))),
+    Rule("NKI-PSUM-ALIGN", "memory", "a PSUM allocation starts at the beginning of a bank",
+         (_sdk(_MIGRATION, "Improved allocation API"),),
+         note="Only explicit address= allocations can break it; nmmc emits none."),
+    # --- tiles ----------------------------------------------------------------------------------
+    Rule("NKI-PARTITION-MAX", "tiles", "partition dimension (dim 0) of an SBUF or PSUM tile <= pmax",
+         (_sdk(_TILING, "Tile size considerations, Tile-Size Constraint#1"),
+          _legacy(_LEGACY_PM, "Tile size considerations, TC#1")),
+         target_field="pmax", documented=(("trn1", 128), ("trn2", 128), ("trn3", 128)), checkable=True),
+    Rule("NKI-PSUM-TILE-FMAX", "tiles", "a PSUM tile's free size fits one bank (2 KiB per partition); "
+         "NKI 0.1 kernels may put block dimensions before nl.par_dim to hold several banks",
+         (_sdk(_TILING, "Tile size considerations, Tile-Size Constraint#2: psum_bank_fmax == 512"),
+          _legacy(_LEGACY_PM, "Tile size considerations, TC#2: psum_fmax == 512"),
+          _legacy(_LEGACY_PM, "Representing data in NKI: par_dim"),
+          _sdk(_MIGRATION, "Removing block dimensions from NKI kernels: What are block dimensions?")),
+         limit=2 * KIB, checkable=True,
+         note="Checked in bytes (psum_bank_fmax_bytes): 512 float32 or 1024 bfloat16. nc_matmul on NeuronCore-v4 "
+              "may write a moving free size up to 8 banks, which conflicts with Tile-Size Constraint#2; "
+              "conservatively one bank on every target."),
+    Rule("NKI-BLOCK-DIM", "tiles", "block dimensions (dims before nl.par_dim) are an error from SDK 2.25",
+         ("about-neuron/announcements/neuron2.x/announce-eos-block-dimension-nki.rst in " + SDK_DOCS,
+          _sdk(_MIGRATION, "Removing block dimensions from NKI kernels")),
+         dialects=(Dialect.NEURONXCC,), sdk_min="2.25", checkable=True,
+         note="The announcement says warnings in 2.24 and errors from 2.25; the release notes (NKI (Beta) [2.23]) only "
+              "record the warning. Conservatively an error from 2.25: a PSUM accumulator wider than a bank is "
+              "split into separate one-bank tiles (a Python list), not a block dimension."),
+    Rule("NKI-MATMUL-STATIONARY-FMAX", "tiles", "nc_matmul stationary free size <= 128 (partition size equal "
+         "to moving's, <= 128)",
+         (_sdk(_ISA, "nc_matmul, Tile size"), _sdk(_TILING, "Tile size considerations, TileSize Constraint#3")),
+         target_field="gemm_stationary_fmax", documented=(("trn1", 128), ("trn2", 128), ("trn3", 128))),
+    Rule("NKI-MATMUL-MOVING-FMAX", "tiles", "nc_matmul moving free size: 512 on NeuronCore-v2/v3; on v4 up to "
+         "4096 (float32 dst) or 8192 (bfloat16 dst)",
+         (_sdk(_ISA, "nc_matmul, Tile size"), _sdk(_TILING, "Tile size considerations, TileSize Constraint#3")),
+         target_field="gemm_moving_fmax", documented=(("trn1", 512), ("trn2", 512), ("trn3", 4096)),
+         targets_disagree=("trn3",),
+         note="Discrepancy: targets.py has gemm_moving_fmax = 512 on trn3, where the nc_matmul page allows 4096 "
+              "(float32 dst). 512 is still valid (the tiling overview's constraint #3 and the PSUM tile rule say "
+              "512), so it is the conservative value; left for the hardware-table owner."),
+    # --- loops ----------------------------------------------------------------------------------
+    Rule("NKI-AFFINE-WRITE-RACE", "loops", "inside nl.affine_range, a write to a buffer allocated outside the loop "
+         "must be indexed by the loop variable; the one exception is += accumulation of matmul results into PSUM",
+         (_legacy(_LEGACY_LANG, "affine_range: no loop carried dependency; associative reductions"),
+          _legacy(_LEGACY_PM, "affine_range paragraph: accumulating matmul results with +=")),
+         dialects=(Dialect.NEURONXCC,), checkable=True,
+         note="Current NKI makes affine_range a deprecated alias of range (" + _LANG + ", affine_range): loops "
+              "run in program order, so the rule is checked in the NKI 0.1 dialect only."),
+    Rule("NKI-RANGE-ALIAS", "loops", "current NKI: affine_range, sequential_range and static_range are deprecated "
+         "aliases of Python range (fully unrolled)",
+         (_sdk(_LANG, "affine_range, sequential_range, static_range"),),
+         dialects=(Dialect.NKI,),
+         note="Read in the SDK 2.32 (NKI 0.6) API pages; the release that first made them aliases was not checked."),
+    # --- isa ------------------------------------------------------------------------------------
+    Rule("NKI-MATMUL-MEMORY", "isa", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
+         (_sdk(_ISA, "nc_matmul, Memory types"),), checkable=True),
+    Rule("NKI-MATMUL-DTYPE", "isa", "nc_matmul inputs float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32 "
+         "(float32 pairs only with float32); dst float32 on NeuronCore-v2/v3, float32 or bfloat16 on v4",
+         (_sdk(_ISA, "nc_matmul, Data types"),), limit=MATMUL_DST_DTYPES, checkable=True),
+    Rule("NKI-MATMUL-ACC-INIT", "isa", "NeuronCore-v2/v3: a matmul must not accumulate into PSUM initialised by a "
+         "non-matmul instruction (memset, tensor_copy): undefined on hardware",
+         (_sdk(_ISA, "nc_matmul, Accumulation mode, note"),),
+         dialects=(Dialect.NKI,), targets=("trn1", "trn2"), checkable=True,
+         note="The NKI 0.1 docs themselves accumulate with += into nl.zeros(..., buffer=nl.psum) (affine_range "
+              "example 2), so the rule is checked in the nki dialect only."),
+    Rule("NKI-TRANSPOSE-DTYPE", "isa", "nc_transpose: dst dtype equals data dtype; TensorE reads SBUF, writes PSUM",
+         (_sdk(_ISA, "nc_transpose, Data types"),), dialects=(Dialect.NKI,), checkable=True),
+    Rule("NKI-TENSOR-COPY", "isa", "tensor_copy: src in SBUF or PSUM; casts through float32 when dtypes differ; "
+         "NeuronCore-v2 does not run it on the Scalar Engine",
+         (_sdk(_ISA, "tensor_copy"),)),
+    Rule("NKI-TENSOR-TENSOR-PSUM", "isa", "tensor_tensor: data1 and data2 not both in PSUM; math in float32",
+         (_sdk(_ISA, "tensor_tensor"),), dialects=(Dialect.NKI,), checkable=True),
+    Rule("NKI-ACTIVATION-OP", "isa", "activation functions are the documented table's names (identity is nl.copy; "
+         "there is no nl.identity)",
+         (_sdk("nki/api/nki.api.shared.rst", "Supported Activation Functions for NKI ISA"),
+          _sdk(_LANG, "module functions: no identity")),
+         limit=ACTIVATION_FUNCTIONS, checkable=True),
+    Rule("NKI-ACTIVATION-DTYPE", "isa", "activation: data and dst any dtype in SBUF or PSUM, math in float32, "
+         "scale float32, partition size <= 128",
+         (_sdk(_ISA, "activation, Data types"),)),
+    Rule("NKI-DMA-COPY-PSUM", "isa", "dma_copy moves between HBM and SBUF only (no PSUM); dtype casts through "
+         "float32",
+         (_sdk(_ISA, "dma_copy"), _sdk(_MIGRATION, "Migrating from NKI 0.2.0 to NKI 0.3.0: dma_copy reading "
+                                                    "from PSUM")),
+         dialects=(Dialect.NKI,), checkable=True),
+    Rule("NKI-DMA-TRANSPOSE-TARGET", "isa", "nisa.dma_transpose is documented for NeuronCore-v3 (trn2) and newer",
+         (_sdk(_ARCH2, "DMA Transpose"), _sdk("nki/deep-dives/nki-dge.rst", "Mode Selection Summary")),
+         targets=("trn1",), checkable=True,
+         note="Rule holds on trn1: no trn1 page documents DMA transpose (trn1 has nl.load_transpose2d, at 'much "
+              "lower DMA bandwidth'). The dma_transpose page itself names no minimum; conservatively trn2+."),
+    Rule("NKI-DMA-TRANSPOSE-DTYPE", "isa", "nisa.dma_transpose source dtype is 2 bytes (float16/bfloat16)",
+         (_sdk(_ISA, "dma_transpose, DMA Direct/Indirect Transpose Constraints"),
+          _sdk("nki/deep-dives/nki-dge.rst", "Hardware DGE constraints for dma_transpose"),
+          _sdk(_ARCH2, "DMA Transpose")),
+         limit=2, checkable=True,
+         note="Conflict: the Trainium2 guide says DMA transpose handles 2- and 4-byte types; the API page and "
+              "the DGE guide require 2 bytes. Conservatively 2 bytes."),
+    Rule("NKI-DMA-TRANSPOSE-SHAPE", "isa", "nisa.dma_transpose shape limits (hardware DGE): 2-D src.shape[0] == 16, "
+         "src.shape[-1] <= 128 (API page) or a multiple of 128 (DGE guide); dst shape is src's transposed, "
+         "same rank (NKI 0.4)",
+         (_sdk(_ISA, "dma_transpose, DMA Direct Transpose Constraints"),
+          _sdk("nki/deep-dives/nki-dge.rst", "Hardware DGE constraints for dma_transpose"),
+          _sdk(_MIGRATION, "Migrating from NKI 0.3.0 to NKI 0.4.0: dma_transpose dst shape and rank")),
+         note="The limits are stated for dge_mode=hwdge (unknown lets the compiler choose). Conflict on the last "
+              "dimension (<= 128 vs % 128 == 0): a last dimension of exactly 128 satisfies both."),
+    # --- dialect --------------------------------------------------------------------------------
+    Rule("NKI-NEURONXCC-IMPORT", "dialect", "neuronxcc.nki inside a kernel is a compilation error from NKI 0.4 "
+         "(SDK 2.30)",
+         (_sdk(_RELNOTES, "NKI [0.4.0] (Neuron 2.30.0 Release), Breaking Changes"),
+          _sdk(_MIGRATION, "Migrating from NKI 0.3.0 to NKI 0.4.0: neuronxcc.nki.* inside kernels"),
+          _sdk(_RELNOTES, "NKI (0.2.0) [2.28]: removal of neuronxcc.nki postponed")),
+         dialects=(Dialect.NEURONXCC,), sdk_min="2.30", checkable=True,
+         note="The end-of-support announcement named 2.28; the 2.28 notes postponed it to 2.29, the 2.29 notes "
+              "postponed it again (both namespaces supported), and NKI 0.4 (SDK 2.30) made it an error."),
+    Rule("NKI-DIALECT-TRN1", "dialect", "NKI 0.3+ kernels (import nki) are not supported on trn1/inf2",
+         (_sdk("release-notes/components/nxd-inference.rst", "Neuron 2.29.0 Release, Breaking Changes"),
+          _sdk("nki/api/nki/__init__.py", "jit: NEURON_PLATFORM_TARGET_OVERRIDE trn1|inf2|gen2"),
+          _sdk("nki/guides/nki_simulator.rst", "Target Platform")),
+         dialects=(Dialect.NKI,), targets=("trn1",), sdk_min="2.29", checkable=True,
+         note="Conflict: nki.jit and the simulator list trn1 as a target, but the NxD Inference 2.29 notes say "
+              "'NKI 0.3.0 kernels are not supported on Trn1/Inf2'. Conservatively unsupported: for trn1 "
+              "hardware emit the neuronxcc dialect and run it on SDK <= 2.29."),
+    Rule("NKI-BENCHMARK", "dialect", "nki.benchmark, nki.profile and nki.baremetal are not in NKI 0.2+; "
+         "profile with NEURON_FRAMEWORK_DEBUG=1 (saves the NEFF) and neuron-explorer capture",
+         (_sdk(_RELNOTES, "NKI (0.1.0) [2.27], Known Issues; NKI (0.2.0) [2.28], Bug Fixes"),
+          _sdk("nki/guides/use-neuron-profile.rst", "How to profile using neuron-explorer capture")),
+         dialects=(Dialect.NKI,), checkable=True,
+         note="`neuron-explorer capture -n <file>.neff -s profile.ntff --profile-nth-exec=2` times the second run."),
+)
+
+RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}

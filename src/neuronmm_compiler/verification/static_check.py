@@ -1,0 +1,314 @@
+"""Check an NKI kernel's source against the statically checkable rules of the rule book.
+
+:func:`check_kernel_source` parses the file (nothing is imported or run) and walks it in program
+order, keeping what each name was last bound to: an on-chip or HBM allocation (``nl.ndarray`` /
+``nl.zeros`` with a literal shape, dtype and buffer) or a kernel argument (dtype from the file's
+``nmmc-metadata`` line when there is one). A rule is reported only where the source shows the
+violation: an operand whose buffer or dtype cannot be resolved is not guessed about. Which rules
+are checked is :data:`~neuronmm_compiler.verification.rules.RULES` with ``checkable=True``, filtered
+by :meth:`Rule.applies` for the dialect, target and SDK.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from dataclasses import dataclass
+
+from ..targets import TARGETS
+from ..vocab import Dialect
+from .rules import ACTIVATION_FUNCTIONS, MATMUL_DST_DTYPES, MATMUL_INPUT_DTYPES, RULES_BY_ID
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "tfloat32": 4, "int32": 4, "uint32": 4, "int16": 2,
+               "uint16": 2, "int8": 1, "uint8": 1, "float8_e4m3": 1, "float8_e5m2": 1, "float8_e4m3fn": 1}
+_METADATA = "# nmmc-metadata:"
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule_id: str
+    line: int
+    message: str
+    citation: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.rule_id}: {self.message} [{self.citation}]"
+
+
+@dataclass
+class _Buffer:
+    """What a name is bound to: an allocation (line, shape) or a kernel argument (buffer 'hbm', no shape)."""
+
+    buffer: str  # sbuf, psum, hbm
+    dtype: str | None
+    line: int
+    shape: tuple[int | None, ...] | None = None
+    par_index: int = 0  # position of the partition dimension (> 0: block dimensions before nl.par_dim)
+    init_by_other: bool = False  # written by a non-matmul instruction (memset, tensor_copy, ...)
+
+
+def _attr_name(node: ast.AST) -> str | None:
+    """``nl.psum`` -> ``psum``; ``nisa.nc_matmul`` -> ``nc_matmul``; a bare name -> itself."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def _const_int(node: ast.AST) -> int | None:
+    """The value of an integer literal or of +, -, * over integer literals; None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        left, right = _const_int(node.left), _const_int(node.right)
+        if left is not None and right is not None:
+            return left + right if isinstance(node.op, ast.Add) else (
+                left - right if isinstance(node.op, ast.Sub) else left * right)
+    return None
+
+
+def _base_name(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _kwarg(call: ast.Call, name: str, position: int | None = None) -> ast.AST | None:
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            return keyword.value
+    if position is not None and position < len(call.args):
+        return call.args[position]
+    return None
+
+
+def _metadata_dtypes(source: str) -> dict[str, str]:
+    """Kernel argument dtypes from an nmmc kernel file's metadata line (empty when there is none)."""
+    for line in source.splitlines():
+        if line.startswith(_METADATA):
+            try:
+                data = json.loads(line[len(_METADATA):])
+            except ValueError:
+                return {}
+            entries = list(data.get("inputs", []))
+            for kernel in data.get("kernels", []):
+                entries += kernel.get("inputs", [])
+            return {e["name"]: e["dtype"] for e in entries if isinstance(e, dict) and "name" in e and "dtype" in e}
+    return {}
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self, source: str, dialect: Dialect, target: str, sdk: str | None):
+        self.dialect, self.target = dialect, target
+        self.hw = TARGETS[target]
+        self.active = {rid for rid, rule in RULES_BY_ID.items()
+                       if rule.checkable and rule.applies(dialect, target, sdk)}
+        self.violations: list[Violation] = []
+        self.arg_dtypes = _metadata_dtypes(source)
+        self.env: dict[str, _Buffer] = {}
+        self.import_reported = False
+        # enclosing nl.affine_range loops: (loop variable, names the loop allocates, names derived from its variable)
+        self.loops: list[tuple[str, set[str], set[str]]] = []
+
+    def report(self, rule_id: str, node: ast.AST, message: str) -> None:
+        if rule_id in self.active:
+            self.violations.append(Violation(rule_id, getattr(node, "lineno", 1), message,
+                                             RULES_BY_ID[rule_id].citation))
+
+    # --- structure ---
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_module(node, alias.name)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        self._check_module(node, node.module or "")
+
+    def _check_module(self, node: ast.AST, module: str) -> None:
+        top = module.partition(".")[0]
+        if top == "neuronxcc" and module.startswith("neuronxcc.nki"):
+            self.report("NKI-NEURONXCC-IMPORT", node, f"'{module}' inside a kernel is a compilation error on this SDK")
+        if top == "nki" and not self.import_reported:
+            self.import_reported = True
+            self.report("NKI-DIALECT-TRN1", node, "an NKI 0.3+ kernel ('import nki') targets trn1, where NKI 0.3 "
+                        "kernels are documented as unsupported")
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        for arg in node.args.args:
+            self.env[arg.arg] = _Buffer("hbm", self.arg_dtypes.get(arg.arg), node.lineno)
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr == "identity" and _attr_name(node.value) == "nl":
+            self.report("NKI-ACTIVATION-OP", node, "nl.identity is not an NKI function; the identity is nl.copy")
+        if node.attr in ("benchmark", "profile", "baremetal") and _attr_name(node.value) == "nki":
+            self.report("NKI-BENCHMARK", node, f"nki.{node.attr} is not available in NKI 0.2+")
+        self.generic_visit(node)
+
+    def visit_For(self, node: ast.For) -> None:
+        affine = (isinstance(node.iter, ast.Call) and _attr_name(node.iter.func) == "affine_range"
+                  and isinstance(node.target, ast.Name))
+        if affine:
+            self.loops.append((node.target.id, set(), {node.target.id}))
+        for child in node.body + node.orelse:
+            self.visit(child)
+        if affine:
+            self.loops.pop()
+
+    # --- bindings and writes ---
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                self._bind(target.id, node.value)
+            else:
+                self._write(target, node, augmented=False)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self.visit(node.value)
+        self._write(node.target, node, augmented=isinstance(node.op, ast.Add))
+        if isinstance(node.value, ast.Call) and _attr_name(node.value.func) == "nc_matmul":
+            self._check_matmul(node.value, _base_name(node.target))
+
+    def _bind(self, name: str, value: ast.AST) -> None:
+        for _var, allocated, derived in self.loops:
+            allocated.add(name)
+            if _names(value) & derived:
+                derived.add(name)
+        alloc = self._allocation(value)
+        if alloc is not None:
+            self.env[name] = alloc
+        elif isinstance(value, ast.Call) and _attr_name(value.func) == "nc_matmul":
+            self.env[name] = _Buffer("psum", "float32", value.lineno)
+            self._check_matmul(value, None)
+        elif name in self.env:
+            del self.env[name]
+
+    def _write(self, target: ast.AST, node: ast.AST, *, augmented: bool) -> None:
+        name = _base_name(target)
+        if name is None or name not in self.env or not self.loops:
+            return
+        buf = self.env[name]
+        if augmented and buf.buffer == "psum":
+            return
+        index = _names(target.slice) if isinstance(target, ast.Subscript) else set()
+        for var, allocated, derived in self.loops:
+            if name not in allocated and not index & derived:
+                self.report("NKI-AFFINE-WRITE-RACE", node,
+                            f"'{name}' (allocated outside the affine_range loop over '{var}') is written "
+                            f"without '{var}' in its index: iterations race")
+                return
+
+    def _allocation(self, value: ast.AST) -> _Buffer | None:
+        if not (isinstance(value, ast.Call) and _attr_name(value.func) in ("ndarray", "zeros")):
+            return None
+        shape_node, buffer_node = _kwarg(value, "shape", 0), _kwarg(value, "buffer")
+        dtype_node = _kwarg(value, "dtype", 1)
+        buffer = _attr_name(buffer_node) if buffer_node is not None else "sbuf"
+        buffer = "hbm" if buffer in ("shared_hbm", "hbm", "private_hbm") else buffer
+        dtype = _attr_name(dtype_node) if dtype_node is not None else None
+        if not isinstance(shape_node, (ast.Tuple, ast.List)) or buffer not in ("sbuf", "psum", "hbm"):
+            return None
+        dims: list[int | None] = []
+        par_index = 0
+        for i, elt in enumerate(shape_node.elts):
+            if isinstance(elt, ast.Call) and _attr_name(elt.func) == "par_dim" and elt.args:
+                par_index, elt = i, elt.args[0]
+            dims.append(_const_int(elt))
+        buf = _Buffer(buffer, dtype, value.lineno, tuple(dims), par_index)
+        if buffer in ("sbuf", "psum"):
+            self._check_tile(buf, value)
+        return buf
+
+    def _check_tile(self, buf: _Buffer, node: ast.AST) -> None:
+        assert buf.shape is not None
+        partitions = buf.shape[buf.par_index] if buf.shape else None
+        if partitions is not None and partitions > self.hw.pmax:
+            self.report("NKI-PARTITION-MAX", node, f"partition dimension {partitions} > pmax {self.hw.pmax}")
+        if buf.par_index > 0:
+            self.report("NKI-BLOCK-DIM", node, f"{buf.par_index} block dimension(s) before nl.par_dim")
+        free = buf.shape[buf.par_index + 1:]
+        size = DTYPE_BYTES.get(buf.dtype or "")
+        if buf.buffer == "psum" and size and all(d is not None for d in free):
+            nbytes = math.prod(free) * size  # type: ignore[arg-type]
+            if nbytes > self.hw.psum_bank_bytes:
+                self.report("NKI-PSUM-TILE-FMAX", node,
+                            f"PSUM tile of {nbytes} bytes per partition exceeds one bank "
+                            f"({self.hw.psum_bank_bytes} bytes)" + (
+                                "; split it into one-bank tiles" if buf.par_index == 0 else ""))
+
+    # --- ISA calls ---
+    def _resolve(self, node: ast.AST | None) -> _Buffer | None:
+        name = _base_name(node) if node is not None else None
+        return self.env.get(name) if name else None
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self.generic_visit(node)
+        name = _attr_name(node.func)
+        nki = self.dialect is Dialect.NKI
+        if name == "nc_matmul" and nki:
+            self._check_matmul(node, _base_name(_kwarg(node, "dst", 0)))
+        elif name == "dma_transpose":
+            self.report("NKI-DMA-TRANSPOSE-TARGET", node, f"nisa.dma_transpose is not documented on {self.target}")
+            src = self._resolve(_kwarg(node, "src", 1 if nki else 0))
+            if src is not None and src.dtype in DTYPE_BYTES and DTYPE_BYTES[src.dtype] != 2:
+                self.report("NKI-DMA-TRANSPOSE-DTYPE", node, f"dma_transpose of a {src.dtype} source (2-byte only)")
+        elif name == "activation":
+            op = _kwarg(node, "op", 1 if nki else 0)
+            if isinstance(op, ast.Attribute) and op.attr not in ACTIVATION_FUNCTIONS:
+                self.report("NKI-ACTIVATION-OP", node, f"activation op nl.{op.attr} is not a documented function")
+        elif name == "nc_transpose" and nki:
+            dst, data = self._resolve(_kwarg(node, "dst", 0)), self._resolve(_kwarg(node, "data", 1))
+            if dst and data and dst.dtype and data.dtype and dst.dtype != data.dtype:
+                self.report("NKI-TRANSPOSE-DTYPE", node, f"nc_transpose {data.dtype} -> {dst.dtype}: dtypes differ")
+        elif name == "tensor_tensor" and nki:
+            one, two = self._resolve(_kwarg(node, "data1", 1)), self._resolve(_kwarg(node, "data2", 2))
+            if one and two and one.buffer == two.buffer == "psum":
+                self.report("NKI-TENSOR-TENSOR-PSUM", node, "tensor_tensor with both operands in PSUM")
+        elif name == "dma_copy" and nki:
+            for role, pos in (("dst", 0), ("src", 1)):
+                buf = self._resolve(_kwarg(node, role, pos))
+                if buf is not None and buf.buffer == "psum":
+                    self.report("NKI-DMA-COPY-PSUM", node, f"dma_copy {role} is in PSUM")
+        if nki and name in ("memset", "tensor_copy", "activation", "tensor_tensor", "tensor_scalar"):
+            dst = self._resolve(_kwarg(node, "dst", 0))
+            if dst is not None and dst.buffer == "psum":
+                dst.init_by_other = True
+        if not nki and name == "store" and self.loops and node.args:
+            self._write(node.args[0], node, augmented=False)
+
+    def _check_matmul(self, call: ast.Call, dst_name: str | None) -> None:
+        nki = self.dialect is Dialect.NKI
+        stationary = self._resolve(_kwarg(call, "stationary", 1 if nki else 0))
+        moving = self._resolve(_kwarg(call, "moving", 2 if nki else 1))
+        dst = self.env.get(dst_name) if dst_name else None
+        for role, buf, want in (("stationary", stationary, "sbuf"), ("moving", moving, "sbuf"), ("dst", dst, "psum")):
+            if buf is not None and buf.buffer != want:
+                self.report("NKI-MATMUL-MEMORY", call, f"nc_matmul {role} is in {buf.buffer.upper()}, not "
+                            f"{want.upper()}")
+        for role, buf in (("stationary", stationary), ("moving", moving)):
+            if buf is not None and buf.dtype and buf.dtype not in MATMUL_INPUT_DTYPES:
+                self.report("NKI-MATMUL-DTYPE", call, f"nc_matmul {role} dtype {buf.dtype} is not supported")
+        wide = {"float32", "tfloat32"}
+        if stationary and moving and stationary.dtype and moving.dtype and (
+                (stationary.dtype in wide) != (moving.dtype in wide)):
+            self.report("NKI-MATMUL-DTYPE", call, "a float32 nc_matmul operand needs a float32 partner")
+        if dst is not None and dst.dtype and dst.dtype not in MATMUL_DST_DTYPES[self.target]:
+            self.report("NKI-MATMUL-DTYPE", call, f"nc_matmul dst dtype {dst.dtype} on {self.target}")
+        if dst is not None and dst.init_by_other:
+            self.report("NKI-MATMUL-ACC-INIT", call, f"nc_matmul accumulates into '{dst_name}', initialised by a "
+                        "non-matmul instruction")
+
+
+def check_kernel_source(source: str, *, dialect: Dialect | str, target: str, sdk: str | None = None
+                        ) -> list[Violation]:
+    """Violations of the checkable NKI rules in a kernel file's source, by line. ``sdk`` (``"2.30"``) enables the
+    rules bounded by SDK release; without it only the rules that hold on every SDK are checked."""
+    checker = _Checker(source, Dialect(dialect), target, sdk)
+    checker.visit(ast.parse(source))
+    return sorted(checker.violations, key=lambda v: (v.line, v.rule_id))

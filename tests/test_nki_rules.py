@@ -1,0 +1,396 @@
+"""The NKI rule book (verification/rules.py), its generated document and the static checker.
+
+Mutation tests: for each checkable rule, a small kernel that breaks it (in each dialect the rule covers) yields that
+rule id on the line marked ``# VIOLATION``, and the corrected kernel yields no violation at all.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuronmm_compiler.targets import TARGETS
+from neuronmm_compiler.verification.rules import LEGACY_DOCS, RULES, RULES_BY_ID, SDK_DOCS, TOPICS
+from neuronmm_compiler.verification.static_check import check_kernel_source
+from neuronmm_compiler.vocab import Dialect
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the rule book ------------------------------------------------------------------------------
+
+def test_rule_ids_are_unique_and_well_formed():
+    assert len(RULES_BY_ID) == len(RULES)
+    for rule in RULES:
+        assert re.fullmatch(r"NKI(-[A-Z0-9]+)+", rule.id), rule.id
+        assert rule.topic in TOPICS
+        assert rule.citations and rule.summary
+        assert set(rule.targets) <= set(TARGETS)
+
+
+def test_every_citation_names_a_pinned_source():
+    for rule in RULES:
+        for citation in rule.citations:
+            assert SDK_DOCS in citation or LEGACY_DOCS in citation, (rule.id, citation)
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES if r.target_field], ids=lambda r: r.id)
+def test_targets_agree_with_the_documented_values(rule):
+    """targets.py holds the hardware numbers; the rule book records what the docs say. A known disagreement is
+    listed in targets_disagree (and explained in the note) and must still be one, so the note stays true."""
+    assert {t for t, _ in rule.documented} == set(rule.targets)
+    for target, documented in rule.documented:
+        held = getattr(TARGETS[target], rule.target_field)
+        if target in rule.targets_disagree:
+            assert held != documented and rule.note, (rule.id, target)
+        else:
+            assert held == documented, (rule.id, target, held, documented)
+
+
+def test_sdk_bounded_rules_apply_only_with_an_sdk():
+    rule = RULES_BY_ID["NKI-NEURONXCC-IMPORT"]
+    assert not rule.applies(Dialect.NEURONXCC, "trn2", None)
+    assert not rule.applies(Dialect.NEURONXCC, "trn2", "2.29")
+    assert rule.applies(Dialect.NEURONXCC, "trn2", "2.30")
+    assert rule.applies(Dialect.NEURONXCC, "trn2", "2.32.0")
+
+
+def test_the_document_is_up_to_date():
+    doc = _script("nki_rules_doc")
+    assert (ROOT / "docs" / "nki-rules.md").read_text(encoding="utf-8") == doc.render(), (
+        "docs/nki-rules.md is out of date: run python scripts/nki_rules_doc.py")
+
+
+def test_golden_counts_script_runs(capsys):
+    check = _script("check_nki_rules")
+    assert check.main([]) == 0
+    assert "66 kernel files" in capsys.readouterr().out
+
+
+# --- mutation tests -----------------------------------------------------------------------------
+
+NKI_HEAD = "import nki\nimport nki.isa as nisa\nimport nki.language as nl\n\n\n@nki.jit\ndef kernel(a, b):\n"
+LEGACY_HEAD = ("import neuronxcc.nki as nki\nimport neuronxcc.nki.isa as nisa\nimport neuronxcc.nki.language as nl"
+               "\n\n\n@nki.jit\ndef kernel(a, b):\n")
+
+
+def _kernel(dialect: str, body: str) -> str:
+    head = NKI_HEAD if dialect == "nki" else LEGACY_HEAD
+    lines = [line[8:] if line.startswith(" " * 8) else line for line in body.strip("\n").splitlines()]
+    return head + "\n".join("    " + line for line in lines) + "\n    return out\n"
+
+
+# (rule, dialect, target, sdk, bad body, good body); the bad body marks its line with "# VIOLATION".
+CASES = [
+    ("NKI-PARTITION-MAX", "nki", "trn2", None,
+     """
+        out = nl.ndarray((256, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((256, 512), dtype=nl.bfloat16, buffer=nl.sbuf)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((256, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 2, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        """),
+    ("NKI-PARTITION-MAX", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((256, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.zeros((nl.par_dim(256), 512), dtype=nl.bfloat16, buffer=nl.sbuf)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((256, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.zeros((nl.par_dim(128), 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        """),
+    ("NKI-PSUM-TILE-FMAX", "nki", "trn3", None,
+     """
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc1 = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.psum)
+        """),
+    ("NKI-PSUM-TILE-FMAX", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 4, 512), dtype=nl.float32, buffer=nl.psum)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((4, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+        """),
+    ("NKI-BLOCK-DIM", "neuronxcc", "trn1", "2.25",
+     """
+        out = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((4, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc0 = nl.zeros((nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+        acc1 = nl.zeros((nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+        """),
+    ("NKI-AFFINE-WRITE-RACE", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.shared_hbm)
+        scratch = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        for j in nl.affine_range(4):
+            scratch[0:128, 0:512] = nl.load(a[0:128, 512 * j:512 * j + 512])  # VIOLATION
+            nl.store(out[0:128, 512 * j:512 * j + 512], value=scratch[0:128, 0:512])
+        """,
+     """
+        out = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        for j in nl.affine_range(4):
+            scratch = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+            scratch[0:128, 0:512] = nl.load(a[0:128, 512 * j:512 * j + 512])
+            offset = 512 * j
+            nl.store(out[0:128, offset:offset + 512], value=scratch[0:128, 0:512])
+            acc[0:128, 0:512] += nisa.nc_matmul(scratch[0:128, 0:128], scratch[0:128, 0:512])
+        """),
+    ("NKI-MATMUL-MEMORY", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+        """),
+    ("NKI-MATMUL-MEMORY", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc[0:128, 0:512] += nisa.nc_matmul(a[0:128, 0:128], y[0:128, 0:512])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(a[0:128, 0:128])
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc[0:128, 0:512] += nisa.nc_matmul(x[0:128, 0:128], y[0:128, 0:512])
+        """),
+    ("NKI-MATMUL-DTYPE", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+        """),
+    ("NKI-MATMUL-DTYPE", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc[0:128, 0:512] += nisa.nc_matmul(x[0:128, 0:128], y[0:128, 0:512])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc[0:128, 0:512] += nisa.nc_matmul(x[0:128, 0:128], y[0:128, 0:512])
+        """),
+    ("NKI-MATMUL-ACC-INIT", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.memset(dst=acc, value=0.0)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+        """),
+    ("NKI-TRANSPOSE-DTYPE", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_transpose(dst=t, data=x)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        t = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_transpose(dst=t, data=x)
+        """),
+    ("NKI-TENSOR-TENSOR-PSUM", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        q = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=s, data1=p, data2=q, op=nl.add)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        q = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=s, data1=p, data2=q, op=nl.add)
+        """),
+    ("NKI-ACTIVATION-OP", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=s, op=nl.identity, data=p)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=s, op=nl.copy, data=p)
+        """),
+    ("NKI-ACTIVATION-OP", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nisa.activation(op=nl.gelu_fast, data=p)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nisa.activation(op=nl.gelu_apprx_tanh, data=p)
+        """),
+    ("NKI-DMA-COPY-PSUM", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.dma_copy(dst=out, src=p)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=p)
+        nisa.dma_copy(dst=out, src=s)
+        """),
+    ("NKI-DMA-TRANSPOSE-TARGET", "nki", "trn1", None,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=a[0:128, 0:128])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        p = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.dma_copy(dst=t, src=a[0:128, 0:128])
+        nisa.nc_transpose(dst=p, data=t)
+        """),
+    ("NKI-DMA-TRANSPOSE-TARGET", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nisa.dma_transpose(a[0:128, 0:128])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.load_transpose2d(a[0:128, 0:128])
+        """),
+    ("NKI-DMA-TRANSPOSE-DTYPE", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=x)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        t = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=x)
+        """),
+    ("NKI-DMA-TRANSPOSE-DTYPE", "neuronxcc", "trn2", None,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        t = nisa.dma_transpose(x)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        t = nisa.dma_transpose(x)
+        """),
+    ("NKI-BENCHMARK", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        timer = nki.benchmark  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        """),
+]
+
+
+def _marked_line(source: str) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), 1) if "# VIOLATION" in line)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_mutation(case):
+    rule_id, dialect, target, sdk, bad, good = case
+    assert dialect in {d.value for d in RULES_BY_ID[rule_id].dialects}
+    bad_source, good_source = _kernel(dialect, bad), _kernel(dialect, good)
+    found = check_kernel_source(bad_source, dialect=dialect, target=target, sdk=sdk)
+    assert (rule_id, _marked_line(bad_source)) in {(v.rule_id, v.line) for v in found}, found
+    assert all(v.citation == RULES_BY_ID[v.rule_id].citation for v in found)
+    assert check_kernel_source(good_source, dialect=dialect, target=target, sdk=sdk) == []
+
+
+def test_every_checkable_rule_has_a_mutation_test_in_each_dialect():
+    covered = {(c[0], c[1]) for c in CASES} | {
+        ("NKI-NEURONXCC-IMPORT", "neuronxcc"), ("NKI-DIALECT-TRN1", "nki")}
+    for rule in RULES:
+        if rule.checkable:
+            for dialect in rule.dialects:
+                assert (rule.id, dialect.value) in covered, (rule.id, dialect.value)
+
+
+def test_neuronxcc_imports_are_errors_from_sdk_2_30():
+    source = _kernel("neuronxcc", "out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)")
+    found = check_kernel_source(source, dialect="neuronxcc", target="trn2", sdk="2.30")
+    assert [(v.rule_id, v.line) for v in found] == [("NKI-NEURONXCC-IMPORT", n) for n in (1, 2, 3)]
+    assert check_kernel_source(source, dialect="neuronxcc", target="trn2", sdk="2.29") == []
+
+
+def test_nki_dialect_on_trn1_is_flagged_from_sdk_2_29():
+    body = "out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)"
+    found = check_kernel_source(_kernel("nki", body), dialect="nki", target="trn1", sdk="2.29")
+    assert [(v.rule_id, v.line) for v in found] == [("NKI-DIALECT-TRN1", 1)]
+    # the conservative correction: the NKI 0.1 dialect on an SDK that still accepts it
+    assert check_kernel_source(_kernel("neuronxcc", body), dialect="neuronxcc", target="trn1", sdk="2.29") == []
+    assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk="2.29") == []
