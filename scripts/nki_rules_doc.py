@@ -10,7 +10,9 @@ from what would be written; tests/test_nki_rules.py runs the same comparison.
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +29,7 @@ TITLES = {"memory": "On-chip memory", "tiles": "Tile limits", "loops": "Loops", 
           "dialect": "Dialects and SDK releases"}
 #: SDK releases the known-violations table is computed for (None: no SDK given, only unbounded rules).
 SDKS = (None, "2.29", "2.30")
+MODULES = ("nl", "nisa", "nki")
 
 
 def _cell(text: str) -> str:
@@ -54,6 +57,17 @@ def _limit(rule: Rule) -> str:
     return str(rule.limit)
 
 
+def golden_calls() -> list[tuple[str, int]]:
+    """(call, occurrences) of every nl.*/nisa.*/nki.* call in the golden kernels, most used first."""
+    found: Counter = Counter()
+    for path in sorted(GOLDEN.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            func = node.func if isinstance(node, ast.Call) else None
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in MODULES:
+                found[f"{func.value.id}.{func.attr}"] += 1
+    return sorted(found.items(), key=lambda item: (-item[1], item[0]))
+
+
 def render() -> str:
     lines = [
         "# NKI rule book",
@@ -79,6 +93,9 @@ def render() -> str:
                          f"{_sdk(rule)} | {', '.join(rule.targets)} | {_cell(_limit(rule))} | {source} | "
                          f"{_cell(rule.note)} |")
         lines.append("")
+    lines += ["## NKI calls the golden kernels use", "",
+              "Calls of `nl.*`, `nisa.*` and `nki.*` in `tests/golden/kernels` (occurrences): the API surface "
+              "these rules cover.", "", ", ".join(f"`{name}` {count}" for name, count in golden_calls()), ""]
     lines += [
         "## Known violations of the current emitter",
         "",

@@ -222,8 +222,9 @@ RULES: tuple[Rule, ...] = (
     Rule("NKI-DMA-TRANSPOSE-TARGET", "isa", "nisa.dma_transpose is documented for NeuronCore-v3 (trn2) and newer",
          (_sdk(_ARCH2, "DMA Transpose"), _sdk("nki/deep-dives/nki-dge.rst", "Mode Selection Summary")),
          targets=("trn1",), checkable=True,
-         note="Rule holds on trn1: no trn1 page documents DMA transpose (trn1 has nl.load_transpose2d, at 'much "
-              "lower DMA bandwidth'). The dma_transpose page itself names no minimum; conservatively trn2+."),
+         note="Rule holds on trn1: no trn1 page documents DMA transpose; NKI 0.1 kernels there use "
+              "nl.load_transpose2d, which the performance guide (Opt #8) warns runs at 'much lower DMA bandwidth'. "
+              "The dma_transpose page itself names no minimum core; conservatively trn2+."),
     Rule("NKI-DMA-TRANSPOSE-DTYPE", "isa", "nisa.dma_transpose source dtype is 2 bytes (float16/bfloat16)",
          (_sdk(_ISA, "dma_transpose, DMA Direct/Indirect Transpose Constraints"),
           _sdk("nki/deep-dives/nki-dge.rst", "Hardware DGE constraints for dma_transpose"),
@@ -239,6 +240,20 @@ RULES: tuple[Rule, ...] = (
           _sdk(_MIGRATION, "Migrating from NKI 0.3.0 to NKI 0.4.0: dma_transpose dst shape and rank")),
          note="The limits are stated for dge_mode=hwdge (unknown lets the compiler choose). Conflict on the last "
               "dimension (<= 128 vs % 128 == 0): a last dimension of exactly 128 satisfies both."),
+    Rule("NKI-LANG-WRAPPERS", "isa", "nl.load, nl.store, nl.copy, nl.matmul: removed in NKI 0.2 (SDK 2.28) in "
+         "favour of nisa.dma_copy, back in NKI 0.3 (SDK 2.29) as experimental wrappers of nki.isa calls",
+         (_sdk(_MIGRATION, "What features in neuronxcc.nki.* are not available in nki.*?, note"),
+          _sdk(_MIGRATION, "Migrating from NKI 0.2.0 to NKI 0.3.0: nki.language APIs"),
+          _sdk(_LANG, "load: experimental")),
+         dialects=(Dialect.NKI,),
+         note="nmmc's nki dialect emits nisa.* calls, not these experimental wrappers."),
+    Rule("NKI-LOAD-TRANSPOSE2D", "isa", "nl.load_transpose2d loads an HBM tensor 2D-transposed into SBUF; its "
+         "partition size is bounded by pmax; DMA bandwidth much lower than nl.load",
+         (_legacy(_LEGACY_LANG, "load_transpose2d, note"),
+          _sdk("nki/deep-dives/nki_perf_guide.rst", "Opt #8: Mitigating overhead from tensor transposes"),
+          _sdk(_LANG, "load_transpose2d: experimental")),
+         note="The NKI 0.1 dialect's transposing load on every target; prefer nl.load + nisa.nc_transpose in a "
+              "memory-bound kernel (performance guide)."),
     # --- dialect --------------------------------------------------------------------------------
     Rule("NKI-NEURONXCC-IMPORT", "dialect", "neuronxcc.nki inside a kernel is a compilation error from NKI 0.4 "
          "(SDK 2.30)",
