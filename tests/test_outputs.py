@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -250,6 +252,8 @@ CASES = {
                          "cannot write to 'file': it exists and is not a directory"),
     "report -o under a file": (["report", "sqlite:///file", "-o", "file/plots"],
                                "cannot write 'file/plots': 'file' is not a directory"),
+    "calibrate -o under a file": (["calibrate", "missing.csv", "-o", "file/cal.json"],
+                                  "cannot write 'file/cal.json': 'file' is not a directory"),
     "storage under a file": (["tune", *SHAPE, "-o", "k.py", "--storage", "sqlite:///file/s.db"],
                              "storage 'sqlite:///file/s.db': 'file' is not a directory"),
 }
@@ -380,3 +384,26 @@ def test_ctrl_c_exits_130(monkeypatch):
     result = CliRunner().invoke(main, ["targets"])
     assert result.exit_code == 130
     assert result.stderr.strip() == "nmmc: interrupted"
+
+
+def test_ctrl_c_during_a_search_exits_130_and_writes_nothing(tmp_path):
+    """A real SIGINT while the search runs (its progress bar has started on stderr)."""
+    env = {**os.environ, "NMMC_CACHE_DIR": str(tmp_path / "cache")}
+    work = tmp_path / "work"
+    work.mkdir()
+    process = subprocess.Popen([*NMMC, "tune", "--shape", "2048x4096x2048", "--method", "optuna", "--trials",
+                                "100000", "--progress", "-o", "k.py", "--lock", "l.json"], cwd=work, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = process.stderr.read(1)  # the progress bar: the search is running
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert first and process.returncode == 130, (process.returncode, stderr[-500:])
+    assert stderr.rstrip().endswith(b"nmmc: interrupted") and b"Traceback" not in stderr
+    assert stdout == b""
+    assert list(work.iterdir()) == []
+    assert not list((tmp_path / "cache").rglob("*.json"))

@@ -46,10 +46,11 @@ def calibrate(measurements: str, target: str, fit: str | None, max_iter: int, as
     relative error, and writes the calibrated target (see docs/calibration.md)."""
     from ..calibration.fit import DEFAULT_FIT
     from ..calibration.run import calibrate as run_calibration
-    from ..io import write_output
+    from ..io import check_output_file, write_output
     from ..target_file import target_file_text
     from ..targets import get_target
 
+    check_output_file(output)
     names = DEFAULT_FIT if fit is None else tuple(n.strip() for n in fit.split(",") if n.strip())
     report = run_calibration(measurements, get_target(target), output=output, fit=names, max_iter=max_iter)
     write_output(output, target_file_text(report.target))
