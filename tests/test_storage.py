@@ -3,6 +3,7 @@ after SIGKILL, several worker processes on one study."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -189,7 +190,7 @@ def _concurrent_tunes(url: str, study: str, out_dir: Path, *, processes: int, wo
     exits 0 without a traceback and writes its kernel (the same kernel), and the study ends with
     exactly ``trials`` COMPLETE trials (surplus trials asked at the end are FAIL, never run)."""
     args = ["tune", "--shape", "128x512x256", "--method", "optuna", "--trials", str(trials), "--seed", "7",
-            "--storage", url, "--study", study, "--workers", str(workers), "--no-cache", "--no-progress"]
+            "--storage", url, "--study", study, "--workers", str(workers), "--no-cache", "--no-progress", "--json"]
     outs = [out_dir / f"kernel{i}.py" for i in range(processes)]
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs = [subprocess.Popen([sys.executable, "-c", CLI, *args, "-o", str(out)], env=env, stdout=subprocess.PIPE,
@@ -205,6 +206,9 @@ def _concurrent_tunes(url: str, study: str, out_dir: Path, *, processes: int, wo
         assert "Traceback" not in err, err
         assert out.is_file() and "def " in out.read_text()
     _assert_whole(url, study, trials, exactly=True)
+    summaries = [json.loads(stdout)["search"]["study"] for stdout, _ in results]
+    assert all(s["trials_in_study"] == trials for s in summaries)
+    assert sum(s["trials_run"] for s in summaries) == trials  # each trial is counted by the process that ran it
     # Each process rebuilds its result from all the COMPLETE trials in trial order: one kernel.
     assert len({out.read_text() for out in outs}) == 1
 

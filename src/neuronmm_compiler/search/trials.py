@@ -373,7 +373,8 @@ def run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, 
     _fail_dead_trials(study)
     seen: list[int | None] = []
     warm(study, evaluate, spec, seen)
-    done_before = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    before = {t.number for t in study.get_trials(deepcopy=False)}
+    owners = {_owner_tag()}  # the processes of this call: its trials are the ones they completed
     if workers == 1:
         _trial_loop(study, evaluate, spec, trials, seed, timeout, progress, seen=seen)
     else:
@@ -382,6 +383,7 @@ def run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, 
                              name=f"nmmc-tune-worker-{i + 1}") for i in range(workers)]
         for proc in procs:
             proc.start()
+            owners.add(f"{socket.gethostname()}:{proc.pid}")
         try:
             while any(proc.is_alive() for proc in procs):
                 for proc in procs:
@@ -403,9 +405,11 @@ def run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, 
             _fail_dead_trials(study)
             _trial_loop(study, evaluate, spec, trials, seed, timeout, progress, seen=seen)
     evaluate = _catch_up(study, evaluate, spec, seen)
-    total = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
-    info: dict[str, object] = {"name": name, "storage": kind, "trials_in_study": total,
-                               "trials_run": total - done_before, "workers": workers}
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    ran = sum(t.number not in before and t.user_attrs.get(_OWNER_ATTR) in owners for t in complete)
+    info: dict[str, object] = {"name": name, "storage": kind, "trials_in_study": len(complete),
+                               "trials_run": ran, "workers": workers}
+    total = len(complete)
     return total, info, evaluate
 
 
