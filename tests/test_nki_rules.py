@@ -394,3 +394,28 @@ def test_nki_dialect_on_trn1_is_flagged_from_sdk_2_29():
     # the conservative correction: the NKI 0.1 dialect on an SDK that still accepts it
     assert check_kernel_source(_kernel("neuronxcc", body), dialect="neuronxcc", target="trn1", sdk="2.29") == []
     assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk="2.29") == []
+
+
+def test_operands_of_unknown_dtype_or_buffer_are_not_guessed_about():
+    body = """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=a.dtype, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=b.dtype)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+        t = nl.ndarray((128, 128), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=a[0:128, 0:128])
+        """
+    assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2") == []
+
+
+def test_kernel_argument_dtypes_come_from_the_metadata_line():
+    body = """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=a[0:128, 0:128])  # VIOLATION
+        """
+    meta = '# nmmc-metadata: {"inputs": [{"name": "a", "dtype": "float32", "shape": [128, 128]}]}\n'
+    source = meta + _kernel("nki", body)
+    found = check_kernel_source(source, dialect="nki", target="trn2")
+    assert [(v.rule_id, v.line) for v in found] == [("NKI-DMA-TRANSPOSE-DTYPE", _marked_line(source))]

@@ -156,8 +156,10 @@ RULES: tuple[Rule, ...] = (
               "may write a moving free size up to 8 banks, which conflicts with Tile-Size Constraint#2; "
               "conservatively one bank on every target."),
     Rule("NKI-BLOCK-DIM", "tiles", "block dimensions (dims before nl.par_dim) are an error from SDK 2.25",
-         ("about-neuron/announcements/neuron2.x/announce-eos-block-dimension-nki.rst in " + SDK_DOCS,
-          _sdk(_MIGRATION, "Removing block dimensions from NKI kernels")),
+         (_sdk("about-neuron/announcements/neuron2.x/announce-eos-block-dimension-nki.rst",
+               "Announcing end of support for NKI block dimension"),
+          _sdk(_MIGRATION, "Removing block dimensions from NKI kernels"),
+          _sdk(_MIGRATION, "NKI Migration Guides, note under the version table: block dimension support was removed")),
          dialects=(Dialect.NEURONXCC,), sdk_min="2.25", checkable=True,
          note="The announcement says warnings in 2.24 and errors from 2.25; the release notes (NKI (Beta) [2.23]) only "
               "record the warning. Conservatively an error from 2.25: a PSUM accumulator wider than a bank is "
@@ -265,12 +267,15 @@ RULES: tuple[Rule, ...] = (
               "postponed it again (both namespaces supported), and NKI 0.4 (SDK 2.30) made it an error."),
     Rule("NKI-DIALECT-TRN1", "dialect", "NKI 0.3+ kernels (import nki) are not supported on trn1/inf2",
          (_sdk("release-notes/components/nxd-inference.rst", "Neuron 2.29.0 Release, Breaking Changes"),
+          _sdk("nki/nki_faq.rst", "Which AWS chips does NKI support?: Trainium2 and Trainium3"),
           _sdk("nki/api/nki/__init__.py", "jit: NEURON_PLATFORM_TARGET_OVERRIDE trn1|inf2|gen2"),
           _sdk("nki/guides/nki_simulator.rst", "Target Platform")),
          dialects=(Dialect.NKI,), targets=("trn1",), sdk_min="2.29", checkable=True,
          note="Conflict: nki.jit and the simulator list trn1 as a target, but the NxD Inference 2.29 notes say "
-              "'NKI 0.3.0 kernels are not supported on Trn1/Inf2'. Conservatively unsupported: for trn1 "
-              "hardware emit the neuronxcc dialect and run it on SDK <= 2.29."),
+              "'NKI 0.3.0 kernels are not supported on Trn1/Inf2' and the current NKI FAQ names only Trainium2 and "
+              "Trainium3 (the SDK 2.26 FAQ still listed Trn1/Inf2). A user asked AWS about the contradiction "
+              "(github.com/aws-neuron/aws-neuron-sdk/issues/1322, no answer seen). Conservatively unsupported: for "
+              "trn1 hardware emit the neuronxcc dialect and run it on SDK <= 2.29."),
     Rule("NKI-BENCHMARK", "dialect", "nki.benchmark, nki.profile and nki.baremetal are not in NKI 0.2+; "
          "profile with NEURON_FRAMEWORK_DEBUG=1 (saves the NEFF) and neuron-explorer capture",
          (_sdk(_RELNOTES, "NKI (0.1.0) [2.27], Known Issues; NKI (0.2.0) [2.28], Bug Fixes"),

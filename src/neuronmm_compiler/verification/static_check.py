@@ -209,9 +209,10 @@ class _Checker(ast.NodeVisitor):
             return None
         shape_node, buffer_node = _kwarg(value, "shape", 0), _kwarg(value, "buffer")
         dtype_node = _kwarg(value, "dtype", 1)
-        buffer = _attr_name(buffer_node) if buffer_node is not None else "sbuf"
+        buffer = _attr_name(buffer_node) if buffer_node is not None else None  # no default is guessed
         buffer = "hbm" if buffer in ("shared_hbm", "hbm", "private_hbm") else buffer
         dtype = _attr_name(dtype_node) if dtype_node is not None else None
+        dtype = dtype if dtype in DTYPE_BYTES else None  # e.g. dtype=a.dtype: not known statically
         if not isinstance(shape_node, (ast.Tuple, ast.List)) or buffer not in ("sbuf", "psum", "hbm"):
             return None
         dims: list[int | None] = []
