@@ -188,6 +188,70 @@ CASES = [
         acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
         acc[0:128, 0:512] += nisa.nc_matmul(x[0:128, 0:128], y[0:128, 0:512])
         """),
+    ("NKI-MATMUL-MOVING-FMAX", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        for j in range(2):
+            nisa.nc_matmul(dst=acc[0:128, 0:512], stationary=x, moving=y[0:128, j, 0:1024])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        for j in range(2):
+            nisa.nc_matmul(dst=acc[0:128, 0:512], stationary=x, moving=y[0:128, j, 512 * j:512 * j + 512])
+        """),
+    ("NKI-MATMUL-MOVING-FMAX", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc[0:128, 0:512] += nisa.nc_matmul(x, y)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc[0:128, 0:512] += nisa.nc_matmul(x, y[0:128, 0:512])
+        """),
+    ("NKI-MATMUL-STATIONARY-FMAX", "nki", "trn3", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x[0:128, 0:256], moving=y)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x[0:128, 128:256], moving=y)
+        """),
+    ("NKI-MATMUL-STATIONARY-FMAX", "neuronxcc", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 2, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            acc[0:128, 0:512] += nisa.nc_matmul(x[0:128, k, 0:256], y[0:128, 0:512])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 2, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            acc[0:128, 0:512] += nisa.nc_matmul(x[0:128, k, 0:128], y[0:128, 0:512])
+        """),
     ("NKI-MATMUL-DTYPE", "nki", "trn2", None,
      """
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)

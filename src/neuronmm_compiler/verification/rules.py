@@ -167,15 +167,17 @@ RULES: tuple[Rule, ...] = (
     Rule("NKI-MATMUL-STATIONARY-FMAX", "tiles", "nc_matmul stationary free size <= 128 (partition size equal "
          "to moving's, <= 128)",
          (_sdk(_ISA, "nc_matmul, Tile size"), _sdk(_TILING, "Tile size considerations, TileSize Constraint#3")),
-         target_field="gemm_stationary_fmax", documented=(("trn1", 128), ("trn2", 128), ("trn3", 128))),
+         target_field="gemm_stationary_fmax", documented=(("trn1", 128), ("trn2", 128), ("trn3", 128)),
+         checkable=True),
     Rule("NKI-MATMUL-MOVING-FMAX", "tiles", "nc_matmul moving free size: 512 on NeuronCore-v2/v3; on v4 up to "
          "4096 (float32 dst) or 8192 (bfloat16 dst)",
          (_sdk(_ISA, "nc_matmul, Tile size"), _sdk(_TILING, "Tile size considerations, TileSize Constraint#3")),
          target_field="gemm_moving_fmax", documented=(("trn1", 512), ("trn2", 512), ("trn3", 4096)),
-         targets_disagree=("trn3",),
+         targets_disagree=("trn3",), checkable=True,
          note="Discrepancy: targets.py has gemm_moving_fmax = 512 on trn3, where the nc_matmul page allows 4096 "
               "(float32 dst). 512 is still valid (the tiling overview's constraint #3 and the PSUM tile rule say "
-              "512), so it is the conservative value; left for the hardware-table owner."),
+              "512), so it is the conservative value; left for the hardware-table owner. The checker bounds by the "
+              "targets.py value."),
     # --- loops ----------------------------------------------------------------------------------
     Rule("NKI-AFFINE-WRITE-RACE", "loops", "inside nl.affine_range, a write to a buffer allocated outside the loop "
          "must be indexed by the loop variable; the one exception is += accumulation of matmul results into PSUM",

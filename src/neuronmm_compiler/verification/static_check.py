@@ -88,6 +88,23 @@ def _kwarg(call: ast.Call, name: str, position: int | None = None) -> ast.AST | 
     return None
 
 
+def _slice_width(node: ast.AST) -> int | None:
+    """Elements a subscript element selects: 1 for an index, ``hi - lo`` for ``lo:hi`` when it is constant or
+    of the form ``e:e + n``; None when unknown (a step, an open bound, a symbolic width)."""
+    if not isinstance(node, ast.Slice):
+        return 1
+    if node.step is not None or node.upper is None:
+        return None
+    lower = node.lower if node.lower is not None else ast.Constant(0)
+    lo, hi = _const_int(lower), _const_int(node.upper)
+    if lo is not None and hi is not None:
+        return hi - lo
+    upper = node.upper
+    if isinstance(upper, ast.BinOp) and isinstance(upper.op, ast.Add) and ast.dump(upper.left) == ast.dump(lower):
+        return _const_int(upper.right)
+    return None
+
+
 def _metadata_dtypes(source: str) -> dict[str, str]:
     """Kernel argument dtypes from an nmmc kernel file's metadata line (empty when there is none)."""
     for line in source.splitlines():
@@ -283,10 +300,39 @@ class _Checker(ast.NodeVisitor):
         if not nki and name == "store" and self.loops and node.args:
             self._write(node.args[0], node, augmented=False)
 
+    def _tile_shape(self, node: ast.AST | None) -> tuple[int | None, int | None] | None:
+        """(partition size, free size) of an operand: a subscript's selected widths, or a whole allocation."""
+        if isinstance(node, ast.Subscript):
+            elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            widths = [_slice_width(e) for e in elts]
+            free = None if any(w is None for w in widths[1:]) else math.prod(widths[1:])  # type: ignore[arg-type]
+            return widths[0], free
+        buf = self._resolve(node)
+        if isinstance(node, ast.Name) and buf is not None and buf.shape and buf.par_index == 0:
+            rest = buf.shape[1:]
+            return buf.shape[0], None if any(d is None for d in rest) else math.prod(rest)  # type: ignore[arg-type]
+        return None
+
+    def _check_matmul_sizes(self, stationary: ast.AST | None, moving: ast.AST | None, call: ast.Call) -> None:
+        for role, node, rule_id, fmax in (
+                ("stationary", stationary, "NKI-MATMUL-STATIONARY-FMAX", self.hw.gemm_stationary_fmax),
+                ("moving", moving, "NKI-MATMUL-MOVING-FMAX", self.hw.gemm_moving_fmax)):
+            shape = self._tile_shape(node)
+            if shape is None:
+                continue
+            partitions, free = shape
+            if partitions is not None and partitions > self.hw.pmax:
+                self.report("NKI-PARTITION-MAX", call, f"nc_matmul {role} has {partitions} partitions > "
+                            f"{self.hw.pmax}")
+            if free is not None and free > fmax:
+                self.report(rule_id, call, f"nc_matmul {role} free size {free} > {fmax}")
+
     def _check_matmul(self, call: ast.Call, dst_name: str | None) -> None:
         nki = self.dialect is Dialect.NKI
-        stationary = self._resolve(_kwarg(call, "stationary", 1 if nki else 0))
-        moving = self._resolve(_kwarg(call, "moving", 2 if nki else 1))
+        stationary_node = _kwarg(call, "stationary", 1 if nki else 0)
+        moving_node = _kwarg(call, "moving", 2 if nki else 1)
+        self._check_matmul_sizes(stationary_node, moving_node, call)
+        stationary, moving = self._resolve(stationary_node), self._resolve(moving_node)
         dst = self.env.get(dst_name) if dst_name else None
         for role, buf, want in (("stationary", stationary, "sbuf"), ("moving", moving, "sbuf"), ("dst", dst, "psum")):
             if buf is not None and buf.buffer != want:
