@@ -350,6 +350,28 @@ CASES = [
         p = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
         s = nisa.activation(op=nl.gelu_apprx_tanh, data=p)
         """),
+    ("NKI-ACTIVATION-OP", "neuronxcc", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nisa.activation(op=nl.prelu, data=p)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nisa.activation(op=nl.relu, data=p)
+        """),
+    ("NKI-TENSOR-COPY", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=a)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=s, src=a)
+        """),
     ("NKI-DMA-COPY-PSUM", "nki", "trn2", None,
      """
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)

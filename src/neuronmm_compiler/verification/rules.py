@@ -43,6 +43,9 @@ ACTIVATION_FUNCTIONS = frozenset((
     "arctan", "sqrt", "rsqrt", "reciprocal", "sign", "abs",
 ))
 
+#: The NKI 0.1 table (same section of the NKI 0.1 docs): the above without prelu and gelu_apprx_sigmoid_dx.
+ACTIVATION_FUNCTIONS_LEGACY = ACTIVATION_FUNCTIONS - {"prelu", "gelu_apprx_sigmoid_dx"}
+
 #: Input dtypes ``nc_matmul`` accepts (section "Data types" of its API page); float8_e4m3fn from v4 on.
 MATMUL_INPUT_DTYPES = frozenset(("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"))
 #: ``nc_matmul`` result dtypes (PSUM) per target: float32 on NeuronCore-v2/v3, float32 or bfloat16 on v4.
@@ -205,16 +208,20 @@ RULES: tuple[Rule, ...] = (
               "example 2), so the rule is checked in the nki dialect only."),
     Rule("NKI-TRANSPOSE-DTYPE", "isa", "nc_transpose: dst dtype equals data dtype; TensorE reads SBUF, writes PSUM",
          (_sdk(_ISA, "nc_transpose, Data types"),), dialects=(Dialect.NKI,), checkable=True),
-    Rule("NKI-TENSOR-COPY", "isa", "tensor_copy: src in SBUF or PSUM; casts through float32 when dtypes differ; "
-         "NeuronCore-v2 does not run it on the Scalar Engine",
-         (_sdk(_ISA, "tensor_copy"),)),
+    Rule("NKI-TENSOR-COPY", "isa", "tensor_copy: src in SBUF or PSUM (not HBM); casts through float32 when dtypes "
+         "differ; NeuronCore-v2 does not run it on the Scalar Engine",
+         (_sdk(_ISA, "tensor_copy"),), dialects=(Dialect.NKI,), checkable=True),
+    Rule("NKI-MEMSET", "isa", "memset accepts every NKI dtype",
+         (_sdk(_ISA, "memset"),), dialects=(Dialect.NKI,)),
     Rule("NKI-TENSOR-TENSOR-PSUM", "isa", "tensor_tensor: data1 and data2 not both in PSUM; math in float32",
          (_sdk(_ISA, "tensor_tensor"),), dialects=(Dialect.NKI,), checkable=True),
     Rule("NKI-ACTIVATION-OP", "isa", "activation functions are the documented table's names (identity is nl.copy; "
          "there is no nl.identity)",
          (_sdk("nki/api/nki.api.shared.rst", "Supported Activation Functions for NKI ISA"),
+          _legacy("general/nki/api/nki.api.shared.rst", "Supported Activation Functions for NKI ISA"),
           _sdk(_LANG, "module functions: no identity")),
-         limit=ACTIVATION_FUNCTIONS, checkable=True),
+         limit=ACTIVATION_FUNCTIONS, checkable=True,
+         note="The NKI 0.1 table lacks prelu and gelu_apprx_sigmoid_dx; the neuronxcc dialect is checked against it."),
     Rule("NKI-ACTIVATION-DTYPE", "isa", "activation: data and dst any dtype in SBUF or PSUM, math in float32, "
          "scale float32, partition size <= 128",
          (_sdk(_ISA, "activation, Data types"),)),

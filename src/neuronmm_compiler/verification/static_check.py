@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 from ..targets import TARGETS
 from ..vocab import Dialect
-from .rules import ACTIVATION_FUNCTIONS, MATMUL_DST_DTYPES, MATMUL_INPUT_DTYPES, RULES_BY_ID
+from .rules import (
+    ACTIVATION_FUNCTIONS,
+    ACTIVATION_FUNCTIONS_LEGACY,
+    MATMUL_DST_DTYPES,
+    MATMUL_INPUT_DTYPES,
+    RULES_BY_ID,
+)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "tfloat32": 4, "int32": 4, "uint32": 4, "int16": 2,
                "uint16": 2, "int8": 1, "uint8": 1, "float8_e4m3": 1, "float8_e5m2": 1, "float8_e4m3fn": 1}
@@ -278,7 +284,8 @@ class _Checker(ast.NodeVisitor):
                 self.report("NKI-DMA-TRANSPOSE-DTYPE", node, f"dma_transpose of a {src.dtype} source (2-byte only)")
         elif name == "activation":
             op = _kwarg(node, "op", 1 if nki else 0)
-            if isinstance(op, ast.Attribute) and op.attr not in ACTIVATION_FUNCTIONS:
+            allowed = ACTIVATION_FUNCTIONS if nki else ACTIVATION_FUNCTIONS_LEGACY
+            if isinstance(op, ast.Attribute) and op.attr not in allowed:
                 self.report("NKI-ACTIVATION-OP", node, f"activation op nl.{op.attr} is not a documented function")
         elif name == "nc_transpose" and nki:
             dst, data = self._resolve(_kwarg(node, "dst", 0)), self._resolve(_kwarg(node, "data", 1))
@@ -288,6 +295,10 @@ class _Checker(ast.NodeVisitor):
             one, two = self._resolve(_kwarg(node, "data1", 1)), self._resolve(_kwarg(node, "data2", 2))
             if one and two and one.buffer == two.buffer == "psum":
                 self.report("NKI-TENSOR-TENSOR-PSUM", node, "tensor_tensor with both operands in PSUM")
+        elif name == "tensor_copy" and nki:
+            src = self._resolve(_kwarg(node, "src", 1))
+            if src is not None and src.buffer == "hbm":
+                self.report("NKI-TENSOR-COPY", node, "tensor_copy src is in HBM (use dma_copy)")
         elif name == "dma_copy" and nki:
             for role, pos in (("dst", 0), ("src", 1)):
                 buf = self._resolve(_kwarg(node, role, pos))
