@@ -407,3 +407,18 @@ def test_ctrl_c_during_a_search_exits_130_and_writes_nothing(tmp_path):
     assert stdout == b""
     assert list(work.iterdir()) == []
     assert not list((tmp_path / "cache").rglob("*.json"))
+
+
+def test_a_kernel_that_fails_verify_is_written_but_not_cached(work, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import neuronmm_compiler.verification as verification
+
+    failed = SimpleNamespace(ok=False, rel_error=1.0, error="wrong values", as_dict=lambda: {"ok": False})
+    monkeypatch.setattr(verification, "verify_source", lambda *a, **k: failed)
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(main, ["tune", *SHAPE, "--verify", "-o", "k.py"])
+    assert result.exit_code == 1, result.output
+    assert "VERIFICATION FAILED" in result.output
+    assert (work / "k.py").is_file()
+    assert _cache_entries(tmp_path) == []

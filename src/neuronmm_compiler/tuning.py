@@ -192,7 +192,8 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         if lock_text is not None:
             write_output(lock_path, lock_text)  # type: ignore[arg-type]
         publish_report()
-    commit_cache()
+    if report is None or report.ok:  # a schedule whose kernel failed --verify is not one to answer with again
+        commit_cache()
     if as_json:
         echo(json.dumps(tune_json(tuned, output, report), indent=2))
     elif output == "-":
