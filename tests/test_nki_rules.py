@@ -505,3 +505,8 @@ def test_kernel_argument_dtypes_come_from_the_metadata_line():
     source = meta + _kernel("nki", body)
     found = check_kernel_source(source, dialect="nki", target="trn2")
     assert [(v.rule_id, v.line) for v in found] == [("NKI-DMA-TRANSPOSE-DTYPE", _marked_line(source))]
+
+
+def test_an_unknown_target_is_an_error():
+    with pytest.raises(ValueError, match="unknown target"):
+        check_kernel_source("", dialect="nki", target="trn9")

@@ -367,6 +367,8 @@ def check_kernel_source(source: str, *, dialect: Dialect | str, target: str, sdk
                         ) -> list[Violation]:
     """Violations of the checkable NKI rules in a kernel file's source, by line. ``sdk`` (``"2.30"``) enables the
     rules bounded by SDK release; without it only the rules that hold on every SDK are checked."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r} (one of {', '.join(TARGETS)})")
     checker = _Checker(source, Dialect(dialect), target, sdk)
     checker.visit(ast.parse(source))
     return sorted(checker.violations, key=lambda v: (v.line, v.rule_id))
