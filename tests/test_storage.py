@@ -257,3 +257,44 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def _race_to_open(url: str, processes: int = 8) -> None:
+    """``processes`` processes open (create) study "s" on ``url`` at the same instant: all succeed."""
+    code = ("import sys, time\nfrom neuronmm_compiler.search.trials import _open_study\n"
+            "start = float(sys.argv[2])\nwhile time.time() < start:\n    time.sleep(0.001)\n"
+            "_open_study(sys.argv[1], 's')\n")
+    start = time.time() + 3.0  # every interpreter has imported Optuna by then
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, url, str(start)], stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(processes)]
+    errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * processes, "\n".join(errors)
+    assert [s.study_name for s in optuna.get_all_study_summaries(open_storage(url))] == ["s"]
+
+
+def test_processes_racing_to_create_a_sqlite_storage(tmp_path):
+    """Creating the tables is not atomic across processes ("table studies already exists", a
+    unique violation on Alembic's version row): the losers retry."""
+    _race_to_open(f"sqlite:///{tmp_path / 'fresh.db'}")
+
+
+def test_processes_racing_to_create_a_postgresql_storage():
+    """On PostgreSQL the losers of the race to create the tables meet a unique violation
+    (pg_type_typname_nsp_index) and retry. The tables go to a fresh schema of the test database."""
+    url = os.environ.get("NMMC_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("NMMC_TEST_POSTGRES_URL is unset in CI: .ci/run must start PostgreSQL and export it")
+        pytest.skip("NMMC_TEST_POSTGRES_URL is unset (set it to a postgresql:// URL to run this test)")
+    import sqlalchemy
+
+    schema = f"nmmc_race_{uuid.uuid4().hex[:12]}"
+    engine = open_storage(url).engine  # SQLAlchemy's engine with the driver nmmc picks
+    with engine.begin() as db:
+        db.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+    try:
+        _race_to_open(f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}")
+    finally:
+        with engine.begin() as db:
+            db.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
