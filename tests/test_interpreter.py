@@ -290,6 +290,7 @@ def acc_modes(a, b):
     nisa.memset(dst=ps[:, 2, :], value=1.0)
     nisa.nc_matmul(dst=ps[:, 2, :], stationary=a_sb, moving=b_sb, accumulate=True)
     nisa.nc_matmul(dst=ps[0:M, 3, 0:N // 2], stationary=a_sb, moving=b_sb[:, 0:N // 2])
+    nisa.nc_matmul(dst=ps[0:M, 3, N // 2:N], stationary=a_sb, moving=b_sb[:, N // 2:N])
     nisa.nc_matmul(dst=ps[:, 3, :], stationary=a_sb, moving=b_sb)
     res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     for i in range(4):
@@ -308,8 +309,20 @@ def test_matmul_accumulate_modes() -> None:
     np.testing.assert_allclose(out[0], 2 * ab, rtol=1e-5, atol=1e-4)  # None: overwrite, then add
     np.testing.assert_allclose(out[1], ab, rtol=1e-5, atol=1e-4)  # False: overwrite twice
     np.testing.assert_allclose(out[2], ab + 1, rtol=1e-5, atol=1e-4)  # True: onto the memset
-    half = np.concatenate([2 * ab[:, :64], ab[:, 64:]], axis=1)  # None on a half-written tile
-    np.testing.assert_allclose(out[3], half, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out[3], 2 * ab, rtol=1e-5, atol=1e-4)  # None: halves written, then add
+
+
+def test_matmul_with_implicit_accumulate_into_a_partly_written_tile_is_an_error() -> None:
+    """The hardware has one accumulate flag per instruction: a tile written in part cannot be
+    accumulated into in part and overwritten in part (it once mixed the two per element)."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((64, 32)).astype(F32)
+    b = rng.standard_normal((64, 128)).astype(F32)
+    source = ACCUMULATE_NKI.replace(
+        "    nisa.nc_matmul(dst=ps[0:M, 3, N // 2:N], stationary=a_sb, moving=b_sb[:, N // 2:N])\n", "")
+    assert source != ACCUMULATE_NKI
+    with pytest.raises(KernelError, match="only partly written"):
+        run(source, [a, b])
 
 
 TRANSPOSE_NKI = HEADER_NKI + """
@@ -379,3 +392,19 @@ def test_inputs_are_not_modified_and_outputs_keep_hbm_dtype() -> None:
     (out,) = run(SINGLE_TILE_LEGACY, [a, b]).outputs
     np.testing.assert_array_equal(a, before)
     assert out.dtype == BF16
+
+
+@pytest.mark.parametrize("kernel", ["graph-svd_mlp-nki", "graph-svd_mlp-neuronxcc"])
+def test_nl_identity_is_not_an_activation(kernel) -> None:
+    """NKI's identity activation is nl.copy; nl.identity does not exist, and a kernel naming it
+    must not verify (issue 12, finding 6)."""
+    from pathlib import Path
+
+    from neuronmm_compiler.errors import NmmcError
+    from neuronmm_compiler.verification import verify_source
+
+    source = (Path(__file__).parent / "golden" / "kernels" / f"{kernel}.py").read_text()
+    silu = "op=nl.silu" if "op=nl.silu" in source else "nl.silu("  # the legacy dialect calls nl.silu(x)
+    assert silu in source
+    with pytest.raises(NmmcError, match="identity"):
+        verify_source(source.replace(silu, silu.replace("silu", "identity"), 1), filename=f"{kernel}.py")

@@ -73,8 +73,10 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
                     np.add(out.data, result, out=out.data)
                 elif not mask.any():
                     out.data[...] = result
-                else:
-                    out.data[...] = np.where(mask, out.data + result, result)
+                else:  # the hardware has one accumulate flag per instruction, not one per element
+                    raise KernelError(f"nisa.nc_matmul into {out.describe()}, which is only partly written: "
+                                      "one instruction either accumulates into the whole tile or overwrites it; "
+                                      "write the tile whole first or pass accumulate=False")
                 mark_written(out)
         elif accumulate is True:
             require_written(out, "nisa.nc_matmul dst (accumulate=True)")

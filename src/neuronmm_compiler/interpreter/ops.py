@@ -59,7 +59,9 @@ BINARY_FUNCS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add, "multiply": np.multiply, "subtract": np.subtract, "maximum": np.maximum,
 }
 ACTIVATION_FUNCS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "silu": _silu, "exp": _exp, "copy": _identity, "identity": _identity,
+    # NKI's identity activation is ``nl.copy``; there is no ``nl.identity`` (rule NKI-ACTIVATION-OP in
+    # verification/rules.py, from the activation function table of the NKI API reference)
+    "silu": _silu, "exp": _exp, "copy": _identity,
 }
 
 
