@@ -209,7 +209,8 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
                 seen.append(None)
             continue
         except BaseException:
-            _finish(study, trial.number, state.FAIL)
+            with contextlib.suppress(Exception):  # the storage may be what failed: raise the cause
+                _finish(study, trial.number, state.FAIL)
             raise
         if seen is not None:
             seen.append(trial.number if told.state == state.COMPLETE else None)
