@@ -1,6 +1,12 @@
 """Optuna trials: the seeded trial loop (each trial's sample depends only on the seed, the number
 of completed trials and the stored history), stored studies (resumable, fingerprinted by workload)
-and worker processes sharing one study."""
+and worker processes sharing one study.
+
+The module is longer than the project's 400-line guideline on purpose: it is one protocol. How a
+process reserves a trial slot, tells a trial, recognizes a dead owner's trial and catches up with
+other processes' trials only keeps "exactly --trials COMPLETE, every process the same result"
+when read and changed together; split across modules, its invariants would be too.
+"""
 
 from __future__ import annotations
 
