@@ -101,3 +101,15 @@ def test_explain_prints_the_lower_bound_terms_in_the_formulas_order():
                 assert float(symbols[name]) == pytest.approx(float(value), rel=1e-5), name
                 checked += 1
     assert checked >= 1
+
+
+def test_a_study_of_another_workload_is_named_in_words(tmp_path):
+    """The mismatch error once printed the other workload as a raw dict (issue 14, small things)."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    first = run("tune", "--shape", "128x256x128", "--method", "optuna", "--trials", "3", "--no-cache",
+                "--storage", storage, "--study", "s", "-o", str(tmp_path / "a.py"))
+    assert first.exit_code == 0, first.stderr
+    other = run("tune", "--shape", "128x512x128", "--method", "optuna", "--trials", "3", "--no-cache",
+                "--storage", storage, "--study", "s", "-o", str(tmp_path / "b.py"))
+    assert other.exit_code == 2 and "M=128 N=256 K=128" in other.stderr, other.stderr
+    assert "{" not in other.stderr and len(other.stderr.strip().splitlines()) == 1

@@ -31,7 +31,8 @@ from .space import SearchSpace
 
 _OWNER_ATTR = "nmmc_owner"  # "host:pid" of the process running a trial, to recognize trials of dead processes
 _FINGERPRINT_ATTR = "nmmc_fingerprint"
-_WORKLOAD_ATTR = "nmmc_workload"
+_WORKLOAD_ATTR = "nmmc_workload"  # the search's description of its workload ('nmmc tune' replaces it by the JSON form)
+_WHAT_ATTR = "nmmc_what"  # the search's description of its workload, kept as written
 _GUESS_ATTR = "nmmc_guess"  # the heuristic guess (parameters) a trial runs
 _SURPLUS_ATTR = "nmmc_surplus"  # a trial asked when no slot was left, failed unrun
 _ORPHAN_GRACE_S = 120.0  # a RUNNING trial without owner (killed between ask and tagging) is dead after this
@@ -246,9 +247,11 @@ def check_fingerprint(study: optuna.Study, what: str, spec: SpaceSpec, *, kind: 
     """InputError when ``study`` records another workload or schedule space than (``what``, ``spec``)."""
     recorded = study.user_attrs.get(_FINGERPRINT_ATTR)
     if recorded is not None and recorded != _fingerprint(what, spec):
+        described = study.user_attrs.get(_WHAT_ATTR, study.user_attrs.get(_WORKLOAD_ATTR))
+        if not isinstance(described, str):  # a study from before nmmc_what, its workload as JSON
+            described = "another workload"
         raise InputError(f"study {study.study_name!r} in {kind} storage was created for "
-                         f"{study.user_attrs.get(_WORKLOAD_ATTR, 'another workload')}, not {what}; "
-                         "use another study name")
+                         f"{described}, not {what}; use another study name")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -376,6 +379,7 @@ def run_stored(evaluate: Evaluator, spec: SpaceSpec, *, what: str, trials: int, 
     if study.user_attrs.get(_FINGERPRINT_ATTR) is None:
         study.set_user_attr(_FINGERPRINT_ATTR, fingerprint)
         study.set_user_attr(_WORKLOAD_ATTR, what)
+        study.set_user_attr(_WHAT_ATTR, what)
     check_fingerprint(study, what, spec, kind=kind)
     _fail_dead_trials(study)
     seen: list[int | None] = []
