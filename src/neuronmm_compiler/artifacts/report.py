@@ -162,7 +162,7 @@ def _importance_png(cands: list[Candidate], complete: bool, path: Path) -> Path:
         ax.text(0.5, 0.5, "not enough variation among the schedules", ha="center", va="center",
                 transform=ax.transAxes)
         ax.set_yticks([])
-    ax.set_xlabel("share of spread in median log latency across the parameter's values")
+    ax.set_xlabel("share of importance (Optuna PED-ANOVA over log latency)")
     ax.grid(True, axis="x", alpha=0.3)
     return save_png(fig, path)
 
@@ -183,9 +183,12 @@ def _roofline_png(result: TuneResult, cands: list[Candidate], target: Target, dt
     if plottable(best):
         ax.scatter([best.arithmetic_intensity], [tflops(best)], s=120, marker="*", color="tab:red", zorder=5,
                    label="chosen schedule")
+        # the label sits in the free top-left corner, an arrow pointing at the star, so it never covers points
         ax.annotate(f"chosen: {best.latency_us:.2f} us\n{tflops(best):.2f} TFLOP/s ({best.bound}-bound)",
-                    (best.arithmetic_intensity, tflops(best)), textcoords="offset points", xytext=(10, -24),
-                    fontsize=8, color="tab:red")
+                    (best.arithmetic_intensity, tflops(best)), textcoords="axes fraction", xytext=(0.03, 0.93),
+                    va="top", fontsize=8, color="tab:red",
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "tab:red", "alpha": 0.9},
+                    arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 0.8})
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(x_lo, x_hi)
@@ -318,8 +321,14 @@ def _lock_latency_png(points: list[LockPoint], path: Path) -> Path:
         xs = np.arange(len(points))
         locked = [p.entry.latency_us for p in points]
         now = [p.cost.latency_us if p.cost is not None else 0.0 for p in points]
+        rebuilt = [i for i, p in enumerate(points) if p.cost is not None]
         ax.bar(xs - 0.2, locked, width=0.4, color="tab:blue", label="locked prediction")
-        ax.bar(xs + 0.2, now, width=0.4, color="tab:orange", label="today's model (0: not rebuilt)")
+        ax.bar([xs[i] + 0.2 for i in rebuilt], [now[i] for i in rebuilt], width=0.4, color="tab:orange",
+               label="today's model")
+        for i, p in enumerate(points):
+            if p.cost is None:  # no bar: say why where it would stand
+                ax.text(xs[i] + 0.2, locked[i] * 0.5 if locked[i] > 0 else 0, "not\nrebuilt", ha="center",
+                        va="center", fontsize=7, color="tab:red", rotation=90)
         ax.set_xticks(xs, [p.name for p in points], rotation=25, ha="right", fontsize=8)
         positive = [v for v in locked + now if v > 0]
         if positive and max(positive) / min(positive) > LOG_RANGE:
