@@ -510,3 +510,24 @@ def test_kernel_argument_dtypes_come_from_the_metadata_line():
 def test_an_unknown_target_is_an_error():
     with pytest.raises(ValueError, match="unknown target"):
         check_kernel_source("", dialect="nki", target="trn9")
+
+
+#: Rules the emitter has been fixed to obey: no emitted kernel may violate them again.
+FIXED_IN_THE_EMITTER = ("NKI-AFFINE-WRITE-RACE",)
+
+
+@pytest.mark.parametrize("rule", FIXED_IN_THE_EMITTER)
+def test_no_golden_kernel_violates_a_rule_the_emitter_obeys(rule):
+    """Issue 12 finding 2: the legacy MLP kernels once allocated their epilogue scratch (act_f32)
+    above an affine_range loop and wrote it in every iteration; it is now allocated in the loop."""
+    from neuronmm_compiler.codegen import read_metadata
+
+    kernels = sorted((Path(__file__).parent / "golden" / "kernels").glob("*.py"))
+    assert len(kernels) >= 60
+    found = []
+    for path in kernels:
+        source = path.read_text()
+        meta = read_metadata(source)
+        found += [(path.name, v.line) for v in check_kernel_source(source, dialect=meta.dialect, target=meta.target)
+                  if v.rule_id == rule]
+    assert not found, found

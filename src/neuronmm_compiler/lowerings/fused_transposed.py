@@ -64,9 +64,12 @@ class TransposedGroups(OperandLoads):
         temps = {node.id: Buffer(f"{node.id}_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
                  for node in group.tree if node is not root}
         spill = Buffer(f"{root.id}_spill", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
-        out += [Alloc(t) for t in temps.values()]
+        # scratch of the epilogue is allocated in the body of the ft loop it is written in: allocated
+        # above an affine loop and written in every iteration, it would be a loop-carried write race
+        # (rule NKI-AFFINE-WRITE-RACE, verification/rules.py)
+        scratch = [Alloc(t) for t in temps.values()]
         if any(self._two_psum_operands(node, group) for node in group.tree):
-            out.append(Alloc(spill))
+            scratch.append(Alloc(spill))
         fb = iv("f_blk", fdim.blocks)
         ft = iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
@@ -90,8 +93,8 @@ class TransposedGroups(OperandLoads):
             tile, values = self._term_tiles(group, sources, fdim, g, scale(ft, fdim.tile), nsz, Lin(0), bm,
                                             row_major=False)
         values.update(operands)
-        tile += ([Alloc(out_strip)] if streamed else []) + self._epilogue(group, values, result, temps, spill,
-                                                                          (nsz, bm)) + store
+        tile += ([Alloc(out_strip)] if streamed else []) + scratch + self._epilogue(group, values, result, temps,
+                                                                                    spill, (nsz, bm)) + store
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
         out += [Comment(self._describe_group(group))]
         out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block)

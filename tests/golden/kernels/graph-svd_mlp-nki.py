@@ -85,7 +85,6 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
                 nisa.tensor_copy(dst=x_uu_strip[0:128, 4 * f_blk + ft, 0:128], src=x_uu_psum[0:128, 0:128])
         # h^T strip of this token block, kept in SBUF
         h_strip = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
         # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
         for f_blk in range(11):
             v_gate_block = nl.ndarray((128, 10, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -101,6 +100,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
                 up_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(10):
                     nisa.nc_matmul(dst=up_psum[0:128, 0:128], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, kt, 0:128])
+                act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.activation(dst=act_f32[0:128, 0:128], op=nl.silu, data=gate_psum[0:128, 0:128])
                 nisa.tensor_tensor(dst=h_strip[0:128, 6 * f_blk + ft, 0:128], data1=act_f32[0:128, 0:128], data2=up_psum[0:128, 0:128], op=nl.multiply)
         # h_ud^T strip of this token block, kept in SBUF

@@ -50,7 +50,6 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
         x_strip[0:128, kt, 0:128] = nl.load_transpose2d(x[0:128, 128 * kt:128 * kt + 128])
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
     for f_blk in nl.affine_range(16):
         w_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -66,6 +65,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
             up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
                 up_psum[0:128, 0:128] += nisa.nc_matmul(w_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:128])
+            act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
             act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
             h_strip[0:128, 4 * f_blk + ft, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
     # out = down = (h @ w_down): strips stationary, weights moving

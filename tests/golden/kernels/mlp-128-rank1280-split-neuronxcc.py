@@ -80,7 +80,6 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up):
             for kt in nl.affine_range(16):
                 x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:128])
             x_uu_strip[0:128, 4 * f_blk + ft, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
-    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
     for f_blk in nl.static_range(11):
         v_gate_block = nl.ndarray((128, 10, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -97,6 +96,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up):
             for kt in nl.affine_range(10):
                 up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_uu_strip[0:128, kt, 0:128])
             h_tile = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+            act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
             act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
             h_tile[0:128, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
             nl.store(h[768 * f_blk + 128 * ft:768 * f_blk + 128 * ft + 128, 0:128], value=h_tile[0:128, 0:128])

@@ -80,7 +80,6 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up):
             for kt in range(16):
                 nisa.nc_matmul(dst=x_uu_psum[0:128, 0:128], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:128])
             nisa.tensor_copy(dst=x_uu_strip[0:128, 4 * f_blk + ft, 0:128], src=x_uu_psum[0:128, 0:128])
-    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
     for f_blk in range(11):
         v_gate_block = nl.ndarray((128, 10, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -97,6 +96,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up):
             for kt in range(10):
                 nisa.nc_matmul(dst=up_psum[0:128, 0:128], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, kt, 0:128])
             h_tile = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+            act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=act_f32[0:128, 0:128], op=nl.silu, data=gate_psum[0:128, 0:128])
             nisa.tensor_tensor(dst=h_tile[0:128, 0:128], data1=act_f32[0:128, 0:128], data2=up_psum[0:128, 0:128], op=nl.multiply)
             nisa.dma_copy(dst=h[768 * f_blk + 128 * ft:768 * f_blk + 128 * ft + 128, 0:128], src=h_tile[0:128, 0:128])

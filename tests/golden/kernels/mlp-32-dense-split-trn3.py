@@ -48,7 +48,6 @@ def dense_mlp_k0(x, w_gate, w_up):
     x_strip = nl.ndarray((128, 16, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
         nisa.dma_transpose(dst=x_strip[0:128, kt, 0:32], src=x[0:32, 128 * kt:128 * kt + 128])
-    act_f32 = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
     for f_blk in range(16):
         w_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -65,6 +64,7 @@ def dense_mlp_k0(x, w_gate, w_up):
             for kt in range(16):
                 nisa.nc_matmul(dst=up_psum[0:128, 0:32], stationary=w_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:32])
             h_tile = nl.ndarray((128, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+            act_f32 = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=act_f32[0:128, 0:32], op=nl.silu, data=gate_psum[0:128, 0:32])
             nisa.tensor_tensor(dst=h_tile[0:128, 0:32], data1=act_f32[0:128, 0:32], data2=up_psum[0:128, 0:32], op=nl.multiply)
             nisa.dma_copy(dst=h[512 * f_blk + 128 * ft:512 * f_blk + 128 * ft + 128, 0:32], src=h_tile[0:128, 0:32])

@@ -81,7 +81,6 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         nisa.tensor_copy(dst=x_uu_strip[0:128, ft, 0:1], src=x_uu_psum[0:128, 0:1])
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
     for f_blk in range(4):
         v_gate_block = nl.ndarray((128, 4, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -97,6 +96,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             up_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
             for kt in range(4):
                 nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, kt, 0:1])
+            act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=gate_psum[0:128, 0:1])
             nisa.tensor_tensor(dst=h_strip[0:128, 16 * f_blk + ft, 0:1], data1=act_f32[0:128, 0:1], data2=up_psum[0:128, 0:1], op=nl.multiply)
     # h_ud^T strip of this token block, kept in SBUF

@@ -55,7 +55,6 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
         x_strip[0:128, kt, 0:1] = nl.copy(x_tpsum[0:128, 0:1], dtype=nl.bfloat16)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
     for f_blk in nl.affine_range(4):
         w_gate_block = nl.ndarray((128, 16, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -71,6 +70,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
             up_psum = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
                 up_psum[0:128, 0:1] += nisa.nc_matmul(w_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:1])
+            act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
             act_f32[0:128, 0:1] = nl.silu(gate_psum[0:128, 0:1], dtype=nl.float32)
             h_strip[0:128, 16 * f_blk + ft, 0:1] = nl.multiply(act_f32[0:128, 0:1], up_psum[0:128, 0:1], dtype=nl.bfloat16)
     # out = down = (h @ w_down): strips stationary, weights moving
