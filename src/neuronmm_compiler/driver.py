@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .codegen import DEFAULT_DIALECT, KernelFile, check_dialect, emit_kernel
 from .cost_model import CostReport, combine_reports, estimate
 from .cost_model.footprint import Footprint, check_fits
-from .errors import InputError, NmmcError
+from .errors import InputError, NmmcError, ScheduleError
 from .frontends.workloads import Workload
 from .ir import Graph
 from .kernel_ir.program import Program
@@ -68,21 +69,12 @@ def lower_programs(lowering: Lowering, lowered: Lowered, schedule: Any, target: 
 def check_hbm(programs: list[Program], target: Target) -> None:
     """ScheduleError when the HBM tensors of all kernels (graph inputs and outputs, and the values
     kernels hand each other) do not fit the target's HBM per core at once."""
-    from .errors import ScheduleError
-
     arrays = {b.name: b for p in programs for b in (*p.params, *p.outputs)}
-    needed = sum(b.itemsize * _prod(b.shape) for b in arrays.values())
+    needed = sum(b.itemsize * math.prod(b.shape) for b in arrays.values())
     if needed > target.hbm_bytes_per_core:
         raise ScheduleError(f"the kernels' HBM tensors (inputs, outputs and values handed between kernels) need "
                             f"{needed / 2**30:.1f} GiB; a {target.name} NeuronCore has "
                             f"{target.hbm_bytes_per_core / 2**30:.1f} GiB")
-
-
-def _prod(shape: Sequence[int]) -> int:
-    out = 1
-    for dim in shape:
-        out *= dim
-    return out
 
 
 @dataclass
@@ -228,7 +220,7 @@ def tune(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT, 
     :func:`search.tuner.search`); ``exhaustive_threshold`` defaults to the entry's."""
     check_dialect(dialect)
     lowering = lowering_for(workload)
-    threshold = lowering.exhaustive_threshold if exhaustive_threshold is None else exhaustive_threshold
+    threshold = _threshold(lowering, exhaustive_threshold)
     setup = functools.partial(lowering.search_setup, workload, target, threshold)
     spec, evaluate = setup()
     result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=trials, seed=seed,
@@ -239,12 +231,27 @@ def tune(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT, 
     return Tuned(compiled, result, lowering.baselines(workload, target))
 
 
+def _threshold(lowering: Lowering, exhaustive_threshold: int | None) -> int:
+    """The --exhaustive-threshold asked for, else the lowering entry's default."""
+    return lowering.exhaustive_threshold if exhaustive_threshold is None else exhaustive_threshold
+
+
+def _cache_key(workload: Workload, graph: Graph, *, target: Target, dialect: str, trials: int, seed: int,
+               method: str | None, exhaustive_threshold: int | None) -> str:
+    """The result-cache key of a search request (see :func:`search_fingerprint`)."""
+    from .artifacts.cache import cache_key
+
+    request = search_fingerprint(workload, trials=trials, seed=seed, method=method,
+                                 exhaustive_threshold=exhaustive_threshold)
+    return cache_key(graph, target=target, dialect=dialect, kind=lowering_for(workload).kind, search=request)
+
+
 def search_fingerprint(workload: Workload, *, trials: int, seed: int, method: str | None,
                        exhaustive_threshold: int | None) -> dict[str, str]:
     """What a search's outcome depends on besides the graph, target and dialect: the request
     (method, trials, seed, exhaustive threshold) and a fingerprint of the schedule space."""
     lowering = lowering_for(workload)
-    threshold = lowering.exhaustive_threshold if exhaustive_threshold is None else exhaustive_threshold
+    threshold = _threshold(lowering, exhaustive_threshold)
     space = lowering.space(workload)
     text = json.dumps({"schedule": lowering.schedule_class.__name__,
                        "candidates": {name: list(values) for name, values in space.candidates.items()}},
@@ -266,17 +273,12 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: Resu
     still written to it. With ``store=False`` a search's outcome is not written: the caller writes
     it with :func:`store_tuned` once everything else it makes has succeeded (``nmmc tune`` does, so
     a command that fails leaves no cache entry behind)."""
-    from .artifacts.cache import cache_key
-
     started = time.perf_counter()
     lowering = lowering_for(workload)
-    graph = workload.graph()
     use_cache = cache is not None and timeout is None
-    key = ""
     if use_cache:
-        request = search_fingerprint(workload, trials=trials, seed=seed, method=method,
-                                     exhaustive_threshold=exhaustive_threshold)
-        key = cache_key(graph, target=target, dialect=dialect, kind=lowering.kind, search=request)
+        key = _cache_key(workload, workload.graph(), target=target, dialect=dialect, trials=trials, seed=seed,
+                         method=method, exhaustive_threshold=exhaustive_threshold)
         record = cache.get(key) if storage is None else None  # type: ignore[union-attr]
         if record is not None:
             try:
@@ -305,20 +307,17 @@ def store_tuned(workload: Workload, tuned: Tuned, *, cache: ResultCache, target:
     """Write the decision of a search :func:`tune_cached` ran (with the same arguments) to
     ``cache``; False when it was not written (a ``timeout`` search is never cached, or the cache
     directory cannot be written: then ``cache.warnings`` says why)."""
-    from .artifacts.cache import cache_key, new_record
+    from .artifacts.cache import new_record
 
     if timeout is not None:
         return False
-    lowering = lowering_for(workload)
     graph = workload.graph()
-    request = search_fingerprint(workload, trials=trials, seed=seed, method=method,
-                                 exhaustive_threshold=exhaustive_threshold)
-    key = cache_key(graph, target=target, dialect=dialect, kind=lowering.kind, search=request)
-    return cache.put(new_record(graph, key=key, target=target, dialect=dialect, kind=lowering.kind,
+    key = _cache_key(workload, graph, target=target, dialect=dialect, trials=trials, seed=seed, method=method,
+                     exhaustive_threshold=exhaustive_threshold)
+    return cache.put(new_record(graph, key=key, target=target, dialect=dialect, kind=lowering_for(workload).kind,
                                 schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
                                 latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),
                                 workload=workload.describe()))
-
 
 
 def named_schedules(workload: Workload, target: Target) -> tuple[list[dict[str, Any]], tuple[Any, ...]]:
@@ -328,12 +327,13 @@ def named_schedules(workload: Workload, target: Target) -> tuple[list[dict[str, 
     from .cost_model.footprint import footprint
 
     lowering = lowering_for(workload)
-    named = dict(lowering.presets(workload))
+    presets = lowering.presets(workload)
+    named = dict(presets)
     named.setdefault(lowering.default_schedule_name, f"the {lowering.kind} schedule 'nmmc emit' uses without "
                                                      "--schedule or --param")
     rows = []
     for name, description in named.items():
-        preset = name if name in lowering.presets(workload) else None
+        preset = name if name in presets else None
         costed = cost_workload(workload, target=target, preset=preset)
         fps = [footprint(p, target) for p in costed.programs]
         rows.append({"name": name, "description": description, "params": costed.schedule.as_dict(),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..cost_model import COST_MODEL_VERSION, CostReport, combine_reports, estimate
 from ..cost_model.footprint import FUSED_ADVICE
 from ..errors import InputError, ScheduleError
-from ..frontends.workloads import GraphWorkload, MlpWorkload, Workload
+from ..frontends.workloads import ChainWorkload, GemmWorkload, GraphWorkload, MlpWorkload, Workload
 from ..ir import Graph
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
@@ -49,10 +49,10 @@ def splittable(workload: Workload) -> bool:
 
 def row_major_activations(workload: Workload) -> bool:
     """True when some activation is row-major in HBM, so how X^T is made (x_transpose) matters."""
-    if isinstance(workload, MlpWorkload):
-        return True
+    if isinstance(workload, (ChainWorkload, GemmWorkload)):
+        return workload.a_layout == ALayout.MK
     if not isinstance(workload, GraphWorkload):
-        return getattr(workload, "a_layout", ALayout.MK) == ALayout.MK
+        return True  # an MLP's x is row-major [tokens, hidden]
     graph = workload.graph()
     lhs = {n.operands[0] for n in graph.nodes() if n.kind == NodeKind.MATMUL}
     return any(n.layout == Layout.ROW_MAJOR for n in graph.inputs() if n.id in lhs)
