@@ -25,7 +25,7 @@ def test_a_repeated_param_is_an_error_not_last_wins(tmp_path):
 def test_names_nmmc_defines_are_case_insensitive(tmp_path, option):
     """One rule for case: every name nmmc defines (target, dialect, layout, preset, dtype, search
     method) is accepted in any case and recorded in its canonical spelling."""
-    upper, lower = run("emit", "--shape", "256x512x256", *option, "-o", "-"), None
+    upper = run("emit", "--shape", "256x512x256", *option, "-o", "-")
     assert upper.exit_code == 0, upper.output + upper.stderr
     lower = run("emit", "--shape", "256x512x256", option[0], option[1].lower(), "-o", "-")
     assert upper.stdout == lower.stdout
