@@ -6,8 +6,8 @@ what the same schedule compiles to today. The key (:func:`cache_key`) is a SHA-2
 the decision depends on: the graph's structural signature (shapes, dtypes, layouts), the target, the
 dialect, the lowering entry whose schedule it is (``gemm`` or ``fused``), the search request
 (method, trials, seed, exhaustive threshold) with a fingerprint of the schedule space, the cost
-model version and the nmmc version. A
-change to any of them is a different key; stale files are simply never read again.
+model version and the nmmc version. A change to any of them is a different key; stale files are
+simply never read again.
 
 Layout: ``<cache dir>/tune/<key>.json``, one :class:`CacheRecord` per file. Files are written to a
 temporary name in the same directory and renamed over the final name (atomic on POSIX), so readers
