@@ -8,40 +8,55 @@ import sys
 
 import click
 
+from ..support import KNOWN_SDKS, SUPPORT
 from .options import EXIT_FAILED
 from .views import echo_lines, verify_lines
+
+SDK_HELP = (
+    "Neuron SDK release whose NKI rules the static pass checks (rules bounded by release, e.g. neuronxcc.nki "
+    "imports are an error from 2.30; docs/nki-rules.md). Default: the newest release that supports the file's "
+    "dialect on its target (" + "; ".join(f"{s.dialect} on {'/'.join(s.targets)}: {s.sdk_max}" for s in SUPPORT)
+    + "; where no release supports the pairing, e.g. nki on trn1, the newest that has the dialect).")
 
 
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Seed of the random inputs (a non-negative integer).")
-@click.option("--target", default=None, help="Check limits of this target instead of the one in the file.")
+@click.option("--target", default=None,
+              help="Check limits and NKI rules of this target instead of the one in the file.")
 @click.option("--backend", default="interpreter", show_default=True,
               type=click.Choice(["interpreter", "nki-simulator"]),
               help="Run the kernels in nmmc's interpreter, or in AWS's NKI simulator (needs the file's NKI package: "
                    "nki for --dialect nki, neuronx-cc for neuronxcc; from AWS's Neuron pip index). The simulator "
                    "imports the file as a module and runs AWS's code, outside nmmc's sandbox: only the check of the "
                    "file against the NKI subset still applies.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(file: str, seed: int, target: str | None, backend: str, as_json: bool) -> None:
+@click.option("--sdk", default=None, type=click.Choice(KNOWN_SDKS, case_sensitive=False), help=SDK_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON (with 'sdk' and 'violations': [{rule, line, message, citation}]).")
+def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool) -> None:
     """Run an emitted kernel FILE on random inputs (every kernel of the file, in order), compare with a
     float64 NumPy evaluation of its graph, and print the relative error and, in the interpreter, its
     counters (HBM bytes, DMA transfers, matmuls, peak SBUF/PSUM).
 
     Before anything runs, FILE must hold only the NKI subset nmmc emits (docs/nki-subset.md): any
     other Python (open, imports beyond numpy and NKI, dunder attributes, lambdas, ...) is refused.
-    The interpreter checks Trainium's tile limits and SBUF/PSUM capacity as well; --backend
+    Then a static pass checks the source against AWS's documented NKI rules (docs/nki-rules.md) for
+    the file's dialect, its target (or --target) and the Neuron SDK release --sdk; each violation is
+    printed with its rule id, the kernel line and the doc page it comes from. The kernels run either
+    way. The interpreter checks Trainium's tile limits and SBUF/PSUM capacity as well; --backend
     nki-simulator runs the file under AWS's own simulator instead (same inputs, reference and
     tolerance; it checks no capacity and keeps no counters; AWS's code, outside the sandbox).
 
-    Exits 0 when the kernel is within tolerance (bf16 1e-2, fp32 1e-5), 1 on a mismatch or a
-    violated hardware limit, 2 when FILE is not an nmmc kernel, not a regular UTF-8 file of at most
-    8 MiB, uses Python outside the subset, or the backend's package is missing."""
+    Exits 0 when the kernel is within tolerance (bf16 1e-2, fp32 1e-5) and violates no NKI rule, 1
+    on a mismatch, a violated hardware limit or a violated NKI rule, 2 when FILE is not an nmmc
+    kernel, not a regular UTF-8 file of at most 8 MiB, uses Python outside the subset, or the
+    backend's package is missing."""
     from ..targets import get_target
     from ..verification import verify_file
 
-    report = verify_file(file, seed=seed, target=get_target(target) if target else None, backend=backend)
+    report = verify_file(file, seed=seed, target=get_target(target) if target else None, backend=backend,
+                         rules=True, sdk=sdk)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:

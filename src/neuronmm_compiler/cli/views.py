@@ -32,10 +32,16 @@ def schedules_json(workload: Workload, target: Target, rows: list[dict[str, Any]
 
 
 def verify_lines(report: Any, file: str, backend: str) -> list[str]:
-    """``nmmc verify``: the verdict, the error against the reference and the interpreter's counters."""
+    """``nmmc verify``: the verdict, the static rule pass (the SDK checked, each violation with its rule id, kernel
+    line and doc citation), the error against the reference and the interpreter's counters."""
     status = "OK" if report.ok else "FAILED"
     where = "" if backend == "interpreter" else f", {backend}"
     lines = [f"{status}: {file} ({report.kernel}, {report.dialect}, {report.target}, seed {report.seed}{where})"]
+    if report.sdk is not None:
+        count = len(report.violations)
+        lines.append(f"  NKI rules of Neuron SDK {report.sdk}: " + (
+            f"{count} violation{'s' if count > 1 else ''}" if count else "no violation"))
+        lines += [f"  {v}" for v in report.violations]  # line N: RULE-ID: message [citation]
     if report.rel_error is not None:
         lines.append(f"  relative error {report.rel_error:.3e} (tolerance {report.tolerance:.0e}), "
                      f"max abs error {report.max_abs_error:.3e}")

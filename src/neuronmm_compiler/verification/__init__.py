@@ -41,9 +41,11 @@ from ..codegen import KernelSpec, TensorSpec, read_metadata
 from ..errors import InputError, KernelError
 from ..interpreter import run_kernel
 from ..ir import Graph, evaluate, parse_text
+from ..support import check_sdk, newest_sdk
 from ..targets import Target, get_target
-from ..vocab import ElementwiseOp, Layout, NodeKind
+from ..vocab import Dialect, ElementwiseOp, Layout, NodeKind
 from .sandbox import check_source
+from .static_check import Violation, check_kernel_source
 
 TOLERANCES = {"bfloat16": 1e-2, "float32": 1e-5}
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
@@ -76,10 +78,15 @@ class VerifyReport:
     error: str | None = None
     backend: str = "interpreter"
     counters: dict[str, Any] = field(default_factory=dict)
+    #: The Neuron SDK release whose NKI rules the static pass checked (None: the pass did not run).
+    sdk: str | None = None
+    #: What the static rule pass found (see :mod:`.static_check`); any violation fails the report.
+    violations: list[Violation] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         counters = out.pop("counters")
+        out["violations"] = [v.as_dict() for v in self.violations]
         out.update(counters)
         return out
 
@@ -168,7 +175,7 @@ def _runner(backend: str, source: str, filename: str, dialect: str) -> KernelRun
 
 
 def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, target: Target | None = None,
-                  backend: str = "interpreter") -> VerifyReport:
+                  backend: str = "interpreter", rules: bool = False, sdk: str | None = None) -> VerifyReport:
     """Verify kernel source text (see the module docstring). A file with several kernels runs them
     in order, each reading its arguments by name from the graph's inputs and earlier kernels'
     outputs; counters add up over kernels (peaks: the largest kernel's) and are also reported per
@@ -178,15 +185,39 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
 
     Before anything runs, the file must pass :func:`~.sandbox.check_source` (SandboxError, an
     InputError, otherwise): it may hold only the NKI subset nmmc emits. NumPy's floating-point
-    warnings are silenced; an overflow shows as a non-finite output or a failed comparison."""
+    warnings are silenced; an overflow shows as a non-finite output or a failed comparison.
+
+    With ``rules`` (as ``nmmc verify`` does), the static NKI rule pass
+    (:func:`~.static_check.check_kernel_source`) runs before the kernels, for the file's dialect, the target
+    (``target`` or the file's) and Neuron SDK release ``sdk`` (default: the newest release that supports the
+    dialect on the target, :func:`~neuronmm_compiler.support.newest_sdk`; InputError for a release the rule
+    book does not know). The kernels still run; any violation fails the report (``violations``, ``sdk``)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InputError(f"the seed must be a non-negative integer; got {seed!r}")
+    if sdk is not None:
+        check_sdk(sdk)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _verify_source(source, filename, seed, target, backend)
+        report = _verify_source(source, filename, seed, target, backend, rules, sdk)
+    if report.violations:
+        report.ok = False
+        if report.error is None:
+            count = len(report.violations)
+            report.error = (f"{count} NKI rule violation{'s' if count > 1 else ''} "
+                            f"({report.dialect} on {report.target}, Neuron SDK {report.sdk})")
+    return report
 
 
-def _verify_source(source: str, filename: str, seed: int, target: Target | None, backend: str) -> VerifyReport:
+def static_rules(source: str, dialect: str, target: str, sdk: str | None) -> tuple[str, list[Violation]]:
+    """(the SDK release checked, the violations) of the static rule pass over a kernel file's source; ``sdk``
+    None picks the newest release supporting ``dialect`` on ``target``."""
+    dialect_ = Dialect(dialect)
+    release = check_sdk(sdk) if sdk is not None else newest_sdk(dialect_, target)
+    return release, check_kernel_source(source, dialect=dialect_, target=target, sdk=release)
+
+
+def _verify_source(source: str, filename: str, seed: int, target: Target | None, backend: str, rules: bool,
+                   sdk: str | None) -> VerifyReport:
     try:
         meta = read_metadata(source)
     except InputError as exc:
@@ -202,6 +233,8 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
     report = VerifyReport(ok=False, kernel=", ".join(k.name for k in kernels), target=tgt.name, dialect=meta.dialect,
                           seed=seed, rel_error=None, tolerance=TOLERANCES[out_dtype], max_abs_error=None,
                           backend=backend)
+    if rules:
+        report.sdk, report.violations = static_rules(source, meta.dialect, tgt.name, sdk)
     inputs = random_inputs(meta.inputs, seed)
     tensors: dict[str, np.ndarray] = dict(inputs)
     per_kernel: list[dict[str, Any]] = []
@@ -255,12 +288,12 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
 
 
 def verify_file(path: str | Path, *, seed: int = 0, target: Target | None = None,
-                backend: str = "interpreter") -> VerifyReport:
+                backend: str = "interpreter", rules: bool = False, sdk: str | None = None) -> VerifyReport:
     """:func:`verify_source` of a file (InputError when it cannot be read, is not a regular file, is
     larger than :data:`MAX_KERNEL_BYTES` or is not UTF-8 text)."""
     p = Path(path)
     source = read_kernel_file(p)
-    return verify_source(source, filename=str(p), seed=seed, target=target, backend=backend)
+    return verify_source(source, filename=str(p), seed=seed, target=target, backend=backend, rules=rules, sdk=sdk)
 
 
 def read_kernel_file(path: Path) -> str:

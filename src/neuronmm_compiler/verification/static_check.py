@@ -41,6 +41,10 @@ class Violation:
     def __str__(self) -> str:
         return f"line {self.line}: {self.rule_id}: {self.message} [{self.citation}]"
 
+    def as_dict(self) -> dict[str, object]:
+        """The JSON form ``nmmc verify --json`` prints: ``{rule, line, message, citation}``."""
+        return {"rule": self.rule_id, "line": self.line, "message": self.message, "citation": self.citation}
+
 
 @dataclass
 class _Buffer:
