@@ -21,8 +21,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from check_nki_rules import GOLDEN, check_dir, counts  # noqa: E402
 
+from neuronmm_compiler.support import KNOWN_SDKS, SUPPORT, newest_sdk, resolve_dialect, support_for  # noqa: E402
 from neuronmm_compiler.targets import TARGETS  # noqa: E402
-from neuronmm_compiler.verification.rules import LEGACY_DOCS, RULES, SDK_DOCS, TOPICS, Rule  # noqa: E402
+from neuronmm_compiler.verification.rules import LEGACY_DOCS, RULES, RULES_BY_ID, SDK_DOCS, TOPICS, Rule  # noqa: E402
+from neuronmm_compiler.vocab import Dialect  # noqa: E402
 
 OUT = ROOT / "docs" / "nki-rules.md"
 TITLES = {"memory": "On-chip memory", "tiles": "Tile limits", "loops": "Loops", "isa": "ISA calls",
@@ -76,6 +78,37 @@ def golden_calls() -> list[tuple[str, int]]:
     return sorted(found.items(), key=lambda item: (-item[1], item[0]))
 
 
+def support_matrix() -> list[str]:
+    """The "Support matrix" section: support.SUPPORT with the rules (and their sources) it was chosen from."""
+    lines = ["## Support matrix", "",
+             "Generated from `src/neuronmm_compiler/support.py` (`SUPPORT`): where each dialect runs, and the rules "
+             "of this book that decide it (the evidence; where the docs conflict, the rule's note says which "
+             "reading was chosen). `nmmc verify --sdk` defaults to the newest release of the dialect's range on the "
+             "file's target.", "",
+             "| dialect | targets | Neuron SDK | evidence |", "|---|---|---|---|"]
+    for entry in SUPPORT:
+        rules = [RULES_BY_ID[rid] for rid in entry.rules]
+        evidence = "<br>".join(f"`{r.id}`: {_cell(r.summary)} ({_cell(_short(r.citation))})" for r in rules)
+        lines.append(f"| {entry.dialect.value} | {', '.join(entry.targets)} | {entry.sdk_min}–{entry.sdk_max} | "
+                     f"{evidence} |")
+    lines += ["", "Per target and release (`--dialect auto` picks the dialect shown first; `—`: no documented "
+              "dialect; `verify` default: the `--sdk` `nmmc verify` checks by default):", "",
+              "| target | " + " | ".join(KNOWN_SDKS) + " | verify default |",
+              "|---|" + "---|" * (len(KNOWN_SDKS) + 1)]
+    for target in TARGETS:
+        cells = []
+        for sdk in KNOWN_SDKS:
+            supported = [d.value for d in (Dialect.NKI, Dialect.NEURONXCC)
+                         if any(s.covers(d, target, sdk) for s in SUPPORT)]
+            cells.append(", ".join(supported) if supported else "—")
+        defaults = ", ".join(f"{d.value} {newest_sdk(d, target)}" + ("" if support_for(d, target) else " (unsupported)")
+                             for d in Dialect)
+        lines.append(f"| {target} | " + " | ".join(cells) + f" | {defaults} |")
+    lines += ["", "Without `--sdk`, `--dialect auto` gives: " + ", ".join(
+        f"{target} {resolve_dialect('auto', target).value}" for target in TARGETS) + ".", ""]
+    return lines
+
+
 def render() -> str:
     lines = [
         "# NKI rule book",
@@ -102,6 +135,7 @@ def render() -> str:
                          f"{_sdk(rule)} | {', '.join(rule.targets)} | {_cell(_limit(rule))} | {source} | "
                          f"{_cell(rule.note)} |")
         lines.append("")
+    lines += support_matrix()
     lines += ["## NKI calls the golden kernels use", "",
               "Calls of `nl.*`, `nisa.*` and `nki.*` in `tests/golden/kernels` (occurrences): the API surface "
               "these rules cover.", "", ", ".join(f"`{name}` {count}" for name, count in golden_calls()), ""]
@@ -110,8 +144,9 @@ def render() -> str:
         "",
         "`python scripts/check_nki_rules.py [--sdk X]` over the "
         f"{len(list(GOLDEN.glob('*.py')))} files of `tests/golden/kernels` (dialect and target from each file's "
-        "metadata): violations (files). The checker is not part of `nmmc verify` yet; fixing the emitter is the "
-        "next step.",
+        "metadata): violations (files). `nmmc verify` runs the same checker (with `--sdk`, default the newest "
+        "release supporting the file's dialect on its target) and fails on any violation; "
+        "`python scripts/emit_matrix.py` runs it over the whole emit matrix.",
         "",
         "| rule | " + " | ".join(f"SDK {s}" if s else "no SDK given" for s in SDKS) + " |",
         "|---|" + "---|" * len(SDKS),

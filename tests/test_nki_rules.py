@@ -431,6 +431,122 @@ CASES = [
         x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         t = nisa.dma_transpose(x)
         """),
+    ("NKI-DMA-TRANSPOSE-SHAPE", "nki", "trn2", None,  # last dimension > 128, any DGE mode
+     """
+        out = nl.ndarray((256, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 2, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=out[0:256, 0:64], src=a[0:64, 0:256])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((256, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 2, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for j in range(2):
+            nisa.dma_transpose(dst=t[0:128, j, 0:64], src=a[0:64, 128 * j:128 * j + 128])
+        """),
+    ("NKI-DMA-TRANSPOSE-SHAPE", "nki", "trn2", None,  # hardware DGE: 2-D src.shape[0] must be 16
+     """
+        out = nl.ndarray((128, 32), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=a[0:32, 0:128], dge_mode=nisa.dge_mode.hwdge)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 32), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t[0:128, 0:16], src=a[0:16, 0:128], dge_mode=nisa.dge_mode.hwdge)
+        nisa.dma_transpose(dst=t[0:128, 16:32], src=a[16:32, 0:128])
+        """),
+    ("NKI-DMA-TRANSPOSE-SHAPE", "nki", "trn3", None,  # hardware DGE: last dimension a multiple of 128
+     """
+        out = nl.ndarray((64, 16), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((64, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=a[0:16, 0:64], dge_mode=nisa.dge_mode.hwdge)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((64, 16), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((64, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=a[0:16, 0:64])
+        """),
+    ("NKI-DMA-TRANSPOSE-SHAPE", "nki", "trn2", None,  # hardware DGE, 3-D: shape[0] in {1, 2, 4, 8, 16}
+     """
+        out = nl.ndarray((128, 8, 3), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        nisa.dma_transpose(dst=out, src=a[0:3, 0:8, 0:128], dge_mode=nisa.dge_mode.hwdge)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 8, 2), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        nisa.dma_transpose(dst=out, src=a[0:2, 0:8, 0:128], dge_mode=nisa.dge_mode.hwdge)
+        """),
+    ("NKI-DMA-TRANSPOSE-SHAPE", "nki", "trn2", None,  # software DGE is for indirect (.ap) sources only
+     """
+        out = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=a[0:64, 0:128], dge_mode=nisa.dge_mode.swdge)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=a[0:64, 0:128], dge_mode=nisa.dge_mode.none)
+        """),
+    ("NKI-DMA-TRANSPOSE-SHAPE", "nki", "trn2", None,  # dst is not src transposed
+     """
+        out = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t[0:64, 0:128], src=a[0:64, 0:128])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t[0:128, 0:64], src=a[0:64, 0:128])
+        """),
+    ("NKI-PSUM-ALIGN", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum, address=(0, 1024))  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum, address=(0, 3 * 2048))
+        """),
+    ("NKI-ACTIVATION-DTYPE", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.activation(dst=out, op=nl.silu, data=p)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        s = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.activation(dst=s, op=nl.silu, data=p)
+        nisa.dma_copy(dst=out, src=s)
+        """),
+    ("NKI-LANG-WRAPPERS", "nki", "trn2", "2.28",
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a[0:128, 0:512])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a[0:128, 0:512])
+        """),
+    ("NKI-LOAD-TRANSPOSE2D", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((256, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.load_transpose2d(a[0:128, 0:256])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((256, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.load_transpose2d(a[0:256, 0:128])
+        """),
+    ("NKI-LOAD-TRANSPOSE2D", "nki", "trn2", None,
+     """
+        out = nl.ndarray((256, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.load_transpose2d(a[0:128, 0:256])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((256, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.load_transpose2d(a[0:256, 0:128])
+        """),
     ("NKI-BENCHMARK", "nki", "trn2", None,
      """
         out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -480,6 +596,33 @@ def test_nki_dialect_on_trn1_is_flagged_from_sdk_2_29():
     # the conservative correction: the NKI 0.1 dialect on an SDK that still accepts it
     assert check_kernel_source(_kernel("neuronxcc", body), dialect="neuronxcc", target="trn1", sdk="2.29") == []
     assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk="2.29") == []
+
+
+def test_nl_wrappers_are_flagged_only_on_nki_0_2():
+    body = """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a[0:128, 0:512])
+        """
+    assert [v.rule_id for v in check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2",
+                                                   sdk="2.28")] == ["NKI-LANG-WRAPPERS"]
+    for sdk in (None, "2.29", "2.32"):
+        assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk=sdk) == []
+
+
+def test_dma_transpose_shapes_that_are_not_constant_or_indirect_are_not_guessed_about():
+    body = """
+        out = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for m in range(3):
+            nisa.dma_transpose(dst=t[0:128, 0:min(512, 700 - 512 * m)], src=a[512 * m:min(512 * m + 512, 700), 0:128],
+                               dge_mode=nisa.dge_mode.hwdge)
+        nisa.dma_transpose(dst=t, src=a.ap(pattern=[[512, 128], [1, 512]]), dge_mode=nisa.dge_mode.swdge)
+        """
+    # a min(...) bound is not a constant width, and .ap() (an access pattern, maybe indirect) is left alone
+    assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2") == []
+    constant = body.replace("min(512 * m + 512, 700)", "512 * m + 512")
+    found = check_kernel_source(_kernel("nki", constant), dialect="nki", target="trn2")
+    assert [v.rule_id for v in found] == ["NKI-DMA-TRANSPOSE-SHAPE"] and "src.shape[0] == 512" in found[0].message
 
 
 def test_operands_of_unknown_dtype_or_buffer_are_not_guessed_about():

@@ -28,6 +28,9 @@ SDK_DOCS = "aws-neuron/aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155"
 LEGACY_DOCS = "aws-neuron/aws-neuron-sdk@cca378474a507331b7c0cd4b6cbbf2bbe0956324"
 
 BOTH = (Dialect.NKI, Dialect.NEURONXCC)
+#: Why the capacity rules are not checked from the source.
+_LIVE = ("Not checked statically: what fits depends on which allocations are live at once (loop-scoped buffers "
+         "rotate); nmmc's interpreter checks capacity when the kernel runs (nmmc verify).")
 ALL_TARGETS = ("trn1", "trn2", "trn3")
 KIB = 1024
 
@@ -50,6 +53,18 @@ ACTIVATION_FUNCTIONS_LEGACY = ACTIVATION_FUNCTIONS - {"prelu", "gelu_apprx_sigmo
 MATMUL_INPUT_DTYPES = frozenset(("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"))
 #: ``nc_matmul`` result dtypes (PSUM) per target: float32 on NeuronCore-v2/v3, float32 or bfloat16 on v4.
 MATMUL_DST_DTYPES = {"trn1": ("float32",), "trn2": ("float32",), "trn3": ("float32", "bfloat16")}
+
+#: ``dma_transpose`` of a static access pattern: the DGE modes the DGE guide allows ("How .ap() Affects DGE Mode":
+#: none, hwdge or compiler-selected), its source's largest last dimension (API page: ``src.shape[-1] <= 128``), and
+#: the hardware-DGE row counts (2-D: ``src.shape[0] == 16``; 3-D/4-D: one of these, times ``shape[-2]`` a
+#: multiple of 16).
+DMA_TRANSPOSE_STATIC_MODES = ("unknown", "none", "hwdge")
+DMA_TRANSPOSE_MAX_LAST = 128
+HWDGE_ROWS = 16
+HWDGE_ROWS_ND = (1, 2, 4, 8, 16)
+
+#: ``nki.language`` wrappers absent from NKI 0.2 -> the ``nki.isa`` call that replaced them (migration guide).
+LANG_WRAPPERS = {"load": "dma_copy", "store": "dma_copy", "copy": "tensor_copy", "matmul": "nc_matmul"}
 
 
 @dataclass(frozen=True)
@@ -123,26 +138,33 @@ RULES: tuple[Rule, ...] = (
           _sdk(_ARCH3, "NeuronCore-v4 Compute Engine Updates: 32 MiB")),
          target_field="sbuf_bytes_per_partition",
          documented=(("trn1", 192 * KIB), ("trn2", 224 * KIB), ("trn3", 256 * KIB)),
-         note="trn3: the guide gives 32 MiB in total; 256 KiB per partition is 32 MiB / 128 partitions."),
+         note="trn3: the guide gives 32 MiB in total; 256 KiB per partition is 32 MiB / 128 partitions. " + _LIVE),
     Rule("NKI-PSUM-SIZE", "memory", "PSUM bytes per partition (2 MiB over 128 partitions)",
          (_sdk(_ARCH1, "NeuronCore-v2 Compute Engines: one PSUM partition has 16KiB"),
           _sdk(_MIGRATION, "Improved allocation API: PSUM on NeuronCore v2/v3/v4, 16KB per partition")),
          target_field="psum_bytes_per_partition",
-         documented=(("trn1", 16 * KIB), ("trn2", 16 * KIB), ("trn3", 16 * KIB))),
+         documented=(("trn1", 16 * KIB), ("trn2", 16 * KIB), ("trn3", 16 * KIB)), note=_LIVE),
     Rule("NKI-PSUM-BANK-COUNT", "memory", "PSUM banks per partition; at most this many matmul accumulation "
          "groups are live at once",
          (_sdk(_ARCH1, "Near-memory accumulation in PSUM: 8 PSUM banks per partition"),
           _sdk("nki/api/nki.language.tile_size.rst", "psum_num_banks")),
          target_field="psum_banks", documented=(("trn1", 8), ("trn2", 8), ("trn3", 8)),
          note="tile_size.psum_num_banks is 7 when NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+ (bank 7 "
-              "reserved for nc_transpose); nmmc does not set it, so 8."),
+              "reserved for nc_transpose); nmmc does not set it, so 8. " + _LIVE),
     Rule("NKI-PSUM-BANK", "memory", "PSUM bank size per partition: 2 KiB = 512 float32",
          (_sdk(_ARCH1, "Near-memory accumulation in PSUM: each bank holds up to 512 FP32 values"),
           _sdk(_MIGRATION, "Improved allocation API: each bank holding up to 2KB")),
-         target_field="psum_bank_bytes", documented=(("trn1", 2 * KIB), ("trn2", 2 * KIB), ("trn3", 2 * KIB))),
-    Rule("NKI-PSUM-ALIGN", "memory", "a PSUM allocation starts at the beginning of a bank",
-         (_sdk(_MIGRATION, "Improved allocation API"),),
-         note="Only explicit address= allocations can break it; nmmc emits none."),
+         target_field="psum_bank_bytes", documented=(("trn1", 2 * KIB), ("trn2", 2 * KIB), ("trn3", 2 * KIB)),
+         note="A size, not a constraint of its own: a PSUM tile is checked against it by NKI-PSUM-TILE-FMAX and a "
+              "PSUM address by NKI-PSUM-ALIGN."),
+    Rule("NKI-PSUM-ALIGN", "memory", "a PSUM allocation starts at the beginning of a bank: the free offset of "
+         "nl.ndarray(..., address=(partition, offset)) is a multiple of the 2 KiB bank",
+         (_sdk(_MIGRATION, "Improved allocation API"), _sdk(_LANG, "ndarray: address (partition_offset, "
+                                                                  "free_offset)")),
+         dialects=(Dialect.NKI,), checkable=True,
+         note="Only explicit address= allocations can break it; nmmc emits none. The offset is in bytes (the guide "
+              "puts bank 3 at 3 * 2048). The address= form is NKI 0.2+; NKI 0.1 allocates through allocator "
+              "functions (nki_direct_allocation_guide), so the rule is checked in the nki dialect."),
     # --- tiles ----------------------------------------------------------------------------------
     Rule("NKI-PARTITION-MAX", "tiles", "partition dimension (dim 0) of an SBUF or PSUM tile <= pmax",
          (_sdk(_TILING, "Tile size considerations, Tile-Size Constraint#1"),
@@ -193,7 +215,9 @@ RULES: tuple[Rule, ...] = (
          "aliases of Python range (fully unrolled)",
          (_sdk(_LANG, "affine_range, sequential_range, static_range"),),
          dialects=(Dialect.NKI,),
-         note="Read in the SDK 2.32 (NKI 0.6) API pages; the release that first made them aliases was not checked."),
+         note="Read in the SDK 2.32 (NKI 0.6) API pages; the release that first made them aliases was not checked. "
+              "Not checked: it permits, it forbids nothing (a kernel relying on affine_range parallelism is still "
+              "correct when run in order)."),
     # --- isa ------------------------------------------------------------------------------------
     Rule("NKI-MATMUL-MEMORY", "isa", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
          (_sdk(_ISA, "nc_matmul, Memory types"),), checkable=True),
@@ -212,7 +236,8 @@ RULES: tuple[Rule, ...] = (
          "differ; NeuronCore-v2 does not run it on the Scalar Engine",
          (_sdk(_ISA, "tensor_copy"),), dialects=(Dialect.NKI,), checkable=True),
     Rule("NKI-MEMSET", "isa", "memset accepts every NKI dtype",
-         (_sdk(_ISA, "memset"),), dialects=(Dialect.NKI,)),
+         (_sdk(_ISA, "memset"),), dialects=(Dialect.NKI,),
+         note="Not checked: it permits every dtype, so no source can violate it."),
     Rule("NKI-TENSOR-TENSOR-PSUM", "isa", "tensor_tensor: data1 and data2 not both in PSUM; math in float32",
          (_sdk(_ISA, "tensor_tensor"),), dialects=(Dialect.NKI,), checkable=True),
     Rule("NKI-ACTIVATION-OP", "isa", "activation functions are the documented table's names (identity is nl.copy; "
@@ -222,9 +247,13 @@ RULES: tuple[Rule, ...] = (
           _sdk(_LANG, "module functions: no identity")),
          limit=ACTIVATION_FUNCTIONS, checkable=True,
          note="The NKI 0.1 table lacks prelu and gelu_apprx_sigmoid_dx; the neuronxcc dialect is checked against it."),
-    Rule("NKI-ACTIVATION-DTYPE", "isa", "activation: data and dst any dtype in SBUF or PSUM, math in float32, "
-         "scale float32, partition size <= 128",
-         (_sdk(_ISA, "activation, Data types"),)),
+    Rule("NKI-ACTIVATION-DTYPE", "isa", "activation: data and dst any dtype in SBUF or PSUM (not HBM), math in "
+         "float32, scale float32, partition size <= 128",
+         (_sdk(_ISA, "activation, Data types"), _sdk(_ISA, "activation, Memory types")),
+         dialects=(Dialect.NKI,), checkable=True,
+         note="Checked: data or dst resolved to an HBM tensor. Any dtype is allowed, the float32 math and scale are "
+              "the engine's, and the partition size is NKI-PARTITION-MAX's. The NKI 0.1 page returns a new tile and "
+              "states no memory type for data, so the check is in the nki dialect."),
     Rule("NKI-DMA-COPY-PSUM", "isa", "dma_copy moves between HBM and SBUF only (no PSUM); dtype casts through "
          "float32",
          (_sdk(_ISA, "dma_copy"), _sdk(_MIGRATION, "Migrating from NKI 0.2.0 to NKI 0.3.0: dma_copy reading "
@@ -243,28 +272,41 @@ RULES: tuple[Rule, ...] = (
          limit=2, checkable=True,
          note="Conflict: the Trainium2 guide says DMA transpose handles 2- and 4-byte types; the API page and "
               "the DGE guide require 2 bytes. Conservatively 2 bytes."),
-    Rule("NKI-DMA-TRANSPOSE-SHAPE", "isa", "nisa.dma_transpose shape limits (hardware DGE): 2-D src.shape[0] == 16, "
-         "src.shape[-1] <= 128 (API page) or a multiple of 128 (DGE guide); dst shape is src's transposed, "
-         "same rank (NKI 0.4)",
+    Rule("NKI-DMA-TRANSPOSE-SHAPE", "isa", "nisa.dma_transpose of a static access: dge_mode none, hwdge or "
+         "unknown; src.shape[-1] <= 128; with dge_mode=hwdge also 2-D src.shape[0] == 16 (3-D/4-D: in {1, 2, 4, 8, "
+         "16}, times shape[-2] a multiple of 16) and src.shape[-1] % 128 == 0; dst shape is src's transposed",
          (_sdk(_ISA, "dma_transpose, DMA Direct Transpose Constraints"),
           _sdk("nki/deep-dives/nki-dge.rst", "Hardware DGE constraints for dma_transpose"),
+          _sdk("nki/deep-dives/nki-dge.rst", "How .ap() Affects DGE Mode: static access pattern"),
+          _sdk("nki/deep-dives/nki-dge.rst", "Mode Selection Summary"),
           _sdk(_MIGRATION, "Migrating from NKI 0.3.0 to NKI 0.4.0: dma_transpose dst shape and rank")),
-         note="The limits are stated for dge_mode=hwdge (unknown lets the compiler choose). Conflict on the last "
-              "dimension (<= 128 vs % 128 == 0): a last dimension of exactly 128 satisfies both."),
-    Rule("NKI-LANG-WRAPPERS", "isa", "nl.load, nl.store, nl.copy, nl.matmul: removed in NKI 0.2 (SDK 2.28) in "
-         "favour of nisa.dma_copy, back in NKI 0.3 (SDK 2.29) as experimental wrappers of nki.isa calls",
+         dialects=(Dialect.NKI,), limit=DMA_TRANSPOSE_MAX_LAST, checkable=True,
+         note="A static access pattern (no .ap() with vector_offset) allows modes none, hwdge or compiler-selected "
+              "(nki-dge.rst, the table after 'Mode Selection Summary'); with unknown the compiler may pick hwdge, so "
+              "src.shape[-1] <= 128 (the API page's direct and indirect constraints both state it) is checked on "
+              "every mode, the hardware-DGE row and multiple-of-128 limits only with an explicit dge_mode=hwdge "
+              "(DGE guide: % 128 == 0; API page: <= 128; together exactly 128). The shape is the access's: the "
+              "widths of its slices (an integer index drops its dimension); a width that is not constant is not "
+              "guessed. dst must be src transposed (checked for 2-D accesses; the rank rule is NKI 0.4's). The NKI "
+              "0.1 dma_transpose page states no shape limit, so the rule is checked in the nki dialect."),
+    Rule("NKI-LANG-WRAPPERS", "isa", "nl.load, nl.store, nl.copy, nl.matmul are not in NKI 0.2 (SDK 2.28), "
+         "replaced by nisa.dma_copy / tensor_copy / nc_matmul; NKI 0.3 (SDK 2.29) brought them back as "
+         "experimental wrappers of nki.isa calls",
          (_sdk(_MIGRATION, "What features in neuronxcc.nki.* are not available in nki.*?, note"),
           _sdk(_MIGRATION, "Migrating from NKI 0.2.0 to NKI 0.3.0: nki.language APIs"),
           _sdk(_LANG, "load: experimental")),
-         dialects=(Dialect.NKI,),
-         note="nmmc's nki dialect emits nisa.* calls, not these experimental wrappers."),
+         dialects=(Dialect.NKI,), sdk_min="2.28", sdk_max="2.28", checkable=True,
+         note="Checked on SDK 2.28 only (from 2.29 they exist). nmmc's nki dialect emits nisa.* calls, not these "
+              "experimental wrappers."),
     Rule("NKI-LOAD-TRANSPOSE2D", "isa", "nl.load_transpose2d loads an HBM tensor 2D-transposed into SBUF; its "
          "partition size is bounded by pmax; DMA bandwidth much lower than nl.load",
          (_legacy(_LEGACY_LANG, "load_transpose2d, note"),
           _sdk("nki/deep-dives/nki_perf_guide.rst", "Opt #8: Mitigating overhead from tensor transposes"),
           _sdk(_LANG, "load_transpose2d: experimental")),
+         checkable=True,
          note="The NKI 0.1 dialect's transposing load on every target; prefer nl.load + nisa.nc_transpose in a "
-              "memory-bound kernel (performance guide)."),
+              "memory-bound kernel (performance guide). Checked: the source's last dimension (the result's "
+              "partition dimension) where its width is constant."),
     # --- dialect --------------------------------------------------------------------------------
     Rule("NKI-NEURONXCC-IMPORT", "dialect", "neuronxcc.nki inside a kernel is a compilation error from NKI 0.4 "
          "(SDK 2.30)",

@@ -12,23 +12,34 @@ by :meth:`Rule.applies` for the dialect, target and SDK.
 from __future__ import annotations
 
 import ast
-import json
 import math
 from dataclasses import dataclass
 
 from ..targets import TARGETS
 from ..vocab import Dialect
+from .kernel_ast import (
+    DTYPE_BYTES,
+    access_widths,
+    attr_name,
+    base_name,
+    const_int,
+    kwarg,
+    metadata_dtypes,
+    names,
+    slice_width,
+)
 from .rules import (
     ACTIVATION_FUNCTIONS,
     ACTIVATION_FUNCTIONS_LEGACY,
+    DMA_TRANSPOSE_MAX_LAST,
+    DMA_TRANSPOSE_STATIC_MODES,
+    HWDGE_ROWS,
+    HWDGE_ROWS_ND,
+    LANG_WRAPPERS,
     MATMUL_DST_DTYPES,
     MATMUL_INPUT_DTYPES,
     RULES_BY_ID,
 )
-
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "tfloat32": 4, "int32": 4, "uint32": 4, "int16": 2,
-               "uint16": 2, "int8": 1, "uint8": 1, "float8_e4m3": 1, "float8_e5m2": 1, "float8_e4m3fn": 1}
-_METADATA = "# nmmc-metadata:"
 
 
 @dataclass(frozen=True)
@@ -58,78 +69,6 @@ class _Buffer:
     init_by_other: bool = False  # written by a non-matmul instruction (memset, tensor_copy, ...)
 
 
-def _attr_name(node: ast.AST) -> str | None:
-    """``nl.psum`` -> ``psum``; ``nisa.nc_matmul`` -> ``nc_matmul``; a bare name -> itself."""
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    if isinstance(node, ast.Name):
-        return node.id
-    return None
-
-
-def _const_int(node: ast.AST) -> int | None:
-    """The value of an integer literal or of +, -, * over integer literals; None otherwise."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
-        left, right = _const_int(node.left), _const_int(node.right)
-        if left is not None and right is not None:
-            return left + right if isinstance(node.op, ast.Add) else (
-                left - right if isinstance(node.op, ast.Sub) else left * right)
-    return None
-
-
-def _base_name(node: ast.AST) -> str | None:
-    while isinstance(node, ast.Subscript):
-        node = node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
-def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-
-
-def _kwarg(call: ast.Call, name: str, position: int | None = None) -> ast.AST | None:
-    for keyword in call.keywords:
-        if keyword.arg == name:
-            return keyword.value
-    if position is not None and position < len(call.args):
-        return call.args[position]
-    return None
-
-
-def _slice_width(node: ast.AST) -> int | None:
-    """Elements a subscript element selects: 1 for an index, ``hi - lo`` for ``lo:hi`` when it is constant or
-    of the form ``e:e + n``; None when unknown (a step, an open bound, a symbolic width)."""
-    if not isinstance(node, ast.Slice):
-        return 1
-    if node.step is not None or node.upper is None:
-        return None
-    lower = node.lower if node.lower is not None else ast.Constant(0)
-    lo, hi = _const_int(lower), _const_int(node.upper)
-    if lo is not None and hi is not None:
-        return hi - lo
-    upper = node.upper
-    if isinstance(upper, ast.BinOp) and isinstance(upper.op, ast.Add) and ast.dump(upper.left) == ast.dump(lower):
-        return _const_int(upper.right)
-    return None
-
-
-def _metadata_dtypes(source: str) -> dict[str, str]:
-    """Kernel argument dtypes from an nmmc kernel file's metadata line (empty when there is none)."""
-    for line in source.splitlines():
-        if line.startswith(_METADATA):
-            try:
-                data = json.loads(line[len(_METADATA):])
-            except ValueError:
-                return {}
-            entries = list(data.get("inputs", []))
-            for kernel in data.get("kernels", []):
-                entries += kernel.get("inputs", [])
-            return {e["name"]: e["dtype"] for e in entries if isinstance(e, dict) and "name" in e and "dtype" in e}
-    return {}
-
-
 class _Checker(ast.NodeVisitor):
     def __init__(self, source: str, dialect: Dialect, target: str, sdk: str | None):
         self.dialect, self.target = dialect, target
@@ -137,7 +76,7 @@ class _Checker(ast.NodeVisitor):
         self.active = {rid for rid, rule in RULES_BY_ID.items()
                        if rule.checkable and rule.applies(dialect, target, sdk)}
         self.violations: list[Violation] = []
-        self.arg_dtypes = _metadata_dtypes(source)
+        self.arg_dtypes = metadata_dtypes(source)
         self.env: dict[str, _Buffer] = {}
         self.import_reported = False
         # enclosing nl.affine_range loops: (loop variable, names the loop allocates, names derived from its variable)
@@ -171,14 +110,14 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if node.attr == "identity" and _attr_name(node.value) == "nl":
+        if node.attr == "identity" and attr_name(node.value) == "nl":
             self.report("NKI-ACTIVATION-OP", node, "nl.identity is not an NKI function; the identity is nl.copy")
-        if node.attr in ("benchmark", "profile", "baremetal") and _attr_name(node.value) == "nki":
+        if node.attr in ("benchmark", "profile", "baremetal") and attr_name(node.value) == "nki":
             self.report("NKI-BENCHMARK", node, f"nki.{node.attr} is not available in NKI 0.2+")
         self.generic_visit(node)
 
     def visit_For(self, node: ast.For) -> None:
-        affine = (isinstance(node.iter, ast.Call) and _attr_name(node.iter.func) == "affine_range"
+        affine = (isinstance(node.iter, ast.Call) and attr_name(node.iter.func) == "affine_range"
                   and isinstance(node.target, ast.Name))
         if affine:
             self.loops.append((node.target.id, set(), {node.target.id}))
@@ -199,31 +138,31 @@ class _Checker(ast.NodeVisitor):
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.visit(node.value)
         self._write(node.target, node, augmented=isinstance(node.op, ast.Add))
-        if isinstance(node.value, ast.Call) and _attr_name(node.value.func) == "nc_matmul":
-            self._check_matmul(node.value, _base_name(node.target))
+        if isinstance(node.value, ast.Call) and attr_name(node.value.func) == "nc_matmul":
+            self._check_matmul(node.value, base_name(node.target))
 
     def _bind(self, name: str, value: ast.AST) -> None:
         for _var, allocated, derived in self.loops:
             allocated.add(name)
-            if _names(value) & derived:
+            if names(value) & derived:
                 derived.add(name)
         alloc = self._allocation(value)
         if alloc is not None:
             self.env[name] = alloc
-        elif isinstance(value, ast.Call) and _attr_name(value.func) == "nc_matmul":
+        elif isinstance(value, ast.Call) and attr_name(value.func) == "nc_matmul":
             self.env[name] = _Buffer("psum", "float32", value.lineno)
             self._check_matmul(value, None)
         elif name in self.env:
             del self.env[name]
 
     def _write(self, target: ast.AST, node: ast.AST, *, augmented: bool) -> None:
-        name = _base_name(target)
+        name = base_name(target)
         if name is None or name not in self.env or not self.loops:
             return
         buf = self.env[name]
         if augmented and buf.buffer == "psum":
             return
-        index = _names(target.slice) if isinstance(target, ast.Subscript) else set()
+        index = names(target.slice) if isinstance(target, ast.Subscript) else set()
         for var, allocated, derived in self.loops:
             if name not in allocated and not index & derived:
                 self.report("NKI-AFFINE-WRITE-RACE", node,
@@ -232,25 +171,31 @@ class _Checker(ast.NodeVisitor):
                 return
 
     def _allocation(self, value: ast.AST) -> _Buffer | None:
-        if not (isinstance(value, ast.Call) and _attr_name(value.func) in ("ndarray", "zeros")):
+        if not (isinstance(value, ast.Call) and attr_name(value.func) in ("ndarray", "zeros")):
             return None
-        shape_node, buffer_node = _kwarg(value, "shape", 0), _kwarg(value, "buffer")
-        dtype_node = _kwarg(value, "dtype", 1)
-        buffer = _attr_name(buffer_node) if buffer_node is not None else None  # no default is guessed
+        shape_node, buffer_node = kwarg(value, "shape", 0), kwarg(value, "buffer")
+        dtype_node = kwarg(value, "dtype", 1)
+        buffer = attr_name(buffer_node) if buffer_node is not None else None  # no default is guessed
         buffer = "hbm" if buffer in ("shared_hbm", "hbm", "private_hbm") else buffer
-        dtype = _attr_name(dtype_node) if dtype_node is not None else None
+        dtype = attr_name(dtype_node) if dtype_node is not None else None
         dtype = dtype if dtype in DTYPE_BYTES else None  # e.g. dtype=a.dtype: not known statically
         if not isinstance(shape_node, (ast.Tuple, ast.List)) or buffer not in ("sbuf", "psum", "hbm"):
             return None
         dims: list[int | None] = []
         par_index = 0
         for i, elt in enumerate(shape_node.elts):
-            if isinstance(elt, ast.Call) and _attr_name(elt.func) == "par_dim" and elt.args:
+            if isinstance(elt, ast.Call) and attr_name(elt.func) == "par_dim" and elt.args:
                 par_index, elt = i, elt.args[0]
-            dims.append(_const_int(elt))
+            dims.append(const_int(elt))
         buf = _Buffer(buffer, dtype, value.lineno, tuple(dims), par_index)
         if buffer in ("sbuf", "psum"):
             self._check_tile(buf, value)
+        address = kwarg(value, "address")
+        if buffer == "psum" and isinstance(address, ast.Tuple) and len(address.elts) == 2:
+            offset = const_int(address.elts[1])
+            if offset is not None and offset % self.hw.psum_bank_bytes:
+                self.report("NKI-PSUM-ALIGN", value, f"PSUM allocation at byte offset {offset}, not the start of "
+                            f"a {self.hw.psum_bank_bytes}-byte bank")
         return buf
 
     def _check_tile(self, buf: _Buffer, node: ast.AST) -> None:
@@ -272,54 +217,108 @@ class _Checker(ast.NodeVisitor):
 
     # --- ISA calls ---
     def _resolve(self, node: ast.AST | None) -> _Buffer | None:
-        name = _base_name(node) if node is not None else None
+        name = base_name(node) if node is not None else None
         return self.env.get(name) if name else None
 
     def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)
-        name = _attr_name(node.func)
+        name = attr_name(node.func)
         nki = self.dialect is Dialect.NKI
         if name == "nc_matmul" and nki:
-            self._check_matmul(node, _base_name(_kwarg(node, "dst", 0)))
+            self._check_matmul(node, base_name(kwarg(node, "dst", 0)))
         elif name == "dma_transpose":
             self.report("NKI-DMA-TRANSPOSE-TARGET", node, f"nisa.dma_transpose is not documented on {self.target}")
-            src = self._resolve(_kwarg(node, "src", 1 if nki else 0))
+            src = self._resolve(kwarg(node, "src", 1 if nki else 0))
             if src is not None and src.dtype in DTYPE_BYTES and DTYPE_BYTES[src.dtype] != 2:
                 self.report("NKI-DMA-TRANSPOSE-DTYPE", node, f"dma_transpose of a {src.dtype} source (2-byte only)")
+            if nki:
+                self._check_dma_transpose_shape(node)
+        elif name == "load_transpose2d":
+            widths = self._operand_widths(kwarg(node, "src", 0))
+            if widths and widths[-1] is not None and widths[-1] > self.hw.pmax:
+                self.report("NKI-LOAD-TRANSPOSE2D", node, f"load_transpose2d of a source whose last dimension "
+                            f"{widths[-1]} (the result's partition dimension) exceeds pmax {self.hw.pmax}")
+        elif name in LANG_WRAPPERS and nki and attr_name(getattr(node.func, "value", None)) == "nl":
+            self.report("NKI-LANG-WRAPPERS", node, f"nl.{name} is not in NKI 0.2 (use nisa.{LANG_WRAPPERS[name]})")
         elif name == "activation":
-            op = _kwarg(node, "op", 1 if nki else 0)
+            op = kwarg(node, "op", 1 if nki else 0)
             allowed = ACTIVATION_FUNCTIONS if nki else ACTIVATION_FUNCTIONS_LEGACY
             if isinstance(op, ast.Attribute) and op.attr not in allowed:
                 self.report("NKI-ACTIVATION-OP", node, f"activation op nl.{op.attr} is not a documented function")
+            for role, pos in (("dst", 0), ("data", 2)) if nki else ():
+                buf = self._resolve(kwarg(node, role, pos))
+                if buf is not None and buf.buffer == "hbm":
+                    self.report("NKI-ACTIVATION-DTYPE", node, f"activation {role} is in HBM (SBUF or PSUM only)")
         elif name == "nc_transpose" and nki:
-            dst, data = self._resolve(_kwarg(node, "dst", 0)), self._resolve(_kwarg(node, "data", 1))
+            dst, data = self._resolve(kwarg(node, "dst", 0)), self._resolve(kwarg(node, "data", 1))
             if dst and data and dst.dtype and data.dtype and dst.dtype != data.dtype:
                 self.report("NKI-TRANSPOSE-DTYPE", node, f"nc_transpose {data.dtype} -> {dst.dtype}: dtypes differ")
         elif name == "tensor_tensor" and nki:
-            one, two = self._resolve(_kwarg(node, "data1", 1)), self._resolve(_kwarg(node, "data2", 2))
+            one, two = self._resolve(kwarg(node, "data1", 1)), self._resolve(kwarg(node, "data2", 2))
             if one and two and one.buffer == two.buffer == "psum":
                 self.report("NKI-TENSOR-TENSOR-PSUM", node, "tensor_tensor with both operands in PSUM")
         elif name == "tensor_copy" and nki:
-            src = self._resolve(_kwarg(node, "src", 1))
+            src = self._resolve(kwarg(node, "src", 1))
             if src is not None and src.buffer == "hbm":
                 self.report("NKI-TENSOR-COPY", node, "tensor_copy src is in HBM (use dma_copy)")
         elif name == "dma_copy" and nki:
             for role, pos in (("dst", 0), ("src", 1)):
-                buf = self._resolve(_kwarg(node, role, pos))
+                buf = self._resolve(kwarg(node, role, pos))
                 if buf is not None and buf.buffer == "psum":
                     self.report("NKI-DMA-COPY-PSUM", node, f"dma_copy {role} is in PSUM")
         if nki and name in ("memset", "tensor_copy", "activation", "tensor_tensor", "tensor_scalar"):
-            dst = self._resolve(_kwarg(node, "dst", 0))
+            dst = self._resolve(kwarg(node, "dst", 0))
             if dst is not None and dst.buffer == "psum":
                 dst.init_by_other = True
         if not nki and name == "store" and self.loops and node.args:
             self._write(node.args[0], node, augmented=False)
 
+    def _operand_widths(self, node: ast.AST | None) -> tuple[int | None, ...] | None:
+        """The shape of an operand as the source shows it: a subscript's sliced widths, or a whole allocation's
+        shape (without block dimensions); None when unknown."""
+        widths = access_widths(node) if node is not None else None
+        if widths is not None:
+            return widths
+        buf = self._resolve(node)
+        if isinstance(node, ast.Name) and buf is not None and buf.shape and buf.par_index == 0:
+            return buf.shape
+        return None
+
+    def _check_dma_transpose_shape(self, node: ast.Call) -> None:
+        """NKI-DMA-TRANSPOSE-SHAPE over a static (non-``.ap()``) source access; see the rule's note."""
+        src_node, mode_node = kwarg(node, "src", 1), kwarg(node, "dge_mode")
+        if isinstance(src_node, ast.Call):  # src.ap(...): an access pattern, possibly indirect; not checked
+            return
+        mode = attr_name(mode_node) if mode_node is not None else "unknown"
+        if mode not in DMA_TRANSPOSE_STATIC_MODES:
+            self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"dge_mode {mode} on a static access pattern (allowed: "
+                        f"{', '.join(DMA_TRANSPOSE_STATIC_MODES)})")
+        src = self._operand_widths(src_node)
+        if not src:
+            return
+        first, last = src[0], src[-1]
+        if last is not None and last > DMA_TRANSPOSE_MAX_LAST:
+            self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"dma_transpose source last dimension {last} > "
+                        f"{DMA_TRANSPOSE_MAX_LAST}")
+        if mode == "hwdge":
+            rows_ok = first == HWDGE_ROWS if len(src) == 2 else first in HWDGE_ROWS_ND and (
+                src[-2] is None or first * src[-2] % HWDGE_ROWS == 0)  # type: ignore[operator]
+            if first is not None and not rows_ok:
+                self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"hardware-DGE dma_transpose of a {len(src)}-D source "
+                            f"with src.shape[0] == {first}" + (f" (must be {HWDGE_ROWS})" if len(src) == 2 else ""))
+            if last is not None and last % DMA_TRANSPOSE_MAX_LAST:
+                self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"hardware-DGE dma_transpose source last dimension "
+                            f"{last} is not a multiple of {DMA_TRANSPOSE_MAX_LAST}")
+        dst = self._operand_widths(kwarg(node, "dst", 0))
+        if dst is not None and len(src) == len(dst) == 2 and None not in src + dst and dst != src[::-1]:
+            self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"dma_transpose dst shape {list(dst)} is not the source "
+                        f"shape {list(src)} transposed")
+
     def _tile_shape(self, node: ast.AST | None) -> tuple[int | None, int | None] | None:
         """(partition size, free size) of an operand: a subscript's selected widths, or a whole allocation."""
         if isinstance(node, ast.Subscript):
             elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            widths = [_slice_width(e) for e in elts]
+            widths = [slice_width(e) for e in elts]
             free = None if any(w is None for w in widths[1:]) else math.prod(widths[1:])  # type: ignore[arg-type]
             return widths[0], free
         buf = self._resolve(node)
@@ -344,8 +343,8 @@ class _Checker(ast.NodeVisitor):
 
     def _check_matmul(self, call: ast.Call, dst_name: str | None) -> None:
         nki = self.dialect is Dialect.NKI
-        stationary_node = _kwarg(call, "stationary", 1 if nki else 0)
-        moving_node = _kwarg(call, "moving", 2 if nki else 1)
+        stationary_node = kwarg(call, "stationary", 1 if nki else 0)
+        moving_node = kwarg(call, "moving", 2 if nki else 1)
         self._check_matmul_sizes(stationary_node, moving_node, call)
         stationary, moving = self._resolve(stationary_node), self._resolve(moving_node)
         dst = self.env.get(dst_name) if dst_name else None

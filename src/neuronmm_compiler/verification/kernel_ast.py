@@ -1,0 +1,95 @@
+"""Reading an NKI kernel's source without running it: the small AST helpers of the static rule pass
+(:mod:`.static_check`). Each answers only what the source shows (a literal, a name, a slice of constant width)
+and None otherwise, so that the checker never guesses."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "tfloat32": 4, "int32": 4, "uint32": 4, "int16": 2,
+               "uint16": 2, "int8": 1, "uint8": 1, "float8_e4m3": 1, "float8_e5m2": 1, "float8_e4m3fn": 1}
+METADATA = "# nmmc-metadata:"
+
+
+def attr_name(node: ast.AST) -> str | None:
+    """``nl.psum`` -> ``psum``; ``nisa.nc_matmul`` -> ``nc_matmul``; a bare name -> itself."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def const_int(node: ast.AST) -> int | None:
+    """The value of an integer literal or of +, -, * over integer literals; None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        left, right = const_int(node.left), const_int(node.right)
+        if left is not None and right is not None:
+            return left + right if isinstance(node.op, ast.Add) else (
+                left - right if isinstance(node.op, ast.Sub) else left * right)
+    return None
+
+
+def base_name(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def kwarg(call: ast.Call, name: str, position: int | None = None) -> ast.AST | None:
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            return keyword.value
+    if position is not None and position < len(call.args):
+        return call.args[position]
+    return None
+
+
+def slice_width(node: ast.AST) -> int | None:
+    """Elements a subscript element selects: 1 for an index, ``hi - lo`` for ``lo:hi`` when it is constant or
+    of the form ``e:e + n``; None when unknown (a step, an open bound, a symbolic width)."""
+    if not isinstance(node, ast.Slice):
+        return 1
+    if node.step is not None or node.upper is None:
+        return None
+    lower = node.lower if node.lower is not None else ast.Constant(0)
+    lo, hi = const_int(lower), const_int(node.upper)
+    if lo is not None and hi is not None:
+        return hi - lo
+    upper = node.upper
+    if isinstance(upper, ast.BinOp) and isinstance(upper.op, ast.Add) and ast.dump(upper.left) == ast.dump(lower):
+        return const_int(upper.right)
+    return None
+
+
+def metadata_dtypes(source: str) -> dict[str, str]:
+    """Kernel argument dtypes from an nmmc kernel file's metadata line (empty when there is none)."""
+    for line in source.splitlines():
+        if line.startswith(METADATA):
+            try:
+                data = json.loads(line[len(METADATA):])
+            except ValueError:
+                return {}
+            entries = list(data.get("inputs", []))
+            for kernel in data.get("kernels", []):
+                entries += kernel.get("inputs", [])
+            return {e["name"]: e["dtype"] for e in entries if isinstance(e, dict) and "name" in e and "dtype" in e}
+    return {}
+
+
+def access_widths(node: ast.AST) -> tuple[int | None, ...] | None:
+    """The shape of a subscript access as the source shows it: the width of each sliced dimension (an integer
+    index drops its dimension, as in NumPy; None for a width that is not constant); None when ``node`` is not a
+    subscript of a name."""
+    if not isinstance(node, ast.Subscript) or base_name(node) is None:
+        return None
+    elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    return tuple(slice_width(e) for e in elts if isinstance(e, ast.Slice))
+
