@@ -78,6 +78,8 @@ class VerifyReport:
     error: str | None = None
     backend: str = "interpreter"
     counters: dict[str, Any] = field(default_factory=dict)
+    #: The outputs matched the reference (``ok`` also needs no rule violation).
+    values_ok: bool = False
     #: The Neuron SDK release whose NKI rules the static pass checked (None: the pass did not run).
     sdk: str | None = None
     #: What the static rule pass found (see :mod:`.static_check`); any violation fails the report.
@@ -280,7 +282,7 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
         report.rounding_allowance = max(report.rounding_allowance, extra / denom)
         worst_abs = max(worst_abs, float(np.max(np.abs(diff))) if diff.size else 0.0)
     report.rel_error, report.max_abs_error = worst_rel, worst_abs
-    report.ok = ok
+    report.ok = report.values_ok = ok
     if not report.ok:
         report.error = (f"relative error {worst_rel:.3e} exceeds the {out_dtype} tolerance {report.tolerance:.0e}"
                         f" + intermediate rounding allowance {report.rounding_allowance:.1e}")
