@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import compile_gemm, compile_graph
+from neuronmm_compiler.calibration import bench_routes
 from neuronmm_compiler.calibration.kernels import read_kernel_file
 from neuronmm_compiler.calibration.measurements import BENCH_COLUMNS, read_measurements
 from neuronmm_compiler.cli import main
@@ -21,7 +22,7 @@ from neuronmm_compiler.cost_model import estimate
 from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.interpreter import run_kernel
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.verification import nki_backend, verify_source
+from neuronmm_compiler.verification import verify_source
 
 TRN1 = get_target("trn1")
 #: nki-dialect files are emitted for trn2: nmmc verify checks the NKI rules, and NKI 0.3+ kernels are documented as
@@ -199,12 +200,14 @@ def test_bench_without_the_package(monkeypatch, gemm_file: Path, tmp_path: Path)
     assert not csv.exists()
 
 
-def test_bench_without_a_benchmark_api_or_a_device(monkeypatch, gemm_file: Path) -> None:
+def test_bench_without_a_benchmark_api_or_a_device(monkeypatch, gemm_file: Path, tmp_path: Path) -> None:
     install(monkeypatch, "nki", simulate=lambda fn: fn)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    monkeypatch.setattr(bench_routes, "EXPLORER_DIRS", ())
     result = CliRunner().invoke(main, ["bench", str(gemm_file)])
-    assert result.exit_code == 2 and "has no benchmark API (nki.benchmark)" in result.output
+    assert result.exit_code == 2 and "has no benchmark API (nki.benchmark; NKI 0.2+ removed it)" in result.output
     install(monkeypatch, "nki", benchmark=FakeBenchmark({}, []))
-    monkeypatch.setattr(nki_backend, "neuron_devices", lambda: [])
+    monkeypatch.setattr(bench_routes, "neuron_devices", lambda: [])
     result = CliRunner().invoke(main, ["bench", str(gemm_file)])
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "no Neuron device" in result.output
 
@@ -221,7 +224,7 @@ def test_bench_measures_every_kernel_and_appends_what_calibrate_reads(monkeypatc
     kernels = {"svd_mlp_k0": 40.0, "svd_mlp_k1": 25.0, "gemm_kernel": 60.0}
     calls: list = []
     install(monkeypatch, "neuronxcc", benchmark=FakeBenchmark(kernels, calls))
-    monkeypatch.setattr(nki_backend, "neuron_devices", lambda: ["/dev/neuron0"])
+    monkeypatch.setattr(bench_routes, "neuron_devices", lambda: ["/dev/neuron0"])
     csv = tmp_path / "runs" / "measurements.csv"
     csv.parent.mkdir()
     result = run("bench", str(legacy_mlp_file), "--warmup", "3", "--iters", "20", "--append-csv", str(csv), "--json")
@@ -261,7 +264,7 @@ def test_bench_measures_every_kernel_and_appends_what_calibrate_reads(monkeypatc
 
 def test_bench_compares_with_a_calibrated_target(monkeypatch, gemm_file: Path, tmp_path: Path) -> None:
     install(monkeypatch, "nki", benchmark=FakeBenchmark({"gemm_kernel": 50.0}, []))
-    monkeypatch.setattr(nki_backend, "neuron_devices", lambda: ["/dev/neuron0"])
+    monkeypatch.setattr(bench_routes, "neuron_devices", lambda: ["/dev/neuron0"])
     csv = tmp_path / "m.csv"
     csv.write_text(f"kernel,latency_us\n{gemm_file},50\n")
     assert run("calibrate", str(csv), "--target", "trn2", "--fit", "dma_fixed_cost_us",
@@ -277,7 +280,7 @@ def test_bench_compares_with_a_calibrated_target(monkeypatch, gemm_file: Path, t
 def test_bench_checks_the_csv_before_measuring(monkeypatch, gemm_file: Path, tmp_path: Path) -> None:
     calls: list = []
     install(monkeypatch, "nki", benchmark=FakeBenchmark({"gemm_kernel": 50.0}, calls))
-    monkeypatch.setattr(nki_backend, "neuron_devices", lambda: ["/dev/neuron0"])
+    monkeypatch.setattr(bench_routes, "neuron_devices", lambda: ["/dev/neuron0"])
     result = CliRunner().invoke(main, ["bench", str(gemm_file), "--append-csv", str(tmp_path / "no" / "m.csv")])
     assert result.exit_code == 2 and "does not exist" in result.output
     foreign = tmp_path / "other.csv"

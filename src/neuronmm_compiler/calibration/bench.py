@@ -1,8 +1,9 @@
 """``nmmc bench``: measure an emitted kernel file on a Neuron device, next to the cost model's
 prediction, and record the measurement as a row ``nmmc calibrate`` reads.
 
-Each kernel of the file is benchmarked on its own (AWS's benchmark API times one kernel), on random
-inputs of its declared shapes and dtypes: values do not change a kernel's latency. The file's
+Each kernel of the file is timed on its own, by the route the installed SDK documents
+(:mod:`.bench_routes`: ``nki.benchmark`` where the package has it, else ``neuron-explorer capture``),
+on random inputs of its declared shapes and dtypes: values do not change a kernel's latency. The file's
 latency is the sum over its kernels, as the cost model adds them; the p10/p90 columns are the sums
 of the kernels' percentiles (an approximation of the file's, exact for a single kernel).
 """
@@ -19,7 +20,8 @@ from ..cost_model import estimate
 from ..errors import InputError, NmmcError
 from ..targets import Target, get_target
 from ..verification import random_inputs
-from ..verification.nki_backend import KernelModule, benchmark_kernel, benchmark_package
+from ..verification.nki_backend import KernelModule
+from .bench_routes import BENCHMARK, Route, choose_route, time_kernel
 from .kernels import KernelFile, read_kernel_file
 from .measurements import relative_to_csv
 
@@ -44,6 +46,7 @@ class BenchReport:
     warmup: int
     iters: int
     kernels: list[KernelTiming]
+    route: Route = field(repr=False)
     measured_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     def total(self, name: str) -> float:
@@ -63,15 +66,15 @@ class BenchReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"kernel_file": self.kernel_file.path, "dialect": self.kernel_file.dialect, "target": self.target.spec,
-                "warmup": self.warmup, "iters": self.iters, "measured_at": self.measured_at,
+                "route": self.route.name, "warmup": self.warmup, "iters": self.iters, "measured_at": self.measured_at,
                 "kernels": [vars(k) for k in self.kernels],
                 "latency_us": self.total("median_us"), "p10_us": self.total("p10_us"), "p90_us": self.total("p90_us"),
                 "predicted_us": self.total("predicted_us"), "rel_error": self.rel_error}
 
     def lines(self) -> list[str]:
         width = max(len("total"), *(len(k.name) for k in self.kernels))
-        out = [f"{self.kernel_file.path} ({self.kernel_file.dialect}) on {self.target.label}: "
-               f"{self.warmup} warm-up + {self.iters} timed runs per kernel",
+        out = [f"{self.kernel_file.path} ({self.kernel_file.dialect}) on {self.target.label}",
+               f"  timed with {self.route.describe(self.warmup, self.iters)}",
                f"  {'kernel':<{width}}  {'median us':>10}  {'p10 us':>10}  {'p90 us':>10}  {'predicted us':>12}  "
                f"{'error':>7}"]
         rows = [(k.name, k.median_us, k.p10_us, k.p90_us, k.predicted_us) for k in self.kernels]
@@ -86,21 +89,23 @@ class BenchReport:
 
 def bench_file(path: str | Path, *, warmup: int = 10, iters: int = 100, target: Target | None = None,
                seed: int = 0) -> BenchReport:
-    """Benchmark every kernel of the file at ``path`` on this host's Neuron device (see the module
-    docstring); ``target`` (default: the file's) makes the predictions."""
+    """Time every kernel of the file at ``path`` on this host's Neuron device (see the module docstring);
+    ``target`` (default: the file's) makes the predictions. ``iters`` is recorded as 1 on the neuron-explorer
+    route, which times one run."""
     if warmup < 0 or iters < 1:
         raise InputError(f"--warmup must be >= 0 and --iters >= 1; got {warmup} and {iters}")
     kernel_file = read_kernel_file(path)
     tgt = target or get_target(kernel_file.target_name)
     if tgt.name != kernel_file.target_name:
         raise InputError(f"{path} was emitted for {kernel_file.target_name}, not {tgt.name}")
-    package = benchmark_package(kernel_file.dialect)
+    route = choose_route(kernel_file.dialect)
     module = KernelModule(kernel_file.source, str(path))
     timings = []
     for spec, program in zip(kernel_file.metadata.kernels, kernel_file.programs, strict=True):
         args = list(random_inputs(spec.inputs, seed).values())
         try:
-            measured = benchmark_kernel(package, module.function(spec.name), args, warmup=warmup, iters=iters)
+            measured = time_kernel(route, module.function(spec.name), args, warmup=warmup, iters=iters,
+                                   target=tgt.name)
         except NmmcError:
             raise
         except Exception as exc:
@@ -109,4 +114,4 @@ def bench_file(path: str | Path, *, warmup: int = 10, iters: int = 100, target: 
             raise NmmcError(f"benchmarking {spec.name} returned non-positive latencies {measured}")
         timings.append(KernelTiming(spec.name, measured[10], measured[50], measured[90],
                                     estimate(program, tgt).latency_us))
-    return BenchReport(kernel_file, tgt, warmup, iters, timings)
+    return BenchReport(kernel_file, tgt, warmup, iters if route.name == BENCHMARK else 1, timings, route)

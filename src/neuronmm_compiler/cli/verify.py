@@ -67,7 +67,8 @@ def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | No
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--warmup", default=10, show_default=True, type=click.IntRange(min=0), help="Untimed runs per kernel.")
-@click.option("--iters", default=100, show_default=True, type=click.IntRange(min=1), help="Timed runs per kernel.")
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(min=1),
+              help="Timed runs per kernel (nki.benchmark; the neuron-explorer route times one).")
 @click.option("--target", default=None,
               help="Target whose cost model predicts the kernel [default: the file's]; a calibrated target file "
                    "compares with its fit.")
@@ -75,10 +76,21 @@ def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | No
               help="Append the measurement to this CSV (created with a header if missing), for 'nmmc calibrate'.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
 def bench(file: str, warmup: int, iters: int, target: str | None, append_csv: str | None, as_json: bool) -> None:
-    """Benchmark an emitted kernel FILE on this host's Neuron device with AWS's benchmark API
-    (needs a Trainium instance and the file's NKI package), and print the median, p10 and p90
-    latencies next to the cost model's prediction. With --append-csv, record the measurement in the
-    format 'nmmc calibrate' reads: bench, calibrate, then --target the calibrated file."""
+    """Time an emitted kernel FILE on this host's Neuron device (needs a Trainium instance and the
+    file's NKI package), and print the median, p10 and p90 latencies next to the cost model's
+    prediction, and the route used:
+
+    
+    - nki.benchmark, where the file's package has it (neuronxcc.nki, NKI 0.1): --warmup + --iters runs;
+    - neuron-explorer, for the nki dialect on NKI 0.2+ (which has no nki.benchmark): the kernel runs
+      once with NEURON_FRAMEWORK_DEBUG=1 to save its NEFF, then 'neuron-explorer capture
+      --profile-nth-exec=WARMUP+1' profiles one run after the warm-up and the latency is the
+      profile summary's total_time ('view --output-format summary-json'); needs aws-neuronx-tools
+      (neuron-explorer on PATH or in /opt/aws/neuron/bin); --iters does not apply (recorded as 1).
+
+    Exits 2 with one line naming what is missing when neither route (or no device) is available.
+    With --append-csv, record the measurement in the format 'nmmc calibrate' reads: bench,
+    calibrate, then --target the calibrated file."""
     from ..calibration.bench import bench_file
     from ..calibration.measurements import appended_text, check_appendable
     from ..io import write_output

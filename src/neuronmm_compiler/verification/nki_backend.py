@@ -1,23 +1,14 @@
 """AWS's own NKI toolchain, when it is installed: its CPU simulator (``nmmc verify --backend
-nki-simulator``) and on-device benchmarking (``nmmc bench``).
+nki-simulator``), and the package and device checks ``nmmc bench`` builds on (its timing routes are
+:mod:`neuronmm_compiler.calibration.bench_routes`).
 
 Neither package is a dependency: ``nki`` (NKI 0.3+) and ``neuronx-cc`` (``neuronxcc.nki``, NKI 0.1)
 are published only on AWS's Neuron pip index. Each is imported on first use, for the dialect of
 the kernel file at hand; when it is absent the error says which package is missing and how to get
 it. The emitted file is imported as a module as it is (its ``import nki`` / ``import neuronxcc.nki``
-then binds the real package), and its kernel functions are handed to the package's API:
-
-=============  ==========================================  ================================================
-dialect        simulate                                    benchmark (on a Neuron device)
-=============  ==========================================  ================================================
-``nki``        ``nki.simulate(kernel)(*arrays)``           ``nki.benchmark(warmup=, iters=)(kernel)(*arrays)``
-               (``nki.simulate_kernel`` on older builds)   where the installed ``nki`` provides it
-``neuronxcc``  ``neuronxcc.nki.simulate_kernel(kernel,     ``neuronxcc.nki.benchmark(warmup=, iters=)
-               *arrays)``                                  (kernel)(*arrays)``
-=============  ==========================================  ================================================
-
-After a benchmark call, ``kernel.benchmark_result.nc_latency.get_latency_percentile(p)`` gives the
-p-th percentile of the measured latency in microseconds (AWS's ``nki.benchmark`` documentation).
+then binds the real package), and its kernel functions are handed to the package's simulator:
+``nki.simulate(kernel)(*arrays)`` (``nki.simulate_kernel`` on older builds) for the ``nki`` dialect,
+``neuronxcc.nki.simulate_kernel(kernel, *arrays)`` for ``neuronxcc``.
 """
 
 from __future__ import annotations
@@ -157,27 +148,3 @@ def simulator_runner(source: str, filename: str, dialect: str) -> KernelRunner:
 def neuron_devices() -> list[str]:
     """The Neuron device nodes of this host (``/dev/neuron0``, ...); empty off Trainium/Inferentia."""
     return sorted(glob.glob("/dev/neuron[0-9]*"))
-
-
-def benchmark_kernel(package: ModuleType, fn: Any, args: list[np.ndarray], *, warmup: int,
-                     iters: int) -> dict[int, float]:
-    """Benchmark one kernel on the device: its 10th, 50th and 90th latency percentiles in us."""
-    bench = package.benchmark(warmup=warmup, iters=iters)(fn)
-    bench(*args)
-    latency = bench.benchmark_result.nc_latency
-    return {p: float(latency.get_latency_percentile(p)) for p in (10, 50, 90)}
-
-
-def benchmark_package(dialect: str) -> ModuleType:
-    """The dialect's NKI package, checked to offer ``benchmark`` and to have a Neuron device to run on."""
-    package = nki_package(dialect)
-    if not callable(getattr(package, "benchmark", None)):
-        raise NeuronUnavailableError(f"the installed {PACKAGES[dialect][0]} has no benchmark API "
-                                     f"({PACKAGES[dialect][0]}.benchmark); benchmark a --dialect neuronxcc "
-                                     "kernel, or measure the kernel another way and add the row to the CSV "
-                                     "(docs/calibration.md)")
-    if not neuron_devices():
-        raise NeuronUnavailableError("no Neuron device on this host (no /dev/neuron*): 'nmmc bench' runs kernels "
-                                     "on a Trainium (trn1/trn2) instance; elsewhere use 'nmmc cost' and "
-                                     "'nmmc verify'")
-    return package

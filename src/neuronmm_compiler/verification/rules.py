@@ -330,9 +330,17 @@ RULES: tuple[Rule, ...] = (
     Rule("NKI-BENCHMARK", "dialect", "nki.benchmark, nki.profile and nki.baremetal are not in NKI 0.2+; "
          "profile with NEURON_FRAMEWORK_DEBUG=1 (saves the NEFF) and neuron-explorer capture",
          (_sdk(_RELNOTES, "NKI (0.1.0) [2.27], Known Issues; NKI (0.2.0) [2.28], Bug Fixes"),
-          _sdk("nki/guides/use-neuron-profile.rst", "How to profile using neuron-explorer capture")),
+          _sdk("nki/guides/use-neuron-profile.rst", "How to profile using neuron-explorer capture"),
+          _sdk("tools/neuron-explorer/profile-schema-reference.rst", "Summary: total_time"),
+          _sdk("tools/neuron-explorer/troubleshooting.rst", "Is summary-json still supported?")),
          dialects=(Dialect.NKI,), checkable=True,
-         note="`neuron-explorer capture -n <file>.neff -s profile.ntff --profile-nth-exec=2` times the second run."),
+         note="`neuron-explorer capture -n <file>.neff -s profile.ntff --profile-nth-exec=N` runs the NEFF N times and "
+              "profiles the N-th (profile_exec_N.ntff); a standalone kernel (nki.jit called with NumPy arrays) saves "
+              "its NEFF in the working directory under NEURON_FRAMEWORK_DEBUG=1. The latency is the summary's "
+              "total_time (seconds of on-device execution, no host overhead) from `neuron-explorer view -n <neff> -s "
+              "<ntff> --output-format summary-json` (its schema 'may change between versions'). nmmc bench uses "
+              "this route for the nki dialect (calibration/bench_routes.py). The migration FAQ of Neuron Explorer "
+              "still says to use nki.benchmark/nki.profile for NKI kernels: true of NKI 0.1 only."),
 )
 
 RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
