@@ -618,7 +618,12 @@ def test_dma_transpose_shapes_that_are_not_constant_or_indirect_are_not_guessed_
                                dge_mode=nisa.dge_mode.hwdge)
         nisa.dma_transpose(dst=t, src=a.ap(pattern=[[512, 128], [1, 512]]), dge_mode=nisa.dge_mode.swdge)
         """
-    # a min(...) bound is not a constant width, and .ap() (an access pattern, maybe indirect) is left alone
+    # a min(...) bound is not a constant width, .ap() (an access pattern, maybe indirect) and nl.mgrid indices
+    # (arrays, not one integer) are left alone
+    body += """
+        ip, jf = nl.mgrid[0:16, 0:256]
+        nisa.dma_transpose(dst=t, src=a[ip, jf], dge_mode=nisa.dge_mode.hwdge)
+        """
     assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2") == []
     constant = body.replace("min(512 * m + 512, 700)", "512 * m + 512")
     found = check_kernel_source(_kernel("nki", constant), dialect="nki", target="trn2")

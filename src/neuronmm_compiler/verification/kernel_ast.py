@@ -84,12 +84,35 @@ def metadata_dtypes(source: str) -> dict[str, str]:
     return {}
 
 
-def access_widths(node: ast.AST) -> tuple[int | None, ...] | None:
-    """The shape of a subscript access as the source shows it: the width of each sliced dimension (an integer
-    index drops its dimension, as in NumPy; None for a width that is not constant); None when ``node`` is not a
-    subscript of a name."""
+def subscript_elements(node: ast.Subscript) -> list[ast.AST]:
+    """The index elements of a subscript (``a[i, 0:128]`` -> ``[i, 0:128]``)."""
+    return list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+
+
+def is_scalar_index(node: ast.AST, scalars: set[str]) -> bool:
+    """True when an index element is one integer: a constant, a loop variable (``scalars``), or +, -, *, // of
+    those. An ``nl.mgrid``/``nl.arange`` index (a name bound otherwise, ``i.p``) or ``...`` is not."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int) and not isinstance(node.value, bool)
+    if isinstance(node, ast.Name):
+        return node.id in scalars
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+        return is_scalar_index(node.left, scalars) and is_scalar_index(node.right, scalars)
+    return False
+
+
+def access_widths(node: ast.AST, scalars: set[str], skip: int = 0) -> tuple[int | None, ...] | None:
+    """The shape of a subscript access as the source shows it: the width of each sliced dimension, an integer
+    index (:func:`is_scalar_index`) dropping its dimension as in NumPy, a width that is not constant None; the
+    first ``skip`` elements (block indices) left out. None when ``node`` is not a subscript of a name or an index
+    element is neither a slice nor one integer (an ``nl.mgrid`` index, ``...``): its shape is not guessed."""
     if not isinstance(node, ast.Subscript) or base_name(node) is None:
         return None
-    elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-    return tuple(slice_width(e) for e in elts if isinstance(e, ast.Slice))
+    widths: list[int | None] = []
+    for element in subscript_elements(node)[skip:]:
+        if isinstance(element, ast.Slice):
+            widths.append(slice_width(element))
+        elif not is_scalar_index(element, scalars):
+            return None
+    return tuple(widths)
 

@@ -23,10 +23,12 @@ from .kernel_ast import (
     attr_name,
     base_name,
     const_int,
+    is_scalar_index,
     kwarg,
     metadata_dtypes,
     names,
     slice_width,
+    subscript_elements,
 )
 from .rules import (
     ACTIVATION_FUNCTIONS,
@@ -79,6 +81,7 @@ class _Checker(ast.NodeVisitor):
         self.arg_dtypes = metadata_dtypes(source)
         self.env: dict[str, _Buffer] = {}
         self.import_reported = False
+        self.loop_vars: set[str] = set()  # names bound by a for loop: one integer each, when used as an index
         # enclosing nl.affine_range loops: (loop variable, names the loop allocates, names derived from its variable)
         self.loops: list[tuple[str, set[str], set[str]]] = []
 
@@ -117,6 +120,8 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_For(self, node: ast.For) -> None:
+        if isinstance(node.target, ast.Name):
+            self.loop_vars.add(node.target.id)
         affine = (isinstance(node.iter, ast.Call) and attr_name(node.iter.func) == "affine_range"
                   and isinstance(node.target, ast.Name))
         if affine:
@@ -276,10 +281,9 @@ class _Checker(ast.NodeVisitor):
     def _operand_widths(self, node: ast.AST | None) -> tuple[int | None, ...] | None:
         """The shape of an operand as the source shows it: a subscript's sliced widths, or a whole allocation's
         shape (without block dimensions); None when unknown."""
-        widths = access_widths(node) if node is not None else None
-        if widths is not None:
-            return widths
         buf = self._resolve(node)
+        if isinstance(node, ast.Subscript):
+            return access_widths(node, self.loop_vars, buf.par_index if buf is not None else 0)
         if isinstance(node, ast.Name) and buf is not None and buf.shape and buf.par_index == 0:
             return buf.shape
         return None
@@ -315,13 +319,17 @@ class _Checker(ast.NodeVisitor):
                         f"shape {list(src)} transposed")
 
     def _tile_shape(self, node: ast.AST | None) -> tuple[int | None, int | None] | None:
-        """(partition size, free size) of an operand: a subscript's selected widths, or a whole allocation."""
+        """(partition size, free size) of an operand: a subscript's selected widths (block indices, before the
+        partition dimension, left out; an index of one integer selects 1), or a whole allocation."""
+        buf = self._resolve(node)
         if isinstance(node, ast.Subscript):
-            elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            widths = [slice_width(e) for e in elts]
+            elts = subscript_elements(node)[buf.par_index if buf is not None else 0:]
+            widths = [slice_width(e) if isinstance(e, ast.Slice) else 1 if is_scalar_index(e, self.loop_vars)
+                      else None for e in elts]
+            if not widths:
+                return None
             free = None if any(w is None for w in widths[1:]) else math.prod(widths[1:])  # type: ignore[arg-type]
             return widths[0], free
-        buf = self._resolve(node)
         if isinstance(node, ast.Name) and buf is not None and buf.shape and buf.par_index == 0:
             rest = buf.shape[1:]
             return buf.shape[0], None if any(d is None for d in rest) else math.prod(rest)  # type: ignore[arg-type]
