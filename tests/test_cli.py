@@ -40,7 +40,8 @@ def test_emit_to_stdout_is_the_file():
 
 def test_verify_fails_on_a_broken_kernel(tmp_path):
     out = tmp_path / "gemm.py"
-    assert run("emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "-o", str(out)).exit_code == 0
+    assert run("emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "--dialect", "nki", "--target", "trn2",
+               "-o", str(out)).exit_code == 0
     text = out.read_text()
     # Drop the last K tile's contribution: the kernel now computes the wrong thing.
     broken = text.replace("for k_blk in range(2):", "for k_blk in range(1):")
@@ -53,7 +54,8 @@ def test_verify_fails_on_a_broken_kernel(tmp_path):
 
 def test_verify_reports_a_violated_limit(tmp_path):
     out = tmp_path / "gemm.py"
-    assert run("emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "-o", str(out)).exit_code == 0
+    assert run("emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "--dialect", "nki", "--target", "trn2",
+               "-o", str(out)).exit_code == 0
     text = out.read_text().replace("nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)",
                                    "nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum)")
     text = text.replace("acc_psum[0:128, 0:512]", "acc_psum[0:128, 0:1024]", 1)

@@ -44,7 +44,8 @@ ROWS = _rows()
 def _make_tampered_kernel(directory: Path) -> None:
     """tampered.py as docs/errors.md describes it: an emitted GEMM kernel with its K-block loop cut short."""
     path = directory / "tampered.py"
-    result = CliRunner().invoke(main, ["emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "-o", str(path)])
+    result = CliRunner().invoke(main, ["emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "--dialect", "nki",
+                                         "--target", "trn2", "-o", str(path)])
     assert result.exit_code == 0, result.output
     text = path.read_text()
     assert "for k_blk in range(2):" in text

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import compile_and_verify
 from helpers import compile_gemm
+from neuronmm_compiler.errors import ScheduleError
 from neuronmm_compiler.schedule import PRESETS
 from neuronmm_compiler.schedule.gemm import LOOP_ORDERS
 
@@ -39,8 +40,28 @@ def test_presets_verify_fp32(shape, preset, dialect):
 def test_schedule_space_verifies_on_ragged_shape(order, accumulate, dma, a_transpose):
     params = {"tiles_in_block_m": 2, "tiles_in_block_n": 2, "tiles_in_block_k": 2, "loop_order": order,
               "accumulate": accumulate, "dma": dma, "a_transpose": a_transpose}
-    for dialect in ("nki", "neuronxcc"):
-        compile_and_verify(130, 600, 300, schedule="aws-tiled", params=params, dialect=dialect)
+    for dialect, target in (("nki", "trn2"), ("neuronxcc", "trn1")):  # nisa.dma_transpose is trn2+
+        compile_and_verify(130, 600, 300, schedule="aws-tiled", params=params, dialect=dialect, target=target)
+
+
+@pytest.mark.parametrize(("target", "dtype", "rule"), [("trn1", "bf16", "NKI-DMA-TRANSPOSE-TARGET"),
+                                                       ("trn2", "fp32", "NKI-DMA-TRANSPOSE-DTYPE")])
+def test_dma_transpose_only_where_documented(target, dtype, rule):
+    """Issue 12 finding 3: nisa.dma_transpose is documented on trn2+ for 2-byte dtypes. Elsewhere a preset makes
+    A^T on the TensorEngine, an explicit a_transpose=dma is an error naming the rule, and the neuronxcc dialect
+    keeps its documented nl.load_transpose2d."""
+    compiled, report = compile_and_verify(256, 512, 384, schedule="aws-tiled", dialect="nki", target=target,
+                                          dtype=dtype)
+    assert compiled.schedule.a_transpose == "pe" and "dma_transpose" not in compiled.kernel.source
+    assert report.counters["dma_transposes"] == 0 and report.counters["transposes"] > 0
+    with pytest.raises(ScheduleError, match=rule):
+        compile_gemm(256, 512, 384, schedule="aws-tiled", dialect="nki", target=target, dtype=dtype,
+                     params={"a_transpose": "dma"})
+    legacy, _ = compile_and_verify(256, 512, 384, schedule="aws-tiled", dialect="neuronxcc", target=target,
+                                   dtype=dtype, params={"a_transpose": "dma"})
+    assert "nl.load_transpose2d" in legacy.kernel.source
+    documented, _ = compile_and_verify(256, 512, 384, schedule="aws-tiled", dialect="nki", target="trn2")
+    assert "nisa.dma_transpose" in documented.kernel.source
 
 
 def test_pe_transpose_is_counted():
@@ -112,5 +133,11 @@ def test_footprint_matches_interpreter_peak():
     a_transpose=st.sampled_from(["dma", "pe"]), seed=st.integers(0, 2**16),
 )
 def test_property_emit_and_verify_any_shape(m, n, k, preset, dialect, layout, dtype, a_transpose, seed):
-    compile_and_verify(m, n, k, schedule=preset, dialect=dialect, a_layout=layout, dtype=dtype,
+    target = "trn2" if dialect == "nki" else "trn1"
+    if dialect == "nki" and dtype == "fp32" and layout == "mk" and a_transpose == "dma":
+        with pytest.raises(ScheduleError, match="NKI-DMA-TRANSPOSE-DTYPE"):
+            compile_gemm(m, n, k, schedule=preset, dialect=dialect, a_layout=layout, dtype=dtype, target=target,
+                         params={"a_transpose": a_transpose})
+        return
+    compile_and_verify(m, n, k, schedule=preset, dialect=dialect, a_layout=layout, dtype=dtype, target=target,
                        params={"a_transpose": a_transpose}, seed=seed)

@@ -41,9 +41,9 @@ SLOW_GEMM = {"tile_m": 128, "tile_n": 128, "tile_k": 128, "tiles_in_block_m": 1,
 def base_lock() -> Lockfile:
     lock = Lockfile()
     gemm = tune(GEMM.m, GEMM.n, GEMM.k, target="trn1", trials=TRIALS, seed=0)
-    lock.add(entry_from_tuned(GEMM, gemm, target="trn1", dialect="nki", seed=0, trials=TRIALS))
+    lock.add(entry_from_tuned(GEMM, gemm, target="trn1", dialect="neuronxcc", seed=0, trials=TRIALS))
     chain = tune_graph(CHAIN, target=get_target("trn1"), trials=TRIALS, seed=0)
-    lock.add(entry_from_tuned(CHAIN, chain, target="trn1", dialect="nki", seed=0, trials=TRIALS))
+    lock.add(entry_from_tuned(CHAIN, chain, target="trn1", dialect="neuronxcc", seed=0, trials=TRIALS))
     return lock
 
 

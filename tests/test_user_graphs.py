@@ -46,7 +46,7 @@ def graph(inputs: dict, ops: dict, outputs: dict, dtype: str = "fp32") -> dict:
 @pytest.mark.parametrize("dialect", ["nki", "neuronxcc"])
 def test_examples_tune_emit_and_verify(tmp_path, example, dialect):
     path = str(EXAMPLES / f"{example}.yaml")
-    dims = ["--dim", "tokens=96"]
+    dims = ["--dim", "tokens=96", "--target", "trn2" if dialect == "nki" else "trn1"]  # where each is documented
     tuned = tmp_path / "tuned.py"
     result = run("tune", "--graph", path, *dims, "--dialect", dialect, "--trials", "30", "--json", "-o", str(tuned))
     assert result.exit_code == 0, result.output

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .codegen import DEFAULT_DIALECT, KernelFile, check_dialect, emit_kernel
+from .codegen import KernelFile, emit_kernel
 from .cost_model import CostReport, combine_reports, estimate
 from .cost_model.footprint import Footprint, check_fits
 from .errors import InputError, NmmcError, ScheduleError
@@ -30,10 +30,13 @@ from .frontends.workloads import Workload
 from .ir import Graph
 from .kernel_ir.program import Program
 from .lowerings import Baseline, Lowering, lowering_for, lowering_named
+from .lowerings.base import dma_transpose_ok
 from .passes import Pass, PipelineStep, parse_pipeline, run_pipeline
 from .schedule.params import check_schedule
 from .search import DEFAULT_TRIALS, Candidate, TuneResult, search
+from .support import AUTO, resolve_dialect
 from .targets import Target
+from .vocab import Dialect
 
 if TYPE_CHECKING:
     from .artifacts.cache import ResultCache
@@ -115,16 +118,22 @@ def _name(lowering: Lowering, schedule: Any | None, preset: str | None, params: 
     return name
 
 
-def compile_workload(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT,
+def platform_dialect(dialect: str | None, target: Target) -> Dialect:
+    """The concrete dialect of ``--dialect`` (None or ``auto``: the one :mod:`~neuronmm_compiler.support` picks
+    for the target)."""
+    return resolve_dialect(dialect or AUTO, target.name)
+
+
+def compile_workload(workload: Workload, *, target: Target, dialect: str | None = None,
                      schedule: Any | None = None, preset: str | None = None,
                      params: Mapping[str, str | int] | None = None, schedule_name: str | None = None,
                      pipeline: Sequence[Pass] | str | None = None) -> Compiled:
     """Compile ``workload`` under a schedule (a given one, a preset, or the entry's default) with
     ``params`` overrides: lower, check it fits on chip and in HBM, cost and print it."""
-    check_dialect(dialect)
+    dialect = platform_dialect(dialect, target)
     lowering = lowering_for(workload)
     params = dict(params or {})
-    chosen = lowering.resolve(workload, schedule, preset, params, target)
+    chosen = lowering.resolve(workload, schedule, preset, params, target, dialect)
     lowered = lower_graph(workload, lowering, chosen, pipeline)
     programs = lower_programs(lowering, lowered, chosen, target)
     check_hbm(programs, target)
@@ -152,10 +161,11 @@ class Costed:
 
 def cost_workload(workload: Workload, *, target: Target, preset: str | None = None,
                   params: Mapping[str, str | int] | None = None,
-                  pipeline: Sequence[Pass] | str | None = None) -> Costed:
-    """What ``nmmc cost`` prints: the schedule's programs and costs, whether or not it fits."""
+                  pipeline: Sequence[Pass] | str | None = None, dialect: str | None = None) -> Costed:
+    """What ``nmmc cost`` prints: the schedule's programs and costs, whether or not it fits (``dialect``
+    decides only what the schedule may emit, e.g. whether A^T may be a transposing DMA load)."""
     lowering = lowering_for(workload)
-    chosen = lowering.resolve(workload, None, preset, dict(params or {}), target)
+    chosen = lowering.resolve(workload, None, preset, dict(params or {}), target, platform_dialect(dialect, target))
     programs = lower_programs(lowering, lower_graph(workload, lowering, chosen, pipeline), chosen, target)
     costs = [estimate(p, target) for p in programs]
     return Costed(preset or lowering.default_schedule_name, chosen, programs, costs, combine_reports(costs))
@@ -211,24 +221,25 @@ class Tuned:
         return {name: b.speedup(self.compiled.cost) for name, b in self.baselines.items()}
 
 
-def tune(workload: Workload, *, target: Target, dialect: str = DEFAULT_DIALECT, trials: int = DEFAULT_TRIALS,
+def tune(workload: Workload, *, target: Target, dialect: str | None = None, trials: int = DEFAULT_TRIALS,
          seed: int = 0, timeout: float | None = None, top_k: int = 5, exhaustive_threshold: int | None = None,
          method: str | None = None, progress: ProgressFn | None = None, storage: str | None = None,
          study_name: str | None = None, workers: int = 1) -> Tuned:
     """Search the workload's schedule space with the cost model, compile the winner, cost the
     baselines. ``storage``, ``study_name``, ``workers``: a resumable, shareable search (see
     :func:`search.tuner.search`); ``exhaustive_threshold`` defaults to the entry's."""
-    check_dialect(dialect)
+    dialect = platform_dialect(dialect, target)
+    dma_transpose = dma_transpose_ok(workload, target, dialect)
     lowering = lowering_for(workload)
     threshold = _threshold(lowering, exhaustive_threshold)
-    setup = functools.partial(lowering.search_setup, workload, target, threshold)
+    setup = functools.partial(lowering.search_setup, workload, target, threshold, dma_transpose)
     spec, evaluate = setup()
     result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=trials, seed=seed,
                     timeout=timeout, exhaustive_threshold=threshold, top_k=top_k, force=method, progress=progress,
                     storage=storage, study_name=study_name, workers=workers, setup=setup)
     compiled = compile_workload(workload, target=target, dialect=dialect, schedule=result.best.schedule,
                                 schedule_name=f"tuned ({result.method}, seed {seed})")
-    return Tuned(compiled, result, lowering.baselines(workload, target))
+    return Tuned(compiled, result, lowering.baselines(workload, target, dma_transpose))
 
 
 def _threshold(lowering: Lowering, exhaustive_threshold: int | None) -> int:
@@ -236,23 +247,24 @@ def _threshold(lowering: Lowering, exhaustive_threshold: int | None) -> int:
     return lowering.exhaustive_threshold if exhaustive_threshold is None else exhaustive_threshold
 
 
-def _cache_key(workload: Workload, graph: Graph, *, target: Target, dialect: str, trials: int, seed: int,
+def _cache_key(workload: Workload, graph: Graph, *, target: Target, dialect: Dialect, trials: int, seed: int,
                method: str | None, exhaustive_threshold: int | None) -> str:
     """The result-cache key of a search request (see :func:`search_fingerprint`)."""
     from .artifacts.cache import cache_key
 
     request = search_fingerprint(workload, trials=trials, seed=seed, method=method,
-                                 exhaustive_threshold=exhaustive_threshold)
+                                 exhaustive_threshold=exhaustive_threshold,
+                                 dma_transpose=dma_transpose_ok(workload, target, dialect))
     return cache_key(graph, target=target, dialect=dialect, kind=lowering_for(workload).kind, search=request)
 
 
 def search_fingerprint(workload: Workload, *, trials: int, seed: int, method: str | None,
-                       exhaustive_threshold: int | None) -> dict[str, str]:
+                       exhaustive_threshold: int | None, dma_transpose: bool = True) -> dict[str, str]:
     """What a search's outcome depends on besides the graph, target and dialect: the request
     (method, trials, seed, exhaustive threshold) and a fingerprint of the schedule space."""
     lowering = lowering_for(workload)
     threshold = _threshold(lowering, exhaustive_threshold)
-    space = lowering.space(workload)
+    space = lowering.space(workload, dma_transpose)
     text = json.dumps({"schedule": lowering.schedule_class.__name__,
                        "candidates": {name: list(values) for name, values in space.candidates.items()}},
                       sort_keys=True, default=str)
@@ -260,7 +272,7 @@ def search_fingerprint(workload: Workload, *, trials: int, seed: int, method: st
             "exhaustive_threshold": str(threshold), "space": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
 
-def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: ResultCache | None,
+def tune_cached(workload: Workload, *, target: Target, dialect: str | None, cache: ResultCache | None,
                 trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, method: str | None = None,
                 exhaustive_threshold: int | None = None, storage: str | None = None, store: bool = True,
                 **search_options: Any) -> tuple[Tuned, bool]:
@@ -274,6 +286,7 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: Resu
     it with :func:`store_tuned` once everything else it makes has succeeded (``nmmc tune`` does, so
     a command that fails leaves no cache entry behind)."""
     started = time.perf_counter()
+    dialect = platform_dialect(dialect, target)
     lowering = lowering_for(workload)
     use_cache = cache is not None and timeout is None
     if use_cache:
@@ -292,7 +305,8 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: Resu
             result = TuneResult(best=best, top=[best], method="cache", trials=0, evaluated=0, feasible=0,
                                 space_size=int(record.search.get("space_size", 0)),
                                 seconds=time.perf_counter() - started)
-            return Tuned(compiled, result, lowering.baselines(workload, target)), True
+            baselines = lowering.baselines(workload, target, dma_transpose_ok(workload, target, dialect))
+            return Tuned(compiled, result, baselines), True
     tuned = tune(workload, target=target, dialect=dialect, trials=trials, seed=seed, timeout=timeout, method=method,
                  exhaustive_threshold=exhaustive_threshold, storage=storage, **search_options)
     if use_cache and store:
@@ -301,7 +315,7 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str, cache: Resu
     return tuned, False
 
 
-def store_tuned(workload: Workload, tuned: Tuned, *, cache: ResultCache, target: Target, dialect: str,
+def store_tuned(workload: Workload, tuned: Tuned, *, cache: ResultCache, target: Target, dialect: str | None,
                 trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, method: str | None = None,
                 exhaustive_threshold: int | None = None) -> bool:
     """Write the decision of a search :func:`tune_cached` ran (with the same arguments) to
@@ -312,6 +326,7 @@ def store_tuned(workload: Workload, tuned: Tuned, *, cache: ResultCache, target:
     if timeout is not None:
         return False
     graph = workload.graph()
+    dialect = platform_dialect(dialect, target)
     key = _cache_key(workload, graph, target=target, dialect=dialect, trials=trials, seed=seed, method=method,
                      exhaustive_threshold=exhaustive_threshold)
     return cache.put(new_record(graph, key=key, target=target, dialect=dialect, kind=lowering_for(workload).kind,

@@ -36,7 +36,6 @@ from typing import TypeVar
 import numpy as np
 
 __all__ = [
-    "DEFAULT_DIALECT",
     "ALayout",
     "Dialect",
     "DialectInfo",
@@ -151,8 +150,6 @@ class DialectInfo:
     and_later: bool
     #: The module holding ``language`` and ``isa`` that kernel files import (``neuronxcc.nki``).
     module: str
-    #: The Neuron SDK releases that ship it.
-    sdk: str
     #: How messages name the pip package that provides :attr:`module`.
     package: str
     #: Said after the description in kernel file headers.
@@ -194,8 +191,9 @@ class Dialect(StrEnum):
 
     @property
     def description(self) -> str:
-        """One line for kernel file headers and ``--help``: version, import, SDK releases."""
-        return f"{self.versions} (import {self.module}; {self.info.sdk}){self.info.note}"
+        """One line for kernel file headers and ``--help``: version and import (the SDK releases and targets it
+        runs on are :mod:`neuronmm_compiler.support`'s)."""
+        return f"{self.versions} (import {self.module}){self.info.note}"
 
     @classmethod
     def of_module(cls, name: str) -> Dialect | None:
@@ -205,14 +203,12 @@ class Dialect(StrEnum):
 
 
 _DIALECT_INFO: Mapping[Dialect, DialectInfo] = MappingProxyType({
-    Dialect.NKI: DialectInfo(nki_version="0.3", and_later=True, module="nki", sdk="Neuron SDK 2.29 and later",
+    Dialect.NKI: DialectInfo(nki_version="0.3", and_later=True, module="nki",
                              package="'nki' (NKI 0.3+, Neuron SDK 2.29 and later)"),
     Dialect.NEURONXCC: DialectInfo(nki_version="0.1", and_later=False, module="neuronxcc.nki",
-                                   sdk="Neuron SDK 2.27 and earlier", package="'neuronx-cc' (neuronxcc.nki, NKI 0.1)",
+                                   package="'neuronx-cc' (neuronxcc.nki, NKI 0.1; Neuron SDK 2.29 and earlier)",
                                    note=", as the NeuronMM paper used"),
 })
-#: The dialect nmmc prints unless told otherwise.
-DEFAULT_DIALECT = Dialect.NKI
 
 
 class NodeKind(StrEnum):

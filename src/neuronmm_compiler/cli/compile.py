@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
-from ..codegen import DIALECTS
 from ..errors import InputError
 from ..report import cost_json, costed_lines, emit_lines, explain_lines, schedules_lines
 from .options import (
     EXIT_FAILED,
     choice,
+    chosen_dialect,
     compile_inputs,
     dialect_option,
     finite_seconds,
@@ -35,8 +35,8 @@ from .views import echo_lines, schedules_json
 @dialect_option
 @target_option
 @click.option("-o", "--output", required=True, metavar="FILE", help="Kernel file to write ('-' for stdout).")
-def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | None, dialect: str, target: str,
-         output: str, **options: Any) -> None:
+def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | None, dialect: str, sdk: str | None,
+         target: str, output: str, **options: Any) -> None:
     """Emit the NKI kernel(s) of a workload under a schedule preset (GEMM) or the default fused
     schedule (chains, MLPs, graphs), plus --param overrides."""
     from ..driver import compile_workload
@@ -45,9 +45,8 @@ def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     if output != "-":
         check_output_file(output)
     wl, tgt = compile_inputs(options, target)
-    choice(dialect, DIALECTS, "dialect")
-    result = compile_workload(wl, target=tgt, dialect=dialect, preset=schedule_name, params=parse_params(params),
-                              pipeline=pipeline)
+    result = compile_workload(wl, target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), preset=schedule_name,
+                              params=parse_params(params), pipeline=pipeline)
     if output == "-":
         click.echo(result.kernel.source, nl=False)
         return
@@ -114,7 +113,8 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
 @click.option("-o", "--output", required=True, metavar="FILE",
               help="Kernel file to write ('-' for stdout); with --model, the output directory.")
 def tune(target: str, trials: int | None, seed: int, timeout: float | None, method: str,
-         exhaustive_threshold: int | None, top_k: int, dialect: str, run_verify: bool, progress: bool | None,
+         exhaustive_threshold: int | None, top_k: int, dialect: str, sdk: str | None, run_verify: bool,
+         progress: bool | None,
          model: str | None, storage: str | None, study_name: str | None, workers: int, report_dir: str | None,
          lock_path: str | None, no_cache: bool, cache_dir: str | None, as_json: bool, output: str,
          **options: Any) -> None:
@@ -126,9 +126,10 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     from ..targets import get_target
     from ..tuning import TuneRequest, run_model_tune, run_tune
 
-    choice(dialect, DIALECTS, "dialect")
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
-    request = TuneRequest(target=get_target(target), dialect=dialect, trials=trials, seed=seed, timeout=timeout,
+    tgt = get_target(target)
+    request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), trials=trials, seed=seed,
+                          timeout=timeout,
                           method=None if method == "auto" else method, exhaustive_threshold=exhaustive_threshold,
                           top_k=top_k, storage=storage, study_name=study_name, workers=workers,
                           cache_dir=cache_dir, use_cache=not no_cache, progress=show_progress(progress, as_json))

@@ -1,6 +1,5 @@
 """NKI code generation: print loop-nest programs as kernel files in either NKI dialect."""
 
-from .. import vocab
 from .emit import KernelFile, check_dialect, emit_kernel
 from .metadata import (
     METADATA_FORMAT,
@@ -14,12 +13,7 @@ from .metadata import (
 )
 from .printer import DIALECTS
 
-#: The default ``--dialect``, as its plain string: click shows an enum default by its member name
-#: (``NKI``), so the command line takes this rather than :data:`~neuronmm_compiler.vocab.DEFAULT_DIALECT`.
-DEFAULT_DIALECT: str = vocab.DEFAULT_DIALECT.value
-
 __all__ = [
-    "DEFAULT_DIALECT",
     "DIALECTS",
     "METADATA_FORMAT",
     "METADATA_PREFIX",

@@ -11,17 +11,43 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..cost_model import CostReport
+from ..errors import ScheduleError
 from ..frontends.workloads import Workload
 from ..ir import Graph
-from ..kernel_ir.program import Program
+from ..kernel_ir.program import DTYPE_BYTES, Program
 from ..passes import Pass
 from ..search import Evaluator, SearchSpace, SpaceSpec
+from ..support import dma_transpose_documented
 from ..targets import Target
+from ..vocab import Dialect
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
 
-__all__ = ["Baseline", "Lowering"]
+__all__ = ["Baseline", "Lowering", "dma_transpose_ok", "transpose_choice"]
+
+
+def dma_transpose_ok(workload: Workload, target: Target, dialect: Dialect) -> bool:
+    """True when the dialect's transposing DMA load is documented for the target and the workload's dtype
+    (:func:`neuronmm_compiler.support.dma_transpose_documented`); where it is not, A^T / X^T is made on the
+    TensorEngine (``pe``)."""
+    return dma_transpose_documented(dialect, target.name, DTYPE_BYTES[workload.dtype])
+
+
+def transpose_choice(name: str, schedule: Any | None, params: Mapping[str, str | int], workload: Workload,
+                     target: Target, dialect: Dialect) -> dict[str, str]:
+    """The override of transpose parameter ``name`` ("a_transpose", "x_transpose") a schedule needs where the
+    transposing DMA load is not documented (:func:`dma_transpose_ok`): ``pe`` instead of a preset's ``dma``, and
+    a ScheduleError citing the rule when the caller asked for ``dma`` (with ``--param``, or in a given schedule:
+    a stored or searched decision, every value of which was asked for)."""
+    if dma_transpose_ok(workload, target, dialect):
+        return {}
+    asked = {**(schedule.as_dict() if schedule is not None else {}), **params}
+    if asked.get(name) == "dma":
+        rule = "NKI-DMA-TRANSPOSE-TARGET" if target.name == "trn1" else "NKI-DMA-TRANSPOSE-DTYPE"
+        raise ScheduleError(f"{name}=dma: nisa.dma_transpose is not documented for {workload.dtype} on {target.name} "
+                            f"({rule}, docs/nki-rules.md); use {name}=pe, --a-layout km, or --dialect neuronxcc")
+    return {name: "pe"}
 
 
 @dataclass(frozen=True)
@@ -64,9 +90,10 @@ class Lowering(ABC):
 
     @abstractmethod
     def resolve(self, workload: Workload, schedule: Any | None, preset: str | None,
-                params: Mapping[str, str | int], target: Target) -> Any:
+                params: Mapping[str, str | int], target: Target, dialect: Dialect) -> Any:
         """The schedule to compile: ``schedule`` (or the preset, or the default) with ``params``
-        applied, checked against the target's limits and normalized to the workload."""
+        applied, checked against the target's limits and what ``dialect`` may emit there, and
+        normalized to the workload."""
 
     @abstractmethod
     def pipeline(self, schedule: Any) -> list[Pass]:
@@ -86,14 +113,15 @@ class Lowering(ABC):
         """The (field, text) rows of an emitted file's header."""
 
     @abstractmethod
-    def space(self, workload: Workload) -> SearchSpace:
-        """The candidate values of every searched parameter for ``workload``."""
+    def space(self, workload: Workload, dma_transpose: bool = True) -> SearchSpace:
+        """The candidate values of every searched parameter for ``workload`` (``dma_transpose``: whether a
+        transposing DMA load may be emitted, see :func:`dma_transpose_ok`)."""
 
     @abstractmethod
-    def search_setup(self, workload: Workload, target: Target,
-                     exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
+    def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
+                     dma_transpose: bool = True) -> tuple[SpaceSpec, Evaluator]:
         """The search space and evaluator (a picklable call, rebuilt in worker processes)."""
 
     @abstractmethod
-    def baselines(self, workload: Workload, target: Target) -> dict[str, Baseline]:
+    def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         """The alternatives a tuned kernel is compared with, by name, best-known first."""

@@ -28,8 +28,8 @@ from ..schedule.fused import FusedSchedule, normalize_fused
 from ..schedule.params import check_schedule
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target
-from ..vocab import ALayout, Layout, NodeKind
-from .base import Baseline, Lowering
+from ..vocab import ALayout, Dialect, Layout, NodeKind
+from .base import Baseline, Lowering, transpose_choice
 from .gemm import aws_gemm_cost
 from .lower_elementwise import lower_elementwise
 from .lower_fused import lower_fused_kernel
@@ -58,12 +58,15 @@ def row_major_activations(workload: Workload) -> bool:
     return any(n.layout == Layout.ROW_MAJOR for n in graph.inputs() if n.id in lhs)
 
 
-def fused_space(row_major_x: bool, splittable: bool) -> SearchSpace:
+def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True) -> SearchSpace:
     """The fused search space: X^T made only by DMA unless some activation is row-major
-    (``row_major_x``); one kernel per gated MLP unless ``splittable``."""
+    (``row_major_x``), and then only on the TensorEngine where a transposing DMA load is not documented
+    (``dma_transpose`` False); one kernel per gated MLP unless ``splittable``."""
     restrict: dict[str, tuple] = {}
     if not row_major_x:
         restrict["x_transpose"] = ("dma",)
+    elif not dma_transpose:
+        restrict["x_transpose"] = ("pe",)
     if not splittable:
         restrict["mlp"] = ("whole",)
     return SearchSpace.for_schedule(FusedSchedule, restrict)
@@ -74,7 +77,8 @@ def fusion_pipeline(mlp: str) -> list[Pass]:
     return [replace(p, mlp=mlp) if isinstance(p, Fuse) else p for p in parse_pipeline(DEFAULT_FUSION_PIPELINE)]
 
 
-def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = ALayout.MK) -> CostReport:
+def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = ALayout.MK, dma_transpose: bool = True
+                 ) -> CostReport:
     """Every matmul as its own AWS-kernel GEMM, every elementwise op as its own HBM-to-HBM kernel,
     on a canonical graph (transposes of inputs folded into their layouts).
 
@@ -89,7 +93,7 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = ALayout.MK) 
             m, k = lhs.shape
             layout = ALayout.KM if lhs.kind == NodeKind.INPUT and lhs.layout == Layout.TRANSPOSED else lhs_layout
             problem = GemmProblem(m, node.shape[1], k, dtype=node.dtype, a_layout=layout)
-            reports.append(aws_gemm_cost(problem, target))
+            reports.append(aws_gemm_cost(problem, target, dma_transpose))
         elif node.kind == NodeKind.ELEMENTWISE:
             reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype, target), target))
         elif node.kind == NodeKind.TRANSPOSE:
@@ -112,11 +116,14 @@ class FusedLowering(Lowering):
         return True
 
     def resolve(self, workload: Workload, schedule: Any | None, preset_name: str | None,
-                params: Mapping[str, str | int], target: Target) -> FusedSchedule:
+                params: Mapping[str, str | int], target: Target, dialect: Dialect) -> FusedSchedule:
         if preset_name is not None:
             raise InputError("--schedule presets are GEMM schedules; fused graphs take --param only "
                              "(see 'nmmc schedules --mlp ...')")
-        chosen = (schedule or FusedSchedule()).with_params(dict(params))
+        base = schedule or FusedSchedule()
+        if row_major_activations(workload):
+            base = base.with_params(transpose_choice("x_transpose", schedule, params, workload, target, dialect))
+        chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
@@ -146,11 +153,11 @@ class FusedLowering(Lowering):
                           f"{len(programs)} kernel{'s' if len(programs) > 1 else ''})"),
         ]
 
-    def space(self, workload: Workload) -> SearchSpace:
-        return fused_space(row_major_activations(workload), splittable(workload))
+    def space(self, workload: Workload, dma_transpose: bool = True) -> SearchSpace:
+        return fused_space(row_major_activations(workload), splittable(workload), dma_transpose)
 
-    def search_setup(self, workload: Workload, target: Target,
-                     exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
+    def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
+                     dma_transpose: bool = True) -> tuple[SpaceSpec, Evaluator]:
         tokens = workload.token_count
         graph = workload.graph()
         kernels_by_mode: dict[str, list[Graph]] = {}
@@ -161,31 +168,33 @@ class FusedLowering(Lowering):
             return combine_reports([estimate(self.lower(k, schedule, target), target)
                                     for k in kernels_by_mode[schedule.mlp]])
 
-        space = self.space(workload)
+        space = self.space(workload, dma_transpose)
         seen: dict[FusedSchedule, None] = {}
         for point in space.points():
             seen.setdefault(normalize_fused(space.decode(point), tokens), None)
         everything = list(seen)
         base = FusedSchedule()
-        x_transpose = "pe" if tokens < 128 and "pe" in space.candidates["x_transpose"] else "dma"
+        transposes = space.candidates["x_transpose"]
+        x_transpose = "pe" if "pe" in transposes and (tokens < 128 or "dma" not in transposes) else "dma"
         guesses = [replace(base, x_transpose=x_transpose), replace(base, cache_weights="stage1", tokens_per_block=512)]
         if "split" in space.candidates["mlp"]:
             guesses.append(replace(base, mlp="split"))
         spec = SpaceSpec(space=space, guesses=guesses, size=len(everything), distinct=lambda: everything)
         return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens))
 
-    def baselines(self, workload: Workload, target: Target) -> dict[str, Baseline]:
+    def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):
             graph = _canonical(workload.graph())
             try:
-                dense, unfused = (unfused_cost(graph, target, lhs_layout=ALayout.KM),
-                                  unfused_cost(graph, target, lhs_layout=ALayout.MK))
+                dense, unfused = (unfused_cost(graph, target, lhs_layout=ALayout.KM, dma_transpose=dma_transpose),
+                                  unfused_cost(graph, target, lhs_layout=ALayout.MK, dma_transpose=dma_transpose))
             except ScheduleError:
                 dense = unfused = None
             return {"dense": Baseline("per-op kernels, lhs pre-transposed", "pre-transposed per-op kernels", dense),
                     "unfused": Baseline("per-op kernels (AWS GEMMs)", "per-op kernels", unfused)}
-        dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM)
-        unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK)
+        dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM,
+                             dma_transpose=dma_transpose)
+        unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK, dma_transpose=dma_transpose)
         return {"dense": Baseline("dense (AWS kernels)", "dense", dense),
                 "unfused": Baseline("SVD factors unfused (AWS kernels)", "unfused SVD", unfused)}
 

@@ -25,8 +25,8 @@ from ..schedule.gemm import preset_doc
 from ..schedule.params import check_schedule
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target
-from ..vocab import ALayout, Layout, NodeKind
-from .base import Baseline, Lowering
+from ..vocab import ALayout, Dialect, Layout, NodeKind
+from .base import Baseline, Lowering, transpose_choice
 from .lower_gemm import lower_gemm
 
 if TYPE_CHECKING:
@@ -76,9 +76,11 @@ class GemmLowering(Lowering):
         return {name: preset_doc(name) for name in PRESETS}
 
     def resolve(self, workload: Workload, schedule: Any | None, preset_name: str | None,
-                params: Mapping[str, str | int], target: Target) -> GemmSchedule:
+                params: Mapping[str, str | int], target: Target, dialect: Dialect) -> GemmSchedule:
         problem = _problem(workload)
         base = schedule if schedule is not None else preset(preset_name or DEFAULT_PRESET, problem)
+        if problem.a_layout == ALayout.MK:
+            base = base.with_params(transpose_choice("a_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
         return normalize(problem, chosen)
@@ -103,24 +105,34 @@ class GemmLowering(Lowering):
                           f"v{COST_MODEL_VERSION}, lower bound {cost.lower_bound_us:.1f} us)"),
         ]
 
-    def space(self, workload: Workload) -> SearchSpace:
-        return gemm_space(_problem(workload))
+    def space(self, workload: Workload, dma_transpose: bool = True) -> SearchSpace:
+        return gemm_space(_problem(workload), dma_transpose)
 
-    def search_setup(self, workload: Workload, target: Target,
-                     exhaustive_threshold: int) -> tuple[SpaceSpec, Evaluator]:
-        return gemm_search_setup(_problem(workload), target, exhaustive_threshold)
-
-    def baselines(self, workload: Workload, target: Target) -> dict[str, Baseline]:
+    def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
+                     dma_transpose: bool = True) -> tuple[SpaceSpec, Evaluator]:
         problem = _problem(workload)
-        cost = estimate(lower_gemm(problem, preset(BASELINE_PRESET, problem), target), target)
+        return gemm_search_setup(problem, target, exhaustive_threshold, space=gemm_space(problem, dma_transpose))
+
+    def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
+        problem = _problem(workload)
+        cost = estimate(lower_gemm(problem, aws_preset(BASELINE_PRESET, problem, dma_transpose), target), target)
         return {BASELINE_PRESET: Baseline(BASELINE_PRESET, BASELINE_PRESET, cost)}
 
 
-def aws_gemm_cost(problem: GemmProblem, target: Target) -> CostReport:
+def aws_preset(name: str, problem: GemmProblem, dma_transpose: bool = True) -> GemmSchedule:
+    """An AWS preset for ``problem``, making A^T on the TensorEngine where a transposing DMA load is not
+    documented (``dma_transpose`` False and A stored [M, K])."""
+    schedule = preset(name, problem)
+    if not dma_transpose and problem.a_layout == ALayout.MK:
+        schedule = schedule.with_params({"a_transpose": "pe"})
+    return schedule
+
+
+def aws_gemm_cost(problem: GemmProblem, target: Target, dma_transpose: bool = True) -> CostReport:
     """AWS's fully optimized kernel; where it does not fit the shape, the first AWS preset that does
     (the per-matmul kernel of the fused workloads' baselines)."""
     for name in (BASELINE_PRESET, *[p for p in PRESETS if p != BASELINE_PRESET]):
-        report = estimate(lower_gemm(problem, preset(name, problem), target), target)
+        report = estimate(lower_gemm(problem, aws_preset(name, problem, dma_transpose), target), target)
         if report.feasible:
             return report
     return report
@@ -129,9 +141,13 @@ def aws_gemm_cost(problem: GemmProblem, target: Target) -> CostReport:
 # ----------------------------------------------------------------------------- the GEMM search space
 
 
-def gemm_space(problem: GemmProblem) -> SearchSpace:
-    """The GEMM search space of a problem: A^T made only by DMA when A is stored [K, M]."""
-    restrict = {} if problem.a_layout == ALayout.MK else {"a_transpose": ("dma",)}
+def gemm_space(problem: GemmProblem, dma_transpose: bool = True) -> SearchSpace:
+    """The GEMM search space of a problem: A^T made only by DMA when A is stored [K, M] (a plain load), only on
+    the TensorEngine when a transposing DMA load is not documented (``dma_transpose`` False)."""
+    if problem.a_layout != ALayout.MK:
+        restrict = {"a_transpose": ("dma",)}
+    else:
+        restrict = {} if dma_transpose else {"a_transpose": ("pe",)}
     return SearchSpace.for_schedule(GemmSchedule, restrict)
 
 
@@ -159,7 +175,7 @@ def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSche
     large M blocks; both A^T strategies), then AWS's fully optimized parameters. The grid costs a
     few dozen evaluations and keeps TPE from settling in a poor basin on large shapes.
     """
-    transposes = ("pe", "dma") if problem.a_layout == ALayout.MK else ("dma",)
+    transposes = [t for t in ("pe", "dma") if t in space.candidates["a_transpose"]]
     grid = [
         GemmSchedule(tiles_in_block_m=bm, tiles_in_block_n=bn, tiles_in_block_k=bk, loop_order=order,
                      accumulate=acc, dma="row", a_transpose=a_t)

@@ -7,7 +7,8 @@
 # footprint   svd_chain_k0: SBUF 26624 of 245760 bytes/partition, PSUM 1 of 8 banks
 # predicted   1018.2 us on trn3 (cost model v1, 1 kernel)
 # target      trn3 (NeuronCore-v4)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         rules checked against Neuron SDK 2.29 to 2.32 on trn3
 #
 # graph:
 #   graph svd_chain {

@@ -3,11 +3,12 @@
 #
 # workload    Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M=512 N=8192 K=2048 R=1280, bfloat16, X [M,K]
 # schedule    default
-# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
 # footprint   svd_chain_k0: SBUF 23040 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted   1416.3 us on trn1 (cost model v1, 1 kernel)
+# predicted   1117.3 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph svd_chain {
@@ -18,7 +19,7 @@
 #     %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [512, 2048] bfloat16 layout=row_major\n  %u = input \"u\" [2048, 1280] bfloat16 layout=row_major\n  %v = input \"v\" [1280, 8192] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [512, 1280] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [512, 2048] bfloat16 layout=row_major\n  %u = input \"u\" [2048, 1280] bfloat16 layout=row_major\n  %v = input \"v\" [1280, 8192] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [512, 1280] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -38,13 +39,18 @@ def svd_chain_k0(x, u, v):
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
     y = nl.ndarray((512, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
     # blocks of tokens
     for m_blk in range(4):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # tokens on partitions, as stored
+        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[128 * m_blk:128 * m_blk + 128, 0:2048])
         for kt in range(16):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk:128 * m_blk + 128, 128 * kt:128 * kt + 128])
+            x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+            nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
+            nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
         # xu^T strip of this token block, kept in SBUF
         xu_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)

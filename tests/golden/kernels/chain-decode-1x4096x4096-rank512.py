@@ -7,7 +7,8 @@
 # footprint   svd_chain_k0: SBUF 20488 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   237.5 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph svd_chain {
@@ -18,15 +19,15 @@
 #     %xuv = matmul %xu, %v : [1, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [1, 4096] bfloat16 layout=row_major\n  %u = input \"u\" [4096, 512] bfloat16 layout=row_major\n  %v = input \"v\" [512, 4096] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [1, 512] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [1, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u","shape":[4096,512]},{"dtype":"bfloat16","name":"v","shape":[512,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u","shape":[4096,512]},{"dtype":"bfloat16","name":"v","shape":[512,4096]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [1, 4096] bfloat16 layout=row_major\n  %u = input \"u\" [4096, 512] bfloat16 layout=row_major\n  %v = input \"v\" [512, 4096] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [1, 512] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [1, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u","shape":[4096,512]},{"dtype":"bfloat16","name":"v","shape":[512,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u","shape":[4096,512]},{"dtype":"bfloat16","name":"v","shape":[512,4096]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
 import numpy as np
 
-import nki
-import nki.isa as nisa
-import nki.language as nl
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
 
 
 @nki.jit
@@ -41,33 +42,33 @@ def svd_chain_k0(x, u, v):
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(32):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt:128 * kt + 128])
+    for kt in nl.affine_range(32):
+        x_strip[0:128, kt, 0:1] = nl.load_transpose2d(x[0:1, 128 * kt:128 * kt + 128])
     # xu^T strip of this token block, kept in SBUF
     xu_strip = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
-    for f_blk in range(2):
+    for f_blk in nl.affine_range(2):
         u_block = nl.ndarray((128, 32, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(32):
-            nisa.dma_copy(dst=u_block[0:128, kt, 0:256], src=u[128 * kt:128 * kt + 128, 256 * f_blk:256 * f_blk + 256])
-        for ft in range(2):
-            xu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(32):
-                nisa.nc_matmul(dst=xu_psum[0:128, 0:1], stationary=u_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-            nisa.tensor_copy(dst=xu_strip[0:128, 2 * f_blk + ft, 0:1], src=xu_psum[0:128, 0:1])
+        for kt in nl.affine_range(32):
+            u_block[0:128, kt, 0:256] = nl.load(u[128 * kt:128 * kt + 128, 256 * f_blk:256 * f_blk + 256])
+        for ft in nl.affine_range(2):
+            xu_psum = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(32):
+                xu_psum[0:128, 0:1] += nisa.nc_matmul(u_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:1])
+            xu_strip[0:128, 2 * f_blk + ft, 0:1] = nl.copy(xu_psum[0:128, 0:1], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
-    for o_blk in range(2):
+    for o_blk in nl.affine_range(2):
         v_block = nl.ndarray((128, 4, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(4):
-            nisa.dma_copy(dst=v_block[0:128, kt, 0:2048], src=v[128 * kt:128 * kt + 128, 2048 * o_blk:2048 * o_blk + 2048])
+        for kt in nl.affine_range(4):
+            v_block[0:128, kt, 0:2048] = nl.load(v[128 * kt:128 * kt + 128, 2048 * o_blk:2048 * o_blk + 2048])
         # one packed row of output tiles
         y_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(4):
-            xuv_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(4):
-                nisa.nc_matmul(dst=xuv_psum[0:1, 0:512], stationary=xu_strip[0:128, kt, 0:1], moving=v_block[0:128, kt, 512 * bn:512 * bn + 512])
-            nisa.tensor_copy(dst=y_rows[0:1, 512 * bn:512 * bn + 512], src=xuv_psum[0:1, 0:512])
-        nisa.dma_copy(dst=y[0:1, 2048 * o_blk:2048 * o_blk + 2048], src=y_rows[0:1, 0:2048])
+        for bn in nl.affine_range(4):
+            xuv_psum = nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(4):
+                xuv_psum[0:1, 0:512] += nisa.nc_matmul(xu_strip[0:128, kt, 0:1], v_block[0:128, kt, 512 * bn:512 * bn + 512])
+            y_rows[0:1, 512 * bn:512 * bn + 512] = nl.copy(xuv_psum[0:1, 0:512], dtype=nl.bfloat16)
+        nl.store(y[0:1, 2048 * o_blk:2048 * o_blk + 2048], value=y_rows[0:1, 0:2048])
     return y
 
 

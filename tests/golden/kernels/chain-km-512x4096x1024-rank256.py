@@ -7,7 +7,8 @@
 # footprint   svd_chain_k0: SBUF 25088 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   130.5 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph svd_chain {
@@ -18,15 +19,15 @@
 #     %xuv = matmul %xu, %v : [512, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_chain {\n  %x_t = input \"x_t\" [512, 1024] bfloat16 layout=transposed\n  %u = input \"u\" [1024, 256] bfloat16 layout=row_major\n  %v = input \"v\" [256, 4096] bfloat16 layout=row_major\n  %xu = matmul %x_t, %u : [512, 256] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x_t","shape":[1024,512]},{"dtype":"bfloat16","name":"u","shape":[1024,256]},{"dtype":"bfloat16","name":"v","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x_t","shape":[1024,512]},{"dtype":"bfloat16","name":"u","shape":[1024,256]},{"dtype":"bfloat16","name":"v","shape":[256,4096]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x_t = input \"x_t\" [512, 1024] bfloat16 layout=transposed\n  %u = input \"u\" [1024, 256] bfloat16 layout=row_major\n  %v = input \"v\" [256, 4096] bfloat16 layout=row_major\n  %xu = matmul %x_t, %u : [512, 256] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x_t","shape":[1024,512]},{"dtype":"bfloat16","name":"u","shape":[1024,256]},{"dtype":"bfloat16","name":"v","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x_t","shape":[1024,512]},{"dtype":"bfloat16","name":"u","shape":[1024,256]},{"dtype":"bfloat16","name":"v","shape":[256,4096]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
 import numpy as np
 
-import nki
-import nki.isa as nisa
-import nki.language as nl
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
 
 
 @nki.jit
@@ -40,34 +41,34 @@ def svd_chain_k0(x_t, u, v):
     y = nl.ndarray((512, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
     # blocks of tokens
-    for m_blk in range(4):
+    for m_blk in nl.affine_range(4):
         # x_t^T strip: features on partitions, tokens free
         x_t_strip = nl.ndarray((128, 8, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(8):
-            nisa.dma_copy(dst=x_t_strip[0:128, kt, 0:128], src=x_t[128 * kt:128 * kt + 128, 128 * m_blk:128 * m_blk + 128])
+        for kt in nl.affine_range(8):
+            x_t_strip[0:128, kt, 0:128] = nl.load(x_t[128 * kt:128 * kt + 128, 128 * m_blk:128 * m_blk + 128])
         # xu^T strip of this token block, kept in SBUF
         xu_strip = nl.ndarray((128, 2, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x_t @ u)^T: weight tiles stationary, strips moving (implicit transposition)
         u_block = nl.ndarray((128, 8, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(8):
-            nisa.dma_copy(dst=u_block[0:128, kt, 0:256], src=u[128 * kt:128 * kt + 128, 0:256])
-        for ft in range(2):
-            xu_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(8):
-                nisa.nc_matmul(dst=xu_psum[0:128, 0:128], stationary=u_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_t_strip[0:128, kt, 0:128])
-            nisa.tensor_copy(dst=xu_strip[0:128, ft, 0:128], src=xu_psum[0:128, 0:128])
+        for kt in nl.affine_range(8):
+            u_block[0:128, kt, 0:256] = nl.load(u[128 * kt:128 * kt + 128, 0:256])
+        for ft in nl.affine_range(2):
+            xu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(8):
+                xu_psum[0:128, 0:128] += nisa.nc_matmul(u_block[0:128, kt, 128 * ft:128 * ft + 128], x_t_strip[0:128, kt, 0:128])
+            xu_strip[0:128, ft, 0:128] = nl.copy(xu_psum[0:128, 0:128], dtype=nl.bfloat16)
         # y = xuv = (xu @ v): strips stationary, weights moving
         v_block = nl.ndarray((128, 2, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(2):
-            nisa.dma_copy(dst=v_block[0:128, kt, 0:4096], src=v[128 * kt:128 * kt + 128, 0:4096])
+        for kt in nl.affine_range(2):
+            v_block[0:128, kt, 0:4096] = nl.load(v[128 * kt:128 * kt + 128, 0:4096])
         # one packed row of output tiles
         y_rows = nl.ndarray((128, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(8):
-            xuv_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(2):
-                nisa.nc_matmul(dst=xuv_psum[0:128, 0:512], stationary=xu_strip[0:128, kt, 0:128], moving=v_block[0:128, kt, 512 * bn:512 * bn + 512])
-            nisa.tensor_copy(dst=y_rows[0:128, 512 * bn:512 * bn + 512], src=xuv_psum[0:128, 0:512])
-        nisa.dma_copy(dst=y[128 * m_blk:128 * m_blk + 128, 0:4096], src=y_rows[0:128, 0:4096])
+        for bn in nl.affine_range(8):
+            xuv_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(2):
+                xuv_psum[0:128, 0:512] += nisa.nc_matmul(xu_strip[0:128, kt, 0:128], v_block[0:128, kt, 512 * bn:512 * bn + 512])
+            y_rows[0:128, 512 * bn:512 * bn + 512] = nl.copy(xuv_psum[0:128, 0:512], dtype=nl.bfloat16)
+        nl.store(y[128 * m_blk:128 * m_blk + 128, 0:4096], value=y_rows[0:128, 0:4096])
     return y
 
 

@@ -7,7 +7,8 @@
 # footprint   svd_chain_k0: SBUF 57344 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   66.1 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph svd_chain {

@@ -7,7 +7,8 @@
 # footprint   svd_chain_k0: SBUF 6452 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   33.3 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph svd_chain {
@@ -18,15 +19,15 @@
 #     %xuv = matmul %xu, %v : [77, 1000] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [77, 600] bfloat16 layout=row_major\n  %u = input \"u\" [600, 256] bfloat16 layout=row_major\n  %v = input \"v\" [256, 1000] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [77, 256] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [77, 1000] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[77,600]},{"dtype":"bfloat16","name":"u","shape":[600,256]},{"dtype":"bfloat16","name":"v","shape":[256,1000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[77,600]},{"dtype":"bfloat16","name":"u","shape":[600,256]},{"dtype":"bfloat16","name":"v","shape":[256,1000]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[77,1000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[77,1000]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":77,"tokens_per_block":77,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [77, 600] bfloat16 layout=row_major\n  %u = input \"u\" [600, 256] bfloat16 layout=row_major\n  %v = input \"v\" [256, 1000] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [77, 256] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [77, 1000] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[77,600]},{"dtype":"bfloat16","name":"u","shape":[600,256]},{"dtype":"bfloat16","name":"v","shape":[256,1000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[77,600]},{"dtype":"bfloat16","name":"u","shape":[600,256]},{"dtype":"bfloat16","name":"v","shape":[256,1000]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[77,1000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[77,1000]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":77,"tokens_per_block":77,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
 import numpy as np
 
-import nki
-import nki.isa as nisa
-import nki.language as nl
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
 
 
 @nki.jit
@@ -41,31 +42,31 @@ def svd_chain_k0(x, u, v):
     # schedule: tokens_per_block=77 token_tile=77 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 5, 77), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(5):
-        nisa.dma_transpose(dst=x_strip[0:min(128, 600 - 128 * kt), kt, 0:77], src=x[0:77, 128 * kt:min(128 * kt + 128, 600)])
+    for kt in nl.static_range(5):
+        x_strip[0:min(128, 600 - 128 * kt), kt, 0:77] = nl.load_transpose2d(x[0:77, 128 * kt:min(128 * kt + 128, 600)])
     # xu^T strip of this token block, kept in SBUF
     xu_strip = nl.ndarray((128, 2, 77), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
     u_block = nl.ndarray((128, 5, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(5):
-        nisa.dma_copy(dst=u_block[0:min(128, 600 - 128 * kt), kt, 0:256], src=u[128 * kt:min(128 * kt + 128, 600), 0:256])
-    for ft in range(2):
-        xu_psum = nl.ndarray((128, 77), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(5):
-            nisa.nc_matmul(dst=xu_psum[0:128, 0:77], stationary=u_block[0:min(128, 600 - 128 * kt), kt, 128 * ft:128 * ft + 128], moving=x_strip[0:min(128, 600 - 128 * kt), kt, 0:77])
-        nisa.tensor_copy(dst=xu_strip[0:128, ft, 0:77], src=xu_psum[0:128, 0:77])
+    for kt in nl.static_range(5):
+        u_block[0:min(128, 600 - 128 * kt), kt, 0:256] = nl.load(u[128 * kt:min(128 * kt + 128, 600), 0:256])
+    for ft in nl.affine_range(2):
+        xu_psum = nl.zeros((128, 77), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.static_range(5):
+            xu_psum[0:128, 0:77] += nisa.nc_matmul(u_block[0:min(128, 600 - 128 * kt), kt, 128 * ft:128 * ft + 128], x_strip[0:min(128, 600 - 128 * kt), kt, 0:77])
+        xu_strip[0:128, ft, 0:77] = nl.copy(xu_psum[0:128, 0:77], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
     v_block = nl.ndarray((128, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(2):
-        nisa.dma_copy(dst=v_block[0:128, kt, 0:1000], src=v[128 * kt:128 * kt + 128, 0:1000])
+    for kt in nl.affine_range(2):
+        v_block[0:128, kt, 0:1000] = nl.load(v[128 * kt:128 * kt + 128, 0:1000])
     # one packed row of output tiles
     y_rows = nl.ndarray((77, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for bn in range(2):
-        xuv_psum = nl.ndarray((77, 512), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(2):
-            nisa.nc_matmul(dst=xuv_psum[0:77, 0:min(512, 1000 - 512 * bn)], stationary=xu_strip[0:128, kt, 0:77], moving=v_block[0:128, kt, 512 * bn:min(512 * bn + 512, 1000)])
-        nisa.tensor_copy(dst=y_rows[0:77, 512 * bn:min(512 * bn + 512, 1000)], src=xuv_psum[0:77, 0:min(512, 1000 - 512 * bn)])
-    nisa.dma_copy(dst=y[0:77, 0:1000], src=y_rows[0:77, 0:1000])
+    for bn in nl.static_range(2):
+        xuv_psum = nl.zeros((77, 512), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.affine_range(2):
+            xuv_psum[0:77, 0:min(512, 1000 - 512 * bn)] += nisa.nc_matmul(xu_strip[0:128, kt, 0:77], v_block[0:128, kt, 512 * bn:min(512 * bn + 512, 1000)])
+        y_rows[0:77, 512 * bn:min(512 * bn + 512, 1000)] = nl.copy(xuv_psum[0:77, 0:min(512, 1000 - 512 * bn)], dtype=nl.bfloat16)
+    nl.store(y[0:77, 0:1000], value=y_rows[0:77, 0:1000])
     return y
 
 

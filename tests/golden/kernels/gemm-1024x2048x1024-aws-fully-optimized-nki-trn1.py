@@ -3,11 +3,12 @@
 #
 # problem     C[M,N] = A[M,K] @ B[K,N], M=1024 N=2048 K=1024, bfloat16, A[M,K]
 # schedule    aws-fully-optimized
-# parameters  tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output
-# footprint   SBUF 49152 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted   130.0 us on trn1 (overhead-bound; cost model v1, lower bound 46.7 us)
+# parameters  tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=pe accumulator_dtype=output
+# footprint   SBUF 65536 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted   126.1 us on trn1 (overhead-bound; cost model v1, lower bound 46.7 us)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph gemm {
@@ -16,7 +17,7 @@
 #     %mm0 = matmul %a, %b : [1024, 2048] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1024, 1024] bfloat16 layout=row_major\n  %b = input \"b\" [1024, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1024, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":8,"tiles_in_block_m":8,"tiles_in_block_n":2}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1024, 1024] bfloat16 layout=row_major\n  %b = input \"b\" [1024, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1024, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"pe","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":8,"tiles_in_block_m":8,"tiles_in_block_n":2}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -35,7 +36,7 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (1024, 1024), f"a: expected shape (1024, 1024), got {a.shape}"
     assert tuple(b.shape) == (1024, 2048), f"b: expected shape (1024, 2048), got {b.shape}"
     c = nl.ndarray((1024, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output
+    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=pe accumulator_dtype=output
     for n_blk in range(2):
         # partial sums of every output tile the K loop revisits
         acc_sbuf = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -46,8 +47,15 @@ def gemm_kernel(a, b):
             nisa.dma_copy(dst=b_tiles[0:128, bk, 0:1024], src=b[128 * bk:128 * bk + 128, 1024 * n_blk:1024 * n_blk + 1024])
         # A^T block: K on partitions, M free (stationary)
         a_t_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bk in range(8):
-            nisa.dma_transpose(dst=a_t_tiles[0:128, bk, 0:1024], src=a[0:1024, 128 * bk:128 * bk + 128])
+        # A block as stored: M on partitions, K free
+        a_rows = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bm in range(8):
+            nisa.dma_copy(dst=a_rows[0:128, bm, 0:1024], src=a[128 * bm:128 * bm + 128, 0:1024])
+        for bm in range(8):
+            for bk in range(8):
+                a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+                nisa.nc_transpose(dst=a_t_psum[0:128, 0:128], data=a_rows[0:128, bm, 128 * bk:128 * bk + 128])
+                nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], src=a_t_psum[0:128, 0:128])
         for bn in range(2):
             for bm in range(8):
                 c_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)

@@ -3,11 +3,12 @@
 #
 # problem     C[M,N] = A[M,K] @ B[K,N], M=1024 N=2048 K=1024, bfloat16, A[M,K]
 # schedule    aws-tiled
-# parameters  tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=1 loop_order=mnk tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32
-# footprint   SBUF 1280 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted   1611.2 us on trn1 (memory-bound; cost model v1, lower bound 46.7 us)
+# parameters  tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=1 loop_order=mnk tile_order=mn accumulate=psum dma=tile a_transpose=pe accumulator_dtype=float32
+# footprint   SBUF 1280 of 180224 bytes/partition, PSUM 2 of 8 banks
+# predicted   686.3 us on trn1 (memory-bound; cost model v1, lower bound 46.7 us)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph gemm {
@@ -16,7 +17,7 @@
 #     %mm0 = matmul %a, %b : [1024, 2048] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1024, 1024] bfloat16 layout=row_major\n  %b = input \"b\" [1024, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1024, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}],"schedule":{"kind":"gemm","name":"aws-tiled","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"tile","loop_order":"mnk","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":1,"tiles_in_block_m":1,"tiles_in_block_n":1}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1024, 1024] bfloat16 layout=row_major\n  %b = input \"b\" [1024, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1024, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}],"schedule":{"kind":"gemm","name":"aws-tiled","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"tile","loop_order":"mnk","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":1,"tiles_in_block_m":1,"tiles_in_block_n":1}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -35,7 +36,7 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (1024, 1024), f"a: expected shape (1024, 1024), got {a.shape}"
     assert tuple(b.shape) == (1024, 2048), f"b: expected shape (1024, 2048), got {b.shape}"
     c = nl.ndarray((1024, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=1 loop_order=mnk tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32
+    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=1 loop_order=mnk tile_order=mn accumulate=psum dma=tile a_transpose=pe accumulator_dtype=float32
     for m_blk in range(8):
         for n_blk in range(4):
             # PSUM accumulators of every output tile the K loop revisits
@@ -43,7 +44,12 @@ def gemm_kernel(a, b):
             for k_blk in range(8):
                 # A^T block: K on partitions, M free (stationary)
                 a_t_tiles = nl.ndarray((128, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_transpose(dst=a_t_tiles[0:128, 0, 0:128], src=a[128 * m_blk:128 * m_blk + 128, 128 * k_blk:128 * k_blk + 128])
+                # A block as stored: M on partitions, K free
+                a_rows = nl.ndarray((128, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a_rows[0:128, 0, 0:128], src=a[128 * m_blk:128 * m_blk + 128, 128 * k_blk:128 * k_blk + 128])
+                a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+                nisa.nc_transpose(dst=a_t_psum[0:128, 0:128], data=a_rows[0:128, 0, 0:128])
+                nisa.tensor_copy(dst=a_t_tiles[0:128, 0, 0:128], src=a_t_psum[0:128, 0:128])
                 # B block: K on partitions, N free (moving)
                 b_tiles = nl.ndarray((128, 1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.dma_copy(dst=b_tiles[0:128, 0, 0:512], src=b[128 * k_blk:128 * k_blk + 128, 512 * n_blk:512 * n_blk + 512])

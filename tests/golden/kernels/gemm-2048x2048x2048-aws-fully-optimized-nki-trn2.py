@@ -7,7 +7,8 @@
 # footprint   SBUF 81920 of 212992 bytes/partition, PSUM 1 of 8 banks
 # predicted   279.0 us on trn2 (compute-bound; cost model v1, lower bound 217.5 us)
 # target      trn2 (NeuronCore-v3)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         rules checked against Neuron SDK 2.29 to 2.32 on trn2
 #
 # graph:
 #   graph gemm {

@@ -7,7 +7,8 @@
 # footprint   SBUF 18448 of 212992 bytes/partition, PSUM 1 of 8 banks
 # predicted   242.3 us on trn2 (memory-bound; cost model v1, lower bound 92.6 us)
 # target      trn2 (NeuronCore-v3)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         rules checked against Neuron SDK 2.29 to 2.32 on trn2
 #
 # graph:
 #   graph gemm {

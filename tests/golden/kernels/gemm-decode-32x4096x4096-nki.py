@@ -3,11 +3,12 @@
 #
 # problem     C[M,N] = A[M,K] @ B[K,N], M=32 N=4096 K=4096, bfloat16, A[M,K]
 # schedule    aws-fully-optimized
-# parameters  tile_m=32 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output
-# footprint   SBUF 18944 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted   771.4 us on trn1 (memory-bound; cost model v1, lower bound 125.3 us)
+# parameters  tile_m=32 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=pe accumulator_dtype=output
+# footprint   SBUF 20992 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted   176.3 us on trn1 (memory-bound; cost model v1, lower bound 125.3 us)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph gemm {
@@ -16,7 +17,7 @@
 #     %mm0 = matmul %a, %b : [32, 4096] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [32, 4096] bfloat16 layout=row_major\n  %b = input \"b\" [4096, 4096] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [32, 4096] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[32,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[32,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[32,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[32,4096]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","tile_k":128,"tile_m":32,"tile_n":512,"tile_order":"nm","tiles_in_block_k":8,"tiles_in_block_m":1,"tiles_in_block_n":2}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [32, 4096] bfloat16 layout=row_major\n  %b = input \"b\" [4096, 4096] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [32, 4096] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[32,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[32,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[32,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[32,4096]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"pe","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","tile_k":128,"tile_m":32,"tile_n":512,"tile_order":"nm","tiles_in_block_k":8,"tiles_in_block_m":1,"tiles_in_block_n":2}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -35,7 +36,7 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (32, 4096), f"a: expected shape (32, 4096), got {a.shape}"
     assert tuple(b.shape) == (4096, 4096), f"b: expected shape (4096, 4096), got {b.shape}"
     c = nl.ndarray((32, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=32 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output
+    # schedule: tile_m=32 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=pe accumulator_dtype=output
     for n_blk in range(4):
         # partial sums of every output tile the K loop revisits
         acc_sbuf = nl.ndarray((32, 1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -47,8 +48,13 @@ def gemm_kernel(a, b):
                 nisa.dma_copy(dst=b_tiles[0:128, bk, 0:1024], src=b[1024 * k_blk + 128 * bk:1024 * k_blk + 128 * bk + 128, 1024 * n_blk:1024 * n_blk + 1024])
             # A^T block: K on partitions, M free (stationary)
             a_t_tiles = nl.ndarray((128, 8, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+            # A block as stored: M on partitions, K free
+            a_rows = nl.ndarray((32, 1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=a_rows[0:32, 0, 0:1024], src=a[0:32, 1024 * k_blk:1024 * k_blk + 1024])
             for bk in range(8):
-                nisa.dma_transpose(dst=a_t_tiles[0:128, bk, 0:32], src=a[0:32, 1024 * k_blk + 128 * bk:1024 * k_blk + 128 * bk + 128])
+                a_t_psum = nl.ndarray((128, 32), dtype=nl.bfloat16, buffer=nl.psum)
+                nisa.nc_transpose(dst=a_t_psum[0:128, 0:32], data=a_rows[0:32, 0, 128 * bk:128 * bk + 128])
+                nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 0:32], src=a_t_psum[0:128, 0:32])
             for bn in range(2):
                 c_psum = nl.ndarray((32, 512), dtype=nl.float32, buffer=nl.psum)
                 for bk in range(8):

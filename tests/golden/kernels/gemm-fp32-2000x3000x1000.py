@@ -7,7 +7,8 @@
 # footprint   SBUF 163840 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   736.1 us on trn1 (compute-bound; cost model v1, lower bound 521.7 us)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph gemm {
@@ -16,15 +17,15 @@
 #     %mm0 = matmul %a, %b : [2000, 3000] float32
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [2000, 1000] float32 layout=row_major\n  %b = input \"b\" [1000, 3000] float32 layout=row_major\n  %mm0 = matmul %a, %b : [2000, 3000] float32\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"float32","name":"a","shape":[2000,1000]},{"dtype":"float32","name":"b","shape":[1000,3000]}],"kernels":[{"inputs":[{"dtype":"float32","name":"a","shape":[2000,1000]},{"dtype":"float32","name":"b","shape":[1000,3000]}],"name":"gemm_kernel","outputs":[{"dtype":"float32","name":"c","shape":[2000,3000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"float32","name":"c","shape":[2000,3000]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":8,"tiles_in_block_m":16,"tiles_in_block_n":2}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [2000, 1000] float32 layout=row_major\n  %b = input \"b\" [1000, 3000] float32 layout=row_major\n  %mm0 = matmul %a, %b : [2000, 3000] float32\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"float32","name":"a","shape":[2000,1000]},{"dtype":"float32","name":"b","shape":[1000,3000]}],"kernels":[{"inputs":[{"dtype":"float32","name":"a","shape":[2000,1000]},{"dtype":"float32","name":"b","shape":[1000,3000]}],"name":"gemm_kernel","outputs":[{"dtype":"float32","name":"c","shape":[2000,3000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"float32","name":"c","shape":[2000,3000]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":8,"tiles_in_block_m":16,"tiles_in_block_n":2}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
 import numpy as np
 
-import nki
-import nki.isa as nisa
-import nki.language as nl
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
 
 
 @nki.jit
@@ -36,30 +37,29 @@ def gemm_kernel(a, b):
     assert tuple(b.shape) == (1000, 3000), f"b: expected shape (1000, 3000), got {b.shape}"
     c = nl.ndarray((2000, 3000), dtype=nl.float32, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output
-    for n_blk in range(3):
+    for n_blk in nl.static_range(3):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((128, 16, 1024), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=acc_sbuf, value=0.0)
+        acc_sbuf = nl.zeros((128, 16, 1024), dtype=nl.float32, buffer=nl.sbuf)
         # B block: K on partitions, N free (moving)
         b_tiles = nl.ndarray((128, 8, 1024), dtype=nl.float32, buffer=nl.sbuf)
-        for bk in range(8):
-            nisa.dma_copy(dst=b_tiles[0:min(128, 1000 - 128 * bk), bk, 0:min(1024, 3000 - 1024 * n_blk)], src=b[128 * bk:min(128 * bk + 128, 1000), 1024 * n_blk:min(1024 * n_blk + 1024, 3000)])
+        for bk in nl.static_range(8):
+            b_tiles[0:min(128, 1000 - 128 * bk), bk, 0:min(1024, 3000 - 1024 * n_blk)] = nl.load(b[128 * bk:min(128 * bk + 128, 1000), 1024 * n_blk:min(1024 * n_blk + 1024, 3000)])
         # A^T block: K on partitions, M free (stationary)
         a_t_tiles = nl.ndarray((128, 8, 2048), dtype=nl.float32, buffer=nl.sbuf)
-        for bk in range(8):
-            nisa.dma_transpose(dst=a_t_tiles[0:min(128, 1000 - 128 * bk), bk, 0:2000], src=a[0:2000, 128 * bk:min(128 * bk + 128, 1000)])
-        for bn in range(2):
-            for bm in range(16):
-                c_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-                for bk in range(8):
-                    nisa.nc_matmul(dst=c_psum[0:min(128, 2000 - 128 * bm), 0:min(512, 3000 - 1024 * n_blk - 512 * bn)], stationary=a_t_tiles[0:min(128, 1000 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 2000)], moving=b_tiles[0:min(128, 1000 - 128 * bk), bk, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)])
-                nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 2000 - 128 * bm), bm, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)], data1=acc_sbuf[0:min(128, 2000 - 128 * bm), bm, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)], data2=c_psum[0:min(128, 2000 - 128 * bm), 0:min(512, 3000 - 1024 * n_blk - 512 * bn)], op=nl.add)
-        for m_tile in range(16):
+        for bk in nl.static_range(8):
+            a_t_tiles[0:min(128, 1000 - 128 * bk), bk, 0:2000] = nl.load_transpose2d(a[0:2000, 128 * bk:min(128 * bk + 128, 1000)])
+        for bn in nl.static_range(2):
+            for bm in nl.static_range(16):
+                c_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+                for bk in nl.static_range(8):
+                    c_psum[0:min(128, 2000 - 128 * bm), 0:min(512, 3000 - 1024 * n_blk - 512 * bn)] += nisa.nc_matmul(a_t_tiles[0:min(128, 1000 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 2000)], b_tiles[0:min(128, 1000 - 128 * bk), bk, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)])
+                acc_sbuf[0:min(128, 2000 - 128 * bm), bm, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)] = nl.add(acc_sbuf[0:min(128, 2000 - 128 * bm), bm, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)], c_psum[0:min(128, 2000 - 128 * bm), 0:min(512, 3000 - 1024 * n_blk - 512 * bn)], dtype=nl.float32)
+        for m_tile in nl.static_range(16):
             # one row of output tiles, packed for a single store
             c_rows = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
-            for bn in range(2):
-                nisa.tensor_copy(dst=c_rows[0:min(128, 2000 - 128 * m_tile), 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)], src=acc_sbuf[0:min(128, 2000 - 128 * m_tile), m_tile, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)])
-            nisa.dma_copy(dst=c[128 * m_tile:min(128 * m_tile + 128, 2000), 1024 * n_blk:min(1024 * n_blk + 1024, 3000)], src=c_rows[0:min(128, 2000 - 128 * m_tile), 0:min(1024, 3000 - 1024 * n_blk)])
+            for bn in nl.static_range(2):
+                c_rows[0:min(128, 2000 - 128 * m_tile), 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)] = nl.copy(acc_sbuf[0:min(128, 2000 - 128 * m_tile), m_tile, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)], dtype=nl.float32)
+            nl.store(c[128 * m_tile:min(128 * m_tile + 128, 2000), 1024 * n_blk:min(1024 * n_blk + 1024, 3000)], value=c_rows[0:min(128, 2000 - 128 * m_tile), 0:min(1024, 3000 - 1024 * n_blk)])
     return c
 
 

@@ -7,7 +7,8 @@
 # footprint   SBUF 32768 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   49.8 us on trn1 (overhead-bound; cost model v1, lower bound 15.4 us)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph gemm {

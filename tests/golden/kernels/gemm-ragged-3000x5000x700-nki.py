@@ -3,11 +3,12 @@
 #
 # problem     C[M,N] = A[M,K] @ B[K,N], M=3000 N=5000 K=700, bfloat16, A[M,K]
 # schedule    aws-fully-optimized
-# parameters  tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=6 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output
-# footprint   SBUF 86016 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted   561.9 us on trn1 (memory-bound; cost model v1, lower bound 228.3 us)
+# parameters  tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=6 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=pe accumulator_dtype=output
+# footprint   SBUF 110592 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted   673.1 us on trn1 (overhead-bound; cost model v1, lower bound 228.3 us)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph gemm {
@@ -16,7 +17,7 @@
 #     %mm0 = matmul %a, %b : [3000, 5000] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [3000, 700] bfloat16 layout=row_major\n  %b = input \"b\" [700, 5000] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [3000, 5000] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":6,"tiles_in_block_m":16,"tiles_in_block_n":2}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [3000, 700] bfloat16 layout=row_major\n  %b = input \"b\" [700, 5000] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [3000, 5000] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"pe","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":6,"tiles_in_block_m":16,"tiles_in_block_n":2}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -35,7 +36,7 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (3000, 700), f"a: expected shape (3000, 700), got {a.shape}"
     assert tuple(b.shape) == (700, 5000), f"b: expected shape (700, 5000), got {b.shape}"
     c = nl.ndarray((3000, 5000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=6 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output
+    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=6 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=pe accumulator_dtype=output
     for n_blk in range(5):
         # partial sums of every output tile the K loop revisits
         acc_sbuf = nl.ndarray((128, 24, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -47,8 +48,15 @@ def gemm_kernel(a, b):
         for m_blk in range(2):
             # A^T block: K on partitions, M free (stationary)
             a_t_tiles = nl.ndarray((128, 6, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bk in range(6):
-                nisa.dma_transpose(dst=a_t_tiles[0:min(128, 700 - 128 * bk), bk, 0:min(2048, 3000 - 2048 * m_blk)], src=a[2048 * m_blk:min(2048 * m_blk + 2048, 3000), 128 * bk:min(128 * bk + 128, 700)])
+            # A block as stored: M on partitions, K free
+            a_rows = nl.ndarray((128, 16, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for bm in range(min(16, 24 - 16 * m_blk)):
+                nisa.dma_copy(dst=a_rows[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 0:700], src=a[2048 * m_blk + 128 * bm:min(2048 * m_blk + 128 * bm + 128, 3000), 0:700])
+            for bm in range(min(16, 24 - 16 * m_blk)):
+                for bk in range(6):
+                    a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+                    nisa.nc_transpose(dst=a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 2048 * m_blk - 128 * bm)], data=a_rows[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 128 * bk:min(128 * bk + 128, 700)])
+                    nisa.tensor_copy(dst=a_t_tiles[0:min(128, 700 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 3000 - 2048 * m_blk)], src=a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 2048 * m_blk - 128 * bm)])
             for bn in range(2):
                 for bm in range(min(16, 24 - 16 * m_blk)):
                     c_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)

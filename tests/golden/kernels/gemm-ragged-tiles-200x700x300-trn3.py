@@ -7,7 +7,8 @@
 # footprint   SBUF 7936 of 245760 bytes/partition, PSUM 1 of 8 banks
 # predicted   23.6 us on trn3 (memory-bound; cost model v1, lower bound 1.6 us)
 # target      trn3 (NeuronCore-v4)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         rules checked against Neuron SDK 2.29 to 2.32 on trn3
 #
 # graph:
 #   graph gemm {

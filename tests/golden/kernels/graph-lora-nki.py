@@ -3,11 +3,12 @@
 #
 # workload    graph lora (examples/graphs/lora.yaml): x[256, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048] -> y[256, 2048], bfloat16
 # schedule    default
-# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
 # footprint   lora_k0: SBUF 22784 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted   364.5 us on trn1 (cost model v1, 1 kernel)
+# predicted   218.3 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph lora {
@@ -21,7 +22,7 @@
 #     %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %merged
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph lora {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %w = input \"w\" [2048, 2048] bfloat16 layout=row_major\n  %lora_a = input \"lora_a\" [2048, 16] bfloat16 layout=row_major\n  %lora_b = input \"lora_b\" [16, 2048] bfloat16 layout=row_major\n  %base = matmul %x, %w : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %xa = matmul %x, %lora_a : [256, 16] bfloat16 {acc=xa, group=xa, kernel=k0, orient=transposed, place=sbuf}\n  %delta = matmul %xa, %lora_b : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %merged\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"name":"lora_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph lora {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %w = input \"w\" [2048, 2048] bfloat16 layout=row_major\n  %lora_a = input \"lora_a\" [2048, 16] bfloat16 layout=row_major\n  %lora_b = input \"lora_b\" [16, 2048] bfloat16 layout=row_major\n  %base = matmul %x, %w : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %xa = matmul %x, %lora_a : [256, 16] bfloat16 {acc=xa, group=xa, kernel=k0, orient=transposed, place=sbuf}\n  %delta = matmul %xa, %lora_b : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %merged\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"name":"lora_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -42,13 +43,18 @@ def lora_k0(x, w, lora_a, lora_b):
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
     assert tuple(lora_b.shape) == (16, 2048), f"lora_b: expected shape (16, 2048), got {lora_b.shape}"
     y = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
     # blocks of tokens
     for m_blk in range(2):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # tokens on partitions, as stored
+        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[128 * m_blk:128 * m_blk + 128, 0:2048])
         for kt in range(16):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk:128 * m_blk + 128, 128 * kt:128 * kt + 128])
+            x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+            nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
+            nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
         # xa^T strip of this token block, kept in SBUF
         xa_strip = nl.ndarray((16, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xa^T = (x @ lora_a)^T: weight tiles stationary, strips moving (implicit transposition)

@@ -7,7 +7,8 @@
 # footprint   three_factor_chain_k0: SBUF 25088 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   231.9 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki; Neuron SDK 2.27 and earlier), as the NeuronMM paper used
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph three_factor_chain {

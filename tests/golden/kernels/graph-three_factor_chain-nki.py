@@ -3,11 +3,12 @@
 #
 # workload    graph three_factor_chain (examples/graphs/three_factor_chain.yaml): x[256, 2048], p[2048, 512], q[512, 256], r[256, 4096] -> y[256, 4096], bfloat16
 # schedule    default
-# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
 # footprint   three_factor_chain_k0: SBUF 25088 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted   231.9 us on trn1 (cost model v1, 1 kernel)
+# predicted   85.6 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph three_factor_chain {
@@ -20,7 +21,7 @@
 #     %xpqr = matmul %xpq, %r : [256, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xpqr
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [256, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [256, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [256, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [256, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [256, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [256, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -41,13 +42,18 @@ def three_factor_chain_k0(x, p, q, r):
     assert tuple(q.shape) == (512, 256), f"q: expected shape (512, 256), got {q.shape}"
     assert tuple(r.shape) == (256, 4096), f"r: expected shape (256, 4096), got {r.shape}"
     y = nl.ndarray((256, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
     # blocks of tokens
     for m_blk in range(2):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # tokens on partitions, as stored
+        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[128 * m_blk:128 * m_blk + 128, 0:2048])
         for kt in range(16):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk:128 * m_blk + 128, 128 * kt:128 * kt + 128])
+            x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+            nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
+            nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
         # xp^T strip of this token block, kept in SBUF
         xp_strip = nl.ndarray((128, 4, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xp^T = (x @ p)^T: weight tiles stationary, strips moving (implicit transposition)

@@ -3,11 +3,12 @@
 #
 # workload    gated MLP silu(x Wg) * (x Wu) Wd, tokens=128 hidden=2048 intermediate=8192, dense, bfloat16
 # schedule    default
-# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
 # footprint   dense_mlp_k0: SBUF 82944 of 180224 bytes/partition, PSUM 2 of 8 banks
-# predicted   1028.7 us on trn1 (cost model v1, 1 kernel)
+# predicted   958.8 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 #
 # graph:
 #   graph dense_mlp {
@@ -22,7 +23,7 @@
 #     %down = matmul %h, %w_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [128, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [128, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [128, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [128, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [128, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [128, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -43,11 +44,16 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
     assert tuple(w_down.shape) == (8192, 2048), f"w_down: expected shape (8192, 2048), got {w_down.shape}"
     out = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # tokens on partitions, as stored
+    x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[0:128, 0:2048])
     for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[0:128, 128 * kt:128 * kt + 128])
+        x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
+        nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)

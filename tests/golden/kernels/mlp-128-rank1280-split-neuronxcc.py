@@ -7,7 +7,8 @@
 # footprint   svd_mlp_k0: SBUF 36608 of 180224 bytes/partition, PSUM 2 of 8 banks; svd_mlp_k1: SBUF 35328 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   1505.4 us on trn1 (cost model v1, 2 kernels)
 # target      trn1 (NeuronCore-v2)
-# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki; Neuron SDK 2.27 and earlier), as the NeuronMM paper used
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 # kernels     svd_mlp_k0, svd_mlp_k1, run in this order (later ones read earlier ones' outputs)
 #
 # graph:

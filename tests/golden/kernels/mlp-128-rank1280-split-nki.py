@@ -3,11 +3,12 @@
 #
 # workload    gated MLP silu(x Wg) * (x Wu) Wd, tokens=128 hidden=2048 intermediate=8192, ranks gate/up/down 1280/1280/1280, bfloat16
 # schedule    default + mlp=split
-# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split
+# parameters  tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=split
 # footprint   svd_mlp_k0: SBUF 36608 of 180224 bytes/partition, PSUM 2 of 8 banks; svd_mlp_k1: SBUF 35328 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted   1505.4 us on trn1 (cost model v1, 2 kernels)
+# predicted   1435.5 us on trn1 (cost model v1, 2 kernels)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.32
 # kernels     svd_mlp_k0, svd_mlp_k1, run in this order (later ones read earlier ones' outputs)
 #
 # graph:
@@ -29,7 +30,7 @@
 #     %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k1, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [128, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [128, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [128, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [128, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [128, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=hbm}\n  %h_ud = matmul %h, %u_down : [128, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k1, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k1, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"h","shape":[8192,128]}]},{"inputs":[{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]},{"dtype":"bfloat16","name":"h","shape":[8192,128]}],"name":"svd_mlp_k1","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}],"schedule":{"kind":"fused","name":"default + mlp=split","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"split","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [128, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [128, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [128, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [128, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [128, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=hbm}\n  %h_ud = matmul %h, %u_down : [128, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k1, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k1, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"h","shape":[8192,128]}]},{"inputs":[{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]},{"dtype":"bfloat16","name":"h","shape":[8192,128]}],"name":"svd_mlp_k1","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}],"schedule":{"kind":"fused","name":"default + mlp=split","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"split","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -51,11 +52,16 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up):
     assert tuple(u_up.shape) == (2048, 1280), f"u_up: expected shape (2048, 1280), got {u_up.shape}"
     assert tuple(v_up.shape) == (1280, 8192), f"v_up: expected shape (1280, 8192), got {v_up.shape}"
     h = nl.ndarray((8192, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=split
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # tokens on partitions, as stored
+    x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[0:128, 0:2048])
     for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[0:128, 128 * kt:128 * kt + 128])
+        x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
+        nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -112,7 +118,7 @@ def svd_mlp_k1(u_down, v_down, h):
     assert tuple(v_down.shape) == (1280, 2048), f"v_down: expected shape (1280, 2048), got {v_down.shape}"
     assert tuple(h.shape) == (8192, 128), f"h: expected shape (8192, 128), got {h.shape}"
     out = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=split
     # h^T strip: features on partitions, tokens free
     h_strip = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(64):

@@ -7,7 +7,8 @@
 # footprint   svd_mlp_k0: SBUF 70144 of 212992 bytes/partition, PSUM 2 of 8 banks
 # predicted   66674.5 us on trn2 (cost model v1, 1 kernel)
 # target      trn2 (NeuronCore-v3)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         rules checked against Neuron SDK 2.29 to 2.32 on trn2
 #
 # graph:
 #   graph svd_mlp {

@@ -7,7 +7,8 @@
 # footprint   dense_mlp_k0: SBUF 33984 of 245760 bytes/partition, PSUM 2 of 8 banks; dense_mlp_k1: SBUF 70656 of 245760 bytes/partition, PSUM 1 of 8 banks
 # predicted   577.8 us on trn3 (cost model v1, 2 kernels)
 # target      trn3 (NeuronCore-v4)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     nki: NKI 0.3+ (import nki)
+# sdk         rules checked against Neuron SDK 2.29 to 2.32 on trn3
 # kernels     dense_mlp_k0, dense_mlp_k1, run in this order (later ones read earlier ones' outputs)
 #
 # graph:

@@ -7,7 +7,8 @@
 # footprint   svd_mlp_k0: SBUF 32916 of 180224 bytes/partition, PSUM 2 of 8 banks
 # predicted   856.4 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph svd_mlp {
@@ -28,15 +29,15 @@
 #     %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 512] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [512, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 512] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [512, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1024] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1024, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 512] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 512] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 1024] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,512]},{"dtype":"bfloat16","name":"v_gate","shape":[512,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,512]},{"dtype":"bfloat16","name":"v_up","shape":[512,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1024]},{"dtype":"bfloat16","name":"v_down","shape":[1024,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,512]},{"dtype":"bfloat16","name":"v_gate","shape":[512,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,512]},{"dtype":"bfloat16","name":"v_up","shape":[512,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1024]},{"dtype":"bfloat16","name":"v_down","shape":[1024,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 512] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [512, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 512] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [512, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1024] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1024, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 512] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 512] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 1024] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,512]},{"dtype":"bfloat16","name":"v_gate","shape":[512,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,512]},{"dtype":"bfloat16","name":"v_up","shape":[512,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1024]},{"dtype":"bfloat16","name":"v_down","shape":[1024,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,512]},{"dtype":"bfloat16","name":"v_gate","shape":[512,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,512]},{"dtype":"bfloat16","name":"v_up","shape":[512,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1024]},{"dtype":"bfloat16","name":"v_down","shape":[1024,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
 import numpy as np
 
-import nki
-import nki.isa as nisa
-import nki.language as nl
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
 
 
 @nki.jit
@@ -55,74 +56,74 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt:128 * kt + 128])
+    for kt in nl.affine_range(16):
+        x_strip[0:128, kt, 0:1] = nl.load_transpose2d(x[0:1, 128 * kt:128 * kt + 128])
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
     u_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:512], src=u_gate[128 * kt:128 * kt + 128, 0:512])
-    for ft in range(4):
-        x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(16):
-            nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=x_ug_strip[0:128, ft, 0:1], src=x_ug_psum[0:128, 0:1])
+    for kt in nl.affine_range(16):
+        u_gate_block[0:128, kt, 0:512] = nl.load(u_gate[128 * kt:128 * kt + 128, 0:512])
+    for ft in nl.affine_range(4):
+        x_ug_psum = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.affine_range(16):
+            x_ug_psum[0:128, 0:1] += nisa.nc_matmul(u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:1])
+        x_ug_strip[0:128, ft, 0:1] = nl.copy(x_ug_psum[0:128, 0:1], dtype=nl.bfloat16)
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
     u_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_copy(dst=u_up_block[0:128, kt, 0:512], src=u_up[128 * kt:128 * kt + 128, 0:512])
-    for ft in range(4):
-        x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(16):
-            nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=x_uu_strip[0:128, ft, 0:1], src=x_uu_psum[0:128, 0:1])
+    for kt in nl.affine_range(16):
+        u_up_block[0:128, kt, 0:512] = nl.load(u_up[128 * kt:128 * kt + 128, 0:512])
+    for ft in nl.affine_range(4):
+        x_uu_psum = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.affine_range(16):
+            x_uu_psum[0:128, 0:1] += nisa.nc_matmul(u_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:1])
+        x_uu_strip[0:128, ft, 0:1] = nl.copy(x_uu_psum[0:128, 0:1], dtype=nl.bfloat16)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
-    for f_blk in range(4):
+    for f_blk in nl.affine_range(4):
         v_gate_block = nl.ndarray((128, 4, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(4):
-            nisa.dma_copy(dst=v_gate_block[0:128, kt, 0:2048], src=v_gate[128 * kt:128 * kt + 128, 2048 * f_blk:2048 * f_blk + 2048])
+        for kt in nl.affine_range(4):
+            v_gate_block[0:128, kt, 0:2048] = nl.load(v_gate[128 * kt:128 * kt + 128, 2048 * f_blk:2048 * f_blk + 2048])
         v_up_block = nl.ndarray((128, 4, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(4):
-            nisa.dma_copy(dst=v_up_block[0:128, kt, 0:2048], src=v_up[128 * kt:128 * kt + 128, 2048 * f_blk:2048 * f_blk + 2048])
-        for ft in range(16):
-            gate_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(4):
-                nisa.nc_matmul(dst=gate_psum[0:128, 0:1], stationary=v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_ug_strip[0:128, kt, 0:1])
-            up_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(4):
-                nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, kt, 0:1])
+        for kt in nl.affine_range(4):
+            v_up_block[0:128, kt, 0:2048] = nl.load(v_up[128 * kt:128 * kt + 128, 2048 * f_blk:2048 * f_blk + 2048])
+        for ft in nl.affine_range(16):
+            gate_psum = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(4):
+                gate_psum[0:128, 0:1] += nisa.nc_matmul(v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], x_ug_strip[0:128, kt, 0:1])
+            up_psum = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(4):
+                up_psum[0:128, 0:1] += nisa.nc_matmul(v_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_uu_strip[0:128, kt, 0:1])
             act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=gate_psum[0:128, 0:1])
-            nisa.tensor_tensor(dst=h_strip[0:128, 16 * f_blk + ft, 0:1], data1=act_f32[0:128, 0:1], data2=up_psum[0:128, 0:1], op=nl.multiply)
+            act_f32[0:128, 0:1] = nl.silu(gate_psum[0:128, 0:1], dtype=nl.float32)
+            h_strip[0:128, 16 * f_blk + ft, 0:1] = nl.multiply(act_f32[0:128, 0:1], up_psum[0:128, 0:1], dtype=nl.bfloat16)
     # h_ud^T strip of this token block, kept in SBUF
     h_ud_strip = nl.ndarray((128, 8, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
-    for f_blk in range(8):
+    for f_blk in nl.affine_range(8):
         u_down_block = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(64):
-            nisa.dma_copy(dst=u_down_block[0:128, kt, 0:128], src=u_down[128 * kt:128 * kt + 128, 128 * f_blk:128 * f_blk + 128])
-        h_ud_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(64):
-            nisa.nc_matmul(dst=h_ud_psum[0:128, 0:1], stationary=u_down_block[0:128, kt, 0:128], moving=h_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=h_ud_strip[0:128, f_blk, 0:1], src=h_ud_psum[0:128, 0:1])
+        for kt in nl.affine_range(64):
+            u_down_block[0:128, kt, 0:128] = nl.load(u_down[128 * kt:128 * kt + 128, 128 * f_blk:128 * f_blk + 128])
+        h_ud_psum = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.affine_range(64):
+            h_ud_psum[0:128, 0:1] += nisa.nc_matmul(u_down_block[0:128, kt, 0:128], h_strip[0:128, kt, 0:1])
+        h_ud_strip[0:128, f_blk, 0:1] = nl.copy(h_ud_psum[0:128, 0:1], dtype=nl.bfloat16)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
-    for o_blk in range(2):
+    for o_blk in nl.affine_range(2):
         v_down_block = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(8):
-            nisa.dma_copy(dst=v_down_block[0:128, kt, 0:1024], src=v_down[128 * kt:128 * kt + 128, 1024 * o_blk:1024 * o_blk + 1024])
+        for kt in nl.affine_range(8):
+            v_down_block[0:128, kt, 0:1024] = nl.load(v_down[128 * kt:128 * kt + 128, 1024 * o_blk:1024 * o_blk + 1024])
         # one packed row of output tiles
         out_rows = nl.ndarray((1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(2):
-            down_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(8):
-                nisa.nc_matmul(dst=down_psum[0:1, 0:512], stationary=h_ud_strip[0:128, kt, 0:1], moving=v_down_block[0:128, kt, 512 * bn:512 * bn + 512])
-            nisa.tensor_copy(dst=out_rows[0:1, 512 * bn:512 * bn + 512], src=down_psum[0:1, 0:512])
-        nisa.dma_copy(dst=out[0:1, 1024 * o_blk:1024 * o_blk + 1024], src=out_rows[0:1, 0:1024])
+        for bn in nl.affine_range(2):
+            down_psum = nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(8):
+                down_psum[0:1, 0:512] += nisa.nc_matmul(h_ud_strip[0:128, kt, 0:1], v_down_block[0:128, kt, 512 * bn:512 * bn + 512])
+            out_rows[0:1, 512 * bn:512 * bn + 512] = nl.copy(down_psum[0:1, 0:512], dtype=nl.bfloat16)
+        nl.store(out[0:1, 1024 * o_blk:1024 * o_blk + 1024], value=out_rows[0:1, 0:1024])
     return out
 
 

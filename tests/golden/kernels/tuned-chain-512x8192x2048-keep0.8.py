@@ -7,7 +7,8 @@
 # footprint   svd_chain_k0: SBUF 67584 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   202.8 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph svd_chain {
@@ -18,15 +19,15 @@
 #     %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [512, 2048] bfloat16 layout=row_major\n  %u = input \"u\" [2048, 1280] bfloat16 layout=row_major\n  %v = input \"v\" [1280, 8192] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [512, 1280] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"stage1","k_tiles_per_block":0,"mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":512,"weight_block_kib":32,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [512, 2048] bfloat16 layout=row_major\n  %u = input \"u\" [2048, 1280] bfloat16 layout=row_major\n  %v = input \"v\" [1280, 8192] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [512, 1280] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"stage1","k_tiles_per_block":0,"mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":512,"weight_block_kib":32,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
 import numpy as np
 
-import nki
-import nki.isa as nisa
-import nki.language as nl
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
 
 
 @nki.jit
@@ -41,41 +42,41 @@ def svd_chain_k0(x, u, v):
     # schedule: tokens_per_block=512 token_tile=128 weight_block_kib=32 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=stage1 x_transpose=pe mlp=whole
     # u stays in SBUF across token blocks
     u_resident = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_copy(dst=u_resident[0:128, kt, 0:1280], src=u[128 * kt:128 * kt + 128, 0:1280])
+    for kt in nl.affine_range(16):
+        u_resident[0:128, kt, 0:1280] = nl.load(u[128 * kt:128 * kt + 128, 0:1280])
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for tt in range(4):
+    for tt in nl.affine_range(4):
         # tokens on partitions, as stored
         x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[128 * tt:128 * tt + 128, 0:2048])
-        for kt in range(16):
+        x_rows[0:128, 0:2048] = nl.load(x[128 * tt:128 * tt + 128, 0:2048])
+        for kt in nl.affine_range(16):
             x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
-            nisa.tensor_copy(dst=x_strip[0:128, kt, 128 * tt:128 * tt + 128], src=x_tpsum[0:128, 0:128])
+            x_tpsum[0:128, 0:128] = nisa.nc_transpose(x_rows[0:128, 128 * kt:128 * kt + 128])
+            x_strip[0:128, kt, 128 * tt:128 * tt + 128] = nl.copy(x_tpsum[0:128, 0:128], dtype=nl.bfloat16)
     # xu^T strip of this token block, kept in SBUF
     xu_strip = nl.ndarray((128, 10, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
-    for f_blk in range(2):
-        for ft in range(min(8, 10 - 8 * f_blk)):
-            xu_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(16):
-                nisa.nc_matmul(dst=xu_psum[0:128, 0:512], stationary=u_resident[0:128, kt, 1024 * f_blk + 128 * ft:1024 * f_blk + 128 * ft + 128], moving=x_strip[0:128, kt, 0:512])
-            nisa.tensor_copy(dst=xu_strip[0:128, 8 * f_blk + ft, 0:512], src=xu_psum[0:128, 0:512])
+    for f_blk in nl.static_range(2):
+        for ft in nl.affine_range(min(8, 10 - 8 * f_blk)):
+            xu_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(16):
+                xu_psum[0:128, 0:512] += nisa.nc_matmul(u_resident[0:128, kt, 1024 * f_blk + 128 * ft:1024 * f_blk + 128 * ft + 128], x_strip[0:128, kt, 0:512])
+            xu_strip[0:128, 8 * f_blk + ft, 0:512] = nl.copy(xu_psum[0:128, 0:512], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
-    for o_blk in range(6):
+    for o_blk in nl.static_range(6):
         v_block = nl.ndarray((128, 10, 1536), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(10):
-            nisa.dma_copy(dst=v_block[0:128, kt, 0:min(1536, 8192 - 1536 * o_blk)], src=v[128 * kt:128 * kt + 128, 1536 * o_blk:min(1536 * o_blk + 1536, 8192)])
-        for tt in range(4):
+        for kt in nl.affine_range(10):
+            v_block[0:128, kt, 0:min(1536, 8192 - 1536 * o_blk)] = nl.load(v[128 * kt:128 * kt + 128, 1536 * o_blk:min(1536 * o_blk + 1536, 8192)])
+        for tt in nl.affine_range(4):
             # one packed row of output tiles
             y_rows = nl.ndarray((128, 1536), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bn in range(min(6, 32 - 6 * o_blk)):
-                xuv_psum = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
-                for kt in range(10):
-                    nisa.nc_matmul(dst=xuv_psum[0:128, 0:256], stationary=xu_strip[0:128, kt, 128 * tt:128 * tt + 128], moving=v_block[0:128, kt, 256 * bn:256 * bn + 256])
-                nisa.tensor_copy(dst=y_rows[0:128, 256 * bn:256 * bn + 256], src=xuv_psum[0:128, 0:256])
-            nisa.dma_copy(dst=y[128 * tt:128 * tt + 128, 1536 * o_blk:min(1536 * o_blk + 1536, 8192)], src=y_rows[0:128, 0:min(1536, 8192 - 1536 * o_blk)])
+            for bn in nl.affine_range(min(6, 32 - 6 * o_blk)):
+                xuv_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
+                for kt in nl.affine_range(10):
+                    xuv_psum[0:128, 0:256] += nisa.nc_matmul(xu_strip[0:128, kt, 128 * tt:128 * tt + 128], v_block[0:128, kt, 256 * bn:256 * bn + 256])
+                y_rows[0:128, 256 * bn:256 * bn + 256] = nl.copy(xuv_psum[0:128, 0:256], dtype=nl.bfloat16)
+            nl.store(y[128 * tt:128 * tt + 128, 1536 * o_blk:min(1536 * o_blk + 1536, 8192)], value=y_rows[0:128, 0:min(1536, 8192 - 1536 * o_blk)])
     return y
 
 

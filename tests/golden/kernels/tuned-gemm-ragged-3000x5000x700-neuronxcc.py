@@ -7,7 +7,8 @@
 # footprint   SBUF 30208 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted   293.7 us on trn1 (compute-bound; cost model v1, lower bound 228.3 us)
 # target      trn1 (NeuronCore-v2)
-# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki; Neuron SDK 2.27 and earlier), as the NeuronMM paper used
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph gemm {

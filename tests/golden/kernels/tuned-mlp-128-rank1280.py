@@ -7,7 +7,8 @@
 # footprint   svd_mlp_k0: SBUF 150016 of 180224 bytes/partition, PSUM 6 of 8 banks
 # predicted   399.6 us on trn1 (cost model v1, 1 kernel)
 # target      trn1 (NeuronCore-v2)
-# dialect     nki: NKI 0.3+ (import nki; Neuron SDK 2.29 and later)
+# dialect     neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
+# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1
 #
 # graph:
 #   graph svd_mlp {
@@ -28,15 +29,15 @@
 #     %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [128, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [128, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [128, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [128, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [128, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [128, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":16,"mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":128,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [128, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [128, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [128, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [128, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [128, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [128, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":16,"mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":128,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
 import numpy as np
 
-import nki
-import nki.isa as nisa
-import nki.language as nl
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
 
 
 @nki.jit
@@ -57,80 +58,80 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
     x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[0:128, 0:2048])
-    for kt in range(16):
+    x_rows[0:128, 0:2048] = nl.load(x[0:128, 0:2048])
+    for kt in nl.affine_range(16):
         x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-        nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
-        nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
+        x_tpsum[0:128, 0:128] = nisa.nc_transpose(x_rows[0:128, 128 * kt:128 * kt + 128])
+        x_strip[0:128, kt, 0:128] = nl.copy(x_tpsum[0:128, 0:128], dtype=nl.bfloat16)
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
     u_gate_block = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:1280], src=u_gate[128 * kt:128 * kt + 128, 0:1280])
-    for ft in range(10):
-        x_ug_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(16):
-            nisa.nc_matmul(dst=x_ug_psum[0:128, 0:128], stationary=u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:128])
-        nisa.tensor_copy(dst=x_ug_strip[0:128, ft, 0:128], src=x_ug_psum[0:128, 0:128])
+    for kt in nl.affine_range(16):
+        u_gate_block[0:128, kt, 0:1280] = nl.load(u_gate[128 * kt:128 * kt + 128, 0:1280])
+    for ft in nl.affine_range(10):
+        x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.affine_range(16):
+            x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:128])
+        x_ug_strip[0:128, ft, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
     u_up_block = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_copy(dst=u_up_block[0:128, kt, 0:1280], src=u_up[128 * kt:128 * kt + 128, 0:1280])
-    for ft in range(10):
-        x_uu_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(16):
-            nisa.nc_matmul(dst=x_uu_psum[0:128, 0:128], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:128])
-        nisa.tensor_copy(dst=x_uu_strip[0:128, ft, 0:128], src=x_uu_psum[0:128, 0:128])
+    for kt in nl.affine_range(16):
+        u_up_block[0:128, kt, 0:1280] = nl.load(u_up[128 * kt:128 * kt + 128, 0:1280])
+    for ft in nl.affine_range(10):
+        x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.affine_range(16):
+            x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:128])
+        x_uu_strip[0:128, ft, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
-    for f_blk in range(3):
+    for f_blk in nl.static_range(3):
         v_gate_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(10):
-            nisa.dma_copy(dst=v_gate_block[0:128, kt, 0:min(3200, 8192 - 3200 * f_blk)], src=v_gate[128 * kt:128 * kt + 128, 3200 * f_blk:min(3200 * f_blk + 3200, 8192)])
+        for kt in nl.affine_range(10):
+            v_gate_block[0:128, kt, 0:min(3200, 8192 - 3200 * f_blk)] = nl.load(v_gate[128 * kt:128 * kt + 128, 3200 * f_blk:min(3200 * f_blk + 3200, 8192)])
         v_up_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(10):
-            nisa.dma_copy(dst=v_up_block[0:128, kt, 0:min(3200, 8192 - 3200 * f_blk)], src=v_up[128 * kt:128 * kt + 128, 3200 * f_blk:min(3200 * f_blk + 3200, 8192)])
-        for ft in range(min(25, 64 - 25 * f_blk)):
-            gate_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(10):
-                nisa.nc_matmul(dst=gate_psum[0:128, 0:128], stationary=v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_ug_strip[0:128, kt, 0:128])
-            up_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(10):
-                nisa.nc_matmul(dst=up_psum[0:128, 0:128], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, kt, 0:128])
+        for kt in nl.affine_range(10):
+            v_up_block[0:128, kt, 0:min(3200, 8192 - 3200 * f_blk)] = nl.load(v_up[128 * kt:128 * kt + 128, 3200 * f_blk:min(3200 * f_blk + 3200, 8192)])
+        for ft in nl.affine_range(min(25, 64 - 25 * f_blk)):
+            gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(10):
+                gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], x_ug_strip[0:128, kt, 0:128])
+            up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+            for kt in nl.affine_range(10):
+                up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_uu_strip[0:128, kt, 0:128])
             act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:128, 0:128], op=nl.silu, data=gate_psum[0:128, 0:128])
-            nisa.tensor_tensor(dst=h_strip[0:128, 25 * f_blk + ft, 0:128], data1=act_f32[0:128, 0:128], data2=up_psum[0:128, 0:128], op=nl.multiply)
+            act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+            h_strip[0:128, 25 * f_blk + ft, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
     # h_ud^T strip of this token block, kept in SBUF
     h_ud_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
-    for f_blk in range(2):
+    for f_blk in nl.static_range(2):
         # one PSUM bank per feature tile, across K blocks
-        h_ud_psum = nl.ndarray((128, 6, 512), dtype=nl.float32, buffer=nl.psum)
-        for k_blk in range(4):
+        h_ud_psum = nl.zeros((128, 6, 512), dtype=nl.float32, buffer=nl.psum)
+        for k_blk in nl.affine_range(4):
             u_down_block = nl.ndarray((128, 16, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for kt in range(16):
-                nisa.dma_copy(dst=u_down_block[0:128, kt, 0:min(768, 1280 - 768 * f_blk)], src=u_down[2048 * k_blk + 128 * kt:2048 * k_blk + 128 * kt + 128, 768 * f_blk:min(768 * f_blk + 768, 1280)])
-            for ft in range(min(6, 10 - 6 * f_blk)):
-                for kt in range(16):
-                    nisa.nc_matmul(dst=h_ud_psum[0:128, ft, 0:128], stationary=u_down_block[0:128, kt, 128 * ft:128 * ft + 128], moving=h_strip[0:128, 16 * k_blk + kt, 0:128])
-        for ft in range(min(6, 10 - 6 * f_blk)):
-            nisa.tensor_copy(dst=h_ud_strip[0:128, 6 * f_blk + ft, 0:128], src=h_ud_psum[0:128, ft, 0:128])
+            for kt in nl.affine_range(16):
+                u_down_block[0:128, kt, 0:min(768, 1280 - 768 * f_blk)] = nl.load(u_down[2048 * k_blk + 128 * kt:2048 * k_blk + 128 * kt + 128, 768 * f_blk:min(768 * f_blk + 768, 1280)])
+            for ft in nl.affine_range(min(6, 10 - 6 * f_blk)):
+                for kt in nl.affine_range(16):
+                    h_ud_psum[0:128, ft, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 128 * ft:128 * ft + 128], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for ft in nl.affine_range(min(6, 10 - 6 * f_blk)):
+            h_ud_strip[0:128, 6 * f_blk + ft, 0:128] = nl.copy(h_ud_psum[0:128, ft, 0:128], dtype=nl.bfloat16)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     v_down_block = nl.ndarray((128, 10, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(10):
-        nisa.dma_copy(dst=v_down_block[0:128, kt, 0:2048], src=v_down[128 * kt:128 * kt + 128, 0:2048])
+    for kt in nl.affine_range(10):
+        v_down_block[0:128, kt, 0:2048] = nl.load(v_down[128 * kt:128 * kt + 128, 0:2048])
     # one packed row of output tiles
     out_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for bn in range(8):
-        down_psum = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(10):
-            nisa.nc_matmul(dst=down_psum[0:128, 0:256], stationary=h_ud_strip[0:128, kt, 0:128], moving=v_down_block[0:128, kt, 256 * bn:256 * bn + 256])
-        nisa.tensor_copy(dst=out_rows[0:128, 256 * bn:256 * bn + 256], src=down_psum[0:128, 0:256])
-    nisa.dma_copy(dst=out[0:128, 0:2048], src=out_rows[0:128, 0:2048])
+    for bn in nl.affine_range(8):
+        down_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
+        for kt in nl.affine_range(10):
+            down_psum[0:128, 0:256] += nisa.nc_matmul(h_ud_strip[0:128, kt, 0:128], v_down_block[0:128, kt, 256 * bn:256 * bn + 256])
+        out_rows[0:128, 256 * bn:256 * bn + 256] = nl.copy(down_psum[0:128, 0:256], dtype=nl.bfloat16)
+    nl.store(out[0:128, 0:2048], value=out_rows[0:128, 0:2048])
     return out
 
 

@@ -1,0 +1,143 @@
+"""Which NKI dialect runs where: the dialect x target x Neuron SDK support matrix, and what a dialect may emit.
+
+Chosen from the rule book (:mod:`neuronmm_compiler.verification.rules`, the ids named below); every
+range here is the documentation nmmc's rules were read in, not a promise about releases nobody read:
+
+- ``neuronxcc`` (NKI 0.1, ``import neuronxcc.nki``): from SDK 2.26 (the NKI 0.1 documentation the rule
+  book cites, ``rules.LEGACY_DOCS``, is of that release; 2.27 on trn3, whose NKI architecture guide
+  came with 2.27, release-notes/components/nki.rst "NKI (0.1.0) [2.27]") up to SDK 2.29: from NKI 0.4
+  (SDK 2.30) ``neuronxcc.nki`` inside a kernel is a compilation error (NKI-NEURONXCC-IMPORT).
+- ``nki`` (NKI 0.3+, ``import nki``): from SDK 2.29 (NKI 0.3, whose API nmmc's nki printer follows:
+  ``dst=`` everywhere, nki/migration "Migrating from NKI 0.2.0 to NKI 0.3.0") up to SDK 2.32, the newest
+  release the rule book was read in (``rules.SDK_DOCS``); on trn2 and trn3 only. On trn1 the docs
+  conflict (``nki.jit`` and the simulator accept a trn1 target; the NxD Inference 2.29 notes and the NKI
+  FAQ say NKI 0.3 kernels are not supported on Trn1): conservatively unsupported (NKI-DIALECT-TRN1).
+
+``--dialect auto`` (the default) picks, for the target and SDK, the supported dialect, preferring ``nki``
+where both are (SDK 2.29 on trn2/trn3: ``neuronxcc.nki`` is deprecated there); without ``--sdk`` it is the
+dialect of the newest SDK that supports the target: ``neuronxcc`` on trn1, ``nki`` on trn2 and trn3.
+
+What a dialect may emit also depends on the target and dtype: the ``nki`` dialect's transposing load
+``nisa.dma_transpose`` is documented on NeuronCore-v3+ (trn2, trn3) for 2-byte dtypes only
+(NKI-DMA-TRANSPOSE-TARGET, NKI-DMA-TRANSPOSE-DTYPE); the ``neuronxcc`` dialect's ``nl.load_transpose2d``
+on every target and dtype (NKI-LOAD-TRANSPOSE2D). Where it is not documented, schedules make A^T / X^T
+on the TensorEngine (``pe``) instead (:func:`dma_transpose_documented`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InputError, UnknownNameError
+from .vocab import Dialect
+
+#: The Neuron SDK releases whose documentation the rule book was read against, oldest first.
+KNOWN_SDKS: tuple[str, ...] = ("2.26", "2.27", "2.28", "2.29", "2.30", "2.31", "2.32")
+#: ``--dialect`` values: the dialects and ``auto``.
+AUTO = "auto"
+DIALECT_CHOICES: tuple[str, ...] = (AUTO, *(d.value for d in Dialect))
+
+
+@dataclass(frozen=True)
+class Support:
+    """A dialect runs on these targets for SDK releases ``sdk_min`` to ``sdk_max`` (inclusive)."""
+
+    dialect: Dialect
+    targets: tuple[str, ...]
+    sdk_min: str
+    sdk_max: str
+    rules: tuple[str, ...]
+
+    def covers(self, dialect: Dialect, target: str, sdk: str | None) -> bool:
+        if dialect is not self.dialect or target not in self.targets:
+            return False
+        return sdk is None or _version(self.sdk_min) <= _version(sdk) <= _version(self.sdk_max)
+
+    @property
+    def sdk_range(self) -> str:
+        """``Neuron SDK 2.26 to 2.29``."""
+        return f"Neuron SDK {self.sdk_min} to {self.sdk_max}"
+
+
+SUPPORT: tuple[Support, ...] = (
+    Support(Dialect.NEURONXCC, ("trn1", "trn2"), "2.26", "2.29", ("NKI-NEURONXCC-IMPORT", "NKI-BLOCK-DIM")),
+    Support(Dialect.NEURONXCC, ("trn3",), "2.27", "2.29", ("NKI-NEURONXCC-IMPORT", "NKI-BLOCK-DIM")),
+    Support(Dialect.NKI, ("trn2", "trn3"), "2.29", "2.32", ("NKI-DIALECT-TRN1", "NKI-LANG-WRAPPERS")),
+)
+
+
+def _version(sdk: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in sdk.split("."))
+
+
+def check_sdk(sdk: str) -> str:
+    """``sdk`` when it is a release the rule book was read against; InputError naming them otherwise."""
+    if sdk not in KNOWN_SDKS:
+        raise InputError(f"unknown Neuron SDK release {sdk!r}: nmmc's NKI rules were read for "
+                         f"{', '.join(KNOWN_SDKS)}")
+    return sdk
+
+
+def support_for(dialect: Dialect, target: str) -> Support | None:
+    """The support entry of a dialect on a target (None: the docs do not support it)."""
+    return next((s for s in SUPPORT if dialect is s.dialect and target in s.targets), None)
+
+
+def resolve_dialect(dialect: str | Dialect, target: str, sdk: str | None = None) -> Dialect:
+    """The concrete dialect for ``--dialect`` (``auto`` or a dialect) on ``target`` and SDK ``sdk`` (None: any).
+
+    ``auto`` picks as the module docstring says; a named dialect is returned as is (an unsupported pairing
+    is the rule checker's to report, so an explicit choice still emits, for the simulator or older SDKs).
+    InputError when ``auto`` finds no supported dialect for that SDK.
+    """
+    if str(dialect) != AUTO:
+        checked = Dialect.lookup(dialect)
+        if checked is None:
+            raise UnknownNameError(f"unknown dialect {dialect!r}; accepted: {', '.join(DIALECT_CHOICES)}")
+        return checked
+    if sdk is not None:
+        check_sdk(sdk)
+    for candidate in (Dialect.NKI, Dialect.NEURONXCC):
+        if any(s.covers(candidate, target, sdk) for s in SUPPORT):
+            return candidate
+    ranges = "; ".join(f"{s.dialect} on {s.sdk_range}" for s in SUPPORT if target in s.targets)
+    raise InputError(f"no NKI dialect is documented for {target} on Neuron SDK {sdk} ({ranges}); "
+                     "pick --sdk within one of those ranges")
+
+
+def newest_sdk(dialect: Dialect, target: str) -> str:
+    """The default ``--sdk`` of ``nmmc verify``: the newest release supporting the dialect on the target (or,
+    where the docs support it nowhere on that target, the newest release that has the dialect at all)."""
+    entry = support_for(dialect, target)
+    if entry is not None:
+        return entry.sdk_max
+    return max((s.sdk_max for s in SUPPORT if s.dialect is dialect), key=_version)
+
+
+def support_note(dialect: Dialect, target: str) -> str:
+    """The kernel header's statement of where the file runs: the SDK range its rules were checked against."""
+    entry = support_for(dialect, target)
+    if entry is None:
+        return (f"not documented for {target} (see NKI-DIALECT-TRN1 in docs/nki-rules.md); "
+                f"rules checked against Neuron SDK {newest_sdk(dialect, target)}")
+    return f"rules checked against {entry.sdk_range} on {target}"
+
+
+def support_warning(dialect: Dialect, target: str, sdk: str | None) -> str | None:
+    """What is wrong with emitting ``dialect`` for ``target`` (on SDK ``sdk``; None: any), or None when the docs
+    support it."""
+    entry = support_for(dialect, target)
+    if entry is None:
+        return (f"the {dialect} dialect is not documented for {target} (NKI-DIALECT-TRN1, docs/nki-rules.md); "
+                "'nmmc verify' will reject the kernel; --dialect auto picks a supported one")
+    if sdk is not None and not entry.covers(dialect, target, sdk):
+        return (f"the {dialect} dialect is documented for {target} on {entry.sdk_range}, not on SDK {sdk} "
+                "(docs/nki-rules.md, 'Support matrix')")
+    return None
+
+
+def dma_transpose_documented(dialect: Dialect | str, target: str, dtype_bytes: int) -> bool:
+    """True when the dialect's transposing DMA load is documented for this target and dtype size."""
+    if Dialect(dialect) is Dialect.NEURONXCC:
+        return True  # nl.load_transpose2d (NKI-LOAD-TRANSPOSE2D)
+    return target != "trn1" and dtype_bytes == 2  # nisa.dma_transpose
