@@ -17,6 +17,7 @@ from .. import __version__
 from ..errors import UnknownNameError
 from ..ir import Graph, to_text
 from ..kernel_ir.program import Program
+from ..kernel_ir.psum_banks import split_psum_banks
 from ..support import support_note
 from ..targets import Target
 from ..vocab import Dialect
@@ -46,7 +47,8 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
     """Render one or more kernels (run in order; later ones may read earlier ones' outputs) in
     ``dialect``. ``summary`` rows go into the human-readable header; ``schedule`` (lowering kind,
     name and parameters, as a :class:`ScheduleRecord` or its JSON object) goes into the metadata."""
-    kernels = [programs] if isinstance(programs, Program) else list(programs)
+    kernels = [split_psum_banks(p, target.psum_bank_bytes)
+               for p in ([programs] if isinstance(programs, Program) else programs)]
     dialect = check_dialect(dialect)
     printer = PRINTERS[dialect]()
     metadata = KernelMetadata(

@@ -39,7 +39,10 @@ def gemm_kernel(a, b):
     # schedule: tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=4 loop_order=mnk tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
     for n_blk in range(2):
         # PSUM accumulators of every output tile the K loop revisits
-        acc_psum = nl.ndarray((1, 4, 512), dtype=nl.float32, buffer=nl.psum)
+        acc_psum__b0 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        acc_psum__b1 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        acc_psum__b2 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        acc_psum__b3 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
         for k_blk in range(8):
             # A^T block: K on partitions, M free (stationary)
             a_t_tiles = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -54,13 +57,22 @@ def gemm_kernel(a, b):
             b_tiles = nl.ndarray((128, 4, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(4):
                 nisa.dma_copy(dst=b_tiles[0:128, bk, 0:2048], src=b[512 * k_blk + 128 * bk:512 * k_blk + 128 * bk + 128, 2048 * n_blk:2048 * n_blk + 2048])
-            for bn in range(4):
-                for bk in range(4):
-                    nisa.nc_matmul(dst=acc_psum[0:1, bn, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
+            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+            for bk in range(4):
+                nisa.nc_matmul(dst=acc_psum__b0[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 0:512])
+            for bk in range(4):
+                nisa.nc_matmul(dst=acc_psum__b1[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 512:1024])
+            for bk in range(4):
+                nisa.nc_matmul(dst=acc_psum__b2[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 1024:1536])
+            for bk in range(4):
+                nisa.nc_matmul(dst=acc_psum__b3[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 1536:2048])
         # one row of output tiles, packed for a single store
         c_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(4):
-            nisa.tensor_copy(dst=c_rows[0:1, 512 * bn:512 * bn + 512], src=acc_psum[0:1, bn, 0:512])
+        # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+        nisa.tensor_copy(dst=c_rows[0:1, 0:512], src=acc_psum__b0[0:1, 0:512])
+        nisa.tensor_copy(dst=c_rows[0:1, 512:1024], src=acc_psum__b1[0:1, 0:512])
+        nisa.tensor_copy(dst=c_rows[0:1, 1024:1536], src=acc_psum__b2[0:1, 0:512])
+        nisa.tensor_copy(dst=c_rows[0:1, 1536:2048], src=acc_psum__b3[0:1, 0:512])
         nisa.dma_copy(dst=c[0:1, 2048 * n_blk:2048 * n_blk + 2048], src=c_rows[0:1, 0:2048])
     return c
 

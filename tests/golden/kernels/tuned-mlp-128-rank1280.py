@@ -69,57 +69,748 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     u_gate_block = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
         u_gate_block[0:128, kt, 0:1280] = nl.load(u_gate[128 * kt:128 * kt + 128, 0:1280])
-    for ft in nl.affine_range(10):
-        x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
-        for kt in nl.affine_range(16):
-            x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:128])
-        x_ug_strip[0:128, ft, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    # loops over ft unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 0:128], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 0, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 128:256], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 1, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 256:384], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 2, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 384:512], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 3, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 512:640], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 4, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 640:768], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 5, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 768:896], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 6, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 896:1024], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 7, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 1024:1152], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 8, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 1152:1280], x_strip[0:128, kt, 0:128])
+    x_ug_strip[0:128, 9, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
     u_up_block = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
         u_up_block[0:128, kt, 0:1280] = nl.load(u_up[128 * kt:128 * kt + 128, 0:1280])
-    for ft in nl.affine_range(10):
-        x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
-        for kt in nl.affine_range(16):
-            x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:128])
-        x_uu_strip[0:128, ft, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    # loops over ft unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 0:128], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 0, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 128:256], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 1, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 256:384], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 2, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 384:512], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 3, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 512:640], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 4, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 640:768], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 5, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 768:896], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 6, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 896:1024], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 7, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 1024:1152], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 8, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
+    x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(16):
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 1152:1280], x_strip[0:128, kt, 0:128])
+    x_uu_strip[0:128, 9, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
-    for f_blk in nl.static_range(3):
-        v_gate_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in nl.affine_range(10):
-            v_gate_block[0:128, kt, 0:min(3200, 8192 - 3200 * f_blk)] = nl.load(v_gate[128 * kt:128 * kt + 128, 3200 * f_blk:min(3200 * f_blk + 3200, 8192)])
-        v_up_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in nl.affine_range(10):
-            v_up_block[0:128, kt, 0:min(3200, 8192 - 3200 * f_blk)] = nl.load(v_up[128 * kt:128 * kt + 128, 3200 * f_blk:min(3200 * f_blk + 3200, 8192)])
-        for ft in nl.affine_range(min(25, 64 - 25 * f_blk)):
-            gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
-            for kt in nl.affine_range(10):
-                gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], x_ug_strip[0:128, kt, 0:128])
-            up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
-            for kt in nl.affine_range(10):
-                up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_uu_strip[0:128, kt, 0:128])
-            act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
-            act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
-            h_strip[0:128, 25 * f_blk + ft, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    # loops over f_blk, ft unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+    v_gate_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in nl.affine_range(10):
+        v_gate_block[0:128, kt, 0:3200] = nl.load(v_gate[128 * kt:128 * kt + 128, 0:3200])
+    v_up_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in nl.affine_range(10):
+        v_up_block[0:128, kt, 0:3200] = nl.load(v_up[128 * kt:128 * kt + 128, 0:3200])
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 0:128], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 0:128], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 0, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 128:256], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 128:256], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 1, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 256:384], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 256:384], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 2, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 384:512], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 384:512], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 3, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 512:640], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 512:640], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 4, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 640:768], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 640:768], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 5, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 768:896], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 768:896], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 6, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 896:1024], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 896:1024], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 7, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1024:1152], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1024:1152], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 8, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1152:1280], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1152:1280], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 9, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1280:1408], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1280:1408], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 10, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1408:1536], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1408:1536], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 11, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1536:1664], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1536:1664], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 12, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1664:1792], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1664:1792], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 13, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1792:1920], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1792:1920], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 14, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1920:2048], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1920:2048], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 15, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2048:2176], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2048:2176], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 16, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2176:2304], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2176:2304], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 17, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2304:2432], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2304:2432], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 18, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2432:2560], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2432:2560], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 19, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2560:2688], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2560:2688], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 20, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2688:2816], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2688:2816], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 21, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2816:2944], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2816:2944], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 22, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2944:3072], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2944:3072], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 23, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 3072:3200], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 3072:3200], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 24, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    v_gate_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in nl.affine_range(10):
+        v_gate_block[0:128, kt, 0:3200] = nl.load(v_gate[128 * kt:128 * kt + 128, 3200:6400])
+    v_up_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in nl.affine_range(10):
+        v_up_block[0:128, kt, 0:3200] = nl.load(v_up[128 * kt:128 * kt + 128, 3200:6400])
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 0:128], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 0:128], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 25, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 128:256], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 128:256], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 26, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 256:384], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 256:384], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 27, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 384:512], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 384:512], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 28, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 512:640], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 512:640], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 29, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 640:768], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 640:768], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 30, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 768:896], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 768:896], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 31, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 896:1024], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 896:1024], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 32, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1024:1152], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1024:1152], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 33, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1152:1280], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1152:1280], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 34, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1280:1408], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1280:1408], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 35, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1408:1536], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1408:1536], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 36, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1536:1664], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1536:1664], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 37, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1664:1792], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1664:1792], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 38, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1792:1920], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1792:1920], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 39, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1920:2048], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1920:2048], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 40, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2048:2176], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2048:2176], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 41, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2176:2304], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2176:2304], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 42, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2304:2432], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2304:2432], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 43, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2432:2560], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2432:2560], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 44, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2560:2688], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2560:2688], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 45, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2688:2816], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2688:2816], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 46, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2816:2944], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2816:2944], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 47, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 2944:3072], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 2944:3072], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 48, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 3072:3200], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 3072:3200], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 49, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    v_gate_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in nl.affine_range(10):
+        v_gate_block[0:128, kt, 0:1792] = nl.load(v_gate[128 * kt:128 * kt + 128, 6400:8192])
+    v_up_block = nl.ndarray((128, 10, 3200), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in nl.affine_range(10):
+        v_up_block[0:128, kt, 0:1792] = nl.load(v_up[128 * kt:128 * kt + 128, 6400:8192])
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 0:128], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 0:128], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 50, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 128:256], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 128:256], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 51, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 256:384], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 256:384], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 52, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 384:512], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 384:512], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 53, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 512:640], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 512:640], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 54, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 640:768], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 640:768], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 55, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 768:896], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 768:896], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 56, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 896:1024], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 896:1024], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 57, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1024:1152], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1024:1152], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 58, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1152:1280], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1152:1280], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 59, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1280:1408], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1280:1408], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 60, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1408:1536], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1408:1536], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 61, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1536:1664], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1536:1664], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 62, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
+    gate_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        gate_psum[0:128, 0:128] += nisa.nc_matmul(v_gate_block[0:128, kt, 1664:1792], x_ug_strip[0:128, kt, 0:128])
+    up_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.affine_range(10):
+        up_psum[0:128, 0:128] += nisa.nc_matmul(v_up_block[0:128, kt, 1664:1792], x_uu_strip[0:128, kt, 0:128])
+    act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    act_f32[0:128, 0:128] = nl.silu(gate_psum[0:128, 0:128], dtype=nl.float32)
+    h_strip[0:128, 63, 0:128] = nl.multiply(act_f32[0:128, 0:128], up_psum[0:128, 0:128], dtype=nl.bfloat16)
     # h_ud^T strip of this token block, kept in SBUF
     h_ud_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
-    for f_blk in nl.static_range(2):
-        # one PSUM bank per feature tile, across K blocks
-        h_ud_psum = nl.zeros((128, 6, 512), dtype=nl.float32, buffer=nl.psum)
-        for k_blk in nl.affine_range(4):
-            u_down_block = nl.ndarray((128, 16, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for kt in nl.affine_range(16):
-                u_down_block[0:128, kt, 0:min(768, 1280 - 768 * f_blk)] = nl.load(u_down[2048 * k_blk + 128 * kt:2048 * k_blk + 128 * kt + 128, 768 * f_blk:min(768 * f_blk + 768, 1280)])
-            for ft in nl.affine_range(min(6, 10 - 6 * f_blk)):
-                for kt in nl.affine_range(16):
-                    h_ud_psum[0:128, ft, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 128 * ft:128 * ft + 128], h_strip[0:128, 16 * k_blk + kt, 0:128])
-        for ft in nl.affine_range(min(6, 10 - 6 * f_blk)):
-            h_ud_strip[0:128, 6 * f_blk + ft, 0:128] = nl.copy(h_ud_psum[0:128, ft, 0:128], dtype=nl.bfloat16)
+    # loops over f_blk, ft unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+    # one PSUM bank per feature tile, across K blocks
+    h_ud_psum__b0 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b1 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b2 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b3 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b4 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b5 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    for k_blk in nl.affine_range(4):
+        u_down_block = nl.ndarray((128, 16, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for kt in nl.affine_range(16):
+            u_down_block[0:128, kt, 0:768] = nl.load(u_down[2048 * k_blk + 128 * kt:2048 * k_blk + 128 * kt + 128, 0:768])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b0[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 0:128], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b1[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 128:256], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b2[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 256:384], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b3[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 384:512], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b4[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 512:640], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b5[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 640:768], h_strip[0:128, 16 * k_blk + kt, 0:128])
+    h_ud_strip[0:128, 0, 0:128] = nl.copy(h_ud_psum__b0[0:128, 0:128], dtype=nl.bfloat16)
+    h_ud_strip[0:128, 1, 0:128] = nl.copy(h_ud_psum__b1[0:128, 0:128], dtype=nl.bfloat16)
+    h_ud_strip[0:128, 2, 0:128] = nl.copy(h_ud_psum__b2[0:128, 0:128], dtype=nl.bfloat16)
+    h_ud_strip[0:128, 3, 0:128] = nl.copy(h_ud_psum__b3[0:128, 0:128], dtype=nl.bfloat16)
+    h_ud_strip[0:128, 4, 0:128] = nl.copy(h_ud_psum__b4[0:128, 0:128], dtype=nl.bfloat16)
+    h_ud_strip[0:128, 5, 0:128] = nl.copy(h_ud_psum__b5[0:128, 0:128], dtype=nl.bfloat16)
+    # one PSUM bank per feature tile, across K blocks
+    h_ud_psum__b0 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b1 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b2 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b3 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b4 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    h_ud_psum__b5 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    for k_blk in nl.affine_range(4):
+        u_down_block = nl.ndarray((128, 16, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for kt in nl.affine_range(16):
+            u_down_block[0:128, kt, 0:512] = nl.load(u_down[2048 * k_blk + 128 * kt:2048 * k_blk + 128 * kt + 128, 768:1280])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b0[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 0:128], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b1[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 128:256], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b2[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 256:384], h_strip[0:128, 16 * k_blk + kt, 0:128])
+        for kt in nl.affine_range(16):
+            h_ud_psum__b3[0:128, 0:128] += nisa.nc_matmul(u_down_block[0:128, kt, 384:512], h_strip[0:128, 16 * k_blk + kt, 0:128])
+    h_ud_strip[0:128, 6, 0:128] = nl.copy(h_ud_psum__b0[0:128, 0:128], dtype=nl.bfloat16)
+    h_ud_strip[0:128, 7, 0:128] = nl.copy(h_ud_psum__b1[0:128, 0:128], dtype=nl.bfloat16)
+    h_ud_strip[0:128, 8, 0:128] = nl.copy(h_ud_psum__b2[0:128, 0:128], dtype=nl.bfloat16)
+    h_ud_strip[0:128, 9, 0:128] = nl.copy(h_ud_psum__b3[0:128, 0:128], dtype=nl.bfloat16)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     v_down_block = nl.ndarray((128, 10, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(10):
