@@ -77,38 +77,44 @@ return a
 
 
 def test_moving_free_over_fmax() -> None:
-    src = nki_kernel(MATMUL_SETUP.format(m=128, n=1024, pn=1024) + """
+    src = nki_kernel(MATMUL_SETUP.format(m=128, n=1024, pn=512) + """
 nisa.nc_matmul(dst=ps, stationary=s, moving=mv)  # <-- error
 return a
 """)
     expect(src, [A], KernelLimitError, "gemm_moving_fmax 512", "N=1024")
 
 
-def test_matmul_dst_spanning_two_psum_banks() -> None:
-    src = nki_kernel(MATMUL_SETUP.format(m=128, n=512, pn=1024) + """
-nisa.nc_matmul(dst=ps[:, 256:768], stationary=s, moving=mv)  # <-- error
+def test_psum_tile_wider_than_one_bank() -> None:
+    """Tile-Size Constraint #2 (NKI-PSUM-TILE-FMAX): a PSUM tile fits one bank, so no matmul output can span
+    two; the interpreter once accepted tiles up to the whole 16 KiB of PSUM."""
+    src = nki_kernel("""
+ps = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum)  # <-- error
 return a
 """)
-    expect(src, [A], KernelLimitError, "PSUM bank", "banks 0..1", "bytes 1024..3071")
+    expect(src, [A], KernelLimitError, "PSUM tile wider than one bank", "4096 bytes/partition > 2048",
+           "NKI-PSUM-TILE-FMAX")
+    narrow = nki_kernel(MATMUL_SETUP.format(m=128, n=512, pn=512) + """
+nisa.nc_matmul(dst=ps, stationary=s, moving=mv)
+return a
+""")
+    assert run(narrow, [A]).counters.psum_peak_banks == 1
+
+
+EIGHT_BANKS = "".join(f"p{i} = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)\n" for i in range(1, 9))
 
 
 def test_more_than_eight_psum_banks_live() -> None:
-    src = nki_kernel("""
-p1 = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.psum)
-p2 = nl.ndarray((128, 4, 512), dtype=nl.float32, buffer=nl.psum)
-p3 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-- error
-nisa.memset(dst=p1, value=0.0)
-nisa.memset(dst=p2, value=0.0)
-return a
-""")
-    # p1 and p2 are live until their memsets, after p3's allocation (live = allocation to last use)
+    late_uses = "".join(f"nisa.memset(dst=p{i}, value=0.0)\n" for i in range(1, 9))
+    src = nki_kernel(EIGHT_BANKS + "p9 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-- error\n"
+                     + late_uses + "return a\n")
+    # p1..p8 are live until their memsets, after p9's allocation (live = allocation to last use)
     exc = expect(src, [A], KernelLimitError, "PSUM banks exceeded", "9 > 8 banks")
     assert "'p1'" in str(exc) and "'p2'" in str(exc)
-    # without the late uses, p1 and p2 are live only at their allocations: 4 banks at most
-    for name in ("p1", "p2"):
-        src = src.replace(f"    nisa.memset(dst={name}, value=0.0)\n", "")
+    # without the late uses, every tile is live only at its allocation: 1 bank at most
+    for i in range(1, 9):
+        src = src.replace(f"    nisa.memset(dst=p{i}, value=0.0)\n", "")
     assert "memset" not in src
-    assert run(src, [A]).counters.psum_peak_banks == 4
+    assert run(src, [A]).counters.psum_peak_banks == 1
 
 
 def test_single_psum_allocation_over_psum_size() -> None:
@@ -116,7 +122,7 @@ def test_single_psum_allocation_over_psum_size() -> None:
 p = nl.ndarray((128, 4097), dtype=nl.float32, buffer=nl.psum)  # <-- error
 return a
 """)
-    expect(src, [A], KernelLimitError, "PSUM allocation too large", "16388", "16384")
+    expect(src, [A], KernelLimitError, "PSUM tile wider than one bank", "16388", "2048")
 
 
 def test_sbuf_over_capacity() -> None:
@@ -348,11 +354,11 @@ return a
 def test_legacy_matmul_into_psum_spanning_banks() -> None:
     src = legacy_kernel("""
 x = nl.load(a[:, 0:128])
-ps = nl.zeros((128, 1024), dtype=nl.float32, buffer=nl.psum)
-ps[:, 480:608] += nisa.nc_matmul(x, x)  # <-- error
+ps = nl.zeros((128, 1024), dtype=nl.float32, buffer=nl.psum)  # <-- error
+ps[:, 480:608] += nisa.nc_matmul(x, x)
 return a
 """)
-    expect(src, [A], KernelLimitError, "PSUM bank", "banks 0..1")
+    expect(src, [A], KernelLimitError, "PSUM tile wider than one bank", "NKI-PSUM-TILE-FMAX")
 
 
 def test_legacy_store_from_psum() -> None:

@@ -25,10 +25,12 @@ def k(a):
     res = nl.ndarray((128, 512), dtype=a.dtype, buffer=nl.sbuf)
     nisa.memset(dst=res, value=0.0)
     for i in range(5):
-        ps = nl.ndarray((128, 8, 512), dtype=nl.float32, buffer=nl.psum)
+        banks = []
         for bank in range(8):
-            nisa.nc_matmul(dst=ps[:, bank, :], stationary=a_sb[:, 0:128], moving=a_sb)
-            nisa.tensor_tensor(dst=res, data1=res, data2=ps[:, bank, :], op=nl.add)
+            banks.append(nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum))
+        for bank in range(8):
+            nisa.nc_matmul(dst=banks[bank], stationary=a_sb[:, 0:128], moving=a_sb)
+            nisa.tensor_tensor(dst=res, data1=res, data2=banks[bank], op=nl.add)
     nisa.dma_copy(dst=out, src=res)
     return out
 """
@@ -39,10 +41,12 @@ def k(a):
     out = nl.ndarray((128, 512), dtype=a.dtype, buffer=nl.shared_hbm)
     a_sb = nl.load(a)
     for i in nl.affine_range(5):
-        ps = nl.zeros((nl.par_dim(128), 8, 512), dtype=nl.float32, buffer=nl.psum)
+        banks = []
         for bank in nl.affine_range(8):
-            ps[:, bank, :] += nisa.nc_matmul(a_sb[:, 0:128], a_sb)
-    nl.store(out, value=nl.copy(ps[:, 7, :]))
+            banks.append(nl.zeros((nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum))
+        for bank in nl.affine_range(8):
+            banks[bank][:, :] += nisa.nc_matmul(a_sb[:, 0:128], a_sb)
+    nl.store(out, value=nl.copy(banks[7]))
     return out
 """
 
@@ -60,18 +64,16 @@ def test_loop_allocating_eight_banks_per_iteration(source: str) -> None:
 def test_psum_allocation_held_across_iterations_counts() -> None:
     # the same loop, but every iteration's PSUM tile is kept and read after the loop: 5 x 8 banks
     src = LOOP_PSUM_NKI.replace("    for i in range(5):\n", "    tiles = []\n    for i in range(5):\n")
-    src = src.replace("        ps = nl.ndarray((128, 8, 512), dtype=nl.float32, buffer=nl.psum)\n",
-                      "        ps = nl.ndarray((128, 8, 512), dtype=nl.float32, buffer=nl.psum)\n"
-                      "        tiles.append(ps)\n")
+    src = src.replace("        banks = []\n", "        banks = []\n        tiles.append(banks)\n")
     src = src.replace("    nisa.dma_copy(dst=out, src=res)\n",
                       "    for t in tiles:\n"
-                      "        nisa.tensor_tensor(dst=res, data1=res, data2=t[:, 0, :], op=nl.add)\n"
+                      "        nisa.tensor_tensor(dst=res, data1=res, data2=t[0], op=nl.add)\n"
                       "    nisa.dma_copy(dst=out, src=res)\n")
     assert src.count("tiles") == 3
     with pytest.raises(KernelLimitError, match="PSUM banks exceeded") as info:
         run(src, [A])
-    assert "16 > 8 banks" in str(info.value)  # first exceeded at the second iteration's allocation
-    assert info.value.line == line_of(src, "ps = nl.ndarray")
+    assert "9 > 8 banks" in str(info.value)  # first exceeded at the second iteration's first allocation
+    assert info.value.line == line_of(src, "banks.append(nl.ndarray")
 
 
 TILE_LIST = HEADER_NKI + """
@@ -212,9 +214,9 @@ def k(a):
     nisa.tensor_copy(dst=keep[:, 0:512], src=s1[:, 0:512])
     s3 = scratch(a, 24000)
     p1 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-    p2 = nl.ndarray((128, 513), dtype=nl.float32, buffer=nl.psum)
+    p2 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     nisa.memset(dst=p1, value=0.0)
-    p3 = nl.ndarray((128, 2, 512), dtype=nl.float32, buffer=nl.psum)
+    p3 = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
     nisa.memset(dst=p3, value=0.0)
     nisa.tensor_copy(dst=keep[:, 0:1], src=p1)
     return a
@@ -222,10 +224,10 @@ def k(a):
     c = run(src, [A], kernel="k").counters
     # SBUF: s1 + keep + s2 live at s2's allocation (s1 read later); at s3's, only keep and s3
     assert c.sbuf_peak_bytes == (20000 + 10000 + 14000) * 4
-    # PSUM: p1 (1 bank, 4 B) is read at the end, so it overlaps p2 (2 banks, 2052 B, dead after its
-    # allocation) and p3 (2 banks, 4096 B); p2 and p3 do not overlap
-    assert c.psum_peak_banks == 3
-    assert c.psum_peak_bytes == 4 + 4096
+    # PSUM: p1 (1 bank, 4 B) is read at the end, so it overlaps p2 (1 bank, 2048 B, dead after its
+    # allocation) and p3 (1 bank, 1024 B); p2 and p3 do not overlap
+    assert c.psum_peak_banks == 2
+    assert c.psum_peak_bytes == 4 + 2048
 
 
 def test_two_allocations_on_one_line_both_live() -> None:
@@ -240,18 +242,18 @@ def k(a):
     assert run(src, [A]).counters.sbuf_peak_bytes == 64
 
 
-def test_psum_allocations_round_up_to_banks() -> None:
+def test_psum_allocations_take_a_whole_bank_each() -> None:
     src = HEADER_NKI + """
 @nki.jit
 def k(a):
     p1 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-    p2 = nl.ndarray((128, 513), dtype=nl.float32, buffer=nl.psum)
+    p2 = nl.ndarray((128, 3), dtype=nl.float32, buffer=nl.psum)
     nisa.memset(dst=p1, value=0.0)
     return a
 """
     c = run(src, [A]).counters
-    assert c.psum_peak_banks == 3
-    assert c.psum_peak_bytes == 4 + 513 * 4
+    assert c.psum_peak_banks == 2
+    assert c.psum_peak_bytes == 4 + 3 * 4
 
 
 def test_helper_called_in_a_loop() -> None:
@@ -278,25 +280,26 @@ def k(a):
     assert result.counters.sbuf_peak_bytes == 3 * 512 * 4
 
 
+TILES = ("p0", "p1", "p2", "p3", "q0", "q1", "q2", "q3")
+
+
 def test_capacity_error_comes_from_the_sweep_at_return() -> None:
     # the limit is exceeded early, then the kernel runs on; the error still names the first excess
     src = HEADER_NKI + """
 @nki.jit
 def k(a):
-    p = nl.ndarray((128, 4, 512), dtype=nl.float32, buffer=nl.psum)
-    q = nl.ndarray((128, 4, 512), dtype=nl.float32, buffer=nl.psum)
+""" + "".join(f"    {n} = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)\n" for n in TILES) + """\
     r = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-- error
-    nisa.memset(dst=p, value=0.0)
-    nisa.memset(dst=q, value=0.0)
+""" + "".join(f"    nisa.memset(dst={n}, value=0.0)\n" for n in TILES) + """\
     s = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.memset(dst=p, value=0.0)
+    nisa.memset(dst=p0, value=0.0)
     return a
 """
     with pytest.raises(KernelLimitError, match="PSUM banks exceeded") as info:
         run(src, [A])
     message = str(info.value)
     assert "'r'" in message and "9 > 8 banks" in message and "with 8 already live" in message
-    assert "live: 'p' (line " in message and "'q' (line " in message
+    assert "live: 'p0' (line " in message and "'q1' (line " in message and "... 2 more" in message
     assert info.value.line == line_of(src)
 
 

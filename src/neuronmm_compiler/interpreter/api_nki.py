@@ -62,7 +62,6 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         if out.shape != result.shape:
             raise KernelError(f"nisa.nc_matmul: dst shape {list(out.shape)} != [M, N] = "
                               f"{list(result.shape)} of stationary.T @ moving")
-        ops.check_one_bank(m, out, "nisa.nc_matmul")
         if accumulate is None:
             alloc = out.alloc
             if alloc.fully_written:
@@ -96,7 +95,6 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         if out.dtype != data.dtype:
             raise KernelError(f"nisa.nc_transpose: dst dtype {out.dtype} must equal the data dtype {data.dtype} "
                               "(a TensorE transpose does not cast)")
-        ops.check_one_bank(m, out, "nisa.nc_transpose")
         write(out, result)
 
     @api("nisa.tensor_copy", m)

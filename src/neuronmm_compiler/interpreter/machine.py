@@ -13,7 +13,6 @@ import numpy as np
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
 from ..targets import Target
 from ..vocab import Dialect
-from . import ops
 from .counters import Counters
 from .memory import MemoryTracker
 from .tensor import HBM, PSUM, SBUF, Allocation, Tensor, as_f32, mark_written, require_written, write
@@ -185,7 +184,6 @@ class Machine:
             if dst.alloc.buffer != PSUM:
                 raise KernelLimitError(f"matmul result must be written to PSUM (TensorE writes PSUM "
                                        f"only), not {dst.describe()}")
-            ops.check_one_bank(self, dst, "TensorE (nc_matmul / nc_transpose)")
         elif producer == "dma" and dst.alloc.buffer == PSUM:
             raise KernelLimitError(f"DMA cannot access PSUM: loaded value assigned into {dst.describe()}")
         write(dst, value.data)
@@ -203,7 +201,6 @@ class Machine:
         if value.shape != dst.shape:
             raise KernelError(f"+= shape mismatch: value {list(value.shape)} into {dst.describe()} of "
                               f"shape {list(dst.shape)}")
-        ops.check_one_bank(self, dst, "TensorE (nc_matmul / nc_transpose)")
         require_written(dst, "+= accumulation target")
         if dst.dtype == FLOAT32:
             np.add(dst.data, as_f32(value), out=dst.data)

@@ -9,11 +9,12 @@ interval ``[alloc_time, last_access_time]``: from its allocation to its last rea
 instruction through any view of it (an allocation never accessed lives only at its allocation
 tick). Two allocations are live together when one starts at or before the other's end.
 
-Limits checked at every allocation: partition dim <= ``pmax``; one PSUM allocation <=
-``psum_bytes_per_partition``. Checked when the kernel returns, by a sweep over the intervals (see
+Limits checked at every allocation: partition dim <= ``pmax``; one PSUM allocation (a PSUM tile)
+fits one bank, ``psum_bank_bytes`` per partition (Tile-Size Constraint #2, NKI-PSUM-TILE-FMAX in
+docs/nki-rules.md). Checked when the kernel returns, by a sweep over the intervals (see
 :meth:`MemoryTracker.finish`): live SBUF bytes per partition <= ``sbuf_usable_bytes_per_partition``
-and live PSUM banks <= ``psum_banks``, where each PSUM allocation occupies whole banks (it starts on
-a bank boundary).
+and live PSUM banks <= ``psum_banks``, where each PSUM allocation occupies one bank (it starts on a
+bank boundary).
 """
 
 from __future__ import annotations
@@ -118,11 +119,12 @@ class MemoryTracker:
         nbytes = alloc.data.nbytes // shape[0]
         banks = 0
         if alloc.buffer == PSUM:
-            if nbytes > t.psum_bytes_per_partition:
+            if nbytes > t.psum_bank_bytes:  # Tile-Size Constraint #2: NKI-PSUM-TILE-FMAX in docs/nki-rules.md
                 raise KernelLimitError(
-                    f"PSUM allocation too large: {alloc.describe()} needs {nbytes} bytes/partition > "
-                    f"{t.psum_bytes_per_partition} PSUM bytes/partition on {t.name}")
-            banks = -(-nbytes // t.psum_bank_bytes)
+                    f"PSUM tile wider than one bank: {alloc.describe()} needs {nbytes} bytes/partition > "
+                    f"{t.psum_bank_bytes} on {t.name} (NKI-PSUM-TILE-FMAX: a PSUM tile's free size fits one bank; "
+                    "allocate one tile per bank)")
+            banks = 1
         elif alloc.buffer != SBUF:  # pragma: no cover - callers only pass on-chip allocations
             raise AssertionError(alloc.buffer)
         record = _Record(alloc, nbytes, banks, clock)

@@ -189,26 +189,6 @@ def transpose(m: Machine, data: Any, what: str) -> np.ndarray:
     return d.data.T
 
 
-def check_one_bank(m: Machine, dst: Tensor, what: str) -> None:
-    """A TensorE output view must lie within one PSUM bank of each partition."""
-    a = dst.alloc
-    data = a.data
-    strides = data.strides
-    box = dst.box
-    first = last = 0
-    for d in range(1, data.ndim):
-        lo, hi = box[d]
-        first += lo * strides[d]
-        last += (hi - 1) * strides[d]
-    last += data.itemsize - 1
-    bank = m.target.psum_bank_bytes
-    if first // bank != last // bank:
-        raise KernelLimitError(
-            f"{what} output spans PSUM banks {first // bank}..{last // bank}: it covers bytes "
-            f"{first}..{last} of each partition of {dst.describe()} (one bank = {bank} bytes); "
-            "a matmul output must lie within one PSUM bank")
-
-
 def psum_dst(value: Any, what: str) -> Tensor:
     t = tensor_arg(value, f"{what} dst")
     if t.alloc.buffer != PSUM:
