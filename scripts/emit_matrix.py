@@ -2,12 +2,13 @@
 
 Usage: python scripts/emit_matrix.py [--trials N] [--sdk X.Y] [--only SUBSTRING] [--verbose] [--json FILE]
 
-The matrix (shapes kept small, so the whole run takes minutes on two cores): GEMMs under every preset of
-``nmmc schedules`` and tuned (``--trials``), in bf16 and fp32, square, ragged and decode shapes, plus A stored
-transposed and a PE-transpose override; SVD chains (default, PE transpose, all weights cached), in both dtypes,
-square, ragged and decode; gated MLPs, SVD-compressed whole and split, and dense (the baseline) whole and split,
-in both dtypes, prefill and decode; every example graph under examples/graphs (prefill and decode token counts,
-the other dimensions bound small). Each of those in the ``nki`` and ``neuronxcc`` dialects on trn1, trn2 and trn3.
+The matrix (shapes kept small, so the whole run takes minutes on two cores): GEMMs under every preset of ``nmmc
+schedules`` and tuned (``--trials``), in bf16 and fp32, square, ragged and decode shapes, plus A stored transposed
+and a PE-transpose override; SVD chains (default, PE transpose, all weights cached), in both dtypes, square, ragged
+and decode; gated MLPs, SVD-compressed whole and split, and dense (the baseline) whole and split, in both dtypes,
+prefill and decode; every example graph under examples/graphs (prefill and decode token counts, the other dimensions
+bound small, and tuned at the file's own dimensions). Each of those in the ``nki`` and ``neuronxcc`` dialects on
+trn1, trn2 and trn3.
 
 Each kernel is compiled through the public driver API (``neuronmm_compiler.driver.compile_workload`` /
 ``tune``) and verified as ``nmmc verify`` does: nmmc's interpreter against a float64 reference, and the static
@@ -58,11 +59,16 @@ TRIALS = 6
 GEMM_SHAPES = {"square": (256, 1024, 256), "ragged": (200, 700, 300), "decode": (1, 512, 512)}
 CHAIN_SHAPES = {"square": (256, 1024, 512, 128), "ragged": (77, 600, 300, 64), "decode": (1, 512, 512, 128)}
 MLP_SHAPES = {"prefill": (64, 256, 512), "decode": (1, 256, 512)}
+#: One bf16 shape per family at the golden corpus's sizes: several blocks, PSUM banks and K tiles per block.
+LARGE_GEMM = (1024, 2048, 1024)
+LARGE_CHAIN = (512, 4096, 2048, 512)
+LARGE_MLP = (128, 2048, 8192, 1280)
 MLP_RANK = 128
 GRAPHS = ROOT / "examples" / "graphs"
 #: Dimensions bound for the example graphs besides ``tokens`` (keeping them small; a file lacking one ignores it).
 GRAPH_DIMS = {"hidden": 256, "out": 512, "intermediate": 512, "rank": 64, "rank1": 128, "rank2": 64}
 GRAPH_TOKENS = {"prefill": 128, "decode": 1}
+GRAPH_TUNED_TOKENS = 96
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,11 @@ def _gemm_cases(target: str, dialect: str, trials: int) -> Iterable[Case]:
                 yield Case("gemm", f"gemm-{shape_name}-{dtype}-{row['name']}", target, dialect, build,
                            preset=row["name"] if row["name"].startswith("aws-") else None)
             yield Case("gemm-tuned", f"gemm-tuned-{shape_name}-{dtype}", target, dialect, build, trials=trials)
+    large = gemm_workload(*LARGE_GEMM)
+    for row in named_schedules(large, get_target(target))[0]:
+        yield Case("gemm", f"gemm-large-bfloat16-{row['name']}", target, dialect, lambda: gemm_workload(*LARGE_GEMM),
+                   preset=row["name"] if row["name"].startswith("aws-") else None)
+    for dtype in DTYPES:
         yield Case("gemm", f"gemm-km-{dtype}", target, dialect,
                    lambda dtype=dtype: gemm_workload(256, 512, 384, dtype=dtype, a_layout="km"))
         yield Case("gemm", f"gemm-pe-transpose-{dtype}", target, dialect,
@@ -143,6 +154,9 @@ def _chain_cases(target: str, dialect: str, trials: int) -> Iterable[Case]:
             for variant, params in (("default", ()), ("pe", (("x_transpose", "pe"),)),
                                     ("cacheall", (("cache_weights", "all"),))):
                 yield Case("chain", f"chain-{shape_name}-{dtype}-{variant}", target, dialect, build, params=params)
+        if dtype == "bfloat16":
+            yield Case("chain", "chain-large-bfloat16-default", target, dialect,
+                       lambda: chain_workload(*LARGE_CHAIN[:3], rank=LARGE_CHAIN[3]))
         yield Case("chain-tuned", f"chain-tuned-{dtype}", target, dialect,
                    lambda dtype=dtype: chain_workload(256, 1024, 512, rank=128, dtype=dtype), trials=trials)
 
@@ -160,11 +174,19 @@ def _mlp_cases(target: str, dialect: str, trials: int) -> Iterable[Case]:
                 for mode in ("whole", "split"):
                     yield Case(kind, f"{kind}-{shape_name}-{dtype}-{mode}", target, dialect, build,
                                params=(("mlp", mode),))
+        if dtype == "bfloat16":
+            for dense in (False, True):
+                kind = "mlp-dense" if dense else "mlp"
+                for mode in ("whole", "split"):
+                    yield Case(kind, f"{kind}-large-bfloat16-{mode}", target, dialect,
+                               lambda dense=dense: mlp_workload(*LARGE_MLP[:3], rank=None if dense else LARGE_MLP[3],
+                                                                dense=dense),
+                               params=(("mlp", mode),))
         yield Case("mlp-tuned", f"mlp-tuned-{dtype}", target, dialect,
                    lambda dtype=dtype: mlp_workload(64, 256, 512, rank=MLP_RANK, dtype=dtype), trials=trials)
 
 
-def _graph_cases(target: str, dialect: str) -> Iterable[Case]:
+def _graph_cases(target: str, dialect: str, trials: int) -> Iterable[Case]:
     for path in sorted(GRAPHS.glob("*.yaml")):
         for token_name, tokens in GRAPH_TOKENS.items():
             def build(path: Path = path, tokens: int = tokens) -> Workload:
@@ -173,9 +195,17 @@ def _graph_cases(target: str, dialect: str) -> Iterable[Case]:
                 return graph_workload(spec.graph({**bindings, "tokens": tokens}), spec.source)
 
             yield Case("graph", f"graph-{path.stem}-{token_name}", target, dialect, build)
+        # tuned at the file's own dimensions (wider accumulators than the small bindings reach)
+        yield Case("graph-tuned", f"graph-tuned-{path.stem}", target, dialect,
+                   lambda path=path: _graph_at_own_dims(path, GRAPH_TUNED_TOKENS), trials=trials)
 
 
-FAMILIES = ("gemm", "gemm-tuned", "chain", "chain-tuned", "mlp", "mlp-dense", "mlp-tuned", "graph")
+def _graph_at_own_dims(path: Path, tokens: int) -> Workload:
+    spec = load_graph_spec(path)
+    return graph_workload(spec.graph({"tokens": tokens}), spec.source)
+
+
+FAMILIES = ("gemm", "gemm-tuned", "chain", "chain-tuned", "mlp", "mlp-dense", "mlp-tuned", "graph", "graph-tuned")
 
 
 def matrix_cases(*, trials: int = TRIALS, targets: Sequence[str] = TARGETS,
@@ -187,7 +217,7 @@ def matrix_cases(*, trials: int = TRIALS, targets: Sequence[str] = TARGETS,
             cases += _gemm_cases(target, dialect, trials)
             cases += _chain_cases(target, dialect, trials)
             cases += _mlp_cases(target, dialect, trials)
-            cases += _graph_cases(target, dialect)
+            cases += _graph_cases(target, dialect, trials)
     return cases
 
 
