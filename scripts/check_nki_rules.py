@@ -3,7 +3,8 @@
 Usage: python scripts/check_nki_rules.py [--sdk 2.30] [--verbose] [DIR]
 
 Each file's dialect and target come from its ``nmmc-metadata`` line. The counts are the "Known violations of the
-current emitter" that docs/nki-rules.md lists; the checker is not yet part of ``nmmc verify``.
+current emitter" that docs/nki-rules.md lists. ``nmmc verify`` runs the same checker on one file (default SDK: the
+newest supporting its dialect on its target); ``scripts/emit_matrix.py`` runs it over every kernel family.
 """
 
 from __future__ import annotations
