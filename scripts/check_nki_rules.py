@@ -1,6 +1,6 @@
 """Run the static NKI rule checker over every golden kernel and print a count per rule id.
 
-Usage: python scripts/check_nki_rules.py [--sdk 2.30] [--verbose] [DIR]
+Usage: python scripts/check_nki_rules.py [--sdk 2.30|default] [--verbose] [DIR]
 
 Each file's dialect and target come from its ``nmmc-metadata`` line. The counts are the "Known violations of the
 current emitter" that docs/nki-rules.md lists. ``nmmc verify`` runs the same checker on one file (default SDK: the
@@ -18,7 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from neuronmm_compiler.support import newest_sdk  # noqa: E402
 from neuronmm_compiler.verification.static_check import Violation, check_kernel_source  # noqa: E402
+from neuronmm_compiler.vocab import Dialect  # noqa: E402
+
+#: ``--sdk default``: per file, the release ``nmmc verify`` checks by default (support.newest_sdk).
+DEFAULT = "default"
 
 GOLDEN = ROOT / "tests" / "golden" / "kernels"
 METADATA = "# nmmc-metadata:"
@@ -34,12 +39,13 @@ def file_context(source: str) -> tuple[str, str]:
 
 
 def check_dir(directory: Path, sdk: str | None = None) -> dict[str, list[Violation]]:
-    """Violations per file name, for every ``*.py`` in ``directory``."""
+    """Violations per file name, for every ``*.py`` in ``directory`` (``sdk`` DEFAULT: each file's default)."""
     out: dict[str, list[Violation]] = {}
     for path in sorted(directory.glob("*.py")):
         source = path.read_text(encoding="utf-8")
         dialect, target = file_context(source)
-        out[path.name] = check_kernel_source(source, dialect=dialect, target=target, sdk=sdk)
+        release = newest_sdk(Dialect(dialect), target) if sdk == DEFAULT else sdk
+        out[path.name] = check_kernel_source(source, dialect=dialect, target=target, sdk=release)
     return out
 
 
@@ -53,7 +59,8 @@ def counts(results: dict[str, list[Violation]]) -> tuple[Counter, Counter]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", type=Path, default=GOLDEN)
-    parser.add_argument("--sdk", default=None, help="Neuron SDK release, e.g. 2.30 (enables SDK-bounded rules)")
+    parser.add_argument("--sdk", default=None, help="Neuron SDK release, e.g. 2.30 (enables SDK-bounded rules), or "
+                        "'default': per file, the release nmmc verify checks by default")
     parser.add_argument("--verbose", action="store_true", help="print every violation")
     args = parser.parse_args(argv)
     results = check_dir(args.directory, args.sdk)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from check_nki_rules import GOLDEN, check_dir, counts  # noqa: E402
+from check_nki_rules import DEFAULT, GOLDEN, check_dir, counts  # noqa: E402
 
 from neuronmm_compiler.support import KNOWN_SDKS, SUPPORT, newest_sdk, resolve_dialect, support_for  # noqa: E402
 from neuronmm_compiler.targets import TARGETS  # noqa: E402
@@ -29,8 +29,10 @@ from neuronmm_compiler.vocab import Dialect  # noqa: E402
 OUT = ROOT / "docs" / "nki-rules.md"
 TITLES = {"memory": "On-chip memory", "tiles": "Tile limits", "loops": "Loops", "isa": "ISA calls",
           "dialect": "Dialects and SDK releases"}
-#: SDK releases the known-violations table is computed for (None: no SDK given, only unbounded rules).
-SDKS = (None, "2.29", "2.30")
+#: SDK releases the known-violations table is computed for (DEFAULT: each file's nmmc verify default; None: no SDK
+#: given, only unbounded rules; 2.30: the first release without neuronxcc.nki).
+SDKS = (DEFAULT, None, "2.30")
+SDK_TITLES = {DEFAULT: "verify's default SDK", None: "no SDK given", "2.30": "SDK 2.30"}
 MODULES = ("nl", "nisa", "nki")
 
 
@@ -146,15 +148,20 @@ def render() -> str:
         f"{len(list(GOLDEN.glob('*.py')))} files of `tests/golden/kernels` (dialect and target from each file's "
         "metadata): violations (files). `nmmc verify` runs the same checker (with `--sdk`, default the newest "
         "release supporting the file's dialect on its target) and fails on any violation; "
-        "`python scripts/emit_matrix.py` runs it over the whole emit matrix.",
+        "`python scripts/emit_matrix.py` runs it over the whole emit matrix. `NKI-DIALECT-TRN1` counts the golden "
+        "cases that ask for the `nki` dialect on trn1, a pairing the support matrix calls unsupported (kept to show "
+        "it); `NKI-NEURONXCC-IMPORT` at SDK 2.30 counts the `neuronxcc` files, whose range ends at 2.29.",
         "",
-        "| rule | " + " | ".join(f"SDK {s}" if s else "no SDK given" for s in SDKS) + " |",
+        "| rule | " + " | ".join(SDK_TITLES[s] for s in SDKS) + " |",
         "|---|" + "---|" * len(SDKS),
     ]
     tables = [counts(check_dir(GOLDEN, sdk)) for sdk in SDKS]
-    for rule_id in sorted({rid for per_rule, _files in tables for rid in per_rule}):
+    found = sorted({rid for per_rule, _files in tables for rid in per_rule})
+    for rule_id in found:
         cells = [f"{per_rule[rule_id]} ({files[rule_id]})" if per_rule[rule_id] else "0" for per_rule, files in tables]
         lines.append(f"| `{rule_id}` | " + " | ".join(cells) + " |")
+    if not found:
+        lines.append("| none | " + " | ".join("0" for _ in SDKS) + " |")
     lines.append("")
     return "\n".join(lines)
 
