@@ -135,11 +135,12 @@ def test_mapped_schedule_compiles(config):
     row = dict(m=m, n=n, k=k, rank=rank, dtype=dtype, a_layout=a_layout, workload=workload)
     target = get_target(hardware)
     preset, params = _schedule(schedule)
-    if cost_only:
-        with pytest.raises(ScheduleError):
-            compile_workload(_workload(row), target=target, preset=preset, params=params)
+    try:
+        compiled = compile_workload(_workload(row), target=target, preset=preset, params=params)
+    except ScheduleError:
+        # it does not fit nmmc's capacity accounting: allowed only where the notes say so, and it must still cost
+        assert cost_only, f"{schedule} does not fit on {hardware}: say '{COST_ONLY}' in the notes or change it"
         costed = cost_workload(_workload(row), target=target, preset=preset, params=params)
         assert costed.cost.latency_us > 0
     else:
-        compiled = compile_workload(_workload(row), target=target, preset=preset, params=params)
         assert compiled.cost.latency_us > 0
