@@ -231,6 +231,7 @@ def test_bench_measures_every_kernel_and_appends_what_calibrate_reads(monkeypatc
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert [c[0] for c in calls] == ["svd_mlp_k0", "svd_mlp_k1"] and {c[1:3] for c in calls} == {(3, 20)}
+    assert report["route"] == "nki.benchmark" and report["iters"] == 20
     assert calls[0][3] == [(64, 256), (256, 128), (128, 512), (256, 128), (128, 512)]  # its declared inputs
     assert report["latency_us"] == pytest.approx(65.0 * 1.0)  # median: 0.9 + 50/500 = 1.0
     assert report["p10_us"] == pytest.approx(65.0 * 0.92) and report["p90_us"] == pytest.approx(65.0 * 1.08)
@@ -250,6 +251,7 @@ def test_bench_measures_every_kernel_and_appends_what_calibrate_reads(monkeypatc
     human = run("bench", str(gemm_file), "--append-csv", str(csv))
     assert human.exit_code == 0, human.output
     assert "median us" in human.output and "gemm_kernel" in human.output and f"appended to {csv}" in human.output
+    assert "timed with nki.benchmark: 10 warm-up + 100 timed runs per kernel" in human.output
     rows = read_measurements(csv)
     assert [(r.path.resolve(), r.latency_us) for r in rows] == [(legacy_mlp_file.resolve(), 65.0),
                                                                 (gemm_file.resolve(), 60.0)]
