@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"published dataset {args.data}: {len(dataset.rows)} rows mapped from {len(dataset.sources())} sources "
           f"(digest {dataset.digest}); {len(dataset.skipped)} not mapped")
     for where, why in dataset.skipped:
-        print(f"  not mapped: {where}: {why}")
+        print(f"  not used: {where}: {why[:110]}")
     out: dict[str, object] = {"digest": dataset.digest, "targets": {}}
     for hardware in sorted({r.hardware for r in dataset.rows}):
         rows = [r for r in dataset.rows if r.hardware == hardware]

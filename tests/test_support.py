@@ -61,7 +61,7 @@ def _emit(*args: str):
 def test_emit_defaults_to_the_documented_dialect_and_says_where_it_runs():
     trn1 = _emit()
     assert trn1.exit_code == 0 and "import neuronxcc.nki as nki" in trn1.output
-    assert "# sdk         rules checked against Neuron SDK 2.26 to 2.29 on trn1" in trn1.output
+    assert "# sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn1" in trn1.output
     trn2 = _emit("--target", "trn2")
     assert "\nimport nki\n" in trn2.output and "Neuron SDK 2.29 to 2.32 on trn2" in trn2.output
     older = _emit("--target", "trn2", "--sdk", "2.28")

@@ -12,10 +12,11 @@ import sympy as sp
 
 from .codegen.printer import NkiPrinter
 from .cost_model import FORMULAS, LATENCY, LOWER_BOUND, CostReport
+from .cost_model.trust import trust_dict, trust_note
 from .driver import Compiled, Costed, Lowered, Tuned
 from .frontends.workloads import Workload
 from .ir import to_text
-from .targets import Target
+from .targets import Target, get_target
 
 
 def _mib(nbytes: float) -> str:
@@ -84,7 +85,8 @@ def emit_lines(compiled: Compiled, output: str) -> list[str]:
     return [f"wrote {output}: {names} for {compiled.workload.describe()}",
             f"  target {compiled.target.name}, dialect {compiled.dialect}, schedule {compiled.schedule_name}",
             f"  {footprint}",
-            f"  predicted {compiled.cost.latency_us:.1f} us ({compiled.cost.bound}-bound)"]
+            f"  predicted {compiled.cost.latency_us:.1f} us ({compiled.cost.bound}-bound; cost model "
+            f"{trust_note(compiled.target)})"]
 
 
 def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str]:
@@ -92,6 +94,7 @@ def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str
     lines = [f"{workload.describe()} on {target.name}",
              f"schedule {costed.schedule_name}: {costed.schedule.describe()}"]
     lines += [f"  {line}" for line in cost_lines(costed.cost)]
+    lines.append(f"  model error      {trust_note(target)}")
     if len(costed.programs) > 1:
         for program, cost in zip(costed.programs, costed.kernel_costs, strict=True):
             lines += [f"kernel {program.name}:", *(f"  {line}" for line in cost_lines(cost))]
@@ -100,7 +103,7 @@ def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str
 
 def cost_json(workload: Workload, target: Target, costed: Costed) -> dict[str, Any]:
     data = {"workload": workload.describe(), "target": target.name, "schedule": costed.schedule.as_dict(),
-            **costed.cost.as_dict()}
+            **costed.cost.as_dict(), "model_error": trust_dict(target)}
     if len(costed.programs) > 1:
         data["kernels"] = [{"name": p.name, **c.as_dict()} for p, c in zip(costed.programs, costed.kernel_costs,
                                                                            strict=True)]
@@ -128,6 +131,7 @@ def tune_lines(tuned: Tuned) -> list[str]:
         f"{'kernels':>9}",
         _row("nmmc tuned", c.cost, len(c.programs)),
         *(_row(b.label, b.cost, None) for b in tuned.baselines.values()),
+        f"  latencies and speedups are the cost model's: {trust_note(c.target)}",
         "",
     ]
     for name, speedup in tuned.speedups().items():
@@ -157,6 +161,7 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
         "baselines": {name: None if b.cost is None else {"computation": b.label, **b.cost.as_dict()}
                       for name, b in tuned.baselines.items()},
         "speedups": tuned.speedups(),
+        "model_error": trust_dict(c.target),
         "search": {**tuned.search.search_summary(), "cached": tuned.search.method == "cache"},
         "top": [{"latency_us": cand.latency_us, "schedule": cand.schedule.as_dict()} for cand in tuned.search.top],
         "output": output,
@@ -182,6 +187,7 @@ def explain_lines(compiled: Compiled) -> list[str]:
                   *cost_lines(cost)]
     if len(compiled.programs) > 1:
         lines += ["", "== whole graph", *cost_lines(compiled.cost)]
+    lines += ["", f"== model error on {compiled.target.name}: {trust_note(compiled.target)}"]
     return lines
 
 
@@ -213,6 +219,7 @@ def model_lines(source: Any, index: dict[str, Any], target_name: str, output: st
                      f"{e['unfused_baseline_us']:>12.1f}{e['speedup_vs_baseline']:>9.2f}x"
                      f"{e['speedup_vs_unfused']:>8.2f}x{len(e['kernels']):>9}  {e['file']}{check}")
     count = len(index["buckets"])
+    lines.append(f"latencies are the cost model's: {trust_note(get_target(target_name))}")
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
     return lines
 

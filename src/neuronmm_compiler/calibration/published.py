@@ -30,6 +30,10 @@ COLUMNS = ("source_id", "source", "hardware", "kernel", "m", "n", "k", "rank", "
 TIME_UNITS = {"us": 1.0, "ms": 1000.0, "s": 1e6}
 #: Units of a rate, converted to a latency through the workload's FLOPs.
 RATE_UNITS = {"tflops": 1e12, "gflops": 1e9}
+#: Model FLOPs utilisation in percent: a latency through the workload's FLOPs and the target's bf16 peak
+#: (only for 2-byte dtypes, whose peak that is). Hardware FLOPs utilisation and engine activity are not
+#: used: the sources publish them beside the latency of the same run.
+MFU_UNIT = "percent_mfu"
 
 
 @dataclass
@@ -69,6 +73,9 @@ class PublishedRow:
         unit = self.unit.lower()
         if unit in TIME_UNITS:
             return self.value * TIME_UNITS[unit]
+        if unit == MFU_UNIT:
+            peak = get_target(self.hardware).peak_bf16_tflops * 1e12
+            return self.flops() / (peak * self.value / 100) * 1e6
         return self.flops() / (self.value * RATE_UNITS[unit]) * 1e6
 
     def predict_us(self, target: Target) -> float:
@@ -137,8 +144,14 @@ def load_rows(directory: str | Path, *, hardware: Iterable[str] | None = None) -
             if raw["schedule"].strip() == "unmapped":
                 skipped.append((where, "unmapped: " + raw["notes"]))
                 continue
-            if unit not in TIME_UNITS and unit not in RATE_UNITS:
-                skipped.append((where, f"unit {raw['unit']!r} is neither a time nor a rate"))
+            if unit not in TIME_UNITS and unit not in RATE_UNITS and unit != MFU_UNIT:
+                skipped.append((where, f"unit {raw['unit']!r} is neither a time, a rate nor MFU"))
+                continue
+            if unit == MFU_UNIT and raw["dtype"].strip() not in ("bfloat16", "float16"):
+                skipped.append((where, f"MFU of a {raw['dtype']} kernel (the target's peak is the bf16 one)"))
+                continue
+            if "same measurement as" in raw["notes"]:
+                skipped.append((where, "another row holds the same measurement"))
                 continue
             try:
                 workload = _workload(raw["workload"].strip(), int(raw["m"] or 0), int(raw["n"] or 0),
