@@ -188,7 +188,10 @@ RULES: tuple[Rule, ...] = (
          dialects=(Dialect.NEURONXCC,), sdk_min="2.25", checkable=True,
          note="The announcement says warnings in 2.24 and errors from 2.25; the release notes (NKI (Beta) [2.23]) only "
               "record the warning. Conservatively an error from 2.25: a PSUM accumulator wider than a bank is "
-              "split into separate one-bank tiles (a Python list), not a block dimension."),
+              "split into separate one-bank tiles (a Python list), not a block dimension. Conflict: the NKI 0.1 "
+              "matrix multiplication tutorial of the SDK 2.26 docs (" + _legacy("general/nki/tutorials/"
+              "matrix_multiplication.rst", "Optimization 1-3") + ") still lays its tiles out with block "
+              "dimensions; tests/test_nki_tutorials.py writes those kernels in the migration guide's layout."),
     Rule("NKI-MATMUL-STATIONARY-FMAX", "tiles", "nc_matmul stationary free size <= 128 (partition size equal "
          "to moving's, <= 128)",
          (_sdk(_ISA, "nc_matmul, Tile size"), _sdk(_TILING, "Tile size considerations, TileSize Constraint#3")),
