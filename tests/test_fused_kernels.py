@@ -144,3 +144,24 @@ def test_a_broken_fused_kernel_fails_verification():
     assert broken != source
     report = verify_source(broken)
     assert not report.ok and "exceeds" in report.error
+
+
+def test_a_weight_stored_transposed_is_not_loaded_with_an_undocumented_dma_transpose():
+    """Issue 12 finding 3 (found by the fuzzer once verify checked the rules): a weight stored transposed is read
+    with a transposing DMA load, undocumented for fp32 in the nki dialect: an error naming the rule, before any
+    search; the neuronxcc dialect's nl.load_transpose2d is documented."""
+    from neuronmm_compiler.errors import ScheduleError
+    from neuronmm_compiler.frontends.workloads import graph_workload
+    from neuronmm_compiler.ir import parse_text
+
+    graph = parse_text('graph g {\n  %x = input "x" [64, 256] float32 layout=row_major\n'
+                       '  %w = input "w" [256, 128] float32 layout=transposed\n'
+                       '  %y = matmul %x, %w : [64, 128] float32\n  %out = output "out" %y\n}\n')
+    workload = graph_workload(graph, "<test>")
+    with pytest.raises(ScheduleError, match=r"'w' is stored transposed .*\(NKI-DMA-TRANSPOSE-DTYPE"):
+        compile_graph(workload, target=TARGET_OF["nki"], dialect="nki")
+    with pytest.raises(ScheduleError, match="NKI-DMA-TRANSPOSE-DTYPE"):
+        tune_graph(workload, target=TARGET_OF["nki"], dialect="nki", trials=5)
+    compiled = compile_graph(workload, target=TARGET_OF["nki"], dialect="neuronxcc")
+    assert "nl.load_transpose2d(w[" in compiled.kernel.source
+    assert verify_source(compiled.kernel.source, filename="w_t", rules=True).ok

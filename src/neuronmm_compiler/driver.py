@@ -28,7 +28,7 @@ from .cost_model.footprint import Footprint, check_fits
 from .errors import InputError, NmmcError, ScheduleError
 from .frontends.workloads import Workload
 from .ir import Graph
-from .kernel_ir.program import Program
+from .kernel_ir.program import DmaCopy, Program, walk
 from .lowerings import Baseline, Lowering, lowering_for, lowering_named
 from .lowerings.base import dma_transpose_ok
 from .passes import Pass, PipelineStep, parse_pipeline, run_pipeline
@@ -67,6 +67,22 @@ def lower_graph(workload: Workload, lowering: Lowering, schedule: Any,
 def lower_programs(lowering: Lowering, lowered: Lowered, schedule: Any, target: Target) -> list[Program]:
     """Every kernel of ``lowered`` as a loop-nest program under ``schedule``."""
     return [lowering.lower(kernel, schedule, target) for kernel in lowered.kernels]
+
+
+def check_transposing_loads(programs: list[Program], workload: Workload, target: Target, dialect: Dialect) -> None:
+    """ScheduleError when a program loads with a transposing DMA where the dialect does not document one
+    (a weight or an operand stored transposed in HBM; A^T / X^T are the schedule's own choice and are
+    already made on the TensorEngine there): the rule, the tensor and what to do instead."""
+    if dma_transpose_ok(workload, target, dialect):
+        return
+    for program in programs:
+        for stmt, _ in walk(program.body):
+            if isinstance(stmt, DmaCopy) and stmt.transpose:
+                rule = "NKI-DMA-TRANSPOSE-TARGET" if target.name == "trn1" else "NKI-DMA-TRANSPOSE-DTYPE"
+                raise ScheduleError(
+                    f"{stmt.src.buffer.name!r} is stored transposed in HBM and is read with a transposing DMA load, "
+                    f"which the {dialect} dialect does not document for {workload.dtype} on {target.name} ({rule}, "
+                    "docs/nki-rules.md); store it row-major, or use --dialect neuronxcc (nl.load_transpose2d)")
 
 
 def check_hbm(programs: list[Program], target: Target) -> None:
@@ -136,6 +152,7 @@ def compile_workload(workload: Workload, *, target: Target, dialect: str | None 
     chosen = lowering.resolve(workload, schedule, preset, params, target, dialect)
     lowered = lower_graph(workload, lowering, chosen, pipeline)
     programs = lower_programs(lowering, lowered, chosen, target)
+    check_transposing_loads(programs, workload, target, dialect)
     check_hbm(programs, target)
     footprints = [check_fits(p, target, lowering.fit_advice) for p in programs]
     costs = [estimate(p, target) for p in programs]
@@ -231,6 +248,10 @@ def tune(workload: Workload, *, target: Target, dialect: str | None = None, tria
     dialect = platform_dialect(dialect, target)
     dma_transpose = dma_transpose_ok(workload, target, dialect)
     lowering = lowering_for(workload)
+    if not dma_transpose:  # fail before the search when no schedule can be emitted in this dialect
+        default = lowering.resolve(workload, None, None, {}, target, dialect)
+        check_transposing_loads(lower_programs(lowering, lower_graph(workload, lowering, default), default, target),
+                                workload, target, dialect)
     threshold = _threshold(lowering, exhaustive_threshold)
     setup = functools.partial(lowering.search_setup, workload, target, threshold, dma_transpose)
     spec, evaluate = setup()

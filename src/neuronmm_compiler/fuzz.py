@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import NmmcError
+from .support import support_for
 from .targets import TARGETS
 from .vocab import Dialect, ElementwiseOp, Layout, NodeKind
 
@@ -145,7 +146,9 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
                          ("token_tile", (64, 128)), ("mlp", ("whole", "split"))):
         if rng.random() < (0.1 if key == "mlp" else 0.3):
             params[key] = rng.choice(choices)
-    return FuzzCase(doc, bound, rng.choice(tuple(TARGETS)), rng.choice(tuple(Dialect)), params)
+    target = rng.choice(tuple(TARGETS))
+    dialect = rng.choice([d for d in Dialect if support_for(d, target) is not None])  # documented pairings only
+    return FuzzCase(doc, bound, target, dialect, params)
 
 
 def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:
@@ -171,7 +174,7 @@ def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:
     if not verify:
         return Outcome("ok", kernels=kernels)
     try:
-        report = verify_source(compiled.kernel.source, filename="fuzz_kernel.py", seed=7)
+        report = verify_source(compiled.kernel.source, filename="fuzz_kernel.py", seed=7, rules=True)
     except Exception:
         return Outcome("internal", "verification raised:\n" + traceback.format_exc(limit=6), kernels)
     if not report.ok:

@@ -184,7 +184,7 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
     if verify:
         from .verification import verify_source
 
-        report = verify_source(tuned.compiled.kernel.source, filename=output)
+        report = verify_source(tuned.compiled.kernel.source, filename=output, rules=True)
     source = tuned.compiled.kernel.source
     with _staged_report(tuned, request, workload, report_dir) as publish_report:
         if output != "-":
@@ -274,7 +274,7 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
         from .verification import verify_file
 
         for entry in index["buckets"]:
-            report = verify_file(Path(output) / entry["file"])
+            report = verify_file(Path(output) / entry["file"], rules=True)
             entry["verified"] = report.ok
             if not report.ok:
                 failures.append(f"{entry['file']}: {report.error}")

@@ -149,7 +149,7 @@ def fresh_search(entry: LockEntry, workload: Workload, target: Target, trials: i
 def _verify(source: str, label: str, target: Target) -> str | None:
     """None when the kernel verifies, else why not."""
     try:
-        report = verify_source(source, filename=f"<{label}>", target=target)
+        report = verify_source(source, filename=f"<{label}>", target=target, rules=True)
     except NmmcError as exc:
         return str(exc)
     return None if report.ok else (report.error or "verification failed")
