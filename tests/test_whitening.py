@@ -76,7 +76,7 @@ def test_truncation_loss_from_the_spectrum_is_the_output_error_at_every_rank():
     w = rng.standard_normal((32, 80))
     x = activations(rng, 300, 32)
     gram = x.T @ x
-    lower, lam = whiten(gram, 1e-8)
+    lower, _ = whiten(gram, 1e-8)
     squared = spectrum(w, lower)
     assert np.all(np.diff(squared) <= 1e-9 * squared[0])
     for rank in (1, 8, 31):
