@@ -247,3 +247,31 @@ def test_joint_rank_choice_end_to_end(tmp_path):
     with pytest.raises(InputError, match="no choice of ranks"):
         run_compress(CompressRequest(**{**request.__dict__, "choose_ranks": False, "target_speedup": 1e6,
                                         "out_dir": str(tmp_path / "k")}))
+
+
+def test_text_calibration_uses_the_models_tokenizer(tmp_path):
+    """Text is tokenized with the model's tokenizer.json (a word-level one here) and gives the same
+    Grams as its token ids passed as .npy."""
+    pytest.importorskip("tokenizers")
+    from neuronmm_compiler.models.calibration import load_tokens
+
+    model_dir = make_llama(tmp_path / "m")
+    words = [f"w{i}" for i in range(VOCAB - 1)]
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    (model_dir / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}))
+    rng = np.random.default_rng(8)
+    ids = rng.integers(1, VOCAB, 150)
+    (tmp_path / "cal.txt").write_text(" ".join(words[i - 1] for i in ids) + " unknownword")
+    loaded = load_tokens(tmp_path / "cal.txt", model_dir)
+    np.testing.assert_array_equal(loaded, np.concatenate([ids, [0]]))
+    np.save(tmp_path / "cal.npy", loaded)
+    model = CausalLM(model_dir)
+    a = calibrate(model, load_tokens(tmp_path / "cal.txt", model_dir, limit=100), source="t", length=50)
+    b = calibrate(model, load_tokens(tmp_path / "cal.npy", model_dir, limit=100), source="n", length=50)
+    assert a.tokens == 100 and a.digest() == b.digest()
+    (model_dir / "tokenizer.json").unlink()
+    with pytest.raises(InputError, match="no tokenizer"):
+        load_tokens(tmp_path / "cal.txt", model_dir)
