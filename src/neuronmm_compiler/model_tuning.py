@@ -49,6 +49,9 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128) 
     manifest_path = p / MANIFEST_FILE if p.is_dir() else None
     if manifest_path is not None and manifest_path.is_file():
         manifest = read_manifest(manifest_path)
+        if not manifest.uniform:
+            raise InputError(f"{p}: its ranks differ by layer (chosen by 'nmmc compress --choose-ranks'); tune each "
+                             "distinct rank set with 'nmmc tune --mlp --ranks G,U,D' (manifest.json lists them)")
         r = manifest.ranks
         if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
             raise InputError(f"{p} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "

@@ -70,11 +70,13 @@ class Quality:
 
 def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray], *,
              length: int = DEFAULT_SEQUENCE, original: tuple[float, np.ndarray] | None = None,
-             progress: Callable[[int, int], None] | None = None) -> Quality:
+             per_layer: bool = True, progress: Callable[[int, int], None] | None = None) -> Quality:
     """Perplexity and agreement of ``model`` with and without ``mlp`` substituted (see the module docstring).
 
     ``original``: ``(perplexity, top-1 predictions)`` of the original model on the same ids, from
     :func:`original_predictions`, to skip recomputing them when evaluating several compressions.
+    ``per_layer=False`` skips the per-layer MLP output errors (one forward pass per sequence instead of
+    two; ``layer_errors`` is then empty).
     """
     chunks = sequences(ids, length)
     n_layers = model.arch.num_hidden_layers
@@ -91,7 +93,8 @@ def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray
     ppl_original, top1_original = original
     nll, agree, count, offset = 0.0, 0, 0, 0
     for done, chunk in enumerate(chunks, 1):
-        model.forward(chunk, observe=observe, logits=False)
+        if per_layer:
+            model.forward(chunk, observe=observe, logits=False)
         logp = log_softmax(model.forward(chunk, override=mlp))
         targets = chunk[1:]
         nll -= float(logp[np.arange(len(targets)), targets].astype(np.float64).sum())
@@ -100,7 +103,8 @@ def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray
         offset += len(targets)
         if progress is not None:
             progress(done, len(chunks))
-    errors = tuple(float(math.sqrt(r / t)) if t > 0 else 0.0 for r, t in zip(residual, total, strict=True))
+    errors = tuple(float(math.sqrt(r / t)) if t > 0 else 0.0 for r, t in zip(residual, total, strict=True)
+                   if per_layer)
     return Quality(count, ppl_original, float(math.exp(nll / count)), agree / count, errors)
 
 
