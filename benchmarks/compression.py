@@ -47,14 +47,14 @@ def plain_factors(model, option):
             for layer in range(model.arch.num_hidden_layers)}
 
 
-def whitened_factors(model, calibration, choice, damping):
+def whitened_factors(model, calibration, choice, damping, lowers):
     out = {}
     for layer, option in enumerate(choice):
         if option is None:
             out[layer] = {p: model.mlp_weight(layer, p) for p in PROJECTIONS}
             continue
-        out[layer] = {p: (lambda f: (f.u, f.v))(whitened_svd(model.mlp_weight(layer, p),
-                                                             calibration.gram(layer, p), r, damping))
+        out[layer] = {p: (lambda f: (f.u, f.v))(whitened_svd(model.mlp_weight(layer, p), calibration.gram(layer, p),
+                                                             r, damping, whitening=lowers[layer][p]))
                       for p, r in zip(PROJECTIONS, (option[0], option[0], option[1]), strict=True)}
     return out
 
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sequence-length", type=int, default=512)
     parser.add_argument("--damping", type=float, default=DEFAULT_DAMPING)
     parser.add_argument("--target", default="trn1")
+    parser.add_argument("--proxy", choices=("share", "plain"), default="share",
+                        help="accuracy proxy of the rank choice: whitened loss times the layer's residual share "
+                             "(nmmc's), or unweighted")
     args = parser.parse_args(argv)
     bucket_sets = [tuple(int(b) for b in s.split(",")) for s in (args.buckets or ["512", "1,128"])]
     keep_ratios = [float(k) for k in args.keep_ratios.split(",")]
@@ -99,12 +102,13 @@ def main(argv: list[str] | None = None) -> None:
                    block_aligned_rank(a.intermediate_size, a.hidden_size, keep))
         if uniform not in options:
             options.append(uniform)
-    losses = []
+    losses, lowers = [], []
     for layer in range(a.num_hidden_layers):
-        lowers = {n: whiten(calibration.grams[layer][n], args.damping)[0] for n in ("input", "inner")}
-        spectra = {p: spectrum(model.mlp_weight(layer, p), lowers["inner" if p == "down" else "input"])
-                   for p in PROJECTIONS}
-        losses.append(layer_losses(spectra, options))
+        white = {n: whiten(calibration.grams[layer][n], args.damping) for n in ("input", "inner")}
+        lowers.append({p: white["inner" if p == "down" else "input"] for p in PROJECTIONS})
+        spectra = {p: spectrum(model.mlp_weight(layer, p), lowers[layer][p][0]) for p in PROJECTIONS}
+        share = calibration.mlp_share(layer, model.mlp_weight(layer, "down")) if args.proxy == "share" else 1.0
+        losses.append(layer_losses(spectra, options, share))
     target = get_target(args.target)
     all_buckets = tuple(sorted({b for s in bucket_sets for b in s}))
     table = predict_latencies(a.hidden_size, a.intermediate_size, all_buckets, options, target=target)
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         uniform_choice = (option,) * a.num_hidden_layers
         plain = measure(plain_factors(model, option))
         white = cache.setdefault(uniform_choice, measure(whitened_factors(model, calibration, uniform_choice,
-                                                                           args.damping)))
+                                                                           args.damping, lowers)))
         row = {"keep": keep, "ranks": option, "kept": kept_fraction(a, uniform_choice), "plain": plain,
                "whitened": white, "joint": []}
         for buckets in bucket_sets:
@@ -141,8 +145,11 @@ def main(argv: list[str] | None = None) -> None:
             front = pareto_front(losses, table.per_bucket[rows_b].sum(axis=0), options)
             same = uniform_point(losses, table.per_bucket[rows_b].sum(axis=0), options, option)
             point = front.fastest_within(same.loss)
+            if point.choice == dense_choice:  # nothing compressed: the original model, nothing to measure
+                cache[point.choice] = (original[0], 1.0)
             if point.choice not in cache:
-                cache[point.choice] = measure(whitened_factors(model, calibration, point.choice, args.damping))
+                cache[point.choice] = measure(whitened_factors(model, calibration, point.choice, args.damping,
+                                                               lowers))
             row["joint"].append({"buckets": buckets, "uniform_us": latency(uniform_choice, buckets),
                                  "dense_us": latency(dense_choice, buckets), "us": point.latency,
                                  "kept": kept_fraction(a, point.choice), "quality": cache[point.choice],

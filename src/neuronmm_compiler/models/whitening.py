@@ -97,12 +97,15 @@ class WhitenedFactors:
         return truncation_loss(self.squared_spectrum, self.u.shape[1])
 
 
-def whitened_svd(w: np.ndarray, gram: np.ndarray, rank: int, damping: float = DEFAULT_DAMPING) -> WhitenedFactors:
-    """Rank-``rank`` factors of ``W`` [in, out] minimizing the output error on activations with ``X^T X = gram``."""
+def whitened_svd(w: np.ndarray, gram: np.ndarray, rank: int, damping: float = DEFAULT_DAMPING, *,
+                 whitening: tuple[np.ndarray, float] | None = None) -> WhitenedFactors:
+    """Rank-``rank`` factors of ``W`` [in, out] minimizing the output error on activations with ``X^T X = gram``.
+
+    ``whitening``: ``whiten(gram, damping)`` computed already (gate and up share one)."""
     k, n = np.shape(w)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(k, n):
         raise InputError(f"rank must be an integer in [1, {min(k, n)}]; got {rank!r}")
-    lower, lam = whiten(gram, damping)
+    lower, lam = whiten(gram, damping) if whitening is None else whitening
     m = _whitened(w, lower)
     method = choose_method(k, n)
     u_white, v, _ = (_lapack if method == "lapack" else _gram)(m, rank)

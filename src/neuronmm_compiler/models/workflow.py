@@ -107,7 +107,7 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, model, pro
         lowers = {name: whiten(calibration.grams[layer][name], request.damping)[0] for name in ("input", "inner")}
         spectra = {p: spectrum(model.mlp_weight(layer, p), lowers["inner" if p == "down" else "input"])
                    for p in PROJECTIONS}
-        losses.append(layer_losses(spectra, options))
+        losses.append(layer_losses(spectra, options, calibration.mlp_share(layer, model.mlp_weight(layer, "down"))))
     table = predict_latencies(a.hidden_size, a.intermediate_size, request.buckets, options, target=request.target,
                               progress=None if progress is None else lambda d, t: progress("cost model", d, t))
     front = pareto_front(losses, table.total, options)
@@ -124,8 +124,9 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, model, pro
         point = front.fastest_within(same.loss)
     record = {
         "objective": objective,
-        "accuracy_proxy": "sum over layers and projections of the squared relative output error on the "
-                          "calibration activations (whitened truncation loss)",
+        "accuracy_proxy": "sum over layers of the squared relative output errors of the three projections on the "
+                          "calibration activations (whitened truncation loss) times the layer's share of the "
+                          "residual stream",
         "latency": table.to_dict(),
         "dense": {"predicted_us": dense.latency, "loss": dense.loss},
         "uniform": None if same is None else {"ranks": list(uniform), "predicted_us": same.latency,
