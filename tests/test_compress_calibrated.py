@@ -275,3 +275,28 @@ def test_text_calibration_uses_the_models_tokenizer(tmp_path):
     (model_dir / "tokenizer.json").unlink()
     with pytest.raises(InputError, match="no tokenizer"):
         load_tokens(tmp_path / "cal.txt", model_dir)
+
+
+def test_svd_accuracy_takes_model_directories_and_reports_bad_names_in_one_line(tmp_path, capsys):
+    from neuronmm_compiler.models import svd_accuracy
+
+    model_dir = make_llama(tmp_path / "m")
+    svd_accuracy.main(["--models", str(model_dir), "--keep-ratio", "0.5"])
+    out = capsys.readouterr().out
+    assert "tiny-llama" in out and "(real, layer 1 W)" in out and f"{HIDDEN}x{INTER}" in out
+    with pytest.raises(SystemExit) as exit_info:
+        svd_accuracy.main(["--models", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("svd_accuracy: error: unknown model")
+
+
+def test_compress_progress_names_its_stages(tmp_path):
+    model_dir = make_llama(tmp_path / "m")
+    token_file(tmp_path / "cal.npy", 128, 9)
+    result = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.5", "--align", "16",
+                                       "--calibration", str(tmp_path / "cal.npy"), "--sequence-length", "64",
+                                       "--progress", "-o", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert "calibrating" in result.stderr and "factoring" in result.stderr
+    assert "trial" not in result.stderr and "no fit yet" not in result.stderr
