@@ -170,7 +170,10 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
         raise InputError(f"--target-speedup must be positive; got {request.target_speedup}")
     if not request.max_ppl_increase >= 0:
         raise InputError(f"--max-ppl-increase must be a non-negative fraction; got {request.max_ppl_increase}")
-    read_config(request.model_dir)  # a missing or bad model is reported before any work
+    if not Path(request.model_dir).is_dir():  # reported before any work, as compress_model words it
+        raise InputError(f"model directory not found: {request.model_dir} (it must hold config.json and safetensors "
+                         "weights)")
+    read_config(request.model_dir)
     loaded: list[Any] = []
 
     def model() -> Any:
