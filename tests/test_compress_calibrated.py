@@ -300,3 +300,21 @@ def test_compress_progress_names_its_stages(tmp_path):
     assert result.exit_code == 0, result.output
     assert "calibrating" in result.stderr and "factoring" in result.stderr
     assert "trial" not in result.stderr and "no fit yet" not in result.stderr
+
+
+def test_report_of_a_compress_output(tmp_path):
+    from neuronmm_compiler.targets import get_target
+
+    model_dir = make_llama(tmp_path / "m")
+    token_file(tmp_path / "cal.npy", 128, 10)
+    token_file(tmp_path / "ev.npy", 64, 11)
+    run_compress(CompressRequest(model_dir=str(model_dir), out_dir=str(tmp_path / "j"), keep_ratio=0.3, align=32,
+                                 calibration=str(tmp_path / "cal.npy"), eval=str(tmp_path / "ev.npy"),
+                                 sequence_length=64, choose_ranks=True, buckets=(1,), target=get_target("trn1")))
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "j"), "-o", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "cost-model prediction" in summary and "measured on 63 held-out tokens" in summary
+    assert (tmp_path / "rep" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    missing = CliRunner().invoke(main, ["report", str(tmp_path), "-o", str(tmp_path / "rep2")])
+    assert missing.exit_code == 2 and "manifest not found" in missing.stderr
