@@ -24,14 +24,15 @@ import time
 from threadpoolctl import threadpool_limits
 
 from neuronmm_compiler.frontends.shapes import block_aligned_rank
-from neuronmm_compiler.models.calibration import _tokenize, calibrate
+from neuronmm_compiler.models.calibration import _tokenize, calibrate, sequences
 from neuronmm_compiler.models.config import PROJECTIONS
 from neuronmm_compiler.models.forward import CausalLM
 from neuronmm_compiler.models.latency import predict_latencies
 from neuronmm_compiler.models.quality import evaluate, factored_mlp, original_predictions
-from neuronmm_compiler.models.rank_choice import layer_losses, pareto_front, uniform_point, variants
+from neuronmm_compiler.models.rank_choice import pareto_front, uniform_point, variants
+from neuronmm_compiler.models.sensitivity import scaled_losses
 from neuronmm_compiler.models.svd import truncated_svd
-from neuronmm_compiler.models.whitening import DEFAULT_DAMPING, spectrum, whiten, whitened_svd
+from neuronmm_compiler.models.whitening import DEFAULT_DAMPING, whitened_svd
 from neuronmm_compiler.targets import get_target
 
 
@@ -77,9 +78,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sequence-length", type=int, default=512)
     parser.add_argument("--damping", type=float, default=DEFAULT_DAMPING)
     parser.add_argument("--target", default="trn1")
-    parser.add_argument("--proxy", choices=("share", "plain"), default="share",
-                        help="accuracy proxy of the rank choice: whitened loss times the layer's residual share "
-                             "(nmmc's), or unweighted")
+    parser.add_argument("--proxy", choices=("measured", "plain"), default="measured",
+                        help="accuracy proxy of the rank choice: whitened loss times the layer's measured "
+                             "sensitivity (nmmc's), or unweighted")
+    parser.add_argument("--sensitivity-tokens", type=int, default=1024)
     args = parser.parse_args(argv)
     bucket_sets = [tuple(int(b) for b in s.split(",")) for s in (args.buckets or ["512", "1,128"])]
     keep_ratios = [float(k) for k in args.keep_ratios.split(",")]
@@ -102,13 +104,10 @@ def main(argv: list[str] | None = None) -> None:
                    block_aligned_rank(a.intermediate_size, a.hidden_size, keep))
         if uniform not in options:
             options.append(uniform)
-    losses, lowers = [], []
-    for layer in range(a.num_hidden_layers):
-        white = {n: whiten(calibration.grams[layer][n], args.damping) for n in ("input", "inner")}
-        lowers.append({p: white["inner" if p == "down" else "input"] for p in PROJECTIONS})
-        spectra = {p: spectrum(model.mlp_weight(layer, p), lowers[layer][p][0]) for p in PROJECTIONS}
-        share = calibration.mlp_share(layer, model.mlp_weight(layer, "down")) if args.proxy == "share" else 1.0
-        losses.append(layer_losses(spectra, options, share))
+    chunks = None if args.proxy == "plain" else sequences(cal_ids[: args.sensitivity_tokens], args.sequence_length)
+    losses, scales, lowers = scaled_losses(model, calibration, options, args.damping, chunks)
+    print("measured layer sensitivity (log-ppl increase per unit whitened loss, that layer alone at "
+          f"{min(o for o in options if o is not None)}): " + " ".join(f"{s:.3g}" for s in scales), flush=True)
     target = get_target(args.target)
     all_buckets = tuple(sorted({b for s in bucket_sets for b in s}))
     table = predict_latencies(a.hidden_size, a.intermediate_size, all_buckets, options, target=target)

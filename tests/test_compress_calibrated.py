@@ -318,3 +318,25 @@ def test_report_of_a_compress_output(tmp_path):
     assert (tmp_path / "rep" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
     missing = CliRunner().invoke(main, ["report", str(tmp_path), "-o", str(tmp_path / "rep2")])
     assert missing.exit_code == 2 and "manifest not found" in missing.stderr
+
+
+def test_layer_sensitivity_is_the_measured_nll_increase_per_unit_loss(tmp_path):
+    from neuronmm_compiler.models.calibration import sequences
+    from neuronmm_compiler.models.rank_choice import variants
+    from neuronmm_compiler.models.sensitivity import mean_nll, scaled_losses
+
+    model = CausalLM(make_llama(tmp_path / "m"))
+    ids = np.random.default_rng(12).integers(0, VOCAB, 256)
+    cal = calibrate(model, ids, source="t", length=64)
+    options = variants(HIDDEN, INTER, 32)
+    chunks = sequences(ids[:128], 64)
+    raw, ones, _ = scaled_losses(model, cal, options, 1e-4, None)
+    assert np.all(ones == 1.0)
+    scaled, scales, _ = scaled_losses(model, cal, options, 1e-4, chunks)
+    for layer in range(LAYERS):
+        np.testing.assert_allclose(scaled[layer], raw[layer] * scales[layer])
+    # recompute layer 1's scale by hand: only its MLP replaced by the rank-32 whitened factors
+    factors = {p: whitened_svd(model.mlp_weight(1, p), cal.gram(1, p), 32) for p in ("gate", "up", "down")}
+    mlp = factored_mlp({1: {p: (f.u, f.v) for p, f in factors.items()}})
+    delta = mean_nll(model, chunks, lambda layer, x: mlp(layer, x) if layer == 1 else None) - mean_nll(model, chunks)
+    assert scales[1] == pytest.approx(max(delta, 1e-6 * scales.max()) / raw[1][options.index((32, 32))], rel=1e-5)

@@ -45,11 +45,7 @@ class GramAccumulator:
     tokens: int = 0
     grams: list[dict[str, np.ndarray]] = field(default_factory=list)
 
-    residual_energy: np.ndarray | None = None
-
     def __post_init__(self) -> None:
-        if self.residual_energy is None:
-            self.residual_energy = np.zeros(self.layers)
         if not self.grams:
             self.grams = [{"input": np.zeros((self.hidden, self.hidden)),
                            "inner": np.zeros((self.intermediate, self.intermediate))} for _ in range(self.layers)]
@@ -64,10 +60,6 @@ class GramAccumulator:
         if layer == 0:
             self.tokens += int(np.shape(x)[0])
 
-    def observe_residual(self, layer: int, h: np.ndarray) -> None:
-        """Fold in the squared norm of the residual stream the layer's MLP adds to."""
-        self.residual_energy[layer] += float(np.einsum("ij,ij->", h, h, dtype=np.float64))  # type: ignore[index]
-
 
 @dataclass(frozen=True)
 class Calibration:
@@ -76,17 +68,6 @@ class Calibration:
     grams: tuple[dict[str, np.ndarray], ...]
     tokens: int
     source: str
-    residual_energy: tuple[float, ...] | None = None  # per layer, sum of squares of the residual stream
-
-    def mlp_share(self, layer: int, w_down: np.ndarray) -> float:
-        """``||y||^2 / ||residual||^2`` of ``layer`` on the calibration tokens, with ``y = h W_down`` the
-        MLP output (from down's Gram: ``tr(W^T H^T H W)``): how much of the residual stream the MLP
-        writes, so how much an error in it perturbs what the next layers see. 1 when unknown."""
-        if not self.residual_energy or not self.residual_energy[layer] > 0:
-            return 1.0
-        w = np.asarray(w_down, dtype=np.float64)
-        energy = float(np.einsum("ij,ij->", w, self.grams[layer]["inner"] @ w))
-        return energy / self.residual_energy[layer]
 
     def gram(self, layer: int, projection: str) -> np.ndarray:
         """The Gram matrix of the input of ``projection`` ("gate", "up": x; "down": h) in ``layer``."""
@@ -162,10 +143,10 @@ def calibrate(model, ids: np.ndarray, *, source: str, length: int = DEFAULT_SEQU
     acc = GramAccumulator(a.hidden_size, a.intermediate_size, a.num_hidden_layers)
     chunks = sequences(ids, length)
     for done, chunk in enumerate(chunks, 1):
-        model.forward(chunk, observe=acc.observe, logits=False, residual=acc.observe_residual)
+        model.forward(chunk, observe=acc.observe, logits=False)
         if progress is not None:
             progress(done, len(chunks))
-    return Calibration(tuple(acc.grams), acc.tokens, source, tuple(float(e) for e in acc.residual_energy))
+    return Calibration(tuple(acc.grams), acc.tokens, source)
 
 
 def calibration_from_activations(path: str | Path, model_dir: str | Path,

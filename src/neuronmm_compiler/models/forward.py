@@ -226,11 +226,9 @@ class CausalLM:
     # ------------------------------------------------------------------ the pass
 
     def forward(self, tokens: np.ndarray, *, observe: MlpObserver | None = None,
-                override: MlpOverride | None = None, logits: bool = True,
-                residual: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray | None:
+                override: MlpOverride | None = None, logits: bool = True) -> np.ndarray | None:
         """Logits [tokens, vocab] (float32) of one sequence of token ids, or None when ``logits`` is False
-        (calibration only needs ``observe``). See :data:`MlpObserver` and :data:`MlpOverride`;
-        ``residual(layer, h)`` sees the residual stream [tokens, hidden] that the layer's MLP adds to."""
+        (calibration only needs ``observe``). See :data:`MlpObserver` and :data:`MlpOverride`."""
         tokens = np.asarray(tokens)
         if tokens.ndim != 1 or not tokens.size or tokens.min() < 0 or tokens.max() >= self.arch.vocab_size:
             raise InputError(f"token ids must be a non-empty 1-D sequence in [0, {self.arch.vocab_size}) for this "
@@ -239,8 +237,6 @@ class CausalLM:
         h = self.embed[tokens]
         for index, layer in enumerate(self.layers):
             h = h + self._attention(layer, rms_norm(h, layer["input_norm"], a.rms_norm_eps))
-            if residual is not None:
-                residual(index, h)
             x = rms_norm(h, layer["post_norm"], a.rms_norm_eps)
             replaced = override(index, x) if override is not None else None
             if replaced is None or observe is not None:

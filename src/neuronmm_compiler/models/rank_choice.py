@@ -10,12 +10,12 @@ block-aligned rank ``r_gu`` for gate and up (they share their input and are comp
   the same for every layer, as every layer has the same shapes;
 - an accuracy proxy, the layer's whitened truncation loss: the sum over its three projections of the
   squared relative output error on the calibration activations (:func:`.whitening.truncation_loss`
-  squared; errors of the three add roughly in quadrature in the MLP output), times the layer's
-  *share* of the residual stream, ``||MLP output||^2 / ||residual stream||^2`` on the calibration
-  tokens (:meth:`.calibration.Calibration.mlp_share`), so that it estimates the squared relative
-  perturbation of what the next layers see; 0 for dense. It differs from layer to layer: a layer
-  whose activations use many directions, or whose MLP writes much of the residual stream (a
-  *sensitive* layer), loses more at a given rank, so it keeps more rank.
+  squared; the three add roughly in quadrature in the MLP output), times the layer's *measured
+  sensitivity* (:mod:`.sensitivity`: the log-perplexity increase on calibration text per unit of
+  that loss, when that layer alone is compressed), so that it estimates the layer's contribution to
+  the model's log-perplexity increase; 0 for dense. A layer whose activations use many directions, or
+  whose errors the rest of the model amplifies (a *sensitive* layer), costs more at a given rank, so
+  it keeps more rank.
 
 The model's latency and loss are the sums over layers. :func:`pareto_front` computes the exact Pareto
 front of (latency, loss) over every per-layer assignment by dynamic programming over the layers
@@ -55,15 +55,15 @@ def variants(hidden: int, intermediate: int, align: int = 128) -> list[tuple[int
 
 
 def layer_losses(spectra: Mapping[str, np.ndarray], options: Sequence[tuple[int, int] | None],
-                 share: float = 1.0) -> np.ndarray:
+                 scale: float = 1.0) -> np.ndarray:
     """The loss of each variant for one layer from its projections' squared whitened spectra, times
-    the layer's share of the residual stream."""
+    ``scale`` (the layer's measured sensitivity)."""
     out = np.zeros(len(options))
     for i, option in enumerate(options):
         if option is DENSE:
             continue
         r_gu, r_down = option
-        out[i] = share * sum(truncation_loss(spectra[p], r) ** 2 for p, r in (("gate", r_gu), ("up", r_gu),
+        out[i] = scale * sum(truncation_loss(spectra[p], r) ** 2 for p, r in (("gate", r_gu), ("up", r_gu),
                                                                                 ("down", r_down)))
     return out
 

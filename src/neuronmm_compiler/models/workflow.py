@@ -26,9 +26,16 @@ import numpy as np
 
 from ..errors import InputError
 from ..io import write_text_atomic
-from .calibration import DEFAULT_SEQUENCE, Calibration, calibrate, calibration_from_activations, load_tokens
+from .calibration import (
+    DEFAULT_SEQUENCE,
+    Calibration,
+    calibrate,
+    calibration_from_activations,
+    load_tokens,
+    sequences,
+)
 from .compress import compress_model, plan_ranks
-from .config import PROJECTIONS, read_config
+from .config import read_config
 from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file
 from .whitening import DEFAULT_DAMPING
 
@@ -75,26 +82,32 @@ class CompressResult:
 
 
 def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
-                 progress: StageProgress | None) -> Calibration | None:
+                 progress: StageProgress | None) -> tuple[Calibration | None, np.ndarray | None]:
+    """The Grams, and the calibration token ids (None for pre-captured activations)."""
     if request.calibration is None:
-        return None
+        return None, None
     path = Path(request.calibration)
     if path.suffix == ".safetensors":
         if not path.is_file():
             raise InputError(f"calibration file not found: {path}")
         model = model_loader()
         return calibration_from_activations(path, request.model_dir,
-                                            inner_from=lambda layer, x: model.mlp(layer, x)[1])
+                                            inner_from=lambda layer, x: model.mlp(layer, x)[1]), None
     ids = load_tokens(path, request.model_dir, request.calibration_tokens)
     model = model_loader()
     return calibrate(model, ids, source=f"{path.name}, {ids.size} tokens", length=request.sequence_length,
-                     progress=None if progress is None else lambda d, t: progress("calibrating", d, t))
+                     progress=None if progress is None else lambda d, t: progress("calibrating", d, t)), ids
 
 
-def _choose_ranks(request: CompressRequest, calibration: Calibration, model, progress: StageProgress | None):
+#: Calibration tokens on which each layer's sensitivity is measured (one forward pass per layer).
+SENSITIVITY_TOKENS = 1024
+
+
+def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.ndarray | None, model,
+                  progress: StageProgress | None):
     from .latency import predict_latencies
-    from .rank_choice import layer_losses, pareto_front, uniform_point, variants
-    from .whitening import spectrum, whiten
+    from .rank_choice import pareto_front, uniform_point, variants
+    from .sensitivity import scaled_losses
 
     a = model.arch
     plan = plan_ranks(read_config(request.model_dir), request.keep_ratio, request.align, request.ranks)
@@ -102,12 +115,9 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, model, pro
     options = variants(a.hidden_size, a.intermediate_size, request.align)
     if uniform not in options and plan["gate"] == plan["up"]:
         options.append(uniform)
-    losses = []
-    for layer in range(a.num_hidden_layers):
-        lowers = {name: whiten(calibration.grams[layer][name], request.damping)[0] for name in ("input", "inner")}
-        spectra = {p: spectrum(model.mlp_weight(layer, p), lowers["inner" if p == "down" else "input"])
-                   for p in PROJECTIONS}
-        losses.append(layer_losses(spectra, options, calibration.mlp_share(layer, model.mlp_weight(layer, "down"))))
+    chunks = None if ids is None else sequences(ids[:SENSITIVITY_TOKENS], request.sequence_length)
+    losses, scales, _ = scaled_losses(model, calibration, options, request.damping, chunks,
+                                      None if progress is None else lambda d, t: progress("layer sensitivity", d, t))
     table = predict_latencies(a.hidden_size, a.intermediate_size, request.buckets, options, target=request.target,
                               progress=None if progress is None else lambda d, t: progress("cost model", d, t))
     front = pareto_front(losses, table.total, options)
@@ -125,8 +135,11 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, model, pro
     record = {
         "objective": objective,
         "accuracy_proxy": "sum over layers of the squared relative output errors of the three projections on the "
-                          "calibration activations (whitened truncation loss) times the layer's share of the "
-                          "residual stream",
+                          "calibration activations (whitened truncation loss) times the layer's measured "
+                          "sensitivity (log-perplexity increase per unit loss, that layer alone compressed)"
+                          if chunks is not None else "sum over layers of the whitened truncation loss (unscaled: "
+                          "no calibration tokens to measure sensitivity on)",
+        "layer_sensitivity": [float(s) for s in scales],
         "latency": table.to_dict(),
         "dense": {"predicted_us": dense.latency, "loss": dense.loss},
         "uniform": None if same is None else {"ranks": list(uniform), "predicted_us": same.latency,
@@ -182,10 +195,10 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
         return loaded[0]
 
     eval_ids = None if request.eval is None else load_tokens(request.eval, request.model_dir, request.eval_tokens)
-    calibration = _calibration(request, model, progress)
+    calibration, calibration_ids = _calibration(request, model, progress)
     layer_ranks = record = front = point = None
     if request.choose_ranks or request.target_speedup is not None:
-        layer_ranks, record, front, point = _choose_ranks(request, calibration, model(), progress)
+        layer_ranks, record, front, point = _choose_ranks(request, calibration, calibration_ids, model(), progress)
     manifest = compress_model(
         request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
