@@ -44,9 +44,9 @@ __all__ = ["CompressRequest", "CompressResult", "load_factors", "run_compress"]
 #: ``progress(stage, done, total)``.
 StageProgress = Callable[[str, int, int], None]
 PLAIN_SVD_WARNING = ("plain SVD (no --calibration) ignores which directions the activations use: on a real "
-                     "pretrained model (SmolLM2-135M, docs/compression.md) it raised perplexity from ~21 to over "
-                     "1000 at every keep ratio; pass --calibration TEXT for activation-aware (whitened) truncation "
-                     "and --eval TEXT to measure it")
+                     "pretrained model (SmolLM2-135M, docs/compression.md) it took held-out perplexity from 15.7 to "
+                     "73,694 at keep ratio 0.8 (whitened SVD: 23.3); pass --calibration TEXT for activation-aware "
+                     "(whitened) truncation and --eval TEXT to measure the result")
 
 
 @dataclass(frozen=True)
