@@ -209,7 +209,8 @@ def test_cli_user_errors_are_one_line(tmp_path):
     model_dir = make_llama(tmp_path / "m")
     runner = CliRunner()
     cases = [
-        (["--choose-ranks"], "needs --calibration"),
+        (["--choose-ranks", "--tokens", "1"], "needs --calibration"),
+        (["--choose-ranks"], "needs --tokens"),
         (["--calibration", str(tmp_path / "missing.txt")], "not found"),
         (["--eval", str(tmp_path / "x.npy")], "not found"),
         (["--calibration", str(tmp_path / "acts.safetensors")], "not found"),

@@ -59,13 +59,15 @@ def _stage_bar(enabled: bool):
 @click.option("--damping", default=1e-4, show_default=True, type=float,
               help="Whitening damping, relative to the mean diagonal of X^T X.")
 @click.option("--choose-ranks", is_flag=True,
-              help="Choose each layer's ranks (or keep it dense) for the lowest predicted MLP latency at the whitened "
-                   "loss of uniform ranks at --keep-ratio (needs --calibration).")
+              help="Choose each layer's ranks (or keep it dense) for the lowest predicted MLP latency within the "
+                   "accuracy budget of uniform ranks at --keep-ratio: whitened loss scaled by each layer's measured "
+                   "sensitivity (needs --calibration and --tokens).")
 @click.option("--target-speedup", default=None, type=float, metavar="S",
               help="Instead: the most accurate ranks whose predicted MLP latency is 1/S of the fused dense MLP's "
-                   "(needs --calibration).")
-@click.option("--tokens", "buckets", default="1,128", show_default=True, metavar="N,N,...",
-              help="Token buckets whose predicted latencies (summed) the rank choice minimizes.")
+                   "(needs --calibration and --tokens).")
+@click.option("--tokens", "buckets", default=None, metavar="N,N,...",
+              help="Token buckets you serve, e.g. 1,128,512: the rank choice minimizes their summed predicted "
+                   "latency.")
 @target_option
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
@@ -73,7 +75,7 @@ def _stage_bar(enabled: bool):
 def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | None, rank_up: int | None,
              rank_down: int | None, factor_dtype: str, calibration: str | None, calibration_tokens: int,
              eval_path: str | None, eval_tokens: int, max_ppl_increase: float, sequence_length: int, damping: float,
-             choose_ranks: bool, target_speedup: float | None, buckets: str, target: str, progress: bool | None,
+             choose_ranks: bool, target_speedup: float | None, buckets: str | None, target: str, progress: bool | None,
              as_json: bool, output: str) -> None:
     """Compress every MLP projection (gate, up, down) of the model in MODEL_DIR (config.json and
     safetensors weights) into block-aligned low-rank factors: one safetensors file per layer and a
@@ -81,6 +83,7 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
     activation-aware (SVD-LLM whitening), which keeps a real model working where plain SVD breaks
     it; --eval measures the result; --choose-ranks picks per-layer ranks for accuracy and predicted
     speed together. Layer by layer, resumable: an interrupted run continues where it stopped."""
+    from ..errors import InputError
     from ..io import check_output_dir
     from ..model_tuning import parse_buckets
     from ..models.manifest import MANIFEST_FILE
@@ -90,11 +93,14 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
     check_output_dir(output)
     ranks = {k: v for k, v in (("gate", rank_gate), ("up", rank_up), ("down", rank_down)) if v is not None}
     joint = choose_ranks or target_speedup is not None
+    if joint and buckets is None:
+        raise InputError("choosing ranks for speed needs --tokens with the token buckets you serve, e.g. "
+                         "--tokens 1,128,512")
     request = CompressRequest(
         model_dir=model_dir, out_dir=output, keep_ratio=keep_ratio, align=align, ranks=ranks or None,
         dtype=factor_dtype, calibration=calibration, calibration_tokens=calibration_tokens, eval=eval_path,
         eval_tokens=eval_tokens, sequence_length=sequence_length, damping=damping, choose_ranks=choose_ranks,
-        target_speedup=target_speedup, buckets=tuple(parse_buckets(buckets)),
+        target_speedup=target_speedup, buckets=tuple(parse_buckets(buckets or "1")),
         target=get_target(target) if joint else None, max_ppl_increase=max_ppl_increase)
     update, close = _stage_bar(show_progress(progress, as_json))
     try:
