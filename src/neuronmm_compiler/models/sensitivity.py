@@ -67,12 +67,13 @@ def layer_scales(model, calibration, chunks: Sequence[np.ndarray], reference: tu
 
 
 def scaled_losses(model, calibration, options: Sequence[tuple[int, int] | None], damping: float,
-                  chunks: Sequence[np.ndarray] | None,
+                  chunks: Sequence[np.ndarray] | None, reference: tuple[int, int] | None = None,
                   progress: Callable[[int, int], None] | None = None) -> tuple[list[np.ndarray], np.ndarray, list]:
     """Per layer, the loss of every variant in ``options`` (:func:`.rank_choice.layer_losses`) scaled by
     the layer's measured sensitivity on ``chunks`` of calibration tokens (unscaled when None: e.g.
     pre-captured activations, where no tokens are at hand). Also returns the scales and the per-layer
-    whitenings (Cholesky factors, reusable by :func:`.whitening.whitened_svd`)."""
+    whitenings (Cholesky factors, reusable by :func:`.whitening.whitened_svd`). ``reference``: the
+    variant sensitivity is measured at (default: the smallest ranks)."""
     from .rank_choice import layer_losses
     from .whitening import spectrum, whiten
 
@@ -85,7 +86,7 @@ def scaled_losses(model, calibration, options: Sequence[tuple[int, int] | None],
     compressed = [o for o in options if o is not None]
     if chunks is None or not compressed:
         return raw, np.ones(len(raw)), whitenings
-    reference = min(compressed)
+    reference = min(compressed) if reference is None else reference
     index = list(options).index(reference)
     scales = layer_scales(model, calibration, chunks, reference, [loss[index] for loss in raw], damping, whitenings,
                           progress)

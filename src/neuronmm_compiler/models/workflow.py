@@ -117,6 +117,7 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.nd
         options.append(uniform)
     chunks = None if ids is None else sequences(ids[:SENSITIVITY_TOKENS], request.sequence_length)
     losses, scales, _ = scaled_losses(model, calibration, options, request.damping, chunks,
+                                      uniform if uniform in options else None,
                                       None if progress is None else lambda d, t: progress("layer sensitivity", d, t))
     table = predict_latencies(a.hidden_size, a.intermediate_size, request.buckets, options, target=request.target,
                               progress=None if progress is None else lambda d, t: progress("cost model", d, t))
