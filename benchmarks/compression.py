@@ -105,15 +105,13 @@ def main(argv: list[str] | None = None) -> None:
         if uniform not in options:
             options.append(uniform)
     chunks = None if args.proxy == "plain" else sequences(cal_ids[: args.sensitivity_tokens], args.sequence_length)
-    scaled: dict[tuple[int, int], list] = {}  # uniform variant -> per-layer losses scaled at that reference
-    for keep in keep_ratios:
-        option = (block_aligned_rank(a.hidden_size, a.intermediate_size, keep),
-                  block_aligned_rank(a.intermediate_size, a.hidden_size, keep))
-        if option not in scaled:
-            losses, scales, lowers = scaled_losses(model, calibration, options, args.damping, chunks, option)
-            scaled[option] = losses
-            print(f"measured layer sensitivity at {option[0]}/{option[0]}/{option[1]} (NLL increase per unit "
-                  "whitened loss, that layer alone compressed): " + " ".join(f"{s:.3g}" for s in scales), flush=True)
+    uniforms = sorted({(block_aligned_rank(a.hidden_size, a.intermediate_size, keep),
+                        block_aligned_rank(a.intermediate_size, a.hidden_size, keep)) for keep in keep_ratios})
+    losses, measured, lowers = scaled_losses(model, calibration, options, args.damping, chunks, uniforms)
+    points = sorted({*uniforms, min(o for o in options if o is not None)})
+    for j in range(measured.shape[1]):
+        print(f"measured NLL increase with one layer alone compressed at {points[j]}: "
+              + " ".join(f"{v:.3g}" for v in measured[:, j]), flush=True)
     target = get_target(args.target)
     all_buckets = tuple(sorted({b for s in bucket_sets for b in s}))
     table = predict_latencies(a.hidden_size, a.intermediate_size, all_buckets, options, target=target)
@@ -147,8 +145,8 @@ def main(argv: list[str] | None = None) -> None:
                "whitened": white, "joint": []}
         for buckets in bucket_sets:
             rows_b = [all_buckets.index(t) for t in buckets]
-            front = pareto_front(scaled[option], table.per_bucket[rows_b].sum(axis=0), options)
-            same = uniform_point(scaled[option], table.per_bucket[rows_b].sum(axis=0), options, option)
+            front = pareto_front(losses, table.per_bucket[rows_b].sum(axis=0), options)
+            same = uniform_point(losses, table.per_bucket[rows_b].sum(axis=0), options, option)
             point = front.fastest_within(same.loss)
             if point.choice == dense_choice:  # nothing compressed: the original model, nothing to measure
                 cache[point.choice] = (original[0], 1.0)

@@ -321,23 +321,32 @@ def test_report_of_a_compress_output(tmp_path):
     assert missing.exit_code == 2 and "manifest not found" in missing.stderr
 
 
-def test_layer_sensitivity_is_the_measured_nll_increase_per_unit_loss(tmp_path):
+def test_layer_costs_interpolate_the_measured_nll_increases(tmp_path):
     from neuronmm_compiler.models.calibration import sequences
     from neuronmm_compiler.models.rank_choice import variants
-    from neuronmm_compiler.models.sensitivity import mean_nll, scaled_losses
+    from neuronmm_compiler.models.sensitivity import _interpolate, mean_nll, scaled_losses
 
     model = CausalLM(make_llama(tmp_path / "m"))
     ids = np.random.default_rng(12).integers(0, VOCAB, 256)
     cal = calibrate(model, ids, source="t", length=64)
-    options = variants(HIDDEN, INTER, 32)
+    options = variants(HIDDEN, INTER, 16)
     chunks = sequences(ids[:128], 64)
-    raw, ones, _ = scaled_losses(model, cal, options, 1e-4, None)
-    assert np.all(ones == 1.0)
-    scaled, scales, _ = scaled_losses(model, cal, options, 1e-4, chunks)
-    for layer in range(LAYERS):
-        np.testing.assert_allclose(scaled[layer], raw[layer] * scales[layer])
-    # recompute layer 1's scale by hand: only its MLP replaced by the rank-32 whitened factors
+    raw, none, _ = scaled_losses(model, cal, options, 1e-4, None)
+    assert none.shape == (LAYERS, 0)
+    costs, measured, _ = scaled_losses(model, cal, options, 1e-4, chunks, [(32, 32)])
+    assert measured.shape == (LAYERS, 2)  # the smallest ranks (16, 16) and the reference
+    # recompute layer 1's increase at (32, 32) by hand: only its MLP replaced by the whitened factors
     factors = {p: whitened_svd(model.mlp_weight(1, p), cal.gram(1, p), 32) for p in ("gate", "up", "down")}
     mlp = factored_mlp({1: {p: (f.u, f.v) for p, f in factors.items()}})
     delta = mean_nll(model, chunks, lambda layer, x: mlp(layer, x) if layer == 1 else None) - mean_nll(model, chunks)
-    assert scales[1] == pytest.approx(max(delta, 1e-6 * scales.max()) / raw[1][options.index((32, 32))], rel=1e-5)
+    assert measured[1, 1] == pytest.approx(delta, rel=1e-5, abs=1e-9)
+    for layer in range(LAYERS):
+        assert costs[layer][0] == 0.0  # dense costs nothing
+        for j, point in enumerate([(16, 16), (32, 32)]):
+            assert costs[layer][options.index(point)] == pytest.approx(max(measured[layer, j], 0.0), abs=1e-9) or \
+                measured[layer].max() > measured[layer, j]  # made non-decreasing in the loss
+        order = np.argsort(raw[layer])
+        assert np.all(np.diff(costs[layer][order]) >= -1e-12)  # more loss never predicts less damage
+    np.testing.assert_allclose(_interpolate(np.array([0.0, 1.0, 2.0, 4.0]), [(2.0, 1.0), (1.0, 3.0)]),
+                               [0.0, 3.0, 3.0, 3.0])
+    np.testing.assert_allclose(_interpolate(np.array([0.5, 3.0]), [(1.0, 1.0), (2.0, 3.0)]), [0.5, 5.0])

@@ -66,14 +66,30 @@ def layer_scales(model, calibration, chunks: Sequence[np.ndarray], reference: tu
     return np.maximum(scales, floor)
 
 
+def _interpolate(loss: np.ndarray, points: Sequence[tuple[float, float]]) -> np.ndarray:
+    """Piecewise-linear NLL increase at each loss through (0, 0) and the measured (loss, increase) points,
+    made non-decreasing; extrapolated with the last segment's slope beyond the last point."""
+    xs, ys = [0.0], [0.0]
+    for x, y in sorted(points):
+        if x > xs[-1]:
+            xs.append(x)
+            ys.append(max(y, ys[-1]))
+    if len(xs) == 1:
+        return np.zeros_like(loss)
+    out = np.interp(loss, xs, ys)
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return np.where(loss > xs[-1], ys[-1] + slope * (loss - xs[-1]), out)
+
+
 def scaled_losses(model, calibration, options: Sequence[tuple[int, int] | None], damping: float,
-                  chunks: Sequence[np.ndarray] | None, reference: tuple[int, int] | None = None,
+                  chunks: Sequence[np.ndarray] | None, references: Sequence[tuple[int, int]] = (),
                   progress: Callable[[int, int], None] | None = None) -> tuple[list[np.ndarray], np.ndarray, list]:
-    """Per layer, the loss of every variant in ``options`` (:func:`.rank_choice.layer_losses`) scaled by
-    the layer's measured sensitivity on ``chunks`` of calibration tokens (unscaled when None: e.g.
-    pre-captured activations, where no tokens are at hand). Also returns the scales and the per-layer
-    whitenings (Cholesky factors, reusable by :func:`.whitening.whitened_svd`). ``reference``: the
-    variant sensitivity is measured at (default: the smallest ranks)."""
+    """Per layer, the predicted NLL increase of every variant in ``options``: the whitened loss
+    (:func:`.rank_choice.layer_losses`) mapped through the layer's measured NLL increases at the
+    ``references`` variants and at the smallest ranks (piecewise linear in the loss, 0 at dense), on
+    ``chunks`` of calibration tokens. Unmeasured (the loss itself) when ``chunks`` is None, e.g. for
+    pre-captured activations. Also returns the measured increases [layers, points] and the per-layer
+    whitenings (Cholesky factors, reusable by :func:`.whitening.whitened_svd`)."""
     from .rank_choice import layer_losses
     from .whitening import spectrum, whiten
 
@@ -85,9 +101,16 @@ def scaled_losses(model, calibration, options: Sequence[tuple[int, int] | None],
         raw.append(layer_losses(spectra, options))
     compressed = [o for o in options if o is not None]
     if chunks is None or not compressed:
-        return raw, np.ones(len(raw)), whitenings
-    reference = min(compressed) if reference is None else reference
-    index = list(options).index(reference)
-    scales = layer_scales(model, calibration, chunks, reference, [loss[index] for loss in raw], damping, whitenings,
-                          progress)
-    return [loss * scale for loss, scale in zip(raw, scales, strict=True)], scales, whitenings
+        return raw, np.zeros((len(raw), 0)), whitenings
+    points = sorted({*references, min(compressed)} & set(compressed))
+    measured = np.zeros((len(raw), len(points)))
+    for j, reference in enumerate(points):
+        index = list(options).index(reference)
+        measured[:, j] = layer_scales(model, calibration, chunks, reference, [loss[index] for loss in raw], damping,
+                                      whitenings, progress) * np.array([loss[index] for loss in raw])
+    out = []
+    for layer, loss in enumerate(raw):
+        at = [(float(loss[list(options).index(p)]), float(max(measured[layer, j], 0.0)))
+              for j, p in enumerate(points)]
+        out.append(_interpolate(loss, at))
+    return out, measured, whitenings

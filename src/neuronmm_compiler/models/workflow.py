@@ -116,8 +116,8 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.nd
     if uniform not in options and plan["gate"] == plan["up"]:
         options.append(uniform)
     chunks = None if ids is None else sequences(ids[:SENSITIVITY_TOKENS], request.sequence_length)
-    losses, scales, _ = scaled_losses(model, calibration, options, request.damping, chunks,
-                                      uniform if uniform in options else None,
+    losses, measured, _ = scaled_losses(model, calibration, options, request.damping, chunks,
+                                        [uniform] if uniform in options else [],
                                       None if progress is None else lambda d, t: progress("layer sensitivity", d, t))
     table = predict_latencies(a.hidden_size, a.intermediate_size, request.buckets, options, target=request.target,
                               progress=None if progress is None else lambda d, t: progress("cost model", d, t))
@@ -135,12 +135,12 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.nd
         point = front.fastest_within(same.loss)
     record = {
         "objective": objective,
-        "accuracy_proxy": "sum over layers of the squared relative output errors of the three projections on the "
-                          "calibration activations (whitened truncation loss) times the layer's measured "
-                          "sensitivity (log-perplexity increase per unit loss, that layer alone compressed)"
-                          if chunks is not None else "sum over layers of the whitened truncation loss (unscaled: "
-                          "no calibration tokens to measure sensitivity on)",
-        "layer_sensitivity": [float(s) for s in scales],
+        "accuracy_proxy": "predicted log-perplexity increase: per layer, the whitened truncation loss mapped through "
+                          "the NLL increases measured on calibration tokens with that layer alone compressed at the "
+                          "uniform and the smallest ranks (piecewise linear), summed over layers"
+                          if chunks is not None else "sum over layers of the whitened truncation loss (no "
+                          "calibration tokens to measure sensitivity on)",
+        "layer_nll_increase": [[float(v) for v in row] for row in measured],
         "latency": table.to_dict(),
         "dense": {"predicted_us": dense.latency, "loss": dense.loss},
         "uniform": None if same is None else {"ranks": list(uniform), "predicted_us": same.latency,
