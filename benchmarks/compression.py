@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
         option = (block_aligned_rank(a.hidden_size, a.intermediate_size, keep),
                   block_aligned_rank(a.intermediate_size, a.hidden_size, keep))
         uniform_choice = (option,) * a.num_hidden_layers
-        plain = measure(plain_factors(model, option))
+        if ("plain", option) not in cache:  # keep ratios that round to the same ranks are measured once
+            cache[("plain", option)] = measure(plain_factors(model, option))
+        plain = cache[("plain", option)]
         white = cache.setdefault(uniform_choice, measure(whitened_factors(model, calibration, uniform_choice,
                                                                            args.damping, lowers)))
         row = {"keep": keep, "ranks": option, "kept": kept_fraction(a, uniform_choice), "plain": plain,
