@@ -210,7 +210,7 @@ def test_cli_user_errors_are_one_line(tmp_path):
     runner = CliRunner()
     cases = [
         (["--choose-ranks", "--tokens", "1"], "needs --calibration"),
-        (["--choose-ranks"], "needs --tokens"),
+        (["--choose-ranks", "--calibration", str(token_file(tmp_path / "c.npy", 64, 0))], "needs --tokens"),
         (["--calibration", str(tmp_path / "missing.txt")], "not found"),
         (["--eval", str(tmp_path / "x.npy")], "not found"),
         (["--calibration", str(tmp_path / "acts.safetensors")], "not found"),

@@ -83,7 +83,6 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
     activation-aware (SVD-LLM whitening), which keeps a real model working where plain SVD breaks
     it; --eval measures the result; --choose-ranks picks per-layer ranks for accuracy and predicted
     speed together. Layer by layer, resumable: an interrupted run continues where it stopped."""
-    from ..errors import InputError
     from ..io import check_output_dir
     from ..model_tuning import parse_buckets
     from ..models.manifest import MANIFEST_FILE
@@ -93,14 +92,11 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
     check_output_dir(output)
     ranks = {k: v for k, v in (("gate", rank_gate), ("up", rank_up), ("down", rank_down)) if v is not None}
     joint = choose_ranks or target_speedup is not None
-    if joint and buckets is None:
-        raise InputError("choosing ranks for speed needs --tokens with the token buckets you serve, e.g. "
-                         "--tokens 1,128,512")
     request = CompressRequest(
         model_dir=model_dir, out_dir=output, keep_ratio=keep_ratio, align=align, ranks=ranks or None,
         dtype=factor_dtype, calibration=calibration, calibration_tokens=calibration_tokens, eval=eval_path,
         eval_tokens=eval_tokens, sequence_length=sequence_length, damping=damping, choose_ranks=choose_ranks,
-        target_speedup=target_speedup, buckets=tuple(parse_buckets(buckets or "1")),
+        target_speedup=target_speedup, buckets=tuple(parse_buckets(buckets)) if buckets else None,
         target=get_target(target) if joint else None, max_ppl_increase=max_ppl_increase)
     update, close = _stage_bar(show_progress(progress, as_json))
     try:
@@ -109,7 +105,4 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
         close()
     for warning in result.warnings:
         click.echo(f"nmmc: warning: {warning}", err=True)
-    if as_json:
-        click.echo((Path(output) / MANIFEST_FILE).read_text())
-        return
-    echo_lines(compress_lines(result.manifest, output))
+    echo_lines([(Path(output) / MANIFEST_FILE).read_text()] if as_json else compress_lines(result.manifest, output))

@@ -68,7 +68,7 @@ class CompressRequest:
     damping: float = DEFAULT_DAMPING
     choose_ranks: bool = False
     target_speedup: float | None = None
-    buckets: tuple[int, ...] = (1, 128)
+    buckets: tuple[int, ...] | None = None  # token buckets; needed for the joint rank choice
     target: Any = None  # a Target; needed for the joint rank choice
     max_ppl_increase: float = 0.10
 
@@ -180,6 +180,9 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     if (request.choose_ranks or request.target_speedup is not None) and request.calibration is None:
         raise InputError("choosing ranks for accuracy and speed needs --calibration (the accuracy proxy is the "
                          "whitened truncation loss on calibration activations)")
+    if (request.choose_ranks or request.target_speedup is not None) and not request.buckets:
+        raise InputError("choosing ranks for speed needs --tokens with the token buckets you serve, e.g. "
+                         "--tokens 1,128,512")
     if request.target_speedup is not None and not request.target_speedup > 0:
         raise InputError(f"--target-speedup must be positive; got {request.target_speedup}")
     if not request.max_ppl_increase >= 0:
