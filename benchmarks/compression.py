@@ -11,8 +11,8 @@ for calibration, odd ones held out for evaluation, so the two never overlap.
 For every keep ratio it prints the kept fraction of MLP parameters, the perplexity and top-1
 agreement (with the original model) on the held-out tokens for plain SVD, whitened SVD and the
 accuracy/speed-chosen ranks (both ways: fastest within the uniform ranks' predicted accuracy, and
-most accurate within their predicted latency), and the cost model's predicted MLP latency of each (all layers, summed over the token buckets; a prediction,
-not a measurement). Then it checks whether the chosen ranks dominate the uniform ones.
+most accurate within their predicted latency), and the cost model's predicted MLP latency of each
+(all layers, summed over the token buckets; a prediction, not a measurement). Then it checks whether the chosen ranks dominate the uniform ones.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from neuronmm_compiler.models.sensitivity import scaled_losses
 from neuronmm_compiler.models.svd import truncated_svd
 from neuronmm_compiler.models.whitening import DEFAULT_DAMPING, whitened_svd
 from neuronmm_compiler.targets import get_target
-
 
 #: The two ways of choosing ranks compared with the uniform ranks of a keep ratio.
 MODES = {"speed": "fastest within the uniform ranks' predicted accuracy",
@@ -171,8 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         for j in row["joint"]:
             ranks = " ".join("D" if c is None else f"{c[0]}/{c[1]}" for c in j["choice"])
             where = ",".join(map(str, j["buckets"]))
-            print(f"    buckets {where}, {MODES[j['mode']]}: predicted MLP latency uniform {j['uniform_us']:.1f} us, fused dense "
-                  f"{j['dense_us']:.1f} us; chosen ranks {j['us']:.1f} us, kept {j['kept']:.3f}, "
+            print(f"    buckets {where}, {MODES[j['mode']]}: predicted MLP latency uniform "
+                  f"{j['uniform_us']:.1f} us, fused dense {j['dense_us']:.1f} us; chosen ranks {j['us']:.1f} us, kept {j['kept']:.3f}, "
                   f"ppl {j['quality'][0]:.2f} agree {j['quality'][1]:.3f}, {j['dense_layers']} dense layers "
                   f"[{ranks}]", flush=True)
 
