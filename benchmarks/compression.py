@@ -12,7 +12,8 @@ For every keep ratio it prints the kept fraction of MLP parameters, the perplexi
 agreement (with the original model) on the held-out tokens for plain SVD, whitened SVD and the
 accuracy/speed-chosen ranks (both ways: fastest within the uniform ranks' predicted accuracy, and
 most accurate within their predicted latency), and the cost model's predicted MLP latency of each
-(all layers, summed over the token buckets; a prediction, not a measurement). Then it checks whether the chosen ranks dominate the uniform ones.
+(all layers, summed over the token buckets; a prediction, not a measurement). Then it checks
+whether the chosen ranks dominate the uniform ones.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
             ranks = " ".join("D" if c is None else f"{c[0]}/{c[1]}" for c in j["choice"])
             where = ",".join(map(str, j["buckets"]))
             print(f"    buckets {where}, {MODES[j['mode']]}: predicted MLP latency uniform "
-                  f"{j['uniform_us']:.1f} us, fused dense {j['dense_us']:.1f} us; chosen ranks {j['us']:.1f} us, kept {j['kept']:.3f}, "
+                  f"{j['uniform_us']:.1f} us, fused dense {j['dense_us']:.1f} us; chosen ranks {j['us']:.1f} us, "
+                  f"kept {j['kept']:.3f}, "
                   f"ppl {j['quality'][0]:.2f} agree {j['quality'][1]:.3f}, {j['dense_layers']} dense layers "
                   f"[{ranks}]", flush=True)
 
