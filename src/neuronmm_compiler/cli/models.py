@@ -59,9 +59,9 @@ def _stage_bar(enabled: bool):
 @click.option("--damping", default=1e-4, show_default=True, type=float,
               help="Whitening damping, relative to the mean diagonal of X^T X.")
 @click.option("--choose-ranks", is_flag=True,
-              help="Choose each layer's ranks (or keep it dense) for the lowest predicted MLP latency within the "
-                   "accuracy budget of uniform ranks at --keep-ratio: whitened loss scaled by each layer's measured "
-                   "sensitivity (needs --calibration and --tokens).")
+              help="Choose each layer's ranks (or keep it dense) for the best predicted accuracy (whitened loss "
+                   "through each layer's measured sensitivity) within the predicted MLP latency of uniform ranks at "
+                   "--keep-ratio (needs --calibration and --tokens).")
 @click.option("--target-speedup", default=None, type=float, metavar="S",
               help="Instead: the most accurate ranks whose predicted MLP latency is 1/S of the fused dense MLP's "
                    "(needs --calibration and --tokens).")
