@@ -93,10 +93,11 @@ def rank_choice_lines(record: Mapping[str, Any]) -> list[str]:
              f"  predicted MLP latency, all layers, summed over token buckets {buckets} on "
              f"{record['latency']['target']} (cost-model prediction, not a measurement):",
              f"    fused dense {record['dense']['predicted_us']:.1f} us"
-             + (f", uniform ranks {record['uniform']['predicted_us']:.1f} us (loss {record['uniform']['loss']:.4f})"
+             + (f", uniform ranks {record['uniform']['predicted_us']:.1f} us (proxy {record['uniform']['loss']:.4f})"
                 if record.get("uniform") else "")
-             + f", chosen {record['chosen']['predicted_us']:.1f} us (loss {record['chosen']['loss']:.4f})",
-             "    Pareto front (predicted us, whitened loss, dense layers): "
+             + f", chosen {record['chosen']['predicted_us']:.1f} us (proxy {record['chosen']['loss']:.4f})",
+             f"    accuracy proxy: {record['accuracy_proxy']}",
+             "    Pareto front (predicted us / accuracy proxy / dense layers): "
              + "  ".join(f"{p['predicted_us']:.1f}/{p['loss']:.4f}/{p['dense_layers']}" for p in record["front"])]
     return lines
 

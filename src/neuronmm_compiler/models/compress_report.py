@@ -1,8 +1,9 @@
 """``nmmc report OUT_DIR`` for an ``nmmc compress`` output: the rank choice's Pareto front as a plot and
 a Markdown summary (method, ranks, measured quality, predicted latencies).
 
-Latencies are nmmc's cost-model predictions; the front's accuracy axis is the whitened loss (the
-proxy the choice minimizes); perplexity is the one measured by ``--eval`` for the chosen ranks.
+Latencies are nmmc's cost-model predictions; the front's accuracy axis is the proxy the choice
+minimizes (the predicted log-perplexity increase from measured layer sensitivities, or the whitened
+loss without calibration tokens); perplexity is the one measured by ``--eval`` for the chosen ranks.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _summary(manifest: Manifest) -> list[str]:
                   f"Predicted MLP latency of all layers summed over token buckets {buckets} on "
                   f"{rc['latency']['target']} (cost-model prediction, not a measurement). Accuracy proxy: "
                   f"{rc['accuracy_proxy']}.", "",
-                  "| point | predicted us | whitened loss | dense layers |", "|---|---|---|---|"]
+                  "| point | predicted us | accuracy proxy | dense layers |", "|---|---|---|---|"]
         lines.append(f"| fused dense | {rc['dense']['predicted_us']:.1f} | 0 | all |")
         if rc.get("uniform"):
             lines.append(f"| uniform ranks {rc['uniform']['ranks']} | {rc['uniform']['predicted_us']:.1f} | "
@@ -68,8 +69,8 @@ def write_compression_report(manifest: Manifest, out_dir: str | Path) -> list[Pa
             label += f" (measured perplexity {manifest.quality['perplexity_compressed']:.2f})"
         ax.plot(rc["chosen"]["predicted_us"], rc["chosen"]["loss"], "*", ms=12, label=label)
         ax.set_xlabel("predicted MLP latency, all layers (us, cost-model prediction)")
-        ax.set_ylabel("whitened truncation loss (proxy)")
-        ax.set_title(f"{manifest.model.name}: ranks for accuracy and speed")
+        ax.set_ylabel("accuracy proxy (predicted log-ppl increase)")
+        ax.set_title(f"{manifest.model.name}: ranks for accuracy and speed", fontsize=7)
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(out / "pareto.png")
