@@ -133,7 +133,7 @@ def test_compress_matches_truncated_svd_and_reports_counts(tmp_path, dtype, shar
 def test_manifest_schema(reference_run):
     out, manifest = reference_run
     raw = json.loads((out / "manifest.json").read_text())
-    assert raw["format"] == "nmmc-svd-mlp" and raw["format_version"] == 1
+    assert raw["format"] == "nmmc-svd-mlp" and raw["format_version"] == 2
     assert raw["model"] == {"name": "nmmc/tiny-llama", "architecture": "llama", "hidden_size": 256,
                             "intermediate_size": 768, "num_hidden_layers": 3, "torch_dtype": "bfloat16"}
     assert (raw["keep_ratio"], raw["align"], raw["dtype"]) == (0.8, 32, "float32")

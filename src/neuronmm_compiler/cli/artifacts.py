@@ -58,7 +58,7 @@ def update_lockfile(lock: Any, report: Any, path: str) -> int:
 
 
 @click.command()
-@click.argument("source", metavar="STUDY_OR_LOCK")
+@click.argument("source", metavar="STUDY_OR_LOCK_OR_FACTORS")
 @click.option("--study", "study_name", default=None, metavar="NAME",
               help="Study to report when STUDY_OR_LOCK is a storage URL holding several.")
 @click.option("-o", "--output", required=True, metavar="DIR", help="Directory for the PNG plots and summary.md.")
@@ -69,10 +69,18 @@ def report(source: str, study_name: str | None, output: str) -> None:
     journal:///FILE.log, postgresql://...): optimization history, parameter importance and a roofline
     chart (arithmetic intensity vs predicted throughput, with the target's compute and bandwidth
     ceilings) placing the chosen schedule among every evaluated one. Or a lockfile: a roofline chart
-    of its schedules and their predicted latencies."""
+    of its schedules and their predicted latencies. Or an 'nmmc compress' output directory: its
+    ranks, measured quality and the rank choice's Pareto front (predicted latency vs whitened loss)."""
     from ..io import check_output_dir
 
-    if "://" in source:
+    if Path(source).is_dir():
+        from ..models import read_manifest
+        from ..models.compress_report import write_compression_report
+
+        manifest = read_manifest(source)
+        check_output_dir(output)
+        paths = write_compression_report(manifest, Path(output))
+    elif "://" in source:
         from ..search.storage import check_storage
         from ..tuning import study_report
 

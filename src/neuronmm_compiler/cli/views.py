@@ -60,14 +60,52 @@ def verify_lines(report: Any, file: str, backend: str) -> list[str]:
 
 
 def compress_lines(manifest: Any, output: str) -> list[str]:
-    """``nmmc compress``: the model, ranks, parameter counts, worst reconstruction error."""
+    """``nmmc compress``: the model, ranks, parameter counts, errors, measured quality, and the rank
+    choice's predicted latencies (cost-model predictions) and Pareto front."""
     worst = max(p.relative_error for layer in manifest.layers for p in layer.projections.values())
-    return [f"{manifest.model.describe()}",
-            f"  ranks gate/up/down {'/'.join(str(r) for r in manifest.ranks.values())}, "
-            f"MLP parameters {manifest.params_before} -> {manifest.params_after} "
-            f"(kept {manifest.kept_fraction:.3f}, compression {manifest.compression_ratio:.2f}x)",
-            f"  worst relative reconstruction error {worst:.4f}",
-            f"wrote {len(manifest.layers)} layer files and manifest.json to {output}"]
+    if manifest.uniform:
+        ranks = f"ranks gate/up/down {'/'.join(str(r) for r in manifest.ranks.values())}"
+    else:
+        per_layer = ["dense" if r["gate"] is None else f"{r['gate']}/{r['down']}" for r in manifest.layer_ranks()]
+        ranks = f"per-layer ranks gate=up/down: {' '.join(per_layer)}"
+    method = ("whitened (activation-aware) SVD" if manifest.method == "whitened" else "plain SVD")
+    lines = [f"{manifest.model.describe()}",
+             f"  {method}, {ranks}",
+             f"  MLP parameters {manifest.params_before} -> {manifest.params_after} "
+             f"(kept {manifest.kept_fraction:.3f}, compression {manifest.compression_ratio:.2f}x)",
+             f"  worst relative weight reconstruction error {worst:.4f}"]
+    if manifest.calibration:
+        c = manifest.calibration
+        outputs = [p.output_error for layer in manifest.layers for p in layer.projections.values()
+                   if p.output_error is not None]
+        lines.append(f"  calibration: {c['source']}; worst projection output error on it {max(outputs):.4f}")
+    if manifest.quality:
+        q = manifest.quality
+        errors = q["mlp_output_error"]
+        lines.append(f"  measured on {q['tokens']} held-out tokens ({q['source']}): perplexity "
+                     f"{q['perplexity_original']:.2f} -> {q['perplexity_compressed']:.2f} "
+                     f"({q['perplexity_increase']:+.1%}), top-1 agreement {q['top1_agreement']:.3f}, "
+                     f"MLP output error mean {sum(errors) / len(errors):.3f} worst {max(errors):.3f}")
+    if manifest.rank_choice:
+        lines += rank_choice_lines(manifest.rank_choice)
+    lines.append(f"wrote {len(manifest.layers)} layer files and manifest.json to {output}")
+    return lines
+
+
+def rank_choice_lines(record: Mapping[str, Any]) -> list[str]:
+    """The joint rank choice: objective, predicted latencies, the Pareto front (cost-model predictions)."""
+    buckets = ",".join(str(b) for b in record["latency"]["buckets"])
+    lines = [f"  rank choice: {record['objective']}",
+             f"  predicted MLP latency, all layers, summed over token buckets {buckets} on "
+             f"{record['latency']['target']} (cost-model prediction, not a measurement):",
+             f"    fused dense {record['dense']['predicted_us']:.1f} us"
+             + (f", uniform ranks {record['uniform']['predicted_us']:.1f} us (proxy {record['uniform']['loss']:.4f})"
+                if record.get("uniform") else "")
+             + f", chosen {record['chosen']['predicted_us']:.1f} us (proxy {record['chosen']['loss']:.4f})",
+             f"    accuracy proxy: {record['accuracy_proxy']}",
+             "    Pareto front (predicted us / accuracy proxy / dense layers): "
+             + "  ".join(f"{p['predicted_us']:.1f}/{p['loss']:.4f}/{p['dense_layers']}" for p in record["front"])]
+    return lines
 
 
 def targets_lines(targets: Mapping[str, Target]) -> list[str]:

@@ -20,7 +20,7 @@ One run per output directory at a time.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import ml_dtypes
@@ -31,6 +31,7 @@ from ..errors import InputError, UnknownNameError
 from ..frontends.shapes import block_aligned_rank
 from ..io import stale_temp_files, write_text_atomic
 from . import svd
+from .calibration import Calibration
 from .config import PROJECTIONS, ModelConfig, mlp_weight_names, projection_shape, read_config
 from .manifest import (
     FORMAT,
@@ -40,10 +41,12 @@ from .manifest import (
     LayerEntry,
     Manifest,
     ProjectionEntry,
+    dense_name,
     factor_names,
     layer_file,
 )
 from .weights import WeightReader, valid_tensor_file, write_tensor_file
+from .whitening import DEFAULT_DAMPING, whitened_svd
 
 __all__ = ["OUTPUT_DTYPES", "compress_model", "plan_ranks", "resolve_dtype"]
 
@@ -95,9 +98,26 @@ def plan_ranks(config: ModelConfig, keep_ratio: float, align: int = 128,
     return plan
 
 
-def _settings(config: ModelConfig, keep_ratio: float, align: int, dtype: str, ranks: dict[str, int]) -> dict:
+def _check_layer_ranks(config: ModelConfig, layer_ranks: Sequence[Mapping[str, int | None]]
+                       ) -> list[Mapping[str, int | None]]:
+    if len(layer_ranks) != config.num_hidden_layers:
+        raise InputError(f"layer_ranks has {len(layer_ranks)} entries; the model has {config.num_hidden_layers} layers")
+    for layer, ranks in enumerate(layer_ranks):
+        for proj in PROJECTIONS:
+            k, n = projection_shape(config, proj)
+            rank = ranks.get(proj, -1)
+            if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(k, n)):
+                raise InputError(f"layer {layer}: rank for {proj} must be None (dense) or an integer in "
+                                 f"[1, {min(k, n)}]; got {rank!r}")
+    return [dict(r) for r in layer_ranks]
+
+
+def _settings(config: ModelConfig, keep_ratio: float, align: int, dtype: str, ranks: Mapping[str, int | None],
+              whitening: dict | None) -> dict:
     """What a layer file must record to be reused by a run (as it reads back from JSON)."""
     return json.loads(json.dumps({
+        "method": "whitened" if whitening else "svd",
+        "whitening": whitening,
         "model": {"name": config.name, "architecture": config.architecture, "hidden_size": config.hidden_size,
                   "intermediate_size": config.intermediate_size},
         "keep_ratio": float(keep_ratio),
@@ -108,10 +128,13 @@ def _settings(config: ModelConfig, keep_ratio: float, align: int, dtype: str, ra
     }))
 
 
-def _expected_tensors(config: ModelConfig, layer: int, ranks: dict[str, int], code: str):
+def _expected_tensors(config: ModelConfig, layer: int, ranks: Mapping[str, int | None], code: str):
     expected = {}
     for proj in PROJECTIONS:
         k, n = projection_shape(config, proj)
+        if ranks[proj] is None:
+            expected[dense_name(layer, proj)] = ((k, n), code)
+            continue
         u_name, v_name = factor_names(layer, proj)
         expected[u_name] = ((k, ranks[proj]), code)
         expected[v_name] = ((ranks[proj], n), code)
@@ -162,30 +185,49 @@ def _remove_previous_manifest(path: Path) -> None:
     path.unlink()
 
 
-def _factor(w: np.ndarray, rank: int, np_dtype: type, threads: int | None):
+def _factor(w: np.ndarray, rank: int, np_dtype: type, threads: int | None, gram: np.ndarray | None,
+            damping: float):
     # Multi-threaded BLAS gains nothing on small matrices and, on a busy machine, its spinning threads
     # make a 256 x 768 SVD ~100x slower; large ones use ``threads`` (None: the BLAS library's default).
     limit = 1 if w.size <= SMALL_MATRIX else threads
     with threadpool_limits(limits=limit, user_api="blas"):
-        factors = svd.truncated_svd(w, rank)
-        u, v = factors.u.astype(np_dtype), factors.v.astype(np_dtype)
-        return u, v, svd.relative_error(w, u, v), factors.method
+        if gram is None:
+            factors = svd.truncated_svd(w, rank)
+            u, v = factors.u.astype(np_dtype), factors.v.astype(np_dtype)
+            return u, v, svd.relative_error(w, u, v), factors.method, None
+        white = whitened_svd(w, gram, rank, damping)
+        u, v = white.u.astype(np_dtype), white.v.astype(np_dtype)
+        return u, v, svd.relative_error(w, u, v), "whitened", white.output_error
 
 
-def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks: dict[str, int], dtype: str,
-                    threads: int | None,
-                    on_matrix: Callable[[], None]) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
+def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks: Mapping[str, int | None],
+                    dtype: str, threads: int | None, on_matrix: Callable[[], None],
+                    calibration: Calibration | None,
+                    damping: float) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
     np_dtype, _ = OUTPUT_DTYPES[dtype]
     tensors: dict[str, np.ndarray] = {}
     entries: dict[str, ProjectionEntry] = {}
     for proj, name in mlp_weight_names(config, layer).items():
         k, n = projection_shape(config, proj)
         w = reader.read(name, shape=(n, k)).T  # HF stores [out, in]; nmmc's W is [in, out]
+        rank = ranks[proj]
+        if rank is None:
+            if not np.isfinite(w).all():
+                raise InputError(f"{name}: the weight holds NaN or Inf values (check the checkpoint)")
+            stored = tensors[dense_name(layer, proj)] = np.ascontiguousarray(w.astype(np_dtype))
+            norm = float(np.linalg.norm(w.astype(np.float64)))
+            error = float(np.linalg.norm(w.astype(np.float64) - stored.astype(np.float64)) / norm) if norm else 0.0
+            entries[proj] = ProjectionEntry(rank=min(k, n), shape=(k, n), relative_error=error, method="dense",
+                                            output_error=None if calibration is None else 0.0)
+            on_matrix()
+            continue
+        gram = None if calibration is None else calibration.gram(layer, proj)
         try:
-            u, v, error, method = _factor(w, ranks[proj], np_dtype, threads)
+            u, v, error, method, output_error = _factor(w, rank, np_dtype, threads, gram, damping)
         except InputError as exc:
             raise InputError(f"{name}: {exc}") from None
-        entries[proj] = ProjectionEntry(rank=ranks[proj], shape=(k, n), relative_error=error, method=method)
+        entries[proj] = ProjectionEntry(rank=rank, shape=(k, n), relative_error=error, method=method,
+                                        output_error=output_error)
         del w
         u_name, v_name = factor_names(layer, proj)
         tensors[u_name], tensors[v_name] = u, v
@@ -195,7 +237,9 @@ def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks
 
 def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float, *, align: int = 128,
                    ranks: Mapping[str, int] | None = None, progress: Progress | None = None,
-                   dtype: str = "float32", threads: int | None = None) -> Manifest:
+                   dtype: str = "float32", threads: int | None = None, calibration: Calibration | None = None,
+                   damping: float = DEFAULT_DAMPING,
+                   layer_ranks: Sequence[Mapping[str, int | None]] | None = None) -> Manifest:
     """Compress the MLP of the model in ``model_dir`` into ``out_dir``; return the manifest written.
 
     - ``keep_ratio``: fraction of each MLP weight's parameters kept; the rank is the NeuronMM
@@ -206,6 +250,10 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     - ``threads``: BLAS threads for matrices of more than ``SMALL_MATRIX`` elements (None: the BLAS
       library's default; smaller matrices always use one thread). It changes the factors in the last
       bits only, but byte-identical reruns need the same thread count.
+    - ``calibration``: activation Gram matrices (:mod:`.calibration`); given, every matrix is factored
+      by activation-aware whitened SVD (:mod:`.whitening`, with ``damping``) instead of plain SVD.
+    - ``layer_ranks``: per layer, the rank of each projection, None keeping it dense (the joint
+      accuracy/speed choice, :mod:`.rank_choice`); replaces the uniform keep-ratio ranks.
     - ``progress(done, total)``: called after each matrix factorized by this call; ``total`` is 3 x layers
       and ``done`` counts matrices finished so far, including those of layers found already complete
       (which are not recomputed and cause no call).
@@ -222,6 +270,12 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0):
         raise InputError(f"threads must be a positive integer or None; got {threads!r}")
     plan = plan_ranks(config, keep_ratio, align, ranks)
+    plans: list[Mapping[str, int | None]] = [plan] * config.num_hidden_layers
+    if layer_ranks is not None:
+        plans = _check_layer_ranks(config, layer_ranks)
+    if calibration is not None and len(calibration.grams) != config.num_hidden_layers:
+        raise InputError(f"calibration has {len(calibration.grams)} layers; the model has {config.num_hidden_layers}")
+    whitening = None if calibration is None else {"damping": damping, "calibration": calibration.digest()}
     dtype = resolve_dtype(dtype, config)
     reader = WeightReader(model_dir)
     out = Path(out_dir)
@@ -232,11 +286,12 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
         stale.unlink(missing_ok=True)
     _remove_previous_manifest(out / MANIFEST_FILE)  # present again only once every layer is done
 
-    settings = _settings(config, keep_ratio, align, dtype, plan)
+    settings = [_settings(config, keep_ratio, align, dtype, p, whitening) for p in plans]
     code = OUTPUT_DTYPES[dtype][1]
     layers = range(config.num_hidden_layers)
     entries: dict[int, LayerEntry | None] = {
-        layer: _finished_layer(out / layer_file(layer), layer, settings, _expected_tensors(config, layer, plan, code))
+        layer: _finished_layer(out / layer_file(layer), layer, settings[layer],
+                               _expected_tensors(config, layer, plans[layer], code))
         for layer in layers
     }
     total = len(PROJECTIONS) * config.num_hidden_layers
@@ -251,14 +306,17 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     for layer in layers:
         if entries[layer] is not None:
             continue
-        tensors, projections = _compress_layer(reader, config, layer, plan, dtype, threads, on_matrix)
-        metadata = _layer_metadata(layer, settings, projections)
+        tensors, projections = _compress_layer(reader, config, layer, plans[layer], dtype, threads, on_matrix,
+                                               calibration, damping)
+        metadata = _layer_metadata(layer, settings[layer], projections)
         write_tensor_file(out / layer_file(layer), tensors, metadata)
         del tensors
         # the manifest is built from the recorded JSON, exactly as a resumed run reads it back
-        entries[layer] = _entry_from_metadata(metadata, layer, settings, layer_file(layer))
+        entries[layer] = _entry_from_metadata(metadata, layer, settings[layer], layer_file(layer))
 
     manifest = Manifest(model=config, keep_ratio=float(keep_ratio), align=align, dtype=dtype,
-                        layers=tuple(entries[layer] for layer in layers))  # type: ignore[misc]
+                        layers=tuple(entries[layer] for layer in layers),  # type: ignore[misc]
+                        method="whitened" if calibration is not None else "svd",
+                        calibration=None if calibration is None else {**calibration.describe(), "damping": damping})
     write_text_atomic(out / MANIFEST_FILE, manifest.to_json())
     return manifest

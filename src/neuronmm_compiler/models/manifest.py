@@ -29,25 +29,36 @@ __all__ = [
     "MANIFEST_FILE",
     "U_NAME",
     "V_NAME",
+    "W_NAME",
     "LayerEntry",
     "Manifest",
     "ProjectionEntry",
+    "dense_name",
     "factor_names",
     "layer_file",
     "read_manifest",
 ]
 
 FORMAT = "nmmc-svd-mlp"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions :func:`read_manifest` reads (1: before calibration, quality and per-layer ranks).
+READABLE_VERSIONS = (1, 2)
 MANIFEST_FILE = "manifest.json"
 LAYER_FILE = "layer_{layer:03d}.safetensors"
 U_NAME = "model.layers.{layer}.mlp.{proj}_proj.u"
 V_NAME = "model.layers.{layer}.mlp.{proj}_proj.v"
+#: A projection kept dense (chosen by the joint rank choice): ``W = weight.T`` [in, out] as is.
+W_NAME = "model.layers.{layer}.mlp.{proj}_proj.w"
 LAYOUT = "x[tokens, in] @ u[in, r] @ v[r, out] ~= x @ W, W = weight.T [in, out] (HF weight is [out, in])"
 
 
 def layer_file(layer: int) -> str:
     return LAYER_FILE.format(layer=layer)
+
+
+def dense_name(layer: int, projection: str) -> str:
+    """The name of a dense projection's ``W`` [in, out] in its layer file."""
+    return W_NAME.format(layer=layer, proj=projection)
 
 
 def factor_names(layer: int, projection: str) -> tuple[str, str]:
@@ -57,12 +68,22 @@ def factor_names(layer: int, projection: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ProjectionEntry:
-    """One compressed matrix: rank, ``shape`` = [in, out] of W, parameter counts, reconstruction error."""
+    """One compressed matrix: rank, ``shape`` = [in, out] of W, parameter counts, reconstruction error.
+
+    ``method`` is how it was factored ("lapack"/"gram": plain SVD; "whitened": activation-aware) or
+    "dense" (kept as ``W``; rank is then ``min(in, out)``). ``output_error`` is the relative error of the
+    projection's output on the calibration activations (whitened runs only).
+    """
 
     rank: int
     shape: tuple[int, int]
     relative_error: float
     method: str
+    output_error: float | None = None
+
+    @property
+    def dense(self) -> bool:
+        return self.method == "dense"
 
     @property
     def params_before(self) -> int:
@@ -70,10 +91,10 @@ class ProjectionEntry:
 
     @property
     def params_after(self) -> int:
-        return self.rank * (self.shape[0] + self.shape[1])
+        return self.params_before if self.dense else self.rank * (self.shape[0] + self.shape[1])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "rank": self.rank,
             "shape": list(self.shape),
             "params_before": self.params_before,
@@ -81,6 +102,9 @@ class ProjectionEntry:
             "relative_error": self.relative_error,
             "svd_method": self.method,
         }
+        if self.output_error is not None:
+            out["output_error"] = self.output_error
+        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> ProjectionEntry:
@@ -88,7 +112,8 @@ class ProjectionEntry:
         if len(shape) != 2:
             raise ValueError(f"shape must be [in, out], got {raw['shape']!r}")
         return cls(rank=int(raw["rank"]), shape=shape,  # type: ignore[arg-type]
-                   relative_error=float(raw["relative_error"]), method=str(raw["svd_method"]))
+                   relative_error=float(raw["relative_error"]), method=str(raw["svd_method"]),
+                   output_error=None if raw.get("output_error") is None else float(raw["output_error"]))
 
 
 @dataclass(frozen=True)
@@ -109,17 +134,36 @@ class LayerEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """What ``compress_model`` wrote: the model, the settings, every matrix's rank and error, totals."""
+    """What ``compress_model`` wrote: the model, the settings, every matrix's rank and error, totals.
+
+    ``method``: "svd" (plain truncated SVD) or "whitened" (activation-aware, with ``calibration``
+    describing the activations); ``quality``: measured perplexity/agreement (``nmmc compress --eval``);
+    ``rank_choice``: the joint accuracy/speed rank choice and its Pareto front, when ranks were chosen so.
+    """
 
     model: ModelConfig
     keep_ratio: float
     align: int
     dtype: str
     layers: tuple[LayerEntry, ...]
+    method: str = "svd"
+    calibration: Mapping[str, Any] | None = None
+    quality: Mapping[str, Any] | None = None
+    rank_choice: Mapping[str, Any] | None = None
+
+    def layer_ranks(self) -> list[dict[str, int | None]]:
+        """Per layer, the rank of each projection (None for a dense one)."""
+        return [{proj: None if p.dense else p.rank for proj, p in layer.projections.items()} for layer in self.layers]
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every layer has the same ranks and no projection is dense."""
+        ranks = self.layer_ranks()
+        return all(r == ranks[0] for r in ranks) and None not in ranks[0].values() if ranks else True
 
     @property
     def ranks(self) -> dict[str, int]:
-        """Rank per projection (the same in every layer)."""
+        """Rank per projection, the same in every layer (see :attr:`uniform`; else the first layer's)."""
         return {proj: self.layers[0].projections[proj].rank for proj in PROJECTIONS} if self.layers else {}
 
     @property
@@ -159,8 +203,9 @@ class Manifest:
             "keep_ratio": self.keep_ratio,
             "align": self.align,
             "dtype": self.dtype,
-            "ranks": self.ranks,
-            "naming": {"file": LAYER_FILE, "u": U_NAME, "v": V_NAME, "layout": LAYOUT,
+            "ranks": self.ranks if self.uniform else "per layer (see layers)",
+            "method": self.method,
+            "naming": {"file": LAYER_FILE, "u": U_NAME, "v": V_NAME, "w": W_NAME, "layout": LAYOUT,
                        "factors": "u = U_r * sqrt(S_r), v = sqrt(S_r) * V_r^T"},
             "layers": [layer.to_dict() for layer in self.layers],
             "totals": {
@@ -171,6 +216,8 @@ class Manifest:
                 "mean_relative_error": sum(errors) / len(errors),
                 "max_relative_error": max(errors),
             },
+            **{key: dict(value) for key, value in (("calibration", self.calibration), ("quality", self.quality),
+                                                   ("rank_choice", self.rank_choice)) if value is not None},
         }
 
     def to_json(self) -> str:
@@ -178,8 +225,9 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Manifest:
-        if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"not an {FORMAT} v{FORMAT_VERSION} manifest (format {raw.get('format')!r}, "
+        if raw.get("format") != FORMAT or raw.get("format_version") not in READABLE_VERSIONS:
+            versions = "/".join(map(str, READABLE_VERSIONS))
+            raise ValueError(f"not an {FORMAT} v{versions} manifest (format {raw.get('format')!r}, "
                              f"version {raw.get('format_version')!r})")
         model = raw["model"]
         config = ModelConfig(
@@ -194,7 +242,9 @@ class Manifest:
         if not layers:
             raise ValueError("no layers")
         return cls(model=config, keep_ratio=float(raw["keep_ratio"]), align=int(raw["align"]),
-                   dtype=str(raw["dtype"]), layers=layers)
+                   dtype=str(raw["dtype"]), layers=layers, method=str(raw.get("method", "svd")),
+                   calibration=raw.get("calibration"), quality=raw.get("quality"),
+                   rank_choice=raw.get("rank_choice"))
 
 
 def read_manifest(path: str | Path) -> Manifest:

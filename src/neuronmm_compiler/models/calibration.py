@@ -1,0 +1,184 @@
+"""Calibration activations for whitened compression: ``X^T X`` of every MLP projection's input.
+
+Three sources, one result (:class:`Calibration`, per layer the float64 Gram matrices of the MLP input
+``x`` [tokens, hidden] -- shared by gate and up -- and of the down projection's input
+``h = silu(x Wg) * (x Wu)`` [tokens, intermediate]):
+
+- text: tokenized with the model's ``tokenizer.json`` (needs the ``tokenizers`` package,
+  ``pip install 'nmmc[models]'``) and run through nmmc's NumPy forward pass (:mod:`.forward`);
+- token ids: a ``.npy`` file of integers (no tokenizer needed), run the same way;
+- pre-captured activations: a ``.safetensors`` file with ``model.layers.{i}.mlp.input`` [N, hidden] and
+  optionally ``model.layers.{i}.mlp.down_proj.input`` [N, intermediate] per layer, for users who
+  capture on their own hardware (without the latter, h is computed from x and the original weights).
+
+Memory is bounded by the Gram matrices, ``8 * layers * (hidden^2 + intermediate^2)`` bytes, and one
+sequence's activations: activations are folded into ``X^T X`` as they are produced, never stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from .config import ModelConfig, read_config
+
+__all__ = ["ACTIVATION_NAMES", "Calibration", "GramAccumulator", "calibrate", "calibration_from_activations",
+           "load_tokens", "sequences"]
+
+#: Names of the tensors of a pre-captured activations file.
+ACTIVATION_NAMES = {"input": "model.layers.{layer}.mlp.input", "inner": "model.layers.{layer}.mlp.down_proj.input"}
+DEFAULT_SEQUENCE = 512
+
+
+@dataclass
+class GramAccumulator:
+    """``X^T X`` per layer of the MLP input and of down's input, accumulated in float64."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    tokens: int = 0
+    grams: list[dict[str, np.ndarray]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.grams:
+            self.grams = [{"input": np.zeros((self.hidden, self.hidden)),
+                           "inner": np.zeros((self.intermediate, self.intermediate))} for _ in range(self.layers)]
+
+    def observe(self, layer: int, x: np.ndarray, h: np.ndarray) -> None:
+        """Fold one batch of activations of ``layer`` in (the :data:`~.forward.MlpObserver` signature)."""
+        for name, act in (("input", x), ("inner", h)):
+            act64 = np.asarray(act, dtype=np.float64)
+            if not np.isfinite(act64).all():
+                raise InputError(f"layer {layer}: the MLP's {name} activations hold NaN or Inf values")
+            self.grams[layer][name] += act64.T @ act64
+        if layer == 0:
+            self.tokens += int(np.shape(x)[0])
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per layer ``{"input": X^T X [hidden, hidden], "inner": H^T H [intermediate, intermediate]}``."""
+
+    grams: tuple[dict[str, np.ndarray], ...]
+    tokens: int
+    source: str
+
+    def gram(self, layer: int, projection: str) -> np.ndarray:
+        """The Gram matrix of the input of ``projection`` ("gate", "up": x; "down": h) in ``layer``."""
+        return self.grams[layer]["inner" if projection == "down" else "input"]
+
+    def digest(self) -> str:
+        """A hash of the Gram matrices: a resumed compression reuses layer files only for the same one."""
+        sha = hashlib.sha256()
+        for layer in self.grams:
+            for name in ("input", "inner"):
+                sha.update(np.ascontiguousarray(layer[name]).tobytes())
+        return sha.hexdigest()[:16]
+
+    def describe(self) -> dict:
+        return {"source": self.source, "tokens": self.tokens, "digest": self.digest()}
+
+
+def _tokenize(text: str, model_dir: Path) -> np.ndarray:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise InputError("tokenizing calibration text needs the 'tokenizers' package: pip install 'nmmc[models]' "
+                         "(or pass token ids as a .npy file)") from None
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise InputError(f"{model_dir}: no tokenizer.json to tokenize the text with (pass token ids as a .npy file)")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises its own exception type
+        raise InputError(f"{path}: not a readable tokenizer: {exc}") from None
+    return np.asarray(tokenizer.encode(text).ids, dtype=np.int64)
+
+
+def load_tokens(path: str | Path, model_dir: str | Path, limit: int | None = None) -> np.ndarray:
+    """Token ids of a text file (tokenized with the model's tokenizer.json) or of a ``.npy`` file of
+    integers; at most ``limit`` of them."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"calibration/eval file not found: {path}")
+    if path.suffix == ".npy":
+        try:
+            ids = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise InputError(f"{path}: not a readable .npy file: {exc}") from None
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"{path}: token ids must be integers; got dtype {ids.dtype}")
+        ids = ids.reshape(-1).astype(np.int64)
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not UTF-8 text (give text, token ids as .npy, or activations as "
+                             ".safetensors)") from None
+        ids = _tokenize(text, Path(model_dir))
+    if limit is not None:
+        ids = ids[:limit]
+    if ids.size < 2:
+        raise InputError(f"{path}: fewer than 2 tokens")
+    return ids
+
+
+def sequences(ids: np.ndarray, length: int = DEFAULT_SEQUENCE) -> list[np.ndarray]:
+    """``ids`` cut into consecutive sequences of ``length`` tokens (the last may be shorter, at least 2)."""
+    if length < 2:
+        raise InputError(f"sequence length must be at least 2; got {length}")
+    return [ids[i:i + length] for i in range(0, len(ids), length) if len(ids[i:i + length]) >= 2]
+
+
+def calibrate(model, ids: np.ndarray, *, source: str, length: int = DEFAULT_SEQUENCE,
+              progress: Callable[[int, int], None] | None = None) -> Calibration:
+    """Run ``model`` (:class:`~.forward.CausalLM`) on ``ids`` a sequence at a time; return the Grams."""
+    a = model.arch
+    acc = GramAccumulator(a.hidden_size, a.intermediate_size, a.num_hidden_layers)
+    chunks = sequences(ids, length)
+    for done, chunk in enumerate(chunks, 1):
+        model.forward(chunk, observe=acc.observe, logits=False)
+        if progress is not None:
+            progress(done, len(chunks))
+    return Calibration(tuple(acc.grams), acc.tokens, source)
+
+
+def calibration_from_activations(path: str | Path, model_dir: str | Path,
+                                 inner_from: Callable[[int, np.ndarray], np.ndarray] | None = None) -> Calibration:
+    """Grams from a pre-captured activations file (see the module docstring). ``inner_from(layer, x)``
+    computes down's input from x where the file does not hold it."""
+    from safetensors import SafetensorError, safe_open
+
+    config: ModelConfig = read_config(model_dir)
+    acc = GramAccumulator(config.hidden_size, config.intermediate_size, config.num_hidden_layers)
+    try:
+        with safe_open(str(path), framework="np") as handle:
+            names = set(handle.keys())
+            for layer in range(config.num_hidden_layers):
+                x_name, h_name = (ACTIVATION_NAMES[k].format(layer=layer) for k in ("input", "inner"))
+                if x_name not in names:
+                    raise InputError(f"{path}: no tensor {x_name!r} (activations need one per layer, "
+                                     f"[tokens, {config.hidden_size}])")
+                x = handle.get_tensor(x_name).astype(np.float32)
+                if x.ndim != 2 or x.shape[1] != config.hidden_size:
+                    raise InputError(f"{path}: {x_name} has shape {list(x.shape)}; expected [tokens, "
+                                     f"{config.hidden_size}]")
+                if h_name in names:
+                    h = handle.get_tensor(h_name).astype(np.float32)
+                    if h.shape != (x.shape[0], config.intermediate_size):
+                        raise InputError(f"{path}: {h_name} has shape {list(h.shape)}; expected "
+                                         f"[{x.shape[0]}, {config.intermediate_size}]")
+                elif inner_from is not None:
+                    h = inner_from(layer, x)
+                else:
+                    raise InputError(f"{path}: no tensor {h_name!r}")
+                acc.observe(layer, x, h)
+    except (SafetensorError, OSError) as exc:
+        raise InputError(f"{path}: not a readable safetensors file: {exc}") from None
+    return Calibration(tuple(acc.grams), acc.tokens, f"activations {Path(path).name}")

@@ -1,0 +1,81 @@
+"""``nmmc report OUT_DIR`` for an ``nmmc compress`` output: the rank choice's Pareto front as a plot and
+a Markdown summary (method, ranks, measured quality, predicted latencies).
+
+Latencies are nmmc's cost-model predictions; the front's accuracy axis is the proxy the choice
+minimizes (the predicted log-perplexity increase from measured layer sensitivities, or the whitened
+loss without calibration tokens); perplexity is the one measured by ``--eval`` for the chosen ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .manifest import Manifest
+
+__all__ = ["write_compression_report"]
+
+
+def _summary(manifest: Manifest) -> list[str]:
+    lines = [f"# Compression of {manifest.model.describe()}", "",
+             f"- method: {'whitened (activation-aware) SVD' if manifest.method == 'whitened' else 'plain SVD'}",
+             f"- MLP parameters kept: {manifest.kept_fraction:.3f} (requested keep ratio {manifest.keep_ratio})"]
+    if manifest.calibration:
+        lines.append(f"- calibration: {manifest.calibration['source']}")
+    q = manifest.quality
+    if q:
+        lines.append(f"- measured on {q['tokens']} held-out tokens ({q['source']}): perplexity "
+                     f"{q['perplexity_original']:.3f} -> {q['perplexity_compressed']:.3f} "
+                     f"({q['perplexity_increase']:+.1%}), top-1 agreement {q['top1_agreement']:.3f}")
+    lines += ["", "| layer | gate | up | down |", "|---|---|---|---|"]
+    for layer, ranks in enumerate(manifest.layer_ranks()):
+        lines.append(f"| {layer} | " + " | ".join("dense" if r is None else str(r) for r in ranks.values()) + " |")
+    rc = manifest.rank_choice
+    if rc:
+        buckets = ",".join(str(b) for b in rc["latency"]["buckets"])
+        lines += ["", f"## Rank choice: {rc['objective']}", "",
+                  f"Predicted MLP latency of all layers summed over token buckets {buckets} on "
+                  f"{rc['latency']['target']} (cost-model prediction, not a measurement). Accuracy proxy: "
+                  f"{rc['accuracy_proxy']}.", "",
+                  "| point | predicted us | accuracy proxy | dense layers |", "|---|---|---|---|"]
+        lines.append(f"| fused dense | {rc['dense']['predicted_us']:.1f} | 0 | all |")
+        if rc.get("uniform"):
+            lines.append(f"| uniform ranks {rc['uniform']['ranks']} | {rc['uniform']['predicted_us']:.1f} | "
+                         f"{rc['uniform']['loss']:.5f} | 0 |")
+        lines.append(f"| chosen | {rc['chosen']['predicted_us']:.1f} | {rc['chosen']['loss']:.5f} | |")
+        lines += [f"| front | {p['predicted_us']:.1f} | {p['loss']:.5f} | {p['dense_layers']} |" for p in rc["front"]]
+    return lines
+
+
+def write_compression_report(manifest: Manifest, out_dir: str | Path) -> list[Path]:
+    """Write ``summary.md`` and, when ranks were chosen jointly, ``pareto.png`` into ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    rc = manifest.rank_choice
+    if rc:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        front = rc["front"]
+        ax.plot([p["predicted_us"] for p in front], [p["loss"] for p in front], "o-", ms=3, label="Pareto front")
+        ax.plot(rc["dense"]["predicted_us"], 0.0, "s", label="fused dense MLP")
+        if rc.get("uniform"):
+            ax.plot(rc["uniform"]["predicted_us"], rc["uniform"]["loss"], "^", ms=8, label="uniform ranks")
+        label = "chosen"
+        if manifest.quality:
+            label += f" (measured perplexity {manifest.quality['perplexity_compressed']:.2f})"
+        ax.plot(rc["chosen"]["predicted_us"], rc["chosen"]["loss"], "*", ms=12, label=label)
+        ax.set_xlabel("predicted MLP latency, all layers (us, cost-model prediction)")
+        ax.set_ylabel("accuracy proxy (predicted log-ppl increase)")
+        ax.set_title(f"{manifest.model.name}: ranks for accuracy and speed", fontsize=7)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / "pareto.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    paths.append(out / "summary.md")
+    paths[-1].write_text("\n".join(_summary(manifest)) + "\n", encoding="utf-8")
+    return paths

@@ -1,0 +1,61 @@
+"""Predicted MLP latency of each rank variant, from nmmc's cost model (no hardware is run).
+
+For each token bucket and each variant (:func:`.rank_choice.variants`: the dense gated MLP or an SVD
+MLP with ranks ``(r_gu, r_gu, r_down)``), nmmc searches the fused kernel's schedule space with its
+cost model, exactly as ``nmmc tune --mlp`` does, and takes the tuned kernel's predicted latency.
+A variant's latency is the sum over the buckets. Every figure here is a cost-model prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..driver import tune
+from ..frontends.workloads import mlp_workload
+from ..targets import Target
+
+__all__ = ["LatencyTable", "predict_latencies"]
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """Predicted latency (us) per bucket and variant; ``total[i]`` sums variant ``i`` over the buckets."""
+
+    buckets: tuple[int, ...]
+    options: tuple[tuple[int, int] | None, ...]
+    per_bucket: np.ndarray  # [buckets, options]
+    target: str
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.per_bucket.sum(axis=0)
+
+    def of(self, option: tuple[int, int] | None) -> float:
+        return float(self.total[self.options.index(option)])
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "buckets": list(self.buckets), "unit": "us, cost-model prediction",
+                "variants": [{"ranks": None if o is None else [o[0], o[0], o[1]],
+                              "predicted_us": [float(x) for x in self.per_bucket[:, i]]}
+                             for i, o in enumerate(self.options)]}
+
+
+def predict_latencies(hidden: int, intermediate: int, buckets: Sequence[int],
+                      options: Sequence[tuple[int, int] | None], *, target: Target, trials: int | None = None,
+                      seed: int = 0, progress: Callable[[int, int], None] | None = None) -> LatencyTable:
+    """Tune every variant at every bucket with the cost model; see the module docstring."""
+    table = np.zeros((len(buckets), len(options)))
+    total, done = len(buckets) * len(options), 0
+    extra = {} if trials is None else {"trials": trials}
+    for b, tokens in enumerate(buckets):
+        for i, option in enumerate(options):
+            workload = (mlp_workload(tokens, hidden, intermediate, dense=True) if option is None else
+                        mlp_workload(tokens, hidden, intermediate, ranks=(option[0], option[0], option[1])))
+            table[b, i] = tune(workload, target=target, seed=seed, **extra).compiled.cost.latency_us
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return LatencyTable(tuple(buckets), tuple(options), table, target.name)

@@ -1,0 +1,120 @@
+"""Measured quality of a compressed MLP: perplexity, top-1 agreement, per-layer MLP output error.
+
+:func:`evaluate` runs the model (:class:`~.forward.CausalLM`) twice over held-out token ids, once as
+it is and once with every layer's MLP replaced by its factors (attention, norms and embeddings are
+the original ones, as in a compressed checkpoint), and reports
+
+- perplexity of both, ``exp(mean next-token negative log-likelihood)`` over every predicted token;
+- top-1 agreement, the fraction of positions where both models' most likely next token is the same;
+- per layer, the relative error ``||y - y'||_F / ||y||_F`` of the compressed MLP's output ``y'`` on the
+  original model's MLP inputs (real activations, not random ones).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .calibration import DEFAULT_SEQUENCE, sequences
+from .forward import log_softmax, silu
+
+__all__ = ["Factors", "Quality", "evaluate", "factored_mlp", "original_predictions"]
+
+#: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
+Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
+
+
+def _project(x: np.ndarray, factor) -> np.ndarray:
+    if isinstance(factor, tuple):
+        u, v = factor
+        return (x @ u) @ v
+    return x @ factor
+
+
+def factored_mlp(factors: Factors) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``mlp(layer, x)``: ``down(silu(gate(x)) * up(x))`` with each projection from ``factors``."""
+    cast = {layer: {proj: (tuple(np.asarray(t, dtype=np.float32) for t in f) if isinstance(f, tuple)
+                           else np.asarray(f, dtype=np.float32)) for proj, f in projections.items()}
+            for layer, projections in factors.items()}
+
+    def mlp(layer: int, x: np.ndarray) -> np.ndarray:
+        f = cast[layer]
+        return _project(silu(_project(x, f["gate"])) * _project(x, f["up"]), f["down"])
+
+    return mlp
+
+
+@dataclass(frozen=True)
+class Quality:
+    """What :func:`evaluate` measured."""
+
+    tokens: int
+    ppl_original: float
+    ppl_compressed: float
+    top1_agreement: float
+    layer_errors: tuple[float, ...]
+
+    @property
+    def ppl_increase(self) -> float:
+        """Relative perplexity increase, e.g. 0.10 for +10%."""
+        return self.ppl_compressed / self.ppl_original - 1.0
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "perplexity_original": self.ppl_original,
+                "perplexity_compressed": self.ppl_compressed, "perplexity_increase": self.ppl_increase,
+                "top1_agreement": self.top1_agreement, "mlp_output_error": list(self.layer_errors)}
+
+
+def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray], *,
+             length: int = DEFAULT_SEQUENCE, original: tuple[float, np.ndarray] | None = None,
+             per_layer: bool = True, progress: Callable[[int, int], None] | None = None) -> Quality:
+    """Perplexity and agreement of ``model`` with and without ``mlp`` substituted (see the module docstring).
+
+    ``original``: ``(perplexity, top-1 predictions)`` of the original model on the same ids, from
+    :func:`original_predictions`, to skip recomputing them when evaluating several compressions.
+    ``per_layer=False`` skips the per-layer MLP output errors (one forward pass per sequence instead of
+    two; ``layer_errors`` is then empty).
+    """
+    chunks = sequences(ids, length)
+    n_layers = model.arch.num_hidden_layers
+    residual, total = np.zeros(n_layers), np.zeros(n_layers)
+
+    def observe(layer: int, x: np.ndarray, h: np.ndarray) -> None:
+        y = (h @ model.mlp_weight(layer, "down")).astype(np.float64)
+        diff = y - mlp(layer, x)
+        residual[layer] += float(np.einsum("ij,ij->", diff, diff))
+        total[layer] += float(np.einsum("ij,ij->", y, y))
+
+    if original is None:
+        original = original_predictions(model, ids, length=length)
+    ppl_original, top1_original = original
+    nll, agree, count, offset = 0.0, 0, 0, 0
+    for done, chunk in enumerate(chunks, 1):
+        if per_layer:
+            model.forward(chunk, observe=observe, logits=False)
+        logp = log_softmax(model.forward(chunk, override=mlp))
+        targets = chunk[1:]
+        nll -= float(logp[np.arange(len(targets)), targets].astype(np.float64).sum())
+        agree += int(np.count_nonzero(logp[:-1].argmax(axis=-1) == top1_original[offset:offset + len(targets)]))
+        count += len(targets)
+        offset += len(targets)
+        if progress is not None:
+            progress(done, len(chunks))
+    errors = tuple(float(math.sqrt(r / t)) if t > 0 else 0.0 for r, t in zip(residual, total, strict=True)
+                   if per_layer)
+    return Quality(count, ppl_original, float(math.exp(nll / count)), agree / count, errors)
+
+
+def original_predictions(model, ids: np.ndarray, *, length: int = DEFAULT_SEQUENCE) -> tuple[float, np.ndarray]:
+    """``(perplexity, top-1 next-token predictions)`` of the unmodified model on ``ids``."""
+    nll, count, top1 = 0.0, 0, []
+    for chunk in sequences(ids, length):
+        logp = log_softmax(model.forward(chunk))
+        targets = chunk[1:]
+        nll -= float(logp[np.arange(len(targets)), targets].astype(np.float64).sum())
+        top1.append(logp[:-1].argmax(axis=-1))
+        count += len(targets)
+    return float(math.exp(nll / count)), np.concatenate(top1)
