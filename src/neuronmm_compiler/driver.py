@@ -30,7 +30,7 @@ from .frontends.workloads import Workload
 from .ir import Graph
 from .kernel_ir.program import DmaCopy, Program, walk
 from .lowerings import Baseline, Lowering, lowering_for, lowering_named
-from .lowerings.base import dma_transpose_ok
+from .lowerings.base import dma_transpose_ok, undocumented_dma_transpose
 from .passes import Pass, PipelineStep, parse_pipeline, run_pipeline
 from .schedule.params import check_schedule
 from .search import DEFAULT_TRIALS, Candidate, TuneResult, search
@@ -73,12 +73,12 @@ def check_transposing_loads(programs: list[Program], workload: Workload, target:
     """ScheduleError when a program loads with a transposing DMA where the dialect does not document one
     (a weight or an operand stored transposed in HBM; A^T / X^T are the schedule's own choice and are
     already made on the TensorEngine there): the rule, the tensor and what to do instead."""
-    if dma_transpose_ok(workload, target, dialect):
+    rule = undocumented_dma_transpose(workload, target, dialect)
+    if rule is None:
         return
     for program in programs:
         for stmt, _ in walk(program.body):
             if isinstance(stmt, DmaCopy) and stmt.transpose:
-                rule = "NKI-DMA-TRANSPOSE-TARGET" if target.name == "trn1" else "NKI-DMA-TRANSPOSE-DTYPE"
                 raise ScheduleError(
                     f"{stmt.src.buffer.name!r} is stored transposed in HBM and is read with a transposing DMA load, "
                     f"which the {dialect} dialect does not document for {workload.dtype} on {target.name} ({rule}, "

@@ -21,7 +21,7 @@ What a dialect may emit also depends on the target and dtype: the ``nki`` dialec
 ``nisa.dma_transpose`` is documented on NeuronCore-v3+ (trn2, trn3) for 2-byte dtypes only
 (NKI-DMA-TRANSPOSE-TARGET, NKI-DMA-TRANSPOSE-DTYPE); the ``neuronxcc`` dialect's ``nl.load_transpose2d``
 on every target and dtype (NKI-LOAD-TRANSPOSE2D). Where it is not documented, schedules make A^T / X^T
-on the TensorEngine (``pe``) instead (:func:`dma_transpose_documented`).
+on the TensorEngine (``pe``) instead (:func:`dma_transpose_rule`).
 """
 
 from __future__ import annotations
@@ -136,8 +136,11 @@ def support_warning(dialect: Dialect, target: str, sdk: str | None) -> str | Non
     return None
 
 
-def dma_transpose_documented(dialect: Dialect | str, target: str, dtype_bytes: int) -> bool:
-    """True when the dialect's transposing DMA load is documented for this target and dtype size."""
+def dma_transpose_rule(dialect: Dialect | str, target: str, dtype_bytes: int) -> str | None:
+    """The rule the dialect's transposing DMA load would break on this target and dtype size (None: it is
+    documented there)."""
     if Dialect(dialect) is Dialect.NEURONXCC:
-        return True  # nl.load_transpose2d (NKI-LOAD-TRANSPOSE2D)
-    return target != "trn1" and dtype_bytes == 2  # nisa.dma_transpose
+        return None  # nl.load_transpose2d (NKI-LOAD-TRANSPOSE2D)
+    if target == "trn1":
+        return "NKI-DMA-TRANSPOSE-TARGET"  # nisa.dma_transpose: NeuronCore-v3 and newer
+    return None if dtype_bytes == 2 else "NKI-DMA-TRANSPOSE-DTYPE"

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..targets import Target
-from .fit import fit_parameters
+from .fit import fit_parameters, value_of
 from .published import PublishedRow
 
 
@@ -120,7 +120,7 @@ def assess(rows: Sequence[PublishedRow], base: Target, names: Sequence[str]) -> 
         for row in members:
             held[id(row)] = row.predict_us(model) if model is not None else None
     predictions = [Prediction(r, r.measured_us, r.predict_us(base), r.predict_us(fitted), held[id(r)]) for r in rows]
-    result = Assessment(base.name, tuple(names), {n: _value(fitted, n) for n in names}, predictions)
+    result = Assessment(base.name, tuple(names), {n: value_of(fitted, n) for n in names}, predictions)
     for source, members in sorted(by_source.items()):
         mine = [p for p in predictions if p.row.source_id == source]
         errors = [e for p in mine if (e := Prediction.error(p.held_out_us, p.measured_us)) is not None]
@@ -129,9 +129,3 @@ def assess(rows: Sequence[PublishedRow], base: Target, names: Sequence[str]) -> 
         result.sources.append(SourceSummary(source, len(members), statistics.median(errors) if errors else None,
                                             max(errors) if errors else None, rho))
     return result
-
-
-def _value(target: Target, name: str) -> float:
-    from .fit import value_of
-
-    return value_of(target, name)

@@ -16,6 +16,7 @@ import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from ..cost_model import estimate
@@ -67,9 +68,10 @@ class PublishedRow:
     def flops(self) -> int:
         return sum(estimate(p, get_target(self.hardware)).flops for p in self.programs)
 
-    @property
+    @cached_property
     def measured_us(self) -> float:
-        """The measured latency in microseconds (a rate is turned into one through the workload's FLOPs)."""
+        """The measured latency in microseconds (a rate is turned into one through the workload's FLOPs);
+        computed once, after :meth:`compile` (the fit reads it for every refit)."""
         unit = self.unit.lower()
         if unit in TIME_UNITS:
             return self.value * TIME_UNITS[unit]

@@ -269,9 +269,9 @@ def dialect_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 def chosen_dialect(dialect: str, sdk: str | None, target: Target) -> Dialect:
     """The concrete dialect of --dialect/--sdk on ``target``, with a warning on stderr when the docs do not
     support that dialect there (the kernel is still written: the simulator and other releases may take it)."""
-    resolved = resolve_dialect(dialect, target.name, sdk)
     if sdk is not None:
         check_sdk(sdk)
+    resolved = resolve_dialect(dialect, target.name, sdk)
     warning = support_warning(resolved, target.name, sdk)
     if warning:
         click.echo(f"nmmc: warning: {warning}", err=True)

@@ -17,21 +17,26 @@ from ..ir import Graph
 from ..kernel_ir.program import DTYPE_BYTES, Program
 from ..passes import Pass
 from ..search import Evaluator, SearchSpace, SpaceSpec
-from ..support import dma_transpose_documented
+from ..support import dma_transpose_rule
 from ..targets import Target
 from ..vocab import Dialect
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
 
-__all__ = ["Baseline", "Lowering", "dma_transpose_ok", "transpose_choice"]
+__all__ = ["Baseline", "Lowering", "dma_transpose_ok", "transpose_choice", "undocumented_dma_transpose"]
+
+
+def undocumented_dma_transpose(workload: Workload, target: Target, dialect: Dialect) -> str | None:
+    """The rule a transposing DMA load would break for the workload's dtype on the target in the dialect
+    (:func:`neuronmm_compiler.support.dma_transpose_rule`), None when it is documented."""
+    return dma_transpose_rule(dialect, target.name, DTYPE_BYTES[workload.dtype])
 
 
 def dma_transpose_ok(workload: Workload, target: Target, dialect: Dialect) -> bool:
-    """True when the dialect's transposing DMA load is documented for the target and the workload's dtype
-    (:func:`neuronmm_compiler.support.dma_transpose_documented`); where it is not, A^T / X^T is made on the
+    """True when a transposing DMA load may be emitted; where it may not, A^T / X^T is made on the
     TensorEngine (``pe``)."""
-    return dma_transpose_documented(dialect, target.name, DTYPE_BYTES[workload.dtype])
+    return undocumented_dma_transpose(workload, target, dialect) is None
 
 
 def transpose_choice(name: str, schedule: Any | None, params: Mapping[str, str | int], workload: Workload,
@@ -40,11 +45,11 @@ def transpose_choice(name: str, schedule: Any | None, params: Mapping[str, str |
     transposing DMA load is not documented (:func:`dma_transpose_ok`): ``pe`` instead of a preset's ``dma``, and
     a ScheduleError citing the rule when the caller asked for ``dma`` (with ``--param``, or in a given schedule:
     a stored or searched decision, every value of which was asked for)."""
-    if dma_transpose_ok(workload, target, dialect):
+    rule = undocumented_dma_transpose(workload, target, dialect)
+    if rule is None:
         return {}
     asked = {**(schedule.as_dict() if schedule is not None else {}), **params}
     if asked.get(name) == "dma":
-        rule = "NKI-DMA-TRANSPOSE-TARGET" if target.name == "trn1" else "NKI-DMA-TRANSPOSE-DTYPE"
         raise ScheduleError(f"{name}=dma: nisa.dma_transpose is not documented for {workload.dtype} on {target.name} "
                             f"({rule}, docs/nki-rules.md); use {name}=pe, --a-layout km, or --dialect neuronxcc")
     return {name: "pe"}
