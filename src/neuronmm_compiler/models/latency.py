@@ -2,7 +2,8 @@
 
 For each token bucket and each variant (:func:`.rank_choice.variants`: the dense gated MLP or an SVD
 MLP with ranks ``(r_gu, r_gu, r_down)``), nmmc searches the fused kernel's schedule space with its
-cost model, exactly as ``nmmc tune --mlp`` does, and takes the tuned kernel's predicted latency.
+cost model, exactly as ``nmmc tune --mlp`` does (answered from the same result cache when that search
+ran before), and takes the tuned kernel's predicted latency.
 A variant's latency is the sum over the buckets. Every figure here is a cost-model prediction.
 """
 
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..driver import tune
+from ..artifacts.cache import ResultCache
+from ..driver import tune_cached
 from ..frontends.workloads import mlp_workload
+from ..search import DEFAULT_TRIALS
 from ..targets import Target
 
 __all__ = ["LatencyTable", "predict_latencies"]
@@ -49,12 +52,14 @@ def predict_latencies(hidden: int, intermediate: int, buckets: Sequence[int],
     """Tune every variant at every bucket with the cost model; see the module docstring."""
     table = np.zeros((len(buckets), len(options)))
     total, done = len(buckets) * len(options), 0
-    extra = {} if trials is None else {"trials": trials}
+    cache = ResultCache()
     for b, tokens in enumerate(buckets):
         for i, option in enumerate(options):
             workload = (mlp_workload(tokens, hidden, intermediate, dense=True) if option is None else
                         mlp_workload(tokens, hidden, intermediate, ranks=(option[0], option[0], option[1])))
-            table[b, i] = tune(workload, target=target, seed=seed, **extra).compiled.cost.latency_us
+            tuned, _ = tune_cached(workload, target=target, dialect=None, cache=cache,
+                                   trials=trials or DEFAULT_TRIALS, seed=seed)
+            table[b, i] = tuned.compiled.cost.latency_us
             done += 1
             if progress is not None:
                 progress(done, total)
