@@ -316,6 +316,7 @@ def test_report_of_a_compress_output(tmp_path):
     assert result.exit_code == 0, result.output
     summary = (tmp_path / "rep" / "summary.md").read_text()
     assert "cost-model prediction" in summary and "measured on 63 held-out tokens" in summary
+    assert "typically within x" in summary and "published trn1 measurements" in summary  # the model's error
     assert (tmp_path / "rep" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
     missing = CliRunner().invoke(main, ["report", str(tmp_path), "-o", str(tmp_path / "rep2")])
     assert missing.exit_code == 2 and "manifest not found" in missing.stderr

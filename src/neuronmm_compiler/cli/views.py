@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
+from ..cost_model.trust import trust_note
 from ..frontends.workloads import Workload
-from ..targets import Target
+from ..targets import Target, get_target
 
 
 def echo_lines(lines: Iterable[str]) -> None:
@@ -97,7 +98,8 @@ def rank_choice_lines(record: Mapping[str, Any]) -> list[str]:
     buckets = ",".join(str(b) for b in record["latency"]["buckets"])
     lines = [f"  rank choice: {record['objective']}",
              f"  predicted MLP latency, all layers, summed over token buckets {buckets} on "
-             f"{record['latency']['target']} (cost-model prediction, not a measurement):",
+             f"{record['latency']['target']} (cost-model prediction, not a measurement; "
+             f"{trust_note(get_target(record['latency']['target']))}):",
              f"    fused dense {record['dense']['predicted_us']:.1f} us"
              + (f", uniform ranks {record['uniform']['predicted_us']:.1f} us (proxy {record['uniform']['loss']:.4f})"
                 if record.get("uniform") else "")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..cost_model.trust import trust_note
+from ..targets import get_target
 from .manifest import Manifest
 
 __all__ = ["write_compression_report"]
@@ -34,7 +36,8 @@ def _summary(manifest: Manifest) -> list[str]:
         buckets = ",".join(str(b) for b in rc["latency"]["buckets"])
         lines += ["", f"## Rank choice: {rc['objective']}", "",
                   f"Predicted MLP latency of all layers summed over token buckets {buckets} on "
-                  f"{rc['latency']['target']} (cost-model prediction, not a measurement). Accuracy proxy: "
+                  f"{rc['latency']['target']} (cost-model prediction, not a measurement; "
+                  f"{trust_note(get_target(rc['latency']['target']))}). Accuracy proxy: "
                   f"{rc['accuracy_proxy']}.", "",
                   "| point | predicted us | accuracy proxy | dense layers |", "|---|---|---|---|"]
         lines.append(f"| fused dense | {rc['dense']['predicted_us']:.1f} | 0 | all |")
