@@ -8,10 +8,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import sympy as sp
-
 from .codegen.printer import NkiPrinter
-from .cost_model import FORMULAS, LATENCY, LOWER_BOUND, CostReport
+from .cost_model import CostReport
+from .cost_model.formulas import symbolic
 from .cost_model.trust import trust_dict, trust_note
 from .driver import Compiled, Costed, Lowered, Tuned
 from .frontends.workloads import Workload
@@ -47,22 +46,27 @@ def cost_lines(cost: CostReport) -> list[str]:
     ]
 
 
-def _fmt(expr: sp.Expr) -> str:
+def _fmt(expr: Any) -> str:
+    import sympy as sp
+
     return sp.sstr(expr)
 
 
 def _formula_lines(cost: CostReport) -> list[str]:
     """The model's symbols with their values, then each formula and its value."""
+    import sympy as sp
+
+    formulas, latency, lower_bound = symbolic()
     values = cost.values
-    symbols = sorted({str(sym) for expr in FORMULAS.values() for sym in expr.free_symbols})
+    symbols = sorted({str(sym) for expr in formulas.values() for sym in expr.free_symbols})
     lines = ["symbols:", *(f"  {name:<18} = {values[name]:.6g}" for name in symbols), "formulas (microseconds):"]
-    for name, expr in FORMULAS.items():
+    for name, expr in formulas.items():
         lines.append(f"  {name} = {_fmt(expr)}")
         lines.append(f"  {' ' * len(name)} = {values[name]:.3f}")
-    lines.append(f"  latency = {_fmt(LATENCY)} = {cost.latency_us:.3f}  ({cost.bound}-bound)")
-    lines.append(f"  lower_bound = {_fmt(LOWER_BOUND)}")
+    lines.append(f"  latency = {_fmt(latency)} = {cost.latency_us:.3f}  ({cost.bound}-bound)")
+    lines.append(f"  lower_bound = {_fmt(lower_bound)}")
     terms = []
-    for term in LOWER_BOUND.args:  # in the order the formula prints them
+    for term in lower_bound.args:  # in the order the formula prints them
         num, den = sp.fraction(term)
         terms.append(f"{values[str(num)]:.6g} / {values[str(den)]:.6g}")
     lines.append(f"  {' ' * 11} = max({', '.join(terms)}) = {cost.lower_bound_us:.3f}")
