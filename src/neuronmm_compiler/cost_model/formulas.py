@@ -26,9 +26,10 @@ SYMBOLS: tuple[str, ...] = (
     "pro_pe_cycles", "pro_vec_cycles", "pro_n_dma", "pro_eff_bytes",
     "epi_pe_cycles", "epi_vec_cycles", "epi_n_dma", "epi_eff_bytes",
     "f_pe", "f_vec", "f_act", "c_dma", "q", "bw", "flops", "hbm_bytes", "compulsory_bytes", "peak_flops_per_us",
+    "t_launch",
 )
 #: The time terms, in the order ``explain`` prints them.
-TERMS: tuple[str, ...] = ("T_pe", "T_vec", "T_act", "T_dma", "T_prologue", "T_epilogue")
+TERMS: tuple[str, ...] = ("T_pe", "T_vec", "T_act", "T_dma", "T_prologue", "T_epilogue", "T_launch")
 
 
 def _engine_us(cycles: float, ghz: float) -> float:
@@ -52,17 +53,19 @@ def steady_times(v: Mapping[str, float]) -> dict[str, float]:
         "T_dma": n_dma * v["c_dma"] / v["q"] + eff_bytes / v["bw"],
         "T_prologue": _edge_us(v, "pro"),
         "T_epilogue": _edge_us(v, "epi"),
+        "T_launch": v["t_launch"],
     }
 
 
 def latency(t: Mapping[str, float]) -> float:
     """The predicted latency from the time terms."""
-    return t["T_prologue"] + max(t["T_pe"], t["T_dma"], t["T_vec"], t["T_act"]) + t["T_epilogue"]
+    return t["T_launch"] + t["T_prologue"] + max(t["T_pe"], t["T_dma"], t["T_vec"], t["T_act"]) + t["T_epilogue"]
 
 
 def lower_bound(v: Mapping[str, float]) -> float:
-    """No kernel of this work is faster: its FLOPs at peak, or its compulsory traffic at full bandwidth."""
-    return max(v["flops"] / v["peak_flops_per_us"], v["compulsory_bytes"] / v["bw"])
+    """No kernel of this work is faster: its launch, plus its FLOPs at peak or its compulsory traffic at full
+    bandwidth."""
+    return v["t_launch"] + max(v["flops"] / v["peak_flops_per_us"], v["compulsory_bytes"] / v["bw"])
 
 
 @cache
@@ -87,8 +90,9 @@ def symbolic() -> tuple[dict[str, Any], Any, Any]:
                   + (s["eff_bytes"] - s["pro_eff_bytes"] - s["epi_eff_bytes"]) / s["bw"]),
         "T_prologue": edge("pro"),
         "T_epilogue": edge("epi"),
+        "T_launch": s["t_launch"],
     }
     t = {name: sp.Symbol(name) for name in terms}
-    total = t["T_prologue"] + sp.Max(t["T_pe"], t["T_dma"], t["T_vec"], t["T_act"]) + t["T_epilogue"]
-    bound = sp.Max(s["flops"] / s["peak_flops_per_us"], s["compulsory_bytes"] / s["bw"])
+    total = t["T_launch"] + t["T_prologue"] + sp.Max(t["T_pe"], t["T_dma"], t["T_vec"], t["T_act"]) + t["T_epilogue"]
+    bound = s["t_launch"] + sp.Max(s["flops"] / s["peak_flops_per_us"], s["compulsory_bytes"] / s["bw"])
     return terms, total, bound

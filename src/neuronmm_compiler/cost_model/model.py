@@ -30,8 +30,10 @@ from .params import ModelParams, params_of
 
 
 def dma_efficiency(bytes_per_partition: float, target: Target) -> float:
-    """Fraction of peak DMA bandwidth at this transfer size (log-linear between curve points)."""
+    """Fraction of peak DMA bandwidth at this transfer size (log-linear between curve points), the curve read
+    at the target's ``dma_size_scale`` times the bytes per partition."""
     curve = target.dma_efficiency_curve
+    bytes_per_partition *= target.dma_size_scale
     if bytes_per_partition <= curve[0][0]:
         return curve[0][1] * max(bytes_per_partition, 1) / curve[0][0]
     for (x0, y0), (x1, y1) in itertools.pairwise(curve):
@@ -127,7 +129,7 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
         "c_dma": target.dma_fixed_cost_us, "q": params.dma_queues_in_flight,
         "bw": bw, "flops": counts.flops,
         "hbm_bytes": counts.total_hbm_bytes_read + counts.total_hbm_bytes_written,
-        "compulsory_bytes": compulsory, "peak_flops_per_us": peak,
+        "compulsory_bytes": compulsory, "peak_flops_per_us": peak, "t_launch": target.launch_overhead_us,
     }
     return values, counts
 
