@@ -63,3 +63,22 @@ def test_every_prediction_says_how_far_to_trust_it(tmp_path):
     assert tuned.exit_code == 0 and note in tuned.output
     cost = runner.invoke(main, ["cost", "--shape", "256x512x256", "--target", "trn3"]).output
     assert "model error      not validated" in cost
+
+
+def test_targets_say_where_their_parameters_come_from_and_how_far_to_trust_them():
+    from neuronmm_compiler.cost_model.trust import PROVENANCE
+    from neuronmm_compiler.targets import TARGETS
+
+    assert set(PROVENANCE) == set(TARGETS)
+    out = CliRunner().invoke(main, ["targets"]).output
+    assert f"dataset {DATASET_DIGEST}" in out
+    blocks: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        if not line.startswith("  "):
+            blocks[line.split(":", 1)[0]] = []
+        else:
+            blocks[next(reversed(blocks))].append(line)
+    assert set(blocks) == set(TARGETS)
+    for name, lines in blocks.items():
+        assert f"  parameters             {PROVENANCE[name]}" in lines
+        assert f"  model error            {trust_note(get_target(name))}" in lines

@@ -111,11 +111,17 @@ def rank_choice_lines(record: Mapping[str, Any]) -> list[str]:
 
 
 def targets_lines(targets: Mapping[str, Target]) -> list[str]:
-    """``nmmc targets``: each target's description and hardware rows."""
+    """``nmmc targets``: each target's description, hardware rows, where its estimated parameters come from
+    and how far the cost model is from published measurements on it."""
+    from ..cost_model.trust import PROVENANCE
+
     lines = []
     for name, tgt in targets.items():
         lines.append(f"{name}: {tgt.description}")
         lines += [f"  {key:<22} {value}" for key, value in tgt.summary_rows()]
+        if not tgt.calibrated and name in PROVENANCE:
+            lines.append(f"  {'parameters':<22} {PROVENANCE[name]}")
+        lines.append(f"  {'model error':<22} {trust_note(tgt)}")
     return lines
 
 

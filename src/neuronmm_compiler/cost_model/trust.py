@@ -64,6 +64,15 @@ MODEL_ERROR: dict[str, ModelError] = {
 }
 
 
+#: Where each stock target's estimated parameters come from (``nmmc targets`` prints it).
+PROVENANCE: dict[str, str] = {
+    "trn1": "AWS's published figures (DMA chart as published); launch_overhead_us assumed from trn2's fit",
+    "trn2": f"launch_overhead_us, dma_size_scale, tensor_engine_efficiency, dma_fixed_cost_us fitted to the "
+            f"published trn2 measurements (dataset {DATASET_DIGEST}, benchmarks/fidelity.py)",
+    "trn3": "trn2's fitted values assumed (no published trn3 measurement)",
+}
+
+
 def typical_range(latency_us: float, target: Target) -> tuple[float, float] | None:
     """The band a latency prediction on ``target`` typically falls in (its typical error factor either side;
     half the published measurements were inside it), or None where the model is not validated."""
