@@ -10,6 +10,7 @@ import click
 
 from ..support import KNOWN_SDKS, SUPPORT
 from .options import EXIT_FAILED
+from .tp import tp_verify
 from .views import echo_lines, verify_lines
 
 SDK_HELP = (
@@ -34,6 +35,7 @@ SDK_HELP = (
 @click.option("--sdk", default=None, type=click.Choice(KNOWN_SDKS, case_sensitive=False), help=SDK_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (with 'sdk' and 'violations': [{rule, line, message, citation}]).")
+@tp_verify
 def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool) -> None:
     """Run an emitted kernel FILE on random inputs (every kernel of the file, in order), compare with a
     float64 NumPy evaluation of its graph, and print the relative error and, in the interpreter, its
