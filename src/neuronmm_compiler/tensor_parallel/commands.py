@@ -81,7 +81,7 @@ def result_lines(result: TpResult) -> list[str]:
 def result_json(result: TpResult, dialect: str, output: str | None) -> dict[str, Any]:
     from .plan import plan_dict
 
-    return {"output": output, **plan_dict(result, dialect)}
+    return {**plan_dict(result, dialect), "written_to": output}
 
 
 def run_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel_fn: KernelFn, *, strategy: str | None,
