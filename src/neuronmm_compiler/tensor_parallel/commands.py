@@ -58,22 +58,28 @@ def result_lines(result: TpResult) -> list[str]:
     lines = [f"tensor parallel: {result.workload.describe()}", f"  over {result.tp} ranks of {result.target.label} "
              f"(intermediate shards {min(result.chosen.sharded.sizes)}..{max(result.chosen.sharded.sizes)})"
              if result.chosen.sharded else "",
-             f"  {'strategy':<30} {'kernel us':>10} {'comm us':>9} {'total us':>9} {'comm KiB/rank':>14}"]
+             f"  {'strategy':<46} {'kernel us':>10} {'comm us':>9} {'total us':>9} {'comm KiB/rank':>14}"]
     for r in result.results:
         if r.error is not None:
-            lines.append(f"  {r.strategy.name:<30} does not apply: {r.error}")
+            lines.append(f"  {r.strategy.name:<46} does not apply: {r.error}")
             continue
         mark = "  <- chosen" if r is result.chosen else ""
-        lines.append(f"  {r.strategy.name:<30} {r.kernel_us:>10.2f} {r.comm_us:>9.2f} {r.total_us:>9.2f} "
+        lines.append(f"  {r.strategy.name:<46} {r.kernel_us:>10.2f} {r.comm_us:>9.2f} {r.total_us:>9.2f} "
                      f"{r.comm_bytes / 1024:>14.1f}{mark}")
-    for label, total in result.alternatives.items():
-        text = "not modelled" if total is None else f"{total:>9.2f}"
-        lines.append(f"  {label:<52} {text}")
+    for label, alt in result.alternatives.items():
+        text = "not modelled" if alt is None else \
+            f"{alt['kernel_us']:>10.2f} {alt['comm_us']:>9.2f} {alt['total_us']:>9.2f}"
+        lines.append(f"  {label:<46} {text}")
     chosen = result.chosen
+    for label, alt in result.alternatives.items():
+        if alt is not None:
+            speedup = alt["total_us"] / chosen.total_us
+            lines.append(f"  {chosen.strategy.name} vs {label}: {speedup:.2f}x"
+                         + (" (the dense MLP is predicted faster at this shape)" if speedup < 1 else ""))
     for step in chosen.collectives:
         lines.append(f"  chosen collective: {step.op} of {step.tensor_bytes} bytes over {step.ranks} ranks, "
                      f"{step.bytes_sent_per_rank:.0f} bytes sent per rank")
-    lines.append(f"  kernel latencies are the cost model's: {trust_note(result.target)}")
+    lines.append(f"  kernel latencies are the cost model's; model error: {trust_note(result.target)}")
     lines.append(f"  {UNVALIDATED}")
     return [line for line in lines if line]
 

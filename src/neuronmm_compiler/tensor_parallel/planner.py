@@ -66,7 +66,7 @@ class TpResult:
     tp: int
     target: Target
     results: list[StrategyResult]
-    alternatives: dict[str, float | None]  # label -> total us (per-rank kernels + all-reduce)
+    alternatives: dict[str, dict[str, float] | None]  # label -> kernel_us, comm_us, total_us (None: not modelled)
 
     @property
     def applicable(self) -> list[StrategyResult]:
@@ -117,7 +117,7 @@ def evaluate_strategy(workload: MlpWorkload, tp: int, strategy: Strategy, target
 
 
 def dense_alternatives(workload: MlpWorkload, tp: int, target: Target, dialect: str,
-                       kernel_fn: KernelFn) -> dict[str, float | None]:
+                       kernel_fn: KernelFn) -> dict[str, dict[str, float] | None]:
     """The dense MLP at the same group size: AWS's kernel per projection (SiLU and multiply as their own
     kernels, as nmmc's ``dense`` baseline) plus the all-reduce, and nmmc's own fused dense MLP plus it."""
     from ..lowerings import lowering_for
@@ -134,8 +134,11 @@ def dense_alternatives(workload: MlpWorkload, tp: int, target: Target, dialect: 
             aws = None
             break
         aws = max(aws or 0.0, baseline.cost.latency_us)
-    return {"dense, AWS kernel per projection + all-reduce": None if aws is None else aws + megatron.comm_us,
-            "dense, nmmc fused MLP + all-reduce": megatron.total_us}
+    comm = megatron.comm_us
+    return {"dense, AWS kernel per projection + all-reduce":
+            None if aws is None else {"kernel_us": aws, "comm_us": comm, "total_us": aws + comm},
+            "dense, nmmc fused MLP + all-reduce":
+            {"kernel_us": megatron.kernel_us, "comm_us": comm, "total_us": megatron.total_us}}
 
 
 def plan_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel_fn: KernelFn,
