@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -105,11 +106,16 @@ def read_plan(path: str | Path) -> tuple[dict[str, Any], Path]:
     if p.is_dir():
         p = p / PLAN_NAME
     try:
-        if p.stat().st_size > MAX_PLAN_BYTES:
-            raise InputError(f"{p}: larger than {MAX_PLAN_BYTES} bytes; not an nmmc plan")
+        info = p.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"cannot read tensor-parallel plan {str(p)!r}: not a regular file")
+        if info.st_size > MAX_PLAN_BYTES:
+            raise InputError(f"cannot read tensor-parallel plan {str(p)!r}: larger than {MAX_PLAN_BYTES} bytes")
         plan = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"cannot read tensor-parallel plan {str(p)!r}: {exc}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read tensor-parallel plan {str(p)!r}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{p}: not a tensor-parallel plan (not UTF-8 JSON: {exc})") from None
     if not isinstance(plan, dict) or plan.get("format") != FORMAT:
         raise InputError(f"{p}: not an nmmc tensor-parallel plan (no \"format\": \"{FORMAT}\")")
     if plan.get("version") != VERSION:
