@@ -53,7 +53,10 @@ def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | No
     Exits 0 when the kernel is within tolerance (bf16 1e-2, fp32 1e-5) and violates no NKI rule, 1
     on a mismatch, a violated hardware limit or a violated NKI rule, 2 when FILE is not an nmmc
     kernel, not a regular UTF-8 file of at most 8 MiB, uses Python outside the subset, or the
-    backend's package is missing."""
+    backend's package is missing.
+
+    FILE may also be a tensor-parallel plan (DIR/plan.json from --tp): every rank's kernels run in the
+    interpreter on its slices, the collectives in NumPy; docs/tensor-parallel.md."""
     from ..targets import get_target
     from ..verification import verify_file
 
