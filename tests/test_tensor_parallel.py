@@ -185,3 +185,17 @@ def test_cost_and_explain_tp_print_every_strategy():
     assert len(data["strategies"]) == 6 and data["written_to"] is None
     explain = _run(["explain", *SMALL, "--tokens", "32", "--tp", "2"])
     assert "=== kernel" in explain.output and "reduce-rank" in explain.output
+
+
+def test_tune_model_tp_writes_one_plan_per_bucket(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 640,
+                                  "num_hidden_layers": 2, "torch_dtype": "bfloat16"}))
+    out = tmp_path / "kernels"
+    result = _run(["tune", "--model", str(config), "--keep-ratio", "0.8", "--tokens", "1,32", "--tp", "2",
+                   "--no-cache", "--verify", "-o", str(out)])
+    index = json.loads((out / "index.json").read_text())
+    assert [b["tokens"] for b in index["buckets"]] == [1, 32] and index["tp"] == 2
+    assert all(b["verified"] for b in index["buckets"])
+    assert all((out / b["plan"]).is_file() for b in index["buckets"])
+    assert "not validated against measurements" in result.output

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ..errors import InputError
-from .options import EXIT_FAILED, chosen_dialect, workload_from
+from .options import EXIT_FAILED, WORKLOAD_KEYS, chosen_dialect, workload_from
 
 TP_HELP = ("Tensor parallelism: shard the --mlp over N NeuronCores (Megatron-style: gate/up split by columns of "
            "the intermediate dimension, down by rows, partial sums all-reduced), choose the sharding of the SVD "
@@ -23,7 +23,7 @@ STRATEGY_HELP = ("With --tp: use this sharding instead of searching them all: GA
                  "replicate-u, factor-shard and DOWN one of reduce-output, reduce-rank, factor-shard "
                  "(docs/tensor-parallel.md); 'megatron' for a --dense MLP.")
 #: Options of ``tune`` that take one kernel on one core (they have no meaning for a sharded MLP yet).
-SINGLE_KERNEL = ("model", "storage", "lock_path", "report_dir", "timeout")
+SINGLE_KERNEL = ("storage", "lock_path", "report_dir", "timeout")
 
 
 def tp_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -56,7 +56,6 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
         raise InputError("--tp compiles every rank's kernel under its default schedule (emit, cost, explain) or "
                          "tunes it (tune); drop --schedule/--param/--pipeline")
     target = get_target(kw["target"])
-    workload = workload_from(kw, kw["target"])
     dialect = chosen_dialect(kw.get("dialect", "auto"), kw.get("sdk"), target)
     if command == "tune":
         kernel_fn = commands.tuned_kernels(target, dialect, trials=kw["trials"] or 150, seed=kw["seed"],
@@ -65,6 +64,14 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
                                            cache_dir=kw["cache_dir"], use_cache=not kw["no_cache"])
     else:
         kernel_fn = commands.default_kernels(target, dialect)
+    if kw.get("model"):
+        options = {key: kw[key] for key in WORKLOAD_KEYS}
+        if not commands.run_model_tp(kw["model"], options, tp, target, dialect, kernel_fn, strategy=strategy,
+                                     output=kw["output"], verify=kw["run_verify"], as_json=kw["as_json"],
+                                     echo=click.echo):
+            sys.exit(EXIT_FAILED)
+        return
+    workload = workload_from(kw, kw["target"])
     if command == "explain":
         if kw.get("tuned"):
             raise InputError("explain --tp shows the default schedules; tune --tp searches")

@@ -125,3 +125,63 @@ def explain_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel
         echo(f"\n=== kernel {key} (ranks with this shape run it) ===")
         for line in explain_lines(compiled):
             echo(line)
+
+
+def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, dialect: str, kernel_fn: KernelFn, *,
+                 strategy: str | None, output: str, verify: bool, as_json: bool, echo: Echo) -> bool:
+    """``tune --model M --tokens B --tp N``: one sharded plan per token bucket in ``output/t<tokens>/`` and an
+    ``index.json``; False when --verify found a wrong plan."""
+    from pathlib import Path
+
+    from ..frontends.workloads import mlp_workload
+    from ..io import check_output_dir, write_text_atomic
+    from ..model_tuning import parse_buckets, resolve_model
+    from .plan import write_plan
+
+    given = [k for k, v in options.items() if k not in ("tokens", "keep_ratio", "dtype", "a_layout")
+             and v not in (None, False, ())]
+    if given:
+        raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
+                         ", ".join("--" + k.replace("_", "-") for k in given))
+    if options.get("tokens") is None:
+        raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
+    check_output_dir(output)
+    source = resolve_model(model, options.get("keep_ratio"))
+    config = source.config
+    entries, failures = [], []
+    for tokens in parse_buckets(str(options["tokens"])):
+        workload = mlp_workload(tokens, config.hidden_size, config.intermediate_size, ranks=source.ranks)
+        result = plan_tp(workload, tp, target, dialect, kernel_fn, only=strategy)
+        write_plan(result, dialect, Path(output) / f"t{tokens}")
+        chosen = result.chosen
+        entry = {"tokens": tokens, "plan": f"t{tokens}/plan.json", "strategy": chosen.strategy.name,
+                 "kernel_us": chosen.kernel_us, "comm_us": chosen.comm_us, "total_us": chosen.total_us,
+                 "alternatives": result.alternatives}
+        if verify:
+            from .verify import verify_plan
+
+            report = verify_plan(Path(output) / entry["plan"])
+            entry["verified"] = report.ok
+            if not report.ok:
+                failures.append(f"{entry['plan']}: {report.error}")
+        entries.append(entry)
+    index = {"model": {"name": config.name, "hidden_size": config.hidden_size,
+                       "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers},
+             "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)), "keep_ratio": source.keep_ratio,
+             "tp": tp, "target": target.spec, "dialect": dialect, "buckets": entries,
+             "model_error": trust_note(target), "collectives": UNVALIDATED}
+    write_text_atomic(Path(output) / "index.json", json.dumps(index, indent=2) + "\n")
+    if as_json:
+        echo(json.dumps(index, indent=2))
+    else:
+        echo(f"{config.name} MLP at tp {tp} on {target.label}, ranks {'/'.join(map(str, source.ranks))}:")
+        for e in entries:
+            dense = e["alternatives"].get("dense, nmmc fused MLP + all-reduce") or {}
+            versus = f", dense nmmc MLP + all-reduce {dense['total_us']:.1f} us" if dense else ""
+            echo(f"  {e['tokens']:>6} tokens: {e['strategy']:<28} kernel {e['kernel_us']:.1f} us + comm "
+                 f"{e['comm_us']:.1f} us = {e['total_us']:.1f} us{versus}")
+        echo(f"  model error: {trust_note(target)}; {UNVALIDATED}")
+        echo(f"wrote {Path(output) / 'index.json'}")
+    for failure in failures:
+        echo(f"VERIFICATION FAILED: {failure}", err=True)
+    return not failures
