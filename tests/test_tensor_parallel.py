@@ -199,3 +199,39 @@ def test_tune_model_tp_writes_one_plan_per_bucket(tmp_path):
     assert all(b["verified"] for b in index["buckets"])
     assert all((out / b["plan"]).is_file() for b in index["buckets"])
     assert "not validated against measurements" in result.output
+
+
+def test_compress_tp_writes_each_ranks_own_factors_in_the_plans_layout(tmp_path):
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    hidden, inter = 256, 768
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": hidden,
+                                                   "intermediate_size": inter, "num_hidden_layers": 1,
+                                                   "torch_dtype": "float32"}))
+    rng = np.random.default_rng(0)
+    weights = {"gate": rng.standard_normal((inter, hidden)), "up": rng.standard_normal((inter, hidden)),
+               "down": rng.standard_normal((hidden, inter))}
+    save_file({f"model.layers.0.mlp.{p}_proj.weight": w.astype(np.float32) for p, w in weights.items()},
+              str(model / "model.safetensors"))
+    out = tmp_path / "factors"
+    _run(["compress", str(model), "--keep-ratio", "0.8", "--tp", "2", "-o", str(out)])
+    shards = json.loads((out / "tp2" / "shards.json").read_text())
+    assert shards["intermediate_shards"] == [{"rank": 0, "start": 0, "stop": 384},
+                                             {"rank": 1, "start": 384, "stop": 768}]
+    assert shards["factor_shard"]["layers"][0]["factor_shard_ranks"] == {"gate": [128, 128], "up": [128, 128],
+                                                                         "down": [128, 128]}
+    rank1 = load_file(str(out / "tp2" / "layer_000.rank1.safetensors"))
+    u, v = rank1["model.layers.0.mlp.gate_proj.u"], rank1["model.layers.0.mlp.gate_proj.v"]
+    block = weights["gate"].T[:, 384:]
+    optimal = np.linalg.svd(block, compute_uv=False)
+    best = np.sqrt(np.sum(optimal[128:] ** 2)) / np.linalg.norm(block)
+    assert np.linalg.norm(block - u.astype(np.float64) @ v) / np.linalg.norm(block) == pytest.approx(best, rel=1e-4)
+    # the same shapes as the plan of that MLP's factor-shard strategy names
+    sharded = shard_mlp(mlp_workload(1, hidden, inter, ranks=(128, 128, 128)), 2, Strategy("factor-shard",
+                                                                                         "factor-shard"))
+    assert sharded.factors["u_gate.r1"].shape == u.shape and sharded.factors["v_gate.r1"].shape == v.shape
+    down = rank1["model.layers.0.mlp.down_proj.u"]
+    assert sharded.factors["u_down.r1"].shape == down.shape
