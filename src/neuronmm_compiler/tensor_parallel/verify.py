@@ -222,7 +222,7 @@ def _run(plan: dict[str, Any], workload: MlpWorkload, workloads: dict[str, Any],
     if unsharded:
         graph = unsharded_graph(workload)
         expected = evaluate(graph, {n.name: arrays[n.name] for n in graph.inputs()})["out"]
-        report.reference = "the unsharded MLP on the unsharded factors"
+        report.reference = "the unsharded MLP on the unsharded weights"
     else:
         expected = evaluate(combined, combined_inputs)["out"]
         report.reference = "the MLP of the shards' own factors (all ranks, all-reduce as a sum)"
