@@ -36,7 +36,7 @@ MODELS = {"llama3.1-8b": (4096, 14336), "llama3.2-3b": (3072, 8192)}  # hidden, 
 SHORT = {"replicate-u": "repU", "factor-shard": "own", "reduce-output": "AR-out", "reduce-rank": "AR-rank"}
 
 
-def run_case(args: tuple[str, int, int, str, int]) -> list[str]:
+def run_case(args: tuple[str, int, int, str, int]) -> tuple[list[str], dict]:
     model, tokens, tp, target_name, trials = args
     hidden, intermediate = MODELS[model]
     target = get_target(target_name)
@@ -65,6 +65,33 @@ def run_case(args: tuple[str, int, int, str, int]) -> list[str]:
         speedup = alt["total_us"] / result.chosen.total_us
         lines.append(f"{head} {name:<22} {alt['kernel_us']:>10.1f} {alt['comm_us']:>8.1f} {alt['total_us']:>10.1f} "
                      f"{out.comm_bytes / 1024 if out else 0:>10.1f} {'-':>8}  choice: {speedup:.2f}x its speed")
+    summary = {"chosen": result.chosen.strategy.name,
+               "vs": {label: None if alt is None else alt["total_us"] / result.chosen.total_us
+                      for label, alt in result.alternatives.items()},
+               "rank_beats_output": [by_name[f"{g}/reduce-rank"].total_us < by_name[f"{g}/reduce-output"].total_us
+                                     for g in ("replicate-u", "factor-shard")
+                                     if f"{g}/reduce-rank" in by_name and f"{g}/reduce-output" in by_name]}
+    return lines, summary
+
+
+def summary_lines(summaries: list[dict]) -> list[str]:
+    """How often each strategy is chosen, the choice against each alternative, reduce-rank against reduce-output."""
+    import math
+    from collections import Counter
+
+    lines = ["summary:"]
+    for name, count in Counter(s["chosen"] for s in summaries).most_common():
+        lines.append(f"  chosen {count:>3} of {len(summaries)}: {name}")
+    for label in summaries[0]["vs"]:
+        ratios = [s["vs"][label] for s in summaries if s["vs"][label]]
+        if ratios:
+            mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+            slower = sum(r < 1 for r in ratios)
+            lines.append(f"  choice vs {label}: geometric mean {mean:.2f}x, min {min(ratios):.2f}x, max "
+                         f"{max(ratios):.2f}x; the alternative is predicted faster at {slower} of {len(ratios)}")
+    pairs = [b for s in summaries for b in s["rank_beats_output"]]
+    lines.append(f"  reduce-rank faster than reduce-output (same gate/up strategy) at {sum(pairs)} of {len(pairs)} "
+                 "pairs")
     return lines
 
 
@@ -82,10 +109,13 @@ def main() -> int:
     print(f"{'model':<12} {'tok':>5} {'tp':>3} {'tgt':<5} {'strategy (gate-up/down)':<22} {'kernel us':>10} "
           f"{'comm us':>8} {'total us':>10} {'comm KiB':>10} {'rank/out':>8}")
     print("-" * 112)
+    summaries = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for lines in pool.map(run_case, cases):
+        for lines, summary in pool.map(run_case, cases):
             print("\n".join(lines), flush=True)
             print()
+            summaries.append(summary)
+    print("\n".join(summary_lines(summaries)))
     print("strategies: repU = U replicated, V split by columns; own = each shard factorised on its own (rank a "
           "multiple of 128 keeping the unsharded fraction of parameters); AR-out = U_down split by rows, V_down "
           "replicated, all-reduce of the tokens x hidden output; AR-rank = all-reduce of the tokens x r "

@@ -235,3 +235,18 @@ def test_compress_tp_writes_each_ranks_own_factors_in_the_plans_layout(tmp_path)
     assert sharded.factors["u_gate.r1"].shape == u.shape and sharded.factors["v_gate.r1"].shape == v.shape
     down = rank1["model.layers.0.mlp.down_proj.u"]
     assert sharded.factors["u_down.r1"].shape == down.shape
+
+
+def test_each_ranks_counted_bytes_equal_the_cost_models(tmp_path):
+    workload = mlp_workload(32, 256, 640, keep_ratio=0.8)
+    result = plan_tp(workload, 3, TRN1, "neuronxcc", default_kernels(TRN1, "neuronxcc"),
+                     only="replicate-u/reduce-rank")
+    from neuronmm_compiler.tensor_parallel.plan import write_plan
+
+    write_plan(result, "neuronxcc", tmp_path)
+    report = verify_plan(tmp_path / "plan.json")
+    assert report.ok
+    for program, counted in zip(result.chosen.sharded.ranks, report.per_rank, strict=True):
+        kernels = [result.chosen.kernels[s.key].cost for s in program.steps if isinstance(s, KernelStep)]
+        assert counted["total_hbm_bytes_read"] == sum(c.hbm_bytes_read for c in kernels)
+        assert counted["total_hbm_bytes_written"] == sum(c.hbm_bytes_written for c in kernels)
