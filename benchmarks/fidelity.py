@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from neuronmm_compiler.calibration.fidelity import assess
-from neuronmm_compiler.calibration.fit import DEFAULT_FIT
+from neuronmm_compiler.calibration.fit import PUBLISHED_FIT
 from neuronmm_compiler.calibration.published import load_rows
 from neuronmm_compiler.targets import get_target
 
@@ -32,7 +32,7 @@ def _pct(value: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(ROOT / "benchmarks" / "published"))
-    parser.add_argument("--fit", nargs="+", default=list(DEFAULT_FIT), help="parameters to fit")
+    parser.add_argument("--fit", nargs="+", default=list(PUBLISHED_FIT), help="parameters to fit")
     parser.add_argument("--json", default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
 

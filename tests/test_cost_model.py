@@ -141,3 +141,24 @@ def test_tuned_is_never_slower_than_the_baseline_preset():
         problem = GemmProblem(*shape)
         base = estimate(lower_gemm(problem, preset("aws-fully-optimized", problem), TRN1), TRN1)
         assert tune_gemm(problem, TRN1, trials=60).best.latency_us <= base.latency_us
+
+
+@pytest.mark.parametrize("name", ["aws-tiled", "aws-fully-optimized"])
+@pytest.mark.parametrize("target_name", ["trn1", "trn2"])
+def test_the_printed_formulas_are_the_computed_ones(name, target_name):
+    """explain prints sympy expressions; estimate evaluates plain Python. Both must give the same times."""
+    import sympy as sp
+
+    from neuronmm_compiler.cost_model.formulas import TERMS, symbolic
+
+    target = get_target(target_name)
+    problem = GemmProblem(1000, 1536, 700)
+    cost = estimate(lower_gemm(problem, preset(name, problem), target), target)
+    terms, latency, bound = symbolic()
+    assert tuple(terms) == TERMS
+    values = {sp.Symbol(k, nonnegative=True): v for k, v in cost.values.items()}
+    for term, expr in terms.items():
+        assert float(expr.subs(values)) == pytest.approx(cost.values[term], rel=1e-12), term
+    times = {sp.Symbol(k): cost.values[k] for k in terms}
+    assert float(latency.subs(times)) == pytest.approx(cost.latency_us, rel=1e-12)
+    assert float(bound.subs(values)) == pytest.approx(cost.lower_bound_us, rel=1e-12)

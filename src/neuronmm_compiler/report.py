@@ -8,11 +8,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import sympy as sp
-
 from .codegen.printer import NkiPrinter
-from .cost_model import FORMULAS, LATENCY, LOWER_BOUND, CostReport
-from .cost_model.trust import trust_dict, trust_note
+from .cost_model import CostReport
+from .cost_model.formulas import symbolic
+from .cost_model.trust import trust_dict, trust_note, typical_range
 from .driver import Compiled, Costed, Lowered, Tuned
 from .frontends.workloads import Workload
 from .ir import to_text
@@ -47,25 +46,31 @@ def cost_lines(cost: CostReport) -> list[str]:
     ]
 
 
-def _fmt(expr: sp.Expr) -> str:
+def _fmt(expr: Any) -> str:
+    import sympy as sp
+
     return sp.sstr(expr)
 
 
 def _formula_lines(cost: CostReport) -> list[str]:
     """The model's symbols with their values, then each formula and its value."""
+    import sympy as sp
+
+    formulas, latency, lower_bound = symbolic()
     values = cost.values
-    symbols = sorted({str(sym) for expr in FORMULAS.values() for sym in expr.free_symbols})
+    symbols = sorted({str(sym) for expr in formulas.values() for sym in expr.free_symbols})
     lines = ["symbols:", *(f"  {name:<18} = {values[name]:.6g}" for name in symbols), "formulas (microseconds):"]
-    for name, expr in FORMULAS.items():
+    for name, expr in formulas.items():
         lines.append(f"  {name} = {_fmt(expr)}")
         lines.append(f"  {' ' * len(name)} = {values[name]:.3f}")
-    lines.append(f"  latency = {_fmt(LATENCY)} = {cost.latency_us:.3f}  ({cost.bound}-bound)")
-    lines.append(f"  lower_bound = {_fmt(LOWER_BOUND)}")
+    lines.append(f"  latency = {_fmt(latency)} = {cost.latency_us:.3f}  ({cost.bound}-bound)")
+    lines.append(f"  lower_bound = {_fmt(lower_bound)}")
     terms = []
-    for term in LOWER_BOUND.args:  # in the order the formula prints them
+    peak = next(term for term in lower_bound.args if isinstance(term, sp.Max))
+    for term in peak.args:  # in the order the formula prints them
         num, den = sp.fraction(term)
         terms.append(f"{values[str(num)]:.6g} / {values[str(den)]:.6g}")
-    lines.append(f"  {' ' * 11} = max({', '.join(terms)}) = {cost.lower_bound_us:.3f}")
+    lines.append(f"  {' ' * 11} = {values['t_launch']:.6g} + max({', '.join(terms)}) = {cost.lower_bound_us:.3f}")
     return lines
 
 
@@ -110,12 +115,19 @@ def cost_json(workload: Workload, target: Target, costed: Costed) -> dict[str, A
     return data
 
 
-def _row(name: str, cost: CostReport | None, kernels: int | None) -> str:
+def _band(cost: CostReport, target: Target) -> str:
+    """The prediction's typical range (cost_model.trust), e.g. ``101-115``; ``-`` where not validated."""
+    band = typical_range(cost.latency_us, target) if cost.feasible else None
+    return f"{band[0]:.4g}-{band[1]:.4g}" if band is not None else "-"
+
+
+def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target) -> str:
     if cost is None:
         return f"  {name:<34}{'(not modelled)':>12}"
     lat = f"{cost.latency_us:12.2f}" if cost.feasible else f"{'(no fit)':>12}"
     hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
-    return (f"  {name:<34}{lat}  {cost.bound:<9}{hbm:9.2f}{cost.dma_transfers:8d}{cost.sbuf_bytes_per_partition:13d}"
+    return (f"  {name:<34}{lat}{_band(cost, target):>16}  {cost.bound:<9}{hbm:9.2f}{cost.dma_transfers:8d}"
+            f"{cost.sbuf_bytes_per_partition:13d}"
             f"{cost.psum_banks:6d}{kernels or '':>9}")
 
 
@@ -127,11 +139,12 @@ def tune_lines(tuned: Tuned) -> list[str]:
         f"search: {s.method}, {s.trials} trials, {s.evaluated} schedules costed ({s.feasible} fit) "
         f"of {s.space_size}, {s.seconds:.2f} s",
         "",
-        f"  {'':<34}{'latency us':>12}  {'bound':<9}{'HBM MiB':>9}{'DMAs':>8}{'SBUF B/part':>13}{'PSUM':>6}"
-        f"{'kernels':>9}",
-        _row("nmmc tuned", c.cost, len(c.programs)),
-        *(_row(b.label, b.cost, None) for b in tuned.baselines.values()),
-        f"  latencies and speedups are the cost model's: {trust_note(c.target)}",
+        f"  {'':<34}{'latency us':>12}{'typical range':>16}  {'bound':<9}{'HBM MiB':>9}{'DMAs':>8}"
+        f"{'SBUF B/part':>13}{'PSUM':>6}{'kernels':>9}",
+        _row("nmmc tuned", c.cost, len(c.programs), c.target),
+        *(_row(b.label, b.cost, None, c.target) for b in tuned.baselines.values()),
+        f"  latencies and speedups are the cost model's: {trust_note(c.target)}; the typical range is the "
+        f"latency within that typical factor",
         "",
     ]
     for name, speedup in tuned.speedups().items():
@@ -162,6 +175,7 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
                       for name, b in tuned.baselines.items()},
         "speedups": tuned.speedups(),
         "model_error": trust_dict(c.target),
+        "typical_range_us": typical_range(c.cost.latency_us, c.target),
         "search": {**tuned.search.search_summary(), "cached": tuned.search.method == "cache"},
         "top": [{"latency_us": cand.latency_us, "schedule": cand.schedule.as_dict()} for cand in tuned.search.top],
         "output": output,

@@ -74,12 +74,18 @@ FIT_PARAMETERS: dict[str, FitParameter] = {p.name: p for p in (
     FitParameter("matmul_min_cycles", "minimum cycles of one nc_matmul"),
     FitParameter("transpose_min_cycles", "minimum cycles of one TensorE transpose"),
     FitParameter("dma_queues_in_flight", "DMA transfers whose fixed costs overlap"),
+    FitParameter("launch_overhead_us", "fixed time of one standalone kernel launch (us)"),
+    FitParameter("dma_size_scale", "the DMA efficiency curve is read at this times the bytes per partition"),
 )}
 #: What ``nmmc calibrate`` fits unless told otherwise: the estimated figures that move predictions
 #: most. The rest are published per-instruction figures (fit them with --fit when measurements
 #: separate them, e.g. engine_access_cycles from engine_instruction_cycles).
 DEFAULT_FIT: tuple[str, ...] = ("dma_fixed_cost_us", "dma_transpose_efficiency", "dma_bandwidth_efficiency",
                                 "tensor_engine_efficiency", "matmul_fp32_factor", "engine_instruction_cycles")
+#: What benchmarks/fidelity.py fits to the published measurements: the figures those kernels identify (a
+#: standalone launch, small-transfer DMA efficiency, per-transfer DMA cost, TensorEngine efficiency).
+PUBLISHED_FIT: tuple[str, ...] = ("launch_overhead_us", "dma_size_scale", "tensor_engine_efficiency",
+                                  "dma_fixed_cost_us")
 #: Relative forward-difference step of the Jacobian, in the ``log(v)`` coordinates.
 DIFF_STEP = 1e-6
 #: Every value stays within exp(+-LOG_BOUND) (a fraction: at most 1).

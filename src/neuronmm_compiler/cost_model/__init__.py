@@ -3,9 +3,6 @@
 from .counts import ProgramCounts, count_program
 from .footprint import Footprint, check_fits, footprint
 from .model import (
-    FORMULAS,
-    LATENCY,
-    LOWER_BOUND,
     CostReport,
     combine_reports,
     dma_efficiency,
@@ -18,9 +15,6 @@ from .params import COST_MODEL_VERSION, DEFAULT_PARAMS, PARAM_NAMES, ModelParams
 __all__ = [
     "COST_MODEL_VERSION",
     "DEFAULT_PARAMS",
-    "FORMULAS",
-    "LATENCY",
-    "LOWER_BOUND",
     "PARAM_NAMES",
     "CostReport",
     "Footprint",

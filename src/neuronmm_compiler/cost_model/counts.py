@@ -170,15 +170,29 @@ def _edge(body: list[Stmt], env: dict[str, int], reverse: bool,
             if _contains(stmt, anchor):
                 yield from _edge(stmt.body, {**env, stmt.var: trip - 1 if reverse else 0}, reverse, anchor)
                 return
-            yield from instruction_counts([stmt], env)
+            # The first instruction waits only for the first tiles its loop nests load; the epilogue's
+            # loops (the last block's evictions and stores) all follow the last matmul.
+            yield from instruction_counts([stmt], env) if reverse else _first_iteration(stmt, env)
         else:
             yield stmt, env, 1
 
 
+def _first_iteration(loop: Loop, env: dict[str, int]) -> Iterator[tuple[Stmt, dict[str, int], int]]:
+    """The statements of a loop nest's first iteration (each inner loop at its first iteration too)."""
+    inner = {**env, loop.var: 0}
+    for stmt in loop.body:
+        if isinstance(stmt, Loop):
+            if stmt.trip.evaluate(inner) > 0:
+                yield from _first_iteration(stmt, inner)
+        else:
+            yield stmt, inner, 1
+
+
 def edge_counts(program: Program, params: ModelParams, *, reverse: bool) -> ProgramCounts:
-    """Counts of the prologue (``reverse=False``: everything before the first matmul, the work the
-    TensorEngine waits for) or the epilogue (``reverse=True``: everything after the last one). A
-    program without matmuls (an elementwise kernel) is anchored on its first/last engine instruction."""
+    """Counts of the prologue (``reverse=False``: what the first matmul waits for: the statements before it,
+    of each loop nest before it only the first iteration, i.e. the first tiles it loads) or the epilogue
+    (``reverse=True``: everything after the last one). A program without matmuls (an elementwise kernel)
+    is anchored on its first/last engine instruction."""
     has_matmul = any(isinstance(s, Matmul) or (isinstance(s, Loop) and _contains(s, (Matmul,)))
                      for s in program.body)
     anchor: tuple[type, ...] = (Matmul,) if has_matmul else ENGINE_WORK

@@ -1,4 +1,4 @@
-"""The analytic latency model: sympy formulas over a program's counts and the target's constants.
+"""The analytic latency model: the formulas of ``formulas.py`` over a program's counts and the target's constants.
 
 Counting (``counts.py``) turns the loop-nest program into aggregate quantities: TensorEngine
 cycles, Vector/Scalar cycles, DMA transfers and their efficiency-weighted bytes, and the same for
@@ -10,8 +10,8 @@ This module combines them with the target's clocks and bandwidths:
                                                   curve's efficiency for their bytes per partition)
     latency = T_prologue + max(T_pe, T_dma, T_vec, T_act over the steady state) + T_epilogue
 
-The formulas are sympy expressions (printed by ``nmmc explain``) lambdified once into plain
-Python functions for the search. docs/cost_model.md derives each term.
+The formulas are plain Python (``formulas.py``, which also builds them as sympy expressions for
+``nmmc explain``). docs/cost_model.md derives each term.
 """
 
 from __future__ import annotations
@@ -21,56 +21,19 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import sympy as sp
-
 from ..kernel_ir.program import Program
 from ..targets import Target
 from .counts import ProgramCounts, count_program, dma_histogram, edge_counts
 from .footprint import footprint
+from .formulas import latency, lower_bound, steady_times
 from .params import ModelParams, params_of
-
-# ----------------------------------------------------------------------------- symbols and formulas
-S = {name: sp.Symbol(name, nonnegative=True) for name in (
-    "pe_cycles", "vec_cycles", "act_cycles", "n_dma", "eff_bytes",
-    "pro_pe_cycles", "pro_vec_cycles", "pro_n_dma", "pro_eff_bytes",
-    "epi_pe_cycles", "epi_vec_cycles", "epi_n_dma", "epi_eff_bytes",
-    "f_pe", "f_vec", "f_act", "c_dma", "q", "bw", "flops", "hbm_bytes", "compulsory_bytes", "peak_flops_per_us",
-)}
-
-
-def _engine_us(cycles: sp.Expr, ghz: sp.Expr) -> sp.Expr:
-    return cycles / (1000 * ghz)
-
-
-def _dma_us(n: sp.Expr, eff_bytes: sp.Expr, overlap: sp.Expr) -> sp.Expr:
-    return n * S["c_dma"] / overlap + eff_bytes / S["bw"]
-
-
-FORMULAS: dict[str, sp.Expr] = {}
-FORMULAS["T_pe"] = _engine_us(S["pe_cycles"] - S["pro_pe_cycles"] - S["epi_pe_cycles"], S["f_pe"])
-FORMULAS["T_vec"] = _engine_us(S["vec_cycles"] - S["pro_vec_cycles"] - S["epi_vec_cycles"], S["f_vec"])
-FORMULAS["T_act"] = _engine_us(S["act_cycles"], S["f_act"])
-FORMULAS["T_dma"] = _dma_us(S["n_dma"] - S["pro_n_dma"] - S["epi_n_dma"],
-                            S["eff_bytes"] - S["pro_eff_bytes"] - S["epi_eff_bytes"], S["q"])
-# Edge phases: their transfers are issued together (ceil(n/q) rounds of fixed cost), and nothing
-# overlaps them: the TensorEngine waits for the first operands, the last store waits for it.
-FORMULAS["T_prologue"] = (sp.ceiling(S["pro_n_dma"] / S["q"]) * S["c_dma"] + S["pro_eff_bytes"] / S["bw"]
-                          + _engine_us(S["pro_pe_cycles"], S["f_pe"]) + _engine_us(S["pro_vec_cycles"], S["f_vec"]))
-FORMULAS["T_epilogue"] = (sp.ceiling(S["epi_n_dma"] / S["q"]) * S["c_dma"] + S["epi_eff_bytes"] / S["bw"]
-                          + _engine_us(S["epi_pe_cycles"], S["f_pe"]) + _engine_us(S["epi_vec_cycles"], S["f_vec"]))
-_T = {name: sp.Symbol(name) for name in FORMULAS}
-LATENCY = _T["T_prologue"] + sp.Max(_T["T_pe"], _T["T_dma"], _T["T_vec"], _T["T_act"]) + _T["T_epilogue"]
-LOWER_BOUND = sp.Max(S["flops"] / S["peak_flops_per_us"], S["compulsory_bytes"] / S["bw"])
-
-_ARGS = tuple(S.values())
-_COMPILED = {name: sp.lambdify(_ARGS, expr, modules="math") for name, expr in FORMULAS.items()}
-_LATENCY = sp.lambdify(tuple(_T.values()), LATENCY, modules="math")
-_LOWER = sp.lambdify(_ARGS, LOWER_BOUND, modules="math")
 
 
 def dma_efficiency(bytes_per_partition: float, target: Target) -> float:
-    """Fraction of peak DMA bandwidth at this transfer size (log-linear between curve points)."""
+    """Fraction of peak DMA bandwidth at this transfer size (log-linear between curve points), the curve read
+    at the target's ``dma_size_scale`` times the bytes per partition."""
     curve = target.dma_efficiency_curve
+    bytes_per_partition *= target.dma_size_scale
     if bytes_per_partition <= curve[0][0]:
         return curve[0][1] * max(bytes_per_partition, 1) / curve[0][0]
     for (x0, y0), (x1, y1) in itertools.pairwise(curve):
@@ -166,7 +129,7 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
         "c_dma": target.dma_fixed_cost_us, "q": params.dma_queues_in_flight,
         "bw": bw, "flops": counts.flops,
         "hbm_bytes": counts.total_hbm_bytes_read + counts.total_hbm_bytes_written,
-        "compulsory_bytes": compulsory, "peak_flops_per_us": peak,
+        "compulsory_bytes": compulsory, "peak_flops_per_us": peak, "t_launch": target.launch_overhead_us,
     }
     return values, counts
 
@@ -175,10 +138,9 @@ def estimate(program: Program, target: Target, params: ModelParams | None = None
     """Predict the latency of ``program`` on ``target``, with the target's model parameters (a
     calibrated target's fit, else the defaults) unless ``params`` overrides them."""
     values, counts = model_inputs(program, target, params)
-    args = tuple(values[name] for name in S)
-    times = {name: float(fn(*args)) for name, fn in _COMPILED.items()}
-    latency = float(_LATENCY(*(times[name] for name in _T)))
-    lower = float(_LOWER(*args))
+    times = steady_times(values)
+    total = latency(times)
+    lower = lower_bound(values)
     dma_fixed = (values["n_dma"] - values["pro_n_dma"] - values["epi_n_dma"]) * values["c_dma"] / values["q"]
     dma_bytes = times["T_dma"] - dma_fixed
     steady = {"compute": times["T_pe"], "dma": times["T_dma"], "vector": times["T_vec"], "scalar": times["T_act"]}
@@ -194,7 +156,7 @@ def estimate(program: Program, target: Target, params: ModelParams | None = None
     fp = footprint(program, target)
     hbm = counts.total_hbm_bytes_read + counts.total_hbm_bytes_written
     return CostReport(
-        latency_us=latency,
+        latency_us=total,
         bound=bound,
         flops=counts.flops,
         arithmetic_intensity=counts.flops / hbm if hbm else 0.0,

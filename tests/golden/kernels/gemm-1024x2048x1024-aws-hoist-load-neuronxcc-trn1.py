@@ -5,8 +5,8 @@
 # schedule     aws-hoist-load
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=8 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32
 # footprint    SBUF 10240 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    669.3 us on trn1 (memory-bound; cost model v1, lower bound 46.7 us)
-# model error  typically within x1.52, worst x3.96 of 11 published trn1 measurements (3 sources)
+# predicted    715.1 us on trn1 (memory-bound; cost model v2, lower bound 91.4 us)
+# model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn1

@@ -5,8 +5,8 @@
 # schedule     aws-fully-optimized
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=2 tiles_in_block_k=4 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output
 # footprint    SBUF 32768 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    49.8 us on trn1 (overhead-bound; cost model v1, lower bound 15.4 us)
-# model error  typically within x1.52, worst x3.96 of 11 published trn1 measurements (3 sources)
+# predicted    87.4 us on trn1 (overhead-bound; cost model v2, lower bound 60.1 us)
+# model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn1

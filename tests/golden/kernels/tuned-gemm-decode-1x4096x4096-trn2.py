@@ -3,10 +3,10 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=1 N=4096 K=4096, bfloat16, A[M,K]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=4 loop_order=mnk tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
-# footprint    SBUF 16392 of 212992 bytes/partition, PSUM 5 of 8 banks
-# predicted    103.4 us on trn2 (memory-bound; cost model v1, lower bound 92.6 us)
-# model error  typically within x1.25, worst x1.51 of 9 published trn2 measurements (2 sources)
+# parameters   tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
+# footprint    SBUF 135232 of 212992 bytes/partition, PSUM 1 of 8 banks
+# predicted    150.8 us on trn2 (memory-bound; cost model v2, lower bound 137.3 us)
+# model error  typically within x1.06, worst x1.88 of 29 published trn2 measurements (3 sources, cross-validated)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.32 on trn2
@@ -18,7 +18,7 @@
 #     %mm0 = matmul %a, %b : [1, 4096] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1, 4096] bfloat16 layout=row_major\n  %b = input \"b\" [4096, 4096] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1, 4096] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"mnk","tile_k":128,"tile_m":1,"tile_n":512,"tile_order":"mn","tiles_in_block_k":4,"tiles_in_block_m":1,"tiles_in_block_n":4}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1, 4096] bfloat16 layout=row_major\n  %b = input \"b\" [4096, 4096] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1, 4096] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"kmn","tile_k":128,"tile_m":1,"tile_n":512,"tile_order":"mn","tiles_in_block_k":32,"tiles_in_block_m":1,"tiles_in_block_n":4}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -37,44 +37,29 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (1, 4096), f"a: expected shape (1, 4096), got {a.shape}"
     assert tuple(b.shape) == (4096, 4096), f"b: expected shape (4096, 4096), got {b.shape}"
     c = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=4 loop_order=mnk tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
+    # schedule: tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
+    # A^T block: K on partitions, M free (stationary)
+    a_t_tiles = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # A block as stored: M on partitions, K free
+    a_rows = nl.ndarray((1, 1, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a_rows[0:1, 0, 0:4096], src=a[0:1, 0:4096])
+    for bk in range(32):
+        a_t_psum = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_transpose(dst=a_t_psum[0:128, 0:1], data=a_rows[0:1, 0, 128 * bk:128 * bk + 128])
+        nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 0:1], src=a_t_psum[0:128, 0:1])
     for n_blk in range(2):
-        # PSUM accumulators of every output tile the K loop revisits
-        acc_psum__b0 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-        acc_psum__b1 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-        acc_psum__b2 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-        acc_psum__b3 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-        for k_blk in range(8):
-            # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-            # A block as stored: M on partitions, K free
-            a_rows = nl.ndarray((1, 1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=a_rows[0:1, 0, 0:512], src=a[0:1, 512 * k_blk:512 * k_blk + 512])
-            for bk in range(4):
-                a_t_psum = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.psum)
-                nisa.nc_transpose(dst=a_t_psum[0:128, 0:1], data=a_rows[0:1, 0, 128 * bk:128 * bk + 128])
-                nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 0:1], src=a_t_psum[0:128, 0:1])
-            # B block: K on partitions, N free (moving)
-            b_tiles = nl.ndarray((128, 4, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bk in range(4):
-                nisa.dma_copy(dst=b_tiles[0:128, bk, 0:2048], src=b[512 * k_blk + 128 * bk:512 * k_blk + 128 * bk + 128, 2048 * n_blk:2048 * n_blk + 2048])
-            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            for bk in range(4):
-                nisa.nc_matmul(dst=acc_psum__b0[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 0:512])
-            for bk in range(4):
-                nisa.nc_matmul(dst=acc_psum__b1[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 512:1024])
-            for bk in range(4):
-                nisa.nc_matmul(dst=acc_psum__b2[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 1024:1536])
-            for bk in range(4):
-                nisa.nc_matmul(dst=acc_psum__b3[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 1536:2048])
-        # one row of output tiles, packed for a single store
-        c_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-        nisa.tensor_copy(dst=c_rows[0:1, 0:512], src=acc_psum__b0[0:1, 0:512])
-        nisa.tensor_copy(dst=c_rows[0:1, 512:1024], src=acc_psum__b1[0:1, 0:512])
-        nisa.tensor_copy(dst=c_rows[0:1, 1024:1536], src=acc_psum__b2[0:1, 0:512])
-        nisa.tensor_copy(dst=c_rows[0:1, 1536:2048], src=acc_psum__b3[0:1, 0:512])
-        nisa.dma_copy(dst=c[0:1, 2048 * n_blk:2048 * n_blk + 2048], src=c_rows[0:1, 0:2048])
+        # B block: K on partitions, N free (moving)
+        b_tiles = nl.ndarray((128, 32, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bk in range(32):
+            nisa.dma_copy(dst=b_tiles[0:128, bk, 0:2048], src=b[128 * bk:128 * bk + 128, 2048 * n_blk:2048 * n_blk + 2048])
+        # output block, packed for one store per row
+        c_block = nl.ndarray((1, 1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bn in range(4):
+            c_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+            for bk in range(32):
+                nisa.nc_matmul(dst=c_psum[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
+            nisa.tensor_copy(dst=c_block[0:1, 0, 512 * bn:512 * bn + 512], src=c_psum[0:1, 0:512])
+        nisa.dma_copy(dst=c[0:1, 2048 * n_blk:2048 * n_blk + 2048], src=c_block[0:1, 0, 0:2048])
     return c
 
 

@@ -3,10 +3,10 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=3000 N=5000 K=700, bfloat16, A[M,K]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
-# footprint    SBUF 30208 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    293.7 us on trn1 (compute-bound; cost model v1, lower bound 228.3 us)
-# model error  typically within x1.52, worst x3.96 of 11 published trn1 measurements (3 sources)
+# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
+# footprint    SBUF 69632 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted    322.3 us on trn1 (compute-bound; cost model v2, lower bound 273.0 us)
+# model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn1
@@ -18,7 +18,7 @@
 #     %mm0 = matmul %a, %b : [3000, 5000] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [3000, 700] bfloat16 layout=row_major\n  %b = input \"b\" [700, 5000] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [3000, 5000] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"knm","tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":6,"tiles_in_block_m":1,"tiles_in_block_n":4}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [3000, 700] bfloat16 layout=row_major\n  %b = input \"b\" [700, 5000] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [3000, 5000] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"kmn","tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":6,"tiles_in_block_m":16,"tiles_in_block_n":4}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -37,30 +37,34 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (3000, 700), f"a: expected shape (3000, 700), got {a.shape}"
     assert tuple(b.shape) == (700, 5000), f"b: expected shape (700, 5000), got {b.shape}"
     c = nl.ndarray((3000, 5000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
-    for n_blk in nl.static_range(3):
-        # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 6, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bk in nl.static_range(6):
-            b_tiles[0:min(128, 700 - 128 * bk), bk, 0:min(2048, 5000 - 2048 * n_blk)] = nl.load(b[128 * bk:min(128 * bk + 128, 700), 2048 * n_blk:min(2048 * n_blk + 2048, 5000)])
-        for m_blk in nl.static_range(24):
-            # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((128, 6, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-            # A block as stored: M on partitions, K free
-            a_rows = nl.ndarray((128, 1, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
-            a_rows[0:min(128, 3000 - 128 * m_blk), 0, 0:700] = nl.load(a[128 * m_blk:min(128 * m_blk + 128, 3000), 0:700])
+    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32
+    for m_blk in nl.static_range(2):
+        # A^T block: K on partitions, M free (stationary)
+        a_t_tiles = nl.ndarray((128, 6, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # A block as stored: M on partitions, K free
+        a_rows = nl.ndarray((128, 16, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
+            a_rows[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 0:700] = nl.load(a[2048 * m_blk + 128 * bm:min(2048 * m_blk + 128 * bm + 128, 3000), 0:700])
+        for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
             for bk in nl.static_range(6):
                 a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-                a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 128 * m_blk)] = nisa.nc_transpose(a_rows[0:min(128, 3000 - 128 * m_blk), 0, 128 * bk:min(128 * bk + 128, 700)])
-                a_t_tiles[0:min(128, 700 - 128 * bk), bk, 0:min(128, 3000 - 128 * m_blk)] = nl.copy(a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 128 * m_blk)], dtype=nl.bfloat16)
+                a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 2048 * m_blk - 128 * bm)] = nisa.nc_transpose(a_rows[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 128 * bk:min(128 * bk + 128, 700)])
+                a_t_tiles[0:min(128, 700 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 3000 - 2048 * m_blk)] = nl.copy(a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 2048 * m_blk - 128 * bm)], dtype=nl.bfloat16)
+        for n_blk in nl.static_range(5):
+            # B block: K on partitions, N free (moving)
+            b_tiles = nl.ndarray((128, 6, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for bk in nl.static_range(6):
+                b_tiles[0:min(128, 700 - 128 * bk), bk, 0:min(1024, 5000 - 1024 * n_blk)] = nl.load(b[128 * bk:min(128 * bk + 128, 700), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)])
             # output block, packed for one store per row
-            c_block = nl.ndarray((128, 1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bn in nl.static_range(min(4, 10 - 4 * n_blk)):
-                c_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
-                for bk in nl.static_range(6):
-                    c_psum[0:min(128, 3000 - 128 * m_blk), 0:min(512, 5000 - 2048 * n_blk - 512 * bn)] += nisa.nc_matmul(a_t_tiles[0:min(128, 700 - 128 * bk), bk, 0:min(128, 3000 - 128 * m_blk)], b_tiles[0:min(128, 700 - 128 * bk), bk, 512 * bn:min(512 * bn + 512, 5000 - 2048 * n_blk)])
-                c_block[0:min(128, 3000 - 128 * m_blk), 0, 512 * bn:min(512 * bn + 512, 5000 - 2048 * n_blk)] = nl.copy(c_psum[0:min(128, 3000 - 128 * m_blk), 0:min(512, 5000 - 2048 * n_blk - 512 * bn)], dtype=nl.bfloat16)
-            nl.store(c[128 * m_blk:min(128 * m_blk + 128, 3000), 2048 * n_blk:min(2048 * n_blk + 2048, 5000)], value=c_block[0:min(128, 3000 - 128 * m_blk), 0, 0:min(2048, 5000 - 2048 * n_blk)])
+            c_block = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
+                for bn in nl.static_range(4):
+                    c_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
+                    for bk in nl.static_range(6):
+                        c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(256, 5000 - 1024 * n_blk - 256 * bn)] += nisa.nc_matmul(a_t_tiles[0:min(128, 700 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 3000 - 2048 * m_blk)], b_tiles[0:min(128, 700 - 128 * bk), bk, 256 * bn:min(256 * bn + 256, 5000 - 1024 * n_blk)])
+                    c_block[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 256 * bn:min(256 * bn + 256, 5000 - 1024 * n_blk)] = nl.copy(c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(256, 5000 - 1024 * n_blk - 256 * bn)], dtype=nl.bfloat16)
+            for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
+                nl.store(c[2048 * m_blk + 128 * bm:min(2048 * m_blk + 128 * bm + 128, 3000), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)], value=c_block[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 0:min(1024, 5000 - 1024 * n_blk)])
     return c
 
 

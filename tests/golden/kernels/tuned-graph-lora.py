@@ -3,10 +3,10 @@
 #
 # workload     graph lora (examples/graphs/lora.yaml): x[256, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048] -> y[256, 2048], bfloat16
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=4 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=stage1 x_transpose=pe mlp=whole
-# footprint    lora_k0: SBUF 74240 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    90.0 us on trn1 (cost model v1, 1 kernel)
-# model error  typically within x1.52, worst x3.96 of 11 published trn1 measurements (3 sources)
+# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=all x_transpose=pe mlp=whole
+# footprint    lora_k0: SBUF 78592 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted    107.8 us on trn1 (cost model v2, 1 kernel)
+# model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn1
@@ -23,7 +23,7 @@
 #     %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %merged
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph lora {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %w = input \"w\" [2048, 2048] bfloat16 layout=row_major\n  %lora_a = input \"lora_a\" [2048, 16] bfloat16 layout=row_major\n  %lora_b = input \"lora_b\" [16, 2048] bfloat16 layout=row_major\n  %base = matmul %x, %w : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %xa = matmul %x, %lora_a : [256, 16] bfloat16 {acc=xa, group=xa, kernel=k0, orient=transposed, place=sbuf}\n  %delta = matmul %xa, %lora_b : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %merged\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"name":"lora_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"stage1","k_tiles_per_block":0,"mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":128,"weight_block_kib":4,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph lora {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %w = input \"w\" [2048, 2048] bfloat16 layout=row_major\n  %lora_a = input \"lora_a\" [2048, 16] bfloat16 layout=row_major\n  %lora_b = input \"lora_b\" [16, 2048] bfloat16 layout=row_major\n  %base = matmul %x, %w : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %xa = matmul %x, %lora_a : [256, 16] bfloat16 {acc=xa, group=xa, kernel=k0, orient=transposed, place=sbuf}\n  %delta = matmul %xa, %lora_b : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %merged\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"name":"lora_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"all","k_tiles_per_block":0,"mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":128,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -44,7 +44,7 @@ def lora_k0(x, w, lora_a, lora_b):
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
     assert tuple(lora_b.shape) == (16, 2048), f"lora_b: expected shape (16, 2048), got {lora_b.shape}"
     y = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=4 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=stage1 x_transpose=pe mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=all x_transpose=pe mlp=whole
     # w stays in SBUF across token blocks
     w_resident = nl.ndarray((128, 16, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
@@ -53,6 +53,9 @@ def lora_k0(x, w, lora_a, lora_b):
     lora_a_resident = nl.ndarray((128, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
         lora_a_resident[0:128, kt, 0:16] = nl.load(lora_a[128 * kt:128 * kt + 128, 0:16])
+    # lora_b stays in SBUF across token blocks
+    lora_b_resident = nl.ndarray((16, 1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    lora_b_resident[0:16, 0, 0:2048] = nl.load(lora_b[0:16, 0:2048])
     # blocks of tokens
     for m_blk in nl.affine_range(2):
         # x^T strip: features on partitions, tokens free
@@ -72,17 +75,15 @@ def lora_k0(x, w, lora_a, lora_b):
             xa_psum[0:16, 0:128] += nisa.nc_matmul(lora_a_resident[0:128, kt, 0:16], x_strip[0:128, kt, 0:128])
         xa_strip[0:16, 0, 0:128] = nl.copy(xa_psum[0:16, 0:128], dtype=nl.bfloat16)
         # y = merged = (x @ w + xa @ lora_b) (summed in one PSUM accumulator): strips stationary, weights moving
-        for o_blk in nl.affine_range(8):
-            lora_b_block = nl.ndarray((16, 1, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-            lora_b_block[0:16, 0, 0:256] = nl.load(lora_b[0:16, 256 * o_blk:256 * o_blk + 256])
-            # one packed row of output tiles
-            y_rows = nl.ndarray((128, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # one packed row of output tiles
+        y_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bn in nl.affine_range(8):
             merged_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                merged_psum[0:128, 0:256] += nisa.nc_matmul(x_strip[0:128, kt, 0:128], w_resident[0:128, kt, 256 * o_blk:256 * o_blk + 256])
-            merged_psum[0:128, 0:256] += nisa.nc_matmul(xa_strip[0:16, 0, 0:128], lora_b_block[0:16, 0, 0:256])
-            y_rows[0:128, 0:256] = nl.copy(merged_psum[0:128, 0:256], dtype=nl.bfloat16)
-            nl.store(y[128 * m_blk:128 * m_blk + 128, 256 * o_blk:256 * o_blk + 256], value=y_rows[0:128, 0:256])
+                merged_psum[0:128, 0:256] += nisa.nc_matmul(x_strip[0:128, kt, 0:128], w_resident[0:128, kt, 256 * bn:256 * bn + 256])
+            merged_psum[0:128, 0:256] += nisa.nc_matmul(xa_strip[0:16, 0, 0:128], lora_b_resident[0:16, 0, 256 * bn:256 * bn + 256])
+            y_rows[0:128, 256 * bn:256 * bn + 256] = nl.copy(merged_psum[0:128, 0:256], dtype=nl.bfloat16)
+        nl.store(y[128 * m_blk:128 * m_blk + 128, 0:2048], value=y_rows[0:128, 0:2048])
     return y
 
 

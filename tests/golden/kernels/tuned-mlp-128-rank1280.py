@@ -3,10 +3,10 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=128 hidden=2048 intermediate=8192, ranks gate/up/down 1280/1280/1280, bfloat16
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=64 k_tiles_per_block=16 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
+# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=64 k_tiles_per_block=16 out_tile=256 weight_dma=row cache_weights=stage1 x_transpose=pe mlp=whole
 # footprint    svd_mlp_k0: SBUF 150016 of 180224 bytes/partition, PSUM 6 of 8 banks
-# predicted    399.6 us on trn1 (cost model v1, 1 kernel)
-# model error  typically within x1.52, worst x3.96 of 11 published trn1 measurements (3 sources)
+# predicted    439.2 us on trn1 (cost model v2, 1 kernel)
+# model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn1
@@ -30,7 +30,7 @@
 #     %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [128, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [128, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [128, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [128, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [128, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [128, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":16,"mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":128,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [128, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [128, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [128, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [128, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [128, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [128, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [128, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [128, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[128,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[128,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"stage1","k_tiles_per_block":16,"mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":128,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -54,7 +54,15 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert tuple(u_down.shape) == (8192, 1280), f"u_down: expected shape (8192, 1280), got {u_down.shape}"
     assert tuple(v_down.shape) == (1280, 2048), f"v_down: expected shape (1280, 2048), got {v_down.shape}"
     out = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=64 k_tiles_per_block=16 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=64 k_tiles_per_block=16 out_tile=256 weight_dma=row cache_weights=stage1 x_transpose=pe mlp=whole
+    # u_gate stays in SBUF across token blocks
+    u_gate_resident = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in nl.affine_range(16):
+        u_gate_resident[0:128, kt, 0:1280] = nl.load(u_gate[128 * kt:128 * kt + 128, 0:1280])
+    # u_up stays in SBUF across token blocks
+    u_up_resident = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in nl.affine_range(16):
+        u_up_resident[0:128, kt, 0:1280] = nl.load(u_up[128 * kt:128 * kt + 128, 0:1280])
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
@@ -67,96 +75,90 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
-    u_gate_block = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in nl.affine_range(16):
-        u_gate_block[0:128, kt, 0:1280] = nl.load(u_gate[128 * kt:128 * kt + 128, 0:1280])
     # loops over ft unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 0:128], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 0:128], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 0, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 128:256], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 128:256], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 1, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 256:384], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 256:384], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 2, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 384:512], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 384:512], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 3, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 512:640], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 512:640], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 4, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 640:768], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 640:768], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 5, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 768:896], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 768:896], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 6, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 896:1024], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 896:1024], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 7, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 1024:1152], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 1024:1152], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 8, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_ug_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_block[0:128, kt, 1152:1280], x_strip[0:128, kt, 0:128])
+        x_ug_psum[0:128, 0:128] += nisa.nc_matmul(u_gate_resident[0:128, kt, 1152:1280], x_strip[0:128, kt, 0:128])
     x_ug_strip[0:128, 9, 0:128] = nl.copy(x_ug_psum[0:128, 0:128], dtype=nl.bfloat16)
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
-    u_up_block = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in nl.affine_range(16):
-        u_up_block[0:128, kt, 0:1280] = nl.load(u_up[128 * kt:128 * kt + 128, 0:1280])
     # loops over ft unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 0:128], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 0:128], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 0, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 128:256], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 128:256], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 1, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 256:384], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 256:384], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 2, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 384:512], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 384:512], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 3, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 512:640], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 512:640], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 4, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 640:768], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 640:768], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 5, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 768:896], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 768:896], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 6, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 896:1024], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 896:1024], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 7, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 1024:1152], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 1024:1152], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 8, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     x_uu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.affine_range(16):
-        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_block[0:128, kt, 1152:1280], x_strip[0:128, kt, 0:128])
+        x_uu_psum[0:128, 0:128] += nisa.nc_matmul(u_up_resident[0:128, kt, 1152:1280], x_strip[0:128, kt, 0:128])
     x_uu_strip[0:128, 9, 0:128] = nl.copy(x_uu_psum[0:128, 0:128], dtype=nl.bfloat16)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
