@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cost_model.collectives import UNVALIDATED
-from ..cost_model.trust import trust_note
+from ..cost_model.trust import trust_note, typical_range
 from ..driver import Compiled
 from ..errors import InputError
 from ..frontends.workloads import Workload
@@ -79,6 +79,9 @@ def result_lines(result: TpResult) -> list[str]:
     for step in chosen.collectives:
         lines.append(f"  chosen collective: {step.op} of {step.tensor_bytes} bytes over {step.ranks} ranks, "
                      f"{step.bytes_sent_per_rank:.0f} bytes sent per rank")
+    band = typical_range(chosen.kernel_us, result.target)
+    if band is not None:
+        lines.append(f"  chosen kernel time typically {band[0]:.1f}-{band[1]:.1f} us (model error's typical factor)")
     lines.append(f"  kernel latencies are the cost model's; model error: {trust_note(result.target)}")
     lines.append(f"  {UNVALIDATED}")
     return [line for line in lines if line]
