@@ -146,7 +146,8 @@ def test_verify_fails_when_a_rank_reads_the_wrong_slice(tmp_path):
 
 def test_tune_tp_writes_the_chosen_plan_and_verifies(tmp_path):
     out = tmp_path / "tuned"
-    result = _run(["tune", *SMALL, "--tokens", "1", "--tp", "2", "--no-cache", "--verify", "-o", str(out)])
+    result = _run(["tune", *SMALL, "--tokens", "1", "--tp", "2", "--no-cache", "--trials", "5", "--method", "optuna",
+                   "--verify", "-o", str(out)])
     assert "<- chosen" in result.output and "not validated against measurements" in result.output
     assert "model error" in result.output or "typically within" in result.output
     assert "OK: relative error" in result.output
@@ -193,7 +194,7 @@ def test_tune_model_tp_writes_one_plan_per_bucket(tmp_path):
                                   "num_hidden_layers": 2, "torch_dtype": "bfloat16"}))
     out = tmp_path / "kernels"
     result = _run(["tune", "--model", str(config), "--keep-ratio", "0.8", "--tokens", "1,32", "--tp", "2",
-                   "--no-cache", "--verify", "-o", str(out)])
+                   "--no-cache", "--trials", "5", "--method", "optuna", "--verify", "-o", str(out)])
     index = json.loads((out / "index.json").read_text())
     assert [b["tokens"] for b in index["buckets"]] == [1, 32] and index["tp"] == 2
     assert all(b["verified"] for b in index["buckets"])
