@@ -442,3 +442,75 @@ def get_target(spec: str) -> Target:
     known = ", ".join(sorted(TARGETS))
     raise UnknownNameError(f"unknown target {spec!r}; known targets: {known}, or a calibrated target file "
                            "written by 'nmmc calibrate'")
+
+# ----------------------------------------------------------------------------- collectives (tensor parallelism)
+# A separate block of the hardware table, read only by cost_model/collectives.py and tensor_parallel/: the
+# interconnect a tensor-parallel group of NeuronCores talks over. Every figure names its source; the
+# estimates say so. None of it is validated against measured collectives (docs/tensor-parallel.md).
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """The NeuronLink fabric of one instance type, as the collective cost model sees it: a ring over the
+    instance's NeuronCores (one rank per core), each rank sending at ``link_gbytes_per_s_per_rank`` per
+    direction, and a fixed latency per ring step."""
+
+    instance: str  # the instance type the figures are for
+    link: str  # NeuronLink generation
+    ranks_per_instance: int  # NeuronCores of the instance: the largest tensor-parallel group within it
+    link_gbytes_per_s_per_chip: float  # published device-to-device bandwidth of one chip (all links together)
+    step_latency_us: float  # fixed cost of one ring step (estimate, see the entries)
+    topology: str = "ring"  # the collective algorithm modelled (ring all-reduce = reduce-scatter + all-gather)
+    source: str = ""
+
+    def gbytes_per_s_per_rank(self, cores_per_chip: int) -> float:
+        """Bandwidth one rank gets in one direction: the chip's figure halved (we read it as the sum over both
+        directions, the conservative reading) and shared by the chip's cores, which all send at once in a
+        tensor-parallel collective."""
+        return self.link_gbytes_per_s_per_chip / 2.0 / cores_per_chip
+
+
+INTERCONNECTS: dict[str, Interconnect] = {
+    # AWS Neuron docs, "Amazon EC2 Trn1/Trn1n Architecture" (about-neuron/arch/neuron-hardware/trn1-arch),
+    # instance table, column "NeuronLink-v2 device-to-device (GiB/sec/device)": trn1.32xlarge 384,
+    # trn1n.32xlarge 768; 16 Trainium chips x 2 NeuronCore-v2 = 32 cores; chips in a 2D torus (older pages of
+    # the same doc say 4D hypercube: the sources disagree on the topology; a ring embeds in either). We take
+    # trn1.32xlarge's 384 GiB/s (the smaller figure: conservative).
+    "trn1": Interconnect(
+        instance="trn1.32xlarge", link="NeuronLink-v2", ranks_per_instance=32,
+        link_gbytes_per_s_per_chip=384 * GIB / 1e9,
+        # No published per-step latency was found (AWS's "Intra-node Collective Communications" page describes
+        # the Ring, Mesh, KangaRing and RDH algorithms without figures). Estimate: a ring step is at least one
+        # DMA transfer plus a semaphore handshake, ~2x the target's 1.3 us DMA fixed cost, rounded up to 3 us.
+        step_latency_us=3.0,
+        source="awsdocs-neuron about-neuron/arch/neuron-hardware/trn1-arch (instance table); latency: estimate",
+    ),
+    # AWS Neuron docs, "Trainium2 Architecture" (about-neuron/arch/neuron-hardware/trainium2), chip components:
+    # "NeuronLink-v3 for chip-to-chip interconnect provides 1.28 TB/sec bandwidth per chip"; "Best practices for
+    # training on AWS Neuron": a trn2.48xlarge has 16 Trainium2 chips x 8 physical NeuronCores, chips in a
+    # 4 x 4 torus (64 ranks with the default LNC=2; nmmc's trn2 target is one physical NeuronCore-v3, so 128).
+    "trn2": Interconnect(
+        instance="trn2.48xlarge", link="NeuronLink-v3", ranks_per_instance=128,
+        link_gbytes_per_s_per_chip=1280.0,
+        # Estimate as for trn1: ~2x trn2's DMA fixed cost, rounded up. The sources disagree on that cost (AWS's
+        # guide: ~0.6 us per DGE instruction; the fit of issue 13: 1.93 us); we take the larger: 2 x 1.93 -> 4 us.
+        step_latency_us=4.0,
+        source="awsdocs-neuron about-neuron/arch/neuron-hardware/trainium2 (NeuronLink); training/best-practices "
+               "(trn2.48xlarge: 16 chips, 4x4 torus); latency: estimate",
+    ),
+    # AWS Neuron docs, "Trainium3 Architecture" (about-neuron/arch/neuron-hardware/trainium3): "NeuronLink-v4 for
+    # device-to-device interconnect provides 2.56 TB/sec bandwidth per device"; 8 NeuronCore-v4 per chip. The
+    # instance (chips per instance, topology) is not described there: 16 chips assumed as on trn2 (estimate).
+    "trn3": Interconnect(
+        instance="trn3 (16 chips assumed)", link="NeuronLink-v4", ranks_per_instance=128,
+        link_gbytes_per_s_per_chip=2560.0,
+        step_latency_us=4.0,  # estimate, as trn2
+        source="awsdocs-neuron about-neuron/arch/neuron-hardware/trainium3 (NeuronLink); instance size and "
+               "latency: estimates",
+    ),
+}
+
+
+def interconnect_of(target: Target) -> Interconnect:
+    """The interconnect of a target's instance (a calibrated target uses its stock hardware's)."""
+    return INTERCONNECTS[target.name]

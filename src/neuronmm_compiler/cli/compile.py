@@ -26,6 +26,7 @@ from .options import (
     workload_from,
     workload_options,
 )
+from .tp import tp_options
 from .views import echo_lines, schedules_json
 
 
@@ -35,6 +36,7 @@ from .views import echo_lines, schedules_json
 @dialect_option
 @target_option
 @click.option("-o", "--output", required=True, metavar="FILE", help="Kernel file to write ('-' for stdout).")
+@tp_options("emit")
 def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | None, dialect: str, sdk: str | None,
          target: str, output: str, **options: Any) -> None:
     """Emit the NKI kernel(s) of a workload under a schedule preset (GEMM) or the default fused
@@ -59,6 +61,7 @@ def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
 @schedule_options
 @target_option
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@tp_options("cost")
 def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | None, target: str, as_json: bool,
          **options: Any) -> None:
     """Predict the cost of one schedule with the analytic model: latency and what bounds it, HBM
@@ -112,6 +115,7 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-o", "--output", required=True, metavar="FILE",
               help="Kernel file to write ('-' for stdout); with --model, the output directory.")
+@tp_options("tune")
 def tune(target: str, trials: int | None, seed: int, timeout: float | None, method: str,
          exhaustive_threshold: int | None, top_k: int, dialect: str, sdk: str | None, run_verify: bool,
          progress: bool | None,
@@ -154,6 +158,7 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
 @target_option
 @click.option("--tuned", is_flag=True, help="Explain the schedule 'nmmc tune' would pick.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the search, with --tuned.")
+@tp_options("explain")
 def explain(schedule_name: str | None, params: tuple[str, ...], pipeline: str | None, target: str, tuned: bool,
             seed: int, **options: Any) -> None:
     """Show how a workload is compiled: the graph after each pass (with every annotation the passes

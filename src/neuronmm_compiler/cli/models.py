@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from .options import progress_option, show_progress, target_option
+from .tp import tp_compress
 from .views import compress_lines, echo_lines
 
 
@@ -72,6 +73,7 @@ def _stage_bar(enabled: bool):
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @click.option("-o", "--output", required=True, metavar="OUT_DIR", help="Directory for the factors and manifest.json.")
+@tp_compress
 def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | None, rank_up: int | None,
              rank_down: int | None, factor_dtype: str, calibration: str | None, calibration_tokens: int,
              eval_path: str | None, eval_tokens: int, max_ppl_increase: float, sequence_length: int, damping: float,

@@ -10,6 +10,7 @@ import click
 
 from ..support import KNOWN_SDKS, SUPPORT
 from .options import EXIT_FAILED
+from .tp import tp_verify
 from .views import echo_lines, verify_lines
 
 SDK_HELP = (
@@ -34,6 +35,7 @@ SDK_HELP = (
 @click.option("--sdk", default=None, type=click.Choice(KNOWN_SDKS, case_sensitive=False), help=SDK_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (with 'sdk' and 'violations': [{rule, line, message, citation}]).")
+@tp_verify
 def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool) -> None:
     """Run an emitted kernel FILE on random inputs (every kernel of the file, in order), compare with a
     float64 NumPy evaluation of its graph, and print the relative error and, in the interpreter, its
@@ -51,7 +53,10 @@ def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | No
     Exits 0 when the kernel is within tolerance (bf16 1e-2, fp32 1e-5) and violates no NKI rule, 1
     on a mismatch, a violated hardware limit or a violated NKI rule, 2 when FILE is not an nmmc
     kernel, not a regular UTF-8 file of at most 8 MiB, uses Python outside the subset, or the
-    backend's package is missing."""
+    backend's package is missing.
+
+    FILE may also be a tensor-parallel plan (DIR/plan.json from --tp): every rank's kernels run in the
+    interpreter on its slices, the collectives in NumPy; docs/tensor-parallel.md."""
     from ..targets import get_target
     from ..verification import verify_file
 

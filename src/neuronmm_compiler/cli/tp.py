@@ -1,0 +1,144 @@
+"""``--tp N`` on ``nmmc tune``, ``emit``, ``cost`` and ``explain``, and ``nmmc verify`` of a tensor-parallel
+plan. Each is a decorator around the command: with ``--tp 1`` (the default) or a kernel file, the command
+runs exactly as it does without it; otherwise the tensor-parallel orchestration
+(:mod:`neuronmm_compiler.tensor_parallel.commands`) takes over."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..errors import InputError
+from .options import EXIT_FAILED, WORKLOAD_KEYS, chosen_dialect, workload_from
+
+TP_HELP = ("Tensor parallelism: shard the --mlp over N NeuronCores (Megatron-style: gate/up split by columns of "
+           "the intermediate dimension, down by rows, partial sums all-reduced), choose the sharding of the SVD "
+           "factors with the cost model plus the collectives, and write one kernel per rank role and plan.json "
+           "into the -o directory. 1 (the default) compiles the whole MLP on one core, as without --tp.")
+STRATEGY_HELP = ("With --tp: use this sharding instead of searching them all: GATE_UP/DOWN with GATE_UP one of "
+                 "replicate-u, factor-shard and DOWN one of reduce-output, reduce-rank, factor-shard "
+                 "(docs/tensor-parallel.md); 'megatron' for a --dense MLP.")
+#: Options of ``tune`` that take one kernel on one core (they have no meaning for a sharded MLP yet).
+SINGLE_KERNEL = ("storage", "lock_path", "report_dir", "timeout")
+
+
+def tp_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add ``--tp`` and ``--tp-strategy`` to ``command`` (tune, emit, cost, explain)."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(*args: Any, tp: int, tp_strategy: str | None, **kwargs: Any) -> Any:
+            if tp == 1:
+                if tp_strategy is not None:
+                    raise InputError("--tp-strategy chooses how an MLP is sharded: give --tp N with N > 1 too")
+                return fn(*args, **kwargs)
+            return _tensor_parallel(command, tp, tp_strategy, kwargs)
+
+        run = click.option("--tp-strategy", default=None, metavar="GATE_UP/DOWN", help=STRATEGY_HELP)(run)
+        return click.option("--tp", default=1, show_default=True, type=int, metavar="N", help=TP_HELP)(run)
+
+    return decorate
+
+
+def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, Any]) -> None:
+    from ..targets import get_target
+    from ..tensor_parallel import commands
+
+    given = [f"--{name.replace('_path', '').replace('_dir', '').replace('_', '-')}" for name in SINGLE_KERNEL
+             if kw.get(name)]
+    if given:
+        raise InputError(f"{', '.join(given)} take(s) one kernel on one core; not available with --tp yet")
+    if kw.get("schedule_name") or kw.get("params") or kw.get("pipeline"):
+        raise InputError("--tp compiles every rank's kernel under its default schedule (emit, cost, explain) or "
+                         "tunes it (tune); drop --schedule/--param/--pipeline")
+    target = get_target(kw["target"])
+    dialect = chosen_dialect(kw.get("dialect", "auto"), kw.get("sdk"), target)
+    if command == "tune":
+        kernel_fn = commands.tuned_kernels(target, dialect, trials=kw["trials"] or 150, seed=kw["seed"],
+                                           method=None if kw["method"] == "auto" else kw["method"],
+                                           exhaustive_threshold=kw["exhaustive_threshold"],
+                                           cache_dir=kw["cache_dir"], use_cache=not kw["no_cache"])
+    else:
+        kernel_fn = commands.default_kernels(target, dialect)
+    if kw.get("model"):
+        options = {key: kw[key] for key in WORKLOAD_KEYS}
+        if not commands.run_model_tp(kw["model"], options, tp, target, dialect, kernel_fn, strategy=strategy,
+                                     output=kw["output"], verify=kw["run_verify"], as_json=kw["as_json"],
+                                     echo=click.echo):
+            sys.exit(EXIT_FAILED)
+        return
+    workload = workload_from(kw, kw["target"])
+    if command == "explain":
+        if kw.get("tuned"):
+            raise InputError("explain --tp shows the default schedules; tune --tp searches")
+        commands.explain_tp(workload, tp, target, dialect, kernel_fn, strategy, click.echo)
+        return
+    output = kw.get("output") if command != "cost" else None
+    commands.run_tp(workload, tp, target, dialect, kernel_fn, strategy=strategy, output=output,
+                    as_json=bool(kw.get("as_json")), echo=click.echo)
+    if command == "tune" and kw.get("run_verify"):
+        from ..tensor_parallel.verify import verify_plan
+
+        report = verify_plan(output)
+        for line in report.lines(output):
+            click.echo(line)
+        if not report.ok:
+            sys.exit(EXIT_FAILED)
+
+
+def tp_verify(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Let ``nmmc verify`` take a tensor-parallel plan (plan.json, or its directory) as well as a kernel file."""
+
+    @functools.wraps(fn)
+    def run(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool) -> Any:
+        from ..tensor_parallel.plan import is_plan
+
+        if not is_plan(file):
+            return fn(file=file, seed=seed, target=target, backend=backend, sdk=sdk, as_json=as_json)
+        import json
+
+        from ..tensor_parallel.verify import verify_plan
+
+        if backend != "interpreter" or target or sdk:
+            raise InputError("verify of a tensor-parallel plan runs nmmc's interpreter on the plan's target; "
+                             "drop --backend/--target/--sdk")
+        report = verify_plan(file, seed=seed)
+        if as_json:
+            click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+        else:
+            for line in report.lines(file):
+                click.echo(line)
+        sys.exit(0 if report.ok else EXIT_FAILED)
+
+    return run
+
+
+def tp_compress(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--tp`` to ``nmmc compress``: after the compression, the factor shards of a tensor-parallel
+    deployment (``OUT/tp<N>/``, :mod:`neuronmm_compiler.tensor_parallel.shard_factors`)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, tp: int, **kwargs: Any) -> Any:
+        if tp == 1:
+            return fn(*args, **kwargs)
+        from ..tensor_parallel.shard_factors import check_model_tp, shards_note, write_shards
+
+        check_model_tp(kwargs["model_dir"], tp)
+        fn(*args, **kwargs)
+        note = shards_note(bool(kwargs.get("calibration")))
+        if note:
+            click.echo(f"nmmc: warning: {note}", err=True)
+        path = write_shards(kwargs["model_dir"], kwargs["output"], tp)
+        click.echo(f"wrote the factor shards for --tp {tp} to {path} (shards.json maps every layout)",
+                   err=bool(kwargs.get("as_json")))
+        return None
+
+    return click.option("--tp", default=1, show_default=True, type=int, metavar="N",
+                        help="Also write the factor shards of a tensor-parallel deployment over N NeuronCores "
+                             "into OUT/tpN/: each rank's own factorisation of its block of every projection, and "
+                             "shards.json mapping the unsharded factors to each rank's slices "
+                             "(docs/tensor-parallel.md).")(run)

@@ -1,0 +1,190 @@
+"""``--tp N`` (N > 1) of ``nmmc tune``, ``emit``, ``cost`` and ``explain``: plan the sharded MLP, write its
+kernels and plan, print the strategies. ``--tp 1`` never comes here (the commands run as they always did)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ..cost_model.collectives import UNVALIDATED
+from ..cost_model.trust import trust_note, typical_range
+from ..driver import Compiled
+from ..errors import InputError
+from ..frontends.workloads import Workload
+from ..targets import Target
+from .planner import KernelFn, TpResult, plan_tp
+
+Echo = Callable[..., None]
+
+
+def default_kernels(target: Target, dialect: str | None) -> KernelFn:
+    """Compile each per-rank workload under its entry's default schedule (``emit``, ``cost``, ``explain``)."""
+    from ..driver import compile_workload
+
+    memo: dict[Workload, Compiled] = {}
+
+    def compile_one(workload: Workload) -> Compiled:
+        if workload not in memo:
+            memo[workload] = compile_workload(workload, target=target, dialect=dialect)
+        return memo[workload]
+
+    return compile_one
+
+
+def tuned_kernels(target: Target, dialect: str, *, trials: int, seed: int, method: str | None,
+                  exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> KernelFn:
+    """Tune each per-rank workload (answered from the result cache when tuned before)."""
+    from pathlib import Path
+
+    from ..artifacts.cache import ResultCache
+    from ..driver import tune_cached
+
+    cache = ResultCache(Path(cache_dir) if cache_dir else None) if use_cache else None
+    memo: dict[Workload, Compiled] = {}
+
+    def tune_one(workload: Workload) -> Compiled:
+        if workload not in memo:
+            tuned, _ = tune_cached(workload, target=target, dialect=dialect, cache=cache, trials=trials, seed=seed,
+                                   method=method, exhaustive_threshold=exhaustive_threshold)
+            memo[workload] = tuned.compiled
+        return memo[workload]
+
+    return tune_one
+
+
+def result_lines(result: TpResult) -> list[str]:
+    """The strategies' per-rank kernel, communication and total times, the choice and the alternatives."""
+    lines = [f"tensor parallel: {result.workload.describe()}", f"  over {result.tp} ranks of {result.target.label} "
+             f"(intermediate shards {min(result.chosen.sharded.sizes)}..{max(result.chosen.sharded.sizes)})"
+             if result.chosen.sharded else "",
+             f"  {'strategy':<46} {'kernel us':>10} {'comm us':>9} {'total us':>9} {'comm KiB/rank':>14}"]
+    for r in result.results:
+        if r.error is not None:
+            lines.append(f"  {r.strategy.name:<46} does not apply: {r.error}")
+            continue
+        mark = "  <- chosen" if r is result.chosen else ""
+        lines.append(f"  {r.strategy.name:<46} {r.kernel_us:>10.2f} {r.comm_us:>9.2f} {r.total_us:>9.2f} "
+                     f"{r.comm_bytes / 1024:>14.1f}{mark}")
+    for label, alt in result.alternatives.items():
+        text = "not modelled" if alt is None else \
+            f"{alt['kernel_us']:>10.2f} {alt['comm_us']:>9.2f} {alt['total_us']:>9.2f}"
+        lines.append(f"  {label:<46} {text}")
+    chosen = result.chosen
+    for label, alt in result.alternatives.items():
+        if alt is not None:
+            speedup = alt["total_us"] / chosen.total_us
+            lines.append(f"  {chosen.strategy.name} vs {label}: {speedup:.2f}x"
+                         + (" (the dense MLP is predicted faster at this shape)" if speedup < 1 else ""))
+    for step in chosen.collectives:
+        lines.append(f"  chosen collective: {step.op} of {step.tensor_bytes} bytes over {step.ranks} ranks, "
+                     f"{step.bytes_sent_per_rank:.0f} bytes sent per rank")
+    band = typical_range(chosen.kernel_us, result.target)
+    if band is not None:
+        lines.append(f"  chosen kernel time typically {band[0]:.1f}-{band[1]:.1f} us (model error's typical factor)")
+    lines.append(f"  kernel latencies are the cost model's; model error: {trust_note(result.target)}")
+    lines.append(f"  {UNVALIDATED}")
+    return [line for line in lines if line]
+
+
+def result_json(result: TpResult, dialect: str, output: str | None) -> dict[str, Any]:
+    from .plan import plan_dict
+
+    return {**plan_dict(result, dialect), "written_to": output}
+
+
+def run_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel_fn: KernelFn, *, strategy: str | None,
+           output: str | None, as_json: bool, echo: Echo) -> TpResult:
+    """Plan, write the kernels and plan into ``output`` (a directory; None: write nothing), print."""
+    from .plan import write_plan
+
+    if output == "-":
+        raise InputError("--tp writes a directory (one kernel file per rank role and plan.json); give -o DIR")
+    if output is not None:
+        from ..io import check_output_dir
+
+        check_output_dir(output)
+    result = plan_tp(workload, tp, target, dialect, kernel_fn, only=strategy)
+    written = write_plan(result, dialect, output) if output is not None else []
+    if as_json:
+        echo(json.dumps(result_json(result, dialect, output), indent=2))
+        return result
+    for line in result_lines(result):
+        echo(line)
+    for path in written:
+        echo(f"wrote {path}")
+    return result
+
+
+def explain_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel_fn: KernelFn,
+               strategy: str | None, echo: Echo) -> None:
+    """``explain --tp``: the strategies, then each kernel of the chosen one as ``explain`` shows it."""
+    from ..report import explain_lines
+
+    result = plan_tp(workload, tp, target, dialect, kernel_fn, only=strategy)
+    for line in result_lines(result):
+        echo(line)
+    for key, compiled in sorted(result.chosen.kernels.items()):
+        echo(f"\n=== kernel {key} (ranks with this shape run it) ===")
+        for line in explain_lines(compiled):
+            echo(line)
+
+
+def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, dialect: str, kernel_fn: KernelFn, *,
+                 strategy: str | None, output: str, verify: bool, as_json: bool, echo: Echo) -> bool:
+    """``tune --model M --tokens B --tp N``: one sharded plan per token bucket in ``output/t<tokens>/`` and an
+    ``index.json``; False when --verify found a wrong plan."""
+    from pathlib import Path
+
+    from ..frontends.workloads import mlp_workload
+    from ..io import check_output_dir, write_text_atomic
+    from ..model_tuning import parse_buckets, resolve_model
+    from .plan import write_plan
+
+    given = [k for k, v in options.items() if k not in ("tokens", "keep_ratio", "dtype", "a_layout")
+             and v not in (None, False, ())]
+    if given:
+        raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
+                         ", ".join("--" + k.replace("_", "-") for k in given))
+    if options.get("tokens") is None:
+        raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
+    check_output_dir(output)
+    source = resolve_model(model, options.get("keep_ratio"))
+    config = source.config
+    entries, failures = [], []
+    for tokens in parse_buckets(str(options["tokens"])):
+        workload = mlp_workload(tokens, config.hidden_size, config.intermediate_size, ranks=source.ranks)
+        result = plan_tp(workload, tp, target, dialect, kernel_fn, only=strategy)
+        write_plan(result, dialect, Path(output) / f"t{tokens}")
+        chosen = result.chosen
+        entry = {"tokens": tokens, "plan": f"t{tokens}/plan.json", "strategy": chosen.strategy.name,
+                 "kernel_us": chosen.kernel_us, "comm_us": chosen.comm_us, "total_us": chosen.total_us,
+                 "alternatives": result.alternatives}
+        if verify:
+            from .verify import verify_plan
+
+            report = verify_plan(Path(output) / entry["plan"])
+            entry["verified"] = report.ok
+            if not report.ok:
+                failures.append(f"{entry['plan']}: {report.error}")
+        entries.append(entry)
+    index = {"model": {"name": config.name, "hidden_size": config.hidden_size,
+                       "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers},
+             "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)), "keep_ratio": source.keep_ratio,
+             "tp": tp, "target": target.spec, "dialect": dialect, "buckets": entries,
+             "model_error": trust_note(target), "collectives": UNVALIDATED}
+    write_text_atomic(Path(output) / "index.json", json.dumps(index, indent=2) + "\n")
+    if as_json:
+        echo(json.dumps(index, indent=2))
+    else:
+        echo(f"{config.name} MLP at tp {tp} on {target.label}, ranks {'/'.join(map(str, source.ranks))}:")
+        for e in entries:
+            dense = e["alternatives"].get("dense, nmmc fused MLP + all-reduce") or {}
+            versus = f", dense nmmc MLP + all-reduce {dense['total_us']:.1f} us" if dense else ""
+            echo(f"  {e['tokens']:>6} tokens: {e['strategy']:<28} kernel {e['kernel_us']:.1f} us + comm "
+                 f"{e['comm_us']:.1f} us = {e['total_us']:.1f} us{versus}")
+        echo(f"  model error: {trust_note(target)}; {UNVALIDATED}")
+        echo(f"wrote {Path(output) / 'index.json'}")
+    for failure in failures:
+        echo(f"VERIFICATION FAILED: {failure}", err=True)
+    return not failures

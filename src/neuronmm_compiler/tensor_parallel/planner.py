@@ -1,0 +1,165 @@
+"""Choose a tensor-parallel strategy: compile (or tune) every rank's kernels of every strategy, add the
+collectives' cost, and compare with the alternatives a user has (docs/tensor-parallel.md, "Costing").
+
+A rank's kernels and the collectives run in lockstep stages: the group waits for its slowest rank
+before a collective (the reduced tensor is a kernel's last output, so nothing overlaps it), so
+
+    total = sum over stages of (max over ranks of the stage's kernel latencies) + collective costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cost_model.collectives import UNVALIDATED, CollectiveCost, check_group, collective_cost
+from ..driver import Compiled
+from ..errors import InputError
+from ..frontends.workloads import MlpWorkload, Workload
+from ..targets import Target
+from .sharding import CollectiveStep, KernelStep, ShardedMlp, Strategy, check_tp, shard_mlp, strategies
+
+#: Compiles (or tunes) one per-rank workload.
+KernelFn = Callable[[Workload], Compiled]
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+@dataclass
+class StrategyResult:
+    """One strategy's per-rank kernels and predicted time (``error`` says why it does not apply)."""
+
+    strategy: Strategy
+    sharded: ShardedMlp | None = None
+    kernels: dict[str, Compiled] = field(default_factory=dict)
+    kernel_us: float = 0.0
+    collectives: list[CollectiveCost] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def comm_us(self) -> float:
+        return sum(c.total_us for c in self.collectives)
+
+    @property
+    def total_us(self) -> float:
+        return self.kernel_us + self.comm_us
+
+    @property
+    def comm_bytes(self) -> float:
+        """Bytes one rank sends in the strategy's collectives."""
+        return sum(c.bytes_sent_per_rank for c in self.collectives)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"strategy": self.strategy.name, "applies": False, "reason": self.error}
+        return {"strategy": self.strategy.name, "applies": True, "kernel_us": self.kernel_us,
+                "comm_us": self.comm_us, "total_us": self.total_us, "comm_bytes_per_rank": self.comm_bytes,
+                "collectives": [c.as_dict() for c in self.collectives],
+                "kernels": {key: c.cost.latency_us for key, c in sorted(self.kernels.items())}}
+
+
+@dataclass
+class TpResult:
+    """Every strategy of one workload at one group size, the choice, and the alternatives."""
+
+    workload: MlpWorkload
+    tp: int
+    target: Target
+    results: list[StrategyResult]
+    alternatives: dict[str, dict[str, float] | None]  # label -> kernel_us, comm_us, total_us (None: not modelled)
+
+    @property
+    def applicable(self) -> list[StrategyResult]:
+        return [r for r in self.results if r.error is None]
+
+    @property
+    def chosen(self) -> StrategyResult:
+        return min(self.applicable, key=lambda r: r.total_us)
+
+
+def stage_time(sharded: ShardedMlp, kernels: dict[str, Compiled], target: Target
+               ) -> tuple[float, list[CollectiveCost]]:
+    """(kernel time summed over lockstep stages, the collectives' costs) of one sharded MLP."""
+    steps = len(sharded.ranks[0].steps)
+    kernel_us, collectives, pending = 0.0, [], [0.0] * len(sharded.ranks)
+    for index in range(steps):
+        first = sharded.ranks[0].steps[index]
+        if isinstance(first, CollectiveStep):
+            kernel_us += max(pending)
+            pending = [0.0] * len(sharded.ranks)
+            size = DTYPE_BYTES[first.dtype]
+            for dim in first.shape:
+                size *= dim
+            collectives.append(collective_cost(first.op, size, len(first.group), target))
+            continue
+        for rank, program in enumerate(sharded.ranks):
+            step = program.steps[index]
+            assert isinstance(step, KernelStep)
+            pending[rank] += kernels[step.key].cost.latency_us
+    return kernel_us + max(pending), collectives
+
+
+def evaluate_strategy(workload: MlpWorkload, tp: int, strategy: Strategy, target: Target,
+                      kernel_fn: KernelFn) -> StrategyResult:
+    """Shard under ``strategy``, compile each distinct per-rank workload once, cost the stages."""
+    result = StrategyResult(strategy)
+    try:
+        result.sharded = shard_mlp(workload, tp, strategy)
+    except InputError as exc:
+        result.error = str(exc)
+        return result
+    for program in result.sharded.ranks:
+        for step in program.steps:
+            if isinstance(step, KernelStep) and step.key not in result.kernels:
+                result.kernels[step.key] = kernel_fn(step.workload)
+    result.kernel_us, result.collectives = stage_time(result.sharded, result.kernels, target)
+    return result
+
+
+def dense_alternatives(workload: MlpWorkload, tp: int, target: Target, dialect: str,
+                       kernel_fn: KernelFn) -> dict[str, dict[str, float] | None]:
+    """The dense MLP at the same group size: AWS's kernel per projection (SiLU and multiply as their own
+    kernels, as nmmc's ``dense`` baseline) plus the all-reduce, and nmmc's own fused dense MLP plus it."""
+    from ..lowerings import lowering_for
+    from ..lowerings.base import dma_transpose_ok
+
+    dense = MlpWorkload(workload.tokens, workload.hidden, workload.intermediate, None, workload.dtype)
+    megatron = evaluate_strategy(dense, tp, Strategy("dense", "dense"), target, kernel_fn)
+    assert megatron.sharded is not None
+    aws: float | None = 0.0
+    for compiled in megatron.kernels.values():
+        shard = compiled.workload
+        baseline = lowering_for(shard).baselines(shard, target, dma_transpose_ok(shard, target, dialect))["dense"]
+        if baseline.cost is None or not baseline.cost.feasible:
+            aws = None
+            break
+        aws = max(aws or 0.0, baseline.cost.latency_us)
+    comm = megatron.comm_us
+    return {"dense, AWS kernel per projection + all-reduce":
+            None if aws is None else {"kernel_us": aws, "comm_us": comm, "total_us": aws + comm},
+            "dense, nmmc fused MLP + all-reduce":
+            {"kernel_us": megatron.kernel_us, "comm_us": comm, "total_us": megatron.total_us}}
+
+
+def plan_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel_fn: KernelFn,
+            only: str | None = None) -> TpResult:
+    """Evaluate every strategy (or ``only`` the named one) of an MLP over ``tp`` ranks."""
+    if not isinstance(workload, MlpWorkload):
+        raise InputError("--tp shards a gated MLP (--mlp): Megatron-style sharding splits an MLP's intermediate "
+                         "dimension; a GEMM, an SVD chain or a graph file has none nmmc knows how to split")
+    check_tp(tp, workload.intermediate)
+    check_group(target, tp)
+    chosen = strategies(workload)
+    if only is not None:
+        from .sharding import parse_strategy
+
+        chosen = [parse_strategy(only, workload)]
+    results = [evaluate_strategy(workload, tp, s, target, kernel_fn) for s in chosen]
+    if not any(r.error is None for r in results):
+        reasons = "; ".join(f"{r.strategy.name}: {r.error}" for r in results)
+        raise InputError(f"no tensor-parallel strategy applies at --tp {tp}: {reasons}")
+    return TpResult(workload, tp, target, results, dense_alternatives(workload, tp, target, dialect, kernel_fn))
+
+
+def collectives_note() -> str:
+    return UNVALIDATED

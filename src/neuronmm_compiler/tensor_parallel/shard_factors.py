@@ -1,0 +1,99 @@
+"""``nmmc compress --tp N``: the factor shards of a compressed model in the layouts the plan reads.
+
+Next to the unsharded factors (``layer_XXX.safetensors``, docs/compression.md), ``OUT/tp<N>/`` holds
+
+* ``shards.json``: the intermediate columns of every rank, and for each projection how the *unsharded*
+  factors map to the slice-based strategies (``replicate-u``: ``U`` whole, ``V`` columns; ``reduce-*``:
+  ``U`` rows, ``V`` whole), so those strategies need no extra file;
+* ``layer_XXX.rank<i>.safetensors``: rank i's own factors of the ``factor-shard`` strategies, every
+  projection's block of W (gate/up: its columns, down: its rows) factorised on its own with a 128-aligned
+  rank keeping the fraction of parameters the unsharded factors keep (docs/tensor-parallel.md, "Per-shard
+  ranks"). Names ``model.layers.{i}.mlp.{proj}_proj.u`` / ``.v`` as in the unsharded files, [in, out].
+
+The shard factors are a plain SVD of each block: ``--calibration``'s whitening is applied to the unsharded
+factors only (a warning says so).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..io import write_text_atomic
+from ..models import svd
+from ..models.compress import OUTPUT_DTYPES
+from ..models.config import mlp_weight_names, projection_shape
+from ..models.manifest import factor_names, layer_file, read_manifest
+from ..models.weights import WeightReader, write_tensor_file
+from .sharding import check_tp, kept_fraction, shard_rank, shard_sizes
+
+
+def check_model_tp(model_dir: str | Path, tp: int) -> None:
+    """InputError when the model's intermediate size cannot be split ``tp`` ways (before the compression runs)."""
+    from ..models.config import read_config
+
+    check_tp(tp, read_config(model_dir).intermediate_size)
+
+
+def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int) -> Path:
+    """Write ``out_dir/tp<tp>/`` (see the module docstring) for the compression in ``out_dir``; its path."""
+    manifest = read_manifest(out_dir)
+    config = manifest.model
+    sizes = shard_sizes(config.intermediate_size, tp)
+    starts = [sum(sizes[:i]) for i in range(tp)]
+    spans = [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+    directory = Path(out_dir) / f"tp{tp}"
+    directory.mkdir(parents=True, exist_ok=True)
+    reader = WeightReader(model_dir)
+    dtype = OUTPUT_DTYPES[manifest.dtype][0]
+    layers = []
+    for entry in manifest.layers:
+        per_rank: list[dict[str, np.ndarray]] = [{} for _ in range(tp)]
+        own: dict[str, Any] = {}
+        for proj, name in mlp_weight_names(config, entry.layer).items():
+            k, n = projection_shape(config, proj)
+            full = entry.projections[proj].rank
+            if entry.projections[proj].method == "dense":
+                own[proj] = None
+                continue
+            w = reader.read(name, shape=(n, k)).T
+            ranks = []
+            for rank, (start, stop) in enumerate(spans):
+                block = w[:, start:stop] if proj != "down" else w[start:stop, :]
+                shard = shard_rank(block.shape[0], block.shape[1], kept_fraction(k, n, full))
+                if shard is None:
+                    ranks = None
+                    break
+                factors = svd.truncated_svd(block, shard)
+                u_name, v_name = factor_names(entry.layer, proj)
+                per_rank[rank][u_name] = np.ascontiguousarray(factors.u.astype(dtype))
+                per_rank[rank][v_name] = np.ascontiguousarray(factors.v.astype(dtype))
+                ranks.append(shard)
+            own[proj] = ranks
+        for rank in range(tp):
+            if per_rank[rank]:
+                stem = layer_file(entry.layer).removesuffix(".safetensors")
+                write_tensor_file(directory / f"{stem}.rank{rank}.safetensors", per_rank[rank],
+                                  {"nmmc_tp": str(tp), "nmmc_rank": str(rank)})
+        layers.append({"layer": entry.layer, "factor_shard_ranks": own})
+    slices = {"gate": {"replicate-u": {"u": "whole", "v": "columns [start, stop) of the rank"}},
+              "up": {"replicate-u": {"u": "whole", "v": "columns [start, stop) of the rank"}},
+              "down": {"reduce-output/reduce-rank": {"u": "rows [start, stop) of the rank", "v": "whole"}}}
+    index = {"tp": tp, "model": config.name, "intermediate_shards":
+             [{"rank": i, "start": a, "stop": b} for i, (a, b) in enumerate(spans)],
+             "unsharded_factors": "the layer_XXX.safetensors files of this compression", "slices": slices,
+             "factor_shard": {"files": f"tp{tp}/layer_XXX.rank<i>.safetensors", "method": "plain SVD per block",
+                              "layers": layers}}
+    write_text_atomic(directory / "shards.json", json.dumps(index, indent=2) + "\n")
+    return directory
+
+
+def shards_note(calibrated: bool) -> str | None:
+    if calibrated:
+        return ("--tp: the factor-shard blocks are factorised by plain SVD; the --calibration whitening applies to "
+                "the unsharded factors (and the slice-based strategies that read them)")
+    return None
+

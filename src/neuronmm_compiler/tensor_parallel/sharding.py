@@ -1,0 +1,294 @@
+"""Sharding as a graph transformation: a gated MLP (dense or SVD) becomes the graphs each rank of a
+tensor-parallel group runs, the slices of the weights each rank reads, and the collectives between.
+
+Megatron-style: gate and up are column-parallel over the intermediate dimension, down is row-parallel
+and its partial outputs are summed across ranks. For SVD factors there are several legal ways to
+shard (docs/tensor-parallel.md, "Strategies"):
+
+gate/up
+  ``replicate-u``: U replicated, V split by columns (every rank computes the whole x U strip);
+  ``factor-shard``: every rank's column block of W factorised on its own (the rank split across ranks).
+down
+  ``reduce-output``: U split by rows, V replicated, the [tokens, hidden] partial outputs all-reduced;
+  ``reduce-rank``: U split by rows, V replicated, the [tokens, r] partial products h_i U_i all-reduced
+  *before* the multiplication by V (r / hidden of the bytes of ``reduce-output``);
+  ``factor-shard``: every rank's row block of W factorised on its own, the partial outputs all-reduced.
+
+Shards are as even as possible (the first ``I mod N`` ranks get one column more), so a ragged
+intermediate (not a multiple of ``N * 128``) gives ranks whose last tile is ragged, which the
+lowerings handle; ranks with equal shapes form one *role* and share a kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError
+from ..frontends.shapes import block_aligned_rank, mlp_graph
+from ..frontends.workloads import MlpWorkload, Workload, gemm_workload, graph_workload
+from ..ir import Graph
+from ..vocab import ElementwiseOp
+
+GATE_UP_STRATEGIES = ("replicate-u", "factor-shard")
+DOWN_STRATEGIES = ("reduce-output", "reduce-rank", "factor-shard")
+DENSE = "dense"
+#: Tile alignment of a rank (the TensorEngine's partition count): per-shard ranks are multiples of it.
+ALIGN = 128
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How gate/up and down are sharded (``dense``/``dense`` for an uncompressed MLP)."""
+
+    gate_up: str
+    down: str
+
+    @property
+    def name(self) -> str:
+        return "megatron" if self.gate_up == DENSE else f"{self.gate_up}/{self.down}"
+
+
+def strategies(workload: MlpWorkload) -> list[Strategy]:
+    """Every strategy that applies to the workload (one for a dense MLP, six for an SVD MLP)."""
+    if workload.ranks is None:
+        return [Strategy(DENSE, DENSE)]
+    return [Strategy(g, d) for g in GATE_UP_STRATEGIES for d in DOWN_STRATEGIES]
+
+
+def parse_strategy(text: str, workload: MlpWorkload) -> Strategy:
+    """A ``GATE_UP/DOWN`` (or ``megatron``) name as a Strategy of the workload; InputError listing them."""
+    known = {s.name: s for s in strategies(workload)}
+    if text not in known:
+        raise InputError(f"unknown tensor-parallel strategy {text!r} for this MLP; known: {', '.join(known)}")
+    return known[text]
+
+
+def check_tp(tp: object, intermediate: int) -> int:
+    """``tp`` as a validated group size: a positive integer, at most ``intermediate`` (each rank needs at
+    least one column of the intermediate dimension)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise InputError(f"--tp is the number of tensor-parallel ranks and must be a positive integer; got {tp!r}")
+    if tp > intermediate:
+        raise InputError(f"--tp {tp} exceeds the intermediate size {intermediate}: each rank needs at least one "
+                         "column of the intermediate dimension")
+    return tp
+
+
+def shard_sizes(intermediate: int, tp: int) -> list[int]:
+    """The intermediate columns of each rank: as even as possible, the first ``intermediate mod tp`` ranks
+    one more (Megatron splits evenly; an uneven split keeps every rank within one column of the others)."""
+    base, extra = divmod(intermediate, check_tp(tp, intermediate))
+    return [base + (1 if i < extra else 0) for i in range(tp)]
+
+
+def kept_fraction(rows: int, cols: int, rank: int) -> float:
+    """The fraction of a [rows, cols] weight's parameters its rank-``rank`` factors hold."""
+    return rank * (rows + cols) / (rows * cols)
+
+
+def shard_rank(rows: int, cols: int, fraction: float) -> int | None:
+    """The rank of a [rows, cols] shard factorised on its own, keeping ``fraction`` of its parameters like
+    the unsharded factors do, as a whole number of 128-wide tiles (the fused kernel then never pads a
+    rank tile). None when no aligned rank compresses the shard (the rank would not be below
+    ``rows * cols / (rows + cols)``): factorising that shard is pointless and the strategy does not apply."""
+    rank = block_aligned_rank(rows, cols, min(fraction, 1.0), ALIGN)
+    if rank % ALIGN or rank * (rows + cols) >= rows * cols:
+        return None
+    return rank
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Where a kernel argument comes from: a named tensor of the plan (a global input, a per-rank
+    factor, or a collective's result), optionally a [start, stop) slice of its rows or columns."""
+
+    tensor: str
+    rows: tuple[int, int] | None = None
+    cols: tuple[int, int] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tensor": self.tensor}
+        if self.rows is not None:
+            out["rows"] = list(self.rows)
+        if self.cols is not None:
+            out["cols"] = list(self.cols)
+        return out
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    """Run one kernel (a per-rank workload): its graph's inputs bound to operands, its outputs named."""
+
+    key: str  # names the kernel file shared by every rank running the same workload
+    workload: Workload
+    args: dict[str, Operand]
+    outputs: dict[str, str]  # graph output name -> tensor name in the plan
+
+
+@dataclass(frozen=True)
+class CollectiveStep:
+    """A collective over the group: ``op`` of ``tensor`` (``shape``, ``dtype``), result named ``result``."""
+
+    op: str
+    tensor: str
+    result: str
+    shape: tuple[int, ...]
+    dtype: str
+    group: tuple[int, ...]
+
+
+@dataclass
+class RankProgram:
+    """What one rank runs, in order; ``role`` numbers the distinct shapes."""
+
+    rank: int
+    role: int
+    steps: list[KernelStep | CollectiveStep] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Factor:
+    """A weight tensor the plan names: its shape and what it holds (a per-rank factor of a shard says which)."""
+
+    name: str
+    shape: tuple[int, int]
+    holds: str
+
+
+@dataclass
+class ShardedMlp:
+    """The per-rank graphs and collectives of one strategy."""
+
+    workload: MlpWorkload
+    tp: int
+    strategy: Strategy
+    sizes: list[int]
+    factors: dict[str, Factor]
+    ranks: list[RankProgram]
+
+    @property
+    def offsets(self) -> list[int]:
+        out, at = [], 0
+        for size in self.sizes:
+            out.append(at)
+            at += size
+        return out
+
+
+def _partial_graph(tokens: int, hidden: int, cols: int, ranks: tuple[int, int, int], dtype: str) -> Graph:
+    """The rank's graph of ``reduce-rank``: the SVD MLP up to ``z = h U_down`` (no V_down), output ``z``."""
+    graph = Graph("svd_mlp_partial")
+    x = graph.add_input("x", (tokens, hidden), dtype)
+    parts = {"gate": (hidden, cols, ranks[0]), "up": (hidden, cols, ranks[1])}
+    outs = {}
+    for part, (rows, width, rank) in parts.items():
+        u = graph.add_input(f"u_{part}", (rows, rank), dtype)
+        v = graph.add_input(f"v_{part}", (rank, width), dtype)
+        tag = "ug" if part == "gate" else "uu"
+        outs[part] = graph.add_matmul(graph.add_matmul(x, u, id=f"x_{tag}"), v, id=part)
+    act = graph.add_elementwise(ElementwiseOp.SILU, outs["gate"], id="act")
+    h = graph.add_elementwise(ElementwiseOp.MULTIPLY, act, outs["up"], id="h")
+    u_down = graph.add_input("u_down", (cols, ranks[2]), dtype)
+    graph.add_output("z", graph.add_matmul(h, u_down, id="h_ud"))
+    return graph
+
+
+def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
+    """The per-rank programs of ``workload`` over ``tp`` ranks under ``strategy``. InputError when the
+    strategy does not apply (a factor-shard strategy whose shards no aligned rank compresses)."""
+    t, h, inter, dtype = workload.tokens, workload.hidden, workload.intermediate, workload.dtype
+    sizes = shard_sizes(inter, tp)
+    group = tuple(range(tp))
+    factors: dict[str, Factor] = {}
+    programs: list[RankProgram] = []
+    roles: dict[int, int] = {}
+    at = 0
+    for rank, cols in enumerate(sizes):
+        span = (at, at + cols)
+        at += cols
+        role = roles.setdefault(cols, len(roles))
+        program = RankProgram(rank, role)
+        args: dict[str, Operand] = {"x": Operand("x")}
+        if workload.ranks is None:
+            _dense_args(args, factors, h, inter, span, dtype)
+            kernel: Workload = MlpWorkload(t, h, cols, None, dtype)
+            program.steps.append(KernelStep(f"mlp_{cols}", kernel, args, {"out": f"out.r{rank}"}))
+            program.steps.append(CollectiveStep("all_reduce", f"out.r{rank}", "out", (t, h), dtype, group))
+            programs.append(program)
+            continue
+        ranks = _rank_args(args, factors, workload, strategy, rank, span)
+        if strategy.down == "reduce-rank":
+            graph = _partial_graph(t, h, cols, ranks, dtype)
+            kernel = graph_workload(graph, f"tp shard: {cols} intermediate columns")
+            program.steps.append(KernelStep(f"partial_{cols}_{ranks[0]}_{ranks[1]}", kernel, args,
+                                            {"z": f"z.r{rank}"}))
+            program.steps.append(CollectiveStep("all_reduce", f"z.r{rank}", "z", (t, ranks[2]), dtype, group))
+            program.steps.append(KernelStep("down_v", gemm_workload(t, h, ranks[2], dtype=dtype),
+                                            {"a": Operand("z"), "b": Operand("v_down")}, {"c": "out"}))
+        else:
+            kernel = MlpWorkload(t, h, cols, ranks, dtype)
+            program.steps.append(KernelStep(f"mlp_{cols}_{'_'.join(map(str, ranks))}", kernel, args,
+                                            {"out": f"out.r{rank}"}))
+            program.steps.append(CollectiveStep("all_reduce", f"out.r{rank}", "out", (t, h), dtype, group))
+        programs.append(program)
+    return ShardedMlp(workload, tp, strategy, sizes, factors, programs)
+
+
+def _dense_args(args: dict[str, Operand], factors: dict[str, Factor], h: int, inter: int,
+                span: tuple[int, int], dtype: str) -> None:
+    for name, shape in (("w_gate", (h, inter)), ("w_up", (h, inter)), ("w_down", (inter, h))):
+        factors[name] = Factor(name, shape, f"the unsharded {name}")
+    args["w_gate"] = Operand("w_gate", cols=span)
+    args["w_up"] = Operand("w_up", cols=span)
+    args["w_down"] = Operand("w_down", rows=span)
+
+
+def _rank_args(args: dict[str, Operand], factors: dict[str, Factor], workload: MlpWorkload, strategy: Strategy,
+               rank: int, span: tuple[int, int]) -> tuple[int, int, int]:
+    """Bind the rank's factor arguments; return its (gate, up, down) ranks."""
+    assert workload.ranks is not None
+    h, inter = workload.hidden, workload.intermediate
+    cols = span[1] - span[0]
+    out = []
+    for part, full in zip(("gate", "up"), workload.ranks[:2], strict=True):
+        if strategy.gate_up == "replicate-u":
+            factors[f"u_{part}"] = Factor(f"u_{part}", (h, full), f"the unsharded U of {part}")
+            factors[f"v_{part}"] = Factor(f"v_{part}", (full, inter), f"the unsharded V of {part}")
+            args[f"u_{part}"] = Operand(f"u_{part}")
+            args[f"v_{part}"] = Operand(f"v_{part}", cols=span)
+            out.append(full)
+            continue
+        own = shard_rank(h, cols, kept_fraction(h, inter, full))
+        if own is None:
+            raise InputError(f"factor-shard does not apply to {part}: a [{h}, {cols}] shard has no 128-aligned "
+                             "rank below its full rank")
+        for name, shape in ((f"u_{part}.r{rank}", (h, own)), (f"v_{part}.r{rank}", (own, cols))):
+            factors[name] = Factor(name, shape, f"{name[0].upper()} of {part}'s columns {span[0]}:{span[1]} "
+                                                f"factorised on their own, rank {own}")
+        args[f"u_{part}"] = Operand(f"u_{part}.r{rank}")
+        args[f"v_{part}"] = Operand(f"v_{part}.r{rank}")
+        out.append(own)
+    full = workload.ranks[2]
+    if strategy.down == "factor-shard":
+        own = shard_rank(cols, h, kept_fraction(inter, h, full))
+        if own is None:
+            raise InputError(f"factor-shard does not apply to down: a [{cols}, {h}] shard has no 128-aligned "
+                             "rank below its full rank")
+        for name, shape in ((f"u_down.r{rank}", (cols, own)), (f"v_down.r{rank}", (own, h))):
+            factors[name] = Factor(name, shape, f"{name[0].upper()} of down's rows {span[0]}:{span[1]} "
+                                                f"factorised on their own, rank {own}")
+        args["u_down"] = Operand(f"u_down.r{rank}")
+        args["v_down"] = Operand(f"v_down.r{rank}")
+        return out[0], out[1], own
+    factors["u_down"] = Factor("u_down", (inter, full), "the unsharded U of down")
+    factors["v_down"] = Factor("v_down", (full, h), "the unsharded V of down")
+    args["u_down"] = Operand("u_down", rows=span)
+    if strategy.down == "reduce-output":
+        args["v_down"] = Operand("v_down")
+    return out[0], out[1], full
+
+
+def unsharded_graph(workload: MlpWorkload) -> Graph:
+    """The graph the shards together compute when every factor is a slice of one unsharded set."""
+    return mlp_graph(workload.tokens, workload.hidden, workload.intermediate, workload.ranks, workload.dtype)
