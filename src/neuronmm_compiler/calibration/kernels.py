@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..codegen import KernelMetadata, KernelSpec, buffer_specs, read_metadata
-from ..cost_model import estimate
+from ..cost_model import combine_reports, estimate
 from ..driver import relower
 from ..errors import InputError, NmmcError
 from ..ir import parse_text
@@ -50,7 +50,7 @@ class KernelFile:
 
     def predict_us(self, target: Target) -> float:
         """Predicted latency of the whole file in microseconds (its kernels run one after another)."""
-        return sum(estimate(p, target).latency_us for p in self.programs)
+        return combine_reports([estimate(p, target) for p in self.programs]).latency_us
 
 
 def programs_from_metadata(meta: KernelMetadata, target: Target) -> list[Program]:

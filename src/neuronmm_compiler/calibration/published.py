@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from ..cost_model import estimate
+from ..cost_model import combine_reports, estimate
 from ..errors import InputError, NmmcError
 from ..frontends.workloads import Workload, chain_workload, gemm_workload, mlp_workload
 from ..kernel_ir.program import Program
@@ -107,7 +107,7 @@ class PublishedRow:
     def predict_us(self, target: Target) -> float:
         """The cost model's latency of the row's kernels on ``target`` (run one after another); for a
         ``tuned`` row, of the fastest of nmmc's best schedules."""
-        return min(sum(estimate(p, target).latency_us for p in programs)
+        return min(combine_reports([estimate(p, target) for p in programs]).latency_us
                    for programs in (self.alternatives or [self.programs]))
 
 
