@@ -62,16 +62,28 @@ def _point_of_params(spec: SpaceSpec, params: dict[str, Any]) -> dict[str, objec
             for name, values in space.candidates.items()}
 
 
-class _GuessSampler(optuna.samplers.BaseSampler):
-    """``base`` except that the parameters in ``fixed`` take those values: one heuristic guess run
-    as a trial. (``Study.enqueue_trial`` would do the same through a WAITING trial, but on SQLite
-    two processes can both pop one WAITING trial, then both run and tell it.)"""
+class _TrialSampler(optuna.samplers.BaseSampler):
+    """``base`` (a TPE sampler seeded for one trial) except that the parameters in ``fixed`` take
+    those values (one heuristic guess run as a trial: ``Study.enqueue_trial`` would do the same
+    through a WAITING trial, but on SQLite two processes can both pop one WAITING trial, then both
+    run and tell it), and that the relative search space is taken from ``memo`` once known.
 
-    def __init__(self, base: optuna.samplers.BaseSampler, fixed: dict[str, object]) -> None:
-        self._base, self._fixed = base, fixed
+    The relative search space is the intersection of the distributions of the COMPLETE trials
+    (Optuna's ``IntersectionSearchSpace``); every trial of an nmmc study suggests every parameter
+    of one fixed space with the same distributions, so once non-empty it never changes. A fresh
+    sampler per trial would recompute it over every stored trial each time (quadratic in the
+    trials); ``memo``, shared by the trial loop's samplers, keeps the first non-empty one."""
+
+    def __init__(self, base: optuna.samplers.BaseSampler, fixed: dict[str, object] | None,
+                 memo: dict[str, dict[str, Any]]) -> None:
+        self._base, self._fixed, self._memo = base, fixed or {}, memo
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        space = self._base.infer_relative_search_space(study, trial)
+        space = self._memo.get("space")
+        if space is None:
+            space = self._base.infer_relative_search_space(study, trial)
+            if space:
+                self._memo["space"] = space
         return {name: dist for name, dist in space.items() if name not in self._fixed}
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +196,7 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
             _finish(study, t.number, state.FAIL)
     ran = 0
     waiting_since: tuple[int, float] | None = None
+    relative_space: dict[str, dict[str, Any]] = {}
     while timeout is None or time.perf_counter() - started < timeout:
         existing = study.get_trials(deepcopy=False)
         done = sum(t.state == state.COMPLETE for t in existing)
@@ -210,7 +223,7 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
         lane = f"{worker}@{me}" if contended else worker
         sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
             seed=_trial_seed(seed, done, lane), n_startup_trials=n_startup, constant_liar=constant_liar or contended)
-        study.sampler = _GuessSampler(sampler, guess) if guess is not None else sampler
+        study.sampler = _TrialSampler(sampler, guess, relative_space)
         trial = _ask_owned(study, {_OWNER_ATTR: me} if guess is None else {_OWNER_ATTR: me, _GUESS_ATTR: guess})
         cand = None
         try:
