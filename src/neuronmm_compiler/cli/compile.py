@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from ..errors import InputError
-from ..report import cost_json, costed_lines, emit_lines, explain_lines, schedules_lines
 from .options import (
     EXIT_FAILED,
     choice,
@@ -41,6 +40,7 @@ def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     schedule (chains, MLPs, graphs), plus --param overrides."""
     from ..driver import compile_workload
     from ..io import check_output_file, write_output
+    from ..report import emit_lines
 
     if output != "-":
         check_output_file(output)
@@ -65,6 +65,7 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     traffic per tensor, DMA transfers, engine busy times, on-chip footprint and feasibility.
     A schedule that does not fit on chip is reported (feasible: false), not rejected."""
     from ..driver import cost_workload
+    from ..report import cost_json, costed_lines
 
     wl, tgt = compile_inputs(options, target)
     costed = cost_workload(wl, target=tgt, preset=schedule_name, params=parse_params(params), pipeline=pipeline)
@@ -160,6 +161,7 @@ def explain(schedule_name: str | None, params: tuple[str, ...], pipeline: str | 
     wrote), each kernel's loop nest, and the cost model's formulas with the schedule's numbers."""
     from ..driver import compile_workload
     from ..driver import tune as run_search
+    from ..report import explain_lines
 
     wl, tgt = compile_inputs(options, target)
     if tuned and (schedule_name or params or pipeline):
@@ -177,6 +179,7 @@ def schedules(target: str, as_json: bool, **options: Any) -> None:
     """List the named schedules of a workload (a GEMM's presets, a fused graph's default) with
     their parameters and on-chip footprint, and the parameters --param can set."""
     from ..driver import named_schedules
+    from ..report import schedules_lines
     from .views import parameter_rows
 
     wl, tgt = compile_inputs(options, target)

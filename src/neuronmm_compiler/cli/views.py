@@ -5,13 +5,14 @@ of ``nmmc verify``, ``compress``, ``schedules --json``, ``targets``, ``cache lis
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..cost_model.trust import trust_note
-from ..frontends.workloads import Workload
 from ..targets import Target, get_target
+
+if TYPE_CHECKING:
+    from ..frontends.workloads import Workload
 
 
 def echo_lines(lines: Iterable[str]) -> None:
@@ -95,6 +96,8 @@ def compress_lines(manifest: Any, output: str) -> list[str]:
 
 def rank_choice_lines(record: Mapping[str, Any]) -> list[str]:
     """The joint rank choice: objective, predicted latencies, the Pareto front (cost-model predictions)."""
+    from ..cost_model.trust import trust_note
+
     buckets = ",".join(str(b) for b in record["latency"]["buckets"])
     lines = [f"  rank choice: {record['objective']}",
              f"  predicted MLP latency, all layers, summed over token buckets {buckets} on "

@@ -27,9 +27,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, IRError, UnknownNameError
 from ..vocab import ElementwiseOp, Layout, NodeKind
@@ -54,6 +52,9 @@ from .node import (
 )
 from .printing import to_text
 
+if TYPE_CHECKING:
+    import networkx as nx
+
 __all__ = [
     "COMPUTE_KINDS",
     "DTYPES",
@@ -76,8 +77,10 @@ class Graph:
 
     def __init__(self, name: str = "graph") -> None:
         """Create an empty graph; ``name`` must be an identifier (it names the kernel)."""
+        import networkx  # on first use: importing the IR (as ``nmmc --help`` does) does not pay for it
+
         self._name = check_identifier(name, "graph name")
-        self._g: nx.DiGraph = nx.DiGraph()
+        self._g: nx.DiGraph = networkx.DiGraph()
         self._changed()
         self._next_order = 0
         #: Inputs that are views of another HBM array (input id -> that array's name); set by
@@ -240,6 +243,8 @@ class Graph:
     def node_ids(self) -> list[str]:
         """Node ids in topological order, ties broken by insertion order (IRError on a cycle)."""
         if self._order_cache is None:
+            import networkx as nx
+
             try:
                 self._order_cache = list(nx.lexicographical_topological_sort(self._g, key=self._order_key))
             except nx.NetworkXUnfeasible:
@@ -332,6 +337,8 @@ class Graph:
                 f"cannot replace %{old} {format_shape(old_node.shape)} {old_node.dtype} with "
                 f"%{new} {format_shape(new_node.shape)} {new_node.dtype}: shape or dtype differs"
             )
+        import networkx as nx
+
         if nx.has_path(self._g, old, new):
             raise IRError(f"cannot replace %{old} with %{new}: %{new} depends on %{old} (would make a cycle)")
         moved = 0
