@@ -103,6 +103,9 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
               help="Study name in --storage [default: derived from the workload, so a rerun resumes].")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="Local worker processes sharing the study (needs --storage).")
+@click.option("--jobs", default=None, type=click.IntRange(min=1),
+              help="With --model: searches (each bucket's compressed and dense MLP) run at once in this many worker "
+                   "processes; the files are those of --jobs 1 [default: the cores].")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Also write plots of the search (history, parameter importance, roofline) and a summary to DIR.")
 @click.option("--lock", "lock_path", default=None, metavar="LOCKFILE",
@@ -116,7 +119,8 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
 def tune(target: str, trials: int | None, seed: int, timeout: float | None, method: str,
          exhaustive_threshold: int | None, top_k: int, dialect: str, sdk: str | None, run_verify: bool,
          progress: bool | None,
-         model: str | None, storage: str | None, study_name: str | None, workers: int, report_dir: str | None,
+         model: str | None, storage: str | None, study_name: str | None, workers: int, jobs: int | None,
+         report_dir: str | None,
          lock_path: str | None, no_cache: bool, cache_dir: str | None, as_json: bool, output: str,
          **options: Any) -> None:
     """Search the schedule space with the cost model (Optuna TPE, or exhaustive for small spaces),
@@ -124,6 +128,7 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     AWS's fully optimized kernel for a GEMM; for chains and MLPs, the dense computation and the
     unfused SVD factors, each with AWS's kernel per matmul. With --model, do that for a model's MLP
     at every token bucket."""
+    from ..model_tuning import default_jobs as cores
     from ..targets import get_target
     from ..tuning import TuneRequest, run_model_tune, run_tune
 
@@ -132,7 +137,7 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), trials=trials, seed=seed,
                           timeout=timeout,
                           method=None if method == "auto" else method, exhaustive_threshold=exhaustive_threshold,
-                          top_k=top_k, storage=storage, study_name=study_name, workers=workers,
+                          top_k=top_k, storage=storage, study_name=study_name, workers=workers, jobs=jobs or cores(),
                           cache_dir=cache_dir, use_cache=not no_cache, progress=show_progress(progress, as_json))
     if model is not None:
         if lock_path or report_dir or storage:

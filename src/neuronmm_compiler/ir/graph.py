@@ -107,6 +107,14 @@ class Graph:
         self._order_cache: list[str] | None = None
         self._node_cache: dict[str, Node] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the caches (a Node's mappings are read-only proxies, which do not pickle)."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("_order_cache", "_node_cache")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._changed()
+
     def _fresh_id(self, base: str, numbered: bool) -> str:
         if not numbered and base not in self._g:
             return base
