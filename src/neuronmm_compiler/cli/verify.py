@@ -34,7 +34,11 @@ SDK_HELP = (
 @click.option("--sdk", default=None, type=click.Choice(KNOWN_SDKS, case_sensitive=False), help=SDK_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (with 'sdk' and 'violations': [{rule, line, message, citation}]).")
-def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool) -> None:
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Refuse, before anything runs, a file whose verification is estimated to need more memory than "
+                   "this (e.g. 1.5G, 800M; MiB without a unit) [default: no limit].")
+def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool,
+           max_memory: str | None) -> None:
     """Run an emitted kernel FILE on random inputs (every kernel of the file, in order), compare with a
     float64 NumPy evaluation of its graph, and print the relative error and, in the interpreter, its
     counters (HBM bytes, DMA transfers, matmuls, peak SBUF/PSUM).
@@ -54,9 +58,10 @@ def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | No
     backend's package is missing."""
     from ..targets import get_target
     from ..verification import verify_file
+    from ..verification.memory import parse_size
 
     report = verify_file(file, seed=seed, target=get_target(target) if target else None, backend=backend,
-                         rules=True, sdk=sdk)
+                         rules=True, sdk=sdk, max_memory=parse_size(max_memory) if max_memory else None)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
