@@ -68,11 +68,11 @@ def run(src: Path, args: list[str], out: Path) -> tuple[float, int]:
 def measure(cases: list[tuple[str, list[str]]], versions: dict[str, Path], repeat: int,
             work: Path) -> dict[str, dict[str, list[tuple[float, int]]]]:
     results: dict[str, dict[str, list[tuple[float, int]]]] = {}
-    for label, args in cases:
+    for index, (label, args) in enumerate(cases):
         results[label] = {name: [] for name in versions}
         for rep in range(repeat):
             for name, src in versions.items():
-                out = work / f"{name}-{rep}"
+                out = work / f"{len(list(work.iterdir()))}-{index}-{name}-{rep}"
                 results[label][name].append(run(src, args, out))
         print(_row(label, results[label]), flush=True)
     return results
@@ -92,6 +92,8 @@ def main() -> int:
     parser.add_argument("--repeat-all", action="store_true", help="repeat the suite shapes and verify too")
     parser.add_argument("--skip-verify", action="store_true")
     parser.add_argument("--skip-suite", action="store_true")
+    parser.add_argument("--cases", default="", help="only the main cases whose label contains one of these "
+                                                    "comma-separated words (default: all)")
     options = parser.parse_args()
     versions = {"before": options.base.resolve()} if options.base else {}
     versions["after"] = ROOT / "src"
@@ -100,7 +102,9 @@ def main() -> int:
     print(f"  {'case':<38}" + "".join(f"{name:>10}" for name in versions) + ("   ratio" if options.base else ""))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        results = measure(CASES, versions, options.repeat, work)
+        chosen = [case for case in CASES if not options.cases
+                  or any(word in case[0] for word in options.cases.split(","))]
+        results = measure(chosen, versions, options.repeat, work)
         once = options.repeat if options.repeat_all else 1
         if not options.skip_suite:
             print(f"  search_quality.py shapes on trn1 (median of {once}):")
