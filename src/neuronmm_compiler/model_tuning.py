@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,14 +92,6 @@ class BucketResult:
     workload: Workload
     tuned: Tuned
     dense: Tuned  # nmmc's own best dense alternative: the fused dense gated MLP, tuned the same way
-
-
-def default_jobs() -> int:
-    """``--jobs`` by default: the cores this process may run on."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # not on Linux
-        return max(os.cpu_count() or 1, 1)
 
 
 def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,

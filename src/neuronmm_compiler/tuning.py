@@ -49,6 +49,14 @@ class TuneRequest:
         return self.trials or DEFAULT_TRIALS
 
 
+def default_jobs() -> int:
+    """``tune --model --jobs`` by default: the cores this process may run on."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
 def search(workload: Workload, request: TuneRequest, echo: Echo) -> tuple[Tuned, str | None]:
     """(tuned, the cache directory that answered or None), with the progress bar and the cache
     warnings the request asks for."""

@@ -128,9 +128,9 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     AWS's fully optimized kernel for a GEMM; for chains and MLPs, the dense computation and the
     unfused SVD factors, each with AWS's kernel per matmul. With --model, do that for a model's MLP
     at every token bucket."""
-    from ..model_tuning import default_jobs as cores
     from ..targets import get_target
     from ..tuning import TuneRequest, run_model_tune, run_tune
+    from ..tuning import default_jobs as cores
 
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
     tgt = get_target(target)
