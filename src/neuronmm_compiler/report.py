@@ -8,8 +8,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import sympy as sp
+
 from .codegen.printer import NkiPrinter
-from .cost_model import CostReport
+from .cost_model import FORMULAS, LATENCY, LOWER_BOUND, CostReport
 from .cost_model.trust import trust_dict, trust_note
 from .driver import Compiled, Costed, Lowered, Tuned
 from .frontends.workloads import Workload
@@ -45,14 +47,12 @@ def cost_lines(cost: CostReport) -> list[str]:
     ]
 
 
+def _fmt(expr: sp.Expr) -> str:
+    return sp.sstr(expr)
+
+
 def _formula_lines(cost: CostReport) -> list[str]:
-    """The model's symbols with their values, then each formula and its value (sympy is imported
-    here, for ``explain`` alone: no other command pays for it)."""
-    import sympy as sp
-
-    from .cost_model import FORMULAS, LATENCY, LOWER_BOUND
-
-    _fmt = sp.sstr
+    """The model's symbols with their values, then each formula and its value."""
     values = cost.values
     symbols = sorted({str(sym) for expr in FORMULAS.values() for sym in expr.free_symbols})
     lines = ["symbols:", *(f"  {name:<18} = {values[name]:.6g}" for name in symbols), "formulas (microseconds):"]
