@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     from ..frontends.workloads import Workload
 
 
+def trust_note(target: Target) -> str:
+    """:func:`neuronmm_compiler.cost_model.trust.trust_note`, imported on first use (the views are
+    imported by every command, ``--help`` included; the cost model is not)."""
+    from ..cost_model.trust import trust_note as note
+
+    return note(target)
+
+
 def echo_lines(lines: Iterable[str]) -> None:
     """Print each line on stdout."""
     for line in lines:
@@ -96,8 +104,6 @@ def compress_lines(manifest: Any, output: str) -> list[str]:
 
 def rank_choice_lines(record: Mapping[str, Any]) -> list[str]:
     """The joint rank choice: objective, predicted latencies, the Pareto front (cost-model predictions)."""
-    from ..cost_model.trust import trust_note
-
     buckets = ",".join(str(b) for b in record["latency"]["buckets"])
     lines = [f"  rank choice: {record['objective']}",
              f"  predicted MLP latency, all layers, summed over token buckets {buckets} on "
