@@ -166,3 +166,15 @@ def test_tune_model_takes_the_search_options(tmp_path):
     assert exhaustive.exit_code == 0 and "exhaustive" in (tmp_path / "c" / "mlp_t1.py").read_text()
     workers = CliRunner().invoke(main, [*base, "--workers", "2", "-o", str(tmp_path / "d")])
     assert workers.exit_code == 2 and "--workers" in workers.stderr and not (tmp_path / "d").exists()
+
+
+def test_tune_model_jobs_write_what_one_job_writes(tmp_path):
+    """--jobs 2 runs the buckets' searches in worker processes; the kernel files and the index are
+    those of --jobs 1, byte for byte."""
+    args = ["tune", "--model", str(known_config("llama-3.2-1b")), "--keep-ratio", "0.8", "--tokens", "1,2",
+            "--trials", "5", "--no-cache"]
+    for jobs in ("1", "2"):
+        result = CliRunner().invoke(main, [*args, "--jobs", jobs, "-o", str(tmp_path / jobs)])
+        assert result.exit_code == 0, result.output + result.stderr
+    assert _tree_bytes(tmp_path / "2") == _tree_bytes(tmp_path / "1")
+    assert {p.name for p in (tmp_path / "1").iterdir()} == {"index.json", "mlp_t1.py", "mlp_t2.py"}

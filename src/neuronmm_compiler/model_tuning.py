@@ -11,6 +11,7 @@ way; the others are over AWS's per-matmul kernels (dense, and the SVD factors un
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,25 +96,30 @@ class BucketResult:
 
 def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,
                trials: int = DEFAULT_TRIALS, seed: int = 0,
-               tune_bucket: Callable[[Workload, int], Tuned] | None = None) -> dict[str, Any]:
+               tune_bucket: Callable[[Workload, int], Tuned] | None = None, jobs: int = 1,
+               progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
     """Tune and emit one fused MLP per bucket into ``out_dir``; write and return the index.
-    ``tune_bucket(workload, buckets_done)`` runs one bucket's search with the caller's settings
-    (``nmmc tune --model``: cache, timeout, method, progress); by default :func:`driver.tune` with
-    ``trials`` and ``seed``."""
+    ``tune_bucket(workload, bucket_index)`` runs one search with the caller's settings (``nmmc tune
+    --model``: cache, timeout, method, progress); by default :func:`driver.tune` with ``trials`` and
+    ``seed``. Each bucket needs two independent searches (the compressed MLP and the fused dense
+    one): with ``jobs`` > 1 they run in that many worker processes (``tune_bucket`` must then be
+    picklable: a module-level function or a partial of one), each search deterministic, so the
+    files and the index are those of ``jobs=1``. ``progress(buckets_done, buckets, inf)`` is
+    called as buckets complete."""
     if tune_bucket is None:
-        def tune_bucket(workload: Workload, done: int) -> Tuned:
-            return tune(workload, target=target, dialect=dialect, trials=trials, seed=seed)
-
+        tune_bucket = functools.partial(_tune_default, target=target, dialect=dialect, trials=trials, seed=seed)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     c = source.config
+    searches = [(bucket, mlp_workload(tokens, c.hidden_size, c.intermediate_size, dense=dense)
+                 if dense else mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks))
+                for bucket, tokens in enumerate(buckets) for dense in (False, True)]
+    tuned_all = _run_searches(tune_bucket, searches, jobs, progress, len(buckets))
     results: list[BucketResult] = []
-    for done, tokens in enumerate(buckets):
-        workload = mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks)
-        tuned = tune_bucket(workload, done)
-        dense = tune_bucket(mlp_workload(tokens, c.hidden_size, c.intermediate_size, dense=True), done)
+    for bucket, tokens in enumerate(buckets):
+        (_, workload), tuned, dense = searches[2 * bucket], tuned_all[2 * bucket], tuned_all[2 * bucket + 1]
         name = f"mlp_t{tokens}.py"
         write_text_atomic(out / name, tuned.compiled.kernel.source)
         results.append(BucketResult(tokens, name, workload, tuned, dense))
@@ -130,6 +136,39 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     }
     write_text_atomic(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     return index
+
+
+def _tune_default(workload: Workload, bucket: int, *, target: Target, dialect: str, trials: int, seed: int) -> Tuned:
+    return tune(workload, target=target, dialect=dialect, trials=trials, seed=seed)
+
+
+def _run_searches(tune_bucket: Callable[[Workload, int], Tuned], searches: list[tuple[int, Workload]], jobs: int,
+                  progress: Callable[[int, int, float], None] | None, buckets: int) -> list[Tuned]:
+    """The result of every (bucket index, workload) search, in order, run in ``jobs`` processes
+    (spawned, as the stored-study workers are) or in this one."""
+    results: list[Tuned | None] = [None] * len(searches)
+
+    def record(position: int, tuned: Tuned) -> None:
+        results[position] = tuned
+        if progress:
+            done = sum(all(results[p] is not None for p, (b, _) in enumerate(searches) if b == bucket)
+                       for bucket in range(buckets))
+            progress(done, buckets, float("inf"))
+
+    if jobs <= 1 or len(searches) <= 1:
+        for position, (bucket, workload) in enumerate(searches):
+            record(position, tune_bucket(workload, bucket))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(searches)), mp_context=context) as pool:
+            futures = {pool.submit(tune_bucket, workload, bucket): position
+                       for position, (bucket, workload) in enumerate(searches)}
+            for future in as_completed(futures):
+                record(futures[future], future.result())
+    return [tuned for tuned in results if tuned is not None]
 
 
 def _latency(cost: CostReport | None) -> float | None:

@@ -6,6 +6,7 @@ study to its search. The command functions only parse options; the views are in 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ class TuneRequest:
     storage: str | None = None
     study_name: str | None = None
     workers: int = 1
+    jobs: int = 1  # tune --model: searches run at once in worker processes
     cache_dir: str | None = None
     use_cache: bool = True
     progress: bool = False
@@ -45,6 +47,14 @@ class TuneRequest:
     @property
     def trial_count(self) -> int:
         return self.trials or DEFAULT_TRIALS
+
+
+def default_jobs() -> int:
+    """``tune --model --jobs`` by default: the cores this process may run on."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not on Linux
+        return max(os.cpu_count() or 1, 1)
 
 
 def search(workload: Workload, request: TuneRequest, echo: Echo) -> tuple[Tuned, str | None]:
@@ -211,6 +221,14 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
     return report is None or report.ok
 
 
+def _tune_bucket(workload: Workload, bucket: int, *, request: TuneRequest, buckets: int, echo: Echo) -> Tuned:
+    """One search of ``tune --model`` (a bucket's compressed or dense MLP) through the same search
+    as a single ``nmmc tune`` (cache, timeout, method, top-k); module-level, so that worker
+    processes can run it."""
+    label = f"tuning bucket {bucket + 1}/{buckets} ({workload.token_count} tokens)"
+    return search(workload, replace(request, progress_label=label), echo)[0]
+
+
 @contextlib.contextmanager
 def _staged_report(tuned: Tuned, request: TuneRequest, workload: Workload,
                    report_dir: str | None) -> Iterator[Callable[[], None]]:
@@ -247,7 +265,7 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     """``nmmc tune --model``: one tuned MLP kernel per token bucket and an index; False when
     --verify found a wrong kernel."""
     from .model_tuning import parse_buckets, resolve_model, tune_model
-    from .report import model_lines
+    from .report import model_lines, progress_bar
 
     allowed = {"tokens", "keep_ratio", "dtype", "a_layout"}
     given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
@@ -261,14 +279,16 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                          "another without a storage: drop --workers")
     source = resolve_model(model, options["keep_ratio"])
     buckets = parse_buckets(str(options["tokens"]))
-
-    def tune_bucket(workload: Workload, done: int) -> Tuned:
-        """One bucket through the same search as a single ``nmmc tune`` (cache, timeout, method, top-k)."""
-        label = f"tuning bucket {done + 1}/{len(buckets)} ({workload.token_count} tokens)"
-        return search(workload, replace(request, progress_label=label), echo)[0]
-
-    index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect,
-                       tune_bucket=tune_bucket)
+    parallel = request.jobs > 1 and len(buckets) * 2 > 1
+    # In worker processes a per-trial bar would interleave: the bar counts finished buckets instead.
+    tune_bucket = functools.partial(_tune_bucket, request=replace(request, progress=request.progress and not parallel),
+                                    buckets=len(buckets), echo=echo)
+    update, close = progress_bar(request.progress and parallel, f"tuning {len(buckets)} buckets")
+    try:
+        index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect,
+                           tune_bucket=tune_bucket, jobs=request.jobs, progress=update)
+    finally:
+        close()
     failures = []
     if verify:
         from .verification import verify_file

@@ -31,9 +31,10 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "ALayout",
@@ -238,8 +239,18 @@ _KIND_ARITY: Mapping[NodeKind, int | None] = MappingProxyType({
 
 def _silu(x: np.ndarray) -> np.ndarray:
     """silu(x) = x / (1 + exp(-x)); exp overflows to inf for very negative x, giving -0."""
+    import numpy as np  # here, not at import: the vocabulary is read by every command, NumPy is not
+
     with np.errstate(over="ignore"):
         return x / (1 + np.exp(-x))
+
+
+def _multiply(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a * b
+
+
+def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a + b
 
 
 @dataclass(frozen=True)
@@ -296,6 +307,6 @@ class ElementwiseOp(StrEnum):
 
 _ELEMENTWISE_OPS: Mapping[ElementwiseOp, ElementwiseOpInfo] = MappingProxyType({
     ElementwiseOp.SILU: ElementwiseOpInfo(1, "silu", "{0} / (1.0 + np.exp(-{0}))", "nl.silu", _silu),
-    ElementwiseOp.MULTIPLY: ElementwiseOpInfo(2, "mul", "{0} * {1}", "nl.multiply", np.multiply),
-    ElementwiseOp.ADD: ElementwiseOpInfo(2, "add", "{0} + {1}", "nl.add", np.add),
+    ElementwiseOp.MULTIPLY: ElementwiseOpInfo(2, "mul", "{0} * {1}", "nl.multiply", _multiply),
+    ElementwiseOp.ADD: ElementwiseOpInfo(2, "add", "{0} + {1}", "nl.add", _add),
 })

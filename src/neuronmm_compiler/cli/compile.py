@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from ..errors import InputError
-from ..report import cost_json, costed_lines, emit_lines, explain_lines, schedules_lines
 from .options import (
     EXIT_FAILED,
     choice,
@@ -43,6 +42,7 @@ def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     schedule (chains, MLPs, graphs), plus --param overrides."""
     from ..driver import compile_workload
     from ..io import check_output_file, write_output
+    from ..report import emit_lines
 
     if output != "-":
         check_output_file(output)
@@ -68,6 +68,7 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     traffic per tensor, DMA transfers, engine busy times, on-chip footprint and feasibility.
     A schedule that does not fit on chip is reported (feasible: false), not rejected."""
     from ..driver import cost_workload
+    from ..report import cost_json, costed_lines
 
     wl, tgt = compile_inputs(options, target)
     costed = cost_workload(wl, target=tgt, preset=schedule_name, params=parse_params(params), pipeline=pipeline)
@@ -105,6 +106,9 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
               help="Study name in --storage [default: derived from the workload, so a rerun resumes].")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="Local worker processes sharing the study (needs --storage).")
+@click.option("--jobs", default=None, type=click.IntRange(min=1),
+              help="With --model: searches (each bucket's compressed and dense MLP) run at once in this many worker "
+                   "processes; the files are those of --jobs 1 [default: the cores].")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Also write plots of the search (history, parameter importance, roofline) and a summary to DIR.")
 @click.option("--lock", "lock_path", default=None, metavar="LOCKFILE",
@@ -119,7 +123,8 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
 def tune(target: str, trials: int | None, seed: int, timeout: float | None, method: str,
          exhaustive_threshold: int | None, top_k: int, dialect: str, sdk: str | None, run_verify: bool,
          progress: bool | None,
-         model: str | None, storage: str | None, study_name: str | None, workers: int, report_dir: str | None,
+         model: str | None, storage: str | None, study_name: str | None, workers: int, jobs: int | None,
+         report_dir: str | None,
          lock_path: str | None, no_cache: bool, cache_dir: str | None, as_json: bool, output: str,
          **options: Any) -> None:
     """Search the schedule space with the cost model (Optuna TPE, or exhaustive for small spaces),
@@ -129,13 +134,14 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     at every token bucket."""
     from ..targets import get_target
     from ..tuning import TuneRequest, run_model_tune, run_tune
+    from ..tuning import default_jobs as cores
 
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
     tgt = get_target(target)
     request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), trials=trials, seed=seed,
                           timeout=timeout,
                           method=None if method == "auto" else method, exhaustive_threshold=exhaustive_threshold,
-                          top_k=top_k, storage=storage, study_name=study_name, workers=workers,
+                          top_k=top_k, storage=storage, study_name=study_name, workers=workers, jobs=jobs or cores(),
                           cache_dir=cache_dir, use_cache=not no_cache, progress=show_progress(progress, as_json))
     if model is not None:
         if lock_path or report_dir or storage:
@@ -165,6 +171,7 @@ def explain(schedule_name: str | None, params: tuple[str, ...], pipeline: str | 
     wrote), each kernel's loop nest, and the cost model's formulas with the schedule's numbers."""
     from ..driver import compile_workload
     from ..driver import tune as run_search
+    from ..report import explain_lines
 
     wl, tgt = compile_inputs(options, target)
     if tuned and (schedule_name or params or pipeline):
@@ -182,6 +189,7 @@ def schedules(target: str, as_json: bool, **options: Any) -> None:
     """List the named schedules of a workload (a GEMM's presets, a fused graph's default) with
     their parameters and on-chip footprint, and the parameters --param can set."""
     from ..driver import named_schedules
+    from ..report import schedules_lines
     from .views import parameter_rows
 
     wl, tgt = compile_inputs(options, target)

@@ -94,18 +94,20 @@ def tp_verify(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Let ``nmmc verify`` take a tensor-parallel plan (plan.json, or its directory) as well as a kernel file."""
 
     @functools.wraps(fn)
-    def run(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool) -> Any:
+    def run(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool,
+            max_memory: str | None = None) -> Any:
         from ..tensor_parallel.plan import is_plan
 
         if not is_plan(file):
-            return fn(file=file, seed=seed, target=target, backend=backend, sdk=sdk, as_json=as_json)
+            return fn(file=file, seed=seed, target=target, backend=backend, sdk=sdk, as_json=as_json,
+                      max_memory=max_memory)
         import json
 
         from ..tensor_parallel.verify import verify_plan
 
-        if backend != "interpreter" or target or sdk:
+        if backend != "interpreter" or target or sdk or max_memory:
             raise InputError("verify of a tensor-parallel plan runs nmmc's interpreter on the plan's target; "
-                             "drop --backend/--target/--sdk")
+                             "drop --backend/--target/--sdk/--max-memory")
         report = verify_plan(file, seed=seed)
         if as_json:
             click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))

@@ -35,8 +35,12 @@ SDK_HELP = (
 @click.option("--sdk", default=None, type=click.Choice(KNOWN_SDKS, case_sensitive=False), help=SDK_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (with 'sdk' and 'violations': [{rule, line, message, citation}]).")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Refuse, before anything runs, a file whose verification is estimated to need more memory than "
+                   "this (e.g. 1.5G, 800M; MiB without a unit) [default: no limit].")
 @tp_verify
-def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool) -> None:
+def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool,
+           max_memory: str | None) -> None:
     """Run an emitted kernel FILE on random inputs (every kernel of the file, in order), compare with a
     float64 NumPy evaluation of its graph, and print the relative error and, in the interpreter, its
     counters (HBM bytes, DMA transfers, matmuls, peak SBUF/PSUM).
@@ -59,9 +63,10 @@ def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | No
     interpreter on its slices, the collectives in NumPy; docs/tensor-parallel.md."""
     from ..targets import get_target
     from ..verification import verify_file
+    from ..verification.memory import parse_size
 
     report = verify_file(file, seed=seed, target=get_target(target) if target else None, backend=backend,
-                         rules=True, sdk=sdk)
+                         rules=True, sdk=sdk, max_memory=parse_size(max_memory) if max_memory else None)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:

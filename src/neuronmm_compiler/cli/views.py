@@ -5,13 +5,22 @@ of ``nmmc verify``, ``compress``, ``schedules --json``, ``targets``, ``cache lis
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..cost_model.trust import trust_note
-from ..frontends.workloads import Workload
 from ..targets import Target, get_target
+
+if TYPE_CHECKING:
+    from ..frontends.workloads import Workload
+
+
+def trust_note(target: Target) -> str:
+    """:func:`neuronmm_compiler.cost_model.trust.trust_note`, imported on first use (the views are
+    imported by every command, ``--help`` included; the cost model is not)."""
+    from ..cost_model.trust import trust_note as note
+
+    return note(target)
 
 
 def echo_lines(lines: Iterable[str]) -> None:

@@ -156,6 +156,11 @@ class ScheduleRecord:
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", _frozen(self.params))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its constructor call (a read-only mapping does not pickle; worker processes
+        of ``tune --model --jobs`` return tuned kernels)."""
+        return (ScheduleRecord, (self.kind, self.name, dict(self.params)))
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the metadata line."""
         return {"kind": self.kind, "name": self.name, "params": dict(self.params)}

@@ -24,8 +24,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import networkx as nx
-
 from ..errors import InputError, NmmcError
 from ..ir import Graph
 from ..ir.graph import DTYPE_ALIASES, LAYOUTS
@@ -316,6 +314,8 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
 def _dependency_order(ops: Mapping[str, OpSpec], source: str) -> tuple[OpSpec, ...]:
     """Ops with every op after the ops it reads, in file order where free (a depth-first postorder
     from the ops in file order, arguments in order); InputError naming the first cycle that search meets."""
+    import networkx as nx
+
     reads = nx.DiGraph()
     reads.add_nodes_from(ops)
     reads.add_edges_from((name, arg) for name, spec in ops.items() for arg in spec.args if arg in ops)

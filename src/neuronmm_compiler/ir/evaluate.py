@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, IRError, NmmcError
 from ..vocab import ElementwiseOp, Layout, NodeKind
 from .graph import Graph, Node, format_shape
 from .verify import verify
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["evaluate"]
 
 
-def _load_input(node: Node, value: Any, dtype: np.dtype) -> np.ndarray:
+def _load_input(node: Node, value: Any, dtype: Any) -> np.ndarray:
+    import numpy as np
+
     name = node.name
     try:
         array = np.asarray(value)
@@ -47,7 +50,7 @@ def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
 
 
 def evaluate(
-    graph: Graph, inputs: Mapping[str, np.ndarray], dtype: Any = np.float64
+    graph: Graph, inputs: Mapping[str, np.ndarray], dtype: Any = "float64"
 ) -> dict[str, np.ndarray]:
     """Evaluate ``graph`` with NumPy; return ``{output name: value}`` in each output's STORAGE layout.
 
@@ -56,8 +59,11 @@ def evaluate(
     [M, N] comes back as its transpose, [N, M] (what the kernel writes to HBM); row_major outputs
     come back as they are. Everything is cast to ``dtype`` (float64 by default)
     and computed in it. Missing or extra inputs, or wrong storage shapes, raise InputError; a
-    failure while evaluating raises IRError naming the node.
+    failure while evaluating raises IRError naming the node. (NumPy is imported here, not with
+    the IR.)
     """
+    import numpy as np
+
     verify(graph)
     declared = {node.name: node for node in graph.inputs()}
     missing = [name for name in declared if name not in inputs]

@@ -27,9 +27,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, IRError, UnknownNameError
 from ..vocab import ElementwiseOp, Layout, NodeKind
@@ -54,6 +52,9 @@ from .node import (
 )
 from .printing import to_text
 
+if TYPE_CHECKING:
+    import networkx as nx
+
 __all__ = [
     "COMPUTE_KINDS",
     "DTYPES",
@@ -76,8 +77,11 @@ class Graph:
 
     def __init__(self, name: str = "graph") -> None:
         """Create an empty graph; ``name`` must be an identifier (it names the kernel)."""
+        import networkx  # on first use: importing the IR (as ``nmmc --help`` does) does not pay for it
+
         self._name = check_identifier(name, "graph name")
-        self._g: nx.DiGraph = nx.DiGraph()
+        self._g: nx.DiGraph = networkx.DiGraph()
+        self._changed()
         self._next_order = 0
         #: Inputs that are views of another HBM array (input id -> that array's name); set by
         #: split_kernels for transposes read across kernels, not part of the IR's text form.
@@ -93,7 +97,23 @@ class Graph:
     @property
     def nx_graph(self) -> nx.DiGraph:
         """The underlying DiGraph (mutating it directly bypasses all checks; run :func:`verify`)."""
+        self._changed()  # the caller may mutate it
         return self._g
+
+    def _changed(self) -> None:
+        """Forget the topological order and the Node objects built from the storage. They are
+        built once per state (a search lowers the same kernel graphs thousands of times); every
+        mutation, and every hand-out of the DiGraph itself, calls this."""
+        self._order_cache: list[str] | None = None
+        self._node_cache: dict[str, Node] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the caches (a Node's mappings are read-only proxies, which do not pickle)."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("_order_cache", "_node_cache")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._changed()
 
     def _fresh_id(self, base: str, numbered: bool) -> str:
         if not numbered and base not in self._g:
@@ -130,6 +150,7 @@ class Graph:
         dtype: str,
         attrs: dict[str, str],
     ) -> str:
+        self._changed()
         self._g.add_node(
             node_id, kind=kind, shape=shape, dtype=dtype, attrs=attrs, annotations={}, order=self._next_order
         )
@@ -204,13 +225,16 @@ class Graph:
 
     def node(self, id: str) -> Node:
         """The node ``id`` as a frozen :class:`Node` (IRError if there is none)."""
+        cached = self._node_cache.get(id)
+        if cached is not None:
+            return cached
         if id not in self._g:
             raise IRError(f"graph {self._name} has no node %{id}")
         data = self._g.nodes[id]
         positions: list[tuple[int, str]] = []
         for operand, _, edge in self._g.in_edges(id, data=True):
             positions.extend((index, operand) for index in edge.get(OPERAND_INDICES, ()))
-        return Node(
+        node = self._node_cache[id] = Node(
             id=id,
             kind=data["kind"],
             operands=tuple(operand for _, operand in sorted(positions)),
@@ -219,17 +243,22 @@ class Graph:
             attrs=MappingProxyType(dict(data["attrs"])),
             annotations=MappingProxyType(dict(data.get("annotations") or {})),
         )
+        return node
 
     def _order_key(self, node_id: str) -> int:
         return self._g.nodes[node_id].get("order", 1 << 62)
 
     def node_ids(self) -> list[str]:
         """Node ids in topological order, ties broken by insertion order (IRError on a cycle)."""
-        try:
-            return list(nx.lexicographical_topological_sort(self._g, key=self._order_key))
-        except nx.NetworkXUnfeasible:
-            cycle = " -> ".join(f"%{u}" for u, _ in nx.find_cycle(self._g))
-            raise IRError(f"graph {self._name} has a cycle: {cycle}") from None
+        if self._order_cache is None:
+            import networkx as nx
+
+            try:
+                self._order_cache = list(nx.lexicographical_topological_sort(self._g, key=self._order_key))
+            except nx.NetworkXUnfeasible:
+                cycle = " -> ".join(f"%{u}" for u, _ in nx.find_cycle(self._g))
+                raise IRError(f"graph {self._name} has a cycle: {cycle}") from None
+        return list(self._order_cache)
 
     def nodes(self) -> list[Node]:
         """All nodes in deterministic topological order (ties broken by insertion order)."""
@@ -281,6 +310,7 @@ class Graph:
                 raise type(err)(f"%{node_id}: {err}") from None
         current = data.setdefault("annotations", {})
         changed = any(current.get(key) != value for key, value in values.items())
+        self._changed()
         current.update(values)
         return changed
 
@@ -295,6 +325,7 @@ class Graph:
         data = self._compute_data(node_id, "clear annotations of")
         current = data.setdefault("annotations", {})
         doomed = [key for key in (keys or tuple(current)) if key in current]
+        self._changed()
         for key in doomed:
             del current[key]
         return bool(doomed)
@@ -314,9 +345,12 @@ class Graph:
                 f"cannot replace %{old} {format_shape(old_node.shape)} {old_node.dtype} with "
                 f"%{new} {format_shape(new_node.shape)} {new_node.dtype}: shape or dtype differs"
             )
+        import networkx as nx
+
         if nx.has_path(self._g, old, new):
             raise IRError(f"cannot replace %{old} with %{new}: %{new} depends on %{old} (would make a cycle)")
         moved = 0
+        self._changed()
         for user in self.users(old):
             indices = self._g.edges[old, user][OPERAND_INDICES]
             self._g.remove_edge(old, user)
@@ -334,6 +368,7 @@ class Graph:
         if users:
             listed = ", ".join(f"%{user}" for user in users)
             raise IRError(f"cannot remove %{id}: it is still used by {listed}")
+        self._changed()
         self._g.remove_node(id)
 
     def redeclare_input(self, id: str, shape: Sequence[int], layout: str) -> None:
@@ -347,6 +382,7 @@ class Graph:
             raise IRError(f"redeclare_input: %{id} is a {node.kind}, not an input")
         dims = check_shape(shape, f"input {node.name!r}")
         checked = check_layout(layout, dims, f"input {node.name!r}")
+        self._changed()
         data = self._g.nodes[id]
         data["shape"] = dims
         data["attrs"] = {**data["attrs"], "layout": checked}
@@ -360,6 +396,7 @@ class Graph:
         operand = self.node(node.operands[0])
         if operand.kind != NodeKind.TRANSPOSE or operand.operands[0] != value:
             raise IRError(f"redirect_output: output %{id} does not return a transpose of %{value}")
+        self._changed()
         data = self._g.nodes[id]
         data["attrs"] = {**data["attrs"], "layout": Layout(node.layout or Layout.ROW_MAJOR).flipped}
         data["shape"] = tuple(reversed(node.shape))
@@ -375,6 +412,7 @@ class Graph:
         duplicate._name = self._name if name is None else check_identifier(name, "graph name")
         duplicate._g = copy.deepcopy(self._g)
         duplicate._next_order = self._next_order
+        duplicate._changed()
         return duplicate
 
     # ----------------------------------------------------------------- identity

@@ -18,13 +18,12 @@ elementwise); they describe how a node is to be lowered, never what it computes:
 from __future__ import annotations
 
 import keyword
+import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
-
-import numpy as np
 
 from ..errors import InputError, IRError, UnknownNameError
 from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
@@ -70,6 +69,8 @@ def canonical_dtype(dtype: Any) -> str:
     if isinstance(dtype, str):
         key = dtype.strip().lower()
     else:
+        import numpy as np  # a dtype object: its caller has NumPy loaded already
+
         try:
             key = np.dtype(dtype).name
         except TypeError:
@@ -107,7 +108,7 @@ def check_shape(shape: Any, what: str) -> tuple[int, ...]:
     except TypeError:
         dims = None
     ok = bool(dims) and all(
-        isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim > 0 for dim in dims
+        isinstance(dim, numbers.Integral) and not isinstance(dim, bool) and dim > 0 for dim in dims
     )
     if not ok:
         raise InputError(f"{what}: shape must be a non-empty list of positive integers; got {shape!r}")

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import networkx as nx
-
 from ..errors import InputError, IRError
 from ..vocab import Layout, NodeKind
 from .graph import (
@@ -63,6 +61,8 @@ def _raw_line(graph: Graph, node_id: str) -> str:
 
 
 def _display_order(graph: Graph) -> list[str]:
+    import networkx as nx
+
     g = graph.nx_graph
     try:
         return list(nx.lexicographical_topological_sort(g, key=lambda n: g.nodes[n].get("order", 1 << 62)))
@@ -207,6 +207,8 @@ def verify(graph: Graph) -> None:
         _check_fields(graph, node_id, data)
     for node_id, data in ordered:
         _check_operands(graph, node_id, data)
+    import networkx as nx
+
     if not nx.is_directed_acyclic_graph(g):
         cycle = [u for u, _ in nx.find_cycle(g)]
         raise _fail(

@@ -75,7 +75,14 @@ class Min:
         return out
 
     def evaluate(self, env: Mapping[str, int]) -> int:
-        return min(arg.evaluate(env) for arg in self.args)
+        # A loop, not min() over a generator: the cost model evaluates extents ~10^5 times a search.
+        args = self.args
+        best = args[0].evaluate(env)
+        for arg in args[1:]:
+            value = arg.evaluate(env)
+            if value < best:
+                best = value
+        return best
 
     def substitute(self, env: Mapping[str, int]) -> Expr:
         return minimum(*(arg.substitute(env) for arg in self.args))

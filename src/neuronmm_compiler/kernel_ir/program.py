@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from ..vocab import ElementwiseOp
-from .expr import Expr, add, as_expr, code, sub
+from .expr import Expr, add, as_expr, code
 
 Memory = Literal["hbm", "sbuf", "psum"]
 
@@ -23,14 +24,17 @@ DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float32": 4, "float16": 2}
 
 @dataclass(frozen=True)
 class Span:
-    """A half-open slice ``start:stop`` of one tensor axis."""
+    """A half-open slice ``start:start + size`` of one tensor axis. The extent is kept as the
+    lowering gave it (an affine form, or the min() of a ragged tile), so the cost model reads it
+    without rebuilding ``stop - start``; only starts are affine, only sizes may be min()."""
 
     start: Expr
-    stop: Expr
+    size: Expr
 
-    @property
-    def size(self) -> Expr:
-        return sub(self.stop, self.start)  # starts are affine; only stops may be min()
+    @cached_property
+    def stop(self) -> Expr:
+        """``start + size`` (built when printed: the search never needs it)."""
+        return add(self.start, self.size)
 
     def code(self) -> str:
         return f"{code(self.start)}:{code(self.stop)}"
@@ -50,8 +54,7 @@ Index = Span | Point
 
 
 def span(start: int | Expr, size: int | Expr) -> Span:
-    start_e = as_expr(start)
-    return Span(start_e, add(start_e, size))
+    return Span(as_expr(start), as_expr(size))
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,9 @@ class Ref:
         if len(self.index) != len(self.buffer.shape):
             raise ValueError(f"{self.buffer.name}: {len(self.index)} indices for rank {len(self.buffer.shape)}")
 
-    @property
+    @cached_property
     def shape(self) -> tuple[Expr, ...]:
+        """The extent of every sliced axis (built once per region)."""
         return tuple(ix.size for ix in self.index if isinstance(ix, Span))
 
     def code(self) -> str:
@@ -271,19 +275,42 @@ def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None) -
     """Yield (statement, loop environment, multiplicity) for every leaf statement, evaluating
     loops in closed form: an iteration space is split into its first and last iterations, the
     only ones that can differ (ragged tiles are always the last). The first stands for all but
-    the last. Exact for the programs nmmc's lowerings build; tests compare it with enumeration."""
+    the last. A loop whose variable appears in no extent (:attr:`Ref.shape`) or trip count inside
+    it has identical iterations: it is visited once, at its last iteration, for all of them. So a
+    consumer may read a statement's extents and trip counts in the environment, not its offsets.
+    Exact for the programs nmmc's lowerings build; tests compare it with enumeration."""
     env = dict(env or {})
-    yield from _counts(body, env, 1)
+    yield from _counts(body, env, 1, {})
 
 
-def _counts(body: list[Stmt], env: dict[str, int], mult: int) -> Counted:
+def _extent_variables(loop: Loop, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+    """The loop variables that the extents and trip counts inside ``loop`` (and its trip) use."""
+    found = memo.get(id(loop))
+    if found is None:
+        names: set[str] = set(loop.trip.variables())
+        for stmt in loop.body:
+            if isinstance(stmt, Loop):
+                names |= _extent_variables(stmt, memo)
+            else:
+                for ref in refs_of(stmt):
+                    for extent in ref.shape:
+                        names |= extent.variables()
+        found = memo[id(loop)] = frozenset(names)
+    return found
+
+
+def _counts(body: list[Stmt], env: dict[str, int], mult: int, memo: dict[int, frozenset[str]]) -> Counted:
     for stmt in body:
         if isinstance(stmt, Loop):
             trip = stmt.trip.evaluate(env)
             if trip <= 0:
                 continue
+            last = {**env, stmt.var: trip - 1}
+            if trip > 1 and stmt.var not in _extent_variables(stmt, memo):
+                yield from _counts(stmt.body, last, mult * trip, memo)
+                continue
             if trip > 1:
-                yield from _counts(stmt.body, {**env, stmt.var: 0}, mult * (trip - 1))
-            yield from _counts(stmt.body, {**env, stmt.var: trip - 1}, mult)
+                yield from _counts(stmt.body, {**env, stmt.var: 0}, mult * (trip - 1), memo)
+            yield from _counts(stmt.body, last, mult, memo)
         else:
             yield stmt, env, mult

@@ -95,7 +95,7 @@ def _substitute(value: Expr, env: Mapping[str, int]) -> Expr:
 
 
 def _ref(ref: Ref, wide: Mapping[str, Buffer], env: Mapping[str, int]) -> Ref:
-    index = tuple(Span(_substitute(ix.start, env), _substitute(ix.stop, env)) if isinstance(ix, Span)
+    index = tuple(Span(_substitute(ix.start, env), _substitute(ix.size, env)) if isinstance(ix, Span)
                   else Point(_substitute(ix.index, env)) for ix in ref.index)
     if ref.buffer.name not in wide:
         return Ref(ref.buffer, index) if env else ref

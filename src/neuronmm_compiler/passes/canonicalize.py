@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import networkx as nx
-
 from ..errors import InputError, IRError
 from ..ir.graph import Graph
 from ..vocab import NodeKind
@@ -19,6 +17,8 @@ def remove_dead_nodes(graph: Graph) -> bool:
     Inputs are kept even when unused: they are the kernel's signature, and dropping one would make
     the same input arrays stop fitting the graph.
     """
+    import networkx as nx
+
     g = graph.nx_graph
     live: set[str] = set()
     for output in graph.outputs():

@@ -20,6 +20,7 @@ import random
 import socket
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import optuna
@@ -35,7 +36,7 @@ _WORKLOAD_ATTR = "nmmc_workload"  # the search's description of its workload ('n
 _WHAT_ATTR = "nmmc_what"  # the search's description of its workload, kept as written
 _GUESS_ATTR = "nmmc_guess"  # the heuristic guess (parameters) a trial runs
 _SURPLUS_ATTR = "nmmc_surplus"  # a trial asked when no slot was left, failed unrun
-_ORPHAN_GRACE_S = 120.0  # a RUNNING trial without owner (killed between ask and tagging) is dead after this
+_STUCK_S = 120.0  # a live RUNNING trial holding a slot others wait for longer than this is failed
 _OPEN_ATTEMPTS = 8
 _POLL_S = 0.05  # how often a process waiting for other processes' last trials looks again
 
@@ -61,16 +62,28 @@ def _point_of_params(spec: SpaceSpec, params: dict[str, Any]) -> dict[str, objec
             for name, values in space.candidates.items()}
 
 
-class _GuessSampler(optuna.samplers.BaseSampler):
-    """``base`` except that the parameters in ``fixed`` take those values: one heuristic guess run
-    as a trial. (``Study.enqueue_trial`` would do the same through a WAITING trial, but on SQLite
-    two processes can both pop one WAITING trial, then both run and tell it.)"""
+class _TrialSampler(optuna.samplers.BaseSampler):
+    """``base`` (a TPE sampler seeded for one trial) except that the parameters in ``fixed`` take
+    those values (one heuristic guess run as a trial: ``Study.enqueue_trial`` would do the same
+    through a WAITING trial, but on SQLite two processes can both pop one WAITING trial, then both
+    run and tell it), and that the relative search space is taken from ``memo`` once known.
 
-    def __init__(self, base: optuna.samplers.BaseSampler, fixed: dict[str, object]) -> None:
-        self._base, self._fixed = base, fixed
+    The relative search space is the intersection of the distributions of the COMPLETE trials
+    (Optuna's ``IntersectionSearchSpace``); every trial of an nmmc study suggests every parameter
+    of one fixed space with the same distributions, so once non-empty it never changes. A fresh
+    sampler per trial would recompute it over every stored trial each time (quadratic in the
+    trials); ``memo``, shared by the trial loop's samplers, keeps the first non-empty one."""
+
+    def __init__(self, base: optuna.samplers.BaseSampler, fixed: dict[str, object] | None,
+                 memo: dict[str, dict[str, Any]]) -> None:
+        self._base, self._fixed, self._memo = base, fixed or {}, memo
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        space = self._base.infer_relative_search_space(study, trial)
+        space = self._memo.get("space")
+        if space is None:
+            space = self._base.infer_relative_search_space(study, trial)
+            if space:
+                self._memo["space"] = space
         return {name: dist for name, dist in space.items() if name not in self._fixed}
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
@@ -103,18 +116,37 @@ def _started(t: optuna.trial.FrozenTrial, now: float) -> float:
 
 def _is_live(t: optuna.trial.FrozenTrial, me: str, host: str, now: float) -> bool:
     """Whether RUNNING trial ``t`` may still finish: its owner is another live process on this host,
-    or a process on another host (which cannot be checked), or it has no owner tag yet and started
-    less than the grace period ago (asked, not yet tagged). A trial tagged with this process is
-    live only while this process runs it, which the caller knows: here it is a leftover."""
+    or a process on another host (which cannot be checked). A trial without owner tag is dead: this
+    nmmc creates every trial already tagged (:func:`_ask_owned`), so one without a tag was left by
+    an older nmmc killed between Optuna's ask and its tagging, or by another Optuna client. A
+    trial tagged with this process is live only while this process runs it, which the caller
+    knows: here it is a leftover."""
     owner = t.user_attrs.get(_OWNER_ATTR)
     if owner is None:
-        return now - _started(t, now) <= _ORPHAN_GRACE_S
+        return False
     if owner == me:
         return False
     owner_host, _, pid = str(owner).rpartition(":")
     if owner_host != host or not pid.isdigit():
         return True
     return _pid_alive(int(pid))
+
+
+def _ask_owned(study: optuna.Study, user_attrs: dict[str, object]) -> optuna.Trial:
+    """``study.ask()``, except that the trial is created holding ``user_attrs`` (its owner tag) in
+    the same storage write. Tagging after ``ask`` left a window in which a killed process leaves a
+    RUNNING trial without owner, which a resuming process could not tell from another process's
+    trial being started: it counted it as live, salted its samples as a contended process does, and
+    so resumed to a different search than the uninterrupted one. Optuna's ``ask`` takes no
+    attributes, so this does what it does through the storage's ``create_new_trial`` template
+    (optuna/study/study.py, ``Study.ask``): drop the study's per-ask trial cache, create the
+    trial, wrap it in a ``Trial`` (which runs the sampler's ``before_trial``)."""
+    template = FrozenTrial(number=-1, state=optuna.trial.TrialState.RUNNING, value=None,
+                           datetime_start=datetime.now(), datetime_complete=None, params={}, distributions={},
+                           user_attrs=dict(user_attrs), system_attrs={}, intermediate_values={}, trial_id=-1)
+    study._thread_local.cached_all_trials = None  # as ask() does: the sampler reads the storage anew
+    trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
+    return optuna.Trial(study, trial_id)
 
 
 def _finish(study: optuna.Study, number: int, state: optuna.trial.TrialState) -> None:
@@ -164,6 +196,7 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
             _finish(study, t.number, state.FAIL)
     ran = 0
     waiting_since: tuple[int, float] | None = None
+    relative_space: dict[str, dict[str, Any]] = {}
     while timeout is None or time.perf_counter() - started < timeout:
         existing = study.get_trials(deepcopy=False)
         done = sum(t.state == state.COMPLETE for t in existing)
@@ -173,12 +206,12 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
         live = [t for t in existing if t.state == state.RUNNING and _is_live(t, me, host, now)]
         if done + len(live) >= trials:
             # Every slot left is taken by another process's trial: wait for them (one whose
-            # process dies frees its slot). Trials stuck past the grace period are failed.
+            # process dies frees its slot). Trials stuck longer than _STUCK_S are failed.
             if waiting_since is None or waiting_since[0] != done:
                 waiting_since = (done, now)
-            elif now - waiting_since[1] > _ORPHAN_GRACE_S:
+            elif now - waiting_since[1] > _STUCK_S:
                 for t in live:
-                    if now - _started(t, now) > _ORPHAN_GRACE_S:
+                    if now - _started(t, now) > _STUCK_S:
                         _finish(study, t.number, state.FAIL)
             time.sleep(_POLL_S)
             continue
@@ -190,13 +223,10 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
         lane = f"{worker}@{me}" if contended else worker
         sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
             seed=_trial_seed(seed, done, lane), n_startup_trials=n_startup, constant_liar=constant_liar or contended)
-        study.sampler = _GuessSampler(sampler, guess) if guess is not None else sampler
-        trial = study.ask()
+        study.sampler = _TrialSampler(sampler, guess, relative_space)
+        trial = _ask_owned(study, {_OWNER_ATTR: me} if guess is None else {_OWNER_ATTR: me, _GUESS_ATTR: guess})
         cand = None
         try:
-            trial.set_user_attr(_OWNER_ATTR, me)
-            if guess is not None:
-                trial.set_user_attr(_GUESS_ATTR, guess)
             if not _slot_is_free(study, trial.number, trials, me):
                 trial.set_user_attr(_SURPLUS_ATTR, True)
                 _finish(study, trial.number, state.FAIL)
@@ -266,9 +296,8 @@ def _pid_alive(pid: int) -> bool:
 
 def _fail_dead_trials(study: optuna.Study) -> int:
     """Mark FAIL the RUNNING trials that cannot finish (:func:`_is_live`): those of processes on
-    this host that no longer exist (a killed run), and those that never got an owner tag and
-    started long ago. Trials of other hosts are left alone: they may be running. FAIL trials are
-    never counted nor sampled from."""
+    this host that no longer exist (a killed run), and those without owner tag. Trials of other
+    hosts are left alone: they may be running. FAIL trials are never counted nor sampled from."""
     me, host, now = _owner_tag(), socket.gethostname(), time.time()
     failed = 0
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):

@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-
-import optuna
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, ScheduleError
 from .candidates import Candidate, Evaluator, SpaceSpec, TuneResult, schedule_key
 from .space import SearchSpace
-from .trials import check_fingerprint, run_optuna, run_stored, warm
+
+if TYPE_CHECKING:  # Optuna is imported by the searches that use it (.trials), not by importing this
+    import optuna
 
 DEFAULT_TRIALS = 150
 DEFAULT_EXHAUSTIVE_THRESHOLD = 1000
@@ -111,6 +112,8 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
         raise InputError(f"this search ({what}) cannot run in worker processes")
     n_trials = 0
     study_info = None
+    if method != "exhaustive":
+        from .trials import run_optuna, run_stored
     if method == "exhaustive":
         for i, sched in enumerate(spec.distinct()):
             evaluate(sched)
@@ -139,6 +142,7 @@ def result_from_study(study: optuna.Study, spec: SpaceSpec, evaluate: Evaluator,
     without a completed trial. ``storage`` (the study's URL) only names the storage kind in
     ``result.study``."""
     from .storage import storage_kind
+    from .trials import check_fingerprint, warm
 
     started = time.perf_counter()
     kind = storage_kind(storage) if storage else None

@@ -26,6 +26,7 @@ error, far outside either term.
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import warnings
@@ -40,17 +41,16 @@ import numpy as np
 from ..codegen import KernelSpec, TensorSpec, read_metadata
 from ..errors import InputError, KernelError
 from ..interpreter import run_kernel
-from ..ir import Graph, evaluate, parse_text
+from ..ir import Graph, parse_text
 from ..support import check_sdk, newest_sdk
 from ..targets import Target, get_target
-from ..vocab import Dialect, ElementwiseOp, Layout, NodeKind
+from ..vocab import Dialect, Layout
+from .memory import check_memory
+from .reference import reference_chunks
 from .sandbox import check_source
 from .static_check import Violation, check_kernel_source
 
 TOLERANCES = {"bfloat16": 1e-2, "float32": 1e-5}
-UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
-SILU_LIPSCHITZ = 1.1
-SIGMAS = 4.0
 NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 #: Where a kernel runs: nmmc's interpreter, or AWS's simulator (``nki`` / ``neuronxcc``, see nki_backend.py).
 BACKENDS = ("interpreter", "nki-simulator")
@@ -103,46 +103,6 @@ def random_inputs(specs: Iterable[TensorSpec], seed: int) -> dict[str, np.ndarra
     return out
 
 
-def rounding_allowance(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per output (in its storage layout), ``SIGMAS`` standard deviations of the error that rounding
-    the graph's stored intermediates introduces (see the module docstring)."""
-    values: dict[str, np.ndarray] = {}
-    variances: dict[str, np.ndarray] = {}
-    out: dict[str, np.ndarray] = {}
-    for node in graph.nodes():
-        if node.kind == NodeKind.INPUT:
-            value = np.asarray(inputs[node.name], dtype=np.float64)
-            values[node.id] = value.T if node.layout == Layout.TRANSPOSED else value
-            variances[node.id] = np.zeros_like(values[node.id])
-            continue
-        if node.kind == NodeKind.OUTPUT:
-            sigma = SIGMAS * np.sqrt(variances[node.operands[0]])
-            out[node.attrs["name"]] = sigma.T if node.layout == Layout.TRANSPOSED else sigma
-            continue
-        ops = [values[o] for o in node.operands]
-        var = [variances[o] for o in node.operands]
-        if node.kind == NodeKind.MATMUL:
-            value = ops[0] @ ops[1]
-            variance = var[0] @ ops[1] ** 2 + ops[0] ** 2 @ var[1]
-        elif node.kind == NodeKind.TRANSPOSE:
-            value, variance = ops[0].T, var[0].T
-        elif node.attrs.get("op") == ElementwiseOp.SILU:
-            value = ops[0] / (1.0 + np.exp(-np.clip(ops[0], -700.0, 700.0)))
-            variance = SILU_LIPSCHITZ**2 * var[0]
-        elif node.attrs.get("op") == ElementwiseOp.MULTIPLY:
-            value = ops[0] * ops[1]
-            variance = var[0] * ops[1] ** 2 + ops[0] ** 2 * var[1]
-        else:  # ElementwiseOp.ADD
-            value = ops[0] + ops[1]
-            variance = var[0] + var[1]
-        if any(graph.node(u).kind == NodeKind.MATMUL for u in graph.users(node.id)):
-            # held on chip (or handed between kernels) in the graph's dtype as a matmul operand:
-            # rounding adds a relative error uniform in [-u, u], of variance u^2 / 3
-            variance = variance + UNIT_ROUNDOFF[node.dtype] ** 2 / 3.0 * value**2
-        values[node.id], variances[node.id] = value, variance
-    return out
-
-
 def _merge(total: dict[str, Any], part: dict[str, Any]) -> None:
     """Add one kernel's counters into the file's: counts add up, peaks take the maximum."""
     for key, value in part.items():
@@ -161,7 +121,10 @@ def interpreter_runner(source: str, filename: str) -> KernelRunner:
     def run(kernel: KernelSpec, args: list[np.ndarray], target: Target) -> tuple[list[np.ndarray], dict[str, Any]]:
         result = run_kernel(source, filename=filename, kernel_name=kernel.name, args=args, target=target,
                             arg_names=[s.name for s in kernel.inputs], output_names=[s.name for s in kernel.outputs])
-        return result.outputs, result.counters.as_dict()
+        outputs, counters = result.outputs, result.counters.as_dict()
+        del result
+        gc.collect()  # the interpreter's machine (its copies of the arguments) sits in reference cycles
+        return outputs, counters
 
     return run
 
@@ -177,7 +140,8 @@ def _runner(backend: str, source: str, filename: str, dialect: str) -> KernelRun
 
 
 def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, target: Target | None = None,
-                  backend: str = "interpreter", rules: bool = False, sdk: str | None = None) -> VerifyReport:
+                  backend: str = "interpreter", rules: bool = False, sdk: str | None = None,
+                  max_memory: int | None = None) -> VerifyReport:
     """Verify kernel source text (see the module docstring). A file with several kernels runs them
     in order, each reading its arguments by name from the graph's inputs and earlier kernels'
     outputs; counters add up over kernels (peaks: the largest kernel's) and are also reported per
@@ -193,14 +157,19 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
     (:func:`~.static_check.check_kernel_source`) runs before the kernels, for the file's dialect, the target
     (``target`` or the file's) and Neuron SDK release ``sdk`` (default: the newest release that supports the
     dialect on the target, :func:`~neuronmm_compiler.support.newest_sdk`; InputError for a release the rule
-    book does not know). The kernels still run; any violation fails the report (``violations``, ``sdk``)."""
+    book does not know). The kernels still run; any violation fails the report (``violations``, ``sdk``).
+
+    The reference is computed and compared in row chunks (:mod:`.reference`), so memory grows with
+    the file's tensors, not with float64 copies of them; ``max_memory`` (bytes) refuses, with an
+    InputError before anything runs, a file whose verification is estimated to need more
+    (:mod:`.memory`)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InputError(f"the seed must be a non-negative integer; got {seed!r}")
     if sdk is not None:
         check_sdk(sdk)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        report = _verify_source(source, filename, seed, target, backend, rules, sdk)
+        report = _verify_source(source, filename, seed, target, backend, rules, sdk, max_memory)
     if report.violations:
         report.ok = False
         if report.error is None:
@@ -219,7 +188,7 @@ def static_rules(source: str, dialect: str, target: str, sdk: str | None) -> tup
 
 
 def _verify_source(source: str, filename: str, seed: int, target: Target | None, backend: str, rules: bool,
-                   sdk: str | None) -> VerifyReport:
+                   sdk: str | None, max_memory: int | None) -> VerifyReport:
     try:
         meta = read_metadata(source)
     except InputError as exc:
@@ -229,6 +198,7 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
     check_source(source, filename)
     tgt = target or get_target(meta.target)
     graph = parse_text(meta.graph)
+    check_memory(filename, meta, graph, max_memory)
     kernels = meta.kernels
     out_dtype = meta.outputs[0].dtype
     runner = _runner(backend, source, filename, meta.dialect)
@@ -261,41 +231,62 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
             per_kernel.append({"name": kernel.name, **counters})
             _merge(totals, counters)
     report.counters = {**totals, "kernels": per_kernel} if len(kernels) > 1 and per_kernel else totals
-    expected = evaluate(graph, inputs)
-    allowance = rounding_allowance(graph, inputs)
-    worst_rel, worst_abs, ok = 0.0, 0.0, True
-    for spec in meta.outputs:
-        ref = np.asarray(expected[spec.name], dtype=np.float64)
-        got = np.asarray(tensors[spec.name], dtype=np.float64)
-        if got.shape != ref.shape:
-            report.error = f"output {spec.name}: shape {got.shape}, expected {ref.shape}"
-            return report
+    _compare(report, graph, [s.name for s in meta.outputs], inputs, tensors, out_dtype)
+    return report
+
+
+def _compare(report: VerifyReport, graph: Graph, names: list[str], inputs: dict[str, np.ndarray],
+             tensors: dict[str, np.ndarray], out_dtype: str) -> None:
+    """Fill ``report`` with the comparison of the kernels' outputs (``tensors``) with the float64
+    reference, streamed in row chunks (:mod:`.reference`): norms add up chunk by chunk, so neither
+    the reference nor a float64 copy of an output is ever held whole."""
+    by_name = {node.name: node for node in graph.outputs()}
+    outputs = [by_name[name] for name in names]
+    for node in outputs:
+        got = tensors[node.name]
+        if got.shape != node.storage_shape:
+            report.error = f"output {node.name}: shape {got.shape}, expected {node.storage_shape}"
+            return
         if not np.all(np.isfinite(got)):
-            report.error = f"output {spec.name} holds non-finite values (unwritten or overflowed)"
-            return report
-        diff = got - ref
-        denom = float(np.linalg.norm(ref)) or 1.0
-        error = float(np.linalg.norm(diff))
-        extra = float(np.linalg.norm(allowance[spec.name]))
+            report.error = f"output {node.name} holds non-finite values (unwritten or overflowed)"
+            return
+    ref_sq = dict.fromkeys((node.name for node in outputs), 0.0)
+    err_sq, allow_sq, worst_abs = dict(ref_sq), dict(ref_sq), 0.0
+    for chunk in reference_chunks(graph, inputs):
+        for node in outputs:
+            stored = tensors[node.name]
+            got = stored.T if node.layout == Layout.TRANSPOSED else stored
+            ref = chunk.values[node.name]
+            diff = np.asarray(got[chunk.start:chunk.stop], dtype=np.float64) - ref
+            ref_sq[node.name] += float(np.vdot(ref, ref))
+            err_sq[node.name] += float(np.vdot(diff, diff))
+            sigma = chunk.sigmas[node.name]
+            if sigma is not None:
+                allow_sq[node.name] += float(np.vdot(sigma, sigma))
+            worst_abs = max(worst_abs, float(np.max(np.abs(diff))) if diff.size else 0.0)
+    worst_rel, ok = 0.0, True
+    for node in outputs:
+        denom = float(np.sqrt(ref_sq[node.name])) or 1.0
+        error, extra = float(np.sqrt(err_sq[node.name])), float(np.sqrt(allow_sq[node.name]))
         ok = ok and error <= report.tolerance * denom + extra
         worst_rel = max(worst_rel, error / denom)
         report.rounding_allowance = max(report.rounding_allowance, extra / denom)
-        worst_abs = max(worst_abs, float(np.max(np.abs(diff))) if diff.size else 0.0)
     report.rel_error, report.max_abs_error = worst_rel, worst_abs
     report.ok = report.values_ok = ok
     if not report.ok:
         report.error = (f"relative error {worst_rel:.3e} exceeds the {out_dtype} tolerance {report.tolerance:.0e}"
                         f" + intermediate rounding allowance {report.rounding_allowance:.1e}")
-    return report
 
 
 def verify_file(path: str | Path, *, seed: int = 0, target: Target | None = None,
-                backend: str = "interpreter", rules: bool = False, sdk: str | None = None) -> VerifyReport:
+                backend: str = "interpreter", rules: bool = False, sdk: str | None = None,
+                max_memory: int | None = None) -> VerifyReport:
     """:func:`verify_source` of a file (InputError when it cannot be read, is not a regular file, is
     larger than :data:`MAX_KERNEL_BYTES` or is not UTF-8 text)."""
     p = Path(path)
     source = read_kernel_file(p)
-    return verify_source(source, filename=str(p), seed=seed, target=target, backend=backend, rules=rules, sdk=sdk)
+    return verify_source(source, filename=str(p), seed=seed, target=target, backend=backend, rules=rules, sdk=sdk,
+                         max_memory=max_memory)
 
 
 def read_kernel_file(path: Path) -> str:
