@@ -24,7 +24,7 @@ from ..errors import InputError, KernelError
 from ..frontends.workloads import MlpWorkload, workload_from_dict
 from ..ir import Graph, evaluate
 from ..targets import Target, get_target
-from ..verification import NUMPY_DTYPES, TOLERANCES, interpreter_runner, read_kernel_file
+from ..verification import NUMPY_DTYPES, TOLERANCES, interpreter_runner, merge_counters, read_kernel_file
 from ..verification.reference import reference_chunks
 from ..verification.sandbox import check_source
 from ..vocab import ElementwiseOp, NodeKind
@@ -68,18 +68,6 @@ class TpVerifyReport:
         return out
 
 
-def _add_counters(total: dict[str, Any], part: dict[str, Any]) -> None:
-    for key, value in part.items():
-        if isinstance(value, dict):
-            into = total.setdefault(key, {})
-            for k, v in value.items():
-                into[k] = into.get(k, 0) + v
-        elif key.endswith(("_peak_bytes", "_peak_banks")):
-            total[key] = max(total.get(key, 0), value)
-        elif isinstance(value, (int, float)):
-            total[key] = total.get(key, 0) + value
-
-
 def _operand(arrays: dict[str, np.ndarray], spec: dict[str, Any]) -> np.ndarray:
     value = arrays[spec["tensor"]]
     if "rows" in spec:
@@ -111,7 +99,7 @@ class _Kernels:
         for kernel in meta.kernels:
             outputs, part = runner(kernel, [tensors[s.name] for s in kernel.inputs], self.target)
             tensors.update({s.name: v for s, v in zip(kernel.outputs, outputs, strict=True)})
-            _add_counters(counters, part or {})
+            merge_counters(counters, part or {})
         return {s.name: tensors[s.name] for s in meta.outputs}, counters
 
 
@@ -211,10 +199,10 @@ def _run(plan: dict[str, Any], workload: MlpWorkload, workloads: dict[str, Any],
                 raise KernelError(f"rank {rank}, kernel {step['kernel']}: {exc}") from None
             for name, tensor in step["outputs"].items():
                 held[rank][tensor] = outputs[name]
-            _add_counters(counters[rank], part)
+            merge_counters(counters[rank], part)
     report.per_rank = [{"rank": r["rank"], **c} for r, c in zip(ranks, counters, strict=True)]
     for part in counters:
-        _add_counters(report.totals, part)
+        merge_counters(report.totals, part)
     combined, bindings = _combined_graph(plan, workloads)
     combined_inputs = {name: _operand(held[rank], _arg_spec(ranks[rank], arg)) for name, (rank, arg)
                        in bindings.items()}

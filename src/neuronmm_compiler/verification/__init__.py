@@ -103,8 +103,9 @@ def random_inputs(specs: Iterable[TensorSpec], seed: int) -> dict[str, np.ndarra
     return out
 
 
-def _merge(total: dict[str, Any], part: dict[str, Any]) -> None:
-    """Add one kernel's counters into the file's: counts add up, peaks take the maximum."""
+def merge_counters(total: dict[str, Any], part: dict[str, Any]) -> None:
+    """Add one kernel's counters into a total (a file's, a rank's, all ranks'): counts add up, peaks take
+    the maximum."""
     for key, value in part.items():
         if isinstance(value, dict):
             into = total.setdefault(key, {})
@@ -229,7 +230,7 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
             tensors[spec.name] = value
         if counters is not None:
             per_kernel.append({"name": kernel.name, **counters})
-            _merge(totals, counters)
+            merge_counters(totals, counters)
     report.counters = {**totals, "kernels": per_kernel} if len(kernels) > 1 and per_kernel else totals
     _compare(report, graph, [s.name for s in meta.outputs], inputs, tensors, out_dtype)
     return report
