@@ -259,27 +259,12 @@ def _rank_args(args: dict[str, Operand], factors: dict[str, Factor], workload: M
             args[f"v_{part}"] = Operand(f"v_{part}", cols=span)
             out.append(full)
             continue
-        own = shard_rank(h, cols, kept_fraction(h, inter, full))
-        if own is None:
-            raise InputError(f"factor-shard does not apply to {part}: a [{h}, {cols}] shard has no 128-aligned "
-                             "rank below its full rank")
-        for name, shape in ((f"u_{part}.r{rank}", (h, own)), (f"v_{part}.r{rank}", (own, cols))):
-            factors[name] = Factor(name, shape, f"{name[0].upper()} of {part}'s columns {span[0]}:{span[1]} "
-                                                f"factorised on their own, rank {own}")
-        args[f"u_{part}"] = Operand(f"u_{part}.r{rank}")
-        args[f"v_{part}"] = Operand(f"v_{part}.r{rank}")
-        out.append(own)
+        out.append(_own_factors(args, factors, part, (h, cols), kept_fraction(h, inter, full), rank,
+                                f"columns {span[0]}:{span[1]}"))
     full = workload.ranks[2]
     if strategy.down == "factor-shard":
-        own = shard_rank(cols, h, kept_fraction(inter, h, full))
-        if own is None:
-            raise InputError(f"factor-shard does not apply to down: a [{cols}, {h}] shard has no 128-aligned "
-                             "rank below its full rank")
-        for name, shape in ((f"u_down.r{rank}", (cols, own)), (f"v_down.r{rank}", (own, h))):
-            factors[name] = Factor(name, shape, f"{name[0].upper()} of down's rows {span[0]}:{span[1]} "
-                                                f"factorised on their own, rank {own}")
-        args["u_down"] = Operand(f"u_down.r{rank}")
-        args["v_down"] = Operand(f"v_down.r{rank}")
+        own = _own_factors(args, factors, "down", (cols, h), kept_fraction(inter, h, full), rank,
+                           f"rows {span[0]}:{span[1]}")
         return out[0], out[1], own
     factors["u_down"] = Factor("u_down", (inter, full), "the unsharded U of down")
     factors["v_down"] = Factor("v_down", (full, h), "the unsharded V of down")
@@ -287,6 +272,22 @@ def _rank_args(args: dict[str, Operand], factors: dict[str, Factor], workload: M
     if strategy.down == "reduce-output":
         args["v_down"] = Operand("v_down")
     return out[0], out[1], full
+
+
+def _own_factors(args: dict[str, Operand], factors: dict[str, Factor], part: str, shape: tuple[int, int],
+                 fraction: float, rank: int, which: str) -> int:
+    """Bind a projection's shard ``shape`` factorised on its own (factor-shard); return its rank."""
+    rows, cols = shape
+    own = shard_rank(rows, cols, fraction)
+    if own is None:
+        raise InputError(f"factor-shard does not apply to {part}: a [{rows}, {cols}] shard has no 128-aligned "
+                         "rank below its full rank")
+    for name, dims in ((f"u_{part}.r{rank}", (rows, own)), (f"v_{part}.r{rank}", (own, cols))):
+        factors[name] = Factor(name, dims, f"{name[0].upper()} of {part}'s {which} factorised on their own, "
+                                           f"rank {own}")
+    args[f"u_{part}"] = Operand(f"u_{part}.r{rank}")
+    args[f"v_{part}"] = Operand(f"v_{part}.r{rank}")
+    return own
 
 
 def unsharded_graph(workload: MlpWorkload) -> Graph:
