@@ -229,7 +229,9 @@ def test_calibrating_a_calibrated_target_refines_it(kernel_dir: Path, kernels: l
     assert second.exit_code == 0, second.output
     params = json.loads(second.output)["parameters"]
     assert params["dma_fixed_cost_us"]["before"] == partial.dma_fixed_cost_us  # started from the first fit
-    # better than the first fit by far (from this start the model's max() kinks may leave it short of exact)
+    # better than the first fit by far, not exact: from this start no fp32 kernel is TensorE-bound, so
+    # matmul_fp32_factor has a zero Jacobian column and keeps its start value (4.0 against a truth of 4.6)
+    assert params["matmul_fp32_factor"]["after"] == params["matmul_fp32_factor"]["before"]
     before = partial.calibration.rms_rel_error_after
     assert json.loads(second.output)["rms_rel_error_after"] < min(before / 4, 0.01)
 
