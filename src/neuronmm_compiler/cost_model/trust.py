@@ -73,10 +73,16 @@ PROVENANCE: dict[str, str] = {
 }
 
 
+def model_error(target: Target) -> ModelError | None:
+    """The published-measurement error of a stock target's model (None: a calibrated target, whose own fit
+    says how far to trust it, or a target with no published measurement)."""
+    return MODEL_ERROR.get(target.name) if target.calibration is None else None
+
+
 def typical_range(latency_us: float, target: Target) -> tuple[float, float] | None:
     """The band a latency prediction on ``target`` typically falls in (its typical error factor either side;
     half the published measurements were inside it), or None where the model is not validated."""
-    entry = MODEL_ERROR.get(target.name) if target.calibration is None else None
+    entry = model_error(target)
     if entry is None:
         return None
     factor = math.exp(entry.median_abs_log)
@@ -89,7 +95,7 @@ def trust_note(target: Target) -> str:
         cal = target.calibration
         return (f"calibrated on {cal.rows} measurements of {cal.measurements}: RMS error "
                 f"{cal.rms_rel_error_after:.0%} in-sample")
-    entry = MODEL_ERROR.get(target.name)
+    entry = model_error(target)
     if entry is None:
         return f"not validated: no published {target.name} measurement to compare with"
     return entry.describe()
@@ -97,5 +103,5 @@ def trust_note(target: Target) -> str:
 
 def trust_dict(target: Target) -> dict[str, object]:
     """:func:`trust_note` as JSON: the figures, or why there are none."""
-    entry = MODEL_ERROR.get(target.name) if target.calibration is None else None
+    entry = model_error(target)
     return {"note": trust_note(target), **(entry.as_dict() if entry is not None else {})}
