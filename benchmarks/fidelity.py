@@ -7,7 +7,8 @@ row maps to and predicts its latency. Per hardware target it prints the error ``
 of the shipped model, of the model fitted to every row of that target (in-sample), and of the model
 fitted without the row's source (leave-one-source-out: the honest figure), with the median, the worst,
 and, within each source, the Spearman rank correlation of the held-out predictions with the
-measurements. Rows nmmc cannot map are listed with the reason. Results go to benchmarks/results/.
+measurements and how many of the pairs measured at least 2% apart they order right. Rows nmmc cannot map
+are listed with the reason. Results go to benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from neuronmm_compiler.calibration.fidelity import assess
+from neuronmm_compiler.calibration.fidelity import SEPARABLE, assess
 from neuronmm_compiler.calibration.fit import PUBLISHED_FIT
 from neuronmm_compiler.calibration.published import load_rows
 from neuronmm_compiler.targets import get_target
@@ -53,10 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             err = p.error(p.held_out_us, p.measured_us)
             print(f"  {p.row.label[:64]:<64} {p.measured_us:10.1f} {p.default_us:9.1f} {p.fitted_us:9.1f} {held}"
                   f"   {_pct(err)}")
-        print(f"  {'source':<28} {'rows':>4} {'median':>7} {'max':>7} {'spearman':>9}")
+        print(f"  {'source':<28} {'rows':>4} {'median':>7} {'max':>7} {'spearman':>9}   pairs >={SEPARABLE:.0%} apart "
+              "ordered right")
         for s in result.sources:
-            print(f"  {s.source_id:<28} {s.rows:4d} {_pct(s.median_error)} {_pct(s.max_error)} "
-                  f"{'        -' if s.spearman is None else f'{s.spearman:9.3f}'}")
+            rho = "        -" if s.spearman is None else f"{s.spearman:9.3f}"
+            print(f"  {s.source_id:<28} {s.rows:4d} {_pct(s.median_error)} {_pct(s.max_error)} {rho}   "
+                  f"{s.ordered_right}/{s.ordered_pairs}")
         summary = {}
         for which in ("default", "fitted", "held_out"):
             median, worst, n = result.summary(which)

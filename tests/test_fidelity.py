@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from neuronmm_compiler.calibration.fidelity import assess, spearman
+from neuronmm_compiler.calibration.fidelity import assess, order_agreement, spearman
 from neuronmm_compiler.calibration.published import COLUMNS, load_rows
 from neuronmm_compiler.cost_model import DEFAULT_PARAMS
 from neuronmm_compiler.errors import InputError
@@ -84,6 +84,15 @@ def test_the_fit_recovers_known_parameters_and_cross_validates(tmp_path):
     _, held_max, n = result.summary("held_out")
     assert n == len(dataset.rows) and held_max < 1e-3 < default_median
     assert all(s.spearman is None or s.spearman > 0.99 for s in result.sources)
+    assert all(s.ordered_right == s.ordered_pairs for s in result.sources)
+
+
+def test_order_agreement_ignores_pairs_measured_too_close():
+    # 100 and 101 are 1% apart: not counted; 100/150 and 101/150 are, and the prediction orders one of them right
+    assert order_agreement([5.0, 3.0, 4.0], [100.0, 101.0, 150.0]) == (2, 1)
+    assert order_agreement([1.0, 2.0, 3.0], [100.0, 101.0, 150.0]) == (2, 2)
+    assert order_agreement([1.0, 1.0], [100.0, 200.0]) == (1, 0)  # a predicted tie orders nothing
+    assert order_agreement([1.0, 2.0], [100.0, 101.0], separable=0.0) == (1, 1)
 
 
 def test_spearman():

@@ -73,6 +73,9 @@ class ModelParams:
     # instruction overhead of ~60-100 cycles and ~60 cycles per SBUF/PSUM access (AWS guide).
     engine_instruction_cycles: float = 64
     engine_access_cycles: float = 60
+    # Cycles per element that each input after the first adds (AWS guide: ~2N for two inputs, so 1). On trn2
+    # the profile of AWS's kernel-optimization guide shows about N for a two-input add (see Target trn2).
+    engine_extra_input_cycles: float = 1
     # DMA fixed cost per transfer (the target's dma_fixed_cost_us) overlaps across the DMA queues;
     # this many transfers are in flight at once. AWS: 16 DMA engines per core; we assume they
     # all serve one kernel's transfers.
@@ -269,7 +272,7 @@ TARGETS: dict[str, Target] = {
         # No published trn1 kernel is short enough to separate a launch cost: trn2's fit is assumed (the
         # launch is the runtime's, around the kernel). The DMA curve stays as published: fitting it to the
         # trn1 rows does not cross-validate (two sources disagree 2.5x on one kernel; docs/cost_model.md 4a).
-        launch_overhead_us=44.7,
+        launch_overhead_us=44.8,
     ),
     "trn2": Target(
         name="trn2",
@@ -291,16 +294,20 @@ TARGETS: dict[str, Target] = {
         hbm_gbytes_per_s_per_chip=2900.0,
         dma_engines=16,
         dma_bytes_per_ns_per_engine=23.0,
-        # AWS gives ~0.6 us per DGE instruction; the fit to published trn2 kernels gives 1.93 us per transfer
+        # AWS gives ~0.6 us per DGE instruction; the fit to published trn2 kernels gives 1.44 us per transfer
         # (a transfer may take several instructions). The sources differ; the larger, fitted figure is kept.
-        dma_fixed_cost_us=1.93,
+        dma_fixed_cost_us=1.44,
         dma_transpose_efficiency=0.9,  # AWS: DMA transpose reaches up to ~90% of DMA throughput
-        # Fitted to the 29 published trn2 latencies (benchmarks/fidelity.py; docs/cost_model.md 4a): launch,
+        # Fitted to the 33 published trn2 latencies (benchmarks/fidelity.py; docs/cost_model.md 4a): launch,
         # the DMA curve's size scale (trn2 generates descriptors in hardware, DGE: small transfers cost less than
         # AWS's chart says), the TensorEngine's achieved fraction of its clock.
-        launch_overhead_us=44.7,
-        dma_size_scale=4.0,
-        params=ModelParams(tensor_engine_efficiency=0.951),
+        launch_overhead_us=44.8,
+        dma_size_scale=3.0,
+        # engine_extra_input_cycles 0: the guide's 16/2/8 kernel (4096x8192x8192 fp32, one tensor_tensor add of a
+        # 128x512 fp32 tile per output tile and K block) shows VectorE active 10.55% of 28.3 ms = 2.99 ms
+        # (aws-neuron/aws-neuron-sdk@81ce03ae:nki/guides/tutorials/kernel-optimization.rst, benchmarks/published/
+        # aws-nki-kernel-optimization-guide.csv); ~2N cycles per add predicts 5.8 ms, ~N 3.2 ms.
+        params=ModelParams(tensor_engine_efficiency=0.984, engine_extra_input_cycles=0.0),
     ),
     "trn3": Target(
         name="trn3",
@@ -322,12 +329,12 @@ TARGETS: dict[str, Target] = {
         hbm_gbytes_per_s_per_chip=4700.0,
         dma_engines=16,
         dma_bytes_per_ns_per_engine=33.0,
-        dma_fixed_cost_us=1.93,  # not published for trn3; trn2's fitted figure assumed
+        dma_fixed_cost_us=1.44,  # not published for trn3; trn2's fitted figure assumed
         dma_transpose_efficiency=0.9,  # assumed as on trn2
         # not measured on trn3: trn2's fitted figures assumed (same DGE DMA generation)
-        launch_overhead_us=44.7,
-        dma_size_scale=4.0,
-        params=ModelParams(tensor_engine_efficiency=0.951),
+        launch_overhead_us=44.8,
+        dma_size_scale=3.0,
+        params=ModelParams(tensor_engine_efficiency=0.984, engine_extra_input_cycles=0.0),
     ),
 }
 
@@ -340,8 +347,10 @@ VERSION = 1
 #: The hardware table's estimated fields a calibration may refit.
 TARGET_FIELDS: tuple[str, ...] = ("dma_fixed_cost_us", "dma_transpose_efficiency", "launch_overhead_us",
                                    "dma_size_scale")
-#: Fields that are fractions in (0, 1]; every other fitted value is a positive number.
+#: Fields that are fractions in (0, 1]; every other fitted value is a positive number, but for :data:`NONNEGATIVE`.
 FRACTIONS: frozenset[str] = frozenset({"dma_transpose_efficiency"})
+#: Values that may be 0 (trn2's second input of a Vector instruction costs no extra cycles per element).
+NONNEGATIVE: frozenset[str] = frozenset({"engine_extra_input_cycles"})
 PROVENANCE_TYPES: dict[str, type | tuple[type, ...]] = {
     "measurements": str, "rows": int, "rms_rel_error_before": (int, float), "rms_rel_error_after": (int, float),
     "date": str, "fitted": list,
@@ -350,9 +359,12 @@ PROVENANCE_TYPES: dict[str, type | tuple[type, ...]] = {
 
 def check_value(name: str, value: Any) -> float:
     """A fitted value as a float; InputError unless it is a positive finite number (a fraction in
-    (0, 1] for :data:`FRACTIONS`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InputError(f"{name} must be a positive finite number; got {value!r}")
+    (0, 1] for :data:`FRACTIONS`, 0 allowed for :data:`NONNEGATIVE`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number; got {value!r}")
+    if value < 0 or (value == 0 and name not in NONNEGATIVE):
+        what = "non-negative" if name in NONNEGATIVE else "positive"
+        raise InputError(f"{name} must be a {what} finite number; got {value!r}")
     if name in FRACTIONS and value > 1:
         raise InputError(f"{name} is a fraction in (0, 1]; got {value!r}")
     return float(value)
@@ -493,7 +505,8 @@ INTERCONNECTS: dict[str, Interconnect] = {
         instance="trn2.48xlarge", link="NeuronLink-v3", ranks_per_instance=128,
         link_gbytes_per_s_per_chip=1280.0,
         # Estimate as for trn1: ~2x trn2's DMA fixed cost, rounded up. The sources disagree on that cost (AWS's
-        # guide: ~0.6 us per DGE instruction; the fit of issue 13: 1.93 us); we take the larger: 2 x 1.93 -> 4 us.
+        # guide: ~0.6 us per DGE instruction; the fits of issue 13: 1.93 us (model v2), 1.44 us (v3)); we take the
+        # largest: 2 x 1.93 -> 4 us.
         step_latency_us=4.0,
         source="awsdocs-neuron about-neuron/arch/neuron-hardware/trainium2 (NeuronLink); training/best-practices "
                "(trn2.48xlarge: 16 chips, 4x4 torus); latency: estimate",

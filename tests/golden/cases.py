@@ -40,6 +40,8 @@ def _cases() -> dict[str, tuple[str, ...]]:
              "--param", "tiles_in_block_k=2", "--param", "loop_order=mnk", "--dialect", dialect)
         emit(f"gemm-pe-transpose-psum-{dialect}", "--shape", "640x1536x384", "--param", "a_transpose=pe",
              "--param", "accumulate=psum", "--param", "loop_order=kmn", "--dialect", dialect)
+        emit(f"gemm-psum-buffers-2-{dialect}", "--shape", "700x1500x300", "--param", "tiles_in_block_m=2",
+             "--param", "psum_buffers=2", "--dialect", dialect, "--target", "trn2")
     emit("gemm-fp32-2000x3000x1000", "--shape", "2000x3000x1000", "--dtype", "fp32")
     emit("gemm-ragged-tiles-200x700x300-trn3", "--shape", "200x700x300", "--param", "tile_m=64",
          "--param", "tile_n=256", "--param", "dma=tile", "--target", "trn3")

@@ -4,7 +4,8 @@
 plain Python ``range`` (unrolled at trace time), outputs live in ``nl.shared_hbm``.
 ``neuronxcc`` is the older NKI 0.1 API (``import neuronxcc.nki``) that the NeuronMM paper used:
 instructions return values that are assigned into buffers, loads and stores are ``nl.load`` /
-``nl.store``, matmul results accumulate with ``+=`` into a zeroed PSUM tile, and loops are
+``nl.store``, matmul results accumulate with ``+=`` into a zeroed PSUM tile (``=`` starts the sums in a
+rotating PSUM copy, ``accumulate=False`` in 0.3+), and loops are
 ``nl.affine_range`` (independent), ``nl.sequential_range`` (loop-carried partial sums) or
 ``nl.static_range`` (a loop whose variable sizes a ragged tile, so it must be unrolled).
 """
@@ -138,8 +139,9 @@ class NkiPrinter(_Printer):
             fn = "nisa.dma_transpose" if stmt.transpose else "nisa.dma_copy"
             self.emit(depth, f"{fn}(dst={stmt.dst.code()}, src={stmt.src.code()})")
         elif isinstance(stmt, Matmul):
+            start = ", accumulate=False" if stmt.overwrite else ""
             self.emit(depth, f"nisa.nc_matmul(dst={stmt.dst.code()}, stationary={stmt.stationary.code()}, "
-                             f"moving={stmt.moving.code()})")
+                             f"moving={stmt.moving.code()}{start})")
         elif isinstance(stmt, PeTranspose):
             self.emit(depth, f"nisa.nc_transpose(dst={stmt.dst.code()}, data={stmt.src.code()})")
         elif isinstance(stmt, Copy):
@@ -181,7 +183,8 @@ class NeuronxccPrinter(_Printer):
             else:
                 self.emit(depth, f"nl.store({stmt.dst.code()}, value={stmt.src.code()})")
         elif isinstance(stmt, Matmul):
-            self.emit(depth, f"{stmt.dst.code()} += nisa.nc_matmul({stmt.stationary.code()}, "
+            assign = "=" if stmt.overwrite else "+="
+            self.emit(depth, f"{stmt.dst.code()} {assign} nisa.nc_matmul({stmt.stationary.code()}, "
                              f"{stmt.moving.code()})")
         elif isinstance(stmt, PeTranspose):
             self.emit(depth, f"{stmt.dst.code()} = nisa.nc_transpose({stmt.src.code()})")

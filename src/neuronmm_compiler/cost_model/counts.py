@@ -45,6 +45,19 @@ class DmaClass:
 
 
 @dataclass
+class PsumUse:
+    """One PSUM buffer's traffic: how often it is allocated, the TensorEngine cycles writing it, and the
+    Vector/Scalar cycles and instructions reading it (its evictions)."""
+
+    allocations: int = 0
+    copies: int = 0
+    pe_cycles: int = 0
+    vector_cycles: int = 0
+    scalar_cycles: int = 0
+    evictions: int = 0
+
+
+@dataclass
 class ProgramCounts:
     """Aggregate instruction and traffic counts of one program."""
 
@@ -61,6 +74,7 @@ class ProgramCounts:
     psum_evictions: int = 0
     sbuf_read_bytes_by_pe: int = 0
     psum_to_sbuf_bytes: int = 0
+    psum: dict[str, PsumUse] = field(default_factory=dict)
 
     @property
     def dma_transfers(self) -> int:
@@ -79,8 +93,9 @@ class ProgramCounts:
         return sum(self.hbm_bytes_written.values())
 
 
-def _engine_cycles(free_elems: int, inputs: int, params: ModelParams) -> int:
-    return inputs * free_elems + params.engine_instruction_cycles + params.engine_access_cycles * (inputs + 1)
+def _engine_cycles(free_elems: int, inputs: int, params: ModelParams) -> float:
+    per_element = min(inputs, 1) + max(inputs - 1, 0) * params.engine_extra_input_cycles
+    return per_element * free_elems + params.engine_instruction_cycles + params.engine_access_cycles * (inputs + 1)
 
 
 def _free(ref: Ref, env: Mapping[str, int]) -> tuple[int, int]:
@@ -110,26 +125,42 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
         counts.matmuls += mult
         counts.flops += mult * 2 * k * m * n
         counts.matmul_moving_columns += mult * n
-        counts.pe_cycles += mult * max(n, params.matmul_min_cycles) * factor
+        cycles = mult * max(n, params.matmul_min_cycles) * factor
+        counts.pe_cycles += cycles
+        counts.psum.setdefault(stmt.dst.buffer.name, PsumUse()).pe_cycles += cycles
         per_partition = m * stmt.stationary.buffer.itemsize + n * stmt.moving.buffer.itemsize
         counts.sbuf_read_bytes_by_pe += mult * k * per_partition
     elif isinstance(stmt, PeTranspose):
         p, f = _extents(stmt.src, env)
+        cycles = mult * max(p, min(params.transpose_min_cycles, f))
         counts.transposes += mult
-        counts.pe_cycles += mult * max(p, min(params.transpose_min_cycles, f))
+        counts.pe_cycles += cycles
+        if stmt.dst.buffer.memory == "psum":
+            counts.psum.setdefault(stmt.dst.buffer.name, PsumUse()).pe_cycles += cycles
     elif isinstance(stmt, Copy | TensorTensor | Activation):
         partitions, free = _free(stmt.dst, env)
         inputs = 2 if isinstance(stmt, TensorTensor) else 1
         cycles = _engine_cycles(free, inputs, params)
         sources = (stmt.lhs, stmt.rhs) if isinstance(stmt, TensorTensor) else (stmt.src,)
-        if any(src.buffer.memory == "psum" for src in sources):
+        psum = next((src.buffer.name for src in sources if src.buffer.memory == "psum"), None)
+        if psum is not None:
             counts.psum_evictions += mult
             counts.psum_to_sbuf_bytes += mult * partitions * free * 4
+            use = counts.psum.setdefault(psum, PsumUse())
+            use.evictions += mult
+            if isinstance(stmt, Activation):
+                use.scalar_cycles += mult * cycles
+            else:
+                use.vector_cycles += mult * cycles
         if isinstance(stmt, Activation):
             counts.scalar_cycles += mult * cycles
         else:
             counts.vector_cycles += mult * cycles
     elif isinstance(stmt, Alloc):
+        if stmt.buffer.memory == "psum":
+            use = counts.psum.setdefault(stmt.buffer.name, PsumUse())
+            use.allocations += mult
+            use.copies = stmt.copies
         if stmt.zero:  # memset of the whole buffer on the VectorEngine
             free = math.prod(stmt.buffer.shape[1:])
             counts.vector_cycles += mult * _engine_cycles(free, 0, params)
@@ -200,6 +231,25 @@ def edge_counts(program: Program, params: ModelParams, *, reverse: bool) -> Prog
     for stmt, env, mult in _edge(program.body, {}, reverse, anchor):
         add_statement(counts, stmt, env, mult, params)
     return counts
+
+
+def psum_stall_us(counts: ProgramCounts, f_pe: float, f_vec: float, f_act: float) -> float:
+    """Microseconds the TensorEngine waits on PSUM evictions (``t_stall``, docs/cost_model.md §3b).
+
+    Only a PSUM buffer of one explicit copy that several tiles reuse (``Alloc.copies == 1``) stalls: each
+    tile's matmuls wait until the previous tile's eviction has read the copy out (a write-after-read
+    hazard), so matmuls and evictions serialize, and every use but the first of each allocation costs one
+    tile's worth of the shorter side, ``min(P, C) / E`` (``P`` the buffer's TensorEngine time, ``C`` its
+    eviction time, ``E`` its evictions = tiles). A buffer allocated afresh per tile is rotated by the compiler
+    and B >= 2 explicit copies rotate by construction: neither stalls."""
+    total = 0.0
+    for use in counts.psum.values():
+        if use.copies != 1 or use.evictions <= use.allocations:
+            continue
+        produce = use.pe_cycles / (1000 * f_pe)
+        consume = use.vector_cycles / (1000 * f_vec) + use.scalar_cycles / (1000 * f_act)
+        total += (use.evictions - use.allocations) * min(produce, consume) / use.evictions
+    return total
 
 
 def dma_histogram(counts: ProgramCounts) -> dict[int, int]:

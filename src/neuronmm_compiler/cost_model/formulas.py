@@ -8,7 +8,8 @@ evaluates both on real programs and asserts they agree, so the printed formulas 
     T_pe   = pe_cycles / f_pe                   T_vec = vec_cycles / f_vec     T_act = act_cycles / f_act
     T_dma  = n_dma * c_dma / q  +  B_eff / BW   (fixed cost overlapped over q queues; bytes at the
                                                   curve's efficiency for their bytes per partition)
-    latency = T_launch + T_prologue + max(T_pe, T_dma, T_vec, T_act over the steady state) + T_epilogue
+    T_stall = t_stall                           (TensorE waiting on PSUM evictions: counts.psum_stall_us)
+    latency = T_launch + T_prologue + max(T_pe + T_stall, T_dma, T_vec, T_act over the steady state) + T_epilogue
 
 (every count minus its prologue and epilogue part in the steady-state terms; docs/cost_model.md).
 """
@@ -26,10 +27,10 @@ SYMBOLS: tuple[str, ...] = (
     "pro_pe_cycles", "pro_vec_cycles", "pro_n_dma", "pro_eff_bytes",
     "epi_pe_cycles", "epi_vec_cycles", "epi_n_dma", "epi_eff_bytes",
     "f_pe", "f_vec", "f_act", "c_dma", "q", "bw", "flops", "hbm_bytes", "compulsory_bytes", "peak_flops_per_us",
-    "t_launch",
+    "t_launch", "t_stall",
 )
 #: The time terms, in the order ``explain`` prints them.
-TERMS: tuple[str, ...] = ("T_pe", "T_vec", "T_act", "T_dma", "T_prologue", "T_epilogue", "T_launch")
+TERMS: tuple[str, ...] = ("T_pe", "T_vec", "T_act", "T_dma", "T_prologue", "T_epilogue", "T_launch", "T_stall")
 
 
 def _engine_us(cycles: float, ghz: float) -> float:
@@ -54,12 +55,14 @@ def steady_times(v: Mapping[str, float]) -> dict[str, float]:
         "T_prologue": _edge_us(v, "pro"),
         "T_epilogue": _edge_us(v, "epi"),
         "T_launch": v["t_launch"],
+        "T_stall": v["t_stall"],
     }
 
 
 def latency(t: Mapping[str, float]) -> float:
     """The predicted latency from the time terms."""
-    return t["T_launch"] + t["T_prologue"] + max(t["T_pe"], t["T_dma"], t["T_vec"], t["T_act"]) + t["T_epilogue"]
+    steady = max(t["T_pe"] + t["T_stall"], t["T_dma"], t["T_vec"], t["T_act"])
+    return t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"]
 
 
 def lower_bound(v: Mapping[str, float]) -> float:
@@ -91,8 +94,10 @@ def symbolic() -> tuple[dict[str, Any], Any, Any]:
         "T_prologue": edge("pro"),
         "T_epilogue": edge("epi"),
         "T_launch": s["t_launch"],
+        "T_stall": s["t_stall"],
     }
     t = {name: sp.Symbol(name) for name in terms}
-    total = t["T_launch"] + t["T_prologue"] + sp.Max(t["T_pe"], t["T_dma"], t["T_vec"], t["T_act"]) + t["T_epilogue"]
+    steady = sp.Max(t["T_pe"] + t["T_stall"], t["T_dma"], t["T_vec"], t["T_act"])
+    total = t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"]
     bound = s["t_launch"] + sp.Max(s["flops"] / s["peak_flops_per_us"], s["compulsory_bytes"] / s["bw"])
     return terms, total, bound

@@ -8,7 +8,8 @@ This module combines them with the target's clocks and bandwidths:
     T_pe   = pe_cycles / f_pe                   T_vec = vec_cycles / f_vec     T_act = act_cycles / f_act
     T_dma  = n_dma * c_dma / q  +  B_eff / BW   (fixed cost overlapped over q queues; bytes at the
                                                   curve's efficiency for their bytes per partition)
-    latency = T_prologue + max(T_pe, T_dma, T_vec, T_act over the steady state) + T_epilogue
+    T_stall = TensorE time spent waiting for PSUM evictions (one copy per tile allocated in a loop body)
+    latency = T_launch + T_prologue + max(T_pe + T_stall, T_dma, T_vec, T_act over the steady state) + T_epilogue
 
 The formulas are plain Python (``formulas.py``, which also builds them as sympy expressions for
 ``nmmc explain``). docs/cost_model.md derives each term.
@@ -23,7 +24,7 @@ from typing import Any
 
 from ..kernel_ir.program import Program
 from ..targets import Target
-from .counts import ProgramCounts, count_program, dma_histogram, edge_counts
+from .counts import ProgramCounts, count_program, dma_histogram, edge_counts, psum_stall_us
 from .footprint import footprint
 from .formulas import latency, lower_bound, steady_times
 from .params import ModelParams, params_of
@@ -130,6 +131,7 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
         "bw": bw, "flops": counts.flops,
         "hbm_bytes": counts.total_hbm_bytes_read + counts.total_hbm_bytes_written,
         "compulsory_bytes": compulsory, "peak_flops_per_us": peak, "t_launch": target.launch_overhead_us,
+        "t_stall": psum_stall_us(counts, f_pe, target.vector_clock_ghz, target.scalar_clock_ghz),
     }
     return values, counts
 
@@ -143,7 +145,8 @@ def estimate(program: Program, target: Target, params: ModelParams | None = None
     lower = lower_bound(values)
     dma_fixed = (values["n_dma"] - values["pro_n_dma"] - values["epi_n_dma"]) * values["c_dma"] / values["q"]
     dma_bytes = times["T_dma"] - dma_fixed
-    steady = {"compute": times["T_pe"], "dma": times["T_dma"], "vector": times["T_vec"], "scalar": times["T_act"]}
+    steady = {"compute": times["T_pe"] + times["T_stall"], "dma": times["T_dma"], "vector": times["T_vec"],
+              "scalar": times["T_act"]}
     top = max(steady, key=lambda k: steady[k])
     if top == "compute":
         bound = "compute"

@@ -1,4 +1,5 @@
-"""Index expressions of the loop-nest program: affine forms in loop variables, and their minimum.
+"""Index expressions of the loop-nest program: affine forms in loop variables, their minimum, and the
+rotation slot of a multi-buffered tile (an affine form modulo a constant).
 
 Loop trip counts and slice bounds of an emitted kernel are either affine in the enclosing loop
 variables (``256 * m_blk + 128 * bm``) or, for the last, ragged tile of a dimension, the minimum of
@@ -91,11 +92,45 @@ class Min:
         return "min(" + ", ".join(arg.code() for arg in self.args) + ")"
 
 
-Expr = Lin | Min
+@dataclass(frozen=True)
+class Mod:
+    """``arg % modulus``: which of ``modulus`` rotating copies a tile uses. Only ever a :class:`Point` index
+    (never an extent or a trip count), and printed only after the loops it depends on are unrolled, when it
+    is a constant (:mod:`.psum_banks`)."""
+
+    arg: Lin
+    modulus: int
+
+    def variables(self) -> set[str]:
+        return self.arg.variables()
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        return self.arg.evaluate(env) % self.modulus
+
+    def substitute(self, env: Mapping[str, int]) -> Expr:
+        return modulo(self.arg.substitute(env), self.modulus)
+
+    def code(self) -> str:
+        return f"({self.arg.code()}) % {self.modulus}"
+
+
+Expr = Lin | Min | Mod
+
+
+def modulo(value: int | Expr, modulus: int) -> Expr:
+    """``value % modulus`` of an affine form (a constant folds)."""
+    item = as_expr(value)
+    if not isinstance(item, Lin):
+        raise ValueError("modulo() takes an affine form")
+    if modulus < 1:
+        raise ValueError("modulo() takes a positive modulus")
+    if item.is_const or modulus == 1:
+        return Lin(item.const % modulus if item.is_const else 0)
+    return Mod(item, modulus)
 
 
 def as_expr(value: int | Expr) -> Expr:
-    if isinstance(value, Lin | Min):
+    if isinstance(value, Lin | Min | Mod):
         return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"not an index expression: {value!r}")
@@ -118,6 +153,8 @@ def add(*values: int | Expr) -> Expr:
     result: Expr = Lin(0)
     for value in values:
         item = as_expr(value)
+        if isinstance(item, Mod):
+            raise ValueError("a rotation slot (Mod) takes no arithmetic")
         if isinstance(result, Min):
             result = minimum(*(add(arg, item) for arg in result.args))
         elif isinstance(item, Min):
@@ -132,6 +169,8 @@ def scale(value: int | Expr, factor: int) -> Expr:
     if factor < 0:
         raise ValueError("scale() takes a non-negative factor (it distributes into min)")
     item = as_expr(value)
+    if isinstance(item, Mod):
+        raise ValueError("a rotation slot (Mod) takes no arithmetic")
     if isinstance(item, Min):
         return minimum(*(scale(arg, factor) for arg in item.args))
     if factor == 0:
@@ -151,6 +190,8 @@ def minimum(*values: int | Expr) -> Expr:
     flat: list[Lin] = []
     for value in values:
         item = as_expr(value)
+        if isinstance(item, Mod):
+            raise ValueError("a rotation slot (Mod) takes no arithmetic")
         flat.extend(item.args if isinstance(item, Min) else (item,))
     kept: list[Lin] = []
     for cand in flat:

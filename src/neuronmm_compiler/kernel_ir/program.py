@@ -108,12 +108,16 @@ def whole(buffer: Buffer) -> Ref:
 @dataclass(frozen=True)
 class Alloc:
     """Allocate an on-chip buffer. ``zero`` fills it with 0 (partial sums start at zero);
-    ``accumulator`` marks a PSUM buffer that matmuls accumulate into (0.1 dialects zero it)."""
+    ``accumulator`` marks a PSUM buffer that matmuls accumulate into (0.1 dialects zero it).
+    ``copies``: 0 for a buffer each execution allocates afresh (the compiler chooses how many physical
+    copies rotate); B >= 1 for B copies along axis 1 that the uses inside the allocation's scope rotate
+    through explicitly (a copy is reused only after the B - 1 uses since its last one)."""
 
     buffer: Buffer
     zero: bool = False
     accumulator: bool = False
     comment: str = ""
+    copies: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,11 +135,14 @@ class DmaCopy:
 
 @dataclass(frozen=True)
 class Matmul:
-    """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` on the TensorEngine, into PSUM."""
+    """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` on the TensorEngine, into PSUM. ``overwrite``: this
+    matmul starts the accumulation (a rotating PSUM copy that still holds an earlier tile's sums); otherwise it
+    accumulates into a freshly allocated tile, whose first write overwrites."""
 
     dst: Ref
     stationary: Ref
     moving: Ref
+    overwrite: bool = False
 
 
 @dataclass(frozen=True)

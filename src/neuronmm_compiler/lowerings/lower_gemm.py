@@ -22,13 +22,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, add, scale
+from ..kernel_ir.expr import Expr, Lin, add, modulo, scale, sub, var
 from ..kernel_ir.program import (
     Alloc,
     Buffer,
     Comment,
     Copy,
     DmaCopy,
+    Loop,
     Matmul,
     PeTranspose,
     Point,
@@ -91,6 +92,10 @@ class _GemmLowering:
             acc_dtype = "float32" if s.accumulator_dtype == "float32" else dt
             self.acc = Buffer("acc_sbuf", (m.tile, self.acc_m_tiles, self.acc_n_tiles * n.tile), acc_dtype, "sbuf")
         self.psum_tile = Buffer("c_psum", (m.tile, n.tile), "float32", "psum")
+        # Rotating PSUM copies (psum_buffers >= 1): one bank each, so every copy is its own NKI tile once
+        # kernel_ir.psum_banks splits the buffer, and the copy a tile uses is named statically.
+        self.psum_rotation = Buffer("c_psum", (m.tile, max(s.psum_buffers, 1), psum_bank_fp32(target)),
+                                    "float32", "psum")
         self.c_tile = Buffer("c_tile", (m.tile, n.tile), dt, "sbuf")
         self.c_block = Buffer("c_block", (m.tile, m.tiles_in_block, n.block_elems), dt, "sbuf")
         row_cols = problem.n if "n" in self.inner_dims else n.block_elems
@@ -176,16 +181,22 @@ class _GemmLowering:
         body: list[Stmt]
         pre: list[Stmt] = []
         post: list[Stmt] = []
+        rotating = s.psum_buffers > 0
+        if rotating:
+            what = ("copies the block's output tiles rotate through" if s.psum_buffers > 1
+                    else "copy every output tile reuses")
+            pre = [Alloc(self.psum_rotation, accumulator=True, copies=s.psum_buffers,
+                         comment=f"{s.psum_buffers} PSUM {what}")]
         if self.per_tile_psum:
-            psum = Ref(self.psum_tile, (span(0, msz), span(0, nsz)))
-            body = [Alloc(self.psum_tile, accumulator=True), *kloop(psum)]
+            psum, acc_alloc = self.tile_psum(msz, nsz)
+            body = [*acc_alloc, *(self.first_kloop(psum, blocks) if rotating else kloop(psum))]
             if s.dma == "tile":
                 c_sb = Ref(self.c_tile, (span(0, msz), span(0, nsz)))
                 body += [Alloc(self.c_tile), Copy(c_sb, psum),
                          DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.tile_start(gn), nsz))), c_sb)]
             else:
                 body.append(Copy(Ref(self.c_block, (span(0, msz), Point(bm), span(scale(bn, n.tile), nsz))), psum))
-                pre = [Alloc(self.c_block, comment="output block, packed for one store per row")]
+                pre.append(Alloc(self.c_block, comment="output block, packed for one store per row"))
                 ncols = n.block_size(nb)
                 store = DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.block_start(nb), ncols))),
                                 Ref(self.c_block, (span(0, msz), Point(bm), span(0, ncols))))
@@ -201,15 +212,50 @@ class _GemmLowering:
                     dst = Ref(self.acc, (span(0, msz), Point(slot), span(0, nsz)))
                 body = kloop(dst)
             else:
-                psum = Ref(self.psum_tile, (span(0, msz), span(0, nsz)))
+                psum, acc_alloc = self.tile_psum(msz, nsz)
                 acc = Ref(self.acc, (span(0, msz), Point(m_slot), span(scale(n_slot, n.tile), nsz)))
-                body = [Alloc(self.psum_tile, accumulator=True), *kloop(psum),
+                body = [*acc_alloc, *(self.first_kloop(psum, blocks) if rotating else kloop(psum)),
                         TensorTensor(acc, acc, psum, ElementwiseOp.ADD)]
         loops = {"m": ("bm", m.tiles_in(mb), m.tiles_in_block), "n": ("bn", n.tiles_in(nb), n.tiles_in_block)}
         for d in reversed(s.tile_order):
             name, trip, max_trip = loops[d]
             body = loop(name, trip, max_trip, body)
         return pre + body + post
+
+    def tile_psum(self, msz: Expr, nsz: Expr) -> tuple[Ref, list[Stmt]]:
+        """An output tile's PSUM accumulator and its allocation: its own tile allocated in the tile loops, or
+        (``psum_buffers`` >= 1) the rotating copy its position in the block selects, allocated before them."""
+        if self.s.psum_buffers == 0:
+            return Ref(self.psum_tile, (span(0, msz), span(0, nsz))), [Alloc(self.psum_tile, accumulator=True)]
+        m, n = self.dims["m"], self.dims["n"]
+        inner = self.s.tile_order[1]
+        inner_tiles = (m if inner == "m" else n).tiles_in_block
+        outer_var = iv("b" + self.s.tile_order[0], (n if inner == "m" else m).tiles_in_block)
+        position = add(scale(outer_var, inner_tiles), iv("b" + inner, inner_tiles))
+        slot = modulo(position, self.s.psum_buffers)
+        return Ref(self.psum_rotation, (span(0, msz), Point(slot), span(0, nsz))), []
+
+    def first_kloop(self, dst: Ref, blocks: dict[str, Expr]) -> list[Stmt]:
+        """The K-tile matmuls of one output tile into a rotating PSUM copy, which still holds an earlier
+        tile's sums: the first K tile overwrites (starts the accumulation), the rest accumulate."""
+        m, n, k = self.dims["m"], self.dims["n"], self.dims["k"]
+        mb, nb, kb = blocks["m"], blocks["n"], blocks["k"]
+        bm, bn = iv("bm", m.tiles_in_block), iv("bn", n.tiles_in_block)
+        gm, gn = m.tile_index(mb, bm), n.tile_index(nb, bn)
+
+        def matmul(bk: Expr, overwrite: bool) -> Matmul:
+            ksz = k.tile_size(k.tile_index(kb, bk))
+            stationary = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), m.tile_size(gm))))
+            moving = Ref(self.b_tiles, (span(0, ksz), Point(bk), span(scale(bn, n.tile), n.tile_size(gn))))
+            return Matmul(dst, stationary, moving, overwrite=overwrite)
+
+        out: list[Stmt] = [matmul(Lin(0), True)]
+        if k.tiles_in_block == 1:
+            return out
+        rest = sub(k.tiles_in(kb), 1)
+        if k.tiles_in_block == 2 and isinstance(rest, Lin) and rest.is_const:
+            return [*out, matmul(Lin(1), False)]
+        return [*out, Loop("bk", rest, [matmul(add(var("bk"), 1), False)])]
 
     # ------------------------------------------------------------------ accumulator store
     def store_acc(self, blocks: dict[str, Expr]) -> list[Stmt]:

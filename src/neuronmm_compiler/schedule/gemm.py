@@ -7,8 +7,9 @@ feeds A^T tiles as the stationary operand (free size <= 128) and B tiles as the 
 
 A :class:`GemmSchedule` fixes the tile sizes, how many tiles make a block along each dimension,
 the order of the three block loops, the order of the two free-dimension tile loops inside a block,
-where partial sums over K live when K spans several blocks, how DMAs are grouped, and how A^T tiles
-are produced when A is stored row-major. Operand blocks are loaded in the body of the innermost
+where partial sums over K live when K spans several blocks, how DMAs are grouped, how A^T tiles
+are produced when A is stored row-major, and how many PSUM copies the output tiles of a block rotate
+through (``psum_buffers``). Operand blocks are loaded in the body of the innermost
 block loop they depend on, so they stay in SBUF across the loops nested inside: loop order and
 block sizes together decide what is cached across which loop. A loop of one trip is not emitted
 but still positions the loads (order ``kmn`` with one K block keeps an A^T strip across the n loop).
@@ -126,6 +127,13 @@ PARAMS: tuple[ParamSpec, ...] = (
                 "how A^T tiles are made when A is row-major: dma (transposing load) or pe (TensorE)", role=CLASS),
     categorical("accumulator_dtype", ACCUMULATOR_DTYPES, (),
                 "dtype of SBUF partial sums: float32 or the output dtype"),
+    integer("psum_buffers", 0, "psum_banks", "the target's PSUM bank count", (),
+            "PSUM copies the output tiles of a block rotate through, 0..PSUM banks. 0: a fresh accumulator per "
+            "output tile, allocated in the tile loops (the compiler picks the physical copies and rotates them). "
+            "B >= 1: B one-bank copies allocated once per block, tile t using copy t % B; with B = 1 a tile's "
+            "matmuls wait for the previous tile's eviction, with B >= 2 they overlap it. Clipped to the tiles of a "
+            "block; 0 when partial sums stay in PSUM across K blocks (accumulate=psum with several K blocks). Not "
+            "searched: the model rates an explicit rotation equal to the compiler's (docs/cost_model.md 3b)"),
 )
 
 
@@ -147,6 +155,7 @@ class GemmSchedule(ScheduleParams):
     dma: str = "tile"
     a_transpose: str = "dma"
     accumulator_dtype: str = "float32"
+    psum_buffers: int = 0
 
     def normalized(self, context: GemmProblem) -> GemmSchedule:
         """:func:`normalize` to the problem ``context``."""
@@ -172,12 +181,15 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule) -> GemmSchedule:
         tile_k=min(schedule.tile_k, problem.k),
     )
     counts = tile_counts(problem, clipped)
-    return replace(
+    blocked = replace(
         clipped,
         tiles_in_block_m=min(clipped.tiles_in_block_m, counts["m"]),
         tiles_in_block_n=min(clipped.tiles_in_block_n, counts["n"]),
         tiles_in_block_k=min(clipped.tiles_in_block_k, counts["k"]),
     )
+    held = blocked.accumulate == "psum" and counts["k"] > blocked.tiles_in_block_k
+    tiles = blocked.tiles_in_block_m * blocked.tiles_in_block_n
+    return replace(blocked, psum_buffers=0 if held else min(blocked.psum_buffers, tiles))
 
 
 # ----------------------------------------------------------------------------- presets
