@@ -272,7 +272,7 @@ TARGETS: dict[str, Target] = {
         # No published trn1 kernel is short enough to separate a launch cost: trn2's fit is assumed (the
         # launch is the runtime's, around the kernel). The DMA curve stays as published: fitting it to the
         # trn1 rows does not cross-validate (two sources disagree 2.5x on one kernel; docs/cost_model.md 4a).
-        launch_overhead_us=44.8,
+        launch_overhead_us=45.3,
     ),
     "trn2": Target(
         name="trn2",
@@ -294,20 +294,20 @@ TARGETS: dict[str, Target] = {
         hbm_gbytes_per_s_per_chip=2900.0,
         dma_engines=16,
         dma_bytes_per_ns_per_engine=23.0,
-        # AWS gives ~0.6 us per DGE instruction; the fit to published trn2 kernels gives 1.44 us per transfer
+        # AWS gives ~0.6 us per DGE instruction; the fit to published trn2 kernels gives 1.71 us per transfer
         # (a transfer may take several instructions). The sources differ; the larger, fitted figure is kept.
-        dma_fixed_cost_us=1.44,
+        dma_fixed_cost_us=1.71,
         dma_transpose_efficiency=0.9,  # AWS: DMA transpose reaches up to ~90% of DMA throughput
         # Fitted to the 33 published trn2 latencies (benchmarks/fidelity.py; docs/cost_model.md 4a): launch,
         # the DMA curve's size scale (trn2 generates descriptors in hardware, DGE: small transfers cost less than
         # AWS's chart says), the TensorEngine's achieved fraction of its clock.
-        launch_overhead_us=44.8,
-        dma_size_scale=3.0,
+        launch_overhead_us=45.3,
+        dma_size_scale=3.45,
         # engine_extra_input_cycles 0: the guide's 16/2/8 kernel (4096x8192x8192 fp32, one tensor_tensor add of a
         # 128x512 fp32 tile per output tile and K block) shows VectorE active 10.55% of 28.3 ms = 2.99 ms
         # (aws-neuron/aws-neuron-sdk@81ce03ae:nki/guides/tutorials/kernel-optimization.rst, benchmarks/published/
         # aws-nki-kernel-optimization-guide.csv); ~2N cycles per add predicts 5.8 ms, ~N 3.2 ms.
-        params=ModelParams(tensor_engine_efficiency=0.984, engine_extra_input_cycles=0.0),
+        params=ModelParams(tensor_engine_efficiency=0.968, engine_extra_input_cycles=0.0),
     ),
     "trn3": Target(
         name="trn3",
@@ -329,12 +329,12 @@ TARGETS: dict[str, Target] = {
         hbm_gbytes_per_s_per_chip=4700.0,
         dma_engines=16,
         dma_bytes_per_ns_per_engine=33.0,
-        dma_fixed_cost_us=1.44,  # not published for trn3; trn2's fitted figure assumed
+        dma_fixed_cost_us=1.71,  # not published for trn3; trn2's fitted figure assumed
         dma_transpose_efficiency=0.9,  # assumed as on trn2
         # not measured on trn3: trn2's fitted figures assumed (same DGE DMA generation)
-        launch_overhead_us=44.8,
-        dma_size_scale=3.0,
-        params=ModelParams(tensor_engine_efficiency=0.984, engine_extra_input_cycles=0.0),
+        launch_overhead_us=45.3,
+        dma_size_scale=3.45,
+        params=ModelParams(tensor_engine_efficiency=0.968, engine_extra_input_cycles=0.0),
     ),
 }
 
@@ -505,7 +505,7 @@ INTERCONNECTS: dict[str, Interconnect] = {
         instance="trn2.48xlarge", link="NeuronLink-v3", ranks_per_instance=128,
         link_gbytes_per_s_per_chip=1280.0,
         # Estimate as for trn1: ~2x trn2's DMA fixed cost, rounded up. The sources disagree on that cost (AWS's
-        # guide: ~0.6 us per DGE instruction; the fits of issue 13: 1.93 us (model v2), 1.44 us (v3)); we take the
+        # guide: ~0.6 us per DGE instruction; the fits of issue 13: 1.93 us (model v2), 1.71 us (v3)); we take the
         # largest: 2 x 1.93 -> 4 us.
         step_latency_us=4.0,
         source="awsdocs-neuron about-neuron/arch/neuron-hardware/trainium2 (NeuronLink); training/best-practices "

@@ -98,6 +98,7 @@ class _GemmLowering:
                                     "float32", "psum")
         self.c_tile = Buffer("c_tile", (m.tile, n.tile), dt, "sbuf")
         self.c_block = Buffer("c_block", (m.tile, m.tiles_in_block, n.block_elems), dt, "sbuf")
+        self.c_row = Buffer("c_row", (m.tile, n.block_elems), dt, "sbuf")
         row_cols = problem.n if "n" in self.inner_dims else n.block_elems
         self.c_rows = Buffer("c_rows", (m.tile, row_cols), dt, "sbuf")
 
@@ -181,6 +182,8 @@ class _GemmLowering:
         body: list[Stmt]
         pre: list[Stmt] = []
         post: list[Stmt] = []
+        row_pre: list[Stmt] = []  # around the inner tile loop
+        row_post: list[Stmt] = []
         rotating = s.psum_buffers > 0
         if rotating:
             what = ("copies the block's output tiles rotate through" if s.psum_buffers > 1
@@ -194,6 +197,12 @@ class _GemmLowering:
                 c_sb = Ref(self.c_tile, (span(0, msz), span(0, nsz)))
                 body += [Alloc(self.c_tile), Copy(c_sb, psum),
                          DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.tile_start(gn), nsz))), c_sb)]
+            elif s.tile_order == "mn":  # a row of the block is whole after its N tiles: stored right then
+                body.append(Copy(Ref(self.c_row, (span(0, msz), span(scale(bn, n.tile), nsz))), psum))
+                ncols = n.block_size(nb)
+                row_pre = [Alloc(self.c_row, comment="one row of the block's output tiles, stored once evicted")]
+                row_post = [DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.block_start(nb), ncols))),
+                                    Ref(self.c_row, (span(0, msz), span(0, ncols))))]
             else:
                 body.append(Copy(Ref(self.c_block, (span(0, msz), Point(bm), span(scale(bn, n.tile), nsz))), psum))
                 pre.append(Alloc(self.c_block, comment="output block, packed for one store per row"))
@@ -217,10 +226,9 @@ class _GemmLowering:
                 body = [*acc_alloc, *(self.first_kloop(psum, blocks) if rotating else kloop(psum)),
                         TensorTensor(acc, acc, psum, ElementwiseOp.ADD)]
         loops = {"m": ("bm", m.tiles_in(mb), m.tiles_in_block), "n": ("bn", n.tiles_in(nb), n.tiles_in_block)}
-        for d in reversed(s.tile_order):
-            name, trip, max_trip = loops[d]
-            body = loop(name, trip, max_trip, body)
-        return pre + body + post
+        outer, inner = s.tile_order
+        body = row_pre + loop(*loops[inner], body) + row_post
+        return pre + loop(*loops[outer], body) + post
 
     def tile_psum(self, msz: Expr, nsz: Expr) -> tuple[Ref, list[Stmt]]:
         """An output tile's PSUM accumulator and its allocation: its own tile allocated in the tile loops, or

@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
 # footprint    svd_chain_k0: SBUF 26624 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    584.8 us on trn3 (cost model v3, 1 kernel)
+# predicted    584.7 us on trn3 (cost model v3, 1 kernel)
 # model error  not validated: no published trn3 measurement to compare with
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,7 +5,7 @@
 # schedule     aws-fully-optimized
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output psum_buffers=0
 # footprint    SBUF 81920 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    298.7 us on trn3 (compute-bound; cost model v3, lower bound 265.8 us)
+# predicted    303.4 us on trn3 (compute-bound; cost model v3, lower bound 270.0 us)
 # model error  not validated: no published trn3 measurement to compare with
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,7 +5,7 @@
 # schedule     aws-tiled
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=1 loop_order=mnk tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 psum_buffers=0
 # footprint    SBUF 1280 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    749.1 us on trn3 (memory-bound; cost model v3, lower bound 265.8 us)
+# predicted    751.5 us on trn3 (memory-bound; cost model v3, lower bound 270.0 us)
 # model error  not validated: no published trn3 measurement to compare with
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,8 +5,8 @@
 # schedule     aws-fully-optimized + psum_buffers=2 tiles_in_block_m=2
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output psum_buffers=2
 # footprint    SBUF 19968 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    77.8 us on trn2 (overhead-bound; cost model v3, lower bound 54.2 us)
-# model error  typically within x1.06, worst x1.20 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    78.8 us on trn2 (overhead-bound; cost model v3, lower bound 54.7 us)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
 # target       trn2 (NeuronCore-v3)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn2

@@ -5,7 +5,7 @@
 # schedule     aws-fully-optimized + dma=tile tile_m=64 tile_n=256
 # parameters   tile_m=64 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=tile a_transpose=dma accumulator_dtype=output psum_buffers=0
 # footprint    SBUF 7936 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    59.1 us on trn3 (memory-bound; cost model v3, lower bound 46.4 us)
+# predicted    60.0 us on trn3 (memory-bound; cost model v3, lower bound 46.9 us)
 # model error  not validated: no published trn3 measurement to compare with
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,8 +5,8 @@
 # schedule     default
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
 # footprint    three_factor_chain_k0: SBUF 24580 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    69.8 us on trn2 (cost model v3, 1 kernel)
-# model error  typically within x1.06, worst x1.20 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    70.4 us on trn2 (cost model v3, 1 kernel)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.32 on trn2

@@ -3,9 +3,9 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=1024 N=2048 K=1024, bfloat16, A[M,K]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 psum_buffers=0
-# footprint    SBUF 38912 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    103.2 us on trn1 (compute-bound; cost model v3, lower bound 91.5 us)
+# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=4 tiles_in_block_k=8 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 psum_buffers=0
+# footprint    SBUF 34816 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted    101.9 us on trn1 (compute-bound; cost model v3, lower bound 92.0 us)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
@@ -18,7 +18,7 @@
 #     %mm0 = matmul %a, %b : [1024, 2048] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1024, 1024] bfloat16 layout=row_major\n  %b = input \"b\" [1024, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1024, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"knm","psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":8,"tiles_in_block_m":1,"tiles_in_block_n":4}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1024, 1024] bfloat16 layout=row_major\n  %b = input \"b\" [1024, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1024, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1024,1024]},{"dtype":"bfloat16","name":"b","shape":[1024,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1024,2048]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"kmn","psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":8,"tiles_in_block_m":8,"tiles_in_block_n":4}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -37,29 +37,32 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (1024, 1024), f"a: expected shape (1024, 1024), got {a.shape}"
     assert tuple(b.shape) == (1024, 2048), f"b: expected shape (1024, 2048), got {b.shape}"
     c = nl.ndarray((1024, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 psum_buffers=0
-    # B block: K on partitions, N free (moving)
-    b_tiles = nl.ndarray((128, 8, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for bk in nl.affine_range(8):
-        b_tiles[0:128, bk, 0:2048] = nl.load(b[128 * bk:128 * bk + 128, 0:2048])
-    for m_blk in nl.affine_range(8):
-        # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 8, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        # A block as stored: M on partitions, K free
-        a_rows = nl.ndarray((128, 1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        a_rows[0:128, 0, 0:1024] = nl.load(a[128 * m_blk:128 * m_blk + 128, 0:1024])
+    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=4 tiles_in_block_k=8 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 psum_buffers=0
+    # A^T block: K on partitions, M free (stationary)
+    a_t_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # A block as stored: M on partitions, K free
+    a_rows = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bm in nl.affine_range(8):
+        a_rows[0:128, bm, 0:1024] = nl.load(a[128 * bm:128 * bm + 128, 0:1024])
+    for bm in nl.affine_range(8):
         for bk in nl.affine_range(8):
             a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            a_t_psum[0:128, 0:128] = nisa.nc_transpose(a_rows[0:128, 0, 128 * bk:128 * bk + 128])
-            a_t_tiles[0:128, bk, 0:128] = nl.copy(a_t_psum[0:128, 0:128], dtype=nl.bfloat16)
-        # output block, packed for one store per row
-        c_block = nl.ndarray((128, 1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in nl.affine_range(4):
-            c_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
-            for bk in nl.affine_range(8):
-                c_psum[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 0:128], b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
-            c_block[0:128, 0, 512 * bn:512 * bn + 512] = nl.copy(c_psum[0:128, 0:512], dtype=nl.bfloat16)
-        nl.store(c[128 * m_blk:128 * m_blk + 128, 0:2048], value=c_block[0:128, 0, 0:2048])
+            a_t_psum[0:128, 0:128] = nisa.nc_transpose(a_rows[0:128, bm, 128 * bk:128 * bk + 128])
+            a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128] = nl.copy(a_t_psum[0:128, 0:128], dtype=nl.bfloat16)
+    for n_blk in nl.affine_range(2):
+        # B block: K on partitions, N free (moving)
+        b_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bk in nl.affine_range(8):
+            b_tiles[0:128, bk, 0:1024] = nl.load(b[128 * bk:128 * bk + 128, 1024 * n_blk:1024 * n_blk + 1024])
+        for bm in nl.affine_range(8):
+            # one row of the block's output tiles, stored once evicted
+            c_row = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for bn in nl.affine_range(4):
+                c_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
+                for bk in nl.affine_range(8):
+                    c_psum[0:128, 0:256] += nisa.nc_matmul(a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], b_tiles[0:128, bk, 256 * bn:256 * bn + 256])
+                c_row[0:128, 256 * bn:256 * bn + 256] = nl.copy(c_psum[0:128, 0:256], dtype=nl.bfloat16)
+            nl.store(c[128 * bm:128 * bm + 128, 1024 * n_blk:1024 * n_blk + 1024], value=c_row[0:128, 0:1024])
     return c
 
 

@@ -5,8 +5,8 @@
 # schedule     tuned (optuna, seed 0)
 # parameters   tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 psum_buffers=0
 # footprint    SBUF 135232 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    148.3 us on trn2 (memory-bound; cost model v3, lower bound 137.4 us)
-# model error  typically within x1.06, worst x1.20 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    150.3 us on trn2 (memory-bound; cost model v3, lower bound 137.9 us)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.32 on trn2
@@ -52,14 +52,14 @@ def gemm_kernel(a, b):
         b_tiles = nl.ndarray((128, 32, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(32):
             nisa.dma_copy(dst=b_tiles[0:128, bk, 0:2048], src=b[128 * bk:128 * bk + 128, 2048 * n_blk:2048 * n_blk + 2048])
-        # output block, packed for one store per row
-        c_block = nl.ndarray((1, 1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # one row of the block's output tiles, stored once evicted
+        c_row = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in range(4):
             c_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
             for bk in range(32):
                 nisa.nc_matmul(dst=c_psum[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
-            nisa.tensor_copy(dst=c_block[0:1, 0, 512 * bn:512 * bn + 512], src=c_psum[0:1, 0:512])
-        nisa.dma_copy(dst=c[0:1, 2048 * n_blk:2048 * n_blk + 2048], src=c_block[0:1, 0, 0:2048])
+            nisa.tensor_copy(dst=c_row[0:1, 512 * bn:512 * bn + 512], src=c_psum[0:1, 0:512])
+        nisa.dma_copy(dst=c[0:1, 2048 * n_blk:2048 * n_blk + 2048], src=c_row[0:1, 0:2048])
     return c
 
 

@@ -3,9 +3,9 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=2048 N=1024 K=1024, bfloat16, A stored as A_t[K,M]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 psum_buffers=0
-# footprint    SBUF 19456 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    104.5 us on trn3 (compute-bound; cost model v3, lower bound 100.1 us)
+# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 psum_buffers=0
+# footprint    SBUF 13312 of 245760 bytes/partition, PSUM 1 of 8 banks
+# predicted    106.2 us on trn3 (compute-bound; cost model v3, lower bound 101.5 us)
 # model error  not validated: no published trn3 measurement to compare with
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -18,7 +18,7 @@
 #     %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a_t = input \"a_t\" [2048, 1024] bfloat16 layout=transposed\n  %b = input \"b\" [1024, 1024] bfloat16 layout=row_major\n  %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"tile","loop_order":"knm","psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":8,"tiles_in_block_m":1,"tiles_in_block_n":2}},"target":"trn3"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a_t = input \"a_t\" [2048, 1024] bfloat16 layout=transposed\n  %b = input \"b\" [1024, 1024] bfloat16 layout=row_major\n  %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"knm","psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":8,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn3"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -37,24 +37,26 @@ def gemm_kernel(a_t, b):
     assert tuple(a_t.shape) == (1024, 2048), f"a_t: expected shape (1024, 2048), got {a_t.shape}"
     assert tuple(b.shape) == (1024, 1024), f"b: expected shape (1024, 1024), got {b.shape}"
     c = nl.ndarray((2048, 1024), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 psum_buffers=0
-    # B block: K on partitions, N free (moving)
-    b_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for bn in range(2):
+    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 psum_buffers=0
+    for n_blk in range(2):
+        # B block: K on partitions, N free (moving)
+        b_tiles = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(8):
-            nisa.dma_copy(dst=b_tiles[0:128, bk, 512 * bn:512 * bn + 512], src=b[128 * bk:128 * bk + 128, 512 * bn:512 * bn + 512])
-    for m_blk in range(16):
-        # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 8, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bk in range(8):
-            nisa.dma_copy(dst=a_t_tiles[0:128, bk, 0:128], src=a_t[128 * bk:128 * bk + 128, 128 * m_blk:128 * m_blk + 128])
-        for bn in range(2):
-            c_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            nisa.dma_copy(dst=b_tiles[0:128, bk, 0:512], src=b[128 * bk:128 * bk + 128, 512 * n_blk:512 * n_blk + 512])
+        for m_blk in range(8):
+            # A^T block: K on partitions, M free (stationary)
+            a_t_tiles = nl.ndarray((128, 8, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(8):
-                nisa.nc_matmul(dst=c_psum[0:128, 0:512], stationary=a_t_tiles[0:128, bk, 0:128], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=c_psum[0:128, 0:512])
-            nisa.dma_copy(dst=c[128 * m_blk:128 * m_blk + 128, 512 * bn:512 * bn + 512], src=c_tile[0:128, 0:512])
+                nisa.dma_copy(dst=a_t_tiles[0:128, bk, 0:256], src=a_t[128 * bk:128 * bk + 128, 256 * m_blk:256 * m_blk + 256])
+            for bm in range(2):
+                # one row of the block's output tiles, stored once evicted
+                c_row = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+                for bn in range(2):
+                    c_psum = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
+                    for bk in range(8):
+                        nisa.nc_matmul(dst=c_psum[0:128, 0:256], stationary=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], moving=b_tiles[0:128, bk, 256 * bn:256 * bn + 256])
+                    nisa.tensor_copy(dst=c_row[0:128, 256 * bn:256 * bn + 256], src=c_psum[0:128, 0:256])
+                nisa.dma_copy(dst=c[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 512 * n_blk:512 * n_blk + 512], src=c_row[0:128, 0:512])
     return c
 
 

@@ -4,8 +4,8 @@
 # problem      C[M,N] = A[M,K] @ B[K,N], M=3000 N=5000 K=700, bfloat16, A[M,K]
 # schedule     tuned (optuna, seed 0)
 # parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 psum_buffers=0
-# footprint    SBUF 69632 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    322.4 us on trn1 (compute-bound; cost model v3, lower bound 273.1 us)
+# footprint    SBUF 49152 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted    314.8 us on trn1 (compute-bound; cost model v3, lower bound 273.6 us)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
@@ -55,16 +55,15 @@ def gemm_kernel(a, b):
             b_tiles = nl.ndarray((128, 6, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in nl.static_range(6):
                 b_tiles[0:min(128, 700 - 128 * bk), bk, 0:min(1024, 5000 - 1024 * n_blk)] = nl.load(b[128 * bk:min(128 * bk + 128, 700), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)])
-            # output block, packed for one store per row
-            c_block = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
+                # one row of the block's output tiles, stored once evicted
+                c_row = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
                 for bn in nl.static_range(4):
                     c_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
                     for bk in nl.static_range(6):
                         c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(256, 5000 - 1024 * n_blk - 256 * bn)] += nisa.nc_matmul(a_t_tiles[0:min(128, 700 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 3000 - 2048 * m_blk)], b_tiles[0:min(128, 700 - 128 * bk), bk, 256 * bn:min(256 * bn + 256, 5000 - 1024 * n_blk)])
-                    c_block[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 256 * bn:min(256 * bn + 256, 5000 - 1024 * n_blk)] = nl.copy(c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(256, 5000 - 1024 * n_blk - 256 * bn)], dtype=nl.bfloat16)
-            for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
-                nl.store(c[2048 * m_blk + 128 * bm:min(2048 * m_blk + 128 * bm + 128, 3000), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)], value=c_block[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 0:min(1024, 5000 - 1024 * n_blk)])
+                    c_row[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 256 * bn:min(256 * bn + 256, 5000 - 1024 * n_blk)] = nl.copy(c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(256, 5000 - 1024 * n_blk - 256 * bn)], dtype=nl.bfloat16)
+                nl.store(c[2048 * m_blk + 128 * bm:min(2048 * m_blk + 128 * bm + 128, 3000), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)], value=c_row[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(1024, 5000 - 1024 * n_blk)])
     return c
 
 

@@ -5,8 +5,8 @@
 # schedule     tuned (optuna, seed 0)
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
 # footprint    dense_mlp_k0: SBUF 131236 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    373.3 us on trn2 (cost model v3, 1 kernel)
-# model error  typically within x1.06, worst x1.20 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    376.9 us on trn2 (cost model v3, 1 kernel)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
 # target       trn2 (NeuronCore-v3)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn2
