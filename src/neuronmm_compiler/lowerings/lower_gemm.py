@@ -171,13 +171,11 @@ class _GemmLowering:
         m, n, k, s = self.dims["m"], self.dims["n"], self.dims["k"], self.s
         mb, nb, kb = blocks["m"], blocks["n"], blocks["k"]
         bm, bn, bk = iv("bm", m.tiles_in_block), iv("bn", n.tiles_in_block), iv("bk", k.tiles_in_block)
-        gm, gn, gk = m.tile_index(mb, bm), n.tile_index(nb, bn), k.tile_index(kb, bk)
-        msz, nsz, ksz = m.tile_size(gm), n.tile_size(gn), k.tile_size(gk)
-        stationary = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), msz)))
-        moving = Ref(self.b_tiles, (span(0, ksz), Point(bk), span(scale(bn, n.tile), nsz)))
+        gm, gn = m.tile_index(mb, bm), n.tile_index(nb, bn)
+        msz, nsz = m.tile_size(gm), n.tile_size(gn)
 
         def kloop(dst: Ref) -> list[Stmt]:
-            return loop("bk", k.tiles_in(kb), k.tiles_in_block, [Matmul(dst, stationary, moving)])
+            return loop("bk", k.tiles_in(kb), k.tiles_in_block, [Matmul(dst, *self.operands(blocks, bk))])
 
         body: list[Stmt]
         pre: list[Stmt] = []
@@ -230,6 +228,16 @@ class _GemmLowering:
         body = row_pre + loop(*loops[inner], body) + row_post
         return pre + loop(*loops[outer], body) + post
 
+    def operands(self, blocks: dict[str, Expr], bk: Expr) -> tuple[Ref, Ref]:
+        """The stationary (A^T) and moving (B) tiles of K tile ``bk`` of the block, for the output tile the
+        ``bm`` / ``bn`` loop variables select."""
+        m, n, k = self.dims["m"], self.dims["n"], self.dims["k"]
+        bm, bn = iv("bm", m.tiles_in_block), iv("bn", n.tiles_in_block)
+        ksz = k.tile_size(k.tile_index(blocks["k"], bk))
+        msz, nsz = m.tile_size(m.tile_index(blocks["m"], bm)), n.tile_size(n.tile_index(blocks["n"], bn))
+        return (Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), msz))),
+                Ref(self.b_tiles, (span(0, ksz), Point(bk), span(scale(bn, n.tile), nsz))))
+
     def tile_psum(self, msz: Expr, nsz: Expr) -> tuple[Ref, list[Stmt]]:
         """An output tile's PSUM accumulator and its allocation: its own tile allocated in the tile loops, or
         (``psum_buffers`` >= 1) the rotating copy its position in the block selects, allocated before them."""
@@ -246,16 +254,10 @@ class _GemmLowering:
     def first_kloop(self, dst: Ref, blocks: dict[str, Expr]) -> list[Stmt]:
         """The K-tile matmuls of one output tile into a rotating PSUM copy, which still holds an earlier
         tile's sums: the first K tile overwrites (starts the accumulation), the rest accumulate."""
-        m, n, k = self.dims["m"], self.dims["n"], self.dims["k"]
-        mb, nb, kb = blocks["m"], blocks["n"], blocks["k"]
-        bm, bn = iv("bm", m.tiles_in_block), iv("bn", n.tiles_in_block)
-        gm, gn = m.tile_index(mb, bm), n.tile_index(nb, bn)
+        k, kb = self.dims["k"], blocks["k"]
 
         def matmul(bk: Expr, overwrite: bool) -> Matmul:
-            ksz = k.tile_size(k.tile_index(kb, bk))
-            stationary = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), m.tile_size(gm))))
-            moving = Ref(self.b_tiles, (span(0, ksz), Point(bk), span(scale(bn, n.tile), n.tile_size(gn))))
-            return Matmul(dst, stationary, moving, overwrite=overwrite)
+            return Matmul(dst, *self.operands(blocks, bk), overwrite=overwrite)
 
         out: list[Stmt] = [matmul(Lin(0), True)]
         if k.tiles_in_block == 1:
