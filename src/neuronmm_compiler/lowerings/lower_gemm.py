@@ -13,6 +13,12 @@ own PSUM tile inside the compute section and is evicted right after. Otherwise a
 every output tile the K loop revisits are allocated just outside the K loop, in PSUM (one bank per
 tile) or in SBUF (zeroed, a vector add per tile and K block), and stored after it.
 
+Output tiles are evicted from PSUM into SBUF and stored: one DMA per tile (``dma=tile``), or packed into
+rows, one DMA per partition row of the block (``dma=row``), each row stored as soon as its tiles are
+evicted when the N tiles are the inner tile loop (``tile_order=mn``), else the block's rows after its
+last tile. With ``psum_buffers`` >= 1 the output tiles of a block rotate through that many PSUM copies
+allocated before the tile loops, each tile's first matmul starting its sums.
+
 Ragged dimensions: tile sizes and tiles-per-block of the last tile/block become ``min(...)``
 expressions, so no out-of-bounds access and no padding of the user's tensors.
 """
