@@ -131,8 +131,10 @@ def test_footprint_matches_interpreter_peak():
     preset=st.sampled_from(list(PRESETS)), dialect=st.sampled_from(["nki", "neuronxcc"]),
     layout=st.sampled_from(["mk", "km"]), dtype=st.sampled_from(["bf16", "fp32"]),
     a_transpose=st.sampled_from(["dma", "pe"]), seed=st.integers(0, 2**16), psum_buffers=st.sampled_from([0, 1, 2, 3]),
+    operand_buffers=st.sampled_from([0, 2, 3]),
 )
-def test_property_emit_and_verify_any_shape(m, n, k, preset, dialect, layout, dtype, a_transpose, seed, psum_buffers):
+def test_property_emit_and_verify_any_shape(m, n, k, preset, dialect, layout, dtype, a_transpose, seed, psum_buffers,
+                                            operand_buffers):
     target = "trn2" if dialect == "nki" else "trn1"
     if dialect == "nki" and dtype == "fp32" and layout == "mk" and a_transpose == "dma":
         with pytest.raises(ScheduleError, match="NKI-DMA-TRANSPOSE-DTYPE"):
@@ -140,4 +142,5 @@ def test_property_emit_and_verify_any_shape(m, n, k, preset, dialect, layout, dt
                          params={"a_transpose": a_transpose})
         return
     compile_and_verify(m, n, k, schedule=preset, dialect=dialect, a_layout=layout, dtype=dtype, target=target,
-                       params={"a_transpose": a_transpose, "psum_buffers": psum_buffers}, seed=seed)
+                       params={"a_transpose": a_transpose, "psum_buffers": psum_buffers,
+                               "operand_buffers": operand_buffers}, seed=seed)

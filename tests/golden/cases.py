@@ -42,6 +42,9 @@ def _cases() -> dict[str, tuple[str, ...]]:
              "--param", "accumulate=psum", "--param", "loop_order=kmn", "--dialect", dialect)
         emit(f"gemm-psum-buffers-2-{dialect}", "--shape", "700x1500x300", "--param", "tiles_in_block_m=2",
              "--param", "psum_buffers=2", "--dialect", dialect, "--target", "trn2")
+        emit(f"gemm-operand-buffers-2-{dialect}", "--shape", "700x1500x1300", "--param", "tiles_in_block_m=2",
+             "--param", "tiles_in_block_n=1", "--param", "tiles_in_block_k=4", "--param", "operand_buffers=2",
+             "--dialect", dialect, "--target", "trn2")
     emit("gemm-fp32-2000x3000x1000", "--shape", "2000x3000x1000", "--dtype", "fp32")
     emit("gemm-ragged-tiles-200x700x300-trn3", "--shape", "200x700x300", "--param", "tile_m=64",
          "--param", "tile_n=256", "--param", "dma=tile", "--target", "trn3")

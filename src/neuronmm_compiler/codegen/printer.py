@@ -7,7 +7,8 @@ instructions return values that are assigned into buffers, loads and stores are 
 ``nl.store``, matmul results accumulate with ``+=`` into a zeroed PSUM tile (``=`` starts the sums in a
 rotating PSUM copy, ``accumulate=False`` in 0.3+), and loops are
 ``nl.affine_range`` (independent), ``nl.sequential_range`` (loop-carried partial sums) or
-``nl.static_range`` (a loop whose variable sizes a ragged tile, so it must be unrolled).
+``nl.static_range`` (a loop whose variable sizes a ragged tile or picks a rotating copy, so it must be
+unrolled).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from ..kernel_ir.expr import Min, code
+from ..kernel_ir.expr import Min, Mod, code
 from ..kernel_ir.program import (
     Activation,
     Alloc,
@@ -202,8 +203,8 @@ class NeuronxccPrinter(_Printer):
 
 
 def _sizes_ragged_tiles(loop: Loop) -> bool:
-    """True when the loop variable appears inside a min(): its iterations differ in shape, which
-    NKI 0.1's symbolic affine/sequential loop variables cannot express."""
+    """True when the loop variable appears inside a min() (its iterations differ in shape) or selects a rotating
+    copy (``i % B``), which NKI 0.1's symbolic affine/sequential loop variables cannot express."""
     for stmt, _ in walk(loop.body):
         exprs = []
         if isinstance(stmt, Loop):
@@ -211,7 +212,7 @@ def _sizes_ragged_tiles(loop: Loop) -> bool:
         for ref in refs_of(stmt):
             for ix in ref.index:
                 exprs.extend(getattr(ix, a) for a in ("start", "stop", "index") if hasattr(ix, a))
-        if any(isinstance(e, Min) and loop.var in e.variables() for e in exprs):
+        if any(isinstance(e, Min | Mod) and loop.var in e.variables() for e in exprs):
             return True
     return False
 

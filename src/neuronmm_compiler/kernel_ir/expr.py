@@ -111,7 +111,8 @@ class Mod:
         return modulo(self.arg.substitute(env), self.modulus)
 
     def code(self) -> str:
-        return f"({self.arg.code()}) % {self.modulus}"
+        arg = self.arg.code()
+        return f"{arg} % {self.modulus}" if self.arg.terms == ((arg, 1),) else f"({arg}) % {self.modulus}"
 
 
 Expr = Lin | Min | Mod

@@ -41,6 +41,7 @@ from ..kernel_ir.program import (
     Point,
     Program,
     Ref,
+    Span,
     Stmt,
     TensorTensor,
     span,
@@ -51,6 +52,11 @@ from .limits import psum_bank_fp32
 
 if TYPE_CHECKING:
     from ..targets import Target
+
+
+#: What an operand block holds (the comment on its allocation).
+BLOCK_COMMENTS = {"a": "A^T block: K on partitions, M free (stationary)",
+                  "b": "B block: K on partitions, N free (moving)"}
 
 
 class _GemmLowering:
@@ -70,23 +76,30 @@ class _GemmLowering:
         self.a_hbm = Buffer(problem.a_name, problem.a_storage_shape, dt, "hbm")
         self.b_hbm = Buffer("b", (problem.k, problem.n), dt, "hbm")
         self.c_hbm = Buffer("c", (problem.m, problem.n), dt, "hbm")
-        self.a_tiles = Buffer("a_t_tiles", (k.tile, k.tiles_in_block, m.block_elems), dt, "sbuf")
-        self.a_rows = Buffer("a_rows", (m.tile, m.tiles_in_block, k.block_elems), dt, "sbuf")
-        self.a_t_psum = Buffer("a_t_psum", (k.tile, m.tile), dt, "psum")  # a transpose does not cast
-        self.b_tiles = Buffer("b_tiles", (k.tile, k.tiles_in_block, n.block_elems), dt, "sbuf")
-        self.per_tile_psum = s.accumulate == "psum" and k.blocks == 1
-        self.hoisted_acc = not self.per_tile_psum
+        # Operand blocks held in explicit copies (operand_buffers >= 2): the copy a block uses is the index of
+        # the loop it is loaded in, modulo the copies; the copies are allocated before that loop.
         order = s.loop_order
-        kpos = order.index("k")
-        self.outer_dims = [d for d in order[:kpos]]
-        self.inner_dims = [d for d in order[kpos + 1:]]
-        # Where each operand block is loaded and the accumulators live: the body of the innermost
-        # loop (in loop_order, one-trip loops included) the operand depends on.
         self.level = {
             "a": max(order.index(d) for d in "mk"),
             "b": max(order.index(d) for d in "kn"),
-            "acc": max((order.index(d) for d in self.outer_dims), default=-1),
         }
+        self.rotation: dict[str, tuple[int, Expr]] = {}
+        for operand, level in self.level.items():
+            copies = min(s.operand_buffers, self.dims[order[level]].blocks)
+            if copies >= 2:
+                self.rotation[operand] = (copies, modulo(var(f"{order[level]}_blk"), copies))
+        self.a_tiles = Buffer("a_t_tiles", (k.tile, *self.copies("a"), k.tiles_in_block, m.block_elems), dt, "sbuf")
+        self.a_rows = Buffer("a_rows", (m.tile, m.tiles_in_block, k.block_elems), dt, "sbuf")
+        self.a_t_psum = Buffer("a_t_psum", (k.tile, m.tile), dt, "psum")  # a transpose does not cast
+        self.b_tiles = Buffer("b_tiles", (k.tile, *self.copies("b"), k.tiles_in_block, n.block_elems), dt, "sbuf")
+        self.per_tile_psum = s.accumulate == "psum" and k.blocks == 1
+        self.hoisted_acc = not self.per_tile_psum
+        kpos = order.index("k")
+        self.outer_dims = [d for d in order[:kpos]]
+        self.inner_dims = [d for d in order[kpos + 1:]]
+        # Where each operand block is loaded (above) and the accumulators live: the body of the innermost
+        # loop (in loop_order, one-trip loops included) the operand depends on.
+        self.level["acc"] = max((order.index(d) for d in self.outer_dims), default=-1)
         # Accumulator coverage: the dims whose blocks the K loop revisits get all their tiles.
         self.acc_m_tiles = m.tiles if "m" in self.inner_dims else m.tiles_in_block
         self.acc_n_tiles = n.tiles if "n" in self.inner_dims else n.tiles_in_block
@@ -108,14 +121,38 @@ class _GemmLowering:
         row_cols = problem.n if "n" in self.inner_dims else n.block_elems
         self.c_rows = Buffer("c_rows", (m.tile, row_cols), dt, "sbuf")
 
+    # ------------------------------------------------------------------ operand blocks
+
+    def copies(self, operand: str) -> tuple[int, ...]:
+        """The copies axis of an operand block's buffer: ``(B,)`` when it rotates through B copies, else none."""
+        return (self.rotation[operand][0],) if operand in self.rotation else ()
+
+    def tile_ref(self, operand: str, ksz: Expr, bk: Expr, free: Span) -> Ref:
+        """K tile ``bk`` of an operand block (its current copy when the block rotates), free range ``free``."""
+        buffer = self.a_tiles if operand == "a" else self.b_tiles
+        copy = (Point(self.rotation[operand][1]),) if operand in self.rotation else ()
+        return Ref(buffer, (span(0, ksz), *copy, Point(bk), free))
+
+    def block_alloc(self, operand: str, *, hoisted: bool = False) -> list[Stmt]:
+        """The allocation of an operand block: where it is loaded (``hoisted`` False) unless it rotates through
+        explicit copies, which are allocated once before the loop that loads it (``hoisted`` True)."""
+        if (operand in self.rotation) != hoisted:
+            return []
+        buffer = self.a_tiles if operand == "a" else self.b_tiles
+        if not hoisted:
+            return [Alloc(buffer, comment=BLOCK_COMMENTS[operand])]
+        copies = self.rotation[operand][0]
+        return [Alloc(buffer, copies=copies,
+                      comment=f"{BLOCK_COMMENTS[operand]}; {copies} copies the loads rotate through")]
+
     # ------------------------------------------------------------------ operand loads
     def load_a(self, mb: Expr, kb: Expr) -> list[Stmt]:
         m, k, s = self.dims["m"], self.dims["k"], self.s
         bm, bk = iv("bm", m.tiles_in_block), iv("bk", k.tiles_in_block)
         gm, gk = m.tile_index(mb, bm), k.tile_index(kb, bk)
         msz, ksz = m.tile_size(gm), k.tile_size(gk)
-        a_tile_dst = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), msz)))
-        out: list[Stmt] = [Alloc(self.a_tiles, comment="A^T block: K on partitions, M free (stationary)")]
+        a_tile_dst = self.tile_ref("a", ksz, bk, span(scale(bm, m.tile), msz))
+        out = self.block_alloc("a")
         km = self.p.a_layout == ALayout.KM
         if km or s.a_transpose == "dma":
             if s.dma == "row":
@@ -124,7 +161,7 @@ class _GemmLowering:
                     src = Ref(self.a_hbm, (span(k.tile_start(gk), ksz), span(m.block_start(mb), mrows)))
                 else:
                     src = Ref(self.a_hbm, (span(m.block_start(mb), mrows), span(k.tile_start(gk), ksz)))
-                dst = Ref(self.a_tiles, (span(0, ksz), Point(bk), span(0, mrows)))
+                dst = self.tile_ref("a", ksz, bk, span(0, mrows))
                 out += loop("bk", k.tiles_in(kb), k.tiles_in_block, [DmaCopy(dst, src, transpose=not km)])
             else:
                 if km:
@@ -161,13 +198,13 @@ class _GemmLowering:
         bn, bk = iv("bn", n.tiles_in_block), iv("bk", k.tiles_in_block)
         gn, gk = n.tile_index(nb, bn), k.tile_index(kb, bk)
         nsz, ksz = n.tile_size(gn), k.tile_size(gk)
-        out: list[Stmt] = [Alloc(self.b_tiles, comment="B block: K on partitions, N free (moving)")]
+        out = self.block_alloc("b")
         if self.s.dma == "row":
             ncols = n.block_size(nb)
-            load = DmaCopy(Ref(self.b_tiles, (span(0, ksz), Point(bk), span(0, ncols))),
+            load = DmaCopy(self.tile_ref("b", ksz, bk, span(0, ncols)),
                            Ref(self.b_hbm, (span(k.tile_start(gk), ksz), span(n.block_start(nb), ncols))))
             return out + loop("bk", k.tiles_in(kb), k.tiles_in_block, [load])
-        load = DmaCopy(Ref(self.b_tiles, (span(0, ksz), Point(bk), span(scale(bn, n.tile), nsz))),
+        load = DmaCopy(self.tile_ref("b", ksz, bk, span(scale(bn, n.tile), nsz)),
                        Ref(self.b_hbm, (span(k.tile_start(gk), ksz), span(n.tile_start(gn), nsz))))
         return out + loop("bn", n.tiles_in(nb), n.tiles_in_block,
                            loop("bk", k.tiles_in(kb), k.tiles_in_block, [load]))
@@ -241,8 +278,8 @@ class _GemmLowering:
         bm, bn = iv("bm", m.tiles_in_block), iv("bn", n.tiles_in_block)
         ksz = k.tile_size(k.tile_index(blocks["k"], bk))
         msz, nsz = m.tile_size(m.tile_index(blocks["m"], bm)), n.tile_size(n.tile_index(blocks["n"], bn))
-        return (Ref(self.a_tiles, (span(0, ksz), Point(bk), span(scale(bm, m.tile), msz))),
-                Ref(self.b_tiles, (span(0, ksz), Point(bk), span(scale(bn, n.tile), nsz))))
+        return (self.tile_ref("a", ksz, bk, span(scale(bm, m.tile), msz)),
+                self.tile_ref("b", ksz, bk, span(scale(bn, n.tile), nsz)))
 
     def tile_psum(self, msz: Expr, nsz: Expr) -> tuple[Ref, list[Stmt]]:
         """An output tile's PSUM accumulator and its allocation: its own tile allocated in the tile loops, or
@@ -329,6 +366,9 @@ class _GemmLowering:
 
     def level_body(self, pos: int, blocks: dict[str, Expr]) -> list[Stmt]:
         body: list[Stmt] = []
+        for operand in ("a", "b"):
+            if self.level[operand] == pos + 1:
+                body += self.block_alloc(operand, hoisted=True)
         if self.level["a"] == pos:
             body += self.load_a(blocks["m"], blocks["k"])
         if self.level["b"] == pos:

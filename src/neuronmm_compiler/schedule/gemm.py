@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import TYPE_CHECKING, ClassVar
 
-from ..errors import InputError, UnknownNameError
+from ..errors import InputError, ScheduleError, UnknownNameError
 from ..vocab import ALayout
 from .params import (
     CLASS,
@@ -127,6 +127,13 @@ PARAMS: tuple[ParamSpec, ...] = (
                 "how A^T tiles are made when A is row-major: dma (transposing load) or pe (TensorE)", role=CLASS),
     categorical("accumulator_dtype", ACCUMULATOR_DTYPES, (),
                 "dtype of SBUF partial sums: float32 or the output dtype"),
+    integer("operand_buffers", 0, 8, "nmmc's bound on explicit copies", (),
+            "explicit copies of the A^T and B blocks, 0 or 2..8. 0: each block is allocated where it is loaded (the "
+            "compiler picks the physical copies and rotates them). B >= 2: B copies allocated once before the loop "
+            "that loads the block, the loads of consecutive iterations going to consecutive copies, so a load never "
+            "waits for the matmuls still reading the block before it (SBUF holds B blocks). Clipped to that loop's "
+            "trips. Not searched: the model rates an explicit rotation equal to the compiler's "
+            "(docs/cost_model.md 3b)"),
     integer("psum_buffers", 0, "psum_banks", "the target's PSUM bank count", (),
             "PSUM copies the output tiles of a block rotate through, 0..PSUM banks. 0: a fresh accumulator per "
             "output tile, allocated in the tile loops (the compiler picks the physical copies and rotates them). "
@@ -155,7 +162,14 @@ class GemmSchedule(ScheduleParams):
     dma: str = "tile"
     a_transpose: str = "dma"
     accumulator_dtype: str = "float32"
+    operand_buffers: int = 0
     psum_buffers: int = 0
+
+    def check_relations(self) -> None:
+        """One explicit operand copy would make every load wait for the matmuls of the block before it."""
+        if self.operand_buffers == 1:
+            raise ScheduleError("operand_buffers=1 would make every block load wait for the matmuls still reading "
+                                "the block before it; use 0 (the compiler rotates the blocks) or 2 or more copies")
 
     def normalized(self, context: GemmProblem) -> GemmSchedule:
         """:func:`normalize` to the problem ``context``."""
@@ -187,6 +201,11 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule) -> GemmSchedule:
         tiles_in_block_n=min(clipped.tiles_in_block_n, counts["n"]),
         tiles_in_block_k=min(clipped.tiles_in_block_k, counts["k"]),
     )
+    order = blocked.loop_order
+    block_counts = {d: -(-counts[d] // getattr(blocked, f"tiles_in_block_{d}")) for d in "mnk"}
+    load_trips = max(block_counts[order[max(order.index(d) for d in dims)]] for dims in ("mk", "kn"))
+    operand_buffers = blocked.operand_buffers if min(blocked.operand_buffers, load_trips) >= 2 else 0
+    blocked = replace(blocked, operand_buffers=min(operand_buffers, load_trips))
     held = blocked.accumulate == "psum" and counts["k"] > blocked.tiles_in_block_k
     tiles = blocked.tiles_in_block_m * blocked.tiles_in_block_n
     return replace(blocked, psum_buffers=0 if held else min(blocked.psum_buffers, tiles))

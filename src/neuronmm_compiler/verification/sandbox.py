@@ -53,7 +53,7 @@ IMPORTS: dict[str, tuple[str, str]] = {
 VALUE_ATTRIBUTES = frozenset({"shape", "T"})
 #: The decorators a function may carry.
 DECORATORS = frozenset({"nki.jit"})
-OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.MatMult, ast.USub, ast.Eq)
+OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Mod, ast.MatMult, ast.USub, ast.Eq)
 
 
 class SandboxError(InputError):

@@ -3,7 +3,7 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=2048 N=2048 K=2048, bfloat16, A[M,K]
 # schedule     aws-hoist-load
-# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 psum_buffers=0
+# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
 # footprint    SBUF 20480 of 245760 bytes/partition, PSUM 1 of 8 banks
 # predicted    528.3 us on trn3 (memory-bound; cost model v3, lower bound 270.0 us)
 # model error  not validated: no published trn3 measurement to compare with
@@ -18,7 +18,7 @@
 #     %mm0 = matmul %a, %b : [2048, 2048] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [2048, 2048] bfloat16 layout=row_major\n  %b = input \"b\" [2048, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [2048, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}],"schedule":{"kind":"gemm","name":"aws-hoist-load","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"tile","loop_order":"kmn","psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":16,"tiles_in_block_m":1,"tiles_in_block_n":1}},"target":"trn3"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [2048, 2048] bfloat16 layout=row_major\n  %b = input \"b\" [2048, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [2048, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}],"schedule":{"kind":"gemm","name":"aws-hoist-load","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"tile","loop_order":"kmn","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":16,"tiles_in_block_m":1,"tiles_in_block_n":1}},"target":"trn3"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -37,7 +37,7 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (2048, 2048), f"a: expected shape (2048, 2048), got {a.shape}"
     assert tuple(b.shape) == (2048, 2048), f"b: expected shape (2048, 2048), got {b.shape}"
     c = nl.ndarray((2048, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 psum_buffers=0
+    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
     for m_blk in range(16):
         # A^T block: K on partitions, M free (stationary)
         a_t_tiles = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)

@@ -3,7 +3,7 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=1 N=4096 K=4096, bfloat16, A[M,K]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 psum_buffers=0
+# parameters   tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
 # footprint    SBUF 135232 of 212992 bytes/partition, PSUM 1 of 8 banks
 # predicted    150.3 us on trn2 (memory-bound; cost model v3, lower bound 137.9 us)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
@@ -18,7 +18,7 @@
 #     %mm0 = matmul %a, %b : [1, 4096] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1, 4096] bfloat16 layout=row_major\n  %b = input \"b\" [4096, 4096] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1, 4096] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"kmn","psum_buffers":0,"tile_k":128,"tile_m":1,"tile_n":512,"tile_order":"mn","tiles_in_block_k":32,"tiles_in_block_m":1,"tiles_in_block_n":4}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1, 4096] bfloat16 layout=row_major\n  %b = input \"b\" [4096, 4096] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1, 4096] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"kmn","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":1,"tile_n":512,"tile_order":"mn","tiles_in_block_k":32,"tiles_in_block_m":1,"tiles_in_block_n":4}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -37,7 +37,7 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (1, 4096), f"a: expected shape (1, 4096), got {a.shape}"
     assert tuple(b.shape) == (4096, 4096), f"b: expected shape (4096, 4096), got {b.shape}"
     c = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 psum_buffers=0
+    # schedule: tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
     # A^T block: K on partitions, M free (stationary)
     a_t_tiles = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # A block as stored: M on partitions, K free

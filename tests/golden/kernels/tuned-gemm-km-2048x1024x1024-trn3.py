@@ -3,7 +3,7 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=2048 N=1024 K=1024, bfloat16, A stored as A_t[K,M]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 psum_buffers=0
+# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
 # footprint    SBUF 13312 of 245760 bytes/partition, PSUM 1 of 8 banks
 # predicted    106.2 us on trn3 (compute-bound; cost model v3, lower bound 101.5 us)
 # model error  not validated: no published trn3 measurement to compare with
@@ -18,7 +18,7 @@
 #     %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a_t = input \"a_t\" [2048, 1024] bfloat16 layout=transposed\n  %b = input \"b\" [1024, 1024] bfloat16 layout=row_major\n  %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"knm","psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":8,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn3"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a_t = input \"a_t\" [2048, 1024] bfloat16 layout=transposed\n  %b = input \"b\" [1024, 1024] bfloat16 layout=row_major\n  %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"knm","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":8,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn3"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -37,7 +37,7 @@ def gemm_kernel(a_t, b):
     assert tuple(a_t.shape) == (1024, 2048), f"a_t: expected shape (1024, 2048), got {a_t.shape}"
     assert tuple(b.shape) == (1024, 1024), f"b: expected shape (1024, 1024), got {b.shape}"
     c = nl.ndarray((2048, 1024), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 psum_buffers=0
+    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
     for n_blk in range(2):
         # B block: K on partitions, N free (moving)
         b_tiles = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)

@@ -1,5 +1,6 @@
-"""Rotating PSUM accumulators (``psum_buffers``): the rotation slot expression, the schedule's normalization,
-emission in both dialects checked by the interpreter, and the cost model's stall term."""
+"""Explicit buffer copies: rotating PSUM accumulators (``psum_buffers``) and operand blocks
+(``operand_buffers``): the rotation slot expression, the schedule's normalization, emission in both dialects
+checked by the interpreter, and the cost model's stall term."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_modulo_evaluates_substitutes_and_folds():
     assert slot.substitute({"bn": 1, "bm": 3}) == Lin(1)  # bound everywhere: a constant
     assert slot.substitute({"bn": 1}) == Mod(add(var("bm"), 4), 2)
     assert modulo(7, 3) == Lin(1) and modulo(var("x"), 1) == Lin(0)
-    assert slot.code() == "(4 * bn + bm) % 2"
+    assert slot.code() == "(4 * bn + bm) % 2" and modulo(var("m_blk"), 3).code() == "m_blk % 3"
     for arithmetic in (lambda: add(slot, 1), lambda: scale(slot, 2), lambda: minimum(slot, 3)):
         with pytest.raises(ValueError, match="rotation slot"):
             arithmetic()
@@ -124,3 +125,52 @@ def test_stall_is_in_the_explained_formula():
     assert "T_stall" in terms and "T_stall" in str(total)
     assert latency(steady_times(single.values)) == pytest.approx(single.latency_us)
     assert estimate(_costed(1).programs[0], get_target("trn2")).latency_us == pytest.approx(single.latency_us)
+
+
+# ----------------------------------------------------------------------------- operand blocks
+
+OPERAND_CASES = [  # (shape, preset, params, layout): every operand loaded inside a loop of several trips
+    ((700, 1500, 1300), "aws-fully-optimized", {"tiles_in_block_m": 2, "tiles_in_block_n": 1, "tiles_in_block_k": 4},
+     "km"),
+    ((700, 1500, 1300), "aws-tiled", {"tiles_in_block_m": 2, "tiles_in_block_k": 4, "loop_order": "mkn",
+                                      "a_transpose": "pe"}, "mk"),
+    ((300, 2100, 600), "aws-block-free", {"tiles_in_block_k": 2, "loop_order": "knm", "dma": "tile",
+                                          "accumulate": "sbuf"}, "mk"),
+    ((512, 1024, 1024), "aws-hoist-load", {"tiles_in_block_k": 2, "accumulate": "sbuf"}, "km"),
+]
+
+
+@pytest.mark.parametrize(("case", "copies", "dialect"),
+                         list(itertools.product(range(len(OPERAND_CASES)), (2, 3), ("nki", "neuronxcc"))))
+def test_rotating_operand_blocks_verify_in_both_dialects(case, copies, dialect):
+    """Blocks loaded into explicit copies compute the product; the loads, matmuls and stores are the default
+    kernel's; the footprint holds the copies (the interpreter measures the same peak)."""
+    shape, preset, params, layout = OPERAND_CASES[case]
+    target = "trn2" if dialect == "nki" else "trn1"
+    options = {"schedule": preset, "dialect": dialect, "target": target, "a_layout": layout}
+    base = compile_gemm(*shape, params=params, **options)
+    rotated, report = compile_and_verify(*shape, params={**params, "operand_buffers": copies}, seed=case, **options)
+    assert rotated.schedule.operand_buffers >= 2
+    assert " % " in rotated.kernel.source
+    if dialect == "neuronxcc":  # a loop that picks a copy is unrolled at trace time
+        assert "nl.static_range" in rotated.kernel.source
+    for field in ("hbm_bytes_read", "hbm_bytes_written", "dma_transfers", "matmul_instructions", "latency_us"):
+        assert getattr(rotated.cost, field) == getattr(base.cost, field), field
+    assert rotated.footprints[0].sbuf_bytes_per_partition > base.footprints[0].sbuf_bytes_per_partition
+    assert report.counters["sbuf_peak_bytes"] == rotated.footprints[0].sbuf_bytes_per_partition
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    ({"operand_buffers": 3, "loop_order": "mnk", "tiles_in_block_m": 1}, 3),  # A loaded per (m, k): 2 x 4 trips
+    ({"operand_buffers": 8, "loop_order": "kmn", "tiles_in_block_k": 4, "tiles_in_block_m": 2,
+      "tiles_in_block_n": 2}, 0),  # both blocks loaded in loops of 1 trip: nothing to rotate
+    ({"operand_buffers": 8, "loop_order": "mnk", "tiles_in_block_k": 1}, 4),  # loaded in the k loop: 4 trips
+])
+def test_normalize_clips_operand_buffers(params, expected):
+    problem = GemmProblem(256, 1024, 512)  # 2 x 2 x 4 tiles
+    assert normalize(problem, GemmSchedule(**params)).operand_buffers == expected
+
+
+def test_one_operand_copy_is_refused():
+    with pytest.raises(ScheduleError, match="operand_buffers=1 would make every block load wait"):
+        compile_gemm(256, 1024, 512, schedule="aws-tiled", params={"operand_buffers": 1})
