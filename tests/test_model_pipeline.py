@@ -11,8 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
-from neuronmm_compiler.model_tuning import parse_buckets, resolve_model
+from neuronmm_compiler.errors import InputError
+from neuronmm_compiler.model_tuning import parse_buckets, resolve_model, tune_model
 from neuronmm_compiler.models import known_config
+from neuronmm_compiler.targets import get_target
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_RANKS = {"llama-3.2-1b": 1280, "llama-3.2-3b": 1792, "llama-3.1-8b": 2560, "qwen3-1.7b": 1280,
@@ -55,6 +57,19 @@ def test_tune_model_bad_input(tmp_path, args, fragment):
     result = CliRunner().invoke(main, ["tune", "--model", str(known_config("llama-3.2-1b")), *args,
                                        "-o", str(tmp_path / "k")])
     assert result.exit_code == 2 and fragment in result.stderr, result.stderr
+    assert not (tmp_path / "k").exists()
+
+
+def test_a_failed_bucket_search_leaves_no_output(tmp_path):
+    """Every search runs before anything is written: a failing one leaves no directory and no bucket file."""
+
+    def failing(workload, bucket):
+        raise InputError(f"search of bucket {bucket} failed")
+
+    source = resolve_model(known_config("llama-3.2-1b"), 0.8)
+    with pytest.raises(InputError, match="bucket 0 failed"):
+        tune_model(source, [1, 32], tmp_path / "k", target=get_target("trn1"), dialect="neuronxcc",
+                   tune_bucket=failing)
     assert not (tmp_path / "k").exists()
 
 

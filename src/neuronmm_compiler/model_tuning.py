@@ -111,12 +111,12 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
     c = source.config
     searches = [(bucket, mlp_workload(tokens, c.hidden_size, c.intermediate_size, dense=dense)
                  if dense else mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks))
                 for bucket, tokens in enumerate(buckets) for dense in (False, True)]
     tuned_all = _run_searches(tune_bucket, searches, jobs, progress, len(buckets))
+    out.mkdir(parents=True, exist_ok=True)  # only once every search succeeded: a failed one leaves nothing
     results: list[BucketResult] = []
     for bucket, tokens in enumerate(buckets):
         (_, workload), tuned, dense = searches[2 * bucket], tuned_all[2 * bucket], tuned_all[2 * bucket + 1]
