@@ -5,6 +5,7 @@ benchmark returns set latencies), and one clear error when a package or the devi
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -217,6 +218,13 @@ def test_bench_rejects_a_file_that_is_not_a_kernel(tmp_path: Path) -> None:
     path.write_text("print('hello')\n")
     result = CliRunner().invoke(main, ["bench", str(path)])
     assert result.exit_code == 2 and "not an nmmc kernel file" in result.output
+
+
+def test_bench_refuses_a_fifo_instead_of_blocking_on_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "kernel.py"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(main, ["bench", str(fifo)])
+    assert result.exit_code == 2 and "not a regular file" in result.output
 
 
 def test_bench_measures_every_kernel_and_appends_what_calibrate_reads(monkeypatch, legacy_mlp_file: Path,

@@ -76,14 +76,13 @@ def programs_from_metadata(meta: KernelMetadata, target: Target) -> list[Program
 def read_kernel_file(path: str | Path, *, shown: str | None = None) -> KernelFile:
     """Read an emitted kernel file and rebuild its programs; InputError naming the file (as ``shown``)
     when it is missing, not an nmmc kernel, or cannot be rebuilt."""
+    from ..verification import read_kernel_file as read_kernel_text
+
     name = shown or str(path)
     p = Path(path)
-    try:
-        source = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"kernel file not found: {name}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read kernel file {name}: {exc}") from None
+    if not p.exists():
+        raise InputError(f"kernel file not found: {name}")
+    source = read_kernel_text(p)  # a FIFO or device is refused before it is opened (it would block)
     try:
         meta = read_metadata(source)
     except InputError as exc:
