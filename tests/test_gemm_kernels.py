@@ -5,15 +5,19 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import compile_and_verify
 from helpers import compile_gemm
+from neuronmm_compiler.cli.views import verify_lines
+from neuronmm_compiler.codegen import read_metadata
 from neuronmm_compiler.errors import ScheduleError
 from neuronmm_compiler.schedule import PRESETS
 from neuronmm_compiler.schedule.gemm import LOOP_ORDERS
+from neuronmm_compiler.verification import random_inputs
 
 GRID = [(1, 512, 128), (200, 700, 300), (1024, 2048, 1024), (1, 4096, 4096)]
 
@@ -112,6 +116,18 @@ def test_fully_optimized_dma_counts():
     hist = report.counters["dma_bytes_per_partition"]
     assert hist[str(1024 * 2)] == blocks_n * tiles_k + blocks_n * tiles_m
     assert hist[str(2048 * 2)] == blocks_n * blocks_m * tiles_k
+
+
+def test_verify_reads_the_absolute_error_against_the_reference_scale():
+    """verify prints the largest reference magnitude next to the largest absolute error, so a large absolute
+    error on large values (an 8B MLP on standard-normal inputs) reads as what it is."""
+    compiled, report = compile_and_verify(200, 700, 300, schedule="aws-tiled")
+    inputs = random_inputs(read_metadata(compiled.kernel.source).inputs, 0)
+    reference = np.asarray(inputs["a"], dtype=np.float64) @ np.asarray(inputs["b"], dtype=np.float64)
+    assert report.max_abs_reference == pytest.approx(float(np.max(np.abs(reference))))
+    assert 0 < report.max_abs_error < report.max_abs_reference
+    line = next(text for text in verify_lines(report, "k.py", "interpreter") if "relative error" in text)
+    assert f"reference values up to {report.max_abs_reference:.3e}" in line
 
 
 def test_emitted_file_is_deterministic():

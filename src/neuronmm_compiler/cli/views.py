@@ -53,8 +53,9 @@ def verify_lines(report: Any, file: str, backend: str) -> list[str]:
             f"{count} violation{'s' if count > 1 else ''}" if count else "no violation"))
         lines += [f"  {v}" for v in report.violations]  # line N: RULE-ID: message [citation]
     if report.rel_error is not None:
+        scale = "" if report.max_abs_reference is None else f" (reference values up to {report.max_abs_reference:.3e})"
         lines.append(f"  relative error {report.rel_error:.3e} (tolerance {report.tolerance:.0e}), "
-                     f"max abs error {report.max_abs_error:.3e}")
+                     f"max abs error {report.max_abs_error:.3e}{scale}")
     if report.error:
         lines.append(f"  {report.error}")
     c = report.counters

@@ -84,6 +84,8 @@ class VerifyReport:
     sdk: str | None = None
     #: What the static rule pass found (see :mod:`.static_check`); any violation fails the report.
     violations: list[Violation] = field(default_factory=list)
+    #: The largest magnitude in the reference outputs: the scale ``max_abs_error`` is read against.
+    max_abs_reference: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -252,7 +254,7 @@ def _compare(report: VerifyReport, graph: Graph, names: list[str], inputs: dict[
             report.error = f"output {node.name} holds non-finite values (unwritten or overflowed)"
             return
     ref_sq = dict.fromkeys((node.name for node in outputs), 0.0)
-    err_sq, allow_sq, worst_abs = dict(ref_sq), dict(ref_sq), 0.0
+    err_sq, allow_sq, worst_abs, largest = dict(ref_sq), dict(ref_sq), 0.0, 0.0
     for chunk in reference_chunks(graph, inputs):
         for node in outputs:
             stored = tensors[node.name]
@@ -265,6 +267,7 @@ def _compare(report: VerifyReport, graph: Graph, names: list[str], inputs: dict[
             if sigma is not None:
                 allow_sq[node.name] += float(np.vdot(sigma, sigma))
             worst_abs = max(worst_abs, float(np.max(np.abs(diff))) if diff.size else 0.0)
+            largest = max(largest, float(np.max(np.abs(ref))) if ref.size else 0.0)
     worst_rel, ok = 0.0, True
     for node in outputs:
         denom = float(np.sqrt(ref_sq[node.name])) or 1.0
@@ -272,7 +275,7 @@ def _compare(report: VerifyReport, graph: Graph, names: list[str], inputs: dict[
         ok = ok and error <= report.tolerance * denom + extra
         worst_rel = max(worst_rel, error / denom)
         report.rounding_allowance = max(report.rounding_allowance, extra / denom)
-    report.rel_error, report.max_abs_error = worst_rel, worst_abs
+    report.rel_error, report.max_abs_error, report.max_abs_reference = worst_rel, worst_abs, largest
     report.ok = report.values_ok = ok
     if not report.ok:
         report.error = (f"relative error {worst_rel:.3e} exceeds the {out_dtype} tolerance {report.tolerance:.0e}"
