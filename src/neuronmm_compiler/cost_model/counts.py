@@ -29,6 +29,7 @@ from ..kernel_ir.program import (
     TensorTensor,
     instruction_counts,
 )
+from .formulas import engine_us
 from .params import ModelParams
 
 
@@ -246,8 +247,8 @@ def psum_stall_us(counts: ProgramCounts, f_pe: float, f_vec: float, f_act: float
     for use in counts.psum.values():
         if use.copies != 1 or use.evictions <= use.allocations:
             continue
-        produce = use.pe_cycles / (1000 * f_pe)
-        consume = use.vector_cycles / (1000 * f_vec) + use.scalar_cycles / (1000 * f_act)
+        produce = engine_us(use.pe_cycles, f_pe)
+        consume = engine_us(use.vector_cycles, f_vec) + engine_us(use.scalar_cycles, f_act)
         total += (use.evictions - use.allocations) * min(produce, consume) / use.evictions
     return total
 

@@ -33,14 +33,15 @@ SYMBOLS: tuple[str, ...] = (
 TERMS: tuple[str, ...] = ("T_pe", "T_vec", "T_act", "T_dma", "T_prologue", "T_epilogue", "T_launch", "T_stall")
 
 
-def _engine_us(cycles: float, ghz: float) -> float:
+def engine_us(cycles: float, ghz: float) -> float:
+    """Microseconds of ``cycles`` at ``ghz``."""
     return cycles / (1000 * ghz)
 
 
 def _edge_us(v: Mapping[str, float], prefix: str) -> float:
     """An edge phase: its transfers issued together (ceil(n/q) rounds of fixed cost), nothing overlapped."""
     return (math.ceil(v[f"{prefix}_n_dma"] / v["q"]) * v["c_dma"] + v[f"{prefix}_eff_bytes"] / v["bw"]
-            + _engine_us(v[f"{prefix}_pe_cycles"], v["f_pe"]) + _engine_us(v[f"{prefix}_vec_cycles"], v["f_vec"]))
+            + engine_us(v[f"{prefix}_pe_cycles"], v["f_pe"]) + engine_us(v[f"{prefix}_vec_cycles"], v["f_vec"]))
 
 
 def steady_times(v: Mapping[str, float]) -> dict[str, float]:
@@ -48,9 +49,9 @@ def steady_times(v: Mapping[str, float]) -> dict[str, float]:
     n_dma = v["n_dma"] - v["pro_n_dma"] - v["epi_n_dma"]
     eff_bytes = v["eff_bytes"] - v["pro_eff_bytes"] - v["epi_eff_bytes"]
     return {
-        "T_pe": _engine_us(v["pe_cycles"] - v["pro_pe_cycles"] - v["epi_pe_cycles"], v["f_pe"]),
-        "T_vec": _engine_us(v["vec_cycles"] - v["pro_vec_cycles"] - v["epi_vec_cycles"], v["f_vec"]),
-        "T_act": _engine_us(v["act_cycles"], v["f_act"]),
+        "T_pe": engine_us(v["pe_cycles"] - v["pro_pe_cycles"] - v["epi_pe_cycles"], v["f_pe"]),
+        "T_vec": engine_us(v["vec_cycles"] - v["pro_vec_cycles"] - v["epi_vec_cycles"], v["f_vec"]),
+        "T_act": engine_us(v["act_cycles"], v["f_act"]),
         "T_dma": n_dma * v["c_dma"] / v["q"] + eff_bytes / v["bw"],
         "T_prologue": _edge_us(v, "pro"),
         "T_epilogue": _edge_us(v, "epi"),

@@ -26,7 +26,7 @@ from ..kernel_ir.program import Program
 from ..targets import Target
 from .counts import ProgramCounts, count_program, dma_histogram, edge_counts, psum_stall_us
 from .footprint import footprint
-from .formulas import latency, lower_bound, steady_times
+from .formulas import engine_us, latency, lower_bound, steady_times
 from .params import ModelParams, params_of
 
 
@@ -170,9 +170,9 @@ def estimate(program: Program, target: Target, params: ModelParams | None = None
         dma_transfers=counts.dma_transfers,
         dma_transposes=counts.dma_transposes,
         dma_bytes_per_partition=dma_histogram(counts),
-        engine_us={"tensor": _engine_total(counts.pe_cycles, values["f_pe"]),
-                   "vector": _engine_total(counts.vector_cycles, target.vector_clock_ghz),
-                   "scalar": _engine_total(counts.scalar_cycles, target.scalar_clock_ghz),
+        engine_us={"tensor": engine_us(counts.pe_cycles, values["f_pe"]),
+                   "vector": engine_us(counts.vector_cycles, target.vector_clock_ghz),
+                   "scalar": engine_us(counts.scalar_cycles, target.scalar_clock_ghz),
                    "dma": values["n_dma"] * values["c_dma"] / values["q"] + values["eff_bytes"] / values["bw"]},
         dma_fixed_us=dma_fixed,
         dma_bytes_us=dma_bytes,
@@ -192,9 +192,6 @@ def estimate(program: Program, target: Target, params: ModelParams | None = None
         values={**values, **times},
     )
 
-
-def _engine_total(cycles: float, ghz: float) -> float:
-    return cycles / (1000 * ghz)
 
 
 def combine_reports(reports: list[CostReport]) -> CostReport:

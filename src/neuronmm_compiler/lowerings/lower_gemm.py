@@ -46,7 +46,7 @@ from ..kernel_ir.program import (
     TensorTensor,
     span,
 )
-from ..schedule.gemm import GemmProblem, GemmSchedule, normalize, tile_counts
+from ..schedule.gemm import GemmProblem, GemmSchedule, load_levels, normalize, tile_counts
 from ..vocab import ALayout, ElementwiseOp
 from .limits import psum_bank_fp32
 
@@ -79,10 +79,7 @@ class _GemmLowering:
         # Operand blocks held in explicit copies (operand_buffers >= 2): the copy a block uses is the index of
         # the loop it is loaded in, modulo the copies; the copies are allocated before that loop.
         order = s.loop_order
-        self.level = {
-            "a": max(order.index(d) for d in "mk"),
-            "b": max(order.index(d) for d in "kn"),
-        }
+        self.level = load_levels(order)
         self.rotation: dict[str, tuple[int, Expr]] = {}
         for operand, level in self.level.items():
             copies = min(s.operand_buffers, self.dims[order[level]].blocks)
@@ -286,12 +283,10 @@ class _GemmLowering:
         (``psum_buffers`` >= 1) the rotating copy its position in the block selects, allocated before them."""
         if self.s.psum_buffers == 0:
             return Ref(self.psum_tile, (span(0, msz), span(0, nsz))), [Alloc(self.psum_tile, accumulator=True)]
-        m, n = self.dims["m"], self.dims["n"]
-        inner = self.s.tile_order[1]
-        inner_tiles = (m if inner == "m" else n).tiles_in_block
-        outer_var = iv("b" + self.s.tile_order[0], (n if inner == "m" else m).tiles_in_block)
-        position = add(scale(outer_var, inner_tiles), iv("b" + inner, inner_tiles))
-        slot = modulo(position, self.s.psum_buffers)
+        outer, inner = self.s.tile_order
+        inner_tiles = self.dims[inner].tiles_in_block
+        outer_var = iv("b" + outer, self.dims[outer].tiles_in_block)
+        slot = modulo(add(scale(outer_var, inner_tiles), iv("b" + inner, inner_tiles)), self.s.psum_buffers)
         return Ref(self.psum_rotation, (span(0, msz), Point(slot), span(0, nsz))), []
 
     def first_kloop(self, dst: Ref, blocks: dict[str, Expr]) -> list[Stmt]:

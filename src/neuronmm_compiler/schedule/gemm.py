@@ -176,6 +176,12 @@ class GemmSchedule(ScheduleParams):
         return normalize(context, self)
 
 
+def load_levels(loop_order: str) -> dict[str, int]:
+    """Where each operand block is loaded: the position in ``loop_order`` of the innermost block loop it
+    depends on (A^T on m and k, B on k and n); the block is loaded in that loop's body."""
+    return {"a": max(loop_order.index(d) for d in "mk"), "b": max(loop_order.index(d) for d in "kn")}
+
+
 def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
     """Number of tiles along m, n, k."""
     return {
@@ -203,9 +209,9 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule) -> GemmSchedule:
     )
     order = blocked.loop_order
     block_counts = {d: -(-counts[d] // getattr(blocked, f"tiles_in_block_{d}")) for d in "mnk"}
-    load_trips = max(block_counts[order[max(order.index(d) for d in dims)]] for dims in ("mk", "kn"))
-    operand_buffers = blocked.operand_buffers if min(blocked.operand_buffers, load_trips) >= 2 else 0
-    blocked = replace(blocked, operand_buffers=min(operand_buffers, load_trips))
+    load_trips = max(block_counts[order[level]] for level in load_levels(order).values())
+    copies = min(blocked.operand_buffers, load_trips)
+    blocked = replace(blocked, operand_buffers=copies if copies >= 2 else 0)
     held = blocked.accumulate == "psum" and counts["k"] > blocked.tiles_in_block_k
     tiles = blocked.tiles_in_block_m * blocked.tiles_in_block_n
     return replace(blocked, psum_buffers=0 if held else min(blocked.psum_buffers, tiles))
