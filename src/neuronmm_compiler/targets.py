@@ -84,6 +84,11 @@ class ModelParams:
     # the datasheet figure; a calibration fits them (AWS's best GEMM reaches ~85% of peak).
     tensor_engine_efficiency: float = 1.0
     dma_bandwidth_efficiency: float = 1.0
+    # The share of the HBM stack's bandwidth the programs of a logical core draw together, as a multiple of their
+    # cores' per-core figures: 1.0, each streams at its own core's rate (the stack serves two cores' worth: "Each
+    # bank is shared by two physical NeuronCore-v3", Logical NeuronCore configuration, Neuron docs); the docs give no
+    # measured figure. docs/logical-cores.md shows the speedups at 0.5 too (cost_model/lnc.py).
+    lnc_hbm_share: float = 1.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -152,6 +157,14 @@ class Target:
     # concurrent DMA queues are on small transfers than AWS's single-transfer chart (1.0: the chart as
     # published). Fitted to published measurements (docs/cost_model.md, section 4a).
     dma_size_scale: float = 1.0
+    # --- logical cores (LNC): how many physical NeuronCores one kernel launch spans. "Using Logical NeuronCores
+    # (LNC) with NKI" (Neuron 2.33, nki/get-started/about/lnc.rst, "Logical NeuronCore (LNC)"): degrees 1 or 2; a
+    # NEFF compiled for LNC=2 holds instructions for each of the two physical cores, which share HBM. "Logical
+    # NeuronCore configuration": neuronx-cc and the runtime default to LNC=2 on trn2 and later (also compiler
+    # error NCC_EVRF066); trn1 has no logical cores. Every other figure of this table is per *physical* core.
+    max_lnc: int = 1  # the largest degree the hardware groups
+    default_lnc: int = 1  # what neuronx-cc and the runtime use unless told otherwise
+    lnc: int = 1  # the degree kernels for this target are emitted, costed and verified for
     # --- tile limits (nl.tile_size), identical on all current generations; the lowerings tile by these
     # (shared/trainium-facts.md, "Tile limits": AWS NKI API reference, nl.tile_size) ---
     pmax: int = 128
@@ -168,13 +181,18 @@ class Target:
 
     @property
     def spec(self) -> str:
-        """What ``get_target`` resolves back to this target: the name, or the calibrated file."""
-        return self.calibration.source if self.calibration is not None else self.name
+        """What ``get_target`` resolves back to this target: the name, or the calibrated file, with
+        ``:lnc=N`` when its logical-core degree is not 1 (so a stored ``trn2`` keeps meaning one physical
+        core, as every record written before logical cores did)."""
+        base = self.calibration.source if self.calibration is not None else self.name
+        return f"{base}{LNC_SUFFIX}{self.lnc}" if self.lnc != 1 else base
 
     @property
     def label(self) -> str:
-        """The name, marked when calibrated: ``trn1`` or ``trn1 (calibrated: cal.json)``."""
-        return f"{self.name} (calibrated: {self.spec})" if self.calibrated else self.name
+        """The name with its logical-core degree where it has logical cores, marked when calibrated:
+        ``trn1``, ``trn2 LNC=2``, ``trn1 (calibrated: cal.json)``."""
+        base = f"{self.name} LNC={self.lnc}" if self.max_lnc > 1 else self.name
+        return f"{base} (calibrated: {self.calibration.source})" if self.calibration is not None else base
 
     def model_fingerprint(self) -> str:
         """sha256 of everything that affects predictions (every field and the model parameters,
@@ -214,7 +232,8 @@ class Target:
             ("Vector/Scalar/GpSimd", f"{self.vector_clock_ghz} / {self.scalar_clock_ghz} / "
                                      f"{self.gpsimd_clock_ghz} GHz, {self.engine_lanes} lanes"),
             ("HBM per core", f"{self.hbm_bytes_per_core / GIB:.0f} GiB, "
-                             f"{self.hbm_gbytes_per_s_per_core:.0f} GB/s"),
+                             f"{self.hbm_gbytes_per_s_per_core:.0f} GB/s (per physical core)"),
+            ("logical core", self.lnc_summary()),
             ("DMA", f"{self.dma_engines} engines x {self.dma_bytes_per_ns_per_engine} B/ns, "
                     f"{self.dma_fixed_cost_us} us fixed per transfer, "
                     f"transpose at {self.dma_transpose_efficiency:.0%}, "
@@ -227,6 +246,17 @@ class Target:
                                f"{self.calibration.date}): {', '.join(self.calibration.fitted)}")]
              if self.calibration is not None else [])
 
+    def lnc_summary(self) -> str:
+        """One line on the logical core kernels are emitted for (``nmmc targets``)."""
+        if self.max_lnc == 1:
+            return "LNC=1 only (no logical cores on this generation)"
+        default = " (the platform default)" if self.lnc == self.default_lnc else f" (default {self.default_lnc})"
+        if self.lnc == 1:
+            return f"LNC=1{default}: one physical {self.core}; --lnc {self.max_lnc} for the logical core"
+        return (f"LNC={self.lnc}{default}: {self.lnc} physical {self.core} cores sharing HBM, "
+                f"{self.lnc * self.hbm_gbytes_per_s_per_core:.0f} GB/s together; each kernel splits its work "
+                "between them by nl.program_id")
+
     def as_dict(self) -> dict[str, object]:
         """Every field, plus the derived figures, as plain JSON-able values. The calibration fields
         appear only on a calibrated target (so a stock target's dict, and its fingerprint, are
@@ -238,6 +268,8 @@ class Target:
                 if value is not None:
                     out[name] = value.as_dict()
                 continue
+            if name == "lnc" and value == 1:
+                continue  # a one-core target's dict (and its fingerprint) is what it was before logical cores
             out[name] = [list(p) for p in value] if name == "dma_efficiency_curve" else value
         out["psum_bank_bytes"] = self.psum_bank_bytes
         out["sbuf_usable_bytes_per_partition"] = self.sbuf_usable_bytes_per_partition
@@ -303,6 +335,8 @@ TARGETS: dict[str, Target] = {
         # AWS's chart says), the TensorEngine's achieved fraction of its clock.
         launch_overhead_us=45.3,
         dma_size_scale=3.45,
+        max_lnc=2,
+        default_lnc=2,
         # engine_extra_input_cycles 0: the guide's 16/2/8 kernel (4096x8192x8192 fp32, one tensor_tensor add of a
         # 128x512 fp32 tile per output tile and K block) shows VectorE active 10.55% of 28.3 ms = 2.99 ms
         # (aws-neuron/aws-neuron-sdk@81ce03ae:nki/guides/tutorials/kernel-optimization.rst, benchmarks/published/
@@ -334,11 +368,28 @@ TARGETS: dict[str, Target] = {
         # not measured on trn3: trn2's fitted figures assumed (same DGE DMA generation)
         launch_overhead_us=45.3,
         dma_size_scale=3.45,
+        max_lnc=2,
+        default_lnc=2,
         params=ModelParams(tensor_engine_efficiency=0.968, engine_extra_input_cycles=0.0),
     ),
 }
 
-DEFAULT_TARGET = "trn1"
+#: The target commands use unless told: trn2, what users deploy NKI kernels on (NxD Inference runs no NKI kernels on
+#: trn1 from its 2.29 release; its release notes). The CLI gives it its platform LNC (:func:`with_lnc`).
+DEFAULT_TARGET = "trn2"
+#: How a target spec names a logical-core degree: ``trn2:lnc=2`` (see :attr:`Target.spec`).
+LNC_SUFFIX = ":lnc="
+
+
+def with_lnc(target: Target, lnc: int | None) -> Target:
+    """``target`` at logical-core degree ``lnc`` (None: the platform's default degree); InputError when the
+    hardware does not group that many cores."""
+    degree = target.default_lnc if lnc is None else lnc
+    if isinstance(degree, bool) or not isinstance(degree, int) or not 1 <= degree <= target.max_lnc:
+        allowed = "1" if target.max_lnc == 1 else f"1 or {target.max_lnc}"
+        raise InputError(f"--lnc {lnc}: {target.name} ({target.core}) supports LNC {allowed} ('Using Logical "
+                         "NeuronCores (LNC) with NKI', Neuron docs)")
+    return target if degree == target.lnc else replace(target, lnc=degree)
 
 # ----------------------------------------------------------------------------- calibrated target files
 
@@ -348,7 +399,7 @@ VERSION = 1
 TARGET_FIELDS: tuple[str, ...] = ("dma_fixed_cost_us", "dma_transpose_efficiency", "launch_overhead_us",
                                    "dma_size_scale")
 #: Fields that are fractions in (0, 1]; every other fitted value is a positive number, but for :data:`NONNEGATIVE`.
-FRACTIONS: frozenset[str] = frozenset({"dma_transpose_efficiency"})
+FRACTIONS: frozenset[str] = frozenset({"dma_transpose_efficiency", "lnc_hbm_share"})
 #: Values that may be 0 (trn2's second input of a Vector instruction costs no extra cycles per element).
 NONNEGATIVE: frozenset[str] = frozenset({"engine_extra_input_cycles"})
 PROVENANCE_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -447,6 +498,10 @@ def get_target(spec: str) -> Target:
     ones; a missing or malformed file an InputError."""
     if spec in TARGETS:
         return TARGETS[spec]
+    if isinstance(spec, str) and LNC_SUFFIX in spec:
+        base, _, degree = spec.rpartition(LNC_SUFFIX)
+        if degree in ("1", "2"):
+            return with_lnc(get_target(base), int(degree))
     if isinstance(spec, str) and spec.lower() in TARGETS and not _names_a_file(spec):
         return TARGETS[spec.lower()]  # names nmmc defines are case-insensitive; file paths are not
     if isinstance(spec, str) and _names_a_file(spec):

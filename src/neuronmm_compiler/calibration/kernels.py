@@ -21,7 +21,7 @@ from ..driver import relower
 from ..errors import InputError, NmmcError
 from ..ir import parse_text
 from ..kernel_ir.program import Program
-from ..targets import Target, get_target
+from ..targets import Target, get_target, with_lnc
 from ..vocab import Dialect
 
 
@@ -90,7 +90,7 @@ def read_kernel_file(path: str | Path, *, shown: str | None = None) -> KernelFil
     if meta is None:
         raise InputError(f"{name} is not an nmmc kernel file (no '# nmmc-metadata:' header line)")
     try:
-        programs = programs_from_metadata(meta, get_target(meta.target))
+        programs = programs_from_metadata(meta, with_lnc(get_target(meta.target), meta.lnc))
     except InputError as exc:
         raise InputError(f"{name}: {exc}") from None
     return KernelFile(path=str(path), source=source, metadata=meta, programs=programs)

@@ -61,6 +61,7 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
         kernels=tuple(KernelSpec(k.name, buffer_specs(k.params), buffer_specs(k.outputs)) for k in kernels),
         schedule=schedule if isinstance(schedule, ScheduleRecord) else ScheduleRecord.from_dict(dict(schedule)),
         graph=to_text(graph),
+        lnc=target.lnc,
     )
     from ..cost_model.trust import trust_note  # here: reading kernel files (verify) needs no cost model
 
@@ -72,6 +73,8 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
     rows = [*summary, ("model error", trust_note(target)), ("target", hardware),
             ("dialect", f"{dialect}: {DIALECTS[dialect]}"),
             ("sdk", support_note(dialect, target.name))]
+    if target.max_lnc > 1:
+        rows.append(("launch", launch_note(target.lnc, dialect, [k.name for k in kernels])))
     if len(kernels) > 1:
         rows.append(("kernels", f"{names}, run in this order (later ones read earlier ones' outputs)"))
     rows = [(_one_comment_line(k), _one_comment_line(v)) for k, v in rows]
@@ -94,6 +97,25 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
     lines += ["", ""]
     lines += reference_source(graph)
     return KernelFile("\n".join(lines) + "\n", metadata)
+
+
+def launch_note(lnc: int, dialect: Dialect, names: Sequence[str]) -> str:
+    """How a kernel of logical-core degree ``lnc`` must be launched, per SDK ("Using Logical NeuronCores (LNC)
+    with NKI", "Launching a kernel on multiple cores"; the announcement deprecating the SPMD launch grid for LNC2
+    kernels (Neuron 2.31); NKI 0.7.0 / Neuron 2.33 migration guide: the compiler checks that the kernel's and its
+    own LNC degree match; compiler error NCC_EVRF066)."""
+    first = names[0]
+    if lnc == 1:
+        return (f"LNC=1 (one physical core): launch {first}(...) with NEURON_LOGICAL_NC_CONFIG=1; inside a model graph "
+                "neuronx-cc must compile with --lnc=1 too (else NCC_EVRF066)")
+    if dialect == Dialect.NEURONXCC:
+        grid = f"{first}[nl.nc({lnc})](...)"
+    else:
+        grid = (f"{first}[{lnc}](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG={lnc} (a matching "
+                f"[{lnc}] grid is still accepted)")
+    return (f"LNC={lnc}: both programs of the logical core run it, each its half (nl.program_id); launch {grid}; "
+            f"inside a model graph neuronx-cc --lnc={lnc}, its trn2/trn3 default; a launch with another degree fails "
+            "the kernel's num_programs assertion")
 
 
 def _one_comment_line(text: str) -> str:

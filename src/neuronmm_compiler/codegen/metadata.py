@@ -191,10 +191,12 @@ class KernelMetadata:
     kernels: tuple[KernelSpec, ...]
     schedule: ScheduleRecord
     graph: str
+    #: the logical-core degree the kernel is written for (its programs; absent from the line when 1)
+    lnc: int = 1
 
     def to_dict(self) -> dict[str, Any]:
-        """The line's JSON object, as nmmc has always written it."""
-        return {
+        """The line's JSON object, as nmmc has always written it (``lnc`` only when it is not 1)."""
+        return ({"lnc": self.lnc} if self.lnc != 1 else {}) | {
             "format": self.format,
             "nmmc_version": self.nmmc_version,
             "kernels": [k.to_dict() for k in self.kernels],
@@ -236,6 +238,7 @@ class KernelMetadata:
             kernels=tuple(KernelSpec.from_dict(k, f"kernels[{index}]") for index, k in enumerate(kernels)),
             schedule=ScheduleRecord.from_dict(_get(data, "schedule", dict, "")),
             graph=_get(data, "graph", str, ""),
+            lnc=_lnc(data),
         )
         for what in ("inputs", "outputs", "kernels"):
             if not getattr(metadata, what):
@@ -255,6 +258,13 @@ class KernelMetadata:
                                      f"({exc.msg})") from None
                 return cls.from_dict(data)
         return None
+
+
+def _lnc(data: dict[str, Any]) -> int:
+    value = data.get("lnc", 1)
+    if isinstance(value, bool) or value not in (1, 2):
+        raise InputError(f"{_MALFORMED}: 'lnc' must be 1 or 2; got {value!r:.40}")
+    return value
 
 
 def read_metadata(source: str) -> KernelMetadata | None:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..kernel_ir.expr import Min, Mod, code
+from ..kernel_ir.lnc import PROGRAM_ID
 from ..kernel_ir.program import (
     Activation,
     Alloc,
@@ -80,6 +81,12 @@ class _Printer:
             shape = tuple(p.shape)
             self.emit(1, f"assert tuple({p.name}.shape) == {shape}, "
                          f"f\"{p.name}: expected shape {shape}, got {{{p.name}.shape}}\"")
+        if program.programs > 1:
+            n = program.programs
+            self.emit(1, f"assert nl.num_programs() == {n}, f\"an LNC={n} kernel launched with {{nl.num_programs()}} "
+                         f"program(s): launch it on a logical core of {n} physical cores (see the file header)\"")
+            self.emit(1, f"{PROGRAM_ID} = nl.program_id(0)  # this program's share of the '{program.split}' split "
+                         f"(0..{n - 1})")
         for out in program.outputs:
             self.emit(1, f"{out.name} = nl.ndarray({_shape(out.shape)}, dtype={NL_DTYPES[out.dtype]}, "
                          f"buffer=nl.shared_hbm)")

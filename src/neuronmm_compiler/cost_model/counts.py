@@ -171,10 +171,12 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
         raise TypeError(f"cannot count {type(stmt).__name__}")
 
 
-def count_program(program: Program, params: ModelParams) -> ProgramCounts:
+def count_program(program: Program, params: ModelParams, env: Mapping[str, int] | None = None) -> ProgramCounts:
+    """The program's counts; ``env`` binds variables outside the loop nest (the program id of one program of a
+    logical core)."""
     counts = ProgramCounts()
-    for stmt, env, mult in instruction_counts(program.body):
-        add_statement(counts, stmt, env, mult, params)
+    for stmt, at, mult in instruction_counts(program.body, env):
+        add_statement(counts, stmt, at, mult, params)
     for param in program.params:
         counts.hbm_bytes_read.setdefault(param.name, 0)
     for out in program.outputs:
@@ -220,7 +222,8 @@ def _first_iteration(loop: Loop, env: dict[str, int]) -> Iterator[tuple[Stmt, di
             yield stmt, inner, 1
 
 
-def edge_counts(program: Program, params: ModelParams, *, reverse: bool) -> ProgramCounts:
+def edge_counts(program: Program, params: ModelParams, *, reverse: bool,
+                env: Mapping[str, int] | None = None) -> ProgramCounts:
     """Counts of the prologue (``reverse=False``: what the first matmul waits for: the statements before it,
     of each loop nest before it only the first iteration, i.e. the first tiles it loads) or the epilogue
     (``reverse=True``: everything after the last one). A program without matmuls (an elementwise kernel)
@@ -229,8 +232,8 @@ def edge_counts(program: Program, params: ModelParams, *, reverse: bool) -> Prog
                      for s in program.body)
     anchor: tuple[type, ...] = (Matmul,) if has_matmul else ENGINE_WORK
     counts = ProgramCounts()
-    for stmt, env, mult in _edge(program.body, {}, reverse, anchor):
-        add_statement(counts, stmt, env, mult, params)
+    for stmt, at, mult in _edge(program.body, dict(env or {}), reverse, anchor):
+        add_statement(counts, stmt, at, mult, params)
     return counts
 
 

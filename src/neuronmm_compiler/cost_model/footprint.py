@@ -17,12 +17,17 @@ class Footprint:
     sbuf_capacity: int
     psum_banks: int
     psum_capacity: int
+    #: why the work could not be divided between the programs of a logical core (kernel_ir/lnc.py): such a
+    #: program does not fit the target's logical core any more than one that overflows SBUF
+    split_error: str | None = None
 
     @property
     def fits(self) -> bool:
-        return self.sbuf_bytes_per_partition <= self.sbuf_capacity and self.psum_banks <= self.psum_capacity
+        return (self.sbuf_bytes_per_partition <= self.sbuf_capacity and self.psum_banks <= self.psum_capacity
+                and self.split_error is None)
 
     def describe(self) -> str:
+        """Per physical core: on an LNC=2 target each program has its own SBUF and PSUM."""
         return (f"SBUF {self.sbuf_bytes_per_partition} of {self.sbuf_capacity} bytes/partition, "
                 f"PSUM {self.psum_banks} of {self.psum_capacity} banks")
 
@@ -34,6 +39,7 @@ def footprint(program: Program, target: Target) -> Footprint:
         sbuf_capacity=target.sbuf_usable_bytes_per_partition,
         psum_banks=program.psum_banks(target.psum_bank_bytes),
         psum_capacity=target.psum_banks,
+        split_error=program.split_error,
     )
 
 
@@ -47,6 +53,8 @@ def check_fits(program: Program, target: Target, advice: tuple[str, str] = GEMM_
     """Raise ScheduleError when the program's buffers exceed the target's SBUF or PSUM; ``advice``
     is what the message suggests for each (the parameters of the schedule family)."""
     fp = footprint(program, target)
+    if fp.split_error is not None:
+        raise ScheduleError(f"{fp.split_error}; choose another lnc_split or blocking, or --lnc 1")
     if fp.sbuf_bytes_per_partition > fp.sbuf_capacity:
         raise ScheduleError(
             f"schedule needs {fp.sbuf_bytes_per_partition} bytes of SBUF per partition; {target.name} has "

@@ -97,23 +97,29 @@ class CostReport:
     feasible: bool
     lower_bound_us: float
     values: dict[str, float] = field(default_factory=dict, repr=False)
+    #: each program's latency on an LNC=2 target (empty on one core); the report's times are the slowest one's
+    program_latency_us: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("values")
+        if not self.program_latency_us:
+            out.pop("program_latency_us")
         out["dma_bytes_per_partition"] = {str(k): v for k, v in self.dma_bytes_per_partition.items()}
         return out
 
 
 def model_inputs(program: Program, target: Target, params: ModelParams | None = None,
-                 counts: ProgramCounts | None = None) -> tuple[dict[str, float], ProgramCounts]:
+                 counts: ProgramCounts | None = None,
+                 env: dict[str, int] | None = None) -> tuple[dict[str, float], ProgramCounts]:
     """The numeric value of every symbol of the formulas, for this program and target (``params``:
-    the target's own, i.e. a calibrated target's fit or the defaults, unless given)."""
+    the target's own, i.e. a calibrated target's fit or the defaults, unless given; ``env``: the program id
+    of one program of a logical core)."""
     params = params if params is not None else params_of(target)
     f_pe, bw = effective_rates(target, params)
-    counts = counts or count_program(program, params)
-    pro = edge_counts(program, params, reverse=False)
-    epi = edge_counts(program, params, reverse=True)
+    counts = counts or count_program(program, params, env)
+    pro = edge_counts(program, params, reverse=False, env=env)
+    epi = edge_counts(program, params, reverse=True, env=env)
     dtype = program.params[0].dtype if program.params else "bfloat16"
     peak = (target.peak_bf16_tflops * 1e6 * params.tensor_engine_efficiency
             / (params.matmul_fp32_factor if dtype == "float32" else 1))
@@ -138,9 +144,20 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
 
 def estimate(program: Program, target: Target, params: ModelParams | None = None) -> CostReport:
     """Predict the latency of ``program`` on ``target``, with the target's model parameters (a
-    calibrated target's fit, else the defaults) unless ``params`` overrides them."""
+    calibrated target's fit, else the defaults) unless ``params`` overrides them. A program of several
+    programs (LNC=2) is costed per program, on its own physical core, with the HBM they share
+    (:mod:`.lnc`)."""
+    if program.programs > 1:
+        from .lnc import estimate_programs
+
+        return estimate_programs(program, target, params)
     values, counts = model_inputs(program, target, params)
-    times = steady_times(values)
+    return _report(program, target, values, counts, steady_times(values))
+
+
+def _report(program: Program, target: Target, values: dict[str, float], counts: ProgramCounts,
+            times: dict[str, float]) -> CostReport:
+    """The report of one program from its symbol values, counts and time terms."""
     total = latency(times)
     lower = lower_bound(values)
     dma_fixed = (values["n_dma"] - values["pro_n_dma"] - values["epi_n_dma"]) * values["c_dma"] / values["q"]

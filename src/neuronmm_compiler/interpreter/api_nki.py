@@ -27,8 +27,21 @@ def language_attrs(m: Machine) -> dict[str, Any]:
     def zeros(shape: Any, dtype: Any, buffer: Any = SBUF_BUFFER, name: str = "") -> Tensor:
         return m.allocate(shape, dtype, buffer, name, zero=True)
 
+    @api("nl.program_id", m)
+    def program_id(axis: Any = 0) -> int:
+        if axis != 0:
+            raise UnsupportedAPIError(f"nl.program_id({axis!r}): a logical core's programs form one axis, 0")
+        return m.program_id
+
+    @api("nl.num_programs", m)
+    def num_programs(axes: Any = 0) -> int:
+        if axes not in (0, None):
+            raise UnsupportedAPIError(f"nl.num_programs({axes!r}): a logical core's programs form one axis, 0")
+        return m.programs
+
     attrs: dict[str, Any] = {
         "ndarray": ndarray, "zeros": zeros, "ds": ds, "tile_size": tile_size(m.target),
+        "program_id": program_id, "num_programs": num_programs,
         "bfloat16": BFLOAT16, "float32": FLOAT32, "float16": FLOAT16,
         "sbuf": SBUF_BUFFER, "psum": PSUM_BUFFER,
         "affine_range": plain_range, "sequential_range": plain_range, "static_range": plain_range,

@@ -54,6 +54,17 @@ class Counters:
         hist = self.dma_bytes_per_partition
         hist[bytes_per_partition] = hist.get(bytes_per_partition, 0) + 1
 
+    def add_engine_counts(self, other: Counters) -> None:
+        """Add another program's instruction and DMA counts (HBM bytes are counted per tensor, shared by the
+        programs of a logical core); peaks are per physical core, so the larger is kept."""
+        for name in ("dma_transfers", "dma_transposes", "matmul_instructions", "matmul_moving_columns", "transposes",
+                     "tensor_copies", "tensor_tensor_ops", "activations", "memsets"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for size, count in other.dma_bytes_per_partition.items():
+            self.dma_bytes_per_partition[size] = self.dma_bytes_per_partition.get(size, 0) + count
+        for name in ("sbuf_peak_bytes", "psum_peak_bytes", "psum_peak_banks"):
+            setattr(self, name, max(getattr(self, name), getattr(other, name)))
+
     def as_dict(self) -> dict[str, object]:
         """Every counter as plain JSON-able values (histogram keys become strings, sorted)."""
         return {

@@ -14,7 +14,7 @@ import inspect
 import linecache
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from ..targets import Target
 from ..vocab import Dialect
 from . import api_legacy, api_nki
 from .counters import Counters
+from .lnc import SharedHbm
 from .machine import Machine
 from .modules import StandInModule
 from .tensor import HBM, Tensor, require_written
@@ -43,6 +44,8 @@ class KernelRun:
     outputs: list[np.ndarray]
     counters: Counters
     dialect: Dialect | None
+    #: each program's own counters (one entry unless the target has LNC > 1); ``counters`` sums them
+    program_counters: list[Counters] = field(default_factory=list)
 
 
 class _Importer:
@@ -126,7 +129,6 @@ def run_kernel(source: str, *, filename: str, kernel_name: str, args: Sequence[n
 def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray], target: Target,
          output_names: Sequence[str] | None, arg_names: Sequence[str] | None) -> KernelRun:
     lines = source.splitlines()
-    m = Machine(target, filename, lines)
     try:
         code = compile(source, filename, "exec", dont_inherit=True)
     except SyntaxError as exc:
@@ -135,23 +137,40 @@ def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray
     except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, nesting too deep to compile
         raise KernelError(f"kernel source does not compile: {type(exc).__name__}") from None
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    kernel_builtins: dict[str, Any] = {name: getattr(builtins, name) for name in KERNEL_BUILTINS}
-    kernel_builtins["__import__"] = _Importer(m)
-    namespace: dict[str, Any] = {"__builtins__": kernel_builtins, "__name__": "__nmmc_kernel__",
-                                 "__file__": filename}
-    with _located(m):
-        exec(code, namespace)
-    fn = namespace.get(kernel_name)
-    if not callable(fn):
-        raise KernelError(f"the kernel file defines no function {kernel_name!r}")
-    names = _argument_names(fn, kernel_name, args, arg_names)
-    hbm_args = [m.input_tensor(array, name) for array, name in zip(args, names, strict=True)]
-    with _located(m):
-        result = fn(*hbm_args)
-    del hbm_args
-    # capacity: sweep the live intervals [allocation, last access] of the on-chip allocations
-    m.memory.finish(m.source_line)
-    returned = list(result) if isinstance(result, (tuple, list)) else [result]
+    shared = SharedHbm(target.lnc) if target.lnc > 1 else None
+    machines: list[Machine] = []
+    arguments: list[Tensor] | None = None
+    returned: list[Any] = []
+    for program_id in range(target.lnc):
+        # Each program of a logical core runs the kernel on its own core (SBUF, PSUM, engines, counters) against
+        # the same HBM (interpreter/lnc.py).
+        m = Machine(target, filename, lines, program_id=program_id, shared=shared)
+        machines.append(m)
+        if shared is not None:
+            shared.begin(program_id)
+        fn = _load(code, m, kernel_name)
+        names = _argument_names(fn, kernel_name, args, arg_names)
+        if arguments is None:
+            arguments = [m.input_tensor(array, name) for array, name in zip(args, names, strict=True)]
+            if shared is not None:
+                for tensor in arguments:
+                    shared.share_argument(tensor.alloc)
+        else:
+            m.hbm_allocs.extend(t.alloc for t in arguments)
+        with _located(m):
+            result = fn(*[Tensor.whole(t.alloc) for t in arguments])
+        # capacity: sweep the live intervals [allocation, last access] of the on-chip allocations
+        m.memory.finish(m.source_line)
+        result = list(result) if isinstance(result, (tuple, list)) else [result]
+        if returned and [id(v.alloc) if isinstance(v, Tensor) else v for v in result] != [
+                id(v.alloc) if isinstance(v, Tensor) else v for v in returned]:
+            raise KernelError(f"the programs of kernel {kernel_name!r} return different tensors: an LNC kernel "
+                              "returns the same shared HBM outputs from every program")
+        returned = result
+    del arguments
+    if shared is not None:
+        shared.finish()
+    m = machines[0]
     if output_names is None:
         output_names = [f"output{i}" for i in range(len(returned))]
     elif len(output_names) != len(returned):
@@ -168,7 +187,24 @@ def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray
     keys = m.hbm_counter_names([v.alloc for v in returned], list(output_names))
     c.hbm_bytes_read = {keys[id(a)]: a.bytes_read for a in m.hbm_allocs}
     c.hbm_bytes_written = {keys[id(a)]: a.bytes_written for a in m.hbm_allocs}
-    return KernelRun(outputs=outputs, counters=c, dialect=m.dialect)
+    for other in machines[1:]:  # HBM bytes are counted on the shared tensors, so all programs are in them already
+        c.add_engine_counts(other.counters)
+    return KernelRun(outputs=outputs, counters=c, dialect=m.dialect,
+                     program_counters=[other.counters for other in machines])
+
+
+def _load(code: Any, m: Machine, kernel_name: str) -> Any:
+    """Execute the module code in a fresh restricted namespace bound to ``m``; the kernel function."""
+    kernel_builtins: dict[str, Any] = {name: getattr(builtins, name) for name in KERNEL_BUILTINS}
+    kernel_builtins["__import__"] = _Importer(m)
+    namespace: dict[str, Any] = {"__builtins__": kernel_builtins, "__name__": "__nmmc_kernel__",
+                                 "__file__": m.filename}
+    with _located(m):
+        exec(code, namespace)
+    fn = namespace.get(kernel_name)
+    if not callable(fn):
+        raise KernelError(f"the kernel file defines no function {kernel_name!r}")
+    return fn
 
 
 def _argument_names(fn: Any, kernel_name: str, args: Sequence[np.ndarray],

@@ -14,6 +14,7 @@ from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
 from ..targets import Target
 from ..vocab import Dialect
 from .counters import Counters
+from .lnc import SharedHbm
 from .memory import MemoryTracker
 from .tensor import HBM, PSUM, SBUF, Allocation, Tensor, as_f32, mark_written, require_written, write
 
@@ -45,8 +46,13 @@ class ParDim(int):
 class Machine:
     """Everything one :func:`run_kernel` call mutates; the stand-in modules close over it."""
 
-    def __init__(self, target: Target, filename: str, source_lines: list[str]):
+    def __init__(self, target: Target, filename: str, source_lines: list[str], *, program_id: int = 0,
+                 shared: SharedHbm | None = None):
         self.target = target
+        #: ``nl.program_id(0)`` and ``nl.num_programs()`` of this run (an LNC=2 kernel runs once per program)
+        self.program_id = program_id
+        self.programs = shared.programs if shared is not None else 1
+        self.shared = shared
         self.filename = filename
         self.source_lines = source_lines
         self.counters = Counters()
@@ -124,11 +130,19 @@ class Machine:
         kind = buffer.kind
         if not name:
             name = self._default_name(line, kind)
+        if kind == HBM and zero:
+            raise UnsupportedAPIError("nl.zeros in HBM is not in the subset; allocate with nl.ndarray")
+        if kind == HBM and self.shared is not None:  # both programs of a logical core see one tensor
+            alloc = self.shared.hbm_allocation(
+                line, lambda: Allocation(self, np.full(dims, np.nan, dt), kind, str(name), line))
+            if alloc.data.shape != dims or alloc.data.dtype != dt:
+                raise KernelError(f"program {self.program_id} allocates {alloc.describe()} as {list(dims)} "
+                                  f"{dt.name}: the programs of a logical core disagree on a shared HBM tensor")
+            self.hbm_allocs.append(alloc)
+            return Tensor.whole(alloc)
         data = np.zeros(dims, dt) if zero else np.full(dims, np.nan, dt)
         alloc = Allocation(self, data, kind, str(name), line, written=zero)
         if kind == HBM:
-            if zero:
-                raise UnsupportedAPIError("nl.zeros in HBM is not in the subset; allocate with nl.ndarray")
             self.hbm_allocs.append(alloc)
         else:
             self.memory.allocate(alloc, self.clock)

@@ -31,6 +31,7 @@ class Allocation:
         "data",
         "fully_written",
         "line",
+        "lnc",
         "machine",
         "name",
         "producer",
@@ -54,6 +55,8 @@ class Allocation:
         self.record = None
         self.bytes_read = 0
         self.bytes_written = 0
+        # the shared-HBM record of an HBM tensor both programs of an LNC=2 kernel see (interpreter/lnc.py), else None
+        self.lnc = None
 
     def describe(self) -> str:
         where = f", allocated at line {self.line}" if self.line is not None else ""
@@ -210,6 +213,8 @@ def require_written(t: Tensor, role: str) -> None:
     record = a.record
     if record is not None:
         record.last = a.machine.clock
+    if a.lnc is not None:
+        a.lnc.read(t)
     if a.fully_written:
         return
     mask = a.written[t.key]
@@ -234,6 +239,8 @@ def write(t: Tensor, values: Any) -> None:
     record = a.record
     if record is not None:
         record.last = a.machine.clock
+    if a.lnc is not None:
+        a.lnc.wrote(t)
     t.data[...] = values
     if not a.fully_written:
         if t.is_full:
@@ -249,6 +256,8 @@ def mark_written(t: Tensor) -> None:
     record = a.record
     if record is not None:
         record.last = a.machine.clock
+    if a.lnc is not None:
+        a.lnc.wrote(t)
     if not a.fully_written:
         if t.is_full:
             a.fully_written = True

@@ -52,11 +52,12 @@ class Dim:
 
 
 def loop(var_name: str, trip: Expr, max_trip: int, body: list[Stmt], *, sequential: bool = False,
-          comment: str = "") -> list[Stmt]:
-    """A loop, or its body alone when it can only ever run once (its variable is then 0)."""
+          comment: str = "", split: str = "") -> list[Stmt]:
+    """A loop, or its body alone when it can only ever run once (its variable is then 0). ``split``: the
+    work-split family of the loop (:class:`~.program.Loop`)."""
     if max_trip <= 1:
         return body
-    return [Loop(var_name, trip, body, sequential=sequential, comment=comment)]
+    return [Loop(var_name, trip, body, sequential=sequential, comment=comment, split=split)]
 
 
 def iv(name: str, max_trip: int) -> Expr:

@@ -182,13 +182,17 @@ class Activation:
 
 @dataclass
 class Loop:
-    """``for var in range(trip)``. ``sequential`` marks a loop-carried dependence (SBUF partial sums)."""
+    """``for var in range(trip)``. ``sequential`` marks a loop-carried dependence (SBUF partial sums).
+    ``split``: the family of work splits this loop belongs to (``m``, ``n``, ``tokens``, ...), set by a lowering
+    on a loop whose iterations write disjoint parts of the outputs and carry nothing; :mod:`.lnc` divides the
+    loops of one family between the programs of a logical core."""
 
     var: str
     trip: Expr
     body: list[Stmt] = field(default_factory=list)
     sequential: bool = False
     comment: str = ""
+    split: str = ""
 
 
 @dataclass(frozen=True)
@@ -201,13 +205,19 @@ Stmt = Alloc | DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation
 
 @dataclass
 class Program:
-    """One kernel: ``outputs = name(*params)``."""
+    """One kernel: ``outputs = name(*params)``. ``programs``: how many programs of a logical core run it (the
+    LNC degree), each with its own ``nl.program_id`` (the variable :data:`~.lnc.PROGRAM_ID` in index expressions);
+    ``split`` the loop family divided between them; ``split_error`` why the work could not be divided (the
+    program is then infeasible, see :func:`~.lnc.distribute`)."""
 
     name: str
     params: list[Buffer]
     outputs: list[Buffer]
     body: list[Stmt]
     doc: str = ""
+    programs: int = 1
+    split: str = ""
+    split_error: str | None = None
 
     def live_intervals(self) -> list[tuple[int, int, Buffer]]:
         """(first, last, buffer) of every allocation site, in positions of the program read once in

@@ -79,7 +79,7 @@ class RowMajorGroups(OperandLoads):
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, token_tile)
         names = ", ".join(o.attrs["name"] for o, _ in outputs)
         return [Comment(f"{names} = {self._describe_group(group)}"),
-                *loop("o_blk", Lin(odim.blocks), odim.blocks, body)]
+                *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split="features")]
 
     def _transposed_store(self, out_node: Node, hbm: Buffer, rows: Buffer, odim: Dim, g: Expr, col: Expr,
                           tok: Dim, tg: Expr, tsz: Expr) -> list[Stmt]:

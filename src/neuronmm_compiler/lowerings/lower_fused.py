@@ -32,6 +32,7 @@ from ..errors import ScheduleError
 from ..ir import Graph, Node
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin
+from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import DTYPE_BYTES, Activation, Buffer, Comment, Copy, Program, Ref, Stmt, TensorTensor, span
 from ..passes.legality import check_kernel
 from ..schedule.fused import FusedSchedule, normalize_fused
@@ -160,7 +161,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
             block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
                       else self.row_major_group(group, mb))
         if block:
-            body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens")
+            body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens", split="tokens")
         outs = [hbm for n in self.outputs for node, hbm in self.out_hbm[n.operands[0]] if node is n]
         for copy in self.copies:
             inp = copy.root
@@ -183,4 +184,5 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
 def lower_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, name: str | None = None) -> Program:
     """The loop-nest program of one kernel subgraph (annotated by the fusion pipeline, see the module
     docstring) under ``schedule`` on ``target``."""
-    return _FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program()
+    program = _FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program()
+    return distribute(program, schedule.lnc_split, target.lnc)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, modulo, scale, sub, var
+from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import (
     Alloc,
     Buffer,
@@ -357,7 +358,10 @@ class _GemmLowering:
         blocks = {**blocks, d: iv(f"{d}_blk", dim.blocks)}
         body = self.level_body(pos, blocks)
         sequential = d == "k" and self.s.accumulate == "sbuf"
-        return loop(f"{d}_blk", Lin(dim.blocks), dim.blocks, body, sequential=sequential)
+        # An M or N block loop outside the K loop (or any, when each output tile is finished inside the K loop)
+        # writes its own output blocks: the programs of a logical core may divide it.
+        split = d if d != "k" and (d in self.outer_dims or self.per_tile_psum) else ""
+        return loop(f"{d}_blk", Lin(dim.blocks), dim.blocks, body, sequential=sequential, split=split)
 
     def level_body(self, pos: int, blocks: dict[str, Expr]) -> list[Stmt]:
         body: list[Stmt] = []
@@ -390,5 +394,6 @@ class _GemmLowering:
 
 def lower_gemm(problem: GemmProblem, schedule: GemmSchedule, target: Target) -> Program:
     """The loop-nest program of ``schedule`` for ``problem`` on ``target`` (the schedule is normalized
-    first). PSUM accumulators held across the K loop take one bank of the target each."""
-    return _GemmLowering(problem, schedule, target).program()
+    first). PSUM accumulators held across the K loop take one bank of the target each. On an LNC=2 target
+    the program's work is divided by ``lnc_split`` (:func:`~neuronmm_compiler.kernel_ir.lnc.distribute`)."""
+    return distribute(_GemmLowering(problem, schedule, target).program(), schedule.lnc_split, target.lnc)

@@ -36,6 +36,8 @@ WEIGHT_DMA = ("row", "tile")
 CACHE_WEIGHTS = ("none", "stage1", "all")
 X_TRANSPOSE = ("dma", "pe")
 MLP_MODES = ("whole", "split")
+#: How an LNC=2 fused kernel divides its work between the two programs (kernel_ir/lnc.py); none on one core.
+FUSED_SPLITS = ("none", "tokens", "features")
 
 #: The fused schedule space, in :class:`FusedSchedule`'s field order. The search narrows
 #: ``x_transpose`` to ``dma`` when no activation is row-major, and ``mlp`` to ``whole`` when no
@@ -70,6 +72,11 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
     categorical("mlp", MLP_MODES, ("whole", "split"),
                 "how a gated MLP is split into kernels: whole (one kernel, h stays in SBUF) or split "
                 "(gate/up kernel, then down kernel; h^T goes through HBM)", role=CLASS),
+    categorical("lnc_split", FUSED_SPLITS, ("tokens", "features"),
+                "on an LNC=2 target, what the two programs of the logical core divide: tokens (the token blocks) or "
+                "features (the output-column blocks of the final row-major matmul; everything before it is computed "
+                "by both); each needs an even number of blocks; none on one physical core (docs/logical-cores.md)",
+                role=CLASS),
 )
 
 
@@ -89,6 +96,7 @@ class FusedSchedule(ScheduleParams):
     cache_weights: str = "none"
     x_transpose: str = "dma"
     mlp: str = "whole"
+    lnc_split: str = "none"
 
     def check_relations(self) -> None:
         """A token block wider than a token tile is a whole number of tiles."""

@@ -45,6 +45,9 @@ ACCUMULATE = ("psum", "sbuf")
 DMA_MODES = ("tile", "row")
 A_TRANSPOSE = ("dma", "pe")
 ACCUMULATOR_DTYPES = ("float32", "output")
+#: How an LNC=2 kernel divides its work between the two programs (kernel_ir/lnc.py): the M or N block loop;
+#: ``none`` on one physical core.
+GEMM_SPLITS = ("none", "m", "n")
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,11 @@ PARAMS: tuple[ParamSpec, ...] = (
             "matmuls wait for the previous tile's eviction, with B >= 2 they overlap it. Clipped to the tiles of a "
             "block; 0 when partial sums stay in PSUM across K blocks (accumulate=psum with several K blocks). Not "
             "searched: the model rates an explicit rotation equal to the compiler's (docs/cost_model.md 3b)"),
+    categorical("lnc_split", GEMM_SPLITS, ("m", "n"),
+                "on an LNC=2 target, which block loop the two programs of the logical core divide: m or n (each "
+                "program its half of the blocks; the loop must come before k in loop_order, unless each output "
+                "tile is finished inside the K loop, and have an even number of blocks); none on one physical "
+                "core (docs/logical-cores.md)", role=CLASS),
 )
 
 
@@ -164,6 +172,7 @@ class GemmSchedule(ScheduleParams):
     accumulator_dtype: str = "float32"
     operand_buffers: int = 0
     psum_buffers: int = 0
+    lnc_split: str = "none"
 
     def check_relations(self) -> None:
         """One explicit operand copy would make every load wait for the matmuls of the block before it."""

@@ -43,7 +43,7 @@ from ..errors import InputError, KernelError
 from ..interpreter import run_kernel
 from ..ir import Graph, parse_text
 from ..support import check_sdk, newest_sdk
-from ..targets import Target, get_target
+from ..targets import Target, get_target, with_lnc
 from ..vocab import Dialect, Layout
 from .memory import check_memory
 from .reference import reference_chunks
@@ -199,7 +199,7 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
     if meta is None:
         raise InputError(f"{filename}: not an nmmc kernel file (no '# nmmc-metadata:' header line)")
     check_source(source, filename)
-    tgt = target or get_target(meta.target)
+    tgt = with_lnc(target or get_target(meta.target), meta.lnc)  # the file's programs decide the logical core
     graph = parse_text(meta.graph)
     check_memory(filename, meta, graph, max_memory)
     kernels = meta.kernels

@@ -1,0 +1,129 @@
+"""Divide a kernel's work between the programs of a logical core (LNC=2 on trn2/trn3).
+
+An LNC=2 kernel is one NKI kernel that both physical cores of the logical core run; each learns which
+it is from ``nl.program_id(0)`` (0 or 1) and both see the same HBM ("Using Logical NeuronCores (LNC) with
+NKI", Neuron docs, sections "Programming for multiple cores" and "Final Notes": kernel inputs and outputs
+live in shared HBM; the SDK assumes both cores follow the same control flow). So the split is a
+transformation of the loop nest, the same for every lowering:
+
+* a lowering tags the loops whose iterations write disjoint parts of the outputs and carry nothing
+  (:attr:`Loop.split`: the M or N block loop of a GEMM, the token-block loop of a fused kernel, ...);
+* :func:`distribute` gives program ``p`` the iterations ``[p * T/P, (p + 1) * T/P)`` of every loop of the
+  chosen family: the trip becomes ``T/P`` and the loop variable ``v`` reads ``v + (T/P) * pid`` inside the
+  body, where ``pid`` (:data:`PROGRAM_ID`) is the program id. Trips and control flow stay the same for both
+  programs (only offsets and the extents of a ragged last block depend on ``pid``), which is why a family's
+  trip counts must divide evenly; a ragged last block stays exact through its ``min()`` extents.
+
+What cannot be divided (no loop of the family, an odd trip, a store to HBM outside the divided loops that
+both programs would write) is not an exception: the program comes back with :attr:`Program.split_error`
+set, and the footprint check treats it as infeasible, so a search moves on to schedules that divide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from .expr import Expr, Lin, Min, Mod, add, as_expr, minimum, scale, var
+from .program import Alloc, Comment, DmaCopy, Loop, Point, Program, Ref, Span, Stmt, walk
+
+__all__ = ["PROGRAM_ID", "distribute"]
+
+#: The loop-nest variable that holds ``nl.program_id(0)`` (the printers bind it at the top of the kernel).
+PROGRAM_ID = "pid"
+
+
+def distribute(program: Program, family: str, programs: int) -> Program:
+    """``program`` with the loops of split family ``family`` divided between ``programs`` programs (the
+    module docstring); ``programs`` 1 returns it unchanged."""
+    if programs == 1:
+        return program
+    error = _why_not(program, family, programs)
+    if error is not None:
+        return replace(program, programs=programs, split=family, split_error=error)
+    body = _rewrite(program.body, family, programs)
+    return replace(program, body=body, programs=programs, split=family)
+
+
+def _why_not(program: Program, family: str, programs: int) -> str | None:
+    """Why ``program`` cannot be divided by ``family`` between ``programs`` programs, None when it can."""
+    tagged = _outermost(program.body, family)
+    if not tagged:
+        return (f"no loop of the '{family}' split in kernel {program.name} (that dimension has a single block "
+                f"under this schedule): nothing to divide between {programs} programs")
+    for loop in tagged:
+        trip = loop.trip
+        if not (isinstance(trip, Lin) and trip.is_const) or trip.const % programs:
+            return (f"loop {loop.var} of the '{family}' split has {trip.code()} iterations, which {programs} "
+                    "programs cannot share evenly with the same control flow (LNC docs: both cores run the same "
+                    "control flow)")
+    inside = {id(stmt) for loop in tagged for stmt, _ in walk(loop.body)}
+    for stmt, _ in walk(program.body):
+        if isinstance(stmt, DmaCopy) and stmt.dst.buffer.memory == "hbm" and id(stmt) not in inside:
+            return (f"kernel {program.name} stores {stmt.dst.buffer.name} outside the '{family}' split loops: both "
+                    "programs would write the same HBM elements")
+    return None
+
+
+def _outermost(body: list[Stmt], family: str) -> list[Loop]:
+    out: list[Loop] = []
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            if stmt.split == family:
+                out.append(stmt)
+            else:
+                out += _outermost(stmt.body, family)
+    return out
+
+
+def _rewrite(body: list[Stmt], family: str, programs: int) -> list[Stmt]:
+    out: list[Stmt] = []
+    for stmt in body:
+        if isinstance(stmt, Loop) and stmt.split == family:
+            share = stmt.trip.const // programs  # checked by _why_not
+            offset = scale(var(PROGRAM_ID), share)
+            shifted = [_shift_stmt(s, stmt.var, offset) for s in stmt.body]
+            note = f"{programs} programs: each its {share} of {stmt.trip.const}"
+            out.append(replace(stmt, trip=Lin(share), body=shifted, comment=_note(stmt.comment, note)))
+        elif isinstance(stmt, Loop):
+            out.append(replace(stmt, body=_rewrite(stmt.body, family, programs)))
+        else:
+            out.append(stmt)
+    return out
+
+
+def _note(comment: str, note: str) -> str:
+    return f"{comment} ({note})" if comment else note
+
+
+def shift(expr: Expr, name: str, offset: Expr) -> Expr:
+    """``expr`` with variable ``name`` read as ``name + offset``. A rotation slot (``Mod``) keeps the variable
+    as it is: each program rotates its copies by its own iteration count."""
+    if isinstance(expr, Mod):
+        return expr
+    if isinstance(expr, Min):
+        return minimum(*(shift(arg, name, offset) for arg in expr.args))
+    coef = dict(expr.terms).get(name, 0)
+    return expr if coef == 0 else add(expr, scale(offset, coef) if coef > 0 else _negate(scale(offset, -coef)))
+
+
+def _negate(expr: Expr) -> Expr:
+    lin = as_expr(expr)
+    assert isinstance(lin, Lin)
+    return Lin(-lin.const, tuple((n, -c) for n, c in lin.terms))
+
+
+def _shift_ref(ref: Ref, name: str, offset: Expr) -> Ref:
+    index = tuple(Span(shift(ix.start, name, offset), shift(ix.size, name, offset)) if isinstance(ix, Span)
+                  else Point(shift(ix.index, name, offset)) for ix in ref.index)
+    return Ref(ref.buffer, index)
+
+
+def _shift_stmt(stmt: Stmt, name: str, offset: Expr) -> Stmt:
+    if isinstance(stmt, Loop):
+        return replace(stmt, trip=shift(stmt.trip, name, offset),
+                       body=[_shift_stmt(s, name, offset) for s in stmt.body])
+    if isinstance(stmt, Alloc | Comment):
+        return stmt
+    changes = {f.name: _shift_ref(getattr(stmt, f.name), name, offset) for f in fields(stmt)
+               if isinstance(getattr(stmt, f.name), Ref)}
+    return replace(stmt, **changes)
