@@ -21,9 +21,26 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from check_nki_rules import DEFAULT, GOLDEN, check_dir, counts  # noqa: E402
 
-from neuronmm_compiler.support import KNOWN_SDKS, SUPPORT, newest_sdk, resolve_dialect, support_for  # noqa: E402
+from neuronmm_compiler.support import (  # noqa: E402
+    KNOWN_SDKS,
+    LATER_SDKS,
+    NEURONXCC_REMOVED_IN,
+    SUPPORT,
+    newest_sdk,
+    resolve_dialect,
+    support_for,
+)
 from neuronmm_compiler.targets import TARGETS  # noqa: E402
-from neuronmm_compiler.verification.rules import LEGACY_DOCS, RULES, RULES_BY_ID, SDK_DOCS, TOPICS, Rule  # noqa: E402
+from neuronmm_compiler.verification.rules import (  # noqa: E402
+    LATEST_DOCS,
+    LEGACY_DOCS,
+    RULES,
+    RULES_BY_ID,
+    SDK233_DOCS,
+    SDK_DOCS,
+    TOPICS,
+    Rule,
+)
 from neuronmm_compiler.vocab import Dialect  # noqa: E402
 
 OUT = ROOT / "docs" / "nki-rules.md"
@@ -107,7 +124,12 @@ def support_matrix() -> list[str]:
                              for d in Dialect)
         lines.append(f"| {target} | " + " | ".join(cells) + f" | {defaults} |")
     lines += ["", "Without `--sdk`, `--dialect auto` gives: " + ", ".join(
-        f"{target} {resolve_dialect('auto', target).value}" for target in TARGETS) + ".", ""]
+        f"{target} {resolve_dialect('auto', target).value}" for target in TARGETS) + ".", "",
+        "After the rule book: " + ", ".join(f"`--sdk {sdk}`" for sdk in LATER_SDKS) + " is refused with a one-line "
+        "user error (exit 2) that gives the reason for the dialect: for `neuronxcc`, that Neuron "
+        f"{NEURONXCC_REMOVED_IN} removes the `neuronxcc.nki` namespace (`NKI-NEURONXCC-REMOVED`, naming the "
+        f"announcement); for `nki`, that the rule book stops at {KNOWN_SDKS[-1]} (Neuron 2.34's NKI 0.8.0 has not "
+        "been read into it).", ""]
     return lines
 
 
@@ -119,8 +141,11 @@ def render() -> str:
         "",
         "The documented rules nmmc's kernels rely on, each read in the cited source: the Neuron SDK documentation "
         f"repository at `{SDK_DOCS}` (NKI 0.1 to 0.6, SDK up to 2.32) and, for NKI 0.1, the same repository at "
-        f"`{LEGACY_DOCS}`, before its `general/nki/` pages were removed. Sources are `repo@commit:path (section)`, the "
-        "commit shortened to 8 characters. A rule marked *checked* "
+        f"`{LEGACY_DOCS}`, before its `general/nki/` pages were removed. That repository's snapshot ends at SDK 2.32: "
+        f"the SDK 2.33 (NKI 0.7) rules were read in the published documentation at `{SDK233_DOCS}`, and the "
+        f"announcements made after it at `{LATEST_DOCS}` (not pinned to a release; each is cited with its posting "
+        "date). Sources are `repo@commit:path (section)`, the commit shortened to 8 characters, or `page (section)`. "
+        "A rule marked *checked* "
         "is enforced by `verification/static_check.py` (`check_kernel_source`); SDK-bounded rules are checked only "
         "when an SDK release is given. Where sources conflict, the note says which reading was chosen "
         "(conservatively).",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from neuronmm_compiler.targets import TARGETS
-from neuronmm_compiler.verification.rules import LEGACY_DOCS, RULES, RULES_BY_ID, SDK_DOCS, TOPICS
+from neuronmm_compiler.verification.rules import RULES, RULES_BY_ID, SOURCES, TOPICS
 from neuronmm_compiler.verification.static_check import check_kernel_source
 from neuronmm_compiler.vocab import Dialect
 
@@ -43,7 +43,7 @@ def test_rule_ids_are_unique_and_well_formed():
 def test_every_citation_names_a_pinned_source():
     for rule in RULES:
         for citation in rule.citations:
-            assert SDK_DOCS in citation or LEGACY_DOCS in citation, (rule.id, citation)
+            assert any(citation.startswith(source) for source in SOURCES), (rule.id, citation)
 
 
 @pytest.mark.parametrize("rule", [r for r in RULES if r.target_field], ids=lambda r: r.id)
@@ -520,6 +520,19 @@ CASES = [
         nisa.activation(dst=s, op=nl.silu, data=p)
         nisa.dma_copy(dst=out, src=s)
         """),
+    ("NKI-DYNAMIC-LOOP", "nki", "trn2", "2.33",
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        for i in nl.dynamic_range(4):  # VIOLATION
+            nisa.dma_copy(dst=t, src=a[0:128, 0:512])
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        for i in range(4):
+            nisa.dma_copy(dst=t, src=a[0:128, 0:512])
+        """),
     ("NKI-LANG-WRAPPERS", "nki", "trn2", "2.28",
      """
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -563,6 +576,12 @@ def _marked_line(source: str) -> int:
     return next(i for i, line in enumerate(source.splitlines(), 1) if "# VIOLATION" in line)
 
 
+def _pairing(dialect: str, target: str, sdk: str | None) -> list:
+    """The violations of an empty kernel: what the dialect x target x SDK pairing itself breaks (reported at the
+    imports, e.g. NKI-DIALECT-SDK for the nki dialect on SDK 2.28), whatever the body."""
+    return check_kernel_source(_kernel(dialect, "out = a"), dialect=dialect, target=target, sdk=sdk)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
 def test_mutation(case):
     rule_id, dialect, target, sdk, bad, good = case
@@ -571,12 +590,12 @@ def test_mutation(case):
     found = check_kernel_source(bad_source, dialect=dialect, target=target, sdk=sdk)
     assert (rule_id, _marked_line(bad_source)) in {(v.rule_id, v.line) for v in found}, found
     assert all(v.citation == RULES_BY_ID[v.rule_id].citation for v in found)
-    assert check_kernel_source(good_source, dialect=dialect, target=target, sdk=sdk) == []
+    assert check_kernel_source(good_source, dialect=dialect, target=target, sdk=sdk) == _pairing(dialect, target, sdk)
 
 
 def test_every_checkable_rule_has_a_mutation_test_in_each_dialect():
     covered = {(c[0], c[1]) for c in CASES} | {
-        ("NKI-NEURONXCC-IMPORT", "neuronxcc"), ("NKI-DIALECT-TRN1", "nki")}
+        ("NKI-NEURONXCC-IMPORT", "neuronxcc"), ("NKI-DIALECT-TRN1", "nki"), ("NKI-DIALECT-SDK", "nki")}
     for rule in RULES:
         if rule.checkable:
             for dialect in rule.dialects:
@@ -599,14 +618,41 @@ def test_nki_dialect_on_trn1_is_flagged_from_sdk_2_29():
     assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk="2.29") == []
 
 
+def test_nki_dialect_before_sdk_2_29_is_flagged():
+    """Issue 28, item 8: the support matrix starts the nki dialect at SDK 2.29 (NKI 0.3.0); before it, the import
+    line is a violation of NKI-DIALECT-SDK, once, on every target."""
+    body = "out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)"
+    for sdk in ("2.26", "2.27", "2.28"):
+        for target in ("trn2", "trn3"):
+            found = check_kernel_source(_kernel("nki", body), dialect="nki", target=target, sdk=sdk)
+            assert [(v.rule_id, v.line) for v in found] == [("NKI-DIALECT-SDK", 1)], (sdk, target)
+    for sdk in (None, "2.29", "2.33"):
+        assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk=sdk) == []
+    # the neuronxcc dialect is not bounded by it
+    assert check_kernel_source(_kernel("neuronxcc", body), dialect="neuronxcc", target="trn2", sdk="2.26") == []
+
+
+def test_dynamic_range_is_flagged_from_sdk_2_33():
+    body = """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.dynamic_range(4):
+            out = a
+        """
+    assert [v.rule_id for v in check_kernel_source(_kernel("nki", body), dialect="nki", target="trn3",
+                                                   sdk="2.33")] == ["NKI-DYNAMIC-LOOP"]
+    for sdk in (None, "2.32"):  # deprecated in 2.32, removed in 2.33
+        assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn3", sdk=sdk) == []
+
+
 def test_nl_wrappers_are_flagged_only_on_nki_0_2():
     body = """
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
         t = nl.load(a[0:128, 0:512])
         """
+    # SDK 2.28 predates the nki dialect as nmmc prints it (NKI-DIALECT-SDK, at the import line) as well
     assert [v.rule_id for v in check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2",
-                                                   sdk="2.28")] == ["NKI-LANG-WRAPPERS"]
-    for sdk in (None, "2.29", "2.32"):
+                                                   sdk="2.28")] == ["NKI-DIALECT-SDK", "NKI-LANG-WRAPPERS"]
+    for sdk in (None, "2.29", "2.32", "2.33"):
         assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk=sdk) == []
 
 

@@ -9,7 +9,11 @@ from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError, UnknownNameError
 from neuronmm_compiler.support import (
     KNOWN_SDKS,
+    LATER_SDKS,
+    NEURONXCC_REMOVED_IN,
+    REMOVAL_ANNOUNCEMENT,
     SUPPORT,
+    check_sdk,
     newest_sdk,
     resolve_dialect,
     support_for,
@@ -23,6 +27,7 @@ from neuronmm_compiler.vocab import Dialect
     ("trn1", None, Dialect.NEURONXCC), ("trn2", None, Dialect.NKI), ("trn3", None, Dialect.NKI),
     ("trn1", "2.26", Dialect.NEURONXCC), ("trn1", "2.29", Dialect.NEURONXCC),
     ("trn2", "2.28", Dialect.NEURONXCC), ("trn2", "2.29", Dialect.NKI), ("trn2", "2.32", Dialect.NKI),
+    ("trn2", "2.33", Dialect.NKI), ("trn3", "2.33", Dialect.NKI),
     ("trn3", "2.27", Dialect.NEURONXCC),
 ])
 def test_auto_picks_the_documented_dialect(target, sdk, expected):
@@ -40,9 +45,13 @@ def test_no_documented_dialect_is_an_error_naming_the_ranges():
 
 
 def test_the_matrix_agrees_with_the_rule_book():
-    """neuronxcc ends where NKI-NEURONXCC-IMPORT starts; nki is not on trn1 (NKI-DIALECT-TRN1) and starts with it."""
+    """neuronxcc ends where NKI-NEURONXCC-IMPORT starts; nki is not on trn1 (NKI-DIALECT-TRN1) and starts with it,
+    right after NKI-DIALECT-SDK's last release; the newest known release is nki's last; the neuronxcc removal is the
+    first release after the rule book."""
     import_error = RULES_BY_ID["NKI-NEURONXCC-IMPORT"].sdk_min
     trn1_rule = RULES_BY_ID["NKI-DIALECT-TRN1"]
+    too_early = RULES_BY_ID["NKI-DIALECT-SDK"].sdk_max
+    assert RULES_BY_ID["NKI-NEURONXCC-REMOVED"].sdk_min == NEURONXCC_REMOVED_IN == LATER_SDKS[0]
     for entry in SUPPORT:
         assert entry.sdk_min in KNOWN_SDKS and entry.sdk_max in KNOWN_SDKS
         assert all(rule in RULES_BY_ID for rule in entry.rules)
@@ -50,6 +59,8 @@ def test_the_matrix_agrees_with_the_rule_book():
             assert KNOWN_SDKS.index(entry.sdk_max) + 1 == KNOWN_SDKS.index(import_error)
         else:
             assert "trn1" not in entry.targets and entry.sdk_min == trn1_rule.sdk_min
+            assert KNOWN_SDKS.index(too_early) + 1 == KNOWN_SDKS.index(entry.sdk_min)
+            assert entry.sdk_max == KNOWN_SDKS[-1] == "2.33"
     assert support_for(Dialect.NKI, "trn1") is None and newest_sdk(Dialect.NKI, "trn1") == KNOWN_SDKS[-1]
     assert newest_sdk(Dialect.NEURONXCC, "trn1") == "2.29"
 
@@ -63,7 +74,7 @@ def test_emit_defaults_to_the_documented_dialect_and_says_where_it_runs():
     assert trn1.exit_code == 0 and "import neuronxcc.nki as nki" in trn1.output
     assert "# sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn1" in trn1.output
     trn2 = _emit("--target", "trn2")
-    assert "\nimport nki\n" in trn2.output and "Neuron SDK 2.29 to 2.32 on trn2" in trn2.output
+    assert "\nimport nki\n" in trn2.output and "Neuron SDK 2.29 to 2.33 on trn2" in trn2.output
     older = _emit("--target", "trn2", "--sdk", "2.28")
     assert "import neuronxcc.nki as nki" in older.output
 
@@ -82,3 +93,29 @@ def test_auto_without_a_documented_dialect_fails_before_writing(tmp_path):
     result = CliRunner().invoke(main, ["emit", "--shape", "256x512x256", "--sdk", "2.31", "-o", str(out)])
     assert result.exit_code == 2 and not out.exists()
     assert "no NKI dialect is documented for trn1 on Neuron SDK 2.31" in result.output
+
+
+@pytest.mark.parametrize("command", ["emit", "tune"])
+def test_sdk_2_34_is_a_one_line_error_per_dialect(tmp_path, command):
+    """Neuron 2.34 removes neuronxcc.nki: the legacy dialect names the announcement; the nki dialect is past the
+    rule book (2.33); auto gives both reasons. Nothing is written."""
+    out = tmp_path / "k.py"
+    extra = ["--trials", "1"] if command == "tune" else []
+    for dialect, target in (("neuronxcc", "trn1"), ("nki", "trn2"), ("auto", "trn2")):
+        result = CliRunner().invoke(main, [command, "--shape", "256x512x256", "--target", target, "--dialect", dialect,
+                                           "--sdk", "2.34", "-o", str(out), *extra])
+        assert result.exit_code == 2 and not out.exists(), result.output
+        assert result.stderr.startswith("nmmc: error: Neuron SDK 2.34: ") and result.stderr.count("\n") == 1
+        removal = REMOVAL_ANNOUNCEMENT[1] in result.stderr and REMOVAL_ANNOUNCEMENT[0] in result.stderr
+        stops = "nmmc's NKI rule book stops at Neuron SDK 2.33" in result.stderr
+        assert (removal, stops) == {"neuronxcc": (True, False), "nki": (False, True), "auto": (True, True)}[dialect]
+
+
+def test_check_sdk_accepts_2_33_and_refuses_later_releases_with_the_reason():
+    assert check_sdk("2.33") == "2.33" and check_sdk("2.33", Dialect.NKI) == "2.33"
+    with pytest.raises(InputError, match=r"removes the neuronxcc\.nki namespace"):
+        check_sdk("2.34", Dialect.NEURONXCC)
+    with pytest.raises(InputError, match=r"stops at Neuron SDK 2\.33 \(the nki dialect was not checked against 2\.34"):
+        check_sdk("2.34", "nki")
+    with pytest.raises(InputError, match=r"unknown Neuron SDK release '2\.35'"):
+        check_sdk("2.35", Dialect.NKI)

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from helpers import compile_gemm
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.interpreter import run_kernel
-from neuronmm_compiler.support import KNOWN_SDKS
+from neuronmm_compiler.support import KNOWN_SDKS, LATER_SDKS, REMOVAL_ANNOUNCEMENT
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
 from neuronmm_compiler.verification.rules import RULES_BY_ID
@@ -53,7 +53,7 @@ def test_default_sdk_is_the_newest_supporting_the_dialect(legacy_file: Path, nki
     legacy = json.loads(run("verify", str(legacy_file), "--json").output)
     assert legacy["ok"] is True and legacy["sdk"] == "2.29" and legacy["violations"] == []
     current = json.loads(run("verify", str(nki_file), "--json").output)
-    assert current["ok"] is True and current["sdk"] == "2.32" and current["violations"] == []
+    assert current["ok"] is True and current["sdk"] == "2.33" and current["violations"] == []
     human = run("verify", str(legacy_file))
     assert human.exit_code == 0 and "NKI rules of Neuron SDK 2.29: no violation" in human.output
 
@@ -88,11 +88,33 @@ def test_json_lists_the_violations_and_the_sdk(legacy_file: Path) -> None:
 def test_target_override_selects_the_rules(nki_file: Path) -> None:
     """An nki-dialect kernel checked for trn1, where NKI 0.3+ kernels are documented as unsupported."""
     report = json.loads(run("verify", str(nki_file), "--target", "trn1", "--json").output)
-    assert report["target"] == "trn1" and report["sdk"] == "2.32"
+    assert report["target"] == "trn1" and report["sdk"] == "2.33"
     assert {v["rule"] for v in report["violations"]} == {"NKI-DIALECT-TRN1"}
-    # an SDK before NKI 0.3 (2.28) does not bound the rule
+    # an SDK before NKI 0.3 (2.28) does not bound the trn1 rule; it has no nki dialect at all (NKI-DIALECT-SDK)
     report = json.loads(run("verify", str(nki_file), "--target", "trn1", "--sdk", "2.28", "--json").output)
-    assert report["violations"] == [] and report["ok"] is True
+    assert {v["rule"] for v in report["violations"]} == {"NKI-DIALECT-SDK"} and report["ok"] is False
+
+
+@pytest.mark.parametrize("sdk", ["2.26", "2.27", "2.28"])
+def test_an_nki_kernel_on_an_sdk_before_2_29_fails(nki_file: Path, sdk: str) -> None:
+    """Issue 28, item 8: the support matrix starts the nki dialect at SDK 2.29; verify --sdk 2.26 used to pass."""
+    result = run("verify", str(nki_file), "--sdk", sdk)
+    assert result.exit_code == 1, result.output
+    import_line = nki_file.read_text().splitlines().index("import nki") + 1
+    assert f"  line {import_line}: NKI-DIALECT-SDK: " in result.output
+    assert run("verify", str(nki_file), "--sdk", "2.29").exit_code == 0
+
+
+def test_sdk_2_34_is_refused_per_dialect(legacy_file: Path, nki_file: Path) -> None:
+    """Neuron 2.34 removes neuronxcc.nki (the error names the announcement); the nki rules stop at 2.33. One line on
+    stderr, exit 2, before the kernel runs."""
+    legacy = run("verify", str(legacy_file), "--sdk", "2.34")
+    assert legacy.exit_code == 2 and legacy.stdout == "" and legacy.stderr.count("\n") == 1
+    assert legacy.stderr.startswith("nmmc: error: Neuron SDK 2.34: it removes the neuronxcc.nki namespace "
+                                    f"('{REMOVAL_ANNOUNCEMENT[1]}', {REMOVAL_ANNOUNCEMENT[0]})")
+    current = run("verify", str(nki_file), "--sdk", "2.34", "--json")
+    assert current.exit_code == 2 and current.stdout == "" and current.stderr.count("\n") == 1
+    assert "nmmc's NKI rule book stops at Neuron SDK 2.33" in current.stderr and "neuronxcc" not in current.stderr
 
 
 def test_unknown_sdk_is_a_usage_error(legacy_file: Path) -> None:
@@ -103,8 +125,9 @@ def test_unknown_sdk_is_a_usage_error(legacy_file: Path) -> None:
 
 def test_help_documents_sdk() -> None:
     text = " ".join(run("verify", "--help").output.split())
-    assert "--sdk [" + "|".join(KNOWN_SDKS) + "]" in text
-    assert "neuronxcc on trn1/trn2: 2.29" in text and "nki on trn2/trn3: 2.32" in text
+    assert "--sdk [" + "|".join(KNOWN_SDKS + LATER_SDKS) + "]" in text
+    assert "neuronxcc on trn1/trn2: 2.29" in text and "nki on trn2/trn3: 2.33" in text
+    assert "2.34 is refused with the reason: it removes neuronxcc.nki, and nmmc's rule book stops at 2.33" in text
     assert re.search(r"violated NKI rule", text)
 
 

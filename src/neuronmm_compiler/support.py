@@ -8,10 +8,15 @@ range here is the documentation nmmc's rules were read in, not a promise about r
   came with 2.27, release-notes/components/nki.rst "NKI (0.1.0) [2.27]") up to SDK 2.29: from NKI 0.4
   (SDK 2.30) ``neuronxcc.nki`` inside a kernel is a compilation error (NKI-NEURONXCC-IMPORT).
 - ``nki`` (NKI 0.3+, ``import nki``): from SDK 2.29 (NKI 0.3, whose API nmmc's nki printer follows:
-  ``dst=`` everywhere, nki/migration "Migrating from NKI 0.2.0 to NKI 0.3.0") up to SDK 2.32, the newest
-  release the rule book was read in (``rules.SDK_DOCS``); on trn2 and trn3 only. On trn1 the docs
+  ``dst=`` everywhere, nki/migration "Migrating from NKI 0.2.0 to NKI 0.3.0"; earlier releases are
+  NKI-DIALECT-SDK) up to SDK 2.33 (NKI 0.7), the newest release the rule book was read in
+  (``rules.SDK233_DOCS``); on trn2 and trn3 only. On trn1 the docs
   conflict (``nki.jit`` and the simulator accept a trn1 target; the NxD Inference 2.29 notes and the NKI
   FAQ say NKI 0.3 kernels are not supported on Trn1): conservatively unsupported (NKI-DIALECT-TRN1).
+
+After the rule book (``LATER_SDKS``): ``--sdk 2.34`` is refused with the reason, per dialect
+(:func:`check_sdk`): Neuron 2.34 removes ``neuronxcc.nki`` (NKI-NEURONXCC-REMOVED), and the ``nki``
+dialect's rules were not read for 2.34 (NKI 0.8.0), so the rule book stops at 2.33.
 
 ``--dialect auto`` (the default) picks, for the target and SDK, the supported dialect, preferring ``nki``
 where both are (SDK 2.29 on trn2/trn3: ``neuronxcc.nki`` is deprecated there); without ``--sdk`` it is the
@@ -32,7 +37,15 @@ from .errors import InputError, UnknownNameError
 from .vocab import Dialect
 
 #: The Neuron SDK releases whose documentation the rule book was read against, oldest first.
-KNOWN_SDKS: tuple[str, ...] = ("2.26", "2.27", "2.28", "2.29", "2.30", "2.31", "2.32")
+KNOWN_SDKS: tuple[str, ...] = ("2.26", "2.27", "2.28", "2.29", "2.30", "2.31", "2.32", "2.33")
+#: Releases after the rule book that ``--sdk`` still recognises, only to say why nmmc refuses them (:func:`check_sdk`).
+LATER_SDKS: tuple[str, ...] = ("2.34",)
+#: Neuron 2.34 removes ``neuronxcc.nki`` from neuronx-cc: the release and the announcement (page, title) that says so,
+#: quoted by :func:`check_sdk` and cited by the rule book (NKI-NEURONXCC-REMOVED).
+NEURONXCC_REMOVED_IN = "2.34"
+REMOVAL_ANNOUNCEMENT = ("https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/announcements/neuron2.x/"
+                        "announce-removal-neuronxcc-nki-2-34.html",
+                        "Announcing the removal of the neuronxcc.nki namespace from neuronx-cc in Neuron 2.34")
 #: ``--dialect`` values: the dialects and ``auto``.
 AUTO = "auto"
 DIALECT_CHOICES: tuple[str, ...] = (AUTO, *(d.value for d in Dialect))
@@ -62,7 +75,7 @@ class Support:
 SUPPORT: tuple[Support, ...] = (
     Support(Dialect.NEURONXCC, ("trn1", "trn2"), "2.26", "2.29", ("NKI-NEURONXCC-IMPORT", "NKI-BLOCK-DIM")),
     Support(Dialect.NEURONXCC, ("trn3",), "2.27", "2.29", ("NKI-NEURONXCC-IMPORT", "NKI-BLOCK-DIM")),
-    Support(Dialect.NKI, ("trn2", "trn3"), "2.29", "2.32", ("NKI-DIALECT-TRN1", "NKI-LANG-WRAPPERS")),
+    Support(Dialect.NKI, ("trn2", "trn3"), "2.29", "2.33", ("NKI-DIALECT-SDK", "NKI-DIALECT-TRN1")),
 )
 
 
@@ -70,12 +83,25 @@ def _version(sdk: str) -> tuple[int, ...]:
     return tuple(int(part) for part in sdk.split("."))
 
 
-def check_sdk(sdk: str) -> str:
-    """``sdk`` when it is a release the rule book was read against; InputError naming them otherwise."""
-    if sdk not in KNOWN_SDKS:
+def check_sdk(sdk: str, dialect: Dialect | str | None = None) -> str:
+    """``sdk`` when it is a release the rule book was read against; InputError otherwise: for a release after it
+    (``LATER_SDKS``), why, for ``dialect`` (None: every dialect, as ``--dialect auto``); for any other, the releases
+    it was read for."""
+    if sdk in KNOWN_SDKS:
+        return sdk
+    if sdk not in LATER_SDKS:
         raise InputError(f"unknown Neuron SDK release {sdk!r}: nmmc's NKI rules were read for "
                          f"{', '.join(KNOWN_SDKS)}")
-    return sdk
+    dialects = [Dialect(dialect)] if dialect is not None else list(Dialect)
+    removed = _version(sdk) >= _version(NEURONXCC_REMOVED_IN)
+    reasons = [f"it removes the neuronxcc.nki namespace ('{REMOVAL_ANNOUNCEMENT[1]}', {REMOVAL_ANNOUNCEMENT[0]})"
+               for d in dialects if d is Dialect.NEURONXCC and removed]
+    if dialects != [Dialect.NEURONXCC] or not removed:
+        reasons.append(f"nmmc's NKI rule book stops at Neuron SDK {KNOWN_SDKS[-1]} (the nki dialect was not checked "
+                       f"against {sdk})")
+    advice = (f"pick --sdk {newest_sdk(Dialect.NEURONXCC, 'trn1')} or earlier, or emit the kernel in the nki dialect"
+              if dialects == [Dialect.NEURONXCC] else f"pick --sdk {KNOWN_SDKS[-1]} or earlier")
+    raise InputError(f"Neuron SDK {sdk}: " + "; ".join(reasons) + f"; {advice}")
 
 
 def support_for(dialect: Dialect, target: str) -> Support | None:

@@ -15,7 +15,7 @@ from ..frontends.shapes import A_LAYOUTS, parse_shape
 from ..frontends.workloads import Workload, chain_workload, gemm_workload, mlp_workload
 from ..ir import canonical_dtype
 from ..schedule import PRESETS
-from ..support import AUTO, KNOWN_SDKS, check_sdk, resolve_dialect, support_warning
+from ..support import AUTO, KNOWN_SDKS, LATER_SDKS, SUPPORT, check_sdk, resolve_dialect, support_warning
 from ..targets import DEFAULT_TARGET, TARGETS, Target, get_target
 from ..vocab import Dialect
 
@@ -253,8 +253,9 @@ def target_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 DIALECT_HELP = ("NKI dialect: nki (NKI 0.3+, import nki), neuronxcc (NKI 0.1, import neuronxcc.nki), or auto: the "
-                "one the Neuron docs support for the target (and --sdk): neuronxcc on trn1 (SDK 2.26-2.29), nki on "
-                "trn2/trn3 (SDK 2.29-2.32). See docs/nki-rules.md, 'Support matrix'.")
+                "one the Neuron docs support for the target (and --sdk): " + "; ".join(
+                    f"{e.dialect} on {'/'.join(e.targets)} (SDK {e.sdk_min}-{e.sdk_max})" for e in SUPPORT)
+                + ". See docs/nki-rules.md, 'Support matrix'.")
 
 
 def dialect_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -262,16 +263,18 @@ def dialect_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--sdk", default=None, metavar="VERSION", callback=lowercase_name,
                       help=f"Neuron SDK release the kernel is for ({', '.join(KNOWN_SDKS)}): --dialect auto picks the "
                            "dialect documented for it; a dialect not documented for the target on that release is "
-                           "a warning [default: the newest release supporting the target].")(fn)
+                           f"a warning; {', '.join(LATER_SDKS)} is refused with the reason (it removes neuronxcc.nki; "
+                           f"the rule book stops at {KNOWN_SDKS[-1]}) [default: the newest release supporting the "
+                           "target].")(fn)
     return click.option("--dialect", default=AUTO, show_default=True, callback=lowercase_name, help=DIALECT_HELP)(fn)
 
 
 def chosen_dialect(dialect: str, sdk: str | None, target: Target) -> Dialect:
     """The concrete dialect of --dialect/--sdk on ``target``, with a warning on stderr when the docs do not
     support that dialect there (the kernel is still written: the simulator and other releases may take it)."""
-    if sdk is not None:
-        check_sdk(sdk)
     resolved = resolve_dialect(dialect, target.name, sdk)
+    if sdk is not None:
+        check_sdk(sdk, resolved)
     warning = support_warning(resolved, target.name, sdk)
     if warning:
         click.echo(f"nmmc: warning: {warning}", err=True)

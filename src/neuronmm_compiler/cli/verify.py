@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from ..support import KNOWN_SDKS, SUPPORT
+from ..support import KNOWN_SDKS, LATER_SDKS, SUPPORT
 from .options import EXIT_FAILED
 from .tp import tp_verify
 from .views import echo_lines, verify_lines
@@ -17,7 +17,9 @@ SDK_HELP = (
     "Neuron SDK release whose NKI rules the static pass checks (rules bounded by release, e.g. neuronxcc.nki "
     "imports are an error from 2.30; docs/nki-rules.md). Default: the newest release that supports the file's "
     "dialect on its target (" + "; ".join(f"{s.dialect} on {'/'.join(s.targets)}: {s.sdk_max}" for s in SUPPORT)
-    + "; where no release supports the pairing, e.g. nki on trn1, the newest that has the dialect).")
+    + "; where no release supports the pairing, e.g. nki on trn1, the newest that has the dialect). "
+    + ", ".join(LATER_SDKS) + " is refused with the reason: it removes neuronxcc.nki, and nmmc's rule book stops "
+    "at " + KNOWN_SDKS[-1] + ".")
 
 
 @click.command()
@@ -32,7 +34,7 @@ SDK_HELP = (
                    "nki for --dialect nki, neuronx-cc for neuronxcc; from AWS's Neuron pip index). The simulator "
                    "imports the file as a module and runs AWS's code, outside nmmc's sandbox: only the check of the "
                    "file against the NKI subset still applies.")
-@click.option("--sdk", default=None, type=click.Choice(KNOWN_SDKS, case_sensitive=False), help=SDK_HELP)
+@click.option("--sdk", default=None, type=click.Choice(KNOWN_SDKS + LATER_SDKS, case_sensitive=False), help=SDK_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (with 'sdk' and 'violations': [{rule, line, message, citation}]).")
 @click.option("--max-memory", default=None, metavar="SIZE",

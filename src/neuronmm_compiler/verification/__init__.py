@@ -159,8 +159,10 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
     With ``rules`` (as ``nmmc verify`` does), the static NKI rule pass
     (:func:`~.static_check.check_kernel_source`) runs before the kernels, for the file's dialect, the target
     (``target`` or the file's) and Neuron SDK release ``sdk`` (default: the newest release that supports the
-    dialect on the target, :func:`~neuronmm_compiler.support.newest_sdk`; InputError for a release the rule
-    book does not know). The kernels still run; any violation fails the report (``violations``, ``sdk``).
+    dialect on the target, :func:`~neuronmm_compiler.support.newest_sdk`; InputError, before anything runs, for a
+    release the rule book was not read for, with the reason for the file's dialect when it is a later one,
+    :func:`~neuronmm_compiler.support.check_sdk`). The kernels still run; any violation fails the report
+    (``violations``, ``sdk``).
 
     The reference is computed and compared in row chunks (:mod:`.reference`), so memory grows with
     the file's tensors, not with float64 copies of them; ``max_memory`` (bytes) refuses, with an
@@ -168,8 +170,6 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
     (:mod:`.memory`)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InputError(f"the seed must be a non-negative integer; got {seed!r}")
-    if sdk is not None:
-        check_sdk(sdk)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         report = _verify_source(source, filename, seed, target, backend, rules, sdk, max_memory)
@@ -186,7 +186,7 @@ def static_rules(source: str, dialect: str, target: str, sdk: str | None) -> tup
     """(the SDK release checked, the violations) of the static rule pass over a kernel file's source; ``sdk``
     None picks the newest release supporting ``dialect`` on ``target``."""
     dialect_ = Dialect(dialect)
-    release = check_sdk(sdk) if sdk is not None else newest_sdk(dialect_, target)
+    release = check_sdk(sdk, dialect_) if sdk is not None else newest_sdk(dialect_, target)
     return release, check_kernel_source(source, dialect=dialect_, target=target, sdk=release)
 
 
@@ -199,6 +199,8 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
     if meta is None:
         raise InputError(f"{filename}: not an nmmc kernel file (no '# nmmc-metadata:' header line)")
     check_source(source, filename)
+    if sdk is not None:
+        check_sdk(sdk, meta.dialect)
     tgt = with_lnc(target or get_target(meta.target), meta.lnc)  # the file's programs decide the logical core
     graph = parse_text(meta.graph)
     check_memory(filename, meta, graph, max_memory)

@@ -4,7 +4,9 @@ One data module: a single table (:data:`RULES`) whose entries each carry their c
 sources conflict, a note saying which reading was chosen (always the conservative one).
 
 Every rule was read in the cited text (the Neuron SDK documentation repository at a fixed commit, or
-the NKI 0.1 documentation as it stood before its removal); nothing here is from memory. Where a
+the NKI 0.1 documentation as it stood before its removal; for SDK 2.33, whose documentation that repository's
+snapshot does not yet hold, the published documentation site at its v2.33.1 version, and for later announcements
+the site's latest version); nothing here is from memory. Where a
 limit is a hardware number that :mod:`neuronmm_compiler.targets` also holds, the rule names the
 :class:`~neuronmm_compiler.targets.Target` field (``target_field``) and records the documented value
 per target (``documented``) instead of restating it as a limit; ``tests/test_nki_rules.py`` checks
@@ -20,12 +22,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..support import NEURONXCC_REMOVED_IN, REMOVAL_ANNOUNCEMENT
 from ..vocab import Dialect
 
 #: The Neuron SDK documentation (docs for NKI 0.1 to 0.6, SDK up to 2.32) these rules were read in.
 SDK_DOCS = "aws-neuron/aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155"
 #: The same repository before the NKI 0.1 pages under general/nki/ were removed (NKI 0.1 docs).
 LEGACY_DOCS = "aws-neuron/aws-neuron-sdk@cca378474a507331b7c0cd4b6cbbf2bbe0956324"
+#: The Neuron SDK 2.33 (NKI 0.7.0) documentation as published; the repository snapshot above ends at 2.32.
+SDK233_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1"
+#: The published documentation's newest version: announcements made after 2.33 (not pinned to a release).
+LATEST_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
+#: Every source a citation may name.
+SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, LATEST_DOCS)
 
 BOTH = (Dialect.NKI, Dialect.NEURONXCC)
 #: Why the capacity rules are not checked from the source.
@@ -119,6 +128,14 @@ def _legacy(path: str, where: str) -> str:
     return f"{LEGACY_DOCS}:{path} ({where})"
 
 
+def _v233(page: str, where: str) -> str:
+    return f"{SDK233_DOCS}/{page} ({where})"
+
+
+def _latest(page: str, where: str) -> str:
+    return f"{LATEST_DOCS}/{page} ({where})"
+
+
 _TILING = "nki/get-started/about/tiling-overview.rst"
 _ISA = "nki/api/nki/isa/__init__.py"
 _LANG = "nki/api/nki/language/__init__.py"
@@ -129,6 +146,10 @@ _ARCH2 = "nki/guides/architecture/trainium2_arch.rst"
 _ARCH3 = "nki/guides/architecture/trainium3_arch.rst"
 _LEGACY_PM = "general/nki/programming_model.rst"
 _LEGACY_LANG = "general/nki/api/nki/language/__init__.py"
+_MIGRATION_233 = "nki/migration/index.html"
+_NKI_07 = "Migrating from NKI 0.6.0 to NKI 0.7.0"
+#: The announcement of neuronxcc.nki's removal (support.py holds it: nmmc quotes it when refusing --sdk 2.34).
+_REMOVAL_234 = f"{REMOVAL_ANNOUNCEMENT[0]} ({REMOVAL_ANNOUNCEMENT[1]}, posted November 30, 2026)"
 
 RULES: tuple[Rule, ...] = (
     # --- memory ---------------------------------------------------------------------------------
@@ -221,6 +242,30 @@ RULES: tuple[Rule, ...] = (
          note="Read in the SDK 2.32 (NKI 0.6) API pages; the release that first made them aliases was not checked. "
               "Not checked: it permits, it forbids nothing (a kernel relying on affine_range parallelism is still "
               "correct when run in order)."),
+    Rule("NKI-DYNAMIC-LOOP", "loops", "nl.dynamic_range loops and bare `while reg:` loops are removed in NKI 0.7 "
+         "(SDK 2.33; deprecated in NKI 0.6, SDK 2.32): runtime-bounded loops are nl.fori_loop / nl.while_loop",
+         (_v233(_MIGRATION_233, _NKI_07 + ": removes the dynamic loop constructs deprecated in NKI 0.6.0"),
+          _sdk(_MIGRATION, "Migrating from NKI 0.5.0 to NKI 0.6.0: Deprecated: dynamic nl.dynamic_range and while "
+                           "loops"),
+          _latest("about-neuron/announcements/neuron2.x/announce-nki-specialization-change.html",
+                  "Announcing changes to NKI specialization, posted October 16, 2026")),
+         dialects=(Dialect.NKI,), sdk_min="2.33", checkable=True,
+         note="Checked: a call of nl.dynamic_range. A while loop on a register is not (whether its condition is a "
+              "register is not known from the source); nmmc emits neither, only Python range loops with constant "
+              "bounds."),
+    Rule("NKI-PYTHON-TRACING", "loops", "NKI 0.7 (SDK 2.33) specializes a kernel by running it as Python: each NKI "
+         "call records one operation, and the meta-program (range loops, Python variables, classes) follows "
+         "standard Python semantics",
+         (_v233("release-notes/components/nki.html", "Neuron Kernel Interface (NKI) [0.7.0] (Neuron 2.33.0 Release), "
+                "New Features: Specialization by Python tracing"),
+          _v233(_MIGRATION_233, _NKI_07 + ": Updated Kernel Specialization"),
+          _latest("about-neuron/announcements/neuron2.x/announce-nki-specialization-change.html",
+                  "Announcing changes to NKI specialization, posted October 16, 2026")),
+         dialects=(Dialect.NKI,), sdk_min="2.33",
+         note="Not checked: it permits, it forbids nothing. It is the model nmmc's interpreter already runs kernels "
+              "by (eagerly, in program order). The previous specialization (NKI_COMPILER_FRONTEND=custom) is "
+              "deprecated in 2.33 and removed in the next release (announcement); nmmc sets neither. == on "
+              "user-defined classes may behave differently; nmmc's kernels define no classes."),
     # --- isa ------------------------------------------------------------------------------------
     Rule("NKI-MATMUL-MEMORY", "isa", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
          (_sdk(_ISA, "nc_matmul, Memory types"),), checkable=True),
@@ -315,10 +360,53 @@ RULES: tuple[Rule, ...] = (
          "(SDK 2.30)",
          (_sdk(_RELNOTES, "NKI [0.4.0] (Neuron 2.30.0 Release), Breaking Changes"),
           _sdk(_MIGRATION, "Migrating from NKI 0.3.0 to NKI 0.4.0: neuronxcc.nki.* inside kernels"),
-          _sdk(_RELNOTES, "NKI (0.2.0) [2.28]: removal of neuronxcc.nki postponed")),
+          _sdk(_RELNOTES, "NKI (0.2.0) [2.28]: removal of neuronxcc.nki postponed"),
+          _REMOVAL_234),
          dialects=(Dialect.NEURONXCC,), sdk_min="2.30", checkable=True,
          note="The end-of-support announcement named 2.28; the 2.28 notes postponed it to 2.29, the 2.29 notes "
-              "postponed it again (both namespaces supported), and NKI 0.4 (SDK 2.30) made it an error."),
+              "postponed it again (both namespaces supported), and NKI 0.4 (SDK 2.30) made it an error. Conflict: "
+              "the 2.34 removal announcement says neuronxcc.nki inside an NKI kernel is a compilation error 'in "
+              "Neuron 2.28 and later'. The release notes of 2.28, 2.29 and 2.30 each say what that release did (2.30: "
+              "'now raises a compilation error instead of a warning'), so the rule keeps 2.30; the stricter reading "
+              "would end the neuronxcc range at 2.27 (support.py)."),
+    Rule("NKI-NEURONXCC-REMOVED", "dialect", "Neuron 2.34 removes the neuronxcc.nki namespace from neuronx-cc: "
+         "importing neuronxcc.nki (or any module under it) fails",
+         (_REMOVAL_234,),
+         dialects=(Dialect.NEURONXCC,), sdk_min=NEURONXCC_REMOVED_IN,
+         note="Not checked in the source: no neuronxcc kernel can run there, so nmmc refuses --sdk 2.34 with the "
+              "neuronxcc dialect (a one-line user error naming this announcement; support.check_sdk). The "
+              "announcement's source carries an editor's note to confirm with the compiler team that the removal "
+              "ships in 2.34 before publishing; it is published, and nmmc takes it as stated."),
+    Rule("NKI-DIALECT-SDK", "dialect", "the nki dialect as nmmc prints it (the NKI 0.3 API: dst= first in every "
+         "nisa call) needs NKI 0.3.0, Neuron SDK 2.29; SDK 2.27 and 2.28 ship NKI 0.2, older "
+         "releases no nki package",
+         (_sdk(_MIGRATION, "NKI version to Neuron SDK mapping: 0.3.0 2.29.0, 0.2.0 2.28.0 / 2.27.0"),
+          _sdk(_RELNOTES, "Neuron Kernel Interface (NKI) [0.3.0] (Neuron 2.29.0 Release)"),
+          _sdk(_RELNOTES, "Neuron Kernel Interface (NKI) (0.1.0) [2.27] (Neuron 2.27.0 Release)")),
+         dialects=(Dialect.NKI,), sdk_max="2.28", checkable=True,
+         note="Checked at the first 'import nki' line, like NKI-DIALECT-TRN1: the support matrix's lower bound of the "
+              "nki dialect (support.py), so nmmc verify --sdk 2.26 (or 2.27, 2.28) fails an nki-dialect file (issue "
+              "28, item 8). On 2.28 NKI-LANG-WRAPPERS names the calls NKI 0.2 lacks as well. The release notes number "
+              "the nki package of 2.27 0.1.0 (Beta 2) where the migration table says 0.2.0; either way not 0.3."),
+    Rule("NKI-LNC-DEGREE", "dialect", "a kernel compiled into a model graph has the graph's LNC degree (neuronx-cc "
+         "defaults to LNC=2 on trn2 and later); from NKI 0.7 (SDK 2.33) the compiler rejects a mismatch "
+         "(NCC_EVRF066). The SPMD launch grid is no longer to be required for LNC=2, and a grid dimension other "
+         "than the LNC degree is a compile-time error",
+         (_v233(_MIGRATION_233, _NKI_07 + ": the compiler now validates that the kernel and compiler LNC degrees "
+                "match"),
+          _v233("nki/get-started/about/lnc.html", "Configuring the LNC degree of kernels, note"),
+          _latest("compiler/error-codes/EVRF066.html", "NCC_EVRF066, Common causes: the launch-grid bracket syntax "
+                  "is being deprecated"),
+          _sdk("about-neuron/announcements/neuron2.x/announce-intent-eos-nki-spmd-launch-grid.rst",
+               "Announcing upcoming deprecation of the SPMD launch grid requirement for LNC2 NKI kernels")),
+         dialects=(Dialect.NKI,), targets=("trn2", "trn3"), sdk_min="2.33",
+         note="Not checked: the LNC degree is chosen where a kernel is launched (NEURON_LOGICAL_NC_CONFIG or "
+              "kernel[n](...)), not in the file nmmc emits. nmmc's kernels are written for one core (no "
+              "nl.program_id, no launch grid): run standalone (nki.jit on NumPy arrays, nmmc bench) they need no "
+              "LNC setting; embedded in a graph compiled at LNC=2 they must be launched at the graph's degree, and "
+              "then do not split their work between the two cores. Conflict: the announcement (June 2026) leaves "
+              "the release of the launch-grid deprecation open, and the 2.33 LNC page still documents the bracket "
+              "syntax; conservatively nmmc relies on neither the grid nor its absence."),
     Rule("NKI-DIALECT-TRN1", "dialect", "NKI 0.3+ kernels (import nki) are not supported on trn1/inf2",
          (_sdk("release-notes/components/nxd-inference.rst", "Neuron 2.29.0 Release, Breaking Changes"),
           _sdk("nki/nki_faq.rst", "Which AWS chips does NKI support?: Trainium2 and Trainium3"),

@@ -106,6 +106,8 @@ class _Checker(ast.NodeVisitor):
             self.import_reported = True
             self.report("NKI-DIALECT-TRN1", node, "an NKI 0.3+ kernel ('import nki') targets trn1, where NKI 0.3 "
                         "kernels are documented as unsupported")
+            self.report("NKI-DIALECT-SDK", node, "an NKI 0.3+ kernel ('import nki') on a Neuron SDK before 2.29, "
+                        "which has no NKI 0.3")
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         for arg in node.args.args:
@@ -124,6 +126,7 @@ class _Checker(ast.NodeVisitor):
             self.loop_vars.add(node.target.id)
         affine = (isinstance(node.iter, ast.Call) and attr_name(node.iter.func) == "affine_range"
                   and isinstance(node.target, ast.Name))
+        self.visit(node.iter)
         if affine:
             self.loops.append((node.target.id, set(), {node.target.id}))
         for child in node.body + node.orelse:
@@ -243,6 +246,8 @@ class _Checker(ast.NodeVisitor):
             if widths and widths[-1] is not None and widths[-1] > self.hw.pmax:
                 self.report("NKI-LOAD-TRANSPOSE2D", node, f"load_transpose2d of a source whose last dimension "
                             f"{widths[-1]} (the result's partition dimension) exceeds pmax {self.hw.pmax}")
+        elif name == "dynamic_range" and attr_name(getattr(node.func, "value", None)) == "nl":
+            self.report("NKI-DYNAMIC-LOOP", node, "nl.dynamic_range is removed in NKI 0.7 (use nl.fori_loop)")
         elif name in LANG_WRAPPERS and nki and attr_name(getattr(node.func, "value", None)) == "nl":
             self.report("NKI-LANG-WRAPPERS", node, f"nl.{name} is not in NKI 0.2 (use nisa.{LANG_WRAPPERS[name]})")
         elif name == "activation":

@@ -9,7 +9,7 @@
 # model error  not validated: no published trn3 measurement to compare with
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)
-# sdk          rules checked against Neuron SDK 2.29 to 2.32 on trn3
+# sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn3
 #
 # graph:
 #   graph gemm {
