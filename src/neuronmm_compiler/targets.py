@@ -496,6 +496,8 @@ def get_target(spec: str) -> Target:
     """A stock target by name (``trn1``), or a calibrated target file written by ``nmmc calibrate``
     (a path; see :func:`load_target_file`). An unknown name is an UnknownNameError listing the known
     ones; a missing or malformed file an InputError."""
+    if isinstance(spec, Target):
+        return spec
     if spec in TARGETS:
         return TARGETS[spec]
     if isinstance(spec, str) and LNC_SUFFIX in spec:

@@ -16,7 +16,7 @@ from ..frontends.workloads import Workload, chain_workload, gemm_workload, mlp_w
 from ..ir import canonical_dtype
 from ..schedule import PRESETS
 from ..support import AUTO, KNOWN_SDKS, LATER_SDKS, SUPPORT, check_sdk, resolve_dialect, support_warning
-from ..targets import DEFAULT_TARGET, TARGETS, Target, get_target
+from ..targets import DEFAULT_TARGET, TARGETS, Target, get_target, with_lnc
 from ..vocab import Dialect
 
 EXIT_USAGE = 2
@@ -245,11 +245,32 @@ def schedule_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _remember_lnc(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    ctx.meta["nmmc_lnc"] = value
+    return value
+
+
+def _target_spec(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """--target resolved with --lnc (an eager option, so read first) into the spec of one Target, e.g.
+    ``trn2:lnc=2``: every command names the target, logical core included, by that one string."""
+    value = lowercase_name(ctx, param, value)
+    try:
+        return with_lnc(get_target(value), ctx.meta.get("nmmc_lnc")).spec
+    except InputError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
 def target_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--target NAME_OR_FILE (default trn1)."""
-    return click.option("--target", default=DEFAULT_TARGET, show_default=True, callback=lowercase_name,
-                        help=f"Hardware: {', '.join(TARGETS)}, or a calibrated target file written by "
-                             "'nmmc calibrate'.")(fn)
+    """--target NAME_OR_FILE (default trn2) and --lnc 1|2 (default: the target's platform degree)."""
+    fn = click.option("--target", default=DEFAULT_TARGET, show_default=True, callback=_target_spec,
+                      help=f"Hardware: {', '.join(TARGETS)}, or a calibrated target file written by "
+                           "'nmmc calibrate'.")(fn)
+    return click.option("--lnc", type=click.IntRange(1, 2), default=None, is_eager=True, expose_value=False,
+                        callback=_remember_lnc,
+                        help="Logical NeuronCore degree: how many physical cores one kernel launch spans. 2 (the "
+                             "trn2/trn3 default, as neuronx-cc and the Neuron runtime use it): the kernel splits its "
+                             "work between the two cores by nl.program_id; 1: one physical core (trn1 has only 1). "
+                             "See docs/logical-cores.md [default: the target's platform degree].")(fn)
 
 
 DIALECT_HELP = ("NKI dialect: nki (NKI 0.3+, import nki), neuronxcc (NKI 0.1, import neuronxcc.nki), or auto: the "

@@ -6,7 +6,7 @@ The registry itself is :mod:`neuronmm_compiler.lowerings`; the driver treats eve
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,7 +24,8 @@ from ..vocab import Dialect
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
 
-__all__ = ["Baseline", "Lowering", "dma_transpose_ok", "transpose_choice", "undocumented_dma_transpose"]
+__all__ = ["Baseline", "Lowering", "dma_transpose_ok", "one_core_label", "resolve_split", "split_restriction",
+           "transpose_choice", "undocumented_dma_transpose"]
 
 
 def undocumented_dma_transpose(workload: Workload, target: Target, dialect: Dialect) -> str | None:
@@ -53,6 +54,40 @@ def transpose_choice(name: str, schedule: Any | None, params: Mapping[str, str |
         raise ScheduleError(f"{name}=dma: nisa.dma_transpose is not documented for {workload.dtype} on {target.name} "
                             f"({rule}, docs/nki-rules.md); use {name}=pe, --a-layout km, or --dialect neuronxcc")
     return {name: "pe"}
+
+
+def one_core_label(label: str, target: Target) -> str:
+    """A baseline's label, saying it runs on one physical core where the target has logical cores (AWS's tutorial
+    kernels are LNC=1 kernels: they never read nl.program_id)."""
+    return f"{label}, LNC=1" if target.lnc > 1 else label
+
+
+def split_restriction(schedule_class: type, lnc: int) -> dict[str, tuple]:
+    """The ``lnc_split`` values a search tries at logical-core degree ``lnc``: ``none`` on one core, every real
+    split on more (kernel_ir/lnc.py)."""
+    spec = next(s for s in schedule_class.SPECS if s.name == "lnc_split")
+    return {"lnc_split": ("none",) if lnc == 1 else tuple(v for v in spec.candidates if v != "none")}
+
+
+def resolve_split(schedule: Any, params: Mapping[str, str | int], target: Target,
+                  programs: Callable[[Any], list[Program]]) -> Any:
+    """``schedule`` with the ``lnc_split`` its target needs: ``none`` on one physical core (asking for another is a
+    ScheduleError); on an LNC=2 target the split asked for, or when none was (``none``), the first of the schedule
+    family's splits under which every kernel ``programs(schedule)`` lowers to divides (else the first split, whose
+    kernels then carry the reason they do not divide)."""
+    if target.lnc == 1:
+        if schedule.lnc_split != "none" and "lnc_split" in params:
+            raise ScheduleError(f"lnc_split={schedule.lnc_split} divides work between the programs of a logical core; "
+                                f"{target.label} runs one program (use --lnc 2 on trn2/trn3, or lnc_split=none)")
+        return schedule.with_params({"lnc_split": "none"}) if schedule.lnc_split != "none" else schedule
+    if schedule.lnc_split != "none":
+        return schedule
+    splits = split_restriction(type(schedule), target.lnc)["lnc_split"]
+    for split in splits:
+        candidate = schedule.with_params({"lnc_split": split})
+        if all(p.split_error is None for p in programs(candidate)):
+            return candidate
+    return schedule.with_params({"lnc_split": splits[0]})
 
 
 @dataclass(frozen=True)
@@ -118,9 +153,10 @@ class Lowering(ABC):
         """The (field, text) rows of an emitted file's header."""
 
     @abstractmethod
-    def space(self, workload: Workload, dma_transpose: bool = True) -> SearchSpace:
+    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
         """The candidate values of every searched parameter for ``workload`` (``dma_transpose``: whether a
-        transposing DMA load may be emitted, see :func:`dma_transpose_ok`)."""
+        transposing DMA load may be emitted, see :func:`dma_transpose_ok`; ``lnc``: the target's logical-core
+        degree, which decides the ``lnc_split`` candidates)."""
 
     @abstractmethod
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,

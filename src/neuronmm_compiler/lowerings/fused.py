@@ -27,9 +27,9 @@ from ..schedule import GemmProblem
 from ..schedule.fused import FusedSchedule, normalize_fused
 from ..schedule.params import check_schedule
 from ..search import Evaluator, SearchSpace, SpaceSpec
-from ..targets import Target
+from ..targets import Target, with_lnc
 from ..vocab import ALayout, Dialect, Layout, NodeKind
-from .base import Baseline, Lowering, transpose_choice
+from .base import Baseline, Lowering, one_core_label, resolve_split, split_restriction, transpose_choice
 from .gemm import aws_gemm_cost
 from .lower_elementwise import lower_elementwise
 from .lower_fused import lower_fused_kernel
@@ -58,11 +58,12 @@ def row_major_activations(workload: Workload) -> bool:
     return any(n.layout == Layout.ROW_MAJOR for n in graph.inputs() if n.id in lhs)
 
 
-def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True) -> SearchSpace:
+def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
     """The fused search space: X^T made only by DMA unless some activation is row-major
     (``row_major_x``), and then only on the TensorEngine where a transposing DMA load is not documented
-    (``dma_transpose`` False); one kernel per gated MLP unless ``splittable``."""
-    restrict: dict[str, tuple] = {}
+    (``dma_transpose`` False); one kernel per gated MLP unless ``splittable``; the token or feature split on an
+    LNC=2 target (``lnc``)."""
+    restrict: dict[str, tuple] = split_restriction(FusedSchedule, lnc)
     if not row_major_x:
         restrict["x_transpose"] = ("dma",)
     elif not dma_transpose:
@@ -85,7 +86,9 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = ALayout.MK, 
     ``lhs_layout="mk"``: activations are row-major in HBM, so each GEMM transposes its left operand
     on load (the unfused SVD baseline: "whatever transposes the layouts need"). ``"km"``: every left
     operand is assumed already transposed, as AWS's kernel takes it (the dense baseline, given the
-    benefit of the doubt). An input stored transposed is read as such in both."""
+    benefit of the doubt). An input stored transposed is read as such in both. Every kernel runs on one physical
+    core (AWS's tutorial kernels are LNC=1 kernels)."""
+    target = with_lnc(target, 1)
     reports = []
     for node in graph.nodes():
         if node.kind == NodeKind.MATMUL:
@@ -128,7 +131,16 @@ class FusedLowering(Lowering):
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")
-        return normalize_fused(chosen, workload.token_count)
+        normalized = normalize_fused(chosen, workload.token_count)
+        if target.lnc == 1 and normalized.lnc_split == "none":
+            return normalized
+        graph = workload.graph()
+
+        def programs(schedule: FusedSchedule) -> list[Program]:
+            kernels = self.kernels(run_pipeline(graph, self.pipeline(schedule)).graph)
+            return [self.lower(k, schedule, target) for k in kernels]
+
+        return resolve_split(normalized, params, target, programs)
 
     def pipeline(self, schedule: Any) -> list[Pass]:
         return fusion_pipeline(schedule.mlp)
@@ -153,8 +165,8 @@ class FusedLowering(Lowering):
                           f"{len(programs)} kernel{'s' if len(programs) > 1 else ''})"),
         ]
 
-    def space(self, workload: Workload, dma_transpose: bool = True) -> SearchSpace:
-        return fused_space(row_major_activations(workload), splittable(workload), dma_transpose)
+    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
+        return fused_space(row_major_activations(workload), splittable(workload), dma_transpose, lnc)
 
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
                      dma_transpose: bool = True) -> tuple[SpaceSpec, Evaluator]:
@@ -168,12 +180,12 @@ class FusedLowering(Lowering):
             return combine_reports([estimate(self.lower(k, schedule, target), target)
                                     for k in kernels_by_mode[schedule.mlp]])
 
-        space = self.space(workload, dma_transpose)
+        space = self.space(workload, dma_transpose, target.lnc)
         seen: dict[FusedSchedule, None] = {}
         for point in space.points():
             seen.setdefault(normalize_fused(space.decode(point), tokens), None)
         everything = list(seen)
-        base = FusedSchedule()
+        base = FusedSchedule(lnc_split=space.candidates["lnc_split"][0])
         transposes = space.candidates["x_transpose"]
         x_transpose = "pe" if "pe" in transposes and (tokens < 128 or "dma" not in transposes) else "dma"
         guesses = [replace(base, x_transpose=x_transpose), replace(base, cache_weights="stage1", tokens_per_block=512)]
@@ -190,11 +202,14 @@ class FusedLowering(Lowering):
                                   unfused_cost(graph, target, lhs_layout=ALayout.MK, dma_transpose=dma_transpose))
             except ScheduleError:
                 dense = unfused = None
-            return {"dense": Baseline("per-op kernels, lhs pre-transposed", "pre-transposed per-op kernels", dense),
-                    "unfused": Baseline("per-op kernels (AWS GEMMs)", "per-op kernels", unfused)}
+            return {"dense": Baseline(one_core_label("per-op kernels, lhs pre-transposed", target),
+                                      "pre-transposed per-op kernels", dense),
+                    "unfused": Baseline(one_core_label("per-op kernels (AWS GEMMs)", target), "per-op kernels",
+                                        unfused)}
         dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM,
                              dma_transpose=dma_transpose)
         unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK, dma_transpose=dma_transpose)
-        return {"dense": Baseline("dense (AWS kernels)", "dense", dense),
-                "unfused": Baseline("SVD factors unfused (AWS kernels)", "unfused SVD", unfused)}
+        return {"dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense),
+                "unfused": Baseline(one_core_label("SVD factors unfused (AWS kernels)", target), "unfused SVD",
+                                    unfused)}
 

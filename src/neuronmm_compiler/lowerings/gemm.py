@@ -11,6 +11,7 @@ import functools
 import itertools
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..cost_model import COST_MODEL_VERSION, CostReport, estimate
@@ -24,9 +25,9 @@ from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, norma
 from ..schedule.gemm import preset_doc
 from ..schedule.params import check_schedule
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
-from ..targets import ModelParams, Target
+from ..targets import ModelParams, Target, with_lnc
 from ..vocab import ALayout, Dialect, Layout, NodeKind
-from .base import Baseline, Lowering, transpose_choice
+from .base import Baseline, Lowering, one_core_label, resolve_split, split_restriction, transpose_choice
 from .lower_gemm import lower_gemm
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ class GemmLowering(Lowering):
             base = base.with_params(transpose_choice("a_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
-        return normalize(problem, chosen)
+        normalized = normalize(problem, chosen)
+        return resolve_split(normalized, params, target, lambda s: [lower_gemm(problem, s, target)])
 
     def pipeline(self, schedule: Any) -> list[Pass]:
         return parse_pipeline(DEFAULT_PIPELINE)
@@ -105,18 +107,20 @@ class GemmLowering(Lowering):
                           f"v{COST_MODEL_VERSION}, lower bound {cost.lower_bound_us:.1f} us)"),
         ]
 
-    def space(self, workload: Workload, dma_transpose: bool = True) -> SearchSpace:
-        return gemm_space(_problem(workload), dma_transpose)
+    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
+        return gemm_space(_problem(workload), dma_transpose, lnc)
 
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
                      dma_transpose: bool = True) -> tuple[SpaceSpec, Evaluator]:
         problem = _problem(workload)
-        return gemm_search_setup(problem, target, exhaustive_threshold, space=gemm_space(problem, dma_transpose))
+        return gemm_search_setup(problem, target, exhaustive_threshold,
+                                 space=gemm_space(problem, dma_transpose, target.lnc))
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         problem = _problem(workload)
-        cost = estimate(lower_gemm(problem, aws_preset(BASELINE_PRESET, problem, dma_transpose), target), target)
-        return {BASELINE_PRESET: Baseline(BASELINE_PRESET, BASELINE_PRESET, cost)}
+        one_core = with_lnc(target, 1)  # AWS's tutorial kernel runs on one physical core
+        cost = estimate(lower_gemm(problem, aws_preset(BASELINE_PRESET, problem, dma_transpose), one_core), one_core)
+        return {BASELINE_PRESET: Baseline(one_core_label(BASELINE_PRESET, target), BASELINE_PRESET, cost)}
 
 
 def aws_preset(name: str, problem: GemmProblem, dma_transpose: bool = True) -> GemmSchedule:
@@ -130,7 +134,8 @@ def aws_preset(name: str, problem: GemmProblem, dma_transpose: bool = True) -> G
 
 def aws_gemm_cost(problem: GemmProblem, target: Target, dma_transpose: bool = True) -> CostReport:
     """AWS's fully optimized kernel; where it does not fit the shape, the first AWS preset that does
-    (the per-matmul kernel of the fused workloads' baselines)."""
+    (the per-matmul kernel of the fused workloads' baselines). On one physical core, as AWS publishes it."""
+    target = with_lnc(target, 1)
     for name in (BASELINE_PRESET, *[p for p in PRESETS if p != BASELINE_PRESET]):
         report = estimate(lower_gemm(problem, aws_preset(name, problem, dma_transpose), target), target)
         if report.feasible:
@@ -141,13 +146,15 @@ def aws_gemm_cost(problem: GemmProblem, target: Target, dma_transpose: bool = Tr
 # ----------------------------------------------------------------------------- the GEMM search space
 
 
-def gemm_space(problem: GemmProblem, dma_transpose: bool = True) -> SearchSpace:
+def gemm_space(problem: GemmProblem, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
     """The GEMM search space of a problem: A^T made only by DMA when A is stored [K, M] (a plain load), only on
-    the TensorEngine when a transposing DMA load is not documented (``dma_transpose`` False)."""
+    the TensorEngine when a transposing DMA load is not documented (``dma_transpose`` False); the M or N split
+    on an LNC=2 target (``lnc``)."""
+    restrict: dict[str, tuple] = split_restriction(GemmSchedule, lnc)
     if problem.a_layout != ALayout.MK:
-        restrict = {"a_transpose": ("dma",)}
-    else:
-        restrict = {} if dma_transpose else {"a_transpose": ("pe",)}
+        restrict["a_transpose"] = ("dma",)
+    elif not dma_transpose:
+        restrict["a_transpose"] = ("pe",)
     return SearchSpace.for_schedule(GemmSchedule, restrict)
 
 
@@ -184,7 +191,9 @@ def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSche
         for bm, bn, bk in ((4, 4, 16), (16, 2, 8), (4, 2, 8))
     ]
     guesses = []
-    for sched in (*grid, preset("aws-fully-optimized", problem)):
+    splits = space.candidates["lnc_split"]
+    for sched in (replace(g, lnc_split=split) for g in (*grid, preset("aws-fully-optimized", problem))
+                  for split in splits):
         point = space.point_of(sched)
         if point is not None:
             decoded = space.decode(point)

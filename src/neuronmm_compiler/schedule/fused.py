@@ -72,7 +72,7 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
     categorical("mlp", MLP_MODES, ("whole", "split"),
                 "how a gated MLP is split into kernels: whole (one kernel, h stays in SBUF) or split "
                 "(gate/up kernel, then down kernel; h^T goes through HBM)", role=CLASS),
-    categorical("lnc_split", FUSED_SPLITS, ("tokens", "features"),
+    categorical("lnc_split", FUSED_SPLITS, FUSED_SPLITS,
                 "on an LNC=2 target, what the two programs of the logical core divide: tokens (the token blocks) or "
                 "features (the output-column blocks of the final row-major matmul; everything before it is computed "
                 "by both); each needs an even number of blocks; none on one physical core (docs/logical-cores.md)",

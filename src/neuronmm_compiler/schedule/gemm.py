@@ -144,7 +144,7 @@ PARAMS: tuple[ParamSpec, ...] = (
             "matmuls wait for the previous tile's eviction, with B >= 2 they overlap it. Clipped to the tiles of a "
             "block; 0 when partial sums stay in PSUM across K blocks (accumulate=psum with several K blocks). Not "
             "searched: the model rates an explicit rotation equal to the compiler's (docs/cost_model.md 3b)"),
-    categorical("lnc_split", GEMM_SPLITS, ("m", "n"),
+    categorical("lnc_split", GEMM_SPLITS, GEMM_SPLITS,
                 "on an LNC=2 target, which block loop the two programs of the logical core divide: m or n (each "
                 "program its half of the blocks; the loop must come before k in loop_order, unless each output "
                 "tile is finished inside the K loop, and have an even number of blocks); none on one physical "
