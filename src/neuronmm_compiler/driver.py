@@ -253,7 +253,8 @@ def tune(workload: Workload, *, target: Target, dialect: str | None = None, tria
         check_transposing_loads(lower_programs(lowering, lower_graph(workload, lowering, default), default, target),
                                 workload, target, dialect)
     threshold = _threshold(lowering, exhaustive_threshold)
-    setup = functools.partial(lowering.search_setup, workload, target, threshold, dma_transpose)
+    setup = functools.partial(lowering.search_setup, workload, target, threshold, dma_transpose,
+                              exchange=dialect == Dialect.NKI)
     spec, evaluate = setup()
     result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=trials, seed=seed,
                     timeout=timeout, exhaustive_threshold=threshold, top_k=top_k, force=method, progress=progress,

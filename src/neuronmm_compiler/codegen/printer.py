@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from ..errors import ScheduleError
 from ..kernel_ir.expr import Min, Mod, code
 from ..kernel_ir.lnc import PROGRAM_ID
 from ..kernel_ir.program import (
@@ -29,6 +30,7 @@ from ..kernel_ir.program import (
     Matmul,
     PeTranspose,
     Program,
+    SendRecv,
     Stmt,
     TensorTensor,
     refs_of,
@@ -160,6 +162,10 @@ class NkiPrinter(_Printer):
         elif isinstance(stmt, Activation):
             self.emit(depth, f"nisa.activation(dst={stmt.dst.code()}, op={NL_OPS[stmt.op]}, "
                              f"data={stmt.src.code()})")
+        elif isinstance(stmt, SendRecv):
+            peer = f"1 - {PROGRAM_ID}"
+            self.emit(depth, f"nisa.sendrecv(src={stmt.src.code()}, dst={stmt.dst.code()}, send_to_rank={peer}, "
+                             f"recv_from_rank={peer}, pipe_id=0)")
         else:  # pragma: no cover - every statement kind is handled above
             raise TypeError(f"cannot print {type(stmt).__name__}")
 
@@ -205,6 +211,9 @@ class NeuronxccPrinter(_Printer):
         elif isinstance(stmt, Activation):
             self.emit(depth, f"{stmt.dst.code()} = {NL_OPS[stmt.op]}({stmt.src.code()}, "
                              f"dtype={NL_DTYPES[stmt.dst.buffer.dtype]})")
+        elif isinstance(stmt, SendRecv):
+            raise ScheduleError("nisa.sendrecv (lnc_split=gather) is documented for the nki dialect (NKI 0.3+) only; "
+                                "use --dialect nki, or lnc_split=tokens/features")
         else:  # pragma: no cover
             raise TypeError(f"cannot print {type(stmt).__name__}")
 

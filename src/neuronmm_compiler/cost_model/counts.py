@@ -25,6 +25,7 @@ from ..kernel_ir.program import (
     PeTranspose,
     Program,
     Ref,
+    SendRecv,
     Stmt,
     TensorTensor,
     instruction_counts,
@@ -76,6 +77,9 @@ class ProgramCounts:
     sbuf_read_bytes_by_pe: int = 0
     psum_to_sbuf_bytes: int = 0
     psum: dict[str, PsumUse] = field(default_factory=dict)
+    #: sendrecv exchanges with the other program of a logical core, and the bytes this program sends in them
+    exchanges: int = 0
+    exchange_bytes: int = 0
 
     @property
     def dma_transfers(self) -> int:
@@ -165,6 +169,14 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
         if stmt.zero:  # memset of the whole buffer on the VectorEngine
             free = math.prod(stmt.buffer.shape[1:])
             counts.vector_cycles += mult * _engine_cycles(free, 0, params)
+    elif isinstance(stmt, SendRecv):  # an SBUF-to-SBUF DMA to the other core (the default DMA-engine sendrecv)
+        partitions, per_partition = _free(stmt.src, env)
+        bpp = per_partition * stmt.src.buffer.itemsize
+        cls = counts.dma.setdefault(("exchange", False, bpp), DmaClass())
+        cls.count += mult
+        cls.bytes += mult * partitions * bpp
+        counts.exchanges += mult
+        counts.exchange_bytes += mult * partitions * bpp
     elif isinstance(stmt, Comment):
         pass
     else:  # pragma: no cover - loops never reach here

@@ -9,7 +9,9 @@ evaluates both on real programs and asserts they agree, so the printed formulas 
     T_dma  = n_dma * c_dma / q  +  B_eff / BW   (fixed cost overlapped over q queues; bytes at the
                                                   curve's efficiency for their bytes per partition)
     T_stall = t_stall                           (TensorE waiting on PSUM evictions: counts.psum_stall_us)
+    T_exchange = t_exchange                     (an LNC=2 program waiting on its sendrecv exchanges: cost_model/lnc.py)
     latency = T_launch + T_prologue + max(T_pe + T_stall, T_dma, T_vec, T_act over the steady state) + T_epilogue
+              + T_exchange
 
 (every count minus its prologue and epilogue part in the steady-state terms; docs/cost_model.md).
 """
@@ -27,10 +29,11 @@ SYMBOLS: tuple[str, ...] = (
     "pro_pe_cycles", "pro_vec_cycles", "pro_n_dma", "pro_eff_bytes",
     "epi_pe_cycles", "epi_vec_cycles", "epi_n_dma", "epi_eff_bytes",
     "f_pe", "f_vec", "f_act", "c_dma", "q", "bw", "flops", "hbm_bytes", "compulsory_bytes", "peak_flops_per_us",
-    "t_launch", "t_stall",
+    "t_launch", "t_stall", "t_exchange",
 )
 #: The time terms, in the order ``explain`` prints them.
-TERMS: tuple[str, ...] = ("T_pe", "T_vec", "T_act", "T_dma", "T_prologue", "T_epilogue", "T_launch", "T_stall")
+TERMS: tuple[str, ...] = ("T_pe", "T_vec", "T_act", "T_dma", "T_prologue", "T_epilogue", "T_launch", "T_stall",
+                          "T_exchange")
 
 
 def engine_us(cycles: float, ghz: float) -> float:
@@ -57,13 +60,14 @@ def steady_times(v: Mapping[str, float]) -> dict[str, float]:
         "T_epilogue": _edge_us(v, "epi"),
         "T_launch": v["t_launch"],
         "T_stall": v["t_stall"],
+        "T_exchange": v["t_exchange"],
     }
 
 
 def latency(t: Mapping[str, float]) -> float:
     """The predicted latency from the time terms."""
     steady = max(t["T_pe"] + t["T_stall"], t["T_dma"], t["T_vec"], t["T_act"])
-    return t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"]
+    return t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"] + t["T_exchange"]
 
 
 def lower_bound(v: Mapping[str, float]) -> float:
@@ -96,9 +100,10 @@ def symbolic() -> tuple[dict[str, Any], Any, Any]:
         "T_epilogue": edge("epi"),
         "T_launch": s["t_launch"],
         "T_stall": s["t_stall"],
+        "T_exchange": s["t_exchange"],
     }
     t = {name: sp.Symbol(name) for name in terms}
     steady = sp.Max(t["T_pe"] + t["T_stall"], t["T_dma"], t["T_vec"], t["T_act"])
-    total = t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"]
+    total = t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"] + t["T_exchange"]
     bound = s["t_launch"] + sp.Max(s["flops"] / s["peak_flops_per_us"], s["compulsory_bytes"] / s["bw"])
     return terms, total, bound

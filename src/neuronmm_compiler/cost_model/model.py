@@ -138,6 +138,8 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
         "hbm_bytes": counts.total_hbm_bytes_read + counts.total_hbm_bytes_written,
         "compulsory_bytes": compulsory, "peak_flops_per_us": peak, "t_launch": target.launch_overhead_us,
         "t_stall": psum_stall_us(counts, f_pe, target.vector_clock_ghz, target.scalar_clock_ghz),
+        # each sendrecv: both programs wait for the other's half (a DMA fixed cost for the handshake, and the bytes)
+        "t_exchange": counts.exchanges * target.dma_fixed_cost_us + counts.exchange_bytes / bw,
     }
     return values, counts
 

@@ -13,7 +13,7 @@ from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
 from . import ops
 from .machine import BFLOAT16, FLOAT16, FLOAT32, HBM_BUFFERS, PSUM_BUFFER, SBUF_BUFFER, Machine
 from .modules import StandInModule, api, ds, jit, plain_range, tile_size
-from .tensor import Tensor, mark_written, require_written, write
+from .tensor import SBUF, Tensor, mark_written, require_written, write
 
 
 def language_attrs(m: Machine) -> dict[str, Any]:
@@ -64,6 +64,23 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
     def dma_transpose(dst: Any, src: Any) -> None:
         ops.dma(m, ops.tensor_arg(dst, "nisa.dma_transpose dst"),
                 ops.tensor_arg(src, "nisa.dma_transpose src"), "nisa.dma_transpose", transpose=True)
+
+    @api("nisa.sendrecv", m)
+    def sendrecv(src: Any, dst: Any, send_to_rank: Any, recv_from_rank: Any, pipe_id: Any = 0,
+                 dma_engine: Any = None) -> None:
+        src_t, dst_t = ops.tensor_arg(src, "nisa.sendrecv src"), ops.tensor_arg(dst, "nisa.sendrecv dst")
+        for t, what in ((src_t, "src"), (dst_t, "dst")):
+            if t.alloc.buffer != SBUF:
+                raise KernelLimitError(f"nisa.sendrecv {what} must be in SBUF, got {t.describe()}")
+        if m.turns is None:
+            raise KernelLimitError("nisa.sendrecv exchanges with the other program of a logical core; this kernel runs "
+                                   "on one core (LNC=1: nothing to exchange with)")
+        if send_to_rank != recv_from_rank:
+            raise UnsupportedAPIError(f"nisa.sendrecv: send_to_rank={send_to_rank!r}, recv_from_rank="
+                                      f"{recv_from_rank!r}; with two programs both name the other one")
+        require_written(src_t, "nisa.sendrecv src")
+        m.counters.record_dma(src_t.data.nbytes // src_t.shape[0])
+        m.turns.sendrecv(m.program_id, src_t, dst_t, int(send_to_rank), int(pipe_id))
 
     @api("nisa.nc_matmul", m)
     def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None) -> None:
@@ -146,7 +163,7 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
     return {
         "dma_copy": dma_copy, "dma_transpose": dma_transpose, "nc_matmul": nc_matmul,
         "nc_transpose": nc_transpose, "tensor_copy": tensor_copy, "tensor_tensor": tensor_tensor,
-        "activation": activation, "memset": memset,
+        "activation": activation, "memset": memset, "sendrecv": sendrecv,
     }
 
 

@@ -8,7 +8,14 @@ one program's HBM accesses against the other's unless the kernel synchronises th
 (SBUF to SBUF). The kernels nmmc emits today divide disjoint work and use neither, so the interpreter holds them
 to the rule that follows: no HBM element is written by one program and read or written by the other.
 
-The interpreter runs the programs one after the other against the same HBM allocations, tracking per element
+The programs run in threads that take turns (:class:`Turns`, one runs at a time, so a run is deterministic):
+program 0 runs until its first ``nisa.sendrecv``, then program 1 until its matching one, which completes the
+exchange (each ``src`` lands in the other program's ``dst``) and runs on; a program waiting for its partner gets
+the turn back when the partner reaches its next exchange or ends. An exchange whose partner never comes (the
+other program ended, or reached an exchange of another shape, rank or pipe) is ``LNC-EXCHANGE-MISMATCH``
+(``nisa.sendrecv``, NKI API reference: both programs call it, src and dst in SBUF with one shape and dtype).
+
+The interpreter runs the programs against the same HBM allocations, tracking per element
 which program wrote it (:attr:`SharedTensor.owner`) and, for the tensors the kernel allocates, which programs read
 it (:attr:`SharedTensor.readers`), so a race is found whichever program runs first:
 
@@ -22,7 +29,10 @@ memory a large verification needs), so a program writing an argument the other p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +43,8 @@ if TYPE_CHECKING:
 
 WRITE_OVERLAP = "LNC-HBM-WRITE-OVERLAP"
 UNSYNCED_READ = "LNC-HBM-UNSYNCED-READ"
+EXCHANGE_MISMATCH = "LNC-EXCHANGE-MISMATCH"
+SENDRECV_SOURCE = "NKI API reference, nki.isa.sendrecv"
 #: The page both rules rest on.
 #: ``SharedHbm.current`` once the programs have finished
 HOST = -1
@@ -63,7 +75,7 @@ class SharedHbm:
         """Every program has finished: the host reads the outputs after the kernel, which is ordered."""
         self.current = HOST
 
-    def hbm_allocation(self, line: int | None, create: callable) -> Allocation:
+    def hbm_allocation(self, line: int | None, create: Callable[[], Allocation]) -> Allocation:
         """The tensor of this HBM allocation site in every program (created by the first to reach it)."""
         nth = self._seen.get(line, 0)
         self._seen[line] = nth + 1
@@ -117,3 +129,136 @@ class SharedTensor:
                 raise LncRaceError(f"{UNSYNCED_READ}: program {p} writes {t.describe()}, which the other program "
                                    f"reads, with no synchronisation between them ({SOURCE})")
         self.owner[t.key] = p
+
+
+# ----------------------------------------------------------------------------- programs taking turns, exchanges
+
+
+@dataclass
+class _Exchange:
+    """One program's side of a sendrecv, waiting for the other's."""
+
+    index: int  # how many exchanges the program issued before this one
+    peer: int
+    pipe: int
+    data: np.ndarray  # a copy of src when it was sent
+    dst: Tensor
+    done: bool = False
+
+
+class _Aborted(Exception):
+    """A program stops because another one failed (its own error is the one reported)."""
+
+
+@dataclass
+class Turns:
+    """The programs of one LNC run as threads taking turns (the module docstring)."""
+
+    shared: SharedHbm
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    turn: int = 0
+    finished: set[int] = field(default_factory=set)
+    failed: BaseException | None = None
+    waiting: dict[int, _Exchange] = field(default_factory=dict)
+    issued: dict[int, int] = field(default_factory=dict)
+
+    def run(self, bodies: list[Callable[[], Any]]) -> list[Any]:
+        """Run ``bodies[p]`` as program p, in turns; their results, or the first failure raised."""
+        results: list[Any] = [None] * len(bodies)
+
+        def program(p: int) -> None:
+            try:
+                self._wait_turn(p)
+                results[p] = bodies[p]()
+            except _Aborted:
+                pass
+            except BaseException as exc:  # reported by run() in the caller's thread
+                with self.cond:
+                    if self.failed is None:
+                        self.failed = exc
+            finally:
+                with self.cond:
+                    self.finished.add(p)
+                    self._pass_turn(p)
+
+        threads = [threading.Thread(target=program, args=(p,), name=f"nmmc-program-{p}", daemon=True)
+                   for p in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.failed is not None:
+            raise self.failed
+        unmatched = [(p, x) for p, x in self.waiting.items() if not x.done]
+        if unmatched:
+            p, x = unmatched[0]
+            raise LncRaceError(f"{EXCHANGE_MISMATCH}: program {p}'s sendrecv #{x.index + 1} (to program {x.peer}) has "
+                               f"no partner: program {x.peer} ended without it ({SENDRECV_SOURCE})")
+        return results
+
+    def _wait_turn(self, p: int) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.turn == p or self.failed is not None)
+            if self.failed is not None:
+                raise _Aborted
+            self.shared.current = p
+
+    def _pass_turn(self, p: int) -> None:
+        """Give the turn to the next program that has not finished (called holding the lock)."""
+        n = self.shared.programs
+        for step in range(1, n + 1):
+            q = (p + step) % n
+            if q not in self.finished:
+                self.turn = q
+                break
+        self.cond.notify_all()
+
+    def sendrecv(self, p: int, src: Tensor, dst: Tensor, peer: int, pipe: int) -> None:
+        """Program ``p`` exchanges ``src``/``dst`` with program ``peer`` (see the module docstring)."""
+        n = self.shared.programs
+        if peer == p or not 0 <= peer < n:
+            raise LncRaceError(f"{EXCHANGE_MISMATCH}: program {p} sends to rank {peer}; the other program of an "
+                               f"LNC={n} kernel is {1 - p if n == 2 else 'another rank'} ({SENDRECV_SOURCE})")
+        with self.cond:
+            index = self.issued.get(p, 0)
+            self.issued[p] = index + 1
+            mine = _Exchange(index, peer, pipe, np.array(src.data, copy=True), dst)
+            partner = self.waiting.get(peer)
+            if partner is not None and not partner.done and partner.peer == p:
+                self._complete(p, mine, peer, partner)
+                return
+            if peer in self.finished:
+                raise LncRaceError(f"{EXCHANGE_MISMATCH}: program {p}'s sendrecv #{index + 1} has no partner: program "
+                                   f"{peer} already ended ({SENDRECV_SOURCE})")
+            self.waiting[p] = mine
+            self._pass_turn(p)
+            self.cond.wait_for(lambda: mine.done or peer in self.finished or self.failed is not None)
+            if self.failed is not None:
+                raise _Aborted
+            if not mine.done:
+                raise LncRaceError(f"{EXCHANGE_MISMATCH}: program {p}'s sendrecv #{index + 1} has no partner: program "
+                                   f"{peer} ended without it ({SENDRECV_SOURCE})")
+            del self.waiting[p]
+            self.cond.wait_for(lambda: self.turn == p or self.failed is not None)
+            if self.failed is not None:
+                raise _Aborted
+            self.shared.current = p
+
+    def _complete(self, p: int, mine: _Exchange, peer: int, partner: _Exchange) -> None:
+        from .tensor import write
+
+        if (partner.index, partner.pipe, partner.data.shape, partner.data.dtype) != (
+                mine.index, mine.pipe, mine.data.shape, mine.data.dtype):
+            raise LncRaceError(
+                f"{EXCHANGE_MISMATCH}: program {peer}'s sendrecv #{partner.index + 1} (pipe {partner.pipe}, "
+                f"{list(partner.data.shape)} {partner.data.dtype.name}) meets program {p}'s #{mine.index + 1} (pipe "
+                f"{mine.pipe}, {list(mine.data.shape)} {mine.data.dtype.name}): both sides must match "
+                f"({SENDRECV_SOURCE})")
+        for into, data in ((mine.dst, partner.data), (partner.dst, mine.data)):
+            if into.shape != data.shape or into.dtype != data.dtype:
+                raise LncRaceError(f"{EXCHANGE_MISMATCH}: sendrecv delivers {list(data.shape)} {data.dtype.name} into "
+                                   f"{into.describe()}: src and dst must have one shape and dtype ({SENDRECV_SOURCE})")
+        write(mine.dst, partner.data)
+        write(partner.dst, mine.data)
+        partner.done = mine.done = True
+        self.cond.notify_all()

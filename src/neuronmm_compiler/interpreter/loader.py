@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import copy
+import functools
 import inspect
 import linecache
 import warnings
@@ -25,7 +27,7 @@ from ..targets import Target
 from ..vocab import Dialect
 from . import api_legacy, api_nki
 from .counters import Counters
-from .lnc import SharedHbm
+from .lnc import SharedHbm, Turns
 from .machine import Machine
 from .modules import StandInModule
 from .tensor import HBM, Tensor, require_written
@@ -138,36 +140,35 @@ def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray
         raise KernelError(f"kernel source does not compile: {type(exc).__name__}") from None
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     shared = SharedHbm(target.lnc) if target.lnc > 1 else None
-    machines: list[Machine] = []
-    arguments: list[Tensor] | None = None
-    returned: list[Any] = []
-    for program_id in range(target.lnc):
-        # Each program of a logical core runs the kernel on its own core (SBUF, PSUM, engines, counters) against
-        # the same HBM (interpreter/lnc.py).
-        m = Machine(target, filename, lines, program_id=program_id, shared=shared)
-        machines.append(m)
+    turns = Turns(shared) if shared is not None else None
+    # Each program of a logical core runs the kernel on its own core (SBUF, PSUM, engines, counters) against the
+    # same HBM (interpreter/lnc.py).
+    machines = [Machine(target, filename, lines, program_id=p, shared=shared, turns=turns) for p in range(target.lnc)]
+    functions = [_load(code, m, kernel_name) for m in machines]
+    names = _argument_names(functions[0], kernel_name, args, arg_names)
+    arguments = [machines[0].input_tensor(array, name) for array, name in zip(args, names, strict=True)]
+    for m in machines[1:]:
+        m.hbm_allocs.extend(t.alloc for t in arguments)
+        for tensor in arguments:
+            shared.share_argument(tensor.alloc)  # type: ignore[union-attr]
+
+    def body(p: int) -> list[Any]:
+        m = machines[p]
         if shared is not None:
-            shared.begin(program_id)
-        fn = _load(code, m, kernel_name)
-        names = _argument_names(fn, kernel_name, args, arg_names)
-        if arguments is None:
-            arguments = [m.input_tensor(array, name) for array, name in zip(args, names, strict=True)]
-            if shared is not None:
-                for tensor in arguments:
-                    shared.share_argument(tensor.alloc)
-        else:
-            m.hbm_allocs.extend(t.alloc for t in arguments)
+            shared.begin(p)
         with _located(m):
-            result = fn(*[Tensor.whole(t.alloc) for t in arguments])
+            result = functions[p](*[Tensor.whole(t.alloc) for t in arguments])
         # capacity: sweep the live intervals [allocation, last access] of the on-chip allocations
         m.memory.finish(m.source_line)
-        result = list(result) if isinstance(result, (tuple, list)) else [result]
-        if returned and [id(v.alloc) if isinstance(v, Tensor) else v for v in result] != [
+        return list(result) if isinstance(result, (tuple, list)) else [result]
+
+    results = turns.run([functools.partial(body, p) for p in range(target.lnc)]) if turns else [body(0)]
+    returned = results[0]
+    for result in results[1:]:
+        if [id(v.alloc) if isinstance(v, Tensor) else v for v in result] != [
                 id(v.alloc) if isinstance(v, Tensor) else v for v in returned]:
             raise KernelError(f"the programs of kernel {kernel_name!r} return different tensors: an LNC kernel "
                               "returns the same shared HBM outputs from every program")
-        returned = result
-    del arguments
     if shared is not None:
         shared.finish()
     m = machines[0]
@@ -183,14 +184,14 @@ def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray
                               f"{name!r} is {value!r:.100}")
         require_written(value, f"kernel output {name!r}")
         outputs.append(value.data if value.is_full else value.data.copy())
+    per_program = [copy.deepcopy(other.counters) for other in machines] if shared is not None else []
     c = m.counters
     keys = m.hbm_counter_names([v.alloc for v in returned], list(output_names))
     c.hbm_bytes_read = {keys[id(a)]: a.bytes_read for a in m.hbm_allocs}
     c.hbm_bytes_written = {keys[id(a)]: a.bytes_written for a in m.hbm_allocs}
     for other in machines[1:]:  # HBM bytes are counted on the shared tensors, so all programs are in them already
         c.add_engine_counts(other.counters)
-    return KernelRun(outputs=outputs, counters=c, dialect=m.dialect,
-                     program_counters=[other.counters for other in machines])
+    return KernelRun(outputs=outputs, counters=c, dialect=m.dialect, program_counters=per_program)
 
 
 def _load(code: Any, m: Machine, kernel_name: str) -> Any:

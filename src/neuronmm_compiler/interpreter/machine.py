@@ -14,7 +14,7 @@ from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
 from ..targets import Target
 from ..vocab import Dialect
 from .counters import Counters
-from .lnc import SharedHbm
+from .lnc import SharedHbm, Turns
 from .memory import MemoryTracker
 from .tensor import HBM, PSUM, SBUF, Allocation, Tensor, as_f32, mark_written, require_written, write
 
@@ -47,12 +47,13 @@ class Machine:
     """Everything one :func:`run_kernel` call mutates; the stand-in modules close over it."""
 
     def __init__(self, target: Target, filename: str, source_lines: list[str], *, program_id: int = 0,
-                 shared: SharedHbm | None = None):
+                 shared: SharedHbm | None = None, turns: Turns | None = None):
         self.target = target
         #: ``nl.program_id(0)`` and ``nl.num_programs()`` of this run (an LNC=2 kernel runs once per program)
         self.program_id = program_id
         self.programs = shared.programs if shared is not None else 1
         self.shared = shared
+        self.turns = turns  # how the programs take turns and exchange (nisa.sendrecv); None on one core
         self.filename = filename
         self.source_lines = source_lines
         self.counters = Counters()

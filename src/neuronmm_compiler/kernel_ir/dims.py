@@ -52,7 +52,7 @@ class Dim:
 
 
 def loop(var_name: str, trip: Expr, max_trip: int, body: list[Stmt], *, sequential: bool = False,
-          comment: str = "", split: str = "") -> list[Stmt]:
+          comment: str = "", split: tuple[str, ...] = ()) -> list[Stmt]:
     """A loop, or its body alone when it can only ever run once (its variable is then 0). ``split``: the
     work-split family of the loop (:class:`~.program.Loop`)."""
     if max_trip <= 1:

@@ -26,7 +26,7 @@ from dataclasses import fields, replace
 from .expr import Expr, Lin, Min, Mod, add, as_expr, minimum, scale, var
 from .program import Alloc, Comment, DmaCopy, Loop, Point, Program, Ref, Span, Stmt, walk
 
-__all__ = ["PROGRAM_ID", "distribute"]
+__all__ = ["PROGRAM_ID", "distribute", "divisible_blocking"]
 
 #: The loop-nest variable that holds ``nl.program_id(0)`` (the printers bind it at the top of the kernel).
 PROGRAM_ID = "pid"
@@ -42,6 +42,16 @@ def distribute(program: Program, family: str, programs: int) -> Program:
         return replace(program, programs=programs, split=family, split_error=error)
     body = _rewrite(program.body, family, programs)
     return replace(program, body=body, programs=programs, split=family)
+
+
+def divisible_blocking(tiles: int, per_block: int, programs: int) -> int:
+    """Tiles per block for a loop the programs divide: the largest count up to ``per_block`` that makes the blocks
+    whole and their number a multiple of ``programs`` (each program then walks the same blocks of its own tiles);
+    ``per_block`` itself when ``tiles`` does not divide between the programs."""
+    if programs == 1 or tiles % programs:
+        return per_block
+    share = tiles // programs
+    return max(d for d in range(1, min(per_block, share) + 1) if share % d == 0)
 
 
 def _why_not(program: Program, family: str, programs: int) -> str | None:
@@ -68,7 +78,7 @@ def _outermost(body: list[Stmt], family: str) -> list[Loop]:
     out: list[Loop] = []
     for stmt in body:
         if isinstance(stmt, Loop):
-            if stmt.split == family:
+            if family in stmt.split:
                 out.append(stmt)
             else:
                 out += _outermost(stmt.body, family)
@@ -78,7 +88,7 @@ def _outermost(body: list[Stmt], family: str) -> list[Loop]:
 def _rewrite(body: list[Stmt], family: str, programs: int) -> list[Stmt]:
     out: list[Stmt] = []
     for stmt in body:
-        if isinstance(stmt, Loop) and stmt.split == family:
+        if isinstance(stmt, Loop) and family in stmt.split:
             share = stmt.trip.const // programs  # checked by _why_not
             offset = scale(var(PROGRAM_ID), share)
             shifted = [_shift_stmt(s, stmt.var, offset) for s in stmt.body]

@@ -180,10 +180,20 @@ class Activation:
     op: ElementwiseOp | Literal["copy"]
 
 
+@dataclass(frozen=True)
+class SendRecv:
+    """Exchange SBUF regions with the other program of a logical core (``nisa.sendrecv``): this program's ``src``
+    lands in the other's ``dst`` and the other's ``src`` in this one's ``dst``; both programs issue it, with
+    regions of the same shape, and each continues once both halves arrived."""
+
+    dst: Ref
+    src: Ref
+
+
 @dataclass
 class Loop:
     """``for var in range(trip)``. ``sequential`` marks a loop-carried dependence (SBUF partial sums).
-    ``split``: the family of work splits this loop belongs to (``m``, ``n``, ``tokens``, ...), set by a lowering
+    ``split``: the families of work splits this loop belongs to (``m``, ``n``, ``tokens``, ...), set by a lowering
     on a loop whose iterations write disjoint parts of the outputs and carry nothing; :mod:`.lnc` divides the
     loops of one family between the programs of a logical core."""
 
@@ -192,7 +202,7 @@ class Loop:
     body: list[Stmt] = field(default_factory=list)
     sequential: bool = False
     comment: str = ""
-    split: str = ""
+    split: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,7 +210,7 @@ class Comment:
     text: str
 
 
-Stmt = Alloc | DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation | Loop | Comment
+Stmt = Alloc | DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation | SendRecv | Loop | Comment
 
 
 @dataclass

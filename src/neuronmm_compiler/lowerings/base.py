@@ -153,15 +153,17 @@ class Lowering(ABC):
         """The (field, text) rows of an emitted file's header."""
 
     @abstractmethod
-    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
+    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1, exchange: bool = True) -> SearchSpace:
         """The candidate values of every searched parameter for ``workload`` (``dma_transpose``: whether a
         transposing DMA load may be emitted, see :func:`dma_transpose_ok`; ``lnc``: the target's logical-core
-        degree, which decides the ``lnc_split`` candidates)."""
+        degree, which decides the ``lnc_split`` candidates; ``exchange``: whether the dialect documents
+        ``nisa.sendrecv``, which splits that exchange values between the programs need)."""
 
     @abstractmethod
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
-                     dma_transpose: bool = True) -> tuple[SpaceSpec, Evaluator]:
-        """The search space and evaluator (a picklable call, rebuilt in worker processes)."""
+                     dma_transpose: bool = True, exchange: bool = True) -> tuple[SpaceSpec, Evaluator]:
+        """The search space and evaluator (a picklable call, rebuilt in worker processes); the flags as for
+        :meth:`space`."""
 
     @abstractmethod
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:

@@ -58,12 +58,15 @@ def row_major_activations(workload: Workload) -> bool:
     return any(n.layout == Layout.ROW_MAJOR for n in graph.inputs() if n.id in lhs)
 
 
-def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
+def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True, lnc: int = 1,
+                exchange: bool = True) -> SearchSpace:
     """The fused search space: X^T made only by DMA unless some activation is row-major
     (``row_major_x``), and then only on the TensorEngine where a transposing DMA load is not documented
     (``dma_transpose`` False); one kernel per gated MLP unless ``splittable``; the token or feature split on an
-    LNC=2 target (``lnc``)."""
+    LNC=2 target (``lnc``), with the gather split only where the dialect documents nisa.sendrecv (``exchange``)."""
     restrict: dict[str, tuple] = split_restriction(FusedSchedule, lnc)
+    if not exchange:
+        restrict["lnc_split"] = tuple(v for v in restrict["lnc_split"] if v != "gather")
     if not row_major_x:
         restrict["x_transpose"] = ("dma",)
     elif not dma_transpose:
@@ -128,6 +131,9 @@ class FusedLowering(Lowering):
             base = base.with_params(transpose_choice("x_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
+        if chosen.lnc_split == "gather" and dialect != Dialect.NKI:
+            raise ScheduleError("lnc_split=gather exchanges values with nisa.sendrecv, documented for the nki dialect "
+                                "only; use --dialect nki, or lnc_split=tokens/features")
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")
@@ -165,11 +171,11 @@ class FusedLowering(Lowering):
                           f"{len(programs)} kernel{'s' if len(programs) > 1 else ''})"),
         ]
 
-    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
-        return fused_space(row_major_activations(workload), splittable(workload), dma_transpose, lnc)
+    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1, exchange: bool = True) -> SearchSpace:
+        return fused_space(row_major_activations(workload), splittable(workload), dma_transpose, lnc, exchange)
 
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
-                     dma_transpose: bool = True) -> tuple[SpaceSpec, Evaluator]:
+                     dma_transpose: bool = True, exchange: bool = True) -> tuple[SpaceSpec, Evaluator]:
         tokens = workload.token_count
         graph = workload.graph()
         kernels_by_mode: dict[str, list[Graph]] = {}
@@ -180,7 +186,7 @@ class FusedLowering(Lowering):
             return combine_reports([estimate(self.lower(k, schedule, target), target)
                                     for k in kernels_by_mode[schedule.mlp]])
 
-        space = self.space(workload, dma_transpose, target.lnc)
+        space = self.space(workload, dma_transpose, target.lnc, exchange)
         seen: dict[FusedSchedule, None] = {}
         for point in space.points():
             seen.setdefault(normalize_fused(space.decode(point), tokens), None)

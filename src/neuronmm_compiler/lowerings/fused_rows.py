@@ -11,6 +11,7 @@ from ..errors import ScheduleError
 from ..ir import Node
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, scale
+from ..kernel_ir.lnc import divisible_blocking
 from ..kernel_ir.program import Alloc, Buffer, Comment, Copy, DmaCopy, PeTranspose, Ref, Stmt, span
 from ..vocab import Layout
 from .fused_groups import Group
@@ -38,7 +39,10 @@ class RowMajorGroups(OperandLoads):
         n = root.shape[1]
         tile_n = min(s.out_tile, n)
         ntiles = -(-n // tile_n)
-        odim = Dim("o", n, tile_n, ntiles, self._tiles_per_block(group, tile_n, ntiles))
+        per_block = self._tiles_per_block(group, tile_n, ntiles)
+        if s.lnc_split in ("features", "gather"):  # blocks the programs can divide (kernel_ir/lnc.py)
+            per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
+        odim = Dim("o", n, tile_n, ntiles, per_block)
         ob = iv("o_blk", odim.blocks)
         loads, sources = self._weight_sources(group, odim, ob)
         tt = iv("tt", tok.tiles_in_block)
@@ -79,7 +83,7 @@ class RowMajorGroups(OperandLoads):
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, token_tile)
         names = ", ".join(o.attrs["name"] for o, _ in outputs)
         return [Comment(f"{names} = {self._describe_group(group)}"),
-                *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split="features")]
+                *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split=("features", "gather"))]
 
     def _transposed_store(self, out_node: Node, hbm: Buffer, rows: Buffer, odim: Dim, g: Expr, col: Expr,
                           tok: Dim, tg: Expr, tsz: Expr) -> list[Stmt]:

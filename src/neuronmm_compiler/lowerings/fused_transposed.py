@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from ..ir import Node
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, scale
-from ..kernel_ir.program import Alloc, Buffer, Comment, DmaCopy, Matmul, Point, Ref, Stmt, span
+from ..kernel_ir.expr import Expr, Lin, scale, var
+from ..kernel_ir.lnc import PROGRAM_ID, divisible_blocking
+from ..kernel_ir.program import Alloc, Buffer, Comment, DmaCopy, Matmul, Point, Ref, SendRecv, Span, Stmt, span
 from ..schedule.fused import tiles_per_weight_block
 from ..vocab import NodeKind
 from .fused_groups import Group
@@ -49,6 +50,8 @@ class TransposedGroups(OperandLoads):
             per_block = max(1, min(by_sbuf, k_blocked_group_banks(self.target) // len(group.terms)))
         else:
             per_block = self._tiles_per_block(group, ftile, ntiles)
+        if self.s.lnc_split == "gather" and n % ftile == 0:  # blocks the programs can divide (kernel_ir/lnc.py)
+            per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
         fdim = Dim("f", n, ftile, ntiles, per_block)
         bm = self.tok.block_size(mb)
         # A result placed in HBM that no matmul of this kernel reads (e.g. h^T of a split MLP's first
@@ -97,10 +100,33 @@ class TransposedGroups(OperandLoads):
                                                                                     spill, (nsz, bm)) + store
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
         out += [Comment(self._describe_group(group))]
-        out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block)
+        gathered = self._gathered(fdim, streamed, stored)
+        out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block, split=("gather",) if gathered else ())
+        if gathered and not streamed:
+            out += self._gather(out_strip, fdim, bm)
         if stored and not streamed:
             out += self._store_strip(root, out_strip, fdim, mb)
         return out
+
+    def _gathered(self, fdim: Dim, streamed: bool, stored: bool) -> bool:
+        """Whether the ``gather`` split divides this group's feature blocks between the programs of a logical core:
+        an even number of whole blocks of whole tiles (so both halves of the strip have one shape, as sendrecv
+        needs), and a result either streamed to HBM or kept in SBUF only (a strip stored whole after the group
+        would be stored by both programs). Otherwise both programs compute the whole group."""
+        if self.s.lnc_split != "gather" or self.target.lnc != 2 or fdim.blocks % 2:
+            return False
+        whole = fdim.tiles % fdim.tiles_in_block == 0 and fdim.size % fdim.tile == 0
+        return whole and (streamed or not stored)
+
+    def _gather(self, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
+        """Each program sends the half of the strip it computed to the other, which receives it in the same place:
+        afterwards both hold the whole value (nisa.sendrecv, SBUF to SBUF)."""
+        half = fdim.tiles // 2
+        own = Span(scale(var(PROGRAM_ID), half), Lin(half))
+        other = Span(Lin(half, ((PROGRAM_ID, -half),)), Lin(half))
+        rows = span(0, fdim.tile)
+        return [Comment(f"exchange halves of {strip.name} with the other program: both hold all {fdim.size} features"),
+                SendRecv(Ref(strip, (rows, other, span(0, bm))), Ref(strip, (rows, own, span(0, bm))))]
 
     def _k_blocked_matmuls(self, group: Group, fdim: Dim, fb: Expr, ft: Expr, nsz: Expr, bm: Expr,
                            kb: int) -> tuple[dict[str, Ref], list[Stmt]]:

@@ -107,11 +107,11 @@ class GemmLowering(Lowering):
                           f"v{COST_MODEL_VERSION}, lower bound {cost.lower_bound_us:.1f} us)"),
         ]
 
-    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
+    def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1, exchange: bool = True) -> SearchSpace:
         return gemm_space(_problem(workload), dma_transpose, lnc)
 
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
-                     dma_transpose: bool = True) -> tuple[SpaceSpec, Evaluator]:
+                     dma_transpose: bool = True, exchange: bool = True) -> tuple[SpaceSpec, Evaluator]:
         problem = _problem(workload)
         return gemm_search_setup(problem, target, exhaustive_threshold,
                                  space=gemm_space(problem, dma_transpose, target.lnc))

@@ -161,7 +161,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
             block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
                       else self.row_major_group(group, mb))
         if block:
-            body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens", split="tokens")
+            body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens", split=("tokens",))
         outs = [hbm for n in self.outputs for node, hbm in self.out_hbm[n.operands[0]] if node is n]
         for copy in self.copies:
             inp = copy.root

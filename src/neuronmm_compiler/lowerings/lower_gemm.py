@@ -360,7 +360,7 @@ class _GemmLowering:
         sequential = d == "k" and self.s.accumulate == "sbuf"
         # An M or N block loop outside the K loop (or any, when each output tile is finished inside the K loop)
         # writes its own output blocks: the programs of a logical core may divide it.
-        split = d if d != "k" and (d in self.outer_dims or self.per_tile_psum) else ""
+        split = (d,) if d != "k" and (d in self.outer_dims or self.per_tile_psum) else ()
         return loop(f"{d}_blk", Lin(dim.blocks), dim.blocks, body, sequential=sequential, split=split)
 
     def level_body(self, pos: int, blocks: dict[str, Expr]) -> list[Stmt]:

@@ -37,7 +37,7 @@ CACHE_WEIGHTS = ("none", "stage1", "all")
 X_TRANSPOSE = ("dma", "pe")
 MLP_MODES = ("whole", "split")
 #: How an LNC=2 fused kernel divides its work between the two programs (kernel_ir/lnc.py); none on one core.
-FUSED_SPLITS = ("none", "tokens", "features")
+FUSED_SPLITS = ("none", "tokens", "features", "gather")
 
 #: The fused schedule space, in :class:`FusedSchedule`'s field order. The search narrows
 #: ``x_transpose`` to ``dma`` when no activation is row-major, and ``mlp`` to ``whole`` when no
@@ -73,9 +73,12 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
                 "how a gated MLP is split into kernels: whole (one kernel, h stays in SBUF) or split "
                 "(gate/up kernel, then down kernel; h^T goes through HBM)", role=CLASS),
     categorical("lnc_split", FUSED_SPLITS, FUSED_SPLITS,
-                "on an LNC=2 target, what the two programs of the logical core divide: tokens (the token blocks) or "
+                "on an LNC=2 target, what the two programs of the logical core divide: tokens (the token blocks); "
                 "features (the output-column blocks of the final row-major matmul; everything before it is computed "
-                "by both); each needs an even number of blocks; none on one physical core (docs/logical-cores.md)",
+                "by both); gather (the feature blocks of every matmul group, each program sending the half it "
+                "computed of a value used on chip to the other with nisa.sendrecv: every weight streamed once; nki "
+                "dialect). A divided loop needs an even number of blocks; none on one physical core "
+                "(docs/logical-cores.md)",
                 role=CLASS),
 )
 
