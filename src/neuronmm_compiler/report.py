@@ -28,9 +28,18 @@ def cost_lines(cost: CostReport) -> list[str]:
     writes = ", ".join(f"{k} {_mib(v)}" for k, v in cost.hbm_bytes_written_by_tensor.items())
     engines = ", ".join(f"{k} {v:.1f}" for k, v in cost.engine_us.items())
     hist = ", ".join(f"{n} x {b} B" for b, n in cost.dma_bytes_per_partition.items())
+    programs = []
+    if cost.program_latency_us:
+        each = " / ".join(f"{t:.2f}" for t in cost.program_latency_us)
+        shared = cost.values.get("t_dma_shared", 0.0)
+        programs = [f"programs         {len(cost.program_latency_us)} (one per physical core of the logical core): "
+                    f"{each} us; the figures below are the slowest program's times and all programs' counts; both "
+                    f"programs' steady-state HBM bytes take {shared:.1f} us of the shared stack; exchanges "
+                    f"{cost.values.get('T_exchange', 0.0):.1f} us (docs/logical-cores.md)"]
     return [
         f"latency          {cost.latency_us:.2f} us ({cost.bound}-bound); lower bound {cost.lower_bound_us:.2f} us "
         f"({cost.lower_bound_us / cost.latency_us:.0%} of it)",
+        *programs,
         f"work             {cost.flops / 1e9:.3f} GFLOP, arithmetic intensity {cost.arithmetic_intensity:.1f} FLOP/B",
         f"HBM read         {_mib(cost.hbm_bytes_read)} ({reads})",
         f"HBM written      {_mib(cost.hbm_bytes_written)} ({writes})",

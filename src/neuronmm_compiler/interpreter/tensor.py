@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from .machine import Machine
 
 HBM, SBUF, PSUM = "hbm", "sbuf", "psum"
+#: The id of the interpreter's check that every element read was written before (docs/nki-subset.md): in an LNC=2
+#: kernel, also what a missing exchange shows as (the other program's half never arrived).
+UNWRITTEN_READ = "KERNEL-UNWRITTEN-READ"
 
 
 class Allocation:
@@ -229,7 +232,7 @@ def require_written(t: Tensor, role: str) -> None:
             box[d] = (base + int(missing[i].min()), base + int(missing[i].max()) + 1)
         count = int(missing[0].size)
     raise UninitializedReadError(
-        f"read of unwritten memory: {role} reads {a.describe()} region {t.region()}, whose elements "
+        f"{UNWRITTEN_READ}: read of unwritten memory: {role} reads {a.describe()} region {t.region()}, whose elements "
         f"{_format_box(tuple(box), t.dims)} ({count} element(s)) were never written")
 
 

@@ -39,6 +39,11 @@ class RowMajorGroups(OperandLoads):
         n = root.shape[1]
         tile_n = min(s.out_tile, n)
         ntiles = -(-n // tile_n)
+        programs = self.target.lnc
+        if s.lnc_split in ("features", "gather") and ntiles % programs:
+            # narrower tiles, so the output tiles divide between the programs (kernel_ir/lnc.py)
+            tile_n = -(-n // (ntiles + programs - ntiles % programs))
+            ntiles = -(-n // tile_n)
         per_block = self._tiles_per_block(group, tile_n, ntiles)
         if s.lnc_split in ("features", "gather"):  # blocks the programs can divide (kernel_ir/lnc.py)
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
