@@ -13,13 +13,19 @@ from .cost_model import CostReport
 from .cost_model.formulas import symbolic
 from .cost_model.trust import trust_dict, trust_note, typical_range
 from .driver import Compiled, Costed, Lowered, Tuned
-from .frontends.workloads import Workload
+from .frontends.workloads import GemmWorkload, Workload
 from .ir import to_text
 from .targets import Target, get_target
 
 
 def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
+
+
+def _fused(workload: Workload) -> bool:
+    """True when ``workload`` compiles to fused kernels (anything but a plain GEMM), whose latencies the
+    published measurements (all of GEMM kernels) do not cover."""
+    return not isinstance(workload, GemmWorkload)
 
 
 def cost_lines(cost: CostReport) -> list[str]:
@@ -91,7 +97,7 @@ def emit_lines(compiled: Compiled, output: str) -> list[str]:
             f"  target {compiled.target.name}, dialect {compiled.dialect}, schedule {compiled.schedule_name}",
             f"  {footprint}",
             f"  predicted {compiled.cost.latency_us:.1f} us ({compiled.cost.bound}-bound; cost model "
-            f"{trust_note(compiled.target)})"]
+            f"{trust_note(compiled.target, _fused(compiled.workload))})"]
 
 
 def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str]:
@@ -99,7 +105,7 @@ def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str
     lines = [f"{workload.describe()} on {target.name}",
              f"schedule {costed.schedule_name}: {costed.schedule.describe()}"]
     lines += [f"  {line}" for line in cost_lines(costed.cost)]
-    lines.append(f"  model error      {trust_note(target)}")
+    lines.append(f"  model error      {trust_note(target, _fused(workload))}")
     if len(costed.programs) > 1:
         for program, cost in zip(costed.programs, costed.kernel_costs, strict=True):
             lines += [f"kernel {program.name}:", *(f"  {line}" for line in cost_lines(cost))]
@@ -108,7 +114,7 @@ def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str
 
 def cost_json(workload: Workload, target: Target, costed: Costed) -> dict[str, Any]:
     data = {"workload": workload.describe(), "target": target.name, "schedule": costed.schedule.as_dict(),
-            **costed.cost.as_dict(), "model_error": trust_dict(target)}
+            **costed.cost.as_dict(), "model_error": trust_dict(target, _fused(workload))}
     if len(costed.programs) > 1:
         data["kernels"] = [{"name": p.name, **c.as_dict()} for p, c in zip(costed.programs, costed.kernel_costs,
                                                                            strict=True)]
@@ -143,8 +149,8 @@ def tune_lines(tuned: Tuned) -> list[str]:
         f"{'SBUF B/part':>13}{'PSUM':>6}{'kernels':>9}",
         _row("nmmc tuned", c.cost, len(c.programs), c.target),
         *(_row(b.label, b.cost, None, c.target) for b in tuned.baselines.values()),
-        f"  latencies and speedups are the cost model's: {trust_note(c.target)}; the typical range is the "
-        f"latency within that typical factor",
+        f"  latencies and speedups are the cost model's: {trust_note(c.target, _fused(c.workload))}; the typical "
+        "range is the latency within that typical factor",
         "",
     ]
     for name, speedup in tuned.speedups().items():
@@ -174,7 +180,7 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
         "baselines": {name: None if b.cost is None else {"computation": b.label, **b.cost.as_dict()}
                       for name, b in tuned.baselines.items()},
         "speedups": tuned.speedups(),
-        "model_error": trust_dict(c.target),
+        "model_error": trust_dict(c.target, _fused(c.workload)),
         "typical_range_us": typical_range(c.cost.latency_us, c.target),
         "search": {**tuned.search.search_summary(), "cached": tuned.search.method == "cache"},
         "top": [{"latency_us": cand.latency_us, "schedule": cand.schedule.as_dict()} for cand in tuned.search.top],
@@ -201,7 +207,7 @@ def explain_lines(compiled: Compiled) -> list[str]:
                   *cost_lines(cost)]
     if len(compiled.programs) > 1:
         lines += ["", "== whole graph", *cost_lines(compiled.cost)]
-    lines += ["", f"== model error on {compiled.target.name}: {trust_note(compiled.target)}"]
+    lines += ["", f"== model error on {compiled.target.name}: {trust_note(compiled.target, _fused(compiled.workload))}"]
     return lines
 
 
@@ -240,7 +246,7 @@ def model_lines(source: Any, index: dict[str, Any], target_name: str, output: st
             lines.append(f"  {'':>7}note: at {e['tokens']} tokens the SVD MLP is predicted slower than nmmc's fused "
                          "dense MLP: compression buys no speed there")
     count = len(index["buckets"])
-    lines.append(f"latencies are the cost model's: {trust_note(get_target(target_name))}")
+    lines.append(f"latencies are the cost model's: {trust_note(get_target(target_name), fused=True)}")
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
     return lines
 
