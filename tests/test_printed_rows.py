@@ -3,6 +3,8 @@ workload, columns that stay apart, and the provenance of every figure (issue 28)
 
 from __future__ import annotations
 
+import json
+
 from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
@@ -22,3 +24,14 @@ def test_dense_mlp_prints_no_svd_rows(tmp_path):
     assert "SVD" not in out and "unfused" not in out
     svd = run("tune", *MLP, "--rank", "128", "--trials", "5", "-o", str(tmp_path / "s.py"))
     assert "SVD factors unfused (AWS kernels)" in svd and "speedup vs unfused SVD:" in svd
+
+
+def test_explain_says_which_schedule_it_explains(tmp_path):
+    first = run("explain", *MLP, "--rank", "128").splitlines()[0]
+    assert "default" in first and "not tuned" in first and "--tuned" in first and "nmmc tune" in first
+    given = run("explain", "--shape", "128x512x256", "--param", "tiles_in_block_m=2").splitlines()[0]
+    assert "aws-fully-optimized + tiles_in_block_m=2" in given and "--tuned" in given
+    tuned = run("explain", *MLP, "--rank", "128", "--tuned").splitlines()[0]
+    data = json.loads(run("tune", *MLP, "--rank", "128", "--json", "-o", str(tmp_path / "k.py")))
+    assert tuned.startswith("explaining the tuned schedule")
+    assert f"predicted {data['predicted']['latency_us']:.1f} us" in tuned  # the latency tune reports

@@ -191,10 +191,22 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
     return data
 
 
-def explain_lines(compiled: Compiled) -> list[str]:
-    """The IR after each pass, every kernel's subgraph, loop nest and cost formulas with numbers."""
+def explain_heading(compiled: Compiled, tuned: bool, given: bool) -> str:
+    """``nmmc explain``'s first line: which schedule it explains (the tuned one, the one the options gave,
+    or the default) and, unless it is the tuned one, that ``nmmc tune`` reports another and how to see it."""
+    what = f"schedule {compiled.schedule_name}, predicted {compiled.cost.latency_us:.1f} us"
+    if tuned:
+        return f"explaining the tuned {what}: the schedule 'nmmc tune' searches for (same trials and seed)"
+    origin = "as given by --schedule/--param/--pipeline" if given else "the default, not tuned"
+    return (f"explaining {what} ({origin}); 'nmmc tune' reports the tuned schedule, usually faster: "
+            "add --tuned to explain that one")
+
+
+def explain_lines(compiled: Compiled, heading: str | None = None) -> list[str]:
+    """``heading`` (:func:`explain_heading`), then the IR after each pass, every kernel's subgraph, loop
+    nest and cost formulas with numbers."""
     lowered = compiled.lowered
-    lines = _pass_lines(lowered)
+    lines = ([heading, ""] if heading else []) + _pass_lines(lowered)
     lines += ["", f"== workload: {compiled.workload.describe()}",
               f"== lowering: {compiled.kind}",
               f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}"]
