@@ -35,3 +35,21 @@ def test_explain_says_which_schedule_it_explains(tmp_path):
     data = json.loads(run("tune", *MLP, "--rank", "128", "--json", "-o", str(tmp_path / "k.py")))
     assert tuned.startswith("explaining the tuned schedule")
     assert f"predicted {data['predicted']['latency_us']:.1f} us" in tuned  # the latency tune reports
+
+
+def test_table_columns_stay_apart_for_large_values(tmp_path):
+    """A million tokens: every cell of the tune table is separated from the next (was
+    ``1033112.249.933e+05-1.075e+06``), and the typical range is written without exponents."""
+    out = run("tune", *MLP[:1], "--tokens", "1000000", *MLP[3:], "--rank", "128", "--trials", "3",
+              "-o", str(tmp_path / "k.py"))
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if "latency us" in line)
+    rows = lines[header + 1:header + 4]
+    assert [r.split()[0] for r in rows] == ["nmmc", "dense", "SVD"]
+    for row in rows:
+        cells = row.split(")")[-1].split() if "(" in row else row.split()[2:]
+        latency, band, bound = cells[:3]
+        low, high = band.split("-")
+        assert float(low) < float(latency) < float(high), row
+        assert bound.isalpha(), row
+        assert "e+" not in row

@@ -121,20 +121,37 @@ def cost_json(workload: Workload, target: Target, costed: Costed) -> dict[str, A
     return data
 
 
+def columns(rows: list[list[str]], specs: list[tuple[int, str]], indent: str = "  ") -> list[str]:
+    """Rows of cells as text columns: each spec ``(width, "<" or ">")`` is a column's least width and
+    alignment; a column widens to its longest cell plus one space, so no two cells ever run together
+    (a row may have fewer cells than there are columns)."""
+    widths = [max([width, *(len(row[i]) + 1 for row in rows if i < len(row))]) for i, (width, _) in enumerate(specs)]
+    return [(indent + "".join(f"{cell:{specs[i][1]}{widths[i]}}" for i, cell in enumerate(row))).rstrip()
+            for row in rows]
+
+
+def _g(value: float) -> str:
+    """Four significant digits, without an exponent for the values a table holds (``1.075e+06`` -> ``1075000``)."""
+    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+
+
 def _band(cost: CostReport, target: Target) -> str:
     """The prediction's typical range (cost_model.trust), e.g. ``101-115``; ``-`` where not validated."""
     band = typical_range(cost.latency_us, target) if cost.feasible else None
-    return f"{band[0]:.4g}-{band[1]:.4g}" if band is not None else "-"
+    return f"{_g(band[0])}-{_g(band[1])}" if band is not None else "-"
 
 
-def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target) -> str:
+#: The columns of ``nmmc tune``'s table: (least width, alignment).
+_TUNE_COLUMNS = [(34, "<"), (12, ">"), (16, ">"), (11, "<"), (9, ">"), (8, ">"), (13, ">"), (6, ">"), (9, ">")]
+
+
+def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target) -> list[str]:
     if cost is None:
-        return f"  {name:<34}{'(not modelled)':>12}"
-    lat = f"{cost.latency_us:12.2f}" if cost.feasible else f"{'(no fit)':>12}"
+        return [name, "(not modelled)"]
+    lat = f"{cost.latency_us:.2f}" if cost.feasible else "(no fit)"
     hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
-    return (f"  {name:<34}{lat}{_band(cost, target):>16}  {cost.bound:<9}{hbm:9.2f}{cost.dma_transfers:8d}"
-            f"{cost.sbuf_bytes_per_partition:13d}"
-            f"{cost.psum_banks:6d}{kernels or '':>9}")
+    return [name, lat, _band(cost, target), f"  {cost.bound}", f"{hbm:.2f}", str(cost.dma_transfers),
+            str(cost.sbuf_bytes_per_partition), str(cost.psum_banks), str(kernels or "")]
 
 
 def tune_lines(tuned: Tuned) -> list[str]:
@@ -145,10 +162,9 @@ def tune_lines(tuned: Tuned) -> list[str]:
         f"search: {s.method}, {s.trials} trials, {s.evaluated} schedules costed ({s.feasible} fit) "
         f"of {s.space_size}, {s.seconds:.2f} s",
         "",
-        f"  {'':<34}{'latency us':>12}{'typical range':>16}  {'bound':<9}{'HBM MiB':>9}{'DMAs':>8}"
-        f"{'SBUF B/part':>13}{'PSUM':>6}{'kernels':>9}",
-        _row("nmmc tuned", c.cost, len(c.programs), c.target),
-        *(_row(b.label, b.cost, None, c.target) for b in tuned.baselines.values()),
+        *columns([["", "latency us", "typical range", "  bound", "HBM MiB", "DMAs", "SBUF B/part", "PSUM", "kernels"],
+                  _row("nmmc tuned", c.cost, len(c.programs), c.target),
+                  *(_row(b.label, b.cost, None, c.target) for b in tuned.baselines.values())], _TUNE_COLUMNS),
         f"  latencies and speedups are the cost model's: {trust_note(c.target, _fused(c.workload))}; the typical "
         "range is the latency within that typical factor",
         "",
@@ -239,21 +255,34 @@ def schedules_lines(workload: Workload, target: Target, rows: list[dict[str, Any
     return lines
 
 
+#: The columns of ``nmmc tune --model``'s table: (least width, alignment).
+_MODEL_COLUMNS = [(7, ">"), (9, ">"), (16, ">"), (8, ">"), (14, ">"), (8, ">"), (12, ">"), (8, ">"), (9, ">"),
+                  (0, "<")]
+
+
+def _times(speedup: float) -> str:
+    return f"{speedup:.2f}x"
+
+
 def model_lines(source: Any, index: dict[str, Any], target_name: str, output: str) -> list[str]:
     """``nmmc tune --model``: one row per token bucket (cost-model predictions). The first speedup is
     over nmmc's own fused dense MLP, the honest alternative; then over AWS's per-matmul kernels."""
     ranks = "/".join(str(r) for r in index["ranks"].values())
     lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target_name}",
              "  predicted by nmmc's cost model (not measured); 'fused dense' is nmmc's own fused dense MLP, "
-             "'AWS dense' AWS's kernel per matmul",
-             f"  {'tokens':>7}{'SVD us':>9}{'fused dense us':>16}{'vs it':>8}{'AWS dense us':>14}{'vs it':>8}"
-             f"{'unfused us':>12}{'vs it':>8}{'kernels':>9}  file"]
+             "'AWS dense' AWS's kernel per matmul"]
+    rows = [["tokens", "SVD us", "fused dense us", "vs it", "AWS dense us", "vs it", "unfused us", "vs it", "kernels",
+             "  file"]]
     for e in index["buckets"]:
         check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
-        lines.append(f"  {e['tokens']:>7}{e['predicted_us']:>9.1f}{e['fused_dense_us']:>16.1f}"
-                     f"{e['speedup_vs_fused_dense']:>7.2f}x{e['baseline_us']:>14.1f}{e['speedup_vs_baseline']:>7.2f}x"
-                     f"{e['unfused_baseline_us']:>12.1f}{e['speedup_vs_unfused']:>7.2f}x{len(e['kernels']):>9}"
-                     f"  {e['file']}{check}")
+        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", f"{e['fused_dense_us']:.1f}",
+                     _times(e["speedup_vs_fused_dense"]), f"{e['baseline_us']:.1f}", _times(e["speedup_vs_baseline"]),
+                     f"{e['unfused_baseline_us']:.1f}", _times(e["speedup_vs_unfused"]), str(len(e["kernels"])),
+                     f"  {e['file']}{check}"])
+    table = columns(rows, _MODEL_COLUMNS)
+    lines.append(table[0])
+    for row, e in zip(table[1:], index["buckets"], strict=True):
+        lines.append(row)
         if e["speedup_vs_fused_dense"] < 1:
             lines.append(f"  {'':>7}note: at {e['tokens']} tokens the SVD MLP is predicted slower than nmmc's fused "
                          "dense MLP: compression buys no speed there")
