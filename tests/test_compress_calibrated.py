@@ -214,6 +214,8 @@ def test_cli_user_errors_are_one_line(tmp_path):
         (["--calibration", str(tmp_path / "missing.txt")], "not found"),
         (["--eval", str(tmp_path / "x.npy")], "not found"),
         (["--calibration", str(tmp_path / "acts.safetensors")], "not found"),
+        (["--calibration", str(tmp_path)], f"--calibration '{tmp_path}' is a directory, not a file"),
+        (["--eval", str(tmp_path)], f"--eval '{tmp_path}' is a directory, not a file"),
     ]
     np.save(tmp_path / "floats.npy", np.ones(10))
     cases.append((["--calibration", str(tmp_path / "floats.npy")], "must be integers"))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..io import write_text_atomic
+from ..io import check_input_file, write_text_atomic
 from .calibration import (
     DEFAULT_SEQUENCE,
     Calibration,
@@ -88,12 +88,11 @@ def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
         return None, None
     path = Path(request.calibration)
     if path.suffix == ".safetensors":
-        if not path.is_file():
-            raise InputError(f"calibration file not found: {path}")
+        check_input_file(path, "--calibration", "one .safetensors file of activations")
         model = model_loader()
         return calibration_from_activations(path, request.model_dir,
                                             inner_from=lambda layer, x: model.mlp(layer, x)[1]), None
-    ids = load_tokens(path, request.model_dir, request.calibration_tokens)
+    ids = load_tokens(path, request.model_dir, request.calibration_tokens, what="--calibration")
     model = model_loader()
     return calibrate(model, ids, source=f"{path.name}, {ids.size} tokens", length=request.sequence_length,
                      progress=None if progress is None else lambda d, t: progress("calibrating", d, t)), ids
@@ -202,7 +201,8 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
             loaded.append(CausalLM(request.model_dir))
         return loaded[0]
 
-    eval_ids = None if request.eval is None else load_tokens(request.eval, request.model_dir, request.eval_tokens)
+    eval_ids = None if request.eval is None else load_tokens(request.eval, request.model_dir, request.eval_tokens,
+                                                            what="--eval")
     calibration, calibration_ids = _calibration(request, model, progress)
     layer_ranks = record = front = point = None
     if request.choose_ranks or request.target_speedup is not None:
