@@ -247,6 +247,12 @@ def test_joint_rank_choice_end_to_end(tmp_path):
     assert front == sorted(front)
     again = read_manifest(tmp_path / "j")
     assert again.rank_choice == record and len(again.layer_ranks()) == LAYERS
+    # this tiny MLP at one token: the SVD MLP is predicted slower than dense, so every layer stays dense, and
+    # the run says so (it wrote the original weights back) with the reason
+    assert all(r["gate"] is None for r in again.layer_ranks())
+    said = [w for w in result.warnings if "kept every layer dense" in w]
+    assert len(said) == 1 and "original weights" in said[0]
+    assert "predicted slower than the fused dense MLP at token bucket 1 on trn1" in said[0]
     with pytest.raises(InputError, match="no choice of ranks"):
         run_compress(CompressRequest(**{**request.__dict__, "choose_ranks": False, "target_speedup": 1e6,
                                         "out_dir": str(tmp_path / "k")}))

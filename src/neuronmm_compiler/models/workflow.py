@@ -157,6 +157,27 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.nd
     return layer_ranks, record, front, point
 
 
+def all_dense_warning(request: CompressRequest, record: dict[str, Any]) -> str:
+    """What a joint rank choice that kept every layer dense says: that the output is the original
+    weights, and why (the SVD MLP predicted no faster than the dense one at the requested buckets)."""
+    latency = record["latency"]
+    where = (f"at token bucket{'s' if len(latency['buckets']) > 1 else ''} "
+             f"{','.join(map(str, latency['buckets']))} on {latency['target']}")
+    dense = record["dense"]["predicted_us"]
+    if request.target_speedup is not None:
+        why = (f"--target-speedup {request.target_speedup} allows the fused dense MLP's predicted latency "
+               f"({dense:.1f} us {where}), and dense is exact")
+    else:
+        uniform = record["uniform"]
+        why = (f"the SVD MLP is predicted slower than the fused dense MLP {where}: uniform ranks "
+               f"{'/'.join(map(str, uniform['ranks']))} {uniform['predicted_us']:.1f} us vs dense {dense:.1f} us "
+               "(summed over layers and buckets), so dense, which is exact, is the most accurate choice within "
+               "that latency")
+    return (f"--choose-ranks kept every layer dense: the output holds the original weights, uncompressed; {why}. "
+            "Compression buys no predicted speed there: choose larger token buckets (--tokens), or compress "
+            "without --choose-ranks")
+
+
 def load_factors(out_dir: str | Path, manifest: Manifest) -> dict[int, dict[str, Any]]:
     """Every layer's factors ``(u, v)`` (or dense ``W``) from a compression output directory."""
     from safetensors import safe_open
@@ -215,6 +236,8 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     warnings = []
     if calibration is None:
         warnings.append(PLAIN_SVD_WARNING)
+    if layer_ranks is not None and record is not None and all(r["gate"] is None for r in layer_ranks):
+        warnings.append(all_dense_warning(request, record))
     kept = manifest.kept_fraction
     if layer_ranks is None and (kept > 1.0 or abs(kept - request.keep_ratio) > 0.05):
         more = " -- more than the dense weights" if kept > 1.0 else ""
