@@ -344,6 +344,14 @@ def test_reports_of_a_search_and_of_a_lockfile(tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "lock" / "roofline.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "lock" / "summary.md").is_file()
+    # the same tune again is answered from the cache, which keeps no trials: no (empty) plots, and it says why
+    cached = run("tune", "--shape", "128x512x256", "--trials", "15", "--report",
+                 str(tmp_path / "cached"), "-o", str(tmp_path / "k2.py"))
+    assert cached.exit_code == 0 and "answered from the cache" in cached.output
+    assert sorted(p.name for p in (tmp_path / "cached").iterdir()) == ["summary.md"]
+    summary = (tmp_path / "cached" / "summary.md").read_text()
+    assert "no search ran, so there is nothing to plot" in summary and ".png" not in summary
+    assert "no plots, only summary.md" in cached.stderr and "--no-cache" in cached.stderr
 
 
 def test_tune_with_storage_resumes_the_study(tmp_path):

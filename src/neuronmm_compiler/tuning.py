@@ -214,6 +214,11 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         for line in tune_lines(tuned):
             echo(line)
         echo(f"wrote {output}")
+    if report_dir and from_cache:
+        from .artifacts.report import CACHED_NO_PLOTS
+
+        echo(f"nmmc: note: --report {report_dir}: no plots, only summary.md: this tune was {CACHED_NO_PLOTS}",
+             err=True)
     if report is not None and not as_json:  # with --json the result is in the "verify" field
         status = "verified" if report.ok else "VERIFICATION FAILED"
         rel = f"{report.rel_error:.3e}" if report.rel_error is not None else "n/a"
