@@ -98,16 +98,25 @@ def search_uncommitted(workload: Workload, request: TuneRequest,
 
 
 def record_study(workload: Workload, tuned: Tuned, request: TuneRequest) -> None:
-    """Tag the stored study with what it tuned, so ``nmmc report`` can rebuild its result."""
+    """Tag the stored study with what it tuned, so ``nmmc report`` can rebuild its result, and with this
+    run's wall time (the search's, this recording included: ``tuned.search.seconds`` grows by it)."""
+    import socket
+    import time
+
     import optuna
 
     from .search.storage import open_storage
+    from .search.tuner import SECONDS_ATTR
 
     assert request.storage is not None and tuned.search.study is not None
+    started = time.perf_counter()
     study = optuna.load_study(study_name=str(tuned.search.study["name"]), storage=open_storage(request.storage))
     study.set_user_attr("nmmc_workload", workload.to_dict())
     study.set_user_attr("nmmc_target", request.target.spec)
     study.set_user_attr("nmmc_dialect", request.dialect)
+    tuned.search.seconds += time.perf_counter() - started
+    run = f"{SECONDS_ATTR}{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
+    study.set_user_attr(run, round(tuned.search.seconds, 3))
 
 
 def study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]:

@@ -212,7 +212,7 @@ def _summary_md(result: TuneResult, target: Target, title: str, complete: bool) 
     search = [f"| search | {CACHED_NO_PLOTS} |"] if cached else [
         f"| method | {result.method} |", f"| trials | {result.trials} |",
         f"| evaluated | {result.evaluated} distinct schedules (space: {result.space_size}) |",
-        f"| feasible | {result.feasible} |", f"| search time | {result.seconds:.2f} s |"]
+        f"| feasible | {result.feasible} |", f"| search time | {result.time_note()} |"]
     lines = [f"# {title}", "", "| | |", "|---|---|",
              f"| target | {target.name} ({target.core}) |", *search,
              f"| best latency | **{best.latency_us:.2f} us** ({cost.bound}-bound; lower bound "
