@@ -359,3 +359,23 @@ def test_layer_costs_interpolate_the_measured_nll_increases(tmp_path):
     np.testing.assert_allclose(_interpolate(np.array([0.0, 1.0, 2.0, 4.0]), [(2.0, 1.0), (1.0, 3.0)]),
                                [0.0, 3.0, 3.0, 3.0])
     np.testing.assert_allclose(_interpolate(np.array([0.5, 3.0]), [(1.0, 1.0), (2.0, 3.0)]), [0.5, 5.0])
+
+
+def test_tune_model_quotes_the_measured_perplexity_change_next_to_its_speedups(tmp_path):
+    """An SVD MLP's speedup over dense is a lossy approximation against exact kernels: tune --model on a
+    compress output measured with --eval says so with the measured perplexity change (issue 28)."""
+    model_dir = make_llama(tmp_path / "m")
+    cal, ev = token_file(tmp_path / "cal.npy", 128, 5), token_file(tmp_path / "ev.npy", 128, 6)
+    runner = CliRunner()
+    compressed = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.5", "--align", "16",
+                                      "--calibration", str(cal), "--eval", str(ev), "--sequence-length", "64",
+                                      "-o", str(tmp_path / "out")])
+    assert compressed.exit_code == 0, compressed.output
+    q = read_manifest(tmp_path / "out").quality
+    tuned = runner.invoke(main, ["tune", "--model", str(tmp_path / "out"), "--tokens", "1", "--trials", "3",
+                                 "-o", str(tmp_path / "k")])
+    assert tuned.exit_code == 0, tuned.output
+    assert (f"speedups over the dense MLPs: the SVD changes the model's outputs: measured perplexity "
+            f"{q['perplexity_original']:.2f} -> {q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%})"
+            in tuned.output)
+    assert json.loads((tmp_path / "k" / "index.json").read_text())["quality"] == q

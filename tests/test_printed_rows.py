@@ -4,6 +4,7 @@ workload, columns that stay apart, and the provenance of every figure (issue 28)
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -53,3 +54,17 @@ def test_table_columns_stay_apart_for_large_values(tmp_path):
         assert float(low) < float(latency) < float(high), row
         assert bound.isalpha(), row
         assert "e+" not in row
+
+
+def test_svd_speedup_over_dense_says_it_is_an_approximation(tmp_path):
+    lossy = "speedup vs dense: "
+    for args in ((*MLP, "--rank", "128"), ("--shape", "64x512x256", "--rank", "128")):
+        out = run("tune", *args, "--trials", "3", "-o", str(tmp_path / "k.py"))
+        line = next(x for x in out.splitlines() if x.startswith(lossy))
+        assert "an approximation vs exact: the SVD changes the model's outputs" in line, line
+    dense = run("tune", *MLP, "--dense", "--trials", "3", "-o", str(tmp_path / "d.py"))
+    assert "approximation" not in dense
+    config = Path(__file__).parents[1] / "src" / "neuronmm_compiler" / "models" / "configs" / "llama-3.2-1b.json"
+    model = run("tune", "--model", str(config), "--keep-ratio", "0.8",
+                "--tokens", "1", "--trials", "3", "-o", str(tmp_path / "K"))
+    assert "speedups over the dense MLPs: the SVD changes the model's outputs; not measured" in model

@@ -154,6 +154,20 @@ def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target
             str(cost.sbuf_bytes_per_partition), str(cost.psum_banks), str(kernels or "")]
 
 
+#: Said next to a speedup of an SVD kernel over the dense computation: the two do not compute the same thing.
+LOSSY = "an approximation vs exact: the SVD changes the model's outputs"
+
+
+def quality_note(quality: dict[str, Any] | None) -> str:
+    """What the SVD does to the model, as measured by ``nmmc compress --eval`` (or that it was not)."""
+    if not quality:
+        return ("the SVD changes the model's outputs; not measured for these ranks (nmmc compress --eval "
+                "measures the perplexity change)")
+    return (f"the SVD changes the model's outputs: measured perplexity {quality['perplexity_original']:.2f} -> "
+            f"{quality['perplexity_compressed']:.2f} ({quality['perplexity_increase']:+.1%}) on "
+            f"{quality['tokens']} held-out tokens ({quality['source']})")
+
+
 def tune_lines(tuned: Tuned) -> list[str]:
     """``nmmc tune``: the search, the tuned kernel next to every baseline, speedups, the schedule."""
     c, s = tuned.compiled, tuned.search
@@ -171,7 +185,9 @@ def tune_lines(tuned: Tuned) -> list[str]:
     ]
     for name, speedup in tuned.speedups().items():
         label = f"speedup vs {tuned.baselines[name].speedup_label}"
-        lines.append(f"{label}: {speedup:.2f}x" if speedup else f"{label}: n/a (baseline not modelled or does not fit)")
+        lossy = f" ({LOSSY})" if name == "dense" and c.workload.svd else ""
+        lines.append(f"{label}: {speedup:.2f}x{lossy}" if speedup
+                     else f"{label}: n/a (baseline not modelled or does not fit)")
     lines.append(f"schedule: {c.schedule.describe()}")
     if len(c.programs) > 1:
         for program, cost in zip(c.programs, c.kernel_costs, strict=True):
@@ -270,7 +286,8 @@ def model_lines(source: Any, index: dict[str, Any], target_name: str, output: st
     ranks = "/".join(str(r) for r in index["ranks"].values())
     lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target_name}",
              "  predicted by nmmc's cost model (not measured); 'fused dense' is nmmc's own fused dense MLP, "
-             "'AWS dense' AWS's kernel per matmul"]
+             "'AWS dense' AWS's kernel per matmul",
+             f"  speedups over the dense MLPs: {quality_note(index.get('quality'))}"]
     rows = [["tokens", "SVD us", "fused dense us", "vs it", "AWS dense us", "vs it", "unfused us", "vs it", "kernels",
              "  file"]]
     for e in index["buckets"]:
