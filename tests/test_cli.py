@@ -344,6 +344,14 @@ def test_reports_of_a_search_and_of_a_lockfile(tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "lock" / "roofline.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "lock" / "summary.md").is_file()
+    # the same tune again is answered from the cache, which keeps no trials: no (empty) plots, and it says why
+    cached = run("tune", "--shape", "128x512x256", "--trials", "15", "--report",
+                 str(tmp_path / "cached"), "-o", str(tmp_path / "k2.py"))
+    assert cached.exit_code == 0 and "answered from the cache" in cached.output
+    assert sorted(p.name for p in (tmp_path / "cached").iterdir()) == ["summary.md"]
+    summary = (tmp_path / "cached" / "summary.md").read_text()
+    assert "no search ran, so there is nothing to plot" in summary and ".png" not in summary
+    assert "no plots, only summary.md" in cached.stderr and "--no-cache" in cached.stderr
 
 
 def test_tune_with_storage_resumes_the_study(tmp_path):
@@ -409,6 +417,10 @@ def test_report_of_a_study_runs_no_trial(tmp_path, monkeypatch):
     summary = (tmp_path / "plots" / "summary.md").read_text()
     assert "| method | optuna |" in summary and "| trials | 12 |" in summary
     assert f"**{json.loads(tuned.output)['predicted']['latency_us']:.2f} us**" in summary
+    # the search time stated is the one 'nmmc tune' measured (storage included), not the rebuild's (issue 28)
+    seconds = json.loads(tuned.output)["search"]["seconds"]
+    assert f"| search time | {seconds:.2f} s (wall time of the 'nmmc tune' runs" in summary
+    assert "rebuilt from the study in" in summary
 
 
 def test_the_cache_key_includes_the_search_request(tmp_path):

@@ -214,6 +214,8 @@ def test_cli_user_errors_are_one_line(tmp_path):
         (["--calibration", str(tmp_path / "missing.txt")], "not found"),
         (["--eval", str(tmp_path / "x.npy")], "not found"),
         (["--calibration", str(tmp_path / "acts.safetensors")], "not found"),
+        (["--calibration", str(tmp_path)], f"--calibration '{tmp_path}' is a directory, not a file"),
+        (["--eval", str(tmp_path)], f"--eval '{tmp_path}' is a directory, not a file"),
     ]
     np.save(tmp_path / "floats.npy", np.ones(10))
     cases.append((["--calibration", str(tmp_path / "floats.npy")], "must be integers"))
@@ -245,6 +247,12 @@ def test_joint_rank_choice_end_to_end(tmp_path):
     assert front == sorted(front)
     again = read_manifest(tmp_path / "j")
     assert again.rank_choice == record and len(again.layer_ranks()) == LAYERS
+    # this tiny MLP at one token: the SVD MLP is predicted slower than dense, so every layer stays dense, and
+    # the run says so (it wrote the original weights back) with the reason
+    assert all(r["gate"] is None for r in again.layer_ranks())
+    said = [w for w in result.warnings if "kept every layer dense" in w]
+    assert len(said) == 1 and "original weights" in said[0]
+    assert "predicted slower than the fused dense MLP at token bucket 1 on trn1" in said[0]
     with pytest.raises(InputError, match="no choice of ranks"):
         run_compress(CompressRequest(**{**request.__dict__, "choose_ranks": False, "target_speedup": 1e6,
                                         "out_dir": str(tmp_path / "k")}))
@@ -351,3 +359,23 @@ def test_layer_costs_interpolate_the_measured_nll_increases(tmp_path):
     np.testing.assert_allclose(_interpolate(np.array([0.0, 1.0, 2.0, 4.0]), [(2.0, 1.0), (1.0, 3.0)]),
                                [0.0, 3.0, 3.0, 3.0])
     np.testing.assert_allclose(_interpolate(np.array([0.5, 3.0]), [(1.0, 1.0), (2.0, 3.0)]), [0.5, 5.0])
+
+
+def test_tune_model_quotes_the_measured_perplexity_change_next_to_its_speedups(tmp_path):
+    """An SVD MLP's speedup over dense is a lossy approximation against exact kernels: tune --model on a
+    compress output measured with --eval says so with the measured perplexity change (issue 28)."""
+    model_dir = make_llama(tmp_path / "m")
+    cal, ev = token_file(tmp_path / "cal.npy", 128, 5), token_file(tmp_path / "ev.npy", 128, 6)
+    runner = CliRunner()
+    compressed = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.5", "--align", "16",
+                                      "--calibration", str(cal), "--eval", str(ev), "--sequence-length", "64",
+                                      "-o", str(tmp_path / "out")])
+    assert compressed.exit_code == 0, compressed.output
+    q = read_manifest(tmp_path / "out").quality
+    tuned = runner.invoke(main, ["tune", "--model", str(tmp_path / "out"), "--tokens", "1", "--trials", "3",
+                                 "-o", str(tmp_path / "k")])
+    assert tuned.exit_code == 0, tuned.output
+    assert (f"speedups over the dense MLPs: the SVD changes the model's outputs: measured perplexity "
+            f"{q['perplexity_original']:.2f} -> {q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%})"
+            in tuned.output)
+    assert json.loads((tmp_path / "k" / "index.json").read_text())["quality"] == q

@@ -90,7 +90,7 @@ def test_a_split_that_does_not_divide_is_infeasible_with_the_reason(m, schedule,
 def test_lnc_split_on_one_core_is_refused_and_resolved_to_none():
     from neuronmm_compiler.driver import compile_workload
 
-    with pytest.raises(ScheduleError, match="LNC=1|runs one program"):
+    with pytest.raises(ScheduleError, match="runs one program"):
         compile_workload(gemm_workload(256, 512, 128), target=get_target("trn2"), params={"lnc_split": "m"})
     compiled = compile_workload(gemm_workload(256, 512, 128), target=get_target("trn2"))
     assert compiled.schedule.lnc_split == "none" and "program_id" not in compiled.kernel.source

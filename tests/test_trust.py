@@ -82,3 +82,45 @@ def test_targets_say_where_their_parameters_come_from_and_how_far_to_trust_them(
     for name, lines in blocks.items():
         assert f"  parameters             {PROVENANCE[name]}" in lines
         assert f"  model error            {trust_note(get_target(name))}" in lines
+
+
+def _doc_texts():
+    return [(path.name, " ".join(path.read_text(encoding="utf-8").split()))
+            for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+
+
+def test_every_doc_quotes_the_model_error_of_trust_py():
+    """A doc quoting the model's error ("typically x1.53, worst x3.96", in any spelling of x) quotes
+    one target's figures of trust.py (docs/tensor-parallel.md quoted a stale x1.25 / x1.51)."""
+    import re
+
+    from neuronmm_compiler.cost_model.trust import figures
+
+    pairs = {(e.typical[1:], e.worst[1:]) for e in MODEL_ERROR.values()}
+    typical = {t for t, _ in pairs}
+    found = 0
+    for name, text in _doc_texts():
+        for a, b in re.findall(r"typically (?:within )?[x×](\d+\.\d+),? (?:worst )?[x×](\d+\.\d+)", text):
+            assert (a, b) in pairs, f"{name} quotes x{a} / x{b}; trust.py says {[figures(t) for t in MODEL_ERROR]}"
+            found += 1
+        for a in re.findall(r"[x×](\d+\.\d+) typically", text):
+            assert a in typical, f"{name} quotes a typical x{a}"
+    assert found >= 3
+
+
+def test_fused_workloads_say_the_band_was_validated_on_gemms(tmp_path):
+    """The published measurements are all of GEMM kernels: fused chains and MLPs say so next to the band."""
+    from neuronmm_compiler.cost_model.trust import FUSED_CAVEAT
+
+    runner = CliRunner()
+    mlp = ["--mlp", "--tokens", "16", "--hidden", "256", "--intermediate", "512", "--rank", "128"]
+    for args in (["tune", *mlp, "--trials", "5", "-o", str(tmp_path / "m.py")],
+                 ["tune", "--shape", "64x512x256", "--rank", "128", "--trials", "5", "-o", str(tmp_path / "c.py")],
+                 ["cost", *mlp], ["explain", *mlp], ["emit", *mlp, "-o", str(tmp_path / "e.py")]):
+        out = runner.invoke(main, args, catch_exceptions=False).output
+        assert FUSED_CAVEAT in out, args
+    cost = json.loads(runner.invoke(main, ["cost", *mlp, "--json"], catch_exceptions=False).output)
+    assert cost["model_error"]["validated_on"] == "gemm" and FUSED_CAVEAT in cost["model_error"]["note"]
+    gemm = runner.invoke(main, ["tune", "--shape", "128x512x256", "--trials", "5", "-o", str(tmp_path / "g.py")],
+                         catch_exceptions=False).output
+    assert "published trn1 measurements" in gemm and FUSED_CAVEAT not in gemm

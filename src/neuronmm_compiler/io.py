@@ -32,8 +32,8 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["atomic_path", "check_output_dir", "check_output_file", "final_path", "stale_temp_files", "temp_name",
-           "write_bytes_atomic", "write_output", "write_text_atomic"]
+__all__ = ["atomic_path", "check_input_file", "check_output_dir", "check_output_file", "final_path", "stale_temp_files",
+           "temp_name", "write_bytes_atomic", "write_output", "write_text_atomic"]
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
@@ -57,6 +57,22 @@ def final_path(path: str | Path) -> Path:
         raise InputError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(mode):
         raise InputError(f"cannot write {str(path)!r}: it is {_kind(mode)}, not a regular file")
+    return path
+
+
+def check_input_file(path: str | Path, what: str, expected: str = "a file") -> Path:
+    """``path`` (followed through symbolic links) is a regular file to read; otherwise an InputError naming
+    ``what`` (e.g. ``--calibration``) and saying what the path is instead (missing, a directory, a FIFO...)
+    and what was ``expected``."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(f"{what} file not found: {path}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{what} {str(path)!r} is {_kind(mode)}, not a file: give {expected}")
     return path
 
 

@@ -41,6 +41,7 @@ class ModelSource:
     ranks: tuple[int, int, int]
     keep_ratio: float | None
     ranks_from: str  # "manifest" or "formula"
+    quality: dict[str, Any] | None = None  # the manifest's measured quality (nmmc compress --eval), if any
 
 
 def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128) -> ModelSource:
@@ -57,7 +58,8 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128) 
         if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
             raise InputError(f"{p} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
                              f"{manifest.keep_ratio}")
-        return ModelSource(manifest.model, (r["gate"], r["up"], r["down"]), manifest.keep_ratio, "manifest")
+        return ModelSource(manifest.model, (r["gate"], r["up"], r["down"]), manifest.keep_ratio, "manifest",
+                           dict(manifest.quality) if manifest.quality else None)
     if not p.exists():
         raise InputError(f"model not found: {p} (give a model directory, its config.json, or an 'nmmc compress' "
                          "output directory)")
@@ -130,6 +132,7 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
         "keep_ratio": source.keep_ratio,
         "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
         "ranks_from": source.ranks_from,
+        "quality": source.quality,  # measured by nmmc compress --eval (None: the SVD's effect was not measured)
         "target": target.name,
         "dialect": dialect,
         "buckets": [_bucket_entry(r) for r in results],

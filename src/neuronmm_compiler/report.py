@@ -13,13 +13,19 @@ from .cost_model import CostReport
 from .cost_model.formulas import symbolic
 from .cost_model.trust import trust_dict, trust_note, typical_range
 from .driver import Compiled, Costed, Lowered, Tuned
-from .frontends.workloads import Workload
+from .frontends.workloads import GemmWorkload, Workload
 from .ir import to_text
 from .targets import Target, get_target
 
 
 def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
+
+
+def _fused(workload: Workload) -> bool:
+    """True when ``workload`` compiles to fused kernels (anything but a plain GEMM), whose latencies the
+    published measurements (all of GEMM kernels) do not cover."""
+    return not isinstance(workload, GemmWorkload)
 
 
 def cost_lines(cost: CostReport) -> list[str]:
@@ -100,7 +106,7 @@ def emit_lines(compiled: Compiled, output: str) -> list[str]:
             f"  target {compiled.target.name}, dialect {compiled.dialect}, schedule {compiled.schedule_name}",
             f"  {footprint}",
             f"  predicted {compiled.cost.latency_us:.1f} us ({compiled.cost.bound}-bound; cost model "
-            f"{trust_note(compiled.target)})"]
+            f"{trust_note(compiled.target, _fused(compiled.workload))})"]
 
 
 def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str]:
@@ -108,7 +114,7 @@ def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str
     lines = [f"{workload.describe()} on {target.name}",
              f"schedule {costed.schedule_name}: {costed.schedule.describe()}"]
     lines += [f"  {line}" for line in cost_lines(costed.cost)]
-    lines.append(f"  model error      {trust_note(target)}")
+    lines.append(f"  model error      {trust_note(target, _fused(workload))}")
     if len(costed.programs) > 1:
         for program, cost in zip(costed.programs, costed.kernel_costs, strict=True):
             lines += [f"kernel {program.name}:", *(f"  {line}" for line in cost_lines(cost))]
@@ -117,27 +123,58 @@ def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str
 
 def cost_json(workload: Workload, target: Target, costed: Costed) -> dict[str, Any]:
     data = {"workload": workload.describe(), "target": target.name, "schedule": costed.schedule.as_dict(),
-            **costed.cost.as_dict(), "model_error": trust_dict(target)}
+            **costed.cost.as_dict(), "model_error": trust_dict(target, _fused(workload))}
     if len(costed.programs) > 1:
         data["kernels"] = [{"name": p.name, **c.as_dict()} for p, c in zip(costed.programs, costed.kernel_costs,
                                                                            strict=True)]
     return data
 
 
+def columns(rows: list[list[str]], specs: list[tuple[int, str]], indent: str = "  ") -> list[str]:
+    """Rows of cells as text columns: each spec ``(width, "<" or ">")`` is a column's least width and
+    alignment; a column widens to its longest cell plus one space, so no two cells ever run together
+    (a row may have fewer cells than there are columns)."""
+    widths = [max([width, *(len(row[i]) + 1 for row in rows if i < len(row))]) for i, (width, _) in enumerate(specs)]
+    return [(indent + "".join(f"{cell:{specs[i][1]}{widths[i]}}" for i, cell in enumerate(row))).rstrip()
+            for row in rows]
+
+
+def _g(value: float) -> str:
+    """Four significant digits, without an exponent for the values a table holds (``1.075e+06`` -> ``1075000``)."""
+    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+
+
 def _band(cost: CostReport, target: Target) -> str:
     """The prediction's typical range (cost_model.trust), e.g. ``101-115``; ``-`` where not validated."""
     band = typical_range(cost.latency_us, target) if cost.feasible else None
-    return f"{band[0]:.4g}-{band[1]:.4g}" if band is not None else "-"
+    return f"{_g(band[0])}-{_g(band[1])}" if band is not None else "-"
 
 
-def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target) -> str:
+#: The columns of ``nmmc tune``'s table: (least width, alignment).
+_TUNE_COLUMNS = [(34, "<"), (12, ">"), (16, ">"), (11, "<"), (9, ">"), (8, ">"), (13, ">"), (6, ">"), (9, ">")]
+
+
+def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target) -> list[str]:
     if cost is None:
-        return f"  {name:<34}{'(not modelled)':>12}"
-    lat = f"{cost.latency_us:12.2f}" if cost.feasible else f"{'(no fit)':>12}"
+        return [name, "(not modelled)"]
+    lat = f"{cost.latency_us:.2f}" if cost.feasible else "(no fit)"
     hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
-    return (f"  {name:<34}{lat}{_band(cost, target):>16}  {cost.bound:<9}{hbm:9.2f}{cost.dma_transfers:8d}"
-            f"{cost.sbuf_bytes_per_partition:13d}"
-            f"{cost.psum_banks:6d}{kernels or '':>9}")
+    return [name, lat, _band(cost, target), f"  {cost.bound}", f"{hbm:.2f}", str(cost.dma_transfers),
+            str(cost.sbuf_bytes_per_partition), str(cost.psum_banks), str(kernels or "")]
+
+
+#: Said next to a speedup of an SVD kernel over the dense computation: the two do not compute the same thing.
+LOSSY = "an approximation vs exact: the SVD changes the model's outputs"
+
+
+def quality_note(quality: dict[str, Any] | None) -> str:
+    """What the SVD does to the model, as measured by ``nmmc compress --eval`` (or that it was not)."""
+    if not quality:
+        return ("the SVD changes the model's outputs; not measured for these ranks (nmmc compress --eval "
+                "measures the perplexity change)")
+    return (f"the SVD changes the model's outputs: measured perplexity {quality['perplexity_original']:.2f} -> "
+            f"{quality['perplexity_compressed']:.2f} ({quality['perplexity_increase']:+.1%}) on "
+            f"{quality['tokens']} held-out tokens ({quality['source']})")
 
 
 def tune_lines(tuned: Tuned) -> list[str]:
@@ -148,17 +185,18 @@ def tune_lines(tuned: Tuned) -> list[str]:
         f"search: {s.method}, {s.trials} trials, {s.evaluated} schedules costed ({s.feasible} fit) "
         f"of {s.space_size}, {s.seconds:.2f} s",
         "",
-        f"  {'':<34}{'latency us':>12}{'typical range':>16}  {'bound':<9}{'HBM MiB':>9}{'DMAs':>8}"
-        f"{'SBUF B/part':>13}{'PSUM':>6}{'kernels':>9}",
-        _row("nmmc tuned", c.cost, len(c.programs), c.target),
-        *(_row(b.label, b.cost, None, c.target) for b in tuned.baselines.values()),
-        f"  latencies and speedups are the cost model's: {trust_note(c.target)}; the typical range is the "
-        f"latency within that typical factor",
+        *columns([["", "latency us", "typical range", "  bound", "HBM MiB", "DMAs", "SBUF B/part", "PSUM", "kernels"],
+                  _row("nmmc tuned", c.cost, len(c.programs), c.target),
+                  *(_row(b.label, b.cost, None, c.target) for b in tuned.baselines.values())], _TUNE_COLUMNS),
+        f"  latencies and speedups are the cost model's: {trust_note(c.target, _fused(c.workload))}; the typical "
+        "range is the latency within that typical factor",
         "",
     ]
     for name, speedup in tuned.speedups().items():
         label = f"speedup vs {tuned.baselines[name].speedup_label}"
-        lines.append(f"{label}: {speedup:.2f}x" if speedup else f"{label}: n/a (baseline not modelled or does not fit)")
+        lossy = f" ({LOSSY})" if name == "dense" and c.workload.svd else ""
+        lines.append(f"{label}: {speedup:.2f}x{lossy}" if speedup
+                     else f"{label}: n/a (baseline not modelled or does not fit)")
     lines.append(f"schedule: {c.schedule.describe()}")
     if len(c.programs) > 1:
         for program, cost in zip(c.programs, c.kernel_costs, strict=True):
@@ -183,7 +221,7 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
         "baselines": {name: None if b.cost is None else {"computation": b.label, **b.cost.as_dict()}
                       for name, b in tuned.baselines.items()},
         "speedups": tuned.speedups(),
-        "model_error": trust_dict(c.target),
+        "model_error": trust_dict(c.target, _fused(c.workload)),
         "typical_range_us": typical_range(c.cost.latency_us, c.target),
         "search": {**tuned.search.search_summary(), "cached": tuned.search.method == "cache"},
         "top": [{"latency_us": cand.latency_us, "schedule": cand.schedule.as_dict()} for cand in tuned.search.top],
@@ -194,10 +232,22 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
     return data
 
 
-def explain_lines(compiled: Compiled) -> list[str]:
-    """The IR after each pass, every kernel's subgraph, loop nest and cost formulas with numbers."""
+def explain_heading(compiled: Compiled, tuned: bool, given: bool) -> str:
+    """``nmmc explain``'s first line: which schedule it explains (the tuned one, the one the options gave,
+    or the default) and, unless it is the tuned one, that ``nmmc tune`` reports another and how to see it."""
+    what = f"schedule {compiled.schedule_name}, predicted {compiled.cost.latency_us:.1f} us"
+    if tuned:
+        return f"explaining the tuned {what}: the schedule 'nmmc tune' searches for (same trials and seed)"
+    origin = "as given by --schedule/--param/--pipeline" if given else "the default, not tuned"
+    return (f"explaining {what} ({origin}); 'nmmc tune' reports the tuned schedule, usually faster: "
+            "add --tuned to explain that one")
+
+
+def explain_lines(compiled: Compiled, heading: str | None = None) -> list[str]:
+    """``heading`` (:func:`explain_heading`), then the IR after each pass, every kernel's subgraph, loop
+    nest and cost formulas with numbers."""
     lowered = compiled.lowered
-    lines = _pass_lines(lowered)
+    lines = ([heading, ""] if heading else []) + _pass_lines(lowered)
     lines += ["", f"== workload: {compiled.workload.describe()}",
               f"== lowering: {compiled.kind}",
               f"== schedule {compiled.schedule_name}: {compiled.schedule.describe()}"]
@@ -210,7 +260,7 @@ def explain_lines(compiled: Compiled) -> list[str]:
                   *cost_lines(cost)]
     if len(compiled.programs) > 1:
         lines += ["", "== whole graph", *cost_lines(compiled.cost)]
-    lines += ["", f"== model error on {compiled.target.name}: {trust_note(compiled.target)}"]
+    lines += ["", f"== model error on {compiled.target.name}: {trust_note(compiled.target, _fused(compiled.workload))}"]
     return lines
 
 
@@ -230,6 +280,15 @@ def schedules_lines(workload: Workload, target: Target, rows: list[dict[str, Any
     return lines
 
 
+#: The columns of ``nmmc tune --model``'s table: (least width, alignment).
+_MODEL_COLUMNS = [(7, ">"), (9, ">"), (16, ">"), (8, ">"), (14, ">"), (8, ">"), (12, ">"), (8, ">"), (9, ">"),
+                  (0, "<")]
+
+
+def _times(speedup: float) -> str:
+    return f"{speedup:.2f}x"
+
+
 def model_lines(source: Any, index: dict[str, Any], target_name: str, output: str) -> list[str]:
     """``nmmc tune --model``: one row per token bucket (cost-model predictions). The first speedup is
     over nmmc's own fused dense MLP, the honest alternative; then over AWS's per-matmul kernels."""
@@ -237,19 +296,24 @@ def model_lines(source: Any, index: dict[str, Any], target_name: str, output: st
     lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target_name}",
              "  predicted by nmmc's cost model (not measured); 'fused dense' is nmmc's own fused dense MLP, "
              "'AWS dense' AWS's kernel per matmul",
-             f"  {'tokens':>7}{'SVD us':>9}{'fused dense us':>16}{'vs it':>8}{'AWS dense us':>14}{'vs it':>8}"
-             f"{'unfused us':>12}{'vs it':>8}{'kernels':>9}  file"]
+             f"  speedups over the dense MLPs: {quality_note(index.get('quality'))}"]
+    rows = [["tokens", "SVD us", "fused dense us", "vs it", "AWS dense us", "vs it", "unfused us", "vs it", "kernels",
+             "  file"]]
     for e in index["buckets"]:
         check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
-        lines.append(f"  {e['tokens']:>7}{e['predicted_us']:>9.1f}{e['fused_dense_us']:>16.1f}"
-                     f"{e['speedup_vs_fused_dense']:>7.2f}x{e['baseline_us']:>14.1f}{e['speedup_vs_baseline']:>7.2f}x"
-                     f"{e['unfused_baseline_us']:>12.1f}{e['speedup_vs_unfused']:>7.2f}x{len(e['kernels']):>9}"
-                     f"  {e['file']}{check}")
+        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", f"{e['fused_dense_us']:.1f}",
+                     _times(e["speedup_vs_fused_dense"]), f"{e['baseline_us']:.1f}", _times(e["speedup_vs_baseline"]),
+                     f"{e['unfused_baseline_us']:.1f}", _times(e["speedup_vs_unfused"]), str(len(e["kernels"])),
+                     f"  {e['file']}{check}"])
+    table = columns(rows, _MODEL_COLUMNS)
+    lines.append(table[0])
+    for row, e in zip(table[1:], index["buckets"], strict=True):
+        lines.append(row)
         if e["speedup_vs_fused_dense"] < 1:
             lines.append(f"  {'':>7}note: at {e['tokens']} tokens the SVD MLP is predicted slower than nmmc's fused "
                          "dense MLP: compression buys no speed there")
     count = len(index["buckets"])
-    lines.append(f"latencies are the cost model's: {trust_note(get_target(target_name))}")
+    lines.append(f"latencies are the cost model's: {trust_note(get_target(target_name), fused=True)}")
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
     return lines
 

@@ -98,16 +98,25 @@ def search_uncommitted(workload: Workload, request: TuneRequest,
 
 
 def record_study(workload: Workload, tuned: Tuned, request: TuneRequest) -> None:
-    """Tag the stored study with what it tuned, so ``nmmc report`` can rebuild its result."""
+    """Tag the stored study with what it tuned, so ``nmmc report`` can rebuild its result, and with this
+    run's wall time (the search's, this recording included: ``tuned.search.seconds`` grows by it)."""
+    import socket
+    import time
+
     import optuna
 
     from .search.storage import open_storage
+    from .search.tuner import SECONDS_ATTR
 
     assert request.storage is not None and tuned.search.study is not None
+    started = time.perf_counter()
     study = optuna.load_study(study_name=str(tuned.search.study["name"]), storage=open_storage(request.storage))
     study.set_user_attr("nmmc_workload", workload.to_dict())
     study.set_user_attr("nmmc_target", request.target.spec)
     study.set_user_attr("nmmc_dialect", request.dialect)
+    tuned.search.seconds += time.perf_counter() - started
+    run = f"{SECONDS_ATTR}{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
+    study.set_user_attr(run, round(tuned.search.seconds, 3))
 
 
 def study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]:
@@ -214,6 +223,11 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         for line in tune_lines(tuned):
             echo(line)
         echo(f"wrote {output}")
+    if report_dir and from_cache:
+        from .artifacts.report import CACHED_NO_PLOTS
+
+        echo(f"nmmc: note: --report {report_dir}: no plots, only summary.md: this tune was {CACHED_NO_PLOTS}",
+             err=True)
     if report is not None and not as_json:  # with --json the result is in the "verify" field
         status = "verified" if report.ok else "VERIFICATION FAILED"
         rel = f"{report.rel_error:.3e}" if report.rel_error is not None else "n/a"

@@ -200,16 +200,21 @@ def _roofline_png(result: TuneResult, cands: list[Candidate], target: Target, dt
     return save_png(fig, path)
 
 
+#: Why a report of a search answered from the result cache has no plots (``summary.md`` and ``nmmc tune`` say it).
+CACHED_NO_PLOTS = ("answered from nmmc's result cache, which keeps the chosen schedule, not the search's trials: "
+                   "no search ran, so there is nothing to plot (rerun with --no-cache to search again and plot it)")
+
+
 def _summary_md(result: TuneResult, target: Target, title: str, complete: bool) -> str:
     best = result.best
     cost = best.cost
+    cached = result.method == "cache"
+    search = [f"| search | {CACHED_NO_PLOTS} |"] if cached else [
+        f"| method | {result.method} |", f"| trials | {result.trials} |",
+        f"| evaluated | {result.evaluated} distinct schedules (space: {result.space_size}) |",
+        f"| feasible | {result.feasible} |", f"| search time | {result.time_note()} |"]
     lines = [f"# {title}", "", "| | |", "|---|---|",
-             f"| target | {target.name} ({target.core}) |",
-             f"| method | {result.method} |",
-             f"| trials | {result.trials} |",
-             f"| evaluated | {result.evaluated} distinct schedules (space: {result.space_size}) |",
-             f"| feasible | {result.feasible} |",
-             f"| search time | {result.seconds:.2f} s |",
+             f"| target | {target.name} ({target.core}) |", *search,
              f"| best latency | **{best.latency_us:.2f} us** ({cost.bound}-bound; lower bound "
              f"{cost.lower_bound_us:.2f} us) |",
              f"| throughput | {tflops(cost):.2f} TFLOP/s at {cost.arithmetic_intensity:.1f} FLOP/B |",
@@ -221,6 +226,8 @@ def _summary_md(result: TuneResult, target: Target, title: str, complete: bool) 
              f"{c.cost.arithmetic_intensity:.1f}", *(str(schedule_params(c.schedule).get(n, "")) for n in names)]
             for i, c in enumerate(result.top, 1)]
     lines += param_table(rows, ["#", "latency (us)", "bound", "TFLOP/s", "FLOP/B", *names])
+    if cached:
+        return "\n".join([*lines, "", "## Plots", "", f"None: {CACHED_NO_PLOTS}.", ""])
     note = "" if complete else " Only the top-k schedules were available: the per-schedule points are missing."
     lines += ["", "## Plots", "", f"Optimization history.{note}", "", "![Optimization history](history.png)", "",
               "Parameter importance (Optuna's PED-ANOVA over log latency: what separates the fastest schedules).", "",
@@ -233,7 +240,8 @@ def _summary_md(result: TuneResult, target: Target, title: str, complete: bool) 
 def write_report(result: TuneResult, *, target: Target, out_dir: Path | str, title: str,
                  candidates: Sequence[Candidate] | None = None, dtype: str | None = None) -> list[Path]:
     """Write ``history.png``, ``importance.png``, ``roofline.png`` and ``summary.md`` into ``out_dir``
-    (created if missing); return their paths in that order.
+    (created if missing); return their paths in that order. A result answered from the result cache
+    (method ``cache``) ran no trial: only ``summary.md`` is written, saying so.
 
     ``candidates`` are every evaluated schedule, in evaluation order (a TuneResult only keeps the
     top-k; a ``candidates`` attribute on it is used when present). Without them the history shows the
@@ -243,6 +251,8 @@ def write_report(result: TuneResult, *, target: Target, out_dir: Path | str, tit
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cands, complete = _candidates(result, candidates)
+    if result.method == "cache":  # no trials: summary.md only, saying why (CACHED_NO_PLOTS)
+        return [write_md(out / "summary.md", _summary_md(result, target, title, complete))]
     dtype = dtype or infer_dtype(result.best.cost, target)
     return [
         _history_png(result, cands, complete, out / "history.png"),

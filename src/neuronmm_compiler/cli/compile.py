@@ -171,14 +171,14 @@ def explain(schedule_name: str | None, params: tuple[str, ...], pipeline: str | 
     wrote), each kernel's loop nest, and the cost model's formulas with the schedule's numbers."""
     from ..driver import compile_workload
     from ..driver import tune as run_search
-    from ..report import explain_lines
+    from ..report import explain_heading, explain_lines
 
     wl, tgt = compile_inputs(options, target)
     if tuned and (schedule_name or params or pipeline):
         raise InputError("--tuned picks the schedule itself: drop --schedule/--param/--pipeline")
     compiled = (run_search(wl, target=tgt, seed=seed).compiled if tuned else
                 compile_workload(wl, target=tgt, preset=schedule_name, params=parse_params(params), pipeline=pipeline))
-    echo_lines(explain_lines(compiled))
+    echo_lines(explain_lines(compiled, explain_heading(compiled, tuned, bool(schedule_name or params or pipeline))))
 
 
 @click.command()

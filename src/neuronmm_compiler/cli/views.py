@@ -15,12 +15,12 @@ if TYPE_CHECKING:
     from ..frontends.workloads import Workload
 
 
-def trust_note(target: Target) -> str:
+def trust_note(target: Target, fused: bool = False) -> str:
     """:func:`neuronmm_compiler.cost_model.trust.trust_note`, imported on first use (the views are
     imported by every command, ``--help`` included; the cost model is not)."""
     from ..cost_model.trust import trust_note as note
 
-    return note(target)
+    return note(target, fused)
 
 
 def echo_lines(lines: Iterable[str]) -> None:
@@ -109,7 +109,7 @@ def rank_choice_lines(record: Mapping[str, Any]) -> list[str]:
     lines = [f"  rank choice: {record['objective']}",
              f"  predicted MLP latency, all layers, summed over token buckets {buckets} on "
              f"{record['latency']['target']} (cost-model prediction, not a measurement; "
-             f"{trust_note(get_target(record['latency']['target']))}):",
+             f"{trust_note(get_target(record['latency']['target']), fused=True)}):",
              f"    fused dense {record['dense']['predicted_us']:.1f} us"
              + (f", uniform ranks {record['uniform']['predicted_us']:.1f} us (proxy {record['uniform']['loss']:.4f})"
                 if record.get("uniform") else "")

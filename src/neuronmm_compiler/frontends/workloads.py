@@ -48,6 +48,12 @@ class Workload(ABC):
     def fields_dict(self) -> dict[str, Any]:
         """The kind's own fields as plain JSON values (see :meth:`to_dict`)."""
 
+    @property
+    def svd(self) -> bool:
+        """True when :meth:`graph` is a low-rank (SVD) approximation of :meth:`dense_graph`: it
+        computes something else than the dense computation it is compared with."""
+        return False
+
     def to_dict(self) -> dict[str, Any]:
         """The fields that rebuild this workload, as plain JSON values (``kind`` and ``dtype`` first)."""
         return {"kind": self.kind, "dtype": self.dtype, **self.fields_dict()}
@@ -125,6 +131,10 @@ class ChainWorkload(Workload):
     def fields_dict(self) -> dict[str, Any]:
         return {"m": self.m, "n": self.n, "k": self.k, "a_layout": self.a_layout, "rank": self.rank}
 
+    @property
+    def svd(self) -> bool:
+        return True
+
 
 @dataclass(frozen=True)
 class MlpWorkload(Workload):
@@ -155,6 +165,10 @@ class MlpWorkload(Workload):
     def fields_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "hidden": self.hidden, "intermediate": self.intermediate,
                 "ranks": None if self.ranks is None else list(self.ranks)}
+
+    @property
+    def svd(self) -> bool:
+        return self.ranks is not None
 
 
 @dataclass(frozen=True)

@@ -214,8 +214,11 @@ class FusedLowering(Lowering):
                                         unfused)}
         dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM,
                              dma_transpose=dma_transpose)
-        unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK, dma_transpose=dma_transpose)
-        return {"dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense),
-                "unfused": Baseline(one_core_label("SVD factors unfused (AWS kernels)", target), "unfused SVD",
-                                    unfused)}
+        baselines = {"dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense)}
+        if workload.svd:  # a dense MLP has no SVD factors to leave unfused
+            unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK,
+                                   dma_transpose=dma_transpose)
+            baselines["unfused"] = Baseline(one_core_label("SVD factors unfused (AWS kernels)", target),
+                                            "unfused SVD", unfused)
+        return baselines
 

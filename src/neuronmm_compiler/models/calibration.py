@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..io import check_input_file
 from .config import ModelConfig, read_config
 
 __all__ = ["ACTIVATION_NAMES", "Calibration", "GramAccumulator", "calibrate", "calibration_from_activations",
@@ -101,12 +102,17 @@ def _tokenize(text: str, model_dir: Path) -> np.ndarray:
     return np.asarray(tokenizer.encode(text).ids, dtype=np.int64)
 
 
-def load_tokens(path: str | Path, model_dir: str | Path, limit: int | None = None) -> np.ndarray:
+#: What ``--calibration`` and ``--eval`` take, said when the path is not a file.
+TOKEN_FILES = ("one UTF-8 text file or a .npy file of token ids (to use a directory of texts, concatenate them "
+               "into one file)")
+
+
+def load_tokens(path: str | Path, model_dir: str | Path, limit: int | None = None,
+                what: str = "calibration/eval") -> np.ndarray:
     """Token ids of a text file (tokenized with the model's tokenizer.json) or of a ``.npy`` file of
-    integers; at most ``limit`` of them."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"calibration/eval file not found: {path}")
+    integers; at most ``limit`` of them. ``what`` names the option in errors (a directory is refused as
+    one, not as a missing file)."""
+    path = check_input_file(path, what, TOKEN_FILES)
     if path.suffix == ".npy":
         try:
             ids = np.load(path, allow_pickle=False)

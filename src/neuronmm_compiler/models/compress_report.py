@@ -37,7 +37,7 @@ def _summary(manifest: Manifest) -> list[str]:
         lines += ["", f"## Rank choice: {rc['objective']}", "",
                   f"Predicted MLP latency of all layers summed over token buckets {buckets} on "
                   f"{rc['latency']['target']} (cost-model prediction, not a measurement; "
-                  f"{trust_note(get_target(rc['latency']['target']))}). Accuracy proxy: "
+                  f"{trust_note(get_target(rc['latency']['target']), fused=True)}). Accuracy proxy: "
                   f"{rc['accuracy_proxy']}.", "",
                   "| point | predicted us | accuracy proxy | dense layers |", "|---|---|---|---|"]
         lines.append(f"| fused dense | {rc['dense']['predicted_us']:.1f} | 0 | all |")

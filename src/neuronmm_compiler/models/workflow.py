@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..io import write_text_atomic
+from ..io import check_input_file, write_text_atomic
 from .calibration import (
     DEFAULT_SEQUENCE,
     Calibration,
@@ -88,12 +88,11 @@ def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
         return None, None
     path = Path(request.calibration)
     if path.suffix == ".safetensors":
-        if not path.is_file():
-            raise InputError(f"calibration file not found: {path}")
+        check_input_file(path, "--calibration", "one .safetensors file of activations")
         model = model_loader()
         return calibration_from_activations(path, request.model_dir,
                                             inner_from=lambda layer, x: model.mlp(layer, x)[1]), None
-    ids = load_tokens(path, request.model_dir, request.calibration_tokens)
+    ids = load_tokens(path, request.model_dir, request.calibration_tokens, what="--calibration")
     model = model_loader()
     return calibrate(model, ids, source=f"{path.name}, {ids.size} tokens", length=request.sequence_length,
                      progress=None if progress is None else lambda d, t: progress("calibrating", d, t)), ids
@@ -158,6 +157,27 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.nd
     return layer_ranks, record, front, point
 
 
+def all_dense_warning(request: CompressRequest, record: dict[str, Any]) -> str:
+    """What a joint rank choice that kept every layer dense says: that the output is the original
+    weights, and why (the SVD MLP predicted no faster than the dense one at the requested buckets)."""
+    latency = record["latency"]
+    where = (f"at token bucket{'s' if len(latency['buckets']) > 1 else ''} "
+             f"{','.join(map(str, latency['buckets']))} on {latency['target']}")
+    dense = record["dense"]["predicted_us"]
+    if request.target_speedup is not None:
+        why = (f"--target-speedup {request.target_speedup} allows the fused dense MLP's predicted latency "
+               f"({dense:.1f} us {where}), and dense is exact")
+    else:
+        uniform = record["uniform"]
+        why = (f"the SVD MLP is predicted slower than the fused dense MLP {where}: uniform ranks "
+               f"{'/'.join(map(str, uniform['ranks']))} {uniform['predicted_us']:.1f} us vs dense {dense:.1f} us "
+               "(summed over layers and buckets), so dense, which is exact, is the most accurate choice within "
+               "that latency")
+    return (f"--choose-ranks kept every layer dense: the output holds the original weights, uncompressed; {why}. "
+            "Compression buys no predicted speed there: choose larger token buckets (--tokens), or compress "
+            "without --choose-ranks")
+
+
 def load_factors(out_dir: str | Path, manifest: Manifest) -> dict[int, dict[str, Any]]:
     """Every layer's factors ``(u, v)`` (or dense ``W``) from a compression output directory."""
     from safetensors import safe_open
@@ -202,7 +222,8 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
             loaded.append(CausalLM(request.model_dir))
         return loaded[0]
 
-    eval_ids = None if request.eval is None else load_tokens(request.eval, request.model_dir, request.eval_tokens)
+    eval_ids = None if request.eval is None else load_tokens(request.eval, request.model_dir, request.eval_tokens,
+                                                            what="--eval")
     calibration, calibration_ids = _calibration(request, model, progress)
     layer_ranks = record = front = point = None
     if request.choose_ranks or request.target_speedup is not None:
@@ -215,6 +236,8 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     warnings = []
     if calibration is None:
         warnings.append(PLAIN_SVD_WARNING)
+    if layer_ranks is not None and record is not None and all(r["gate"] is None for r in layer_ranks):
+        warnings.append(all_dense_warning(request, record))
     kept = manifest.kept_fraction
     if layer_ranks is None and (kept > 1.0 or abs(kept - request.keep_ratio) > 0.05):
         more = " -- more than the dense weights" if kept > 1.0 else ""

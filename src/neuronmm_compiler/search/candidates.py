@@ -43,6 +43,19 @@ class TuneResult:
     # With a persistent storage: name, storage kind, trials_in_study (COMPLETE), trials_run (by this call), workers.
     study: dict[str, object] | None = None
 
+    def time_note(self) -> str:
+        """The search's wall time as reports state it: this run's, or for a result rebuilt from a stored
+        study (``nmmc report``) the wall time ``nmmc tune`` recorded in the study (summed over the runs
+        that filled it), never the seconds the rebuild took."""
+        if self.study is None or "rebuilt_seconds" not in self.study:
+            return f"{self.seconds:.2f} s"
+        recorded = self.study.get("search_seconds")
+        rebuilt = f"rebuilt from the study in {float(self.study['rebuilt_seconds']):.2f} s"  # type: ignore[arg-type]
+        if recorded is None:
+            return f"not recorded in the study (written by an older nmmc); {rebuilt}"
+        return (f"{float(recorded):.2f} s (wall time of the 'nmmc tune' runs that filled the study, "  # type: ignore[arg-type]
+                f"summed); {rebuilt}")
+
     def search_summary(self) -> dict[str, object]:
         summary: dict[str, object] = {
             "method": self.method, "trials": self.trials, "evaluated": self.evaluated, "feasible": self.feasible,

@@ -152,9 +152,23 @@ def result_from_study(study: optuna.Study, spec: SpaceSpec, evaluate: Evaluator,
     if not seen:
         raise InputError(f"study {study.study_name!r} holds no completed trial")
     info: dict[str, object] = {"name": study.study_name, "storage": kind,
-                               "trials_in_study": len(seen), "trials_run": 0, "workers": 1}
-    return _result(evaluate, spec, what=what, method="optuna", trials=len(seen), top_k=top_k, started=started,
-                   study=info)
+                               "trials_in_study": len(seen), "trials_run": 0, "workers": 1,
+                               "search_seconds": recorded_seconds(study)}
+    result = _result(evaluate, spec, what=what, method="optuna", trials=len(seen), top_k=top_k, started=started,
+                     study=info)
+    info["rebuilt_seconds"] = result.seconds
+    return result
+
+
+#: Prefix of the study attributes in which each ``nmmc tune`` run records its search's wall time
+#: (one attribute per run, so concurrent runs never overwrite each other's).
+SECONDS_ATTR = "nmmc_seconds:"
+
+
+def recorded_seconds(study: optuna.Study) -> float | None:
+    """The wall time the ``nmmc tune`` runs on ``study`` recorded, summed (None: none recorded)."""
+    times = [float(v) for k, v in study.user_attrs.items() if k.startswith(SECONDS_ATTR)]
+    return sum(times) if times else None
 
 
 def _result(evaluate: Evaluator, spec: SpaceSpec, *, what: str, method: str, trials: int, top_k: int,

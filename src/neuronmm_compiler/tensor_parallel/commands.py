@@ -82,7 +82,7 @@ def result_lines(result: TpResult) -> list[str]:
     band = typical_range(chosen.kernel_us, result.target)
     if band is not None:
         lines.append(f"  chosen kernel time typically {band[0]:.1f}-{band[1]:.1f} us (model error's typical factor)")
-    lines.append(f"  kernel latencies are the cost model's; model error: {trust_note(result.target)}")
+    lines.append(f"  kernel latencies are the cost model's; model error: {trust_note(result.target, fused=True)}")
     lines.append(f"  {UNVALIDATED}")
     return [line for line in lines if line]
 
@@ -172,7 +172,7 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
                        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers},
              "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)), "keep_ratio": source.keep_ratio,
              "tp": tp, "target": target.spec, "dialect": dialect, "buckets": entries,
-             "model_error": trust_note(target), "collectives": UNVALIDATED}
+             "model_error": trust_note(target, fused=True), "collectives": UNVALIDATED}
     write_text_atomic(Path(output) / "index.json", json.dumps(index, indent=2) + "\n")
     if as_json:
         echo(json.dumps(index, indent=2))
@@ -183,7 +183,7 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
             versus = f", dense nmmc MLP + all-reduce {dense['total_us']:.1f} us" if dense else ""
             echo(f"  {e['tokens']:>6} tokens: {e['strategy']:<28} kernel {e['kernel_us']:.1f} us + comm "
                  f"{e['comm_us']:.1f} us = {e['total_us']:.1f} us{versus}")
-        echo(f"  model error: {trust_note(target)}; {UNVALIDATED}")
+        echo(f"  model error: {trust_note(target, fused=True)}; {UNVALIDATED}")
         echo(f"wrote {Path(output) / 'index.json'}")
     for failure in failures:
         echo(f"VERIFICATION FAILED: {failure}", err=True)

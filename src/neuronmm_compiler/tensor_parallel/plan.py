@@ -70,7 +70,7 @@ def plan_dict(result: TpResult, dialect: str) -> dict[str, Any]:
                                 for i, (start, size) in enumerate(zip(sharded.offsets, sharded.sizes, strict=True))],
         "tensors": tensors, "kernels": kernels, "ranks": ranks, "output": "out",
         "predicted": {"kernel_us": chosen.kernel_us, "comm_us": chosen.comm_us, "total_us": chosen.total_us,
-                      "model_error": trust_note(result.target), "collectives": UNVALIDATED},
+                      "model_error": trust_note(result.target, fused=True), "collectives": UNVALIDATED},
         "strategies": [r.as_dict() for r in result.results],
         "alternatives": result.alternatives,
     }

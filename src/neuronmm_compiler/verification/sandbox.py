@@ -96,6 +96,30 @@ def module_attributes() -> dict[str, frozenset[str]]:
     return out
 
 
+def unimplemented_activation(node: ast.AST, chain: str, module: str) -> SandboxError | None:
+    """The error for ``nl.<name>`` where NKI documents ``name`` as an activation function (the table
+    NKI-ACTIVATION-OP cites) but nmmc's interpreter does not implement it: a limit of nmmc, not an error
+    in the kernel (None for any other name). The NKI pages give those functions no exact formula (e.g.
+    nki.language.gelu: "Similar to torch.nn.functional.gelu"), so the interpreter cannot claim the
+    hardware's numbers for them."""
+    from ..interpreter.ops import ACTIVATION_FUNCS
+    from .rules import ACTIVATION_FUNCTIONS, ACTIVATION_FUNCTIONS_LEGACY
+
+    alias, _, name = chain.partition(".")
+    if not module.endswith("language") or "." in name:
+        return None
+    documented = ACTIVATION_FUNCTIONS_LEGACY if module.startswith("neuronxcc") else ACTIVATION_FUNCTIONS
+    if name not in documented:
+        return None
+    implemented = ", ".join(f"{alias}.{n}" for n in sorted(ACTIVATION_FUNCS))
+    return SandboxError(
+        f"line {getattr(node, 'lineno', 1)}: {chain} is documented NKI (an activation function of the NKI ISA "
+        f"table, rule NKI-ACTIVATION-OP), but nmmc's interpreter does not implement it, so nmmc cannot run this "
+        f"kernel: a limit of nmmc, not an error in the kernel (the interpreter implements the activations "
+        f"{implemented}; NKI documents no exact formula for {chain}, so the interpreter cannot reproduce the "
+        "hardware's values)")
+
+
 def _dotted(node: ast.expr) -> str | None:
     if isinstance(node, ast.Name):
         return node.id
@@ -285,7 +309,7 @@ class _Checker:
         if root in self.aliases:
             module = self.aliases[root]
             if chain not in module_attributes()[module]:
-                raise self.fail(node, f"the attribute {chain}")
+                raise unimplemented_activation(node, chain, module) or self.fail(node, f"the attribute {chain}")
             return
         if node.attr not in VALUE_ATTRIBUTES:
             raise self.fail(node, f"the attribute .{node.attr}")

@@ -1,0 +1,84 @@
+"""docs/compression.md quotes benchmarks/compression.py's committed results, figure for figure (issue 28):
+the perplexities from the full run, the predicted latencies from the latest --latency-only run, and the
+stale 2026-11-30 rank choice only where it is marked stale."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FULL = RESULTS / "compression-2026-11-30.txt"
+LATENCY = RESULTS / "compression-latency-2026-12-01.txt"
+
+
+def _doc() -> str:
+    return " ".join((ROOT / "docs" / "compression.md").read_text(encoding="utf-8").split())
+
+
+def _latencies(path: Path) -> dict[int, dict[str, float]]:
+    """tokens -> variant ('dense', '128/128', ...) -> predicted us, from a results file's latency lines."""
+    out = {}
+    for tokens, cells in re.findall(r"^  tokens (\d+): (.*)$", path.read_text(), flags=re.M):
+        out[int(tokens)] = {name: float(v) for name, v in re.findall(r"(\S+) ([\d.]+)(?:,|$)", cells)}
+    return out
+
+
+def _grouped(value: float, digits: int) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def test_the_doc_names_the_result_files_and_the_text():
+    doc = _doc()
+    assert FULL.name in doc and LATENCY.name in doc
+    assert "the same source" in doc and "CPython documentation" in doc
+
+
+def test_perplexities_are_the_full_runs():
+    doc, text = _doc(), FULL.read_text()
+    original = float(re.search(r"^original perplexity ([\d.]+)$", text, flags=re.M).group(1))
+    assert f"Original perplexity {original:.2f}" in doc
+    rows = re.findall(r"^(0\.\d)  \| ([\d.]+) \| +([\d.]+) \(([\d.]+)\) \| +([\d.]+) \(([\d.]+)\) \| +([\d.]+)x$",
+                      text, flags=re.M)
+    assert len(rows) == 5
+    for _, kept, plain, plain_agree, white, white_agree, gap in rows:
+        cells = (f"| {kept} | {_grouped(float(plain), 0)} ({plain_agree}) | {white} ({white_agree}) | "
+                 f"{_grouped(float(gap), 0)}x |")
+        assert cells in doc, cells
+    white_08 = float(next(r[4] for r in rows if r[0] == "0.8"))
+    assert f"+{white_08 / original - 1:.0%} perplexity here ({white_08:.2f} against {original:.2f}" in doc
+
+
+def test_latencies_are_the_latest_runs_and_the_old_ones_are_marked_stale():
+    doc = _doc()
+    now, then = _latencies(LATENCY), _latencies(FULL)
+    n512 = now[512]
+    assert (f"at 512 tokens fused dense {n512['dense']}, ranks 128/128 {n512['128/128']}, "
+            f"256/256 {n512['256/256']}, 384/384 {n512['384/384']}") in doc
+    ranks = [v for t in (1, 128) for name, v in now[t].items() if name != "dense"]
+    assert (f"at 1 and 128 tokens fused dense {now[1]['dense']} and {now[128]['dense']}, every rank "
+            f"{min(ranks)}–{max(ranks)}") in doc
+    assert all(row["dense"] < min(v for k, v in row.items() if k != "dense") for row in now.values())
+    assert LATENCY.read_text().count("every rank choice keeps every layer dense") == 2
+    # the 2026-11-30 figures appear only in the section marked stale
+    stale = doc.split("**Stale: the 2026-11-30 rank choice**", 1)
+    assert len(stale) == 2
+    t512 = then[512]
+    old = (f"fused dense {t512['dense']} µs per layer, ranks 128/128 {t512['128/128']}, 256/256 {t512['256/256']}, "
+           f"384/384 {t512['384/384']}")
+    assert old in stale[1] and old not in stale[0]
+
+
+def test_the_stale_rank_choice_table_is_the_full_runs():
+    doc, text = _doc(), FULL.read_text()
+    stale = doc.split("**Stale: the 2026-11-30 rank choice**", 1)[1]
+    for keep in ("0.5", "0.8"):
+        block = text.split(f"keep {keep}: ranks", 1)[1].split("\nkeep ", 1)[0]
+        accurate = [line for line in block.splitlines() if "most accurate within" in line]
+        assert len(accurate) == 2
+        for line in accurate:
+            uniform, chosen = (float(x) for x in re.search(r"uniform ([\d.]+) us, fused dense [\d.]+ us; chosen ranks "
+                                                           r"([\d.]+) us", line).groups())
+            ppl = float(re.search(r"ppl ([\d.]+) agree", line).group(1))
+            assert f"{uniform:.1f} /" in stale and f"{chosen:.1f} / {ppl:.2f}" in stale, line
