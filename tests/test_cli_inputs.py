@@ -45,7 +45,7 @@ def test_a_file_path_target_keeps_its_case(tmp_path):
 
 @pytest.mark.parametrize(("args", "fragment"), [
     (("--shape", "1000000000000x128x128"), "dimensions are at most 2147483648"),
-    (("--shape", "2000000x2000000x128"), "GiB of HBM; a trn1 NeuronCore has 16.00 GiB"),
+    (("--shape", "2000000x2000000x128"), "GiB of HBM; a trn2 LNC=2 logical core has 24.00 GiB"),
     (("--shape", "2000000x2000000x128", "--rank", "128"), "GiB of HBM"),
     (("--mlp", "--tokens", "100000000", "--hidden", "4096", "--intermediate", "14336", "--dense"), "GiB of HBM"),
     (("--mlp", "--tokens", "8", "--hidden", "4294967296", "--intermediate", "64", "--dense"), "at most 2147483648"),

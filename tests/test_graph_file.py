@@ -39,7 +39,7 @@ SMALL = {
 }
 
 #: The target each dialect is documented for with every construct it emits (support.py): nki on trn2.
-TARGET_OF = {"nki": ["--target", "trn2"], "neuronxcc": []}
+TARGET_OF = {"nki": ["--target", "trn2"], "neuronxcc": ["--target", "trn1"]}
 
 
 def run(*args: str, cwd: Path | None = None):
@@ -405,7 +405,7 @@ def test_beyond_the_targets_hbm_is_rejected(tmp_path):
     result = run("emit", "--graph", str(path), "--dim", "tokens=2147483648", "-o", str(tmp_path / "k.py"))
     assert result.exit_code == 2
     assert result.stderr.strip() == (f"nmmc: error: {path}: the graph's inputs and outputs need 1536.00 GiB of HBM; "
-                                     "a trn1 NeuronCore has 16.00 GiB")
+                                     "a trn2 LNC=2 logical core has 24.00 GiB")
     assert not (tmp_path / "k.py").exists()
 
 
@@ -706,8 +706,11 @@ def check_kernel_ast(source: str, dialect: str) -> set[str]:
                     root = _attribute_root(node.func)
                     assert isinstance(root, ast.Name) and root.id in {"np", "nl", "nisa"}, ast.unparse(node.func)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node is not docstring.value:
-                # the only other strings are the shape-assertion messages' literal parts
-                assert re.fullmatch(r"[A-Za-z0-9_]+: expected shape \([0-9, ]+\), got ", node.value), node.value
+                # the only other strings are the shape- and launch-assertion messages' literal parts
+                assert (re.fullmatch(r"[A-Za-z0-9_]+: expected shape \([0-9, ]+\), got ", node.value)
+                        or re.fullmatch(r"an LNC=[0-9] kernel launched with ", node.value)
+                        or re.fullmatch(r" program\(s\): launch it on a logical core of [0-9] physical cores \(see the "
+                                        r"file header\)", node.value)), node.value
             if isinstance(node, ast.JoinedStr):
                 assert all(isinstance(v, (ast.Constant, ast.FormattedValue)) for v in node.values)
         for node in ast.walk(function):
@@ -797,7 +800,7 @@ def test_a_path_with_newlines_cannot_inject_code(tmp_path):
     result = run("emit", "--graph", str(path), "-o", str(out))
     assert result.exit_code == 0, result.output
     source = out.read_text()
-    check_kernel_ast(source, "neuronxcc")  # --dialect auto on trn1
+    check_kernel_ast(source, "nki")  # --dialect auto on trn2, the default target
     assert repr(str(path)) in source
     assert run("verify", str(out)).exit_code == 0
     assert not list(tmp_path.rglob("PWNED"))

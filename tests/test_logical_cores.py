@@ -75,9 +75,19 @@ def test_distribute_halves_the_block_loop_and_offsets_by_the_program_id():
     assert any(f"128 * m_blk + 256 * {PROGRAM_ID}" in start for start in starts)
 
 
+@pytest.mark.parametrize(("m", "tile_m", "per_block"), [(384, 96, 1), (128, 64, 1), (1024, 128, 4)])
+def test_the_divided_dimension_is_blocked_so_the_programs_share_it(m, tile_m, per_block):
+    """3 tiles become 4 narrower ones, 1 tile 2; 8 tiles in blocks of 5 become blocks of 4."""
+    from neuronmm_compiler.schedule.gemm import normalize
+
+    schedule = normalize(GemmProblem(m, 512, 256), GemmSchedule(tiles_in_block_m=5, loop_order="mnk",
+                                                                lnc_split="m"), 2)
+    assert (schedule.tile_m, schedule.tiles_in_block_m) == (tile_m, per_block)
+    assert lower_gemm(GemmProblem(m, 512, 256), schedule, lnc2()).split_error is None
+
+
 @pytest.mark.parametrize(("m", "schedule", "reason"), [
-    (384, GemmSchedule(tiles_in_block_m=1, loop_order="mnk", lnc_split="m"), "cannot share evenly"),  # 3 blocks
-    (128, GemmSchedule(loop_order="mnk", lnc_split="m"), "no loop of the 'm' split"),  # one block
+    (1, GemmSchedule(loop_order="mnk", lnc_split="m"), "no loop of the 'm' split"),  # one row cannot be divided
     # M inside the K loop with SBUF partial sums: the M block loop does not own its outputs
     (512, GemmSchedule(tiles_in_block_k=1, loop_order="kmn", accumulate="sbuf", lnc_split="m"), "no loop"),
 ])

@@ -70,7 +70,9 @@ def _emit(*args: str):
 
 
 def test_emit_defaults_to_the_documented_dialect_and_says_where_it_runs():
-    trn1 = _emit()
+    default = _emit()  # trn2, the default target, on its default logical core
+    assert default.exit_code == 0 and "\nimport nki\n" in default.output and "nl.program_id(0)" in default.output
+    trn1 = _emit("--target", "trn1")
     assert trn1.exit_code == 0 and "import neuronxcc.nki as nki" in trn1.output
     assert "# sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn1" in trn1.output
     trn2 = _emit("--target", "trn2")
@@ -80,7 +82,7 @@ def test_emit_defaults_to_the_documented_dialect_and_says_where_it_runs():
 
 
 def test_an_undocumented_pairing_warns_and_still_emits():
-    result = _emit("--dialect", "nki")
+    result = _emit("--dialect", "nki", "--target", "trn1")
     assert result.exit_code == 0
     assert "nmmc: warning: the nki dialect is not documented for trn1 (NKI-DIALECT-TRN1" in result.output
     assert "not documented for trn1" in result.output and "nisa.dma_transpose" not in result.output
@@ -90,7 +92,8 @@ def test_an_undocumented_pairing_warns_and_still_emits():
 
 def test_auto_without_a_documented_dialect_fails_before_writing(tmp_path):
     out = tmp_path / "k.py"
-    result = CliRunner().invoke(main, ["emit", "--shape", "256x512x256", "--sdk", "2.31", "-o", str(out)])
+    result = CliRunner().invoke(main, ["emit", "--shape", "256x512x256", "--target", "trn1", "--sdk", "2.31",
+                                       "-o", str(out)])
     assert result.exit_code == 2 and not out.exists()
     assert "no NKI dialect is documented for trn1 on Neuron SDK 2.31" in result.output
 

@@ -90,10 +90,10 @@ def check_hbm(programs: list[Program], target: Target) -> None:
     kernels hand each other) do not fit the target's HBM per core at once."""
     arrays = {b.name: b for p in programs for b in (*p.params, *p.outputs)}
     needed = sum(b.itemsize * math.prod(b.shape) for b in arrays.values())
-    if needed > target.hbm_bytes_per_core:
+    if needed > target.hbm_bytes_per_launch:
         raise ScheduleError(f"the kernels' HBM tensors (inputs, outputs and values handed between kernels) need "
-                            f"{needed / 2**30:.1f} GiB; a {target.name} NeuronCore has "
-                            f"{target.hbm_bytes_per_core / 2**30:.1f} GiB")
+                            f"{needed / 2**30:.1f} GiB; {target.core_label} has "
+                            f"{target.hbm_bytes_per_launch / 2**30:.1f} GiB")
 
 
 @dataclass

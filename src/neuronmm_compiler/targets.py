@@ -87,7 +87,7 @@ class ModelParams:
     # The share of the HBM stack's bandwidth the programs of a logical core draw together, as a multiple of their
     # cores' per-core figures: 1.0, each streams at its own core's rate (the stack serves two cores' worth: "Each
     # bank is shared by two physical NeuronCore-v3", Logical NeuronCore configuration, Neuron docs); the docs give no
-    # measured figure. docs/logical-cores.md shows the speedups at 0.5 too (cost_model/lnc.py).
+    # measured figure. docs/logical-cores.md shows the speedups at 0.5 too (cost_model/model.py).
     lnc_hbm_share: float = 1.0
 
     def as_dict(self) -> dict[str, float]:
@@ -189,9 +189,9 @@ class Target:
 
     @property
     def label(self) -> str:
-        """The name with its logical-core degree where it has logical cores, marked when calibrated:
-        ``trn1``, ``trn2 LNC=2``, ``trn1 (calibrated: cal.json)``."""
-        base = f"{self.name} LNC={self.lnc}" if self.max_lnc > 1 else self.name
+        """The name, with the logical-core degree of a logical core, marked when calibrated: ``trn1``, ``trn2``
+        (one physical core), ``trn2 LNC=2``, ``trn1 (calibrated: cal.json)``."""
+        base = f"{self.name} LNC={self.lnc}" if self.lnc > 1 else self.name
         return f"{base} (calibrated: {self.calibration.source})" if self.calibration is not None else base
 
     def model_fingerprint(self) -> str:
@@ -214,6 +214,17 @@ class Target:
     @property
     def hbm_bytes_per_core(self) -> int:
         return self.hbm_bytes_per_chip // self.cores_per_chip
+
+    @property
+    def hbm_bytes_per_launch(self) -> int:
+        """HBM one kernel launch addresses: its physical core's share, or the logical core's (LNC=2: the two cores
+        share one address space over their HBM stack; Logical NeuronCore configuration, Neuron docs)."""
+        return self.hbm_bytes_per_core * self.lnc
+
+    @property
+    def core_label(self) -> str:
+        """What one launch runs on, for messages: ``a trn1 NeuronCore``, ``a trn2 LNC=2 logical core``."""
+        return f"a {self.name} LNC={self.lnc} logical core" if self.lnc > 1 else f"a {self.name} NeuronCore"
 
     @property
     def hbm_gbytes_per_s_per_core(self) -> float:
@@ -557,7 +568,7 @@ INTERCONNECTS: dict[str, Interconnect] = {
     # AWS Neuron docs, "Trainium2 Architecture" (about-neuron/arch/neuron-hardware/trainium2), chip components:
     # "NeuronLink-v3 for chip-to-chip interconnect provides 1.28 TB/sec bandwidth per chip"; "Best practices for
     # training on AWS Neuron": a trn2.48xlarge has 16 Trainium2 chips x 8 physical NeuronCores, chips in a
-    # 4 x 4 torus (64 ranks with the default LNC=2; nmmc's trn2 target is one physical NeuronCore-v3, so 128).
+    # 4 x 4 torus: 128 physical cores, 64 ranks with the default LNC=2 (collectives.ranks_per_instance divides by lnc).
     "trn2": Interconnect(
         instance="trn2.48xlarge", link="NeuronLink-v3", ranks_per_instance=128,
         link_gbytes_per_s_per_chip=1280.0,

@@ -12,13 +12,15 @@ from .views import echo_lines, targets_lines
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def targets(as_json: bool) -> None:
-    """Print the hardware table nmmc uses (per NeuronCore)."""
-    from ..targets import TARGETS
+    """Print the hardware table nmmc uses (per physical NeuronCore), each target on the logical core it deploys on
+    by default (LNC=2 on trn2/trn3; --lnc 1 in the other commands for one physical core)."""
+    from ..targets import TARGETS, with_lnc
 
+    deployed = {name: with_lnc(t, None) for name, t in TARGETS.items()}
     if as_json:
-        click.echo(json.dumps({name: t.as_dict() for name, t in TARGETS.items()}, indent=2))
+        click.echo(json.dumps({name: t.as_dict() for name, t in deployed.items()}, indent=2))
         return
-    echo_lines(targets_lines(TARGETS))
+    echo_lines(targets_lines(deployed))
 
 
 @click.command()

@@ -253,11 +253,7 @@ def _remember_lnc(ctx: click.Context, param: click.Parameter, value: int | None)
 def _target_spec(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """--target resolved with --lnc (an eager option, so read first) into the spec of one Target, e.g.
     ``trn2:lnc=2``: every command names the target, logical core included, by that one string."""
-    value = lowercase_name(ctx, param, value)
-    try:
-        return with_lnc(get_target(value), ctx.meta.get("nmmc_lnc")).spec
-    except InputError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return with_lnc(get_target(lowercase_name(ctx, param, value)), ctx.meta.get("nmmc_lnc")).spec
 
 
 def target_option(fn: Callable[..., Any]) -> Callable[..., Any]:

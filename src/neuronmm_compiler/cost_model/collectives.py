@@ -49,13 +49,20 @@ class CollectiveCost:
                 "bandwidth_us": self.bandwidth_us, "total_us": self.total_us}
 
 
+def ranks_per_instance(target: Target) -> int:
+    """The largest tensor-parallel group in one instance: one rank per core a kernel launches on (a logical core
+    of ``target.lnc`` physical cores: trn2.48xlarge has 64 ranks at LNC=2, 128 at LNC=1)."""
+    return interconnect_of(target).ranks_per_instance // target.lnc
+
+
 def check_group(target: Target, ranks: int) -> None:
-    """InputError unless ``ranks`` NeuronCores fit in one instance of the target (the model covers NeuronLink
+    """InputError unless ``ranks`` ranks fit in one instance of the target (the model covers NeuronLink
     within an instance, not EFA between instances)."""
     fabric = interconnect_of(target)
-    if ranks > fabric.ranks_per_instance:
-        raise InputError(f"--tp {ranks} spans more than one {fabric.instance} ({fabric.ranks_per_instance} "
-                         "NeuronCores); nmmc models collectives over NeuronLink within one instance only")
+    if ranks > ranks_per_instance(target):
+        what = "logical NeuronCores" if target.lnc > 1 else "NeuronCores"
+        raise InputError(f"--tp {ranks} spans more than one {fabric.instance} ({ranks_per_instance(target)} {what}); "
+                         "nmmc models collectives over NeuronLink within one instance only")
 
 
 def collective_cost(op: str, tensor_bytes: int, ranks: int, target: Target) -> CollectiveCost:
@@ -69,6 +76,7 @@ def collective_cost(op: str, tensor_bytes: int, ranks: int, target: Target) -> C
     fabric = interconnect_of(target)
     steps, volume = OPS[op]
     sent = volume * (ranks - 1) / ranks * tensor_bytes
-    bandwidth = fabric.gbytes_per_s_per_rank(target.cores_per_chip) * 1e3  # bytes per microsecond
+    # a rank is a logical core: a chip's links are shared by its cores / lnc ranks
+    bandwidth = fabric.gbytes_per_s_per_rank(target.cores_per_chip // target.lnc) * 1e3  # bytes per microsecond
     return CollectiveCost(op, ranks, tensor_bytes, sent, steps * (ranks - 1) * fabric.step_latency_us,
                           sent / bandwidth)

@@ -53,8 +53,6 @@ def check_fits(program: Program, target: Target, advice: tuple[str, str] = GEMM_
     """Raise ScheduleError when the program's buffers exceed the target's SBUF or PSUM; ``advice``
     is what the message suggests for each (the parameters of the schedule family)."""
     fp = footprint(program, target)
-    if fp.split_error is not None:
-        raise ScheduleError(f"{fp.split_error}; choose another lnc_split or blocking, or --lnc 1")
     if fp.sbuf_bytes_per_partition > fp.sbuf_capacity:
         raise ScheduleError(
             f"schedule needs {fp.sbuf_bytes_per_partition} bytes of SBUF per partition; {target.name} has "
@@ -64,4 +62,6 @@ def check_fits(program: Program, target: Target, advice: tuple[str, str] = GEMM_
         raise ScheduleError(
             f"schedule holds {fp.psum_banks} PSUM banks at once; {target.name} has {fp.psum_capacity}: {advice[1]}"
         )
+    if fp.split_error is not None:
+        raise ScheduleError(f"{fp.split_error}; choose another lnc_split or blocking, or --lnc 1")
     return fp

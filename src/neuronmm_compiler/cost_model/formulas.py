@@ -9,7 +9,7 @@ evaluates both on real programs and asserts they agree, so the printed formulas 
     T_dma  = n_dma * c_dma / q  +  B_eff / BW   (fixed cost overlapped over q queues; bytes at the
                                                   curve's efficiency for their bytes per partition)
     T_stall = t_stall                           (TensorE waiting on PSUM evictions: counts.psum_stall_us)
-    T_exchange = t_exchange                     (an LNC=2 program waiting on its sendrecv exchanges: cost_model/lnc.py)
+    T_exchange = t_exchange                     (an LNC=2 program waiting on its sendrecv exchanges)
     latency = T_launch + T_prologue + max(T_pe + T_stall, T_dma, T_vec, T_act over the steady state) + T_epilogue
               + T_exchange
 

@@ -106,6 +106,8 @@ def typical_range(latency_us: float, target: Target) -> tuple[float, float] | No
 
 #: What the published measurements behind :data:`MODEL_ERROR` are of, said next to a fused workload's figures.
 FUSED_CAVEAT = "validated on GEMMs; fused kernels not measured"
+#: What the band does not cover on a logical core: every published measurement ran on one physical core.
+LNC_CAVEAT = "LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)"
 
 
 def figures(target_name: str) -> str:
@@ -122,9 +124,11 @@ def trust_note(target: Target, fused: bool = False) -> str:
         return (f"calibrated on {cal.rows} measurements of {cal.measurements}: RMS error "
                 f"{cal.rms_rel_error_after:.0%} in-sample")
     entry = model_error(target)
+    lnc = f"; {LNC_CAVEAT}" if target.lnc > 1 else ""
     if entry is None:
-        return f"not validated: no published {target.name} measurement to compare with"
-    return entry.describe() + (f"; {FUSED_CAVEAT}" if fused else "")
+        return f"not validated: no published {target.name} measurement to compare with{lnc}"
+    measured = "; measured on one physical core" if lnc else ""
+    return entry.describe() + (f"; {FUSED_CAVEAT}" if fused else "") + measured + lnc
 
 
 def trust_dict(target: Target, fused: bool = False) -> dict[str, object]:
@@ -134,4 +138,7 @@ def trust_dict(target: Target, fused: bool = False) -> dict[str, object]:
     data: dict[str, object] = {"note": trust_note(target, fused), **(entry.as_dict() if entry is not None else {})}
     if entry is not None and fused:
         data["validated_on"] = "gemm"
+    if target.lnc > 1:
+        data["lnc"] = target.lnc
+        data["validated_lnc"] = 1
     return data

@@ -378,7 +378,7 @@ def boundary_bytes(graph: Graph) -> int:
 
 def check_fits_hbm(graph: Graph, target: Target, source: str) -> None:
     """InputError when the graph's inputs and outputs alone exceed the target's HBM per core."""
-    needed, hbm_bytes = boundary_bytes(graph), target.hbm_bytes_per_core
+    needed, hbm_bytes = boundary_bytes(graph), target.hbm_bytes_per_launch
     if needed > hbm_bytes:
         raise InputError(f"{source}: the graph's inputs and outputs need {needed / 2**30:.2f} GiB of HBM; "
-                         f"a {target.name} NeuronCore has {hbm_bytes / 2**30:.2f} GiB")
+                         f"{target.core_label} has {hbm_bytes / 2**30:.2f} GiB")

@@ -137,7 +137,7 @@ class FusedLowering(Lowering):
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")
-        normalized = normalize_fused(chosen, workload.token_count)
+        normalized = normalize_fused(chosen, workload.token_count, target.lnc)
         if target.lnc == 1 and normalized.lnc_split == "none":
             return normalized
         graph = workload.graph()
@@ -189,16 +189,19 @@ class FusedLowering(Lowering):
         space = self.space(workload, dma_transpose, target.lnc, exchange)
         seen: dict[FusedSchedule, None] = {}
         for point in space.points():
-            seen.setdefault(normalize_fused(space.decode(point), tokens), None)
+            seen.setdefault(normalize_fused(space.decode(point), tokens, target.lnc), None)
         everything = list(seen)
-        base = FusedSchedule(lnc_split=space.candidates["lnc_split"][0])
+        base = FusedSchedule()
         transposes = space.candidates["x_transpose"]
         x_transpose = "pe" if "pe" in transposes and (tokens < 128 or "dma" not in transposes) else "dma"
-        guesses = [replace(base, x_transpose=x_transpose), replace(base, cache_weights="stage1", tokens_per_block=512)]
+        shapes = [replace(base, x_transpose=x_transpose), replace(base, cache_weights="stage1", tokens_per_block=512)]
         if "split" in space.candidates["mlp"]:
-            guesses.append(replace(base, mlp="split"))
+            shapes.append(replace(base, mlp="split"))
+        # every guess under every split of the logical core (a decode step has no tokens to divide, a prefill step
+        # may have no on-chip value worth exchanging): the first trials include one that divides
+        guesses = [replace(g, lnc_split=split) for g in shapes for split in space.candidates["lnc_split"]]
         spec = SpaceSpec(space=space, guesses=guesses, size=len(everything), distinct=lambda: everything)
-        return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens))
+        return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens, target.lnc))
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):

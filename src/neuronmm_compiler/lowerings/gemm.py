@@ -84,7 +84,7 @@ class GemmLowering(Lowering):
             base = base.with_params(transpose_choice("a_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
-        normalized = normalize(problem, chosen)
+        normalized = normalize(problem, chosen, target.lnc)
         return resolve_split(normalized, params, target, lambda s: [lower_gemm(problem, s, target)])
 
     def pipeline(self, schedule: Any) -> list[Pass]:
@@ -215,7 +215,7 @@ def gemm_search_setup(problem: GemmProblem, target: Target, exhaustive_threshold
                           else (space.decode(p) for p in space.points())),
     )
     evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params),
-                         lambda s: normalize(problem, s))
+                         lambda s: normalize(problem, s, target.lnc))
     return spec, evaluate
 
 

@@ -62,7 +62,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         check_kernel(graph, name)
         self.group_list = read_groups(graph, name)
         self.tokens = compute[0].shape[0] if compute else copied[0].shape[0]
-        self.s = normalize_fused(schedule, self.tokens)
+        self.s = normalize_fused(schedule, self.tokens, target.lnc)
         s = self.s
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
                        max(1, s.tokens_per_block // s.token_tile))

@@ -64,7 +64,7 @@ class _GemmLowering:
     def __init__(self, problem: GemmProblem, schedule: GemmSchedule, target: Target):
         self.p = problem
         self.target = target
-        self.s = normalize(problem, schedule)
+        self.s = normalize(problem, schedule, target.lnc)
         counts = tile_counts(problem, self.s)
         s = self.s
         self.dims = {

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..errors import ScheduleError
+from ..kernel_ir.lnc import divisible_blocking
 from .params import (
     CLASS,
     EXCHANGE,
@@ -112,12 +113,20 @@ class FusedSchedule(ScheduleParams):
         return normalize_fused(self, context)
 
 
-def normalize_fused(schedule: FusedSchedule, tokens: int) -> FusedSchedule:
-    """Clip the token block and tile to the number of tokens (a decode step gets 1-token strips)."""
+def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1) -> FusedSchedule:
+    """Clip the token block and tile to the number of tokens (a decode step gets 1-token strips). On a logical
+    core of ``lnc`` > 1 programs dividing the tokens (``lnc_split=tokens``), the token blocks are made an even
+    number of whole blocks of an even number of tiles where the tokens allow it (kernel_ir/lnc.py)."""
     block = min(schedule.tokens_per_block, tokens)
     tile = min(schedule.token_tile, block)
     if block > tile and block % tile:
         block = (block // tile) * tile
+    if lnc > 1 and schedule.lnc_split == "tokens":
+        tiles = -(-tokens // tile)
+        if tiles % lnc and tokens >= lnc:
+            tile = -(-tokens // (tiles + lnc - tiles % lnc))
+            tiles = -(-tokens // tile)
+        block = tile * divisible_blocking(tiles, max(1, block // tile), lnc)
     return replace(schedule, tokens_per_block=block, token_tile=tile)
 
 

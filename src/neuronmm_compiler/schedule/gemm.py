@@ -23,6 +23,7 @@ from itertools import permutations
 from typing import TYPE_CHECKING, ClassVar
 
 from ..errors import InputError, ScheduleError, UnknownNameError
+from ..kernel_ir.lnc import divisible_blocking
 from ..vocab import ALayout
 from .params import (
     CLASS,
@@ -200,15 +201,20 @@ def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
     }
 
 
-def normalize(problem: GemmProblem, schedule: GemmSchedule) -> GemmSchedule:
+def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1) -> GemmSchedule:
     """Clip tile sizes to the problem and tiles-in-block to the tile counts, so that a decode-sized
-    M (1..127 tokens) gets tiles of exactly M rows and equivalent schedules compare equal."""
+    M (1..127 tokens) gets tiles of exactly M rows and equivalent schedules compare equal. On a logical core of
+    ``lnc`` > 1 programs, the dimension ``lnc_split`` divides gets a blocking the programs can share: an even
+    number of tiles (narrower tiles where the count is odd) in an even number of whole blocks
+    (kernel_ir/lnc.py)."""
     clipped = replace(
         schedule,
         tile_m=min(schedule.tile_m, problem.m),
         tile_n=min(schedule.tile_n, problem.n),
         tile_k=min(schedule.tile_k, problem.k),
     )
+    if lnc > 1 and clipped.lnc_split in ("m", "n"):
+        clipped = _divisible(problem, clipped, clipped.lnc_split, lnc)
     counts = tile_counts(problem, clipped)
     blocked = replace(
         clipped,
@@ -224,6 +230,19 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule) -> GemmSchedule:
     held = blocked.accumulate == "psum" and counts["k"] > blocked.tiles_in_block_k
     tiles = blocked.tiles_in_block_m * blocked.tiles_in_block_n
     return replace(blocked, psum_buffers=0 if held else min(blocked.psum_buffers, tiles))
+
+
+def _divisible(problem: GemmProblem, schedule: GemmSchedule, dim: str, programs: int) -> GemmSchedule:
+    """``schedule`` with dimension ``dim`` blocked so that ``programs`` programs share its blocks evenly."""
+    size, tile = getattr(problem, dim), getattr(schedule, f"tile_{dim}")
+    tiles = -(-size // tile)
+    if tiles % programs:
+        narrower = -(-size // (tiles + programs - tiles % programs))
+        if -(-size // narrower) % programs == 0:
+            tile, tiles = narrower, -(-size // narrower)
+    per_block = min(getattr(schedule, f"tiles_in_block_{dim}"), tiles)
+    return replace(schedule, **{f"tile_{dim}": tile,
+                                f"tiles_in_block_{dim}": divisible_blocking(tiles, per_block, programs)})
 
 
 # ----------------------------------------------------------------------------- presets
