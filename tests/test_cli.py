@@ -309,7 +309,8 @@ def test_corrupt_cache_entry_is_reported_and_ignored(tmp_path):
 def test_lock_and_regress_through_the_cli(tmp_path):
     lock = tmp_path / "nmmc.lock.json"
     for args in (["--shape", "128x512x256"], ["--shape", "64x512x256", "--rank", "128"]):
-        result = run("tune", *args, "--target", "trn1", "--trials", "15", "--lock", str(lock), "-o", str(tmp_path / "k.py"))
+        result = run("tune", *args, "--target", "trn1", "--trials", "15", "--lock", str(lock),
+                     "-o", str(tmp_path / "k.py"))
         assert result.exit_code == 0, result.output
     data = json.loads(lock.read_text())
     assert len(data["entries"]) == 2

@@ -144,7 +144,10 @@ def test_gram_accumulation_equals_the_captured_activations(tmp_path):
     again = calibration_from_activations(tmp_path / "acts.safetensors", model_dir,
                                          inner_from=lambda layer, x: model.mlp(layer, x)[1])
     for layer in range(LAYERS):
-        np.testing.assert_allclose(again.gram(layer, "down"), cal.gram(layer, "down"), rtol=1e-5)
+        # h recomputed in float32 from all 50 tokens at once (the capture ran 32 + 18): float32 rounding of h, so
+        # entries that nearly cancel may differ by ~1e-3 relatively; bounded against the Gram's scale instead
+        expected = cal.gram(layer, "down")
+        np.testing.assert_allclose(again.gram(layer, "down"), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
 def test_whitened_compression_writes_whitened_factors_and_beats_plain_svd(tmp_path):

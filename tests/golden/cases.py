@@ -17,13 +17,17 @@ MLP = ("--mlp", "--tokens", "128", "--hidden", "2048", "--intermediate", "8192")
 def _cases() -> dict[str, tuple[str, ...]]:
     cases: dict[str, tuple[str, ...]] = {}
 
+    def on_target(args: tuple[str, ...]) -> tuple[str, ...]:
+        # a case naming no target is a trn1 kernel (the corpus predates trn2 as the default target)
+        return args if "--target" in args else (*args, "--target", "trn1")
+
     def emit(name: str, *args: str) -> None:
-        cases[name] = ("emit", *args, "-o", "-")
+        cases[name] = ("emit", *on_target(args), "-o", "-")
 
     def tune(name: str, *args: str) -> None:
-        cases[name] = ("tune", *args, "--seed", "0", "--no-cache", "--no-progress", "-o", "-")
+        cases[name] = ("tune", *on_target(args), "--seed", "0", "--no-cache", "--no-progress", "-o", "-")
 
-    # every preset, both dialects (trn1); every preset on trn2 and trn3
+    # every preset, both dialects (trn1); every preset on trn2 and trn3 (on their default logical core, LNC=2)
     for preset in PRESETS:
         for dialect in DIALECTS:
             emit(f"gemm-1024x2048x1024-{preset}-{dialect}-trn1", "--shape", "1024x2048x1024", "--schedule", preset,
@@ -96,6 +100,21 @@ def _cases() -> dict[str, tuple[str, ...]]:
     tune("tuned-mlp-1-dense-trn2", "--mlp", "--tokens", "1", "--hidden", "2048", "--intermediate", "8192", "--dense",
          "--trials", "40", "--target", "trn2", "--dialect", "neuronxcc")
     tune("tuned-graph-lora", "--graph", "examples/graphs/lora.yaml", "--dim", "tokens=256", "--trials", "40")
+    # logical cores: each split, a ragged one, the legacy dialect, one physical core of trn2
+    emit("gemm-2048x2048x2048-aws-fully-optimized-nki-trn2-lnc1", "--shape", "2048x2048x2048", "--target", "trn2",
+         "--lnc", "1")
+    emit("lnc2-gemm-m-ragged-500x1024x200-trn2", "--shape", "500x1024x200", "--param", "lnc_split=m",
+         "--param", "loop_order=mnk", "--target", "trn2")
+    emit("lnc2-gemm-n-1x4096x4096-trn3", "--shape", "1x4096x4096", "--param", "lnc_split=n", "--target", "trn3")
+    emit("lnc2-mlp-decode-1-keep0.8-gather-trn2", "--mlp", "--tokens", "1", "--hidden", "2048", "--intermediate",
+         "8192", "--keep-ratio", "0.8", "--param", "lnc_split=gather", "--target", "trn2")
+    emit("lnc2-mlp-256-rank512-tokens-neuronxcc-trn2", "--mlp", "--tokens", "256", "--hidden", "2048",
+         "--intermediate", "8192", "--rank", "512", "--param", "lnc_split=tokens", "--dialect", "neuronxcc",
+         "--sdk", "2.29", "--target", "trn2")
+    emit("lnc2-chain-77x1000x600-features-trn2", "--shape", "77x1000x600", "--rank", "256", "--param",
+         "lnc_split=features", "--target", "trn2")
+    tune("tuned-lnc2-mlp-1-keep0.8-trn2", "--mlp", "--tokens", "1", "--hidden", "4096", "--intermediate", "14336",
+         "--keep-ratio", "0.8", "--trials", "40", "--target", "trn2")
     return cases
 
 

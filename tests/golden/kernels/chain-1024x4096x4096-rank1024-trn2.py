@@ -3,13 +3,14 @@
 #
 # workload     Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M=1024 N=4096 K=4096 R=1024, bfloat16, X [M,K]
 # schedule     default
-# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
 # footprint    svd_chain_k0: SBUF 26624 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    752.9 us on trn2 (cost model v3, 1 kernel)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    401.0 us on trn2 LNC=2 (cost model v3, 1 kernel)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch svd_chain_k0[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph svd_chain {
@@ -20,7 +21,7 @@
 #     %xuv = matmul %xu, %v : [1024, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [1024, 4096] bfloat16 layout=row_major\n  %u = input \"u\" [4096, 1024] bfloat16 layout=row_major\n  %v = input \"v\" [1024, 4096] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [1024, 1024] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [1024, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1024,4096]},{"dtype":"bfloat16","name":"u","shape":[4096,1024]},{"dtype":"bfloat16","name":"v","shape":[1024,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1024,4096]},{"dtype":"bfloat16","name":"u","shape":[4096,1024]},{"dtype":"bfloat16","name":"v","shape":[1024,4096]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1024,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1024,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [1024, 4096] bfloat16 layout=row_major\n  %u = input \"u\" [4096, 1024] bfloat16 layout=row_major\n  %v = input \"v\" [1024, 4096] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [1024, 1024] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [1024, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1024,4096]},{"dtype":"bfloat16","name":"u","shape":[4096,1024]},{"dtype":"bfloat16","name":"v","shape":[1024,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1024,4096]},{"dtype":"bfloat16","name":"u","shape":[4096,1024]},{"dtype":"bfloat16","name":"v","shape":[1024,4096]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1024,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1024,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"tokens","mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -39,14 +40,16 @@ def svd_chain_k0(x, u, v):
     assert tuple(x.shape) == (1024, 4096), f"x: expected shape (1024, 4096), got {x.shape}"
     assert tuple(u.shape) == (4096, 1024), f"u: expected shape (4096, 1024), got {u.shape}"
     assert tuple(v.shape) == (1024, 4096), f"v: expected shape (1024, 4096), got {v.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'tokens' split (0..1)
     y = nl.ndarray((1024, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
-    # blocks of tokens
-    for m_blk in range(8):
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
+    # blocks of tokens (2 programs: each its 4 of 8)
+    for m_blk in range(4):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((128, 32, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(32):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk:128 * m_blk + 128, 128 * kt:128 * kt + 128])
+            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk + 512 * pid:128 * m_blk + 512 * pid + 128, 128 * kt:128 * kt + 128])
         # xu^T strip of this token block, kept in SBUF
         xu_strip = nl.ndarray((128, 8, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -71,7 +74,7 @@ def svd_chain_k0(x, u, v):
                 for kt in range(8):
                     nisa.nc_matmul(dst=xuv_psum[0:128, 0:512], stationary=xu_strip[0:128, kt, 0:128], moving=v_block[0:128, kt, 512 * bn:512 * bn + 512])
                 nisa.tensor_copy(dst=y_rows[0:128, 512 * bn:512 * bn + 512], src=xuv_psum[0:128, 0:512])
-            nisa.dma_copy(dst=y[128 * m_blk:128 * m_blk + 128, 1024 * o_blk:1024 * o_blk + 1024], src=y_rows[0:128, 0:1024])
+            nisa.dma_copy(dst=y[128 * m_blk + 512 * pid:128 * m_blk + 512 * pid + 128, 1024 * o_blk:1024 * o_blk + 1024], src=y_rows[0:128, 0:1024])
     return y
 
 

@@ -3,7 +3,7 @@
 #
 # workload     Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M=512 N=4096 K=1024 R=256, bfloat16, X stored as X_t[K,M]
 # schedule     default
-# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
 # footprint    svd_chain_k0: SBUF 25088 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted    176.9 us on trn1 (cost model v3, 1 kernel)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
@@ -20,7 +20,7 @@
 #     %xuv = matmul %xu, %v : [512, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x_t = input \"x_t\" [512, 1024] bfloat16 layout=transposed\n  %u = input \"u\" [1024, 256] bfloat16 layout=row_major\n  %v = input \"v\" [256, 4096] bfloat16 layout=row_major\n  %xu = matmul %x_t, %u : [512, 256] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x_t","shape":[1024,512]},{"dtype":"bfloat16","name":"u","shape":[1024,256]},{"dtype":"bfloat16","name":"v","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x_t","shape":[1024,512]},{"dtype":"bfloat16","name":"u","shape":[1024,256]},{"dtype":"bfloat16","name":"v","shape":[256,4096]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x_t = input \"x_t\" [512, 1024] bfloat16 layout=transposed\n  %u = input \"u\" [1024, 256] bfloat16 layout=row_major\n  %v = input \"v\" [256, 4096] bfloat16 layout=row_major\n  %xu = matmul %x_t, %u : [512, 256] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 4096] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x_t","shape":[1024,512]},{"dtype":"bfloat16","name":"u","shape":[1024,256]},{"dtype":"bfloat16","name":"v","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x_t","shape":[1024,512]},{"dtype":"bfloat16","name":"u","shape":[1024,256]},{"dtype":"bfloat16","name":"v","shape":[256,4096]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"none","mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -40,7 +40,7 @@ def svd_chain_k0(x_t, u, v):
     assert tuple(u.shape) == (1024, 256), f"u: expected shape (1024, 256), got {u.shape}"
     assert tuple(v.shape) == (256, 4096), f"v: expected shape (256, 4096), got {v.shape}"
     y = nl.ndarray((512, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # blocks of tokens
     for m_blk in nl.affine_range(4):
         # x_t^T strip: features on partitions, tokens free

@@ -3,7 +3,7 @@
 #
 # workload     Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M=77 N=1000 K=600 R=256, bfloat16, X [M,K]
 # schedule     default
-# parameters   tokens_per_block=77 token_tile=77 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters   tokens_per_block=77 token_tile=77 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
 # footprint    svd_chain_k0: SBUF 6452 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted    79.2 us on trn1 (cost model v3, 1 kernel)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
@@ -20,7 +20,7 @@
 #     %xuv = matmul %xu, %v : [77, 1000] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [77, 600] bfloat16 layout=row_major\n  %u = input \"u\" [600, 256] bfloat16 layout=row_major\n  %v = input \"v\" [256, 1000] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [77, 256] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [77, 1000] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[77,600]},{"dtype":"bfloat16","name":"u","shape":[600,256]},{"dtype":"bfloat16","name":"v","shape":[256,1000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[77,600]},{"dtype":"bfloat16","name":"u","shape":[600,256]},{"dtype":"bfloat16","name":"v","shape":[256,1000]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[77,1000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[77,1000]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":77,"tokens_per_block":77,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [77, 600] bfloat16 layout=row_major\n  %u = input \"u\" [600, 256] bfloat16 layout=row_major\n  %v = input \"v\" [256, 1000] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [77, 256] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [77, 1000] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[77,600]},{"dtype":"bfloat16","name":"u","shape":[600,256]},{"dtype":"bfloat16","name":"v","shape":[256,1000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[77,600]},{"dtype":"bfloat16","name":"u","shape":[600,256]},{"dtype":"bfloat16","name":"v","shape":[256,1000]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[77,1000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[77,1000]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"none","mlp":"whole","out_tile":512,"token_tile":77,"tokens_per_block":77,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -40,7 +40,7 @@ def svd_chain_k0(x, u, v):
     assert tuple(u.shape) == (600, 256), f"u: expected shape (600, 256), got {u.shape}"
     assert tuple(v.shape) == (256, 1000), f"v: expected shape (256, 1000), got {v.shape}"
     y = nl.ndarray((77, 1000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=77 token_tile=77 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+    # schedule: tokens_per_block=77 token_tile=77 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 5, 77), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.static_range(5):

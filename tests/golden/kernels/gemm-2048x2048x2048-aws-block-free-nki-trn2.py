@@ -3,13 +3,14 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=2048 N=2048 K=2048, bfloat16, A[M,K]
 # schedule     aws-block-free
-# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
+# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=m
 # footprint    SBUF 41984 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    429.1 us on trn2 (memory-bound; cost model v3, lower bound 270.0 us)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    239.1 us on trn2 LNC=2 (memory-bound; cost model v3, lower bound 157.6 us)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch gemm_kernel[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph gemm {
@@ -18,7 +19,7 @@
 #     %mm0 = matmul %a, %b : [2048, 2048] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [2048, 2048] bfloat16 layout=row_major\n  %b = input \"b\" [2048, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [2048, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}],"schedule":{"kind":"gemm","name":"aws-block-free","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"tile","loop_order":"kmn","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":16,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [2048, 2048] bfloat16 layout=row_major\n  %b = input \"b\" [2048, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [2048, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}],"schedule":{"kind":"gemm","name":"aws-block-free","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"tile","lnc_split":"m","loop_order":"kmn","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"mn","tiles_in_block_k":16,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -36,14 +37,17 @@ def gemm_kernel(a, b):
     """
     assert tuple(a.shape) == (2048, 2048), f"a: expected shape (2048, 2048), got {a.shape}"
     assert tuple(b.shape) == (2048, 2048), f"b: expected shape (2048, 2048), got {b.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'm' split (0..1)
     c = nl.ndarray((2048, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
-    for m_blk in range(8):
+    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=m
+    # 2 programs: each its 4 of 8
+    for m_blk in range(4):
         # A^T block: K on partitions, M free (stationary)
         a_t_tiles = nl.ndarray((128, 16, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bm in range(2):
             for bk in range(16):
-                nisa.dma_transpose(dst=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], src=a[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 128 * bk:128 * bk + 128])
+                nisa.dma_transpose(dst=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], src=a[256 * m_blk + 128 * bm + 1024 * pid:256 * m_blk + 128 * bm + 1024 * pid + 128, 128 * bk:128 * bk + 128])
         for n_blk in range(2):
             # B block: K on partitions, N free (moving)
             b_tiles = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -57,7 +61,7 @@ def gemm_kernel(a, b):
                         nisa.nc_matmul(dst=c_psum[0:128, 0:512], stationary=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
                     c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=c_psum[0:128, 0:512])
-                    nisa.dma_copy(dst=c[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 1024 * n_blk + 512 * bn:1024 * n_blk + 512 * bn + 512], src=c_tile[0:128, 0:512])
+                    nisa.dma_copy(dst=c[256 * m_blk + 128 * bm + 1024 * pid:256 * m_blk + 128 * bm + 1024 * pid + 128, 1024 * n_blk + 512 * bn:1024 * n_blk + 512 * bn + 512], src=c_tile[0:128, 0:512])
     return c
 
 

@@ -3,13 +3,14 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=2048 N=2048 K=2048, bfloat16, A[M,K]
 # schedule     aws-fully-optimized
-# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0
+# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=n
 # footprint    SBUF 81920 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    312.7 us on trn2 (compute-bound; cost model v3, lower bound 270.0 us)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    199.9 us on trn2 LNC=2 (compute-bound; cost model v3, lower bound 157.6 us)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch gemm_kernel[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph gemm {
@@ -18,7 +19,7 @@
 #     %mm0 = matmul %a, %b : [2048, 2048] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [2048, 2048] bfloat16 layout=row_major\n  %b = input \"b\" [2048, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [2048, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":8,"tiles_in_block_m":16,"tiles_in_block_n":2}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [2048, 2048] bfloat16 layout=row_major\n  %b = input \"b\" [2048, 2048] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [2048, 2048] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[2048,2048]},{"dtype":"bfloat16","name":"b","shape":[2048,2048]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,2048]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","lnc_split":"n","loop_order":"nkm","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":8,"tiles_in_block_m":16,"tiles_in_block_n":2}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -36,9 +37,12 @@ def gemm_kernel(a, b):
     """
     assert tuple(a.shape) == (2048, 2048), f"a: expected shape (2048, 2048), got {a.shape}"
     assert tuple(b.shape) == (2048, 2048), f"b: expected shape (2048, 2048), got {b.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'n' split (0..1)
     c = nl.ndarray((2048, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0
-    for n_blk in range(2):
+    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=n
+    # 2 programs: each its 1 of 2
+    for n_blk in range(1):
         # partial sums of every output tile the K loop revisits
         acc_sbuf = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.memset(dst=acc_sbuf, value=0.0)
@@ -46,7 +50,7 @@ def gemm_kernel(a, b):
             # B block: K on partitions, N free (moving)
             b_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(8):
-                nisa.dma_copy(dst=b_tiles[0:128, bk, 0:1024], src=b[1024 * k_blk + 128 * bk:1024 * k_blk + 128 * bk + 128, 1024 * n_blk:1024 * n_blk + 1024])
+                nisa.dma_copy(dst=b_tiles[0:128, bk, 0:1024], src=b[1024 * k_blk + 128 * bk:1024 * k_blk + 128 * bk + 128, 1024 * n_blk + 1024 * pid:1024 * n_blk + 1024 * pid + 1024])
             # A^T block: K on partitions, M free (stationary)
             a_t_tiles = nl.ndarray((128, 8, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(8):
@@ -62,7 +66,7 @@ def gemm_kernel(a, b):
             c_rows = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bn in range(2):
                 nisa.tensor_copy(dst=c_rows[0:128, 512 * bn:512 * bn + 512], src=acc_sbuf[0:128, m_tile, 512 * bn:512 * bn + 512])
-            nisa.dma_copy(dst=c[128 * m_tile:128 * m_tile + 128, 1024 * n_blk:1024 * n_blk + 1024], src=c_rows[0:128, 0:1024])
+            nisa.dma_copy(dst=c[128 * m_tile:128 * m_tile + 128, 1024 * n_blk + 1024 * pid:1024 * n_blk + 1024 * pid + 1024], src=c_rows[0:128, 0:1024])
     return c
 
 

@@ -3,13 +3,14 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=700 N=1500 K=1300, bfloat16, A[M,K]
 # schedule     aws-fully-optimized + operand_buffers=2 tiles_in_block_k=4 tiles_in_block_m=2 tiles_in_block_n=1
-# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=1 tiles_in_block_k=4 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=2 psum_buffers=0
-# footprint    SBUF 18432 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    111.7 us on trn2 (memory-bound; cost model v3, lower bound 81.0 us)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=1 tiles_in_block_k=4 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=2 psum_buffers=0 lnc_split=n
+# footprint    SBUF 14596 of 212992 bytes/partition, PSUM 1 of 8 banks
+# predicted    89.0 us on trn2 LNC=2 (memory-bound; cost model v3, lower bound 63.1 us)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch gemm_kernel[nl.nc(2)](...); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph gemm {
@@ -18,7 +19,7 @@
 #     %mm0 = matmul %a, %b : [700, 1500] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [700, 1300] bfloat16 layout=row_major\n  %b = input \"b\" [1300, 1500] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [700, 1500] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[700,1300]},{"dtype":"bfloat16","name":"b","shape":[1300,1500]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[700,1300]},{"dtype":"bfloat16","name":"b","shape":[1300,1500]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[700,1500]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[700,1500]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized + operand_buffers=2 tiles_in_block_k=4 tiles_in_block_m=2 tiles_in_block_n=1","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","operand_buffers":2,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":4,"tiles_in_block_m":2,"tiles_in_block_n":1}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [700, 1300] bfloat16 layout=row_major\n  %b = input \"b\" [1300, 1500] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [700, 1500] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[700,1300]},{"dtype":"bfloat16","name":"b","shape":[1300,1500]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[700,1300]},{"dtype":"bfloat16","name":"b","shape":[1300,1500]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[700,1500]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[700,1500]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized + operand_buffers=2 tiles_in_block_k=4 tiles_in_block_m=2 tiles_in_block_n=1","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","lnc_split":"n","loop_order":"nkm","operand_buffers":2,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":4,"tiles_in_block_m":2,"tiles_in_block_n":1}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -36,31 +37,34 @@ def gemm_kernel(a, b):
     """
     assert tuple(a.shape) == (700, 1300), f"a: expected shape (700, 1300), got {a.shape}"
     assert tuple(b.shape) == (1300, 1500), f"b: expected shape (1300, 1500), got {b.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'n' split (0..1)
     c = nl.ndarray((700, 1500), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=1 tiles_in_block_k=4 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=2 psum_buffers=0
-    for n_blk in nl.static_range(3):
+    # schedule: tile_m=128 tile_n=375 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=1 tiles_in_block_k=4 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=2 psum_buffers=0 lnc_split=n
+    # 2 programs: each its 2 of 4
+    for n_blk in nl.affine_range(2):
         # B block: K on partitions, N free (moving); 2 copies the loads rotate through
-        b_tiles = nl.ndarray((128, 2, 4, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((128, 2, 4, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.zeros((128, 6, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.zeros((128, 6, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
         for k_blk in nl.static_range(3):
             # A^T block: K on partitions, M free (stationary); 2 copies the loads rotate through
             a_t_tiles = nl.ndarray((128, 2, 4, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in nl.static_range(min(4, 11 - 4 * k_blk)):
-                b_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), k_blk % 2, bk, 0:min(512, 1500 - 512 * n_blk)] = nl.load(b[512 * k_blk + 128 * bk:min(512 * k_blk + 128 * bk + 128, 1300), 512 * n_blk:min(512 * n_blk + 512, 1500)])
+                b_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), k_blk % 2, bk, 0:375] = nl.load(b[512 * k_blk + 128 * bk:min(512 * k_blk + 128 * bk + 128, 1300), 375 * n_blk + 750 * pid:375 * n_blk + 750 * pid + 375])
             for m_blk in nl.static_range(3):
                 for bk in nl.static_range(min(4, 11 - 4 * k_blk)):
                     a_t_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), m_blk % 2, bk, 0:min(256, 700 - 256 * m_blk)] = nl.load_transpose2d(a[256 * m_blk:min(256 * m_blk + 256, 700), 512 * k_blk + 128 * bk:min(512 * k_blk + 128 * bk + 128, 1300)])
                 for bm in nl.static_range(2):
-                    c_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+                    c_psum = nl.zeros((128, 375), dtype=nl.float32, buffer=nl.psum)
                     for bk in nl.static_range(min(4, 11 - 4 * k_blk)):
-                        c_psum[0:min(128, 700 - 256 * m_blk - 128 * bm), 0:min(512, 1500 - 512 * n_blk)] += nisa.nc_matmul(a_t_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), m_blk % 2, bk, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], b_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), k_blk % 2, bk, 0:min(512, 1500 - 512 * n_blk)])
-                    acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 0:min(512, 1500 - 512 * n_blk)] = nl.add(acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 0:min(512, 1500 - 512 * n_blk)], c_psum[0:min(128, 700 - 256 * m_blk - 128 * bm), 0:min(512, 1500 - 512 * n_blk)], dtype=nl.bfloat16)
+                        c_psum[0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375] += nisa.nc_matmul(a_t_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), m_blk % 2, bk, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], b_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), k_blk % 2, bk, 0:375])
+                    acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 0:375] = nl.add(acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 0:375], c_psum[0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], dtype=nl.bfloat16)
         for m_tile in nl.static_range(6):
             # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            c_rows[0:min(128, 700 - 128 * m_tile), 0:min(512, 1500 - 512 * n_blk)] = nl.copy(acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:min(512, 1500 - 512 * n_blk)], dtype=nl.bfloat16)
-            nl.store(c[128 * m_tile:min(128 * m_tile + 128, 700), 512 * n_blk:min(512 * n_blk + 512, 1500)], value=c_rows[0:min(128, 700 - 128 * m_tile), 0:min(512, 1500 - 512 * n_blk)])
+            c_rows = nl.ndarray((128, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
+            c_rows[0:min(128, 700 - 128 * m_tile), 0:375] = nl.copy(acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:375], dtype=nl.bfloat16)
+            nl.store(c[128 * m_tile:min(128 * m_tile + 128, 700), 375 * n_blk + 750 * pid:375 * n_blk + 750 * pid + 375], value=c_rows[0:min(128, 700 - 128 * m_tile), 0:375])
     return c
 
 

@@ -3,13 +3,14 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=700 N=1500 K=300, bfloat16, A[M,K]
 # schedule     aws-fully-optimized + psum_buffers=2 tiles_in_block_m=2
-# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=2
-# footprint    SBUF 19968 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    78.8 us on trn2 (overhead-bound; cost model v3, lower bound 54.7 us)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=2 lnc_split=n
+# footprint    SBUF 15036 of 212992 bytes/partition, PSUM 2 of 8 banks
+# predicted    67.4 us on trn2 LNC=2 (overhead-bound; cost model v3, lower bound 50.0 us)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch gemm_kernel[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph gemm {
@@ -18,7 +19,7 @@
 #     %mm0 = matmul %a, %b : [700, 1500] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [700, 300] bfloat16 layout=row_major\n  %b = input \"b\" [300, 1500] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [700, 1500] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[700,300]},{"dtype":"bfloat16","name":"b","shape":[300,1500]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[700,300]},{"dtype":"bfloat16","name":"b","shape":[300,1500]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[700,1500]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[700,1500]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized + psum_buffers=2 tiles_in_block_m=2","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","loop_order":"nkm","operand_buffers":0,"psum_buffers":2,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":3,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [700, 300] bfloat16 layout=row_major\n  %b = input \"b\" [300, 1500] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [700, 1500] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[700,300]},{"dtype":"bfloat16","name":"b","shape":[300,1500]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[700,300]},{"dtype":"bfloat16","name":"b","shape":[300,1500]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[700,1500]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[700,1500]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized + psum_buffers=2 tiles_in_block_m=2","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"row","lnc_split":"n","loop_order":"nkm","operand_buffers":0,"psum_buffers":2,"tile_k":128,"tile_m":128,"tile_n":512,"tile_order":"nm","tiles_in_block_k":3,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -36,74 +37,51 @@ def gemm_kernel(a, b):
     """
     assert tuple(a.shape) == (700, 300), f"a: expected shape (700, 300), got {a.shape}"
     assert tuple(b.shape) == (300, 1500), f"b: expected shape (300, 1500), got {b.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'n' split (0..1)
     c = nl.ndarray((700, 1500), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=2
-    # loops over bm, bn, n_blk unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-    # partial sums of every output tile the K loop revisits
-    acc_sbuf = nl.ndarray((128, 6, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=acc_sbuf, value=0.0)
-    # B block: K on partitions, N free (moving)
-    b_tiles = nl.ndarray((128, 3, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for bk in range(3):
-        nisa.dma_copy(dst=b_tiles[0:min(128, 300 - 128 * bk), bk, 0:1024], src=b[128 * bk:min(128 * bk + 128, 300), 0:1024])
-    for m_blk in range(3):
-        # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 3, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # schedule: tile_m=128 tile_n=375 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=2 lnc_split=n
+    # 2 programs: each its 1 of 2
+    for n_blk in range(1):
+        # partial sums of every output tile the K loop revisits
+        acc_sbuf = nl.ndarray((128, 6, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.memset(dst=acc_sbuf, value=0.0)
+        # B block: K on partitions, N free (moving)
+        b_tiles = nl.ndarray((128, 3, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(3):
-            nisa.dma_transpose(dst=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 0:min(256, 700 - 256 * m_blk)], src=a[256 * m_blk:min(256 * m_blk + 256, 700), 128 * bk:min(128 * bk + 128, 300)])
-        # 2 PSUM copies the block's output tiles rotate through
-        c_psum__b0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        c_psum__b1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:512], stationary=a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 0:512], accumulate=False)
-        for bk in range(2):
-            nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:512], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:512])
-        nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:512], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:512], data2=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:512], op=nl.add)
-        nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:512], stationary=a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 0:512], accumulate=False)
-        for bk in range(2):
-            nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:512], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:512])
-        nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:512], data1=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:512], data2=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:512], op=nl.add)
-        nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:512], stationary=a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 512:1024], accumulate=False)
-        for bk in range(2):
-            nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:512], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 512:1024])
-        nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 512:1024], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 512:1024], data2=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:512], op=nl.add)
-        nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:512], stationary=a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 512:1024], accumulate=False)
-        for bk in range(2):
-            nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:512], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 512:1024])
-        nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 512:1024], data1=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 512:1024], data2=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:512], op=nl.add)
-    for m_tile in range(6):
-        # one row of output tiles, packed for a single store
-        c_rows = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 0:512], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:512])
-        nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 512:1024], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 512:1024])
-        nisa.dma_copy(dst=c[128 * m_tile:min(128 * m_tile + 128, 700), 0:1024], src=c_rows[0:min(128, 700 - 128 * m_tile), 0:1024])
-    # partial sums of every output tile the K loop revisits
-    acc_sbuf = nl.ndarray((128, 6, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=acc_sbuf, value=0.0)
-    # B block: K on partitions, N free (moving)
-    b_tiles = nl.ndarray((128, 3, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for bk in range(3):
-        nisa.dma_copy(dst=b_tiles[0:min(128, 300 - 128 * bk), bk, 0:476], src=b[128 * bk:min(128 * bk + 128, 300), 1024:1500])
-    for m_blk in range(3):
-        # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 3, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bk in range(3):
-            nisa.dma_transpose(dst=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 0:min(256, 700 - 256 * m_blk)], src=a[256 * m_blk:min(256 * m_blk + 256, 700), 128 * bk:min(128 * bk + 128, 300)])
-        # 2 PSUM copies the block's output tiles rotate through
-        c_psum__b0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        c_psum__b1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:476], stationary=a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 0:476], accumulate=False)
-        for bk in range(2):
-            nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:476], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:476])
-        nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:476], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:476], data2=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:476], op=nl.add)
-        nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:476], stationary=a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 0:476], accumulate=False)
-        for bk in range(2):
-            nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:476], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:476])
-        nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:476], data1=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:476], data2=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:476], op=nl.add)
-    for m_tile in range(6):
-        # one row of output tiles, packed for a single store
-        c_rows = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 0:476], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:476])
-        nisa.dma_copy(dst=c[128 * m_tile:min(128 * m_tile + 128, 700), 1024:1500], src=c_rows[0:min(128, 700 - 128 * m_tile), 0:476])
+            nisa.dma_copy(dst=b_tiles[0:min(128, 300 - 128 * bk), bk, 0:750], src=b[128 * bk:min(128 * bk + 128, 300), 750 * n_blk + 750 * pid:750 * n_blk + 750 * pid + 750])
+        for m_blk in range(3):
+            # A^T block: K on partitions, M free (stationary)
+            a_t_tiles = nl.ndarray((128, 3, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for bk in range(3):
+                nisa.dma_transpose(dst=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 0:min(256, 700 - 256 * m_blk)], src=a[256 * m_blk:min(256 * m_blk + 256, 700), 128 * bk:min(128 * bk + 128, 300)])
+            # 2 PSUM copies the block's output tiles rotate through
+            c_psum__b0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            c_psum__b1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            # loops over bm, bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+            nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 0:375], accumulate=False)
+            for bk in range(2):
+                nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:375])
+            nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:375], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:375], data2=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], op=nl.add)
+            nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 0:375], accumulate=False)
+            for bk in range(2):
+                nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:375])
+            nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:375], data1=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:375], data2=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], op=nl.add)
+            nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 375:750], accumulate=False)
+            for bk in range(2):
+                nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375:750])
+            nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 375:750], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 375:750], data2=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], op=nl.add)
+            nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 375:750], accumulate=False)
+            for bk in range(2):
+                nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375:750])
+            nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 375:750], data1=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 375:750], data2=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], op=nl.add)
+        for m_tile in range(6):
+            # one row of output tiles, packed for a single store
+            c_rows = nl.ndarray((128, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
+            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+            nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 0:375], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:375])
+            nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 375:750], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 375:750])
+            nisa.dma_copy(dst=c[128 * m_tile:min(128 * m_tile + 128, 700), 750 * n_blk + 750 * pid:750 * n_blk + 750 * pid + 750], src=c_rows[0:min(128, 700 - 128 * m_tile), 0:750])
     return c
 
 

@@ -3,13 +3,14 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=200 N=700 K=300, bfloat16, A[M,K]
 # schedule     aws-fully-optimized + dma=tile tile_m=64 tile_n=256
-# parameters   tile_m=64 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=tile a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0
-# footprint    SBUF 7936 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    60.0 us on trn3 (memory-bound; cost model v3, lower bound 46.9 us)
-# model error  not validated: no published trn3 measurement to compare with
+# parameters   tile_m=64 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=tile a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=n
+# footprint    SBUF 5668 of 245760 bytes/partition, PSUM 1 of 8 banks
+# predicted    56.3 us on trn3 LNC=2 (overhead-bound; cost model v3, lower bound 46.1 us)
+# model error  not validated: no published trn3 measurement to compare with; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn3
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch gemm_kernel[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph gemm {
@@ -18,7 +19,7 @@
 #     %mm0 = matmul %a, %b : [200, 700] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [200, 300] bfloat16 layout=row_major\n  %b = input \"b\" [300, 700] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [200, 700] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[200,300]},{"dtype":"bfloat16","name":"b","shape":[300,700]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[200,300]},{"dtype":"bfloat16","name":"b","shape":[300,700]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[200,700]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[200,700]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized + dma=tile tile_m=64 tile_n=256","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"tile","loop_order":"nkm","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":64,"tile_n":256,"tile_order":"nm","tiles_in_block_k":3,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn3"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [200, 300] bfloat16 layout=row_major\n  %b = input \"b\" [300, 700] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [200, 700] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[200,300]},{"dtype":"bfloat16","name":"b","shape":[300,700]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[200,300]},{"dtype":"bfloat16","name":"b","shape":[300,700]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[200,700]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[200,700]}],"schedule":{"kind":"gemm","name":"aws-fully-optimized + dma=tile tile_m=64 tile_n=256","params":{"a_transpose":"dma","accumulate":"sbuf","accumulator_dtype":"output","dma":"tile","lnc_split":"n","loop_order":"nkm","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":64,"tile_n":256,"tile_order":"nm","tiles_in_block_k":3,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn3"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -36,34 +37,37 @@ def gemm_kernel(a, b):
     """
     assert tuple(a.shape) == (200, 300), f"a: expected shape (200, 300), got {a.shape}"
     assert tuple(b.shape) == (300, 700), f"b: expected shape (300, 700), got {b.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'n' split (0..1)
     c = nl.ndarray((200, 700), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=64 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=tile a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0
-    for n_blk in range(2):
+    # schedule: tile_m=64 tile_n=175 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=tile a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=n
+    # 2 programs: each its 1 of 2
+    for n_blk in range(1):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((64, 4, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.ndarray((64, 4, 350), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.memset(dst=acc_sbuf, value=0.0)
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 3, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(min(2, 3 - 2 * n_blk)):
+        b_tiles = nl.ndarray((128, 3, 350), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bn in range(2):
             for bk in range(3):
-                nisa.dma_copy(dst=b_tiles[0:min(128, 300 - 128 * bk), bk, 256 * bn:min(256 * bn + 256, 700 - 512 * n_blk)], src=b[128 * bk:min(128 * bk + 128, 300), 512 * n_blk + 256 * bn:min(512 * n_blk + 256 * bn + 256, 700)])
+                nisa.dma_copy(dst=b_tiles[0:min(128, 300 - 128 * bk), bk, 175 * bn:175 * bn + 175], src=b[128 * bk:min(128 * bk + 128, 300), 350 * n_blk + 175 * bn + 350 * pid:350 * n_blk + 175 * bn + 350 * pid + 175])
         for m_blk in range(2):
             # A^T block: K on partitions, M free (stationary)
             a_t_tiles = nl.ndarray((128, 3, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bm in range(2):
                 for bk in range(3):
                     nisa.dma_transpose(dst=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 64 * bm:min(64 * bm + 64, 200 - 128 * m_blk)], src=a[128 * m_blk + 64 * bm:min(128 * m_blk + 64 * bm + 64, 200), 128 * bk:min(128 * bk + 128, 300)])
-            for bn in range(min(2, 3 - 2 * n_blk)):
+            for bn in range(2):
                 for bm in range(2):
-                    c_psum = nl.ndarray((64, 256), dtype=nl.float32, buffer=nl.psum)
+                    c_psum = nl.ndarray((64, 175), dtype=nl.float32, buffer=nl.psum)
                     for bk in range(3):
-                        nisa.nc_matmul(dst=c_psum[0:min(64, 200 - 128 * m_blk - 64 * bm), 0:min(256, 700 - 512 * n_blk - 256 * bn)], stationary=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 64 * bm:min(64 * bm + 64, 200 - 128 * m_blk)], moving=b_tiles[0:min(128, 300 - 128 * bk), bk, 256 * bn:min(256 * bn + 256, 700 - 512 * n_blk)])
-                    nisa.tensor_tensor(dst=acc_sbuf[0:min(64, 200 - 128 * m_blk - 64 * bm), 2 * m_blk + bm, 256 * bn:min(256 * bn + 256, 700 - 512 * n_blk)], data1=acc_sbuf[0:min(64, 200 - 128 * m_blk - 64 * bm), 2 * m_blk + bm, 256 * bn:min(256 * bn + 256, 700 - 512 * n_blk)], data2=c_psum[0:min(64, 200 - 128 * m_blk - 64 * bm), 0:min(256, 700 - 512 * n_blk - 256 * bn)], op=nl.add)
+                        nisa.nc_matmul(dst=c_psum[0:min(64, 200 - 128 * m_blk - 64 * bm), 0:175], stationary=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 64 * bm:min(64 * bm + 64, 200 - 128 * m_blk)], moving=b_tiles[0:min(128, 300 - 128 * bk), bk, 175 * bn:175 * bn + 175])
+                    nisa.tensor_tensor(dst=acc_sbuf[0:min(64, 200 - 128 * m_blk - 64 * bm), 2 * m_blk + bm, 175 * bn:175 * bn + 175], data1=acc_sbuf[0:min(64, 200 - 128 * m_blk - 64 * bm), 2 * m_blk + bm, 175 * bn:175 * bn + 175], data2=c_psum[0:min(64, 200 - 128 * m_blk - 64 * bm), 0:175], op=nl.add)
         for m_tile in range(4):
-            for bn in range(min(2, 3 - 2 * n_blk)):
-                c_tile = nl.ndarray((64, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=c_tile[0:min(64, 200 - 64 * m_tile), 0:min(256, 700 - 512 * n_blk - 256 * bn)], src=acc_sbuf[0:min(64, 200 - 64 * m_tile), m_tile, 256 * bn:min(256 * bn + 256, 700 - 512 * n_blk)])
-                nisa.dma_copy(dst=c[64 * m_tile:min(64 * m_tile + 64, 200), 512 * n_blk + 256 * bn:min(512 * n_blk + 256 * bn + 256, 700)], src=c_tile[0:min(64, 200 - 64 * m_tile), 0:min(256, 700 - 512 * n_blk - 256 * bn)])
+            for bn in range(2):
+                c_tile = nl.ndarray((64, 175), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=c_tile[0:min(64, 200 - 64 * m_tile), 0:175], src=acc_sbuf[0:min(64, 200 - 64 * m_tile), m_tile, 175 * bn:175 * bn + 175])
+                nisa.dma_copy(dst=c[64 * m_tile:min(64 * m_tile + 64, 200), 350 * n_blk + 175 * bn + 350 * pid:350 * n_blk + 175 * bn + 350 * pid + 175], src=c_tile[0:min(64, 200 - 64 * m_tile), 0:175])
     return c
 
 

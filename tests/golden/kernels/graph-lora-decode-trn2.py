@@ -3,13 +3,14 @@
 #
 # workload     graph lora (examples/graphs/lora.yaml): x[1, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048] -> y[1, 2048], bfloat16
 # schedule     default
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
 # footprint    lora_k0: SBUF 18466 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    93.4 us on trn2 (cost model v3, 1 kernel)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    77.0 us on trn2 LNC=2 (cost model v3, 1 kernel)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch lora_k0[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph lora {
@@ -23,7 +24,7 @@
 #     %merged = elementwise add %base, %delta : [1, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %merged
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph lora {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w = input \"w\" [2048, 2048] bfloat16 layout=row_major\n  %lora_a = input \"lora_a\" [2048, 16] bfloat16 layout=row_major\n  %lora_b = input \"lora_b\" [16, 2048] bfloat16 layout=row_major\n  %base = matmul %x, %w : [1, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %xa = matmul %x, %lora_a : [1, 16] bfloat16 {acc=xa, group=xa, kernel=k0, orient=transposed, place=sbuf}\n  %delta = matmul %xa, %lora_b : [1, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %merged = elementwise add %base, %delta : [1, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %merged\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"name":"lora_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph lora {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w = input \"w\" [2048, 2048] bfloat16 layout=row_major\n  %lora_a = input \"lora_a\" [2048, 16] bfloat16 layout=row_major\n  %lora_b = input \"lora_b\" [16, 2048] bfloat16 layout=row_major\n  %base = matmul %x, %w : [1, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %xa = matmul %x, %lora_a : [1, 16] bfloat16 {acc=xa, group=xa, kernel=k0, orient=transposed, place=sbuf}\n  %delta = matmul %xa, %lora_b : [1, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %merged = elementwise add %base, %delta : [1, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %merged\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"name":"lora_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"features","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -43,8 +44,10 @@ def lora_k0(x, w, lora_a, lora_b):
     assert tuple(w.shape) == (2048, 2048), f"w: expected shape (2048, 2048), got {w.shape}"
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
     assert tuple(lora_b.shape) == (16, 2048), f"lora_b: expected shape (16, 2048), got {lora_b.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
     y = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
@@ -60,12 +63,13 @@ def lora_k0(x, w, lora_a, lora_b):
         nisa.nc_matmul(dst=xa_psum[0:16, 0:1], stationary=lora_a_block[0:128, kt, 0:16], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=xa_strip[0:16, 0, 0:1], src=xa_psum[0:16, 0:1])
     # y = merged = (x @ w + xa @ lora_b) (summed in one PSUM accumulator): strips stationary, weights moving
-    for o_blk in range(4):
+    # 2 programs: each its 2 of 4
+    for o_blk in range(2):
         w_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=w_block[0:128, kt, 0:512], src=w[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
+            nisa.dma_copy(dst=w_block[0:128, kt, 0:512], src=w[128 * kt:128 * kt + 128, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
         lora_b_block = nl.ndarray((16, 1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=lora_b_block[0:16, 0, 0:512], src=lora_b[0:16, 512 * o_blk:512 * o_blk + 512])
+        nisa.dma_copy(dst=lora_b_block[0:16, 0, 0:512], src=lora_b[0:16, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
         # one packed row of output tiles
         y_rows = nl.ndarray((1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         merged_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
@@ -73,7 +77,7 @@ def lora_k0(x, w, lora_a, lora_b):
             nisa.nc_matmul(dst=merged_psum[0:1, 0:512], stationary=x_strip[0:128, kt, 0:1], moving=w_block[0:128, kt, 0:512])
         nisa.nc_matmul(dst=merged_psum[0:1, 0:512], stationary=xa_strip[0:16, 0, 0:1], moving=lora_b_block[0:16, 0, 0:512])
         nisa.tensor_copy(dst=y_rows[0:1, 0:512], src=merged_psum[0:1, 0:512])
-        nisa.dma_copy(dst=y[0:1, 512 * o_blk:512 * o_blk + 512], src=y_rows[0:1, 0:512])
+        nisa.dma_copy(dst=y[0:1, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512], src=y_rows[0:1, 0:512])
     return y
 
 

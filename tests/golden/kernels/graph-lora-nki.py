@@ -3,7 +3,7 @@
 #
 # workload     graph lora (examples/graphs/lora.yaml): x[256, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048] -> y[256, 2048], bfloat16
 # schedule     default
-# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
+# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
 # footprint    lora_k0: SBUF 22784 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted    258.6 us on trn1 (cost model v3, 1 kernel)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
@@ -23,7 +23,7 @@
 #     %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %merged
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph lora {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %w = input \"w\" [2048, 2048] bfloat16 layout=row_major\n  %lora_a = input \"lora_a\" [2048, 16] bfloat16 layout=row_major\n  %lora_b = input \"lora_b\" [16, 2048] bfloat16 layout=row_major\n  %base = matmul %x, %w : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %xa = matmul %x, %lora_a : [256, 16] bfloat16 {acc=xa, group=xa, kernel=k0, orient=transposed, place=sbuf}\n  %delta = matmul %xa, %lora_b : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %merged\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"name":"lora_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph lora {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %w = input \"w\" [2048, 2048] bfloat16 layout=row_major\n  %lora_a = input \"lora_a\" [2048, 16] bfloat16 layout=row_major\n  %lora_b = input \"lora_b\" [16, 2048] bfloat16 layout=row_major\n  %base = matmul %x, %w : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %xa = matmul %x, %lora_a : [256, 16] bfloat16 {acc=xa, group=xa, kernel=k0, orient=transposed, place=sbuf}\n  %delta = matmul %xa, %lora_b : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=sbuf}\n  %merged = elementwise add %base, %delta : [256, 2048] bfloat16 {acc=merged, group=merged, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %merged\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"w","shape":[2048,2048]},{"dtype":"bfloat16","name":"lora_a","shape":[2048,16]},{"dtype":"bfloat16","name":"lora_b","shape":[16,2048]}],"name":"lora_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"none","mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -44,7 +44,7 @@ def lora_k0(x, w, lora_a, lora_b):
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
     assert tuple(lora_b.shape) == (16, 2048), f"lora_b: expected shape (16, 2048), got {lora_b.shape}"
     y = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
     # blocks of tokens
     for m_blk in range(2):
         # x^T strip: features on partitions, tokens free

@@ -3,13 +3,14 @@
 #
 # workload     graph three_factor_chain (examples/graphs/three_factor_chain.yaml): x[1, 2048], p[2048, 512], q[512, 256], r[256, 4096] -> y[1, 4096], bfloat16
 # schedule     default
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
-# footprint    three_factor_chain_k0: SBUF 24580 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    70.4 us on trn2 (cost model v3, 1 kernel)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
+# footprint    three_factor_chain_k0: SBUF 16424 of 212992 bytes/partition, PSUM 1 of 8 banks
+# predicted    67.6 us on trn2 LNC=2 (cost model v3, 1 kernel)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch three_factor_chain_k0[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph three_factor_chain {
@@ -22,7 +23,7 @@
 #     %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xpqr
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [1, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [1, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [1, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [1, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"features","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -42,8 +43,10 @@ def three_factor_chain_k0(x, p, q, r):
     assert tuple(p.shape) == (2048, 512), f"p: expected shape (2048, 512), got {p.shape}"
     assert tuple(q.shape) == (512, 256), f"q: expected shape (512, 256), got {q.shape}"
     assert tuple(r.shape) == (256, 4096), f"r: expected shape (256, 4096), got {r.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
     y = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
@@ -71,17 +74,19 @@ def three_factor_chain_k0(x, p, q, r):
             nisa.nc_matmul(dst=xpq_psum[0:128, 0:1], stationary=q_block[0:128, kt, 128 * ft:128 * ft + 128], moving=xp_strip[0:128, kt, 0:1])
         nisa.tensor_copy(dst=xpq_strip[0:128, ft, 0:1], src=xpq_psum[0:128, 0:1])
     # y = xpqr = (xpq @ r): strips stationary, weights moving
-    r_block = nl.ndarray((128, 2, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(2):
-        nisa.dma_copy(dst=r_block[0:128, kt, 0:4096], src=r[128 * kt:128 * kt + 128, 0:4096])
-    # one packed row of output tiles
-    y_rows = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for bn in range(8):
-        xpqr_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+    # 2 programs: each its 1 of 2
+    for o_blk in range(1):
+        r_block = nl.ndarray((128, 2, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(2):
-            nisa.nc_matmul(dst=xpqr_psum[0:1, 0:512], stationary=xpq_strip[0:128, kt, 0:1], moving=r_block[0:128, kt, 512 * bn:512 * bn + 512])
-        nisa.tensor_copy(dst=y_rows[0:1, 512 * bn:512 * bn + 512], src=xpqr_psum[0:1, 0:512])
-    nisa.dma_copy(dst=y[0:1, 0:4096], src=y_rows[0:1, 0:4096])
+            nisa.dma_copy(dst=r_block[0:128, kt, 0:2048], src=r[128 * kt:128 * kt + 128, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048])
+        # one packed row of output tiles
+        y_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bn in range(4):
+            xpqr_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+            for kt in range(2):
+                nisa.nc_matmul(dst=xpqr_psum[0:1, 0:512], stationary=xpq_strip[0:128, kt, 0:1], moving=r_block[0:128, kt, 512 * bn:512 * bn + 512])
+            nisa.tensor_copy(dst=y_rows[0:1, 512 * bn:512 * bn + 512], src=xpqr_psum[0:1, 0:512])
+        nisa.dma_copy(dst=y[0:1, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048], src=y_rows[0:1, 0:2048])
     return y
 
 

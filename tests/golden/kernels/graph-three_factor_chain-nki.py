@@ -3,7 +3,7 @@
 #
 # workload     graph three_factor_chain (examples/graphs/three_factor_chain.yaml): x[256, 2048], p[2048, 512], q[512, 256], r[256, 4096] -> y[256, 4096], bfloat16
 # schedule     default
-# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
+# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
 # footprint    three_factor_chain_k0: SBUF 25088 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted    126.0 us on trn1 (cost model v3, 1 kernel)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
@@ -22,7 +22,7 @@
 #     %xpqr = matmul %xpq, %r : [256, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xpqr
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [256, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [256, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [256, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [256, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [256, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [256, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [256, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[256,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[256,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"none","mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -43,7 +43,7 @@ def three_factor_chain_k0(x, p, q, r):
     assert tuple(q.shape) == (512, 256), f"q: expected shape (512, 256), got {q.shape}"
     assert tuple(r.shape) == (256, 4096), f"r: expected shape (256, 4096), got {r.shape}"
     y = nl.ndarray((256, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
     # blocks of tokens
     for m_blk in range(2):
         # x^T strip: features on partitions, tokens free

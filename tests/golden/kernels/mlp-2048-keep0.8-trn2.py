@@ -3,13 +3,14 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=2048 hidden=4096 intermediate=14336, ranks gate/up/down 2560/2560/2560, bfloat16
 # schedule     default
-# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
+# parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
 # footprint    svd_mlp_k0: SBUF 70144 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    27813.1 us on trn2 (cost model v3, 1 kernel)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    13931.1 us on trn2 LNC=2 (cost model v3, 1 kernel)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch svd_mlp_k0[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph svd_mlp {
@@ -30,7 +31,7 @@
 #     %down = matmul %h_ud, %v_down : [2048, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [2048, 4096] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [4096, 2560] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [2560, 14336] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [4096, 2560] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [2560, 14336] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [14336, 2560] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [2560, 4096] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [2048, 2560] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [2048, 14336] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [2048, 2560] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [2048, 14336] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [2048, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [2048, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [2048, 2560] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [2048, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[2048,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[2048,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[2048,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[2048,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [2048, 4096] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [4096, 2560] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [2560, 14336] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [4096, 2560] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [2560, 14336] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [14336, 2560] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [2560, 4096] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [2048, 2560] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [2048, 14336] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [2048, 2560] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [2048, 14336] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [2048, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [2048, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [2048, 2560] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [2048, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[2048,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[2048,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[2048,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[2048,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"tokens","mlp":"whole","out_tile":512,"token_tile":128,"tokens_per_block":128,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -53,14 +54,16 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert tuple(v_up.shape) == (2560, 14336), f"v_up: expected shape (2560, 14336), got {v_up.shape}"
     assert tuple(u_down.shape) == (14336, 2560), f"u_down: expected shape (14336, 2560), got {u_down.shape}"
     assert tuple(v_down.shape) == (2560, 4096), f"v_down: expected shape (2560, 4096), got {v_down.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'tokens' split (0..1)
     out = nl.ndarray((2048, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole
-    # blocks of tokens
-    for m_blk in range(16):
+    # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
+    # blocks of tokens (2 programs: each its 8 of 16)
+    for m_blk in range(8):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((128, 32, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(32):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk:128 * m_blk + 128, 128 * kt:128 * kt + 128])
+            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk + 1024 * pid:128 * m_blk + 1024 * pid + 128, 128 * kt:128 * kt + 128])
         # x_ug^T strip of this token block, kept in SBUF
         x_ug_strip = nl.ndarray((128, 20, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -127,7 +130,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for kt in range(20):
                 nisa.nc_matmul(dst=down_psum[0:128, 0:512], stationary=h_ud_strip[0:128, kt, 0:128], moving=v_down_block[0:128, kt, 0:512])
             nisa.tensor_copy(dst=out_rows[0:128, 0:512], src=down_psum[0:128, 0:512])
-            nisa.dma_copy(dst=out[128 * m_blk:128 * m_blk + 128, 512 * o_blk:512 * o_blk + 512], src=out_rows[0:128, 0:512])
+            nisa.dma_copy(dst=out[128 * m_blk + 1024 * pid:128 * m_blk + 1024 * pid + 128, 512 * o_blk:512 * o_blk + 512], src=out_rows[0:128, 0:512])
     return out
 
 

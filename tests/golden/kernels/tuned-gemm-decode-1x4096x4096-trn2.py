@@ -3,13 +3,14 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=1 N=4096 K=4096, bfloat16, A[M,K]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
+# parameters   tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=n
 # footprint    SBUF 135232 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    150.3 us on trn2 (memory-bound; cost model v3, lower bound 137.9 us)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    99.9 us on trn2 LNC=2 (memory-bound; cost model v3, lower bound 91.6 us)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch gemm_kernel[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph gemm {
@@ -18,7 +19,7 @@
 #     %mm0 = matmul %a, %b : [1, 4096] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1, 4096] bfloat16 layout=row_major\n  %b = input \"b\" [4096, 4096] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1, 4096] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"kmn","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":1,"tile_n":512,"tile_order":"mn","tiles_in_block_k":32,"tiles_in_block_m":1,"tiles_in_block_n":4}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a = input \"a\" [1, 4096] bfloat16 layout=row_major\n  %b = input \"b\" [4096, 4096] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [1, 4096] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[1,4096]},{"dtype":"bfloat16","name":"b","shape":[4096,4096]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[1,4096]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","lnc_split":"n","loop_order":"kmn","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":1,"tile_n":512,"tile_order":"mn","tiles_in_block_k":32,"tiles_in_block_m":1,"tiles_in_block_n":4}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -36,8 +37,10 @@ def gemm_kernel(a, b):
     """
     assert tuple(a.shape) == (1, 4096), f"a: expected shape (1, 4096), got {a.shape}"
     assert tuple(b.shape) == (4096, 4096), f"b: expected shape (4096, 4096), got {b.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'n' split (0..1)
     c = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
+    # schedule: tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=n
     # A^T block: K on partitions, M free (stationary)
     a_t_tiles = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # A block as stored: M on partitions, K free
@@ -47,11 +50,12 @@ def gemm_kernel(a, b):
         a_t_psum = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.psum)
         nisa.nc_transpose(dst=a_t_psum[0:128, 0:1], data=a_rows[0:1, 0, 128 * bk:128 * bk + 128])
         nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 0:1], src=a_t_psum[0:128, 0:1])
-    for n_blk in range(2):
+    # 2 programs: each its 1 of 2
+    for n_blk in range(1):
         # B block: K on partitions, N free (moving)
         b_tiles = nl.ndarray((128, 32, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(32):
-            nisa.dma_copy(dst=b_tiles[0:128, bk, 0:2048], src=b[128 * bk:128 * bk + 128, 2048 * n_blk:2048 * n_blk + 2048])
+            nisa.dma_copy(dst=b_tiles[0:128, bk, 0:2048], src=b[128 * bk:128 * bk + 128, 2048 * n_blk + 2048 * pid:2048 * n_blk + 2048 * pid + 2048])
         # one row of the block's output tiles, stored once evicted
         c_row = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in range(4):
@@ -59,7 +63,7 @@ def gemm_kernel(a, b):
             for bk in range(32):
                 nisa.nc_matmul(dst=c_psum[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
             nisa.tensor_copy(dst=c_row[0:1, 512 * bn:512 * bn + 512], src=c_psum[0:1, 0:512])
-        nisa.dma_copy(dst=c[0:1, 2048 * n_blk:2048 * n_blk + 2048], src=c_row[0:1, 0:2048])
+        nisa.dma_copy(dst=c[0:1, 2048 * n_blk + 2048 * pid:2048 * n_blk + 2048 * pid + 2048], src=c_row[0:1, 0:2048])
     return c
 
 

@@ -3,13 +3,14 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=2048 N=1024 K=1024, bfloat16, A stored as A_t[K,M]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
+# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=n
 # footprint    SBUF 13312 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    106.2 us on trn3 (compute-bound; cost model v3, lower bound 101.5 us)
-# model error  not validated: no published trn3 measurement to compare with
+# predicted    78.0 us on trn3 LNC=2 (compute-bound; cost model v3, lower bound 73.4 us)
+# model error  not validated: no published trn3 measurement to compare with; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)
 # sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn3
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch gemm_kernel[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph gemm {
@@ -18,7 +19,7 @@
 #     %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a_t = input \"a_t\" [2048, 1024] bfloat16 layout=transposed\n  %b = input \"b\" [1024, 1024] bfloat16 layout=row_major\n  %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"knm","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":8,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn3"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph gemm {\n  %a_t = input \"a_t\" [2048, 1024] bfloat16 layout=transposed\n  %b = input \"b\" [1024, 1024] bfloat16 layout=row_major\n  %mm0 = matmul %a_t, %b : [2048, 1024] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a_t","shape":[1024,2048]},{"dtype":"bfloat16","name":"b","shape":[1024,1024]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[2048,1024]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"dma","accumulate":"psum","accumulator_dtype":"float32","dma":"row","lnc_split":"n","loop_order":"knm","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":8,"tiles_in_block_m":2,"tiles_in_block_n":2}},"target":"trn3"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -36,13 +37,16 @@ def gemm_kernel(a_t, b):
     """
     assert tuple(a_t.shape) == (1024, 2048), f"a_t: expected shape (1024, 2048), got {a_t.shape}"
     assert tuple(b.shape) == (1024, 1024), f"b: expected shape (1024, 1024), got {b.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'n' split (0..1)
     c = nl.ndarray((2048, 1024), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
-    for n_blk in range(2):
+    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=n
+    # 2 programs: each its 1 of 2
+    for n_blk in range(1):
         # B block: K on partitions, N free (moving)
         b_tiles = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(8):
-            nisa.dma_copy(dst=b_tiles[0:128, bk, 0:512], src=b[128 * bk:128 * bk + 128, 512 * n_blk:512 * n_blk + 512])
+            nisa.dma_copy(dst=b_tiles[0:128, bk, 0:512], src=b[128 * bk:128 * bk + 128, 512 * n_blk + 512 * pid:512 * n_blk + 512 * pid + 512])
         for m_blk in range(8):
             # A^T block: K on partitions, M free (stationary)
             a_t_tiles = nl.ndarray((128, 8, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -56,7 +60,7 @@ def gemm_kernel(a_t, b):
                     for bk in range(8):
                         nisa.nc_matmul(dst=c_psum[0:128, 0:256], stationary=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], moving=b_tiles[0:128, bk, 256 * bn:256 * bn + 256])
                     nisa.tensor_copy(dst=c_row[0:128, 256 * bn:256 * bn + 256], src=c_psum[0:128, 0:256])
-                nisa.dma_copy(dst=c[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 512 * n_blk:512 * n_blk + 512], src=c_row[0:128, 0:512])
+                nisa.dma_copy(dst=c[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 512 * n_blk + 512 * pid:512 * n_blk + 512 * pid + 512], src=c_row[0:128, 0:512])
     return c
 
 

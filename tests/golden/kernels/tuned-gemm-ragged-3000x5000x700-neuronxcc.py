@@ -3,7 +3,7 @@
 #
 # problem      C[M,N] = A[M,K] @ B[K,N], M=3000 N=5000 K=700, bfloat16, A[M,K]
 # schedule     tuned (optuna, seed 0)
-# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
+# parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=none
 # footprint    SBUF 49152 of 180224 bytes/partition, PSUM 1 of 8 banks
 # predicted    314.8 us on trn1 (compute-bound; cost model v3, lower bound 273.6 us)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
@@ -18,7 +18,7 @@
 #     %mm0 = matmul %a, %b : [3000, 5000] bfloat16
 #     %c = output "c" %mm0
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [3000, 700] bfloat16 layout=row_major\n  %b = input \"b\" [700, 5000] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [3000, 5000] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","loop_order":"kmn","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":6,"tiles_in_block_m":16,"tiles_in_block_n":4}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph gemm {\n  %a = input \"a\" [3000, 700] bfloat16 layout=row_major\n  %b = input \"b\" [700, 5000] bfloat16 layout=row_major\n  %mm0 = matmul %a, %b : [3000, 5000] bfloat16\n  %c = output \"c\" %mm0\n}\n","inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"a","shape":[3000,700]},{"dtype":"bfloat16","name":"b","shape":[700,5000]}],"name":"gemm_kernel","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"c","shape":[3000,5000]}],"schedule":{"kind":"gemm","name":"tuned (optuna, seed 0)","params":{"a_transpose":"pe","accumulate":"psum","accumulator_dtype":"float32","dma":"row","lnc_split":"none","loop_order":"kmn","operand_buffers":0,"psum_buffers":0,"tile_k":128,"tile_m":128,"tile_n":256,"tile_order":"mn","tiles_in_block_k":6,"tiles_in_block_m":16,"tiles_in_block_n":4}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -37,7 +37,7 @@ def gemm_kernel(a, b):
     assert tuple(a.shape) == (3000, 700), f"a: expected shape (3000, 700), got {a.shape}"
     assert tuple(b.shape) == (700, 5000), f"b: expected shape (700, 5000), got {b.shape}"
     c = nl.ndarray((3000, 5000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0
+    # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=none
     for m_blk in nl.static_range(2):
         # A^T block: K on partitions, M free (stationary)
         a_t_tiles = nl.ndarray((128, 6, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)

@@ -3,13 +3,14 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=1 hidden=2048 intermediate=8192, dense, bfloat16
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
 # footprint    dense_mlp_k0: SBUF 131236 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    376.9 us on trn2 (cost model v3, 1 kernel)
-# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
+# predicted    313.5 us on trn2 LNC=2 (cost model v3, 1 kernel)
+# model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
 # sdk          rules checked against Neuron SDK 2.26 to 2.29 on trn2
+# launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch dense_mlp_k0[nl.nc(2)](...); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
 #   graph dense_mlp {
@@ -24,7 +25,7 @@
 #     %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":0,"mlp":"whole","out_tile":256,"token_tile":1,"tokens_per_block":1,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"features","mlp":"whole","out_tile":256,"token_tile":1,"tokens_per_block":1,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -44,8 +45,10 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     assert tuple(w_gate.shape) == (2048, 8192), f"w_gate: expected shape (2048, 8192), got {w_gate.shape}"
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
     assert tuple(w_down.shape) == (8192, 2048), f"w_down: expected shape (8192, 2048), got {w_down.shape}"
+    assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
+    pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
@@ -76,10 +79,11 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
             act_f32[0:128, 0:1] = nl.silu(gate_psum[0:128, 0:1], dtype=nl.float32)
             h_strip[0:128, 16 * f_blk + ft, 0:1] = nl.multiply(act_f32[0:128, 0:1], up_psum[0:128, 0:1], dtype=nl.bfloat16)
     # out = down = (h @ w_down): strips stationary, weights moving
-    for o_blk in nl.affine_range(4):
+    # 2 programs: each its 2 of 4
+    for o_blk in nl.affine_range(2):
         w_down_block = nl.ndarray((128, 64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(64):
-            w_down_block[0:128, kt, 0:512] = nl.load(w_down[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
+            w_down_block[0:128, kt, 0:512] = nl.load(w_down[128 * kt:128 * kt + 128, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
         # one packed row of output tiles
         out_rows = nl.ndarray((1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.affine_range(2):
@@ -87,7 +91,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
             for kt in nl.affine_range(64):
                 down_psum[0:1, 0:256] += nisa.nc_matmul(h_strip[0:128, kt, 0:1], w_down_block[0:128, kt, 256 * bn:256 * bn + 256])
             out_rows[0:1, 256 * bn:256 * bn + 256] = nl.copy(down_psum[0:1, 0:256], dtype=nl.bfloat16)
-        nl.store(out[0:1, 512 * o_blk:512 * o_blk + 512], value=out_rows[0:1, 0:512])
+        nl.store(out[0:1, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512], value=out_rows[0:1, 0:512])
     return out
 
 
