@@ -21,10 +21,10 @@ def run(*args: str):
 
 def test_dense_mlp_prints_no_svd_rows(tmp_path):
     out = run("tune", *MLP, "--dense", "--trials", "5", "-o", str(tmp_path / "k.py"))
-    assert "dense (AWS kernels)" in out and "speedup vs dense:" in out
+    assert "dense (AWS kernels, LNC=1)" in out and "speedup vs dense:" in out  # the default target: trn2 LNC=2
     assert "SVD" not in out and "unfused" not in out
     svd = run("tune", *MLP, "--rank", "128", "--trials", "5", "-o", str(tmp_path / "s.py"))
-    assert "SVD factors unfused (AWS kernels)" in svd and "speedup vs unfused SVD:" in svd
+    assert "SVD factors unfused (AWS kernels, LNC=1)" in svd and "speedup vs unfused SVD:" in svd
 
 
 def test_explain_says_which_schedule_it_explains(tmp_path):

@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import NmmcError
 from .support import support_for
-from .targets import TARGETS
+from .targets import TARGETS, with_lnc
 from .vocab import Dialect, ElementwiseOp, Layout, NodeKind
 
 #: Outcomes that are not bugs.
@@ -148,6 +148,11 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
             params[key] = rng.choice(choices)
     target = rng.choice(tuple(TARGETS))
     dialect = rng.choice([d for d in Dialect if support_for(d, target) is not None])  # documented pairings only
+    if TARGETS[target].max_lnc > 1 and rng.random() < 0.5:  # the logical core (LNC=2), and sometimes its split
+        target = with_lnc(TARGETS[target], 2).spec
+        if rng.random() < 0.5:
+            params["lnc_split"] = rng.choice(("tokens", "features", "gather") if dialect == Dialect.NKI
+                                             else ("tokens", "features"))
     return FuzzCase(doc, bound, target, dialect, params)
 
 

@@ -103,7 +103,7 @@ def emit_lines(compiled: Compiled, output: str) -> list[str]:
     names = ", ".join(p.name for p in compiled.programs)
     footprint = "; ".join(fp.describe() for fp in compiled.footprints)
     return [f"wrote {output}: {names} for {compiled.workload.describe()}",
-            f"  target {compiled.target.name}, dialect {compiled.dialect}, schedule {compiled.schedule_name}",
+            f"  target {compiled.target.label}, dialect {compiled.dialect}, schedule {compiled.schedule_name}",
             f"  {footprint}",
             f"  predicted {compiled.cost.latency_us:.1f} us ({compiled.cost.bound}-bound; cost model "
             f"{trust_note(compiled.target, _fused(compiled.workload))})"]
@@ -111,7 +111,7 @@ def emit_lines(compiled: Compiled, output: str) -> list[str]:
 
 def costed_lines(workload: Workload, target: Target, costed: Costed) -> list[str]:
     """``nmmc cost``: the schedule, the whole's figures, then each kernel's when there are several."""
-    lines = [f"{workload.describe()} on {target.name}",
+    lines = [f"{workload.describe()} on {target.label}",
              f"schedule {costed.schedule_name}: {costed.schedule.describe()}"]
     lines += [f"  {line}" for line in cost_lines(costed.cost)]
     lines.append(f"  model error      {trust_note(target, _fused(workload))}")
@@ -181,7 +181,7 @@ def tune_lines(tuned: Tuned) -> list[str]:
     """``nmmc tune``: the search, the tuned kernel next to every baseline, speedups, the schedule."""
     c, s = tuned.compiled, tuned.search
     lines = [
-        f"{c.workload.describe()} on {c.target.name}",
+        f"{c.workload.describe()} on {c.target.label}",
         f"search: {s.method}, {s.trials} trials, {s.evaluated} schedules costed ({s.feasible} fit) "
         f"of {s.space_size}, {s.seconds:.2f} s",
         "",
@@ -194,8 +194,11 @@ def tune_lines(tuned: Tuned) -> list[str]:
     ]
     for name, speedup in tuned.speedups().items():
         label = f"speedup vs {tuned.baselines[name].speedup_label}"
-        lossy = f" ({LOSSY})" if name == "dense" and c.workload.svd else ""
-        lines.append(f"{label}: {speedup:.2f}x{lossy}" if speedup
+        notes = [LOSSY] if name == "dense" and c.workload.svd else []
+        if c.target.lnc > 1:  # the baselines are AWS's one-core kernels (lowerings/base.py, one_core_label)
+            notes.append(f"nmmc on LNC={c.target.lnc}, the baseline on one physical core")
+        suffix = f" ({'; '.join(notes)})" if notes else ""
+        lines.append(f"{label}: {speedup:.2f}x{suffix}" if speedup
                      else f"{label}: n/a (baseline not modelled or does not fit)")
     lines.append(f"schedule: {c.schedule.describe()}")
     if len(c.programs) > 1:
@@ -256,11 +259,12 @@ def explain_lines(compiled: Compiled, heading: str | None = None) -> list[str]:
                  for view, array in getattr(kernel, "hbm_aliases", {}).items()]
         lines += ["", f"== kernel {program.name}", *to_text(kernel).splitlines(), *views,
                   "", f"== loop nest of {program.name} (NKI 0.3+ spelling)", *NkiPrinter().kernel(program)]
-        lines += ["", f"== cost model of {program.name} on {compiled.target.name}", *_formula_lines(cost),
+        lines += ["", f"== cost model of {program.name} on {compiled.target.label}", *_formula_lines(cost),
                   *cost_lines(cost)]
     if len(compiled.programs) > 1:
         lines += ["", "== whole graph", *cost_lines(compiled.cost)]
-    lines += ["", f"== model error on {compiled.target.name}: {trust_note(compiled.target, _fused(compiled.workload))}"]
+    lines += ["", f"== model error on {compiled.target.label}: "
+                  f"{trust_note(compiled.target, _fused(compiled.workload))}"]
     return lines
 
 

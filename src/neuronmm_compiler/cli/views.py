@@ -47,6 +47,9 @@ def verify_lines(report: Any, file: str, backend: str) -> list[str]:
     status = "OK" if report.ok else "FAILED"
     where = "" if backend == "interpreter" else f", {backend}"
     lines = [f"{status}: {file} ({report.kernel}, {report.dialect}, {report.target}, seed {report.seed}{where})"]
+    if report.lnc > 1 and report.ok:
+        lines.append(f"  LNC={report.lnc}: all {report.lnc} programs ran against one HBM: no overlapping write, no "
+                     "unsynchronised read, every exchange matched (counters summed over the programs, peaks per core)")
     if report.sdk is not None:
         count = len(report.violations)
         lines.append(f"  NKI rules of Neuron SDK {report.sdk}: " + (

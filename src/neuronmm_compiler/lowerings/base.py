@@ -59,7 +59,9 @@ def transpose_choice(name: str, schedule: Any | None, params: Mapping[str, str |
 def one_core_label(label: str, target: Target) -> str:
     """A baseline's label, saying it runs on one physical core where the target has logical cores (AWS's tutorial
     kernels are LNC=1 kernels: they never read nl.program_id)."""
-    return f"{label}, LNC=1" if target.lnc > 1 else label
+    if target.lnc == 1:
+        return label
+    return f"{label[:-1]}, LNC=1)" if label.endswith(")") else f"{label} (LNC=1)"
 
 
 def split_restriction(schedule_class: type, lnc: int) -> dict[str, tuple]:

@@ -84,6 +84,8 @@ class VerifyReport:
     sdk: str | None = None
     #: What the static rule pass found (see :mod:`.static_check`); any violation fails the report.
     violations: list[Violation] = field(default_factory=list)
+    #: The kernel's logical-core degree: how many programs the interpreter ran against one HBM.
+    lnc: int = 1
     #: The largest magnitude in the reference outputs: the scale ``max_abs_error`` is read against.
     max_abs_reference: float | None = None
 
@@ -209,7 +211,7 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
     runner = _runner(backend, source, filename, meta.dialect)
     report = VerifyReport(ok=False, kernel=", ".join(k.name for k in kernels), target=tgt.name, dialect=meta.dialect,
                           seed=seed, rel_error=None, tolerance=TOLERANCES[out_dtype], max_abs_error=None,
-                          backend=backend)
+                          backend=backend, lnc=tgt.lnc)
     if rules:
         report.sdk, report.violations = static_rules(source, meta.dialect, tgt.name, sdk)
     inputs = random_inputs(meta.inputs, seed)
