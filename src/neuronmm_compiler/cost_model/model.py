@@ -230,39 +230,17 @@ def combine_reports(reports: list[CostReport]) -> CostReport:
     def total(name: str) -> float:
         return sum(getattr(r, name) for r in reports)
 
-    def merged(name: str) -> dict:
-        out: dict = {}
-        for r in reports:
-            for key, value in getattr(r, name).items():
-                out[key] = out.get(key, 0) + value
-        return dict(sorted(out.items())) if name == "dma_bytes_per_partition" else out
-
     slowest = max(reports, key=lambda r: r.latency_us)
-    hbm = total("hbm_bytes_read") + total("hbm_bytes_written")
     launches = sum(r.values.get("t_launch", 0.0) for r in reports[1:])  # all but one launch
-    flops = int(total("flops"))
     return CostReport(
         latency_us=total("latency_us") - launches,
         bound=slowest.bound,
-        flops=flops,
-        arithmetic_intensity=flops / hbm if hbm else 0.0,
-        hbm_bytes_read=int(total("hbm_bytes_read")),
-        hbm_bytes_written=int(total("hbm_bytes_written")),
-        hbm_bytes_read_by_tensor=merged("hbm_bytes_read_by_tensor"),
-        hbm_bytes_written_by_tensor=merged("hbm_bytes_written_by_tensor"),
-        dma_transfers=int(total("dma_transfers")),
-        dma_transposes=int(total("dma_transposes")),
-        dma_bytes_per_partition=merged("dma_bytes_per_partition"),
+        **_summed_counts(reports),
         engine_us={k: sum(r.engine_us[k] for r in reports) for k in reports[0].engine_us},
         dma_fixed_us=total("dma_fixed_us"),
         dma_bytes_us=total("dma_bytes_us"),
         prologue_us=total("prologue_us"),
         epilogue_us=total("epilogue_us"),
-        matmul_instructions=int(total("matmul_instructions")),
-        transposes=int(total("transposes")),
-        psum_evictions=int(total("psum_evictions")),
-        sbuf_read_bytes_by_pe=int(total("sbuf_read_bytes_by_pe")),
-        psum_to_sbuf_bytes=int(total("psum_to_sbuf_bytes")),
         sbuf_bytes_per_partition=max(r.sbuf_bytes_per_partition for r in reports),
         sbuf_capacity=reports[0].sbuf_capacity,
         psum_banks=max(r.psum_banks for r in reports),
@@ -271,6 +249,29 @@ def combine_reports(reports: list[CostReport]) -> CostReport:
         lower_bound_us=total("lower_bound_us") - launches,
         values={"t_launch": max(r.values.get("t_launch", 0.0) for r in reports)},
     )
+
+
+def _summed_counts(reports: list[CostReport]) -> dict[str, Any]:
+    """The traffic and instruction counts of several reports added up (kernels run one after another, or the
+    programs of a logical core), with the arithmetic intensity of the sum."""
+    def total(name: str) -> int:
+        return int(sum(getattr(r, name) for r in reports))
+
+    def merged(name: str) -> dict:
+        out: dict = {}
+        for r in reports:
+            for key, value in getattr(r, name).items():
+                out[key] = out.get(key, 0) + value
+        return dict(sorted(out.items())) if name == "dma_bytes_per_partition" else out
+
+    flops = total("flops")
+    hbm = total("hbm_bytes_read") + total("hbm_bytes_written")
+    counts: dict[str, Any] = {name: total(name) for name in (
+        "hbm_bytes_read", "hbm_bytes_written", "dma_transfers", "dma_transposes", "matmul_instructions", "transposes",
+        "psum_evictions", "sbuf_read_bytes_by_pe", "psum_to_sbuf_bytes")}
+    counts.update({name: merged(name) for name in (
+        "hbm_bytes_read_by_tensor", "hbm_bytes_written_by_tensor", "dma_bytes_per_partition")})
+    return {"flops": flops, "arithmetic_intensity": flops / hbm if hbm else 0.0, **counts}
 
 
 # ----------------------------------------------------------------------------- logical cores (LNC=2)
@@ -310,39 +311,10 @@ def estimate_programs(program: Program, target: Target, params: ModelParams | No
 
 
 def _combined(slowest: CostReport, reports: list[CostReport], params: ModelParams, programs: int) -> CostReport:
-    def total(name: str) -> int:
-        return int(sum(getattr(r, name) for r in reports))
-
-    def merged(name: str) -> dict:
-        out: dict = {}
-        for r in reports:
-            for key, value in getattr(r, name).items():
-                out[key] = out.get(key, 0) + value
-        return dict(sorted(out.items())) if name == "dma_bytes_per_partition" else out
-
     v = slowest.values
-    flops = total("flops")
-    hbm = total("hbm_bytes_read") + total("hbm_bytes_written")
-    # No kernel of this work is faster: its launch, plus its FLOPs at every core's peak or its compulsory traffic
-    # at the logical core's bandwidth.
-    lower = v["t_launch"] + max(flops / (v["peak_flops_per_us"] * programs),
+    counts = _summed_counts(reports)
+    # No kernel of this work is faster: its launch, plus its FLOPs at every core's peak or its compulsory traffic at
+    # the logical core's bandwidth.
+    lower = v["t_launch"] + max(counts["flops"] / (v["peak_flops_per_us"] * programs),
                                 v["compulsory_bytes"] / (v["bw"] * programs * params.lnc_hbm_share))
-    return replace(
-        slowest,
-        flops=flops,
-        arithmetic_intensity=flops / hbm if hbm else 0.0,
-        hbm_bytes_read=total("hbm_bytes_read"),
-        hbm_bytes_written=total("hbm_bytes_written"),
-        hbm_bytes_read_by_tensor=merged("hbm_bytes_read_by_tensor"),
-        hbm_bytes_written_by_tensor=merged("hbm_bytes_written_by_tensor"),
-        dma_transfers=total("dma_transfers"),
-        dma_transposes=total("dma_transposes"),
-        dma_bytes_per_partition=merged("dma_bytes_per_partition"),
-        matmul_instructions=total("matmul_instructions"),
-        transposes=total("transposes"),
-        psum_evictions=total("psum_evictions"),
-        sbuf_read_bytes_by_pe=total("sbuf_read_bytes_by_pe"),
-        psum_to_sbuf_bytes=total("psum_to_sbuf_bytes"),
-        lower_bound_us=lower,
-        program_latency_us=[r.latency_us for r in reports],
-    )
+    return replace(slowest, **counts, lower_bound_us=lower, program_latency_us=[r.latency_us for r in reports])

@@ -100,16 +100,20 @@ class SharedTensor:
         self.owner = np.full(alloc.data.shape, -1, np.int8)  # program that wrote each element, -1: none
         self.readers = np.zeros(alloc.data.shape, np.uint8) if track_readers else None  # bit p: program p read it
 
+    def _other_writer(self, t: Tensor, p: int) -> tuple[int, int] | None:
+        """(the other program that wrote into ``t``, how many elements) or None."""
+        owner = self.owner[t.key]
+        other = (owner >= 0) & (owner != p)
+        return (int(owner[other].flat[0]), int(other.sum())) if other.any() else None
+
     def read(self, t: Tensor) -> None:
         p = self.shared.current
         if p == HOST:
             return
-        owner = self.owner[t.key]
-        other = (owner >= 0) & (owner != p)
-        if other.any():
-            q = int(owner[other].flat[0])
-            raise LncRaceError(f"{UNSYNCED_READ}: program {p} reads {t.describe()}, which program {q} writes, with no "
-                               f"synchronisation between them ({SOURCE})")
+        found = self._other_writer(t, p)
+        if found is not None:
+            raise LncRaceError(f"{UNSYNCED_READ}: program {p} reads {t.describe()}, which program {found[0]} writes, "
+                               f"with no synchronisation between them ({SOURCE})")
         if self.readers is not None:
             self.readers[t.key] |= np.uint8(1 << p)
 
@@ -117,17 +121,13 @@ class SharedTensor:
         p = self.shared.current
         if p == HOST:
             return
-        owner = self.owner[t.key]
-        other = (owner >= 0) & (owner != p)
-        if other.any():
-            q = int(owner[other].flat[0])
-            raise LncRaceError(f"{WRITE_OVERLAP}: programs {q} and {p} both write {t.describe()} ({int(other.sum())} "
+        found = self._other_writer(t, p)
+        if found is not None:
+            raise LncRaceError(f"{WRITE_OVERLAP}: programs {found[0]} and {p} both write {t.describe()} ({found[1]} "
                                f"element(s)); the programs of a logical core must divide the outputs ({SOURCE})")
-        if self.readers is not None:
-            read_by_other = (self.readers[t.key] & np.uint8(~(1 << p) & 0xFF)) != 0
-            if read_by_other.any():
-                raise LncRaceError(f"{UNSYNCED_READ}: program {p} writes {t.describe()}, which the other program "
-                                   f"reads, with no synchronisation between them ({SOURCE})")
+        if self.readers is not None and ((self.readers[t.key] & np.uint8(~(1 << p) & 0xFF)) != 0).any():
+            raise LncRaceError(f"{UNSYNCED_READ}: program {p} writes {t.describe()}, which the other program reads, "
+                               f"with no synchronisation between them ({SOURCE})")
         self.owner[t.key] = p
 
 
