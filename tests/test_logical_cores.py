@@ -137,6 +137,9 @@ def test_gemm_verifies_with_both_programs(target, shape, params):
     (mlp_workload(8, 512, 1024, keep_ratio=0.8), {"lnc_split": "gather", "mlp": "split"}),
     (mlp_workload(256, 512, 1024, rank=256), {"lnc_split": "tokens", "tokens_per_block": 128}),
     (mlp_workload(96, 512, 1024, rank=256), {"lnc_split": "features"}),
+    (mlp_workload(1, 512, 1024, dense=True), {"lnc_split": "intermediate"}),  # partial down projections, reduced
+    (mlp_workload(8, 512, 1024, keep_ratio=0.8), {"lnc_split": "intermediate"}),  # partial h U_d, all-reduced
+    (chain_workload(4, 1024, 512, rank=256), {"lnc_split": "intermediate"}),  # partial (X U) V, reduced
 ])
 def test_fused_kernels_verify_with_both_programs(workload, params):
     compiled = compile_graph(workload, target=lnc2(), dialect="nki", params=params)
@@ -144,7 +147,7 @@ def test_fused_kernels_verify_with_both_programs(workload, params):
     assert compiled.schedule.lnc_split == params["lnc_split"]
     assert nonzero(report.counters["hbm_bytes_read"]) == nonzero(compiled.cost.hbm_bytes_read_by_tensor)
     assert report.counters["dma_transfers"] == compiled.cost.dma_transfers
-    if params["lnc_split"] == "gather":
+    if params["lnc_split"] in ("gather", "intermediate"):
         assert "nisa.sendrecv(" in compiled.kernel.source
         # every weight crosses HBM once over both programs: each streamed its half
         inputs = {n.attrs["name"] for n in workload.graph().inputs()} - {"x"}
@@ -233,12 +236,29 @@ def test_mismatched_exchange_fails_with_the_exchange_id(gather_source):
     assert not report.ok and "LNC-EXCHANGE-MISMATCH" in report.error
 
 
-def test_an_lnc2_kernel_launched_on_one_core_fails_its_assertion(gather_source):
-    report = verify_source(gather_source, target=get_target("trn2"))  # the file's lnc decides: still 2 programs
-    assert report.ok
-    from neuronmm_compiler.interpreter import run_kernel  # noqa: F401  (the launch check is the kernel's own assert)
+def test_a_partial_sum_left_unreduced_fails_verify():
+    compiled = compile_graph(mlp_workload(1, 512, 1024, dense=True), target=lnc2(), dialect="nki",
+                             params={"lnc_split": "intermediate"})
+    source = compiled.kernel.source
+    assert "_partial" in source or "rows_other" in source
+    lines = [line for line in source.splitlines() if "op=nl.add" not in line]  # the partial sums never added
+    report = verify_source("\n".join(lines) + "\n")
+    assert not report.ok and report.rel_error is not None and report.rel_error > 0.1
 
-    assert "assert nl.num_programs() == 2" in gather_source
+
+def test_an_lnc2_kernel_launched_on_one_core_fails_its_assertion():
+    """A kernel written for both programs, run as one (an LNC=1 launch): its own assertion stops it, instead of
+    it computing half of the output."""
+    import ml_dtypes
+    import numpy as np
+
+    from neuronmm_compiler.errors import KernelError
+    from neuronmm_compiler.interpreter import run_kernel
+
+    source = _gemm_source()
+    args = [np.zeros(shape, dtype=ml_dtypes.bfloat16) for shape in ((512, 256), (256, 1024))]
+    with pytest.raises(KernelError, match="launched with 1 program"):
+        run_kernel(source, filename="k.py", kernel_name="gemm_kernel", args=args, target=get_target("trn2"))
 
 
 # ----------------------------------------------------------------------------- the cost model

@@ -68,10 +68,17 @@ def _why_not(program: Program, family: str, programs: int) -> str | None:
                     "control flow)")
     inside = {id(stmt) for loop in tagged for stmt, _ in walk(loop.body)}
     for stmt, _ in walk(program.body):
-        if isinstance(stmt, DmaCopy) and stmt.dst.buffer.memory == "hbm" and id(stmt) not in inside:
+        if (isinstance(stmt, DmaCopy) and stmt.dst.buffer.memory == "hbm" and id(stmt) not in inside
+                and not _per_program(stmt.dst)):
             return (f"kernel {program.name} stores {stmt.dst.buffer.name} outside the '{family}' split loops: both "
                     "programs would write the same HBM elements")
     return None
+
+
+def _per_program(ref: Ref) -> bool:
+    """Whether a region is the program's own: its index reads the program id (a reduce-scatter's half)."""
+    return any(PROGRAM_ID in e.variables() for ix in ref.index
+               for e in ((ix.start, ix.size) if isinstance(ix, Span) else (ix.index,)))
 
 
 def _outermost(body: list[Stmt], family: str) -> list[Loop]:

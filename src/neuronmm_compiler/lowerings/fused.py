@@ -58,6 +58,10 @@ def row_major_activations(workload: Workload) -> bool:
     return any(n.layout == Layout.ROW_MAJOR for n in graph.inputs() if n.id in lhs)
 
 
+#: The splits whose programs exchange values with nisa.sendrecv (the nki dialect only).
+EXCHANGING = ("gather", "intermediate")
+
+
 def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True, lnc: int = 1,
                 exchange: bool = True) -> SearchSpace:
     """The fused search space: X^T made only by DMA unless some activation is row-major
@@ -66,7 +70,7 @@ def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True,
     LNC=2 target (``lnc``), with the gather split only where the dialect documents nisa.sendrecv (``exchange``)."""
     restrict: dict[str, tuple] = split_restriction(FusedSchedule, lnc)
     if not exchange:
-        restrict["lnc_split"] = tuple(v for v in restrict["lnc_split"] if v != "gather")
+        restrict["lnc_split"] = tuple(v for v in restrict["lnc_split"] if v not in EXCHANGING)
     if not row_major_x:
         restrict["x_transpose"] = ("dma",)
     elif not dma_transpose:
@@ -131,9 +135,9 @@ class FusedLowering(Lowering):
             base = base.with_params(transpose_choice("x_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
-        if chosen.lnc_split == "gather" and dialect != Dialect.NKI:
-            raise ScheduleError("lnc_split=gather exchanges values with nisa.sendrecv, documented for the nki dialect "
-                                "only; use --dialect nki, or lnc_split=tokens/features")
+        if chosen.lnc_split in EXCHANGING and dialect != Dialect.NKI:
+            raise ScheduleError(f"lnc_split={chosen.lnc_split} exchanges values with nisa.sendrecv, documented for the "
+                                "nki dialect only; use --dialect nki, or lnc_split=tokens/features")
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")

@@ -38,6 +38,10 @@ class FusedState:
     out_hbm: dict[str, list[tuple[Node, Buffer]]]  # value id -> its outputs and their HBM arrays
     strips: dict[str, Buffer]  # value or input id -> its SBUF strip (held transposed)
     cached: dict[str, Buffer]  # matmul id -> its weight, resident across token blocks
+    # the group whose contraction the programs of a logical core divide, summing their partial results
+    # (lnc_split=intermediate; None otherwise), and the values whose strips then hold only this program's half
+    reducing: Group | None
+    halved: set[str]
 
     def _users(self, node_id: str) -> list[Node]:
         return [self.nodes[u] for u in self.g.users(node_id)]
@@ -92,30 +96,32 @@ class OperandLoads(FusedState):
             return DmaCopy(dst, Ref(hbm, (span(c0, csz), span(k0, ksz))), transpose=True)
         return DmaCopy(dst, Ref(hbm, (span(k0, ksz), span(c0, csz))))
 
-    def _load_block(self, w: Node, buf: Buffer, kdim: Dim, fdim: Dim, blk: Expr, max_tiles: int) -> list[Stmt]:
-        """DMAs filling ``buf[k, kt, :]`` with the weight columns of feature block ``blk``."""
+    def _load_block(self, w: Node, buf: Buffer, kdim: Dim, fdim: Dim, blk: Expr, max_tiles: int,
+                    split: tuple[str, ...] = ()) -> list[Stmt]:
+        """DMAs filling ``buf[k, kt, :]`` with the weight columns of feature block ``blk`` (``split``: the work-split
+        families the contraction loop belongs to, kernel_ir/lnc.py)."""
         kt = iv("kt", kdim.tiles)
         ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
         if self.s.weight_dma == "row" or max_tiles == 1:
             cols = fdim.block_size(blk)
             dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(0, cols))), k0, ksz,
                                    fdim.block_start(blk), cols)
-            return loop("kt", Lin(kdim.tiles), kdim.tiles, [dma])
+            return loop("kt", Lin(kdim.tiles), kdim.tiles, [dma], split=split)
         wt = iv("wt", max_tiles)
         g = fdim.tile_index(blk, wt)
         csz = fdim.tile_size(g)
         dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))), k0, ksz,
                                fdim.tile_start(g), csz)
-        return loop("wt", fdim.tiles_in(blk), max_tiles, loop("kt", Lin(kdim.tiles), kdim.tiles, [dma]))
+        return loop("wt", fdim.tiles_in(blk), max_tiles, loop("kt", Lin(kdim.tiles), kdim.tiles, [dma], split=split))
 
-    def _weights(self, mm: Node, fdim: Dim, blk: Expr) -> tuple[list[Stmt], Buffer, bool]:
+    def _weights(self, mm: Node, fdim: Dim, blk: Expr, split: tuple[str, ...] = ()) -> tuple[list[Stmt], Buffer, bool]:
         """(statements loading the weight block, the buffer to read, whether it holds all columns)."""
         w = self._weight(mm)
         if self._cache(mm):
             return [], self.cached[mm.id], True
         kdim = self._kdim(w.shape[0])
         buf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kdim.tiles, fdim.block_elems), w.dtype, "sbuf")
-        return [Alloc(buf), *self._load_block(w, buf, kdim, fdim, blk, fdim.tiles_in_block)], buf, False
+        return [Alloc(buf), *self._load_block(w, buf, kdim, fdim, blk, fdim.tiles_in_block, split)], buf, False
 
     def cached_weights(self) -> list[Stmt]:
         """Loads, before the token loop, of the weights ``cache_weights`` keeps resident in SBUF."""
@@ -181,7 +187,7 @@ class OperandLoads(FusedState):
         loads: list[Stmt] = []
         sources: dict[str, tuple[Buffer, bool]] = {}
         for mm in group.matmuls:
-            more, buf, whole = self._weights(mm, fdim, blk)
+            more, buf, whole = self._weights(mm, fdim, blk, self._contraction_split(group))
             loads += more
             sources[mm.id] = (buf, whole)
         return loads, sources
@@ -215,6 +221,11 @@ class OperandLoads(FusedState):
                 else:
                     x = Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(0, tsz)))
                     mmul = Matmul(dst, w, x)
-                out += loop("kt", Lin(kdim.tiles), kdim.tiles, [mmul])
+                out += loop("kt", Lin(kdim.tiles), kdim.tiles, [mmul], split=self._contraction_split(group))
             values[term.node.id] = dst
         return out, values
+
+    def _contraction_split(self, group: Group) -> tuple[str, ...]:
+        """The split families that divide ``group``'s contraction between the programs of a logical core: the
+        ``intermediate`` split's reducing group (:meth:`~.lower_fused._FusedLowering.reducing_group`)."""
+        return ("intermediate",) if group is self.reducing else ()

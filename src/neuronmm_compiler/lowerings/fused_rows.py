@@ -10,10 +10,23 @@ from __future__ import annotations
 from ..errors import ScheduleError
 from ..ir import Node
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, add, scale
-from ..kernel_ir.lnc import divisible_blocking
-from ..kernel_ir.program import Alloc, Buffer, Comment, Copy, DmaCopy, PeTranspose, Ref, Stmt, span
-from ..vocab import Layout
+from ..kernel_ir.expr import Expr, Lin, add, scale, var
+from ..kernel_ir.lnc import PROGRAM_ID, divisible_blocking
+from ..kernel_ir.program import (
+    Alloc,
+    Buffer,
+    Comment,
+    Copy,
+    DmaCopy,
+    PeTranspose,
+    Ref,
+    SendRecv,
+    Span,
+    Stmt,
+    TensorTensor,
+    span,
+)
+from ..vocab import ElementwiseOp, Layout
 from .fused_groups import Group
 from .fused_operands import OperandLoads
 from .limits import copy_tile_cols
@@ -40,13 +53,17 @@ class RowMajorGroups(OperandLoads):
         tile_n = min(s.out_tile, n)
         ntiles = -(-n // tile_n)
         programs = self.target.lnc
-        if s.lnc_split in ("features", "gather") and ntiles % programs:
+        reducing = group is self.reducing
+        divided = programs > 1 and not reducing and (s.lnc_split == "features" or self._divides_features(group))
+        if divided and ntiles % programs:
             # narrower tiles, so the output tiles divide between the programs (kernel_ir/lnc.py)
             tile_n = -(-n // (ntiles + programs - ntiles % programs))
             ntiles = -(-n // tile_n)
         per_block = self._tiles_per_block(group, tile_n, ntiles)
-        if s.lnc_split in ("features", "gather"):  # blocks the programs can divide (kernel_ir/lnc.py)
+        if divided:  # blocks the programs can divide (kernel_ir/lnc.py)
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
+        if reducing:  # whole blocks, so each block's columns halve evenly (checked by reducing_group)
+            per_block = max(d for d in range(1, per_block + 1) if ntiles % d == 0)
         odim = Dim("o", n, tile_n, ntiles, per_block)
         ob = iv("o_blk", odim.blocks)
         loads, sources = self._weight_sources(group, odim, ob)
@@ -57,7 +74,7 @@ class RowMajorGroups(OperandLoads):
         g = odim.tile_index(ob, bn)
         nsz = odim.tile_size(g)
         name = outputs[0][0].attrs["name"]
-        rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
+        rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), "float32" if reducing else out_dtype, "sbuf")
         per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True)
         for op in group.operands:
             buf = Buffer(f"{op.attrs['name']}_rowtile", (tok.tile, tile_n), op.dtype, "sbuf")
@@ -81,14 +98,38 @@ class RowMajorGroups(OperandLoads):
         for out_node, hbm in flipped:
             per_tile += self._transposed_store(out_node, hbm, rows, odim, g, scale(bn, tile_n), tok, tg, tsz)
         cols = odim.block_size(ob)
-        store = [DmaCopy(Ref(hbm, (span(tok.tile_start(tg), tsz), span(odim.block_start(ob), cols))),
-                         Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
-        token_tile = [Alloc(rows, comment="one packed row of output tiles"),
+        if reducing:
+            store = self._reduce_scatter(rows, stores, odim, ob, tok.tile_start(tg), tsz, out_dtype)
+        else:
+            store = [DmaCopy(Ref(hbm, (span(tok.tile_start(tg), tsz), span(odim.block_start(ob), cols))),
+                             Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
+        what = "this program's partial sums of" if reducing else "one packed row of"
+        token_tile = [Alloc(rows, comment=f"{what} output tiles"),
                       *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile), *store]
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, token_tile)
         names = ", ".join(o.attrs["name"] for o, _ in outputs)
+        families = () if reducing else ("features", "gather", "intermediate")
         return [Comment(f"{names} = {self._describe_group(group)}"),
-                *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split=("features", "gather"))]
+                *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split=families)]
+
+    def _reduce_scatter(self, rows: Buffer, stores: list[tuple[Node, Buffer]], odim: Dim, ob: Expr, t0: Expr,
+                        tsz: Expr, dtype: str) -> list[Stmt]:
+        """The reducing group's row of partial sums (lnc_split=intermediate): each program sends the other the
+        half of the block's columns the other stores, adds the half it receives to its own, and stores its half
+        (nisa.sendrecv; kernel_ir/lnc.py)."""
+        half = odim.block_elems // 2
+        own = Span(scale(var(PROGRAM_ID), half), Lin(half))
+        other = Span(Lin(half, ((PROGRAM_ID, -half),)), Lin(half))
+        received = Buffer(f"{rows.name}_other", (rows.shape[0], half), "float32", "sbuf")
+        summed = Buffer(f"{rows.name}_sum", (rows.shape[0], half), dtype, "sbuf")
+        mine = Ref(rows, (span(0, tsz), own))
+        col = add(odim.block_start(ob), scale(var(PROGRAM_ID), half))
+        theirs = Ref(received, (span(0, tsz), span(0, half)))
+        return [Alloc(received), SendRecv(theirs, Ref(rows, (span(0, tsz), other))),
+                TensorTensor(mine, mine, theirs, ElementwiseOp.ADD),
+                Alloc(summed), Copy(Ref(summed, (span(0, tsz), span(0, half))), mine),
+                *(DmaCopy(Ref(hbm, (span(t0, tsz), span(col, half))), Ref(summed, (span(0, tsz), span(0, half))))
+                  for _, hbm in stores)]
 
     def _transposed_store(self, out_node: Node, hbm: Buffer, rows: Buffer, odim: Dim, g: Expr, col: Expr,
                           tok: Dim, tg: Expr, tsz: Expr) -> list[Stmt]:

@@ -13,9 +13,23 @@ from ..ir import Node
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, scale, var
 from ..kernel_ir.lnc import PROGRAM_ID, divisible_blocking
-from ..kernel_ir.program import Alloc, Buffer, Comment, DmaCopy, Matmul, Point, Ref, SendRecv, Span, Stmt, span
+from ..kernel_ir.program import (
+    Alloc,
+    Buffer,
+    Comment,
+    Copy,
+    DmaCopy,
+    Matmul,
+    Point,
+    Ref,
+    SendRecv,
+    Span,
+    Stmt,
+    TensorTensor,
+    span,
+)
 from ..schedule.fused import tiles_per_weight_block
-from ..vocab import NodeKind
+from ..vocab import ElementwiseOp, NodeKind
 from .fused_groups import Group
 from .fused_operands import OperandLoads
 from .limits import k_blocked_group_banks, psum_bank_fp32
@@ -25,12 +39,13 @@ class TransposedGroups(OperandLoads):
     """The lowering of groups annotated ``orient=transposed``."""
 
     def _k_blocked(self, group: Group) -> int:
-        """K tiles per weight block when the group's contraction is blocked (0: not blocked)."""
+        """K tiles per weight block when the group's contraction is blocked (0: not blocked; nor is the contraction
+        the programs of a logical core divide)."""
         s = self.s
         matmuls = group.matmuls
         ks = {-(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax) for mm in matmuls}
         if (s.k_tiles_per_block <= 0 or len(ks) != 1 or any(len(t.matmuls) > 1 for t in group.terms)
-                or any(self._cache(mm) for mm in matmuls)):
+                or any(self._cache(mm) for mm in matmuls) or group is self.reducing):
             return 0
         k_tiles = ks.pop()
         return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
@@ -50,7 +65,7 @@ class TransposedGroups(OperandLoads):
             per_block = max(1, min(by_sbuf, k_blocked_group_banks(self.target) // len(group.terms)))
         else:
             per_block = self._tiles_per_block(group, ftile, ntiles)
-        if self.s.lnc_split == "gather" and n % ftile == 0:  # blocks the programs can divide (kernel_ir/lnc.py)
+        if self._divides_features(group) and n % ftile == 0:  # blocks the programs can divide (kernel_ir/lnc.py)
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
         fdim = Dim("f", n, ftile, ntiles, per_block)
         bm = self.tok.block_size(mb)
@@ -77,7 +92,13 @@ class TransposedGroups(OperandLoads):
         ft = iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
         nsz = fdim.tile_size(g)
-        if streamed:
+        partial = None
+        if group is self.reducing:  # this program's partial sums, in fp32 until the other program's are added
+            partial = Buffer(f"{root.id}_partial", out_strip.shape, "float32", "sbuf")
+            out.append(Alloc(partial, comment="this program's partial sums (its half of the contraction)"))
+            result = Ref(partial, (span(0, nsz), Point(g), span(0, bm)))
+            store = []
+        elif streamed:
             result = Ref(out_strip, (span(0, nsz), span(0, bm)))
             store = [DmaCopy(Ref(hbm, (span(fdim.tile_start(g), nsz), span(self.tok.block_start(mb), bm))), result)
                      for _, hbm in self.out_hbm[root.id]]
@@ -100,23 +121,47 @@ class TransposedGroups(OperandLoads):
                                                                                     spill, (nsz, bm)) + store
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
         out += [Comment(self._describe_group(group))]
-        gathered = self._gathered(fdim, streamed, stored)
-        out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block, split=("gather",) if gathered else ())
-        if gathered and not streamed:
+        divided = self._divided(group, fdim, streamed, stored)
+        out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block, split=(self.s.lnc_split,) if divided else ())
+        if partial is not None:
+            out += self._all_reduce(partial, out_strip, fdim, bm)
+        elif divided and not streamed and root.id not in self.halved:
             out += self._gather(out_strip, fdim, bm)
         if stored and not streamed:
             out += self._store_strip(root, out_strip, fdim, mb)
         return out
 
-    def _gathered(self, fdim: Dim, streamed: bool, stored: bool) -> bool:
-        """Whether the ``gather`` split divides this group's feature blocks between the programs of a logical core:
-        an even number of whole blocks of whole tiles (so both halves of the strip have one shape, as sendrecv
-        needs), and a result either streamed to HBM or kept in SBUF only (a strip stored whole after the group
-        would be stored by both programs). Otherwise both programs compute the whole group."""
-        if self.s.lnc_split != "gather" or self.target.lnc != 2 or fdim.blocks % 2:
+    def _divides_features(self, group: Group) -> bool:
+        """Whether the split divides this group's output features between the programs of a logical core: every
+        group under ``gather``, every group but the reducing one under ``intermediate`` (when there is one)."""
+        if self.target.lnc != 2 or group is self.reducing:
+            return False
+        return self.s.lnc_split == "gather" or (self.s.lnc_split == "intermediate" and self.reducing is not None)
+
+    def _divided(self, group: Group, fdim: Dim, streamed: bool, stored: bool) -> bool:
+        """Whether this group's feature blocks are divided (:meth:`_divides_features`) here: an even number of
+        whole blocks of whole tiles (so both halves of the strip have one shape, as sendrecv needs), and a result
+        either streamed to HBM or kept in SBUF only (a strip stored whole after the group would be stored by both
+        programs). Otherwise both programs compute the whole group."""
+        if not self._divides_features(group) or fdim.blocks % 2:
             return False
         whole = fdim.tiles % fdim.tiles_in_block == 0 and fdim.size % fdim.tile == 0
         return whole and (streamed or not stored)
+
+    def _all_reduce(self, partial: Buffer, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
+        """Both programs exchange their partial sums (nisa.sendrecv of the whole fp32 strip) and add the other's to
+        their own (each the same sum, the same order of the two terms: identical values), then cast the sum into
+        the strip the next groups read."""
+        received = Buffer(f"{partial.name}_other", partial.shape, "float32", "sbuf")
+        whole = (span(0, fdim.tile), span(0, fdim.tiles), span(0, bm))
+        nt = iv("nt", fdim.tiles)
+        nsz = fdim.tile_size(nt)
+        tile = (span(0, nsz), Point(nt), span(0, bm))
+        add = [TensorTensor(Ref(partial, tile), Ref(partial, tile), Ref(received, tile), ElementwiseOp.ADD),
+               Copy(Ref(strip, tile), Ref(partial, tile))]
+        return [Comment(f"add the other program's partial sums of {strip.name}: both hold the whole sum"),
+                Alloc(received), SendRecv(Ref(received, whole), Ref(partial, whole)),
+                *loop("nt", Lin(fdim.tiles), fdim.tiles, add)]
 
     def _gather(self, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
         """Each program sends the half of the strip it computed to the other, which receives it in the same place:

@@ -36,7 +36,7 @@ from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import DTYPE_BYTES, Activation, Buffer, Comment, Copy, Program, Ref, Stmt, TensorTensor, span
 from ..passes.legality import check_kernel
 from ..schedule.fused import FusedSchedule, normalize_fused
-from ..vocab import ElementwiseOp, NodeKind, Orient
+from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
 from .fused_groups import Group, Term, read_groups
 from .fused_rows import RowMajorGroups
 from .fused_transposed import TransposedGroups
@@ -81,6 +81,48 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         # made outside the token blocks, in row tiles of its own.
         self.copies = [Group(n, Orient.NORMAL, operands=[n]) for n in copied]
         self.strip_inputs = self._strip_inputs()
+        self.reducing = self.reducing_group()
+        self.halved = self._halved()
+
+    def reducing_group(self) -> Group | None:
+        """``lnc_split=intermediate`` on a logical core: the group whose contraction the two programs divide, each
+        computing partial sums over its half, which they then add (an all-reduce of a transposed group's strip, a
+        reduce-scatter of a row-major group's rows). It is the group reading the gated value (h of an MLP), else
+        the last group reading a computed value (V of a chain); the groups before it divide their features as in
+        the gather split, and the value it reads, when nothing else reads it, stays halved: no exchange at all
+        before the reduction. None (the split then divides nothing, see kernel_ir/lnc.py) where that group has
+        an elementwise epilogue (partial sums must be added before it), several terms, or a row-major result in
+        tiles that do not halve evenly."""
+        if self.s.lnc_split != "intermediate" or self.target.lnc != 2:
+            return None
+        gated = {g.root.id for g in self.group_list if g.tree}
+        reading = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)]
+        if not reading:
+            reading = [g for g in self.group_list
+                       if any(self.nodes[mm.operands[0]].kind != NodeKind.INPUT for mm in g.matmuls)][-1:]
+        if not reading:
+            return None
+        group = reading[0]
+        if group.tree or group.operands or len(group.terms) != 1 or self._stored(group.root) != (
+                group.orient == Orient.NORMAL):
+            return None
+        if group.orient == Orient.TRANSPOSED and group.root.shape[1] % self.target.gemm_stationary_fmax:
+            return None  # a ragged last feature tile: the partial strip would be exchanged partly unwritten
+        if group.orient == Orient.NORMAL:
+            n = group.root.shape[1]
+            tile = min(self.s.out_tile, n)
+            outputs = self.out_hbm[group.root.id]
+            if n % tile or tile % 2 or any(o.layout == Layout.TRANSPOSED for o, _ in outputs):
+                return None
+        return group
+
+    def _halved(self) -> set[str]:
+        """Values only the reducing group reads: each program keeps the half of their strip it computed."""
+        if self.reducing is None:
+            return set()
+        inside = {mm.id for mm in self.reducing.matmuls}
+        return {mm.operands[0] for mm in self.reducing.matmuls
+                if all(u in inside for u in self.g.users(mm.operands[0]))}
 
     def _strip_inputs(self) -> list[Node]:
         """Kernel inputs held as transposed strips: matmul left operands and transposed groups' operands."""
