@@ -127,6 +127,9 @@ def test_gemm_verifies_with_both_programs(target, shape, params):
     assert report.counters["dma_transfers"] == cost.dma_transfers
     assert report.counters["matmul_instructions"] == cost.matmul_instructions
     assert len(cost.program_latency_us) == 2
+    programs = report.counters["programs"]  # each program's own counts, besides their sums
+    assert len(programs) == 2 and sum(p["matmul_instructions"] for p in programs) == cost.matmul_instructions
+    assert programs[0]["matmul_instructions"] == programs[1]["matmul_instructions"]  # an even split
 
 
 @pytest.mark.parametrize(("workload", "params"), [

@@ -111,7 +111,11 @@ def merge_counters(total: dict[str, Any], part: dict[str, Any]) -> None:
     """Add one kernel's counters into a total (a file's, a rank's, all ranks'): counts add up, peaks take
     the maximum."""
     for key, value in part.items():
-        if isinstance(value, dict):
+        if isinstance(value, list):  # per program of a logical core: program by program
+            into_list = total.setdefault(key, [{} for _ in value])
+            for into_program, program in zip(into_list, value, strict=True):
+                merge_counters(into_program, program)
+        elif isinstance(value, dict):
             into = total.setdefault(key, {})
             for k, v in value.items():
                 into[k] = into.get(k, 0) + v
@@ -127,6 +131,8 @@ def interpreter_runner(source: str, filename: str) -> KernelRunner:
         result = run_kernel(source, filename=filename, kernel_name=kernel.name, args=args, target=target,
                             arg_names=[s.name for s in kernel.inputs], output_names=[s.name for s in kernel.outputs])
         outputs, counters = result.outputs, result.counters.as_dict()
+        if result.program_counters:  # an LNC kernel: each program's own counts besides the sums
+            counters["programs"] = [c.as_dict() for c in result.program_counters]
         del result
         gc.collect()  # the interpreter's machine (its copies of the arguments) sits in reference cycles
         return outputs, counters
