@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..cost_model import CostReport
+from ..cost_model import CostReport, combine_reports, estimate
 from ..errors import ScheduleError
 from ..frontends.workloads import Workload
 from ..ir import Graph
@@ -74,9 +74,9 @@ def split_restriction(schedule_class: type, lnc: int) -> dict[str, tuple]:
 def resolve_split(schedule: Any, params: Mapping[str, str | int], target: Target,
                   programs: Callable[[Any], list[Program]]) -> Any:
     """``schedule`` with the ``lnc_split`` its target needs: ``none`` on one physical core (asking for another is a
-    ScheduleError); on an LNC=2 target the split asked for, or when none was (``none``), the first of the schedule
-    family's splits under which every kernel ``programs(schedule)`` lowers to divides (else the first split, whose
-    kernels then carry the reason they do not divide)."""
+    ScheduleError); on an LNC=2 target the split asked for, or when none was (``none``), the schedule family's
+    split with the lowest predicted latency among those under which every kernel ``programs(schedule)`` lowers to
+    divides and fits (else the first split, whose kernels then carry the reason they do not divide)."""
     if target.lnc == 1:
         if schedule.lnc_split != "none" and "lnc_split" in params:
             raise ScheduleError(f"lnc_split={schedule.lnc_split} divides work between the programs of a logical core; "
@@ -85,11 +85,13 @@ def resolve_split(schedule: Any, params: Mapping[str, str | int], target: Target
     if schedule.lnc_split != "none":
         return schedule
     splits = split_restriction(type(schedule), target.lnc)["lnc_split"]
+    best: tuple[float, Any] | None = None
     for split in splits:
         candidate = schedule.with_params({"lnc_split": split})
-        if all(p.split_error is None for p in programs(candidate)):
-            return candidate
-    return schedule.with_params({"lnc_split": splits[0]})
+        cost = combine_reports([estimate(p, target) for p in programs(candidate)])
+        if cost.feasible and (best is None or cost.latency_us < best[0]):
+            best = (cost.latency_us, candidate)
+    return best[1] if best is not None else schedule.with_params({"lnc_split": splits[0]})
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=32 hidden=2048 intermediate=8192, dense, bfloat16
 # schedule     default + mlp=split
-# parameters   tokens_per_block=32 token_tile=32 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=tokens
-# footprint    dense_mlp_k0: SBUF 33376 of 245760 bytes/partition, PSUM 2 of 8 banks; dense_mlp_k1: SBUF 68608 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    379.1 us on trn3 LNC=2 (cost model v3, 2 kernels)
+# parameters   tokens_per_block=32 token_tile=32 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=gather
+# footprint    dense_mlp_k0: SBUF 33984 of 245760 bytes/partition, PSUM 2 of 8 banks; dense_mlp_k1: SBUF 70656 of 245760 bytes/partition, PSUM 1 of 8 banks
+# predicted    227.2 us on trn3 LNC=2 (cost model v3, 2 kernels)
 # model error  not validated: no published trn3 measurement to compare with; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -26,7 +26,7 @@
 #     %down = matmul %h, %w_down : [32, 2048] bfloat16 {acc=down, group=down, kernel=k1, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [32, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [32, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [32, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [32, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [32, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=hbm}\n  %down = matmul %h, %w_down : [32, 2048] bfloat16 {acc=down, group=down, kernel=k1, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[32,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[32,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"h","shape":[8192,32]}]},{"inputs":[{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]},{"dtype":"bfloat16","name":"h","shape":[8192,32]}],"name":"dense_mlp_k1","outputs":[{"dtype":"bfloat16","name":"out","shape":[32,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[32,2048]}],"schedule":{"kind":"fused","name":"default + mlp=split","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"tokens","mlp":"split","out_tile":512,"token_tile":32,"tokens_per_block":32,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn3"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [32, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [32, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [32, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [32, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [32, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=hbm}\n  %down = matmul %h, %w_down : [32, 2048] bfloat16 {acc=down, group=down, kernel=k1, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[32,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[32,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"h","shape":[8192,32]}]},{"inputs":[{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]},{"dtype":"bfloat16","name":"h","shape":[8192,32]}],"name":"dense_mlp_k1","outputs":[{"dtype":"bfloat16","name":"out","shape":[32,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[32,2048]}],"schedule":{"kind":"fused","name":"default + mlp=split","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"gather","mlp":"split","out_tile":512,"token_tile":32,"tokens_per_block":32,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn3"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -46,35 +46,34 @@ def dense_mlp_k0(x, w_gate, w_up):
     assert tuple(w_gate.shape) == (2048, 8192), f"w_gate: expected shape (2048, 8192), got {w_gate.shape}"
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
-    pid = nl.program_id(0)  # this program's share of the 'tokens' split (0..1)
+    pid = nl.program_id(0)  # this program's share of the 'gather' split (0..1)
     h = nl.ndarray((8192, 32), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=16 token_tile=16 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=tokens
-    # blocks of tokens (2 programs: each its 1 of 2)
-    for m_blk in range(1):
-        # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # schedule: tokens_per_block=32 token_tile=32 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=gather
+    # x^T strip: features on partitions, tokens free
+    x_strip = nl.ndarray((128, 16, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in range(16):
+        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:32], src=x[0:32, 128 * kt:128 * kt + 128])
+    # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
+    # 2 programs: each its 8 of 16
+    for f_blk in range(8):
+        w_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:16], src=x[16 * m_blk + 16 * pid:16 * m_blk + 16 * pid + 16, 128 * kt:128 * kt + 128])
-        # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
-        for f_blk in range(16):
-            w_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_gate_block[0:128, kt, 0:512], src=w_gate[128 * kt:128 * kt + 128, 512 * f_blk + 4096 * pid:512 * f_blk + 4096 * pid + 512])
+        w_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for kt in range(16):
+            nisa.dma_copy(dst=w_up_block[0:128, kt, 0:512], src=w_up[128 * kt:128 * kt + 128, 512 * f_blk + 4096 * pid:512 * f_blk + 4096 * pid + 512])
+        for ft in range(4):
+            gate_psum = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.dma_copy(dst=w_gate_block[0:128, kt, 0:512], src=w_gate[128 * kt:128 * kt + 128, 512 * f_blk:512 * f_blk + 512])
-            w_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.nc_matmul(dst=gate_psum[0:128, 0:32], stationary=w_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:32])
+            up_psum = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.dma_copy(dst=w_up_block[0:128, kt, 0:512], src=w_up[128 * kt:128 * kt + 128, 512 * f_blk:512 * f_blk + 512])
-            for ft in range(4):
-                gate_psum = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.psum)
-                for kt in range(16):
-                    nisa.nc_matmul(dst=gate_psum[0:128, 0:16], stationary=w_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:16])
-                up_psum = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.psum)
-                for kt in range(16):
-                    nisa.nc_matmul(dst=up_psum[0:128, 0:16], stationary=w_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:16])
-                h_tile = nl.ndarray((128, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
-                act_f32 = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=act_f32[0:128, 0:16], op=nl.silu, data=gate_psum[0:128, 0:16])
-                nisa.tensor_tensor(dst=h_tile[0:128, 0:16], data1=act_f32[0:128, 0:16], data2=up_psum[0:128, 0:16], op=nl.multiply)
-                nisa.dma_copy(dst=h[512 * f_blk + 128 * ft:512 * f_blk + 128 * ft + 128, 16 * m_blk + 16 * pid:16 * m_blk + 16 * pid + 16], src=h_tile[0:128, 0:16])
+                nisa.nc_matmul(dst=up_psum[0:128, 0:32], stationary=w_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:32])
+            h_tile = nl.ndarray((128, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+            act_f32 = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=act_f32[0:128, 0:32], op=nl.silu, data=gate_psum[0:128, 0:32])
+            nisa.tensor_tensor(dst=h_tile[0:128, 0:32], data1=act_f32[0:128, 0:32], data2=up_psum[0:128, 0:32], op=nl.multiply)
+            nisa.dma_copy(dst=h[512 * f_blk + 128 * ft + 4096 * pid:512 * f_blk + 128 * ft + 4096 * pid + 128, 0:32], src=h_tile[0:128, 0:32])
     return h
 
 
@@ -86,27 +85,26 @@ def dense_mlp_k1(w_down, h):
     assert tuple(w_down.shape) == (8192, 2048), f"w_down: expected shape (8192, 2048), got {w_down.shape}"
     assert tuple(h.shape) == (8192, 32), f"h: expected shape (8192, 32), got {h.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
-    pid = nl.program_id(0)  # this program's share of the 'tokens' split (0..1)
+    pid = nl.program_id(0)  # this program's share of the 'gather' split (0..1)
     out = nl.ndarray((32, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=16 token_tile=16 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=tokens
-    # blocks of tokens (2 programs: each its 1 of 2)
-    for m_blk in range(1):
-        # h^T strip: features on partitions, tokens free
-        h_strip = nl.ndarray((128, 64, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # schedule: tokens_per_block=32 token_tile=32 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=gather
+    # h^T strip: features on partitions, tokens free
+    h_strip = nl.ndarray((128, 64, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in range(64):
+        nisa.dma_copy(dst=h_strip[0:128, kt, 0:32], src=h[128 * kt:128 * kt + 128, 0:32])
+    # out = down = (h @ w_down): strips stationary, weights moving
+    # 2 programs: each its 2 of 4
+    for o_blk in range(2):
+        w_down_block = nl.ndarray((128, 64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(64):
-            nisa.dma_copy(dst=h_strip[0:128, kt, 0:16], src=h[128 * kt:128 * kt + 128, 16 * m_blk + 16 * pid:16 * m_blk + 16 * pid + 16])
-        # out = down = (h @ w_down): strips stationary, weights moving
-        for o_blk in range(4):
-            w_down_block = nl.ndarray((128, 64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for kt in range(64):
-                nisa.dma_copy(dst=w_down_block[0:128, kt, 0:512], src=w_down[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
-            # one packed row of output tiles
-            out_rows = nl.ndarray((16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            down_psum = nl.ndarray((16, 512), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(64):
-                nisa.nc_matmul(dst=down_psum[0:16, 0:512], stationary=h_strip[0:128, kt, 0:16], moving=w_down_block[0:128, kt, 0:512])
-            nisa.tensor_copy(dst=out_rows[0:16, 0:512], src=down_psum[0:16, 0:512])
-            nisa.dma_copy(dst=out[16 * m_blk + 16 * pid:16 * m_blk + 16 * pid + 16, 512 * o_blk:512 * o_blk + 512], src=out_rows[0:16, 0:512])
+            nisa.dma_copy(dst=w_down_block[0:128, kt, 0:512], src=w_down[128 * kt:128 * kt + 128, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
+        # one packed row of output tiles
+        out_rows = nl.ndarray((32, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_psum = nl.ndarray((32, 512), dtype=nl.float32, buffer=nl.psum)
+        for kt in range(64):
+            nisa.nc_matmul(dst=down_psum[0:32, 0:512], stationary=h_strip[0:128, kt, 0:32], moving=w_down_block[0:128, kt, 0:512])
+        nisa.tensor_copy(dst=out_rows[0:32, 0:512], src=down_psum[0:32, 0:512])
+        nisa.dma_copy(dst=out[0:32, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512], src=out_rows[0:32, 0:512])
     return out
 
 
