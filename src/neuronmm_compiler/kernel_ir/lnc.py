@@ -137,8 +137,8 @@ def _shift_ref(ref: Ref, name: str, offset: Expr) -> Ref:
 
 def _shift_stmt(stmt: Stmt, name: str, offset: Expr) -> Stmt:
     if isinstance(stmt, Loop):
-        return replace(stmt, trip=shift(stmt.trip, name, offset),
-                       body=[_shift_stmt(s, name, offset) for s in stmt.body])
+        body = stmt.body if stmt.var == name else [_shift_stmt(s, name, offset) for s in stmt.body]  # shadowed
+        return replace(stmt, trip=shift(stmt.trip, name, offset), body=body)
     if isinstance(stmt, Alloc | Comment):
         return stmt
     changes = {f.name: _shift_ref(getattr(stmt, f.name), name, offset) for f in fields(stmt)
