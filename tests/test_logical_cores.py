@@ -143,6 +143,10 @@ def test_gemm_verifies_with_both_programs(target, shape, params):
     (mlp_workload(1, 512, 1024, dense=True), {"lnc_split": "intermediate"}),  # partial down projections, reduced
     (mlp_workload(8, 512, 1024, keep_ratio=0.8), {"lnc_split": "intermediate"}),  # partial h U_d, all-reduced
     (chain_workload(4, 1024, 512, rank=256), {"lnc_split": "intermediate"}),  # partial (X U) V, reduced
+    (mlp_workload(1, 512, 1024, dense=True), {"lnc_split": "hidden"}),  # AWS's decode MLP: gate/up over half of H
+    (mlp_workload(8, 512, 1024, keep_ratio=0.8), {"lnc_split": "hidden", "x_transpose": "pe"}),
+    (mlp_workload(4, 512, 1024, dense=True), {"lnc_split": "hidden", "mlp": "split"}),  # h^T streamed, halves stored
+    (chain_workload(4, 1024, 512, rank=256), {"lnc_split": "hidden"}),
 ])
 def test_fused_kernels_verify_with_both_programs(workload, params):
     compiled = compile_graph(workload, target=lnc2(), dialect="nki", params=params)
@@ -150,7 +154,7 @@ def test_fused_kernels_verify_with_both_programs(workload, params):
     assert compiled.schedule.lnc_split == params["lnc_split"]
     assert nonzero(report.counters["hbm_bytes_read"]) == nonzero(compiled.cost.hbm_bytes_read_by_tensor)
     assert report.counters["dma_transfers"] == compiled.cost.dma_transfers
-    if params["lnc_split"] in ("gather", "intermediate"):
+    if params["lnc_split"] in ("gather", "hidden", "intermediate"):
         assert "nisa.sendrecv(" in compiled.kernel.source
         # every weight crosses HBM once over both programs: each streamed its half
         inputs = {n.attrs["name"] for n in workload.graph().inputs()} - {"x"}
@@ -239,11 +243,12 @@ def test_mismatched_exchange_fails_with_the_exchange_id(gather_source):
     assert not report.ok and "LNC-EXCHANGE-MISMATCH" in report.error
 
 
-def test_a_partial_sum_left_unreduced_fails_verify():
+@pytest.mark.parametrize("split", ["intermediate", "hidden"])
+def test_a_partial_sum_left_unreduced_fails_verify(split):
     compiled = compile_graph(mlp_workload(1, 512, 1024, dense=True), target=lnc2(), dialect="nki",
-                             params={"lnc_split": "intermediate"})
+                             params={"lnc_split": split})
     source = compiled.kernel.source
-    assert "_partial" in source or "rows_other" in source
+    assert "_partial" in source or "rows_other" in source  # partial sums, then the other program's added
     lines = [line for line in source.splitlines() if "op=nl.add" not in line]  # the partial sums never added
     report = verify_source("\n".join(lines) + "\n")
     assert not report.ok and report.rel_error is not None and report.rel_error > 0.1

@@ -113,6 +113,8 @@ def _cases() -> dict[str, tuple[str, ...]]:
          "--sdk", "2.29", "--target", "trn2")
     emit("lnc2-mlp-decode-1-dense-intermediate-trn2", "--mlp", "--tokens", "1", "--hidden", "2048", "--intermediate",
          "8192", "--dense", "--param", "lnc_split=intermediate", "--target", "trn2")
+    emit("lnc2-mlp-decode-1-dense-hidden-trn2", "--mlp", "--tokens", "1", "--hidden", "2048", "--intermediate",
+         "8192", "--dense", "--param", "lnc_split=hidden", "--target", "trn2")
     emit("lnc2-mlp-8-keep0.8-intermediate-trn3", "--mlp", "--tokens", "8", "--hidden", "2048", "--intermediate",
          "8192", "--keep-ratio", "0.8", "--param", "lnc_split=intermediate", "--target", "trn3")
     emit("lnc2-chain-77x1000x600-features-trn2", "--shape", "77x1000x600", "--rank", "256", "--param",

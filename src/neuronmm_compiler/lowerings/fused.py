@@ -59,7 +59,7 @@ def row_major_activations(workload: Workload) -> bool:
 
 
 #: The splits whose programs exchange values with nisa.sendrecv (the nki dialect only).
-EXCHANGING = ("gather", "intermediate")
+EXCHANGING = ("gather", "hidden", "intermediate")
 
 
 def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True, lnc: int = 1,

@@ -38,10 +38,15 @@ class FusedState:
     out_hbm: dict[str, list[tuple[Node, Buffer]]]  # value id -> its outputs and their HBM arrays
     strips: dict[str, Buffer]  # value or input id -> its SBUF strip (held transposed)
     cached: dict[str, Buffer]  # matmul id -> its weight, resident across token blocks
+    group_list: list[Group]
     # the group whose contraction the programs of a logical core divide, summing their partial results
     # (lnc_split=intermediate; None otherwise), and the values whose strips then hold only this program's half
-    reducing: Group | None
+    reducing: list[Group]
     halved: set[str]
+
+    def _reduces(self, group: Group) -> bool:
+        """Whether the programs of a logical core divide ``group``'s contraction and add their partial sums."""
+        return any(group is r for r in self.reducing)
 
     def _users(self, node_id: str) -> list[Node]:
         return [self.nodes[u] for u in self.g.users(node_id)]
@@ -150,13 +155,14 @@ class OperandLoads(FusedState):
         kt = iv("kt", kdim.tiles)
         ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
         out: list[Stmt] = [Alloc(buf, comment=f"{inp.attrs['name']}^T strip: features on partitions, tokens free")]
+        split = self._strip_split(inp)
         if inp.layout == Layout.TRANSPOSED:
             dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, bm))), Ref(hbm, (span(k0, ksz), span(t0, bm))))
-            return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma])
+            return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma], split=split)
         if s.x_transpose == "dma":
             dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, bm))),
                           Ref(hbm, (span(t0, bm), span(k0, ksz))), transpose=True)
-            return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma])
+            return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma], split=split)
         tt = iv("tt", tok.tiles_in_block)
         tg = tok.tile_index(mb, tt)
         tsz = tok.tile_size(tg)
@@ -170,7 +176,7 @@ class OperandLoads(FusedState):
                 PeTranspose(Ref(tp, (span(0, ksz), span(0, tsz))), Ref(rows, (span(0, tsz), span(k0, ksz)))),
                 Copy(Ref(buf, (span(0, ksz), Point(kt), span(scale(tt, tok.tile), tsz))),
                      Ref(tp, (span(0, ksz), span(0, tsz)))),
-            ]),
+            ], split=split),
         ]
         return out + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, body)
 
@@ -227,5 +233,12 @@ class OperandLoads(FusedState):
 
     def _contraction_split(self, group: Group) -> tuple[str, ...]:
         """The split families that divide ``group``'s contraction between the programs of a logical core: the
-        ``intermediate`` split's reducing group (:meth:`~.lower_fused._FusedLowering.reducing_group`)."""
-        return ("intermediate",) if group is self.reducing else ()
+        reducing groups of the ``hidden`` and ``intermediate`` splits (:meth:`~.lower_fused._FusedLowering.
+        reducing_groups`)."""
+        return (self.s.lnc_split,) if self._reduces(group) else ()
+
+    def _strip_split(self, inp: Node) -> tuple[str, ...]:
+        """A kernel input only reducing groups read: each program loads the half of its strip it contracts over."""
+        readers = [g for g in self.group_list if any(mm.operands[0] == inp.id for mm in g.matmuls)
+                   or any(op.id == inp.id for op in g.operands)]
+        return (self.s.lnc_split,) if readers and all(self._reduces(g) for g in readers) else ()

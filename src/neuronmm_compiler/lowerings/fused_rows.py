@@ -53,7 +53,7 @@ class RowMajorGroups(OperandLoads):
         tile_n = min(s.out_tile, n)
         ntiles = -(-n // tile_n)
         programs = self.target.lnc
-        reducing = group is self.reducing
+        reducing = self._reduces(group)
         divided = programs > 1 and not reducing and (s.lnc_split == "features" or self._divides_features(group))
         if divided and ntiles % programs:
             # narrower tiles, so the output tiles divide between the programs (kernel_ir/lnc.py)
@@ -108,13 +108,13 @@ class RowMajorGroups(OperandLoads):
                       *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile), *store]
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block, token_tile)
         names = ", ".join(o.attrs["name"] for o, _ in outputs)
-        families = () if reducing else ("features", "gather", "intermediate")
+        families = () if reducing else ("features", "gather", "hidden", "intermediate")
         return [Comment(f"{names} = {self._describe_group(group)}"),
                 *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split=families)]
 
     def _reduce_scatter(self, rows: Buffer, stores: list[tuple[Node, Buffer]], odim: Dim, ob: Expr, t0: Expr,
                         tsz: Expr, dtype: str) -> list[Stmt]:
-        """The reducing group's row of partial sums (lnc_split=intermediate): each program sends the other the
+        """A reducing group's row of partial sums (lnc_split=hidden, intermediate): each program sends the other the
         half of the block's columns the other stores, adds the half it receives to its own, and stores its half
         (nisa.sendrecv; kernel_ir/lnc.py)."""
         half = odim.block_elems // 2

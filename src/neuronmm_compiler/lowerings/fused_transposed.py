@@ -45,13 +45,15 @@ class TransposedGroups(OperandLoads):
         matmuls = group.matmuls
         ks = {-(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax) for mm in matmuls}
         if (s.k_tiles_per_block <= 0 or len(ks) != 1 or any(len(t.matmuls) > 1 for t in group.terms)
-                or any(self._cache(mm) for mm in matmuls) or group is self.reducing):
+                or any(self._cache(mm) for mm in matmuls) or self._reduces(group)):
             return 0
         k_tiles = ks.pop()
         return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
 
     def transposed_group(self, group: Group, mb: Expr) -> list[Stmt]:
         """The statements computing ``group`` for token block ``mb`` into its strip (or streamed to HBM)."""
+        if self._reduces(group):
+            return self._reduced_group(group, mb)
         root, s = group.root, self.s
         n = root.shape[1]
         feature_tile = self.target.gemm_stationary_fmax  # output features per matmul: the stationary free size
@@ -92,13 +94,7 @@ class TransposedGroups(OperandLoads):
         ft = iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
         nsz = fdim.tile_size(g)
-        partial = None
-        if group is self.reducing:  # this program's partial sums, in fp32 until the other program's are added
-            partial = Buffer(f"{root.id}_partial", out_strip.shape, "float32", "sbuf")
-            out.append(Alloc(partial, comment="this program's partial sums (its half of the contraction)"))
-            result = Ref(partial, (span(0, nsz), Point(g), span(0, bm)))
-            store = []
-        elif streamed:
+        if streamed:
             result = Ref(out_strip, (span(0, nsz), span(0, bm)))
             store = [DmaCopy(Ref(hbm, (span(fdim.tile_start(g), nsz), span(self.tok.block_start(mb), bm))), result)
                      for _, hbm in self.out_hbm[root.id]]
@@ -123,9 +119,7 @@ class TransposedGroups(OperandLoads):
         out += [Comment(self._describe_group(group))]
         divided = self._divided(group, fdim, streamed, stored)
         out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block, split=(self.s.lnc_split,) if divided else ())
-        if partial is not None:
-            out += self._all_reduce(partial, out_strip, fdim, bm)
-        elif divided and not streamed and root.id not in self.halved:
+        if divided and not streamed and root.id not in self.halved:
             out += self._gather(out_strip, fdim, bm)
         if stored and not streamed:
             out += self._store_strip(root, out_strip, fdim, mb)
@@ -133,10 +127,11 @@ class TransposedGroups(OperandLoads):
 
     def _divides_features(self, group: Group) -> bool:
         """Whether the split divides this group's output features between the programs of a logical core: every
-        group under ``gather``, every group but the reducing one under ``intermediate`` (when there is one)."""
-        if self.target.lnc != 2 or group is self.reducing:
+        group under ``gather``, every group but the reducing ones under ``hidden`` and ``intermediate`` (when there are
+        any)."""
+        if self.target.lnc != 2 or self._reduces(group):
             return False
-        return self.s.lnc_split == "gather" or (self.s.lnc_split == "intermediate" and self.reducing is not None)
+        return self.s.lnc_split == "gather" or (self.s.lnc_split in ("hidden", "intermediate") and bool(self.reducing))
 
     def _divided(self, group: Group, fdim: Dim, streamed: bool, stored: bool) -> bool:
         """Whether this group's feature blocks are divided (:meth:`_divides_features`) here: an even number of
@@ -148,20 +143,57 @@ class TransposedGroups(OperandLoads):
         whole = fdim.tiles % fdim.tiles_in_block == 0 and fdim.size % fdim.tile == 0
         return whole and (streamed or not stored)
 
-    def _all_reduce(self, partial: Buffer, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
-        """Both programs exchange their partial sums (nisa.sendrecv of the whole fp32 strip) and add the other's to
-        their own (each the same sum, the same order of the two terms: identical values), then cast the sum into
-        the strip the next groups read."""
-        received = Buffer(f"{partial.name}_other", partial.shape, "float32", "sbuf")
-        whole = (span(0, fdim.tile), span(0, fdim.tiles), span(0, bm))
-        nt = iv("nt", fdim.tiles)
-        nsz = fdim.tile_size(nt)
-        tile = (span(0, nsz), Point(nt), span(0, bm))
-        add = [TensorTensor(Ref(partial, tile), Ref(partial, tile), Ref(received, tile), ElementwiseOp.ADD),
-               Copy(Ref(strip, tile), Ref(partial, tile))]
-        return [Comment(f"add the other program's partial sums of {strip.name}: both hold the whole sum"),
-                Alloc(received), SendRecv(Ref(received, whole), Ref(partial, whole)),
-                *loop("nt", Lin(fdim.tiles), fdim.tiles, add)]
+    def _reduced_group(self, group: Group, mb: Expr) -> list[Stmt]:
+        """A group whose contraction the programs of a logical core divide (``reducing_groups``): each accumulates
+        its half of the contraction into fp32 partial strips (one per term), the programs exchange them whole
+        (nisa.sendrecv) and each adds the other's to its own (the same two terms in the same order: identical sums
+        on both), and only then is the group's epilogue evaluated, tile by tile, from the sums. A result streamed to
+        HBM is evaluated and stored by each program for its half of the tiles; one kept in SBUF by both, whole."""
+        root, s, tok = group.root, self.s, self.tok
+        n = root.shape[1]
+        ftile = min(self.target.gemm_stationary_fmax, n)
+        ntiles = n // ftile  # whole tiles (reducing_groups)
+        fdim = Dim("f", n, ftile, ntiles, self._tiles_per_block(group, ftile, ntiles))
+        bm = tok.block_size(mb)
+        streamed = self._stored(root)
+        partials = {t.node.id: Buffer(f"{t.node.id}_partial", (ftile, ntiles, s.tokens_per_block), "float32", "sbuf")
+                    for t in group.terms}
+        out: list[Stmt] = [Alloc(p, comment="this program's partial sums (its half of the contraction)")
+                           for p in partials.values()]
+        fb, ft = iv("f_blk", fdim.blocks), iv("ft", fdim.tiles_in_block)
+        g = fdim.tile_index(fb, ft)
+        loads, sources = self._weight_sources(group, fdim, fb)
+        tile, values = self._term_tiles(group, sources, fdim, g, scale(ft, ftile), Lin(ftile), Lin(0), bm,
+                                        row_major=False)
+        tile += [Copy(Ref(partials[t], (span(0, ftile), Point(g), span(0, bm))), values[t]) for t in partials]
+        out += [Comment(self._describe_group(group) + "; partial sums over this program's half of the contraction"),
+                *loop("f_blk", Lin(fdim.blocks), fdim.blocks, loads + loop("ft", fdim.tiles_in(fb),
+                                                                             fdim.tiles_in_block, tile))]
+        whole = (span(0, ftile), span(0, ntiles), span(0, bm))
+        received = {t: Buffer(f"{p.name}_other", p.shape, "float32", "sbuf") for t, p in partials.items()}
+        out.append(Comment("add the other program's partial sums: both hold the whole sums"))
+        for t, p in partials.items():
+            out += [Alloc(received[t]), SendRecv(Ref(received[t], whole), Ref(p, whole))]
+        nt = iv("nt", ntiles)
+        at = (span(0, ftile), Point(nt), span(0, bm))
+        body: list[Stmt] = [TensorTensor(Ref(p, at), Ref(p, at), Ref(received[t], at), ElementwiseOp.ADD)
+                            for t, p in partials.items()]
+        sums = {t: Ref(p, at) for t, p in partials.items()}
+        sums.update({op.id: Ref(self.strips[op.id], at) for op in group.operands})
+        temps = {node.id: Buffer(f"{node.id}_f32", (ftile, s.tokens_per_block), "float32", "sbuf")
+                 for node in group.tree if node is not root}
+        body += [Alloc(b) for b in temps.values()]
+        if streamed:
+            result_tile = Buffer(f"{root.id}_tile", (ftile, s.tokens_per_block), self.dtype, "sbuf")
+            result = Ref(result_tile, (span(0, ftile), span(0, bm)))
+            body += [Alloc(result_tile), *self._epilogue(group, sums, result, temps, result_tile, (Lin(ftile), bm))]
+            body += [DmaCopy(Ref(hbm, (span(fdim.tile_start(nt), ftile), span(tok.block_start(mb), bm))), result)
+                     for _, hbm in self.out_hbm[root.id]]
+        else:
+            strip = self._strip(root.id, n)
+            out.insert(0, Alloc(strip, comment=f"{root.id}^T strip of this token block, kept in SBUF"))
+            body += self._epilogue(group, sums, Ref(strip, at), temps, strip, (Lin(ftile), bm))
+        return out + loop("nt", Lin(ntiles), ntiles, body, split=(s.lnc_split,) if streamed else ())
 
     def _gather(self, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
         """Each program sends the half of the strip it computed to the other, which receives it in the same place:

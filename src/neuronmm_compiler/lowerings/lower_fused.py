@@ -81,48 +81,55 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         # made outside the token blocks, in row tiles of its own.
         self.copies = [Group(n, Orient.NORMAL, operands=[n]) for n in copied]
         self.strip_inputs = self._strip_inputs()
-        self.reducing = self.reducing_group()
+        self.reducing = self.reducing_groups()
         self.halved = self._halved()
 
-    def reducing_group(self) -> Group | None:
-        """``lnc_split=intermediate`` on a logical core: the group whose contraction the two programs divide, each
-        computing partial sums over its half, which they then add (an all-reduce of a transposed group's strip, a
-        reduce-scatter of a row-major group's rows). It is the group reading the gated value (h of an MLP), else
-        the last group reading a computed value (V of a chain); the groups before it divide their features as in
-        the gather split, and the value it reads, when nothing else reads it, stays halved: no exchange at all
-        before the reduction. None (the split then divides nothing, see kernel_ir/lnc.py) where that group has
-        an elementwise epilogue (partial sums must be added before it), several terms, or a row-major result in
-        tiles that do not halve evenly."""
-        if self.s.lnc_split != "intermediate" or self.target.lnc != 2:
-            return None
-        gated = {g.root.id for g in self.group_list if g.tree}
-        reading = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)]
-        if not reading:
-            reading = [g for g in self.group_list
-                       if any(self.nodes[mm.operands[0]].kind != NodeKind.INPUT for mm in g.matmuls)][-1:]
-        if not reading:
-            return None
-        group = reading[0]
-        if group.tree or group.operands or len(group.terms) != 1 or self._stored(group.root) != (
-                group.orient == Orient.NORMAL):
-            return None
-        if group.orient == Orient.TRANSPOSED and group.root.shape[1] % self.target.gemm_stationary_fmax:
-            return None  # a ragged last feature tile: the partial strip would be exchanged partly unwritten
-        if group.orient == Orient.NORMAL:
-            n = group.root.shape[1]
-            tile = min(self.s.out_tile, n)
-            outputs = self.out_hbm[group.root.id]
-            if n % tile or tile % 2 or any(o.layout == Layout.TRANSPOSED for o, _ in outputs):
-                return None
-        return group
+    def reducing_groups(self) -> list[Group]:
+        """The groups whose contraction the two programs of a logical core divide, each computing partial sums over
+        its half, which they then add (the whole strip exchanged and added, an all-reduce, for a transposed group;
+        each program the half of a block's columns it stores, a reduce-scatter, for a row-major one):
+
+        - ``lnc_split=hidden``: every group contracting over a kernel input (the gate and up projections over the
+          hidden dimension, as AWS's decode MLP divides them); the groups after them divide their features;
+        - ``lnc_split=intermediate``: the group reading the gated value (h of an MLP), else the last group reading a
+          computed value (V of a chain); the groups before it divide their features, and the value it reads, when
+          nothing else reads it, stays halved: no exchange before the reduction.
+
+        Empty (the split then divides nothing, see kernel_ir/lnc.py) where such a group cannot be reduced: a
+        ragged last feature tile (the exchanged strip would be partly unwritten), a transposed result stored whole
+        to HBM, a row-major group with an epilogue, several terms, or tiles that do not halve evenly."""
+        split = self.s.lnc_split
+        if split not in ("hidden", "intermediate") or self.target.lnc != 2:
+            return []
+        if split == "hidden":
+            groups = [g for g in self.group_list
+                      if g.matmuls and all(self.nodes[mm.operands[0]].kind == NodeKind.INPUT for mm in g.matmuls)]
+        else:
+            gated = {g.root.id for g in self.group_list if g.tree}
+            groups = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
+            if not groups:
+                groups = [g for g in self.group_list
+                          if any(self.nodes[mm.operands[0]].kind != NodeKind.INPUT for mm in g.matmuls)][-1:]
+        return groups if groups and all(self._reducible(g) for g in groups) else []
+
+    def _reducible(self, group: Group) -> bool:
+        root = group.root
+        if group.orient == Orient.TRANSPOSED:
+            streamed = self._stored(root) and all(u.kind == NodeKind.OUTPUT for u in self._users(root.id))
+            return root.shape[1] % self.target.gemm_stationary_fmax == 0 and (streamed or not self._stored(root))
+        n = root.shape[1]
+        tile = min(self.s.out_tile, n)
+        flipped = any(o.layout == Layout.TRANSPOSED for o, _ in self.out_hbm[root.id])
+        return not (group.tree or group.operands or len(group.terms) != 1 or n % tile or tile % 2 or flipped)
 
     def _halved(self) -> set[str]:
-        """Values only the reducing group reads: each program keeps the half of their strip it computed."""
-        if self.reducing is None:
+        """lnc_split=intermediate: values only the reducing group reads, each program keeping the half of their
+        strip it computed."""
+        if self.s.lnc_split != "intermediate" or not self.reducing:
             return set()
-        inside = {mm.id for mm in self.reducing.matmuls}
-        return {mm.operands[0] for mm in self.reducing.matmuls
-                if all(u in inside for u in self.g.users(mm.operands[0]))}
+        (group,) = self.reducing
+        inside = {mm.id for mm in group.matmuls}
+        return {mm.operands[0] for mm in group.matmuls if all(u in inside for u in self.g.users(mm.operands[0]))}
 
     def _strip_inputs(self) -> list[Node]:
         """Kernel inputs held as transposed strips: matmul left operands and transposed groups' operands."""

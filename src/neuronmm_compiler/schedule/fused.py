@@ -38,7 +38,7 @@ CACHE_WEIGHTS = ("none", "stage1", "all")
 X_TRANSPOSE = ("dma", "pe")
 MLP_MODES = ("whole", "split")
 #: How an LNC=2 fused kernel divides its work between the two programs (kernel_ir/lnc.py); none on one core.
-FUSED_SPLITS = ("none", "tokens", "features", "gather", "intermediate")
+FUSED_SPLITS = ("none", "tokens", "features", "gather", "hidden", "intermediate")
 
 #: The fused schedule space, in :class:`FusedSchedule`'s field order. The search narrows
 #: ``x_transpose`` to ``dma`` when no activation is row-major, and ``mlp`` to ``whole`` when no
@@ -78,7 +78,11 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
                 "features (the output-column blocks of the final row-major matmul; everything before it is computed "
                 "by both); gather (the feature blocks of every matmul group, each program sending the half it "
                 "computed of a value used on chip to the other with nisa.sendrecv: every weight streamed once; nki "
-                "dialect); intermediate (the group reading the gated value, or a chain's last, divides its "
+                "dialect); hidden (every matmul over a kernel input, e.g. gate and up over the hidden dimension, "
+                "divides its contraction, the programs adding their partial sums with nisa.sendrecv before the "
+                "epilogue, as "
+                "AWS's decode MLP does; the later groups divide their features; nki dialect); intermediate (the group "
+                "reading the gated value, or a chain's last, divides its "
                 "contraction and the programs add their partial sums with nisa.sendrecv; the groups before it divide "
                 "their features; nki dialect). A divided loop needs an even number of blocks; none on one physical "
                 "core (docs/logical-cores.md)",

@@ -3,9 +3,9 @@
 #
 # workload     graph svd_mlp (examples/graphs/svd_mlp.yaml): x[1, 2048], u_gate[2048, 1280], v_gate[1280, 8192], u_up[2048, 1280], v_up[1280, 8192], u_down[8192, 1280], v_down[1280, 2048] -> out[1, 2048], bfloat16
 # schedule     default
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=intermediate
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
 # footprint    svd_mlp_k0: SBUF 20652 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    317.1 us on trn2 LNC=2 (cost model v3, 1 kernel)
+# predicted    282.1 us on trn2 LNC=2 (cost model v3, 1 kernel)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -31,7 +31,7 @@
 #     %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"intermediate","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"hidden","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -55,41 +55,58 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert tuple(u_down.shape) == (8192, 1280), f"u_down: expected shape (8192, 1280), got {u_down.shape}"
     assert tuple(v_down.shape) == (1280, 2048), f"v_down: expected shape (1280, 2048), got {v_down.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
-    pid = nl.program_id(0)  # this program's share of the 'intermediate' split (0..1)
+    pid = nl.program_id(0)  # this program's share of the 'hidden' split (0..1)
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=intermediate
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt:128 * kt + 128])
+    # 2 programs: each its 8 of 16
+    for kt in range(8):
+        nisa.dma_transpose(dst=x_strip[0:128, kt + 8 * pid, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((128, 10, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
-    # 2 programs: each its 5 of 10
-    for f_blk in range(5):
-        u_gate_block = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(16):
-            nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:128], src=u_gate[128 * kt:128 * kt + 128, 128 * f_blk + 640 * pid:128 * f_blk + 640 * pid + 128])
-        x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(16):
-            nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=x_ug_strip[0:128, f_blk + 5 * pid, 0:1], src=x_ug_psum[0:128, 0:1])
-    # exchange halves of x_ug_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=x_ug_strip[0:128, 5 * pid:5 * pid + 5, 0:1], dst=x_ug_strip[0:128, 5 - 5 * pid:10 - 5 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    # this program's partial sums (its half of the contraction)
+    x_ug_partial = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
+    # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
+    for f_blk in range(3):
+        u_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # 2 programs: each its 8 of 16
+        for kt in range(8):
+            nisa.dma_copy(dst=u_gate_block[0:128, kt + 8 * pid, 0:min(512, 1280 - 512 * f_blk)], src=u_gate[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
+        for ft in range(min(4, 10 - 4 * f_blk)):
+            x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            # 2 programs: each its 8 of 16
+            for kt in range(8):
+                nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
+            nisa.tensor_copy(dst=x_ug_partial[0:128, 4 * f_blk + ft, 0:1], src=x_ug_psum[0:128, 0:1])
+    # add the other program's partial sums: both hold the whole sums
+    x_ug_partial_other = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=x_ug_partial[0:128, 0:10, 0:1], dst=x_ug_partial_other[0:128, 0:10, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    for nt in range(10):
+        nisa.tensor_tensor(dst=x_ug_partial[0:128, nt, 0:1], data1=x_ug_partial[0:128, nt, 0:1], data2=x_ug_partial_other[0:128, nt, 0:1], op=nl.add)
+        nisa.tensor_copy(dst=x_ug_strip[0:128, nt, 0:1], src=x_ug_partial[0:128, nt, 0:1])
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((128, 10, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
-    # 2 programs: each its 5 of 10
-    for f_blk in range(5):
-        u_up_block = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(16):
-            nisa.dma_copy(dst=u_up_block[0:128, kt, 0:128], src=u_up[128 * kt:128 * kt + 128, 128 * f_blk + 640 * pid:128 * f_blk + 640 * pid + 128])
-        x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(16):
-            nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=x_uu_strip[0:128, f_blk + 5 * pid, 0:1], src=x_uu_psum[0:128, 0:1])
-    # exchange halves of x_uu_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=x_uu_strip[0:128, 5 * pid:5 * pid + 5, 0:1], dst=x_uu_strip[0:128, 5 - 5 * pid:10 - 5 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    # this program's partial sums (its half of the contraction)
+    x_uu_partial = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
+    # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
+    for f_blk in range(3):
+        u_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # 2 programs: each its 8 of 16
+        for kt in range(8):
+            nisa.dma_copy(dst=u_up_block[0:128, kt + 8 * pid, 0:min(512, 1280 - 512 * f_blk)], src=u_up[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
+        for ft in range(min(4, 10 - 4 * f_blk)):
+            x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            # 2 programs: each its 8 of 16
+            for kt in range(8):
+                nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
+            nisa.tensor_copy(dst=x_uu_partial[0:128, 4 * f_blk + ft, 0:1], src=x_uu_psum[0:128, 0:1])
+    # add the other program's partial sums: both hold the whole sums
+    x_uu_partial_other = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=x_uu_partial[0:128, 0:10, 0:1], dst=x_uu_partial_other[0:128, 0:10, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    for nt in range(10):
+        nisa.tensor_tensor(dst=x_uu_partial[0:128, nt, 0:1], data1=x_uu_partial[0:128, nt, 0:1], data2=x_uu_partial_other[0:128, nt, 0:1], op=nl.add)
+        nisa.tensor_copy(dst=x_uu_strip[0:128, nt, 0:1], src=x_uu_partial[0:128, nt, 0:1])
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
@@ -111,27 +128,22 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=gate_psum[0:128, 0:1])
             nisa.tensor_tensor(dst=h_strip[0:128, 4 * f_blk + ft + 32 * pid, 0:1], data1=act_f32[0:128, 0:1], data2=up_psum[0:128, 0:1], op=nl.multiply)
+    # exchange halves of h_strip with the other program: both hold all 8192 features
+    nisa.sendrecv(src=h_strip[0:128, 32 * pid:32 * pid + 32, 0:1], dst=h_strip[0:128, 32 - 32 * pid:64 - 32 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h_ud^T strip of this token block, kept in SBUF
     h_ud_strip = nl.ndarray((128, 10, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # this program's partial sums (its half of the contraction)
-    h_ud_partial = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
-    for f_blk in range(10):
+    # 2 programs: each its 5 of 10
+    for f_blk in range(5):
         u_down_block = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        # 2 programs: each its 32 of 64
-        for kt in range(32):
-            nisa.dma_copy(dst=u_down_block[0:128, kt + 32 * pid, 0:128], src=u_down[128 * kt + 4096 * pid:128 * kt + 4096 * pid + 128, 128 * f_blk:128 * f_blk + 128])
+        for kt in range(64):
+            nisa.dma_copy(dst=u_down_block[0:128, kt, 0:128], src=u_down[128 * kt:128 * kt + 128, 128 * f_blk + 640 * pid:128 * f_blk + 640 * pid + 128])
         h_ud_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-        # 2 programs: each its 32 of 64
-        for kt in range(32):
-            nisa.nc_matmul(dst=h_ud_psum[0:128, 0:1], stationary=u_down_block[0:128, kt + 32 * pid, 0:128], moving=h_strip[0:128, kt + 32 * pid, 0:1])
-        nisa.tensor_copy(dst=h_ud_partial[0:128, f_blk, 0:1], src=h_ud_psum[0:128, 0:1])
-    # add the other program's partial sums of h_ud_strip: both hold the whole sum
-    h_ud_partial_other = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=h_ud_partial[0:128, 0:10, 0:1], dst=h_ud_partial_other[0:128, 0:10, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    for nt in range(10):
-        nisa.tensor_tensor(dst=h_ud_partial[0:128, nt, 0:1], data1=h_ud_partial[0:128, nt, 0:1], data2=h_ud_partial_other[0:128, nt, 0:1], op=nl.add)
-        nisa.tensor_copy(dst=h_ud_strip[0:128, nt, 0:1], src=h_ud_partial[0:128, nt, 0:1])
+        for kt in range(64):
+            nisa.nc_matmul(dst=h_ud_psum[0:128, 0:1], stationary=u_down_block[0:128, kt, 0:128], moving=h_strip[0:128, kt, 0:1])
+        nisa.tensor_copy(dst=h_ud_strip[0:128, f_blk + 5 * pid, 0:1], src=h_ud_psum[0:128, 0:1])
+    # exchange halves of h_ud_strip with the other program: both hold all 1280 features
+    nisa.sendrecv(src=h_ud_strip[0:128, 5 * pid:5 * pid + 5, 0:1], dst=h_ud_strip[0:128, 5 - 5 * pid:10 - 5 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):

@@ -3,9 +3,9 @@
 #
 # workload     graph three_factor_chain (examples/graphs/three_factor_chain.yaml): x[1, 2048], p[2048, 512], q[512, 256], r[256, 4096] -> y[1, 4096], bfloat16
 # schedule     default
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
-# footprint    three_factor_chain_k0: SBUF 16424 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    67.6 us on trn2 LNC=2 (cost model v3, 1 kernel)
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
+# footprint    three_factor_chain_k0: SBUF 16440 of 212992 bytes/partition, PSUM 1 of 8 banks
+# predicted    64.8 us on trn2 LNC=2 (cost model v3, 1 kernel)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -23,7 +23,7 @@
 #     %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xpqr
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [1, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [1, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"features","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [1, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [1, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"hidden","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -44,35 +44,49 @@ def three_factor_chain_k0(x, p, q, r):
     assert tuple(q.shape) == (512, 256), f"q: expected shape (512, 256), got {q.shape}"
     assert tuple(r.shape) == (256, 4096), f"r: expected shape (256, 4096), got {r.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
-    pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
+    pid = nl.program_id(0)  # this program's share of the 'hidden' split (0..1)
     y = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt:128 * kt + 128])
+    # 2 programs: each its 8 of 16
+    for kt in range(8):
+        nisa.dma_transpose(dst=x_strip[0:128, kt + 8 * pid, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
     # xp^T strip of this token block, kept in SBUF
     xp_strip = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # xp^T = (x @ p)^T: weight tiles stationary, strips moving (implicit transposition)
+    # this program's partial sums (its half of the contraction)
+    xp_partial = nl.ndarray((128, 4, 1), dtype=nl.float32, buffer=nl.sbuf)
+    # xp^T = (x @ p)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     p_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(16):
-        nisa.dma_copy(dst=p_block[0:128, kt, 0:512], src=p[128 * kt:128 * kt + 128, 0:512])
+    # 2 programs: each its 8 of 16
+    for kt in range(8):
+        nisa.dma_copy(dst=p_block[0:128, kt + 8 * pid, 0:512], src=p[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 0:512])
     for ft in range(4):
         xp_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(16):
-            nisa.nc_matmul(dst=xp_psum[0:128, 0:1], stationary=p_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=xp_strip[0:128, ft, 0:1], src=xp_psum[0:128, 0:1])
+        # 2 programs: each its 8 of 16
+        for kt in range(8):
+            nisa.nc_matmul(dst=xp_psum[0:128, 0:1], stationary=p_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
+        nisa.tensor_copy(dst=xp_partial[0:128, ft, 0:1], src=xp_psum[0:128, 0:1])
+    # add the other program's partial sums: both hold the whole sums
+    xp_partial_other = nl.ndarray((128, 4, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=xp_partial[0:128, 0:4, 0:1], dst=xp_partial_other[0:128, 0:4, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    for nt in range(4):
+        nisa.tensor_tensor(dst=xp_partial[0:128, nt, 0:1], data1=xp_partial[0:128, nt, 0:1], data2=xp_partial_other[0:128, nt, 0:1], op=nl.add)
+        nisa.tensor_copy(dst=xp_strip[0:128, nt, 0:1], src=xp_partial[0:128, nt, 0:1])
     # xpq^T strip of this token block, kept in SBUF
     xpq_strip = nl.ndarray((128, 2, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xpq^T = (xp @ q)^T: weight tiles stationary, strips moving (implicit transposition)
-    q_block = nl.ndarray((128, 4, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for kt in range(4):
-        nisa.dma_copy(dst=q_block[0:128, kt, 0:256], src=q[128 * kt:128 * kt + 128, 0:256])
-    for ft in range(2):
+    # 2 programs: each its 1 of 2
+    for f_blk in range(1):
+        q_block = nl.ndarray((128, 4, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for kt in range(4):
+            nisa.dma_copy(dst=q_block[0:128, kt, 0:128], src=q[128 * kt:128 * kt + 128, 128 * f_blk + 128 * pid:128 * f_blk + 128 * pid + 128])
         xpq_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
         for kt in range(4):
-            nisa.nc_matmul(dst=xpq_psum[0:128, 0:1], stationary=q_block[0:128, kt, 128 * ft:128 * ft + 128], moving=xp_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=xpq_strip[0:128, ft, 0:1], src=xpq_psum[0:128, 0:1])
+            nisa.nc_matmul(dst=xpq_psum[0:128, 0:1], stationary=q_block[0:128, kt, 0:128], moving=xp_strip[0:128, kt, 0:1])
+        nisa.tensor_copy(dst=xpq_strip[0:128, f_blk + pid, 0:1], src=xpq_psum[0:128, 0:1])
+    # exchange halves of xpq_strip with the other program: both hold all 256 features
+    nisa.sendrecv(src=xpq_strip[0:128, pid:pid + 1, 0:1], dst=xpq_strip[0:128, 1 - pid:2 - pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # y = xpqr = (xpq @ r): strips stationary, weights moving
     # 2 programs: each its 1 of 2
     for o_blk in range(1):
