@@ -102,7 +102,7 @@ FUSED_CANDIDATES = {
     "tokens_per_block": (32, 64, 128, 256, 512), "token_tile": (128,), "weight_block_kib": (4, 8, 16, 32, 64),
     "k_tiles_per_block": (0, 8, 16, 32), "out_tile": (512, 256), "weight_dma": ("row", "tile"),
     "cache_weights": ("none", "stage1", "all"), "x_transpose": ("dma", "pe"), "mlp": ("whole", "split"),
-    "lnc_split": ("none", "tokens", "features", "gather", "intermediate"),
+    "lnc_split": ("none", "tokens", "features", "gather", "hidden", "intermediate"),
 }
 
 
@@ -133,7 +133,7 @@ def test_fused_space_is_derived_from_the_specs(row_major_x, splittable):
     assert space.classes == ("cache_weights", "x_transpose", "mlp", "lnc_split")
     assert isinstance(space.decode(next(space.points())), FusedSchedule)
     assert fused_space(row_major_x, splittable, lnc=2).candidates["lnc_split"] == ("tokens", "features", "gather",
-                                                                                  "intermediate")
+                                                                                  "hidden", "intermediate")
     assert fused_space(row_major_x, splittable, lnc=2, exchange=False).candidates["lnc_split"] == ("tokens",
                                                                                                   "features")
 

@@ -151,8 +151,8 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
     if TARGETS[target].max_lnc > 1 and rng.random() < 0.5:  # the logical core (LNC=2), and sometimes its split
         target = with_lnc(TARGETS[target], 2).spec
         if rng.random() < 0.5:
-            params["lnc_split"] = rng.choice(("tokens", "features", "gather") if dialect == Dialect.NKI
-                                             else ("tokens", "features"))
+            exchanging = ("gather", "hidden", "intermediate") if dialect == Dialect.NKI else ()
+            params["lnc_split"] = rng.choice(("tokens", "features", *exchanging))
     return FuzzCase(doc, bound, target, dialect, params)
 
 
