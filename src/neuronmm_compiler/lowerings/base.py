@@ -86,12 +86,18 @@ def resolve_split(schedule: Any, params: Mapping[str, str | int], target: Target
         return schedule
     splits = split_restriction(type(schedule), target.lnc)["lnc_split"]
     best: tuple[float, Any] | None = None
+    dividing = None  # a split that divides but does not fit: its kernels report the capacity problem
     for split in splits:
         candidate = schedule.with_params({"lnc_split": split})
-        cost = combine_reports([estimate(p, target) for p in programs(candidate)])
+        lowered = programs(candidate)
+        cost = combine_reports([estimate(p, target) for p in lowered])
         if cost.feasible and (best is None or cost.latency_us < best[0]):
             best = (cost.latency_us, candidate)
-    return best[1] if best is not None else schedule.with_params({"lnc_split": splits[0]})
+        if dividing is None and all(p.split_error is None for p in lowered):
+            dividing = candidate
+    if best is not None:
+        return best[1]
+    return dividing if dividing is not None else schedule.with_params({"lnc_split": splits[0]})
 
 
 @dataclass(frozen=True)
