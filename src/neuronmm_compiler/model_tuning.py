@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,13 @@ from .cost_model import CostReport
 from .driver import Tuned, tune
 from .errors import InputError
 from .frontends.shapes import block_aligned_rank
-from .frontends.workloads import Workload, mlp_workload
+from .frontends.workloads import MlpWorkload, Workload, mlp_workload
 from .io import write_text_atomic
+from .lowerings.base import Baseline, ordered_baselines
 from .models import ModelConfig, read_config, read_manifest
 from .models.manifest import MANIFEST_FILE
 from .search import DEFAULT_TRIALS
+from .speedups import launch_dict
 from .targets import Target
 
 INDEX_FILE = "index.json"
@@ -124,6 +126,8 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
         (_, workload), tuned, dense = searches[2 * bucket], tuned_all[2 * bucket], tuned_all[2 * bucket + 1]
         name = f"mlp_t{tokens}.py"
         write_text_atomic(out / name, tuned.compiled.kernel.source)
+        if not svd_wins(tuned, dense):  # the recommended kernel of the bucket is nmmc's dense MLP: write it too
+            write_text_atomic(out / dense_file(tokens), dense.compiled.kernel.source)
         results.append(BucketResult(tokens, name, workload, tuned, dense))
     index = {
         "nmmc_version": __version__,
@@ -134,11 +138,32 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
         "ranks_from": source.ranks_from,
         "quality": source.quality,  # measured by nmmc compress --eval (None: the SVD's effect was not measured)
         "target": target.name,
+        "launch": launch_dict(target),  # the launch context every latency and speedup below was predicted in
         "dialect": dialect,
         "buckets": [_bucket_entry(r) for r in results],
     }
     write_text_atomic(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     return index
+
+
+#: The name of nmmc's own fused dense MLP among a tuned SVD MLP's baselines (lowerings/base.py, BASELINE_ORDER).
+NMMC_DENSE = "nmmc-dense"
+
+
+def dense_counterpart(workload: Workload) -> Workload | None:
+    """The dense MLP an SVD-compressed MLP replaces (None for anything else): what nmmc's own dense baseline
+    tunes."""
+    if not isinstance(workload, MlpWorkload) or not workload.svd:
+        return None
+    return mlp_workload(workload.tokens, workload.hidden, workload.intermediate, dense=True, dtype=workload.dtype)
+
+
+def with_dense_baseline(tuned: Tuned, dense: Tuned) -> Tuned:
+    """``tuned`` with nmmc's own fused dense MLP (``dense``, tuned the same way, on the same target and launch
+    context) among its baselines, in the order a user meets them (:func:`~.lowerings.base.ordered_baselines`)."""
+    baseline = Baseline("dense MLP (nmmc's fused kernel, tuned)", "nmmc's fused dense MLP", dense.compiled.cost,
+                        one_core=False)
+    return replace(tuned, baselines=ordered_baselines({**tuned.baselines, NMMC_DENSE: baseline}))
 
 
 def _tune_default(workload: Workload, bucket: int, *, target: Target, dialect: str, trials: int, seed: int) -> Tuned:
@@ -178,10 +203,23 @@ def _latency(cost: CostReport | None) -> float | None:
     return None if cost is None else cost.latency_us
 
 
+def svd_wins(tuned: Tuned, dense: Tuned) -> bool:
+    """True when the SVD MLP is predicted faster than nmmc's own fused dense MLP; where it is not, the dense MLP
+    is the bucket's recommended kernel (it is exact, and no slower)."""
+    return tuned.compiled.cost.latency_us < dense.compiled.cost.latency_us
+
+
+def dense_file(tokens: int) -> str:
+    """The file of a bucket's dense MLP kernel, written where it is the recommended one."""
+    return f"mlp_t{tokens}_dense.py"
+
+
 def _bucket_entry(result: BucketResult) -> dict[str, Any]:
     compiled = result.tuned.compiled
-    speedups = result.tuned.speedups()
+    tuned = with_dense_baseline(result.tuned, result.dense)
+    speedups = tuned.speedups()
     fused_dense = result.dense.compiled.cost.latency_us
+    wins = svd_wins(result.tuned, result.dense)
     return {
         "tokens": result.tokens,
         "file": result.file,
@@ -196,4 +234,9 @@ def _bucket_entry(result: BucketResult) -> dict[str, Any]:
         "unfused_baseline_us": _latency(result.tuned.baselines["unfused"].cost),
         "speedup_vs_baseline": speedups["dense"],
         "speedup_vs_unfused": speedups["unfused"],
+        # every baseline in the order a user meets them (lowerings/base.py, BASELINE_ORDER)
+        "baselines": [{"name": name, "computation": b.label, "latency_us": _latency(b.cost),
+                       "speedup": speedups[name]} for name, b in tuned.baselines.items()],
+        "recommended": "svd" if wins else "dense",
+        "recommended_file": result.file if wins else dense_file(result.tokens),
     }

@@ -15,7 +15,8 @@ from .cost_model.trust import trust_dict, trust_note, typical_range
 from .driver import Compiled, Costed, Lowered, Tuned
 from .frontends.workloads import GemmWorkload, Workload
 from .ir import to_text
-from .targets import Target, get_target
+from .speedups import context_note, launch_dict, sensitivity, speedup_text
+from .targets import Target
 
 
 def _mib(nbytes: float) -> str:
@@ -165,6 +166,8 @@ def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target
 
 #: Said next to a speedup of an SVD kernel over the dense computation: the two do not compute the same thing.
 LOSSY = "an approximation vs exact: the SVD changes the model's outputs"
+#: The baselines that compute the dense MLP (or GEMMs) exactly, where the tuned kernel is an SVD approximation.
+DENSE_BASELINES = ("nkilib-mlp", "nmmc-dense", "dense")
 
 
 def quality_note(quality: dict[str, Any] | None) -> str:
@@ -190,15 +193,19 @@ def tune_lines(tuned: Tuned) -> list[str]:
                   *(_row(b.label, b.cost, None, c.target) for b in tuned.baselines.values())], _TUNE_COLUMNS),
         f"  latencies and speedups are the cost model's: {trust_note(c.target, _fused(c.workload))}; the typical "
         "range is the latency within that typical factor",
+        f"  {context_note(c.target)}",
         "",
     ]
     for name, speedup in tuned.speedups().items():
-        label = f"speedup vs {tuned.baselines[name].speedup_label}"
-        notes = [LOSSY] if name == "dense" and c.workload.svd else []
-        if c.target.lnc > 1:  # the baselines are AWS's one-core kernels (lowerings/base.py, one_core_label)
+        baseline = tuned.baselines[name]
+        label = f"speedup vs {baseline.speedup_label} ({c.target.launch})"
+        notes = [LOSSY] if name in DENSE_BASELINES and c.workload.svd else []
+        if c.target.lnc > 1 and baseline.one_core:  # AWS's one-core kernels (lowerings/base.py, one_core_label)
             notes.append(f"nmmc on LNC={c.target.lnc}, the baseline on one physical core")
+        if speedup and baseline.cost is not None and sensitivity(baseline.cost, c.cost, c.target):
+            notes.append(sensitivity(baseline.cost, c.cost, c.target))
         suffix = f" ({'; '.join(notes)})" if notes else ""
-        lines.append(f"{label}: {speedup:.2f}x{suffix}" if speedup
+        lines.append(f"{label}: {speedup_text(speedup)}{suffix}" if speedup
                      else f"{label}: n/a (baseline not modelled or does not fit)")
     lines.append(f"schedule: {c.schedule.describe()}")
     if len(c.programs) > 1:
@@ -224,6 +231,7 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
         "baselines": {name: None if b.cost is None else {"computation": b.label, **b.cost.as_dict()}
                       for name, b in tuned.baselines.items()},
         "speedups": tuned.speedups(),
+        "launch": launch_dict(c.target),
         "model_error": trust_dict(c.target, _fused(c.workload)),
         "typical_range_us": typical_range(c.cost.latency_us, c.target),
         "search": {**tuned.search.search_summary(), "cached": tuned.search.method == "cache"},
@@ -289,35 +297,34 @@ _MODEL_COLUMNS = [(7, ">"), (9, ">"), (16, ">"), (8, ">"), (14, ">"), (8, ">"), 
                   (0, "<")]
 
 
-def _times(speedup: float) -> str:
-    return f"{speedup:.2f}x"
-
-
-def model_lines(source: Any, index: dict[str, Any], target_name: str, output: str) -> list[str]:
+def model_lines(source: Any, index: dict[str, Any], target: Target, output: str) -> list[str]:
     """``nmmc tune --model``: one row per token bucket (cost-model predictions). The first speedup is
-    over nmmc's own fused dense MLP, the honest alternative; then over AWS's per-matmul kernels."""
+    over nmmc's own fused dense MLP, the honest alternative; then over AWS's per-matmul kernels. A bucket where
+    the SVD MLP does not beat nmmc's dense MLP recommends the dense one, and says so."""
     ranks = "/".join(str(r) for r in index["ranks"].values())
-    lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target_name}",
-             "  predicted by nmmc's cost model (not measured); 'fused dense' is nmmc's own fused dense MLP, "
+    lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target.label}",
+             "  predicted by nmmc's cost model (not measured); 'nmmc dense' is nmmc's own fused dense MLP, "
              "'AWS dense' AWS's kernel per matmul",
+             f"  {context_note(target)}",
              f"  speedups over the dense MLPs: {quality_note(index.get('quality'))}"]
-    rows = [["tokens", "SVD us", "fused dense us", "vs it", "AWS dense us", "vs it", "unfused us", "vs it", "kernels",
+    rows = [["tokens", "SVD us", "nmmc dense us", "vs it", "AWS dense us", "vs it", "unfused us", "vs it", "kernels",
              "  file"]]
     for e in index["buckets"]:
         check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
         rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", f"{e['fused_dense_us']:.1f}",
-                     _times(e["speedup_vs_fused_dense"]), f"{e['baseline_us']:.1f}", _times(e["speedup_vs_baseline"]),
-                     f"{e['unfused_baseline_us']:.1f}", _times(e["speedup_vs_unfused"]), str(len(e["kernels"])),
-                     f"  {e['file']}{check}"])
+                     speedup_text(e["speedup_vs_fused_dense"]), f"{e['baseline_us']:.1f}",
+                     speedup_text(e["speedup_vs_baseline"]), f"{e['unfused_baseline_us']:.1f}",
+                     speedup_text(e["speedup_vs_unfused"]), str(len(e["kernels"])), f"  {e['file']}{check}"])
     table = columns(rows, _MODEL_COLUMNS)
     lines.append(table[0])
     for row, e in zip(table[1:], index["buckets"], strict=True):
         lines.append(row)
-        if e["speedup_vs_fused_dense"] < 1:
-            lines.append(f"  {'':>7}note: at {e['tokens']} tokens the SVD MLP is predicted slower than nmmc's fused "
-                         "dense MLP: compression buys no speed there")
-    count = len(index["buckets"])
-    lines.append(f"latencies are the cost model's: {trust_note(get_target(target_name), fused=True)}")
+        if e.get("recommended") == "dense":
+            lines.append(f"  {'':>7}recommended: nmmc's dense MLP ({e['recommended_file']}): at {e['tokens']} tokens "
+                         f"the SVD MLP is predicted no faster ({speedup_text(e['speedup_vs_fused_dense'])}), so "
+                         "compression buys no speed there")
+    count = len(index["buckets"]) + sum(e.get("recommended") == "dense" for e in index["buckets"])
+    lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
     return lines
 

@@ -165,6 +165,14 @@ class Target:
     max_lnc: int = 1  # the largest degree the hardware groups
     default_lnc: int = 1  # what neuronx-cc and the runtime use unless told otherwise
     lnc: int = 1  # the degree kernels for this target are emitted, costed and verified for
+    # --- launch context (docs/cost_model.md, section 2a): how the kernels of a workload are run. ``standalone``: on
+    # their own, as nki.benchmark / neuron-bench measure them; the workload pays ``launch_overhead_us`` once.
+    # ``in-graph``: inside a model's compiled graph (one NEFF), where no kernel is launched on its own; every kernel
+    # pays ``in_graph_kernel_us`` instead. No published figure gives that per-kernel cost: 2 us is an assumption
+    # (about one DMA fixed cost, the synchronisation of the engines and DMA queues at a kernel boundary), and every
+    # in-graph speedup nmmc prints says how it moves at 0 and 5 us (cost_model/launch.py, SENSITIVITY_US).
+    launch: str = "standalone"
+    in_graph_kernel_us: float = 2.0
     # --- tile limits (nl.tile_size), identical on all current generations; the lowerings tile by these
     # (shared/trainium-facts.md, "Tile limits": AWS NKI API reference, nl.tile_size) ---
     pmax: int = 128
@@ -183,16 +191,35 @@ class Target:
     def spec(self) -> str:
         """What ``get_target`` resolves back to this target: the name, or the calibrated file, with
         ``:lnc=N`` when its logical-core degree is not 1 (so a stored ``trn2`` keeps meaning one physical
-        core, as every record written before logical cores did)."""
+        core, as every record written before logical cores did), and ``:launch=in-graph`` in that launch context
+        (a spec without it is standalone, as every record written before launch contexts was)."""
         base = self.calibration.source if self.calibration is not None else self.name
-        return f"{base}{LNC_SUFFIX}{self.lnc}" if self.lnc != 1 else base
+        base = f"{base}{LNC_SUFFIX}{self.lnc}" if self.lnc != 1 else base
+        return f"{base}{LAUNCH_SUFFIX}{self.launch}" if self.launch != STANDALONE else base
 
     @property
     def label(self) -> str:
-        """The name, with the logical-core degree of a logical core, marked when calibrated: ``trn1``, ``trn2``
-        (one physical core), ``trn2 LNC=2``, ``trn1 (calibrated: cal.json)``."""
+        """The name, with the logical-core degree of a logical core and an in-graph launch context, marked when
+        calibrated: ``trn1``, ``trn2`` (one physical core), ``trn2 LNC=2``, ``trn2 LNC=2 in-graph``,
+        ``trn1 (calibrated: cal.json)``."""
         base = f"{self.name} LNC={self.lnc}" if self.lnc > 1 else self.name
+        base = f"{base} in-graph" if self.launch == IN_GRAPH else base
         return f"{base} (calibrated: {self.calibration.source})" if self.calibration is not None else base
+
+    @property
+    def kernel_launch_us(self) -> float:
+        """The fixed time one kernel's report carries for its launch in this launch context: the standalone launch
+        (paid once per workload, :func:`~neuronmm_compiler.cost_model.combine_reports`), or the in-graph cost every
+        kernel pays."""
+        return self.in_graph_kernel_us if self.launch == IN_GRAPH else self.launch_overhead_us
+
+    @property
+    def launch_summary(self) -> str:
+        """The launch context in a few words, for headers and tables: ``standalone launch: 45.3 us once per
+        workload``, ``in-graph: 2 us per kernel, assumed``."""
+        if self.launch == IN_GRAPH:
+            return f"in-graph: {self.in_graph_kernel_us:g} us per kernel, assumed"
+        return f"standalone launch: {self.launch_overhead_us:g} us once per workload"
 
     def model_fingerprint(self) -> str:
         """sha256 of everything that affects predictions (every field and the model parameters,
@@ -249,8 +276,9 @@ class Target:
                     f"{self.dma_fixed_cost_us} us fixed per transfer, "
                     f"transpose at {self.dma_transpose_efficiency:.0%}, "
                     f"efficiency curve read at {self.dma_size_scale:g}x the bytes per partition"),
-            ("launch", f"{self.launch_overhead_us:g} us fixed per kernel (a standalone launch, as nki.benchmark "
-                       f"measures it)"),
+            ("launch", f"{self.launch_overhead_us:g} us fixed per workload launched standalone (as nki.benchmark "
+                       f"measures it); in a model graph (--launch in-graph) {self.in_graph_kernel_us:g} us per kernel "
+                       "(assumed; docs/cost_model.md 2a)"),
             ("tile limits", f"pmax {self.pmax}, stationary fmax {self.gemm_stationary_fmax}, "
                             f"moving fmax {self.gemm_moving_fmax}"),
         ] + ([("calibrated", f"from {self.calibration.measurements} ({self.calibration.rows} rows, "
@@ -281,6 +309,8 @@ class Target:
                 continue
             if name == "lnc" and value == 1:
                 continue  # a one-core target's dict (and its fingerprint) is what it was before logical cores
+            if name in ("launch", "in_graph_kernel_us") and self.launch == STANDALONE:
+                continue  # standalone predictions do not read them: the dict is what it was before launch contexts
             out[name] = [list(p) for p in value] if name == "dma_efficiency_curve" else value
         out["psum_bank_bytes"] = self.psum_bank_bytes
         out["sbuf_usable_bytes_per_partition"] = self.sbuf_usable_bytes_per_partition
@@ -390,6 +420,18 @@ TARGETS: dict[str, Target] = {
 DEFAULT_TARGET = "trn2"
 #: How a target spec names a logical-core degree: ``trn2:lnc=2`` (see :attr:`Target.spec`).
 LNC_SUFFIX = ":lnc="
+#: The launch contexts (see :attr:`Target.launch`) and how a target spec names one: ``trn2:lnc=2:launch=in-graph``.
+STANDALONE = "standalone"
+IN_GRAPH = "in-graph"
+LAUNCH_CONTEXTS: tuple[str, ...] = (STANDALONE, IN_GRAPH)
+LAUNCH_SUFFIX = ":launch="
+
+
+def with_launch(target: Target, launch: str) -> Target:
+    """``target`` in launch context ``launch`` (``standalone`` or ``in-graph``); InputError for another."""
+    if launch not in LAUNCH_CONTEXTS:
+        raise InputError(f"unknown launch context {launch!r}; accepted: {', '.join(LAUNCH_CONTEXTS)}")
+    return target if launch == target.launch else replace(target, launch=launch)
 
 
 def with_lnc(target: Target, lnc: int | None) -> Target:
@@ -511,6 +553,10 @@ def get_target(spec: str) -> Target:
         return spec
     if spec in TARGETS:
         return TARGETS[spec]
+    if isinstance(spec, str) and LAUNCH_SUFFIX in spec:
+        base, _, launch = spec.rpartition(LAUNCH_SUFFIX)
+        if launch in LAUNCH_CONTEXTS:
+            return with_launch(get_target(base), launch)
     if isinstance(spec, str) and LNC_SUFFIX in spec:
         base, _, degree = spec.rpartition(LNC_SUFFIX)
         if degree in ("1", "2"):

@@ -186,7 +186,8 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
     from .report import tune_json, tune_lines
 
     check_tune_outputs(request, output=output, lock_path=lock_path, report_dir=report_dir)
-    tuned, from_cache, commit_cache = search_uncommitted(workload, request, echo)
+    tuned, from_cache, commit_svd = search_uncommitted(workload, request, echo)
+    tuned, commit_cache = _with_nmmc_dense(workload, tuned, commit_svd, request, echo)
     if request.storage and tuned.search.study:
         record_study(workload, tuned, request)
     elif request.storage:
@@ -233,6 +234,27 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         rel = f"{report.rel_error:.3e}" if report.rel_error is not None else "n/a"
         echo(f"{status}: relative error {rel}" + (f"; {report.error}" if report.error else ""), err=output == "-")
     return report is None or report.ok
+
+
+def _with_nmmc_dense(workload: Workload, tuned: Tuned, commit: Callable[[], None], request: TuneRequest,
+                     echo: Echo) -> tuple[Tuned, Callable[[], None]]:
+    """For an SVD MLP, ``tuned`` with nmmc's own fused dense MLP among its baselines, tuned the same way (same
+    target, launch context, trials and seed; cached alike; no --storage study of its own), and a commit writing
+    both searches to the result cache; anything else unchanged."""
+    from .model_tuning import dense_counterpart, with_dense_baseline
+
+    dense = dense_counterpart(workload)
+    if dense is None:
+        return tuned, commit
+    dense_request = replace(request, storage=None, study_name=None, workers=1,
+                            progress_label="tuning nmmc's dense MLP (baseline)")
+    dense_tuned, _, commit_dense = search_uncommitted(dense, dense_request, echo)
+
+    def commit_both() -> None:
+        commit()
+        commit_dense()
+
+    return with_dense_baseline(tuned, dense_tuned), commit_both
 
 
 def _tune_bucket(workload: Workload, bucket: int, *, request: TuneRequest, buckets: int, echo: Echo) -> Tuned:
@@ -308,14 +330,15 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
         from .verification import verify_file
 
         for entry in index["buckets"]:
-            report = verify_file(Path(output) / entry["file"], rules=True)
-            entry["verified"] = report.ok
-            if not report.ok:
-                failures.append(f"{entry['file']}: {report.error}")
+            for name in dict.fromkeys((entry["file"], entry["recommended_file"])):  # a recommended dense kernel too
+                report = verify_file(Path(output) / name, rules=True)
+                entry["verified"] = entry.get("verified", True) and report.ok
+                if not report.ok:
+                    failures.append(f"{name}: {report.error}")
     if as_json:
         echo(json.dumps(index, indent=2))
     else:
-        for line in model_lines(source, index, target_name, output):
+        for line in model_lines(source, index, request.target, output):
             echo(line)
     for failure in failures:
         echo(f"VERIFICATION FAILED: {failure}", err=True)

@@ -19,6 +19,7 @@ from .options import (
     lowercase_name,
     parse_params,
     progress_option,
+    resolve_target,
     schedule_options,
     show_progress,
     target_option,
@@ -130,14 +131,15 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     """Search the schedule space with the cost model (Optuna TPE, or exhaustive for small spaces),
     write the NKI kernel(s) of the best schedule, and compare with the baselines at the same shape:
     AWS's fully optimized kernel for a GEMM; for chains and MLPs, the dense computation and the
-    unfused SVD factors, each with AWS's kernel per matmul. With --model, do that for a model's MLP
-    at every token bucket."""
-    from ..targets import get_target
+    unfused SVD factors, each with AWS's kernel per matmul; for an SVD MLP, first nmmc's own fused
+    dense MLP, tuned the same way. With --model, do that for a model's MLP at every token bucket.
+    Every speedup names its launch context (--launch; in-graph by default for MLPs)."""
     from ..tuning import TuneRequest, run_model_tune, run_tune
     from ..tuning import default_jobs as cores
 
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
-    tgt = get_target(target)
+    workload = None if model is not None else workload_from(options, target)
+    tgt = resolve_target(target, workload)  # --model: a model's MLP, in-graph unless --launch says otherwise
     request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), trials=trials, seed=seed,
                           timeout=timeout,
                           method=None if method == "auto" else method, exhaustive_threshold=exhaustive_threshold,
@@ -152,7 +154,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
         ok = run_model_tune(model, options, request, target_name=target, verify=run_verify, as_json=as_json,
                             output=output, echo=click.echo)
     else:
-        ok = run_tune(workload_from(options, target), request, verify=run_verify, lock_path=lock_path,
+        assert workload is not None
+        ok = run_tune(workload, request, verify=run_verify, lock_path=lock_path,
                       report_dir=report_dir, as_json=as_json, output=output, echo=click.echo)
     if not ok:
         sys.exit(EXIT_FAILED)

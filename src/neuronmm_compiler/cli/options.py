@@ -12,11 +12,22 @@ import click
 
 from ..errors import InputError, NmmcError
 from ..frontends.shapes import A_LAYOUTS, parse_shape
-from ..frontends.workloads import Workload, chain_workload, gemm_workload, mlp_workload
+from ..frontends.workloads import MlpWorkload, Workload, chain_workload, gemm_workload, mlp_workload
 from ..ir import canonical_dtype
 from ..schedule import PRESETS
 from ..support import AUTO, KNOWN_SDKS, LATER_SDKS, SUPPORT, check_sdk, resolve_dialect, support_warning
-from ..targets import DEFAULT_TARGET, TARGETS, Target, get_target, with_lnc
+from ..targets import (
+    DEFAULT_TARGET,
+    IN_GRAPH,
+    LAUNCH_CONTEXTS,
+    LAUNCH_SUFFIX,
+    STANDALONE,
+    TARGETS,
+    Target,
+    get_target,
+    with_launch,
+    with_lnc,
+)
 from ..vocab import Dialect
 
 EXIT_USAGE = 2
@@ -250,17 +261,52 @@ def _remember_lnc(ctx: click.Context, param: click.Parameter, value: int | None)
     return value
 
 
+def _remember_launch(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    ctx.meta["nmmc_launch"] = value
+    return value
+
+
 def _target_spec(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    """--target resolved with --lnc (an eager option, so read first) into the spec of one Target, e.g.
-    ``trn2:lnc=2``: every command names the target, logical core included, by that one string."""
-    return with_lnc(get_target(lowercase_name(ctx, param, value)), ctx.meta.get("nmmc_lnc")).spec
+    """--target resolved with --lnc and --launch (eager options, so read first) into the spec of one Target, e.g.
+    ``trn2:lnc=2`` or ``trn2:lnc=2:launch=in-graph``: every command names the target, logical core and launch
+    context included, by that one string. A --launch given is kept in the spec even when standalone
+    (``:launch=standalone``, which resolves to the plain spec), so that :func:`resolve_target` can tell it from
+    the workload's default."""
+    spec = with_lnc(get_target(lowercase_name(ctx, param, value)), ctx.meta.get("nmmc_lnc")).spec
+    launch = ctx.meta.get("nmmc_launch")
+    return spec if launch is None else f"{spec}{LAUNCH_SUFFIX}{launch}"
+
+
+def default_launch(workload: Workload | None) -> str:
+    """The launch context of a workload whose command named none: in-graph for a gated MLP (``--mlp``; ``--model``
+    and ``--tp`` pass None), which runs inside a model's compiled graph; standalone for GEMMs, chains and graph
+    files, which nmmc cannot know to be part of a model and which AWS's published measurements (the cost model's
+    fit) time standalone."""
+    return IN_GRAPH if workload is None or isinstance(workload, MlpWorkload) else STANDALONE
+
+
+def resolve_target(spec: str, workload: Workload | None) -> Target:
+    """The Target of a --target spec (:func:`_target_spec`) for ``workload`` (None: a model or tensor-parallel
+    MLP): the launch context the spec names, else the workload's default (:func:`default_launch`)."""
+    target = get_target(spec)
+    return target if LAUNCH_SUFFIX in spec else with_launch(target, default_launch(workload))
+
+
+LAUNCH_HELP = ("Launch context the latencies and speedups are predicted in: standalone (the kernel run on its own, "
+               "as nki.benchmark times it: one ~45 us launch per workload) or in-graph (inside a model's compiled "
+               "graph: no launch of its own, an assumed 2 us per kernel, so a baseline of five kernels pays it five "
+               "times; docs/cost_model.md 2a) [default: in-graph for --mlp, --model and --tp, which run inside a "
+               "model; standalone for --shape and --graph].")
 
 
 def target_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--target NAME_OR_FILE (default trn2) and --lnc 1|2 (default: the target's platform degree)."""
+    """--target NAME_OR_FILE (default trn2), --lnc 1|2 (default: the target's platform degree) and --launch
+    standalone|in-graph (default: the workload's, :func:`resolve_target`)."""
     fn = click.option("--target", default=DEFAULT_TARGET, show_default=True, callback=_target_spec,
                       help=f"Hardware: {', '.join(TARGETS)}, or a calibrated target file written by "
                            "'nmmc calibrate'.")(fn)
+    fn = click.option("--launch", type=click.Choice(LAUNCH_CONTEXTS, case_sensitive=False), default=None,
+                      is_eager=True, expose_value=False, callback=_remember_launch, help=LAUNCH_HELP)(fn)
     return click.option("--lnc", type=click.IntRange(1, 2), default=None, is_eager=True, expose_value=False,
                         callback=_remember_lnc,
                         help="Logical NeuronCore degree: how many physical cores one kernel launch spans. 2 (the "
@@ -313,4 +359,5 @@ def show_progress(progress: bool | None, as_json: bool) -> bool:
 def compile_inputs(options: dict[str, Any], target: str) -> tuple[Workload, Target]:
     """The workload (popped from ``options``, see :func:`workload_from`) and Target of a compile
     command's options."""
-    return workload_from(options, target), get_target(target)
+    workload = workload_from(options, target)
+    return workload, resolve_target(target, workload)

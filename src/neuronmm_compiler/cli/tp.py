@@ -45,8 +45,8 @@ def tp_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any
 
 
 def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, Any]) -> None:
-    from ..targets import get_target
     from ..tensor_parallel import commands
+    from .options import resolve_target
 
     given = [f"--{name.replace('_path', '').replace('_dir', '').replace('_', '-')}" for name in SINGLE_KERNEL
              if kw.get(name)]
@@ -55,7 +55,7 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
     if kw.get("schedule_name") or kw.get("params") or kw.get("pipeline"):
         raise InputError("--tp compiles every rank's kernel under its default schedule (emit, cost, explain) or "
                          "tunes it (tune); drop --schedule/--param/--pipeline")
-    target = get_target(kw["target"])
+    target = resolve_target(kw["target"], None)  # a sharded MLP runs inside a model: in-graph unless --launch
     dialect = chosen_dialect(kw.get("dialect", "auto"), kw.get("sdk"), target)
     if command == "tune":
         kernel_fn = commands.tuned_kernels(target, dialect, trials=kw["trials"] or 150, seed=kw["seed"],

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..kernel_ir.lnc import PROGRAM_ID
 from ..kernel_ir.program import Program
-from ..targets import Target
+from ..targets import IN_GRAPH, Target
 from .counts import ProgramCounts, count_program, dma_histogram, edge_counts, psum_stall_us
 from .footprint import footprint
 from .formulas import engine_us, latency, lower_bound, steady_times
@@ -137,7 +137,10 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
         "c_dma": target.dma_fixed_cost_us, "q": params.dma_queues_in_flight,
         "bw": bw, "flops": counts.flops,
         "hbm_bytes": counts.total_hbm_bytes_read + counts.total_hbm_bytes_written,
-        "compulsory_bytes": compulsory, "peak_flops_per_us": peak, "t_launch": target.launch_overhead_us,
+        "compulsory_bytes": compulsory, "peak_flops_per_us": peak, "t_launch": target.kernel_launch_us,
+        # the launch context (Target.launch): 1 when every kernel pays t_launch (in-graph), 0 when the workload pays
+        # it once (standalone); n_launch counts the launches a (combined) report pays
+        "launch_per_kernel": 1.0 if target.launch == IN_GRAPH else 0.0, "n_launch": 1.0,
         "t_stall": psum_stall_us(counts, f_pe, target.vector_clock_ghz, target.scalar_clock_ghz),
         # each sendrecv: both programs wait for the other's half (a DMA fixed cost for the handshake, and the bytes)
         "t_exchange": counts.exchanges * target.dma_fixed_cost_us + counts.exchange_bytes / bw,
@@ -218,10 +221,12 @@ def combine_reports(reports: list[CostReport]) -> CostReport:
     slowest kernel's, and the whole is feasible when every kernel is. HBM traffic between kernels
     (a handoff written by one and read by the next) is counted on both sides, as it happens.
 
-    The kernels of one workload run in one graph: the whole pays the standalone launch cost once (each
-    report's ``t_launch``), not once per kernel. A kernel's own overhead inside a graph is not measured by
-    any published figure; leaving it out favours the workloads with more kernels (the unfused baselines),
-    so fusion's predicted gains are not inflated by it."""
+    The launch (each report's ``t_launch``) depends on the launch context the reports were costed in
+    (``launch_per_kernel``, from :attr:`Target.launch`). Standalone: the kernels of one workload run as one
+    launch, so the whole pays the standalone launch cost once, not once per kernel (charging ~45 us per extra
+    kernel would inflate fusion's predicted gains over the unfused baselines). In-graph: no kernel is launched
+    on its own, and every kernel pays its own (small, assumed) in-graph cost: a baseline of five kernels pays it
+    five times (docs/cost_model.md, section 2a)."""
     if not reports:
         raise ValueError("combine_reports needs at least one report")
     if len(reports) == 1:
@@ -231,7 +236,9 @@ def combine_reports(reports: list[CostReport]) -> CostReport:
         return sum(getattr(r, name) for r in reports)
 
     slowest = max(reports, key=lambda r: r.latency_us)
-    launches = sum(r.values.get("t_launch", 0.0) for r in reports[1:])  # all but one launch
+    per_kernel = all(r.values.get("launch_per_kernel", 0.0) for r in reports)
+    # standalone: all but one launch come off; in-graph: every kernel keeps its own
+    launches = 0.0 if per_kernel else sum(r.values.get("t_launch", 0.0) for r in reports[1:])
     return CostReport(
         latency_us=total("latency_us") - launches,
         bound=slowest.bound,
@@ -247,8 +254,15 @@ def combine_reports(reports: list[CostReport]) -> CostReport:
         psum_capacity=reports[0].psum_capacity,
         feasible=all(r.feasible for r in reports),
         lower_bound_us=total("lower_bound_us") - launches,
-        values={"t_launch": max(r.values.get("t_launch", 0.0) for r in reports)},
+        values={"t_launch": max(r.values.get("t_launch", 0.0) for r in reports),
+                "launch_per_kernel": 1.0 if per_kernel else 0.0,
+                "n_launch": total_launches(reports) if per_kernel else 1.0},
     )
+
+
+def total_launches(reports: list[CostReport]) -> float:
+    """How many launches the reports pay together, each paying its own (in-graph)."""
+    return sum(r.values.get("n_launch", 1.0) for r in reports)
 
 
 def _summed_counts(reports: list[CostReport]) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from ..vocab import Dialect
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
 
-__all__ = ["Baseline", "Lowering", "dma_transpose_ok", "one_core_label", "resolve_split", "split_restriction",
-           "transpose_choice", "undocumented_dma_transpose"]
+__all__ = ["BASELINE_ORDER", "Baseline", "Lowering", "dma_transpose_ok", "one_core_label", "ordered_baselines",
+           "resolve_split", "split_restriction", "transpose_choice", "undocumented_dma_transpose"]
 
 
 def undocumented_dma_transpose(workload: Workload, target: Target, dialect: Dialect) -> str | None:
@@ -100,14 +100,29 @@ def resolve_split(schedule: Any, params: Mapping[str, str | int], target: Target
     return dividing if dividing is not None else schedule.with_params({"lnc_split": splits[0]})
 
 
+#: The order baselines are shown in: the order a user meets them. First what a user of an MLP on trn2 runs today,
+#: AWS nki-library's fused MLP ("nkilib-mlp", issue 24 item 1: not modelled yet; it goes here when it is), then
+#: nmmc's own fused dense MLP tuned the same way ("nmmc-dense"), then AWS's tutorial kernels per matmul ("dense"),
+#: and the SVD factors unfused. Names not listed keep their order after these.
+BASELINE_ORDER: tuple[str, ...] = ("nkilib-mlp", "nmmc-dense", "dense", "unfused")
+
+
+def ordered_baselines(baselines: Mapping[str, Baseline]) -> dict[str, Baseline]:
+    """``baselines`` in :data:`BASELINE_ORDER`."""
+    rank = {name: i for i, name in enumerate(BASELINE_ORDER)}
+    return dict(sorted(baselines.items(), key=lambda item: rank.get(item[0], len(rank))))
+
+
 @dataclass(frozen=True)
 class Baseline:
     """What a tuned kernel is compared with: a label for tables, how its speedup is named, its cost
-    (None when the baseline cannot be modelled for this workload)."""
+    (None when the baseline cannot be modelled for this workload), and whether it runs on one physical core
+    (AWS's tutorial kernels) rather than on the target's logical core (nmmc's own kernels)."""
 
     label: str
     speedup_label: str
     cost: CostReport | None
+    one_core: bool = True
 
     def speedup(self, cost: CostReport) -> float | None:
         """How many times faster ``cost`` is than this baseline (None when it is not modelled or does not fit)."""

@@ -172,7 +172,7 @@ class FusedLowering(Lowering):
             ("parameters", schedule.describe()),
             ("footprint", "; ".join(f"{p.name}: {fp.describe()}" for p, fp in zip(programs, footprints, strict=True))),
             ("predicted", f"{cost.latency_us:.1f} us on {target.label} (cost model v{COST_MODEL_VERSION}, "
-                          f"{len(programs)} kernel{'s' if len(programs) > 1 else ''})"),
+                          f"{len(programs)} kernel{'s' if len(programs) > 1 else ''}; {target.launch_summary})"),
         ]
 
     def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1, exchange: bool = True) -> SearchSpace:

@@ -104,7 +104,7 @@ class GemmLowering(Lowering):
             ("parameters", schedule.describe()),
             ("footprint", footprints[0].describe()),
             ("predicted", f"{cost.latency_us:.1f} us on {target.label} ({cost.bound}-bound; cost model "
-                          f"v{COST_MODEL_VERSION}, lower bound {cost.lower_bound_us:.1f} us)"),
+                          f"v{COST_MODEL_VERSION}, lower bound {cost.lower_bound_us:.1f} us; {target.launch_summary})"),
         ]
 
     def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1, exchange: bool = True) -> SearchSpace:

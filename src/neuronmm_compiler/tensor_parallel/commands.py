@@ -12,6 +12,7 @@ from ..cost_model.trust import trust_note, typical_range
 from ..driver import Compiled
 from ..errors import InputError
 from ..frontends.workloads import Workload
+from ..speedups import context_note, launch_dict, speedup_text
 from ..targets import Target
 from .planner import KernelFn, TpResult, plan_tp
 
@@ -74,8 +75,9 @@ def result_lines(result: TpResult) -> list[str]:
     for label, alt in result.alternatives.items():
         if alt is not None:
             speedup = alt["total_us"] / chosen.total_us
-            lines.append(f"  {chosen.strategy.name} vs {label}: {speedup:.2f}x"
+            lines.append(f"  {chosen.strategy.name} vs {label} ({result.target.launch}): {speedup_text(speedup)}"
                          + (" (the dense MLP is predicted faster at this shape)" if speedup < 1 else ""))
+    lines.append(f"  {context_note(result.target)}")
     for step in chosen.collectives:
         lines.append(f"  chosen collective: {step.op} of {step.tensor_bytes} bytes over {step.ranks} ranks, "
                      f"{step.bytes_sent_per_rank:.0f} bytes sent per rank")
@@ -171,7 +173,7 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
     index = {"model": {"name": config.name, "hidden_size": config.hidden_size,
                        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers},
              "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)), "keep_ratio": source.keep_ratio,
-             "tp": tp, "target": target.spec, "dialect": dialect, "buckets": entries,
+             "tp": tp, "target": target.spec, "launch": launch_dict(target), "dialect": dialect, "buckets": entries,
              "model_error": trust_note(target, fused=True), "collectives": UNVALIDATED}
     write_text_atomic(Path(output) / "index.json", json.dumps(index, indent=2) + "\n")
     if as_json:
@@ -180,9 +182,11 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
         echo(f"{config.name} MLP at tp {tp} on {target.label}, ranks {'/'.join(map(str, source.ranks))}:")
         for e in entries:
             dense = e["alternatives"].get("dense, nmmc fused MLP + all-reduce") or {}
-            versus = f", dense nmmc MLP + all-reduce {dense['total_us']:.1f} us" if dense else ""
+            versus = (f", dense nmmc MLP + all-reduce {dense['total_us']:.1f} us "
+                      f"({speedup_text(dense['total_us'] / e['total_us'])})" if dense else "")
             echo(f"  {e['tokens']:>6} tokens: {e['strategy']:<28} kernel {e['kernel_us']:.1f} us + comm "
                  f"{e['comm_us']:.1f} us = {e['total_us']:.1f} us{versus}")
+        echo(f"  {context_note(target)}")
         echo(f"  model error: {trust_note(target, fused=True)}; {UNVALIDATED}")
         echo(f"wrote {Path(output) / 'index.json'}")
     for failure in failures:

@@ -17,6 +17,7 @@ from typing import Any
 from ..cost_model.collectives import UNVALIDATED
 from ..cost_model.trust import trust_note
 from ..errors import InputError
+from ..speedups import launch_dict
 from .planner import StrategyResult, TpResult
 from .sharding import CollectiveStep, KernelStep
 
@@ -64,7 +65,7 @@ def plan_dict(result: TpResult, dialect: str) -> dict[str, Any]:
     tensors.update({f.name: {"shape": list(f.shape), "holds": f.holds} for f in sharded.factors.values()})
     return {
         "format": FORMAT, "version": VERSION, "workload": result.workload.to_dict(), "tp": result.tp,
-        "target": result.target.spec, "dialect": dialect,
+        "target": result.target.spec, "launch": launch_dict(result.target), "dialect": dialect,
         "strategy": {"name": chosen.strategy.name, "gate_up": chosen.strategy.gate_up, "down": chosen.strategy.down},
         "intermediate_shards": [{"rank": i, "start": start, "stop": start + size}
                                 for i, (start, size) in enumerate(zip(sharded.offsets, sharded.sizes, strict=True))],
