@@ -87,9 +87,9 @@ def test_the_divided_dimension_is_blocked_so_the_programs_share_it(m, tile_m, pe
 
 
 @pytest.mark.parametrize(("m", "schedule", "reason"), [
-    (1, GemmSchedule(loop_order="mnk", lnc_split="m"), "no loop of the 'm' split"),  # one row cannot be divided
+    (1, GemmSchedule(loop_order="mnk", lnc_split="m"), "divides by the 'm' split"),  # one row cannot be divided
     # M inside the K loop with SBUF partial sums: the M block loop does not own its outputs
-    (512, GemmSchedule(tiles_in_block_k=1, loop_order="kmn", accumulate="sbuf", lnc_split="m"), "no loop"),
+    (512, GemmSchedule(tiles_in_block_k=1, loop_order="kmn", accumulate="sbuf", lnc_split="m"), "nothing in"),
 ])
 def test_a_split_that_does_not_divide_is_infeasible_with_the_reason(m, schedule, reason):
     program = lower_gemm(GemmProblem(m, 512, 256), schedule, lnc2())

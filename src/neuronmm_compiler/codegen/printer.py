@@ -212,8 +212,8 @@ class NeuronxccPrinter(_Printer):
             self.emit(depth, f"{stmt.dst.code()} = {NL_OPS[stmt.op]}({stmt.src.code()}, "
                              f"dtype={NL_DTYPES[stmt.dst.buffer.dtype]})")
         elif isinstance(stmt, SendRecv):
-            raise ScheduleError("nisa.sendrecv (lnc_split=gather, intermediate) is documented for the nki dialect "
-                                "(NKI 0.3+) only; use --dialect nki, or lnc_split=tokens/features")
+            raise ScheduleError("nisa.sendrecv (lnc_split=gather, hidden, intermediate) is documented for the nki "
+                                "dialect (NKI 0.3+) only; use --dialect nki, or lnc_split=tokens/features")
         else:  # pragma: no cover
             raise TypeError(f"cannot print {type(stmt).__name__}")
 

@@ -58,8 +58,9 @@ def _why_not(program: Program, family: str, programs: int) -> str | None:
     """Why ``program`` cannot be divided by ``family`` between ``programs`` programs, None when it can."""
     tagged = _outermost(program.body, family)
     if not tagged:
-        return (f"no loop of the '{family}' split in kernel {program.name} (that dimension has a single block "
-                f"under this schedule): nothing to divide between {programs} programs")
+        return (f"nothing in kernel {program.name} divides by the '{family}' split between {programs} programs (that "
+                "dimension has a single block under this schedule; for hidden and intermediate, no group whose "
+                "contraction can be divided and its partial sums added)")
     for loop in tagged:
         trip = loop.trip
         if not (isinstance(trip, Lin) and trip.is_const) or trip.const % programs:

@@ -72,11 +72,12 @@ def split_restriction(schedule_class: type, lnc: int) -> dict[str, tuple]:
 
 
 def resolve_split(schedule: Any, params: Mapping[str, str | int], target: Target,
-                  programs: Callable[[Any], list[Program]]) -> Any:
+                  programs: Callable[[Any], list[Program]], exclude: tuple[str, ...] = ()) -> Any:
     """``schedule`` with the ``lnc_split`` its target needs: ``none`` on one physical core (asking for another is a
     ScheduleError); on an LNC=2 target the split asked for, or when none was (``none``), the schedule family's
     split with the lowest predicted latency among those under which every kernel ``programs(schedule)`` lowers to
-    divides and fits (else the first split, whose kernels then carry the reason they do not divide)."""
+    divides and fits (else the first split, whose kernels then carry the reason they do not divide); ``exclude``:
+    splits the dialect cannot emit."""
     if target.lnc == 1:
         if schedule.lnc_split != "none" and "lnc_split" in params:
             raise ScheduleError(f"lnc_split={schedule.lnc_split} divides work between the programs of a logical core; "
@@ -84,7 +85,7 @@ def resolve_split(schedule: Any, params: Mapping[str, str | int], target: Target
         return schedule.with_params({"lnc_split": "none"}) if schedule.lnc_split != "none" else schedule
     if schedule.lnc_split != "none":
         return schedule
-    splits = split_restriction(type(schedule), target.lnc)["lnc_split"]
+    splits = tuple(v for v in split_restriction(type(schedule), target.lnc)["lnc_split"] if v not in exclude)
     best: tuple[float, Any] | None = None
     dividing = None  # a split that divides but does not fit: its kernels report the capacity problem
     for split in splits:

@@ -150,7 +150,7 @@ class FusedLowering(Lowering):
             kernels = self.kernels(run_pipeline(graph, self.pipeline(schedule)).graph)
             return [self.lower(k, schedule, target) for k in kernels]
 
-        return resolve_split(normalized, params, target, programs)
+        return resolve_split(normalized, params, target, programs, () if dialect == Dialect.NKI else EXCHANGING)
 
     def pipeline(self, schedule: Any) -> list[Pass]:
         return fusion_pipeline(schedule.mlp)
