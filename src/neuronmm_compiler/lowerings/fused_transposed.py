@@ -146,8 +146,9 @@ class TransposedGroups(OperandLoads):
     def _reduced_group(self, group: Group, mb: Expr) -> list[Stmt]:
         """A group whose contraction the programs of a logical core divide (``reducing_groups``): each accumulates
         its half of the contraction into fp32 partial strips (one per term), the programs exchange them whole
-        (nisa.sendrecv) and each adds the other's to its own (the same two terms in the same order: identical sums
-        on both), and only then is the group's epilogue evaluated, tile by tile, from the sums. A result streamed to
+        (nisa.sendrecv) and each adds the other's to its own in one instruction over the strip (the same two terms
+        in the same order: identical sums on both), and only then is the group's epilogue evaluated, tile by tile,
+        from the sums. A result streamed to
         HBM is evaluated and stored by each program for its half of the tiles; one kept in SBUF by both, whole."""
         root, s, tok = group.root, self.s, self.tok
         n = root.shape[1]
@@ -171,13 +172,14 @@ class TransposedGroups(OperandLoads):
                                                                              fdim.tiles_in_block, tile))]
         whole = (span(0, ftile), span(0, ntiles), span(0, bm))
         received = {t: Buffer(f"{p.name}_other", p.shape, "float32", "sbuf") for t, p in partials.items()}
-        out.append(Comment("add the other program's partial sums: both hold the whole sums"))
+        out.append(Comment("add the other program's partial sums (one instruction over the whole strip): both hold "
+                           "the whole sums"))
         for t, p in partials.items():
-            out += [Alloc(received[t]), SendRecv(Ref(received[t], whole), Ref(p, whole))]
+            out += [Alloc(received[t]), SendRecv(Ref(received[t], whole), Ref(p, whole)),
+                    TensorTensor(Ref(p, whole), Ref(p, whole), Ref(received[t], whole), ElementwiseOp.ADD)]
         nt = iv("nt", ntiles)
         at = (span(0, ftile), Point(nt), span(0, bm))
-        body: list[Stmt] = [TensorTensor(Ref(p, at), Ref(p, at), Ref(received[t], at), ElementwiseOp.ADD)
-                            for t, p in partials.items()]
+        body: list[Stmt] = []
         sums = {t: Ref(p, at) for t, p in partials.items()}
         sums.update({op.id: Ref(self.strips[op.id], at) for op in group.operands})
         temps = {node.id: Buffer(f"{node.id}_f32", (ftile, s.tokens_per_block), "float32", "sbuf")

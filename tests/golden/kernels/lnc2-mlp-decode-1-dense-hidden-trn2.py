@@ -81,14 +81,14 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
                 nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=w_up_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
             nisa.tensor_copy(dst=gate_partial[0:128, 4 * f_blk + ft, 0:1], src=gate_psum[0:128, 0:1])
             nisa.tensor_copy(dst=up_partial[0:128, 4 * f_blk + ft, 0:1], src=up_psum[0:128, 0:1])
-    # add the other program's partial sums: both hold the whole sums
+    # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     gate_partial_other = nl.ndarray((128, 64, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=gate_partial[0:128, 0:64, 0:1], dst=gate_partial_other[0:128, 0:64, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=gate_partial[0:128, 0:64, 0:1], data1=gate_partial[0:128, 0:64, 0:1], data2=gate_partial_other[0:128, 0:64, 0:1], op=nl.add)
     up_partial_other = nl.ndarray((128, 64, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=up_partial[0:128, 0:64, 0:1], dst=up_partial_other[0:128, 0:64, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=up_partial[0:128, 0:64, 0:1], data1=up_partial[0:128, 0:64, 0:1], data2=up_partial_other[0:128, 0:64, 0:1], op=nl.add)
     for nt in range(64):
-        nisa.tensor_tensor(dst=gate_partial[0:128, nt, 0:1], data1=gate_partial[0:128, nt, 0:1], data2=gate_partial_other[0:128, nt, 0:1], op=nl.add)
-        nisa.tensor_tensor(dst=up_partial[0:128, nt, 0:1], data1=up_partial[0:128, nt, 0:1], data2=up_partial_other[0:128, nt, 0:1], op=nl.add)
         act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=gate_partial[0:128, nt, 0:1])
         nisa.tensor_tensor(dst=h_strip[0:128, nt, 0:1], data1=act_f32[0:128, 0:1], data2=up_partial[0:128, nt, 0:1], op=nl.multiply)

@@ -186,11 +186,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     for kt in range(16):
         nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 384:512], moving=x_strip[0:128, kt + 16 * pid, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 19, 0:1], src=x_ug_psum[0:128, 0:1])
-    # add the other program's partial sums: both hold the whole sums
+    # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     x_ug_partial_other = nl.ndarray((128, 20, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=x_ug_partial[0:128, 0:20, 0:1], dst=x_ug_partial_other[0:128, 0:20, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=x_ug_partial[0:128, 0:20, 0:1], data1=x_ug_partial[0:128, 0:20, 0:1], data2=x_ug_partial_other[0:128, 0:20, 0:1], op=nl.add)
     for nt in range(20):
-        nisa.tensor_tensor(dst=x_ug_partial[0:128, nt, 0:1], data1=x_ug_partial[0:128, nt, 0:1], data2=x_ug_partial_other[0:128, nt, 0:1], op=nl.add)
         nisa.tensor_copy(dst=x_ug_strip[0:128, nt, 0:1], src=x_ug_partial[0:128, nt, 0:1])
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((128, 20, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -310,11 +310,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     for kt in range(16):
         nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 384:512], moving=x_strip[0:128, kt + 16 * pid, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 19, 0:1], src=x_uu_psum[0:128, 0:1])
-    # add the other program's partial sums: both hold the whole sums
+    # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     x_uu_partial_other = nl.ndarray((128, 20, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=x_uu_partial[0:128, 0:20, 0:1], dst=x_uu_partial_other[0:128, 0:20, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=x_uu_partial[0:128, 0:20, 0:1], data1=x_uu_partial[0:128, 0:20, 0:1], data2=x_uu_partial_other[0:128, 0:20, 0:1], op=nl.add)
     for nt in range(20):
-        nisa.tensor_tensor(dst=x_uu_partial[0:128, nt, 0:1], data1=x_uu_partial[0:128, nt, 0:1], data2=x_uu_partial_other[0:128, nt, 0:1], op=nl.add)
         nisa.tensor_copy(dst=x_uu_strip[0:128, nt, 0:1], src=x_uu_partial[0:128, nt, 0:1])
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 112, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
