@@ -170,6 +170,21 @@ def _bytes(workload, name: str) -> int:
     return size
 
 
+def test_a_programs_own_slots_are_cut_to_its_share():
+    """The X^T strip and the weight blocks of a divided contraction hold only this program's K slots (indexed by
+    its own iteration), while h^T, which both programs hold whole after the reduction, keeps its extent."""
+    compiled = compile_graph(mlp_workload(1, 512, 1024, dense=True), target=lnc2(), dialect="nki",
+                             params={"lnc_split": "hidden"})
+    source = compiled.kernel.source
+    assert "x_strip = nl.ndarray((128, 2, 1)" in source  # 4 K tiles of 128, 2 per program
+    assert "x_strip[0:128, kt, 0:1]" in source and "kt + 2 * pid" not in source
+    assert "h_strip = nl.ndarray((128, 8, 1)" in source
+    report = verified(compiled)
+    one_core = compile_graph(mlp_workload(1, 512, 1024, dense=True), target=get_target("trn2"), dialect="nki")
+    assert report.counters["sbuf_peak_bytes"] == compiled.cost.sbuf_bytes_per_partition
+    assert compiled.cost.sbuf_bytes_per_partition < 2 * one_core.cost.sbuf_bytes_per_partition
+
+
 def test_user_graph_verifies_with_both_programs():
     spec = load_graph_spec(EXAMPLES / "lora.yaml")
     workload = graph_workload(spec.graph({"tokens": 256}), "lora")

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from .expr import Expr, Lin, Min, Mod, add, as_expr, minimum, scale, var
-from .program import Alloc, Comment, DmaCopy, Loop, Point, Program, Ref, Span, Stmt, walk
+from .program import Alloc, Buffer, Comment, DmaCopy, Loop, Point, Program, Ref, Span, Stmt, refs_of, walk
 
 __all__ = ["PROGRAM_ID", "distribute", "divisible_blocking"]
 
@@ -40,8 +40,63 @@ def distribute(program: Program, family: str, programs: int) -> Program:
     error = _why_not(program, family, programs)
     if error is not None:
         return replace(program, programs=programs, split=family, split_error=error)
-    body = _rewrite(program.body, family, programs)
+    local = _local_buffers(program, family, programs)
+    body = _rewrite(program.body, family, programs, local)
+    if local:
+        body = _replace_allocs(body, local)
     return replace(program, body=body, programs=programs, split=family)
+
+
+def _local_buffers(program: Program, family: str, programs: int) -> dict[Buffer, tuple[Buffer, int]]:
+    """On-chip buffers a program only ever uses through divided loops, one slot per iteration: every reference
+    indexes one axis, whose extent is the loop's trip, by exactly the loop variable (a weight block's K slots, the
+    X^T strip a divided contraction reads). Each program keeps its own share of the slots there, indexed by its own
+    iteration count: buffer -> (the buffer with that axis cut to the share, the axis). Nothing else is shrunk (a
+    strip the programs exchange, or that later groups read whole, keeps its extent)."""
+    found: dict[Buffer, int | None] = {}
+    trips: dict[Buffer, int] = {}
+
+    def visit(body: list[Stmt], inside: Loop | None) -> None:
+        for stmt in body:
+            if isinstance(stmt, Loop):
+                divided = family in stmt.split and isinstance(stmt.trip, Lin) and stmt.trip.is_const
+                visit(stmt.body, stmt if divided else inside)
+                continue
+            for ref in refs_of(stmt):
+                buf = ref.buffer
+                if buf.memory == "hbm":
+                    continue
+                axis = None
+                if inside is not None:
+                    slots = [a for a, ix in enumerate(ref.index)
+                             if isinstance(ix, Point) and ix.index == var(inside.var)]
+                    if len(slots) == 1 and buf.shape[slots[0]] == inside.trip.const:
+                        axis = slots[0]
+                trip = inside.trip.const if inside is not None else None
+                if axis is None or found.get(buf, axis) != axis or trips.get(buf, trip) != trip:
+                    found[buf] = None
+                else:
+                    found[buf], trips[buf] = axis, trip
+
+    visit(program.body, None)
+    out: dict[Buffer, tuple[Buffer, int]] = {}
+    for buf, axis in found.items():
+        if axis is not None:
+            shape = tuple(n // programs if a == axis else n for a, n in enumerate(buf.shape))
+            out[buf] = (replace(buf, shape=shape), axis)
+    return out
+
+
+def _replace_allocs(body: list[Stmt], local: dict[Buffer, tuple[Buffer, int]]) -> list[Stmt]:
+    out: list[Stmt] = []
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            out.append(replace(stmt, body=_replace_allocs(stmt.body, local)))
+        elif isinstance(stmt, Alloc) and stmt.buffer in local:
+            out.append(replace(stmt, buffer=local[stmt.buffer][0]))
+        else:
+            out.append(stmt)
+    return out
 
 
 def divisible_blocking(tiles: int, per_block: int, programs: int) -> int:
@@ -93,17 +148,17 @@ def _outermost(body: list[Stmt], family: str) -> list[Loop]:
     return out
 
 
-def _rewrite(body: list[Stmt], family: str, programs: int) -> list[Stmt]:
+def _rewrite(body: list[Stmt], family: str, programs: int, local: dict[Buffer, tuple[Buffer, int]]) -> list[Stmt]:
     out: list[Stmt] = []
     for stmt in body:
         if isinstance(stmt, Loop) and family in stmt.split:
             share = stmt.trip.const // programs  # checked by _why_not
             offset = scale(var(PROGRAM_ID), share)
-            shifted = [_shift_stmt(s, stmt.var, offset) for s in stmt.body]
+            shifted = [_shift_stmt(s, stmt.var, offset, local) for s in stmt.body]
             note = f"{programs} programs: each its {share} of {stmt.trip.const}"
             out.append(replace(stmt, trip=Lin(share), body=shifted, comment=_note(stmt.comment, note)))
         elif isinstance(stmt, Loop):
-            out.append(replace(stmt, body=_rewrite(stmt.body, family, programs)))
+            out.append(replace(stmt, body=_rewrite(stmt.body, family, programs, local)))
         else:
             out.append(stmt)
     return out
@@ -130,18 +185,22 @@ def _negate(expr: Expr) -> Expr:
     return Lin(-lin.const, tuple((n, -c) for n, c in lin.terms))
 
 
-def _shift_ref(ref: Ref, name: str, offset: Expr) -> Ref:
-    index = tuple(Span(shift(ix.start, name, offset), shift(ix.size, name, offset)) if isinstance(ix, Span)
-                  else Point(shift(ix.index, name, offset)) for ix in ref.index)
-    return Ref(ref.buffer, index)
+def _shift_ref(ref: Ref, name: str, offset: Expr, local: dict[Buffer, tuple[Buffer, int]]) -> Ref:
+    """``ref`` with ``name`` read as ``name + offset``; a buffer of the program's own slots (:func:`_local_buffers`)
+    keeps its slot index and becomes the cut buffer."""
+    buffer, keep = local.get(ref.buffer, (ref.buffer, -1))
+    index = tuple(ix if a == keep
+                  else Span(shift(ix.start, name, offset), shift(ix.size, name, offset)) if isinstance(ix, Span)
+                  else Point(shift(ix.index, name, offset)) for a, ix in enumerate(ref.index))
+    return Ref(buffer, index)
 
 
-def _shift_stmt(stmt: Stmt, name: str, offset: Expr) -> Stmt:
+def _shift_stmt(stmt: Stmt, name: str, offset: Expr, local: dict[Buffer, tuple[Buffer, int]]) -> Stmt:
     if isinstance(stmt, Loop):
-        body = stmt.body if stmt.var == name else [_shift_stmt(s, name, offset) for s in stmt.body]  # shadowed
+        body = stmt.body if stmt.var == name else [_shift_stmt(s, name, offset, local) for s in stmt.body]  # shadowed
         return replace(stmt, trip=shift(stmt.trip, name, offset), body=body)
     if isinstance(stmt, Alloc | Comment):
         return stmt
-    changes = {f.name: _shift_ref(getattr(stmt, f.name), name, offset) for f in fields(stmt)
+    changes = {f.name: _shift_ref(getattr(stmt, f.name), name, offset, local) for f in fields(stmt)
                if isinstance(getattr(stmt, f.name), Ref)}
     return replace(stmt, **changes)

@@ -59,25 +59,25 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((128, 8, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 8 of 16
     for kt in range(8):
-        nisa.dma_transpose(dst=x_strip[0:128, kt + 8 * pid, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
+        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((128, 10, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
     x_ug_partial = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     for f_blk in range(3):
-        u_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        u_gate_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 8 of 16
         for kt in range(8):
-            nisa.dma_copy(dst=u_gate_block[0:128, kt + 8 * pid, 0:min(512, 1280 - 512 * f_blk)], src=u_gate[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
+            nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:min(512, 1280 - 512 * f_blk)], src=u_gate[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
         for ft in range(min(4, 10 - 4 * f_blk)):
             x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
             # 2 programs: each its 8 of 16
             for kt in range(8):
-                nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
+                nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
             nisa.tensor_copy(dst=x_ug_partial[0:128, 4 * f_blk + ft, 0:1], src=x_ug_psum[0:128, 0:1])
     # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     x_ug_partial_other = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -91,15 +91,15 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     x_uu_partial = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     for f_blk in range(3):
-        u_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        u_up_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 8 of 16
         for kt in range(8):
-            nisa.dma_copy(dst=u_up_block[0:128, kt + 8 * pid, 0:min(512, 1280 - 512 * f_blk)], src=u_up[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
+            nisa.dma_copy(dst=u_up_block[0:128, kt, 0:min(512, 1280 - 512 * f_blk)], src=u_up[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
         for ft in range(min(4, 10 - 4 * f_blk)):
             x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
             # 2 programs: each its 8 of 16
             for kt in range(8):
-                nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
+                nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
             nisa.tensor_copy(dst=x_uu_partial[0:128, 4 * f_blk + ft, 0:1], src=x_uu_psum[0:128, 0:1])
     # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     x_uu_partial_other = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)

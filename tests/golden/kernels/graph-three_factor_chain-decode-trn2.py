@@ -4,7 +4,7 @@
 # workload     graph three_factor_chain (examples/graphs/three_factor_chain.yaml): x[1, 2048], p[2048, 512], q[512, 256], r[256, 4096] -> y[1, 4096], bfloat16
 # schedule     default
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
-# footprint    three_factor_chain_k0: SBUF 16440 of 212992 bytes/partition, PSUM 1 of 8 banks
+# footprint    three_factor_chain_k0: SBUF 12292 of 212992 bytes/partition, PSUM 1 of 8 banks
 # predicted    64.8 us on trn2 LNC=2 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
@@ -48,24 +48,24 @@ def three_factor_chain_k0(x, p, q, r):
     y = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((128, 8, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 8 of 16
     for kt in range(8):
-        nisa.dma_transpose(dst=x_strip[0:128, kt + 8 * pid, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
+        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
     # xp^T strip of this token block, kept in SBUF
     xp_strip = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
     xp_partial = nl.ndarray((128, 4, 1), dtype=nl.float32, buffer=nl.sbuf)
     # xp^T = (x @ p)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
-    p_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+    p_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 8 of 16
     for kt in range(8):
-        nisa.dma_copy(dst=p_block[0:128, kt + 8 * pid, 0:512], src=p[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 0:512])
+        nisa.dma_copy(dst=p_block[0:128, kt, 0:512], src=p[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 0:512])
     for ft in range(4):
         xp_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
         # 2 programs: each its 8 of 16
         for kt in range(8):
-            nisa.nc_matmul(dst=xp_psum[0:128, 0:1], stationary=p_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
+            nisa.nc_matmul(dst=xp_psum[0:128, 0:1], stationary=p_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
         nisa.tensor_copy(dst=xp_partial[0:128, ft, 0:1], src=xp_psum[0:128, 0:1])
     # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     xp_partial_other = nl.ndarray((128, 4, 1), dtype=nl.float32, buffer=nl.sbuf)

@@ -117,14 +117,14 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     h_ud_partial = nl.ndarray((128, 10, 8), dtype=nl.float32, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     for f_blk in range(10):
-        u_down_block = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        u_down_block = nl.ndarray((128, 32, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 32 of 64
         for kt in range(32):
-            nisa.dma_copy(dst=u_down_block[0:128, kt + 32 * pid, 0:128], src=u_down[128 * kt + 4096 * pid:128 * kt + 4096 * pid + 128, 128 * f_blk:128 * f_blk + 128])
+            nisa.dma_copy(dst=u_down_block[0:128, kt, 0:128], src=u_down[128 * kt + 4096 * pid:128 * kt + 4096 * pid + 128, 128 * f_blk:128 * f_blk + 128])
         h_ud_psum = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.psum)
         # 2 programs: each its 32 of 64
         for kt in range(32):
-            nisa.nc_matmul(dst=h_ud_psum[0:128, 0:8], stationary=u_down_block[0:128, kt + 32 * pid, 0:128], moving=h_strip[0:128, kt + 32 * pid, 0:8])
+            nisa.nc_matmul(dst=h_ud_psum[0:128, 0:8], stationary=u_down_block[0:128, kt, 0:128], moving=h_strip[0:128, kt + 32 * pid, 0:8])
         nisa.tensor_copy(dst=h_ud_partial[0:128, f_blk, 0:8], src=h_ud_psum[0:128, 0:8])
     # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     h_ud_partial_other = nl.ndarray((128, 10, 8), dtype=nl.float32, buffer=nl.sbuf)

@@ -50,10 +50,10 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((128, 8, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 8 of 16
     for kt in range(8):
-        nisa.dma_transpose(dst=x_strip[0:128, kt + 8 * pid, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
+        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
@@ -62,23 +62,23 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     up_partial = nl.ndarray((128, 64, 1), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction); partial sums over this program's half of the contraction
     for f_blk in range(16):
-        w_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_gate_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 8 of 16
         for kt in range(8):
-            nisa.dma_copy(dst=w_gate_block[0:128, kt + 8 * pid, 0:512], src=w_gate[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:512 * f_blk + 512])
-        w_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_gate_block[0:128, kt, 0:512], src=w_gate[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:512 * f_blk + 512])
+        w_up_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 8 of 16
         for kt in range(8):
-            nisa.dma_copy(dst=w_up_block[0:128, kt + 8 * pid, 0:512], src=w_up[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:512 * f_blk + 512])
+            nisa.dma_copy(dst=w_up_block[0:128, kt, 0:512], src=w_up[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:512 * f_blk + 512])
         for ft in range(4):
             gate_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
             # 2 programs: each its 8 of 16
             for kt in range(8):
-                nisa.nc_matmul(dst=gate_psum[0:128, 0:1], stationary=w_gate_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
+                nisa.nc_matmul(dst=gate_psum[0:128, 0:1], stationary=w_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
             up_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
             # 2 programs: each its 8 of 16
             for kt in range(8):
-                nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=w_up_block[0:128, kt + 8 * pid, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt + 8 * pid, 0:1])
+                nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=w_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
             nisa.tensor_copy(dst=gate_partial[0:128, 4 * f_blk + ft, 0:1], src=gate_psum[0:128, 0:1])
             nisa.tensor_copy(dst=up_partial[0:128, 4 * f_blk + ft, 0:1], src=up_psum[0:128, 0:1])
     # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums

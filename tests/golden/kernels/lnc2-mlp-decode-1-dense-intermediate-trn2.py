@@ -4,7 +4,7 @@
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=1 hidden=2048 intermediate=8192, dense, bfloat16
 # schedule     default + lnc_split=intermediate
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=intermediate
-# footprint    dense_mlp_k0: SBUF 67712 of 212992 bytes/partition, PSUM 2 of 8 banks
+# footprint    dense_mlp_k0: SBUF 34944 of 212992 bytes/partition, PSUM 2 of 8 banks
 # predicted    209.6 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
@@ -76,16 +76,16 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
             nisa.tensor_tensor(dst=h_strip[0:128, 4 * f_blk + ft + 32 * pid, 0:1], data1=act_f32[0:128, 0:1], data2=up_psum[0:128, 0:1], op=nl.multiply)
     # out = down = (h @ w_down): strips stationary, weights moving
     for o_blk in range(4):
-        w_down_block = nl.ndarray((128, 64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_down_block = nl.ndarray((128, 32, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 32 of 64
         for kt in range(32):
-            nisa.dma_copy(dst=w_down_block[0:128, kt + 32 * pid, 0:512], src=w_down[128 * kt + 4096 * pid:128 * kt + 4096 * pid + 128, 512 * o_blk:512 * o_blk + 512])
+            nisa.dma_copy(dst=w_down_block[0:128, kt, 0:512], src=w_down[128 * kt + 4096 * pid:128 * kt + 4096 * pid + 128, 512 * o_blk:512 * o_blk + 512])
         # this program's partial sums of output tiles
         out_rows = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.sbuf)
         down_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
         # 2 programs: each its 32 of 64
         for kt in range(32):
-            nisa.nc_matmul(dst=down_psum[0:1, 0:512], stationary=h_strip[0:128, kt + 32 * pid, 0:1], moving=w_down_block[0:128, kt + 32 * pid, 0:512])
+            nisa.nc_matmul(dst=down_psum[0:1, 0:512], stationary=h_strip[0:128, kt + 32 * pid, 0:1], moving=w_down_block[0:128, kt, 0:512])
         nisa.tensor_copy(dst=out_rows[0:1, 0:512], src=down_psum[0:1, 0:512])
         out_rows_other = nl.ndarray((1, 256), dtype=nl.float32, buffer=nl.sbuf)
         nisa.sendrecv(src=out_rows[0:1, 256 - 256 * pid:512 - 256 * pid], dst=out_rows_other[0:1, 0:256], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)

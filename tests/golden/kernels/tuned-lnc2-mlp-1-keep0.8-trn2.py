@@ -59,7 +59,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     out = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=32 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=hidden
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
     x_rows = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_rows[0:1, 0:4096], src=x[0:1, 0:4096])
@@ -67,124 +67,124 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     for kt in range(16):
         x_tpsum = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.psum)
         nisa.nc_transpose(dst=x_tpsum[0:128, 0:1], data=x_rows[0:1, 128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128])
-        nisa.tensor_copy(dst=x_strip[0:128, kt + 16 * pid, 0:1], src=x_tpsum[0:128, 0:1])
+        nisa.tensor_copy(dst=x_strip[0:128, kt, 0:1], src=x_tpsum[0:128, 0:1])
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((128, 20, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
     x_ug_partial = nl.ndarray((128, 20, 1), dtype=nl.float32, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     # loops over f_blk, ft unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-    u_gate_block = nl.ndarray((128, 32, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    u_gate_block = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.dma_copy(dst=u_gate_block[0:128, kt + 16 * pid, 0:1024], src=u_gate[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 0:1024])
+        nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:1024], src=u_gate[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 0:1024])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 0:128], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 0, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 128:256], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 128:256], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 1, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 256:384], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 256:384], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 2, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 384:512], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 384:512], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 3, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 512:640], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 512:640], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 4, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 640:768], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 640:768], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 5, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 768:896], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 768:896], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 6, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 896:1024], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 896:1024], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 7, 0:1], src=x_ug_psum[0:128, 0:1])
-    u_gate_block = nl.ndarray((128, 32, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    u_gate_block = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.dma_copy(dst=u_gate_block[0:128, kt + 16 * pid, 0:1024], src=u_gate[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 1024:2048])
+        nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:1024], src=u_gate[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 1024:2048])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 0:128], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 8, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 128:256], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 128:256], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 9, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 256:384], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 256:384], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 10, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 384:512], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 384:512], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 11, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 512:640], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 512:640], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 12, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 640:768], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 640:768], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 13, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 768:896], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 768:896], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 14, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 896:1024], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 896:1024], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 15, 0:1], src=x_ug_psum[0:128, 0:1])
-    u_gate_block = nl.ndarray((128, 32, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    u_gate_block = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.dma_copy(dst=u_gate_block[0:128, kt + 16 * pid, 0:512], src=u_gate[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 2048:2560])
+        nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:512], src=u_gate[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 2048:2560])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 0:128], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 16, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 128:256], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 128:256], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 17, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 256:384], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 256:384], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 18, 0:1], src=x_ug_psum[0:128, 0:1])
     x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt + 16 * pid, 384:512], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 384:512], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_ug_partial[0:128, 19, 0:1], src=x_ug_psum[0:128, 0:1])
     # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     x_ug_partial_other = nl.ndarray((128, 20, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -198,117 +198,117 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     x_uu_partial = nl.ndarray((128, 20, 1), dtype=nl.float32, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     # loops over f_blk, ft unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-    u_up_block = nl.ndarray((128, 32, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    u_up_block = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.dma_copy(dst=u_up_block[0:128, kt + 16 * pid, 0:1024], src=u_up[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 0:1024])
+        nisa.dma_copy(dst=u_up_block[0:128, kt, 0:1024], src=u_up[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 0:1024])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 0:128], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 0, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 128:256], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 128:256], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 1, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 256:384], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 256:384], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 2, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 384:512], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 384:512], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 3, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 512:640], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 512:640], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 4, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 640:768], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 640:768], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 5, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 768:896], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 768:896], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 6, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 896:1024], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 896:1024], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 7, 0:1], src=x_uu_psum[0:128, 0:1])
-    u_up_block = nl.ndarray((128, 32, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    u_up_block = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.dma_copy(dst=u_up_block[0:128, kt + 16 * pid, 0:1024], src=u_up[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 1024:2048])
+        nisa.dma_copy(dst=u_up_block[0:128, kt, 0:1024], src=u_up[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 1024:2048])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 0:128], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 8, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 128:256], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 128:256], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 9, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 256:384], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 256:384], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 10, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 384:512], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 384:512], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 11, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 512:640], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 512:640], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 12, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 640:768], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 640:768], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 13, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 768:896], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 768:896], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 14, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 896:1024], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 896:1024], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 15, 0:1], src=x_uu_psum[0:128, 0:1])
-    u_up_block = nl.ndarray((128, 32, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    u_up_block = nl.ndarray((128, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.dma_copy(dst=u_up_block[0:128, kt + 16 * pid, 0:512], src=u_up[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 2048:2560])
+        nisa.dma_copy(dst=u_up_block[0:128, kt, 0:512], src=u_up[128 * kt + 2048 * pid:128 * kt + 2048 * pid + 128, 2048:2560])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 0:128], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 16, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 128:256], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 128:256], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 17, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 256:384], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 256:384], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 18, 0:1], src=x_uu_psum[0:128, 0:1])
     x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
     # 2 programs: each its 16 of 32
     for kt in range(16):
-        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt + 16 * pid, 384:512], moving=x_strip[0:128, kt + 16 * pid, 0:1])
+        nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 384:512], moving=x_strip[0:128, kt, 0:1])
     nisa.tensor_copy(dst=x_uu_partial[0:128, 19, 0:1], src=x_uu_psum[0:128, 0:1])
     # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
     x_uu_partial_other = nl.ndarray((128, 20, 1), dtype=nl.float32, buffer=nl.sbuf)
