@@ -294,6 +294,9 @@ def test_lnc2_halves_a_large_gemm_and_the_decode_mlp():
             for lnc in (1, 2)}
     assert gemm[2].compiled.cost.latency_us <= 0.55 * gemm[1].compiled.cost.latency_us
     assert gemm[2].baselines["aws-fully-optimized"].label == "aws-fully-optimized (LNC=1)"
+    mlp = {lnc: tune(mlp_workload(1, 4096, 14336, keep_ratio=0.8), target=with_lnc(get_target("trn2"), lnc),
+                     dialect="nki") for lnc in (1, 2)}
+    assert mlp[2].compiled.cost.latency_us <= 0.6 * mlp[1].compiled.cost.latency_us
 
 
 def test_the_hbm_share_assumption_moves_a_memory_bound_kernel():

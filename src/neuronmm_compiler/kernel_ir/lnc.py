@@ -26,7 +26,7 @@ from dataclasses import fields, replace
 from .expr import Expr, Lin, Min, Mod, add, as_expr, minimum, scale, var
 from .program import Alloc, Buffer, Comment, DmaCopy, Loop, Point, Program, Ref, Span, Stmt, refs_of, walk
 
-__all__ = ["PROGRAM_ID", "distribute", "divisible_blocking"]
+__all__ = ["PROGRAM_ID", "distribute", "divisible_blocking", "halves"]
 
 #: The loop-nest variable that holds ``nl.program_id(0)`` (the printers bind it at the top of the kernel).
 PROGRAM_ID = "pid"
@@ -97,6 +97,13 @@ def _replace_allocs(body: list[Stmt], local: dict[Buffer, tuple[Buffer, int]]) -
         else:
             out.append(stmt)
     return out
+
+
+def halves(half: int) -> tuple[Span, Span]:
+    """(this program's, the other program's) half of ``2 * half`` elements of an axis two programs share: what a
+    ``sendrecv`` exchange sends from and receives into."""
+    return (Span(scale(var(PROGRAM_ID), half), Lin(half)),
+            Span(Lin(half, ((PROGRAM_ID, -half),)), Lin(half)))
 
 
 def divisible_blocking(tiles: int, per_block: int, programs: int) -> int:

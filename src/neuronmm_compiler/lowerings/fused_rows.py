@@ -11,7 +11,7 @@ from ..errors import ScheduleError
 from ..ir import Node
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, scale, var
-from ..kernel_ir.lnc import PROGRAM_ID, divisible_blocking
+from ..kernel_ir.lnc import PROGRAM_ID, divisible_blocking, halves
 from ..kernel_ir.program import (
     Alloc,
     Buffer,
@@ -21,7 +21,6 @@ from ..kernel_ir.program import (
     PeTranspose,
     Ref,
     SendRecv,
-    Span,
     Stmt,
     TensorTensor,
     span,
@@ -118,8 +117,7 @@ class RowMajorGroups(OperandLoads):
         half of the block's columns the other stores, adds the half it receives to its own, and stores its half
         (nisa.sendrecv; kernel_ir/lnc.py)."""
         half = odim.block_elems // 2
-        own = Span(scale(var(PROGRAM_ID), half), Lin(half))
-        other = Span(Lin(half, ((PROGRAM_ID, -half),)), Lin(half))
+        own, other = halves(half)
         received = Buffer(f"{rows.name}_other", (rows.shape[0], half), "float32", "sbuf")
         summed = Buffer(f"{rows.name}_sum", (rows.shape[0], half), dtype, "sbuf")
         mine = Ref(rows, (span(0, tsz), own))

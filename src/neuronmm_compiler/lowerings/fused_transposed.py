@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ..ir import Node
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, scale, var
-from ..kernel_ir.lnc import PROGRAM_ID, divisible_blocking
+from ..kernel_ir.expr import Expr, Lin, scale
+from ..kernel_ir.lnc import divisible_blocking, halves
 from ..kernel_ir.program import (
     Alloc,
     Buffer,
@@ -23,7 +23,6 @@ from ..kernel_ir.program import (
     Point,
     Ref,
     SendRecv,
-    Span,
     Stmt,
     TensorTensor,
     span,
@@ -201,8 +200,7 @@ class TransposedGroups(OperandLoads):
         """Each program sends the half of the strip it computed to the other, which receives it in the same place:
         afterwards both hold the whole value (nisa.sendrecv, SBUF to SBUF)."""
         half = fdim.tiles // 2
-        own = Span(scale(var(PROGRAM_ID), half), Lin(half))
-        other = Span(Lin(half, ((PROGRAM_ID, -half),)), Lin(half))
+        own, other = halves(half)
         rows = span(0, fdim.tile)
         return [Comment(f"exchange halves of {strip.name} with the other program: both hold all {fdim.size} features"),
                 SendRecv(Ref(strip, (rows, other, span(0, bm))), Ref(strip, (rows, own, span(0, bm))))]
