@@ -34,6 +34,7 @@ from neuronmm_compiler.targets import TARGETS  # noqa: E402
 from neuronmm_compiler.verification.rules import (  # noqa: E402
     LATEST_DOCS,
     LEGACY_DOCS,
+    NKILIB,
     RULES,
     RULES_BY_ID,
     SDK233_DOCS,
@@ -59,7 +60,7 @@ def _cell(text: str) -> str:
 
 def _short(citation: str) -> str:
     """A citation with its pinned repository shortened (the full commits are in the introduction)."""
-    for repo in (SDK_DOCS, LEGACY_DOCS):
+    for repo in (SDK_DOCS, LEGACY_DOCS, NKILIB):
         name, commit = repo.split("@")
         citation = citation.replace(repo, f"{name}@{commit[:8]}")
     return citation
@@ -144,7 +145,8 @@ def render() -> str:
         f"`{LEGACY_DOCS}`, before its `general/nki/` pages were removed. That repository's snapshot ends at SDK 2.32: "
         f"the SDK 2.33 (NKI 0.7) rules were read in the published documentation at `{SDK233_DOCS}`, and the "
         f"announcements made after it at `{LATEST_DOCS}` (not pinned to a release; each is cited with its posting "
-        "date). Sources are `repo@commit:path (section)`, the commit shortened to 8 characters, or `page (section)`. "
+        f"date). How the documented APIs are used in practice is cited from AWS's NKI library at `{NKILIB}`. "
+        "Sources are `repo@commit:path (section)`, the commit shortened to 8 characters, or `page (section)`. "
         "A rule marked *checked* "
         "is enforced by `verification/static_check.py` (`check_kernel_source`); SDK-bounded rules are checked only "
         "when an SDK release is given. Where sources conflict, the note says which reading was chosen "

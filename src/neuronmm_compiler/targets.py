@@ -178,6 +178,16 @@ class Target:
     pmax: int = 128
     gemm_stationary_fmax: int = 128
     gemm_moving_fmax: int = 512
+    # --- TensorEngine tiling: the sizes (in PEs) a row or column tile of the 128 x 128 PE array may have, so that
+    # matmuls whose stationary is smaller than the array run concurrently in distinct tiles: "Row tiling mode slices
+    # the 128 PE rows into 2x 64 row tiles (NeuronCore-v2 or newer), or 4x 32 row tiles (NeuronCore-v3 or newer).
+    # Column tiling mode slices the 128 PE columns in the same fashion." (aws-neuron/aws-neuron-sdk@81ce03ae:
+    # nki/api/nki/isa/__init__.py, nc_matmul, "Tiling mode"; rule NKI-MATMUL-TILE). The NKI 0.1 page (same
+    # repository @cca37847: general/nki/api/nki/isa/__init__.py, nc_matmul, PE tiling) only forbids 32 for both the
+    # row and the column size on NeuronCore-v2; the newer, narrower reading is kept (64 on trn1), as AWS's decode MLP
+    # does (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_constants.py: 64-wide
+    # column tiles on gen2). 128 is the whole array.
+    pe_tile_sizes: tuple[int, ...] = (32, 64, 128)
     dma_efficiency_curve: tuple[tuple[int, float], ...] = field(default=DMA_EFFICIENCY_CURVE)
     # --- calibration (None on the stock targets) ---
     params: ModelParams | None = None  # the cost model's efficiency parameters; None: the defaults
@@ -227,6 +237,11 @@ class Target:
         data = self.as_dict()
         data.pop("calibration", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def max_column_tiles(self) -> int:
+        """The most PE column tiles matmuls can run in at once (4 on trn2/trn3: 4 x 32 columns; 2 on trn1)."""
+        return self.gemm_stationary_fmax // min(self.pe_tile_sizes)
 
     @property
     def psum_bank_bytes(self) -> int:
@@ -281,6 +296,8 @@ class Target:
                        "(assumed; docs/cost_model.md 2a)"),
             ("tile limits", f"pmax {self.pmax}, stationary fmax {self.gemm_stationary_fmax}, "
                             f"moving fmax {self.gemm_moving_fmax}"),
+            ("PE tiles", f"row/column tile sizes {', '.join(map(str, self.pe_tile_sizes))} "
+                         f"(up to {self.max_column_tiles} concurrent matmuls; nc_matmul tile_position)"),
         ] + ([("calibrated", f"from {self.calibration.measurements} ({self.calibration.rows} rows, "
                                f"{self.calibration.date}): {', '.join(self.calibration.fitted)}")]
              if self.calibration is not None else [])
@@ -311,6 +328,8 @@ class Target:
                 continue  # a one-core target's dict (and its fingerprint) is what it was before logical cores
             if name in ("launch", "in_graph_kernel_us") and self.launch == STANDALONE:
                 continue  # standalone predictions do not read them: the dict is what it was before launch contexts
+            if name == "pe_tile_sizes":
+                continue  # a schedule using PE tiles records them (column_tiles); every other prediction ignores it
             out[name] = [list(p) for p in value] if name == "dma_efficiency_curve" else value
         out["psum_bank_bytes"] = self.psum_bank_bytes
         out["sbuf_usable_bytes_per_partition"] = self.sbuf_usable_bytes_per_partition
@@ -346,6 +365,7 @@ TARGETS: dict[str, Target] = {
         # launch is the runtime's, around the kernel). The DMA curve stays as published: fitting it to the
         # trn1 rows does not cross-validate (two sources disagree 2.5x on one kernel; docs/cost_model.md 4a).
         launch_overhead_us=45.3,
+        pe_tile_sizes=(64, 128),  # NeuronCore-v2: 2 x 64 tiles only (see the field)
     ),
     "trn2": Target(
         name="trn2",

@@ -151,7 +151,7 @@ class NkiPrinter(_Printer):
         elif isinstance(stmt, Matmul):
             start = ", accumulate=False" if stmt.overwrite else ""
             self.emit(depth, f"nisa.nc_matmul(dst={stmt.dst.code()}, stationary={stmt.stationary.code()}, "
-                             f"moving={stmt.moving.code()}{start})")
+                             f"moving={stmt.moving.code()}{start}{_pe_tile(stmt)})")
         elif isinstance(stmt, PeTranspose):
             self.emit(depth, f"nisa.nc_transpose(dst={stmt.dst.code()}, data={stmt.src.code()})")
         elif isinstance(stmt, Copy):
@@ -199,7 +199,7 @@ class NeuronxccPrinter(_Printer):
         elif isinstance(stmt, Matmul):
             assign = "=" if stmt.overwrite else "+="
             self.emit(depth, f"{stmt.dst.code()} {assign} nisa.nc_matmul({stmt.stationary.code()}, "
-                             f"{stmt.moving.code()})")
+                             f"{stmt.moving.code()}{_pe_tile(stmt)})")
         elif isinstance(stmt, PeTranspose):
             self.emit(depth, f"{stmt.dst.code()} = nisa.nc_transpose({stmt.src.code()})")
         elif isinstance(stmt, Copy):
@@ -216,6 +216,16 @@ class NeuronxccPrinter(_Printer):
                                 "dialect (NKI 0.3+) only; use --dialect nki, or lnc_split=tokens/features")
         else:  # pragma: no cover
             raise TypeError(f"cannot print {type(stmt).__name__}")
+
+
+def _pe_tile(stmt: Matmul) -> str:
+    """The PE tile arguments of a matmul that runs in part of the array (``tile_position`` and ``tile_size``, the
+    same keywords in both dialects: NKI API reference, nki.isa.nc_matmul, "Tiling mode"; the NKI 0.1 page, "PE
+    tiling"), or nothing."""
+    if stmt.tile is None:
+        return ""
+    position, size = stmt.tile.code()
+    return f", tile_position={position}, tile_size={size}"
 
 
 def _sizes_ragged_tiles(loop: Loop) -> bool:

@@ -95,7 +95,10 @@ def _legacy_language(m: Machine) -> dict[str, Any]:
 
 def _legacy_isa(m: Machine) -> dict[str, Any]:
     @api("nisa.nc_matmul", m)
-    def nc_matmul(stationary: Any, moving: Any) -> Tensor:
+    def nc_matmul(stationary: Any, moving: Any, tile_position: Any = (), tile_size: Any = ()) -> Tensor:
+        # NKI 0.1 documents PE tiling with the same keywords (nc_matmul, PE tiling); the result is a new tile the
+        # compiler places, so NKI-MATMUL-TILE-DST has no dst to check here
+        ops.pe_tile(m, stationary, tile_position, tile_size, "nisa.nc_matmul")
         return m.temporary(ops.matmul(m, stationary, moving, "nisa.nc_matmul"), FLOAT32, PSUM, "pe")
 
     @api("nisa.nc_transpose", m)

@@ -83,11 +83,14 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         m.turns.sendrecv(m.program_id, src_t, dst_t, int(send_to_rank), int(pipe_id))
 
     @api("nisa.nc_matmul", m)
-    def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None) -> None:
+    def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None, tile_position: Any = (),
+                  tile_size: Any = ()) -> None:
         out = ops.psum_dst(dst, "nisa.nc_matmul")
         if out.dtype != FLOAT32:
             raise KernelLimitError(f"nisa.nc_matmul dst must be float32 (PSUM accumulates in fp32), "
                                    f"got {out.describe()}")
+        tile = ops.pe_tile(m, stationary, tile_position, tile_size, "nisa.nc_matmul")
+        ops.check_tile_dst(m, out, tile, "nisa.nc_matmul")
         result = ops.matmul(m, stationary, moving, "nisa.nc_matmul")
         if out.shape != result.shape:
             raise KernelError(f"nisa.nc_matmul: dst shape {list(out.shape)} != [M, N] = "

@@ -29,6 +29,8 @@ class Counters:
     matmul_instructions: int = 0
     #: sum over nc_matmul instructions of the moving operand's free size (PE-time accounting)
     matmul_moving_columns: int = 0
+    #: nc_matmul instructions run in a PE tile smaller than the array (tile_position / tile_size)
+    pe_tiled_matmuls: int = 0
     transposes: int = 0
     tensor_copies: int = 0
     tensor_tensor_ops: int = 0
@@ -57,8 +59,8 @@ class Counters:
     def add_engine_counts(self, other: Counters) -> None:
         """Add another program's instruction and DMA counts (HBM bytes are counted per tensor, shared by the
         programs of a logical core); peaks are per physical core, so the larger is kept."""
-        for name in ("dma_transfers", "dma_transposes", "matmul_instructions", "matmul_moving_columns", "transposes",
-                     "tensor_copies", "tensor_tensor_ops", "activations", "memsets"):
+        for name in ("dma_transfers", "dma_transposes", "matmul_instructions", "matmul_moving_columns",
+                     "pe_tiled_matmuls", "transposes", "tensor_copies", "tensor_tensor_ops", "activations", "memsets"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for size, count in other.dma_bytes_per_partition.items():
             self.dma_bytes_per_partition[size] = self.dma_bytes_per_partition.get(size, 0) + count
@@ -79,6 +81,7 @@ class Counters:
             "dma_transposes": self.dma_transposes,
             "matmul_instructions": self.matmul_instructions,
             "matmul_moving_columns": self.matmul_moving_columns,
+            "pe_tiled_matmuls": self.pe_tiled_matmuls,
             "transposes": self.transposes,
             "tensor_copies": self.tensor_copies,
             "tensor_tensor_ops": self.tensor_tensor_ops,

@@ -7,6 +7,7 @@ results is the caller's job (0.3 writes into ``dst=``, 0.1 returns a temporary).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -174,6 +175,66 @@ def matmul(m: Machine, stationary: Any, moving: Any, what: str) -> np.ndarray:
     c.matmul_instructions += 1
     c.matmul_moving_columns += n_free
     return as_f32(st).T @ as_f32(mv)
+
+
+#: The rule ids of the PE-tiling checks (verification/rules.py), named in the interpreter's messages.
+TILE_RULE = "NKI-MATMUL-TILE"
+TILE_DST_RULE = "NKI-MATMUL-TILE-DST"
+
+
+def _pair(value: Any, what: str) -> tuple[int, int]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise KernelLimitError(f"{TILE_RULE}: {what} must be a 2-tuple, got {value!r:.60}")
+    try:
+        return operator.index(value[0]), operator.index(value[1])
+    except TypeError:
+        raise KernelLimitError(f"{TILE_RULE}: {what} values must be integers, got {value!r:.60}") from None
+
+
+def pe_tile(m: Machine, stationary: Any, tile_position: Any, tile_size: Any,
+            what: str) -> tuple[int, int, int, int] | None:
+    """Check the PE tile of an ``nc_matmul`` (rule NKI-MATMUL-TILE: both arguments or neither, documented sizes,
+    starts multiples of their sizes inside the 128 x 128 array, the stationary fitting the tile); returns (start_row,
+    start_column, row_size, column_size), or None for the whole array. Counts a matmul in a smaller tile."""
+    given = [v is not None and v != () for v in (tile_position, tile_size)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise KernelLimitError(f"{TILE_RULE}: {what} sets only one of tile_position and tile_size; tiling mode "
+                               "needs both")
+    row, col = _pair(tile_position, f"{what} tile_position")
+    rows, cols = _pair(tile_size, f"{what} tile_size")
+    t = m.target
+    allowed = t.pe_tile_sizes
+    array = t.gemm_stationary_fmax
+    for name, size in (("row_size", rows), ("column_size", cols)):
+        if size not in allowed:
+            raise KernelLimitError(f"{TILE_RULE}: {what} tile_size {name} {size} is not a tile size {t.name} "
+                                   f"({t.core}) documents: {', '.join(map(str, allowed))}")
+    for name, start, size in (("start_row", row, rows), ("start_column", col, cols)):
+        if start < 0 or start % size or start + size > array:
+            raise KernelLimitError(f"{TILE_RULE}: {what} tile_position {name} {start} is not a multiple of its tile "
+                                   f"size {size} inside the {array} x {array} PE array")
+    st = _sbuf_operand(stationary, f"{what} stationary")
+    k, m_free = st.shape
+    if k > rows or m_free > cols:
+        raise KernelLimitError(f"{TILE_RULE}: {what} stationary [{k}, {m_free}] does not fit tile_size "
+                               f"({rows}, {cols}): partitions <= row_size, free size <= column_size")
+    if rows < array or cols < array:
+        m.counters.pe_tiled_matmuls += 1
+    return row, col, rows, cols
+
+
+def check_tile_dst(m: Machine, dst: Tensor, tile: tuple[int, int, int, int] | None, what: str) -> None:
+    """Rule NKI-MATMUL-TILE-DST: a matmul in a column tile (narrower than the array) writes the PSUM partitions of
+    its columns."""
+    if tile is None or tile[3] >= m.target.gemm_stationary_fmax:
+        return
+    start = dst.box[0][0]
+    if start != tile[1]:
+        raise KernelLimitError(f"{TILE_DST_RULE}: {what} runs in PE columns {tile[1]}..{tile[1] + tile[3] - 1} but "
+                               f"writes dst {dst.describe()} from partition {start}; a column tile's results land on "
+                               "the PSUM partitions of its columns")
 
 
 def transpose(m: Machine, data: Any, what: str) -> np.ndarray:

@@ -24,7 +24,21 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from .expr import Expr, Lin, Min, Mod, add, as_expr, minimum, scale, var
-from .program import Alloc, Buffer, Comment, DmaCopy, Loop, Point, Program, Ref, Span, Stmt, refs_of, walk
+from .program import (
+    Alloc,
+    Buffer,
+    Comment,
+    DmaCopy,
+    Loop,
+    Matmul,
+    Point,
+    Program,
+    Ref,
+    Span,
+    Stmt,
+    refs_of,
+    walk,
+)
 
 __all__ = ["PROGRAM_ID", "distribute", "divisible_blocking", "halves"]
 
@@ -208,6 +222,8 @@ def _shift_stmt(stmt: Stmt, name: str, offset: Expr, local: dict[Buffer, tuple[B
         return replace(stmt, trip=shift(stmt.trip, name, offset), body=body)
     if isinstance(stmt, Alloc | Comment):
         return stmt
-    changes = {f.name: _shift_ref(getattr(stmt, f.name), name, offset, local) for f in fields(stmt)
-               if isinstance(getattr(stmt, f.name), Ref)}
+    changes: dict[str, object] = {f.name: _shift_ref(getattr(stmt, f.name), name, offset, local)
+                                  for f in fields(stmt) if isinstance(getattr(stmt, f.name), Ref)}
+    if isinstance(stmt, Matmul) and stmt.tile is not None:
+        changes["tile"] = stmt.tile.map(lambda e: shift(e, name, offset))
     return replace(stmt, **changes)

@@ -134,15 +134,39 @@ class DmaCopy:
 
 
 @dataclass(frozen=True)
+class PeTile:
+    """The part of the TensorEngine's 128 x 128 PE array one matmul occupies (``nc_matmul`` ``tile_position`` /
+    ``tile_size``): PE rows ``row .. row + rows`` hold the stationary's partitions (K), PE columns ``col .. col +
+    cols`` its free elements (M), whose results land on PSUM partitions ``col ..``. Matmuls in distinct tiles run
+    concurrently (NKI API reference, nki.isa.nc_matmul, "Tiling mode"; rule NKI-MATMUL-TILE in
+    verification/rules.py). The starts are expressions (the docs allow affine ones); the sizes are constants."""
+
+    row: Expr
+    col: Expr
+    rows: int
+    cols: int
+
+    def map(self, fn: Callable[[Expr], Expr]) -> PeTile:
+        """This tile with ``fn`` applied to its start expressions (loop rewrites: unrolling, program offsets)."""
+        return PeTile(fn(self.row), fn(self.col), self.rows, self.cols)
+
+    def code(self) -> tuple[str, str]:
+        """(``tile_position``, ``tile_size``) as printed: ``(0, ct * 32)``, ``(128, 32)``."""
+        return f"({code(self.row)}, {code(self.col)})", f"({self.rows}, {self.cols})"
+
+
+@dataclass(frozen=True)
 class Matmul:
     """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` on the TensorEngine, into PSUM. ``overwrite``: this
     matmul starts the accumulation (a rotating PSUM copy that still holds an earlier tile's sums); otherwise it
-    accumulates into a freshly allocated tile, whose first write overwrites."""
+    accumulates into a freshly allocated tile, whose first write overwrites. ``tile``: the PE tile it runs in
+    (None: the whole array, as ``nc_matmul`` without ``tile_position``)."""
 
     dst: Ref
     stationary: Ref
     moving: Ref
     overwrite: bool = False
+    tile: PeTile | None = None
 
 
 @dataclass(frozen=True)

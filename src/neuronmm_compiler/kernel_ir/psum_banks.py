@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 
 from .expr import Expr, Lin
-from .program import Alloc, Buffer, Comment, Loop, Point, Program, Ref, Span, Stmt
+from .program import Alloc, Buffer, Comment, Loop, Matmul, Point, Program, Ref, Span, Stmt
 
 
 def split_psum_banks(program: Program, bank_bytes: int) -> Program:
@@ -138,6 +138,9 @@ def _rewrite(body: list[Stmt], wide: Mapping[str, Buffer], unrolled: frozenset[s
         elif isinstance(stmt, Comment):
             out.append(stmt)
         else:
-            out.append(replace(stmt, **{f.name: _ref(getattr(stmt, f.name), wide, env) for f in fields(stmt)
-                                        if isinstance(getattr(stmt, f.name), Ref)}))
+            changes: dict[str, object] = {f.name: _ref(getattr(stmt, f.name), wide, env) for f in fields(stmt)
+                                          if isinstance(getattr(stmt, f.name), Ref)}
+            if isinstance(stmt, Matmul) and stmt.tile is not None and env:
+                changes["tile"] = stmt.tile.map(lambda e: _substitute(e, env))
+            out.append(replace(stmt, **changes))
     return out

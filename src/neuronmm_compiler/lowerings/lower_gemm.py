@@ -50,6 +50,7 @@ from ..kernel_ir.program import (
 from ..schedule.gemm import GemmProblem, GemmSchedule, load_levels, normalize, tile_counts
 from ..vocab import ALayout, ElementwiseOp
 from .limits import psum_bank_fp32
+from .pe_tiles import column_dst, column_matmuls, column_sum, column_tile
 
 if TYPE_CHECKING:
     from ..targets import Target
@@ -64,7 +65,7 @@ class _GemmLowering:
     def __init__(self, problem: GemmProblem, schedule: GemmSchedule, target: Target):
         self.p = problem
         self.target = target
-        self.s = normalize(problem, schedule, target.lnc)
+        self.s = normalize(problem, schedule, target.lnc, target.gemm_stationary_fmax)
         counts = tile_counts(problem, self.s)
         s = self.s
         self.dims = {
@@ -109,6 +110,13 @@ class _GemmLowering:
             acc_dtype = "float32" if s.accumulator_dtype == "float32" else dt
             self.acc = Buffer("acc_sbuf", (m.tile, self.acc_m_tiles, self.acc_n_tiles * n.tile), acc_dtype, "sbuf")
         self.psum_tile = Buffer("c_psum", (m.tile, n.tile), "float32", "psum")
+        # PE column tiles (column_tiles = C > 1): the K tiles of an output tile go round C tiles of the array, C
+        # matmuls at a time; tile j accumulates on PSUM partitions j * width.. (its columns), and the C partial sums
+        # are added when the tile is evicted (through an fp32 SBUF tile: a vector op reads one PSUM operand).
+        self.column_width = target.gemm_stationary_fmax // s.column_tiles
+        if s.column_tiles > 1:
+            self.psum_tile = Buffer("c_psum", (target.gemm_stationary_fmax, n.tile), "float32", "psum")
+        self.column_sum = Buffer("c_sum", (m.tile, n.tile), "float32", "sbuf")
         # Rotating PSUM copies (psum_buffers >= 1): one bank each, so every copy is its own NKI tile once
         # kernel_ir.psum_banks splits the buffer, and the copy a tile uses is named statically.
         self.psum_rotation = Buffer("c_psum", (m.tile, max(s.psum_buffers, 1), psum_bank_fp32(target)),
@@ -216,6 +224,8 @@ class _GemmLowering:
         msz, nsz = m.tile_size(gm), n.tile_size(gn)
 
         def kloop(dst: Ref) -> list[Stmt]:
+            if s.column_tiles > 1 and dst.buffer is self.psum_tile:
+                return self.column_kloop(blocks, msz, nsz)
             return loop("bk", k.tiles_in(kb), k.tiles_in_block, [Matmul(dst, *self.operands(blocks, bk))])
 
         body: list[Stmt]
@@ -234,16 +244,16 @@ class _GemmLowering:
             body = [*acc_alloc, *(self.first_kloop(psum, blocks) if rotating else kloop(psum))]
             if s.dma == "tile":
                 c_sb = Ref(self.c_tile, (span(0, msz), span(0, nsz)))
-                body += [Alloc(self.c_tile), Copy(c_sb, psum),
+                body += [Alloc(self.c_tile), *self.evict(c_sb, msz, nsz),
                          DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.tile_start(gn), nsz))), c_sb)]
             elif s.tile_order == "mn":  # a row of the block is whole after its N tiles: stored right then
-                body.append(Copy(Ref(self.c_row, (span(0, msz), span(scale(bn, n.tile), nsz))), psum))
+                body += self.evict(Ref(self.c_row, (span(0, msz), span(scale(bn, n.tile), nsz))), msz, nsz)
                 ncols = n.block_size(nb)
                 row_pre = [Alloc(self.c_row, comment="one row of the block's output tiles, stored once evicted")]
                 row_post = [DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.block_start(nb), ncols))),
                                     Ref(self.c_row, (span(0, msz), span(0, ncols))))]
             else:
-                body.append(Copy(Ref(self.c_block, (span(0, msz), Point(bm), span(scale(bn, n.tile), nsz))), psum))
+                body += self.evict(Ref(self.c_block, (span(0, msz), Point(bm), span(scale(bn, n.tile), nsz))), msz, nsz)
                 pre.append(Alloc(self.c_block, comment="output block, packed for one store per row"))
                 ncols = n.block_size(nb)
                 store = DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.block_start(nb), ncols))),
@@ -268,6 +278,25 @@ class _GemmLowering:
         outer, inner = s.tile_order
         body = row_pre + loop(*loops[inner], body) + row_post
         return pre + loop(*loops[outer], body) + post
+
+    def column_kloop(self, blocks: dict[str, Expr], msz: Expr, nsz: Expr) -> list[Stmt]:
+        """The matmuls of one output tile in PE column tiles (:mod:`.pe_tiles`; normalize keeps column tiles to a
+        contraction in one K block)."""
+        k, s, width = self.dims["k"], self.s, self.column_width
+
+        def matmul(bk: Expr, ct: Expr) -> Matmul:
+            return Matmul(column_dst(self.psum_tile, ct, width, msz, nsz), *self.operands(blocks, bk),
+                          tile=column_tile(ct, width, self.target.pmax))
+
+        return column_matmuls(k.tiles, s.column_tiles, width, matmul)
+
+    def evict(self, dst: Ref, msz: Expr, nsz: Expr) -> list[Stmt]:
+        """Evict an output tile's PSUM accumulator into ``dst``: one copy, or with PE column tiles the sum of the
+        tiles' partial sums (the first copied into an fp32 SBUF tile, the others added, the last add writing
+        ``dst``)."""
+        if self.s.column_tiles == 1:
+            return [Copy(dst, Ref(self.psum_tile, (span(0, msz), span(0, nsz))))]
+        return column_sum(self.psum_tile, self.column_sum, dst, self.s.column_tiles, self.column_width, msz, nsz)
 
     def operands(self, blocks: dict[str, Expr], bk: Expr) -> tuple[Ref, Ref]:
         """The stationary (A^T) and moving (B) tiles of K tile ``bk`` of the block, for the output tile the

@@ -31,8 +31,11 @@ from .params import (
     ParamSpec,
     ScheduleParams,
     categorical,
+    check_column_tiles,
+    column_tiles_spec,
     integer,
     max_tiles_per_block,
+    usable_column_tiles,
 )
 
 if TYPE_CHECKING:
@@ -150,6 +153,7 @@ PARAMS: tuple[ParamSpec, ...] = (
                 "program its half of the blocks; the loop must come before k in loop_order, unless each output "
                 "tile is finished inside the K loop, and have an even number of blocks); none on one physical "
                 "core (docs/logical-cores.md)", role=CLASS),
+    column_tiles_spec("tile_m"),
 )
 
 
@@ -174,9 +178,14 @@ class GemmSchedule(ScheduleParams):
     operand_buffers: int = 0
     psum_buffers: int = 0
     lnc_split: str = "none"
+    column_tiles: int = 1
+
+    QUIET: ClassVar[dict[str, int | str]] = {"column_tiles": 1}
 
     def check_relations(self) -> None:
-        """One explicit operand copy would make every load wait for the matmuls of the block before it."""
+        """One explicit operand copy would make every load wait for the matmuls of the block before it; PE column
+        tiles split the array evenly."""
+        check_column_tiles(self.column_tiles)
         if self.operand_buffers == 1:
             raise ScheduleError("operand_buffers=1 would make every block load wait for the matmuls still reading "
                                 "the block before it; use 0 (the compiler rotates the blocks) or 2 or more copies")
@@ -201,12 +210,14 @@ def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
     }
 
 
-def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1) -> GemmSchedule:
+def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1, pe_columns: int = 128) -> GemmSchedule:
     """Clip tile sizes to the problem and tiles-in-block to the tile counts, so that a decode-sized
     M (1..127 tokens) gets tiles of exactly M rows and equivalent schedules compare equal. On a logical core of
     ``lnc`` > 1 programs, the dimension ``lnc_split`` divides gets a blocking the programs can share: an even
     number of tiles (narrower tiles where the count is odd) in an even number of whole blocks
-    (kernel_ir/lnc.py)."""
+    (kernel_ir/lnc.py). ``column_tiles`` is narrowed to what the output tiles can use (:func:`usable_column_tiles`:
+    an A^T tile of ``tile_m`` columns fitting a column tile of the ``pe_columns``-wide array, the target's
+    ``gemm_stationary_fmax``; K in one block accumulated in a PSUM tile per output tile, no rotating copies)."""
     clipped = replace(
         schedule,
         tile_m=min(schedule.tile_m, problem.m),
@@ -229,7 +240,10 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1) -> Gem
     blocked = replace(blocked, operand_buffers=copies if copies >= 2 else 0)
     held = blocked.accumulate == "psum" and counts["k"] > blocked.tiles_in_block_k
     tiles = blocked.tiles_in_block_m * blocked.tiles_in_block_n
-    return replace(blocked, psum_buffers=0 if held else min(blocked.psum_buffers, tiles))
+    blocked = replace(blocked, psum_buffers=0 if held else min(blocked.psum_buffers, tiles))
+    per_tile = blocked.accumulate == "psum" and counts["k"] == blocked.tiles_in_block_k and blocked.psum_buffers == 0
+    columns = usable_column_tiles(blocked.column_tiles, blocked.tile_m, counts["k"], pe_columns) if per_tile else 1
+    return replace(blocked, column_tiles=columns)
 
 
 def _divisible(problem: GemmProblem, schedule: GemmSchedule, dim: str, programs: int) -> GemmSchedule:

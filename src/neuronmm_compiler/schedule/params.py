@@ -6,7 +6,7 @@ their ``SPECS`` with these; the search derives its spaces from them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..errors import InputError, ScheduleError, UnknownNameError
@@ -45,6 +45,40 @@ def max_tiles_per_block(target: Target) -> int:
 def sbuf_kib_per_partition(target: Target) -> int:
     """SBUF KiB per partition on ``target`` (192 on trn1): the most one weight block can hold."""
     return target.sbuf_bytes_per_partition // 1024
+
+
+def max_column_tiles(target: Target) -> int:
+    """The most PE column tiles ``target`` documents (:attr:`~neuronmm_compiler.targets.Target.max_column_tiles`)."""
+    return target.max_column_tiles
+
+
+def check_column_tiles(value: int) -> None:
+    """PE column tiles split the array into equal tiles of a documented size: 1, 2 or 4 of them."""
+    if value not in (1, 2, 4):
+        raise ScheduleError(f"column_tiles={value}: the PE array splits into 1, 2 or 4 column tiles (nc_matmul "
+                            "tile_size column sizes 128, 64, 32; rule NKI-MATMUL-TILE)")
+
+
+def usable_column_tiles(asked: int, stationary_free: int, k_tiles: int, pe_columns: int) -> int:
+    """``asked`` column tiles narrowed to what a matmul sequence can use: at most ``k_tiles`` (the independent
+    matmuls of one output tile, one per contraction tile), and a stationary of ``stationary_free`` columns fitting
+    one tile of the ``pe_columns``-wide array (1 where it is wider than half of it)."""
+    tiles = asked
+    while tiles > 1 and (tiles > k_tiles or stationary_free > pe_columns // tiles):
+        tiles //= 2
+    return max(tiles, 1)
+
+
+def column_tiles_spec(stationary: str) -> ParamSpec:
+    """The ``column_tiles`` parameter of a schedule whose row-major matmuls have ``stationary`` free elements."""
+    return integer(
+        "column_tiles", 1, max_column_tiles,
+        "the PE column tiles the target documents (nki.isa.nc_matmul, Tiling mode: 2 x 64 columns from "
+        "NeuronCore-v2, 4 x 32 from NeuronCore-v3; Target.pe_tile_sizes)", (1, 2, 4),
+        f"PE column tiles (1, 2 or 4) the contraction tiles of one output tile are spread over, so that up to that "
+        f"many matmuls run at once (nc_matmul tile_position/tile_size), their partial sums added on eviction; 1: "
+        f"the whole array. For a stationary of at most 128/column_tiles columns ({stationary}, e.g. decode tokens); "
+        f"narrowed to what the stationary fits and the contraction tiles; at most 2 on trn1 (docs/cost_model.md)")
 
 
 @dataclass(frozen=True)
@@ -171,12 +205,18 @@ class ScheduleParams:
 
     SPECS: ClassVar[tuple[ParamSpec, ...]] = ()
     WHAT: ClassVar[str] = "schedule"
+    #: Parameters left out of :meth:`as_dict` and :meth:`describe` while they hold these values: parameters added
+    #: after kernels, caches and locks were written, so a schedule that does not use them is stored and emitted
+    #: byte for byte as before (a stored decision without them reads back with the default).
+    QUIET: ClassVar[dict[str, int | str]] = {}
 
     def as_dict(self) -> dict[str, int | str]:
-        return asdict(self)  # type: ignore[call-overload]
+        quiet = self.QUIET
+        return {k: v for k, v in asdict(self).items()  # type: ignore[call-overload]
+                if k not in quiet or quiet[k] != v}
 
     def describe(self) -> str:
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))  # type: ignore[arg-type]
+        return " ".join(f"{k}={v}" for k, v in self.as_dict().items())
 
     def with_params(self: _S, params: dict[str, str | int]) -> _S:
         """A copy with ``--param key=value`` overrides applied (values may be strings)."""

@@ -36,8 +36,10 @@ LEGACY_DOCS = "aws-neuron/aws-neuron-sdk@cca378474a507331b7c0cd4b6cbbf2bbe095632
 SDK233_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1"
 #: The published documentation's newest version: announcements made after 2.33 (not pinned to a release).
 LATEST_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
+#: AWS's NKI library (the kernels bundled with neuronx-cc): evidence of how the documented APIs are used.
+NKILIB = "aws-neuron/nki-library@d2ad3a579498d1888aa8740af97fd325dd5f2740"
 #: Every source a citation may name.
-SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, LATEST_DOCS)
+SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, LATEST_DOCS, NKILIB)
 
 BOTH = (Dialect.NKI, Dialect.NEURONXCC)
 #: Why the capacity rules are not checked from the source.
@@ -129,6 +131,10 @@ def _sdk(path: str, where: str) -> str:
 
 def _legacy(path: str, where: str) -> str:
     return f"{LEGACY_DOCS}:{path} ({where})"
+
+
+def _nkilib(path: str, where: str) -> str:
+    return f"{NKILIB}:{path} ({where})"
 
 
 def _v233(page: str, where: str) -> str:
@@ -230,6 +236,44 @@ RULES: tuple[Rule, ...] = (
               "(float32 dst). 512 is still valid (the tiling overview's constraint #3 and the PSUM tile rule say "
               "512), so it is the conservative value; left for the hardware-table owner. The checker bounds by the "
               "targets.py value."),
+    Rule("NKI-MATMUL-TILE", "tiles", "nc_matmul PE tiling: tile_position (start_row, start_column) and tile_size "
+         "(row_size, column_size) are both given or neither; each size is a documented tile size (2 x 64 from "
+         "NeuronCore-v2, 4 x 32 from v3, or the whole 128); each start is a multiple of its size, the tile inside the "
+         "128 x 128 array; the stationary's partitions fit row_size and its free size column_size; column tiles are "
+         "not combined with perf_mode double_row",
+         (_sdk(_ISA, "nc_matmul, Tiling mode"), _sdk(_ISA, "nc_matmul, Tile size"),
+          _sdk(_ISA, "nc_matmul, Performance mode: double_row cannot be combined with column tiling mode"),
+          _sdk(_ARCH2, "Double FP8 Matmul Performance: cannot be combined with column tiling mode"),
+          _legacy("general/nki/api/nki/isa/__init__.py", "nc_matmul: PE tiling, requirements 1-5"),
+          _sdk("nki/test/test_nki_isa_nc_matmul.py", "example 3: tile_position=((i % 2) * 64, (j % 2) * 64), "
+               "tile_size=(64, 64)"),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py", "column-tiled nc_matmul")),
+         target_field="pe_tile_sizes",
+         documented=(("trn1", (64, 128)), ("trn2", (32, 64, 128)), ("trn3", (32, 64, 128))), checkable=True,
+         note="Conflict: the :param lines of the nc_matmul page (SDK 2.27 to 2.32) say start_column must be 0 and "
+              "column_size 128, the wording of nc_matmul_mx, which has row tiling only; the page's own Tiling mode "
+              "section describes column tiling, its double_row paragraph excludes it (so it exists), the SDK's "
+              "example runs 64 x 64 tiles at column 64, and AWS's decode MLP packs tokens into 32- and 64-column "
+              "tiles. The Tiling mode section is followed. The NKI 0.1 page asks for multiples of 32 and forbids 32 "
+              "for both sizes on NeuronCore-v2; the newer text's narrower sizes (64 or 128 on v2) are used on every "
+              "SDK. 'must not exceed 128' of a start is read as the tile lying inside the array (start + size <= "
+              "128). Checked statically where the values are constants; nmmc's interpreter checks every call."),
+    Rule("NKI-MATMUL-TILE-DST", "tiles", "a matmul in a PE column tile writes the PSUM partitions of its columns: "
+         "dst starts at partition tile_position[1] (the start column), an allowed start partition for its size",
+         (_nkilib("src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py",
+                  "dst=result_psums[...][nl.ds(column_tiling_dim * column_idx, T), ...] with tile_position=(0, "
+                  "column_tiling_dim * column_idx)"),
+          _nkilib("src/nkilib_src/nkilib/core/router_topk/router_topk.py", "dst partition = tile_position column"),
+          _sdk(_ARCH1, "Accessing SBUF/PSUM tensors using compute engines: start_partition 0/32/64/96 for up to 32 "
+                       "partitions, 0/64 for up to 64"),
+          _sdk(_ISA, "nc_matmul: the free dimension of stationary matches the partition dimension of dst")),
+         dialects=(Dialect.NKI,), checkable=True,
+         note="Inferred, not stated: the API page says a PE column computes one element of the stationary's free "
+              "dimension, which is dst's partition dimension, but not that a column tile's results land on the "
+              "partitions of its columns. Every column-tiled nc_matmul of AWS's NKI library places dst there, so "
+              "nmmc does too and (conservatively) flags a kernel that does not. Checked in the nki dialect (dst= "
+              "names the tile); in NKI 0.1 the call returns a new tile the compiler places. Checked statically "
+              "where the values are constants; nmmc's interpreter checks every call."),
     # --- loops ----------------------------------------------------------------------------------
     Rule("NKI-AFFINE-WRITE-RACE", "loops", "inside nl.affine_range, a write to a buffer allocated outside the loop "
          "must be indexed by the loop variable; the one exception is += accumulation of matmul results into PSUM",
