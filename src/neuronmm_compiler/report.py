@@ -206,7 +206,7 @@ def tune_lines(tuned: Tuned) -> list[str]:
             notes.append(sensitivity(baseline.cost, c.cost, c.target))
         suffix = f" ({'; '.join(notes)})" if notes else ""
         lines.append(f"{label}: {speedup_text(speedup)}{suffix}" if speedup
-                     else f"{label}: n/a (baseline not modelled or does not fit)")
+                     else f"{label}: n/a ({baseline.reason or 'baseline not modelled or does not fit'})")
     lines.append(f"schedule: {c.schedule.describe()}")
     if len(c.programs) > 1:
         for program, cost in zip(c.programs, c.kernel_costs, strict=True):
@@ -228,8 +228,7 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
         "schedule": c.schedule.as_dict(),
         "predicted": c.cost.as_dict(),
         "kernels": [{"name": p.name, **k.as_dict()} for p, k in zip(c.programs, c.kernel_costs, strict=True)],
-        "baselines": {name: None if b.cost is None else {"computation": b.label, **b.cost.as_dict()}
-                      for name, b in tuned.baselines.items()},
+        "baselines": {name: _baseline_json(b) for name, b in tuned.baselines.items()},
         "speedups": tuned.speedups(),
         "launch": launch_dict(c.target),
         "model_error": trust_dict(c.target, _fused(c.workload)),
@@ -240,6 +239,19 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
     }
     if report is not None:
         data["verify"] = report.as_dict()
+    return data
+
+
+def _baseline_json(baseline: Any) -> dict[str, Any] | None:
+    """One baseline of ``tune --json``: what it computes, its details and predicted cost (None when it is not
+    modelled and has nothing to say; with a ``reason`` when it is not modelled or does not fit)."""
+    if baseline.cost is None and not baseline.reason:
+        return None
+    data: dict[str, Any] = {"computation": baseline.label, **(baseline.details or {})}
+    if baseline.reason:
+        data["reason"] = baseline.reason
+    if baseline.cost is not None:
+        data.update(baseline.cost.as_dict())
     return data
 
 

@@ -102,9 +102,9 @@ def resolve_split(schedule: Any, params: Mapping[str, str | int], target: Target
 
 
 #: The order baselines are shown in: the order a user meets them. First what a user of an MLP on trn2 runs today,
-#: AWS nki-library's fused MLP ("nkilib-mlp", issue 24 item 1: not modelled yet; it goes here when it is), then
-#: nmmc's own fused dense MLP tuned the same way ("nmmc-dense"), then AWS's tutorial kernels per matmul ("dense"),
-#: and the SVD factors unfused. Names not listed keep their order after these.
+#: AWS nki-library's fused MLP ("nkilib-mlp", modelled in nmmc's IR: lowerings/nkilib_mlp.py), then nmmc's own
+#: fused dense MLP tuned the same way ("nmmc-dense"), then AWS's tutorial kernels per matmul ("dense"), and the SVD
+#: factors unfused. Names not listed keep their order after these.
 BASELINE_ORDER: tuple[str, ...] = ("nkilib-mlp", "nmmc-dense", "dense", "unfused")
 
 
@@ -124,6 +124,10 @@ class Baseline:
     speedup_label: str
     cost: CostReport | None
     one_core: bool = True
+    #: Why the baseline has no cost (``cost`` None), for the reader: e.g. the assert of nki-library's it trips.
+    reason: str = ""
+    #: What JSON reports add about it (a variant, its source).
+    details: Mapping[str, Any] | None = None
 
     def speedup(self, cost: CostReport) -> float | None:
         """How many times faster ``cost`` is than this baseline (None when it is not modelled or does not fit)."""

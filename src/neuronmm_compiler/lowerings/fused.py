@@ -33,6 +33,7 @@ from .base import Baseline, Lowering, one_core_label, resolve_split, split_restr
 from .gemm import aws_gemm_cost
 from .lower_elementwise import lower_elementwise
 from .lower_fused import lower_fused_kernel
+from .nkilib_mlp import nkilib_baseline
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
@@ -221,7 +222,8 @@ class FusedLowering(Lowering):
                                         unfused)}
         dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM,
                              dma_transpose=dma_transpose)
-        baselines = {"dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense)}
+        baselines = {"nkilib-mlp": nkilib_baseline(workload, target),
+                     "dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense)}
         if workload.svd:  # a dense MLP has no SVD factors to leave unfused
             unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK,
                                    dma_transpose=dma_transpose)
