@@ -160,7 +160,8 @@ def cached_schedule(record: CacheRecord) -> Any:
     """Rebuild the schedule object a record stores (InputError if its parameters do not fit its kind)."""
     cls = _schedule_class(record.kind)
     names = {f.name for f in fields(cls)}
-    missing, extra = sorted(names - set(record.params)), sorted(set(record.params) - names)
+    quiet = set(cls.QUIET)  # parameters a record leaves out at their default (ScheduleParams.QUIET)
+    missing, extra = sorted(names - set(record.params) - quiet), sorted(set(record.params) - names)
     if missing or extra:
         raise InputError(f"{record.kind} schedule parameters: missing {missing}, unexpected {extra}")
     if any(not isinstance(v, (int, str)) or isinstance(v, bool) for v in record.params.values()):

@@ -30,7 +30,7 @@ from ..kernel_ir.program import (
     TensorTensor,
     instruction_counts,
 )
-from .formulas import engine_us
+from .formulas import engine_us, matmul_cycles
 from .params import ModelParams
 
 
@@ -67,6 +67,8 @@ class ProgramCounts:
     hbm_bytes_written: dict[str, int] = field(default_factory=dict)
     dma: dict[tuple[str, bool, int], DmaClass] = field(default_factory=dict)  # (dir, transpose, bpp)
     matmuls: int = 0
+    #: matmuls in a PE tile narrower than the array (nc_matmul tile_position / tile_size)
+    pe_tiled_matmuls: int = 0
     flops: int = 0
     matmul_moving_columns: int = 0
     pe_cycles: int = 0
@@ -109,8 +111,11 @@ def _free(ref: Ref, env: Mapping[str, int]) -> tuple[int, int]:
     return extents[0], math.prod(extents[1:])
 
 
-def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mult: int, params: ModelParams) -> None:
-    """Account ``mult`` executions of one leaf statement."""
+def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mult: int, params: ModelParams,
+                  pe_columns: int | None = None) -> None:
+    """Account ``mult`` executions of one leaf statement (``pe_columns``: the PE array's columns, the target's
+    ``gemm_stationary_fmax``; a matmul in a narrower column tile then takes its share of the array's time,
+    :func:`~.formulas.matmul_cycles`; None: every matmul as if it held the whole array)."""
     if isinstance(stmt, DmaCopy):
         hbm = stmt.src if stmt.is_load else stmt.dst
         sbuf = stmt.dst if stmt.is_load else stmt.src
@@ -130,7 +135,11 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
         counts.matmuls += mult
         counts.flops += mult * 2 * k * m * n
         counts.matmul_moving_columns += mult * n
-        cycles = mult * max(n, params.matmul_min_cycles) * factor
+        columns = None
+        if stmt.tile is not None and pe_columns is not None and stmt.tile.cols < pe_columns:
+            counts.pe_tiled_matmuls += mult
+            columns = stmt.tile.cols
+        cycles = mult * matmul_cycles(n, params.matmul_min_cycles, factor, columns, pe_columns)
         counts.pe_cycles += cycles
         counts.psum.setdefault(stmt.dst.buffer.name, PsumUse()).pe_cycles += cycles
         per_partition = m * stmt.stationary.buffer.itemsize + n * stmt.moving.buffer.itemsize
@@ -183,12 +192,13 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
         raise TypeError(f"cannot count {type(stmt).__name__}")
 
 
-def count_program(program: Program, params: ModelParams, env: Mapping[str, int] | None = None) -> ProgramCounts:
+def count_program(program: Program, params: ModelParams, env: Mapping[str, int] | None = None,
+                  pe_columns: int | None = None) -> ProgramCounts:
     """The program's counts; ``env`` binds variables outside the loop nest (the program id of one program of a
-    logical core)."""
+    logical core); ``pe_columns`` as for :func:`add_statement`."""
     counts = ProgramCounts()
     for stmt, at, mult in instruction_counts(program.body, env):
-        add_statement(counts, stmt, at, mult, params)
+        add_statement(counts, stmt, at, mult, params, pe_columns)
     for param in program.params:
         counts.hbm_bytes_read.setdefault(param.name, 0)
     for out in program.outputs:
@@ -235,7 +245,7 @@ def _first_iteration(loop: Loop, env: dict[str, int]) -> Iterator[tuple[Stmt, di
 
 
 def edge_counts(program: Program, params: ModelParams, *, reverse: bool,
-                env: Mapping[str, int] | None = None) -> ProgramCounts:
+                env: Mapping[str, int] | None = None, pe_columns: int | None = None) -> ProgramCounts:
     """Counts of the prologue (``reverse=False``: what the first matmul waits for: the statements before it,
     of each loop nest before it only the first iteration, i.e. the first tiles it loads) or the epilogue
     (``reverse=True``: everything after the last one). A program without matmuls (an elementwise kernel)
@@ -245,7 +255,7 @@ def edge_counts(program: Program, params: ModelParams, *, reverse: bool,
     anchor: tuple[type, ...] = (Matmul,) if has_matmul else ENGINE_WORK
     counts = ProgramCounts()
     for stmt, at, mult in _edge(program.body, dict(env or {}), reverse, anchor):
-        add_statement(counts, stmt, at, mult, params)
+        add_statement(counts, stmt, at, mult, params, pe_columns)
     return counts
 
 

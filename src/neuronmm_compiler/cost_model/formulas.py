@@ -41,6 +41,19 @@ def engine_us(cycles: float, ghz: float) -> float:
     return cycles / (1000 * ghz)
 
 
+def matmul_cycles(moving_free: int, min_cycles: float, dtype_factor: float, tile_columns: int | None = None,
+                  pe_columns: int | None = None) -> float:
+    """TensorEngine cycles one ``nc_matmul`` adds to ``pe_cycles``: ``max(N, min_cycles)`` times the fp32 factor
+    (AWS NKI performance guide), and for a matmul in a PE column tile of ``tile_columns`` of the array's
+    ``pe_columns`` columns, that tile's share of it: ``pe_columns / tile_columns`` matmuls in distinct column tiles
+    run at once (nki.isa.nc_matmul, "Tiling mode"), and nmmc's lowerings issue them back to back in every tile
+    (docs/cost_model.md, "PE column tiles")."""
+    cycles = max(moving_free, min_cycles) * dtype_factor
+    if tile_columns is not None and pe_columns is not None and tile_columns < pe_columns:
+        cycles *= tile_columns / pe_columns
+    return cycles
+
+
 def _edge_us(v: Mapping[str, float], prefix: str) -> float:
     """An edge phase: its transfers issued together (ceil(n/q) rounds of fixed cost), nothing overlapped."""
     return (math.ceil(v[f"{prefix}_n_dma"] / v["q"]) * v["c_dma"] + v[f"{prefix}_eff_bytes"] / v["bw"]

@@ -118,9 +118,10 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
     of one program of a logical core)."""
     params = params if params is not None else params_of(target)
     f_pe, bw = effective_rates(target, params)
-    counts = counts or count_program(program, params, env)
-    pro = edge_counts(program, params, reverse=False, env=env)
-    epi = edge_counts(program, params, reverse=True, env=env)
+    columns = target.gemm_stationary_fmax  # the PE array's columns: a column-tiled matmul takes its share of them
+    counts = counts or count_program(program, params, env, pe_columns=columns)
+    pro = edge_counts(program, params, reverse=False, env=env, pe_columns=columns)
+    epi = edge_counts(program, params, reverse=True, env=env, pe_columns=columns)
     dtype = program.params[0].dtype if program.params else "bfloat16"
     peak = (target.peak_bf16_tflops * 1e6 * params.tensor_engine_efficiency
             / (params.matmul_fp32_factor if dtype == "float32" else 1))

@@ -25,7 +25,7 @@ from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
 from ..schedule.fused import FusedSchedule, normalize_fused
-from ..schedule.params import check_schedule
+from ..schedule.params import check_schedule, column_tile_candidates
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target, with_lnc
 from ..vocab import ALayout, Dialect, Layout, NodeKind
@@ -64,7 +64,7 @@ EXCHANGING = ("gather", "hidden", "intermediate")
 
 
 def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True, lnc: int = 1,
-                exchange: bool = True) -> SearchSpace:
+                exchange: bool = True, column_tiles: tuple[int, ...] = (1,)) -> SearchSpace:
     """The fused search space: X^T made only by DMA unless some activation is row-major
     (``row_major_x``), and then only on the TensorEngine where a transposing DMA load is not documented
     (``dma_transpose`` False); one kernel per gated MLP unless ``splittable``; the token or feature split on an
@@ -78,6 +78,7 @@ def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True,
         restrict["x_transpose"] = ("pe",)
     if not splittable:
         restrict["mlp"] = ("whole",)
+    restrict["column_tiles"] = column_tiles
     return SearchSpace.for_schedule(FusedSchedule, restrict)
 
 
@@ -142,7 +143,7 @@ class FusedLowering(Lowering):
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")
-        normalized = normalize_fused(chosen, workload.token_count, target.lnc)
+        normalized = normalize_fused(chosen, workload.token_count, target.lnc, target.gemm_stationary_fmax)
         if target.lnc == 1 and normalized.lnc_split == "none":
             return normalized
         graph = workload.graph()
@@ -177,7 +178,8 @@ class FusedLowering(Lowering):
         ]
 
     def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1, exchange: bool = True) -> SearchSpace:
-        return fused_space(row_major_activations(workload), splittable(workload), dma_transpose, lnc, exchange)
+        return fused_space(row_major_activations(workload), splittable(workload), dma_transpose, lnc, exchange,
+                           column_tile_candidates(workload.token_count))
 
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
                      dma_transpose: bool = True, exchange: bool = True) -> tuple[SpaceSpec, Evaluator]:
@@ -191,10 +193,11 @@ class FusedLowering(Lowering):
             return combine_reports([estimate(self.lower(k, schedule, target), target)
                                     for k in kernels_by_mode[schedule.mlp]])
 
-        space = self.space(workload, dma_transpose, target.lnc, exchange)
+        space = fused_space(row_major_activations(workload), splittable(workload), dma_transpose, target.lnc,
+                            exchange, column_tile_candidates(tokens, target.max_column_tiles))
         seen: dict[FusedSchedule, None] = {}
         for point in space.points():
-            seen.setdefault(normalize_fused(space.decode(point), tokens, target.lnc), None)
+            seen.setdefault(normalize_fused(space.decode(point), tokens, target.lnc, target.gemm_stationary_fmax), None)
         everything = list(seen)
         base = FusedSchedule()
         transposes = space.candidates["x_transpose"]
@@ -206,7 +209,7 @@ class FusedLowering(Lowering):
         # may have no on-chip value worth exchanging): the first trials include one that divides
         guesses = [replace(g, lnc_split=split) for g in shapes for split in space.candidates["lnc_split"]]
         spec = SpaceSpec(space=space, guesses=guesses, size=len(everything), distinct=lambda: everything)
-        return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens, target.lnc))
+        return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens, target.lnc, target.gemm_stationary_fmax))
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):

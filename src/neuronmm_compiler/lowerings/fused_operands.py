@@ -16,8 +16,10 @@ from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, scale
 from ..kernel_ir.program import Alloc, Buffer, Copy, DmaCopy, Matmul, PeTranspose, Point, Ref, Stmt, span
 from ..schedule.fused import FusedSchedule, tiles_per_weight_block
+from ..schedule.params import usable_column_tiles
 from ..vocab import Layout, NodeKind
-from .fused_groups import Group
+from .fused_groups import Group, Term
+from .pe_tiles import column_dst, column_matmuls, column_sum, column_tile
 
 if TYPE_CHECKING:
     from ..targets import Target
@@ -199,13 +201,19 @@ class OperandLoads(FusedState):
         return loads, sources
 
     def _term_tiles(self, group: Group, sources: dict[str, tuple[Buffer, bool]], fdim: Dim, g: Expr,
-                    local: Expr, nsz: Expr, tile: Expr, tsz: Expr, row_major: bool
+                    local: Expr, nsz: Expr, tile: Expr, tsz: Expr, row_major: bool, result: Ref | None = None
                     ) -> tuple[list[Stmt], dict[str, Ref]]:
-        """PSUM tiles of every term of the group for one output tile."""
+        """PSUM tiles of every term of the group for one output tile. ``result``: where a row-major group without
+        elementwise ops puts its value, which the partial sums of PE column tiles are added into directly."""
         out: list[Stmt] = []
         values: dict[str, Ref] = {}
         s = self.s
         for term in group.terms:
+            columns = self._column_tiles(group, term) if row_major else 1
+            if columns > 1:
+                direct = result if not group.tree and term.node is group.root else None
+                out += self._column_term(term, sources, fdim, g, local, nsz, tile, tsz, columns, values, direct)
+                continue
             if row_major:
                 psum = Buffer(f"{term.node.id}_psum", (self.tok.tile, fdim.tile), "float32", "psum")
                 dst = Ref(psum, (span(0, tsz), span(0, nsz)))
@@ -230,6 +238,46 @@ class OperandLoads(FusedState):
                 out += loop("kt", Lin(kdim.tiles), kdim.tiles, [mmul], split=self._contraction_split(group))
             values[term.node.id] = dst
         return out, values
+
+    def _column_tiles(self, group: Group, term: Term) -> int:
+        """The PE column tiles a row-major term's matmuls go round (:mod:`.pe_tiles`): the schedule's
+        ``column_tiles`` narrowed to the contraction tiles of its shortest matmul; 1 when the contraction loop is
+        divided between the programs of a logical core (its K tiles are then the programs' to share)."""
+        if self.s.column_tiles == 1 or self._contraction_split(group):
+            return 1
+        k_tiles = min(self._kdim(self.nodes[mm.operands[0]].shape[1]).tiles for mm in term.matmuls)
+        return usable_column_tiles(self.s.column_tiles, self.tok.tile, k_tiles, self.target.gemm_stationary_fmax)
+
+    def _column_term(self, term: Term, sources: dict[str, tuple[Buffer, bool]], fdim: Dim, g: Expr, local: Expr,
+                     nsz: Expr, tile: Expr, tsz: Expr, columns: int, values: dict[str, Ref],
+                     result: Ref | None) -> list[Stmt]:
+        """A row-major term's matmuls in ``columns`` PE column tiles, their partial sums added into an fp32 SBUF
+        tile, which the epilogue reads, or with the last add writing ``result`` (:mod:`.pe_tiles`)."""
+        array = self.target.gemm_stationary_fmax
+        width = array // columns
+        name = term.node.id
+        psum = Buffer(f"{name}_psum", (array, fdim.tile), "float32", "psum")
+        out: list[Stmt] = [Alloc(psum, accumulator=True)]
+        for mm in term.matmuls:
+            buf, whole = sources[mm.id]
+            col = fdim.tile_start(g) if whole else local
+            lhs = self.nodes[mm.operands[0]]
+            kdim = self._kdim(lhs.shape[1])
+            strip = self.strips[lhs.id]
+
+            def matmul(kt: Expr, ct: Expr, buf: Buffer = buf, col: Expr = col, kdim: Dim = kdim,
+                       strip: Buffer = strip) -> Matmul:
+                ksz = kdim.tile_size(kt)
+                x = Ref(strip, (span(0, ksz), Point(kt), span(scale(tile, self.tok.tile), tsz)))
+                w = Ref(buf, (span(0, ksz), Point(kt), span(col, nsz)))
+                return Matmul(column_dst(psum, ct, width, tsz, nsz), x, w,
+                              tile=column_tile(ct, width, self.target.pmax))
+
+            out += column_matmuls(kdim.tiles, columns, width, matmul)
+        total = Buffer(f"{name}_sum", (self.tok.tile, fdim.tile), "float32", "sbuf")
+        summed = result if result is not None else Ref(total, (span(0, tsz), span(0, nsz)))
+        values[name] = summed
+        return out + column_sum(psum, total, summed, columns, width, tsz, nsz)
 
     def _contraction_split(self, group: Group) -> tuple[str, ...]:
         """The split families that divide ``group``'s contraction between the programs of a logical core: the

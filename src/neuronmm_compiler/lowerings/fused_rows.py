@@ -74,7 +74,9 @@ class RowMajorGroups(OperandLoads):
         nsz = odim.tile_size(g)
         name = outputs[0][0].attrs["name"]
         rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), "float32" if reducing else out_dtype, "sbuf")
-        per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True)
+        result = Ref(rows, (span(0, tsz), span(scale(bn, tile_n), nsz)))
+        per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True,
+                                            result=result)
         for op in group.operands:
             buf = Buffer(f"{op.attrs['name']}_rowtile", (tok.tile, tile_n), op.dtype, "sbuf")
             dst = Ref(buf, (span(0, tsz), span(0, nsz)))
@@ -92,7 +94,6 @@ class RowMajorGroups(OperandLoads):
         per_tile += [Alloc(t) for t in temps.values()]
         if any(self._two_psum_operands(node, group) for node in group.tree):
             per_tile.append(Alloc(spill))
-        result = Ref(rows, (span(0, tsz), span(scale(bn, tile_n), nsz)))
         per_tile += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
         for out_node, hbm in flipped:
             per_tile += self._transposed_store(out_node, hbm, rows, odim, g, scale(bn, tile_n), tok, tg, tsz)

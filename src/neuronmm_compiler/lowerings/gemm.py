@@ -23,7 +23,7 @@ from ..kernel_ir.program import Program
 from ..passes import DEFAULT_PIPELINE, Pass, parse_pipeline
 from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, normalize, preset
 from ..schedule.gemm import preset_doc
-from ..schedule.params import check_schedule
+from ..schedule.params import check_schedule, column_tile_candidates
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target, with_lnc
 from ..vocab import ALayout, Dialect, Layout, NodeKind
@@ -114,7 +114,7 @@ class GemmLowering(Lowering):
                      dma_transpose: bool = True, exchange: bool = True) -> tuple[SpaceSpec, Evaluator]:
         problem = _problem(workload)
         return gemm_search_setup(problem, target, exhaustive_threshold,
-                                 space=gemm_space(problem, dma_transpose, target.lnc))
+                                 space=gemm_space(problem, dma_transpose, target.lnc, target.max_column_tiles))
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         problem = _problem(workload)
@@ -146,11 +146,14 @@ def aws_gemm_cost(problem: GemmProblem, target: Target, dma_transpose: bool = Tr
 # ----------------------------------------------------------------------------- the GEMM search space
 
 
-def gemm_space(problem: GemmProblem, dma_transpose: bool = True, lnc: int = 1) -> SearchSpace:
+def gemm_space(problem: GemmProblem, dma_transpose: bool = True, lnc: int = 1, max_column_tiles: int = 4
+               ) -> SearchSpace:
     """The GEMM search space of a problem: A^T made only by DMA when A is stored [K, M] (a plain load), only on
     the TensorEngine when a transposing DMA load is not documented (``dma_transpose`` False); the M or N split
-    on an LNC=2 target (``lnc``)."""
+    on an LNC=2 target (``lnc``); PE column tiles where M is at most half the array, up to ``max_column_tiles``
+    (the target's)."""
     restrict: dict[str, tuple] = split_restriction(GemmSchedule, lnc)
+    restrict["column_tiles"] = column_tile_candidates(problem.m, max_column_tiles)
     if problem.a_layout != ALayout.MK:
         restrict["a_transpose"] = ("dma",)
     elif not dma_transpose:
@@ -207,7 +210,7 @@ def gemm_search_setup(problem: GemmProblem, target: Target, exhaustive_threshold
                       space: SearchSpace | None = None) -> tuple[SpaceSpec, Evaluator]:
     """The GEMM search's space and evaluator (module-level and picklable, for worker processes);
     ``params`` overrides the target's cost-model parameters, ``space`` the default space."""
-    space = space or gemm_space(problem)
+    space = space or gemm_space(problem, max_column_tiles=target.max_column_tiles)
     size = distinct_size(problem, space)
     spec = SpaceSpec(
         space=space, guesses=heuristic_guesses(problem, space), size=size,
@@ -215,7 +218,7 @@ def gemm_search_setup(problem: GemmProblem, target: Target, exhaustive_threshold
                           else (space.decode(p) for p in space.points())),
     )
     evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params),
-                         lambda s: normalize(problem, s, target.lnc))
+                         lambda s: normalize(problem, s, target.lnc, target.gemm_stationary_fmax))
     return spec, evaluate
 
 

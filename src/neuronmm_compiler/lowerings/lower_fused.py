@@ -62,7 +62,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         check_kernel(graph, name)
         self.group_list = read_groups(graph, name)
         self.tokens = compute[0].shape[0] if compute else copied[0].shape[0]
-        self.s = normalize_fused(schedule, self.tokens, target.lnc)
+        self.s = normalize_fused(schedule, self.tokens, target.lnc, target.gemm_stationary_fmax)
         s = self.s
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
                        max(1, s.tokens_per_block // s.token_tile))
@@ -153,8 +153,8 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         values = dict(values)
         root = group.root
         rows, cols = sizes
-        if not group.tree:
-            return [Copy(result, values[root.id])]
+        if not group.tree:  # the value itself (already there when PE column tiles' sums were added into it)
+            return [] if values[root.id] is result else [Copy(result, values[root.id])]
         for node in group.tree:
             dst = result if node is root else Ref(temps[node.id], (span(0, rows), span(0, cols)))
             ops = [values[o] for o in node.operands]

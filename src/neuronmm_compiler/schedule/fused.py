@@ -28,9 +28,12 @@ from .params import (
     ParamSpec,
     ScheduleParams,
     categorical,
+    check_column_tiles,
+    column_tiles_spec,
     integer,
     max_tiles_per_block,
     sbuf_kib_per_partition,
+    usable_column_tiles,
 )
 
 WEIGHT_DMA = ("row", "tile")
@@ -87,6 +90,7 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
                 "their features; nki dialect). A divided loop needs an even number of blocks; none on one physical "
                 "core (docs/logical-cores.md)",
                 role=CLASS),
+    column_tiles_spec("token_tile"),
 )
 
 
@@ -107,9 +111,14 @@ class FusedSchedule(ScheduleParams):
     x_transpose: str = "dma"
     mlp: str = "whole"
     lnc_split: str = "none"
+    column_tiles: int = 1
+
+    QUIET: ClassVar[dict[str, int | str]] = {"column_tiles": 1}
 
     def check_relations(self) -> None:
-        """A token block wider than a token tile is a whole number of tiles."""
+        """A token block wider than a token tile is a whole number of tiles; PE column tiles split the array
+        evenly."""
+        check_column_tiles(self.column_tiles)
         if self.tokens_per_block > self.token_tile and self.tokens_per_block % self.token_tile:
             raise ScheduleError(f"tokens_per_block={self.tokens_per_block} must be a multiple of "
                                 f"token_tile={self.token_tile}")
@@ -119,10 +128,13 @@ class FusedSchedule(ScheduleParams):
         return normalize_fused(self, context)
 
 
-def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1) -> FusedSchedule:
+def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1, pe_columns: int = 128) -> FusedSchedule:
     """Clip the token block and tile to the number of tokens (a decode step gets 1-token strips). On a logical
     core of ``lnc`` > 1 programs dividing the tokens (``lnc_split=tokens``), the token blocks are made an even
-    number of whole blocks of an even number of tiles where the tokens allow it (kernel_ir/lnc.py)."""
+    number of whole blocks of an even number of tiles where the tokens allow it (kernel_ir/lnc.py). ``column_tiles``
+    is narrowed to what a token tile (the row-major matmul's stationary free size) fits in a column tile of the
+    ``pe_columns``-wide PE array (the target's ``gemm_stationary_fmax``); the lowering narrows it further per matmul
+    to its contraction tiles."""
     block = min(schedule.tokens_per_block, tokens)
     tile = min(schedule.token_tile, block)
     if block > tile and block % tile:
@@ -133,7 +145,8 @@ def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1) -> Fused
             tile = -(-tokens // (tiles + lnc - tiles % lnc))
             tiles = -(-tokens // tile)
         block = tile * divisible_blocking(tiles, max(1, block // tile), lnc)
-    return replace(schedule, tokens_per_block=block, token_tile=tile)
+    columns = usable_column_tiles(schedule.column_tiles, tile, schedule.column_tiles, pe_columns)
+    return replace(schedule, tokens_per_block=block, token_tile=tile, column_tiles=columns)
 
 
 def tiles_per_weight_block(schedule: FusedSchedule, k_tiles: int, tile_cols: int, itemsize: int,

@@ -69,6 +69,16 @@ def usable_column_tiles(asked: int, stationary_free: int, k_tiles: int, pe_colum
     return max(tiles, 1)
 
 
+def column_tile_candidates(stationary_free: int, max_tiles: int = 4, pe_columns: int = 128) -> tuple[int, ...]:
+    """The ``column_tiles`` values a search tries for row-major matmuls with ``stationary_free`` columns of
+    stationary (a GEMM's M, a fused kernel's tokens): where that is at most half the ``pe_columns``-wide array
+    (decode), 1 and every count up to ``max_tiles`` (the target's :attr:`~neuronmm_compiler.targets.Target.
+    max_column_tiles`) whose tiles it fits; elsewhere column tiles cannot apply, and the space holds 1 only."""
+    if stationary_free > pe_columns // 2:
+        return (1,)
+    return tuple(c for c in (1, 2, 4) if c <= max_tiles and stationary_free <= pe_columns // c)
+
+
 def column_tiles_spec(stationary: str) -> ParamSpec:
     """The ``column_tiles`` parameter of a schedule whose row-major matmuls have ``stationary`` free elements."""
     return integer(
