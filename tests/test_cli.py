@@ -219,8 +219,10 @@ def test_fused_chain_and_mlp_through_the_cli(tmp_path):
     data = json.loads(result.output)
     for key in ("kind", "schedule", "predicted", "baselines", "speedups", "search", "kernels"):
         assert key in data, key
-    assert data["kind"] == "fused" and list(data["baselines"]) == list(data["speedups"]) == ["nmmc-dense", "dense",
-                                                                                           "unfused"]
+    assert data["kind"] == "fused" and list(data["baselines"]) == list(data["speedups"]) == [
+        "nkilib-mlp", "nmmc-dense", "dense", "unfused"]
+    nkilib = data["baselines"]["nkilib-mlp"]
+    assert nkilib["variant"] == "tkg" and nkilib["latency_us"] > 0 and "nki-library" in nkilib["source"]
     assert data["verify"]["ok"] is True and data["verify"]["transposes"] >= 0
     assert "ranks gate/up/down 128/128/128" in data["workload"]
     split = run("emit", "--mlp", "--tokens", "33", "--hidden", "256", "--intermediate", "640", "--ranks", "128,128,256",

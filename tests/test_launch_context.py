@@ -71,15 +71,16 @@ def test_default_launch_context_follows_the_workload(args, context):
             "standalone launch: 45.3 us once per workload") in header, header
 
 
-def test_tune_names_the_launch_context_and_leads_with_nmmc_dense(tmp_path):
+def test_tune_names_the_launch_context_and_leads_with_nkilib(tmp_path):
     out = run("tune", *MLP, "--rank", "128", "--trials", "3", "-o", str(tmp_path / "k.py")).splitlines()
     speedups = [line for line in out if line.startswith("speedup vs")]
     assert [line.split(" (")[0] for line in speedups] == [
-        "speedup vs nmmc's fused dense MLP", "speedup vs dense", "speedup vs unfused SVD"]
+        "speedup vs nki-library's fused MLP", "speedup vs nmmc's fused dense MLP", "speedup vs dense",
+        "speedup vs unfused SVD"]
     assert all("(in-graph):" in line and "at 0 us, " in line and "at 5 us per kernel" in line for line in speedups)
     assert any(line.strip().startswith("launch context: in-graph: every kernel pays 2 us") for line in out)
     data = json.loads(run("tune", *MLP, "--rank", "128", "--trials", "3", "--json", "-o", str(tmp_path / "k.py")))
-    assert list(data["baselines"]) == ["nmmc-dense", "dense", "unfused"]
+    assert list(data["baselines"]) == ["nkilib-mlp", "nmmc-dense", "dense", "unfused"]
     assert data["launch"]["context"] == "in-graph" and data["launch"]["per_kernel_us"] == 2.0
     gemm = run("tune", "--shape", "128x256x256", "--trials", "3", "-o", str(tmp_path / "g.py"))
     assert "speedup vs aws-fully-optimized (standalone): " in gemm and "launch context: standalone" in gemm
@@ -101,7 +102,7 @@ def test_tune_model_recommends_dense_where_svd_does_not_win(tmp_path):
     assert bucket["speedup_vs_fused_dense"] < 1
     assert (bucket["recommended"], bucket["recommended_file"]) == ("dense", "mlp_t4_dense.py")
     assert (tmp_path / "out" / "mlp_t4_dense.py").is_file()
-    assert [b["name"] for b in bucket["baselines"]] == ["nmmc-dense", "dense", "unfused"]
+    assert [b["name"] for b in bucket["baselines"]] == ["nkilib-mlp", "nmmc-dense", "dense", "unfused"]
     assert index["launch"]["context"] == "in-graph"
     text = "\n".join(model_lines(source, index, target, str(tmp_path / "out")))
     assert "(slower)" in text and "recommended: nmmc's dense MLP (mlp_t4_dense.py)" in text

@@ -45,8 +45,9 @@ def test_table_columns_stay_apart_for_large_values(tmp_path):
               "-o", str(tmp_path / "k.py"))
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if "latency us" in line)
-    rows = lines[header + 1:header + 5]
-    assert [r.split()[0] for r in rows] == ["nmmc", "dense", "dense", "SVD"]  # nmmc's dense MLP, then AWS's
+    rows = lines[header + 1:header + 6]
+    # nki-library's MLP, nmmc's dense MLP, then AWS's
+    assert [r.split()[0] for r in rows] == ["nmmc", "nki-library", "dense", "dense", "SVD"]
     for row in rows:
         cells = row.split(")")[-1].split() if "(" in row else row.split()[2:]
         latency, band, bound = cells[:3]

@@ -305,25 +305,30 @@ def schedules_lines(workload: Workload, target: Target, rows: list[dict[str, Any
 
 
 #: The columns of ``nmmc tune --model``'s table: (least width, alignment).
-_MODEL_COLUMNS = [(7, ">"), (9, ">"), (16, ">"), (8, ">"), (14, ">"), (8, ">"), (12, ">"), (8, ">"), (9, ">"),
-                  (0, "<")]
+_MODEL_COLUMNS = [(7, ">"), (9, ">"), (10, ">"), (8, ">"), (16, ">"), (8, ">"), (14, ">"), (8, ">"), (12, ">"),
+                  (8, ">"), (9, ">"), (0, "<")]
 
 
 def model_lines(source: Any, index: dict[str, Any], target: Target, output: str) -> list[str]:
     """``nmmc tune --model``: one row per token bucket (cost-model predictions). The first speedup is
-    over nmmc's own fused dense MLP, the honest alternative; then over AWS's per-matmul kernels. A bucket where
-    the SVD MLP does not beat nmmc's dense MLP recommends the dense one, and says so."""
+    over nki-library's fused MLP (what NxD Inference runs), then nmmc's own fused dense MLP, then AWS's per-matmul
+    kernels. A bucket where the SVD MLP does not beat nmmc's dense MLP recommends the dense one, and one where
+    nki-library's kernel beats both recommends keeping it; either says so."""
     ranks = "/".join(str(r) for r in index["ranks"].values())
     lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target.label}",
-             "  predicted by nmmc's cost model (not measured); 'nmmc dense' is nmmc's own fused dense MLP, "
-             "'AWS dense' AWS's kernel per matmul",
+             "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what NxD "
+             "Inference runs; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' AWS's "
+             "kernel per matmul",
              f"  {context_note(target)}",
              f"  speedups over the dense MLPs: {quality_note(index.get('quality'))}"]
-    rows = [["tokens", "SVD us", "nmmc dense us", "vs it", "AWS dense us", "vs it", "unfused us", "vs it", "kernels",
-             "  file"]]
+    rows = [["tokens", "SVD us", "nkilib us", "vs it", "nmmc dense us", "vs it", "AWS dense us", "vs it", "unfused us",
+             "vs it", "kernels", "  file"]]
     for e in index["buckets"]:
         check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
-        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", f"{e['fused_dense_us']:.1f}",
+        nkilib = e.get("nkilib_us")
+        versus = e.get("speedup_vs_nkilib")
+        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", "n/a" if nkilib is None else f"{nkilib:.1f}",
+                     speedup_text(versus) if versus else "n/a", f"{e['fused_dense_us']:.1f}",
                      speedup_text(e["speedup_vs_fused_dense"]), f"{e['baseline_us']:.1f}",
                      speedup_text(e["speedup_vs_baseline"]), f"{e['unfused_baseline_us']:.1f}",
                      speedup_text(e["speedup_vs_unfused"]), str(len(e["kernels"])), f"  {e['file']}{check}"])
@@ -335,6 +340,9 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
             lines.append(f"  {'':>7}recommended: nmmc's dense MLP ({e['recommended_file']}): at {e['tokens']} tokens "
                          f"the SVD MLP is predicted no faster ({speedup_text(e['speedup_vs_fused_dense'])}), so "
                          "compression buys no speed there")
+        elif e.get("recommended") == "nkilib":
+            lines.append(f"  {'':>7}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
+                         "tokens it is predicted faster than every kernel nmmc wrote for the bucket")
     count = len(index["buckets"]) + sum(e.get("recommended") == "dense" for e in index["buckets"])
     lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")

@@ -225,8 +225,9 @@ class FusedLowering(Lowering):
                                         unfused)}
         dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM,
                              dma_transpose=dma_transpose)
-        baselines = {"nkilib-mlp": nkilib_baseline(workload, target),
-                     "dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense)}
+        baselines = {"dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense)}
+        if isinstance(workload, MlpWorkload):  # what NxD Inference runs for an MLP (lowerings/nkilib_mlp.py)
+            baselines = {"nkilib-mlp": nkilib_baseline(workload, target), **baselines}
         if workload.svd:  # a dense MLP has no SVD factors to leave unfused
             unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK,
                                    dma_transpose=dma_transpose)
