@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .base import Baseline
 
 __all__ = ["NKILIB_COMMIT", "TKG_MAX_TOKENS", "NotModelled", "nkilib_baseline", "nkilib_label", "nkilib_program",
-           "nkilib_variant"]
+           "nkilib_source", "nkilib_variant"]
 
 #: The nki-library commit every constant of the model is read from ("NKI Lib 2026-04-13").
 NKILIB_COMMIT = "d2ad3a579498d1888aa8740af97fd325dd5f2740"
@@ -84,3 +84,19 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
         f"nki-library's kernel does not fit on chip at this shape: SBUF {cost.sbuf_bytes_per_partition} of "
         f"{cost.sbuf_capacity} bytes/partition, PSUM {cost.psum_banks} of {cost.psum_capacity} banks")
     return Baseline(label, "nki-library's fused MLP", cost, one_core=False, reason=reason, details=details)
+
+
+def nkilib_source(tokens: int, hidden: int, intermediate: int, target: Target) -> str:
+    """nki-library's MLP as nmmc models it, printed as a kernel file of the nki dialect for nmmc's interpreter
+    (``scripts/verify_nkilib.py``; never written for users)."""
+    from ..codegen.emit import emit_kernel
+    from ..frontends.workloads import mlp_workload
+
+    program = nkilib_program(tokens, hidden, intermediate, target)
+    workload = mlp_workload(tokens, hidden, intermediate, dense=True)
+    record = {"kind": "nkilib-mlp", "name": f"nki-library {nkilib_variant(tokens)} @{NKILIB_COMMIT[:12]}",
+              "params": {}}
+    return emit_kernel(program, workload.graph(), target=target, dialect="nki",
+                       summary=[("workload", workload.describe()),
+                                ("schedule", f"nki-library's MLP as nmmc models it ({NKILIB_COMMIT})")],
+                       schedule=record).source
