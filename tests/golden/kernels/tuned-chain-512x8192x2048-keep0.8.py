@@ -3,9 +3,9 @@
 #
 # workload     Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M=512 N=8192 K=2048 R=1280, bfloat16, X [M,K]
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=512 token_tile=128 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
-# footprint    svd_chain_k0: SBUF 77824 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    203.2 us on trn1 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
+# parameters   tokens_per_block=512 token_tile=128 weight_block_kib=128 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
+# footprint    svd_chain_k0: SBUF 151040 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted    203.0 us on trn1 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
@@ -20,7 +20,7 @@
 #     %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [512, 2048] bfloat16 layout=row_major\n  %u = input \"u\" [2048, 1280] bfloat16 layout=row_major\n  %v = input \"v\" [1280, 8192] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [512, 1280] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"none","mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":512,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [512, 2048] bfloat16 layout=row_major\n  %u = input \"u\" [2048, 1280] bfloat16 layout=row_major\n  %v = input \"v\" [1280, 8192] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [512, 1280] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"none","mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":512,"weight_block_kib":128,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -40,7 +40,7 @@ def svd_chain_k0(x, u, v):
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
     y = nl.ndarray((512, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=512 token_tile=128 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
+    # schedule: tokens_per_block=512 token_tile=128 weight_block_kib=128 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
     for tt in nl.affine_range(4):
@@ -63,19 +63,19 @@ def svd_chain_k0(x, u, v):
             xu_psum[0:128, 0:512] += nisa.nc_matmul(u_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:512])
         xu_strip[0:128, ft, 0:512] = nl.copy(xu_psum[0:128, 0:512], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
-    for o_blk in nl.static_range(3):
-        v_block = nl.ndarray((128, 10, 3072), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for o_blk in nl.static_range(2):
+        v_block = nl.ndarray((128, 10, 6400), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(10):
-            v_block[0:128, kt, 0:min(3072, 8192 - 3072 * o_blk)] = nl.load(v[128 * kt:128 * kt + 128, 3072 * o_blk:min(3072 * o_blk + 3072, 8192)])
+            v_block[0:128, kt, 0:min(6400, 8192 - 6400 * o_blk)] = nl.load(v[128 * kt:128 * kt + 128, 6400 * o_blk:min(6400 * o_blk + 6400, 8192)])
         for tt in nl.affine_range(4):
             # one packed row of output tiles
-            y_rows = nl.ndarray((128, 3072), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bn in nl.affine_range(min(12, 32 - 12 * o_blk)):
+            y_rows = nl.ndarray((128, 6400), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for bn in nl.affine_range(min(25, 32 - 25 * o_blk)):
                 xuv_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(10):
                     xuv_psum[0:128, 0:256] += nisa.nc_matmul(xu_strip[0:128, kt, 128 * tt:128 * tt + 128], v_block[0:128, kt, 256 * bn:256 * bn + 256])
                 y_rows[0:128, 256 * bn:256 * bn + 256] = nl.copy(xuv_psum[0:128, 0:256], dtype=nl.bfloat16)
-            nl.store(y[128 * tt:128 * tt + 128, 3072 * o_blk:min(3072 * o_blk + 3072, 8192)], value=y_rows[0:128, 0:min(3072, 8192 - 3072 * o_blk)])
+            nl.store(y[128 * tt:128 * tt + 128, 6400 * o_blk:min(6400 * o_blk + 6400, 8192)], value=y_rows[0:128, 0:min(6400, 8192 - 6400 * o_blk)])
     return y
 
 
