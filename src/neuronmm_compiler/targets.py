@@ -178,6 +178,9 @@ class Target:
     pmax: int = 128
     gemm_stationary_fmax: int = 128
     gemm_moving_fmax: int = 512
+    # the most elements per partition one nisa.bn_stats reads (nl.tile_size.bn_stats_fmax; NKI ISA reference,
+    # nki.isa.bn_stats: "must not exceed 512"); the layernorm prologue cuts its rows into chunks of it
+    bn_stats_fmax: int = 512
     dma_efficiency_curve: tuple[tuple[int, float], ...] = field(default=DMA_EFFICIENCY_CURVE)
     # --- calibration (None on the stock targets) ---
     params: ModelParams | None = None  # the cost model's efficiency parameters; None: the defaults
