@@ -224,7 +224,7 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
         return mlp_workload(o["tokens"], o["hidden"], o["intermediate"], rank=o["rank"], ranks=ranks,  # type: ignore[arg-type]
                             keep_ratio=o["keep_ratio"], dense=o["dense"], dtype=dtype, prologue=prologue_from(o))
     for name in ("tokens", "hidden", "intermediate", "ranks", *PROLOGUE_KEYS):
-        if o[name] is not None:
+        if o[name] not in (None, False):
             raise InputError(f"--{name} goes with --mlp")
     if o["dense"]:
         raise InputError("--dense goes with --mlp")
