@@ -148,8 +148,8 @@ class FusedLowering(Lowering):
         check_schedule(chosen, target)
         if has_prologue(workload) and dialect != Dialect.NKI:
             raise ScheduleError("the norm prologue (--fuse-norm, a graph's rmsnorm/layernorm) uses nisa.activation_"
-                                "reduce, bn_stats, bn_aggr and tensor_scalar as the nki dialect (NKI 0.3+) spells them; "
-                                "use --dialect nki (trn2, trn3)")
+                                "reduce, bn_stats, bn_aggr and tensor_scalar as the nki dialect (NKI 0.3+) spells "
+                                "them; use --dialect nki (trn2, trn3)")
         if chosen.lnc_split in EXCHANGING and dialect != Dialect.NKI:
             raise ScheduleError(f"lnc_split={chosen.lnc_split} exchanges values with nisa.sendrecv, documented for the "
                                 "nki dialect only; use --dialect nki, or lnc_split=tokens/features")

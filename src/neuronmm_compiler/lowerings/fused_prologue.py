@@ -157,7 +157,8 @@ class NormPrologue(OperandLoads):
         stat = BnStats(Ref(stats, (span(0, tsz), span(scale(ct, BN_STATS_WIDTH), BN_STATS_WIDTH))),
                        Ref(src, (span(0, tsz), span(cdim.tile_start(ct), cdim.tile_size(ct)))))
         mean, var, rstd = col(width), col(width + 1), col(width + 2)
-        return [Alloc(stats, comment=f"per token: bn_stats of {chunks} chunk(s), then mean, variance, 1/sqrt(var + eps)"),
+        note = f"per token: bn_stats of {chunks} chunk(s), then mean, variance, 1/sqrt(var + eps)"
+        return [Alloc(stats, comment=note),
                 *loop("ct", Lin(chunks), chunks, [stat]),
                 BnAggr(col(width, BN_AGGR_WIDTH), col(0, width)),
                 Activation(rstd, var, "rsqrt", bias=eps),

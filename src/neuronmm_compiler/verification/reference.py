@@ -116,7 +116,8 @@ def _compute(node: Node, ops: list[np.ndarray], var: list[np.ndarray | None],
         # statistics move by a mean over the row, which is smaller); gamma and beta are inputs, exact
         value = NormOp(node.attrs["norm"]).apply(ops[0], float(node.attrs["eps"]), *ops[1:])
         if var[0] is not None:
-            centered = ops[0] - ops[0].mean(axis=-1, keepdims=True) if node.attrs["norm"] == NormOp.LAYERNORM else ops[0]
+            layer = node.attrs["norm"] == NormOp.LAYERNORM
+            centered = ops[0] - ops[0].mean(axis=-1, keepdims=True) if layer else ops[0]
             inv = 1.0 / ((centered**2).mean(axis=-1, keepdims=True) + float(node.attrs["eps"]))
             gain = inv * (ops[1] ** 2 if len(ops) > 1 else 1.0)
             variance = var[0] * gain
