@@ -51,7 +51,7 @@ RESERVED_NAMES = frozenset({
     "m_blk", "n_blk", "k_blk", "f_blk", "o_blk", "bm", "bn", "bk", "kt", "tt", "ft", "nt", "wt", "ct",
     "r_tile", "c_tile", "m_tile", "n_tile", "k_tile", "i", "j", "k", "self", "cls",
     "pid",  # the program id of an LNC=2 kernel (kernel_ir/lnc.py)
-    "hh",  # the halves of a stored residual sum under an LNC=2 split (lowerings/fused_prologue.py)
+    "hv",  # the halves of a stored residual sum under an LNC=2 split (lowerings/fused_prologue.py)
 })
 #: Names nmmc derives from a user's name (``x_strip``, ``mm_psum``, ``w_block``, ``x_f64``, the
 #: kernels ``<graph>_k0``, the reference's locals ``v3``): a user name may not have that form, nor

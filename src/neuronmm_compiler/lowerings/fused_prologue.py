@@ -121,10 +121,10 @@ class NormPrologue(OperandLoads):
                 out.append(DmaCopy(Ref(hbm, (span(t0, tsz), span(0, h))), Ref(rows, (span(0, tsz), span(0, h)))))
                 continue
             half = h // 2
-            hh = iv("hh", 2)
-            c0 = scale(hh, half)
+            hv = iv("hv", 2)
+            c0 = scale(hv, half)
             dma = DmaCopy(Ref(hbm, (span(t0, tsz), span(c0, half))), Ref(rows, (span(0, tsz), span(c0, half))))
-            out += loop("hh", Lin(2), 2, [dma], comment="each program of the logical core stores half the columns",
+            out += loop("hv", Lin(2), 2, [dma], comment="each program of the logical core stores half the columns",
                         split=(self.s.lnc_split,))
         return out
 
