@@ -188,6 +188,9 @@ class Target:
     # does (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_constants.py: 64-wide
     # column tiles on gen2). 128 is the whole array.
     pe_tile_sizes: tuple[int, ...] = (32, 64, 128)
+    # the most elements per partition one nisa.bn_stats reads (nl.tile_size.bn_stats_fmax; NKI ISA reference,
+    # nki.isa.bn_stats: "must not exceed 512"); the layernorm prologue cuts its rows into chunks of it
+    bn_stats_fmax: int = 512
     dma_efficiency_curve: tuple[tuple[int, float], ...] = field(default=DMA_EFFICIENCY_CURVE)
     # --- calibration (None on the stock targets) ---
     params: ModelParams | None = None  # the cost model's efficiency parameters; None: the defaults

@@ -17,6 +17,8 @@ input with :meth:`StrEnum.lookup`, raising its own message when that gives None.
   descriptions, the interpreter's import hook and the AWS toolchain backend all derive from it;
 - :class:`NodeKind`: the kinds of graph IR nodes (``input``, ``matmul``, ``transpose``,
   ``elementwise``, ``output``), with their operand counts;
+- :class:`NormOp`: the normalizations of a ``norm`` node (``rmsnorm``, ``layernorm``): a per-row
+  reduction over the last dim, the prologue of an MLP (docs/fusion.md, "The norm prologue");
 - :class:`ElementwiseOp`: the elementwise ops (``silu``, ``multiply``, ``add``), the one table of
   each op's arity, node id prefix, NumPy spelling (the reference ``reference()`` prints and the
   evaluation of the graph) and NKI spelling (the ``nl.*`` op kernels pass).
@@ -44,6 +46,7 @@ __all__ = [
     "ElementwiseOpInfo",
     "Layout",
     "NodeKind",
+    "NormOp",
     "Orient",
     "StrEnum",
 ]
@@ -220,6 +223,7 @@ class NodeKind(StrEnum):
     MATMUL = "matmul"
     TRANSPOSE = "transpose"
     ELEMENTWISE = "elementwise"
+    NORM = "norm"
     OUTPUT = "output"
 
     @property
@@ -229,12 +233,61 @@ class NodeKind(StrEnum):
 
     @property
     def arity(self) -> int | None:
-        """The operands a node of this kind takes; None for ``elementwise`` (its op's arity)."""
+        """The operands a node of this kind takes; None for ``elementwise`` (its op's arity) and ``norm`` (the
+        value, then its optional scale and shift: :attr:`NormOp.max_operands`)."""
         return _KIND_ARITY[self]
 
 
 _KIND_ARITY: Mapping[NodeKind, int | None] = MappingProxyType({
-    NodeKind.INPUT: 0, NodeKind.MATMUL: 2, NodeKind.TRANSPOSE: 1, NodeKind.ELEMENTWISE: None, NodeKind.OUTPUT: 1})
+    NodeKind.INPUT: 0, NodeKind.MATMUL: 2, NodeKind.TRANSPOSE: 1, NodeKind.ELEMENTWISE: None, NodeKind.NORM: None,
+    NodeKind.OUTPUT: 1})
+
+
+class NormOp(StrEnum):
+    """The normalization of a ``norm`` node (its ``norm`` attr), over the last dim of each row ``x`` [H]:
+
+    - ``rmsnorm``: ``x / sqrt(mean(x^2) + eps) * gamma``;
+    - ``layernorm``: ``(x - mean(x)) / sqrt(var(x) + eps) * gamma + beta`` (population variance).
+
+    Operands: the value, then optionally ``gamma`` [H] and (layernorm only) ``beta`` [H], as AWS nki-library's
+    ``mlp`` takes ``normalization_weights_tensor`` and ``normalization_bias_tensor`` (aws-neuron/nki-library
+    @d2ad3a579498d1888aa8740af97fd325dd5f2740, src/nkilib_src/nkilib/core/mlp/mlp.py; references in
+    core/subkernels/rmsnorm_torch.py and layernorm_torch.py)."""
+
+    RMSNORM = "rmsnorm"
+    LAYERNORM = "layernorm"
+
+    @property
+    def max_operands(self) -> int:
+        """The value, gamma and (layernorm) beta."""
+        return 2 if self is NormOp.RMSNORM else 3
+
+    def apply(self, x: np.ndarray, eps: float, gamma: np.ndarray | None = None,
+              beta: np.ndarray | None = None) -> np.ndarray:
+        """The normalization of the rows of ``x`` (in its dtype)."""
+        if self is NormOp.RMSNORM:
+            out = x / (x * x).mean(axis=-1, keepdims=True).__add__(eps) ** 0.5
+        else:
+            centered = x - x.mean(axis=-1, keepdims=True)
+            out = centered / (centered * centered).mean(axis=-1, keepdims=True).__add__(eps) ** 0.5
+        if gamma is not None:
+            out = out * gamma
+        if beta is not None:
+            out = out + beta
+        return out
+
+    def numpy_source(self, x: str, eps: str, gamma: str | None = None, beta: str | None = None) -> str:
+        """The normalization as a NumPy expression over the operand expressions (the file's ``reference()``)."""
+        if self is NormOp.RMSNORM:
+            text = f"{x} / np.sqrt(np.mean({x} * {x}, axis=-1, keepdims=True) + {eps})"
+        else:
+            c = f"({x} - np.mean({x}, axis=-1, keepdims=True))"
+            text = f"{c} / np.sqrt(np.mean({c} * {c}, axis=-1, keepdims=True) + {eps})"
+        if gamma is not None:
+            text = f"({text}) * {gamma}"
+        if beta is not None:
+            text = f"{text} + {beta}"
+        return text
 
 
 def _silu(x: np.ndarray) -> np.ndarray:

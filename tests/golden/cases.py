@@ -119,6 +119,13 @@ def _cases() -> dict[str, tuple[str, ...]]:
          "8192", "--keep-ratio", "0.8", "--param", "lnc_split=intermediate", "--target", "trn3")
     emit("lnc2-chain-77x1000x600-features-trn2", "--shape", "77x1000x600", "--rank", "256", "--param",
          "lnc_split=features", "--target", "trn2")
+    # the norm prologue (residual add, stored sum, RMSNorm/LayerNorm): decode under a split whose programs store
+    # halves of the sum, and prefill on one physical core
+    emit("prologue-mlp-8-dense-rmsnorm-residual-features-trn2", "--mlp", "--tokens", "8", "--hidden", "2048",
+         "--intermediate", "8192", "--dense", "--fuse-norm", "rmsnorm", "--residual", "--param", "lnc_split=features",
+         "--target", "trn2")
+    emit("prologue-mlp-256-keep0.8-layernorm-trn2-lnc1", "--mlp", "--tokens", "256", "--hidden", "2048",
+         "--intermediate", "8192", "--keep-ratio", "0.8", "--fuse-norm", "layernorm", "--target", "trn2", "--lnc", "1")
     tune("tuned-lnc2-mlp-1-keep0.8-trn2", "--mlp", "--tokens", "1", "--hidden", "4096", "--intermediate", "14336",
          "--keep-ratio", "0.8", "--trials", "40", "--target", "trn2")
     return cases

@@ -11,6 +11,7 @@ import click
 from ..errors import InputError
 from .options import (
     EXIT_FAILED,
+    PROLOGUE_KEYS,
     choice,
     chosen_dialect,
     compile_inputs,
@@ -138,6 +139,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     from ..tuning import default_jobs as cores
 
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
+    if model is not None and any(options.get(key) not in (None, False) for key in PROLOGUE_KEYS):
+        raise InputError("--fuse-norm/--residual apply to one --mlp workload, not to tune --model yet")
     workload = None if model is not None else workload_from(options, target)
     tgt = resolve_target(target, workload)  # --model: a model's MLP, in-graph unless --launch says otherwise
     request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), trials=trials, seed=seed,

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ..errors import InputError, NmmcError
+from ..frontends.prologue import NormPrologue
 from ..frontends.shapes import A_LAYOUTS, parse_shape
 from ..frontends.workloads import MlpWorkload, Workload, chain_workload, gemm_workload, mlp_workload
 from ..ir import canonical_dtype
@@ -130,7 +131,9 @@ def choice(value: str, accepted: dict[str, Any] | tuple[str, ...], what: str) ->
 
 
 WORKLOAD_KEYS = ("graph", "dims", "shape", "rank", "keep_ratio", "mlp", "tokens", "hidden", "intermediate", "ranks",
-                 "dense", "dtype", "a_layout")
+                 "dense", "dtype", "a_layout", "fuse_norm", "residual", "norm_eps", "fold_gamma")
+#: The MLP prologue's options (frontends/prologue.py), which only --mlp takes.
+PROLOGUE_KEYS = ("fuse_norm", "residual", "norm_eps", "fold_gamma")
 
 
 def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -157,6 +160,16 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--intermediate", type=int, default=None, help="--mlp: intermediate size I."),
         click.option("--ranks", default=None, metavar="G,U,D", help="--mlp: ranks of gate, up and down."),
         click.option("--dense", is_flag=True, help="--mlp: the uncompressed MLP (no SVD)."),
+        click.option("--fuse-norm", default=None, type=click.Choice(["rmsnorm", "layernorm"]),
+                     help="--mlp: fuse RMSNorm or LayerNorm of x (times gamma [H]) before the projections, as AWS "
+                          "nki-library's mlp kernel does (docs/fusion.md, 'The norm prologue')."),
+        click.option("--residual", is_flag=True,
+                     help="--mlp with --fuse-norm: add the input 'residual' [T, H] to x first, normalize the sum and "
+                          "store it as the output 'residual_sum'."),
+        click.option("--norm-eps", type=float, default=None, help="--fuse-norm: the norm's epsilon (default 1e-06)."),
+        click.option("--fold-gamma", is_flag=True,
+                     help="--fuse-norm: take no gamma; the gate and up weights (U factors of an SVD MLP) are given "
+                          "with gamma folded in, diag(gamma) W (frontends.prologue.fold_gamma computes them)."),
         click.option("--dtype", default="bf16", show_default=True, callback=lowercase_name,
                      help="Element type: bf16 (bfloat16) or fp32 (float32)."),
         click.option("--a-layout", default="mk", show_default=True, callback=lowercase_name,
@@ -209,9 +222,9 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
             except ValueError:
                 raise InputError(f"--ranks takes three integers G,U,D; got {o['ranks']!r}") from None
         return mlp_workload(o["tokens"], o["hidden"], o["intermediate"], rank=o["rank"], ranks=ranks,  # type: ignore[arg-type]
-                            keep_ratio=o["keep_ratio"], dense=o["dense"], dtype=dtype)
-    for name in ("tokens", "hidden", "intermediate", "ranks"):
-        if o[name] is not None:
+                            keep_ratio=o["keep_ratio"], dense=o["dense"], dtype=dtype, prologue=prologue_from(o))
+    for name in ("tokens", "hidden", "intermediate", "ranks", *PROLOGUE_KEYS):
+        if o[name] not in (None, False):
             raise InputError(f"--{name} goes with --mlp")
     if o["dense"]:
         raise InputError("--dense goes with --mlp")
@@ -221,6 +234,20 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
     if o["rank"] is not None or o["keep_ratio"] is not None:
         return chain_workload(m, n, k, rank=o["rank"], keep_ratio=o["keep_ratio"], dtype=dtype, a_layout=layout)
     return gemm_workload(m, n, k, dtype=dtype, a_layout=layout)
+
+
+def prologue_from(o: dict[str, Any]) -> NormPrologue | None:
+    """The MLP prologue the options ask for (--fuse-norm, --residual, --norm-eps, --fold-gamma), or None."""
+    from ..frontends.prologue import DEFAULT_EPS
+
+    if o["fuse_norm"] is None:
+        given = [f"--{key.replace('_', '-')}" for key in PROLOGUE_KEYS[1:] if o[key] not in (None, False)]
+        if given:
+            raise InputError(f"{', '.join(given)} go(es) with --fuse-norm rmsnorm|layernorm (the residual add is "
+                             "fused as the norm's prologue)")
+        return None
+    eps = DEFAULT_EPS if o["norm_eps"] is None else o["norm_eps"]
+    return NormPrologue(o["fuse_norm"], residual=o["residual"], eps=eps, fold_gamma=o["fold_gamma"])
 
 
 def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:

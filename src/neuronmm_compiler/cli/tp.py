@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ..errors import InputError
-from .options import EXIT_FAILED, WORKLOAD_KEYS, chosen_dialect, workload_from
+from .options import EXIT_FAILED, PROLOGUE_KEYS, WORKLOAD_KEYS, chosen_dialect, workload_from
 
 TP_HELP = ("Tensor parallelism: shard the --mlp over N NeuronCores (Megatron-style: gate/up split by columns of "
            "the intermediate dimension, down by rows, partial sums all-reduced), choose the sharding of the SVD "
@@ -64,6 +64,9 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
                                            cache_dir=kw["cache_dir"], use_cache=not kw["no_cache"])
     else:
         kernel_fn = commands.default_kernels(target, dialect)
+    if any(kw.get(key) not in (None, False) for key in PROLOGUE_KEYS):
+        raise InputError("--fuse-norm/--residual are not sharded by --tp yet (docs/fusion.md, 'The norm prologue'); "
+                         "drop them or --tp")
     if kw.get("model"):
         options = {key: kw[key] for key in WORKLOAD_KEYS}
         if not commands.run_model_tp(kw["model"], options, tp, target, dialect, kernel_fn, strategy=strategy,

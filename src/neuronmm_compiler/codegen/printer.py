@@ -21,17 +21,23 @@ from ..kernel_ir.expr import Min, Mod, code
 from ..kernel_ir.lnc import PROGRAM_ID
 from ..kernel_ir.program import (
     Activation,
+    ActivationReduce,
     Alloc,
+    BnAggr,
+    BnStats,
     Buffer,
     Comment,
     Copy,
     DmaCopy,
     Loop,
     Matmul,
+    Memset,
     PeTranspose,
     Program,
+    Ref,
     SendRecv,
     Stmt,
+    TensorScalar,
     TensorTensor,
     refs_of,
     walk,
@@ -42,7 +48,15 @@ INDENT = "    "
 NL_DTYPES = {"bfloat16": "nl.bfloat16", "float32": "nl.float32", "float16": "nl.float16"}
 NL_MEMORY = {"sbuf": "nl.sbuf", "psum": "nl.psum", "hbm": "nl.shared_hbm"}
 #: The ``nl.*`` op of each program op: the graph's elementwise ops (their NKI spelling) and ``copy``.
-NL_OPS: Mapping[str, str] = MappingProxyType({**{op: op.nki for op in ElementwiseOp}, "copy": "nl.copy"})
+NL_OPS: Mapping[str, str] = MappingProxyType({**{op: op.nki for op in ElementwiseOp}, "copy": "nl.copy",
+                                              "square": "nl.square", "rsqrt": "nl.rsqrt", "subtract": "nl.subtract"})
+#: The statements of the norm prologue, printed in the nki dialect only.
+PROLOGUE_STATEMENTS = (ActivationReduce, BnStats, BnAggr, TensorScalar, Memset)
+
+
+def _operand(value: object) -> str:
+    """A scale or bias: a region's code, or a number (Python's repr, exact)."""
+    return value.code() if hasattr(value, "code") else repr(float(value))  # type: ignore[union-attr]
 
 #: Each dialect and its one-line description (kernel file headers, ``--dialect`` choices).
 DIALECTS: Mapping[Dialect, str] = MappingProxyType({dialect: dialect.description for dialect in Dialect})
@@ -160,8 +174,25 @@ class NkiPrinter(_Printer):
             self.emit(depth, f"nisa.tensor_tensor(dst={stmt.dst.code()}, data1={stmt.lhs.code()}, "
                              f"data2={stmt.rhs.code()}, op={NL_OPS[stmt.op]})")
         elif isinstance(stmt, Activation):
+            extra = "" if not isinstance(stmt.scale, Ref) and stmt.scale == 1.0 else f", scale={_operand(stmt.scale)}"
+            extra += "" if stmt.bias is None else f", bias={stmt.bias.code()}"
             self.emit(depth, f"nisa.activation(dst={stmt.dst.code()}, op={NL_OPS[stmt.op]}, "
-                             f"data={stmt.src.code()})")
+                             f"data={stmt.src.code()}{extra})")
+        elif isinstance(stmt, ActivationReduce):
+            extra = "" if stmt.scale == 1.0 else f", scale={_operand(stmt.scale)}"
+            self.emit(depth, f"nisa.activation_reduce(dst={stmt.dst.code()}, op={NL_OPS[stmt.op]}, "
+                             f"data={stmt.src.code()}, reduce_op=nl.add, reduce_res={stmt.reduce_res.code()}{extra})")
+        elif isinstance(stmt, BnStats):
+            self.emit(depth, f"nisa.bn_stats(dst={stmt.dst.code()}, data={stmt.src.code()})")
+        elif isinstance(stmt, BnAggr):
+            self.emit(depth, f"nisa.bn_aggr(dst={stmt.dst.code()}, data={stmt.src.code()})")
+        elif isinstance(stmt, TensorScalar):
+            second = ("" if stmt.op1 is None or stmt.operand1 is None
+                      else f", op1={NL_OPS[stmt.op1]}, operand1={stmt.operand1.code()}")
+            self.emit(depth, f"nisa.tensor_scalar(dst={stmt.dst.code()}, data={stmt.src.code()}, "
+                             f"op0={NL_OPS[stmt.op0]}, operand0={stmt.operand0.code()}{second})")
+        elif isinstance(stmt, Memset):
+            self.emit(depth, f"nisa.memset(dst={stmt.dst.code()}, value={_operand(stmt.value)})")
         elif isinstance(stmt, SendRecv):
             peer = f"1 - {PROGRAM_ID}"
             self.emit(depth, f"nisa.sendrecv(src={stmt.src.code()}, dst={stmt.dst.code()}, send_to_rank={peer}, "
@@ -208,6 +239,11 @@ class NeuronxccPrinter(_Printer):
         elif isinstance(stmt, TensorTensor):
             self.emit(depth, f"{stmt.dst.code()} = {NL_OPS[stmt.op]}({stmt.lhs.code()}, {stmt.rhs.code()}, "
                              f"dtype={NL_DTYPES[stmt.dst.buffer.dtype]})")
+        elif isinstance(stmt, PROLOGUE_STATEMENTS) or (
+                isinstance(stmt, Activation) and (stmt.bias is not None or isinstance(stmt.scale, Ref)
+                                                  or stmt.scale != 1.0)):
+            raise ScheduleError("the norm prologue (--fuse-norm, a graph's rmsnorm/layernorm) is emitted in the nki "
+                                "dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3)")
         elif isinstance(stmt, Activation):
             self.emit(depth, f"{stmt.dst.code()} = {NL_OPS[stmt.op]}({stmt.src.code()}, "
                              f"dtype={NL_DTYPES[stmt.dst.buffer.dtype]})")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..ir import Graph
-from ..vocab import ElementwiseOp, Layout, NodeKind
+from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 
 INDENT = "    "
 
@@ -36,6 +36,8 @@ def reference_source(graph: Graph, name: str = "reference") -> list[str]:
             if op is None:
                 raise ValueError(f"no NumPy reference for elementwise op {node.attrs['op']!r}")
             expr = op.numpy_source(*ops)
+        elif node.kind == NodeKind.NORM:
+            expr = NormOp(node.attrs["norm"]).numpy_source(ops[0], node.attrs["eps"], *ops[1:])
         else:
             raise ValueError(f"no NumPy reference for node kind {node.kind!r}")
         local = f"v{index}"

@@ -16,17 +16,22 @@ from dataclasses import dataclass, field
 
 from ..kernel_ir.program import (
     Activation,
+    ActivationReduce,
     Alloc,
+    BnAggr,
+    BnStats,
     Comment,
     Copy,
     DmaCopy,
     Loop,
     Matmul,
+    Memset,
     PeTranspose,
     Program,
     Ref,
     SendRecv,
     Stmt,
+    TensorScalar,
     TensorTensor,
     instruction_counts,
 )
@@ -170,6 +175,18 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
             counts.scalar_cycles += mult * cycles
         else:
             counts.vector_cycles += mult * cycles
+    elif isinstance(stmt, ActivationReduce | BnStats | BnAggr | TensorScalar | Memset):
+        # the norm prologue: one pass over each partition's elements of the source (the destination for a memset),
+        # one input each (the [P, 1] scale/operand columns are per-partition registers, no second stream); the
+        # reduction of activation_reduce rides on the activation (NKI ISA reference: max(MIN_II, N) + MIN_II
+        # cycles, the same form as one activation)
+        ref = stmt.dst if isinstance(stmt, Memset) else stmt.src
+        _, free = _free(ref, env)
+        cycles = mult * _engine_cycles(free, 0 if isinstance(stmt, Memset) else 1, params)
+        if isinstance(stmt, ActivationReduce):
+            counts.scalar_cycles += cycles
+        else:
+            counts.vector_cycles += cycles
     elif isinstance(stmt, Alloc):
         if stmt.buffer.memory == "psum":
             use = counts.psum.setdefault(stmt.buffer.name, PsumUse())
@@ -206,7 +223,7 @@ def count_program(program: Program, params: ModelParams, env: Mapping[str, int] 
     return counts
 
 
-ENGINE_WORK = (Matmul, PeTranspose, Copy, TensorTensor, Activation)
+ENGINE_WORK = (Matmul, PeTranspose, Copy, TensorTensor, Activation, ActivationReduce, BnStats, BnAggr, TensorScalar)
 
 
 def _contains(loop: Loop, kinds: tuple[type, ...]) -> bool:

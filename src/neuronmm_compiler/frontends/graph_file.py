@@ -29,7 +29,7 @@ from ..ir import Graph
 from ..ir.graph import DTYPE_ALIASES, LAYOUTS
 from ..kernel_ir.program import DTYPE_BYTES
 from ..targets import Target
-from ..vocab import ElementwiseOp, Layout, NodeKind
+from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 from .shapes import MAX_DIMENSION
 from .untrusted import (
     MAX_INT_DIGITS,
@@ -43,17 +43,21 @@ from .untrusted import (
 #: The format version a file declares as ``nmmc_graph: 1``.
 FORMAT_VERSION = 1
 #: Ops a graph file may use (in the order messages and the schema list them): the node kinds it
-#: spells as ops, then the elementwise ops; each with its operand count.
-OPS: Mapping[NodeKind | ElementwiseOp, int] = MappingProxyType({
-    op: op.arity for op in (NodeKind.MATMUL, NodeKind.TRANSPOSE, ElementwiseOp.ADD, ElementwiseOp.MULTIPLY,
-                            ElementwiseOp.SILU)})
+#: spells as ops, then the elementwise ops, then the norms; each with its (largest) operand count. A norm takes
+#: the value, then optionally gamma and (layernorm) beta, and an optional ``eps``.
+OPS: Mapping[NodeKind | ElementwiseOp | NormOp, int] = MappingProxyType({
+    **{op: op.arity for op in (NodeKind.MATMUL, NodeKind.TRANSPOSE, ElementwiseOp.ADD, ElementwiseOp.MULTIPLY,
+                               ElementwiseOp.SILU)},
+    **{op: op.max_operands for op in NormOp}})
+#: A norm's ``eps`` when the op does not give one (AWS nki-library's mlp default).
+DEFAULT_EPS = 1e-6
 MAX_DESCRIPTION_LENGTH = 1000
 #: Inputs plus ops. Real graphs (an MLP, a LoRA projection) have tens; the lowering recurses over
 #: chains of ops, so thousands would only exhaust the stack.
 MAX_NODES = 256
 TOP_KEYS = ("nmmc_graph", "name", "description", "dtype", "dims", "inputs", "ops", "outputs")
 INPUT_KEYS = ("shape", "dtype", "layout")
-OP_KEYS = ("op", "args")
+OP_KEYS = ("op", "args", "eps")
 OUTPUT_KEYS = ("value", "layout")
 
 def schema_path() -> Path:
@@ -75,8 +79,9 @@ class InputSpec:
 @dataclass(frozen=True)
 class OpSpec:
     name: str
-    op: NodeKind | ElementwiseOp
+    op: NodeKind | ElementwiseOp | NormOp
     args: tuple[str, ...]
+    eps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,9 @@ class GraphSpec:
                     ids[spec.name] = graph.add_matmul(*args, id=spec.name)
                 elif spec.op == NodeKind.TRANSPOSE:
                     ids[spec.name] = graph.add_transpose(*args, id=spec.name)
+                elif isinstance(spec.op, NormOp):
+                    eps = DEFAULT_EPS if spec.eps is None else spec.eps
+                    ids[spec.name] = graph.add_norm(spec.op, *args, eps=eps, id=spec.name)
                 else:
                     ids[spec.name] = graph.add_elementwise(spec.op, *args, id=spec.name)
             for out in self.outputs:
@@ -280,14 +288,21 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
             raise InputError(f"{source}: op {op_name}: unsupported op {show_value(entry.get('op'), 40)}; "
                              f"supported: {', '.join(OPS)}")
         args = entry.get("args")
-        if not isinstance(args, list) or len(args) != OPS[kind]:
-            raise InputError(f"{source}: op {op_name}: {kind} takes a list of {OPS[kind]} argument name(s) as "
+        low = 1 if isinstance(kind, NormOp) else OPS[kind]
+        if not isinstance(args, list) or not low <= len(args) <= OPS[kind]:
+            count = f"{low} to {OPS[kind]}" if low != OPS[kind] else f"{OPS[kind]}"
+            raise InputError(f"{source}: op {op_name}: {kind} takes a list of {count} argument name(s) as "
                              f"args; got {show_value(args)}")
+        eps = entry.get("eps")
+        if eps is not None and not isinstance(kind, NormOp):
+            raise InputError(f"{source}: op {op_name}: eps is a parameter of rmsnorm and layernorm, not of {kind}")
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < 1):
+            raise InputError(f"{source}: op {op_name}: eps must be a number in (0, 1); got {show_value(eps)}")
         for arg in args:
             if not isinstance(arg, str) or (arg not in raw_inputs and arg not in raw_ops):
                 what = "an output; ops read inputs and ops" if arg in raw_outputs else "not an input or op of the graph"
                 raise InputError(f"{source}: op {op_name}: argument {show_value(arg)} is {what}")
-        ops[op_name] = OpSpec(op_name, kind, tuple(args))
+        ops[op_name] = OpSpec(op_name, kind, tuple(args), None if eps is None else float(eps))
     outputs = []
     returned: dict[str, str] = {}
     for key, entry in raw_outputs.items():

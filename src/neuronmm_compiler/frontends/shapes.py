@@ -13,6 +13,7 @@ from numbers import Real
 from ..errors import InputError
 from ..ir.graph import Graph
 from ..vocab import ALayout, ElementwiseOp
+from .prologue import NormPrologue, add_prologue
 
 __all__ = ["A_LAYOUTS", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
 
@@ -131,7 +132,8 @@ def svd_chain_graph(m: int, n: int, k: int, rank: int, dtype: str = "bfloat16",
 
 
 def mlp_graph(
-    tokens: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, dtype: str = "bfloat16"
+    tokens: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, dtype: str = "bfloat16",
+    prologue: NormPrologue | None = None,
 ) -> Graph:
     """The gated MLP ``out = (silu(x W_gate) * (x W_up)) W_down`` for x [T, H]; output ``out`` [T, H].
 
@@ -140,7 +142,8 @@ def mlp_graph(
     ``u_down`` [I, Rd], ``v_down`` [Rd, H]; nodes ``x_ug``, ``gate``, ``x_uu``, ``up``, ``act``
     (silu of gate), ``h`` (act * up), ``h_ud``, ``down``. With ``ranks=None`` the weights are
     dense (graph ``dense_mlp``): ``w_gate`` [H, I], ``w_up`` [H, I], ``w_down`` [I, H]; nodes
-    ``gate``, ``up``, ``act``, ``h``, ``down``.
+    ``gate``, ``up``, ``act``, ``h``, ``down``. A ``prologue`` (:mod:`.prologue`) adds the residual add and
+    the norm between ``x`` and the projections, which then read the normalized ``xn``.
     """
     where = "mlp"
     tokens = _check_dim(tokens, "tokens", where)
@@ -163,7 +166,7 @@ def mlp_graph(
             "down": graph.add_input("w_down", (intermediate, hidden), dtype),
         }
 
-        def project(value: str, part: str, _tag: str) -> str:
+        def project(value: str, part: str, _tag: str, _base: str) -> str:
             return graph.add_matmul(value, weights[part], id=part)
     else:
         sizes = {"gate": (hidden, intermediate), "up": (hidden, intermediate), "down": (intermediate, hidden)}
@@ -174,13 +177,14 @@ def mlp_graph(
                 graph.add_input(f"v_{part}", (rank, cols), dtype),
             )
 
-        def project(value: str, part: str, tag: str) -> str:
+        def project(value: str, part: str, tag: str, base: str) -> str:
             u, v = factors[part]
-            return graph.add_matmul(graph.add_matmul(value, u, id=f"{value}_{tag}"), v, id=part)
+            return graph.add_matmul(graph.add_matmul(value, u, id=f"{base}_{tag}"), v, id=part)
 
-    gate = project(x, "gate", "ug")
-    up = project(x, "up", "uu")
+    normed = x if prologue is None else add_prologue(graph, prologue, x)
+    gate = project(normed, "gate", "ug", "x")
+    up = project(normed, "up", "uu", "x")
     act = graph.add_elementwise(ElementwiseOp.SILU, gate, id="act")
     h = graph.add_elementwise(ElementwiseOp.MULTIPLY, act, up, id="h")
-    graph.add_output("out", project(h, "down", "ud"))
+    graph.add_output("out", project(h, "down", "ud", "h"))
     return graph

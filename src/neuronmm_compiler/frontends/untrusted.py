@@ -51,6 +51,7 @@ RESERVED_NAMES = frozenset({
     "m_blk", "n_blk", "k_blk", "f_blk", "o_blk", "bm", "bn", "bk", "kt", "tt", "ft", "nt", "wt", "ct",
     "r_tile", "c_tile", "m_tile", "n_tile", "k_tile", "i", "j", "k", "self", "cls",
     "pid",  # the program id of an LNC=2 kernel (kernel_ir/lnc.py)
+    "hv",  # the halves of a stored residual sum under an LNC=2 split (lowerings/fused_prologue.py)
 })
 #: Names nmmc derives from a user's name (``x_strip``, ``mm_psum``, ``w_block``, ``x_f64``, the
 #: kernels ``<graph>_k0``, the reference's locals ``v3``): a user name may not have that form, nor
@@ -58,7 +59,7 @@ RESERVED_NAMES = frozenset({
 #: schema's ``$defs/value_name``; tests/test_graph_file.py checks every name an emitted kernel binds
 #: itself against it.
 DERIVED_PATTERN = (r"_(strip|psum|tpsum|block|rows|rowtile|resident|tile|tiles|blk|sbuf|spill|f32|f64|kernel"
-                   r"|k[0-9]+)$|^v[0-9]+$|__")
+                   r"|cols|stats|k[0-9]+)$|^v[0-9]+$|__")
 _DERIVED = re.compile(DERIVED_PATTERN)
 #: Builtins as the interpreter sees them, plus the ones ``site`` adds (not there under ``python -S``).
 _BUILTINS = frozenset(dir(builtins)) | {"exit", "quit", "help", "copyright", "credits", "license"}

@@ -18,6 +18,7 @@ from ..errors import InputError
 from ..ir import DTYPES, Graph, canonical_dtype, parse_text, to_text
 from ..schedule import GemmProblem
 from ..vocab import ALayout, NodeKind
+from .prologue import NormPrologue, prologue_from_dict
 from .shapes import block_aligned_rank, gemm_graph, mlp_graph, svd_chain_graph
 
 
@@ -138,7 +139,8 @@ class ChainWorkload(Workload):
 
 @dataclass(frozen=True)
 class MlpWorkload(Workload):
-    """The gated MLP ``silu(x Wg) * (x Wu) Wd``; ``ranks`` (gate, up, down) or None for dense."""
+    """The gated MLP ``silu(x Wg) * (x Wu) Wd``; ``ranks`` (gate, up, down) or None for dense; ``prologue``: the
+    residual add and norm fused before it (:mod:`.prologue`), or None."""
 
     kind: ClassVar[str] = "mlp"
     tokens: int
@@ -146,25 +148,31 @@ class MlpWorkload(Workload):
     intermediate: int
     ranks: tuple[int, int, int] | None = None
     dtype: str = "bfloat16"
+    prologue: NormPrologue | None = None
 
     def graph(self) -> Graph:
-        return mlp_graph(self.tokens, self.hidden, self.intermediate, self.ranks, dtype=self.dtype)
+        return mlp_graph(self.tokens, self.hidden, self.intermediate, self.ranks, dtype=self.dtype,
+                         prologue=self.prologue)
 
     def dense_graph(self) -> Graph:
-        return mlp_graph(self.tokens, self.hidden, self.intermediate, None, dtype=self.dtype)
+        return mlp_graph(self.tokens, self.hidden, self.intermediate, None, dtype=self.dtype, prologue=self.prologue)
 
     def describe(self) -> str:
         ranks = "dense" if self.ranks is None else "ranks gate/up/down " + "/".join(map(str, self.ranks))
+        prologue = "" if self.prologue is None else f", prologue {self.prologue.describe()}"
         return (f"gated MLP silu(x Wg) * (x Wu) Wd, tokens={self.tokens} hidden={self.hidden} "
-                f"intermediate={self.intermediate}, {ranks}, {self.dtype}")
+                f"intermediate={self.intermediate}, {ranks}, {self.dtype}{prologue}")
 
     @property
     def token_count(self) -> int:
         return self.tokens
 
     def fields_dict(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "hidden": self.hidden, "intermediate": self.intermediate,
-                "ranks": None if self.ranks is None else list(self.ranks)}
+        fields = {"tokens": self.tokens, "hidden": self.hidden, "intermediate": self.intermediate,
+                  "ranks": None if self.ranks is None else list(self.ranks)}
+        if self.prologue is not None:  # absent otherwise: the JSON form (cache keys, lockfiles) of other MLPs is kept
+            fields["prologue"] = self.prologue.to_dict()
+        return fields
 
     @property
     def svd(self) -> bool:
@@ -247,16 +255,18 @@ def chain_workload(m: int, n: int, k: int, *, rank: int | None = None, keep_rati
 
 def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | None = None,
                  ranks: tuple[int, ...] | None = None, keep_ratio: float | None = None,
-                 dense: bool = False, dtype: str = "bfloat16", align: int = 128) -> MlpWorkload:
+                 dense: bool = False, dtype: str = "bfloat16", align: int = 128,
+                 prologue: NormPrologue | None = None) -> MlpWorkload:
     """The gated MLP; ranks per projection (gate, up, down), one rank for all, or block-aligned from
-    keep_ratio (gate/up from [hidden, intermediate], down from [intermediate, hidden])."""
+    keep_ratio (gate/up from [hidden, intermediate], down from [intermediate, hidden]); ``prologue``: the
+    residual add and norm fused before it."""
     for value, what in ((tokens, "--tokens"), (hidden, "--hidden"), (intermediate, "--intermediate")):
         _positive(value, what)
     given = sum(x is not None for x in (rank, ranks, keep_ratio))
     if dense:
         if given:
             raise InputError("a dense MLP takes no --rank, --ranks or --keep-ratio")
-        return MlpWorkload(tokens, hidden, intermediate, dtype=dtype)
+        return MlpWorkload(tokens, hidden, intermediate, dtype=dtype, prologue=prologue)
     if given != 1:
         raise InputError("give exactly one of --rank, --ranks and --keep-ratio for an SVD MLP (or --dense)")
     if keep_ratio is not None:
@@ -269,7 +279,7 @@ def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | Non
         chosen = tuple(_positive(r, "--ranks entry") for r in ranks)  # type: ignore[assignment]
     else:
         chosen = (_positive(rank, "--rank"),) * 3
-    return MlpWorkload(tokens, hidden, intermediate, ranks=chosen, dtype=dtype)
+    return MlpWorkload(tokens, hidden, intermediate, ranks=chosen, dtype=dtype, prologue=prologue)
 
 
 # ----------------------------------------------------------------------------- JSON form
@@ -319,7 +329,7 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
             raise InputError(f"workload field 'ranks' must be null or three ranks gate, up, down; got {ranks!r}")
         ranks = tuple(_positive(r, "workload field 'rank'") for r in ranks)
     return MlpWorkload(_field(data, "tokens"), _field(data, "hidden"), _field(data, "intermediate"),
-                       ranks=ranks, dtype=dtype)
+                       ranks=ranks, dtype=dtype, prologue=prologue_from_dict(data.get("prologue")))
 
 
 def workload_label(data: Mapping[str, Any]) -> str:
@@ -336,4 +346,6 @@ def workload_label(data: Mapping[str, Any]) -> str:
         return f"graph {match.group(1) if match else '?'} {dtype}"
     ranks = data.get("ranks")
     rank_text = "dense" if ranks is None else "r" + "/".join(map(str, ranks))
-    return f"mlp t{data.get('tokens')} h{data.get('hidden')} i{data.get('intermediate')} {rank_text} {dtype}"
+    prologue = data.get("prologue")
+    norm = f" +{prologue.get('norm')}" if isinstance(prologue, Mapping) else ""
+    return f"mlp t{data.get('tokens')} h{data.get('hidden')} i{data.get('intermediate')} {rank_text}{norm} {dtype}"

@@ -155,6 +155,50 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
                               f"{list(result.shape)}")
         write(out, result)
 
+    @api("nisa.activation_reduce", m)
+    def activation_reduce(dst: Any, op: Any, data: Any, reduce_op: Any, reduce_res: Any, bias: Any = None,
+                          scale: Any = 1.0) -> None:
+        out = ops.on_chip(dst, "nisa.activation_reduce dst")
+        res = ops.on_chip(reduce_res, "nisa.activation_reduce reduce_res")
+        result, total = ops.activation_reduce(m, op, data, reduce_op, bias, scale, "nisa.activation_reduce")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.activation_reduce: dst shape {list(out.shape)} != data shape "
+                              f"{list(result.shape)}")
+        if res.shape != total.shape:
+            raise KernelError(f"nisa.activation_reduce: reduce_res must be [{total.shape[0]}, 1] (one value per "
+                              f"partition of data), got {list(res.shape)}")
+        write(out, result)
+        write(res, total)
+
+    @api("nisa.bn_stats", m)
+    def bn_stats(dst: Any, data: Any) -> None:
+        out = ops.on_chip(dst, "nisa.bn_stats dst")
+        result = ops.bn_stats(m, data, "nisa.bn_stats")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.bn_stats: dst must be [{result.shape[0]}, {ops.BN_STATS_WIDTH}] (six statistics "
+                              f"per partition), got {list(out.shape)}")
+        write(out, result)
+
+    @api("nisa.bn_aggr", m)
+    def bn_aggr(dst: Any, data: Any) -> None:
+        out = ops.on_chip(dst, "nisa.bn_aggr dst")
+        result = ops.bn_aggr(m, data, "nisa.bn_aggr")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.bn_aggr: dst must be [{result.shape[0]}, {ops.BN_AGGR_WIDTH}] (mean, variance "
+                              f"per partition), got {list(out.shape)}")
+        write(out, result)
+
+    @api("nisa.tensor_scalar", m)
+    def tensor_scalar(dst: Any, data: Any, op0: Any, operand0: Any, reverse0: bool = False, op1: Any = None,
+                      operand1: Any = None, reverse1: bool = False) -> None:
+        if reverse0 or reverse1:
+            raise UnsupportedAPIError("nisa.tensor_scalar reverse0/reverse1 are not in the subset nmmc emits")
+        out = ops.on_chip(dst, "nisa.tensor_scalar dst")
+        result = ops.tensor_scalar(m, data, op0, operand0, op1, operand1, "nisa.tensor_scalar")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.tensor_scalar: dst shape {list(out.shape)} != data shape {list(result.shape)}")
+        write(out, result)
+
     @api("nisa.memset", m)
     def memset(dst: Any, value: Any) -> None:
         out = ops.on_chip(dst, "nisa.memset dst")
@@ -167,6 +211,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         "dma_copy": dma_copy, "dma_transpose": dma_transpose, "nc_matmul": nc_matmul,
         "nc_transpose": nc_transpose, "tensor_copy": tensor_copy, "tensor_tensor": tensor_tensor,
         "activation": activation, "memset": memset, "sendrecv": sendrecv,
+        "activation_reduce": activation_reduce, "bn_stats": bn_stats, "bn_aggr": bn_aggr,
+        "tensor_scalar": tensor_scalar,
     }
 
 

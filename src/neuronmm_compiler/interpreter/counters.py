@@ -35,6 +35,8 @@ class Counters:
     tensor_copies: int = 0
     tensor_tensor_ops: int = 0
     activations: int = 0
+    #: VectorEngine statistics and tensor-scalar instructions (bn_stats, bn_aggr, tensor_scalar: the norm prologue)
+    vector_ops: int = 0
     memsets: int = 0
     sbuf_peak_bytes: int = 0
     psum_peak_bytes: int = 0
@@ -60,7 +62,8 @@ class Counters:
         """Add another program's instruction and DMA counts (HBM bytes are counted per tensor, shared by the
         programs of a logical core); peaks are per physical core, so the larger is kept."""
         for name in ("dma_transfers", "dma_transposes", "matmul_instructions", "matmul_moving_columns",
-                     "pe_tiled_matmuls", "transposes", "tensor_copies", "tensor_tensor_ops", "activations", "memsets"):
+                     "pe_tiled_matmuls", "transposes", "tensor_copies", "tensor_tensor_ops", "activations",
+                     "vector_ops", "memsets"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for size, count in other.dma_bytes_per_partition.items():
             self.dma_bytes_per_partition[size] = self.dma_bytes_per_partition.get(size, 0) + count
@@ -86,6 +89,7 @@ class Counters:
             "tensor_copies": self.tensor_copies,
             "tensor_tensor_ops": self.tensor_tensor_ops,
             "activations": self.activations,
+            "vector_ops": self.vector_ops,
             "memsets": self.memsets,
             "sbuf_peak_bytes": self.sbuf_peak_bytes,
             "psum_peak_bytes": self.psum_peak_bytes,

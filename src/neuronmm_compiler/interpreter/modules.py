@@ -79,6 +79,7 @@ def tile_size(target: Any) -> StandInModule:
         "gemm_stationary_fmax": target.gemm_stationary_fmax,
         "gemm_moving_fmax": target.gemm_moving_fmax,
         "psum_fmax": target.psum_bank_bytes // 4,
+        "bn_stats_fmax": target.bn_stats_fmax,
     })
 
 

@@ -56,14 +56,26 @@ def _identity(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _square(x: np.ndarray) -> np.ndarray:
+    return x * x
+
+
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.float32(1.0) / np.sqrt(x)
+
+
 BINARY_FUNCS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add, "multiply": np.multiply, "subtract": np.subtract, "maximum": np.maximum,
 }
 ACTIVATION_FUNCS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     # NKI's identity activation is ``nl.copy``; there is no ``nl.identity`` (rule NKI-ACTIVATION-OP in
     # verification/rules.py, from the activation function table of the NKI API reference)
-    "silu": _silu, "exp": _exp, "copy": _identity,
+    "silu": _silu, "exp": _exp, "copy": _identity, "square": _square, "rsqrt": _rsqrt,
 }
+#: Elements per partition of one ``nisa.bn_stats`` result and of a ``nisa.bn_aggr`` result (NKI ISA reference).
+BN_STATS_WIDTH = 6
+BN_AGGR_WIDTH = 2
 
 
 def make_ops() -> dict[str, Op]:
@@ -305,3 +317,78 @@ def copy_source(m: Machine, src: Any, what: str) -> Tensor:
     require_written(s, f"{what} src")
     m.counters.tensor_copies += 1
     return s
+
+
+def _per_partition_tile(value: Any, data: Tensor, what: str) -> np.ndarray:
+    """A [P, 1] on-chip operand of ``data`` [P, ...] (tensor_scalar, reduce_res) as fp32 [P, 1]."""
+    return _per_partition(value, data, what)
+
+
+def bn_stats(m: Machine, data: Any, what: str) -> np.ndarray:
+    """``nisa.bn_stats``: per partition, (count, mean, variance * count) of the even and of the odd elements of
+    ``data`` [P, F] (F <= bn_stats_fmax), in fp32: [P, 6]."""
+    d = on_chip(data, f"{what} data")
+    if d.ndim != 2:
+        raise KernelError(f"{what}: data must be a 2-D tile [P, F], got {list(d.shape)}")
+    if d.shape[1] > m.target.bn_stats_fmax:
+        raise KernelLimitError(f"{what}: {d.shape[1]} elements per partition exceed bn_stats_fmax "
+                               f"{m.target.bn_stats_fmax} (rule NKI-BN-STATS-FMAX); call it per chunk and aggregate "
+                               "with nisa.bn_aggr")
+    require_written(d, f"{what} data")
+    x = as_f32(d).astype(np.float64)
+    out = np.zeros((d.shape[0], BN_STATS_WIDTH), dtype=np.float64)
+    for half, part in enumerate((x[:, 0::2], x[:, 1::2])):
+        n = part.shape[1]
+        if n:
+            mean = part.mean(axis=1)
+            out[:, 3 * half] = n
+            out[:, 3 * half + 1] = mean
+            out[:, 3 * half + 2] = ((part - mean[:, None]) ** 2).sum(axis=1)
+    m.counters.vector_ops += 1
+    return out.astype(np.float32)
+
+
+def bn_aggr(m: Machine, data: Any, what: str) -> np.ndarray:
+    """``nisa.bn_aggr``: (mean, variance) per partition from one or more bn_stats results: [P, 2], fp32."""
+    d = on_chip(data, f"{what} data")
+    if d.ndim != 2 or d.shape[1] % 3:
+        raise KernelError(f"{what}: data must be [P, 3k] (bn_stats results), got {list(d.shape)}")
+    require_written(d, f"{what} data")
+    triples = as_f32(d).astype(np.float64).reshape(d.shape[0], -1, 3)
+    count = triples[:, :, 0].sum(axis=1)
+    if np.any(count <= 0):
+        raise KernelError(f"{what}: a partition's bn_stats results count no element")
+    mean = (triples[:, :, 0] * triples[:, :, 1]).sum(axis=1) / count
+    m2 = (triples[:, :, 2] + triples[:, :, 0] * (triples[:, :, 1] - mean[:, None]) ** 2).sum(axis=1)
+    m.counters.vector_ops += 1
+    return np.stack([mean, m2 / count], axis=1).astype(np.float32)
+
+
+def tensor_scalar(m: Machine, data: Any, op0: Any, operand0: Any, op1: Any, operand1: Any,
+                  what: str) -> np.ndarray:
+    """``(data op0 operand0) op1 operand1``, operands numbers or [P, 1] tiles broadcast along the free axis."""
+    first = op_arg(op0, "binary", f"{what} op0")
+    d = on_chip(data, f"{what} data")
+    require_written(d, f"{what} data")
+    x = first.fn(as_f32(d), _per_partition(operand0, d, f"{what} operand0"))
+    if op1 is not None:
+        second = op_arg(op1, "binary", f"{what} op1")
+        if operand1 is None:
+            raise KernelError(f"{what}: op1 given without operand1")
+        x = second.fn(x, _per_partition(operand1, d, f"{what} operand1"))
+    elif operand1 is not None:
+        raise KernelError(f"{what}: operand1 given without op1")
+    m.counters.vector_ops += 1
+    return x
+
+
+def activation_reduce(m: Machine, op: Any, data: Any, reduce_op: Any, bias: Any, scale: Any,
+                      what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``nisa.activation_reduce``: the activation and the sum of its result along the free axis per partition
+    ([P, 1]); the Scalar Engine's reduction registers only add (nl.add)."""
+    r = op_arg(reduce_op, "binary", f"{what} reduce_op")
+    if r.name != "add":
+        raise UnsupportedAPIError(f"{what}: reduce_op=nl.{r.name}; the Scalar Engine reduction only adds "
+                                  "(nl.add; rule NKI-ACTIVATION-REDUCE)")
+    result = activation(m, op, data, bias, scale, what)
+    return result, result.reshape(result.shape[0], -1).sum(axis=1, dtype=np.float32)[:, None]

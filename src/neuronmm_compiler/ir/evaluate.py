@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, IRError, NmmcError
-from ..vocab import ElementwiseOp, Layout, NodeKind
+from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 from .graph import Graph, Node, format_shape
 from .verify import verify
 
@@ -43,6 +43,8 @@ def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
         return args[0].T
     if node.kind == NodeKind.OUTPUT:
         return args[0]
+    if node.kind == NodeKind.NORM:
+        return NormOp(node.attrs["norm"]).apply(args[0], float(node.attrs["eps"]), *args[1:])
     op = ElementwiseOp.lookup(node.attrs["op"])
     if op is None:
         raise IRError(f"no evaluation rule for elementwise op {node.attrs['op']!r}")

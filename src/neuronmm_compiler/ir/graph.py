@@ -12,7 +12,8 @@ Storage, which :mod:`.verify` checks and every other module reads through :class
 
 Kinds: ``input`` (attrs ``name``, ``layout``), ``matmul`` ([M, K] @ [K, N] -> [M, N]), ``transpose``
 (2-D), ``elementwise`` (attr ``op``: ``silu``, ``multiply``, ``add``), ``output`` (attrs ``name``,
-``layout``). A ``transposed`` input or output is stored in HBM as the transpose of its logical
+``layout``), ``norm`` (attrs ``norm``: ``rmsnorm`` or ``layernorm``, ``eps``; operands the value and its
+optional gamma and beta). A ``transposed`` input or output is stored in HBM as the transpose of its logical
 value (storage shape reversed).
 
 The module is a little longer than the project's 400-line guideline because it is one class: the
@@ -30,7 +31,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, IRError, UnknownNameError
-from ..vocab import ElementwiseOp, Layout, NodeKind
+from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 from .node import (
     COMPUTE_KINDS,
     DTYPE_ALIASES,
@@ -200,6 +201,18 @@ class Graph:
         if checked is None:
             raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ElementwiseOp)}")
         return self._add_computed(NodeKind.ELEMENTWISE, operands, {"op": checked}, id, checked.info.id_prefix)
+
+    def add_norm(self, op: str, x: str, *params: str, eps: float = 1e-6, id: str | None = None) -> str:
+        """Add ``rmsnorm`` or ``layernorm`` of the rows of the 2-D ``x`` over its last dim, with the optional 1-D
+        ``gamma`` (scale) and, for layernorm, ``beta`` (shift) as ``params``; return its id (see
+        :class:`~neuronmm_compiler.vocab.NormOp`)."""
+        checked = NormOp.lookup(op)
+        if checked is None:
+            raise UnknownNameError(f"unknown normalization {op!r}; known: {', '.join(NormOp)}")
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0.0 < float(eps) < 1.0:
+            raise InputError(f"{checked}: eps must be a number in (0, 1); got {eps!r}")
+        attrs = {"norm": checked, "eps": repr(float(eps))}
+        return self._add_computed(NodeKind.NORM, (x, *params), attrs, id, checked.value)
 
     def add_output(self, name: str, value: str, *, layout: str = Layout.ROW_MAJOR, id: str | None = None) -> str:
         """Mark ``value`` as the output ``name``; return the output node's id (``name`` unless taken).

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import InputError, IRError, UnknownNameError
-from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
+from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp, Orient
 
 #: Canonical dtype names.
 DTYPES: tuple[str, ...] = ("bfloat16", "float32")
@@ -184,11 +184,36 @@ class Node:
         return self.shape
 
 
-def operand_arity(node_id: str, kind: str, attrs: Mapping[str, str]) -> int:
-    """The number of operands a node of ``kind`` with ``attrs`` takes (IRError if unknown)."""
+def norm_eps(node_id: str, attrs: Mapping[str, str]) -> float:
+    """The ``eps`` of a norm node: a finite positive float, stored as its ``repr`` (IRError otherwise)."""
+    text = attrs.get("eps")
+    try:
+        eps = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        eps = float("nan")
+    if not (0.0 < eps < 1.0) or repr(eps) != text:
+        raise IRError(f"norm %{node_id}: eps must be a float in (0, 1) written as Python's repr of it "
+                      f"(e.g. 1e-06); got {text!r}")
+    return eps
+
+
+def norm_op(node_id: str, attrs: Mapping[str, str]) -> NormOp:
+    """The :class:`NormOp` of a norm node (IRError if unknown)."""
+    op = NormOp.lookup(attrs.get("norm"))
+    if op is None:
+        raise IRError(f"norm %{node_id}: unknown normalization {attrs.get('norm')!r}; known: {', '.join(NormOp)}")
+    return op
+
+
+def operand_arity(node_id: str, kind: str, attrs: Mapping[str, str], given: int | None = None) -> int:
+    """The number of operands a node of ``kind`` with ``attrs`` takes (IRError if unknown). A norm takes 1 to
+    :attr:`NormOp.max_operands`: ``given`` (the count it has) when in that range, else the most it takes."""
     checked = NodeKind.lookup(kind)
     if checked is None:
         raise IRError(f"%{node_id}: unknown node kind {kind!r}; known: {', '.join(KINDS)}")
+    if checked == NodeKind.NORM:
+        most = norm_op(node_id, attrs).max_operands
+        return given if given is not None and 1 <= given <= most else most
     if checked.arity is not None:
         return checked.arity
     op = ElementwiseOp.lookup(attrs.get("op"))
@@ -202,7 +227,7 @@ def infer_result(
 ) -> tuple[tuple[int, ...], str]:
     """Compute the (shape, dtype) a non-input node produces from its operands; IRError on mismatch."""
     where = f"{kind} %{node_id}" if kind != NodeKind.ELEMENTWISE else f"elementwise {attrs.get('op')} %{node_id}"
-    expected = operand_arity(node_id, kind, attrs)
+    expected = operand_arity(node_id, kind, attrs, len(operands))
     if kind == NodeKind.INPUT:
         raise IRError(f"{where}: inputs are declared, their shape is not inferred")
     if len(operands) != expected:
@@ -218,6 +243,15 @@ def infer_result(
     if len({op.dtype for op in operands}) > 1:
         raise IRError(f"{where}: operand dtypes differ: {', '.join(described)}")
     first = operands[0]
+    if kind == NodeKind.NORM:
+        norm_eps(node_id, attrs)
+        if len(first.shape) != 2:
+            raise IRError(f"{where} normalizes the rows of a 2-D value; got {', '.join(described)}")
+        for param in operands[1:]:
+            if param.shape != (first.shape[1],):
+                raise IRError(f"{where}: gamma and beta are 1-D [{first.shape[1]}] (one per column of "
+                              f"%{first.id}); got {', '.join(described[1:])}")
+        return first.shape, first.dtype
     if kind == NodeKind.MATMUL:
         lhs, rhs = operands
         if lhs.shape[1] != rhs.shape[0]:

@@ -38,6 +38,9 @@ def format_line(
         suffix = "" if layout == Layout.ROW_MAJOR else f" layout={layout}"
         return f'%{node_id} = output "{attrs.get("name", "?")}" {values}{suffix}'
     head = f"elementwise {attrs.get('op', '?')}" if kind == NodeKind.ELEMENTWISE else str(kind)
+    if kind == NodeKind.NORM:
+        head = f"norm {attrs.get('norm', '?')}"
+        values = f"{values} eps={attrs.get('eps', '?')}"
     suffix = f" {format_annotations(annotations)}" if annotations else ""
     return f"%{node_id} = {head} {values} : {shape_text} {dtype}{suffix}"
 

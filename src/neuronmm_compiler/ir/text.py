@@ -9,11 +9,13 @@ tokens are free; values must be defined above their first use)::
                  | "matmul" VALUE "," VALUE ":" shape DTYPE [ annotations ]
                  | "transpose" VALUE ":" shape DTYPE [ annotations ]
                  | "elementwise" ELEMENTWISE_OP VALUE ( "," VALUE )* ":" shape DTYPE [ annotations ]
+                 | "norm" NORM_OP VALUE ( "," VALUE )* "eps" "=" FLOAT ":" shape DTYPE [ annotations ]
                  | "output" STRING VALUE [ "layout" "=" LAYOUT ]
     annotations := "{" IDENT "=" IDENT ( "," IDENT "=" IDENT )* "}"      (keys: kernel, orient, place, group, acc)
     shape       := "[" INT ( "," INT )* "]"
     VALUE       := "%" IDENT          STRING := '"' IDENT '"'
     DTYPE       := bfloat16 | float32 | bf16 | fp32        LAYOUT := row_major | transposed
+    NORM_OP     := rmsnorm | layernorm                   FLOAT  := Python's repr of a float (1e-06, 0.001)
 
 :func:`to_text` prints one statement per line, indented two spaces, in :meth:`Graph.nodes` order,
 with canonical dtypes and a trailing newline. Inputs always print ``layout=``; outputs print
@@ -30,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import NmmcError, ParseError
-from ..vocab import ElementwiseOp, Layout, NodeKind
+from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 from .graph import COMPUTE_KINDS, LAYOUTS, Graph, canonical_dtype, format_shape
 from .node import ANNOTATION_VALUES
 from .printing import format_line, format_node, to_table, to_text
@@ -46,6 +48,7 @@ _TOKEN = re.compile(
       | (?P<newline>\n)
       | (?P<value>%[A-Za-z_][A-Za-z0-9_]*)
       | (?P<string>"[^"\n]*")
+      | (?P<float>-?[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+|-?[0-9]+\.[0-9]*)
       | (?P<int>-?[0-9]+)
       | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
       | (?P<punct>[\[\],:={}])""",
@@ -226,22 +229,39 @@ class _Parser:
     def computed_statement(
         self, graph: Graph, node_id: str, kind: NodeKind, kind_token: _Token, defined: Mapping[str, int]
     ) -> None:
-        op = None
+        op: ElementwiseOp | NormOp | None = None
         if kind == NodeKind.ELEMENTWISE:
             known = ", ".join(ElementwiseOp)
             op_token = self.take("ident", f"an elementwise op ({known})")
             op = ElementwiseOp.lookup(op_token.text)
             if op is None:
                 raise self.error(op_token, f"expected an elementwise op ({known}), found {op_token.text!r}")
+        elif kind == NodeKind.NORM:
+            known = ", ".join(NormOp)
+            op_token = self.take("ident", f"a normalization ({known})")
+            op = NormOp.lookup(op_token.text)
+            if op is None:
+                raise self.error(op_token, f"expected a normalization ({known}), found {op_token.text!r}")
         head = f"{kind} {op}" if op else str(kind)
         context = f"of {head} %{node_id}"
         operands = [self.value(defined, context)]
         while self.peek().text == ",":
             self.position += 1
             operands.append(self.value(defined, context))
-        arity = op.arity if op else kind.arity
-        if len(operands) != arity:
-            raise self.error(kind_token, f"expected {arity} operand(s) for {head}, found {len(operands)}")
+        eps = 0.0
+        if isinstance(op, NormOp):
+            if len(operands) > op.max_operands:
+                raise self.error(kind_token, f"expected 1 to {op.max_operands} operand(s) for {head} (the value, "
+                                             f"then gamma{', beta' if op.max_operands == 3 else ''}), found "
+                                             f"{len(operands)}")
+            self.take("ident", f"'eps=' {context}", "eps")
+            self.punct("=", "after 'eps'")
+            eps_token = self.take("float", f"a float (e.g. 1e-06) for eps {context}")
+            eps = float(eps_token.text)
+        else:
+            arity = op.arity if op else kind.arity
+            if len(operands) != arity:
+                raise self.error(kind_token, f"expected {arity} operand(s) for {head}, found {len(operands)}")
         self.punct(":", f"before the result type {context}")
         shape = self.shape(context)
         dtype = self.dtype(context)
@@ -250,6 +270,8 @@ class _Parser:
             self.build(kind_token, lambda: graph.add_matmul(*operands, id=node_id))
         elif kind == NodeKind.TRANSPOSE:
             self.build(kind_token, lambda: graph.add_transpose(*operands, id=node_id))
+        elif isinstance(op, NormOp):
+            self.build(kind_token, lambda: graph.add_norm(op, *operands, eps=eps, id=node_id))
         else:
             self.build(kind_token, lambda: graph.add_elementwise(op, *operands, id=node_id))
         node = graph.node(node_id)

@@ -32,7 +32,7 @@ __all__ = ["verify"]
 #: Lines of context printed on each side of the failing node.
 CONTEXT_LINES = 3
 _REQUIRED_ATTRS = {NodeKind.INPUT: ("name", "layout"), NodeKind.OUTPUT: ("name", "layout"),
-                   NodeKind.ELEMENTWISE: ("op",)}
+                   NodeKind.ELEMENTWISE: ("op",), NodeKind.NORM: ("norm", "eps")}
 
 
 def _raw_operands(graph: Graph, node_id: str) -> list[str]:
@@ -156,7 +156,7 @@ def _check_operands(graph: Graph, node_id: str, data: dict[str, Any]) -> None:
             raise _fail(graph, node_id, f"edge from %{operand} has no {OPERAND_INDICES}")
         indices.extend(edge[OPERAND_INDICES])
     try:
-        arity = operand_arity(node_id, kind, data["attrs"])
+        arity = operand_arity(node_id, kind, data["attrs"], len(indices))
     except IRError as err:
         raise _fail(graph, node_id, str(err)) from None
     if not all(isinstance(index, int) for index in indices) or sorted(indices) != list(range(arity)):

@@ -4,7 +4,8 @@ A :class:`Program` is one kernel: HBM parameters and outputs, and a body of stat
 on-chip buffer allocations, and the instructions of the NKI subset nmmc emits (DMA copies, matmul,
 transposes, PSUM evictions, vector ops). Indices are :mod:`.expr` expressions over loop variables.
 Nothing here is dialect specific: the dialect printers in :mod:`neuronmm_compiler.codegen` decide
-how each statement is spelled.
+how each statement is spelled. It is a little longer than the 400-line guideline: one small class per kind of
+instruction, which the printers, the cost model and the interpreter's contract all read from this one place.
 """
 
 from __future__ import annotations
@@ -195,13 +196,74 @@ class TensorTensor:
     op: ElementwiseOp
 
 
+#: The ScalarEngine functions a program applies besides the graph's unary ops: ``copy`` (the identity),
+#: ``square`` and ``rsqrt`` (the norm prologue), from the table "Supported Activation Functions for NKI ISA".
+ActivationFn = ElementwiseOp | Literal["copy", "square", "rsqrt"]
+
+
 @dataclass(frozen=True)
 class Activation:
-    """``dst = op(src)`` on the ScalarEngine, in fp32 (a unary op: silu; or copy)."""
+    """``dst = op(src * scale + bias)`` on the ScalarEngine, in fp32 (a unary op: silu; or copy, rsqrt). ``scale``
+    is a number or a ``[P, 1]`` region (one value per partition), ``bias`` None or a ``[P, 1]`` region: the
+    engine applies both in the same instruction at no extra cost (nki.isa.activation)."""
 
     dst: Ref
     src: Ref
-    op: ElementwiseOp | Literal["copy"]
+    op: ActivationFn
+    scale: Ref | float = 1.0
+    bias: Ref | None = None
+
+
+@dataclass(frozen=True)
+class ActivationReduce:
+    """``dst = op(src * scale)`` on the ScalarEngine and ``reduce_res[p, 0] = sum(dst[p, :])`` in the same
+    instruction (nki.isa.activation_reduce; the reduction is an add). ``reduce_res`` is ``[P, 1]``."""
+
+    dst: Ref
+    src: Ref
+    op: ActivationFn
+    reduce_res: Ref
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class BnStats:
+    """VectorEngine statistics of each partition of ``src`` (at most ``bn_stats_fmax`` elements of it):
+    six values per partition in ``dst`` (count, mean, variance * count of the even and of the odd elements;
+    nki.isa.bn_stats)."""
+
+    dst: Ref
+    src: Ref
+
+
+@dataclass(frozen=True)
+class BnAggr:
+    """VectorEngine aggregation of one or more :class:`BnStats` results per partition into ``dst = [mean,
+    variance]`` (nki.isa.bn_aggr)."""
+
+    dst: Ref
+    src: Ref
+
+
+@dataclass(frozen=True)
+class TensorScalar:
+    """``dst = (src op0 operand0) op1 operand1`` on the VectorEngine, the operands ``[P, 1]`` regions broadcast
+    along the free axis (nki.isa.tensor_scalar); ``op1``/``operand1`` optional."""
+
+    dst: Ref
+    src: Ref
+    op0: Literal["subtract", "multiply", "add"]
+    operand0: Ref
+    op1: Literal["subtract", "multiply", "add"] | None = None
+    operand1: Ref | None = None
+
+
+@dataclass(frozen=True)
+class Memset:
+    """Fill an on-chip region with a constant (nki.isa.memset), e.g. the ``eps`` column a norm adds."""
+
+    dst: Ref
+    value: float
 
 
 @dataclass(frozen=True)
@@ -234,7 +296,8 @@ class Comment:
     text: str
 
 
-Stmt = Alloc | DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation | SendRecv | Loop | Comment
+Stmt = (Alloc | DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation | ActivationReduce | BnStats | BnAggr
+        | TensorScalar | Memset | SendRecv | Loop | Comment)
 
 
 @dataclass

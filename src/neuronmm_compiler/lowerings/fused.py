@@ -48,12 +48,21 @@ def splittable(workload: Workload) -> bool:
                for n in graph.nodes())
 
 
+def has_prologue(workload: Workload) -> bool:
+    """True when the workload normalizes a matmul's input (a norm prologue, frontends/prologue.py)."""
+    if isinstance(workload, MlpWorkload):
+        return workload.prologue is not None
+    return isinstance(workload, GraphWorkload) and any(n.kind == NodeKind.NORM for n in workload.graph().nodes())
+
+
 def row_major_activations(workload: Workload) -> bool:
-    """True when some activation is row-major in HBM, so how X^T is made (x_transpose) matters."""
+    """True when some activation is row-major in HBM, so how X^T is made (x_transpose) matters. A normalized
+    input's strip is always made by TensorE transposes (lowerings/fused_prologue.py): x_transpose does not
+    apply to it."""
     if isinstance(workload, (ChainWorkload, GemmWorkload)):
         return workload.a_layout == ALayout.MK
     if not isinstance(workload, GraphWorkload):
-        return True  # an MLP's x is row-major [tokens, hidden]
+        return workload.prologue is None  # an MLP's x is row-major [tokens, hidden]
     graph = workload.graph()
     lhs = {n.operands[0] for n in graph.nodes() if n.kind == NodeKind.MATMUL}
     return any(n.layout == Layout.ROW_MAJOR for n in graph.inputs() if n.id in lhs)
@@ -64,7 +73,7 @@ EXCHANGING = ("gather", "hidden", "intermediate")
 
 
 def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True, lnc: int = 1,
-                exchange: bool = True, column_tiles: tuple[int, ...] = (1,)) -> SearchSpace:
+                exchange: bool = True, column_tiles: tuple[int, ...] = (1,), normalized: bool = False) -> SearchSpace:
     """The fused search space: X^T made only by DMA unless some activation is row-major
     (``row_major_x``), and then only on the TensorEngine where a transposing DMA load is not documented
     (``dma_transpose`` False); one kernel per gated MLP unless ``splittable``; the token or feature split on an
@@ -73,7 +82,7 @@ def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True,
     if not exchange:
         restrict["lnc_split"] = tuple(v for v in restrict["lnc_split"] if v not in EXCHANGING)
     if not row_major_x:
-        restrict["x_transpose"] = ("dma",)
+        restrict["x_transpose"] = ("pe",) if normalized else ("dma",)  # a norm's strip: TensorE transposes
     elif not dma_transpose:
         restrict["x_transpose"] = ("pe",)
     if not splittable:
@@ -108,6 +117,8 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = ALayout.MK, 
             reports.append(aws_gemm_cost(problem, target, dma_transpose))
         elif node.kind == NodeKind.ELEMENTWISE:
             reports.append(estimate(lower_elementwise(node.attrs["op"], node.shape, node.dtype, target), target))
+        elif node.kind == NodeKind.NORM:  # a norm kernel of its own: one HBM-to-HBM pass over the rows, as a unary op
+            reports.append(estimate(lower_elementwise("silu", node.shape, node.dtype, target), target))
         elif node.kind == NodeKind.TRANSPOSE:
             raise ScheduleError("baselines of graphs with transposes of computed values are not modelled")
     return combine_reports(reports)
@@ -137,6 +148,10 @@ class FusedLowering(Lowering):
             base = base.with_params(transpose_choice("x_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
+        if has_prologue(workload) and dialect != Dialect.NKI:
+            raise ScheduleError("the norm prologue (--fuse-norm, a graph's rmsnorm/layernorm) uses nisa.activation_"
+                                "reduce, bn_stats, bn_aggr and tensor_scalar as the nki dialect (NKI 0.3+) spells "
+                                "them; use --dialect nki (trn2, trn3)")
         if chosen.lnc_split in EXCHANGING and dialect != Dialect.NKI:
             raise ScheduleError(f"lnc_split={chosen.lnc_split} exchanges values with nisa.sendrecv, documented for the "
                                 "nki dialect only; use --dialect nki, or lnc_split=tokens/features")
@@ -179,7 +194,7 @@ class FusedLowering(Lowering):
 
     def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1, exchange: bool = True) -> SearchSpace:
         return fused_space(row_major_activations(workload), splittable(workload), dma_transpose, lnc, exchange,
-                           column_tile_candidates(workload.token_count))
+                           column_tile_candidates(workload.token_count), has_prologue(workload))
 
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
                      dma_transpose: bool = True, exchange: bool = True) -> tuple[SpaceSpec, Evaluator]:

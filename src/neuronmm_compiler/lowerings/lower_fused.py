@@ -17,6 +17,8 @@ kernels by) a ScheduleError. Hardware limits come from the :class:`~neuronmm_com
    weight blocks, accumulates each matmul's ``[features, tokens]`` PSUM tile over the contraction,
    and evaluates the elementwise tree while evicting, writing the group's result strip in SBUF; a
    result placed in HBM is stored from the strip (transposed in HBM; :mod:`.fused_transposed`);
+   a ``norm`` read by matmuls is made into its strip by the prologue of :mod:`.fused_prologue` (row tiles
+   loaded, residual added and stored, normalized, transposed on TensorE, gamma applied on the eviction);
 3. for the row-major matmul feeding an output: per weight block and token tile, accumulates
    ``[tokens, out_tile]`` PSUM tiles, packs a row and stores it (:mod:`.fused_rows`).
 
@@ -38,6 +40,7 @@ from ..passes.legality import check_kernel
 from ..schedule.fused import FusedSchedule, normalize_fused
 from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
 from .fused_groups import Group, Term, read_groups
+from .fused_prologue import NormPrologue
 from .fused_rows import RowMajorGroups
 from .fused_transposed import TransposedGroups
 
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["lower_fused_kernel"]
 
 
-class _FusedLowering(TransposedGroups, RowMajorGroups):
+class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
     def __init__(self, graph: Graph, schedule: FusedSchedule, target: Target, name: str):
         self.g = graph
         self.name = name
@@ -60,7 +63,10 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         if not compute and not copied:
             raise ScheduleError(f"kernel {name}: nothing to compute")
         check_kernel(graph, name)
-        self.group_list = read_groups(graph, name)
+        groups = read_groups(graph, name)
+        # a norm's group is its prologue (residual add, norm), which makes the norm's strip (fused_prologue.py)
+        self.prologues = [g for g in groups if g.root.kind == NodeKind.NORM]
+        self.group_list = [g for g in groups if g.root.kind != NodeKind.NORM]
         self.tokens = compute[0].shape[0] if compute else copied[0].shape[0]
         self.s = normalize_fused(schedule, self.tokens, target.lnc, target.gemm_stationary_fmax)
         s = self.s
@@ -102,14 +108,14 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         if split not in ("hidden", "intermediate") or self.target.lnc != 2:
             return []
         if split == "hidden":
-            groups = [g for g in self.group_list
-                      if g.matmuls and all(self.nodes[mm.operands[0]].kind == NodeKind.INPUT for mm in g.matmuls)]
+            groups = [g for g in self.group_list if g.matmuls and all(
+                self.nodes[mm.operands[0]].kind in (NodeKind.INPUT, NodeKind.NORM) for mm in g.matmuls)]
         else:
             gated = {g.root.id for g in self.group_list if g.tree}
             groups = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
             if not groups:
-                groups = [g for g in self.group_list
-                          if any(self.nodes[mm.operands[0]].kind != NodeKind.INPUT for mm in g.matmuls)][-1:]
+                groups = [g for g in self.group_list if any(
+                    self.nodes[mm.operands[0]].kind not in (NodeKind.INPUT, NodeKind.NORM) for mm in g.matmuls)][-1:]
         return groups if groups and all(self._reducible(g) for g in groups) else []
 
     def _reducible(self, group: Group) -> bool:
@@ -202,10 +208,13 @@ class _FusedLowering(TransposedGroups, RowMajorGroups):
         tok = self.tok
         body: list[Stmt] = [Comment(f"schedule: {self.s.describe()}")]
         body += self.cached_weights()
+        body += self.prologue_constants()
         mb = iv("m_blk", tok.blocks)
         block: list[Stmt] = []
         for inp in self.strip_inputs:
             block += self.load_strip(inp, mb)
+        for prologue in self.prologues:
+            block += self.load_normed_strip(prologue, mb)
         for group in self.group_list:
             block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
                       else self.row_major_group(group, mb))

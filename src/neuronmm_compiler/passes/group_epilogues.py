@@ -33,6 +33,7 @@ from ..errors import IRError
 from ..ir.graph import Graph, Node
 from ..vocab import ElementwiseOp, NodeKind
 from .base import Pass, register_pass
+from .legality import prologue_sum
 
 __all__ = ["GroupEpilogues", "absorbed", "accumulator", "epilogue_groups"]
 
@@ -79,11 +80,32 @@ def _collect(graph: Graph, node: Node, root: str, plan: dict[str, tuple[str, str
     plan[node.id] = (root, None)
 
 
+def prologue_members(graph: Graph) -> dict[str, str]:
+    """The residual sums evaluated in their norm's prologue (same kernel): sum id -> norm id. A norm's group is
+    its prologue: the residual add (when it reads one) and the normalization, evaluated on each row tile."""
+    out: dict[str, str] = {}
+    for node in graph.compute_nodes():
+        if node.kind != NodeKind.NORM:
+            continue
+        operand = graph.node(node.operands[0])
+        if (operand.kind == NodeKind.ELEMENTWISE and prologue_sum(graph, operand)
+                and operand.annotations.get("kernel") == node.annotations.get("kernel")):
+            out[operand.id] = node.id
+    return out
+
+
 def epilogue_groups(graph: Graph) -> dict[str, tuple[str, str | None]]:
     """``(group root, accumulator or None)`` of every compute node that is not a transpose."""
     plan: dict[str, tuple[str, str | None]] = {}
+    prologue = prologue_members(graph)
     for node in graph.compute_nodes():
         if node.kind == NodeKind.TRANSPOSE or absorbed(graph, node):
+            continue
+        if node.id in prologue:
+            plan[node.id] = (prologue[node.id], None)
+            continue
+        if node.kind == NodeKind.NORM:
+            plan[node.id] = (node.id, None)
             continue
         members = accumulator(graph, node)
         if members is not None:

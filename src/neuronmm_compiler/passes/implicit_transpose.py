@@ -36,6 +36,8 @@ def required_orients(graph: Graph) -> dict[str, Orient]:
                     wants.add(Orient.TRANSPOSED)
             elif user.kind == NodeKind.OUTPUT:
                 wants.add(Orient.of(user.layout or Layout.ROW_MAJOR))
+            elif user.kind == NodeKind.NORM:  # a norm reduces each row on chip: it reads rows (tokens on partitions)
+                wants.add(Orient.NORMAL)
             else:  # elementwise and transpose pass their own orientation on to their operands
                 wants.add(orient[user.id])
         orient[node.id] = wants.pop() if len(wants) == 1 and not read_as_rhs else Orient.NORMAL
@@ -62,6 +64,9 @@ class ImplicitTranspose(Pass):
       consumers that wanted it transposed; none of the built-in graphs (GEMM, SVD chain, SVD and
       dense MLP) hits this case.
     - a value read by no one (dead; canonicalize removes those) is ``normal``.
+    - a ``norm`` reads its operand row-major (it reduces each row over the free axis), so the value it
+      normalizes (the residual sum of an MLP prologue) is ``normal``; the norm itself follows its readers
+      (``transposed`` for the matmuls of an MLP: the prologue transposes the normalized rows into the strip).
 
     Transpose nodes of computed values are left alone: the pass only annotates and never removes,
     adds or absorbs a transpose. A transpose that reaches this pass is a real data movement (a

@@ -16,6 +16,9 @@ rule                        a node breaks it when
 ``orientation``             it is an elementwise node reading a value held in the other orientation
 ``row-major reread``        it reads a row-major value that has other readers (a row-major value is
                             only ever stored, or absorbed by its single elementwise reader)
+``prologue``                it is a ``norm`` reading, in the kernel, something other than a residual
+                            ``add`` of two kernel inputs (or a computed gamma/beta): the norm prologue
+                            loads its rows from HBM (docs/fusion.md, "The norm prologue")
 ==========================  ========================================================================
 
 ``fuse`` starts a new kernel where a node would break one (:func:`join_conflict`), so the value
@@ -32,9 +35,9 @@ from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from ..ir.graph import COMPUTE_KINDS, Graph, Node
-from ..vocab import Layout, NodeKind, Orient
+from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
 
-__all__ = ["RULES", "Conflict", "check_kernel", "join_conflict", "kernel_conflicts", "operand_conflict"]
+__all__ = ["RULES", "Conflict", "check_kernel", "join_conflict", "kernel_conflicts", "operand_conflict", "prologue_sum"]
 
 #: Every rule, by name, and why a kernel cannot hold what breaks it.
 RULES: Mapping[str, str] = {
@@ -48,6 +51,12 @@ RULES: Mapping[str, str] = {
     "orientation": "it reads a value held in the other orientation; elementwise operands share one layout",
     "row-major reread": "it reads a row-major value that has other readers; a row-major value is only ever stored "
                         "or absorbed by its one elementwise reader",
+    "prologue": "it normalizes a value computed in the kernel other than a residual add of two kernel inputs, or "
+                "reads a computed gamma/beta; the norm prologue loads its rows (and gamma, beta) from HBM",
+    "norm orientation": "it is a norm held row-major; the prologue holds the normalized value transposed, as the "
+                        "strip its matmuls read (a norm feeds matmuls' left operands only)",
+    "prologue sum": "it is the residual add of a norm prologue and is read by something other than its norm and "
+                    "outputs; the prologue keeps the sum only to normalize and store it",
     "not 2-D": "it is not 2-D; fused kernels compute 2-D values",
     "transpose computed": "it is a transpose of a computed value; fused kernels contain no transpose instruction "
                           "(transposes of inputs become input layouts, and of outputs output layouts)",
@@ -57,7 +66,7 @@ RULES: Mapping[str, str] = {
 
 #: The rules ``fuse`` can resolve by starting a new kernel (the others no split fixes).
 SPLIT_RULES: tuple[str, ...] = ("rows", "computed weight", "transpose", "row-major lhs", "orientation",
-                                "row-major reread")
+                                "row-major reread", "prologue")
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,8 @@ def operand_conflict(graph: Graph, node: Node, position: int, operand: Node) -> 
     decided (implicit-transpose has run); before that only the structural ones do."""
     if operand.kind == NodeKind.TRANSPOSE:
         return "transpose" if graph.node(operand.operands[0]).kind != NodeKind.INPUT else ""
+    if node.kind == NodeKind.NORM:
+        return "" if position == 0 and prologue_sum(graph, operand) else "prologue"
     if node.kind == NodeKind.MATMUL and position == 1:
         return "computed weight"
     held = operand.annotations.get("orient")
@@ -92,6 +103,19 @@ def operand_conflict(graph: Graph, node: Node, position: int, operand: Node) -> 
     if held == Orient.NORMAL and len(graph.users(operand.id)) > 1:
         return "row-major reread"
     return ""
+
+
+def prologue_sum(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` can be the residual sum of a norm prologue: an ``add`` of two different kernel inputs,
+    read by norms and outputs only (the prologue loads both row tiles, adds them, stores the sum and normalizes
+    it)."""
+    if node.kind != NodeKind.ELEMENTWISE or node.attrs.get("op") != ElementwiseOp.ADD or len(set(node.operands)) != 2:
+        return False
+    if any(graph.node(operand).kind != NodeKind.INPUT for operand in node.operands):
+        return False
+    users = [graph.node(user) for user in graph.users(node.id)]
+    return sum(u.kind == NodeKind.NORM for u in users) == 1 and all(
+        u.kind in (NodeKind.NORM, NodeKind.OUTPUT) for u in users)
 
 
 def join_conflict(graph: Graph, node_id: str, kernel: int, kernel_of: Mapping[str, int],
@@ -138,6 +162,11 @@ def kernel_conflicts(graph: Graph) -> list[Conflict]:
             conflicts.append(Conflict(node.id, "transposed output"))
         if orient == Orient.NORMAL and not users:
             conflicts.append(Conflict(node.id, "row-major unstored"))
+        if node.kind == NodeKind.NORM and orient == Orient.NORMAL:
+            conflicts.append(Conflict(node.id, "norm orientation"))
+        if any(u.kind == NodeKind.NORM and u.operands[0] == node.id for u in users) and not prologue_sum(graph, node) \
+                and node.kind != NodeKind.INPUT:
+            conflicts.append(Conflict(node.id, "prologue sum"))
     return conflicts
 
 

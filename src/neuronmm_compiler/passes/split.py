@@ -42,6 +42,8 @@ def _add_like(graph: Graph, node: Node) -> None:
         graph.add_matmul(*node.operands, id=node.id)
     elif node.kind == NodeKind.TRANSPOSE:
         graph.add_transpose(*node.operands, id=node.id)
+    elif node.kind == NodeKind.NORM:
+        graph.add_norm(node.attrs["norm"], *node.operands, eps=float(node.attrs["eps"]), id=node.id)
     else:
         graph.add_elementwise(node.attrs["op"], *node.operands, id=node.id)
     if node.annotations:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..ir import Graph
 from ..ir.graph import Node
-from ..vocab import ElementwiseOp, Layout, NodeKind
+from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 
 ROW, WHOLE = "row", "whole"
 #: Bytes of float64 row values (and variances) one chunk may hold.
@@ -52,6 +52,8 @@ def row_labels(graph: Graph) -> dict[str, str] | None:
             wanted = [label] * len(node.operands)
         elif node.kind == NodeKind.MATMUL:
             wanted = [ROW, WHOLE]
+        elif node.kind == NodeKind.NORM:  # each row normalized on its own; gamma and beta are whole
+            wanted = [ROW] + [WHOLE] * (len(node.operands) - 1)
         else:  # a transpose of a row value turns rows into columns
             return None
         for operand, want in zip(node.operands, wanted, strict=True):
@@ -61,9 +63,10 @@ def row_labels(graph: Graph) -> dict[str, str] | None:
 
 
 def _stored(graph: Graph, node: Node) -> bool:
-    """A computed value some matmul reads: held on chip (or handed between kernels) rounded to the graph's dtype."""
+    """A computed value some matmul or norm reads: held on chip (or handed between kernels) rounded to the graph's
+    dtype (a norm prologue normalizes the residual sum as rounded for its store)."""
     return node.kind not in (NodeKind.INPUT, NodeKind.OUTPUT) and any(
-        graph.node(user).kind == NodeKind.MATMUL for user in graph.users(node.id))
+        graph.node(user).kind in (NodeKind.MATMUL, NodeKind.NORM) for user in graph.users(node.id))
 
 
 def uncertain(graph: Graph) -> set[str]:
@@ -108,6 +111,16 @@ def _compute(node: Node, ops: list[np.ndarray], var: list[np.ndarray | None],
         value, variance = ops[0].T, None if var[0] is None else var[0].T
     elif node.kind == NodeKind.OUTPUT:
         value, variance = ops[0], var[0]
+    elif node.kind == NodeKind.NORM:
+        # to first order a perturbation of the normalized row passes through scaled by gamma / rms (the
+        # statistics move by a mean over the row, which is smaller); gamma and beta are inputs, exact
+        value = NormOp(node.attrs["norm"]).apply(ops[0], float(node.attrs["eps"]), *ops[1:])
+        if var[0] is not None:
+            layer = node.attrs["norm"] == NormOp.LAYERNORM
+            centered = ops[0] - ops[0].mean(axis=-1, keepdims=True) if layer else ops[0]
+            inv = 1.0 / ((centered**2).mean(axis=-1, keepdims=True) + float(node.attrs["eps"]))
+            gain = inv * (ops[1] ** 2 if len(ops) > 1 else 1.0)
+            variance = var[0] * gain
     else:
         op = ElementwiseOp(node.attrs["op"])
         value = op.apply(*ops)

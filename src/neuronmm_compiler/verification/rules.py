@@ -349,6 +349,35 @@ RULES: tuple[Rule, ...] = (
          note="Checked: data or dst resolved to an HBM tensor. Any dtype is allowed, the float32 math and scale are "
               "the engine's, and the partition size is NKI-PARTITION-MAX's. The NKI 0.1 page returns a new tile and "
               "states no memory type for data, so the check is in the nki dialect."),
+    Rule("NKI-BN-STATS-FMAX", "tiles", "bn_stats reads at most bn_stats_fmax (512) elements per partition; longer "
+         "rows take one bn_stats per chunk, aggregated by one bn_aggr",
+         (_latest("general/nki/api/generated/nki.isa.bn_stats.html", "nl.tile_size.bn_stats_fmax"),
+          _latest("nki/api/generated/nki.isa.bn_stats.html", "bn_stats")),
+         target_field="bn_stats_fmax", documented=(("trn1", 512), ("trn2", 512), ("trn3", 512)),
+         note="Not checked statically; nmmc's interpreter refuses a longer bn_stats (nmmc verify), and the layernorm "
+              "prologue cuts rows into chunks of Target.bn_stats_fmax."),
+    Rule("NKI-BN-AGGR", "isa", "bn_stats writes six values per partition (count, mean, variance * count of the even "
+         "and of the odd elements); bn_aggr reads a multiple of three per partition and writes mean then variance; "
+         "both compute in float32 on the Vector Engine",
+         (_latest("nki/api/generated/nki.isa.bn_stats.html", "bn_stats"),
+          _latest("nki/api/generated/nki.isa.bn_aggr.html", "bn_aggr")),
+         dialects=(Dialect.NKI,),
+         note="Not checked statically; the interpreter checks the shapes of dst and data."),
+    Rule("NKI-ACTIVATION-REDUCE", "isa", "activation_reduce reduces the activated data along the free axis into "
+         "reduce_res, one element per partition of data; reduce_op must be nl.add (the Scalar Engine reduction "
+         "registers only sum)",
+         (_latest("nki/api/generated/nki.isa.activation_reduce.html", "activation_reduce"),
+          _latest("nki/api/generated/nki.isa.activation.html", "activation, reduce_op")),
+         dialects=(Dialect.NKI,),
+         note="Not checked statically; the interpreter refuses another reduce_op or a reduce_res of another shape."),
+    Rule("NKI-PER-PARTITION-OPERAND", "isa", "activation's scale and bias, and tensor_scalar's operand0/operand1, are "
+         "compile-time scalars or vectors of shape (data.shape[0], 1) broadcast along the free axis; tensor_scalar's "
+         "op1/operand1 are None when unused",
+         (_latest("nki/api/generated/nki.isa.tensor_scalar.html", "tensor_scalar"),
+          _latest("general/nki/api/generated/nki.isa.activation_reduce.html", "activation: scale/bias vectors")),
+         dialects=(Dialect.NKI,),
+         note="Not checked statically; the interpreter checks the operand shapes. The norm prologue passes gamma "
+              "and beta this way on the transposes' eviction, where the features are on partitions."),
     Rule("NKI-DMA-COPY-PSUM", "isa", "dma_copy moves between HBM and SBUF only (no PSUM); dtype casts through "
          "float32",
          (_sdk(_ISA, "dma_copy"), _sdk(_MIGRATION, "Migrating from NKI 0.2.0 to NKI 0.3.0: dma_copy reading "

@@ -37,7 +37,7 @@ from types import ModuleType
 
 from ..errors import InputError
 from ..interpreter.loader import KERNEL_BUILTINS
-from ..vocab import ElementwiseOp
+from ..vocab import ElementwiseOp, NormOp
 
 #: The import lines a kernel file may hold (as ``ast.unparse`` prints them): alias -> module per line.
 IMPORTS: dict[str, tuple[str, str]] = {
@@ -66,6 +66,8 @@ def numpy_names() -> frozenset[str]:
     names = {"asarray", "float64"}
     for op in ElementwiseOp:
         names.update(re.findall(r"\bnp\.(\w+)", op.numpy_source(*(["x"] * op.arity))))
+    for norm in NormOp:
+        names.update(re.findall(r"\bnp\.(\w+)", norm.numpy_source("x", "1e-06", "g", "b")))
     return frozenset(names)
 
 
