@@ -119,6 +119,9 @@ def _cases() -> dict[str, tuple[str, ...]]:
          "8192", "--keep-ratio", "0.8", "--param", "lnc_split=intermediate", "--target", "trn3")
     emit("lnc2-chain-77x1000x600-features-trn2", "--shape", "77x1000x600", "--rank", "256", "--param",
          "lnc_split=features", "--target", "trn2")
+    # PE column tiles: the decode MLP's down projection, its 64 K tiles 4 at a time in 32-column tiles
+    emit("coltile-mlp-decode-8-dense-trn2", "--mlp", "--tokens", "8", "--hidden", "2048", "--intermediate", "8192",
+         "--dense", "--param", "column_tiles=4", "--param", "lnc_split=features", "--target", "trn2")
     tune("tuned-lnc2-mlp-1-keep0.8-trn2", "--mlp", "--tokens", "1", "--hidden", "4096", "--intermediate", "14336",
          "--keep-ratio", "0.8", "--trials", "40", "--target", "trn2")
     return cases
