@@ -253,6 +253,51 @@ CASES = [
         for k in nl.affine_range(2):
             acc[0:128, 0:512] += nisa.nc_matmul(x[0:128, k, 0:128], y[0:128, 0:512])
         """),
+    ("NKI-MATMUL-TILE", "nki", "trn2", None,
+     """
+        out = nl.ndarray((8, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 8), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=p[48:56, :], stationary=x, moving=y, tile_position=(0, 48), tile_size=(128, 32))  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((8, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 8), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc[64:72, 0:512], stationary=x, moving=y, tile_position=(0, 64), tile_size=(128, 32))
+        """),
+    ("NKI-MATMUL-TILE", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((8, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 8), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc[32:40, 0:512] += nisa.nc_matmul(x, y, tile_position=(0, 32), tile_size=(128, 32))  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((8, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 8), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        acc[64:72, 0:512] += nisa.nc_matmul(x, y, tile_position=(0, 64), tile_size=(128, 64))
+        """),
+    ("NKI-MATMUL-TILE-DST", "nki", "trn3", None,
+     """
+        out = nl.ndarray((8, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 8), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=p[0:8, :], stationary=x, moving=y, tile_position=(0, 32), tile_size=(128, 32))  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((8, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 8), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc[32:40, 0:512], stationary=x, moving=y, tile_position=(0, 32), tile_size=(128, 32))
+        """),
     ("NKI-MATMUL-DTYPE", "nki", "trn2", None,
      """
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)

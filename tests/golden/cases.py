@@ -126,6 +126,9 @@ def _cases() -> dict[str, tuple[str, ...]]:
          "--target", "trn2")
     emit("prologue-mlp-256-keep0.8-layernorm-trn2-lnc1", "--mlp", "--tokens", "256", "--hidden", "2048",
          "--intermediate", "8192", "--keep-ratio", "0.8", "--fuse-norm", "layernorm", "--target", "trn2", "--lnc", "1")
+    # PE column tiles: the decode MLP's down projection, its 64 K tiles 4 at a time in 32-column tiles
+    emit("coltile-mlp-decode-8-dense-trn2", "--mlp", "--tokens", "8", "--hidden", "2048", "--intermediate", "8192",
+         "--dense", "--param", "column_tiles=4", "--param", "lnc_split=features", "--target", "trn2")
     tune("tuned-lnc2-mlp-1-keep0.8-trn2", "--mlp", "--tokens", "1", "--hidden", "4096", "--intermediate", "14336",
          "--keep-ratio", "0.8", "--trials", "40", "--target", "trn2")
     return cases

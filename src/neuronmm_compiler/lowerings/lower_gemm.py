@@ -244,16 +244,17 @@ class _GemmLowering:
             body = [*acc_alloc, *(self.first_kloop(psum, blocks) if rotating else kloop(psum))]
             if s.dma == "tile":
                 c_sb = Ref(self.c_tile, (span(0, msz), span(0, nsz)))
-                body += [Alloc(self.c_tile), *self.evict(c_sb, msz, nsz),
+                body += [Alloc(self.c_tile), *self.evict(c_sb, psum, msz, nsz),
                          DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.tile_start(gn), nsz))), c_sb)]
             elif s.tile_order == "mn":  # a row of the block is whole after its N tiles: stored right then
-                body += self.evict(Ref(self.c_row, (span(0, msz), span(scale(bn, n.tile), nsz))), msz, nsz)
+                body += self.evict(Ref(self.c_row, (span(0, msz), span(scale(bn, n.tile), nsz))), psum, msz, nsz)
                 ncols = n.block_size(nb)
                 row_pre = [Alloc(self.c_row, comment="one row of the block's output tiles, stored once evicted")]
                 row_post = [DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.block_start(nb), ncols))),
                                     Ref(self.c_row, (span(0, msz), span(0, ncols))))]
             else:
-                body += self.evict(Ref(self.c_block, (span(0, msz), Point(bm), span(scale(bn, n.tile), nsz))), msz, nsz)
+                packed = Ref(self.c_block, (span(0, msz), Point(bm), span(scale(bn, n.tile), nsz)))
+                body += self.evict(packed, psum, msz, nsz)
                 pre.append(Alloc(self.c_block, comment="output block, packed for one store per row"))
                 ncols = n.block_size(nb)
                 store = DmaCopy(Ref(self.c_hbm, (span(m.tile_start(gm), msz), span(n.block_start(nb), ncols))),
@@ -290,12 +291,12 @@ class _GemmLowering:
 
         return column_matmuls(k.tiles, s.column_tiles, width, matmul)
 
-    def evict(self, dst: Ref, msz: Expr, nsz: Expr) -> list[Stmt]:
-        """Evict an output tile's PSUM accumulator into ``dst``: one copy, or with PE column tiles the sum of the
-        tiles' partial sums (the first copied into an fp32 SBUF tile, the others added, the last add writing
+    def evict(self, dst: Ref, psum: Ref, msz: Expr, nsz: Expr) -> list[Stmt]:
+        """Evict an output tile's PSUM accumulator ``psum`` into ``dst``: one copy, or with PE column tiles the sum
+        of the tiles' partial sums (the first copied into an fp32 SBUF tile, the others added, the last add writing
         ``dst``)."""
         if self.s.column_tiles == 1:
-            return [Copy(dst, Ref(self.psum_tile, (span(0, msz), span(0, nsz))))]
+            return [Copy(dst, psum)]
         return column_sum(self.psum_tile, self.column_sum, dst, self.s.column_tiles, self.column_width, msz, nsz)
 
     def operands(self, blocks: dict[str, Expr], bk: Expr) -> tuple[Ref, Ref]:
