@@ -63,3 +63,19 @@ def test_what_it_does_not_run_says_why():
     baseline = nkilib_baseline(mlp_workload(1, 4096, 14336, dense=True), TRN2[2])  # [T, 2I] fp32 twice: no room
     assert baseline.cost is None and "SBUF window" in baseline.reason
     assert baseline.details["variant"] == "tkg"
+
+
+def test_nmmc_decode_packs_k_blocked_accumulators_and_exchanges_once(tmp_path):
+    """What nmmc's own dense MLP took from nki-library's decode kernel: the accumulators of many feature tiles side
+    by side in one PSUM bank across K blocks (wide weight rows, few DMAs), and one exchange of gate's and up's partial
+    sums under the hidden split."""
+    from neuronmm_compiler.driver import compile_workload
+
+    workload = mlp_workload(8, 512, 2048, dense=True)
+    packed = compile_workload(workload, target=TRN2[2], dialect="nki",
+                              params={"k_tiles_per_block": 2, "weight_block_kib": 192, "lnc_split": "gather"})
+    source = packed.kernel.source
+    assert "side by side in one PSUM bank" in source and "nl.ndarray((128, 8, 8), dtype=nl.float32" in source
+    assert verify_source(source, rules=True).ok
+    hidden = compile_workload(workload, target=TRN2[2], dialect="nki", params={"lnc_split": "hidden"}).kernel.source
+    assert hidden.count("nisa.sendrecv(") == 1 and verify_source(hidden, rules=True).ok

@@ -4,14 +4,16 @@ free), computed with the weight tile as the stationary operand and the strip as 
 Part of the fused lowering (:mod:`.lower_fused`). Each group walks its output features in weight
 blocks of ``gemm_stationary_fmax``-feature tiles, accumulates one PSUM tile per term and feature
 tile over the contraction (or, with ``k_tiles_per_block``, over K blocks with one PSUM bank per
-feature tile held across them), and evaluates its epilogue on the eviction into its result strip.
+feature tile held across them, or, for narrow token blocks, the accumulators of up to ``512 // tokens`` feature
+tiles packed side by side in one bank: :func:`packed_feature_tiles`), and evaluates its epilogue on the eviction into
+its result strip.
 """
 
 from __future__ import annotations
 
 from ..ir import Node
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, scale
+from ..kernel_ir.expr import Expr, Lin, add, scale
 from ..kernel_ir.lnc import divisible_blocking, halves
 from ..kernel_ir.program import (
     Alloc,
@@ -31,7 +33,7 @@ from ..schedule.fused import tiles_per_weight_block
 from ..vocab import ElementwiseOp, NodeKind
 from .fused_groups import Group
 from .fused_operands import OperandLoads
-from .limits import k_blocked_group_banks, psum_bank_fp32
+from .limits import k_blocked_group_banks, packed_feature_tiles, psum_bank_fp32
 
 
 class TransposedGroups(OperandLoads):
@@ -49,6 +51,12 @@ class TransposedGroups(OperandLoads):
         k_tiles = ks.pop()
         return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
 
+    def _k_blocked_accumulators(self, group: Group) -> int:
+        """How many feature tiles' accumulators a K-blocked group holds per term: one bank each out of the banks left
+        for the group, or, where more fit that way, :func:`packed_feature_tiles` in one bank."""
+        by_banks = k_blocked_group_banks(self.target) // len(group.terms)
+        return max(by_banks, packed_feature_tiles(self.target, self.s.tokens_per_block))
+
     def transposed_group(self, group: Group, mb: Expr) -> list[Stmt]:
         """The statements computing ``group`` for token block ``mb`` into its strip (or streamed to HBM)."""
         if self._reduces(group):
@@ -60,10 +68,10 @@ class TransposedGroups(OperandLoads):
         ftile = min(feature_tile, n)
         kb = self._k_blocked(group)
         if kb:
-            # Contraction blocked: each feature tile's PSUM accumulator (a bank) lives across the
-            # K blocks, so the feature block is bounded by the banks left for this group.
+            # Contraction blocked: each feature tile's PSUM accumulator lives across the K blocks, so the feature
+            # block is bounded by the accumulators the group may hold: a bank each, or packed into one bank per term
             by_sbuf = tiles_per_weight_block(s, kb, ftile, self.dtype_bytes, ntiles)
-            per_block = max(1, min(by_sbuf, k_blocked_group_banks(self.target) // len(group.terms)))
+            per_block = max(1, min(by_sbuf, self._k_blocked_accumulators(group)))
         else:
             per_block = self._tiles_per_block(group, ftile, ntiles)
         if self._divides_features(group) and n % ftile == 0:  # blocks the programs can divide (kernel_ir/lnc.py)
@@ -156,30 +164,32 @@ class TransposedGroups(OperandLoads):
         fdim = Dim("f", n, ftile, ntiles, self._tiles_per_block(group, ftile, ntiles))
         bm = tok.block_size(mb)
         streamed = self._stored(root)
-        partials = {t.node.id: Buffer(f"{t.node.id}_partial", (ftile, ntiles, s.tokens_per_block), "float32", "sbuf")
-                    for t in group.terms}
-        out: list[Stmt] = [Alloc(p, comment="this program's partial sums (its half of the contraction)")
-                           for p in partials.values()]
+        # every term's partial strip in one buffer, so that one sendrecv exchanges them all (as AWS's decode MLP sends
+        # gate's and up's partial sums together: mlp_tkg_gate_up_projection.py:595-601, 938-948 of nki-library@d2ad3a57)
+        terms = [t.node.id for t in group.terms]
+        held = Buffer(f"{root.id}_partials" if len(terms) > 1 else f"{terms[0]}_partial",
+                      (ftile, len(terms) * ntiles, s.tokens_per_block), "float32", "sbuf")
+        offset = {t: i * ntiles for i, t in enumerate(terms)}
+        out: list[Stmt] = [Alloc(held, comment="this program's partial sums (its half of the contraction)")]
         fb, ft = iv("f_blk", fdim.blocks), iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
         loads, sources = self._weight_sources(group, fdim, fb)
         tile, values = self._term_tiles(group, sources, fdim, g, scale(ft, ftile), Lin(ftile), Lin(0), bm,
                                         row_major=False)
-        tile += [Copy(Ref(partials[t], (span(0, ftile), Point(g), span(0, bm))), values[t]) for t in partials]
+        tile += [Copy(Ref(held, (span(0, ftile), Point(add(g, offset[t])), span(0, bm))), values[t]) for t in terms]
         out += [Comment(self._describe_group(group) + "; partial sums over this program's half of the contraction"),
                 *loop("f_blk", Lin(fdim.blocks), fdim.blocks, loads + loop("ft", fdim.tiles_in(fb),
                                                                              fdim.tiles_in_block, tile))]
-        whole = (span(0, ftile), span(0, ntiles), span(0, bm))
-        received = {t: Buffer(f"{p.name}_other", p.shape, "float32", "sbuf") for t, p in partials.items()}
-        out.append(Comment("add the other program's partial sums (one instruction over the whole strip): both hold "
-                           "the whole sums"))
-        for t, p in partials.items():
-            out += [Alloc(received[t]), SendRecv(Ref(received[t], whole), Ref(p, whole)),
-                    TensorTensor(Ref(p, whole), Ref(p, whole), Ref(received[t], whole), ElementwiseOp.ADD)]
+        whole = (span(0, ftile), span(0, len(terms) * ntiles), span(0, bm))
+        received = Buffer(f"{held.name}_other", held.shape, "float32", "sbuf")
+        out += [Comment("add the other program's partial sums (one exchange, one instruction over the whole strip): "
+                        "both hold the whole sums"),
+                Alloc(received), SendRecv(Ref(received, whole), Ref(held, whole)),
+                TensorTensor(Ref(held, whole), Ref(held, whole), Ref(received, whole), ElementwiseOp.ADD)]
         nt = iv("nt", ntiles)
         at = (span(0, ftile), Point(nt), span(0, bm))
         body: list[Stmt] = []
-        sums = {t: Ref(p, at) for t, p in partials.items()}
+        sums = {t: Ref(held, (span(0, ftile), Point(add(nt, offset[t])), span(0, bm))) for t in terms}
         sums.update({op.id: Ref(self.strips[op.id], at) for op in group.operands})
         temps = {node.id: Buffer(f"{node.id}_f32", (ftile, s.tokens_per_block), "float32", "sbuf")
                  for node in group.tree if node is not root}
@@ -222,9 +232,12 @@ class TransposedGroups(OperandLoads):
         values: dict[str, Ref] = {}
         for leaf in group.matmuls:
             w = self._weight(leaf)
-            psum = Buffer(f"{leaf.id}_psum", (fdim.tile, fdim.tiles_in_block, psum_bank_fp32(self.target)), "float32",
-                          "psum")
-            allocs.append(Alloc(psum, accumulator=True, comment="one PSUM bank per feature tile, across K blocks"))
+            packed = fdim.tiles_in_block <= packed_feature_tiles(self.target, self.s.tokens_per_block)
+            width = self.s.tokens_per_block if packed else psum_bank_fp32(self.target)
+            psum = Buffer(f"{leaf.id}_psum", (fdim.tile, fdim.tiles_in_block, width), "float32", "psum")
+            allocs.append(Alloc(psum, accumulator=True, comment=(
+                "the feature tiles' accumulators side by side in one PSUM bank, across K blocks" if packed else
+                "one PSUM bank per feature tile, across K blocks")))
             wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, fdim.block_elems), w.dtype, "sbuf")
             loads.append(Alloc(wbuf))
             if self.s.weight_dma == "row" or fdim.tiles_in_block == 1:

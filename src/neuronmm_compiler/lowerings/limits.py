@@ -43,6 +43,17 @@ def k_blocked_group_banks(target: Target) -> int:
     return max(1, target.psum_banks - FUSED_RESERVED_PSUM_BANKS)
 
 
+def packed_feature_tiles(target: Target, tokens: int) -> int:
+    """Feature tiles whose ``[128, tokens]`` fp32 accumulators one PSUM bank holds side by side, where packing is
+    worth it (more than the banks a K-blocked group may hold one per tile, :func:`k_blocked_group_banks`); 0 where
+    it is not. Matmuls accumulating into different slices of one bank, interleaved over the contraction, are what
+    AWS's decode MLP does in its weight-stationary down projection (aws-neuron/nki-library@d2ad3a57:
+    src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py:266-331, ``perBankT = psum_fmax // T``
+    slices of one bank)."""
+    slots = psum_bank_fp32(target) // max(tokens, 1)
+    return slots if slots > k_blocked_group_banks(target) else 0
+
+
 def copy_tile_cols(target: Target) -> int:
     """Columns per tile of a fused kernel's plain copy (an output returning an input as stored):
     as wide as the widest row a matmul of the kernel produces (the moving operand's free size,

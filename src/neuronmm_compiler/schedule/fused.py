@@ -54,7 +54,7 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
     integer("token_tile", 1, "gemm_stationary_fmax", "stationary free size", (128,),
             "tokens per stationary tile of the final, row-major matmul, 1..128"),
     integer("weight_block_kib", 1, sbuf_kib_per_partition, "SBUF KiB per partition: a larger block cannot fit",
-            (4, 8, 16, 32, 64, 128),
+            (4, 8, 16, 32, 64, 128, 192),
             "SBUF KiB per partition of one weight block (all of its contraction rows, as many output "
             "tiles as fit, at least one), 1..SBUF KiB per partition (192 on trn1): larger blocks mean "
             "fewer, longer weight DMAs", role=EXCHANGE),

@@ -79,7 +79,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for kt in range(8):
                 nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
             nisa.tensor_copy(dst=x_ug_partial[0:128, 4 * f_blk + ft, 0:1], src=x_ug_psum[0:128, 0:1])
-    # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
+    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     x_ug_partial_other = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=x_ug_partial[0:128, 0:10, 0:1], dst=x_ug_partial_other[0:128, 0:10, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     nisa.tensor_tensor(dst=x_ug_partial[0:128, 0:10, 0:1], data1=x_ug_partial[0:128, 0:10, 0:1], data2=x_ug_partial_other[0:128, 0:10, 0:1], op=nl.add)
@@ -101,7 +101,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for kt in range(8):
                 nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
             nisa.tensor_copy(dst=x_uu_partial[0:128, 4 * f_blk + ft, 0:1], src=x_uu_psum[0:128, 0:1])
-    # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
+    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     x_uu_partial_other = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=x_uu_partial[0:128, 0:10, 0:1], dst=x_uu_partial_other[0:128, 0:10, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     nisa.tensor_tensor(dst=x_uu_partial[0:128, 0:10, 0:1], data1=x_uu_partial[0:128, 0:10, 0:1], data2=x_uu_partial_other[0:128, 0:10, 0:1], op=nl.add)

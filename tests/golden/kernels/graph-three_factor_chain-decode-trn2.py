@@ -67,7 +67,7 @@ def three_factor_chain_k0(x, p, q, r):
         for kt in range(8):
             nisa.nc_matmul(dst=xp_psum[0:128, 0:1], stationary=p_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
         nisa.tensor_copy(dst=xp_partial[0:128, ft, 0:1], src=xp_psum[0:128, 0:1])
-    # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
+    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     xp_partial_other = nl.ndarray((128, 4, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=xp_partial[0:128, 0:4, 0:1], dst=xp_partial_other[0:128, 0:4, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     nisa.tensor_tensor(dst=xp_partial[0:128, 0:4, 0:1], data1=xp_partial[0:128, 0:4, 0:1], data2=xp_partial_other[0:128, 0:4, 0:1], op=nl.add)

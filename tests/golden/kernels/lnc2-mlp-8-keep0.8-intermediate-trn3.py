@@ -126,7 +126,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         for kt in range(32):
             nisa.nc_matmul(dst=h_ud_psum[0:128, 0:8], stationary=u_down_block[0:128, kt, 0:128], moving=h_strip[0:128, kt + 32 * pid, 0:8])
         nisa.tensor_copy(dst=h_ud_partial[0:128, f_blk, 0:8], src=h_ud_psum[0:128, 0:8])
-    # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
+    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     h_ud_partial_other = nl.ndarray((128, 10, 8), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=h_ud_partial[0:128, 0:10, 0:8], dst=h_ud_partial_other[0:128, 0:10, 0:8], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     nisa.tensor_tensor(dst=h_ud_partial[0:128, 0:10, 0:8], data1=h_ud_partial[0:128, 0:10, 0:8], data2=h_ud_partial_other[0:128, 0:10, 0:8], op=nl.add)

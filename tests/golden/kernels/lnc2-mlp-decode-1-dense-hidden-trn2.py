@@ -5,7 +5,7 @@
 # schedule     default + lnc_split=hidden
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
 # footprint    dense_mlp_k0: SBUF 66688 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    202.6 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    200.5 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -57,9 +57,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
-    gate_partial = nl.ndarray((128, 64, 1), dtype=nl.float32, buffer=nl.sbuf)
-    # this program's partial sums (its half of the contraction)
-    up_partial = nl.ndarray((128, 64, 1), dtype=nl.float32, buffer=nl.sbuf)
+    h_partials = nl.ndarray((128, 128, 1), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction); partial sums over this program's half of the contraction
     for f_blk in range(16):
         w_gate_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -79,19 +77,16 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
             # 2 programs: each its 8 of 16
             for kt in range(8):
                 nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=w_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-            nisa.tensor_copy(dst=gate_partial[0:128, 4 * f_blk + ft, 0:1], src=gate_psum[0:128, 0:1])
-            nisa.tensor_copy(dst=up_partial[0:128, 4 * f_blk + ft, 0:1], src=up_psum[0:128, 0:1])
-    # add the other program's partial sums (one instruction over the whole strip): both hold the whole sums
-    gate_partial_other = nl.ndarray((128, 64, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=gate_partial[0:128, 0:64, 0:1], dst=gate_partial_other[0:128, 0:64, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=gate_partial[0:128, 0:64, 0:1], data1=gate_partial[0:128, 0:64, 0:1], data2=gate_partial_other[0:128, 0:64, 0:1], op=nl.add)
-    up_partial_other = nl.ndarray((128, 64, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=up_partial[0:128, 0:64, 0:1], dst=up_partial_other[0:128, 0:64, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=up_partial[0:128, 0:64, 0:1], data1=up_partial[0:128, 0:64, 0:1], data2=up_partial_other[0:128, 0:64, 0:1], op=nl.add)
+            nisa.tensor_copy(dst=h_partials[0:128, 4 * f_blk + ft, 0:1], src=gate_psum[0:128, 0:1])
+            nisa.tensor_copy(dst=h_partials[0:128, 4 * f_blk + ft + 64, 0:1], src=up_psum[0:128, 0:1])
+    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
+    h_partials_other = nl.ndarray((128, 128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=h_partials[0:128, 0:128, 0:1], dst=h_partials_other[0:128, 0:128, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=h_partials[0:128, 0:128, 0:1], data1=h_partials[0:128, 0:128, 0:1], data2=h_partials_other[0:128, 0:128, 0:1], op=nl.add)
     for nt in range(64):
         act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=gate_partial[0:128, nt, 0:1])
-        nisa.tensor_tensor(dst=h_strip[0:128, nt, 0:1], data1=act_f32[0:128, 0:1], data2=up_partial[0:128, nt, 0:1], op=nl.multiply)
+        nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=h_partials[0:128, nt, 0:1])
+        nisa.tensor_tensor(dst=h_strip[0:128, nt, 0:1], data1=act_f32[0:128, 0:1], data2=h_partials[0:128, nt + 64, 0:1], op=nl.multiply)
     # out = down = (h @ w_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
