@@ -109,11 +109,12 @@ def test_tune_model_recommends_dense_where_svd_does_not_win(tmp_path):
     assert "launch context: in-graph" in text and "wrote 2 kernel files" in text
 
 
-def test_tensor_parallel_leads_with_nmmc_dense_in_graph():
+def test_tensor_parallel_leads_with_nkilib_in_graph():
     out = run("cost", *MLP, "--rank", "128", "--tp", "2")
     versus = [line.split(" vs ", 1)[1] for line in out.splitlines() if " vs dense, " in line]
-    assert versus[0].startswith("dense, nmmc fused MLP + all-reduce (in-graph): ")
-    assert versus[1].startswith("dense, AWS kernel per projection + all-reduce (in-graph): ")
+    assert versus[0].startswith("dense, nki-library MLP + all-reduce (in-graph): ")
+    assert versus[1].startswith("dense, nmmc fused MLP + all-reduce (in-graph): ")
+    assert versus[2].startswith("dense, AWS kernel per projection + all-reduce (in-graph): ")
     assert "launch context: in-graph" in out
 
 

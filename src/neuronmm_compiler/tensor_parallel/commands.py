@@ -68,7 +68,7 @@ def result_lines(result: TpResult) -> list[str]:
         lines.append(f"  {r.strategy.name:<46} {r.kernel_us:>10.2f} {r.comm_us:>9.2f} {r.total_us:>9.2f} "
                      f"{r.comm_bytes / 1024:>14.1f}{mark}")
     for label, alt in result.alternatives.items():
-        text = "not modelled" if alt is None else \
+        text = "not modelled (or, nki-library's, does not run this shape)" if alt is None else \
             f"{alt['kernel_us']:>10.2f} {alt['comm_us']:>9.2f} {alt['total_us']:>9.2f}"
         lines.append(f"  {label:<46} {text}")
     chosen = result.chosen
@@ -181,9 +181,12 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
     else:
         echo(f"{config.name} MLP at tp {tp} on {target.label}, ranks {'/'.join(map(str, source.ranks))}:")
         for e in entries:
-            dense = e["alternatives"].get("dense, nmmc fused MLP + all-reduce") or {}
-            versus = (f", dense nmmc MLP + all-reduce {dense['total_us']:.1f} us "
-                      f"({speedup_text(dense['total_us'] / e['total_us'])})" if dense else "")
+            versus = ""
+            for key, name in (("dense, nki-library MLP + all-reduce", "nki-library MLP"),
+                              ("dense, nmmc fused MLP + all-reduce", "dense nmmc MLP")):
+                dense = e["alternatives"].get(key) or {}
+                versus += (f", {name} + all-reduce {dense['total_us']:.1f} us "
+                           f"({speedup_text(dense['total_us'] / e['total_us'])})" if dense else "")
             echo(f"  {e['tokens']:>6} tokens: {e['strategy']:<28} kernel {e['kernel_us']:.1f} us + comm "
                  f"{e['comm_us']:.1f} us = {e['total_us']:.1f} us{versus}")
         echo(f"  {context_note(target)}")
