@@ -220,6 +220,8 @@ class FusedLowering(Lowering):
         shapes = [replace(base, x_transpose=x_transpose), replace(base, cache_weights="stage1", tokens_per_block=512)]
         if "split" in space.candidates["mlp"]:
             shapes.append(replace(base, mlp="split"))
+        if tokens <= 64:  # decode: wide weight rows over few K tiles, accumulators packed in a bank (as nki-library)
+            shapes.append(replace(base, x_transpose=x_transpose, k_tiles_per_block=8, weight_block_kib=128))
         # every guess under every split of the logical core (a decode step has no tokens to divide, a prefill step
         # may have no on-chip value worth exchanging): the first trials include one that divides
         guesses = [replace(g, lnc_split=split) for g in shapes for split in space.candidates["lnc_split"]]
