@@ -301,6 +301,8 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
     """``nmmc tune --model``: one row per token bucket (cost-model predictions). The first speedup is
     over nmmc's own fused dense MLP, the honest alternative; then over AWS's per-matmul kernels. A bucket where
     the SVD MLP does not beat nmmc's dense MLP recommends the dense one, and says so."""
+    if index["ranks"] is None:
+        return _dense_model_lines(source, index, target, output)
     ranks = "/".join(str(r) for r in index["ranks"].values())
     lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target.label}",
              "  predicted by nmmc's cost model (not measured); 'nmmc dense' is nmmc's own fused dense MLP, "
@@ -325,6 +327,25 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
                          "compression buys no speed there")
     count = len(index["buckets"]) + sum(e.get("recommended") == "dense" for e in index["buckets"])
     lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
+    lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
+    return lines
+
+
+def _dense_model_lines(source: Any, index: dict[str, Any], target: Target, output: str) -> list[str]:
+    """``nmmc tune --model --dense``: nmmc's fused dense MLP per bucket against AWS's kernel per matmul."""
+    lines = [f"{source.config.describe()}; the dense MLP (no compression: exact); {target.label}",
+             "  predicted by nmmc's cost model (not measured); 'AWS dense' is AWS's kernel per matmul",
+             f"  {context_note(target)}"]
+    rows = [["tokens", "nmmc dense us", "AWS dense us", "vs it", "kernels", "  file"]]
+    for e in index["buckets"]:
+        check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
+        aws = "n/a" if e["baseline_us"] is None else f"{e['baseline_us']:.1f}"
+        versus = "n/a" if e["speedup_vs_baseline"] is None else speedup_text(e["speedup_vs_baseline"])
+        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", aws, versus, str(len(e["kernels"])),
+                     f"  {e['file']}{check}"])
+    lines.extend(columns(rows, [(7, ">"), (15, ">"), (14, ">"), (8, ">"), (9, ">"), (0, "<")]))
+    lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
+    count = len(index["buckets"])
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
     return lines
 

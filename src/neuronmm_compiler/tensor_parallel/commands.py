@@ -143,19 +143,20 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
     from ..model_tuning import parse_buckets, resolve_model
     from .plan import write_plan
 
-    given = [k for k, v in options.items() if k not in ("tokens", "keep_ratio", "dtype", "a_layout")
+    given = [k for k, v in options.items() if k not in ("tokens", "keep_ratio", "dense", "dtype", "a_layout")
              and v not in (None, False, ())]
     if given:
-        raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
+        raise InputError("--model takes --tokens (buckets) and --keep-ratio or --dense; drop " +
                          ", ".join("--" + k.replace("_", "-") for k in given))
     if options.get("tokens") is None:
         raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
     check_output_dir(output)
-    source = resolve_model(model, options.get("keep_ratio"))
+    source = resolve_model(model, options.get("keep_ratio"), dense=bool(options.get("dense")))
     config = source.config
     entries, failures = [], []
     for tokens in parse_buckets(str(options["tokens"])):
-        workload = mlp_workload(tokens, config.hidden_size, config.intermediate_size, ranks=source.ranks)
+        workload = mlp_workload(tokens, config.hidden_size, config.intermediate_size, ranks=source.ranks,
+                                dense=source.ranks is None)
         result = plan_tp(workload, tp, target, dialect, kernel_fn, only=strategy)
         write_plan(result, dialect, Path(output) / f"t{tokens}")
         chosen = result.chosen
@@ -172,14 +173,16 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
         entries.append(entry)
     index = {"model": {"name": config.name, "hidden_size": config.hidden_size,
                        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers},
-             "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)), "keep_ratio": source.keep_ratio,
+             "ranks": None if source.ranks is None else dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
+             "keep_ratio": source.keep_ratio,
              "tp": tp, "target": target.spec, "launch": launch_dict(target), "dialect": dialect, "buckets": entries,
              "model_error": trust_note(target, fused=True), "collectives": UNVALIDATED}
     write_text_atomic(Path(output) / "index.json", json.dumps(index, indent=2) + "\n")
     if as_json:
         echo(json.dumps(index, indent=2))
     else:
-        echo(f"{config.name} MLP at tp {tp} on {target.label}, ranks {'/'.join(map(str, source.ranks))}:")
+        what = "dense" if source.ranks is None else f"ranks {'/'.join(map(str, source.ranks))}"
+        echo(f"{config.name} MLP at tp {tp} on {target.label}, {what}:")
         for e in entries:
             dense = e["alternatives"].get("dense, nmmc fused MLP + all-reduce") or {}
             versus = (f", dense nmmc MLP + all-reduce {dense['total_us']:.1f} us "
