@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -19,8 +21,24 @@ from .options import (
 )
 from .views import echo_lines
 
+EPILOG = """\b
+The package (OUT/):
+  kernels/t<T>/           the kernel of bucket T (with --tp: one per rank role, and plan.json)
+  manifest.json           buckets, kernels, every argument's shape/dtype/layout, SDK range, LNC,
+                          target, TP plan, predicted latencies with their error band and launch
+                          context (manifest.schema.json is its JSON Schema)
+  weights.py              checkpoint (dense) or factor files (SVD) -> a rank's kernel arguments
+  module.py               NmmcMLP / NeuronNmmcMLP: the MLP module (pad to bucket, launch, all-reduce)
+  patch.py                replace the MLPs of a Hugging Face or NxD Inference Llama/Qwen3 model
+  backend.py, llama.py    nki.jit on a Neuron device / nmmc's interpreter on the CPU; a torch Llama
+                          with Hugging Face's module names for CPU accuracy checks
 
-@click.command()
+\b
+Then: nmmc verify OUT   (every kernel and plan in the interpreter); docs/integration.md.
+Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 2 a user error."""
+
+
+@click.command(epilog=EPILOG)
 @click.argument("model")
 @click.option("--tokens", "buckets", required=True, metavar="N,N,...",
               help="Token buckets (batch x sequence rows one MLP call processes), e.g. 1,128: one kernel each; a "
@@ -60,24 +78,9 @@ def export(model: str, buckets: str, tp: int, keep_ratio: float | None, dense: b
 
     MODEL is a shipped model name (llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-1.7b, qwen3-4b), a model
     directory or its config.json, or an 'nmmc compress' output directory (its ranks: the SVD MLP).
-
-    \b
-    The package (OUT/):
-      kernels/t<T>/           the kernel of bucket T (with --tp: one per rank role, and plan.json)
-      manifest.json           buckets, kernels, every argument's shape/dtype/layout, SDK range, LNC,
-                              target, TP plan, predicted latencies with their error band and launch
-                              context (manifest.schema.json is its JSON Schema)
-      weights.py              checkpoint (dense) or factor files (SVD) -> a rank's kernel arguments
-      module.py               NmmcMLP / NeuronNmmcMLP: the MLP module (pad to bucket, launch, all-reduce)
-      patch.py                replace the MLPs of a Hugging Face or NxD Inference Llama/Qwen3 model
-      backend.py, llama.py    nki.jit on a Neuron device / nmmc's interpreter on the CPU; a torch Llama
-                              with Hugging Face's module names for CPU accuracy checks
-
-    \b
-    Then: nmmc verify OUT   (every kernel and plan in the interpreter); docs/integration.md.
     """
     from ..errors import InputError
-    from ..export import ExportRequest, export_model
+    from ..export import ExportRequest
     from ..ir import canonical_dtype
     from ..model_tuning import parse_buckets
 
@@ -88,25 +91,35 @@ def export(model: str, buckets: str, tp: int, keep_ratio: float | None, dense: b
                             dialect=chosen_dialect(dialect, sdk, tgt), tp=tp, keep_ratio=keep_ratio, dense=dense,
                             dtype=canonical_dtype(dtype), trials=trials, seed=seed, cache_dir=cache_dir,
                             use_cache=not no_cache)
-    update, close = _bar(show_progress(progress, as_json), len(request.buckets))
+    ok = run_export(request, output, verify=run_verify, as_json=as_json,
+                    progress=show_progress(progress, as_json), echo=click.echo)
+    if not ok:
+        sys.exit(EXIT_FAILED)
+
+
+def run_export(request: Any, output: str, *, verify: bool, as_json: bool, progress: bool,
+               echo: Callable[..., None]) -> bool:
+    """Export, optionally verify, print the summary (or the manifest as JSON); False when --verify failed."""
+    from ..export import export_model
+
+    update, close = _bar(progress, len(request.buckets))
     try:
         manifest = export_model(request, output, progress=update)
     finally:
         close()
     ok = True
     lines = _summary(manifest, output)
-    if run_verify:
+    if verify:
         from ..export.verify import verify_export
 
         report = verify_export(output)
         ok = report.ok
         lines += report.lines(output)
     if as_json:
-        click.echo(json.dumps(manifest, indent=2))
+        echo(json.dumps(manifest, indent=2))
     else:
         echo_lines(lines)
-    if not ok:
-        sys.exit(EXIT_FAILED)
+    return ok
 
 
 def _bar(enabled: bool, total: int):
