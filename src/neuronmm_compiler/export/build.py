@@ -121,6 +121,9 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
         (out / relative).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / relative, text)
     write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")  # last: a complete package
+    commit = getattr(kernel_fn, "commit", None)
+    if commit is not None:  # the searches go into the result cache only now: an interrupted export stores none
+        commit()
     return manifest
 
 

@@ -33,25 +33,52 @@ def default_kernels(target: Target, dialect: str | None) -> KernelFn:
     return compile_one
 
 
+class TunedKernels:
+    """Tune each per-rank workload (answered from the result cache when tuned before); the searches are stored in
+    the cache only by :meth:`commit`, which a command calls once all its files are written, so an interrupted or
+    failing command leaves no cache entry."""
+
+    def __init__(self, target: Target, dialect: str, *, trials: int, seed: int, method: str | None,
+                 exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> None:
+        from pathlib import Path
+
+        from ..artifacts.cache import ResultCache
+
+        self.target, self.dialect, self.trials, self.seed = target, dialect, trials, seed
+        self.method, self.exhaustive_threshold = method, exhaustive_threshold
+        self.cache = ResultCache(Path(cache_dir) if cache_dir else None) if use_cache else None
+        self.memo: dict[Workload, Compiled] = {}
+        self.pending: list[tuple[Workload, Any]] = []
+
+    def __call__(self, workload: Workload) -> Compiled:
+        from ..driver import tune_cached
+
+        if workload not in self.memo:
+            tuned, from_cache = tune_cached(workload, target=self.target, dialect=self.dialect, cache=self.cache,
+                                            trials=self.trials, seed=self.seed, method=self.method,
+                                            exhaustive_threshold=self.exhaustive_threshold, store=False)
+            if not from_cache:
+                self.pending.append((workload, tuned))
+            self.memo[workload] = tuned.compiled
+        return self.memo[workload]
+
+    def commit(self) -> None:
+        """Store every search run so far in the result cache."""
+        from ..driver import store_tuned
+
+        if self.cache is not None:
+            for workload, tuned in self.pending:
+                store_tuned(workload, tuned, cache=self.cache, target=self.target, dialect=self.dialect,
+                            trials=self.trials, seed=self.seed, method=self.method,
+                            exhaustive_threshold=self.exhaustive_threshold)
+        self.pending.clear()
+
+
 def tuned_kernels(target: Target, dialect: str, *, trials: int, seed: int, method: str | None,
-                  exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> KernelFn:
-    """Tune each per-rank workload (answered from the result cache when tuned before)."""
-    from pathlib import Path
-
-    from ..artifacts.cache import ResultCache
-    from ..driver import tune_cached
-
-    cache = ResultCache(Path(cache_dir) if cache_dir else None) if use_cache else None
-    memo: dict[Workload, Compiled] = {}
-
-    def tune_one(workload: Workload) -> Compiled:
-        if workload not in memo:
-            tuned, _ = tune_cached(workload, target=target, dialect=dialect, cache=cache, trials=trials, seed=seed,
-                                   method=method, exhaustive_threshold=exhaustive_threshold)
-            memo[workload] = tuned.compiled
-        return memo[workload]
-
-    return tune_one
+                  exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> TunedKernels:
+    """Tune each per-rank workload (see :class:`TunedKernels`; call its ``commit`` once the outputs are written)."""
+    return TunedKernels(target, dialect, trials=trials, seed=seed, method=method,
+                        exhaustive_threshold=exhaustive_threshold, cache_dir=cache_dir, use_cache=use_cache)
 
 
 def result_lines(result: TpResult) -> list[str]:
