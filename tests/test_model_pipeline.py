@@ -84,16 +84,21 @@ def test_parse_buckets():
 
 
 def test_end_to_end_example_runs(tmp_path):
-    """The example writes a tiny model, compresses it, tunes the MLP, runs the kernel on the factors in
-    the interpreter, and compares with the dense MLP in float64 within the rank truncation's error."""
+    """The example writes a tiny model, compresses it, exports the SVD MLP kernels as a package (trn2, LNC=2, the
+    nki dialect) that verifies, patches a torch Llama with it and matches the logits within the rank truncation's
+    error."""
+    pytest.importorskip("torch", reason="the example needs the 'torch' extra")
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "svd_mlp_end_to_end.py"), "--workdir",
                            str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("OK")
-    assert (tmp_path / "factors" / "manifest.json").is_file() and (tmp_path / "kernels" / "index.json").is_file()
+    assert "OK: every kernel verifies" in proc.stdout and "launch kernel[2](*args)" in proc.stdout
+    assert (tmp_path / "factors" / "manifest.json").is_file()
+    assert (tmp_path / "nmmc_tiny_llama" / "manifest.json").is_file()
 
 
 def test_compress_cli_writes_the_manifest(tmp_path):
+    pytest.importorskip("torch", reason="the example's model writer needs the 'torch' extra")
     sys.path.insert(0, str(ROOT / "examples"))
     try:
         from svd_mlp_end_to_end import write_tiny_model
@@ -193,3 +198,56 @@ def test_tune_model_jobs_write_what_one_job_writes(tmp_path):
         assert result.exit_code == 0, result.output + result.stderr
     assert _tree_bytes(tmp_path / "2") == _tree_bytes(tmp_path / "1")
     assert {p.name for p in (tmp_path / "1").iterdir()} == {"index.json", "mlp_t1.py", "mlp_t2.py"}
+
+
+def test_tune_model_takes_a_shipped_name_and_dense(tmp_path):
+    """`--model llama-3.2-1b` resolves the config shipped in the package; `--dense` tunes the lossless MLP per
+    bucket; index.json states each argument's shape and dtype, the target spec, LNC and SDK range; `nmmc verify
+    DIR` and `verify DIR/index.json` verify every kernel."""
+    out = tmp_path / "k"
+    result = CliRunner().invoke(main, ["tune", "--model", "llama-3.2-1b", "--dense", "--tokens", "1", "--trials", "3",
+                                       "--target", "trn1", "--no-progress", "-o", str(out)])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "the dense MLP" in result.output
+    index = json.loads((out / "index.json").read_text())
+    assert index["ranks"] is None and index["model"]["name"] == "meta-llama/Llama-3.2-1B"
+    assert index["target_spec"] == "trn1:launch=in-graph" and index["lnc"] == 1
+    assert index["sdk"] == {"min": "2.26", "max": "2.29"} and index["dtype"] == "bfloat16"
+    kernel = index["buckets"][0]["kernels"][0]
+    assert kernel["arguments"][1] == {"name": "w_gate", "shape": [2048, 8192], "dtype": "bfloat16",
+                                      "layout": "row_major"}
+    for target in (out, out / "index.json"):
+        verified = CliRunner().invoke(main, ["verify", str(target)])
+        assert verified.exit_code == 0, verified.output
+        assert "OK  mlp_t1.py" in verified.output
+    both = CliRunner().invoke(main, ["tune", "--model", "llama-3.2-1b", "--dense", "--keep-ratio", "0.8",
+                                     "--tokens", "1", "-o", str(tmp_path / "x")])
+    assert both.exit_code == 2 and "--dense" in both.stderr
+
+
+def test_an_interrupted_tune_model_writes_no_cache_entry(tmp_path, monkeypatch):
+    """Ctrl-C after the first bucket's searches: no kernel file, no index and no result-cache entry; an
+    uninterrupted run then stores every search."""
+    from neuronmm_compiler import model_tuning
+
+    calls = []
+    original = model_tuning._run_searches
+
+    def interrupted(tune_bucket, searches, jobs, progress, buckets):
+        def first_then_interrupt(workload, bucket):
+            if calls:
+                raise KeyboardInterrupt
+            calls.append(bucket)
+            return tune_bucket(workload, bucket)
+        return original(first_then_interrupt, searches, 1, progress, buckets)
+
+    cache = tmp_path / "cache"
+    args = ["tune", "--model", "llama-3.2-1b", "--keep-ratio", "0.8", "--tokens", "1,2", "--trials", "3",
+            "--jobs", "1", "--cache-dir", str(cache), "--no-progress", "-o", str(tmp_path / "k")]
+    monkeypatch.setattr(model_tuning, "_run_searches", interrupted)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 130 and calls == [0]
+    assert not list(cache.rglob("*.json")) and not (tmp_path / "k").exists()
+    monkeypatch.setattr(model_tuning, "_run_searches", original)
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert len(list(cache.rglob("*.json"))) == 4  # two buckets, each the SVD MLP and nmmc's dense MLP

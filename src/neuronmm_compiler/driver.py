@@ -339,9 +339,10 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str | None, cach
 
 def store_tuned(workload: Workload, tuned: Tuned, *, cache: ResultCache, target: Target, dialect: str | None,
                 trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, method: str | None = None,
-                exhaustive_threshold: int | None = None) -> bool:
+                exhaustive_threshold: int | None = None, keep_existing: bool = False) -> bool:
     """Write the decision of a search :func:`tune_cached` ran (with the same arguments) to
-    ``cache``; False when it was not written (a ``timeout`` search is never cached, or the cache
+    ``cache``; False when it was not written (a ``timeout`` search is never cached, ``keep_existing`` and the
+    cache holds a record of the key already (the search was answered from it), or the cache
     directory cannot be written: then ``cache.warnings`` says why)."""
     from .artifacts.cache import new_record
 
@@ -351,6 +352,8 @@ def store_tuned(workload: Workload, tuned: Tuned, *, cache: ResultCache, target:
     dialect = platform_dialect(dialect, target)
     key = _cache_key(workload, graph, target=target, dialect=dialect, trials=trials, seed=seed, method=method,
                      exhaustive_threshold=exhaustive_threshold)
+    if keep_existing and cache.get(key) is not None:
+        return False
     return cache.put(new_record(graph, key=key, target=target, dialect=dialect, kind=lowering_for(workload).kind,
                                 schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
                                 latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),

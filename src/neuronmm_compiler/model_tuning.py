@@ -40,19 +40,40 @@ class ModelSource:
     """The model's shapes and the MLP ranks to compile for."""
 
     config: ModelConfig
-    ranks: tuple[int, int, int]
+    ranks: tuple[int, int, int] | None  # None: the dense MLP (tune --model --dense)
     keep_ratio: float | None
-    ranks_from: str  # "manifest" or "formula"
+    ranks_from: str  # "manifest", "formula" or "dense"
     quality: dict[str, Any] | None = None  # the manifest's measured quality (nmmc compress --eval), if any
 
 
-def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128) -> ModelSource:
-    """Shapes from config.json (or a compression manifest), ranks from the manifest if there is
-    one, else from the block-aligned rank formula at ``keep_ratio``."""
+def model_path(path: str | Path) -> Path:
+    """``path`` itself when it exists, else the config shipped in the package under that name (``llama-3.2-1b``,
+    ``meta-llama/Llama-3.2-1B``; :func:`~.models.known_config`); InputError naming both when neither is."""
+    from .errors import UnknownNameError
+    from .models import KNOWN_MODELS, known_config
+
     p = Path(path)
+    if p.exists():
+        return p
+    try:
+        return known_config(str(path))
+    except UnknownNameError:
+        raise InputError(f"model not found: {p} (give a model directory, its config.json, an 'nmmc compress' output "
+                         f"directory, or a shipped model name: {', '.join(KNOWN_MODELS)})") from None
+
+
+def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128, *, dense: bool = False) -> ModelSource:
+    """Shapes from config.json (or a compression manifest), ranks from the manifest if there is
+    one, else from the block-aligned rank formula at ``keep_ratio``; with ``dense``, no ranks (the
+    uncompressed MLP, whatever the source holds). ``path`` may name a shipped config."""
+    if dense and keep_ratio is not None:
+        raise InputError("--dense compiles the uncompressed MLP: drop --keep-ratio")
+    p = model_path(path)
     manifest_path = p / MANIFEST_FILE if p.is_dir() else None
     if manifest_path is not None and manifest_path.is_file():
         manifest = read_manifest(manifest_path)
+        if dense:
+            return ModelSource(manifest.model, None, None, "dense")
         if not manifest.uniform:
             raise InputError(f"{p}: its ranks differ by layer (chosen by 'nmmc compress --choose-ranks'); tune each "
                              "distinct rank set with 'nmmc tune --mlp --ranks G,U,D' (manifest.json lists them)")
@@ -62,12 +83,12 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128) 
                              f"{manifest.keep_ratio}")
         return ModelSource(manifest.model, (r["gate"], r["up"], r["down"]), manifest.keep_ratio, "manifest",
                            dict(manifest.quality) if manifest.quality else None)
-    if not p.exists():
-        raise InputError(f"model not found: {p} (give a model directory, its config.json, or an 'nmmc compress' "
-                         "output directory)")
     config = read_config(p)
+    if dense:
+        return ModelSource(config, None, None, "dense")
     if keep_ratio is None:
-        raise InputError("--keep-ratio is needed when the model has no compression manifest")
+        raise InputError("--keep-ratio is needed when the model has no compression manifest (or --dense for the "
+                         "uncompressed MLP)")
     h, i = config.hidden_size, config.intermediate_size
     gate_up = block_aligned_rank(h, i, keep_ratio, align)
     return ModelSource(config, (gate_up, gate_up, block_aligned_rank(i, h, keep_ratio, align)), keep_ratio, "formula")
@@ -101,7 +122,8 @@ class BucketResult:
 def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,
                trials: int = DEFAULT_TRIALS, seed: int = 0,
                tune_bucket: Callable[[Workload, int], Tuned] | None = None, jobs: int = 1,
-               progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+               progress: Callable[[int, int, float], None] | None = None,
+               on_written: Callable[[list[tuple[Workload, Tuned]]], None] | None = None) -> dict[str, Any]:
     """Tune and emit one fused MLP per bucket into ``out_dir``; write and return the index.
     ``tune_bucket(workload, bucket_index)`` runs one search with the caller's settings (``nmmc tune
     --model``: cache, timeout, method, progress); by default :func:`driver.tune` with ``trials`` and
@@ -109,41 +131,75 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     one): with ``jobs`` > 1 they run in that many worker processes (``tune_bucket`` must then be
     picklable: a module-level function or a partial of one), each search deterministic, so the
     files and the index are those of ``jobs=1``. ``progress(buckets_done, buckets, inf)`` is
-    called as buckets complete."""
+    called as buckets complete; ``on_written(searches)`` once every file is written, with each search's
+    workload and result (``nmmc tune --model`` stores them in the result cache then, so that an interrupted
+    command leaves no cache entry). A source without ranks (``--dense``) tunes the dense MLP alone."""
     if tune_bucket is None:
         tune_bucket = functools.partial(_tune_default, target=target, dialect=dialect, trials=trials, seed=seed)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
     c = source.config
-    searches = [(bucket, mlp_workload(tokens, c.hidden_size, c.intermediate_size, dense=dense)
-                 if dense else mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks))
-                for bucket, tokens in enumerate(buckets) for dense in (False, True)]
+    # an SVD MLP is searched with nmmc's fused dense MLP (its honest alternative); a dense one alone
+    variants = (False,) if source.ranks is None else (False, True)
+    searches = [(bucket, mlp_workload(tokens, c.hidden_size, c.intermediate_size, dense=True)
+                 if dense or source.ranks is None else
+                 mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks))
+                for bucket, tokens in enumerate(buckets) for dense in variants]
     tuned_all = _run_searches(tune_bucket, searches, jobs, progress, len(buckets))
     out.mkdir(parents=True, exist_ok=True)  # only once every search succeeded: a failed one leaves nothing
     results: list[BucketResult] = []
+    step = len(variants)
     for bucket, tokens in enumerate(buckets):
-        (_, workload), tuned, dense = searches[2 * bucket], tuned_all[2 * bucket], tuned_all[2 * bucket + 1]
+        first = step * bucket
+        (_, workload), tuned, dense = searches[first], tuned_all[first], tuned_all[first + step - 1]
         name = f"mlp_t{tokens}.py"
         write_text_atomic(out / name, tuned.compiled.kernel.source)
-        if not svd_wins(tuned, dense):  # the recommended kernel of the bucket is nmmc's dense MLP: write it too
-            write_text_atomic(out / dense_file(tokens), dense.compiled.kernel.source)
+        if source.ranks is not None and not svd_wins(tuned, dense):  # the bucket's recommended kernel is nmmc's
+            write_text_atomic(out / dense_file(tokens), dense.compiled.kernel.source)  # dense MLP: write it too
         results.append(BucketResult(tokens, name, workload, tuned, dense))
     index = {
         "nmmc_version": __version__,
         "model": {"name": c.name, "architecture": c.architecture, "hidden_size": c.hidden_size,
                   "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers},
         "keep_ratio": source.keep_ratio,
-        "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
+        "ranks": None if source.ranks is None else dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
         "ranks_from": source.ranks_from,
         "quality": source.quality,  # measured by nmmc compress --eval (None: the SVD's effect was not measured)
         "target": target.name,
+        "target_spec": target.spec,  # the target, logical-core degree and launch context in one string
+        "lnc": target.lnc,
         "launch": launch_dict(target),  # the launch context every latency and speedup below was predicted in
         "dialect": dialect,
-        "buckets": [_bucket_entry(r) for r in results],
+        "sdk": sdk_range(dialect, target),
+        "dtype": results[0].workload.dtype if results else None,
+        "buckets": [_bucket_entry(r) if source.ranks is not None else _dense_bucket_entry(r) for r in results],
     }
     write_text_atomic(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    if on_written is not None:
+        on_written([(workload, tuned) for (_, workload), tuned in zip(searches, tuned_all, strict=True)])
     return index
+
+
+def sdk_range(dialect: str, target: Target) -> dict[str, str] | None:
+    """The Neuron SDK releases whose NKI rules the kernels were checked against for ``dialect`` on ``target``
+    (support.py's matrix; None where no release documents the pairing)."""
+    from .support import SUPPORT
+
+    for entry in SUPPORT:
+        if entry.dialect == dialect and target.name in entry.targets:
+            return {"min": entry.sdk_min, "max": entry.sdk_max}
+    return None
+
+
+def kernel_entries(tuned: Tuned) -> list[dict[str, Any]]:
+    """Each kernel of a compiled workload in call order: its name, its arguments and results by name (``inputs``,
+    ``outputs``) and with their shapes, dtypes and HBM layout (``arguments``, ``results``)."""
+    def described(buffers: Any) -> list[dict[str, Any]]:
+        return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype, "layout": "row_major"} for b in buffers]
+
+    return [{"name": p.name, "inputs": [b.name for b in p.params], "outputs": [b.name for b in p.outputs],
+             "arguments": described(p.params), "results": described(p.outputs)} for p in tuned.compiled.programs]
 
 
 #: The name of nmmc's own fused dense MLP among a tuned SVD MLP's baselines (lowerings/base.py, BASELINE_ORDER).
@@ -214,6 +270,24 @@ def dense_file(tokens: int) -> str:
     return f"mlp_t{tokens}_dense.py"
 
 
+def _dense_bucket_entry(result: BucketResult) -> dict[str, Any]:
+    """A bucket of ``tune --model --dense``: nmmc's fused dense MLP against AWS's kernel per matmul."""
+    compiled = result.tuned.compiled
+    speedups = result.tuned.speedups()
+    nkilib = result.tuned.baselines.get("nkilib-mlp")
+    nkilib_us = _latency(nkilib.cost) if nkilib is not None and nkilib.cost is not None and nkilib.cost.feasible \
+        else None
+    # nki-library's MLP where it beats nmmc's dense kernel: keep what NxD Inference runs
+    recommended = "nkilib" if nkilib_us is not None and nkilib_us < compiled.cost.latency_us else "dense"
+    return {"tokens": result.tokens, "file": result.file, "kernels": kernel_entries(result.tuned),
+            "schedule": compiled.schedule.as_dict(), "predicted_us": compiled.cost.latency_us,
+            "nkilib_us": nkilib_us, "speedup_vs_nkilib": speedups.get("nkilib-mlp"),
+            "baseline_us": _latency(result.tuned.baselines["dense"].cost), "speedup_vs_baseline": speedups["dense"],
+            "baselines": [{"name": name, "computation": b.label, "latency_us": _latency(b.cost),
+                           "speedup": speedups[name]} for name, b in result.tuned.baselines.items()],
+            "recommended": recommended, "recommended_file": result.file if recommended == "dense" else None}
+
+
 def _bucket_entry(result: BucketResult) -> dict[str, Any]:
     compiled = result.tuned.compiled
     tuned = with_dense_baseline(result.tuned, result.dense)
@@ -228,8 +302,7 @@ def _bucket_entry(result: BucketResult) -> dict[str, Any]:
     return {
         "tokens": result.tokens,
         "file": result.file,
-        "kernels": [{"name": p.name, "inputs": [b.name for b in p.params], "outputs": [b.name for b in p.outputs]}
-                    for p in compiled.programs],
+        "kernels": kernel_entries(result.tuned),
         "schedule": compiled.schedule.as_dict(),
         "predicted_us": compiled.cost.latency_us,
         # the honest comparison: the best dense MLP nmmc itself emits (one fused kernel), tuned alike

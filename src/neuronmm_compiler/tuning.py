@@ -262,7 +262,26 @@ def _tune_bucket(workload: Workload, bucket: int, *, request: TuneRequest, bucke
     as a single ``nmmc tune`` (cache, timeout, method, top-k); module-level, so that worker
     processes can run it."""
     label = f"tuning bucket {bucket + 1}/{buckets} ({workload.token_count} tokens)"
-    return search(workload, replace(request, progress_label=label), echo)[0]
+    # not stored in the result cache here: run_model_tune stores every search once all its files are written, so
+    # an interrupted (Ctrl-C) or failing command leaves no cache entry
+    return search_uncommitted(workload, replace(request, progress_label=label), echo)[0]
+
+
+def store_searches(searches: list[tuple[Workload, Tuned]], request: TuneRequest, echo: Echo) -> None:
+    """Store the searches of a command whose outputs are all written in the result cache (those it answered from
+    the cache are left as they are), and print the cache's warnings."""
+    from .artifacts.cache import ResultCache
+    from .driver import store_tuned
+
+    if not request.use_cache or request.timeout is not None:
+        return
+    cache = ResultCache(Path(request.cache_dir) if request.cache_dir else None)
+    for workload, tuned in searches:
+        store_tuned(workload, tuned, cache=cache, target=request.target, dialect=request.dialect,
+                    trials=request.trial_count, seed=request.seed, method=request.method,
+                    exhaustive_threshold=request.exhaustive_threshold, keep_existing=True)
+    for warning in cache.warnings:
+        echo(f"nmmc: warning: {warning}", err=True)
 
 
 @contextlib.contextmanager
@@ -303,17 +322,17 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     from .model_tuning import parse_buckets, resolve_model, tune_model
     from .report import model_lines, progress_bar
 
-    allowed = {"tokens", "keep_ratio", "dtype", "a_layout"}
+    allowed = {"tokens", "keep_ratio", "dense", "dtype", "a_layout"}
     given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
     if given:
-        raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
+        raise InputError("--model takes --tokens (buckets) and --keep-ratio or --dense; drop " +
                          ", ".join("--" + k.replace("_", "-") for k in given))
     if options["tokens"] is None:
         raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
     if request.workers > 1:
         raise InputError("--workers shares a stored study between processes; --model tunes its buckets one after "
                          "another without a storage: drop --workers")
-    source = resolve_model(model, options["keep_ratio"])
+    source = resolve_model(model, options["keep_ratio"], dense=bool(options.get("dense")))
     buckets = parse_buckets(str(options["tokens"]))
     parallel = request.jobs > 1 and len(buckets) * 2 > 1
     # In worker processes a per-trial bar would interleave: the bar counts finished buckets instead.
@@ -322,7 +341,8 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     update, close = progress_bar(request.progress and parallel, f"tuning {len(buckets)} buckets")
     try:
         index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect,
-                           tune_bucket=tune_bucket, jobs=request.jobs, progress=update)
+                           tune_bucket=tune_bucket, jobs=request.jobs, progress=update,
+                           on_written=functools.partial(store_searches, request=request, echo=echo))
     finally:
         close()
     failures = []

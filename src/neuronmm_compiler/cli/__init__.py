@@ -7,8 +7,8 @@ exit 1 when a kernel fails verification.
 This package holds the ``main`` group and registers the commands, which live in modules grouped by
 what they do: :mod:`.compile` (emit, cost, explain, schedules, tune), :mod:`.verify` (verify, bench),
 :mod:`.artifacts` (regress, report, cache), :mod:`.models` (compress), :mod:`.calibrate` (calibrate,
-targets) and :mod:`.opt` (opt). A command function only parses its options and calls the driver or
-an orchestration function (:mod:`neuronmm_compiler.tuning`, ...); what it prints comes from the
+targets), :mod:`.opt` (opt) and :mod:`.export` (export). A command function only parses its options and
+calls the driver or an orchestration function (:mod:`neuronmm_compiler.tuning`, ...); what it prints comes from the
 views (:mod:`neuronmm_compiler.report`, :mod:`.views`). :mod:`.options` holds the error handling and
 the options several commands share.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from . import artifacts, calibrate, compile, models, opt, verify
+from . import artifacts, calibrate, compile, export, models, opt, verify
 from .options import NmmcGroup
 
 __all__ = ["main"]
@@ -45,10 +45,11 @@ def main() -> None:
       nmmc targets                                      # the hardware table
       nmmc bench gemm.py --append-csv m.csv             # on a Trainium host: measure a kernel
       nmmc calibrate m.csv -o trn1-cal.json             # fit the cost model; then --target trn1-cal.json
+      nmmc export llama-3.2-1b --tokens 1,128 -o pkg/   # the MLP kernels as a package for a torch model
     """
 
 
 for _command in (compile.emit, compile.cost, compile.tune, compile.explain, models.compress, verify.verify,
                  compile.schedules, artifacts.regress, artifacts.report, artifacts.cache, calibrate.targets,
-                 calibrate.calibrate, verify.bench, opt.opt):
+                 calibrate.calibrate, verify.bench, opt.opt, export.export):
     main.add_command(_command)

@@ -69,9 +69,11 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
                          "drop them or --tp")
     if kw.get("model"):
         options = {key: kw[key] for key in WORKLOAD_KEYS}
-        if not commands.run_model_tp(kw["model"], options, tp, target, dialect, kernel_fn, strategy=strategy,
-                                     output=kw["output"], verify=kw["run_verify"], as_json=kw["as_json"],
-                                     echo=click.echo):
+        ok = commands.run_model_tp(kw["model"], options, tp, target, dialect, kernel_fn, strategy=strategy,
+                                   output=kw["output"], verify=kw["run_verify"], as_json=kw["as_json"],
+                                   echo=click.echo)
+        _commit(kernel_fn)  # the files are written: store the searches in the result cache
+        if not ok:
             sys.exit(EXIT_FAILED)
         return
     workload = workload_from(kw, kw["target"])
@@ -83,6 +85,7 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
     output = kw.get("output") if command != "cost" else None
     commands.run_tp(workload, tp, target, dialect, kernel_fn, strategy=strategy, output=output,
                     as_json=bool(kw.get("as_json")), echo=click.echo)
+    _commit(kernel_fn)
     if command == "tune" and kw.get("run_verify"):
         from ..tensor_parallel.verify import verify_plan
 
@@ -91,6 +94,13 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
             click.echo(line)
         if not report.ok:
             sys.exit(EXIT_FAILED)
+
+
+def _commit(kernel_fn: Any) -> None:
+    """Store the searches of a tuning kernel function in the result cache (emit/cost/explain compile only)."""
+    commit = getattr(kernel_fn, "commit", None)
+    if commit is not None:
+        commit()
 
 
 def tp_verify(fn: Callable[..., Any]) -> Callable[..., Any]:

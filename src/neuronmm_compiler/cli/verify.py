@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,8 +24,37 @@ SDK_HELP = (
     "at " + KNOWN_SDKS[-1] + ".")
 
 
+def dir_verify(fn: Any) -> Any:
+    """Let ``nmmc verify`` take an export package or a ``tune --model`` directory (or their manifest/index)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool,
+            max_memory: str | None = None) -> Any:
+        from ..errors import InputError
+        from ..export.verify import is_model_dir, verify_dir
+
+        if not is_model_dir(file):
+            if Path(file).is_dir():
+                raise InputError(f"{file} is a directory but neither an 'nmmc export' package (manifest.json), a "
+                                 "'tune --model' output (index.json) nor a tensor-parallel plan (plan.json)")
+            return fn(file=file, seed=seed, target=target, backend=backend, sdk=sdk, as_json=as_json,
+                      max_memory=max_memory)
+        if backend != "interpreter" or target or sdk or max_memory:
+            raise InputError("verify of a directory runs nmmc's interpreter on each file's own target; drop "
+                             "--backend/--target/--sdk/--max-memory")
+        report = verify_dir(file, seed=seed)
+        if as_json:
+            click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+        else:
+            echo_lines(report.lines(file))
+        sys.exit(0 if report.ok else EXIT_FAILED)
+
+    return run
+
+
 @click.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path())
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Seed of the random inputs (a non-negative integer).")
 @click.option("--target", default=None,
@@ -40,6 +71,7 @@ SDK_HELP = (
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Refuse, before anything runs, a file whose verification is estimated to need more memory than "
                    "this (e.g. 1.5G, 800M; MiB without a unit) [default: no limit].")
+@dir_verify
 @tp_verify
 def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | None, as_json: bool,
            max_memory: str | None) -> None:
@@ -62,7 +94,9 @@ def verify(file: str, seed: int, target: str | None, backend: str, sdk: str | No
     backend's package is missing.
 
     FILE may also be a tensor-parallel plan (DIR/plan.json from --tp): every rank's kernels run in the
-    interpreter on its slices, the collectives in NumPy; docs/tensor-parallel.md."""
+    interpreter on its slices, the collectives in NumPy; docs/tensor-parallel.md. Or a directory: an 'nmmc
+    export' package (DIR or DIR/manifest.json) or a 'tune --model' output (DIR or DIR/index.json), whose every
+    kernel file and plan is verified so (and an export's manifest checked against its kernel files)."""
     from ..targets import get_target
     from ..verification import verify_file
     from ..verification.memory import parse_size
@@ -119,3 +153,4 @@ def bench(file: str, warmup: int, iters: int, target: str | None, append_csv: st
     echo_lines(report.lines())
     if append_csv:
         click.echo(f"appended to {append_csv}")
+

@@ -33,25 +33,52 @@ def default_kernels(target: Target, dialect: str | None) -> KernelFn:
     return compile_one
 
 
+class TunedKernels:
+    """Tune each per-rank workload (answered from the result cache when tuned before); the searches are stored in
+    the cache only by :meth:`commit`, which a command calls once all its files are written, so an interrupted or
+    failing command leaves no cache entry."""
+
+    def __init__(self, target: Target, dialect: str, *, trials: int, seed: int, method: str | None,
+                 exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> None:
+        from pathlib import Path
+
+        from ..artifacts.cache import ResultCache
+
+        self.target, self.dialect, self.trials, self.seed = target, dialect, trials, seed
+        self.method, self.exhaustive_threshold = method, exhaustive_threshold
+        self.cache = ResultCache(Path(cache_dir) if cache_dir else None) if use_cache else None
+        self.memo: dict[Workload, Compiled] = {}
+        self.pending: list[tuple[Workload, Any]] = []
+
+    def __call__(self, workload: Workload) -> Compiled:
+        from ..driver import tune_cached
+
+        if workload not in self.memo:
+            tuned, from_cache = tune_cached(workload, target=self.target, dialect=self.dialect, cache=self.cache,
+                                            trials=self.trials, seed=self.seed, method=self.method,
+                                            exhaustive_threshold=self.exhaustive_threshold, store=False)
+            if not from_cache:
+                self.pending.append((workload, tuned))
+            self.memo[workload] = tuned.compiled
+        return self.memo[workload]
+
+    def commit(self) -> None:
+        """Store every search run so far in the result cache."""
+        from ..driver import store_tuned
+
+        if self.cache is not None:
+            for workload, tuned in self.pending:
+                store_tuned(workload, tuned, cache=self.cache, target=self.target, dialect=self.dialect,
+                            trials=self.trials, seed=self.seed, method=self.method,
+                            exhaustive_threshold=self.exhaustive_threshold)
+        self.pending.clear()
+
+
 def tuned_kernels(target: Target, dialect: str, *, trials: int, seed: int, method: str | None,
-                  exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> KernelFn:
-    """Tune each per-rank workload (answered from the result cache when tuned before)."""
-    from pathlib import Path
-
-    from ..artifacts.cache import ResultCache
-    from ..driver import tune_cached
-
-    cache = ResultCache(Path(cache_dir) if cache_dir else None) if use_cache else None
-    memo: dict[Workload, Compiled] = {}
-
-    def tune_one(workload: Workload) -> Compiled:
-        if workload not in memo:
-            tuned, _ = tune_cached(workload, target=target, dialect=dialect, cache=cache, trials=trials, seed=seed,
-                                   method=method, exhaustive_threshold=exhaustive_threshold)
-            memo[workload] = tuned.compiled
-        return memo[workload]
-
-    return tune_one
+                  exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> TunedKernels:
+    """Tune each per-rank workload (see :class:`TunedKernels`; call its ``commit`` once the outputs are written)."""
+    return TunedKernels(target, dialect, trials=trials, seed=seed, method=method,
+                        exhaustive_threshold=exhaustive_threshold, cache_dir=cache_dir, use_cache=use_cache)
 
 
 def result_lines(result: TpResult) -> list[str]:
@@ -143,19 +170,20 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
     from ..model_tuning import parse_buckets, resolve_model
     from .plan import write_plan
 
-    given = [k for k, v in options.items() if k not in ("tokens", "keep_ratio", "dtype", "a_layout")
+    given = [k for k, v in options.items() if k not in ("tokens", "keep_ratio", "dense", "dtype", "a_layout")
              and v not in (None, False, ())]
     if given:
-        raise InputError("--model takes --tokens (buckets) and --keep-ratio; drop " +
+        raise InputError("--model takes --tokens (buckets) and --keep-ratio or --dense; drop " +
                          ", ".join("--" + k.replace("_", "-") for k in given))
     if options.get("tokens") is None:
         raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
     check_output_dir(output)
-    source = resolve_model(model, options.get("keep_ratio"))
+    source = resolve_model(model, options.get("keep_ratio"), dense=bool(options.get("dense")))
     config = source.config
     entries, failures = [], []
     for tokens in parse_buckets(str(options["tokens"])):
-        workload = mlp_workload(tokens, config.hidden_size, config.intermediate_size, ranks=source.ranks)
+        workload = mlp_workload(tokens, config.hidden_size, config.intermediate_size, ranks=source.ranks,
+                                dense=source.ranks is None)
         result = plan_tp(workload, tp, target, dialect, kernel_fn, only=strategy)
         write_plan(result, dialect, Path(output) / f"t{tokens}")
         chosen = result.chosen
@@ -172,14 +200,16 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
         entries.append(entry)
     index = {"model": {"name": config.name, "hidden_size": config.hidden_size,
                        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers},
-             "ranks": dict(zip(("gate", "up", "down"), source.ranks, strict=True)), "keep_ratio": source.keep_ratio,
+             "ranks": None if source.ranks is None else dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
+             "keep_ratio": source.keep_ratio,
              "tp": tp, "target": target.spec, "launch": launch_dict(target), "dialect": dialect, "buckets": entries,
              "model_error": trust_note(target, fused=True), "collectives": UNVALIDATED}
     write_text_atomic(Path(output) / "index.json", json.dumps(index, indent=2) + "\n")
     if as_json:
         echo(json.dumps(index, indent=2))
     else:
-        echo(f"{config.name} MLP at tp {tp} on {target.label}, ranks {'/'.join(map(str, source.ranks))}:")
+        what = "dense" if source.ranks is None else f"ranks {'/'.join(map(str, source.ranks))}"
+        echo(f"{config.name} MLP at tp {tp} on {target.label}, {what}:")
         for e in entries:
             versus = ""
             for key, name in (("dense, nki-library MLP + all-reduce", "nki-library MLP"),

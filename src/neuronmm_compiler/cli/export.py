@@ -1,0 +1,154 @@
+"""``nmmc export``: a model's MLP kernels as an importable Python package (:mod:`neuronmm_compiler.export`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .options import (
+    EXIT_FAILED,
+    chosen_dialect,
+    dialect_option,
+    lowercase_name,
+    progress_option,
+    resolve_target,
+    show_progress,
+    target_option,
+)
+from .views import echo_lines
+
+EPILOG = """\b
+The package (OUT/):
+  kernels/t<T>/           the kernel of bucket T (with --tp: one per rank role, and plan.json)
+  manifest.json           buckets, kernels, every argument's shape/dtype/layout, SDK range, LNC,
+                          target, TP plan, predicted latencies with their error band and launch
+                          context (manifest.schema.json is its JSON Schema)
+  weights.py              checkpoint (dense) or factor files (SVD) -> a rank's kernel arguments
+  module.py               NmmcMLP / NeuronNmmcMLP: the MLP module (pad to bucket, launch, all-reduce)
+  patch.py                replace the MLPs of a Hugging Face or NxD Inference Llama/Qwen3 model
+  backend.py, llama.py    nki.jit on a Neuron device / nmmc's interpreter on the CPU; a torch Llama
+                          with Hugging Face's module names for CPU accuracy checks
+
+\b
+Then: nmmc verify OUT   (every kernel and plan in the interpreter); docs/integration.md.
+Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 2 a user error."""
+
+
+@click.command(epilog=EPILOG)
+@click.argument("model")
+@click.option("--tokens", "buckets", required=True, metavar="N,N,...",
+              help="Token buckets (batch x sequence rows one MLP call processes), e.g. 1,128: one kernel each; a "
+                   "call is padded to the smallest bucket that holds it (more tokens than the largest: chunks of "
+                   "it). Match them to your serving buckets (NxD Inference: the token-generation batch size and "
+                   "the context-encoding buckets).")
+@click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
+              help="Tensor-parallel degree (NxD Inference's tp_degree): per-rank kernels of the best slice-based "
+                   "sharding (Megatron for a dense MLP; replicate-u with reduce-output or reduce-rank for an SVD "
+                   "one) and the all-reduce between them.")
+@click.option("--keep-ratio", type=float, default=None,
+              help="Export the SVD-compressed MLP at this keep ratio (its weights then come from an 'nmmc compress' "
+                   "output at the same ranks). Default: the ranks of MODEL when it is an 'nmmc compress' output, "
+                   "else the dense MLP.")
+@click.option("--dense", is_flag=True, help="Export the dense (exact) MLP even from an 'nmmc compress' output.")
+@click.option("--dtype", default="bf16", show_default=True, callback=lowercase_name,
+              help="Element type of the kernels' arguments: bf16 or fp32 (weights are converted to it).")
+@target_option
+@dialect_option
+@click.option("--trials", default=150, show_default=True, type=click.IntRange(min=1),
+              help="Optuna trials of each kernel's search.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the searches.")
+@click.option("--no-cache", is_flag=True, help="Search even if the result cache has an answer (and store none).")
+@click.option("--cache-dir", default=None, metavar="DIR",
+              help="Result cache directory [default: $NMMC_CACHE_DIR, else $XDG_CACHE_HOME/nmmc, else ~/.cache/nmmc].")
+@click.option("--verify", "run_verify", is_flag=True,
+              help="Also run every kernel (every rank's plan) in nmmc's interpreter, as 'nmmc verify OUT' does.")
+@progress_option
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@click.option("-o", "--output", required=True, metavar="DIR",
+              help="Package directory to write (created; an importable Python package when its name is an "
+                   "identifier and its parent is on sys.path).")
+def export(model: str, buckets: str, tp: int, keep_ratio: float | None, dense: bool, dtype: str, target: str,
+           dialect: str, sdk: str | None, trials: int, seed: int, no_cache: bool, cache_dir: str | None,
+           run_verify: bool, progress: bool | None, as_json: bool, output: str) -> None:
+    """Write MODEL's MLP kernels as a Python package that drops them into a PyTorch or NxD Inference model.
+
+    MODEL is a shipped model name (llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-1.7b, qwen3-4b), a model
+    directory or its config.json, or an 'nmmc compress' output directory (its ranks: the SVD MLP).
+    """
+    from ..errors import InputError
+    from ..export import ExportRequest
+    from ..ir import canonical_dtype
+    from ..model_tuning import parse_buckets
+
+    if dense and keep_ratio is not None:
+        raise InputError("--dense exports the uncompressed MLP: drop --keep-ratio")
+    tgt = resolve_target(target, None)  # inside a model's graph: in-graph unless --launch says otherwise
+    request = ExportRequest(model=model, buckets=tuple(parse_buckets(buckets)), target=tgt,
+                            dialect=chosen_dialect(dialect, sdk, tgt), tp=tp, keep_ratio=keep_ratio, dense=dense,
+                            dtype=canonical_dtype(dtype), trials=trials, seed=seed, cache_dir=cache_dir,
+                            use_cache=not no_cache)
+    ok = run_export(request, output, verify=run_verify, as_json=as_json,
+                    progress=show_progress(progress, as_json), echo=click.echo)
+    if not ok:
+        sys.exit(EXIT_FAILED)
+
+
+def run_export(request: Any, output: str, *, verify: bool, as_json: bool, progress: bool,
+               echo: Callable[..., None]) -> bool:
+    """Export, optionally verify, print the summary (or the manifest as JSON); False when --verify failed."""
+    from ..export import export_model
+
+    update, close = _bar(progress, len(request.buckets))
+    try:
+        manifest = export_model(request, output, progress=update)
+    finally:
+        close()
+    ok = True
+    lines = _summary(manifest, output)
+    if verify:
+        from ..export.verify import verify_export
+
+        report = verify_export(output)
+        ok = report.ok
+        lines += report.lines(output)
+    if as_json:
+        echo(json.dumps(manifest, indent=2))
+    else:
+        echo_lines(lines)
+    return ok
+
+
+def _bar(enabled: bool, total: int):
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="exporting buckets", unit="bucket", file=sys.stderr, leave=False)
+
+    def update(done: int, _total: int) -> None:
+        bar.n = done
+        bar.refresh()
+
+    return update, bar.close
+
+
+def _summary(manifest: dict, output: str) -> list[str]:
+    m = manifest["model"]
+    what = "dense MLP" if manifest["ranks"] is None else "SVD MLP, ranks " + "/".join(
+        str(r) for r in manifest["ranks"].values())
+    lines = [f"{m['name']}: {what}; {manifest['target']} ({manifest['dialect']}, LNC={manifest['lnc']}, "
+             f"launch {manifest['launch']['call']}), tp {manifest['tp']['degree']}, {manifest['dtype']}"]
+    for bucket in manifest["buckets"]:
+        p = bucket["predicted"]
+        band = "" if p["band_us"] is None else f" (typically {p['band_us'][0]:.1f}-{p['band_us'][1]:.1f})"
+        strategy = f", {bucket['strategy']}" if bucket["strategy"] else ""
+        comm = f" incl. {p['comm_us']:.1f} us all-reduce" if p["comm_us"] else ""
+        lines.append(f"  {bucket['tokens']:>6} tokens: {p['total_us']:.1f} us predicted{band}{comm}{strategy}; "
+                     f"{len(bucket['kernels'])} kernel file(s)")
+    lines.append(f"  weights: {manifest['weights']['expects']}")
+    lines.append(f"wrote the package to {output} (manifest.json; nmmc verify {output})")
+    return lines

@@ -1,0 +1,248 @@
+"""Build an export package: one tuned kernel (tensor parallelism: one plan of per-rank kernels) per token bucket,
+the manifest that says how to call them, and the runtime modules that do (docs/integration.md).
+
+The package directory::
+
+    __init__.py backend.py weights.py module.py patch.py llama.py   the runtime (export/runtime/, copied as is)
+    kernels/t<T>/mlp.py                                            --tp 1: the bucket's kernel file
+    kernels/t<T>/<role>.py, kernels/t<T>/plan.json                 --tp N: a kernel file per rank role, the plan
+    manifest.json, manifest.schema.json                            written last
+
+Every bucket is described the same way whatever the TP degree: per rank, the steps it runs (a kernel with its
+arguments bound to tensors, possibly slices of them, or a collective), so the runtime has one code path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..codegen import read_metadata
+from ..driver import Compiled
+from ..errors import InputError
+from ..frontends.workloads import MlpWorkload, mlp_workload
+from ..io import check_output_dir, write_text_atomic
+from ..model_tuning import ModelSource, model_path, resolve_model, sdk_range
+from ..models.manifest import MANIFEST_FILE, U_NAME, V_NAME
+from ..search import DEFAULT_TRIALS
+from ..speedups import launch_dict
+from ..targets import Target
+from .manifest import FORMAT, SCHEMA_FILE, VERSION, schema_text
+
+#: The runtime modules copied into every package (export/runtime/).
+RUNTIME_FILES = ("__init__.py", "backend.py", "weights.py", "module.py", "patch.py", "llama.py")
+#: Where each kernel argument comes from: a Hugging Face checkpoint tensor (``weight`` is [out, in], the kernels
+#: take W = weight.T [in, out]) or an ``nmmc compress`` factor ([in, r] and [r, out], as the kernels take them).
+HF_WEIGHT = "model.layers.{layer}.mlp.{proj}_proj.weight"
+SOURCES: dict[str, dict[str, str]] = {
+    **{f"w_{p}": {"from": "checkpoint", "name": HF_WEIGHT.format(layer="{layer}", proj=p), "transform": "transpose"}
+       for p in ("gate", "up", "down")},
+    **{f"u_{p}": {"from": "factors", "name": U_NAME.format(layer="{layer}", proj=p), "transform": "none"}
+       for p in ("gate", "up", "down")},
+    **{f"v_{p}": {"from": "factors", "name": V_NAME.format(layer="{layer}", proj=p), "transform": "none"}
+       for p in ("gate", "up", "down")},
+}
+#: The tensor-parallel strategies an export takes: those whose every weight is a slice of the unsharded tensors
+#: (the factor-shard strategies need per-shard factorisations, which the runtime does not load yet).
+SLICE_STRATEGIES = ("megatron", "replicate-u/reduce-output", "replicate-u/reduce-rank")
+
+KernelFn = Callable[[MlpWorkload], Compiled]
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export: the model (a shipped name, a model directory or config.json, or an ``nmmc compress``
+    output), the token buckets, the target (its spec carries the LNC and launch context), dialect, TP degree,
+    compression (``keep_ratio``; a compress output gives its ranks; neither, or ``dense``: the dense MLP), dtype,
+    and the search settings."""
+
+    model: str
+    buckets: tuple[int, ...]
+    target: Target
+    dialect: str
+    tp: int = 1
+    keep_ratio: float | None = None
+    dense: bool = False
+    dtype: str = "bfloat16"
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    method: str | None = None
+    cache_dir: str | None = None
+    use_cache: bool = True
+
+
+def export_source(request: ExportRequest) -> tuple[ModelSource, str | None]:
+    """(the model's shapes and ranks, the compress output directory the factors come from or None). Without
+    --keep-ratio, a model that is not a compress output exports its dense MLP."""
+    path = model_path(request.model)
+    compressed = path.is_dir() and (path / MANIFEST_FILE).is_file()
+    dense = request.dense or (request.keep_ratio is None and not compressed)
+    source = resolve_model(path, request.keep_ratio, dense=dense)
+    return source, str(path.resolve()) if compressed and not dense else None
+
+
+def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: KernelFn | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Tune every bucket, then write the package into ``out_dir``; the manifest. ``kernel_fn`` compiles one
+    workload (default: tuned with the request's search settings, answered from the result cache when it can be);
+    nothing is written before every bucket compiled."""
+    out = check_output_dir(out_dir)
+    source, factors_dir = export_source(request)
+    if not request.buckets:
+        raise InputError("--tokens needs at least one bucket")
+    if kernel_fn is None:
+        from ..tensor_parallel.commands import tuned_kernels
+
+        kernel_fn = tuned_kernels(request.target, request.dialect, trials=request.trials, seed=request.seed,
+                                  method=request.method, exhaustive_threshold=None, cache_dir=request.cache_dir,
+                                  use_cache=request.use_cache)
+    files: dict[str, str] = {}
+    buckets = []
+    for done, tokens in enumerate(sorted(request.buckets)):
+        c = source.config
+        workload = mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks,
+                                dense=source.ranks is None, dtype=request.dtype)
+        if request.tp == 1:
+            buckets.append(_one_core_bucket(workload, kernel_fn, request.target, files))
+        else:
+            buckets.append(_tp_bucket(workload, request, kernel_fn, files))
+        if progress:
+            progress(done + 1, len(request.buckets))
+    manifest = _manifest(request, source, factors_dir, buckets)
+    runtime = Path(__file__).parent / "runtime"
+    for name in RUNTIME_FILES:
+        files[name] = (runtime / name).read_text(encoding="utf-8")
+    files[SCHEMA_FILE] = schema_text()
+    for relative, text in sorted(files.items()):
+        (out / relative).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / relative, text)
+    write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")  # last: a complete package
+    commit = getattr(kernel_fn, "commit", None)
+    if commit is not None:  # the searches go into the result cache only now: an interrupted export stores none
+        commit()
+    return manifest
+
+
+def _functions(source: str) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """(each kernel function of a file in call order with its arguments and results, the file's graph inputs)."""
+    meta = read_metadata(source)
+    assert meta is not None, "an emitted kernel file has metadata"
+
+    def described(buffers: Any) -> list[dict[str, Any]]:
+        return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype, "layout": "row_major"} for b in buffers]
+
+    functions = [{"name": k.name, "arguments": described(k.inputs), "results": described(k.outputs)}
+                 for k in meta.kernels]
+    return functions, {b.name: list(b.shape) for b in meta.inputs}
+
+
+def _predicted(kernel_us: float, comm_us: float, target: Target) -> dict[str, Any]:
+    from ..cost_model.collectives import UNVALIDATED
+    from ..cost_model.trust import trust_note, typical_range
+
+    total = kernel_us + comm_us
+    band = typical_range(total, target)
+    out: dict[str, Any] = {"kernel_us": kernel_us, "comm_us": comm_us, "total_us": total,
+                           "band_us": None if band is None else list(band),
+                           "model_error": trust_note(target, fused=True), "launch": launch_dict(target)}
+    if comm_us:
+        out["collectives"] = UNVALIDATED
+    return out
+
+
+def _one_core_bucket(workload: MlpWorkload, kernel_fn: KernelFn, target: Target,
+                     files: dict[str, str]) -> dict[str, Any]:
+    compiled = kernel_fn(workload)
+    file = f"kernels/t{workload.tokens}/mlp.py"
+    files[file] = compiled.kernel.source
+    functions, inputs = _functions(compiled.kernel.source)
+    step = {"kernel": "mlp", "args": {name: {"tensor": name} for name in inputs}, "outputs": {"out": "out"}}
+    return {"tokens": workload.tokens, "strategy": None, "plan": None,
+            "kernels": {"mlp": {"file": file, "functions": functions, "ranks": [0],
+                                "predicted_us": compiled.cost.latency_us, "schedule": compiled.schedule_name}},
+            "ranks": [{"rank": 0, "role": 0, "steps": [step]}], "output": "out",
+            "tensors": inputs,
+            "predicted": _predicted(compiled.cost.latency_us, 0.0, target)}
+
+
+def _tp_bucket(workload: MlpWorkload, request: ExportRequest, kernel_fn: KernelFn,
+               files: dict[str, str]) -> dict[str, Any]:
+    from ..cost_model.collectives import check_group
+    from ..tensor_parallel.plan import plan_dict
+    from ..tensor_parallel.planner import TpResult, dense_alternatives, evaluate_strategy
+    from ..tensor_parallel.sharding import check_tp, strategies
+
+    check_tp(request.tp, workload.intermediate)
+    check_group(request.target, request.tp)
+    allowed = [s for s in strategies(workload) if s.name in SLICE_STRATEGIES]
+    results = [evaluate_strategy(workload, request.tp, s, request.target, kernel_fn) for s in allowed]
+    if not any(r.error is None for r in results):
+        raise InputError(f"no tensor-parallel strategy applies at --tp {request.tp}: "
+                         + "; ".join(f"{r.strategy.name}: {r.error}" for r in results))
+    result = TpResult(workload, request.tp, request.target, results,
+                      dense_alternatives(workload, request.tp, request.target, request.dialect, kernel_fn))
+    plan = plan_dict(result, request.dialect)
+    directory = f"kernels/t{workload.tokens}"
+    kernels = {}
+    for key, entry in plan["kernels"].items():
+        source = result.chosen.kernels[key].kernel.source
+        files[f"{directory}/{entry['file']}"] = source
+        functions, _ = _functions(source)
+        kernels[key] = {"file": f"{directory}/{entry['file']}", "functions": functions, "ranks": entry["ranks"],
+                        "predicted_us": entry["predicted_us"], "schedule": entry["schedule"]}
+    files[f"{directory}/plan.json"] = json.dumps(plan, indent=2) + "\n"
+    chosen = result.chosen
+    return {"tokens": workload.tokens, "strategy": chosen.strategy.name, "plan": f"{directory}/plan.json",
+            "kernels": kernels, "ranks": plan["ranks"], "output": plan["output"],
+            "tensors": {name: t["shape"] for name, t in plan["tensors"].items()},
+            "intermediate_shards": plan["intermediate_shards"],
+            "predicted": _predicted(chosen.kernel_us, chosen.comm_us, request.target)}
+
+
+def _launch(target: Target, dialect: str) -> dict[str, Any]:
+    """How a kernel of this package is launched (docs/logical-cores.md, "Launching"; /NCC_EVRF066)."""
+    lnc = target.lnc
+    if lnc == 1:
+        call = "kernel(*args)"
+    else:
+        call = f"kernel[{lnc}](*args)" if dialect == "nki" else f"kernel[nl.nc({lnc})](*args)"
+    return {"lnc": lnc, "call": call, "env": {"NEURON_LOGICAL_NC_CONFIG": str(lnc)}, "neuronx_cc": f"--lnc={lnc}",
+            "rule": "the kernel's LNC must equal the model graph's (neuronx-cc --lnc, NxD Inference "
+                    "logical_nc_config); a mismatch fails compilation with NCC_EVRF066"}
+
+
+def _manifest(request: ExportRequest, source: ModelSource, factors_dir: str | None,
+              buckets: list[dict[str, Any]]) -> dict[str, Any]:
+    c = source.config
+    tensors: dict[str, dict[str, Any]] = {}
+    for bucket in buckets:
+        for name, shape in bucket.pop("tensors").items():
+            if name == "x":
+                continue
+            if name not in SOURCES:
+                raise InputError(f"the export has no weight source for kernel argument {name!r}")
+            tensors[name] = {"shape": shape, "dtype": request.dtype, "layout": "row_major", **SOURCES[name]}
+    weights_from = "factors" if source.ranks is not None else "checkpoint"
+    return {
+        "format": FORMAT, "version": VERSION, "nmmc_version": __version__,
+        "model": {"name": c.name, "architecture": c.architecture, "hidden_size": c.hidden_size,
+                  "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
+                  "torch_dtype": c.torch_dtype},
+        "mlp": "dense" if source.ranks is None else "svd",
+        "ranks": None if source.ranks is None else dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
+        "keep_ratio": source.keep_ratio, "quality": source.quality,
+        "weights": {"from": weights_from, "factors_dir": factors_dir,
+                    "expects": "a Hugging Face checkpoint directory (safetensors)" if weights_from == "checkpoint"
+                    else "an 'nmmc compress' output directory (layer_XXX.safetensors factors)"},
+        "target": request.target.spec, "target_name": request.target.name, "lnc": request.target.lnc,
+        "dialect": str(request.dialect), "sdk": sdk_range(request.dialect, request.target), "dtype": request.dtype,
+        "launch": _launch(request.target, request.dialect),
+        "tp": {"degree": request.tp, "collective": "all_reduce" if request.tp > 1 else None,
+               "strategies_considered": list(SLICE_STRATEGIES) if request.tp > 1 else []},
+        "tensors": dict(sorted(tensors.items())),
+        "buckets": buckets,
+    }

@@ -1,0 +1,135 @@
+"""Replace the gated-MLP modules of a model by this package's :class:`.module.NmmcMLP`, loading the converted
+weights layer by layer.
+
+Which modules: every ``<...>.layers.<i>`` decoder layer whose ``mlp`` is a gated MLP this package was exported
+for: Hugging Face transformers' ``LlamaMLP``/``Qwen3MLP``/``Qwen2MLP`` (replaced by :class:`.module.NmmcMLP`,
+``forward(x) -> y``) and NxD Inference's ``NeuronLlamaMLP``, which its Llama and Qwen3 decoder layers use
+(replaced by :class:`.module.NeuronNmmcMLP`, ``forward(x, rmsnorm, residual, adapter_ids) -> (y, residual)``).
+The module is found by its class name and its ``hidden_size``/``intermediate_size``, so neither transformers nor
+NxD Inference is imported here.
+
+Tensor parallelism: on NxD Inference each rank's process patches its own model (``rank`` defaults to NxD's
+tensor-parallel rank, ``all_reduce`` to its ``reduce_from_tensor_model_parallel_region``). On the CPU,
+``emulate_tp=True`` puts all ranks in one process: each layer's MLP becomes :class:`EmulatedGroup`, which runs
+every rank's module in its own thread and all-reduces their partial outputs between them.
+
+Part of a package written by ``nmmc export``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .backend import KernelRunner
+from .module import AllReduce, NeuronNmmcMLP, NmmcMLP
+from .weights import TensorSource, layer_arguments
+
+#: MLP classes this package replaces: Hugging Face transformers' and NxD Inference's gated MLPs.
+HF_MLPS = ("LlamaMLP", "Qwen3MLP", "Qwen2MLP", "MistralMLP")
+NXDI_MLPS = ("NeuronLlamaMLP",)
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
+
+
+def tp_rank() -> int:
+    """NxD's tensor-parallel rank of this process (0 without neuronx-distributed or outside a parallel group)."""
+    try:
+        from neuronx_distributed.parallel_layers import parallel_state
+    except ImportError:
+        return 0
+    return parallel_state.get_tensor_model_parallel_rank() if parallel_state.model_parallel_is_initialized() else 0
+
+
+class EmulatedGroup(nn.Module):
+    """All tensor-parallel ranks of one MLP in one process (a CPU check): ``forward`` runs each rank's module in
+    its own thread; their all-reduces meet at a barrier and sum the partial outputs (in float32, rounded to the
+    partials' dtype, as a bf16 all-reduce delivers them); every rank ends with the same output."""
+
+    def __init__(self, ranks: list[NmmcMLP]) -> None:
+        super().__init__()
+        self.ranks = nn.ModuleList(ranks)
+        self._barrier = threading.Barrier(len(ranks))
+        self._parts: dict[int, torch.Tensor] = {}
+        self._local = threading.local()
+        for module in ranks:
+            module.all_reduce = self._all_reduce
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        rank = self._local.rank
+        self._parts[rank] = tensor
+        self._barrier.wait()
+        total = sum(self._parts[r].float() for r in range(len(self.ranks)))
+        self._barrier.wait()  # every rank has read every part before the next collective overwrites them
+        return total.to(tensor.dtype)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        results: list[Any] = [None] * len(self.ranks)
+        errors: list[BaseException] = []
+
+        def run(rank: int) -> None:
+            self._local.rank = rank
+            try:
+                results[rank] = self.ranks[rank](*args, **kwargs)
+            except BaseException as exc:
+                errors.append(exc)
+                self._barrier.abort()
+
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(len(self.ranks))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self._barrier.reset()
+        if errors:
+            raise errors[0]
+        return results[0]
+
+
+def mlp_layers(model: nn.Module) -> list[tuple[int, nn.Module, nn.Module]]:
+    """(layer index, decoder layer, its MLP) of every decoder layer with a gated MLP this package replaces."""
+    found = []
+    for name, module in model.named_modules():
+        match = _LAYER.search(name)
+        mlp = getattr(module, "mlp", None)
+        if match and mlp is not None and type(mlp).__name__ in (*HF_MLPS, *NXDI_MLPS):
+            found.append((int(match.group(1)), module, mlp))
+    return found
+
+
+def patch_model(model: nn.Module, weights: str | Path, *, manifest: dict[str, Any], root: Path,
+                rank: int | None = None, all_reduce: AllReduce | None = None, backend: str = "auto",
+                emulate_tp: bool = False) -> list[int]:
+    """Replace every gated MLP of ``model`` (see the module docstring) by the exported kernels, with the weights
+    of ``weights`` (a Hugging Face checkpoint directory for a dense export, an ``nmmc compress`` output for an SVD
+    one) converted for ``rank``; the layers patched. ``emulate_tp``: all ranks in this process (CPU checks)."""
+    layers = mlp_layers(model)
+    if not layers:
+        raise ValueError(f"no gated MLP of {', '.join(HF_MLPS + NXDI_MLPS)} found under a 'layers.<i>' module")
+    model_info = manifest["model"]
+    tp = manifest["tp"]["degree"]
+    source = TensorSource(weights, manifest["weights"]["from"])
+    runner = KernelRunner(root, manifest)
+    ranks = list(range(tp)) if emulate_tp else [tp_rank() if rank is None else rank]
+    for index, layer, mlp in layers:
+        sizes = (getattr(mlp, "hidden_size", None), getattr(mlp, "intermediate_size", None))
+        if sizes != (model_info["hidden_size"], model_info["intermediate_size"]):
+            raise ValueError(f"layer {index}: MLP of hidden/intermediate {sizes}, the package was exported for "
+                             f"{model_info['hidden_size']}/{model_info['intermediate_size']}")
+        if index >= model_info["num_hidden_layers"]:
+            raise ValueError(f"layer {index}: the model the package was exported for has "
+                             f"{model_info['num_hidden_layers']} layers")
+        cls = NeuronNmmcMLP if type(mlp).__name__ in NXDI_MLPS else NmmcMLP
+        modules = []
+        for r in ranks:
+            module = cls(manifest, runner, rank=r, all_reduce=all_reduce, backend=backend)
+            module.load(layer_arguments(manifest, source, index, r))
+            modules.append(module)
+        replacement: nn.Module = EmulatedGroup(modules) if emulate_tp and tp > 1 else modules[0]
+        device = next((p.device for p in mlp.parameters()), None)
+        layer.mlp = replacement.to(device) if device is not None else replacement
+    return [index for index, _, _ in layers]

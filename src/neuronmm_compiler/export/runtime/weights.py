@@ -1,0 +1,132 @@
+"""The kernels' weight arguments of one tensor-parallel rank, read from a Hugging Face checkpoint (dense MLP) or
+an ``nmmc compress`` output (SVD factors), as the manifest's ``tensors`` say.
+
+A Hugging Face ``{gate,up,down}_proj.weight`` is [out, in]; the kernels take ``W = weight.T`` [in, out], so a
+rank's column slice of ``W`` is a row slice of the stored weight (and the other way round). Each slice is read
+with safetensors' ``safe_open(...).get_slice`` straight from the file, so a rank reads only its own part and the
+model is never held twice: one layer's arguments for one rank at a time.
+
+Part of a package written by ``nmmc export``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from .backend import torch_dtype
+
+FACTOR_FILE = "layer_{layer:03d}.safetensors"
+
+
+def operand_key(spec: dict[str, Any]) -> str:
+    """A name for a weight operand (the tensor and the slice of it a kernel argument reads), usable as a module
+    attribute: ``w_gate``, ``w_gate__cols_0_384``, ``u_down__rows_384_768``."""
+    key = spec["tensor"].replace(".", "_")
+    for axis in ("rows", "cols"):
+        if axis in spec:
+            key += f"__{axis}_{spec[axis][0]}_{spec[axis][1]}"
+    return key
+
+
+def rank_operands(manifest: dict[str, Any], rank: int) -> dict[str, dict[str, Any]]:
+    """Every weight operand rank ``rank`` binds in any bucket, by :func:`operand_key`."""
+    out: dict[str, dict[str, Any]] = {}
+    for bucket in manifest["buckets"]:
+        program = bucket["ranks"][rank]
+        for step in program["steps"]:
+            for spec in step.get("args", {}).values():
+                if spec["tensor"] in manifest["tensors"]:
+                    out.setdefault(operand_key(spec), spec)
+    return out
+
+
+class TensorSource:
+    """Named tensors of a checkpoint directory, read lazily with ``safe_open`` (a sharded Hugging Face checkpoint
+    through its ``model.safetensors.index.json``, an ``nmmc compress`` output through its layer files)."""
+
+    def __init__(self, directory: str | Path, kind: str) -> None:
+        self.directory = Path(directory)
+        self.kind = kind
+        if not self.directory.is_dir():
+            raise FileNotFoundError(f"{self.directory}: not a directory ({self._expects()})")
+        self._index: dict[str, str] | None = None
+        if kind == "checkpoint":
+            index = self.directory / "model.safetensors.index.json"
+            if index.is_file():
+                self._index = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            elif not (self.directory / "model.safetensors").is_file():
+                raise FileNotFoundError(f"{self.directory}: no model.safetensors or model.safetensors.index.json "
+                                        f"({self._expects()})")
+        elif not (self.directory / "manifest.json").is_file():
+            raise FileNotFoundError(f"{self.directory}: no manifest.json ({self._expects()})")
+
+    def _expects(self) -> str:
+        return ("this package's kernels take the dense weights of a Hugging Face checkpoint" if self.kind ==
+                "checkpoint" else "this package's kernels take SVD factors: give the 'nmmc compress' output "
+                "directory compressed at the package's ranks")
+
+    def file_of(self, name: str, layer: int) -> Path:
+        if self.kind == "factors":
+            return self.directory / FACTOR_FILE.format(layer=layer)
+        if self._index is not None:
+            if name not in self._index:
+                raise KeyError(f"{name} is not in {self.directory}/model.safetensors.index.json")
+            return self.directory / self._index[name]
+        return self.directory / "model.safetensors"
+
+    def read(self, name: str, layer: int, rows: tuple[int, int] | None, cols: tuple[int, int] | None) -> torch.Tensor:
+        """Rows and columns ``[start, stop)`` (None: all) of tensor ``name`` as stored."""
+        with safe_open(str(self.file_of(name, layer)), framework="pt") as f:
+            if name not in f.keys():  # noqa: SIM118 - safe_open handles have keys(), not __contains__
+                raise KeyError(f"{name} is not in {self.file_of(name, layer)}")
+            part = f.get_slice(name)
+            r = slice(*rows) if rows is not None else slice(None)
+            c = slice(*cols) if cols is not None else slice(None)
+            return part[r, c]
+
+    def shape(self, name: str, layer: int) -> list[int]:
+        with safe_open(str(self.file_of(name, layer)), framework="pt") as f:
+            return list(f.get_slice(name).get_shape())
+
+
+def layer_arguments(manifest: dict[str, Any], source: TensorSource | str | Path, layer: int,
+                    rank: int = 0) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s weight arguments of decoder layer ``layer``, by :func:`operand_key`, in the kernels' dtype
+    and layout (contiguous, row-major)."""
+    if not isinstance(source, TensorSource):
+        source = TensorSource(source, manifest["weights"]["from"])
+    dtype = torch_dtype(manifest["dtype"])
+    out = {}
+    for key, spec in rank_operands(manifest, rank).items():
+        info = manifest["tensors"][spec["tensor"]]
+        name = info["name"].format(layer=layer)
+        rows = tuple(spec["rows"]) if "rows" in spec else None
+        cols = tuple(spec["cols"]) if "cols" in spec else None
+        stored = source.shape(name, layer)
+        expected = info["shape"][::-1] if info["transform"] == "transpose" else info["shape"]
+        if stored != list(expected):
+            raise ValueError(f"{name} in {source.directory} is {stored}, the package's kernels need {list(expected)} "
+                             f"({'the transpose of ' if info['transform'] == 'transpose' else ''}"
+                             f"{spec['tensor']} {info['shape']}): export from this model (and these ranks)")
+        if info["transform"] == "transpose":
+            value = source.read(name, layer, cols, rows).t()
+        else:
+            value = source.read(name, layer, rows, cols)
+        out[key] = value.to(dtype).contiguous()
+    return out
+
+
+def rank_state_dict(manifest: dict[str, Any], source: str | Path, rank: int = 0,
+                    prefix: str = "model.layers.{layer}.mlp.") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every layer's arguments of rank ``rank`` as (state-dict name, tensor), one layer read at a time: what a
+    per-rank checkpoint of the patched model holds for the replaced MLPs (``prefix`` + :func:`operand_key`)."""
+    reader = TensorSource(source, manifest["weights"]["from"])
+    for layer in range(manifest["model"]["num_hidden_layers"]):
+        for key, value in layer_arguments(manifest, reader, layer, rank).items():
+            yield prefix.format(layer=layer) + key, value
