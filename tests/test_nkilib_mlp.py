@@ -79,3 +79,18 @@ def test_nmmc_decode_packs_k_blocked_accumulators_and_exchanges_once(tmp_path):
     assert verify_source(source, rules=True).ok
     hidden = compile_workload(workload, target=TRN2[2], dialect="nki", params={"lnc_split": "hidden"}).kernel.source
     assert hidden.count("nisa.sendrecv(") == 1 and verify_source(hidden, rules=True).ok
+
+
+@pytest.mark.parametrize(("lnc", "split"), [(1, "none"), (2, "gather")])
+def test_nmmc_down_projection_streams_weight_rows_in_k_blocks(lnc, split):
+    """The row-major (down) matmul of a decode MLP with k_tiles_per_block: the output tiles' accumulators live
+    across K blocks of weight rows (as nki-library's decode down projection), a ragged shape included."""
+    from neuronmm_compiler.driver import compile_workload
+
+    workload = mlp_workload(5, 640, 1000, dense=True)
+    compiled = compile_workload(workload, target=TRN2[lnc], dialect="nki",
+                                params={"k_tiles_per_block": 2, "weight_block_kib": 16, "out_tile": 256,
+                                        "lnc_split": split})
+    source = compiled.kernel.source
+    assert "weight rows in blocks of 2 K tiles" in source and "one PSUM bank per output tile, across K blocks" in source
+    assert verify_source(source, rules=True).ok

@@ -18,17 +18,20 @@ from ..kernel_ir.program import (
     Comment,
     Copy,
     DmaCopy,
+    Matmul,
     PeTranspose,
+    Point,
     Ref,
     SendRecv,
     Stmt,
     TensorTensor,
     span,
 )
+from ..schedule.fused import tiles_per_weight_block
 from ..vocab import ElementwiseOp, Layout
 from .fused_groups import Group
 from .fused_operands import OperandLoads
-from .limits import copy_tile_cols
+from .limits import copy_tile_cols, k_blocked_group_banks, psum_bank_fp32
 
 
 class RowMajorGroups(OperandLoads):
@@ -58,13 +61,18 @@ class RowMajorGroups(OperandLoads):
             # narrower tiles, so the output tiles divide between the programs (kernel_ir/lnc.py)
             tile_n = -(-n // (ntiles + programs - ntiles % programs))
             ntiles = -(-n // tile_n)
-        per_block = self._tiles_per_block(group, tile_n, ntiles)
+        kb = self._k_blocked_rows(group, tok, flipped, reducing)
+        per_block = (self._tiles_per_block(group, tile_n, ntiles) if not kb else
+                     max(1, min(tiles_per_weight_block(s, kb, tile_n, self.dtype_bytes, ntiles),
+                                k_blocked_group_banks(self.target))))
         if divided:  # blocks the programs can divide (kernel_ir/lnc.py)
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
         if reducing:  # whole blocks, so each block's columns halve evenly (checked by reducing_group)
             per_block = max(d for d in range(1, per_block + 1) if ntiles % d == 0)
         odim = Dim("o", n, tile_n, ntiles, per_block)
         ob = iv("o_blk", odim.blocks)
+        if kb:
+            return self._k_blocked_row_group(group, mb, odim, ob, kb, stores, out_dtype)
         loads, sources = self._weight_sources(group, odim, ob)
         tt = iv("tt", tok.tiles_in_block)
         tg = tok.tile_index(mb, tt)
@@ -111,6 +119,65 @@ class RowMajorGroups(OperandLoads):
         families = () if reducing else ("features", "gather", "hidden", "intermediate")
         return [Comment(f"{names} = {self._describe_group(group)}"),
                 *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split=families)]
+
+    def _k_blocked_rows(self, group: Group, tok: Dim, flipped: list, reducing: bool) -> int:
+        """K tiles per weight block when a row-major group streams its weight rows in K blocks (0: it does not):
+        ``k_tiles_per_block`` below the contraction's tiles, for a decode-sized token block (one token tile), one
+        term of one matmul whose weights are not cached, no elementwise tree, no column tiles, no reduction, stored
+        row-major. The output tiles' accumulators then live across the K blocks, as nki-library's decode down
+        projection accumulates a 4096-column output tile across its 128-row weight slabs
+        (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py:125-198)."""
+        s = self.s
+        if (s.k_tiles_per_block <= 0 or tok.tiles_in_block != 1 or tok is not self.tok or reducing or flipped
+                or group.tree or group.operands or len(group.terms) != 1 or len(group.terms[0].matmuls) != 1):
+            return 0
+        (mm,) = group.terms[0].matmuls
+        if self._cache(mm) or self._column_tiles(group, group.terms[0]) > 1 or self._contraction_split(group):
+            return 0
+        k_tiles = -(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax)
+        return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
+
+    def _k_blocked_row_group(self, group: Group, mb: Expr, odim: Dim, ob: Expr, kb: int,
+                             stores: list[tuple[Node, Buffer]], out_dtype: str) -> list[Stmt]:
+        """A row-major group over one token tile with its contraction in K blocks: per output block, one PSUM bank
+        per output tile held across the K blocks, each K block's weight rows loaded once (one DMA per 128 rows of the
+        block's columns) and multiplied into every tile, then the tiles evicted into one packed row and stored."""
+        tok, root = self.tok, group.root
+        (mm,) = group.terms[0].matmuls
+        w, lhs = self._weight(mm), self.nodes[mm.operands[0]]
+        kdim = Dim("k", lhs.shape[1], min(self.target.pmax, lhs.shape[1]), -(-lhs.shape[1] // self.target.pmax), kb)
+        kblk, kt = iv("k_blk", kdim.blocks), iv("kt", kb)
+        gk = kdim.tile_index(kblk, kt)
+        ksz = kdim.tile_size(gk)
+        bn = iv("bn", odim.tiles_in_block)
+        g = odim.tile_index(ob, bn)
+        nsz = odim.tile_size(g)
+        tsz = tok.tile_size(mb)
+        name = stores[0][0].attrs["name"]
+        acc = Buffer(f"{root.id}_psum", (tok.tile, odim.tiles_in_block, psum_bank_fp32(self.target)), "float32",
+                     "psum")
+        wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, odim.block_elems), w.dtype, "sbuf")
+        cols = odim.block_size(ob)
+        load = loop("kt", kdim.tiles_in(kblk), kb, [self._weight_dma(
+            w, Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk), ksz, odim.block_start(ob),
+            cols)])
+        dst = Ref(acc, (span(0, tsz), Point(bn), span(0, nsz)))
+        strip = Ref(self.strips[lhs.id], (span(0, ksz), Point(gk), span(0, tsz)))
+        mmul = Matmul(dst, strip, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(bn, odim.tile), nsz))))
+        k_body = [Alloc(wbuf), *load, *loop("bn", odim.tiles_in(ob), odim.tiles_in_block,
+                                            loop("kt", kdim.tiles_in(kblk), kb, [mmul]))]
+        rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
+        evict = Copy(Ref(rows, (span(0, tsz), span(scale(bn, odim.tile), nsz))), dst)
+        store = [DmaCopy(Ref(hbm, (span(tok.tile_start(mb), tsz), span(odim.block_start(ob), cols))),
+                         Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
+        body = [Alloc(acc, accumulator=True, comment="one PSUM bank per output tile, across K blocks"),
+                *loop("k_blk", Lin(kdim.blocks), kdim.blocks, k_body),
+                Alloc(rows, comment="one packed row of output tiles"),
+                *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, [evict]), *store]
+        names = ", ".join(o.attrs["name"] for o, _ in stores)
+        return [Comment(f"{names} = {self._describe_group(group)}; weight rows in blocks of {kb} K tiles"),
+                *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split=("features", "gather", "hidden",
+                                                                           "intermediate"))]
 
     def _reduce_scatter(self, rows: Buffer, stores: list[tuple[Node, Buffer]], odim: Dim, ob: Expr, t0: Expr,
                         tsz: Expr, dtype: str) -> list[Stmt]:

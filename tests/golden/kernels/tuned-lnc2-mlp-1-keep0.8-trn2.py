@@ -3,9 +3,9 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=1 hidden=4096 intermediate=14336, ranks gate/up/down 2560/2560/2560, bfloat16
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=gather
-# footprint    svd_mlp_k0: SBUF 114992 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    441.1 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=gather
+# footprint    svd_mlp_k0: SBUF 114992 of 212992 bytes/partition, PSUM 4 of 8 banks
+# predicted    441.0 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -31,7 +31,7 @@
 #     %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 4096] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [4096, 2560] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [2560, 14336] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [4096, 2560] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [2560, 14336] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [14336, 2560] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [2560, 4096] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 2560] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 14336] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 2560] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 14336] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 2560] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":8,"lnc_split":"gather","mlp":"whole","out_tile":256,"token_tile":1,"tokens_per_block":1,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 4096] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [4096, 2560] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [2560, 14336] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [4096, 2560] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [2560, 14336] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [14336, 2560] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [2560, 4096] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 2560] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 14336] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 2560] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 14336] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 2560] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":8,"lnc_split":"gather","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -57,7 +57,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'gather' split (0..1)
     out = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=gather
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=gather
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
@@ -148,20 +148,35 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             nisa.tensor_copy(dst=h_ud_strip[0:128, 10 * f_blk + ft + 10 * pid, 0:1], src=h_ud_psum[0:128, ft, 0:1])
     # exchange halves of h_ud_strip with the other program: both hold all 2560 features
     nisa.sendrecv(src=h_ud_strip[0:128, 10 * pid:10 * pid + 10, 0:1], dst=h_ud_strip[0:128, 10 - 10 * pid:20 - 10 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    # out = down = (h_ud @ v_down): strips stationary, weights moving
-    # 2 programs: each its 2 of 4
-    for o_blk in range(2):
-        v_down_block = nl.ndarray((128, 20, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(20):
-            nisa.dma_copy(dst=v_down_block[0:128, kt, 0:1024], src=v_down[128 * kt:128 * kt + 128, 1024 * o_blk + 2048 * pid:1024 * o_blk + 2048 * pid + 1024])
+    # out = down = (h_ud @ v_down): strips stationary, weights moving; weight rows in blocks of 8 K tiles
+    # 2 programs: each its 1 of 2
+    for o_blk in range(1):
+        # one PSUM bank per output tile, across K blocks
+        down_psum__b0 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        down_psum__b1 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        down_psum__b2 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        down_psum__b3 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        for k_blk in range(3):
+            v_down_block = nl.ndarray((128, 8, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for kt in range(min(8, 20 - 8 * k_blk)):
+                nisa.dma_copy(dst=v_down_block[0:128, kt, 0:2048], src=v_down[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048])
+            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+            for kt in range(min(8, 20 - 8 * k_blk)):
+                nisa.nc_matmul(dst=down_psum__b0[0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 0:512])
+            for kt in range(min(8, 20 - 8 * k_blk)):
+                nisa.nc_matmul(dst=down_psum__b1[0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 512:1024])
+            for kt in range(min(8, 20 - 8 * k_blk)):
+                nisa.nc_matmul(dst=down_psum__b2[0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 1024:1536])
+            for kt in range(min(8, 20 - 8 * k_blk)):
+                nisa.nc_matmul(dst=down_psum__b3[0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 1536:2048])
         # one packed row of output tiles
-        out_rows = nl.ndarray((1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(4):
-            down_psum = nl.ndarray((1, 256), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(20):
-                nisa.nc_matmul(dst=down_psum[0:1, 0:256], stationary=h_ud_strip[0:128, kt, 0:1], moving=v_down_block[0:128, kt, 256 * bn:256 * bn + 256])
-            nisa.tensor_copy(dst=out_rows[0:1, 256 * bn:256 * bn + 256], src=down_psum[0:1, 0:256])
-        nisa.dma_copy(dst=out[0:1, 1024 * o_blk + 2048 * pid:1024 * o_blk + 2048 * pid + 1024], src=out_rows[0:1, 0:1024])
+        out_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+        nisa.tensor_copy(dst=out_rows[0:1, 0:512], src=down_psum__b0[0:1, 0:512])
+        nisa.tensor_copy(dst=out_rows[0:1, 512:1024], src=down_psum__b1[0:1, 0:512])
+        nisa.tensor_copy(dst=out_rows[0:1, 1024:1536], src=down_psum__b2[0:1, 0:512])
+        nisa.tensor_copy(dst=out_rows[0:1, 1536:2048], src=down_psum__b3[0:1, 0:512])
+        nisa.dma_copy(dst=out[0:1, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048], src=out_rows[0:1, 0:2048])
     return out
 
 

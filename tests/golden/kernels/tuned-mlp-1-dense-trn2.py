@@ -3,9 +3,9 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=1 hidden=2048 intermediate=8192, dense, bfloat16
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
 # footprint    dense_mlp_k0: SBUF 131232 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    261.5 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    253.4 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
@@ -25,7 +25,7 @@
 #     %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":8,"lnc_split":"features","mlp":"whole","out_tile":256,"token_tile":1,"tokens_per_block":1,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":8,"lnc_split":"features","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":64,"weight_dma":"row","x_transpose":"pe"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -48,7 +48,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
@@ -82,20 +82,27 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
             act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
             act_f32[0:128, 0:1] = nl.silu(gate_psum[0:128, ft, 0:1], dtype=nl.float32)
             h_strip[0:128, 32 * f_blk + ft, 0:1] = nl.multiply(act_f32[0:128, 0:1], up_psum[0:128, ft, 0:1], dtype=nl.bfloat16)
-    # out = down = (h @ w_down): strips stationary, weights moving
-    # 2 programs: each its 2 of 4
-    for o_blk in nl.affine_range(2):
-        w_down_block = nl.ndarray((128, 64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in nl.affine_range(64):
-            w_down_block[0:128, kt, 0:512] = nl.load(w_down[128 * kt:128 * kt + 128, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
+    # out = down = (h @ w_down): strips stationary, weights moving; weight rows in blocks of 8 K tiles
+    # 2 programs: each its 1 of 2
+    for o_blk in nl.affine_range(1):
+        # one PSUM bank per output tile, across K blocks
+        down_psum__b0 = nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum)
+        down_psum__b1 = nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum)
+        for k_blk in nl.affine_range(8):
+            w_down_block = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for kt in nl.affine_range(8):
+                w_down_block[0:128, kt, 0:1024] = nl.load(w_down[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 1024 * o_blk + 1024 * pid:1024 * o_blk + 1024 * pid + 1024])
+            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+            for kt in nl.affine_range(8):
+                down_psum__b0[0:1, 0:512] += nisa.nc_matmul(h_strip[0:128, 8 * k_blk + kt, 0:1], w_down_block[0:128, kt, 0:512])
+            for kt in nl.affine_range(8):
+                down_psum__b1[0:1, 0:512] += nisa.nc_matmul(h_strip[0:128, 8 * k_blk + kt, 0:1], w_down_block[0:128, kt, 512:1024])
         # one packed row of output tiles
-        out_rows = nl.ndarray((1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in nl.affine_range(2):
-            down_psum = nl.zeros((1, 256), dtype=nl.float32, buffer=nl.psum)
-            for kt in nl.affine_range(64):
-                down_psum[0:1, 0:256] += nisa.nc_matmul(h_strip[0:128, kt, 0:1], w_down_block[0:128, kt, 256 * bn:256 * bn + 256])
-            out_rows[0:1, 256 * bn:256 * bn + 256] = nl.copy(down_psum[0:1, 0:256], dtype=nl.bfloat16)
-        nl.store(out[0:1, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512], value=out_rows[0:1, 0:512])
+        out_rows = nl.ndarray((1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
+        out_rows[0:1, 0:512] = nl.copy(down_psum__b0[0:1, 0:512], dtype=nl.bfloat16)
+        out_rows[0:1, 512:1024] = nl.copy(down_psum__b1[0:1, 0:512], dtype=nl.bfloat16)
+        nl.store(out[0:1, 1024 * o_blk + 1024 * pid:1024 * o_blk + 1024 * pid + 1024], value=out_rows[0:1, 0:1024])
     return out
 
 
