@@ -57,6 +57,9 @@ SLAB_ROWS, SLAB_BUFFERS = 1024, 4
 #: Columns of H per down-projection DMA (128 rows of I each) and buffers in its ring
 #: (mlp_cte_tile_info.py:37-38, 210-215; mlp_cte_constants.py:184).
 DOWN_COLS, DOWN_BUFFERS = 1024, 8
+#: SBUF bytes per partition the prefill kernel allocates from: 224 KiB less 16 KiB, 8 and 256 bytes
+#: (mlp_cte_constants.py:46-47, ``MAX_AVAILABLE_SBUF_SIZE``).
+SBUF_WINDOW = 224 * 1024 - 16384 - 8 - 256
 #: Transposes packed per PSUM bank before one eviction (mlp_cte_transpose.py:258-271).
 PACKED_TRANSPOSES = 4
 
@@ -98,6 +101,11 @@ def cte_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
         inter_c, core_tokens = inter, tokens // lnc
         token0 = scale(pid, core_tokens)
     inter0: Expr = scale(pid, inter_c) if on_inter else Lin(0)
+    ring = SLAB_BUFFERS * (SLAB_ROWS // P) * inter_c * 2
+    if ring > SBUF_WINDOW:
+        raise NotModelled(f"nki-library's prefill kernel does not fit: its gate/up ring of {SLAB_BUFFERS} slabs of "
+                          f"{SLAB_ROWS} x {inter_c} needs {ring} bytes per partition, more than its {SBUF_WINDOW}-byte "
+                          "SBUF window (mlp_cte_constants.py:46-47, 182-185; its allocator asserts)")
     tt = token_tile(core_tokens, hidden, inter_c)
     nsub = tt // P
     x = Buffer("x", (tokens, hidden), dtype, "hbm")
