@@ -65,7 +65,7 @@ class _GemmLowering:
     def __init__(self, problem: GemmProblem, schedule: GemmSchedule, target: Target):
         self.p = problem
         self.target = target
-        self.s = normalize(problem, schedule, target.lnc, target.gemm_stationary_fmax)
+        self.s = normalize(problem, schedule, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
         counts = tile_counts(problem, self.s)
         s = self.s
         self.dims = {
