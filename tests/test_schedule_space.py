@@ -96,13 +96,13 @@ GEMM_CANDIDATES = {
     "tile_m": (128, 64), "tile_n": (512, 256), "tile_k": (128,), "tiles_in_block_m": (1, 2, 4, 8, 16, 32),
     "tiles_in_block_n": (1, 2, 4, 8), "tiles_in_block_k": (1, 2, 4, 8, 16, 32), "loop_order": LOOP_ORDERS,
     "tile_order": ("mn",), "accumulate": ("psum", "sbuf"), "dma": ("row", "tile"), "a_transpose": ("dma", "pe"),
-    "lnc_split": ("none", "m", "n"),
+    "lnc_split": ("none", "m", "n"), "column_tiles": (1, 2, 4),
 }
 FUSED_CANDIDATES = {
-    "tokens_per_block": (32, 64, 128, 256, 512), "token_tile": (128,), "weight_block_kib": (4, 8, 16, 32, 64),
+    "tokens_per_block": (32, 64, 128, 256, 512), "token_tile": (128,), "weight_block_kib": (4, 8, 16, 32, 64, 128, 192),
     "k_tiles_per_block": (0, 8, 16, 32), "out_tile": (512, 256), "weight_dma": ("row", "tile"),
     "cache_weights": ("none", "stage1", "all"), "x_transpose": ("dma", "pe"), "mlp": ("whole", "split"),
-    "lnc_split": ("none", "tokens", "features", "gather", "hidden", "intermediate"),
+    "lnc_split": ("none", "tokens", "features", "gather", "hidden", "intermediate"), "column_tiles": (1, 2, 4),
 }
 
 
@@ -110,10 +110,11 @@ def test_gemm_space_is_derived_from_the_specs():
     space = SearchSpace.for_schedule(GemmSchedule)
     assert list(space.candidates.items()) == list(GEMM_CANDIDATES.items())
     assert space.ordinal == ("tile_m", "tile_n", "tile_k", "tiles_in_block_m", "tiles_in_block_n",
-                             "tiles_in_block_k")
+                             "tiles_in_block_k", "column_tiles")
     assert space.exchange == ("tiles_in_block_m", "tiles_in_block_n", "tiles_in_block_k")
     assert space.classes == ("accumulate", "dma", "a_transpose", "lnc_split")
-    one_core = {**GEMM_CANDIDATES, "lnc_split": ("none",)}  # a split needs a logical core of two programs
+    # a split needs a logical core of two programs; PE column tiles a stationary of at most 64 columns
+    one_core = {**GEMM_CANDIDATES, "lnc_split": ("none",), "column_tiles": (1,)}
     assert gemm_space(GemmProblem(128, 512, 128)).candidates == one_core
     assert gemm_space(GemmProblem(128, 512, 128), lnc=2).candidates["lnc_split"] == ("m", "n")
     transposed = gemm_space(GemmProblem(128, 512, 128, a_layout="km"))
@@ -126,9 +127,10 @@ def test_gemm_space_is_derived_from_the_specs():
 def test_fused_space_is_derived_from_the_specs(row_major_x, splittable):
     space = fused_space(row_major_x, splittable)
     expected = {**FUSED_CANDIDATES, "x_transpose": ("dma", "pe") if row_major_x else ("dma",),
-                "mlp": ("whole", "split") if splittable else ("whole",), "lnc_split": ("none",)}
+                "mlp": ("whole", "split") if splittable else ("whole",), "lnc_split": ("none",), "column_tiles": (1,)}
     assert list(space.candidates.items()) == list(expected.items())
-    assert space.ordinal == ("tokens_per_block", "token_tile", "weight_block_kib", "k_tiles_per_block", "out_tile")
+    assert space.ordinal == ("tokens_per_block", "token_tile", "weight_block_kib", "k_tiles_per_block", "out_tile",
+                             "column_tiles")
     assert space.exchange == ("tokens_per_block", "weight_block_kib", "k_tiles_per_block")
     assert space.classes == ("cache_weights", "x_transpose", "mlp", "lnc_split")
     assert isinstance(space.decode(next(space.points())), FusedSchedule)

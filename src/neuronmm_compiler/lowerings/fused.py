@@ -24,8 +24,8 @@ from ..ir import Graph
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
-from ..schedule.fused import FusedSchedule, normalize_fused
-from ..schedule.params import check_schedule, column_tile_candidates
+from ..schedule.fused import FusedSchedule, normalize_on
+from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target, with_lnc
 from ..vocab import ALayout, Dialect, Layout, NodeKind
@@ -152,13 +152,14 @@ class FusedLowering(Lowering):
             raise ScheduleError("the norm prologue (--fuse-norm, a graph's rmsnorm/layernorm) uses nisa.activation_"
                                 "reduce, bn_stats, bn_aggr and tensor_scalar as the nki dialect (NKI 0.3+) spells "
                                 "them; use --dialect nki (trn2, trn3)")
+        check_column_tiles(chosen.column_tiles, target)
         if chosen.lnc_split in EXCHANGING and dialect != Dialect.NKI:
             raise ScheduleError(f"lnc_split={chosen.lnc_split} exchanges values with nisa.sendrecv, documented for the "
                                 "nki dialect only; use --dialect nki, or lnc_split=tokens/features")
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")
-        normalized = normalize_fused(chosen, workload.token_count, target.lnc, target.gemm_stationary_fmax)
+        normalized = normalize_on(chosen, workload.token_count, target)
         if target.lnc == 1 and normalized.lnc_split == "none":
             return normalized
         graph = workload.graph()
@@ -212,7 +213,7 @@ class FusedLowering(Lowering):
                             exchange, column_tile_candidates(tokens, target.max_column_tiles))
         seen: dict[FusedSchedule, None] = {}
         for point in space.points():
-            seen.setdefault(normalize_fused(space.decode(point), tokens, target.lnc, target.gemm_stationary_fmax), None)
+            seen.setdefault(normalize_on(space.decode(point), tokens, target), None)
         everything = list(seen)
         base = FusedSchedule()
         transposes = space.candidates["x_transpose"]
@@ -226,7 +227,7 @@ class FusedLowering(Lowering):
         # may have no on-chip value worth exchanging): the first trials include one that divides
         guesses = [replace(g, lnc_split=split) for g in shapes for split in space.candidates["lnc_split"]]
         spec = SpaceSpec(space=space, guesses=guesses, size=len(everything), distinct=lambda: everything)
-        return spec, Evaluator(cost, lambda s: normalize_fused(s, tokens, target.lnc, target.gemm_stationary_fmax))
+        return spec, Evaluator(cost, lambda s: normalize_on(s, tokens, target))
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):

@@ -23,7 +23,7 @@ from ..kernel_ir.program import Program
 from ..passes import DEFAULT_PIPELINE, Pass, parse_pipeline
 from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, normalize, preset
 from ..schedule.gemm import preset_doc
-from ..schedule.params import check_schedule, column_tile_candidates
+from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target, with_lnc
 from ..vocab import ALayout, Dialect, Layout, NodeKind
@@ -84,7 +84,8 @@ class GemmLowering(Lowering):
             base = base.with_params(transpose_choice("a_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
-        normalized = normalize(problem, chosen, target.lnc)
+        check_column_tiles(chosen.column_tiles, target)
+        normalized = normalize(problem, chosen, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
         return resolve_split(normalized, params, target, lambda s: [lower_gemm(problem, s, target)])
 
     def pipeline(self, schedule: Any) -> list[Pass]:
@@ -218,7 +219,8 @@ def gemm_search_setup(problem: GemmProblem, target: Target, exhaustive_threshold
                           else (space.decode(p) for p in space.points())),
     )
     evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params),
-                         lambda s: normalize(problem, s, target.lnc, target.gemm_stationary_fmax))
+                         lambda s: normalize(problem, s, target.lnc, target.gemm_stationary_fmax,
+                                                   target.max_column_tiles))
     return spec, evaluate
 
 

@@ -37,7 +37,7 @@ from ..kernel_ir.expr import Expr, Lin
 from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import DTYPE_BYTES, Activation, Buffer, Comment, Copy, Program, Ref, Stmt, TensorTensor, span
 from ..passes.legality import check_kernel
-from ..schedule.fused import FusedSchedule, normalize_fused
+from ..schedule.fused import FusedSchedule, normalize_on
 from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
 from .fused_groups import Group, Term, read_groups
 from .fused_prologue import NormPrologue
@@ -68,7 +68,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         self.prologues = [g for g in groups if g.root.kind == NodeKind.NORM]
         self.group_list = [g for g in groups if g.root.kind != NodeKind.NORM]
         self.tokens = compute[0].shape[0] if compute else copied[0].shape[0]
-        self.s = normalize_fused(schedule, self.tokens, target.lnc, target.gemm_stationary_fmax)
+        self.s = normalize_on(schedule, self.tokens, target)
         s = self.s
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
                        max(1, s.tokens_per_block // s.token_tile))

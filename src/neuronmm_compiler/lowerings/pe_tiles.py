@@ -57,3 +57,16 @@ def column_sum(acc: Buffer, total: Buffer, dst: Ref, tiles: int, width: int, row
     for j in range(1, tiles):
         out.append(TensorTensor(dst if j == tiles - 1 else held, held, part(j), ElementwiseOp.ADD))
     return out
+
+
+def column_tiled(acc: Buffer, tiles: int, rows: int, k_tiles: int, msz: Expr, nsz: Expr,
+                 operands: Callable[[Expr], tuple[Ref, Ref]]) -> list[Stmt]:
+    """The matmuls of one output tile (``msz`` x ``nsz``) over ``k_tiles`` contraction tiles in ``tiles`` column
+    tiles of the accumulator ``acc``'s partitions (the array's columns), over ``rows`` PE rows;
+    ``operands(kt)``: the stationary and moving tiles of contraction tile ``kt``."""
+    width = acc.shape[0] // tiles
+
+    def matmul(kt: Expr, ct: Expr) -> Matmul:
+        return Matmul(column_dst(acc, ct, width, msz, nsz), *operands(kt), tile=column_tile(ct, width, rows))
+
+    return column_matmuls(k_tiles, tiles, width, matmul)

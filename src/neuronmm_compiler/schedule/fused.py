@@ -18,7 +18,7 @@ across token blocks, and how X^T is produced when X is row-major.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ..errors import ScheduleError
 from ..kernel_ir.lnc import divisible_blocking
@@ -35,6 +35,9 @@ from .params import (
     sbuf_kib_per_partition,
     usable_column_tiles,
 )
+
+if TYPE_CHECKING:
+    from ..targets import Target
 
 WEIGHT_DMA = ("row", "tile")
 CACHE_WEIGHTS = ("none", "stage1", "all")
@@ -128,13 +131,14 @@ class FusedSchedule(ScheduleParams):
         return normalize_fused(self, context)
 
 
-def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1, pe_columns: int = 128) -> FusedSchedule:
+def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1, pe_columns: int = 128,
+                    max_column_tiles: int = 4) -> FusedSchedule:
     """Clip the token block and tile to the number of tokens (a decode step gets 1-token strips). On a logical
     core of ``lnc`` > 1 programs dividing the tokens (``lnc_split=tokens``), the token blocks are made an even
     number of whole blocks of an even number of tiles where the tokens allow it (kernel_ir/lnc.py). ``column_tiles``
     is narrowed to what a token tile (the row-major matmul's stationary free size) fits in a column tile of the
-    ``pe_columns``-wide PE array (the target's ``gemm_stationary_fmax``); the lowering narrows it further per matmul
-    to its contraction tiles."""
+    ``pe_columns``-wide PE array (the target's ``gemm_stationary_fmax``), at most ``max_column_tiles`` (the
+    target's); the lowering narrows it further per matmul to its contraction tiles."""
     block = min(schedule.tokens_per_block, tokens)
     tile = min(schedule.token_tile, block)
     if block > tile and block % tile:
@@ -145,8 +149,14 @@ def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1, pe_colum
             tile = -(-tokens // (tiles + lnc - tiles % lnc))
             tiles = -(-tokens // tile)
         block = tile * divisible_blocking(tiles, max(1, block // tile), lnc)
-    columns = usable_column_tiles(schedule.column_tiles, tile, schedule.column_tiles, pe_columns)
+    asked = min(schedule.column_tiles, max_column_tiles)
+    columns = usable_column_tiles(asked, tile, asked, pe_columns)
     return replace(schedule, tokens_per_block=block, token_tile=tile, column_tiles=columns)
+
+
+def normalize_on(schedule: FusedSchedule, tokens: int, target: Target) -> FusedSchedule:
+    """:func:`normalize_fused` for ``target``: its logical-core degree, PE array width and column tile count."""
+    return normalize_fused(schedule, tokens, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
 
 
 def tiles_per_weight_block(schedule: FusedSchedule, k_tiles: int, tile_cols: int, itemsize: int,

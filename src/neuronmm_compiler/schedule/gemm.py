@@ -210,14 +210,16 @@ def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
     }
 
 
-def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1, pe_columns: int = 128) -> GemmSchedule:
+def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1, pe_columns: int = 128,
+              max_column_tiles: int = 4) -> GemmSchedule:
     """Clip tile sizes to the problem and tiles-in-block to the tile counts, so that a decode-sized
     M (1..127 tokens) gets tiles of exactly M rows and equivalent schedules compare equal. On a logical core of
     ``lnc`` > 1 programs, the dimension ``lnc_split`` divides gets a blocking the programs can share: an even
     number of tiles (narrower tiles where the count is odd) in an even number of whole blocks
     (kernel_ir/lnc.py). ``column_tiles`` is narrowed to what the output tiles can use (:func:`usable_column_tiles`:
     an A^T tile of ``tile_m`` columns fitting a column tile of the ``pe_columns``-wide array, the target's
-    ``gemm_stationary_fmax``; K in one block accumulated in a PSUM tile per output tile, no rotating copies)."""
+    ``gemm_stationary_fmax``; K in one block accumulated in a PSUM tile per output tile, no rotating copies), and to
+    the target's ``max_column_tiles``."""
     clipped = replace(
         schedule,
         tile_m=min(schedule.tile_m, problem.m),
@@ -242,7 +244,8 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1, pe_col
     tiles = blocked.tiles_in_block_m * blocked.tiles_in_block_n
     blocked = replace(blocked, psum_buffers=0 if held else min(blocked.psum_buffers, tiles))
     per_tile = blocked.accumulate == "psum" and counts["k"] == blocked.tiles_in_block_k and blocked.psum_buffers == 0
-    columns = usable_column_tiles(blocked.column_tiles, blocked.tile_m, counts["k"], pe_columns) if per_tile else 1
+    asked = min(blocked.column_tiles, max_column_tiles)
+    columns = usable_column_tiles(asked, blocked.tile_m, counts["k"], pe_columns) if per_tile else 1
     return replace(blocked, column_tiles=columns)
 
 

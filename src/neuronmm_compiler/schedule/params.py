@@ -47,16 +47,24 @@ def sbuf_kib_per_partition(target: Target) -> int:
     return target.sbuf_bytes_per_partition // 1024
 
 
-def max_column_tiles(target: Target) -> int:
-    """The most PE column tiles ``target`` documents (:attr:`~neuronmm_compiler.targets.Target.max_column_tiles`)."""
-    return target.max_column_tiles
+#: The most PE column tiles any generation documents: 4 x 32 columns from NeuronCore-v3 (nki.isa.nc_matmul,
+#: "Tiling mode"); each target's own count is :attr:`~neuronmm_compiler.targets.Target.max_column_tiles`.
+COLUMN_TILES = (1, 2, 4)
 
 
-def check_column_tiles(value: int) -> None:
-    """PE column tiles split the array into equal tiles of a documented size: 1, 2 or 4 of them."""
-    if value not in (1, 2, 4):
+def check_column_tiles(value: int, target: Target | None = None) -> None:
+    """PE column tiles split the array into equal tiles of a documented size: 1, 2 or 4 of them, and at most as
+    many as ``target`` documents (2 on trn1). The domain of ``column_tiles`` is what some target documents; the
+    lowering entries check a requested schedule against its own target here, as they check a transposing load
+    (lowerings/base.py, transpose_choice), and the lowerings clip a stored or searched one to the target."""
+    if value not in COLUMN_TILES:
         raise ScheduleError(f"column_tiles={value}: the PE array splits into 1, 2 or 4 column tiles (nc_matmul "
                             "tile_size column sizes 128, 64, 32; rule NKI-MATMUL-TILE)")
+    if target is not None and value > target.max_column_tiles:
+        sizes = ", ".join(map(str, target.pe_tile_sizes))
+        raise ScheduleError(f"column_tiles={value}: {target.name} ({target.core}) documents PE tiles of {sizes} "
+                            f"columns, so at most {target.max_column_tiles} column tiles (nki.isa.nc_matmul, Tiling "
+                            "mode: 2 x 64 from NeuronCore-v2, 4 x 32 from NeuronCore-v3; rule NKI-MATMUL-TILE)")
 
 
 def usable_column_tiles(asked: int, stationary_free: int, k_tiles: int, pe_columns: int) -> int:
@@ -82,9 +90,9 @@ def column_tile_candidates(stationary_free: int, max_tiles: int = 4, pe_columns:
 def column_tiles_spec(stationary: str) -> ParamSpec:
     """The ``column_tiles`` parameter of a schedule whose row-major matmuls have ``stationary`` free elements."""
     return integer(
-        "column_tiles", 1, max_column_tiles,
-        "the PE column tiles the target documents (nki.isa.nc_matmul, Tiling mode: 2 x 64 columns from "
-        "NeuronCore-v2, 4 x 32 from NeuronCore-v3; Target.pe_tile_sizes)", (1, 2, 4),
+        "column_tiles", 1, COLUMN_TILES[-1],
+        "the most PE column tiles a target documents (nki.isa.nc_matmul, Tiling mode: 4 x 32 columns from "
+        "NeuronCore-v3; 2 x 64 on NeuronCore-v2, checked against the target)", COLUMN_TILES,
         f"PE column tiles (1, 2 or 4) the contraction tiles of one output tile are spread over, so that up to that "
         f"many matmuls run at once (nc_matmul tile_position/tile_size), their partial sums added on eviction; 1: "
         f"the whole array. For a stationary of at most 128/column_tiles columns ({stationary}, e.g. decode tokens); "

@@ -30,6 +30,7 @@ from .kernel_ast import (
     slice_width,
     subscript_elements,
 )
+from .pe_tile_check import check_pe_tile
 from .rules import (
     ACTIVATION_FUNCTIONS,
     ACTIVATION_FUNCTIONS_LEGACY,
@@ -359,7 +360,7 @@ class _Checker(ast.NodeVisitor):
         stationary_node = kwarg(call, "stationary", 1 if nki else 0)
         moving_node = kwarg(call, "moving", 2 if nki else 1)
         self._check_matmul_sizes(stationary_node, moving_node, call)
-        self._check_pe_tile(call, stationary_node, kwarg(call, "dst", 0) if nki else None)
+        check_pe_tile(self, call, stationary_node, kwarg(call, "dst", 0) if nki else None)
         stationary, moving = self._resolve(stationary_node), self._resolve(moving_node)
         dst = self.env.get(dst_name) if dst_name else None
         for role, buf, want in (("stationary", stationary, "sbuf"), ("moving", moving, "sbuf"), ("dst", dst, "psum")):
@@ -378,56 +379,6 @@ class _Checker(ast.NodeVisitor):
         if dst is not None and dst.init_by_other:
             self.report("NKI-MATMUL-ACC-INIT", call, f"nc_matmul accumulates into '{dst_name}', initialised by a "
                         "non-matmul instruction")
-
-
-    def _check_pe_tile(self, call: ast.Call, stationary: ast.AST | None, dst: ast.AST | None) -> None:
-        """NKI-MATMUL-TILE and NKI-MATMUL-TILE-DST where ``tile_position`` / ``tile_size`` are constants."""
-        position, size = kwarg(call, "tile_position"), kwarg(call, "tile_size")
-        given = [node is not None and not (isinstance(node, ast.Tuple) and not node.elts) for node in (position, size)]
-        if not any(given):
-            return
-        if not all(given):
-            self.report("NKI-MATMUL-TILE", call, "nc_matmul sets only one of tile_position and tile_size")
-            return
-        starts = _const_pair(position)
-        sizes = _const_pair(size)
-        allowed = self.hw.pe_tile_sizes
-        array = self.hw.gemm_stationary_fmax
-        if sizes is not None:
-            for name, value in zip(("row_size", "column_size"), sizes, strict=True):
-                if value is not None and value not in allowed:
-                    self.report("NKI-MATMUL-TILE", call, f"tile_size {name} {value} is not a tile size {self.target} "
-                                f"documents ({', '.join(map(str, allowed))})")
-            if starts is not None:
-                for name, start, value in zip(("start_row", "start_column"), starts, sizes, strict=True):
-                    if start is not None and value and (start % value or start + value > array):
-                        self.report("NKI-MATMUL-TILE", call, f"tile_position {name} {start} is not a multiple of "
-                                    f"its tile size {value} inside the {array} x {array} PE array")
-            shape = self._tile_shape(stationary)
-            for limit, extent, what in zip(sizes, shape or (None, None), ("partitions", "free size"), strict=True):
-                if limit is not None and extent is not None and extent > limit:
-                    self.report("NKI-MATMUL-TILE", call, f"nc_matmul stationary {what} {extent} exceeds its tile "
-                                f"size {limit}")
-            narrow = sizes[1] is not None and sizes[1] < array
-            mode = kwarg(call, "perf_mode")
-            if narrow and mode is not None and "double_row" in ast.unparse(mode):
-                self.report("NKI-MATMUL-TILE", call, "perf_mode double_row with a column tile")
-            column = starts[1] if starts is not None else None
-            if narrow and column is not None and isinstance(dst, ast.Subscript):
-                elts = subscript_elements(dst)
-                first = elts[0] if elts else None
-                begin = (const_int(first.lower) if first.lower is not None else 0) if isinstance(first, ast.Slice) \
-                    else None
-                if begin is not None and begin != column:
-                    self.report("NKI-MATMUL-TILE-DST", call, f"nc_matmul in PE column tile {column} writes dst from "
-                                f"partition {begin}, not {column}")
-
-
-def _const_pair(node: ast.AST | None) -> tuple[int | None, int | None] | None:
-    """The two values of a literal 2-tuple (each None when not a constant), else None."""
-    if isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) == 2:
-        return const_int(node.elts[0]), const_int(node.elts[1])
-    return None
 
 
 def check_kernel_source(source: str, *, dialect: Dialect | str, target: str, sdk: str | None = None
