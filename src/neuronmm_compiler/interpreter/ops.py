@@ -256,7 +256,7 @@ MATMUL_PERF_MODE = StandInModule("nki.isa.matmul_perf_mode", {"none": "none", "d
 PERF_NONE = "none"
 #: The rule ids of the double-row checks (verification/rules.py).
 DOUBLE_ROW_RULE = "NKI-MATMUL-DOUBLE-ROW"
-DOUBLE_ROW_TILE_RULE = "NKI-MATMUL-DOUBLE-ROW-TILE"
+DOUBLE_ROW_TILE_RULE = TILE_RULE  # "column tiles are not combined with perf_mode double_row"
 
 
 def check_perf_mode(m: Machine, perf_mode: Any, stationary: Any, moving: Any,

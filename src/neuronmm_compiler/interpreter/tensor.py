@@ -22,6 +22,8 @@ HBM, SBUF, PSUM = "hbm", "sbuf", "psum"
 #: The id of the interpreter's check that every element read was written before (docs/nki-subset.md): in an LNC=2
 #: kernel, also what a missing exchange shows as (the other program's half never arrived).
 UNWRITTEN_READ = "KERNEL-UNWRITTEN-READ"
+#: The rule a write of an out-of-range value into an FP8 tile breaks (verification/rules.py).
+FP8_SATURATE_RULE = "NKI-FP8-SATURATE"
 
 
 class Allocation:
@@ -279,6 +281,9 @@ def write(t: Tensor, values: Any) -> None:
     if a.lnc is not None:
         a.lnc.wrote(t)
     t.data[...] = values
+    if t.data.dtype.itemsize == 1 and not np.all(np.isfinite(t.data)):
+        raise KernelLimitError(f"{FP8_SATURATE_RULE}: a value outside the finite range of {t.data.dtype.name} was "
+                               f"written into {t.describe()}; clamp it first (the FP8 cast does not saturate)")
     if not a.fully_written:
         if t.is_full:
             a.fully_written = True

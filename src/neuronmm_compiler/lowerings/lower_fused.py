@@ -129,7 +129,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
             return []
         if split == "hidden":
             groups = [g for g in self.group_list if g.matmuls and all(
-                self.nodes[mm.operands[0]].kind in (NodeKind.INPUT, NodeKind.NORM) for mm in g.matmuls)]
+                self._reads_kernel_input(self.nodes[mm.operands[0]]) for mm in g.matmuls)]
         else:
             gated = {g.root.id for g in self.group_list if g.tree}
             groups = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
@@ -137,6 +137,13 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
                 groups = [g for g in self.group_list if any(
                     self.nodes[mm.operands[0]].kind not in (NodeKind.INPUT, NodeKind.NORM) for mm in g.matmuls)][-1:]
         return groups if groups and all(self._reducible(g) for g in groups) else []
+
+    def _reads_kernel_input(self, lhs: Node) -> bool:
+        """A matmul operand over the hidden dimension: a kernel input or the norm prologue's value, or (FP8) the
+        quantization of one (docs/fp8.md)."""
+        if lhs.kind == NodeKind.ELEMENTWISE and lhs.attrs["op"] == ElementwiseOp.QUANTIZE:
+            lhs = self.nodes[lhs.operands[0]]
+        return lhs.kind in (NodeKind.INPUT, NodeKind.NORM)
 
     def _reducible(self, group: Group) -> bool:
         root = group.root
