@@ -197,7 +197,13 @@ class OperandLoads(FusedState):
         if not group.matmuls:
             return ntiles
         k_tiles = max(-(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax) for mm in group.matmuls)
-        return tiles_per_weight_block(self.s, k_tiles, tile, self.dtype_bytes, ntiles)
+        return tiles_per_weight_block(self.s, k_tiles, tile, self._weight_bytes(group), ntiles)
+
+    def _weight_bytes(self, group: Group) -> int:
+        """Bytes per element of the group's weights: the kernel's dtype, or 1 for FP8 weights (a weight block of
+        ``weight_block_kib`` then holds twice the columns; docs/fp8.md)."""
+        dtypes = {self._weight(mm).dtype for mm in group.matmuls}
+        return 1 if dtypes and all(is_fp8(d) for d in dtypes) else self.dtype_bytes
 
     def _weight_sources(self, group: Group, fdim: Dim, blk: Expr) -> tuple[list[Stmt], dict[str, tuple[Buffer, bool]]]:
         """(loads of the block's weights, matmul id -> (buffer, whether it holds all columns))."""

@@ -62,7 +62,7 @@ class TransposedGroups(OperandLoads):
         if kb:
             # Contraction blocked: each feature tile's PSUM accumulator (a bank) lives across the
             # K blocks, so the feature block is bounded by the banks left for this group.
-            by_sbuf = tiles_per_weight_block(s, kb, ftile, self.dtype_bytes, ntiles)
+            by_sbuf = tiles_per_weight_block(s, kb, ftile, self._weight_bytes(group), ntiles)
             per_block = max(1, min(by_sbuf, k_blocked_group_banks(self.target) // len(group.terms)))
         else:
             per_block = self._tiles_per_block(group, ftile, ntiles)
