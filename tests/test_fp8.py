@@ -71,13 +71,13 @@ def test_double_row_with_column_tiling_fails_with_the_rule_id() -> None:
 
 
 def test_double_row_needs_fp8_operands_and_a_v3_core() -> None:
-    source = _kernel(3)
-    bf16 = source.replace("w_gate_block = nl.ndarray((128, 2, 384), dtype=nl.float8_e4m3",
-                          "w_gate_block = nl.ndarray((128, 2, 384), dtype=nl.bfloat16", 1)
-    assert bf16 != source
-    report = verify_source(bf16)
-    assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "") or "dtype" in (report.error or "")
-    report = verify_source(source, target=get_target("trn1"))
+    bf16 = compile_workload(mlp_workload(3, 256, 384, dense=True), target=get_target("trn2")).kernel.source
+    mutated = "\n".join(line[:-1] + ", perf_mode=nisa.matmul_perf_mode.double_row)"
+                         if line.lstrip().startswith("nisa.nc_matmul(") else line for line in bf16.splitlines())
+    assert mutated != bf16
+    report = verify_source(mutated)
+    assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "")
+    report = verify_source(_kernel(3), target=get_target("trn1"))
     assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "")
 
 

@@ -61,8 +61,8 @@ def verify_lines(report: Any, file: str, backend: str) -> list[str]:
         lines.append(f"  relative error {report.rel_error:.3e}{against} (tolerance {report.tolerance:.0e}), "
                      f"max abs error {report.max_abs_error:.3e}{scale}")
     if report.unquantized_rel_error is not None:
-        lines.append(f"  relative error {report.unquantized_rel_error:.3e} against the unquantized graph (bf16 weights, "
-                     "no quantization; reported, not checked: docs/fp8.md)")
+        lines.append(f"  relative error {report.unquantized_rel_error:.3e} against the unquantized graph (bf16 "
+                     "weights, no quantization; reported, not checked: docs/fp8.md)")
     if report.error:
         lines.append(f"  {report.error}")
     c = report.counters

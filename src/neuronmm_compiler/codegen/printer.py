@@ -228,8 +228,8 @@ class NeuronxccPrinter(_Printer):
 
     def instruction(self, stmt: Stmt, depth: int) -> None:
         if (isinstance(stmt, DmaCopy) and stmt.broadcast) or (isinstance(stmt, Matmul) and stmt.perf_mode != "none"):
-            raise ScheduleError("FP8 kernels (broadcast scale loads, double_row matmuls) are emitted in the nki dialect "
-                                "(NKI 0.3+) only; use --dialect nki (on trn2 or trn3; docs/fp8.md)")
+            raise ScheduleError("FP8 kernels (broadcast scale loads, double_row matmuls) are emitted in the nki "
+                                "dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3; docs/fp8.md)")
         if isinstance(stmt, DmaCopy):
             if stmt.is_load:
                 fn = "nl.load_transpose2d" if stmt.transpose else "nl.load"

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import IRError
 from ..ir import Graph, Node
+from ..ir.fp8 import is_fp8
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, scale
-from ..ir.fp8 import is_fp8
 from ..kernel_ir.program import Alloc, Buffer, Copy, DmaCopy, Matmul, PerfMode, PeTranspose, Point, Ref, Stmt, span
 from ..schedule.fused import FusedSchedule, tiles_per_weight_block
 from ..schedule.params import usable_column_tiles

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..ir import Graph, Node
+from ..ir.fp8 import FP8_FORMATS, is_fp8
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin
 from ..kernel_ir.lnc import distribute
-from ..ir.fp8 import FP8_FORMATS, is_fp8
 from ..kernel_ir.program import (
     DTYPE_BYTES,
     Activation,
@@ -264,9 +264,10 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
                 t = iv("st", tiles)
                 sdim = Dim("s", n, min(pmax, n), tiles, tiles)
                 size = sdim.tile_size(t)
+                load = DmaCopy(Ref(buf, (span(0, size), span(t, 1))), Ref(hbm, (span(sdim.tile_start(t), size),
+                                                                                 span(0, 1))))
                 out += [Alloc(buf, comment=f"{name}: one column per tile of {pmax} channels"),
-                        *loop("st", Lin(tiles), tiles, [DmaCopy(Ref(buf, (span(0, size), span(t, 1))),
-                                                               Ref(hbm, (span(sdim.tile_start(t), size), span(0, 1))))])]
+                        *loop("st", Lin(tiles), tiles, [load])]
             if Orient.NORMAL in orients:
                 rows = self.tok.tile
                 buf = self.scale_bufs[(sid, "row")] = Buffer(f"{name}_row", (rows, n), "float32", "sbuf")
