@@ -250,23 +250,23 @@ def reference(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sca
     u_down_scale_f64 = np.asarray(u_down_scale, dtype=np.float64)
     h_ud_scale_f64 = np.asarray(h_ud_scale, dtype=np.float64)
     v_down_scale_f64 = np.asarray(v_down_scale, dtype=np.float64)
-    v8 = np.round(np.clip(x_f64 / x_scale_f64, -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(x_f64 / x_scale_f64, -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(x_f64 / x_scale_f64, -240.0, 240.0))[1], -5) - 4)  # elementwise x_q
+    v8 = np.round(np.clip(np.float64(np.float32(x_f64) / np.float32(x_scale_f64)), -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(x_f64) / np.float32(x_scale_f64)), -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(x_f64) / np.float32(x_scale_f64)), -240.0, 240.0))[1], -5) - 4)  # elementwise x_q
     v10 = v8 @ u_gate_f64  # matmul x_ug_acc
     v11 = v10 * x_scale_f64 * u_gate_scale_f64.T  # elementwise x_ug
-    v13 = np.round(np.clip(v11 / x_ug_scale_f64, -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(v11 / x_ug_scale_f64, -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(v11 / x_ug_scale_f64, -240.0, 240.0))[1], -5) - 4)  # elementwise x_ug_q
+    v13 = np.round(np.clip(np.float64(np.float32(v11) / np.float32(x_ug_scale_f64)), -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v11) / np.float32(x_ug_scale_f64)), -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v11) / np.float32(x_ug_scale_f64)), -240.0, 240.0))[1], -5) - 4)  # elementwise x_ug_q
     v15 = v13 @ v_gate_f64  # matmul gate_acc
     v16 = v15 * x_ug_scale_f64 * v_gate_scale_f64.T  # elementwise gate
     v18 = v8 @ u_up_f64  # matmul x_uu_acc
     v19 = v18 * x_scale_f64 * u_up_scale_f64.T  # elementwise x_uu
-    v21 = np.round(np.clip(v19 / x_uu_scale_f64, -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(v19 / x_uu_scale_f64, -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(v19 / x_uu_scale_f64, -240.0, 240.0))[1], -5) - 4)  # elementwise x_uu_q
+    v21 = np.round(np.clip(np.float64(np.float32(v19) / np.float32(x_uu_scale_f64)), -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v19) / np.float32(x_uu_scale_f64)), -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v19) / np.float32(x_uu_scale_f64)), -240.0, 240.0))[1], -5) - 4)  # elementwise x_uu_q
     v23 = v21 @ v_up_f64  # matmul up_acc
     v24 = v23 * x_uu_scale_f64 * v_up_scale_f64.T  # elementwise up
     v25 = v16 / (1.0 + np.exp(-v16))  # elementwise act
     v26 = v25 * v24  # elementwise h
-    v28 = np.round(np.clip(v26 / h_scale_f64, -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(v26 / h_scale_f64, -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(v26 / h_scale_f64, -240.0, 240.0))[1], -5) - 4)  # elementwise h_q
+    v28 = np.round(np.clip(np.float64(np.float32(v26) / np.float32(h_scale_f64)), -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v26) / np.float32(h_scale_f64)), -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v26) / np.float32(h_scale_f64)), -240.0, 240.0))[1], -5) - 4)  # elementwise h_q
     v30 = v28 @ u_down_f64  # matmul h_ud_acc
     v31 = v30 * h_scale_f64 * u_down_scale_f64.T  # elementwise h_ud
-    v33 = np.round(np.clip(v31 / h_ud_scale_f64, -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(v31 / h_ud_scale_f64, -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(v31 / h_ud_scale_f64, -240.0, 240.0))[1], -5) - 4)  # elementwise h_ud_q
+    v33 = np.round(np.clip(np.float64(np.float32(v31) / np.float32(h_ud_scale_f64)), -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v31) / np.float32(h_ud_scale_f64)), -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v31) / np.float32(h_ud_scale_f64)), -240.0, 240.0))[1], -5) - 4)  # elementwise h_ud_q
     v35 = v33 @ v_down_f64  # matmul down_acc
     v36 = v35 * h_ud_scale_f64 * v_down_scale_f64.T  # elementwise down
     return v36

@@ -148,14 +148,14 @@ def reference(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_scal
     w_up_scale_f64 = np.asarray(w_up_scale, dtype=np.float64)
     h_scale_f64 = np.asarray(h_scale, dtype=np.float64)
     w_down_scale_f64 = np.asarray(w_down_scale, dtype=np.float64)
-    v5 = np.round(np.clip(x_f64 / x_scale_f64, -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(x_f64 / x_scale_f64, -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(x_f64 / x_scale_f64, -240.0, 240.0))[1], -5) - 4)  # elementwise x_q
+    v5 = np.round(np.clip(np.float64(np.float32(x_f64) / np.float32(x_scale_f64)), -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(x_f64) / np.float32(x_scale_f64)), -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(x_f64) / np.float32(x_scale_f64)), -240.0, 240.0))[1], -5) - 4)  # elementwise x_q
     v7 = v5 @ w_gate_f64  # matmul gate_acc
     v8 = v7 * x_scale_f64 * w_gate_scale_f64.T  # elementwise gate
     v10 = v5 @ w_up_f64  # matmul up_acc
     v11 = v10 * x_scale_f64 * w_up_scale_f64.T  # elementwise up
     v12 = v8 / (1.0 + np.exp(-v8))  # elementwise act
     v13 = v12 * v11  # elementwise h
-    v15 = np.round(np.clip(v13 / h_scale_f64, -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(v13 / h_scale_f64, -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(v13 / h_scale_f64, -240.0, 240.0))[1], -5) - 4)  # elementwise h_q
+    v15 = np.round(np.clip(np.float64(np.float32(v13) / np.float32(h_scale_f64)), -240.0, 240.0) / np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v13) / np.float32(h_scale_f64)), -240.0, 240.0))[1], -5) - 4)) * np.exp2(np.maximum(np.frexp(np.clip(np.float64(np.float32(v13) / np.float32(h_scale_f64)), -240.0, 240.0))[1], -5) - 4)  # elementwise h_q
     v17 = v15 @ w_down_f64  # matmul down_acc
     v18 = v17 * h_scale_f64 * w_down_scale_f64.T  # elementwise down
     return v18
