@@ -188,6 +188,11 @@ class Target:
     # does (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_constants.py: 64-wide
     # column tiles on gen2). 128 is the whole array.
     pe_tile_sizes: tuple[int, ...] = (32, 64, 128)
+    # --- nc_matmul performance modes: "On NeuronCore-v2, performance mode is not supported. On NeuronCore-v3 and
+    # NeuronCore-v4, Tensor Engine supports FP8 double performance mode, enabled by setting performance mode to
+    # double_row" (NKI API reference, nki.isa.nc_matmul, "Performance mode"; nki.isa.matmul_perf_mode: "Double FP8
+    # mode, 2x matmul throughput"; rules NKI-MATMUL-DOUBLE-ROW*, docs/fp8.md)
+    matmul_perf_modes: tuple[str, ...] = ("none", "double_row")
     # the most elements per partition one nisa.bn_stats reads (nl.tile_size.bn_stats_fmax; NKI ISA reference,
     # nki.isa.bn_stats: "must not exceed 512"); the layernorm prologue cuts its rows into chunks of it
     bn_stats_fmax: int = 512
@@ -369,6 +374,7 @@ TARGETS: dict[str, Target] = {
         # trn1 rows does not cross-validate (two sources disagree 2.5x on one kernel; docs/cost_model.md 4a).
         launch_overhead_us=45.3,
         pe_tile_sizes=(64, 128),  # NeuronCore-v2: 2 x 64 tiles only (see the field)
+        matmul_perf_modes=("none",),  # NeuronCore-v2: no performance mode (see the field)
     ),
     "trn2": Target(
         name="trn2",

@@ -306,6 +306,16 @@ def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a + b
 
 
+def _dequantize(acc: np.ndarray, x_scale: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """An FP8 matmul's accumulator times the scales of its operands: ``acc * x_scale * w_scale^T`` (``w_scale`` [N, 1]
+    per output channel or [1, 1] per tensor, ``x_scale`` [1, 1])."""
+    return acc * x_scale * w_scale.T
+
+
+def _needs_format(*_: np.ndarray) -> np.ndarray:
+    raise TypeError("quantize rounds into the FP8 format of its node's dtype attr: use ir.fp8.quantize")
+
+
 @dataclass(frozen=True)
 class ElementwiseOpInfo:
     """One row of the elementwise op table (see :class:`ElementwiseOp`)."""
@@ -328,6 +338,14 @@ class ElementwiseOp(StrEnum):
     SILU = "silu"
     MULTIPLY = "multiply"
     ADD = "add"
+    QUANTIZE = "quantize"
+    DEQUANTIZE = "dequantize"
+
+    @property
+    def scaled(self) -> bool:
+        """True for the FP8 ops (``quantize``, ``dequantize``): their operands after the first are scales (2-D, one
+        value per tensor or per output channel), their result dtype is the node's ``dtype`` attr (docs/fp8.md)."""
+        return self in (ElementwiseOp.QUANTIZE, ElementwiseOp.DEQUANTIZE)
 
     @property
     def info(self) -> ElementwiseOpInfo:
@@ -362,4 +380,7 @@ _ELEMENTWISE_OPS: Mapping[ElementwiseOp, ElementwiseOpInfo] = MappingProxyType({
     ElementwiseOp.SILU: ElementwiseOpInfo(1, "silu", "{0} / (1.0 + np.exp(-{0}))", "nl.silu", _silu),
     ElementwiseOp.MULTIPLY: ElementwiseOpInfo(2, "mul", "{0} * {1}", "nl.multiply", _multiply),
     ElementwiseOp.ADD: ElementwiseOpInfo(2, "add", "{0} + {1}", "nl.add", _add),
+    # lowered to nisa.tensor_scalar (docs/fp8.md), not to one nl.* op; quantize's NumPy spelling is ir/fp8.py's
+    ElementwiseOp.QUANTIZE: ElementwiseOpInfo(2, "q", "", "nl.divide", _needs_format),
+    ElementwiseOp.DEQUANTIZE: ElementwiseOpInfo(3, "dq", "{0} * {1} * {2}.T", "nl.multiply", _dequantize),
 })

@@ -12,9 +12,10 @@ import click
 
 from ..errors import InputError, NmmcError
 from ..frontends.prologue import NormPrologue
-from ..frontends.shapes import A_LAYOUTS, parse_shape
+from ..frontends.shapes import A_LAYOUTS, Fp8Weights, parse_shape
 from ..frontends.workloads import MlpWorkload, Workload, chain_workload, gemm_workload, mlp_workload
 from ..ir import canonical_dtype
+from ..ir.fp8 import is_fp8
 from ..schedule import PRESETS
 from ..support import AUTO, KNOWN_SDKS, LATER_SDKS, SUPPORT, check_sdk, resolve_dialect, support_warning
 from ..targets import (
@@ -171,7 +172,9 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="--fuse-norm: take no gamma; the gate and up weights (U factors of an SVD MLP) are given "
                           "with gamma folded in, diag(gamma) W (frontends.prologue.fold_gamma computes them)."),
         click.option("--dtype", default="bf16", show_default=True, callback=lowercase_name,
-                     help="Element type: bf16 (bfloat16) or fp32 (float32)."),
+                     help="Element type: bf16 (bfloat16) or fp32 (float32); for --mlp also fp8 (= fp8_e4m3) or "
+                          "fp8_e5m2: FP8 weights (SVD factors) with per-output-channel scales, activations quantized "
+                          "per tensor before each matmul, bf16 elsewhere (docs/fp8.md)."),
         click.option("--a-layout", default="mk", show_default=True, callback=lowercase_name,
                      help="How A (or X) is stored in HBM: mk = row-major [M,K] (activations), km = transposed "
                           "[K,M]."),
@@ -203,6 +206,11 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
         raise InputError("--dim binds dimensions of a --graph file")
     dtype = canonical_dtype(o["dtype"])
     layout = choice(o["a_layout"], A_LAYOUTS, "A layout")
+    fp8 = None
+    if is_fp8(dtype):
+        if not o["mlp"] or o["fuse_norm"]:
+            raise InputError(f"--dtype {o['dtype']} (FP8 weights) goes with --mlp, without --fuse-norm (docs/fp8.md)")
+        fp8, dtype = Fp8Weights(dtype), "bfloat16"
     if o["mlp"]:
         if o["shape"]:
             raise InputError("--mlp takes --tokens/--hidden/--intermediate, not --shape")
@@ -222,7 +230,8 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
             except ValueError:
                 raise InputError(f"--ranks takes three integers G,U,D; got {o['ranks']!r}") from None
         return mlp_workload(o["tokens"], o["hidden"], o["intermediate"], rank=o["rank"], ranks=ranks,  # type: ignore[arg-type]
-                            keep_ratio=o["keep_ratio"], dense=o["dense"], dtype=dtype, prologue=prologue_from(o))
+                            keep_ratio=o["keep_ratio"], dense=o["dense"], dtype=dtype, prologue=prologue_from(o),
+                            fp8=fp8)
     for name in ("tokens", "hidden", "intermediate", "ranks", *PROLOGUE_KEYS):
         if o[name] not in (None, False):
             raise InputError(f"--{name} goes with --mlp")

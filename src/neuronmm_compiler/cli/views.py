@@ -57,8 +57,12 @@ def verify_lines(report: Any, file: str, backend: str) -> list[str]:
         lines += [f"  {v}" for v in report.violations]  # line N: RULE-ID: message [citation]
     if report.rel_error is not None:
         scale = "" if report.max_abs_reference is None else f" (reference values up to {report.max_abs_reference:.3e})"
-        lines.append(f"  relative error {report.rel_error:.3e} (tolerance {report.tolerance:.0e}), "
+        against = " against the quantized graph" if report.unquantized_rel_error is not None else ""
+        lines.append(f"  relative error {report.rel_error:.3e}{against} (tolerance {report.tolerance:.0e}), "
                      f"max abs error {report.max_abs_error:.3e}{scale}")
+    if report.unquantized_rel_error is not None:
+        lines.append(f"  relative error {report.unquantized_rel_error:.3e} against the unquantized graph (bf16 "
+                     "weights, no quantization; reported, not checked: docs/fp8.md)")
     if report.error:
         lines.append(f"  {report.error}")
     c = report.counters
@@ -68,7 +72,9 @@ def verify_lines(report: Any, file: str, backend: str) -> list[str]:
         lines += [f"  HBM read {c['total_hbm_bytes_read']} B {reads}, written {c['total_hbm_bytes_written']} B "
                   f"{writes}",
                   f"  DMA transfers {c['dma_transfers']} (transposing {c['dma_transposes']}), "
-                  f"matmuls {c['matmul_instructions']}, TensorE transposes {c['transposes']}",
+                  f"matmuls {c['matmul_instructions']}"
+                  + (f" (double_row {c['double_row_matmuls']})" if c.get("double_row_matmuls") else "")
+                  + f", TensorE transposes {c['transposes']}",
                   f"  peak SBUF {c['sbuf_peak_bytes']} B/partition, PSUM {c['psum_peak_banks']} banks"]
     return lines
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..errors import ScheduleError
-from ..kernel_ir.expr import Min, Mod, code
+from ..kernel_ir.expr import Min, Mod, add, code, scale
 from ..kernel_ir.lnc import PROGRAM_ID
 from ..kernel_ir.program import (
     Activation,
@@ -36,6 +36,7 @@ from ..kernel_ir.program import (
     Program,
     Ref,
     SendRecv,
+    Span,
     Stmt,
     TensorScalar,
     TensorTensor,
@@ -45,11 +46,14 @@ from ..kernel_ir.program import (
 from ..vocab import Dialect, ElementwiseOp
 
 INDENT = "    "
-NL_DTYPES = {"bfloat16": "nl.bfloat16", "float32": "nl.float32", "float16": "nl.float16"}
+NL_DTYPES = {"bfloat16": "nl.bfloat16", "float32": "nl.float32", "float16": "nl.float16",
+             "float8_e4m3": "nl.float8_e4m3", "float8_e5m2": "nl.float8_e5m2"}
 NL_MEMORY = {"sbuf": "nl.sbuf", "psum": "nl.psum", "hbm": "nl.shared_hbm"}
 #: The ``nl.*`` op of each program op: the graph's elementwise ops (their NKI spelling) and ``copy``.
 NL_OPS: Mapping[str, str] = MappingProxyType({**{op: op.nki for op in ElementwiseOp}, "copy": "nl.copy",
-                                              "square": "nl.square", "rsqrt": "nl.rsqrt", "subtract": "nl.subtract"})
+                                              "square": "nl.square", "rsqrt": "nl.rsqrt", "subtract": "nl.subtract",
+                                              "divide": "nl.divide", "minimum": "nl.minimum",
+                                              "maximum": "nl.maximum"})
 #: The statements of the norm prologue, printed in the nki dialect only.
 PROLOGUE_STATEMENTS = (ActivationReduce, BnStats, BnAggr, TensorScalar, Memset)
 
@@ -161,11 +165,13 @@ class NkiPrinter(_Printer):
     def instruction(self, stmt: Stmt, depth: int) -> None:
         if isinstance(stmt, DmaCopy):
             fn = "nisa.dma_transpose" if stmt.transpose else "nisa.dma_copy"
-            self.emit(depth, f"{fn}(dst={stmt.dst.code()}, src={stmt.src.code()})")
+            src = _broadcast_source(stmt) if stmt.broadcast else stmt.src.code()
+            self.emit(depth, f"{fn}(dst={stmt.dst.code()}, src={src})")
         elif isinstance(stmt, Matmul):
             start = ", accumulate=False" if stmt.overwrite else ""
+            mode = "" if stmt.perf_mode == "none" else f", perf_mode=nisa.matmul_perf_mode.{stmt.perf_mode}"
             self.emit(depth, f"nisa.nc_matmul(dst={stmt.dst.code()}, stationary={stmt.stationary.code()}, "
-                             f"moving={stmt.moving.code()}{start}{_pe_tile(stmt)})")
+                             f"moving={stmt.moving.code()}{start}{_pe_tile(stmt)}{mode})")
         elif isinstance(stmt, PeTranspose):
             self.emit(depth, f"nisa.nc_transpose(dst={stmt.dst.code()}, data={stmt.src.code()})")
         elif isinstance(stmt, Copy):
@@ -188,9 +194,9 @@ class NkiPrinter(_Printer):
             self.emit(depth, f"nisa.bn_aggr(dst={stmt.dst.code()}, data={stmt.src.code()})")
         elif isinstance(stmt, TensorScalar):
             second = ("" if stmt.op1 is None or stmt.operand1 is None
-                      else f", op1={NL_OPS[stmt.op1]}, operand1={stmt.operand1.code()}")
+                      else f", op1={NL_OPS[stmt.op1]}, operand1={_operand(stmt.operand1)}")
             self.emit(depth, f"nisa.tensor_scalar(dst={stmt.dst.code()}, data={stmt.src.code()}, "
-                             f"op0={NL_OPS[stmt.op0]}, operand0={stmt.operand0.code()}{second})")
+                             f"op0={NL_OPS[stmt.op0]}, operand0={_operand(stmt.operand0)}{second})")
         elif isinstance(stmt, Memset):
             self.emit(depth, f"nisa.memset(dst={stmt.dst.code()}, value={_operand(stmt.value)})")
         elif isinstance(stmt, SendRecv):
@@ -221,6 +227,9 @@ class NeuronxccPrinter(_Printer):
         self.emit(depth, self.alloc_call(stmt.buffer, "nl.zeros" if zeroed else "nl.ndarray"))
 
     def instruction(self, stmt: Stmt, depth: int) -> None:
+        if (isinstance(stmt, DmaCopy) and stmt.broadcast) or (isinstance(stmt, Matmul) and stmt.perf_mode != "none"):
+            raise ScheduleError("FP8 kernels (broadcast scale loads, double_row matmuls) are emitted in the nki "
+                                "dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3; docs/fp8.md)")
         if isinstance(stmt, DmaCopy):
             if stmt.is_load:
                 fn = "nl.load_transpose2d" if stmt.transpose else "nl.load"
@@ -262,6 +271,20 @@ def _pe_tile(stmt: Matmul) -> str:
         return ""
     position, size = stmt.tile.code()
     return f", tile_position={position}, tile_size={size}"
+
+
+def _broadcast_source(stmt: DmaCopy) -> str:
+    """The source of a broadcast load: the F contiguous elements of the HBM region, read once per partition of the
+    destination (partition step 0): ``t.ap(pattern=[[0, P], [1, F]], offset=o)`` (NKI access patterns, "NKI Access
+    Patterns": ``[step, num]`` pairs, the first for partitions; rule NKI-DMA-BROADCAST)."""
+    src, dst = stmt.src, stmt.dst
+    starts = [ix.start if isinstance(ix, Span) else ix.index for ix in src.index]
+    extents = [ix.size for ix in src.index if isinstance(ix, Span)]
+    row_elems = src.buffer.shape[1] if len(src.buffer.shape) == 2 else 1
+    offset = add(scale(starts[0], row_elems), starts[1]) if len(starts) == 2 else starts[0]
+    count = extents[0] if len(extents) == 1 or src.buffer.shape[1] == 1 else extents[1]
+    return (f"{src.buffer.name}.ap(pattern=[[0, {code(dst.shape[0])}], [1, {code(count)}]], "
+            f"offset={code(offset)})")
 
 
 def _sizes_ragged_tiles(loop: Loop) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..ir import Graph
+from ..ir.fp8 import numpy_source as fp8_source
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 
 INDENT = "    "
@@ -35,7 +36,8 @@ def reference_source(graph: Graph, name: str = "reference") -> list[str]:
             op = ElementwiseOp.lookup(node.attrs["op"])
             if op is None:
                 raise ValueError(f"no NumPy reference for elementwise op {node.attrs['op']!r}")
-            expr = op.numpy_source(*ops)
+            expr = (fp8_source(ops[0], ops[1], node.attrs["dtype"]) if op == ElementwiseOp.QUANTIZE
+                    else op.numpy_source(*ops))
         elif node.kind == NodeKind.NORM:
             expr = NormOp(node.attrs["norm"]).numpy_source(ops[0], node.attrs["eps"], *ops[1:])
         else:

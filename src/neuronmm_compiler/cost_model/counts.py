@@ -144,7 +144,8 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
         if stmt.tile is not None and pe_columns is not None and stmt.tile.cols < pe_columns:
             counts.pe_tiled_matmuls += mult
             columns = stmt.tile.cols
-        cycles = mult * matmul_cycles(n, params.matmul_min_cycles, factor, columns, pe_columns)
+        cycles = mult * matmul_cycles(n, params.matmul_min_cycles, factor, columns, pe_columns,
+                                      stmt.perf_mode == "double_row")
         counts.pe_cycles += cycles
         counts.psum.setdefault(stmt.dst.buffer.name, PsumUse()).pe_cycles += cycles
         per_partition = m * stmt.stationary.buffer.itemsize + n * stmt.moving.buffer.itemsize

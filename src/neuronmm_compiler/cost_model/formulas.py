@@ -42,13 +42,15 @@ def engine_us(cycles: float, ghz: float) -> float:
 
 
 def matmul_cycles(moving_free: int, min_cycles: float, dtype_factor: float, tile_columns: int | None = None,
-                  pe_columns: int | None = None) -> float:
+                  pe_columns: int | None = None, double_row: bool = False) -> float:
     """TensorEngine cycles one ``nc_matmul`` adds to ``pe_cycles``: ``max(N, min_cycles)`` times the fp32 factor
     (AWS NKI performance guide), and for a matmul in a PE column tile of ``tile_columns`` of the array's
     ``pe_columns`` columns, that tile's share of it: ``pe_columns / tile_columns`` matmuls in distinct column tiles
     run at once (nki.isa.nc_matmul, "Tiling mode"), and nmmc's lowerings issue them back to back in every tile
-    (docs/cost_model.md, "PE column tiles")."""
-    cycles = max(moving_free, min_cycles) * dtype_factor
+    (docs/cost_model.md, "PE column tiles"). ``double_row`` (FP8, ``perf_mode=double_row``): half of it, the
+    documented "2x matmul throughput" applied to the whole instruction, floor included (an assumption: no FP8
+    measurement on Trainium is published; docs/cost_model.md, "FP8")."""
+    cycles = max(moving_free, min_cycles) * dtype_factor * (0.5 if double_row else 1.0)
     if tile_columns is not None and pe_columns is not None and tile_columns < pe_columns:
         cycles *= tile_columns / pe_columns
     return cycles

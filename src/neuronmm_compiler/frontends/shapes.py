@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from numbers import Real
 
 from ..errors import InputError
+from ..ir.fp8 import FP8_FORMATS
 from ..ir.graph import Graph
 from ..vocab import ALayout, ElementwiseOp
 from .prologue import NormPrologue, add_prologue
 
-__all__ = ["A_LAYOUTS", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
+__all__ = ["A_LAYOUTS", "Fp8Weights", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
 
 #: How the user holds A (:class:`~neuronmm_compiler.vocab.ALayout`): "mk" is A[M, K] as is, "km" is
 #: A transposed, stored [K, M].
@@ -133,7 +135,7 @@ def svd_chain_graph(m: int, n: int, k: int, rank: int, dtype: str = "bfloat16",
 
 def mlp_graph(
     tokens: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, dtype: str = "bfloat16",
-    prologue: NormPrologue | None = None,
+    prologue: NormPrologue | None = None, fp8: Fp8Weights | None = None,
 ) -> Graph:
     """The gated MLP ``out = (silu(x W_gate) * (x W_up)) W_down`` for x [T, H]; output ``out`` [T, H].
 
@@ -144,6 +146,12 @@ def mlp_graph(
     dense (graph ``dense_mlp``): ``w_gate`` [H, I], ``w_up`` [H, I], ``w_down`` [I, H]; nodes
     ``gate``, ``up``, ``act``, ``h``, ``down``. A ``prologue`` (:mod:`.prologue`) adds the residual add and
     the norm between ``x`` and the projections, which then read the normalized ``xn``.
+
+    With ``fp8`` (:class:`Fp8Weights`) every weight (every SVD factor) is an FP8 input with a float32 scale input
+    ``<weight>_scale`` ([N, 1] per output channel or [1, 1] per tensor), and every matmul reads an FP8 activation:
+    the value it multiplies is quantized by an explicit ``quantize`` node (``<value>_q``, scale input
+    ``<value>_scale`` [1, 1], static) and its float32 accumulator (``<id>_acc``) scaled back by a ``dequantize``
+    node that keeps the id (``gate``, ``up``, ``down``, ...) of the bf16 graph's matmul (docs/fp8.md).
     """
     where = "mlp"
     tokens = _check_dim(tokens, "tokens", where)
@@ -159,27 +167,29 @@ def mlp_graph(
         ranks = tuple(_check_dim(r, f"{part} rank", where) for r, part in zip(ranks, parts, strict=True))
     graph = Graph("dense_mlp" if ranks is None else "svd_mlp")
     x = graph.add_input("x", (tokens, hidden), dtype)
+    matmul = graph.add_matmul if fp8 is None else _Fp8Matmuls(graph, fp8, dtype).matmul
+    weight_dtype = dtype if fp8 is None else fp8.format
     if ranks is None:
         weights = {
-            "gate": graph.add_input("w_gate", (hidden, intermediate), dtype),
-            "up": graph.add_input("w_up", (hidden, intermediate), dtype),
-            "down": graph.add_input("w_down", (intermediate, hidden), dtype),
+            "gate": graph.add_input("w_gate", (hidden, intermediate), weight_dtype),
+            "up": graph.add_input("w_up", (hidden, intermediate), weight_dtype),
+            "down": graph.add_input("w_down", (intermediate, hidden), weight_dtype),
         }
 
         def project(value: str, part: str, _tag: str, _base: str) -> str:
-            return graph.add_matmul(value, weights[part], id=part)
+            return matmul(value, weights[part], id=part)
     else:
         sizes = {"gate": (hidden, intermediate), "up": (hidden, intermediate), "down": (intermediate, hidden)}
         factors = {}
         for (part, (rows, cols)), rank in zip(sizes.items(), ranks, strict=True):
             factors[part] = (
-                graph.add_input(f"u_{part}", (rows, rank), dtype),
-                graph.add_input(f"v_{part}", (rank, cols), dtype),
+                graph.add_input(f"u_{part}", (rows, rank), weight_dtype),
+                graph.add_input(f"v_{part}", (rank, cols), weight_dtype),
             )
 
         def project(value: str, part: str, tag: str, base: str) -> str:
             u, v = factors[part]
-            return graph.add_matmul(graph.add_matmul(value, u, id=f"{base}_{tag}"), v, id=part)
+            return matmul(matmul(value, u, id=f"{base}_{tag}"), v, id=part)
 
     normed = x if prologue is None else add_prologue(graph, prologue, x)
     gate = project(normed, "gate", "ug", "x")
@@ -188,3 +198,44 @@ def mlp_graph(
     h = graph.add_elementwise(ElementwiseOp.MULTIPLY, act, up, id="h")
     graph.add_output("out", project(h, "down", "ud", "h"))
     return graph
+
+
+#: Weight scale granularities of :class:`Fp8Weights`.
+FP8_SCALES: tuple[str, ...] = ("row", "tensor")
+
+
+@dataclass(frozen=True)
+class Fp8Weights:
+    """FP8 weights of an MLP (``--dtype fp8``): the ``format`` (``float8_e4m3``, ``float8_e5m2``) and the weight
+    scales' granularity, ``row`` (one per output channel, as nki-library's ``QuantizationType.ROW``) or ``tensor``
+    (one per weight, ``QuantizationType.STATIC``). Activations are always scaled per tensor, statically."""
+
+    format: str = "float8_e4m3"
+    scales: str = "row"
+
+    def __post_init__(self) -> None:
+        if self.format not in FP8_FORMATS:
+            raise InputError(f"FP8 format {self.format!r}: accepted {', '.join(FP8_FORMATS)}")
+        if self.scales not in FP8_SCALES:
+            raise InputError(f"FP8 weight scales {self.scales!r}: accepted {', '.join(FP8_SCALES)}")
+
+
+class _Fp8Matmuls:
+    """Builds ``value @ weight`` with an FP8 weight: quantize the value (once per value), FP8 matmul, dequantize."""
+
+    def __init__(self, graph: Graph, fp8: Fp8Weights, dtype: str):
+        self.graph, self.fp8, self.dtype = graph, fp8, dtype
+        self.quantized: dict[str, tuple[str, str]] = {}
+
+    def matmul(self, value: str, weight: str, id: str) -> str:
+        g = self.graph
+        if value not in self.quantized:
+            scale = g.add_input(f"{value}_scale", (1, 1), "float32")
+            self.quantized[value] = (g.add_elementwise("quantize", value, scale, id=f"{value}_q",
+                                                       dtype=self.fp8.format), scale)
+        q, scale = self.quantized[value]
+        w = g.node(weight)
+        n = w.shape[1] if self.fp8.scales == "row" else 1
+        w_scale = g.add_input(f"{w.name}_scale", (n, 1), "float32")
+        acc = g.add_matmul(q, weight, id=f"{id}_acc")
+        return g.add_elementwise("dequantize", acc, scale, w_scale, id=id, dtype=self.dtype)

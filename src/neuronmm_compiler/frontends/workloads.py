@@ -19,7 +19,7 @@ from ..ir import DTYPES, Graph, canonical_dtype, parse_text, to_text
 from ..schedule import GemmProblem
 from ..vocab import ALayout, NodeKind
 from .prologue import NormPrologue, prologue_from_dict
-from .shapes import block_aligned_rank, gemm_graph, mlp_graph, svd_chain_graph
+from .shapes import Fp8Weights, block_aligned_rank, gemm_graph, mlp_graph, svd_chain_graph
 
 
 class Workload(ABC):
@@ -149,19 +149,23 @@ class MlpWorkload(Workload):
     ranks: tuple[int, int, int] | None = None
     dtype: str = "bfloat16"
     prologue: NormPrologue | None = None
+    #: FP8 weights and quantized activations (``--dtype fp8``, docs/fp8.md), or None (weights in ``dtype``)
+    fp8: Fp8Weights | None = None
 
     def graph(self) -> Graph:
         return mlp_graph(self.tokens, self.hidden, self.intermediate, self.ranks, dtype=self.dtype,
-                         prologue=self.prologue)
+                         prologue=self.prologue, fp8=self.fp8)
 
     def dense_graph(self) -> Graph:
-        return mlp_graph(self.tokens, self.hidden, self.intermediate, None, dtype=self.dtype, prologue=self.prologue)
+        return mlp_graph(self.tokens, self.hidden, self.intermediate, None, dtype=self.dtype, prologue=self.prologue,
+                         fp8=self.fp8)
 
     def describe(self) -> str:
         ranks = "dense" if self.ranks is None else "ranks gate/up/down " + "/".join(map(str, self.ranks))
         prologue = "" if self.prologue is None else f", prologue {self.prologue.describe()}"
+        fp8 = "" if self.fp8 is None else f", {self.fp8.format} weights ({self.fp8.scales} scales)"
         return (f"gated MLP silu(x Wg) * (x Wu) Wd, tokens={self.tokens} hidden={self.hidden} "
-                f"intermediate={self.intermediate}, {ranks}, {self.dtype}{prologue}")
+                f"intermediate={self.intermediate}, {ranks}, {self.dtype}{prologue}{fp8}")
 
     @property
     def token_count(self) -> int:
@@ -172,6 +176,8 @@ class MlpWorkload(Workload):
                   "ranks": None if self.ranks is None else list(self.ranks)}
         if self.prologue is not None:  # absent otherwise: the JSON form (cache keys, lockfiles) of other MLPs is kept
             fields["prologue"] = self.prologue.to_dict()
+        if self.fp8 is not None:  # likewise
+            fields["fp8"] = {"format": self.fp8.format, "scales": self.fp8.scales}
         return fields
 
     @property
@@ -256,7 +262,7 @@ def chain_workload(m: int, n: int, k: int, *, rank: int | None = None, keep_rati
 def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | None = None,
                  ranks: tuple[int, ...] | None = None, keep_ratio: float | None = None,
                  dense: bool = False, dtype: str = "bfloat16", align: int = 128,
-                 prologue: NormPrologue | None = None) -> MlpWorkload:
+                 prologue: NormPrologue | None = None, fp8: Fp8Weights | None = None) -> MlpWorkload:
     """The gated MLP; ranks per projection (gate, up, down), one rank for all, or block-aligned from
     keep_ratio (gate/up from [hidden, intermediate], down from [intermediate, hidden]); ``prologue``: the
     residual add and norm fused before it."""
@@ -266,7 +272,7 @@ def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | Non
     if dense:
         if given:
             raise InputError("a dense MLP takes no --rank, --ranks or --keep-ratio")
-        return MlpWorkload(tokens, hidden, intermediate, dtype=dtype, prologue=prologue)
+        return MlpWorkload(tokens, hidden, intermediate, dtype=dtype, prologue=prologue, fp8=fp8)
     if given != 1:
         raise InputError("give exactly one of --rank, --ranks and --keep-ratio for an SVD MLP (or --dense)")
     if keep_ratio is not None:
@@ -279,7 +285,7 @@ def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | Non
         chosen = tuple(_positive(r, "--ranks entry") for r in ranks)  # type: ignore[assignment]
     else:
         chosen = (_positive(rank, "--rank"),) * 3
-    return MlpWorkload(tokens, hidden, intermediate, ranks=chosen, dtype=dtype, prologue=prologue)
+    return MlpWorkload(tokens, hidden, intermediate, ranks=chosen, dtype=dtype, prologue=prologue, fp8=fp8)
 
 
 # ----------------------------------------------------------------------------- JSON form
@@ -328,8 +334,13 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
         if not isinstance(ranks, list) or len(ranks) != 3:
             raise InputError(f"workload field 'ranks' must be null or three ranks gate, up, down; got {ranks!r}")
         ranks = tuple(_positive(r, "workload field 'rank'") for r in ranks)
+    fp8 = data.get("fp8")
+    if fp8 is not None:
+        if not isinstance(fp8, Mapping):
+            raise InputError(f"workload field 'fp8' must be null or {{format, scales}}; got {fp8!r}")
+        fp8 = Fp8Weights(str(fp8.get("format")), str(fp8.get("scales")))
     return MlpWorkload(_field(data, "tokens"), _field(data, "hidden"), _field(data, "intermediate"),
-                       ranks=ranks, dtype=dtype, prologue=prologue_from_dict(data.get("prologue")))
+                       ranks=ranks, dtype=dtype, prologue=prologue_from_dict(data.get("prologue")), fp8=fp8)
 
 
 def workload_label(data: Mapping[str, Any]) -> str:

@@ -11,7 +11,17 @@ import numpy as np
 
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
 from . import ops
-from .machine import BFLOAT16, FLOAT16, FLOAT32, HBM_BUFFERS, PSUM_BUFFER, SBUF_BUFFER, Machine
+from .machine import (
+    BFLOAT16,
+    FLOAT8_E4M3,
+    FLOAT8_E5M2,
+    FLOAT16,
+    FLOAT32,
+    HBM_BUFFERS,
+    PSUM_BUFFER,
+    SBUF_BUFFER,
+    Machine,
+)
 from .modules import StandInModule, api, ds, jit, plain_range, tile_size
 from .tensor import SBUF, Tensor, mark_written, require_written, write
 
@@ -43,6 +53,7 @@ def language_attrs(m: Machine) -> dict[str, Any]:
         "ndarray": ndarray, "zeros": zeros, "ds": ds, "tile_size": tile_size(m.target),
         "program_id": program_id, "num_programs": num_programs,
         "bfloat16": BFLOAT16, "float32": FLOAT32, "float16": FLOAT16,
+        "float8_e4m3": FLOAT8_E4M3, "float8_e5m2": FLOAT8_E5M2,
         "sbuf": SBUF_BUFFER, "psum": PSUM_BUFFER,
         "affine_range": plain_range, "sequential_range": plain_range, "static_range": plain_range,
     }
@@ -84,13 +95,14 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
 
     @api("nisa.nc_matmul", m)
     def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None, tile_position: Any = (),
-                  tile_size: Any = ()) -> None:
+                  tile_size: Any = (), perf_mode: Any = ops.PERF_NONE) -> None:
         out = ops.psum_dst(dst, "nisa.nc_matmul")
         if out.dtype != FLOAT32:
             raise KernelLimitError(f"nisa.nc_matmul dst must be float32 (PSUM accumulates in fp32), "
                                    f"got {out.describe()}")
         tile = ops.pe_tile(m, stationary, tile_position, tile_size, "nisa.nc_matmul")
         ops.check_tile_dst(m, out, tile, "nisa.nc_matmul")
+        ops.check_perf_mode(m, perf_mode, stationary, moving, tile, "nisa.nc_matmul")
         result = ops.matmul(m, stationary, moving, "nisa.nc_matmul")
         if out.shape != result.shape:
             raise KernelError(f"nisa.nc_matmul: dst shape {list(out.shape)} != [M, N] = "
@@ -212,7 +224,7 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         "nc_transpose": nc_transpose, "tensor_copy": tensor_copy, "tensor_tensor": tensor_tensor,
         "activation": activation, "memset": memset, "sendrecv": sendrecv,
         "activation_reduce": activation_reduce, "bn_stats": bn_stats, "bn_aggr": bn_aggr,
-        "tensor_scalar": tensor_scalar,
+        "tensor_scalar": tensor_scalar, "matmul_perf_mode": ops.MATMUL_PERF_MODE,
     }
 
 

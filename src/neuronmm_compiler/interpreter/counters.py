@@ -31,6 +31,8 @@ class Counters:
     matmul_moving_columns: int = 0
     #: nc_matmul instructions run in a PE tile smaller than the array (tile_position / tile_size)
     pe_tiled_matmuls: int = 0
+    #: nc_matmul instructions with perf_mode=double_row (FP8; reported when there are any)
+    double_row_matmuls: int = 0
     transposes: int = 0
     tensor_copies: int = 0
     tensor_tensor_ops: int = 0
@@ -63,7 +65,7 @@ class Counters:
         programs of a logical core); peaks are per physical core, so the larger is kept."""
         for name in ("dma_transfers", "dma_transposes", "matmul_instructions", "matmul_moving_columns",
                      "pe_tiled_matmuls", "transposes", "tensor_copies", "tensor_tensor_ops", "activations",
-                     "vector_ops", "memsets"):
+                     "vector_ops", "memsets", "double_row_matmuls"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for size, count in other.dma_bytes_per_partition.items():
             self.dma_bytes_per_partition[size] = self.dma_bytes_per_partition.get(size, 0) + count
@@ -85,6 +87,7 @@ class Counters:
             "matmul_instructions": self.matmul_instructions,
             "matmul_moving_columns": self.matmul_moving_columns,
             "pe_tiled_matmuls": self.pe_tiled_matmuls,
+            **({"double_row_matmuls": self.double_row_matmuls} if self.double_row_matmuls else {}),
             "transposes": self.transposes,
             "tensor_copies": self.tensor_copies,
             "tensor_tensor_ops": self.tensor_tensor_ops,

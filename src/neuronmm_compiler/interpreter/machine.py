@@ -21,7 +21,12 @@ from .tensor import HBM, PSUM, SBUF, Allocation, Tensor, as_f32, mark_written, r
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
-SUPPORTED_DTYPES = (BFLOAT16, FLOAT32, FLOAT16)
+#: ``nl.float8_e4m3`` / ``nl.float8_e5m2`` (1S,4E,3M / 1S,5E,2M): ml_dtypes' IEEE-style layouts, largest finite
+#: 240 / 57344 (ir/fp8.py). A cast into them rounds to nearest even and does not saturate (an overflow is inf): a
+#: kernel clamps first (rule NKI-FP8-SATURATE).
+FLOAT8_E4M3 = np.dtype(ml_dtypes.float8_e4m3)
+FLOAT8_E5M2 = np.dtype(ml_dtypes.float8_e5m2)
+SUPPORTED_DTYPES = (BFLOAT16, FLOAT32, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2)
 
 _ASSIGNED_NAME = re.compile(r"\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=[^=]")
 
@@ -96,8 +101,8 @@ class Machine:
         except TypeError:
             dt = None
         if dt not in SUPPORTED_DTYPES:
-            raise UnsupportedAPIError(f"{what} {value!r} is not supported; use nl.bfloat16, nl.float32 "
-                                      "or nl.float16")
+            raise UnsupportedAPIError(f"{what} {value!r} is not supported; use nl.bfloat16, nl.float32, "
+                                      "nl.float16, nl.float8_e4m3 or nl.float8_e5m2")
         return dt
 
     @staticmethod

@@ -22,6 +22,8 @@ HBM, SBUF, PSUM = "hbm", "sbuf", "psum"
 #: The id of the interpreter's check that every element read was written before (docs/nki-subset.md): in an LNC=2
 #: kernel, also what a missing exchange shows as (the other program's half never arrived).
 UNWRITTEN_READ = "KERNEL-UNWRITTEN-READ"
+#: The rule a write of an out-of-range value into an FP8 tile breaks (verification/rules.py).
+FP8_SATURATE_RULE = "NKI-FP8-SATURATE"
 
 
 class Allocation:
@@ -203,6 +205,40 @@ class Tensor:
         self.alloc.machine.accumulate(self, value)
         return self
 
+    def ap(self, pattern: Any, offset: Any = 0) -> Tensor:
+        """``t.ap(pattern=[[step, num], ...], offset=o)`` on an HBM tensor (NKI access patterns): the elements
+        ``offset + sum(i_d * step_d)`` of its storage, as a read-only view of shape ``[num, ...]``. A step of 0
+        repeats elements (a partition broadcast, ``[[0, P], [1, F]]``); the subset reads such views only as a DMA
+        source (rule NKI-DMA-BROADCAST)."""
+        a = self.alloc
+        if a.buffer != HBM or not self.is_full:
+            raise UnsupportedAPIError(f".ap() on {self.describe()}: the subset reads access patterns of whole HBM "
+                                      "tensors only")
+        try:
+            pairs = [(operator.index(step), operator.index(num)) for step, num in pattern]
+            start = operator.index(offset)
+        except (TypeError, ValueError):
+            raise UnsupportedAPIError(f".ap(pattern={pattern!r:.60}, offset={offset!r:.20}): pattern is a list of "
+                                      "[step, num] integer pairs, offset an integer") from None
+        if not pairs or any(num <= 0 or step < 0 for step, num in pairs):
+            raise KernelLimitError(f".ap(pattern={pattern!r:.60}) of {self.describe()}: counts must be positive, steps "
+                                   "non-negative")
+        flat = np.full([num for _, num in pairs], start, dtype=np.int64)
+        for axis, (step, num) in enumerate(pairs):
+            shape = [1] * len(pairs)
+            shape[axis] = num
+            flat = flat + step * np.arange(num).reshape(shape)
+        size = a.data.size
+        if start < 0 or int(flat.max()) >= size:
+            raise KernelLimitError(f"slice out of bounds: .ap(pattern={pattern!r:.60}, offset={start}) reads element "
+                                   f"{int(flat.max())} of {self.describe()}, which has {size}")
+        view = Tensor.whole(a)
+        view.data = a.data.reshape(-1)[flat]
+        view.shape = view.data.shape
+        view.dims = tuple(range(len(pairs)))
+        view.is_full = False
+        return view
+
     def same_region(self, other: Tensor) -> bool:
         return self.alloc is other.alloc and self.box == other.box and self.dims == other.dims
 
@@ -245,6 +281,9 @@ def write(t: Tensor, values: Any) -> None:
     if a.lnc is not None:
         a.lnc.wrote(t)
     t.data[...] = values
+    if t.data.dtype.itemsize == 1 and not np.all(np.isfinite(t.data)):
+        raise KernelLimitError(f"{FP8_SATURATE_RULE}: a value outside the finite range of {t.data.dtype.name} was "
+                               f"written into {t.describe()}; clamp it first (the FP8 cast does not saturate)")
     if not a.fully_written:
         if t.is_full:
             a.fully_written = True

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, IRError, NmmcError
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
+from .fp8 import is_fp8, quantize
 from .graph import Graph, Node, format_shape
 from .verify import verify
 
@@ -22,6 +23,10 @@ def _load_input(node: Node, value: Any, dtype: Any) -> np.ndarray:
     name = node.name
     try:
         array = np.asarray(value)
+        if is_fp8(node.dtype) and array.dtype.kind == "f" and array.dtype.itemsize > 1:
+            import ml_dtypes  # FP8 inputs take FP8 values: anything else is rounded into the format first
+
+            array = array.astype(np.float32).astype(getattr(ml_dtypes, node.dtype))
         cast = array.astype(dtype)
     except (TypeError, ValueError) as err:
         raise InputError(f"input {name!r}: cannot convert to {np.dtype(dtype).name}: {err}") from None
@@ -48,6 +53,8 @@ def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
     op = ElementwiseOp.lookup(node.attrs["op"])
     if op is None:
         raise IRError(f"no evaluation rule for elementwise op {node.attrs['op']!r}")
+    if op == ElementwiseOp.QUANTIZE:
+        return quantize(args[0], args[1], node.attrs["dtype"])
     return op.apply(*args)
 
 

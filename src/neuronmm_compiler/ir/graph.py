@@ -195,12 +195,18 @@ class Graph:
         """Add the transpose of a 2-D value; return its id."""
         return self._add_computed(NodeKind.TRANSPOSE, (x,), {}, id, "t")
 
-    def add_elementwise(self, op: str, *operands: str, id: str | None = None) -> str:
-        """Add ``silu(x)``, ``multiply(x, y)`` or ``add(x, y)`` (binary ops need equal shapes)."""
+    def add_elementwise(self, op: str, *operands: str, id: str | None = None, dtype: str | None = None) -> str:
+        """Add ``silu(x)``, ``multiply(x, y)`` or ``add(x, y)`` (binary ops need equal shapes), or an FP8 op:
+        ``quantize(x, scale)`` / ``dequantize(acc, x_scale, w_scale)`` with its result ``dtype`` (docs/fp8.md)."""
         checked = ElementwiseOp.lookup(op)
         if checked is None:
             raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ElementwiseOp)}")
-        return self._add_computed(NodeKind.ELEMENTWISE, operands, {"op": checked}, id, checked.info.id_prefix)
+        attrs = {"op": checked}
+        if checked.scaled:
+            attrs["dtype"] = canonical_dtype(dtype) if dtype is not None else ""
+        elif dtype is not None:
+            raise IRError(f"elementwise {checked}: only quantize and dequantize take a dtype")
+        return self._add_computed(NodeKind.ELEMENTWISE, operands, attrs, id, checked.info.id_prefix)
 
     def add_norm(self, op: str, x: str, *params: str, eps: float = 1e-6, id: str | None = None) -> str:
         """Add ``rmsnorm`` or ``layernorm`` of the rows of the 2-D ``x`` over its last dim, with the optional 1-D

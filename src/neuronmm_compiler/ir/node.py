@@ -27,12 +27,15 @@ from typing import Any
 
 from ..errors import InputError, IRError, UnknownNameError
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp, Orient
+from .fp8 import FP8_FORMATS, is_fp8
 
 #: Canonical dtype names.
-DTYPES: tuple[str, ...] = ("bfloat16", "float32")
+DTYPES: tuple[str, ...] = ("bfloat16", "float32", "float8_e4m3", "float8_e5m2")
 #: Accepted spellings (lower case) and the canonical dtype each one means.
 DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
-    {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+    {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
+     "fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3", "float8_e4m3": "float8_e4m3",
+     "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2"}
 )
 #: How an input or output is stored in HBM (:class:`~neuronmm_compiler.vocab.Layout`): as its
 #: logical shape, or as its transpose (2-D only).
@@ -61,9 +64,10 @@ _ID_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def canonical_dtype(dtype: Any) -> str:
-    """Return the canonical dtype string ("bfloat16" or "float32") for an alias or NumPy dtype.
+    """Return the canonical dtype string (one of :data:`DTYPES`) for an alias or NumPy dtype.
 
-    Accepts "bf16", "bfloat16", "fp32", "float32" (any case) and NumPy / ml_dtypes dtypes of those.
+    Accepts "bf16", "bfloat16", "fp32", "float32", "fp8" (= "float8_e4m3"), "fp8_e4m3", "float8_e4m3", "fp8_e5m2",
+    "float8_e5m2" (any case) and NumPy / ml_dtypes dtypes of those (docs/fp8.md for the FP8 formats).
     Anything else raises :class:`InputError` listing what is accepted.
     """
     if isinstance(dtype, str):
@@ -240,6 +244,9 @@ def infer_result(
         for operand in operands:
             if len(operand.shape) != 2:
                 raise IRError(f"{where} needs 2-D operands; got {', '.join(described)}")
+    scaled = ElementwiseOp.lookup(attrs.get("op")) if kind == NodeKind.ELEMENTWISE else None
+    if scaled is not None and scaled.scaled:
+        return _scaled_result(where, scaled, attrs, operands, described)
     if len({op.dtype for op in operands}) > 1:
         raise IRError(f"{where}: operand dtypes differ: {', '.join(described)}")
     first = operands[0]
@@ -259,9 +266,38 @@ def infer_result(
                 f"{where}: contraction sizes differ: lhs %{lhs.id} [M, K] = {format_shape(lhs.shape)}, "
                 f"rhs %{rhs.id} [K, N] = {format_shape(rhs.shape)}"
             )
-        return (lhs.shape[0], rhs.shape[1]), lhs.dtype
+        # an FP8 matmul's result is its fp32 accumulator (PSUM), which a dequantize scales (docs/fp8.md)
+        return (lhs.shape[0], rhs.shape[1]), "float32" if is_fp8(lhs.dtype) else lhs.dtype
     if kind == NodeKind.TRANSPOSE:
         return (first.shape[1], first.shape[0]), first.dtype
     if kind == NodeKind.ELEMENTWISE and len({op.shape for op in operands}) > 1:
         raise IRError(f"{where}: operand shapes differ: {', '.join(described)}")
     return first.shape, first.dtype
+
+
+def _scaled_result(where: str, op: ElementwiseOp, attrs: Mapping[str, str], operands: Sequence[Node],
+                   described: list[str]) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of ``quantize(x, scale)`` (``x`` 2-D bf16/fp32, ``scale`` float32 [1, 1]; result the FP8
+    ``dtype`` attr) or ``dequantize(acc, x_scale, w_scale)`` (``acc`` float32 [M, N] of an FP8 matmul, ``x_scale``
+    [1, 1], ``w_scale`` [N, 1] per output channel or [1, 1] per tensor; result the bf16/fp32 ``dtype`` attr)."""
+    value, *scales = operands
+    dtype = attrs.get("dtype")
+    if len(value.shape) != 2:
+        raise IRError(f"{where} needs a 2-D value; got {', '.join(described)}")
+    for scale in scales:
+        if scale.dtype != "float32":
+            raise IRError(f"{where}: scales are float32; got {', '.join(described)}")
+    if op == ElementwiseOp.QUANTIZE:
+        if not is_fp8(dtype or ""):
+            raise IRError(f"{where}: dtype must be an FP8 format ({', '.join(FP8_FORMATS)}); got {dtype!r}")
+        if value.dtype not in ("bfloat16", "float32") or scales[0].shape != (1, 1):
+            raise IRError(f"{where} quantizes a bf16/fp32 value with a [1, 1] float32 scale (per tensor); got "
+                          f"{', '.join(described)}")
+    else:
+        if dtype not in ("bfloat16", "float32"):
+            raise IRError(f"{where}: dtype must be bfloat16 or float32; got {dtype!r}")
+        n = value.shape[1]
+        if value.dtype != "float32" or scales[0].shape != (1, 1) or scales[1].shape not in ((1, 1), (n, 1)):
+            raise IRError(f"{where} scales a float32 accumulator [M, N] by a [1, 1] activation scale and a [N, 1] "
+                          f"(per output channel) or [1, 1] weight scale; got {', '.join(described)}")
+    return value.shape, str(dtype)

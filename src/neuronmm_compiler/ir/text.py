@@ -273,7 +273,8 @@ class _Parser:
         elif isinstance(op, NormOp):
             self.build(kind_token, lambda: graph.add_norm(op, *operands, eps=eps, id=node_id))
         else:
-            self.build(kind_token, lambda: graph.add_elementwise(op, *operands, id=node_id))
+            result = dtype if isinstance(op, ElementwiseOp) and op.scaled else None
+            self.build(kind_token, lambda: graph.add_elementwise(op, *operands, id=node_id, dtype=result))
         node = graph.node(node_id)
         if (node.shape, node.dtype) != (shape, dtype):
             raise self.error(

@@ -20,7 +20,11 @@ from .expr import Expr, add, as_expr, code
 
 Memory = Literal["hbm", "sbuf", "psum"]
 
-DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float32": 4, "float16": 2}
+DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float32": 4, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
+#: ``nc_matmul`` performance modes (``nki.isa.matmul_perf_mode``): ``double_row`` is "Double FP8 mode, 2x matmul
+#: throughput by packing two FP8 weight/ifmap element pairs", on NeuronCore-v3/v4 only, never with column tiling
+#: (rules NKI-MATMUL-DOUBLE-ROW*, verification/rules.py).
+PerfMode = Literal["none", "double_row"]
 
 
 @dataclass(frozen=True)
@@ -123,11 +127,15 @@ class Alloc:
 
 @dataclass(frozen=True)
 class DmaCopy:
-    """HBM -> SBUF load or SBUF -> HBM store. ``transpose`` loads a 2-D HBM region transposed."""
+    """HBM -> SBUF load or SBUF -> HBM store. ``transpose`` loads a 2-D HBM region transposed. ``broadcast``: a
+    load whose source region holds one row ([1, F] of a row-major HBM array, or [F, 1] of an [N, 1] column, both F
+    contiguous elements) repeated on every partition of ``dst`` [P, F] (an access pattern with partition step 0,
+    ``.ap``; docs/fp8.md: how scales reach every partition)."""
 
     dst: Ref
     src: Ref
     transpose: bool = False
+    broadcast: bool = False
 
     @property
     def is_load(self) -> bool:
@@ -161,13 +169,15 @@ class Matmul:
     """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` on the TensorEngine, into PSUM. ``overwrite``: this
     matmul starts the accumulation (a rotating PSUM copy that still holds an earlier tile's sums); otherwise it
     accumulates into a freshly allocated tile, whose first write overwrites. ``tile``: the PE tile it runs in
-    (None: the whole array, as ``nc_matmul`` without ``tile_position``)."""
+    (None: the whole array, as ``nc_matmul`` without ``tile_position``). ``perf_mode``: ``double_row`` for FP8
+    operands on a target that documents it (twice the PE rate; :data:`PerfMode`)."""
 
     dst: Ref
     stationary: Ref
     moving: Ref
     overwrite: bool = False
     tile: PeTile | None = None
+    perf_mode: PerfMode = "none"
 
 
 @dataclass(frozen=True)
@@ -245,17 +255,21 @@ class BnAggr:
     src: Ref
 
 
+ScalarOp = Literal["subtract", "multiply", "add", "divide", "minimum", "maximum"]
+
+
 @dataclass(frozen=True)
 class TensorScalar:
     """``dst = (src op0 operand0) op1 operand1`` on the VectorEngine, the operands ``[P, 1]`` regions broadcast
-    along the free axis (nki.isa.tensor_scalar); ``op1``/``operand1`` optional."""
+    along the free axis or numbers (nki.isa.tensor_scalar); ``op1``/``operand1`` optional. The FP8 quantization is
+    ``(x divide scale) minimum max`` then ``maximum -max`` into the FP8 tile (docs/fp8.md)."""
 
     dst: Ref
     src: Ref
-    op0: Literal["subtract", "multiply", "add"]
-    operand0: Ref
-    op1: Literal["subtract", "multiply", "add"] | None = None
-    operand1: Ref | None = None
+    op0: ScalarOp
+    operand0: Ref | float
+    op1: ScalarOp | None = None
+    operand1: Ref | float | None = None
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from ..errors import IRError
 from ..ir import Graph, Node
+from ..ir.fp8 import is_fp8
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, scale
-from ..kernel_ir.program import Alloc, Buffer, Copy, DmaCopy, Matmul, PeTranspose, Point, Ref, Stmt, span
+from ..kernel_ir.program import Alloc, Buffer, Copy, DmaCopy, Matmul, PerfMode, PeTranspose, Point, Ref, Stmt, span
 from ..schedule.fused import FusedSchedule, tiles_per_weight_block
 from ..schedule.params import usable_column_tiles
 from ..vocab import Layout, NodeKind
@@ -83,13 +84,21 @@ class OperandLoads(FusedState):
         return Dim("k", size, min(pmax, size), tiles, tiles)
 
     def _strip(self, node_id: str, features: int) -> Buffer:
-        """The SBUF strip holding a value transposed: [features (tiles of pmax), tiles, tokens of a block]."""
+        """The SBUF strip holding a value transposed: [features (tiles of pmax), tiles, tokens of a block], in the
+        kernel's dtype, or FP8 for a quantized value (docs/fp8.md)."""
         if node_id not in self.strips:
             pmax = self.target.pmax
             tiles = -(-features // pmax)
             shape = (min(pmax, features), tiles, self.s.tokens_per_block)
-            self.strips[node_id] = Buffer(f"{node_id}_strip", shape, self.dtype, "sbuf")
+            dtype = self.nodes[node_id].dtype
+            self.strips[node_id] = Buffer(f"{node_id}_strip", shape, dtype if is_fp8(dtype) else self.dtype, "sbuf")
         return self.strips[node_id]
+
+    def _perf_mode(self, mm: Node) -> PerfMode:
+        """``double_row`` for an FP8 matmul on a target that documents it (never in a PE column tile: the callers
+        that tile columns do not ask), else ``none``."""
+        fp8 = is_fp8(self.nodes[mm.operands[0]].dtype)
+        return "double_row" if fp8 and "double_row" in self.target.matmul_perf_modes else "none"
 
     def _cache(self, mm: Node) -> bool:
         stage1 = self.nodes[mm.operands[0]].kind == NodeKind.INPUT
@@ -188,7 +197,13 @@ class OperandLoads(FusedState):
         if not group.matmuls:
             return ntiles
         k_tiles = max(-(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax) for mm in group.matmuls)
-        return tiles_per_weight_block(self.s, k_tiles, tile, self.dtype_bytes, ntiles)
+        return tiles_per_weight_block(self.s, k_tiles, tile, self._weight_bytes(group), ntiles)
+
+    def _weight_bytes(self, group: Group) -> int:
+        """Bytes per element of the group's weights: the kernel's dtype, or 1 for FP8 weights (a weight block of
+        ``weight_block_kib`` then holds twice the columns; docs/fp8.md)."""
+        dtypes = {self._weight(mm).dtype for mm in group.matmuls}
+        return 1 if dtypes and all(is_fp8(d) for d in dtypes) else self.dtype_bytes
 
     def _weight_sources(self, group: Group, fdim: Dim, blk: Expr) -> tuple[list[Stmt], dict[str, tuple[Buffer, bool]]]:
         """(loads of the block's weights, matmul id -> (buffer, whether it holds all columns))."""
@@ -231,10 +246,10 @@ class OperandLoads(FusedState):
                 w = Ref(buf, (span(0, ksz), Point(kt), span(col, nsz)))
                 if row_major:
                     x = Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(scale(tile, self.tok.tile), tsz)))
-                    mmul = Matmul(dst, x, w)
+                    mmul = Matmul(dst, x, w, perf_mode=self._perf_mode(mm))
                 else:
                     x = Ref(self.strips[lhs.id], (span(0, ksz), Point(kt), span(0, tsz)))
-                    mmul = Matmul(dst, w, x)
+                    mmul = Matmul(dst, w, x, perf_mode=self._perf_mode(mm))
                 out += loop("kt", Lin(kdim.tiles), kdim.tiles, [mmul], split=self._contraction_split(group))
             values[term.node.id] = dst
         return out, values

@@ -85,7 +85,10 @@ class RowMajorGroups(OperandLoads):
         result = Ref(rows, (span(0, tsz), span(scale(bn, tile_n), nsz)))
         per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True,
                                             result=result)
+        values.update(self.scale_refs(group, tsz, odim.tile_start(g), nsz))
         for op in group.operands:
+            if op.id in self.scales:
+                continue
             buf = Buffer(f"{op.attrs['name']}_rowtile", (tok.tile, tile_n), op.dtype, "sbuf")
             dst = Ref(buf, (span(0, tsz), span(0, nsz)))
             hbm = self.hbm[op.id]

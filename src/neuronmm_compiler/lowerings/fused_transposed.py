@@ -70,7 +70,7 @@ class TransposedGroups(OperandLoads):
         if kb:
             # Contraction blocked: each feature tile's PSUM accumulator lives across the K blocks, so the feature
             # block is bounded by the accumulators the group may hold: a bank each, or packed into one bank per term
-            by_sbuf = tiles_per_weight_block(s, kb, ftile, self.dtype_bytes, ntiles)
+            by_sbuf = tiles_per_weight_block(s, kb, ftile, self._weight_bytes(group), ntiles)
             per_block = max(1, min(by_sbuf, self._k_blocked_accumulators(group)))
         else:
             per_block = self._tiles_per_block(group, ftile, ntiles)
@@ -108,7 +108,9 @@ class TransposedGroups(OperandLoads):
         else:
             result = Ref(out_strip, (span(0, nsz), Point(g), span(0, bm)))
             store = []
-        operands = {op.id: Ref(self.strips[op.id], (span(0, nsz), Point(g), span(0, bm))) for op in group.operands}
+        operands = {op.id: Ref(self.strips[op.id], (span(0, nsz), Point(g), span(0, bm))) for op in group.operands
+                    if op.id not in self.scales}
+        operands.update(self.scale_refs(group, nsz, g))
         block: list[Stmt] = []
         if kb:
             values, accumulate = self._k_blocked_matmuls(group, fdim, fb, ft, nsz, bm, kb)
@@ -190,20 +192,26 @@ class TransposedGroups(OperandLoads):
         at = (span(0, ftile), Point(nt), span(0, bm))
         body: list[Stmt] = []
         sums = {t: Ref(held, (span(0, ftile), Point(add(nt, offset[t])), span(0, bm))) for t in terms}
-        sums.update({op.id: Ref(self.strips[op.id], at) for op in group.operands})
+        sums.update({op.id: Ref(self.strips[op.id], at) for op in group.operands if op.id not in self.scales})
+        sums.update(self.scale_refs(group, Lin(ftile), nt))
         temps = {node.id: Buffer(f"{node.id}_f32", (ftile, s.tokens_per_block), "float32", "sbuf")
                  for node in group.tree if node is not root}
         body += [Alloc(b) for b in temps.values()]
+        scratch = None
+        if any(ElementwiseOp(node.attrs["op"]).scaled for node in group.tree):  # FP8 ops need fp32 scratch
+            scratch = Buffer(f"{root.id}_spill", (ftile, s.tokens_per_block), "float32", "sbuf")
+            body.append(Alloc(scratch))
         if streamed:
             result_tile = Buffer(f"{root.id}_tile", (ftile, s.tokens_per_block), self.dtype, "sbuf")
             result = Ref(result_tile, (span(0, ftile), span(0, bm)))
-            body += [Alloc(result_tile), *self._epilogue(group, sums, result, temps, result_tile, (Lin(ftile), bm))]
+            body += [Alloc(result_tile), *self._epilogue(group, sums, result, temps, scratch or result_tile,
+                                                          (Lin(ftile), bm))]
             body += [DmaCopy(Ref(hbm, (span(fdim.tile_start(nt), ftile), span(tok.block_start(mb), bm))), result)
                      for _, hbm in self.out_hbm[root.id]]
         else:
             strip = self._strip(root.id, n)
             out.insert(0, Alloc(strip, comment=f"{root.id}^T strip of this token block, kept in SBUF"))
-            body += self._epilogue(group, sums, Ref(strip, at), temps, strip, (Lin(ftile), bm))
+            body += self._epilogue(group, sums, Ref(strip, at), temps, scratch or strip, (Lin(ftile), bm))
         return out + loop("nt", Lin(ntiles), ntiles, body, split=(s.lnc_split,) if streamed else ())
 
     def _gather(self, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
@@ -254,7 +262,8 @@ class TransposedGroups(OperandLoads):
                 loads += loop("wt", fdim.tiles_in(fb), fdim.tiles_in_block, loop("kt", kdim.tiles_in(kblk), kb, [dma]))
             dst = Ref(psum, (span(0, nsz), Point(ft), span(0, bm)))
             mm = Matmul(dst, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(ft, fdim.tile), nsz))),
-                        Ref(self.strips[self.nodes[leaf.operands[0]].id], (span(0, ksz), Point(gk), span(0, bm))))
+                        Ref(self.strips[self.nodes[leaf.operands[0]].id], (span(0, ksz), Point(gk), span(0, bm))),
+                        perf_mode=self._perf_mode(leaf))
             tile += loop("kt", kdim.tiles_in(kblk), kb, [mm])
             values[leaf.id] = dst
         body = loads + loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)

@@ -32,10 +32,25 @@ from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..ir import Graph, Node
+from ..ir.fp8 import FP8_FORMATS, is_fp8
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin
 from ..kernel_ir.lnc import distribute
-from ..kernel_ir.program import DTYPE_BYTES, Activation, Buffer, Comment, Copy, Program, Ref, Stmt, TensorTensor, span
+from ..kernel_ir.program import (
+    DTYPE_BYTES,
+    Activation,
+    Alloc,
+    Buffer,
+    Comment,
+    Copy,
+    DmaCopy,
+    Program,
+    Ref,
+    Stmt,
+    TensorScalar,
+    TensorTensor,
+    span,
+)
 from ..passes.legality import check_kernel
 from ..schedule.fused import FusedSchedule, normalize_on
 from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
@@ -72,8 +87,13 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         s = self.s
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
                        max(1, s.tokens_per_block // s.token_tile))
-        self.dtype = (compute or copied)[0].dtype
+        # the kernel's dtype: its values' (an FP8 kernel's quantized values and fp32 accumulators aside, docs/fp8.md)
+        self.dtype = next((n.dtype for n in compute if n.dtype in ("bfloat16", "float32") and not (
+            n.kind == NodeKind.MATMUL and is_fp8(self.nodes[n.operands[0]].dtype))), (compute or copied)[0].dtype)
         self.dtype_bytes = DTYPE_BYTES[self.dtype]
+        # the scale inputs of quantize/dequantize nodes: loaded once, as per-partition columns or broadcast rows
+        self.scales = {o: self.nodes[o] for n in compute if n.kind == NodeKind.ELEMENTWISE
+                       and ElementwiseOp(n.attrs["op"]).scaled for o in n.operands[1:]}
         aliases = graph.hbm_aliases
         self.hbm = {n.id: Buffer(aliases.get(n.id, n.attrs["name"]), n.storage_shape, n.dtype, "hbm")
                     for n in self.inputs}
@@ -109,7 +129,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
             return []
         if split == "hidden":
             groups = [g for g in self.group_list if g.matmuls and all(
-                self.nodes[mm.operands[0]].kind in (NodeKind.INPUT, NodeKind.NORM) for mm in g.matmuls)]
+                self._reads_kernel_input(self.nodes[mm.operands[0]]) for mm in g.matmuls)]
         else:
             gated = {g.root.id for g in self.group_list if g.tree}
             groups = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
@@ -117,6 +137,13 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
                 groups = [g for g in self.group_list if any(
                     self.nodes[mm.operands[0]].kind not in (NodeKind.INPUT, NodeKind.NORM) for mm in g.matmuls)][-1:]
         return groups if groups and all(self._reducible(g) for g in groups) else []
+
+    def _reads_kernel_input(self, lhs: Node) -> bool:
+        """A matmul operand over the hidden dimension: a kernel input or the norm prologue's value, or (FP8) the
+        quantization of one (docs/fp8.md)."""
+        if lhs.kind == NodeKind.ELEMENTWISE and lhs.attrs["op"] == ElementwiseOp.QUANTIZE:
+            lhs = self.nodes[lhs.operands[0]]
+        return lhs.kind in (NodeKind.INPUT, NodeKind.NORM)
 
     def _reducible(self, group: Group) -> bool:
         root = group.root
@@ -147,7 +174,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
                     seen.setdefault(lhs.id, lhs)
             if group.orient == Orient.TRANSPOSED:
                 for op in group.operands:
-                    if op.kind == NodeKind.INPUT:
+                    if op.kind == NodeKind.INPUT and op.id not in self.scales:
                         seen.setdefault(op.id, op)
         return list(seen.values())
 
@@ -165,7 +192,9 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
             dst = result if node is root else Ref(temps[node.id], (span(0, rows), span(0, cols)))
             ops = [values[o] for o in node.operands]
             op = ElementwiseOp(node.attrs["op"])
-            if op.unary:
+            if op.scaled:
+                out += self._fp8_op(node, op, dst, ops, Ref(spill, (span(0, rows), span(0, cols))))
+            elif op.unary:
                 out.append(Activation(dst, ops[0], op))
             else:
                 if all(r.buffer.memory == "psum" for r in ops):
@@ -197,9 +226,78 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
                                               f"tiles of {reads}" if reads else "") if part)
         return f"{group.root.id}{mark} from {sources} ({ops} on the eviction)"
 
+    def _fp8_op(self, node: Node, op: ElementwiseOp, dst: Ref, ops: list[Ref], scratch: Ref) -> list[Stmt]:
+        """``quantize``: ``(x / scale) min max`` into fp32 scratch, then ``max -max`` into the FP8 tile (a clamp
+        before the cast, as nki-library's static quantization; rule NKI-FP8-SATURATE). ``dequantize``: the FP8
+        matmul's PSUM tile times the weight scale (a column, or a broadcast row of per-channel scales along the
+        free axis) and the activation scale, on its eviction: the scales applied once per output tile."""
+        if op == ElementwiseOp.QUANTIZE:
+            fmax = FP8_FORMATS[node.attrs["dtype"]].max
+            return [TensorScalar(scratch, ops[0], "divide", ops[1], "minimum", fmax),
+                    TensorScalar(dst, scratch, "maximum", -fmax)]
+        acc, x_scale, w_scale = ops
+        if w_scale.shape[-1] == x_scale.shape[-1]:  # a [P, 1] column
+            return [TensorScalar(dst, acc, "multiply", w_scale, "multiply", x_scale)]
+        return [TensorTensor(scratch, acc, w_scale, ElementwiseOp.MULTIPLY),
+                TensorScalar(dst, scratch, "multiply", x_scale)]
+
+    def scale_constants(self) -> list[Stmt]:
+        """Every scale on chip, once per kernel, in fp32: a [1, 1] scale broadcast to a [pmax, 1] column; a per-channel
+        [N, 1] scale read by a transposed group as one column per feature tile [pmax, tiles], by a row-major group
+        as a row broadcast to the token partitions [token_tile, N]."""
+        out: list[Stmt] = []
+        pmax = self.target.pmax
+        self.scale_bufs: dict[tuple[str, str], Buffer] = {}
+        for sid, node in self.scales.items():
+            hbm, n = self.hbm[sid], node.shape[0]
+            name = node.attrs["name"]
+            orients = {u.annotations.get("orient") for u in self._users(sid)}
+            if n == 1:
+                buf = self.scale_bufs[(sid, "col")] = Buffer(f"{name}_col", (pmax, 1), "float32", "sbuf")
+                out += [Alloc(buf, comment=f"{name} on every partition"),
+                        DmaCopy(Ref(buf, (span(0, pmax), span(0, 1))), Ref(hbm, (span(0, 1), span(0, 1))),
+                                broadcast=True)]
+                continue
+            if Orient.TRANSPOSED in orients:
+                tiles = -(-n // pmax)
+                buf = self.scale_bufs[(sid, "cols")] = Buffer(f"{name}_cols", (min(pmax, n), tiles), "float32", "sbuf")
+                t = iv("st", tiles)
+                sdim = Dim("s", n, min(pmax, n), tiles, tiles)
+                size = sdim.tile_size(t)
+                load = DmaCopy(Ref(buf, (span(0, size), span(t, 1))), Ref(hbm, (span(sdim.tile_start(t), size),
+                                                                                 span(0, 1))))
+                out += [Alloc(buf, comment=f"{name}: one column per tile of {pmax} channels"),
+                        *loop("st", Lin(tiles), tiles, [load])]
+            if Orient.NORMAL in orients:
+                rows = self.tok.tile
+                buf = self.scale_bufs[(sid, "row")] = Buffer(f"{name}_row", (rows, n), "float32", "sbuf")
+                out += [Alloc(buf, comment=f"{name} along the free axis, on every token partition"),
+                        DmaCopy(Ref(buf, (span(0, rows), span(0, n))), Ref(hbm, (span(0, n), span(0, 1))),
+                                broadcast=True)]
+        return out
+
+    def scale_refs(self, group: Group, parts: Expr, at: Expr, width: Expr | None = None) -> dict[str, Ref]:
+        """The scales ``group`` reads, for an output tile of ``parts`` partitions: columns (the feature tile ``at`` of a
+        transposed group), or, in a row-major group, rows of ``width`` channels from channel ``at``."""
+        out: dict[str, Ref] = {}
+        for op in group.operands:
+            if op.id not in self.scales:
+                continue
+            if op.shape[0] == 1:
+                out[op.id] = Ref(self.scale_bufs[(op.id, "col")], (span(0, parts), span(0, 1)))
+            elif group.orient == Orient.TRANSPOSED:
+                out[op.id] = Ref(self.scale_bufs[(op.id, "cols")], (span(0, parts), span(at, 1)))
+            else:
+                out[op.id] = Ref(self.scale_bufs[(op.id, "row")], (span(0, parts), span(at, width or 1)))
+        return out
+
     def _two_psum_operands(self, node: Node, group: Group) -> bool:
-        terms = {t.node.id for t in group.terms}
+        """Whether evaluating ``node`` needs the fp32 scratch tile: a vector op of two PSUM tiles (one is moved
+        first), or an FP8 op (quantize's clamp, a per-channel dequantize)."""
         op = ElementwiseOp.lookup(node.attrs.get("op"))
+        if op is not None and op.scaled:
+            return True
+        terms = {t.node.id for t in group.terms}
         return not (op is not None and op.unary) and all(o in terms for o in node.operands)
 
     def program(self) -> Program:
@@ -209,6 +307,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         body: list[Stmt] = [Comment(f"schedule: {self.s.describe()}")]
         body += self.cached_weights()
         body += self.prologue_constants()
+        body += self.scale_constants()
         mb = iv("m_blk", tok.blocks)
         block: list[Stmt] = []
         for inp in self.strip_inputs:

@@ -45,7 +45,7 @@ def _add_like(graph: Graph, node: Node) -> None:
     elif node.kind == NodeKind.NORM:
         graph.add_norm(node.attrs["norm"], *node.operands, eps=float(node.attrs["eps"]), id=node.id)
     else:
-        graph.add_elementwise(node.attrs["op"], *node.operands, id=node.id)
+        graph.add_elementwise(node.attrs["op"], *node.operands, id=node.id, dtype=node.attrs.get("dtype"))
     if node.annotations:
         graph.annotate(node.id, **node.annotations)
 

@@ -42,6 +42,7 @@ from ..codegen import KernelSpec, TensorSpec, read_metadata
 from ..errors import InputError, KernelError
 from ..interpreter import run_kernel
 from ..ir import Graph, parse_text
+from ..ir.quantized import calibrate, is_quantized, unquantized
 from ..support import check_sdk, newest_sdk
 from ..targets import Target, get_target, with_lnc
 from ..vocab import Dialect, Layout
@@ -51,7 +52,8 @@ from .sandbox import check_source
 from .static_check import Violation, check_kernel_source
 
 TOLERANCES = {"bfloat16": 1e-2, "float32": 1e-5}
-NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float8_e4m3": ml_dtypes.float8_e4m3,
+                "float8_e5m2": ml_dtypes.float8_e5m2}
 #: Where a kernel runs: nmmc's interpreter, or AWS's simulator (``nki`` / ``neuronxcc``, see nki_backend.py).
 BACKENDS = ("interpreter", "nki-simulator")
 #: The largest kernel file verify reads (emitted kernels are tens of KiB).
@@ -88,6 +90,9 @@ class VerifyReport:
     lnc: int = 1
     #: The largest magnitude in the reference outputs: the scale ``max_abs_error`` is read against.
     max_abs_reference: float | None = None
+    #: An FP8 graph's outputs against the float64 evaluation of the graph it quantizes (ir/quantized.py), on the
+    #: same values: the quantization error, reported, never checked (None: not an FP8 graph; docs/fp8.md).
+    unquantized_rel_error: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -220,7 +225,12 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
                           backend=backend, lnc=tgt.lnc)
     if rules:
         report.sdk, report.violations = static_rules(source, meta.dialect, tgt.name, sdk)
-    inputs = random_inputs(meta.inputs, seed)
+    plain = unquantized(graph) if is_quantized(graph) else None
+    if plain is not None:  # FP8: draw the unquantized graph's inputs, quantize weights and calibrate static scales
+        raw = random_inputs([TensorSpec(n.name or n.id, n.storage_shape, n.dtype) for n in plain.inputs()], seed)
+        inputs = calibrate(graph, raw)
+    else:
+        inputs = random_inputs(meta.inputs, seed)
     tensors: dict[str, np.ndarray] = dict(inputs)
     per_kernel: list[dict[str, Any]] = []
     totals: dict[str, Any] = {}
@@ -245,7 +255,26 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
             merge_counters(totals, counters)
     report.counters = {**totals, "kernels": per_kernel} if len(kernels) > 1 and per_kernel else totals
     _compare(report, graph, [s.name for s in meta.outputs], inputs, tensors, out_dtype)
+    if plain is not None and report.values_ok:
+        report.unquantized_rel_error = _relative_error(plain, [s.name for s in meta.outputs], raw, tensors)
     return report
+
+
+def _relative_error(graph: Graph, names: list[str], inputs: dict[str, np.ndarray],
+                    tensors: dict[str, np.ndarray]) -> float:
+    """The largest ``||out - ref||_F / ||ref||_F`` over the outputs ``names`` against ``graph``'s float64 reference."""
+    by_name = {node.name: node for node in graph.outputs()}
+    err = dict.fromkeys(names, 0.0)
+    ref = dict.fromkeys(names, 0.0)
+    for chunk in reference_chunks(graph, inputs):
+        for name in names:
+            stored = tensors[name]
+            got = stored.T if by_name[name].layout == Layout.TRANSPOSED else stored
+            value = chunk.values[name]
+            diff = np.asarray(got[chunk.start:chunk.stop], dtype=np.float64) - value
+            err[name] += float(np.vdot(diff, diff))
+            ref[name] += float(np.vdot(value, value))
+    return max(float(np.sqrt(err[n])) / (float(np.sqrt(ref[n])) or 1.0) for n in names)
 
 
 def _compare(report: VerifyReport, graph: Graph, names: list[str], inputs: dict[str, np.ndarray],

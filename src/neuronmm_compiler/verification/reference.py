@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import Graph
+from ..ir.fp8 import quantize
 from ..ir.graph import Node
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 
@@ -48,8 +49,11 @@ def row_labels(graph: Graph) -> dict[str, str] | None:
         label = labels.get(node.id)
         if label is None or node.kind == NodeKind.INPUT:
             continue
-        if label == WHOLE or node.kind == NodeKind.ELEMENTWISE or node.kind == NodeKind.OUTPUT:
+        if label == WHOLE or node.kind == NodeKind.OUTPUT:
             wanted = [label] * len(node.operands)
+        elif node.kind == NodeKind.ELEMENTWISE:  # the scales of an FP8 op are whole, one per tensor or column
+            scaled = ElementwiseOp(node.attrs["op"]).scaled
+            wanted = [label] + [WHOLE if scaled else label] * (len(node.operands) - 1)
         elif node.kind == NodeKind.MATMUL:
             wanted = [ROW, WHOLE]
         elif node.kind == NodeKind.NORM:  # each row normalized on its own; gamma and beta are whole
@@ -65,6 +69,8 @@ def row_labels(graph: Graph) -> dict[str, str] | None:
 def _stored(graph: Graph, node: Node) -> bool:
     """A computed value some matmul or norm reads: held on chip (or handed between kernels) rounded to the graph's
     dtype (a norm prologue normalizes the residual sum as rounded for its store)."""
+    if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
+        return False  # its rounding is the op itself, exact in the reference
     return node.kind not in (NodeKind.INPUT, NodeKind.OUTPUT) and any(
         graph.node(user).kind in (NodeKind.MATMUL, NodeKind.NORM) for user in graph.users(node.id))
 
@@ -123,8 +129,12 @@ def _compute(node: Node, ops: list[np.ndarray], var: list[np.ndarray | None],
             variance = var[0] * gain
     else:
         op = ElementwiseOp(node.attrs["op"])
-        value = op.apply(*ops)
-        if op == ElementwiseOp.SILU:
+        value = quantize(ops[0], ops[1], node.attrs["dtype"]) if op == ElementwiseOp.QUANTIZE else op.apply(*ops)
+        if op == ElementwiseOp.QUANTIZE:  # a perturbation of x moves q by at most one FP8 step: bounded, not tracked
+            variance = None if var[0] is None else var[0] / ops[1] ** 2
+        elif op == ElementwiseOp.DEQUANTIZE:
+            variance = None if var[0] is None else var[0] * (ops[1] * ops[2].T) ** 2
+        elif op == ElementwiseOp.SILU:
             variance = None if var[0] is None else SILU_LIPSCHITZ**2 * var[0]
         elif op == ElementwiseOp.MULTIPLY:
             terms = [v * other**2 for v, other in ((var[0], ops[1]), (var[1], ops[0])) if v is not None]

@@ -378,6 +378,41 @@ RULES: tuple[Rule, ...] = (
          dialects=(Dialect.NKI,),
          note="Not checked statically; the interpreter checks the operand shapes. The norm prologue passes gamma "
               "and beta this way on the transposes' eviction, where the features are on partitions."),
+    Rule("NKI-MATMUL-DOUBLE-ROW", "fp8", "nc_matmul perf_mode=nisa.matmul_perf_mode.double_row (\"Double FP8 mode, "
+         "2x matmul throughput by packing two FP8 weight/ifmap element pairs\") only on NeuronCore-v3/v4 (trn2, "
+         "trn3; \"On NeuronCore-v2, performance mode is not supported\") and with FP8 stationary and moving operands",
+         (_latest("nki/api/generated/nki.isa.matmul_perf_mode.html", "double_row"),
+          _latest("nki/api/generated/nki.isa.nc_matmul.html", "Performance mode"),
+          _sdk(_ARCH2, "Double FP8 Matmul Performance"),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py",
+                  "perf_mode=('double_row' if perform_doublerow_matmul else 'none') on FP8 tiles")),
+         dialects=(Dialect.NKI,), target_field="matmul_perf_modes",
+         note="Not checked statically; nmmc's interpreter checks every call (target, operand dtypes) and the column "
+              "tiling exclusion under NKI-MATMUL-TILE. The docs do not say whether a double_row matmul with bf16 "
+              "operands is an error or a no-op; nmmc refuses it."),
+    Rule("NKI-FP8-SATURATE", "fp8", "a value written into an FP8 tile (nl.float8_e4m3, largest finite 240; "
+         "nl.float8_e5m2, 57344) lies in the format's finite range: clamp it first (tensor_scalar minimum/maximum "
+         "into the FP8 tile), as the conversion is not documented to saturate",
+         (_latest("nki/api/generated/nki.language.float8_e4m3.html", "8-bit floating-point number (1S,4E,3M)"),
+          _latest("nki/api/generated/nki.language.float8_e5m2.html", "8-bit floating-point number (1S,5E,2M)"),
+          _nkilib("src/nkilib_src/nkilib/core/utils/kernel_helpers.py",
+                  "get_max_positive_value_for_dtype: float8_e4m3 240.0, float8_e5m2 57344.0"),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_quantization.py",
+                  "perform_intermediate_static_quantization: tensor_scalar minimum/maximum into the quantized tile")),
+         dialects=(Dialect.NKI,),
+         note="Inferred: the NKI pages give the layouts, not the overflow behaviour; nki-library clamps before every "
+              "FP8 cast. Not checked statically; the interpreter (ml_dtypes casts: round to nearest even, an overflow "
+              "becomes inf) refuses a write of a non-finite value into an FP8 tile, naming this rule."),
+    Rule("NKI-DMA-BROADCAST", "fp8", "a partition broadcast is a DMA source access pattern t.ap(pattern=[[0, P], [1, "
+         "F]], offset=o): step 0 over the partitions, F contiguous elements; nmmc loads its FP8 scales this way, "
+         "once per kernel",
+         (_latest("nki/deep-dives/nki-aps.html", "NKI Access Patterns: [step, num] pairs, offset"),
+          _latest("nki/api/generated/nki.language.NkiTensor.html", "ap: low-level access pattern override")),
+         dialects=(Dialect.NKI,),
+         note="Not checked statically; the interpreter reads .ap() of whole HBM tensors only, bounds-checked. The "
+              "access-pattern page documents patterns for SBUF/PSUM instructions; its use as a dma_copy source of an "
+              "HBM tensor follows nki-library's dequantisation-scale loads (mlp_tkg_gate_up_projection.py, "
+              "dequant_scale ... .ap(pattern=...)) and is not measured by nmmc."),
     Rule("NKI-DMA-COPY-PSUM", "isa", "dma_copy moves between HBM and SBUF only (no PSUM); dtype casts through "
          "float32",
          (_sdk(_ISA, "dma_copy"), _sdk(_MIGRATION, "Migrating from NKI 0.2.0 to NKI 0.3.0: dma_copy reading "

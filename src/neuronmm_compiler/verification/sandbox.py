@@ -37,6 +37,8 @@ from types import ModuleType
 
 from ..errors import InputError
 from ..interpreter.loader import KERNEL_BUILTINS
+from ..ir.fp8 import FP8_FORMATS
+from ..ir.fp8 import numpy_source as fp8_source
 from ..vocab import ElementwiseOp, NormOp
 
 #: The import lines a kernel file may hold (as ``ast.unparse`` prints them): alias -> module per line.
@@ -66,6 +68,8 @@ def numpy_names() -> frozenset[str]:
     names = {"asarray", "float64"}
     for op in ElementwiseOp:
         names.update(re.findall(r"\bnp\.(\w+)", op.numpy_source(*(["x"] * op.arity))))
+    for dtype in FP8_FORMATS:
+        names.update(re.findall(r"\bnp\.(\w+)", fp8_source("x", "s", dtype)))
     for norm in NormOp:
         names.update(re.findall(r"\bnp\.(\w+)", norm.numpy_source("x", "1e-06", "g", "b")))
     return frozenset(names)
@@ -136,6 +140,7 @@ class _Checker:
         self.tree = tree
         self.aliases: dict[str, str] = {}  # alias -> module
         self.bound: set[str] = set()
+        self.patterns: set[int] = set()  # ids of the list displays of .ap(pattern=...)
         self.docstrings = {id(body[0].value) for body in self._bodies(tree)
                            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                            and isinstance(body[0].value.value, str)}
@@ -273,8 +278,10 @@ class _Checker:
             for part in (node.lower, node.upper):
                 if part is not None:
                     self.expr(part)
-        elif isinstance(node, ast.Tuple):
+        elif isinstance(node, ast.Tuple) or (isinstance(node, ast.List) and id(node) in self.patterns):
             for elt in node.elts:
+                if isinstance(elt, ast.List):
+                    self.patterns.add(id(elt))
                 self.expr(elt)
         elif isinstance(node, ast.BinOp):
             self.operator(node, node.op)
@@ -318,6 +325,17 @@ class _Checker:
         self.expr(node.value)
 
     def call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "ap" and isinstance(func.value, ast.Name):
+            # a tensor's access pattern, t.ap(pattern=[[step, num], ...], offset=o): the FP8 scales' broadcast loads
+            self.expr(func.value)
+            for keyword in node.keywords:
+                if keyword.arg not in ("pattern", "offset") or node.args:
+                    raise self.fail(node, "an .ap() call other than .ap(pattern=[[step, num], ...], offset=o)")
+                if isinstance(keyword.value, ast.List):
+                    self.patterns.add(id(keyword.value))
+                self.expr(keyword.value)
+            return
         name = _dotted(node.func)
         root = name.partition(".")[0] if name else None
         if name is None or not (name in KERNEL_BUILTINS or root in self.aliases):

@@ -1,0 +1,115 @@
+"""An FP8 graph's unquantized twin and the static scales of its inputs (docs/fp8.md).
+
+An FP8 graph (``mlp_graph(..., fp8=...)``, or any graph of the same form) holds FP8 weight inputs, float32 scale
+inputs, ``quantize`` nodes on the activations matmuls read and ``dequantize`` nodes on the FP8 matmuls' accumulators.
+:func:`unquantized` is the graph it approximates: the same ids, weights in ``dtype``, no scales, no quantize or
+dequantize. :func:`calibrate` turns inputs of that graph into inputs of the FP8 one: each weight scale is
+``max|w| / max`` per output channel (or per tensor), the weight rounded into the format; each activation scale
+``max|v| / max`` of the value ``v`` it quantizes in the float64 evaluation of the unquantized graph on the same
+inputs (static scales calibrated on the data, as nki-library's ``gate_up_in_scale`` / ``down_in_scale`` are given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from ..vocab import ElementwiseOp, NodeKind
+from .fp8 import FP8_FORMATS, is_fp8, round_fp8
+from .graph import Graph
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["calibrate", "is_quantized", "unquantized"]
+
+
+def is_quantized(graph: Graph) -> bool:
+    """True when ``graph`` holds a quantize or dequantize node."""
+    return any(node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled for node in graph.nodes())
+
+
+def _scale_inputs(graph: Graph) -> set[str]:
+    out: set[str] = set()
+    for node in graph.nodes():
+        if node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled:
+            out.update(node.operands[1:])
+    return out
+
+
+def unquantized(graph: Graph, dtype: str = "bfloat16") -> Graph:
+    """The graph ``graph`` quantizes: FP8 inputs in ``dtype``, scale inputs dropped, ``quantize`` replaced by its value
+    and ``dequantize`` by a ``dtype`` matmul with the dequantize's id."""
+    out = Graph(graph.name)
+    scales = _scale_inputs(graph)
+    alias: dict[str, str] = {}
+    for node in graph.nodes():
+        if node.kind == NodeKind.INPUT:
+            if node.id not in scales:
+                alias[node.id] = out.add_input(node.name or node.id, node.shape, dtype if is_fp8(node.dtype)
+                                               else node.dtype, node.layout or "row_major", id=node.id)
+            continue
+        ops = [alias.get(o, o) for o in node.operands]
+        if node.kind == NodeKind.OUTPUT:
+            out.add_output(node.name or node.id, ops[0], layout=node.layout or "row_major", id=node.id)
+        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
+            alias[node.id] = ops[0]
+        elif node.kind == NodeKind.MATMUL and is_fp8(graph.node(node.operands[0]).dtype):
+            continue  # made by its dequantize, under the dequantize's id
+        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
+            acc = graph.node(node.operands[0])
+            lhs, rhs = (alias.get(o, o) for o in acc.operands)
+            alias[node.id] = out.add_matmul(lhs, rhs, id=node.id)
+        elif node.kind == NodeKind.MATMUL:
+            alias[node.id] = out.add_matmul(*ops, id=node.id)
+        elif node.kind == NodeKind.TRANSPOSE:
+            alias[node.id] = out.add_transpose(*ops, id=node.id)
+        elif node.kind == NodeKind.NORM:
+            alias[node.id] = out.add_norm(node.attrs["norm"], *ops, eps=float(node.attrs["eps"]), id=node.id)
+        else:
+            alias[node.id] = out.add_elementwise(node.attrs["op"], *ops, id=node.id)
+    return out
+
+
+def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inputs of the FP8 ``graph`` from ``inputs`` of :func:`unquantized` ``(graph)`` (storage layout): FP8 weights
+    rounded after dividing by their scales, and every scale input (see the module docstring), as float32 / ml_dtypes
+    arrays."""
+    import ml_dtypes
+    import numpy as np
+
+    from .evaluate import evaluate
+
+    plain = unquantized(graph)
+    probe = plain.copy()
+    wanted = {}
+    for node in graph.nodes():
+        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
+            source = node.operands[0]
+            if plain.node(source).kind != NodeKind.INPUT:
+                wanted[source] = probe.add_output(f"nmmc_probe_{source}", source)
+    values = evaluate(probe, inputs) if wanted else {}
+    out: dict[str, np.ndarray] = {}
+    by_id = {node.id: node for node in graph.inputs()}
+    for node in graph.nodes():
+        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
+            fmt = FP8_FORMATS[node.attrs["dtype"]]
+            source = node.operands[0]
+            v = values[f"nmmc_probe_{source}"] if source in wanted else np.asarray(
+                inputs[by_id[source].name], dtype=np.float64)
+            out[by_id[node.operands[1]].name] = np.array([[max(float(np.max(np.abs(v))), 1e-30) / fmt.max]],
+                                                         dtype=np.float32)
+        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
+            acc = graph.node(node.operands[0])
+            weight, w_scale = by_id[acc.operands[1]], by_id[node.operands[2]]
+            w = np.asarray(inputs[weight.name], dtype=np.float64)  # [K, N], row_major (frontends store it so)
+            fmt = FP8_FORMATS[weight.dtype]
+            amax = np.max(np.abs(w), axis=0) if w_scale.shape[0] > 1 else np.max(np.abs(w)).reshape(1)
+            scale = (np.maximum(amax, 1e-30) / fmt.max).astype(np.float32)
+            out[w_scale.name] = scale.reshape(-1, 1)
+            q = round_fp8(w / scale.astype(np.float64), weight.dtype)
+            out[weight.name] = q.astype(getattr(ml_dtypes, weight.dtype))
+    for node in graph.inputs():
+        if node.name not in out:
+            out[node.name] = inputs[node.name]
+    return out

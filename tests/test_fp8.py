@@ -1,0 +1,108 @@
+"""FP8 end to end (docs/fp8.md): the formats' rounding, the quantized MLP graph and its unquantized twin, emitted
+kernels that verify against the quantized graph, the rules FP8 kernels are held to (mutations fail verify with a
+rule id), and the cost of FP8 bytes and double_row matmuls. Small shapes: the whole file runs in a few seconds."""
+
+from __future__ import annotations
+
+import functools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from neuronmm_compiler.driver import compile_workload
+from neuronmm_compiler.frontends.shapes import Fp8Weights, mlp_graph
+from neuronmm_compiler.frontends.workloads import mlp_workload
+from neuronmm_compiler.ir import parse_text
+from neuronmm_compiler.ir.evaluate import evaluate
+from neuronmm_compiler.ir.fp8 import FP8_FORMATS, round_fp8
+from neuronmm_compiler.ir.quantized import calibrate, unquantized
+from neuronmm_compiler.targets import get_target
+from neuronmm_compiler.verification import verify_source
+
+
+@pytest.mark.parametrize("dtype", list(FP8_FORMATS))
+def test_round_fp8_is_ml_dtypes_round_to_nearest_even_after_clamping(dtype: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(50_000) * np.exp2(rng.uniform(-24, 18, 50_000))
+    fmax = FP8_FORMATS[dtype].max
+    expected = np.clip(x, -fmax, fmax).astype(getattr(ml_dtypes, dtype)).astype(np.float64)
+    assert np.array_equal(round_fp8(x, dtype), expected)
+    assert float(ml_dtypes.finfo(getattr(ml_dtypes, dtype)).max) == fmax
+
+
+@pytest.mark.parametrize("ranks", [None, (128, 128, 128)])
+def test_fp8_mlp_graph_round_trips_and_quantizes_its_bf16_twin(ranks: tuple[int, int, int] | None) -> None:
+    graph = mlp_graph(4, 256, 384, ranks, fp8=Fp8Weights())
+    assert parse_text(str(graph)) == graph
+    plain = unquantized(graph)
+    assert plain == mlp_graph(4, 256, 384, ranks)
+    rng = np.random.default_rng(0)
+    raw = {n.name: rng.standard_normal(n.storage_shape).astype(ml_dtypes.bfloat16) for n in plain.inputs()}
+    quantized = calibrate(graph, raw)
+    assert quantized["w_gate" if ranks is None else "u_gate"].dtype == np.dtype(ml_dtypes.float8_e4m3)
+    got, want = evaluate(graph, quantized)["out"], evaluate(plain, raw)["out"]
+    assert 0 < np.linalg.norm(got - want) / np.linalg.norm(want) < 0.2  # FP8 error: present, bounded
+
+
+@functools.cache
+def _kernel(tokens: int, scales: str = "row", **params: str) -> str:
+    workload = mlp_workload(tokens, 256, 384, dense=True, fp8=Fp8Weights(scales=scales))
+    return compile_workload(workload, target=get_target("trn2"), params=params).kernel.source
+
+
+@pytest.mark.parametrize("scales", ["row", "tensor"])
+def test_fp8_kernel_verifies_against_the_quantized_graph(scales: str) -> None:
+    source = _kernel(3, scales)
+    assert "perf_mode=nisa.matmul_perf_mode.double_row" in source and "dtype=nl.float8_e4m3" in source
+    report = verify_source(source, rules=True)
+    assert report.ok, report.error
+    assert report.rel_error is not None and report.rel_error < 1e-2
+    assert report.unquantized_rel_error is not None and report.unquantized_rel_error > report.rel_error
+    assert report.counters["double_row_matmuls"] == report.counters["matmul_instructions"]
+
+
+def test_double_row_with_column_tiling_fails_with_the_rule_id() -> None:
+    source = _kernel(3)
+    mutated = source.replace("perf_mode=nisa.matmul_perf_mode.double_row",
+                             "tile_position=(0, 0), tile_size=(128, 32), perf_mode=nisa.matmul_perf_mode.double_row", 1)
+    report = verify_source(mutated)
+    assert not report.ok and "NKI-MATMUL-TILE" in (report.error or "")
+
+
+def test_double_row_needs_fp8_operands_and_a_v3_core() -> None:
+    bf16 = compile_workload(mlp_workload(3, 256, 384, dense=True), target=get_target("trn2")).kernel.source
+    mutated = "\n".join(line[:-1] + ", perf_mode=nisa.matmul_perf_mode.double_row)"
+                         if line.lstrip().startswith("nisa.nc_matmul(") else line for line in bf16.splitlines())
+    assert mutated != bf16
+    report = verify_source(mutated)
+    assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "")
+    report = verify_source(_kernel(3), target=get_target("trn1"))
+    assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "")
+
+
+def test_a_scale_applied_twice_fails_verify() -> None:
+    source = _kernel(3)
+    twice = source.replace("op1=nl.multiply, operand1=x_scale_col[0:128, 0:1])",
+                           "op1=nl.multiply, operand1=x_scale_col[0:128, 0:1])\n        "
+                           "nisa.activation(dst=gate_f32[0:128, 0:3], op=nl.copy, data=gate_f32[0:128, 0:3], "
+                           "scale=x_scale_col[0:128, 0:1])", 1)
+    assert twice != source
+    report = verify_source(twice)
+    assert not report.ok and "relative error" in (report.error or "")
+
+
+def test_an_unclamped_fp8_write_fails_with_the_rule_id() -> None:
+    source = _kernel(3)
+    unclamped = source.replace("op1=nl.minimum, operand1=240.0", "op1=nl.multiply, operand1=1000.0", 1)
+    assert unclamped != source
+    report = verify_source(unclamped)
+    assert not report.ok and "NKI-FP8-SATURATE" in (report.error or "")
+
+
+def test_fp8_halves_weight_bytes_and_double_row_halves_pe_cycles() -> None:
+    target = get_target("trn2")
+    fp8 = compile_workload(mlp_workload(1, 512, 1024, dense=True, fp8=Fp8Weights()), target=target).cost
+    bf16 = compile_workload(mlp_workload(1, 512, 1024, dense=True), target=target).cost
+    assert fp8.hbm_bytes_read_by_tensor["w_gate"] * 2 == bf16.hbm_bytes_read_by_tensor["w_gate"]
+    assert fp8.engine_us["tensor"] < 0.6 * bf16.engine_us["tensor"]
