@@ -45,7 +45,7 @@ from neuronmm_compiler.verification.rules import (  # noqa: E402
 from neuronmm_compiler.vocab import Dialect  # noqa: E402
 
 OUT = ROOT / "docs" / "nki-rules.md"
-TITLES = {"memory": "On-chip memory", "tiles": "Tile limits", "loops": "Loops", "isa": "ISA calls",
+TITLES = {"memory": "On-chip memory", "tiles": "Tile limits", "loops": "Loops", "isa": "ISA calls", "fp8": "FP8",
           "dialect": "Dialects and SDK releases"}
 #: SDK releases the known-violations table is computed for (DEFAULT: each file's nmmc verify default; None: no SDK
 #: given, only unbounded rules; 2.30: the first release without neuronxcc.nki).

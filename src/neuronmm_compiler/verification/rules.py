@@ -49,7 +49,7 @@ ALL_TARGETS = ("trn1", "trn2", "trn3")
 KIB = 1024
 
 #: Topics, in the order the generated document lists them.
-TOPICS = ("memory", "tiles", "loops", "isa", "dialect")
+TOPICS = ("memory", "tiles", "loops", "isa", "fp8", "dialect")
 
 #: ``op=`` values the Scalar Engine accepts in ``nisa.activation``: the table "Supported Activation
 #: Functions for NKI ISA" (names under ``nki.language``). There is no ``identity``: the identity is
@@ -387,6 +387,7 @@ RULES: tuple[Rule, ...] = (
           _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py",
                   "perf_mode=('double_row' if perform_doublerow_matmul else 'none') on FP8 tiles")),
          dialects=(Dialect.NKI,), target_field="matmul_perf_modes",
+         documented=(("trn1", ("none",)), ("trn2", ("none", "double_row")), ("trn3", ("none", "double_row"))),
          note="Not checked statically; nmmc's interpreter checks every call (target, operand dtypes) and the column "
               "tiling exclusion under NKI-MATMUL-TILE. The docs do not say whether a double_row matmul with bf16 "
               "operands is an error or a no-op; nmmc refuses it."),
