@@ -106,3 +106,16 @@ def test_fp8_halves_weight_bytes_and_double_row_halves_pe_cycles() -> None:
     bf16 = compile_workload(mlp_workload(1, 512, 1024, dense=True), target=target).cost
     assert fp8.hbm_bytes_read_by_tensor["w_gate"] * 2 == bf16.hbm_bytes_read_by_tensor["w_gate"]
     assert fp8.engine_us["tensor"] < 0.6 * bf16.engine_us["tensor"]
+
+
+def test_the_printed_reference_computes_the_quantized_graph() -> None:
+    from neuronmm_compiler.codegen.reference import reference_source
+
+    graph = mlp_graph(4, 256, 384, (128, 128, 128), fp8=Fp8Weights("float8_e5m2", "tensor"))
+    rng = np.random.default_rng(2)
+    raw = {n.name: rng.standard_normal(n.storage_shape).astype(ml_dtypes.bfloat16) for n in unquantized(graph).inputs()}
+    inputs = calibrate(graph, raw)
+    namespace: dict = {"np": np}
+    exec("\n".join(reference_source(graph)), namespace)
+    printed = namespace["reference"](*(inputs[n.name] for n in graph.inputs()))
+    assert np.array_equal(printed, evaluate(graph, inputs)["out"])

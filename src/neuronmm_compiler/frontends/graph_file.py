@@ -26,7 +26,8 @@ from typing import Any
 
 from ..errors import InputError, NmmcError
 from ..ir import Graph
-from ..ir.graph import DTYPE_ALIASES, LAYOUTS
+from ..ir.graph import LAYOUTS
+from ..ir.node import PLAIN_DTYPE_ALIASES as DTYPE_ALIASES
 from ..kernel_ir.program import DTYPE_BYTES
 from ..targets import Target
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp

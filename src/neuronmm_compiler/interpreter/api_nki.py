@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
 from . import ops
+from . import perf_mode as perf_modes
 from .machine import (
     BFLOAT16,
     FLOAT8_E4M3,
@@ -95,14 +96,14 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
 
     @api("nisa.nc_matmul", m)
     def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None, tile_position: Any = (),
-                  tile_size: Any = (), perf_mode: Any = ops.PERF_NONE) -> None:
+                  tile_size: Any = (), perf_mode: Any = perf_modes.PERF_NONE) -> None:
         out = ops.psum_dst(dst, "nisa.nc_matmul")
         if out.dtype != FLOAT32:
             raise KernelLimitError(f"nisa.nc_matmul dst must be float32 (PSUM accumulates in fp32), "
                                    f"got {out.describe()}")
         tile = ops.pe_tile(m, stationary, tile_position, tile_size, "nisa.nc_matmul")
         ops.check_tile_dst(m, out, tile, "nisa.nc_matmul")
-        ops.check_perf_mode(m, perf_mode, stationary, moving, tile, "nisa.nc_matmul")
+        perf_modes.check_perf_mode(m, perf_mode, stationary, moving, tile, "nisa.nc_matmul")
         result = ops.matmul(m, stationary, moving, "nisa.nc_matmul")
         if out.shape != result.shape:
             raise KernelError(f"nisa.nc_matmul: dst shape {list(out.shape)} != [M, N] = "
@@ -224,7 +225,7 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         "nc_transpose": nc_transpose, "tensor_copy": tensor_copy, "tensor_tensor": tensor_tensor,
         "activation": activation, "memset": memset, "sendrecv": sendrecv,
         "activation_reduce": activation_reduce, "bn_stats": bn_stats, "bn_aggr": bn_aggr,
-        "tensor_scalar": tensor_scalar, "matmul_perf_mode": ops.MATMUL_PERF_MODE,
+        "tensor_scalar": tensor_scalar, "matmul_perf_mode": perf_modes.MATMUL_PERF_MODE,
     }
 
 

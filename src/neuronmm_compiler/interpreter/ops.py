@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
-from .modules import StandInModule
 from .tensor import HBM, PSUM, SBUF, Tensor, as_f32, require_written, write
 
 if TYPE_CHECKING:
@@ -249,38 +248,6 @@ def check_tile_dst(m: Machine, dst: Tensor, tile: tuple[int, int, int, int] | No
         raise KernelLimitError(f"{TILE_DST_RULE}: {what} runs in PE columns {tile[1]}..{tile[1] + tile[3] - 1} but "
                                f"writes dst {dst.describe()} from partition {start}; a column tile's results land on "
                                "the PSUM partitions of its columns")
-
-
-#: ``nisa.matmul_perf_mode``: ``none`` and ``double_row`` (NKI API reference, nki.isa.matmul_perf_mode).
-MATMUL_PERF_MODE = StandInModule("nki.isa.matmul_perf_mode", {"none": "none", "double_row": "double_row"})
-PERF_NONE = "none"
-#: The rule ids of the double-row checks (verification/rules.py).
-DOUBLE_ROW_RULE = "NKI-MATMUL-DOUBLE-ROW"
-DOUBLE_ROW_TILE_RULE = TILE_RULE  # "column tiles are not combined with perf_mode double_row"
-
-
-def check_perf_mode(m: Machine, perf_mode: Any, stationary: Any, moving: Any,
-                    tile: tuple[int, int, int, int] | None, what: str) -> None:
-    """Rules NKI-MATMUL-DOUBLE-ROW (a target that documents it, FP8 operands) and NKI-MATMUL-DOUBLE-ROW-TILE (not
-    with column tiling); counts a double-row matmul."""
-    if perf_mode in (None, PERF_NONE):
-        return
-    if perf_mode != "double_row":
-        raise UnsupportedAPIError(f"{what}: perf_mode={perf_mode!r}; the subset knows nisa.matmul_perf_mode.none and "
-                                  ".double_row")
-    t = m.target
-    if "double_row" not in t.matmul_perf_modes:
-        raise KernelLimitError(f"{DOUBLE_ROW_RULE}: {what} perf_mode=double_row on {t.name} ({t.core}), which has no "
-                               "performance mode (NeuronCore-v3 and v4 only)")
-    for name, value in (("stationary", stationary), ("moving", moving)):
-        operand = tensor_arg(value, f"{what} {name}")
-        if operand.dtype.itemsize != 1:
-            raise KernelLimitError(f"{DOUBLE_ROW_RULE}: {what} perf_mode=double_row packs FP8 element pairs; {name} "
-                                   f"is {operand.dtype.name} ({operand.describe()})")
-    if tile is not None and tile[3] < t.gemm_stationary_fmax:
-        raise KernelLimitError(f"{DOUBLE_ROW_TILE_RULE}: {what} perf_mode=double_row in a PE column tile of {tile[3]} "
-                               "columns: double_row cannot be combined with column tiling")
-    m.counters.double_row_matmuls += 1
 
 
 def transpose(m: Machine, data: Any, what: str) -> np.ndarray:

@@ -37,6 +37,9 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
      "fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3", "float8_e4m3": "float8_e4m3",
      "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2"}
 )
+#: The bf16 and fp32 spellings: what a graph file may declare (FP8 graphs come from ``--mlp --dtype fp8``, docs/fp8.md).
+PLAIN_DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
+    {k: v for k, v in DTYPE_ALIASES.items() if v in ("bfloat16", "float32")})
 #: How an input or output is stored in HBM (:class:`~neuronmm_compiler.vocab.Layout`): as its
 #: logical shape, or as its transpose (2-D only).
 LAYOUTS: tuple[Layout, ...] = tuple(Layout)

@@ -1,0 +1,44 @@
+"""``nc_matmul``'s performance mode in the interpreter: ``nisa.matmul_perf_mode`` and the checks of a double-row
+matmul (rules NKI-MATMUL-DOUBLE-ROW and NKI-MATMUL-TILE of verification/rules.py; docs/fp8.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import KernelLimitError, UnsupportedAPIError
+from .modules import StandInModule
+from .ops import TILE_RULE, tensor_arg
+
+if TYPE_CHECKING:
+    from .machine import Machine
+
+#: ``nisa.matmul_perf_mode``: ``none`` and ``double_row`` (NKI API reference, nki.isa.matmul_perf_mode).
+MATMUL_PERF_MODE = StandInModule("nki.isa.matmul_perf_mode", {"none": "none", "double_row": "double_row"})
+PERF_NONE = "none"
+#: The rule ids of the double-row checks (verification/rules.py).
+DOUBLE_ROW_RULE = "NKI-MATMUL-DOUBLE-ROW"
+DOUBLE_ROW_TILE_RULE = TILE_RULE  # "column tiles are not combined with perf_mode double_row"
+
+
+def check_perf_mode(m: Machine, perf_mode: Any, stationary: Any, moving: Any,
+                    tile: tuple[int, int, int, int] | None, what: str) -> None:
+    """Rules NKI-MATMUL-DOUBLE-ROW (a target that documents it, FP8 operands) and NKI-MATMUL-TILE (not
+    with column tiling); counts a double-row matmul."""
+    if perf_mode in (None, PERF_NONE):
+        return
+    if perf_mode != "double_row":
+        raise UnsupportedAPIError(f"{what}: perf_mode={perf_mode!r}; the subset knows nisa.matmul_perf_mode.none and "
+                                  ".double_row")
+    t = m.target
+    if "double_row" not in t.matmul_perf_modes:
+        raise KernelLimitError(f"{DOUBLE_ROW_RULE}: {what} perf_mode=double_row on {t.name} ({t.core}), which has no "
+                               "performance mode (NeuronCore-v3 and v4 only)")
+    for name, value in (("stationary", stationary), ("moving", moving)):
+        operand = tensor_arg(value, f"{what} {name}")
+        if operand.dtype.itemsize != 1:
+            raise KernelLimitError(f"{DOUBLE_ROW_RULE}: {what} perf_mode=double_row packs FP8 element pairs; {name} "
+                                   f"is {operand.dtype.name} ({operand.describe()})")
+    if tile is not None and tile[3] < t.gemm_stationary_fmax:
+        raise KernelLimitError(f"{DOUBLE_ROW_TILE_RULE}: {what} perf_mode=double_row in a PE column tile of {tile[3]} "
+                               "columns: double_row cannot be combined with column tiling")
+    m.counters.double_row_matmuls += 1
