@@ -210,9 +210,11 @@ def test_fused_lowering_takes_psum_banks_and_partitions_from_the_target():
     stock = _allocs(lower_fused_kernel(kernel, blocked, TRN1))
     assert stock["gate_psum"] == (128, 3, 512)  # (8 banks - 2 reserved) // 2 terms = 3 feature tiles
     four_banks = dataclasses.replace(TRN1, psum_banks=4, psum_bytes_per_partition=8 * KIB)
-    assert _allocs(lower_fused_kernel(kernel, blocked, four_banks))["gate_psum"] == (128, 1, 512)
+    # 4 banks leave one per term, fewer than the 4 feature tiles of 128 tokens one bank holds side by side: packed
+    assert _allocs(lower_fused_kernel(kernel, blocked, four_banks))["gate_psum"] == (128, 4, 128)
     wide_banks = dataclasses.replace(TRN1, psum_bytes_per_partition=32 * KIB)  # 8 banks of 4 KiB
-    assert _allocs(lower_fused_kernel(kernel, blocked, wide_banks))["gate_psum"] == (128, 3, 1024)
+    # a 4 KiB bank holds 8 feature tiles of 128 tokens side by side, more than the 3 banks a term may hold: packed
+    assert _allocs(lower_fused_kernel(kernel, blocked, wide_banks))["gate_psum"] == (128, 8, 128)
     half = dataclasses.replace(TRN1, pmax=64, gemm_stationary_fmax=64)
     assert stock["x_strip"] == (128, 4, 128)
     assert _allocs(lower_fused_kernel(kernel, FusedSchedule(), half))["x_strip"] == (64, 8, 128)

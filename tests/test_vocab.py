@@ -98,10 +98,10 @@ def test_dialect_of_a_module(module: str, dialect: Dialect | None) -> None:
 
 
 def test_node_kinds() -> None:
-    assert KINDS == tuple(NodeKind) == ("input", "matmul", "transpose", "elementwise", "output")
-    assert COMPUTE_KINDS == ("matmul", "transpose", "elementwise")
+    assert KINDS == tuple(NodeKind) == ("input", "matmul", "transpose", "elementwise", "norm", "output")
+    assert COMPUTE_KINDS == ("matmul", "transpose", "elementwise", "norm")
     assert {kind: kind.arity for kind in NodeKind} == {
-        "input": 0, "matmul": 2, "transpose": 1, "elementwise": None, "output": 1}
+        "input": 0, "matmul": 2, "transpose": 1, "elementwise": None, "norm": None, "output": 1}
     graph = mlp_graph(4, 8, 16, None)
     assert all(type(node.kind) is NodeKind for node in graph.nodes())
     assert all(type(node.attrs["op"]) is ElementwiseOp for node in graph.nodes() if node.kind == NodeKind.ELEMENTWISE)
@@ -113,7 +113,8 @@ def test_one_elementwise_table_for_every_user() -> None:
     assert [op for op in ElementwiseOp if op.unary] == [ElementwiseOp.SILU]
     assert {op: NL_OPS[op] for op in ElementwiseOp} == {"silu": "nl.silu", "multiply": "nl.multiply", "add": "nl.add",
                                                        "quantize": "nl.divide", "dequantize": "nl.multiply"}
-    assert dict(graph_file.OPS) == {"matmul": 2, "transpose": 1, "add": 2, "multiply": 2, "silu": 1}
+    assert dict(graph_file.OPS) == {"matmul": 2, "transpose": 1, "add": 2, "multiply": 2, "silu": 1, "rmsnorm": 2,
+                                    "layernorm": 3}
     for op in ElementwiseOp:  # the interpreter implements every op kernels are printed with
         assert op.nki.removeprefix("nl.") in (ACTIVATION_FUNCS if op.unary else BINARY_FUNCS)
     assert ElementwiseOp.SILU.numpy_source("x") == "x / (1.0 + np.exp(-x))"

@@ -1,6 +1,6 @@
 """nki-library's prefill MLP kernel (``mlp_cte``, bf16, gated SiLU, no bias) as a program of nmmc's kernel IR.
 
-Read from aws-neuron/nki-library at :data:`~.nkilib_mlp.NKILIB_COMMIT`, paths under
+Read from aws-neuron/nki-library at :data:`~.nkilib_source.NKILIB_COMMIT`, paths under
 ``src/nkilib_src/nkilib/core/mlp/mlp_cte/`` (cited as ``<file>:<line>``). Per physical core:
 
 * **Split** (LNC=2, ``mlp_cte_sharding.py:38-78``): the intermediate dim (each core all tokens, half of I, the
@@ -46,7 +46,7 @@ from ..kernel_ir.program import (
 )
 from ..targets import Target
 from ..vocab import ElementwiseOp
-from .nkilib_mlp import NotModelled
+from .nkilib_source import NotModelled
 
 P = 128
 MOVING = 512

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import ScheduleError
+from .nkilib_source import NKILIB_COMMIT, NotModelled
 
 if TYPE_CHECKING:
     from ..frontends.workloads import MlpWorkload
@@ -24,15 +24,9 @@ if TYPE_CHECKING:
 __all__ = ["NKILIB_COMMIT", "TKG_MAX_TOKENS", "NotModelled", "nkilib_baseline", "nkilib_label", "nkilib_program",
            "nkilib_source", "nkilib_variant"]
 
-#: The nki-library commit every constant of the model is read from ("NKI Lib 2026-04-13").
-NKILIB_COMMIT = "d2ad3a579498d1888aa8740af97fd325dd5f2740"
 #: batch x sequence at or below which ``mlp`` runs its decode kernel (TKG), else prefill (CTE)
 #: (mlp/mlp_parameters.py:77 ``TKG_BS_SEQLEN_THRESHOLD = 96``, :532-533 ``is_mlp_tkg``).
 TKG_MAX_TOKENS = 96
-
-
-class NotModelled(ScheduleError):
-    """nki-library's kernel does not run this workload (one of its asserts), or nmmc does not model the case."""
 
 
 def nkilib_variant(tokens: int) -> str:

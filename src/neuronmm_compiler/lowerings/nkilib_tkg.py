@@ -1,7 +1,7 @@
 """nki-library's decode MLP kernel (``mlp_tkg``, bf16, gated SiLU, no bias) as a program of nmmc's kernel IR.
 
 Every tile size, buffer count, loop order and split below is read from aws-neuron/nki-library at
-:data:`~.nkilib_mlp.NKILIB_COMMIT`, paths under ``src/nkilib_src/nkilib/core/mlp/`` (cited per line as
+:data:`~.nkilib_source.NKILIB_COMMIT`, paths under ``src/nkilib_src/nkilib/core/mlp/`` (cited per line as
 ``mlp_tkg/<file>:<line>``). Per physical core of a logical core of ``L`` cores:
 
 1. x [T, H/L] (this core's slice of the hidden dim) is loaded with one DMA and turned into ``[128, H/(128 L), T]``
@@ -56,7 +56,7 @@ from ..kernel_ir.program import (
 )
 from ..targets import Target
 from ..vocab import ElementwiseOp
-from .nkilib_mlp import NotModelled
+from .nkilib_source import NotModelled
 
 KIB = 1024
 #: SBUF bytes per partition the decode kernel allocates from (mlp.py:256, asserted mlp_tkg/mlp_tkg.py:139-142).
