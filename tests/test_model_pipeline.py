@@ -175,14 +175,18 @@ def test_tune_model_honours_progress(tmp_path):
 def test_tune_model_takes_the_search_options(tmp_path):
     """--method, --timeout, --top-k, --exhaustive-threshold and the cache apply to every bucket;
     --workers (which needs a stored study) is refused rather than ignored (issue 14, item 6)."""
-    base = ["tune", "--model", str(known_config("llama-3.2-1b")), "--keep-ratio", "0.8", "--tokens", "1",
-            "--trials", "4", "--json"]
+    config = tmp_path / "config.json"  # a small model: --method exhaustive costs every schedule of the space
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+                                  "num_hidden_layers": 2}))
+    base = ["tune", "--model", str(config), "--keep-ratio", "0.8", "--tokens", "1", "--trials", "4", "--json"]
     first = CliRunner().invoke(main, [*base, "--method", "optuna", "-o", str(tmp_path / "a")])
     assert first.exit_code == 0, first.stderr
     again = CliRunner().invoke(main, [*base, "--method", "optuna", "--top-k", "2", "-o", str(tmp_path / "b")])
     assert again.exit_code == 0
     assert (tmp_path / "a" / "mlp_t1.py").read_bytes() == (tmp_path / "b" / "mlp_t1.py").read_bytes()
-    exhaustive = CliRunner().invoke(main, [*base, "--method", "exhaustive", "--no-cache", "-o", str(tmp_path / "c")])
+    # one physical core: the space without the logical core's splits (still every schedule of it, costed)
+    exhaustive = CliRunner().invoke(main, [*base, "--method", "exhaustive", "--lnc", "1", "--no-cache", "-o",
+                                           str(tmp_path / "c")])
     assert exhaustive.exit_code == 0 and "exhaustive" in (tmp_path / "c" / "mlp_t1.py").read_text()
     workers = CliRunner().invoke(main, [*base, "--workers", "2", "-o", str(tmp_path / "d")])
     assert workers.exit_code == 2 and "--workers" in workers.stderr and not (tmp_path / "d").exists()
