@@ -200,6 +200,8 @@ def tune_lines(tuned: Tuned) -> list[str]:
         baseline = tuned.baselines[name]
         label = f"speedup vs {baseline.speedup_label} ({c.target.launch})"
         notes = [LOSSY] if name in DENSE_BASELINES and c.workload.svd else []
+        if (baseline.details or {}).get("prologue"):
+            notes.append("nmmc's kernel includes the norm/residual, the baseline is charged without them")
         if c.target.lnc > 1 and baseline.one_core:  # AWS's one-core kernels (lowerings/base.py, one_core_label)
             notes.append(f"nmmc on LNC={c.target.lnc}, the baseline on one physical core")
         if speedup and baseline.cost is not None and sensitivity(baseline.cost, c.cost, c.target):
