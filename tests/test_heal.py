@@ -169,3 +169,44 @@ def test_heal_errors_are_one_line(tiny):
     with pytest.raises(InputError, match="unknown --heal"):
         run_compress(CompressRequest(model_dir=str(model_dir), out_dir=str(root / "e"), keep_ratio=0.3, align=16,
                                      heal="magic"))
+
+
+def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill(tiny):
+    torch = pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from neuronmm_compiler.models.finetune import FinetuneSettings, _TorchLM, finetune_heal
+
+    root, _, model = tiny
+    tokens = np.random.default_rng(3).integers(0, VOCAB, 48)
+    lm = _TorchLM(model, torch)
+    with torch.no_grad():
+        logits = lm.logits(torch.from_numpy(tokens[None]))[0].numpy()
+    assert np.allclose(logits, model.forward(tokens), atol=2e-4 * np.abs(logits).max())
+    ids = np.random.default_rng(4).integers(0, VOCAB, 512)
+    cal = calibrate(model, ids, source="t", length=64)
+    start = whitened_factors(model, cal, [{"gate": 16, "up": 16, "down": 16}] * LAYERS, 1e-4)
+    settings = FinetuneSettings(steps=6, learning_rate=3e-3, batch=2, length=32, warmup=1, threads=1,
+                                checkpoint_seconds=0.0)
+    whole, record = finetune_heal(model, ids, start, settings=settings)
+    assert record["kl_last_10"] < record["kl_first"]
+    assert all(whole[layer][p][0].shape == start[layer][p][0].shape for layer in whole for p in whole[layer])
+
+    class Killed(Exception):
+        pass
+
+    def kill(step, steps, loss):
+        if step == 3:
+            raise Killed
+
+    checkpoint = root / "ft.ckpt"
+    with pytest.raises(Killed):
+        finetune_heal(model, ids, start, settings=settings, checkpoint=checkpoint, on_step=kill)
+    resumed, again = finetune_heal(model, ids, start, settings=settings, checkpoint=checkpoint)
+    assert again["resumed_at_step"] == 2  # saved after step 2; step 3 was lost with the kill
+    for layer in whole:
+        for p in whole[layer]:
+            assert np.allclose(resumed[layer][p][0], whole[layer][p][0], atol=1e-6)
+    other, fresh = finetune_heal(model, ids, start, settings=replace(settings, learning_rate=1e-3),
+                                 checkpoint=checkpoint)
+    assert fresh["resumed_at_step"] == 0  # another run's checkpoint is not resumed
