@@ -207,6 +207,6 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
     for layer in whole:
         for p in whole[layer]:
             assert np.allclose(resumed[layer][p][0], whole[layer][p][0], atol=1e-6)
-    other, fresh = finetune_heal(model, ids, start, settings=replace(settings, learning_rate=1e-3),
+    _, fresh = finetune_heal(model, ids, start, settings=replace(settings, learning_rate=1e-3),
                                  checkpoint=checkpoint)
     assert fresh["resumed_at_step"] == 0  # another run's checkpoint is not resumed
