@@ -21,13 +21,49 @@ cost model's predicted latency of one layer's MLP per variant and bucket (the ta
 reads), and, where the fused dense MLP is predicted fastest of every variant at every bucket of a
 bucket set, that any rank choice for that set keeps every layer dense (dense is then both the
 fastest and exact, whatever the layers' sensitivities). It takes seconds, the full run ~20 minutes.
+
+``--heal-study`` (issue 27) is the other study: healing after truncation, on text of several domains.
+
+    python benchmarks/compression.py MODEL_DIR --heal-study [--ranks 256,384] [--work DIR]
+
+It writes the texts below into ``--work`` (generated from files already on the machine, nothing
+committed but the results), samples ``--sample-tokens`` tokens from the model itself, then for each rank
+(gate = up = down) and method -- plain SVD, whitened SVD, whitened + closed-form healing, whitened +
+closed-form + fine-tuning -- runs ``nmmc compress`` as a child process (its wall time, CPU time and
+peak RSS are that child's, from ``os.wait4``) and measures perplexity and top-1 agreement of the
+factors it wrote on every evaluation text. Calibration: a mixed set of Python documentation (even
+pydoc topics), man pages and the model's own samples. Evaluation: the odd pydoc topics (in domain) and
+three domains absent from the calibration: software licences, Python source code, Debian changelogs.
+``--calibration-study`` adds, at the largest rank with closed-form healing, the calibration sets
+docs alone / docs + man pages / docs + man pages + model samples, evaluated on the same texts.
+
+Text sources (all read at run time from this machine; none is committed):
+
+- ``docs``: CPython's ``pydoc_data.topics`` (the Python documentation's topics; PSF licence), topics at
+  even sorted positions for calibration, odd ones for evaluation;
+- ``man``: the section-1 manual pages under /usr/share/man/man1, rendered by ``man -P cat`` (each
+  page's own licence, mostly GPL/BSD-style; read, not redistributed);
+- ``licences``: /usr/share/common-licenses (the texts of the GPL, LGPL, Apache-2.0, MPL, Artistic,
+  BSD, CC0, GFDL licences; verbatim copying permitted);
+- ``code``: the first 6,000 characters of every third top-level module of the running Python's
+  standard library (PSF licence);
+- ``changelogs``: the first 4,000 characters of /usr/share/doc/*/changelog.Debian.gz (Debian package
+  changelogs);
+- ``samples``: tokens sampled from the model itself (``models/sampling.py``, temperature 1, seed 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
+import os
 import pydoc_data.topics
+import subprocess
+import sys
+import sysconfig
 import time
+from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
@@ -117,6 +153,173 @@ def latency_only(hidden: int, intermediate: int, keep_ratios: list[float], bucke
     print(f"wall time {time.time() - start:.0f} s")
 
 
+# ---------------------------------------------------------------------------------------------- heal study
+
+def _manpages(limit: int = 400_000) -> str:
+    out, size = [], 0
+    for page in sorted(Path("/usr/share/man/man1").glob("*.1.gz")):
+        run = subprocess.run(["man", "-P", "cat", "-l", str(page)], capture_output=True, text=True, check=False,
+                             env={**os.environ, "MANWIDTH": "80"})
+        if run.returncode or len(run.stdout) < 2000:
+            continue
+        out.append(run.stdout)
+        size += len(run.stdout)
+        if size > limit:
+            break
+    return "\n\n".join(out)
+
+
+def _code(limit: int = 400_000) -> str:
+    out, size = [], 0
+    for module in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[::3]:
+        text = module.read_text(encoding="utf-8", errors="replace")[:6000]
+        out.append(text)
+        size += len(text)
+        if size > limit:
+            break
+    return "\n\n".join(out)
+
+
+def _changelogs(limit: int = 400_000) -> str:
+    out, size = [], 0
+    for path in sorted(Path("/usr/share/doc").glob("*/changelog.Debian.gz")):
+        text = gzip.decompress(path.read_bytes()).decode("utf-8", "replace")[:4000]
+        out.append(text)
+        size += len(text)
+        if size > limit:
+            break
+    return "\n\n".join(out)
+
+
+def _licences() -> str:
+    return "\n\n".join(p.read_text(encoding="utf-8", errors="replace")
+                        for p in sorted(Path("/usr/share/common-licenses").iterdir()) if p.is_file())
+
+
+def write_domain_texts(directory: Path) -> dict[str, Path]:
+    """The study's texts (see the module docstring) as UTF-8 files in ``directory``; name -> path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cal, held_out = texts()
+    made = {"docs-cal": cal, "docs-eval": held_out, "man": _manpages(), "licences": _licences(), "code": _code(),
+            "changelogs": _changelogs()}
+    paths = {}
+    for name, text in made.items():
+        if len(text) < 20_000:
+            raise SystemExit(f"text {name!r}: only {len(text)} characters found on this machine")
+        paths[name] = directory / f"{name}.txt"
+        paths[name].write_text(text, encoding="utf-8")
+    return paths
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> dict:
+    """Run ``cmd`` and return its wall seconds, CPU seconds, peak RSS (MiB) and exit status."""
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    stderr = b""
+    while True:  # read stderr as it comes (a full pipe would block the child), then reap with wait4
+        chunk = proc.stderr.read1(65536) if proc.stderr else b""
+        if not chunk:
+            break
+        stderr += chunk
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    lines = [line for line in stderr.decode("utf-8", "replace").replace("\r", "\n").splitlines()
+             if line.startswith("nmmc:")]
+    return {"seconds": time.time() - start, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "peak_mib": usage.ru_maxrss / 1024, "status": proc.returncode, "messages": lines}
+
+
+def heal_study(args) -> None:
+    import numpy as np
+
+    from neuronmm_compiler.models.calibration import load_tokens
+    from neuronmm_compiler.models.manifest import read_manifest
+    from neuronmm_compiler.models.sampling import sample_tokens
+    from neuronmm_compiler.models.workflow import load_factors
+
+    start = time.time()
+    work = Path(args.work)
+    paths = write_domain_texts(work / "texts")
+    model = CausalLM(args.model_dir)
+    samples = work / "texts" / "samples.npy"
+    t0 = time.time()
+    if not samples.is_file():
+        np.save(samples, sample_tokens(model, args.sample_tokens, length=args.sequence_length, seed=0))
+    print(f"sampled {args.sample_tokens} tokens from the model in {time.time() - t0:.0f} s ({samples})", flush=True)
+    evals = {"docs (in domain)": paths["docs-eval"], "licences": paths["licences"], "code": paths["code"],
+             "changelogs": paths["changelogs"]}
+    mixed = [paths["docs-cal"], paths["man"], samples]
+    eval_ids = {name: load_tokens(p, args.model_dir, args.eval_tokens) for name, p in evals.items()}
+    originals = {name: original_predictions(model, ids, length=args.sequence_length) for name, ids in eval_ids.items()}
+    print("original perplexity: " + ", ".join(f"{n} {o[0]:.2f}" for n, o in originals.items()), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.blas_threads), "OPENBLAS_NUM_THREADS": str(args.blas_threads)}
+    nmmc = [sys.executable, "-c", "from neuronmm_compiler.cli import main; main()", "compress", args.model_dir,
+            "--keep-ratio", "0.8", "--sequence-length", str(args.sequence_length), "--no-progress"]
+
+    def measure(out: Path) -> dict:
+        mlp = factored_mlp(load_factors(out, read_manifest(out)))
+        result = {}
+        for name, ids in eval_ids.items():
+            q = evaluate(model, ids, mlp, length=args.sequence_length, original=originals[name], per_layer=False)
+            result[name] = {"ppl": q.ppl_compressed, "increase": q.ppl_increase, "agree": q.top1_agreement,
+                            "tokens": q.tokens}
+        return result
+
+    def calibration_args(files) -> list[str]:
+        return [a for f in files for a in ("--calibration", str(f))] + [
+            "--calibration-tokens", str(args.calibration_tokens * len(files))]
+
+    methods = {
+        "plain": [],
+        "whitened": calibration_args(mixed),
+        "whitened+closed-form": [*calibration_args(mixed), "--heal", "closed-form"],
+        "whitened+finetune": [*calibration_args(mixed), "--heal", "finetune", "--finetune-steps",
+                              str(args.finetune_steps)],
+    }
+    rows = []
+    for rank in args.ranks:
+        for method, extra in methods.items():
+            if args.methods and method not in args.methods:
+                continue
+            out = work / f"r{rank}-{method}"
+            cmd = [*nmmc, *(f"--rank-{p}={rank}" for p in ("gate", "up", "down")), *extra, "-o", str(out)]
+            child = run_child(cmd, env)
+            if child["status"] != 0:
+                raise SystemExit(f"{method} at rank {rank} failed: {child['messages']}")
+            row = {"rank": rank, "method": method, **child, "quality": measure(out)}
+            rows.append(row)
+            print(f"rank {rank} {method:<22} {child['seconds']:6.0f} s wall, {child['cpu_seconds']:6.0f} s CPU, "
+                  f"peak {child['peak_mib']:5.0f} MiB | " + " | ".join(
+                      f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})"
+                      for n, q in row["quality"].items()), flush=True)
+    if args.calibration_study:
+        rank = max(args.ranks)
+        sets = {"docs only": [paths["docs-cal"]], "docs + man": [paths["docs-cal"], paths["man"]],
+                "docs + man + samples": mixed}
+        for label, files in sets.items():
+            out = work / f"cal-{len(files)}"
+            child = run_child([*nmmc, *(f"--rank-{p}={rank}" for p in ("gate", "up", "down")),
+                               *calibration_args(files), "--heal", "closed-form", "-o", str(out)], env)
+            row = {"rank": rank, "method": f"closed-form, calibration {label}", **child, "quality": measure(out)}
+            rows.append(row)
+            print(f"rank {rank} calibration {label:<22} | " + " | ".join(
+                f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})" for n, q in row["quality"].items()),
+                flush=True)
+    print("\nsummary: perplexity (increase over the original) per evaluation text; calibration = docs (even pydoc "
+          f"topics) + man pages + {args.sample_tokens} model samples, {args.calibration_tokens} tokens each")
+    names = list(eval_ids)
+    print("rank | method | " + " | ".join(f"{n} ({originals[n][0]:.2f})" for n in names)
+          + " | wall s | CPU s | peak MiB")
+    for row in rows:
+        print(f"{row['rank']} | {row['method']} | " + " | ".join(
+            f"{row['quality'][n]['ppl']:.2f} ({row['quality'][n]['increase']:+.1%})" for n in names)
+            + f" | {row['seconds']:.0f} | {row['cpu_seconds']:.0f} | {row['peak_mib']:.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"originals": {n: o[0] for n, o in originals.items()}, "rows": rows},
+                                              indent=1))
+    print(f"\nwall time {time.time() - start:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", nargs="?")
@@ -134,7 +337,24 @@ def main(argv: list[str] | None = None) -> None:
                         help="accuracy proxy of the rank choice: whitened loss times the layer's measured "
                              "sensitivity (nmmc's), or unweighted")
     parser.add_argument("--sensitivity-tokens", type=int, default=1024)
+    parser.add_argument("--heal-study", action="store_true", help="the healing study instead (see above)")
+    parser.add_argument("--ranks", default="256,384", help="heal study: ranks (gate = up = down)")
+    parser.add_argument("--methods", default="", help="heal study: only these methods (comma-separated)")
+    parser.add_argument("--work", default="/tmp/nmmc-heal-study", help="heal study: texts and factors go here")
+    parser.add_argument("--sample-tokens", type=int, default=4096, help="heal study: tokens sampled from the model")
+    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--blas-threads", type=int, default=1)
+    parser.add_argument("--calibration-study", action="store_true")
+    parser.add_argument("--json", default=None, help="heal study: also write the rows as JSON here")
     args = parser.parse_args(argv)
+    if args.heal_study:
+        if not args.model_dir:
+            parser.error("MODEL_DIR is needed")
+        args.ranks = [int(r) for r in args.ranks.split(",")]
+        args.methods = [m for m in args.methods.split(",") if m]
+        args.calibration_tokens = args.calibration_tokens if args.calibration_tokens != 8192 else 4096
+        heal_study(args)
+        return
     bucket_sets = [tuple(int(b) for b in s.split(",")) for s in (args.buckets or ["512", "1,128"])]
     keep_ratios = [float(k) for k in args.keep_ratios.split(",")]
     if args.latency_only:

@@ -210,3 +210,26 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
     _, fresh = finetune_heal(model, ids, start, settings=replace(settings, learning_rate=1e-3),
                                  checkpoint=checkpoint)
     assert fresh["resumed_at_step"] == 0  # another run's checkpoint is not resumed
+
+
+def test_tp_shards_get_the_same_whitening_and_healing_and_are_measured(tmp_path, monkeypatch):
+    import test_compress_calibrated as tiny_models
+
+    for name, value in (("HIDDEN", 256), ("INTER", 768), ("LAYERS", 1)):  # blocks wide enough for rank 128
+        monkeypatch.setattr(tiny_models, name, value)
+    model_dir = make_llama(tmp_path / "m", seed=5)
+    cal, ev = token_file(tmp_path / "cal.npy", 1024, 1), token_file(tmp_path / "ev.npy", 256, 2)
+    ppl = {}
+    for label, extra in (("plain", []), ("whitened", ["--calibration", str(cal)]),
+                         ("healed", ["--calibration", str(cal), "--heal", "closed-form"])):
+        out = tmp_path / label
+        result = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.8", "--tp", "2", *extra,
+                                           "--eval", str(ev), "--sequence-length", "128", "--max-ppl-increase",
+                                           "1000", "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        sharded = read_manifest(out).quality["tensor_parallel"]
+        assert sharded["tp"] == 2 and "--tp 2 factor-shard blocks" in result.output
+        ppl[label] = sharded["perplexity_compressed"]
+        with safe_open(str(out / "tp2" / "layer_000.rank1.safetensors"), framework="np") as f:
+            assert f.get_tensor("model.layers.0.mlp.down_proj.u").shape == (384, 128)
+    assert ppl["whitened"] < ppl["plain"] and ppl["healed"] < ppl["plain"]

@@ -98,7 +98,7 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
              calibration_samples: int, eval_path: tuple[str, ...], eval_tokens: int, max_ppl_increase: float,
              heal: str, heal_damping: float, heal_target: str, finetune_steps: int | None, finetune_lr: float | None,
              sequence_length: int, damping: float, choose_ranks: bool, target_speedup: float | None,
-             buckets: str | None, target: str, progress: bool | None, as_json: bool, output: str) -> None:
+             buckets: str | None, target: str, progress: bool | None, as_json: bool, output: str, tp: int = 1) -> None:
     """Compress every MLP projection (gate, up, down) of the model in MODEL_DIR (config.json and
     safetensors weights) into block-aligned low-rank factors: one safetensors file per layer and a
     manifest with ranks, parameter counts and errors. With --calibration, the truncation is
@@ -133,7 +133,7 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
         eval_tokens=eval_tokens, sequence_length=sequence_length, damping=damping, choose_ranks=choose_ranks,
         target_speedup=target_speedup, buckets=tuple(parse_buckets(buckets)) if buckets else None,
         target=get_target(target) if joint else None, max_ppl_increase=max_ppl_increase, heal=heal,
-        heal_damping=heal_damping, heal_target=heal_target, finetune=finetune, progress_bars=bars)
+        heal_damping=heal_damping, heal_target=heal_target, finetune=finetune, progress_bars=bars, tp=tp)
     update, close = _stage_bar(bars)
     try:
         result = run_compress(request, progress=update)
@@ -141,6 +141,9 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
         close()
     for warning in result.warnings:
         click.echo(f"nmmc: warning: {warning}", err=True)
+    if tp != 1:
+        click.echo(f"wrote the factor shards for --tp {tp} to {Path(output) / f'tp{tp}'} (shards.json maps every "
+                   "layout)", err=as_json)
     if as_json:
         echo_lines([(Path(output) / MANIFEST_FILE).read_text()])
         return
@@ -166,6 +169,14 @@ def _extra_lines(result, output: str) -> list[str]:
         lines.append(f"    {q['source']}: {q['tokens']} tokens, perplexity {q['perplexity_original']:.2f} -> "
                      f"{q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%}), top-1 agreement "
                      f"{q['top1_agreement']:.3f}")
+    sharded = (quality or {}).get("tensor_parallel")
+    if sharded:
+        lines.append(f"  --tp {sharded['tp']} factor-shard blocks ({sharded['method']}): perplexity "
+                     f"{sharded['perplexity_original']:.2f} -> {sharded['perplexity_compressed']:.2f} "
+                     f"({sharded['perplexity_increase']:+.1%}), top-1 agreement {sharded['top1_agreement']:.3f}")
+        for q in sharded.get("per_file", []):
+            lines.append(f"    {q['source']}: perplexity {q['perplexity_compressed']:.2f} "
+                         f"({q['perplexity_increase']:+.1%}), top-1 agreement {q['top1_agreement']:.3f}")
     if result.measured_choice is not None:
         from ..models.measured_choice import front_lines
 

@@ -36,8 +36,9 @@ SmolLM2-135M), plus one layer's Grams.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.linalg import solve_triangular
@@ -129,11 +130,21 @@ class _Accumulator:
 
 def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = DEFAULT_SEQUENCE,
                      damping: float = DEFAULT_HEAL_DAMPING, target: str = "layer",
-                     progress: Callable[[int, int], None] | None = None) -> tuple[dict, HealReport]:
+                     progress: Callable[[int, int], None] | None = None,
+                     shards: Sequence[tuple[int, int]] | None = None,
+                     shard_rank: Callable[[int, int, int], int | None] | None = None,
+                     shard_out: dict | None = None) -> tuple[dict, HealReport]:
     """Healed factors (same ranks; dense projections stay dense) and the per-projection residuals.
 
     ``model`` is a :class:`~.forward.CausalLM`, ``ids`` the calibration token ids, ``factors`` per
     layer and projection ``(u, v)`` or a dense ``W`` (e.g. whitened SVD's). See the module docstring.
+
+    Tensor-parallel shards: with ``shards`` (the ``[start, stop)`` intermediate columns of each rank) and
+    ``shard_rank(rows, cols, full_rank)`` (a block's own rank, None: not factored), the factor-shard
+    blocks are healed the same way, on the same inputs -- gate/up blocks (their columns) against the same
+    targets' columns, and each rank's down block (its rows) on that rank's own ``h~_i`` from its healed
+    gate/up blocks, against the original layer's partial sum of that block -- and stored into
+    ``shard_out[layer][proj]`` as a list of ``(u, v)`` per rank (or None when a block is not factored).
     """
     if target not in HEAL_TARGETS:
         raise InputError(f"unknown heal target {target!r}; accepted: {', '.join(HEAL_TARGETS)}")
@@ -164,6 +175,8 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         for i, x in enumerate(xs):
             for p, ac in acc.items():
                 ac.add(x, (teacher_x[i] if teacher is not None else x) @ model.mlp_weight(index, p))
+        if shards is not None and shard_out is not None:
+            shard_out[index] = _shard_gate_up(model, index, acc, given, shards, shard_rank, damping)
         for p in ("gate", "up"):
             if p not in acc:
                 out[p] = given[p]
@@ -190,6 +203,9 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
                 ys.append(inner)
             else:
                 ys.append(inner @ given["down"])
+        if shards is not None and shard_out is not None and isinstance(given["down"], tuple):
+            shard_out[index]["down"] = _shard_down(model, index, xs, shard_out[index], shards, shard_rank, damping,
+                                                   given["down"][0].shape[1])
         if down_acc is not None:
             rank = given["down"][0].shape[1]
             u, v = rank_constrained_lstsq(down_acc.gram, down_acc.cross, rank, damping)
@@ -209,3 +225,96 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         if progress is not None:
             progress(index + 1, len(model.layers))
     return healed, HealReport(tuple(before), tuple(after), int(sum(len(c) for c in chunks)))
+
+
+def _shard_gate_up(model, index: int, acc: Mapping[str, _Accumulator], given, shards, shard_rank, damping) -> dict:
+    """Each rank's gate/up block (columns ``[a, b)``) fitted to the same targets' columns."""
+    out: dict = {}
+    for p in ("gate", "up"):
+        if p not in acc:
+            out[p] = None
+            continue
+        k = model.mlp_weight(index, p).shape[0]
+        full = given[p][0].shape[1]
+        blocks = []
+        for a, b in shards:
+            r = shard_rank(k, b - a, full)
+            blocks.append(None if r is None else tuple(t.astype(np.float32) for t in rank_constrained_lstsq(
+                acc[p].gram, acc[p].cross[:, a:b], r, damping)))
+        out[p] = None if any(f is None for f in blocks) else blocks
+    return out
+
+
+def _shard_down(model, index: int, xs, shard_layer: Mapping, shards, shard_rank, damping, full: int):
+    """Each rank's down block (rows ``[a, b)``), on that rank's own inner activations from its gate/up
+    blocks (the dense columns where those are not factored), against the original partial sum
+    ``h(x~)[:, a:b] Wd[a:b]``."""
+    w_down = model.mlp_weight(index, "down")
+    weights = {p: model.mlp_weight(index, p) for p in ("gate", "up")}
+    blocks = []
+    for i, (a, b) in enumerate(shards):
+        r = shard_rank(b - a, w_down.shape[1], full)
+        if r is None:
+            return None
+        acc = _Accumulator(b - a, w_down.shape[1])
+        for x in xs:
+            parts = {p: (_project(x, shard_layer[p][i]) if shard_layer.get(p) else x @ weights[p][:, a:b])
+                     for p in ("gate", "up")}
+            inner = silu(parts["gate"]) * parts["up"]
+            original = model.mlp(index, x)[1][:, a:b]
+            acc.add(inner, original @ w_down[a:b])
+        blocks.append(tuple(t.astype(np.float32) for t in rank_constrained_lstsq(acc.gram, acc.cross, r, damping)))
+    return blocks
+
+
+def sharded_mlp(model, shard_factors: Mapping[int, Mapping[str, Any]], shards: Sequence[tuple[int, int]]
+                ) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``mlp(layer, x)`` of a tensor-parallel deployment with factor-shard blocks: the sum over ranks of
+    ``down_i(silu(gate_i(x)) * up_i(x))``, each projection from its rank's block factors (the original
+    weight's block where the block is not factored)."""
+
+    def mlp(layer: int, x: np.ndarray) -> np.ndarray:
+        f = shard_factors.get(layer) or {}
+        total = None
+        for i, (a, b) in enumerate(shards):
+            def part(p: str, inp: np.ndarray, i=i, a=a, b=b) -> np.ndarray:
+                blocks = f.get(p)
+                if blocks:
+                    return _project(inp, blocks[i])
+                w = model.mlp_weight(layer, p)
+                return inp @ (w[a:b] if p == "down" else w[:, a:b])
+            y = part("down", silu(part("gate", x)) * part("up", x))
+            total = y if total is None else total + y
+        return total
+
+    return mlp
+
+
+def whitened_shards(model, grams: Sequence[Mapping[str, np.ndarray]], plans: Sequence[Mapping[str, int | None]],
+                    shards: Sequence[tuple[int, int]], shard_rank: Callable[[int, int, int], int | None],
+                    damping: float) -> dict[int, dict[str, Any]]:
+    """Factor-shard blocks by whitened SVD on the calibration activations (no healing): gate/up blocks
+    whitened by the MLP input's Gram, each down block by its rows' block of the inner Gram."""
+    out: dict[int, dict[str, Any]] = {}
+    for layer, ranks in enumerate(plans):
+        out[layer] = {}
+        for proj, full in ranks.items():
+            if full is None:
+                out[layer][proj] = None
+                continue
+            w = model.mlp_weight(layer, proj)
+            blocks = []
+            for a, b in shards:
+                if proj == "down":
+                    block, gram = w[a:b], grams[layer]["inner"][a:b, a:b]
+                else:
+                    block, gram = w[:, a:b], grams[layer]["input"]
+                r = shard_rank(block.shape[0], block.shape[1], full)
+                if r is None:
+                    blocks = None
+                    break
+                gram = np.asarray(gram, dtype=np.float64)
+                blocks.append(tuple(t.astype(np.float32) for t in rank_constrained_lstsq(
+                    gram, gram @ block.astype(np.float64), r, damping)))
+            out[layer][proj] = blocks
+    return out

@@ -85,6 +85,7 @@ class CompressRequest:
     heal_target: str = "layer"
     finetune: Any = None  # finetune.FinetuneSettings; None: its defaults
     progress_bars: bool = False  # tqdm bars of long stages (fine-tuning) on stderr
+    tp: int = 1  # > 1: also write the factor shards of a tensor-parallel deployment (OUT/tp<N>/)
 
 
 @dataclass
@@ -293,9 +294,21 @@ def whitened_factors(model, calibration: Calibration, plans, damping: float) -> 
     return out
 
 
+def _shard_args(request: CompressRequest, model) -> dict[str, Any]:
+    """``shards`` and ``shard_rank`` of the factor-shard blocks of ``--tp`` (empty without it)."""
+    if request.tp <= 1:
+        return {}
+    from ..tensor_parallel.shard_factors import block_rank, shard_spans
+
+    a = model.arch
+    return {"shards": shard_spans(a.intermediate_size, request.tp),
+            "shard_rank": lambda rows, cols, full: block_rank(rows, cols, full, a.hidden_size, a.intermediate_size)}
+
+
 def _heal(request: CompressRequest, model, calibration: Calibration, ids: np.ndarray | None, plans,
-          progress: StageProgress | None) -> tuple[dict, dict]:
-    """The healed factors and the heal record (see :mod:`.heal`, :mod:`.finetune`)."""
+          progress: StageProgress | None, shard_out: dict | None = None) -> tuple[dict, dict]:
+    """The healed factors and the heal record (see :mod:`.heal`, :mod:`.finetune`); the factor-shard
+    blocks of ``--tp`` healed the same way into ``shard_out``."""
     from .heal import closed_form_heal
 
     if ids is None:
@@ -306,7 +319,8 @@ def _heal(request: CompressRequest, model, calibration: Calibration, ids: np.nda
                               "damping": request.heal_damping, "target": request.heal_target}
     healed, report = closed_form_heal(
         model, ids, start, length=request.sequence_length, damping=request.heal_damping, target=request.heal_target,
-        progress=None if progress is None else lambda d, t: progress("healing (closed form)", d, t))
+        progress=None if progress is None else lambda d, t: progress("healing (closed form)", d, t),
+        shard_out=shard_out, **_shard_args(request, model))
     record["closed_form_error"] = {
         "mean_before": float(np.mean([v for layer in report.before for v in layer.values()] or [0.0])),
         "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
@@ -352,6 +366,51 @@ def _measure(model, eval_sets, mlp, request: CompressRequest, progress: StagePro
     if len(per_file) > 1:
         overall["per_file"] = per_file
     return overall
+
+
+def _write_shards(request: CompressRequest, model_loader, calibration: Calibration | None, layer_ranks,
+                  blocks: dict | None, eval_sets, progress: StageProgress | None) -> dict | None:
+    """Write OUT/tp<N>/ (whitened or healed blocks when calibrated) and measure the sharded model on the
+    eval files; the measurement (None without --eval)."""
+    from ..tensor_parallel.shard_factors import write_shards
+    from .heal import sharded_mlp, whitened_shards
+
+    method = "plain SVD per block"
+    if calibration is not None:
+        model = model_loader()
+        if request.heal != "none":
+            method = "whitened SVD per block, closed-form healed like the unsharded factors"
+        else:
+            blocks = whitened_shards(model, calibration.grams, _plans(request, layer_ranks),
+                                     **_shard_args(request, model), damping=request.damping)
+            method = "whitened SVD per block (the calibration's activations)"
+    directory = write_shards(request.model_dir, request.out_dir, request.tp, blocks=blocks, method=method)
+    if not eval_sets:
+        return None
+    model = model_loader()
+    written = _read_shard_blocks(directory, model.arch.num_hidden_layers, request.tp)
+    mlp = sharded_mlp(model, written, _shard_args(request, model)["shards"])
+    return {"tp": request.tp, "method": method, **_measure(model, eval_sets, mlp, request, progress)}
+
+
+def _read_shard_blocks(directory: Path, layers: int, tp: int) -> dict[int, dict[str, Any]]:
+    """The factor-shard blocks as written (None for a projection whose blocks are not factored)."""
+    from safetensors import safe_open
+
+    out: dict[int, dict[str, Any]] = {}
+    for layer in range(layers):
+        out[layer] = {}
+        stem = layer_file(layer).removesuffix(".safetensors")
+        files = [directory / f"{stem}.rank{rank}.safetensors" for rank in range(tp)]
+        if not all(f.is_file() for f in files):
+            continue
+        handles = [safe_open(str(f), framework="np") for f in files]
+        for proj in ("gate", "up", "down"):
+            u_name, v_name = factor_names(layer, proj)
+            if u_name in handles[0].keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                out[layer][proj] = [(h.get_tensor(u_name).astype(np.float32), h.get_tensor(v_name).astype(np.float32))
+                                    for h in handles]
+    return out
 
 
 def ppl_fraction(value: float) -> float:
@@ -421,9 +480,10 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     elif request.choose_ranks or request.target_speedup is not None:
         layer_ranks, record, front, point = _choose_ranks(request, calibration, calibration_ids, model(), progress)
     healed = heal_record = None
+    shard_blocks: dict | None = {} if request.tp > 1 and calibration is not None else None
     if request.heal != "none":
         healed, heal_record = _heal(request, model(), calibration, calibration_ids, _plans(request, layer_ranks),
-                                    progress)
+                                    progress, shard_out=shard_blocks)
     manifest = compress_model(
         request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
@@ -450,6 +510,10 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
                             f"({quality['perplexity_original']:.2f} -> {quality['perplexity_compressed']:.2f}), over "
                             f"--max-ppl-increase {budget:.0%}: this compressed model is measurably worse; keep more "
                             "rank, calibrate on broader text, or heal (--heal closed-form|finetune)")
+    if request.tp > 1:
+        sharded = _write_shards(request, model, calibration, layer_ranks, shard_blocks, eval_sets, progress)
+        if sharded is not None:
+            quality = {**(quality or {}), "tensor_parallel": sharded}
     if chosen is not None:
         from .measured_choice import plot_front
 
