@@ -27,13 +27,16 @@ fastest and exact, whatever the layers' sensitivities). It takes seconds, the fu
     python benchmarks/compression.py MODEL_DIR --heal-study [--ranks 256,384] [--work DIR]
 
 It writes the texts below into ``--work`` (generated from files already on the machine, nothing
-committed but the results), samples ``--sample-tokens`` tokens from the model itself, then for each rank
-(gate = up = down) and method -- plain SVD, whitened SVD, whitened + closed-form healing, whitened +
-closed-form + fine-tuning -- runs ``nmmc compress`` as a child process (its wall time, CPU time and
-peak RSS are that child's, from ``os.wait4``) and measures perplexity and top-1 agreement of the
-factors it wrote on every evaluation text. Calibration: a mixed set of Python documentation (even
-pydoc topics), man pages and the model's own samples. Evaluation: the odd pydoc topics (in domain) and
-three domains absent from the calibration: software licences, Python source code, Debian changelogs.
+committed but the results), samples ``--sample-tokens`` tokens from the model itself, calibrates once on
+a mixed set (Python documentation: even pydoc topics; man pages; the model's own samples;
+``--calibration-tokens`` of each), then for each rank (gate = up = down) computes the factors of each
+method -- plain SVD, whitened SVD, whitened + closed-form healing, and closed-form + fine-tuning -- in
+a forked child process, whose wall time, CPU time and peak RSS (``os.wait4``; it includes the model,
+the calibration Grams and token ids it inherited, as a process doing only that method would hold) are
+reported, and measures perplexity and top-1 agreement of the factors on every evaluation text: the
+odd pydoc topics (in domain) and three domains absent from the calibration (software licences, Python
+source code, Debian changelogs). The times of the healed methods exclude the shared calibration and
+the step before them (whitened SVD, and for fine-tuning the closed form), said in each row's note.
 ``--calibration-study`` adds, at the largest rank with closed-form healing, the calibration sets
 docs alone / docs + man pages / docs + man pages + model samples, evaluated on the same texts.
 
@@ -215,12 +218,7 @@ def run_child(cmd: list[str], env: dict[str, str]) -> dict:
     """Run ``cmd`` and return its wall seconds, CPU seconds, peak RSS (MiB) and exit status."""
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    stderr = b""
-    while True:  # read stderr as it comes (a full pipe would block the child), then reap with wait4
-        chunk = proc.stderr.read1(65536) if proc.stderr else b""
-        if not chunk:
-            break
-        stderr += chunk
+    stderr = proc.stderr.read() if proc.stderr else b""
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     lines = [line for line in stderr.decode("utf-8", "replace").replace("\r", "\n").splitlines()
@@ -229,13 +227,42 @@ def run_child(cmd: list[str], env: dict[str, str]) -> dict:
             "peak_mib": usage.ru_maxrss / 1024, "status": proc.returncode, "messages": lines}
 
 
+def in_child(work: Path, name: str, compute) -> tuple[dict, dict]:
+    """``compute()`` (returning factors) in a forked child: the factors, and the child's wall seconds, CPU
+    seconds and peak RSS (os.wait4; the model, calibration and token ids it inherited count, as they
+    would in a process doing only this)."""
+    import pickle
+
+    path = work / f"{name}.pkl"
+    start = time.time()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            with open(path, "wb") as f:
+                pickle.dump(compute(), f)
+        except BaseException as exc:
+            print(f"{name} failed: {exc!r}", file=sys.stderr, flush=True)
+            code = 1
+        os._exit(code)
+    _, status, usage = os.wait4(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{name} failed")
+    with open(path, "rb") as f:
+        factors = pickle.load(f)
+    path.unlink()
+    return factors, {"seconds": time.time() - start, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                     "peak_mib": usage.ru_maxrss / 1024}
+
+
 def heal_study(args) -> None:
     import numpy as np
 
     from neuronmm_compiler.models.calibration import load_tokens
-    from neuronmm_compiler.models.manifest import read_manifest
+    from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal
+    from neuronmm_compiler.models.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
     from neuronmm_compiler.models.sampling import sample_tokens
-    from neuronmm_compiler.models.workflow import load_factors
+    from neuronmm_compiler.models.workflow import whitened_factors
 
     start = time.time()
     work = Path(args.work)
@@ -248,16 +275,12 @@ def heal_study(args) -> None:
     print(f"sampled {args.sample_tokens} tokens from the model in {time.time() - t0:.0f} s ({samples})", flush=True)
     evals = {"docs (in domain)": paths["docs-eval"], "licences": paths["licences"], "code": paths["code"],
              "changelogs": paths["changelogs"]}
-    mixed = [paths["docs-cal"], paths["man"], samples]
     eval_ids = {name: load_tokens(p, args.model_dir, args.eval_tokens) for name, p in evals.items()}
     originals = {name: original_predictions(model, ids, length=args.sequence_length) for name, ids in eval_ids.items()}
     print("original perplexity: " + ", ".join(f"{n} {o[0]:.2f}" for n, o in originals.items()), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.blas_threads), "OPENBLAS_NUM_THREADS": str(args.blas_threads)}
-    nmmc = [sys.executable, "-c", "from neuronmm_compiler.cli import main; main()", "compress", args.model_dir,
-            "--keep-ratio", "0.8", "--sequence-length", str(args.sequence_length), "--no-progress"]
 
-    def measure(out: Path) -> dict:
-        mlp = factored_mlp(load_factors(out, read_manifest(out)))
+    def measure(factors) -> dict:
+        mlp = factored_mlp(factors)
         result = {}
         for name, ids in eval_ids.items():
             q = evaluate(model, ids, mlp, length=args.sequence_length, original=originals[name], per_layer=False)
@@ -265,55 +288,74 @@ def heal_study(args) -> None:
                             "tokens": q.tokens}
         return result
 
-    def calibration_args(files) -> list[str]:
-        return [a for f in files for a in ("--calibration", str(f))] + [
-            "--calibration-tokens", str(args.calibration_tokens * len(files))]
+    def calibration_of(files) -> tuple:
+        ids = np.concatenate([load_tokens(f, args.model_dir, args.calibration_tokens) for f in files])
+        t = time.time()
+        cal = calibrate(model, ids, source="+".join(Path(f).stem for f in files), length=args.sequence_length)
+        return ids, cal, time.time() - t
 
-    methods = {
-        "plain": [],
-        "whitened": calibration_args(mixed),
-        "whitened+closed-form": [*calibration_args(mixed), "--heal", "closed-form"],
-        "whitened+finetune": [*calibration_args(mixed), "--heal", "finetune", "--finetune-steps",
-                              str(args.finetune_steps)],
-    }
+    mixed = [paths["docs-cal"], paths["man"], samples]
+    cal_ids, calibration, cal_seconds = calibration_of(mixed)
+    print(f"calibration: {cal_ids.size} tokens (docs, man pages, model samples) in {cal_seconds:.0f} s", flush=True)
+    settings = FinetuneSettings(steps=args.finetune_steps, threads=2, checkpoint_seconds=1e9)
     rows = []
+
+    def report(rank, method, factors, usage, note=""):
+        row = {"rank": rank, "method": method, **usage, "quality": measure(factors), "note": note}
+        rows.append(row)
+        print(f"rank {rank} {method:<22} {usage['seconds']:6.0f} s wall, {usage['cpu_seconds']:6.0f} s CPU, "
+              f"peak {usage['peak_mib']:5.0f} MiB | " + " | ".join(
+                  f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})"
+                  for n, q in row["quality"].items()), flush=True)
+
     for rank in args.ranks:
-        for method, extra in methods.items():
-            if args.methods and method not in args.methods:
-                continue
-            out = work / f"r{rank}-{method}"
-            cmd = [*nmmc, *(f"--rank-{p}={rank}" for p in ("gate", "up", "down")), *extra, "-o", str(out)]
-            child = run_child(cmd, env)
-            if child["status"] != 0:
-                raise SystemExit(f"{method} at rank {rank} failed: {child['messages']}")
-            row = {"rank": rank, "method": method, **child, "quality": measure(out)}
-            rows.append(row)
-            print(f"rank {rank} {method:<22} {child['seconds']:6.0f} s wall, {child['cpu_seconds']:6.0f} s CPU, "
-                  f"peak {child['peak_mib']:5.0f} MiB | " + " | ".join(
-                      f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})"
-                      for n, q in row["quality"].items()), flush=True)
+        plan = [{"gate": rank, "up": rank, "down": rank}] * model.arch.num_hidden_layers
+        wanted = set(args.methods or ["plain", "whitened", "whitened+closed-form", "whitened+finetune"])
+        if "plain" in wanted:
+            plain, usage = in_child(work, f"plain-{rank}", lambda plan=plan: {
+                layer: {p: (lambda f: (f.u.astype(np.float32), f.v.astype(np.float32)))(
+                    truncated_svd(model.mlp_weight(layer, p), r)) for p, r in ranks.items()}
+                for layer, ranks in enumerate(plan)})
+            report(rank, "plain", plain, usage)
+        white, usage = in_child(work, f"white-{rank}", lambda plan=plan: whitened_factors(
+            model, calibration, plan, args.damping))
+        if "whitened" in wanted:
+            report(rank, "whitened", white, usage, f"+ calibration {cal_seconds:.0f} s")
+        if wanted & {"whitened+closed-form", "whitened+finetune"}:
+            healed, usage = in_child(work, f"cf-{rank}", lambda white=white: closed_form_heal(
+                model, cal_ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING)[0])
+            report(rank, "whitened+closed-form", healed, usage, f"+ calibration {cal_seconds:.0f} s + whitened SVD")
+            if "whitened+finetune" in wanted:
+                tuned, usage = in_child(work, f"ft-{rank}", lambda healed=healed: finetune_heal(
+                    model, cal_ids, healed, settings=settings)[0])
+                report(rank, "whitened+finetune", tuned, usage,
+                       f"{args.finetune_steps} steps from the closed form (+ its time)")
     if args.calibration_study:
         rank = max(args.ranks)
+        plan = [{"gate": rank, "up": rank, "down": rank}] * model.arch.num_hidden_layers
         sets = {"docs only": [paths["docs-cal"]], "docs + man": [paths["docs-cal"], paths["man"]],
                 "docs + man + samples": mixed}
         for label, files in sets.items():
-            out = work / f"cal-{len(files)}"
-            child = run_child([*nmmc, *(f"--rank-{p}={rank}" for p in ("gate", "up", "down")),
-                               *calibration_args(files), "--heal", "closed-form", "-o", str(out)], env)
-            row = {"rank": rank, "method": f"closed-form, calibration {label}", **child, "quality": measure(out)}
-            rows.append(row)
-            print(f"rank {rank} calibration {label:<22} | " + " | ".join(
-                f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})" for n, q in row["quality"].items()),
-                flush=True)
-    print("\nsummary: perplexity (increase over the original) per evaluation text; calibration = docs (even pydoc "
-          f"topics) + man pages + {args.sample_tokens} model samples, {args.calibration_tokens} tokens each")
+            ids, cal, _ = calibration_of(files) if files != mixed else (cal_ids, calibration, 0)
+            for heal in ("whitened", "whitened+closed-form"):
+                white = whitened_factors(model, cal, plan, args.damping)
+                factors = white if heal == "whitened" else closed_form_heal(
+                    model, ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING)[0]
+                row = {"rank": rank, "method": f"{heal}, calibration {label}", "quality": measure(factors)}
+                rows.append(row)
+                print(f"rank {rank} {heal} calibration {label:<22} | " + " | ".join(
+                    f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})"
+                    for n, q in row["quality"].items()), flush=True)
+    print(f"\nsummary: perplexity (increase over the original) per evaluation text; calibration = docs (even pydoc "
+          f"topics) + man pages + model samples, {args.calibration_tokens} tokens each")
     names = list(eval_ids)
     print("rank | method | " + " | ".join(f"{n} ({originals[n][0]:.2f})" for n in names)
-          + " | wall s | CPU s | peak MiB")
+          + " | wall s | CPU s | peak MiB | note")
     for row in rows:
         print(f"{row['rank']} | {row['method']} | " + " | ".join(
             f"{row['quality'][n]['ppl']:.2f} ({row['quality'][n]['increase']:+.1%})" for n in names)
-            + f" | {row['seconds']:.0f} | {row['cpu_seconds']:.0f} | {row['peak_mib']:.0f}")
+            + (f" | {row['seconds']:.0f} | {row['cpu_seconds']:.0f} | {row['peak_mib']:.0f} | {row['note']}"
+               if "seconds" in row else " | | | |"))
     if args.json:
         Path(args.json).write_text(json.dumps({"originals": {n: o[0] for n, o in originals.items()}, "rows": rows},
                                               indent=1))
@@ -343,7 +385,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", default="/tmp/nmmc-heal-study", help="heal study: texts and factors go here")
     parser.add_argument("--sample-tokens", type=int, default=4096, help="heal study: tokens sampled from the model")
     parser.add_argument("--finetune-steps", type=int, default=200)
-    parser.add_argument("--blas-threads", type=int, default=1)
     parser.add_argument("--calibration-study", action="store_true")
     parser.add_argument("--json", default=None, help="heal study: also write the rows as JSON here")
     args = parser.parse_args(argv)
@@ -353,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
         args.ranks = [int(r) for r in args.ranks.split(",")]
         args.methods = [m for m in args.methods.split(",") if m]
         args.calibration_tokens = args.calibration_tokens if args.calibration_tokens != 8192 else 4096
+        args.eval_tokens = args.eval_tokens if args.eval_tokens != 4096 else 2048
         heal_study(args)
         return
     bucket_sets = [tuple(int(b) for b in s.split(",")) for s in (args.buckets or ["512", "1,128"])]
