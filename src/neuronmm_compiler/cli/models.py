@@ -65,13 +65,13 @@ def _stage_bar(enabled: bool):
                    "layer by layer, against the original layer's output on the inputs the compressed model really "
                    "produces; finetune then distils the original model into the factors (needs torch: "
                    "pip install 'nmmc[torch]'). Ranks and the file format are unchanged.")
-@click.option("--heal-damping", default=1e-2, show_default=True, type=float,
+@click.option("--heal-damping", default=1e-4, show_default=True, type=float,
               help="Ridge of the closed-form refit, relative to the mean diagonal of its inputs' Gram matrix.")
 @click.option("--heal-target", default="layer", show_default=True, type=click.Choice(["layer", "stream"]),
               help="Closed-form targets: the original layer on the compressed model's inputs (layer), or the "
                    "original model's own activations (stream, also undoes earlier layers' drift).")
-@click.option("--finetune-steps", default=None, type=click.IntRange(min=1), help="Fine-tuning steps (default 200).")
-@click.option("--finetune-lr", default=None, type=float, help="Fine-tuning peak learning rate (default 5e-5).")
+@click.option("--finetune-steps", default=None, type=click.IntRange(min=1), help="Fine-tuning steps (default 60).")
+@click.option("--finetune-lr", default=None, type=float, help="Fine-tuning peak learning rate (default 1e-4).")
 @click.option("--sequence-length", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per sequence of the calibration and evaluation forward passes.")
 @click.option("--damping", default=1e-4, show_default=True, type=float,

@@ -61,11 +61,11 @@ def import_torch():
 class FinetuneSettings:
     """Distillation settings (all recorded in the checkpoint and the manifest)."""
 
-    steps: int = 200
-    learning_rate: float = 5e-5
-    batch: int = 2  # sequences per step
+    steps: int = 60
+    learning_rate: float = 1e-4
+    batch: int = 1  # sequences per step
     length: int = 256  # tokens per sequence
-    warmup: int = 10
+    warmup: int = 3
     seed: int = 0
     threads: int = 2
     checkpoint_seconds: float = 60.0

@@ -62,7 +62,7 @@ __all__ = [
 HEAL_METHODS = ("none", "closed-form", "finetune")
 HEAL_TARGETS = ("layer", "stream")
 #: Ridge of the closed-form refit, relative to the mean diagonal of ``A^T A``.
-DEFAULT_HEAL_DAMPING = 1e-2
+DEFAULT_HEAL_DAMPING = 1e-4
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
