@@ -317,6 +317,8 @@ def heal_study(args) -> None:
                     truncated_svd(model.mlp_weight(layer, p), r)) for p, r in ranks.items()}
                 for layer, ranks in enumerate(plan)})
             report(rank, "plain", plain, usage)
+        if not wanted & {"whitened", "whitened+closed-form", "whitened+finetune"}:
+            continue
         white, usage = in_child(work, f"white-{rank}", lambda plan=plan: whitened_factors(
             model, calibration, plan, args.damping))
         if "whitened" in wanted:
