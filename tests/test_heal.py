@@ -138,9 +138,10 @@ def test_cli_choose_ranks_from_measured_perplexity(tiny):
                                        "--choose-ranks", "--max-ppl-increase", "5", "--eval", str(ev),
                                        "--sequence-length", "64", "-o", str(root / "chosen")])
     assert result.exit_code == 0, result.output
-    assert "measured rank choice within +5.0%" in result.output and (root / "chosen" / "choice_front.png").is_file()
+    assert "measured rank choice within +2.5% perplexity on calibration tokens" in result.output
+    assert (root / "chosen" / "choice_front.png").is_file()
     record = read_manifest(root / "chosen").rank_choice
-    assert record["budget_ppl_increase"] == 0.05
+    assert record["budget_ppl_increase"] == 0.05 and record["selection_budget"] == 0.025
 
 
 def test_sampling_is_deterministic_and_in_vocabulary(tiny):

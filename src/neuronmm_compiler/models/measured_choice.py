@@ -144,8 +144,9 @@ def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int
 
 def front_lines(result: MeasuredChoice) -> list[str]:
     """The accepted steps (kept fraction, measured increase) and the refusals, for the terminal."""
-    lines = [f"  measured rank choice within +{result.budget:.1%} perplexity (selection tokens, base perplexity "
-             f"{result.base_ppl:.2f}); greedy steps, least sensitive layer first:"]
+    lines = [f"  measured rank choice within +{result.budget:.1%} perplexity on calibration tokens (base perplexity "
+             f"{result.base_ppl:.2f}; half of --max-ppl-increase, the rest is margin for other text); greedy "
+             "steps, least sensitive layer first:"]
     for s in result.steps:
         mark = "accepted" if s["accepted"] else "refused "
         lines.append(f"    {mark} layer {s['layer']:>2} -> rank {s['rank']:>4}: kept {s['kept']:.3f}, measured "
