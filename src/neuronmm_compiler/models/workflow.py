@@ -7,9 +7,12 @@
 2. ranks: the uniform NeuronMM block-aligned ranks of ``keep_ratio``, or -- with ``choose_ranks`` or
    ``target_speedup`` -- per-layer ranks on the Pareto front of predicted latency and whitened loss
    (:mod:`.rank_choice`, :mod:`.latency`);
-3. factorization: whitened SVD when calibrated, plain SVD otherwise (:func:`.compress.compress_model`);
+   or -- ``choose_ranks`` without buckets -- greedily from measured perplexity (:mod:`.measured_choice`);
+3. factorization: whitened SVD when calibrated, plain SVD otherwise, then healing (``heal``:
+   :mod:`.heal`'s closed-form refit, and :mod:`.finetune`'s distillation) (:func:`.compress.compress_model`),
+   and the factor shards of ``tp`` > 1 with the same whitening and healing;
 4. quality (optional): perplexity, top-1 agreement and per-layer MLP output error of the compressed
-   model on held-out text (:mod:`.quality`), recorded in the manifest.
+   (and sharded) model on each held-out file and on all together (:mod:`.quality`), in the manifest.
 
 It returns the manifest and the warnings a user must see (plain SVD's cost, a perplexity rise over
 the threshold, a kept fraction far from the requested keep ratio).
