@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -94,46 +95,22 @@ def _stage_bar(enabled: bool):
 @click.option("-o", "--output", required=True, metavar="OUT_DIR", help="Directory for the factors and manifest.json.")
 @tp_compress
 def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | None, rank_up: int | None,
-             rank_down: int | None, factor_dtype: str, calibration: tuple[str, ...], calibration_tokens: int,
-             calibration_samples: int, eval_path: tuple[str, ...], eval_tokens: int, max_ppl_increase: float,
-             heal: str, heal_damping: float, heal_target: str, finetune_steps: int | None, finetune_lr: float | None,
-             sequence_length: int, damping: float, choose_ranks: bool, target_speedup: float | None,
-             buckets: str | None, target: str, progress: bool | None, as_json: bool, output: str, tp: int = 1) -> None:
+             rank_down: int | None, output: str, tp: int = 1, **options: Any) -> None:
     """Compress every MLP projection (gate, up, down) of the model in MODEL_DIR (config.json and
     safetensors weights) into block-aligned low-rank factors: one safetensors file per layer and a
     manifest with ranks, parameter counts and errors. With --calibration, the truncation is
     activation-aware (SVD-LLM whitening), which keeps a real model working where plain SVD breaks
-    it; --eval measures the result; --choose-ranks picks per-layer ranks for accuracy and predicted
-    speed together. Layer by layer, resumable: an interrupted run continues where it stopped."""
+    it; --heal refits the factors after truncation; --eval measures the result on each file;
+    --choose-ranks picks per-layer ranks from measured perplexity (or, with --tokens, for accuracy and
+    predicted speed together). Layer by layer, resumable: an interrupted run continues where it stopped."""
     from ..io import check_output_dir
-    from ..model_tuning import parse_buckets
     from ..models.manifest import MANIFEST_FILE
-    from ..models.workflow import CompressRequest, run_compress
-    from ..targets import get_target
+    from ..models.workflow import run_compress
 
     check_output_dir(output)
     ranks = {k: v for k, v in (("gate", rank_gate), ("up", rank_up), ("down", rank_down)) if v is not None}
-    joint = target_speedup is not None or (choose_ranks and bool(buckets))
-    finetune = None
-    if finetune_steps is not None or finetune_lr is not None:
-        from dataclasses import replace
-
-        from ..models.finetune import FinetuneSettings
-
-        finetune = FinetuneSettings()
-        if finetune_steps is not None:
-            finetune = replace(finetune, steps=finetune_steps)
-        if finetune_lr is not None:
-            finetune = replace(finetune, learning_rate=finetune_lr)
-    bars = show_progress(progress, as_json)
-    request = CompressRequest(
-        model_dir=model_dir, out_dir=output, keep_ratio=keep_ratio, align=align, ranks=ranks or None,
-        dtype=factor_dtype, calibration=calibration or None, calibration_tokens=calibration_tokens,
-        calibration_samples=calibration_samples, eval=eval_path or None,
-        eval_tokens=eval_tokens, sequence_length=sequence_length, damping=damping, choose_ranks=choose_ranks,
-        target_speedup=target_speedup, buckets=tuple(parse_buckets(buckets)) if buckets else None,
-        target=get_target(target) if joint else None, max_ppl_increase=max_ppl_increase, heal=heal,
-        heal_damping=heal_damping, heal_target=heal_target, finetune=finetune, progress_bars=bars, tp=tp)
+    bars = show_progress(options["progress"], options["as_json"])
+    request = _request(model_dir, output, keep_ratio, align, ranks, tp, bars, options)
     update, close = _stage_bar(bars)
     try:
         result = run_compress(request, progress=update)
@@ -143,11 +120,39 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
         click.echo(f"nmmc: warning: {warning}", err=True)
     if tp != 1:
         click.echo(f"wrote the factor shards for --tp {tp} to {Path(output) / f'tp{tp}'} (shards.json maps every "
-                   "layout)", err=as_json)
-    if as_json:
+                   "layout)", err=options["as_json"])
+    if options["as_json"]:
         echo_lines([(Path(output) / MANIFEST_FILE).read_text()])
         return
     echo_lines(compress_lines(result.manifest, output) + _extra_lines(result, output))
+
+
+def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: dict[str, int], tp: int,
+             bars: bool, o: dict[str, Any]):
+    """The CompressRequest of ``nmmc compress``'s options ``o``."""
+    from dataclasses import replace
+
+    from ..model_tuning import parse_buckets
+    from ..models.finetune import FinetuneSettings
+    from ..models.workflow import CompressRequest
+    from ..targets import get_target
+
+    finetune = None
+    if o["finetune_steps"] is not None or o["finetune_lr"] is not None:
+        finetune = FinetuneSettings()
+        if o["finetune_steps"] is not None:
+            finetune = replace(finetune, steps=o["finetune_steps"])
+        if o["finetune_lr"] is not None:
+            finetune = replace(finetune, learning_rate=o["finetune_lr"])
+    joint = o["target_speedup"] is not None or (o["choose_ranks"] and bool(o["buckets"]))
+    return CompressRequest(
+        model_dir=model_dir, out_dir=output, keep_ratio=keep_ratio, align=align, ranks=ranks or None,
+        dtype=o["factor_dtype"], calibration=o["calibration"] or None, calibration_tokens=o["calibration_tokens"],
+        calibration_samples=o["calibration_samples"], eval=o["eval_path"] or None, eval_tokens=o["eval_tokens"],
+        sequence_length=o["sequence_length"], damping=o["damping"], choose_ranks=o["choose_ranks"],
+        target_speedup=o["target_speedup"], buckets=tuple(parse_buckets(o["buckets"])) if o["buckets"] else None,
+        target=get_target(o["target"]) if joint else None, max_ppl_increase=o["max_ppl_increase"], heal=o["heal"],
+        heal_damping=o["heal_damping"], heal_target=o["heal_target"], finetune=finetune, progress_bars=bars, tp=tp)
 
 
 def _extra_lines(result, output: str) -> list[str]:
