@@ -68,6 +68,10 @@ def _stage_bar(enabled: bool):
                    "pip install 'nmmc[torch]'). Ranks and the file format are unchanged.")
 @click.option("--heal-damping", default=1e-4, show_default=True, type=float,
               help="Ridge of the closed-form refit, relative to the mean diagonal of its inputs' Gram matrix.")
+@click.option("--heal-prior", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Weight of whitened SVD's own objective (output error on the original model's activations) "
+                   "added to the closed-form refit's: a prior that keeps the refit from fitting few calibration "
+                   "tokens alone.")
 @click.option("--heal-target", default="layer", show_default=True, type=click.Choice(["layer", "stream"]),
               help="Closed-form targets: the original layer on the compressed model's inputs (layer), or the "
                    "original model's own activations (stream, also undoes earlier layers' drift).")
@@ -152,7 +156,7 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
         sequence_length=o["sequence_length"], damping=o["damping"], choose_ranks=o["choose_ranks"],
         target_speedup=o["target_speedup"], buckets=tuple(parse_buckets(o["buckets"])) if o["buckets"] else None,
         target=get_target(o["target"]) if joint else None, max_ppl_increase=o["max_ppl_increase"], heal=o["heal"],
-        heal_damping=o["heal_damping"], heal_target=o["heal_target"], finetune=finetune, progress_bars=bars, tp=tp)
+        heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"], finetune=finetune, progress_bars=bars, tp=tp)
 
 
 def _extra_lines(result, output: str) -> list[str]:

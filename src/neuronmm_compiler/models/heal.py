@@ -63,6 +63,8 @@ HEAL_METHODS = ("none", "closed-form", "finetune")
 HEAL_TARGETS = ("layer", "stream")
 #: Ridge of the closed-form refit, relative to the mean diagonal of ``A^T A``.
 DEFAULT_HEAL_DAMPING = 1e-4
+#: Weight of the prior (whitened SVD's objective on the original activations) in the closed-form refit.
+DEFAULT_HEAL_PRIOR = 0.0
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
@@ -128,12 +130,22 @@ class _Accumulator:
         self.target += float(np.einsum("ij,ij->", b64, b64))
 
 
+def _with_prior(acc: _Accumulator, prior, weight: float, layer: int, name: str, w: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(A^T A + w X^T X, A^T B + w X^T X W)``: the refit's normal equations plus the prior's."""
+    if prior is None or weight <= 0:
+        return acc.gram, acc.cross
+    gram0 = np.asarray(prior[layer][name], dtype=np.float64)
+    return acc.gram + weight * gram0, acc.cross + weight * (gram0 @ np.asarray(w, dtype=np.float64))
+
+
 def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = DEFAULT_SEQUENCE,
                      damping: float = DEFAULT_HEAL_DAMPING, target: str = "layer",
                      progress: Callable[[int, int], None] | None = None,
                      shards: Sequence[tuple[int, int]] | None = None,
                      shard_rank: Callable[[int, int, int], int | None] | None = None,
-                     shard_out: dict | None = None) -> tuple[dict, HealReport]:
+                     shard_out: dict | None = None, prior: Sequence[Mapping[str, np.ndarray]] | None = None,
+                     prior_weight: float = 0.0) -> tuple[dict, HealReport]:
     """Healed factors (same ranks; dense projections stay dense) and the per-projection residuals.
 
     ``model`` is a :class:`~.forward.CausalLM`, ``ids`` the calibration token ids, ``factors`` per
@@ -145,6 +157,12 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
     targets' columns, and each rank's down block (its rows) on that rank's own ``h~_i`` from its healed
     gate/up blocks, against the original layer's partial sum of that block -- and stored into
     ``shard_out[layer][proj]`` as a list of ``(u, v)`` per rank (or None when a block is not factored).
+
+    ``prior`` (per layer the original model's ``{"input": X^T X, "inner": H^T H}`` on the same tokens, i.e.
+    the calibration's Grams) with ``prior_weight`` w > 0 regularises the refit towards whitened SVD's own
+    objective: it minimises ``||A M - B||^2 + w ||X (M - W)||^2`` (the second term: the layer's output
+    error on the original model's activations), which keeps a refit on few calibration tokens from
+    fitting them alone.
     """
     if target not in HEAL_TARGETS:
         raise InputError(f"unknown heal target {target!r}; accepted: {', '.join(HEAL_TARGETS)}")
@@ -182,7 +200,8 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
                 out[p] = given[p]
                 continue
             rank = given[p][0].shape[1]
-            u, v = rank_constrained_lstsq(acc[p].gram, acc[p].cross, rank, damping)
+            u, v = rank_constrained_lstsq(*_with_prior(acc[p], prior, prior_weight, index, "input",
+                                                       model.mlp_weight(index, p)), rank, damping)
             errs_before[p] = _residual(acc[p].gram, acc[p].cross, acc[p].target, *given[p])
             errs_after[p] = _residual(acc[p].gram, acc[p].cross, acc[p].target, u, v)
             out[p] = (u.astype(np.float32), v.astype(np.float32))
@@ -208,7 +227,8 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
                                                    given["down"][0].shape[1])
         if down_acc is not None:
             rank = given["down"][0].shape[1]
-            u, v = rank_constrained_lstsq(down_acc.gram, down_acc.cross, rank, damping)
+            u, v = rank_constrained_lstsq(*_with_prior(down_acc, prior, prior_weight, index, "inner",
+                                                       model.mlp_weight(index, "down")), rank, damping)
             errs_before["down"] = _residual(down_acc.gram, down_acc.cross, down_acc.target, *given["down"])
             errs_after["down"] = _residual(down_acc.gram, down_acc.cross, down_acc.target, u, v)
             out["down"] = (u.astype(np.float32), v.astype(np.float32))

@@ -40,7 +40,7 @@ from .calibration import (
 )
 from .compress import compress_model, plan_ranks
 from .config import read_config
-from .heal import DEFAULT_HEAL_DAMPING, HEAL_METHODS, HEAL_TARGETS
+from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_PRIOR, HEAL_METHODS, HEAL_TARGETS
 from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file
 from .whitening import DEFAULT_DAMPING
 
@@ -86,6 +86,7 @@ class CompressRequest:
     heal: str = "none"
     heal_damping: float = DEFAULT_HEAL_DAMPING
     heal_target: str = "layer"
+    heal_prior: float = DEFAULT_HEAL_PRIOR
     finetune: Any = None  # finetune.FinetuneSettings; None: its defaults
     progress_bars: bool = False  # tqdm bars of long stages (fine-tuning) on stderr
     tp: int = 1  # > 1: also write the factor shards of a tensor-parallel deployment (OUT/tp<N>/)
@@ -332,11 +333,13 @@ def _heal(request: CompressRequest, model, calibration: Calibration, ids: np.nda
                          "ids (pre-captured activations cannot be re-run through the healed layers)")
     start = whitened_factors(model, calibration, plans, request.damping)
     record: dict[str, Any] = {"method": request.heal, "calibration": calibration.digest(),
-                              "damping": request.heal_damping, "target": request.heal_target}
+                              "damping": request.heal_damping, "target": request.heal_target,
+                              "prior_weight": request.heal_prior}
     healed, report = closed_form_heal(
         model, ids, start, length=request.sequence_length, damping=request.heal_damping, target=request.heal_target,
         progress=None if progress is None else lambda d, t: progress("healing (closed form)", d, t),
-        shard_out=shard_out, **_shard_args(request, model))
+        shard_out=shard_out, prior=calibration.grams, prior_weight=request.heal_prior,
+        **_shard_args(request, model))
     record["closed_form_error"] = {
         "mean_before": float(np.mean([v for layer in report.before for v in layer.values()] or [0.0])),
         "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
@@ -351,7 +354,8 @@ def _heal(request: CompressRequest, model, calibration: Calibration, ids: np.nda
         healed, run = finetune_heal(
             model, ids, healed, settings=settings, checkpoint=Path(request.out_dir) / FINETUNE_CHECKPOINT,
             identity={"calibration": calibration.digest(), "damping": request.damping,
-                      "heal_damping": request.heal_damping, "target": request.heal_target},
+                      "heal_damping": request.heal_damping, "target": request.heal_target,
+                      "prior": request.heal_prior},
             progress=request.progress_bars,
             on_step=None if progress is None or request.progress_bars else
             lambda d, t, _loss: progress("healing (fine-tuning)", d, t))
