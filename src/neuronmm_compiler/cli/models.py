@@ -156,7 +156,8 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
         sequence_length=o["sequence_length"], damping=o["damping"], choose_ranks=o["choose_ranks"],
         target_speedup=o["target_speedup"], buckets=tuple(parse_buckets(o["buckets"])) if o["buckets"] else None,
         target=get_target(o["target"]) if joint else None, max_ppl_increase=o["max_ppl_increase"], heal=o["heal"],
-        heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"], finetune=finetune, progress_bars=bars, tp=tp)
+        heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"], finetune=finetune,
+        progress_bars=bars, tp=tp)
 
 
 def _extra_lines(result, output: str) -> list[str]:
