@@ -325,7 +325,8 @@ def heal_study(args) -> None:
             report(rank, "whitened", white, usage, f"+ calibration {cal_seconds:.0f} s")
         if wanted & {"whitened+closed-form", "whitened+finetune"}:
             healed, usage = in_child(work, f"cf-{rank}", lambda white=white: closed_form_heal(
-                model, cal_ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING)[0])
+                model, cal_ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING,
+                prior=calibration.grams, prior_weight=args.heal_prior)[0])
             report(rank, "whitened+closed-form", healed, usage, f"+ calibration {cal_seconds:.0f} s + whitened SVD")
             if "whitened+finetune" in wanted:
                 tuned, usage = in_child(work, f"ft-{rank}", lambda healed=healed: finetune_heal(
@@ -342,7 +343,8 @@ def heal_study(args) -> None:
             for heal in ("whitened", "whitened+closed-form"):
                 white = whitened_factors(model, cal, plan, args.damping)
                 factors = white if heal == "whitened" else closed_form_heal(
-                    model, ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING)[0]
+                    model, ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING,
+                    prior=cal.grams, prior_weight=args.heal_prior)[0]
                 row = {"rank": rank, "method": f"{heal}, calibration {label}", "quality": measure(factors)}
                 rows.append(row)
                 print(f"rank {rank} {heal} calibration {label:<22} | " + " | ".join(
@@ -388,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sample-tokens", type=int, default=4096, help="heal study: tokens sampled from the model")
     parser.add_argument("--finetune-steps", type=int, default=200)
     parser.add_argument("--calibration-study", action="store_true")
+    parser.add_argument("--heal-prior", type=float, default=1.0, help="heal study: closed-form prior weight")
     parser.add_argument("--json", default=None, help="heal study: also write the rows as JSON here")
     args = parser.parse_args(argv)
     if args.heal_study:

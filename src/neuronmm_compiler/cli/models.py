@@ -68,7 +68,7 @@ def _stage_bar(enabled: bool):
                    "pip install 'nmmc[torch]'). Ranks and the file format are unchanged.")
 @click.option("--heal-damping", default=1e-4, show_default=True, type=float,
               help="Ridge of the closed-form refit, relative to the mean diagonal of its inputs' Gram matrix.")
-@click.option("--heal-prior", default=0.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--heal-prior", default=1.0, show_default=True, type=click.FloatRange(min=0),
               help="Weight of whitened SVD's own objective (output error on the original model's activations) "
                    "added to the closed-form refit's: a prior that keeps the refit from fitting few calibration "
                    "tokens alone.")

@@ -64,7 +64,7 @@ HEAL_TARGETS = ("layer", "stream")
 #: Ridge of the closed-form refit, relative to the mean diagonal of ``A^T A``.
 DEFAULT_HEAL_DAMPING = 1e-4
 #: Weight of the prior (whitened SVD's objective on the original activations) in the closed-form refit.
-DEFAULT_HEAL_PRIOR = 0.0
+DEFAULT_HEAL_PRIOR = 1.0
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
