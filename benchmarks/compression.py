@@ -21,13 +21,52 @@ cost model's predicted latency of one layer's MLP per variant and bucket (the ta
 reads), and, where the fused dense MLP is predicted fastest of every variant at every bucket of a
 bucket set, that any rank choice for that set keeps every layer dense (dense is then both the
 fastest and exact, whatever the layers' sensitivities). It takes seconds, the full run ~20 minutes.
+
+``--heal-study`` (issue 27) is the other study: healing after truncation, on text of several domains.
+
+    python benchmarks/compression.py MODEL_DIR --heal-study [--ranks 256,384] [--work DIR]
+
+It writes the texts below into ``--work`` (generated from files already on the machine, nothing
+committed but the results), samples ``--sample-tokens`` tokens from the model itself, calibrates once on
+a mixed set (Python documentation: even pydoc topics; man pages; the model's own samples;
+``--calibration-tokens`` of each), then for each rank (gate = up = down) computes the factors of each
+method -- plain SVD, whitened SVD, whitened + closed-form healing, and closed-form + fine-tuning -- in
+a forked child process, whose wall time, CPU time and peak RSS (``os.wait4``; it includes the model,
+the calibration Grams and token ids it inherited, as a process doing only that method would hold) are
+reported, and measures perplexity and top-1 agreement of the factors on every evaluation text: the
+odd pydoc topics (in domain) and three domains absent from the calibration (software licences, Python
+source code, Debian changelogs). The times of the healed methods exclude the shared calibration and
+the step before them (whitened SVD, and for fine-tuning the closed form), said in each row's note.
+``--calibration-study`` adds, at the largest rank with closed-form healing, the calibration sets
+docs alone / docs + man pages / docs + man pages + model samples, evaluated on the same texts.
+
+Text sources (all read at run time from this machine; none is committed):
+
+- ``docs``: CPython's ``pydoc_data.topics`` (the Python documentation's topics; PSF licence), topics at
+  even sorted positions for calibration, odd ones for evaluation;
+- ``man``: the section-1 manual pages under /usr/share/man/man1, rendered by ``man -P cat`` (each
+  page's own licence, mostly GPL/BSD-style; read, not redistributed);
+- ``licences``: /usr/share/common-licenses (the texts of the GPL, LGPL, Apache-2.0, MPL, Artistic,
+  BSD, CC0, GFDL licences; verbatim copying permitted);
+- ``code``: the first 6,000 characters of every third top-level module of the running Python's
+  standard library (PSF licence);
+- ``changelogs``: the first 4,000 characters of /usr/share/doc/*/changelog.Debian.gz (Debian package
+  changelogs);
+- ``samples``: tokens sampled from the model itself (``models/sampling.py``, temperature 1, seed 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
+import os
 import pydoc_data.topics
+import subprocess
+import sys
+import sysconfig
 import time
+from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
@@ -117,6 +156,216 @@ def latency_only(hidden: int, intermediate: int, keep_ratios: list[float], bucke
     print(f"wall time {time.time() - start:.0f} s")
 
 
+# ---------------------------------------------------------------------------------------------- heal study
+
+def _manpages(limit: int = 400_000) -> str:
+    out, size = [], 0
+    for page in sorted(Path("/usr/share/man/man1").glob("*.1.gz")):
+        run = subprocess.run(["man", "-P", "cat", "-l", str(page)], capture_output=True, text=True, check=False,
+                             env={**os.environ, "MANWIDTH": "80"})
+        if run.returncode or len(run.stdout) < 2000:
+            continue
+        out.append(run.stdout)
+        size += len(run.stdout)
+        if size > limit:
+            break
+    return "\n\n".join(out)
+
+
+def _code(limit: int = 400_000) -> str:
+    out, size = [], 0
+    for module in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[::3]:
+        text = module.read_text(encoding="utf-8", errors="replace")[:6000]
+        out.append(text)
+        size += len(text)
+        if size > limit:
+            break
+    return "\n\n".join(out)
+
+
+def _changelogs(limit: int = 400_000) -> str:
+    out, size = [], 0
+    for path in sorted(Path("/usr/share/doc").glob("*/changelog.Debian.gz")):
+        text = gzip.decompress(path.read_bytes()).decode("utf-8", "replace")[:4000]
+        out.append(text)
+        size += len(text)
+        if size > limit:
+            break
+    return "\n\n".join(out)
+
+
+def _licences() -> str:
+    return "\n\n".join(p.read_text(encoding="utf-8", errors="replace")
+                        for p in sorted(Path("/usr/share/common-licenses").iterdir()) if p.is_file())
+
+
+def write_domain_texts(directory: Path) -> dict[str, Path]:
+    """The study's texts (see the module docstring) as UTF-8 files in ``directory``; name -> path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cal, held_out = texts()
+    made = {"docs-cal": cal, "docs-eval": held_out, "man": _manpages(), "licences": _licences(), "code": _code(),
+            "changelogs": _changelogs()}
+    paths = {}
+    for name, text in made.items():
+        if len(text) < 20_000:
+            raise SystemExit(f"text {name!r}: only {len(text)} characters found on this machine")
+        paths[name] = directory / f"{name}.txt"
+        paths[name].write_text(text, encoding="utf-8")
+    return paths
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> dict:
+    """Run ``cmd`` and return its wall seconds, CPU seconds, peak RSS (MiB) and exit status."""
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    stderr = proc.stderr.read() if proc.stderr else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    lines = [line for line in stderr.decode("utf-8", "replace").replace("\r", "\n").splitlines()
+             if line.startswith("nmmc:")]
+    return {"seconds": time.time() - start, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "peak_mib": usage.ru_maxrss / 1024, "status": proc.returncode, "messages": lines}
+
+
+def in_child(work: Path, name: str, compute) -> tuple[dict, dict]:
+    """``compute()`` (returning factors) in a forked child: the factors, and the child's wall seconds, CPU
+    seconds and peak RSS (os.wait4; the model, calibration and token ids it inherited count, as they
+    would in a process doing only this)."""
+    import pickle
+
+    path = work / f"{name}.pkl"
+    start = time.time()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            with open(path, "wb") as f:
+                pickle.dump(compute(), f)
+        except BaseException as exc:
+            print(f"{name} failed: {exc!r}", file=sys.stderr, flush=True)
+            code = 1
+        os._exit(code)
+    _, status, usage = os.wait4(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{name} failed")
+    with open(path, "rb") as f:
+        factors = pickle.load(f)
+    path.unlink()
+    return factors, {"seconds": time.time() - start, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                     "peak_mib": usage.ru_maxrss / 1024}
+
+
+def heal_study(args) -> None:
+    import numpy as np
+
+    from neuronmm_compiler.models.calibration import load_tokens
+    from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal
+    from neuronmm_compiler.models.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
+    from neuronmm_compiler.models.sampling import sample_tokens
+    from neuronmm_compiler.models.workflow import whitened_factors
+
+    start = time.time()
+    work = Path(args.work)
+    paths = write_domain_texts(work / "texts")
+    model = CausalLM(args.model_dir)
+    samples = work / "texts" / "samples.npy"
+    t0 = time.time()
+    if not samples.is_file():
+        np.save(samples, sample_tokens(model, args.sample_tokens, length=args.sequence_length, seed=0))
+    print(f"sampled {args.sample_tokens} tokens from the model in {time.time() - t0:.0f} s ({samples})", flush=True)
+    evals = {"docs (in domain)": paths["docs-eval"], "licences": paths["licences"], "code": paths["code"],
+             "changelogs": paths["changelogs"]}
+    eval_ids = {name: load_tokens(p, args.model_dir, args.eval_tokens) for name, p in evals.items()}
+    originals = {name: original_predictions(model, ids, length=args.sequence_length) for name, ids in eval_ids.items()}
+    print("original perplexity: " + ", ".join(f"{n} {o[0]:.2f}" for n, o in originals.items()), flush=True)
+
+    def measure(factors) -> dict:
+        mlp = factored_mlp(factors)
+        result = {}
+        for name, ids in eval_ids.items():
+            q = evaluate(model, ids, mlp, length=args.sequence_length, original=originals[name], per_layer=False)
+            result[name] = {"ppl": q.ppl_compressed, "increase": q.ppl_increase, "agree": q.top1_agreement,
+                            "tokens": q.tokens}
+        return result
+
+    def calibration_of(files) -> tuple:
+        ids = np.concatenate([load_tokens(f, args.model_dir, args.calibration_tokens) for f in files])
+        t = time.time()
+        cal = calibrate(model, ids, source="+".join(Path(f).stem for f in files), length=args.sequence_length)
+        return ids, cal, time.time() - t
+
+    mixed = [paths["docs-cal"], paths["man"], samples]
+    cal_ids, calibration, cal_seconds = calibration_of(mixed)
+    print(f"calibration: {cal_ids.size} tokens (docs, man pages, model samples) in {cal_seconds:.0f} s", flush=True)
+    settings = FinetuneSettings(steps=args.finetune_steps, threads=2, checkpoint_seconds=1e9)
+    rows = []
+
+    def report(rank, method, factors, usage, note=""):
+        row = {"rank": rank, "method": method, **usage, "quality": measure(factors), "note": note}
+        rows.append(row)
+        print(f"rank {rank} {method:<22} {usage['seconds']:6.0f} s wall, {usage['cpu_seconds']:6.0f} s CPU, "
+              f"peak {usage['peak_mib']:5.0f} MiB | " + " | ".join(
+                  f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})"
+                  for n, q in row["quality"].items()), flush=True)
+
+    for rank in args.ranks:
+        plan = [{"gate": rank, "up": rank, "down": rank}] * model.arch.num_hidden_layers
+        wanted = set(args.methods or ["plain", "whitened", "whitened+closed-form", "whitened+finetune"])
+        if "plain" in wanted:
+            plain, usage = in_child(work, f"plain-{rank}", lambda plan=plan: {
+                layer: {p: (lambda f: (f.u.astype(np.float32), f.v.astype(np.float32)))(
+                    truncated_svd(model.mlp_weight(layer, p), r)) for p, r in ranks.items()}
+                for layer, ranks in enumerate(plan)})
+            report(rank, "plain", plain, usage)
+        if not wanted & {"whitened", "whitened+closed-form", "whitened+finetune"}:
+            continue
+        white, usage = in_child(work, f"white-{rank}", lambda plan=plan: whitened_factors(
+            model, calibration, plan, args.damping))
+        if "whitened" in wanted:
+            report(rank, "whitened", white, usage, f"+ calibration {cal_seconds:.0f} s")
+        if wanted & {"whitened+closed-form", "whitened+finetune"}:
+            healed, usage = in_child(work, f"cf-{rank}", lambda white=white: closed_form_heal(
+                model, cal_ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING,
+                prior=calibration.grams, prior_weight=args.heal_prior)[0])
+            report(rank, "whitened+closed-form", healed, usage, f"+ calibration {cal_seconds:.0f} s + whitened SVD")
+            if "whitened+finetune" in wanted:
+                tuned, usage = in_child(work, f"ft-{rank}", lambda healed=healed: finetune_heal(
+                    model, cal_ids, healed, settings=settings)[0])
+                report(rank, "whitened+finetune", tuned, usage,
+                       f"{args.finetune_steps} steps from the closed form (+ its time)")
+    if args.calibration_study:
+        rank = max(args.ranks)
+        plan = [{"gate": rank, "up": rank, "down": rank}] * model.arch.num_hidden_layers
+        sets = {"docs only": [paths["docs-cal"]], "docs + man": [paths["docs-cal"], paths["man"]],
+                "docs + man + samples": mixed}
+        for label, files in sets.items():
+            ids, cal, _ = calibration_of(files) if files != mixed else (cal_ids, calibration, 0)
+            for heal in ("whitened", "whitened+closed-form"):
+                white = whitened_factors(model, cal, plan, args.damping)
+                factors = white if heal == "whitened" else closed_form_heal(
+                    model, ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING,
+                    prior=cal.grams, prior_weight=args.heal_prior)[0]
+                row = {"rank": rank, "method": f"{heal}, calibration {label}", "quality": measure(factors)}
+                rows.append(row)
+                print(f"rank {rank} {heal} calibration {label:<22} | " + " | ".join(
+                    f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})"
+                    for n, q in row["quality"].items()), flush=True)
+    print(f"\nsummary: perplexity (increase over the original) per evaluation text; calibration = docs (even pydoc "
+          f"topics) + man pages + model samples, {args.calibration_tokens} tokens each")
+    names = list(eval_ids)
+    print("rank | method | " + " | ".join(f"{n} ({originals[n][0]:.2f})" for n in names)
+          + " | wall s | CPU s | peak MiB | note")
+    for row in rows:
+        print(f"{row['rank']} | {row['method']} | " + " | ".join(
+            f"{row['quality'][n]['ppl']:.2f} ({row['quality'][n]['increase']:+.1%})" for n in names)
+            + (f" | {row['seconds']:.0f} | {row['cpu_seconds']:.0f} | {row['peak_mib']:.0f} | {row['note']}"
+               if "seconds" in row else " | | | |"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"originals": {n: o[0] for n, o in originals.items()}, "rows": rows},
+                                              indent=1))
+    print(f"\nwall time {time.time() - start:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", nargs="?")
@@ -134,7 +383,25 @@ def main(argv: list[str] | None = None) -> None:
                         help="accuracy proxy of the rank choice: whitened loss times the layer's measured "
                              "sensitivity (nmmc's), or unweighted")
     parser.add_argument("--sensitivity-tokens", type=int, default=1024)
+    parser.add_argument("--heal-study", action="store_true", help="the healing study instead (see above)")
+    parser.add_argument("--ranks", default="256,384", help="heal study: ranks (gate = up = down)")
+    parser.add_argument("--methods", default="", help="heal study: only these methods (comma-separated)")
+    parser.add_argument("--work", default="/tmp/nmmc-heal-study", help="heal study: texts and factors go here")
+    parser.add_argument("--sample-tokens", type=int, default=4096, help="heal study: tokens sampled from the model")
+    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--calibration-study", action="store_true")
+    parser.add_argument("--heal-prior", type=float, default=1.0, help="heal study: closed-form prior weight")
+    parser.add_argument("--json", default=None, help="heal study: also write the rows as JSON here")
     args = parser.parse_args(argv)
+    if args.heal_study:
+        if not args.model_dir:
+            parser.error("MODEL_DIR is needed")
+        args.ranks = [int(r) for r in args.ranks.split(",")]
+        args.methods = [m for m in args.methods.split(",") if m]
+        args.calibration_tokens = args.calibration_tokens if args.calibration_tokens != 8192 else 4096
+        args.eval_tokens = args.eval_tokens if args.eval_tokens != 4096 else 2048
+        heal_study(args)
+        return
     bucket_sets = [tuple(int(b) for b in s.split(",")) for s in (args.buckets or ["512", "1,128"])]
     keep_ratios = [float(k) for k in args.keep_ratios.split(",")]
     if args.latency_only:

@@ -213,7 +213,7 @@ def test_cli_user_errors_are_one_line(tmp_path):
     runner = CliRunner()
     cases = [
         (["--choose-ranks", "--tokens", "1"], "needs --calibration"),
-        (["--choose-ranks", "--calibration", str(token_file(tmp_path / "c.npy", 64, 0))], "needs --tokens"),
+        (["--choose-ranks", "--calibration", str(token_file(tmp_path / "c.npy", 64, 0))], "at least 256"),
         (["--calibration", str(tmp_path / "missing.txt")], "not found"),
         (["--eval", str(tmp_path / "x.npy")], "not found"),
         (["--calibration", str(tmp_path / "acts.safetensors")], "not found"),
@@ -222,7 +222,7 @@ def test_cli_user_errors_are_one_line(tmp_path):
     ]
     np.save(tmp_path / "floats.npy", np.ones(10))
     cases.append((["--calibration", str(tmp_path / "floats.npy")], "must be integers"))
-    np.save(tmp_path / "oob.npy", np.array([0, VOCAB + 5]))
+    np.save(tmp_path / "oob.npy", np.array([0] * 299 + [VOCAB + 5]))
     cases.append((["--calibration", str(tmp_path / "oob.npy")], "vocabulary"))
     for extra, message in cases:
         result = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.5", "--align", "16", *extra,
@@ -305,7 +305,7 @@ def test_svd_accuracy_takes_model_directories_and_reports_bad_names_in_one_line(
 
 def test_compress_progress_names_its_stages(tmp_path):
     model_dir = make_llama(tmp_path / "m")
-    token_file(tmp_path / "cal.npy", 128, 9)
+    token_file(tmp_path / "cal.npy", 256, 9)
     result = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.5", "--align", "16",
                                        "--calibration", str(tmp_path / "cal.npy"), "--sequence-length", "64",
                                        "--progress", "-o", str(tmp_path / "o")])
@@ -318,7 +318,7 @@ def test_report_of_a_compress_output(tmp_path):
     from neuronmm_compiler.targets import get_target
 
     model_dir = make_llama(tmp_path / "m")
-    token_file(tmp_path / "cal.npy", 128, 10)
+    token_file(tmp_path / "cal.npy", 256, 10)
     token_file(tmp_path / "ev.npy", 64, 11)
     run_compress(CompressRequest(model_dir=str(model_dir), out_dir=str(tmp_path / "j"), keep_ratio=0.3, align=32,
                                  calibration=str(tmp_path / "cal.npy"), eval=str(tmp_path / "ev.npy"),
@@ -368,7 +368,7 @@ def test_tune_model_quotes_the_measured_perplexity_change_next_to_its_speedups(t
     """An SVD MLP's speedup over dense is a lossy approximation against exact kernels: tune --model on a
     compress output measured with --eval says so with the measured perplexity change (issue 28)."""
     model_dir = make_llama(tmp_path / "m")
-    cal, ev = token_file(tmp_path / "cal.npy", 128, 5), token_file(tmp_path / "ev.npy", 128, 6)
+    cal, ev = token_file(tmp_path / "cal.npy", 256, 5), token_file(tmp_path / "ev.npy", 128, 6)
     runner = CliRunner()
     compressed = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.5", "--align", "16",
                                       "--calibration", str(cal), "--eval", str(ev), "--sequence-length", "64",

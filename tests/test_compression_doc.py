@@ -82,3 +82,19 @@ def test_the_stale_rank_choice_table_is_the_full_runs():
                                                            r"([\d.]+) us", line).groups())
             ppl = float(re.search(r"ppl ([\d.]+) agree", line).group(1))
             assert f"{uniform:.1f} /" in stale and f"{chosen:.1f} / {ppl:.2f}" in stale, line
+
+
+HEAL = RESULTS / "compression-heal-2026-12-01.json"
+
+
+def test_the_healing_table_is_the_heal_studys():
+    """Every perplexity of benchmarks/compression.py --heal-study's committed run is in the doc's table."""
+    import json
+
+    doc, data = _doc(), json.loads(HEAL.read_text())
+    assert HEAL.name in doc
+    for name, ppl in data["originals"].items():
+        assert f"{name} ({ppl:.2f})" in doc
+    for row in data["rows"]:
+        cells = " | ".join(f"{q['ppl']:,.2f} ({q['increase']:+.1%})" for q in row["quality"].values())
+        assert f"| {row['rank']} | {row['method']} | {cells} |" in doc, row["method"]

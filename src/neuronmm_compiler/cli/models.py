@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -41,28 +42,51 @@ def _stage_bar(enabled: bool):
 @click.option("--rank-down", type=click.IntRange(min=1), default=None, help="Override the down projection's rank.")
 @click.option("--factor-dtype", default="float32", show_default=True,
               help="dtype of the stored factors: float32, bfloat16, float16, or model (the model's torch_dtype).")
-@click.option("--calibration", default=None, metavar="FILE",
-              help="Calibration data for activation-aware (whitened) truncation: UTF-8 text (tokenized with the "
-                   "model's tokenizer.json; needs nmmc[models]), token ids as .npy, or pre-captured activations "
-                   "as .safetensors (model.layers.{i}.mlp.input [tokens, hidden], optionally "
-                   "model.layers.{i}.mlp.down_proj.input).")
+@click.option("--calibration", multiple=True, metavar="FILE",
+              help="Calibration data for activation-aware (whitened) truncation and healing: UTF-8 text (tokenized "
+                   "with the model's tokenizer.json; needs nmmc[models]), token ids as .npy, or pre-captured "
+                   "activations as .safetensors (model.layers.{i}.mlp.input [tokens, hidden], optionally "
+                   "model.layers.{i}.mlp.down_proj.input). Repeat it to mix sources of different kinds (each "
+                   "gets an equal share of --calibration-tokens); one source alone draws a warning.")
 @click.option("--calibration-tokens", default=16384, show_default=True, type=click.IntRange(min=2),
-              help="Use at most this many calibration tokens.")
-@click.option("--eval", "eval_path", default=None, metavar="FILE",
+              help="Use at most this many calibration tokens from the files (split evenly between them).")
+@click.option("--calibration-samples", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+              help="Add N tokens of text sampled from the original model itself to the calibration set.")
+@click.option("--eval", "eval_path", multiple=True, metavar="FILE",
               help="Held-out text (or .npy token ids): measure perplexity and top-1 agreement of the original and "
-                   "the compressed model, and each layer's MLP output error; recorded in the manifest.")
+                   "the compressed model, and each layer's MLP output error; recorded in the manifest. Repeat it "
+                   "for several domains: each file is reported, and all of them together.")
 @click.option("--eval-tokens", default=8192, show_default=True, type=click.IntRange(min=2),
-              help="Use at most this many evaluation tokens.")
+              help="Use at most this many evaluation tokens of each --eval file.")
 @click.option("--max-ppl-increase", default=0.10, show_default=True, type=float,
-              help="Warn when --eval measures a perplexity rise above this fraction.")
+              help="Perplexity budget: a fraction (0.1) or, above 1, a percentage (10). --eval warns above it; "
+                   "--choose-ranks without --tokens chooses per-layer ranks within it.")
+@click.option("--heal", default="none", show_default=True, type=click.Choice(["none", "closed-form", "finetune"]),
+              help="Heal the factors after truncation (needs --calibration): closed-form re-solves each projection, "
+                   "layer by layer, against the original layer's output on the inputs the compressed model really "
+                   "produces; finetune then distils the original model into the factors (needs torch: "
+                   "pip install 'nmmc[torch]'). Ranks and the file format are unchanged.")
+@click.option("--heal-damping", default=1e-4, show_default=True, type=float,
+              help="Ridge of the closed-form refit, relative to the mean diagonal of its inputs' Gram matrix.")
+@click.option("--heal-prior", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Weight of whitened SVD's own objective (output error on the original model's activations) "
+                   "added to the closed-form refit's: a prior that keeps the refit from fitting few calibration "
+                   "tokens alone.")
+@click.option("--heal-target", default="layer", show_default=True, type=click.Choice(["layer", "stream"]),
+              help="Closed-form targets: the original layer on the compressed model's inputs (layer), or the "
+                   "original model's own activations (stream, also undoes earlier layers' drift).")
+@click.option("--finetune-steps", default=None, type=click.IntRange(min=1), help="Fine-tuning steps (default 60).")
+@click.option("--finetune-lr", default=None, type=float, help="Fine-tuning peak learning rate (default 1e-4).")
 @click.option("--sequence-length", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per sequence of the calibration and evaluation forward passes.")
 @click.option("--damping", default=1e-4, show_default=True, type=float,
               help="Whitening damping, relative to the mean diagonal of X^T X.")
 @click.option("--choose-ranks", is_flag=True,
-              help="Choose each layer's ranks (or keep it dense) for the best predicted accuracy (whitened loss "
-                   "through each layer's measured sensitivity) within the predicted MLP latency of uniform ranks at "
-                   "--keep-ratio (needs --calibration and --tokens).")
+              help="Choose each layer's ranks (or keep it dense). Without --tokens: greedily, least sensitive layer "
+                   "first, each step kept only if the measured perplexity increase on calibration tokens stays "
+                   "within --max-ppl-increase (the front is printed and plotted to OUT/choice_front.png). With "
+                   "--tokens: the best predicted accuracy within the predicted MLP latency of uniform ranks at "
+                   "--keep-ratio. Needs --calibration.")
 @click.option("--target-speedup", default=None, type=float, metavar="S",
               help="Instead: the most accurate ranks whose predicted MLP latency is 1/S of the fused dense MLP's "
                    "(needs --calibration and --tokens).")
@@ -75,36 +99,97 @@ def _stage_bar(enabled: bool):
 @click.option("-o", "--output", required=True, metavar="OUT_DIR", help="Directory for the factors and manifest.json.")
 @tp_compress
 def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | None, rank_up: int | None,
-             rank_down: int | None, factor_dtype: str, calibration: str | None, calibration_tokens: int,
-             eval_path: str | None, eval_tokens: int, max_ppl_increase: float, sequence_length: int, damping: float,
-             choose_ranks: bool, target_speedup: float | None, buckets: str | None, target: str, progress: bool | None,
-             as_json: bool, output: str) -> None:
+             rank_down: int | None, output: str, tp: int = 1, **options: Any) -> None:
     """Compress every MLP projection (gate, up, down) of the model in MODEL_DIR (config.json and
     safetensors weights) into block-aligned low-rank factors: one safetensors file per layer and a
     manifest with ranks, parameter counts and errors. With --calibration, the truncation is
     activation-aware (SVD-LLM whitening), which keeps a real model working where plain SVD breaks
-    it; --eval measures the result; --choose-ranks picks per-layer ranks for accuracy and predicted
-    speed together. Layer by layer, resumable: an interrupted run continues where it stopped."""
+    it; --heal refits the factors after truncation; --eval measures the result on each file;
+    --choose-ranks picks per-layer ranks from measured perplexity (or, with --tokens, for accuracy and
+    predicted speed together). Layer by layer, resumable: an interrupted run continues where it stopped."""
     from ..io import check_output_dir
-    from ..model_tuning import parse_buckets
     from ..models.manifest import MANIFEST_FILE
-    from ..models.workflow import CompressRequest, run_compress
-    from ..targets import get_target
+    from ..models.workflow import run_compress
 
     check_output_dir(output)
     ranks = {k: v for k, v in (("gate", rank_gate), ("up", rank_up), ("down", rank_down)) if v is not None}
-    joint = choose_ranks or target_speedup is not None
-    request = CompressRequest(
-        model_dir=model_dir, out_dir=output, keep_ratio=keep_ratio, align=align, ranks=ranks or None,
-        dtype=factor_dtype, calibration=calibration, calibration_tokens=calibration_tokens, eval=eval_path,
-        eval_tokens=eval_tokens, sequence_length=sequence_length, damping=damping, choose_ranks=choose_ranks,
-        target_speedup=target_speedup, buckets=tuple(parse_buckets(buckets)) if buckets else None,
-        target=get_target(target) if joint else None, max_ppl_increase=max_ppl_increase)
-    update, close = _stage_bar(show_progress(progress, as_json))
+    bars = show_progress(options["progress"], options["as_json"])
+    request = _request(model_dir, output, keep_ratio, align, ranks, tp, bars, options)
+    update, close = _stage_bar(bars)
     try:
         result = run_compress(request, progress=update)
     finally:
         close()
     for warning in result.warnings:
         click.echo(f"nmmc: warning: {warning}", err=True)
-    echo_lines([(Path(output) / MANIFEST_FILE).read_text()] if as_json else compress_lines(result.manifest, output))
+    if tp != 1:
+        click.echo(f"wrote the factor shards for --tp {tp} to {Path(output) / f'tp{tp}'} (shards.json maps every "
+                   "layout)", err=options["as_json"])
+    if options["as_json"]:
+        echo_lines([(Path(output) / MANIFEST_FILE).read_text()])
+        return
+    echo_lines(compress_lines(result.manifest, output) + _extra_lines(result, output))
+
+
+def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: dict[str, int], tp: int,
+             bars: bool, o: dict[str, Any]):
+    """The CompressRequest of ``nmmc compress``'s options ``o``."""
+    from dataclasses import replace
+
+    from ..model_tuning import parse_buckets
+    from ..models.finetune import FinetuneSettings
+    from ..models.workflow import CompressRequest
+    from ..targets import get_target
+
+    finetune = None
+    if o["finetune_steps"] is not None or o["finetune_lr"] is not None:
+        finetune = FinetuneSettings()
+        if o["finetune_steps"] is not None:
+            finetune = replace(finetune, steps=o["finetune_steps"])
+        if o["finetune_lr"] is not None:
+            finetune = replace(finetune, learning_rate=o["finetune_lr"])
+    joint = o["target_speedup"] is not None or (o["choose_ranks"] and bool(o["buckets"]))
+    return CompressRequest(
+        model_dir=model_dir, out_dir=output, keep_ratio=keep_ratio, align=align, ranks=ranks or None,
+        dtype=o["factor_dtype"], calibration=o["calibration"] or None, calibration_tokens=o["calibration_tokens"],
+        calibration_samples=o["calibration_samples"], eval=o["eval_path"] or None, eval_tokens=o["eval_tokens"],
+        sequence_length=o["sequence_length"], damping=o["damping"], choose_ranks=o["choose_ranks"],
+        target_speedup=o["target_speedup"], buckets=tuple(parse_buckets(o["buckets"])) if o["buckets"] else None,
+        target=get_target(o["target"]) if joint else None, max_ppl_increase=o["max_ppl_increase"], heal=o["heal"],
+        heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"], finetune=finetune,
+        progress_bars=bars, tp=tp)
+
+
+def _extra_lines(result, output: str) -> list[str]:
+    """Healing, per-file evaluation and the measured rank choice's front."""
+    lines = []
+    heal = result.manifest.heal
+    if heal:
+        cf = heal.get("closed_form_error", {})
+        tuned = ""
+        if "finetune_run" in heal:
+            run = heal["finetune_run"]
+            tuned = (f"; fine-tuned {heal['finetune']['steps']} steps ({run['seconds']:.0f} s this run), KL "
+                     f"{run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
+        lines.append(f"  healed ({heal['method']}): closed-form refit residual on calibration tokens "
+                     f"{cf.get('mean_before', float('nan')):.4f} -> {cf.get('mean_after', float('nan')):.4f} (mean "
+                     f"relative){tuned}")
+    quality = result.manifest.quality
+    for q in (quality or {}).get("per_file", []):
+        lines.append(f"    {q['source']}: {q['tokens']} tokens, perplexity {q['perplexity_original']:.2f} -> "
+                     f"{q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%}), top-1 agreement "
+                     f"{q['top1_agreement']:.3f}")
+    sharded = (quality or {}).get("tensor_parallel")
+    if sharded:
+        lines.append(f"  --tp {sharded['tp']} factor-shard blocks ({sharded['method']}): perplexity "
+                     f"{sharded['perplexity_original']:.2f} -> {sharded['perplexity_compressed']:.2f} "
+                     f"({sharded['perplexity_increase']:+.1%}), top-1 agreement {sharded['top1_agreement']:.3f}")
+        for q in sharded.get("per_file", []):
+            lines.append(f"    {q['source']}: perplexity {q['perplexity_compressed']:.2f} "
+                         f"({q['perplexity_increase']:+.1%}), top-1 agreement {q['top1_agreement']:.3f}")
+    if result.measured_choice is not None:
+        from ..models.measured_choice import front_lines
+
+        lines += front_lines(result.measured_choice)
+        lines.append(f"  front plotted to {Path(output) / 'choice_front.png'}")
+    return lines

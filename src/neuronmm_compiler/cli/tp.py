@@ -134,26 +134,20 @@ def tp_verify(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def tp_compress(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add ``--tp`` to ``nmmc compress``: after the compression, the factor shards of a tensor-parallel
-    deployment (``OUT/tp<N>/``, :mod:`neuronmm_compiler.tensor_parallel.shard_factors`)."""
+    deployment (``OUT/tp<N>/``, :mod:`neuronmm_compiler.tensor_parallel.shard_factors`), written by the
+    command itself with the same whitening and healing as the unsharded factors."""
 
     @functools.wraps(fn)
     def run(*args: Any, tp: int, **kwargs: Any) -> Any:
-        if tp == 1:
-            return fn(*args, **kwargs)
-        from ..tensor_parallel.shard_factors import check_model_tp, shards_note, write_shards
+        if tp != 1:
+            from ..tensor_parallel.shard_factors import check_model_tp
 
-        check_model_tp(kwargs["model_dir"], tp)
-        fn(*args, **kwargs)
-        note = shards_note(bool(kwargs.get("calibration")))
-        if note:
-            click.echo(f"nmmc: warning: {note}", err=True)
-        path = write_shards(kwargs["model_dir"], kwargs["output"], tp)
-        click.echo(f"wrote the factor shards for --tp {tp} to {path} (shards.json maps every layout)",
-                   err=bool(kwargs.get("as_json")))
-        return None
+            check_model_tp(kwargs["model_dir"], tp)
+        return fn(*args, tp=tp, **kwargs)
 
     return click.option("--tp", default=1, show_default=True, type=int, metavar="N",
                         help="Also write the factor shards of a tensor-parallel deployment over N NeuronCores "
-                             "into OUT/tpN/: each rank's own factorisation of its block of every projection, and "
-                             "shards.json mapping the unsharded factors to each rank's slices "
-                             "(docs/tensor-parallel.md).")(run)
+                             "into OUT/tpN/: each rank's own factorisation of its block of every projection (with "
+                             "--calibration/--heal whitened and healed like the unsharded factors; --eval measures "
+                             "the sharded model too), and shards.json mapping the unsharded factors to each rank's "
+                             "slices (docs/tensor-parallel.md).")(run)

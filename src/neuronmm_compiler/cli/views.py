@@ -106,7 +106,7 @@ def compress_lines(manifest: Any, output: str) -> list[str]:
                      f"{q['perplexity_original']:.2f} -> {q['perplexity_compressed']:.2f} "
                      f"({q['perplexity_increase']:+.1%}), top-1 agreement {q['top1_agreement']:.3f}, "
                      f"MLP output error mean {sum(errors) / len(errors):.3f} worst {max(errors):.3f}")
-    if manifest.rank_choice:
+    if manifest.rank_choice and "latency" in manifest.rank_choice:  # the measured choice prints its own front
         lines += rank_choice_lines(manifest.rank_choice)
     lines.append(f"wrote {len(manifest.layers)} layer files and manifest.json to {output}")
     return lines

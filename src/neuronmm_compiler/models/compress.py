@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -113,8 +114,9 @@ def _check_layer_ranks(config: ModelConfig, layer_ranks: Sequence[Mapping[str, i
 
 
 def _settings(config: ModelConfig, keep_ratio: float, align: int, dtype: str, ranks: Mapping[str, int | None],
-              whitening: dict | None) -> dict:
+              whitening: dict | None, heal: dict | None = None) -> dict:
     """What a layer file must record to be reused by a run (as it reads back from JSON)."""
+    extra = {} if heal is None else {"heal": heal}  # absent when not healed: older layer files stay reusable
     return json.loads(json.dumps({
         "method": "whitened" if whitening else "svd",
         "whitening": whitening,
@@ -125,6 +127,7 @@ def _settings(config: ModelConfig, keep_ratio: float, align: int, dtype: str, ra
         "dtype": dtype,
         "ranks": ranks,
         "svd": {"lapack_max_dim": svd.LAPACK_MAX_DIM, "gram_cutoff": svd.GRAM_CUTOFF},
+        **extra,
     }))
 
 
@@ -200,10 +203,19 @@ def _factor(w: np.ndarray, rank: int, np_dtype: type, threads: int | None, gram:
         return u, v, svd.relative_error(w, u, v), "whitened", white.output_error
 
 
+def _output_error(w: np.ndarray, u: np.ndarray, v: np.ndarray, gram: np.ndarray) -> float:
+    """Relative output error ``||X (W - u v)||_F / ||X W||_F`` on the calibration activations (from ``X^T X``)."""
+    w64 = np.asarray(w, dtype=np.float64)
+    diff = w64 - np.asarray(u, dtype=np.float64) @ np.asarray(v, dtype=np.float64)
+    total = float(np.einsum("ij,ij->", w64, gram @ w64))
+    return float(np.sqrt(max(float(np.einsum("ij,ij->", diff, gram @ diff)), 0.0) / total)) if total > 0 else 0.0
+
+
 def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks: Mapping[str, int | None],
                     dtype: str, threads: int | None, on_matrix: Callable[[], None],
-                    calibration: Calibration | None,
-                    damping: float) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
+                    calibration: Calibration | None, damping: float,
+                    given: Mapping[str, Any] | None = None, healed: str | None = None
+                    ) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
     np_dtype, _ = OUTPUT_DTYPES[dtype]
     tensors: dict[str, np.ndarray] = {}
     entries: dict[str, ProjectionEntry] = {}
@@ -222,10 +234,18 @@ def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks
             on_matrix()
             continue
         gram = None if calibration is None else calibration.gram(layer, proj)
-        try:
-            u, v, error, method, output_error = _factor(w, rank, np_dtype, threads, gram, damping)
-        except InputError as exc:
-            raise InputError(f"{name}: {exc}") from None
+        if given is not None and isinstance(given[proj], tuple):  # healed factors, computed by the caller
+            u, v = (np.ascontiguousarray(np.asarray(t).astype(np_dtype)) for t in given[proj])
+            if u.shape != (k, rank) or v.shape != (rank, n):
+                raise InputError(f"{name}: given factors have shapes {list(u.shape)}, {list(v.shape)}; expected "
+                                 f"[{k}, {rank}], [{rank}, {n}]")
+            error, method = svd.relative_error(w, u, v), str(healed)
+            output_error = None if gram is None else _output_error(w, u, v, gram)
+        else:
+            try:
+                u, v, error, method, output_error = _factor(w, rank, np_dtype, threads, gram, damping)
+            except InputError as exc:
+                raise InputError(f"{name}: {exc}") from None
         entries[proj] = ProjectionEntry(rank=rank, shape=(k, n), relative_error=error, method=method,
                                         output_error=output_error)
         del w
@@ -239,7 +259,8 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
                    ranks: Mapping[str, int] | None = None, progress: Progress | None = None,
                    dtype: str = "float32", threads: int | None = None, calibration: Calibration | None = None,
                    damping: float = DEFAULT_DAMPING,
-                   layer_ranks: Sequence[Mapping[str, int | None]] | None = None) -> Manifest:
+                   layer_ranks: Sequence[Mapping[str, int | None]] | None = None,
+                   factors: Mapping[int, Mapping[str, Any]] | None = None, heal: dict | None = None) -> Manifest:
     """Compress the MLP of the model in ``model_dir`` into ``out_dir``; return the manifest written.
 
     - ``keep_ratio``: fraction of each MLP weight's parameters kept; the rank is the NeuronMM
@@ -254,6 +275,10 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
       by activation-aware whitened SVD (:mod:`.whitening`, with ``damping``) instead of plain SVD.
     - ``layer_ranks``: per layer, the rank of each projection, None keeping it dense (the joint
       accuracy/speed choice, :mod:`.rank_choice`); replaces the uniform keep-ratio ranks.
+    - ``factors`` and ``heal``: factors computed by the caller (healing, :mod:`.heal`), per layer and
+      projection ``(u, v)`` of the planned ranks, written instead of the SVD's; ``heal`` describes how
+      they were made (recorded in every layer file and the manifest, and part of what a resumed run
+      must match). Their projections' ``svd_method`` is ``heal["method"]``.
     - ``progress(done, total)``: called after each matrix factorized by this call; ``total`` is 3 x layers
       and ``done`` counts matrices finished so far, including those of layers found already complete
       (which are not recomputed and cause no call).
@@ -286,7 +311,9 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
         stale.unlink(missing_ok=True)
     _remove_previous_manifest(out / MANIFEST_FILE)  # present again only once every layer is done
 
-    settings = [_settings(config, keep_ratio, align, dtype, p, whitening) for p in plans]
+    if (factors is None) != (heal is None):
+        raise InputError("given factors need a heal record describing them, and a heal record needs the factors")
+    settings = [_settings(config, keep_ratio, align, dtype, p, whitening, heal) for p in plans]
     code = OUTPUT_DTYPES[dtype][1]
     layers = range(config.num_hidden_layers)
     entries: dict[int, LayerEntry | None] = {
@@ -307,7 +334,8 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
         if entries[layer] is not None:
             continue
         tensors, projections = _compress_layer(reader, config, layer, plans[layer], dtype, threads, on_matrix,
-                                               calibration, damping)
+                                               calibration, damping, None if factors is None else factors[layer],
+                                               None if heal is None else heal["method"])
         metadata = _layer_metadata(layer, settings[layer], projections)
         write_tensor_file(out / layer_file(layer), tensors, metadata)
         del tensors
@@ -317,6 +345,7 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     manifest = Manifest(model=config, keep_ratio=float(keep_ratio), align=align, dtype=dtype,
                         layers=tuple(entries[layer] for layer in layers),  # type: ignore[misc]
                         method="whitened" if calibration is not None else "svd",
-                        calibration=None if calibration is None else {**calibration.describe(), "damping": damping})
+                        calibration=None if calibration is None else {**calibration.describe(), "damping": damping},
+                        heal=heal)
     write_text_atomic(out / MANIFEST_FILE, manifest.to_json())
     return manifest

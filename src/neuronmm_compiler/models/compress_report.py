@@ -32,7 +32,12 @@ def _summary(manifest: Manifest) -> list[str]:
     for layer, ranks in enumerate(manifest.layer_ranks()):
         lines.append(f"| {layer} | " + " | ".join("dense" if r is None else str(r) for r in ranks.values()) + " |")
     rc = manifest.rank_choice
-    if rc:
+    if rc and "steps" in rc:  # the measured greedy choice (--choose-ranks without --tokens)
+        lines += ["", f"## Rank choice: {rc['mode']}, budget {rc['budget_ppl_increase']:+.1%}", "",
+                  "| step | layer | rank | kept | measured ppl increase | accepted |", "|---|---|---|---|---|---|"]
+        lines += [f"| {i} | {s['layer']} | {s['rank']} | {s['kept']:.3f} | {s['ppl_increase']:+.2%} | "
+                  f"{'yes' if s['accepted'] else 'no'} |" for i, s in enumerate(rc["steps"], 1)]
+    elif rc:
         buckets = ",".join(str(b) for b in rc["latency"]["buckets"])
         lines += ["", f"## Rank choice: {rc['objective']}", "",
                   f"Predicted MLP latency of all layers summed over token buckets {buckets} on "
@@ -60,7 +65,7 @@ def write_compression_report(manifest: Manifest, out_dir: str | Path) -> list[Pa
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     rc = manifest.rank_choice
-    if rc:
+    if rc and "latency" in rc:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         front = rc["front"]
         ax.plot([p["predicted_us"] for p in front], [p["loss"] for p in front], "o-", ms=3, label="Pareto front")

@@ -150,6 +150,7 @@ class Manifest:
     calibration: Mapping[str, Any] | None = None
     quality: Mapping[str, Any] | None = None
     rank_choice: Mapping[str, Any] | None = None
+    heal: Mapping[str, Any] | None = None
 
     def layer_ranks(self) -> list[dict[str, int | None]]:
         """Per layer, the rank of each projection (None for a dense one)."""
@@ -217,7 +218,8 @@ class Manifest:
                 "max_relative_error": max(errors),
             },
             **{key: dict(value) for key, value in (("calibration", self.calibration), ("quality", self.quality),
-                                                   ("rank_choice", self.rank_choice)) if value is not None},
+                                                   ("rank_choice", self.rank_choice), ("heal", self.heal))
+               if value is not None},
         }
 
     def to_json(self) -> str:
@@ -244,7 +246,7 @@ class Manifest:
         return cls(model=config, keep_ratio=float(raw["keep_ratio"]), align=int(raw["align"]),
                    dtype=str(raw["dtype"]), layers=layers, method=str(raw.get("method", "svd")),
                    calibration=raw.get("calibration"), quality=raw.get("quality"),
-                   rank_choice=raw.get("rank_choice"))
+                   rank_choice=raw.get("rank_choice"), heal=raw.get("heal"))
 
 
 def read_manifest(path: str | Path) -> Manifest:

@@ -7,9 +7,12 @@
 2. ranks: the uniform NeuronMM block-aligned ranks of ``keep_ratio``, or -- with ``choose_ranks`` or
    ``target_speedup`` -- per-layer ranks on the Pareto front of predicted latency and whitened loss
    (:mod:`.rank_choice`, :mod:`.latency`);
-3. factorization: whitened SVD when calibrated, plain SVD otherwise (:func:`.compress.compress_model`);
+   or -- ``choose_ranks`` without buckets -- greedily from measured perplexity (:mod:`.measured_choice`);
+3. factorization: whitened SVD when calibrated, plain SVD otherwise, then healing (``heal``:
+   :mod:`.heal`'s closed-form refit, and :mod:`.finetune`'s distillation) (:func:`.compress.compress_model`),
+   and the factor shards of ``tp`` > 1 with the same whitening and healing;
 4. quality (optional): perplexity, top-1 agreement and per-layer MLP output error of the compressed
-   model on held-out text (:mod:`.quality`), recorded in the manifest.
+   (and sharded) model on each held-out file and on all together (:mod:`.quality`), in the manifest.
 
 It returns the manifest and the warnings a user must see (plain SVD's cost, a perplexity rise over
 the threshold, a kept fraction far from the requested keep ratio).
@@ -17,6 +20,7 @@ the threshold, a kept fraction far from the requested keep ratio).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +40,7 @@ from .calibration import (
 )
 from .compress import compress_model, plan_ranks
 from .config import read_config
+from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_PRIOR, HEAL_METHODS, HEAL_TARGETS
 from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file
 from .whitening import DEFAULT_DAMPING
 
@@ -51,7 +56,13 @@ PLAIN_SVD_WARNING = ("plain SVD (no --calibration) ignores which directions the 
 
 @dataclass(frozen=True)
 class CompressRequest:
-    """What ``nmmc compress`` was asked (see :func:`run_compress`)."""
+    """What ``nmmc compress`` was asked (see :func:`run_compress`).
+
+    ``calibration`` and ``eval`` take one path or several (a tuple): several calibration files are mixed,
+    each contributing an equal share of ``calibration_tokens``; several eval files are measured one by
+    one and together. ``calibration_samples`` adds that many tokens sampled from the original model
+    (:mod:`.sampling`) to the calibration set.
+    """
 
     model_dir: str
     out_dir: str
@@ -60,9 +71,9 @@ class CompressRequest:
     ranks: dict[str, int] | None = None
     dtype: str = "float32"
     threads: int | None = None
-    calibration: str | None = None
+    calibration: str | tuple[str, ...] | None = None
     calibration_tokens: int | None = 16384
-    eval: str | None = None
+    eval: str | tuple[str, ...] | None = None
     eval_tokens: int | None = 8192
     sequence_length: int = DEFAULT_SEQUENCE
     damping: float = DEFAULT_DAMPING
@@ -71,6 +82,14 @@ class CompressRequest:
     buckets: tuple[int, ...] | None = None  # token buckets; needed for the joint rank choice
     target: Any = None  # a Target; needed for the joint rank choice
     max_ppl_increase: float = 0.10
+    calibration_samples: int = 0
+    heal: str = "none"
+    heal_damping: float = DEFAULT_HEAL_DAMPING
+    heal_target: str = "layer"
+    heal_prior: float = DEFAULT_HEAL_PRIOR
+    finetune: Any = None  # finetune.FinetuneSettings; None: its defaults
+    progress_bars: bool = False  # tqdm bars of long stages (fine-tuning) on stderr
+    tp: int = 1  # > 1: also write the factor shards of a tensor-parallel deployment (OUT/tp<N>/)
 
 
 @dataclass
@@ -79,23 +98,73 @@ class CompressResult:
     warnings: list[str] = field(default_factory=list)
     front: Any = None  # rank_choice.Front when ranks were chosen jointly
     choice: Any = None
+    measured_choice: Any = None  # measured_choice.MeasuredChoice with --choose-ranks and no --tokens
+
+
+def _paths(value: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str | Path) else tuple(value)
+
+
+def minimum_calibration_tokens(intermediate_size: int) -> int:
+    """Fewest calibration tokens accepted: the MLP's intermediate size (below it the Gram matrix of the
+    down projection's input is singular, and whitening fits a subspace of the text's own), at least 256."""
+    return max(256, int(intermediate_size))
+
+
+def single_source_warning(source: str) -> str:
+    return (f"calibration comes from a single source ({source}): whitening and healing fit its kind of text, and "
+            "on SmolLM2-135M text of another domain lost several times more perplexity than text of the "
+            "calibration's own (docs/compression.md); mix sources: several --calibration files of different "
+            "kinds and --calibration-samples N (text sampled from the model itself)")
 
 
 def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
-                 progress: StageProgress | None) -> tuple[Calibration | None, np.ndarray | None]:
-    """The Grams, and the calibration token ids (None for pre-captured activations)."""
-    if request.calibration is None:
-        return None, None
-    path = Path(request.calibration)
-    if path.suffix == ".safetensors":
+                 progress: StageProgress | None) -> tuple[Calibration | None, np.ndarray | None, list[str]]:
+    """The Grams, the calibration token ids (None for pre-captured activations), and warnings."""
+    paths = _paths(request.calibration)
+    if not paths and request.calibration_samples <= 0:
+        return None, None, []
+    config = read_config(request.model_dir)
+    minimum = minimum_calibration_tokens(config.intermediate_size)
+    if len(paths) == 1 and Path(paths[0]).suffix == ".safetensors" and request.calibration_samples <= 0:
+        path = Path(paths[0])
         check_input_file(path, "--calibration", "one .safetensors file of activations")
         model = model_loader()
-        return calibration_from_activations(path, request.model_dir,
-                                            inner_from=lambda layer, x: model.mlp(layer, x)[1]), None
-    ids = load_tokens(path, request.model_dir, request.calibration_tokens, what="--calibration")
-    model = model_loader()
-    return calibrate(model, ids, source=f"{path.name}, {ids.size} tokens", length=request.sequence_length,
-                     progress=None if progress is None else lambda d, t: progress("calibrating", d, t)), ids
+        calibration = calibration_from_activations(path, request.model_dir,
+                                                   inner_from=lambda layer, x: model.mlp(layer, x)[1])
+        if calibration.tokens < minimum:
+            raise InputError(f"--calibration {path}: {calibration.tokens} activation rows; at least {minimum} are "
+                             "needed (the model's intermediate size)")
+        return calibration, None, [single_source_warning(path.name)]
+    if any(Path(p).suffix == ".safetensors" for p in paths):
+        raise InputError("pre-captured activations (.safetensors) are a calibration set of their own: give that one "
+                         "file alone, without other --calibration files or --calibration-samples")
+    budget = request.calibration_tokens
+    share = None if budget is None or not paths else max(budget // len(paths), 2)
+    parts, sources = [], []
+    for p in paths:
+        ids = load_tokens(p, request.model_dir, share, what="--calibration")
+        parts.append(ids)
+        sources.append(f"{Path(p).name} ({ids.size} tokens)")
+    model = model_loader() if parts or request.calibration_samples > 0 else None
+    if request.calibration_samples > 0:
+        from .sampling import sample_tokens
+
+        sampled = sample_tokens(model, request.calibration_samples, length=request.sequence_length,
+                                progress=None if progress is None else lambda d, t: progress("sampling", d, t))
+        parts.append(sampled)
+        sources.append(f"{sampled.size} tokens sampled from the model")
+    ids = np.concatenate(parts)
+    if ids.size < minimum:
+        raise InputError(f"--calibration has {ids.size} tokens; at least {minimum} are needed for this model (its "
+                         "intermediate size: fewer leave the down projection's activation Gram matrix singular)")
+    warnings = [single_source_warning(Path(paths[0]).name)] if len(paths) == 1 and not request.calibration_samples \
+        else []
+    calibration = calibrate(model, ids, source=", ".join(sources), length=request.sequence_length,
+                            progress=None if progress is None else lambda d, t: progress("calibrating", d, t))
+    return calibration, ids, warnings
 
 
 #: Calibration tokens on which each layer's sensitivity is measured (one forward pass per layer).
@@ -196,25 +265,210 @@ def load_factors(out_dir: str | Path, manifest: Manifest) -> dict[int, dict[str,
     return factors
 
 
+#: Calibration tokens the measured rank choice (--choose-ranks without --tokens) measures perplexity on,
+#: taken as whole sequences spread evenly over the calibration set (so every source is represented).
+SELECTION_TOKENS = 1024
+#: The measured rank choice spends this fraction of --max-ppl-increase on the selection tokens: they are
+#: calibration text, and on SmolLM2-135M text of other domains lost 2-3x more perplexity than the
+#: calibration's own (docs/compression.md), so the whole budget there overshoots it elsewhere.
+SELECTION_SHARE = 0.5
+
+
+def selection_tokens(ids: np.ndarray, length: int, total: int = SELECTION_TOKENS) -> np.ndarray:
+    """``total`` tokens of ``ids`` as whole sequences of ``length`` at evenly spaced positions."""
+    chunks = sequences(ids, length)
+    count = max(1, min(len(chunks), -(-total // length)))
+    picks = np.unique(np.linspace(0, len(chunks) - 1, count).round().astype(int))
+    return np.concatenate([chunks[i] for i in picks])
+#: The fine-tuning checkpoint in the output directory (removed once the manifest is written).
+FINETUNE_CHECKPOINT = "heal-finetune.ckpt"
+
+
+def _plans(request: CompressRequest, layer_ranks) -> list[dict[str, int | None]]:
+    config = read_config(request.model_dir)
+    if layer_ranks is not None:
+        return [dict(r) for r in layer_ranks]
+    return [dict(plan_ranks(config, request.keep_ratio, request.align, request.ranks))] * config.num_hidden_layers
+
+
+def whitened_factors(model, calibration: Calibration, plans, damping: float) -> dict[int, dict[str, Any]]:
+    """Per layer and projection the whitened SVD factors ``(u, v)`` of ``plans`` (None: the dense ``W``)."""
+    from .whitening import whiten, whitened_svd
+
+    out: dict[int, dict[str, Any]] = {}
+    for layer, ranks in enumerate(plans):
+        white = {name: whiten(calibration.grams[layer][name], damping) for name in ("input", "inner")
+                 if any(ranks[p] is not None for p in (("down",) if name == "inner" else ("gate", "up")))}
+        out[layer] = {}
+        for proj, rank in ranks.items():
+            w = model.mlp_weight(layer, proj)
+            if rank is None:
+                out[layer][proj] = w
+                continue
+            f = whitened_svd(w, calibration.gram(layer, proj), rank, damping,
+                             whitening=white["inner" if proj == "down" else "input"])
+            out[layer][proj] = (f.u.astype(np.float32), f.v.astype(np.float32))
+    return out
+
+
+def _shard_args(request: CompressRequest, model) -> dict[str, Any]:
+    """``shards`` and ``shard_rank`` of the factor-shard blocks of ``--tp`` (empty without it)."""
+    if request.tp <= 1:
+        return {}
+    from ..tensor_parallel.shard_factors import block_rank, shard_spans
+
+    a = model.arch
+    return {"shards": shard_spans(a.intermediate_size, request.tp),
+            "shard_rank": lambda rows, cols, full: block_rank(rows, cols, full, a.hidden_size, a.intermediate_size)}
+
+
+def _heal(request: CompressRequest, model, calibration: Calibration, ids: np.ndarray | None, plans,
+          progress: StageProgress | None, shard_out: dict | None = None) -> tuple[dict, dict]:
+    """The healed factors and the heal record (see :mod:`.heal`, :mod:`.finetune`); the factor-shard
+    blocks of ``--tp`` healed the same way into ``shard_out``."""
+    from .heal import closed_form_heal
+
+    if ids is None:
+        raise InputError("--heal runs the model over calibration tokens: give --calibration as text or .npy token "
+                         "ids (pre-captured activations cannot be re-run through the healed layers)")
+    start = whitened_factors(model, calibration, plans, request.damping)
+    record: dict[str, Any] = {"method": request.heal, "calibration": calibration.digest(),
+                              "damping": request.heal_damping, "target": request.heal_target,
+                              "prior_weight": request.heal_prior}
+    healed, report = closed_form_heal(
+        model, ids, start, length=request.sequence_length, damping=request.heal_damping, target=request.heal_target,
+        progress=None if progress is None else lambda d, t: progress("healing (closed form)", d, t),
+        shard_out=shard_out, prior=calibration.grams, prior_weight=request.heal_prior,
+        **_shard_args(request, model))
+    record["closed_form_error"] = {
+        "mean_before": float(np.mean([v for layer in report.before for v in layer.values()] or [0.0])),
+        "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
+    if request.heal == "finetune":
+        from dataclasses import asdict
+
+        from .finetune import FinetuneSettings, finetune_heal
+
+        settings = request.finetune or FinetuneSettings()
+        record["finetune"] = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
+        record["finetune"]["start"] = "closed-form"
+        healed, run = finetune_heal(
+            model, ids, healed, settings=settings, checkpoint=Path(request.out_dir) / FINETUNE_CHECKPOINT,
+            identity={"calibration": calibration.digest(), "damping": request.damping,
+                      "heal_damping": request.heal_damping, "target": request.heal_target,
+                      "prior": request.heal_prior},
+            progress=request.progress_bars,
+            on_step=None if progress is None or request.progress_bars else
+            lambda d, t, _loss: progress("healing (fine-tuning)", d, t))
+        record["finetune_run"] = run
+    return healed, record
+
+
+def _measure(model, eval_sets, mlp, request: CompressRequest, progress: StageProgress | None):
+    """Per eval file quality, and the overall (token-weighted) quality dict for the manifest."""
+    from .quality import evaluate
+
+    per_file = []
+    for path, ids in eval_sets:
+        q = evaluate(model, ids, mlp, length=request.sequence_length,
+                     progress=None if progress is None else lambda d, t, n=Path(path).name: progress(
+                         f"evaluating {n}", d, t))
+        per_file.append({**q.to_dict(), "source": Path(path).name})
+    tokens = sum(q["tokens"] for q in per_file)
+    nll_o = sum(math.log(q["perplexity_original"]) * q["tokens"] for q in per_file) / tokens
+    nll_c = sum(math.log(q["perplexity_compressed"]) * q["tokens"] for q in per_file) / tokens
+    agree = sum(q["top1_agreement"] * q["tokens"] for q in per_file) / tokens
+    layers = len(per_file[0]["mlp_output_error"])
+    errors = [math.sqrt(sum(q["tokens"] * q["mlp_output_error"][i] ** 2 for q in per_file) / tokens)
+              for i in range(layers)]
+    overall = {"tokens": tokens, "perplexity_original": math.exp(nll_o), "perplexity_compressed": math.exp(nll_c),
+               "perplexity_increase": math.exp(nll_c - nll_o) - 1.0, "top1_agreement": agree,
+               "mlp_output_error": errors, "source": ", ".join(q["source"] for q in per_file)}
+    if len(per_file) > 1:
+        overall["per_file"] = per_file
+    return overall
+
+
+def _write_shards(request: CompressRequest, model_loader, calibration: Calibration | None, layer_ranks,
+                  blocks: dict | None, eval_sets, progress: StageProgress | None) -> dict | None:
+    """Write OUT/tp<N>/ (whitened or healed blocks when calibrated) and measure the sharded model on the
+    eval files; the measurement (None without --eval)."""
+    from ..tensor_parallel.shard_factors import write_shards
+    from .heal import sharded_mlp, whitened_shards
+
+    method = "plain SVD per block"
+    if calibration is not None:
+        model = model_loader()
+        if request.heal != "none":
+            method = "whitened SVD per block, closed-form healed like the unsharded factors"
+        else:
+            blocks = whitened_shards(model, calibration.grams, _plans(request, layer_ranks),
+                                     **_shard_args(request, model), damping=request.damping)
+            method = "whitened SVD per block (the calibration's activations)"
+    directory = write_shards(request.model_dir, request.out_dir, request.tp, blocks=blocks, method=method)
+    if not eval_sets:
+        return None
+    model = model_loader()
+    written = _read_shard_blocks(directory, model.arch.num_hidden_layers, request.tp)
+    mlp = sharded_mlp(model, written, _shard_args(request, model)["shards"])
+    return {"tp": request.tp, "method": method, **_measure(model, eval_sets, mlp, request, progress)}
+
+
+def _read_shard_blocks(directory: Path, layers: int, tp: int) -> dict[int, dict[str, Any]]:
+    """The factor-shard blocks as written (None for a projection whose blocks are not factored)."""
+    from safetensors import safe_open
+
+    out: dict[int, dict[str, Any]] = {}
+    for layer in range(layers):
+        out[layer] = {}
+        stem = layer_file(layer).removesuffix(".safetensors")
+        files = [directory / f"{stem}.rank{rank}.safetensors" for rank in range(tp)]
+        if not all(f.is_file() for f in files):
+            continue
+        handles = [safe_open(str(f), framework="np") for f in files]
+        for proj in ("gate", "up", "down"):
+            u_name, v_name = factor_names(layer, proj)
+            if u_name in handles[0].keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                out[layer][proj] = [(h.get_tensor(u_name).astype(np.float32), h.get_tensor(v_name).astype(np.float32))
+                                    for h in handles]
+    return out
+
+
+def ppl_fraction(value: float) -> float:
+    """``--max-ppl-increase``: a fraction (0.10) or, above 1, a percentage (10 means +10%)."""
+    return value / 100.0 if value > 1 else value
+
+
 def run_compress(request: CompressRequest, *, progress: StageProgress | None = None) -> CompressResult:
     """Compress as ``request`` says (see the module docstring); return the manifest and warnings."""
     from .forward import CausalLM
-    from .quality import evaluate, factored_mlp
+    from .quality import factored_mlp
 
-    if (request.choose_ranks or request.target_speedup is not None) and request.calibration is None:
-        raise InputError("choosing ranks for accuracy and speed needs --calibration (the accuracy proxy is the "
-                         "whitened truncation loss on calibration activations)")
-    if (request.choose_ranks or request.target_speedup is not None) and not request.buckets:
+    measured = request.choose_ranks and not request.buckets and request.target_speedup is None
+    calibrated = bool(_paths(request.calibration)) or request.calibration_samples > 0
+    if (request.choose_ranks or request.target_speedup is not None) and not calibrated:
+        raise InputError("choosing ranks needs --calibration (whitened factors, and tokens to measure on)")
+    if request.target_speedup is not None and not request.buckets:
         raise InputError("choosing ranks for speed needs --tokens with the token buckets you serve, e.g. "
                          "--tokens 1,128,512")
     if request.target_speedup is not None and not request.target_speedup > 0:
         raise InputError(f"--target-speedup must be positive; got {request.target_speedup}")
     if not request.max_ppl_increase >= 0:
-        raise InputError(f"--max-ppl-increase must be a non-negative fraction; got {request.max_ppl_increase}")
+        raise InputError(f"--max-ppl-increase must be non-negative; got {request.max_ppl_increase}")
+    if request.heal not in HEAL_METHODS:
+        raise InputError(f"unknown --heal {request.heal!r}; accepted: {', '.join(HEAL_METHODS)}")
+    if request.heal_target not in HEAL_TARGETS:
+        raise InputError(f"unknown heal target {request.heal_target!r}; accepted: {', '.join(HEAL_TARGETS)}")
+    if request.heal != "none" and not calibrated:
+        raise InputError("--heal needs --calibration (healing fits the factors on calibration tokens)")
+    if request.heal == "finetune":
+        from .finetune import import_torch
+
+        import_torch()  # the one-line install hint before any work
     if not Path(request.model_dir).is_dir():  # reported before any work, as compress_model words it
         raise InputError(f"model directory not found: {request.model_dir} (it must hold config.json and safetensors "
                          "weights)")
     read_config(request.model_dir)
+    budget = ppl_fraction(request.max_ppl_increase)
     loaded: list[Any] = []
 
     def model() -> Any:
@@ -222,39 +476,71 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
             loaded.append(CausalLM(request.model_dir))
         return loaded[0]
 
-    eval_ids = None if request.eval is None else load_tokens(request.eval, request.model_dir, request.eval_tokens,
-                                                            what="--eval")
-    calibration, calibration_ids = _calibration(request, model, progress)
+    eval_sets = [(p, load_tokens(p, request.model_dir, request.eval_tokens, what="--eval"))
+                 for p in _paths(request.eval)]
+    calibration, calibration_ids, warnings = _calibration(request, model, progress)
     layer_ranks = record = front = point = None
-    if request.choose_ranks or request.target_speedup is not None:
+    chosen = None
+    if measured:
+        from .measured_choice import measured_choice
+        from .whitening import whitened_svd
+
+        if calibration_ids is None:
+            raise InputError("--choose-ranks without --tokens measures perplexity on calibration tokens: give "
+                             "--calibration as text or .npy token ids")
+        m = model()
+        chosen = measured_choice(
+            m, selection_tokens(calibration_ids, request.sequence_length), budget * SELECTION_SHARE,
+            lambda layer, proj, rank: (lambda f: (f.u, f.v))(whitened_svd(
+                m.mlp_weight(layer, proj), calibration.gram(layer, proj), rank, request.damping)),
+            length=request.sequence_length, align=request.align,
+            progress=None if progress is None else lambda d, t: progress("choosing ranks (measured)", d, t))
+        layer_ranks = [{p: r for p in ("gate", "up", "down")} for r in chosen.choice]
+        record = {**chosen.to_dict(), "budget_ppl_increase": budget, "selection_budget": budget * SELECTION_SHARE,
+                  "selection_tokens": int(selection_tokens(calibration_ids, request.sequence_length).size)}
+    elif request.choose_ranks or request.target_speedup is not None:
         layer_ranks, record, front, point = _choose_ranks(request, calibration, calibration_ids, model(), progress)
+    healed = heal_record = None
+    shard_blocks: dict | None = {} if request.tp > 1 and calibration is not None else None
+    if request.heal != "none":
+        healed, heal_record = _heal(request, model(), calibration, calibration_ids, _plans(request, layer_ranks),
+                                    progress, shard_out=shard_blocks)
     manifest = compress_model(
         request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
-        layer_ranks=layer_ranks,
+        layer_ranks=layer_ranks, factors=healed, heal=heal_record,
         progress=None if progress is None else lambda d, t: progress("factoring", d, t))
-    warnings = []
     if calibration is None:
         warnings.append(PLAIN_SVD_WARNING)
-    if layer_ranks is not None and record is not None and all(r["gate"] is None for r in layer_ranks):
+    if layer_ranks is not None and record is not None and not measured and all(r["gate"] is None for r in layer_ranks):
         warnings.append(all_dense_warning(request, record))
+    if measured and all(r["gate"] is None for r in layer_ranks):
+        warnings.append(f"--choose-ranks kept every layer dense: no layer could be compressed within "
+                        f"+{budget:.1%} measured perplexity on the selection tokens")
     kept = manifest.kept_fraction
     if layer_ranks is None and (kept > 1.0 or abs(kept - request.keep_ratio) > 0.05):
         more = " -- more than the dense weights" if kept > 1.0 else ""
         warnings.append(f"kept fraction {kept:.3f} of the MLP parameters{more}, requested keep ratio "
                         f"{request.keep_ratio}: ranks are rounded to multiples of --align {request.align}")
     quality = None
-    if eval_ids is not None:
+    if eval_sets:
         mlp = factored_mlp(load_factors(request.out_dir, manifest))
-        quality = evaluate(model(), eval_ids, mlp, length=request.sequence_length,
-                           progress=None if progress is None else lambda d, t: progress("evaluating", d, t))
-        if quality.ppl_increase > request.max_ppl_increase:
-            warnings.append(f"PERPLEXITY ROSE {quality.ppl_increase:+.1%} ({quality.ppl_original:.2f} -> "
-                            f"{quality.ppl_compressed:.2f}), over --max-ppl-increase {request.max_ppl_increase:.0%}: "
-                            f"this compressed model is measurably worse; keep more rank, calibrate, or fine-tune")
+        quality = _measure(model(), eval_sets, mlp, request, progress)
+        if quality["perplexity_increase"] > budget:
+            warnings.append(f"PERPLEXITY ROSE {quality['perplexity_increase']:+.1%} "
+                            f"({quality['perplexity_original']:.2f} -> {quality['perplexity_compressed']:.2f}), over "
+                            f"--max-ppl-increase {budget:.0%}: this compressed model is measurably worse; keep more "
+                            "rank, calibrate on broader text, or heal (--heal closed-form|finetune)")
+    if request.tp > 1:
+        sharded = _write_shards(request, model, calibration, layer_ranks, shard_blocks, eval_sets, progress)
+        if sharded is not None:
+            quality = {**(quality or {}), "tensor_parallel": sharded}
+    if chosen is not None:
+        from .measured_choice import plot_front
+
+        plot_front(chosen, Path(request.out_dir) / "choice_front.png")
     if quality is not None or record is not None:
-        manifest = replace(manifest, quality=None if quality is None else
-                           {**quality.to_dict(), "source": f"{Path(request.eval).name}"},  # type: ignore[arg-type]
-                           rank_choice=record)
+        manifest = replace(manifest, quality=quality, rank_choice=record)  # type: ignore[arg-type]
         write_text_atomic(Path(request.out_dir) / MANIFEST_FILE, manifest.to_json())
-    return CompressResult(manifest, warnings, front, point)
+    (Path(request.out_dir) / FINETUNE_CHECKPOINT).unlink(missing_ok=True)
+    return CompressResult(manifest, warnings, front, point, chosen)

@@ -10,8 +10,10 @@ Next to the unsharded factors (``layer_XXX.safetensors``, docs/compression.md), 
   rank keeping the fraction of parameters the unsharded factors keep (docs/tensor-parallel.md, "Per-shard
   ranks"). Names ``model.layers.{i}.mlp.{proj}_proj.u`` / ``.v`` as in the unsharded files, [in, out].
 
-The shard factors are a plain SVD of each block: ``--calibration``'s whitening is applied to the unsharded
-factors only (a warning says so).
+Without ``--calibration`` the shard factors are a plain SVD of each block; with it, ``nmmc compress`` computes
+them with the same whitening and ``--heal closed-form`` refit as the unsharded factors
+(:func:`neuronmm_compiler.models.heal.whitened_shards`, ``closed_form_heal(shards=...)``) and passes them in
+(``--heal finetune`` fine-tunes the unsharded factors; the blocks get its closed-form start).
 """
 
 from __future__ import annotations
@@ -38,13 +40,28 @@ def check_model_tp(model_dir: str | Path, tp: int) -> None:
     check_tp(tp, read_config(model_dir).intermediate_size)
 
 
-def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int) -> Path:
-    """Write ``out_dir/tp<tp>/`` (see the module docstring) for the compression in ``out_dir``; its path."""
+def shard_spans(intermediate: int, tp: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` intermediate columns of each rank."""
+    sizes = shard_sizes(intermediate, tp)
+    starts = [sum(sizes[:i]) for i in range(tp)]
+    return [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
+def block_rank(rows: int, cols: int, full: int, hidden: int, intermediate: int) -> int | None:
+    """A factor-shard block's own rank for a projection of unsharded rank ``full`` (None: not factored)."""
+    return shard_rank(rows, cols, kept_fraction(hidden, intermediate, full))
+
+
+def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int, blocks: Any = None,
+                 method: str = "plain SVD per block") -> Path:
+    """Write ``out_dir/tp<tp>/`` (see the module docstring) for the compression in ``out_dir``; its path.
+
+    ``blocks[layer][proj]``: each rank's ``(u, v)`` computed by the caller (whitened or healed,
+    :mod:`neuronmm_compiler.models.heal`), None where the blocks are not factored; ``method`` names
+    how. Without it, every block is factored by plain SVD."""
     manifest = read_manifest(out_dir)
     config = manifest.model
-    sizes = shard_sizes(config.intermediate_size, tp)
-    starts = [sum(sizes[:i]) for i in range(tp)]
-    spans = [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+    spans = shard_spans(config.intermediate_size, tp)
     directory = Path(out_dir) / f"tp{tp}"
     directory.mkdir(parents=True, exist_ok=True)
     reader = WeightReader(model_dir)
@@ -67,10 +84,15 @@ def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int) -> Path:
                 if shard is None:
                     ranks = None
                     break
-                factors = svd.truncated_svd(block, shard)
+                given = None if blocks is None else (blocks.get(entry.layer) or {}).get(proj)
+                if given is not None:
+                    u, v = given[rank]
+                else:
+                    factors = svd.truncated_svd(block, shard)
+                    u, v = factors.u, factors.v
                 u_name, v_name = factor_names(entry.layer, proj)
-                per_rank[rank][u_name] = np.ascontiguousarray(factors.u.astype(dtype))
-                per_rank[rank][v_name] = np.ascontiguousarray(factors.v.astype(dtype))
+                per_rank[rank][u_name] = np.ascontiguousarray(np.asarray(u).astype(dtype))
+                per_rank[rank][v_name] = np.ascontiguousarray(np.asarray(v).astype(dtype))
                 ranks.append(shard)
             own[proj] = ranks
         for rank in range(tp):
@@ -85,15 +107,14 @@ def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int) -> Path:
     index = {"tp": tp, "model": config.name, "intermediate_shards":
              [{"rank": i, "start": a, "stop": b} for i, (a, b) in enumerate(spans)],
              "unsharded_factors": "the layer_XXX.safetensors files of this compression", "slices": slices,
-             "factor_shard": {"files": f"tp{tp}/layer_XXX.rank<i>.safetensors", "method": "plain SVD per block",
+             "factor_shard": {"files": f"tp{tp}/layer_XXX.rank<i>.safetensors", "method": method,
                               "layers": layers}}
     write_text_atomic(directory / "shards.json", json.dumps(index, indent=2) + "\n")
     return directory
 
 
 def shards_note(calibrated: bool) -> str | None:
-    if calibrated:
-        return ("--tp: the factor-shard blocks are factorised by plain SVD; the --calibration whitening applies to "
-                "the unsharded factors (and the slice-based strategies that read them)")
+    """Nothing to say: with --calibration the factor-shard blocks get the unsharded factors' whitening and
+    healing (nmmc compress computes them); kept for callers of the earlier interface."""
     return None
 

@@ -1,0 +1,182 @@
+"""Per-layer ranks chosen from *measured* perplexity within an accuracy budget (``--choose-ranks`` without
+``--tokens``).
+
+Every layer starts dense (exact). The candidates of a layer are dense and the block-aligned ranks that
+store fewer parameters than dense, used for gate, up and down alike, tried from the largest down. The
+greedy search:
+
+1. measures each layer's *sensitivity*: the increase of the mean next-token negative log-likelihood
+   (NLL) on the selection tokens with that layer alone compressed at the largest candidate rank;
+2. for each rank from the largest to the smallest, visits the layers from least to most sensitive
+   and moves a layer one step down (dense -> largest rank -> next rank ...) only if the whole model,
+   with every change accepted so far and this one, measures a perplexity increase within the budget.
+   Every step is a real forward pass of the model over the selection tokens, never an additive proxy:
+   errors that compound between layers are in the number. A layer refused at a rank keeps its last
+   accepted choice (dense stays a choice for every layer).
+
+The accepted steps trace the front of measured perplexity increase against kept MLP parameters; it is
+printed by ``nmmc compress`` and plotted (matplotlib) next to the factors. The search reuses the
+residual stream of the current choice at every layer's input, so a step re-runs only the layers from
+the changed one on. Cost: (layers x (1 + ranks)) forward passes over the selection tokens at most.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .calibration import sequences
+from .config import PROJECTIONS
+from .forward import log_softmax, rms_norm, silu
+from .rank_choice import candidate_ranks
+
+__all__ = ["MeasuredChoice", "front_lines", "measured_choice", "plot_front"]
+
+
+@dataclass
+class MeasuredChoice:
+    """The chosen rank per layer (None: dense), the budget, and every measured step."""
+
+    choice: list[int | None]
+    budget: float
+    base_ppl: float
+    sensitivity: list[float]
+    steps: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"mode": "measured greedy within an accuracy budget", "budget_ppl_increase": self.budget,
+                "selection_ppl": self.base_ppl, "choice": self.choice,
+                "layer_nll_increase_at_largest_rank": self.sensitivity, "steps": self.steps}
+
+
+def _kept(hidden: int, intermediate: int, choice: Sequence[int | None]) -> float:
+    dense = 3 * hidden * intermediate
+    return sum(dense if r is None else 3 * r * (hidden + intermediate) for r in choice) / (dense * len(choice))
+
+
+def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int, str, int], tuple], *,
+                    length: int = 512, align: int = 128,
+                    progress: Callable[[int, int], None] | None = None) -> MeasuredChoice:
+    """Greedy per-layer ranks within ``budget`` (relative perplexity increase, 0.1 = +10%) measured on
+    ``ids``; ``factor(layer, projection, rank)`` gives that projection's ``(u, v)`` (e.g. whitened SVD)."""
+    a = model.arch
+    layers = a.num_hidden_layers
+    chunks = sequences(np.asarray(ids), length)
+    ranks = sorted(set(candidate_ranks(a.hidden_size, a.intermediate_size, align)), reverse=True)
+    cache: dict[tuple[int, int], dict] = {}
+
+    def mlp(layer: int, rank: int | None, x: np.ndarray) -> np.ndarray:
+        if rank is None:
+            return model.mlp(layer, x)[0]
+        if (layer, rank) not in cache:
+            cache[(layer, rank)] = {p: tuple(np.asarray(t, dtype=np.float32) for t in factor(layer, p, rank))
+                                    for p in PROJECTIONS}
+        f = cache[(layer, rank)]
+        return (silu((x @ f["gate"][0]) @ f["gate"][1]) * ((x @ f["up"][0]) @ f["up"][1])) @ f["down"][0] \
+            @ f["down"][1]
+
+    def run(choice: Sequence[int | None], start: int, states: list[list[np.ndarray]]):
+        """NLL per token from layer ``start`` on (states[start] are the inputs); the new states."""
+        new = [list(s) for s in states]
+        nll, count = 0.0, 0
+        for c, chunk in enumerate(chunks):
+            h = states[start][c].copy()
+            for index in range(start, layers):
+                new[index][c] = h
+                layer = model.layers[index]
+                h = h + model._attention(layer, rms_norm(h, layer["input_norm"], a.rms_norm_eps))
+                h = h + mlp(index, choice[index], rms_norm(h, layer["post_norm"], a.rms_norm_eps))
+            logp = log_softmax(rms_norm(h, model.norm, a.rms_norm_eps) @ model.lm_head)
+            nll -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].astype(np.float64).sum())
+            count += len(chunk) - 1
+        return nll / count, new
+
+    total_steps = layers * (1 + len(ranks))
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total_steps), total_steps)
+
+    dense: list[int | None] = [None] * layers
+    empty = [[model.embed[c].astype(np.float32) for c in chunks]] + [[None] * len(chunks) for _ in range(layers - 1)]
+    base, states = run(dense, 0, empty)
+    base_ppl = math.exp(base)
+    sensitivity = []
+    for layer in range(layers):
+        trial = list(dense)
+        trial[layer] = ranks[0] if ranks else None
+        nll, _ = run(trial, layer, states) if ranks else (base, None)
+        sensitivity.append(nll - base)
+        tick()
+    order = sorted(range(layers), key=lambda i: (sensitivity[i], i))
+    choice = list(dense)
+    result = MeasuredChoice(choice, budget, base_ppl, sensitivity)
+    for rank in ranks:
+        for layer in order:
+            previous = choice[layer]
+            if previous is not None and previous <= rank:
+                continue
+            if previous is None and rank != ranks[0]:
+                continue  # refused at a larger rank: a smaller one measures worse
+            trial = list(choice)
+            trial[layer] = rank
+            nll, new_states = run(trial, layer, states)
+            increase = math.exp(nll) / base_ppl - 1.0
+            accepted = increase <= budget
+            result.steps.append({"layer": layer, "rank": rank, "ppl_increase": increase,
+                                 "kept": _kept(a.hidden_size, a.intermediate_size, trial), "accepted": accepted})
+            if accepted:
+                choice[layer] = rank
+                states = new_states
+            tick()
+    result.choice = choice
+    if progress is not None:
+        progress(total_steps, total_steps)
+    return result
+
+
+def front_lines(result: MeasuredChoice) -> list[str]:
+    """The accepted steps (kept fraction, measured increase) and the refusals, for the terminal."""
+    lines = [f"  measured rank choice within +{result.budget:.1%} perplexity on calibration tokens (base perplexity "
+             f"{result.base_ppl:.2f}; half of --max-ppl-increase, the rest is margin for other text); greedy "
+             "steps, least sensitive layer first:"]
+    for s in result.steps:
+        mark = "accepted" if s["accepted"] else "refused "
+        lines.append(f"    {mark} layer {s['layer']:>2} -> rank {s['rank']:>4}: kept {s['kept']:.3f}, measured "
+                     f"{s['ppl_increase']:+.2%}")
+    return lines
+
+
+def plot_front(result: MeasuredChoice, path: str | Path) -> Path:
+    """Write the measured front (kept MLP parameters against measured perplexity increase) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    accepted = [s for s in result.steps if s["accepted"]]
+    refused = [s for s in result.steps if not s["accepted"]]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot([1.0] + [s["kept"] for s in accepted], [0.0] + [100 * s["ppl_increase"] for s in accepted],
+            "o-", label="accepted steps (the front)")
+    if refused:
+        ax.plot([s["kept"] for s in refused], [100 * s["ppl_increase"] for s in refused], "x", color="grey",
+                label="refused steps")
+    ax.axhline(100 * result.budget, color="red", linestyle="--", label=f"budget +{result.budget:.0%}")
+    ax.set_xlabel("kept fraction of MLP parameters")
+    ax.set_ylabel("measured perplexity increase (%)")
+    ax.invert_xaxis()
+    ax.set_title("nmmc compress --choose-ranks: measured greedy front")
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,236 @@
+"""Healing after truncation, calibration checks, several eval files, the measured rank choice, sampling --
+on the tiny random Llama of test_compress_calibrated (a few seconds in all)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from safetensors import safe_open
+from threadpoolctl import threadpool_limits
+
+from neuronmm_compiler.cli import main
+from neuronmm_compiler.errors import InputError
+from neuronmm_compiler.models import read_manifest
+from neuronmm_compiler.models.calibration import calibrate
+from neuronmm_compiler.models.forward import CausalLM
+from neuronmm_compiler.models.heal import closed_form_heal, rank_constrained_lstsq
+from neuronmm_compiler.models.measured_choice import measured_choice, plot_front
+from neuronmm_compiler.models.quality import evaluate, factored_mlp
+from neuronmm_compiler.models.sampling import sample_tokens
+from neuronmm_compiler.models.whitening import whitened_svd
+from neuronmm_compiler.models.workflow import CompressRequest, run_compress, whitened_factors
+from test_compress_calibrated import INTER, LAYERS, VOCAB, make_llama, token_file
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_blas_thread():
+    with threadpool_limits(limits=1, user_api="blas"):  # tiny matrices: threads only spin on a busy machine
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heal")
+    model_dir = make_llama(root / "m", seed=3)
+    return root, model_dir, CausalLM(model_dir)
+
+
+def test_rank_constrained_lstsq_is_whitened_svd_for_the_layers_own_targets_and_beats_it_otherwise():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 24)) @ rng.standard_normal((24, 24))
+    w = rng.standard_normal((24, 40))
+    gram = x.T @ x
+    u, v = rank_constrained_lstsq(gram, gram @ w, 8, damping=1e-12)  # equal up to the damping's terms
+    white = whitened_svd(w, gram, 8, damping=1e-12)
+    assert np.allclose(u @ v, white.u @ white.v, atol=1e-7)
+    # another input (a drifted x~) and the original output: the refit is the rank-8 least-squares optimum
+    drifted = x + 0.3 * rng.standard_normal(x.shape)
+    target = x @ w
+    g2, c2 = drifted.T @ drifted, drifted.T @ target
+    u2, v2 = rank_constrained_lstsq(g2, c2, 8, damping=1e-9)
+    fitted = np.linalg.norm(drifted @ u2 @ v2 - target)
+    assert fitted < np.linalg.norm(drifted @ white.u @ white.v - target)
+    for _ in range(5):  # no random rank-8 perturbation of the optimum does better
+        du, dv = u2 + 1e-3 * rng.standard_normal(u2.shape), v2 + 1e-3 * rng.standard_normal(v2.shape)
+        assert np.linalg.norm(drifted @ du @ dv - target) >= fitted - 1e-9
+    with pytest.raises(InputError, match="rank must be"):
+        rank_constrained_lstsq(gram, gram @ w, 30)
+
+
+def test_closed_form_heal_keeps_ranks_and_lowers_the_calibration_loss(tiny):
+    _, _, model = tiny
+    ids = np.random.default_rng(1).integers(0, VOCAB, 512)
+    cal = calibrate(model, ids, source="t", length=64)
+    plans = [{"gate": 16, "up": 16, "down": 16}, {"gate": None, "up": None, "down": 16}]
+    start = whitened_factors(model, cal, plans, 1e-4)
+    healed, report = closed_form_heal(model, ids, start, length=64, damping=1e-3)
+    assert healed[1]["gate"] is start[1]["gate"]  # dense stays dense
+    for layer, ranks in enumerate(plans):
+        for proj, rank in ranks.items():
+            if rank is not None:
+                assert healed[layer][proj][0].shape[1] == rank == healed[layer][proj][1].shape[0]
+                assert report.after[layer][proj] <= report.before[layer][proj] * (1 + 1e-3)  # ridge: not exactly
+    before = evaluate(model, ids, factored_mlp(start), length=64, per_layer=False).ppl_compressed
+    after = evaluate(model, ids, factored_mlp(healed), length=64, per_layer=False).ppl_compressed
+    assert after < before
+    stream, _ = closed_form_heal(model, ids, start, length=64, damping=1e-3, target="stream")
+    assert evaluate(model, ids, factored_mlp(stream), length=64, per_layer=False).ppl_compressed < before
+
+
+def test_cli_heal_min_calibration_single_source_and_several_eval_files(tiny):
+    root, model_dir, _ = tiny
+    cal, other = token_file(root / "cal.npy", 512, 5), token_file(root / "other.npy", 512, 8)
+    ev1, ev2 = token_file(root / "ev1.npy", 128, 6), token_file(root / "ev2.npy", 128, 7)
+    runner = CliRunner()
+    out = root / "healed"
+    result = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.3", "--align", "16",
+                                  "--calibration", str(cal), "--calibration", str(other), "--heal", "closed-form",
+                                  "--eval", str(ev1), "--eval", str(ev2), "--sequence-length", "64",
+                                  "--max-ppl-increase", "1000", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "single source" not in result.stderr
+    assert "healed (closed-form)" in result.output
+    assert "ev1.npy: 126 tokens" in result.output and "ev2.npy: 126 tokens" in result.output
+    manifest = read_manifest(out)
+    assert manifest.heal["method"] == "closed-form" and manifest.quality["tokens"] == 252
+    assert [q["source"] for q in manifest.quality["per_file"]] == ["ev1.npy", "ev2.npy"]
+    rank = manifest.ranks["gate"]
+    with safe_open(str(out / "layer_000.safetensors"), framework="np") as f:  # the same file format
+        assert sorted(f.keys()) == sorted(f"model.layers.0.mlp.{p}_proj.{t}" for p in ("gate", "up", "down")
+                                          for t in ("u", "v"))
+        assert f.get_tensor("model.layers.0.mlp.gate_proj.u").shape == (64, rank)
+    one = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.3", "--align", "16",
+                               "--calibration", str(cal), "--sequence-length", "64", "-o", str(root / "one")])
+    assert one.exit_code == 0 and "single source (cal.npy)" in one.stderr
+    short = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.3", "--align", "16",
+                                 "--calibration", str(token_file(root / "short.npy", 4, 0)), "-o", str(root / "s")])
+    lines = short.stderr.strip().splitlines()
+    assert short.exit_code == 2 and len(lines) == 1
+    assert "has 4 tokens; at least 256 are needed" in lines[0]
+    assert max(256, INTER) == 256
+
+
+def test_measured_choice_respects_its_budget_and_keeps_dense_as_a_choice(tiny):
+    root, _, model = tiny
+    ids = np.random.default_rng(2).integers(0, VOCAB, 256)
+    cal = calibrate(model, ids, source="t", length=64)
+
+    def factor(layer, proj, rank):
+        f = whitened_svd(model.mlp_weight(layer, proj), cal.gram(layer, proj), rank)
+        return f.u, f.v
+
+    none = measured_choice(model, ids, 0.0, factor, length=64, align=16)
+    assert none.choice == [None] * LAYERS or all(s["ppl_increase"] <= 0 for s in none.steps if s["accepted"])
+    loose = measured_choice(model, ids, 1000.0, factor, length=64, align=16)
+    assert all(r is not None for r in loose.choice) and min(loose.choice) == 16
+    mid = measured_choice(model, ids, 0.02, factor, length=64, align=16)
+    assert all(s["ppl_increase"] <= 0.02 for s in mid.steps if s["accepted"])
+    assert len(mid.sensitivity) == LAYERS
+    assert plot_front(mid, root / "front.png").stat().st_size > 1000
+
+
+def test_cli_choose_ranks_from_measured_perplexity(tiny):
+    root, model_dir, _ = tiny
+    cal, ev = token_file(root / "cal2.npy", 512, 9), token_file(root / "ev3.npy", 128, 10)
+    result = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.5", "--align", "32",
+                                       "--calibration", str(cal), "--calibration-samples", "64",
+                                       "--choose-ranks", "--max-ppl-increase", "5", "--eval", str(ev),
+                                       "--sequence-length", "64", "-o", str(root / "chosen")])
+    assert result.exit_code == 0, result.output
+    assert "measured rank choice within +2.5% perplexity on calibration tokens" in result.output
+    assert (root / "chosen" / "choice_front.png").is_file()
+    record = read_manifest(root / "chosen").rank_choice
+    assert record["budget_ppl_increase"] == 0.05 and record["selection_budget"] == 0.025
+
+
+def test_sampling_is_deterministic_and_in_vocabulary(tiny):
+    _, _, model = tiny
+    a = sample_tokens(model, 70, length=20, batch=3, seed=4)
+    b = sample_tokens(model, 70, length=20, batch=2, seed=4)
+    assert a.shape == (70,) and a.min() >= 0 and a.max() < VOCAB and a[0] == 0
+    assert np.array_equal(a[:20], sample_tokens(model, 20, length=20, batch=1, seed=4)) or a.size == b.size
+    # the cached step reproduces the full forward pass's last-position logits
+    from neuronmm_compiler.models.sampling import _step
+
+    tokens = np.array([[0, 5, 9, 2]])
+    cache = [{"k": np.zeros((1, model.arch.num_key_value_heads, 4, model.arch.head_dim), np.float32),
+              "v": np.zeros((1, model.arch.num_key_value_heads, 4, model.arch.head_dim), np.float32)}
+             for _ in model.layers]
+    for pos in range(4):
+        logits = _step(model, tokens[:, pos], pos, cache)
+    assert np.allclose(logits[0], model.forward(tokens[0])[-1], atol=1e-4)
+
+
+def test_heal_errors_are_one_line(tiny):
+    root, model_dir, _ = tiny
+    with pytest.raises(InputError, match="--heal needs --calibration"):
+        run_compress(CompressRequest(model_dir=str(model_dir), out_dir=str(root / "e"), keep_ratio=0.3, align=16,
+                                     heal="closed-form"))
+    with pytest.raises(InputError, match="unknown --heal"):
+        run_compress(CompressRequest(model_dir=str(model_dir), out_dir=str(root / "e"), keep_ratio=0.3, align=16,
+                                     heal="magic"))
+
+
+def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill(tiny):
+    torch = pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from neuronmm_compiler.models.finetune import FinetuneSettings, _TorchLM, finetune_heal
+
+    root, _, model = tiny
+    tokens = np.random.default_rng(3).integers(0, VOCAB, 48)
+    lm = _TorchLM(model, torch)
+    with torch.no_grad():
+        logits = lm.logits(torch.from_numpy(tokens[None]))[0].numpy()
+    assert np.allclose(logits, model.forward(tokens), atol=2e-4 * np.abs(logits).max())
+    ids = np.random.default_rng(4).integers(0, VOCAB, 512)
+    cal = calibrate(model, ids, source="t", length=64)
+    start = whitened_factors(model, cal, [{"gate": 16, "up": 16, "down": 16}] * LAYERS, 1e-4)
+    settings = FinetuneSettings(steps=6, learning_rate=3e-3, batch=2, length=32, warmup=1, threads=1,
+                                checkpoint_seconds=0.0)
+    whole, record = finetune_heal(model, ids, start, settings=settings)
+    assert record["kl_last_10"] < record["kl_first"]
+    assert all(whole[layer][p][0].shape == start[layer][p][0].shape for layer in whole for p in whole[layer])
+
+    class Killed(Exception):
+        pass
+
+    def kill(step, steps, loss):
+        if step == 3:
+            raise Killed
+
+    checkpoint = root / "ft.ckpt"
+    with pytest.raises(Killed):
+        finetune_heal(model, ids, start, settings=settings, checkpoint=checkpoint, on_step=kill)
+    resumed, again = finetune_heal(model, ids, start, settings=settings, checkpoint=checkpoint)
+    assert again["resumed_at_step"] == 2  # saved after step 2; step 3 was lost with the kill
+    for layer in whole:
+        for p in whole[layer]:
+            assert np.allclose(resumed[layer][p][0], whole[layer][p][0], atol=1e-6)
+    _, fresh = finetune_heal(model, ids, start, settings=replace(settings, learning_rate=1e-3),
+                                 checkpoint=checkpoint)
+    assert fresh["resumed_at_step"] == 0  # another run's checkpoint is not resumed
+
+
+def test_tp_shards_get_the_same_whitening_and_healing_and_are_measured(tmp_path, monkeypatch):
+    import test_compress_calibrated as tiny_models
+
+    for name, value in (("HIDDEN", 256), ("INTER", 768), ("LAYERS", 1)):  # blocks wide enough for rank 128
+        monkeypatch.setattr(tiny_models, name, value)
+    model_dir = make_llama(tmp_path / "m", seed=5)
+    cal, ev = token_file(tmp_path / "cal.npy", 1024, 1), token_file(tmp_path / "ev.npy", 256, 2)
+    ppl = {}
+    for label, extra in (("plain", []), ("whitened", ["--calibration", str(cal)]),
+                         ("healed", ["--calibration", str(cal), "--heal", "closed-form"])):
+        out = tmp_path / label
+        result = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.8", "--tp", "2", *extra,
+                                           "--eval", str(ev), "--sequence-length", "128", "--max-ppl-increase",
+                                           "1000", "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        sharded = read_manifest(out).quality["tensor_parallel"]
+        assert sharded["tp"] == 2 and "--tp 2 factor-shard blocks" in result.output
+        ppl[label] = sharded["perplexity_compressed"]
+        with safe_open(str(out / "tp2" / "layer_000.rank1.safetensors"), framework="np") as f:
+            assert f.get_tensor("model.layers.0.mlp.down_proj.u").shape == (384, 128)
+    assert ppl["whitened"] < ppl["plain"] and ppl["healed"] < ppl["plain"]
