@@ -20,7 +20,6 @@ the threshold, a kept fraction far from the requested keep ratio).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,12 +38,20 @@ from .calibration import (
     sequences,
 )
 from .compress import compress_model, plan_ranks
+from .compress_steps import (
+    FINETUNE_CHECKPOINT,
+    _heal,
+    _measure,
+    _plans,
+    _write_shards,
+    whitened_factors,
+)
 from .config import read_config
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_PRIOR, HEAL_METHODS, HEAL_TARGETS
 from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file
 from .whitening import DEFAULT_DAMPING
 
-__all__ = ["CompressRequest", "CompressResult", "load_factors", "run_compress"]
+__all__ = ["CompressRequest", "CompressResult", "load_factors", "run_compress", "whitened_factors"]
 
 #: ``progress(stage, done, total)``.
 StageProgress = Callable[[str, int, int], None]
@@ -280,159 +287,6 @@ def selection_tokens(ids: np.ndarray, length: int, total: int = SELECTION_TOKENS
     count = max(1, min(len(chunks), -(-total // length)))
     picks = np.unique(np.linspace(0, len(chunks) - 1, count).round().astype(int))
     return np.concatenate([chunks[i] for i in picks])
-#: The fine-tuning checkpoint in the output directory (removed once the manifest is written).
-FINETUNE_CHECKPOINT = "heal-finetune.ckpt"
-
-
-def _plans(request: CompressRequest, layer_ranks) -> list[dict[str, int | None]]:
-    config = read_config(request.model_dir)
-    if layer_ranks is not None:
-        return [dict(r) for r in layer_ranks]
-    return [dict(plan_ranks(config, request.keep_ratio, request.align, request.ranks))] * config.num_hidden_layers
-
-
-def whitened_factors(model, calibration: Calibration, plans, damping: float) -> dict[int, dict[str, Any]]:
-    """Per layer and projection the whitened SVD factors ``(u, v)`` of ``plans`` (None: the dense ``W``)."""
-    from .whitening import whiten, whitened_svd
-
-    out: dict[int, dict[str, Any]] = {}
-    for layer, ranks in enumerate(plans):
-        white = {name: whiten(calibration.grams[layer][name], damping) for name in ("input", "inner")
-                 if any(ranks[p] is not None for p in (("down",) if name == "inner" else ("gate", "up")))}
-        out[layer] = {}
-        for proj, rank in ranks.items():
-            w = model.mlp_weight(layer, proj)
-            if rank is None:
-                out[layer][proj] = w
-                continue
-            f = whitened_svd(w, calibration.gram(layer, proj), rank, damping,
-                             whitening=white["inner" if proj == "down" else "input"])
-            out[layer][proj] = (f.u.astype(np.float32), f.v.astype(np.float32))
-    return out
-
-
-def _shard_args(request: CompressRequest, model) -> dict[str, Any]:
-    """``shards`` and ``shard_rank`` of the factor-shard blocks of ``--tp`` (empty without it)."""
-    if request.tp <= 1:
-        return {}
-    from ..tensor_parallel.shard_factors import block_rank, shard_spans
-
-    a = model.arch
-    return {"shards": shard_spans(a.intermediate_size, request.tp),
-            "shard_rank": lambda rows, cols, full: block_rank(rows, cols, full, a.hidden_size, a.intermediate_size)}
-
-
-def _heal(request: CompressRequest, model, calibration: Calibration, ids: np.ndarray | None, plans,
-          progress: StageProgress | None, shard_out: dict | None = None) -> tuple[dict, dict]:
-    """The healed factors and the heal record (see :mod:`.heal`, :mod:`.finetune`); the factor-shard
-    blocks of ``--tp`` healed the same way into ``shard_out``."""
-    from .heal import closed_form_heal
-
-    if ids is None:
-        raise InputError("--heal runs the model over calibration tokens: give --calibration as text or .npy token "
-                         "ids (pre-captured activations cannot be re-run through the healed layers)")
-    start = whitened_factors(model, calibration, plans, request.damping)
-    record: dict[str, Any] = {"method": request.heal, "calibration": calibration.digest(),
-                              "damping": request.heal_damping, "target": request.heal_target,
-                              "prior_weight": request.heal_prior}
-    healed, report = closed_form_heal(
-        model, ids, start, length=request.sequence_length, damping=request.heal_damping, target=request.heal_target,
-        progress=None if progress is None else lambda d, t: progress("healing (closed form)", d, t),
-        shard_out=shard_out, prior=calibration.grams, prior_weight=request.heal_prior,
-        **_shard_args(request, model))
-    record["closed_form_error"] = {
-        "mean_before": float(np.mean([v for layer in report.before for v in layer.values()] or [0.0])),
-        "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
-    if request.heal == "finetune":
-        from dataclasses import asdict
-
-        from .finetune import FinetuneSettings, finetune_heal
-
-        settings = request.finetune or FinetuneSettings()
-        record["finetune"] = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
-        record["finetune"]["start"] = "closed-form"
-        healed, run = finetune_heal(
-            model, ids, healed, settings=settings, checkpoint=Path(request.out_dir) / FINETUNE_CHECKPOINT,
-            identity={"calibration": calibration.digest(), "damping": request.damping,
-                      "heal_damping": request.heal_damping, "target": request.heal_target,
-                      "prior": request.heal_prior},
-            progress=request.progress_bars,
-            on_step=None if progress is None or request.progress_bars else
-            lambda d, t, _loss: progress("healing (fine-tuning)", d, t))
-        record["finetune_run"] = run
-    return healed, record
-
-
-def _measure(model, eval_sets, mlp, request: CompressRequest, progress: StageProgress | None):
-    """Per eval file quality, and the overall (token-weighted) quality dict for the manifest."""
-    from .quality import evaluate
-
-    per_file = []
-    for path, ids in eval_sets:
-        q = evaluate(model, ids, mlp, length=request.sequence_length,
-                     progress=None if progress is None else lambda d, t, n=Path(path).name: progress(
-                         f"evaluating {n}", d, t))
-        per_file.append({**q.to_dict(), "source": Path(path).name})
-    tokens = sum(q["tokens"] for q in per_file)
-    nll_o = sum(math.log(q["perplexity_original"]) * q["tokens"] for q in per_file) / tokens
-    nll_c = sum(math.log(q["perplexity_compressed"]) * q["tokens"] for q in per_file) / tokens
-    agree = sum(q["top1_agreement"] * q["tokens"] for q in per_file) / tokens
-    layers = len(per_file[0]["mlp_output_error"])
-    errors = [math.sqrt(sum(q["tokens"] * q["mlp_output_error"][i] ** 2 for q in per_file) / tokens)
-              for i in range(layers)]
-    overall = {"tokens": tokens, "perplexity_original": math.exp(nll_o), "perplexity_compressed": math.exp(nll_c),
-               "perplexity_increase": math.exp(nll_c - nll_o) - 1.0, "top1_agreement": agree,
-               "mlp_output_error": errors, "source": ", ".join(q["source"] for q in per_file)}
-    if len(per_file) > 1:
-        overall["per_file"] = per_file
-    return overall
-
-
-def _write_shards(request: CompressRequest, model_loader, calibration: Calibration | None, layer_ranks,
-                  blocks: dict | None, eval_sets, progress: StageProgress | None) -> dict | None:
-    """Write OUT/tp<N>/ (whitened or healed blocks when calibrated) and measure the sharded model on the
-    eval files; the measurement (None without --eval)."""
-    from ..tensor_parallel.shard_factors import write_shards
-    from .heal import sharded_mlp, whitened_shards
-
-    method = "plain SVD per block"
-    if calibration is not None:
-        model = model_loader()
-        if request.heal != "none":
-            method = "whitened SVD per block, closed-form healed like the unsharded factors"
-        else:
-            blocks = whitened_shards(model, calibration.grams, _plans(request, layer_ranks),
-                                     **_shard_args(request, model), damping=request.damping)
-            method = "whitened SVD per block (the calibration's activations)"
-    directory = write_shards(request.model_dir, request.out_dir, request.tp, blocks=blocks, method=method)
-    if not eval_sets:
-        return None
-    model = model_loader()
-    written = _read_shard_blocks(directory, model.arch.num_hidden_layers, request.tp)
-    mlp = sharded_mlp(model, written, _shard_args(request, model)["shards"])
-    return {"tp": request.tp, "method": method, **_measure(model, eval_sets, mlp, request, progress)}
-
-
-def _read_shard_blocks(directory: Path, layers: int, tp: int) -> dict[int, dict[str, Any]]:
-    """The factor-shard blocks as written (None for a projection whose blocks are not factored)."""
-    from safetensors import safe_open
-
-    out: dict[int, dict[str, Any]] = {}
-    for layer in range(layers):
-        out[layer] = {}
-        stem = layer_file(layer).removesuffix(".safetensors")
-        files = [directory / f"{stem}.rank{rank}.safetensors" for rank in range(tp)]
-        if not all(f.is_file() for f in files):
-            continue
-        handles = [safe_open(str(f), framework="np") for f in files]
-        for proj in ("gate", "up", "down"):
-            u_name, v_name = factor_names(layer, proj)
-            if u_name in handles[0].keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                out[layer][proj] = [(h.get_tensor(u_name).astype(np.float32), h.get_tensor(v_name).astype(np.float32))
-                                    for h in handles]
-    return out
-
-
 def ppl_fraction(value: float) -> float:
     """``--max-ppl-increase``: a fraction (0.10) or, above 1, a percentage (10 means +10%)."""
     return value / 100.0 if value > 1 else value
