@@ -245,8 +245,7 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
 
 
 def _baseline_json(baseline: Any) -> dict[str, Any] | None:
-    """One baseline of ``tune --json``: what it computes, its details and predicted cost (None when it is not
-    modelled and has nothing to say; with a ``reason`` when it is not modelled or does not fit)."""
+    """One baseline of ``tune --json``: what it computes, its details, its cost and why it has none (or None)."""
     if baseline.cost is None and not baseline.reason:
         return None
     data: dict[str, Any] = {"computation": baseline.label, **(baseline.details or {})}
