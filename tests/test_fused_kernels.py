@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import compile_graph, tune_graph
@@ -121,6 +121,7 @@ def test_unfused_baseline_sums_one_kernel_per_op():
     assert cost.hbm_bytes_written == intermediates
 
 
+@settings(max_examples=60)  # the suite's time budget; scripts/fuzz.py draws chains (and more) by the thousand
 @given(m=st.integers(1, 300), n=st.integers(1, 700), k=st.integers(1, 400), rank=st.integers(1, 260),
        dialect=st.sampled_from(["nki", "neuronxcc"]), x_transpose=st.sampled_from(["dma", "pe"]),
        tokens_per_block=st.sampled_from([32, 64, 128, 256]))

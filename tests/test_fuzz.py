@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from neuronmm_compiler.fuzz import GOOD, FuzzCase, random_case, run_case
 
-CI_CASES = 160  # ~60 s on 2 cores; scripts/fuzz.py runs the long version (1500 cases)
+CI_CASES = 110  # ~30 s on 2 cores; scripts/fuzz.py runs the long version (1500 cases)
 seen: dict[str, int] = {}
 
 
@@ -37,7 +37,7 @@ def test_random_graphs_emit_verify_and_match_the_cost_model() -> None:
     seen.clear()
     _random_graphs()
     total = sum(seen.values())
-    assert total >= 150, seen
+    assert total >= 100, seen
     # The generator is useful only if most cases compile: a pipeline that rejected everything
     # would pass the loop above.
     assert seen.get("ok", 0) >= 0.6 * total, seen
