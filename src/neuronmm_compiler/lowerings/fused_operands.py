@@ -77,11 +77,12 @@ class OperandLoads(FusedState):
         """The weight of ``mm``: its right operand, a kernel input (passes/legality.py's rules)."""
         return self.nodes[mm.operands[1]]
 
-    def _kdim(self, size: int) -> Dim:
-        """A contraction of ``size`` rows in tiles of the target's partitions, all in one block."""
+    def _kdim(self, size: int, per_block: int = 0) -> Dim:
+        """A contraction of ``size`` rows in tiles of the target's partitions, ``per_block`` tiles per block (0: all
+        in one block)."""
         pmax = self.target.pmax
         tiles = -(-size // pmax)
-        return Dim("k", size, min(pmax, size), tiles, tiles)
+        return Dim("k", size, min(pmax, size), tiles, per_block or tiles)
 
     def _strip(self, node_id: str, features: int) -> Buffer:
         """The SBUF strip holding a value transposed: [features (tiles of pmax), tiles, tokens of a block], in the

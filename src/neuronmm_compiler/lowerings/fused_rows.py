@@ -148,7 +148,7 @@ class RowMajorGroups(OperandLoads):
         tok, root = self.tok, group.root
         (mm,) = group.terms[0].matmuls
         w, lhs = self._weight(mm), self.nodes[mm.operands[0]]
-        kdim = Dim("k", lhs.shape[1], min(self.target.pmax, lhs.shape[1]), -(-lhs.shape[1] // self.target.pmax), kb)
+        kdim = self._kdim(lhs.shape[1], kb)
         kblk, kt = iv("k_blk", kdim.blocks), iv("kt", kb)
         gk = kdim.tile_index(kblk, kt)
         ksz = kdim.tile_size(gk)

@@ -227,9 +227,7 @@ class TransposedGroups(OperandLoads):
                            kb: int) -> tuple[dict[str, Ref], list[Stmt]]:
         """PSUM accumulators of the feature block, then the K-block loop: load weight rows, matmul."""
         lhs0 = self.nodes[group.matmuls[0].operands[0]]
-        k = lhs0.shape[1]
-        pmax = self.target.pmax
-        kdim = Dim("k", k, min(pmax, k), -(-k // pmax), kb)
+        kdim = self._kdim(lhs0.shape[1], kb)
         kblk = iv("k_blk", kdim.blocks)
         kt = iv("kt", kdim.tiles_in_block)
         gk = kdim.tile_index(kblk, kt)

@@ -68,7 +68,7 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
     details = {"variant": nkilib_variant(tokens), "source": f"aws-neuron/nki-library@{NKILIB_COMMIT}",
                "selection": f"decode kernel (TKG) at <= {TKG_MAX_TOKENS} tokens, else prefill (CTE)"}
     label = nkilib_label(tokens, target)
-    if getattr(workload, "prologue", None) is not None:  # conservative: nki-library is charged less than it runs
+    if workload.prologue is not None:  # conservative: nki-library is charged less than it runs
         label = f"{label[:-1]}; without its fused norm/residual, not modelled)"
         details["prologue"] = "not modelled: the baseline is nki-library's MLP alone"
     try:
