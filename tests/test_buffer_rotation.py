@@ -76,7 +76,9 @@ def test_rotating_psum_verifies_in_both_dialects(case, buffers, dialect):
     assert report.counters["psum_peak_banks"] == compiled.footprints[0].psum_banks
     assert report.counters["matmul_instructions"] == compiled.cost.matmul_instructions
     if schedule.psum_buffers > 1:
-        assert "c_psum__b1" in source and ") % " not in source  # copies named statically: no slot arithmetic
+        # a list of one-bank copies, the slot picked by a loop NKI 0.1 unrolls at trace time
+        assert "c_psum = []" in source and "c_psum[" in source
+        assert dialect != "neuronxcc" or "nl.static_range" in source
 
 
 def test_rotation_changes_only_the_accumulators():

@@ -142,6 +142,27 @@ CASES = [
         acc0 = nl.zeros((nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
         acc1 = nl.zeros((nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
         """),
+    ("NKI-LIST-INDEX-STATIC", "neuronxcc", "trn1", None,
+     """
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = []
+        for bank in nl.static_range(2):
+            acc.append(nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum))
+        lhs = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        rhs = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for j in nl.affine_range(2):
+            acc[j][0:128, 0:512] += nisa.nc_matmul(lhs[0:128, 0:128], rhs[0:128, 512 * j:512 * j + 512])  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = []
+        for bank in nl.static_range(2):
+            acc.append(nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum))
+        lhs = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        rhs = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for j in nl.static_range(2):
+            acc[j][0:128, 0:512] += nisa.nc_matmul(lhs[0:128, 0:128], rhs[0:128, 512 * j:512 * j + 512])
+        """),
     ("NKI-AFFINE-WRITE-RACE", "neuronxcc", "trn1", None,
      """
         out = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -754,7 +775,7 @@ def test_an_unknown_target_is_an_error():
 
 #: Rules the emitter has been fixed to obey: no emitted kernel may violate them again.
 FIXED_IN_THE_EMITTER = ("NKI-AFFINE-WRITE-RACE", "NKI-PSUM-TILE-FMAX", "NKI-DMA-TRANSPOSE-TARGET",
-                        "NKI-DMA-TRANSPOSE-DTYPE", "NKI-DMA-TRANSPOSE-SHAPE")
+                        "NKI-DMA-TRANSPOSE-DTYPE", "NKI-DMA-TRANSPOSE-SHAPE", "NKI-LIST-INDEX-STATIC")
 
 
 @pytest.mark.parametrize("rule", FIXED_IN_THE_EMITTER)

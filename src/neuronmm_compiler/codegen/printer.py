@@ -25,7 +25,6 @@ from ..kernel_ir.program import (
     Alloc,
     BnAggr,
     BnStats,
-    Buffer,
     Comment,
     Copy,
     DmaCopy,
@@ -43,6 +42,7 @@ from ..kernel_ir.program import (
     refs_of,
     walk,
 )
+from ..kernel_ir.psum_banks import ENTRY_VAR
 from ..vocab import Dialect, ElementwiseOp
 
 INDENT = "    "
@@ -134,14 +134,33 @@ class _Printer:
         else:
             self.instruction(stmt, depth)
 
-    def alloc_call(self, buffer: Buffer, fn: str = "nl.ndarray") -> str:
-        return (f"{buffer.name} = {fn}({_shape(buffer.shape)}, dtype={NL_DTYPES[buffer.dtype]}, "
-                f"buffer={NL_MEMORY[buffer.memory]})")
+    def alloc(self, stmt: Alloc, depth: int) -> None:
+        """``name = nl.ndarray(...)``, or for a list buffer (:attr:`Buffer.entries`) the migration guide's list
+        filled by a loop unrolled at trace time (:mod:`~neuronmm_compiler.kernel_ir.psum_banks`)."""
+        buffer = stmt.buffer
+        fn, memset = self.allocation(stmt)
+        call = f"{fn}({_shape(buffer.shape)}, dtype={NL_DTYPES[buffer.dtype]}, buffer={NL_MEMORY[buffer.memory]})"
+        target = buffer.name
+        if buffer.entries:
+            each = ", one PSUM bank each (NKI-PSUM-TILE-FMAX)" if buffer.memory == "psum" else ""
+            self.emit(depth, f"{buffer.name} = []  # {buffer.entries} tiles{each}")
+            self.emit(depth, f"for {ENTRY_VAR} in {self.static_range(buffer.entries)}:")
+            depth, target = depth + 1, f"{buffer.name}[{ENTRY_VAR}]"
+            self.emit(depth, f"{buffer.name}.append({call})")
+        else:
+            self.emit(depth, f"{buffer.name} = {call}")
+        if memset:
+            self.emit(depth, f"nisa.memset(dst={target}, value=0.0)")
 
-    def range_call(self, loop: Loop) -> str:
+    def allocation(self, stmt: Alloc) -> tuple[str, bool]:
+        """(the allocating function, whether a memset zeroes the tile after it)."""
         raise NotImplementedError
 
-    def alloc(self, stmt: Alloc, depth: int) -> None:
+    def static_range(self, trip: int) -> str:
+        """A loop over ``range(trip)`` whose variable is a Python int at trace time."""
+        raise NotImplementedError
+
+    def range_call(self, loop: Loop) -> str:
         raise NotImplementedError
 
     def instruction(self, stmt: Stmt, depth: int) -> None:
@@ -157,10 +176,11 @@ class NkiPrinter(_Printer):
     def range_call(self, loop: Loop) -> str:
         return f"range({code(loop.trip)})"
 
-    def alloc(self, stmt: Alloc, depth: int) -> None:
-        self.emit(depth, self.alloc_call(stmt.buffer))
-        if stmt.zero:
-            self.emit(depth, f"nisa.memset(dst={stmt.buffer.name}, value=0.0)")
+    def static_range(self, trip: int) -> str:
+        return f"range({trip})"
+
+    def allocation(self, stmt: Alloc) -> tuple[str, bool]:
+        return "nl.ndarray", stmt.zero
 
     def instruction(self, stmt: Stmt, depth: int) -> None:
         if isinstance(stmt, DmaCopy):
@@ -214,7 +234,7 @@ class NeuronxccPrinter(_Printer):
     imports = _imports(dialect)
 
     def range_call(self, loop: Loop) -> str:
-        if _sizes_ragged_tiles(loop):
+        if _unrolled_at_trace(loop):
             fn = "nl.static_range"
         elif loop.sequential:
             fn = "nl.sequential_range"
@@ -222,9 +242,11 @@ class NeuronxccPrinter(_Printer):
             fn = "nl.affine_range"
         return f"{fn}({code(loop.trip)})"
 
-    def alloc(self, stmt: Alloc, depth: int) -> None:
-        zeroed = stmt.zero or stmt.accumulator
-        self.emit(depth, self.alloc_call(stmt.buffer, "nl.zeros" if zeroed else "nl.ndarray"))
+    def static_range(self, trip: int) -> str:
+        return f"nl.static_range({trip})"
+
+    def allocation(self, stmt: Alloc) -> tuple[str, bool]:
+        return "nl.zeros" if stmt.zero or stmt.accumulator else "nl.ndarray", False
 
     def instruction(self, stmt: Stmt, depth: int) -> None:
         if (isinstance(stmt, DmaCopy) and stmt.broadcast) or (isinstance(stmt, Matmul) and stmt.perf_mode != "none"):
@@ -287,14 +309,17 @@ def _broadcast_source(stmt: DmaCopy) -> str:
             f"offset={code(offset)})")
 
 
-def _sizes_ragged_tiles(loop: Loop) -> bool:
-    """True when the loop variable appears inside a min() (its iterations differ in shape) or selects a rotating
-    copy (``i % B``), which NKI 0.1's symbolic affine/sequential loop variables cannot express."""
+def _unrolled_at_trace(loop: Loop) -> bool:
+    """True when the loop variable appears inside a min() (its iterations differ in shape), selects a rotating
+    copy (``i % B``) or indexes a list buffer (``acc_psum[ft]``), which NKI 0.1's symbolic affine/sequential loop
+    variables cannot express (rule NKI-LIST-INDEX-STATIC)."""
     for stmt, _ in walk(loop.body):
         exprs = []
         if isinstance(stmt, Loop):
             exprs.append(stmt.trip)
         for ref in refs_of(stmt):
+            if ref.entry is not None and loop.var in ref.entry.variables():
+                return True
             for ix in ref.index:
                 exprs.extend(getattr(ix, a) for a in ("start", "stop", "index") if hasattr(ix, a))
         if any(isinstance(e, Min | Mod) and loop.var in e.variables() for e in exprs):

@@ -64,12 +64,15 @@ def span(start: int | Expr, size: int | Expr) -> Span:
 
 @dataclass(frozen=True)
 class Buffer:
-    """A tensor: an HBM kernel argument/output, or an on-chip allocation (dim 0 = partitions)."""
+    """A tensor: an HBM kernel argument/output, or an on-chip allocation (dim 0 = partitions). ``entries`` > 0: a
+    Python list of that many separate tensors of ``shape``, each its own allocation, that a :class:`Ref` picks by
+    ``entry`` (the NKI migration guide's replacement for a block dimension; :mod:`.psum_banks`)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     memory: Memory
+    entries: int = 0
 
     @property
     def itemsize(self) -> int:
@@ -77,22 +80,32 @@ class Buffer:
 
     @property
     def bytes_per_partition(self) -> int:
+        """Bytes per partition of one tensor (of one entry of a list)."""
         size = self.itemsize
         for extent in self.shape[1:]:
             size *= extent
         return size
 
+    def footprint(self, granule: int = 1) -> int:
+        """What the buffer occupies per partition, each tensor rounded up to whole ``granule`` s (PSUM banks: a
+        PSUM allocation starts on a bank boundary): in bytes for ``granule`` 1, else in granules."""
+        return max(self.entries, 1) * -(-self.bytes_per_partition // granule)
+
 
 @dataclass(frozen=True)
 class Ref:
-    """A region of a buffer: one index per axis."""
+    """A region of a buffer: one index per axis; ``entry`` picks the tensor of a list buffer (:attr:`Buffer.entries`),
+    an expression of loops that are unrolled at trace time (a Python list takes a Python int)."""
 
     buffer: Buffer
     index: tuple[Index, ...]
+    entry: Expr | None = None
 
     def __post_init__(self) -> None:
         if len(self.index) != len(self.buffer.shape):
             raise ValueError(f"{self.buffer.name}: {len(self.index)} indices for rank {len(self.buffer.shape)}")
+        if (self.entry is None) != (self.buffer.entries == 0):
+            raise ValueError(f"{self.buffer.name}: a list buffer takes an entry index, a tensor none")
 
     @cached_property
     def shape(self) -> tuple[Expr, ...]:
@@ -100,7 +113,8 @@ class Ref:
         return tuple(ix.size for ix in self.index if isinstance(ix, Span))
 
     def code(self) -> str:
-        return f"{self.buffer.name}[" + ", ".join(ix.code() for ix in self.index) + "]"
+        entry = "" if self.entry is None else f"[{code(self.entry)}]"
+        return f"{self.buffer.name}{entry}[" + ", ".join(ix.code() for ix in self.index) + "]"
 
 
 def whole(buffer: Buffer) -> Ref:
@@ -374,11 +388,11 @@ class Program:
 
     def sbuf_bytes_per_partition(self) -> int:
         """Peak SBUF bytes per partition (see :meth:`live_intervals`)."""
-        return self._peak("sbuf", lambda b: b.bytes_per_partition)
+        return self._peak("sbuf", lambda b: b.footprint())
 
     def psum_banks(self, bank_bytes: int) -> int:
         """Peak PSUM banks; each allocation starts on a bank boundary and takes whole banks."""
-        return self._peak("psum", lambda b: -(-b.bytes_per_partition // bank_bytes))
+        return self._peak("psum", lambda b: b.footprint(bank_bytes))
 
 
 def refs_of(stmt: Stmt) -> list[Ref]:

@@ -282,6 +282,18 @@ RULES: tuple[Rule, ...] = (
          dialects=(Dialect.NEURONXCC,), checkable=True,
          note="Current NKI makes affine_range a deprecated alias of range (" + _LANG + ", affine_range): loops "
               "run in program order, so the rule is checked in the NKI 0.1 dialect only."),
+    Rule("NKI-LIST-INDEX-STATIC", "loops", "NKI 0.1: a Python list of tiles is indexed only by integers known at "
+         "trace time: constants and nl.static_range variables, not nl.affine_range / nl.sequential_range (or range) "
+         "variables",
+         (_legacy(_LEGACY_LANG, "static_range: the loop is fully unrolled during NKI kernel tracing; affine_range, "
+                                "sequential_range: not unrolled until the compiler backend; range is replaced with "
+                                "sequential_range"),
+          _sdk(_MIGRATION, "Removing block dimensions from NKI kernels: Use a Python-like list")),
+         dialects=(Dialect.NEURONXCC,), checkable=True,
+         note="Inferred from the loop iterators' pages: a loop not unrolled at trace time gives its body a symbolic "
+              "index, which a Python list cannot take. nmmc prints a loop whose variable picks a list entry as "
+              "nl.static_range (kernel_ir/psum_banks.py). Current NKI runs every loop as a Python range "
+              "(NKI-RANGE-ALIAS): a list takes any loop variable there."),
     Rule("NKI-RANGE-ALIAS", "loops", "current NKI: affine_range, sequential_range and static_range are deprecated "
          "aliases of Python range (fully unrolled)",
          (_sdk(_LANG, "affine_range, sequential_range, static_range"),),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..targets import TARGETS
 from ..vocab import Dialect
+from .dma_transpose_check import check_dma_transpose_shape
 from .kernel_ast import (
     DTYPE_BYTES,
     access_widths,
@@ -34,10 +35,6 @@ from .pe_tile_check import check_pe_tile
 from .rules import (
     ACTIVATION_FUNCTIONS,
     ACTIVATION_FUNCTIONS_LEGACY,
-    DMA_TRANSPOSE_MAX_LAST,
-    DMA_TRANSPOSE_STATIC_MODES,
-    HWDGE_ROWS,
-    HWDGE_ROWS_ND,
     LANG_WRAPPERS,
     MATMUL_DST_DTYPES,
     MATMUL_INPUT_DTYPES,
@@ -83,6 +80,8 @@ class _Checker(ast.NodeVisitor):
         self.env: dict[str, _Buffer] = {}
         self.import_reported = False
         self.loop_vars: set[str] = set()  # names bound by a for loop: one integer each, when used as an index
+        self.traced_vars: set[str] = set()  # names bound by a loop NKI 0.1 does not unroll at trace time
+        self.lists: set[str] = set()  # names bound to a Python list (of tiles: name = [], name.append(tile))
         # enclosing nl.affine_range loops: (loop variable, names the loop allocates, names derived from its variable)
         self.loops: list[tuple[str, set[str], set[str]]] = []
 
@@ -127,6 +126,9 @@ class _Checker(ast.NodeVisitor):
             self.loop_vars.add(node.target.id)
         affine = (isinstance(node.iter, ast.Call) and attr_name(node.iter.func) == "affine_range"
                   and isinstance(node.target, ast.Name))
+        if isinstance(node.target, ast.Name):
+            static = isinstance(node.iter, ast.Call) and attr_name(node.iter.func) == "static_range"
+            (self.traced_vars.discard if static else self.traced_vars.add)(node.target.id)
         self.visit(node.iter)
         if affine:
             self.loops.append((node.target.id, set(), {node.target.id}))
@@ -142,19 +144,34 @@ class _Checker(ast.NodeVisitor):
             if isinstance(target, ast.Name):
                 self._bind(target.id, node.value)
             else:
+                self.visit(target)
                 self._write(target, node, augmented=False)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.visit(node.value)
+        self.visit(node.target)
         self._write(node.target, node, augmented=isinstance(node.op, ast.Add))
         if isinstance(node.value, ast.Call) and attr_name(node.value.func) == "nc_matmul":
             self._check_matmul(node.value, base_name(node.target))
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        self.generic_visit(node)
+        if isinstance(node.value, ast.Name) and node.value.id in self.lists:
+            symbolic = names(node.slice) & self.traced_vars
+            if symbolic and self.dialect is Dialect.NEURONXCC:
+                self.report("NKI-LIST-INDEX-STATIC", node, f"the list '{node.value.id}' is indexed by "
+                            f"{', '.join(sorted(symbolic))}, a loop variable NKI 0.1 does not unroll at trace time "
+                            "(use nl.static_range)")
 
     def _bind(self, name: str, value: ast.AST) -> None:
         for _var, allocated, derived in self.loops:
             allocated.add(name)
             if names(value) & derived:
                 derived.add(name)
+        if isinstance(value, ast.List):
+            self.lists.add(name)
+        else:
+            self.lists.discard(name)
         alloc = self._allocation(value)
         if alloc is not None:
             self.env[name] = alloc
@@ -232,6 +249,11 @@ class _Checker(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)
         name = attr_name(node.func)
+        if name == "append" and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id in self.lists and len(node.args) == 1:
+            tile = self._allocation(node.args[0])  # name.append(nl.ndarray(...)): every entry is such a tile
+            if tile is not None:
+                self.env[node.func.value.id] = tile
         nki = self.dialect is Dialect.NKI
         if name == "nc_matmul" and nki:
             self._check_matmul(node, base_name(kwarg(node, "dst", 0)))
@@ -241,7 +263,7 @@ class _Checker(ast.NodeVisitor):
             if src is not None and src.dtype in DTYPE_BYTES and DTYPE_BYTES[src.dtype] != 2:
                 self.report("NKI-DMA-TRANSPOSE-DTYPE", node, f"dma_transpose of a {src.dtype} source (2-byte only)")
             if nki:
-                self._check_dma_transpose_shape(node)
+                check_dma_transpose_shape(self, node)
         elif name == "load_transpose2d":
             widths = self._operand_widths(kwarg(node, "src", 0))
             if widths and widths[-1] is not None and widths[-1] > self.hw.pmax:
@@ -293,36 +315,6 @@ class _Checker(ast.NodeVisitor):
         if isinstance(node, ast.Name) and buf is not None and buf.shape and buf.par_index == 0:
             return buf.shape
         return None
-
-    def _check_dma_transpose_shape(self, node: ast.Call) -> None:
-        """NKI-DMA-TRANSPOSE-SHAPE over a static (non-``.ap()``) source access; see the rule's note."""
-        src_node, mode_node = kwarg(node, "src", 1), kwarg(node, "dge_mode")
-        if isinstance(src_node, ast.Call):  # src.ap(...): an access pattern, possibly indirect; not checked
-            return
-        mode = attr_name(mode_node) if mode_node is not None else "unknown"
-        if mode not in DMA_TRANSPOSE_STATIC_MODES:
-            self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"dge_mode {mode} on a static access pattern (allowed: "
-                        f"{', '.join(DMA_TRANSPOSE_STATIC_MODES)})")
-        src = self._operand_widths(src_node)
-        if not src:
-            return
-        first, last = src[0], src[-1]
-        if last is not None and last > DMA_TRANSPOSE_MAX_LAST:
-            self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"dma_transpose source last dimension {last} > "
-                        f"{DMA_TRANSPOSE_MAX_LAST}")
-        if mode == "hwdge":
-            rows_ok = first == HWDGE_ROWS if len(src) == 2 else first in HWDGE_ROWS_ND and (
-                src[-2] is None or first * src[-2] % HWDGE_ROWS == 0)  # type: ignore[operator]
-            if first is not None and not rows_ok:
-                self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"hardware-DGE dma_transpose of a {len(src)}-D source "
-                            f"with src.shape[0] == {first}" + (f" (must be {HWDGE_ROWS})" if len(src) == 2 else ""))
-            if last is not None and last % DMA_TRANSPOSE_MAX_LAST:
-                self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"hardware-DGE dma_transpose source last dimension "
-                            f"{last} is not a multiple of {DMA_TRANSPOSE_MAX_LAST}")
-        dst = self._operand_widths(kwarg(node, "dst", 0))
-        if dst is not None and len(src) == len(dst) == 2 and None not in src + dst and dst != src[::-1]:
-            self.report("NKI-DMA-TRANSPOSE-SHAPE", node, f"dma_transpose dst shape {list(dst)} is not the source "
-                        f"shape {list(src)} transposed")
 
     def _tile_shape(self, node: ast.AST | None) -> tuple[int | None, int | None] | None:
         """(partition size, free size) of an operand: a subscript's selected widths (block indices, before the

@@ -41,47 +41,29 @@ def gemm_kernel(a, b):
     for m_blk in nl.affine_range(4):
         for n_blk in nl.affine_range(2):
             # PSUM accumulators of every output tile the K loop revisits
-            acc_psum__b0 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
-            acc_psum__b1 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
-            acc_psum__b2 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
-            acc_psum__b3 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            acc_psum = []  # 4 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+            for bank in nl.static_range(4):
+                acc_psum.append(nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum))
             for k_blk in nl.affine_range(4):
                 # A^T block: K on partitions, M free (stationary)
                 a_t_tiles = nl.ndarray((128, 2, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-                # loops over bm unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-                for bk in nl.affine_range(2):
-                    a_t_tiles[0:128, bk, 0:128] = nl.load_transpose2d(a[256 * m_blk:256 * m_blk + 128, 256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128])
-                for bk in nl.affine_range(2):
-                    a_t_tiles[0:128, bk, 128:256] = nl.load_transpose2d(a[256 * m_blk + 128:256 * m_blk + 256, 256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128])
+                for bm in nl.affine_range(2):
+                    for bk in nl.affine_range(2):
+                        a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128] = nl.load_transpose2d(a[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128])
                 # B block: K on partitions, N free (moving)
                 b_tiles = nl.ndarray((128, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-                # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-                for bk in nl.affine_range(2):
-                    b_tiles[0:128, bk, 0:512] = nl.load(b[256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128, 1024 * n_blk:1024 * n_blk + 512])
-                for bk in nl.affine_range(2):
-                    b_tiles[0:128, bk, 512:1024] = nl.load(b[256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128, 1024 * n_blk + 512:1024 * n_blk + 1024])
-                # loops over bm, bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-                for bk in nl.affine_range(2):
-                    acc_psum__b0[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 0:128], b_tiles[0:128, bk, 0:512])
-                for bk in nl.affine_range(2):
-                    acc_psum__b1[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 0:128], b_tiles[0:128, bk, 512:1024])
-                for bk in nl.affine_range(2):
-                    acc_psum__b2[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 128:256], b_tiles[0:128, bk, 0:512])
-                for bk in nl.affine_range(2):
-                    acc_psum__b3[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 128:256], b_tiles[0:128, bk, 512:1024])
-            # loops over bm, bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            c_tile[0:128, 0:512] = nl.copy(acc_psum__b0[0:128, 0:512], dtype=nl.bfloat16)
-            nl.store(c[256 * m_blk:256 * m_blk + 128, 1024 * n_blk:1024 * n_blk + 512], value=c_tile[0:128, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            c_tile[0:128, 0:512] = nl.copy(acc_psum__b1[0:128, 0:512], dtype=nl.bfloat16)
-            nl.store(c[256 * m_blk:256 * m_blk + 128, 1024 * n_blk + 512:1024 * n_blk + 1024], value=c_tile[0:128, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            c_tile[0:128, 0:512] = nl.copy(acc_psum__b2[0:128, 0:512], dtype=nl.bfloat16)
-            nl.store(c[256 * m_blk + 128:256 * m_blk + 256, 1024 * n_blk:1024 * n_blk + 512], value=c_tile[0:128, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            c_tile[0:128, 0:512] = nl.copy(acc_psum__b3[0:128, 0:512], dtype=nl.bfloat16)
-            nl.store(c[256 * m_blk + 128:256 * m_blk + 256, 1024 * n_blk + 512:1024 * n_blk + 1024], value=c_tile[0:128, 0:512])
+                for bn in nl.affine_range(2):
+                    for bk in nl.affine_range(2):
+                        b_tiles[0:128, bk, 512 * bn:512 * bn + 512] = nl.load(b[256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128, 1024 * n_blk + 512 * bn:1024 * n_blk + 512 * bn + 512])
+                for bm in nl.static_range(2):
+                    for bn in nl.static_range(2):
+                        for bk in nl.affine_range(2):
+                            acc_psum[2 * bm + bn][0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
+            for bm in nl.static_range(2):
+                for bn in nl.static_range(2):
+                    c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    c_tile[0:128, 0:512] = nl.copy(acc_psum[2 * bm + bn][0:128, 0:512], dtype=nl.bfloat16)
+                    nl.store(c[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 1024 * n_blk + 512 * bn:1024 * n_blk + 512 * bn + 512], value=c_tile[0:128, 0:512])
     return c
 
 

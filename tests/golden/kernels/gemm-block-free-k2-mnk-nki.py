@@ -41,58 +41,36 @@ def gemm_kernel(a, b):
     for m_blk in range(4):
         for n_blk in range(2):
             # PSUM accumulators of every output tile the K loop revisits
-            acc_psum__b0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-            acc_psum__b1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-            acc_psum__b2 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-            acc_psum__b3 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            acc_psum = []  # 4 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+            for bank in range(4):
+                acc_psum.append(nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum))
             for k_blk in range(4):
                 # A^T block: K on partitions, M free (stationary)
                 a_t_tiles = nl.ndarray((128, 2, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
                 # A block as stored: M on partitions, K free
                 a_rows = nl.ndarray((128, 2, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-                # loops over bm unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-                for bk in range(2):
-                    nisa.dma_copy(dst=a_rows[0:128, 0, 128 * bk:128 * bk + 128], src=a[256 * m_blk:256 * m_blk + 128, 256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128])
-                for bk in range(2):
-                    nisa.dma_copy(dst=a_rows[0:128, 1, 128 * bk:128 * bk + 128], src=a[256 * m_blk + 128:256 * m_blk + 256, 256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128])
-                # loops over bm unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-                for bk in range(2):
-                    a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-                    nisa.nc_transpose(dst=a_t_psum[0:128, 0:128], data=a_rows[0:128, 0, 128 * bk:128 * bk + 128])
-                    nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 0:128], src=a_t_psum[0:128, 0:128])
-                for bk in range(2):
-                    a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-                    nisa.nc_transpose(dst=a_t_psum[0:128, 0:128], data=a_rows[0:128, 1, 128 * bk:128 * bk + 128])
-                    nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 128:256], src=a_t_psum[0:128, 0:128])
+                for bm in range(2):
+                    for bk in range(2):
+                        nisa.dma_copy(dst=a_rows[0:128, bm, 128 * bk:128 * bk + 128], src=a[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128])
+                for bm in range(2):
+                    for bk in range(2):
+                        a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+                        nisa.nc_transpose(dst=a_t_psum[0:128, 0:128], data=a_rows[0:128, bm, 128 * bk:128 * bk + 128])
+                        nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], src=a_t_psum[0:128, 0:128])
                 # B block: K on partitions, N free (moving)
                 b_tiles = nl.ndarray((128, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-                # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-                for bk in range(2):
-                    nisa.dma_copy(dst=b_tiles[0:128, bk, 0:512], src=b[256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128, 1024 * n_blk:1024 * n_blk + 512])
-                for bk in range(2):
-                    nisa.dma_copy(dst=b_tiles[0:128, bk, 512:1024], src=b[256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128, 1024 * n_blk + 512:1024 * n_blk + 1024])
-                # loops over bm, bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-                for bk in range(2):
-                    nisa.nc_matmul(dst=acc_psum__b0[0:128, 0:512], stationary=a_t_tiles[0:128, bk, 0:128], moving=b_tiles[0:128, bk, 0:512])
-                for bk in range(2):
-                    nisa.nc_matmul(dst=acc_psum__b1[0:128, 0:512], stationary=a_t_tiles[0:128, bk, 0:128], moving=b_tiles[0:128, bk, 512:1024])
-                for bk in range(2):
-                    nisa.nc_matmul(dst=acc_psum__b2[0:128, 0:512], stationary=a_t_tiles[0:128, bk, 128:256], moving=b_tiles[0:128, bk, 0:512])
-                for bk in range(2):
-                    nisa.nc_matmul(dst=acc_psum__b3[0:128, 0:512], stationary=a_t_tiles[0:128, bk, 128:256], moving=b_tiles[0:128, bk, 512:1024])
-            # loops over bm, bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=acc_psum__b0[0:128, 0:512])
-            nisa.dma_copy(dst=c[256 * m_blk:256 * m_blk + 128, 1024 * n_blk:1024 * n_blk + 512], src=c_tile[0:128, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=acc_psum__b1[0:128, 0:512])
-            nisa.dma_copy(dst=c[256 * m_blk:256 * m_blk + 128, 1024 * n_blk + 512:1024 * n_blk + 1024], src=c_tile[0:128, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=acc_psum__b2[0:128, 0:512])
-            nisa.dma_copy(dst=c[256 * m_blk + 128:256 * m_blk + 256, 1024 * n_blk:1024 * n_blk + 512], src=c_tile[0:128, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=acc_psum__b3[0:128, 0:512])
-            nisa.dma_copy(dst=c[256 * m_blk + 128:256 * m_blk + 256, 1024 * n_blk + 512:1024 * n_blk + 1024], src=c_tile[0:128, 0:512])
+                for bn in range(2):
+                    for bk in range(2):
+                        nisa.dma_copy(dst=b_tiles[0:128, bk, 512 * bn:512 * bn + 512], src=b[256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128, 1024 * n_blk + 512 * bn:1024 * n_blk + 512 * bn + 512])
+                for bm in range(2):
+                    for bn in range(2):
+                        for bk in range(2):
+                            nisa.nc_matmul(dst=acc_psum[2 * bm + bn][0:128, 0:512], stationary=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
+            for bm in range(2):
+                for bn in range(2):
+                    c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=acc_psum[2 * bm + bn][0:128, 0:512])
+                    nisa.dma_copy(dst=c[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 1024 * n_blk + 512 * bn:1024 * n_blk + 512 * bn + 512], src=c_tile[0:128, 0:512])
     return c
 
 

@@ -55,31 +55,20 @@ def gemm_kernel(a, b):
             for bk in nl.static_range(3):
                 a_t_tiles[0:min(128, 300 - 128 * bk), bk, 0:min(256, 700 - 256 * m_blk)] = nl.load_transpose2d(a[256 * m_blk:min(256 * m_blk + 256, 700), 128 * bk:min(128 * bk + 128, 300)])
             # 2 PSUM copies the block's output tiles rotate through
-            c_psum__b0 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
-            c_psum__b1 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
-            # loops over bm, bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375] = nisa.nc_matmul(a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], b_tiles[0:128, 0, 0:375])
-            for bk in nl.static_range(2):
-                c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375] += nisa.nc_matmul(a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:375])
-            acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:375] = nl.add(acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:375], c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], dtype=nl.bfloat16)
-            c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375] = nisa.nc_matmul(a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], b_tiles[0:128, 0, 0:375])
-            for bk in nl.static_range(2):
-                c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375] += nisa.nc_matmul(a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:375])
-            acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:375] = nl.add(acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:375], c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], dtype=nl.bfloat16)
-            c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375] = nisa.nc_matmul(a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], b_tiles[0:128, 0, 375:750])
-            for bk in nl.static_range(2):
-                c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375] += nisa.nc_matmul(a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375:750])
-            acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 375:750] = nl.add(acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 375:750], c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], dtype=nl.bfloat16)
-            c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375] = nisa.nc_matmul(a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], b_tiles[0:128, 0, 375:750])
-            for bk in nl.static_range(2):
-                c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375] += nisa.nc_matmul(a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375:750])
-            acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 375:750] = nl.add(acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 375:750], c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], dtype=nl.bfloat16)
+            c_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+            for bank in nl.static_range(2):
+                c_psum.append(nl.zeros((128, 375), dtype=nl.float32, buffer=nl.psum))
+            for bn in nl.static_range(2):
+                for bm in nl.static_range(2):
+                    c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375] = nisa.nc_matmul(a_t_tiles[0:128, 0, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], b_tiles[0:128, 0, 375 * bn:375 * bn + 375])
+                    for bk in nl.static_range(2):
+                        c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375] += nisa.nc_matmul(a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375 * bn:375 * bn + 375])
+                    acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 375 * bn:375 * bn + 375] = nl.add(acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 375 * bn:375 * bn + 375], c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], dtype=nl.bfloat16)
         for m_tile in nl.static_range(6):
             # one row of output tiles, packed for a single store
             c_rows = nl.ndarray((128, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
-            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            c_rows[0:min(128, 700 - 128 * m_tile), 0:375] = nl.copy(acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:375], dtype=nl.bfloat16)
-            c_rows[0:min(128, 700 - 128 * m_tile), 375:750] = nl.copy(acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 375:750], dtype=nl.bfloat16)
+            for bn in nl.affine_range(2):
+                c_rows[0:min(128, 700 - 128 * m_tile), 375 * bn:375 * bn + 375] = nl.copy(acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 375 * bn:375 * bn + 375], dtype=nl.bfloat16)
             nl.store(c[128 * m_tile:min(128 * m_tile + 128, 700), 750 * n_blk + 750 * pid:750 * n_blk + 750 * pid + 750], value=c_rows[0:min(128, 700 - 128 * m_tile), 0:750])
     return c
 

@@ -56,31 +56,20 @@ def gemm_kernel(a, b):
             for bk in range(3):
                 nisa.dma_transpose(dst=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 0:min(256, 700 - 256 * m_blk)], src=a[256 * m_blk:min(256 * m_blk + 256, 700), 128 * bk:min(128 * bk + 128, 300)])
             # 2 PSUM copies the block's output tiles rotate through
-            c_psum__b0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-            c_psum__b1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-            # loops over bm, bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 0:375], accumulate=False)
-            for bk in range(2):
-                nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:375])
-            nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:375], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 0:375], data2=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], op=nl.add)
-            nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 0:375], accumulate=False)
-            for bk in range(2):
-                nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:375])
-            nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:375], data1=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 0:375], data2=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], op=nl.add)
-            nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:128, 0, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 375:750], accumulate=False)
-            for bk in range(2):
-                nisa.nc_matmul(dst=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 0:min(128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375:750])
-            nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 375:750], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk), 2 * m_blk, 375:750], data2=c_psum__b0[0:min(128, 700 - 256 * m_blk), 0:375], op=nl.add)
-            nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:128, 0, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 375:750], accumulate=False)
-            for bk in range(2):
-                nisa.nc_matmul(dst=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128:min(256, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375:750])
-            nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 375:750], data1=acc_sbuf[0:min(128, 572 - 256 * m_blk), 2 * m_blk + 1, 375:750], data2=c_psum__b1[0:min(128, 572 - 256 * m_blk), 0:375], op=nl.add)
+            c_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+            for bank in range(2):
+                c_psum.append(nl.ndarray((128, 375), dtype=nl.float32, buffer=nl.psum))
+            for bn in range(2):
+                for bm in range(2):
+                    nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], stationary=a_t_tiles[0:128, 0, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 375 * bn:375 * bn + 375], accumulate=False)
+                    for bk in range(2):
+                        nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375 * bn:375 * bn + 375])
+                    nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 375 * bn:375 * bn + 375], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 375 * bn:375 * bn + 375], data2=c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], op=nl.add)
         for m_tile in range(6):
             # one row of output tiles, packed for a single store
             c_rows = nl.ndarray((128, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
-            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 0:375], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:375])
-            nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 375:750], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 375:750])
+            for bn in range(2):
+                nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 375 * bn:375 * bn + 375], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 375 * bn:375 * bn + 375])
             nisa.dma_copy(dst=c[128 * m_tile:min(128 * m_tile + 128, 700), 750 * n_blk + 750 * pid:750 * n_blk + 750 * pid + 750], src=c_rows[0:min(128, 700 - 128 * m_tile), 0:750])
     return c
 

@@ -152,30 +152,20 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # 2 programs: each its 1 of 2
     for o_blk in range(1):
         # one PSUM bank per output tile, across K blocks
-        down_psum__b0 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-        down_psum__b1 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-        down_psum__b2 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
-        down_psum__b3 = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        down_psum = []  # 4 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+        for bank in range(4):
+            down_psum.append(nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum))
         for k_blk in range(3):
             v_down_block = nl.ndarray((128, 8, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(min(8, 20 - 8 * k_blk)):
                 nisa.dma_copy(dst=v_down_block[0:128, kt, 0:2048], src=v_down[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048])
-            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.nc_matmul(dst=down_psum__b0[0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 0:512])
-            for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.nc_matmul(dst=down_psum__b1[0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 512:1024])
-            for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.nc_matmul(dst=down_psum__b2[0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 1024:1536])
-            for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.nc_matmul(dst=down_psum__b3[0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 1536:2048])
+            for bn in range(4):
+                for kt in range(min(8, 20 - 8 * k_blk)):
+                    nisa.nc_matmul(dst=down_psum[bn][0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 512 * bn:512 * bn + 512])
         # one packed row of output tiles
         out_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-        nisa.tensor_copy(dst=out_rows[0:1, 0:512], src=down_psum__b0[0:1, 0:512])
-        nisa.tensor_copy(dst=out_rows[0:1, 512:1024], src=down_psum__b1[0:1, 0:512])
-        nisa.tensor_copy(dst=out_rows[0:1, 1024:1536], src=down_psum__b2[0:1, 0:512])
-        nisa.tensor_copy(dst=out_rows[0:1, 1536:2048], src=down_psum__b3[0:1, 0:512])
+        for bn in range(4):
+            nisa.tensor_copy(dst=out_rows[0:1, 512 * bn:512 * bn + 512], src=down_psum[bn][0:1, 0:512])
         nisa.dma_copy(dst=out[0:1, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048], src=out_rows[0:1, 0:2048])
     return out
 

@@ -86,22 +86,20 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     # 2 programs: each its 1 of 2
     for o_blk in nl.affine_range(1):
         # one PSUM bank per output tile, across K blocks
-        down_psum__b0 = nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum)
-        down_psum__b1 = nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum)
+        down_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+        for bank in nl.static_range(2):
+            down_psum.append(nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum))
         for k_blk in nl.affine_range(8):
             w_down_block = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in nl.affine_range(8):
                 w_down_block[0:128, kt, 0:1024] = nl.load(w_down[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 1024 * o_blk + 1024 * pid:1024 * o_blk + 1024 * pid + 1024])
-            # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-            for kt in nl.affine_range(8):
-                down_psum__b0[0:1, 0:512] += nisa.nc_matmul(h_strip[0:128, 8 * k_blk + kt, 0:1], w_down_block[0:128, kt, 0:512])
-            for kt in nl.affine_range(8):
-                down_psum__b1[0:1, 0:512] += nisa.nc_matmul(h_strip[0:128, 8 * k_blk + kt, 0:1], w_down_block[0:128, kt, 512:1024])
+            for bn in nl.static_range(2):
+                for kt in nl.affine_range(8):
+                    down_psum[bn][0:1, 0:512] += nisa.nc_matmul(h_strip[0:128, 8 * k_blk + kt, 0:1], w_down_block[0:128, kt, 512 * bn:512 * bn + 512])
         # one packed row of output tiles
         out_rows = nl.ndarray((1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        # loops over bn unrolled: one PSUM tile per bank (NKI-PSUM-TILE-FMAX)
-        out_rows[0:1, 0:512] = nl.copy(down_psum__b0[0:1, 0:512], dtype=nl.bfloat16)
-        out_rows[0:1, 512:1024] = nl.copy(down_psum__b1[0:1, 0:512], dtype=nl.bfloat16)
+        for bn in nl.static_range(2):
+            out_rows[0:1, 512 * bn:512 * bn + 512] = nl.copy(down_psum[bn][0:1, 0:512], dtype=nl.bfloat16)
         nl.store(out[0:1, 1024 * o_blk + 1024 * pid:1024 * o_blk + 1024 * pid + 1024], value=out_rows[0:1, 0:1024])
     return out
 
