@@ -50,7 +50,7 @@ def test_mutations_fail_verification():
     source = nkilib_source(8, 1024, 1024, TRN2[2])
     exchange = next(line for line in source.splitlines() if "nisa.sendrecv(" in line)
     assert not verify_source(source.replace(exchange, ""), rules=True).ok  # partial sums never exchanged
-    added = next(line for line in source.splitlines() if "data2=gate_psum__b0[32:40" in line)
+    added = next(line for line in source.splitlines() if "data2=gate_psum[it][32:40" in line)
     dropped = verify_source(source.replace(added, ""), rules=True)  # one column tile's partial sums lost
     assert not dropped.ok and dropped.rel_error > 0.05
 
