@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..errors import ScheduleError
-from ..kernel_ir.expr import Min, Mod, add, code, scale
+from ..kernel_ir.expr import Min, Mod, add, code, literal, naming, scale
 from ..kernel_ir.lnc import PROGRAM_ID
 from ..kernel_ir.program import (
     Activation,
@@ -74,7 +74,7 @@ def _imports(dialect: Dialect) -> tuple[str, ...]:
 
 
 def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    return "(" + ", ".join(literal(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 class _Printer:
@@ -88,6 +88,24 @@ class _Printer:
         self.lines.append(INDENT * depth + text)
 
     def kernel(self, program: Program) -> list[str]:
+        """The kernel's lines, its named tile sizes (:class:`~neuronmm_compiler.kernel_ir.expr.Named`) declared at
+        its top; a name the program gives two values is printed as numbers instead."""
+        taken = {b.name for b in (*program.params, *program.outputs)} | {
+            stmt.buffer.name if isinstance(stmt, Alloc) else stmt.var for stmt, _ in walk(program.body)
+            if isinstance(stmt, Alloc | Loop)}
+        off = frozenset(taken)  # a name the kernel binds otherwise stays a number
+        while True:
+            with naming(off) as names:
+                lines = self._kernel(program)
+            clashes = frozenset(name for name, (values, _) in names.used.items() if len(values) > 1)
+            if not clashes:
+                break
+            off |= clashes
+        declarations = [f"{INDENT}{name} = {values.pop()}" + (f"  # {note}" if note else "")
+                        for name, (values, note) in sorted(names.used.items())]
+        return lines[:self.top] + declarations + lines[self.top:]
+
+    def _kernel(self, program: Program) -> list[str]:
         self.lines = []
         args = ", ".join(p.name for p in program.params)
         self.emit(0, "@nki.jit")
@@ -97,6 +115,7 @@ class _Printer:
         for line in doc_lines[1:]:
             self.emit(1, line)
         self.emit(1, '"""')
+        self.top = len(self.lines)
         for p in program.params:
             shape = tuple(p.shape)
             self.emit(1, f"assert tuple({p.name}.shape) == {shape}, "

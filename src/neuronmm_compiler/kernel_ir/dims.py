@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .expr import Expr, Lin, add, minimum, scale, sub, var
+from .expr import Expr, Lin, add, minimum, named, scale, sub, var
 from .program import Loop, Stmt
 
 
 @dataclass(frozen=True)
 class Dim:
-    """One GEMM dimension under a schedule: size, tile, tiles per block, block count."""
+    """One GEMM dimension under a schedule: size, tile, tiles per block, block count. ``tile`` may be a
+    :class:`~.expr.Named` size (the printed kernel then spells tile offsets and sizes by its name); ``block_name``
+    names the block's width the same way (several tiles per block only)."""
 
     name: str
     size: int
     tile: int
     tiles: int
     tiles_in_block: int
+    block_name: str = ""
 
     @property
     def blocks(self) -> int:
@@ -24,7 +27,12 @@ class Dim:
 
     @property
     def block_elems(self) -> int:
-        return self.tile * self.tiles_in_block
+        if self.tiles_in_block == 1:
+            return self.tile  # a block of one tile: the tile's size, and its name
+        elems = self.tile * self.tiles_in_block
+        if not self.block_name:
+            return elems
+        return named(elems, self.block_name, f"{self.tiles_in_block} tiles of {self.tile}")
 
     def tiles_in(self, blk: Expr) -> Expr:
         if self.tiles % self.tiles_in_block == 0:

@@ -10,8 +10,67 @@ easy to print as Python.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+class Named(int):
+    """An integer that a printed kernel spells by name: a tile size or hardware limit (``P``, ``TOKEN_TILE``) that
+    the lowering gave a name where it chose the value. It is the integer in every computation (cost model,
+    interpreter, equality, hashing, ``str``); only the printer, inside :func:`naming`, writes ``name`` (and declares
+    ``name = value`` once per kernel). Arithmetic yields a plain int, except what keeps the value: negation (the name
+    is of the absolute value), adding 0, scaling a variable (see :func:`scale`)."""
+
+    name: str
+    note: str
+
+    def __new__(cls, value: int, name: str, note: str = "") -> Named:
+        item = super().__new__(cls, value)
+        item.name, item.note = name, note
+        return item
+
+    def __neg__(self) -> Named:
+        return Named(-int(self), self.name, self.note)
+
+    def __reduce__(self) -> tuple:
+        return Named, (int(self), self.name, self.note)
+
+
+def named(value: int, name: str, note: str = "") -> int:
+    """``value`` carrying ``name`` for the printer (a positive value; 0 and negatives stay plain)."""
+    return Named(value, name, note) if value > 0 else int(value)
+
+
+@dataclass
+class Names:
+    """The named constants one printed kernel used: name -> (the absolute values printed under it, its note)."""
+
+    off: frozenset[str] = frozenset()  # names printed as numbers (one name used for two values)
+    used: dict[str, tuple[set[int], str]] = field(default_factory=dict)
+
+
+_NAMING: list[Names] = []
+
+
+@contextmanager
+def naming(off: frozenset[str] = frozenset()) -> Iterator[Names]:
+    """While active, :func:`literal` spells named constants by name and records them."""
+    names = Names(off)
+    _NAMING.append(names)
+    try:
+        yield names
+    finally:
+        _NAMING.pop()
+
+
+def literal(value: int) -> str:
+    """An integer as printed code: its name inside :func:`naming` when it is a :class:`Named`, else its digits."""
+    if isinstance(value, Named) and _NAMING and value.name not in _NAMING[-1].off:
+        values, _ = _NAMING[-1].used.setdefault(value.name, (set(), value.note))
+        values.add(abs(int(value)))
+        return value.name if value > 0 else f"-{value.name}"
+    return str(int(value))
 
 
 @dataclass(frozen=True)
@@ -47,16 +106,16 @@ class Lin:
     def code(self) -> str:
         # Positive terms first, then the constant, then subtracted terms: "300 - 128 * bk".
         def term(name: str, coef: int) -> str:
-            return name if coef == 1 else f"{coef} * {name}"
+            return name if coef == 1 else f"{literal(coef)} * {name}"
 
         text = ""
         for name, coef in self.terms:
             if coef > 0:
                 text += (" + " if text else "") + term(name, coef)
         if self.const > 0 or (self.const < 0 and not text):
-            text += (" + " if text else "") + str(self.const)
+            text += (" + " if text else "") + literal(self.const)
         elif self.const < 0:
-            text += f" - {-self.const}"
+            text += f" - {literal(-self.const)}"
         for name, coef in self.terms:
             if coef < 0:
                 text += (" - " if text else "-") + term(name, -coef)
@@ -112,7 +171,8 @@ class Mod:
 
     def code(self) -> str:
         arg = self.arg.code()
-        return f"{arg} % {self.modulus}" if self.arg.terms == ((arg, 1),) else f"({arg}) % {self.modulus}"
+        modulus = literal(self.modulus)
+        return f"{arg} % {modulus}" if self.arg.terms == ((arg, 1),) else f"({arg}) % {modulus}"
 
 
 Expr = Lin | Min | Mod
@@ -145,8 +205,9 @@ def var(name: str) -> Lin:
 def _add_lin(a: Lin, b: Lin) -> Lin:
     coeffs: dict[str, int] = dict(a.terms)
     for name, coef in b.terms:
-        coeffs[name] = coeffs.get(name, 0) + coef
-    return Lin(a.const + b.const, tuple((n, c) for n, c in coeffs.items() if c != 0))
+        coeffs[name] = coeffs[name] + coef if name in coeffs else coef  # a lone coefficient keeps its name
+    const = a.const + b.const if a.const and b.const else a.const or b.const
+    return Lin(const, tuple((n, c) for n, c in coeffs.items() if c != 0))
 
 
 def add(*values: int | Expr) -> Expr:
@@ -176,7 +237,9 @@ def scale(value: int | Expr, factor: int) -> Expr:
         return minimum(*(scale(arg, factor) for arg in item.args))
     if factor == 0:
         return Lin(0)
-    return Lin(item.const * factor, tuple((n, c * factor) for n, c in item.terms))
+    # a coefficient or constant of 1 takes the factor itself (which keeps a Named factor's name: 128 * kt -> P * kt)
+    return Lin(factor if item.const == 1 else item.const * factor,
+               tuple((n, factor if c == 1 else c * factor) for n, c in item.terms))
 
 
 def sub(a: int | Expr, b: int | Lin) -> Expr:

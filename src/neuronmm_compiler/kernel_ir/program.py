@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Literal
 
 from ..vocab import ElementwiseOp
-from .expr import Expr, add, as_expr, code
+from .expr import Expr, add, as_expr, code, literal
 
 Memory = Literal["hbm", "sbuf", "psum"]
 
@@ -175,7 +175,7 @@ class PeTile:
 
     def code(self) -> tuple[str, str]:
         """(``tile_position``, ``tile_size``) as printed: ``(0, ct * 32)``, ``(128, 32)``."""
-        return f"({code(self.row)}, {code(self.col)})", f"({self.rows}, {self.cols})"
+        return f"({code(self.row)}, {code(self.col)})", f"({literal(self.rows)}, {literal(self.cols)})"
 
 
 @dataclass(frozen=True)

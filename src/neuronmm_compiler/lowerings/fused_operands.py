@@ -82,7 +82,7 @@ class OperandLoads(FusedState):
         in one block)."""
         pmax = self.target.pmax
         tiles = -(-size // pmax)
-        return Dim("k", size, min(pmax, size), tiles, per_block or tiles)
+        return Dim("k", size, min(pmax, size), tiles, per_block or tiles, block_name="K_BLOCK")
 
     def _strip(self, node_id: str, features: int) -> Buffer:
         """The SBUF strip holding a value transposed: [features (tiles of pmax), tiles, tokens of a block], in the

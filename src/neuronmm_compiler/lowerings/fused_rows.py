@@ -31,7 +31,7 @@ from ..schedule.fused import tiles_per_weight_block
 from ..vocab import ElementwiseOp, Layout
 from .fused_groups import Group
 from .fused_operands import OperandLoads
-from .limits import copy_tile_cols, k_blocked_group_banks, psum_bank_fp32
+from .limits import constant_name, copy_tile_cols, k_blocked_group_banks, psum_bank_fp32
 
 
 class RowMajorGroups(OperandLoads):
@@ -69,7 +69,7 @@ class RowMajorGroups(OperandLoads):
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
         if reducing:  # whole blocks, so each block's columns halve evenly (checked by reducing_group)
             per_block = max(d for d in range(1, per_block + 1) if ntiles % d == 0)
-        odim = Dim("o", n, tile_n, ntiles, per_block)
+        odim = Dim("o", n, tile_n, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"))
         ob = iv("o_blk", odim.blocks)
         if kb:
             return self._k_blocked_row_group(group, mb, odim, ob, kb, stores, out_dtype)

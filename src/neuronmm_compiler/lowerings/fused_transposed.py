@@ -33,7 +33,7 @@ from ..schedule.fused import tiles_per_weight_block
 from ..vocab import ElementwiseOp, NodeKind
 from .fused_groups import Group
 from .fused_operands import OperandLoads
-from .limits import k_blocked_group_banks, packed_feature_tiles, psum_bank_fp32
+from .limits import constant_name, feature_tile_size, k_blocked_group_banks, packed_feature_tiles, psum_bank_fp32
 
 
 class TransposedGroups(OperandLoads):
@@ -65,7 +65,7 @@ class TransposedGroups(OperandLoads):
         n = root.shape[1]
         feature_tile = self.target.gemm_stationary_fmax  # output features per matmul: the stationary free size
         ntiles = -(-n // feature_tile)
-        ftile = min(feature_tile, n)
+        ftile = feature_tile_size(self.target, n)
         kb = self._k_blocked(group)
         if kb:
             # Contraction blocked: each feature tile's PSUM accumulator lives across the K blocks, so the feature
@@ -76,7 +76,7 @@ class TransposedGroups(OperandLoads):
             per_block = self._tiles_per_block(group, ftile, ntiles)
         if self._divides_features(group) and n % ftile == 0:  # blocks the programs can divide (kernel_ir/lnc.py)
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
-        fdim = Dim("f", n, ftile, ntiles, per_block)
+        fdim = Dim("f", n, ftile, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"))
         bm = self.tok.block_size(mb)
         # A result placed in HBM that no matmul of this kernel reads (e.g. h^T of a split MLP's first
         # kernel) is stored tile by tile as it is produced, instead of being held whole in SBUF.
@@ -161,9 +161,10 @@ class TransposedGroups(OperandLoads):
         HBM is evaluated and stored by each program for its half of the tiles; one kept in SBUF by both, whole."""
         root, s, tok = group.root, self.s, self.tok
         n = root.shape[1]
-        ftile = min(self.target.gemm_stationary_fmax, n)
+        ftile = feature_tile_size(self.target, n)
         ntiles = n // ftile  # whole tiles (reducing_groups)
-        fdim = Dim("f", n, ftile, ntiles, self._tiles_per_block(group, ftile, ntiles))
+        fdim = Dim("f", n, ftile, ntiles, self._tiles_per_block(group, ftile, ntiles),
+                   block_name=constant_name(root.id, "BLOCK"))
         bm = tok.block_size(mb)
         streamed = self._stored(root)
         # every term's partial strip in one buffer, so that one sendrecv exchanges them all (as AWS's decode MLP sends

@@ -10,8 +10,11 @@ it follows from the target.
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..kernel_ir.expr import named
 from ..kernel_ir.program import DTYPE_BYTES
 
 if TYPE_CHECKING:
@@ -25,6 +28,25 @@ FUSED_RESERVED_PSUM_BANKS = 2
 
 #: DMA efficiency (fraction of peak) nmmc treats as "on the plateau" of the target's efficiency curve.
 DMA_PLATEAU_EFFICIENCY = 0.95
+
+
+def named_limits(target: Target) -> Target:
+    """``target`` with the tile limits a lowering reads named for the printed kernel (:class:`Named`): ``P`` for
+    ``pmax``, the partitions of a tile (NKI's ``nl.tile_size.pmax``). Values, and so every count, are unchanged."""
+    return replace(target, pmax=named(target.pmax, "P", "partitions per tile (nl.tile_size.pmax)"))
+
+
+def constant_name(node_id: str, what: str) -> str:
+    """The printed name of a size of a graph value: ``constant_name("h_ud", "BLOCK")`` is ``H_UD_BLOCK``."""
+    return re.sub(r"\W", "_", f"{node_id}_{what}").upper()
+
+
+def feature_tile_size(target: Target, features: int) -> int:
+    """Output features per matmul of a transposed group (``F_TILE`` in the printed kernel): the stationary's free
+    size, ``gemm_stationary_fmax`` (128), or all of ``features`` when fewer."""
+    fmax = target.gemm_stationary_fmax
+    return named(fmax, "F_TILE", "output features per matmul (nl.tile_size.gemm_stationary_fmax)") \
+        if features >= fmax else features
 
 
 def psum_bank_fp32(target: Target) -> int:

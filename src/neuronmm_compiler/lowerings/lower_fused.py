@@ -28,13 +28,14 @@ any chain of matmuls with elementwise epilogues whose weights are kernel inputs.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..ir import Graph, Node
 from ..ir.fp8 import FP8_FORMATS, is_fp8
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin
+from ..kernel_ir.expr import Expr, Lin, named
 from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import (
     DTYPE_BYTES,
@@ -58,6 +59,7 @@ from .fused_groups import Group, Term, read_groups
 from .fused_prologue import NormPrologue
 from .fused_rows import RowMajorGroups
 from .fused_transposed import TransposedGroups
+from .limits import named_limits
 
 if TYPE_CHECKING:
     from ..targets import Target
@@ -69,7 +71,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
     def __init__(self, graph: Graph, schedule: FusedSchedule, target: Target, name: str):
         self.g = graph
         self.name = name
-        self.target = target
+        self.target = target = named_limits(target)
         self.nodes = {n.id: n for n in graph.nodes()}
         self.inputs = graph.inputs()
         self.outputs = graph.outputs()
@@ -83,10 +85,13 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         self.prologues = [g for g in groups if g.root.kind == NodeKind.NORM]
         self.group_list = [g for g in groups if g.root.kind != NodeKind.NORM]
         self.tokens = compute[0].shape[0] if compute else copied[0].shape[0]
-        self.s = normalize_on(schedule, self.tokens, target)
-        s = self.s
+        # the tile sizes the printed kernel spells by name (kernel_ir/expr.py, Named)
+        s = normalize_on(schedule, self.tokens, target)
+        self.s = s = replace(s, token_tile=named(s.token_tile, "TOKEN_TILE", "tokens per tile"),
+                             tokens_per_block=named(s.tokens_per_block, "TOKENS_PER_BLOCK", "tokens per block"),
+                             out_tile=named(s.out_tile, "OUT_TILE", "output columns per row-major matmul"))
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
-                       max(1, s.tokens_per_block // s.token_tile))
+                       max(1, s.tokens_per_block // s.token_tile), block_name="TOKENS_PER_BLOCK")
         # the kernel's dtype: its values' (an FP8 kernel's quantized values and fp32 accumulators aside, docs/fp8.md)
         self.dtype = next((n.dtype for n in compute if n.dtype in ("bfloat16", "float32") and not (
             n.kind == NodeKind.MATMUL and is_fp8(self.nodes[n.operands[0]].dtype))), (compute or copied)[0].dtype)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, add, modulo, scale, sub, var
+from ..kernel_ir.expr import Expr, Lin, add, modulo, named, scale, sub, var
 from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import (
     Alloc,
@@ -53,7 +53,7 @@ from ..kernel_ir.program import (
 )
 from ..schedule.gemm import GemmProblem, GemmSchedule, load_levels, normalize, tile_counts
 from ..vocab import ALayout, ElementwiseOp
-from .limits import psum_bank_fp32
+from .limits import named_limits, psum_bank_fp32
 from .pe_tiles import column_sum, column_tiled
 
 if TYPE_CHECKING:
@@ -68,15 +68,13 @@ BLOCK_COMMENTS = {"a": "A^T block: K on partitions, M free (stationary)",
 class _GemmLowering:
     def __init__(self, problem: GemmProblem, schedule: GemmSchedule, target: Target):
         self.p = problem
-        self.target = target
+        self.target = target = named_limits(target)
         self.s = normalize(problem, schedule, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
         counts = tile_counts(problem, self.s)
         s = self.s
-        self.dims = {
-            "m": Dim("m", problem.m, s.tile_m, counts["m"], s.tiles_in_block_m),
-            "n": Dim("n", problem.n, s.tile_n, counts["n"], s.tiles_in_block_n),
-            "k": Dim("k", problem.k, s.tile_k, counts["k"], s.tiles_in_block_k),
-        }
+        # tile and block sizes named as in AWS's matmul tutorial (TILE_M, BLOCK_M, ...; expr.Named)
+        self.dims = {d: Dim(d, getattr(problem, d), named(getattr(s, f"tile_{d}"), f"TILE_{d.upper()}"), counts[d],
+                            getattr(s, f"tiles_in_block_{d}"), block_name=f"BLOCK_{d.upper()}") for d in "mnk"}
         dt = problem.dtype
         m, n, k = self.dims["m"], self.dims["n"], self.dims["k"]
         self.a_hbm = Buffer(problem.a_name, problem.a_storage_shape, dt, "hbm")

@@ -116,3 +116,27 @@ def access_widths(node: ast.AST, scalars: set[str], skip: int = 0) -> tuple[int 
             return None
     return tuple(widths)
 
+
+
+def fold_int_constants(tree: ast.Module) -> ast.Module:
+    """``tree`` with every read of a name bound exactly once, to an integer literal (an emitted kernel's named tile
+    sizes, ``P = 128``), replaced by that literal, so that the rules read its shapes and slices as the numbers they
+    are. A name bound any other way as well (a loop target, a second assignment) is left alone."""
+    bindings: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bindings.setdefault(node.id, []).append(node)
+    values: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = const_int(node.value)
+            if value is not None and len(bindings.get(node.targets[0].id, ())) == 1:
+                values[node.targets[0].id] = value
+
+    class _Fold(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if isinstance(node.ctx, ast.Load) and node.id in values:
+                return ast.copy_location(ast.Constant(values[node.id]), node)
+            return node
+
+    return _Fold().visit(tree) if values else tree

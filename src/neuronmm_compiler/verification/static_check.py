@@ -24,6 +24,7 @@ from .kernel_ast import (
     attr_name,
     base_name,
     const_int,
+    fold_int_constants,
     is_scalar_index,
     kwarg,
     metadata_dtypes,
@@ -380,5 +381,5 @@ def check_kernel_source(source: str, *, dialect: Dialect | str, target: str, sdk
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r} (one of {', '.join(TARGETS)})")
     checker = _Checker(source, Dialect(dialect), target, sdk)
-    checker.visit(ast.parse(source))
+    checker.visit(fold_int_constants(ast.parse(source)))
     return sorted(checker.violations, key=lambda v: (v.line, v.rule_id))

@@ -37,6 +37,13 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 1024 tokens (bfloat16).
     Arguments: x[1024, 4096], u[4096, 1024], v[1024, 4096]. Returns y[1024, 4096].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    XUV_BLOCK = 1024  # 2 tiles of 512
+    XU_BLOCK = 256  # 2 tiles of 128
     assert tuple(x.shape) == (1024, 4096), f"x: expected shape (1024, 4096), got {x.shape}"
     assert tuple(u.shape) == (4096, 1024), f"u: expected shape (4096, 1024), got {u.shape}"
     assert tuple(v.shape) == (1024, 4096), f"v: expected shape (1024, 4096), got {v.shape}"
@@ -47,34 +54,34 @@ def svd_chain_k0(x, u, v):
     # blocks of tokens (2 programs: each its 4 of 8)
     for m_blk in range(4):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 32, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 32, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(32):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk + 512 * pid:128 * m_blk + 512 * pid + 128, 128 * kt:128 * kt + 128])
+            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[TOKEN_TILE * m_blk + 512 * pid:TOKEN_TILE * m_blk + 512 * pid + TOKEN_TILE, P * kt:P * kt + P])
         # xu^T strip of this token block, kept in SBUF
-        xu_strip = nl.ndarray((128, 8, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xu_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in range(4):
-            u_block = nl.ndarray((128, 32, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_block = nl.ndarray((P, 32, XU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(32):
-                nisa.dma_copy(dst=u_block[0:128, kt, 0:256], src=u[128 * kt:128 * kt + 128, 256 * f_blk:256 * f_blk + 256])
+                nisa.dma_copy(dst=u_block[0:P, kt, 0:XU_BLOCK], src=u[P * kt:P * kt + P, XU_BLOCK * f_blk:XU_BLOCK * f_blk + XU_BLOCK])
             for ft in range(2):
-                xu_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                xu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(32):
-                    nisa.nc_matmul(dst=xu_psum[0:128, 0:128], stationary=u_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:128])
-                nisa.tensor_copy(dst=xu_strip[0:128, 2 * f_blk + ft, 0:128], src=xu_psum[0:128, 0:128])
+                    nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+                nisa.tensor_copy(dst=xu_strip[0:F_TILE, 2 * f_blk + ft, 0:TOKEN_TILE], src=xu_psum[0:F_TILE, 0:TOKEN_TILE])
         # y = xuv = (xu @ v): strips stationary, weights moving
         for o_blk in range(4):
-            v_block = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_block = nl.ndarray((P, 8, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(8):
-                nisa.dma_copy(dst=v_block[0:128, kt, 0:1024], src=v[128 * kt:128 * kt + 128, 1024 * o_blk:1024 * o_blk + 1024])
+                nisa.dma_copy(dst=v_block[0:P, kt, 0:XUV_BLOCK], src=v[P * kt:P * kt + P, XUV_BLOCK * o_blk:XUV_BLOCK * o_blk + XUV_BLOCK])
             # one packed row of output tiles
-            y_rows = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            y_rows = nl.ndarray((TOKEN_TILE, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bn in range(2):
-                xuv_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+                xuv_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(8):
-                    nisa.nc_matmul(dst=xuv_psum[0:128, 0:512], stationary=xu_strip[0:128, kt, 0:128], moving=v_block[0:128, kt, 512 * bn:512 * bn + 512])
-                nisa.tensor_copy(dst=y_rows[0:128, 512 * bn:512 * bn + 512], src=xuv_psum[0:128, 0:512])
-            nisa.dma_copy(dst=y[128 * m_blk + 512 * pid:128 * m_blk + 512 * pid + 128, 1024 * o_blk:1024 * o_blk + 1024], src=y_rows[0:128, 0:1024])
+                    nisa.nc_matmul(dst=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xu_strip[0:P, kt, 0:TOKEN_TILE], moving=v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+                nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE])
+            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk + 512 * pid:TOKEN_TILE * m_blk + 512 * pid + TOKEN_TILE, XUV_BLOCK * o_blk:XUV_BLOCK * o_blk + XUV_BLOCK], src=y_rows[0:TOKEN_TILE, 0:XUV_BLOCK])
     return y
 
 

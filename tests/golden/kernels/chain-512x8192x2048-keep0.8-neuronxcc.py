@@ -36,6 +36,12 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 512 tokens (bfloat16).
     Arguments: x[512, 2048], u[2048, 1280], v[1280, 8192]. Returns y[512, 8192].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    XU_BLOCK = 512  # 4 tiles of 128
     assert tuple(x.shape) == (512, 2048), f"x: expected shape (512, 2048), got {x.shape}"
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
@@ -44,33 +50,33 @@ def svd_chain_k0(x, u, v):
     # blocks of tokens
     for m_blk in nl.affine_range(4):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            x_strip[0:128, kt, 0:128] = nl.load_transpose2d(x[128 * m_blk:128 * m_blk + 128, 128 * kt:128 * kt + 128])
+            x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, P * kt:P * kt + P])
         # xu^T strip of this token block, kept in SBUF
-        xu_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in nl.static_range(3):
-            u_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_block = nl.ndarray((P, 16, XU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in nl.affine_range(16):
-                u_block[0:128, kt, 0:min(512, 1280 - 512 * f_blk)] = nl.load(u[128 * kt:128 * kt + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
+                u_block[0:P, kt, 0:min(XU_BLOCK, 1280 - XU_BLOCK * f_blk)] = nl.load(u[P * kt:P * kt + P, XU_BLOCK * f_blk:min(XU_BLOCK * f_blk + XU_BLOCK, 1280)])
             for ft in nl.affine_range(min(4, 10 - 4 * f_blk)):
-                xu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+                xu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(16):
-                    xu_psum[0:128, 0:128] += nisa.nc_matmul(u_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:128])
-                xu_strip[0:128, 4 * f_blk + ft, 0:128] = nl.copy(xu_psum[0:128, 0:128], dtype=nl.bfloat16)
+                    xu_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
+                xu_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE] = nl.copy(xu_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
         # y = xuv = (xu @ v): strips stationary, weights moving
         for o_blk in nl.affine_range(16):
-            v_block = nl.ndarray((128, 10, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in nl.affine_range(10):
-                v_block[0:128, kt, 0:512] = nl.load(v[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
+                v_block[0:P, kt, 0:OUT_TILE] = nl.load(v[P * kt:P * kt + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
             # one packed row of output tiles
-            y_rows = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            xuv_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            xuv_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(10):
-                xuv_psum[0:128, 0:512] += nisa.nc_matmul(xu_strip[0:128, kt, 0:128], v_block[0:128, kt, 0:512])
-            y_rows[0:128, 0:512] = nl.copy(xuv_psum[0:128, 0:512], dtype=nl.bfloat16)
-            nl.store(y[128 * m_blk:128 * m_blk + 128, 512 * o_blk:512 * o_blk + 512], value=y_rows[0:128, 0:512])
+                xuv_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, 0:TOKEN_TILE], v_block[0:P, kt, 0:OUT_TILE])
+            y_rows[0:TOKEN_TILE, 0:OUT_TILE] = nl.copy(xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+            nl.store(y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=y_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return y
 
 

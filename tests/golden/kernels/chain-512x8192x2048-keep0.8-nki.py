@@ -36,6 +36,12 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 512 tokens (bfloat16).
     Arguments: x[512, 2048], u[2048, 1280], v[1280, 8192]. Returns y[512, 8192].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    XU_BLOCK = 512  # 4 tiles of 128
     assert tuple(x.shape) == (512, 2048), f"x: expected shape (512, 2048), got {x.shape}"
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
@@ -44,38 +50,38 @@ def svd_chain_k0(x, u, v):
     # blocks of tokens
     for m_blk in range(4):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
-        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[128 * m_blk:128 * m_blk + 128, 0:2048])
+        x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
         for kt in range(16):
-            x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
-            nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
+            x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
+            nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x_tpsum[0:P, 0:TOKEN_TILE])
         # xu^T strip of this token block, kept in SBUF
-        xu_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in range(3):
-            u_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_block = nl.ndarray((P, 16, XU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(16):
-                nisa.dma_copy(dst=u_block[0:128, kt, 0:min(512, 1280 - 512 * f_blk)], src=u[128 * kt:128 * kt + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
+                nisa.dma_copy(dst=u_block[0:P, kt, 0:min(XU_BLOCK, 1280 - XU_BLOCK * f_blk)], src=u[P * kt:P * kt + P, XU_BLOCK * f_blk:min(XU_BLOCK * f_blk + XU_BLOCK, 1280)])
             for ft in range(min(4, 10 - 4 * f_blk)):
-                xu_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                xu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
-                    nisa.nc_matmul(dst=xu_psum[0:128, 0:128], stationary=u_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:128])
-                nisa.tensor_copy(dst=xu_strip[0:128, 4 * f_blk + ft, 0:128], src=xu_psum[0:128, 0:128])
+                    nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+                nisa.tensor_copy(dst=xu_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=xu_psum[0:F_TILE, 0:TOKEN_TILE])
         # y = xuv = (xu @ v): strips stationary, weights moving
         for o_blk in range(16):
-            v_block = nl.ndarray((128, 10, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(10):
-                nisa.dma_copy(dst=v_block[0:128, kt, 0:512], src=v[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
+                nisa.dma_copy(dst=v_block[0:P, kt, 0:OUT_TILE], src=v[P * kt:P * kt + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
             # one packed row of output tiles
-            y_rows = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            xuv_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            xuv_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(10):
-                nisa.nc_matmul(dst=xuv_psum[0:128, 0:512], stationary=xu_strip[0:128, kt, 0:128], moving=v_block[0:128, kt, 0:512])
-            nisa.tensor_copy(dst=y_rows[0:128, 0:512], src=xuv_psum[0:128, 0:512])
-            nisa.dma_copy(dst=y[128 * m_blk:128 * m_blk + 128, 512 * o_blk:512 * o_blk + 512], src=y_rows[0:128, 0:512])
+                nisa.nc_matmul(dst=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xu_strip[0:P, kt, 0:TOKEN_TILE], moving=v_block[0:P, kt, 0:OUT_TILE])
+            nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, 0:OUT_TILE], src=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE])
+            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=y_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return y
 
 

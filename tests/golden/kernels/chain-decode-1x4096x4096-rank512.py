@@ -36,40 +36,47 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 4096], u[4096, 512], v[512, 4096]. Returns y[1, 4096].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 1  # tokens per block
+    TOKEN_TILE = 1  # tokens per tile
+    XUV_BLOCK = 2048  # 4 tiles of 512
+    XU_BLOCK = 256  # 2 tiles of 128
     assert tuple(x.shape) == (1, 4096), f"x: expected shape (1, 4096), got {x.shape}"
     assert tuple(u.shape) == (4096, 512), f"u: expected shape (4096, 512), got {u.shape}"
     assert tuple(v.shape) == (512, 4096), f"v: expected shape (512, 4096), got {v.shape}"
     y = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 32, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(32):
-        x_strip[0:128, kt, 0:1] = nl.load_transpose2d(x[0:1, 128 * kt:128 * kt + 128])
+        x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[0:TOKEN_TILE, P * kt:P * kt + P])
     # xu^T strip of this token block, kept in SBUF
-    xu_strip = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xu_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
     for f_blk in nl.affine_range(2):
-        u_block = nl.ndarray((128, 32, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        u_block = nl.ndarray((P, 32, XU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(32):
-            u_block[0:128, kt, 0:256] = nl.load(u[128 * kt:128 * kt + 128, 256 * f_blk:256 * f_blk + 256])
+            u_block[0:P, kt, 0:XU_BLOCK] = nl.load(u[P * kt:P * kt + P, XU_BLOCK * f_blk:XU_BLOCK * f_blk + XU_BLOCK])
         for ft in nl.affine_range(2):
-            xu_psum = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.psum)
+            xu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(32):
-                xu_psum[0:128, 0:1] += nisa.nc_matmul(u_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:1])
-            xu_strip[0:128, 2 * f_blk + ft, 0:1] = nl.copy(xu_psum[0:128, 0:1], dtype=nl.bfloat16)
+                xu_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
+            xu_strip[0:F_TILE, 2 * f_blk + ft, 0:TOKEN_TILE] = nl.copy(xu_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
     for o_blk in nl.affine_range(2):
-        v_block = nl.ndarray((128, 4, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        v_block = nl.ndarray((P, 4, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(4):
-            v_block[0:128, kt, 0:2048] = nl.load(v[128 * kt:128 * kt + 128, 2048 * o_blk:2048 * o_blk + 2048])
+            v_block[0:P, kt, 0:XUV_BLOCK] = nl.load(v[P * kt:P * kt + P, XUV_BLOCK * o_blk:XUV_BLOCK * o_blk + XUV_BLOCK])
         # one packed row of output tiles
-        y_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y_rows = nl.ndarray((TOKEN_TILE, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.affine_range(4):
-            xuv_psum = nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum)
+            xuv_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(4):
-                xuv_psum[0:1, 0:512] += nisa.nc_matmul(xu_strip[0:128, kt, 0:1], v_block[0:128, kt, 512 * bn:512 * bn + 512])
-            y_rows[0:1, 512 * bn:512 * bn + 512] = nl.copy(xuv_psum[0:1, 0:512], dtype=nl.bfloat16)
-        nl.store(y[0:1, 2048 * o_blk:2048 * o_blk + 2048], value=y_rows[0:1, 0:2048])
+                xuv_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, 0:TOKEN_TILE], v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(y[0:TOKEN_TILE, XUV_BLOCK * o_blk:XUV_BLOCK * o_blk + XUV_BLOCK], value=y_rows[0:TOKEN_TILE, 0:XUV_BLOCK])
     return y
 
 

@@ -36,6 +36,13 @@ def svd_chain_k0(x_t, u, v):
     """Fused kernel svd_chain_k0 over 512 tokens (bfloat16).
     Arguments: x_t[1024, 512], u[1024, 256], v[256, 4096]. Returns y[512, 4096].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    XUV_BLOCK = 4096  # 8 tiles of 512
+    XU_BLOCK = 256  # 2 tiles of 128
     assert tuple(x_t.shape) == (1024, 512), f"x_t: expected shape (1024, 512), got {x_t.shape}"
     assert tuple(u.shape) == (1024, 256), f"u: expected shape (1024, 256), got {u.shape}"
     assert tuple(v.shape) == (256, 4096), f"v: expected shape (256, 4096), got {v.shape}"
@@ -44,32 +51,32 @@ def svd_chain_k0(x_t, u, v):
     # blocks of tokens
     for m_blk in nl.affine_range(4):
         # x_t^T strip: features on partitions, tokens free
-        x_t_strip = nl.ndarray((128, 8, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_t_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(8):
-            x_t_strip[0:128, kt, 0:128] = nl.load(x_t[128 * kt:128 * kt + 128, 128 * m_blk:128 * m_blk + 128])
+            x_t_strip[0:P, kt, 0:TOKEN_TILE] = nl.load(x_t[P * kt:P * kt + P, TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE])
         # xu^T strip of this token block, kept in SBUF
-        xu_strip = nl.ndarray((128, 2, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xu_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x_t @ u)^T: weight tiles stationary, strips moving (implicit transposition)
-        u_block = nl.ndarray((128, 8, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        u_block = nl.ndarray((P, 8, XU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(8):
-            u_block[0:128, kt, 0:256] = nl.load(u[128 * kt:128 * kt + 128, 0:256])
+            u_block[0:P, kt, 0:XU_BLOCK] = nl.load(u[P * kt:P * kt + P, 0:XU_BLOCK])
         for ft in nl.affine_range(2):
-            xu_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+            xu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(8):
-                xu_psum[0:128, 0:128] += nisa.nc_matmul(u_block[0:128, kt, 128 * ft:128 * ft + 128], x_t_strip[0:128, kt, 0:128])
-            xu_strip[0:128, ft, 0:128] = nl.copy(xu_psum[0:128, 0:128], dtype=nl.bfloat16)
+                xu_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_t_strip[0:P, kt, 0:TOKEN_TILE])
+            xu_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.copy(xu_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
         # y = xuv = (xu @ v): strips stationary, weights moving
-        v_block = nl.ndarray((128, 2, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+        v_block = nl.ndarray((P, 2, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(2):
-            v_block[0:128, kt, 0:4096] = nl.load(v[128 * kt:128 * kt + 128, 0:4096])
+            v_block[0:P, kt, 0:XUV_BLOCK] = nl.load(v[P * kt:P * kt + P, 0:XUV_BLOCK])
         # one packed row of output tiles
-        y_rows = nl.ndarray((128, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y_rows = nl.ndarray((TOKEN_TILE, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.affine_range(8):
-            xuv_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            xuv_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(2):
-                xuv_psum[0:128, 0:512] += nisa.nc_matmul(xu_strip[0:128, kt, 0:128], v_block[0:128, kt, 512 * bn:512 * bn + 512])
-            y_rows[0:128, 512 * bn:512 * bn + 512] = nl.copy(xuv_psum[0:128, 0:512], dtype=nl.bfloat16)
-        nl.store(y[128 * m_blk:128 * m_blk + 128, 0:4096], value=y_rows[0:128, 0:4096])
+                xuv_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, 0:TOKEN_TILE], v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:XUV_BLOCK], value=y_rows[0:TOKEN_TILE, 0:XUV_BLOCK])
     return y
 
 

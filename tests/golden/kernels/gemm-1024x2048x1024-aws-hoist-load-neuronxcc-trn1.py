@@ -34,26 +34,29 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=1024, N=2048, K=1024 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (1024, 1024), f"a: expected shape (1024, 1024), got {a.shape}"
     assert tuple(b.shape) == (1024, 2048), f"b: expected shape (1024, 2048), got {b.shape}"
     c = nl.ndarray((1024, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=8 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=none
     for m_blk in nl.affine_range(8):
         # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 8, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        a_t_tiles = nl.ndarray((TILE_K, 8, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in nl.affine_range(8):
-            a_t_tiles[0:128, bk, 0:128] = nl.load_transpose2d(a[128 * m_blk:128 * m_blk + 128, 128 * bk:128 * bk + 128])
+            a_t_tiles[0:TILE_K, bk, 0:TILE_M] = nl.load_transpose2d(a[TILE_M * m_blk:TILE_M * m_blk + TILE_M, TILE_K * bk:TILE_K * bk + TILE_K])
         for n_blk in nl.affine_range(4):
             # B block: K on partitions, N free (moving)
-            b_tiles = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            b_tiles = nl.ndarray((TILE_K, 8, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in nl.affine_range(8):
-                b_tiles[0:128, bk, 0:512] = nl.load(b[128 * bk:128 * bk + 128, 512 * n_blk:512 * n_blk + 512])
-            c_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+                b_tiles[0:TILE_K, bk, 0:TILE_N] = nl.load(b[TILE_K * bk:TILE_K * bk + TILE_K, TILE_N * n_blk:TILE_N * n_blk + TILE_N])
+            c_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for bk in nl.affine_range(8):
-                c_psum[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 0:128], b_tiles[0:128, bk, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            c_tile[0:128, 0:512] = nl.copy(c_psum[0:128, 0:512], dtype=nl.bfloat16)
-            nl.store(c[128 * m_blk:128 * m_blk + 128, 512 * n_blk:512 * n_blk + 512], value=c_tile[0:128, 0:512])
+                c_psum[0:TILE_M, 0:TILE_N] += nisa.nc_matmul(a_t_tiles[0:TILE_K, bk, 0:TILE_M], b_tiles[0:TILE_K, bk, 0:TILE_N])
+            c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+            c_tile[0:TILE_M, 0:TILE_N] = nl.copy(c_psum[0:TILE_M, 0:TILE_N], dtype=nl.bfloat16)
+            nl.store(c[TILE_M * m_blk:TILE_M * m_blk + TILE_M, TILE_N * n_blk:TILE_N * n_blk + TILE_N], value=c_tile[0:TILE_M, 0:TILE_N])
     return c
 
 

@@ -34,6 +34,9 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=1024, N=2048, K=1024 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (1024, 1024), f"a: expected shape (1024, 1024), got {a.shape}"
     assert tuple(b.shape) == (1024, 2048), f"b: expected shape (1024, 2048), got {b.shape}"
     c = nl.ndarray((1024, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
@@ -41,18 +44,18 @@ def gemm_kernel(a, b):
     for m_blk in nl.affine_range(8):
         for n_blk in nl.affine_range(4):
             # PSUM accumulators of every output tile the K loop revisits
-            acc_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            acc_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for k_blk in nl.affine_range(8):
                 # A^T block: K on partitions, M free (stationary)
-                a_t_tiles = nl.ndarray((128, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-                a_t_tiles[0:128, 0, 0:128] = nl.load_transpose2d(a[128 * m_blk:128 * m_blk + 128, 128 * k_blk:128 * k_blk + 128])
+                a_t_tiles = nl.ndarray((TILE_K, 1, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
+                a_t_tiles[0:TILE_K, 0, 0:TILE_M] = nl.load_transpose2d(a[TILE_M * m_blk:TILE_M * m_blk + TILE_M, TILE_K * k_blk:TILE_K * k_blk + TILE_K])
                 # B block: K on partitions, N free (moving)
-                b_tiles = nl.ndarray((128, 1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-                b_tiles[0:128, 0, 0:512] = nl.load(b[128 * k_blk:128 * k_blk + 128, 512 * n_blk:512 * n_blk + 512])
-                acc_psum[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, 0, 0:128], b_tiles[0:128, 0, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            c_tile[0:128, 0:512] = nl.copy(acc_psum[0:128, 0:512], dtype=nl.bfloat16)
-            nl.store(c[128 * m_blk:128 * m_blk + 128, 512 * n_blk:512 * n_blk + 512], value=c_tile[0:128, 0:512])
+                b_tiles = nl.ndarray((TILE_K, 1, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+                b_tiles[0:TILE_K, 0, 0:TILE_N] = nl.load(b[TILE_K * k_blk:TILE_K * k_blk + TILE_K, TILE_N * n_blk:TILE_N * n_blk + TILE_N])
+                acc_psum[0:TILE_M, 0:TILE_N] += nisa.nc_matmul(a_t_tiles[0:TILE_K, 0, 0:TILE_M], b_tiles[0:TILE_K, 0, 0:TILE_N])
+            c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+            c_tile[0:TILE_M, 0:TILE_N] = nl.copy(acc_psum[0:TILE_M, 0:TILE_N], dtype=nl.bfloat16)
+            nl.store(c[TILE_M * m_blk:TILE_M * m_blk + TILE_M, TILE_N * n_blk:TILE_N * n_blk + TILE_N], value=c_tile[0:TILE_M, 0:TILE_N])
     return c
 
 

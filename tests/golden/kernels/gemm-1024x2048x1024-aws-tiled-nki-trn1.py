@@ -34,6 +34,9 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=1024, N=2048, K=1024 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (1024, 1024), f"a: expected shape (1024, 1024), got {a.shape}"
     assert tuple(b.shape) == (1024, 2048), f"b: expected shape (1024, 2048), got {b.shape}"
     c = nl.ndarray((1024, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
@@ -41,23 +44,23 @@ def gemm_kernel(a, b):
     for m_blk in range(8):
         for n_blk in range(4):
             # PSUM accumulators of every output tile the K loop revisits
-            acc_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            acc_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for k_blk in range(8):
                 # A^T block: K on partitions, M free (stationary)
-                a_t_tiles = nl.ndarray((128, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+                a_t_tiles = nl.ndarray((TILE_K, 1, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
                 # A block as stored: M on partitions, K free
-                a_rows = nl.ndarray((128, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=a_rows[0:128, 0, 0:128], src=a[128 * m_blk:128 * m_blk + 128, 128 * k_blk:128 * k_blk + 128])
-                a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-                nisa.nc_transpose(dst=a_t_psum[0:128, 0:128], data=a_rows[0:128, 0, 0:128])
-                nisa.tensor_copy(dst=a_t_tiles[0:128, 0, 0:128], src=a_t_psum[0:128, 0:128])
+                a_rows = nl.ndarray((TILE_M, 1, TILE_K), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a_rows[0:TILE_M, 0, 0:TILE_K], src=a[TILE_M * m_blk:TILE_M * m_blk + TILE_M, TILE_K * k_blk:TILE_K * k_blk + TILE_K])
+                a_t_psum = nl.ndarray((TILE_K, TILE_M), dtype=nl.bfloat16, buffer=nl.psum)
+                nisa.nc_transpose(dst=a_t_psum[0:TILE_K, 0:TILE_M], data=a_rows[0:TILE_M, 0, 0:TILE_K])
+                nisa.tensor_copy(dst=a_t_tiles[0:TILE_K, 0, 0:TILE_M], src=a_t_psum[0:TILE_K, 0:TILE_M])
                 # B block: K on partitions, N free (moving)
-                b_tiles = nl.ndarray((128, 1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b_tiles[0:128, 0, 0:512], src=b[128 * k_blk:128 * k_blk + 128, 512 * n_blk:512 * n_blk + 512])
-                nisa.nc_matmul(dst=acc_psum[0:128, 0:512], stationary=a_t_tiles[0:128, 0, 0:128], moving=b_tiles[0:128, 0, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=acc_psum[0:128, 0:512])
-            nisa.dma_copy(dst=c[128 * m_blk:128 * m_blk + 128, 512 * n_blk:512 * n_blk + 512], src=c_tile[0:128, 0:512])
+                b_tiles = nl.ndarray((TILE_K, 1, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=b_tiles[0:TILE_K, 0, 0:TILE_N], src=b[TILE_K * k_blk:TILE_K * k_blk + TILE_K, TILE_N * n_blk:TILE_N * n_blk + TILE_N])
+                nisa.nc_matmul(dst=acc_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, 0, 0:TILE_M], moving=b_tiles[0:TILE_K, 0, 0:TILE_N])
+            c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=c_tile[0:TILE_M, 0:TILE_N], src=acc_psum[0:TILE_M, 0:TILE_N])
+            nisa.dma_copy(dst=c[TILE_M * m_blk:TILE_M * m_blk + TILE_M, TILE_N * n_blk:TILE_N * n_blk + TILE_N], src=c_tile[0:TILE_M, 0:TILE_N])
     return c
 
 

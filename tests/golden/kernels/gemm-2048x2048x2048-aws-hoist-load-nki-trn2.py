@@ -35,6 +35,9 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=2048, N=2048, K=2048 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (2048, 2048), f"a: expected shape (2048, 2048), got {a.shape}"
     assert tuple(b.shape) == (2048, 2048), f"b: expected shape (2048, 2048), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -44,20 +47,20 @@ def gemm_kernel(a, b):
     # 2 programs: each its 8 of 16
     for m_blk in range(8):
         # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        a_t_tiles = nl.ndarray((TILE_K, 16, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(16):
-            nisa.dma_transpose(dst=a_t_tiles[0:128, bk, 0:128], src=a[128 * m_blk + 1024 * pid:128 * m_blk + 1024 * pid + 128, 128 * bk:128 * bk + 128])
+            nisa.dma_transpose(dst=a_t_tiles[0:TILE_K, bk, 0:TILE_M], src=a[TILE_M * m_blk + 1024 * pid:TILE_M * m_blk + 1024 * pid + TILE_M, TILE_K * bk:TILE_K * bk + TILE_K])
         for n_blk in range(4):
             # B block: K on partitions, N free (moving)
-            b_tiles = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            b_tiles = nl.ndarray((TILE_K, 16, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(16):
-                nisa.dma_copy(dst=b_tiles[0:128, bk, 0:512], src=b[128 * bk:128 * bk + 128, 512 * n_blk:512 * n_blk + 512])
-            c_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+                nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:TILE_N], src=b[TILE_K * bk:TILE_K * bk + TILE_K, TILE_N * n_blk:TILE_N * n_blk + TILE_N])
+            c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for bk in range(16):
-                nisa.nc_matmul(dst=c_psum[0:128, 0:512], stationary=a_t_tiles[0:128, bk, 0:128], moving=b_tiles[0:128, bk, 0:512])
-            c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:128, 0:512], src=c_psum[0:128, 0:512])
-            nisa.dma_copy(dst=c[128 * m_blk + 1024 * pid:128 * m_blk + 1024 * pid + 128, 512 * n_blk:512 * n_blk + 512], src=c_tile[0:128, 0:512])
+                nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, 0:TILE_M], moving=b_tiles[0:TILE_K, bk, 0:TILE_N])
+            c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=c_tile[0:TILE_M, 0:TILE_N], src=c_psum[0:TILE_M, 0:TILE_N])
+            nisa.dma_copy(dst=c[TILE_M * m_blk + 1024 * pid:TILE_M * m_blk + 1024 * pid + TILE_M, TILE_N * n_blk:TILE_N * n_blk + TILE_N], src=c_tile[0:TILE_M, 0:TILE_N])
     return c
 
 

@@ -34,6 +34,11 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=1024, N=2048, K=1024 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 256  # 2 tiles of 128
+    BLOCK_N = 1024  # 2 tiles of 512
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (1024, 1024), f"a: expected shape (1024, 1024), got {a.shape}"
     assert tuple(b.shape) == (1024, 2048), f"b: expected shape (1024, 2048), got {b.shape}"
     c = nl.ndarray((1024, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
@@ -43,27 +48,27 @@ def gemm_kernel(a, b):
             # PSUM accumulators of every output tile the K loop revisits
             acc_psum = []  # 4 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
             for bank in nl.static_range(4):
-                acc_psum.append(nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum))
+                acc_psum.append(nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum))
             for k_blk in nl.affine_range(4):
                 # A^T block: K on partitions, M free (stationary)
-                a_t_tiles = nl.ndarray((128, 2, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+                a_t_tiles = nl.ndarray((TILE_K, 2, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
                 for bm in nl.affine_range(2):
                     for bk in nl.affine_range(2):
-                        a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128] = nl.load_transpose2d(a[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128])
+                        a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M] = nl.load_transpose2d(a[256 * m_blk + TILE_M * bm:256 * m_blk + TILE_M * bm + TILE_M, 256 * k_blk + TILE_K * bk:256 * k_blk + TILE_K * bk + TILE_K])
                 # B block: K on partitions, N free (moving)
-                b_tiles = nl.ndarray((128, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+                b_tiles = nl.ndarray((TILE_K, 2, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
                 for bn in nl.affine_range(2):
                     for bk in nl.affine_range(2):
-                        b_tiles[0:128, bk, 512 * bn:512 * bn + 512] = nl.load(b[256 * k_blk + 128 * bk:256 * k_blk + 128 * bk + 128, 1024 * n_blk + 512 * bn:1024 * n_blk + 512 * bn + 512])
+                        b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N] = nl.load(b[256 * k_blk + TILE_K * bk:256 * k_blk + TILE_K * bk + TILE_K, 1024 * n_blk + TILE_N * bn:1024 * n_blk + TILE_N * bn + TILE_N])
                 for bm in nl.static_range(2):
                     for bn in nl.static_range(2):
                         for bk in nl.affine_range(2):
-                            acc_psum[2 * bm + bn][0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
+                            acc_psum[2 * bm + bn][0:TILE_M, 0:TILE_N] += nisa.nc_matmul(a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
             for bm in nl.static_range(2):
                 for bn in nl.static_range(2):
-                    c_tile = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    c_tile[0:128, 0:512] = nl.copy(acc_psum[2 * bm + bn][0:128, 0:512], dtype=nl.bfloat16)
-                    nl.store(c[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 1024 * n_blk + 512 * bn:1024 * n_blk + 512 * bn + 512], value=c_tile[0:128, 0:512])
+                    c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    c_tile[0:TILE_M, 0:TILE_N] = nl.copy(acc_psum[2 * bm + bn][0:TILE_M, 0:TILE_N], dtype=nl.bfloat16)
+                    nl.store(c[256 * m_blk + TILE_M * bm:256 * m_blk + TILE_M * bm + TILE_M, 1024 * n_blk + TILE_N * bn:1024 * n_blk + TILE_N * bn + TILE_N], value=c_tile[0:TILE_M, 0:TILE_N])
     return c
 
 

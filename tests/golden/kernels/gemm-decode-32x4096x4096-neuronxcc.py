@@ -34,32 +34,36 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=32, N=4096, K=4096 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_N = 1024  # 2 tiles of 512
+    TILE_K = 128
+    TILE_M = 32
+    TILE_N = 512
     assert tuple(a.shape) == (32, 4096), f"a: expected shape (32, 4096), got {a.shape}"
     assert tuple(b.shape) == (4096, 4096), f"b: expected shape (4096, 4096), got {b.shape}"
     c = nl.ndarray((32, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=32 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=none
     for n_blk in nl.affine_range(4):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.zeros((32, 1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.zeros((TILE_M, 1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
         for k_blk in nl.sequential_range(4):
             # B block: K on partitions, N free (moving)
-            b_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in nl.affine_range(8):
-                b_tiles[0:128, bk, 0:1024] = nl.load(b[1024 * k_blk + 128 * bk:1024 * k_blk + 128 * bk + 128, 1024 * n_blk:1024 * n_blk + 1024])
+                b_tiles[0:TILE_K, bk, 0:BLOCK_N] = nl.load(b[1024 * k_blk + TILE_K * bk:1024 * k_blk + TILE_K * bk + TILE_K, BLOCK_N * n_blk:BLOCK_N * n_blk + BLOCK_N])
             # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((128, 8, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_t_tiles = nl.ndarray((TILE_K, 8, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in nl.affine_range(8):
-                a_t_tiles[0:128, bk, 0:32] = nl.load_transpose2d(a[0:32, 1024 * k_blk + 128 * bk:1024 * k_blk + 128 * bk + 128])
+                a_t_tiles[0:TILE_K, bk, 0:TILE_M] = nl.load_transpose2d(a[0:TILE_M, 1024 * k_blk + TILE_K * bk:1024 * k_blk + TILE_K * bk + TILE_K])
             for bn in nl.affine_range(2):
-                c_psum = nl.zeros((32, 512), dtype=nl.float32, buffer=nl.psum)
+                c_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for bk in nl.affine_range(8):
-                    c_psum[0:32, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 0:32], b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
-                acc_sbuf[0:32, 0, 512 * bn:512 * bn + 512] = nl.add(acc_sbuf[0:32, 0, 512 * bn:512 * bn + 512], c_psum[0:32, 0:512], dtype=nl.bfloat16)
+                    c_psum[0:TILE_M, 0:TILE_N] += nisa.nc_matmul(a_t_tiles[0:TILE_K, bk, 0:TILE_M], b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                acc_sbuf[0:TILE_M, 0, TILE_N * bn:TILE_N * bn + TILE_N] = nl.add(acc_sbuf[0:TILE_M, 0, TILE_N * bn:TILE_N * bn + TILE_N], c_psum[0:TILE_M, 0:TILE_N], dtype=nl.bfloat16)
         # one row of output tiles, packed for a single store
-        c_rows = nl.ndarray((32, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.affine_range(2):
-            c_rows[0:32, 512 * bn:512 * bn + 512] = nl.copy(acc_sbuf[0:32, 0, 512 * bn:512 * bn + 512], dtype=nl.bfloat16)
-        nl.store(c[0:32, 1024 * n_blk:1024 * n_blk + 1024], value=c_rows[0:32, 0:1024])
+            c_rows[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N] = nl.copy(acc_sbuf[0:TILE_M, 0, TILE_N * bn:TILE_N * bn + TILE_N], dtype=nl.bfloat16)
+        nl.store(c[0:TILE_M, BLOCK_N * n_blk:BLOCK_N * n_blk + BLOCK_N], value=c_rows[0:TILE_M, 0:BLOCK_N])
     return c
 
 

@@ -34,33 +34,38 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=2000, N=3000, K=1000 (float32).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 2048  # 16 tiles of 128
+    BLOCK_N = 1024  # 2 tiles of 512
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (2000, 1000), f"a: expected shape (2000, 1000), got {a.shape}"
     assert tuple(b.shape) == (1000, 3000), f"b: expected shape (1000, 3000), got {b.shape}"
     c = nl.ndarray((2000, 3000), dtype=nl.float32, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=none
     for n_blk in nl.static_range(3):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.zeros((128, 16, 1024), dtype=nl.float32, buffer=nl.sbuf)
+        acc_sbuf = nl.zeros((TILE_M, 16, 1024), dtype=nl.float32, buffer=nl.sbuf)
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 8, 1024), dtype=nl.float32, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.float32, buffer=nl.sbuf)
         for bk in nl.static_range(8):
-            b_tiles[0:min(128, 1000 - 128 * bk), bk, 0:min(1024, 3000 - 1024 * n_blk)] = nl.load(b[128 * bk:min(128 * bk + 128, 1000), 1024 * n_blk:min(1024 * n_blk + 1024, 3000)])
+            b_tiles[0:min(TILE_K, 1000 - TILE_K * bk), bk, 0:min(BLOCK_N, 3000 - BLOCK_N * n_blk)] = nl.load(b[TILE_K * bk:min(TILE_K * bk + TILE_K, 1000), BLOCK_N * n_blk:min(BLOCK_N * n_blk + BLOCK_N, 3000)])
         # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 8, 2048), dtype=nl.float32, buffer=nl.sbuf)
+        a_t_tiles = nl.ndarray((TILE_K, 8, BLOCK_M), dtype=nl.float32, buffer=nl.sbuf)
         for bk in nl.static_range(8):
-            a_t_tiles[0:min(128, 1000 - 128 * bk), bk, 0:2000] = nl.load_transpose2d(a[0:2000, 128 * bk:min(128 * bk + 128, 1000)])
+            a_t_tiles[0:min(TILE_K, 1000 - TILE_K * bk), bk, 0:2000] = nl.load_transpose2d(a[0:2000, TILE_K * bk:min(TILE_K * bk + TILE_K, 1000)])
         for bn in nl.static_range(2):
             for bm in nl.static_range(16):
-                c_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+                c_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for bk in nl.static_range(8):
-                    c_psum[0:min(128, 2000 - 128 * bm), 0:min(512, 3000 - 1024 * n_blk - 512 * bn)] += nisa.nc_matmul(a_t_tiles[0:min(128, 1000 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 2000)], b_tiles[0:min(128, 1000 - 128 * bk), bk, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)])
-                acc_sbuf[0:min(128, 2000 - 128 * bm), bm, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)] = nl.add(acc_sbuf[0:min(128, 2000 - 128 * bm), bm, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)], c_psum[0:min(128, 2000 - 128 * bm), 0:min(512, 3000 - 1024 * n_blk - 512 * bn)], dtype=nl.float32)
+                    c_psum[0:min(TILE_M, 2000 - TILE_M * bm), 0:min(TILE_N, 3000 - 1024 * n_blk - TILE_N * bn)] += nisa.nc_matmul(a_t_tiles[0:min(TILE_K, 1000 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 2000)], b_tiles[0:min(TILE_K, 1000 - TILE_K * bk), bk, TILE_N * bn:min(TILE_N * bn + TILE_N, 3000 - 1024 * n_blk)])
+                acc_sbuf[0:min(TILE_M, 2000 - TILE_M * bm), bm, TILE_N * bn:min(TILE_N * bn + TILE_N, 3000 - 1024 * n_blk)] = nl.add(acc_sbuf[0:min(TILE_M, 2000 - TILE_M * bm), bm, TILE_N * bn:min(TILE_N * bn + TILE_N, 3000 - 1024 * n_blk)], c_psum[0:min(TILE_M, 2000 - TILE_M * bm), 0:min(TILE_N, 3000 - 1024 * n_blk - TILE_N * bn)], dtype=nl.float32)
         for m_tile in nl.static_range(16):
             # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
+            c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.float32, buffer=nl.sbuf)
             for bn in nl.static_range(2):
-                c_rows[0:min(128, 2000 - 128 * m_tile), 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)] = nl.copy(acc_sbuf[0:min(128, 2000 - 128 * m_tile), m_tile, 512 * bn:min(512 * bn + 512, 3000 - 1024 * n_blk)], dtype=nl.float32)
-            nl.store(c[128 * m_tile:min(128 * m_tile + 128, 2000), 1024 * n_blk:min(1024 * n_blk + 1024, 3000)], value=c_rows[0:min(128, 2000 - 128 * m_tile), 0:min(1024, 3000 - 1024 * n_blk)])
+                c_rows[0:min(TILE_M, 2000 - TILE_M * m_tile), TILE_N * bn:min(TILE_N * bn + TILE_N, 3000 - 1024 * n_blk)] = nl.copy(acc_sbuf[0:min(TILE_M, 2000 - TILE_M * m_tile), m_tile, TILE_N * bn:min(TILE_N * bn + TILE_N, 3000 - 1024 * n_blk)], dtype=nl.float32)
+            nl.store(c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 2000), BLOCK_N * n_blk:min(BLOCK_N * n_blk + BLOCK_N, 3000)], value=c_rows[0:min(TILE_M, 2000 - TILE_M * m_tile), 0:min(BLOCK_N, 3000 - BLOCK_N * n_blk)])
     return c
 
 

@@ -34,32 +34,37 @@ def gemm_kernel(a_t, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=1024, N=1024, K=512 (bfloat16).
     Arguments: a_t[K, M] (A stored transposed), b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 1024  # 8 tiles of 128
+    BLOCK_N = 1024  # 2 tiles of 512
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a_t.shape) == (512, 1024), f"a_t: expected shape (512, 1024), got {a_t.shape}"
     assert tuple(b.shape) == (512, 1024), f"b: expected shape (512, 1024), got {b.shape}"
     c = nl.ndarray((1024, 1024), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=2 tiles_in_block_k=4 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=none
     # partial sums of every output tile the K loop revisits
-    acc_sbuf = nl.zeros((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    acc_sbuf = nl.zeros((TILE_M, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
     # B block: K on partitions, N free (moving)
-    b_tiles = nl.ndarray((128, 4, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    b_tiles = nl.ndarray((TILE_K, 4, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
     for bk in nl.affine_range(4):
-        b_tiles[0:128, bk, 0:1024] = nl.load(b[128 * bk:128 * bk + 128, 0:1024])
+        b_tiles[0:TILE_K, bk, 0:BLOCK_N] = nl.load(b[TILE_K * bk:TILE_K * bk + TILE_K, 0:BLOCK_N])
     # A^T block: K on partitions, M free (stationary)
-    a_t_tiles = nl.ndarray((128, 4, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    a_t_tiles = nl.ndarray((TILE_K, 4, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
     for bk in nl.affine_range(4):
-        a_t_tiles[0:128, bk, 0:1024] = nl.load(a_t[128 * bk:128 * bk + 128, 0:1024])
+        a_t_tiles[0:TILE_K, bk, 0:BLOCK_M] = nl.load(a_t[TILE_K * bk:TILE_K * bk + TILE_K, 0:BLOCK_M])
     for bn in nl.affine_range(2):
         for bm in nl.affine_range(8):
-            c_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            c_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for bk in nl.affine_range(4):
-                c_psum[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
-            acc_sbuf[0:128, bm, 512 * bn:512 * bn + 512] = nl.add(acc_sbuf[0:128, bm, 512 * bn:512 * bn + 512], c_psum[0:128, 0:512], dtype=nl.bfloat16)
+                c_psum[0:TILE_M, 0:TILE_N] += nisa.nc_matmul(a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+            acc_sbuf[0:TILE_M, bm, TILE_N * bn:TILE_N * bn + TILE_N] = nl.add(acc_sbuf[0:TILE_M, bm, TILE_N * bn:TILE_N * bn + TILE_N], c_psum[0:TILE_M, 0:TILE_N], dtype=nl.bfloat16)
     for m_tile in nl.affine_range(8):
         # one row of output tiles, packed for a single store
-        c_rows = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.affine_range(2):
-            c_rows[0:128, 512 * bn:512 * bn + 512] = nl.copy(acc_sbuf[0:128, m_tile, 512 * bn:512 * bn + 512], dtype=nl.bfloat16)
-        nl.store(c[128 * m_tile:128 * m_tile + 128, 0:1024], value=c_rows[0:128, 0:1024])
+            c_rows[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N] = nl.copy(acc_sbuf[0:TILE_M, m_tile, TILE_N * bn:TILE_N * bn + TILE_N], dtype=nl.bfloat16)
+        nl.store(c[TILE_M * m_tile:TILE_M * m_tile + TILE_M, 0:BLOCK_N], value=c_rows[0:TILE_M, 0:BLOCK_N])
     return c
 
 

@@ -35,6 +35,10 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=700, N=1500, K=1300 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 256  # 2 tiles of 128
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 375
     assert tuple(a.shape) == (700, 1300), f"a: expected shape (700, 1300), got {a.shape}"
     assert tuple(b.shape) == (1300, 1500), f"b: expected shape (1300, 1500), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -44,27 +48,27 @@ def gemm_kernel(a, b):
     # 2 programs: each its 2 of 4
     for n_blk in nl.affine_range(2):
         # B block: K on partitions, N free (moving); 2 copies the loads rotate through
-        b_tiles = nl.ndarray((128, 2, 4, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 2, 4, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.zeros((128, 6, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.zeros((TILE_M, 6, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
         for k_blk in nl.static_range(3):
             # A^T block: K on partitions, M free (stationary); 2 copies the loads rotate through
-            a_t_tiles = nl.ndarray((128, 2, 4, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_t_tiles = nl.ndarray((TILE_K, 2, 4, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in nl.static_range(min(4, 11 - 4 * k_blk)):
-                b_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), k_blk % 2, bk, 0:375] = nl.load(b[512 * k_blk + 128 * bk:min(512 * k_blk + 128 * bk + 128, 1300), 375 * n_blk + 750 * pid:375 * n_blk + 750 * pid + 375])
+                b_tiles[0:min(TILE_K, 1300 - 512 * k_blk - TILE_K * bk), k_blk % 2, bk, 0:TILE_N] = nl.load(b[512 * k_blk + TILE_K * bk:min(512 * k_blk + TILE_K * bk + TILE_K, 1300), TILE_N * n_blk + 750 * pid:TILE_N * n_blk + 750 * pid + TILE_N])
             for m_blk in nl.static_range(3):
                 for bk in nl.static_range(min(4, 11 - 4 * k_blk)):
-                    a_t_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), m_blk % 2, bk, 0:min(256, 700 - 256 * m_blk)] = nl.load_transpose2d(a[256 * m_blk:min(256 * m_blk + 256, 700), 512 * k_blk + 128 * bk:min(512 * k_blk + 128 * bk + 128, 1300)])
+                    a_t_tiles[0:min(TILE_K, 1300 - 512 * k_blk - TILE_K * bk), m_blk % 2, bk, 0:min(BLOCK_M, 700 - BLOCK_M * m_blk)] = nl.load_transpose2d(a[BLOCK_M * m_blk:min(BLOCK_M * m_blk + BLOCK_M, 700), 512 * k_blk + TILE_K * bk:min(512 * k_blk + TILE_K * bk + TILE_K, 1300)])
                 for bm in nl.static_range(2):
-                    c_psum = nl.zeros((128, 375), dtype=nl.float32, buffer=nl.psum)
+                    c_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                     for bk in nl.static_range(min(4, 11 - 4 * k_blk)):
-                        c_psum[0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375] += nisa.nc_matmul(a_t_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), m_blk % 2, bk, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], b_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), k_blk % 2, bk, 0:375])
-                    acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 0:375] = nl.add(acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 0:375], c_psum[0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], dtype=nl.bfloat16)
+                        c_psum[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N] += nisa.nc_matmul(a_t_tiles[0:min(TILE_K, 1300 - 512 * k_blk - TILE_K * bk), m_blk % 2, bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 700 - 256 * m_blk)], b_tiles[0:min(TILE_K, 1300 - 512 * k_blk - TILE_K * bk), k_blk % 2, bk, 0:TILE_N])
+                    acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, 0:TILE_N] = nl.add(acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, 0:TILE_N], c_psum[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], dtype=nl.bfloat16)
         for m_tile in nl.static_range(6):
             # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((128, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
-            c_rows[0:min(128, 700 - 128 * m_tile), 0:375] = nl.copy(acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:375], dtype=nl.bfloat16)
-            nl.store(c[128 * m_tile:min(128 * m_tile + 128, 700), 375 * n_blk + 750 * pid:375 * n_blk + 750 * pid + 375], value=c_rows[0:min(128, 700 - 128 * m_tile), 0:375])
+            c_rows = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+            c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), 0:TILE_N] = nl.copy(acc_sbuf[0:min(TILE_M, 700 - TILE_M * m_tile), m_tile, 0:TILE_N], dtype=nl.bfloat16)
+            nl.store(c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 700), TILE_N * n_blk + 750 * pid:TILE_N * n_blk + 750 * pid + TILE_N], value=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), 0:TILE_N])
     return c
 
 

@@ -35,6 +35,10 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=700, N=1500, K=1300 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 256  # 2 tiles of 128
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 375
     assert tuple(a.shape) == (700, 1300), f"a: expected shape (700, 1300), got {a.shape}"
     assert tuple(b.shape) == (1300, 1500), f"b: expected shape (1300, 1500), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -44,28 +48,28 @@ def gemm_kernel(a, b):
     # 2 programs: each its 2 of 4
     for n_blk in range(2):
         # B block: K on partitions, N free (moving); 2 copies the loads rotate through
-        b_tiles = nl.ndarray((128, 2, 4, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 2, 4, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((128, 6, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.ndarray((TILE_M, 6, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.memset(dst=acc_sbuf, value=0.0)
         for k_blk in range(3):
             # A^T block: K on partitions, M free (stationary); 2 copies the loads rotate through
-            a_t_tiles = nl.ndarray((128, 2, 4, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_t_tiles = nl.ndarray((TILE_K, 2, 4, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(min(4, 11 - 4 * k_blk)):
-                nisa.dma_copy(dst=b_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), k_blk % 2, bk, 0:375], src=b[512 * k_blk + 128 * bk:min(512 * k_blk + 128 * bk + 128, 1300), 375 * n_blk + 750 * pid:375 * n_blk + 750 * pid + 375])
+                nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 1300 - 512 * k_blk - TILE_K * bk), k_blk % 2, bk, 0:TILE_N], src=b[512 * k_blk + TILE_K * bk:min(512 * k_blk + TILE_K * bk + TILE_K, 1300), TILE_N * n_blk + 750 * pid:TILE_N * n_blk + 750 * pid + TILE_N])
             for m_blk in range(3):
                 for bk in range(min(4, 11 - 4 * k_blk)):
-                    nisa.dma_transpose(dst=a_t_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), m_blk % 2, bk, 0:min(256, 700 - 256 * m_blk)], src=a[256 * m_blk:min(256 * m_blk + 256, 700), 512 * k_blk + 128 * bk:min(512 * k_blk + 128 * bk + 128, 1300)])
+                    nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 1300 - 512 * k_blk - TILE_K * bk), m_blk % 2, bk, 0:min(BLOCK_M, 700 - BLOCK_M * m_blk)], src=a[BLOCK_M * m_blk:min(BLOCK_M * m_blk + BLOCK_M, 700), 512 * k_blk + TILE_K * bk:min(512 * k_blk + TILE_K * bk + TILE_K, 1300)])
                 for bm in range(2):
-                    c_psum = nl.ndarray((128, 375), dtype=nl.float32, buffer=nl.psum)
+                    c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                     for bk in range(min(4, 11 - 4 * k_blk)):
-                        nisa.nc_matmul(dst=c_psum[0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], stationary=a_t_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), m_blk % 2, bk, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 1300 - 512 * k_blk - 128 * bk), k_blk % 2, bk, 0:375])
-                    nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 0:375], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 0:375], data2=c_psum[0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], op=nl.add)
+                        nisa.nc_matmul(dst=c_psum[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 1300 - 512 * k_blk - TILE_K * bk), m_blk % 2, bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 700 - 256 * m_blk)], moving=b_tiles[0:min(TILE_K, 1300 - 512 * k_blk - TILE_K * bk), k_blk % 2, bk, 0:TILE_N])
+                    nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, 0:TILE_N], data1=acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, 0:TILE_N], data2=c_psum[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], op=nl.add)
         for m_tile in range(6):
             # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((128, 375), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 0:375], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 0:375])
-            nisa.dma_copy(dst=c[128 * m_tile:min(128 * m_tile + 128, 700), 375 * n_blk + 750 * pid:375 * n_blk + 750 * pid + 375], src=c_rows[0:min(128, 700 - 128 * m_tile), 0:375])
+            c_rows = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), 0:TILE_N], src=acc_sbuf[0:min(TILE_M, 700 - TILE_M * m_tile), m_tile, 0:TILE_N])
+            nisa.dma_copy(dst=c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 700), TILE_N * n_blk + 750 * pid:TILE_N * n_blk + 750 * pid + TILE_N], src=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), 0:TILE_N])
     return c
 
 

@@ -34,36 +34,42 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=640, N=1536, K=384 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_K = 384  # 3 tiles of 128
+    BLOCK_M = 640  # 5 tiles of 128
+    BLOCK_N = 1024  # 2 tiles of 512
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (640, 384), f"a: expected shape (640, 384), got {a.shape}"
     assert tuple(b.shape) == (384, 1536), f"b: expected shape (384, 1536), got {b.shape}"
     c = nl.ndarray((640, 1536), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=5 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=kmn tile_order=nm accumulate=psum dma=row a_transpose=pe accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=none
     # A^T block: K on partitions, M free (stationary)
-    a_t_tiles = nl.ndarray((128, 3, 640), dtype=nl.bfloat16, buffer=nl.sbuf)
+    a_t_tiles = nl.ndarray((TILE_K, 3, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
     # A block as stored: M on partitions, K free
-    a_rows = nl.ndarray((128, 5, 384), dtype=nl.bfloat16, buffer=nl.sbuf)
+    a_rows = nl.ndarray((TILE_M, 5, BLOCK_K), dtype=nl.bfloat16, buffer=nl.sbuf)
     for bm in nl.affine_range(5):
-        a_rows[0:128, bm, 0:384] = nl.load(a[128 * bm:128 * bm + 128, 0:384])
+        a_rows[0:TILE_M, bm, 0:BLOCK_K] = nl.load(a[TILE_M * bm:TILE_M * bm + TILE_M, 0:BLOCK_K])
     for bm in nl.affine_range(5):
         for bk in nl.affine_range(3):
-            a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            a_t_psum[0:128, 0:128] = nisa.nc_transpose(a_rows[0:128, bm, 128 * bk:128 * bk + 128])
-            a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128] = nl.copy(a_t_psum[0:128, 0:128], dtype=nl.bfloat16)
+            a_t_psum = nl.ndarray((TILE_K, TILE_M), dtype=nl.bfloat16, buffer=nl.psum)
+            a_t_psum[0:TILE_K, 0:TILE_M] = nisa.nc_transpose(a_rows[0:TILE_M, bm, TILE_K * bk:TILE_K * bk + TILE_K])
+            a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M] = nl.copy(a_t_psum[0:TILE_K, 0:TILE_M], dtype=nl.bfloat16)
     for n_blk in nl.static_range(2):
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 3, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 3, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in nl.affine_range(3):
-            b_tiles[0:128, bk, 0:min(1024, 1536 - 1024 * n_blk)] = nl.load(b[128 * bk:128 * bk + 128, 1024 * n_blk:min(1024 * n_blk + 1024, 1536)])
+            b_tiles[0:TILE_K, bk, 0:min(BLOCK_N, 1536 - BLOCK_N * n_blk)] = nl.load(b[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_N * n_blk:min(BLOCK_N * n_blk + BLOCK_N, 1536)])
         # output block, packed for one store per row
-        c_block = nl.ndarray((128, 5, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        c_block = nl.ndarray((TILE_M, 5, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.affine_range(min(2, 3 - 2 * n_blk)):
             for bm in nl.affine_range(5):
-                c_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+                c_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for bk in nl.affine_range(3):
-                    c_psum[0:128, 0:512] += nisa.nc_matmul(a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
-                c_block[0:128, bm, 512 * bn:512 * bn + 512] = nl.copy(c_psum[0:128, 0:512], dtype=nl.bfloat16)
+                    c_psum[0:TILE_M, 0:TILE_N] += nisa.nc_matmul(a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                c_block[0:TILE_M, bm, TILE_N * bn:TILE_N * bn + TILE_N] = nl.copy(c_psum[0:TILE_M, 0:TILE_N], dtype=nl.bfloat16)
         for bm in nl.affine_range(5):
-            nl.store(c[128 * bm:128 * bm + 128, 1024 * n_blk:min(1024 * n_blk + 1024, 1536)], value=c_block[0:128, bm, 0:min(1024, 1536 - 1024 * n_blk)])
+            nl.store(c[TILE_M * bm:TILE_M * bm + TILE_M, BLOCK_N * n_blk:min(BLOCK_N * n_blk + BLOCK_N, 1536)], value=c_block[0:TILE_M, bm, 0:min(BLOCK_N, 1536 - BLOCK_N * n_blk)])
     return c
 
 

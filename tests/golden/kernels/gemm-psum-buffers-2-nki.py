@@ -35,6 +35,11 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=700, N=1500, K=300 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 256  # 2 tiles of 128
+    BLOCK_N = 750  # 2 tiles of 375
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 375
     assert tuple(a.shape) == (700, 300), f"a: expected shape (700, 300), got {a.shape}"
     assert tuple(b.shape) == (300, 1500), f"b: expected shape (300, 1500), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -44,33 +49,33 @@ def gemm_kernel(a, b):
     # 2 programs: each its 1 of 2
     for n_blk in range(1):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((128, 6, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.ndarray((TILE_M, 6, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.memset(dst=acc_sbuf, value=0.0)
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 3, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 3, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(3):
-            nisa.dma_copy(dst=b_tiles[0:min(128, 300 - 128 * bk), bk, 0:750], src=b[128 * bk:min(128 * bk + 128, 300), 750 * n_blk + 750 * pid:750 * n_blk + 750 * pid + 750])
+            nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, 0:BLOCK_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 300), BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N])
         for m_blk in range(3):
             # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((128, 3, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_t_tiles = nl.ndarray((TILE_K, 3, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(3):
-                nisa.dma_transpose(dst=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 0:min(256, 700 - 256 * m_blk)], src=a[256 * m_blk:min(256 * m_blk + 256, 700), 128 * bk:min(128 * bk + 128, 300)])
+                nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, 0:min(BLOCK_M, 700 - BLOCK_M * m_blk)], src=a[BLOCK_M * m_blk:min(BLOCK_M * m_blk + BLOCK_M, 700), TILE_K * bk:min(TILE_K * bk + TILE_K, 300)])
             # 2 PSUM copies the block's output tiles rotate through
             c_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
             for bank in range(2):
-                c_psum.append(nl.ndarray((128, 375), dtype=nl.float32, buffer=nl.psum))
+                c_psum.append(nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum))
             for bn in range(2):
                 for bm in range(2):
-                    nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], stationary=a_t_tiles[0:128, 0, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], moving=b_tiles[0:128, 0, 375 * bn:375 * bn + 375], accumulate=False)
+                    nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:TILE_K, 0, TILE_M * bm:min(TILE_M * bm + TILE_M, 700 - 256 * m_blk)], moving=b_tiles[0:TILE_K, 0, TILE_N * bn:TILE_N * bn + TILE_N], accumulate=False)
                     for bk in range(2):
-                        nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], stationary=a_t_tiles[0:min(128, 172 - 128 * bk), bk + 1, 128 * bm:min(128 * bm + 128, 700 - 256 * m_blk)], moving=b_tiles[0:min(128, 172 - 128 * bk), bk + 1, 375 * bn:375 * bn + 375])
-                    nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 375 * bn:375 * bn + 375], data1=acc_sbuf[0:min(128, 700 - 256 * m_blk - 128 * bm), 2 * m_blk + bm, 375 * bn:375 * bn + 375], data2=c_psum[(2 * bn + bm) % 2][0:min(128, 700 - 256 * m_blk - 128 * bm), 0:375], op=nl.add)
+                        nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 172 - TILE_K * bk), bk + 1, TILE_M * bm:min(TILE_M * bm + TILE_M, 700 - 256 * m_blk)], moving=b_tiles[0:min(TILE_K, 172 - TILE_K * bk), bk + 1, TILE_N * bn:TILE_N * bn + TILE_N])
+                    nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], op=nl.add)
         for m_tile in range(6):
             # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((128, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
+            c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bn in range(2):
-                nisa.tensor_copy(dst=c_rows[0:min(128, 700 - 128 * m_tile), 375 * bn:375 * bn + 375], src=acc_sbuf[0:min(128, 700 - 128 * m_tile), m_tile, 375 * bn:375 * bn + 375])
-            nisa.dma_copy(dst=c[128 * m_tile:min(128 * m_tile + 128, 700), 750 * n_blk + 750 * pid:750 * n_blk + 750 * pid + 750], src=c_rows[0:min(128, 700 - 128 * m_tile), 0:750])
+                nisa.tensor_copy(dst=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:min(TILE_M, 700 - TILE_M * m_tile), m_tile, TILE_N * bn:TILE_N * bn + TILE_N])
+            nisa.dma_copy(dst=c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 700), BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N], src=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), 0:BLOCK_N])
     return c
 
 

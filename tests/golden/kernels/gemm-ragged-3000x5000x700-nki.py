@@ -34,42 +34,48 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=3000, N=5000, K=700 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_K = 768  # 6 tiles of 128
+    BLOCK_M = 2048  # 16 tiles of 128
+    BLOCK_N = 1024  # 2 tiles of 512
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (3000, 700), f"a: expected shape (3000, 700), got {a.shape}"
     assert tuple(b.shape) == (700, 5000), f"b: expected shape (700, 5000), got {b.shape}"
     c = nl.ndarray((3000, 5000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=6 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=pe accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=none
     for n_blk in range(5):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((128, 24, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.ndarray((TILE_M, 24, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.memset(dst=acc_sbuf, value=0.0)
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 6, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 6, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(6):
-            nisa.dma_copy(dst=b_tiles[0:min(128, 700 - 128 * bk), bk, 0:min(1024, 5000 - 1024 * n_blk)], src=b[128 * bk:min(128 * bk + 128, 700), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)])
+            nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 700 - TILE_K * bk), bk, 0:min(BLOCK_N, 5000 - BLOCK_N * n_blk)], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 700), BLOCK_N * n_blk:min(BLOCK_N * n_blk + BLOCK_N, 5000)])
         for m_blk in range(2):
             # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((128, 6, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_t_tiles = nl.ndarray((TILE_K, 6, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
             # A block as stored: M on partitions, K free
-            a_rows = nl.ndarray((128, 16, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_rows = nl.ndarray((TILE_M, 16, BLOCK_K), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bm in range(min(16, 24 - 16 * m_blk)):
-                nisa.dma_copy(dst=a_rows[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 0:700], src=a[2048 * m_blk + 128 * bm:min(2048 * m_blk + 128 * bm + 128, 3000), 0:700])
+                nisa.dma_copy(dst=a_rows[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), bm, 0:700], src=a[2048 * m_blk + TILE_M * bm:min(2048 * m_blk + TILE_M * bm + TILE_M, 3000), 0:700])
             for bm in range(min(16, 24 - 16 * m_blk)):
                 for bk in range(6):
-                    a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-                    nisa.nc_transpose(dst=a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 2048 * m_blk - 128 * bm)], data=a_rows[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 128 * bk:min(128 * bk + 128, 700)])
-                    nisa.tensor_copy(dst=a_t_tiles[0:min(128, 700 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 3000 - 2048 * m_blk)], src=a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 2048 * m_blk - 128 * bm)])
+                    a_t_psum = nl.ndarray((TILE_K, TILE_M), dtype=nl.bfloat16, buffer=nl.psum)
+                    nisa.nc_transpose(dst=a_t_psum[0:min(TILE_K, 700 - TILE_K * bk), 0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm)], data=a_rows[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), bm, TILE_K * bk:min(TILE_K * bk + TILE_K, 700)])
+                    nisa.tensor_copy(dst=a_t_tiles[0:min(TILE_K, 700 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 3000 - 2048 * m_blk)], src=a_t_psum[0:min(TILE_K, 700 - TILE_K * bk), 0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm)])
             for bn in range(2):
                 for bm in range(min(16, 24 - 16 * m_blk)):
-                    c_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+                    c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                     for bk in range(6):
-                        nisa.nc_matmul(dst=c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(512, 5000 - 1024 * n_blk - 512 * bn)], stationary=a_t_tiles[0:min(128, 700 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 3000 - 2048 * m_blk)], moving=b_tiles[0:min(128, 700 - 128 * bk), bk, 512 * bn:min(512 * bn + 512, 5000 - 1024 * n_blk)])
-                    nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 16 * m_blk + bm, 512 * bn:min(512 * bn + 512, 5000 - 1024 * n_blk)], data1=acc_sbuf[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 16 * m_blk + bm, 512 * bn:min(512 * bn + 512, 5000 - 1024 * n_blk)], data2=c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(512, 5000 - 1024 * n_blk - 512 * bn)], op=nl.add)
+                        nisa.nc_matmul(dst=c_psum[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), 0:min(TILE_N, 5000 - 1024 * n_blk - TILE_N * bn)], stationary=a_t_tiles[0:min(TILE_K, 700 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 3000 - 2048 * m_blk)], moving=b_tiles[0:min(TILE_K, 700 - TILE_K * bk), bk, TILE_N * bn:min(TILE_N * bn + TILE_N, 5000 - 1024 * n_blk)])
+                    nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), 16 * m_blk + bm, TILE_N * bn:min(TILE_N * bn + TILE_N, 5000 - 1024 * n_blk)], data1=acc_sbuf[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), 16 * m_blk + bm, TILE_N * bn:min(TILE_N * bn + TILE_N, 5000 - 1024 * n_blk)], data2=c_psum[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), 0:min(TILE_N, 5000 - 1024 * n_blk - TILE_N * bn)], op=nl.add)
         for m_tile in range(24):
             # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bn in range(2):
-                nisa.tensor_copy(dst=c_rows[0:min(128, 3000 - 128 * m_tile), 512 * bn:min(512 * bn + 512, 5000 - 1024 * n_blk)], src=acc_sbuf[0:min(128, 3000 - 128 * m_tile), m_tile, 512 * bn:min(512 * bn + 512, 5000 - 1024 * n_blk)])
-            nisa.dma_copy(dst=c[128 * m_tile:min(128 * m_tile + 128, 3000), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)], src=c_rows[0:min(128, 3000 - 128 * m_tile), 0:min(1024, 5000 - 1024 * n_blk)])
+                nisa.tensor_copy(dst=c_rows[0:min(TILE_M, 3000 - TILE_M * m_tile), TILE_N * bn:min(TILE_N * bn + TILE_N, 5000 - 1024 * n_blk)], src=acc_sbuf[0:min(TILE_M, 3000 - TILE_M * m_tile), m_tile, TILE_N * bn:min(TILE_N * bn + TILE_N, 5000 - 1024 * n_blk)])
+            nisa.dma_copy(dst=c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 3000), BLOCK_N * n_blk:min(BLOCK_N * n_blk + BLOCK_N, 5000)], src=c_rows[0:min(TILE_M, 3000 - TILE_M * m_tile), 0:min(BLOCK_N, 5000 - BLOCK_N * n_blk)])
     return c
 
 

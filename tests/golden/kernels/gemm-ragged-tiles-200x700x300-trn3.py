@@ -35,6 +35,11 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=200, N=700, K=300 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 128  # 2 tiles of 64
+    BLOCK_N = 350  # 2 tiles of 175
+    TILE_K = 128
+    TILE_M = 64
+    TILE_N = 175
     assert tuple(a.shape) == (200, 300), f"a: expected shape (200, 300), got {a.shape}"
     assert tuple(b.shape) == (300, 700), f"b: expected shape (300, 700), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -44,30 +49,30 @@ def gemm_kernel(a, b):
     # 2 programs: each its 1 of 2
     for n_blk in range(1):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((64, 4, 350), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.ndarray((TILE_M, 4, 350), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.memset(dst=acc_sbuf, value=0.0)
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 3, 350), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 3, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in range(2):
             for bk in range(3):
-                nisa.dma_copy(dst=b_tiles[0:min(128, 300 - 128 * bk), bk, 175 * bn:175 * bn + 175], src=b[128 * bk:min(128 * bk + 128, 300), 350 * n_blk + 175 * bn + 350 * pid:350 * n_blk + 175 * bn + 350 * pid + 175])
+                nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 300), 350 * n_blk + TILE_N * bn + 350 * pid:350 * n_blk + TILE_N * bn + 350 * pid + TILE_N])
         for m_blk in range(2):
             # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((128, 3, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_t_tiles = nl.ndarray((TILE_K, 3, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bm in range(2):
                 for bk in range(3):
-                    nisa.dma_transpose(dst=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 64 * bm:min(64 * bm + 64, 200 - 128 * m_blk)], src=a[128 * m_blk + 64 * bm:min(128 * m_blk + 64 * bm + 64, 200), 128 * bk:min(128 * bk + 128, 300)])
+                    nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 200 - 128 * m_blk)], src=a[128 * m_blk + TILE_M * bm:min(128 * m_blk + TILE_M * bm + TILE_M, 200), TILE_K * bk:min(TILE_K * bk + TILE_K, 300)])
             for bn in range(2):
                 for bm in range(2):
-                    c_psum = nl.ndarray((64, 175), dtype=nl.float32, buffer=nl.psum)
+                    c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                     for bk in range(3):
-                        nisa.nc_matmul(dst=c_psum[0:min(64, 200 - 128 * m_blk - 64 * bm), 0:175], stationary=a_t_tiles[0:min(128, 300 - 128 * bk), bk, 64 * bm:min(64 * bm + 64, 200 - 128 * m_blk)], moving=b_tiles[0:min(128, 300 - 128 * bk), bk, 175 * bn:175 * bn + 175])
-                    nisa.tensor_tensor(dst=acc_sbuf[0:min(64, 200 - 128 * m_blk - 64 * bm), 2 * m_blk + bm, 175 * bn:175 * bn + 175], data1=acc_sbuf[0:min(64, 200 - 128 * m_blk - 64 * bm), 2 * m_blk + bm, 175 * bn:175 * bn + 175], data2=c_psum[0:min(64, 200 - 128 * m_blk - 64 * bm), 0:175], op=nl.add)
+                        nisa.nc_matmul(dst=c_psum[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 200 - 128 * m_blk)], moving=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                    nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 0:TILE_N], op=nl.add)
         for m_tile in range(4):
             for bn in range(2):
-                c_tile = nl.ndarray((64, 175), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=c_tile[0:min(64, 200 - 64 * m_tile), 0:175], src=acc_sbuf[0:min(64, 200 - 64 * m_tile), m_tile, 175 * bn:175 * bn + 175])
-                nisa.dma_copy(dst=c[64 * m_tile:min(64 * m_tile + 64, 200), 350 * n_blk + 175 * bn + 350 * pid:350 * n_blk + 175 * bn + 350 * pid + 175], src=c_tile[0:min(64, 200 - 64 * m_tile), 0:175])
+                c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=c_tile[0:min(TILE_M, 200 - TILE_M * m_tile), 0:TILE_N], src=acc_sbuf[0:min(TILE_M, 200 - TILE_M * m_tile), m_tile, TILE_N * bn:TILE_N * bn + TILE_N])
+                nisa.dma_copy(dst=c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 200), 350 * n_blk + TILE_N * bn + 350 * pid:350 * n_blk + TILE_N * bn + 350 * pid + TILE_N], src=c_tile[0:min(TILE_M, 200 - TILE_M * m_tile), 0:TILE_N])
     return c
 
 

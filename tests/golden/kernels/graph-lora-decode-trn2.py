@@ -40,6 +40,10 @@ def lora_k0(x, w, lora_a, lora_b):
     """Fused kernel lora_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048]. Returns y[1, 2048].
     """
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 1  # tokens per block
+    TOKEN_TILE = 1  # tokens per tile
     assert tuple(x.shape) == (1, 2048), f"x: expected shape (1, 2048), got {x.shape}"
     assert tuple(w.shape) == (2048, 2048), f"w: expected shape (2048, 2048), got {w.shape}"
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
@@ -49,35 +53,35 @@ def lora_k0(x, w, lora_a, lora_b):
     y = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt:128 * kt + 128])
+        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt:P * kt + P])
     # xa^T strip of this token block, kept in SBUF
-    xa_strip = nl.ndarray((16, 1, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xa_strip = nl.ndarray((16, 1, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xa^T = (x @ lora_a)^T: weight tiles stationary, strips moving (implicit transposition)
-    lora_a_block = nl.ndarray((128, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+    lora_a_block = nl.ndarray((P, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
-        nisa.dma_copy(dst=lora_a_block[0:128, kt, 0:16], src=lora_a[128 * kt:128 * kt + 128, 0:16])
-    xa_psum = nl.ndarray((16, 1), dtype=nl.float32, buffer=nl.psum)
+        nisa.dma_copy(dst=lora_a_block[0:P, kt, 0:16], src=lora_a[P * kt:P * kt + P, 0:16])
+    xa_psum = nl.ndarray((16, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
     for kt in range(16):
-        nisa.nc_matmul(dst=xa_psum[0:16, 0:1], stationary=lora_a_block[0:128, kt, 0:16], moving=x_strip[0:128, kt, 0:1])
-    nisa.tensor_copy(dst=xa_strip[0:16, 0, 0:1], src=xa_psum[0:16, 0:1])
+        nisa.nc_matmul(dst=xa_psum[0:16, 0:TOKEN_TILE], stationary=lora_a_block[0:P, kt, 0:16], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+    nisa.tensor_copy(dst=xa_strip[0:16, 0, 0:TOKEN_TILE], src=xa_psum[0:16, 0:TOKEN_TILE])
     # y = merged = (x @ w + xa @ lora_b) (summed in one PSUM accumulator): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
-        w_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_block = nl.ndarray((P, 16, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=w_block[0:128, kt, 0:512], src=w[128 * kt:128 * kt + 128, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
-        lora_b_block = nl.ndarray((16, 1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=lora_b_block[0:16, 0, 0:512], src=lora_b[0:16, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
+            nisa.dma_copy(dst=w_block[0:P, kt, 0:OUT_TILE], src=w[P * kt:P * kt + P, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE])
+        lora_b_block = nl.ndarray((16, 1, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=lora_b_block[0:16, 0, 0:OUT_TILE], src=lora_b[0:16, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE])
         # one packed row of output tiles
-        y_rows = nl.ndarray((1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        merged_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        merged_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(16):
-            nisa.nc_matmul(dst=merged_psum[0:1, 0:512], stationary=x_strip[0:128, kt, 0:1], moving=w_block[0:128, kt, 0:512])
-        nisa.nc_matmul(dst=merged_psum[0:1, 0:512], stationary=xa_strip[0:16, 0, 0:1], moving=lora_b_block[0:16, 0, 0:512])
-        nisa.tensor_copy(dst=y_rows[0:1, 0:512], src=merged_psum[0:1, 0:512])
-        nisa.dma_copy(dst=y[0:1, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512], src=y_rows[0:1, 0:512])
+            nisa.nc_matmul(dst=merged_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=x_strip[0:P, kt, 0:TOKEN_TILE], moving=w_block[0:P, kt, 0:OUT_TILE])
+        nisa.nc_matmul(dst=merged_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xa_strip[0:16, 0, 0:TOKEN_TILE], moving=lora_b_block[0:16, 0, 0:OUT_TILE])
+        nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, 0:OUT_TILE], src=merged_psum[0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.dma_copy(dst=y[0:TOKEN_TILE, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=y_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return y
 
 

@@ -39,6 +39,10 @@ def lora_k0(x, w, lora_a, lora_b):
     """Fused kernel lora_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048]. Returns y[256, 2048].
     """
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
     assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
     assert tuple(w.shape) == (2048, 2048), f"w: expected shape (2048, 2048), got {w.shape}"
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
@@ -48,34 +52,34 @@ def lora_k0(x, w, lora_a, lora_b):
     # blocks of tokens
     for m_blk in nl.affine_range(2):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            x_strip[0:128, kt, 0:128] = nl.load_transpose2d(x[128 * m_blk:128 * m_blk + 128, 128 * kt:128 * kt + 128])
+            x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, P * kt:P * kt + P])
         # xa^T strip of this token block, kept in SBUF
-        xa_strip = nl.ndarray((16, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xa_strip = nl.ndarray((16, 1, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xa^T = (x @ lora_a)^T: weight tiles stationary, strips moving (implicit transposition)
-        lora_a_block = nl.ndarray((128, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+        lora_a_block = nl.ndarray((P, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            lora_a_block[0:128, kt, 0:16] = nl.load(lora_a[128 * kt:128 * kt + 128, 0:16])
-        xa_psum = nl.zeros((16, 128), dtype=nl.float32, buffer=nl.psum)
+            lora_a_block[0:P, kt, 0:16] = nl.load(lora_a[P * kt:P * kt + P, 0:16])
+        xa_psum = nl.zeros((16, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(16):
-            xa_psum[0:16, 0:128] += nisa.nc_matmul(lora_a_block[0:128, kt, 0:16], x_strip[0:128, kt, 0:128])
-        xa_strip[0:16, 0, 0:128] = nl.copy(xa_psum[0:16, 0:128], dtype=nl.bfloat16)
+            xa_psum[0:16, 0:TOKEN_TILE] += nisa.nc_matmul(lora_a_block[0:P, kt, 0:16], x_strip[0:P, kt, 0:TOKEN_TILE])
+        xa_strip[0:16, 0, 0:TOKEN_TILE] = nl.copy(xa_psum[0:16, 0:TOKEN_TILE], dtype=nl.bfloat16)
         # y = merged = (x @ w + xa @ lora_b) (summed in one PSUM accumulator): strips stationary, weights moving
         for o_blk in nl.affine_range(4):
-            w_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            w_block = nl.ndarray((P, 16, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in nl.affine_range(16):
-                w_block[0:128, kt, 0:512] = nl.load(w[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
-            lora_b_block = nl.ndarray((16, 1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            lora_b_block[0:16, 0, 0:512] = nl.load(lora_b[0:16, 512 * o_blk:512 * o_blk + 512])
+                w_block[0:P, kt, 0:OUT_TILE] = nl.load(w[P * kt:P * kt + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
+            lora_b_block = nl.ndarray((16, 1, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            lora_b_block[0:16, 0, 0:OUT_TILE] = nl.load(lora_b[0:16, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
             # one packed row of output tiles
-            y_rows = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            merged_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            merged_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                merged_psum[0:128, 0:512] += nisa.nc_matmul(x_strip[0:128, kt, 0:128], w_block[0:128, kt, 0:512])
-            merged_psum[0:128, 0:512] += nisa.nc_matmul(xa_strip[0:16, 0, 0:128], lora_b_block[0:16, 0, 0:512])
-            y_rows[0:128, 0:512] = nl.copy(merged_psum[0:128, 0:512], dtype=nl.bfloat16)
-            nl.store(y[128 * m_blk:128 * m_blk + 128, 512 * o_blk:512 * o_blk + 512], value=y_rows[0:128, 0:512])
+                merged_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(x_strip[0:P, kt, 0:TOKEN_TILE], w_block[0:P, kt, 0:OUT_TILE])
+            merged_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xa_strip[0:16, 0, 0:TOKEN_TILE], lora_b_block[0:16, 0, 0:OUT_TILE])
+            y_rows[0:TOKEN_TILE, 0:OUT_TILE] = nl.copy(merged_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+            nl.store(y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=y_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return y
 
 

@@ -39,6 +39,10 @@ def lora_k0(x, w, lora_a, lora_b):
     """Fused kernel lora_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048]. Returns y[256, 2048].
     """
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
     assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
     assert tuple(w.shape) == (2048, 2048), f"w: expected shape (2048, 2048), got {w.shape}"
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
@@ -48,39 +52,39 @@ def lora_k0(x, w, lora_a, lora_b):
     # blocks of tokens
     for m_blk in range(2):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
-        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[128 * m_blk:128 * m_blk + 128, 0:2048])
+        x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
         for kt in range(16):
-            x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
-            nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
+            x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
+            nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x_tpsum[0:P, 0:TOKEN_TILE])
         # xa^T strip of this token block, kept in SBUF
-        xa_strip = nl.ndarray((16, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xa_strip = nl.ndarray((16, 1, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xa^T = (x @ lora_a)^T: weight tiles stationary, strips moving (implicit transposition)
-        lora_a_block = nl.ndarray((128, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+        lora_a_block = nl.ndarray((P, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=lora_a_block[0:128, kt, 0:16], src=lora_a[128 * kt:128 * kt + 128, 0:16])
-        xa_psum = nl.ndarray((16, 128), dtype=nl.float32, buffer=nl.psum)
+            nisa.dma_copy(dst=lora_a_block[0:P, kt, 0:16], src=lora_a[P * kt:P * kt + P, 0:16])
+        xa_psum = nl.ndarray((16, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in range(16):
-            nisa.nc_matmul(dst=xa_psum[0:16, 0:128], stationary=lora_a_block[0:128, kt, 0:16], moving=x_strip[0:128, kt, 0:128])
-        nisa.tensor_copy(dst=xa_strip[0:16, 0, 0:128], src=xa_psum[0:16, 0:128])
+            nisa.nc_matmul(dst=xa_psum[0:16, 0:TOKEN_TILE], stationary=lora_a_block[0:P, kt, 0:16], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=xa_strip[0:16, 0, 0:TOKEN_TILE], src=xa_psum[0:16, 0:TOKEN_TILE])
         # y = merged = (x @ w + xa @ lora_b) (summed in one PSUM accumulator): strips stationary, weights moving
         for o_blk in range(4):
-            w_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            w_block = nl.ndarray((P, 16, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(16):
-                nisa.dma_copy(dst=w_block[0:128, kt, 0:512], src=w[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
-            lora_b_block = nl.ndarray((16, 1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=lora_b_block[0:16, 0, 0:512], src=lora_b[0:16, 512 * o_blk:512 * o_blk + 512])
+                nisa.dma_copy(dst=w_block[0:P, kt, 0:OUT_TILE], src=w[P * kt:P * kt + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
+            lora_b_block = nl.ndarray((16, 1, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=lora_b_block[0:16, 0, 0:OUT_TILE], src=lora_b[0:16, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
             # one packed row of output tiles
-            y_rows = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            merged_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            merged_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=merged_psum[0:128, 0:512], stationary=x_strip[0:128, kt, 0:128], moving=w_block[0:128, kt, 0:512])
-            nisa.nc_matmul(dst=merged_psum[0:128, 0:512], stationary=xa_strip[0:16, 0, 0:128], moving=lora_b_block[0:16, 0, 0:512])
-            nisa.tensor_copy(dst=y_rows[0:128, 0:512], src=merged_psum[0:128, 0:512])
-            nisa.dma_copy(dst=y[128 * m_blk:128 * m_blk + 128, 512 * o_blk:512 * o_blk + 512], src=y_rows[0:128, 0:512])
+                nisa.nc_matmul(dst=merged_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=x_strip[0:P, kt, 0:TOKEN_TILE], moving=w_block[0:P, kt, 0:OUT_TILE])
+            nisa.nc_matmul(dst=merged_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xa_strip[0:16, 0, 0:TOKEN_TILE], moving=lora_b_block[0:16, 0, 0:OUT_TILE])
+            nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, 0:OUT_TILE], src=merged_psum[0:TOKEN_TILE, 0:OUT_TILE])
+            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=y_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return y
 
 

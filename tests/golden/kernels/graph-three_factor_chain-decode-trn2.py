@@ -39,6 +39,13 @@ def three_factor_chain_k0(x, p, q, r):
     """Fused kernel three_factor_chain_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 2048], p[2048, 512], q[512, 256], r[256, 4096]. Returns y[1, 4096].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 1  # tokens per block
+    TOKEN_TILE = 1  # tokens per tile
+    XPQR_BLOCK = 2048  # 4 tiles of 512
+    XP_BLOCK = 512  # 4 tiles of 128
     assert tuple(x.shape) == (1, 2048), f"x: expected shape (1, 2048), got {x.shape}"
     assert tuple(p.shape) == (2048, 512), f"p: expected shape (2048, 512), got {p.shape}"
     assert tuple(q.shape) == (512, 256), f"q: expected shape (512, 256), got {q.shape}"
@@ -48,59 +55,59 @@ def three_factor_chain_k0(x, p, q, r):
     y = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 8, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 8 of 16
     for kt in range(8):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
+        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt + 1024 * pid:P * kt + 1024 * pid + P])
     # xp^T strip of this token block, kept in SBUF
-    xp_strip = nl.ndarray((128, 4, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xp_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
-    xp_partial = nl.ndarray((128, 4, 1), dtype=nl.float32, buffer=nl.sbuf)
+    xp_partial = nl.ndarray((F_TILE, 4, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     # xp^T = (x @ p)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
-    p_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+    p_block = nl.ndarray((P, 8, XP_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 8 of 16
     for kt in range(8):
-        nisa.dma_copy(dst=p_block[0:128, kt, 0:512], src=p[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 0:512])
+        nisa.dma_copy(dst=p_block[0:P, kt, 0:XP_BLOCK], src=p[P * kt + 1024 * pid:P * kt + 1024 * pid + P, 0:XP_BLOCK])
     for ft in range(4):
-        xp_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+        xp_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         # 2 programs: each its 8 of 16
         for kt in range(8):
-            nisa.nc_matmul(dst=xp_psum[0:128, 0:1], stationary=p_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=xp_partial[0:128, ft, 0:1], src=xp_psum[0:128, 0:1])
+            nisa.nc_matmul(dst=xp_psum[0:F_TILE, 0:TOKEN_TILE], stationary=p_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=xp_partial[0:F_TILE, ft, 0:TOKEN_TILE], src=xp_psum[0:F_TILE, 0:TOKEN_TILE])
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
-    xp_partial_other = nl.ndarray((128, 4, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=xp_partial[0:128, 0:4, 0:1], dst=xp_partial_other[0:128, 0:4, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=xp_partial[0:128, 0:4, 0:1], data1=xp_partial[0:128, 0:4, 0:1], data2=xp_partial_other[0:128, 0:4, 0:1], op=nl.add)
+    xp_partial_other = nl.ndarray((F_TILE, 4, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], dst=xp_partial_other[0:F_TILE, 0:4, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], data1=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], data2=xp_partial_other[0:F_TILE, 0:4, 0:TOKEN_TILE], op=nl.add)
     for nt in range(4):
-        nisa.tensor_copy(dst=xp_strip[0:128, nt, 0:1], src=xp_partial[0:128, nt, 0:1])
+        nisa.tensor_copy(dst=xp_strip[0:F_TILE, nt, 0:TOKEN_TILE], src=xp_partial[0:F_TILE, nt, 0:TOKEN_TILE])
     # xpq^T strip of this token block, kept in SBUF
-    xpq_strip = nl.ndarray((128, 2, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xpq_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xpq^T = (xp @ q)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 1 of 2
     for f_blk in range(1):
-        q_block = nl.ndarray((128, 4, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        q_block = nl.ndarray((P, 4, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(4):
-            nisa.dma_copy(dst=q_block[0:128, kt, 0:128], src=q[128 * kt:128 * kt + 128, 128 * f_blk + 128 * pid:128 * f_blk + 128 * pid + 128])
-        xpq_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            nisa.dma_copy(dst=q_block[0:P, kt, 0:F_TILE], src=q[P * kt:P * kt + P, F_TILE * f_blk + F_TILE * pid:F_TILE * f_blk + F_TILE * pid + F_TILE])
+        xpq_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in range(4):
-            nisa.nc_matmul(dst=xpq_psum[0:128, 0:1], stationary=q_block[0:128, kt, 0:128], moving=xp_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=xpq_strip[0:128, f_blk + pid, 0:1], src=xpq_psum[0:128, 0:1])
+            nisa.nc_matmul(dst=xpq_psum[0:F_TILE, 0:TOKEN_TILE], stationary=q_block[0:P, kt, 0:F_TILE], moving=xp_strip[0:P, kt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=xpq_strip[0:F_TILE, f_blk + pid, 0:TOKEN_TILE], src=xpq_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of xpq_strip with the other program: both hold all 256 features
-    nisa.sendrecv(src=xpq_strip[0:128, pid:pid + 1, 0:1], dst=xpq_strip[0:128, 1 - pid:2 - pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=xpq_strip[0:F_TILE, pid:pid + 1, 0:TOKEN_TILE], dst=xpq_strip[0:F_TILE, 1 - pid:2 - pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # y = xpqr = (xpq @ r): strips stationary, weights moving
     # 2 programs: each its 1 of 2
     for o_blk in range(1):
-        r_block = nl.ndarray((128, 2, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r_block = nl.ndarray((P, 2, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(2):
-            nisa.dma_copy(dst=r_block[0:128, kt, 0:2048], src=r[128 * kt:128 * kt + 128, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048])
+            nisa.dma_copy(dst=r_block[0:P, kt, 0:XPQR_BLOCK], src=r[P * kt:P * kt + P, XPQR_BLOCK * o_blk + XPQR_BLOCK * pid:XPQR_BLOCK * o_blk + XPQR_BLOCK * pid + XPQR_BLOCK])
         # one packed row of output tiles
-        y_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y_rows = nl.ndarray((TOKEN_TILE, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in range(4):
-            xpqr_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+            xpqr_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(2):
-                nisa.nc_matmul(dst=xpqr_psum[0:1, 0:512], stationary=xpq_strip[0:128, kt, 0:1], moving=r_block[0:128, kt, 512 * bn:512 * bn + 512])
-            nisa.tensor_copy(dst=y_rows[0:1, 512 * bn:512 * bn + 512], src=xpqr_psum[0:1, 0:512])
-        nisa.dma_copy(dst=y[0:1, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048], src=y_rows[0:1, 0:2048])
+                nisa.nc_matmul(dst=xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xpq_strip[0:P, kt, 0:TOKEN_TILE], moving=r_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.dma_copy(dst=y[0:TOKEN_TILE, XPQR_BLOCK * o_blk + XPQR_BLOCK * pid:XPQR_BLOCK * o_blk + XPQR_BLOCK * pid + XPQR_BLOCK], src=y_rows[0:TOKEN_TILE, 0:XPQR_BLOCK])
     return y
 
 

@@ -38,6 +38,14 @@ def three_factor_chain_k0(x, p, q, r):
     """Fused kernel three_factor_chain_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], p[2048, 512], q[512, 256], r[256, 4096]. Returns y[256, 4096].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    XPQR_BLOCK = 4096  # 8 tiles of 512
+    XPQ_BLOCK = 256  # 2 tiles of 128
+    XP_BLOCK = 512  # 4 tiles of 128
     assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
     assert tuple(p.shape) == (2048, 512), f"p: expected shape (2048, 512), got {p.shape}"
     assert tuple(q.shape) == (512, 256), f"q: expected shape (512, 256), got {q.shape}"
@@ -47,43 +55,43 @@ def three_factor_chain_k0(x, p, q, r):
     # blocks of tokens
     for m_blk in nl.affine_range(2):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            x_strip[0:128, kt, 0:128] = nl.load_transpose2d(x[128 * m_blk:128 * m_blk + 128, 128 * kt:128 * kt + 128])
+            x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, P * kt:P * kt + P])
         # xp^T strip of this token block, kept in SBUF
-        xp_strip = nl.ndarray((128, 4, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xp_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xp^T = (x @ p)^T: weight tiles stationary, strips moving (implicit transposition)
-        p_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        p_block = nl.ndarray((P, 16, XP_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            p_block[0:128, kt, 0:512] = nl.load(p[128 * kt:128 * kt + 128, 0:512])
+            p_block[0:P, kt, 0:XP_BLOCK] = nl.load(p[P * kt:P * kt + P, 0:XP_BLOCK])
         for ft in nl.affine_range(4):
-            xp_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+            xp_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                xp_psum[0:128, 0:128] += nisa.nc_matmul(p_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:128])
-            xp_strip[0:128, ft, 0:128] = nl.copy(xp_psum[0:128, 0:128], dtype=nl.bfloat16)
+                xp_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(p_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
+            xp_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.copy(xp_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
         # xpq^T strip of this token block, kept in SBUF
-        xpq_strip = nl.ndarray((128, 2, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xpq_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xpq^T = (xp @ q)^T: weight tiles stationary, strips moving (implicit transposition)
-        q_block = nl.ndarray((128, 4, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        q_block = nl.ndarray((P, 4, XPQ_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(4):
-            q_block[0:128, kt, 0:256] = nl.load(q[128 * kt:128 * kt + 128, 0:256])
+            q_block[0:P, kt, 0:XPQ_BLOCK] = nl.load(q[P * kt:P * kt + P, 0:XPQ_BLOCK])
         for ft in nl.affine_range(2):
-            xpq_psum = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+            xpq_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(4):
-                xpq_psum[0:128, 0:128] += nisa.nc_matmul(q_block[0:128, kt, 128 * ft:128 * ft + 128], xp_strip[0:128, kt, 0:128])
-            xpq_strip[0:128, ft, 0:128] = nl.copy(xpq_psum[0:128, 0:128], dtype=nl.bfloat16)
+                xpq_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(q_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], xp_strip[0:P, kt, 0:TOKEN_TILE])
+            xpq_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.copy(xpq_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
         # y = xpqr = (xpq @ r): strips stationary, weights moving
-        r_block = nl.ndarray((128, 2, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r_block = nl.ndarray((P, 2, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(2):
-            r_block[0:128, kt, 0:4096] = nl.load(r[128 * kt:128 * kt + 128, 0:4096])
+            r_block[0:P, kt, 0:XPQR_BLOCK] = nl.load(r[P * kt:P * kt + P, 0:XPQR_BLOCK])
         # one packed row of output tiles
-        y_rows = nl.ndarray((128, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y_rows = nl.ndarray((TOKEN_TILE, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.affine_range(8):
-            xpqr_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            xpqr_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(2):
-                xpqr_psum[0:128, 0:512] += nisa.nc_matmul(xpq_strip[0:128, kt, 0:128], r_block[0:128, kt, 512 * bn:512 * bn + 512])
-            y_rows[0:128, 512 * bn:512 * bn + 512] = nl.copy(xpqr_psum[0:128, 0:512], dtype=nl.bfloat16)
-        nl.store(y[128 * m_blk:128 * m_blk + 128, 0:4096], value=y_rows[0:128, 0:4096])
+                xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xpq_strip[0:P, kt, 0:TOKEN_TILE], r_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:XPQR_BLOCK], value=y_rows[0:TOKEN_TILE, 0:XPQR_BLOCK])
     return y
 
 

@@ -38,6 +38,14 @@ def three_factor_chain_k0(x, p, q, r):
     """Fused kernel three_factor_chain_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], p[2048, 512], q[512, 256], r[256, 4096]. Returns y[256, 4096].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    XPQR_BLOCK = 4096  # 8 tiles of 512
+    XPQ_BLOCK = 256  # 2 tiles of 128
+    XP_BLOCK = 512  # 4 tiles of 128
     assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
     assert tuple(p.shape) == (2048, 512), f"p: expected shape (2048, 512), got {p.shape}"
     assert tuple(q.shape) == (512, 256), f"q: expected shape (512, 256), got {q.shape}"
@@ -47,48 +55,48 @@ def three_factor_chain_k0(x, p, q, r):
     # blocks of tokens
     for m_blk in range(2):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
-        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[128 * m_blk:128 * m_blk + 128, 0:2048])
+        x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
         for kt in range(16):
-            x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=x_tpsum[0:128, 0:128], data=x_rows[0:128, 128 * kt:128 * kt + 128])
-            nisa.tensor_copy(dst=x_strip[0:128, kt, 0:128], src=x_tpsum[0:128, 0:128])
+            x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
+            nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x_tpsum[0:P, 0:TOKEN_TILE])
         # xp^T strip of this token block, kept in SBUF
-        xp_strip = nl.ndarray((128, 4, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xp_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xp^T = (x @ p)^T: weight tiles stationary, strips moving (implicit transposition)
-        p_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        p_block = nl.ndarray((P, 16, XP_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=p_block[0:128, kt, 0:512], src=p[128 * kt:128 * kt + 128, 0:512])
+            nisa.dma_copy(dst=p_block[0:P, kt, 0:XP_BLOCK], src=p[P * kt:P * kt + P, 0:XP_BLOCK])
         for ft in range(4):
-            xp_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+            xp_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=xp_psum[0:128, 0:128], stationary=p_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:128])
-            nisa.tensor_copy(dst=xp_strip[0:128, ft, 0:128], src=xp_psum[0:128, 0:128])
+                nisa.nc_matmul(dst=xp_psum[0:F_TILE, 0:TOKEN_TILE], stationary=p_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+            nisa.tensor_copy(dst=xp_strip[0:F_TILE, ft, 0:TOKEN_TILE], src=xp_psum[0:F_TILE, 0:TOKEN_TILE])
         # xpq^T strip of this token block, kept in SBUF
-        xpq_strip = nl.ndarray((128, 2, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xpq_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xpq^T = (xp @ q)^T: weight tiles stationary, strips moving (implicit transposition)
-        q_block = nl.ndarray((128, 4, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        q_block = nl.ndarray((P, 4, XPQ_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(4):
-            nisa.dma_copy(dst=q_block[0:128, kt, 0:256], src=q[128 * kt:128 * kt + 128, 0:256])
+            nisa.dma_copy(dst=q_block[0:P, kt, 0:XPQ_BLOCK], src=q[P * kt:P * kt + P, 0:XPQ_BLOCK])
         for ft in range(2):
-            xpq_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+            xpq_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(4):
-                nisa.nc_matmul(dst=xpq_psum[0:128, 0:128], stationary=q_block[0:128, kt, 128 * ft:128 * ft + 128], moving=xp_strip[0:128, kt, 0:128])
-            nisa.tensor_copy(dst=xpq_strip[0:128, ft, 0:128], src=xpq_psum[0:128, 0:128])
+                nisa.nc_matmul(dst=xpq_psum[0:F_TILE, 0:TOKEN_TILE], stationary=q_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xp_strip[0:P, kt, 0:TOKEN_TILE])
+            nisa.tensor_copy(dst=xpq_strip[0:F_TILE, ft, 0:TOKEN_TILE], src=xpq_psum[0:F_TILE, 0:TOKEN_TILE])
         # y = xpqr = (xpq @ r): strips stationary, weights moving
-        r_block = nl.ndarray((128, 2, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r_block = nl.ndarray((P, 2, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(2):
-            nisa.dma_copy(dst=r_block[0:128, kt, 0:4096], src=r[128 * kt:128 * kt + 128, 0:4096])
+            nisa.dma_copy(dst=r_block[0:P, kt, 0:XPQR_BLOCK], src=r[P * kt:P * kt + P, 0:XPQR_BLOCK])
         # one packed row of output tiles
-        y_rows = nl.ndarray((128, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y_rows = nl.ndarray((TOKEN_TILE, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in range(8):
-            xpqr_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            xpqr_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(2):
-                nisa.nc_matmul(dst=xpqr_psum[0:128, 0:512], stationary=xpq_strip[0:128, kt, 0:128], moving=r_block[0:128, kt, 512 * bn:512 * bn + 512])
-            nisa.tensor_copy(dst=y_rows[0:128, 512 * bn:512 * bn + 512], src=xpqr_psum[0:128, 0:512])
-        nisa.dma_copy(dst=y[128 * m_blk:128 * m_blk + 128, 0:4096], src=y_rows[0:128, 0:4096])
+                nisa.nc_matmul(dst=xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xpq_strip[0:P, kt, 0:TOKEN_TILE], moving=r_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:XPQR_BLOCK], src=y_rows[0:TOKEN_TILE, 0:XPQR_BLOCK])
     return y
 
 

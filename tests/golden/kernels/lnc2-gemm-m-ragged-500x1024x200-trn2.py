@@ -35,6 +35,11 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=500, N=1024, K=200 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 256  # 2 tiles of 128
+    BLOCK_N = 1024  # 2 tiles of 512
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 512
     assert tuple(a.shape) == (500, 200), f"a: expected shape (500, 200), got {a.shape}"
     assert tuple(b.shape) == (200, 1024), f"b: expected shape (200, 1024), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -44,28 +49,28 @@ def gemm_kernel(a, b):
     # 2 programs: each its 1 of 2
     for m_blk in range(1):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((128, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.ndarray((TILE_M, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.memset(dst=acc_sbuf, value=0.0)
         # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 2, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        a_t_tiles = nl.ndarray((TILE_K, 2, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(2):
-            nisa.dma_transpose(dst=a_t_tiles[0:min(128, 200 - 128 * bk), bk, 0:min(256, 500 - 256 * m_blk - 256 * pid)], src=a[256 * m_blk + 256 * pid:min(256 * m_blk + 256 * pid + 256, 500), 128 * bk:min(128 * bk + 128, 200)])
+            nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, 0:min(BLOCK_M, 500 - BLOCK_M * m_blk - BLOCK_M * pid)], src=a[BLOCK_M * m_blk + BLOCK_M * pid:min(BLOCK_M * m_blk + BLOCK_M * pid + BLOCK_M, 500), TILE_K * bk:min(TILE_K * bk + TILE_K, 200)])
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 2, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(2):
-            nisa.dma_copy(dst=b_tiles[0:min(128, 200 - 128 * bk), bk, 0:1024], src=b[128 * bk:min(128 * bk + 128, 200), 0:1024])
+            nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, 0:BLOCK_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 200), 0:BLOCK_N])
         for bn in range(2):
             for bm in range(2):
-                c_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+                c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for bk in range(2):
-                    nisa.nc_matmul(dst=c_psum[0:min(128, 500 - 256 * m_blk - 128 * bm - 256 * pid), 0:512], stationary=a_t_tiles[0:min(128, 200 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 500 - 256 * m_blk - 256 * pid)], moving=b_tiles[0:min(128, 200 - 128 * bk), bk, 512 * bn:512 * bn + 512])
-                nisa.tensor_tensor(dst=acc_sbuf[0:min(128, 500 - 256 * m_blk - 128 * bm - 256 * pid), bm, 512 * bn:512 * bn + 512], data1=acc_sbuf[0:min(128, 500 - 256 * m_blk - 128 * bm - 256 * pid), bm, 512 * bn:512 * bn + 512], data2=c_psum[0:min(128, 500 - 256 * m_blk - 128 * bm - 256 * pid), 0:512], op=nl.add)
+                    nisa.nc_matmul(dst=c_psum[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 500 - 256 * m_blk - 256 * pid)], moving=b_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), 0:TILE_N], op=nl.add)
         for bm in range(2):
             # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bn in range(2):
-                nisa.tensor_copy(dst=c_rows[0:min(128, 500 - 256 * m_blk - 128 * bm - 256 * pid), 512 * bn:512 * bn + 512], src=acc_sbuf[0:min(128, 500 - 256 * m_blk - 128 * bm - 256 * pid), bm, 512 * bn:512 * bn + 512])
-            nisa.dma_copy(dst=c[256 * m_blk + 128 * bm + 256 * pid:min(256 * m_blk + 128 * bm + 256 * pid + 128, 500), 0:1024], src=c_rows[0:min(128, 500 - 256 * m_blk - 128 * bm - 256 * pid), 0:1024])
+                nisa.tensor_copy(dst=c_rows[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N])
+            nisa.dma_copy(dst=c[256 * m_blk + TILE_M * bm + 256 * pid:min(256 * m_blk + TILE_M * bm + 256 * pid + TILE_M, 500), 0:BLOCK_N], src=c_rows[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), 0:BLOCK_N])
     return c
 
 

@@ -35,6 +35,10 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=1, N=4096, K=4096 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_N = 1024  # 2 tiles of 512
+    TILE_K = 128
+    TILE_M = 1
+    TILE_N = 512
     assert tuple(a.shape) == (1, 4096), f"a: expected shape (1, 4096), got {a.shape}"
     assert tuple(b.shape) == (4096, 4096), f"b: expected shape (4096, 4096), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -44,27 +48,27 @@ def gemm_kernel(a, b):
     # 2 programs: each its 2 of 4
     for n_blk in range(2):
         # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((1, 1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        acc_sbuf = nl.ndarray((TILE_M, 1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.memset(dst=acc_sbuf, value=0.0)
         for k_blk in range(4):
             # B block: K on partitions, N free (moving)
-            b_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(8):
-                nisa.dma_copy(dst=b_tiles[0:128, bk, 0:1024], src=b[1024 * k_blk + 128 * bk:1024 * k_blk + 128 * bk + 128, 1024 * n_blk + 2048 * pid:1024 * n_blk + 2048 * pid + 1024])
+                nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[1024 * k_blk + TILE_K * bk:1024 * k_blk + TILE_K * bk + TILE_K, BLOCK_N * n_blk + 2048 * pid:BLOCK_N * n_blk + 2048 * pid + BLOCK_N])
             # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((128, 8, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_t_tiles = nl.ndarray((TILE_K, 8, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(8):
-                nisa.dma_transpose(dst=a_t_tiles[0:128, bk, 0:1], src=a[0:1, 1024 * k_blk + 128 * bk:1024 * k_blk + 128 * bk + 128])
+                nisa.dma_transpose(dst=a_t_tiles[0:TILE_K, bk, 0:TILE_M], src=a[0:TILE_M, 1024 * k_blk + TILE_K * bk:1024 * k_blk + TILE_K * bk + TILE_K])
             for bn in range(2):
-                c_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+                c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for bk in range(8):
-                    nisa.nc_matmul(dst=c_psum[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
-                nisa.tensor_tensor(dst=acc_sbuf[0:1, 0, 512 * bn:512 * bn + 512], data1=acc_sbuf[0:1, 0, 512 * bn:512 * bn + 512], data2=c_psum[0:1, 0:512], op=nl.add)
+                    nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, 0:TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                nisa.tensor_tensor(dst=acc_sbuf[0:TILE_M, 0, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:TILE_M, 0, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:TILE_M, 0:TILE_N], op=nl.add)
         # one row of output tiles, packed for a single store
-        c_rows = nl.ndarray((1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in range(2):
-            nisa.tensor_copy(dst=c_rows[0:1, 512 * bn:512 * bn + 512], src=acc_sbuf[0:1, 0, 512 * bn:512 * bn + 512])
-        nisa.dma_copy(dst=c[0:1, 1024 * n_blk + 2048 * pid:1024 * n_blk + 2048 * pid + 1024], src=c_rows[0:1, 0:1024])
+            nisa.tensor_copy(dst=c_rows[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:TILE_M, 0, TILE_N * bn:TILE_N * bn + TILE_N])
+        nisa.dma_copy(dst=c[0:TILE_M, BLOCK_N * n_blk + 2048 * pid:BLOCK_N * n_blk + 2048 * pid + BLOCK_N], src=c_rows[0:TILE_M, 0:BLOCK_N])
     return c
 
 

@@ -41,6 +41,12 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     """Fused kernel dense_mlp_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 2048], w_gate[2048, 8192], w_up[2048, 8192], w_down[8192, 2048]. Returns out[1, 2048].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_BLOCK = 512  # 4 tiles of 128
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 1  # tokens per block
+    TOKEN_TILE = 1  # tokens per tile
     assert tuple(x.shape) == (1, 2048), f"x: expected shape (1, 2048), got {x.shape}"
     assert tuple(w_gate.shape) == (2048, 8192), f"w_gate: expected shape (2048, 8192), got {w_gate.shape}"
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
@@ -50,56 +56,56 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 8, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # 2 programs: each its 8 of 16
     for kt in range(8):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128])
+        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt + 1024 * pid:P * kt + 1024 * pid + P])
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
-    h_partials = nl.ndarray((128, 128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    h_partials = nl.ndarray((F_TILE, 128, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction); partial sums over this program's half of the contraction
     for f_blk in range(16):
-        w_gate_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_gate_block = nl.ndarray((P, 8, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 8 of 16
         for kt in range(8):
-            nisa.dma_copy(dst=w_gate_block[0:128, kt, 0:512], src=w_gate[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:512 * f_blk + 512])
-        w_up_block = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_gate_block[0:P, kt, 0:H_BLOCK], src=w_gate[P * kt + 1024 * pid:P * kt + 1024 * pid + P, H_BLOCK * f_blk:H_BLOCK * f_blk + H_BLOCK])
+        w_up_block = nl.ndarray((P, 8, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 8 of 16
         for kt in range(8):
-            nisa.dma_copy(dst=w_up_block[0:128, kt, 0:512], src=w_up[128 * kt + 1024 * pid:128 * kt + 1024 * pid + 128, 512 * f_blk:512 * f_blk + 512])
+            nisa.dma_copy(dst=w_up_block[0:P, kt, 0:H_BLOCK], src=w_up[P * kt + 1024 * pid:P * kt + 1024 * pid + P, H_BLOCK * f_blk:H_BLOCK * f_blk + H_BLOCK])
         for ft in range(4):
-            gate_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             # 2 programs: each its 8 of 16
             for kt in range(8):
-                nisa.nc_matmul(dst=gate_psum[0:128, 0:1], stationary=w_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-            up_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+            up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             # 2 programs: each its 8 of 16
             for kt in range(8):
-                nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=w_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-            nisa.tensor_copy(dst=h_partials[0:128, 4 * f_blk + ft, 0:1], src=gate_psum[0:128, 0:1])
-            nisa.tensor_copy(dst=h_partials[0:128, 4 * f_blk + ft + 64, 0:1], src=up_psum[0:128, 0:1])
+                nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+            nisa.tensor_copy(dst=h_partials[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=gate_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.tensor_copy(dst=h_partials[0:F_TILE, 4 * f_blk + ft + 64, 0:TOKEN_TILE], src=up_psum[0:F_TILE, 0:TOKEN_TILE])
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
-    h_partials_other = nl.ndarray((128, 128, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=h_partials[0:128, 0:128, 0:1], dst=h_partials_other[0:128, 0:128, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=h_partials[0:128, 0:128, 0:1], data1=h_partials[0:128, 0:128, 0:1], data2=h_partials_other[0:128, 0:128, 0:1], op=nl.add)
+    h_partials_other = nl.ndarray((F_TILE, 128, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=h_partials[0:F_TILE, 0:128, 0:TOKEN_TILE], dst=h_partials_other[0:F_TILE, 0:128, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=h_partials[0:F_TILE, 0:128, 0:TOKEN_TILE], data1=h_partials[0:F_TILE, 0:128, 0:TOKEN_TILE], data2=h_partials_other[0:F_TILE, 0:128, 0:TOKEN_TILE], op=nl.add)
     for nt in range(64):
-        act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=h_partials[0:128, nt, 0:1])
-        nisa.tensor_tensor(dst=h_strip[0:128, nt, 0:1], data1=act_f32[0:128, 0:1], data2=h_partials[0:128, nt + 64, 0:1], op=nl.multiply)
+        act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=h_partials[0:F_TILE, nt, 0:TOKEN_TILE])
+        nisa.tensor_tensor(dst=h_strip[0:F_TILE, nt, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=h_partials[0:F_TILE, nt + 64, 0:TOKEN_TILE], op=nl.multiply)
     # out = down = (h @ w_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
-        w_down_block = nl.ndarray((128, 64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_down_block = nl.ndarray((P, 64, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(64):
-            nisa.dma_copy(dst=w_down_block[0:128, kt, 0:512], src=w_down[128 * kt:128 * kt + 128, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
+            nisa.dma_copy(dst=w_down_block[0:P, kt, 0:OUT_TILE], src=w_down[P * kt:P * kt + P, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(64):
-            nisa.nc_matmul(dst=down_psum[0:1, 0:512], stationary=h_strip[0:128, kt, 0:1], moving=w_down_block[0:128, kt, 0:512])
-        nisa.tensor_copy(dst=out_rows[0:1, 0:512], src=down_psum[0:1, 0:512])
-        nisa.dma_copy(dst=out[0:1, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512], src=out_rows[0:1, 0:512])
+            nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_strip[0:P, kt, 0:TOKEN_TILE], moving=w_down_block[0:P, kt, 0:OUT_TILE])
+        nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.dma_copy(dst=out[0:TOKEN_TILE, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return out
 
 

@@ -41,6 +41,12 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     """Fused kernel dense_mlp_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 2048], w_gate[2048, 8192], w_up[2048, 8192], w_down[8192, 2048]. Returns out[1, 2048].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_BLOCK = 512  # 4 tiles of 128
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 1  # tokens per block
+    TOKEN_TILE = 1  # tokens per tile
     assert tuple(x.shape) == (1, 2048), f"x: expected shape (1, 2048), got {x.shape}"
     assert tuple(w_gate.shape) == (2048, 8192), f"w_gate: expected shape (2048, 8192), got {w_gate.shape}"
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
@@ -50,49 +56,49 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=intermediate
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt:128 * kt + 128])
+        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt:P * kt + P])
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
     # 2 programs: each its 8 of 16
     for f_blk in range(8):
-        w_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_gate_block = nl.ndarray((P, 16, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=w_gate_block[0:128, kt, 0:512], src=w_gate[128 * kt:128 * kt + 128, 512 * f_blk + 4096 * pid:512 * f_blk + 4096 * pid + 512])
-        w_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_gate_block[0:P, kt, 0:H_BLOCK], src=w_gate[P * kt:P * kt + P, H_BLOCK * f_blk + 4096 * pid:H_BLOCK * f_blk + 4096 * pid + H_BLOCK])
+        w_up_block = nl.ndarray((P, 16, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=w_up_block[0:128, kt, 0:512], src=w_up[128 * kt:128 * kt + 128, 512 * f_blk + 4096 * pid:512 * f_blk + 4096 * pid + 512])
+            nisa.dma_copy(dst=w_up_block[0:P, kt, 0:H_BLOCK], src=w_up[P * kt:P * kt + P, H_BLOCK * f_blk + 4096 * pid:H_BLOCK * f_blk + 4096 * pid + H_BLOCK])
         for ft in range(4):
-            gate_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=gate_psum[0:128, 0:1], stationary=w_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-            up_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+            up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=w_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:1])
-            act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=gate_psum[0:128, 0:1])
-            nisa.tensor_tensor(dst=h_strip[0:128, 4 * f_blk + ft + 32 * pid, 0:1], data1=act_f32[0:128, 0:1], data2=up_psum[0:128, 0:1], op=nl.multiply)
+                nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 4 * f_blk + ft + 32 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
     # out = down = (h @ w_down): strips stationary, weights moving
     for o_blk in range(4):
-        w_down_block = nl.ndarray((128, 32, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_down_block = nl.ndarray((P, 32, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 32 of 64
         for kt in range(32):
-            nisa.dma_copy(dst=w_down_block[0:128, kt, 0:512], src=w_down[128 * kt + 4096 * pid:128 * kt + 4096 * pid + 128, 512 * o_blk:512 * o_blk + 512])
+            nisa.dma_copy(dst=w_down_block[0:P, kt, 0:OUT_TILE], src=w_down[P * kt + 4096 * pid:P * kt + 4096 * pid + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
         # this program's partial sums of output tiles
-        out_rows = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.sbuf)
-        down_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
+        down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         # 2 programs: each its 32 of 64
         for kt in range(32):
-            nisa.nc_matmul(dst=down_psum[0:1, 0:512], stationary=h_strip[0:128, kt + 32 * pid, 0:1], moving=w_down_block[0:128, kt, 0:512])
-        nisa.tensor_copy(dst=out_rows[0:1, 0:512], src=down_psum[0:1, 0:512])
-        out_rows_other = nl.ndarray((1, 256), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.sendrecv(src=out_rows[0:1, 256 - 256 * pid:512 - 256 * pid], dst=out_rows_other[0:1, 0:256], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-        nisa.tensor_tensor(dst=out_rows[0:1, 256 * pid:256 * pid + 256], data1=out_rows[0:1, 256 * pid:256 * pid + 256], data2=out_rows_other[0:1, 0:256], op=nl.add)
-        out_rows_sum = nl.ndarray((1, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=out_rows_sum[0:1, 0:256], src=out_rows[0:1, 256 * pid:256 * pid + 256])
-        nisa.dma_copy(dst=out[0:1, 512 * o_blk + 256 * pid:512 * o_blk + 256 * pid + 256], src=out_rows_sum[0:1, 0:256])
+            nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_strip[0:P, kt + 32 * pid, 0:TOKEN_TILE], moving=w_down_block[0:P, kt, 0:OUT_TILE])
+        nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
+        out_rows_other = nl.ndarray((TOKEN_TILE, 256), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.sendrecv(src=out_rows[0:TOKEN_TILE, 256 - 256 * pid:512 - 256 * pid], dst=out_rows_other[0:TOKEN_TILE, 0:256], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+        nisa.tensor_tensor(dst=out_rows[0:TOKEN_TILE, 256 * pid:256 * pid + 256], data1=out_rows[0:TOKEN_TILE, 256 * pid:256 * pid + 256], data2=out_rows_other[0:TOKEN_TILE, 0:256], op=nl.add)
+        out_rows_sum = nl.ndarray((TOKEN_TILE, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=out_rows_sum[0:TOKEN_TILE, 0:256], src=out_rows[0:TOKEN_TILE, 256 * pid:256 * pid + 256])
+        nisa.dma_copy(dst=out[0:TOKEN_TILE, OUT_TILE * o_blk + 256 * pid:OUT_TILE * o_blk + 256 * pid + 256], src=out_rows_sum[0:TOKEN_TILE, 0:256])
     return out
 
 

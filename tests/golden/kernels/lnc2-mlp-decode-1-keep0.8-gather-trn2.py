@@ -47,6 +47,12 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 2048], u_gate[2048, 1280], v_gate[1280, 8192], u_up[2048, 1280], v_up[1280, 8192], u_down[8192, 1280], v_down[1280, 2048]. Returns out[1, 2048].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_BLOCK = 512  # 4 tiles of 128
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 1  # tokens per block
+    TOKEN_TILE = 1  # tokens per tile
     assert tuple(x.shape) == (1, 2048), f"x: expected shape (1, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 1280), f"u_gate: expected shape (2048, 1280), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (1280, 8192), f"v_gate: expected shape (1280, 8192), got {v_gate.shape}"
@@ -59,87 +65,87 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=gather
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:1], src=x[0:1, 128 * kt:128 * kt + 128])
+        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt:P * kt + P])
     # x_ug^T strip of this token block, kept in SBUF
-    x_ug_strip = nl.ndarray((128, 10, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_ug_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 5 of 10
     for f_blk in range(5):
-        u_gate_block = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        u_gate_block = nl.ndarray((P, 16, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:128], src=u_gate[128 * kt:128 * kt + 128, 128 * f_blk + 640 * pid:128 * f_blk + 640 * pid + 128])
-        x_ug_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:F_TILE], src=u_gate[P * kt:P * kt + P, F_TILE * f_blk + 640 * pid:F_TILE * f_blk + 640 * pid + F_TILE])
+        x_ug_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in range(16):
-            nisa.nc_matmul(dst=x_ug_psum[0:128, 0:1], stationary=u_gate_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=x_ug_strip[0:128, f_blk + 5 * pid, 0:1], src=x_ug_psum[0:128, 0:1])
+            nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, 0:F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, f_blk + 5 * pid, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of x_ug_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=x_ug_strip[0:128, 5 * pid:5 * pid + 5, 0:1], dst=x_ug_strip[0:128, 5 - 5 * pid:10 - 5 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=x_ug_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_ug_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # x_uu^T strip of this token block, kept in SBUF
-    x_uu_strip = nl.ndarray((128, 10, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 5 of 10
     for f_blk in range(5):
-        u_up_block = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        u_up_block = nl.ndarray((P, 16, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=u_up_block[0:128, kt, 0:128], src=u_up[128 * kt:128 * kt + 128, 128 * f_blk + 640 * pid:128 * f_blk + 640 * pid + 128])
-        x_uu_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            nisa.dma_copy(dst=u_up_block[0:P, kt, 0:F_TILE], src=u_up[P * kt:P * kt + P, F_TILE * f_blk + 640 * pid:F_TILE * f_blk + 640 * pid + F_TILE])
+        x_uu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in range(16):
-            nisa.nc_matmul(dst=x_uu_psum[0:128, 0:1], stationary=u_up_block[0:128, kt, 0:128], moving=x_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=x_uu_strip[0:128, f_blk + 5 * pid, 0:1], src=x_uu_psum[0:128, 0:1])
+            nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, 0:F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, f_blk + 5 * pid, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of x_uu_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=x_uu_strip[0:128, 5 * pid:5 * pid + 5, 0:1], dst=x_uu_strip[0:128, 5 - 5 * pid:10 - 5 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=x_uu_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_uu_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
     # 2 programs: each its 8 of 16
     for f_blk in range(8):
-        v_gate_block = nl.ndarray((128, 10, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        v_gate_block = nl.ndarray((P, 10, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(10):
-            nisa.dma_copy(dst=v_gate_block[0:128, kt, 0:512], src=v_gate[128 * kt:128 * kt + 128, 512 * f_blk + 4096 * pid:512 * f_blk + 4096 * pid + 512])
-        v_up_block = nl.ndarray((128, 10, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=v_gate_block[0:P, kt, 0:H_BLOCK], src=v_gate[P * kt:P * kt + P, H_BLOCK * f_blk + 4096 * pid:H_BLOCK * f_blk + 4096 * pid + H_BLOCK])
+        v_up_block = nl.ndarray((P, 10, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(10):
-            nisa.dma_copy(dst=v_up_block[0:128, kt, 0:512], src=v_up[128 * kt:128 * kt + 128, 512 * f_blk + 4096 * pid:512 * f_blk + 4096 * pid + 512])
+            nisa.dma_copy(dst=v_up_block[0:P, kt, 0:H_BLOCK], src=v_up[P * kt:P * kt + P, H_BLOCK * f_blk + 4096 * pid:H_BLOCK * f_blk + 4096 * pid + H_BLOCK])
         for ft in range(4):
-            gate_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(10):
-                nisa.nc_matmul(dst=gate_psum[0:128, 0:1], stationary=v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_ug_strip[0:128, kt, 0:1])
-            up_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:TOKEN_TILE])
+            up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(10):
-                nisa.nc_matmul(dst=up_psum[0:128, 0:1], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, kt, 0:1])
-            act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=gate_psum[0:128, 0:1])
-            nisa.tensor_tensor(dst=h_strip[0:128, 4 * f_blk + ft + 32 * pid, 0:1], data1=act_f32[0:128, 0:1], data2=up_psum[0:128, 0:1], op=nl.multiply)
+                nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:TOKEN_TILE])
+            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 4 * f_blk + ft + 32 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
     # exchange halves of h_strip with the other program: both hold all 8192 features
-    nisa.sendrecv(src=h_strip[0:128, 32 * pid:32 * pid + 32, 0:1], dst=h_strip[0:128, 32 - 32 * pid:64 - 32 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=h_strip[0:F_TILE, 32 * pid:32 * pid + 32, 0:TOKEN_TILE], dst=h_strip[0:F_TILE, 32 - 32 * pid:64 - 32 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h_ud^T strip of this token block, kept in SBUF
-    h_ud_strip = nl.ndarray((128, 10, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_ud_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 5 of 10
     for f_blk in range(5):
-        u_down_block = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        u_down_block = nl.ndarray((P, 64, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(64):
-            nisa.dma_copy(dst=u_down_block[0:128, kt, 0:128], src=u_down[128 * kt:128 * kt + 128, 128 * f_blk + 640 * pid:128 * f_blk + 640 * pid + 128])
-        h_ud_psum = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+            nisa.dma_copy(dst=u_down_block[0:P, kt, 0:F_TILE], src=u_down[P * kt:P * kt + P, F_TILE * f_blk + 640 * pid:F_TILE * f_blk + 640 * pid + F_TILE])
+        h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in range(64):
-            nisa.nc_matmul(dst=h_ud_psum[0:128, 0:1], stationary=u_down_block[0:128, kt, 0:128], moving=h_strip[0:128, kt, 0:1])
-        nisa.tensor_copy(dst=h_ud_strip[0:128, f_blk + 5 * pid, 0:1], src=h_ud_psum[0:128, 0:1])
+            nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk + 5 * pid, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of h_ud_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=h_ud_strip[0:128, 5 * pid:5 * pid + 5, 0:1], dst=h_ud_strip[0:128, 5 - 5 * pid:10 - 5 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=h_ud_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=h_ud_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
-        v_down_block = nl.ndarray((128, 10, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        v_down_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(10):
-            nisa.dma_copy(dst=v_down_block[0:128, kt, 0:512], src=v_down[128 * kt:128 * kt + 128, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
+            nisa.dma_copy(dst=v_down_block[0:P, kt, 0:OUT_TILE], src=v_down[P * kt:P * kt + P, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((1, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(10):
-            nisa.nc_matmul(dst=down_psum[0:1, 0:512], stationary=h_ud_strip[0:128, kt, 0:1], moving=v_down_block[0:128, kt, 0:512])
-        nisa.tensor_copy(dst=out_rows[0:1, 0:512], src=down_psum[0:1, 0:512])
-        nisa.dma_copy(dst=out[0:1, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512], src=out_rows[0:1, 0:512])
+            nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, 0:OUT_TILE])
+        nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.dma_copy(dst=out[0:TOKEN_TILE, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return out
 
 

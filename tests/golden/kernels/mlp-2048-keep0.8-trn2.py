@@ -47,6 +47,14 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 2048 tokens (bfloat16).
     Arguments: x[2048, 4096], u_gate[4096, 2560], v_gate[2560, 14336], u_up[4096, 2560], v_up[2560, 14336], u_down[14336, 2560], v_down[2560, 4096]. Returns out[2048, 4096].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_BLOCK = 384  # 3 tiles of 128
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    X_UG_BLOCK = 256  # 2 tiles of 128
+    X_UU_BLOCK = 256  # 2 tiles of 128
     assert tuple(x.shape) == (2048, 4096), f"x: expected shape (2048, 4096), got {x.shape}"
     assert tuple(u_gate.shape) == (4096, 2560), f"u_gate: expected shape (4096, 2560), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (2560, 14336), f"v_gate: expected shape (2560, 14336), got {v_gate.shape}"
@@ -61,76 +69,76 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # blocks of tokens (2 programs: each its 8 of 16)
     for m_blk in range(8):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 32, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 32, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(32):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:128], src=x[128 * m_blk + 1024 * pid:128 * m_blk + 1024 * pid + 128, 128 * kt:128 * kt + 128])
+            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[TOKEN_TILE * m_blk + 1024 * pid:TOKEN_TILE * m_blk + 1024 * pid + TOKEN_TILE, P * kt:P * kt + P])
         # x_ug^T strip of this token block, kept in SBUF
-        x_ug_strip = nl.ndarray((128, 20, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_ug_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in range(10):
-            u_gate_block = nl.ndarray((128, 32, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_gate_block = nl.ndarray((P, 32, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(32):
-                nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:256], src=u_gate[128 * kt:128 * kt + 128, 256 * f_blk:256 * f_blk + 256])
+                nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:X_UG_BLOCK], src=u_gate[P * kt:P * kt + P, X_UG_BLOCK * f_blk:X_UG_BLOCK * f_blk + X_UG_BLOCK])
             for ft in range(2):
-                x_ug_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                x_ug_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(32):
-                    nisa.nc_matmul(dst=x_ug_psum[0:128, 0:128], stationary=u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:128])
-                nisa.tensor_copy(dst=x_ug_strip[0:128, 2 * f_blk + ft, 0:128], src=x_ug_psum[0:128, 0:128])
+                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 2 * f_blk + ft, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
         # x_uu^T strip of this token block, kept in SBUF
-        x_uu_strip = nl.ndarray((128, 20, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_uu_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in range(10):
-            u_up_block = nl.ndarray((128, 32, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_up_block = nl.ndarray((P, 32, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(32):
-                nisa.dma_copy(dst=u_up_block[0:128, kt, 0:256], src=u_up[128 * kt:128 * kt + 128, 256 * f_blk:256 * f_blk + 256])
+                nisa.dma_copy(dst=u_up_block[0:P, kt, 0:X_UU_BLOCK], src=u_up[P * kt:P * kt + P, X_UU_BLOCK * f_blk:X_UU_BLOCK * f_blk + X_UU_BLOCK])
             for ft in range(2):
-                x_uu_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                x_uu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(32):
-                    nisa.nc_matmul(dst=x_uu_psum[0:128, 0:128], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:128])
-                nisa.tensor_copy(dst=x_uu_strip[0:128, 2 * f_blk + ft, 0:128], src=x_uu_psum[0:128, 0:128])
+                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 2 * f_blk + ft, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
         # h^T strip of this token block, kept in SBUF
-        h_strip = nl.ndarray((128, 112, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        h_strip = nl.ndarray((P, 112, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
         for f_blk in range(38):
-            v_gate_block = nl.ndarray((128, 20, 384), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_gate_block = nl.ndarray((P, 20, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(20):
-                nisa.dma_copy(dst=v_gate_block[0:128, kt, 0:min(384, 14336 - 384 * f_blk)], src=v_gate[128 * kt:128 * kt + 128, 384 * f_blk:min(384 * f_blk + 384, 14336)])
-            v_up_block = nl.ndarray((128, 20, 384), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=v_gate_block[0:P, kt, 0:min(H_BLOCK, 14336 - H_BLOCK * f_blk)], src=v_gate[P * kt:P * kt + P, H_BLOCK * f_blk:min(H_BLOCK * f_blk + H_BLOCK, 14336)])
+            v_up_block = nl.ndarray((P, 20, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(20):
-                nisa.dma_copy(dst=v_up_block[0:128, kt, 0:min(384, 14336 - 384 * f_blk)], src=v_up[128 * kt:128 * kt + 128, 384 * f_blk:min(384 * f_blk + 384, 14336)])
+                nisa.dma_copy(dst=v_up_block[0:P, kt, 0:min(H_BLOCK, 14336 - H_BLOCK * f_blk)], src=v_up[P * kt:P * kt + P, H_BLOCK * f_blk:min(H_BLOCK * f_blk + H_BLOCK, 14336)])
             for ft in range(min(3, 112 - 3 * f_blk)):
-                gate_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(20):
-                    nisa.nc_matmul(dst=gate_psum[0:128, 0:128], stationary=v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_ug_strip[0:128, kt, 0:128])
-                up_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:TOKEN_TILE])
+                up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(20):
-                    nisa.nc_matmul(dst=up_psum[0:128, 0:128], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, kt, 0:128])
-                act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=act_f32[0:128, 0:128], op=nl.silu, data=gate_psum[0:128, 0:128])
-                nisa.tensor_tensor(dst=h_strip[0:128, 3 * f_blk + ft, 0:128], data1=act_f32[0:128, 0:128], data2=up_psum[0:128, 0:128], op=nl.multiply)
+                    nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:TOKEN_TILE])
+                act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
+                nisa.tensor_tensor(dst=h_strip[0:F_TILE, 3 * f_blk + ft, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
         # h_ud^T strip of this token block, kept in SBUF
-        h_ud_strip = nl.ndarray((128, 20, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        h_ud_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in range(20):
-            u_down_block = nl.ndarray((128, 112, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_down_block = nl.ndarray((P, 112, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(112):
-                nisa.dma_copy(dst=u_down_block[0:128, kt, 0:128], src=u_down[128 * kt:128 * kt + 128, 128 * f_blk:128 * f_blk + 128])
-            h_ud_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                nisa.dma_copy(dst=u_down_block[0:P, kt, 0:F_TILE], src=u_down[P * kt:P * kt + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
+            h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(112):
-                nisa.nc_matmul(dst=h_ud_psum[0:128, 0:128], stationary=u_down_block[0:128, kt, 0:128], moving=h_strip[0:128, kt, 0:128])
-            nisa.tensor_copy(dst=h_ud_strip[0:128, f_blk, 0:128], src=h_ud_psum[0:128, 0:128])
+                nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:TOKEN_TILE])
+            nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
         # out = down = (h_ud @ v_down): strips stationary, weights moving
         for o_blk in range(8):
-            v_down_block = nl.ndarray((128, 20, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_down_block = nl.ndarray((P, 20, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(20):
-                nisa.dma_copy(dst=v_down_block[0:128, kt, 0:512], src=v_down[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
+                nisa.dma_copy(dst=v_down_block[0:P, kt, 0:OUT_TILE], src=v_down[P * kt:P * kt + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
             # one packed row of output tiles
-            out_rows = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            down_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(20):
-                nisa.nc_matmul(dst=down_psum[0:128, 0:512], stationary=h_ud_strip[0:128, kt, 0:128], moving=v_down_block[0:128, kt, 0:512])
-            nisa.tensor_copy(dst=out_rows[0:128, 0:512], src=down_psum[0:128, 0:512])
-            nisa.dma_copy(dst=out[128 * m_blk + 1024 * pid:128 * m_blk + 1024 * pid + 128, 512 * o_blk:512 * o_blk + 512], src=out_rows[0:128, 0:512])
+                nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, 0:OUT_TILE])
+            nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
+            nisa.dma_copy(dst=out[TOKEN_TILE * m_blk + 1024 * pid:TOKEN_TILE * m_blk + 1024 * pid + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return out
 
 

@@ -42,6 +42,11 @@ def dense_mlp_k0(x, w_gate, w_up):
     """Fused kernel dense_mlp_k0 over 32 tokens (bfloat16).
     Arguments: x[32, 2048], w_gate[2048, 8192], w_up[2048, 8192]. Returns h[8192, 32].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_BLOCK = 512  # 4 tiles of 128
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 32  # tokens per block
+    TOKEN_TILE = 32  # tokens per tile
     assert tuple(x.shape) == (32, 2048), f"x: expected shape (32, 2048), got {x.shape}"
     assert tuple(w_gate.shape) == (2048, 8192), f"w_gate: expected shape (2048, 8192), got {w_gate.shape}"
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
@@ -50,30 +55,30 @@ def dense_mlp_k0(x, w_gate, w_up):
     h = nl.ndarray((8192, 32), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=32 token_tile=32 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=gather
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:128, kt, 0:32], src=x[0:32, 128 * kt:128 * kt + 128])
+        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt:P * kt + P])
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
     # 2 programs: each its 8 of 16
     for f_blk in range(8):
-        w_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_gate_block = nl.ndarray((P, 16, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=w_gate_block[0:128, kt, 0:512], src=w_gate[128 * kt:128 * kt + 128, 512 * f_blk + 4096 * pid:512 * f_blk + 4096 * pid + 512])
-        w_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_gate_block[0:P, kt, 0:H_BLOCK], src=w_gate[P * kt:P * kt + P, H_BLOCK * f_blk + 4096 * pid:H_BLOCK * f_blk + 4096 * pid + H_BLOCK])
+        w_up_block = nl.ndarray((P, 16, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
-            nisa.dma_copy(dst=w_up_block[0:128, kt, 0:512], src=w_up[128 * kt:128 * kt + 128, 512 * f_blk + 4096 * pid:512 * f_blk + 4096 * pid + 512])
+            nisa.dma_copy(dst=w_up_block[0:P, kt, 0:H_BLOCK], src=w_up[P * kt:P * kt + P, H_BLOCK * f_blk + 4096 * pid:H_BLOCK * f_blk + 4096 * pid + H_BLOCK])
         for ft in range(4):
-            gate_psum = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.psum)
+            gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=gate_psum[0:128, 0:32], stationary=w_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:32])
-            up_psum = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+            up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=up_psum[0:128, 0:32], stationary=w_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, kt, 0:32])
-            h_tile = nl.ndarray((128, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
-            act_f32 = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:128, 0:32], op=nl.silu, data=gate_psum[0:128, 0:32])
-            nisa.tensor_tensor(dst=h_tile[0:128, 0:32], data1=act_f32[0:128, 0:32], data2=up_psum[0:128, 0:32], op=nl.multiply)
-            nisa.dma_copy(dst=h[512 * f_blk + 128 * ft + 4096 * pid:512 * f_blk + 128 * ft + 4096 * pid + 128, 0:32], src=h_tile[0:128, 0:32])
+                nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+            h_tile = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.tensor_tensor(dst=h_tile[0:F_TILE, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
+            nisa.dma_copy(dst=h[512 * f_blk + F_TILE * ft + 4096 * pid:512 * f_blk + F_TILE * ft + 4096 * pid + F_TILE, 0:TOKEN_TILE], src=h_tile[0:F_TILE, 0:TOKEN_TILE])
     return h
 
 
@@ -82,6 +87,10 @@ def dense_mlp_k1(w_down, h):
     """Fused kernel dense_mlp_k1 over 32 tokens (bfloat16).
     Arguments: w_down[8192, 2048], h[8192, 32]. Returns out[32, 2048].
     """
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 32  # tokens per block
+    TOKEN_TILE = 32  # tokens per tile
     assert tuple(w_down.shape) == (8192, 2048), f"w_down: expected shape (8192, 2048), got {w_down.shape}"
     assert tuple(h.shape) == (8192, 32), f"h: expected shape (8192, 32), got {h.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -89,22 +98,22 @@ def dense_mlp_k1(w_down, h):
     out = nl.ndarray((32, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=32 token_tile=32 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=gather
     # h^T strip: features on partitions, tokens free
-    h_strip = nl.ndarray((128, 64, 32), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(64):
-        nisa.dma_copy(dst=h_strip[0:128, kt, 0:32], src=h[128 * kt:128 * kt + 128, 0:32])
+        nisa.dma_copy(dst=h_strip[0:P, kt, 0:TOKEN_TILE], src=h[P * kt:P * kt + P, 0:TOKEN_TILE])
     # out = down = (h @ w_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
-        w_down_block = nl.ndarray((128, 64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        w_down_block = nl.ndarray((P, 64, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(64):
-            nisa.dma_copy(dst=w_down_block[0:128, kt, 0:512], src=w_down[128 * kt:128 * kt + 128, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512])
+            nisa.dma_copy(dst=w_down_block[0:P, kt, 0:OUT_TILE], src=w_down[P * kt:P * kt + P, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((32, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_psum = nl.ndarray((32, 512), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(64):
-            nisa.nc_matmul(dst=down_psum[0:32, 0:512], stationary=h_strip[0:128, kt, 0:32], moving=w_down_block[0:128, kt, 0:512])
-        nisa.tensor_copy(dst=out_rows[0:32, 0:512], src=down_psum[0:32, 0:512])
-        nisa.dma_copy(dst=out[0:32, 512 * o_blk + 1024 * pid:512 * o_blk + 1024 * pid + 512], src=out_rows[0:32, 0:512])
+            nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_strip[0:P, kt, 0:TOKEN_TILE], moving=w_down_block[0:P, kt, 0:OUT_TILE])
+        nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.dma_copy(dst=out[0:TOKEN_TILE, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return out
 
 

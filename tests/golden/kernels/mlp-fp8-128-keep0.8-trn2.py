@@ -69,6 +69,15 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
     """Fused kernel svd_mlp_k0 over 128 tokens (bfloat16).
     Arguments: x[128, 512], u_gate[512, 256], v_gate[256, 1024], u_up[512, 256], v_up[256, 1024], u_down[1024, 256], v_down[256, 512], x_scale[1, 1], u_gate_scale[256, 1], x_ug_scale[1, 1], v_gate_scale[1024, 1], u_up_scale[256, 1], x_uu_scale[1, 1], v_up_scale[1024, 1], h_scale[1, 1], u_down_scale[256, 1], h_ud_scale[1, 1], v_down_scale[512, 1]. Returns out[128, 512].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_Q_BLOCK = 1024  # 8 tiles of 128
+    H_UD_Q_BLOCK = 256  # 2 tiles of 128
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 64  # tokens per block
+    TOKEN_TILE = 64  # tokens per tile
+    X_UG_Q_BLOCK = 256  # 2 tiles of 128
+    X_UU_Q_BLOCK = 256  # 2 tiles of 128
     assert tuple(x.shape) == (128, 512), f"x: expected shape (128, 512), got {x.shape}"
     assert tuple(u_gate.shape) == (512, 256), f"u_gate: expected shape (512, 256), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (256, 1024), f"v_gate: expected shape (256, 1024), got {v_gate.shape}"
@@ -92,141 +101,141 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
     out = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=64 token_tile=64 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
     # x_scale on every partition
-    x_scale_col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_scale_col[0:128, 0:1], src=x_scale.ap(pattern=[[0, 128], [1, 1]], offset=0))
+    x_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_scale_col[0:P, 0:1], src=x_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # u_gate_scale: one column per tile of 128 channels
-    u_gate_scale_cols = nl.ndarray((128, 2), dtype=nl.float32, buffer=nl.sbuf)
+    u_gate_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
     for st in range(2):
-        nisa.dma_copy(dst=u_gate_scale_cols[0:128, st:st + 1], src=u_gate_scale[128 * st:128 * st + 128, 0:1])
+        nisa.dma_copy(dst=u_gate_scale_cols[0:P, st:st + 1], src=u_gate_scale[P * st:P * st + P, 0:1])
     # x_ug_scale on every partition
-    x_ug_scale_col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_ug_scale_col[0:128, 0:1], src=x_ug_scale.ap(pattern=[[0, 128], [1, 1]], offset=0))
+    x_ug_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_ug_scale_col[0:P, 0:1], src=x_ug_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # v_gate_scale: one column per tile of 128 channels
-    v_gate_scale_cols = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    v_gate_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
     for st in range(8):
-        nisa.dma_copy(dst=v_gate_scale_cols[0:128, st:st + 1], src=v_gate_scale[128 * st:128 * st + 128, 0:1])
+        nisa.dma_copy(dst=v_gate_scale_cols[0:P, st:st + 1], src=v_gate_scale[P * st:P * st + P, 0:1])
     # u_up_scale: one column per tile of 128 channels
-    u_up_scale_cols = nl.ndarray((128, 2), dtype=nl.float32, buffer=nl.sbuf)
+    u_up_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
     for st in range(2):
-        nisa.dma_copy(dst=u_up_scale_cols[0:128, st:st + 1], src=u_up_scale[128 * st:128 * st + 128, 0:1])
+        nisa.dma_copy(dst=u_up_scale_cols[0:P, st:st + 1], src=u_up_scale[P * st:P * st + P, 0:1])
     # x_uu_scale on every partition
-    x_uu_scale_col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_uu_scale_col[0:128, 0:1], src=x_uu_scale.ap(pattern=[[0, 128], [1, 1]], offset=0))
+    x_uu_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_uu_scale_col[0:P, 0:1], src=x_uu_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # v_up_scale: one column per tile of 128 channels
-    v_up_scale_cols = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    v_up_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
     for st in range(8):
-        nisa.dma_copy(dst=v_up_scale_cols[0:128, st:st + 1], src=v_up_scale[128 * st:128 * st + 128, 0:1])
+        nisa.dma_copy(dst=v_up_scale_cols[0:P, st:st + 1], src=v_up_scale[P * st:P * st + P, 0:1])
     # h_scale on every partition
-    h_scale_col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=h_scale_col[0:128, 0:1], src=h_scale.ap(pattern=[[0, 128], [1, 1]], offset=0))
+    h_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=h_scale_col[0:P, 0:1], src=h_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # u_down_scale: one column per tile of 128 channels
-    u_down_scale_cols = nl.ndarray((128, 2), dtype=nl.float32, buffer=nl.sbuf)
+    u_down_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
     for st in range(2):
-        nisa.dma_copy(dst=u_down_scale_cols[0:128, st:st + 1], src=u_down_scale[128 * st:128 * st + 128, 0:1])
+        nisa.dma_copy(dst=u_down_scale_cols[0:P, st:st + 1], src=u_down_scale[P * st:P * st + P, 0:1])
     # h_ud_scale on every partition
-    h_ud_scale_col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=h_ud_scale_col[0:128, 0:1], src=h_ud_scale.ap(pattern=[[0, 128], [1, 1]], offset=0))
+    h_ud_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=h_ud_scale_col[0:P, 0:1], src=h_ud_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # v_down_scale along the free axis, on every token partition
-    v_down_scale_row = nl.ndarray((64, 512), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=v_down_scale_row[0:64, 0:512], src=v_down_scale.ap(pattern=[[0, 64], [1, 512]], offset=0))
+    v_down_scale_row = nl.ndarray((TOKEN_TILE, 512), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v_down_scale_row[0:TOKEN_TILE, 0:512], src=v_down_scale.ap(pattern=[[0, TOKEN_TILE], [1, 512]], offset=0))
     # blocks of tokens (2 programs: each its 1 of 2)
     for m_blk in range(1):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 4, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(4):
-            nisa.dma_transpose(dst=x_strip[0:128, kt, 0:64], src=x[64 * m_blk + 64 * pid:64 * m_blk + 64 * pid + 64, 128 * kt:128 * kt + 128])
+            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[TOKEN_TILE * m_blk + TOKEN_TILE * pid:TOKEN_TILE * m_blk + TOKEN_TILE * pid + TOKEN_TILE, P * kt:P * kt + P])
         # x_q^T strip of this token block, kept in SBUF
-        x_q_strip = nl.ndarray((128, 4, 64), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        x_q_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # x_q^T from tiles of x, x_scale (quantize on the eviction)
         for ft in range(4):
-            x_q_spill = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_q_spill[0:128, 0:64], data=x_strip[0:128, ft, 0:64], op0=nl.divide, operand0=x_scale_col[0:128, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=x_q_strip[0:128, ft, 0:64], data=x_q_spill[0:128, 0:64], op0=nl.maximum, operand0=-240.0)
+            x_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=x_q_spill[0:F_TILE, 0:TOKEN_TILE], data=x_strip[0:F_TILE, ft, 0:TOKEN_TILE], op0=nl.divide, operand0=x_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=x_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=x_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
         # x_ug_q^T strip of this token block, kept in SBUF
-        x_ug_q_strip = nl.ndarray((128, 2, 64), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        x_ug_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # x_ug_q^T from PSUM tiles of x_ug_acc = x_q @ u_gate; tiles of x_scale, u_gate_scale, x_ug_scale (dequantize then quantize on the eviction)
-        u_gate_block = nl.ndarray((128, 4, 256), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        u_gate_block = nl.ndarray((P, 4, X_UG_Q_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         for kt in range(4):
-            nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:256], src=u_gate[128 * kt:128 * kt + 128, 0:256])
+            nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:X_UG_Q_BLOCK], src=u_gate[P * kt:P * kt + P, 0:X_UG_Q_BLOCK])
         for ft in range(2):
-            x_ug_acc_psum = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+            x_ug_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(4):
-                nisa.nc_matmul(dst=x_ug_acc_psum[0:128, 0:64], stationary=u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_q_strip[0:128, kt, 0:64], perf_mode=nisa.matmul_perf_mode.double_row)
-            x_ug_f32 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            x_ug_q_spill = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_ug_f32[0:128, 0:64], data=x_ug_acc_psum[0:128, 0:64], op0=nl.multiply, operand0=u_gate_scale_cols[0:128, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:128, 0:1])
-            nisa.tensor_scalar(dst=x_ug_q_spill[0:128, 0:64], data=x_ug_f32[0:128, 0:64], op0=nl.divide, operand0=x_ug_scale_col[0:128, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=x_ug_q_strip[0:128, ft, 0:64], data=x_ug_q_spill[0:128, 0:64], op0=nl.maximum, operand0=-240.0)
+                nisa.nc_matmul(dst=x_ug_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+            x_ug_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            x_ug_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=x_ug_f32[0:F_TILE, 0:TOKEN_TILE], data=x_ug_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=u_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
+            nisa.tensor_scalar(dst=x_ug_q_spill[0:F_TILE, 0:TOKEN_TILE], data=x_ug_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=x_ug_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=x_ug_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=x_ug_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
         # x_uu_q^T strip of this token block, kept in SBUF
-        x_uu_q_strip = nl.ndarray((128, 2, 64), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        x_uu_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # x_uu_q^T from PSUM tiles of x_uu_acc = x_q @ u_up; tiles of x_scale, u_up_scale, x_uu_scale (dequantize then quantize on the eviction)
-        u_up_block = nl.ndarray((128, 4, 256), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        u_up_block = nl.ndarray((P, 4, X_UU_Q_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         for kt in range(4):
-            nisa.dma_copy(dst=u_up_block[0:128, kt, 0:256], src=u_up[128 * kt:128 * kt + 128, 0:256])
+            nisa.dma_copy(dst=u_up_block[0:P, kt, 0:X_UU_Q_BLOCK], src=u_up[P * kt:P * kt + P, 0:X_UU_Q_BLOCK])
         for ft in range(2):
-            x_uu_acc_psum = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+            x_uu_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(4):
-                nisa.nc_matmul(dst=x_uu_acc_psum[0:128, 0:64], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_q_strip[0:128, kt, 0:64], perf_mode=nisa.matmul_perf_mode.double_row)
-            x_uu_f32 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            x_uu_q_spill = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_uu_f32[0:128, 0:64], data=x_uu_acc_psum[0:128, 0:64], op0=nl.multiply, operand0=u_up_scale_cols[0:128, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:128, 0:1])
-            nisa.tensor_scalar(dst=x_uu_q_spill[0:128, 0:64], data=x_uu_f32[0:128, 0:64], op0=nl.divide, operand0=x_uu_scale_col[0:128, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=x_uu_q_strip[0:128, ft, 0:64], data=x_uu_q_spill[0:128, 0:64], op0=nl.maximum, operand0=-240.0)
+                nisa.nc_matmul(dst=x_uu_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+            x_uu_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            x_uu_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=x_uu_f32[0:F_TILE, 0:TOKEN_TILE], data=x_uu_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=u_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
+            nisa.tensor_scalar(dst=x_uu_q_spill[0:F_TILE, 0:TOKEN_TILE], data=x_uu_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=x_uu_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=x_uu_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=x_uu_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
         # h_q^T strip of this token block, kept in SBUF
-        h_q_strip = nl.ndarray((128, 8, 64), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        h_q_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # h_q^T from PSUM tiles of gate_acc = x_ug_q @ v_gate, up_acc = x_uu_q @ v_up; tiles of x_ug_scale, v_gate_scale, x_uu_scale, v_up_scale, h_scale (dequantize then silu then dequantize then multiply then quantize on the eviction)
-        v_gate_block = nl.ndarray((128, 2, 1024), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        v_gate_block = nl.ndarray((P, 2, H_Q_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         for kt in range(2):
-            nisa.dma_copy(dst=v_gate_block[0:128, kt, 0:1024], src=v_gate[128 * kt:128 * kt + 128, 0:1024])
-        v_up_block = nl.ndarray((128, 2, 1024), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+            nisa.dma_copy(dst=v_gate_block[0:P, kt, 0:H_Q_BLOCK], src=v_gate[P * kt:P * kt + P, 0:H_Q_BLOCK])
+        v_up_block = nl.ndarray((P, 2, H_Q_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         for kt in range(2):
-            nisa.dma_copy(dst=v_up_block[0:128, kt, 0:1024], src=v_up[128 * kt:128 * kt + 128, 0:1024])
+            nisa.dma_copy(dst=v_up_block[0:P, kt, 0:H_Q_BLOCK], src=v_up[P * kt:P * kt + P, 0:H_Q_BLOCK])
         for ft in range(8):
-            gate_acc_psum = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+            gate_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(2):
-                nisa.nc_matmul(dst=gate_acc_psum[0:128, 0:64], stationary=v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_ug_q_strip[0:128, kt, 0:64], perf_mode=nisa.matmul_perf_mode.double_row)
-            up_acc_psum = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=gate_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+            up_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(2):
-                nisa.nc_matmul(dst=up_acc_psum[0:128, 0:64], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_q_strip[0:128, kt, 0:64], perf_mode=nisa.matmul_perf_mode.double_row)
-            gate_f32 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            act_f32 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            up_f32 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            h_f32 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            h_q_spill = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=gate_f32[0:128, 0:64], data=gate_acc_psum[0:128, 0:64], op0=nl.multiply, operand0=v_gate_scale_cols[0:128, ft:ft + 1], op1=nl.multiply, operand1=x_ug_scale_col[0:128, 0:1])
-            nisa.activation(dst=act_f32[0:128, 0:64], op=nl.silu, data=gate_f32[0:128, 0:64])
-            nisa.tensor_scalar(dst=up_f32[0:128, 0:64], data=up_acc_psum[0:128, 0:64], op0=nl.multiply, operand0=v_up_scale_cols[0:128, ft:ft + 1], op1=nl.multiply, operand1=x_uu_scale_col[0:128, 0:1])
-            nisa.tensor_tensor(dst=h_f32[0:128, 0:64], data1=act_f32[0:128, 0:64], data2=up_f32[0:128, 0:64], op=nl.multiply)
-            nisa.tensor_scalar(dst=h_q_spill[0:128, 0:64], data=h_f32[0:128, 0:64], op0=nl.divide, operand0=h_scale_col[0:128, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=h_q_strip[0:128, ft, 0:64], data=h_q_spill[0:128, 0:64], op0=nl.maximum, operand0=-240.0)
+                nisa.nc_matmul(dst=up_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+            gate_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            up_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            h_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            h_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=gate_f32[0:F_TILE, 0:TOKEN_TILE], data=gate_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=v_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_ug_scale_col[0:F_TILE, 0:1])
+            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_f32[0:F_TILE, 0:TOKEN_TILE])
+            nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:TOKEN_TILE], data=up_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=v_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_uu_scale_col[0:F_TILE, 0:1])
+            nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
+            nisa.tensor_scalar(dst=h_q_spill[0:F_TILE, 0:TOKEN_TILE], data=h_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=h_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
         # h_ud_q^T strip of this token block, kept in SBUF
-        h_ud_q_strip = nl.ndarray((128, 2, 64), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        h_ud_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # h_ud_q^T from PSUM tiles of h_ud_acc = h_q @ u_down; tiles of h_scale, u_down_scale, h_ud_scale (dequantize then quantize on the eviction)
-        u_down_block = nl.ndarray((128, 8, 256), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        u_down_block = nl.ndarray((P, 8, H_UD_Q_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         for kt in range(8):
-            nisa.dma_copy(dst=u_down_block[0:128, kt, 0:256], src=u_down[128 * kt:128 * kt + 128, 0:256])
+            nisa.dma_copy(dst=u_down_block[0:P, kt, 0:H_UD_Q_BLOCK], src=u_down[P * kt:P * kt + P, 0:H_UD_Q_BLOCK])
         for ft in range(2):
-            h_ud_acc_psum = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+            h_ud_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(8):
-                nisa.nc_matmul(dst=h_ud_acc_psum[0:128, 0:64], stationary=u_down_block[0:128, kt, 128 * ft:128 * ft + 128], moving=h_q_strip[0:128, kt, 0:64], perf_mode=nisa.matmul_perf_mode.double_row)
-            h_ud_f32 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            h_ud_q_spill = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=h_ud_f32[0:128, 0:64], data=h_ud_acc_psum[0:128, 0:64], op0=nl.multiply, operand0=u_down_scale_cols[0:128, ft:ft + 1], op1=nl.multiply, operand1=h_scale_col[0:128, 0:1])
-            nisa.tensor_scalar(dst=h_ud_q_spill[0:128, 0:64], data=h_ud_f32[0:128, 0:64], op0=nl.divide, operand0=h_ud_scale_col[0:128, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=h_ud_q_strip[0:128, ft, 0:64], data=h_ud_q_spill[0:128, 0:64], op0=nl.maximum, operand0=-240.0)
+                nisa.nc_matmul(dst=h_ud_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+            h_ud_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            h_ud_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=h_ud_f32[0:F_TILE, 0:TOKEN_TILE], data=h_ud_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=u_down_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=h_scale_col[0:F_TILE, 0:1])
+            nisa.tensor_scalar(dst=h_ud_q_spill[0:F_TILE, 0:TOKEN_TILE], data=h_ud_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=h_ud_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=h_ud_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=h_ud_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
         # out = down from PSUM tiles of down_acc = h_ud_q @ v_down; tiles of h_ud_scale, v_down_scale (dequantize on the eviction)
-        v_down_block = nl.ndarray((128, 2, 512), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        v_down_block = nl.ndarray((P, 2, OUT_TILE), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         for kt in range(2):
-            nisa.dma_copy(dst=v_down_block[0:128, kt, 0:512], src=v_down[128 * kt:128 * kt + 128, 0:512])
+            nisa.dma_copy(dst=v_down_block[0:P, kt, 0:OUT_TILE], src=v_down[P * kt:P * kt + P, 0:OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_acc_psum = nl.ndarray((64, 512), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_acc_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(2):
-            nisa.nc_matmul(dst=down_acc_psum[0:64, 0:512], stationary=h_ud_q_strip[0:128, kt, 0:64], moving=v_down_block[0:128, kt, 0:512], perf_mode=nisa.matmul_perf_mode.double_row)
-        down_spill = nl.ndarray((64, 512), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=down_spill[0:64, 0:512], data1=down_acc_psum[0:64, 0:512], data2=v_down_scale_row[0:64, 0:512], op=nl.multiply)
-        nisa.tensor_scalar(dst=out_rows[0:64, 0:512], data=down_spill[0:64, 0:512], op0=nl.multiply, operand0=h_ud_scale_col[0:64, 0:1])
-        nisa.dma_copy(dst=out[64 * m_blk + 64 * pid:64 * m_blk + 64 * pid + 64, 0:512], src=out_rows[0:64, 0:512])
+            nisa.nc_matmul(dst=down_acc_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_q_strip[0:P, kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, 0:OUT_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+        down_spill = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=down_spill[0:TOKEN_TILE, 0:OUT_TILE], data1=down_acc_psum[0:TOKEN_TILE, 0:OUT_TILE], data2=v_down_scale_row[0:TOKEN_TILE, 0:OUT_TILE], op=nl.multiply)
+        nisa.tensor_scalar(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], data=down_spill[0:TOKEN_TILE, 0:OUT_TILE], op0=nl.multiply, operand0=h_ud_scale_col[0:TOKEN_TILE, 0:1])
+        nisa.dma_copy(dst=out[TOKEN_TILE * m_blk + TOKEN_TILE * pid:TOKEN_TILE * m_blk + TOKEN_TILE * pid + TOKEN_TILE, 0:OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return out
 
 

@@ -49,6 +49,14 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
     """Fused kernel svd_mlp_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], u_gate[2048, 1280], v_gate[1280, 8192], u_up[2048, 1280], v_up[1280, 8192], u_down[8192, 1280], v_down[1280, 2048], gamma[2048]. Returns out[256, 2048].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_BLOCK = 768  # 6 tiles of 128
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    X_UG_BLOCK = 512  # 4 tiles of 128
+    X_UU_BLOCK = 512  # 4 tiles of 128
     assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 1280), f"u_gate: expected shape (2048, 1280), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (1280, 8192), f"v_gate: expected shape (1280, 8192), got {v_gate.shape}"
@@ -60,99 +68,99 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
     out = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # xn: eps = 1e-06 per partition (the rsqrt bias)
-    xn_cols = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=xn_cols[0:128, 0:1], value=1e-06)
+    xn_cols = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=xn_cols[0:P, 0:1], value=1e-06)
     # gamma: column kt holds features kt*128.. on partitions
-    gamma_cols = nl.ndarray((128, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+    gamma_cols = nl.ndarray((P, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
-        nisa.dma_copy(dst=gamma_cols[0:128, kt], src=gamma[128 * kt:128 * kt + 128])
+        nisa.dma_copy(dst=gamma_cols[0:P, kt], src=gamma[P * kt:P * kt + P])
     # blocks of tokens
     for m_blk in range(2):
         # xn^T strip: normalized features on partitions, tokens free
-        xn_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xn_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
-        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:128, 0:2048], src=x[128 * m_blk:128 * m_blk + 128, 0:2048])
+        x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
         # xn: normalized rows (gamma applied on the transposes' eviction)
-        xn_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xn_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
         # per token: bn_stats of 4 chunk(s), then mean, variance, 1/sqrt(var + eps)
-        xn_stats = nl.ndarray((128, 27), dtype=nl.float32, buffer=nl.sbuf)
+        xn_stats = nl.ndarray((TOKEN_TILE, 27), dtype=nl.float32, buffer=nl.sbuf)
         for ct in range(4):
-            nisa.bn_stats(dst=xn_stats[0:128, 6 * ct:6 * ct + 6], data=x_rows[0:128, 512 * ct:512 * ct + 512])
-        nisa.bn_aggr(dst=xn_stats[0:128, 24:26], data=xn_stats[0:128, 0:24])
-        nisa.activation(dst=xn_stats[0:128, 26:27], op=nl.rsqrt, data=xn_stats[0:128, 25:26], bias=xn_cols[0:128, 0:1])
-        nisa.tensor_scalar(dst=xn_rows[0:128, 0:2048], data=x_rows[0:128, 0:2048], op0=nl.subtract, operand0=xn_stats[0:128, 24:25], op1=nl.multiply, operand1=xn_stats[0:128, 26:27])
+            nisa.bn_stats(dst=xn_stats[0:TOKEN_TILE, 6 * ct:6 * ct + 6], data=x_rows[0:TOKEN_TILE, 512 * ct:512 * ct + 512])
+        nisa.bn_aggr(dst=xn_stats[0:TOKEN_TILE, 24:26], data=xn_stats[0:TOKEN_TILE, 0:24])
+        nisa.activation(dst=xn_stats[0:TOKEN_TILE, 26:27], op=nl.rsqrt, data=xn_stats[0:TOKEN_TILE, 25:26], bias=xn_cols[0:TOKEN_TILE, 0:1])
+        nisa.tensor_scalar(dst=xn_rows[0:TOKEN_TILE, 0:2048], data=x_rows[0:TOKEN_TILE, 0:2048], op0=nl.subtract, operand0=xn_stats[0:TOKEN_TILE, 24:25], op1=nl.multiply, operand1=xn_stats[0:TOKEN_TILE, 26:27])
         for kt in range(16):
-            xn_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=xn_tpsum[0:128, 0:128], data=xn_rows[0:128, 128 * kt:128 * kt + 128])
-            nisa.activation(dst=xn_strip[0:128, kt, 0:128], op=nl.copy, data=xn_tpsum[0:128, 0:128], scale=gamma_cols[0:128, kt:kt + 1])
+            xn_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
+            nisa.nc_transpose(dst=xn_tpsum[0:P, 0:TOKEN_TILE], data=xn_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+            nisa.activation(dst=xn_strip[0:P, kt, 0:TOKEN_TILE], op=nl.copy, data=xn_tpsum[0:P, 0:TOKEN_TILE], scale=gamma_cols[0:P, kt:kt + 1])
         # x_ug^T strip of this token block, kept in SBUF
-        x_ug_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_ug_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_ug^T = (xn @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in range(3):
-            u_gate_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_gate_block = nl.ndarray((P, 16, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(16):
-                nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:min(512, 1280 - 512 * f_blk)], src=u_gate[128 * kt:128 * kt + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
+                nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:min(X_UG_BLOCK, 1280 - X_UG_BLOCK * f_blk)], src=u_gate[P * kt:P * kt + P, X_UG_BLOCK * f_blk:min(X_UG_BLOCK * f_blk + X_UG_BLOCK, 1280)])
             for ft in range(min(4, 10 - 4 * f_blk)):
-                x_ug_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                x_ug_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
-                    nisa.nc_matmul(dst=x_ug_psum[0:128, 0:128], stationary=u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=xn_strip[0:128, kt, 0:128])
-                nisa.tensor_copy(dst=x_ug_strip[0:128, 4 * f_blk + ft, 0:128], src=x_ug_psum[0:128, 0:128])
+                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:TOKEN_TILE])
+                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
         # x_uu^T strip of this token block, kept in SBUF
-        x_uu_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_uu^T = (xn @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in range(3):
-            u_up_block = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_up_block = nl.ndarray((P, 16, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(16):
-                nisa.dma_copy(dst=u_up_block[0:128, kt, 0:min(512, 1280 - 512 * f_blk)], src=u_up[128 * kt:128 * kt + 128, 512 * f_blk:min(512 * f_blk + 512, 1280)])
+                nisa.dma_copy(dst=u_up_block[0:P, kt, 0:min(X_UU_BLOCK, 1280 - X_UU_BLOCK * f_blk)], src=u_up[P * kt:P * kt + P, X_UU_BLOCK * f_blk:min(X_UU_BLOCK * f_blk + X_UU_BLOCK, 1280)])
             for ft in range(min(4, 10 - 4 * f_blk)):
-                x_uu_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                x_uu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
-                    nisa.nc_matmul(dst=x_uu_psum[0:128, 0:128], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=xn_strip[0:128, kt, 0:128])
-                nisa.tensor_copy(dst=x_uu_strip[0:128, 4 * f_blk + ft, 0:128], src=x_uu_psum[0:128, 0:128])
+                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:TOKEN_TILE])
+                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
         # h^T strip of this token block, kept in SBUF
-        h_strip = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
         for f_blk in range(11):
-            v_gate_block = nl.ndarray((128, 10, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_gate_block = nl.ndarray((P, 10, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(10):
-                nisa.dma_copy(dst=v_gate_block[0:128, kt, 0:min(768, 8192 - 768 * f_blk)], src=v_gate[128 * kt:128 * kt + 128, 768 * f_blk:min(768 * f_blk + 768, 8192)])
-            v_up_block = nl.ndarray((128, 10, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=v_gate_block[0:P, kt, 0:min(H_BLOCK, 8192 - H_BLOCK * f_blk)], src=v_gate[P * kt:P * kt + P, H_BLOCK * f_blk:min(H_BLOCK * f_blk + H_BLOCK, 8192)])
+            v_up_block = nl.ndarray((P, 10, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(10):
-                nisa.dma_copy(dst=v_up_block[0:128, kt, 0:min(768, 8192 - 768 * f_blk)], src=v_up[128 * kt:128 * kt + 128, 768 * f_blk:min(768 * f_blk + 768, 8192)])
+                nisa.dma_copy(dst=v_up_block[0:P, kt, 0:min(H_BLOCK, 8192 - H_BLOCK * f_blk)], src=v_up[P * kt:P * kt + P, H_BLOCK * f_blk:min(H_BLOCK * f_blk + H_BLOCK, 8192)])
             for ft in range(min(6, 64 - 6 * f_blk)):
-                gate_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(10):
-                    nisa.nc_matmul(dst=gate_psum[0:128, 0:128], stationary=v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_ug_strip[0:128, kt, 0:128])
-                up_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:TOKEN_TILE])
+                up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(10):
-                    nisa.nc_matmul(dst=up_psum[0:128, 0:128], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, kt, 0:128])
-                act_f32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=act_f32[0:128, 0:128], op=nl.silu, data=gate_psum[0:128, 0:128])
-                nisa.tensor_tensor(dst=h_strip[0:128, 6 * f_blk + ft, 0:128], data1=act_f32[0:128, 0:128], data2=up_psum[0:128, 0:128], op=nl.multiply)
+                    nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:TOKEN_TILE])
+                act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
+                nisa.tensor_tensor(dst=h_strip[0:F_TILE, 6 * f_blk + ft, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
         # h_ud^T strip of this token block, kept in SBUF
-        h_ud_strip = nl.ndarray((128, 10, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        h_ud_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
         for f_blk in range(10):
-            u_down_block = nl.ndarray((128, 64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_down_block = nl.ndarray((P, 64, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(64):
-                nisa.dma_copy(dst=u_down_block[0:128, kt, 0:128], src=u_down[128 * kt:128 * kt + 128, 128 * f_blk:128 * f_blk + 128])
-            h_ud_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+                nisa.dma_copy(dst=u_down_block[0:P, kt, 0:F_TILE], src=u_down[P * kt:P * kt + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
+            h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(64):
-                nisa.nc_matmul(dst=h_ud_psum[0:128, 0:128], stationary=u_down_block[0:128, kt, 0:128], moving=h_strip[0:128, kt, 0:128])
-            nisa.tensor_copy(dst=h_ud_strip[0:128, f_blk, 0:128], src=h_ud_psum[0:128, 0:128])
+                nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:TOKEN_TILE])
+            nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
         # out = down = (h_ud @ v_down): strips stationary, weights moving
         for o_blk in range(4):
-            v_down_block = nl.ndarray((128, 10, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_down_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(10):
-                nisa.dma_copy(dst=v_down_block[0:128, kt, 0:512], src=v_down[128 * kt:128 * kt + 128, 512 * o_blk:512 * o_blk + 512])
+                nisa.dma_copy(dst=v_down_block[0:P, kt, 0:OUT_TILE], src=v_down[P * kt:P * kt + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
             # one packed row of output tiles
-            out_rows = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-            down_psum = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(10):
-                nisa.nc_matmul(dst=down_psum[0:128, 0:512], stationary=h_ud_strip[0:128, kt, 0:128], moving=v_down_block[0:128, kt, 0:512])
-            nisa.tensor_copy(dst=out_rows[0:128, 0:512], src=down_psum[0:128, 0:512])
-            nisa.dma_copy(dst=out[128 * m_blk:128 * m_blk + 128, 512 * o_blk:512 * o_blk + 512], src=out_rows[0:128, 0:512])
+                nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, 0:OUT_TILE])
+            nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
+            nisa.dma_copy(dst=out[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
     return out
 
 

@@ -36,46 +36,53 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 512 tokens (bfloat16).
     Arguments: x[512, 2048], u[2048, 1280], v[1280, 8192]. Returns y[512, 8192].
     """
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    OUT_TILE = 256  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 512  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
+    XUV_BLOCK = 6400  # 25 tiles of 256
+    XU_BLOCK = 1280  # 10 tiles of 128
     assert tuple(x.shape) == (512, 2048), f"x: expected shape (512, 2048), got {x.shape}"
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
     y = nl.ndarray((512, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=512 token_tile=128 weight_block_kib=128 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for tt in nl.affine_range(4):
         # tokens on partitions, as stored
-        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        x_rows[0:128, 0:2048] = nl.load(x[128 * tt:128 * tt + 128, 0:2048])
+        x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_rows[0:TOKEN_TILE, 0:2048] = nl.load(x[TOKEN_TILE * tt:TOKEN_TILE * tt + TOKEN_TILE, 0:2048])
         for kt in nl.affine_range(16):
-            x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            x_tpsum[0:128, 0:128] = nisa.nc_transpose(x_rows[0:128, 128 * kt:128 * kt + 128])
-            x_strip[0:128, kt, 128 * tt:128 * tt + 128] = nl.copy(x_tpsum[0:128, 0:128], dtype=nl.bfloat16)
+            x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
+            x_tpsum[0:P, 0:TOKEN_TILE] = nisa.nc_transpose(x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+            x_strip[0:P, kt, TOKEN_TILE * tt:TOKEN_TILE * tt + TOKEN_TILE] = nl.copy(x_tpsum[0:P, 0:TOKEN_TILE], dtype=nl.bfloat16)
     # xu^T strip of this token block, kept in SBUF
-    xu_strip = nl.ndarray((128, 10, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
-    u_block = nl.ndarray((128, 16, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
+    u_block = nl.ndarray((P, 16, XU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
-        u_block[0:128, kt, 0:1280] = nl.load(u[128 * kt:128 * kt + 128, 0:1280])
+        u_block[0:P, kt, 0:XU_BLOCK] = nl.load(u[P * kt:P * kt + P, 0:XU_BLOCK])
     for ft in nl.affine_range(10):
-        xu_psum = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        xu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(16):
-            xu_psum[0:128, 0:512] += nisa.nc_matmul(u_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, kt, 0:512])
-        xu_strip[0:128, ft, 0:512] = nl.copy(xu_psum[0:128, 0:512], dtype=nl.bfloat16)
+            xu_psum[0:F_TILE, 0:TOKENS_PER_BLOCK] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKENS_PER_BLOCK])
+        xu_strip[0:F_TILE, ft, 0:TOKENS_PER_BLOCK] = nl.copy(xu_psum[0:F_TILE, 0:TOKENS_PER_BLOCK], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
     for o_blk in nl.static_range(2):
-        v_block = nl.ndarray((128, 10, 6400), dtype=nl.bfloat16, buffer=nl.sbuf)
+        v_block = nl.ndarray((P, 10, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(10):
-            v_block[0:128, kt, 0:min(6400, 8192 - 6400 * o_blk)] = nl.load(v[128 * kt:128 * kt + 128, 6400 * o_blk:min(6400 * o_blk + 6400, 8192)])
+            v_block[0:P, kt, 0:min(XUV_BLOCK, 8192 - XUV_BLOCK * o_blk)] = nl.load(v[P * kt:P * kt + P, XUV_BLOCK * o_blk:min(XUV_BLOCK * o_blk + XUV_BLOCK, 8192)])
         for tt in nl.affine_range(4):
             # one packed row of output tiles
-            y_rows = nl.ndarray((128, 6400), dtype=nl.bfloat16, buffer=nl.sbuf)
+            y_rows = nl.ndarray((TOKEN_TILE, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bn in nl.affine_range(min(25, 32 - 25 * o_blk)):
-                xuv_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
+                xuv_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(10):
-                    xuv_psum[0:128, 0:256] += nisa.nc_matmul(xu_strip[0:128, kt, 128 * tt:128 * tt + 128], v_block[0:128, kt, 256 * bn:256 * bn + 256])
-                y_rows[0:128, 256 * bn:256 * bn + 256] = nl.copy(xuv_psum[0:128, 0:256], dtype=nl.bfloat16)
-            nl.store(y[128 * tt:128 * tt + 128, 6400 * o_blk:min(6400 * o_blk + 6400, 8192)], value=y_rows[0:128, 0:min(6400, 8192 - 6400 * o_blk)])
+                    xuv_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, TOKEN_TILE * tt:TOKEN_TILE * tt + TOKEN_TILE], v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+                y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+            nl.store(y[TOKEN_TILE * tt:TOKEN_TILE * tt + TOKEN_TILE, XUV_BLOCK * o_blk:min(XUV_BLOCK * o_blk + XUV_BLOCK, 8192)], value=y_rows[0:TOKEN_TILE, 0:min(XUV_BLOCK, 8192 - XUV_BLOCK * o_blk)])
     return y
 
 

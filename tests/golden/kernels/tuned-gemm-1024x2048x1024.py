@@ -34,35 +34,41 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=1024, N=2048, K=1024 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_K = 1024  # 8 tiles of 128
+    BLOCK_M = 1024  # 8 tiles of 128
+    BLOCK_N = 1024  # 4 tiles of 256
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 256
     assert tuple(a.shape) == (1024, 1024), f"a: expected shape (1024, 1024), got {a.shape}"
     assert tuple(b.shape) == (1024, 2048), f"b: expected shape (1024, 2048), got {b.shape}"
     c = nl.ndarray((1024, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=4 tiles_in_block_k=8 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=none
     # A^T block: K on partitions, M free (stationary)
-    a_t_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    a_t_tiles = nl.ndarray((TILE_K, 8, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
     # A block as stored: M on partitions, K free
-    a_rows = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    a_rows = nl.ndarray((TILE_M, 8, BLOCK_K), dtype=nl.bfloat16, buffer=nl.sbuf)
     for bm in nl.affine_range(8):
-        a_rows[0:128, bm, 0:1024] = nl.load(a[128 * bm:128 * bm + 128, 0:1024])
+        a_rows[0:TILE_M, bm, 0:BLOCK_K] = nl.load(a[TILE_M * bm:TILE_M * bm + TILE_M, 0:BLOCK_K])
     for bm in nl.affine_range(8):
         for bk in nl.affine_range(8):
-            a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            a_t_psum[0:128, 0:128] = nisa.nc_transpose(a_rows[0:128, bm, 128 * bk:128 * bk + 128])
-            a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128] = nl.copy(a_t_psum[0:128, 0:128], dtype=nl.bfloat16)
+            a_t_psum = nl.ndarray((TILE_K, TILE_M), dtype=nl.bfloat16, buffer=nl.psum)
+            a_t_psum[0:TILE_K, 0:TILE_M] = nisa.nc_transpose(a_rows[0:TILE_M, bm, TILE_K * bk:TILE_K * bk + TILE_K])
+            a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M] = nl.copy(a_t_psum[0:TILE_K, 0:TILE_M], dtype=nl.bfloat16)
     for n_blk in nl.affine_range(2):
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in nl.affine_range(8):
-            b_tiles[0:128, bk, 0:1024] = nl.load(b[128 * bk:128 * bk + 128, 1024 * n_blk:1024 * n_blk + 1024])
+            b_tiles[0:TILE_K, bk, 0:BLOCK_N] = nl.load(b[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_N * n_blk:BLOCK_N * n_blk + BLOCK_N])
         for bm in nl.affine_range(8):
             # one row of the block's output tiles, stored once evicted
-            c_row = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            c_row = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bn in nl.affine_range(4):
-                c_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
+                c_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for bk in nl.affine_range(8):
-                    c_psum[0:128, 0:256] += nisa.nc_matmul(a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], b_tiles[0:128, bk, 256 * bn:256 * bn + 256])
-                c_row[0:128, 256 * bn:256 * bn + 256] = nl.copy(c_psum[0:128, 0:256], dtype=nl.bfloat16)
-            nl.store(c[128 * bm:128 * bm + 128, 1024 * n_blk:1024 * n_blk + 1024], value=c_row[0:128, 0:1024])
+                    c_psum[0:TILE_M, 0:TILE_N] += nisa.nc_matmul(a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                c_row[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N] = nl.copy(c_psum[0:TILE_M, 0:TILE_N], dtype=nl.bfloat16)
+            nl.store(c[TILE_M * bm:TILE_M * bm + TILE_M, BLOCK_N * n_blk:BLOCK_N * n_blk + BLOCK_N], value=c_row[0:TILE_M, 0:BLOCK_N])
     return c
 
 

@@ -35,6 +35,11 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=1, N=4096, K=4096 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_K = 4096  # 32 tiles of 128
+    BLOCK_N = 2048  # 4 tiles of 512
+    TILE_K = 128
+    TILE_M = 1
+    TILE_N = 512
     assert tuple(a.shape) == (1, 4096), f"a: expected shape (1, 4096), got {a.shape}"
     assert tuple(b.shape) == (4096, 4096), f"b: expected shape (4096, 4096), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -42,28 +47,28 @@ def gemm_kernel(a, b):
     c = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=1 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=4 tiles_in_block_k=32 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=n
     # A^T block: K on partitions, M free (stationary)
-    a_t_tiles = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    a_t_tiles = nl.ndarray((TILE_K, 32, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
     # A block as stored: M on partitions, K free
-    a_rows = nl.ndarray((1, 1, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=a_rows[0:1, 0, 0:4096], src=a[0:1, 0:4096])
+    a_rows = nl.ndarray((TILE_M, 1, BLOCK_K), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a_rows[0:TILE_M, 0, 0:BLOCK_K], src=a[0:TILE_M, 0:BLOCK_K])
     for bk in range(32):
-        a_t_psum = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.psum)
-        nisa.nc_transpose(dst=a_t_psum[0:128, 0:1], data=a_rows[0:1, 0, 128 * bk:128 * bk + 128])
-        nisa.tensor_copy(dst=a_t_tiles[0:128, bk, 0:1], src=a_t_psum[0:128, 0:1])
+        a_t_psum = nl.ndarray((TILE_K, TILE_M), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_transpose(dst=a_t_psum[0:TILE_K, 0:TILE_M], data=a_rows[0:TILE_M, 0, TILE_K * bk:TILE_K * bk + TILE_K])
+        nisa.tensor_copy(dst=a_t_tiles[0:TILE_K, bk, 0:TILE_M], src=a_t_psum[0:TILE_K, 0:TILE_M])
     # 2 programs: each its 1 of 2
     for n_blk in range(1):
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 32, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 32, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(32):
-            nisa.dma_copy(dst=b_tiles[0:128, bk, 0:2048], src=b[128 * bk:128 * bk + 128, 2048 * n_blk + 2048 * pid:2048 * n_blk + 2048 * pid + 2048])
+            nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N])
         # one row of the block's output tiles, stored once evicted
-        c_row = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        c_row = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in range(4):
-            c_psum = nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum)
+            c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for bk in range(32):
-                nisa.nc_matmul(dst=c_psum[0:1, 0:512], stationary=a_t_tiles[0:128, bk, 0:1], moving=b_tiles[0:128, bk, 512 * bn:512 * bn + 512])
-            nisa.tensor_copy(dst=c_row[0:1, 512 * bn:512 * bn + 512], src=c_psum[0:1, 0:512])
-        nisa.dma_copy(dst=c[0:1, 2048 * n_blk + 2048 * pid:2048 * n_blk + 2048 * pid + 2048], src=c_row[0:1, 0:2048])
+                nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, 0:TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+            nisa.tensor_copy(dst=c_row[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=c_psum[0:TILE_M, 0:TILE_N])
+        nisa.dma_copy(dst=c[0:TILE_M, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N], src=c_row[0:TILE_M, 0:BLOCK_N])
     return c
 
 

@@ -35,6 +35,11 @@ def gemm_kernel(a_t, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=2048, N=1024, K=1024 (bfloat16).
     Arguments: a_t[K, M] (A stored transposed), b[K, N]. Returns c[M, N].
     """
+    BLOCK_M = 256  # 2 tiles of 128
+    BLOCK_N = 512  # 2 tiles of 256
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 256
     assert tuple(a_t.shape) == (1024, 2048), f"a_t: expected shape (1024, 2048), got {a_t.shape}"
     assert tuple(b.shape) == (1024, 1024), f"b: expected shape (1024, 1024), got {b.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
@@ -44,23 +49,23 @@ def gemm_kernel(a_t, b):
     # 2 programs: each its 1 of 2
     for n_blk in range(1):
         # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((128, 8, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(8):
-            nisa.dma_copy(dst=b_tiles[0:128, bk, 0:512], src=b[128 * bk:128 * bk + 128, 512 * n_blk + 512 * pid:512 * n_blk + 512 * pid + 512])
+            nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N])
         for m_blk in range(8):
             # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((128, 8, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+            a_t_tiles = nl.ndarray((TILE_K, 8, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in range(8):
-                nisa.dma_copy(dst=a_t_tiles[0:128, bk, 0:256], src=a_t[128 * bk:128 * bk + 128, 256 * m_blk:256 * m_blk + 256])
+                nisa.dma_copy(dst=a_t_tiles[0:TILE_K, bk, 0:BLOCK_M], src=a_t[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_M * m_blk:BLOCK_M * m_blk + BLOCK_M])
             for bm in range(2):
                 # one row of the block's output tiles, stored once evicted
-                c_row = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+                c_row = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
                 for bn in range(2):
-                    c_psum = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
+                    c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                     for bk in range(8):
-                        nisa.nc_matmul(dst=c_psum[0:128, 0:256], stationary=a_t_tiles[0:128, bk, 128 * bm:128 * bm + 128], moving=b_tiles[0:128, bk, 256 * bn:256 * bn + 256])
-                    nisa.tensor_copy(dst=c_row[0:128, 256 * bn:256 * bn + 256], src=c_psum[0:128, 0:256])
-                nisa.dma_copy(dst=c[256 * m_blk + 128 * bm:256 * m_blk + 128 * bm + 128, 512 * n_blk + 512 * pid:512 * n_blk + 512 * pid + 512], src=c_row[0:128, 0:512])
+                        nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                    nisa.tensor_copy(dst=c_row[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=c_psum[0:TILE_M, 0:TILE_N])
+                nisa.dma_copy(dst=c[256 * m_blk + TILE_M * bm:256 * m_blk + TILE_M * bm + TILE_M, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N], src=c_row[0:TILE_M, 0:BLOCK_N])
     return c
 
 

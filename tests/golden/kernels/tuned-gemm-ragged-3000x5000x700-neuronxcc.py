@@ -34,36 +34,42 @@ def gemm_kernel(a, b):
     """C[M, N] = A[M, K] @ B[K, N] with M=3000, N=5000, K=700 (bfloat16).
     Arguments: a[M, K], b[K, N]. Returns c[M, N].
     """
+    BLOCK_K = 768  # 6 tiles of 128
+    BLOCK_M = 2048  # 16 tiles of 128
+    BLOCK_N = 1024  # 4 tiles of 256
+    TILE_K = 128
+    TILE_M = 128
+    TILE_N = 256
     assert tuple(a.shape) == (3000, 700), f"a: expected shape (3000, 700), got {a.shape}"
     assert tuple(b.shape) == (700, 5000), f"b: expected shape (700, 5000), got {b.shape}"
     c = nl.ndarray((3000, 5000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=none
     for m_blk in nl.static_range(2):
         # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((128, 6, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        a_t_tiles = nl.ndarray((TILE_K, 6, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
         # A block as stored: M on partitions, K free
-        a_rows = nl.ndarray((128, 16, 768), dtype=nl.bfloat16, buffer=nl.sbuf)
+        a_rows = nl.ndarray((TILE_M, 16, BLOCK_K), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
-            a_rows[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 0:700] = nl.load(a[2048 * m_blk + 128 * bm:min(2048 * m_blk + 128 * bm + 128, 3000), 0:700])
+            a_rows[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), bm, 0:700] = nl.load(a[2048 * m_blk + TILE_M * bm:min(2048 * m_blk + TILE_M * bm + TILE_M, 3000), 0:700])
         for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
             for bk in nl.static_range(6):
-                a_t_psum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-                a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 2048 * m_blk - 128 * bm)] = nisa.nc_transpose(a_rows[0:min(128, 3000 - 2048 * m_blk - 128 * bm), bm, 128 * bk:min(128 * bk + 128, 700)])
-                a_t_tiles[0:min(128, 700 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 3000 - 2048 * m_blk)] = nl.copy(a_t_psum[0:min(128, 700 - 128 * bk), 0:min(128, 3000 - 2048 * m_blk - 128 * bm)], dtype=nl.bfloat16)
+                a_t_psum = nl.ndarray((TILE_K, TILE_M), dtype=nl.bfloat16, buffer=nl.psum)
+                a_t_psum[0:min(TILE_K, 700 - TILE_K * bk), 0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm)] = nisa.nc_transpose(a_rows[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), bm, TILE_K * bk:min(TILE_K * bk + TILE_K, 700)])
+                a_t_tiles[0:min(TILE_K, 700 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 3000 - 2048 * m_blk)] = nl.copy(a_t_psum[0:min(TILE_K, 700 - TILE_K * bk), 0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm)], dtype=nl.bfloat16)
         for n_blk in nl.static_range(5):
             # B block: K on partitions, N free (moving)
-            b_tiles = nl.ndarray((128, 6, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            b_tiles = nl.ndarray((TILE_K, 6, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bk in nl.static_range(6):
-                b_tiles[0:min(128, 700 - 128 * bk), bk, 0:min(1024, 5000 - 1024 * n_blk)] = nl.load(b[128 * bk:min(128 * bk + 128, 700), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)])
+                b_tiles[0:min(TILE_K, 700 - TILE_K * bk), bk, 0:min(BLOCK_N, 5000 - BLOCK_N * n_blk)] = nl.load(b[TILE_K * bk:min(TILE_K * bk + TILE_K, 700), BLOCK_N * n_blk:min(BLOCK_N * n_blk + BLOCK_N, 5000)])
             for bm in nl.static_range(min(16, 24 - 16 * m_blk)):
                 # one row of the block's output tiles, stored once evicted
-                c_row = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+                c_row = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
                 for bn in nl.static_range(4):
-                    c_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
+                    c_psum = nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                     for bk in nl.static_range(6):
-                        c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(256, 5000 - 1024 * n_blk - 256 * bn)] += nisa.nc_matmul(a_t_tiles[0:min(128, 700 - 128 * bk), bk, 128 * bm:min(128 * bm + 128, 3000 - 2048 * m_blk)], b_tiles[0:min(128, 700 - 128 * bk), bk, 256 * bn:min(256 * bn + 256, 5000 - 1024 * n_blk)])
-                    c_row[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 256 * bn:min(256 * bn + 256, 5000 - 1024 * n_blk)] = nl.copy(c_psum[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(256, 5000 - 1024 * n_blk - 256 * bn)], dtype=nl.bfloat16)
-                nl.store(c[2048 * m_blk + 128 * bm:min(2048 * m_blk + 128 * bm + 128, 3000), 1024 * n_blk:min(1024 * n_blk + 1024, 5000)], value=c_row[0:min(128, 3000 - 2048 * m_blk - 128 * bm), 0:min(1024, 5000 - 1024 * n_blk)])
+                        c_psum[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), 0:min(TILE_N, 5000 - 1024 * n_blk - TILE_N * bn)] += nisa.nc_matmul(a_t_tiles[0:min(TILE_K, 700 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 3000 - 2048 * m_blk)], b_tiles[0:min(TILE_K, 700 - TILE_K * bk), bk, TILE_N * bn:min(TILE_N * bn + TILE_N, 5000 - 1024 * n_blk)])
+                    c_row[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), TILE_N * bn:min(TILE_N * bn + TILE_N, 5000 - 1024 * n_blk)] = nl.copy(c_psum[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), 0:min(TILE_N, 5000 - 1024 * n_blk - TILE_N * bn)], dtype=nl.bfloat16)
+                nl.store(c[2048 * m_blk + TILE_M * bm:min(2048 * m_blk + TILE_M * bm + TILE_M, 3000), BLOCK_N * n_blk:min(BLOCK_N * n_blk + BLOCK_N, 5000)], value=c_row[0:min(TILE_M, 3000 - 2048 * m_blk - TILE_M * bm), 0:min(BLOCK_N, 5000 - BLOCK_N * n_blk)])
     return c
 
 

@@ -39,6 +39,11 @@ def lora_k0(x, w, lora_a, lora_b):
     """Fused kernel lora_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048]. Returns y[256, 2048].
     """
+    MERGED_BLOCK = 2048  # 8 tiles of 256
+    OUT_TILE = 256  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 128  # tokens per block
+    TOKEN_TILE = 128  # tokens per tile
     assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
     assert tuple(w.shape) == (2048, 2048), f"w: expected shape (2048, 2048), got {w.shape}"
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
@@ -46,44 +51,44 @@ def lora_k0(x, w, lora_a, lora_b):
     y = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=all x_transpose=pe mlp=whole lnc_split=none
     # w stays in SBUF across token blocks
-    w_resident = nl.ndarray((128, 16, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    w_resident = nl.ndarray((P, 16, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
-        w_resident[0:128, kt, 0:2048] = nl.load(w[128 * kt:128 * kt + 128, 0:2048])
+        w_resident[0:P, kt, 0:2048] = nl.load(w[P * kt:P * kt + P, 0:2048])
     # lora_a stays in SBUF across token blocks
-    lora_a_resident = nl.ndarray((128, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+    lora_a_resident = nl.ndarray((P, 16, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
-        lora_a_resident[0:128, kt, 0:16] = nl.load(lora_a[128 * kt:128 * kt + 128, 0:16])
+        lora_a_resident[0:P, kt, 0:16] = nl.load(lora_a[P * kt:P * kt + P, 0:16])
     # lora_b stays in SBUF across token blocks
     lora_b_resident = nl.ndarray((16, 1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
     lora_b_resident[0:16, 0, 0:2048] = nl.load(lora_b[0:16, 0:2048])
     # blocks of tokens
     for m_blk in nl.affine_range(2):
         # x^T strip: features on partitions, tokens free
-        x_strip = nl.ndarray((128, 16, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
-        x_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        x_rows[0:128, 0:2048] = nl.load(x[128 * m_blk:128 * m_blk + 128, 0:2048])
+        x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_rows[0:TOKEN_TILE, 0:2048] = nl.load(x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
         for kt in nl.affine_range(16):
-            x_tpsum = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
-            x_tpsum[0:128, 0:128] = nisa.nc_transpose(x_rows[0:128, 128 * kt:128 * kt + 128])
-            x_strip[0:128, kt, 0:128] = nl.copy(x_tpsum[0:128, 0:128], dtype=nl.bfloat16)
+            x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
+            x_tpsum[0:P, 0:TOKEN_TILE] = nisa.nc_transpose(x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+            x_strip[0:P, kt, 0:TOKEN_TILE] = nl.copy(x_tpsum[0:P, 0:TOKEN_TILE], dtype=nl.bfloat16)
         # xa^T strip of this token block, kept in SBUF
-        xa_strip = nl.ndarray((16, 1, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xa_strip = nl.ndarray((16, 1, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xa^T = (x @ lora_a)^T: weight tiles stationary, strips moving (implicit transposition)
-        xa_psum = nl.zeros((16, 128), dtype=nl.float32, buffer=nl.psum)
+        xa_psum = nl.zeros((16, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(16):
-            xa_psum[0:16, 0:128] += nisa.nc_matmul(lora_a_resident[0:128, kt, 0:16], x_strip[0:128, kt, 0:128])
-        xa_strip[0:16, 0, 0:128] = nl.copy(xa_psum[0:16, 0:128], dtype=nl.bfloat16)
+            xa_psum[0:16, 0:TOKEN_TILE] += nisa.nc_matmul(lora_a_resident[0:P, kt, 0:16], x_strip[0:P, kt, 0:TOKEN_TILE])
+        xa_strip[0:16, 0, 0:TOKEN_TILE] = nl.copy(xa_psum[0:16, 0:TOKEN_TILE], dtype=nl.bfloat16)
         # y = merged = (x @ w + xa @ lora_b) (summed in one PSUM accumulator): strips stationary, weights moving
         # one packed row of output tiles
-        y_rows = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        y_rows = nl.ndarray((TOKEN_TILE, MERGED_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.affine_range(8):
-            merged_psum = nl.zeros((128, 256), dtype=nl.float32, buffer=nl.psum)
+            merged_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                merged_psum[0:128, 0:256] += nisa.nc_matmul(x_strip[0:128, kt, 0:128], w_resident[0:128, kt, 256 * bn:256 * bn + 256])
-            merged_psum[0:128, 0:256] += nisa.nc_matmul(xa_strip[0:16, 0, 0:128], lora_b_resident[0:16, 0, 256 * bn:256 * bn + 256])
-            y_rows[0:128, 256 * bn:256 * bn + 256] = nl.copy(merged_psum[0:128, 0:256], dtype=nl.bfloat16)
-        nl.store(y[128 * m_blk:128 * m_blk + 128, 0:2048], value=y_rows[0:128, 0:2048])
+                merged_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(x_strip[0:P, kt, 0:TOKEN_TILE], w_resident[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            merged_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xa_strip[0:16, 0, 0:TOKEN_TILE], lora_b_resident[0:16, 0, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(merged_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:MERGED_BLOCK], value=y_rows[0:TOKEN_TILE, 0:MERGED_BLOCK])
     return y
 
 

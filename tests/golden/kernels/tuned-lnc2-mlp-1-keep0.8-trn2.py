@@ -47,6 +47,16 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 4096], u_gate[4096, 2560], v_gate[2560, 14336], u_up[4096, 2560], v_up[2560, 14336], u_down[14336, 2560], v_down[2560, 4096]. Returns out[1, 4096].
     """
+    DOWN_BLOCK = 2048  # 4 tiles of 512
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_BLOCK = 3584  # 28 tiles of 128
+    H_UD_BLOCK = 1280  # 10 tiles of 128
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 1  # tokens per block
+    TOKEN_TILE = 1  # tokens per tile
+    X_UG_BLOCK = 1280  # 10 tiles of 128
+    X_UU_BLOCK = 1280  # 10 tiles of 128
     assert tuple(x.shape) == (1, 4096), f"x: expected shape (1, 4096), got {x.shape}"
     assert tuple(u_gate.shape) == (4096, 2560), f"u_gate: expected shape (4096, 2560), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (2560, 14336), f"v_gate: expected shape (2560, 14336), got {v_gate.shape}"
@@ -59,114 +69,114 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     out = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=gather
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 32, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 32, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
-    x_rows = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_rows[0:1, 0:4096], src=x[0:1, 0:4096])
+    x_rows = nl.ndarray((TOKEN_TILE, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:4096], src=x[0:TOKEN_TILE, 0:4096])
     for kt in range(32):
-        x_tpsum = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.psum)
-        nisa.nc_transpose(dst=x_tpsum[0:128, 0:1], data=x_rows[0:1, 128 * kt:128 * kt + 128])
-        nisa.tensor_copy(dst=x_strip[0:128, kt, 0:1], src=x_tpsum[0:128, 0:1])
+        x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+        nisa.tensor_copy(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x_tpsum[0:P, 0:TOKEN_TILE])
     # x_ug^T strip of this token block, kept in SBUF
-    x_ug_strip = nl.ndarray((128, 20, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_ug_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 1 of 2
     for f_blk in range(1):
         # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        x_ug_psum = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.psum)
+        x_ug_psum = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for k_blk in range(4):
-            u_gate_block = nl.ndarray((128, 8, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_gate_block = nl.ndarray((P, 8, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(8):
-                nisa.dma_copy(dst=u_gate_block[0:128, kt, 0:1280], src=u_gate[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 1280 * f_blk + 1280 * pid:1280 * f_blk + 1280 * pid + 1280])
+                nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:X_UG_BLOCK], src=u_gate[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, X_UG_BLOCK * f_blk + X_UG_BLOCK * pid:X_UG_BLOCK * f_blk + X_UG_BLOCK * pid + X_UG_BLOCK])
             for ft in range(10):
                 for kt in range(8):
-                    nisa.nc_matmul(dst=x_ug_psum[0:128, ft, 0:1], stationary=u_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, 8 * k_blk + kt, 0:1])
+                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
         for ft in range(10):
-            nisa.tensor_copy(dst=x_ug_strip[0:128, 10 * f_blk + ft + 10 * pid, 0:1], src=x_ug_psum[0:128, ft, 0:1])
+            nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 10 * f_blk + ft + 10 * pid, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, ft, 0:TOKEN_TILE])
     # exchange halves of x_ug_strip with the other program: both hold all 2560 features
-    nisa.sendrecv(src=x_ug_strip[0:128, 10 * pid:10 * pid + 10, 0:1], dst=x_ug_strip[0:128, 10 - 10 * pid:20 - 10 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=x_ug_strip[0:F_TILE, 10 * pid:10 * pid + 10, 0:TOKEN_TILE], dst=x_ug_strip[0:F_TILE, 10 - 10 * pid:20 - 10 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # x_uu^T strip of this token block, kept in SBUF
-    x_uu_strip = nl.ndarray((128, 20, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_uu_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 1 of 2
     for f_blk in range(1):
         # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        x_uu_psum = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.psum)
+        x_uu_psum = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for k_blk in range(4):
-            u_up_block = nl.ndarray((128, 8, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_up_block = nl.ndarray((P, 8, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(8):
-                nisa.dma_copy(dst=u_up_block[0:128, kt, 0:1280], src=u_up[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 1280 * f_blk + 1280 * pid:1280 * f_blk + 1280 * pid + 1280])
+                nisa.dma_copy(dst=u_up_block[0:P, kt, 0:X_UU_BLOCK], src=u_up[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, X_UU_BLOCK * f_blk + X_UU_BLOCK * pid:X_UU_BLOCK * f_blk + X_UU_BLOCK * pid + X_UU_BLOCK])
             for ft in range(10):
                 for kt in range(8):
-                    nisa.nc_matmul(dst=x_uu_psum[0:128, ft, 0:1], stationary=u_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_strip[0:128, 8 * k_blk + kt, 0:1])
+                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
         for ft in range(10):
-            nisa.tensor_copy(dst=x_uu_strip[0:128, 10 * f_blk + ft + 10 * pid, 0:1], src=x_uu_psum[0:128, ft, 0:1])
+            nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 10 * f_blk + ft + 10 * pid, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, ft, 0:TOKEN_TILE])
     # exchange halves of x_uu_strip with the other program: both hold all 2560 features
-    nisa.sendrecv(src=x_uu_strip[0:128, 10 * pid:10 * pid + 10, 0:1], dst=x_uu_strip[0:128, 10 - 10 * pid:20 - 10 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=x_uu_strip[0:F_TILE, 10 * pid:10 * pid + 10, 0:TOKEN_TILE], dst=x_uu_strip[0:F_TILE, 10 - 10 * pid:20 - 10 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((128, 112, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 112, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
     # 2 programs: each its 2 of 4
     for f_blk in range(2):
         # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        gate_psum = nl.ndarray((128, 28, 1), dtype=nl.float32, buffer=nl.psum)
+        gate_psum = nl.ndarray((F_TILE, 28, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        up_psum = nl.ndarray((128, 28, 1), dtype=nl.float32, buffer=nl.psum)
+        up_psum = nl.ndarray((F_TILE, 28, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for k_blk in range(3):
-            v_gate_block = nl.ndarray((128, 8, 3584), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_gate_block = nl.ndarray((P, 8, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.dma_copy(dst=v_gate_block[0:128, kt, 0:3584], src=v_gate[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 3584 * f_blk + 7168 * pid:3584 * f_blk + 7168 * pid + 3584])
-            v_up_block = nl.ndarray((128, 8, 3584), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=v_gate_block[0:P, kt, 0:H_BLOCK], src=v_gate[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, H_BLOCK * f_blk + 7168 * pid:H_BLOCK * f_blk + 7168 * pid + H_BLOCK])
+            v_up_block = nl.ndarray((P, 8, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.dma_copy(dst=v_up_block[0:128, kt, 0:3584], src=v_up[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 3584 * f_blk + 7168 * pid:3584 * f_blk + 7168 * pid + 3584])
+                nisa.dma_copy(dst=v_up_block[0:P, kt, 0:H_BLOCK], src=v_up[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, H_BLOCK * f_blk + 7168 * pid:H_BLOCK * f_blk + 7168 * pid + H_BLOCK])
             for ft in range(28):
                 for kt in range(min(8, 20 - 8 * k_blk)):
-                    nisa.nc_matmul(dst=gate_psum[0:128, ft, 0:1], stationary=v_gate_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_ug_strip[0:128, 8 * k_blk + kt, 0:1])
+                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
                 for kt in range(min(8, 20 - 8 * k_blk)):
-                    nisa.nc_matmul(dst=up_psum[0:128, ft, 0:1], stationary=v_up_block[0:128, kt, 128 * ft:128 * ft + 128], moving=x_uu_strip[0:128, 8 * k_blk + kt, 0:1])
+                    nisa.nc_matmul(dst=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
         for ft in range(28):
-            act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:128, 0:1], op=nl.silu, data=gate_psum[0:128, ft, 0:1])
-            nisa.tensor_tensor(dst=h_strip[0:128, 28 * f_blk + ft + 56 * pid, 0:1], data1=act_f32[0:128, 0:1], data2=up_psum[0:128, ft, 0:1], op=nl.multiply)
+            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE])
+            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 28 * f_blk + ft + 56 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], op=nl.multiply)
     # exchange halves of h_strip with the other program: both hold all 14336 features
-    nisa.sendrecv(src=h_strip[0:128, 56 * pid:56 * pid + 56, 0:1], dst=h_strip[0:128, 56 - 56 * pid:112 - 56 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=h_strip[0:F_TILE, 56 * pid:56 * pid + 56, 0:TOKEN_TILE], dst=h_strip[0:F_TILE, 56 - 56 * pid:112 - 56 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h_ud^T strip of this token block, kept in SBUF
-    h_ud_strip = nl.ndarray((128, 20, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_ud_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 1 of 2
     for f_blk in range(1):
         # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        h_ud_psum = nl.ndarray((128, 10, 1), dtype=nl.float32, buffer=nl.psum)
+        h_ud_psum = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for k_blk in range(14):
-            u_down_block = nl.ndarray((128, 8, 1280), dtype=nl.bfloat16, buffer=nl.sbuf)
+            u_down_block = nl.ndarray((P, 8, H_UD_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(8):
-                nisa.dma_copy(dst=u_down_block[0:128, kt, 0:1280], src=u_down[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 1280 * f_blk + 1280 * pid:1280 * f_blk + 1280 * pid + 1280])
+                nisa.dma_copy(dst=u_down_block[0:P, kt, 0:H_UD_BLOCK], src=u_down[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, H_UD_BLOCK * f_blk + H_UD_BLOCK * pid:H_UD_BLOCK * f_blk + H_UD_BLOCK * pid + H_UD_BLOCK])
             for ft in range(10):
                 for kt in range(8):
-                    nisa.nc_matmul(dst=h_ud_psum[0:128, ft, 0:1], stationary=u_down_block[0:128, kt, 128 * ft:128 * ft + 128], moving=h_strip[0:128, 8 * k_blk + kt, 0:1])
+                    nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
         for ft in range(10):
-            nisa.tensor_copy(dst=h_ud_strip[0:128, 10 * f_blk + ft + 10 * pid, 0:1], src=h_ud_psum[0:128, ft, 0:1])
+            nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, 10 * f_blk + ft + 10 * pid, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, ft, 0:TOKEN_TILE])
     # exchange halves of h_ud_strip with the other program: both hold all 2560 features
-    nisa.sendrecv(src=h_ud_strip[0:128, 10 * pid:10 * pid + 10, 0:1], dst=h_ud_strip[0:128, 10 - 10 * pid:20 - 10 * pid, 0:1], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=h_ud_strip[0:F_TILE, 10 * pid:10 * pid + 10, 0:TOKEN_TILE], dst=h_ud_strip[0:F_TILE, 10 - 10 * pid:20 - 10 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # out = down = (h_ud @ v_down): strips stationary, weights moving; weight rows in blocks of 8 K tiles
     # 2 programs: each its 1 of 2
     for o_blk in range(1):
         # one PSUM bank per output tile, across K blocks
         down_psum = []  # 4 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
         for bank in range(4):
-            down_psum.append(nl.ndarray((1, 512), dtype=nl.float32, buffer=nl.psum))
+            down_psum.append(nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum))
         for k_blk in range(3):
-            v_down_block = nl.ndarray((128, 8, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+            v_down_block = nl.ndarray((P, 8, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.dma_copy(dst=v_down_block[0:128, kt, 0:2048], src=v_down[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048])
+                nisa.dma_copy(dst=v_down_block[0:P, kt, 0:DOWN_BLOCK], src=v_down[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK])
             for bn in range(4):
                 for kt in range(min(8, 20 - 8 * k_blk)):
-                    nisa.nc_matmul(dst=down_psum[bn][0:1, 0:512], stationary=h_ud_strip[0:128, 8 * k_blk + kt, 0:1], moving=v_down_block[0:128, kt, 512 * bn:512 * bn + 512])
+                    nisa.nc_matmul(dst=down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+        out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in range(4):
-            nisa.tensor_copy(dst=out_rows[0:1, 512 * bn:512 * bn + 512], src=down_psum[bn][0:1, 0:512])
-        nisa.dma_copy(dst=out[0:1, 2048 * o_blk + 2048 * pid:2048 * o_blk + 2048 * pid + 2048], src=out_rows[0:1, 0:2048])
+            nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.dma_copy(dst=out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK], src=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
     return out
 
 

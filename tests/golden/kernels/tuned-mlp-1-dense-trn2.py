@@ -41,6 +41,13 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     """Fused kernel dense_mlp_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 2048], w_gate[2048, 8192], w_up[2048, 8192], w_down[8192, 2048]. Returns out[1, 2048].
     """
+    DOWN_BLOCK = 1024  # 2 tiles of 512
+    F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
+    H_BLOCK = 4096  # 32 tiles of 128
+    OUT_TILE = 512  # output columns per row-major matmul
+    P = 128  # partitions per tile (nl.tile_size.pmax)
+    TOKENS_PER_BLOCK = 1  # tokens per block
+    TOKEN_TILE = 1  # tokens per tile
     assert tuple(x.shape) == (1, 2048), f"x: expected shape (1, 2048), got {x.shape}"
     assert tuple(w_gate.shape) == (2048, 8192), f"w_gate: expected shape (2048, 8192), got {w_gate.shape}"
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
@@ -50,57 +57,57 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((128, 16, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
-    x_rows = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-    x_rows[0:1, 0:2048] = nl.load(x[0:1, 0:2048])
+    x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_rows[0:TOKEN_TILE, 0:2048] = nl.load(x[0:TOKEN_TILE, 0:2048])
     for kt in nl.affine_range(16):
-        x_tpsum = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.psum)
-        x_tpsum[0:128, 0:1] = nisa.nc_transpose(x_rows[0:1, 128 * kt:128 * kt + 128])
-        x_strip[0:128, kt, 0:1] = nl.copy(x_tpsum[0:128, 0:1], dtype=nl.bfloat16)
+        x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
+        x_tpsum[0:P, 0:TOKEN_TILE] = nisa.nc_transpose(x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+        x_strip[0:P, kt, 0:TOKEN_TILE] = nl.copy(x_tpsum[0:P, 0:TOKEN_TILE], dtype=nl.bfloat16)
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((128, 64, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
     for f_blk in nl.affine_range(2):
         # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        gate_psum = nl.zeros((128, 32, 1), dtype=nl.float32, buffer=nl.psum)
+        gate_psum = nl.zeros((F_TILE, 32, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        up_psum = nl.zeros((128, 32, 1), dtype=nl.float32, buffer=nl.psum)
+        up_psum = nl.zeros((F_TILE, 32, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for k_blk in nl.affine_range(2):
-            w_gate_block = nl.ndarray((128, 8, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+            w_gate_block = nl.ndarray((P, 8, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in nl.affine_range(8):
-                w_gate_block[0:128, kt, 0:4096] = nl.load(w_gate[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 4096 * f_blk:4096 * f_blk + 4096])
-            w_up_block = nl.ndarray((128, 8, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
+                w_gate_block[0:P, kt, 0:H_BLOCK] = nl.load(w_gate[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, H_BLOCK * f_blk:H_BLOCK * f_blk + H_BLOCK])
+            w_up_block = nl.ndarray((P, 8, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in nl.affine_range(8):
-                w_up_block[0:128, kt, 0:4096] = nl.load(w_up[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 4096 * f_blk:4096 * f_blk + 4096])
+                w_up_block[0:P, kt, 0:H_BLOCK] = nl.load(w_up[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, H_BLOCK * f_blk:H_BLOCK * f_blk + H_BLOCK])
             for ft in nl.affine_range(32):
                 for kt in nl.affine_range(8):
-                    gate_psum[0:128, ft, 0:1] += nisa.nc_matmul(w_gate_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, 8 * k_blk + kt, 0:1])
+                    gate_psum[0:F_TILE, ft, 0:TOKEN_TILE] += nisa.nc_matmul(w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
                 for kt in nl.affine_range(8):
-                    up_psum[0:128, ft, 0:1] += nisa.nc_matmul(w_up_block[0:128, kt, 128 * ft:128 * ft + 128], x_strip[0:128, 8 * k_blk + kt, 0:1])
+                    up_psum[0:F_TILE, ft, 0:TOKEN_TILE] += nisa.nc_matmul(w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
         for ft in nl.affine_range(32):
-            act_f32 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            act_f32[0:128, 0:1] = nl.silu(gate_psum[0:128, ft, 0:1], dtype=nl.float32)
-            h_strip[0:128, 32 * f_blk + ft, 0:1] = nl.multiply(act_f32[0:128, 0:1], up_psum[0:128, ft, 0:1], dtype=nl.bfloat16)
+            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            act_f32[0:F_TILE, 0:TOKEN_TILE] = nl.silu(gate_psum[0:F_TILE, ft, 0:TOKEN_TILE], dtype=nl.float32)
+            h_strip[0:F_TILE, 32 * f_blk + ft, 0:TOKEN_TILE] = nl.multiply(act_f32[0:F_TILE, 0:TOKEN_TILE], up_psum[0:F_TILE, ft, 0:TOKEN_TILE], dtype=nl.bfloat16)
     # out = down = (h @ w_down): strips stationary, weights moving; weight rows in blocks of 8 K tiles
     # 2 programs: each its 1 of 2
     for o_blk in nl.affine_range(1):
         # one PSUM bank per output tile, across K blocks
         down_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
         for bank in nl.static_range(2):
-            down_psum.append(nl.zeros((1, 512), dtype=nl.float32, buffer=nl.psum))
+            down_psum.append(nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum))
         for k_blk in nl.affine_range(8):
-            w_down_block = nl.ndarray((128, 8, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+            w_down_block = nl.ndarray((P, 8, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in nl.affine_range(8):
-                w_down_block[0:128, kt, 0:1024] = nl.load(w_down[1024 * k_blk + 128 * kt:1024 * k_blk + 128 * kt + 128, 1024 * o_blk + 1024 * pid:1024 * o_blk + 1024 * pid + 1024])
+                w_down_block[0:P, kt, 0:DOWN_BLOCK] = nl.load(w_down[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK])
             for bn in nl.static_range(2):
                 for kt in nl.affine_range(8):
-                    down_psum[bn][0:1, 0:512] += nisa.nc_matmul(h_strip[0:128, 8 * k_blk + kt, 0:1], w_down_block[0:128, kt, 512 * bn:512 * bn + 512])
+                    down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE], w_down_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((1, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+        out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bn in nl.static_range(2):
-            out_rows[0:1, 512 * bn:512 * bn + 512] = nl.copy(down_psum[bn][0:1, 0:512], dtype=nl.bfloat16)
-        nl.store(out[0:1, 1024 * o_blk + 1024 * pid:1024 * o_blk + 1024 * pid + 1024], value=out_rows[0:1, 0:1024])
+            out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK], value=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
     return out
 
 
