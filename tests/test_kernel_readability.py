@@ -100,3 +100,38 @@ def test_every_kernel_declares_its_names_once():
     # two feature blocks of different widths, each named after its group: no clash
     svd = (GOLDEN / "tuned-mlp-128-rank1280.py").read_text()
     assert "    H_BLOCK = 3200" in svd and "    H_UD_BLOCK = 768" in svd
+
+
+@pytest.mark.parametrize(("dialect", "target", "rank"), [("nki", "trn2", None), ("neuronxcc", "trn1", 64)])
+def test_one_kernel_takes_every_token_count_up_to_its_bucket(dialect, target, rank):
+    """A kernel built for 128 tokens in one token tile reads its count from x (T = x.shape[0]); run at several counts
+    in the interpreter, it computes the MLP of just those rows."""
+    import numpy as np
+
+    from neuronmm_compiler.codegen.metadata import TensorSpec
+    from neuronmm_compiler.interpreter.loader import run_kernel
+    from neuronmm_compiler.verification import random_inputs
+
+    workload = mlp_workload(128, 256, 512, dense=rank is None, rank=rank)
+    compiled = compile_graph(workload, target=target, dialect=dialect)
+    source, (spec,) = compiled.kernel.source, compiled.kernel.metadata.kernels
+    assert "    T = x.shape[0]" in source and "assert 1 <= T <= 128" in source
+    weights = list(random_inputs(spec.inputs[1:], seed=1).values())
+    f64 = [w.astype(np.float64) / np.sqrt(w.shape[0]) for w in weights]
+    weights = [w.astype(weights[0].dtype) for w in f64]
+    f64 = [w.astype(np.float64) for w in weights]  # the values the kernel reads
+    for tokens in (1, 37, 128):
+        x = random_inputs([TensorSpec("x", (tokens, 256), spec.inputs[0].dtype)], seed=tokens)["x"]
+        run = run_kernel(source, filename="mlp", kernel_name=spec.name, args=[x, *weights], target=compiled.target)
+        (out,) = run.outputs
+        assert out.shape == (tokens, 256)
+        x64 = x.astype(np.float64)
+        if rank is None:
+            gate, up, down = f64
+            g = x64 @ gate
+            want = (g / (1 + np.exp(-g)) * (x64 @ up)) @ down
+        else:
+            ug, vg, uu, vu, ud, vd = f64
+            g = x64 @ ug @ vg
+            want = (g / (1 + np.exp(-g)) * (x64 @ uu @ vu)) @ ud @ vd
+        assert np.abs(out.astype(np.float64) - want).max() <= 3e-2 * np.abs(want).max(), tokens

@@ -97,12 +97,17 @@ class _Printer:
         while True:
             with naming(off) as names:
                 lines = self._kernel(program)
-            clashes = frozenset(name for name, (values, _) in names.used.items() if len(values) > 1)
+            clashes = frozenset(name for name, (values, _, _) in names.used.items() if len(values) > 1)
             if not clashes:
                 break
             off |= clashes
-        declarations = [f"{INDENT}{name} = {values.pop()}" + (f"  # {note}" if note else "")
-                        for name, (values, note) in sorted(names.used.items())]
+        declarations = []
+        for name, (values, note, source) in sorted(names.used.items(), key=lambda item: (not item[1][2], item[0])):
+            value = values.pop()
+            declarations.append(f"{INDENT}{name} = {source or value}" + (f"  # {note}" if note else ""))
+            if source:  # read from the arguments: at most the size the program was built for
+                declarations.append(f"{INDENT}assert 1 <= {name} <= {value}, f\"{name} = {{{name}}}: this kernel "
+                                    f"takes 1 to {value}\"")
         return lines[:self.top] + declarations + lines[self.top:]
 
     def _kernel(self, program: Program) -> list[str]:
@@ -117,7 +122,7 @@ class _Printer:
         self.emit(1, '"""')
         self.top = len(self.lines)
         for p in program.params:
-            shape = tuple(p.shape)
+            shape = _shape(p.shape)
             self.emit(1, f"assert tuple({p.name}.shape) == {shape}, "
                          f"f\"{p.name}: expected shape {shape}, got {{{p.name}.shape}}\"")
         if program.programs > 1:

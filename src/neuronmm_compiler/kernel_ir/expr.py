@@ -24,30 +24,34 @@ class Named(int):
 
     name: str
     note: str
+    #: what the kernel reads the value from at trace time (``x.shape[0]``): the value is then an upper bound (the
+    #: size the program was built and costed for) that the kernel asserts, not a constant it declares
+    source: str
 
-    def __new__(cls, value: int, name: str, note: str = "") -> Named:
+    def __new__(cls, value: int, name: str, note: str = "", source: str = "") -> Named:
         item = super().__new__(cls, value)
-        item.name, item.note = name, note
+        item.name, item.note, item.source = name, note, source
         return item
 
     def __neg__(self) -> Named:
-        return Named(-int(self), self.name, self.note)
+        return Named(-int(self), self.name, self.note, self.source)
 
     def __reduce__(self) -> tuple:
-        return Named, (int(self), self.name, self.note)
+        return Named, (int(self), self.name, self.note, self.source)
 
 
-def named(value: int, name: str, note: str = "") -> int:
+def named(value: int, name: str, note: str = "", source: str = "") -> int:
     """``value`` carrying ``name`` for the printer (a positive value; 0 and negatives stay plain)."""
-    return Named(value, name, note) if value > 0 else int(value)
+    return Named(value, name, note, source) if value > 0 else int(value)
 
 
 @dataclass
 class Names:
-    """The named constants one printed kernel used: name -> (the absolute values printed under it, its note)."""
+    """The named constants one printed kernel used: name -> (the absolute values printed under it, its note,
+    the expression it is read from or "")."""
 
     off: frozenset[str] = frozenset()  # names printed as numbers (one name used for two values)
-    used: dict[str, tuple[set[int], str]] = field(default_factory=dict)
+    used: dict[str, tuple[set[int], str, str]] = field(default_factory=dict)
 
 
 _NAMING: list[Names] = []
@@ -67,7 +71,7 @@ def naming(off: frozenset[str] = frozenset()) -> Iterator[Names]:
 def literal(value: int) -> str:
     """An integer as printed code: its name inside :func:`naming` when it is a :class:`Named`, else its digits."""
     if isinstance(value, Named) and _NAMING and value.name not in _NAMING[-1].off:
-        values, _ = _NAMING[-1].used.setdefault(value.name, (set(), value.note))
+        values, _, _ = _NAMING[-1].used.setdefault(value.name, (set(), value.note, value.source))
         values.add(abs(int(value)))
         return value.name if value > 0 else f"-{value.name}"
     return str(int(value))

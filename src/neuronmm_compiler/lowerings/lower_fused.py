@@ -85,10 +85,19 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         self.prologues = [g for g in groups if g.root.kind == NodeKind.NORM]
         self.group_list = [g for g in groups if g.root.kind != NodeKind.NORM]
         self.tokens = compute[0].shape[0] if compute else copied[0].shape[0]
-        # the tile sizes the printed kernel spells by name (kernel_ir/expr.py, Named)
+        # the scale inputs of quantize/dequantize nodes: loaded once, as per-partition columns or broadcast rows
+        self.scales = {o: self.nodes[o] for n in compute if n.kind == NodeKind.ELEMENTWISE
+                       and ElementwiseOp(n.attrs["op"]).scaled for o in n.operands[1:]}
+        aliases = graph.hbm_aliases
         s = normalize_on(schedule, self.tokens, target)
-        self.s = s = replace(s, token_tile=named(s.token_tile, "TOKEN_TILE", "tokens per tile"),
-                             tokens_per_block=named(s.tokens_per_block, "TOKENS_PER_BLOCK", "tokens per block"),
+        # the tile sizes the printed kernel spells by name (kernel_ir/expr.py, Named); with one token tile, the
+        # token count is read from the arguments: the kernel takes any count up to the one it was built for
+        rows = self._token_rows(s, aliases)
+        tokens = named(self.tokens, "T", f"tokens: 1 to {self.tokens}, read from the arguments",
+                       source=f"{rows[0]}.shape[0]") if rows else None
+        self.s = s = replace(s, token_tile=tokens or named(s.token_tile, "TOKEN_TILE", "tokens per tile"),
+                             tokens_per_block=tokens or named(s.tokens_per_block, "TOKENS_PER_BLOCK",
+                                                              "tokens per block"),
                              out_tile=named(s.out_tile, "OUT_TILE", "output columns per row-major matmul"))
         self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
                        max(1, s.tokens_per_block // s.token_tile), block_name="TOKENS_PER_BLOCK")
@@ -96,16 +105,15 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         self.dtype = next((n.dtype for n in compute if n.dtype in ("bfloat16", "float32") and not (
             n.kind == NodeKind.MATMUL and is_fp8(self.nodes[n.operands[0]].dtype))), (compute or copied)[0].dtype)
         self.dtype_bytes = DTYPE_BYTES[self.dtype]
-        # the scale inputs of quantize/dequantize nodes: loaded once, as per-partition columns or broadcast rows
-        self.scales = {o: self.nodes[o] for n in compute if n.kind == NodeKind.ELEMENTWISE
-                       and ElementwiseOp(n.attrs["op"]).scaled for o in n.operands[1:]}
-        aliases = graph.hbm_aliases
-        self.hbm = {n.id: Buffer(aliases.get(n.id, n.attrs["name"]), n.storage_shape, n.dtype, "hbm")
-                    for n in self.inputs}
+
+        def hbm(n: Node, name: str) -> Buffer:
+            shape = n.storage_shape
+            return Buffer(name, (tokens, *shape[1:]) if tokens and name in rows else shape, n.dtype, "hbm")
+
+        self.hbm = {n.id: hbm(n, aliases.get(n.id, n.attrs["name"])) for n in self.inputs}
         self.out_hbm: dict[str, list[tuple[Node, Buffer]]] = {}
         for n in self.outputs:
-            self.out_hbm.setdefault(n.operands[0], []).append(
-                (n, Buffer(n.attrs["name"], n.storage_shape, n.dtype, "hbm")))
+            self.out_hbm.setdefault(n.operands[0], []).append((n, hbm(n, n.attrs["name"])))
         self.strips: dict[str, Buffer] = {}
         self.cached: dict[str, Buffer] = {}
         # An output that returns an input (e.g. x^T, once the transpose became x's layout) is a copy,
@@ -114,6 +122,25 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         self.strip_inputs = self._strip_inputs()
         self.reducing = self.reducing_groups()
         self.halved = self._halved()
+
+    def _token_rows(self, s: FusedSchedule, aliases: dict[str, str]) -> list[str]:
+        """The HBM arguments and outputs with a row per token (the activations), the one the kernel reads its token
+        count from first, when the kernel may take any count up to its own: one token tile of them all (no trip
+        count depends on the count), several tokens, and every activation stored row-major; else none (the count
+        is a constant)."""
+        if self.tokens < 2 or not s.token_tile == s.tokens_per_block == self.tokens:
+            return []
+        weights = set(self.scales) | {n.operands[1] for n in self.g.compute_nodes() if n.kind == NodeKind.MATMUL}
+        rows = []
+        for n in [*self.inputs, *self.outputs]:
+            if n.id in weights and n.kind == NodeKind.INPUT:
+                continue
+            if n.storage_shape[0] != self.tokens or n.layout != Layout.ROW_MAJOR:
+                if n.kind == NodeKind.OUTPUT or n.shape[0] == self.tokens:
+                    return []  # an activation stored transposed: its token axis is not the first
+                continue  # a parameter (a norm's gamma)
+            rows.append(aliases.get(n.id, n.attrs["name"]) if n.kind == NodeKind.INPUT else n.attrs["name"])
+        return rows if rows and rows[0] not in {n.attrs["name"] for n in self.outputs} else []
 
     def reducing_groups(self) -> list[Group]:
         """The groups whose contraction the two programs of a logical core divide, each computing partial sums over

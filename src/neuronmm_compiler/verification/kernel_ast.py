@@ -121,7 +121,10 @@ def access_widths(node: ast.AST, scalars: set[str], skip: int = 0) -> tuple[int 
 def fold_int_constants(tree: ast.Module) -> ast.Module:
     """``tree`` with every read of a name bound exactly once, to an integer literal (an emitted kernel's named tile
     sizes, ``P = 128``), replaced by that literal, so that the rules read its shapes and slices as the numbers they
-    are. A name bound any other way as well (a loop target, a second assignment) is left alone."""
+    are; a name bound once to something else and bounded by ``assert 1 <= NAME <= c`` (a size read from the
+    arguments, ``T = x.shape[0]``) is read as its bound ``c``, the largest size the kernel takes (a size limit that
+    holds there holds below). A name bound any other way as well (a loop target, a second assignment) is left
+    alone."""
     bindings: dict[str, list[ast.AST]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
@@ -132,6 +135,12 @@ def fold_int_constants(tree: ast.Module) -> ast.Module:
             value = const_int(node.value)
             if value is not None and len(bindings.get(node.targets[0].id, ())) == 1:
                 values[node.targets[0].id] = value
+        elif isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 2 \
+                and all(isinstance(op, ast.LtE) for op in node.test.ops) and const_int(node.test.left) == 1 \
+                and isinstance(node.test.comparators[0], ast.Name):
+            bound, name = const_int(node.test.comparators[1]), node.test.comparators[0].id
+            if bound is not None and len(bindings.get(name, ())) == 1:
+                values[name] = bound
 
     class _Fold(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.AST:

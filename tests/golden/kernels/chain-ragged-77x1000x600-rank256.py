@@ -36,45 +36,45 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 77 tokens (bfloat16).
     Arguments: x[77, 600], u[600, 256], v[256, 1000]. Returns y[77, 1000].
     """
+    T = x.shape[0]  # tokens: 1 to 77, read from the arguments
+    assert 1 <= T <= 77, f"T = {T}: this kernel takes 1 to 77"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
-    TOKENS_PER_BLOCK = 77  # tokens per block
-    TOKEN_TILE = 77  # tokens per tile
     XUV_BLOCK = 1024  # 2 tiles of 512
     XU_BLOCK = 256  # 2 tiles of 128
-    assert tuple(x.shape) == (77, 600), f"x: expected shape (77, 600), got {x.shape}"
+    assert tuple(x.shape) == (T, 600), f"x: expected shape (T, 600), got {x.shape}"
     assert tuple(u.shape) == (600, 256), f"u: expected shape (600, 256), got {u.shape}"
     assert tuple(v.shape) == (256, 1000), f"v: expected shape (256, 1000), got {v.shape}"
-    y = nl.ndarray((77, 1000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    y = nl.ndarray((T, 1000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=77 token_tile=77 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((P, 5, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 5, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.static_range(5):
-        x_strip[0:min(P, 600 - P * kt), kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[0:TOKEN_TILE, P * kt:min(P * kt + P, 600)])
+        x_strip[0:min(P, 600 - P * kt), kt, 0:T] = nl.load_transpose2d(x[0:T, P * kt:min(P * kt + P, 600)])
     # xu^T strip of this token block, kept in SBUF
-    xu_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xu_strip = nl.ndarray((P, 2, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
     u_block = nl.ndarray((P, 5, XU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.static_range(5):
         u_block[0:min(P, 600 - P * kt), kt, 0:XU_BLOCK] = nl.load(u[P * kt:min(P * kt + P, 600), 0:XU_BLOCK])
     for ft in nl.affine_range(2):
-        xu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        xu_psum = nl.zeros((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.static_range(5):
-            xu_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_block[0:min(P, 600 - P * kt), kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:min(P, 600 - P * kt), kt, 0:TOKEN_TILE])
-        xu_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.copy(xu_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+            xu_psum[0:F_TILE, 0:T] += nisa.nc_matmul(u_block[0:min(P, 600 - P * kt), kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:min(P, 600 - P * kt), kt, 0:T])
+        xu_strip[0:F_TILE, ft, 0:T] = nl.copy(xu_psum[0:F_TILE, 0:T], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
     v_block = nl.ndarray((P, 2, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(2):
         v_block[0:P, kt, 0:1000] = nl.load(v[P * kt:P * kt + P, 0:1000])
     # one packed row of output tiles
-    y_rows = nl.ndarray((TOKEN_TILE, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    y_rows = nl.ndarray((T, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for bn in nl.static_range(2):
-        xuv_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+        xuv_psum = nl.zeros((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(2):
-            xuv_psum[0:TOKEN_TILE, 0:min(OUT_TILE, 1000 - OUT_TILE * bn)] += nisa.nc_matmul(xu_strip[0:P, kt, 0:TOKEN_TILE], v_block[0:P, kt, OUT_TILE * bn:min(OUT_TILE * bn + OUT_TILE, 1000)])
-        y_rows[0:TOKEN_TILE, OUT_TILE * bn:min(OUT_TILE * bn + OUT_TILE, 1000)] = nl.copy(xuv_psum[0:TOKEN_TILE, 0:min(OUT_TILE, 1000 - OUT_TILE * bn)], dtype=nl.bfloat16)
-    nl.store(y[0:TOKEN_TILE, 0:1000], value=y_rows[0:TOKEN_TILE, 0:1000])
+            xuv_psum[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * bn)] += nisa.nc_matmul(xu_strip[0:P, kt, 0:T], v_block[0:P, kt, OUT_TILE * bn:min(OUT_TILE * bn + OUT_TILE, 1000)])
+        y_rows[0:T, OUT_TILE * bn:min(OUT_TILE * bn + OUT_TILE, 1000)] = nl.copy(xuv_psum[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * bn)], dtype=nl.bfloat16)
+    nl.store(y[0:T, 0:1000], value=y_rows[0:T, 0:1000])
     return y
 
 

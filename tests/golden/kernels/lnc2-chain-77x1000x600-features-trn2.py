@@ -37,34 +37,34 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 77 tokens (bfloat16).
     Arguments: x[77, 600], u[600, 256], v[256, 1000]. Returns y[77, 1000].
     """
+    T = x.shape[0]  # tokens: 1 to 77, read from the arguments
+    assert 1 <= T <= 77, f"T = {T}: this kernel takes 1 to 77"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
-    TOKENS_PER_BLOCK = 77  # tokens per block
-    TOKEN_TILE = 77  # tokens per tile
     XU_BLOCK = 256  # 2 tiles of 128
-    assert tuple(x.shape) == (77, 600), f"x: expected shape (77, 600), got {x.shape}"
+    assert tuple(x.shape) == (T, 600), f"x: expected shape (T, 600), got {x.shape}"
     assert tuple(u.shape) == (600, 256), f"u: expected shape (600, 256), got {u.shape}"
     assert tuple(v.shape) == (256, 1000), f"v: expected shape (256, 1000), got {v.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
-    y = nl.ndarray((77, 1000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    y = nl.ndarray((T, 1000), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=77 token_tile=77 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((P, 5, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 5, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(5):
-        nisa.dma_transpose(dst=x_strip[0:min(P, 600 - P * kt), kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt:min(P * kt + P, 600)])
+        nisa.dma_transpose(dst=x_strip[0:min(P, 600 - P * kt), kt, 0:T], src=x[0:T, P * kt:min(P * kt + P, 600)])
     # xu^T strip of this token block, kept in SBUF
-    xu_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xu_strip = nl.ndarray((P, 2, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
     u_block = nl.ndarray((P, 5, XU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(5):
         nisa.dma_copy(dst=u_block[0:min(P, 600 - P * kt), kt, 0:XU_BLOCK], src=u[P * kt:min(P * kt + P, 600), 0:XU_BLOCK])
     for ft in range(2):
-        xu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        xu_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
         for kt in range(5):
-            nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_block[0:min(P, 600 - P * kt), kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:min(P, 600 - P * kt), kt, 0:TOKEN_TILE])
-        nisa.tensor_copy(dst=xu_strip[0:F_TILE, ft, 0:TOKEN_TILE], src=xu_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:T], stationary=u_block[0:min(P, 600 - P * kt), kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:min(P, 600 - P * kt), kt, 0:T])
+        nisa.tensor_copy(dst=xu_strip[0:F_TILE, ft, 0:T], src=xu_psum[0:F_TILE, 0:T])
     # y = xuv = (xu @ v): strips stationary, weights moving
     # 2 programs: each its 1 of 2
     for o_blk in range(1):
@@ -72,12 +72,12 @@ def svd_chain_k0(x, u, v):
         for kt in range(2):
             nisa.dma_copy(dst=v_block[0:P, kt, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)], src=v[P * kt:P * kt + P, OUT_TILE * o_blk + OUT_TILE * pid:min(OUT_TILE * o_blk + OUT_TILE * pid + OUT_TILE, 1000)])
         # one packed row of output tiles
-        y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        xuv_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+        y_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        xuv_psum = nl.ndarray((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(2):
-            nisa.nc_matmul(dst=xuv_psum[0:TOKEN_TILE, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)], stationary=xu_strip[0:P, kt, 0:TOKEN_TILE], moving=v_block[0:P, kt, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
-        nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)], src=xuv_psum[0:TOKEN_TILE, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
-        nisa.dma_copy(dst=y[0:TOKEN_TILE, OUT_TILE * o_blk + OUT_TILE * pid:min(OUT_TILE * o_blk + OUT_TILE * pid + OUT_TILE, 1000)], src=y_rows[0:TOKEN_TILE, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
+            nisa.nc_matmul(dst=xuv_psum[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)], stationary=xu_strip[0:P, kt, 0:T], moving=v_block[0:P, kt, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
+        nisa.tensor_copy(dst=y_rows[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)], src=xuv_psum[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
+        nisa.dma_copy(dst=y[0:T, OUT_TILE * o_blk + OUT_TILE * pid:min(OUT_TILE * o_blk + OUT_TILE * pid + OUT_TILE, 1000)], src=y_rows[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
     return y
 
 

@@ -47,13 +47,13 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 8 tokens (bfloat16).
     Arguments: x[8, 2048], u_gate[2048, 1280], v_gate[1280, 8192], u_up[2048, 1280], v_up[1280, 8192], u_down[8192, 1280], v_down[1280, 2048]. Returns out[8, 2048].
     """
+    T = x.shape[0]  # tokens: 1 to 8, read from the arguments
+    assert 1 <= T <= 8, f"T = {T}: this kernel takes 1 to 8"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 512  # 4 tiles of 128
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
-    TOKENS_PER_BLOCK = 8  # tokens per block
-    TOKEN_TILE = 8  # tokens per tile
-    assert tuple(x.shape) == (8, 2048), f"x: expected shape (8, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 1280), f"u_gate: expected shape (2048, 1280), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (1280, 8192), f"v_gate: expected shape (1280, 8192), got {v_gate.shape}"
     assert tuple(u_up.shape) == (2048, 1280), f"u_up: expected shape (2048, 1280), got {u_up.shape}"
@@ -62,42 +62,42 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert tuple(v_down.shape) == (1280, 2048), f"v_down: expected shape (1280, 2048), got {v_down.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'intermediate' split (0..1)
-    out = nl.ndarray((8, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=8 token_tile=8 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=intermediate
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
-        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt:P * kt + P])
+        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:T], src=x[0:T, P * kt:P * kt + P])
     # x_ug^T strip of this token block, kept in SBUF
-    x_ug_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_ug_strip = nl.ndarray((P, 10, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 5 of 10
     for f_blk in range(5):
         u_gate_block = nl.ndarray((P, 16, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
             nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:F_TILE], src=u_gate[P * kt:P * kt + P, F_TILE * f_blk + 640 * pid:F_TILE * f_blk + 640 * pid + F_TILE])
-        x_ug_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        x_ug_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
         for kt in range(16):
-            nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, 0:F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-        nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, f_blk + 5 * pid, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:T], stationary=u_gate_block[0:P, kt, 0:F_TILE], moving=x_strip[0:P, kt, 0:T])
+        nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, f_blk + 5 * pid, 0:T], src=x_ug_psum[0:F_TILE, 0:T])
     # exchange halves of x_ug_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=x_ug_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_ug_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=x_ug_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:T], dst=x_ug_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:T], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # x_uu^T strip of this token block, kept in SBUF
-    x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_uu_strip = nl.ndarray((P, 10, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 5 of 10
     for f_blk in range(5):
         u_up_block = nl.ndarray((P, 16, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(16):
             nisa.dma_copy(dst=u_up_block[0:P, kt, 0:F_TILE], src=u_up[P * kt:P * kt + P, F_TILE * f_blk + 640 * pid:F_TILE * f_blk + 640 * pid + F_TILE])
-        x_uu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        x_uu_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
         for kt in range(16):
-            nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, 0:F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-        nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, f_blk + 5 * pid, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:T], stationary=u_up_block[0:P, kt, 0:F_TILE], moving=x_strip[0:P, kt, 0:T])
+        nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, f_blk + 5 * pid, 0:T], src=x_uu_psum[0:F_TILE, 0:T])
     # exchange halves of x_uu_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=x_uu_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_uu_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.sendrecv(src=x_uu_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:T], dst=x_uu_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:T], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
     # 2 programs: each its 8 of 16
     for f_blk in range(8):
@@ -108,36 +108,36 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         for kt in range(10):
             nisa.dma_copy(dst=v_up_block[0:P, kt, 0:H_BLOCK], src=v_up[P * kt:P * kt + P, H_BLOCK * f_blk + 4096 * pid:H_BLOCK * f_blk + 4096 * pid + H_BLOCK])
         for ft in range(4):
-            gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+            gate_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in range(10):
-                nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:TOKEN_TILE])
-            up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:T], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:T])
+            up_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in range(10):
-                nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:TOKEN_TILE])
-            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
-            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 4 * f_blk + ft + 32 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
+                nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:T], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:T])
+            act_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=act_f32[0:F_TILE, 0:T], op=nl.silu, data=gate_psum[0:F_TILE, 0:T])
+            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 4 * f_blk + ft + 32 * pid, 0:T], data1=act_f32[0:F_TILE, 0:T], data2=up_psum[0:F_TILE, 0:T], op=nl.multiply)
     # h_ud^T strip of this token block, kept in SBUF
-    h_ud_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_ud_strip = nl.ndarray((P, 10, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
-    h_ud_partial = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    h_ud_partial = nl.ndarray((F_TILE, 10, T), dtype=nl.float32, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     for f_blk in range(10):
         u_down_block = nl.ndarray((P, 32, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         # 2 programs: each its 32 of 64
         for kt in range(32):
             nisa.dma_copy(dst=u_down_block[0:P, kt, 0:F_TILE], src=u_down[P * kt + 4096 * pid:P * kt + 4096 * pid + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
-        h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        h_ud_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
         # 2 programs: each its 32 of 64
         for kt in range(32):
-            nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt + 32 * pid, 0:TOKEN_TILE])
-        nisa.tensor_copy(dst=h_ud_partial[0:F_TILE, f_blk, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:T], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt + 32 * pid, 0:T])
+        nisa.tensor_copy(dst=h_ud_partial[0:F_TILE, f_blk, 0:T], src=h_ud_psum[0:F_TILE, 0:T])
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
-    h_ud_partial_other = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], dst=h_ud_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=h_ud_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
+    h_ud_partial_other = nl.ndarray((F_TILE, 10, T), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=h_ud_partial[0:F_TILE, 0:10, 0:T], dst=h_ud_partial_other[0:F_TILE, 0:10, 0:T], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=h_ud_partial[0:F_TILE, 0:10, 0:T], data1=h_ud_partial[0:F_TILE, 0:10, 0:T], data2=h_ud_partial_other[0:F_TILE, 0:10, 0:T], op=nl.add)
     for nt in range(10):
-        nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, nt, 0:TOKEN_TILE], src=h_ud_partial[0:F_TILE, nt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, nt, 0:T], src=h_ud_partial[0:F_TILE, nt, 0:T])
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
@@ -145,12 +145,12 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         for kt in range(10):
             nisa.dma_copy(dst=v_down_block[0:P, kt, 0:OUT_TILE], src=v_down[P * kt:P * kt + P, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_psum = nl.ndarray((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(10):
-            nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, 0:OUT_TILE])
-        nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
-        nisa.dma_copy(dst=out[0:TOKEN_TILE, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
+            nisa.nc_matmul(dst=down_psum[0:T, 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:T], moving=v_down_block[0:P, kt, 0:OUT_TILE])
+        nisa.tensor_copy(dst=out_rows[0:T, 0:OUT_TILE], src=down_psum[0:T, 0:OUT_TILE])
+        nisa.dma_copy(dst=out[0:T, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=out_rows[0:T, 0:OUT_TILE])
     return out
 
 

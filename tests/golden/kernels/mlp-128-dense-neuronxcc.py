@@ -40,24 +40,24 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     """Fused kernel dense_mlp_k0 over 128 tokens (bfloat16).
     Arguments: x[128, 2048], w_gate[2048, 8192], w_up[2048, 8192], w_down[8192, 2048]. Returns out[128, 2048].
     """
+    T = x.shape[0]  # tokens: 1 to 128, read from the arguments
+    assert 1 <= T <= 128, f"T = {T}: this kernel takes 1 to 128"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 512  # 4 tiles of 128
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
-    TOKENS_PER_BLOCK = 128  # tokens per block
-    TOKEN_TILE = 128  # tokens per tile
-    assert tuple(x.shape) == (128, 2048), f"x: expected shape (128, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(w_gate.shape) == (2048, 8192), f"w_gate: expected shape (2048, 8192), got {w_gate.shape}"
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
     assert tuple(w_down.shape) == (8192, 2048), f"w_down: expected shape (8192, 2048), got {w_down.shape}"
-    out = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
-        x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[0:TOKEN_TILE, P * kt:P * kt + P])
+        x_strip[0:P, kt, 0:T] = nl.load_transpose2d(x[0:T, P * kt:P * kt + P])
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x @ w_gate, up = x @ w_up (silu then multiply on the eviction)
     for f_blk in nl.affine_range(16):
         w_gate_block = nl.ndarray((P, 16, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -67,27 +67,27 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
         for kt in nl.affine_range(16):
             w_up_block[0:P, kt, 0:H_BLOCK] = nl.load(w_up[P * kt:P * kt + P, H_BLOCK * f_blk:H_BLOCK * f_blk + H_BLOCK])
         for ft in nl.affine_range(4):
-            gate_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+            gate_psum = nl.zeros((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                gate_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-            up_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+                gate_psum[0:F_TILE, 0:T] += nisa.nc_matmul(w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:T])
+            up_psum = nl.zeros((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                up_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            act_f32[0:F_TILE, 0:TOKEN_TILE] = nl.silu(gate_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.float32)
-            h_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE] = nl.multiply(act_f32[0:F_TILE, 0:TOKEN_TILE], up_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                up_psum[0:F_TILE, 0:T] += nisa.nc_matmul(w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:T])
+            act_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+            act_f32[0:F_TILE, 0:T] = nl.silu(gate_psum[0:F_TILE, 0:T], dtype=nl.float32)
+            h_strip[0:F_TILE, 4 * f_blk + ft, 0:T] = nl.multiply(act_f32[0:F_TILE, 0:T], up_psum[0:F_TILE, 0:T], dtype=nl.bfloat16)
     # out = down = (h @ w_down): strips stationary, weights moving
     for o_blk in nl.affine_range(4):
         w_down_block = nl.ndarray((P, 64, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(64):
             w_down_block[0:P, kt, 0:OUT_TILE] = nl.load(w_down[P * kt:P * kt + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_psum = nl.zeros((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(64):
-            down_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_strip[0:P, kt, 0:TOKEN_TILE], w_down_block[0:P, kt, 0:OUT_TILE])
-        out_rows[0:TOKEN_TILE, 0:OUT_TILE] = nl.copy(down_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
-        nl.store(out[0:TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
+            down_psum[0:T, 0:OUT_TILE] += nisa.nc_matmul(h_strip[0:P, kt, 0:T], w_down_block[0:P, kt, 0:OUT_TILE])
+        out_rows[0:T, 0:OUT_TILE] = nl.copy(down_psum[0:T, 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(out[0:T, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=out_rows[0:T, 0:OUT_TILE])
     return out
 
 

@@ -46,53 +46,53 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 128 tokens (bfloat16).
     Arguments: x[128, 2048], u_gate[2048, 1280], v_gate[1280, 8192], u_up[2048, 1280], v_up[1280, 8192], u_down[8192, 1280], v_down[1280, 2048]. Returns out[128, 2048].
     """
+    T = x.shape[0]  # tokens: 1 to 128, read from the arguments
+    assert 1 <= T <= 128, f"T = {T}: this kernel takes 1 to 128"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 768  # 6 tiles of 128
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
-    TOKENS_PER_BLOCK = 128  # tokens per block
-    TOKEN_TILE = 128  # tokens per tile
     X_UG_BLOCK = 512  # 4 tiles of 128
     X_UU_BLOCK = 512  # 4 tiles of 128
-    assert tuple(x.shape) == (128, 2048), f"x: expected shape (128, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 1280), f"u_gate: expected shape (2048, 1280), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (1280, 8192), f"v_gate: expected shape (1280, 8192), got {v_gate.shape}"
     assert tuple(u_up.shape) == (2048, 1280), f"u_up: expected shape (2048, 1280), got {u_up.shape}"
     assert tuple(v_up.shape) == (1280, 8192), f"v_up: expected shape (1280, 8192), got {v_up.shape}"
     assert tuple(u_down.shape) == (8192, 1280), f"u_down: expected shape (8192, 1280), got {u_down.shape}"
     assert tuple(v_down.shape) == (1280, 2048), f"v_down: expected shape (1280, 2048), got {v_down.shape}"
-    out = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in nl.affine_range(16):
-        x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[0:TOKEN_TILE, P * kt:P * kt + P])
+        x_strip[0:P, kt, 0:T] = nl.load_transpose2d(x[0:T, P * kt:P * kt + P])
     # x_ug^T strip of this token block, kept in SBUF
-    x_ug_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_ug_strip = nl.ndarray((P, 10, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
     for f_blk in nl.static_range(3):
         u_gate_block = nl.ndarray((P, 16, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
             u_gate_block[0:P, kt, 0:min(X_UG_BLOCK, 1280 - X_UG_BLOCK * f_blk)] = nl.load(u_gate[P * kt:P * kt + P, X_UG_BLOCK * f_blk:min(X_UG_BLOCK * f_blk + X_UG_BLOCK, 1280)])
         for ft in nl.affine_range(min(4, 10 - 4 * f_blk)):
-            x_ug_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+            x_ug_psum = nl.zeros((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                x_ug_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-            x_ug_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE] = nl.copy(x_ug_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                x_ug_psum[0:F_TILE, 0:T] += nisa.nc_matmul(u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:T])
+            x_ug_strip[0:F_TILE, 4 * f_blk + ft, 0:T] = nl.copy(x_ug_psum[0:F_TILE, 0:T], dtype=nl.bfloat16)
     # x_uu^T strip of this token block, kept in SBUF
-    x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_uu_strip = nl.ndarray((P, 10, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
     for f_blk in nl.static_range(3):
         u_up_block = nl.ndarray((P, 16, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
             u_up_block[0:P, kt, 0:min(X_UU_BLOCK, 1280 - X_UU_BLOCK * f_blk)] = nl.load(u_up[P * kt:P * kt + P, X_UU_BLOCK * f_blk:min(X_UU_BLOCK * f_blk + X_UU_BLOCK, 1280)])
         for ft in nl.affine_range(min(4, 10 - 4 * f_blk)):
-            x_uu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+            x_uu_psum = nl.zeros((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                x_uu_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-            x_uu_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE] = nl.copy(x_uu_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                x_uu_psum[0:F_TILE, 0:T] += nisa.nc_matmul(u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:T])
+            x_uu_strip[0:F_TILE, 4 * f_blk + ft, 0:T] = nl.copy(x_uu_psum[0:F_TILE, 0:T], dtype=nl.bfloat16)
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
     for f_blk in nl.static_range(11):
         v_gate_block = nl.ndarray((P, 10, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -102,38 +102,38 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         for kt in nl.affine_range(10):
             v_up_block[0:P, kt, 0:min(H_BLOCK, 8192 - H_BLOCK * f_blk)] = nl.load(v_up[P * kt:P * kt + P, H_BLOCK * f_blk:min(H_BLOCK * f_blk + H_BLOCK, 8192)])
         for ft in nl.affine_range(min(6, 64 - 6 * f_blk)):
-            gate_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+            gate_psum = nl.zeros((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(10):
-                gate_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_ug_strip[0:P, kt, 0:TOKEN_TILE])
-            up_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+                gate_psum[0:F_TILE, 0:T] += nisa.nc_matmul(v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_ug_strip[0:P, kt, 0:T])
+            up_psum = nl.zeros((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(10):
-                up_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_uu_strip[0:P, kt, 0:TOKEN_TILE])
-            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            act_f32[0:F_TILE, 0:TOKEN_TILE] = nl.silu(gate_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.float32)
-            h_strip[0:F_TILE, 6 * f_blk + ft, 0:TOKEN_TILE] = nl.multiply(act_f32[0:F_TILE, 0:TOKEN_TILE], up_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                up_psum[0:F_TILE, 0:T] += nisa.nc_matmul(v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_uu_strip[0:P, kt, 0:T])
+            act_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+            act_f32[0:F_TILE, 0:T] = nl.silu(gate_psum[0:F_TILE, 0:T], dtype=nl.float32)
+            h_strip[0:F_TILE, 6 * f_blk + ft, 0:T] = nl.multiply(act_f32[0:F_TILE, 0:T], up_psum[0:F_TILE, 0:T], dtype=nl.bfloat16)
     # h_ud^T strip of this token block, kept in SBUF
-    h_ud_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_ud_strip = nl.ndarray((P, 10, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
     for f_blk in nl.affine_range(10):
         u_down_block = nl.ndarray((P, 64, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(64):
             u_down_block[0:P, kt, 0:F_TILE] = nl.load(u_down[P * kt:P * kt + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
-        h_ud_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        h_ud_psum = nl.zeros((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(64):
-            h_ud_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_down_block[0:P, kt, 0:F_TILE], h_strip[0:P, kt, 0:TOKEN_TILE])
-        h_ud_strip[0:F_TILE, f_blk, 0:TOKEN_TILE] = nl.copy(h_ud_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+            h_ud_psum[0:F_TILE, 0:T] += nisa.nc_matmul(u_down_block[0:P, kt, 0:F_TILE], h_strip[0:P, kt, 0:T])
+        h_ud_strip[0:F_TILE, f_blk, 0:T] = nl.copy(h_ud_psum[0:F_TILE, 0:T], dtype=nl.bfloat16)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     for o_blk in nl.affine_range(4):
         v_down_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(10):
             v_down_block[0:P, kt, 0:OUT_TILE] = nl.load(v_down[P * kt:P * kt + P, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_psum = nl.zeros((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(10):
-            down_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_ud_strip[0:P, kt, 0:TOKEN_TILE], v_down_block[0:P, kt, 0:OUT_TILE])
-        out_rows[0:TOKEN_TILE, 0:OUT_TILE] = nl.copy(down_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
-        nl.store(out[0:TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
+            down_psum[0:T, 0:OUT_TILE] += nisa.nc_matmul(h_ud_strip[0:P, kt, 0:T], v_down_block[0:P, kt, 0:OUT_TILE])
+        out_rows[0:T, 0:OUT_TILE] = nl.copy(down_psum[0:T, 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(out[0:T, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=out_rows[0:T, 0:OUT_TILE])
     return out
 
 

@@ -51,12 +51,12 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
     """Fused kernel dense_mlp_k0 over 4 tokens (bfloat16).
     Arguments: x[4, 512], w_gate[512, 1024], w_up[512, 1024], w_down[1024, 512], x_scale[1, 1], w_gate_scale[1024, 1], w_up_scale[1024, 1], h_scale[1, 1], w_down_scale[512, 1]. Returns out[4, 512].
     """
+    T = x.shape[0]  # tokens: 1 to 4, read from the arguments
+    assert 1 <= T <= 4, f"T = {T}: this kernel takes 1 to 4"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_Q_BLOCK = 1024  # 8 tiles of 128
     P = 128  # partitions per tile (nl.tile_size.pmax)
-    TOKENS_PER_BLOCK = 4  # tokens per block
-    TOKEN_TILE = 4  # tokens per tile
-    assert tuple(x.shape) == (4, 512), f"x: expected shape (4, 512), got {x.shape}"
+    assert tuple(x.shape) == (T, 512), f"x: expected shape (T, 512), got {x.shape}"
     assert tuple(w_gate.shape) == (512, 1024), f"w_gate: expected shape (512, 1024), got {w_gate.shape}"
     assert tuple(w_up.shape) == (512, 1024), f"w_up: expected shape (512, 1024), got {w_up.shape}"
     assert tuple(w_down.shape) == (1024, 512), f"w_down: expected shape (1024, 512), got {w_down.shape}"
@@ -67,7 +67,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
     assert tuple(w_down_scale.shape) == (512, 1), f"w_down_scale: expected shape (512, 1), got {w_down_scale.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
-    out = nl.ndarray((4, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out = nl.ndarray((T, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=4 token_tile=4 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
     # x_scale on every partition
     x_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -84,21 +84,21 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
     h_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=h_scale_col[0:P, 0:1], src=h_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # w_down_scale along the free axis, on every token partition
-    w_down_scale_row = nl.ndarray((TOKEN_TILE, 512), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_down_scale_row[0:TOKEN_TILE, 0:512], src=w_down_scale.ap(pattern=[[0, TOKEN_TILE], [1, 512]], offset=0))
+    w_down_scale_row = nl.ndarray((T, 512), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=w_down_scale_row[0:T, 0:512], src=w_down_scale.ap(pattern=[[0, T], [1, 512]], offset=0))
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 4, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(4):
-        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt:P * kt + P])
+        nisa.dma_transpose(dst=x_strip[0:P, kt, 0:T], src=x[0:T, P * kt:P * kt + P])
     # x_q^T strip of this token block, kept in SBUF
-    x_q_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+    x_q_strip = nl.ndarray((P, 4, T), dtype=nl.float8_e4m3, buffer=nl.sbuf)
     # x_q^T from tiles of x, x_scale (quantize on the eviction)
     for ft in range(4):
-        x_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=x_q_spill[0:F_TILE, 0:TOKEN_TILE], data=x_strip[0:F_TILE, ft, 0:TOKEN_TILE], op0=nl.divide, operand0=x_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-        nisa.tensor_scalar(dst=x_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=x_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
+        x_q_spill = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=x_q_spill[0:F_TILE, 0:T], data=x_strip[0:F_TILE, ft, 0:T], op0=nl.divide, operand0=x_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+        nisa.tensor_scalar(dst=x_q_strip[0:F_TILE, ft, 0:T], data=x_q_spill[0:F_TILE, 0:T], op0=nl.maximum, operand0=-240.0)
     # h_q^T strip of this token block, kept in SBUF
-    h_q_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+    h_q_strip = nl.ndarray((P, 8, T), dtype=nl.float8_e4m3, buffer=nl.sbuf)
     # h_q^T from PSUM tiles of gate_acc = x_q @ w_gate, up_acc = x_q @ w_up; tiles of x_scale, w_gate_scale, w_up_scale, h_scale (dequantize then silu then dequantize then multiply then quantize on the eviction)
     w_gate_block = nl.ndarray((P, 4, H_Q_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
     for kt in range(4):
@@ -107,23 +107,23 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
     for kt in range(4):
         nisa.dma_copy(dst=w_up_block[0:P, kt, 0:H_Q_BLOCK], src=w_up[P * kt:P * kt + P, 0:H_Q_BLOCK])
     for ft in range(8):
-        gate_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        gate_acc_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
         for kt in range(4):
-            nisa.nc_matmul(dst=gate_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
-        up_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=gate_acc_psum[0:F_TILE, 0:T], stationary=w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:T], perf_mode=nisa.matmul_perf_mode.double_row)
+        up_acc_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
         for kt in range(4):
-            nisa.nc_matmul(dst=up_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
-        gate_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-        act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-        up_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-        h_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-        h_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=gate_f32[0:F_TILE, 0:TOKEN_TILE], data=gate_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=w_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
-        nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_f32[0:F_TILE, 0:TOKEN_TILE])
-        nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:TOKEN_TILE], data=up_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=w_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
-        nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
-        nisa.tensor_scalar(dst=h_q_spill[0:F_TILE, 0:TOKEN_TILE], data=h_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-        nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=h_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
+            nisa.nc_matmul(dst=up_acc_psum[0:F_TILE, 0:T], stationary=w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:T], perf_mode=nisa.matmul_perf_mode.double_row)
+        gate_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+        act_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+        up_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+        h_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+        h_q_spill = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=gate_f32[0:F_TILE, 0:T], data=gate_acc_psum[0:F_TILE, 0:T], op0=nl.multiply, operand0=w_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
+        nisa.activation(dst=act_f32[0:F_TILE, 0:T], op=nl.silu, data=gate_f32[0:F_TILE, 0:T])
+        nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:T], data=up_acc_psum[0:F_TILE, 0:T], op0=nl.multiply, operand0=w_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
+        nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:T], data1=act_f32[0:F_TILE, 0:T], data2=up_f32[0:F_TILE, 0:T], op=nl.multiply)
+        nisa.tensor_scalar(dst=h_q_spill[0:F_TILE, 0:T], data=h_f32[0:F_TILE, 0:T], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+        nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:T], data=h_q_spill[0:F_TILE, 0:T], op0=nl.maximum, operand0=-240.0)
     # out = down from PSUM tiles of down_acc = h_q @ w_down; tiles of h_scale, w_down_scale (dequantize on the eviction)
     # 2 programs: each its 1 of 2
     for o_blk in range(1):
@@ -131,14 +131,14 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
         for kt in range(8):
             nisa.dma_copy(dst=w_down_block[0:P, kt, 0:256], src=w_down[P * kt:P * kt + P, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256])
         # one packed row of output tiles
-        out_rows = nl.ndarray((TOKEN_TILE, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_acc_psum = nl.ndarray((TOKEN_TILE, 256), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_acc_psum = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.psum)
         for kt in range(8):
-            nisa.nc_matmul(dst=down_acc_psum[0:TOKEN_TILE, 0:256], stationary=h_q_strip[0:P, kt, 0:TOKEN_TILE], moving=w_down_block[0:P, kt, 0:256], perf_mode=nisa.matmul_perf_mode.double_row)
-        down_spill = nl.ndarray((TOKEN_TILE, 256), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=down_spill[0:TOKEN_TILE, 0:256], data1=down_acc_psum[0:TOKEN_TILE, 0:256], data2=w_down_scale_row[0:TOKEN_TILE, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256], op=nl.multiply)
-        nisa.tensor_scalar(dst=out_rows[0:TOKEN_TILE, 0:256], data=down_spill[0:TOKEN_TILE, 0:256], op0=nl.multiply, operand0=h_scale_col[0:TOKEN_TILE, 0:1])
-        nisa.dma_copy(dst=out[0:TOKEN_TILE, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256], src=out_rows[0:TOKEN_TILE, 0:256])
+            nisa.nc_matmul(dst=down_acc_psum[0:T, 0:256], stationary=h_q_strip[0:P, kt, 0:T], moving=w_down_block[0:P, kt, 0:256], perf_mode=nisa.matmul_perf_mode.double_row)
+        down_spill = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=down_spill[0:T, 0:256], data1=down_acc_psum[0:T, 0:256], data2=w_down_scale_row[0:T, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256], op=nl.multiply)
+        nisa.tensor_scalar(dst=out_rows[0:T, 0:256], data=down_spill[0:T, 0:256], op0=nl.multiply, operand0=h_scale_col[0:T, 0:1])
+        nisa.dma_copy(dst=out[0:T, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256], src=out_rows[0:T, 0:256])
     return out
 
 

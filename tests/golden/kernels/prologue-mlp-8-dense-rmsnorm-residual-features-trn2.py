@@ -46,57 +46,57 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, residual, gamma):
     """Fused kernel dense_mlp_k0 over 8 tokens (bfloat16).
     Arguments: x[8, 2048], w_gate[2048, 8192], w_up[2048, 8192], w_down[8192, 2048], residual[8, 2048], gamma[2048]. Returns residual_sum[8, 2048], out[8, 2048].
     """
+    T = x.shape[0]  # tokens: 1 to 8, read from the arguments
+    assert 1 <= T <= 8, f"T = {T}: this kernel takes 1 to 8"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 512  # 4 tiles of 128
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
-    TOKENS_PER_BLOCK = 8  # tokens per block
-    TOKEN_TILE = 8  # tokens per tile
-    assert tuple(x.shape) == (8, 2048), f"x: expected shape (8, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(w_gate.shape) == (2048, 8192), f"w_gate: expected shape (2048, 8192), got {w_gate.shape}"
     assert tuple(w_up.shape) == (2048, 8192), f"w_up: expected shape (2048, 8192), got {w_up.shape}"
     assert tuple(w_down.shape) == (8192, 2048), f"w_down: expected shape (8192, 2048), got {w_down.shape}"
-    assert tuple(residual.shape) == (8, 2048), f"residual: expected shape (8, 2048), got {residual.shape}"
+    assert tuple(residual.shape) == (T, 2048), f"residual: expected shape (T, 2048), got {residual.shape}"
     assert tuple(gamma.shape) == (2048,), f"gamma: expected shape (2048,), got {gamma.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
-    residual_sum = nl.ndarray((8, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    out = nl.ndarray((8, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    residual_sum = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=8 token_tile=8 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
     # xn: eps = 1e-06 per partition (the rsqrt bias)
-    xn_cols = nl.ndarray((TOKEN_TILE, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=xn_cols[0:TOKEN_TILE, 0:1], value=1e-06)
+    xn_cols = nl.ndarray((T, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=xn_cols[0:T, 0:1], value=1e-06)
     # gamma: column kt holds features kt*128.. on partitions
     gamma_cols = nl.ndarray((P, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
     for kt in range(16):
         nisa.dma_copy(dst=gamma_cols[0:P, kt], src=gamma[P * kt:P * kt + P])
     # xn^T strip: normalized features on partitions, tokens free
-    xn_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xn_strip = nl.ndarray((P, 16, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
-    x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[0:TOKEN_TILE, 0:2048])
+    x_rows = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_rows[0:T, 0:2048], src=x[0:T, 0:2048])
     # tokens on partitions, as stored
-    residual_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=residual_rows[0:TOKEN_TILE, 0:2048], src=residual[0:TOKEN_TILE, 0:2048])
+    residual_rows = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=residual_rows[0:T, 0:2048], src=residual[0:T, 0:2048])
     # x_sum = residual sum (stored, then normalized)
-    x_sum_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=x_sum_rows[0:TOKEN_TILE, 0:2048], data1=x_rows[0:TOKEN_TILE, 0:2048], data2=residual_rows[0:TOKEN_TILE, 0:2048], op=nl.add)
+    x_sum_rows = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=x_sum_rows[0:T, 0:2048], data1=x_rows[0:T, 0:2048], data2=residual_rows[0:T, 0:2048], op=nl.add)
     # each program of the logical core stores half the columns (2 programs: each its 1 of 2)
     for hv in range(1):
-        nisa.dma_copy(dst=residual_sum[0:TOKEN_TILE, 1024 * hv + 1024 * pid:1024 * hv + 1024 * pid + 1024], src=x_sum_rows[0:TOKEN_TILE, 1024 * hv + 1024 * pid:1024 * hv + 1024 * pid + 1024])
+        nisa.dma_copy(dst=residual_sum[0:T, 1024 * hv + 1024 * pid:1024 * hv + 1024 * pid + 1024], src=x_sum_rows[0:T, 1024 * hv + 1024 * pid:1024 * hv + 1024 * pid + 1024])
     # xn: normalized rows (gamma applied on the transposes' eviction)
-    xn_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xn_rows = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
     # per token: sum of squares, then 1/sqrt(mean + eps)
-    xn_stats = nl.ndarray((TOKEN_TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation_reduce(dst=xn_rows[0:TOKEN_TILE, 0:2048], op=nl.square, data=x_sum_rows[0:TOKEN_TILE, 0:2048], reduce_op=nl.add, reduce_res=xn_stats[0:TOKEN_TILE, 0:1])
-    nisa.activation(dst=xn_stats[0:TOKEN_TILE, 1:2], op=nl.rsqrt, data=xn_stats[0:TOKEN_TILE, 0:1], scale=0.00048828125, bias=xn_cols[0:TOKEN_TILE, 0:1])
-    nisa.activation(dst=xn_rows[0:TOKEN_TILE, 0:2048], op=nl.copy, data=x_sum_rows[0:TOKEN_TILE, 0:2048], scale=xn_stats[0:TOKEN_TILE, 1:2])
+    xn_stats = nl.ndarray((T, 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=xn_rows[0:T, 0:2048], op=nl.square, data=x_sum_rows[0:T, 0:2048], reduce_op=nl.add, reduce_res=xn_stats[0:T, 0:1])
+    nisa.activation(dst=xn_stats[0:T, 1:2], op=nl.rsqrt, data=xn_stats[0:T, 0:1], scale=0.00048828125, bias=xn_cols[0:T, 0:1])
+    nisa.activation(dst=xn_rows[0:T, 0:2048], op=nl.copy, data=x_sum_rows[0:T, 0:2048], scale=xn_stats[0:T, 1:2])
     for kt in range(16):
-        xn_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
-        nisa.nc_transpose(dst=xn_tpsum[0:P, 0:TOKEN_TILE], data=xn_rows[0:TOKEN_TILE, P * kt:P * kt + P])
-        nisa.activation(dst=xn_strip[0:P, kt, 0:TOKEN_TILE], op=nl.copy, data=xn_tpsum[0:P, 0:TOKEN_TILE], scale=gamma_cols[0:P, kt:kt + 1])
+        xn_tpsum = nl.ndarray((P, T), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_transpose(dst=xn_tpsum[0:P, 0:T], data=xn_rows[0:T, P * kt:P * kt + P])
+        nisa.activation(dst=xn_strip[0:P, kt, 0:T], op=nl.copy, data=xn_tpsum[0:P, 0:T], scale=gamma_cols[0:P, kt:kt + 1])
     # h^T strip of this token block, kept in SBUF
-    h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    h_strip = nl.ndarray((P, 64, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = xn @ w_gate, up = xn @ w_up (silu then multiply on the eviction)
     for f_blk in range(16):
         w_gate_block = nl.ndarray((P, 16, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -106,15 +106,15 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, residual, gamma):
         for kt in range(16):
             nisa.dma_copy(dst=w_up_block[0:P, kt, 0:H_BLOCK], src=w_up[P * kt:P * kt + P, H_BLOCK * f_blk:H_BLOCK * f_blk + H_BLOCK])
         for ft in range(4):
-            gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+            gate_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:TOKEN_TILE])
-            up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:T], stationary=w_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:T])
+            up_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:TOKEN_TILE])
-            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
-            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
+                nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:T], stationary=w_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:T])
+            act_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=act_f32[0:F_TILE, 0:T], op=nl.silu, data=gate_psum[0:F_TILE, 0:T])
+            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 4 * f_blk + ft, 0:T], data1=act_f32[0:F_TILE, 0:T], data2=up_psum[0:F_TILE, 0:T], op=nl.multiply)
     # out = down = (h @ w_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
@@ -122,12 +122,12 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, residual, gamma):
         for kt in range(64):
             nisa.dma_copy(dst=w_down_block[0:P, kt, 0:OUT_TILE], src=w_down[P * kt:P * kt + P, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE])
         # one packed row of output tiles
-        out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+        out_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        down_psum = nl.ndarray((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(64):
-            nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_strip[0:P, kt, 0:TOKEN_TILE], moving=w_down_block[0:P, kt, 0:OUT_TILE])
-        nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
-        nisa.dma_copy(dst=out[0:TOKEN_TILE, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
+            nisa.nc_matmul(dst=down_psum[0:T, 0:OUT_TILE], stationary=h_strip[0:P, kt, 0:T], moving=w_down_block[0:P, kt, 0:OUT_TILE])
+        nisa.tensor_copy(dst=out_rows[0:T, 0:OUT_TILE], src=down_psum[0:T, 0:OUT_TILE])
+        nisa.dma_copy(dst=out[0:T, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=out_rows[0:T, 0:OUT_TILE])
     return residual_sum, out
 
 
