@@ -71,7 +71,7 @@ def test_named_sizes_print_by_name_and_compute_as_numbers():
     assert not isinstance(tile * 2, Named) and named(0, "Z") == 0 and not isinstance(named(0, "Z"), Named)
     with naming() as names:
         assert literal(tile) == "P" and literal(-tile) == "-P" and literal(128) == "128"
-    assert names.used == {"P": ({128}, "partitions")}
+    assert names.used == {"P": ({128}, "partitions", "")}
     assert literal(tile) == "128"  # outside a printer: digits
 
 
