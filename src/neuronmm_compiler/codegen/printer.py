@@ -7,8 +7,9 @@ instructions return values that are assigned into buffers, loads and stores are 
 ``nl.store``, matmul results accumulate with ``+=`` into a zeroed PSUM tile (``=`` starts the sums in a
 rotating PSUM copy, ``accumulate=False`` in 0.3+), and loops are
 ``nl.affine_range`` (independent), ``nl.sequential_range`` (loop-carried partial sums) or
-``nl.static_range`` (a loop whose variable sizes a ragged tile or picks a rotating copy, so it must be
-unrolled).
+``nl.static_range`` (a loop whose variable sizes a ragged tile, picks a rotating copy or indexes a list of
+PSUM tiles, so it must be unrolled at trace time). In both, sizes a lowering named
+(:class:`~neuronmm_compiler.kernel_ir.expr.Named`) print by name, declared at the kernel's top.
 """
 
 from __future__ import annotations
