@@ -39,7 +39,7 @@ def _pe_us(compiled) -> float:
 def test_a_decode_gemm_runs_in_column_tiles_and_verifies(target, dialect, columns, width):
     plain, tiled = _gemm(1, target, dialect), _gemm(columns, target, dialect)
     source = tiled.kernel.source
-    assert f"tile_position=(0, {width} * ct), tile_size=(128, {width})" in source
+    assert f"tile_position=(0, {width} * ct), tile_size=(P, {width})" in source and "    P = 128" in source
     assert "tile_position" not in plain.kernel.source
     report = verify_source(source, target=target, rules=True)
     assert report.ok, report.error or report.violations
@@ -89,7 +89,7 @@ def test_search_samples_column_tiles_only_for_small_stationaries():
 
 
 @pytest.mark.parametrize("mutation", [("32 * ct), tile_size", "32 * ct + 16), tile_size", "NKI-MATMUL-TILE"),
-                                      ("c_psum[32 * ct:32 * ct + 8", "c_psum[0:8", "NKI-MATMUL-TILE-DST")],
+                                      ("c_psum[32 * ct:32 * ct + TILE_M", "c_psum[0:TILE_M", "NKI-MATMUL-TILE-DST")],
                          ids=["misaligned-position", "dst-not-at-its-columns"])
 def test_an_edited_tile_fails_verify_with_its_rule(mutation):
     before, after, rule = mutation
@@ -103,7 +103,7 @@ def test_a_decode_mlp_column_tiles_its_down_projection():
     workload = mlp_workload(8, 256, 1024, dense=True)
     plain = compile_graph(workload, target=TRN2, params={})
     tiled = compile_graph(workload, target=TRN2, params={"column_tiles": 4})
-    assert "tile_position=(0, 32 * ct), tile_size=(128, 32)" in tiled.kernel.source
+    assert "tile_position=(0, 32 * ct), tile_size=(P, 32)" in tiled.kernel.source
     report = verify_source(tiled.kernel.source, target=TRN2, rules=True)
     assert report.ok, report.error or report.violations
     assert _pe_us(tiled) < _pe_us(plain)

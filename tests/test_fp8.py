@@ -83,10 +83,10 @@ def test_double_row_needs_fp8_operands_and_a_v3_core() -> None:
 
 def test_a_scale_applied_twice_fails_verify() -> None:
     source = _kernel(3)
-    twice = source.replace("op1=nl.multiply, operand1=x_scale_col[0:128, 0:1])",
-                           "op1=nl.multiply, operand1=x_scale_col[0:128, 0:1])\n        "
-                           "nisa.activation(dst=gate_f32[0:128, 0:3], op=nl.copy, data=gate_f32[0:128, 0:3], "
-                           "scale=x_scale_col[0:128, 0:1])", 1)
+    twice = source.replace("op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])",
+                           "op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])\n        "
+                           "nisa.activation(dst=gate_f32[0:F_TILE, 0:T], op=nl.copy, data=gate_f32[0:F_TILE, 0:T], "
+                           "scale=x_scale_col[0:F_TILE, 0:1])", 1)
     assert twice != source
     report = verify_source(twice)
     assert not report.ok and "relative error" in (report.error or "")

@@ -655,7 +655,7 @@ ALLOWED_NODES = (
     ast.Assert, ast.Compare, ast.Eq, ast.Call, ast.keyword, ast.Name, ast.Load, ast.Store, ast.Attribute,
     ast.Tuple, ast.JoinedStr, ast.FormattedValue, ast.Assign, ast.AugAssign, ast.For, ast.Return,
     ast.Subscript, ast.Slice, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.MatMult,
-    ast.USub,
+    ast.USub, ast.LtE, ast.List,
 )
 
 
@@ -712,7 +712,9 @@ def check_kernel_ast(source: str, dialect: str) -> set[str]:
                     assert isinstance(root, ast.Name) and root.id in {"np", "nl", "nisa"}, ast.unparse(node.func)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node is not docstring.value:
                 # the only other strings are the shape- and launch-assertion messages' literal parts
-                assert (re.fullmatch(r"[A-Za-z0-9_]+: expected shape \([0-9, ]+\), got ", node.value)
+                assert (re.fullmatch(r"[A-Za-z0-9_]+: expected shape \([0-9A-Z_, ]+\), got ", node.value)
+                        or re.fullmatch(r"[A-Z]+ = ", node.value)  # a size read from the arguments: T = {T}: ...
+                        or re.fullmatch(r": this kernel takes 1 to [0-9]+", node.value)
                         or re.fullmatch(r"an LNC=[0-9] kernel launched with ", node.value)
                         or re.fullmatch(r" program\(s\): launch it on a logical core of [0-9] physical cores \(see the "
                                         r"file header\)", node.value)), node.value

@@ -176,9 +176,9 @@ def test_a_programs_own_slots_are_cut_to_its_share():
     compiled = compile_graph(mlp_workload(1, 512, 1024, dense=True), target=lnc2(), dialect="nki",
                              params={"lnc_split": "hidden"})
     source = compiled.kernel.source
-    assert "x_strip = nl.ndarray((128, 2, 1)" in source  # 4 K tiles of 128, 2 per program
-    assert "x_strip[0:128, kt, 0:1]" in source and "kt + 2 * pid" not in source
-    assert "h_strip = nl.ndarray((128, 8, 1)" in source
+    assert "x_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK)" in source  # 4 K tiles of 128, 2 per program
+    assert "x_strip[0:P, kt, 0:TOKEN_TILE]" in source and "kt + 2 * pid" not in source
+    assert "h_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK)" in source
     report = verified(compiled)
     one_core = compile_graph(mlp_workload(1, 512, 1024, dense=True), target=get_target("trn2"), dialect="nki")
     assert report.counters["sbuf_peak_bytes"] == compiled.cost.sbuf_bytes_per_partition

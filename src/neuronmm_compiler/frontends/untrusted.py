@@ -52,6 +52,10 @@ RESERVED_NAMES = frozenset({
     "r_tile", "c_tile", "m_tile", "n_tile", "k_tile", "i", "j", "k", "self", "cls",
     "pid",  # the program id of an LNC=2 kernel (kernel_ir/lnc.py)
     "hv",  # the halves of a stored residual sum under an LNC=2 split (lowerings/fused_prologue.py)
+    "bank",  # the loop filling a list of PSUM tiles (kernel_ir/psum_banks.py)
+    # named tile sizes (kernel_ir/expr.py, Named; lowerings/limits.py, lower_gemm.py, lower_fused.py)
+    "P", "T", "F_TILE", "OUT_TILE", "TOKEN_TILE", "TOKENS_PER_BLOCK", "K_BLOCK",
+    "TILE_M", "TILE_N", "TILE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K",
 })
 #: Names nmmc derives from a user's name (``x_strip``, ``mm_psum``, ``w_block``, ``x_f64``, the
 #: kernels ``<graph>_k0``, the reference's locals ``v3``): a user name may not have that form, nor
@@ -59,7 +63,7 @@ RESERVED_NAMES = frozenset({
 #: schema's ``$defs/value_name``; tests/test_graph_file.py checks every name an emitted kernel binds
 #: itself against it.
 DERIVED_PATTERN = (r"_(strip|psum|tpsum|block|rows|rowtile|resident|tile|tiles|blk|sbuf|spill|f32|f64|kernel"
-                   r"|cols|stats|k[0-9]+)$|^v[0-9]+$|__")
+                   r"|cols|stats|k[0-9]+|BLOCK)$|^v[0-9]+$|__")
 _DERIVED = re.compile(DERIVED_PATTERN)
 #: Builtins as the interpreter sees them, plus the ones ``site`` adds (not there under ``python -S``).
 _BUILTINS = frozenset(dir(builtins)) | {"exit", "quit", "help", "copyright", "credits", "license"}
