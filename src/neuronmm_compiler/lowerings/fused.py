@@ -24,7 +24,7 @@ from ..ir import Graph
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
-from ..schedule.fused import FusedSchedule, normalize_on
+from ..schedule.fused import NORMALIZED_PARAMS, FusedSchedule, normalize_on
 from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target, with_lnc
@@ -211,10 +211,16 @@ class FusedLowering(Lowering):
 
         space = fused_space(row_major_activations(workload), splittable(workload), dma_transpose, target.lnc,
                             exchange, column_tile_candidates(tokens, target.max_column_tiles))
-        seen: dict[FusedSchedule, None] = {}
-        for point in space.points():
-            seen.setdefault(normalize_on(space.decode(point), tokens, target), None)
-        everything = list(seen)
+
+        def normalized(schedule: FusedSchedule) -> FusedSchedule:
+            return normalize_on(schedule, tokens, target)
+
+        def distinct() -> list[FusedSchedule]:  # walked only by an exhaustive search
+            seen: dict[FusedSchedule, None] = {}
+            for point in space.points():
+                seen.setdefault(normalized(space.decode(point)), None)
+            return list(seen)
+
         base = FusedSchedule()
         transposes = space.candidates["x_transpose"]
         x_transpose = "pe" if "pe" in transposes and (tokens < 128 or "dma" not in transposes) else "dma"
@@ -226,8 +232,9 @@ class FusedLowering(Lowering):
         # every guess under every split of the logical core (a decode step has no tokens to divide, a prefill step
         # may have no on-chip value worth exchanging): the first trials include one that divides
         guesses = [replace(g, lnc_split=split) for g in shapes for split in space.candidates["lnc_split"]]
-        spec = SpaceSpec(space=space, guesses=guesses, size=len(everything), distinct=lambda: everything)
-        return spec, Evaluator(cost, lambda s: normalize_on(s, tokens, target))
+        spec = SpaceSpec(space=space, guesses=guesses, size=space.distinct_size(normalized, NORMALIZED_PARAMS),
+                         distinct=distinct)
+        return spec, Evaluator(cost, normalized)
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):
