@@ -21,6 +21,7 @@ from ..cost_model.footprint import FUSED_ADVICE
 from ..errors import InputError, ScheduleError
 from ..frontends.workloads import ChainWorkload, GemmWorkload, GraphWorkload, MlpWorkload, Workload
 from ..ir import Graph
+from ..ir.quantized import unquantized
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
@@ -248,15 +249,20 @@ class FusedLowering(Lowering):
                                       "pre-transposed per-op kernels", dense),
                     "unfused": Baseline(one_core_label("per-op kernels (AWS GEMMs)", target), "per-op kernels",
                                         unfused)}
-        dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM,
+        # AWS's tutorial matmul has no FP8: for an FP8 MLP its baselines are the bf16 computations a user without
+        # nmmc's FP8 kernel would run (ir/quantized.unquantized), named so (docs/fp8.md, "Baselines")
+        fp8 = isinstance(workload, MlpWorkload) and workload.fp8 is not None
+        plain, tag = ((lambda g: unquantized(g, workload.dtype)), f" {workload.dtype}") if fp8 else ((lambda g: g), "")
+        aws = "AWS kernels, no FP8" if fp8 else "AWS kernels"
+        dense = unfused_cost(_canonical(plain(workload.dense_graph())), target, lhs_layout=ALayout.KM,
                              dma_transpose=dma_transpose)
-        baselines = {"dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense)}
+        baselines = {"dense": Baseline(one_core_label(f"dense{tag} ({aws})", target), f"dense{tag}", dense)}
         if isinstance(workload, MlpWorkload):  # what NxD Inference runs for an MLP (lowerings/nkilib_mlp.py)
             baselines = {"nkilib-mlp": nkilib_baseline(workload, target), **baselines}
         if workload.svd:  # a dense MLP has no SVD factors to leave unfused
-            unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK,
+            unfused = unfused_cost(_canonical(plain(workload.graph())), target, lhs_layout=ALayout.MK,
                                    dma_transpose=dma_transpose)
-            baselines["unfused"] = Baseline(one_core_label("SVD factors unfused (AWS kernels)", target),
-                                            "unfused SVD", unfused)
+            baselines["unfused"] = Baseline(one_core_label(f"SVD factors unfused{tag} ({aws})", target),
+                                            f"unfused SVD{tag}", unfused)
         return baselines
 
