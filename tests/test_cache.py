@@ -24,6 +24,7 @@ from neuronmm_compiler.artifacts import (
     describe_key,
     new_record,
 )
+from neuronmm_compiler.artifacts import cache as cache_module
 from neuronmm_compiler.cost_model import params as cost_model_params
 from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.frontends.shapes import gemm_graph
@@ -113,6 +114,10 @@ def test_key_is_stable_and_covers_what_the_decision_depends_on(monkeypatch):
         == "999"
     monkeypatch.undo()
     monkeypatch.setattr(neuronmm_compiler, "__version__", "9.9.9")
+    assert key(gemm_graph(64, 128, 256)) != base
+    monkeypatch.undo()
+    # a change to nmmc's code between releases (an editable install, a checkout) is a change of key too
+    monkeypatch.setattr(cache_module, "source_digest", lambda: "0" * 16)
     assert key(gemm_graph(64, 128, 256)) != base
     monkeypatch.undo()
     assert key(gemm_graph(64, 128, 256)) == base

@@ -119,3 +119,19 @@ def test_the_printed_reference_computes_the_quantized_graph() -> None:
     exec("\n".join(reference_source(graph)), namespace)
     printed = namespace["reference"](*(inputs[n.name] for n in graph.inputs()))
     assert np.array_equal(printed, evaluate(graph, inputs)["out"])
+
+
+def test_fp8_decode_loads_each_channel_scale_once_and_dequantizes_k_blocked_rows_on_eviction() -> None:
+    """A decode FP8 kernel: a per-channel scale read by a transposed group arrives in one contiguous DMA (then a
+    TensorE transpose), not one DMA per 128 channels; the down projection streams its weight rows in K blocks as the
+    bf16 kernel does, double_row, with the dequantization on the eviction; and it verifies."""
+    source = _kernel(1, k_tiles_per_block=1, x_transpose="pe")
+    loads = [line for line in source.splitlines() if "dma_copy(" in line and "src=w_gate_scale" in line]
+    assert len(loads) == 1 and "w_gate_scale.ap(pattern=[[P, 3], [1, P]], offset=0)" in loads[0]
+    assert "nisa.nc_transpose(dst=w_gate_scale_tpsum" in source
+    assert "weight rows in blocks of 1 K tiles" in source
+    matmuls = [line for line in source.splitlines() if "nisa.nc_matmul(" in line]
+    assert matmuls and all("double_row" in line for line in matmuls)
+    report = verify_source(source, rules=True)
+    assert report.ok, report.error
+    assert report.rel_error is not None and report.rel_error < 1e-2

@@ -20,7 +20,7 @@ from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.lowerings import lowering_for
 from neuronmm_compiler.model_tuning import ModelSource, tune_model
 from neuronmm_compiler.models import read_config
-from neuronmm_compiler.report import model_lines
+from neuronmm_compiler.report_models import model_lines
 from neuronmm_compiler.speedups import latency_at, launches, speedup_text
 from neuronmm_compiler.targets import IN_GRAPH, STANDALONE, get_target, with_launch
 

@@ -184,3 +184,17 @@ def test_trials_of_dead_processes_are_failed_through_the_public_api():
     assert trials_module._fail_dead_trials(study) == 1
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]
+
+
+@pytest.mark.parametrize("tokens, ranks, lnc", [(1, None, 2), (300, (512, 512, 512), 2), (96, None, 1)])
+def test_the_counted_fused_space_is_the_enumerated_one(tokens, ranks, lnc):
+    """The search counts distinct fused schedules from the parameters normalization touches alone; walking every
+    point must give the same number (and the walk is what an exhaustive search evaluates)."""
+    from neuronmm_compiler.frontends.workloads import MlpWorkload
+    from neuronmm_compiler.lowerings import lowering_for
+    from neuronmm_compiler.targets import with_lnc
+
+    workload = MlpWorkload(tokens=tokens, hidden=1024, intermediate=2048, ranks=ranks)
+    target = with_lnc(get_target("trn2"), lnc)
+    spec, _ = lowering_for(workload).search_setup(workload, target, 0)
+    assert spec.size == len(spec.distinct()) > 0

@@ -92,7 +92,8 @@ def test_dialects_and_what_derives_from_them() -> None:
 
 @pytest.mark.parametrize(("module", "dialect"), [
     ("nki", Dialect.NKI), ("nki.language", Dialect.NKI), ("neuronxcc", Dialect.NEURONXCC),
-    ("neuronxcc.nki.isa", Dialect.NEURONXCC), ("numpy", None), ("nkix", None), *((m, None) for m in PLAIN_IMPORTS)])
+    ("neuronxcc.nki.isa", Dialect.NEURONXCC), ("numpy", None), ("nkix", None),
+    *((m, None) for m in sorted(PLAIN_IMPORTS))])
 def test_dialect_of_a_module(module: str, dialect: Dialect | None) -> None:
     assert Dialect.of_module(module) is dialect
 

@@ -6,7 +6,9 @@ block-aligned SVD, tuned for every token bucket the user serves.
 keep ratio), tunes one fused MLP per distinct bucket, and writes the kernel files plus an index
 (JSON) mapping each bucket to its file, schedule, predicted latency and speedups. The first speedup
 is over the best dense alternative nmmc itself produces, the fused dense gated MLP tuned the same
-way; the others are over AWS's per-matmul kernels (dense, and the SVD factors unfused).
+way; the others are over AWS's per-matmul kernels (dense, and the SVD factors unfused). With several weight
+formats allowed (``--dtype bf16,fp8``, :mod:`.model_formats`), every bucket tunes each of {dense, SVD} x those formats,
+records the front and chooses the fastest predicted one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .frontends.shapes import block_aligned_rank
 from .frontends.workloads import MlpWorkload, Workload, mlp_workload
 from .io import write_text_atomic
 from .lowerings.base import Baseline, ordered_baselines
+from .model_formats import FormatRequest, MlpFormat, choose
 from .models import ModelConfig, read_config, read_manifest
 from .models.manifest import MANIFEST_FILE
 from .search import DEFAULT_TRIALS
@@ -117,13 +120,16 @@ class BucketResult:
     workload: Workload
     tuned: Tuned
     dense: Tuned  # nmmc's own best dense alternative: the fused dense gated MLP, tuned the same way
+    formats: dict[MlpFormat, Tuned]  # every allowed format's search (the primary and its dense MLP among them)
+    chosen: MlpFormat  # the fastest predicted (model_formats.choose)
 
 
 def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,
                trials: int = DEFAULT_TRIALS, seed: int = 0,
                tune_bucket: Callable[[Workload, int], Tuned] | None = None, jobs: int = 1,
                progress: Callable[[int, int, float], None] | None = None,
-               on_written: Callable[[list[tuple[Workload, Tuned]]], None] | None = None) -> dict[str, Any]:
+               on_written: Callable[[list[tuple[Workload, Tuned]]], None] | None = None,
+               formats: FormatRequest | None = None) -> dict[str, Any]:
     """Tune and emit one fused MLP per bucket into ``out_dir``; write and return the index.
     ``tune_bucket(workload, bucket_index)`` runs one search with the caller's settings (``nmmc tune
     --model``: cache, timeout, method, progress); by default :func:`driver.tune` with ``trials`` and
@@ -133,31 +139,34 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     files and the index are those of ``jobs=1``. ``progress(buckets_done, buckets, inf)`` is
     called as buckets complete; ``on_written(searches)`` once every file is written, with each search's
     workload and result (``nmmc tune --model`` stores them in the result cache then, so that an interrupted
-    command leaves no cache entry). A source without ranks (``--dense``) tunes the dense MLP alone."""
+    command leaves no cache entry). A source without ranks (``--dense``) tunes the dense MLP alone. ``formats``: the
+    weight formats allowed (default bf16 alone); each bucket tunes every allowed format (:mod:`.model_formats`)."""
     if tune_bucket is None:
         tune_bucket = functools.partial(_tune_default, target=target, dialect=dialect, trials=trials, seed=seed)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
     c = source.config
-    # an SVD MLP is searched with nmmc's fused dense MLP (its honest alternative); a dense one alone
-    variants = (False,) if source.ranks is None else (False, True)
-    searches = [(bucket, mlp_workload(tokens, c.hidden_size, c.intermediate_size, dense=True)
-                 if dense or source.ranks is None else
-                 mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks))
-                for bucket, tokens in enumerate(buckets) for dense in variants]
+    formats = formats or FormatRequest()
+    # an SVD MLP is searched with nmmc's fused dense MLP (its honest alternative), per allowed weight format; a dense
+    # source has the dense MLPs alone
+    candidates = formats.candidates(source.ranks is not None)
+    primary = candidates[0]
+    searches = [(bucket, f.workload(tokens, c.hidden_size, c.intermediate_size, source.ranks))
+                for bucket, tokens in enumerate(buckets) for f in candidates]
     tuned_all = _run_searches(tune_bucket, searches, jobs, progress, len(buckets))
     out.mkdir(parents=True, exist_ok=True)  # only once every search succeeded: a failed one leaves nothing
     results: list[BucketResult] = []
-    step = len(variants)
+    step = len(candidates)
     for bucket, tokens in enumerate(buckets):
-        first = step * bucket
-        (_, workload), tuned, dense = searches[first], tuned_all[first], tuned_all[first + step - 1]
-        name = f"mlp_t{tokens}.py"
-        write_text_atomic(out / name, tuned.compiled.kernel.source)
-        if source.ranks is not None and not svd_wins(tuned, dense):  # the bucket's recommended kernel is nmmc's
-            write_text_atomic(out / dense_file(tokens), dense.compiled.kernel.source)  # dense MLP: write it too
-        results.append(BucketResult(tokens, name, workload, tuned, dense))
+        by_format = dict(zip(candidates, tuned_all[step * bucket:step * (bucket + 1)], strict=True))
+        chosen = choose({f: t.compiled.cost.latency_us for f, t in by_format.items()}, candidates)
+        name = primary.file(tokens, primary)
+        write_text_atomic(out / name, by_format[primary].compiled.kernel.source)
+        if chosen != primary:  # the bucket's recommended kernel is another format's: write it too
+            write_text_atomic(out / chosen.file(tokens, primary), by_format[chosen].compiled.kernel.source)
+        results.append(BucketResult(tokens, name, searches[step * bucket][1], by_format[primary],
+                                    by_format[MlpFormat(False, primary.weights)], by_format, chosen))
     index = {
         "nmmc_version": __version__,
         "model": {"name": c.name, "architecture": c.architecture, "hidden_size": c.hidden_size,
@@ -173,6 +182,8 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
         "dialect": dialect,
         "sdk": sdk_range(dialect, target),
         "dtype": results[0].workload.dtype if results else None,
+        # the formats each bucket chose among, {dense, SVD} x the allowed weight formats (model_formats.py)
+        "formats_allowed": [f.name for f in candidates],
         "buckets": [_bucket_entry(r) if source.ranks is not None else _dense_bucket_entry(r) for r in results],
     }
     write_text_atomic(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
@@ -207,11 +218,12 @@ NMMC_DENSE = "nmmc-dense"
 
 
 def dense_counterpart(workload: Workload) -> Workload | None:
-    """The dense MLP an SVD-compressed MLP replaces (None for anything else): what nmmc's own dense baseline
-    tunes."""
+    """The dense MLP an SVD-compressed MLP replaces, in the same weight format (None for anything else): what nmmc's
+    own dense baseline tunes."""
     if not isinstance(workload, MlpWorkload) or not workload.svd:
         return None
-    return mlp_workload(workload.tokens, workload.hidden, workload.intermediate, dense=True, dtype=workload.dtype)
+    return mlp_workload(workload.tokens, workload.hidden, workload.intermediate, dense=True, dtype=workload.dtype,
+                        fp8=workload.fp8)
 
 
 def with_dense_baseline(tuned: Tuned, dense: Tuned) -> Tuned:
@@ -259,17 +271,6 @@ def _latency(cost: CostReport | None) -> float | None:
     return None if cost is None else cost.latency_us
 
 
-def svd_wins(tuned: Tuned, dense: Tuned) -> bool:
-    """True when the SVD MLP is predicted faster than nmmc's own fused dense MLP; where it is not, the dense MLP
-    is the bucket's recommended kernel (it is exact, and no slower)."""
-    return tuned.compiled.cost.latency_us < dense.compiled.cost.latency_us
-
-
-def dense_file(tokens: int) -> str:
-    """The file of a bucket's dense MLP kernel, written where it is the recommended one."""
-    return f"mlp_t{tokens}_dense.py"
-
-
 def _dense_bucket_entry(result: BucketResult) -> dict[str, Any]:
     """A bucket of ``tune --model --dense``: nmmc's fused dense MLP against AWS's kernel per matmul."""
     compiled = result.tuned.compiled
@@ -278,14 +279,16 @@ def _dense_bucket_entry(result: BucketResult) -> dict[str, Any]:
     nkilib_us = _latency(nkilib.cost) if nkilib is not None and nkilib.cost is not None and nkilib.cost.feasible \
         else None
     # nki-library's MLP where it beats nmmc's dense kernel: keep what NxD Inference runs
-    recommended = "nkilib" if nkilib_us is not None and nkilib_us < compiled.cost.latency_us else "dense"
+    best = result.formats[result.chosen].compiled.cost.latency_us
+    recommended = "nkilib" if nkilib_us is not None and nkilib_us < best else "dense"
     return {"tokens": result.tokens, "file": result.file, "kernels": kernel_entries(result.tuned),
             "schedule": compiled.schedule.as_dict(), "predicted_us": compiled.cost.latency_us,
             "nkilib_us": nkilib_us, "speedup_vs_nkilib": speedups.get("nkilib-mlp"),
             "baseline_us": _latency(result.tuned.baselines["dense"].cost), "speedup_vs_baseline": speedups["dense"],
             "baselines": [{"name": name, "computation": b.label, "latency_us": _latency(b.cost),
                            "speedup": speedups[name]} for name, b in result.tuned.baselines.items()],
-            "recommended": recommended, "recommended_file": result.file if recommended == "dense" else None}
+            "recommended": recommended, "recommended_file": None if recommended == "nkilib" else _chosen_file(result),
+            **_format_fields(result)}
 
 
 def _bucket_entry(result: BucketResult) -> dict[str, Any]:
@@ -293,12 +296,11 @@ def _bucket_entry(result: BucketResult) -> dict[str, Any]:
     tuned = with_dense_baseline(result.tuned, result.dense)
     speedups = tuned.speedups()
     fused_dense = result.dense.compiled.cost.latency_us
-    wins = svd_wins(result.tuned, result.dense)
     nkilib = _latency(result.tuned.baselines["nkilib-mlp"].cost) if "nkilib-mlp" in result.tuned.baselines else None
-    best_nmmc = min(compiled.cost.latency_us, fused_dense)
+    best_nmmc = result.formats[result.chosen].compiled.cost.latency_us
     # nki-library's MLP where it beats every kernel nmmc wrote for the bucket: keep what NxD Inference runs
     nkilib_best = nkilib is not None and result.tuned.baselines["nkilib-mlp"].cost.feasible and nkilib < best_nmmc
-    recommended = "nkilib" if nkilib_best else "svd" if wins else "dense"
+    recommended = "nkilib" if nkilib_best else "svd" if result.chosen.svd else "dense"
     return {
         "tokens": result.tokens,
         "file": result.file,
@@ -319,5 +321,23 @@ def _bucket_entry(result: BucketResult) -> dict[str, Any]:
         "baselines": [{"name": name, "computation": b.label, "latency_us": _latency(b.cost),
                        "speedup": speedups[name]} for name, b in tuned.baselines.items()],
         "recommended": recommended,
-        "recommended_file": {"svd": result.file, "dense": dense_file(result.tokens)}.get(recommended),
+        "recommended_file": None if recommended == "nkilib" else _chosen_file(result),
+        **_format_fields(result),
     }
+
+
+def _chosen_file(result: BucketResult) -> str:
+    primary = next(iter(result.formats))
+    return result.chosen.file(result.tokens, primary)
+
+
+def _format_fields(result: BucketResult) -> dict[str, Any]:
+    """A bucket's format choice: the primary kernel's format, the chosen one, and the front (every allowed format's
+    predicted latency, its workload and, where written, its file)."""
+    primary = next(iter(result.formats))
+    written = {primary, result.chosen}
+    return {"format": primary.name, "chosen_format": result.chosen.name,
+            "formats": [{"name": f.name, "structure": "svd" if f.svd else "dense", "weights": f.weights,
+                         "predicted_us": t.compiled.cost.latency_us, "workload": t.compiled.workload.to_dict(),
+                         "file": f.file(result.tokens, primary) if f in written else None,
+                         "chosen": f == result.chosen} for f, t in result.formats.items()]}

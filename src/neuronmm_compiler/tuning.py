@@ -267,6 +267,21 @@ def _tune_bucket(workload: Workload, bucket: int, *, request: TuneRequest, bucke
     return search_uncommitted(workload, replace(request, progress_label=label), echo)[0]
 
 
+def _lock_chosen(lock_path: str, index: dict[str, Any], searched: list[tuple[Workload, Tuned]],
+                 request: TuneRequest) -> None:
+    """Record each bucket's chosen kernel (its format in the entry's workload: ranks or dense, dtype, fp8) in the
+    lockfile at ``lock_path``."""
+    from .artifacts.lockfile import Lockfile, entry_from_tuned
+    from .io import write_output
+
+    lock = Lockfile.load(lock_path)
+    for entry in index["buckets"]:
+        chosen = next(f["workload"] for f in entry["formats"] if f["chosen"])
+        workload, tuned = next((w, t) for w, t in searched if w.to_dict() == chosen)
+        lock.add(entry_from_tuned(workload, tuned, seed=request.seed, trials=request.trial_count))
+    write_output(lock_path, lock.to_json())
+
+
 def store_searches(searches: list[tuple[Workload, Tuned]], request: TuneRequest, echo: Echo) -> None:
     """Store the searches of a command whose outputs are all written in the result cache (those it answered from
     the cache are left as they are), and print the cache's warnings."""
@@ -316,11 +331,14 @@ def _staged_report(tuned: Tuned, request: TuneRequest, workload: Workload,
 
 
 def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *, target_name: str, verify: bool,
-                   as_json: bool, output: str, echo: Echo) -> bool:
-    """``nmmc tune --model``: one tuned MLP kernel per token bucket and an index; False when
-    --verify found a wrong kernel."""
+                   as_json: bool, output: str, echo: Echo, lock_path: str | None = None) -> bool:
+    """``nmmc tune --model``: one tuned MLP kernel per token bucket (per allowed format, ``--dtype bf16,fp8``: the
+    fastest predicted one recommended) and an index; with ``lock_path``, each bucket's chosen kernel recorded in that
+    lockfile. False when --verify found a wrong kernel."""
+    from .model_formats import FormatRequest
     from .model_tuning import parse_buckets, resolve_model, tune_model
-    from .report import model_lines, progress_bar
+    from .report import progress_bar
+    from .report_models import model_lines
 
     allowed = {"tokens", "keep_ratio", "dense", "dtype", "a_layout"}
     given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
@@ -334,17 +352,32 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                          "another without a storage: drop --workers")
     source = resolve_model(model, options["keep_ratio"], dense=bool(options.get("dense")))
     buckets = parse_buckets(str(options["tokens"]))
+    formats = FormatRequest.parse(options.get("dtype"))
+    if lock_path:
+        from .artifacts.lockfile import Lockfile
+        from .io import check_output_file
+
+        check_output_file(lock_path)
+        Lockfile.load(lock_path)  # a malformed lockfile fails now, not after the searches
     parallel = request.jobs > 1 and len(buckets) * 2 > 1
+    searched: list[tuple[Workload, Tuned]] = []
+
+    def written(searches: list[tuple[Workload, Tuned]]) -> None:
+        searched.extend(searches)
+        store_searches(searches, request=request, echo=echo)
+
     # In worker processes a per-trial bar would interleave: the bar counts finished buckets instead.
     tune_bucket = functools.partial(_tune_bucket, request=replace(request, progress=request.progress and not parallel),
                                     buckets=len(buckets), echo=echo)
     update, close = progress_bar(request.progress and parallel, f"tuning {len(buckets)} buckets")
     try:
         index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect,
-                           tune_bucket=tune_bucket, jobs=request.jobs, progress=update,
-                           on_written=functools.partial(store_searches, request=request, echo=echo))
+                           tune_bucket=tune_bucket, jobs=request.jobs, progress=update, on_written=written,
+                           formats=formats)
     finally:
         close()
+    if lock_path:
+        _lock_chosen(lock_path, index, searched, request)
     failures = []
     if verify:
         from .verification import verify_file

@@ -6,8 +6,9 @@ what the same schedule compiles to today. The key (:func:`cache_key`) is a SHA-2
 the decision depends on: the graph's structural signature (shapes, dtypes, layouts), the target, the
 dialect, the lowering entry whose schedule it is (``gemm`` or ``fused``), the search request
 (method, trials, seed, exhaustive threshold) with a fingerprint of the schedule space, the cost
-model version and the nmmc version. A change to any of them is a different key; stale files are
-simply never read again.
+model version, the nmmc version and a digest of nmmc's own source files (an editable install or a checkout
+between releases keeps one version number while its lowerings change). A change to any of them is a
+different key; stale files are simply never read again.
 
 Layout: ``<cache dir>/tune/<key>.json``, one :class:`CacheRecord` per file. Files are written to a
 temporary name in the same directory and renamed over the final name (atomic on POSIX), so readers
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -55,6 +57,17 @@ def _versions() -> dict[str, str]:
             "cost_model_version": str(cost_model_params.COST_MODEL_VERSION)}
 
 
+@functools.cache
+def source_digest() -> str:
+    """SHA-256 (16 hex digits) over the names and bytes of nmmc's Python sources, read once per process: a key
+    part that changes with any change to a lowering, pass or search between two releases of one version."""
+    package = Path(neuronmm_compiler.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _target(target: str | Target) -> Target:
     """The target itself, or the one a name (or calibrated target file) names."""
     return target if isinstance(target, Target) else get_target(target)
@@ -70,7 +83,7 @@ def cache_key(graph: Graph, *, target: str | Target, dialect: str, kind: str,
     _schedule_class(kind)
     tgt = _target(target)
     fields_: dict[str, str] = {"graph": graph.signature(), "target": tgt.name, "dialect": dialect, "kind": kind,
-                               **_versions()}
+                               **_versions(), "source": source_digest()}
     if search:
         fields_["search"] = json.dumps(dict(search), sort_keys=True)
     if tgt.calibrated:

@@ -114,7 +114,8 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Also write plots of the search (history, parameter importance, roofline) and a summary to DIR.")
 @click.option("--lock", "lock_path", default=None, metavar="LOCKFILE",
-              help="Record the chosen schedule in this lockfile (created if missing) for 'nmmc regress'.")
+              help="Record the chosen schedule in this lockfile (created if missing) for 'nmmc regress'; with "
+                   "--model, each bucket's chosen kernel (its format is in the entry's workload).")
 @click.option("--no-cache", is_flag=True, help="Search even if the result cache has an answer (and do not store one).")
 @click.option("--cache-dir", default=None, metavar="DIR",
               help="Result cache directory [default: $NMMC_CACHE_DIR, else $XDG_CACHE_HOME/nmmc, else ~/.cache/nmmc].")
@@ -149,13 +150,13 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
                           top_k=top_k, storage=storage, study_name=study_name, workers=workers, jobs=jobs or cores(),
                           cache_dir=cache_dir, use_cache=not no_cache, progress=show_progress(progress, as_json))
     if model is not None:
-        if lock_path or report_dir or storage:
-            raise InputError("--lock, --report and --storage take single workloads; use them per --mlp bucket")
+        if report_dir or storage:
+            raise InputError("--report and --storage take single workloads; use them per --mlp bucket")
         from ..io import check_output_dir
 
         check_output_dir(output)
         ok = run_model_tune(model, options, request, target_name=target, verify=run_verify, as_json=as_json,
-                            output=output, echo=click.echo)
+                            output=output, echo=click.echo, lock_path=lock_path)
     else:
         assert workload is not None
         ok = run_tune(workload, request, verify=run_verify, lock_path=lock_path,

@@ -210,7 +210,7 @@ class NkiPrinter(_Printer):
     def instruction(self, stmt: Stmt, depth: int) -> None:
         if isinstance(stmt, DmaCopy):
             fn = "nisa.dma_transpose" if stmt.transpose else "nisa.dma_copy"
-            src = _broadcast_source(stmt) if stmt.broadcast else stmt.src.code()
+            src = _pattern_source(stmt) if stmt.broadcast or stmt.fold else stmt.src.code()
             self.emit(depth, f"{fn}(dst={stmt.dst.code()}, src={src})")
         elif isinstance(stmt, Matmul):
             start = ", accumulate=False" if stmt.overwrite else ""
@@ -274,9 +274,10 @@ class NeuronxccPrinter(_Printer):
         return "nl.zeros" if stmt.zero or stmt.accumulator else "nl.ndarray", False
 
     def instruction(self, stmt: Stmt, depth: int) -> None:
-        if (isinstance(stmt, DmaCopy) and stmt.broadcast) or (isinstance(stmt, Matmul) and stmt.perf_mode != "none"):
-            raise ScheduleError("FP8 kernels (broadcast scale loads, double_row matmuls) are emitted in the nki "
-                                "dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3; docs/fp8.md)")
+        pattern = isinstance(stmt, DmaCopy) and (stmt.broadcast or stmt.fold)
+        if pattern or (isinstance(stmt, Matmul) and stmt.perf_mode != "none"):
+            raise ScheduleError("FP8 kernels (scale loads by access pattern, double_row matmuls) are emitted in the "
+                                "nki dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3; docs/fp8.md)")
         if isinstance(stmt, DmaCopy):
             if stmt.is_load:
                 fn = "nl.load_transpose2d" if stmt.transpose else "nl.load"
@@ -299,7 +300,7 @@ class NeuronxccPrinter(_Printer):
                 isinstance(stmt, Activation) and (stmt.bias is not None or isinstance(stmt.scale, Ref)
                                                   or stmt.scale != 1.0)):
             raise ScheduleError("the norm prologue (--fuse-norm, a graph's rmsnorm/layernorm) is emitted in the nki "
-                                "dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3)")
+                                "nki dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3)")
         elif isinstance(stmt, Activation):
             self.emit(depth, f"{stmt.dst.code()} = {NL_OPS[stmt.op]}({stmt.src.code()}, "
                              f"dtype={NL_DTYPES[stmt.dst.buffer.dtype]})")
@@ -320,15 +321,20 @@ def _pe_tile(stmt: Matmul) -> str:
     return f", tile_position={position}, tile_size={size}"
 
 
-def _broadcast_source(stmt: DmaCopy) -> str:
-    """The source of a broadcast load: the F contiguous elements of the HBM region, read once per partition of the
-    destination (partition step 0): ``t.ap(pattern=[[0, P], [1, F]], offset=o)`` (NKI access patterns, "NKI Access
-    Patterns": ``[step, num]`` pairs, the first for partitions; rule NKI-DMA-BROADCAST)."""
+def _pattern_source(stmt: DmaCopy) -> str:
+    """The source of a broadcast or folded load as an access pattern (NKI access patterns, "NKI Access Patterns":
+    ``[step, num]`` pairs, the first for partitions). Broadcast: the F contiguous elements of the HBM region, read
+    once per partition of the destination (partition step 0): ``t.ap(pattern=[[0, P], [1, F]], offset=o)`` (rule
+    NKI-DMA-BROADCAST). Folded: the region's P * F contiguous elements, F per partition:
+    ``t.ap(pattern=[[F, P], [1, F]], offset=o)``."""
     src, dst = stmt.src, stmt.dst
     starts = [ix.start if isinstance(ix, Span) else ix.index for ix in src.index]
     extents = [ix.size for ix in src.index if isinstance(ix, Span)]
     row_elems = src.buffer.shape[1] if len(src.buffer.shape) == 2 else 1
     offset = add(scale(starts[0], row_elems), starts[1]) if len(starts) == 2 else starts[0]
+    if stmt.fold:
+        rows, cols = dst.shape
+        return f"{src.buffer.name}.ap(pattern=[[{code(cols)}, {code(rows)}], [1, {code(cols)}]], offset={code(offset)})"
     count = extents[0] if len(extents) == 1 or src.buffer.shape[1] == 1 else extents[1]
     return (f"{src.buffer.name}.ap(pattern=[[0, {code(dst.shape[0])}], [1, {code(count)}]], "
             f"offset={code(offset)})")

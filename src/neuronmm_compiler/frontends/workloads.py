@@ -359,4 +359,7 @@ def workload_label(data: Mapping[str, Any]) -> str:
     rank_text = "dense" if ranks is None else "r" + "/".join(map(str, ranks))
     prologue = data.get("prologue")
     norm = f" +{prologue.get('norm')}" if isinstance(prologue, Mapping) else ""
-    return f"mlp t{data.get('tokens')} h{data.get('hidden')} i{data.get('intermediate')} {rank_text}{norm} {dtype}"
+    fp8 = data.get("fp8")
+    weights = f" {str(fp8.get('format')).replace('float8_', 'fp8_')}" if isinstance(fp8, Mapping) else ""
+    return (f"mlp t{data.get('tokens')} h{data.get('hidden')} i{data.get('intermediate')} {rank_text}{norm} "
+            f"{dtype}{weights}")

@@ -144,12 +144,15 @@ class DmaCopy:
     """HBM -> SBUF load or SBUF -> HBM store. ``transpose`` loads a 2-D HBM region transposed. ``broadcast``: a
     load whose source region holds one row ([1, F] of a row-major HBM array, or [F, 1] of an [N, 1] column, both F
     contiguous elements) repeated on every partition of ``dst`` [P, F] (an access pattern with partition step 0,
-    ``.ap``; docs/fp8.md: how scales reach every partition)."""
+    ``.ap``; docs/fp8.md: how scales reach every partition). ``fold``: a load whose source region holds ``P * F``
+    contiguous elements of an [N, 1] column, laid out row by row over ``dst`` [P, F] (the access pattern
+    ``[[F, P], [1, F]]``: one transfer of F-element rows instead of one per partition column; docs/fp8.md)."""
 
     dst: Ref
     src: Ref
     transpose: bool = False
     broadcast: bool = False
+    fold: bool = False
 
     @property
     def is_load(self) -> bool:

@@ -21,10 +21,11 @@ from ..cost_model.footprint import FUSED_ADVICE
 from ..errors import InputError, ScheduleError
 from ..frontends.workloads import ChainWorkload, GemmWorkload, GraphWorkload, MlpWorkload, Workload
 from ..ir import Graph
+from ..ir.quantized import unquantized
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
-from ..schedule.fused import FusedSchedule, normalize_on
+from ..schedule.fused import NORMALIZED_PARAMS, FusedSchedule, normalize_on
 from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target, with_lnc
@@ -211,10 +212,16 @@ class FusedLowering(Lowering):
 
         space = fused_space(row_major_activations(workload), splittable(workload), dma_transpose, target.lnc,
                             exchange, column_tile_candidates(tokens, target.max_column_tiles))
-        seen: dict[FusedSchedule, None] = {}
-        for point in space.points():
-            seen.setdefault(normalize_on(space.decode(point), tokens, target), None)
-        everything = list(seen)
+
+        def normalized(schedule: FusedSchedule) -> FusedSchedule:
+            return normalize_on(schedule, tokens, target)
+
+        def distinct() -> list[FusedSchedule]:  # walked only by an exhaustive search
+            seen: dict[FusedSchedule, None] = {}
+            for point in space.points():
+                seen.setdefault(normalized(space.decode(point)), None)
+            return list(seen)
+
         base = FusedSchedule()
         transposes = space.candidates["x_transpose"]
         x_transpose = "pe" if "pe" in transposes and (tokens < 128 or "dma" not in transposes) else "dma"
@@ -226,8 +233,9 @@ class FusedLowering(Lowering):
         # every guess under every split of the logical core (a decode step has no tokens to divide, a prefill step
         # may have no on-chip value worth exchanging): the first trials include one that divides
         guesses = [replace(g, lnc_split=split) for g in shapes for split in space.candidates["lnc_split"]]
-        spec = SpaceSpec(space=space, guesses=guesses, size=len(everything), distinct=lambda: everything)
-        return spec, Evaluator(cost, lambda s: normalize_on(s, tokens, target))
+        spec = SpaceSpec(space=space, guesses=guesses, size=space.distinct_size(normalized, NORMALIZED_PARAMS),
+                         distinct=distinct)
+        return spec, Evaluator(cost, normalized)
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):
@@ -241,15 +249,20 @@ class FusedLowering(Lowering):
                                       "pre-transposed per-op kernels", dense),
                     "unfused": Baseline(one_core_label("per-op kernels (AWS GEMMs)", target), "per-op kernels",
                                         unfused)}
-        dense = unfused_cost(_canonical(workload.dense_graph()), target, lhs_layout=ALayout.KM,
+        # AWS's tutorial matmul has no FP8: for an FP8 MLP its baselines are the bf16 computations a user without
+        # nmmc's FP8 kernel would run (ir/quantized.unquantized), named so (docs/fp8.md, "Baselines")
+        fp8 = isinstance(workload, MlpWorkload) and workload.fp8 is not None
+        plain, tag = ((lambda g: unquantized(g, workload.dtype)), f" {workload.dtype}") if fp8 else ((lambda g: g), "")
+        aws = "AWS kernels, no FP8" if fp8 else "AWS kernels"
+        dense = unfused_cost(_canonical(plain(workload.dense_graph())), target, lhs_layout=ALayout.KM,
                              dma_transpose=dma_transpose)
-        baselines = {"dense": Baseline(one_core_label("dense (AWS kernels)", target), "dense", dense)}
+        baselines = {"dense": Baseline(one_core_label(f"dense{tag} ({aws})", target), f"dense{tag}", dense)}
         if isinstance(workload, MlpWorkload):  # what NxD Inference runs for an MLP (lowerings/nkilib_mlp.py)
             baselines = {"nkilib-mlp": nkilib_baseline(workload, target), **baselines}
         if workload.svd:  # a dense MLP has no SVD factors to leave unfused
-            unfused = unfused_cost(_canonical(workload.graph()), target, lhs_layout=ALayout.MK,
+            unfused = unfused_cost(_canonical(plain(workload.graph())), target, lhs_layout=ALayout.MK,
                                    dma_transpose=dma_transpose)
-            baselines["unfused"] = Baseline(one_core_label("SVD factors unfused (AWS kernels)", target),
-                                            "unfused SVD", unfused)
+            baselines["unfused"] = Baseline(one_core_label(f"SVD factors unfused{tag} ({aws})", target),
+                                            f"unfused SVD{tag}", unfused)
         return baselines
 

@@ -63,7 +63,7 @@ class RowMajorGroups(OperandLoads):
             ntiles = -(-n // tile_n)
         kb = self._k_blocked_rows(group, tok, flipped, reducing)
         per_block = (self._tiles_per_block(group, tile_n, ntiles) if not kb else
-                     max(1, min(tiles_per_weight_block(s, kb, tile_n, self.dtype_bytes, ntiles),
+                     max(1, min(tiles_per_weight_block(s, kb, tile_n, self._weight_bytes(group), ntiles),
                                 k_blocked_group_banks(self.target))))
         if divided:  # blocks the programs can divide (kernel_ir/lnc.py)
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
@@ -126,13 +126,15 @@ class RowMajorGroups(OperandLoads):
     def _k_blocked_rows(self, group: Group, tok: Dim, flipped: list, reducing: bool) -> int:
         """K tiles per weight block when a row-major group streams its weight rows in K blocks (0: it does not):
         ``k_tiles_per_block`` below the contraction's tiles, for a decode-sized token block (one token tile), one
-        term of one matmul whose weights are not cached, no elementwise tree, no column tiles, no reduction, stored
-        row-major. The output tiles' accumulators then live across the K blocks, as nki-library's decode down
-        projection accumulates a 4096-column output tile across its 128-row weight slabs
-        (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py:125-198)."""
+        term of one matmul whose weights are not cached, no operand read from HBM by the epilogue (an FP8
+        dequantization's scales are on chip already), no column tiles, no reduction, stored row-major. The output
+        tiles' accumulators then live across the K blocks, as nki-library's decode down projection accumulates a
+        4096-column output tile across its 128-row weight slabs (aws-neuron/nki-library@d2ad3a57:
+        src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py:125-198)."""
         s = self.s
+        hbm_operands = [op for op in group.operands if op.id not in self.scales]
         if (s.k_tiles_per_block <= 0 or tok.tiles_in_block != 1 or tok is not self.tok or reducing or flipped
-                or group.tree or group.operands or len(group.terms) != 1 or len(group.terms[0].matmuls) != 1):
+                or hbm_operands or len(group.terms) != 1 or len(group.terms[0].matmuls) != 1):
             return 0
         (mm,) = group.terms[0].matmuls
         if self._cache(mm) or self._column_tiles(group, group.terms[0]) > 1 or self._contraction_split(group):
@@ -144,7 +146,8 @@ class RowMajorGroups(OperandLoads):
                              stores: list[tuple[Node, Buffer]], out_dtype: str) -> list[Stmt]:
         """A row-major group over one token tile with its contraction in K blocks: per output block, one PSUM bank
         per output tile held across the K blocks, each K block's weight rows loaded once (one DMA per 128 rows of the
-        block's columns) and multiplied into every tile, then the tiles evicted into one packed row and stored."""
+        block's columns) and multiplied into every tile, then the tiles evicted into one packed row (the group's
+        epilogue, e.g. an FP8 dequantization, evaluated on the eviction) and stored."""
         tok, root = self.tok, group.root
         (mm,) = group.terms[0].matmuls
         w, lhs = self._weight(mm), self.nodes[mm.operands[0]]
@@ -166,17 +169,26 @@ class RowMajorGroups(OperandLoads):
             cols)])
         dst = Ref(acc, (span(0, tsz), Point(bn), span(0, nsz)))
         strip = Ref(self.strips[lhs.id], (span(0, ksz), Point(gk), span(0, tsz)))
-        mmul = Matmul(dst, strip, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(bn, odim.tile), nsz))))
+        mmul = Matmul(dst, strip, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(bn, odim.tile), nsz))),
+                      perf_mode=self._perf_mode(mm))
         k_body = [Alloc(wbuf), *load, *loop("bn", odim.tiles_in(ob), odim.tiles_in_block,
                                             loop("kt", kdim.tiles_in(kblk), kb, [mmul]))]
         rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
-        evict = Copy(Ref(rows, (span(0, tsz), span(scale(bn, odim.tile), nsz))), dst)
+        result = Ref(rows, (span(0, tsz), span(scale(bn, odim.tile), nsz)))
+        values = {group.terms[0].node.id: dst, **self.scale_refs(group, tsz, odim.tile_start(g), nsz)}
+        temps = {node.id: Buffer(f"{node.id}_f32", (tok.tile, odim.tile), "float32", "sbuf")
+                 for node in group.tree if node is not root}
+        spill = Buffer(f"{root.id}_spill", (tok.tile, odim.tile), "float32", "sbuf")
+        evict: list[Stmt] = [Alloc(t) for t in temps.values()]
+        if any(self._two_psum_operands(node, group) for node in group.tree):
+            evict.append(Alloc(spill))
+        evict += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
         store = [DmaCopy(Ref(hbm, (span(tok.tile_start(mb), tsz), span(odim.block_start(ob), cols))),
                          Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
         body = [Alloc(acc, accumulator=True, comment="one PSUM bank per output tile, across K blocks"),
                 *loop("k_blk", Lin(kdim.blocks), kdim.blocks, k_body),
                 Alloc(rows, comment="one packed row of output tiles"),
-                *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, [evict]), *store]
+                *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, evict), *store]
         names = ", ".join(o.attrs["name"] for o, _ in stores)
         return [Comment(f"{names} = {self._describe_group(group)}; weight rows in blocks of {kb} K tiles"),
                 *loop("o_blk", Lin(odim.blocks), odim.blocks, body, split=("features", "gather", "hidden",

@@ -45,6 +45,7 @@ from ..kernel_ir.program import (
     Comment,
     Copy,
     DmaCopy,
+    PeTranspose,
     Program,
     Ref,
     Stmt,
@@ -124,10 +125,9 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         self.halved = self._halved()
 
     def _token_rows(self, s: FusedSchedule, aliases: dict[str, str]) -> list[str]:
-        """The HBM arguments and outputs with a row per token (the activations), the one the kernel reads its token
-        count from first, when the kernel may take any count up to its own: one token tile of them all (no trip
-        count depends on the count), several tokens, and every activation stored row-major; else none (the count
-        is a constant)."""
+        """The HBM arguments and outputs with a row per token, the one the kernel reads its token count from first,
+        when it may take any count up to its own: several tokens in one tile (no trip count depends on the count),
+        every activation stored row-major; else none (the count is a constant)."""
         if self.tokens < 2 or not s.token_tile == s.tokens_per_block == self.tokens:
             return []
         weights = set(self.scales) | {n.operands[1] for n in self.g.compute_nodes() if n.kind == NodeKind.MATMUL}
@@ -293,19 +293,42 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
             if Orient.TRANSPOSED in orients:
                 tiles = -(-n // pmax)
                 buf = self.scale_bufs[(sid, "cols")] = Buffer(f"{name}_cols", (min(pmax, n), tiles), "float32", "sbuf")
-                t = iv("st", tiles)
-                sdim = Dim("s", n, min(pmax, n), tiles, tiles)
-                size = sdim.tile_size(t)
-                load = DmaCopy(Ref(buf, (span(0, size), span(t, 1))), Ref(hbm, (span(sdim.tile_start(t), size),
-                                                                                 span(0, 1))))
                 out += [Alloc(buf, comment=f"{name}: one column per tile of {pmax} channels"),
-                        *loop("st", Lin(tiles), tiles, [load])]
+                        *self._scale_columns(name, hbm, buf, n)]
             if Orient.NORMAL in orients:
                 rows = self.tok.tile
                 buf = self.scale_bufs[(sid, "row")] = Buffer(f"{name}_row", (rows, n), "float32", "sbuf")
                 out += [Alloc(buf, comment=f"{name} along the free axis, on every token partition"),
                         DmaCopy(Ref(buf, (span(0, rows), span(0, n))), Ref(hbm, (span(0, n), span(0, 1))),
                                 broadcast=True)]
+        return out
+
+    def _scale_columns(self, name: str, hbm: Buffer, cols: Buffer, n: int) -> list[Stmt]:
+        """Fill ``cols`` [pmax, tiles] with a per-channel [N, 1] scale, channel ``128 t + p`` at partition p of column
+        t: the whole tiles in chunks of up to pmax tiles, each one load of the chunk's channels as [tiles, pmax] rows
+        (contiguous, one DMA), a TensorE transpose into PSUM and a copy, as nki-library's decode gate/up projection
+        loads its per-row dequantization scale (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/
+        mlp_tkg/mlp_tkg_gate_up_projection.py:375-420, dma_copy then nc_transpose where dma_transpose cannot serve;
+        nmmc's dma_transpose takes 2-byte types only, rule NKI-DMA-TRANSPOSE-DTYPE); a ragged last tile's channels
+        as one column DMA. One DMA per channel tile instead would pay a DMA fixed cost per 128 channels for a
+        4-byte-per-partition transfer (docs/fp8.md, "Cost")."""
+        pmax = self.target.pmax
+        whole, ragged = divmod(n, pmax)
+        out: list[Stmt] = []
+        for c0 in range(0, whole, pmax):
+            count = min(pmax, whole - c0)
+            suffix = f"_{c0 // pmax}" if whole > pmax else ""
+            rows = Buffer(f"{name}_rows{suffix}", (count, pmax), "float32", "sbuf")
+            tp = Buffer(f"{name}_tpsum{suffix}", (pmax, count), "float32", "psum")
+            out += [Alloc(rows, comment=f"{count} tiles of {pmax} channels as rows (one contiguous load)"),
+                    DmaCopy(Ref(rows, (span(0, count), span(0, pmax))),
+                            Ref(hbm, (span(c0 * pmax, count * pmax), span(0, 1))), fold=True),
+                    Alloc(tp), PeTranspose(Ref(tp, (span(0, pmax), span(0, count))), Ref(rows, (span(0, count),
+                                                                                               span(0, pmax)))),
+                    Copy(Ref(cols, (span(0, pmax), span(c0, count))), Ref(tp, (span(0, pmax), span(0, count))))]
+        if ragged:
+            out.append(DmaCopy(Ref(cols, (span(0, ragged), span(whole, 1))),
+                               Ref(hbm, (span(whole * pmax, ragged), span(0, 1)))))
         return out
 
     def scale_refs(self, group: Group, parts: Expr, at: Expr, width: Expr | None = None) -> dict[str, Ref]:

@@ -154,6 +154,11 @@ def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1, pe_colum
     return replace(schedule, tokens_per_block=block, token_tile=tile, column_tiles=columns)
 
 
+#: The parameters :func:`normalize_fused` reads or changes; it passes every other one through (the search counts
+#: distinct schedules from these alone: ``SearchSpace.distinct_size``).
+NORMALIZED_PARAMS = ("tokens_per_block", "token_tile", "column_tiles", "lnc_split")
+
+
 def normalize_on(schedule: FusedSchedule, tokens: int, target: Target) -> FusedSchedule:
     """:func:`normalize_fused` for ``target``: its logical-core degree, PE array width and column tile count."""
     return normalize_fused(schedule, tokens, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)

@@ -15,7 +15,8 @@ problem collapse onto one schedule. The search evaluates each distinct normalize
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -105,6 +106,19 @@ class SearchSpace:
         for point in self.points():
             out.setdefault(self.decode(point).normalized(context), point)
         return out
+
+    def distinct_size(self, normalize: Callable[[Any], Any], coupled: Collection[str]) -> int:
+        """``len(distinct(...))`` without walking the whole space, for a normalization (``normalize``: schedule to
+        normalized schedule) that reads and changes only the ``coupled`` parameters and passes every other one
+        through: the distinct combinations of the coupled ones times the product of the others' candidate counts."""
+        names = [name for name in self.candidates if name in coupled]
+        others = math.prod(len(values) for name, values in self.candidates.items() if name not in coupled)
+        first = {name: values[0] for name, values in self.candidates.items()}
+        seen = set()
+        for values in itertools.product(*(self.candidates[name] for name in names)):
+            schedule = normalize(self.decode({**first, **dict(zip(names, values, strict=True))}))
+            seen.add(tuple(getattr(schedule, name) for name in names))
+        return len(seen) * others
 
     def point_of(self, schedule: Any) -> dict | None:
         """The point of ``schedule``'s parameters, if every one is a candidate."""

@@ -105,33 +105,53 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
     nisa.dma_copy(dst=x_scale_col[0:P, 0:1], src=x_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # u_gate_scale: one column per tile of 128 channels
     u_gate_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
-    for st in range(2):
-        nisa.dma_copy(dst=u_gate_scale_cols[0:P, st:st + 1], src=u_gate_scale[P * st:P * st + P, 0:1])
+    # 2 tiles of 128 channels as rows (one contiguous load)
+    u_gate_scale_rows = nl.ndarray((2, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=u_gate_scale_rows[0:2, 0:P], src=u_gate_scale.ap(pattern=[[P, 2], [1, P]], offset=0))
+    u_gate_scale_tpsum = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=u_gate_scale_tpsum[0:P, 0:2], data=u_gate_scale_rows[0:2, 0:P])
+    nisa.tensor_copy(dst=u_gate_scale_cols[0:P, 0:2], src=u_gate_scale_tpsum[0:P, 0:2])
     # x_ug_scale on every partition
     x_ug_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_ug_scale_col[0:P, 0:1], src=x_ug_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # v_gate_scale: one column per tile of 128 channels
     v_gate_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
-    for st in range(8):
-        nisa.dma_copy(dst=v_gate_scale_cols[0:P, st:st + 1], src=v_gate_scale[P * st:P * st + P, 0:1])
+    # 8 tiles of 128 channels as rows (one contiguous load)
+    v_gate_scale_rows = nl.ndarray((8, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v_gate_scale_rows[0:8, 0:P], src=v_gate_scale.ap(pattern=[[P, 8], [1, P]], offset=0))
+    v_gate_scale_tpsum = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=v_gate_scale_tpsum[0:P, 0:8], data=v_gate_scale_rows[0:8, 0:P])
+    nisa.tensor_copy(dst=v_gate_scale_cols[0:P, 0:8], src=v_gate_scale_tpsum[0:P, 0:8])
     # u_up_scale: one column per tile of 128 channels
     u_up_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
-    for st in range(2):
-        nisa.dma_copy(dst=u_up_scale_cols[0:P, st:st + 1], src=u_up_scale[P * st:P * st + P, 0:1])
+    # 2 tiles of 128 channels as rows (one contiguous load)
+    u_up_scale_rows = nl.ndarray((2, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=u_up_scale_rows[0:2, 0:P], src=u_up_scale.ap(pattern=[[P, 2], [1, P]], offset=0))
+    u_up_scale_tpsum = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=u_up_scale_tpsum[0:P, 0:2], data=u_up_scale_rows[0:2, 0:P])
+    nisa.tensor_copy(dst=u_up_scale_cols[0:P, 0:2], src=u_up_scale_tpsum[0:P, 0:2])
     # x_uu_scale on every partition
     x_uu_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_uu_scale_col[0:P, 0:1], src=x_uu_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # v_up_scale: one column per tile of 128 channels
     v_up_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
-    for st in range(8):
-        nisa.dma_copy(dst=v_up_scale_cols[0:P, st:st + 1], src=v_up_scale[P * st:P * st + P, 0:1])
+    # 8 tiles of 128 channels as rows (one contiguous load)
+    v_up_scale_rows = nl.ndarray((8, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v_up_scale_rows[0:8, 0:P], src=v_up_scale.ap(pattern=[[P, 8], [1, P]], offset=0))
+    v_up_scale_tpsum = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=v_up_scale_tpsum[0:P, 0:8], data=v_up_scale_rows[0:8, 0:P])
+    nisa.tensor_copy(dst=v_up_scale_cols[0:P, 0:8], src=v_up_scale_tpsum[0:P, 0:8])
     # h_scale on every partition
     h_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=h_scale_col[0:P, 0:1], src=h_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # u_down_scale: one column per tile of 128 channels
     u_down_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
-    for st in range(2):
-        nisa.dma_copy(dst=u_down_scale_cols[0:P, st:st + 1], src=u_down_scale[P * st:P * st + P, 0:1])
+    # 2 tiles of 128 channels as rows (one contiguous load)
+    u_down_scale_rows = nl.ndarray((2, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=u_down_scale_rows[0:2, 0:P], src=u_down_scale.ap(pattern=[[P, 2], [1, P]], offset=0))
+    u_down_scale_tpsum = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=u_down_scale_tpsum[0:P, 0:2], data=u_down_scale_rows[0:2, 0:P])
+    nisa.tensor_copy(dst=u_down_scale_cols[0:P, 0:2], src=u_down_scale_tpsum[0:P, 0:2])
     # h_ud_scale on every partition
     h_ud_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=h_ud_scale_col[0:P, 0:1], src=h_ud_scale.ap(pattern=[[0, P], [1, 1]], offset=0))

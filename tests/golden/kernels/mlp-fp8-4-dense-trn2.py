@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=4 token_tile=4 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
 # footprint    dense_mlp_k0: SBUF 10440 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    19.9 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    17.8 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -74,12 +74,20 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
     nisa.dma_copy(dst=x_scale_col[0:P, 0:1], src=x_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
     # w_gate_scale: one column per tile of 128 channels
     w_gate_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
-    for st in range(8):
-        nisa.dma_copy(dst=w_gate_scale_cols[0:P, st:st + 1], src=w_gate_scale[P * st:P * st + P, 0:1])
+    # 8 tiles of 128 channels as rows (one contiguous load)
+    w_gate_scale_rows = nl.ndarray((8, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=w_gate_scale_rows[0:8, 0:P], src=w_gate_scale.ap(pattern=[[P, 8], [1, P]], offset=0))
+    w_gate_scale_tpsum = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=w_gate_scale_tpsum[0:P, 0:8], data=w_gate_scale_rows[0:8, 0:P])
+    nisa.tensor_copy(dst=w_gate_scale_cols[0:P, 0:8], src=w_gate_scale_tpsum[0:P, 0:8])
     # w_up_scale: one column per tile of 128 channels
     w_up_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
-    for st in range(8):
-        nisa.dma_copy(dst=w_up_scale_cols[0:P, st:st + 1], src=w_up_scale[P * st:P * st + P, 0:1])
+    # 8 tiles of 128 channels as rows (one contiguous load)
+    w_up_scale_rows = nl.ndarray((8, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=w_up_scale_rows[0:8, 0:P], src=w_up_scale.ap(pattern=[[P, 8], [1, P]], offset=0))
+    w_up_scale_tpsum = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=w_up_scale_tpsum[0:P, 0:8], data=w_up_scale_rows[0:8, 0:P])
+    nisa.tensor_copy(dst=w_up_scale_cols[0:P, 0:8], src=w_up_scale_tpsum[0:P, 0:8])
     # h_scale on every partition
     h_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=h_scale_col[0:P, 0:1], src=h_scale.ap(pattern=[[0, P], [1, 1]], offset=0))

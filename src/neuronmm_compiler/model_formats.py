@@ -1,0 +1,130 @@
+"""The formats ``nmmc tune --model`` chooses among for each token bucket: {dense, SVD} x {bf16, FP8} (issue 25,
+docs/fp8.md "Choosing a format").
+
+A :class:`FormatRequest` is what the user allows: the weight formats given to ``--dtype`` (``bf16,fp8``), in their
+order; the structures follow from the model source (dense always, SVD where it has ranks). Every allowed
+:class:`MlpFormat` is tuned alike and the fastest predicted one is chosen, the more exact one on a tie (dense before
+SVD, bf16 before FP8). Accuracy is not judged here: ``nmmc compress --eval`` measures it, and the user lists the
+formats whose accuracy they accept. The first allowed format's SVD MLP (its dense MLP for a dense source) is the
+bucket's primary kernel, ``mlp_t{tokens}.py``, as without a choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InputError
+from .frontends.shapes import Fp8Weights
+from .frontends.workloads import MlpWorkload, mlp_workload
+from .ir.fp8 import is_fp8
+from .ir.node import canonical_dtype
+
+#: Short names of the weight formats in format names and files.
+_SHORT = {"bfloat16": "bf16", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class MlpFormat:
+    """One candidate: the MLP's structure (``svd``: the model's SVD factors, else the dense weights) and the weights'
+    element type (``bfloat16``, or an FP8 format with per-channel scales, docs/fp8.md)."""
+
+    svd: bool
+    weights: str = "bfloat16"
+
+    @property
+    def name(self) -> str:
+        """``dense-bf16``, ``svd-fp8``, ``svd-fp8_e5m2``, ..."""
+        return f"{'svd' if self.svd else 'dense'}-{_SHORT[self.weights]}"
+
+    @property
+    def lossiness(self) -> int:
+        """How many approximations the format makes (SVD, FP8): the tie-break, fewer first."""
+        return int(self.svd) + int(is_fp8(self.weights))
+
+    def workload(self, tokens: int, hidden: int, intermediate: int,
+                 ranks: tuple[int, int, int] | None) -> MlpWorkload:
+        """The MLP of this format at ``tokens`` (``ranks``: the source's, for an SVD format)."""
+        fp8 = Fp8Weights(self.weights) if is_fp8(self.weights) else None
+        if self.svd:
+            if ranks is None:
+                raise InputError(f"format {self.name} needs SVD ranks (a keep ratio or an 'nmmc compress' output)")
+            return mlp_workload(tokens, hidden, intermediate, ranks=ranks, fp8=fp8)
+        return mlp_workload(tokens, hidden, intermediate, dense=True, fp8=fp8)
+
+    def file(self, tokens: int, primary: MlpFormat) -> str:
+        """The kernel file of this format in a ``tune --model`` directory: the primary's ``mlp_t{tokens}.py``, the
+        bf16 dense MLP's ``mlp_t{tokens}_dense.py`` (as before formats were chosen), else
+        ``mlp_t{tokens}_{structure}_{weights}.py``."""
+        if self == primary:
+            return f"mlp_t{tokens}.py"
+        if self == MlpFormat(False):
+            return f"mlp_t{tokens}_dense.py"
+        return f"mlp_t{tokens}_{self.name.replace('-', '_')}.py"
+
+
+@dataclass(frozen=True)
+class FormatRequest:
+    """The weight formats ``tune --model`` may choose among (``--dtype bf16,fp8``), first the primary one."""
+
+    weights: tuple[str, ...] = ("bfloat16",)
+
+    def __post_init__(self) -> None:
+        if not self.weights:
+            raise InputError("give at least one weight format (--dtype bf16, fp8 or bf16,fp8)")
+        wrong = [w for w in self.weights if w not in _SHORT]
+        if wrong:
+            raise InputError(f"tune --model chooses among bf16 and FP8 weights (fp8, fp8_e5m2); not {', '.join(wrong)}")
+
+    @classmethod
+    def parse(cls, text: str | None) -> FormatRequest:
+        """``bf16,fp8`` -> (bfloat16, float8_e4m3); duplicates dropped, order kept; None: bf16 alone."""
+        if text is None:
+            return cls()
+        weights: list[str] = []
+        for item in str(text).split(","):
+            dtype = canonical_dtype(item)
+            if dtype not in weights:
+                weights.append(dtype)
+        return cls(tuple(weights))
+
+    @property
+    def several(self) -> bool:
+        return len(self.weights) > 1
+
+    def candidates(self, svd: bool) -> tuple[MlpFormat, ...]:
+        """Every allowed format for a source with (``svd``) or without SVD ranks: per weight format, its SVD MLP
+        then its dense MLP."""
+        structures = (True, False) if svd else (False,)
+        return tuple(MlpFormat(s, w) for w in self.weights for s in structures)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"weights": list(self.weights)}
+
+
+def choose(latencies: Mapping[MlpFormat, float], order: Sequence[MlpFormat]) -> MlpFormat:
+    """The fastest predicted format; on a tie the more exact one (fewer approximations), then the earlier one."""
+    return min(order, key=lambda f: (latencies[f], f.lossiness, order.index(f)))
+
+
+def format_lines(entry: Mapping[str, Any], indent: str) -> list[str]:
+    """``tune --model``'s lines for a bucket's format choice: the front where several weight formats were allowed
+    (every format's predicted latency, the chosen one marked), and the recommendation where the chosen format is
+    another weight format than the primary one (the primary's own dense MLP has its line in report.py)."""
+    formats = entry.get("formats") or []
+    if len({f["weights"] for f in formats}) < 2:
+        return []
+    front = ", ".join(f"{f['name']} {f['predicted_us']:.1f} us" + (" (chosen)" if f["chosen"] else "")
+                      for f in formats)
+    lines = [f"{indent}formats: {front}"]
+    chosen = next(f for f in formats if f["chosen"])
+    if entry.get("recommended") != "nkilib" and chosen["weights"] != formats[0]["weights"]:
+        lines.append(f"{indent}recommended: {chosen['name']} ({chosen['file']}): the fastest predicted of the allowed "
+                     "formats (their accuracy is not judged here: nmmc compress --eval measures it)")
+    return lines
+
+
+def written_files(index: Mapping[str, Any]) -> int:
+    """How many kernel files a ``tune --model`` directory holds: each bucket's primary and its chosen one."""
+    return sum(len({e["file"]} | {f["file"] for f in e.get("formats", []) if f["file"]}) for e in index["buckets"])

@@ -1,0 +1,77 @@
+"""tune --model's joint choice of {dense, SVD} x {bf16, FP8} per bucket (model_formats.py, docs/fp8.md "Choosing a
+format"): the request, the tie-break, and one small model's buckets (front in index.json and the table, the chosen
+kernel written and locked), each format compiled under its default schedule: a few seconds."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from neuronmm_compiler.artifacts.lockfile import Lockfile
+from neuronmm_compiler.driver import Tuned, compile_workload, lowering_for
+from neuronmm_compiler.errors import InputError
+from neuronmm_compiler.model_formats import FormatRequest, MlpFormat, choose
+from neuronmm_compiler.model_tuning import resolve_model, tune_model
+from neuronmm_compiler.models import known_config
+from neuronmm_compiler.report_models import model_lines
+from neuronmm_compiler.search.candidates import TuneResult
+from neuronmm_compiler.targets import get_target
+from neuronmm_compiler.tuning import TuneRequest, _lock_chosen
+
+
+def test_the_request_parses_formats_in_order_and_lists_svd_then_dense_per_format() -> None:
+    request = FormatRequest.parse("bf16, fp8,bfloat16")
+    assert request.weights == ("bfloat16", "float8_e4m3")
+    assert [f.name for f in request.candidates(svd=True)] == ["svd-bf16", "dense-bf16", "svd-fp8", "dense-fp8"]
+    assert [f.name for f in request.candidates(svd=False)] == ["dense-bf16", "dense-fp8"]
+    assert FormatRequest.parse(None).weights == ("bfloat16",)
+    primary = MlpFormat(True)
+    assert [f.file(8, primary) for f in request.candidates(svd=True)] == [
+        "mlp_t8.py", "mlp_t8_dense.py", "mlp_t8_svd_fp8.py", "mlp_t8_dense_fp8.py"]
+    with pytest.raises(InputError, match="bf16 and FP8"):
+        FormatRequest.parse("fp32")
+
+
+def test_the_fastest_format_wins_and_a_tie_goes_to_the_more_exact_one() -> None:
+    order = FormatRequest(("bfloat16", "float8_e4m3")).candidates(svd=True)
+    latencies = dict(zip(order, (10.0, 10.0, 7.0, 7.0), strict=True))
+    assert choose(latencies, order) == MlpFormat(False, "float8_e4m3")  # dense-fp8: as fast as svd-fp8, exact weights
+    assert choose({**latencies, MlpFormat(True, "float8_e4m3"): 6.0}, order).name == "svd-fp8"
+    assert choose(dict(zip(order, (5.0, 5.0, 5.0, 5.0), strict=True)), order).name == "dense-bf16"
+
+
+def _compile_default(workload, bucket, *, target):
+    """A bucket's "search": the default schedule, compiled and costed with its baselines (a real search enumerates
+    the whole schedule space first, seconds per workload; the choice between formats is what is tested here)."""
+    compiled = compile_workload(workload, target=target)
+    return Tuned(compiled, TuneResult(None, [], "exhaustive", 0, 1, 1, 1, 0.0),
+                 lowering_for(workload).baselines(workload, target))
+
+
+def test_tune_model_chooses_among_the_allowed_formats_and_records_the_front_and_the_lock(tmp_path) -> None:
+    target = get_target("trn2")
+    config = json.loads(known_config("llama-3.2-1b").read_text())
+    config.update(hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    source = resolve_model(tmp_path / "config.json", 0.8)
+    out, lock, searched = tmp_path / "out", tmp_path / "nmmc.lock.json", []
+    index = tune_model(source, [1], out, target=target, dialect="nki", formats=FormatRequest.parse("bf16,fp8"),
+                       tune_bucket=functools.partial(_compile_default, target=target), on_written=searched.extend)
+    assert index["formats_allowed"] == ["svd-bf16", "dense-bf16", "svd-fp8", "dense-fp8"]
+    (bucket,) = index["buckets"]
+    front = {f["name"]: f for f in bucket["formats"]}
+    assert list(front) == index["formats_allowed"] and bucket["format"] == "svd-bf16"
+    fastest = min(front.values(), key=lambda f: f["predicted_us"])
+    assert bucket["chosen_format"] == fastest["name"] and fastest["chosen"]
+    assert front["svd-fp8"]["workload"]["fp8"] == {"format": "float8_e4m3", "scales": "row"}
+    assert (out / bucket["file"]).is_file() and (out / fastest["file"]).is_file()
+    assert bucket["recommended_file"] in (fastest["file"], None)
+    lines = "\n".join(model_lines(source, index, target, str(out)))
+    assert f"{fastest['name']} {fastest['predicted_us']:.1f} us (chosen)" in lines
+    _lock_chosen(str(lock), index, searched, TuneRequest(target=target, dialect="nki"))
+    (entry,) = list(Lockfile.load(lock))
+    assert entry.workload == fastest["workload"]
+    assert entry.label.endswith(" fp8_e4m3") == (fastest["weights"] == "float8_e4m3")
+    assert entry.latency_us == pytest.approx(fastest["predicted_us"])
