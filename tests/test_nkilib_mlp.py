@@ -75,7 +75,7 @@ def test_nmmc_decode_packs_k_blocked_accumulators_and_exchanges_once(tmp_path):
     packed = compile_workload(workload, target=TRN2[2], dialect="nki",
                               params={"k_tiles_per_block": 2, "weight_block_kib": 192, "lnc_split": "gather"})
     source = packed.kernel.source
-    assert "side by side in one PSUM bank" in source and "nl.ndarray((128, 8, 8), dtype=nl.float32" in source
+    assert "side by side in one PSUM bank" in source and "nl.ndarray((F_TILE, 8, T), dtype=nl.float32" in source
     assert verify_source(source, rules=True).ok
     hidden = compile_workload(workload, target=TRN2[2], dialect="nki", params={"lnc_split": "hidden"}).kernel.source
     assert hidden.count("nisa.sendrecv(") == 1 and verify_source(hidden, rules=True).ok

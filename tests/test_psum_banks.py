@@ -50,8 +50,8 @@ def test_fused_strip_across_k_blocks_with_ragged_trips_stays_rolled():
     params = {"tokens_per_block": 128, "k_tiles_per_block": 16, "weight_block_kib": 24}
     compiled = compile_graph(workload, target="trn1", dialect="neuronxcc", params=params)
     source = compiled.kernel.source
-    assert "h_ud_psum[ft][0:F_TILE, 0:TOKEN_TILE] +=" in source and "(128, 6, 512)" not in source
-    assert "h_ud_psum.append(nl.zeros((F_TILE, TOKEN_TILE)," in source  # the width the matmuls use, not a bank
+    assert "h_ud_psum[ft][0:F_TILE, 0:T] +=" in source and "(128, 6, 512)" not in source
+    assert "h_ud_psum.append(nl.zeros((F_TILE, T)," in source  # the width the matmuls use, not a bank
     assert "for ft in nl.static_range(min(6, 10 - 6 * f_blk)):" in source
     assert source.count("for ft in nl.affine_range(min(6, 10 - 6 * f_blk)):") == 2  # x_ug, x_uu: no list, rolled
     assert check_kernel_source(source, dialect="neuronxcc", target="trn1") == []
