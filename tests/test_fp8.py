@@ -81,15 +81,34 @@ def test_double_row_needs_fp8_operands_and_a_v3_core() -> None:
     assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "")
 
 
-def test_a_scale_applied_twice_fails_verify() -> None:
+_GATE_DEQUANT = ("op0=nl.multiply, operand0=w_gate_scale_cols[0:128, ft:ft + 1], op1=nl.multiply, "
+                 "operand1=x_scale_col[0:128, 0:1])")
+_OUT_DEQUANT = "op0=nl.multiply, operand0=h_scale_col[0:3, 0:1])"
+_H_QUANT = "data=h_f32[0:128, 0:3], op0=nl.divide, operand0=h_scale_col[0:128, 0:1], op1=nl.minimum, operand1=240.0)"
+_SCALE_MUTATIONS = {
+    # a second x_scale on the gate's eviction: silu reads gate * x_scale
+    "gate x_scale twice": (_GATE_DEQUANT, _GATE_DEQUANT + "\n        nisa.activation(dst=gate_f32[0:128, 0:3], "
+                           "op=nl.copy, data=gate_f32[0:128, 0:3], scale=x_scale_col[0:128, 0:1])", "x_scale^+1"),
+    "gate x_scale dropped": (_GATE_DEQUANT, "op0=nl.multiply, operand0=w_gate_scale_cols[0:128, ft:ft + 1])",
+                             "x_scale^-1"),
+    "out h_scale twice": (_OUT_DEQUANT, "op0=nl.multiply, operand0=h_scale_col[0:3, 0:1], op1=nl.multiply, "
+                          "operand1=h_scale_col[0:3, 0:1])", "h_scale^+1"),
+    "out h_scale dropped": (_OUT_DEQUANT, "op0=nl.multiply, operand0=1.0)", "h_scale^-1"),
+    # h stored into its FP8 strip without dividing by h_scale: the down matmul's FP8 operand carries no scale
+    "h not quantized": (_H_QUANT, _H_QUANT.replace("op0=nl.divide, operand0=h_scale_col[0:128, 0:1]",
+                                                   "op0=nl.multiply, operand0=1.0"), "no scale"),
+}
+
+
+@pytest.mark.parametrize("mutation", list(_SCALE_MUTATIONS))
+def test_a_scale_applied_twice_or_not_at_all_fails_with_the_rule_id(mutation: str) -> None:
+    """Rule NMMC-FP8-SCALE-ONCE: the interpreter follows each value's scale units and names the scale."""
+    old, new, units = _SCALE_MUTATIONS[mutation]
     source = _kernel(3)
-    twice = source.replace("op1=nl.multiply, operand1=x_scale_col[0:128, 0:1])",
-                           "op1=nl.multiply, operand1=x_scale_col[0:128, 0:1])\n        "
-                           "nisa.activation(dst=gate_f32[0:128, 0:3], op=nl.copy, data=gate_f32[0:128, 0:3], "
-                           "scale=x_scale_col[0:128, 0:1])", 1)
-    assert twice != source
-    report = verify_source(twice)
-    assert not report.ok and "relative error" in (report.error or "")
+    mutated = source.replace(old, new, 1)
+    assert mutated != source
+    report = verify_source(mutated)
+    assert not report.ok and "NMMC-FP8-SCALE-ONCE" in (report.error or "") and units in report.error, report.error
 
 
 def test_an_unclamped_fp8_write_fails_with_the_rule_id() -> None:
