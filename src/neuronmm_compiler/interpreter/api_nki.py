@@ -10,9 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
-from . import ops
+from . import ops, scale_units
 from . import perf_mode as perf_modes
-from . import scale_units
 from .machine import (
     BFLOAT16,
     FLOAT8_E4M3,

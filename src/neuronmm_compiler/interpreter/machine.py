@@ -16,7 +16,7 @@ from ..vocab import Dialect
 from .counters import Counters
 from .lnc import SharedHbm, Turns
 from .memory import MemoryTracker
-from .scale_units import ScaleUnits
+from .scale_units import ANY, ScaleUnits
 from .tensor import HBM, PSUM, SBUF, Allocation, Tensor, as_f32, mark_written, require_written, write
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -151,6 +151,8 @@ class Machine:
             return Tensor.whole(alloc)
         data = np.zeros(dims, dt) if zero else np.full(dims, np.nan, dt)
         alloc = Allocation(self, data, kind, str(name), line, written=zero)
+        if zero and self.units is not None:
+            alloc.units = ANY  # zeros are zeros in any scale units
         if kind == HBM:
             self.hbm_allocs.append(alloc)
         else:

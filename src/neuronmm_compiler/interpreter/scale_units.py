@@ -150,8 +150,9 @@ class ScaleUnits:
 
     def fail(self, message: str, u: Any) -> KernelLimitError:
         """The rule's error: ``message`` with ``{}`` standing for the units ``u`` described."""
-        return KernelLimitError(f"{SCALE_ONCE_RULE}: {message.replace('{}', self.describe(u), 1)} (every FP8 product reaches "
-                                "the output scaled exactly once by each of its scales)")
+        text = message.replace("{}", self.describe(u), 1)
+        return KernelLimitError(f"{SCALE_ONCE_RULE}: {text} (every FP8 product reaches the output scaled exactly once "
+                                "by each of its scales)")
 
     def _match(self, a: Any, b: Any, what: str) -> Any:
         """The units of a sum of values of units ``a`` and ``b``, which must agree (ANY matches anything)."""

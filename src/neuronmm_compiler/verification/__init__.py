@@ -41,8 +41,8 @@ import numpy as np
 from ..codegen import KernelSpec, TensorSpec, read_metadata
 from ..errors import InputError, KernelError
 from ..interpreter import run_kernel
-from ..ir import Graph, parse_text
 from ..interpreter.scale_units import ScaleUnits
+from ..ir import Graph, parse_text
 from ..ir.quantized import calibrate, is_quantized, scale_exponents, unquantized
 from ..support import check_sdk, newest_sdk
 from ..targets import Target, get_target, with_lnc
