@@ -154,3 +154,26 @@ def test_fp8_decode_loads_each_channel_scale_once_and_dequantizes_k_blocked_rows
     report = verify_source(source, rules=True)
     assert report.ok, report.error
     assert report.rel_error is not None and report.rel_error < 1e-2
+
+
+def test_fp8_after_the_norm_prologue_quantizes_the_float32_normalized_x_and_verifies() -> None:
+    """--fuse-norm with --dtype fp8 (rmsnorm_quant before the MLP): the residual sum is stored in bf16 and normalized
+    as stored; the normalized x stays float32 until its quantization, so the kernel holds the quantized graph's FP8
+    values exactly (an xn rounded to bf16 first moves some elements by a whole FP8 step)."""
+    from neuronmm_compiler.frontends.prologue import NormPrologue
+
+    prologue = NormPrologue("rmsnorm", residual=True)
+    workload = mlp_workload(4, 256, 384, dense=True, fp8=Fp8Weights(), prologue=prologue)
+    source = compile_workload(workload, target=get_target("trn2")).kernel.source
+    assert "xn_strip = nl.ndarray((128, 2, 4), dtype=nl.float32" in source
+    assert "xn_q_strip = nl.ndarray((128, 2, 4), dtype=nl.float8_e4m3" in source
+    report = verify_source(source, rules=True)
+    assert report.ok and report.rel_error is not None and report.rel_error < 5e-3, report.error
+    quant = "op0=nl.divide, operand0=xn_scale_col[0:128, 0:1], op1=nl.minimum"
+    twice = source.replace(quant, "op0=nl.divide, operand0=xn_scale_col[0:128, 0:1], op1=nl.divide, "
+                           "operand1=xn_scale_col[0:128, 0:1])\n        nisa.tensor_scalar(dst=xn_q_spill[0:128, 0:4], "
+                           "data=xn_q_spill[0:128, 0:4], op0=nl.minimum, operand0=240.0, op1=nl.minimum", 1)
+    assert twice != source
+    report = verify_source(twice)
+    assert not report.ok and "NMMC-FP8-SCALE-ONCE" in (report.error or ""), report.error
+    assert "xn_scale^-2" in report.error
