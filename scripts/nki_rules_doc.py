@@ -35,6 +35,7 @@ from neuronmm_compiler.verification.rules import (  # noqa: E402
     LATEST_DOCS,
     LEGACY_DOCS,
     NKILIB,
+    NMMC,
     RULES,
     RULES_BY_ID,
     SDK233_DOCS,
@@ -146,6 +147,8 @@ def render() -> str:
         f"the SDK 2.33 (NKI 0.7) rules were read in the published documentation at `{SDK233_DOCS}`, and the "
         f"announcements made after it at `{LATEST_DOCS}` (not pinned to a release; each is cited with its posting "
         f"date). How the documented APIs are used in practice is cited from AWS's NKI library at `{NKILIB}`. "
+        f"Rules whose id starts with `NMMC-` are nmmc's own (source `{NMMC}`): its graph semantics, which a kernel "
+        "can break while satisfying every AWS rule. "
         "Sources are `repo@commit:path (section)`, the commit shortened to 8 characters, or `page (section)`. "
         "A rule marked *checked* "
         "is enforced by `verification/static_check.py` (`check_kernel_source`); SDK-bounded rules are checked only "

@@ -81,15 +81,35 @@ def test_double_row_needs_fp8_operands_and_a_v3_core() -> None:
     assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "")
 
 
-def test_a_scale_applied_twice_fails_verify() -> None:
+_GATE_DEQUANT = ("op0=nl.multiply, operand0=w_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, "
+                 "operand1=x_scale_col[0:F_TILE, 0:1])")
+_OUT_DEQUANT = "op0=nl.multiply, operand0=h_scale_col[0:T, 0:1])"
+_H_QUANT = ("data=h_f32[0:F_TILE, 0:T], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, "
+            "operand1=240.0)")
+_SCALE_MUTATIONS = {
+    # a second x_scale on the gate's eviction: silu reads gate * x_scale
+    "gate x_scale twice": (_GATE_DEQUANT, _GATE_DEQUANT + "\n        nisa.activation(dst=gate_f32[0:F_TILE, 0:T], "
+                           "op=nl.copy, data=gate_f32[0:F_TILE, 0:T], scale=x_scale_col[0:F_TILE, 0:1])", "x_scale^+1"),
+    "gate x_scale dropped": (_GATE_DEQUANT, "op0=nl.multiply, operand0=w_gate_scale_cols[0:F_TILE, ft:ft + 1])",
+                             "x_scale^-1"),
+    "out h_scale twice": (_OUT_DEQUANT, "op0=nl.multiply, operand0=h_scale_col[0:T, 0:1], op1=nl.multiply, "
+                          "operand1=h_scale_col[0:T, 0:1])", "h_scale^+1"),
+    "out h_scale dropped": (_OUT_DEQUANT, "op0=nl.multiply, operand0=1.0)", "h_scale^-1"),
+    # h stored into its FP8 strip without dividing by h_scale: the down matmul's FP8 operand carries no scale
+    "h not quantized": (_H_QUANT, _H_QUANT.replace("op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1]",
+                                                   "op0=nl.multiply, operand0=1.0"), "no scale"),
+}
+
+
+@pytest.mark.parametrize("mutation", list(_SCALE_MUTATIONS))
+def test_a_scale_applied_twice_or_not_at_all_fails_with_the_rule_id(mutation: str) -> None:
+    """Rule NMMC-FP8-SCALE-ONCE: the interpreter follows each value's scale units and names the scale."""
+    old, new, units = _SCALE_MUTATIONS[mutation]
     source = _kernel(3)
-    twice = source.replace("op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])",
-                           "op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])\n        "
-                           "nisa.activation(dst=gate_f32[0:F_TILE, 0:T], op=nl.copy, data=gate_f32[0:F_TILE, 0:T], "
-                           "scale=x_scale_col[0:F_TILE, 0:1])", 1)
-    assert twice != source
-    report = verify_source(twice)
-    assert not report.ok and "relative error" in (report.error or "")
+    mutated = source.replace(old, new, 1)
+    assert mutated != source
+    report = verify_source(mutated)
+    assert not report.ok and "NMMC-FP8-SCALE-ONCE" in (report.error or "") and units in report.error, report.error
 
 
 def test_an_unclamped_fp8_write_fails_with_the_rule_id() -> None:
@@ -135,3 +155,27 @@ def test_fp8_decode_loads_each_channel_scale_once_and_dequantizes_k_blocked_rows
     report = verify_source(source, rules=True)
     assert report.ok, report.error
     assert report.rel_error is not None and report.rel_error < 1e-2
+
+
+def test_fp8_after_the_norm_prologue_quantizes_the_float32_normalized_x_and_verifies() -> None:
+    """--fuse-norm with --dtype fp8 (rmsnorm_quant before the MLP): the residual sum is stored in bf16 and normalized
+    as stored; the normalized x stays float32 until its quantization, so the kernel holds the quantized graph's FP8
+    values exactly (an xn rounded to bf16 first moves some elements by a whole FP8 step)."""
+    from neuronmm_compiler.frontends.prologue import NormPrologue
+
+    prologue = NormPrologue("rmsnorm", residual=True)
+    workload = mlp_workload(4, 256, 384, dense=True, fp8=Fp8Weights(), prologue=prologue)
+    source = compile_workload(workload, target=get_target("trn2")).kernel.source
+    assert "xn_strip = nl.ndarray((P, 2, T), dtype=nl.float32" in source
+    assert "xn_q_strip = nl.ndarray((P, 2, T), dtype=nl.float8_e4m3" in source
+    report = verify_source(source, rules=True)
+    assert report.ok and report.rel_error is not None and report.rel_error < 5e-3, report.error
+    quant = "op0=nl.divide, operand0=xn_scale_col[0:F_TILE, 0:1], op1=nl.minimum"
+    twice = source.replace(quant, "op0=nl.divide, operand0=xn_scale_col[0:F_TILE, 0:1], op1=nl.divide, "
+                           "operand1=xn_scale_col[0:F_TILE, 0:1])\n        "
+                           "nisa.tensor_scalar(dst=xn_q_spill[0:F_TILE, 0:T], "
+                           "data=xn_q_spill[0:F_TILE, 0:T], op0=nl.minimum, operand0=240.0, op1=nl.minimum", 1)
+    assert twice != source
+    report = verify_source(twice)
+    assert not report.ok and "NMMC-FP8-SCALE-ONCE" in (report.error or ""), report.error
+    assert "xn_scale^-2" in report.error

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from neuronmm_compiler.targets import TARGETS
-from neuronmm_compiler.verification.rules import RULES, RULES_BY_ID, SOURCES, TOPICS
+from neuronmm_compiler.verification.rules import NMMC, RULES, RULES_BY_ID, SOURCES, TOPICS
 from neuronmm_compiler.verification.static_check import check_kernel_source
 from neuronmm_compiler.vocab import Dialect
 
@@ -34,7 +34,8 @@ def _script(name: str):
 def test_rule_ids_are_unique_and_well_formed():
     assert len(RULES_BY_ID) == len(RULES)
     for rule in RULES:
-        assert re.fullmatch(r"NKI(-[A-Z0-9]+)+", rule.id), rule.id
+        assert re.fullmatch(r"(NKI|NMMC)(-[A-Z0-9]+)+", rule.id), rule.id
+        assert rule.id.startswith("NKI-") or all(c.startswith(NMMC) for c in rule.citations), rule.id
         assert rule.topic in TOPICS
         assert rule.citations and rule.summary
         assert set(rule.targets) <= set(TARGETS)

@@ -86,6 +86,9 @@ def _cases() -> dict[str, tuple[str, ...]]:
          "--dtype", "fp8", "--target", "trn2")
     emit("mlp-fp8-128-keep0.8-trn2", "--mlp", "--tokens", "128", "--hidden", "512", "--intermediate", "1024",
          "--keep-ratio", "0.8", "--dtype", "fp8", "--target", "trn2")
+    # FP8 after the norm prologue (rmsnorm_quant before the MLP): residual add, RMSNorm in float32, x quantized on chip
+    emit("mlp-fp8-8-dense-rmsnorm-residual-trn2", "--mlp", "--tokens", "8", "--hidden", "512", "--intermediate", "1024",
+         "--dense", "--dtype", "fp8", "--fuse-norm", "rmsnorm", "--residual", "--target", "trn2")
     # every example graph, both dialects, and on trn2
     for graph in GRAPHS:
         for dialect in DIALECTS:

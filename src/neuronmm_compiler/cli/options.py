@@ -208,8 +208,8 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
     layout = choice(o["a_layout"], A_LAYOUTS, "A layout")
     fp8 = None
     if is_fp8(dtype):
-        if not o["mlp"] or o["fuse_norm"]:
-            raise InputError(f"--dtype {o['dtype']} (FP8 weights) goes with --mlp, without --fuse-norm (docs/fp8.md)")
+        if not o["mlp"]:
+            raise InputError(f"--dtype {o['dtype']} (FP8 weights) goes with --mlp (docs/fp8.md)")
         fp8, dtype = Fp8Weights(dtype), "bfloat16"
     if o["mlp"]:
         if o["shape"]:

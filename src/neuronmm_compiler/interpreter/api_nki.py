@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
-from . import ops
+from . import ops, scale_units
 from . import perf_mode as perf_modes
 from .machine import (
     BFLOAT16,
@@ -69,13 +69,17 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
 
     @api("nisa.dma_copy", m)
     def dma_copy(dst: Any, src: Any) -> None:
-        ops.dma(m, ops.tensor_arg(dst, "nisa.dma_copy dst"), ops.tensor_arg(src, "nisa.dma_copy src"),
-                "nisa.dma_copy")
+        out, source = ops.tensor_arg(dst, "nisa.dma_copy dst"), ops.tensor_arg(src, "nisa.dma_copy src")
+        ops.dma(m, out, source, "nisa.dma_copy")
+        if m.units is not None:
+            m.units.dma(out, source, transpose=False, what="nisa.dma_copy")
 
     @api("nisa.dma_transpose", m)
     def dma_transpose(dst: Any, src: Any) -> None:
-        ops.dma(m, ops.tensor_arg(dst, "nisa.dma_transpose dst"),
-                ops.tensor_arg(src, "nisa.dma_transpose src"), "nisa.dma_transpose", transpose=True)
+        out, source = ops.tensor_arg(dst, "nisa.dma_transpose dst"), ops.tensor_arg(src, "nisa.dma_transpose src")
+        ops.dma(m, out, source, "nisa.dma_transpose", transpose=True)
+        if m.units is not None:
+            m.units.dma(out, source, transpose=True, what="nisa.dma_transpose")
 
     @api("nisa.sendrecv", m)
     def sendrecv(src: Any, dst: Any, send_to_rank: Any, recv_from_rank: Any, pipe_id: Any = 0,
@@ -92,7 +96,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
                                       f"{recv_from_rank!r}; with two programs both name the other one")
         require_written(src_t, "nisa.sendrecv src")
         m.counters.record_dma(src_t.data.nbytes // src_t.shape[0])
-        m.turns.sendrecv(m.program_id, src_t, dst_t, int(send_to_rank), int(pipe_id))
+        units = None if m.units is None else scale_units.units_of(src_t)
+        m.turns.sendrecv(m.program_id, src_t, dst_t, int(send_to_rank), int(pipe_id), units=units)
 
     @api("nisa.nc_matmul", m)
     def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None, tile_position: Any = (),
@@ -108,14 +113,17 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         if out.shape != result.shape:
             raise KernelError(f"nisa.nc_matmul: dst shape {list(out.shape)} != [M, N] = "
                               f"{list(result.shape)} of stationary.T @ moving")
+        accumulates = accumulate is True
         if accumulate is None:
             alloc = out.alloc
             if alloc.fully_written:
                 np.add(out.data, result, out=out.data)
+                accumulates = True
             else:
                 mask = alloc.written[out.key]
                 if mask.all():
                     np.add(out.data, result, out=out.data)
+                    accumulates = True
                 elif not mask.any():
                     out.data[...] = result
                 else:  # the hardware has one accumulate flag per instruction, not one per element
@@ -130,6 +138,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
             write(out, result)
         else:
             raise UnsupportedAPIError(f"nisa.nc_matmul accumulate={accumulate!r}: use None, True or False")
+        if m.units is not None:
+            m.units.matmul(out, stationary, moving, accumulates=accumulates, what="nisa.nc_matmul")
 
     @api("nisa.nc_transpose", m)
     def nc_transpose(dst: Any, data: Any) -> None:
@@ -142,6 +152,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
             raise KernelError(f"nisa.nc_transpose: dst dtype {out.dtype} must equal the data dtype {data.dtype} "
                               "(a TensorE transpose does not cast)")
         write(out, result)
+        if m.units is not None:
+            m.units.copy(out, data, transpose=True)
 
     @api("nisa.tensor_copy", m)
     def tensor_copy(dst: Any, src: Any) -> None:
@@ -149,6 +161,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         s = ops.copy_source(m, src, "nisa.tensor_copy")
         ops.same_shape(out, s, "nisa.tensor_copy")
         write(out, s.data)
+        if m.units is not None:
+            m.units.copy(out, s)
 
     @api("nisa.tensor_tensor", m)
     def tensor_tensor(dst: Any, data1: Any, data2: Any, op: Any) -> None:
@@ -158,6 +172,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
             raise KernelError(f"nisa.tensor_tensor: dst shape {list(out.shape)} != input shape "
                               f"{list(result.shape)}")
         write(out, result)
+        if m.units is not None:
+            m.units.binary(out, op.name, data1, data2, "nisa.tensor_tensor")
 
     @api("nisa.activation", m)
     def activation(dst: Any, op: Any, data: Any, bias: Any = None, scale: Any = 1.0) -> None:
@@ -167,6 +183,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
             raise KernelError(f"nisa.activation: dst shape {list(out.shape)} != data shape "
                               f"{list(result.shape)}")
         write(out, result)
+        if m.units is not None:
+            m.units.activation([out], op.name, data, bias, scale, "nisa.activation")
 
     @api("nisa.activation_reduce", m)
     def activation_reduce(dst: Any, op: Any, data: Any, reduce_op: Any, reduce_res: Any, bias: Any = None,
@@ -182,6 +200,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
                               f"partition of data), got {list(res.shape)}")
         write(out, result)
         write(res, total)
+        if m.units is not None:
+            m.units.activation([out, res], op.name, data, bias, scale, "nisa.activation_reduce")
 
     @api("nisa.bn_stats", m)
     def bn_stats(dst: Any, data: Any) -> None:
@@ -191,6 +211,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
             raise KernelError(f"nisa.bn_stats: dst must be [{result.shape[0]}, {ops.BN_STATS_WIDTH}] (six statistics "
                               f"per partition), got {list(out.shape)}")
         write(out, result)
+        if m.units is not None:
+            m.units.statistics(out, data, "nisa.bn_stats")
 
     @api("nisa.bn_aggr", m)
     def bn_aggr(dst: Any, data: Any) -> None:
@@ -200,6 +222,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
             raise KernelError(f"nisa.bn_aggr: dst must be [{result.shape[0]}, {ops.BN_AGGR_WIDTH}] (mean, variance "
                               f"per partition), got {list(out.shape)}")
         write(out, result)
+        if m.units is not None:
+            m.units.statistics(out, data, "nisa.bn_aggr")
 
     @api("nisa.tensor_scalar", m)
     def tensor_scalar(dst: Any, data: Any, op0: Any, operand0: Any, reverse0: bool = False, op1: Any = None,
@@ -211,6 +235,9 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         if out.shape != result.shape:
             raise KernelError(f"nisa.tensor_scalar: dst shape {list(out.shape)} != data shape {list(result.shape)}")
         write(out, result)
+        if m.units is not None:
+            steps = [(op0.name, operand0)] + ([(op1.name, operand1)] if op1 is not None else [])
+            m.units.tensor_scalar(out, data, steps, "nisa.tensor_scalar")
 
     @api("nisa.memset", m)
     def memset(dst: Any, value: Any) -> None:
@@ -219,6 +246,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
             raise UnsupportedAPIError(f"nisa.memset value must be a number, got {value!r:.60}")
         counters.memsets += 1
         write(out, np.float32(value))
+        if m.units is not None:
+            m.units.constant(out, float(value))
 
     return {
         "dma_copy": dma_copy, "dma_transpose": dma_transpose, "nc_matmul": nc_matmul,

@@ -144,6 +144,7 @@ class _Exchange:
     data: np.ndarray  # a copy of src when it was sent
     dst: Tensor
     done: bool = False
+    units: Any = None  # the scale units of src in an FP8 run (interpreter/scale_units.py)
 
 
 class _Aborted(Exception):
@@ -213,7 +214,7 @@ class Turns:
                 break
         self.cond.notify_all()
 
-    def sendrecv(self, p: int, src: Tensor, dst: Tensor, peer: int, pipe: int) -> None:
+    def sendrecv(self, p: int, src: Tensor, dst: Tensor, peer: int, pipe: int, *, units: Any = None) -> None:
         """Program ``p`` exchanges ``src``/``dst`` with program ``peer`` (see the module docstring)."""
         n = self.shared.programs
         if peer == p or not 0 <= peer < n:
@@ -222,7 +223,7 @@ class Turns:
         with self.cond:
             index = self.issued.get(p, 0)
             self.issued[p] = index + 1
-            mine = _Exchange(index, peer, pipe, np.array(src.data, copy=True), dst)
+            mine = _Exchange(index, peer, pipe, np.array(src.data, copy=True), dst, units=units)
             partner = self.waiting.get(peer)
             if partner is not None and not partner.done and partner.peer == p:
                 self._complete(p, mine, peer, partner)
@@ -260,5 +261,10 @@ class Turns:
                                    f"{into.describe()}: src and dst must have one shape and dtype ({SENDRECV_SOURCE})")
         write(mine.dst, partner.data)
         write(partner.dst, mine.data)
+        if mine.units is not None:
+            from .scale_units import set_units
+
+            set_units(mine.dst, partner.units)
+            set_units(partner.dst, mine.units)
         partner.done = mine.done = True
         self.cond.notify_all()

@@ -30,6 +30,7 @@ from .counters import Counters
 from .lnc import SharedHbm, Turns
 from .machine import Machine
 from .modules import StandInModule
+from .scale_units import ScaleUnits
 from .tensor import HBM, Tensor, require_written
 
 #: modules a kernel file may import besides the NKI stand-ins (__future__ is a compiler directive)
@@ -112,7 +113,7 @@ def _located(m: Machine) -> Iterator[None]:
 
 def run_kernel(source: str, *, filename: str, kernel_name: str, args: Sequence[np.ndarray],
                target: Target, output_names: Sequence[str] | None = None,
-               arg_names: Sequence[str] | None = None) -> KernelRun:
+               arg_names: Sequence[str] | None = None, units: ScaleUnits | None = None) -> KernelRun:
     """Execute kernel ``kernel_name`` of the NKI source file ``source`` on NumPy arrays.
 
     ``args`` become HBM tensors named by the kernel's parameter names (or ``arg_names``); each keeps
@@ -120,16 +121,18 @@ def run_kernel(source: str, *, filename: str, kernel_name: str, args: Sequence[n
     them; they come back as arrays in :attr:`KernelRun.outputs`, and their counters are keyed by
     ``output_names`` (default ``output0``, ``output1``, ...). Every failure is a
     :class:`~neuronmm_compiler.errors.KernelError` whose ``line`` is the kernel-file line executing.
+    ``units`` (an FP8 kernel's scale units, by argument and output name) makes the run check rule
+    NMMC-FP8-SCALE-ONCE (interpreter/scale_units.py).
     """
     # Thousands of small matmuls: multi-threaded BLAS gains nothing on them and, on a busy machine,
     # its spinning threads make each one up to ~100x slower.
     with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _run(source, filename, kernel_name, args, target, output_names, arg_names)
+        return _run(source, filename, kernel_name, args, target, output_names, arg_names, units)
 
 
 def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray], target: Target,
-         output_names: Sequence[str] | None, arg_names: Sequence[str] | None) -> KernelRun:
+         output_names: Sequence[str] | None, arg_names: Sequence[str] | None, units: ScaleUnits | None) -> KernelRun:
     lines = source.splitlines()
     try:
         code = compile(source, filename, "exec", dont_inherit=True)
@@ -144,6 +147,8 @@ def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray
     # Each program of a logical core runs the kernel on its own core (SBUF, PSUM, engines, counters) against the
     # same HBM (interpreter/lnc.py).
     machines = [Machine(target, filename, lines, program_id=p, shared=shared, turns=turns) for p in range(target.lnc)]
+    for m in machines:
+        m.units = units
     functions = [_load(code, m, kernel_name) for m in machines]
     names = _argument_names(functions[0], kernel_name, args, arg_names)
     arguments = [machines[0].input_tensor(array, name) for array, name in zip(args, names, strict=True)]
@@ -183,6 +188,8 @@ def _run(source: str, filename: str, kernel_name: str, args: Sequence[np.ndarray
             raise KernelError(f"kernel {kernel_name!r} must return HBM tensors (nl.shared_hbm), output "
                               f"{name!r} is {value!r:.100}")
         require_written(value, f"kernel output {name!r}")
+        if units is not None and m.dialect == Dialect.NKI:
+            units.check_output(value, name)
         outputs.append(value.data if value.is_full else value.data.copy())
     per_program = [copy.deepcopy(other.counters) for other in machines] if shared is not None else []
     c = m.counters

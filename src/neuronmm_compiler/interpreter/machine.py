@@ -16,6 +16,7 @@ from ..vocab import Dialect
 from .counters import Counters
 from .lnc import SharedHbm, Turns
 from .memory import MemoryTracker
+from .scale_units import ANY, ScaleUnits
 from .tensor import HBM, PSUM, SBUF, Allocation, Tensor, as_f32, mark_written, require_written, write
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -69,6 +70,8 @@ class Machine:
         #: the NKI dialect of the file, set by its first NKI import (see loader.py)
         self.dialect: Dialect | None = None
         self.hbm_allocs: list[Allocation] = []
+        #: the scale-unit tracker of an FP8 kernel run (rule NMMC-FP8-SCALE-ONCE), else None
+        self.units: ScaleUnits | None = None
 
     # --- source position ----------------------------------------------------------------
     def current_line(self) -> int | None:
@@ -148,6 +151,8 @@ class Machine:
             return Tensor.whole(alloc)
         data = np.zeros(dims, dt) if zero else np.full(dims, np.nan, dt)
         alloc = Allocation(self, data, kind, str(name), line, written=zero)
+        if zero and self.units is not None:
+            alloc.units = ANY  # zeros are zeros in any scale units
         if kind == HBM:
             self.hbm_allocs.append(alloc)
         else:
@@ -163,7 +168,10 @@ class Machine:
         self.dtype(array.dtype, f"kernel argument {name!r} dtype")
         alloc = Allocation(self, np.array(array, copy=True), HBM, name, None, written=True)
         self.hbm_allocs.append(alloc)
-        return Tensor.whole(alloc)
+        tensor = Tensor.whole(alloc)
+        if self.units is not None:
+            self.units.load_argument(tensor, name)
+        return tensor
 
     def temporary(self, values: np.ndarray, dtype: np.dtype, buffer: str, producer: str) -> Tensor:
         """A 0.1-style op result: on-chip, fully written, not counted against capacity."""

@@ -41,6 +41,7 @@ class Allocation:
         "name",
         "producer",
         "record",
+        "units",
         "written",
     )
 
@@ -62,6 +63,8 @@ class Allocation:
         self.bytes_written = 0
         # the shared-HBM record of an HBM tensor both programs of an LNC=2 kernel see (interpreter/lnc.py), else None
         self.lnc = None
+        # the scale units of its elements in an FP8 kernel run (interpreter/scale_units.py), else None
+        self.units = None
 
     def describe(self) -> str:
         where = f", allocated at line {self.line}" if self.line is not None else ""

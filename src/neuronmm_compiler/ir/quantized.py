@@ -21,7 +21,7 @@ from .graph import Graph
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["calibrate", "is_quantized", "unquantized"]
+__all__ = ["calibrate", "is_quantized", "scale_exponents", "unquantized"]
 
 
 def is_quantized(graph: Graph) -> bool:
@@ -113,3 +113,56 @@ def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
         if node.name not in out:
             out[node.name] = inputs[node.name]
     return out
+
+
+def scale_exponents(graph: Graph) -> dict[str, dict[str, int]]:
+    """Every value's scale units in the quantized graph's semantics (rule NMMC-FP8-SCALE-ONCE, docs/fp8.md), by the
+    value's name (an input's or output's name, else its id): ``{scale input name: exponent}``, the power of each
+    scale the stored value carries beyond the value it stands for. A scale input carries its own scale (+1); an FP8
+    weight ``W = w / W_scale`` carries ``-1`` of the scale its dequantize applies; ``quantize v, s`` subtracts one
+    ``s``; a matmul and a multiply add their operands' units; ``dequantize acc, s1, s2`` adds one of each; every other
+    value (an unquantized input, a silu, a norm, an add) is in the graph's own units: ``{}``. So every dequantized
+    product and every output carries ``{}``, and every FP8 matmul operand exactly ``{s: -1}`` of the one scale it was
+    quantized by."""
+    weight_scale: dict[str, str] = {}
+    for node in graph.nodes():
+        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
+            acc = graph.node(node.operands[0])
+            weight_scale[acc.operands[1]] = node.operands[2]
+    scales = _scale_inputs(graph)
+    units: dict[str, dict[str, int]] = {}
+
+    def name(node_id: str) -> str:
+        node = graph.node(node_id)
+        return node.name or node.id if node.kind in (NodeKind.INPUT, NodeKind.OUTPUT) else node.id
+
+    def plus(*parts: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for part in parts:
+            for key, exp in part.items():
+                out[key] = out.get(key, 0) + exp
+        return {key: exp for key, exp in out.items() if exp}
+
+    for node in graph.nodes():
+        ops = [units[o] for o in node.operands]
+        if node.kind == NodeKind.INPUT:
+            if node.id in scales:
+                value = {name(node.id): 1}
+            elif node.id in weight_scale and is_fp8(node.dtype):
+                value = {name(weight_scale[node.id]): -1}
+            else:
+                value = {}
+        elif node.kind == NodeKind.MATMUL:
+            value = plus(*ops)
+        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
+            value = plus(ops[0], {name(node.operands[1]): -1})
+        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] in (ElementwiseOp.DEQUANTIZE,
+                                                                        ElementwiseOp.MULTIPLY):
+            value = plus(*ops)
+        elif node.kind in (NodeKind.OUTPUT, NodeKind.TRANSPOSE) or (
+                node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.ADD):
+            value = ops[0]
+        else:  # silu, norm: functions of values in the graph's own units
+            value = {}
+        units[node.id] = value
+    return {name(node_id): value for node_id, value in units.items()}

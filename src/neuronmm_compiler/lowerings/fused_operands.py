@@ -18,7 +18,7 @@ from ..kernel_ir.expr import Expr, Lin, scale
 from ..kernel_ir.program import Alloc, Buffer, Copy, DmaCopy, Matmul, PerfMode, PeTranspose, Point, Ref, Stmt, span
 from ..schedule.fused import FusedSchedule, tiles_per_weight_block
 from ..schedule.params import usable_column_tiles
-from ..vocab import Layout, NodeKind
+from ..vocab import ElementwiseOp, Layout, NodeKind
 from .fused_groups import Group, Term
 from .pe_tiles import column_dst, column_matmuls, column_sum, column_tile
 
@@ -86,13 +86,19 @@ class OperandLoads(FusedState):
 
     def _strip(self, node_id: str, features: int) -> Buffer:
         """The SBUF strip holding a value transposed: [features (tiles of pmax), tiles, tokens of a block], in the
-        kernel's dtype, or FP8 for a quantized value (docs/fp8.md)."""
+        kernel's dtype, FP8 for a quantized value, or float32 for a computed value only quantizations read (the
+        normalized x of a norm prologue, as h: rounded once, into FP8; docs/fp8.md)."""
         if node_id not in self.strips:
             pmax = self.target.pmax
             tiles = -(-features // pmax)
             shape = (min(pmax, features), tiles, self.s.tokens_per_block)
-            dtype = self.nodes[node_id].dtype
-            self.strips[node_id] = Buffer(f"{node_id}_strip", shape, dtype if is_fp8(dtype) else self.dtype, "sbuf")
+            node = self.nodes[node_id]
+            dtype = node.dtype if is_fp8(node.dtype) else self.dtype
+            users = self._users(node_id)
+            if node.kind != NodeKind.INPUT and users and all(
+                    u.kind == NodeKind.ELEMENTWISE and u.attrs["op"] == ElementwiseOp.QUANTIZE for u in users):
+                dtype = "float32"
+            self.strips[node_id] = Buffer(f"{node_id}_strip", shape, dtype, "sbuf")
         return self.strips[node_id]
 
     def _perf_mode(self, mm: Node) -> PerfMode:

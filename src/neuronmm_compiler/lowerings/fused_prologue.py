@@ -188,12 +188,12 @@ class NormPrologue(OperandLoads):
             body += [Alloc(src, comment=f"{add.id} = residual sum (stored, then normalized)"),
                      TensorTensor(Ref(src, whole), Ref(loaded[0], whole), Ref(loaded[1], whole), ElementwiseOp.ADD),
                      *self._sum_stores(add, src, t0, tsz)]
-        normed = Buffer(f"{norm.id}_rows", (tok.tile, h), norm.dtype, "sbuf")
+        normed = Buffer(f"{norm.id}_rows", (tok.tile, h), buf.dtype, "sbuf")  # float32 when FP8 quantizes it
         body += [Alloc(normed, comment=f"{norm.id}: normalized rows (gamma applied on the transposes' eviction)"),
                  *self._normalize(norm, src, normed, tsz)]
         kt = iv("kt", kdim.tiles)
         ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
-        tp = Buffer(f"{norm.id}_tpsum", (kdim.tile, tok.tile), norm.dtype, "psum")
+        tp = Buffer(f"{norm.id}_tpsum", (kdim.tile, tok.tile), buf.dtype, "psum")
         dst = Ref(buf, (span(0, ksz), Point(kt), span(scale(tt, tok.tile), tsz)))
         transposed = Ref(tp, (span(0, ksz), span(0, tsz)))
         if params:

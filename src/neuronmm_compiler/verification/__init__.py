@@ -41,8 +41,9 @@ import numpy as np
 from ..codegen import KernelSpec, TensorSpec, read_metadata
 from ..errors import InputError, KernelError
 from ..interpreter import run_kernel
+from ..interpreter.scale_units import ScaleUnits
 from ..ir import Graph, parse_text
-from ..ir.quantized import calibrate, is_quantized, unquantized
+from ..ir.quantized import calibrate, is_quantized, scale_exponents, unquantized
 from ..support import check_sdk, newest_sdk
 from ..targets import Target, get_target, with_lnc
 from ..vocab import Dialect, Layout
@@ -130,11 +131,19 @@ def merge_counters(total: dict[str, Any], part: dict[str, Any]) -> None:
             total[key] = total.get(key, 0) + value
 
 
-def interpreter_runner(source: str, filename: str) -> KernelRunner:
-    """Run the file's kernels in nmmc's interpreter (limits checked, counters kept)."""
+def interpreter_runner(source: str, filename: str, graph: Graph | None = None) -> KernelRunner:
+    """Run the file's kernels in nmmc's interpreter (limits checked, counters kept); a quantized ``graph`` (the file's)
+    also has the interpreter check its scale units (rule NMMC-FP8-SCALE-ONCE, interpreter/scale_units.py)."""
+    exponents = scale_exponents(graph) if graph is not None and is_quantized(graph) else None
+
     def run(kernel: KernelSpec, args: list[np.ndarray], target: Target) -> tuple[list[np.ndarray], dict[str, Any]]:
+        units = None if exponents is None else ScaleUnits(
+            sorted({s for exps in exponents.values() for s in exps}),
+            {s.name: exponents.get(s.name, {}) for s in kernel.inputs},
+            {s.name: exponents.get(s.name, {}) for s in kernel.outputs})
         result = run_kernel(source, filename=filename, kernel_name=kernel.name, args=args, target=target,
-                            arg_names=[s.name for s in kernel.inputs], output_names=[s.name for s in kernel.outputs])
+                            arg_names=[s.name for s in kernel.inputs], output_names=[s.name for s in kernel.outputs],
+                            units=units)
         outputs, counters = result.outputs, result.counters.as_dict()
         if result.program_counters:  # an LNC kernel: each program's own counts besides the sums
             counters["programs"] = [c.as_dict() for c in result.program_counters]
@@ -145,9 +154,9 @@ def interpreter_runner(source: str, filename: str) -> KernelRunner:
     return run
 
 
-def _runner(backend: str, source: str, filename: str, dialect: str) -> KernelRunner:
+def _runner(backend: str, source: str, filename: str, dialect: str, graph: Graph) -> KernelRunner:
     if backend == "interpreter":
-        return interpreter_runner(source, filename)
+        return interpreter_runner(source, filename, graph)
     if backend == "nki-simulator":
         from .nki_backend import simulator_runner
 
@@ -219,7 +228,7 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
     check_memory(filename, meta, graph, max_memory)
     kernels = meta.kernels
     out_dtype = meta.outputs[0].dtype
-    runner = _runner(backend, source, filename, meta.dialect)
+    runner = _runner(backend, source, filename, meta.dialect, graph)
     report = VerifyReport(ok=False, kernel=", ".join(k.name for k in kernels), target=tgt.name, dialect=meta.dialect,
                           seed=seed, rel_error=None, tolerance=TOLERANCES[out_dtype], max_abs_error=None,
                           backend=backend, lnc=tgt.lnc)

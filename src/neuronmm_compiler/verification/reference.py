@@ -13,7 +13,10 @@ chunk. Either way the values are those of :func:`neuronmm_compiler.ir.evaluate`,
 The allowance (see :mod:`neuronmm_compiler.verification`) is carried only by values that are, or
 depend on, a stored intermediate (a computed value some matmul reads); everything else has
 variance zero and is not computed. A single GEMM stores no intermediate: its allowance costs
-nothing.
+nothing. In a quantized (FP8) graph a stored intermediate is rounded to its dtype in the reference itself, exactly
+as the kernel rounds it, and carries no allowance: an FP8 quantization downstream turns any perturbation into whole
+FP8 steps of some elements, which no variance bounds, so the reference must hold the kernel's very values (the
+residual sum a norm prologue stores in bf16 and normalizes; docs/fp8.md).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from ..ir import Graph
 from ..ir.fp8 import quantize
 from ..ir.graph import Node
+from ..ir.quantized import is_quantized
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 
 ROW, WHOLE = "row", "whole"
@@ -94,6 +98,14 @@ class Chunk:
     stop: int | None
     values: Mapping[str, np.ndarray]
     sigmas: Mapping[str, np.ndarray | None]
+
+
+def _round(value: np.ndarray, dtype: str) -> np.ndarray:
+    """``value`` rounded to nearest even in ``dtype`` (bfloat16 or float32), back in float64."""
+    import ml_dtypes
+
+    into = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    return np.asarray(value).astype(into).astype(np.float64)
 
 
 def _logical(node: Node, array: np.ndarray, rows: slice | None) -> np.ndarray:
@@ -169,6 +181,7 @@ def reference_chunks(graph: Graph, inputs: Mapping[str, np.ndarray], *,
     with_variance = uncertain(graph)
     nodes = graph.nodes()
     stored = {node.id for node in nodes if _stored(graph, node)}
+    rounded = stored if is_quantized(graph) else set()  # rounded exactly in the reference (module docstring)
     rows = graph.outputs()[0].shape[0]
     step = rows if labels is None else rows_per_chunk or chunk_rows(graph, labels, with_variance)
     whole: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
@@ -187,7 +200,9 @@ def reference_chunks(graph: Graph, inputs: Mapping[str, np.ndarray], *,
             else:
                 ops = [values[o][0] for o in node.operands]
                 var = [values[o][1] for o in node.operands]
-                result = _compute(node, ops, var, node.id in stored)
+                result = _compute(node, ops, var, node.id in stored and node.id not in rounded)
+                if node.id in rounded:
+                    result = (_round(result[0], node.dtype), result[1])
             values[node.id] = result
             if label == WHOLE and labels is not None:
                 whole[node.id] = result

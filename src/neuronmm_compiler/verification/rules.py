@@ -38,8 +38,10 @@ SDK233_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1"
 LATEST_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
 #: AWS's NKI library (the kernels bundled with neuronx-cc): evidence of how the documented APIs are used.
 NKILIB = "aws-neuron/nki-library@d2ad3a579498d1888aa8740af97fd325dd5f2740"
+#: nmmc's own definitions (not an AWS rule): a rule of nmmc's graph semantics, cited from nmmc's documentation.
+NMMC = "nmmc (not an AWS rule)"
 #: Every source a citation may name.
-SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, LATEST_DOCS, NKILIB)
+SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, LATEST_DOCS, NKILIB, NMMC)
 
 BOTH = (Dialect.NKI, Dialect.NEURONXCC)
 #: Why the capacity rules are not checked from the source.
@@ -416,6 +418,20 @@ RULES: tuple[Rule, ...] = (
          note="Inferred: the NKI pages give the layouts, not the overflow behaviour; nki-library clamps before every "
               "FP8 cast. Not checked statically; the interpreter (ml_dtypes casts: round to nearest even, an overflow "
               "becomes inf) refuses a write of a non-finite value into an FP8 tile, naming this rule."),
+    Rule("NMMC-FP8-SCALE-ONCE", "fp8", "every FP8 product reaches the output scaled exactly once by each of its "
+         "scales (the weight's, the activation's): in scale units (each scale input one unit, an FP8 weight carrying "
+         "its scale^-1, a quantization dividing one scale away), a kernel's values keep the quantized graph's units: "
+         "FP8 matmul operands carry exactly one scale^-1, one PSUM accumulation one unit, nonlinear functions and "
+         "outputs no scale",
+         (f"{NMMC}: docs/fp8.md (The graph: dequantize = acc * v_scale * W_scale^T; Verification: scale units)",
+          f"{NMMC}: src/neuronmm_compiler/ir/quantized.py (scale_exponents)"),
+         dialects=(Dialect.NKI,),
+         note="nmmc's quantized-graph semantics, not a hardware or NKI rule: a scale applied twice, or not at all, "
+              "compiles and runs, but computes another function than the graph. Not checked statically; the "
+              "interpreter follows every value's scale units through the kernel in nmmc verify of an FP8 file "
+              "(interpreter/scale_units.py) and names the first instruction that breaks them. Units are per scale "
+              "tensor: a per-channel scale applied from the wrong channel keeps the units and is caught by the "
+              "value comparison only."),
     Rule("NKI-DMA-BROADCAST", "fp8", "a partition broadcast is a DMA source access pattern t.ap(pattern=[[0, P], [1, "
          "F]], offset=o): step 0 over the partitions, F contiguous elements; nmmc loads its FP8 scales this way, "
          "once per kernel",
