@@ -79,7 +79,8 @@ class Fp8Layer:
 
 def fp8_layer(layer_factors: Mapping[str, Any], ranges: Mapping[str, float], dtype: str) -> Fp8Layer:
     """Quantize one layer's factors (``(u, v)`` or a dense ``W`` per projection) into ``dtype`` with per-output-
-    channel weight scales, and its activation scales from ``ranges`` (``max|v|`` per point, :func:`activation_ranges`)."""
+    channel weight scales, and its activation scales from ``ranges`` (``max|v|`` per point,
+    :func:`activation_ranges`)."""
     weights: dict[str, Any] = {}
     for proj, f in layer_factors.items():
         weights[proj] = tuple(quantize_weight(t, dtype) for t in f) if isinstance(f, tuple) \
