@@ -35,8 +35,8 @@ from ..ir.quantized import activation_scale, quantize_weight
 from .calibration import DEFAULT_SEQUENCE, sequences
 from .forward import silu
 
-__all__ = ["FP8_ALIASES", "Fp8Layer", "activation_points", "activation_ranges", "emulated_mlp", "fp8_format",
-           "fp8_layer", "weight_bytes"]
+__all__ = ["FP8_ALIASES", "Fp8Layer", "activation_points", "activation_ranges", "add_range", "emulated_mlp",
+           "fp8_format", "fp8_layer", "traced_mlp", "weight_bytes"]
 
 #: ``--dtype`` spellings of the FP8 formats (as ``nmmc tune --dtype`` takes them).
 FP8_ALIASES = {"fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3", "float8_e4m3": "float8_e4m3",
@@ -150,6 +150,34 @@ def emulated_mlp(factors: Mapping[int, Mapping[str, Any]], *, kernel_dtype: str 
     return mlp
 
 
+def traced_mlp(layer_factors: Mapping[str, Any], x: np.ndarray, note: Callable[[str, np.ndarray], None]
+               ) -> np.ndarray:
+    """The unquantized (float32) MLP of one layer's factors on ``x``, calling ``note(point, value)`` on every value
+    the FP8 kernel quantizes (:func:`activation_points`)."""
+    f = layer_factors
+    note("x", x)
+    outs = {}
+    for proj in ("gate", "up"):
+        if isinstance(f[proj], tuple):
+            mid = x @ f[proj][0]
+            note(_POINTS[proj][1], mid)
+            outs[proj] = mid @ f[proj][1]
+        else:
+            outs[proj] = x @ f[proj]
+    h = silu(outs["gate"]) * outs["up"]
+    note("h", h)
+    if isinstance(f["down"], tuple):
+        mid = h @ f["down"][0]
+        note("h_ud", mid)
+        return mid @ f["down"][1]
+    return h @ f["down"]
+
+
+def add_range(ranges: dict[str, float], point: str, v: np.ndarray) -> None:
+    """Fold ``max|v|`` into ``ranges[point]``."""
+    ranges[point] = max(ranges.get(point, 0.0), float(np.max(np.abs(v))))
+
+
 def activation_ranges(model, ids: np.ndarray, factors: Mapping[int, Mapping[str, Any]], *,
                       length: int = DEFAULT_SEQUENCE, progress: Callable[[int, int], None] | None = None
                       ) -> dict[int, dict[str, float]]:
@@ -158,27 +186,8 @@ def activation_ranges(model, ids: np.ndarray, factors: Mapping[int, Mapping[str,
     calibrated on, as ``nmmc verify`` calibrates a kernel's on the unquantized graph (``ir/quantized.py``)."""
     ranges: dict[int, dict[str, float]] = {layer: {} for layer in factors}
 
-    def note(layer: int, point: str, v: np.ndarray) -> None:
-        ranges[layer][point] = max(ranges[layer].get(point, 0.0), float(np.max(np.abs(v))))
-
     def override(layer: int, x: np.ndarray) -> np.ndarray:
-        f = factors[layer]
-        note(layer, "x", x)
-        outs = {}
-        for proj in ("gate", "up"):
-            if isinstance(f[proj], tuple):
-                mid = x @ f[proj][0]
-                note(layer, _POINTS[proj][1], mid)
-                outs[proj] = mid @ f[proj][1]
-            else:
-                outs[proj] = x @ f[proj]
-        h = silu(outs["gate"]) * outs["up"]
-        note(layer, "h", h)
-        if isinstance(f["down"], tuple):
-            mid = h @ f["down"][0]
-            note(layer, "h_ud", mid)
-            return mid @ f["down"][1]
-        return h @ f["down"]
+        return traced_mlp(factors[layer], x, lambda point, v: add_range(ranges[layer], point, v))
 
     chunks = sequences(np.asarray(ids), length)
     for done, chunk in enumerate(chunks, 1):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +329,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     layer_ranks = record = front = point = None
     chosen = None
     if measured:
+        from .format_choice import measured_format_choice
         from .measured_choice import measured_choice
         from .whitening import whitened_svd
 
@@ -335,7 +337,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
             raise InputError("--choose-ranks without --tokens measures perplexity on calibration tokens: give "
                              "--calibration as text or .npy token ids")
         m = model()
-        chosen = measured_choice(
+        chosen = (measured_choice if fmt is None else partial(measured_format_choice, fmt=fmt))(
             m, selection_tokens(calibration_ids, request.sequence_length), budget * SELECTION_SHARE,
             lambda layer, proj, rank: (lambda f: (f.u, f.v))(whitened_svd(
                 m.mlp_weight(layer, proj), calibration.gram(layer, proj), rank, request.damping)),
@@ -352,7 +354,8 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
         healed, heal_record = _heal(request, model(), calibration, calibration_ids, _plans(request, layer_ranks),
                                     progress, shard_out=shard_blocks)
     fp8, fp8_record = (None, None) if fmt is None else _fp8_layers(
-        request, model(), calibration, calibration_ids, layer_ranks, healed, fmt, progress)
+        request, model(), calibration, calibration_ids, layer_ranks, healed, fmt, progress,
+        None if chosen is None or chosen.formats is None else [i for i, f in enumerate(chosen.formats) if f == fmt])
     manifest = compress_model(
         request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
@@ -362,7 +365,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
         warnings.append(PLAIN_SVD_WARNING)
     if layer_ranks is not None and record is not None and not measured and all(r["gate"] is None for r in layer_ranks):
         warnings.append(all_dense_warning(request, record))
-    if measured and all(r["gate"] is None for r in layer_ranks):
+    if measured and all(r["gate"] is None for r in layer_ranks) and not fp8:
         warnings.append(f"--choose-ranks kept every layer dense: no layer could be compressed within "
                         f"+{budget:.1%} measured perplexity on the selection tokens")
     kept = manifest.kept_fraction
