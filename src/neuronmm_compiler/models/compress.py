@@ -207,10 +207,12 @@ def _factor(w: np.ndarray, rank: int, np_dtype: type, threads: int | None, gram:
         return u, v, svd.relative_error(w, u, v), "whitened", white.output_error
 
 
-def _output_error(w: np.ndarray, u: np.ndarray, v: np.ndarray, gram: np.ndarray) -> float:
-    """Relative output error ``||X (W - u v)||_F / ||X W||_F`` on the calibration activations (from ``X^T X``)."""
+def _output_error(w: np.ndarray, u: np.ndarray, v: np.ndarray | None, gram: np.ndarray) -> float:
+    """Relative output error ``||X (W - u v)||_F / ||X W||_F`` on the calibration activations (from ``X^T X``);
+    ``v`` None: of the approximation ``u`` of ``W`` itself."""
     w64 = np.asarray(w, dtype=np.float64)
-    diff = w64 - np.asarray(u, dtype=np.float64) @ np.asarray(v, dtype=np.float64)
+    approx = np.asarray(u, dtype=np.float64)
+    diff = w64 - (approx if v is None else approx @ np.asarray(v, dtype=np.float64))
     total = float(np.einsum("ij,ij->", w64, gram @ w64))
     return float(np.sqrt(max(float(np.einsum("ij,ij->", diff, gram @ diff)), 0.0) / total)) if total > 0 else 0.0
 
@@ -276,9 +278,11 @@ def _quantized_layer(reader: WeightReader, config: ModelConfig, layer: int, rank
         w = reader.read(name, shape=(n, k)).T
         pairs = q.weights[proj] if ranks[proj] is not None else (q.weights[proj],)
         values = [t.astype(np.float64) * s.reshape(1, -1) for t, s in pairs]
-        u, v = (values[0], np.eye(n)) if ranks[proj] is None else values
+        u, v = (values[0], None) if ranks[proj] is None else values
         gram = None if calibration is None else calibration.gram(layer, proj)
-        out[proj] = replace(entries[proj], relative_error=svd.relative_error(w, u, v),
+        norm = float(np.linalg.norm(w.astype(np.float64)))
+        error = svd.relative_error(w, u, v) if v is not None else float(np.linalg.norm(w - u) / norm) if norm else 0.0
+        out[proj] = replace(entries[proj], relative_error=error,
                             output_error=None if gram is None else _output_error(w, u, v, gram))
     return fp8_tensors(layer, q), out
 
