@@ -40,6 +40,14 @@ the step before them (whitened SVD, and for fine-tuning the closed form), said i
 ``--calibration-study`` adds, at the largest rank with closed-form healing, the calibration sets
 docs alone / docs + man pages / docs + man pages + model samples, evaluated on the same texts.
 
+``--formats-study`` (issue 25) compares the kernels' formats on the same texts and calibration: the dense MLP
+in bf16 and in FP8, and the SVD MLP at rank ``--ranks`` (whitened + closed-form healing) in bf16 and in FP8, each
+emulated in the NumPy forward as the kernels compute it (``models/formats.py``: bf16 operands, or FP8 weights with
+per-output-channel scales and activations quantized with static per-tensor scales calibrated on the mixed
+calibration set), plus the SVD factors in float32 for reference; perplexity and top-1 agreement per evaluation text.
+
+    python benchmarks/compression.py MODEL_DIR --formats-study [--ranks 384] [--work DIR] [--json F]
+
 Text sources (all read at run time from this machine; none is committed):
 
 - ``docs``: CPython's ``pydoc_data.topics`` (the Python documentation's topics; PSF licence), topics at
@@ -366,6 +374,82 @@ def heal_study(args) -> None:
     print(f"\nwall time {time.time() - start:.0f} s")
 
 
+def formats_study(args) -> None:
+    """bf16 dense, FP8 dense, SVD bf16, SVD FP8 (and SVD float32), measured on every evaluation text."""
+    import numpy as np
+
+    from neuronmm_compiler.models.calibration import load_tokens
+    from neuronmm_compiler.models.formats import activation_ranges, emulated_mlp, fp8_layer
+    from neuronmm_compiler.models.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
+    from neuronmm_compiler.models.sampling import sample_tokens
+    from neuronmm_compiler.models.workflow import whitened_factors as white_factors
+
+    start = time.time()
+    work = Path(args.work)
+    paths = write_domain_texts(work / "texts")
+    model = CausalLM(args.model_dir)
+    samples = work / "texts" / "samples.npy"
+    if not samples.is_file():
+        np.save(samples, sample_tokens(model, args.sample_tokens, length=args.sequence_length, seed=0))
+    evals = {"docs (in domain)": paths["docs-eval"], "licences": paths["licences"], "code": paths["code"],
+             "changelogs": paths["changelogs"]}
+    eval_ids = {name: load_tokens(p, args.model_dir, args.eval_tokens) for name, p in evals.items()}
+    originals = {name: original_predictions(model, ids, length=args.sequence_length) for name, ids in eval_ids.items()}
+    print("original (float32) perplexity: " + ", ".join(f"{n} {o[0]:.2f}" for n, o in originals.items()), flush=True)
+    cal_ids = np.concatenate([load_tokens(f, args.model_dir, args.calibration_tokens)
+                              for f in (paths["docs-cal"], paths["man"], samples)])
+    t = time.time()
+    calibration = calibrate(model, cal_ids, source="docs+man+samples", length=args.sequence_length)
+    print(f"calibration: {cal_ids.size} tokens (docs, man pages, model samples) in {time.time() - t:.0f} s", flush=True)
+    layers = range(model.arch.num_hidden_layers)
+    dense = {layer: {p: model.mlp_weight(layer, p) for p in PROJECTIONS} for layer in layers}
+    rank = args.ranks[0]
+    t = time.time()
+    white = white_factors(model, calibration, [{p: rank for p in PROJECTIONS}] * len(layers), args.damping)
+    svd = closed_form_heal(model, cal_ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING,
+                           prior=calibration.grams, prior_weight=args.heal_prior)[0]
+    print(f"SVD rank {rank}, whitened + closed-form healing (prior {args.heal_prior}): {time.time() - t:.0f} s",
+          flush=True)
+
+    def fp8(factors) -> dict:
+        t = time.time()
+        ranges = activation_ranges(model, cal_ids, factors, length=args.sequence_length)
+        out = {layer: fp8_layer(factors[layer], ranges[layer], "float8_e4m3") for layer in layers}
+        print(f"  activation ranges on the calibration tokens and FP8 weights: {time.time() - t:.0f} s", flush=True)
+        return out
+
+    variants = [("dense", "bf16", lambda: emulated_mlp(dense)),
+                ("dense", "fp8 (e4m3)", lambda: emulated_mlp(dense, fp8=fp8(dense))),
+                (f"SVD {rank}", "float32", lambda: factored_mlp(svd)),
+                (f"SVD {rank}", "bf16", lambda: emulated_mlp(svd)),
+                (f"SVD {rank}", "fp8 (e4m3)", lambda: emulated_mlp(svd, fp8=fp8(svd)))]
+    rows = []
+    for weights, fmt, build in variants:
+        mlp = build()
+        t = time.time()
+        quality = {}
+        for name, ids in eval_ids.items():
+            q = evaluate(model, ids, mlp, length=args.sequence_length, original=originals[name], per_layer=False)
+            quality[name] = {"ppl": q.ppl_compressed, "increase": q.ppl_increase, "agree": q.top1_agreement,
+                             "tokens": q.tokens}
+        rows.append({"weights": weights, "format": fmt, "quality": quality})
+        print(f"{weights:<8} {fmt:<11} ({time.time() - t:.0f} s) | " + " | ".join(
+            f"{n} {q['ppl']:.2f} ({q['increase']:+.1%}, agr {q['agree']:.3f})" for n, q in quality.items()), flush=True)
+    names = list(eval_ids)
+    print(f"\nsummary: perplexity (increase over the float32 original; top-1 agreement with it) per evaluation text, "
+          f"{args.eval_tokens} tokens each; calibration = docs + man pages + model samples, {args.calibration_tokens} "
+          "tokens each")
+    print("MLP weights | format | " + " | ".join(f"{n} ({originals[n][0]:.2f})" for n in names))
+    for row in rows:
+        print(f"{row['weights']} | {row['format']} | " + " | ".join(
+            f"{row['quality'][n]['ppl']:.2f} ({row['quality'][n]['increase']:+.1%}, {row['quality'][n]['agree']:.3f})"
+            for n in names))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"originals": {n: o[0] for n, o in originals.items()}, "rank": rank,
+                                               "calibration_tokens": int(cal_ids.size), "rows": rows}, indent=1))
+    print(f"\nwall time {time.time() - start:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", nargs="?")
@@ -384,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
                              "sensitivity (nmmc's), or unweighted")
     parser.add_argument("--sensitivity-tokens", type=int, default=1024)
     parser.add_argument("--heal-study", action="store_true", help="the healing study instead (see above)")
+    parser.add_argument("--formats-study", action="store_true", help="bf16 / FP8, dense / SVD (see above)")
     parser.add_argument("--ranks", default="256,384", help="heal study: ranks (gate = up = down)")
     parser.add_argument("--methods", default="", help="heal study: only these methods (comma-separated)")
     parser.add_argument("--work", default="/tmp/nmmc-heal-study", help="heal study: texts and factors go here")
@@ -393,14 +478,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heal-prior", type=float, default=1.0, help="heal study: closed-form prior weight")
     parser.add_argument("--json", default=None, help="heal study: also write the rows as JSON here")
     args = parser.parse_args(argv)
-    if args.heal_study:
+    if args.heal_study or args.formats_study:
         if not args.model_dir:
             parser.error("MODEL_DIR is needed")
         args.ranks = [int(r) for r in args.ranks.split(",")]
         args.methods = [m for m in args.methods.split(",") if m]
         args.calibration_tokens = args.calibration_tokens if args.calibration_tokens != 8192 else 4096
         args.eval_tokens = args.eval_tokens if args.eval_tokens != 4096 else 2048
-        heal_study(args)
+        (formats_study if args.formats_study else heal_study)(args)
         return
     bucket_sets = [tuple(int(b) for b in s.split(",")) for s in (args.buckets or ["512", "1,128"])]
     keep_ratios = [float(k) for k in args.keep_ratios.split(",")]

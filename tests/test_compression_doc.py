@@ -98,3 +98,15 @@ def test_the_healing_table_is_the_heal_studys():
     for row in data["rows"]:
         cells = " | ".join(f"{q['ppl']:,.2f} ({q['increase']:+.1%})" for q in row["quality"].values())
         assert f"| {row['rank']} | {row['method']} | {cells} |" in doc, row["method"]
+
+
+def test_the_fp8_tables_are_the_formats_runs():
+    """docs/compression.md and docs/fp8.md quote benchmarks/compression.py --formats-study's summary rows."""
+    text = (RESULTS / "compression-formats-2026-12-01.txt").read_text()
+    rows = re.findall(r"^(dense|SVD 384) \| (bf16|fp8 \(e4m3\)) \| (.+)$", text, flags=re.M)
+    assert len(rows) == 4
+    for doc in (_doc(), " ".join((ROOT / "docs" / "fp8.md").read_text(encoding="utf-8").split())):
+        assert "compression-formats-2026-12-01.txt" in doc
+        for weights, fmt, cells in rows:
+            assert re.search(rf"\| {re.escape(weights)} \| {re.escape(fmt)} \| [\d.]+ \| {re.escape(cells)} \|", doc), \
+                (weights, fmt)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from . import artifacts, calibrate, compile, export, models, opt, verify
+from . import artifacts, calibrate, compile, compress_dtype, export, models, opt, verify
 from .options import NmmcGroup
 
 __all__ = ["main"]
@@ -49,7 +49,8 @@ def main() -> None:
     """
 
 
-for _command in (compile.emit, compile.cost, compile.tune, compile.explain, models.compress, verify.verify,
+for _command in (compile.emit, compile.cost, compile.tune, compile.explain, compress_dtype.with_dtype(models.compress),
+                 verify.verify,
                  compile.schedules, artifacts.regress, artifacts.report, artifacts.cache, calibrate.targets,
                  calibrate.calibrate, verify.bench, opt.opt, export.export):
     main.add_command(_command)

@@ -94,6 +94,12 @@ def compress_lines(manifest: Any, output: str) -> list[str]:
              f"  MLP parameters {manifest.params_before} -> {manifest.params_after} "
              f"(kept {manifest.kept_fraction:.3f}, compression {manifest.compression_ratio:.2f}x)",
              f"  worst relative weight reconstruction error {worst:.4f}"]
+    fp8 = [layer.layer for layer in manifest.layers if layer.fp8]
+    if fp8:
+        which = "every layer" if len(fp8) == len(manifest.layers) else f"layers {' '.join(map(str, fp8))}"
+        others = "" if len(fp8) == len(manifest.layers) else f"; the other layers {manifest.dtype}"
+        lines.append(f"  FP8 ({manifest.layers[fp8[0]].fp8}) kernels in {which}: weights with per-output-channel "
+                     f"scales, activations with static scales from the calibration tokens{others}")
     if manifest.calibration:
         c = manifest.calibration
         outputs = [p.output_error for layer in manifest.layers for p in layer.projections.values()

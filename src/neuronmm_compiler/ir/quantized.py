@@ -21,7 +21,28 @@ from .graph import Graph
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["calibrate", "is_quantized", "scale_exponents", "unquantized"]
+__all__ = ["activation_scale", "calibrate", "is_quantized", "quantize_weight", "scale_exponents", "unquantized"]
+
+
+def activation_scale(amax: float, dtype: str) -> np.ndarray:
+    """The static per-tensor scale ``[[max|v| / max]]`` (float32) of a value whose largest magnitude is ``amax``."""
+    import numpy as np
+
+    return np.array([[max(float(amax), 1e-30) / FP8_FORMATS[dtype].max]], dtype=np.float32)
+
+
+def quantize_weight(w: np.ndarray, dtype: str, per_channel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``(q, scale)`` of a weight ``w`` [K, N] (``x @ w``): ``scale`` float32 [N, 1] = ``max|w| / max`` per output
+    channel (column), or [1, 1] per tensor; ``q`` the ml_dtypes ``dtype`` array ``round_fp8(w / scale)``. The rule
+    the kernels' scales follow (``w ~= q * scale^T``)."""
+    import ml_dtypes
+    import numpy as np
+
+    w = np.asarray(w, dtype=np.float64)
+    amax = np.max(np.abs(w), axis=0) if per_channel else np.max(np.abs(w)).reshape(1)
+    scale = (np.maximum(amax, 1e-30) / FP8_FORMATS[dtype].max).astype(np.float32)
+    q = round_fp8(w / scale.astype(np.float64), dtype)
+    return q.astype(getattr(ml_dtypes, dtype)), scale.reshape(-1, 1)
 
 
 def is_quantized(graph: Graph) -> bool:
@@ -75,7 +96,6 @@ def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
     """Inputs of the FP8 ``graph`` from ``inputs`` of :func:`unquantized` ``(graph)`` (storage layout): FP8 weights
     rounded after dividing by their scales, and every scale input (see the module docstring), as float32 / ml_dtypes
     arrays."""
-    import ml_dtypes
     import numpy as np
 
     from .evaluate import evaluate
@@ -93,22 +113,16 @@ def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
     by_id = {node.id: node for node in graph.inputs()}
     for node in graph.nodes():
         if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
-            fmt = FP8_FORMATS[node.attrs["dtype"]]
             source = node.operands[0]
             v = values[f"nmmc_probe_{source}"] if source in wanted else np.asarray(
                 inputs[by_id[source].name], dtype=np.float64)
-            out[by_id[node.operands[1]].name] = np.array([[max(float(np.max(np.abs(v))), 1e-30) / fmt.max]],
-                                                         dtype=np.float32)
+            out[by_id[node.operands[1]].name] = activation_scale(float(np.max(np.abs(v))), node.attrs["dtype"])
         elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
             acc = graph.node(node.operands[0])
             weight, w_scale = by_id[acc.operands[1]], by_id[node.operands[2]]
-            w = np.asarray(inputs[weight.name], dtype=np.float64)  # [K, N], row_major (frontends store it so)
-            fmt = FP8_FORMATS[weight.dtype]
-            amax = np.max(np.abs(w), axis=0) if w_scale.shape[0] > 1 else np.max(np.abs(w)).reshape(1)
-            scale = (np.maximum(amax, 1e-30) / fmt.max).astype(np.float32)
-            out[w_scale.name] = scale.reshape(-1, 1)
-            q = round_fp8(w / scale.astype(np.float64), weight.dtype)
-            out[weight.name] = q.astype(getattr(ml_dtypes, weight.dtype))
+            # [K, N], row_major (frontends store it so)
+            out[weight.name], out[w_scale.name] = quantize_weight(inputs[weight.name], weight.dtype,
+                                                                  per_channel=w_scale.shape[0] > 1)
     for node in graph.inputs():
         if node.name not in out:
             out[node.name] = inputs[node.name]

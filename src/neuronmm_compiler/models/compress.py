@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from ..io import stale_temp_files, write_text_atomic
 from . import svd
 from .calibration import Calibration
 from .config import PROJECTIONS, ModelConfig, mlp_weight_names, projection_shape, read_config
+from .fp8_files import expected_fp8_tensors, fp8_tensors
 from .manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -114,9 +116,11 @@ def _check_layer_ranks(config: ModelConfig, layer_ranks: Sequence[Mapping[str, i
 
 
 def _settings(config: ModelConfig, keep_ratio: float, align: int, dtype: str, ranks: Mapping[str, int | None],
-              whitening: dict | None, heal: dict | None = None) -> dict:
+              whitening: dict | None, heal: dict | None = None, fp8: tuple | None = None) -> dict:
     """What a layer file must record to be reused by a run (as it reads back from JSON)."""
     extra = {} if heal is None else {"heal": heal}  # absent when not healed: older layer files stay reusable
+    if fp8 is not None:  # the format and the activation ranges the scales come from
+        extra["fp8"] = {"format": fp8[0], "activation_ranges": dict(sorted(fp8[1].items()))}
     return json.loads(json.dumps({
         "method": "whitened" if whitening else "svd",
         "whitening": whitening,
@@ -203,10 +207,12 @@ def _factor(w: np.ndarray, rank: int, np_dtype: type, threads: int | None, gram:
         return u, v, svd.relative_error(w, u, v), "whitened", white.output_error
 
 
-def _output_error(w: np.ndarray, u: np.ndarray, v: np.ndarray, gram: np.ndarray) -> float:
-    """Relative output error ``||X (W - u v)||_F / ||X W||_F`` on the calibration activations (from ``X^T X``)."""
+def _output_error(w: np.ndarray, u: np.ndarray, v: np.ndarray | None, gram: np.ndarray) -> float:
+    """Relative output error ``||X (W - u v)||_F / ||X W||_F`` on the calibration activations (from ``X^T X``);
+    ``v`` None: of the approximation ``u`` of ``W`` itself."""
     w64 = np.asarray(w, dtype=np.float64)
-    diff = w64 - np.asarray(u, dtype=np.float64) @ np.asarray(v, dtype=np.float64)
+    approx = np.asarray(u, dtype=np.float64)
+    diff = w64 - (approx if v is None else approx @ np.asarray(v, dtype=np.float64))
     total = float(np.einsum("ij,ij->", w64, gram @ w64))
     return float(np.sqrt(max(float(np.einsum("ij,ij->", diff, gram @ diff)), 0.0) / total)) if total > 0 else 0.0
 
@@ -214,9 +220,9 @@ def _output_error(w: np.ndarray, u: np.ndarray, v: np.ndarray, gram: np.ndarray)
 def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks: Mapping[str, int | None],
                     dtype: str, threads: int | None, on_matrix: Callable[[], None],
                     calibration: Calibration | None, damping: float,
-                    given: Mapping[str, Any] | None = None, healed: str | None = None
+                    given: Mapping[str, Any] | None = None, healed: str | None = None, fp8: tuple | None = None
                     ) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
-    np_dtype, _ = OUTPUT_DTYPES[dtype]
+    np_dtype = np.float32 if fp8 is not None else OUTPUT_DTYPES[dtype][0]  # FP8: quantized from float32 below
     tensors: dict[str, np.ndarray] = {}
     entries: dict[str, ProjectionEntry] = {}
     for proj, name in mlp_weight_names(config, layer).items():
@@ -252,7 +258,33 @@ def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks
         u_name, v_name = factor_names(layer, proj)
         tensors[u_name], tensors[v_name] = u, v
         on_matrix()
+    if fp8 is not None:
+        return _quantized_layer(reader, config, layer, ranks, tensors, entries, fp8, calibration)
     return tensors, entries
+
+
+def _quantized_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks: Mapping[str, int | None],
+                     tensors: Mapping[str, np.ndarray], entries: Mapping[str, ProjectionEntry], fp8: tuple,
+                     calibration: Calibration | None) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
+    """The FP8 layer file of float32 ``tensors`` (:mod:`.fp8_files`); errors are of the dequantized weights."""
+    from .formats import fp8_layer
+
+    factors = {proj: tensors[dense_name(layer, proj)] if ranks[proj] is None
+               else tuple(tensors[n] for n in factor_names(layer, proj)) for proj in PROJECTIONS}
+    q = fp8_layer(factors, fp8[1], fp8[0])
+    out = {}
+    for proj, name in mlp_weight_names(config, layer).items():
+        k, n = projection_shape(config, proj)
+        w = reader.read(name, shape=(n, k)).T
+        pairs = q.weights[proj] if ranks[proj] is not None else (q.weights[proj],)
+        values = [t.astype(np.float64) * s.reshape(1, -1) for t, s in pairs]
+        u, v = (values[0], None) if ranks[proj] is None else values
+        gram = None if calibration is None else calibration.gram(layer, proj)
+        norm = float(np.linalg.norm(w.astype(np.float64)))
+        error = svd.relative_error(w, u, v) if v is not None else float(np.linalg.norm(w - u) / norm) if norm else 0.0
+        out[proj] = replace(entries[proj], relative_error=error,
+                            output_error=None if gram is None else _output_error(w, u, v, gram))
+    return fp8_tensors(layer, q), out
 
 
 def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float, *, align: int = 128,
@@ -260,7 +292,9 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
                    dtype: str = "float32", threads: int | None = None, calibration: Calibration | None = None,
                    damping: float = DEFAULT_DAMPING,
                    layer_ranks: Sequence[Mapping[str, int | None]] | None = None,
-                   factors: Mapping[int, Mapping[str, Any]] | None = None, heal: dict | None = None) -> Manifest:
+                   factors: Mapping[int, Mapping[str, Any]] | None = None, heal: dict | None = None,
+                   fp8: Mapping[int, tuple[str, Mapping[str, float]]] | None = None,
+                   fp8_record: Mapping[str, Any] | None = None) -> Manifest:
     """Compress the MLP of the model in ``model_dir`` into ``out_dir``; return the manifest written.
 
     - ``keep_ratio``: fraction of each MLP weight's parameters kept; the rank is the NeuronMM
@@ -279,6 +313,10 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
       projection ``(u, v)`` of the planned ranks, written instead of the SVD's; ``heal`` describes how
       they were made (recorded in every layer file and the manifest, and part of what a resumed run
       must match). Their projections' ``svd_method`` is ``heal["method"]``.
+    - ``fp8``: per layer made FP8, ``(format, activation ranges)`` (``max|v|`` per quantized value,
+      :func:`.formats.activation_ranges`): the layer's weights are quantized with per-output-channel scales and
+      stored with them and the static activation scales (:mod:`.fp8_files`); ``fp8_record`` describes how (manifest
+      ``fp8``). Its errors are of the dequantized weights.
     - ``progress(done, total)``: called after each matrix factorized by this call; ``total`` is 3 x layers
       and ``done`` counts matrices finished so far, including those of layers found already complete
       (which are not recomputed and cause no call).
@@ -313,12 +351,16 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
 
     if (factors is None) != (heal is None):
         raise InputError("given factors need a heal record describing them, and a heal record needs the factors")
-    settings = [_settings(config, keep_ratio, align, dtype, p, whitening, heal) for p in plans]
+    fp8 = dict(fp8 or {})
+    settings = [_settings(config, keep_ratio, align, dtype, p, whitening, heal, fp8.get(i))
+                for i, p in enumerate(plans)]
     code = OUTPUT_DTYPES[dtype][1]
     layers = range(config.num_hidden_layers)
+    shapes = {proj: projection_shape(config, proj) for proj in PROJECTIONS}
     entries: dict[int, LayerEntry | None] = {
         layer: _finished_layer(out / layer_file(layer), layer, settings[layer],
-                               _expected_tensors(config, layer, plans[layer], code))
+                               _expected_tensors(config, layer, plans[layer], code) if layer not in fp8 else
+                               expected_fp8_tensors(shapes, layer, plans[layer], fp8[layer][0]))
         for layer in layers
     }
     total = len(PROJECTIONS) * config.num_hidden_layers
@@ -335,17 +377,19 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
             continue
         tensors, projections = _compress_layer(reader, config, layer, plans[layer], dtype, threads, on_matrix,
                                                calibration, damping, None if factors is None else factors[layer],
-                                               None if heal is None else heal["method"])
+                                               None if heal is None else heal["method"], fp8.get(layer))
         metadata = _layer_metadata(layer, settings[layer], projections)
         write_tensor_file(out / layer_file(layer), tensors, metadata)
         del tensors
         # the manifest is built from the recorded JSON, exactly as a resumed run reads it back
         entries[layer] = _entry_from_metadata(metadata, layer, settings[layer], layer_file(layer))
+    entries = {layer: replace(entry, fp8=fp8[layer][0]) if layer in fp8 and entry is not None else entry
+               for layer, entry in entries.items()}
 
     manifest = Manifest(model=config, keep_ratio=float(keep_ratio), align=align, dtype=dtype,
                         layers=tuple(entries[layer] for layer in layers),  # type: ignore[misc]
                         method="whitened" if calibration is not None else "svd",
                         calibration=None if calibration is None else {**calibration.describe(), "damping": damping},
-                        heal=heal)
+                        heal=heal, fp8=fp8_record if fp8 else None)
     write_text_atomic(out / MANIFEST_FILE, manifest.to_json())
     return manifest

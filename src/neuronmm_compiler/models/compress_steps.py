@@ -15,9 +15,9 @@ from ..errors import InputError
 from .calibration import Calibration
 from .compress import plan_ranks
 from .config import read_config
-from .manifest import factor_names, layer_file
+from .manifest import Manifest, dense_name, factor_names, layer_file
 
-__all__ = ["FINETUNE_CHECKPOINT", "whitened_factors"]
+__all__ = ["FINETUNE_CHECKPOINT", "compressed_mlp", "load_factors", "whitened_factors"]
 
 #: ``progress(stage, done, total)``.
 StageProgress = Callable[[str, int, int], None]
@@ -174,3 +174,69 @@ def _read_shard_blocks(directory: Path, layers: int, tp: int) -> dict[int, dict[
                 out[layer][proj] = [(h.get_tensor(u_name).astype(np.float32), h.get_tensor(v_name).astype(np.float32))
                                     for h in handles]
     return out
+
+
+def _fp8_layers(request, model, calibration: Calibration, ids: np.ndarray | None, layer_ranks, healed,
+                fmt: str, progress: StageProgress | None, layers: list[int] | None = None) -> tuple[dict, dict]:
+    """``compress_model``'s ``fp8`` (per FP8 layer: the format and the activation ranges over the calibration tokens
+    in the unquantized compressed model) and the manifest's ``fp8`` record; ``layers``: the FP8 layers (None: all)."""
+    from .formats import activation_ranges
+
+    if ids is None:
+        raise InputError("--dtype fp8 calibrates static activation scales by running the model over calibration "
+                         "tokens: give --calibration as text or .npy token ids (not pre-captured activations)")
+    factors = healed if healed is not None else whitened_factors(model, calibration, _plans(request, layer_ranks),
+                                                                 request.damping)
+    ranges = activation_ranges(model, ids, factors, length=request.sequence_length,
+                               progress=None if progress is None else lambda d, t: progress("FP8 activation ranges",
+                                                                                           d, t))
+    chosen = range(model.arch.num_hidden_layers) if layers is None else layers
+    record = {"format": fmt, "weight_scales": "per output channel: max|W| / max over each column of W [in, out] "
+              "(and of u, v); float32 [N, 1]",
+              "activation_scales": "static per tensor: max|v| / max over the calibration tokens in the unquantized "
+              "compressed model, for x, h and the SVD rank-r values; float32 [1, 1]",
+              "calibration_tokens": int(ids.size), "layers": [int(i) for i in chosen],
+              "tensors": "docs/compression.md, FP8 layers (models/fp8_files.py)"}
+    return {layer: (fmt, ranges[layer]) for layer in chosen}, record
+
+
+def load_factors(out_dir: str | Path, manifest: Manifest) -> dict[int, dict[str, Any]]:
+    """Every layer's factors ``(u, v)`` (or dense ``W``) from a compression output directory (float32; an FP8
+    layer's dequantized, ``q * scale^T``)."""
+    return _load(out_dir, manifest)[0]
+
+
+def compressed_mlp(out_dir: str | Path, manifest: Manifest) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``mlp(layer, x)`` of the compressed model in ``out_dir``: float32 products of the stored factors, or, when some
+    layer is FP8, every layer as its kernel computes it (:func:`.formats.emulated_mlp`: FP8 layers in FP8, the others
+    in bf16)."""
+    from .formats import emulated_mlp
+    from .quality import factored_mlp
+
+    factors, fp8 = _load(out_dir, manifest)
+    return emulated_mlp(factors, fp8=fp8) if fp8 else factored_mlp(factors)
+
+
+def _load(out_dir: str | Path, manifest: Manifest) -> tuple[dict[int, dict[str, Any]], dict]:
+    from safetensors import safe_open
+
+    from .fp8_files import read_fp8_layer
+
+    factors: dict[int, dict[str, Any]] = {}
+    fp8 = {}
+    for entry in manifest.layers:
+        path = Path(out_dir) / layer_file(entry.layer)
+        if entry.fp8 is not None:
+            ranks = {proj: None if p.dense else p.rank for proj, p in entry.projections.items()}
+            fp8[entry.layer], factors[entry.layer] = read_fp8_layer(path, entry.layer, ranks, entry.fp8)
+            continue
+        with safe_open(str(path), framework="np") as handle:
+            factors[entry.layer] = {}
+            for proj, p in entry.projections.items():
+                if p.dense:
+                    factors[entry.layer][proj] = handle.get_tensor(dense_name(entry.layer, proj)).astype(np.float32)
+                else:
+                    u, v = factor_names(entry.layer, proj)
+                    factors[entry.layer][proj] = (handle.get_tensor(u).astype(np.float32),
+                                                  handle.get_tensor(v).astype(np.float32))
+    return factors, fp8

@@ -25,6 +25,7 @@ from .config import PROJECTIONS, ModelConfig
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "FP8_FORMAT_VERSION",
     "LAYER_FILE",
     "MANIFEST_FILE",
     "U_NAME",
@@ -41,8 +42,11 @@ __all__ = [
 
 FORMAT = "nmmc-svd-mlp"
 FORMAT_VERSION = 2
-#: Versions :func:`read_manifest` reads (1: before calibration, quality and per-layer ranks).
-READABLE_VERSIONS = (1, 2)
+#: The version of a manifest with FP8 layers (``layers[i].fp8``; docs/compression.md "FP8 layers"): older readers,
+#: which would take their FP8 bytes for bf16 weights, refuse it. A manifest without FP8 layers stays version 2.
+FP8_FORMAT_VERSION = 3
+#: Versions :func:`read_manifest` reads (1: before calibration, quality and per-layer ranks; 3: FP8 layers).
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_FILE = "manifest.json"
 LAYER_FILE = "layer_{layer:03d}.safetensors"
 U_NAME = "model.layers.{layer}.mlp.{proj}_proj.u"
@@ -118,18 +122,28 @@ class ProjectionEntry:
 
 @dataclass(frozen=True)
 class LayerEntry:
+    """One layer file. ``fp8``: the FP8 format of the layer's MLP kernel (weights and the activations its matmuls
+    read; ``"float8_e4m3"`` or ``"float8_e5m2"``, tensors as :mod:`.fp8_files` says), or None: the layer's kernel
+    runs in the manifest's ``dtype``."""
+
     layer: int
     file: str
     projections: Mapping[str, ProjectionEntry]
+    fp8: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "file": self.file,
-                "projections": {proj: self.projections[proj].to_dict() for proj in PROJECTIONS}}
+        out = {"layer": self.layer, "file": self.file,
+               "projections": {proj: self.projections[proj].to_dict() for proj in PROJECTIONS}}
+        if self.fp8 is not None:
+            out["fp8"] = self.fp8
+        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LayerEntry:
         projections = {proj: ProjectionEntry.from_dict(raw["projections"][proj]) for proj in PROJECTIONS}
-        return cls(layer=int(raw["layer"]), file=str(raw["file"]), projections=projections)
+        fp8 = raw.get("fp8")
+        return cls(layer=int(raw["layer"]), file=str(raw["file"]), projections=projections,
+                   fp8=None if fp8 is None else str(fp8))
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,11 @@ class Manifest:
     quality: Mapping[str, Any] | None = None
     rank_choice: Mapping[str, Any] | None = None
     heal: Mapping[str, Any] | None = None
+    fp8: Mapping[str, Any] | None = None
+
+    def layer_formats(self) -> list[str]:
+        """Per layer, the dtype its MLP kernel computes in: the layer's FP8 format, else the manifest's ``dtype``."""
+        return [layer.fp8 or self.dtype for layer in self.layers]
 
     def layer_ranks(self) -> list[dict[str, int | None]]:
         """Per layer, the rank of each projection (None for a dense one)."""
@@ -192,7 +211,7 @@ class Manifest:
         errors = self.errors()
         return {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": FP8_FORMAT_VERSION if any(layer.fp8 for layer in self.layers) else FORMAT_VERSION,
             "model": {
                 "name": self.model.name,
                 "architecture": self.model.architecture,
@@ -218,7 +237,8 @@ class Manifest:
                 "max_relative_error": max(errors),
             },
             **{key: dict(value) for key, value in (("calibration", self.calibration), ("quality", self.quality),
-                                                   ("rank_choice", self.rank_choice), ("heal", self.heal))
+                                                   ("rank_choice", self.rank_choice), ("heal", self.heal),
+                                                   ("fp8", self.fp8))
                if value is not None},
         }
 
@@ -246,7 +266,7 @@ class Manifest:
         return cls(model=config, keep_ratio=float(raw["keep_ratio"]), align=int(raw["align"]),
                    dtype=str(raw["dtype"]), layers=layers, method=str(raw.get("method", "svd")),
                    calibration=raw.get("calibration"), quality=raw.get("quality"),
-                   rank_choice=raw.get("rank_choice"), heal=raw.get("heal"))
+                   rank_choice=raw.get("rank_choice"), heal=raw.get("heal"), fp8=raw.get("fp8"))
 
 
 def read_manifest(path: str | Path) -> Manifest:

@@ -44,10 +44,15 @@ class MeasuredChoice:
     choice: list[int | None]
     budget: float
     base_ppl: float
-    sensitivity: list[float]
+    sensitivity: list
     steps: list[dict] = field(default_factory=list)
+    formats: list[str] | None = None  # per layer the kernel dtype, when formats were chosen too (.format_choice)
 
     def to_dict(self) -> dict:
+        if self.formats is not None:
+            return {"mode": "measured greedy over {dense, SVD ranks} x formats within an accuracy budget",
+                    "budget_ppl_increase": self.budget, "selection_ppl": self.base_ppl, "choice": self.choice,
+                    "formats": self.formats, "layer_nll_increase": self.sensitivity, "steps": self.steps}
         return {"mode": "measured greedy within an accuracy budget", "budget_ppl_increase": self.budget,
                 "selection_ppl": self.base_ppl, "choice": self.choice,
                 "layer_nll_increase_at_largest_rank": self.sensitivity, "steps": self.steps}
@@ -80,20 +85,7 @@ def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int
             @ f["down"][1]
 
     def run(choice: Sequence[int | None], start: int, states: list[list[np.ndarray]]):
-        """NLL per token from layer ``start`` on (states[start] are the inputs); the new states."""
-        new = [list(s) for s in states]
-        nll, count = 0.0, 0
-        for c, chunk in enumerate(chunks):
-            h = states[start][c].copy()
-            for index in range(start, layers):
-                new[index][c] = h
-                layer = model.layers[index]
-                h = h + model._attention(layer, rms_norm(h, layer["input_norm"], a.rms_norm_eps))
-                h = h + mlp(index, choice[index], rms_norm(h, layer["post_norm"], a.rms_norm_eps))
-            logp = log_softmax(rms_norm(h, model.norm, a.rms_norm_eps) @ model.lm_head)
-            nll -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].astype(np.float64).sum())
-            count += len(chunk) - 1
-        return nll / count, new
+        return run_from(model, chunks, mlp, choice, start, states)
 
     total_steps = layers * (1 + len(ranks))
     done = 0
@@ -105,8 +97,7 @@ def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int
             progress(min(done, total_steps), total_steps)
 
     dense: list[int | None] = [None] * layers
-    empty = [[model.embed[c].astype(np.float32) for c in chunks]] + [[None] * len(chunks) for _ in range(layers - 1)]
-    base, states = run(dense, 0, empty)
+    base, states = run(dense, 0, initial_states(model, chunks))
     base_ppl = math.exp(base)
     sensitivity = []
     for layer in range(layers):
@@ -142,13 +133,46 @@ def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int
     return result
 
 
+def initial_states(model, chunks: Sequence[np.ndarray]) -> list[list[np.ndarray | None]]:
+    """Per layer and chunk the residual stream entering the layer: the embeddings for layer 0, None (not yet run)
+    for the others (:func:`run_from` from layer 0 fills them)."""
+    layers = model.arch.num_hidden_layers
+    return [[model.embed[c].astype(np.float32) for c in chunks]] + [[None] * len(chunks) for _ in range(layers - 1)]
+
+
+def run_from(model, chunks: Sequence[np.ndarray], mlp: Callable, choice: Sequence, start: int,
+             states: list[list[np.ndarray]]) -> tuple[float, list[list[np.ndarray]]]:
+    """Mean next-token NLL over ``chunks`` with layer ``i``'s MLP ``mlp(i, choice[i], x)``, run from layer ``start``
+    on (``states[start]`` are its inputs, the layers before are as ``states`` says); the new states."""
+    a = model.arch
+    new = [list(s) for s in states]
+    nll, count = 0.0, 0
+    for c, chunk in enumerate(chunks):
+        h = states[start][c].copy()
+        for index in range(start, a.num_hidden_layers):
+            new[index][c] = h
+            layer = model.layers[index]
+            h = h + model._attention(layer, rms_norm(h, layer["input_norm"], a.rms_norm_eps))
+            h = h + mlp(index, choice[index], rms_norm(h, layer["post_norm"], a.rms_norm_eps))
+        logp = log_softmax(rms_norm(h, model.norm, a.rms_norm_eps) @ model.lm_head)
+        nll -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].astype(np.float64).sum())
+        count += len(chunk) - 1
+    return nll / count, new
+
+
 def front_lines(result: MeasuredChoice) -> list[str]:
     """The accepted steps (kept fraction, measured increase) and the refusals, for the terminal."""
     lines = [f"  measured rank choice within +{result.budget:.1%} perplexity on calibration tokens (base perplexity "
              f"{result.base_ppl:.2f}; half of --max-ppl-increase, the rest is margin for other text); greedy "
-             "steps, least sensitive layer first:"]
+             + ("steps, least sensitive layer first:" if result.formats is None else
+                "moves over {dense, SVD} x {bf16, FP8}, least measured NLL increase per weight byte saved first:")]
     for s in result.steps:
         mark = "accepted" if s["accepted"] else "refused "
+        if "format" in s:
+            what = f"{'dense' if s['rank'] is None else 'rank ' + str(s['rank']):>9} {s['format']:<11}"
+            lines.append(f"    {mark} layer {s['layer']:>2} -> {what}: weight bytes {s['bytes']:.3f} of bf16 dense, "
+                         f"measured {s['ppl_increase']:+.2%}")
+            continue
         lines.append(f"    {mark} layer {s['layer']:>2} -> rank {s['rank']:>4}: kept {s['kept']:.3f}, measured "
                      f"{s['ppl_increase']:+.2%}")
     return lines
@@ -170,7 +194,8 @@ def plot_front(result: MeasuredChoice, path: str | Path) -> Path:
         ax.plot([s["kept"] for s in refused], [100 * s["ppl_increase"] for s in refused], "x", color="grey",
                 label="refused steps")
     ax.axhline(100 * result.budget, color="red", linestyle="--", label=f"budget +{result.budget:.0%}")
-    ax.set_xlabel("kept fraction of MLP parameters")
+    ax.set_xlabel("kept fraction of MLP parameters" if result.formats is None else
+                  "MLP weight bytes, fraction of bf16 dense")
     ax.set_ylabel("measured perplexity increase (%)")
     ax.invert_xaxis()
     ax.set_title("nmmc compress --choose-ranks: measured greedy front")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,19 @@ from .calibration import (
 from .compress import compress_model, plan_ranks
 from .compress_steps import (
     FINETUNE_CHECKPOINT,
+    _fp8_layers,
     _heal,
     _measure,
     _plans,
     _write_shards,
+    compressed_mlp,
+    load_factors,
     whitened_factors,
 )
 from .config import read_config
+from .formats import fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_PRIOR, HEAL_METHODS, HEAL_TARGETS
-from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file
+from .manifest import MANIFEST_FILE, Manifest
 from .whitening import DEFAULT_DAMPING
 
 __all__ = ["CompressRequest", "CompressResult", "load_factors", "run_compress", "whitened_factors"]
@@ -254,24 +259,6 @@ def all_dense_warning(request: CompressRequest, record: dict[str, Any]) -> str:
             "without --choose-ranks")
 
 
-def load_factors(out_dir: str | Path, manifest: Manifest) -> dict[int, dict[str, Any]]:
-    """Every layer's factors ``(u, v)`` (or dense ``W``) from a compression output directory."""
-    from safetensors import safe_open
-
-    factors: dict[int, dict[str, Any]] = {}
-    for entry in manifest.layers:
-        with safe_open(str(Path(out_dir) / layer_file(entry.layer)), framework="np") as handle:
-            factors[entry.layer] = {}
-            for proj, p in entry.projections.items():
-                if p.dense:
-                    factors[entry.layer][proj] = handle.get_tensor(dense_name(entry.layer, proj)).astype(np.float32)
-                else:
-                    u, v = factor_names(entry.layer, proj)
-                    factors[entry.layer][proj] = (handle.get_tensor(u).astype(np.float32),
-                                                  handle.get_tensor(v).astype(np.float32))
-    return factors
-
-
 #: Calibration tokens the measured rank choice (--choose-ranks without --tokens) measures perplexity on,
 #: taken as whole sequences spread evenly over the calibration set (so every source is represented).
 SELECTION_TOKENS = 1024
@@ -295,8 +282,10 @@ def ppl_fraction(value: float) -> float:
 def run_compress(request: CompressRequest, *, progress: StageProgress | None = None) -> CompressResult:
     """Compress as ``request`` says (see the module docstring); return the manifest and warnings."""
     from .forward import CausalLM
-    from .quality import factored_mlp
 
+    fmt = fp8_format(request.dtype)
+    if fmt is not None:  # FP8 kernels: their activations and the other layers are bf16
+        request = replace(request, dtype="bfloat16")
     measured = request.choose_ranks and not request.buckets and request.target_speedup is None
     calibrated = bool(_paths(request.calibration)) or request.calibration_samples > 0
     if (request.choose_ranks or request.target_speedup is not None) and not calibrated:
@@ -312,6 +301,10 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
         raise InputError(f"unknown --heal {request.heal!r}; accepted: {', '.join(HEAL_METHODS)}")
     if request.heal_target not in HEAL_TARGETS:
         raise InputError(f"unknown heal target {request.heal_target!r}; accepted: {', '.join(HEAL_TARGETS)}")
+    if fmt is not None and (not calibrated or request.tp > 1):
+        raise InputError("--dtype fp8 needs --calibration (text or .npy token ids: the static activation scales are "
+                         "calibrated on them) and no --tp" if request.tp <= 1 else
+                         "--dtype fp8 with --tp is not supported yet (docs/fp8.md)")
     if request.heal != "none" and not calibrated:
         raise InputError("--heal needs --calibration (healing fits the factors on calibration tokens)")
     if request.heal == "finetune":
@@ -336,6 +329,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     layer_ranks = record = front = point = None
     chosen = None
     if measured:
+        from .format_choice import measured_format_choice
         from .measured_choice import measured_choice
         from .whitening import whitened_svd
 
@@ -343,7 +337,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
             raise InputError("--choose-ranks without --tokens measures perplexity on calibration tokens: give "
                              "--calibration as text or .npy token ids")
         m = model()
-        chosen = measured_choice(
+        chosen = (measured_choice if fmt is None else partial(measured_format_choice, fmt=fmt))(
             m, selection_tokens(calibration_ids, request.sequence_length), budget * SELECTION_SHARE,
             lambda layer, proj, rank: (lambda f: (f.u, f.v))(whitened_svd(
                 m.mlp_weight(layer, proj), calibration.gram(layer, proj), rank, request.damping)),
@@ -359,16 +353,19 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     if request.heal != "none":
         healed, heal_record = _heal(request, model(), calibration, calibration_ids, _plans(request, layer_ranks),
                                     progress, shard_out=shard_blocks)
+    fp8, fp8_record = (None, None) if fmt is None else _fp8_layers(
+        request, model(), calibration, calibration_ids, layer_ranks, healed, fmt, progress,
+        None if chosen is None or chosen.formats is None else [i for i, f in enumerate(chosen.formats) if f == fmt])
     manifest = compress_model(
         request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
-        layer_ranks=layer_ranks, factors=healed, heal=heal_record,
+        layer_ranks=layer_ranks, factors=healed, heal=heal_record, fp8=fp8, fp8_record=fp8_record,
         progress=None if progress is None else lambda d, t: progress("factoring", d, t))
     if calibration is None:
         warnings.append(PLAIN_SVD_WARNING)
     if layer_ranks is not None and record is not None and not measured and all(r["gate"] is None for r in layer_ranks):
         warnings.append(all_dense_warning(request, record))
-    if measured and all(r["gate"] is None for r in layer_ranks):
+    if measured and all(r["gate"] is None for r in layer_ranks) and not fp8:
         warnings.append(f"--choose-ranks kept every layer dense: no layer could be compressed within "
                         f"+{budget:.1%} measured perplexity on the selection tokens")
     kept = manifest.kept_fraction
@@ -378,7 +375,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
                         f"{request.keep_ratio}: ranks are rounded to multiples of --align {request.align}")
     quality = None
     if eval_sets:
-        mlp = factored_mlp(load_factors(request.out_dir, manifest))
+        mlp = compressed_mlp(request.out_dir, manifest)
         quality = _measure(model(), eval_sets, mlp, request, progress)
         if quality["perplexity_increase"] > budget:
             warnings.append(f"PERPLEXITY ROSE {quality['perplexity_increase']:+.1%} "

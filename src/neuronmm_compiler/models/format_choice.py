@@ -1,0 +1,144 @@
+"""Per-layer {dense, SVD ranks} x {bf16, FP8} chosen from *measured* perplexity within an accuracy budget
+(``nmmc compress --choose-ranks --dtype fp8`` without ``--tokens``; docs/compression.md, docs/fp8.md).
+
+The ranks-only choice (:mod:`.measured_choice`) walks each layer down a ladder of ranks. With FP8 the candidates of a
+layer are no longer nested: dense FP8 stores fewer bytes than SVD bf16 at every rank that keeps more than half of the
+parameters, and may cost less accuracy. So the choice is a measured greedy knapsack over weight bytes:
+
+1. every layer starts as the original dense layer (bf16 dense: the model as it is);
+2. the *sensitivity* of every (layer, candidate): the increase of the mean next-token NLL on the selection tokens
+   with that layer alone at that candidate (one forward pass from the layer on each);
+3. the moves (layer, candidate) are tried cheapest first -- measured NLL increase per weight byte saved, a move that
+   measured no increase first (most bytes saved first among those) -- each only if it stores fewer bytes than the
+   layer's current choice and no candidate at least as accurate (same format and more rank, or bf16 at the same
+   rank) was refused for that layer before; a move is accepted only if the whole model, with every move accepted so
+   far, measures a perplexity increase within the budget. Every acceptance is a real forward pass, as in
+   :mod:`.measured_choice`.
+
+A candidate's MLP is computed as its kernel computes it (:mod:`.formats`): an SVD or FP8 candidate in bf16 or FP8
+emulation; the FP8 candidate's static activation scales come from the layer's inputs on the selection tokens under the
+choice current when the candidate is first measured (the final files calibrate them on every calibration token).
+Cost: at most 2 x layers x (candidates - 1) forward passes from a layer on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .calibration import sequences
+from .config import PROJECTIONS
+from .formats import add_range, emulated_mlp, fp8_layer, traced_mlp, weight_bytes
+from .forward import rms_norm
+from .measured_choice import MeasuredChoice, initial_states, run_from
+from .rank_choice import candidate_ranks
+
+__all__ = ["candidates", "measured_format_choice"]
+
+#: A candidate: (rank, or None for dense; the kernel dtype).
+Candidate = tuple[int | None, str]
+
+
+def candidates(hidden: int, intermediate: int, align: int, fmt: str) -> list[Candidate]:
+    """Dense and every block-aligned rank storing fewer parameters than dense, each in bf16 and in ``fmt``; the
+    original (dense bf16) first, then by weight bytes, most first."""
+    ranks = sorted(set(candidate_ranks(hidden, intermediate, align)), reverse=True)
+    out = [(None, "bfloat16"), (None, fmt)] + [(r, d) for r in ranks for d in ("bfloat16", fmt)]
+    return sorted(out, key=lambda c: (-layer_bytes(hidden, intermediate, c), c[1] != "bfloat16"))
+
+
+def layer_bytes(hidden: int, intermediate: int, candidate: Candidate) -> int:
+    """Weight bytes of one layer's MLP (gate, up, down) at ``candidate``."""
+    rank, dtype = candidate
+    return sum(weight_bytes(shape, rank, dtype) for shape in ((hidden, intermediate),) * 2 + ((intermediate, hidden),))
+
+
+def _at_least_as_accurate(a: Candidate, b: Candidate) -> bool:
+    rank_a, rank_b = math.inf if a[0] is None else a[0], math.inf if b[0] is None else b[0]
+    return rank_a >= rank_b and (a[1] == b[1] or a[1] == "bfloat16")
+
+
+def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int, str, int], tuple],
+                           fmt: str, *, length: int = 512, align: int = 128,
+                           progress: Callable[[int, int], None] | None = None) -> MeasuredChoice:
+    """The choice of the module docstring within ``budget`` (relative perplexity increase) measured on ``ids``;
+    ``factor(layer, projection, rank)`` gives that projection's ``(u, v)``. The result's ``choice`` holds the
+    ranks (None: dense), ``formats`` the kernel dtype of each layer."""
+    a = model.arch
+    layers = a.num_hidden_layers
+    chunks = sequences(np.asarray(ids), length)
+    options = candidates(a.hidden_size, a.intermediate_size, align, fmt)
+    start, rest = options[0], options[1:]
+    full = layer_bytes(a.hidden_size, a.intermediate_size, start)
+    cache: dict[tuple[int, Candidate], Callable] = {}
+
+    def prepare(layer: int, cand: Candidate, states) -> None:
+        if cand == start or (layer, cand) in cache:
+            return
+        rank, dtype = cand
+        f: dict[str, Any] = {p: model.mlp_weight(layer, p) if rank is None else
+                             tuple(np.asarray(t, np.float32) for t in factor(layer, p, rank)) for p in PROJECTIONS}
+        if dtype == "bfloat16":
+            cache[(layer, cand)] = emulated_mlp({layer: f})
+            return
+        ranges: dict[str, float] = {}
+        weights = model.layers[layer]
+        for h in states[layer]:  # the layer's MLP inputs under the current choice
+            h = h + model._attention(weights, rms_norm(h, weights["input_norm"], a.rms_norm_eps))
+            traced_mlp(f, rms_norm(h, weights["post_norm"], a.rms_norm_eps), lambda p, v: add_range(ranges, p, v))
+        cache[(layer, cand)] = emulated_mlp({layer: f}, fp8={layer: fp8_layer(f, ranges, dtype)})
+
+    def mlp(layer: int, cand: Candidate, x: np.ndarray) -> np.ndarray:
+        return model.mlp(layer, x)[0] if cand == start else cache[(layer, cand)](layer, x)
+
+    total = 2 * layers * len(rest)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total), total)
+
+    choice: list[Candidate] = [start] * layers
+    base, states = run_from(model, chunks, mlp, choice, 0, initial_states(model, chunks))
+    sensitivity = []
+    for layer in range(layers):
+        row = []
+        for cand in rest:
+            prepare(layer, cand, states)
+            trial = list(choice)
+            trial[layer] = cand
+            row.append(run_from(model, chunks, mlp, trial, layer, states)[0] - base)
+            tick()
+        sensitivity.append(row)
+    saved = {c: full - layer_bytes(a.hidden_size, a.intermediate_size, c) for c in rest}
+    moves = sorted(((layer, c) for layer in range(layers) for c in rest),
+                   key=lambda m: (max(sensitivity[m[0]][rest.index(m[1])], 0.0) / saved[m[1]], -saved[m[1]], m[0]))
+    refused: dict[int, list[Candidate]] = {layer: [] for layer in range(layers)}
+    result = MeasuredChoice([None] * layers, budget, math.exp(base), sensitivity, formats=["bfloat16"] * layers)
+    for layer, cand in moves:
+        tick()
+        if saved[cand] <= saved.get(choice[layer], 0) or any(_at_least_as_accurate(r, cand) for r in refused[layer]):
+            continue
+        prepare(layer, cand, states)
+        trial = list(choice)
+        trial[layer] = cand
+        nll, new_states = run_from(model, chunks, mlp, trial, layer, states)
+        increase = math.exp(nll - base) - 1.0
+        accepted = increase <= budget
+        fraction = sum(layer_bytes(a.hidden_size, a.intermediate_size, c) for c in trial) / (full * layers)
+        result.steps.append({"layer": layer, "rank": cand[0], "format": cand[1], "bytes": fraction, "kept": fraction,
+                             "ppl_increase": increase, "accepted": accepted})
+        if accepted:
+            choice[layer], states = cand, new_states
+        else:
+            refused[layer].append(cand)
+    result.choice = [c[0] for c in choice]
+    result.formats = [c[1] for c in choice]
+    if progress is not None:
+        progress(total, total)
+    return result

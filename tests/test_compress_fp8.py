@@ -1,0 +1,123 @@
+"""``nmmc compress --dtype fp8`` on a tiny random Llama: the NumPy emulation is the FP8 kernel's graph, the layer files
+hold what docs/compression.md says (FP8 bytes readable as float8_e4m3fn too), --eval measures the emulation, and
+``--choose-ranks`` records the per-layer formats it chose."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from safetensors import safe_open
+from threadpoolctl import threadpool_limits
+
+from neuronmm_compiler.cli import main
+from neuronmm_compiler.frontends.shapes import Fp8Weights, mlp_graph
+from neuronmm_compiler.ir.evaluate import evaluate
+from neuronmm_compiler.ir.quantized import calibrate, unquantized
+from neuronmm_compiler.models import read_manifest
+from neuronmm_compiler.models.compress_steps import compressed_mlp
+from neuronmm_compiler.models.formats import activation_points, emulated_mlp, fp8_layer, traced_mlp
+from neuronmm_compiler.models.forward import CausalLM
+from neuronmm_compiler.models.quality import evaluate as measure
+from neuronmm_compiler.models.workflow import CompressRequest, run_compress
+from test_compress_calibrated import make_llama, token_file
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_blas_thread():
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp8")
+    return make_llama(root / "m"), token_file(root / "cal.npy", 256, 1), token_file(root / "ev.npy", 128, 2), root
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("ranks", [None, (32, 32, 48)])
+def test_emulation_is_the_fp8_kernels_graph(ranks):
+    """The forward's FP8 MLP equals the float64 evaluation of the FP8 graph the kernels are verified against (scales
+    calibrated the same way), up to its bf16 output; it is far from the unquantized graph."""
+    rng = np.random.default_rng(0)
+    graph = mlp_graph(16, 64, 192, ranks, fp8=Fp8Weights())
+    plain = unquantized(graph)
+    inputs = {n.name: (rng.standard_normal(n.shape) * (1.0 if n.name == "x" else 0.1)).astype(np.float32)
+              for n in plain.inputs()}
+    want, exact = evaluate(graph, calibrate(graph, inputs))["out"], evaluate(plain, inputs)["out"]
+    f = {p: inputs[f"w_{p}"] if ranks is None else (inputs[f"u_{p}"], inputs[f"v_{p}"]) for p in ("gate", "up", "down")}
+    ranges: dict[str, float] = {}
+    traced_mlp(f, inputs["x"], lambda p, v: ranges.__setitem__(p, float(np.max(np.abs(v)))))
+    assert sorted(ranges) == sorted(activation_points(f))
+    got = emulated_mlp({0: f}, fp8={0: fp8_layer(f, ranges, "float8_e4m3")})(0, inputs["x"])
+    assert _rel(got, want) < 4e-3  # the bf16 output rounding (2^-9) and fp32 accumulation
+    assert _rel(got, exact) > 3e-2  # e4m3's 3 mantissa bits: the check above can fail
+    assert _rel(emulated_mlp({0: f})(0, inputs["x"]), exact) < 1e-2  # bf16
+
+
+def test_fp8_values_up_to_240_have_the_same_bits_in_e4m3fn():
+    bits = np.arange(256, dtype=np.uint8)
+    ieee, fn = bits.view(ml_dtypes.float8_e4m3).astype(np.float64), bits.view(ml_dtypes.float8_e4m3fn).astype(float)
+    finite = np.isfinite(ieee) & (np.abs(ieee) <= 240)
+    assert finite.sum() == 240 and np.array_equal(ieee[finite], fn[finite])
+
+
+def test_compress_dtype_fp8_files_manifest_eval_and_resume(tiny):
+    model_dir, cal, ev, root = tiny
+    out = root / "out"
+    args = ["compress", str(model_dir), "--keep-ratio", "0.8", "--align", "32", "--rank-down", "64", "--dtype", "fp8",
+            "--calibration", str(cal), "--eval", str(ev), "--sequence-length", "64", "-o", str(out)]
+    run = CliRunner().invoke(main, args)
+    assert run.exit_code == 0, run.output
+    assert "FP8 (float8_e4m3) kernels in every layer" in run.output
+    raw = json.loads((out / "manifest.json").read_text())
+    assert raw["format_version"] == 3 and raw["dtype"] == "bfloat16" and raw["fp8"]["format"] == "float8_e4m3"
+    assert all(layer["fp8"] == "float8_e4m3" for layer in raw["layers"])
+    with safe_open(str(out / "layer_000.safetensors"), framework="np") as h:
+        kinds = {k: (str(h.get_slice(k).get_dtype()), h.get_slice(k).get_shape()) for k in h.keys()}  # noqa: SIM118
+    assert kinds["model.layers.0.mlp.gate_proj.u"] == ("F8_E4M3", [64, 32])
+    assert kinds["model.layers.0.mlp.down_proj.v_scale"] == ("F32", [64, 1])
+    assert kinds["model.layers.0.mlp.h_ud_scale"] == ("F32", [1, 1]) and "model.layers.0.mlp.x_scale" in kinds
+    manifest = read_manifest(out)
+    assert manifest.layer_formats() == ["float8_e4m3"] * 2
+    assert max(manifest.errors()) < 0.9  # the dequantized factors still approximate W
+    model = CausalLM(model_dir)
+    ids = np.load(ev)
+    q = measure(model, ids, compressed_mlp(out, manifest), length=64, per_layer=False)
+    assert q.ppl_compressed == pytest.approx(manifest.quality["perplexity_compressed"], rel=1e-6)
+    before = {p.name: p.read_bytes() for p in sorted(out.glob("layer_*.safetensors"))}
+    assert CliRunner().invoke(main, args).exit_code == 0  # resumed: the same files
+    assert {p.name: p.read_bytes() for p in sorted(out.glob("layer_*.safetensors"))} == before
+
+
+def test_compress_dtype_fp8_needs_token_calibration_and_one_dtype(tiny):
+    model_dir, cal, _, root = tiny
+    run = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.8", "--dtype", "fp8", "-o",
+                                    str(root / "x")])
+    assert run.exit_code == 2 and "--dtype fp8 needs --calibration" in run.output
+    run = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.8", "--dtype", "fp8",
+                                    "--factor-dtype", "bfloat16", "--calibration", str(cal), "-o", str(root / "y")])
+    assert run.exit_code == 2 and "not both" in run.output
+
+
+def test_choose_ranks_with_fp8_records_each_layers_format(tiny):
+    model_dir, cal, ev, root = tiny
+    result = run_compress(CompressRequest(str(model_dir), str(root / "chosen"), 0.8, align=32, dtype="fp8",
+                                          calibration=str(cal), eval=str(ev), sequence_length=64, choose_ranks=True,
+                                          max_ppl_increase=0.3))
+    chosen = result.measured_choice
+    assert chosen.formats is not None and set(chosen.formats) <= {"bfloat16", "float8_e4m3"}
+    assert all(s["ppl_increase"] <= chosen.budget for s in chosen.steps if s["accepted"])
+    assert any(not s["accepted"] for s in chosen.steps)  # the budget bound something
+    manifest = read_manifest(root / "chosen")
+    assert manifest.layer_formats() == chosen.formats
+    assert [r["gate"] for r in manifest.layer_ranks()] == chosen.choice
+    assert manifest.rank_choice["formats"] == chosen.formats
+    assert (manifest.fp8 is not None) == ("float8_e4m3" in chosen.formats)
