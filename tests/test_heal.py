@@ -176,11 +176,12 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
     torch = pytest.importorskip("torch")
     from dataclasses import replace
 
-    from neuronmm_compiler.models.finetune import FinetuneSettings, _TorchLM, finetune_heal
+    from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal
+    from neuronmm_compiler.models.torch_lm import TorchLM
 
     root, _, model = tiny
     tokens = np.random.default_rng(3).integers(0, VOCAB, 48)
-    lm = _TorchLM(model, torch)
+    lm = TorchLM(model, torch)
     with torch.no_grad():
         logits = lm.logits(torch.from_numpy(tokens[None]))[0].numpy()
     assert np.allclose(logits, model.forward(tokens), atol=2e-4 * np.abs(logits).max())
