@@ -71,11 +71,11 @@ class FinetuneSettings:
     """Distillation settings (all but ``threads`` and ``checkpoint_seconds`` recorded in the checkpoint
     key and the manifest)."""
 
-    steps: int = 60
-    learning_rate: float = 1e-4
+    steps: int = 100
+    learning_rate: float = 1e-5  # measured: 1e-4 diverged, 3e-5 and 3e-6 healed less (docs/compression.md)
     batch: int = 1  # sequences per step
     length: int = 256  # tokens per sequence
-    warmup: int = 3
+    warmup: int = 5
     seed: int = 0
     top_k: int = 64  # teacher log-probabilities kept per token
     layer_weight: float = 0.0  # weight of the per-layer MLP-output error (0: logits only)
