@@ -76,7 +76,7 @@ def _stage_bar(enabled: bool):
               help="Closed-form targets: the original layer on the compressed model's inputs (layer), or the "
                    "original model's own activations (stream, also undoes earlier layers' drift).")
 @click.option("--finetune-steps", default=None, type=click.IntRange(min=1),
-              help="Fine-tuning steps of one 256-token sequence (default 100).")
+              help="Fine-tuning steps of one 256-token sequence (default 200).")
 @click.option("--finetune-lr", default=None, type=float,
               help="Fine-tuning peak learning rate (AdamW, warm-up then cosine; default 1e-5).")
 @click.option("--sequence-length", default=512, show_default=True, type=click.IntRange(min=2),

@@ -71,7 +71,7 @@ class FinetuneSettings:
     """Distillation settings (all but ``threads`` and ``checkpoint_seconds`` recorded in the checkpoint
     key and the manifest)."""
 
-    steps: int = 100
+    steps: int = 200
     learning_rate: float = 1e-5  # measured: 1e-4 diverged, 3e-5 and 3e-6 healed less (docs/compression.md)
     batch: int = 1  # sequences per step
     length: int = 256  # tokens per sequence
@@ -80,7 +80,7 @@ class FinetuneSettings:
     top_k: int = 64  # teacher log-probabilities kept per token
     layer_weight: float = 0.0  # weight of the per-layer MLP-output error (0: logits only)
     weight_decay: float = 0.0  # AdamW's, towards 0 (not towards the starting factors)
-    dtype: str = "float32"  # the student's matmuls: float32, or bfloat16 (autocast; factors stay float32)
+    dtype: str = "bfloat16"  # the student's matmuls (autocast; factors, optimizer, loss stay float32); float32
     threads: int = 1
     checkpoint_seconds: float = 60.0
 

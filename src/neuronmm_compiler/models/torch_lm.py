@@ -1,6 +1,6 @@
 """The NumPy forward pass (:class:`~.forward.CausalLM`) mirrored in torch, for ``--heal finetune``.
 
-Same weights (shared with the NumPy arrays, not copied, except the tied LM head made contiguous),
+Same weights (shared with the NumPy arrays, not copied; a tied LM head is a transposed view),
 float32, batch-first; attention through ``scaled_dot_product_attention`` (fused, causal). The MLP of
 any layer can be replaced by a callable (the compressed model's factors). Imported only when torch is.
 """
@@ -22,7 +22,7 @@ class TorchLM:
         self.torch, self.arch = torch, model.arch
         t = torch.from_numpy
         self.embed, self.norm = t(model.embed), t(model.norm)
-        self.lm_head = t(np.ascontiguousarray(model.lm_head))
+        self.lm_head = t(model.lm_head)  # a tied head stays a transposed view of the embedding (no copy)
         self.layers = [{k: t(v) for k, v in layer.items()} for layer in model.layers]
         self.inv_freq = model.inv_freq
         self._rope: dict[int, tuple[Any, Any]] = {}
