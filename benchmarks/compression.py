@@ -264,6 +264,8 @@ def in_child(work: Path, name: str, compute) -> tuple[dict, dict]:
 
 
 def heal_study(args) -> None:
+    from dataclasses import replace
+
     import numpy as np
 
     from neuronmm_compiler.models.calibration import load_tokens
@@ -305,7 +307,9 @@ def heal_study(args) -> None:
     mixed = [paths["docs-cal"], paths["man"], samples]
     cal_ids, calibration, cal_seconds = calibration_of(mixed)
     print(f"calibration: {cal_ids.size} tokens (docs, man pages, model samples) in {cal_seconds:.0f} s", flush=True)
-    settings = FinetuneSettings(steps=args.finetune_steps, threads=2, checkpoint_seconds=1e9)
+    settings = FinetuneSettings(checkpoint_seconds=1e9)
+    settings = replace(settings, steps=args.finetune_steps or settings.steps,
+                       learning_rate=args.finetune_lr or settings.learning_rate)
     rows = []
 
     def report(rank, method, factors, usage, note=""):
@@ -340,7 +344,8 @@ def heal_study(args) -> None:
                 tuned, usage = in_child(work, f"ft-{rank}", lambda healed=healed: finetune_heal(
                     model, cal_ids, healed, settings=settings)[0])
                 report(rank, "whitened+finetune", tuned, usage,
-                       f"{args.finetune_steps} steps from the closed form (+ its time)")
+                       f"{settings.steps} steps of {settings.length} tokens, lr {settings.learning_rate:g}, "
+                       f"{settings.dtype}, {settings.threads} thread(s), from the closed form (+ its time)")
     if args.calibration_study:
         rank = max(args.ranks)
         plan = [{"gate": rank, "up": rank, "down": rank}] * model.arch.num_hidden_layers
@@ -473,7 +478,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default="", help="heal study: only these methods (comma-separated)")
     parser.add_argument("--work", default="/tmp/nmmc-heal-study", help="heal study: texts and factors go here")
     parser.add_argument("--sample-tokens", type=int, default=4096, help="heal study: tokens sampled from the model")
-    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--finetune-steps", type=int, default=None, help="heal study: default FinetuneSettings'")
+    parser.add_argument("--finetune-lr", type=float, default=None, help="heal study: default FinetuneSettings'")
     parser.add_argument("--calibration-study", action="store_true")
     parser.add_argument("--heal-prior", type=float, default=1.0, help="heal study: closed-form prior weight")
     parser.add_argument("--json", default=None, help="heal study: also write the rows as JSON here")

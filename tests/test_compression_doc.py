@@ -110,3 +110,19 @@ def test_the_fp8_tables_are_the_formats_runs():
         for weights, fmt, cells in rows:
             assert re.search(rf"\| {re.escape(weights)} \| {re.escape(fmt)} \| [\d.]+ \| {re.escape(cells)} \|", doc), \
                 (weights, fmt)
+
+
+HEAL_FINETUNE = RESULTS / "compression-heal-finetune-2026-12-01.json"
+
+
+def test_the_fine_tuning_rows_are_the_second_heal_runs():
+    """The rank-384 rows of the fine-tuning rerun (faster, measured settings) are in the doc, figure for figure."""
+    import json
+
+    doc, data = _doc(), json.loads(HEAL_FINETUNE.read_text())
+    assert HEAL_FINETUNE.name in doc
+    assert {row["method"] for row in data["rows"]} == {"whitened", "whitened+closed-form", "whitened+finetune"}
+    for row in data["rows"]:
+        cells = " | ".join(f"{q['ppl']:,.2f} ({q['increase']:+.1%})" for q in row["quality"].values())
+        usage = f"{row['seconds']:.0f} | {row['cpu_seconds']:.0f} | {row['peak_mib']:.0f}"
+        assert f"| {row['rank']} | {row['method']} | {cells} | {usage} |" in doc, row["method"]

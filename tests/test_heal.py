@@ -176,11 +176,12 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
     torch = pytest.importorskip("torch")
     from dataclasses import replace
 
-    from neuronmm_compiler.models.finetune import FinetuneSettings, _TorchLM, finetune_heal
+    from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal
+    from neuronmm_compiler.models.torch_lm import TorchLM
 
     root, _, model = tiny
     tokens = np.random.default_rng(3).integers(0, VOCAB, 48)
-    lm = _TorchLM(model, torch)
+    lm = TorchLM(model, torch)
     with torch.no_grad():
         logits = lm.logits(torch.from_numpy(tokens[None]))[0].numpy()
     assert np.allclose(logits, model.forward(tokens), atol=2e-4 * np.abs(logits).max())
@@ -211,6 +212,22 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
     _, fresh = finetune_heal(model, ids, start, settings=replace(settings, learning_rate=1e-3),
                                  checkpoint=checkpoint)
     assert fresh["resumed_at_step"] == 0  # another run's checkpoint is not resumed
+    # the per-layer MLP-output loss and bfloat16 autocast run and still lower the KL
+    _, mixed = finetune_heal(model, ids, start, settings=replace(settings, layer_weight=1.0, dtype="bfloat16"))
+    assert mixed["kl_last_10"] < mixed["kl_first"]
+
+
+def test_sparse_kl_is_a_divergence():
+    torch = pytest.importorskip("torch")
+    from neuronmm_compiler.models.finetune import _sparse_kl
+
+    gen = torch.Generator().manual_seed(0)
+    t, s = (torch.log_softmax(torch.randn(5, 40, generator=gen) * 3, -1) for _ in range(2))
+    full = (t.exp() * (t - s)).sum(-1).mean()
+    assert torch.allclose(_sparse_kl(torch, t, s), full, atol=1e-5)  # k = vocabulary: the full KL
+    top_t, idx = t.topk(8, dim=-1)
+    assert float(_sparse_kl(torch, top_t, s.gather(-1, idx))) > 0
+    assert abs(float(_sparse_kl(torch, top_t, t.gather(-1, idx)))) < 1e-5
 
 
 def test_tp_shards_get_the_same_whitening_and_healing_and_are_measured(tmp_path, monkeypatch):

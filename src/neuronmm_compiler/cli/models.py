@@ -75,8 +75,10 @@ def _stage_bar(enabled: bool):
 @click.option("--heal-target", default="layer", show_default=True, type=click.Choice(["layer", "stream"]),
               help="Closed-form targets: the original layer on the compressed model's inputs (layer), or the "
                    "original model's own activations (stream, also undoes earlier layers' drift).")
-@click.option("--finetune-steps", default=None, type=click.IntRange(min=1), help="Fine-tuning steps (default 60).")
-@click.option("--finetune-lr", default=None, type=float, help="Fine-tuning peak learning rate (default 1e-4).")
+@click.option("--finetune-steps", default=None, type=click.IntRange(min=1),
+              help="Fine-tuning steps of one 256-token sequence (default 200).")
+@click.option("--finetune-lr", default=None, type=float,
+              help="Fine-tuning peak learning rate (AdamW, warm-up then cosine; default 1e-5).")
 @click.option("--sequence-length", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per sequence of the calibration and evaluation forward passes.")
 @click.option("--damping", default=1e-4, show_default=True, type=float,

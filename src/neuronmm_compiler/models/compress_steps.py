@@ -86,6 +86,7 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
     record["closed_form_error"] = {
         "mean_before": float(np.mean([v for layer in report.before for v in layer.values()] or [0.0])),
         "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
+    del start  # the closed form's output is all fine-tuning needs (frees one copy of the factors)
     if request.heal == "finetune":
         from dataclasses import asdict
 
@@ -99,7 +100,7 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
             identity={"calibration": calibration.digest(), "damping": request.damping,
                       "heal_damping": request.heal_damping, "target": request.heal_target,
                       "prior": request.heal_prior},
-            progress=request.progress_bars,
+            progress=request.progress_bars, in_place=True,
             on_step=None if progress is None or request.progress_bars else
             lambda d, t, _loss: progress("healing (fine-tuning)", d, t))
         record["finetune_run"] = run

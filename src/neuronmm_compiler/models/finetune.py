@@ -18,6 +18,15 @@ dependencies) but compiles every new shape with XLA first and has no on-disk cop
 NumPy forward pass (:mod:`.forward`) stays the reference for calibration and evaluation; this module
 mirrors it in torch (tested against it) and is imported only for ``--heal finetune``.
 
+Step cost (SmolLM2-135M, 256 tokens, 2 cores): the teacher's targets are computed once per
+calibration sequence, without gradients, and kept as its top-``top_k`` log-probabilities per token
+(``top_k * 8`` bytes a token; the loss is the KL divergence restricted to those tokens, which hold
+nearly all of the teacher's mass), so an epoch over the calibration set after the first costs only
+the student's forward and backward passes; everything runs in float32 with ``threads`` torch threads
+(``docs/compression.md`` gives the measured seconds per step and peak memory). Optionally
+(``layer_weight``) each compressed MLP's output is also pulled towards the original MLP's output on
+the same (student) input: a relative squared error averaged over layers, cheap and local.
+
 Resuming: every ``checkpoint_seconds`` (and at the end) the trained factors, the optimizer's state and
 the step are written to ``checkpoint`` (a temporary file renamed into place). A run whose checkpoint
 records the same settings (calibration digest, ranks, steps, learning rate, ...) continues from the
@@ -59,79 +68,24 @@ def import_torch():
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    """Distillation settings (all recorded in the checkpoint and the manifest)."""
+    """Distillation settings (all but ``threads`` and ``checkpoint_seconds`` recorded in the checkpoint
+    key and the manifest)."""
 
-    steps: int = 60
-    learning_rate: float = 1e-4
+    steps: int = 200
+    learning_rate: float = 1e-5  # measured: 1e-4 diverged, 3e-5 and 3e-6 healed less (docs/compression.md)
     batch: int = 1  # sequences per step
     length: int = 256  # tokens per sequence
-    warmup: int = 3
+    warmup: int = 5
     seed: int = 0
-    threads: int = 2
+    top_k: int = 64  # teacher log-probabilities kept per token
+    layer_weight: float = 0.0  # weight of the per-layer MLP-output error (0: logits only)
+    weight_decay: float = 0.0  # AdamW's, towards 0 (not towards the starting factors)
+    dtype: str = "bfloat16"  # the student's matmuls (autocast; factors, optimizer, loss stay float32); float32
+    threads: int = 1
     checkpoint_seconds: float = 60.0
 
 
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
-
-
-class _TorchLM:
-    """:class:`~.forward.CausalLM`'s forward pass in torch (same weights, float32), batch-first."""
-
-    def __init__(self, model, torch):
-        self.torch, self.arch = torch, model.arch
-        t = torch.from_numpy
-        self.embed, self.norm = t(model.embed), t(model.norm)
-        self.lm_head = t(np.ascontiguousarray(model.lm_head))
-        self.layers = [{k: t(v) for k, v in layer.items()} for layer in model.layers]
-        self.inv_freq = model.inv_freq
-
-    def _rms(self, x, weight):
-        eps = self.arch.rms_norm_eps
-        return x * self.torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-    def _rope_tables(self, tokens: int):
-        angles = np.arange(tokens, dtype=np.float64)[:, None] * self.inv_freq[None, :]
-        full = np.concatenate([angles, angles], axis=-1)
-        return (self.torch.from_numpy(np.cos(full).astype(np.float32)),
-                self.torch.from_numpy(np.sin(full).astype(np.float32)))
-
-    @staticmethod
-    def _rotate(x, cos, sin, torch):
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-    def _attention(self, layer, x, cos, sin):
-        torch, a = self.torch, self.arch
-        batch, tokens, _ = x.shape
-        out = {}
-        for name, heads in (("q_proj", a.num_attention_heads), ("k_proj", a.num_key_value_heads),
-                            ("v_proj", a.num_key_value_heads)):
-            y = x @ layer[name]
-            if a.attention_bias:
-                y = y + layer[name + "_bias"]
-            out[name] = y.view(batch, tokens, heads, a.head_dim).transpose(1, 2)
-        q, k, v = out["q_proj"], out["k_proj"], out["v_proj"]
-        if a.qk_norm:
-            q, k = self._rms(q, layer["q_norm"]), self._rms(k, layer["k_norm"])
-        q, k = self._rotate(q, cos, sin, torch), self._rotate(k, cos, sin, torch)
-        group = a.num_attention_heads // a.num_key_value_heads
-        if group > 1:
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return att.transpose(1, 2).reshape(batch, tokens, a.num_attention_heads * a.head_dim) @ layer["o_proj"]
-
-    def logits(self, tokens, mlp: Callable[[int, Any], Any] | None = None):
-        """Logits [batch, tokens, vocab]; ``mlp(layer, x)`` replaces the original MLP when given."""
-        torch = self.torch
-        cos, sin = self._rope_tables(tokens.shape[1])
-        h = self.embed[tokens]
-        silu = torch.nn.functional.silu
-        for index, layer in enumerate(self.layers):
-            h = h + self._attention(layer, self._rms(h, layer["input_norm"]), cos, sin)
-            x = self._rms(h, layer["post_norm"])
-            y = mlp(index, x) if mlp is not None else (silu(x @ layer["gate"]) * (x @ layer["up"])) @ layer["down"]
-            h = h + y
-        return self._rms(h, self.norm) @ self.lm_head
 
 
 def _key(settings: FinetuneSettings, identity: Mapping[str, Any]) -> str:
@@ -159,31 +113,38 @@ def _batches(ids: np.ndarray, settings: FinetuneSettings) -> list[np.ndarray]:
 
 def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: FinetuneSettings | None = None,
                   checkpoint: str | Path | None = None, identity: Mapping[str, Any] | None = None,
-                  progress: bool = False, on_step: Callable[[int, int, float], None] | None = None
-                  ) -> tuple[dict, dict]:
+                  progress: bool = False, on_step: Callable[[int, int, float], None] | None = None,
+                  in_place: bool = False) -> tuple[dict, dict]:
     """Factors trained by distillation (same ranks; dense projections unchanged) and a record of the run.
 
     ``model``: the original :class:`~.forward.CausalLM`; ``ids``: calibration token ids; ``factors``: the
     starting point (whitened or closed-form healed). ``identity``: what else the checkpoint must match
     (e.g. the calibration digest and the starting method). ``progress``: a tqdm bar on stderr.
-    ``on_step(step, steps, loss)`` after every step.
+    ``on_step(step, steps, loss)`` after every step. ``in_place``: train the given factors' float32
+    contiguous arrays themselves instead of copies (saves one copy of all factors, 0.3 GB for
+    SmolLM2-135M at rank 384; the caller must not need the starting point afterwards).
     """
     torch = import_torch()
+    from .torch_lm import TorchLM
+
     settings = settings or FinetuneSettings()
-    if settings.steps < 1 or settings.batch < 1 or settings.length < 2 or not settings.learning_rate > 0:
+    if settings.steps < 1 or settings.batch < 1 or settings.length < 2 or not settings.learning_rate > 0 \
+            or settings.top_k < 1 or settings.layer_weight < 0 or settings.weight_decay < 0 \
+            or settings.dtype not in ("float32", "bfloat16"):
         raise InputError(f"fine-tuning settings must be positive: {settings}")
     chunks = _batches(ids, settings)
     torch.set_num_threads(settings.threads)
-    lm = _TorchLM(model, torch)
+    lm = TorchLM(model, torch)
     params: dict[tuple[int, str], tuple[Any, Any]] = {}
     for layer, projections in factors.items():
         for proj in PROJECTIONS:
             f = projections[proj]
             if isinstance(f, tuple):
-                params[(layer, proj)] = tuple(torch.nn.Parameter(torch.from_numpy(np.array(t, dtype=np.float32)))
-                                              for t in f)
+                params[(layer, proj)] = tuple(torch.nn.Parameter(torch.from_numpy(
+                    np.ascontiguousarray(t, dtype=np.float32) if in_place else np.array(t, dtype=np.float32)))
+                    for t in f)
     flat = [t for pair in params.values() for t in pair]
-    optimizer = torch.optim.Adam(flat, lr=settings.learning_rate)
+    optimizer = _optimizer(torch, flat, settings)
     key = _key(settings, {**(identity or {}), "ranks": sorted((f"{k[0]}.{k[1]}", p[0].shape[1])
                                                               for k, p in params.items()),
                           "tokens": hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16]})
@@ -211,12 +172,27 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
         os.replace(tmp, path)
 
     silu = torch.nn.functional.silu
+    layer_errors: list = []
 
     def student_mlp(layer: int, x):
         def proj(name: str, inp):
             pair = params.get((layer, name))
             return (inp @ pair[0]) @ pair[1] if pair is not None else inp @ lm.layers[layer][name]
-        return proj("down", silu(proj("gate", x)) * proj("up", x))
+        y = proj("down", silu(proj("gate", x)) * proj("up", x))
+        if settings.layer_weight > 0 and any((layer, p) in params for p in PROJECTIONS):
+            with torch.no_grad():
+                target = lm.dense_mlp(layer, x).float()
+            layer_errors.append((y.float() - target).pow(2).sum() / target.pow(2).sum().clamp_min(1e-30))
+        return y
+
+    targets: dict[int, tuple[Any, Any]] = {}  # chunk -> the teacher's top-k (log-probabilities, token ids)
+
+    def teacher(index: int):
+        if index not in targets:
+            with torch.no_grad():
+                logp = torch.log_softmax(lm.logits(torch.from_numpy(chunks[index][None].astype(np.int64)))[0], -1)
+                targets[index] = logp.topk(settings.top_k, dim=-1)
+        return targets[index]
 
     bar = None
     if progress:
@@ -233,18 +209,21 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     for step in range(start, settings.steps):
         picks = order[step * settings.batch:(step + 1) * settings.batch]
         tokens = torch.from_numpy(np.stack([chunks[i] for i in picks]).astype(np.int64))
-        with torch.no_grad():
-            teacher = torch.log_softmax(lm.logits(tokens), dim=-1)
-        student = torch.log_softmax(lm.logits(tokens, student_mlp), dim=-1)
-        loss = torch.nn.functional.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True,
-                                          reduction="batchmean")
+        top = [teacher(int(i)) for i in picks]
+        t_logp, t_ids = torch.stack([t[0] for t in top]), torch.stack([t[1] for t in top])
+        layer_errors.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.dtype == "bfloat16"):
+            s_logits = lm.logits(tokens, student_mlp)
+        s_logp = torch.log_softmax(s_logits.float(), dim=-1).gather(-1, t_ids)
+        kl = _sparse_kl(torch, t_logp, s_logp)
+        loss = kl + settings.layer_weight * torch.stack(layer_errors).mean() if layer_errors else kl
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(settings, step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        del teacher, student
-        losses.append(float(loss.detach()))
+        losses.append(float(kl.detach()))
+        del s_logits, s_logp, loss
         if bar is not None:
             bar.update(1)
             bar.set_postfix_str(f"KL {losses[-1]:.4f}", refresh=False)
@@ -263,8 +242,26 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
         for proj in PROJECTIONS:
             pair = params.get((layer, proj))
             healed[layer][proj] = projections[proj] if pair is None else \
-                tuple(np.ascontiguousarray(t.detach().numpy().copy()) for t in pair)
+                tuple(t.detach().numpy() if in_place else t.detach().numpy().copy() for t in pair)
     record = {"settings": asdict(settings), "resumed_at_step": start, "seconds": round(time.time() - began, 1),
               "kl_first": losses[0] if losses else None,
               "kl_last_10": float(np.mean(losses[-10:])) if losses else None}
     return healed, record
+
+
+def _sparse_kl(torch, t_logp, s_logp):
+    """KL divergence from the teacher to the student over the teacher's top-k tokens plus one bucket for
+    the rest of the vocabulary (a proper divergence: 0 only when the student matches those k
+    probabilities), averaged over tokens."""
+    t_p, s_p = t_logp.exp(), s_logp.exp()
+    t_rest = (1 - t_p.sum(-1)).clamp_min(1e-12)
+    s_rest = (1 - s_p.sum(-1)).clamp_min(1e-12)
+    return ((t_p * (t_logp - s_logp)).sum(-1) + t_rest * (t_rest.log() - s_rest.log())).mean()
+
+
+def _optimizer(torch, params: list, settings: FinetuneSettings):
+    """AdamW, fused where this torch has the CPU kernel (2.4 and later)."""
+    try:
+        return torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)

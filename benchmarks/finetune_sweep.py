@@ -1,0 +1,133 @@
+"""Short fine-tuning runs (``--heal finetune``'s distillation) from the rank-384 closed form, for choosing
+its settings (issue 27); perplexity measured with the torch forward pass on the heal study's texts.
+
+    python benchmarks/finetune_sweep.py MODEL_DIR --texts WORK/texts [--steps 40 --lr 1e-5 --dtype float32]
+
+``WORK/texts`` is what ``benchmarks/compression.py --heal-study --work WORK`` wrote (docs-cal, man,
+samples.npy, docs-eval, licences, code, changelogs). The first run computes the calibration (2048
+tokens each of docs, man pages and model samples), whitened SVD and the closed form with the prior at
+rank 384, as the heal study does, and caches them in ``--cache``; later runs reuse them. Each run
+prints the KL every 10 steps, wall and CPU seconds, peak RSS, and the perplexity of the result on the
+first 1024 tokens of each evaluation text (sequences of 512, as the heal study; the torch pass gives
+the NumPy pass's figures for the whitened and closed-form factors to 0.01).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuronmm_compiler.models.calibration import calibrate, load_tokens
+from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal, import_torch
+from neuronmm_compiler.models.forward import CausalLM
+from neuronmm_compiler.models.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
+from neuronmm_compiler.models.torch_lm import TorchLM
+from neuronmm_compiler.models.whitening import DEFAULT_DAMPING
+from neuronmm_compiler.models.workflow import whitened_factors
+
+EVALS = {"docs": "docs-eval.txt", "licences": "licences.txt", "code": "code.txt", "changelogs": "changelogs.txt"}
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def starting_points(model, texts: Path, cache: Path, rank: int) -> dict:
+    if cache.is_file():
+        with open(cache, "rb") as f:
+            return pickle.load(f)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        ids = np.concatenate([load_tokens(texts / f, model.model_dir, 2048)
+                              for f in ("docs-cal.txt", "man.txt", "samples.npy")])
+        cal = calibrate(model, ids, source="docs+man+samples", length=512)
+        plan = [{"gate": rank, "up": rank, "down": rank}] * model.arch.num_hidden_layers
+        white = whitened_factors(model, cal, plan, DEFAULT_DAMPING)
+        healed = closed_form_heal(model, ids, white, length=512, damping=DEFAULT_HEAL_DAMPING, prior=cal.grams,
+                                  prior_weight=1.0)[0]
+    out = {"ids": ids, "white": white, "healed": healed}
+    with open(cache, "wb") as f:
+        pickle.dump(out, f)
+    return out
+
+
+def perplexities(lm, torch, evals: dict, factors) -> dict[str, float]:
+    silu = torch.nn.functional.silu
+
+    def mlp(layer, x):
+        f = factors[layer]
+
+        def proj(p, inp):
+            return (inp @ torch.from_numpy(f[p][0])) @ torch.from_numpy(f[p][1]) if isinstance(f[p], tuple) \
+                else inp @ torch.from_numpy(f[p])
+        return proj("down", silu(proj("gate", x)) * proj("up", x))
+
+    out = {}
+    with torch.no_grad():
+        for name, ids in evals.items():
+            nll, count = 0.0, 0
+            for i in range(0, len(ids), 512):
+                chunk = ids[i:i + 512]
+                if len(chunk) < 2:
+                    continue
+                logits = lm.logits(torch.from_numpy(chunk[None].astype(np.int64)), None if factors is None else mlp)
+                logp = torch.log_softmax(logits[0], -1)[:-1]
+                nll -= float(logp.gather(-1, torch.from_numpy(chunk[1:, None].astype(np.int64))).sum())
+                count += len(chunk) - 1
+            out[name] = float(np.exp(nll / count))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--texts", required=True)
+    ap.add_argument("--cache", default="/tmp/nmmc-finetune-sweep-start.pkl")
+    ap.add_argument("--rank", type=int, default=384)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--layer-weight", type=float, default=0.0)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--eval-start", action="store_true", help="also measure the whitened and closed-form factors")
+    a = ap.parse_args()
+    torch = import_torch()
+    torch.set_num_threads(1)
+    texts = Path(a.texts)
+    model = CausalLM(a.model_dir)
+    lm = TorchLM(model, torch)
+    start = starting_points(model, texts, Path(a.cache), a.rank)
+    evals = {n: load_tokens(texts / f, a.model_dir, 1024) for n, f in EVALS.items()}
+    original = perplexities(lm, torch, evals, None)
+
+    def show(tag: str, factors) -> None:
+        ppl = perplexities(lm, torch, evals, factors)
+        print(tag, " ".join(f"{n} {v:.2f} ({v / original[n] - 1:+.1%})" for n, v in ppl.items()), flush=True)
+
+    print("original", " ".join(f"{n} {v:.2f}" for n, v in original.items()), flush=True)
+    if a.eval_start:
+        show("whitened", start["white"])
+        show("closed-form", start["healed"])
+    settings = FinetuneSettings(steps=a.steps, learning_rate=a.lr, warmup=a.warmup, layer_weight=a.layer_weight,
+                                dtype=a.dtype, threads=1, checkpoint_seconds=1e9)
+    t0, c0 = time.time(), _cpu()
+
+    def on_step(step: int, steps: int, kl: float) -> None:
+        if step % 10 == 0 or step <= 2:
+            print(f"  step {step} KL {kl:.4f} wall {time.time() - t0:.0f} cpu {_cpu() - c0:.0f}", flush=True)
+    tuned, record = finetune_heal(model, start["ids"], start["healed"], settings=settings, on_step=on_step)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"done: {settings}: wall {time.time() - t0:.0f} s, CPU {_cpu() - c0:.0f} s, peak RSS {peak:.0f} MiB "
+          f"(process); KL first {record['kl_first']:.4f}, mean of the last 10 {record['kl_last_10']:.4f}", flush=True)
+    show("tuned", tuned)
+
+
+if __name__ == "__main__":
+    main()
