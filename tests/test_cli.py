@@ -56,9 +56,11 @@ def test_verify_reports_a_violated_limit(tmp_path):
     out = tmp_path / "gemm.py"
     assert run("emit", "--shape", "256x512x256", "--schedule", "aws-tiled", "--dialect", "nki", "--target", "trn2",
                "-o", str(out)).exit_code == 0
-    text = out.read_text().replace("nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)",
-                                   "nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum)")
-    text = text.replace("acc_psum[0:128, 0:512]", "acc_psum[0:128, 0:1024]", 1)
+    source = out.read_text()
+    text = source.replace("nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)",
+                          "nl.ndarray((TILE_M, 1024), dtype=nl.float32, buffer=nl.psum)")
+    text = text.replace("acc_psum[0:TILE_M, 0:TILE_N]", "acc_psum[0:TILE_M, 0:1024]", 1)
+    assert text.count("1024") == source.count("1024") + 2  # both mutations applied
     out.write_text(text)
     result = run("verify", str(out))
     assert result.exit_code == 1
