@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from neuronmm_compiler.fuzz import GOOD, FuzzCase, random_case, run_case
 
-CI_CASES = 110  # ~30 s on 2 cores; scripts/fuzz.py runs the long version (1500 cases)
+CI_CASES = 110  # ~67 s in one worker on an idle 2-core machine; scripts/fuzz.py runs the long version (1500 cases)
 seen: dict[str, int] = {}
 
 
