@@ -179,3 +179,25 @@ def test_fp8_after_the_norm_prologue_quantizes_the_float32_normalized_x_and_veri
     report = verify_source(twice)
     assert not report.ok and "NMMC-FP8-SCALE-ONCE" in (report.error or ""), report.error
     assert "xn_scale^-2" in report.error
+
+
+def test_an_fp8_dense_mlp_is_compared_with_nmmc_s_own_bf16_dense_mlp(tmp_path) -> None:
+    """A user choosing FP8 compares it with the unquantized MLP nmmc would emit otherwise, not only with AWS's
+    tutorial kernels: `tune` tunes the bf16 twin alike and prints the ratio, a loss included, with where the
+    accuracy cost is measured."""
+    import json
+
+    from click.testing import CliRunner
+
+    from neuronmm_compiler.cli import main
+
+    args = ["tune", "--mlp", "--dense", "--tokens", "4", "--hidden", "256", "--intermediate", "384", "--dtype", "fp8",
+            "--target", "trn2", "--trials", "4", "--no-progress", "-o", str(tmp_path / "k.py")]
+    data = json.loads(CliRunner().invoke(main, [*args, "--json"], catch_exceptions=False).stdout)
+    twin, fp8 = data["baselines"]["nmmc-dense"], data["predicted"]
+    assert twin["computation"] == "dense MLP without FP8 (nmmc's fused kernel, tuned)"
+    assert "w_down_scale" not in twin["hbm_bytes_read_by_tensor"]  # the unquantized graph: bf16 weights, no scales
+    assert data["speedups"]["nmmc-dense"] == pytest.approx(twin["latency_us"] / fp8["latency_us"])
+    text = CliRunner().invoke(main, args, catch_exceptions=False).stdout
+    assert "dense MLP without FP8 (nmmc's fused kernel, tuned)" in text
+    assert "speedup vs nmmc's fused dense MLP without FP8 (FP8's accuracy cost:" in text

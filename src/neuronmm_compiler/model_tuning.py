@@ -218,19 +218,26 @@ NMMC_DENSE = "nmmc-dense"
 
 
 def dense_counterpart(workload: Workload) -> Workload | None:
-    """The dense MLP an SVD-compressed MLP replaces, in the same weight format (None for anything else): what nmmc's
-    own dense baseline tunes."""
-    if not isinstance(workload, MlpWorkload) or not workload.svd:
+    """What nmmc's own dense baseline tunes (None for anything else): the dense MLP an SVD-compressed MLP replaces,
+    in the same weight format; for an FP8 dense MLP, the unquantized dense MLP it quantizes (what the user runs
+    without FP8)."""
+    if not isinstance(workload, MlpWorkload) or not (workload.svd or workload.fp8):
         return None
     return mlp_workload(workload.tokens, workload.hidden, workload.intermediate, dense=True, dtype=workload.dtype,
-                        fp8=workload.fp8)
+                        fp8=workload.fp8 if workload.svd else None)
 
 
-def with_dense_baseline(tuned: Tuned, dense: Tuned) -> Tuned:
+def with_dense_baseline(tuned: Tuned, dense: Tuned, *, unquantized: bool = False) -> Tuned:
     """``tuned`` with nmmc's own fused dense MLP (``dense``, tuned the same way, on the same target and launch
-    context) among its baselines, in the order a user meets them (:func:`~.lowerings.base.ordered_baselines`)."""
-    baseline = Baseline("dense MLP (nmmc's fused kernel, tuned)", "nmmc's fused dense MLP", dense.compiled.cost,
-                        one_core=False)
+    context) among its baselines, in the order a user meets them (:func:`~.lowerings.base.ordered_baselines`);
+    ``unquantized``: ``dense`` is the bf16 MLP an FP8 one quantizes, and its label says so."""
+    if unquantized:
+        label = "dense MLP without FP8 (nmmc's fused kernel, tuned)"
+        name = ("nmmc's fused dense MLP without FP8 (FP8's accuracy cost: nmmc verify, nmmc compress --eval, "
+                "docs/fp8.md)")
+    else:
+        label, name = "dense MLP (nmmc's fused kernel, tuned)", "nmmc's fused dense MLP"
+    baseline = Baseline(label, name, dense.compiled.cost, one_core=False)
     return replace(tuned, baselines=ordered_baselines({**tuned.baselines, NMMC_DENSE: baseline}))
 
 

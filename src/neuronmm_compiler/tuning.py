@@ -238,9 +238,9 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
 
 def _with_nmmc_dense(workload: Workload, tuned: Tuned, commit: Callable[[], None], request: TuneRequest,
                      echo: Echo) -> tuple[Tuned, Callable[[], None]]:
-    """For an SVD MLP, ``tuned`` with nmmc's own fused dense MLP among its baselines, tuned the same way (same
-    target, launch context, trials and seed; cached alike; no --storage study of its own), and a commit writing
-    both searches to the result cache; anything else unchanged."""
+    """For an SVD MLP (and an FP8 dense one: its bf16 twin), ``tuned`` with nmmc's own fused dense MLP among its
+    baselines, tuned the same way (same target, launch context, trials and seed; cached alike; no --storage study
+    of its own), and a commit writing both searches to the result cache; anything else unchanged."""
     from .model_tuning import dense_counterpart, with_dense_baseline
 
     dense = dense_counterpart(workload)
@@ -254,7 +254,7 @@ def _with_nmmc_dense(workload: Workload, tuned: Tuned, commit: Callable[[], None
         commit()
         commit_dense()
 
-    return with_dense_baseline(tuned, dense_tuned), commit_both
+    return with_dense_baseline(tuned, dense_tuned, unquantized=not workload.svd), commit_both
 
 
 def _tune_bucket(workload: Workload, bucket: int, *, request: TuneRequest, buckets: int, echo: Echo) -> Tuned:
