@@ -27,6 +27,10 @@ __all__ = ["NKILIB_COMMIT", "TKG_MAX_TOKENS", "NotModelled", "nkilib_baseline", 
 #: batch x sequence at or below which ``mlp`` runs its decode kernel (TKG), else prefill (CTE)
 #: (mlp/mlp_parameters.py:77 ``TKG_BS_SEQLEN_THRESHOLD = 96``, :532-533 ``is_mlp_tkg``).
 TKG_MAX_TOKENS = 96
+#: batch x sequence at or below which NxD Inference calls the MLP kernel as for decode (a bf16 hidden, no
+#: rmsnorm_quant before it) (aws-neuron/neuronx-distributed-inference@4bcdc54b,
+#: models/llama/modeling_llama.py:706-725 ``TKG_BS_SEQLEN_THRESHOLD = 128``)
+NXDI_TKG_MAX_TOKENS = 128
 
 
 def nkilib_variant(tokens: int) -> str:
@@ -67,6 +71,12 @@ def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, 
         from .nkilib_tkg import tkg_program
 
         return tkg_program(tokens, hidden, intermediate, target, dtype, fp8=fp8)
+    if fp8 is not None and tokens <= NXDI_TKG_MAX_TOKENS:
+        raise NotModelled(f"NxD Inference passes a bf16 hidden with QuantizationType.ROW at <= "
+                          f"{NXDI_TKG_MAX_TOKENS} tokens (modeling_llama.py:706-725, 492-505), nki-library picks its "
+                          "prefill kernel above 96, and that reads per-token hidden scales it only loads for an FP8 "
+                          "hidden (mlp_cte_utils.py:413 indexes an empty list; mlp_cte_allocation.py:64-71, "
+                          "mlp_parameters.py:540-545)")
     if fp8 is not None:
         raise NotModelled("nki-library's FP8 prefill (mlp_cte, QuantizationType.ROW) is not modelled: it reads an "
                           "FP8 hidden with per-token scales from a separate rmsnorm_quant kernel and re-quantizes the "
