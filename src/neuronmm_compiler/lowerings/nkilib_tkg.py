@@ -167,6 +167,12 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
     # 2. gate and up through one ring of slabs (after FP8's two [T, <=4096] fp32 scale tiles, :731-748)
     scale_cols = min(I_CHUNK, inter)
     live = h1 * t * 2 + i128 * t * 2 + 8 * inter * (2 if lnc > 1 else 1) + (2 * 4 * scale_cols if fp8 else 0)
+    if live >= SBUF_WINDOW:
+        held = "fp32 gate/up sums [T, 2I]" + (" and their receive buffer" if lnc > 1 else "") + (
+            ", the FP8 scale tiles" if fp8 else "")
+        raise NotModelled(f"nki-library's decode kernel holds {live} bytes per partition ({held}) before any weight "
+                          f"slab, more than its {SBUF_WINDOW}-byte SBUF window (its allocator asserts 'Stack out of "
+                          "memory', utils/allocator.py:400; mlp_tkg_gate_up_projection.py:602-615, 765-775)")
     body += [Alloc(gu)]
     sc = {p: Buffer(f"{p}_scale_rows", (t, scale_cols), "float32", "sbuf") for p in ("gate", "up")} if fp8 else {}
     body += [Alloc(b) for b in sc.values()]
