@@ -78,6 +78,13 @@ def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, 
                           "hidden (mlp_cte_utils.py:413 indexes an empty list; mlp_cte_allocation.py:64-71, "
                           "mlp_parameters.py:540-545)")
     if fp8 is not None:
+        from .nkilib_cte import split_on_intermediate, token_tile
+
+        # its tiling asserts first, as for bf16 (the token tile follows the fp32 PSUM accumulators, whatever the
+        # weights' dtype): mlp_cte_sharding.py:38-78, mlp_cte_tile_info.py:82-134
+        split = target.lnc > 1 and split_on_intermediate(tokens, hidden, intermediate)
+        token_tile(tokens if split else tokens // target.lnc, hidden, intermediate // target.lnc if split
+                   else intermediate)
         raise NotModelled("nki-library's FP8 prefill (mlp_cte, QuantizationType.ROW) is not modelled: it reads an "
                           "FP8 hidden with per-token scales from a separate rmsnorm_quant kernel and re-quantizes the "
                           "intermediate per token with tensor_scalar_reduce(abs, max) (mlp_cte_quantization.py:"
