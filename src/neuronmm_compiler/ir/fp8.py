@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from ..targets import Target
 
-__all__ = ["E4M3FN_RULE", "E4M3_MODE_RULE", "FP8_FORMATS", "Fp8Format", "check_on_target", "is_fp8", "quantize",
-           "round_fp8"]
+__all__ = ["E4M3FN_RULE", "E4M3_MODE_RULE", "FP8_FORMATS", "MX_DTYPES", "Fp8Format", "check_on_target", "is_fp8",
+           "mx_refusal", "quantize", "round_fp8"]
 
 #: The rule a format a target's nc_matmul does not take breaks (verification/rules.py).
 E4M3FN_RULE = "NKI-MATMUL-E4M3FN"
@@ -70,6 +70,17 @@ FP8_FORMATS: Mapping[str, Fp8Format] = MappingProxyType({
     # values up to 1.75 * 2^8 (only S.1111.111 is NaN)
     "float8_e4m3fn": Fp8Format("float8_e4m3fn", 3, -5, 448.0),
 })
+
+
+#: The microscaling (OCP MX) formats of NeuronCore-v4, which nmmc does not compile: their ``--dtype`` spellings.
+MX_DTYPES = ("mxfp8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4")
+
+
+def mx_refusal(dtype: str) -> str:
+    """The one sentence ``--dtype mxfp8`` (any :data:`MX_DTYPES`) is refused with (docs/fp8.md, "Not supported yet")."""
+    return (f"--dtype {dtype}: OCP MX formats (32-element blocks, float8_e8m0fnu block scales, nisa.quantize_mx and "
+            "nisa.nc_matmul_mx on trn3) are not supported yet: nmmc has no block-scaled matmul in its IR, interpreter "
+            "or lowerings (docs/fp8.md, 'Not supported yet'); use fp8, fp8_e5m2 or fp8_e4m3fn")
 
 
 def is_fp8(dtype: str) -> bool:

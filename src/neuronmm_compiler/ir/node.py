@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import InputError, IRError, UnknownNameError
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp, Orient
-from .fp8 import FP8_FORMATS, is_fp8
+from .fp8 import FP8_FORMATS, MX_DTYPES, is_fp8, mx_refusal
 
 #: Canonical dtype names.
 DTYPES: tuple[str, ...] = ("bfloat16", "float32", "float8_e4m3", "float8_e5m2", "float8_e4m3fn")
@@ -86,6 +86,8 @@ def canonical_dtype(dtype: Any) -> str:
             key = repr(dtype)
     if key in DTYPE_ALIASES:
         return DTYPE_ALIASES[key]
+    if key in MX_DTYPES:
+        raise InputError(mx_refusal(key))
     accepted = ", ".join(DTYPE_ALIASES)
     raise InputError(f"unknown dtype {dtype!r}; accepted: {accepted}")
 
