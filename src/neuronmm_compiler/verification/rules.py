@@ -335,8 +335,9 @@ RULES: tuple[Rule, ...] = (
     # --- isa ------------------------------------------------------------------------------------
     Rule("NKI-MATMUL-MEMORY", "isa", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
          (_sdk(_ISA, "nc_matmul, Memory types"),), checkable=True),
-    Rule("NKI-MATMUL-DTYPE", "isa", "nc_matmul inputs float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32 "
-         "(float32 pairs only with float32); dst float32 on NeuronCore-v2/v3, float32 or bfloat16 on v4",
+    Rule("NKI-MATMUL-DTYPE", "isa", "nc_matmul inputs float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32, and "
+         "float8_e4m3fn from v4 on (NKI-MATMUL-E4M3FN) (float32 pairs only with float32); dst float32 on "
+         "NeuronCore-v2/v3, float32 or bfloat16 on v4",
          (_sdk(_ISA, "nc_matmul, Data types"),), limit=MATMUL_DST_DTYPES, checkable=True),
     Rule("NKI-MATMUL-ACC-INIT", "isa", "NeuronCore-v2/v3: a matmul must not accumulate into PSUM initialised by a "
          "non-matmul instruction (memset, tensor_copy): undefined on hardware",
