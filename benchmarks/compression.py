@@ -47,6 +47,9 @@ per-output-channel scales and activations quantized with static per-tensor scale
 calibration set), plus the SVD factors in float32 for reference; perplexity and top-1 agreement per evaluation text.
 
     python benchmarks/compression.py MODEL_DIR --formats-study [--ranks 384] [--work DIR] [--json F]
+        [--fp8-formats float8_e4m3,float8_e4m3fn] [--dense-only]
+
+(``--fp8-formats``: the FP8 formats measured, each a row per MLP; ``--dense-only``: no SVD rows.)
 
 Text sources (all read at run time from this machine; none is committed):
 
@@ -409,25 +412,32 @@ def formats_study(args) -> None:
     layers = range(model.arch.num_hidden_layers)
     dense = {layer: {p: model.mlp_weight(layer, p) for p in PROJECTIONS} for layer in layers}
     rank = args.ranks[0]
-    t = time.time()
-    white = white_factors(model, calibration, [{p: rank for p in PROJECTIONS}] * len(layers), args.damping)
-    svd = closed_form_heal(model, cal_ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING,
-                           prior=calibration.grams, prior_weight=args.heal_prior)[0]
-    print(f"SVD rank {rank}, whitened + closed-form healing (prior {args.heal_prior}): {time.time() - t:.0f} s",
-          flush=True)
-
-    def fp8(factors) -> dict:
+    if not args.dense_only:
         t = time.time()
-        ranges = activation_ranges(model, cal_ids, factors, length=args.sequence_length)
-        out = {layer: fp8_layer(factors[layer], ranges[layer], "float8_e4m3") for layer in layers}
-        print(f"  activation ranges on the calibration tokens and FP8 weights: {time.time() - t:.0f} s", flush=True)
+        white = white_factors(model, calibration, [{p: rank for p in PROJECTIONS}] * len(layers), args.damping)
+        svd = closed_form_heal(model, cal_ids, white, length=args.sequence_length, damping=DEFAULT_HEAL_DAMPING,
+                               prior=calibration.grams, prior_weight=args.heal_prior)[0]
+        print(f"SVD rank {rank}, whitened + closed-form healing (prior {args.heal_prior}): {time.time() - t:.0f} s",
+              flush=True)
+    ranges_of: dict = {}
+
+    def fp8(factors, fmt: str, key: str) -> dict:
+        t = time.time()
+        if key not in ranges_of:  # the activation ranges are the unquantized model's: one pass per MLP, any format
+            ranges_of[key] = activation_ranges(model, cal_ids, factors, length=args.sequence_length)
+        out = {layer: fp8_layer(factors[layer], ranges_of[key][layer], fmt) for layer in layers}
+        print(f"  activation ranges on the calibration tokens and {fmt} weights: {time.time() - t:.0f} s", flush=True)
         return out
 
-    variants = [("dense", "bf16", lambda: emulated_mlp(dense)),
-                ("dense", "fp8 (e4m3)", lambda: emulated_mlp(dense, fp8=fp8(dense))),
-                (f"SVD {rank}", "float32", lambda: factored_mlp(svd)),
-                (f"SVD {rank}", "bf16", lambda: emulated_mlp(svd)),
-                (f"SVD {rank}", "fp8 (e4m3)", lambda: emulated_mlp(svd, fp8=fp8(svd)))]
+    formats = [(fmt, f"fp8 ({fmt.removeprefix('float8_')})") for fmt in args.fp8_formats.split(",")]
+    variants = [("dense", "bf16", lambda: emulated_mlp(dense))]
+    variants += [("dense", label, lambda f=fmt: emulated_mlp(dense, fp8=fp8(dense, f, "dense")))
+                 for fmt, label in formats]
+    if not args.dense_only:
+        variants += [(f"SVD {rank}", "float32", lambda: factored_mlp(svd)),
+                     (f"SVD {rank}", "bf16", lambda: emulated_mlp(svd))]
+        variants += [(f"SVD {rank}", label, lambda f=fmt: emulated_mlp(svd, fp8=fp8(svd, f, "svd")))
+                     for fmt, label in formats]
     rows = []
     for weights, fmt, build in variants:
         mlp = build()
@@ -474,6 +484,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sensitivity-tokens", type=int, default=1024)
     parser.add_argument("--heal-study", action="store_true", help="the healing study instead (see above)")
     parser.add_argument("--formats-study", action="store_true", help="bf16 / FP8, dense / SVD (see above)")
+    parser.add_argument("--fp8-formats", default="float8_e4m3", help="formats study: the FP8 formats measured")
+    parser.add_argument("--dense-only", action="store_true", help="formats study: no SVD rows")
     parser.add_argument("--ranks", default="256,384", help="heal study: ranks (gate = up = down)")
     parser.add_argument("--methods", default="", help="heal study: only these methods (comma-separated)")
     parser.add_argument("--work", default="/tmp/nmmc-heal-study", help="heal study: texts and factors go here")

@@ -350,6 +350,37 @@ CASES = [
         acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
         acc[0:128, 0:512] += nisa.nc_matmul(x[0:128, 0:128], y[0:128, 0:512])
         """),
+    # float8_e4m3fn operands are nc_matmul inputs from NeuronCore-v4 on: the same matmul is fine on trn3
+    ("NKI-MATMUL-E4M3FN", "nki", "trn2", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.float8_e5m2, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.float8_e5m2, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+        """),
+    ("NKI-FP8-E4M3-MODE", "nki", "trn3", None,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.float8_e4m3, buffer=nl.sbuf)  # VIOLATION
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 128), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
+        y = nl.ndarray((128, 512), dtype=nl.float8_e5m2, buffer=nl.sbuf)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+        """),
     ("NKI-MATMUL-ACC-INIT", "nki", "trn2", None,
      """
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)

@@ -22,7 +22,7 @@ from .ir.fp8 import is_fp8
 from .ir.node import canonical_dtype
 
 #: Short names of the weight formats in format names and files.
-_SHORT = {"bfloat16": "bf16", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2"}
+_SHORT = {"bfloat16": "bf16", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2", "float8_e4m3fn": "fp8_e4m3fn"}
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ class FormatRequest:
             raise InputError("give at least one weight format (--dtype bf16, fp8 or bf16,fp8)")
         wrong = [w for w in self.weights if w not in _SHORT]
         if wrong:
-            raise InputError(f"tune --model chooses among bf16 and FP8 weights (fp8, fp8_e5m2); not {', '.join(wrong)}")
+            raise InputError("tune --model chooses among bf16 and FP8 weights (fp8, fp8_e5m2, fp8_e4m3fn on trn3); "
+                             f"not {', '.join(wrong)}")
 
     @classmethod
     def parse(cls, text: str | None) -> FormatRequest:

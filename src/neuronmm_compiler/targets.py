@@ -193,6 +193,10 @@ class Target:
     # double_row" (NKI API reference, nki.isa.nc_matmul, "Performance mode"; nki.isa.matmul_perf_mode: "Double FP8
     # mode, 2x matmul throughput"; rules NKI-MATMUL-DOUBLE-ROW*, docs/fp8.md)
     matmul_perf_modes: tuple[str, ...] = ("none", "double_row")
+    # --- FP8 formats nc_matmul takes: "float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32. Starting
+    # NeuronCore-v4, float8_e4m3fn (OCP FP8) is also supported" (NKI API reference, nki.isa.nc_matmul, "Data types";
+    # rules NKI-MATMUL-DTYPE, NKI-MATMUL-E4M3FN; ir/fp8.py, docs/fp8.md). Not in as_dict: only a kernel's dtypes read it
+    fp8_formats: tuple[str, ...] = ("float8_e4m3", "float8_e5m2")
     # the most elements per partition one nisa.bn_stats reads (nl.tile_size.bn_stats_fmax; NKI ISA reference,
     # nki.isa.bn_stats: "must not exceed 512"); the layernorm prologue cuts its rows into chunks of it
     bn_stats_fmax: int = 512
@@ -336,6 +340,8 @@ class Target:
                 continue  # a one-core target's dict (and its fingerprint) is what it was before logical cores
             if name in ("launch", "in_graph_kernel_us") and self.launch == STANDALONE:
                 continue  # standalone predictions do not read them: the dict is what it was before launch contexts
+            if name == "fp8_formats":
+                continue  # a workload's dtype records the format; no prediction reads the list
             if name == "pe_tile_sizes":
                 continue  # a schedule using PE tiles records them (column_tiles); every other prediction ignores it
             out[name] = [list(p) for p in value] if name == "dma_efficiency_curve" else value
@@ -440,6 +446,7 @@ TARGETS: dict[str, Target] = {
         dma_size_scale=3.45,
         max_lnc=2,
         default_lnc=2,
+        fp8_formats=("float8_e4m3", "float8_e5m2", "float8_e4m3fn"),  # OCP e4m3fn from NeuronCore-v4 on
         params=ModelParams(tensor_engine_efficiency=0.968, engine_extra_input_cycles=0.0),
     ),
 }

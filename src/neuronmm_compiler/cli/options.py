@@ -172,8 +172,9 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="--fuse-norm: take no gamma; the gate and up weights (U factors of an SVD MLP) are given "
                           "with gamma folded in, diag(gamma) W (frontends.prologue.fold_gamma computes them)."),
         click.option("--dtype", default="bf16", show_default=True, callback=lowercase_name,
-                     help="Element type: bf16 (bfloat16) or fp32 (float32); for --mlp also fp8 (= fp8_e4m3) or "
-                          "fp8_e5m2: FP8 weights, per-channel scales, activations per tensor (docs/fp8.md). With tune "
+                     help="Element type: bf16 (bfloat16) or fp32 (float32); for --mlp also fp8 (= fp8_e4m3), "
+                          "fp8_e5m2 or (trn3) fp8_e4m3fn: FP8 weights, per-channel scales, activations per tensor "
+                          "(docs/fp8.md; MX formats are not supported). With tune "
                           "--model: the formats to choose among, e.g. bf16,fp8 ({dense, SVD} x those; docs/fp8.md)."),
         click.option("--a-layout", default="mk", show_default=True, callback=lowercase_name,
                      help="How A (or X) is stored in HBM: mk = row-major [M,K] (activations), km = transposed "

@@ -48,7 +48,8 @@ from ..vocab import Dialect, ElementwiseOp
 
 INDENT = "    "
 NL_DTYPES = {"bfloat16": "nl.bfloat16", "float32": "nl.float32", "float16": "nl.float16",
-             "float8_e4m3": "nl.float8_e4m3", "float8_e5m2": "nl.float8_e5m2"}
+             "float8_e4m3": "nl.float8_e4m3", "float8_e5m2": "nl.float8_e5m2",
+             "float8_e4m3fn": "nl.float8_e4m3fn"}
 NL_MEMORY = {"sbuf": "nl.sbuf", "psum": "nl.psum", "hbm": "nl.shared_hbm"}
 #: The ``nl.*`` op of each program op: the graph's elementwise ops (their NKI spelling) and ``copy``.
 NL_OPS: Mapping[str, str] = MappingProxyType({**{op: op.nki for op in ElementwiseOp}, "copy": "nl.copy",

@@ -15,6 +15,7 @@ from . import perf_mode as perf_modes
 from .machine import (
     BFLOAT16,
     FLOAT8_E4M3,
+    FLOAT8_E4M3FN,
     FLOAT8_E5M2,
     FLOAT16,
     FLOAT32,
@@ -54,7 +55,7 @@ def language_attrs(m: Machine) -> dict[str, Any]:
         "ndarray": ndarray, "zeros": zeros, "ds": ds, "tile_size": tile_size(m.target),
         "program_id": program_id, "num_programs": num_programs,
         "bfloat16": BFLOAT16, "float32": FLOAT32, "float16": FLOAT16,
-        "float8_e4m3": FLOAT8_E4M3, "float8_e5m2": FLOAT8_E5M2,
+        "float8_e4m3": FLOAT8_E4M3, "float8_e5m2": FLOAT8_E5M2, "float8_e4m3fn": FLOAT8_E4M3FN,
         "sbuf": SBUF_BUFFER, "psum": PSUM_BUFFER,
         "affine_range": plain_range, "sequential_range": plain_range, "static_range": plain_range,
     }
@@ -108,6 +109,7 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
                                    f"got {out.describe()}")
         tile = ops.pe_tile(m, stationary, tile_position, tile_size, "nisa.nc_matmul")
         ops.check_tile_dst(m, out, tile, "nisa.nc_matmul")
+        perf_modes.check_fp8_formats(m, stationary, moving, "nisa.nc_matmul")
         perf_modes.check_perf_mode(m, perf_mode, stationary, moving, tile, "nisa.nc_matmul")
         result = ops.matmul(m, stationary, moving, "nisa.nc_matmul")
         if out.shape != result.shape:

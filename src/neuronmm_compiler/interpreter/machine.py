@@ -27,7 +27,11 @@ FLOAT16 = np.dtype(np.float16)
 #: kernel clamps first (rule NKI-FP8-SATURATE).
 FLOAT8_E4M3 = np.dtype(ml_dtypes.float8_e4m3)
 FLOAT8_E5M2 = np.dtype(ml_dtypes.float8_e5m2)
-SUPPORTED_DTYPES = (BFLOAT16, FLOAT32, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2)
+#: ``nl.float8_e4m3fn`` (OCP, "no inf, NaN represented by 0bS111'1111"): ml_dtypes' float8_e4m3fn, largest finite
+#: 448; an overflowing cast is NaN there, refused under the same rule. nc_matmul takes it on NeuronCore-v4 only
+#: (Target.fp8_formats, rule NKI-MATMUL-E4M3FN, checked by perf_mode.check_fp8_formats).
+FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
+SUPPORTED_DTYPES = (BFLOAT16, FLOAT32, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT8_E4M3FN)
 
 _ASSIGNED_NAME = re.compile(r"\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=[^=]")
 
@@ -105,7 +109,7 @@ class Machine:
             dt = None
         if dt not in SUPPORTED_DTYPES:
             raise UnsupportedAPIError(f"{what} {value!r} is not supported; use nl.bfloat16, nl.float32, "
-                                      "nl.float16, nl.float8_e4m3 or nl.float8_e5m2")
+                                      "nl.float16, nl.float8_e4m3, nl.float8_e5m2 or nl.float8_e4m3fn")
         return dt
 
     @staticmethod

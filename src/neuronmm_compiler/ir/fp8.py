@@ -1,6 +1,6 @@
 """FP8 formats of the graph IR and their exact rounding (docs/fp8.md).
 
-Two formats, both listed for trn1, trn2 and trn3 by the NKI language reference (``nki.language.float8_e4m3``,
+Three formats. Two are listed for trn1, trn2 and trn3 by the NKI language reference (``nki.language.float8_e4m3``,
 "8-bit floating-point number (1S,4E,3M)"; ``nki.language.float8_e5m2``, "(1S,5E,2M)"). Their largest finite values
 are AWS nki-library's (aws-neuron/nki-library@d2ad3a579498d1888aa8740af97fd325dd5f2740,
 src/nkilib_src/nkilib/core/utils/kernel_helpers.py, ``get_max_positive_value_for_dtype``: float8_e4m3 240.0,
@@ -9,6 +9,15 @@ float8_e5m2 57344.0), i.e. the IEEE-style layouts with infinities, which ml_dtyp
 ``nisa.tensor_scalar(..., op0=nl.minimum, operand0=max_pos_val, op1=nl.maximum, operand1=-max_pos_val)`` into the FP8
 tile), so nmmc's quantization is *saturating*: ``q = rne(clip(x / scale, -max, max))``, round to nearest even, the
 quotient an fp32 division (as the Vector Engine computes it).
+
+The third, ``float8_e4m3fn`` (OCP FP8: ``nki.language.float8_e4m3fn``, "8-bit floating-point number (1S,4E,3M),
+Extended range", "no inf, NaN represented by 0bS111'1111"; ml_dtypes ``float8_e4m3fn``, largest finite 448), is an
+``nc_matmul`` input from NeuronCore-v4 on only (trn3): "Starting NeuronCore-v4, float8_e4m3fn (OCP FP8) is also
+supported; float8_e4m3 (legacy) and float8_e4m3fn cannot be mixed in the same matmul" (NKI ISA reference,
+``nki.isa.nc_matmul``, "Data types"; aws-neuron/aws-neuron-sdk@81ce03ae, nki/api/nki/isa/__init__.py). Which
+targets take which formats is :attr:`~neuronmm_compiler.targets.Target.fp8_formats` (rule NKI-MATMUL-E4M3FN);
+:func:`check_on_target` refuses the others. No page documents how a conversion into it overflows (the layout has no
+inf: ml_dtypes makes an overflow NaN), so it is clamped to +-448 like the others (rule NKI-FP8-SATURATE).
 
 :func:`round_fp8` is that rounding in float64 NumPy (the reference and the emitted ``reference()`` use it); the
 interpreter stores into ml_dtypes arrays, whose casts round to nearest even too (tests hold the two equal).
@@ -21,10 +30,24 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from ..errors import ScheduleError
+
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FP8_FORMATS", "Fp8Format", "is_fp8", "quantize", "round_fp8"]
+    from ..targets import Target
+
+__all__ = ["E4M3FN_RULE", "E4M3_MODE_RULE", "FP8_FORMATS", "MX_DTYPES", "Fp8Format", "check_on_target", "is_fp8",
+           "mx_refusal", "quantize", "round_fp8"]
+
+#: The rule a format a target's nc_matmul does not take breaks (verification/rules.py).
+E4M3FN_RULE = "NKI-MATMUL-E4M3FN"
+#: The rule one kernel holding both E4M3 types breaks: "float8_e4m3 (legacy) and float8_e4m3fn cannot be mixed in the
+#: same matmul" (same section); a compiled module selects one E4M3 conversion mode (compiler error NCC_EOCP001).
+E4M3_MODE_RULE = "NKI-FP8-E4M3-MODE"
+#: Where that rule is documented.
+E4M3FN_SOURCE = ("NKI ISA reference, nki.isa.nc_matmul, 'Data types': \"Starting NeuronCore-v4, float8_e4m3fn (OCP "
+                 "FP8) is also supported\"")
 
 
 @dataclass(frozen=True)
@@ -43,12 +66,35 @@ class Fp8Format:
 FP8_FORMATS: Mapping[str, Fp8Format] = MappingProxyType({
     "float8_e4m3": Fp8Format("float8_e4m3", 3, -5, 240.0),
     "float8_e5m2": Fp8Format("float8_e5m2", 2, -13, 57344.0),
+    # OCP E4M3: the same exponent bias as float8_e4m3 (smallest normal 2^-6) and the top exponent holding finite
+    # values up to 1.75 * 2^8 (only S.1111.111 is NaN)
+    "float8_e4m3fn": Fp8Format("float8_e4m3fn", 3, -5, 448.0),
 })
+
+
+#: The microscaling (OCP MX) formats of NeuronCore-v4, which nmmc does not compile: their ``--dtype`` spellings.
+MX_DTYPES = ("mxfp8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4")
+
+
+def mx_refusal(dtype: str) -> str:
+    """The one sentence ``--dtype mxfp8`` (any :data:`MX_DTYPES`) is refused with (docs/fp8.md, "Not supported yet")."""
+    return (f"--dtype {dtype}: OCP MX formats (32-element blocks, float8_e8m0fnu block scales, nisa.quantize_mx and "
+            "nisa.nc_matmul_mx on trn3) are not supported yet: nmmc has no block-scaled matmul in its IR, interpreter "
+            "or lowerings (docs/fp8.md, 'Not supported yet'); use fp8, fp8_e5m2 or fp8_e4m3fn")
 
 
 def is_fp8(dtype: str) -> bool:
     """True for a canonical FP8 dtype name."""
     return dtype in FP8_FORMATS
+
+
+def check_on_target(dtype: str, target: Target) -> None:
+    """Refuse an FP8 format ``target``'s ``nc_matmul`` does not take (:class:`ScheduleError` naming rule
+    NKI-MATMUL-E4M3FN and its source)."""
+    if is_fp8(dtype) and dtype not in target.fp8_formats:
+        where = ", ".join(target.fp8_formats) or "no FP8 format"
+        raise ScheduleError(f"{E4M3FN_RULE}: {dtype} is not an nc_matmul input on {target.name} ({target.core}: "
+                            f"{where}); {E4M3FN_SOURCE}, i.e. trn3. Use --dtype fp8 (float8_e4m3) or fp8_e5m2 here")
 
 
 def round_fp8(x: np.ndarray, dtype: str) -> np.ndarray:

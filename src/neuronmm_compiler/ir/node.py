@@ -27,15 +27,16 @@ from typing import Any
 
 from ..errors import InputError, IRError, UnknownNameError
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp, Orient
-from .fp8 import FP8_FORMATS, is_fp8
+from .fp8 import FP8_FORMATS, MX_DTYPES, is_fp8, mx_refusal
 
 #: Canonical dtype names.
-DTYPES: tuple[str, ...] = ("bfloat16", "float32", "float8_e4m3", "float8_e5m2")
+DTYPES: tuple[str, ...] = ("bfloat16", "float32", "float8_e4m3", "float8_e5m2", "float8_e4m3fn")
 #: Accepted spellings (lower case) and the canonical dtype each one means.
 DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
     {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
      "fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3", "float8_e4m3": "float8_e4m3",
-     "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2"}
+     "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
+     "fp8_e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn"}
 )
 #: The bf16 and fp32 spellings: what a graph file may declare (FP8 graphs come from ``--mlp --dtype fp8``, docs/fp8.md).
 PLAIN_DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
@@ -70,7 +71,8 @@ def canonical_dtype(dtype: Any) -> str:
     """Return the canonical dtype string (one of :data:`DTYPES`) for an alias or NumPy dtype.
 
     Accepts "bf16", "bfloat16", "fp32", "float32", "fp8" (= "float8_e4m3"), "fp8_e4m3", "float8_e4m3", "fp8_e5m2",
-    "float8_e5m2" (any case) and NumPy / ml_dtypes dtypes of those (docs/fp8.md for the FP8 formats).
+    "float8_e5m2", "fp8_e4m3fn", "float8_e4m3fn" (any case) and NumPy / ml_dtypes dtypes of those (docs/fp8.md for
+    the FP8 formats).
     Anything else raises :class:`InputError` listing what is accepted.
     """
     if isinstance(dtype, str):
@@ -84,6 +86,8 @@ def canonical_dtype(dtype: Any) -> str:
             key = repr(dtype)
     if key in DTYPE_ALIASES:
         return DTYPE_ALIASES[key]
+    if key in MX_DTYPES:
+        raise InputError(mx_refusal(key))
     accepted = ", ".join(DTYPE_ALIASES)
     raise InputError(f"unknown dtype {dtype!r}; accepted: {accepted}")
 

@@ -21,6 +21,7 @@ from ..cost_model.footprint import FUSED_ADVICE
 from ..errors import InputError, ScheduleError
 from ..frontends.workloads import ChainWorkload, GemmWorkload, GraphWorkload, MlpWorkload, Workload
 from ..ir import Graph
+from ..ir.fp8 import check_on_target
 from ..ir.quantized import unquantized
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
@@ -144,6 +145,9 @@ class FusedLowering(Lowering):
         if preset_name is not None:
             raise InputError("--schedule presets are GEMM schedules; fused graphs take --param only "
                              "(see 'nmmc schedules --mlp ...')")
+        fp8 = getattr(workload, "fp8", None)
+        if fp8 is not None:  # a format the target's nc_matmul takes (rule NKI-MATMUL-E4M3FN)
+            check_on_target(fp8.format, target)
         base = schedule or FusedSchedule()
         if row_major_activations(workload):
             base = base.with_params(transpose_choice("x_transpose", schedule, params, workload, target, dialect))

@@ -40,7 +40,8 @@ __all__ = ["FP8_ALIASES", "Fp8Layer", "activation_points", "activation_ranges", 
 
 #: ``--dtype`` spellings of the FP8 formats (as ``nmmc tune --dtype`` takes them).
 FP8_ALIASES = {"fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3", "float8_e4m3": "float8_e4m3",
-               "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2"}
+               "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
+               "fp8_e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn"}
 #: Per projection, the graph's name of the value a projection reads and of its rank-r value (SVD).
 _POINTS = {"gate": ("x", "x_ug"), "up": ("x", "x_uu"), "down": ("h", "h_ud")}
 

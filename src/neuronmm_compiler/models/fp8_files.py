@@ -1,6 +1,7 @@
 """FP8 layers in ``nmmc compress``'s output files (``--dtype fp8``; docs/compression.md "FP8 layers", docs/fp8.md).
 
-A layer whose MLP kernel is FP8 (manifest ``layers[i].fp8`` = ``"float8_e4m3"`` or ``"float8_e5m2"``) holds, in its
+A layer whose MLP kernel is FP8 (manifest ``layers[i].fp8`` = ``"float8_e4m3"``, ``"float8_e5m2"`` or
+``"float8_e4m3fn"``) holds, in its
 ``layer_{i:03d}.safetensors``, instead of bf16/fp32 weights:
 
 ==========================================================  ==========  ==========  ==================================
@@ -15,7 +16,8 @@ tensor                                                      dtype       shape   
 - ``F8_E4M3`` holds nmmc's ``float8_e4m3`` (IEEE-style, largest finite 240; F8_E5M2 for ``float8_e5m2``). safetensors'
   F8_E4M3 is ``torch.float8_e4m3fn`` (largest 448): the two share every bit pattern whose exponent field is at most
   14, i.e. every value of magnitude <= 240, and nmmc's quantization saturates at 240, so the bytes read as either
-  type give the same values (a test checks it).
+  type give the same values (a test checks it). nmmc's ``float8_e4m3fn`` (OCP, largest 448; trn3 kernels) is that
+  F8_E4M3 type itself: the manifest's format says how the bytes are read.
 - Weight scales: one per output channel (N = the weight's columns: ``out`` for ``w`` and ``v``, ``r`` for ``u``),
   ``W ~= q * scale^T``; activation scales: static, per tensor, ``max|v| / max`` over the calibration tokens in the
   unquantized model, for the points the kernel quantizes: ``x`` (gate and up's input), ``h`` (down's input) and,
@@ -42,8 +44,8 @@ __all__ = ["FP8_CODES", "activation_scale_name", "expected_fp8_tensors", "fp8_te
            "weight_scale_name"]
 
 #: safetensors dtype code of each FP8 format, and the ml_dtypes type safetensors writes under that code.
-FP8_CODES = {"float8_e4m3": ("F8_E4M3", ml_dtypes.float8_e4m3fn), "float8_e5m2": ("F8_E5M2", ml_dtypes.float8_e5m2)}
-_STORED = {"F8_E4M3": "float8_e4m3", "F8_E5M2": "float8_e5m2"}
+FP8_CODES = {"float8_e4m3": ("F8_E4M3", ml_dtypes.float8_e4m3fn), "float8_e5m2": ("F8_E5M2", ml_dtypes.float8_e5m2),
+             "float8_e4m3fn": ("F8_E4M3", ml_dtypes.float8_e4m3fn)}
 
 
 def weight_scale_name(layer: int, proj: str, which: str) -> str:
@@ -94,9 +96,9 @@ def fp8_tensors(layer: int, q: Fp8Layer) -> dict[str, np.ndarray]:
     return out
 
 
-def _read_raw(path: Path, names: list[str]) -> dict[str, np.ndarray]:
-    """Tensors of a safetensors file read from its bytes (safetensors' NumPy reader cannot make FP8 arrays): FP8 as
-    nmmc's ml_dtypes types, F32 as float32."""
+def _read_raw(path: Path, names: list[str], fmt: str) -> dict[str, np.ndarray]:
+    """Tensors of a safetensors file read from its bytes (safetensors' NumPy reader cannot make FP8 arrays): FP8 (the
+    code of format ``fmt``) as that format's ml_dtypes type, F32 as float32."""
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(size))
@@ -106,13 +108,13 @@ def _read_raw(path: Path, names: list[str]) -> dict[str, np.ndarray]:
             start, end = info["data_offsets"]
             f.seek(8 + size + start)
             raw = np.frombuffer(f.read(end - start), dtype=np.uint8)
-            kind = _STORED.get(info["dtype"])
-            if kind is not None:
-                out[name] = raw.view(getattr(ml_dtypes, kind)).reshape(info["shape"])
+            if info["dtype"] == FP8_CODES[fmt][0]:
+                out[name] = raw.view(getattr(ml_dtypes, fmt)).reshape(info["shape"])
             elif info["dtype"] == "F32":
                 out[name] = raw.view("<f4").reshape(info["shape"]).astype(np.float32)
             else:
-                raise InputError(f"{path}: tensor {name} is {info['dtype']}; an FP8 layer holds F8 and F32 tensors")
+                raise InputError(f"{path}: tensor {name} is {info['dtype']}; a {fmt} layer holds "
+                                 f"{FP8_CODES[fmt][0]} and F32 tensors")
     return out
 
 
@@ -128,7 +130,7 @@ def read_fp8_layer(path: str | Path, layer: int, ranks: Mapping[str, int | None]
             names += [name, weight_scale_name(layer, proj, which)]
     points = activation_points({p: None if r is None else (None, None) for p, r in ranks.items()})
     names += [activation_scale_name(layer, p) for p in points]
-    raw = _read_raw(Path(path), names)
+    raw = _read_raw(Path(path), names, fmt)
     weights: dict[str, Any] = {}
     dequantized: dict[str, Any] = {}
     for proj, rank in ranks.items():

@@ -123,8 +123,8 @@ class ProjectionEntry:
 @dataclass(frozen=True)
 class LayerEntry:
     """One layer file. ``fp8``: the FP8 format of the layer's MLP kernel (weights and the activations its matmuls
-    read; ``"float8_e4m3"`` or ``"float8_e5m2"``, tensors as :mod:`.fp8_files` says), or None: the layer's kernel
-    runs in the manifest's ``dtype``."""
+    read; ``"float8_e4m3"``, ``"float8_e5m2"`` or ``"float8_e4m3fn"``, tensors as :mod:`.fp8_files` says), or None:
+    the layer's kernel runs in the manifest's ``dtype``."""
 
     layer: int
     file: str

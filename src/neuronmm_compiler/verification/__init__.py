@@ -54,7 +54,7 @@ from .static_check import Violation, check_kernel_source
 
 TOLERANCES = {"bfloat16": 1e-2, "float32": 1e-5}
 NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float8_e4m3": ml_dtypes.float8_e4m3,
-                "float8_e5m2": ml_dtypes.float8_e5m2}
+                "float8_e5m2": ml_dtypes.float8_e5m2, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
 #: Where a kernel runs: nmmc's interpreter, or AWS's simulator (``nki`` / ``neuronxcc``, see nki_backend.py).
 BACKENDS = ("interpreter", "nki-simulator")
 #: The largest kernel file verify reads (emitted kernels are tens of KiB).

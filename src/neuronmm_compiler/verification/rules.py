@@ -65,8 +65,13 @@ ACTIVATION_FUNCTIONS = frozenset((
 #: The NKI 0.1 table (same section of the NKI 0.1 docs): the above without prelu and gelu_apprx_sigmoid_dx.
 ACTIVATION_FUNCTIONS_LEGACY = ACTIVATION_FUNCTIONS - {"prelu", "gelu_apprx_sigmoid_dx"}
 
-#: Input dtypes ``nc_matmul`` accepts (section "Data types" of its API page); float8_e4m3fn from v4 on.
-MATMUL_INPUT_DTYPES = frozenset(("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"))
+#: Input dtypes ``nc_matmul`` accepts (section "Data types" of its API page); float8_e4m3fn from v4 on (the FP8
+#: formats per target are ``Target.fp8_formats``, rule NKI-MATMUL-E4M3FN).
+MATMUL_INPUT_DTYPES = frozenset(("float8_e4m3", "float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "tfloat32",
+                                 "float32"))
+#: The FP8 formats ``nc_matmul`` takes per target (same section): float8_e4m3fn "Starting NeuronCore-v4".
+FP8_MATMUL_FORMATS = (("trn1", ("float8_e4m3", "float8_e5m2")), ("trn2", ("float8_e4m3", "float8_e5m2")),
+                      ("trn3", ("float8_e4m3", "float8_e5m2", "float8_e4m3fn")))
 #: ``nc_matmul`` result dtypes (PSUM) per target: float32 on NeuronCore-v2/v3, float32 or bfloat16 on v4.
 MATMUL_DST_DTYPES = {"trn1": ("float32",), "trn2": ("float32",), "trn3": ("float32", "bfloat16")}
 
@@ -330,8 +335,9 @@ RULES: tuple[Rule, ...] = (
     # --- isa ------------------------------------------------------------------------------------
     Rule("NKI-MATMUL-MEMORY", "isa", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
          (_sdk(_ISA, "nc_matmul, Memory types"),), checkable=True),
-    Rule("NKI-MATMUL-DTYPE", "isa", "nc_matmul inputs float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32 "
-         "(float32 pairs only with float32); dst float32 on NeuronCore-v2/v3, float32 or bfloat16 on v4",
+    Rule("NKI-MATMUL-DTYPE", "isa", "nc_matmul inputs float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32, and "
+         "float8_e4m3fn from v4 on (NKI-MATMUL-E4M3FN) (float32 pairs only with float32); dst float32 on "
+         "NeuronCore-v2/v3, float32 or bfloat16 on v4",
          (_sdk(_ISA, "nc_matmul, Data types"),), limit=MATMUL_DST_DTYPES, checkable=True),
     Rule("NKI-MATMUL-ACC-INIT", "isa", "NeuronCore-v2/v3: a matmul must not accumulate into PSUM initialised by a "
          "non-matmul instruction (memset, tensor_copy): undefined on hardware",
@@ -405,19 +411,42 @@ RULES: tuple[Rule, ...] = (
          note="Not checked statically; nmmc's interpreter checks every call (target, operand dtypes) and the column "
               "tiling exclusion under NKI-MATMUL-TILE. The docs do not say whether a double_row matmul with bf16 "
               "operands is an error or a no-op; nmmc refuses it."),
+    Rule("NKI-MATMUL-E4M3FN", "fp8", "nc_matmul takes float8_e4m3fn (OCP FP8) operands from NeuronCore-v4 on (trn3) "
+         "only; float8_e4m3 and float8_e5m2 on every target",
+         (_sdk(_ISA, "nc_matmul, Data types: \"Starting NeuronCore-v4, float8_e4m3fn (OCP FP8) is also supported\""),
+          _sdk(_LANG, "float8_e4m3fn: (1S,4E,3M), Extended range: no inf, NaN represented by 0bS111'1111")),
+         dialects=(Dialect.NKI,), target_field="fp8_formats", documented=FP8_MATMUL_FORMATS, checkable=True,
+         note="Checked statically (an nc_matmul operand declared float8_e4m3fn on trn1/trn2) and by the interpreter on "
+              "every nc_matmul; nmmc refuses --dtype fp8_e4m3fn on those targets before lowering. The docs give no "
+              "separate rule for double_row: it takes float8_e4m3fn \"on NeuronCore-v4\" too (same section)."),
+    Rule("NKI-FP8-E4M3-MODE", "fp8", "one kernel uses one FP8 E4M3 type: float8_e4m3 (legacy) and float8_e4m3fn (OCP) "
+         "never appear together, neither in one nc_matmul nor in one compiled module",
+         (_sdk(_ISA, "nc_matmul, Data types: \"float8_e4m3 (legacy) and float8_e4m3fn cannot be mixed in the same "
+                     "matmul\""),
+          _latest("compiler/error-codes/EOCP001.html", "NCC_EOCP001: each compiled module selects a single FP8 E4M3 "
+                  "conversion mode; a module cannot use both formats")),
+         dialects=(Dialect.NKI,), checkable=True,
+         note="Checked statically (tensors of both types declared in one kernel file) and by the interpreter (an "
+              "nc_matmul reading both). The compiler error is per module, so a float8_e4m3fn kernel embedded in a "
+              "model whose other FP8 E4M3 tensors are legacy float8_e4m3 fails there too; nmmc cannot see the rest of "
+              "the model."),
     Rule("NKI-FP8-SATURATE", "fp8", "a value written into an FP8 tile (nl.float8_e4m3, largest finite 240; "
-         "nl.float8_e5m2, 57344) lies in the format's finite range: clamp it first (tensor_scalar minimum/maximum "
-         "into the FP8 tile), as the conversion is not documented to saturate",
+         "nl.float8_e5m2, 57344; nl.float8_e4m3fn, 448) lies in the format's finite range: clamp it first "
+         "(tensor_scalar minimum/maximum into the FP8 tile), as the conversion is not documented to saturate",
          (_latest("nki/api/generated/nki.language.float8_e4m3.html", "8-bit floating-point number (1S,4E,3M)"),
           _latest("nki/api/generated/nki.language.float8_e5m2.html", "8-bit floating-point number (1S,5E,2M)"),
+          _sdk(_LANG, "float8_e4m3fn: Extended range: no inf, NaN represented by 0bS111'1111"),
           _nkilib("src/nkilib_src/nkilib/core/utils/kernel_helpers.py",
                   "get_max_positive_value_for_dtype: float8_e4m3 240.0, float8_e5m2 57344.0"),
           _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_quantization.py",
                   "perform_intermediate_static_quantization: tensor_scalar minimum/maximum into the quantized tile")),
          dialects=(Dialect.NKI,),
          note="Inferred: the NKI pages give the layouts, not the overflow behaviour; nki-library clamps before every "
-              "FP8 cast. Not checked statically; the interpreter (ml_dtypes casts: round to nearest even, an overflow "
-              "becomes inf) refuses a write of a non-finite value into an FP8 tile, naming this rule."),
+              "FP8 cast. float8_e4m3fn has no inf, so an overflow could only be NaN or a saturation; its largest "
+              "finite value, 448 (S.1111.110), follows from the layout the page gives (only S.1111.111 is NaN), as "
+              "ml_dtypes.float8_e4m3fn has it. Not checked statically; the interpreter (ml_dtypes casts: round to "
+              "nearest even, an overflow becomes inf, NaN in float8_e4m3fn) refuses a write of a non-finite value "
+              "into an FP8 tile, naming this rule."),
     Rule("NMMC-FP8-SCALE-ONCE", "fp8", "every FP8 product reaches the output scaled exactly once by each of its "
          "scales (the weight's, the activation's): in scale units (each scale input one unit, an FP8 weight carrying "
          "its scale^-1, a quantization dividing one scale away), a kernel's values keep the quantized graph's units: "

@@ -80,6 +80,7 @@ class _Checker(ast.NodeVisitor):
         self.arg_dtypes = metadata_dtypes(source)
         self.env: dict[str, _Buffer] = {}
         self.import_reported = False
+        self.e4m3: dict[str, int] = {}  # the FP8 E4M3 types (legacy, OCP) the kernel declares: first line of each
         self.loop_vars: set[str] = set()  # names bound by a for loop: one integer each, when used as an index
         self.traced_vars: set[str] = set()  # names bound by a loop NKI 0.1 does not unroll at trace time
         self.lists: set[str] = set()  # names bound to a Python list (of tiles: name = [], name.append(tile))
@@ -113,6 +114,7 @@ class _Checker(ast.NodeVisitor):
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         for arg in node.args.args:
             self.env[arg.arg] = _Buffer("hbm", self.arg_dtypes.get(arg.arg), node.lineno)
+            self._note_e4m3(self.arg_dtypes.get(arg.arg), node)
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
@@ -215,6 +217,7 @@ class _Checker(ast.NodeVisitor):
                 par_index, elt = i, elt.args[0]
             dims.append(const_int(elt))
         buf = _Buffer(buffer, dtype, value.lineno, tuple(dims), par_index)
+        self._note_e4m3(dtype, value)
         if buffer in ("sbuf", "psum"):
             self._check_tile(buf, value)
         address = kwarg(value, "address")
@@ -224,6 +227,12 @@ class _Checker(ast.NodeVisitor):
                 self.report("NKI-PSUM-ALIGN", value, f"PSUM allocation at byte offset {offset}, not the start of "
                             f"a {self.hw.psum_bank_bytes}-byte bank")
         return buf
+
+    def _note_e4m3(self, dtype: str | None, node: ast.AST) -> None:
+        if dtype in ("float8_e4m3", "float8_e4m3fn") and dtype not in self.e4m3:
+            self.e4m3[dtype] = node.lineno
+            if len(self.e4m3) == 2:  # the second type: reported once
+                self.report("NKI-FP8-E4M3-MODE", node, f"float8_e4m3 and float8_e4m3fn in one kernel {self.e4m3}")
 
     def _check_tile(self, buf: _Buffer, node: ast.AST) -> None:
         assert buf.shape is not None
@@ -363,6 +372,8 @@ class _Checker(ast.NodeVisitor):
         for role, buf in (("stationary", stationary), ("moving", moving)):
             if buf is not None and buf.dtype and buf.dtype not in MATMUL_INPUT_DTYPES:
                 self.report("NKI-MATMUL-DTYPE", call, f"nc_matmul {role} dtype {buf.dtype} is not supported")
+            elif buf is not None and buf.dtype and buf.dtype[:6] == "float8" and buf.dtype not in self.hw.fp8_formats:
+                self.report("NKI-MATMUL-E4M3FN", call, f"nc_matmul {role} dtype {buf.dtype} on {self.target}")
         wide = {"float32", "tfloat32"}
         if stationary and moving and stationary.dtype and moving.dtype and (
                 (stationary.dtype in wide) != (moving.dtype in wide)):
