@@ -42,6 +42,9 @@ def _load_input(node: Node, value: Any, dtype: Any) -> np.ndarray:
 
 
 def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
+    if node.kind == NodeKind.MATMUL and "act_scale" in node.attrs:
+        raise IRError(f"matmul %{node.id} is an FP8-weight matmul: its quantization is placed by the quantize-fp8 "
+                      "pass (passes/quantize_fp8.py), which evaluation needs first (docs/fp8.md)")
     if node.kind == NodeKind.MATMUL:
         return args[0] @ args[1]
     if node.kind == NodeKind.TRANSPOSE:

@@ -250,6 +250,9 @@ def infer_result(
     scaled = ElementwiseOp.lookup(attrs.get("op")) if kind == NodeKind.ELEMENTWISE else None
     if scaled is not None and scaled.scaled:
         return _scaled_result(where, scaled, attrs, operands, described)
+    if kind == NodeKind.MATMUL and (FP8_MATMUL_ATTRS & set(attrs) or (
+            not is_fp8(operands[0].dtype) and is_fp8(operands[1].dtype))):
+        return _fp8_weight_result(where, attrs, operands, described)
     if len({op.dtype for op in operands}) > 1:
         raise IRError(f"{where}: operand dtypes differ: {', '.join(described)}")
     first = operands[0]
@@ -276,6 +279,31 @@ def infer_result(
     if kind == NodeKind.ELEMENTWISE and len({op.shape for op in operands}) > 1:
         raise IRError(f"{where}: operand shapes differ: {', '.join(described)}")
     return first.shape, first.dtype
+
+
+#: The attrs of an FP8-weight matmul (``lhs @ W`` with ``W`` an FP8 input, before the ``quantize-fp8`` pass):
+#: how its activation is quantized and how its weight is scaled (docs/fp8.md), with their accepted values.
+FP8_MATMUL_VALUES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "act_scale": ("static",), "w_scale": ("row", "tensor")})
+FP8_MATMUL_ATTRS = frozenset(FP8_MATMUL_VALUES)
+
+
+def _fp8_weight_result(where: str, attrs: Mapping[str, str], operands: Sequence[Node],
+                       described: list[str]) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of an FP8-weight matmul: a bf16/fp32 ``lhs`` [M, K] times an FP8 input ``W`` [K, N], with
+    ``act_scale`` and ``w_scale`` attrs saying how the ``quantize-fp8`` pass quantizes it; result ``lhs``'s dtype
+    (the value the quantized product approximates)."""
+    lhs, rhs = operands
+    for key, accepted in FP8_MATMUL_VALUES.items():
+        if attrs.get(key) not in accepted:
+            raise IRError(f"{where}: an FP8-weight matmul needs {key}= one of {', '.join(accepted)} (how the "
+                          f"quantize-fp8 pass quantizes it, docs/fp8.md); got {attrs.get(key)!r}")
+    if lhs.dtype not in ("bfloat16", "float32") or not is_fp8(rhs.dtype) or rhs.kind != NodeKind.INPUT:
+        raise IRError(f"{where}: an FP8-weight matmul reads a bf16/fp32 value and an FP8 weight input; got "
+                      f"{', '.join(described)}")
+    if lhs.shape[1] != rhs.shape[0]:
+        raise IRError(f"{where}: contraction sizes differ: {', '.join(described)}")
+    return (lhs.shape[0], rhs.shape[1]), lhs.dtype
 
 
 def _scaled_result(where: str, op: ElementwiseOp, attrs: Mapping[str, str], operands: Sequence[Node],

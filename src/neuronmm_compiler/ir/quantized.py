@@ -1,7 +1,8 @@
 """An FP8 graph's unquantized twin and the static scales of its inputs (docs/fp8.md).
 
-An FP8 graph (``mlp_graph(..., fp8=...)``, or any graph of the same form) holds FP8 weight inputs, float32 scale
-inputs, ``quantize`` nodes on the activations matmuls read and ``dequantize`` nodes on the FP8 matmuls' accumulators.
+An FP8 graph (``mlp_graph(..., fp8=...)`` after the ``quantize-fp8`` pass, or any graph of the same form) holds
+FP8 weight inputs, float32 scale inputs, ``quantize`` nodes on the activations matmuls read and ``dequantize`` nodes
+on the FP8 matmuls' accumulators; :func:`unquantized` also takes the frontend's graph before that pass.
 :func:`unquantized` is the graph it approximates: the same ids, weights in ``dtype``, no scales, no quantize or
 dequantize. :func:`calibrate` turns inputs of that graph into inputs of the FP8 one: each weight scale is
 ``max|w| / max`` per output channel (or per tensor), the weight rounded into the format; each activation scale
