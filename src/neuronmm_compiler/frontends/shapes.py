@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from numbers import Real
 
 from ..errors import InputError
-from ..ir.fp8 import FP8_FORMATS
+from ..ir.fp8 import FP8_FORMATS, is_fp8
 from ..ir.graph import Graph
 from ..ir.node import FP8_MATMUL_VALUES
 from ..vocab import ALayout, ElementwiseOp
 from .prologue import NormPrologue, add_prologue
 
-__all__ = ["A_LAYOUTS", "Fp8Weights", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
+__all__ = ["A_LAYOUTS", "Fp8Weights", "block_aligned_rank", "fp8_request", "gemm_graph", "mlp_graph", "parse_shape",
+           "svd_chain_graph"]
 
 #: How the user holds A (:class:`~neuronmm_compiler.vocab.ALayout`): "mk" is A[M, K] as is, "km" is
 #: A transposed, stored [K, M].
@@ -228,3 +229,15 @@ class Fp8Weights:
         if self.act_scale not in FP8_ACT_SCALES:
             raise InputError(f"FP8 activation scales {self.act_scale!r}: accepted {', '.join(FP8_ACT_SCALES)}")
 
+
+
+def fp8_request(spelled: str, dtype: str, act_scale: str | None, mlp: bool) -> Fp8Weights | None:
+    """The FP8 request of the command line's ``--dtype`` (``spelled``, canonical ``dtype``) and ``--act-scale``: an
+    :class:`Fp8Weights` for an FP8 ``dtype`` (``--mlp`` only), else None (InputError: ``--act-scale`` without FP8)."""
+    if not is_fp8(dtype):
+        if act_scale is not None:
+            raise InputError("--act-scale goes with --dtype fp8 (docs/fp8.md)")
+        return None
+    if not mlp:
+        raise InputError(f"--dtype {spelled} (FP8 weights) goes with --mlp (docs/fp8.md)")
+    return Fp8Weights(dtype, act_scale=act_scale or "static")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, IRError, NmmcError
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
-from .fp8 import is_fp8, quantize
+from .fp8 import is_fp8, quantize, row_scale
 from .graph import Graph, Node, format_shape
 from .verify import verify
 
@@ -58,6 +58,8 @@ def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
         raise IRError(f"no evaluation rule for elementwise op {node.attrs['op']!r}")
     if op == ElementwiseOp.QUANTIZE:
         return quantize(args[0], args[1], node.attrs["dtype"])
+    if op == ElementwiseOp.ROW_SCALE:
+        return row_scale(args[0], node.attrs["dtype"])
     return op.apply(*args)
 
 

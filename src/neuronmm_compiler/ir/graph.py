@@ -206,10 +206,10 @@ class Graph:
         if checked is None:
             raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ElementwiseOp)}")
         attrs = {"op": checked}
-        if checked.scaled:
+        if checked.fp8:
             attrs["dtype"] = canonical_dtype(dtype) if dtype is not None else ""
         elif dtype is not None:
-            raise IRError(f"elementwise {checked}: only quantize and dequantize take a dtype")
+            raise IRError(f"elementwise {checked}: only quantize, dequantize and row_scale take a dtype")
         return self._add_computed(NodeKind.ELEMENTWISE, operands, attrs, id, checked.info.id_prefix)
 
     def add_norm(self, op: str, x: str, *params: str, eps: float = 1e-6, id: str | None = None) -> str:

@@ -82,7 +82,10 @@ class _Rebuild:
         w = out.node(weight)
         kind = node.attrs["act_scale"]
         if (value, kind) not in self.quantized:
-            scale = out.add_input(f"{value}_scale", (1, 1), "float32")
+            if kind == "static":
+                scale = out.add_input(f"{value}_scale", (1, 1), "float32")
+            else:
+                scale = out.add_elementwise(ElementwiseOp.ROW_SCALE, value, id=f"{value}_rscale", dtype=w.dtype)
             q = out.add_elementwise(ElementwiseOp.QUANTIZE, value, scale, id=f"{value}_q", dtype=w.dtype)
             self.quantized[(value, kind)] = (q, scale)
         q, scale = self.quantized[(value, kind)]
@@ -98,8 +101,8 @@ class QuantizeFp8(Pass):
     """Quantizes the activation each FP8-weight matmul reads and dequantizes its product.
 
     For a matmul with ``act_scale``/``w_scale`` attrs (set by the frontend): a ``quantize`` node with a static
-    [1, 1] scale input, the FP8 matmul into a float32 accumulator, and a ``dequantize`` by both scales under the
-    matmul's id (docs/fp8.md)."""
+    [1, 1] scale input or a per-row ``row_scale`` computed on chip, the FP8 matmul into a float32 accumulator, and
+    a ``dequantize`` by both scales under the matmul's id (docs/fp8.md)."""
 
     name: ClassVar[str] = "quantize-fp8"
 
