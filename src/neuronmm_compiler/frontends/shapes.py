@@ -215,7 +215,8 @@ class Fp8Weights:
     """FP8 weights of an MLP (``--dtype fp8``): the ``format`` (``float8_e4m3``, ``float8_e5m2``) and the weight
     scales' granularity, ``row`` (one per output channel, as nki-library's ``QuantizationType.ROW``) or ``tensor``
     (one per weight, ``QuantizationType.STATIC``). ``act_scale``: how the activations the FP8 matmuls read are
-    scaled, ``static`` (one calibrated scale per tensor, an input)."""
+    scaled, ``static`` (one calibrated scale per tensor, an input) or ``row`` (each row's absmax / the format's max,
+    computed by the graph: nki-library's dynamic ``QuantizationType.ROW``; docs/fp8.md)."""
 
     format: str = "float8_e4m3"
     scales: str = "row"
