@@ -23,6 +23,7 @@ from neuronmm_compiler.models.formats import activation_points, emulated_mlp, fp
 from neuronmm_compiler.models.forward import CausalLM
 from neuronmm_compiler.models.quality import evaluate as measure
 from neuronmm_compiler.models.workflow import CompressRequest, run_compress
+from neuronmm_compiler.passes.quantize_fp8 import quantize_fp8
 from test_compress_calibrated import make_llama, token_file
 
 
@@ -47,7 +48,7 @@ def test_emulation_is_the_fp8_kernels_graph(ranks):
     """The forward's FP8 MLP equals the float64 evaluation of the FP8 graph the kernels are verified against (scales
     calibrated the same way), up to its bf16 output; it is far from the unquantized graph."""
     rng = np.random.default_rng(0)
-    graph = mlp_graph(16, 64, 192, ranks, fp8=Fp8Weights())
+    graph = quantize_fp8(mlp_graph(16, 64, 192, ranks, fp8=Fp8Weights()))
     plain = unquantized(graph)
     inputs = {n.name: (rng.standard_normal(n.shape) * (1.0 if n.name == "x" else 0.1)).astype(np.float32)
               for n in plain.inputs()}

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from neuronmm_compiler.driver import compile_workload
+from neuronmm_compiler.errors import IRError
 from neuronmm_compiler.frontends.shapes import Fp8Weights, mlp_graph
 from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.ir import parse_text
 from neuronmm_compiler.ir.evaluate import evaluate
 from neuronmm_compiler.ir.fp8 import FP8_FORMATS, round_fp8
 from neuronmm_compiler.ir.quantized import calibrate, unquantized
+from neuronmm_compiler.passes.quantize_fp8 import QuantizeFp8, quantize_fp8
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
 
@@ -33,9 +35,14 @@ def test_round_fp8_is_ml_dtypes_round_to_nearest_even_after_clamping(dtype: str)
 
 @pytest.mark.parametrize("ranks", [None, (128, 128, 128)])
 def test_fp8_mlp_graph_round_trips_and_quantizes_its_bf16_twin(ranks: tuple[int, int, int] | None) -> None:
-    graph = mlp_graph(4, 256, 384, ranks, fp8=Fp8Weights())
-    assert parse_text(str(graph)) == graph
+    marked = mlp_graph(4, 256, 384, ranks, fp8=Fp8Weights())
+    graph = quantize_fp8(marked)
+    assert parse_text(str(marked)) == marked and parse_text(str(graph)) == graph
     plain = unquantized(graph)
+    assert unquantized(marked) == plain
+    assert not QuantizeFp8().apply(plain)  # nothing to quantize: unchanged
+    with pytest.raises(IRError, match="quantize-fp8"):
+        evaluate(marked, {n.name: np.zeros(n.storage_shape) for n in marked.inputs()})
     assert plain == mlp_graph(4, 256, 384, ranks)
     rng = np.random.default_rng(0)
     raw = {n.name: rng.standard_normal(n.storage_shape).astype(ml_dtypes.bfloat16) for n in plain.inputs()}
@@ -131,7 +138,7 @@ def test_fp8_halves_weight_bytes_and_double_row_halves_pe_cycles() -> None:
 def test_the_printed_reference_computes_the_quantized_graph() -> None:
     from neuronmm_compiler.codegen.reference import reference_source
 
-    graph = mlp_graph(4, 256, 384, (128, 128, 128), fp8=Fp8Weights("float8_e5m2", "tensor"))
+    graph = quantize_fp8(mlp_graph(4, 256, 384, (128, 128, 128), fp8=Fp8Weights("float8_e5m2", "tensor")))
     rng = np.random.default_rng(2)
     raw = {n.name: rng.standard_normal(n.storage_shape).astype(ml_dtypes.bfloat16) for n in unquantized(graph).inputs()}
     inputs = calibrate(graph, raw)

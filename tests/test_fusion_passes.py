@@ -21,6 +21,7 @@ from neuronmm_compiler.passes import (
     ImplicitTranspose,
     Pass,
     Place,
+    QuantizeFp8,
     get_pass,
     parse_pipeline,
     registered_passes,
@@ -334,6 +335,7 @@ def test_registry_and_fusion_pipeline():
     assert {"implicit-transpose", "fuse", "place", "group-epilogues"} <= set(registered_passes())
     assert get_pass("fuse", mlp="split") == Fuse(mlp="split")
     assert parse_pipeline(DEFAULT_FUSION_PIPELINE) == [
+        QuantizeFp8(),
         Canonicalize(),
         FoldTransposes(),
         Canonicalize(),

@@ -109,11 +109,13 @@ def test_node_kinds() -> None:
 
 
 def test_one_elementwise_table_for_every_user() -> None:
-    assert ElementwiseOp.values() == ("silu", "multiply", "add", "quantize", "dequantize")
-    assert dict(ELEMENTWISE_ARITY) == {"silu": 1, "multiply": 2, "add": 2, "quantize": 2, "dequantize": 3}
+    assert ElementwiseOp.values() == ("silu", "multiply", "add", "quantize", "dequantize", "row_scale")
+    assert dict(ELEMENTWISE_ARITY) == {"silu": 1, "multiply": 2, "add": 2, "quantize": 2, "dequantize": 3,
+                                       "row_scale": 1}
     assert [op for op in ElementwiseOp if op.unary] == [ElementwiseOp.SILU]
     assert {op: NL_OPS[op] for op in ElementwiseOp} == {"silu": "nl.silu", "multiply": "nl.multiply", "add": "nl.add",
-                                                       "quantize": "nl.divide", "dequantize": "nl.multiply"}
+                                                       "quantize": "nl.divide", "dequantize": "nl.multiply",
+                                                       "row_scale": "nl.maximum"}
     assert dict(graph_file.OPS) == {"matmul": 2, "transpose": 1, "add": 2, "multiply": 2, "silu": 1, "rmsnorm": 2,
                                     "layernorm": 3}
     for op in ElementwiseOp:  # the interpreter implements every op kernels are printed with
@@ -122,7 +124,7 @@ def test_one_elementwise_table_for_every_user() -> None:
     assert ElementwiseOp.ADD.numpy_source("a", "b") == "a + b"
 
 
-@pytest.mark.parametrize("op", [op for op in ElementwiseOp if not op.scaled])  # FP8 ops: tests/test_fp8.py
+@pytest.mark.parametrize("op", [op for op in ElementwiseOp if not op.fp8])  # FP8 ops: tests/test_fp8*.py
 def test_numpy_spelling_and_evaluation_agree(op: ElementwiseOp) -> None:
     """The reference source a kernel file prints and the evaluator compute the same op."""
     graph = Graph("g")

@@ -313,7 +313,8 @@ def _dequantize(acc: np.ndarray, x_scale: np.ndarray, w_scale: np.ndarray) -> np
 
 
 def _needs_format(*_: np.ndarray) -> np.ndarray:
-    raise TypeError("quantize rounds into the FP8 format of its node's dtype attr: use ir.fp8.quantize")
+    raise TypeError("quantize and row_scale depend on the FP8 format of their node's dtype attr: use ir.fp8's "
+                    "quantize and row_scale")
 
 
 @dataclass(frozen=True)
@@ -340,12 +341,20 @@ class ElementwiseOp(StrEnum):
     ADD = "add"
     QUANTIZE = "quantize"
     DEQUANTIZE = "dequantize"
+    ROW_SCALE = "row_scale"
 
     @property
     def scaled(self) -> bool:
         """True for the FP8 ops (``quantize``, ``dequantize``): their operands after the first are scales (2-D, one
-        value per tensor or per output channel), their result dtype is the node's ``dtype`` attr (docs/fp8.md)."""
+        value per tensor, per row or per output channel), their result dtype is the node's ``dtype`` attr
+        (docs/fp8.md)."""
         return self in (ElementwiseOp.QUANTIZE, ElementwiseOp.DEQUANTIZE)
+
+    @property
+    def fp8(self) -> bool:
+        """True for every op of FP8 quantization: quantize, dequantize and ``row_scale`` (a value's dynamic per-row
+        scale, ``max|v[i, :]| / max`` of the FP8 format in its ``dtype`` attr; result float32 [M, 1])."""
+        return self.scaled or self == ElementwiseOp.ROW_SCALE
 
     @property
     def info(self) -> ElementwiseOpInfo:
@@ -359,8 +368,9 @@ class ElementwiseOp(StrEnum):
 
     @property
     def unary(self) -> bool:
-        """True for an activation (one operand, ``nisa.activation``); False for a tensor-tensor op."""
-        return self.info.arity == 1
+        """True for an activation (one operand, ``nisa.activation``); False for a tensor-tensor op (and row_scale,
+        a reduction)."""
+        return self.info.arity == 1 and self != ElementwiseOp.ROW_SCALE
 
     @property
     def nki(self) -> str:
@@ -383,4 +393,6 @@ _ELEMENTWISE_OPS: Mapping[ElementwiseOp, ElementwiseOpInfo] = MappingProxyType({
     # lowered to nisa.tensor_scalar (docs/fp8.md), not to one nl.* op; quantize's NumPy spelling is ir/fp8.py's
     ElementwiseOp.QUANTIZE: ElementwiseOpInfo(2, "q", "", "nl.divide", _needs_format),
     ElementwiseOp.DEQUANTIZE: ElementwiseOpInfo(3, "dq", "{0} * {1} * {2}.T", "nl.multiply", _dequantize),
+    # a max-reduction of |v| along each row (ir/fp8.py's row_scale; its NumPy spelling needs the format too)
+    ElementwiseOp.ROW_SCALE: ElementwiseOpInfo(1, "rs", "", "nl.maximum", _needs_format),
 })

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..ir import Graph
 from ..ir.fp8 import numpy_source as fp8_source
+from ..ir.fp8 import row_scale_source
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 
 INDENT = "    "
@@ -36,8 +37,12 @@ def reference_source(graph: Graph, name: str = "reference") -> list[str]:
             op = ElementwiseOp.lookup(node.attrs["op"])
             if op is None:
                 raise ValueError(f"no NumPy reference for elementwise op {node.attrs['op']!r}")
-            expr = (fp8_source(ops[0], ops[1], node.attrs["dtype"]) if op == ElementwiseOp.QUANTIZE
-                    else op.numpy_source(*ops))
+            if op == ElementwiseOp.QUANTIZE:
+                expr = fp8_source(ops[0], ops[1], node.attrs["dtype"])
+            elif op == ElementwiseOp.ROW_SCALE:
+                expr = row_scale_source(ops[0], node.attrs["dtype"])
+            else:
+                expr = op.numpy_source(*ops)
         elif node.kind == NodeKind.NORM:
             expr = NormOp(node.attrs["norm"]).numpy_source(ops[0], node.attrs["eps"], *ops[1:])
         else:

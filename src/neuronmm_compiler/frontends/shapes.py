@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from numbers import Real
 
 from ..errors import InputError
-from ..ir.fp8 import FP8_FORMATS
+from ..ir.fp8 import FP8_FORMATS, is_fp8
 from ..ir.graph import Graph
+from ..ir.node import FP8_MATMUL_VALUES
 from ..vocab import ALayout, ElementwiseOp
 from .prologue import NormPrologue, add_prologue
 
-__all__ = ["A_LAYOUTS", "Fp8Weights", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
+__all__ = ["A_LAYOUTS", "Fp8Weights", "block_aligned_rank", "fp8_request", "gemm_graph", "mlp_graph", "parse_shape",
+           "svd_chain_graph"]
 
 #: How the user holds A (:class:`~neuronmm_compiler.vocab.ALayout`): "mk" is A[M, K] as is, "km" is
 #: A transposed, stored [K, M].
@@ -147,11 +149,10 @@ def mlp_graph(
     ``gate``, ``up``, ``act``, ``h``, ``down``. A ``prologue`` (:mod:`.prologue`) adds the residual add and
     the norm between ``x`` and the projections, which then read the normalized ``xn``.
 
-    With ``fp8`` (:class:`Fp8Weights`) every weight (every SVD factor) is an FP8 input with a float32 scale input
-    ``<weight>_scale`` ([N, 1] per output channel or [1, 1] per tensor), and every matmul reads an FP8 activation:
-    the value it multiplies is quantized by an explicit ``quantize`` node (``<value>_q``, scale input
-    ``<value>_scale`` [1, 1], static) and its float32 accumulator (``<id>_acc``) scaled back by a ``dequantize``
-    node that keeps the id (``gate``, ``up``, ``down``, ...) of the bf16 graph's matmul (docs/fp8.md).
+    With ``fp8`` (:class:`Fp8Weights`) every weight (every SVD factor) is an FP8 input and every matmul reading one
+    is marked an FP8-weight matmul (attrs ``act_scale``, ``w_scale`` from ``fp8``): the ``quantize-fp8`` pass
+    (:mod:`~neuronmm_compiler.passes.quantize_fp8`) places the quantization of the value it reads, the weight's
+    scale input ``<weight>_scale`` and the dequantization (docs/fp8.md, "Where quantization happens").
     """
     where = "mlp"
     tokens = _check_dim(tokens, "tokens", where)
@@ -167,7 +168,10 @@ def mlp_graph(
         ranks = tuple(_check_dim(r, f"{part} rank", where) for r, part in zip(ranks, parts, strict=True))
     graph = Graph("dense_mlp" if ranks is None else "svd_mlp")
     x = graph.add_input("x", (tokens, hidden), dtype)
-    matmul = graph.add_matmul if fp8 is None else _Fp8Matmuls(graph, fp8, dtype).matmul
+    marks = {} if fp8 is None else {"act_scale": fp8.act_scale, "w_scale": fp8.scales}
+
+    def matmul(value: str, weight: str, id: str) -> str:
+        return graph.add_matmul(value, weight, id=id, **marks)
     weight_dtype = dtype if fp8 is None else fp8.format
     if ranks is None:
         weights = {
@@ -202,40 +206,39 @@ def mlp_graph(
 
 #: Weight scale granularities of :class:`Fp8Weights`.
 FP8_SCALES: tuple[str, ...] = ("row", "tensor")
+#: Activation scale kinds of :class:`Fp8Weights` (docs/fp8.md).
+FP8_ACT_SCALES: tuple[str, ...] = FP8_MATMUL_VALUES["act_scale"]
 
 
 @dataclass(frozen=True)
 class Fp8Weights:
     """FP8 weights of an MLP (``--dtype fp8``): the ``format`` (``float8_e4m3``, ``float8_e5m2``) and the weight
     scales' granularity, ``row`` (one per output channel, as nki-library's ``QuantizationType.ROW``) or ``tensor``
-    (one per weight, ``QuantizationType.STATIC``). Activations are always scaled per tensor, statically."""
+    (one per weight, ``QuantizationType.STATIC``). ``act_scale``: how the activations the FP8 matmuls read are
+    scaled, ``static`` (one calibrated scale per tensor, an input) or ``row`` (each row's absmax / the format's max,
+    computed by the graph: nki-library's dynamic ``QuantizationType.ROW``; docs/fp8.md)."""
 
     format: str = "float8_e4m3"
     scales: str = "row"
+    act_scale: str = "static"
 
     def __post_init__(self) -> None:
         if self.format not in FP8_FORMATS:
             raise InputError(f"FP8 format {self.format!r}: accepted {', '.join(FP8_FORMATS)}")
         if self.scales not in FP8_SCALES:
             raise InputError(f"FP8 weight scales {self.scales!r}: accepted {', '.join(FP8_SCALES)}")
+        if self.act_scale not in FP8_ACT_SCALES:
+            raise InputError(f"FP8 activation scales {self.act_scale!r}: accepted {', '.join(FP8_ACT_SCALES)}")
 
 
-class _Fp8Matmuls:
-    """Builds ``value @ weight`` with an FP8 weight: quantize the value (once per value), FP8 matmul, dequantize."""
 
-    def __init__(self, graph: Graph, fp8: Fp8Weights, dtype: str):
-        self.graph, self.fp8, self.dtype = graph, fp8, dtype
-        self.quantized: dict[str, tuple[str, str]] = {}
-
-    def matmul(self, value: str, weight: str, id: str) -> str:
-        g = self.graph
-        if value not in self.quantized:
-            scale = g.add_input(f"{value}_scale", (1, 1), "float32")
-            self.quantized[value] = (g.add_elementwise("quantize", value, scale, id=f"{value}_q",
-                                                       dtype=self.fp8.format), scale)
-        q, scale = self.quantized[value]
-        w = g.node(weight)
-        n = w.shape[1] if self.fp8.scales == "row" else 1
-        w_scale = g.add_input(f"{w.name}_scale", (n, 1), "float32")
-        acc = g.add_matmul(q, weight, id=f"{id}_acc")
-        return g.add_elementwise("dequantize", acc, scale, w_scale, id=id, dtype=self.dtype)
+def fp8_request(spelled: str, dtype: str, act_scale: str | None, mlp: bool) -> Fp8Weights | None:
+    """The FP8 request of the command line's ``--dtype`` (``spelled``, canonical ``dtype``) and ``--act-scale``: an
+    :class:`Fp8Weights` for an FP8 ``dtype`` (``--mlp`` only), else None (InputError: ``--act-scale`` without FP8)."""
+    if not is_fp8(dtype):
+        if act_scale is not None:
+            raise InputError("--act-scale goes with --dtype fp8 (docs/fp8.md)")
+        return None
+    if not mlp:
+        raise InputError(f"--dtype {spelled} (FP8 weights) goes with --mlp (docs/fp8.md)")
+    return Fp8Weights(dtype, act_scale=act_scale or "static")

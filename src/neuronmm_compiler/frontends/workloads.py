@@ -164,6 +164,8 @@ class MlpWorkload(Workload):
         ranks = "dense" if self.ranks is None else "ranks gate/up/down " + "/".join(map(str, self.ranks))
         prologue = "" if self.prologue is None else f", prologue {self.prologue.describe()}"
         fp8 = "" if self.fp8 is None else f", {self.fp8.format} weights ({self.fp8.scales} scales)"
+        if self.fp8 is not None and self.fp8.act_scale != "static":
+            fp8 += f", {self.fp8.act_scale} activation scales"
         return (f"gated MLP silu(x Wg) * (x Wu) Wd, tokens={self.tokens} hidden={self.hidden} "
                 f"intermediate={self.intermediate}, {ranks}, {self.dtype}{prologue}{fp8}")
 
@@ -178,6 +180,8 @@ class MlpWorkload(Workload):
             fields["prologue"] = self.prologue.to_dict()
         if self.fp8 is not None:  # likewise
             fields["fp8"] = {"format": self.fp8.format, "scales": self.fp8.scales}
+            if self.fp8.act_scale != "static":  # absent when static: earlier FP8 cache keys and lockfiles are kept
+                fields["fp8"]["act_scale"] = self.fp8.act_scale
         return fields
 
     @property
@@ -338,7 +342,7 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
     if fp8 is not None:
         if not isinstance(fp8, Mapping):
             raise InputError(f"workload field 'fp8' must be null or {{format, scales}}; got {fp8!r}")
-        fp8 = Fp8Weights(str(fp8.get("format")), str(fp8.get("scales")))
+        fp8 = Fp8Weights(str(fp8.get("format")), str(fp8.get("scales")), str(fp8.get("act_scale", "static")))
     return MlpWorkload(_field(data, "tokens"), _field(data, "hidden"), _field(data, "intermediate"),
                        ranks=ranks, dtype=dtype, prologue=prologue_from_dict(data.get("prologue")), fp8=fp8)
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, IRError, NmmcError
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
-from .fp8 import is_fp8, quantize
+from .fp8 import is_fp8, quantize, row_scale
 from .graph import Graph, Node, format_shape
 from .verify import verify
 
@@ -42,6 +42,9 @@ def _load_input(node: Node, value: Any, dtype: Any) -> np.ndarray:
 
 
 def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
+    if node.kind == NodeKind.MATMUL and "act_scale" in node.attrs:
+        raise IRError(f"matmul %{node.id} is an FP8-weight matmul: its quantization is placed by the quantize-fp8 "
+                      "pass (passes/quantize_fp8.py), which evaluation needs first (docs/fp8.md)")
     if node.kind == NodeKind.MATMUL:
         return args[0] @ args[1]
     if node.kind == NodeKind.TRANSPOSE:
@@ -55,6 +58,8 @@ def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
         raise IRError(f"no evaluation rule for elementwise op {node.attrs['op']!r}")
     if op == ElementwiseOp.QUANTIZE:
         return quantize(args[0], args[1], node.attrs["dtype"])
+    if op == ElementwiseOp.ROW_SCALE:
+        return row_scale(args[0], node.attrs["dtype"])
     return op.apply(*args)
 
 

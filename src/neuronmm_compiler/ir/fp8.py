@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from ..targets import Target
 
-__all__ = ["E4M3FN_RULE", "E4M3_MODE_RULE", "FP8_FORMATS", "MX_DTYPES", "Fp8Format", "check_on_target", "is_fp8",
-           "mx_refusal", "quantize", "round_fp8"]
+__all__ = ["E4M3FN_RULE", "E4M3_MODE_RULE", "FP8_FORMATS", "MX_DTYPES", "ROW_SCALE_FLOOR", "Fp8Format",
+           "check_on_target", "is_fp8", "mx_refusal", "quantize", "round_fp8", "row_scale"]
 
 #: The rule a format a target's nc_matmul does not take breaks (verification/rules.py).
 E4M3FN_RULE = "NKI-MATMUL-E4M3FN"
@@ -48,6 +48,11 @@ E4M3_MODE_RULE = "NKI-FP8-E4M3-MODE"
 #: Where that rule is documented.
 E4M3FN_SOURCE = ("NKI ISA reference, nki.isa.nc_matmul, 'Data types': \"Starting NeuronCore-v4, float8_e4m3fn (OCP "
                  "FP8) is also supported\"")
+
+#: The least dynamic per-row scale: nki-library's floor (aws-neuron/nki-library@d2ad3a57,
+#: src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_quantization.py, ``_MINVAL = 1e-6``, applied with ``nl.maximum``
+#: to ``absmax / max`` in ``perform_intermediate_row_quantization``), so a row of zeros quantizes to zeros, not NaN.
+ROW_SCALE_FLOOR = 1e-6
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,8 @@ def round_fp8(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def quantize(x: np.ndarray, scale: np.ndarray, dtype: str) -> np.ndarray:
-    """The ``quantize`` op: ``round_fp8(fp32(x) / fp32(scale))``, ``scale`` [1, 1] (per tensor) broadcast over ``x``.
+    """The ``quantize`` op: ``round_fp8(fp32(x) / fp32(scale))``, ``scale`` [1, 1] (per tensor) or [M, 1] (per row)
+    broadcast over ``x``.
     The quotient is an fp32 division, as the engines compute it (then rounded once into the format): a float64
     quotient would round differently wherever ``x / scale`` lies within an fp32 ulp of a tie of the format, which
     bf16 values over a calibrated scale hit often (about 1% of the elements of a 512 x 4096 activation)."""
@@ -117,6 +123,24 @@ def quantize(x: np.ndarray, scale: np.ndarray, dtype: str) -> np.ndarray:
 
     quotient = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
     return round_fp8(quotient.astype(np.float64), dtype)
+
+
+def row_scale(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The ``row_scale`` op: each row's dynamic scale ``max(fp32(max|x[i, :]|) / fp32(max), fp32(1e-6))`` [M, 1]
+    (float64 holding float32 values): the absmax in float32 (exact: a max of float32 values), one fp32 division by
+    the format's largest value, then the floor (:data:`ROW_SCALE_FLOOR`), as the kernel computes it on chip."""
+    import numpy as np
+
+    amax = np.max(np.abs(np.asarray(x, dtype=np.float32)), axis=1, keepdims=True)
+    scale = np.maximum(amax / np.float32(FP8_FORMATS[dtype].max), np.float32(ROW_SCALE_FLOOR))
+    return scale.astype(np.float64)
+
+
+def row_scale_source(x: str, dtype: str) -> str:
+    """:func:`row_scale` as a NumPy expression (the emitted ``reference()``)."""
+    amax = f"np.max(np.abs(np.float32({x})), axis=1, keepdims=True)"
+    floor = f"np.float32({ROW_SCALE_FLOOR!r})"
+    return f"np.float64(np.maximum({amax} / np.float32({FP8_FORMATS[dtype].max!r}), {floor}))"
 
 
 def numpy_source(x: str, scale: str, dtype: str) -> str:

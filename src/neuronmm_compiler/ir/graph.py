@@ -187,9 +187,13 @@ class Graph:
         new_id = self._claim_id(id, name, numbered=False)
         return self._add(new_id, NodeKind.INPUT, (), dims, canonical, {"name": name, "layout": checked})
 
-    def add_matmul(self, lhs: str, rhs: str, id: str | None = None) -> str:
-        """Add ``lhs [M, K] @ rhs [K, N] -> [M, N]`` (dtype of the operands); return its id."""
-        return self._add_computed(NodeKind.MATMUL, (lhs, rhs), {}, id, "mm")
+    def add_matmul(self, lhs: str, rhs: str, id: str | None = None, *, act_scale: str | None = None,
+                   w_scale: str | None = None) -> str:
+        """Add ``lhs [M, K] @ rhs [K, N] -> [M, N]`` (dtype of the operands); return its id. With ``act_scale`` and
+        ``w_scale`` an FP8-weight matmul: ``rhs`` an FP8 input, ``lhs`` bf16/fp32, quantized by the ``quantize-fp8``
+        pass (docs/fp8.md)."""
+        attrs = {key: value for key, value in (("act_scale", act_scale), ("w_scale", w_scale)) if value is not None}
+        return self._add_computed(NodeKind.MATMUL, (lhs, rhs), attrs, id, "mm")
 
     def add_transpose(self, x: str, id: str | None = None) -> str:
         """Add the transpose of a 2-D value; return its id."""
@@ -202,10 +206,10 @@ class Graph:
         if checked is None:
             raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ElementwiseOp)}")
         attrs = {"op": checked}
-        if checked.scaled:
+        if checked.fp8:
             attrs["dtype"] = canonical_dtype(dtype) if dtype is not None else ""
         elif dtype is not None:
-            raise IRError(f"elementwise {checked}: only quantize and dequantize take a dtype")
+            raise IRError(f"elementwise {checked}: only quantize, dequantize and row_scale take a dtype")
         return self._add_computed(NodeKind.ELEMENTWISE, operands, attrs, id, checked.info.id_prefix)
 
     def add_norm(self, op: str, x: str, *params: str, eps: float = 1e-6, id: str | None = None) -> str:
@@ -433,6 +437,13 @@ class Graph:
         duplicate._next_order = self._next_order
         duplicate._changed()
         return duplicate
+
+    def replace_contents(self, other: Graph) -> None:
+        """Make this graph a copy of ``other`` (nodes, edges, insertion order; the name is kept): how a pass that
+        rebuilds a graph in a new order (``quantize-fp8``) mutates it in place."""
+        self._changed()
+        self._g = copy.deepcopy(other._g)
+        self._next_order = other._next_order
 
     # ----------------------------------------------------------------- identity
 

@@ -252,8 +252,11 @@ def infer_result(
             if len(operand.shape) != 2:
                 raise IRError(f"{where} needs 2-D operands; got {', '.join(described)}")
     scaled = ElementwiseOp.lookup(attrs.get("op")) if kind == NodeKind.ELEMENTWISE else None
-    if scaled is not None and scaled.scaled:
+    if scaled is not None and scaled.fp8:
         return _scaled_result(where, scaled, attrs, operands, described)
+    if kind == NodeKind.MATMUL and (FP8_MATMUL_ATTRS & set(attrs) or (
+            not is_fp8(operands[0].dtype) and is_fp8(operands[1].dtype))):
+        return _fp8_weight_result(where, attrs, operands, described)
     if len({op.dtype for op in operands}) > 1:
         raise IRError(f"{where}: operand dtypes differ: {', '.join(described)}")
     first = operands[0]
@@ -282,6 +285,31 @@ def infer_result(
     return first.shape, first.dtype
 
 
+#: The attrs of an FP8-weight matmul (``lhs @ W`` with ``W`` an FP8 input, before the ``quantize-fp8`` pass):
+#: how its activation is quantized and how its weight is scaled (docs/fp8.md), with their accepted values.
+FP8_MATMUL_VALUES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "act_scale": ("static", "row"), "w_scale": ("row", "tensor")})
+FP8_MATMUL_ATTRS = frozenset(FP8_MATMUL_VALUES)
+
+
+def _fp8_weight_result(where: str, attrs: Mapping[str, str], operands: Sequence[Node],
+                       described: list[str]) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of an FP8-weight matmul: a bf16/fp32 ``lhs`` [M, K] times an FP8 input ``W`` [K, N], with
+    ``act_scale`` and ``w_scale`` attrs saying how the ``quantize-fp8`` pass quantizes it; result ``lhs``'s dtype
+    (the value the quantized product approximates)."""
+    lhs, rhs = operands
+    for key, accepted in FP8_MATMUL_VALUES.items():
+        if attrs.get(key) not in accepted:
+            raise IRError(f"{where}: an FP8-weight matmul needs {key}= one of {', '.join(accepted)} (how the "
+                          f"quantize-fp8 pass quantizes it, docs/fp8.md); got {attrs.get(key)!r}")
+    if lhs.dtype not in ("bfloat16", "float32") or not is_fp8(rhs.dtype) or rhs.kind != NodeKind.INPUT:
+        raise IRError(f"{where}: an FP8-weight matmul reads a bf16/fp32 value and an FP8 weight input; got "
+                      f"{', '.join(described)}")
+    if lhs.shape[1] != rhs.shape[0]:
+        raise IRError(f"{where}: contraction sizes differ: {', '.join(described)}")
+    return (lhs.shape[0], rhs.shape[1]), lhs.dtype
+
+
 def _scaled_result(where: str, op: ElementwiseOp, attrs: Mapping[str, str], operands: Sequence[Node],
                    described: list[str]) -> tuple[tuple[int, ...], str]:
     """(shape, dtype) of ``quantize(x, scale)`` (``x`` 2-D bf16/fp32, ``scale`` float32 [1, 1]; result the FP8
@@ -294,17 +322,23 @@ def _scaled_result(where: str, op: ElementwiseOp, attrs: Mapping[str, str], oper
     for scale in scales:
         if scale.dtype != "float32":
             raise IRError(f"{where}: scales are float32; got {', '.join(described)}")
-    if op == ElementwiseOp.QUANTIZE:
+    m = value.shape[0]
+    if op in (ElementwiseOp.QUANTIZE, ElementwiseOp.ROW_SCALE):
         if not is_fp8(dtype or ""):
             raise IRError(f"{where}: dtype must be an FP8 format ({', '.join(FP8_FORMATS)}); got {dtype!r}")
-        if value.dtype not in ("bfloat16", "float32") or scales[0].shape != (1, 1):
-            raise IRError(f"{where} quantizes a bf16/fp32 value with a [1, 1] float32 scale (per tensor); got "
-                          f"{', '.join(described)}")
+        if op == ElementwiseOp.ROW_SCALE:
+            if value.dtype not in ("bfloat16", "float32"):
+                raise IRError(f"{where} scales the rows of a bf16/fp32 value; got {', '.join(described)}")
+            return (m, 1), "float32"
+        if value.dtype not in ("bfloat16", "float32") or scales[0].shape not in ((1, 1), (m, 1)):
+            raise IRError(f"{where} quantizes a bf16/fp32 value [M, K] with a [1, 1] (per tensor) or [M, 1] (per row) "
+                          f"float32 scale; got {', '.join(described)}")
     else:
         if dtype not in ("bfloat16", "float32"):
             raise IRError(f"{where}: dtype must be bfloat16 or float32; got {dtype!r}")
         n = value.shape[1]
-        if value.dtype != "float32" or scales[0].shape != (1, 1) or scales[1].shape not in ((1, 1), (n, 1)):
-            raise IRError(f"{where} scales a float32 accumulator [M, N] by a [1, 1] activation scale and a [N, 1] "
-                          f"(per output channel) or [1, 1] weight scale; got {', '.join(described)}")
+        if value.dtype != "float32" or scales[0].shape not in ((1, 1), (m, 1)) or scales[1].shape not in (
+                (1, 1), (n, 1)):
+            raise IRError(f"{where} scales a float32 accumulator [M, N] by a [1, 1] or [M, 1] (per row) activation "
+                          f"scale and a [N, 1] (per output channel) or [1, 1] weight scale; got {', '.join(described)}")
     return value.shape, str(dtype)

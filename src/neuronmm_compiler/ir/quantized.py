@@ -1,7 +1,8 @@
 """An FP8 graph's unquantized twin and the static scales of its inputs (docs/fp8.md).
 
-An FP8 graph (``mlp_graph(..., fp8=...)``, or any graph of the same form) holds FP8 weight inputs, float32 scale
-inputs, ``quantize`` nodes on the activations matmuls read and ``dequantize`` nodes on the FP8 matmuls' accumulators.
+An FP8 graph (``mlp_graph(..., fp8=...)`` after the ``quantize-fp8`` pass, or any graph of the same form) holds
+FP8 weight inputs, float32 scale inputs, ``quantize`` nodes on the activations matmuls read and ``dequantize`` nodes
+on the FP8 matmuls' accumulators; :func:`unquantized` also takes the frontend's graph before that pass.
 :func:`unquantized` is the graph it approximates: the same ids, weights in ``dtype``, no scales, no quantize or
 dequantize. :func:`calibrate` turns inputs of that graph into inputs of the FP8 one: each weight scale is
 ``max|w| / max`` per output channel (or per tensor), the weight rounded into the format; each activation scale
@@ -75,6 +76,8 @@ def unquantized(graph: Graph, dtype: str = "bfloat16") -> Graph:
             out.add_output(node.name or node.id, ops[0], layout=node.layout or "row_major", id=node.id)
         elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
             alias[node.id] = ops[0]
+        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.ROW_SCALE:
+            continue  # only quantize and dequantize read it
         elif node.kind == NodeKind.MATMUL and is_fp8(graph.node(node.operands[0]).dtype):
             continue  # made by its dequantize, under the dequantize's id
         elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
@@ -103,16 +106,17 @@ def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
     plain = unquantized(graph)
     probe = plain.copy()
     wanted = {}
-    for node in graph.nodes():
-        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
-            source = node.operands[0]
-            if plain.node(source).kind != NodeKind.INPUT:
-                wanted[source] = probe.add_output(f"nmmc_probe_{source}", source)
+    static = [node for node in graph.nodes() if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] ==
+              ElementwiseOp.QUANTIZE and graph.node(node.operands[1]).kind == NodeKind.INPUT]
+    for node in static:
+        source = node.operands[0]
+        if plain.node(source).kind != NodeKind.INPUT and source not in wanted:
+            wanted[source] = probe.add_output(f"nmmc_probe_{source}", source)
     values = evaluate(probe, inputs) if wanted else {}
     out: dict[str, np.ndarray] = {}
     by_id = {node.id: node for node in graph.inputs()}
     for node in graph.nodes():
-        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
+        if node in static:  # a static activation scale (a row scale is computed by the graph itself)
             source = node.operands[0]
             v = values[f"nmmc_probe_{source}"] if source in wanted else np.asarray(
                 inputs[by_id[source].name], dtype=np.float64)
@@ -170,6 +174,8 @@ def scale_exponents(graph: Graph) -> dict[str, dict[str, int]]:
             value = plus(*ops)
         elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
             value = plus(ops[0], {name(node.operands[1]): -1})
+        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.ROW_SCALE:
+            value = {name(node.id): 1}  # a scale computed on chip: a unit of its own, as a scale input's
         elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] in (ElementwiseOp.DEQUANTIZE,
                                                                         ElementwiseOp.MULTIPLY):
             value = plus(*ops)

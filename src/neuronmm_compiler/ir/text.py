@@ -6,9 +6,11 @@ tokens are free; values must be defined above their first use)::
     graph       := "graph" IDENT "{" statement* "}"
     statement   := VALUE "=" op
     op          := "input" STRING shape DTYPE [ "layout" "=" LAYOUT ]
-                 | "matmul" VALUE "," VALUE ":" shape DTYPE [ annotations ]
+                 | "matmul" VALUE "," VALUE [ "act_scale" "=" IDENT "w_scale" "=" IDENT ] ":" shape DTYPE
+                   [ annotations ]                              (act_scale, w_scale: an FP8-weight matmul)
                  | "transpose" VALUE ":" shape DTYPE [ annotations ]
-                 | "elementwise" ELEMENTWISE_OP VALUE ( "," VALUE )* ":" shape DTYPE [ annotations ]
+                 | "elementwise" ELEMENTWISE_OP VALUE ( "," VALUE )* [ "format" "=" DTYPE ] ":" shape DTYPE
+                   [ annotations ]                              (format: row_scale's FP8 format)
                  | "norm" NORM_OP VALUE ( "," VALUE )* "eps" "=" FLOAT ":" shape DTYPE [ annotations ]
                  | "output" STRING VALUE [ "layout" "=" LAYOUT ]
     annotations := "{" IDENT "=" IDENT ( "," IDENT "=" IDENT )* "}"      (keys: kernel, orient, place, group, acc)
@@ -262,18 +264,29 @@ class _Parser:
             arity = op.arity if op else kind.arity
             if len(operands) != arity:
                 raise self.error(kind_token, f"expected {arity} operand(s) for {head}, found {len(operands)}")
+        fp8_attrs: dict[str, str] = {}
+        row_format = None
+        if op == ElementwiseOp.ROW_SCALE:
+            self.take("ident", f"'format=' {context}", "format")
+            self.punct("=", "after 'format'")
+            row_format = self.dtype(context)
+        if kind == NodeKind.MATMUL and self.peek().text == "act_scale":
+            for key in ("act_scale", "w_scale"):
+                self.take("ident", f"'{key}=' {context}", key)
+                self.punct("=", f"after '{key}'")
+                fp8_attrs[key] = self.take("ident", f"a value of {key} {context}").text
         self.punct(":", f"before the result type {context}")
         shape = self.shape(context)
         dtype = self.dtype(context)
         annotations = self.annotations(context)
         if kind == NodeKind.MATMUL:
-            self.build(kind_token, lambda: graph.add_matmul(*operands, id=node_id))
+            self.build(kind_token, lambda: graph.add_matmul(*operands, id=node_id, **fp8_attrs))
         elif kind == NodeKind.TRANSPOSE:
             self.build(kind_token, lambda: graph.add_transpose(*operands, id=node_id))
         elif isinstance(op, NormOp):
             self.build(kind_token, lambda: graph.add_norm(op, *operands, eps=eps, id=node_id))
         else:
-            result = dtype if isinstance(op, ElementwiseOp) and op.scaled else None
+            result = row_format or (dtype if isinstance(op, ElementwiseOp) and op.scaled else None)
             self.build(kind_token, lambda: graph.add_elementwise(op, *operands, id=node_id, dtype=result))
         node = graph.node(node_id)
         if (node.shape, node.dtype) != (shape, dtype):

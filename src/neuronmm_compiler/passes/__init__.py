@@ -1,6 +1,6 @@
 """Graph passes and the pipeline driver; importing this package registers every pass."""
 
-from . import canonicalize, fold_transposes, fuse, group_epilogues, implicit_transpose, place
+from . import canonicalize, fold_transposes, fuse, group_epilogues, implicit_transpose, place, quantize_fp8
 from .base import (
     Pass,
     PipelineResult,
@@ -17,13 +17,15 @@ from .fuse import MLP_MODES, Fuse
 from .group_epilogues import GroupEpilogues
 from .implicit_transpose import ImplicitTranspose
 from .place import Place
+from .quantize_fp8 import QuantizeFp8
 from .split import kernel_order, split_kernels
 
 #: The pipeline nmmc runs by default before scheduling.
 DEFAULT_PIPELINE = "canonicalize,fold-transposes,canonicalize"
-#: The pipeline for fused (multi-matmul) graphs: the default one, then orientation, kernels, placement,
-#: and the groups each kernel evaluates on one PSUM eviction.
-DEFAULT_FUSION_PIPELINE = "canonicalize,fold-transposes,canonicalize,implicit-transpose,fuse,place,group-epilogues"
+#: The pipeline for fused (multi-matmul) graphs: the activations of FP8-weight matmuls quantized, the default one,
+#: then orientation, kernels, placement, and the groups each kernel evaluates on one PSUM eviction.
+DEFAULT_FUSION_PIPELINE = ("quantize-fp8,canonicalize,fold-transposes,canonicalize,implicit-transpose,fuse,place,"
+                           "group-epilogues")
 
 __all__ = [
     "DEFAULT_FUSION_PIPELINE",
@@ -38,6 +40,7 @@ __all__ = [
     "PipelineResult",
     "PipelineStep",
     "Place",
+    "QuantizeFp8",
     "canonicalize",
     "fold_transposes",
     "fuse",
@@ -47,6 +50,7 @@ __all__ = [
     "kernel_order",
     "parse_pipeline",
     "place",
+    "quantize_fp8",
     "register_pass",
     "registered_passes",
     "run_pipeline",

@@ -62,6 +62,9 @@ RULES: Mapping[str, str] = {
                           "(transposes of inputs become input layouts, and of outputs output layouts)",
     "transposed output": "it is held transposed but stored to an output declared row-major (run implicit-transpose)",
     "row-major unstored": "it is held row-major and nothing reads it; a row-major value must be stored",
+    "row scale": "it is a dynamic per-row activation scale (row_scale, --act-scale row), which the fused lowering "
+                 "does not emit yet: a token's absmax is a reduction across the partitions of the transposed strips "
+                 "nmmc holds activations in, and across LNC programs (docs/fp8.md, 'Per-row activation scales')",
 }
 
 #: The rules ``fuse`` can resolve by starting a new kernel (the others no split fixes).
@@ -143,6 +146,9 @@ def kernel_conflicts(graph: Graph) -> list[Conflict]:
     for node in compute:
         if node.kind == NodeKind.TRANSPOSE:
             conflicts.append(Conflict(node.id, "transpose computed"))
+            continue
+        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.ROW_SCALE:
+            conflicts.append(Conflict(node.id, "row scale"))
             continue
         if len(node.shape) != 2:
             conflicts.append(Conflict(node.id, "not 2-D"))

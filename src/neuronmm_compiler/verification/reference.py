@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import Graph
-from ..ir.fp8 import quantize
+from ..ir.fp8 import quantize, row_scale
 from ..ir.graph import Node
 from ..ir.quantized import is_quantized
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
@@ -56,8 +56,9 @@ def row_labels(graph: Graph) -> dict[str, str] | None:
         if label == WHOLE or node.kind == NodeKind.OUTPUT:
             wanted = [label] * len(node.operands)
         elif node.kind == NodeKind.ELEMENTWISE:  # the scales of an FP8 op are whole, one per tensor or column
-            scaled = ElementwiseOp(node.attrs["op"]).scaled
-            wanted = [label] + [WHOLE if scaled else label] * (len(node.operands) - 1)
+            scaled = ElementwiseOp(node.attrs["op"]).scaled  # a row scale [M, 1] is cut by rows like its value
+            wanted = [label] + [WHOLE if scaled and graph.node(o).kind == NodeKind.INPUT else label
+                                for o in node.operands[1:]]
         elif node.kind == NodeKind.MATMUL:
             wanted = [ROW, WHOLE]
         elif node.kind == NodeKind.NORM:  # each row normalized on its own; gamma and beta are whole
@@ -141,8 +142,13 @@ def _compute(node: Node, ops: list[np.ndarray], var: list[np.ndarray | None],
             variance = var[0] * gain
     else:
         op = ElementwiseOp(node.attrs["op"])
-        value = quantize(ops[0], ops[1], node.attrs["dtype"]) if op == ElementwiseOp.QUANTIZE else op.apply(*ops)
-        if op == ElementwiseOp.QUANTIZE:  # a perturbation of x moves q by at most one FP8 step: bounded, not tracked
+        if op == ElementwiseOp.ROW_SCALE:
+            value = row_scale(ops[0], node.attrs["dtype"])  # a max moves by at most the perturbation: not tracked
+        else:
+            value = quantize(ops[0], ops[1], node.attrs["dtype"]) if op == ElementwiseOp.QUANTIZE else op.apply(*ops)
+        if op == ElementwiseOp.ROW_SCALE:
+            variance = None
+        elif op == ElementwiseOp.QUANTIZE:  # a perturbation of x moves q by at most one FP8 step: bounded, not tracked
             variance = None if var[0] is None else var[0] / ops[1] ** 2
         elif op == ElementwiseOp.DEQUANTIZE:
             variance = None if var[0] is None else var[0] * (ops[1] * ops[2].T) ** 2

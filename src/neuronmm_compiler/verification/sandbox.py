@@ -40,7 +40,7 @@ from types import ModuleType
 
 from ..errors import InputError
 from ..interpreter.loader import KERNEL_BUILTINS
-from ..ir.fp8 import FP8_FORMATS
+from ..ir.fp8 import FP8_FORMATS, row_scale_source
 from ..ir.fp8 import numpy_source as fp8_source
 from ..vocab import ElementwiseOp, NormOp
 
@@ -72,7 +72,7 @@ def numpy_names() -> frozenset[str]:
     for op in ElementwiseOp:
         names.update(re.findall(r"\bnp\.(\w+)", op.numpy_source(*(["x"] * op.arity))))
     for dtype in FP8_FORMATS:
-        names.update(re.findall(r"\bnp\.(\w+)", fp8_source("x", "s", dtype)))
+        names.update(re.findall(r"\bnp\.(\w+)", fp8_source("x", "s", dtype) + row_scale_source("x", dtype)))
     for norm in NormOp:
         names.update(re.findall(r"\bnp\.(\w+)", norm.numpy_source("x", "1e-06", "g", "b")))
     return frozenset(names)
