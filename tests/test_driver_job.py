@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from neuronmm_compiler import driver
+from neuronmm_compiler import driver, jobs
 from neuronmm_compiler.artifacts.cache import ResultCache
 from neuronmm_compiler.frontends.workloads import gemm_workload
 from neuronmm_compiler.targets import get_target
@@ -16,7 +16,8 @@ def test_a_cached_tune_resolves_the_lowering_entry_once(tmp_path, monkeypatch):
         calls.append(workload)
         return real(workload)
 
-    monkeypatch.setattr(driver, "lowering_for", counting)
+    for module in (driver, jobs):
+        monkeypatch.setattr(module, "lowering_for", counting)
     cache = ResultCache(tmp_path)
     job = driver.resolve(gemm_workload(256, 512, 256), get_target("trn2"))
     settings = driver.SearchSettings(trials=4, seed=1)

@@ -1,6 +1,6 @@
-"""Dynamic per-row activation scales (``--act-scale row``, docs/fp8.md): the ``row_scale`` op, the ``quantize-fp8``
-pass placing it, the reference and scale units of a row-scaled graph, and the option's plumbing. Graph-level and
-small: the file runs in about a second."""
+"""Dynamic per-row activation scales (``Fp8Weights(act_scale="row")``, graph level, docs/fp8.md): the ``row_scale`` op,
+the ``quantize-fp8`` pass placing it, the reference and scale units of a row-scaled graph, and the option's plumbing.
+Graph-level and small: the file runs in about a second."""
 
 from __future__ import annotations
 
@@ -102,8 +102,8 @@ def test_the_option_is_carried_by_the_workload_and_refused_where_it_does_not_app
     with pytest.raises(InputError, match="activation scales"):
         Fp8Weights(act_scale="token")
     result = CliRunner().invoke(main, ["cost", "--mlp", "--dense", "--tokens", "4", "--hidden", "256",
-                                       "--intermediate", "384", "--act-scale", "row"])
-    assert result.exit_code == 2 and "--act-scale goes with --dtype fp8" in result.output
+                                       "--intermediate", "384", "--dtype", "fp8", "--act-scale", "row"])
+    assert result.exit_code == 2 and "No such option '--act-scale'" in result.output  # graph level only, no kernel
 
 
 def test_the_fused_lowering_refuses_a_row_scale_by_rule() -> None:

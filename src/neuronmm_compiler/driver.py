@@ -18,8 +18,8 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .codegen import KernelFile, emit_kernel
@@ -28,66 +28,19 @@ from .cost_model.footprint import Footprint, check_fits
 from .errors import InputError, NmmcError, ScheduleError
 from .frontends.workloads import Workload
 from .ir import Graph
+from .jobs import Job, SearchSettings, platform_dialect, resolve
 from .kernel_ir.program import DmaCopy, Program, walk
 from .lowerings import Baseline, Lowering, lowering_for, lowering_named
-from .lowerings.base import dma_transpose_ok, undocumented_dma_transpose
+from .lowerings.base import undocumented_dma_transpose
 from .passes import Pass, PipelineStep, parse_pipeline, run_pipeline
 from .schedule.params import check_schedule
-from .search import DEFAULT_TRIALS, Candidate, TuneResult, search
-from .support import AUTO, resolve_dialect
+from .search import Candidate, TuneResult, search
 from .targets import Target
 from .vocab import Dialect
 
 if TYPE_CHECKING:
     from .artifacts.cache import ResultCache
 
-ProgressFn = Callable[[int, int, float], None]
-
-
-@dataclass(frozen=True)
-class Job:
-    """One workload resolved once for a target: the concrete dialect, the lowering entry that compiles it, whether
-    its A^T / X^T may be a transposing DMA load there, and (built on first use) its graph. Every step of a request
-    (search, cache key, compile, baselines, cache record) reads these from here instead of resolving them again."""
-
-    workload: Workload
-    target: Target
-    dialect: Dialect
-    lowering: Lowering
-    dma_transpose: bool
-
-    @functools.cached_property
-    def graph(self) -> Graph:
-        """The workload's graph before the pipeline (what the result cache keys on)."""
-        return self.workload.graph()
-
-
-def resolve(workload: Workload, target: Target, dialect: str | None = None) -> Job:
-    """``workload`` on ``target`` in ``dialect`` (None or ``auto``: the one the target's SDK support picks)."""
-    concrete = platform_dialect(dialect, target)
-    return Job(workload, target, concrete, lowering_for(workload), dma_transpose_ok(workload, target, concrete))
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    """How a schedule search runs (``nmmc tune``'s search options). ``exhaustive_threshold`` None: the lowering
-    entry's; ``storage``, ``study_name``, ``workers``: a resumable, shareable Optuna study
-    (:func:`search.tuner.search`); ``timeout``: a search cut short, never cached."""
-
-    trials: int = DEFAULT_TRIALS
-    seed: int = 0
-    timeout: float | None = None
-    method: str | None = None
-    exhaustive_threshold: int | None = None
-    top_k: int = 5
-    storage: str | None = None
-    study_name: str | None = None
-    workers: int = 1
-    progress: ProgressFn | None = field(default=None, compare=False)
-
-    def threshold(self, lowering: Lowering) -> int:
-        """The exhaustive threshold asked for, else the lowering entry's default."""
-        return lowering.exhaustive_threshold if self.exhaustive_threshold is None else self.exhaustive_threshold
 
 
 @dataclass
@@ -178,12 +131,6 @@ def _name(lowering: Lowering, schedule: Any | None, preset: str | None, params: 
     if params:
         name += " + " + " ".join(f"{key}={value}" for key, value in sorted(params.items()))
     return name
-
-
-def platform_dialect(dialect: str | None, target: Target) -> Dialect:
-    """The concrete dialect of ``--dialect`` (None or ``auto``: the one :mod:`~neuronmm_compiler.support` picks
-    for the target)."""
-    return resolve_dialect(dialect or AUTO, target.name)
 
 
 def compile_workload(workload: Workload, *, target: Target, dialect: str | None = None,

@@ -14,9 +14,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .driver import Job, ProgressFn, SearchSettings, Tuned, resolve, tune_cached
+from .driver import Tuned, tune_cached
 from .errors import InputError
 from .frontends.workloads import Workload
+from .jobs import Job, ProgressFn, SearchSettings, resolve
 from .search import DEFAULT_TRIALS
 from .targets import Target
 
@@ -48,14 +49,12 @@ class TuneRequest:
     def trial_count(self) -> int:
         return self.trials or DEFAULT_TRIALS
 
-    def settings(self, progress: ProgressFn | None = None) -> SearchSettings:
-        """The driver's search settings of this request."""
+    def settings(self, progress: ProgressFn | None = None) -> SearchSettings:  # the driver's search settings
         return SearchSettings(trials=self.trial_count, seed=self.seed, timeout=self.timeout, method=self.method,
                               exhaustive_threshold=self.exhaustive_threshold, top_k=self.top_k, storage=self.storage,
                               study_name=self.study_name, workers=self.workers, progress=progress)
 
-    def job(self, workload: Workload) -> Job:
-        """``workload`` resolved for this request's target and dialect."""
+    def job(self, workload: Workload) -> Job:  # ``workload`` resolved for this request's target and dialect
         return resolve(workload, self.target, self.dialect)
 
 

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..codegen import check_dialect
-from ..driver import Compiled, recompile, resolve, tune
+from ..driver import Compiled, recompile, tune
 from ..errors import InputError, NmmcError
 from ..frontends.workloads import Workload, workload_from_dict, workload_label
+from ..jobs import resolve
 from ..targets import Target, get_target
 from ..verification import verify_source
 from .lockfile import LockEntry, Lockfile, entry_from_compiled, entry_from_tuned, target_fingerprint

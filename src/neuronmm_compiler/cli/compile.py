@@ -142,8 +142,6 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
     if model is not None and any(options.get(key) not in (None, False) for key in PROLOGUE_KEYS):
         raise InputError("--fuse-norm/--residual apply to one --mlp workload, not to tune --model yet")
-    if model is not None and options.get("act_scale") is not None:
-        raise InputError("--act-scale applies to one --mlp workload, not to tune --model yet")
     workload = None if model is not None else workload_from(options, target)
     tgt = resolve_target(target, workload)  # --model: a model's MLP, in-graph unless --launch says otherwise
     request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), trials=trials, seed=seed,

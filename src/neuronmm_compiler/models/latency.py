@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..artifacts.cache import ResultCache
-from ..driver import SearchSettings, resolve, tune_cached
+from ..driver import tune_cached
 from ..frontends.workloads import mlp_workload
+from ..jobs import SearchSettings, resolve
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
 

@@ -62,7 +62,7 @@ RULES: Mapping[str, str] = {
                           "(transposes of inputs become input layouts, and of outputs output layouts)",
     "transposed output": "it is held transposed but stored to an output declared row-major (run implicit-transpose)",
     "row-major unstored": "it is held row-major and nothing reads it; a row-major value must be stored",
-    "row scale": "it is a dynamic per-row activation scale (row_scale, --act-scale row), which the fused lowering "
+    "row scale": "it is a dynamic per-row activation scale (row_scale, act_scale=row), which the fused lowering "
                  "does not emit yet: a token's absmax is a reduction across the partitions of the transposed strips "
                  "nmmc holds activations in, and across LNC programs (docs/fp8.md, 'Per-row activation scales')",
 }

@@ -9,9 +9,10 @@ from typing import Any
 
 from ..cost_model.collectives import UNVALIDATED
 from ..cost_model.trust import trust_note, typical_range
-from ..driver import Compiled, Job, SearchSettings
+from ..driver import Compiled
 from ..errors import InputError
 from ..frontends.workloads import Workload
+from ..jobs import Job, SearchSettings
 from ..speedups import context_note, launch_dict, speedup_text
 from ..targets import Target
 from .planner import KernelFn, TpResult, plan_tp
@@ -50,7 +51,8 @@ class TunedKernels:
         self.pending: list[tuple[Job, Any]] = []
 
     def __call__(self, workload: Workload) -> Compiled:
-        from ..driver import resolve, tune_cached
+        from ..driver import tune_cached
+        from ..jobs import resolve
 
         if workload not in self.memo:
             job = resolve(workload, self.target, self.dialect)
