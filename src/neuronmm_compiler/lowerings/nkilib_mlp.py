@@ -71,6 +71,9 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
     if workload.prologue is not None:  # conservative: nki-library is charged less than it runs
         label = f"{label[:-1]}; without its fused norm/residual, not modelled)"
         details["prologue"] = "not modelled: the baseline is nki-library's MLP alone"
+    if workload.fp8 is not None:  # nki-library ships FP8 (QuantizationType.STATIC/ROW); nmmc models its bf16 path only
+        label = f"{label[:-1]}; bf16, its FP8 path not modelled)"
+        details["fp8"] = "not modelled: the baseline is nki-library's bf16 MLP"
     try:
         program = nkilib_program(tokens, hidden, inter, target, workload.dtype)
     except NotModelled as exc:
