@@ -21,7 +21,8 @@ from .graph import Graph
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["activation_scale", "calibrate", "is_quantized", "quantize_weight", "scale_exponents", "unquantized"]
+__all__ = ["activation_amax", "activation_scale", "calibrate", "is_quantized", "quantize_weight", "scale_exponents",
+           "unquantized"]
 
 
 def activation_scale(amax: float, dtype: str) -> np.ndarray:
@@ -92,10 +93,10 @@ def unquantized(graph: Graph, dtype: str = "bfloat16") -> Graph:
     return out
 
 
-def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inputs of the FP8 ``graph`` from ``inputs`` of :func:`unquantized` ``(graph)`` (storage layout): FP8 weights
-    rounded after dividing by their scales, and every scale input (see the module docstring), as float32 / ml_dtypes
-    arrays."""
+def activation_amax(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """``max|v|`` of the value every activation scale input of the FP8 ``graph`` quantizes, by the scale's input name,
+    in the float64 evaluation of :func:`unquantized` ``(graph)`` on ``inputs`` (storage layout); a scale several
+    quantize nodes read (one static scale shared by several values) gets the largest of theirs."""
     import numpy as np
 
     from .evaluate import evaluate
@@ -106,18 +107,33 @@ def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
     for node in graph.nodes():
         if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
             source = node.operands[0]
-            if plain.node(source).kind != NodeKind.INPUT:
+            if plain.node(source).kind != NodeKind.INPUT and source not in wanted:
                 wanted[source] = probe.add_output(f"nmmc_probe_{source}", source)
-    values = evaluate(probe, inputs) if wanted else {}
-    out: dict[str, np.ndarray] = {}
+    values = evaluate(probe, {n.name: inputs[n.name] for n in probe.inputs()}) if wanted else {}
     by_id = {node.id: node for node in graph.inputs()}
+    out: dict[str, float] = {}
     for node in graph.nodes():
         if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
             source = node.operands[0]
             v = values[f"nmmc_probe_{source}"] if source in wanted else np.asarray(
                 inputs[by_id[source].name], dtype=np.float64)
-            out[by_id[node.operands[1]].name] = activation_scale(float(np.max(np.abs(v))), node.attrs["dtype"])
-        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
+            name = by_id[node.operands[1]].name
+            out[name] = max(out.get(name, 0.0), float(np.max(np.abs(v))))
+    return out
+
+
+def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inputs of the FP8 ``graph`` from ``inputs`` of :func:`unquantized` ``(graph)`` (storage layout): FP8 weights
+    rounded after dividing by their scales, and every scale input (see the module docstring), as float32 / ml_dtypes
+    arrays."""
+    out: dict[str, np.ndarray] = {}
+    by_id = {node.id: node for node in graph.inputs()}
+    formats = {by_id[node.operands[1]].name: node.attrs["dtype"] for node in graph.nodes()
+               if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE}
+    for name, amax in activation_amax(graph, inputs).items():
+        out[name] = activation_scale(amax, formats[name])
+    for node in graph.nodes():
+        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
             acc = graph.node(node.operands[0])
             weight, w_scale = by_id[acc.operands[1]], by_id[node.operands[2]]
             # [K, N], row_major (frontends store it so)
