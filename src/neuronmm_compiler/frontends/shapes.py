@@ -17,7 +17,8 @@ from ..ir.graph import Graph
 from ..vocab import ALayout, ElementwiseOp
 from .prologue import NormPrologue, add_prologue
 
-__all__ = ["A_LAYOUTS", "Fp8Weights", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape", "svd_chain_graph"]
+__all__ = ["A_LAYOUTS", "Fp8Matmuls", "Fp8Weights", "block_aligned_rank", "gemm_graph", "mlp_graph", "parse_shape",
+           "svd_chain_graph"]
 
 #: How the user holds A (:class:`~neuronmm_compiler.vocab.ALayout`): "mk" is A[M, K] as is, "km" is
 #: A transposed, stored [K, M].
@@ -167,7 +168,13 @@ def mlp_graph(
         ranks = tuple(_check_dim(r, f"{part} rank", where) for r, part in zip(ranks, parts, strict=True))
     graph = Graph("dense_mlp" if ranks is None else "svd_mlp")
     x = graph.add_input("x", (tokens, hidden), dtype)
-    matmul = graph.add_matmul if fp8 is None else _Fp8Matmuls(graph, fp8, dtype).matmul
+    if fp8 is None:
+        matmul = graph.add_matmul
+    else:
+        fp8_matmuls = Fp8Matmuls(graph, dtype)
+
+        def matmul(value: str, weight: str, id: str) -> str:
+            return fp8_matmuls.matmul(value, weight, id, fp8.scales)
     weight_dtype = dtype if fp8 is None else fp8.format
     if ranks is None:
         weights = {
@@ -220,22 +227,26 @@ class Fp8Weights:
             raise InputError(f"FP8 weight scales {self.scales!r}: accepted {', '.join(FP8_SCALES)}")
 
 
-class _Fp8Matmuls:
-    """Builds ``value @ weight`` with an FP8 weight: quantize the value (once per value), FP8 matmul, dequantize."""
+class Fp8Matmuls:
+    """Builds ``value @ weight`` with an FP8 weight input (its dtype the format): quantize the value (once per value,
+    static per-tensor scale input ``<value>_scale``), FP8 matmul (``<id>_acc``), dequantize (id ``id``, the graph's
+    ``dtype``) by the value's scale and the weight's (``<weight>_scale``, made once per weight: [N, 1] per output
+    channel, ``row``, or [1, 1], ``tensor``). The MLP frontend and graph files (:mod:`.graph_fp8`) both use it."""
 
-    def __init__(self, graph: Graph, fp8: Fp8Weights, dtype: str):
-        self.graph, self.fp8, self.dtype = graph, fp8, dtype
+    def __init__(self, graph: Graph, dtype: str):
+        self.graph, self.dtype = graph, dtype
         self.quantized: dict[str, tuple[str, str]] = {}
+        self.weight_scales: dict[str, str] = {}
 
-    def matmul(self, value: str, weight: str, id: str) -> str:
+    def matmul(self, value: str, weight: str, id: str, scales: str = "row") -> str:
         g = self.graph
-        if value not in self.quantized:
-            scale = g.add_input(f"{value}_scale", (1, 1), "float32")
-            self.quantized[value] = (g.add_elementwise("quantize", value, scale, id=f"{value}_q",
-                                                       dtype=self.fp8.format), scale)
-        q, scale = self.quantized[value]
         w = g.node(weight)
-        n = w.shape[1] if self.fp8.scales == "row" else 1
-        w_scale = g.add_input(f"{w.name}_scale", (n, 1), "float32")
+        if value not in self.quantized:
+            scale = g.add_input(f"{g.node(value).name or value}_scale", (1, 1), "float32")
+            self.quantized[value] = (g.add_elementwise("quantize", value, scale, id=f"{value}_q", dtype=w.dtype), scale)
+        q, scale = self.quantized[value]
+        if weight not in self.weight_scales:
+            n = w.shape[1] if scales == "row" else 1
+            self.weight_scales[weight] = g.add_input(f"{w.name}_scale", (n, 1), "float32")
         acc = g.add_matmul(q, weight, id=f"{id}_acc")
-        return g.add_elementwise("dequantize", acc, scale, w_scale, id=id, dtype=self.dtype)
+        return g.add_elementwise("dequantize", acc, scale, self.weight_scales[weight], id=id, dtype=self.dtype)
