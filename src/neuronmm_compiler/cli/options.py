@@ -268,6 +268,10 @@ def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
     if o["a_layout"] != "mk":
         others.append("--a-layout")
     if o["dtype"] != "bf16":
+        if is_fp8(canonical_dtype(o["dtype"])):
+            raise InputError(f"--dtype {o['dtype']} with --graph: a graph file declares its FP8 weights itself "
+                             "(dtype: float8_e4m3 and scale: row or tensor on each weight input; docs/graph-format.md, "
+                             "'FP8 weights', examples/graphs/lora_fp8.yaml); drop --dtype")
         others.append("--dtype")
     if others:
         raise InputError(f"--graph describes the whole workload (shapes, dtypes, layouts are in the file); "

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["activation_amax", "activation_scale", "calibrate", "is_quantized", "quantize_weight", "scale_exponents",
-           "unquantized"]
+           "scale_inputs", "unquantized"]
 
 
 def activation_scale(amax: float, dtype: str) -> np.ndarray:
@@ -51,7 +51,8 @@ def is_quantized(graph: Graph) -> bool:
     return any(node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled for node in graph.nodes())
 
 
-def _scale_inputs(graph: Graph) -> set[str]:
+def scale_inputs(graph: Graph) -> set[str]:
+    """The ids of the scale inputs of an FP8 graph (the operands of its quantize and dequantize nodes but the first)."""
     out: set[str] = set()
     for node in graph.nodes():
         if node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled:
@@ -63,7 +64,7 @@ def unquantized(graph: Graph, dtype: str = "bfloat16") -> Graph:
     """The graph ``graph`` quantizes: FP8 inputs in ``dtype``, scale inputs dropped, ``quantize`` replaced by its value
     and ``dequantize`` by a ``dtype`` matmul with the dequantize's id."""
     out = Graph(graph.name)
-    scales = _scale_inputs(graph)
+    scales = scale_inputs(graph)
     alias: dict[str, str] = {}
     for node in graph.nodes():
         if node.kind == NodeKind.INPUT:
@@ -159,7 +160,7 @@ def scale_exponents(graph: Graph) -> dict[str, dict[str, int]]:
         if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
             acc = graph.node(node.operands[0])
             weight_scale[acc.operands[1]] = node.operands[2]
-    scales = _scale_inputs(graph)
+    scales = scale_inputs(graph)
     units: dict[str, dict[str, int]] = {}
 
     def name(node_id: str) -> str:
