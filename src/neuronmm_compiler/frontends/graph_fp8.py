@@ -21,7 +21,7 @@ from ..ir.fp8 import is_fp8
 from ..vocab import Layout, NodeKind
 from .shapes import FP8_SCALES
 
-__all__ = ["FP8_SCALES", "check_fp8_reads", "fp8_matmul_names", "input_scale", "is_fp8_derived"]
+__all__ = ["FP8_SCALES", "check_fp8_reads", "dtype_flag", "fp8_matmul_names", "input_scale", "is_fp8_derived"]
 
 
 def input_scale(entry: Mapping[str, Any], dtype: str, layout: Layout, inp: str, source: str) -> str | None:
@@ -81,3 +81,15 @@ def check_fp8_reads(ops: Sequence[Any], fp8_inputs: Mapping[str, str], dtypes: s
 def is_fp8_derived(name: str, added: Iterable[str]) -> bool:
     """Whether ``name`` is one of the ``added`` names of :func:`fp8_matmul_names` or derived from one."""
     return any(name == a or name.startswith(f"{a}_") for a in added)
+
+
+def dtype_flag(dtype: str) -> str:
+    """``--dtype`` (the flag to drop, for the message of a ``--graph`` given other workload options); InputError
+    for an FP8 ``--dtype``, saying that a graph file declares its FP8 weights itself."""
+    from ..ir.node import DTYPE_ALIASES
+
+    if is_fp8(DTYPE_ALIASES.get(dtype, "")):
+        raise InputError(f"--dtype {dtype} with --graph: a graph file declares its FP8 weights itself (dtype: "
+                         "float8_e4m3 and scale: row or tensor on each weight input; docs/graph-format.md, 'FP8 "
+                         "weights', examples/graphs/lora_fp8.yaml); drop --dtype")
+    return "--dtype"
