@@ -104,7 +104,16 @@ def test_fp8_svd_strategies_verify(tmp_path, strategy, tp):
     assert report.unquantized_rel_error is not None and "FP8" in report.reference
 
 
-def test_model_tp_takes_one_weight_format():
+def test_model_tp_takes_one_weight_format(tmp_path):
     assert _one_weight_format("bf16") is None and _one_weight_format("fp8_e5m2") == Fp8Weights("float8_e5m2")
     with pytest.raises(InputError, match="give one format"):
         _one_weight_format("bf16,fp8")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+                                  "num_hidden_layers": 1, "torch_dtype": "bfloat16"}))
+    out = tmp_path / "kernels"
+    result = _run(["tune", "--model", str(config), "--dense", "--tokens", "1", "--tp", "2", "--dtype", "fp8",
+                   "--target", "trn2", "--no-cache", "--trials", "2", "--method", "optuna", "-o", str(out)])
+    assert "float8_e4m3 weights" in result.output and "dense bf16 nmmc MLP + all-reduce" in result.output
+    assert json.loads((out / "index.json").read_text())["fp8"] == {"format": "float8_e4m3", "scales": "row"}
+    assert "nl.float8_e4m3" in (out / "t1" / "mlp_256.py").read_text()

@@ -217,7 +217,10 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
         echo(f"{config.name} MLP at tp {tp} on {target.label}, {what}:")
         for e in entries:
             versus = ""
-            for kind, name in (("nkilib-mlp", "nki-library MLP"), ("nmmc-dense", "dense nmmc MLP")):
+            kinds = (("nkilib-mlp", "nki-library MLP"), ("nmmc-dense", "dense nmmc MLP")) if fp8 is None else (
+                ("nkilib-mlp", "nki-library bf16 MLP"), ("nmmc-dense", "dense FP8 nmmc MLP"),
+                ("nmmc-dense-unquantized", "dense bf16 nmmc MLP"))
+            for kind, name in kinds:
                 dense = e["alternatives"].get(alternative_label(kind, workload)) or {}
                 versus += (f", {name} + all-reduce {dense['total_us']:.1f} us "
                            f"({speedup_text(dense['total_us'] / e['total_us'])})" if dense else "")
