@@ -26,6 +26,7 @@ from neuronmm_compiler.codegen import read_metadata
 from neuronmm_compiler.errors import InputError, NmmcError
 from neuronmm_compiler.frontends import graph_file as gf
 from neuronmm_compiler.frontends import untrusted
+from neuronmm_compiler.frontends.graph_fp8 import fp8_matmul_names, is_fp8_derived
 from neuronmm_compiler.ir import parse_text, to_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +38,7 @@ SMALL = {
                            "--dim", "out=256"],
     "svd_mlp": ["--dim", "tokens=32", "--dim", "hidden=256", "--dim", "intermediate=384", "--dim", "rank=128"],
     "norm_mlp": ["--dim", "tokens=8", "--dim", "hidden=256", "--dim", "intermediate=384"],
+    "lora_fp8": ["--dim", "tokens=96", "--dim", "hidden=256", "--dim", "out=384", "--dim", "rank=16"],
 }
 
 #: The target each dialect is documented for with every construct it emits (support.py): nki on trn2.
@@ -709,7 +711,10 @@ def check_kernel_ast(source: str, dialect: str) -> set[str]:
                     assert node.func.id in CALLABLE_BUILTINS, node.func.id
                 else:
                     root = _attribute_root(node.func)
-                    assert isinstance(root, ast.Name) and root.id in {"np", "nl", "nisa"}, ast.unparse(node.func)
+                    # an FP8 kernel reads a scale argument through an access pattern, ``s.ap(...)`` (docs/fp8.md)
+                    access_pattern = node.func.attr == "ap" and isinstance(node.func.value, ast.Name)
+                    assert isinstance(root, ast.Name) and (root.id in {"np", "nl", "nisa"} or (
+                        access_pattern and root.id in params)), ast.unparse(node.func)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node is not docstring.value:
                 # the only other strings are the shape- and launch-assertion messages' literal parts
                 assert (re.fullmatch(r"[A-Za-z0-9_]+: expected shape \([0-9A-Z_, ]+\), got ", node.value)
@@ -757,6 +762,13 @@ def test_the_kernel_checker_catches_tampering(tmp_path, old, new):
 def _user_names(spec: gf.GraphSpec) -> set[str]:
     return ({spec.name} | {i.name for i in spec.inputs} | {o.name for o in spec.ops}
             | {o.name for o in spec.outputs})
+
+
+def _fp8_names(spec: gf.GraphSpec, names: set[str]) -> set[str]:
+    """Those of ``names`` the FP8 matmuls of the file add or derive (``<weight>_scale``, ``w_scale_row``, ...): the
+    reader refuses a file that uses one of them (graph_fp8.check_fp8_reads)."""
+    added = fp8_matmul_names(spec.ops, {i.name: i.scale for i in spec.inputs if i.scale is not None})
+    return {name for name in names if is_fp8_derived(name, added)}
 
 
 #: Documents with hostile-looking content the reader accepts: it never reaches the code as code.
@@ -853,15 +865,17 @@ def test_every_name_nmmc_binds_is_refused_as_a_user_name(tmp_path, dialect):
     the lowering invents a new kind of name, this test says which, and RESERVED_NAMES or
     DERIVED_PATTERN in graph_file.py must learn it.)"""
     kernels = 0
-    # the norm prologue is emitted in the nki dialect only (docs/fusion.md)
-    graphs = [g for g in _graphs_for_codegen(tmp_path) if dialect == "nki" or g[0].stem != "norm_mlp"]
+    # the norm prologue and FP8 are emitted in the nki dialect only (docs/fusion.md, docs/fp8.md)
+    graphs = [g for g in _graphs_for_codegen(tmp_path) if dialect == "nki" or g[0].stem not in ("norm_mlp", "lora_fp8")]
     for index, (path, options) in enumerate(graphs):
         out = tmp_path / f"{path.stem}-{index}-{dialect}.py"
         result = run("emit", "--graph", str(path), "--dialect", dialect, *TARGET_OF[dialect], *options, "-o", str(out))
         assert result.exit_code == 0, (path.name, result.output)
         source = out.read_text()
         kernels += len(read_metadata(source).kernels)
-        own = check_kernel_ast(source, dialect) - _user_names(gf.load_graph_spec(path))
+        spec = gf.load_graph_spec(path)
+        own = check_kernel_ast(source, dialect) - _user_names(spec)
+        own -= _fp8_names(spec, own)
         assert own, path
         accepted = []
         for name in sorted(own):

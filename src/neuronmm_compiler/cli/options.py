@@ -258,6 +258,7 @@ def prologue_from(o: dict[str, Any]) -> NormPrologue | None:
 
 def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
     from ..frontends.graph_file import check_fits_hbm, load_graph_spec, parse_dim_bindings
+    from ..frontends.graph_fp8 import dtype_flag
     from ..frontends.workloads import graph_workload
 
     others = [f"--{key.replace('_', '-')}" for key in WORKLOAD_KEYS
@@ -265,7 +266,7 @@ def _graph_workload(o: dict[str, Any], target: str | None) -> Workload:
     if o["a_layout"] != "mk":
         others.append("--a-layout")
     if o["dtype"] != "bf16":
-        others.append("--dtype")
+        others.append(dtype_flag(o["dtype"]))  # an FP8 --dtype is refused with how a file declares FP8 weights
     if others:
         raise InputError(f"--graph describes the whole workload (shapes, dtypes, layouts are in the file); "
                          f"drop {', '.join(others)}")

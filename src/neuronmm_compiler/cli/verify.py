@@ -33,9 +33,10 @@ def dir_verify(fn: Any) -> Any:
             max_memory: str | None = None) -> Any:
         from ..errors import InputError
         from ..export.verify import is_model_dir, verify_dir
+        from ..tensor_parallel.plan import is_plan
 
         if not is_model_dir(file):
-            if Path(file).is_dir():
+            if Path(file).is_dir() and not is_plan(file):  # a plan's directory goes on to tp_verify
                 raise InputError(f"{file} is a directory but neither an 'nmmc export' package (manifest.json), a "
                                  "'tune --model' output (index.json) nor a tensor-parallel plan (plan.json)")
             return fn(file=file, seed=seed, target=target, backend=backend, sdk=sdk, as_json=as_json,

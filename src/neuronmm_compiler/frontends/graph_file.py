@@ -27,15 +27,17 @@ from typing import Any
 from ..errors import InputError, NmmcError
 from ..ir import Graph
 from ..ir.graph import LAYOUTS
+from ..ir.node import DTYPE_ALIASES as INPUT_DTYPE_ALIASES
 from ..ir.node import PLAIN_DTYPE_ALIASES as DTYPE_ALIASES
 from ..kernel_ir.program import DTYPE_BYTES
 from ..targets import Target
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
+from .graph_fp8 import check_fp8_reads, input_scale
 from .shapes import MAX_DIMENSION
 from .untrusted import (
-    MAX_INT_DIGITS,
     check_user_name,
     one_line,
+    parse_dim_bindings,  # noqa: F401 (its callers import it from here)
     plain_name,
     read_document,
     show_value,
@@ -57,7 +59,7 @@ MAX_DESCRIPTION_LENGTH = 1000
 #: chains of ops, so thousands would only exhaust the stack.
 MAX_NODES = 256
 TOP_KEYS = ("nmmc_graph", "name", "description", "dtype", "dims", "inputs", "ops", "outputs")
-INPUT_KEYS = ("shape", "dtype", "layout")
+INPUT_KEYS = ("shape", "dtype", "layout", "scale")
 OP_KEYS = ("op", "args", "eps")
 OUTPUT_KEYS = ("value", "layout")
 
@@ -75,6 +77,8 @@ class InputSpec:
     shape: tuple[int | str, ...]
     dtype: str
     layout: Layout
+    #: an FP8 weight's scales, ``row`` or ``tensor`` (:mod:`.graph_fp8`); None for a bf16/fp32 input
+    scale: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,13 +130,19 @@ class GraphSpec:
         values = self.bind(bindings)
         graph = Graph(self.name)
         ids: dict[str, str] = {}
+        # an FP8 weight's matmuls are marked as the MLP frontend marks them; the quantize-fp8 pass places the
+        # quantization (graph_fp8.check_fp8_reads: bf16 activations, the weight only as a right operand)
+        scales = {inp.name: inp.scale for inp in self.inputs if inp.scale is not None}
         try:
             for inp in self.inputs:
                 shape = tuple(values[d] if isinstance(d, str) else d for d in inp.shape)
                 ids[inp.name] = graph.add_input(inp.name, shape, inp.dtype, inp.layout, id=inp.name)
             for spec in self.ops:
                 args = [ids[a] for a in spec.args]
-                if spec.op == NodeKind.MATMUL:
+                if spec.op == NodeKind.MATMUL and spec.args[1] in scales:
+                    ids[spec.name] = graph.add_matmul(*args, id=spec.name, act_scale="static",
+                                                      w_scale=scales[spec.args[1]])
+                elif spec.op == NodeKind.MATMUL:
                     ids[spec.name] = graph.add_matmul(*args, id=spec.name)
                 elif spec.op == NodeKind.TRANSPOSE:
                     ids[spec.name] = graph.add_transpose(*args, id=spec.name)
@@ -188,11 +198,11 @@ def _name(value: Any, what: str, source: str, *, emitted: bool = True) -> str:
         raise InputError(f"{source}: {exc}") from None
 
 
-def _dtype(value: Any, where: str, source: str) -> str:
-    if not isinstance(value, str) or value not in DTYPE_ALIASES:
-        raise InputError(f"{source}: {where}unknown dtype {show_value(value, 40)}; "
-                         f"accepted: {', '.join(DTYPE_ALIASES)}")
-    return DTYPE_ALIASES[value]
+def _dtype(value: Any, where: str, source: str, aliases: Mapping[str, str] = DTYPE_ALIASES) -> str:
+    if not isinstance(value, str) or value not in aliases:
+        fp8 = "" if aliases is INPUT_DTYPE_ALIASES else " (FP8 goes on weight inputs; docs/graph-format.md)"
+        raise InputError(f"{source}: {where}unknown dtype {show_value(value, 40)}; accepted: {', '.join(aliases)}{fp8}")
+    return aliases[value]
 
 
 def _layout(value: Any, where: str, source: str) -> Layout:
@@ -276,9 +286,9 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
                 dims_of.append(dim)
             else:
                 dims_of.append(_positive(dim, f"input {inp}: shape[{index}]", source))
-        dtype = _dtype(entry.get("dtype", default_dtype), f"input {inp}: ", source)
-        inputs.append(InputSpec(inp, tuple(dims_of), dtype, _layout(entry.get("layout", Layout.ROW_MAJOR),
-                                                                    f"input {inp}", source)))
+        dtype = _dtype(entry.get("dtype", default_dtype), f"input {inp}: ", source, INPUT_DTYPE_ALIASES)
+        layout = _layout(entry.get("layout", Layout.ROW_MAJOR), f"input {inp}", source)
+        inputs.append(InputSpec(inp, tuple(dims_of), dtype, layout, input_scale(entry, dtype, layout, inp, source)))
     ops: dict[str, OpSpec] = {}
     for key, entry in raw_ops.items():
         op_name = claim(key, "op")
@@ -324,6 +334,8 @@ def spec_from_document(doc: Any, source: str) -> GraphSpec:
         outputs.append(OutputSpec(out, value, _layout(entry.get("layout", Layout.ROW_MAJOR), f"output {out}", source)))
     ordered = _dependency_order(ops, source)
     _check_all_used(ordered, returned, source)
+    fp8 = {i.name: i.scale for i in inputs if i.scale is not None}
+    check_fp8_reads(ordered, fp8, {i.dtype for i in inputs if i.name not in fp8}, {*names, *dims}, source)
     return GraphSpec(source, name, description, dims, tuple(inputs), ordered, tuple(outputs))
 
 
@@ -359,31 +371,6 @@ def load_graph_spec(path: str | Path) -> GraphSpec:
     """Read and validate a graph file."""
     doc, source = read_document(path)
     return spec_from_document(doc, source)
-
-
-def parse_dim_bindings(values: tuple[str, ...] | list[str]) -> dict[str, int]:
-    """``--dim NAME=N`` values as a dict; InputError on a malformed or repeated binding."""
-    out: dict[str, int] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep or not name or not value:
-            raise InputError(f"--dim takes NAME=N (e.g. tokens=128); got {show_value(item, 60)}")
-        try:
-            plain_name(name, "--dim")
-        except InputError:
-            raise InputError(f"--dim {show_value(name, 60)}: not a dimension name") from None
-        if name in out:
-            raise InputError(f"--dim {name} is given twice")
-        if not (value.isascii() and value.isdigit()):
-            raise InputError(f"--dim {name}: {show_value(value, 40)} is not a positive decimal integer")
-        if len(value) > MAX_INT_DIGITS or int(value) > MAX_DIMENSION:
-            raise InputError(f"--dim {name}: {show_value(value, 40)} is too large; "
-                             f"dimensions are at most {MAX_DIMENSION}")
-        if int(value) == 0:
-            raise InputError(f"--dim {name}: dimensions must be positive; got 0")
-        out[name] = int(value)
-    return out
 
 
 def boundary_bytes(graph: Graph) -> int:

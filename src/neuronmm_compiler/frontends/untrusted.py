@@ -252,3 +252,30 @@ def read_document(path: str | Path) -> tuple[Any, str]:
     except UnicodeDecodeError:
         raise InputError(f"{source}: graph files must be UTF-8 text") from None
     return parse_document(text, source, is_json=p.suffix.lower() == ".json"), source
+
+
+def parse_dim_bindings(values: tuple[str, ...] | list[str]) -> dict[str, int]:
+    """``--dim NAME=N`` values as a dict; InputError on a malformed or repeated binding."""
+    from .shapes import MAX_DIMENSION
+
+    out: dict[str, int] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
+            raise InputError(f"--dim takes NAME=N (e.g. tokens=128); got {show_value(item, 60)}")
+        try:
+            plain_name(name, "--dim")
+        except InputError:
+            raise InputError(f"--dim {show_value(name, 60)}: not a dimension name") from None
+        if name in out:
+            raise InputError(f"--dim {name} is given twice")
+        if not (value.isascii() and value.isdigit()):
+            raise InputError(f"--dim {name}: {show_value(value, 40)} is not a positive decimal integer")
+        if len(value) > MAX_INT_DIGITS or int(value) > MAX_DIMENSION:
+            raise InputError(f"--dim {name}: {show_value(value, 40)} is too large; "
+                             f"dimensions are at most {MAX_DIMENSION}")
+        if int(value) == 0:
+            raise InputError(f"--dim {name}: dimensions must be positive; got 0")
+        out[name] = int(value)
+    return out

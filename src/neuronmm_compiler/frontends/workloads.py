@@ -233,10 +233,16 @@ def graph_token_count(graph: Graph) -> int:
 
 
 def graph_workload(graph: Graph, source: str) -> GraphWorkload:
-    """A workload compiling a user's graph (see :mod:`.graph_file`)."""
-    dtypes = {n.dtype for n in graph.inputs()}
-    if len(dtypes) > 1:
-        raise InputError(f"{source}: inputs mix dtypes ({', '.join(sorted(dtypes))}); a graph has one dtype")
+    """A workload compiling a user's graph (see :mod:`.graph_file`); the dtype of its activations (an FP8 graph's
+    weights and float32 scales besides, docs/fp8.md)."""
+    from ..ir.fp8 import is_fp8
+    from ..ir.quantized import scale_inputs
+
+    scales = scale_inputs(graph)
+    dtypes = {n.dtype for n in graph.inputs() if not is_fp8(n.dtype) and n.id not in scales}
+    if len(dtypes) != 1:
+        raise InputError(f"{source}: inputs mix dtypes ({', '.join(sorted(dtypes)) or 'FP8 only'}); a graph has "
+                         "one dtype (and FP8 weights with their float32 scales)")
     return GraphWorkload(graph_text=to_text(graph), source=source, dtype=dtypes.pop())
 
 

@@ -22,7 +22,8 @@ from .graph import Graph
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["activation_scale", "calibrate", "is_quantized", "quantize_weight", "scale_exponents", "unquantized"]
+__all__ = ["activation_amax", "activation_scale", "calibrate", "is_quantized", "quantize_weight", "scale_exponents",
+           "scale_inputs", "unquantized"]
 
 
 def activation_scale(amax: float, dtype: str) -> np.ndarray:
@@ -51,7 +52,8 @@ def is_quantized(graph: Graph) -> bool:
     return any(node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled for node in graph.nodes())
 
 
-def _scale_inputs(graph: Graph) -> set[str]:
+def scale_inputs(graph: Graph) -> set[str]:
+    """The ids of the scale inputs of an FP8 graph (the operands of its quantize and dequantize nodes but the first)."""
     out: set[str] = set()
     for node in graph.nodes():
         if node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled:
@@ -63,7 +65,7 @@ def unquantized(graph: Graph, dtype: str = "bfloat16") -> Graph:
     """The graph ``graph`` quantizes: FP8 inputs in ``dtype``, scale inputs dropped, ``quantize`` replaced by its value
     and ``dequantize`` by a ``dtype`` matmul with the dequantize's id."""
     out = Graph(graph.name)
-    scales = _scale_inputs(graph)
+    scales = scale_inputs(graph)
     alias: dict[str, str] = {}
     for node in graph.nodes():
         if node.kind == NodeKind.INPUT:
@@ -95,10 +97,10 @@ def unquantized(graph: Graph, dtype: str = "bfloat16") -> Graph:
     return out
 
 
-def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inputs of the FP8 ``graph`` from ``inputs`` of :func:`unquantized` ``(graph)`` (storage layout): FP8 weights
-    rounded after dividing by their scales, and every scale input (see the module docstring), as float32 / ml_dtypes
-    arrays."""
+def activation_amax(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """``max|v|`` of the value every activation scale input of the FP8 ``graph`` quantizes, by the scale's input name,
+    in the float64 evaluation of :func:`unquantized` ``(graph)`` on ``inputs`` (storage layout); a scale several
+    quantize nodes read (one static scale shared by several values) gets the largest of theirs."""
     import numpy as np
 
     from .evaluate import evaluate
@@ -112,16 +114,32 @@ def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
         source = node.operands[0]
         if plain.node(source).kind != NodeKind.INPUT and source not in wanted:
             wanted[source] = probe.add_output(f"nmmc_probe_{source}", source)
-    values = evaluate(probe, inputs) if wanted else {}
-    out: dict[str, np.ndarray] = {}
+    values = evaluate(probe, {n.name: inputs[n.name] for n in probe.inputs()}) if wanted else {}
     by_id = {node.id: node for node in graph.inputs()}
+    out: dict[str, float] = {}
     for node in graph.nodes():
         if node in static:  # a static activation scale (a row scale is computed by the graph itself)
             source = node.operands[0]
             v = values[f"nmmc_probe_{source}"] if source in wanted else np.asarray(
                 inputs[by_id[source].name], dtype=np.float64)
-            out[by_id[node.operands[1]].name] = activation_scale(float(np.max(np.abs(v))), node.attrs["dtype"])
-        elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
+            name = by_id[node.operands[1]].name
+            out[name] = max(out.get(name, 0.0), float(np.max(np.abs(v))))
+    return out
+
+
+def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inputs of the FP8 ``graph`` from ``inputs`` of :func:`unquantized` ``(graph)`` (storage layout): FP8 weights
+    rounded after dividing by their scales, and every scale input (see the module docstring), as float32 / ml_dtypes
+    arrays."""
+    out: dict[str, np.ndarray] = {}
+    by_id = {node.id: node for node in graph.inputs()}
+    formats = {by_id[node.operands[1]].name: node.attrs["dtype"] for node in graph.nodes()
+               if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE
+               and node.operands[1] in by_id}  # a static scale (an input); a row scale is computed
+    for name, amax in activation_amax(graph, inputs).items():
+        out[name] = activation_scale(amax, formats[name])
+    for node in graph.nodes():
+        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
             acc = graph.node(node.operands[0])
             weight, w_scale = by_id[acc.operands[1]], by_id[node.operands[2]]
             # [K, N], row_major (frontends store it so)
@@ -147,7 +165,7 @@ def scale_exponents(graph: Graph) -> dict[str, dict[str, int]]:
         if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:
             acc = graph.node(node.operands[0])
             weight_scale[acc.operands[1]] = node.operands[2]
-    scales = _scale_inputs(graph)
+    scales = scale_inputs(graph)
     units: dict[str, dict[str, int]] = {}
 
     def name(node_id: str) -> str:

@@ -22,7 +22,7 @@ from ..errors import InputError, ScheduleError
 from ..frontends.workloads import ChainWorkload, GemmWorkload, GraphWorkload, MlpWorkload, Workload
 from ..ir import Graph
 from ..ir.fp8 import check_on_target
-from ..ir.quantized import unquantized
+from ..ir.quantized import is_quantized, unquantized
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
@@ -243,15 +243,18 @@ class FusedLowering(Lowering):
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):
-            graph = _canonical(workload.graph())
+            graph = workload.graph()
+            fp8 = is_quantized(graph)  # AWS's GEMMs have no FP8: the bf16 graph it quantizes, labelled so
+            graph = _canonical(unquantized(graph, workload.dtype) if fp8 else graph)
+            tag = f", {workload.dtype}, no FP8" if fp8 else ""
             try:
                 dense, unfused = (unfused_cost(graph, target, lhs_layout=ALayout.KM, dma_transpose=dma_transpose),
                                   unfused_cost(graph, target, lhs_layout=ALayout.MK, dma_transpose=dma_transpose))
             except ScheduleError:
                 dense = unfused = None
-            return {"dense": Baseline(one_core_label("per-op kernels, lhs pre-transposed", target),
+            return {"dense": Baseline(one_core_label(f"per-op kernels, lhs pre-transposed{tag}", target),
                                       "pre-transposed per-op kernels", dense),
-                    "unfused": Baseline(one_core_label("per-op kernels (AWS GEMMs)", target), "per-op kernels",
+                    "unfused": Baseline(one_core_label(f"per-op kernels (AWS GEMMs{tag})", target), "per-op kernels",
                                         unfused)}
         # AWS's tutorial matmul has no FP8: for an FP8 MLP its baselines are the bf16 computations a user without
         # nmmc's FP8 kernel would run (ir/quantized.unquantized), named so (docs/fp8.md, "Baselines")

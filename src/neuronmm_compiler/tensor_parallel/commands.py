@@ -11,11 +11,12 @@ from ..cost_model.collectives import UNVALIDATED
 from ..cost_model.trust import trust_note, typical_range
 from ..driver import Compiled
 from ..errors import InputError
+from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import Workload
 from ..jobs import Job, SearchSettings
 from ..speedups import context_note, launch_dict, speedup_text
 from ..targets import Target
-from .planner import KernelFn, TpResult, plan_tp
+from .planner import KernelFn, TpResult, alternative_label, plan_tp
 
 Echo = Callable[..., None]
 
@@ -81,21 +82,22 @@ def tuned_kernels(target: Target, dialect: str, *, trials: int, seed: int, metho
 
 def result_lines(result: TpResult) -> list[str]:
     """The strategies' per-rank kernel, communication and total times, the choice and the alternatives."""
+    width = max(46, *(len(label) for label in result.alternatives))
     lines = [f"tensor parallel: {result.workload.describe()}", f"  over {result.tp} ranks of {result.target.label} "
              f"(intermediate shards {min(result.chosen.sharded.sizes)}..{max(result.chosen.sharded.sizes)})"
              if result.chosen.sharded else "",
-             f"  {'strategy':<46} {'kernel us':>10} {'comm us':>9} {'total us':>9} {'comm KiB/rank':>14}"]
+             f"  {'strategy':<{width}} {'kernel us':>10} {'comm us':>9} {'total us':>9} {'comm KiB/rank':>14}"]
     for r in result.results:
         if r.error is not None:
-            lines.append(f"  {r.strategy.name:<46} does not apply: {r.error}")
+            lines.append(f"  {r.strategy.name:<{width}} does not apply: {r.error}")
             continue
         mark = "  <- chosen" if r is result.chosen else ""
-        lines.append(f"  {r.strategy.name:<46} {r.kernel_us:>10.2f} {r.comm_us:>9.2f} {r.total_us:>9.2f} "
+        lines.append(f"  {r.strategy.name:<{width}} {r.kernel_us:>10.2f} {r.comm_us:>9.2f} {r.total_us:>9.2f} "
                      f"{r.comm_bytes / 1024:>14.1f}{mark}")
     for label, alt in result.alternatives.items():
         text = "not modelled (or, nki-library's, does not run this shape)" if alt is None else \
             f"{alt['kernel_us']:>10.2f} {alt['comm_us']:>9.2f} {alt['total_us']:>9.2f}"
-        lines.append(f"  {label:<46} {text}")
+        lines.append(f"  {label:<{width}} {text}")
     chosen = result.chosen
     for label, alt in result.alternatives.items():
         if alt is not None:
@@ -176,12 +178,13 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
     if options.get("tokens") is None:
         raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
     check_output_dir(output)
+    fp8 = _one_weight_format(options.get("dtype"))
     source = resolve_model(model, options.get("keep_ratio"), dense=bool(options.get("dense")))
     config = source.config
     entries, failures = [], []
     for tokens in parse_buckets(str(options["tokens"])):
         workload = mlp_workload(tokens, config.hidden_size, config.intermediate_size, ranks=source.ranks,
-                                dense=source.ranks is None)
+                                dense=source.ranks is None, fp8=fp8)
         result = plan_tp(workload, tp, target, dialect, kernel_fn, only=strategy)
         write_plan(result, dialect, Path(output) / f"t{tokens}")
         chosen = result.chosen
@@ -200,6 +203,7 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
                        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers},
              "ranks": None if source.ranks is None else dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
              "keep_ratio": source.keep_ratio,
+             **({} if fp8 is None else {"fp8": {"format": fp8.format, "scales": fp8.scales}}),
              "tp": tp, "target": target.spec, "launch": launch_dict(target), "dialect": dialect, "buckets": entries,
              "model_error": trust_note(target, fused=True), "collectives": UNVALIDATED}
     write_text_atomic(Path(output) / "index.json", json.dumps(index, indent=2) + "\n")
@@ -207,12 +211,15 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
         echo(json.dumps(index, indent=2))
     else:
         what = "dense" if source.ranks is None else f"ranks {'/'.join(map(str, source.ranks))}"
+        what += "" if fp8 is None else f", {fp8.format} weights ({fp8.scales} scales)"
         echo(f"{config.name} MLP at tp {tp} on {target.label}, {what}:")
         for e in entries:
             versus = ""
-            for key, name in (("dense, nki-library MLP + all-reduce", "nki-library MLP"),
-                              ("dense, nmmc fused MLP + all-reduce", "dense nmmc MLP")):
-                dense = e["alternatives"].get(key) or {}
+            kinds = (("nkilib-mlp", "nki-library MLP"), ("nmmc-dense", "dense nmmc MLP")) if fp8 is None else (
+                ("nkilib-mlp", "nki-library FP8 MLP"), ("nmmc-dense", "dense FP8 nmmc MLP"),
+                ("nmmc-dense-unquantized", "dense bf16 nmmc MLP"))
+            for kind, name in kinds:
+                dense = e["alternatives"].get(alternative_label(kind, workload)) or {}
                 versus += (f", {name} + all-reduce {dense['total_us']:.1f} us "
                            f"({speedup_text(dense['total_us'] / e['total_us'])})" if dense else "")
             echo(f"  {e['tokens']:>6} tokens: {e['strategy']:<28} kernel {e['kernel_us']:.1f} us + comm "
@@ -223,3 +230,21 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
     for failure in failures:
         echo(f"VERIFICATION FAILED: {failure}", err=True)
     return not failures
+
+
+def _one_weight_format(dtype: object) -> Fp8Weights | None:
+    """``--dtype`` of ``tune --model --tp``: one weight format, bf16 (None) or an FP8 one; the choice among several
+    (``bf16,fp8``, ``model_formats.py``) is not made per sharded plan yet, and is refused rather than dropped."""
+    from ..ir import canonical_dtype
+    from ..ir.fp8 import is_fp8
+
+    text = "bf16" if dtype is None else str(dtype)
+    if "," in text:
+        raise InputError(f"--dtype {text} with --tp: tune --model chooses among weight formats on one core only; "
+                         "give one format (bf16, fp8 or fp8_e5m2) with --tp")
+    canonical = canonical_dtype(text)
+    if is_fp8(canonical):
+        return Fp8Weights(canonical)
+    if canonical != "bfloat16":
+        raise InputError(f"--dtype {text} with --model --tp: the MLP's weights are bf16 or FP8 (fp8, fp8_e5m2)")
+    return None

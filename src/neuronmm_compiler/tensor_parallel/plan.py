@@ -61,8 +61,15 @@ def plan_dict(result: TpResult, dialect: str) -> dict[str, Any]:
             steps.append({"kernel": step.key, "args": {k: v.as_dict() for k, v in step.args.items()},
                           "outputs": dict(step.outputs)})
         ranks.append({"rank": program.rank, "role": program.role, "steps": steps})
-    tensors = {"x": {"shape": [result.workload.tokens, result.workload.hidden], "holds": "the activations"}}
-    tensors.update({f.name: {"shape": list(f.shape), "holds": f.holds} for f in sharded.factors.values()})
+    tensors: dict[str, dict[str, Any]] = {
+        "x": {"shape": [result.workload.tokens, result.workload.hidden], "holds": "the activations"}}
+    fp8 = result.workload.fp8 is not None
+    if fp8:  # an FP8 plan says every tensor's dtype: FP8 weights, float32 scales (docs/tensor-parallel.md, "FP8")
+        tensors["x"]["dtype"] = result.workload.dtype
+    for f in sharded.factors.values():
+        tensors[f.name] = {"shape": list(f.shape), "holds": f.holds}
+        if fp8:
+            tensors[f.name]["dtype"] = f.dtype or result.workload.dtype
     return {
         "format": FORMAT, "version": VERSION, "workload": result.workload.to_dict(), "tp": result.tp,
         "target": result.target.spec, "launch": launch_dict(result.target), "dialect": dialect,

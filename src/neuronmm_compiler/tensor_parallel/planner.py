@@ -10,7 +10,7 @@ before a collective (the reduced tensor is a kernel's last output, so nothing ov
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cost_model.collectives import UNVALIDATED, CollectiveCost, check_group, collective_cost
@@ -116,20 +116,45 @@ def evaluate_strategy(workload: MlpWorkload, tp: int, strategy: Strategy, target
     return result
 
 
+#: The alternatives' kinds, in the order a user meets them (lowerings/base.py, BASELINE_ORDER): nki-library's MLP per
+#: rank (what NxD Inference runs), nmmc's own fused dense MLP, for FP8 weights also nmmc's dense MLP without FP8,
+#: then AWS's kernel per projection.
+ALTERNATIVES = ("nkilib-mlp", "nmmc-dense", "nmmc-dense-unquantized", "dense")
+
+
+def alternative_label(kind: str, workload: MlpWorkload) -> str:
+    """How tables and plan.json name an alternative (the labels of a bf16 MLP are unchanged since version 1). For FP8
+    weights each label says its format: nki-library's MLP runs its FP8 path as NxD Inference calls it (FP8 weights;
+    at decode bf16 activations), AWS's tutorial matmul has no FP8 (as ``nmmc tune`` labels them for one kernel,
+    docs/fp8.md "Baselines")."""
+    fp8 = workload.fp8
+    if fp8 is None:
+        return {"nkilib-mlp": "dense, nki-library MLP + all-reduce", "nmmc-dense": "dense, nmmc fused MLP + all-reduce",
+                "dense": "dense, AWS kernel per projection + all-reduce"}[kind]
+    fmt = fp8.format.replace("float8_", "fp8_")
+    return {"nkilib-mlp": f"dense {fmt} weights, nki-library MLP (its FP8 path) + all-reduce",
+            "nmmc-dense": f"dense {fmt}, nmmc fused MLP + all-reduce",
+            "nmmc-dense-unquantized": f"dense without FP8 ({workload.dtype}), nmmc fused MLP + all-reduce",
+            "dense": f"dense {workload.dtype}, AWS kernel per projection (no FP8) + all-reduce"}[kind]
+
+
 def dense_alternatives(workload: MlpWorkload, tp: int, target: Target, dialect: str,
                        kernel_fn: KernelFn) -> dict[str, dict[str, float] | None]:
-    """The dense MLP at the same group size: nki-library's MLP on each rank's shard plus the all-reduce (what NxD
-    Inference runs), nmmc's own fused dense MLP plus it, then AWS's kernel per projection (SiLU and multiply as their
-    own kernels, as nmmc's ``dense`` baseline) plus it."""
+    """The dense MLP at the same group size (see :data:`ALTERNATIVES`): nki-library's MLP on each rank's shard plus
+    the all-reduce (what NxD Inference runs), nmmc's own fused dense MLP in the workload's weight format plus it
+    (for FP8 weights also the one without FP8, tuned alike, as ``nmmc tune`` of one FP8 MLP compares with its bf16
+    twin), then AWS's kernel per projection (SiLU and multiply as their own kernels, as nmmc's ``dense`` baseline)
+    plus it."""
     from ..lowerings import lowering_for
     from ..lowerings.base import dma_transpose_ok
 
-    dense = MlpWorkload(workload.tokens, workload.hidden, workload.intermediate, None, workload.dtype)
+    dense = MlpWorkload(workload.tokens, workload.hidden, workload.intermediate, None, workload.dtype, fp8=workload.fp8)
     megatron = evaluate_strategy(dense, tp, Strategy("dense", "dense"), target, kernel_fn)
     assert megatron.sharded is not None
     slowest: dict[str, float | None] = {"nkilib-mlp": 0.0, "dense": 0.0}  # the slowest rank's kernel of each
     for compiled in megatron.kernels.values():
         shard = compiled.workload
+        # an FP8 shard's baselines: nki-library's FP8 path (nkilib_mlp.py), AWS's the bf16 computation (fused.py)
         baselines = lowering_for(shard).baselines(shard, target, dma_transpose_ok(shard, target, dialect))
         for name, latency in slowest.items():
             cost = baselines[name].cost if name in baselines else None
@@ -140,12 +165,14 @@ def dense_alternatives(workload: MlpWorkload, tp: int, target: Target, dialect: 
     def total(kernel: float | None) -> dict[str, float] | None:
         return None if kernel is None else {"kernel_us": kernel, "comm_us": comm, "total_us": kernel + comm}
 
-    # in the order a user meets them (lowerings/base.py, BASELINE_ORDER): nki-library's MLP per rank (what NxD
-    # Inference runs; None where it does not run the rank's shape), nmmc's own dense MLP, then AWS's kernels
-    return {"dense, nki-library MLP + all-reduce": total(slowest["nkilib-mlp"]),
-            "dense, nmmc fused MLP + all-reduce":
-            {"kernel_us": megatron.kernel_us, "comm_us": comm, "total_us": megatron.total_us},
-            "dense, AWS kernel per projection + all-reduce": total(slowest["dense"])}
+    out = {"nkilib-mlp": total(slowest["nkilib-mlp"]), "nmmc-dense": total(megatron.kernel_us)}
+    if workload.fp8 is not None:
+        plain = replace(dense, fp8=None)
+        unquantized = evaluate_strategy(plain, tp, Strategy("dense", "dense"), target, kernel_fn)
+        out["nmmc-dense-unquantized"] = {"kernel_us": unquantized.kernel_us, "comm_us": unquantized.comm_us,
+                                         "total_us": unquantized.total_us}
+    out["dense"] = total(slowest["dense"])
+    return {alternative_label(kind, workload): figures for kind, figures in out.items()}
 
 
 def plan_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel_fn: KernelFn,

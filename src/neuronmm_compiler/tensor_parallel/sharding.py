@@ -14,6 +14,13 @@ down
   *before* the multiplication by V (r / hidden of the bytes of ``reduce-output``);
   ``factor-shard``: every rank's row block of W factorised on its own, the partial outputs all-reduced.
 
+FP8 weights (``--dtype fp8``, docs/fp8.md) shard with their scales: a per-output-channel scale follows its
+weight's columns (gate/up, V of a column shard), a row-parallel weight keeps its whole per-channel scale (its
+output channels are not split), a factor of a shard's own carries its own. An activation's static per-tensor scale
+is one tensor, the same on every rank, when every rank quantizes the same value or a column shard of one value (x,
+the replicated x U, the intermediate h); it is the rank's own (``<value>_scale.r<rank>``) when each rank quantizes a
+value of its own (x U_i of a shard's own factors, the partial product h_i U_down_i).
+
 Shards are as even as possible (the first ``I mod N`` ranks get one column more), so a ragged
 intermediate (not a multiple of ``N * 128``) gives ranks whose last tile is ragged, which the
 lowerings handle; ranks with equal shapes form one *role* and share a kernel.
@@ -21,13 +28,14 @@ lowerings handle; ranks with equal shapes form one *role* and share a kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InputError
 from ..frontends.shapes import block_aligned_rank, mlp_graph
 from ..frontends.workloads import MlpWorkload, Workload, gemm_workload, graph_workload
 from ..ir import Graph
+from ..ir.fp8 import is_fp8
 from ..vocab import ElementwiseOp
 
 GATE_UP_STRATEGIES = ("replicate-u", "factor-shard")
@@ -149,11 +157,13 @@ class RankProgram:
 
 @dataclass(frozen=True)
 class Factor:
-    """A weight tensor the plan names: its shape and what it holds (a per-rank factor of a shard says which)."""
+    """A weight tensor the plan names: its shape and what it holds (a per-rank factor of a shard says which); an FP8
+    plan's tensors also say their dtype (FP8 weights, float32 scales)."""
 
     name: str
     shape: tuple[int, int]
     holds: str
+    dtype: str | None = None
 
 
 @dataclass
@@ -196,8 +206,12 @@ def _partial_graph(tokens: int, hidden: int, cols: int, ranks: tuple[int, int, i
 
 def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
     """The per-rank programs of ``workload`` over ``tp`` ranks under ``strategy``. InputError when the
-    strategy does not apply (a factor-shard strategy whose shards no aligned rank compresses)."""
-    t, h, inter, dtype = workload.tokens, workload.hidden, workload.intermediate, workload.dtype
+    strategy does not apply (a factor-shard strategy whose shards no aligned rank compresses; reduce-rank of FP8
+    weights)."""
+    t, h, inter, dtype, fp8 = workload.tokens, workload.hidden, workload.intermediate, workload.dtype, workload.fp8
+    if fp8 is not None and strategy.down == "reduce-rank":
+        raise InputError("reduce-rank does not apply to FP8 weights: the all-reduced [tokens, rank] sum would be "
+                         "quantized again for down_v, an FP8 GEMM nmmc does not compile (GEMM workloads have no FP8)")
     sizes = shard_sizes(inter, tp)
     group = tuple(range(tp))
     factors: dict[str, Factor] = {}
@@ -211,8 +225,9 @@ def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
         program = RankProgram(rank, role)
         args: dict[str, Operand] = {"x": Operand("x")}
         if workload.ranks is None:
-            _dense_args(args, factors, h, inter, span, dtype)
-            kernel: Workload = MlpWorkload(t, h, cols, None, dtype)
+            _dense_args(args, factors, h, inter, span)
+            kernel: Workload = MlpWorkload(t, h, cols, None, dtype, fp8=fp8)
+            _scale_args(args, factors, kernel, rank, set())
             program.steps.append(KernelStep(f"mlp_{cols}", kernel, args, {"out": f"out.r{rank}"}))
             program.steps.append(CollectiveStep("all_reduce", f"out.r{rank}", "out", (t, h), dtype, group))
             programs.append(program)
@@ -227,7 +242,9 @@ def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
             program.steps.append(KernelStep("down_v", gemm_workload(t, h, ranks[2], dtype=dtype),
                                             {"a": Operand("z"), "b": Operand("v_down")}, {"c": "out"}))
         else:
-            kernel = MlpWorkload(t, h, cols, ranks, dtype)
+            kernel = MlpWorkload(t, h, cols, ranks, dtype, fp8=fp8)
+            own = ({"x_ug", "x_uu"} if strategy.gate_up == "factor-shard" else set()) | {"h_ud"}
+            _scale_args(args, factors, kernel, rank, own)
             program.steps.append(KernelStep(f"mlp_{cols}_{'_'.join(map(str, ranks))}", kernel, args,
                                             {"out": f"out.r{rank}"}))
             program.steps.append(CollectiveStep("all_reduce", f"out.r{rank}", "out", (t, h), dtype, group))
@@ -235,8 +252,45 @@ def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
     return ShardedMlp(workload, tp, strategy, sizes, factors, programs)
 
 
+def _scale_args(args: dict[str, Operand], factors: dict[str, Factor], kernel: MlpWorkload, rank: int,
+                own: set[str]) -> None:
+    """Bind the scale inputs of an FP8 rank kernel (nothing for bf16; see the module docstring): a weight's scale
+    ``<w>_scale`` follows the weight's operand (its column slice as rows of a per-channel scale; whole for a
+    row-parallel or whole weight; ``<w>_scale.r<rank>`` for a factor of the rank's own), an activation's
+    ``<value>_scale`` is shared by every rank unless ``value`` is in ``own``."""
+    fp8 = kernel.fp8
+    if fp8 is None:
+        return
+    inputs = kernel.graph().inputs()
+    weights = {node.name for node in inputs if is_fp8(node.dtype)}
+    for name in weights:
+        tensor = args[name].tensor
+        factors[tensor] = replace(factors[tensor], dtype=fp8.format)
+    for node in inputs:
+        name = node.name
+        if name in args or not name.endswith("_scale"):
+            continue
+        base = name[: -len("_scale")]
+        weight = args[base] if base in weights else None
+        if weight is None:  # an activation's static per-tensor scale
+            shared = base not in own
+            tensor = name if shared else f"{name}.r{rank}"
+            holds = (f"the static scale of {base} (per tensor, the same on every rank)" if shared else
+                     f"the static scale of rank {rank}'s own {base} (per tensor)")
+            factors[tensor] = Factor(tensor, (1, 1), holds, "float32")
+            args[name] = Operand(tensor)
+            continue
+        stem, dot, suffix = weight.tensor.partition(".")
+        tensor = f"{stem}_scale{dot}{suffix}"
+        full = factors[weight.tensor].shape[1] if fp8.scales == "row" else 1
+        what = "per output channel" if fp8.scales == "row" else "per tensor"
+        factors[tensor] = Factor(tensor, (full, 1), f"the {fp8.scales} scales of {weight.tensor} ({what})", "float32")
+        per_column = fp8.scales == "row" and weight.cols is not None
+        args[name] = Operand(tensor, rows=weight.cols if per_column else None)
+
+
 def _dense_args(args: dict[str, Operand], factors: dict[str, Factor], h: int, inter: int,
-                span: tuple[int, int], dtype: str) -> None:
+                span: tuple[int, int]) -> None:
     for name, shape in (("w_gate", (h, inter)), ("w_up", (h, inter)), ("w_down", (inter, h))):
         factors[name] = Factor(name, shape, f"the unsharded {name}")
     args["w_gate"] = Operand("w_gate", cols=span)
@@ -291,5 +345,7 @@ def _own_factors(args: dict[str, Operand], factors: dict[str, Factor], part: str
 
 
 def unsharded_graph(workload: MlpWorkload) -> Graph:
-    """The graph the shards together compute when every factor is a slice of one unsharded set."""
-    return mlp_graph(workload.tokens, workload.hidden, workload.intermediate, workload.ranks, workload.dtype)
+    """The graph the shards together compute when every factor is a slice of one unsharded set (for FP8 weights, the
+    quantized graph: each scale a plan tensor of the same name)."""
+    return mlp_graph(workload.tokens, workload.hidden, workload.intermediate, workload.ranks, workload.dtype,
+                     fp8=workload.fp8)

@@ -8,6 +8,12 @@ shards make together, i.e. the graph of all ranks with each all-reduce as a sum 
 MLP whose weight blocks are the shards' products). The tolerance is ``nmmc verify``'s (bf16 1e-2, fp32
 1e-5, plus the rounding allowance of stored intermediates, computed on the graph of all ranks, so the
 rounding of every partial sum handed to a collective counts).
+
+An FP8 plan (docs/tensor-parallel.md, "FP8") is verified as one FP8 kernel is: the unquantized tensors are drawn,
+the weights quantized and the static scales calibrated on the plan's tensors (:mod:`.calibration`), the reference
+is the *quantized* computation (the unsharded FP8 MLP, or the FP8 graph of all ranks), and the error against the
+unquantized MLP is reported beside it, never checked. Each rank's kernel also has its scale units checked (rule
+NMMC-FP8-SCALE-ONCE).
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import numpy as np
 from ..codegen import read_metadata
 from ..errors import InputError, KernelError
 from ..frontends.workloads import MlpWorkload, workload_from_dict
-from ..ir import Graph, evaluate
+from ..ir import Graph, evaluate, parse_text
+from ..ir.quantized import unquantized
 from ..targets import Target, get_target
 from ..verification import NUMPY_DTYPES, TOLERANCES, interpreter_runner, merge_counters, read_kernel_file
 from ..verification.reference import reference_chunks
@@ -46,6 +53,8 @@ class TpVerifyReport:
     rounding_allowance: float = 0.0
     reference: str = ""
     error: str | None = None
+    #: An FP8 plan's outputs against the unquantized MLP on the same values (reported, never checked; None: bf16)
+    unquantized_rel_error: float | None = None
     per_rank: list[dict[str, Any]] = field(default_factory=list)
     totals: dict[str, Any] = field(default_factory=dict)
 
@@ -59,6 +68,9 @@ class TpVerifyReport:
         status = "OK" if self.ok else "FAILED"
         out = [head, f"{status}: relative error {rel} (tolerance {self.tolerance:.0e} + rounding allowance "
                      f"{self.rounding_allowance:.1e})" + (f"; {self.error}" if self.error else "")]
+        if self.unquantized_rel_error is not None:
+            out.append(f"  error against the unquantized MLP: {self.unquantized_rel_error:.3e} (FP8's quantization "
+                       "error on these random values, reported, not checked; docs/fp8.md)")
         for entry in [*self.per_rank, {"rank": "all", **self.totals}] if self.per_rank else []:
             out.append(f"  {'rank ' + str(entry['rank']) if entry['rank'] != 'all' else 'all ranks':<9} HBM read "
                        f"{entry.get('total_hbm_bytes_read', 0)} B, "
@@ -90,11 +102,11 @@ class _Kernels:
             if meta is None:
                 raise InputError(f"{path}: not an nmmc kernel file")
             check_source(source, str(path))
-            self.files[key] = (source, str(path), meta)
+            self.files[key] = (source, str(path), meta, parse_text(meta.graph))
 
     def run(self, key: str, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        source, filename, meta = self.files[key]
-        runner = interpreter_runner(source, filename)
+        source, filename, meta, graph = self.files[key]
+        runner = interpreter_runner(source, filename, graph)  # an FP8 graph's scale units checked too
         tensors, counters = dict(inputs), {}
         for kernel in meta.kernels:
             outputs, part = runner(kernel, [tensors[s.name] for s in kernel.inputs], self.target)
@@ -134,7 +146,8 @@ def _combined_graph(plan: dict[str, Any], workloads: dict[str, Any]) -> tuple[Gr
                 elif node.kind == NodeKind.TRANSPOSE:
                     ids[node.id] = graph.add_transpose(ids[node.operands[0]])
                 else:
-                    ids[node.id] = graph.add_elementwise(node.attrs["op"], *(ids[o] for o in node.operands))
+                    ids[node.id] = graph.add_elementwise(node.attrs["op"], *(ids[o] for o in node.operands),
+                                                         dtype=node.attrs.get("dtype") or None)
         first = plan["ranks"][0]["steps"][index]
         if "collective" in first:
             parts = [values[r["rank"]][r["steps"][index]["tensor"]] for r in plan["ranks"]]
@@ -176,9 +189,16 @@ def _run(plan: dict[str, Any], workload: MlpWorkload, workloads: dict[str, Any],
          report: TpVerifyReport) -> None:
     rng = np.random.default_rng(report.seed)
     dtype = NUMPY_DTYPES[workload.dtype]
-    arrays = {name: rng.standard_normal(tuple(entry["shape"]), dtype=np.float32).astype(dtype)
-              for name, entry in sorted(plan["tensors"].items())}
+    raw = {name: rng.standard_normal(tuple(entry["shape"]), dtype=np.float32).astype(dtype)
+           for name, entry in sorted(plan["tensors"].items())}
     ranks = plan["ranks"]
+    combined, bindings = _combined_graph(plan, workloads)
+    arrays = raw
+    if workload.fp8 is not None:
+        from .calibration import quantize_plan
+
+        arrays = quantize_plan(plan, workloads, raw, combined, bindings,
+                               lambda rank, arg: _operand(raw, _arg_spec(ranks[rank], arg)))
     held: list[dict[str, np.ndarray]] = [dict(arrays) for _ in ranks]
     counters: list[dict[str, Any]] = [{} for _ in ranks]
     for index in range(len(ranks[0]["steps"])):
@@ -203,20 +223,33 @@ def _run(plan: dict[str, Any], workload: MlpWorkload, workloads: dict[str, Any],
     report.per_rank = [{"rank": r["rank"], **c} for r, c in zip(ranks, counters, strict=True)]
     for part in counters:
         merge_counters(report.totals, part)
-    combined, bindings = _combined_graph(plan, workloads)
     combined_inputs = {name: _operand(held[rank], _arg_spec(ranks[rank], arg)) for name, (rank, arg)
                        in bindings.items()}
     sigmas = [chunk.sigmas.get("out") for chunk in reference_chunks(combined, combined_inputs)]
     allowance = float(np.sqrt(sum(float(np.sum(s * s)) for s in sigmas if s is not None)))
     unsharded = all(name == "x" or "." not in name for name in plan["tensors"])
+    fp8 = "" if workload.fp8 is None else "FP8 "
     if unsharded:
         graph = unsharded_graph(workload)
         expected = evaluate(graph, {n.name: arrays[n.name] for n in graph.inputs()})["out"]
-        report.reference = "the unsharded MLP on the unsharded weights"
+        report.reference = f"the unsharded {fp8}MLP on the unsharded weights"
     else:
+        graph = combined
         expected = evaluate(combined, combined_inputs)["out"]
-        report.reference = "the MLP of the shards' own factors (all ranks, all-reduce as a sum)"
-    _compare(report, held, ranks, np.asarray(expected, dtype=np.float64), allowance, plan.get("output", "out"))
+        report.reference = (f"the {fp8}MLP of the shards' own factors (all ranks, all-reduce as a sum)" if not fp8 else
+                            "the FP8 computation of all ranks (each rank's own scales; all-reduce as a sum)")
+    output = plan.get("output", "out")
+    _compare(report, held, ranks, np.asarray(expected, dtype=np.float64), allowance, output)
+    if workload.fp8 is not None and report.ok:
+        plain = unquantized(graph, workload.dtype)
+        plain_inputs = {n.name: raw[n.name] if unsharded else _operand(raw, _arg_spec(ranks[bindings[n.name][0]],
+                                                                                   bindings[n.name][1]))
+                        for n in plain.inputs()}
+        reference = np.asarray(evaluate(plain, plain_inputs)["out"], dtype=np.float64)
+        denom = float(np.linalg.norm(reference)) or 1.0
+        report.unquantized_rel_error = max(
+            float(np.linalg.norm(np.asarray(held[e["rank"]][output], dtype=np.float64) - reference)) / denom
+            for e in ranks)
 
 
 def _arg_spec(rank_entry: dict[str, Any], arg: str) -> dict[str, Any]:
