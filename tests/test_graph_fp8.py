@@ -18,6 +18,7 @@ from neuronmm_compiler.frontends import graph_file as gf
 from neuronmm_compiler.frontends.shapes import Fp8Weights, mlp_graph
 from neuronmm_compiler.ir import to_text
 from neuronmm_compiler.ir.quantized import unquantized
+from neuronmm_compiler.passes.quantize_fp8 import quantize_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "graphs"
@@ -56,7 +57,7 @@ def test_a_file_builds_the_mlp_frontends_fp8_graph():
 
 
 def test_the_example_quantizes_the_base_weight_only():
-    graph = gf.load_graph_spec(EXAMPLES / "lora_fp8.yaml").graph({"hidden": 256, "out": 384})
+    graph = quantize_fp8(gf.load_graph_spec(EXAMPLES / "lora_fp8.yaml").graph({"hidden": 256, "out": 384}))
     assert [(n.name, n.dtype, n.shape) for n in graph.inputs()][-3:] == [
         ("lora_b", "bfloat16", (16, 384)), ("x_scale", "float32", (1, 1)), ("w_scale", "float32", (384, 1))]
     plain = gf.load_graph_spec(EXAMPLES / "lora.yaml").graph({"hidden": 256, "out": 384})

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import InputError
 from ..ir import Graph
 from ..ir.quantized import activation_amax, activation_scale, quantize_weight
+from ..passes.quantize_fp8 import quantize_fp8
 from ..vocab import ElementwiseOp, NodeKind
 
 #: The operand of a rank's argument: (rank, argument name) -> its array, sliced as the plan says.
@@ -38,7 +39,7 @@ def weight_scales(plan: dict[str, Any], workloads: dict[str, Any]) -> dict[str, 
         for step in rank_entry["steps"]:
             if "kernel" not in step:
                 continue
-            graph = workloads[step["kernel"]].graph()
+            graph = quantize_fp8(workloads[step["kernel"]].graph())  # the quantization placed, as in the kernel
             for node in _scaled_nodes(graph, ElementwiseOp.DEQUANTIZE):
                 weight = graph.node(graph.node(node.operands[0]).operands[1])
                 scale = graph.node(node.operands[2])

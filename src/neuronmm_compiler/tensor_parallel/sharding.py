@@ -36,6 +36,7 @@ from ..frontends.shapes import block_aligned_rank, mlp_graph
 from ..frontends.workloads import MlpWorkload, Workload, gemm_workload, graph_workload
 from ..ir import Graph
 from ..ir.fp8 import is_fp8
+from ..passes.quantize_fp8 import quantize_fp8
 from ..vocab import ElementwiseOp
 
 GATE_UP_STRATEGIES = ("replicate-u", "factor-shard")
@@ -261,7 +262,7 @@ def _scale_args(args: dict[str, Operand], factors: dict[str, Factor], kernel: Ml
     fp8 = kernel.fp8
     if fp8 is None:
         return
-    inputs = kernel.graph().inputs()
+    inputs = quantize_fp8(kernel.graph()).inputs()  # the kernel's arguments: with the scales the pass adds
     weights = {node.name for node in inputs if is_fp8(node.dtype)}
     for name in weights:
         tensor = args[name].tensor
@@ -347,5 +348,5 @@ def _own_factors(args: dict[str, Operand], factors: dict[str, Factor], part: str
 def unsharded_graph(workload: MlpWorkload) -> Graph:
     """The graph the shards together compute when every factor is a slice of one unsharded set (for FP8 weights, the
     quantized graph: each scale a plan tensor of the same name)."""
-    return mlp_graph(workload.tokens, workload.hidden, workload.intermediate, workload.ranks, workload.dtype,
-                     fp8=workload.fp8)
+    return quantize_fp8(mlp_graph(workload.tokens, workload.hidden, workload.intermediate, workload.ranks,
+                                  workload.dtype, fp8=workload.fp8))

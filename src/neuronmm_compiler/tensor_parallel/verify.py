@@ -30,6 +30,7 @@ from ..errors import InputError, KernelError
 from ..frontends.workloads import MlpWorkload, workload_from_dict
 from ..ir import Graph, evaluate, parse_text
 from ..ir.quantized import unquantized
+from ..passes.quantize_fp8 import quantize_fp8
 from ..targets import Target, get_target
 from ..verification import NUMPY_DTYPES, TOLERANCES, interpreter_runner, merge_counters, read_kernel_file
 from ..verification.reference import reference_chunks
@@ -128,7 +129,7 @@ def _combined_graph(plan: dict[str, Any], workloads: dict[str, Any]) -> tuple[Gr
             step = rank_entry["steps"][index]
             if "collective" in step:
                 continue
-            kernel_graph = workloads[step["kernel"]].graph()
+            kernel_graph = quantize_fp8(workloads[step["kernel"]].graph())  # its arguments, scales included
             ids: dict[str, str] = {}
             for node in kernel_graph.nodes():
                 if node.kind == NodeKind.INPUT:
