@@ -96,7 +96,8 @@ def export(model: str, buckets: str, tp: int, keep_ratio: float | None, dense: b
     tgt = resolve_target(target, None)  # inside a model's graph: in-graph unless --launch says otherwise
     request = ExportRequest(model=model, buckets=tuple(parse_buckets(buckets)), target=tgt,
                             dialect=chosen_dialect(dialect, sdk, tgt), tp=tp, keep_ratio=keep_ratio, dense=dense,
-                            dtype=None if dtype is None else canonical_dtype(dtype), trials=trials, seed=seed, cache_dir=cache_dir,
+                            dtype=None if dtype is None else canonical_dtype(dtype), trials=trials, seed=seed,
+                            cache_dir=cache_dir,
                             use_cache=not no_cache)
     ok = run_export(request, output, verify=run_verify, as_json=as_json,
                     progress=show_progress(progress, as_json), echo=click.echo)

@@ -100,8 +100,8 @@ def verify_export(path: str | Path, seed: int = 0) -> DirReport:
         actual = {a["name"]: a["dtype"] for b in group["buckets"] for k in b["kernels"].values()
                   for f in k["functions"] for a in f["arguments"] if a["name"] in stated}
         if stated != actual:
-            report.items.append(Item(f"{MANIFEST_NAME}: group {name}", False,
-                                     error=f"the tensors' dtypes {stated} differ from the kernels' arguments' {actual}"))
+            report.items.append(Item(f"{MANIFEST_NAME}: group {name}", False, error=f"the tensors' dtypes {stated} "
+                                                                                 f"differ from the kernels' {actual}"))
     layers = manifest["layers"]
     if sorted(layer for g in manifest["groups"].values() for layer in g["layers"]) != list(range(len(layers))) or \
             any(layers[layer] != name for name, g in manifest["groups"].items() for layer in g["layers"]):

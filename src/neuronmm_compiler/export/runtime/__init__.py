@@ -24,7 +24,8 @@ from .module import AllReduce, NeuronNmmcMLP, NmmcMLP
 
 ROOT = Path(__file__).resolve().parent
 
-__all__ = ["ROOT", "NeuronNmmcMLP", "NmmcMLP", "backend", "fp8", "manifest", "mlp", "module", "patch", "runner", "weights"]
+__all__ = ["ROOT", "NeuronNmmcMLP", "NmmcMLP", "backend", "fp8", "manifest", "mlp", "module", "patch", "runner",
+           "weights"]
 
 
 @functools.cache
@@ -44,7 +45,8 @@ def mlp(weights_dir: str | Path, layer: int, *, rank: int = 0, all_reduce: AllRe
         activation_scales: dict[int, dict[str, float]] | None = None) -> NmmcMLP:
     """The MLP module of decoder layer ``layer`` (its group's kernels) for tensor-parallel rank ``rank``, its
     weights read from ``weights_dir`` (NxD Inference's forward signature with ``neuron_signature``;
-    ``activation_scales``: FP8 kernels' static scales when the weights come from a checkpoint, :func:`.fp8.calibrate`)."""
+    ``activation_scales``: FP8 kernels' static scales when the weights come from a checkpoint,
+    :func:`.fp8.calibrate`)."""
     cls = NeuronNmmcMLP if neuron_signature else NmmcMLP
     made = cls(manifest(), runner(), rank=rank, all_reduce=all_reduce, backend=backend,
                group=weights.layer_group(manifest(), layer))
