@@ -59,7 +59,7 @@ def activation_scale(amax: float, fmt: str) -> float:
 
 
 def _mlps(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    from .patch import mlp_layers
+    from .layers import mlp_layers
 
     return [(index, mlp) for index, _, mlp in mlp_layers(model)]
 

@@ -18,7 +18,6 @@ Part of a package written by ``nmmc export``.
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,9 @@ import torch
 from torch import nn
 
 from .backend import KernelRunner
+from .layers import HF_MLPS, NXDI_MLPS, mlp_layers
 from .module import AllReduce, NeuronNmmcMLP, NmmcMLP
 from .weights import TensorSource, layer_arguments, layer_group
-
-#: MLP classes this package replaces: Hugging Face transformers' and NxD Inference's gated MLPs.
-HF_MLPS = ("LlamaMLP", "Qwen3MLP", "Qwen2MLP", "MistralMLP")
-NXDI_MLPS = ("NeuronLlamaMLP",)
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
 
 def tp_rank() -> int:
@@ -88,17 +83,6 @@ class EmulatedGroup(nn.Module):
         if errors:
             raise errors[0]
         return results[0]
-
-
-def mlp_layers(model: nn.Module) -> list[tuple[int, nn.Module, nn.Module]]:
-    """(layer index, decoder layer, its MLP) of every decoder layer with a gated MLP this package replaces."""
-    found = []
-    for name, module in model.named_modules():
-        match = _LAYER.search(name)
-        mlp = getattr(module, "mlp", None)
-        if match and mlp is not None and type(mlp).__name__ in (*HF_MLPS, *NXDI_MLPS):
-            found.append((int(match.group(1)), module, mlp))
-    return found
 
 
 def patch_model(model: nn.Module, weights: str | Path, *, manifest: dict[str, Any], root: Path,
