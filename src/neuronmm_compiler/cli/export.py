@@ -26,7 +26,8 @@ The package (OUT/):
   kernels/<group>/t<T>/   the kernel of bucket T for a layer group (dense-bf16, svd-fp8-r..., ...;
                           layers of different formats/ranks: one group each; with --tp: one
                           file per rank role, and plan.json)
-  manifest.json           buckets, kernels, every argument's shape/dtype/layout, SDK range, LNC,
+  manifest.json           layer -> group, per group its buckets, kernels, every argument's
+                          shape/dtype/layout and source, activation dtype, SDK range, LNC,
                           target, TP plan, predicted latencies with their error band and launch
                           context (manifest.schema.json is its JSON Schema)
   weights.py, fp8.py      checkpoint (dense; FP8: quantized per output channel) or factor files
