@@ -195,6 +195,9 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     out = tmp_path / "nmmc_mixed"
     manifest = export_model(ExportRequest(model=str(factors), buckets=(16,), target=TARGET, dialect="nki"), out,
                             kernel_fn=_kernel)
+    import jsonschema
+
+    jsonschema.validate(manifest, schema())
     assert manifest["layers"] == ["dense-fp8", "svd-bf16-r128-128-128"] and manifest["mlp"] == "per layer"
     assert manifest["groups"]["svd-bf16-r128-128-128"]["tensors"]["u_gate"]["dtype"] == "bfloat16"
     assert manifest["groups"]["dense-fp8"]["tensors"]["x_scale"]["name"] == "model.layers.{layer}.mlp.x_scale"
