@@ -17,8 +17,10 @@ from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.driver import compile_workload
+from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.export import ExportRequest, export_model
 from neuronmm_compiler.export.manifest import schema
+from neuronmm_compiler.export.verify import group_problems
 from neuronmm_compiler.ir.quantized import activation_scale, quantize_weight
 from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp
 from neuronmm_compiler.models.fp8_files import read_fp8_layer
@@ -148,6 +150,9 @@ def test_fp8_export_of_a_checkpoint_matches_the_fp8_emulation(tiny, tmp_path):
 
     directory, calibration = tiny
     out = tmp_path / "nmmc_fp8"
+    with pytest.raises(InputError, match="--tp with FP8"):
+        export_model(ExportRequest(model=str(directory), buckets=(4,), target=TARGET, dialect="nki", tp=2,
+                                   dtype="float8_e4m3"), tmp_path / "tp2", kernel_fn=_kernel)
     manifest = export_model(ExportRequest(model=str(directory), buckets=(4, 16), target=TARGET, dialect="nki",
                                           dtype="float8_e4m3"), out, kernel_fn=_kernel)
     jsonschema.validate(manifest, schema())
@@ -202,6 +207,13 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     assert manifest["groups"]["svd-bf16-r128-128-128"]["tensors"]["u_gate"]["dtype"] == "bfloat16"
     assert manifest["groups"]["dense-fp8"]["tensors"]["x_scale"]["name"] == "model.layers.{layer}.mlp.x_scale"
     assert {p.name for p in (out / "kernels").iterdir()} == set(manifest["groups"])
+    assert group_problems(manifest) == []
+    swapped = {**manifest, "layers": manifest["layers"][::-1]}
+    assert group_problems(swapped) == ["layers and groups disagree: every layer must be in exactly the group the "
+                                       "layers list names"]
+    wrong = json.loads(json.dumps(manifest))
+    wrong["groups"]["dense-fp8"]["tensors"]["w_up"]["dtype"] = "bfloat16"
+    assert [p.split(":")[0] for p in group_problems(wrong)] == ["group dense-fp8"]
     pkg = _import(out)
     patched = LlamaForCausalLM.from_pretrained(directory)
     assert pkg.patch(patched, factors, backend="interpreter") == [0, 1]

@@ -94,13 +94,17 @@ def test_tune_model_uses_the_format_a_compress_output_records(tmp_path) -> None:
     assert index["formats_allowed"] == ["svd-fp8", "dense-fp8"]
     (bucket,) = index["buckets"]
     assert bucket["chosen_format"] == "svd-fp8" and bucket["chosen_by"] == "manifest"
+    searched = []
     index = tune_model(source, [1], tmp_path / "b", target=target, dialect="nki", tune_bucket=tune,
-                       formats=FormatRequest.parse("bf16,fp8"))
+                       formats=FormatRequest.parse("bf16,fp8"), on_written=searched.extend)
     (bucket,) = index["buckets"]
     front = {f["name"]: f["predicted_us"] for f in bucket["formats"]}
     assert bucket["chosen_format"] == "svd-fp8" and min(front, key=front.get) != "svd-fp8"  # recorded, not fastest
     lines = "\n".join(model_lines(source, index, target, str(tmp_path / "b")))
     assert "as the compress output records" in lines and "whatever the latencies" in lines
+    _lock_chosen(str(tmp_path / "lock.json"), index, searched, TuneRequest(target=target, dialect="nki"))
+    (entry,) = list(Lockfile.load(tmp_path / "lock.json"))
+    assert entry.workload["fp8"]["format"] == "float8_e4m3" and entry.workload.get("ranks")
     with pytest.raises(InputError, match="add it to --dtype"):
         tune_model(source, [1], tmp_path / "c", target=target, dialect="nki", tune_bucket=tune,
                    formats=FormatRequest.parse("fp8_e5m2"))

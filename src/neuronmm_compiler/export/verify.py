@@ -96,18 +96,25 @@ def verify_export(path: str | Path, seed: int = 0) -> DirReport:
                 if mismatch:
                     report.items.append(Item(f"{MANIFEST_NAME}: group {name}, bucket {bucket['tokens']}, kernel {key}",
                                              False, error=mismatch))
+    report.items += [Item(MANIFEST_NAME, False, error=problem) for problem in group_problems(manifest)]
+    return report
+
+
+def group_problems(manifest: dict[str, Any]) -> list[str]:
+    """What an export manifest's layer groups contradict: a weight whose stated dtype is not its kernel argument's,
+    a layer in no group, in two, or in another than ``layers`` names."""
+    problems = []
+    for name, group in manifest["groups"].items():
         stated = {t: info["dtype"] for t, info in group["tensors"].items()}
         actual = {a["name"]: a["dtype"] for b in group["buckets"] for k in b["kernels"].values()
                   for f in k["functions"] for a in f["arguments"] if a["name"] in stated}
         if stated != actual:
-            report.items.append(Item(f"{MANIFEST_NAME}: group {name}", False, error=f"the tensors' dtypes {stated} "
-                                                                                 f"differ from the kernels' {actual}"))
+            problems.append(f"group {name}: the tensors' dtypes {stated} differ from the kernels' arguments' {actual}")
     layers = manifest["layers"]
     if sorted(layer for g in manifest["groups"].values() for layer in g["layers"]) != list(range(len(layers))) or \
             any(layers[layer] != name for name, g in manifest["groups"].items() for layer in g["layers"]):
-        report.items.append(Item(MANIFEST_NAME, False, error="layers and groups disagree: every layer must be in "
-                                                             "exactly the group the layers list names"))
-    return report
+        problems.append("layers and groups disagree: every layer must be in exactly the group the layers list names")
+    return problems
 
 
 def _kernel(root: Path, name: str, seed: int) -> Item:
