@@ -140,8 +140,34 @@ def test_cli_choose_ranks_from_measured_perplexity(tiny):
     assert result.exit_code == 0, result.output
     assert "measured rank choice within +2.5% perplexity on calibration tokens" in result.output
     assert (root / "chosen" / "choice_front.png").is_file()
-    record = read_manifest(root / "chosen").rank_choice
+    manifest = read_manifest(root / "chosen")
+    record = manifest.rank_choice
     assert record["budget_ppl_increase"] == 0.05 and record["selection_budget"] == 0.025
+    # the budget is held on the eval file: the model written is the last one checked, and it measured within
+    check = record["eval_check"]
+    assert check["checked"][-1]["accepted_steps"] == check["kept_steps"] and check["checked"][-1]["within"]
+    assert manifest.quality["perplexity_increase"] <= 0.05 and "checked on the --eval files" in result.output
+    assert [r["gate"] for r in manifest.layer_ranks()] == record["choice"]
+
+
+def test_choice_over_budget_on_the_eval_file_is_backed_off_and_rebuilt_healed(tiny, monkeypatch):
+    root, model_dir, _ = tiny
+    cal, ev = token_file(root / "cal4.npy", 512, 11), token_file(root / "ev4.npy", 128, 12)
+    # a selection budget far above the eval budget: the greedy accepts steps the eval file must refuse
+    monkeypatch.setattr("neuronmm_compiler.models.workflow.SELECTION_SHARE", 40.0)
+    request = CompressRequest(str(model_dir), str(root / "backed"), 0.5, align=32, calibration=str(cal),
+                              eval=str(ev), sequence_length=64, choose_ranks=True, max_ppl_increase=0.05,
+                              heal="closed-form")
+    result = run_compress(request)
+    check = result.measured_choice.eval_check
+    assert check["accepted_steps"] > 0 and check["kept_steps"] < check["accepted_steps"]
+    assert not check["checked"][0]["within"] and check["checked"][-1]["within"]
+    manifest = read_manifest(root / "backed")
+    assert manifest.quality["perplexity_increase"] <= 0.05 and manifest.heal["method"] == "closed-form"
+    assert [r["gate"] for r in manifest.layer_ranks()] == result.measured_choice.choice
+    unchecked = run_compress(CompressRequest(**{**request.__dict__, "out_dir": str(root / "unchecked"),
+                                                "eval_check": False}))
+    assert unchecked.measured_choice.eval_check is None and unchecked.manifest.quality["perplexity_increase"] > 0.05
 
 
 def test_sampling_is_deterministic_and_in_vocabulary(tiny):

@@ -19,7 +19,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .codegen import KernelFile, emit_kernel
@@ -42,6 +42,52 @@ if TYPE_CHECKING:
     from .artifacts.cache import ResultCache
 
 ProgressFn = Callable[[int, int, float], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One workload resolved once for a target: the concrete dialect, the lowering entry that compiles it, whether
+    its A^T / X^T may be a transposing DMA load there, and (built on first use) its graph. Every step of a request
+    (search, cache key, compile, baselines, cache record) reads these from here instead of resolving them again."""
+
+    workload: Workload
+    target: Target
+    dialect: Dialect
+    lowering: Lowering
+    dma_transpose: bool
+
+    @functools.cached_property
+    def graph(self) -> Graph:
+        """The workload's graph before the pipeline (what the result cache keys on)."""
+        return self.workload.graph()
+
+
+def resolve(workload: Workload, target: Target, dialect: str | None = None) -> Job:
+    """``workload`` on ``target`` in ``dialect`` (None or ``auto``: the one the target's SDK support picks)."""
+    concrete = platform_dialect(dialect, target)
+    return Job(workload, target, concrete, lowering_for(workload), dma_transpose_ok(workload, target, concrete))
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How a schedule search runs (``nmmc tune``'s search options). ``exhaustive_threshold`` None: the lowering
+    entry's; ``storage``, ``study_name``, ``workers``: a resumable, shareable Optuna study
+    (:func:`search.tuner.search`); ``timeout``: a search cut short, never cached."""
+
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    timeout: float | None = None
+    method: str | None = None
+    exhaustive_threshold: int | None = None
+    top_k: int = 5
+    storage: str | None = None
+    study_name: str | None = None
+    workers: int = 1
+    progress: ProgressFn | None = field(default=None, compare=False)
+
+    def threshold(self, lowering: Lowering) -> int:
+        """The exhaustive threshold asked for, else the lowering entry's default."""
+        return lowering.exhaustive_threshold if self.exhaustive_threshold is None else self.exhaustive_threshold
 
 
 @dataclass
@@ -146,8 +192,15 @@ def compile_workload(workload: Workload, *, target: Target, dialect: str | None 
                      pipeline: Sequence[Pass] | str | None = None) -> Compiled:
     """Compile ``workload`` under a schedule (a given one, a preset, or the entry's default) with
     ``params`` overrides: lower, check it fits on chip and in HBM, cost and print it."""
-    dialect = platform_dialect(dialect, target)
-    lowering = lowering_for(workload)
+    return compile_job(resolve(workload, target, dialect), schedule=schedule, preset=preset, params=params,
+                       schedule_name=schedule_name, pipeline=pipeline)
+
+
+def compile_job(job: Job, *, schedule: Any | None = None, preset: str | None = None,
+                params: Mapping[str, str | int] | None = None, schedule_name: str | None = None,
+                pipeline: Sequence[Pass] | str | None = None) -> Compiled:
+    """:func:`compile_workload` of a resolved job."""
+    workload, target, dialect, lowering = job.workload, job.target, job.dialect, job.lowering
     params = dict(params or {})
     chosen = lowering.resolve(workload, schedule, preset, params, target, dialect)
     lowered = lower_graph(workload, lowering, chosen, pipeline)
@@ -204,15 +257,13 @@ def stored_schedule(kind: str, params: Mapping[str, Any], target: Target) -> tup
     return lowering, schedule
 
 
-def recompile(workload: Workload, kind: str, params: Mapping[str, Any], *, schedule_name: str, target: Target,
-              dialect: str) -> Compiled:
-    """Rebuild a stored decision for ``workload``: the same schedule under the same name compiles
+def recompile(job: Job, kind: str, params: Mapping[str, Any], *, schedule_name: str) -> Compiled:
+    """Rebuild a stored decision for the job's workload: the same schedule under the same name compiles
     to the byte-identical file the search wrote (codegen is cheap; only decisions are stored)."""
-    lowering, schedule = stored_schedule(kind, params, target)
-    if lowering is not lowering_for(workload):
-        raise InputError(f"a {kind} schedule does not apply to a {workload.kind} workload")
-    return compile_workload(workload, target=target, dialect=dialect, schedule=schedule,
-                            schedule_name=schedule_name)
+    lowering, schedule = stored_schedule(kind, params, job.target)
+    if lowering is not job.lowering:
+        raise InputError(f"a {kind} schedule does not apply to a {job.workload.kind} workload")
+    return compile_job(job, schedule=schedule, schedule_name=schedule_name)
 
 
 def relower(graph: Graph, kind: str, params: Mapping[str, Any], target: Target) -> list[Program]:
@@ -238,87 +289,72 @@ class Tuned:
         return {name: b.speedup(self.compiled.cost) for name, b in self.baselines.items()}
 
 
-def tune(workload: Workload, *, target: Target, dialect: str | None = None, trials: int = DEFAULT_TRIALS,
-         seed: int = 0, timeout: float | None = None, top_k: int = 5, exhaustive_threshold: int | None = None,
-         method: str | None = None, progress: ProgressFn | None = None, storage: str | None = None,
-         study_name: str | None = None, workers: int = 1) -> Tuned:
-    """Search the workload's schedule space with the cost model, compile the winner, cost the
-    baselines. ``storage``, ``study_name``, ``workers``: a resumable, shareable search (see
-    :func:`search.tuner.search`); ``exhaustive_threshold`` defaults to the entry's."""
-    dialect = platform_dialect(dialect, target)
-    dma_transpose = dma_transpose_ok(workload, target, dialect)
-    lowering = lowering_for(workload)
-    if not dma_transpose:  # fail before the search when no schedule can be emitted in this dialect
-        default = lowering.resolve(workload, None, None, {}, target, dialect)
+def tune(workload: Workload, *, target: Target, dialect: str | None = None, **settings: Any) -> Tuned:
+    """:func:`tune_job` of ``workload`` resolved for ``target`` and ``dialect``, with :class:`SearchSettings`
+    ``settings`` (trials, seed, method, ...)."""
+    return tune_job(resolve(workload, target, dialect), SearchSettings(**settings))
+
+
+def tune_job(job: Job, settings: SearchSettings) -> Tuned:
+    """Search the workload's schedule space with the cost model, compile the winner, cost the baselines."""
+    workload, target, lowering = job.workload, job.target, job.lowering
+    if not job.dma_transpose:  # fail before the search when no schedule can be emitted in this dialect
+        default = lowering.resolve(workload, None, None, {}, target, job.dialect)
         check_transposing_loads(lower_programs(lowering, lower_graph(workload, lowering, default), default, target),
-                                workload, target, dialect)
-    threshold = _threshold(lowering, exhaustive_threshold)
-    setup = functools.partial(lowering.search_setup, workload, target, threshold, dma_transpose,
-                              exchange=dialect == Dialect.NKI)
+                                workload, target, job.dialect)
+    threshold = settings.threshold(lowering)
+    setup = functools.partial(lowering.search_setup, workload, target, threshold, job.dma_transpose,
+                              exchange=job.dialect == Dialect.NKI)
     spec, evaluate = setup()
-    result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=trials, seed=seed,
-                    timeout=timeout, exhaustive_threshold=threshold, top_k=top_k, force=method, progress=progress,
-                    storage=storage, study_name=study_name, workers=workers, setup=setup)
-    compiled = compile_workload(workload, target=target, dialect=dialect, schedule=result.best.schedule,
-                                schedule_name=f"tuned ({result.method}, seed {seed})")
-    return Tuned(compiled, result, lowering.baselines(workload, target, dma_transpose))
+    result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=settings.trials,
+                    seed=settings.seed, timeout=settings.timeout, exhaustive_threshold=threshold, top_k=settings.top_k,
+                    force=settings.method, progress=settings.progress, storage=settings.storage,
+                    study_name=settings.study_name, workers=settings.workers, setup=setup)
+    compiled = compile_job(job, schedule=result.best.schedule,
+                           schedule_name=f"tuned ({result.method}, seed {settings.seed})")
+    return Tuned(compiled, result, lowering.baselines(workload, target, job.dma_transpose))
 
 
-def _threshold(lowering: Lowering, exhaustive_threshold: int | None) -> int:
-    """The --exhaustive-threshold asked for, else the lowering entry's default."""
-    return lowering.exhaustive_threshold if exhaustive_threshold is None else exhaustive_threshold
-
-
-def _cache_key(workload: Workload, graph: Graph, *, target: Target, dialect: Dialect, trials: int, seed: int,
-               method: str | None, exhaustive_threshold: int | None) -> str:
+def _cache_key(job: Job, settings: SearchSettings) -> str:
     """The result-cache key of a search request (see :func:`search_fingerprint`)."""
     from .artifacts.cache import cache_key
 
-    request = search_fingerprint(workload, trials=trials, seed=seed, method=method,
-                                 exhaustive_threshold=exhaustive_threshold,
-                                 dma_transpose=dma_transpose_ok(workload, target, dialect))
-    return cache_key(graph, target=target, dialect=dialect, kind=lowering_for(workload).kind, search=request)
+    return cache_key(job.graph, target=job.target, dialect=job.dialect, kind=job.lowering.kind,
+                     search=search_fingerprint(job, settings))
 
 
-def search_fingerprint(workload: Workload, *, trials: int, seed: int, method: str | None,
-                       exhaustive_threshold: int | None, dma_transpose: bool = True) -> dict[str, str]:
+def search_fingerprint(job: Job, settings: SearchSettings) -> dict[str, str]:
     """What a search's outcome depends on besides the graph, target and dialect: the request
     (method, trials, seed, exhaustive threshold) and a fingerprint of the schedule space."""
-    lowering = lowering_for(workload)
-    threshold = _threshold(lowering, exhaustive_threshold)
-    space = lowering.space(workload, dma_transpose)
+    lowering = job.lowering
+    space = lowering.space(job.workload, job.dma_transpose)
     text = json.dumps({"schedule": lowering.schedule_class.__name__,
                        "candidates": {name: list(values) for name, values in space.candidates.items()}},
                       sort_keys=True, default=str)
-    return {"method": method or "auto", "trials": str(trials), "seed": str(seed),
-            "exhaustive_threshold": str(threshold), "space": hashlib.sha256(text.encode()).hexdigest()[:16]}
+    return {"method": settings.method or "auto", "trials": str(settings.trials), "seed": str(settings.seed),
+            "exhaustive_threshold": str(settings.threshold(lowering)),
+            "space": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
 
-def tune_cached(workload: Workload, *, target: Target, dialect: str | None, cache: ResultCache | None,
-                trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, method: str | None = None,
-                exhaustive_threshold: int | None = None, storage: str | None = None, store: bool = True,
-                **search_options: Any) -> tuple[Tuned, bool]:
-    """(tuned, answered_from_cache): :func:`tune`, answered from the result cache when the same
+def tune_cached(job: Job, settings: SearchSettings, cache: ResultCache | None, *,
+                store: bool = True) -> tuple[Tuned, bool]:
+    """(tuned, answered_from_cache): :func:`tune_job`, answered from the result cache when the same
     request (graph, target, dialect, search settings, schedule space) was tuned before.
 
-    A search cut short by ``timeout`` depends on the machine's speed, so it is neither answered
+    A search cut short by a ``timeout`` depends on the machine's speed, so it is neither answered
     from nor stored in the cache. With a ``storage`` the cache is not read (the caller asked for
     that study to be run or resumed, and its result is the whole study's), but the outcome is
     still written to it. With ``store=False`` a search's outcome is not written: the caller writes
     it with :func:`store_tuned` once everything else it makes has succeeded (``nmmc tune`` does, so
     a command that fails leaves no cache entry behind)."""
     started = time.perf_counter()
-    dialect = platform_dialect(dialect, target)
-    lowering = lowering_for(workload)
-    use_cache = cache is not None and timeout is None
+    use_cache = cache is not None and settings.timeout is None
     if use_cache:
-        key = _cache_key(workload, workload.graph(), target=target, dialect=dialect, trials=trials, seed=seed,
-                         method=method, exhaustive_threshold=exhaustive_threshold)
-        record = cache.get(key) if storage is None else None  # type: ignore[union-attr]
+        key = _cache_key(job, settings)
+        record = cache.get(key) if settings.storage is None else None  # type: ignore[union-attr]
         if record is not None:
             try:
-                compiled = recompile(workload, record.kind, record.params, schedule_name=record.schedule_name,
-                                     target=target, dialect=dialect)
+                compiled = recompile(job, record.kind, record.params, schedule_name=record.schedule_name)
             except NmmcError as exc:  # a hand-edited or stale entry: ignored like any unusable one
                 cache.warnings.append(f"ignoring cache file {cache.path(key)}: {exc}")  # type: ignore[union-attr]
                 record = None
@@ -327,37 +363,30 @@ def tune_cached(workload: Workload, *, target: Target, dialect: str | None, cach
             result = TuneResult(best=best, top=[best], method="cache", trials=0, evaluated=0, feasible=0,
                                 space_size=int(record.search.get("space_size", 0)),
                                 seconds=time.perf_counter() - started)
-            baselines = lowering.baselines(workload, target, dma_transpose_ok(workload, target, dialect))
-            return Tuned(compiled, result, baselines), True
-    tuned = tune(workload, target=target, dialect=dialect, trials=trials, seed=seed, timeout=timeout, method=method,
-                 exhaustive_threshold=exhaustive_threshold, storage=storage, **search_options)
+            return Tuned(compiled, result, job.lowering.baselines(job.workload, job.target, job.dma_transpose)), True
+    tuned = tune_job(job, settings)
     if use_cache and store:
-        store_tuned(workload, tuned, cache=cache, target=target, dialect=dialect, trials=trials,  # type: ignore[arg-type]
-                    seed=seed, method=method, exhaustive_threshold=exhaustive_threshold)
+        store_tuned(job, tuned, settings, cache)  # type: ignore[arg-type]
     return tuned, False
 
 
-def store_tuned(workload: Workload, tuned: Tuned, *, cache: ResultCache, target: Target, dialect: str | None,
-                trials: int = DEFAULT_TRIALS, seed: int = 0, timeout: float | None = None, method: str | None = None,
-                exhaustive_threshold: int | None = None, keep_existing: bool = False) -> bool:
-    """Write the decision of a search :func:`tune_cached` ran (with the same arguments) to
+def store_tuned(job: Job, tuned: Tuned, settings: SearchSettings, cache: ResultCache, *,
+                keep_existing: bool = False) -> bool:
+    """Write the decision of a search :func:`tune_cached` ran (with the same job and settings) to
     ``cache``; False when it was not written (a ``timeout`` search is never cached, ``keep_existing`` and the
     cache holds a record of the key already (the search was answered from it), or the cache
     directory cannot be written: then ``cache.warnings`` says why)."""
     from .artifacts.cache import new_record
 
-    if timeout is not None:
+    if settings.timeout is not None:
         return False
-    graph = workload.graph()
-    dialect = platform_dialect(dialect, target)
-    key = _cache_key(workload, graph, target=target, dialect=dialect, trials=trials, seed=seed, method=method,
-                     exhaustive_threshold=exhaustive_threshold)
+    key = _cache_key(job, settings)
     if keep_existing and cache.get(key) is not None:
         return False
-    return cache.put(new_record(graph, key=key, target=target, dialect=dialect, kind=lowering_for(workload).kind,
+    return cache.put(new_record(job.graph, key=key, target=job.target, dialect=job.dialect, kind=job.lowering.kind,
                                 schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
                                 latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),
-                                workload=workload.describe()))
+                                workload=job.workload.describe()))
 
 
 def named_schedules(workload: Workload, target: Target) -> tuple[list[dict[str, Any]], tuple[Any, ...]]:

@@ -155,9 +155,9 @@ def _band(cost: CostReport, target: Target) -> str:
 _TUNE_COLUMNS = [(34, "<"), (12, ">"), (16, ">"), (11, "<"), (9, ">"), (8, ">"), (13, ">"), (6, ">"), (9, ">")]
 
 
-def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target) -> list[str]:
-    if cost is None:
-        return [name, "(not modelled)"]
+def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target, reason: str = "") -> list[str]:
+    if cost is None:  # with a reason (an assert of the baseline's, say), the speedup line below gives it
+        return [name, "n/a (see below)" if reason else "(not modelled)"]
     lat = f"{cost.latency_us:.2f}" if cost.feasible else "(no fit)"
     hbm = (cost.hbm_bytes_read + cost.hbm_bytes_written) / 2**20
     return [name, lat, _band(cost, target), f"  {cost.bound}", f"{hbm:.2f}", str(cost.dma_transfers),
@@ -190,7 +190,8 @@ def tune_lines(tuned: Tuned) -> list[str]:
         "",
         *columns([["", "latency us", "typical range", "  bound", "HBM MiB", "DMAs", "SBUF B/part", "PSUM", "kernels"],
                   _row("nmmc tuned", c.cost, len(c.programs), c.target),
-                  *(_row(b.label, b.cost, None, c.target) for b in tuned.baselines.values())], _TUNE_COLUMNS),
+                  *(_row(b.label, b.cost, None, c.target, b.reason) for b in tuned.baselines.values())],
+                 _TUNE_COLUMNS),
         f"  latencies and speedups are the cost model's: {trust_note(c.target, _fused(c.workload))}; the typical "
         "range is the latency within that typical factor",
         f"  {context_note(c.target)}",

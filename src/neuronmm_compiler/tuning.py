@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .driver import Tuned, tune_cached
+from .driver import Job, ProgressFn, SearchSettings, Tuned, resolve, tune_cached
 from .errors import InputError
 from .frontends.workloads import Workload
 from .search import DEFAULT_TRIALS
@@ -48,6 +48,16 @@ class TuneRequest:
     def trial_count(self) -> int:
         return self.trials or DEFAULT_TRIALS
 
+    def settings(self, progress: ProgressFn | None = None) -> SearchSettings:
+        """The driver's search settings of this request."""
+        return SearchSettings(trials=self.trial_count, seed=self.seed, timeout=self.timeout, method=self.method,
+                              exhaustive_threshold=self.exhaustive_threshold, top_k=self.top_k, storage=self.storage,
+                              study_name=self.study_name, workers=self.workers, progress=progress)
+
+    def job(self, workload: Workload) -> Job:
+        """``workload`` resolved for this request's target and dialect."""
+        return resolve(workload, self.target, self.dialect)
+
 
 def default_jobs() -> int:
     """``tune --model --jobs`` by default: the cores this process may run on."""
@@ -76,21 +86,16 @@ def search_uncommitted(workload: Workload, request: TuneRequest,
     if request.workers > 1 and not request.storage:
         raise InputError("--workers shares a study between processes: give --storage too (e.g. sqlite:///tune.db)")
     cache = ResultCache(Path(request.cache_dir) if request.cache_dir else None) if request.use_cache else None
+    job = request.job(workload)
     update, close = progress_bar(request.progress, request.progress_label)
     try:
-        tuned, from_cache = tune_cached(
-            workload, target=request.target, dialect=request.dialect, cache=cache, trials=request.trial_count,
-            seed=request.seed, timeout=request.timeout, method=request.method,
-            exhaustive_threshold=request.exhaustive_threshold, storage=request.storage, top_k=request.top_k,
-            progress=update, study_name=request.study_name, workers=request.workers, store=False)
+        tuned, from_cache = tune_cached(job, request.settings(update), cache, store=False)
     finally:
         close()
 
     def commit() -> None:
         if cache is not None and not from_cache:
-            store_tuned(workload, tuned, cache=cache, target=request.target, dialect=request.dialect,
-                        trials=request.trial_count, seed=request.seed, timeout=request.timeout,
-                        method=request.method, exhaustive_threshold=request.exhaustive_threshold)
+            store_tuned(job, tuned, request.settings(), cache)
         for warning in cache.warnings if cache else []:
             echo(f"nmmc: warning: {warning}", err=True)
 
@@ -292,9 +297,7 @@ def store_searches(searches: list[tuple[Workload, Tuned]], request: TuneRequest,
         return
     cache = ResultCache(Path(request.cache_dir) if request.cache_dir else None)
     for workload, tuned in searches:
-        store_tuned(workload, tuned, cache=cache, target=request.target, dialect=request.dialect,
-                    trials=request.trial_count, seed=request.seed, method=request.method,
-                    exhaustive_threshold=request.exhaustive_threshold, keep_existing=True)
+        store_tuned(request.job(workload), tuned, request.settings(), cache, keep_existing=True)
     for warning in cache.warnings:
         echo(f"nmmc: warning: {warning}", err=True)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..codegen import check_dialect
-from ..driver import Compiled, recompile, tune
+from ..driver import Compiled, recompile, resolve, tune
 from ..errors import InputError, NmmcError
 from ..frontends.workloads import Workload, workload_from_dict, workload_label
 from ..targets import Target, get_target
@@ -135,8 +135,8 @@ class RegressReport:
 def compile_entry(entry: LockEntry, workload: Workload, target: Target) -> Compiled:
     """Recompile the locked schedule through the path ``tune`` used (same schedule name); an unknown
     or out-of-range parameter, or a schedule of another kind than the workload's, is an InputError."""
-    return recompile(workload, entry.schedule_kind, entry.schedule, schedule_name=entry.schedule_name,
-                     target=target, dialect=entry.dialect)
+    return recompile(resolve(workload, target, entry.dialect), entry.schedule_kind, entry.schedule,
+                     schedule_name=entry.schedule_name)
 
 
 def fresh_search(entry: LockEntry, workload: Workload, target: Target, trials: int) -> tuple[LockEntry, str]:

@@ -89,6 +89,10 @@ def _stage_bar(enabled: bool):
                    "within --max-ppl-increase (the front is printed and plotted to OUT/choice_front.png). With "
                    "--tokens: the best predicted accuracy within the predicted MLP latency of uniform ranks at "
                    "--keep-ratio. Needs --calibration.")
+@click.option("--eval-check/--no-eval-check", default=True, show_default=True,
+              help="--choose-ranks without --tokens, with --eval: build the chosen model (healed, FP8 where chosen), "
+                   "measure it on every --eval file, and back off along the front until every file and all of them "
+                   "together measure within --max-ppl-increase (the eval files then decide the choice).")
 @click.option("--target-speedup", default=None, type=float, metavar="S",
               help="Instead: the most accurate ranks whose predicted MLP latency is 1/S of the fused dense MLP's "
                    "(needs --calibration and --tokens).")
@@ -159,7 +163,7 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
         target_speedup=o["target_speedup"], buckets=tuple(parse_buckets(o["buckets"])) if o["buckets"] else None,
         target=get_target(o["target"]) if joint else None, max_ppl_increase=o["max_ppl_increase"], heal=o["heal"],
         heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"], finetune=finetune,
-        progress_bars=bars, tp=tp)
+        progress_bars=bars, tp=tp, eval_check=o["eval_check"])
 
 
 def _extra_lines(result, output: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""nki-library's decode MLP kernel (``mlp_tkg``, bf16, gated SiLU, no bias) as a program of nmmc's kernel IR.
+"""nki-library's decode MLP kernel (``mlp_tkg``, bf16 or FP8 weights, gated SiLU, no bias) as a program of nmmc's
+kernel IR.
 
 Every tile size, buffer count, loop order and split below is read from aws-neuron/nki-library at
 :data:`~.nkilib_source.NKILIB_COMMIT`, paths under ``src/nkilib_src/nkilib/core/mlp/`` (cited per line as
@@ -21,6 +22,17 @@ Every tile size, buffer count, loop order and split below is read from aws-neuro
    intermediate stationary, ``W_down`` moving, column tiles holding different 512-column chunks; evictions
    alternate between ScalarE and VectorE (``mlp_tkg_down_projection.py:39-209``, ``utils/interleave_copy.py``);
    one store of the core's [T, H/L] columns (``mlp_tkg.py:244-255``).
+
+**FP8** (``fp8``: ``quantization_type=ROW``, what NxD Inference passes with ``quantized_mlp_kernel_enabled``,
+aws-neuron/neuronx-distributed-inference@4bcdc54b, ``models/llama/modeling_llama.py:481-505``): the decode kernel
+quantizes no activation. Only the weights are FP8 (1 byte, so slabs of twice the rows: 4096 / 1024 rows for gate/up,
+8192 columns for down, ``mlp_tkg_constants.py:286, 301, 389``); the matmuls read bf16 activations against FP8 weights
+with no ``perf_mode`` (``mlp_tkg_gate_up_projection.py:187-203``); the per-output-channel scales ([128, I] and
+[128, H] fp32 in HBM, ``mlp_parameters.py:197-208``) are DMA'd as [T, I] / [T, H/L] tiles (``:147-154``;
+``mlp_tkg_down_projection.py:467-481``) and applied by VectorE multiplies: on gate's and up's fp32 sums after the
+column tiles are added (``mlp_tkg_gate_up_projection.py:226-236``, ``utils/interleave_copy.py:91-99``), and on every
+down eviction (``mlp_tkg_down_projection.py:187-198``). ``gate_up_in_scale``/``down_in_scale`` are read nowhere in
+the decode kernel (``:588``; ``mlp_tkg_down_projection.py:429-433``).
 
 What nmmc's IR does not express, and how it is modelled instead (docs/fusion.md, "nki-library's MLP"):
 the kernel splits H as (partition outer, tile inner) so that each partition reads one contiguous run per slab and a
@@ -77,12 +89,14 @@ def column_tile(tokens: int) -> int:
     return 32 if tokens <= 32 else 64 if tokens <= 64 else 128
 
 
-def _slab_rows(free: int, hs: int, cols: int) -> tuple[int, int]:
-    """(rows of H per slab, ring buffers): 2048 rows, or 512 when not one slab fits ``free`` bytes per partition;
-    as many buffers as fit, at most two projections' worth (mlp_tkg_constants.py:285-319)."""
+def _slab_rows(free: int, hs: int, cols: int, wbytes: int = 2) -> tuple[int, int]:
+    """(rows of H per slab, ring buffers): 2048 rows, or 512 when not one slab fits ``free`` bytes per partition
+    (twice as many rows of 1-byte FP8 weights); as many buffers as fit, at most two projections' worth
+    (mlp_tkg_constants.py:285-319). A buffer holds a whole slab even when the core's H/L rows are fewer (the tile
+    shape is ``HTile // 128`` rows, :291-294, allocated at mlp_tkg_gate_up_projection.py:796-801)."""
     for rows in (HTILE, HTILE_FALLBACK):
-        rows = min(rows, hs)
-        slab = (rows // P) * cols * 2
+        rows *= 2 // wbytes
+        slab = (rows // P) * cols * wbytes
         tiles = -(-hs // rows)
         count = min(2 * tiles, free // slab)
         if count > 0:
@@ -91,8 +105,23 @@ def _slab_rows(free: int, hs: int, cols: int) -> tuple[int, int]:
                       f"(mlp_tkg_constants.py:315-319 asserts)")
 
 
-def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str = "bfloat16") -> Program:
-    """nki-library's ``mlp_tkg`` for x[tokens, hidden] on ``target`` (its logical-core degree), as a program."""
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def down_htile(hs: int, f: int, fp8: bool) -> int:
+    """Output columns per down-projection tile: 4096 (8192 of FP8 weights), at most H/L, halved while its PSUM banks
+    after column tiling exceed 8 (mlp_tkg_constants.py:387-401)."""
+    htd = min(hs, DOWN_HTILE * (2 if fp8 else 1))
+    while -(-_ceil(htd, MOVING) // f) > 8:
+        htd = -(-htd // 2)
+    return htd
+
+
+def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str = "bfloat16",
+                fp8: str | None = None) -> Program:
+    """nki-library's ``mlp_tkg`` for x[tokens, hidden] on ``target`` (its logical-core degree), as a program; ``fp8``
+    (an FP8 format) for its ``QuantizationType.ROW`` path (FP8 weights and per-channel scales, see above)."""
     lnc = target.lnc
     if hidden % (P * lnc):
         raise NotModelled(f"hidden={hidden} is not a multiple of {P * lnc}: nki-library's decode MLP asserts it "
@@ -104,10 +133,15 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
     f = P // cdim
     i128 = -(-inter // P)
 
+    wdtype = fp8 or dtype
+    wbytes = 1 if fp8 else 2
     x = Buffer("x", (t, hidden), dtype, "hbm")
-    w = {p: Buffer(f"w_{p}", (hidden, inter), dtype, "hbm") for p in ("gate", "up")}
-    w_down = Buffer("w_down", (inter, hidden), dtype, "hbm")
+    w = {p: Buffer(f"w_{p}", (hidden, inter), wdtype, "hbm") for p in ("gate", "up")}
+    w_down = Buffer("w_down", (inter, hidden), wdtype, "hbm")
     out = Buffer("out", (t, hidden), dtype, "hbm")
+    # ROW scales, broadcast over 128 rows in HBM (mlp_parameters.py:197-208)
+    ws = {p: Buffer(f"w_{p}_scale", (P, n), "float32", "hbm") for p, n in (("gate", inter), ("up", inter),
+                                                                         ("down", hidden))} if fp8 else {}
 
     x_rows = Buffer("x_rows", (t, hs), dtype, "sbuf")
     xs = Buffer("x_strip", (P, h1, t), dtype, "sbuf")
@@ -130,14 +164,24 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
             Ref(x_rows, (span(0, t), span(scale(add(iv("j", n), first), P), P))))]),
             Copy(Ref(xs, (span(0, P), span(first, n), span(0, t))), Ref(xt, (span(0, P), span(0, n), span(0, t))))]
 
-    # 2. gate and up through one ring of slabs
-    live = h1 * t * 2 + i128 * t * 2 + 8 * inter * (2 if lnc > 1 else 1)
+    # 2. gate and up through one ring of slabs (after FP8's two [T, <=4096] fp32 scale tiles, :731-748)
+    scale_cols = min(I_CHUNK, inter)
+    live = h1 * t * 2 + i128 * t * 2 + 8 * inter * (2 if lnc > 1 else 1) + (2 * 4 * scale_cols if fp8 else 0)
+    if live >= SBUF_WINDOW:
+        held = "fp32 gate/up sums [T, 2I]" + (" and their receive buffer" if lnc > 1 else "") + (
+            ", the FP8 scale tiles" if fp8 else "")
+        raise NotModelled(f"nki-library's decode kernel holds {live} bytes per partition ({held}) before any weight "
+                          f"slab, more than its {SBUF_WINDOW}-byte SBUF window (its allocator asserts 'Stack out of "
+                          "memory', utils/allocator.py:400; mlp_tkg_gate_up_projection.py:602-615, 765-775)")
     body += [Alloc(gu)]
+    sc = {p: Buffer(f"{p}_scale_rows", (t, scale_cols), "float32", "sbuf") for p in ("gate", "up")} if fp8 else {}
+    body += [Alloc(b) for b in sc.values()]
     chunks = [(c0, min(I_CHUNK, inter - c0)) for c0 in range(0, inter, I_CHUNK)]
-    rows, nbuf = _slab_rows(SBUF_WINDOW - live, hs, inter)  # slabs hold all I columns (gate_up_projection.py:796)
-    ht1 = rows // P
+    # slabs hold all I columns (gate_up_projection.py:796)
+    htile, nbuf = _slab_rows(SBUF_WINDOW - live, hs, inter, wbytes)
+    ht1, rows = htile // P, min(htile, hs)
     slabs = [(r0, min(rows, hs - r0)) for r0 in range(0, hs, rows)]
-    ring = Buffer("w_ring", (P, nbuf, ht1, inter), dtype, "sbuf")
+    ring = Buffer("w_ring", (P, nbuf, ht1, inter), wdtype, "sbuf")
     body.append(Alloc(ring, copies=nbuf))
     for c0, cols in chunks:
         body.append(Comment(f"gate/up: I columns {c0}..{c0 + cols}, slabs of {rows} rows of H through {nbuf} "
@@ -146,6 +190,9 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
         for proj_index, proj in enumerate(("gate", "up")):
             acc = Buffer(f"{proj}_psum", (P, idim.tiles, MOVING), "float32", "psum")
             body += [Alloc(acc, accumulator=True)]
+            if fp8:  # this chunk's scales, rows 0..T of the [128, I] tensor (gate_up_projection.py:147-154)
+                body.append(DmaCopy(Ref(sc[proj], (span(0, t), span(0, cols))),
+                                    Ref(ws[proj], (span(0, t), span(c0, cols)))))
             for s, (r0, nrows) in enumerate(slabs):
                 slot = (proj_index * len(slabs) + s) % nbuf
                 n1 = nrows // P
@@ -163,6 +210,10 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
             evict += [TensorTensor(dst, dst, Ref(acc, (span(k * cdim, t), Point(it), span(0, width))),
                                    ElementwiseOp.ADD) for k in range(1, used)]
             body += loop("it", Lin(idim.tiles), idim.tiles, evict)
+            if fp8:  # dequantization of the whole chunk on VectorE (gate_up_projection.py:226-236)
+                chunk = Ref(gu, (span(0, t), span(proj_index * inter + c0, cols)))
+                body.append(TensorTensor(chunk, chunk, Ref(sc[proj], (span(0, t), span(0, cols))),
+                                         ElementwiseOp.MULTIPLY))
 
     # 3. the cores' partial sums added, then silu(gate) * up on both cores
     whole = Ref(gu, (span(0, t), span(0, 2 * inter)))
@@ -187,14 +238,20 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
         Copy(Ref(inter_sb, (span(0, wi), Point(i), span(0, t))), Ref(tp, (span(0, wi), span(0, t))))])]
 
     # 5. down: this core's output columns
-    htd = min(hs, DOWN_HTILE)
-    live_down = i128 * t * 2 + hs * 2
-    nbuf_d = min(i128 * -(-hs // htd), (SBUF_WINDOW - live_down) // (2 * htd))
+    htd = down_htile(hs, f, bool(fp8))
+    live_down = i128 * t * 2 + hs * 2 + (4 * hs if fp8 else 0)
+    nbuf_d = min(i128 * -(-hs // htd), (SBUF_WINDOW - live_down) // (wbytes * htd))
     if nbuf_d < 1:
-        raise NotModelled("no down-projection weight slab fits nki-library's SBUF window")
-    dring = Buffer("w_down_ring", (P, nbuf_d, htd), dtype, "sbuf")
+        raise NotModelled("no down-projection weight slab fits nki-library's SBUF window "
+                          "(mlp_tkg_down_projection.py:500 asserts)")
+    dring = Buffer("w_down_ring", (P, nbuf_d, htd), wdtype, "sbuf")
     body += [Comment(f"down: output columns in tiles of {htd}, 128 rows of I per DMA through {nbuf_d} buffers"),
-             Alloc(down_sb), Alloc(dring, copies=nbuf_d)]
+             Alloc(down_sb)]
+    if fp8:  # the core's [T, H/L] scales in one DMA (mlp_tkg_down_projection.py:467-481)
+        dsc = Buffer("down_scale_rows", (t, hs), "float32", "sbuf")
+        body += [Alloc(dsc), DmaCopy(Ref(dsc, (span(0, t), span(0, hs))),
+                                     Ref(ws["down"], (span(0, t), span(scale(pid, hs), hs))))]
+    body.append(Alloc(dring, copies=nbuf_d))
     for d, h0 in enumerate(range(0, hs, htd)):
         hcols = min(htd, hs - h0)
         chunks512 = -(-hcols // MOVING)
@@ -219,13 +276,19 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
             wc = min(MOVING, hcols - ct * MOVING)
             src = Ref(acc, (span(c * cdim, t), Point(Lin(bank)), span(0, wc)))
             dst = Ref(down_sb, (span(0, t), span(h0 + ct * MOVING, wc)))
-            body.append(Activation(dst, src, "copy") if f == 1 or ct % 2 == 0 else Copy(dst, src))
+            if fp8:  # a [T, 512] scale is no per-partition vector: VectorE multiply (interleave_copy.py:91-99)
+                body.append(TensorTensor(dst, src, Ref(dsc, (span(0, t), span(h0 + ct * MOVING, wc))),
+                                         ElementwiseOp.MULTIPLY))
+            else:
+                body.append(Activation(dst, src, "copy") if f == 1 or ct % 2 == 0 else Copy(dst, src))
     body.append(DmaCopy(Ref(out, (span(0, t), span(scale(pid, hs), hs))), Ref(down_sb, (span(0, t), span(0, hs)))))
-    doc = (f"nki-library decode MLP (mlp_tkg) over {t} tokens, hidden {hidden}, intermediate {inter} ({dtype}), "
+    weights = f"{fp8} weights with per-channel scales (ROW)" if fp8 else dtype
+    doc = (f"nki-library decode MLP (mlp_tkg) over {t} tokens, hidden {hidden}, intermediate {inter} ({weights}), "
            f"as nmmc models it.\nArguments: x{list(x.shape)}, w_gate{list(w['gate'].shape)}, "
-           f"w_up{list(w['up'].shape)}, w_down{list(w_down.shape)}. Returns out{list(out.shape)}.")
-    return Program("nkilib_mlp_tkg", [x, w["gate"], w["up"], w_down], [out], body, doc=doc, programs=lnc,
-                   split="hidden" if lnc > 1 else "")
+           f"w_up{list(w['up'].shape)}, w_down{list(w_down.shape)}"
+           + "".join(f", {b.name}{list(b.shape)}" for b in ws.values()) + f". Returns out{list(out.shape)}.")
+    return Program("nkilib_mlp_tkg", [x, w["gate"], w["up"], w_down, *ws.values()], [out], body, doc=doc,
+                   programs=lnc, split="hidden" if lnc > 1 else "")
 
 
 def _gate_up_matmuls(acc: Buffer, xs: Buffer, ring: Buffer, slot: int, first_tile: int, tiles: int, t: int,

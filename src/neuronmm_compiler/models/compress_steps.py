@@ -107,6 +107,35 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
     return healed, record
 
 
+def build_model(request, model, calibration: Calibration | None, ids: np.ndarray | None, layer_ranks, fmt: str | None,
+                formats: list[str] | None, progress: StageProgress | None, shard_out: dict | None,
+                fresh: bool = False) -> Manifest:
+    """Heal (``request.heal``), calibrate the FP8 layers (``fmt``; ``formats``: per layer, None: all FP8) and write
+    the compressed model (:func:`.compress.compress_model`); ``fresh``: remove the layer files and fine-tuning
+    checkpoint of an earlier build into the same directory first (they would be resumed)."""
+    from .compress import compress_model
+    from .manifest import LAYER_FILE
+
+    out = Path(request.out_dir)
+    if fresh:
+        for path in [*out.glob(LAYER_FILE.replace("{layer:03d}", "*")), out / FINETUNE_CHECKPOINT]:
+            path.unlink(missing_ok=True)
+    if shard_out is not None:
+        shard_out.clear()
+    healed = heal_record = None
+    if request.heal != "none":
+        healed, heal_record = _heal(request, model, calibration, ids, _plans(request, layer_ranks), progress,
+                                    shard_out=shard_out)
+    fp8, fp8_record = (None, None) if fmt is None else _fp8_layers(
+        request, model, calibration, ids, layer_ranks, healed, fmt, progress,
+        None if formats is None else [i for i, f in enumerate(formats) if f == fmt])
+    return compress_model(
+        request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
+        dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
+        layer_ranks=layer_ranks, factors=healed, heal=heal_record, fp8=fp8, fp8_record=fp8_record,
+        progress=None if progress is None else lambda d, t: progress("factoring", d, t))
+
+
 def _measure(model, eval_sets, mlp, request, progress: StageProgress | None):
     """Per eval file quality, and the overall (token-weighted) quality dict for the manifest."""
     from .quality import evaluate

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..artifacts.cache import ResultCache
-from ..driver import tune_cached
+from ..driver import SearchSettings, resolve, tune_cached
 from ..frontends.workloads import mlp_workload
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
@@ -53,12 +53,12 @@ def predict_latencies(hidden: int, intermediate: int, buckets: Sequence[int],
     table = np.zeros((len(buckets), len(options)))
     total, done = len(buckets) * len(options), 0
     cache = ResultCache()
+    settings = SearchSettings(trials=trials or DEFAULT_TRIALS, seed=seed)
     for b, tokens in enumerate(buckets):
         for i, option in enumerate(options):
             workload = (mlp_workload(tokens, hidden, intermediate, dense=True) if option is None else
                         mlp_workload(tokens, hidden, intermediate, ranks=(option[0], option[0], option[1])))
-            tuned, _ = tune_cached(workload, target=target, dialect=None, cache=cache,
-                                   trials=trials or DEFAULT_TRIALS, seed=seed)
+            tuned, _ = tune_cached(resolve(workload, target), settings, cache)
             table[b, i] = tuned.compiled.cost.latency_us
             done += 1
             if progress is not None:

@@ -38,22 +38,22 @@ from .calibration import (
     load_tokens,
     sequences,
 )
-from .compress import compress_model, plan_ranks
+from .compress import plan_ranks
 from .compress_steps import (
     FINETUNE_CHECKPOINT,
-    _fp8_layers,
-    _heal,
     _measure,
-    _plans,
     _write_shards,
+    build_model,
     compressed_mlp,
     load_factors,
     whitened_factors,
 )
 from .config import read_config
+from .eval_budget import hold_budget_on_eval
 from .formats import fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_PRIOR, HEAL_METHODS, HEAL_TARGETS
 from .manifest import MANIFEST_FILE, Manifest
+from .measured_choice import SELECTION_SHARE, selection_tokens
 from .whitening import DEFAULT_DAMPING
 
 __all__ = ["CompressRequest", "CompressResult", "load_factors", "run_compress", "whitened_factors"]
@@ -102,6 +102,7 @@ class CompressRequest:
     finetune: Any = None  # finetune.FinetuneSettings; None: its defaults
     progress_bars: bool = False  # tqdm bars of long stages (fine-tuning) on stderr
     tp: int = 1  # > 1: also write the factor shards of a tensor-parallel deployment (OUT/tp<N>/)
+    eval_check: bool = True  # --choose-ranks with --eval: back off until the eval files measure within budget
 
 
 @dataclass
@@ -259,21 +260,6 @@ def all_dense_warning(request: CompressRequest, record: dict[str, Any]) -> str:
             "without --choose-ranks")
 
 
-#: Calibration tokens the measured rank choice (--choose-ranks without --tokens) measures perplexity on,
-#: taken as whole sequences spread evenly over the calibration set (so every source is represented).
-SELECTION_TOKENS = 1024
-#: The measured rank choice spends this fraction of --max-ppl-increase on the selection tokens: they are
-#: calibration text, and on SmolLM2-135M text of other domains lost 2-3x more perplexity than the
-#: calibration's own (docs/compression.md), so the whole budget there overshoots it elsewhere.
-SELECTION_SHARE = 0.5
-
-
-def selection_tokens(ids: np.ndarray, length: int, total: int = SELECTION_TOKENS) -> np.ndarray:
-    """``total`` tokens of ``ids`` as whole sequences of ``length`` at evenly spaced positions."""
-    chunks = sequences(ids, length)
-    count = max(1, min(len(chunks), -(-total // length)))
-    picks = np.unique(np.linspace(0, len(chunks) - 1, count).round().astype(int))
-    return np.concatenate([chunks[i] for i in picks])
 def ppl_fraction(value: float) -> float:
     """``--max-ppl-increase``: a fraction (0.10) or, above 1, a percentage (10 means +10%)."""
     return value / 100.0 if value > 1 else value
@@ -348,35 +334,39 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
                   "selection_tokens": int(selection_tokens(calibration_ids, request.sequence_length).size)}
     elif request.choose_ranks or request.target_speedup is not None:
         layer_ranks, record, front, point = _choose_ranks(request, calibration, calibration_ids, model(), progress)
-    healed = heal_record = None
     shard_blocks: dict | None = {} if request.tp > 1 and calibration is not None else None
-    if request.heal != "none":
-        healed, heal_record = _heal(request, model(), calibration, calibration_ids, _plans(request, layer_ranks),
-                                    progress, shard_out=shard_blocks)
-    fp8, fp8_record = (None, None) if fmt is None else _fp8_layers(
-        request, model(), calibration, calibration_ids, layer_ranks, healed, fmt, progress,
-        None if chosen is None or chosen.formats is None else [i for i, f in enumerate(chosen.formats) if f == fmt])
-    manifest = compress_model(
-        request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
-        dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
-        layer_ranks=layer_ranks, factors=healed, heal=heal_record, fp8=fp8, fp8_record=fp8_record,
-        progress=None if progress is None else lambda d, t: progress("factoring", d, t))
+    build = partial(build_model, request, model() if calibrated else None, calibration, calibration_ids, fmt=fmt,
+                    progress=progress, shard_out=shard_blocks)
+    quality = None
+    if chosen is not None and eval_sets and request.eval_check:  # the budget held on the eval files (.eval_budget)
+        built: list[Manifest] = []
+
+        def trial(choice, formats) -> dict:
+            built.append(build([{p: r for p in ("gate", "up", "down")} for r in choice], formats=formats,
+                               fresh=bool(built)))
+            return _measure(model(), eval_sets, compressed_mlp(request.out_dir, built[-1]), request, progress)
+
+        quality = hold_budget_on_eval(chosen, budget, trial)
+        manifest, layer_ranks = built[-1], [{p: r for p in ("gate", "up", "down")} for r in chosen.choice]
+        record = {**record, **{k: v for k, v in chosen.to_dict().items() if k != "budget_ppl_increase"}}
+    else:
+        manifest = build(layer_ranks, formats=None if chosen is None else chosen.formats)
     if calibration is None:
         warnings.append(PLAIN_SVD_WARNING)
     if layer_ranks is not None and record is not None and not measured and all(r["gate"] is None for r in layer_ranks):
         warnings.append(all_dense_warning(request, record))
-    if measured and all(r["gate"] is None for r in layer_ranks) and not fp8:
+    if measured and all(r["gate"] is None for r in layer_ranks) and manifest.fp8 is None:
+        where = "the --eval files" if chosen.eval_check else "the selection tokens"
         warnings.append(f"--choose-ranks kept every layer dense: no layer could be compressed within "
-                        f"+{budget:.1%} measured perplexity on the selection tokens")
+                        f"+{budget:.1%} measured perplexity on {where}")
     kept = manifest.kept_fraction
     if layer_ranks is None and (kept > 1.0 or abs(kept - request.keep_ratio) > 0.05):
         more = " -- more than the dense weights" if kept > 1.0 else ""
         warnings.append(f"kept fraction {kept:.3f} of the MLP parameters{more}, requested keep ratio "
                         f"{request.keep_ratio}: ranks are rounded to multiples of --align {request.align}")
-    quality = None
     if eval_sets:
-        mlp = compressed_mlp(request.out_dir, manifest)
-        quality = _measure(model(), eval_sets, mlp, request, progress)
+        if quality is None:
+            quality = _measure(model(), eval_sets, compressed_mlp(request.out_dir, manifest), request, progress)
         if quality["perplexity_increase"] > budget:
             warnings.append(f"PERPLEXITY ROSE {quality['perplexity_increase']:+.1%} "
                             f"({quality['perplexity_original']:.2f} -> {quality['perplexity_compressed']:.2f}), over "

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..cost_model.collectives import UNVALIDATED
 from ..cost_model.trust import trust_note, typical_range
-from ..driver import Compiled
+from ..driver import Compiled, Job, SearchSettings
 from ..errors import InputError
 from ..frontends.workloads import Workload
 from ..speedups import context_note, launch_dict, speedup_text
@@ -38,27 +38,25 @@ class TunedKernels:
     the cache only by :meth:`commit`, which a command calls once all its files are written, so an interrupted or
     failing command leaves no cache entry."""
 
-    def __init__(self, target: Target, dialect: str, *, trials: int, seed: int, method: str | None,
-                 exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> None:
+    def __init__(self, target: Target, dialect: str, settings: SearchSettings, *, cache_dir: str | None,
+                 use_cache: bool) -> None:
         from pathlib import Path
 
         from ..artifacts.cache import ResultCache
 
-        self.target, self.dialect, self.trials, self.seed = target, dialect, trials, seed
-        self.method, self.exhaustive_threshold = method, exhaustive_threshold
+        self.target, self.dialect, self.settings = target, dialect, settings
         self.cache = ResultCache(Path(cache_dir) if cache_dir else None) if use_cache else None
         self.memo: dict[Workload, Compiled] = {}
-        self.pending: list[tuple[Workload, Any]] = []
+        self.pending: list[tuple[Job, Any]] = []
 
     def __call__(self, workload: Workload) -> Compiled:
-        from ..driver import tune_cached
+        from ..driver import resolve, tune_cached
 
         if workload not in self.memo:
-            tuned, from_cache = tune_cached(workload, target=self.target, dialect=self.dialect, cache=self.cache,
-                                            trials=self.trials, seed=self.seed, method=self.method,
-                                            exhaustive_threshold=self.exhaustive_threshold, store=False)
+            job = resolve(workload, self.target, self.dialect)
+            tuned, from_cache = tune_cached(job, self.settings, self.cache, store=False)
             if not from_cache:
-                self.pending.append((workload, tuned))
+                self.pending.append((job, tuned))
             self.memo[workload] = tuned.compiled
         return self.memo[workload]
 
@@ -67,18 +65,16 @@ class TunedKernels:
         from ..driver import store_tuned
 
         if self.cache is not None:
-            for workload, tuned in self.pending:
-                store_tuned(workload, tuned, cache=self.cache, target=self.target, dialect=self.dialect,
-                            trials=self.trials, seed=self.seed, method=self.method,
-                            exhaustive_threshold=self.exhaustive_threshold)
+            for job, tuned in self.pending:
+                store_tuned(job, tuned, self.settings, self.cache)
         self.pending.clear()
 
 
 def tuned_kernels(target: Target, dialect: str, *, trials: int, seed: int, method: str | None,
                   exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> TunedKernels:
     """Tune each per-rank workload (see :class:`TunedKernels`; call its ``commit`` once the outputs are written)."""
-    return TunedKernels(target, dialect, trials=trials, seed=seed, method=method,
-                        exhaustive_threshold=exhaustive_threshold, cache_dir=cache_dir, use_cache=use_cache)
+    settings = SearchSettings(trials=trials, seed=seed, method=method, exhaustive_threshold=exhaustive_threshold)
+    return TunedKernels(target, dialect, settings, cache_dir=cache_dir, use_cache=use_cache)
 
 
 def result_lines(result: TpResult) -> list[str]:
