@@ -82,7 +82,7 @@ def main() -> int:
     target = with_launch(get_target("trn2:lnc=2"), "in-graph")  # trn2 default LNC=2; inside a model graph
     exported = export_model(ExportRequest(model=str(factors), buckets=(8, 32), target=target, dialect="nki",
                                           trials=30), package)
-    for bucket in exported["buckets"]:
+    for bucket in next(iter(exported["groups"].values()))["buckets"]:  # one group: every layer has the same ranks
         print(f"bucket {bucket['tokens']:>3} tokens: {bucket['predicted']['total_us']:.1f} us predicted, launch "
               f"{exported['launch']['call']}")
     report = verify_dir(package)

@@ -156,7 +156,8 @@ def test_export_package_verifies_and_matches_its_schema(exports):
         assert "OK: every kernel verifies" in result.output
     assert "plan.json" in result.output
     assert CliRunner().invoke(main, ["verify", str(out / "manifest.json"), "--json"]).exit_code == 0
-    bucket = manifest["buckets"][0]
+    assert manifest["layers"] == ["svd-bf16-r128-128-128"] * 2 and manifest["activation_dtype"] == "bfloat16"
+    bucket = manifest["groups"]["svd-bf16-r128-128-128"]["buckets"][0]
     function = next(iter(bucket["kernels"].values()))["functions"][0]
     assert function["arguments"][0] == {"name": "x", "shape": [4, 256], "dtype": "bfloat16", "layout": "row_major"}
     assert bucket["predicted"]["band_us"][0] < bucket["predicted"]["total_us"] < bucket["predicted"]["band_us"][1]
@@ -167,7 +168,7 @@ def test_verify_reports_a_manifest_that_contradicts_its_kernels(tiny_model, tmp_
     out = tmp_path / "pkg"
     _export(tiny_model, out, tp=1, lnc=1)
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["buckets"][0]["kernels"]["mlp"]["functions"][0]["arguments"][0]["shape"] = [5, 256]
+    manifest["groups"]["dense-bf16"]["buckets"][0]["kernels"]["mlp"]["functions"][0]["arguments"][0]["shape"] = [5, 256]
     (out / "manifest.json").write_text(json.dumps(manifest))
     report = verify_dir(out)
     assert not report.ok and any("differ" in (item.error or "") for item in report.items)
@@ -216,7 +217,7 @@ def test_export_cli_from_a_shipped_name_and_its_help(tmp_path):
     assert result.exit_code == 0, result.output + result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"] == "trn2:lnc=2:launch=in-graph" and manifest["launch"]["call"] == "kernel[2](*args)"
-    assert manifest["mlp"] == "dense" and [b["tokens"] for b in manifest["buckets"]] == [1, 128]
+    assert manifest["mlp"] == "dense" and [b["tokens"] for b in manifest["groups"]["dense-bf16"]["buckets"]] == [1, 128]
     assert {p.name for p in out.iterdir()} >= {"__init__.py", "weights.py", "module.py", "patch.py", "backend.py",
                                                "manifest.json", "manifest.schema.json", "kernels"}
     help_text = CliRunner().invoke(main, ["export", "--help"]).output

@@ -75,3 +75,39 @@ def test_tune_model_chooses_among_the_allowed_formats_and_records_the_front_and_
     assert entry.workload == fastest["workload"]
     assert entry.label.endswith(" fp8_e4m3") == (fastest["weights"] == "float8_e4m3")
     assert entry.latency_us == pytest.approx(fastest["predicted_us"])
+
+
+def test_tune_model_uses_the_format_a_compress_output_records(tmp_path) -> None:
+    """A compress output whose layers are FP8 (manifest layers[i].fp8): tune --model tunes and chooses that format in
+    every bucket, not the fastest predicted; other --dtype formats are tuned for comparison only; layers of
+    different formats, or a --dtype that excludes the recorded one, are refused with what to do instead."""
+    from dataclasses import replace
+
+    target = get_target("trn2")
+    config = json.loads(known_config("llama-3.2-1b").read_text())
+    config.update(hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    source = replace(resolve_model(tmp_path / "config.json", 0.8), layer_formats=("float8_e4m3",) * 2)
+    tune = functools.partial(_compile_default, target=target)
+    index = tune_model(source, [1], tmp_path / "a", target=target, dialect="nki", tune_bucket=tune)
+    assert index["formats_from"] == "manifest" and index["layer_formats"] == ["float8_e4m3"] * 2
+    assert index["formats_allowed"] == ["svd-fp8", "dense-fp8"]
+    (bucket,) = index["buckets"]
+    assert bucket["chosen_format"] == "svd-fp8" and bucket["chosen_by"] == "manifest"
+    searched = []
+    index = tune_model(source, [1], tmp_path / "b", target=target, dialect="nki", tune_bucket=tune,
+                       formats=FormatRequest.parse("bf16,fp8"), on_written=searched.extend)
+    (bucket,) = index["buckets"]
+    front = {f["name"]: f["predicted_us"] for f in bucket["formats"]}
+    assert bucket["chosen_format"] == "svd-fp8" and min(front, key=front.get) != "svd-fp8"  # recorded, not fastest
+    lines = "\n".join(model_lines(source, index, target, str(tmp_path / "b")))
+    assert "as the compress output records" in lines and "whatever the latencies" in lines
+    _lock_chosen(str(tmp_path / "lock.json"), index, searched, TuneRequest(target=target, dialect="nki"))
+    (entry,) = list(Lockfile.load(tmp_path / "lock.json"))
+    assert entry.workload["fp8"]["format"] == "float8_e4m3" and entry.workload.get("ranks")
+    with pytest.raises(InputError, match="add it to --dtype"):
+        tune_model(source, [1], tmp_path / "c", target=target, dialect="nki", tune_bucket=tune,
+                   formats=FormatRequest.parse("fp8_e5m2"))
+    with pytest.raises(InputError, match="nmmc export' groups"):
+        tune_model(replace(source, layer_formats=("float8_e4m3", "bfloat16")), [1], tmp_path / "d", target=target,
+                   dialect="nki", tune_bucket=tune)

@@ -120,7 +120,10 @@ def format_lines(entry: Mapping[str, Any], indent: str) -> list[str]:
                       for f in formats)
     lines = [f"{indent}formats: {front}"]
     chosen = next(f for f in formats if f["chosen"])
-    if entry.get("recommended") != "nkilib" and chosen["weights"] != formats[0]["weights"]:
+    if entry.get("chosen_by") == "manifest":
+        lines.append(f"{indent}chosen: {chosen['name']} ({chosen['file']}), the format the compress output records for "
+                     "its layers (manifest layers[i].fp8), whatever the latencies above")
+    elif entry.get("recommended") != "nkilib" and chosen["weights"] != formats[0]["weights"]:
         lines.append(f"{indent}recommended: {chosen['name']} ({chosen['file']}): the fastest predicted of the allowed "
                      "formats (their accuracy is not judged here: nmmc compress --eval measures it)")
     return lines

@@ -47,6 +47,9 @@ class ModelSource:
     keep_ratio: float | None
     ranks_from: str  # "manifest", "formula" or "dense"
     quality: dict[str, Any] | None = None  # the manifest's measured quality (nmmc compress --eval), if any
+    # per layer, the kernel weight format an 'nmmc compress' output records (layers[i].fp8; "bfloat16" for the
+    # others), when some layer is FP8: tune --model then tunes that format instead of choosing one (docs/fp8.md)
+    layer_formats: tuple[str, ...] | None = None
 
 
 def model_path(path: str | Path) -> Path:
@@ -78,14 +81,18 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128, 
         if dense:
             return ModelSource(manifest.model, None, None, "dense")
         if not manifest.uniform:
-            raise InputError(f"{p}: its ranks differ by layer (chosen by 'nmmc compress --choose-ranks'); tune each "
-                             "distinct rank set with 'nmmc tune --mlp --ranks G,U,D' (manifest.json lists them)")
+            raise InputError(f"{p}: its ranks differ by layer (chosen by 'nmmc compress --choose-ranks'); 'nmmc "
+                             "export' groups the layers by ranks and format and exports one kernel set per group, or "
+                             "tune each distinct rank set with 'nmmc tune --mlp --ranks G,U,D' (manifest.json lists "
+                             "them)")
         r = manifest.ranks
         if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
             raise InputError(f"{p} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
                              f"{manifest.keep_ratio}")
+        recorded = tuple(layer.fp8 or "bfloat16" for layer in manifest.layers)
         return ModelSource(manifest.model, (r["gate"], r["up"], r["down"]), manifest.keep_ratio, "manifest",
-                           dict(manifest.quality) if manifest.quality else None)
+                           dict(manifest.quality) if manifest.quality else None,
+                           recorded if any(layer.fp8 for layer in manifest.layers) else None)
     config = read_config(p)
     if dense:
         return ModelSource(config, None, None, "dense")
@@ -140,7 +147,9 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     called as buckets complete; ``on_written(searches)`` once every file is written, with each search's
     workload and result (``nmmc tune --model`` stores them in the result cache then, so that an interrupted
     command leaves no cache entry). A source without ranks (``--dense``) tunes the dense MLP alone. ``formats``: the
-    weight formats allowed (default bf16 alone); each bucket tunes every allowed format (:mod:`.model_formats`)."""
+    weight formats allowed (default bf16 alone); each bucket tunes every allowed format (:mod:`.model_formats`). A
+    source whose layers record their format (``source.layer_formats``, an ``nmmc compress --dtype fp8`` output) has
+    it chosen in every bucket, the other allowed formats tuned for comparison (:func:`recorded_format`)."""
     if tune_bucket is None:
         tune_bucket = functools.partial(_tune_default, target=target, dialect=dialect, trials=trials, seed=seed)
     out = Path(out_dir)
@@ -150,6 +159,9 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     formats = formats or FormatRequest()
     # an SVD MLP is searched with nmmc's fused dense MLP (its honest alternative), per allowed weight format; a dense
     # source has the dense MLPs alone
+    recorded = recorded_format(source, formats)
+    if recorded is not None and formats.weights == FormatRequest().weights:
+        formats = FormatRequest((recorded.weights,))
     candidates = formats.candidates(source.ranks is not None)
     primary = candidates[0]
     searches = [(bucket, f.workload(tokens, c.hidden_size, c.intermediate_size, source.ranks))
@@ -160,7 +172,7 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     step = len(candidates)
     for bucket, tokens in enumerate(buckets):
         by_format = dict(zip(candidates, tuned_all[step * bucket:step * (bucket + 1)], strict=True))
-        chosen = choose({f: t.compiled.cost.latency_us for f, t in by_format.items()}, candidates)
+        chosen = recorded or choose({f: t.compiled.cost.latency_us for f, t in by_format.items()}, candidates)
         name = primary.file(tokens, primary)
         write_text_atomic(out / name, by_format[primary].compiled.kernel.source)
         if chosen != primary:  # the bucket's recommended kernel is another format's: write it too
@@ -184,12 +196,37 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
         "dtype": results[0].workload.dtype if results else None,
         # the formats each bucket chose among, {dense, SVD} x the allowed weight formats (model_formats.py)
         "formats_allowed": [f.name for f in candidates],
+        # "manifest": each bucket's chosen format is the one the compress output records for its layers (not the
+        # fastest predicted); "latency": the fastest predicted of the allowed formats
+        "formats_from": "manifest" if recorded is not None else "latency",
+        "layer_formats": None if source.layer_formats is None else list(source.layer_formats),
         "buckets": [_bucket_entry(r) if source.ranks is not None else _dense_bucket_entry(r) for r in results],
     }
+    for entry in index["buckets"]:
+        entry["chosen_by"] = index["formats_from"]
     write_text_atomic(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     if on_written is not None:
         on_written([(workload, tuned) for (_, workload), tuned in zip(searches, tuned_all, strict=True)])
     return index
+
+
+def recorded_format(source: ModelSource, formats: FormatRequest) -> MlpFormat | None:
+    """The format an ``nmmc compress`` output records for its layers (``layers[i].fp8``), which ``tune --model``
+    tunes and chooses in every bucket; None when it records none. Its layers must agree (else ``nmmc export``,
+    which groups them), and ``--dtype``, when given, must allow it (the other formats it lists are tuned for
+    comparison: the front shows what the recorded choice costs)."""
+    if source.layer_formats is None or source.ranks is None:
+        return None
+    distinct = sorted(set(source.layer_formats))
+    if len(distinct) > 1:
+        raise InputError(f"the compress output's layers have different kernel formats ({', '.join(distinct)}; "
+                         "manifest layers[i].fp8): 'nmmc export' groups the layers by format and exports one kernel "
+                         "set per group; tune --model tunes one format for every layer")
+    recorded = MlpFormat(True, distinct[0])
+    if formats.weights != FormatRequest().weights and recorded.weights not in formats.weights:
+        raise InputError(f"the compress output's layers are {recorded.weights} (manifest layers[i].fp8), which "
+                         f"tune --model uses: add it to --dtype or drop --dtype")
+    return recorded
 
 
 def sdk_range(dialect: str, target: Target) -> dict[str, str] | None:

@@ -30,6 +30,11 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
              "kernel per matmul",
              f"  {context_note(target)}",
              f"  speedups over the dense MLPs: {quality_note(index.get('quality'))}"]
+    if index.get("formats_from") == "manifest":
+        fmt = index["buckets"][0]["chosen_format"] if index["buckets"] else "?"
+        lines.append(f"  format: {fmt} in every bucket, as the compress output records for every layer (manifest "
+                     "layers[i].fp8; chosen there under the accuracy budget, not by latency here); other --dtype "
+                     "formats are tuned for comparison only")
     rows = [["tokens", "SVD us", "nkilib us", "vs it", "nmmc dense us", "vs it", "AWS dense us", "vs it", "unfused us",
              "vs it", "kernels", "  file"]]
     for e in index["buckets"]:

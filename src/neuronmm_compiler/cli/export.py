@@ -23,11 +23,15 @@ from .views import echo_lines
 
 EPILOG = """\b
 The package (OUT/):
-  kernels/t<T>/           the kernel of bucket T (with --tp: one per rank role, and plan.json)
-  manifest.json           buckets, kernels, every argument's shape/dtype/layout, SDK range, LNC,
+  kernels/<group>/t<T>/   the kernel of bucket T for a layer group (dense-bf16, svd-fp8-r..., ...;
+                          layers of different formats/ranks: one group each; with --tp: one
+                          file per rank role, and plan.json)
+  manifest.json           layer -> group, per group its buckets, kernels, every argument's
+                          shape/dtype/layout and source, activation dtype, SDK range, LNC,
                           target, TP plan, predicted latencies with their error band and launch
                           context (manifest.schema.json is its JSON Schema)
-  weights.py              checkpoint (dense) or factor files (SVD) -> a rank's kernel arguments
+  weights.py, fp8.py      checkpoint (dense; FP8: quantized per output channel) or factor files
+                          (SVD, FP8 layers with their scales) -> a rank's kernel arguments
   module.py               NmmcMLP / NeuronNmmcMLP: the MLP module (pad to bucket, launch, all-reduce)
   patch.py                replace the MLPs of a Hugging Face or NxD Inference Llama/Qwen3 model
   backend.py, llama.py    nki.jit on a Neuron device / nmmc's interpreter on the CPU; a torch Llama
@@ -54,8 +58,12 @@ Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 
                    "output at the same ranks). Default: the ranks of MODEL when it is an 'nmmc compress' output, "
                    "else the dense MLP.")
 @click.option("--dense", is_flag=True, help="Export the dense (exact) MLP even from an 'nmmc compress' output.")
-@click.option("--dtype", default="bf16", show_default=True, callback=lowercase_name,
-              help="Element type of the kernels' arguments: bf16 or fp32 (weights are converted to it).")
+@click.option("--dtype", default=None, callback=lowercase_name,
+              help="Weights of the kernels: bf16, fp32 (activations too) or fp8 (fp8_e4m3, fp8_e5m2: FP8 weights "
+                   "with per-output-channel scales, bf16 activations quantized on chip with static scales; from a "
+                   "checkpoint the weights are quantized on the fly and the scales calibrated when patching). "
+                   "Default: an 'nmmc compress' output's recorded per-layer formats (its --dtype fp8 layers FP8), "
+                   "else bf16.")
 @target_option
 @dialect_option
 @click.option("--trials", default=150, show_default=True, type=click.IntRange(min=1),
@@ -89,7 +97,8 @@ def export(model: str, buckets: str, tp: int, keep_ratio: float | None, dense: b
     tgt = resolve_target(target, None)  # inside a model's graph: in-graph unless --launch says otherwise
     request = ExportRequest(model=model, buckets=tuple(parse_buckets(buckets)), target=tgt,
                             dialect=chosen_dialect(dialect, sdk, tgt), tp=tp, keep_ratio=keep_ratio, dense=dense,
-                            dtype=canonical_dtype(dtype), trials=trials, seed=seed, cache_dir=cache_dir,
+                            dtype=None if dtype is None else canonical_dtype(dtype), trials=trials, seed=seed,
+                            cache_dir=cache_dir,
                             use_cache=not no_cache)
     ok = run_export(request, output, verify=run_verify, as_json=as_json,
                     progress=show_progress(progress, as_json), echo=click.echo)
@@ -138,17 +147,26 @@ def _bar(enabled: bool, total: int):
 
 def _summary(manifest: dict, output: str) -> list[str]:
     m = manifest["model"]
-    what = "dense MLP" if manifest["ranks"] is None else "SVD MLP, ranks " + "/".join(
-        str(r) for r in manifest["ranks"].values())
-    lines = [f"{m['name']}: {what}; {manifest['target']} ({manifest['dialect']}, LNC={manifest['lnc']}, "
-             f"launch {manifest['launch']['call']}), tp {manifest['tp']['degree']}, {manifest['dtype']}"]
-    for bucket in manifest["buckets"]:
-        p = bucket["predicted"]
-        band = "" if p["band_us"] is None else f" (typically {p['band_us'][0]:.1f}-{p['band_us'][1]:.1f})"
-        strategy = f", {bucket['strategy']}" if bucket["strategy"] else ""
-        comm = f" incl. {p['comm_us']:.1f} us all-reduce" if p["comm_us"] else ""
-        lines.append(f"  {bucket['tokens']:>6} tokens: {p['total_us']:.1f} us predicted{band}{comm}{strategy}; "
-                     f"{len(bucket['kernels'])} kernel file(s)")
+    lines = [f"{m['name']}: {manifest['target']} ({manifest['dialect']}, LNC={manifest['lnc']}, launch "
+             f"{manifest['launch']['call']}), tp {manifest['tp']['degree']}, activations "
+             f"{manifest['activation_dtype']}"]
+    for name, group in manifest["groups"].items():
+        what = "dense MLP" if group["ranks"] is None else "SVD MLP, ranks " + "/".join(
+            str(r) for r in group["ranks"].values())
+        layers = group["layers"]
+        span = f"layers {layers[0]}-{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else \
+            "layers " + ",".join(map(str, layers))
+        lines.append(f"  {name}: {what}, {group['weights_dtype']} weights, {span}")
+        for bucket in group["buckets"]:
+            p = bucket["predicted"]
+            band = "" if p["band_us"] is None else f" (typically {p['band_us'][0]:.1f}-{p['band_us'][1]:.1f})"
+            strategy = f", {bucket['strategy']}" if bucket["strategy"] else ""
+            comm = f" incl. {p['comm_us']:.1f} us all-reduce" if p["comm_us"] else ""
+            lines.append(f"    {bucket['tokens']:>6} tokens: {p['total_us']:.1f} us predicted{band}{comm}{strategy}; "
+                         f"{len(bucket['kernels'])} kernel file(s)")
     lines.append(f"  weights: {manifest['weights']['expects']}")
+    if manifest["weights"].get("activation_scales") == "calibration":
+        lines.append("  FP8 activation scales: calibrated on the unpatched model when patching (patch(..., "
+                     "calibration=token ids); docs/integration.md)")
     lines.append(f"wrote the package to {output} (manifest.json; nmmc verify {output})")
     return lines

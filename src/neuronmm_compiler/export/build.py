@@ -3,13 +3,16 @@ the manifest that says how to call them, and the runtime modules that do (docs/i
 
 The package directory::
 
-    __init__.py backend.py weights.py module.py patch.py llama.py   the runtime (export/runtime/, copied as is)
-    kernels/t<T>/mlp.py                                            --tp 1: the bucket's kernel file
-    kernels/t<T>/<role>.py, kernels/t<T>/plan.json                 --tp N: a kernel file per rank role, the plan
-    manifest.json, manifest.schema.json                            written last
+    __init__.py backend.py layers.py weights.py fp8.py module.py patch.py llama.py   the runtime (copied)
+    kernels/<group>/t<T>/mlp.py                                  --tp 1: the bucket's kernel file
+    kernels/<group>/t<T>/<role>.py, kernels/<group>/t<T>/plan.json   --tp N: a kernel file per rank role, the plan
+    manifest.json, manifest.schema.json                          written last
 
-Every bucket is described the same way whatever the TP degree: per rank, the steps it runs (a kernel with its
-arguments bound to tensors, possibly slices of them, or a collective), so the runtime has one code path.
+Layers of different formats (dense or SVD ranks, bf16 or FP8 weights; an ``nmmc compress --choose-ranks``
+output) need different kernels: the layers are grouped by (ranks, format) (:mod:`.groups`), each group has its own
+buckets and kernels, and the manifest maps each layer to its group. Every bucket is described the same way whatever
+the TP degree: per rank, the steps it runs (a kernel with its arguments bound to tensors, possibly slices of them,
+or a collective), so the runtime has one code path.
 """
 
 from __future__ import annotations
@@ -24,28 +27,19 @@ from .. import __version__
 from ..codegen import read_metadata
 from ..driver import Compiled
 from ..errors import InputError
+from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import MlpWorkload, mlp_workload
 from ..io import check_output_dir, write_text_atomic
-from ..model_tuning import ModelSource, model_path, resolve_model, sdk_range
-from ..models.manifest import MANIFEST_FILE, U_NAME, V_NAME
+from ..model_tuning import ModelSource, sdk_range
 from ..search import DEFAULT_TRIALS
 from ..speedups import launch_dict
 from ..targets import Target
+from .groups import ExportGroup, export_groups, tensor_source
 from .manifest import FORMAT, SCHEMA_FILE, VERSION, schema_text
 
 #: The runtime modules copied into every package (export/runtime/).
-RUNTIME_FILES = ("__init__.py", "backend.py", "weights.py", "module.py", "patch.py", "llama.py")
-#: Where each kernel argument comes from: a Hugging Face checkpoint tensor (``weight`` is [out, in], the kernels
-#: take W = weight.T [in, out]) or an ``nmmc compress`` factor ([in, r] and [r, out], as the kernels take them).
-HF_WEIGHT = "model.layers.{layer}.mlp.{proj}_proj.weight"
-SOURCES: dict[str, dict[str, str]] = {
-    **{f"w_{p}": {"from": "checkpoint", "name": HF_WEIGHT.format(layer="{layer}", proj=p), "transform": "transpose"}
-       for p in ("gate", "up", "down")},
-    **{f"u_{p}": {"from": "factors", "name": U_NAME.format(layer="{layer}", proj=p), "transform": "none"}
-       for p in ("gate", "up", "down")},
-    **{f"v_{p}": {"from": "factors", "name": V_NAME.format(layer="{layer}", proj=p), "transform": "none"}
-       for p in ("gate", "up", "down")},
-}
+RUNTIME_FILES = ("__init__.py", "backend.py", "layers.py", "weights.py", "fp8.py", "module.py", "patch.py",
+                 "llama.py")
 #: The tensor-parallel strategies an export takes: those whose every weight is a slice of the unsharded tensors
 #: (the factor-shard strategies need per-shard factorisations, which the runtime does not load yet).
 SLICE_STRATEGIES = ("megatron", "replicate-u/reduce-output", "replicate-u/reduce-rank")
@@ -57,8 +51,9 @@ KernelFn = Callable[[MlpWorkload], Compiled]
 class ExportRequest:
     """What to export: the model (a shipped name, a model directory or config.json, or an ``nmmc compress``
     output), the token buckets, the target (its spec carries the LNC and launch context), dialect, TP degree,
-    compression (``keep_ratio``; a compress output gives its ranks; neither, or ``dense``: the dense MLP), dtype,
-    and the search settings."""
+    compression (``keep_ratio``; a compress output gives its ranks; neither, or ``dense``: the dense MLP), the
+    weights' ``dtype`` (None: the source's formats, else bf16; an FP8 format: FP8 kernels), and the search
+    settings."""
 
     model: str
     buckets: tuple[int, ...]
@@ -67,7 +62,7 @@ class ExportRequest:
     tp: int = 1
     keep_ratio: float | None = None
     dense: bool = False
-    dtype: str = "bfloat16"
+    dtype: str | None = None
     trials: int = DEFAULT_TRIALS
     seed: int = 0
     method: str | None = None
@@ -75,14 +70,10 @@ class ExportRequest:
     use_cache: bool = True
 
 
-def export_source(request: ExportRequest) -> tuple[ModelSource, str | None]:
-    """(the model's shapes and ranks, the compress output directory the factors come from or None). Without
-    --keep-ratio, a model that is not a compress output exports its dense MLP."""
-    path = model_path(request.model)
-    compressed = path.is_dir() and (path / MANIFEST_FILE).is_file()
-    dense = request.dense or (request.keep_ratio is None and not compressed)
-    source = resolve_model(path, request.keep_ratio, dense=dense)
-    return source, str(path.resolve()) if compressed and not dense else None
+def activation_dtype(request: ExportRequest) -> str:
+    """The activations' dtype (x and the output): float32 for an fp32 export, else bfloat16 (FP8 kernels take and
+    return bf16 activations and quantize on chip)."""
+    return "float32" if request.dtype == "float32" else "bfloat16"
 
 
 def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: KernelFn | None = None,
@@ -91,9 +82,14 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
     workload (default: tuned with the request's search settings, answered from the result cache when it can be);
     nothing is written before every bucket compiled."""
     out = check_output_dir(out_dir)
-    source, factors_dir = export_source(request)
+    activation = activation_dtype(request)
+    source, factors_dir, groups = export_groups(request.model, request.keep_ratio, request.dense, request.dtype,
+                                                activation)
     if not request.buckets:
         raise InputError("--tokens needs at least one bucket")
+    if request.tp > 1 and any(g.fp8 for g in groups):
+        raise InputError("--tp with FP8 kernels is not exported yet (the tensor-parallel planner's FP8 support is "
+                         "separate work): export FP8 at --tp 1")
     if kernel_fn is None:
         from ..tensor_parallel.commands import tuned_kernels
 
@@ -101,18 +97,25 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
                                   method=request.method, exhaustive_threshold=None, cache_dir=request.cache_dir,
                                   use_cache=request.use_cache)
     files: dict[str, str] = {}
-    buckets = []
-    for done, tokens in enumerate(sorted(request.buckets)):
-        c = source.config
-        workload = mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=source.ranks,
-                                dense=source.ranks is None, dtype=request.dtype)
-        if request.tp == 1:
-            buckets.append(_one_core_bucket(workload, kernel_fn, request.target, files))
-        else:
-            buckets.append(_tp_bucket(workload, request, kernel_fn, files))
-        if progress:
-            progress(done + 1, len(request.buckets))
-    manifest = _manifest(request, source, factors_dir, buckets)
+    c = source.config
+    entries: dict[str, dict[str, Any]] = {}
+    from_checkpoint = factors_dir is None and all(g.ranks is None for g in groups)
+    steps = len(groups) * len(request.buckets)
+    for g, group in enumerate(groups):
+        buckets = []
+        fp8 = Fp8Weights(group.weights) if group.fp8 else None
+        for b, tokens in enumerate(sorted(request.buckets)):
+            workload = mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=group.ranks,
+                                    dense=group.ranks is None, dtype=activation, fp8=fp8)
+            directory = f"kernels/{group.name}/t{tokens}"
+            if request.tp == 1:
+                buckets.append(_one_core_bucket(workload, kernel_fn, request.target, files, directory))
+            else:
+                buckets.append(_tp_bucket(workload, request, kernel_fn, files, directory))
+            if progress:
+                progress(g * len(request.buckets) + b + 1, steps)
+        entries[group.name] = _group(group, buckets, from_checkpoint)
+    manifest = _manifest(request, source, factors_dir, groups, entries, activation)
     runtime = Path(__file__).parent / "runtime"
     for name in RUNTIME_FILES:
         files[name] = (runtime / name).read_text(encoding="utf-8")
@@ -155,9 +158,9 @@ def _predicted(kernel_us: float, comm_us: float, target: Target) -> dict[str, An
 
 
 def _one_core_bucket(workload: MlpWorkload, kernel_fn: KernelFn, target: Target,
-                     files: dict[str, str]) -> dict[str, Any]:
+                     files: dict[str, str], directory: str) -> dict[str, Any]:
     compiled = kernel_fn(workload)
-    file = f"kernels/t{workload.tokens}/mlp.py"
+    file = f"{directory}/mlp.py"
     files[file] = compiled.kernel.source
     functions, inputs = _functions(compiled.kernel.source)
     step = {"kernel": "mlp", "args": {name: {"tensor": name} for name in inputs}, "outputs": {"out": "out"}}
@@ -170,7 +173,7 @@ def _one_core_bucket(workload: MlpWorkload, kernel_fn: KernelFn, target: Target,
 
 
 def _tp_bucket(workload: MlpWorkload, request: ExportRequest, kernel_fn: KernelFn,
-               files: dict[str, str]) -> dict[str, Any]:
+               files: dict[str, str], directory: str) -> dict[str, Any]:
     from ..cost_model.collectives import check_group
     from ..tensor_parallel.plan import plan_dict
     from ..tensor_parallel.planner import TpResult, dense_alternatives, evaluate_strategy
@@ -186,7 +189,6 @@ def _tp_bucket(workload: MlpWorkload, request: ExportRequest, kernel_fn: KernelF
     result = TpResult(workload, request.tp, request.target, results,
                       dense_alternatives(workload, request.tp, request.target, request.dialect, kernel_fn))
     plan = plan_dict(result, request.dialect)
-    directory = f"kernels/t{workload.tokens}"
     kernels = {}
     for key, entry in plan["kernels"].items():
         source = result.chosen.kernels[key].kernel.source
@@ -215,34 +217,48 @@ def _launch(target: Target, dialect: str) -> dict[str, Any]:
                     "logical_nc_config); a mismatch fails compilation with NCC_EVRF066"}
 
 
-def _manifest(request: ExportRequest, source: ModelSource, factors_dir: str | None,
-              buckets: list[dict[str, Any]]) -> dict[str, Any]:
-    c = source.config
+def _group(group: ExportGroup, buckets: list[dict[str, Any]], from_checkpoint: bool) -> dict[str, Any]:
+    """A group's manifest entry: its layers, MLP, weight format, the weights its kernels take (each with its
+    source, shape and dtype as the kernel files state them) and its buckets."""
     tensors: dict[str, dict[str, Any]] = {}
     for bucket in buckets:
+        dtypes = {a["name"]: a["dtype"] for kernel in bucket["kernels"].values() for f in kernel["functions"]
+                  for a in f["arguments"]}
         for name, shape in bucket.pop("tensors").items():
-            if name == "x":
-                continue
-            if name not in SOURCES:
-                raise InputError(f"the export has no weight source for kernel argument {name!r}")
-            tensors[name] = {"shape": shape, "dtype": request.dtype, "layout": "row_major", **SOURCES[name]}
-    weights_from = "factors" if source.ranks is not None else "checkpoint"
+            if name != "x":
+                tensors[name] = {"shape": shape, "dtype": dtypes.get(name, group.weights), "layout": "row_major",
+                                 **tensor_source(name, group, from_checkpoint)}
+    return {"layers": list(group.layers), "mlp": "dense" if group.ranks is None else "svd",
+            "ranks": None if group.ranks is None else dict(zip(("gate", "up", "down"), group.ranks, strict=True)),
+            "weights_dtype": group.weights, "tensors": dict(sorted(tensors.items())), "buckets": buckets}
+
+
+def _manifest(request: ExportRequest, source: ModelSource, factors_dir: str | None, groups: list[ExportGroup],
+              entries: dict[str, dict[str, Any]], activation: str) -> dict[str, Any]:
+    c = source.config
+    weights_from = "checkpoint" if factors_dir is None and all(g.ranks is None for g in groups) else "factors"
+    mlps = {e["mlp"] for e in entries.values()}
+    layer_group = {layer: g.name for g in groups for layer in g.layers}
+    calibrated = weights_from == "checkpoint" and any(g.fp8 for g in groups)
     return {
         "format": FORMAT, "version": VERSION, "nmmc_version": __version__,
         "model": {"name": c.name, "architecture": c.architecture, "hidden_size": c.hidden_size,
                   "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
                   "torch_dtype": c.torch_dtype},
-        "mlp": "dense" if source.ranks is None else "svd",
+        "mlp": mlps.pop() if len(mlps) == 1 else "per layer",
         "ranks": None if source.ranks is None else dict(zip(("gate", "up", "down"), source.ranks, strict=True)),
         "keep_ratio": source.keep_ratio, "quality": source.quality,
         "weights": {"from": weights_from, "factors_dir": factors_dir,
                     "expects": "a Hugging Face checkpoint directory (safetensors)" if weights_from == "checkpoint"
-                    else "an 'nmmc compress' output directory (layer_XXX.safetensors factors)"},
+                    else "an 'nmmc compress' output directory (layer_XXX.safetensors factors)",
+                    "activation_scales": "calibration" if calibrated else None},
         "target": request.target.spec, "target_name": request.target.name, "lnc": request.target.lnc,
-        "dialect": str(request.dialect), "sdk": sdk_range(request.dialect, request.target), "dtype": request.dtype,
+        "dialect": str(request.dialect), "sdk": sdk_range(request.dialect, request.target),
+        "activation_dtype": activation,
+        "weights_dtypes": sorted({g.weights for g in groups}),
         "launch": _launch(request.target, request.dialect),
         "tp": {"degree": request.tp, "collective": "all_reduce" if request.tp > 1 else None,
                "strategies_considered": list(SLICE_STRATEGIES) if request.tp > 1 else []},
-        "tensors": dict(sorted(tensors.items())),
-        "buckets": buckets,
+        "layers": [layer_group[layer] for layer in range(c.num_hidden_layers)],
+        "groups": entries,
     }

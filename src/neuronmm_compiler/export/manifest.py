@@ -11,7 +11,8 @@ from typing import Any
 from ..errors import InputError
 
 FORMAT = "nmmc-export"
-VERSION = 1
+#: 2: layers grouped by format (``layers``, ``groups``), per-argument dtypes, ``activation_dtype`` (FP8 exports).
+VERSION = 2
 MANIFEST_NAME = "manifest.json"
 SCHEMA_FILE = "manifest.schema.json"
 _SCHEMA_PATH = Path(__file__).parent / "schema" / SCHEMA_FILE
@@ -62,7 +63,7 @@ def read_export(path: str | Path) -> tuple[dict[str, Any], Path]:
                          f"reads {VERSION})")
     root = p.parent.resolve()
     try:
-        for bucket in manifest["buckets"]:
+        for bucket in (b for group in manifest["groups"].values() for b in group["buckets"]):
             for key, kernel in bucket["kernels"].items():
                 file = (root / kernel["file"]).resolve()
                 if root not in file.parents or file.suffix != ".py":

@@ -84,18 +84,37 @@ def verify_export(path: str | Path, seed: int = 0) -> DirReport:
     """Verify every kernel (tp 1) or plan (tp > 1) of an export package, and its manifest against the files."""
     manifest, root = read_export(path)
     report = DirReport("export")
-    for bucket in manifest["buckets"]:
-        if bucket["plan"] is not None:
-            report.items.append(_plan(root, bucket["plan"], seed))
-        else:
-            for kernel in bucket["kernels"].values():
-                report.items.append(_kernel(root, kernel["file"], seed))
-        for key, kernel in bucket["kernels"].items():
-            mismatch = _manifest_mismatch(root, kernel)
-            if mismatch:
-                report.items.append(Item(f"{MANIFEST_NAME}: bucket {bucket['tokens']}, kernel {key}", False,
-                                         error=mismatch))
+    for name, group in manifest["groups"].items():
+        for bucket in group["buckets"]:
+            if bucket["plan"] is not None:
+                report.items.append(_plan(root, bucket["plan"], seed))
+            else:
+                for kernel in bucket["kernels"].values():
+                    report.items.append(_kernel(root, kernel["file"], seed))
+            for key, kernel in bucket["kernels"].items():
+                mismatch = _manifest_mismatch(root, kernel)
+                if mismatch:
+                    report.items.append(Item(f"{MANIFEST_NAME}: group {name}, bucket {bucket['tokens']}, kernel {key}",
+                                             False, error=mismatch))
+    report.items += [Item(MANIFEST_NAME, False, error=problem) for problem in group_problems(manifest)]
     return report
+
+
+def group_problems(manifest: dict[str, Any]) -> list[str]:
+    """What an export manifest's layer groups contradict: a weight whose stated dtype is not its kernel argument's,
+    a layer in no group, in two, or in another than ``layers`` names."""
+    problems = []
+    for name, group in manifest["groups"].items():
+        stated = {t: info["dtype"] for t, info in group["tensors"].items()}
+        actual = {a["name"]: a["dtype"] for b in group["buckets"] for k in b["kernels"].values()
+                  for f in k["functions"] for a in f["arguments"] if a["name"] in stated}
+        if stated != actual:
+            problems.append(f"group {name}: the tensors' dtypes {stated} differ from the kernels' arguments' {actual}")
+    layers = manifest["layers"]
+    if sorted(layer for g in manifest["groups"].values() for layer in g["layers"]) != list(range(len(layers))) or \
+            any(layers[layer] != name for name, g in manifest["groups"].items() for layer in g["layers"]):
+        problems.append("layers and groups disagree: every layer must be in exactly the group the layers list names")
+    return problems
 
 
 def _kernel(root: Path, name: str, seed: int) -> Item:

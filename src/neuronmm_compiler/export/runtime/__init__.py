@@ -18,13 +18,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import backend, module, weights
+from . import backend, fp8, module, weights
 from . import patch as _patch
 from .module import AllReduce, NeuronNmmcMLP, NmmcMLP
 
 ROOT = Path(__file__).resolve().parent
 
-__all__ = ["ROOT", "NeuronNmmcMLP", "NmmcMLP", "backend", "manifest", "mlp", "module", "patch", "runner", "weights"]
+__all__ = ["ROOT", "NeuronNmmcMLP", "NmmcMLP", "backend", "fp8", "manifest", "mlp", "module", "patch", "runner",
+           "weights"]
 
 
 @functools.cache
@@ -40,18 +41,25 @@ def runner() -> backend.KernelRunner:
 
 
 def mlp(weights_dir: str | Path, layer: int, *, rank: int = 0, all_reduce: AllReduce | None = None,
-        backend: str = "auto", neuron_signature: bool = False) -> NmmcMLP:
-    """The MLP module of decoder layer ``layer`` for tensor-parallel rank ``rank``, its weights read from
-    ``weights_dir`` (NxD Inference's forward signature with ``neuron_signature``)."""
+        backend: str = "auto", neuron_signature: bool = False,
+        activation_scales: dict[int, dict[str, float]] | None = None) -> NmmcMLP:
+    """The MLP module of decoder layer ``layer`` (its group's kernels) for tensor-parallel rank ``rank``, its
+    weights read from ``weights_dir`` (NxD Inference's forward signature with ``neuron_signature``;
+    ``activation_scales``: FP8 kernels' static scales when the weights come from a checkpoint,
+    :func:`.fp8.calibrate`)."""
     cls = NeuronNmmcMLP if neuron_signature else NmmcMLP
-    made = cls(manifest(), runner(), rank=rank, all_reduce=all_reduce, backend=backend)
-    made.load(weights.layer_arguments(manifest(), weights_dir, layer, rank))
+    made = cls(manifest(), runner(), rank=rank, all_reduce=all_reduce, backend=backend,
+               group=weights.layer_group(manifest(), layer))
+    made.load(weights.layer_arguments(manifest(), weights_dir, layer, rank, activation_scales))
     return made
 
 
 def patch(model: Any, weights_dir: str | Path, *, rank: int | None = None, all_reduce: AllReduce | None = None,
-          backend: str = "auto", emulate_tp: bool = False) -> list[int]:
+          backend: str = "auto", emulate_tp: bool = False, activation_scales: Any = None,
+          calibration: Any = None) -> list[int]:
     """Replace the gated MLPs of ``model`` (Hugging Face Llama/Qwen3 or NxD Inference's) by this package's kernels;
-    the layers patched. See :func:`.patch.patch_model`."""
+    the layers patched. See :func:`.patch.patch_model` (FP8 from a checkpoint: ``calibration`` token ids or
+    ``activation_scales``)."""
     return _patch.patch_model(model, weights_dir, manifest=manifest(), root=ROOT, rank=rank, all_reduce=all_reduce,
-                              backend=backend, emulate_tp=emulate_tp)
+                              backend=backend, emulate_tp=emulate_tp, activation_scales=activation_scales,
+                              calibration=calibration)

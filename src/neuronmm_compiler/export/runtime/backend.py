@@ -18,20 +18,32 @@ import torch
 #: The interpreter is not re-entrant across threads (tensor-parallel emulation runs ranks in threads): one kernel
 #: run at a time; the ranks interleave at their collectives only.
 _INTERPRETER = threading.Lock()
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+#: The kernels' dtypes as torch dtypes. nmmc's ``float8_e4m3`` (IEEE-style, largest 240, NKI's ``nl.float8_e4m3``)
+#: is held in ``torch.float8_e4m3fn`` (largest 448): the two share every bit pattern of magnitude <= 240 and the
+#: weights are quantized into +-240, so the bytes mean the same values in both (nmmc's models/fp8_files.py);
+#: ``float8_e5m2`` is the same IEEE layout in both.
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
+                 "float8_e4m3": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 
 
 def torch_dtype(name: str) -> torch.dtype:
     return _TORCH_DTYPES[name]
 
 
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU tensor as a NumPy array of the same dtype (bfloat16 as ml_dtypes.bfloat16), bits unchanged."""
+def to_numpy(tensor: torch.Tensor, dtype: str | None = None) -> np.ndarray:
+    """A CPU tensor as a NumPy array, bits unchanged: bfloat16 as ml_dtypes.bfloat16, an FP8 tensor as the
+    ml_dtypes type of the kernel argument's ``dtype`` (``float8_e4m3``: nmmc's IEEE-style e4m3, whose values up to
+    240 have the bits of torch's float8_e4m3fn)."""
     tensor = tensor.detach().cpu().contiguous()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
 
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        import ml_dtypes
+
+        name = dtype or ("float8_e4m3" if tensor.dtype == torch.float8_e4m3fn else "float8_e5m2")
+        return tensor.view(torch.uint8).numpy().view(getattr(ml_dtypes, name))
     return tensor.numpy()
 
 
@@ -40,6 +52,8 @@ def from_numpy(array: np.ndarray) -> torch.Tensor:
     array = np.ascontiguousarray(array)
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    if array.dtype.name in _TORCH_DTYPES and array.dtype.name.startswith("float8"):
+        return torch.from_numpy(array.view(np.uint8).copy()).view(torch_dtype(array.dtype.name))
     return torch.from_numpy(array.copy())
 
 
@@ -81,7 +95,8 @@ class KernelRunner:
         file = kernel["file"]
         if file not in self._sources:
             self._sources[file] = (self.root / file).read_text(encoding="utf-8")
-        env = {name: to_numpy(value) for name, value in args.items()}
+        dtypes = {a["name"]: a["dtype"] for function in kernel["functions"] for a in function["arguments"]}
+        env = {name: to_numpy(value, dtypes.get(name)) for name, value in args.items()}
         with _INTERPRETER:
             for function in kernel["functions"]:
                 names = [a["name"] for a in function["arguments"]]

@@ -42,34 +42,45 @@ def default_all_reduce() -> AllReduce:
 
 
 class NmmcMLP(nn.Module):
-    """One rank's share of a gated MLP, computed by the exported kernels. The weight arguments are buffers named
-    by :func:`.weights.operand_key` (fill them with :meth:`load`); ``backend``: ``auto`` (nki.jit for tensors on
-    a Neuron device, nmmc's interpreter on the CPU), ``neuron`` or ``interpreter``."""
+    """One rank's share of a gated MLP, computed by the exported kernels of one layer group (``group``: its name in
+    the manifest; :func:`.weights.layer_group` gives a layer's; None: the package's only group). The weight
+    arguments are buffers named by :func:`.weights.operand_key`, each in its manifest dtype (FP8 weights as
+    ``torch.float8_e4m3fn``, their scales float32; fill them with :meth:`load`); the activations are cast to the
+    manifest's ``activation_dtype``. ``backend``: ``auto`` (nki.jit for tensors on a Neuron device, nmmc's
+    interpreter on the CPU), ``neuron`` or ``interpreter``."""
 
     def __init__(self, manifest: dict[str, Any], runner: KernelRunner, *, rank: int = 0,
-                 all_reduce: AllReduce | None = None, backend: str = "auto") -> None:
+                 all_reduce: AllReduce | None = None, backend: str = "auto", group: str | None = None) -> None:
         super().__init__()
         tp = manifest["tp"]["degree"]
         if not 0 <= rank < tp:
             raise ValueError(f"rank {rank} outside the package's tensor-parallel group of {tp}")
-        self.manifest, self.runner, self.rank, self.backend = manifest, runner, rank, backend
+        if group is None:
+            if len(manifest["groups"]) != 1:
+                raise ValueError(f"the package's layers run different kernels ({', '.join(manifest['groups'])}): "
+                                 "pass group= (weights.layer_group(manifest, layer))")
+            group = next(iter(manifest["groups"]))
+        self.manifest, self.runner, self.rank, self.backend, self.group = manifest, runner, rank, backend, group
         self.all_reduce = all_reduce if all_reduce is not None or tp == 1 else default_all_reduce()
         self.hidden_size = manifest["model"]["hidden_size"]
         self.intermediate_size = manifest["model"]["intermediate_size"]
-        self.buckets = sorted(manifest["buckets"], key=lambda b: b["tokens"])
-        self.dtype = torch_dtype(manifest["dtype"])
-        for key, spec in rank_operands(manifest, rank).items():
-            shape = manifest["tensors"][spec["tensor"]]["shape"]
+        self.tensors = manifest["groups"][group]["tensors"]
+        self.buckets = sorted(manifest["groups"][group]["buckets"], key=lambda b: b["tokens"])
+        self.dtype = torch_dtype(manifest["activation_dtype"])
+        for key, spec in rank_operands(manifest, rank, group).items():
+            info = self.tensors[spec["tensor"]]
+            shape = info["shape"]
             rows = spec["rows"][1] - spec["rows"][0] if "rows" in spec else shape[0]
             cols = spec["cols"][1] - spec["cols"][0] if "cols" in spec else shape[1]
-            self.register_buffer(key, torch.zeros(rows, cols, dtype=self.dtype))
+            self.register_buffer(key, torch.zeros(rows, cols, dtype=torch_dtype(info["dtype"])))
 
     def load(self, arguments: dict[str, torch.Tensor]) -> None:
         """Copy the rank's weight arguments (:func:`.weights.layer_arguments`) into the buffers."""
         for key, value in arguments.items():
             buffer = getattr(self, key)
-            if tuple(buffer.shape) != tuple(value.shape):
-                raise ValueError(f"{key}: expected {tuple(buffer.shape)}, got {tuple(value.shape)}")
+            if tuple(buffer.shape) != tuple(value.shape) or buffer.dtype != value.dtype:
+                raise ValueError(f"{key}: expected {tuple(buffer.shape)} {buffer.dtype}, got {tuple(value.shape)} "
+                                 f"{value.dtype}")
             buffer.copy_(value)
 
     def bucket_for(self, tokens: int) -> dict[str, Any]:
@@ -109,7 +120,7 @@ class NmmcMLP(nn.Module):
         return env[bucket["output"]]
 
     def _operand(self, env: dict[str, torch.Tensor], spec: dict[str, Any]) -> torch.Tensor:
-        if spec["tensor"] in self.manifest["tensors"]:
+        if spec["tensor"] in self.tensors:
             return getattr(self, operand_key(spec))
         value = env[spec["tensor"]]
         if "rows" in spec:

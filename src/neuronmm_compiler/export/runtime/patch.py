@@ -18,7 +18,6 @@ Part of a package written by ``nmmc export``.
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,9 @@ import torch
 from torch import nn
 
 from .backend import KernelRunner
+from .layers import HF_MLPS, NXDI_MLPS, mlp_layers
 from .module import AllReduce, NeuronNmmcMLP, NmmcMLP
-from .weights import TensorSource, layer_arguments
-
-#: MLP classes this package replaces: Hugging Face transformers' and NxD Inference's gated MLPs.
-HF_MLPS = ("LlamaMLP", "Qwen3MLP", "Qwen2MLP", "MistralMLP")
-NXDI_MLPS = ("NeuronLlamaMLP",)
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
+from .weights import TensorSource, layer_arguments, layer_group
 
 
 def tp_rank() -> int:
@@ -90,26 +85,28 @@ class EmulatedGroup(nn.Module):
         return results[0]
 
 
-def mlp_layers(model: nn.Module) -> list[tuple[int, nn.Module, nn.Module]]:
-    """(layer index, decoder layer, its MLP) of every decoder layer with a gated MLP this package replaces."""
-    found = []
-    for name, module in model.named_modules():
-        match = _LAYER.search(name)
-        mlp = getattr(module, "mlp", None)
-        if match and mlp is not None and type(mlp).__name__ in (*HF_MLPS, *NXDI_MLPS):
-            found.append((int(match.group(1)), module, mlp))
-    return found
-
-
 def patch_model(model: nn.Module, weights: str | Path, *, manifest: dict[str, Any], root: Path,
                 rank: int | None = None, all_reduce: AllReduce | None = None, backend: str = "auto",
-                emulate_tp: bool = False) -> list[int]:
+                emulate_tp: bool = False, activation_scales: Any = None, calibration: Any = None) -> list[int]:
     """Replace every gated MLP of ``model`` (see the module docstring) by the exported kernels, with the weights
     of ``weights`` (a Hugging Face checkpoint directory for a dense export, an ``nmmc compress`` output for an SVD
-    one) converted for ``rank``; the layers patched. ``emulate_tp``: all ranks in this process (CPU checks)."""
+    or per-layer one) converted for ``rank``, each layer with its group's kernels; the layers patched.
+    ``emulate_tp``: all ranks in this process (CPU checks). FP8 kernels whose weights come from a checkpoint need
+    static activation scales: ``activation_scales`` (layer -> point -> scale, or a JSON file of
+    :func:`.fp8.save_scales`), or ``calibration`` token ids (a tensor or batches of them), run through ``model``
+    before it is patched (:func:`.fp8.calibrate`)."""
     layers = mlp_layers(model)
     if not layers:
         raise ValueError(f"no gated MLP of {', '.join(HF_MLPS + NXDI_MLPS)} found under a 'layers.<i>' module")
+    if manifest["weights"].get("activation_scales") == "calibration":
+        from .fp8 import calibrate, load_scales
+
+        if activation_scales is None and calibration is None:
+            raise ValueError("this package's FP8 kernels quantize activations with static scales calibrated on the "
+                             "unpatched model: pass calibration= (token ids) or activation_scales=")
+        fmt = next(g["weights_dtype"] for g in manifest["groups"].values() if g["weights_dtype"].startswith("float8"))
+        activation_scales = load_scales(activation_scales) if activation_scales is not None else \
+            calibrate(model, calibration, fmt)
     model_info = manifest["model"]
     tp = manifest["tp"]["degree"]
     source = TensorSource(weights, manifest["weights"]["from"])
@@ -126,8 +123,9 @@ def patch_model(model: nn.Module, weights: str | Path, *, manifest: dict[str, An
         cls = NeuronNmmcMLP if type(mlp).__name__ in NXDI_MLPS else NmmcMLP
         modules = []
         for r in ranks:
-            module = cls(manifest, runner, rank=r, all_reduce=all_reduce, backend=backend)
-            module.load(layer_arguments(manifest, source, index, r))
+            module = cls(manifest, runner, rank=r, all_reduce=all_reduce, backend=backend,
+                         group=layer_group(manifest, index))
+            module.load(layer_arguments(manifest, source, index, r, activation_scales))
             modules.append(module)
         replacement: nn.Module = EmulatedGroup(modules) if emulate_tp and tp > 1 else modules[0]
         device = next((p.device for p in mlp.parameters()), None)

@@ -1,5 +1,10 @@
 """The kernels' weight arguments of one tensor-parallel rank, read from a Hugging Face checkpoint (dense MLP) or
-an ``nmmc compress`` output (SVD factors), as the manifest's ``tensors`` say.
+an ``nmmc compress`` output (SVD factors, dense layers, FP8 layers with their scales), as the ``tensors`` of the
+layer's group in the manifest say (``manifest["layers"][i]`` names layer i's group).
+
+FP8 from a checkpoint (transform ``quantize`` / ``channel_scale``): the weight is quantized per output channel on
+the fly (:mod:`.fp8`), one layer at a time; the static activation scales (``from: calibration``) are given by the
+caller (:func:`.fp8.calibrate` on the unpatched model).
 
 A Hugging Face ``{gate,up,down}_proj.weight`` is [out, in]; the kernels take ``W = weight.T`` [in, out], so a
 rank's column slice of ``W`` is a row slice of the stored weight (and the other way round). Each slice is read
@@ -34,14 +39,23 @@ def operand_key(spec: dict[str, Any]) -> str:
     return key
 
 
-def rank_operands(manifest: dict[str, Any], rank: int) -> dict[str, dict[str, Any]]:
-    """Every weight operand rank ``rank`` binds in any bucket, by :func:`operand_key`."""
+def layer_group(manifest: dict[str, Any], layer: int) -> str:
+    """The name of the group (kernel set) decoder layer ``layer`` runs."""
+    layers = manifest["layers"]
+    if not 0 <= layer < len(layers):
+        raise ValueError(f"layer {layer}: the package was exported for {len(layers)} layers")
+    return layers[layer]
+
+
+def rank_operands(manifest: dict[str, Any], rank: int, group: str) -> dict[str, dict[str, Any]]:
+    """Every weight operand rank ``rank`` binds in any bucket of ``group``, by :func:`operand_key`."""
+    entry = manifest["groups"][group]
     out: dict[str, dict[str, Any]] = {}
-    for bucket in manifest["buckets"]:
+    for bucket in entry["buckets"]:
         program = bucket["ranks"][rank]
         for step in program["steps"]:
             for spec in step.get("args", {}).values():
-                if spec["tensor"] in manifest["tensors"]:
+                if spec["tensor"] in entry["tensors"]:
                     out.setdefault(operand_key(spec), spec)
     return out
 
@@ -95,38 +109,62 @@ class TensorSource:
             return list(f.get_slice(name).get_shape())
 
 
-def layer_arguments(manifest: dict[str, Any], source: TensorSource | str | Path, layer: int,
-                    rank: int = 0) -> dict[str, torch.Tensor]:
-    """Rank ``rank``'s weight arguments of decoder layer ``layer``, by :func:`operand_key`, in the kernels' dtype
-    and layout (contiguous, row-major)."""
+def layer_arguments(manifest: dict[str, Any], source: TensorSource | str | Path, layer: int, rank: int = 0,
+                    activation_scales: dict[int, dict[str, float]] | None = None) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s weight arguments of decoder layer ``layer``, by :func:`operand_key`, each in its dtype and
+    layout (contiguous, row-major); ``activation_scales`` (layer -> point -> scale, :func:`.fp8.calibrate`): the
+    static scales of an FP8 group whose weights come from a checkpoint."""
     if not isinstance(source, TensorSource):
         source = TensorSource(source, manifest["weights"]["from"])
-    dtype = torch_dtype(manifest["dtype"])
+    group = manifest["groups"][layer_group(manifest, layer)]
+    fmt = group["weights_dtype"]
+    quantized: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     out = {}
-    for key, spec in rank_operands(manifest, rank).items():
-        info = manifest["tensors"][spec["tensor"]]
-        name = info["name"].format(layer=layer)
+    for key, spec in rank_operands(manifest, rank, layer_group(manifest, layer)).items():
+        info = group["tensors"][spec["tensor"]]
         rows = tuple(spec["rows"]) if "rows" in spec else None
         cols = tuple(spec["cols"]) if "cols" in spec else None
+        if info["from"] == "calibration":
+            scales = (activation_scales or {}).get(layer, {})
+            if info["name"] not in scales:
+                raise ValueError(f"layer {layer}: the FP8 kernels need the static scale of {info['name']!r}: pass "
+                                 "activation_scales= (fp8.calibrate on the unpatched model, or a saved JSON file) or "
+                                 "calibration= token ids to patch()")
+            out[key] = torch.tensor([[scales[info["name"]]]], dtype=torch.float32)
+            continue
+        name = info["name"].format(layer=layer)
         stored = source.shape(name, layer)
-        expected = info["shape"][::-1] if info["transform"] == "transpose" else info["shape"]
+        transposed = info["transform"] in ("transpose", "quantize", "channel_scale")
+        expected = {"transpose": info["shape"][::-1], "quantize": info["shape"][::-1],
+                    "channel_scale": [info["shape"][0], stored[1]]}.get(info["transform"], info["shape"])
         if stored != list(expected):
             raise ValueError(f"{name} in {source.directory} is {stored}, the package's kernels need {list(expected)} "
-                             f"({'the transpose of ' if info['transform'] == 'transpose' else ''}"
+                             f"({'the transpose of ' if transposed else ''}"
                              f"{spec['tensor']} {info['shape']}): export from this model (and these ranks)")
-        if info["transform"] == "transpose":
+        if info["transform"] in ("quantize", "channel_scale"):
+            from .fp8 import quantize_weight
+
+            if name not in quantized:  # the scales need every input channel: the whole weight, one layer at a time
+                quantized[name] = quantize_weight(source.read(name, layer, None, None), fmt)
+            q, scale = quantized[name]
+            value = q if info["transform"] == "quantize" else scale
+            value = value[slice(*rows) if rows else slice(None)]
+            value = value[:, slice(*cols)] if cols else value
+        elif info["transform"] == "transpose":
             value = source.read(name, layer, cols, rows).t()
         else:
             value = source.read(name, layer, rows, cols)
-        out[key] = value.to(dtype).contiguous()
+        out[key] = value.to(torch_dtype(info["dtype"])).contiguous()
     return out
 
 
 def rank_state_dict(manifest: dict[str, Any], source: str | Path, rank: int = 0,
-                    prefix: str = "model.layers.{layer}.mlp.") -> Iterator[tuple[str, torch.Tensor]]:
+                    prefix: str = "model.layers.{layer}.mlp.",
+                    activation_scales: dict[int, dict[str, float]] | None = None
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every layer's arguments of rank ``rank`` as (state-dict name, tensor), one layer read at a time: what a
     per-rank checkpoint of the patched model holds for the replaced MLPs (``prefix`` + :func:`operand_key`)."""
     reader = TensorSource(source, manifest["weights"]["from"])
     for layer in range(manifest["model"]["num_hidden_layers"]):
-        for key, value in layer_arguments(manifest, reader, layer, rank).items():
+        for key, value in layer_arguments(manifest, reader, layer, rank, activation_scales).items():
             yield prefix.format(layer=layer) + key, value

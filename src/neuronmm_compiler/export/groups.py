@@ -1,0 +1,134 @@
+"""Which kernels an export needs: the model's layers grouped by MLP format (dense or SVD ranks, bf16/fp32 or FP8
+weights), one kernel set per group, and where each group's kernel arguments come from (docs/integration.md,
+"Per-layer formats and FP8").
+
+The source decides the groups:
+
+- a model directory, config.json or shipped name: one group of every layer, dense (``--dense`` or no
+  ``--keep-ratio``) or SVD at the keep ratio's block-aligned ranks, in ``--dtype``;
+- an ``nmmc compress`` output: its layers as the manifest records them (``layers[i]``: ranks, ``fp8``), layers of
+  equal (ranks, format) in one group. Its formats dictate the export's: an FP8 layer (``--dtype fp8`` at compress
+  time, or chosen by ``--choose-ranks --dtype fp8``) gets an FP8 kernel, any other layer a kernel in the
+  activation dtype (bf16). A ``--dtype`` that contradicts them is refused rather than silently followed, and so is
+  ``--dtype fp8`` of bf16 factors (their static activation scales are calibrated by ``nmmc compress --dtype fp8``).
+
+Argument sources (``tensors`` of a group in the manifest): a dense group from a Hugging Face checkpoint reads
+``model.layers.{i}.mlp.{p}_proj.weight`` transposed (FP8: quantized on the fly with per-output-channel scales from
+the weight, :mod:`.runtime.fp8`; the static activation scales ``x_scale``/``h_scale`` from a calibration the
+runtime runs on the unpatched model); every group of a compress output reads the layer files
+(``u``/``v``/``w`` as stored, FP8 layers' scales beside them, :mod:`..models.fp8_files`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..ir.fp8 import is_fp8
+from ..model_tuning import ModelSource, model_path, resolve_model
+from ..models import read_manifest
+from ..models.fp8_files import activation_scale_name, weight_scale_name
+from ..models.manifest import MANIFEST_FILE, U_NAME, V_NAME, W_NAME
+
+__all__ = ["ExportGroup", "export_groups", "tensor_source"]
+
+#: A Hugging Face checkpoint's MLP weight ([out, in]; the kernels take its transpose [in, out]).
+HF_WEIGHT = "model.layers.{layer}.mlp.{proj}_proj.weight"
+_SHORT = {"bfloat16": "bf16", "float32": "fp32", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class ExportGroup:
+    """Layers sharing one kernel set: their ranks (None: dense) and weight format (an FP8 format, or the activation
+    dtype); ``fp8_scales``: where an FP8 group's static activation scales come from (``factors``: the compress
+    output's layer files; ``calibration``: computed by the runtime on the unpatched model)."""
+
+    layers: tuple[int, ...]
+    ranks: tuple[int, int, int] | None
+    weights: str
+
+    @property
+    def name(self) -> str:
+        """``dense-bf16``, ``svd-fp8-r128-128-128``, ...: the group's kernel directory under ``kernels/``."""
+        base = f"{'dense' if self.ranks is None else 'svd'}-{_SHORT.get(self.weights, self.weights)}"
+        return base if self.ranks is None else base + "-r" + "-".join(str(r) for r in self.ranks)
+
+    @property
+    def fp8(self) -> bool:
+        return is_fp8(self.weights)
+
+
+def _layer_ranks(path: Path, layer: int, ranks: dict[str, int | None]) -> tuple[int, int, int] | None:
+    values = tuple(ranks[p] for p in ("gate", "up", "down"))
+    if all(v is None for v in values):
+        return None
+    if any(v is None for v in values):
+        raise InputError(f"{path}: layer {layer} keeps some projections dense and factors others ({ranks}); the "
+                         "exported kernels take a whole dense or a whole SVD MLP per layer")
+    return values  # type: ignore[return-value]
+
+
+def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str | None, activation: str
+                  ) -> tuple[ModelSource, str | None, list[ExportGroup]]:
+    """(the model's shapes and ranks, the compress output the weights come from or None, the layer groups) of an
+    export (see the module docstring). ``dtype``: the weight format asked for (None: the source's, else bf16);
+    ``activation``: the activations' dtype."""
+    path = model_path(model)
+    compressed = path.is_dir() and (path / MANIFEST_FILE).is_file()
+    if compressed and not dense:
+        manifest = read_manifest(path / MANIFEST_FILE)
+        if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
+            raise InputError(f"{path} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
+                             f"{manifest.keep_ratio}")
+        formats = [layer.fp8 or activation for layer in manifest.layers]
+        recorded = sorted(set(formats))
+        if dtype is not None and recorded != [dtype]:
+            if is_fp8(dtype) and not any(is_fp8(f) for f in formats):
+                raise InputError(f"{path} holds bf16/fp32 factors: FP8 kernels need the static activation scales "
+                                 "'nmmc compress --dtype fp8' calibrates; compress with --dtype fp8 (or "
+                                 "--choose-ranks --dtype fp8), or export it without --dtype")
+            raise InputError(f"{path} records its layers' kernel formats ({', '.join(recorded)}, manifest "
+                             f"layers[i].fp8), which the export follows: drop --dtype {dtype}")
+        by_key: dict[tuple[Any, str], list[int]] = {}
+        for layer, ranks in enumerate(manifest.layer_ranks()):
+            by_key.setdefault((_layer_ranks(path, layer, ranks), formats[layer]), []).append(layer)
+        groups = [ExportGroup(tuple(layers), ranks, fmt) for (ranks, fmt), layers in by_key.items()]
+        uniform = len({g.ranks for g in groups}) == 1
+        r = groups[0].ranks
+        source = ModelSource(manifest.model, r if uniform else None, manifest.keep_ratio, "manifest",
+                             dict(manifest.quality) if manifest.quality else None)
+        return source, str(path.resolve()), groups
+    source = resolve_model(path, keep_ratio, dense=dense or keep_ratio is None)
+    # an SVD group's factors (FP8: with their scales) come from an 'nmmc compress' output at these ranks
+    weights = dtype or activation
+    layers = tuple(range(source.config.num_hidden_layers))
+    return source, None, [ExportGroup(layers, source.ranks, weights)]
+
+
+def tensor_source(name: str, group: ExportGroup, from_checkpoint: bool) -> dict[str, Any]:
+    """Where kernel argument ``name`` of ``group`` comes from: ``from`` (checkpoint, factors or calibration),
+    ``name`` (the tensor's name in the source, ``{layer}`` the decoder layer; for calibration the quantized value),
+    ``transform`` (none; transpose; quantize: transposed and quantized per output channel; channel_scale: that
+    quantization's scales)."""
+    if name.endswith("_scale"):
+        stem = name.removesuffix("_scale")
+        kind, _, proj = stem.partition("_")
+        if proj in ("gate", "up", "down") and kind in ("w", "u", "v"):
+            if from_checkpoint:
+                return {"from": "checkpoint", "name": HF_WEIGHT.format(layer="{layer}", proj=proj),
+                        "transform": "channel_scale"}
+            return {"from": "factors", "name": weight_scale_name("{layer}", proj, kind),  # type: ignore[arg-type]
+                    "transform": "none"}
+        return ({"from": "calibration", "name": stem, "transform": "none"} if from_checkpoint else
+                {"from": "factors", "name": activation_scale_name("{layer}", stem),  # type: ignore[arg-type]
+                 "transform": "none"})
+    kind, _, proj = name.partition("_")
+    if kind == "w" and from_checkpoint:
+        return {"from": "checkpoint", "name": HF_WEIGHT.format(layer="{layer}", proj=proj),
+                "transform": "quantize" if group.fp8 else "transpose"}
+    template = {"w": W_NAME, "u": U_NAME, "v": V_NAME}.get(kind)
+    if template is None or proj not in ("gate", "up", "down"):
+        raise InputError(f"the export has no weight source for kernel argument {name!r}")
+    return {"from": "factors", "name": template.format(layer="{layer}", proj=proj), "transform": "none"}
