@@ -342,7 +342,10 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         body += self.cached_weights()
         body += self.prologue_constants()
         body += self.scale_constants()
-        mb = iv("m_blk", tok.blocks)
+        # the blocks of the bucket: a loop divided between programs stays a loop when each runs it once, as
+        # kernel_ir/lnc.py's distribute leaves it (buffers used in it stay live across it)
+        blocks = tok.blocks * (self.target.lnc if self.tokdim.divided else 1)
+        mb = iv("m_blk", blocks)
         block: list[Stmt] = []
         for inp in self.strip_inputs:
             block += self.load_strip(inp, mb)
@@ -352,10 +355,10 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
             block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
                       else self.row_major_group(group, mb))
         if block and self.tokdim.divided:  # each program its share of the tokens (fused_tokens.py)
-            body += loop("m_blk", tok.block_trip(), tok.blocks, block,
+            body += loop("m_blk", tok.block_trip(), blocks, block,
                          comment="blocks of tokens (2 programs: each T_MINE tokens from T_HALF * pid)")
         elif block:
-            body += loop("m_blk", tok.block_trip(), tok.blocks, block, comment="blocks of tokens", split=("tokens",))
+            body += loop("m_blk", tok.block_trip(), blocks, block, comment="blocks of tokens", split=("tokens",))
         outs = [hbm for n in self.outputs for node, hbm in self.out_hbm[n.operands[0]] if node is n]
         for copy in self.copies:
             inp = copy.root
