@@ -298,16 +298,10 @@ def _reads_count(lin: Lin) -> bool:
 def _lift(lin: Lin) -> Lin:
     """``lin`` with a constant read from the arguments moved into a :class:`Sym` term (so that it survives
     arithmetic)."""
-    if not traced(lin.const):
-        return lin
     value = lin.const
-    assert isinstance(value, Named)
+    if not isinstance(value, Named) or not value.source:
+        return lin
     return Lin(0, ((Sym(value if value > 0 else -value), 1 if value > 0 else -1), *lin.terms))
-
-
-def _label(lin: Lin) -> str:
-    """The name of a constant read from the arguments, or ""."""
-    return lin.const.name if traced(lin.const) else ""
 
 
 def _add_lin(a: Lin, b: Lin) -> Lin:
@@ -391,7 +385,8 @@ def minimum(*values: int | Expr) -> Expr:
     # Replacing entries may leave duplicates; remove them preserving order.
     unique: list[Lin] = []
     for item in kept:  # a count read from the arguments equals its built size as a number, not as an expression
-        if not any(item == other and _label(item) == _label(other) for other in unique):
+        if not any(item == other and traced(item.const) == traced(other.const) and (
+                not traced(item.const) or item.const.name == other.const.name) for other in unique):
             unique.append(item)
     return unique[0] if len(unique) == 1 else Min(tuple(unique))
 
