@@ -93,3 +93,20 @@ def test_counts_read_from_the_arguments_print_by_name_and_evaluate_at_the_built_
     assert names.used["T_HALF"][2] == "(T + 1) // 2" and names.derived == ["T_HALF"]
     with pytest.raises(ValueError, match="not its source"):
         named(255, "T_HALF", source=ceil_div(t, 2))
+
+
+def test_a_one_tile_kernel_with_pe_column_tiles_reads_each_tiles_rows_at_the_count():
+    """PE column tiles put a decode matmul's partial sums on PSUM partitions 32 * c onward; with the count read from
+    x, the rows read there are 32 * c to T + 32 * c (they were printed 32:40 for an 8-token bucket, wrong below 8)."""
+    target = replace(get_target("trn2"), lnc=2)
+    compiled = compile_graph(mlp_workload(8, 512, 1024, dense=True), target=target, dialect="nki",
+                             params={"column_tiles": 4, "lnc_split": "features"})
+    source, (spec,) = compiled.kernel.source, compiled.kernel.metadata.kernels
+    assert "down_psum[32:T + 32, " in source
+    weights = [(w.astype(np.float64) / np.sqrt(w.shape[0])).astype(w.dtype)
+               for w in random_inputs(spec.inputs[1:], seed=1).values()]
+    x = random_inputs([TensorSpec("x", (3, 512), spec.inputs[0].dtype)], seed=3)["x"]
+    (out,) = run_kernel(source, filename="mlp", kernel_name=spec.name, args=[x, *weights],
+                        target=compiled.target).outputs
+    want = _mlp(x, [w.astype(np.float64) for w in weights], None)
+    assert out.shape == (3, 512) and np.abs(out.astype(np.float64) - want).max() <= 3e-2 * np.abs(want).max()
