@@ -95,7 +95,7 @@ def token_dim(tokens: int, s: FusedSchedule, rows: list[str], lnc: int, copies: 
                  source=ceil_div(sub(count, var(PROGRAM_ID)), 2))
     dim = Dim("t", half, tile, -(-half // tile), per_block, block_name="TOKENS_PER_BLOCK", own=mine,
               start=scale(var(PROGRAM_ID), half))
-    same = (ceil_div(mine, tile), ceil_div(half, tile),
+    same = (ceil_div(half, tile), ceil_div(mine, tile),
             "T = {T}: the two programs' shares of T take different numbers of token tiles (T is 1 more than a "
             "multiple of 2 * TOKEN_TILE); pad T by one token")
     return TokenDim(s, dim, count, divided=True, checks=(same,))
