@@ -3,14 +3,13 @@
 A kernel whose activations are all stored row-major (tokens on the first axis) reads its token count from the
 first of them at trace time (``T = x.shape[0]``, a :class:`~neuronmm_compiler.kernel_ir.expr.Named` with a source)
 and asserts ``1 <= T <= bucket``: a loop bound computed from an argument's shape is what NKI's own examples write
-(NKI API reference, ``nki.language.affine_range`` and ``nki.language.static_range``, 2.33 and latest:
+(NKI API reference, latest: ``nki.language.affine_range`` and ``nki.language.static_range``,
 ``for i in nl.affine_range(input_tensor.shape[1] // 512)``; ``nki.language.sequential_range``: a Python ``range``
 in a kernel is that), so trips and slice bounds computed from ``T`` are as static at trace time as literal ones
 (``nl.dynamic_range``, bounds in registers, is not used). The program is built and costed at the bucket; every
-decision taken
-there (SBUF fit of the token blocks and strips, PSUM banks, blocking, the LNC split) holds for fewer tokens: a
-smaller count uses part of the same tiles in fewer or shorter iterations, so the bucket's footprint is an upper
-bound and its cost an upper bound of the work.
+decision taken there (SBUF fit of the token blocks and strips, PSUM banks, blocking, the LNC split) holds for
+fewer tokens: a smaller count uses part of the same tiles in fewer or shorter iterations, so the bucket's
+footprint is an upper bound and its cost an upper bound of the work.
 
 - One token tile (buckets up to ``token_tile``): ``T`` is the tile, the block and every token extent.
 - Several tiles: ``(T + TOKENS_PER_BLOCK - 1) // TOKENS_PER_BLOCK`` blocks, ``ceil`` of a block's tokens over
