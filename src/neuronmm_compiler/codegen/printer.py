@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..errors import ScheduleError
-from ..kernel_ir.expr import Min, Mod, add, code, literal, naming, scale
+from ..kernel_ir.expr import CeilDiv, Min, Mod, add, code, literal, naming, scale
 from ..kernel_ir.lnc import PROGRAM_ID
 from ..kernel_ir.program import (
     Activation,
@@ -103,14 +103,23 @@ class _Printer:
             if not clashes:
                 break
             off |= clashes
-        declarations = []
-        for name, (values, note, source) in sorted(names.used.items(), key=lambda item: (not item[1][2], item[0])):
+        declarations: list[str] = []
+        computed: list[str] = []  # declared after the program id, which they may read
+        derived = {name: i for i, name in enumerate(names.derived)}  # computed from the names above them, in order
+
+        def order(item: tuple[str, tuple[set[int], str, str]]) -> tuple[int, int, str]:
+            name, (_, _, source) = item
+            return (1, derived[name], "") if name in derived else (0 if source else 2, 0, name)
+
+        for name, (values, note, source) in sorted(names.used.items(), key=order):
             value = values.pop()
-            declarations.append(f"{INDENT}{name} = {source or value}" + (f"  # {note}" if note else ""))
-            if source:  # read from the arguments: at most the size the program was built for
+            line = f"{INDENT}{name} = {source or value}" + (f"  # {note}" if note else "")
+            (computed if name in derived else declarations).append(line)
+            if source and name not in derived:  # read from the arguments: at most the size the program was built for
                 declarations.append(f"{INDENT}assert 1 <= {name} <= {value}, f\"{name} = {{{name}}}: this kernel "
                                     f"takes 1 to {value}\"")
-        return lines[:self.top] + declarations + lines[self.top:]
+        return (lines[:self.top] + declarations + lines[self.top:self.computed_at] + computed
+                + lines[self.computed_at:])
 
     def _kernel(self, program: Program) -> list[str]:
         self.lines = []
@@ -133,6 +142,9 @@ class _Printer:
                          f"program(s): launch it on a logical core of {n} physical cores (see the file header)\"")
             self.emit(1, f"{PROGRAM_ID} = nl.program_id(0)  # this program's share of the '{program.split}' split "
                          f"(0..{n - 1})")
+        self.computed_at = len(self.lines)
+        for lhs, rhs, why in program.checks:
+            self.emit(1, f"assert {code(lhs)} == {code(rhs)}, f{why!r}")
         for out in program.outputs:
             self.emit(1, f"{out.name} = nl.ndarray({_shape(out.shape)}, dtype={NL_DTYPES[out.dtype]}, "
                          f"buffer=nl.shared_hbm)")
@@ -354,7 +366,7 @@ def _unrolled_at_trace(loop: Loop) -> bool:
                 return True
             for ix in ref.index:
                 exprs.extend(getattr(ix, a) for a in ("start", "stop", "index") if hasattr(ix, a))
-        if any(isinstance(e, Min | Mod) and loop.var in e.variables() for e in exprs):
+        if any(isinstance(e, Min | Mod | CeilDiv) and loop.var in e.variables() for e in exprs):
             return True
     return False
 

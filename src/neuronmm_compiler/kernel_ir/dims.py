@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .expr import Expr, Lin, add, minimum, named, scale, sub, var
+from .expr import Expr, Lin, add, ceil_div, minimum, named, scale, sub, traced, var
 from .program import Loop, Stmt
+
+_ZERO = Lin(0)
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,20 @@ class Dim:
     tiles: int
     tiles_in_block: int
     block_name: str = ""
+    #: a count read from the arguments (``size`` a :class:`~.expr.Named` with a source, the count the program was
+    #: built for): the elements this program's extents stop at (0: ``size``; the program's share of a split, whose
+    #: trips ``size`` gives), and where its first element sits in the arrays (``start``)
+    own: int = 0
+    start: Expr = _ZERO
+
+    @property
+    def traced(self) -> bool:
+        """Whether the size is read from the arguments: trips are then ceil-divisions and every last tile ragged."""
+        return traced(self.size)
+
+    def block_trip(self) -> Expr:
+        """How many blocks the loop over the dimension runs."""
+        return ceil_div(self.size, self.block_elems) if self.traced else Lin(self.blocks)
 
     @property
     def blocks(self) -> int:
@@ -35,6 +51,10 @@ class Dim:
         return named(elems, self.block_name, f"{self.tiles_in_block} tiles of {self.tile}")
 
     def tiles_in(self, blk: Expr) -> Expr:
+        if self.traced:
+            if self.tiles_in_block == 1:
+                return Lin(1)
+            return ceil_div(minimum(self.block_elems, sub(self.size, scale(blk, self.block_elems))), self.tile)
         if self.tiles % self.tiles_in_block == 0:
             return Lin(self.tiles_in_block)
         return minimum(self.tiles_in_block, sub(self.tiles, scale(blk, self.tiles_in_block)))
@@ -43,17 +63,21 @@ class Dim:
         return add(scale(blk, self.tiles_in_block), t)
 
     def tile_start(self, g: Expr) -> Expr:
-        return scale(g, self.tile)
+        return add(self.start, scale(g, self.tile)) if self.traced else scale(g, self.tile)
 
     def tile_size(self, g: Expr) -> Expr:
+        if self.traced:
+            return minimum(self.tile, sub(self.own or self.size, scale(g, self.tile)))
         if self.size % self.tile == 0:
             return Lin(self.tile)
         return minimum(self.tile, sub(self.size, scale(g, self.tile)))
 
     def block_start(self, blk: Expr) -> Expr:
-        return scale(blk, self.block_elems)
+        return add(self.start, scale(blk, self.block_elems)) if self.traced else scale(blk, self.block_elems)
 
     def block_size(self, blk: Expr) -> Expr:
+        if self.traced:
+            return minimum(self.block_elems, sub(self.own or self.size, scale(blk, self.block_elems)))
         if self.size % self.block_elems == 0:
             return Lin(self.block_elems)
         return minimum(self.block_elems, sub(self.size, scale(blk, self.block_elems)))

@@ -1,11 +1,19 @@
-"""Index expressions of the loop-nest program: affine forms in loop variables, their minimum, and the
-rotation slot of a multi-buffered tile (an affine form modulo a constant).
+"""Index expressions of the loop-nest program: affine forms in loop variables, their minimum, the
+rotation slot of a multi-buffered tile (an affine form modulo a constant), and the ceiling division of a
+count read from the arguments (a trip count).
 
 Loop trip counts and slice bounds of an emitted kernel are either affine in the enclosing loop
 variables (``256 * m_blk + 128 * bm``) or, for the last, ragged tile of a dimension, the minimum of
 such forms (``min(256 * m_blk + 128, 700)``). That closed class is all a schedule needs, and it
 keeps expressions cheap to evaluate (the cost model does so thousands of times per search) and
 easy to print as Python.
+
+A kernel that takes any token count up to the one it was built for reads the count from its arguments at trace
+time (``T = x.shape[0]``): a :class:`Named` value with a ``source``. It is an integer like any other (the size the
+program was built and costed for), so the same closed class holds it (``min(TOKEN_TILE, T - TOKEN_TILE * t)``),
+and :class:`CeilDiv` states the one thing affine forms cannot: how many tiles it takes
+(``(T + TOKEN_TILE - 1) // TOKEN_TILE``). NKI shapes are Python integers at trace time, so such a bound is a Python
+int when the kernel is traced, as a literal one is.
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ class Named(int):
 
     name: str
     note: str
-    #: what the kernel reads the value from at trace time (``x.shape[0]``): the value is then an upper bound (the
-    #: size the program was built and costed for) that the kernel asserts, not a constant it declares
-    source: str
+    #: what the kernel reads the value from at trace time: an argument's shape (``x.shape[0]``; the value is then an
+    #: upper bound, the size the program was built and costed for, that the kernel asserts, not a constant it
+    #: declares), or an expression of such values (``CeilDiv(T, 2)``: the kernel computes it, printed by
+    #: :func:`code`; the value is the expression's at the built size)
+    source: str | Expr
 
-    def __new__(cls, value: int, name: str, note: str = "", source: str = "") -> Named:
+    def __new__(cls, value: int, name: str, note: str = "", source: str | Expr = "") -> Named:
         item = super().__new__(cls, value)
         item.name, item.note, item.source = name, note, source
         return item
@@ -40,18 +50,44 @@ class Named(int):
         return Named, (int(self), self.name, self.note, self.source)
 
 
-def named(value: int, name: str, note: str = "", source: str = "") -> int:
+def named(value: int, name: str, note: str = "", source: str | Expr = "") -> int:
     """``value`` carrying ``name`` for the printer (a positive value; 0 and negatives stay plain)."""
+    if not isinstance(source, str) and value != source.evaluate(dict.fromkeys(source.variables(), 0)):
+        raise ValueError(f"{name} = {value} is not its source {source.code()} at the built size")
     return Named(value, name, note, source) if value > 0 else int(value)
+
+
+def traced(value: object) -> bool:
+    """Whether ``value`` is read from the arguments at trace time (a :class:`Named` with a source), so that a
+    quantity computed from it must be stated in the program, not folded into a number."""
+    return isinstance(value, Named) and bool(value.source)
+
+
+class Sym(str):
+    """A count read from the arguments (:class:`Named` with a source) held as a term of an affine form, where a
+    constant cannot keep it (``32 + T``, ``2 * T``): a variable whose value, absent from an environment, is the
+    size the program was built for, and that prints as the Named's name."""
+
+    named: Named
+
+    def __new__(cls, value: Named) -> Sym:
+        item = super().__new__(cls, value.name)
+        item.named = value
+        return item
+
+    def __reduce__(self) -> tuple:
+        return Sym, (self.named,)
 
 
 @dataclass
 class Names:
     """The named constants one printed kernel used: name -> (the absolute values printed under it, its note,
-    the expression it is read from or "")."""
+    the expression it is read from or ""); ``derived``: the names whose source is an expression of other names
+    (declared after them, not asserted)."""
 
     off: frozenset[str] = frozenset()  # names printed as numbers (one name used for two values)
     used: dict[str, tuple[set[int], str, str]] = field(default_factory=dict)
+    derived: list[str] = field(default_factory=list)
 
 
 _NAMING: list[Names] = []
@@ -71,7 +107,12 @@ def naming(off: frozenset[str] = frozenset()) -> Iterator[Names]:
 def literal(value: int) -> str:
     """An integer as printed code: its name inside :func:`naming` when it is a :class:`Named`, else its digits."""
     if isinstance(value, Named) and _NAMING and value.name not in _NAMING[-1].off:
-        values, _, _ = _NAMING[-1].used.setdefault(value.name, (set(), value.note, value.source))
+        names = _NAMING[-1]
+        if value.name not in names.used and not isinstance(value.source, str):
+            source = code(value.source)  # records the names it reads first
+            names.derived.append(value.name)
+            names.used[value.name] = (set(), value.note, source)
+        values, _, _ = names.used.setdefault(value.name, (set(), value.note, value.source))
         values.add(abs(int(value)))
         return value.name if value > 0 else f"-{value.name}"
     return str(int(value))
@@ -93,8 +134,12 @@ class Lin:
 
     def evaluate(self, env: Mapping[str, int]) -> int:
         total = self.const
-        for name, coef in self.terms:
-            total += coef * env[name]
+        try:
+            for name, coef in self.terms:
+                total += coef * env[name]
+        except KeyError:  # a count read from the arguments (Sym): the built size unless the environment binds it
+            return self.const + sum(coef * (env[name] if name in env or not isinstance(name, Sym) else name.named)
+                                    for name, coef in self.terms)
         return total
 
     def substitute(self, env: Mapping[str, int]) -> Lin:
@@ -110,7 +155,8 @@ class Lin:
     def code(self) -> str:
         # Positive terms first, then the constant, then subtracted terms: "300 - 128 * bk".
         def term(name: str, coef: int) -> str:
-            return name if coef == 1 else f"{literal(coef)} * {name}"
+            label = literal(name.named) if isinstance(name, Sym) else name  # records the name it prints
+            return label if coef == 1 else f"{literal(coef)} * {label}"
 
         text = ""
         for name, coef in self.terms:
@@ -179,7 +225,45 @@ class Mod:
         return f"{arg} % {modulus}" if self.arg.terms == ((arg, 1),) else f"({arg}) % {modulus}"
 
 
-Expr = Lin | Min | Mod
+@dataclass(frozen=True)
+class CeilDiv:
+    """``ceil(num / den)``: how many tiles of ``den`` a count read from the arguments takes (a loop's trip count,
+    never a slice bound), ``num`` an affine form or a min() of such forms holding the count (:class:`Named` with a
+    source). Printed as ``(num + den - 1) // den``, ``den`` by name when it has one."""
+
+    num: Lin | Min
+    den: int
+
+    def variables(self) -> set[str]:
+        return self.num.variables()
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        return -(-self.num.evaluate(env) // self.den)
+
+    def substitute(self, env: Mapping[str, int]) -> Expr:
+        return ceil_div(self.num.substitute(env), self.den)
+
+    def code(self) -> str:
+        num, den = self.num.code(), literal(self.den)
+        if self.den == 1:
+            return num
+        minus = f"{den} - 1" if isinstance(self.den, Named) else str(self.den - 1)
+        return f"({num} + {minus}) // {den}"
+
+
+Expr = Lin | Min | Mod | CeilDiv
+
+
+def ceil_div(value: int | Expr, den: int) -> Expr:
+    """``ceil(value / den)`` of an affine form or a min() (a constant folds; a Named constant stays, to print)."""
+    item = as_expr(value)
+    if not isinstance(item, Lin | Min):
+        raise ValueError("ceil_div() takes an affine form or a min()")
+    if den < 1:
+        raise ValueError("ceil_div() takes a positive divisor")
+    if isinstance(item, Lin) and item.is_const and not traced(item.const):
+        return Lin(-(-item.const // den))
+    return item if den == 1 else CeilDiv(item, den)
 
 
 def modulo(value: int | Expr, modulus: int) -> Expr:
@@ -195,7 +279,7 @@ def modulo(value: int | Expr, modulus: int) -> Expr:
 
 
 def as_expr(value: int | Expr) -> Expr:
-    if isinstance(value, Lin | Min | Mod):
+    if isinstance(value, Lin | Min | Mod | CeilDiv):
         return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"not an index expression: {value!r}")
@@ -206,9 +290,27 @@ def var(name: str) -> Lin:
     return Lin(0, ((name, 1),))
 
 
+def _reads_count(lin: Lin) -> bool:
+    """Whether an affine form holds a value read from the arguments (:func:`traced`), as constant or coefficient."""
+    return traced(lin.const) or any(traced(c) for _, c in lin.terms)
+
+
+def _lift(lin: Lin) -> Lin:
+    """``lin`` with a constant read from the arguments moved into a :class:`Sym` term (so that it survives
+    arithmetic)."""
+    value = lin.const
+    if not isinstance(value, Named) or not value.source:
+        return lin
+    return Lin(0, ((Sym(value if value > 0 else -value), 1 if value > 0 else -1), *lin.terms))
+
+
 def _add_lin(a: Lin, b: Lin) -> Lin:
+    if a.const and b.const and (traced(a.const) or traced(b.const)):
+        a, b = _lift(a), _lift(b)
     coeffs: dict[str, int] = dict(a.terms)
     for name, coef in b.terms:
+        if name in coeffs and (traced(coeffs[name]) or traced(coef)):
+            raise ValueError(f"{a.code()} + {b.code()}: a count read from the arguments would fold into a number")
         coeffs[name] = coeffs[name] + coef if name in coeffs else coef  # a lone coefficient keeps its name
     const = a.const + b.const if a.const and b.const else a.const or b.const
     return Lin(const, tuple((n, c) for n, c in coeffs.items() if c != 0))
@@ -219,8 +321,8 @@ def add(*values: int | Expr) -> Expr:
     result: Expr = Lin(0)
     for value in values:
         item = as_expr(value)
-        if isinstance(item, Mod):
-            raise ValueError("a rotation slot (Mod) takes no arithmetic")
+        if isinstance(item, Mod | CeilDiv):
+            raise ValueError("a rotation slot (Mod) or a tile count (CeilDiv) takes no arithmetic")
         if isinstance(result, Min):
             result = minimum(*(add(arg, item) for arg in result.args))
         elif isinstance(item, Min):
@@ -235,12 +337,17 @@ def scale(value: int | Expr, factor: int) -> Expr:
     if factor < 0:
         raise ValueError("scale() takes a non-negative factor (it distributes into min)")
     item = as_expr(value)
-    if isinstance(item, Mod):
-        raise ValueError("a rotation slot (Mod) takes no arithmetic")
+    if isinstance(item, Mod | CeilDiv):
+        raise ValueError("a rotation slot (Mod) or a tile count (CeilDiv) takes no arithmetic")
     if isinstance(item, Min):
         return minimum(*(scale(arg, factor) for arg in item.args))
     if factor == 0:
         return Lin(0)
+    if factor != 1 and traced(item.const):
+        item = _lift(item)
+    if (factor != 1 and _reads_count(item)) or (
+            traced(factor) and (item.const not in (0, 1) or any(c != 1 for _, c in item.terms))):
+        raise ValueError(f"{factor} * ({item.code()}): a count read from the arguments would fold into a number")
     # a coefficient or constant of 1 takes the factor itself (which keeps a Named factor's name: 128 * kt -> P * kt)
     return Lin(factor if item.const == 1 else item.const * factor,
                tuple((n, factor if c == 1 else c * factor) for n, c in item.terms))
@@ -258,13 +365,15 @@ def minimum(*values: int | Expr) -> Expr:
     flat: list[Lin] = []
     for value in values:
         item = as_expr(value)
-        if isinstance(item, Mod):
-            raise ValueError("a rotation slot (Mod) takes no arithmetic")
+        if isinstance(item, Mod | CeilDiv):
+            raise ValueError("a rotation slot (Mod) or a tile count (CeilDiv) takes no arithmetic")
         flat.extend(item.args if isinstance(item, Min) else (item,))
     kept: list[Lin] = []
     for cand in flat:
         dominated = False
         for i, other in enumerate(kept):
+            if _reads_count(cand) or _reads_count(other):  # a count read from the arguments: either may win
+                continue
             diff = _add_lin(cand, Lin(-other.const, tuple((n, -c) for n, c in other.terms)))
             if diff.is_const:
                 if diff.const < 0:
@@ -275,8 +384,9 @@ def minimum(*values: int | Expr) -> Expr:
             kept.append(cand)
     # Replacing entries may leave duplicates; remove them preserving order.
     unique: list[Lin] = []
-    for item in kept:
-        if item not in unique:
+    for item in kept:  # a count read from the arguments equals its built size as a number, not as an expression
+        if not any(item == other and traced(item.const) == traced(other.const) and (
+                not traced(item.const) or item.const.name == other.const.name) for other in unique):
             unique.append(item)
     return unique[0] if len(unique) == 1 else Min(tuple(unique))
 

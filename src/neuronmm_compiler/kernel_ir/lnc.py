@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from .expr import Expr, Lin, Min, Mod, add, as_expr, minimum, scale, var
+from .expr import CeilDiv, Expr, Lin, Min, Mod, add, as_expr, ceil_div, minimum, scale, var
 from .program import (
     Alloc,
     Buffer,
@@ -192,8 +192,10 @@ def _note(comment: str, note: str) -> str:
 def shift(expr: Expr, name: str, offset: Expr) -> Expr:
     """``expr`` with variable ``name`` read as ``name + offset``. A rotation slot (``Mod``) keeps the variable
     as it is: each program rotates its copies by its own iteration count."""
-    if isinstance(expr, Mod):
+    if isinstance(expr, Mod) or name not in expr.variables():
         return expr
+    if isinstance(expr, CeilDiv):
+        return ceil_div(shift(expr.num, name, offset), expr.den)
     if isinstance(expr, Min):
         return minimum(*(shift(arg, name, offset) for arg in expr.args))
     coef = dict(expr.terms).get(name, 0)

@@ -337,7 +337,7 @@ class Program:
     """One kernel: ``outputs = name(*params)``. ``programs``: how many programs of a logical core run it (the
     LNC degree), each with its own ``nl.program_id`` (the variable :data:`~.lnc.PROGRAM_ID` in index expressions);
     ``split`` the loop family divided between them; ``split_error`` why the work could not be divided (the
-    program is then infeasible, see :func:`~.lnc.distribute`)."""
+    program is then infeasible, see :func:`~.lnc.distribute`); ``checks`` see below."""
 
     name: str
     params: list[Buffer]
@@ -347,6 +347,9 @@ class Program:
     programs: int = 1
     split: str = ""
     split_error: str | None = None
+    #: equalities the kernel asserts at trace time, each with the message it fails with: conditions on counts read
+    #: from the arguments that the program needs (true at the size it was built for)
+    checks: tuple[tuple[Expr, Expr, str], ...] = ()
 
     def live_intervals(self) -> list[tuple[int, int, Buffer]]:
         """(first, last, buffer) of every allocation site, in positions of the program read once in

@@ -28,14 +28,13 @@ any chain of matmuls with elementwise epilogues whose weights are kernel inputs.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..ir import Graph, Node
 from ..ir.fp8 import FP8_FORMATS, is_fp8
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, named
+from ..kernel_ir.expr import Expr, Lin, traced
 from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import (
     DTYPE_BYTES,
@@ -59,6 +58,7 @@ from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
 from .fused_groups import Group, Term, read_groups
 from .fused_prologue import NormPrologue
 from .fused_rows import RowMajorGroups
+from .fused_tokens import token_dim, token_rows
 from .fused_transposed import TransposedGroups
 from .limits import named_limits
 
@@ -91,17 +91,14 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
                        and ElementwiseOp(n.attrs["op"]).scaled for o in n.operands[1:]}
         aliases = graph.hbm_aliases
         s = normalize_on(schedule, self.tokens, target)
-        # the tile sizes the printed kernel spells by name (kernel_ir/expr.py, Named); with one token tile, the
-        # token count is read from the arguments: the kernel takes any count up to the one it was built for
-        rows = self._token_rows(s, aliases)
-        tokens = named(self.tokens, "T", f"tokens: 1 to {self.tokens}, read from the arguments",
-                       source=f"{rows[0]}.shape[0]") if rows else None
-        self.s = s = replace(s, token_tile=tokens or named(s.token_tile, "TOKEN_TILE", "tokens per tile"),
-                             tokens_per_block=tokens or named(s.tokens_per_block, "TOKENS_PER_BLOCK",
-                                                              "tokens per block"),
-                             out_tile=named(s.out_tile, "OUT_TILE", "output columns per row-major matmul"))
-        self.tok = Dim("t", self.tokens, s.token_tile, -(-self.tokens // s.token_tile),
-                       max(1, s.tokens_per_block // s.token_tile), block_name="TOKENS_PER_BLOCK")
+        # the tile sizes the printed kernel spells by name (kernel_ir/expr.py, Named); the token count read from the
+        # arguments where the kernel can take any count up to the one it was built for (fused_tokens.py)
+        weights = set(self.scales) | {n.operands[1] for n in compute if n.kind == NodeKind.MATMUL}
+        rows = token_rows(graph, self.tokens, weights, aliases)
+        self.tokdim = token_dim(self.tokens, s, rows, target.lnc, bool(copied))
+        self.s = s = self.tokdim.schedule
+        self.tok = self.tokdim.dim
+        tokens = self.tokdim.count if traced(self.tokdim.count) else None
         # the kernel's dtype: its values' (an FP8 kernel's quantized values and fp32 accumulators aside, docs/fp8.md)
         self.dtype = next((n.dtype for n in compute if n.dtype in ("bfloat16", "float32") and not (
             n.kind == NodeKind.MATMUL and is_fp8(self.nodes[n.operands[0]].dtype))), (compute or copied)[0].dtype)
@@ -123,24 +120,6 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         self.strip_inputs = self._strip_inputs()
         self.reducing = self.reducing_groups()
         self.halved = self._halved()
-
-    def _token_rows(self, s: FusedSchedule, aliases: dict[str, str]) -> list[str]:
-        """The HBM arguments and outputs with a row per token, the one the kernel reads its token count from first,
-        when it may take any count up to its own: several tokens in one tile (no trip count depends on the count),
-        every activation stored row-major; else none (the count is a constant)."""
-        if self.tokens < 2 or not s.token_tile == s.tokens_per_block == self.tokens:
-            return []
-        weights = set(self.scales) | {n.operands[1] for n in self.g.compute_nodes() if n.kind == NodeKind.MATMUL}
-        rows = []
-        for n in [*self.inputs, *self.outputs]:
-            if n.id in weights and n.kind == NodeKind.INPUT:
-                continue
-            if n.storage_shape[0] != self.tokens or n.layout != Layout.ROW_MAJOR:
-                if n.kind == NodeKind.OUTPUT or n.shape[0] == self.tokens:
-                    return []  # an activation stored transposed: its token axis is not the first
-                continue  # a parameter (a norm's gamma)
-            rows.append(aliases.get(n.id, n.attrs["name"]) if n.kind == NodeKind.INPUT else n.attrs["name"])
-        return rows if rows and rows[0] not in {n.attrs["name"] for n in self.outputs} else []
 
     def reducing_groups(self) -> list[Group]:
         """The groups whose contraction the two programs of a logical core divide, each computing partial sums over
@@ -363,7 +342,10 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         body += self.cached_weights()
         body += self.prologue_constants()
         body += self.scale_constants()
-        mb = iv("m_blk", tok.blocks)
+        # the blocks of the bucket: a loop divided between programs stays a loop when each runs it once, as
+        # kernel_ir/lnc.py's distribute leaves it (buffers used in it stay live across it)
+        blocks = tok.blocks * (self.target.lnc if self.tokdim.divided else 1)
+        mb = iv("m_blk", blocks)
         block: list[Stmt] = []
         for inp in self.strip_inputs:
             block += self.load_strip(inp, mb)
@@ -372,8 +354,11 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         for group in self.group_list:
             block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
                       else self.row_major_group(group, mb))
-        if block:
-            body += loop("m_blk", Lin(tok.blocks), tok.blocks, block, comment="blocks of tokens", split=("tokens",))
+        if block and self.tokdim.divided:  # each program its share of the tokens (fused_tokens.py)
+            body += loop("m_blk", tok.block_trip(), blocks, block,
+                         comment="blocks of tokens (2 programs: each T_MINE tokens from T_HALF * pid)")
+        elif block:
+            body += loop("m_blk", tok.block_trip(), blocks, block, comment="blocks of tokens", split=("tokens",))
         outs = [hbm for n in self.outputs for node, hbm in self.out_hbm[n.operands[0]] if node is n]
         for copy in self.copies:
             inp = copy.root
@@ -390,11 +375,14 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         results = ", ".join(f"{o.name}{list(o.shape)}" for o in outs)
         doc = (f"Fused kernel {self.name} over {self.tokens} tokens ({self.dtype}).\n"
                f"Arguments: {args}. Returns {results}.")
-        return Program(self.name, params, outs, body, doc=doc)
+        if self.tokdim.divided:
+            return Program(self.name, params, outs, body, doc=doc, programs=self.target.lnc, split="tokens",
+                           checks=self.tokdim.checks)
+        return Program(self.name, params, outs, body, doc=doc, checks=self.tokdim.checks)
 
 
 def lower_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, name: str | None = None) -> Program:
     """The loop-nest program of one kernel subgraph (annotated by the fusion pipeline, see the module
     docstring) under ``schedule`` on ``target``."""
     program = _FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program()
-    return distribute(program, schedule.lnc_split, target.lnc)
+    return program if program.programs > 1 else distribute(program, schedule.lnc_split, target.lnc)

@@ -14,7 +14,7 @@ codegen/reference.py) and rejects anything else with :class:`SandboxError`, nami
   assignment to a name or a subscript, ``+=``, ``for`` over a call, call statements and ``return``;
   and a list of tiles as the NKI migration guide writes it (kernel_ir/psum_banks.py): ``name = []`` (an
   empty list only) and the statement ``name.append(expr)`` on a name the file binds;
-* expressions: names, numbers, subscripts and slices, tuples, ``+ - * / @``, unary minus, ``==``, ``<=``,
+* expressions: names, numbers, subscripts and slices, tuples, ``+ - * / // @``, unary minus, ``==``, ``<=``,
   calls, and f-strings (the emitter's shape assertions) whose parts are plain ``{expr}``; string
   literals only as docstrings and inside f-strings;
 * names: those the file binds (parameters, assignment and loop targets, functions, import aliases)
@@ -58,7 +58,7 @@ IMPORTS: dict[str, tuple[str, str]] = {
 VALUE_ATTRIBUTES = frozenset({"shape", "T"})
 #: The decorators a function may carry.
 DECORATORS = frozenset({"nki.jit"})
-OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Mod, ast.MatMult, ast.USub, ast.Eq, ast.LtE)
+OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.MatMult, ast.USub, ast.Eq, ast.LtE)
 
 
 class SandboxError(InputError):

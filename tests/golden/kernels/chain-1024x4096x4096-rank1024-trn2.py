@@ -37,6 +37,8 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 1024 tokens (bfloat16).
     Arguments: x[1024, 4096], u[4096, 1024], v[1024, 4096]. Returns y[1024, 4096].
     """
+    T = x.shape[0]  # tokens: 1 to 1024, read from the arguments
+    assert 1 <= T <= 1024, f"T = {T}: this kernel takes 1 to 1024"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
@@ -44,19 +46,22 @@ def svd_chain_k0(x, u, v):
     TOKEN_TILE = 128  # tokens per tile
     XUV_BLOCK = 1024  # 2 tiles of 512
     XU_BLOCK = 256  # 2 tiles of 128
-    assert tuple(x.shape) == (1024, 4096), f"x: expected shape (1024, 4096), got {x.shape}"
+    assert tuple(x.shape) == (T, 4096), f"x: expected shape (T, 4096), got {x.shape}"
     assert tuple(u.shape) == (4096, 1024), f"u: expected shape (4096, 1024), got {u.shape}"
     assert tuple(v.shape) == (1024, 4096), f"v: expected shape (1024, 4096), got {v.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'tokens' split (0..1)
-    y = nl.ndarray((1024, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    T_HALF = (T + 1) // 2  # tokens per program (the larger half): both programs' trips
+    T_MINE = (T - pid + 1) // 2  # this program's tokens, from T_HALF * pid
+    assert (T_HALF + TOKEN_TILE - 1) // TOKEN_TILE == (T_MINE + TOKEN_TILE - 1) // TOKEN_TILE, f"T = {T}: the two programs' shares of T take different numbers of token tiles (T is 1 more than a multiple of 2 * TOKEN_TILE); pad T by one token"
+    y = nl.ndarray((T, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
-    # blocks of tokens (2 programs: each its 4 of 8)
-    for m_blk in range(4):
+    # blocks of tokens (2 programs: each T_MINE tokens from T_HALF * pid)
+    for m_blk in range((T_HALF + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 32, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(32):
-            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[TOKEN_TILE * m_blk + 512 * pid:TOKEN_TILE * m_blk + 512 * pid + TOKEN_TILE, P * kt:P * kt + P])
+            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], src=x[T_HALF * pid + TOKEN_TILE * m_blk:min(T_HALF * pid + TOKEN_TILE * m_blk + TOKEN_TILE, T_HALF * pid + T_MINE), P * kt:P * kt + P])
         # xu^T strip of this token block, kept in SBUF
         xu_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -67,8 +72,8 @@ def svd_chain_k0(x, u, v):
             for ft in range(2):
                 xu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(32):
-                    nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-                nisa.tensor_copy(dst=xu_strip[0:F_TILE, 2 * f_blk + ft, 0:TOKEN_TILE], src=xu_psum[0:F_TILE, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+                nisa.tensor_copy(dst=xu_strip[0:F_TILE, 2 * f_blk + ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], src=xu_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
         # y = xuv = (xu @ v): strips stationary, weights moving
         for o_blk in range(4):
             v_block = nl.ndarray((P, 8, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -79,9 +84,9 @@ def svd_chain_k0(x, u, v):
             for bn in range(2):
                 xuv_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(8):
-                    nisa.nc_matmul(dst=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xu_strip[0:P, kt, 0:TOKEN_TILE], moving=v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
-                nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE])
-            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk + 512 * pid:TOKEN_TILE * m_blk + 512 * pid + TOKEN_TILE, XUV_BLOCK * o_blk:XUV_BLOCK * o_blk + XUV_BLOCK], src=y_rows[0:TOKEN_TILE, 0:XUV_BLOCK])
+                    nisa.nc_matmul(dst=xuv_psum[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], stationary=xu_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], moving=v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+                nisa.tensor_copy(dst=y_rows[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xuv_psum[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE])
+            nisa.dma_copy(dst=y[T_HALF * pid + TOKEN_TILE * m_blk:min(T_HALF * pid + TOKEN_TILE * m_blk + TOKEN_TILE, T_HALF * pid + T_MINE), XUV_BLOCK * o_blk:XUV_BLOCK * o_blk + XUV_BLOCK], src=y_rows[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:XUV_BLOCK])
     return y
 
 

@@ -36,23 +36,25 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 512 tokens (bfloat16).
     Arguments: x[512, 2048], u[2048, 1280], v[1280, 8192]. Returns y[512, 8192].
     """
+    T = x.shape[0]  # tokens: 1 to 512, read from the arguments
+    assert 1 <= T <= 512, f"T = {T}: this kernel takes 1 to 512"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 128  # tokens per block
     TOKEN_TILE = 128  # tokens per tile
     XU_BLOCK = 512  # 4 tiles of 128
-    assert tuple(x.shape) == (512, 2048), f"x: expected shape (512, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
-    y = nl.ndarray((512, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    y = nl.ndarray((T, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # blocks of tokens
-    for m_blk in nl.affine_range(4):
+    for m_blk in nl.static_range((T + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, P * kt:P * kt + P])
+            x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), P * kt:P * kt + P])
         # xu^T strip of this token block, kept in SBUF
         xu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -63,8 +65,8 @@ def svd_chain_k0(x, u, v):
             for ft in nl.affine_range(min(4, 10 - 4 * f_blk)):
                 xu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(16):
-                    xu_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-                xu_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE] = nl.copy(xu_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                    xu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+                xu_strip[0:F_TILE, 4 * f_blk + ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.copy(xu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # y = xuv = (xu @ v): strips stationary, weights moving
         for o_blk in nl.affine_range(16):
             v_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -74,9 +76,9 @@ def svd_chain_k0(x, u, v):
             y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             xuv_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(10):
-                xuv_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, 0:TOKEN_TILE], v_block[0:P, kt, 0:OUT_TILE])
-            y_rows[0:TOKEN_TILE, 0:OUT_TILE] = nl.copy(xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
-            nl.store(y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=y_rows[0:TOKEN_TILE, 0:OUT_TILE])
+                xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], v_block[0:P, kt, 0:OUT_TILE])
+            y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE] = nl.copy(xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], dtype=nl.bfloat16)
+            nl.store(y[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
     return y
 
 

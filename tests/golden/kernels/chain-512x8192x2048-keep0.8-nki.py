@@ -36,28 +36,30 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 512 tokens (bfloat16).
     Arguments: x[512, 2048], u[2048, 1280], v[1280, 8192]. Returns y[512, 8192].
     """
+    T = x.shape[0]  # tokens: 1 to 512, read from the arguments
+    assert 1 <= T <= 512, f"T = {T}: this kernel takes 1 to 512"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 128  # tokens per block
     TOKEN_TILE = 128  # tokens per tile
     XU_BLOCK = 512  # 4 tiles of 128
-    assert tuple(x.shape) == (512, 2048), f"x: expected shape (512, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
-    y = nl.ndarray((512, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    y = nl.ndarray((T, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
     # blocks of tokens
-    for m_blk in range(4):
+    for m_blk in range((T + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
         x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
+        nisa.dma_copy(dst=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:2048], src=x[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), 0:2048])
         for kt in range(16):
             x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
-            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x_tpsum[0:P, 0:TOKEN_TILE])
+            nisa.nc_transpose(dst=x_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], data=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), P * kt:P * kt + P])
+            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=x_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # xu^T strip of this token block, kept in SBUF
         xu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -68,8 +70,8 @@ def svd_chain_k0(x, u, v):
             for ft in range(min(4, 10 - 4 * f_blk)):
                 xu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
-                    nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-                nisa.tensor_copy(dst=xu_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=xu_psum[0:F_TILE, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], stationary=u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+                nisa.tensor_copy(dst=xu_strip[0:F_TILE, 4 * f_blk + ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=xu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # y = xuv = (xu @ v): strips stationary, weights moving
         for o_blk in range(16):
             v_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -79,9 +81,9 @@ def svd_chain_k0(x, u, v):
             y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             xuv_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(10):
-                nisa.nc_matmul(dst=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xu_strip[0:P, kt, 0:TOKEN_TILE], moving=v_block[0:P, kt, 0:OUT_TILE])
-            nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, 0:OUT_TILE], src=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE])
-            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=y_rows[0:TOKEN_TILE, 0:OUT_TILE])
+                nisa.nc_matmul(dst=xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], stationary=xu_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], moving=v_block[0:P, kt, 0:OUT_TILE])
+            nisa.tensor_copy(dst=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], src=xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
+            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
     return y
 
 

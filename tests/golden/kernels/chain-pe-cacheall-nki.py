@@ -36,16 +36,18 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], u[2048, 512], v[512, 4096]. Returns y[256, 4096].
     """
+    T = x.shape[0]  # tokens: 1 to 256, read from the arguments
+    assert 1 <= T <= 256, f"T = {T}: this kernel takes 1 to 256"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 128  # tokens per block
     TOKEN_TILE = 128  # tokens per tile
     XUV_BLOCK = 2048  # 4 tiles of 512
-    assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u.shape) == (2048, 512), f"u: expected shape (2048, 512), got {u.shape}"
     assert tuple(v.shape) == (512, 4096), f"v: expected shape (512, 4096), got {v.shape}"
-    y = nl.ndarray((256, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    y = nl.ndarray((T, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=all x_transpose=pe mlp=whole lnc_split=none
     # u stays in SBUF across token blocks
     u_resident = nl.ndarray((P, 16, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -56,24 +58,24 @@ def svd_chain_k0(x, u, v):
     for kt in range(4):
         nisa.dma_copy(dst=v_resident[0:P, kt, 0:4096], src=v[P * kt:P * kt + P, 0:4096])
     # blocks of tokens
-    for m_blk in range(2):
+    for m_blk in range((T + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
         x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
+        nisa.dma_copy(dst=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:2048], src=x[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), 0:2048])
         for kt in range(16):
             x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
-            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x_tpsum[0:P, 0:TOKEN_TILE])
+            nisa.nc_transpose(dst=x_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], data=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), P * kt:P * kt + P])
+            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=x_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # xu^T strip of this token block, kept in SBUF
         xu_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
         for ft in range(4):
             xu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_resident[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-            nisa.tensor_copy(dst=xu_strip[0:F_TILE, ft, 0:TOKEN_TILE], src=xu_psum[0:F_TILE, 0:TOKEN_TILE])
+                nisa.nc_matmul(dst=xu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], stationary=u_resident[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+            nisa.tensor_copy(dst=xu_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=xu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # y = xuv = (xu @ v): strips stationary, weights moving
         for o_blk in range(2):
             # one packed row of output tiles
@@ -81,9 +83,9 @@ def svd_chain_k0(x, u, v):
             for bn in range(4):
                 xuv_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(4):
-                    nisa.nc_matmul(dst=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xu_strip[0:P, kt, 0:TOKEN_TILE], moving=v_resident[0:P, kt, 2048 * o_blk + OUT_TILE * bn:2048 * o_blk + OUT_TILE * bn + OUT_TILE])
-                nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xuv_psum[0:TOKEN_TILE, 0:OUT_TILE])
-            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, XUV_BLOCK * o_blk:XUV_BLOCK * o_blk + XUV_BLOCK], src=y_rows[0:TOKEN_TILE, 0:XUV_BLOCK])
+                    nisa.nc_matmul(dst=xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], stationary=xu_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], moving=v_resident[0:P, kt, 2048 * o_blk + OUT_TILE * bn:2048 * o_blk + OUT_TILE * bn + OUT_TILE])
+                nisa.tensor_copy(dst=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
+            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), XUV_BLOCK * o_blk:XUV_BLOCK * o_blk + XUV_BLOCK], src=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:XUV_BLOCK])
     return y
 
 

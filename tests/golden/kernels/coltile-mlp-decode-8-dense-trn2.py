@@ -95,9 +95,9 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
         # the 4 PE column tiles' partial sums, added
         down_sum = nl.ndarray((T, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=down_sum[0:T, 0:OUT_TILE], src=down_psum[0:T, 0:OUT_TILE])
-        nisa.tensor_tensor(dst=down_sum[0:T, 0:OUT_TILE], data1=down_sum[0:T, 0:OUT_TILE], data2=down_psum[32:40, 0:OUT_TILE], op=nl.add)
-        nisa.tensor_tensor(dst=down_sum[0:T, 0:OUT_TILE], data1=down_sum[0:T, 0:OUT_TILE], data2=down_psum[64:72, 0:OUT_TILE], op=nl.add)
-        nisa.tensor_tensor(dst=out_rows[0:T, 0:OUT_TILE], data1=down_sum[0:T, 0:OUT_TILE], data2=down_psum[96:104, 0:OUT_TILE], op=nl.add)
+        nisa.tensor_tensor(dst=down_sum[0:T, 0:OUT_TILE], data1=down_sum[0:T, 0:OUT_TILE], data2=down_psum[32:T + 32, 0:OUT_TILE], op=nl.add)
+        nisa.tensor_tensor(dst=down_sum[0:T, 0:OUT_TILE], data1=down_sum[0:T, 0:OUT_TILE], data2=down_psum[64:T + 64, 0:OUT_TILE], op=nl.add)
+        nisa.tensor_tensor(dst=out_rows[0:T, 0:OUT_TILE], data1=down_sum[0:T, 0:OUT_TILE], data2=down_psum[96:T + 96, 0:OUT_TILE], op=nl.add)
         nisa.dma_copy(dst=out[0:T, OUT_TILE * o_blk + 1024 * pid:OUT_TILE * o_blk + 1024 * pid + OUT_TILE], src=out_rows[0:T, 0:OUT_TILE])
     return out
 

@@ -39,27 +39,29 @@ def lora_k0(x, w, lora_a, lora_b):
     """Fused kernel lora_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], w[2048, 2048], lora_a[2048, 16], lora_b[16, 2048]. Returns y[256, 2048].
     """
+    T = x.shape[0]  # tokens: 1 to 256, read from the arguments
+    assert 1 <= T <= 256, f"T = {T}: this kernel takes 1 to 256"
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 128  # tokens per block
     TOKEN_TILE = 128  # tokens per tile
-    assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(w.shape) == (2048, 2048), f"w: expected shape (2048, 2048), got {w.shape}"
     assert tuple(lora_a.shape) == (2048, 16), f"lora_a: expected shape (2048, 16), got {lora_a.shape}"
     assert tuple(lora_b.shape) == (16, 2048), f"lora_b: expected shape (16, 2048), got {lora_b.shape}"
-    y = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    y = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
     # blocks of tokens
-    for m_blk in range(2):
+    for m_blk in range((T + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
         x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
+        nisa.dma_copy(dst=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:2048], src=x[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), 0:2048])
         for kt in range(16):
             x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
-            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x_tpsum[0:P, 0:TOKEN_TILE])
+            nisa.nc_transpose(dst=x_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], data=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), P * kt:P * kt + P])
+            nisa.tensor_copy(dst=x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=x_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # xa^T strip of this token block, kept in SBUF
         xa_strip = nl.ndarray((16, 1, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xa^T = (x @ lora_a)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -68,8 +70,8 @@ def lora_k0(x, w, lora_a, lora_b):
             nisa.dma_copy(dst=lora_a_block[0:P, kt, 0:16], src=lora_a[P * kt:P * kt + P, 0:16])
         xa_psum = nl.ndarray((16, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in range(16):
-            nisa.nc_matmul(dst=xa_psum[0:16, 0:TOKEN_TILE], stationary=lora_a_block[0:P, kt, 0:16], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-        nisa.tensor_copy(dst=xa_strip[0:16, 0, 0:TOKEN_TILE], src=xa_psum[0:16, 0:TOKEN_TILE])
+            nisa.nc_matmul(dst=xa_psum[0:16, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], stationary=lora_a_block[0:P, kt, 0:16], moving=x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+        nisa.tensor_copy(dst=xa_strip[0:16, 0, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=xa_psum[0:16, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # y = merged = (x @ w + xa @ lora_b) (summed in one PSUM accumulator): strips stationary, weights moving
         for o_blk in range(4):
             w_block = nl.ndarray((P, 16, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -81,10 +83,10 @@ def lora_k0(x, w, lora_a, lora_b):
             y_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             merged_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.nc_matmul(dst=merged_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=x_strip[0:P, kt, 0:TOKEN_TILE], moving=w_block[0:P, kt, 0:OUT_TILE])
-            nisa.nc_matmul(dst=merged_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xa_strip[0:16, 0, 0:TOKEN_TILE], moving=lora_b_block[0:16, 0, 0:OUT_TILE])
-            nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, 0:OUT_TILE], src=merged_psum[0:TOKEN_TILE, 0:OUT_TILE])
-            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=y_rows[0:TOKEN_TILE, 0:OUT_TILE])
+                nisa.nc_matmul(dst=merged_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], stationary=x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], moving=w_block[0:P, kt, 0:OUT_TILE])
+            nisa.nc_matmul(dst=merged_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], stationary=xa_strip[0:16, 0, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], moving=lora_b_block[0:16, 0, 0:OUT_TILE])
+            nisa.tensor_copy(dst=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], src=merged_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
+            nisa.dma_copy(dst=y[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
     return y
 
 

@@ -46,6 +46,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], u_gate[2048, 1280], v_gate[1280, 8192], u_up[2048, 1280], v_up[1280, 8192], u_down[8192, 1280], v_down[1280, 2048]. Returns out[256, 2048].
     """
+    T = x.shape[0]  # tokens: 1 to 256, read from the arguments
+    assert 1 <= T <= 256, f"T = {T}: this kernel takes 1 to 256"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 768  # 6 tiles of 128
     OUT_TILE = 512  # output columns per row-major matmul
@@ -54,21 +56,21 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     TOKEN_TILE = 128  # tokens per tile
     X_UG_BLOCK = 512  # 4 tiles of 128
     X_UU_BLOCK = 512  # 4 tiles of 128
-    assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 1280), f"u_gate: expected shape (2048, 1280), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (1280, 8192), f"v_gate: expected shape (1280, 8192), got {v_gate.shape}"
     assert tuple(u_up.shape) == (2048, 1280), f"u_up: expected shape (2048, 1280), got {u_up.shape}"
     assert tuple(v_up.shape) == (1280, 8192), f"v_up: expected shape (1280, 8192), got {v_up.shape}"
     assert tuple(u_down.shape) == (8192, 1280), f"u_down: expected shape (8192, 1280), got {u_down.shape}"
     assert tuple(v_down.shape) == (1280, 2048), f"v_down: expected shape (1280, 2048), got {v_down.shape}"
-    out = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # blocks of tokens
-    for m_blk in nl.affine_range(2):
+    for m_blk in nl.static_range((T + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, P * kt:P * kt + P])
+            x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), P * kt:P * kt + P])
         # x_ug^T strip of this token block, kept in SBUF
         x_ug_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -79,8 +81,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for ft in nl.affine_range(min(4, 10 - 4 * f_blk)):
                 x_ug_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(16):
-                    x_ug_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-                x_ug_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE] = nl.copy(x_ug_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                    x_ug_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] += nisa.nc_matmul(u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+                x_ug_strip[0:F_TILE, 4 * f_blk + ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.copy(x_ug_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # x_uu^T strip of this token block, kept in SBUF
         x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -91,8 +93,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for ft in nl.affine_range(min(4, 10 - 4 * f_blk)):
                 x_uu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(16):
-                    x_uu_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-                x_uu_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE] = nl.copy(x_uu_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                    x_uu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] += nisa.nc_matmul(u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+                x_uu_strip[0:F_TILE, 4 * f_blk + ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.copy(x_uu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # h^T strip of this token block, kept in SBUF
         h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
@@ -106,13 +108,13 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for ft in nl.affine_range(min(6, 64 - 6 * f_blk)):
                 gate_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(10):
-                    gate_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_ug_strip[0:P, kt, 0:TOKEN_TILE])
+                    gate_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] += nisa.nc_matmul(v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_ug_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
                 up_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(10):
-                    up_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_uu_strip[0:P, kt, 0:TOKEN_TILE])
+                    up_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] += nisa.nc_matmul(v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_uu_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
                 act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-                act_f32[0:F_TILE, 0:TOKEN_TILE] = nl.silu(gate_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.float32)
-                h_strip[0:F_TILE, 6 * f_blk + ft, 0:TOKEN_TILE] = nl.multiply(act_f32[0:F_TILE, 0:TOKEN_TILE], up_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                act_f32[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.silu(gate_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], dtype=nl.float32)
+                h_strip[0:F_TILE, 6 * f_blk + ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.multiply(act_f32[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], up_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # h_ud^T strip of this token block, kept in SBUF
         h_ud_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -122,8 +124,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
                 u_down_block[0:P, kt, 0:F_TILE] = nl.load(u_down[P * kt:P * kt + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
             h_ud_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(64):
-                h_ud_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_down_block[0:P, kt, 0:F_TILE], h_strip[0:P, kt, 0:TOKEN_TILE])
-            h_ud_strip[0:F_TILE, f_blk, 0:TOKEN_TILE] = nl.copy(h_ud_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                h_ud_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] += nisa.nc_matmul(u_down_block[0:P, kt, 0:F_TILE], h_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+            h_ud_strip[0:F_TILE, f_blk, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.copy(h_ud_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # out = down = (h_ud @ v_down): strips stationary, weights moving
         for o_blk in nl.affine_range(4):
             v_down_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -133,9 +135,9 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             down_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(10):
-                down_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_ud_strip[0:P, kt, 0:TOKEN_TILE], v_down_block[0:P, kt, 0:OUT_TILE])
-            out_rows[0:TOKEN_TILE, 0:OUT_TILE] = nl.copy(down_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
-            nl.store(out[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
+                down_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE] += nisa.nc_matmul(h_ud_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], v_down_block[0:P, kt, 0:OUT_TILE])
+            out_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE] = nl.copy(down_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], dtype=nl.bfloat16)
+            nl.store(out[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], value=out_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
     return out
 
 

@@ -38,6 +38,8 @@ def three_factor_chain_k0(x, p, q, r):
     """Fused kernel three_factor_chain_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], p[2048, 512], q[512, 256], r[256, 4096]. Returns y[256, 4096].
     """
+    T = x.shape[0]  # tokens: 1 to 256, read from the arguments
+    assert 1 <= T <= 256, f"T = {T}: this kernel takes 1 to 256"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
@@ -46,18 +48,18 @@ def three_factor_chain_k0(x, p, q, r):
     XPQR_BLOCK = 4096  # 8 tiles of 512
     XPQ_BLOCK = 256  # 2 tiles of 128
     XP_BLOCK = 512  # 4 tiles of 128
-    assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(p.shape) == (2048, 512), f"p: expected shape (2048, 512), got {p.shape}"
     assert tuple(q.shape) == (512, 256), f"q: expected shape (512, 256), got {q.shape}"
     assert tuple(r.shape) == (256, 4096), f"r: expected shape (256, 4096), got {r.shape}"
-    y = nl.ndarray((256, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    y = nl.ndarray((T, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # blocks of tokens
-    for m_blk in nl.affine_range(2):
+    for m_blk in nl.static_range((T + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, P * kt:P * kt + P])
+            x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.load_transpose2d(x[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), P * kt:P * kt + P])
         # xp^T strip of this token block, kept in SBUF
         xp_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xp^T = (x @ p)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -67,8 +69,8 @@ def three_factor_chain_k0(x, p, q, r):
         for ft in nl.affine_range(4):
             xp_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                xp_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(p_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-            xp_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.copy(xp_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                xp_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] += nisa.nc_matmul(p_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+            xp_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.copy(xp_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # xpq^T strip of this token block, kept in SBUF
         xpq_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # xpq^T = (xp @ q)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -78,8 +80,8 @@ def three_factor_chain_k0(x, p, q, r):
         for ft in nl.affine_range(2):
             xpq_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(4):
-                xpq_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(q_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], xp_strip[0:P, kt, 0:TOKEN_TILE])
-            xpq_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.copy(xpq_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                xpq_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] += nisa.nc_matmul(q_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], xp_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+            xpq_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)] = nl.copy(xpq_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # y = xpqr = (xpq @ r): strips stationary, weights moving
         r_block = nl.ndarray((P, 2, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(2):
@@ -89,9 +91,9 @@ def three_factor_chain_k0(x, p, q, r):
         for bn in nl.affine_range(8):
             xpqr_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(2):
-                xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xpq_strip[0:P, kt, 0:TOKEN_TILE], r_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
-            y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
-        nl.store(y[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:XPQR_BLOCK], value=y_rows[0:TOKEN_TILE, 0:XPQR_BLOCK])
+                xpqr_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE] += nisa.nc_matmul(xpq_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], r_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(xpqr_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(y[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), 0:XPQR_BLOCK], value=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:XPQR_BLOCK])
     return y
 
 

@@ -47,6 +47,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], u_gate[2048, 512], v_gate[512, 8192], u_up[2048, 512], v_up[512, 8192], u_down[8192, 512], v_down[512, 2048]. Returns out[256, 2048].
     """
+    T = x.shape[0]  # tokens: 1 to 256, read from the arguments
+    assert 1 <= T <= 256, f"T = {T}: this kernel takes 1 to 256"
     DOWN_BLOCK = 2048  # 4 tiles of 512
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 2048  # 16 tiles of 128
@@ -56,7 +58,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     TOKEN_TILE = 128  # tokens per tile
     X_UG_BLOCK = 512  # 4 tiles of 128
     X_UU_BLOCK = 512  # 4 tiles of 128
-    assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 512), f"u_gate: expected shape (2048, 512), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (512, 8192), f"v_gate: expected shape (512, 8192), got {v_gate.shape}"
     assert tuple(u_up.shape) == (2048, 512), f"u_up: expected shape (2048, 512), got {u_up.shape}"
@@ -65,14 +67,17 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert tuple(v_down.shape) == (512, 2048), f"v_down: expected shape (512, 2048), got {v_down.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'tokens' split (0..1)
-    out = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    T_HALF = (T + 1) // 2  # tokens per program (the larger half): both programs' trips
+    T_MINE = (T - pid + 1) // 2  # this program's tokens, from T_HALF * pid
+    assert (T_HALF + TOKEN_TILE - 1) // TOKEN_TILE == (T_MINE + TOKEN_TILE - 1) // TOKEN_TILE, f"T = {T}: the two programs' shares of T take different numbers of token tiles (T is 1 more than a multiple of 2 * TOKEN_TILE); pad T by one token"
+    out = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
-    # blocks of tokens (2 programs: each its 1 of 2)
-    for m_blk in nl.affine_range(1):
+    # blocks of tokens (2 programs: each T_MINE tokens from T_HALF * pid)
+    for m_blk in nl.static_range((T_HALF + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
-            x_strip[0:P, kt, 0:TOKEN_TILE] = nl.load_transpose2d(x[TOKEN_TILE * m_blk + TOKEN_TILE * pid:TOKEN_TILE * m_blk + TOKEN_TILE * pid + TOKEN_TILE, P * kt:P * kt + P])
+            x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] = nl.load_transpose2d(x[T_HALF * pid + TOKEN_TILE * m_blk:min(T_HALF * pid + TOKEN_TILE * m_blk + TOKEN_TILE, T_HALF * pid + T_MINE), P * kt:P * kt + P])
         # x_ug^T strip of this token block, kept in SBUF
         x_ug_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -82,8 +87,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         for ft in nl.affine_range(4):
             x_ug_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                x_ug_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-            x_ug_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.copy(x_ug_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                x_ug_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] += nisa.nc_matmul(u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+            x_ug_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] = nl.copy(x_ug_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # x_uu^T strip of this token block, kept in SBUF
         x_uu_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -93,8 +98,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         for ft in nl.affine_range(4):
             x_uu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(16):
-                x_uu_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKEN_TILE])
-            x_uu_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.copy(x_uu_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                x_uu_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] += nisa.nc_matmul(u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+            x_uu_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] = nl.copy(x_uu_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # h^T strip of this token block, kept in SBUF
         h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
@@ -108,13 +113,13 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for ft in nl.affine_range(16):
                 gate_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(4):
-                    gate_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_ug_strip[0:P, kt, 0:TOKEN_TILE])
+                    gate_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] += nisa.nc_matmul(v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_ug_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
                 up_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(4):
-                    up_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_uu_strip[0:P, kt, 0:TOKEN_TILE])
+                    up_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] += nisa.nc_matmul(v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_uu_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
                 act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-                act_f32[0:F_TILE, 0:TOKEN_TILE] = nl.silu(gate_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.float32)
-                h_strip[0:F_TILE, 16 * f_blk + ft, 0:TOKEN_TILE] = nl.multiply(act_f32[0:F_TILE, 0:TOKEN_TILE], up_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] = nl.silu(gate_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], dtype=nl.float32)
+                h_strip[0:F_TILE, 16 * f_blk + ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] = nl.multiply(act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], up_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # h_ud^T strip of this token block, kept in SBUF
         h_ud_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -124,8 +129,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
                 u_down_block[0:P, kt, 0:F_TILE] = nl.load(u_down[P * kt:P * kt + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
             h_ud_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(64):
-                h_ud_psum[0:F_TILE, 0:TOKEN_TILE] += nisa.nc_matmul(u_down_block[0:P, kt, 0:F_TILE], h_strip[0:P, kt, 0:TOKEN_TILE])
-            h_ud_strip[0:F_TILE, f_blk, 0:TOKEN_TILE] = nl.copy(h_ud_psum[0:F_TILE, 0:TOKEN_TILE], dtype=nl.bfloat16)
+                h_ud_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] += nisa.nc_matmul(u_down_block[0:P, kt, 0:F_TILE], h_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+            h_ud_strip[0:F_TILE, f_blk, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)] = nl.copy(h_ud_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], dtype=nl.bfloat16)
         # out = down = (h_ud @ v_down): strips stationary, weights moving
         v_down_block = nl.ndarray((P, 4, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(4):
@@ -135,9 +140,9 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         for bn in nl.affine_range(4):
             down_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(4):
-                down_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_ud_strip[0:P, kt, 0:TOKEN_TILE], v_down_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
-            out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(down_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
-        nl.store(out[TOKEN_TILE * m_blk + TOKEN_TILE * pid:TOKEN_TILE * m_blk + TOKEN_TILE * pid + TOKEN_TILE, 0:DOWN_BLOCK], value=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
+                down_psum[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE] += nisa.nc_matmul(h_ud_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], v_down_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            out_rows[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(down_psum[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], dtype=nl.bfloat16)
+        nl.store(out[T_HALF * pid + TOKEN_TILE * m_blk:min(T_HALF * pid + TOKEN_TILE * m_blk + TOKEN_TILE, T_HALF * pid + T_MINE), 0:DOWN_BLOCK], value=out_rows[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:DOWN_BLOCK])
     return out
 
 

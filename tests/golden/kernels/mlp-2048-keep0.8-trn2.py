@@ -47,6 +47,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 2048 tokens (bfloat16).
     Arguments: x[2048, 4096], u_gate[4096, 2560], v_gate[2560, 14336], u_up[4096, 2560], v_up[2560, 14336], u_down[14336, 2560], v_down[2560, 4096]. Returns out[2048, 4096].
     """
+    T = x.shape[0]  # tokens: 1 to 2048, read from the arguments
+    assert 1 <= T <= 2048, f"T = {T}: this kernel takes 1 to 2048"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 384  # 3 tiles of 128
     OUT_TILE = 512  # output columns per row-major matmul
@@ -55,7 +57,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     TOKEN_TILE = 128  # tokens per tile
     X_UG_BLOCK = 256  # 2 tiles of 128
     X_UU_BLOCK = 256  # 2 tiles of 128
-    assert tuple(x.shape) == (2048, 4096), f"x: expected shape (2048, 4096), got {x.shape}"
+    assert tuple(x.shape) == (T, 4096), f"x: expected shape (T, 4096), got {x.shape}"
     assert tuple(u_gate.shape) == (4096, 2560), f"u_gate: expected shape (4096, 2560), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (2560, 14336), f"v_gate: expected shape (2560, 14336), got {v_gate.shape}"
     assert tuple(u_up.shape) == (4096, 2560), f"u_up: expected shape (4096, 2560), got {u_up.shape}"
@@ -64,14 +66,17 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert tuple(v_down.shape) == (2560, 4096), f"v_down: expected shape (2560, 4096), got {v_down.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'tokens' split (0..1)
-    out = nl.ndarray((2048, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    T_HALF = (T + 1) // 2  # tokens per program (the larger half): both programs' trips
+    T_MINE = (T - pid + 1) // 2  # this program's tokens, from T_HALF * pid
+    assert (T_HALF + TOKEN_TILE - 1) // TOKEN_TILE == (T_MINE + TOKEN_TILE - 1) // TOKEN_TILE, f"T = {T}: the two programs' shares of T take different numbers of token tiles (T is 1 more than a multiple of 2 * TOKEN_TILE); pad T by one token"
+    out = nl.ndarray((T, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
-    # blocks of tokens (2 programs: each its 8 of 16)
-    for m_blk in range(8):
+    # blocks of tokens (2 programs: each T_MINE tokens from T_HALF * pid)
+    for m_blk in range((T_HALF + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 32, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(32):
-            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[TOKEN_TILE * m_blk + 1024 * pid:TOKEN_TILE * m_blk + 1024 * pid + TOKEN_TILE, P * kt:P * kt + P])
+            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], src=x[T_HALF * pid + TOKEN_TILE * m_blk:min(T_HALF * pid + TOKEN_TILE * m_blk + TOKEN_TILE, T_HALF * pid + T_MINE), P * kt:P * kt + P])
         # x_ug^T strip of this token block, kept in SBUF
         x_ug_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -82,8 +87,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for ft in range(2):
                 x_ug_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(32):
-                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 2 * f_blk + ft, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 2 * f_blk + ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], src=x_ug_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
         # x_uu^T strip of this token block, kept in SBUF
         x_uu_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -94,8 +99,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for ft in range(2):
                 x_uu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(32):
-                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 2 * f_blk + ft, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 2 * f_blk + ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], src=x_uu_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
         # h^T strip of this token block, kept in SBUF
         h_strip = nl.ndarray((P, 112, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
@@ -109,13 +114,13 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             for ft in range(min(3, 112 - 3 * f_blk)):
                 gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(20):
-                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
                 up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(20):
-                    nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
                 act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
-                nisa.tensor_tensor(dst=h_strip[0:F_TILE, 3 * f_blk + ft, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
+                nisa.activation(dst=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.silu, data=gate_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+                nisa.tensor_tensor(dst=h_strip[0:F_TILE, 3 * f_blk + ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data1=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data2=up_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.multiply)
         # h_ud^T strip of this token block, kept in SBUF
         h_ud_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -125,8 +130,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
                 nisa.dma_copy(dst=u_down_block[0:P, kt, 0:F_TILE], src=u_down[P * kt:P * kt + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
             h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(112):
-                nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:TOKEN_TILE])
-            nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
+                nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+            nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], src=h_ud_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
         # out = down = (h_ud @ v_down): strips stationary, weights moving
         for o_blk in range(8):
             v_down_block = nl.ndarray((P, 20, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -136,9 +141,9 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(20):
-                nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, 0:OUT_TILE])
-            nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
-            nisa.dma_copy(dst=out[TOKEN_TILE * m_blk + 1024 * pid:TOKEN_TILE * m_blk + 1024 * pid + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
+                nisa.nc_matmul(dst=down_psum[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], moving=v_down_block[0:P, kt, 0:OUT_TILE])
+            nisa.tensor_copy(dst=out_rows[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], src=down_psum[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE])
+            nisa.dma_copy(dst=out[T_HALF * pid + TOKEN_TILE * m_blk:min(T_HALF * pid + TOKEN_TILE * m_blk + TOKEN_TILE, T_HALF * pid + T_MINE), OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=out_rows[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE])
     return out
 
 

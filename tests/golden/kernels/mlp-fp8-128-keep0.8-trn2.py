@@ -69,6 +69,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
     """Fused kernel svd_mlp_k0 over 128 tokens (bfloat16).
     Arguments: x[128, 512], u_gate[512, 256], v_gate[256, 1024], u_up[512, 256], v_up[256, 1024], u_down[1024, 256], v_down[256, 512], x_scale[1, 1], u_gate_scale[256, 1], x_ug_scale[1, 1], v_gate_scale[1024, 1], u_up_scale[256, 1], x_uu_scale[1, 1], v_up_scale[1024, 1], h_scale[1, 1], u_down_scale[256, 1], h_ud_scale[1, 1], v_down_scale[512, 1]. Returns out[128, 512].
     """
+    T = x.shape[0]  # tokens: 1 to 128, read from the arguments
+    assert 1 <= T <= 128, f"T = {T}: this kernel takes 1 to 128"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_Q_BLOCK = 1024  # 8 tiles of 128
     H_UD_Q_BLOCK = 256  # 2 tiles of 128
@@ -78,7 +80,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
     TOKEN_TILE = 64  # tokens per tile
     X_UG_Q_BLOCK = 256  # 2 tiles of 128
     X_UU_Q_BLOCK = 256  # 2 tiles of 128
-    assert tuple(x.shape) == (128, 512), f"x: expected shape (128, 512), got {x.shape}"
+    assert tuple(x.shape) == (T, 512), f"x: expected shape (T, 512), got {x.shape}"
     assert tuple(u_gate.shape) == (512, 256), f"u_gate: expected shape (512, 256), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (256, 1024), f"v_gate: expected shape (256, 1024), got {v_gate.shape}"
     assert tuple(u_up.shape) == (512, 256), f"u_up: expected shape (512, 256), got {u_up.shape}"
@@ -98,7 +100,10 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
     assert tuple(v_down_scale.shape) == (512, 1), f"v_down_scale: expected shape (512, 1), got {v_down_scale.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'tokens' split (0..1)
-    out = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    T_HALF = (T + 1) // 2  # tokens per program (the larger half): both programs' trips
+    T_MINE = (T - pid + 1) // 2  # this program's tokens, from T_HALF * pid
+    assert (T_HALF + TOKEN_TILE - 1) // TOKEN_TILE == (T_MINE + TOKEN_TILE - 1) // TOKEN_TILE, f"T = {T}: the two programs' shares of T take different numbers of token tiles (T is 1 more than a multiple of 2 * TOKEN_TILE); pad T by one token"
+    out = nl.ndarray((T, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=64 token_tile=64 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
     # x_scale on every partition
     x_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -158,19 +163,19 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
     # v_down_scale along the free axis, on every token partition
     v_down_scale_row = nl.ndarray((TOKEN_TILE, 512), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=v_down_scale_row[0:TOKEN_TILE, 0:512], src=v_down_scale.ap(pattern=[[0, TOKEN_TILE], [1, 512]], offset=0))
-    # blocks of tokens (2 programs: each its 1 of 2)
-    for m_blk in range(1):
+    # blocks of tokens (2 programs: each T_MINE tokens from T_HALF * pid)
+    for m_blk in range((T_HALF + TOKEN_TILE - 1) // TOKEN_TILE):
         # x^T strip: features on partitions, tokens free
         x_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in range(4):
-            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[TOKEN_TILE * m_blk + TOKEN_TILE * pid:TOKEN_TILE * m_blk + TOKEN_TILE * pid + TOKEN_TILE, P * kt:P * kt + P])
+            nisa.dma_transpose(dst=x_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], src=x[T_HALF * pid + TOKEN_TILE * m_blk:min(T_HALF * pid + TOKEN_TILE * m_blk + TOKEN_TILE, T_HALF * pid + T_MINE), P * kt:P * kt + P])
         # x_q^T strip of this token block, kept in SBUF
         x_q_strip = nl.ndarray((P, 4, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # x_q^T from tiles of x, x_scale (quantize on the eviction)
         for ft in range(4):
             x_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_q_spill[0:F_TILE, 0:TOKEN_TILE], data=x_strip[0:F_TILE, ft, 0:TOKEN_TILE], op0=nl.divide, operand0=x_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=x_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=x_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
+            nisa.tensor_scalar(dst=x_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=x_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=x_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
         # x_ug_q^T strip of this token block, kept in SBUF
         x_ug_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # x_ug_q^T from PSUM tiles of x_ug_acc = x_q @ u_gate; tiles of x_scale, u_gate_scale, x_ug_scale (dequantize then quantize on the eviction)
@@ -180,12 +185,12 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
         for ft in range(2):
             x_ug_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(4):
-                nisa.nc_matmul(dst=x_ug_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+                nisa.nc_matmul(dst=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             x_ug_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             x_ug_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_ug_f32[0:F_TILE, 0:TOKEN_TILE], data=x_ug_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=u_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
-            nisa.tensor_scalar(dst=x_ug_q_spill[0:F_TILE, 0:TOKEN_TILE], data=x_ug_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=x_ug_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=x_ug_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=x_ug_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
+            nisa.tensor_scalar(dst=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=u_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
+            nisa.tensor_scalar(dst=x_ug_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=x_ug_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=x_ug_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
         # x_uu_q^T strip of this token block, kept in SBUF
         x_uu_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # x_uu_q^T from PSUM tiles of x_uu_acc = x_q @ u_up; tiles of x_scale, u_up_scale, x_uu_scale (dequantize then quantize on the eviction)
@@ -195,12 +200,12 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
         for ft in range(2):
             x_uu_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(4):
-                nisa.nc_matmul(dst=x_uu_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+                nisa.nc_matmul(dst=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             x_uu_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             x_uu_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_uu_f32[0:F_TILE, 0:TOKEN_TILE], data=x_uu_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=u_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
-            nisa.tensor_scalar(dst=x_uu_q_spill[0:F_TILE, 0:TOKEN_TILE], data=x_uu_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=x_uu_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=x_uu_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=x_uu_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
+            nisa.tensor_scalar(dst=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=u_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
+            nisa.tensor_scalar(dst=x_uu_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=x_uu_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=x_uu_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
         # h_q^T strip of this token block, kept in SBUF
         h_q_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # h_q^T from PSUM tiles of gate_acc = x_ug_q @ v_gate, up_acc = x_uu_q @ v_up; tiles of x_ug_scale, v_gate_scale, x_uu_scale, v_up_scale, h_scale (dequantize then silu then dequantize then multiply then quantize on the eviction)
@@ -213,21 +218,21 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
         for ft in range(8):
             gate_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(2):
-                nisa.nc_matmul(dst=gate_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+                nisa.nc_matmul(dst=gate_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             up_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(2):
-                nisa.nc_matmul(dst=up_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+                nisa.nc_matmul(dst=up_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             gate_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             up_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=gate_f32[0:F_TILE, 0:TOKEN_TILE], data=gate_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=v_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_ug_scale_col[0:F_TILE, 0:1])
-            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_f32[0:F_TILE, 0:TOKEN_TILE])
-            nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:TOKEN_TILE], data=up_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=v_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_uu_scale_col[0:F_TILE, 0:1])
-            nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
-            nisa.tensor_scalar(dst=h_q_spill[0:F_TILE, 0:TOKEN_TILE], data=h_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=h_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
+            nisa.tensor_scalar(dst=gate_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=gate_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=v_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_ug_scale_col[0:F_TILE, 0:1])
+            nisa.activation(dst=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.silu, data=gate_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
+            nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=up_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=v_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_uu_scale_col[0:F_TILE, 0:1])
+            nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data1=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data2=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.multiply)
+            nisa.tensor_scalar(dst=h_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
         # h_ud_q^T strip of this token block, kept in SBUF
         h_ud_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # h_ud_q^T from PSUM tiles of h_ud_acc = h_q @ u_down; tiles of h_scale, u_down_scale, h_ud_scale (dequantize then quantize on the eviction)
@@ -237,12 +242,12 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
         for ft in range(2):
             h_ud_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(8):
-                nisa.nc_matmul(dst=h_ud_acc_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_q_strip[0:P, kt, 0:TOKEN_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+                nisa.nc_matmul(dst=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             h_ud_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_ud_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=h_ud_f32[0:F_TILE, 0:TOKEN_TILE], data=h_ud_acc_psum[0:F_TILE, 0:TOKEN_TILE], op0=nl.multiply, operand0=u_down_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=h_scale_col[0:F_TILE, 0:1])
-            nisa.tensor_scalar(dst=h_ud_q_spill[0:F_TILE, 0:TOKEN_TILE], data=h_ud_f32[0:F_TILE, 0:TOKEN_TILE], op0=nl.divide, operand0=h_ud_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=h_ud_q_strip[0:F_TILE, ft, 0:TOKEN_TILE], data=h_ud_q_spill[0:F_TILE, 0:TOKEN_TILE], op0=nl.maximum, operand0=-240.0)
+            nisa.tensor_scalar(dst=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=u_down_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=h_scale_col[0:F_TILE, 0:1])
+            nisa.tensor_scalar(dst=h_ud_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=h_ud_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
+            nisa.tensor_scalar(dst=h_ud_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
         # out = down from PSUM tiles of down_acc = h_ud_q @ v_down; tiles of h_ud_scale, v_down_scale (dequantize on the eviction)
         v_down_block = nl.ndarray((P, 2, OUT_TILE), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         for kt in range(2):
@@ -251,11 +256,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
         out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
         down_acc_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(2):
-            nisa.nc_matmul(dst=down_acc_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_q_strip[0:P, kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, 0:OUT_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
+            nisa.nc_matmul(dst=down_acc_psum[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], stationary=h_ud_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], moving=v_down_block[0:P, kt, 0:OUT_TILE], perf_mode=nisa.matmul_perf_mode.double_row)
         down_spill = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=down_spill[0:TOKEN_TILE, 0:OUT_TILE], data1=down_acc_psum[0:TOKEN_TILE, 0:OUT_TILE], data2=v_down_scale_row[0:TOKEN_TILE, 0:OUT_TILE], op=nl.multiply)
-        nisa.tensor_scalar(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], data=down_spill[0:TOKEN_TILE, 0:OUT_TILE], op0=nl.multiply, operand0=h_ud_scale_col[0:TOKEN_TILE, 0:1])
-        nisa.dma_copy(dst=out[TOKEN_TILE * m_blk + TOKEN_TILE * pid:TOKEN_TILE * m_blk + TOKEN_TILE * pid + TOKEN_TILE, 0:OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.tensor_tensor(dst=down_spill[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], data1=down_acc_psum[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], data2=v_down_scale_row[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], op=nl.multiply)
+        nisa.tensor_scalar(dst=out_rows[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], data=down_spill[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE], op0=nl.multiply, operand0=h_ud_scale_col[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:1])
+        nisa.dma_copy(dst=out[T_HALF * pid + TOKEN_TILE * m_blk:min(T_HALF * pid + TOKEN_TILE * m_blk + TOKEN_TILE, T_HALF * pid + T_MINE), 0:OUT_TILE], src=out_rows[0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk), 0:OUT_TILE])
     return out
 
 

@@ -49,6 +49,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
     """Fused kernel svd_mlp_k0 over 256 tokens (bfloat16).
     Arguments: x[256, 2048], u_gate[2048, 1280], v_gate[1280, 8192], u_up[2048, 1280], v_up[1280, 8192], u_down[8192, 1280], v_down[1280, 2048], gamma[2048]. Returns out[256, 2048].
     """
+    T = x.shape[0]  # tokens: 1 to 256, read from the arguments
+    assert 1 <= T <= 256, f"T = {T}: this kernel takes 1 to 256"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 768  # 6 tiles of 128
     OUT_TILE = 512  # output columns per row-major matmul
@@ -57,7 +59,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
     TOKEN_TILE = 128  # tokens per tile
     X_UG_BLOCK = 512  # 4 tiles of 128
     X_UU_BLOCK = 512  # 4 tiles of 128
-    assert tuple(x.shape) == (256, 2048), f"x: expected shape (256, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 1280), f"u_gate: expected shape (2048, 1280), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (1280, 8192), f"v_gate: expected shape (1280, 8192), got {v_gate.shape}"
     assert tuple(u_up.shape) == (2048, 1280), f"u_up: expected shape (2048, 1280), got {u_up.shape}"
@@ -65,7 +67,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
     assert tuple(u_down.shape) == (8192, 1280), f"u_down: expected shape (8192, 1280), got {u_down.shape}"
     assert tuple(v_down.shape) == (1280, 2048), f"v_down: expected shape (1280, 2048), got {v_down.shape}"
     assert tuple(gamma.shape) == (2048,), f"gamma: expected shape (2048,), got {gamma.shape}"
-    out = nl.ndarray((256, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=none
     # xn: eps = 1e-06 per partition (the rsqrt bias)
     xn_cols = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -75,25 +77,25 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
     for kt in range(16):
         nisa.dma_copy(dst=gamma_cols[0:P, kt], src=gamma[P * kt:P * kt + P])
     # blocks of tokens
-    for m_blk in range(2):
+    for m_blk in range((T + TOKEN_TILE - 1) // TOKEN_TILE):
         # xn^T strip: normalized features on partitions, tokens free
         xn_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # tokens on partitions, as stored
         x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:2048], src=x[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, 0:2048])
+        nisa.dma_copy(dst=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:2048], src=x[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), 0:2048])
         # xn: normalized rows (gamma applied on the transposes' eviction)
         xn_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
         # per token: bn_stats of 4 chunk(s), then mean, variance, 1/sqrt(var + eps)
         xn_stats = nl.ndarray((TOKEN_TILE, 27), dtype=nl.float32, buffer=nl.sbuf)
         for ct in range(4):
-            nisa.bn_stats(dst=xn_stats[0:TOKEN_TILE, 6 * ct:6 * ct + 6], data=x_rows[0:TOKEN_TILE, 512 * ct:512 * ct + 512])
-        nisa.bn_aggr(dst=xn_stats[0:TOKEN_TILE, 24:26], data=xn_stats[0:TOKEN_TILE, 0:24])
-        nisa.activation(dst=xn_stats[0:TOKEN_TILE, 26:27], op=nl.rsqrt, data=xn_stats[0:TOKEN_TILE, 25:26], bias=xn_cols[0:TOKEN_TILE, 0:1])
-        nisa.tensor_scalar(dst=xn_rows[0:TOKEN_TILE, 0:2048], data=x_rows[0:TOKEN_TILE, 0:2048], op0=nl.subtract, operand0=xn_stats[0:TOKEN_TILE, 24:25], op1=nl.multiply, operand1=xn_stats[0:TOKEN_TILE, 26:27])
+            nisa.bn_stats(dst=xn_stats[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 6 * ct:6 * ct + 6], data=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 512 * ct:512 * ct + 512])
+        nisa.bn_aggr(dst=xn_stats[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 24:26], data=xn_stats[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:24])
+        nisa.activation(dst=xn_stats[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 26:27], op=nl.rsqrt, data=xn_stats[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 25:26], bias=xn_cols[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:1])
+        nisa.tensor_scalar(dst=xn_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:2048], data=x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:2048], op0=nl.subtract, operand0=xn_stats[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 24:25], op1=nl.multiply, operand1=xn_stats[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 26:27])
         for kt in range(16):
             xn_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
-            nisa.nc_transpose(dst=xn_tpsum[0:P, 0:TOKEN_TILE], data=xn_rows[0:TOKEN_TILE, P * kt:P * kt + P])
-            nisa.activation(dst=xn_strip[0:P, kt, 0:TOKEN_TILE], op=nl.copy, data=xn_tpsum[0:P, 0:TOKEN_TILE], scale=gamma_cols[0:P, kt:kt + 1])
+            nisa.nc_transpose(dst=xn_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], data=xn_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), P * kt:P * kt + P])
+            nisa.activation(dst=xn_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], op=nl.copy, data=xn_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], scale=gamma_cols[0:P, kt:kt + 1])
         # x_ug^T strip of this token block, kept in SBUF
         x_ug_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_ug^T = (xn @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -104,8 +106,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
             for ft in range(min(4, 10 - 4 * f_blk)):
                 x_ug_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
-                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:TOKEN_TILE])
-                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 4 * f_blk + ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=x_ug_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # x_uu^T strip of this token block, kept in SBUF
         x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # x_uu^T = (xn @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -116,8 +118,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
             for ft in range(min(4, 10 - 4 * f_blk)):
                 x_uu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
-                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:TOKEN_TILE])
-                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=xn_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 4 * f_blk + ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=x_uu_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # h^T strip of this token block, kept in SBUF
         h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
@@ -131,13 +133,13 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
             for ft in range(min(6, 64 - 6 * f_blk)):
                 gate_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(10):
-                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
                 up_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(10):
-                    nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:TOKEN_TILE])
+                    nisa.nc_matmul(dst=up_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
                 act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
-                nisa.tensor_tensor(dst=h_strip[0:F_TILE, 6 * f_blk + ft, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
+                nisa.activation(dst=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], op=nl.silu, data=gate_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+                nisa.tensor_tensor(dst=h_strip[0:F_TILE, 6 * f_blk + ft, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], data1=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], data2=up_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], op=nl.multiply)
         # h_ud^T strip of this token block, kept in SBUF
         h_ud_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -147,8 +149,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
                 nisa.dma_copy(dst=u_down_block[0:P, kt, 0:F_TILE], src=u_down[P * kt:P * kt + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
             h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(64):
-                nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:TOKEN_TILE])
-            nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
+                nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
+            nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], src=h_ud_psum[0:F_TILE, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)])
         # out = down = (h_ud @ v_down): strips stationary, weights moving
         for o_blk in range(4):
             v_down_block = nl.ndarray((P, 10, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -158,9 +160,9 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, gamma):
             out_rows = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
             down_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in range(10):
-                nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, 0:OUT_TILE])
-            nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
-            nisa.dma_copy(dst=out[TOKEN_TILE * m_blk:TOKEN_TILE * m_blk + TOKEN_TILE, OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=out_rows[0:TOKEN_TILE, 0:OUT_TILE])
+                nisa.nc_matmul(dst=down_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], stationary=h_ud_strip[0:P, kt, 0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk)], moving=v_down_block[0:P, kt, 0:OUT_TILE])
+            nisa.tensor_copy(dst=out_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE], src=down_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
+            nisa.dma_copy(dst=out[TOKEN_TILE * m_blk:min(TOKEN_TILE * m_blk + TOKEN_TILE, T), OUT_TILE * o_blk:OUT_TILE * o_blk + OUT_TILE], src=out_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * m_blk), 0:OUT_TILE])
     return out
 
 

@@ -36,6 +36,8 @@ def svd_chain_k0(x, u, v):
     """Fused kernel svd_chain_k0 over 512 tokens (bfloat16).
     Arguments: x[512, 2048], u[2048, 1280], v[1280, 8192]. Returns y[512, 8192].
     """
+    T = x.shape[0]  # tokens: 1 to 512, read from the arguments
+    assert 1 <= T <= 512, f"T = {T}: this kernel takes 1 to 512"
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     OUT_TILE = 256  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
@@ -43,21 +45,21 @@ def svd_chain_k0(x, u, v):
     TOKEN_TILE = 128  # tokens per tile
     XUV_BLOCK = 6400  # 25 tiles of 256
     XU_BLOCK = 1280  # 10 tiles of 128
-    assert tuple(x.shape) == (512, 2048), f"x: expected shape (512, 2048), got {x.shape}"
+    assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
-    y = nl.ndarray((512, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    y = nl.ndarray((T, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tokens_per_block=512 token_tile=128 weight_block_kib=128 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-    for tt in nl.affine_range(4):
+    for tt in nl.static_range((min(TOKENS_PER_BLOCK, T) + TOKEN_TILE - 1) // TOKEN_TILE):
         # tokens on partitions, as stored
         x_rows = nl.ndarray((TOKEN_TILE, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
-        x_rows[0:TOKEN_TILE, 0:2048] = nl.load(x[TOKEN_TILE * tt:TOKEN_TILE * tt + TOKEN_TILE, 0:2048])
+        x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * tt), 0:2048] = nl.load(x[TOKEN_TILE * tt:min(TOKEN_TILE * tt + TOKEN_TILE, T), 0:2048])
         for kt in nl.affine_range(16):
             x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
-            x_tpsum[0:P, 0:TOKEN_TILE] = nisa.nc_transpose(x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
-            x_strip[0:P, kt, TOKEN_TILE * tt:TOKEN_TILE * tt + TOKEN_TILE] = nl.copy(x_tpsum[0:P, 0:TOKEN_TILE], dtype=nl.bfloat16)
+            x_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * tt)] = nisa.nc_transpose(x_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * tt), P * kt:P * kt + P])
+            x_strip[0:P, kt, TOKEN_TILE * tt:min(TOKEN_TILE * tt + TOKEN_TILE, T)] = nl.copy(x_tpsum[0:P, 0:min(TOKEN_TILE, T - TOKEN_TILE * tt)], dtype=nl.bfloat16)
     # xu^T strip of this token block, kept in SBUF
     xu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xu^T = (x @ u)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -67,22 +69,22 @@ def svd_chain_k0(x, u, v):
     for ft in nl.affine_range(10):
         xu_psum = nl.zeros((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(16):
-            xu_psum[0:F_TILE, 0:TOKENS_PER_BLOCK] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:TOKENS_PER_BLOCK])
-        xu_strip[0:F_TILE, ft, 0:TOKENS_PER_BLOCK] = nl.copy(xu_psum[0:F_TILE, 0:TOKENS_PER_BLOCK], dtype=nl.bfloat16)
+            xu_psum[0:F_TILE, 0:min(TOKENS_PER_BLOCK, T)] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:min(TOKENS_PER_BLOCK, T)])
+        xu_strip[0:F_TILE, ft, 0:min(TOKENS_PER_BLOCK, T)] = nl.copy(xu_psum[0:F_TILE, 0:min(TOKENS_PER_BLOCK, T)], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
     for o_blk in nl.static_range(2):
         v_block = nl.ndarray((P, 10, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(10):
             v_block[0:P, kt, 0:min(XUV_BLOCK, 8192 - XUV_BLOCK * o_blk)] = nl.load(v[P * kt:P * kt + P, XUV_BLOCK * o_blk:min(XUV_BLOCK * o_blk + XUV_BLOCK, 8192)])
-        for tt in nl.affine_range(4):
+        for tt in nl.static_range((min(TOKENS_PER_BLOCK, T) + TOKEN_TILE - 1) // TOKEN_TILE):
             # one packed row of output tiles
             y_rows = nl.ndarray((TOKEN_TILE, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for bn in nl.affine_range(min(25, 32 - 25 * o_blk)):
                 xuv_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(10):
-                    xuv_psum[0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, TOKEN_TILE * tt:TOKEN_TILE * tt + TOKEN_TILE], v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
-                y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(xuv_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
-            nl.store(y[TOKEN_TILE * tt:TOKEN_TILE * tt + TOKEN_TILE, XUV_BLOCK * o_blk:min(XUV_BLOCK * o_blk + XUV_BLOCK, 8192)], value=y_rows[0:TOKEN_TILE, 0:min(XUV_BLOCK, 8192 - XUV_BLOCK * o_blk)])
+                    xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * tt), 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, TOKEN_TILE * tt:min(TOKEN_TILE * tt + TOKEN_TILE, T)], v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+                y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * tt), OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * tt), 0:OUT_TILE], dtype=nl.bfloat16)
+            nl.store(y[TOKEN_TILE * tt:min(TOKEN_TILE * tt + TOKEN_TILE, T), XUV_BLOCK * o_blk:min(XUV_BLOCK * o_blk + XUV_BLOCK, 8192)], value=y_rows[0:min(TOKEN_TILE, T - TOKEN_TILE * tt), 0:min(XUV_BLOCK, 8192 - XUV_BLOCK * o_blk)])
     return y
 
 
