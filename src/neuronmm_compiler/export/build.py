@@ -87,9 +87,6 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
                                                 activation)
     if not request.buckets:
         raise InputError("--tokens needs at least one bucket")
-    if request.tp > 1 and any(g.fp8 for g in groups):
-        raise InputError("--tp with FP8 kernels is not exported yet (the tensor-parallel planner's FP8 support is "
-                         "separate work): export FP8 at --tp 1")
     if kernel_fn is None:
         from ..tensor_parallel.commands import tuned_kernels
 
