@@ -256,7 +256,7 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     """An `nmmc compress` output whose layer 0 is dense FP8 and layer 1 SVD bf16 (as --choose-ranks --dtype fp8
     records them): one kernel group each, the layer files' FP8 bytes and scales read as they are, the patched
     model matching the emulation of those files, `nmmc verify` passing the package; a --dtype contradicting the
-    recorded formats is refused."""
+    recorded formats is refused, and so is an FP8 SVD layer at --tp 2."""
     from neuronmm_compiler.models import compress_model, read_manifest
     from neuronmm_compiler.models.compress_steps import load_factors
 
@@ -304,3 +304,9 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     bad = CliRunner().invoke(main, ["export", str(factors), "--tokens", "4", "--dtype", "bf16", "-o",
                                     str(tmp_path / "x")])
     assert bad.exit_code == 2 and "drop --dtype" in bad.stderr
+    svd_fp8 = tmp_path / "svd_fp8"  # an FP8 SVD layer (its calibrated ranges: any, the export refuses it first)
+    compress_model(directory, svd_fp8, keep_ratio=0.8, layer_ranks=[{"gate": 128, "up": 128, "down": 128}] * 2,
+                   fp8={1: ("float8_e4m3", dict.fromkeys(("x", "x_ug", "x_uu", "h", "h_ud"), 4.0))})
+    with pytest.raises(InputError, match="--tp 2 with FP8 SVD layers"):
+        export_model(ExportRequest(model=str(svd_fp8), buckets=(16,), target=TARGET, dialect="nki", tp=2),
+                     tmp_path / "tp2", kernel_fn=_kernel)
