@@ -142,6 +142,37 @@ def test_runtime_quantization_is_nmmcs():
     assert runtime_fp8.activation_scale(7.25, "float8_e4m3") == float(activation_scale(7.25, "float8_e4m3")[0, 0])
 
 
+def _checkpoint_fp8(directory, calibration) -> tuple[dict[int, Fp8Layer], LlamaForCausalLM]:
+    """(each layer's FP8 weights and calibrated static scales as nmmc computes them, the unquantized model)."""
+    reference = LlamaForCausalLM.from_pretrained(directory)
+    fp8 = {}
+    for layer, points in _ranges(reference, calibration).items():
+        weights = {p: quantize_weight(getattr(reference.model.layers[layer].mlp, f"{p}_proj").weight.detach()
+                                      .t().numpy(), "float8_e4m3") for p in ("gate", "up", "down")}
+        fp8[layer] = Fp8Layer("float8_e4m3", weights,
+                              {p: float(activation_scale(v, "float8_e4m3")[0, 0]) for p, v in points.items()})
+    return fp8, reference
+
+
+def _megatron_emulation(fp8: dict[int, Fp8Layer], spans: list[tuple[int, int]]):
+    """nmmc's FP8 emulation of Megatron ranks all-reduced: rank r computes the MLP of its intermediate columns
+    (gate/up columns with their per-channel scales, down rows with down's whole scale, the shared static scales),
+    its partial output rounded to bf16, the partials summed in float32 and rounded to bf16 (a bf16 all-reduce)."""
+    def rank_layer(layer: Fp8Layer, a: int, b: int) -> Fp8Layer:
+        (gq, gs), (uq, us), down = (layer.weights[p] for p in ("gate", "up", "down"))
+        return Fp8Layer(layer.format, {"gate": (gq[:, a:b], gs.reshape(-1)[a:b]),
+                                       "up": (uq[:, a:b], us.reshape(-1)[a:b]), "down": (down[0][a:b], down[1])},
+                        layer.activation_scales)
+
+    ranks = [emulated_mlp({}, fp8={n: rank_layer(layer, a, b) for n, layer in fp8.items()}) for a, b in spans]
+
+    def mlp(layer: int, x: np.ndarray) -> np.ndarray:
+        total = sum(np.asarray(rank(layer, x), np.float32) for rank in ranks)
+        return np.asarray(total, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+    return mlp
+
+
 def test_fp8_export_of_a_checkpoint_matches_the_fp8_emulation(tiny, tmp_path):
     """--dtype fp8 of a dense checkpoint: FP8 kernels per bucket, the manifest stating each argument's dtype and the
     activations' separately; patched, the model matches nmmc's FP8 emulation closely and the unquantized model
@@ -150,9 +181,6 @@ def test_fp8_export_of_a_checkpoint_matches_the_fp8_emulation(tiny, tmp_path):
 
     directory, calibration = tiny
     out = tmp_path / "nmmc_fp8"
-    with pytest.raises(InputError, match="--tp with FP8"):
-        export_model(ExportRequest(model=str(directory), buckets=(4,), target=TARGET, dialect="nki", tp=2,
-                                   dtype="float8_e4m3"), tmp_path / "tp2", kernel_fn=_kernel)
     manifest = export_model(ExportRequest(model=str(directory), buckets=(4, 16), target=TARGET, dialect="nki",
                                           dtype="float8_e4m3"), out, kernel_fn=_kernel)
     jsonschema.validate(manifest, schema())
@@ -169,24 +197,66 @@ def test_fp8_export_of_a_checkpoint_matches_the_fp8_emulation(tiny, tmp_path):
         pkg.patch(patched, directory, backend="interpreter")
     assert pkg.patch(patched, directory, calibration=calibration, backend="interpreter") == [0, 1]
 
-    reference = LlamaForCausalLM.from_pretrained(directory)
-    fp8 = {}
-    for layer, points in _ranges(reference, calibration).items():
-        weights = {p: quantize_weight(getattr(reference.model.layers[layer].mlp, f"{p}_proj").weight.detach()
-                                      .t().numpy(), "float8_e4m3") for p in ("gate", "up", "down")}
-        fp8[layer] = Fp8Layer("float8_e4m3", weights,
-                              {p: float(activation_scale(v, "float8_e4m3")[0, 0]) for p, v in points.items()})
+    fp8, reference = _checkpoint_fp8(directory, calibration)
     emulated = _emulated_model(directory, emulated_mlp({}, fp8=fp8))
     to_emulation, to_reference = _errors(patched, emulated, reference)
     assert to_emulation < EMULATION_TOLERANCE, to_emulation
     assert to_emulation * 5 < to_reference < FP8_TOLERANCE, to_reference  # FP8 is on: far from the unquantized
 
 
+def test_fp8_export_at_tp2_gives_each_rank_its_weight_and_scale_slices(tiny, tmp_path):
+    """--dtype fp8 --tp 2 of a dense checkpoint: per-rank FP8 kernels (Megatron), each rank bound to its columns
+    of gate/up with the matching rows of their per-channel scales, its rows of down with down's whole scale, and
+    the activation scales shared; the runtime hands each rank those slices (the quantization of the whole weight,
+    sliced), so the two rank modules all-reduced (emulated in one process) match nmmc's FP8 emulation of those
+    ranks, and `nmmc verify` passes the plans."""
+    import jsonschema
+
+    directory, calibration = tiny
+    out = tmp_path / "nmmc_fp8_tp2"
+    manifest = export_model(ExportRequest(model=str(directory), buckets=(16,), target=TARGET, dialect="nki", tp=2,
+                                          dtype="float8_e4m3"), out, kernel_fn=_kernel)
+    jsonschema.validate(manifest, schema())
+    group = manifest["groups"]["dense-fp8"]
+    (bucket,) = group["buckets"]
+    assert bucket["strategy"] == "megatron" and manifest["tp"]["degree"] == 2
+    assert group["tensors"]["w_down_scale"]["shape"] == [256, 1]
+    assert group["tensors"]["x_scale"]["from"] == group["tensors"]["h_scale"]["from"] == "calibration"
+    for rank, span in enumerate(([0, 320], [320, 640])):
+        (step, _) = bucket["ranks"][rank]["steps"]
+        args = step["args"]
+        assert args["w_gate"] == {"tensor": "w_gate", "cols": span} and args["w_down"] == {"tensor": "w_down",
+                                                                                          "rows": span}
+        assert args["w_gate_scale"] == {"tensor": "w_gate_scale", "rows": span} == {**args["w_up_scale"],
+                                                                                   "tensor": "w_gate_scale"}
+        assert args["w_down_scale"] == {"tensor": "w_down_scale"} and args["x_scale"] == {"tensor": "x_scale"}
+        dtypes = {a["name"]: a["dtype"] for f in bucket["kernels"][step["kernel"]]["functions"]
+                  for a in f["arguments"]}
+        assert dtypes["w_gate"] == dtypes["w_down"] == "float8_e4m3" and dtypes["w_gate_scale"] == "float32"
+    pkg = _import(out)
+    scales = runtime_fp8.calibrate(LlamaForCausalLM.from_pretrained(directory), calibration)
+    ranks = [pkg.weights.layer_arguments(manifest, directory, 0, rank, scales) for rank in (0, 1)]
+    whole = runtime_fp8.quantize_weight(LlamaForCausalLM.from_pretrained(directory).model.layers[0].mlp.gate_proj
+                                        .weight.detach(), "float8_e4m3")
+    assert torch.equal(torch.cat([ranks[0]["w_gate_scale__rows_0_320"], ranks[1]["w_gate_scale__rows_320_640"]]),
+                       whole[1])
+    assert torch.equal(ranks[0]["w_down_scale"], ranks[1]["w_down_scale"])
+    patched = LlamaForCausalLM.from_pretrained(directory)
+    assert pkg.patch(patched, directory, calibration=calibration, emulate_tp=True, backend="interpreter") == [0, 1]
+    fp8, reference = _checkpoint_fp8(directory, calibration)
+    emulated = _emulated_model(directory, _megatron_emulation(fp8, [(0, 320), (320, 640)]))
+    to_emulation, to_reference = _errors(patched, emulated, reference)
+    assert to_emulation < EMULATION_TOLERANCE and to_emulation * 5 < to_reference < FP8_TOLERANCE, \
+        (to_emulation, to_reference)
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 0 and "OK: every kernel verifies" in result.output, result.output
+
+
 def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     """An `nmmc compress` output whose layer 0 is dense FP8 and layer 1 SVD bf16 (as --choose-ranks --dtype fp8
     records them): one kernel group each, the layer files' FP8 bytes and scales read as they are, the patched
     model matching the emulation of those files, `nmmc verify` passing the package; a --dtype contradicting the
-    recorded formats is refused."""
+    recorded formats is refused, and so is an FP8 SVD layer at --tp 2."""
     from neuronmm_compiler.models import compress_model, read_manifest
     from neuronmm_compiler.models.compress_steps import load_factors
 
@@ -234,3 +304,9 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     bad = CliRunner().invoke(main, ["export", str(factors), "--tokens", "4", "--dtype", "bf16", "-o",
                                     str(tmp_path / "x")])
     assert bad.exit_code == 2 and "drop --dtype" in bad.stderr
+    svd_fp8 = tmp_path / "svd_fp8"  # an FP8 SVD layer (its calibrated ranges: any, the export refuses it first)
+    compress_model(directory, svd_fp8, keep_ratio=0.8, layer_ranks=[{"gate": 128, "up": 128, "down": 128}] * 2,
+                   fp8={1: ("float8_e4m3", dict.fromkeys(("x", "x_ug", "x_uu", "h", "h_ud"), 4.0))})
+    with pytest.raises(InputError, match="--tp 2 with FP8 SVD layers"):
+        export_model(ExportRequest(model=str(svd_fp8), buckets=(16,), target=TARGET, dialect="nki", tp=2),
+                     tmp_path / "tp2", kernel_fn=_kernel)

@@ -87,9 +87,14 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
                                                 activation)
     if not request.buckets:
         raise InputError("--tokens needs at least one bucket")
-    if request.tp > 1 and any(g.fp8 for g in groups):
-        raise InputError("--tp with FP8 kernels is not exported yet (the tensor-parallel planner's FP8 support is "
-                         "separate work): export FP8 at --tp 1")
+    svd_fp8 = [g.name for g in groups if g.fp8 and g.ranks is not None]
+    if request.tp > 1 and svd_fp8:
+        raise InputError(f"--tp {request.tp} with FP8 SVD layers ({', '.join(svd_fp8)}) is not exported: "
+                         "replicate-u/reduce-output quantizes each rank's partial rank-r value of down, whose static "
+                         "scale 'nmmc compress --dtype fp8' does not calibrate (it calibrates the unsharded layer's), "
+                         "and reduce-rank's partial and second-factor kernels are bf16 only "
+                         "(tensor_parallel/sharding.py); export these layers at --tp 1 or in bf16 (dense FP8 exports "
+                         "at --tp N)")
     if kernel_fn is None:
         from ..tensor_parallel.commands import tuned_kernels
 

@@ -3,7 +3,9 @@ an ``nmmc compress`` output (SVD factors, dense layers, FP8 layers with their sc
 layer's group in the manifest say (``manifest["layers"][i]`` names layer i's group).
 
 FP8 from a checkpoint (transform ``quantize`` / ``channel_scale``): the weight is quantized per output channel on
-the fly (:mod:`.fp8`), one layer at a time; the static activation scales (``from: calibration``) are given by the
+the fly (:mod:`.fp8`), one layer at a time, each output channel with all its input channels: a column-parallel rank
+(gate, up) reads and quantizes its own channels only, a row-parallel one (down) reads the whole weight for its
+scales and keeps its rows; the static activation scales (``from: calibration``) are given by the
 caller (:func:`.fp8.calibrate` on the unpatched model).
 
 A Hugging Face ``{gate,up,down}_proj.weight`` is [out, in]; the kernels take ``W = weight.T`` [in, out], so a
@@ -118,7 +120,7 @@ def layer_arguments(manifest: dict[str, Any], source: TensorSource | str | Path,
         source = TensorSource(source, manifest["weights"]["from"])
     group = manifest["groups"][layer_group(manifest, layer)]
     fmt = group["weights_dtype"]
-    quantized: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    quantized: dict[tuple[str, tuple[int, int] | None], tuple[torch.Tensor, torch.Tensor]] = {}
     out = {}
     for key, spec in rank_operands(manifest, rank, layer_group(manifest, layer)).items():
         info = group["tensors"][spec["tensor"]]
@@ -144,12 +146,13 @@ def layer_arguments(manifest: dict[str, Any], source: TensorSource | str | Path,
         if info["transform"] in ("quantize", "channel_scale"):
             from .fp8 import quantize_weight
 
-            if name not in quantized:  # the scales need every input channel: the whole weight, one layer at a time
-                quantized[name] = quantize_weight(source.read(name, layer, None, None), fmt)
-            q, scale = quantized[name]
-            value = q if info["transform"] == "quantize" else scale
-            value = value[slice(*rows) if rows else slice(None)]
-            value = value[:, slice(*cols)] if cols else value
+            # a channel's scale needs all its input channels: read the output channels the operand covers (stored
+            # rows; a column-parallel rank's own, else all) with every input channel, then slice the input channels
+            channels = cols if info["transform"] == "quantize" else rows
+            if (name, channels) not in quantized:
+                quantized[name, channels] = quantize_weight(source.read(name, layer, channels, None), fmt)
+            q, scale = quantized[name, channels]
+            value = q[slice(*rows) if rows else slice(None)] if info["transform"] == "quantize" else scale
         elif info["transform"] == "transpose":
             value = source.read(name, layer, cols, rows).t()
         else:
