@@ -10,7 +10,7 @@ import functools
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ from .driver import Tuned, tune_cached
 from .errors import InputError
 from .frontends.workloads import Workload
 from .jobs import Job, ProgressFn, SearchSettings, resolve
-from .search import DEFAULT_TRIALS
 from .targets import Target
 
 Echo = Callable[..., None]
@@ -26,33 +25,20 @@ Echo = Callable[..., None]
 
 @dataclass(frozen=True)
 class TuneRequest:
-    """The search settings of one ``nmmc tune`` (None: the default of the workload's lowering)."""
+    """One ``nmmc tune``: where (target, dialect), how the search runs (:class:`~.jobs.SearchSettings`), and what the
+    command adds around it (worker processes of ``tune --model``, the result cache, the progress bar)."""
 
     target: Target
     dialect: str
-    trials: int | None = None
-    seed: int = 0
-    timeout: float | None = None
-    method: str | None = None
-    exhaustive_threshold: int | None = None
-    top_k: int = 5
-    storage: str | None = None
-    study_name: str | None = None
-    workers: int = 1
+    search: SearchSettings = field(default_factory=SearchSettings)
     jobs: int = 1  # tune --model: searches run at once in worker processes
     cache_dir: str | None = None
     use_cache: bool = True
     progress: bool = False
     progress_label: str = "tuning"  # what the progress bar says it is doing (a model's bucket, say)
 
-    @property
-    def trial_count(self) -> int:
-        return self.trials or DEFAULT_TRIALS
-
-    def settings(self, progress: ProgressFn | None = None) -> SearchSettings:  # the driver's search settings
-        return SearchSettings(trials=self.trial_count, seed=self.seed, timeout=self.timeout, method=self.method,
-                              exhaustive_threshold=self.exhaustive_threshold, top_k=self.top_k, storage=self.storage,
-                              study_name=self.study_name, workers=self.workers, progress=progress)
+    def settings(self, progress: ProgressFn | None = None) -> SearchSettings:  # the driver's, with a progress callback
+        return replace(self.search, progress=progress)
 
     def job(self, workload: Workload) -> Job:  # ``workload`` resolved for this request's target and dialect
         return resolve(workload, self.target, self.dialect)
@@ -82,7 +68,7 @@ def search_uncommitted(workload: Workload, request: TuneRequest,
     from .driver import store_tuned
     from .report import progress_bar
 
-    if request.workers > 1 and not request.storage:
+    if request.search.workers > 1 and not request.search.storage:
         raise InputError("--workers shares a study between processes: give --storage too (e.g. sqlite:///tune.db)")
     cache = ResultCache(Path(request.cache_dir) if request.cache_dir else None) if request.use_cache else None
     job = request.job(workload)
@@ -112,9 +98,9 @@ def record_study(workload: Workload, tuned: Tuned, request: TuneRequest) -> None
     from .search.storage import open_storage
     from .search.tuner import SECONDS_ATTR
 
-    assert request.storage is not None and tuned.search.study is not None
+    assert request.search.storage is not None and tuned.search.study is not None
     started = time.perf_counter()
-    study = optuna.load_study(study_name=str(tuned.search.study["name"]), storage=open_storage(request.storage))
+    study = optuna.load_study(study_name=str(tuned.search.study["name"]), storage=open_storage(request.search.storage))
     study.set_user_attr("nmmc_workload", workload.to_dict())
     study.set_user_attr("nmmc_target", request.target.spec)
     study.set_user_attr("nmmc_dialect", request.dialect)
@@ -174,8 +160,8 @@ def check_tune_outputs(request: TuneRequest, *, output: str, lock_path: str | No
         Lockfile.load(lock_path)  # a malformed lockfile fails now, not after the search
     if report_dir:
         check_output_dir(report_dir)
-    if request.storage:
-        check_storage(request.storage)
+    if request.search.storage:
+        check_storage(request.search.storage)
 
 
 def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_path: str | None,
@@ -192,17 +178,17 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
     check_tune_outputs(request, output=output, lock_path=lock_path, report_dir=report_dir)
     tuned, from_cache, commit_svd = search_uncommitted(workload, request, echo)
     tuned, commit_cache = _with_nmmc_dense(workload, tuned, commit_svd, request, echo)
-    if request.storage and tuned.search.study:
+    if request.search.storage and tuned.search.study:
         record_study(workload, tuned, request)
-    elif request.storage:
-        echo(f"nmmc: note: --storage {request.storage} is unused: the {tuned.search.method} search keeps no "
+    elif request.search.storage:
+        echo(f"nmmc: note: --storage {request.search.storage} is unused: the {tuned.search.method} search keeps no "
              "Optuna study (use --method optuna to record one)", err=True)
     lock_text = None
     if lock_path:
         from .artifacts.lockfile import Lockfile, entry_from_tuned
 
         lock = Lockfile.load(lock_path)
-        lock.add(entry_from_tuned(workload, tuned, seed=request.seed, trials=request.trial_count))
+        lock.add(entry_from_tuned(workload, tuned, seed=request.search.seed, trials=request.search.trials))
         lock_text = lock.to_json()
     report = None
     if verify:
@@ -250,7 +236,7 @@ def _with_nmmc_dense(workload: Workload, tuned: Tuned, commit: Callable[[], None
     dense = dense_counterpart(workload)
     if dense is None:
         return tuned, commit
-    dense_request = replace(request, storage=None, study_name=None, workers=1,
+    dense_request = replace(request, search=replace(request.search, storage=None, study_name=None, workers=1),
                             progress_label="tuning nmmc's dense MLP (baseline)")
     dense_tuned, _, commit_dense = search_uncommitted(dense, dense_request, echo)
 
@@ -282,7 +268,7 @@ def _lock_chosen(lock_path: str, index: dict[str, Any], searched: list[tuple[Wor
     for entry in index["buckets"]:
         chosen = next(f["workload"] for f in entry["formats"] if f["chosen"])
         workload, tuned = next((w, t) for w, t in searched if w.to_dict() == chosen)
-        lock.add(entry_from_tuned(workload, tuned, seed=request.seed, trials=request.trial_count))
+        lock.add(entry_from_tuned(workload, tuned, seed=request.search.seed, trials=request.search.trials))
     write_output(lock_path, lock.to_json())
 
 
@@ -292,7 +278,7 @@ def store_searches(searches: list[tuple[Workload, Tuned]], request: TuneRequest,
     from .artifacts.cache import ResultCache
     from .driver import store_tuned
 
-    if not request.use_cache or request.timeout is not None:
+    if not request.use_cache or request.search.timeout is not None:
         return
     cache = ResultCache(Path(request.cache_dir) if request.cache_dir else None)
     for workload, tuned in searches:
@@ -349,7 +335,7 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                          ", ".join("--" + k.replace("_", "-") for k in given))
     if options["tokens"] is None:
         raise InputError("--model needs --tokens with the token buckets, e.g. --tokens 1,32,128,512,2048")
-    if request.workers > 1:
+    if request.search.workers > 1:
         raise InputError("--workers shares a stored study between processes; --model tunes its buckets one after "
                          "another without a storage: drop --workers")
     source = resolve_model(model, options["keep_ratio"], dense=bool(options.get("dense")))

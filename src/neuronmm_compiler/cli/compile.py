@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -29,6 +29,9 @@ from .options import (
 )
 from .tp import tp_options
 from .views import echo_lines, schedules_json
+
+if TYPE_CHECKING:
+    from ..jobs import SearchSettings
 
 
 @click.command()
@@ -78,6 +81,17 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
         click.echo(json.dumps(cost_json(wl, tgt, costed), indent=2))
         return
     echo_lines(costed_lines(wl, tgt, costed))
+
+
+def search_settings(trials: int | None, seed: int, timeout: float | None, method: str, exhaustive_threshold: int | None,
+                    top_k: int, storage: str | None, study_name: str | None, workers: int) -> SearchSettings:
+    """``nmmc tune``'s search options as the driver's :class:`~..jobs.SearchSettings` (``auto``: no forced method)."""
+    from ..jobs import SearchSettings
+    from ..search import DEFAULT_TRIALS
+
+    return SearchSettings(trials=trials or DEFAULT_TRIALS, seed=seed, timeout=timeout,
+                          method=None if method == "auto" else method, exhaustive_threshold=exhaustive_threshold,
+                          top_k=top_k, storage=storage, study_name=study_name, workers=workers)
 
 
 @click.command()
@@ -144,10 +158,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
         raise InputError("--fuse-norm/--residual apply to one --mlp workload, not to tune --model yet")
     workload = None if model is not None else workload_from(options, target)
     tgt = resolve_target(target, workload)  # --model: a model's MLP, in-graph unless --launch says otherwise
-    request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), trials=trials, seed=seed,
-                          timeout=timeout,
-                          method=None if method == "auto" else method, exhaustive_threshold=exhaustive_threshold,
-                          top_k=top_k, storage=storage, study_name=study_name, workers=workers, jobs=jobs or cores(),
+    search = search_settings(trials, seed, timeout, method, exhaustive_threshold, top_k, storage, study_name, workers)
+    request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), search=search, jobs=jobs or cores(),
                           cache_dir=cache_dir, use_cache=not no_cache, progress=show_progress(progress, as_json))
     if model is not None:
         if report_dir or storage:
