@@ -1,5 +1,6 @@
 """`compress --heal finetune` interrupted by Ctrl-C and resumed: the checkpoint is written at the interrupted
-step, the resumed run skips the whitened SVD and the closed form, and its factors equal an uninterrupted run's
+step, the resumed run skips the whitened SVD, the closed form and the sampling of the fine-tuning data, and its
+factors equal an uninterrupted run's
 (tiny random Llama of test_compress_calibrated; a few seconds)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def _factors(out) -> dict[str, np.ndarray]:
     tensors = {}
     for layer in range(LAYERS):
         with safe_open(str(out / f"layer_{layer:03d}.safetensors"), framework="np") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})
+            tensors.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (not a dict)
     return tensors
 
 
@@ -33,7 +34,7 @@ def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, mo
 
     model_dir = make_llama(tmp_path / "m", seed=3)
     cal = token_file(tmp_path / "cal.npy", 512, 1)
-    settings = FinetuneSettings(steps=5, learning_rate=3e-3, length=32, warmup=1, checkpoint_seconds=1e9)
+    settings = FinetuneSettings(steps=5, learning_rate=3e-3, length=32, warmup=1, samples=96, checkpoint_seconds=1e9)
 
     def request(out, **kw):
         return CompressRequest(model_dir=str(model_dir), out_dir=str(tmp_path / out), keep_ratio=0.3, align=16,
@@ -55,6 +56,7 @@ def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, mo
         monkeypatch.setattr(heal, "closed_form_heal", lambda *a, **k: calls.append(1) or real(*a, **k))
         run_compress(request("cut"))
     assert calls == []  # resumed from the checkpoint, without the whitened SVD and the closed form
+    assert "finetune_sampling_seconds" not in read_manifest(tmp_path / "cut").heal  # its samples came from it too
     record = read_manifest(tmp_path / "cut").heal
     assert record["finetune_run"]["resumed_at_step"] == 2
     assert record["closed_form_error"] == read_manifest(tmp_path / "whole").heal["closed_form_error"]

@@ -86,6 +86,7 @@ class FinetuneSettings:
     layer_weight: float = 0.0  # weight of the per-layer MLP-output error (0: logits only)
     weight_decay: float = 0.0  # AdamW's, towards 0 (not towards the starting factors)
     dtype: str = "bfloat16"  # the student's matmuls (autocast; factors, optimizer, loss stay float32); float32
+    samples: int = 0  # tokens sampled from the original model (compress: seed + 1) added to the distillation data
     threads: int = 1
     checkpoint_seconds: float = 60.0
 
@@ -150,7 +151,8 @@ def _batches(ids: np.ndarray, settings: FinetuneSettings) -> list[np.ndarray]:
 def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: FinetuneSettings | None = None,
                   checkpoint: str | Path | None = None, identity: Mapping[str, Any] | None = None,
                   progress: bool = False, on_step: Callable[[int, int, float], None] | None = None,
-                  in_place: bool = False, state: dict | None = None, extra: Any = None) -> tuple[dict, dict]:
+                  in_place: bool = False, state: dict | None = None, extra: Any = None,
+                  key_ids: np.ndarray | None = None) -> tuple[dict, dict]:
     """Factors trained by distillation (same ranks; dense projections unchanged) and a record of the run.
 
     ``model``: the original :class:`~.forward.CausalLM`; ``ids``: calibration token ids; ``factors``: the
@@ -161,6 +163,8 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     SmolLM2-135M at rank 384; the caller must not need the starting point afterwards). ``state``: the
     checkpoint, already read by :func:`load_checkpoint` (not read again). ``extra``: stored in every
     checkpoint (e.g. what produced the starting point, so that a resume can skip producing it).
+    ``key_ids``: the tokens the checkpoint key covers instead of ``ids`` (when the rest of ``ids`` follows
+    from the settings, e.g. ``samples`` drawn from the model).
 
     Ctrl-C (SIGINT, in the main thread) finishes the current step, writes the checkpoint and then raises
     KeyboardInterrupt; a kill loses at most ``checkpoint_seconds`` of steps.
@@ -186,7 +190,8 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
                     for t in f)
     flat = [t for pair in params.values() for t in pair]
     optimizer = _optimizer(torch, flat, settings)
-    key = checkpoint_key(settings, identity or {}, ids, {k: p[0].shape[1] for k, p in params.items()})
+    key = checkpoint_key(settings, identity or {}, ids if key_ids is None else key_ids,
+                         {k: p[0].shape[1] for k, p in params.items()})
     start, losses = 0, []
     path = Path(checkpoint) if checkpoint is not None else None
     if state is None or state.get("key") != key:
