@@ -36,7 +36,7 @@ def child(mode: str, model_dir: str, start_path: str, steps: int, work: Path) ->
         print(f"step {step} KL {kl:.4f} wall {time.time() - t0:.0f} checkpoint {ckpt.exists()}", flush=True)
 
     tuned, record = finetune_heal(model, start["ids"], start["healed"],
-                                  settings=FinetuneSettings(steps=steps, checkpoint_seconds=20.0),
+                                  settings=FinetuneSettings(steps=steps, samples=0, checkpoint_seconds=20.0),
                                   checkpoint=None if mode == "whole" else ckpt, on_step=on_step, in_place=True)
     flat = {f"{layer}.{p}.{i}": t for layer, d in tuned.items() for p, f in d.items() if isinstance(f, tuple)
             for i, t in enumerate(f)}

@@ -127,7 +127,7 @@ def main() -> None:
         ids = np.concatenate([ids, extra])
         print(f"distillation tokens: {start['ids'].size} calibration + {extra.size} from {a.extra}", flush=True)
     settings = FinetuneSettings(steps=a.steps, learning_rate=a.lr, warmup=a.warmup, layer_weight=a.layer_weight,
-                                dtype=a.dtype, threads=1, checkpoint_seconds=1e9)
+                                dtype=a.dtype, samples=0, threads=1, checkpoint_seconds=1e9)  # data: --extra
     t0, c0 = time.time(), _cpu()
 
     def on_step(step: int, steps: int, kl: float) -> None:

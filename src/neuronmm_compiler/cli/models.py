@@ -80,7 +80,7 @@ def _stage_bar(enabled: bool):
 @click.option("--finetune-lr", default=None, type=float,
               help="Fine-tuning peak learning rate (AdamW, warm-up then cosine; default 1e-5).")
 @click.option("--finetune-samples", default=None, type=click.IntRange(min=0), metavar="N",
-              help="Tokens sampled from the original model added to the fine-tuning data (default 0).")
+              help="Tokens sampled from the original model added to the fine-tuning data (default 16384).")
 @click.option("--sequence-length", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per sequence of the calibration and evaluation forward passes.")
 @click.option("--damping", default=1e-4, show_default=True, type=float,

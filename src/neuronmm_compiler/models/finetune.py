@@ -86,7 +86,10 @@ class FinetuneSettings:
     layer_weight: float = 0.0  # weight of the per-layer MLP-output error (0: logits only)
     weight_decay: float = 0.0  # AdamW's, towards 0 (not towards the starting factors)
     dtype: str = "bfloat16"  # the student's matmuls (autocast; factors, optimizer, loss stay float32); float32
-    samples: int = 0  # tokens sampled from the original model (compress: seed + 1) added to the distillation data
+    # tokens sampled from the original model (seed + 1) that ``compress`` adds to the distillation data
+    # (finetune_heal itself trains on the ids it is given); measured: 16384 healed every text more than 0, at
+    # ~110 CPU s of sampling and ~30 of fine-tuning more for SmolLM2-135M (docs/compression.md, third run)
+    samples: int = 16384
     threads: int = 1
     checkpoint_seconds: float = 60.0
 
