@@ -142,6 +142,10 @@ def test_the_compress_finetune_run_and_the_distillation_data_rows_are_in_the_doc
     assert f"{full['cpu_s']:.0f} CPU s (user + system), {full['peak_mib']} MiB peak RSS" in doc
     for name, q in full["per_file"].items():
         assert f"{name.split('.')[0].split('-')[0]} {q['ppl']:.2f} ({q['increase']:+.1%})" in doc, name
+    new = data["samples_16384"]
+    assert f"{new['cpu_s']:.0f} CPU s, {new['peak_mib']} MiB peak RSS" in doc
+    for name, q in new["per_file"].items():
+        assert f"{name.split('.')[0].split('-')[0]} {q['ppl']:.2f} ({q['increase']:+.1%})" in doc, name
     chain = data["kill_chain"]
     assert chain["factors_bitwise_equal"] and "bitwise equal to the uninterrupted" in doc
     for run in data["sweep"]:
