@@ -2,6 +2,7 @@
 its settings (issue 27); perplexity measured with the torch forward pass on the heal study's texts.
 
     python benchmarks/finetune_sweep.py MODEL_DIR --texts WORK/texts [--steps 40 --lr 1e-5 --dtype float32]
+        [--extra samples.npy --extra-tokens N] [--json runs.jsonl]
 
 ``WORK/texts`` is what ``benchmarks/compression.py --heal-study --work WORK`` wrote (docs-cal, man,
 samples.npy, docs-eval, licences, code, changelogs). The first run computes the calibration (2048
@@ -96,6 +97,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--layer-weight", type=float, default=0.0)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--extra", default=None, metavar="IDS.npy",
+                    help="more distillation tokens (e.g. samples from the model), after the calibration's")
+    ap.add_argument("--extra-tokens", type=int, default=None, help="use this many of --extra's tokens")
+    ap.add_argument("--json", default=None, help="append the run's settings and perplexities here (JSON lines)")
     ap.add_argument("--eval-start", action="store_true", help="also measure the whitened and closed-form factors")
     a = ap.parse_args()
     torch = import_torch()
@@ -107,26 +112,40 @@ def main() -> None:
     evals = {n: load_tokens(texts / f, a.model_dir, 1024) for n, f in EVALS.items()}
     original = perplexities(lm, torch, evals, None)
 
-    def show(tag: str, factors) -> None:
+    def show(tag: str, factors) -> dict[str, float]:
         ppl = perplexities(lm, torch, evals, factors)
         print(tag, " ".join(f"{n} {v:.2f} ({v / original[n] - 1:+.1%})" for n, v in ppl.items()), flush=True)
+        return ppl
 
     print("original", " ".join(f"{n} {v:.2f}" for n, v in original.items()), flush=True)
     if a.eval_start:
         show("whitened", start["white"])
         show("closed-form", start["healed"])
+    ids = start["ids"]
+    if a.extra:
+        extra = np.load(a.extra)[:a.extra_tokens]
+        ids = np.concatenate([ids, extra])
+        print(f"distillation tokens: {start['ids'].size} calibration + {extra.size} from {a.extra}", flush=True)
     settings = FinetuneSettings(steps=a.steps, learning_rate=a.lr, warmup=a.warmup, layer_weight=a.layer_weight,
-                                dtype=a.dtype, threads=1, checkpoint_seconds=1e9)
+                                dtype=a.dtype, samples=0, threads=1, checkpoint_seconds=1e9)  # data: --extra
     t0, c0 = time.time(), _cpu()
 
     def on_step(step: int, steps: int, kl: float) -> None:
         if step % 10 == 0 or step <= 2:
             print(f"  step {step} KL {kl:.4f} wall {time.time() - t0:.0f} cpu {_cpu() - c0:.0f}", flush=True)
-    tuned, record = finetune_heal(model, start["ids"], start["healed"], settings=settings, on_step=on_step)
+    tuned, record = finetune_heal(model, ids, start["healed"], settings=settings, on_step=on_step)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"done: {settings}: wall {time.time() - t0:.0f} s, CPU {_cpu() - c0:.0f} s, peak RSS {peak:.0f} MiB "
+    wall, cpu = time.time() - t0, _cpu() - c0
+    print(f"done: {settings}: wall {wall:.0f} s, CPU {cpu:.0f} s, peak RSS {peak:.0f} MiB "
           f"(process); KL first {record['kl_first']:.4f}, mean of the last 10 {record['kl_last_10']:.4f}", flush=True)
-    show("tuned", tuned)
+    ppl = show("tuned", tuned)
+    if a.json:
+        import json
+
+        with open(a.json, "a") as f:
+            f.write(json.dumps({"settings": {**vars(a)}, "distill_tokens": int(ids.size), "wall_s": round(wall),
+                                "cpu_s": round(cpu), "peak_mib": round(peak), "kl_first": record["kl_first"],
+                                "kl_last_10": record["kl_last_10"], "original": original, "perplexity": ppl}) + "\n")
 
 
 if __name__ == "__main__":

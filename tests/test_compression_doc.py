@@ -126,3 +126,29 @@ def test_the_fine_tuning_rows_are_the_second_heal_runs():
         cells = " | ".join(f"{q['ppl']:,.2f} ({q['increase']:+.1%})" for q in row["quality"].values())
         usage = f"{row['seconds']:.0f} | {row['cpu_seconds']:.0f} | {row['peak_mib']:.0f}"
         assert f"| {row['rank']} | {row['method']} | {cells} | {usage} |" in doc, row["method"]
+
+
+HEAL_COMPRESS = RESULTS / "compression-heal-finetune-2026-12-02.json"
+
+
+def test_the_compress_finetune_run_and_the_distillation_data_rows_are_in_the_doc():
+    """`nmmc compress --heal finetune`'s own run (time, memory, per-file perplexities), its kill-and-resume, and
+    the fine-tuning runs with the model's samples are quoted from the 2026-12-02 record."""
+    import json
+
+    doc, data = _doc(), json.loads(HEAL_COMPRESS.read_text())
+    assert HEAL_COMPRESS.name.replace(".json", ".txt") in doc
+    full = data["full"]
+    assert f"{full['cpu_s']:.0f} CPU s (user + system), {full['peak_mib']} MiB peak RSS" in doc
+    for name, q in full["per_file"].items():
+        assert f"{name.split('.')[0].split('-')[0]} {q['ppl']:.2f} ({q['increase']:+.1%})" in doc, name
+    new = data["samples_16384"]
+    assert f"{new['cpu_s']:.0f} CPU s, {new['peak_mib']} MiB peak RSS" in doc
+    for name, q in new["per_file"].items():
+        assert f"{name.split('.')[0].split('-')[0]} {q['ppl']:.2f} ({q['increase']:+.1%})" in doc, name
+    chain = data["kill_chain"]
+    assert chain["factors_bitwise_equal"] and "bitwise equal to the uninterrupted" in doc
+    for run in data["sweep"]:
+        cells = " | ".join(f"{run['perplexity'][n]:.2f} ({run['perplexity'][n] / run['original'][n] - 1:+.1%})"
+                           for n in ("docs", "licences", "code", "changelogs"))
+        assert f"| {run['distill_tokens']:,} | {cells} | {run['cpu_s']} | {run['peak_mib']} |" in doc

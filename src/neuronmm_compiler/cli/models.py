@@ -79,6 +79,8 @@ def _stage_bar(enabled: bool):
               help="Fine-tuning steps of one 256-token sequence (default 200).")
 @click.option("--finetune-lr", default=None, type=float,
               help="Fine-tuning peak learning rate (AdamW, warm-up then cosine; default 1e-5).")
+@click.option("--finetune-samples", default=None, type=click.IntRange(min=0), metavar="N",
+              help="Tokens sampled from the original model added to the fine-tuning data (default 16384).")
 @click.option("--sequence-length", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per sequence of the calibration and evaluation forward passes.")
 @click.option("--damping", default=1e-4, show_default=True, type=float,
@@ -148,8 +150,10 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
     from ..targets import get_target
 
     finetune = None
-    if o["finetune_steps"] is not None or o["finetune_lr"] is not None:
+    if o["finetune_steps"] is not None or o["finetune_lr"] is not None or o["finetune_samples"] is not None:
         finetune = FinetuneSettings()
+        if o["finetune_samples"] is not None:
+            finetune = replace(finetune, samples=o["finetune_samples"])
         if o["finetune_steps"] is not None:
             finetune = replace(finetune, steps=o["finetune_steps"])
         if o["finetune_lr"] is not None:

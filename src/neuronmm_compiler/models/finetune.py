@@ -39,8 +39,12 @@ import hashlib
 import json
 import math
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +55,8 @@ from ..errors import InputError
 from .calibration import sequences
 from .config import PROJECTIONS
 
-__all__ = ["TORCH_INSTALL", "FinetuneSettings", "finetune_heal", "import_torch"]
+__all__ = ["TORCH_INSTALL", "FinetuneSettings", "checkpoint_factors", "checkpoint_key", "finetune_heal", "import_torch",
+           "load_checkpoint"]
 
 TORCH_INSTALL = ("pip install 'nmmc[torch]' (on a CPU-only machine, pip install torch==2.13.0 or another CPU "
                  "build first: PyPI's default torch wheel brings several GB of CUDA libraries)")
@@ -81,6 +86,10 @@ class FinetuneSettings:
     layer_weight: float = 0.0  # weight of the per-layer MLP-output error (0: logits only)
     weight_decay: float = 0.0  # AdamW's, towards 0 (not towards the starting factors)
     dtype: str = "bfloat16"  # the student's matmuls (autocast; factors, optimizer, loss stay float32); float32
+    # tokens sampled from the original model (seed + 1) that ``compress`` adds to the distillation data
+    # (finetune_heal itself trains on the ids it is given); measured: 16384 healed every text more than 0, at
+    # ~110 CPU s of sampling and ~30 of fine-tuning more for SmolLM2-135M (docs/compression.md, third run)
+    samples: int = 16384
     threads: int = 1
     checkpoint_seconds: float = 60.0
 
@@ -88,10 +97,41 @@ class FinetuneSettings:
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
 
 
-def _key(settings: FinetuneSettings, identity: Mapping[str, Any]) -> str:
+def checkpoint_key(settings: FinetuneSettings, identity: Mapping[str, Any], ids: np.ndarray,
+                   ranks: Mapping[tuple[int, str], int]) -> str:
+    """What a checkpoint must record to be resumed: the settings, ``identity``, the calibration tokens and
+    the rank of every trained ``(layer, projection)``."""
     record = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
-    return hashlib.sha256(json.dumps({"settings": record, **identity}, sort_keys=True, default=str).encode()
-                          ).hexdigest()[:16]
+    full = {"settings": record, **identity, "ranks": sorted((f"{k[0]}.{k[1]}", int(r)) for k, r in ranks.items()),
+            "tokens": hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16]}
+    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_checkpoint(path: str | Path | None, key: str) -> dict | None:
+    """The checkpoint at ``path`` if it records ``key`` (None: absent, truncated, foreign or another run's).
+    Its ``params`` are the trained factors in :func:`finetune_heal`'s order (layers, then gate/up/down,
+    then ``u``, ``v``); ``extra`` is what the caller stored with it."""
+    if path is None or not Path(path).is_file():
+        return None
+    torch = import_torch()
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception:  # a truncated or foreign file: start over
+        return None
+    return state if isinstance(state, dict) and state.get("key") == key else None
+
+
+def checkpoint_factors(state: dict, factors_like: Mapping[int, Mapping[str, Any]]) -> dict[int, dict]:
+    """The factors a checkpoint holds, arranged as ``factors_like`` (the trained projections marked by any
+    non-array value, e.g. their rank; other entries, such as dense weights, passed through)."""
+    saved = iter(state["params"])
+    out: dict[int, dict] = {}
+    for layer, projections in factors_like.items():
+        out[layer] = {}
+        for proj in PROJECTIONS:
+            f = projections[proj]
+            out[layer][proj] = f if isinstance(f, np.ndarray) else (next(saved).numpy(), next(saved).numpy())
+    return out
 
 
 def _learning_rate(settings: FinetuneSettings, step: int) -> float:
@@ -114,7 +154,8 @@ def _batches(ids: np.ndarray, settings: FinetuneSettings) -> list[np.ndarray]:
 def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: FinetuneSettings | None = None,
                   checkpoint: str | Path | None = None, identity: Mapping[str, Any] | None = None,
                   progress: bool = False, on_step: Callable[[int, int, float], None] | None = None,
-                  in_place: bool = False) -> tuple[dict, dict]:
+                  in_place: bool = False, state: dict | None = None, extra: Any = None,
+                  key_ids: np.ndarray | None = None) -> tuple[dict, dict]:
     """Factors trained by distillation (same ranks; dense projections unchanged) and a record of the run.
 
     ``model``: the original :class:`~.forward.CausalLM`; ``ids``: calibration token ids; ``factors``: the
@@ -122,7 +163,14 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     (e.g. the calibration digest and the starting method). ``progress``: a tqdm bar on stderr.
     ``on_step(step, steps, loss)`` after every step. ``in_place``: train the given factors' float32
     contiguous arrays themselves instead of copies (saves one copy of all factors, 0.3 GB for
-    SmolLM2-135M at rank 384; the caller must not need the starting point afterwards).
+    SmolLM2-135M at rank 384; the caller must not need the starting point afterwards). ``state``: the
+    checkpoint, already read by :func:`load_checkpoint` (not read again). ``extra``: stored in every
+    checkpoint (e.g. what produced the starting point, so that a resume can skip producing it).
+    ``key_ids``: the tokens the checkpoint key covers instead of ``ids`` (when the rest of ``ids`` follows
+    from the settings, e.g. ``samples`` drawn from the model).
+
+    Ctrl-C (SIGINT, in the main thread) finishes the current step, writes the checkpoint and then raises
+    KeyboardInterrupt; a kill loses at most ``checkpoint_seconds`` of steps.
     """
     torch = import_torch()
     from .torch_lm import TorchLM
@@ -145,30 +193,29 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
                     for t in f)
     flat = [t for pair in params.values() for t in pair]
     optimizer = _optimizer(torch, flat, settings)
-    key = _key(settings, {**(identity or {}), "ranks": sorted((f"{k[0]}.{k[1]}", p[0].shape[1])
-                                                              for k, p in params.items()),
-                          "tokens": hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16]})
+    key = checkpoint_key(settings, identity or {}, ids if key_ids is None else key_ids,
+                         {k: p[0].shape[1] for k, p in params.items()})
     start, losses = 0, []
     path = Path(checkpoint) if checkpoint is not None else None
-    if path is not None and path.is_file():
-        try:
-            state = torch.load(path, weights_only=False)
-        except Exception:  # a truncated or foreign file: start over
-            state = None
-        if isinstance(state, dict) and state.get("key") == key:
-            with torch.no_grad():
-                for p, saved in zip(flat, state["params"], strict=True):
+    if state is None or state.get("key") != key:
+        state = load_checkpoint(path, key)
+    if state is not None:
+        with torch.no_grad():
+            for p, saved in zip(flat, state["params"], strict=True):
+                if p.data_ptr() != saved.data_ptr():
                     p.copy_(saved)
-            if state.get("optimizer") is not None:
-                optimizer.load_state_dict(state["optimizer"])
-            start, losses = int(state["step"]), list(state["losses"])
+        if state.get("optimizer") is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        start, losses = int(state["step"]), list(state["losses"])
+    state = None  # its optimizer tensors are the optimizer's now; the rest is not needed
 
     def save(step: int, done: bool) -> None:
         if path is None:
             return
+        path.parent.mkdir(parents=True, exist_ok=True)  # compress's -o directory is created after healing
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         torch.save({"key": key, "step": step, "losses": losses, "params": [p.detach() for p in flat],
-                    "optimizer": None if done else optimizer.state_dict()}, tmp)
+                    "optimizer": None if done else optimizer.state_dict(), "extra": extra}, tmp)
         os.replace(tmp, path)
 
     silu = torch.nn.functional.silu
@@ -196,8 +243,6 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
 
     bar = None
     if progress:
-        import sys
-
         from tqdm import tqdm
 
         bar = tqdm(total=settings.steps, initial=start, desc="finetune", unit="step", file=sys.stderr,
@@ -206,7 +251,9 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     order_rng = np.random.default_rng(settings.seed)
     order = np.concatenate([order_rng.permutation(len(chunks))
                             for _ in range(math.ceil(settings.steps * settings.batch / len(chunks)))])
-    for step in range(start, settings.steps):
+
+    def one_step(step: int) -> None:
+        nonlocal last_save
         picks = order[step * settings.batch:(step + 1) * settings.batch]
         tokens = torch.from_numpy(np.stack([chunks[i] for i in picks]).astype(np.int64))
         top = [teacher(int(i)) for i in picks]
@@ -232,6 +279,18 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
         if time.time() - last_save >= settings.checkpoint_seconds and step + 1 < settings.steps:
             save(step + 1, done=False)
             last_save = time.time()
+
+    with _deferred_sigint() as interrupted:
+        for step in range(start, settings.steps):
+            one_step(step)
+            if interrupted:
+                save(step + 1, done=step + 1 == settings.steps)
+                if bar is not None:
+                    bar.close()
+                if path is not None:
+                    print(f"fine-tuning interrupted after step {step + 1} of {settings.steps}; checkpoint {path} "
+                          "(the same command resumes from it)", file=sys.stderr)
+                raise KeyboardInterrupt
     if bar is not None:
         bar.close()
     if start < settings.steps:
@@ -247,6 +306,22 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
               "kl_first": losses[0] if losses else None,
               "kl_last_10": float(np.mean(losses[-10:])) if losses else None}
     return healed, record
+
+
+@contextmanager
+def _deferred_sigint():
+    """A list that becomes non-empty on SIGINT, until the block ends (the handler is restored then);
+    outside the main thread, or when SIGINT is ignored, nothing changes."""
+    flag: list[bool] = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):
+        yield flag
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: flag.append(True))
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _sparse_kl(torch, t_logp, s_logp):

@@ -8,7 +8,8 @@ each new token costs one token's forward pass; ``batch`` sequences are decoded t
 for a given seed (and batch). The matmuls have a few rows each ([batch, hidden]): they run on one BLAS
 thread, because more threads only wait for each other there -- measured on the shared 2-core machine
 (load average ~6), ``nmmc compress --calibration-samples 2048`` sampled 2 tokens/s with OpenBLAS's
-default two threads and 43 tokens/s of wall time (87 per CPU second) with one, at batch 16.
+default two threads and 7-22 with one (load average 20 to 5; 4 sequences together); 8 sequences together
+sampled 35 tokens/s of wall time, 83 per CPU second, and 64 sequences 150 per CPU second.
 """
 
 from __future__ import annotations
