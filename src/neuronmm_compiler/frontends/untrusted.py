@@ -56,6 +56,7 @@ RESERVED_NAMES = frozenset({
     # named tile sizes (kernel_ir/expr.py, Named; lowerings/limits.py, lower_gemm.py, lower_fused.py)
     "P", "T", "F_TILE", "OUT_TILE", "TOKEN_TILE", "TOKENS_PER_BLOCK", "K_BLOCK",
     "TILE_M", "TILE_N", "TILE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K",
+    "T_HALF", "T_MINE",  # the token split's shares of T read from the arguments (lowerings/fused_tokens.py)
 })
 #: Names nmmc derives from a user's name (``x_strip``, ``mm_psum``, ``w_block``, ``x_f64``, the
 #: kernels ``<graph>_k0``, the reference's locals ``v3``): a user name may not have that form, nor
