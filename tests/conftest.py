@@ -31,3 +31,13 @@ def private_result_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def verify_gemm():
     return compile_and_verify
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """One BLAS thread for a module of tiny matrices: more threads only spin against each other and the other test
+    workers on a busy machine (``pytestmark = pytest.mark.usefixtures("one_blas_thread")``)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield

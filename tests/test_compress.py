@@ -12,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.numpy import save_file
-from threadpoolctl import threadpool_limits
 
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError, UnknownNameError
@@ -27,11 +26,7 @@ HIDDEN, INTERMEDIATE, LAYERS = 256, 768, 3
 PROJ = ("gate", "up", "down")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_blas_thread():
-    """Small matrices: multi-threaded BLAS only slows them down (a lot, on a busy machine)."""
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
 
 
 def make_model(root: Path, dtype: str = "float32", sharded: bool = False, seed: int = 0) -> tuple[Path, dict]:

@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.numpy import save_file
-from threadpoolctl import threadpool_limits
 
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError
@@ -25,10 +24,7 @@ from neuronmm_compiler.models.workflow import CompressRequest, load_factors, run
 HIDDEN, INTER, LAYERS, HEADS, KV, VOCAB = 64, 192, 2, 4, 2, 101
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_blas_thread():
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
 
 
 def make_llama(root: Path, seed: int = 0, model_type: str = "llama") -> Path:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from safetensors import safe_open
-from threadpoolctl import threadpool_limits
 
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.frontends.shapes import Fp8Weights, mlp_graph
@@ -26,11 +25,7 @@ from neuronmm_compiler.models.workflow import CompressRequest, run_compress
 from neuronmm_compiler.passes.quantize_fp8 import quantize_fp8
 from test_compress_calibrated import make_llama, token_file
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_blas_thread():
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -43,10 +43,15 @@ def _decaying(rows: int, cols: int, rng: np.random.Generator) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     """A Hugging Face style checkpoint of a 2-layer Llama (deterministic weights)."""
+    return write_checkpoint(tmp_path_factory.mktemp("model"))
+
+
+def write_checkpoint(directory: Path) -> Path:
+    """Write a 2-layer Llama checkpoint (config.json, model.safetensors; deterministic, decaying MLP spectra) into
+    ``directory``."""
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)  # tiny tensors: threads only contend with the interpreter (and other test workers)
-    directory = tmp_path_factory.mktemp("model")
     torch.manual_seed(0)
     model = LlamaForCausalLM(CONFIG)
     rng = np.random.default_rng(1)

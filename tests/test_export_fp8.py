@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch", reason="the export runtime needs the 'torch
 
 from neuronmm_compiler.export.runtime import fp8 as runtime_fp8  # noqa: E402 - needs torch
 from neuronmm_compiler.export.runtime.llama import LlamaForCausalLM  # noqa: E402
-from test_export import CONFIG, _decaying, _import  # noqa: E402
+from test_export import CONFIG, _import, write_checkpoint  # noqa: E402
 
 TARGET = with_launch(get_target("trn2:lnc=2"), "in-graph")
 #: Patched vs nmmc's FP8 emulation of the same kernels: they quantize the same bf16 activations with the same
@@ -48,31 +48,13 @@ def _kernel(workload):
     return compile_workload(workload, target=TARGET, dialect="nki")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_blas_thread():
-    """Tiny matrices: BLAS threads only contend with each other and other test workers."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """A 2-layer Llama checkpoint (deterministic weights) and calibration token ids."""
-    from safetensors.torch import save_file
-
-    torch.set_num_threads(1)
-    directory = tmp_path_factory.mktemp("fp8model")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(CONFIG)
-    rng = np.random.default_rng(1)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    for layer in range(CONFIG["num_hidden_layers"]):
-        for proj, (rows, cols) in {"gate": (640, 256), "up": (640, 256), "down": (256, 640)}.items():
-            state[f"model.layers.{layer}.mlp.{proj}_proj.weight"] = _decaying(rows, cols, rng).contiguous()
-    (directory / "config.json").write_text(json.dumps(CONFIG))
-    save_file(state, str(directory / "model.safetensors"))
+    """A 2-layer Llama checkpoint (test_export's) and calibration token ids."""
+    directory = write_checkpoint(tmp_path_factory.mktemp("fp8model"))
     calibration = torch.randint(0, CONFIG["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(5))
     return directory, calibration
 

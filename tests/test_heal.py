@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from safetensors import safe_open
-from threadpoolctl import threadpool_limits
 
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError
@@ -22,11 +21,7 @@ from neuronmm_compiler.models.whitening import whitened_svd
 from neuronmm_compiler.models.workflow import CompressRequest, run_compress, whitened_factors
 from test_compress_calibrated import INTER, LAYERS, VOCAB, make_llama, token_file
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_blas_thread():
-    with threadpool_limits(limits=1, user_api="blas"):  # tiny matrices: threads only spin on a busy machine
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from .calibration import sequences
 from .config import PROJECTIONS
 from .formats import add_range, emulated_mlp, fp8_layer, traced_mlp, weight_bytes
 from .forward import rms_norm
-from .measured_choice import MeasuredChoice, initial_states, run_from
+from .measured_choice import MeasuredChoice, Ticker, initial_states, run_from
 from .rank_choice import candidate_ranks
 
 __all__ = ["candidates", "measured_format_choice"]
@@ -94,14 +94,7 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
     def mlp(layer: int, cand: Candidate, x: np.ndarray) -> np.ndarray:
         return model.mlp(layer, x)[0] if cand == start else cache[(layer, cand)](layer, x)
 
-    total = 2 * layers * len(rest)
-    done = 0
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(min(done, total), total)
+    ticker = Ticker(2 * layers * len(rest), progress)
 
     choice: list[Candidate] = [start] * layers
     base, states = run_from(model, chunks, mlp, choice, 0, initial_states(model, chunks))
@@ -113,7 +106,7 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
             trial = list(choice)
             trial[layer] = cand
             row.append(run_from(model, chunks, mlp, trial, layer, states)[0] - base)
-            tick()
+            ticker.tick()
         sensitivity.append(row)
     saved = {c: full - layer_bytes(a.hidden_size, a.intermediate_size, c) for c in rest}
     moves = sorted(((layer, c) for layer in range(layers) for c in rest),
@@ -121,7 +114,7 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
     refused: dict[int, list[Candidate]] = {layer: [] for layer in range(layers)}
     result = MeasuredChoice([None] * layers, budget, math.exp(base), sensitivity, formats=["bfloat16"] * layers)
     for layer, cand in moves:
-        tick()
+        ticker.tick()
         if saved[cand] <= saved.get(choice[layer], 0) or any(_at_least_as_accurate(r, cand) for r in refused[layer]):
             continue
         prepare(layer, cand, states)
@@ -139,6 +132,5 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
             refused[layer].append(cand)
     result.choice = [c[0] for c in choice]
     result.formats = [c[1] for c in choice]
-    if progress is not None:
-        progress(total, total)
+    ticker.finish()
     return result

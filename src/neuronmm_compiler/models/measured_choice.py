@@ -34,8 +34,8 @@ from .config import PROJECTIONS
 from .forward import log_softmax, rms_norm, silu
 from .rank_choice import candidate_ranks
 
-__all__ = ["SELECTION_SHARE", "SELECTION_TOKENS", "MeasuredChoice", "front_lines", "measured_choice", "plot_front",
-           "selection_tokens"]
+__all__ = ["SELECTION_SHARE", "SELECTION_TOKENS", "MeasuredChoice", "Ticker", "front_lines", "measured_choice",
+           "plot_front", "selection_tokens"]
 
 #: Calibration tokens the measured rank choice (--choose-ranks without --tokens) measures perplexity on,
 #: taken as whole sequences spread evenly over the calibration set (so every source is represented).
@@ -84,6 +84,23 @@ def _kept(hidden: int, intermediate: int, choice: Sequence[int | None]) -> float
     return sum(dense if r is None else 3 * r * (hidden + intermediate) for r in choice) / (dense * len(choice))
 
 
+class Ticker:
+    """A step counter reporting ``progress(done, total)`` (capped at ``total``) after each step, and the total once
+    :meth:`finish` is called (a greedy may stop short of its bound)."""
+
+    def __init__(self, total: int, progress: Callable[[int, int], None] | None):
+        self.total, self.done, self.progress = total, 0, progress
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(min(self.done, self.total), self.total)
+
+    def finish(self) -> None:
+        if self.progress is not None:
+            self.progress(self.total, self.total)
+
+
 def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int, str, int], tuple], *,
                     length: int = 512, align: int = 128,
                     progress: Callable[[int, int], None] | None = None) -> MeasuredChoice:
@@ -108,14 +125,7 @@ def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int
     def run(choice: Sequence[int | None], start: int, states: list[list[np.ndarray]]):
         return run_from(model, chunks, mlp, choice, start, states)
 
-    total_steps = layers * (1 + len(ranks))
-    done = 0
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(min(done, total_steps), total_steps)
+    ticker = Ticker(layers * (1 + len(ranks)), progress)
 
     dense: list[int | None] = [None] * layers
     base, states = run(dense, 0, initial_states(model, chunks))
@@ -126,7 +136,7 @@ def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int
         trial[layer] = ranks[0] if ranks else None
         nll, _ = run(trial, layer, states) if ranks else (base, None)
         sensitivity.append(nll - base)
-        tick()
+        ticker.tick()
     order = sorted(range(layers), key=lambda i: (sensitivity[i], i))
     choice = list(dense)
     result = MeasuredChoice(choice, budget, base_ppl, sensitivity)
@@ -147,10 +157,9 @@ def measured_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int
             if accepted:
                 choice[layer] = rank
                 states = new_states
-            tick()
+            ticker.tick()
     result.choice = choice
-    if progress is not None:
-        progress(total_steps, total_steps)
+    ticker.finish()
     return result
 
 
