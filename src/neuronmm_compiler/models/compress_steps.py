@@ -189,13 +189,19 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
         progress=None if progress is None else lambda d, t: progress("factoring", d, t))
 
 
-def _measure(model, eval_sets, mlp, request, progress: StageProgress | None):
-    """Per eval file quality, and the overall (token-weighted) quality dict for the manifest."""
-    from .quality import evaluate
+def _measure(model, eval_sets, mlp, request, progress: StageProgress | None, originals: dict | None = None):
+    """Per eval file quality, and the overall (token-weighted) quality dict for the manifest. ``originals``: a dict
+    the original model's predictions per eval file are kept in, for measuring several compressions of one model."""
+    from .quality import evaluate, original_predictions
 
     per_file = []
     for path, ids in eval_sets:
-        q = evaluate(model, ids, mlp, length=request.sequence_length,
+        original = None
+        if originals is not None:
+            if path not in originals:
+                originals[path] = original_predictions(model, ids, length=request.sequence_length)
+            original = originals[path]
+        q = evaluate(model, ids, mlp, length=request.sequence_length, original=original,
                      progress=None if progress is None else lambda d, t, n=Path(path).name: progress(
                          f"evaluating {n}", d, t))
         per_file.append({**q.to_dict(), "source": Path(path).name})

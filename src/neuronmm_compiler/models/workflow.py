@@ -340,11 +340,13 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     quality = None
     if chosen is not None and eval_sets and request.eval_check:  # the budget held on the eval files (.eval_budget)
         built: list[Manifest] = []
+        originals: dict = {}  # the original model's predictions on each eval file, computed once for every build
 
         def trial(choice, formats) -> dict:
             built.append(build([{p: r for p in ("gate", "up", "down")} for r in choice], formats=formats,
                                fresh=bool(built)))
-            return _measure(model(), eval_sets, compressed_mlp(request.out_dir, built[-1]), request, progress)
+            return _measure(model(), eval_sets, compressed_mlp(request.out_dir, built[-1]), request, progress,
+                            originals)
 
         quality = hold_budget_on_eval(chosen, budget, trial)
         manifest, layer_ranks = built[-1], [{p: r for p in ("gate", "up", "down")} for r in chosen.choice]
