@@ -77,9 +77,10 @@ def test_tune_model_tunes_every_layer_group_and_totals_the_model(mixed, tmp_path
         assert total["speedup_vs_dense_bf16"] == pytest.approx(total["dense_bf16_us"] / total["predicted_us"])
         assert {p["group"]: p["layers"] for p in total["groups"]} == {"dense-fp8": 1, SVD: 2, FP8: 1}
     text = "\n".join(model_lines(source, index, target, str(out)))
-    for fragment in ("3 layer groups", f"group {SVD}: layers 1,3", "predicted by nmmc's cost model (not measured)",
-                     "nmmc's fused dense MLP in bf16 for every layer", "in-graph", f"{SVD}/mlp_t128.py",
-                     f"{index['buckets'][1]['predicted_us']:.1f}", "wrote 6 kernel files"):
+    for fragment in ("ranks and formats per layer (from the manifest): 3 layer groups", f"group {SVD}: layers 1,3",
+                     "predicted by nmmc's cost model (not measured)", "nmmc's fused dense MLP in bf16 for every layer",
+                     "in-graph", f"{SVD}/mlp_t128.py", f"{index['buckets'][1]['predicted_us']:.1f}",
+                     "wrote 6 kernel files"):
         assert fragment in text, fragment
     lock = tmp_path / "lock.json"
     _lock_chosen(str(lock), index, searched, TuneRequest(target=target, dialect="nki"))

@@ -115,8 +115,8 @@ def _grouped_lines(source: Any, index: dict[str, Any], target: Target, output: s
     (its kernel in the format its layers record), then the model's total per bucket (model_groups.py) against nmmc's
     fused dense MLP in bf16 for every layer and nki-library's fused MLP in every layer."""
     groups = index["groups"]
-    lines = [f"{source.config.describe()}; its layers differ in ranks or format: {len(groups)} layer groups (from "
-             f"the manifest); {target.label}",
+    count = f"{len(groups)} layer group{'s' if len(groups) > 1 else ''}"
+    lines = [f"{source.config.describe()}; ranks and formats per layer (from the manifest): {count}; {target.label}",
              "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what NxD "
              "Inference runs; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' AWS's "
              "kernel per matmul",
