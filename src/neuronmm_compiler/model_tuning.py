@@ -141,7 +141,10 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     command leaves no cache entry). A source without ranks (``--dense``) tunes the dense MLP alone. ``formats``: the
     weight formats allowed (default bf16 alone); each bucket tunes every allowed format (:mod:`.model_formats`). A
     source whose layers record their format (``source.layer_formats``, an ``nmmc compress --dtype fp8`` output) has
-    it chosen in every bucket, the other allowed formats tuned for comparison (:func:`recorded_format`)."""
+    it chosen in every bucket, the other allowed formats tuned for comparison (:func:`recorded_format`). A source of
+    layer groups (``source.groups``: a compress output whose layers differ in ranks or format) has each group tuned
+    so, its files in ``<group>/``, an equal workload searched once, and nmmc's fused dense bf16 MLP tuned in every
+    bucket as the baseline of the model's total (:mod:`.model_groups`)."""
     if tune_bucket is None:
         tune_bucket = functools.partial(_tune_default, target=target, dialect=dialect, trials=trials, seed=seed)
     out = Path(out_dir)
@@ -244,8 +247,9 @@ def _write_bucket(out: Path, plan: _Plan, tokens: int, tuned: list[Tuned], workl
 
 def recorded_format(source: ModelSource, formats: FormatRequest) -> MlpFormat | None:
     """The format an ``nmmc compress`` output records for its layers (``layers[i].fp8``), which ``tune --model``
-    tunes and chooses in every bucket; None when it records none. Its layers must agree (else ``nmmc export``,
-    which groups them), and ``--dtype``, when given, must allow it (the other formats it lists are tuned for
+    tunes and chooses in every bucket; None when it records none. Its layers agree (a source whose layers differ has
+    its layer groups, each with its own recorded format: :func:`.model_groups.group_formats`), and ``--dtype``, when
+    given, must allow it (the other formats it lists are tuned for
     comparison: the front shows what the recorded choice costs)."""
     if source.layer_formats is None or source.ranks is None:
         return None
