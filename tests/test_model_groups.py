@@ -139,3 +139,9 @@ def test_the_cli_tunes_verifies_and_locks_each_group(mixed, tmp_path, monkeypatc
     assert all(f"{file}  verified" in result.output for file in files), result.output
     assert [e.kernel_sha256 for e in Lockfile.load(lock)] == [  # the files written
         kernel_sha256((out / file).read_text()) for file in files]
+    # nmmc verify DIR reads every group's files; a bucket that recommends nki-library's MLP names no file of its own
+    # (recommended_file null), which crashed it before
+    index["groups"][1]["buckets"][0].update(recommended="nkilib", recommended_file=None)
+    (out / "index.json").write_text(json.dumps(index))
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 0 and "3 kernel file(s)" in result.output, result.output
