@@ -19,7 +19,9 @@ weight's columns (gate/up, V of a column shard), a row-parallel weight keeps its
 output channels are not split), a factor of a shard's own carries its own. An activation's static per-tensor scale
 is one tensor, the same on every rank, when every rank quantizes the same value or a column shard of one value (x,
 the replicated x U, the intermediate h); it is the rank's own (``<value>_scale.r<rank>``) when each rank quantizes a
-value of its own (x U_i of a shard's own factors, the partial product h_i U_down_i).
+value of its own (x U_i of a shard's own factors, the partial product h_i U_down_i that reduce-output and factor-shard
+quantize). ``reduce-rank`` quantizes no partial product: a rank hands on ``h_i U_down_i`` dequantized (bf16), and the
+second kernel quantizes the all-reduced sum, the unsharded ``h U_down``, with the unsharded MLP's ``h_ud_scale``.
 
 Shards are as even as possible (the first ``I mod N`` ranks get one column more), so a ragged
 intermediate (not a multiple of ``N * 128``) gives ranks whose last tile is ragged, which the
@@ -226,8 +228,7 @@ def _second_factor(tokens: int, hidden: int, rank: int, dtype: str, fp8: Fp8Weig
 
 def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
     """The per-rank programs of ``workload`` over ``tp`` ranks under ``strategy``. InputError when the
-    strategy does not apply (a factor-shard strategy whose shards no aligned rank compresses; reduce-rank of FP8
-    weights)."""
+    strategy does not apply (a factor-shard strategy whose shards no aligned rank compresses)."""
     t, h, inter, dtype, fp8 = workload.tokens, workload.hidden, workload.intermediate, workload.dtype, workload.fp8
     sizes = shard_sizes(inter, tp)
     group = tuple(range(tp))
