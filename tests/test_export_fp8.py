@@ -20,11 +20,9 @@ from neuronmm_compiler.driver import compile_workload
 from neuronmm_compiler.export import ExportRequest, export_model
 from neuronmm_compiler.export.manifest import schema
 from neuronmm_compiler.export.verify import group_problems
-from neuronmm_compiler.ir.fp8 import quantize
 from neuronmm_compiler.ir.quantized import activation_scale, quantize_weight
 from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp
-from neuronmm_compiler.models.forward import silu
+from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp, reduce_rank_mlp
 from neuronmm_compiler.models.fp8_files import read_fp8_layer
 from neuronmm_compiler.targets import get_target, with_launch
 
@@ -290,36 +288,6 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     assert bad.exit_code == 2 and "drop --dtype" in bad.stderr
 
 
-def _reduce_rank_emulation(layers: dict[int, Fp8Layer], spans: list[tuple[int, int]]):
-    """nmmc's FP8 emulation (models/formats.py's rules: fp32 quotient, clamp, round to nearest even; ``(acc * s_W) *
-    s_v`` in fp32) of replicate-u/reduce-rank ranks: rank r computes ``z_r = h[:, span] U_down[span]`` from the
-    quantized h, dequantized and rounded to bf16 (its kernel's output); the z_r summed in float32 and rounded to bf16
-    (a bf16 all-reduce); then down_v quantizes that sum with the layer's h_ud scale, multiplies by V_down and rounds
-    the output to bf16."""
-    def bf16(v):
-        return np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
-
-    def mlp(layer: int, x: np.ndarray) -> np.ndarray:
-        f = layers[layer]
-        s = {p: np.float32(v) for p, v in f.activation_scales.items()}
-
-        def q(v, point):
-            return quantize(np.asarray(v, np.float32), s[point], f.format).astype(np.float32)
-
-        def product(vq, weight, point, rows=slice(None)):
-            w, scale = weight
-            return ((vq @ w[rows].astype(np.float32)) * scale.reshape(-1).astype(np.float32)) * s[point]
-
-        xq = q(x, "x")
-        gate, up = (product(q(product(xq, f.weights[p][0], "x"), mid), f.weights[p][1], mid)
-                    for p, mid in (("gate", "x_ug"), ("up", "x_uu")))
-        hq = q(silu(gate) * up, "h")
-        z = bf16(sum(bf16(product(hq[:, a:b], f.weights["down"][0], "h", slice(a, b))) for a, b in spans))
-        return bf16(product(q(z, "h_ud"), f.weights["down"][1], "h_ud"))
-
-    return mlp
-
-
 def test_fp8_svd_export_at_tp2_reduces_the_rank_and_matches_the_emulation(tiny, tmp_path):
     """An `nmmc compress --dtype fp8` output of SVD layers at --tp 2: replicate-u/reduce-rank, whose down_v
     quantizes the all-reduced h U_down with the layer file's own h_ud scale (reduce-output, whose per-rank partials
@@ -351,7 +319,7 @@ def test_fp8_svd_export_at_tp2_reduces_the_rank_and_matches_the_emulation(tiny, 
     assert pkg.patch(patched, factors, emulate_tp=True, backend="interpreter") == [0, 1]
     ranks = {p: 128 for p in ("gate", "up", "down")}
     layers = {n: read_fp8_layer(factors / f"layer_{n:03d}.safetensors", n, ranks, "float8_e4m3")[0] for n in (0, 1)}
-    emulated = _emulated_model(directory, _reduce_rank_emulation(layers, [(0, 320), (320, 640)]))
+    emulated = _emulated_model(directory, reduce_rank_mlp(layers, [(0, 320), (320, 640)]))
     reference = _emulated_model(directory, emulated_mlp(load_factors(factors, read_manifest(factors)),
                                                         kernel_dtype="float32"))
     to_emulation, to_reference = _errors(patched, emulated, reference)
