@@ -114,7 +114,8 @@ def test_fp8_svd_strategies_verify(tmp_path, strategy, tp):
 
 def test_fp8_reduce_rank_quantizes_the_all_reduced_sum(tmp_path):
     """reduce-rank's down_v quantizes the bf16 all-reduced z with h_ud's static scale: verify follows the plan kernel
-    by kernel (each handed-on value rounded as stored), and a down_v that clamps at the wrong bound fails."""
+    by kernel (each handed-on value rounded as stored); a rank bound to the wrong slice fails (the plan's ranks,
+    unquantized, against the unsharded MLP), and so does a down_v that clamps at the wrong bound."""
     out = tmp_path / "plan"
     _run(["emit", "--mlp", "--tokens", "4", "--hidden", "256", "--intermediate", "640", "--keep-ratio", "0.8",
           "--dtype", "fp8", "--target", "trn2", "--tp", "2", "--tp-strategy", "replicate-u/reduce-rank",
@@ -122,10 +123,17 @@ def test_fp8_reduce_rank_quantizes_the_all_reduced_sum(tmp_path):
     report = verify_plan(out, seed=2)  # 320 intermediate columns per rank: a ragged last tile
     assert report.ok and "kernel by kernel" in report.reference, report.lines(None)
     assert report.unquantized_rel_error is not None and report.unquantized_rel_error < 0.2
+    plan = json.loads((out / "plan.json").read_text())
+    wrong = json.loads(json.dumps(plan))
+    wrong["ranks"][1]["steps"][0]["args"]["u_down"]["rows"] = [0, 320]  # rank 1 reads rank 0's rows of U_down
+    (out / "plan.json").write_text(json.dumps(wrong))
+    report = verify_plan(out, seed=2)
+    assert not report.ok and "wrong tensor or slice" in str(report.error), report.lines(None)
+    (out / "plan.json").write_text(json.dumps(plan))
     source = (out / "down_v.py").read_text()
     assert source.count("operand1=240.0)") == 1
     (out / "down_v.py").write_text(source.replace("operand1=240.0)", "operand1=24.0)"))
-    assert not verify_plan(out).ok
+    assert not verify_plan(out, seed=2).ok
 
 
 def test_model_tp_takes_one_weight_format(tmp_path):

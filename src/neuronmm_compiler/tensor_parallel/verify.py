@@ -39,6 +39,10 @@ from ..vocab import ElementwiseOp, NodeKind
 from .plan import read_plan
 from .sharding import unsharded_graph
 
+#: The plan's ranks evaluated unquantized in float64 against the unsharded MLP (FP8 plans followed kernel by kernel,
+#: every tensor a slice of an unsharded one): the same sums in another order, so only float64 rounding differs.
+WIRING_TOLERANCE = 1e-9
+
 
 @dataclass
 class TpVerifyReport:
@@ -230,7 +234,9 @@ def _run(plan: dict[str, Any], workload: MlpWorkload, workloads: dict[str, Any],
     allowance = float(np.sqrt(sum(float(np.sum(s * s)) for s in sigmas if s is not None)))
     unsharded = all(name == "x" or "." not in name for name in plan["tensors"])
     fp8 = "" if workload.fp8 is None else "FP8 "
-    if fp8 and _quantizes_a_collective(ranks):
+    stepwise = bool(fp8) and _quantizes_a_collective(ranks)
+    sliced = unsharded  # every tensor a slice of an unsharded one
+    if stepwise:
         unsharded, graph = False, combined
         expected = _stepwise(plan, workloads, arrays)
         report.reference = ("the FP8 computation of all ranks, kernel by kernel (each kernel's float64 reference, its "
@@ -256,6 +262,14 @@ def _run(plan: dict[str, Any], workload: MlpWorkload, workloads: dict[str, Any],
         report.unquantized_rel_error = max(
             float(np.linalg.norm(np.asarray(held[e["rank"]][output], dtype=np.float64) - reference)) / denom
             for e in ranks)
+        if stepwise and sliced:  # the kernel-by-kernel reference reads the plan's bindings: check them here
+            whole = unquantized(unsharded_graph(workload), workload.dtype)
+            want = np.asarray(evaluate(whole, {n.name: raw[n.name] for n in whole.inputs()})["out"], np.float64)
+            wiring = float(np.linalg.norm(reference - want)) / (float(np.linalg.norm(want)) or 1.0)
+            if wiring > WIRING_TOLERANCE:
+                report.ok = False
+                report.error = (f"the plan's ranks, unquantized, differ from the unsharded MLP by {wiring:.3e} (a "
+                                "weight bound to the wrong tensor or slice)")
 
 
 def _quantizes_a_collective(ranks: list[dict[str, Any]]) -> bool:
