@@ -123,7 +123,9 @@ def test_schedules_and_targets_list_everything():
     targets = json.loads(run("targets", "--json").output)
     assert set(targets) == {"trn1", "trn2", "trn3"}
     assert targets["trn2"]["sbuf_bytes_per_partition"] == 224 * 1024
-    assert "NeuronCore-v2" in run("targets").output
+    text = run("targets").output
+    assert "NeuronCore-v2" in text and "no double_row mode" in text  # trn1
+    assert "float8_e4m3, float8_e5m2, float8_e4m3fn; double_row" in text  # trn3
 
 
 @pytest.mark.parametrize("command", ["emit", "verify", "schedules", "targets", "cost", "tune", "explain"])

@@ -117,3 +117,73 @@ def test_choose_ranks_with_fp8_records_each_layers_format(tiny):
     assert [r["gate"] for r in manifest.layer_ranks()] == chosen.choice
     assert manifest.rank_choice["formats"] == chosen.formats
     assert (manifest.fp8 is not None) == ("float8_e4m3" in chosen.formats)
+    from neuronmm_compiler.models.compress_report import write_compression_report
+
+    summary = write_compression_report(manifest, root / "report")[-1].read_text()
+    assert "## Format choice" in summary and "Cost per layer: weight bytes." in summary
+    assert summary.count("| float8_e4m3 |") + summary.count("| bfloat16 |") == len(chosen.steps)
+
+
+def test_useful_candidates_drop_what_cannot_pay():
+    from neuronmm_compiler.models.format_choice import cost_record, useful_candidates
+
+    options = [(None, "bfloat16"), (None, "float8_e4m3"), (256, "bfloat16"), (256, "float8_e4m3"),
+               (128, "bfloat16"), (128, "float8_e4m3")]
+    # decode-like: SVD bf16 slower than dense; SVD fp8 at 256 no faster than dense fp8; 128 fp8 the fastest
+    cost = dict(zip(options, (10.0, 6.0, 11.0, 6.0, 8.0, 4.0), strict=True))
+    kept, dropped = useful_candidates(options, cost)
+    assert kept == [(None, "float8_e4m3"), (128, "bfloat16"), (128, "float8_e4m3")]
+    assert dropped == {(256, "bfloat16"): (None, "bfloat16"), (256, "float8_e4m3"): (None, "float8_e4m3")}
+    record = cost_record(options, cost, "us")
+    assert [c.get("dropped") for c in record["candidates"]] == [
+        None, None, "costs no less than dense bfloat16", "dominated by dense float8_e4m3", None, None]
+
+
+def test_format_choice_spends_the_cost_it_is_given(tiny):
+    """The greedy's moves follow the cost: made dense FP8 the one candidate cheaper than bf16 dense, it is the only
+    one measured and accepted; made every candidate cost more, nothing is measured beyond the start."""
+    from neuronmm_compiler.models.format_choice import candidates, measured_format_choice
+    from neuronmm_compiler.models.whitening import whitened_svd  # noqa: F401 (factor below is plain SVD)
+
+    model_dir, cal, _, _ = tiny
+    model = CausalLM(model_dir)
+    ids = np.load(cal)[:128]
+
+    def factor(layer, proj, rank):
+        u, s, vt = np.linalg.svd(model.mlp_weight(layer, proj), full_matrices=False)
+        return u[:, :rank] * s[:rank], vt[:rank]
+
+    options = candidates(model.arch.hidden_size, model.arch.intermediate_size, 32, "float8_e4m3")
+    cost = {c: 10.0 for c in options}
+    cost[(None, "float8_e4m3")] = 5.0
+    chosen = measured_format_choice(model, ids, 1.0, factor, "float8_e4m3", length=64, align=32, cost=cost,
+                                    cost_info={"unit": "us"})
+    assert chosen.candidates == [[None, "float8_e4m3"]]  # every SVD candidate is dominated (no cheaper than it)
+    assert [(s["rank"], s["format"], s["accepted"]) for s in chosen.steps] == [(None, "float8_e4m3", True)] * 2
+    assert [s["cost"] for s in chosen.steps] == [0.75, 0.5] and chosen.formats == ["float8_e4m3"] * 2
+    nothing = measured_format_choice(model, ids, 1.0, factor, "float8_e4m3", length=64, align=32,
+                                     cost=dict.fromkeys(options, 10.0), cost_info={"unit": "us"})
+    assert nothing.candidates == [] and nothing.steps == [] and nothing.choice == [None, None]
+
+
+def test_choose_ranks_fp8_with_tokens_records_predicted_latencies(tiny, monkeypatch):
+    from neuronmm_compiler.cli.options import resolve_target
+    from neuronmm_compiler.models import latency
+
+    monkeypatch.setattr(latency, "DEFAULT_TRIALS", 3)  # the tiny kernels' searches, short
+    model_dir, cal, _, root = tiny
+    result = run_compress(CompressRequest(str(model_dir), str(root / "latency"), 0.8, align=32, dtype="fp8",
+                                          calibration=str(cal), sequence_length=64, choose_ranks=True,
+                                          max_ppl_increase=0.3, buckets=(1,),
+                                          target=resolve_target("trn2:lnc=2", None)))
+    cost = result.measured_choice.cost
+    assert cost["unit"].startswith("us of one layer's MLP kernel") and cost["buckets"] == [1]
+    assert cost["target"] == "trn2" and cost["lnc"] == 2 and "in-graph" in cost["context"] and cost["trust"]
+    by = {(c["rank"], c["format"]): c for c in cost["candidates"]}
+    dense = by[(None, "bfloat16")]["cost"]
+    # at these tiny shapes nothing is predicted faster than bf16 dense: all dropped, nothing measured, and said so
+    assert all(c.get("dropped") == "costs no less than dense bfloat16" for k, c in by.items() if k[0:2] != (
+        None, "bfloat16")) and all(c["cost"] >= dense for c in by.values())
+    assert result.measured_choice.candidates == [] and any("no candidate is predicted faster" in w
+                                                           for w in result.warnings)
+    assert read_manifest(root / "latency").rank_choice["cost"]["unit"] == cost["unit"]

@@ -129,6 +129,14 @@ def format_lines(entry: Mapping[str, Any], indent: str) -> list[str]:
     return lines
 
 
+def kernel_buckets(index: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every bucket entry of a ``tune --model`` index that names kernel files: its buckets, or for an output of
+    layer groups (``groups``, model_groups.py) each group's, whose files are under the group's directory."""
+    if index.get("groups"):
+        return [e for group in index["groups"] for e in group["buckets"]]
+    return list(index["buckets"])
+
+
 def written_files(index: Mapping[str, Any]) -> int:
     """How many kernel files a ``tune --model`` directory holds: each bucket's primary and its chosen one."""
-    return sum(len({e["file"]} | {f["file"] for f in e.get("formats", []) if f["file"]}) for e in index["buckets"])
+    return sum(len({e["file"]} | {f["file"] for f in e.get("formats", []) if f["file"]}) for e in kernel_buckets(index))

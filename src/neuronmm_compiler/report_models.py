@@ -1,5 +1,6 @@
 """``nmmc tune --model``'s table: one row per token bucket, and each bucket's format choice
-(:mod:`.model_formats`)."""
+(:mod:`.model_formats`); of a compress output whose layers differ, one table per layer group and the model's total
+per bucket (:mod:`.model_groups`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
     over nki-library's fused MLP (what NxD Inference runs), then nmmc's own fused dense MLP, then AWS's per-matmul
     kernels. A bucket where the SVD MLP does not beat nmmc's dense MLP recommends the dense one, and one where
     nki-library's kernel beats both recommends keeping it; either says so."""
+    if index.get("groups"):
+        return _grouped_lines(source, index, target, output)
     if index["ranks"] is None:
         return _dense_model_lines(source, index, target, output)
     ranks = "/".join(str(r) for r in index["ranks"].values())
@@ -35,29 +38,7 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
         lines.append(f"  format: {fmt} in every bucket, as the compress output records for every layer (manifest "
                      "layers[i].fp8; chosen there under the accuracy budget, not by latency here); other --dtype "
                      "formats are tuned for comparison only")
-    rows = [["tokens", "SVD us", "nkilib us", "vs it", "nmmc dense us", "vs it", "AWS dense us", "vs it", "unfused us",
-             "vs it", "kernels", "  file"]]
-    for e in index["buckets"]:
-        check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
-        nkilib = e.get("nkilib_us")
-        versus = e.get("speedup_vs_nkilib")
-        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", "n/a" if nkilib is None else f"{nkilib:.1f}",
-                     speedup_text(versus) if versus else "n/a", f"{e['fused_dense_us']:.1f}",
-                     speedup_text(e["speedup_vs_fused_dense"]), f"{e['baseline_us']:.1f}",
-                     speedup_text(e["speedup_vs_baseline"]), f"{e['unfused_baseline_us']:.1f}",
-                     speedup_text(e["speedup_vs_unfused"]), str(len(e["kernels"])), f"  {e['file']}{check}"])
-    table = columns(rows, _MODEL_COLUMNS)
-    lines.append(table[0])
-    for row, e in zip(table[1:], index["buckets"], strict=True):
-        lines.append(row)
-        lines += format_lines(e, f"  {'':>7}")
-        if e.get("recommended") == "dense" and e.get("chosen_format") == e.get("format", "").replace("svd-", "dense-"):
-            lines.append(f"  {'':>7}recommended: nmmc's dense MLP ({e['recommended_file']}): at {e['tokens']} tokens "
-                         f"the SVD MLP is predicted no faster ({speedup_text(e['speedup_vs_fused_dense'])}), so "
-                         "compression buys no speed there")
-        elif e.get("recommended") == "nkilib":
-            lines.append(f"  {'':>7}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
-                         "tokens it is predicted faster than every kernel nmmc wrote for the bucket")
+    lines += _svd_table(index["buckets"])
     count = written_files(index)
     lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
@@ -71,8 +52,46 @@ def _dense_model_lines(source: Any, index: dict[str, Any], target: Target, outpu
              "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what NxD Inference "
              "runs; modelled, docs/fusion.md), 'AWS dense' AWS's kernel per matmul",
              f"  {context_note(target)}"]
+    lines += _dense_table(index["buckets"])
+    lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
+    count = written_files(index)
+    lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
+    return lines
+
+
+def _svd_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]:
+    """The rows of an SVD MLP's buckets: its latency against nki-library's fused MLP, nmmc's fused dense MLP and
+    AWS's per-matmul kernels, each bucket's format choice and recommendation under it."""
+    rows = [["tokens", "SVD us", "nkilib us", "vs it", "nmmc dense us", "vs it", "AWS dense us", "vs it", "unfused us",
+             "vs it", "kernels", "  file"]]
+    for e in buckets:
+        check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
+        nkilib = e.get("nkilib_us")
+        versus = e.get("speedup_vs_nkilib")
+        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", "n/a" if nkilib is None else f"{nkilib:.1f}",
+                     speedup_text(versus) if versus else "n/a", f"{e['fused_dense_us']:.1f}",
+                     speedup_text(e["speedup_vs_fused_dense"]), f"{e['baseline_us']:.1f}",
+                     speedup_text(e["speedup_vs_baseline"]), f"{e['unfused_baseline_us']:.1f}",
+                     speedup_text(e["speedup_vs_unfused"]), str(len(e["kernels"])), f"  {e['file']}{check}"])
+    table = columns(rows, _MODEL_COLUMNS, indent)
+    lines, under = [table[0]], indent + " " * 7
+    for row, e in zip(table[1:], buckets, strict=True):
+        lines.append(row)
+        lines += format_lines(e, under)
+        if e.get("recommended") == "dense" and e.get("chosen_format") == e.get("format", "").replace("svd-", "dense-"):
+            lines.append(f"{under}recommended: nmmc's dense MLP ({e['recommended_file']}): at {e['tokens']} tokens "
+                         f"the SVD MLP is predicted no faster ({speedup_text(e['speedup_vs_fused_dense'])}), so "
+                         "compression buys no speed there")
+        elif e.get("recommended") == "nkilib":
+            lines.append(f"{under}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
+                         "tokens it is predicted faster than every kernel nmmc wrote for the bucket")
+    return lines
+
+
+def _dense_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]:
+    """The rows of a dense MLP's buckets: nmmc's fused dense MLP against nki-library's and AWS's kernels."""
     rows = [["tokens", "nmmc dense us", "nkilib us", "vs it", "AWS dense us", "vs it", "kernels", "  file"]]
-    for e in index["buckets"]:
+    for e in buckets:
         check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
         nkilib = "n/a" if e.get("nkilib_us") is None else f"{e['nkilib_us']:.1f}"
         versus_nkilib = speedup_text(e["speedup_vs_nkilib"]) if e.get("speedup_vs_nkilib") else "n/a"
@@ -80,15 +99,53 @@ def _dense_model_lines(source: Any, index: dict[str, Any], target: Target, outpu
         versus = "n/a" if e["speedup_vs_baseline"] is None else speedup_text(e["speedup_vs_baseline"])
         rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", nkilib, versus_nkilib, aws, versus,
                      str(len(e["kernels"])), f"  {e['file']}{check}"])
-    table = columns(rows, [(7, ">"), (15, ">"), (10, ">"), (15, ">"), (14, ">"), (8, ">"), (9, ">"), (0, "<")])
-    lines.append(table[0])
-    for row, e in zip(table[1:], index["buckets"], strict=True):
+    table = columns(rows, [(7, ">"), (15, ">"), (10, ">"), (15, ">"), (14, ">"), (8, ">"), (9, ">"), (0, "<")], indent)
+    lines, under = [table[0]], indent + " " * 7
+    for row, e in zip(table[1:], buckets, strict=True):
         lines.append(row)
-        lines += format_lines(e, f"  {'':>7}")
+        lines += format_lines(e, under)
         if e.get("recommended") == "nkilib":
-            lines.append(f"  {'':>7}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
+            lines.append(f"{under}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
                          "tokens it is predicted faster than nmmc's dense MLP")
-    lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
+    return lines
+
+
+def _grouped_lines(source: Any, index: dict[str, Any], target: Target, output: str) -> list[str]:
+    """``nmmc tune --model`` on a compress output whose layers differ in ranks or format: each layer group's table
+    (its kernel in the format its layers record), then the model's total per bucket (model_groups.py) against nmmc's
+    fused dense MLP in bf16 for every layer and nki-library's fused MLP in every layer."""
+    groups = index["groups"]
+    count = f"{len(groups)} layer group{'s' if len(groups) > 1 else ''}"
+    lines = [f"{source.config.describe()}; ranks and formats per layer (from the manifest): {count}; {target.label}",
+             "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what NxD "
+             "Inference runs; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' AWS's "
+             "kernel per matmul",
+             f"  {context_note(target)}",
+             f"  speedups over the dense MLPs: {quality_note(index.get('quality'))}",
+             "  format: each group's kernel is in the format the compress output records for its layers (manifest "
+             "layers[i] ranks and fp8; chosen there under the accuracy budget, not by latency here); other --dtype "
+             "formats are tuned for comparison only"]
+    for group in groups:
+        layers = ",".join(str(i) for i in group["layers"])
+        mlp = ("dense MLP" if group["ranks"] is None else
+               "SVD ranks gate/up/down " + "/".join(str(r) for r in group["ranks"].values()))
+        lines.append(f"group {group['name']}: layer{'s' if len(group['layers']) > 1 else ''} {layers}; {mlp}, "
+                     f"{group['weights']} weights")
+        table = _dense_table if group["ranks"] is None else _svd_table
+        lines += table(group["buckets"], "    ")
+    layers = index["model"]["num_hidden_layers"]
+    lines.append(f"model MLP per bucket: the sum over its {layers} layers of their group's kernel, against "
+                 "nmmc's fused dense MLP in bf16 for every layer (the uncompressed, unquantized model) and "
+                 "nki-library's fused MLP in bf16 for every layer (what NxD Inference runs)")
+    rows = [["tokens", "model MLP us", "nmmc dense bf16 us", "vs it", "nkilib us", "vs it", "  layers x group us"]]
+    for e in index["buckets"]:
+        nkilib = e.get("nkilib_us")
+        parts = ", ".join(f"{p['layers']} x {p['group']} {p['predicted_us']:.1f}" for p in e["groups"])
+        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", f"{e['dense_bf16_us']:.1f}",
+                     speedup_text(e["speedup_vs_dense_bf16"]), "n/a" if nkilib is None else f"{nkilib:.1f}",
+                     "n/a" if nkilib is None else speedup_text(e["speedup_vs_nkilib"]), f"  {parts}"])
+    lines += columns(rows, [(7, ">"), (14, ">"), (20, ">"), (8, ">"), (11, ">"), (8, ">"), (0, "<")])
     count = written_files(index)
+    lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")
     return lines

@@ -310,6 +310,10 @@ class Target:
                             f"moving fmax {self.gemm_moving_fmax}"),
             ("PE tiles", f"row/column tile sizes {', '.join(map(str, self.pe_tile_sizes))} "
                          f"(up to {self.max_column_tiles} concurrent matmuls; nc_matmul tile_position)"),
+            ("FP8", f"weights in {', '.join(self.fp8_formats)}; "
+                    + ("double_row matmuls at 2x the bf16 rate, not with column tiles" if "double_row" in
+                       self.matmul_perf_modes else "no double_row mode: FP8 matmuls at the bf16 rate")
+                    + " (nc_matmul, 'Data types', 'Performance mode'; docs/fp8.md)"),
         ] + ([("calibrated", f"from {self.calibration.measurements} ({self.calibration.rows} rows, "
                                f"{self.calibration.date}): {', '.join(self.calibration.fitted)}")]
              if self.calibration is not None else [])

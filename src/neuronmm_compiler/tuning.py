@@ -231,7 +231,7 @@ def _with_nmmc_dense(workload: Workload, tuned: Tuned, commit: Callable[[], None
     """For an SVD MLP (and an FP8 dense one: its bf16 twin), ``tuned`` with nmmc's own fused dense MLP among its
     baselines, tuned the same way (same target, launch context, trials and seed; cached alike; no --storage study
     of its own), and a commit writing both searches to the result cache; anything else unchanged."""
-    from .model_tuning import dense_counterpart, with_dense_baseline
+    from .model_entries import dense_counterpart, with_dense_baseline
 
     dense = dense_counterpart(workload)
     if dense is None:
@@ -260,12 +260,13 @@ def _tune_bucket(workload: Workload, bucket: int, *, request: TuneRequest, bucke
 def _lock_chosen(lock_path: str, index: dict[str, Any], searched: list[tuple[Workload, Tuned]],
                  request: TuneRequest) -> None:
     """Record each bucket's chosen kernel (its format in the entry's workload: ranks or dense, dtype, fp8) in the
-    lockfile at ``lock_path``."""
+    lockfile at ``lock_path``; of an output of layer groups, each group's in each bucket."""
     from .artifacts.lockfile import Lockfile, entry_from_tuned
     from .io import write_output
+    from .model_formats import kernel_buckets
 
     lock = Lockfile.load(lock_path)
-    for entry in index["buckets"]:
+    for entry in kernel_buckets(index):  # of a grouped output: one per (layer group, bucket)
         chosen = next(f["workload"] for f in entry["formats"] if f["chosen"])
         workload, tuned = next((w, t) for w, t in searched if w.to_dict() == chosen)
         lock.add(entry_from_tuned(workload, tuned, seed=request.search.seed, trials=request.search.trials))
@@ -323,7 +324,7 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     """``nmmc tune --model``: one tuned MLP kernel per token bucket (per allowed format, ``--dtype bf16,fp8``: the
     fastest predicted one recommended) and an index; with ``lock_path``, each bucket's chosen kernel recorded in that
     lockfile. False when --verify found a wrong kernel."""
-    from .model_formats import FormatRequest
+    from .model_formats import FormatRequest, kernel_buckets
     from .model_tuning import parse_buckets, resolve_model, tune_model
     from .report import progress_bar
     from .report_models import model_lines
@@ -370,8 +371,9 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     if verify:
         from .verification import verify_file
 
-        for entry in index["buckets"]:
-            for name in dict.fromkeys((entry["file"], entry["recommended_file"])):  # a recommended dense kernel too
+        for entry in kernel_buckets(index):
+            # a recommended dense kernel too (none where nki-library's MLP is recommended)
+            for name in (n for n in dict.fromkeys((entry["file"], entry["recommended_file"])) if n):
                 report = verify_file(Path(output) / name, rules=True)
                 entry["verified"] = entry.get("verified", True) and report.ok
                 if not report.ok:

@@ -113,8 +113,8 @@ def search_settings(trials: int | None, seed: int, timeout: float | None, method
 @progress_option
 @click.option("--model", default=None, metavar="PATH",
               help="Tune a model's MLP for every --tokens bucket: a model directory (config.json), a config.json, "
-                   "or an 'nmmc compress' output (its ranks). -o is then a directory: one kernel file per bucket "
-                   "and index.json.")
+                   "or an 'nmmc compress' output (its ranks; layers of different ranks/formats: one kernel set "
+                   "per group, in DIR/<group>/). -o is then a directory: one kernel file per bucket and index.json.")
 @click.option("--storage", default=None, metavar="URL",
               help="Optuna storage making the search resumable and shareable: sqlite:///FILE.db, "
                    "journal:///FILE.log, or postgresql://USER:PASSWORD@HOST/DB (needs psycopg2).")

@@ -89,10 +89,13 @@ def _stage_bar(enabled: bool):
               help="Choose each layer's ranks (or keep it dense). Without --tokens: greedily, least sensitive layer "
                    "first, each step kept only if the measured perplexity increase on calibration tokens stays "
                    "within --max-ppl-increase (the front is printed and plotted to OUT/choice_front.png). With "
-                   "--tokens: the best predicted accuracy within the predicted MLP latency of uniform ranks at "
-                   "--keep-ratio. Needs --calibration.")
+                   "--dtype fp8: each layer among {dense, ranks} x {bf16, FP8}, the same measured greedy over weight "
+                   "bytes, or with --tokens over the predicted MLP latency at those buckets. With --tokens (bf16): "
+                   "the best predicted accuracy within the predicted MLP latency of uniform ranks at --keep-ratio. "
+                   "Needs --calibration.")
 @click.option("--eval-check/--no-eval-check", default=True, show_default=True,
-              help="--choose-ranks without --tokens, with --eval: build the chosen model (healed, FP8 where chosen), "
+              help="--choose-ranks (measured: without --tokens, or with --dtype fp8), with --eval: build the chosen "
+                   "model (healed, FP8 where chosen), "
                    "measure it on every --eval file, and back off along the front until every file and all of them "
                    "together measure within --max-ppl-increase (the eval files then decide the choice).")
 @click.option("--target-speedup", default=None, type=float, metavar="S",
@@ -147,7 +150,7 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
     from ..model_tuning import parse_buckets
     from ..models.finetune import FinetuneSettings
     from ..models.workflow import CompressRequest
-    from ..targets import get_target
+    from .options import resolve_target
 
     finetune = None
     if o["finetune_steps"] is not None or o["finetune_lr"] is not None or o["finetune_samples"] is not None:
@@ -165,9 +168,9 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
         calibration_samples=o["calibration_samples"], eval=o["eval_path"] or None, eval_tokens=o["eval_tokens"],
         sequence_length=o["sequence_length"], damping=o["damping"], choose_ranks=o["choose_ranks"],
         target_speedup=o["target_speedup"], buckets=tuple(parse_buckets(o["buckets"])) if o["buckets"] else None,
-        target=get_target(o["target"]) if joint else None, max_ppl_increase=o["max_ppl_increase"], heal=o["heal"],
-        heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"], finetune=finetune,
-        progress_bars=bars, tp=tp, eval_check=o["eval_check"])
+        target=resolve_target(o["target"], None) if joint else None, max_ppl_increase=o["max_ppl_increase"],
+        heal=o["heal"], heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"],
+        finetune=finetune, progress_bars=bars, tp=tp, eval_check=o["eval_check"])
 
 
 def _extra_lines(result, output: str) -> list[str]:

@@ -21,8 +21,6 @@ runtime runs on the unpatched model); every group of a compress output reads the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
@@ -30,44 +28,16 @@ from ..ir.fp8 import is_fp8
 from ..model_tuning import ModelSource, model_path, resolve_model
 from ..models import read_manifest
 from ..models.fp8_files import activation_scale_name, weight_scale_name
+from ..models.layer_groups import LayerGroup, manifest_groups
 from ..models.manifest import MANIFEST_FILE, U_NAME, V_NAME, W_NAME
 
 __all__ = ["ExportGroup", "export_groups", "tensor_source"]
 
 #: A Hugging Face checkpoint's MLP weight ([out, in]; the kernels take its transpose [in, out]).
 HF_WEIGHT = "model.layers.{layer}.mlp.{proj}_proj.weight"
-_SHORT = {"bfloat16": "bf16", "float32": "fp32", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2"}
-
-
-@dataclass(frozen=True)
-class ExportGroup:
-    """Layers sharing one kernel set: their ranks (None: dense) and weight format (an FP8 format, or the activation
-    dtype); ``fp8_scales``: where an FP8 group's static activation scales come from (``factors``: the compress
-    output's layer files; ``calibration``: computed by the runtime on the unpatched model)."""
-
-    layers: tuple[int, ...]
-    ranks: tuple[int, int, int] | None
-    weights: str
-
-    @property
-    def name(self) -> str:
-        """``dense-bf16``, ``svd-fp8-r128-128-128``, ...: the group's kernel directory under ``kernels/``."""
-        base = f"{'dense' if self.ranks is None else 'svd'}-{_SHORT.get(self.weights, self.weights)}"
-        return base if self.ranks is None else base + "-r" + "-".join(str(r) for r in self.ranks)
-
-    @property
-    def fp8(self) -> bool:
-        return is_fp8(self.weights)
-
-
-def _layer_ranks(path: Path, layer: int, ranks: dict[str, int | None]) -> tuple[int, int, int] | None:
-    values = tuple(ranks[p] for p in ("gate", "up", "down"))
-    if all(v is None for v in values):
-        return None
-    if any(v is None for v in values):
-        raise InputError(f"{path}: layer {layer} keeps some projections dense and factors others ({ranks}); the "
-                         "exported kernels take a whole dense or a whole SVD MLP per layer")
-    return values  # type: ignore[return-value]
+#: Layers sharing one kernel set (the grouping ``tune --model`` uses too, :mod:`..models.layer_groups`); its name is
+#: the group's kernel directory under ``kernels/``.
+ExportGroup = LayerGroup
 
 
 def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str | None, activation: str
@@ -91,10 +61,7 @@ def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str 
                                  "--choose-ranks --dtype fp8), or export it without --dtype")
             raise InputError(f"{path} records its layers' kernel formats ({', '.join(recorded)}, manifest "
                              f"layers[i].fp8), which the export follows: drop --dtype {dtype}")
-        by_key: dict[tuple[Any, str], list[int]] = {}
-        for layer, ranks in enumerate(manifest.layer_ranks()):
-            by_key.setdefault((_layer_ranks(path, layer, ranks), formats[layer]), []).append(layer)
-        groups = [ExportGroup(tuple(layers), ranks, fmt) for (ranks, fmt), layers in by_key.items()]
+        groups = manifest_groups(manifest, path, activation)
         uniform = len({g.ranks for g in groups}) == 1
         r = groups[0].ranks
         source = ModelSource(manifest.model, r if uniform else None, manifest.keep_ratio, "manifest",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..model_formats import kernel_buckets
 from .manifest import MANIFEST_NAME, is_export, read_export
 
 INDEX_NAME = "index.json"
@@ -66,7 +67,7 @@ def verify_dir(path: str | Path, seed: int = 0) -> DirReport:
     index_path = p / INDEX_NAME if p.is_dir() else p
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
-        buckets = index["buckets"]
+        buckets = kernel_buckets(index)  # of an output of layer groups: every group's, files under its directory
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{index_path}: not a 'tune --model' index ({exc})") from None
     root = index_path.parent
@@ -76,7 +77,8 @@ def verify_dir(path: str | Path, seed: int = 0) -> DirReport:
             report.items.append(_plan(root, bucket["plan"], seed))
             continue
         for name in dict.fromkeys((bucket["file"], bucket.get("recommended_file", bucket["file"]))):
-            report.items.append(_kernel(root, name, seed))
+            if name:  # none where nki-library's MLP is recommended
+                report.items.append(_kernel(root, name, seed))
     return report
 
 

@@ -32,7 +32,17 @@ def _summary(manifest: Manifest) -> list[str]:
     for layer, ranks in enumerate(manifest.layer_ranks()):
         lines.append(f"| {layer} | " + " | ".join("dense" if r is None else str(r) for r in ranks.values()) + " |")
     rc = manifest.rank_choice
-    if rc and "steps" in rc:  # the measured greedy choice (--choose-ranks without --tokens)
+    if rc and "steps" in rc and rc.get("formats") is not None:  # the measured format choice (.format_choice)
+        cost = rc.get("cost") or {"unit": "weight bytes"}
+        spent = "weight bytes" if cost["unit"] == "weight bytes" else "predicted latency"
+        lines += ["", f"## Format choice: {rc['mode']}, budget {rc['budget_ppl_increase']:+.1%}", "",
+                  f"Cost per layer: {cost['unit']}" + (f"; cost model: {cost['trust']}" if "trust" in cost else "")
+                  + ".", "", f"| step | layer | rank | format | {spent}, fraction of bf16 dense | measured ppl "
+                  "increase | accepted |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {i} | {s['layer']} | {'dense' if s['rank'] is None else s['rank']} | {s['format']} | "
+                  f"{s.get('cost', s['bytes']):.3f} | {s['ppl_increase']:+.2%} | {'yes' if s['accepted'] else 'no'} |"
+                  for i, s in enumerate(rc["steps"], 1)]
+    elif rc and "steps" in rc:  # the measured greedy choice (--choose-ranks without --tokens)
         lines += ["", f"## Rank choice: {rc['mode']}, budget {rc['budget_ppl_increase']:+.1%}", "",
                   "| step | layer | rank | kept | measured ppl increase | accepted |", "|---|---|---|---|---|---|"]
         lines += [f"| {i} | {s['layer']} | {s['rank']} | {s['kept']:.3f} | {s['ppl_increase']:+.2%} | "

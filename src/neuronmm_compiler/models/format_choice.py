@@ -3,13 +3,20 @@
 
 The ranks-only choice (:mod:`.measured_choice`) walks each layer down a ladder of ranks. With FP8 the candidates of a
 layer are no longer nested: dense FP8 stores fewer bytes than SVD bf16 at every rank that keeps more than half of the
-parameters, and may cost less accuracy. So the choice is a measured greedy knapsack over weight bytes:
+parameters, and may cost less accuracy. So the choice is a measured greedy knapsack over a per-layer *cost*: the
+predicted MLP latency summed over the token buckets served (``--tokens``: :func:`.latency.predict_candidate_latencies`,
+nmmc's cost model, the fused kernel of each candidate tuned as ``nmmc tune --mlp`` tunes it), or without buckets the
+weight bytes (what a memory-bound decode MLP streams):
+
+0. candidates that cannot pay are dropped before anything is measured: one predicted no cheaper than the original
+   layer, or *dominated* -- another candidate at least as accurate by construction (same format and more rank, or
+   bf16 at the same rank or dense) costs no more (at decode buckets SVD often predicts slower than dense FP8);
 
 1. every layer starts as the original dense layer (bf16 dense: the model as it is);
 2. the *sensitivity* of every (layer, candidate): the increase of the mean next-token NLL on the selection tokens
    with that layer alone at that candidate (one forward pass from the layer on each);
-3. the moves (layer, candidate) are tried cheapest first -- measured NLL increase per weight byte saved, a move that
-   measured no increase first (most bytes saved first among those) -- each only if it stores fewer bytes than the
+3. the moves (layer, candidate) are tried cheapest first -- measured NLL increase per unit of cost saved, a move that
+   measured no increase first (most cost saved first among those) -- each only if it costs less than the
    layer's current choice and no candidate at least as accurate (same format and more rank, or bf16 at the same
    rank) was refused for that layer before; a move is accepted only if the whole model, with every move accepted so
    far, measures a perplexity increase within the budget. Every acceptance is a real forward pass, as in
@@ -18,13 +25,13 @@ parameters, and may cost less accuracy. So the choice is a measured greedy knaps
 A candidate's MLP is computed as its kernel computes it (:mod:`.formats`): an SVD or FP8 candidate in bf16 or FP8
 emulation; the FP8 candidate's static activation scales come from the layer's inputs on the selection tokens under the
 choice current when the candidate is first measured (the final files calibrate them on every calibration token).
-Cost: at most 2 x layers x (candidates - 1) forward passes from a layer on.
+Cost: at most 2 x layers x (kept candidates) forward passes from a layer on.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,7 +43,7 @@ from .forward import rms_norm
 from .measured_choice import MeasuredChoice, Ticker, initial_states, run_from
 from .rank_choice import candidate_ranks
 
-__all__ = ["candidates", "measured_format_choice"]
+__all__ = ["candidates", "cost_record", "measured_format_choice", "useful_candidates"]
 
 #: A candidate: (rank, or None for dense; the kernel dtype).
 Candidate = tuple[int | None, str]
@@ -61,17 +68,52 @@ def _at_least_as_accurate(a: Candidate, b: Candidate) -> bool:
     return rank_a >= rank_b and (a[1] == b[1] or a[1] == "bfloat16")
 
 
+def useful_candidates(options: list[Candidate], cost: Mapping[Candidate, float]) -> tuple[list[Candidate], dict]:
+    """The candidates after the first (the original layer) that cost less than it and are not dominated (another
+    candidate at least as accurate by construction costs no more), in ``options``' order; and why each other one
+    was dropped (candidate -> the candidate dominating it)."""
+    kept, dropped = [], {}
+    for b in options[1:]:
+        better = next((a for a in options if a != b and _at_least_as_accurate(a, b) and cost[a] <= cost[b]), None)
+        if better is None:
+            kept.append(b)
+        else:
+            dropped[b] = better
+    return kept, dropped
+
+
+def cost_record(options: list[Candidate], cost: Mapping[Candidate, float], unit: str,
+                per_bucket: Mapping[Candidate, list[float]] | None = None, **context: Any) -> dict:
+    """What the choice records of its costs (``rank_choice.cost`` in the manifest)."""
+    _, dropped = useful_candidates(options, cost)
+
+    def name(c: Candidate) -> str:
+        return f"{'dense' if c[0] is None else 'rank ' + str(c[0])} {c[1]}"
+
+    return {"unit": unit, **context, "candidates": [
+        {"rank": c[0], "format": c[1], "cost": cost[c], **({} if per_bucket is None else {"per_bucket": per_bucket[c]}),
+         **({"dropped": f"dominated by {name(dropped[c])}" if dropped[c] != options[0] else
+             f"costs no less than {name(options[0])}"} if c in dropped else {})} for c in options]}
+
+
 def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int, str, int], tuple],
                            fmt: str, *, length: int = 512, align: int = 128,
+                           cost: Mapping[Candidate, float] | None = None, cost_info: dict | None = None,
                            progress: Callable[[int, int], None] | None = None) -> MeasuredChoice:
     """The choice of the module docstring within ``budget`` (relative perplexity increase) measured on ``ids``;
-    ``factor(layer, projection, rank)`` gives that projection's ``(u, v)``. The result's ``choice`` holds the
-    ranks (None: dense), ``formats`` the kernel dtype of each layer."""
+    ``factor(layer, projection, rank)`` gives that projection's ``(u, v)``. ``cost``: one layer's cost of each
+    candidate (:func:`candidates`; predicted latency), default its weight bytes; ``cost_info``: the record of it
+    (:func:`cost_record`). The result's ``choice`` holds the ranks (None: dense), ``formats`` the kernel dtype of
+    each layer."""
     a = model.arch
     layers = a.num_hidden_layers
     chunks = sequences(np.asarray(ids), length)
     options = candidates(a.hidden_size, a.intermediate_size, align, fmt)
-    start, rest = options[0], options[1:]
+    if cost is None:
+        cost = {c: float(layer_bytes(a.hidden_size, a.intermediate_size, c)) for c in options}
+        cost_info = cost_record(options, cost, "weight bytes")
+    start = options[0]
+    rest, _ = useful_candidates(options, cost)
     full = layer_bytes(a.hidden_size, a.intermediate_size, start)
     cache: dict[tuple[int, Candidate], Callable] = {}
 
@@ -108,11 +150,12 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
             row.append(run_from(model, chunks, mlp, trial, layer, states)[0] - base)
             ticker.tick()
         sensitivity.append(row)
-    saved = {c: full - layer_bytes(a.hidden_size, a.intermediate_size, c) for c in rest}
+    saved = {c: cost[start] - cost[c] for c in rest}
     moves = sorted(((layer, c) for layer in range(layers) for c in rest),
                    key=lambda m: (max(sensitivity[m[0]][rest.index(m[1])], 0.0) / saved[m[1]], -saved[m[1]], m[0]))
     refused: dict[int, list[Candidate]] = {layer: [] for layer in range(layers)}
-    result = MeasuredChoice([None] * layers, budget, math.exp(base), sensitivity, formats=["bfloat16"] * layers)
+    result = MeasuredChoice([None] * layers, budget, math.exp(base), sensitivity, formats=["bfloat16"] * layers,
+                            cost=cost_info, candidates=[list(c) for c in rest])
     for layer, cand in moves:
         ticker.tick()
         if saved[cand] <= saved.get(choice[layer], 0) or any(_at_least_as_accurate(r, cand) for r in refused[layer]):
@@ -125,6 +168,7 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
         accepted = increase <= budget
         fraction = sum(layer_bytes(a.hidden_size, a.intermediate_size, c) for c in trial) / (full * layers)
         result.steps.append({"layer": layer, "rank": cand[0], "format": cand[1], "bytes": fraction, "kept": fraction,
+                             "cost": sum(cost[c] for c in trial) / (cost[start] * layers),
                              "ppl_increase": increase, "accepted": accepted})
         if accepted:
             choice[layer], states = cand, new_states
@@ -134,3 +178,22 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
     result.formats = [c[1] for c in choice]
     ticker.finish()
     return result
+
+
+def latency_costs(arch, fmt: str, buckets, target, align: int = 128,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[dict, dict]:
+    """One layer's cost of each candidate for :func:`measured_format_choice` with ``--tokens``: its fused kernel's
+    predicted latency summed over ``buckets`` on ``target`` (nmmc's cost model); and the record of it."""
+    from ..cost_model.trust import trust_note
+    from ..speedups import context_note
+    from .latency import predict_candidate_latencies
+
+    options = candidates(arch.hidden_size, arch.intermediate_size, align, fmt)
+    per_bucket = predict_candidate_latencies(arch.hidden_size, arch.intermediate_size, buckets, options, target=target,
+                                             progress=progress)
+    cost = {c: float(sum(v)) for c, v in per_bucket.items()}
+    where = f"token bucket{'s' if len(buckets) > 1 else ''} {','.join(map(str, buckets))}"
+    return cost, cost_record(options, cost, f"us of one layer's MLP kernel, cost-model prediction summed over {where} "
+                             f"on {target.name} (LNC={target.lnc})", per_bucket, buckets=list(buckets),
+                             target=target.name, lnc=target.lnc, trust=trust_note(target, fused=True),
+                             context=context_note(target), baseline="the original layer: nmmc's fused dense bf16 MLP")

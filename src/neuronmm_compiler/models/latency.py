@@ -5,23 +5,28 @@ MLP with ranks ``(r_gu, r_gu, r_down)``), nmmc searches the fused kernel's sched
 cost model, exactly as ``nmmc tune --mlp`` does (answered from the same result cache when that search
 ran before), and takes the tuned kernel's predicted latency.
 A variant's latency is the sum over the buckets. Every figure here is a cost-model prediction.
+:func:`predict_candidate_latencies` does the same for the per-layer candidates of the measured format choice
+(:mod:`.format_choice`: dense or one rank for gate, up and down, each in bf16 or an FP8 weight format).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..artifacts.cache import ResultCache
 from ..driver import tune_cached
-from ..frontends.workloads import mlp_workload
+from ..frontends.shapes import Fp8Weights
+from ..frontends.workloads import MlpWorkload, mlp_workload
+from ..ir.fp8 import is_fp8
 from ..jobs import SearchSettings, resolve
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
 
-__all__ = ["LatencyTable", "predict_latencies"]
+__all__ = ["LatencyTable", "predict_candidate_latencies", "predict_latencies"]
 
 
 @dataclass(frozen=True)
@@ -47,21 +52,51 @@ class LatencyTable:
                              for i, o in enumerate(self.options)]}
 
 
-def predict_latencies(hidden: int, intermediate: int, buckets: Sequence[int],
-                      options: Sequence[tuple[int, int] | None], *, target: Target, trials: int | None = None,
-                      seed: int = 0, progress: Callable[[int, int], None] | None = None) -> LatencyTable:
-    """Tune every variant at every bucket with the cost model; see the module docstring."""
+def _tuned_table(buckets: Sequence[int], options: Sequence[Any], build: Callable[[int, Any], MlpWorkload], *,
+                 target: Target, trials: int | None, seed: int,
+                 progress: Callable[[int, int], None] | None) -> np.ndarray:
+    """Predicted latency (us) of the tuned ``build(tokens, option)`` per bucket and option."""
     table = np.zeros((len(buckets), len(options)))
     total, done = len(buckets) * len(options), 0
     cache = ResultCache()
     settings = SearchSettings(trials=trials or DEFAULT_TRIALS, seed=seed)
     for b, tokens in enumerate(buckets):
         for i, option in enumerate(options):
-            workload = (mlp_workload(tokens, hidden, intermediate, dense=True) if option is None else
-                        mlp_workload(tokens, hidden, intermediate, ranks=(option[0], option[0], option[1])))
-            tuned, _ = tune_cached(resolve(workload, target), settings, cache)
+            tuned, _ = tune_cached(resolve(build(tokens, option), target), settings, cache)
             table[b, i] = tuned.compiled.cost.latency_us
             done += 1
             if progress is not None:
                 progress(done, total)
+    return table
+
+
+def predict_latencies(hidden: int, intermediate: int, buckets: Sequence[int],
+                      options: Sequence[tuple[int, int] | None], *, target: Target, trials: int | None = None,
+                      seed: int = 0, progress: Callable[[int, int], None] | None = None) -> LatencyTable:
+    """Tune every variant at every bucket with the cost model; see the module docstring."""
+
+    def build(tokens: int, option: tuple[int, int] | None) -> MlpWorkload:
+        if option is None:
+            return mlp_workload(tokens, hidden, intermediate, dense=True)
+        return mlp_workload(tokens, hidden, intermediate, ranks=(option[0], option[0], option[1]))
+
+    table = _tuned_table(buckets, options, build, target=target, trials=trials, seed=seed, progress=progress)
     return LatencyTable(tuple(buckets), tuple(options), table, target.name)
+
+
+def predict_candidate_latencies(hidden: int, intermediate: int, buckets: Sequence[int],
+                                candidates: Sequence[tuple[int | None, str]], *, target: Target,
+                                trials: int | None = None, seed: int = 0,
+                                progress: Callable[[int, int], None] | None = None) -> dict:
+    """Per candidate ``(rank or None for dense, weight dtype)`` its predicted latency per bucket (us), the fused
+    kernel tuned as ``nmmc tune --mlp [--dense | --rank R] --dtype D`` tunes it."""
+
+    def build(tokens: int, candidate: tuple[int | None, str]) -> MlpWorkload:
+        rank, dtype = candidate
+        fp8 = Fp8Weights(dtype) if is_fp8(dtype) else None
+        if rank is None:
+            return mlp_workload(tokens, hidden, intermediate, dense=True, fp8=fp8)
+        return mlp_workload(tokens, hidden, intermediate, ranks=(rank, rank, rank), fp8=fp8)
+
+    table = _tuned_table(buckets, candidates, build, target=target, trials=trials, seed=seed, progress=progress)
+    return {c: [float(x) for x in table[:, i]] for i, c in enumerate(candidates)}

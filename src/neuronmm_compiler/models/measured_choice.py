@@ -34,8 +34,8 @@ from .config import PROJECTIONS
 from .forward import log_softmax, rms_norm, silu
 from .rank_choice import candidate_ranks
 
-__all__ = ["SELECTION_SHARE", "SELECTION_TOKENS", "MeasuredChoice", "Ticker", "front_lines", "measured_choice",
-           "plot_front", "selection_tokens"]
+__all__ = ["SELECTION_SHARE", "SELECTION_TOKENS", "MeasuredChoice", "Ticker", "cost_lines", "front_lines",
+           "measured_choice", "plot_front", "selection_tokens"]
 
 #: Calibration tokens the measured rank choice (--choose-ranks without --tokens) measures perplexity on,
 #: taken as whole sequences spread evenly over the calibration set (so every source is represented).
@@ -67,13 +67,16 @@ class MeasuredChoice:
     steps: list[dict] = field(default_factory=list)
     formats: list[str] | None = None  # per layer the kernel dtype, when formats were chosen too (.format_choice)
     eval_check: dict | None = None  # the budget held on the --eval files (.eval_budget), when it was checked
+    cost: dict | None = None  # a format choice's per-candidate cost (.format_choice.cost_record)
+    candidates: list | None = None  # a format choice's candidates measured ([rank, format]; sensitivity's columns)
 
     def to_dict(self) -> dict:
         check = {} if self.eval_check is None else {"eval_check": self.eval_check}
         if self.formats is not None:
             return {"mode": "measured greedy over {dense, SVD ranks} x formats within an accuracy budget",
                     "budget_ppl_increase": self.budget, "selection_ppl": self.base_ppl, "choice": self.choice,
-                    "formats": self.formats, "layer_nll_increase": self.sensitivity, "steps": self.steps, **check}
+                    "formats": self.formats, "cost": self.cost, "candidates": self.candidates,
+                    "layer_nll_increase": self.sensitivity, "steps": self.steps, **check}
         return {"mode": "measured greedy within an accuracy budget", "budget_ppl_increase": self.budget,
                 "selection_ppl": self.base_ppl, "choice": self.choice,
                 "layer_nll_increase_at_largest_rank": self.sensitivity, "steps": self.steps, **check}
@@ -190,18 +193,28 @@ def run_from(model, chunks: Sequence[np.ndarray], mlp: Callable, choice: Sequenc
     return nll / count, new
 
 
+def _latency_mode(result: MeasuredChoice) -> bool:
+    return result.cost is not None and result.cost["unit"] != "weight bytes"
+
+
 def front_lines(result: MeasuredChoice) -> list[str]:
     """The accepted steps (kept fraction, measured increase) and the refusals, for the terminal."""
+    latency = _latency_mode(result)
+    what = "predicted latency saved" if latency else "weight byte saved"
     lines = [f"  measured rank choice within +{result.budget:.1%} perplexity on calibration tokens (base perplexity "
              f"{result.base_ppl:.2f}; half of --max-ppl-increase, the rest is margin for other text); greedy "
              + ("steps, least sensitive layer first:" if result.formats is None else
-                "moves over {dense, SVD} x {bf16, FP8}, least measured NLL increase per weight byte saved first:")]
+                f"moves over {{dense, SVD}} x {{bf16, FP8}}, least measured NLL increase per {what} first:")]
+    if latency:
+        assert result.cost is not None
+        lines[0:0] = cost_lines(result.cost)
     for s in result.steps:
         mark = "accepted" if s["accepted"] else "refused "
         if "format" in s:
             what = f"{'dense' if s['rank'] is None else 'rank ' + str(s['rank']):>9} {s['format']:<11}"
-            lines.append(f"    {mark} layer {s['layer']:>2} -> {what}: weight bytes {s['bytes']:.3f} of bf16 dense, "
-                         f"measured {s['ppl_increase']:+.2%}")
+            spent = (f"predicted latency {s['cost']:.3f} of bf16 dense" if latency else
+                     f"weight bytes {s['bytes']:.3f} of bf16 dense")
+            lines.append(f"    {mark} layer {s['layer']:>2} -> {what}: {spent}, measured {s['ppl_increase']:+.2%}")
             continue
         lines.append(f"    {mark} layer {s['layer']:>2} -> rank {s['rank']:>4}: kept {s['kept']:.3f}, measured "
                      f"{s['ppl_increase']:+.2%}")
@@ -209,6 +222,19 @@ def front_lines(result: MeasuredChoice) -> list[str]:
         from .eval_budget import check_lines
 
         lines += check_lines(result.eval_check)
+    return lines
+
+
+def cost_lines(cost: dict) -> list[str]:
+    """A format choice's candidates by predicted latency (one layer's MLP, summed over the buckets), which were
+    dropped before measuring and why; what the figures are and how far to trust them."""
+    lines = [f"  per-layer candidates, {cost['unit']}; against {cost['baseline']}:",
+             f"    (cost model: {cost['trust']}; {cost['context']})"]
+    for c in cost["candidates"]:
+        name = f"{'dense' if c['rank'] is None else 'rank ' + str(c['rank'])} {c['format']}"
+        buckets = "" if len(c["per_bucket"]) < 2 else " = " + " + ".join(f"{v:.1f}" for v in c["per_bucket"])
+        dropped = f"  dropped: {c['dropped']}" if "dropped" in c else ""
+        lines.append(f"    {name:<22} {c['cost']:9.1f} us{buckets}{dropped}")
     return lines
 
 
@@ -222,13 +248,15 @@ def plot_front(result: MeasuredChoice, path: str | Path) -> Path:
     accepted = [s for s in result.steps if s["accepted"]]
     refused = [s for s in result.steps if not s["accepted"]]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot([1.0] + [s["kept"] for s in accepted], [0.0] + [100 * s["ppl_increase"] for s in accepted],
+    x = "cost" if _latency_mode(result) else "kept"
+    ax.plot([1.0] + [s[x] for s in accepted], [0.0] + [100 * s["ppl_increase"] for s in accepted],
             "o-", label="accepted steps (the front)")
     if refused:
-        ax.plot([s["kept"] for s in refused], [100 * s["ppl_increase"] for s in refused], "x", color="grey",
+        ax.plot([s[x] for s in refused], [100 * s["ppl_increase"] for s in refused], "x", color="grey",
                 label="refused steps")
     ax.axhline(100 * result.budget, color="red", linestyle="--", label=f"budget +{result.budget:.0%}")
     ax.set_xlabel("kept fraction of MLP parameters" if result.formats is None else
+                  "predicted MLP latency, fraction of bf16 dense (cost model)" if _latency_mode(result) else
                   "MLP weight bytes, fraction of bf16 dense")
     ax.set_ylabel("measured perplexity increase (%)")
     ax.invert_xaxis()

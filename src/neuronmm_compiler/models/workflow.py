@@ -272,7 +272,8 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     fmt = fp8_format(request.dtype)
     if fmt is not None:  # FP8 kernels: their activations and the other layers are bf16
         request = replace(request, dtype="bfloat16")
-    measured = request.choose_ranks and not request.buckets and request.target_speedup is None
+    # measured greedy: ranks alone without --tokens; with FP8, by predicted latency at --tokens (.format_choice)
+    measured = request.choose_ranks and request.target_speedup is None and (not request.buckets or fmt is not None)
     calibrated = bool(_paths(request.calibration)) or request.calibration_samples > 0
     if (request.choose_ranks or request.target_speedup is not None) and not calibrated:
         raise InputError("choosing ranks needs --calibration (whitened factors, and tokens to measure on)")
@@ -315,7 +316,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
     layer_ranks = record = front = point = None
     chosen = None
     if measured:
-        from .format_choice import measured_format_choice
+        from .format_choice import latency_costs, measured_format_choice
         from .measured_choice import measured_choice
         from .whitening import whitened_svd
 
@@ -323,7 +324,10 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
             raise InputError("--choose-ranks without --tokens measures perplexity on calibration tokens: give "
                              "--calibration as text or .npy token ids")
         m = model()
-        chosen = (measured_choice if fmt is None else partial(measured_format_choice, fmt=fmt))(
+        costs = {} if fmt is None or not request.buckets else dict(zip(("cost", "cost_info"), latency_costs(
+            m.arch, fmt, request.buckets, request.target, request.align,
+            None if progress is None else lambda d, t: progress("cost model", d, t)), strict=True))
+        chosen = (measured_choice if fmt is None else partial(measured_format_choice, fmt=fmt, **costs))(
             m, selection_tokens(calibration_ids, request.sequence_length), budget * SELECTION_SHARE,
             lambda layer, proj, rank: (lambda f: (f.u, f.v))(whitened_svd(
                 m.mlp_weight(layer, proj), calibration.gram(layer, proj), rank, request.damping)),
@@ -359,8 +363,9 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
         warnings.append(all_dense_warning(request, record))
     if measured and all(r["gate"] is None for r in layer_ranks) and manifest.fp8 is None:
         where = "the --eval files" if chosen.eval_check else "the selection tokens"
-        warnings.append(f"--choose-ranks kept every layer dense: no layer could be compressed within "
-                        f"+{budget:.1%} measured perplexity on {where}")
+        warnings.append("--choose-ranks kept every layer dense: " + (
+            f"no layer could be compressed within +{budget:.1%} measured perplexity on {where}" if chosen.candidates
+            != [] else f"no candidate is predicted faster than the dense bf16 MLP ({chosen.cost['unit']})"))
     kept = manifest.kept_fraction
     if layer_ranks is None and (kept > 1.0 or abs(kept - request.keep_ratio) > 0.05):
         more = " -- more than the dense weights" if kept > 1.0 else ""

@@ -180,6 +180,10 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
     check_output_dir(output)
     fp8 = _one_weight_format(options.get("dtype"))
     source = resolve_model(model, options.get("keep_ratio"), dense=bool(options.get("dense")))
+    if source.groups:
+        raise InputError(f"{model}: its layers differ in ranks or format ('nmmc compress --choose-ranks'); tune "
+                         "--model --tp plans one MLP for every layer: 'nmmc export --tp N' plans one per layer group, "
+                         "or drop --tp to tune each group on one core")
     config = source.config
     entries, failures = [], []
     for tokens in parse_buckets(str(options["tokens"])):
