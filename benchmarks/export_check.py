@@ -11,9 +11,13 @@ model is to the last bits: an accumulation-order difference is of that size), an
 logit difference of the patched model from each (of the largest logit) and top-1 agreement; per layer (a few), the
 kernel's output against the emulation's on the same inputs. ``--compressed DIR``: also export an ``nmmc compress``
 output (its per-layer formats and ranks: one kernel group each) and logit-match it against the model whose MLPs are
-that output as ``nmmc compress --eval`` computes them. Usage:
+that output as ``nmmc compress --eval`` computes them; ``--tp N`` exports it at that degree (every rank's module in
+one process, all-reduced as ``emulate_tp=True`` does: FP8 SVD layers then run replicate-u/reduce-rank, which differs
+from the single-core FP8 emulation by the bf16 rounding of h U_down before its quantization), ``--only-compressed``
+skips the dense FP8 check. Usage:
 
-  python benchmarks/export_check.py MODEL_DIR --calibration ids.npy --eval text.txt [--compressed DIR] [--json F]
+  python benchmarks/export_check.py MODEL_DIR --calibration ids.npy --eval text.txt [--compressed DIR [--tp N]]
+      [--only-compressed] [--json F]
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from neuronmm_compiler.export.verify import verify_export
 from neuronmm_compiler.ir.quantized import quantize_weight
 from neuronmm_compiler.models import read_manifest
 from neuronmm_compiler.models.compress_steps import compressed_mlp
-from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp
+from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp, reduce_rank_mlp
+from neuronmm_compiler.models.fp8_files import read_fp8_layer
 from neuronmm_compiler.targets import get_target, with_launch
 
 FMT = "float8_e4m3"
@@ -74,11 +79,11 @@ def _import(package: Path):
     return importlib.import_module(package.name)
 
 
-def _export(model: str, out: Path, bucket: int, dtype: str | None, trials: int) -> float:
+def _export(model: str, out: Path, bucket: int, dtype: str | None, trials: int, tp: int = 1) -> float:
     target = with_launch(get_target("trn2:lnc=2"), "in-graph")
     kernel_fn = None if trials else (lambda w: compile_workload(w, target=target, dialect="nki"))
     start = time.time()
-    export_model(ExportRequest(model=model, buckets=(bucket,), target=target, dialect="nki", dtype=dtype,
+    export_model(ExportRequest(model=model, buckets=(bucket,), target=target, dialect="nki", dtype=dtype, tp=tp,
                                trials=max(trials, 1)), out, kernel_fn=kernel_fn)
     return time.time() - start
 
@@ -134,11 +139,13 @@ def fp8_check(model: Path, work: Path, cal: torch.Tensor, ev: torch.Tensor, buck
     return out
 
 
-def compressed_check(model: Path, compressed: Path, work: Path, ev: torch.Tensor, bucket: int, trials: int) -> dict:
+def compressed_check(model: Path, compressed: Path, work: Path, ev: torch.Tensor, bucket: int, trials: int,
+                     tp: int = 1) -> dict:
     package = work / "nmmc_compressed"
-    out: dict = {"export_s": _export(str(compressed), package, bucket, None, trials)}
+    out: dict = {"tp": tp, "export_s": _export(str(compressed), package, bucket, None, trials, tp)}
     manifest = json.loads((package / "manifest.json").read_text())
     out["groups"] = {name: g["layers"] for name, g in manifest["groups"].items()}
+    out["strategies"] = {name: [b["strategy"] for b in g["buckets"]] for name, g in manifest["groups"].items()}
     report = verify_export(package)
     out["verify"] = {item.path: item.rel_error for item in report.items}
     out["verify_ok"] = report.ok
@@ -150,12 +157,61 @@ def compressed_check(model: Path, compressed: Path, work: Path, ev: torch.Tensor
     expected = reference(ev)
     del reference
     patched = LlamaForCausalLM.from_pretrained(model)
-    pkg.patch(patched, compressed, backend="interpreter")
+    pkg.patch(patched, compressed, backend="interpreter", emulate_tp=tp > 1)
+    start = time.time()
     got = patched(ev)
+    out["patched_forward_s"] = time.time() - start
     out["perplexity"] = {"compress_eval_forward": float(np.exp(_nll(expected, ev))),
                          "patched": float(np.exp(_nll(got, ev)))}
     out.update(_compare("compress_eval_forward", got, expected, expected.abs().max().item()))
+    if tp > 1:  # the FP8 SVD layers as their reduce-rank ranks compute them (the others as compress --eval does)
+        out.update(_tp_emulation(model, compressed, manifest, mlp, ev, got))
+        out["per_layer_ranks_vs_reduce_rank_emulation"] = _tp_layers(pkg, model, compressed, manifest, ev, tp)
     return out
+
+
+def _tp_layers(pkg, model: Path, compressed: Path, manifest: dict, ev: torch.Tensor, tp: int) -> dict[int, float]:
+    """A few FP8 SVD layers' rank modules all-reduced (``EmulatedGroup``) against :func:`reduce_rank_mlp` on the same
+    bf16 rows (the layer's inputs in the unpatched model): relative error of the output."""
+    group_of = importlib.import_module(f"{pkg.__name__}.patch").EmulatedGroup
+    ref = LlamaForCausalLM.from_pretrained(model)
+    count = len(ref.model.layers)
+    layers = [i for i in sorted({0, count // 2, count - 1}) if manifest["groups"][manifest["layers"][i]]["mlp"] == "svd"
+              and manifest["groups"][manifest["layers"][i]]["weights_dtype"].startswith("float8")]
+    inputs: dict[int, torch.Tensor] = {}
+    hooks = [ref.model.layers[i].mlp.register_forward_pre_hook(
+        lambda _m, a, i=i: inputs.__setitem__(i, a[0].reshape(-1, a[0].shape[-1]).clone())) for i in layers]
+    ref(ev[:1])
+    for hook in hooks:
+        hook.remove()
+    out = {}
+    for i in layers:
+        group = manifest["groups"][manifest["layers"][i]]
+        spans = [(s["start"], s["stop"]) for s in group["buckets"][0]["intermediate_shards"]]
+        fp8 = read_fp8_layer(compressed / f"layer_{i:03d}.safetensors", i, group["ranks"], group["weights_dtype"])[0]
+        rows = inputs[i].to(torch.bfloat16).float()
+        modules = group_of([pkg.mlp(compressed, i, rank=r, backend="interpreter") for r in range(tp)])
+        kernel = modules(rows).double().numpy()
+        emulation = np.asarray(reduce_rank_mlp({i: fp8}, spans)(i, rows.numpy()), np.float64)
+        out[i] = float(np.linalg.norm(kernel - emulation) / np.linalg.norm(emulation))
+    return out
+
+
+def _tp_emulation(model: Path, compressed: Path, manifest: dict, mlp, ev: torch.Tensor, got: torch.Tensor) -> dict:
+    ranks_of = {layer: g["ranks"] for g in manifest["groups"].values() for layer in g["layers"]
+                if g["mlp"] == "svd" and g["weights_dtype"].startswith("float8")}
+    shards = {layer: [(s["start"], s["stop"]) for s in g["buckets"][0]["intermediate_shards"]]
+              for g in manifest["groups"].values() for layer in g["layers"]}
+    fp8 = {layer: read_fp8_layer(compressed / f"layer_{layer:03d}.safetensors", layer, ranks,
+                                 manifest["groups"][manifest["layers"][layer]]["weights_dtype"])[0]
+           for layer, ranks in ranks_of.items()}
+    split = {layer: reduce_rank_mlp({layer: f}, shards[layer]) for layer, f in fp8.items()}
+    reference = LlamaForCausalLM.from_pretrained(model)
+    for i, block in enumerate(reference.model.layers):
+        block.mlp = Emulated(split.get(i, mlp), i)
+    expected = reference(ev)
+    return {"perplexity_reduce_rank_emulation": float(np.exp(_nll(expected, ev))),
+            **_compare("reduce_rank_emulation", got, expected, expected.abs().max().item())}
 
 
 def main() -> None:
@@ -168,6 +224,8 @@ def main() -> None:
     parser.add_argument("--eval-sequences", type=int, default=2)
     parser.add_argument("--trials", type=int, default=20, help="search trials per kernel (0: default schedule)")
     parser.add_argument("--compressed", type=Path, default=None, help="an nmmc compress output of MODEL")
+    parser.add_argument("--tp", type=int, default=1, help="--compressed: the export's tensor-parallel degree")
+    parser.add_argument("--only-compressed", action="store_true", help="skip the dense FP8 export check")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -176,11 +234,12 @@ def main() -> None:
     result: dict = {"model": str(args.model), "bucket": args.bucket, "calibration_tokens": int(cal.numel()),
                     "eval_tokens": int(ev.numel())}
     with torch.no_grad(), threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
-        result["fp8"] = fp8_check(args.model, Path(tmp), cal, ev, args.bucket, args.trials)
-        print(json.dumps(result["fp8"], indent=1), flush=True)
+        if not args.only_compressed:
+            result["fp8"] = fp8_check(args.model, Path(tmp), cal, ev, args.bucket, args.trials)
+            print(json.dumps(result["fp8"], indent=1), flush=True)
         if args.compressed is not None:
             result["compressed"] = compressed_check(args.model, args.compressed, Path(tmp), ev, args.bucket,
-                                                    args.trials)
+                                                    args.trials, args.tp)
             print(json.dumps(result["compressed"], indent=1), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -17,12 +17,12 @@ from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.driver import compile_workload
-from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.export import ExportRequest, export_model
 from neuronmm_compiler.export.manifest import schema
 from neuronmm_compiler.export.verify import group_problems
 from neuronmm_compiler.ir.quantized import activation_scale, quantize_weight
-from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp
+from neuronmm_compiler.models import read_manifest
+from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp, reduce_rank_mlp
 from neuronmm_compiler.models.fp8_files import read_fp8_layer
 from neuronmm_compiler.targets import get_target, with_launch
 
@@ -238,8 +238,8 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     """An `nmmc compress` output whose layer 0 is dense FP8 and layer 1 SVD bf16 (as --choose-ranks --dtype fp8
     records them): one kernel group each, the layer files' FP8 bytes and scales read as they are, the patched
     model matching the emulation of those files, `nmmc verify` passing the package; a --dtype contradicting the
-    recorded formats is refused, and so is an FP8 SVD layer at --tp 2."""
-    from neuronmm_compiler.models import compress_model, read_manifest
+    recorded formats is refused."""
+    from neuronmm_compiler.models import compress_model
     from neuronmm_compiler.models.compress_steps import load_factors
 
     directory, calibration = tiny
@@ -286,9 +286,44 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     bad = CliRunner().invoke(main, ["export", str(factors), "--tokens", "4", "--dtype", "bf16", "-o",
                                     str(tmp_path / "x")])
     assert bad.exit_code == 2 and "drop --dtype" in bad.stderr
-    svd_fp8 = tmp_path / "svd_fp8"  # an FP8 SVD layer (its calibrated ranges: any, the export refuses it first)
-    compress_model(directory, svd_fp8, keep_ratio=0.8, layer_ranks=[{"gate": 128, "up": 128, "down": 128}] * 2,
-                   fp8={1: ("float8_e4m3", dict.fromkeys(("x", "x_ug", "x_uu", "h", "h_ud"), 4.0))})
-    with pytest.raises(InputError, match="--tp 2 with FP8 SVD layers"):
-        export_model(ExportRequest(model=str(svd_fp8), buckets=(16,), target=TARGET, dialect="nki", tp=2),
-                     tmp_path / "tp2", kernel_fn=_kernel)
+
+
+def test_fp8_svd_export_at_tp2_reduces_the_rank_and_matches_the_emulation(tiny, tmp_path):
+    """An `nmmc compress --dtype fp8` output of SVD layers at --tp 2: replicate-u/reduce-rank, whose down_v
+    quantizes the all-reduced h U_down with the layer file's own h_ud scale (reduce-output, whose per-rank partials
+    need scales no source holds, is skipped saying so); the two rank modules all-reduced match nmmc's emulation of
+    those ranks and the unquantized factors within FP8's error, and `nmmc verify` passes the package."""
+    from neuronmm_compiler.models.compress_steps import load_factors
+
+    directory, _ = tiny
+    ids = np.random.default_rng(5).integers(0, CONFIG["vocab_size"], (4, 200))  # whitening needs >= 640 tokens
+    np.save(tmp_path / "cal.npy", ids)
+    factors = tmp_path / "f"
+    done = CliRunner().invoke(main, ["compress", str(directory), "--keep-ratio", "0.8", "--dtype", "fp8",
+                                     "--calibration", str(tmp_path / "cal.npy"), "-o", str(factors)])
+    assert done.exit_code == 0, done.output
+    out = tmp_path / "nmmc_svd_fp8_tp2"
+    manifest = export_model(ExportRequest(model=str(factors), buckets=(16,), target=TARGET, dialect="nki", tp=2),
+                            out, kernel_fn=_kernel)
+    (bucket,) = manifest["groups"]["svd-fp8-r128-128-128"]["buckets"]
+    assert bucket["strategy"] == "replicate-u/reduce-rank"
+    plan = json.loads((out / bucket["plan"]).read_text())
+    skipped = {s["strategy"]: s.get("reason", "") for s in plan["strategies"] if not s["applies"]}
+    assert "h_ud_scale.r0" in skipped["replicate-u/reduce-output"]
+    down_v = bucket["ranks"][1]["steps"][2]
+    assert down_v["args"]["h_ud"] == {"tensor": "z"} and down_v["args"]["h_ud_scale"] == {"tensor": "h_ud_scale"}
+    tensors = manifest["groups"]["svd-fp8-r128-128-128"]["tensors"]
+    assert tensors["h_ud_scale"]["name"] == "model.layers.{layer}.mlp.h_ud_scale"
+    pkg = _import(out)
+    patched = LlamaForCausalLM.from_pretrained(directory)
+    assert pkg.patch(patched, factors, emulate_tp=True, backend="interpreter") == [0, 1]
+    ranks = {p: 128 for p in ("gate", "up", "down")}
+    layers = {n: read_fp8_layer(factors / f"layer_{n:03d}.safetensors", n, ranks, "float8_e4m3")[0] for n in (0, 1)}
+    emulated = _emulated_model(directory, reduce_rank_mlp(layers, [(0, 320), (320, 640)]))
+    reference = _emulated_model(directory, emulated_mlp(load_factors(factors, read_manifest(factors)),
+                                                        kernel_dtype="float32"))
+    to_emulation, to_reference = _errors(patched, emulated, reference)
+    assert to_emulation < EMULATION_TOLERANCE and to_emulation * 5 < to_reference < FP8_TOLERANCE, \
+        (to_emulation, to_reference)
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 0 and "OK: every kernel verifies" in result.output, result.output

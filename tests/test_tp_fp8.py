@@ -58,8 +58,15 @@ def test_svd_shards_own_scales_follow_their_values():
     assert args["x_ug_scale"] == {"tensor": "x_ug_scale"}  # the replicated x U: the same value on every rank
     assert args["v_gate_scale"] == {"tensor": "v_gate_scale"}  # per tensor: whole, though V is sliced
     assert args["h_ud_scale"] == {"tensor": "h_ud_scale.r1"}  # the partial product h_1 U_down[rows]
-    with pytest.raises(InputError, match="reduce-rank does not apply to FP8"):
-        shard_mlp(workload, 2, Strategy("replicate-u", "reduce-rank"))
+    steps = shard_mlp(workload, 2, Strategy("replicate-u", "reduce-rank")).ranks[1].steps
+    partial, down_v = steps[0], steps[2]
+    assert isinstance(partial, KernelStep) and isinstance(down_v, KernelStep)
+    assert partial.workload.graph().node("h_ud").attrs["act_scale"] == "static"  # h quantized for U_down
+    assert "h_ud_scale" not in partial.args  # the partial h_1 U_down[rows] leaves in bf16: nothing of its own
+    assert {n: op.as_dict() for n, op in down_v.args.items()} == {
+        "h_ud": {"tensor": "z"}, "v_down": {"tensor": "v_down"},  # the all-reduced sum: the unsharded h U_down,
+        "h_ud_scale": {"tensor": "h_ud_scale"}, "v_down_scale": {"tensor": "v_down_scale"}}  # its unsharded scale
+    assert down_v.workload.graph().node("down").attrs["w_scale"] == "tensor"
 
 
 def test_alternatives_say_their_format():
@@ -102,6 +109,31 @@ def test_fp8_svd_strategies_verify(tmp_path, strategy, tp):
     report = verify_plan(out, seed=2)
     assert report.ok, report.lines(None)
     assert report.unquantized_rel_error is not None and "FP8" in report.reference
+    assert report.unquantized_rel_error < 0.2  # FP8's error (docs/fp8.md), not a wrongly bound scale's
+
+
+def test_fp8_reduce_rank_quantizes_the_all_reduced_sum(tmp_path):
+    """reduce-rank's down_v quantizes the bf16 all-reduced z with h_ud's static scale: verify follows the plan kernel
+    by kernel (each handed-on value rounded as stored); a rank bound to the wrong slice fails (the plan's ranks,
+    unquantized, against the unsharded MLP), and so does a down_v that clamps at the wrong bound."""
+    out = tmp_path / "plan"
+    _run(["emit", "--mlp", "--tokens", "4", "--hidden", "256", "--intermediate", "640", "--keep-ratio", "0.8",
+          "--dtype", "fp8", "--target", "trn2", "--tp", "2", "--tp-strategy", "replicate-u/reduce-rank",
+          "-o", str(out)])
+    report = verify_plan(out, seed=2)  # 320 intermediate columns per rank: a ragged last tile
+    assert report.ok and "kernel by kernel" in report.reference, report.lines(None)
+    assert report.unquantized_rel_error is not None and report.unquantized_rel_error < 0.2
+    plan = json.loads((out / "plan.json").read_text())
+    wrong = json.loads(json.dumps(plan))
+    wrong["ranks"][1]["steps"][0]["args"]["u_down"]["rows"] = [0, 320]  # rank 1 reads rank 0's rows of U_down
+    (out / "plan.json").write_text(json.dumps(wrong))
+    report = verify_plan(out, seed=2)
+    assert not report.ok and "wrong tensor or slice" in str(report.error), report.lines(None)
+    (out / "plan.json").write_text(json.dumps(plan))
+    source = (out / "down_v.py").read_text()
+    assert source.count("operand1=240.0)") == 1
+    (out / "down_v.py").write_text(source.replace("operand1=240.0)", "operand1=24.0)"))
+    assert not verify_plan(out, seed=2).ok
 
 
 def test_model_tp_takes_one_weight_format(tmp_path):

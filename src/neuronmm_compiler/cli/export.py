@@ -52,8 +52,9 @@ Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 
 @click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
               help="Tensor-parallel degree (NxD Inference's tp_degree): per-rank kernels of the best slice-based "
                    "sharding (Megatron for a dense MLP; replicate-u with reduce-output or reduce-rank for an SVD "
-                   "one) and the all-reduce between them. With FP8: the dense MLP (each rank its weight and scale "
-                   "slices); FP8 SVD layers are refused at N > 1.")
+                   "one) and the all-reduce between them. With FP8 each rank gets its weight and scale slices; FP8 SVD "
+                   "layers shard with replicate-u/reduce-rank (reduce-output would need per-rank scales compress "
+                   "does not calibrate).")
 @click.option("--keep-ratio", type=float, default=None,
               help="Export the SVD-compressed MLP at this keep ratio (its weights then come from an 'nmmc compress' "
                    "output at the same ranks). Default: the ranks of MODEL when it is an 'nmmc compress' output, "

@@ -41,7 +41,8 @@ from .manifest import FORMAT, SCHEMA_FILE, VERSION, schema_text
 RUNTIME_FILES = ("__init__.py", "backend.py", "layers.py", "weights.py", "fp8.py", "module.py", "patch.py",
                  "llama.py")
 #: The tensor-parallel strategies an export takes: those whose every weight is a slice of the unsharded tensors
-#: (the factor-shard strategies need per-shard factorisations, which the runtime does not load yet).
+#: (the factor-shard strategies need per-shard factorisations, which the runtime does not load yet); a strategy whose
+#: plan names a tensor of a rank's own (FP8 replicate-u/reduce-output's ``h_ud_scale.r<i>``) is skipped, saying why.
 SLICE_STRATEGIES = ("megatron", "replicate-u/reduce-output", "replicate-u/reduce-rank")
 
 KernelFn = Callable[[MlpWorkload], Compiled]
@@ -87,14 +88,6 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
                                                 activation)
     if not request.buckets:
         raise InputError("--tokens needs at least one bucket")
-    svd_fp8 = [g.name for g in groups if g.fp8 and g.ranks is not None]
-    if request.tp > 1 and svd_fp8:
-        raise InputError(f"--tp {request.tp} with FP8 SVD layers ({', '.join(svd_fp8)}) is not exported: "
-                         "replicate-u/reduce-output quantizes each rank's partial rank-r value of down, whose static "
-                         "scale 'nmmc compress --dtype fp8' does not calibrate (it calibrates the unsharded layer's), "
-                         "and reduce-rank's partial and second-factor kernels are bf16 only "
-                         "(tensor_parallel/sharding.py); export these layers at --tp 1 or in bf16 (dense FP8 exports "
-                         "at --tp N)")
     if kernel_fn is None:
         from ..tensor_parallel.commands import tuned_kernels
 
@@ -187,7 +180,8 @@ def _tp_bucket(workload: MlpWorkload, request: ExportRequest, kernel_fn: KernelF
     check_tp(request.tp, workload.intermediate)
     check_group(request.target, request.tp)
     allowed = [s for s in strategies(workload) if s.name in SLICE_STRATEGIES]
-    results = [evaluate_strategy(workload, request.tp, s, request.target, kernel_fn) for s in allowed]
+    results = [_unsourced(workload, request.tp, s) or evaluate_strategy(workload, request.tp, s, request.target,
+                                                                          kernel_fn) for s in allowed]
     if not any(r.error is None for r in results):
         raise InputError(f"no tensor-parallel strategy applies at --tp {request.tp}: "
                          + "; ".join(f"{r.strategy.name}: {r.error}" for r in results))
@@ -208,6 +202,28 @@ def _tp_bucket(workload: MlpWorkload, request: ExportRequest, kernel_fn: KernelF
             "tensors": {name: t["shape"] for name, t in plan["tensors"].items()},
             "intermediate_shards": plan["intermediate_shards"],
             "predicted": _predicted(chosen.kernel_us, chosen.comm_us, request.target)}
+
+
+def _unsourced(workload: MlpWorkload, tp: int, strategy: Any) -> Any:
+    """A StrategyResult saying why ``strategy`` is not exported when its plan names a tensor of a rank's own (None
+    when every tensor is an unsharded one, which the weight source holds and the runtime slices). The one such
+    tensor of a slice strategy: ``replicate-u/reduce-output`` of FP8 weights quantizes each rank's partial product
+    ``h_i U_down[rows]`` with a static scale of its own (``h_ud_scale.r<i>``), which no source holds: ``nmmc
+    compress --dtype fp8`` calibrates the unsharded layer's ``h_ud_scale`` (the scale ``replicate-u/reduce-rank``
+    quantizes the all-reduced sum with), and the runtime calibrates only a dense layer's ``x``/``h``."""
+    from ..tensor_parallel.planner import StrategyResult
+    from ..tensor_parallel.sharding import shard_mlp
+
+    try:
+        own = sorted(name for name in shard_mlp(workload, tp, strategy).factors if "." in name)
+    except InputError:
+        return None  # evaluate_strategy reports why it does not apply
+    if not own:
+        return None
+    return StrategyResult(strategy, error=f"not exported: its plan reads tensors of each rank's own "
+                          f"({', '.join(own)}), static activation scales of values each rank computes for itself, "
+                          "which the weight source does not hold ('nmmc compress --dtype fp8' calibrates the "
+                          "unsharded layer's scales)")
 
 
 def _launch(target: Target, dialect: str) -> dict[str, Any]:

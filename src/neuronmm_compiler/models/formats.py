@@ -23,7 +23,7 @@ The activation points are named by the FP8 graph's scale inputs (``x_scale``, ``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from .calibration import DEFAULT_SEQUENCE, sequences
 from .forward import silu
 
 __all__ = ["FP8_ALIASES", "Fp8Layer", "activation_points", "activation_ranges", "add_range", "emulated_mlp",
-           "fp8_format", "fp8_layer", "traced_mlp", "weight_bytes"]
+           "fp8_format", "fp8_layer", "reduce_rank_mlp", "traced_mlp", "weight_bytes"]
 
 #: ``--dtype`` spellings of the FP8 formats (as ``nmmc tune --dtype`` takes them).
 FP8_ALIASES = {"fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3", "float8_e4m3": "float8_e4m3",
@@ -147,6 +147,28 @@ def emulated_mlp(factors: Mapping[int, Mapping[str, Any]], *, kernel_dtype: str 
         h = silu(project(x, f["gate"])) * project(x, f["up"])
         out = project(h, f["down"])
         return _bf16(out) if kernel_dtype == "bfloat16" else out
+
+    return mlp
+
+
+def reduce_rank_mlp(fp8: Mapping[int, Fp8Layer], spans: Sequence[tuple[int, int]]
+                    ) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``mlp(layer, x)`` of FP8 SVD layers as tensor-parallel ``replicate-u/reduce-rank`` ranks compute them
+    (docs/tensor-parallel.md, "FP8 reduce-rank"), ``spans`` each rank's intermediate columns: every rank quantizes x,
+    ``x U`` and h as the single-core kernel does (its h the columns of the whole h) and computes ``z_r = h[:, span]
+    U_down[span]`` dequantized and rounded to bf16 (its kernel's output); the ``z_r`` summed in fp32 and rounded to
+    bf16 (a bf16 all-reduce); ``down_v`` quantizes that sum with the layer's ``h_ud`` scale, and the output is
+    rounded to bf16."""
+    quantized = {layer: _Fp8Matmuls(q) for layer, q in fp8.items()}
+
+    def mlp(layer: int, x: np.ndarray) -> np.ndarray:
+        m = quantized[layer]
+        xq = m._q(x, "x")
+        hq = m._q(silu(m.project(x, "gate", xq)) * m.project(x, "up", xq), "h")
+        (qu, su), (qv, sv) = m.w["down"]
+        s_h, s_hud = np.float32(m.scales["h"]), np.float32(m.scales["h_ud"])
+        z = _bf16(sum(_bf16(((hq[:, a:b] @ qu[a:b]) * su) * s_h) for a, b in spans))
+        return _bf16(((m._q(z, "h_ud") @ qv) * sv) * s_hud)
 
     return mlp
 

@@ -19,7 +19,9 @@ weight's columns (gate/up, V of a column shard), a row-parallel weight keeps its
 output channels are not split), a factor of a shard's own carries its own. An activation's static per-tensor scale
 is one tensor, the same on every rank, when every rank quantizes the same value or a column shard of one value (x,
 the replicated x U, the intermediate h); it is the rank's own (``<value>_scale.r<rank>``) when each rank quantizes a
-value of its own (x U_i of a shard's own factors, the partial product h_i U_down_i).
+value of its own (x U_i of a shard's own factors, the partial product h_i U_down_i that reduce-output and factor-shard
+quantize). ``reduce-rank`` quantizes no partial product: a rank hands on ``h_i U_down_i`` dequantized (bf16), and the
+second kernel quantizes the all-reduced sum, the unsharded ``h U_down``, with the unsharded MLP's ``h_ud_scale``.
 
 Shards are as even as possible (the first ``I mod N`` ranks get one column more), so a ragged
 intermediate (not a multiple of ``N * 128``) gives ranks whose last tile is ragged, which the
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InputError
-from ..frontends.shapes import block_aligned_rank, mlp_graph
+from ..frontends.shapes import Fp8Weights, block_aligned_rank, mlp_graph
 from ..frontends.workloads import MlpWorkload, Workload, gemm_workload, graph_workload
 from ..ir import Graph
 from ..ir.fp8 import is_fp8
@@ -187,32 +189,47 @@ class ShardedMlp:
         return out
 
 
-def _partial_graph(tokens: int, hidden: int, cols: int, ranks: tuple[int, int, int], dtype: str) -> Graph:
-    """The rank's graph of ``reduce-rank``: the SVD MLP up to ``z = h U_down`` (no V_down), output ``z``."""
+def _partial_graph(tokens: int, hidden: int, cols: int, ranks: tuple[int, int, int], dtype: str,
+                   fp8: Fp8Weights | None) -> Graph:
+    """The rank's graph of ``reduce-rank``: the SVD MLP up to ``z = h U_down`` (no V_down), output ``z``; with
+    ``fp8`` every factor is an FP8 input and every matmul marked as :func:`mlp_graph` marks them (``z`` is the
+    dequantized product, in ``dtype``: nothing of a rank's own is quantized)."""
     graph = Graph("svd_mlp_partial")
     x = graph.add_input("x", (tokens, hidden), dtype)
+    weights = dtype if fp8 is None else fp8.format
+    marks = {} if fp8 is None else {"act_scale": fp8.act_scale, "w_scale": fp8.scales}
     parts = {"gate": (hidden, cols, ranks[0]), "up": (hidden, cols, ranks[1])}
     outs = {}
     for part, (rows, width, rank) in parts.items():
-        u = graph.add_input(f"u_{part}", (rows, rank), dtype)
-        v = graph.add_input(f"v_{part}", (rank, width), dtype)
+        u = graph.add_input(f"u_{part}", (rows, rank), weights)
+        v = graph.add_input(f"v_{part}", (rank, width), weights)
         tag = "ug" if part == "gate" else "uu"
-        outs[part] = graph.add_matmul(graph.add_matmul(x, u, id=f"x_{tag}"), v, id=part)
+        outs[part] = graph.add_matmul(graph.add_matmul(x, u, id=f"x_{tag}", **marks), v, id=part, **marks)
     act = graph.add_elementwise(ElementwiseOp.SILU, outs["gate"], id="act")
     h = graph.add_elementwise(ElementwiseOp.MULTIPLY, act, outs["up"], id="h")
-    u_down = graph.add_input("u_down", (cols, ranks[2]), dtype)
-    graph.add_output("z", graph.add_matmul(h, u_down, id="h_ud"))
+    u_down = graph.add_input("u_down", (cols, ranks[2]), weights)
+    graph.add_output("z", graph.add_matmul(h, u_down, id="h_ud", **marks))
     return graph
+
+
+def _second_factor(tokens: int, hidden: int, rank: int, dtype: str, fp8: Fp8Weights | None) -> Workload:
+    """``reduce-rank``'s kernel after the all-reduce, ``out = z V_down``: a GEMM in ``dtype``; with ``fp8`` the
+    graph of one FP8-weight matmul (the MLP's ``down``) reading the all-reduced ``z`` under the unsharded graph's
+    name ``h_ud``, so ``quantize-fp8`` quantizes it with the unsharded MLP's static scale ``h_ud_scale`` (the sum
+    of the ranks' partial products is the unsharded ``h U_down``), as every FP8 matmul is lowered."""
+    if fp8 is None:
+        return gemm_workload(tokens, hidden, rank, dtype=dtype)
+    graph = Graph("svd_mlp_down_v")
+    z = graph.add_input("h_ud", (tokens, rank), dtype)
+    v = graph.add_input("v_down", (rank, hidden), fp8.format)
+    graph.add_output("out", graph.add_matmul(z, v, id="down", act_scale=fp8.act_scale, w_scale=fp8.scales))
+    return graph_workload(graph, "tp reduce-rank: z V_down")
 
 
 def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
     """The per-rank programs of ``workload`` over ``tp`` ranks under ``strategy``. InputError when the
-    strategy does not apply (a factor-shard strategy whose shards no aligned rank compresses; reduce-rank of FP8
-    weights)."""
+    strategy does not apply (a factor-shard strategy whose shards no aligned rank compresses)."""
     t, h, inter, dtype, fp8 = workload.tokens, workload.hidden, workload.intermediate, workload.dtype, workload.fp8
-    if fp8 is not None and strategy.down == "reduce-rank":
-        raise InputError("reduce-rank does not apply to FP8 weights: the all-reduced [tokens, rank] sum would be "
-                         "quantized again for down_v, an FP8 GEMM nmmc does not compile (GEMM workloads have no FP8)")
     sizes = shard_sizes(inter, tp)
     group = tuple(range(tp))
     factors: dict[str, Factor] = {}
@@ -228,24 +245,29 @@ def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
         if workload.ranks is None:
             _dense_args(args, factors, h, inter, span)
             kernel: Workload = MlpWorkload(t, h, cols, None, dtype, fp8=fp8)
-            _scale_args(args, factors, kernel, rank, set())
+            _scale_args(args, factors, kernel, fp8, rank, set())
             program.steps.append(KernelStep(f"mlp_{cols}", kernel, args, {"out": f"out.r{rank}"}))
             program.steps.append(CollectiveStep("all_reduce", f"out.r{rank}", "out", (t, h), dtype, group))
             programs.append(program)
             continue
         ranks = _rank_args(args, factors, workload, strategy, rank, span)
         if strategy.down == "reduce-rank":
-            graph = _partial_graph(t, h, cols, ranks, dtype)
+            graph = _partial_graph(t, h, cols, ranks, dtype, fp8)
             kernel = graph_workload(graph, f"tp shard: {cols} intermediate columns")
+            own = {"x_ug", "x_uu"} if strategy.gate_up == "factor-shard" else set()
+            _scale_args(args, factors, kernel, fp8, rank, own)
             program.steps.append(KernelStep(f"partial_{cols}_{ranks[0]}_{ranks[1]}", kernel, args,
                                             {"z": f"z.r{rank}"}))
             program.steps.append(CollectiveStep("all_reduce", f"z.r{rank}", "z", (t, ranks[2]), dtype, group))
-            program.steps.append(KernelStep("down_v", gemm_workload(t, h, ranks[2], dtype=dtype),
-                                            {"a": Operand("z"), "b": Operand("v_down")}, {"c": "out"}))
+            second = _second_factor(t, h, ranks[2], dtype, fp8)
+            down_args = {"a": Operand("z"), "b": Operand("v_down")} if fp8 is None else \
+                {"h_ud": Operand("z"), "v_down": Operand("v_down")}
+            _scale_args(down_args, factors, second, fp8, rank, set())
+            program.steps.append(KernelStep("down_v", second, down_args, {"c" if fp8 is None else "out": "out"}))
         else:
             kernel = MlpWorkload(t, h, cols, ranks, dtype, fp8=fp8)
             own = ({"x_ug", "x_uu"} if strategy.gate_up == "factor-shard" else set()) | {"h_ud"}
-            _scale_args(args, factors, kernel, rank, own)
+            _scale_args(args, factors, kernel, fp8, rank, own)
             program.steps.append(KernelStep(f"mlp_{cols}_{'_'.join(map(str, ranks))}", kernel, args,
                                             {"out": f"out.r{rank}"}))
             program.steps.append(CollectiveStep("all_reduce", f"out.r{rank}", "out", (t, h), dtype, group))
@@ -253,13 +275,12 @@ def shard_mlp(workload: MlpWorkload, tp: int, strategy: Strategy) -> ShardedMlp:
     return ShardedMlp(workload, tp, strategy, sizes, factors, programs)
 
 
-def _scale_args(args: dict[str, Operand], factors: dict[str, Factor], kernel: MlpWorkload, rank: int,
-                own: set[str]) -> None:
+def _scale_args(args: dict[str, Operand], factors: dict[str, Factor], kernel: Workload, fp8: Fp8Weights | None,
+                rank: int, own: set[str]) -> None:
     """Bind the scale inputs of an FP8 rank kernel (nothing for bf16; see the module docstring): a weight's scale
     ``<w>_scale`` follows the weight's operand (its column slice as rows of a per-channel scale; whole for a
     row-parallel or whole weight; ``<w>_scale.r<rank>`` for a factor of the rank's own), an activation's
     ``<value>_scale`` is shared by every rank unless ``value`` is in ``own``."""
-    fp8 = kernel.fp8
     if fp8 is None:
         return
     inputs = quantize_fp8(kernel.graph()).inputs()  # the kernel's arguments: with the scales the pass adds

@@ -39,6 +39,10 @@ from ..vocab import ElementwiseOp, NodeKind
 from .plan import read_plan
 from .sharding import unsharded_graph
 
+#: The plan's ranks evaluated unquantized in float64 against the unsharded MLP (FP8 plans followed kernel by kernel,
+#: every tensor a slice of an unsharded one): the same sums in another order, so only float64 rounding differs.
+WIRING_TOLERANCE = 1e-9
+
 
 @dataclass
 class TpVerifyReport:
@@ -230,7 +234,14 @@ def _run(plan: dict[str, Any], workload: MlpWorkload, workloads: dict[str, Any],
     allowance = float(np.sqrt(sum(float(np.sum(s * s)) for s in sigmas if s is not None)))
     unsharded = all(name == "x" or "." not in name for name in plan["tensors"])
     fp8 = "" if workload.fp8 is None else "FP8 "
-    if unsharded:
+    stepwise = bool(fp8) and _quantizes_a_collective(ranks)
+    sliced = unsharded  # every tensor a slice of an unsharded one
+    if stepwise:
+        unsharded, graph = False, combined
+        expected = _stepwise(plan, workloads, arrays)
+        report.reference = ("the FP8 computation of all ranks, kernel by kernel (each kernel's float64 reference, its "
+                            "outputs and the all-reduced sums rounded to their dtypes as handed on)")
+    elif unsharded:
         graph = unsharded_graph(workload)
         expected = evaluate(graph, {n.name: arrays[n.name] for n in graph.inputs()})["out"]
         report.reference = f"the unsharded {fp8}MLP on the unsharded weights"
@@ -251,6 +262,46 @@ def _run(plan: dict[str, Any], workload: MlpWorkload, workloads: dict[str, Any],
         report.unquantized_rel_error = max(
             float(np.linalg.norm(np.asarray(held[e["rank"]][output], dtype=np.float64) - reference)) / denom
             for e in ranks)
+        if stepwise and sliced:  # the kernel-by-kernel reference reads the plan's bindings: check them here
+            whole = unquantized(unsharded_graph(workload), workload.dtype)
+            want = np.asarray(evaluate(whole, {n.name: raw[n.name] for n in whole.inputs()})["out"], np.float64)
+            wiring = float(np.linalg.norm(reference - want)) / (float(np.linalg.norm(want)) or 1.0)
+            if wiring > WIRING_TOLERANCE:
+                report.ok = False
+                report.error = (f"the plan's ranks, unquantized, differ from the unsharded MLP by {wiring:.3e} (a "
+                                "weight bound to the wrong tensor or slice)")
+
+
+def _quantizes_a_collective(ranks: list[dict[str, Any]]) -> bool:
+    """Whether a kernel reads a collective's result (reduce-rank's ``down_v``): in an FP8 plan it quantizes that
+    bf16 sum, so the reference must hold the very bf16 values handed on (one rounding apart moves whole FP8 steps of
+    some elements; verification/reference.py's module docstring)."""
+    results = {step["result"] for step in ranks[0]["steps"] if "collective" in step}
+    return any(spec["tensor"] in results for step in ranks[0]["steps"] if "args" in step
+               for spec in step["args"].values())
+
+
+def _stepwise(plan: dict[str, Any], workloads: dict[str, Any], arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """Rank 0's output of the plan run step by step on float64 references: each kernel's quantized graph evaluated
+    on its operands, its outputs rounded to their dtypes (as stored in HBM), each all-reduce summed and rounded to
+    its dtype (as :func:`_run` performs it)."""
+    ranks = plan["ranks"]
+    held: list[dict[str, np.ndarray]] = [dict(arrays) for _ in ranks]
+    for index in range(len(ranks[0]["steps"])):
+        first = ranks[0]["steps"][index]
+        if "collective" in first:
+            total = sum(held[r["rank"]][r["steps"][index]["tensor"]].astype(np.float64) for r in ranks)
+            for rank_arrays in held:
+                rank_arrays[first["result"]] = np.asarray(total).astype(NUMPY_DTYPES[first["dtype"]])
+            continue
+        for entry in ranks:
+            step = entry["steps"][index]
+            graph = quantize_fp8(workloads[step["kernel"]].graph())
+            values = evaluate(graph, {name: _operand(held[entry["rank"]], spec) for name, spec in step["args"].items()})
+            dtypes = {node.name: node.dtype for node in graph.outputs()}
+            for name, tensor in step["outputs"].items():
+                held[entry["rank"]][tensor] = np.asarray(values[name]).astype(NUMPY_DTYPES[dtypes[name]])
+    return np.asarray(held[0][plan.get("output", "out")], dtype=np.float64)
 
 
 def _arg_spec(rank_entry: dict[str, Any], arg: str) -> dict[str, Any]:
