@@ -208,3 +208,19 @@ def test_an_fp8_dense_mlp_is_compared_with_nmmc_s_own_bf16_dense_mlp(tmp_path) -
     text = CliRunner().invoke(main, args, catch_exceptions=False).stdout
     assert "dense MLP without FP8 (nmmc's fused kernel, tuned)" in text
     assert "speedup vs nmmc's fused dense MLP without FP8 (FP8's accuracy cost:" in text
+
+
+def test_fp8_svd_intermediate_split_reduces_the_projection_of_h() -> None:
+    """lnc_split=intermediate on an FP8 SVD MLP divides the contraction of h_q @ U_down between the programs (partial
+    sums exchanged, then dequantized and requantized), as for bf16: not the first group reading a value with an
+    epilogue, which under FP8 is x_q @ U_gate (its epilogue only rescales). So u_down crosses HBM once."""
+    from neuronmm_compiler.targets import with_lnc
+
+    workload = mlp_workload(1, 512, 1024, rank=128, fp8=Fp8Weights())
+    compiled = compile_workload(workload, target=with_lnc(get_target("trn2"), 2), dialect="nki",
+                                params={"lnc_split": "intermediate"})
+    source = compiled.kernel.source
+    assert "h_ud_acc_partial = " in source and "x_ug_acc_partial" not in source
+    assert compiled.cost.hbm_bytes_read_by_tensor["u_down"] == 1024 * 128  # once, over both programs
+    report = verify_source(source, rules=True)
+    assert report.ok, report.error

@@ -142,7 +142,9 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
             groups = [g for g in self.group_list if g.matmuls and all(
                 self._reads_kernel_input(self.nodes[mm.operands[0]]) for mm in g.matmuls)]
         else:
-            gated = {g.root.id for g in self.group_list if g.tree}
+            # the gated value: a group whose epilogue computes (silu, multiply), not one that only rescales its
+            # accumulator (an FP8 group's dequantize/quantize: x_q, x @ U's requantization, docs/fp8.md)
+            gated = {g.root.id for g in self.group_list if any(not ElementwiseOp(n.attrs["op"]).fp8 for n in g.tree)}
             groups = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
             if not groups:
                 groups = [g for g in self.group_list if any(
