@@ -6,17 +6,19 @@ once per kernel (:meth:`Epilogues.scale_constants`). In a transposed group, wher
 column, a dequantization whose value only feeds a ScalarE function (``silu(gate)``) or a requantization
 (``quantize(dequantize(acc))``, ``quantize(a * dequantize(acc))``) is *folded* (:class:`ScaleFold`): its weight
 and activation scales, and the static scale of that requantization, are combined into one column per feature tile
-once per kernel, ``c = s_w * s_x`` (``/ s_q``), so each output tile pays one multiply instead of a multiply, a
+once per kernel, ``c = s_w * s_x`` (``/ s_q``). Each output tile then pays one multiply instead of a multiply, a
 divide and a second clamp instruction: ``silu(acc * c)`` in the activation's own ``scale=`` (no VectorE
-instruction), or ``acc * c`` then the clamp ``min(max)`` into the FP8 tile in one ``tensor_scalar``. Each scale
-still reaches the product exactly once (rule NMMC-FP8-SCALE-ONCE: ``c`` carries the product of the scale units);
-the fp32 roundings of the products and quotient move by an ulp, so a quantized element can flip to its FP8 neighbour
-where the exact value lies within that ulp of a rounding tie (verified against the float64 quantized graph).
-nki-library's FP8 QKV kernels do the same once per kernel: "pre-apply input scales onto the weight scaling" (an
-activation copy of the weight-scale tile scaled by the input scale) and "Compute reciprocal once for quantization:
-1/scale" (aws-neuron/nki-library@d2ad3a579498d1888aa8740af97fd325dd5f2740,
-src/nkilib_src/nkilib/core/qkv/qkv_cte.py:686-690, qkv_tkg.py:304). Row-major groups (per-channel scales along the
-free axis) keep :meth:`Epilogues._fp8_op`.
+instruction), or ``acc * c`` on the ScalarE (an activation copy with ``scale=c``, as nki-library's FP8 prefill MLP
+evicts its static dequantization: ``core/mlp/mlp_cte/mlp_cte_projection.py:453-460``) and then the clamp
+``min(max)`` into the FP8 tile in one VectorE ``tensor_scalar``: the VectorE keeps the product and the clamp.
+
+Each scale still reaches the product exactly once (rule NMMC-FP8-SCALE-ONCE: ``c`` carries the product of the
+scales' units). The fp32 roundings move by an ulp, so a quantized element lying within that ulp of a rounding tie
+can land on its other FP8 neighbour (verified against the float64 quantized graph). nki-library's FP8 QKV kernels
+combine the same way, once per kernel: "pre-apply input scales onto the weight scaling" and "Compute reciprocal once
+for quantization: 1/scale" (aws-neuron/nki-library@d2ad3a579498d1888aa8740af97fd325dd5f2740,
+src/nkilib_src/nkilib/core/qkv/qkv_cte.py:686-690, qkv_tkg.py:304; the mlp_cte path above is in the same
+repository). Row-major groups (per-channel scales along the free axis) keep :meth:`Epilogues._fp8_op`.
 """
 
 from __future__ import annotations
@@ -134,8 +136,8 @@ class Epilogues(FusedState):
                 values[node.id] = dst
                 continue
             ops = [values[o] for o in node.operands]
-            if fold is not None:  # dequantized and divided by the requantization's scale in one multiply
-                out.append(TensorScalar(dst, ops[0], "multiply", values[fold.key]))
+            if fold is not None:  # dequantized and divided by the requantization's scale in one ScalarE multiply
+                out.append(Activation(dst, ops[0], "copy", scale=values[fold.key]))
             elif node.id in clamps:  # the division is in the folded column: only the clamp is left
                 fmax = FP8_FORMATS[node.attrs["dtype"]].max
                 out.append(TensorScalar(dst, ops[0], "minimum", fmax, "maximum", -fmax))
@@ -207,17 +209,23 @@ class Epilogues(FusedState):
         rows, tiles = w.shape
         combined = self.scale_bufs[(fold.key, "col")] = Buffer(f"{fold.dequantize.id}_dequant_cols", w.shape,
                                                                 "float32", "sbuf")
-        whole = (span(0, rows), span(0, tiles))
+        n = self.nodes[w_scale].shape[0]
+        # the columns' written partitions: whole tiles, then a ragged last tile's channels (_scale_columns)
+        whole, ragged = (tiles, 0) if n == 1 or n % rows == 0 else divmod(n, rows)
+        parts = [(rows, 0, whole)] * bool(whole) + [(ragged, whole, 1)] * bool(ragged)
 
-        def column(scale_id: str) -> Ref:
-            return Ref(self.scale_bufs[(scale_id, "col")], (span(0, rows), span(0, 1)))
+        def column(scale_id: str, p: int) -> Ref:
+            return Ref(self.scale_bufs[(scale_id, "col")], (span(0, p), span(0, 1)))
 
-        divide = ("divide", column(fold.quantize.operands[1])) if fold.quantize is not None else (None, None)
-        what = f" / {self.nodes[fold.quantize.operands[1]].attrs['name']}" if fold.quantize is not None else ""
-        return [Alloc(combined, comment=(
-                    f"{self.nodes[w_scale].attrs['name']} * {self.nodes[x_scale].attrs['name']}{what}: the scales of "
-                    f"{fold.dequantize.id}'s eviction combined once")),
-                TensorScalar(Ref(combined, whole), Ref(w, whole), "multiply", column(x_scale), *divide)]
+        names = [self.nodes[w_scale].attrs["name"], self.nodes[x_scale].attrs["name"]]
+        out: list[Stmt] = [Alloc(combined, comment=(
+            f"{' * '.join(names)}{' / ' + self.nodes[fold.quantize.operands[1]].attrs['name'] if fold.quantize else ''}"
+            f": the scales of {fold.dequantize.id}'s eviction combined once"))]
+        for p, c0, count in parts:
+            region = (span(0, p), span(c0, count))
+            divide = ("divide", column(fold.quantize.operands[1], p)) if fold.quantize is not None else (None, None)
+            out.append(TensorScalar(Ref(combined, region), Ref(w, region), "multiply", column(x_scale, p), *divide))
+        return out
 
     def _scale_columns(self, name: str, hbm: Buffer, cols: Buffer, n: int) -> list[Stmt]:
         """Fill ``cols`` [pmax, tiles] with a per-channel [N, 1] scale, channel ``128 t + p`` at partition p of column

@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
 # footprint    svd_mlp_k0: SBUF 8032 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    21.7 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    19.3 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -203,7 +203,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
                 nisa.nc_matmul(dst=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             x_ug_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             x_ug_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=x_ug_dequant_cols[0:F_TILE, ft:ft + 1])
+            nisa.activation(dst=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=x_ug_dequant_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_scalar(dst=x_ug_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # x_uu_q^T strip of this token block, kept in SBUF
         x_uu_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
@@ -217,7 +217,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
                 nisa.nc_matmul(dst=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             x_uu_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             x_uu_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=x_uu_dequant_cols[0:F_TILE, ft:ft + 1])
+            nisa.activation(dst=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=x_uu_dequant_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_scalar(dst=x_uu_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # h_q^T strip of this token block, kept in SBUF
         h_q_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
@@ -241,7 +241,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
             h_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.silu, data=gate_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=gate_dequant_cols[0:F_TILE, ft:ft + 1])
-            nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=up_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=up_dequant_cols[0:F_TILE, ft:ft + 1])
+            nisa.activation(dst=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=up_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=up_dequant_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data1=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data2=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.multiply)
             nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # h_ud_q^T strip of this token block, kept in SBUF
@@ -256,7 +256,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
                 nisa.nc_matmul(dst=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             h_ud_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_ud_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=h_ud_dequant_cols[0:F_TILE, ft:ft + 1])
+            nisa.activation(dst=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=h_ud_dequant_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_scalar(dst=h_ud_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # out = down from PSUM tiles of down_acc = h_ud_q @ v_down; tiles of h_ud_scale, v_down_scale (dequantize on the eviction)
         v_down_block = nl.ndarray((P, 2, OUT_TILE), dtype=nl.float8_e4m3, buffer=nl.sbuf)

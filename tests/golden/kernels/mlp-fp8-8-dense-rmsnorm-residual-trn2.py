@@ -169,7 +169,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, residual, gamma, xn_scale, w_gate_scal
         h_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
         h_q_spill = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=act_f32[0:F_TILE, 0:T], op=nl.silu, data=gate_acc_psum[0:F_TILE, 0:T], scale=gate_dequant_cols[0:F_TILE, ft:ft + 1])
-        nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:T], data=up_acc_psum[0:F_TILE, 0:T], op0=nl.multiply, operand0=up_dequant_cols[0:F_TILE, ft:ft + 1])
+        nisa.activation(dst=up_f32[0:F_TILE, 0:T], op=nl.copy, data=up_acc_psum[0:F_TILE, 0:T], scale=up_dequant_cols[0:F_TILE, ft:ft + 1])
         nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:T], data1=act_f32[0:F_TILE, 0:T], data2=up_f32[0:F_TILE, 0:T], op=nl.multiply)
         nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:T], data=h_f32[0:F_TILE, 0:T], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
     # out = down from PSUM tiles of down_acc = h_q @ w_down; tiles of h_scale, w_down_scale (dequantize on the eviction)
