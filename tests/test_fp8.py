@@ -88,16 +88,16 @@ def test_double_row_needs_fp8_operands_and_a_v3_core() -> None:
     assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "")
 
 
-# the gate's and up's scales are combined once per kernel (lowerings/fused_epilogue.py, ScaleFold): gate's applied by
-# silu's scale=, up's carrying the division by h_scale of h's quantization
-_GATE_SCALES = "data=w_gate_scale_cols[0:P, 0:3], op0=nl.multiply, operand0=x_scale_col[0:P, 0:1])"
+# the gate's and up's scales are combined once per kernel, on the eviction of the weight scales' transposes
+# (lowerings/fused_epilogue.py, ScaleFold): gate's applied by silu's scale=, up's carrying h's division by h_scale
+_GATE_SCALES = "data=w_gate_scale_tpsum[0:P, 0:3], op0=nl.multiply, operand0=x_scale_col[0:P, 0:1])"
 _OUT_DEQUANT = "op0=nl.multiply, operand0=h_scale_col[0:T, 0:1])"
 _UP_SCALES = "op0=nl.multiply, operand0=x_scale_col[0:P, 0:1], op1=nl.divide, operand1=h_scale_col[0:P, 0:1])"
 _SCALE_MUTATIONS = {
     # a second x_scale in the gate's combined scale: silu reads gate * x_scale
     "gate x_scale twice": (_GATE_SCALES, _GATE_SCALES.replace(")", ", op1=nl.multiply, "
                                                               "operand1=x_scale_col[0:P, 0:1])"), "x_scale^+1"),
-    "gate x_scale dropped": (_GATE_SCALES, "data=w_gate_scale_cols[0:P, 0:3], op0=nl.multiply, operand0=1.0)",
+    "gate x_scale dropped": (_GATE_SCALES, "data=w_gate_scale_tpsum[0:P, 0:3], op0=nl.multiply, operand0=1.0)",
                              "x_scale^-1"),
     "out h_scale twice": (_OUT_DEQUANT, "op0=nl.multiply, operand0=h_scale_col[0:T, 0:1], op1=nl.multiply, "
                           "operand1=h_scale_col[0:T, 0:1])", "h_scale^+1"),
@@ -237,9 +237,11 @@ def test_the_gated_fp8_eviction_combines_its_scales_once_per_kernel() -> None:
     vector = [line for line in h_group if line.startswith(("nisa.tensor_scalar(", "nisa.tensor_tensor("))]
     assert len(vector) == 2, h_group
     assert any(line.startswith("nisa.activation(dst=act_f32") and "data=gate_acc_psum" in line
-               and "scale=gate_dequant_cols" in line for line in h_group)
-    assert any(line.startswith("nisa.activation(dst=up_f32, op=nl.copy") or (
-        line.startswith("nisa.activation(dst=up_f32") and "op=nl.copy" in line and "scale=up_dequant_cols" in line)
-        for line in h_group)
+               and "scale=w_gate_scale_cols" in line for line in h_group)
+    assert any(line.startswith("nisa.activation(dst=up_f32") and "op=nl.copy" in line
+               and "scale=w_up_scale_cols" in line for line in h_group)
     assert "op0=nl.divide, operand0=h_scale_col" not in source  # the division is in up's combined column
-    assert sum(line.startswith("nisa.tensor_scalar(dst=up_dequant_cols") for line in lines) == 1
+    # combined on the transposes' evictions: no instruction of their own
+    assert sum(line.startswith("nisa.tensor_scalar(dst=w_up_scale_cols") and "data=w_up_scale_tpsum" in line
+               for line in lines) == 1
+    assert "_dequant_cols" not in source

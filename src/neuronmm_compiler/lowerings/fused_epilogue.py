@@ -24,6 +24,7 @@ repository). Row-major groups (per-channel scales along the free axis) keep :met
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..ir import Node
 from ..ir.fp8 import FP8_FORMATS
@@ -176,7 +177,12 @@ class Epilogues(FusedState):
         out: list[Stmt] = []
         pmax = self.target.pmax
         self.scale_bufs: dict[tuple[str, str], Buffer] = {}
-        for sid, node in self.scales.items():
+        self.folds = self.plan_folds()
+        # a fold's per-channel weight scale read by nothing else, in whole tiles: combined on the eviction of its
+        # transpose (a tensor_scalar instead of the copy), so the combination costs no instruction of its own
+        on_eviction = {f.dequantize.operands[2]: f for f in self.folds.values() if self._combined_on_eviction(f)}
+        # the per-tensor scales first: a combination reads them
+        for sid, node in sorted(self.scales.items(), key=lambda item: item[1].shape[0] > 1):
             hbm, n = self.hbm[sid], node.shape[0]
             name = node.attrs["name"]
             orients = {u.annotations.get("orient") for u in self._users(sid)}
@@ -189,22 +195,44 @@ class Epilogues(FusedState):
             if Orient.TRANSPOSED in orients:
                 tiles = -(-n // pmax)
                 buf = self.scale_bufs[(sid, "cols")] = Buffer(f"{name}_cols", (min(pmax, n), tiles), "float32", "sbuf")
-                out += [Alloc(buf, comment=f"{name}: one column per tile of {pmax} channels"),
-                        *self._scale_columns(name, hbm, buf, n)]
+                fold = on_eviction.get(sid)
+                what = f" times {self._combination(fold)}" if fold else ""
+                out += [Alloc(buf, comment=f"{name}{what}: one column per tile of {pmax} channels"),
+                        *self._scale_columns(name, hbm, buf, n, self._combining_ops(fold, pmax) if fold else None)]
+                if fold:
+                    self.scale_bufs[(fold.key, "col")] = buf
             if Orient.NORMAL in orients:
                 rows = self.tok.tile
                 buf = self.scale_bufs[(sid, "row")] = Buffer(f"{name}_row", (rows, n), "float32", "sbuf")
                 out += [Alloc(buf, comment=f"{name} along the free axis, on every token partition"),
                         DmaCopy(Ref(buf, (span(0, rows), span(0, n))), Ref(hbm, (span(0, n), span(0, 1))),
                                 broadcast=True)]
-        self.folds = self.plan_folds()
         for fold in self.folds.values():
-            out += self._combined_column(fold)
+            if fold.dequantize.operands[2] not in on_eviction:
+                out += self._combined_column(fold)
         return out
+
+    def _combined_on_eviction(self, fold: ScaleFold) -> bool:
+        w_scale = fold.dequantize.operands[2]
+        n = self.nodes[w_scale].shape[0]
+        return n > 1 and n % self.target.pmax == 0 and [u.id for u in self._users(w_scale)] == [fold.dequantize.id]
+
+    def _combination(self, fold: ScaleFold) -> str:
+        """The scales a fold's column multiplies the weight scale by (divides, for the requantization's)."""
+        x_name = self.nodes[fold.dequantize.operands[1]].attrs["name"]
+        return x_name + (f" / {self.nodes[fold.quantize.operands[1]].attrs['name']}" if fold.quantize else "")
+
+    def _combining_ops(self, fold: ScaleFold, parts: int) -> tuple[Any, ...]:
+        """``(op0, operand0, op1, operand1)`` of the tensor_scalar combining a weight scale's columns."""
+        def column(scale_id: str) -> Ref:
+            return Ref(self.scale_bufs[(scale_id, "col")], (span(0, parts), span(0, 1)))
+
+        divide = ("divide", column(fold.quantize.operands[1])) if fold.quantize is not None else (None, None)
+        return ("multiply", column(fold.dequantize.operands[1]), *divide)
 
     def _combined_column(self, fold: ScaleFold) -> list[Stmt]:
         """``s_w * s_x`` (``/ s_q``) of a folded dequantization, one column per feature tile, once per kernel."""
-        _, x_scale, w_scale = fold.dequantize.operands
+        w_scale = fold.dequantize.operands[2]
         w = self.scale_bufs[(w_scale, "cols" if self.nodes[w_scale].shape[0] > 1 else "col")]
         rows, tiles = w.shape
         combined = self.scale_bufs[(fold.key, "col")] = Buffer(f"{fold.dequantize.id}_dequant_cols", w.shape,
@@ -214,20 +242,16 @@ class Epilogues(FusedState):
         whole, ragged = (tiles, 0) if n == 1 or n % rows == 0 else divmod(n, rows)
         parts = [(rows, 0, whole)] * bool(whole) + [(ragged, whole, 1)] * bool(ragged)
 
-        def column(scale_id: str, p: int) -> Ref:
-            return Ref(self.scale_bufs[(scale_id, "col")], (span(0, p), span(0, 1)))
-
-        names = [self.nodes[w_scale].attrs["name"], self.nodes[x_scale].attrs["name"]]
         out: list[Stmt] = [Alloc(combined, comment=(
-            f"{' * '.join(names)}{' / ' + self.nodes[fold.quantize.operands[1]].attrs['name'] if fold.quantize else ''}"
-            f": the scales of {fold.dequantize.id}'s eviction combined once"))]
+            f"{self.nodes[w_scale].attrs['name']} * {self._combination(fold)}: the scales of {fold.dequantize.id}'s "
+            "eviction combined once"))]
         for p, c0, count in parts:
             region = (span(0, p), span(c0, count))
-            divide = ("divide", column(fold.quantize.operands[1], p)) if fold.quantize is not None else (None, None)
-            out.append(TensorScalar(Ref(combined, region), Ref(w, region), "multiply", column(x_scale, p), *divide))
+            out.append(TensorScalar(Ref(combined, region), Ref(w, region), *self._combining_ops(fold, p)))
         return out
 
-    def _scale_columns(self, name: str, hbm: Buffer, cols: Buffer, n: int) -> list[Stmt]:
+    def _scale_columns(self, name: str, hbm: Buffer, cols: Buffer, n: int,
+                       combining: tuple[Any, ...] | None = None) -> list[Stmt]:
         """Fill ``cols`` [pmax, tiles] with a per-channel [N, 1] scale, channel ``128 t + p`` at partition p of column
         t: the whole tiles in chunks of up to pmax tiles, each one load of the chunk's channels as [tiles, pmax] rows
         (contiguous, one DMA), a TensorE transpose into PSUM and a copy, as nki-library's decode gate/up projection
@@ -235,7 +259,8 @@ class Epilogues(FusedState):
         mlp_tkg/mlp_tkg_gate_up_projection.py:375-420, dma_copy then nc_transpose where dma_transpose cannot serve;
         nmmc's dma_transpose takes 2-byte types only, rule NKI-DMA-TRANSPOSE-DTYPE); a ragged last tile's channels
         as one column DMA. One DMA per channel tile instead would pay a DMA fixed cost per 128 channels for a
-        4-byte-per-partition transfer (docs/fp8.md, "Cost")."""
+        4-byte-per-partition transfer (docs/fp8.md, "Cost"). ``combining``: the eviction from PSUM is that tensor_scalar
+        (:meth:`_combining_ops`) instead of a copy."""
         pmax = self.target.pmax
         whole, ragged = divmod(n, pmax)
         out: list[Stmt] = []
@@ -249,6 +274,8 @@ class Epilogues(FusedState):
                             Ref(hbm, (span(c0 * pmax, count * pmax), span(0, 1))), fold=True),
                     Alloc(tp), PeTranspose(Ref(tp, (span(0, pmax), span(0, count))), Ref(rows, (span(0, count),
                                                                                                span(0, pmax)))),
+                    TensorScalar(Ref(cols, (span(0, pmax), span(c0, count))), Ref(tp, (span(0, pmax), span(0, count))),
+                                 *combining) if combining else
                     Copy(Ref(cols, (span(0, pmax), span(c0, count))), Ref(tp, (span(0, pmax), span(0, count))))]
         if ragged:
             out.append(DmaCopy(Ref(cols, (span(0, ragged), span(whole, 1))),
