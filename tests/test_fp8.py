@@ -245,3 +245,19 @@ def test_the_gated_fp8_eviction_combines_its_scales_once_per_kernel() -> None:
     assert sum(line.startswith("nisa.tensor_scalar(dst=w_up_scale_cols") and "data=w_up_scale_tpsum" in line
                for line in lines) == 1
     assert "_dequant_cols" not in source
+
+
+def test_fp8_hidden_split_quantizes_each_programs_half_of_x_without_exchanging_it() -> None:
+    """lnc_split=hidden: each program contracts gate and up over its half of the hidden dimension, so it quantizes
+    only that half of x and keeps it (no exchange of x_q's strip); the partial sums are the one exchange. Before,
+    only lnc_split=intermediate kept a value halved, and under FP8 it did so by picking x_q @ W_gate as the group
+    the gated value feeds (test_fp8_svd_intermediate_split_reduces_the_projection_of_h)."""
+    from neuronmm_compiler.targets import with_lnc
+
+    workload = mlp_workload(1, 512, 1024, dense=True, fp8=Fp8Weights())
+    compiled = compile_workload(workload, target=with_lnc(get_target("trn2"), 2), dialect="nki",
+                                params={"lnc_split": "hidden"})
+    source = compiled.kernel.source
+    assert source.count("nisa.sendrecv(") == 1 and "h_q_partials" in source
+    report = verify_source(source, rules=True)
+    assert report.ok, report.error

@@ -162,13 +162,14 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
         return not (group.tree or group.operands or len(group.terms) != 1 or n % tile or tile % 2 or flipped)
 
     def _halved(self) -> set[str]:
-        """lnc_split=intermediate: values only the reducing group reads, each program keeping the half of their
-        strip it computed."""
-        if self.s.lnc_split != "intermediate" or not self.reducing:
+        """lnc_split=intermediate or hidden: computed values only the reducing groups read, each program keeping the
+        half of their strip it computed (the half of the contraction it reduces over): h for ``intermediate``; x's
+        FP8 quantization for ``hidden``, each program quantizing the half of x it contracts over."""
+        if self.s.lnc_split not in ("intermediate", "hidden") or not self.reducing:
             return set()
-        (group,) = self.reducing
-        inside = {mm.id for mm in group.matmuls}
-        return {mm.operands[0] for mm in group.matmuls if all(u in inside for u in self.g.users(mm.operands[0]))}
+        inside = {mm.id for group in self.reducing for mm in group.matmuls}
+        return {mm.operands[0] for group in self.reducing for mm in group.matmuls
+                if all(u in inside for u in self.g.users(mm.operands[0]))}
 
     def _strip_inputs(self) -> list[Node]:
         """Kernel inputs held as transposed strips: matmul left operands and transposed groups' operands."""
