@@ -15,8 +15,9 @@ kernels by) a ScheduleError. Hardware limits come from the :class:`~neuronmm_com
 2. for each group in dependency order — a transposed matmul, or the transposed matmuls feeding
    one elementwise tree (e.g. gate and up under ``silu(gate) * up``) — walks the output features in
    weight blocks, accumulates each matmul's ``[features, tokens]`` PSUM tile over the contraction,
-   and evaluates the elementwise tree while evicting, writing the group's result strip in SBUF; a
-   result placed in HBM is stored from the strip (transposed in HBM; :mod:`.fused_transposed`);
+   and evaluates the elementwise tree while evicting (:mod:`.fused_epilogue`, with the FP8 scales), writing the
+   group's result strip in SBUF; a result placed in HBM is stored from the strip (transposed in HBM;
+   :mod:`.fused_transposed`);
    a ``norm`` read by matmuls is made into its strip by the prologue of :mod:`.fused_prologue` (row tiles
    loaded, residual added and stored, normalized, transposed on TensorE, gamma applied on the eviction);
 3. for the row-major matmul feeding an output: per weight block and token tile, accumulates
