@@ -102,7 +102,7 @@ class Epilogues(FusedState):
                         or users[0].id not in ids:
                     continue
                 user, op = users[0], _op(users[0])
-                if op is not None and op.unary:
+                if op is not None and op.unary and not op.fp8:  # a ScalarE function (silu)
                     folds[node.id] = ScaleFold(node, activation=user)
                     continue
                 quantize = user if op == ElementwiseOp.QUANTIZE else (
