@@ -88,23 +88,22 @@ def test_double_row_needs_fp8_operands_and_a_v3_core() -> None:
     assert not report.ok and "NKI-MATMUL-DOUBLE-ROW" in (report.error or "")
 
 
-_GATE_DEQUANT = ("op0=nl.multiply, operand0=w_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, "
-                 "operand1=x_scale_col[0:F_TILE, 0:1])")
+# the gate's and up's scales are combined once per kernel, on the eviction of the weight scales' transposes
+# (lowerings/fused_epilogue.py, ScaleFold): gate's applied by silu's scale=, up's carrying h's division by h_scale
+_GATE_SCALES = "data=w_gate_scale_tpsum[0:P, 0:3], op0=nl.multiply, operand0=x_scale_col[0:P, 0:1])"
 _OUT_DEQUANT = "op0=nl.multiply, operand0=h_scale_col[0:T, 0:1])"
-_H_QUANT = ("data=h_f32[0:F_TILE, 0:T], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, "
-            "operand1=240.0)")
+_UP_SCALES = "op0=nl.multiply, operand0=x_scale_col[0:P, 0:1], op1=nl.divide, operand1=h_scale_col[0:P, 0:1])"
 _SCALE_MUTATIONS = {
-    # a second x_scale on the gate's eviction: silu reads gate * x_scale
-    "gate x_scale twice": (_GATE_DEQUANT, _GATE_DEQUANT + "\n        nisa.activation(dst=gate_f32[0:F_TILE, 0:T], "
-                           "op=nl.copy, data=gate_f32[0:F_TILE, 0:T], scale=x_scale_col[0:F_TILE, 0:1])", "x_scale^+1"),
-    "gate x_scale dropped": (_GATE_DEQUANT, "op0=nl.multiply, operand0=w_gate_scale_cols[0:F_TILE, ft:ft + 1])",
+    # a second x_scale in the gate's combined scale: silu reads gate * x_scale
+    "gate x_scale twice": (_GATE_SCALES, _GATE_SCALES.replace(")", ", op1=nl.multiply, "
+                                                              "operand1=x_scale_col[0:P, 0:1])"), "x_scale^+1"),
+    "gate x_scale dropped": (_GATE_SCALES, "data=w_gate_scale_tpsum[0:P, 0:3], op0=nl.multiply, operand0=1.0)",
                              "x_scale^-1"),
     "out h_scale twice": (_OUT_DEQUANT, "op0=nl.multiply, operand0=h_scale_col[0:T, 0:1], op1=nl.multiply, "
                           "operand1=h_scale_col[0:T, 0:1])", "h_scale^+1"),
     "out h_scale dropped": (_OUT_DEQUANT, "op0=nl.multiply, operand0=1.0)", "h_scale^-1"),
-    # h stored into its FP8 strip without dividing by h_scale: the down matmul's FP8 operand carries no scale
-    "h not quantized": (_H_QUANT, _H_QUANT.replace("op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1]",
-                                                   "op0=nl.multiply, operand0=1.0"), "no scale"),
+    # h stored into its FP8 strip without the division by h_scale: the down matmul's FP8 operand carries no scale
+    "h not quantized": (_UP_SCALES, "op0=nl.multiply, operand0=x_scale_col[0:P, 0:1])", "no scale"),
 }
 
 
@@ -208,3 +207,57 @@ def test_an_fp8_dense_mlp_is_compared_with_nmmc_s_own_bf16_dense_mlp(tmp_path) -
     text = CliRunner().invoke(main, args, catch_exceptions=False).stdout
     assert "dense MLP without FP8 (nmmc's fused kernel, tuned)" in text
     assert "speedup vs nmmc's fused dense MLP without FP8 (FP8's accuracy cost:" in text
+
+
+def test_fp8_svd_intermediate_split_reduces_the_projection_of_h() -> None:
+    """lnc_split=intermediate on an FP8 SVD MLP divides the contraction of h_q @ U_down between the programs (partial
+    sums exchanged, then dequantized and requantized), as for bf16: not the first group reading a value with an
+    epilogue, which under FP8 is x_q @ U_gate (its epilogue only rescales). So u_down crosses HBM once."""
+    from neuronmm_compiler.targets import with_lnc
+
+    workload = mlp_workload(1, 512, 1024, rank=128, fp8=Fp8Weights())
+    compiled = compile_workload(workload, target=with_lnc(get_target("trn2"), 2), dialect="nki",
+                                params={"lnc_split": "intermediate"})
+    source = compiled.kernel.source
+    assert "h_ud_acc_partial = " in source and "x_ug_acc_partial" not in source
+    assert compiled.cost.hbm_bytes_read_by_tensor["u_down"] == 1024 * 128  # once, over both programs
+    report = verify_source(source, rules=True)
+    assert report.ok, report.error
+
+
+def test_the_gated_fp8_eviction_combines_its_scales_once_per_kernel() -> None:
+    """The eviction of h (transposed group): gate's scales applied by silu's own scale= (read from PSUM), up's
+    dequantization carrying h's quantization (one ScalarE multiply by s_w * s_x / s_h, combined once per kernel), and
+    only the clamp left of the quantization: 2 VectorE and 2 ScalarE instructions per tile instead of 5 and 1
+    (lowerings/fused_epilogue.py)."""
+    source = _kernel(3)
+    lines = [line.strip() for line in source.splitlines()]
+    h_group = [line for line in lines if "0:F_TILE, 0:T]" in line and ("act_f32" in line or "up_f32" in line
+                                                                        or "h_f32" in line or "h_q_strip" in line)]
+    vector = [line for line in h_group if line.startswith(("nisa.tensor_scalar(", "nisa.tensor_tensor("))]
+    assert len(vector) == 2, h_group
+    assert any(line.startswith("nisa.activation(dst=act_f32") and "data=gate_acc_psum" in line
+               and "scale=w_gate_scale_cols" in line for line in h_group)
+    assert any(line.startswith("nisa.activation(dst=up_f32") and "op=nl.copy" in line
+               and "scale=w_up_scale_cols" in line for line in h_group)
+    assert "op0=nl.divide, operand0=h_scale_col" not in source  # the division is in up's combined column
+    # combined on the transposes' evictions: no instruction of their own
+    assert sum(line.startswith("nisa.tensor_scalar(dst=w_up_scale_cols") and "data=w_up_scale_tpsum" in line
+               for line in lines) == 1
+    assert "_dequant_cols" not in source
+
+
+def test_fp8_hidden_split_quantizes_each_programs_half_of_x_without_exchanging_it() -> None:
+    """lnc_split=hidden: each program contracts gate and up over its half of the hidden dimension, so it quantizes
+    only that half of x and keeps it (no exchange of x_q's strip); the partial sums are the one exchange. Before,
+    only lnc_split=intermediate kept a value halved, and under FP8 it did so by picking x_q @ W_gate as the group
+    the gated value feeds (test_fp8_svd_intermediate_split_reduces_the_projection_of_h)."""
+    from neuronmm_compiler.targets import with_lnc
+
+    workload = mlp_workload(1, 512, 1024, dense=True, fp8=Fp8Weights())
+    compiled = compile_workload(workload, target=with_lnc(get_target("trn2"), 2), dialect="nki",
+                                params={"lnc_split": "hidden"})
+    source = compiled.kernel.source
+    assert source.count("nisa.sendrecv(") == 1 and "h_q_partials" in source
+    report = verify_source(source, rules=True)
+    assert report.ok, report.error

@@ -15,8 +15,9 @@ kernels by) a ScheduleError. Hardware limits come from the :class:`~neuronmm_com
 2. for each group in dependency order — a transposed matmul, or the transposed matmuls feeding
    one elementwise tree (e.g. gate and up under ``silu(gate) * up``) — walks the output features in
    weight blocks, accumulates each matmul's ``[features, tokens]`` PSUM tile over the contraction,
-   and evaluates the elementwise tree while evicting, writing the group's result strip in SBUF; a
-   result placed in HBM is stored from the strip (transposed in HBM; :mod:`.fused_transposed`);
+   and evaluates the elementwise tree while evicting (:mod:`.fused_epilogue`, with the FP8 scales), writing the
+   group's result strip in SBUF; a result placed in HBM is stored from the strip (transposed in HBM;
+   :mod:`.fused_transposed`);
    a ``norm`` read by matmuls is made into its strip by the prologue of :mod:`.fused_prologue` (row tiles
    loaded, residual added and stored, normalized, transposed on TensorE, gamma applied on the eviction);
 3. for the row-major matmul feeding an output: per weight block and token tile, accumulates
@@ -32,29 +33,21 @@ from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..ir import Graph, Node
-from ..ir.fp8 import FP8_FORMATS, is_fp8
+from ..ir.fp8 import is_fp8
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, traced
+from ..kernel_ir.expr import Lin, traced
 from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import (
     DTYPE_BYTES,
-    Activation,
-    Alloc,
     Buffer,
     Comment,
-    Copy,
-    DmaCopy,
-    PeTranspose,
     Program,
-    Ref,
     Stmt,
-    TensorScalar,
-    TensorTensor,
-    span,
 )
 from ..passes.legality import check_kernel
 from ..schedule.fused import FusedSchedule, normalize_on
 from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
+from .fused_epilogue import Epilogues
 from .fused_groups import Group, Term, read_groups
 from .fused_prologue import NormPrologue
 from .fused_rows import RowMajorGroups
@@ -68,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["lower_fused_kernel"]
 
 
-class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
+class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
     def __init__(self, graph: Graph, schedule: FusedSchedule, target: Target, name: str):
         self.g = graph
         self.name = name
@@ -89,6 +82,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         # the scale inputs of quantize/dequantize nodes: loaded once, as per-partition columns or broadcast rows
         self.scales = {o: self.nodes[o] for n in compute if n.kind == NodeKind.ELEMENTWISE
                        and ElementwiseOp(n.attrs["op"]).scaled for o in n.operands[1:]}
+        self.folds = {}
         aliases = graph.hbm_aliases
         s = normalize_on(schedule, self.tokens, target)
         # the tile sizes the printed kernel spells by name (kernel_ir/expr.py, Named); the token count read from the
@@ -142,7 +136,9 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
             groups = [g for g in self.group_list if g.matmuls and all(
                 self._reads_kernel_input(self.nodes[mm.operands[0]]) for mm in g.matmuls)]
         else:
-            gated = {g.root.id for g in self.group_list if g.tree}
+            # the gated value: a group whose epilogue computes (silu, multiply), not one that only rescales its
+            # accumulator (an FP8 group's dequantize/quantize: x_q, x @ U's requantization, docs/fp8.md)
+            gated = {g.root.id for g in self.group_list if any(not ElementwiseOp(n.attrs["op"]).fp8 for n in g.tree)}
             groups = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
             if not groups:
                 groups = [g for g in self.group_list if any(
@@ -167,13 +163,14 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         return not (group.tree or group.operands or len(group.terms) != 1 or n % tile or tile % 2 or flipped)
 
     def _halved(self) -> set[str]:
-        """lnc_split=intermediate: values only the reducing group reads, each program keeping the half of their
-        strip it computed."""
-        if self.s.lnc_split != "intermediate" or not self.reducing:
+        """lnc_split=intermediate or hidden: computed values only the reducing groups read, each program keeping the
+        half of their strip it computed (the half of the contraction it reduces over): h for ``intermediate``; x's
+        FP8 quantization for ``hidden``, each program quantizing the half of x it contracts over."""
+        if self.s.lnc_split not in ("intermediate", "hidden") or not self.reducing:
             return set()
-        (group,) = self.reducing
-        inside = {mm.id for mm in group.matmuls}
-        return {mm.operands[0] for mm in group.matmuls if all(u in inside for u in self.g.users(mm.operands[0]))}
+        inside = {mm.id for group in self.reducing for mm in group.matmuls}
+        return {mm.operands[0] for group in self.reducing for mm in group.matmuls
+                if all(u in inside for u in self.g.users(mm.operands[0]))}
 
     def _strip_inputs(self) -> list[Node]:
         """Kernel inputs held as transposed strips: matmul left operands and transposed groups' operands."""
@@ -188,33 +185,6 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
                     if op.kind == NodeKind.INPUT and op.id not in self.scales:
                         seen.setdefault(op.id, op)
         return list(seen.values())
-
-    def _epilogue(self, group: Group, values: dict[str, Ref], result: Ref, temps: dict[str, Buffer],
-                  spill: Buffer, sizes: tuple[Expr, Expr]) -> list[Stmt]:
-        """Evaluate the group's elementwise tree on its tiles (PSUM terms, SBUF operands), writing the
-        root into ``result``."""
-        out: list[Stmt] = []
-        values = dict(values)
-        root = group.root
-        rows, cols = sizes
-        if not group.tree:  # the value itself (already there when PE column tiles' sums were added into it)
-            return [] if values[root.id] is result else [Copy(result, values[root.id])]
-        for node in group.tree:
-            dst = result if node is root else Ref(temps[node.id], (span(0, rows), span(0, cols)))
-            ops = [values[o] for o in node.operands]
-            op = ElementwiseOp(node.attrs["op"])
-            if op.scaled:
-                out += self._fp8_op(node, op, dst, ops, Ref(spill, (span(0, rows), span(0, cols))))
-            elif op.unary:
-                out.append(Activation(dst, ops[0], op))
-            else:
-                if all(r.buffer.memory == "psum" for r in ops):
-                    moved = Ref(spill, (span(0, rows), span(0, cols)))
-                    out.append(Copy(moved, ops[1]))  # a vector op reads at most one PSUM operand
-                    ops[1] = moved
-                out.append(TensorTensor(dst, ops[0], ops[1], op))
-            values[node.id] = dst
-        return out
 
     def _describe_group(self, group: Group) -> str:
         """One line saying what the group computes and how (for the emitted kernel's readers)."""
@@ -236,103 +206,6 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue):
         sources = "; ".join(part for part in (f"PSUM tiles of {terms}" if terms else "",
                                               f"tiles of {reads}" if reads else "") if part)
         return f"{group.root.id}{mark} from {sources} ({ops} on the eviction)"
-
-    def _fp8_op(self, node: Node, op: ElementwiseOp, dst: Ref, ops: list[Ref], scratch: Ref) -> list[Stmt]:
-        """``quantize``: ``(x / scale) min max`` into fp32 scratch, then ``max -max`` into the FP8 tile (a clamp
-        before the cast, as nki-library's static quantization; rule NKI-FP8-SATURATE). ``dequantize``: the FP8
-        matmul's PSUM tile times the weight scale (a column, or a broadcast row of per-channel scales along the
-        free axis) and the activation scale, on its eviction: the scales applied once per output tile."""
-        if op == ElementwiseOp.QUANTIZE:
-            fmax = FP8_FORMATS[node.attrs["dtype"]].max
-            return [TensorScalar(scratch, ops[0], "divide", ops[1], "minimum", fmax),
-                    TensorScalar(dst, scratch, "maximum", -fmax)]
-        acc, x_scale, w_scale = ops
-        if w_scale.shape[-1] == x_scale.shape[-1]:  # a [P, 1] column
-            return [TensorScalar(dst, acc, "multiply", w_scale, "multiply", x_scale)]
-        return [TensorTensor(scratch, acc, w_scale, ElementwiseOp.MULTIPLY),
-                TensorScalar(dst, scratch, "multiply", x_scale)]
-
-    def scale_constants(self) -> list[Stmt]:
-        """Every scale on chip, once per kernel, in fp32: a [1, 1] scale broadcast to a [pmax, 1] column; a per-channel
-        [N, 1] scale read by a transposed group as one column per feature tile [pmax, tiles], by a row-major group
-        as a row broadcast to the token partitions [token_tile, N]."""
-        out: list[Stmt] = []
-        pmax = self.target.pmax
-        self.scale_bufs: dict[tuple[str, str], Buffer] = {}
-        for sid, node in self.scales.items():
-            hbm, n = self.hbm[sid], node.shape[0]
-            name = node.attrs["name"]
-            orients = {u.annotations.get("orient") for u in self._users(sid)}
-            if n == 1:
-                buf = self.scale_bufs[(sid, "col")] = Buffer(f"{name}_col", (pmax, 1), "float32", "sbuf")
-                out += [Alloc(buf, comment=f"{name} on every partition"),
-                        DmaCopy(Ref(buf, (span(0, pmax), span(0, 1))), Ref(hbm, (span(0, 1), span(0, 1))),
-                                broadcast=True)]
-                continue
-            if Orient.TRANSPOSED in orients:
-                tiles = -(-n // pmax)
-                buf = self.scale_bufs[(sid, "cols")] = Buffer(f"{name}_cols", (min(pmax, n), tiles), "float32", "sbuf")
-                out += [Alloc(buf, comment=f"{name}: one column per tile of {pmax} channels"),
-                        *self._scale_columns(name, hbm, buf, n)]
-            if Orient.NORMAL in orients:
-                rows = self.tok.tile
-                buf = self.scale_bufs[(sid, "row")] = Buffer(f"{name}_row", (rows, n), "float32", "sbuf")
-                out += [Alloc(buf, comment=f"{name} along the free axis, on every token partition"),
-                        DmaCopy(Ref(buf, (span(0, rows), span(0, n))), Ref(hbm, (span(0, n), span(0, 1))),
-                                broadcast=True)]
-        return out
-
-    def _scale_columns(self, name: str, hbm: Buffer, cols: Buffer, n: int) -> list[Stmt]:
-        """Fill ``cols`` [pmax, tiles] with a per-channel [N, 1] scale, channel ``128 t + p`` at partition p of column
-        t: the whole tiles in chunks of up to pmax tiles, each one load of the chunk's channels as [tiles, pmax] rows
-        (contiguous, one DMA), a TensorE transpose into PSUM and a copy, as nki-library's decode gate/up projection
-        loads its per-row dequantization scale (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/
-        mlp_tkg/mlp_tkg_gate_up_projection.py:375-420, dma_copy then nc_transpose where dma_transpose cannot serve;
-        nmmc's dma_transpose takes 2-byte types only, rule NKI-DMA-TRANSPOSE-DTYPE); a ragged last tile's channels
-        as one column DMA. One DMA per channel tile instead would pay a DMA fixed cost per 128 channels for a
-        4-byte-per-partition transfer (docs/fp8.md, "Cost")."""
-        pmax = self.target.pmax
-        whole, ragged = divmod(n, pmax)
-        out: list[Stmt] = []
-        for c0 in range(0, whole, pmax):
-            count = min(pmax, whole - c0)
-            suffix = f"_{c0 // pmax}" if whole > pmax else ""
-            rows = Buffer(f"{name}_rows{suffix}", (count, pmax), "float32", "sbuf")
-            tp = Buffer(f"{name}_tpsum{suffix}", (pmax, count), "float32", "psum")
-            out += [Alloc(rows, comment=f"{count} tiles of {pmax} channels as rows (one contiguous load)"),
-                    DmaCopy(Ref(rows, (span(0, count), span(0, pmax))),
-                            Ref(hbm, (span(c0 * pmax, count * pmax), span(0, 1))), fold=True),
-                    Alloc(tp), PeTranspose(Ref(tp, (span(0, pmax), span(0, count))), Ref(rows, (span(0, count),
-                                                                                               span(0, pmax)))),
-                    Copy(Ref(cols, (span(0, pmax), span(c0, count))), Ref(tp, (span(0, pmax), span(0, count))))]
-        if ragged:
-            out.append(DmaCopy(Ref(cols, (span(0, ragged), span(whole, 1))),
-                               Ref(hbm, (span(whole * pmax, ragged), span(0, 1)))))
-        return out
-
-    def scale_refs(self, group: Group, parts: Expr, at: Expr, width: Expr | None = None) -> dict[str, Ref]:
-        """The scales ``group`` reads, for an output tile of ``parts`` partitions: columns (the feature tile ``at`` of a
-        transposed group), or, in a row-major group, rows of ``width`` channels from channel ``at``."""
-        out: dict[str, Ref] = {}
-        for op in group.operands:
-            if op.id not in self.scales:
-                continue
-            if op.shape[0] == 1:
-                out[op.id] = Ref(self.scale_bufs[(op.id, "col")], (span(0, parts), span(0, 1)))
-            elif group.orient == Orient.TRANSPOSED:
-                out[op.id] = Ref(self.scale_bufs[(op.id, "cols")], (span(0, parts), span(at, 1)))
-            else:
-                out[op.id] = Ref(self.scale_bufs[(op.id, "row")], (span(0, parts), span(at, width or 1)))
-        return out
-
-    def _two_psum_operands(self, node: Node, group: Group) -> bool:
-        """Whether evaluating ``node`` needs the fp32 scratch tile: a vector op of two PSUM tiles (one is moved
-        first), or an FP8 op (quantize's clamp, a per-channel dequantize)."""
-        op = ElementwiseOp.lookup(node.attrs.get("op"))
-        if op is not None and op.scaled:
-            return True
-        terms = {t.node.id for t in group.terms}
-        return not (op is not None and op.unary) and all(o in terms for o in node.operands)
 
     def program(self) -> Program:
         """The kernel: resident weights, then per token block the strips and every group in order,

@@ -4,8 +4,8 @@
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=128 hidden=512 intermediate=1024, ranks gate/up/down 256/256/256, bfloat16, float8_e4m3 weights (row scales)
 # schedule     default
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
-# footprint    svd_mlp_k0: SBUF 8300 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    26.4 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# footprint    svd_mlp_k0: SBUF 8032 of 212992 bytes/partition, PSUM 2 of 8 banks
+# predicted    18.4 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -108,58 +108,58 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
     # x_scale on every partition
     x_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_scale_col[0:P, 0:1], src=x_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
-    # u_gate_scale: one column per tile of 128 channels
+    # x_ug_scale on every partition
+    x_ug_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_ug_scale_col[0:P, 0:1], src=x_ug_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
+    # x_uu_scale on every partition
+    x_uu_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_uu_scale_col[0:P, 0:1], src=x_uu_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
+    # h_scale on every partition
+    h_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=h_scale_col[0:P, 0:1], src=h_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
+    # h_ud_scale on every partition
+    h_ud_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=h_ud_scale_col[0:P, 0:1], src=h_ud_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
+    # u_gate_scale times x_scale / x_ug_scale: one column per tile of 128 channels
     u_gate_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
     # 2 tiles of 128 channels as rows (one contiguous load)
     u_gate_scale_rows = nl.ndarray((2, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=u_gate_scale_rows[0:2, 0:P], src=u_gate_scale.ap(pattern=[[P, 2], [1, P]], offset=0))
     u_gate_scale_tpsum = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=u_gate_scale_tpsum[0:P, 0:2], data=u_gate_scale_rows[0:2, 0:P])
-    nisa.tensor_copy(dst=u_gate_scale_cols[0:P, 0:2], src=u_gate_scale_tpsum[0:P, 0:2])
-    # x_ug_scale on every partition
-    x_ug_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_ug_scale_col[0:P, 0:1], src=x_ug_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
-    # v_gate_scale: one column per tile of 128 channels
+    nisa.tensor_scalar(dst=u_gate_scale_cols[0:P, 0:2], data=u_gate_scale_tpsum[0:P, 0:2], op0=nl.multiply, operand0=x_scale_col[0:P, 0:1], op1=nl.divide, operand1=x_ug_scale_col[0:P, 0:1])
+    # v_gate_scale times x_ug_scale: one column per tile of 128 channels
     v_gate_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
     # 8 tiles of 128 channels as rows (one contiguous load)
     v_gate_scale_rows = nl.ndarray((8, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=v_gate_scale_rows[0:8, 0:P], src=v_gate_scale.ap(pattern=[[P, 8], [1, P]], offset=0))
     v_gate_scale_tpsum = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=v_gate_scale_tpsum[0:P, 0:8], data=v_gate_scale_rows[0:8, 0:P])
-    nisa.tensor_copy(dst=v_gate_scale_cols[0:P, 0:8], src=v_gate_scale_tpsum[0:P, 0:8])
-    # u_up_scale: one column per tile of 128 channels
+    nisa.tensor_scalar(dst=v_gate_scale_cols[0:P, 0:8], data=v_gate_scale_tpsum[0:P, 0:8], op0=nl.multiply, operand0=x_ug_scale_col[0:P, 0:1])
+    # u_up_scale times x_scale / x_uu_scale: one column per tile of 128 channels
     u_up_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
     # 2 tiles of 128 channels as rows (one contiguous load)
     u_up_scale_rows = nl.ndarray((2, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=u_up_scale_rows[0:2, 0:P], src=u_up_scale.ap(pattern=[[P, 2], [1, P]], offset=0))
     u_up_scale_tpsum = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=u_up_scale_tpsum[0:P, 0:2], data=u_up_scale_rows[0:2, 0:P])
-    nisa.tensor_copy(dst=u_up_scale_cols[0:P, 0:2], src=u_up_scale_tpsum[0:P, 0:2])
-    # x_uu_scale on every partition
-    x_uu_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_uu_scale_col[0:P, 0:1], src=x_uu_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
-    # v_up_scale: one column per tile of 128 channels
+    nisa.tensor_scalar(dst=u_up_scale_cols[0:P, 0:2], data=u_up_scale_tpsum[0:P, 0:2], op0=nl.multiply, operand0=x_scale_col[0:P, 0:1], op1=nl.divide, operand1=x_uu_scale_col[0:P, 0:1])
+    # v_up_scale times x_uu_scale / h_scale: one column per tile of 128 channels
     v_up_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
     # 8 tiles of 128 channels as rows (one contiguous load)
     v_up_scale_rows = nl.ndarray((8, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=v_up_scale_rows[0:8, 0:P], src=v_up_scale.ap(pattern=[[P, 8], [1, P]], offset=0))
     v_up_scale_tpsum = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=v_up_scale_tpsum[0:P, 0:8], data=v_up_scale_rows[0:8, 0:P])
-    nisa.tensor_copy(dst=v_up_scale_cols[0:P, 0:8], src=v_up_scale_tpsum[0:P, 0:8])
-    # h_scale on every partition
-    h_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=h_scale_col[0:P, 0:1], src=h_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
-    # u_down_scale: one column per tile of 128 channels
+    nisa.tensor_scalar(dst=v_up_scale_cols[0:P, 0:8], data=v_up_scale_tpsum[0:P, 0:8], op0=nl.multiply, operand0=x_uu_scale_col[0:P, 0:1], op1=nl.divide, operand1=h_scale_col[0:P, 0:1])
+    # u_down_scale times h_scale / h_ud_scale: one column per tile of 128 channels
     u_down_scale_cols = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
     # 2 tiles of 128 channels as rows (one contiguous load)
     u_down_scale_rows = nl.ndarray((2, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=u_down_scale_rows[0:2, 0:P], src=u_down_scale.ap(pattern=[[P, 2], [1, P]], offset=0))
     u_down_scale_tpsum = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=u_down_scale_tpsum[0:P, 0:2], data=u_down_scale_rows[0:2, 0:P])
-    nisa.tensor_copy(dst=u_down_scale_cols[0:P, 0:2], src=u_down_scale_tpsum[0:P, 0:2])
-    # h_ud_scale on every partition
-    h_ud_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=h_ud_scale_col[0:P, 0:1], src=h_ud_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
+    nisa.tensor_scalar(dst=u_down_scale_cols[0:P, 0:2], data=u_down_scale_tpsum[0:P, 0:2], op0=nl.multiply, operand0=h_scale_col[0:P, 0:1], op1=nl.divide, operand1=h_ud_scale_col[0:P, 0:1])
     # v_down_scale along the free axis, on every token partition
     v_down_scale_row = nl.ndarray((TOKEN_TILE, 512), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=v_down_scale_row[0:TOKEN_TILE, 0:512], src=v_down_scale.ap(pattern=[[0, TOKEN_TILE], [1, 512]], offset=0))
@@ -188,9 +188,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
                 nisa.nc_matmul(dst=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             x_ug_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             x_ug_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=u_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
-            nisa.tensor_scalar(dst=x_ug_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=x_ug_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=x_ug_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
+            nisa.activation(dst=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=u_gate_scale_cols[0:F_TILE, ft:ft + 1])
+            nisa.tensor_scalar(dst=x_ug_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # x_uu_q^T strip of this token block, kept in SBUF
         x_uu_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # x_uu_q^T from PSUM tiles of x_uu_acc = x_q @ u_up; tiles of x_scale, u_up_scale, x_uu_scale (dequantize then quantize on the eviction)
@@ -203,9 +202,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
                 nisa.nc_matmul(dst=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             x_uu_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             x_uu_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=u_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
-            nisa.tensor_scalar(dst=x_uu_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=x_uu_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=x_uu_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
+            nisa.activation(dst=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=u_up_scale_cols[0:F_TILE, ft:ft + 1])
+            nisa.tensor_scalar(dst=x_uu_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # h_q^T strip of this token block, kept in SBUF
         h_q_strip = nl.ndarray((P, 8, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # h_q^T from PSUM tiles of gate_acc = x_ug_q @ v_gate, up_acc = x_uu_q @ v_up; tiles of x_ug_scale, v_gate_scale, x_uu_scale, v_up_scale, h_scale (dequantize then silu then dequantize then multiply then quantize on the eviction)
@@ -227,12 +225,10 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
             up_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=gate_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=gate_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=v_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_ug_scale_col[0:F_TILE, 0:1])
-            nisa.activation(dst=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.silu, data=gate_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)])
-            nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=up_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=v_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_uu_scale_col[0:F_TILE, 0:1])
+            nisa.activation(dst=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.silu, data=gate_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=v_gate_scale_cols[0:F_TILE, ft:ft + 1])
+            nisa.activation(dst=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=up_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=v_up_scale_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data1=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data2=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.multiply)
-            nisa.tensor_scalar(dst=h_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
+            nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # h_ud_q^T strip of this token block, kept in SBUF
         h_ud_q_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         # h_ud_q^T from PSUM tiles of h_ud_acc = h_q @ u_down; tiles of h_scale, u_down_scale, h_ud_scale (dequantize then quantize on the eviction)
@@ -245,9 +241,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
                 nisa.nc_matmul(dst=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             h_ud_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_ud_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.multiply, operand0=u_down_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=h_scale_col[0:F_TILE, 0:1])
-            nisa.tensor_scalar(dst=h_ud_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.divide, operand0=h_ud_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-            nisa.tensor_scalar(dst=h_ud_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_q_spill[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.maximum, operand0=-240.0)
+            nisa.activation(dst=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=u_down_scale_cols[0:F_TILE, ft:ft + 1])
+            nisa.tensor_scalar(dst=h_ud_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # out = down from PSUM tiles of down_acc = h_ud_q @ v_down; tiles of h_ud_scale, v_down_scale (dequantize on the eviction)
         v_down_block = nl.ndarray((P, 2, OUT_TILE), dtype=nl.float8_e4m3, buffer=nl.sbuf)
         for kt in range(2):

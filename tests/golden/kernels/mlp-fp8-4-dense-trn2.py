@@ -4,8 +4,8 @@
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=4 hidden=512 intermediate=1024, dense, bfloat16, float8_e4m3 weights (row scales)
 # schedule     default
 # parameters   tokens_per_block=4 token_tile=4 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=features
-# footprint    dense_mlp_k0: SBUF 10440 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    17.8 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# footprint    dense_mlp_k0: SBUF 10420 of 212992 bytes/partition, PSUM 2 of 8 banks
+# predicted    15.2 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -72,25 +72,25 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
     # x_scale on every partition
     x_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_scale_col[0:P, 0:1], src=x_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
-    # w_gate_scale: one column per tile of 128 channels
+    # h_scale on every partition
+    h_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=h_scale_col[0:P, 0:1], src=h_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
+    # w_gate_scale times x_scale: one column per tile of 128 channels
     w_gate_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
     # 8 tiles of 128 channels as rows (one contiguous load)
     w_gate_scale_rows = nl.ndarray((8, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_gate_scale_rows[0:8, 0:P], src=w_gate_scale.ap(pattern=[[P, 8], [1, P]], offset=0))
     w_gate_scale_tpsum = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=w_gate_scale_tpsum[0:P, 0:8], data=w_gate_scale_rows[0:8, 0:P])
-    nisa.tensor_copy(dst=w_gate_scale_cols[0:P, 0:8], src=w_gate_scale_tpsum[0:P, 0:8])
-    # w_up_scale: one column per tile of 128 channels
+    nisa.tensor_scalar(dst=w_gate_scale_cols[0:P, 0:8], data=w_gate_scale_tpsum[0:P, 0:8], op0=nl.multiply, operand0=x_scale_col[0:P, 0:1])
+    # w_up_scale times x_scale / h_scale: one column per tile of 128 channels
     w_up_scale_cols = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
     # 8 tiles of 128 channels as rows (one contiguous load)
     w_up_scale_rows = nl.ndarray((8, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_up_scale_rows[0:8, 0:P], src=w_up_scale.ap(pattern=[[P, 8], [1, P]], offset=0))
     w_up_scale_tpsum = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=w_up_scale_tpsum[0:P, 0:8], data=w_up_scale_rows[0:8, 0:P])
-    nisa.tensor_copy(dst=w_up_scale_cols[0:P, 0:8], src=w_up_scale_tpsum[0:P, 0:8])
-    # h_scale on every partition
-    h_scale_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=h_scale_col[0:P, 0:1], src=h_scale.ap(pattern=[[0, P], [1, 1]], offset=0))
+    nisa.tensor_scalar(dst=w_up_scale_cols[0:P, 0:8], data=w_up_scale_tpsum[0:P, 0:8], op0=nl.multiply, operand0=x_scale_col[0:P, 0:1], op1=nl.divide, operand1=h_scale_col[0:P, 0:1])
     # w_down_scale along the free axis, on every token partition
     w_down_scale_row = nl.ndarray((T, 512), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_down_scale_row[0:T, 0:512], src=w_down_scale.ap(pattern=[[0, T], [1, 512]], offset=0))
@@ -126,12 +126,10 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
         up_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
         h_f32 = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
         h_q_spill = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=gate_f32[0:F_TILE, 0:T], data=gate_acc_psum[0:F_TILE, 0:T], op0=nl.multiply, operand0=w_gate_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
-        nisa.activation(dst=act_f32[0:F_TILE, 0:T], op=nl.silu, data=gate_f32[0:F_TILE, 0:T])
-        nisa.tensor_scalar(dst=up_f32[0:F_TILE, 0:T], data=up_acc_psum[0:F_TILE, 0:T], op0=nl.multiply, operand0=w_up_scale_cols[0:F_TILE, ft:ft + 1], op1=nl.multiply, operand1=x_scale_col[0:F_TILE, 0:1])
+        nisa.activation(dst=act_f32[0:F_TILE, 0:T], op=nl.silu, data=gate_acc_psum[0:F_TILE, 0:T], scale=w_gate_scale_cols[0:F_TILE, ft:ft + 1])
+        nisa.activation(dst=up_f32[0:F_TILE, 0:T], op=nl.copy, data=up_acc_psum[0:F_TILE, 0:T], scale=w_up_scale_cols[0:F_TILE, ft:ft + 1])
         nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:T], data1=act_f32[0:F_TILE, 0:T], data2=up_f32[0:F_TILE, 0:T], op=nl.multiply)
-        nisa.tensor_scalar(dst=h_q_spill[0:F_TILE, 0:T], data=h_f32[0:F_TILE, 0:T], op0=nl.divide, operand0=h_scale_col[0:F_TILE, 0:1], op1=nl.minimum, operand1=240.0)
-        nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:T], data=h_q_spill[0:F_TILE, 0:T], op0=nl.maximum, operand0=-240.0)
+        nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:T], data=h_f32[0:F_TILE, 0:T], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
     # out = down from PSUM tiles of down_acc = h_q @ w_down; tiles of h_scale, w_down_scale (dequantize on the eviction)
     # 2 programs: each its 1 of 2
     for o_blk in range(1):
