@@ -261,3 +261,25 @@ def test_fp8_hidden_split_quantizes_each_programs_half_of_x_without_exchanging_i
     assert source.count("nisa.sendrecv(") == 1 and "h_q_partials" in source
     report = verify_source(source, rules=True)
     assert report.ok, report.error
+
+
+def test_folded_fp8_epilogue_allocates_no_unused_tile():
+    """A folded FP8 epilogue leaves its fp32 scratch and the gate's temporary unused: the lowering drops their
+    allocations (kernel_ir/prune.py), so the kernel neither prints nor counts them."""
+    from neuronmm_compiler.kernel_ir.program import Alloc, Loop
+    from neuronmm_compiler.kernel_ir.prune import drop_unused_allocs
+    from neuronmm_compiler.targets import get_target
+
+    compiled = compile_workload(mlp_workload(128, 512, 1024, ranks=(256, 256, 256), fp8=Fp8Weights("float8_e4m3")),
+                                target=get_target("trn2"))
+    source = compiled.kernel.source
+    for name in {line.split(" = nl.ndarray")[0].strip() for line in source.splitlines() if " = nl.ndarray" in line}:
+        assert source.count(f"{name}[") >= 1, name  # every allocated tile is read or written
+
+    def allocs(body):
+        return [s for s in body if isinstance(s, Alloc)] + [a for s in body if isinstance(s, Loop)
+                                                           for a in allocs(s.body)]
+
+    program = compiled.program
+    assert drop_unused_allocs(program) is program  # nothing left to drop
+    assert len(allocs(program.body)) == len({a.buffer for a in allocs(program.body)})

@@ -44,6 +44,7 @@ from ..kernel_ir.program import (
     Program,
     Stmt,
 )
+from ..kernel_ir.prune import drop_unused_allocs
 from ..passes.legality import check_kernel
 from ..schedule.fused import FusedSchedule, normalize_on
 from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
@@ -257,5 +258,5 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
 def lower_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, name: str | None = None) -> Program:
     """The loop-nest program of one kernel subgraph (annotated by the fusion pipeline, see the module
     docstring) under ``schedule`` on ``target``."""
-    program = _FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program()
+    program = drop_unused_allocs(_FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program())
     return program if program.programs > 1 else distribute(program, schedule.lnc_split, target.lnc)

@@ -4,7 +4,7 @@
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=128 hidden=512 intermediate=1024, ranks gate/up/down 256/256/256, bfloat16, float8_e4m3 weights (row scales)
 # schedule     default
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
-# footprint    svd_mlp_k0: SBUF 8032 of 212992 bytes/partition, PSUM 2 of 8 banks
+# footprint    svd_mlp_k0: SBUF 7776 of 212992 bytes/partition, PSUM 2 of 8 banks
 # predicted    18.4 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
@@ -187,7 +187,6 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
             for kt in range(4):
                 nisa.nc_matmul(dst=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             x_ug_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            x_ug_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=x_ug_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=u_gate_scale_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_scalar(dst=x_ug_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_ug_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # x_uu_q^T strip of this token block, kept in SBUF
@@ -201,7 +200,6 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
             for kt in range(4):
                 nisa.nc_matmul(dst=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             x_uu_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            x_uu_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=x_uu_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=u_up_scale_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_scalar(dst=x_uu_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=x_uu_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # h_q^T strip of this token block, kept in SBUF
@@ -220,11 +218,9 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
             up_acc_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             for kt in range(2):
                 nisa.nc_matmul(dst=up_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
-            gate_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             up_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             h_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            h_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.silu, data=gate_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=v_gate_scale_cols[0:F_TILE, ft:ft + 1])
             nisa.activation(dst=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=up_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=v_up_scale_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_tensor(dst=h_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data1=act_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data2=up_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.multiply)
@@ -240,7 +236,6 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down, x_scale, u_gate_sc
             for kt in range(8):
                 nisa.nc_matmul(dst=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_q_strip[0:P, kt, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], perf_mode=nisa.matmul_perf_mode.double_row)
             h_ud_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            h_ud_q_spill = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op=nl.copy, data=h_ud_acc_psum[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], scale=u_down_scale_cols[0:F_TILE, ft:ft + 1])
             nisa.tensor_scalar(dst=h_ud_q_strip[0:F_TILE, ft, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], data=h_ud_f32[0:F_TILE, 0:min(TOKEN_TILE, T_MINE - TOKEN_TILE * m_blk)], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
         # out = down from PSUM tiles of down_acc = h_ud_q @ v_down; tiles of h_ud_scale, v_down_scale (dequantize on the eviction)

@@ -1,0 +1,54 @@
+"""Drop the allocations no instruction uses.
+
+A lowering allocates the temporaries an epilogue *may* need before it knows which ones the epilogue's instructions
+will read or write (an FP8 epilogue whose scales were folded into an activation's ``scale=`` leaves its fp32
+scratch and the gate's temporary untouched). An unused ``Alloc`` still prints as an ``nl.ndarray`` in the kernel a
+user reads and still counts in the SBUF/PSUM footprint the schedule is checked against, so the lowering drops it
+here, once, for every program it builds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass, replace
+from typing import Any
+
+from .program import Alloc, Buffer, Loop, Program, Ref, Stmt
+
+__all__ = ["drop_unused_allocs"]
+
+
+def _buffers(value: Any, out: set[Buffer]) -> None:
+    """Every buffer a value refers to (a Ref, or any dataclass, tuple or list holding one)."""
+    if isinstance(value, Ref):
+        out.add(value.buffer)
+    elif isinstance(value, tuple | list):
+        for item in value:
+            _buffers(item, out)
+    elif is_dataclass(value) and not isinstance(value, type | Buffer):
+        for f in fields(value):
+            _buffers(getattr(value, f.name), out)
+
+
+def _used(body: list[Stmt], out: set[Buffer]) -> None:
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            _used(stmt.body, out)
+        elif not isinstance(stmt, Alloc):
+            _buffers(stmt, out)
+
+
+def _prune(body: list[Stmt], used: set[Buffer]) -> list[Stmt]:
+    kept: list[Stmt] = []
+    for stmt in body:
+        if isinstance(stmt, Alloc) and stmt.buffer not in used:
+            continue
+        kept.append(replace(stmt, body=_prune(stmt.body, used)) if isinstance(stmt, Loop) else stmt)
+    return kept
+
+
+def drop_unused_allocs(program: Program) -> Program:
+    """``program`` without the ``Alloc`` of any on-chip buffer no statement refers to."""
+    used: set[Buffer] = set()
+    _used(program.body, used)
+    body = _prune(program.body, used)
+    return program if body == program.body else replace(program, body=body)
