@@ -80,8 +80,15 @@ def test_tune_model_tunes_every_layer_group_and_totals_the_model(mixed, tmp_path
     for fragment in ("ranks and formats per layer (from the manifest): 3 layer groups", f"group {SVD}: layers 1,3",
                      "predicted by nmmc's cost model (not measured)", "nmmc's fused dense MLP in bf16 for every layer",
                      "in-graph", f"{SVD}/mlp_t128.py", f"{index['buckets'][1]['predicted_us']:.1f}",
-                     "wrote 6 kernel files"):
+                     "wrote 6 kernel files",
+                     "speedups over the dense MLPs: the SVD and FP8 change the model's outputs; not measured"):
         assert fragment in text, fragment
+    from neuronmm_compiler.report_models import _approximations
+
+    only_fp8 = {**index, "groups": [g for g in index["groups"] if g["ranks"] is None]}
+    assert _approximations(only_fp8).startswith("FP8 changes the model's outputs")  # not "the SVD"
+    assert _approximations({**index, "groups": [{**g, "weights": "bfloat16"} for g in only_fp8["groups"]]}) == (
+        "exact (every layer dense, bf16 weights)")
     lock = tmp_path / "lock.json"
     _lock_chosen(str(lock), index, searched, TuneRequest(target=target, dialect="nki"))
     entries = list(Lockfile.load(lock))

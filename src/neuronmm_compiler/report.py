@@ -170,12 +170,14 @@ LOSSY = "an approximation vs exact: the SVD changes the model's outputs"
 DENSE_BASELINES = ("nkilib-mlp", "nmmc-dense", "dense")
 
 
-def quality_note(quality: dict[str, Any] | None) -> str:
-    """What the SVD does to the model, as measured by ``nmmc compress --eval`` (or that it was not)."""
+def quality_note(quality: dict[str, Any] | None, what: str = "the SVD") -> str:
+    """What ``what`` (the SVD, FP8, or both) does to the model, as measured by ``nmmc compress --eval`` (or that it
+    was not)."""
+    verb = "change" if " and " in what else "changes"
     if not quality:
-        return ("the SVD changes the model's outputs; not measured for these ranks (nmmc compress --eval "
+        return (f"{what} {verb} the model's outputs; not measured for these ranks and formats (nmmc compress --eval "
                 "measures the perplexity change)")
-    return (f"the SVD changes the model's outputs: measured perplexity {quality['perplexity_original']:.2f} -> "
+    return (f"{what} {verb} the model's outputs: measured perplexity {quality['perplexity_original']:.2f} -> "
             f"{quality['perplexity_compressed']:.2f} ({quality['perplexity_increase']:+.1%}) on "
             f"{quality['tokens']} held-out tokens ({quality['source']})")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .cost_model.trust import trust_note
+from .ir.fp8 import is_fp8
 from .model_formats import format_lines, written_files
 from .report import columns, quality_note
 from .speedups import context_note, speedup_text
@@ -32,7 +33,7 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
              "Inference runs; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' AWS's "
              "kernel per matmul",
              f"  {context_note(target)}",
-             f"  speedups over the dense MLPs: {quality_note(index.get('quality'))}"]
+             f"  speedups over the dense MLPs: {_approximations(index)}"]
     if index.get("formats_from") == "manifest":
         fmt = index["buckets"][0]["chosen_format"] if index["buckets"] else "?"
         lines.append(f"  format: {fmt} in every bucket, as the compress output records for every layer (manifest "
@@ -110,6 +111,19 @@ def _dense_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]
     return lines
 
 
+def _approximations(index: dict[str, Any]) -> str:
+    """What the speedups over the dense MLPs compare with exact kernels: "the SVD", "FP8" or "the SVD and FP8" (the
+    tuned kernels' formats), or that nothing is approximated."""
+    if index.get("groups"):
+        svd = any(g["ranks"] is not None for g in index["groups"])
+        fp8 = any(is_fp8(g["weights"]) for g in index["groups"])
+    else:
+        svd = index["ranks"] is not None
+        fp8 = any("fp8" in str(b.get("format", "")) for b in index["buckets"])
+    what = " and ".join(["the SVD"] * svd + ["FP8"] * fp8)
+    return quality_note(index.get("quality"), what) if what else "exact (every layer dense, bf16 weights)"
+
+
 def _grouped_lines(source: Any, index: dict[str, Any], target: Target, output: str) -> list[str]:
     """``nmmc tune --model`` on a compress output whose layers differ in ranks or format: each layer group's table
     (its kernel in the format its layers record), then the model's total per bucket (model_groups.py) against nmmc's
@@ -121,7 +135,7 @@ def _grouped_lines(source: Any, index: dict[str, Any], target: Target, output: s
              "Inference runs; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' AWS's "
              "kernel per matmul",
              f"  {context_note(target)}",
-             f"  speedups over the dense MLPs: {quality_note(index.get('quality'))}",
+             f"  speedups over the dense MLPs: {_approximations(index)}",
              "  format: each group's kernel is in the format the compress output records for its layers (manifest "
              "layers[i] ranks and fp8; chosen there under the accuracy budget, not by latency here); other --dtype "
              "formats are tuned for comparison only"]
