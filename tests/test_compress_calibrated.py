@@ -316,9 +316,13 @@ def test_report_of_a_compress_output(tmp_path):
     model_dir = make_llama(tmp_path / "m")
     token_file(tmp_path / "cal.npy", 256, 10)
     token_file(tmp_path / "ev.npy", 64, 11)
-    run_compress(CompressRequest(model_dir=str(model_dir), out_dir=str(tmp_path / "j"), keep_ratio=0.3, align=32,
-                                 calibration=str(tmp_path / "cal.npy"), eval=str(tmp_path / "ev.npy"),
-                                 sequence_length=64, choose_ranks=True, buckets=(1,), target=get_target("trn1")))
+    joint = run_compress(CompressRequest(model_dir=str(model_dir), out_dir=str(tmp_path / "j"), keep_ratio=0.3,
+                                         align=32, calibration=str(tmp_path / "cal.npy"), eval=str(tmp_path / "ev.npy"),
+                                         sequence_length=64, choose_ranks=True, buckets=(1,),
+                                         target=get_target("trn1")))
+    from neuronmm_compiler.models.rank_choice import BUDGET_NOT_APPLIED
+
+    assert BUDGET_NOT_APPLIED in joint.warnings  # bf16 --tokens: the proxy choice does not spend the budget
     result = CliRunner().invoke(main, ["report", str(tmp_path / "j"), "-o", str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
     summary = (tmp_path / "rep" / "summary.md").read_text()

@@ -54,6 +54,7 @@ from .formats import fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_PRIOR, HEAL_METHODS, HEAL_TARGETS
 from .manifest import MANIFEST_FILE, Manifest
 from .measured_choice import SELECTION_SHARE, selection_tokens
+from .rank_choice import BUDGET_NOT_APPLIED
 from .whitening import DEFAULT_DAMPING
 
 __all__ = ["CompressRequest", "CompressResult", "load_factors", "run_compress", "whitened_factors"]
@@ -338,6 +339,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
                   "selection_tokens": int(selection_tokens(calibration_ids, request.sequence_length).size)}
     elif request.choose_ranks or request.target_speedup is not None:
         layer_ranks, record, front, point = _choose_ranks(request, calibration, calibration_ids, model(), progress)
+        warnings += [BUDGET_NOT_APPLIED] if request.target_speedup is None else []
     shard_blocks: dict | None = {} if request.tp > 1 and calibration is not None else None
     build = partial(build_model, request, model() if calibrated else None, calibration, calibration_ids, fmt=fmt,
                     progress=progress, shard_out=shard_blocks)
