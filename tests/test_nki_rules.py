@@ -94,6 +94,18 @@ def _kernel(dialect: str, body: str) -> str:
     return head + "\n".join("    " + line for line in lines) + "\n    return out\n"
 
 
+def _matmul_body(x: str = "bfloat16", y: str = "bfloat16", acc: str = "float32", buffer: str = "psum",
+                 violation: str | None = None, before: str = "") -> str:
+    """The nki-dialect body of one ``nc_matmul`` of an x [128, 128] and a y [128, 512] operand into ``acc``, with
+    ``before`` ahead of the matmul; ``violation`` ("x", "y", "acc" or "matmul") marks that line "# VIOLATION"."""
+    lines = {"out": "out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)",
+             "x": f"x = nl.ndarray((128, 128), dtype=nl.{x}, buffer=nl.sbuf)",
+             "y": f"y = nl.ndarray((128, 512), dtype=nl.{y}, buffer=nl.sbuf)",
+             "acc": f"acc = nl.ndarray((128, 512), dtype=nl.{acc}, buffer=nl.{buffer})",
+             "before": before, "matmul": "nisa.nc_matmul(dst=acc, stationary=x, moving=y)"}
+    return "\n".join(line + ("  # VIOLATION" if key == violation else "") for key, line in lines.items() if line)
+
+
 # (rule, dialect, target, sdk, bad body, good body); the bad body marks its line with "# VIOLATION".
 CASES = [
     ("NKI-PARTITION-MAX", "nki", "trn2", None,
@@ -183,20 +195,8 @@ CASES = [
             acc[0:128, 0:512] += nisa.nc_matmul(scratch[0:128, 0:128], scratch[0:128, 0:512])
         """),
     ("NKI-MATMUL-MEMORY", "nki", "trn2", None,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)  # VIOLATION
-        """,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
-        """),
+     _matmul_body(buffer="sbuf", violation="matmul"),
+     _matmul_body()),
     ("NKI-MATMUL-MEMORY", "neuronxcc", "trn1", None,
      """
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -321,20 +321,8 @@ CASES = [
         nisa.nc_matmul(dst=acc[32:40, 0:512], stationary=x, moving=y, tile_position=(0, 32), tile_size=(128, 32))
         """),
     ("NKI-MATMUL-DTYPE", "nki", "trn2", None,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)  # VIOLATION
-        """,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
-        """),
+     _matmul_body(acc="bfloat16", violation="matmul"),
+     _matmul_body()),
     ("NKI-MATMUL-DTYPE", "neuronxcc", "trn1", None,
      """
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -352,51 +340,14 @@ CASES = [
         """),
     # float8_e4m3fn operands are nc_matmul inputs from NeuronCore-v4 on: the same matmul is fine on trn3
     ("NKI-MATMUL-E4M3FN", "nki", "trn2", None,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.float8_e5m2, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)  # VIOLATION
-        """,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.float8_e4m3, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.float8_e5m2, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
-        """),
+     _matmul_body(x="float8_e4m3fn", y="float8_e5m2", violation="matmul"),
+     _matmul_body(x="float8_e4m3", y="float8_e5m2")),
     ("NKI-FP8-E4M3-MODE", "nki", "trn3", None,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.float8_e4m3, buffer=nl.sbuf)  # VIOLATION
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
-        """,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.float8_e5m2, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
-        """),
+     _matmul_body(x="float8_e4m3fn", y="float8_e4m3", violation="y"),
+     _matmul_body(x="float8_e4m3fn", y="float8_e5m2")),
     ("NKI-MATMUL-ACC-INIT", "nki", "trn2", None,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.memset(dst=acc, value=0.0)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)  # VIOLATION
-        """,
-     """
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        x = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-        y = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
-        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=x, moving=y)
-        """),
+     _matmul_body(before="nisa.memset(dst=acc, value=0.0)", violation="matmul"),
+     _matmul_body()),
     ("NKI-TRANSPOSE-DTYPE", "nki", "trn2", None,
      """
         out = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
