@@ -142,8 +142,7 @@ def test_useful_candidates_drop_what_cannot_pay():
 def test_format_choice_spends_the_cost_it_is_given(tiny):
     """The greedy's moves follow the cost: made dense FP8 the one candidate cheaper than bf16 dense, it is the only
     one measured and accepted; made every candidate cost more, nothing is measured beyond the start."""
-    from neuronmm_compiler.models.format_choice import candidates, measured_format_choice
-    from neuronmm_compiler.models.whitening import whitened_svd  # noqa: F401 (factor below is plain SVD)
+    from neuronmm_compiler.models.format_choice import candidates, cost_record, measured_format_choice
 
     model_dir, cal, _, _ = tiny
     model = CausalLM(model_dir)
@@ -156,13 +155,13 @@ def test_format_choice_spends_the_cost_it_is_given(tiny):
     options = candidates(model.arch.hidden_size, model.arch.intermediate_size, 32, "float8_e4m3")
     cost = {c: 10.0 for c in options}
     cost[(None, "float8_e4m3")] = 5.0
-    chosen = measured_format_choice(model, ids, 1.0, factor, "float8_e4m3", length=64, align=32, cost=cost,
-                                    cost_info={"unit": "us"})
+    chosen = measured_format_choice(model, ids, 1.0, factor, "float8_e4m3", length=64, align=32,
+                                    costs=cost_record(options, cost, "us"))
     assert chosen.candidates == [[None, "float8_e4m3"]]  # every SVD candidate is dominated (no cheaper than it)
     assert [(s["rank"], s["format"], s["accepted"]) for s in chosen.steps] == [(None, "float8_e4m3", True)] * 2
     assert [s["cost"] for s in chosen.steps] == [0.75, 0.5] and chosen.formats == ["float8_e4m3"] * 2
     nothing = measured_format_choice(model, ids, 1.0, factor, "float8_e4m3", length=64, align=32,
-                                     cost=dict.fromkeys(options, 10.0), cost_info={"unit": "us"})
+                                     costs=cost_record(options, dict.fromkeys(options, 10.0), "us"))
     assert nothing.candidates == [] and nothing.steps == [] and nothing.choice == [None, None]
 
 

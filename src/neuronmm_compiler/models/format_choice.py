@@ -97,23 +97,23 @@ def cost_record(options: list[Candidate], cost: Mapping[Candidate, float], unit:
 
 
 def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callable[[int, str, int], tuple],
-                           fmt: str, *, length: int = 512, align: int = 128,
-                           cost: Mapping[Candidate, float] | None = None, cost_info: dict | None = None,
+                           fmt: str, *, length: int = 512, align: int = 128, costs: dict | None = None,
                            progress: Callable[[int, int], None] | None = None) -> MeasuredChoice:
     """The choice of the module docstring within ``budget`` (relative perplexity increase) measured on ``ids``;
-    ``factor(layer, projection, rank)`` gives that projection's ``(u, v)``. ``cost``: one layer's cost of each
-    candidate (:func:`candidates`; predicted latency), default its weight bytes; ``cost_info``: the record of it
-    (:func:`cost_record`). The result's ``choice`` holds the ranks (None: dense), ``formats`` the kernel dtype of
-    each layer."""
+    ``factor(layer, projection, rank)`` gives that projection's ``(u, v)``. ``costs``: one layer's cost of each
+    candidate (:func:`candidates`), as :func:`cost_record` records it (:func:`latency_costs`: predicted latency);
+    default its weight bytes. The result's ``choice`` holds the ranks (None: dense), ``formats`` the kernel dtype
+    of each layer."""
     a = model.arch
     layers = a.num_hidden_layers
     chunks = sequences(np.asarray(ids), length)
     options = candidates(a.hidden_size, a.intermediate_size, align, fmt)
-    if cost is None:
-        cost = {c: float(layer_bytes(a.hidden_size, a.intermediate_size, c)) for c in options}
-        cost_info = cost_record(options, cost, "weight bytes")
+    if costs is None:
+        costs = cost_record(options, {c: float(layer_bytes(a.hidden_size, a.intermediate_size, c)) for c in options},
+                            "weight bytes")
+    cost = {(c["rank"], c["format"]): c["cost"] for c in costs["candidates"]}
     start = options[0]
-    rest, _ = useful_candidates(options, cost)
+    rest = [(c["rank"], c["format"]) for c in costs["candidates"][1:] if "dropped" not in c]
     full = layer_bytes(a.hidden_size, a.intermediate_size, start)
     cache: dict[tuple[int, Candidate], Callable] = {}
 
@@ -155,7 +155,7 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
                    key=lambda m: (max(sensitivity[m[0]][rest.index(m[1])], 0.0) / saved[m[1]], -saved[m[1]], m[0]))
     refused: dict[int, list[Candidate]] = {layer: [] for layer in range(layers)}
     result = MeasuredChoice([None] * layers, budget, math.exp(base), sensitivity, formats=["bfloat16"] * layers,
-                            cost=cost_info, candidates=[list(c) for c in rest])
+                            cost=costs, candidates=[list(c) for c in rest])
     for layer, cand in moves:
         ticker.tick()
         if saved[cand] <= saved.get(choice[layer], 0) or any(_at_least_as_accurate(r, cand) for r in refused[layer]):
@@ -181,9 +181,9 @@ def measured_format_choice(model, ids: np.ndarray, budget: float, factor: Callab
 
 
 def latency_costs(arch, fmt: str, buckets, target, align: int = 128,
-                  progress: Callable[[int, int], None] | None = None) -> tuple[dict, dict]:
-    """One layer's cost of each candidate for :func:`measured_format_choice` with ``--tokens``: its fused kernel's
-    predicted latency summed over ``buckets`` on ``target`` (nmmc's cost model); and the record of it."""
+                  progress: Callable[[int, int], None] | None = None) -> dict:
+    """One layer's cost of each candidate for :func:`measured_format_choice` with ``--tokens`` (its ``costs``): its
+    fused kernel's predicted latency summed over ``buckets`` on ``target`` (nmmc's cost model)."""
     from ..cost_model.trust import trust_note
     from ..speedups import context_note
     from .latency import predict_candidate_latencies
@@ -193,7 +193,7 @@ def latency_costs(arch, fmt: str, buckets, target, align: int = 128,
                                              progress=progress)
     cost = {c: float(sum(v)) for c, v in per_bucket.items()}
     where = f"token bucket{'s' if len(buckets) > 1 else ''} {','.join(map(str, buckets))}"
-    return cost, cost_record(options, cost, f"us of one layer's MLP kernel, cost-model prediction summed over {where} "
+    return cost_record(options, cost, f"us of one layer's MLP kernel, cost-model prediction summed over {where} "
                              f"on {target.name} (LNC={target.lnc})", per_bucket, buckets=list(buckets),
                              target=target.name, lnc=target.lnc, trust=trust_note(target, fused=True),
                              context=context_note(target), baseline="the original layer: nmmc's fused dense bf16 MLP")

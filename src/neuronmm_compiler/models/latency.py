@@ -19,10 +19,9 @@ import numpy as np
 
 from ..artifacts.cache import ResultCache
 from ..driver import tune_cached
-from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import MlpWorkload, mlp_workload
-from ..ir.fp8 import is_fp8
 from ..jobs import SearchSettings, resolve
+from ..model_formats import MlpFormat
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
 
@@ -93,10 +92,8 @@ def predict_candidate_latencies(hidden: int, intermediate: int, buckets: Sequenc
 
     def build(tokens: int, candidate: tuple[int | None, str]) -> MlpWorkload:
         rank, dtype = candidate
-        fp8 = Fp8Weights(dtype) if is_fp8(dtype) else None
-        if rank is None:
-            return mlp_workload(tokens, hidden, intermediate, dense=True, fp8=fp8)
-        return mlp_workload(tokens, hidden, intermediate, ranks=(rank, rank, rank), fp8=fp8)
+        return MlpFormat(rank is not None, dtype).workload(tokens, hidden, intermediate,
+                                                           None if rank is None else (rank, rank, rank))
 
     table = _tuned_table(buckets, candidates, build, target=target, trials=trials, seed=seed, progress=progress)
     return {c: [float(x) for x in table[:, i]] for i, c in enumerate(candidates)}

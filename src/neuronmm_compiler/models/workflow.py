@@ -325,10 +325,10 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
             raise InputError("--choose-ranks without --tokens measures perplexity on calibration tokens: give "
                              "--calibration as text or .npy token ids")
         m = model()
-        costs = {} if fmt is None or not request.buckets else dict(zip(("cost", "cost_info"), latency_costs(
+        costs = None if fmt is None or not request.buckets else latency_costs(
             m.arch, fmt, request.buckets, request.target, request.align,
-            None if progress is None else lambda d, t: progress("cost model", d, t)), strict=True))
-        chosen = (measured_choice if fmt is None else partial(measured_format_choice, fmt=fmt, **costs))(
+            None if progress is None else lambda d, t: progress("cost model", d, t))
+        chosen = (measured_choice if fmt is None else partial(measured_format_choice, fmt=fmt, costs=costs))(
             m, selection_tokens(calibration_ids, request.sequence_length), budget * SELECTION_SHARE,
             lambda layer, proj, rank: (lambda f: (f.u, f.v))(whitened_svd(
                 m.mlp_weight(layer, proj), calibration.gram(layer, proj), rank, request.damping)),
