@@ -119,7 +119,8 @@ def _approximations(index: dict[str, Any]) -> str:
         fp8 = any(is_fp8(g["weights"]) for g in index["groups"])
     else:
         svd = index["ranks"] is not None
-        fp8 = any("fp8" in str(b.get("format", "")) for b in index["buckets"])
+        fp8 = any(is_fp8(f["weights"]) for b in index["buckets"] for f in b.get("formats", [])
+                  if f["name"] == b.get("format"))  # the primary kernel's, whose speedups are printed
     what = " and ".join(["the SVD"] * svd + ["FP8"] * fp8)
     return quality_note(index.get("quality"), what) if what else "exact (every layer dense, bf16 weights)"
 
