@@ -102,13 +102,27 @@ def main() -> None:
     ap.add_argument("--extra-tokens", type=int, default=None, help="use this many of --extra's tokens")
     ap.add_argument("--json", default=None, help="append the run's settings and perplexities here (JSON lines)")
     ap.add_argument("--eval-start", action="store_true", help="also measure the whitened and closed-form factors")
+    ap.add_argument("--start-dir", default=None, metavar="OUT",
+                    help="start from the factors of this compress output (e.g. a closed form on more tokens) "
+                         "instead of the cached closed form")
+    ap.add_argument("--ids", action="append", default=None, metavar="FILE[:N]",
+                    help="distillation tokens (text or .npy; first N), repeatable; replaces the cached calibration")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
     a = ap.parse_args()
     torch = import_torch()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     texts = Path(a.texts)
     model = CausalLM(a.model_dir)
     lm = TorchLM(model, torch)
-    start = starting_points(model, texts, Path(a.cache), a.rank)
+    start = starting_points(model, texts, Path(a.cache), a.rank) if a.start_dir is None or a.ids is None else {}
+    if a.start_dir is not None:
+        from neuronmm_compiler.models.compress_steps import load_factors
+        from neuronmm_compiler.models.manifest import read_manifest
+
+        start["healed"] = load_factors(a.start_dir, read_manifest(Path(a.start_dir) / "manifest.json"))
+    if a.ids:
+        parts = [spec.rsplit(":", 1) if ":" in spec else (spec, None) for spec in a.ids]
+        start["ids"] = np.concatenate([load_tokens(f, a.model_dir, None if n is None else int(n)) for f, n in parts])
     evals = {n: load_tokens(texts / f, a.model_dir, 1024) for n, f in EVALS.items()}
     original = perplexities(lm, torch, evals, None)
 
@@ -127,7 +141,7 @@ def main() -> None:
         ids = np.concatenate([ids, extra])
         print(f"distillation tokens: {start['ids'].size} calibration + {extra.size} from {a.extra}", flush=True)
     settings = FinetuneSettings(steps=a.steps, learning_rate=a.lr, warmup=a.warmup, layer_weight=a.layer_weight,
-                                dtype=a.dtype, samples=0, threads=1, checkpoint_seconds=1e9)  # data: --extra
+                                dtype=a.dtype, samples=0, threads=a.threads, checkpoint_seconds=1e9)  # data: --extra
     t0, c0 = time.time(), _cpu()
 
     def on_step(step: int, steps: int, kl: float) -> None:

@@ -44,7 +44,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from ..errors import InputError
-from .calibration import DEFAULT_SEQUENCE, sequences
+from .calibration import DEFAULT_SEQUENCE, batch_gram, sequences
 from .config import PROJECTIONS
 from .forward import rms_norm, silu
 from .svd import _gram, _lapack, choose_method
@@ -105,9 +105,11 @@ def rank_constrained_lstsq(gram: np.ndarray, cross: np.ndarray, rank: int, dampi
 
 
 def _residual(gram: np.ndarray, cross: np.ndarray, target: float, u: np.ndarray, v: np.ndarray) -> float:
-    """``||A u v - B||_F / ||B||_F`` from ``A^T A``, ``A^T B`` and ``||B||^2``."""
-    m = u @ v
-    value = float(np.einsum("ij,ij->", m, gram @ m)) - 2.0 * float(np.einsum("ij,ij->", m, cross)) + target
+    """``||A u v - B||_F / ||B||_F`` from ``A^T A``, ``A^T B`` and ``||B||^2``, through the rank-r factors
+    (``<u^T G u, v v^T> - 2 <u^T C, v> + t``: no [in, out] product)."""
+    u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
+    value = float(np.einsum("ij,ij->", u.T @ (gram @ u), v @ v.T)) - 2.0 * float(np.einsum("ij,ij->", u.T @ cross, v)) \
+        + target
     return float(np.sqrt(max(value, 0.0) / target)) if target > 0 else 0.0
 
 
@@ -118,16 +120,27 @@ def _project(x: np.ndarray, factor) -> np.ndarray:
 
 
 class _Accumulator:
-    """``A^T A``, ``A^T B`` and ``||B||^2`` in float64."""
+    """``A^T A``, ``A^T B`` and ``||B||^2``, summed in float64 over batches whose products are summed in
+    float32 (:func:`~.calibration.batch_gram` says why that is exact enough)."""
 
     def __init__(self, k: int, n: int):
         self.gram, self.cross, self.target = np.zeros((k, k)), np.zeros((k, n)), 0.0
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        self.gram += a64.T @ a64
-        self.cross += a64.T @ b64
-        self.target += float(np.einsum("ij,ij->", b64, b64))
+        a32, b32 = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+        self.gram += batch_gram(a32)
+        self.cross += (a32.T @ b32).astype(np.float64)
+        self.target += float(np.einsum("ij,ij->", b32, b32, dtype=np.float64))
+
+    @classmethod
+    def of_linear(cls, gram: np.ndarray, w: np.ndarray) -> _Accumulator:
+        """The sums for targets ``B = A W`` from ``A^T A`` alone: ``A^T B = (A^T A) W`` and ``||B||^2 =
+        <W, (A^T A) W>`` (one product per layer instead of one per batch)."""
+        acc = cls(0, 0)
+        acc.gram = gram
+        acc.cross = gram @ np.asarray(w, dtype=np.float64)
+        acc.target = float(np.einsum("ij,ij->", np.asarray(w, dtype=np.float64), acc.cross))
+        return acc
 
 
 def _with_prior(acc: _Accumulator, prior, weight: float, layer: int, name: str, w: np.ndarray
@@ -187,12 +200,16 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         given = factors[index]
         out: dict = {}
         errs_before, errs_after = {}, {}
-        # gate and up: inputs x~, targets x~ W (or the original model's x W)
-        acc = {p: _Accumulator(a.hidden_size, a.intermediate_size) for p in ("gate", "up")
-               if isinstance(given[p], tuple)}
-        for i, x in enumerate(xs):
-            for p, ac in acc.items():
-                ac.add(x, (teacher_x[i] if teacher is not None else x) @ model.mlp_weight(index, p))
+        # gate and up: inputs x~, targets x~ W (from x~'s Gram alone) or the original model's x W
+        factored = [p for p in ("gate", "up") if isinstance(given[p], tuple)]
+        if teacher is not None:
+            acc = {p: _Accumulator(a.hidden_size, a.intermediate_size) for p in factored}
+            for i, x in enumerate(xs):
+                for p, ac in acc.items():
+                    ac.add(x, teacher_x[i] @ model.mlp_weight(index, p))
+        else:
+            gram = sum(batch_gram(x) for x in xs) if factored else None
+            acc = {p: _Accumulator.of_linear(gram, model.mlp_weight(index, p)) for p in factored}
         if shards is not None and shard_out is not None:
             shard_out[index] = _shard_gate_up(model, index, acc, given, shards, shard_rank, damping)
         for p in ("gate", "up"):
