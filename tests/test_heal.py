@@ -13,7 +13,8 @@ from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.models import read_manifest
 from neuronmm_compiler.models.calibration import calibrate
 from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import closed_form_heal, rank_constrained_lstsq
+from neuronmm_compiler.models.heal import METRIC_DAMPING, closed_form_heal, rank_constrained_lstsq
+from neuronmm_compiler.models.heal_metric import original_mlp
 from neuronmm_compiler.models.measured_choice import measured_choice, plot_front
 from neuronmm_compiler.models.quality import evaluate, factored_mlp
 from neuronmm_compiler.models.sampling import sample_tokens
@@ -53,13 +54,58 @@ def test_rank_constrained_lstsq_is_whitened_svd_for_the_layers_own_targets_and_b
         rank_constrained_lstsq(gram, gram @ w, 30)
 
 
+def test_rank_constrained_lstsq_with_an_output_metric_is_the_weighted_optimum():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((300, 20)) @ rng.standard_normal((20, 20))
+    w = rng.standard_normal((20, 30))
+    gram, cross = x.T @ x, x.T @ (x @ w)
+    c = rng.standard_normal((30, 30))
+    metric = c @ c.T
+    u, v = rank_constrained_lstsq(gram, cross, 6, damping=1e-9, metric=metric)
+    right = np.linalg.cholesky(metric + METRIC_DAMPING * np.mean(np.diag(metric)) * np.eye(30))
+
+    def weighted(uu, vv):
+        return np.linalg.norm((x @ uu @ vv - x @ w) @ right)
+
+    best = weighted(u, v)
+    plain = rank_constrained_lstsq(gram, cross, 6, damping=1e-9)
+    assert best < weighted(*plain)  # the unweighted optimum is worse in the weighted norm
+    for _ in range(5):
+        du, dv = u + 1e-3 * rng.standard_normal(u.shape), v + 1e-3 * rng.standard_normal(v.shape)
+        assert weighted(du, dv) >= best - 1e-9
+    # a multiple of the identity weighs every output alike: the unweighted solution
+    same = rank_constrained_lstsq(gram, cross, 6, damping=1e-9, metric=3.0 * np.eye(30))
+    assert np.allclose(same[0] @ same[1], plain[0] @ plain[1], atol=1e-8)
+
+
+def test_output_metric_is_how_gate_and_up_errors_reach_the_mlp_output(tiny):
+    _, _, model = tiny
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((40, model.arch.hidden_size)).astype(np.float32) for _ in range(2)]
+    wants, metrics = original_mlp(model, 0, xs, ("gate", "up"), outputs=True)
+    w = {p: model.mlp_weight(0, p).astype(np.float64) for p in ("gate", "up", "down")}
+    for x, want in zip(xs, wants, strict=True):
+        assert np.allclose(want, model.mlp(0, x)[0], rtol=1e-5, atol=1e-6)
+    e = rng.standard_normal(w["down"].shape[0]) * 1e-4  # one error vector for every token: no approximation left
+    x = np.concatenate(xs).astype(np.float64)
+    g, u = x @ w["gate"], x @ w["up"]
+
+    def out(gg, uu):
+        return (gg / (1 + np.exp(-gg)) * uu) @ w["down"]
+
+    for p, moved in (("up", out(g, u + e)), ("gate", out(g + e, u))):
+        change = float(np.sum((moved - out(g, u)) ** 2))
+        assert change == pytest.approx(float(e @ metrics[p] @ e), rel=1e-3)  # first order in e
+    assert original_mlp(model, 0, xs, (), outputs=False) == ([], {})
+
+
 def test_closed_form_heal_keeps_ranks_and_lowers_the_calibration_loss(tiny):
     _, _, model = tiny
     ids = np.random.default_rng(1).integers(0, VOCAB, 512)
     cal = calibrate(model, ids, source="t", length=64)
     plans = [{"gate": 16, "up": 16, "down": 16}, {"gate": None, "up": None, "down": 16}]
     start = whitened_factors(model, cal, plans, 1e-4)
-    healed, report = closed_form_heal(model, ids, start, length=64, damping=1e-3)
+    healed, report = closed_form_heal(model, ids, start, length=64, damping=1e-3, metric="projection")
     assert healed[1]["gate"] is start[1]["gate"]  # dense stays dense
     for layer, ranks in enumerate(plans):
         for proj, rank in ranks.items():
@@ -71,6 +117,11 @@ def test_closed_form_heal_keeps_ranks_and_lowers_the_calibration_loss(tiny):
     assert after < before
     stream, _ = closed_form_heal(model, ids, start, length=64, damping=1e-3, target="stream")
     assert evaluate(model, ids, factored_mlp(stream), length=64, per_layer=False).ppl_compressed < before
+    weighed, _ = closed_form_heal(model, ids, start, length=64, damping=1e-3, metric="mlp-output")
+    assert evaluate(model, ids, factored_mlp(weighed), length=64, per_layer=False).ppl_compressed < before
+    assert not np.allclose(weighed[0]["gate"][0] @ weighed[0]["gate"][1], healed[0]["gate"][0] @ healed[0]["gate"][1])
+    with pytest.raises(InputError, match="unknown heal metric"):
+        closed_form_heal(model, ids, start, length=64, metric="output")
 
 
 def test_cli_heal_min_calibration_single_source_and_several_eval_files(tiny):
@@ -89,6 +140,7 @@ def test_cli_heal_min_calibration_single_source_and_several_eval_files(tiny):
     assert "ev1.npy: 126 tokens" in result.output and "ev2.npy: 126 tokens" in result.output
     manifest = read_manifest(out)
     assert manifest.heal["method"] == "closed-form" and manifest.quality["tokens"] == 252
+    assert manifest.heal["metric"] == "mlp-output"  # the default (--heal-metric)
     assert [q["source"] for q in manifest.quality["per_file"]] == ["ev1.npy", "ev2.npy"]
     rank = manifest.ranks["gate"]
     with safe_open(str(out / "layer_000.safetensors"), framework="np") as f:  # the same file format

@@ -75,12 +75,20 @@ def _stage_bar(enabled: bool):
 @click.option("--heal-target", default="layer", show_default=True, type=click.Choice(["layer", "stream"]),
               help="Closed-form targets: the original layer on the compressed model's inputs (layer), or the "
                    "original model's own activations (stream, also undoes earlier layers' drift).")
+@click.option("--heal-metric", default="mlp-output", show_default=True,
+              type=click.Choice(["mlp-output", "projection"]),
+              help="What the closed form refits gate and up to: the error they cause in the MLP's output, through "
+                   "silu and down (mlp-output), or their own output's error (projection).")
 @click.option("--finetune-steps", default=None, type=click.IntRange(min=1),
               help="Fine-tuning steps of one 256-token sequence (default 200).")
 @click.option("--finetune-lr", default=None, type=float,
               help="Fine-tuning peak learning rate (AdamW, warm-up then cosine; default 1e-5).")
 @click.option("--finetune-samples", default=None, type=click.IntRange(min=0), metavar="N",
               help="Tokens sampled from the original model added to the fine-tuning data (default 16384).")
+@click.option("--threads", default=None, type=click.IntRange(min=1), metavar="N",
+              help="CPU threads for the NumPy stages (BLAS) and fine-tuning (torch). Default: every core this "
+                   "process may use. On a machine shared with other jobs, 1 is faster (threads that wait for each "
+                   "other spin; docs/compression.md).")
 @click.option("--sequence-length", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per sequence of the calibration and evaluation forward passes.")
 @click.option("--damping", default=1e-4, show_default=True, type=float,
@@ -170,7 +178,8 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
         target_speedup=o["target_speedup"], buckets=tuple(parse_buckets(o["buckets"])) if o["buckets"] else None,
         target=resolve_target(o["target"], None) if joint else None, max_ppl_increase=o["max_ppl_increase"],
         heal=o["heal"], heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"],
-        finetune=finetune, progress_bars=bars, tp=tp, eval_check=o["eval_check"])
+        heal_metric=o["heal_metric"], threads=o["threads"], finetune=finetune, progress_bars=bars, tp=tp,
+        eval_check=o["eval_check"])
 
 
 def _extra_lines(result, output: str) -> list[str]:

@@ -5,6 +5,7 @@ and the factor shards of ``--tp`` with the same whitening and healing."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
                          "ids (pre-captured activations cannot be re-run through the healed layers)")
     record: dict[str, Any] = {"method": request.heal, "calibration": calibration.digest(),
                               "damping": request.heal_damping, "target": request.heal_target,
-                              "prior_weight": request.heal_prior}
+                              "prior_weight": request.heal_prior, "metric": request.heal_metric}
     if request.heal == "finetune":
         resumed = _resume_finetune(request, model, calibration, ids, plans, record, progress, shard_out)
         if resumed is not None:
@@ -88,7 +89,7 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
     healed, report = closed_form_heal(
         model, ids, start, length=request.sequence_length, damping=request.heal_damping, target=request.heal_target,
         progress=None if progress is None else lambda d, t: progress("healing (closed form)", d, t),
-        shard_out=shard_out, prior=calibration.grams, prior_weight=request.heal_prior,
+        shard_out=shard_out, prior=calibration.grams, prior_weight=request.heal_prior, metric=request.heal_metric,
         **_shard_args(request, model))
     record["closed_form_error"] = {
         "mean_before": float(np.mean([v for layer in report.before for v in layer.values()] or [0.0])),
@@ -99,20 +100,25 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
     return healed, record
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _finetune_identity(request, calibration: Calibration) -> dict[str, Any]:
     return {"calibration": calibration.digest(), "damping": request.damping, "heal_damping": request.heal_damping,
-            "target": request.heal_target, "prior": request.heal_prior}
+            "target": request.heal_target, "prior": request.heal_prior, "metric": request.heal_metric}
 
 
 def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, record: dict[str, Any],
               progress: StageProgress | None, state: dict | None = None) -> tuple[dict, dict]:
     """Fine-tuning from the closed form's factors ``start`` (trained in place); ``record`` (the closed form's)
     is stored in the checkpoint, so that a resumed run can skip the closed form."""
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from .finetune import FinetuneSettings, finetune_heal
 
-    settings = request.finetune or FinetuneSettings()
+    settings = replace(request.finetune or FinetuneSettings(), threads=request.threads or available_cores())
     record["finetune"] = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
     record["finetune"]["start"] = "closed-form"
     extra: dict[str, Any] = {"closed_form_error": record["closed_form_error"]}

@@ -47,14 +47,18 @@ from ..errors import InputError
 from .calibration import DEFAULT_SEQUENCE, batch_gram, sequences
 from .config import PROJECTIONS
 from .forward import rms_norm, silu
+from .heal_metric import original_mlp
 from .svd import _gram, _lapack, choose_method
 from .whitening import whiten
 
 __all__ = [
     "DEFAULT_HEAL_DAMPING",
+    "DEFAULT_HEAL_METRIC",
     "HEAL_METHODS",
+    "HEAL_METRICS",
     "HEAL_TARGETS",
     "HealReport",
+    "check_heal_options",
     "closed_form_heal",
     "rank_constrained_lstsq",
 ]
@@ -65,6 +69,11 @@ HEAL_TARGETS = ("layer", "stream")
 DEFAULT_HEAL_DAMPING = 1e-4
 #: Weight of the prior (whitened SVD's objective on the original activations) in the closed-form refit.
 DEFAULT_HEAL_PRIOR = 1.0
+#: What gate's and up's refit errors are measured in: the MLP's output (:func:`.heal_metric.original_mlp`) or their own.
+HEAL_METRICS = ("mlp-output", "projection")
+DEFAULT_HEAL_METRIC = "mlp-output"
+#: Ridge of the output metric, relative to its mean diagonal (measured on SmolLM2-135M, docs/compression.md).
+METRIC_DAMPING = 1e-2
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
@@ -84,10 +93,22 @@ class HealReport:
                 "relative_error_after": [dict(d) for d in self.after]}
 
 
-def rank_constrained_lstsq(gram: np.ndarray, cross: np.ndarray, rank: int, damping: float = DEFAULT_HEAL_DAMPING
-                           ) -> tuple[np.ndarray, np.ndarray]:
+def check_heal_options(method: str, target: str, metric: str) -> None:
+    """A one-line InputError for an unknown heal method, target or metric."""
+    for what, value, accepted in (("--heal", method, HEAL_METHODS), ("heal target", target, HEAL_TARGETS),
+                                  ("heal metric", metric, HEAL_METRICS)):
+        if value not in accepted:
+            raise InputError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
+
+
+def rank_constrained_lstsq(gram: np.ndarray, cross: np.ndarray, rank: int, damping: float = DEFAULT_HEAL_DAMPING,
+                           metric: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(u [in, rank], v [rank, out])`` minimising ``||A u v - B||_F^2 + lambda ||u v||^2_(ridge)`` from
-    ``gram = A^T A`` and ``cross = A^T B`` (float64); ``lambda = damping * mean(diag(gram))``."""
+    ``gram = A^T A`` and ``cross = A^T B`` (float64); ``lambda = damping * mean(diag(gram))``.
+
+    ``metric`` (``Q`` [out, out], positive semi-definite) weighs the output's errors: the objective becomes
+    ``||(A u v - B) R||_F^2`` with ``Q + mu I = R R^T`` (``mu``: :data:`METRIC_DAMPING` of Q's mean diagonal),
+    solved the same way with ``L^-1 A^T B R`` in place of ``L^-1 A^T B`` and ``v R^-1`` in place of ``v``."""
     gram = np.asarray(gram, dtype=np.float64)
     cross = np.asarray(cross, dtype=np.float64)
     k, n = cross.shape
@@ -99,8 +120,13 @@ def rank_constrained_lstsq(gram: np.ndarray, cross: np.ndarray, rank: int, dampi
         raise InputError("the refit's targets hold NaN or Inf values")
     lower, _ = whiten(gram, damping)
     m = solve_triangular(lower, cross, lower=True, check_finite=False)  # L^-1 A^T B
+    right = None if metric is None else whiten(metric, METRIC_DAMPING)[0]
+    if right is not None:
+        m = m @ right
     u_white, v, _ = (_lapack if choose_method(k, n) == "lapack" else _gram)(m, rank)
     u = solve_triangular(lower.T, u_white, lower=False, check_finite=False)
+    if right is not None:
+        v = solve_triangular(right.T, v.T, lower=False, check_finite=False).T  # v R^-1
     return u, v
 
 
@@ -158,7 +184,7 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
                      shards: Sequence[tuple[int, int]] | None = None,
                      shard_rank: Callable[[int, int, int], int | None] | None = None,
                      shard_out: dict | None = None, prior: Sequence[Mapping[str, np.ndarray]] | None = None,
-                     prior_weight: float = 0.0) -> tuple[dict, HealReport]:
+                     prior_weight: float = 0.0, metric: str = DEFAULT_HEAL_METRIC) -> tuple[dict, HealReport]:
     """Healed factors (same ranks; dense projections stay dense) and the per-projection residuals.
 
     ``model`` is a :class:`~.forward.CausalLM`, ``ids`` the calibration token ids, ``factors`` per
@@ -176,9 +202,11 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
     objective: it minimises ``||A M - B||^2 + w ||X (M - W)||^2`` (the second term: the layer's output
     error on the original model's activations), which keeps a refit on few calibration tokens from
     fitting them alone.
+
+    ``metric="mlp-output"`` refits gate and up to the MLP output's error instead of their own
+    (:func:`.heal_metric.original_mlp`); down's refit is unchanged (it already targets the MLP's output).
     """
-    if target not in HEAL_TARGETS:
-        raise InputError(f"unknown heal target {target!r}; accepted: {', '.join(HEAL_TARGETS)}")
+    check_heal_options("closed-form", target, metric)
     if not damping > 0:
         raise InputError(f"heal damping must be positive; got {damping!r}")
     a = model.arch
@@ -210,15 +238,17 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         else:
             gram = sum(batch_gram(x) for x in xs) if factored else None
             acc = {p: _Accumulator.of_linear(gram, model.mlp_weight(index, p)) for p in factored}
+        wants, metrics = original_mlp(model, index, xs, factored if metric == "mlp-output" else (),
+                                       outputs=teacher is None and isinstance(given["down"], tuple))
         if shards is not None and shard_out is not None:
-            shard_out[index] = _shard_gate_up(model, index, acc, given, shards, shard_rank, damping)
+            shard_out[index] = _shard_gate_up(model, index, acc, given, shards, shard_rank, damping, metrics)
         for p in ("gate", "up"):
             if p not in acc:
                 out[p] = given[p]
                 continue
             rank = given[p][0].shape[1]
             u, v = rank_constrained_lstsq(*_with_prior(acc[p], prior, prior_weight, index, "input",
-                                                       model.mlp_weight(index, p)), rank, damping)
+                                                       model.mlp_weight(index, p)), rank, damping, metrics.get(p))
             errs_before[p] = _residual(acc[p].gram, acc[p].cross, acc[p].target, *given[p])
             errs_after[p] = _residual(acc[p].gram, acc[p].cross, acc[p].target, u, v)
             out[p] = (u.astype(np.float32), v.astype(np.float32))
@@ -234,7 +264,7 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
                     y_teacher = model.mlp(index, teacher_x[i])[0]
                     want = teacher[i] + y_teacher - stream[i]
                 else:
-                    want = model.mlp(index, x)[0]
+                    want = wants[i]
                 down_acc.add(inner, want)
                 ys.append(inner)
             else:
@@ -264,8 +294,10 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
     return healed, HealReport(tuple(before), tuple(after), int(sum(len(c) for c in chunks)))
 
 
-def _shard_gate_up(model, index: int, acc: Mapping[str, _Accumulator], given, shards, shard_rank, damping) -> dict:
-    """Each rank's gate/up block (columns ``[a, b)``) fitted to the same targets' columns."""
+def _shard_gate_up(model, index: int, acc: Mapping[str, _Accumulator], given, shards, shard_rank, damping,
+                   metrics: Mapping[str, np.ndarray]) -> dict:
+    """Each rank's gate/up block (columns ``[a, b)``) fitted to the same targets' columns (weighed by the
+    block of the output metric: rank i's MLP reads only its own columns)."""
     out: dict = {}
     for p in ("gate", "up"):
         if p not in acc:
@@ -276,8 +308,9 @@ def _shard_gate_up(model, index: int, acc: Mapping[str, _Accumulator], given, sh
         blocks = []
         for a, b in shards:
             r = shard_rank(k, b - a, full)
+            q = metrics.get(p)
             blocks.append(None if r is None else tuple(t.astype(np.float32) for t in rank_constrained_lstsq(
-                acc[p].gram, acc[p].cross[:, a:b], r, damping)))
+                acc[p].gram, acc[p].cross[:, a:b], r, damping, None if q is None else q[a:b, a:b])))
         out[p] = None if any(f is None for f in blocks) else blocks
     return out
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..errors import InputError
 from ..io import check_input_file, write_text_atomic
@@ -51,7 +52,7 @@ from .compress_steps import (
 from .config import read_config
 from .eval_budget import hold_budget_on_eval
 from .formats import fp8_format
-from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_PRIOR, HEAL_METHODS, HEAL_TARGETS
+from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_METRIC, DEFAULT_HEAL_PRIOR, check_heal_options
 from .manifest import MANIFEST_FILE, Manifest
 from .measured_choice import SELECTION_SHARE, selection_tokens
 from .rank_choice import BUDGET_NOT_APPLIED
@@ -83,7 +84,7 @@ class CompressRequest:
     align: int = 128
     ranks: dict[str, int] | None = None
     dtype: str = "float32"
-    threads: int | None = None
+    threads: int | None = None  # BLAS and fine-tuning threads; None: every core this process may use
     calibration: str | tuple[str, ...] | None = None
     calibration_tokens: int | None = 16384
     eval: str | tuple[str, ...] | None = None
@@ -100,6 +101,7 @@ class CompressRequest:
     heal_damping: float = DEFAULT_HEAL_DAMPING
     heal_target: str = "layer"
     heal_prior: float = DEFAULT_HEAL_PRIOR
+    heal_metric: str = DEFAULT_HEAL_METRIC  # gate/up refit errors weighed by their path to the MLP output
     finetune: Any = None  # finetune.FinetuneSettings; None: its defaults
     progress_bars: bool = False  # tqdm bars of long stages (fine-tuning) on stderr
     tp: int = 1  # > 1: also write the factor shards of a tensor-parallel deployment (OUT/tp<N>/)
@@ -268,6 +270,11 @@ def ppl_fraction(value: float) -> float:
 
 def run_compress(request: CompressRequest, *, progress: StageProgress | None = None) -> CompressResult:
     """Compress as ``request`` says (see the module docstring); return the manifest and warnings."""
+    with threadpool_limits(limits=request.threads, user_api="blas"):  # None: the BLAS library's default
+        return _run_compress(request, progress)
+
+
+def _run_compress(request: CompressRequest, progress: StageProgress | None) -> CompressResult:
     from .forward import CausalLM
 
     fmt = fp8_format(request.dtype)
@@ -285,10 +292,7 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
         raise InputError(f"--target-speedup must be positive; got {request.target_speedup}")
     if not request.max_ppl_increase >= 0:
         raise InputError(f"--max-ppl-increase must be non-negative; got {request.max_ppl_increase}")
-    if request.heal not in HEAL_METHODS:
-        raise InputError(f"unknown --heal {request.heal!r}; accepted: {', '.join(HEAL_METHODS)}")
-    if request.heal_target not in HEAL_TARGETS:
-        raise InputError(f"unknown heal target {request.heal_target!r}; accepted: {', '.join(HEAL_TARGETS)}")
+    check_heal_options(request.heal, request.heal_target, request.heal_metric)
     if fmt is not None and (not calibrated or request.tp > 1):
         raise InputError("--dtype fp8 needs --calibration (text or .npy token ids: the static activation scales are "
                          "calibrated on them) and no --tp" if request.tp <= 1 else
