@@ -100,6 +100,16 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
     return healed, record
 
 
+def sample(request, model, count: int, seed: int, progress: StageProgress | None, stage: str) -> np.ndarray:
+    """``count`` tokens sampled from the original model as compress samples (:data:`SAMPLE_BATCH` sequences decoded
+    together, on ``--threads``)."""
+    from .sampling import sample_tokens
+
+    return sample_tokens(model, count, length=request.sequence_length, batch=SAMPLE_BATCH, seed=seed,
+                         threads=request.threads or available_cores(),
+                         progress=None if progress is None else lambda d, t: progress(stage, d, t))
+
+
 def available_cores() -> int:
     """The CPU cores this process may run on (its affinity where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -129,12 +139,9 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
         else:
             import time
 
-            from .sampling import sample_tokens
-
             began = time.time()
-            extra["samples"] = sample_tokens(
-                model, settings.samples, length=request.sequence_length, batch=SAMPLE_BATCH, seed=settings.seed + 1,
-                progress=None if progress is None else lambda d, t: progress("sampling (fine-tuning data)", d, t))
+            extra["samples"] = sample(request, model, settings.samples, settings.seed + 1, progress,
+                                      "sampling (fine-tuning data)")
             record["finetune_sampling_seconds"] = round(time.time() - began, 1)
         distill = np.concatenate([ids, extra["samples"]])
     healed, run = finetune_heal(

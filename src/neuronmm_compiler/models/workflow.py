@@ -47,6 +47,7 @@ from .compress_steps import (
     build_model,
     compressed_mlp,
     load_factors,
+    sample,
     whitened_factors,
 )
 from .config import read_config
@@ -166,10 +167,7 @@ def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
         sources.append(f"{Path(p).name} ({ids.size} tokens)")
     model = model_loader() if parts or request.calibration_samples > 0 else None
     if request.calibration_samples > 0:
-        from .sampling import sample_tokens
-
-        sampled = sample_tokens(model, request.calibration_samples, length=request.sequence_length,
-                                progress=None if progress is None else lambda d, t: progress("sampling", d, t))
+        sampled = sample(request, model, request.calibration_samples, 0, progress, "sampling")
         parts.append(sampled)
         sources.append(f"{sampled.size} tokens sampled from the model")
     ids = np.concatenate(parts)
