@@ -142,6 +142,7 @@ def test_the_cli_tunes_verifies_and_locks_each_group(mixed, tmp_path, monkeypatc
     index = json.loads((out / "index.json").read_text())
     files = [b["file"] for g in index["groups"] for b in g["buckets"]]
     assert files == ["dense-fp8/mlp_t1.py", f"{SVD}/mlp_t1.py", f"{FP8}/mlp_t1.py"]
+    assert all(b["verified"] is True for g in index["groups"] for b in g["buckets"])
     assert "model MLP per bucket" in result.output
     assert all(f"{file}  verified" in result.output for file in files), result.output
     assert [e.kernel_sha256 for e in Lockfile.load(lock)] == [  # the files written

@@ -40,7 +40,9 @@ def test_tune_model_emits_verified_kernels_for_every_bucket(tmp_path):
         assert bucket["verified"] is True
         assert (out / bucket["file"]).is_file()
         assert bucket["speedup_vs_unfused"] > 1
-    assert json.loads((out / "index.json").read_text())["buckets"][0]["file"] == "mlp_t1.py"
+    written = json.loads((out / "index.json").read_text())
+    assert written["buckets"][0]["file"] == "mlp_t1.py"
+    assert [b["verified"] for b in written["buckets"]] == [True] * 3  # --verify's result is in the file too
 
 
 @pytest.mark.parametrize(

@@ -122,7 +122,7 @@ def format_lines(entry: Mapping[str, Any], indent: str) -> list[str]:
     chosen = next(f for f in formats if f["chosen"])
     if entry.get("chosen_by") == "manifest":
         lines.append(f"{indent}chosen: {chosen['name']} ({chosen['file']}), the format the compress output records for "
-                     "its layers (manifest layers[i].fp8), whatever the latencies above")
+                     "its layers (manifest layers[i].fp8; a layer without one is bf16), whatever the latencies above")
     elif entry.get("recommended") != "nkilib" and chosen["weights"] != formats[0]["weights"]:
         lines.append(f"{indent}recommended: {chosen['name']} ({chosen['file']}): the fastest predicted of the allowed "
                      "formats (their accuracy is not judged here: nmmc compress --eval measures it)")

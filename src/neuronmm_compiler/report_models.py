@@ -37,8 +37,8 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
     if index.get("formats_from") == "manifest":
         fmt = index["buckets"][0]["chosen_format"] if index["buckets"] else "?"
         lines.append(f"  format: {fmt} in every bucket, as the compress output records for every layer (manifest "
-                     "layers[i].fp8; chosen there under the accuracy budget, not by latency here); other --dtype "
-                     "formats are tuned for comparison only")
+                     "layers[i].fp8, bf16 where absent; chosen there under the accuracy budget, not by latency here); "
+                     "other --dtype formats are tuned for comparison only")
     lines += _svd_table(index["buckets"])
     count = written_files(index)
     lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")

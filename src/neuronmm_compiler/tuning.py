@@ -378,6 +378,10 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                 entry["verified"] = entry.get("verified", True) and report.ok
                 if not report.ok:
                     failures.append(f"{name}: {report.error}")
+        from .io import write_text_atomic
+        from .model_tuning import INDEX_FILE
+
+        write_text_atomic(Path(output) / INDEX_FILE, json.dumps(index, indent=2) + "\n")  # with each "verified"
     if as_json:
         echo(json.dumps(index, indent=2))
     else:

@@ -193,9 +193,11 @@ def _extra_lines(result, output: str) -> list[str]:
             run = heal["finetune_run"]
             tuned = (f"; fine-tuned {heal['finetune']['steps']} steps ({run['seconds']:.0f} s this run), KL "
                      f"{run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
-        lines.append(f"  healed ({heal['method']}): closed-form refit residual on calibration tokens "
-                     f"{cf.get('mean_before', float('nan')):.4f} -> {cf.get('mean_after', float('nan')):.4f} (mean "
-                     f"relative){tuned}")
+        own = "; gate and up are fitted to the MLP output's error, so their own may rise" \
+            if heal.get("metric") == "mlp-output" else ""
+        lines.append(f"  healed ({heal['method']}): closed-form refit residual of each projection's output on "
+                     f"calibration tokens {cf.get('mean_before', float('nan')):.4f} -> "
+                     f"{cf.get('mean_after', float('nan')):.4f} (mean relative{own}){tuned}")
     quality = result.manifest.quality
     for q in (quality or {}).get("per_file", []):
         lines.append(f"    {q['source']}: {q['tokens']} tokens, perplexity {q['perplexity_original']:.2f} -> "

@@ -25,6 +25,10 @@ model's own activations on the same tokens (``x W`` for gate/up, and for down th
 the compressed residual stream back onto the original one), which also corrects the drift of earlier
 layers; it fits the calibration text harder.
 
+By default (``metric="mlp-output"``) gate's and up's errors are weighed by how they reach the MLP's output
+through silu and down (:mod:`.heal_metric`), not measured in their own output; ``"projection"`` is the
+unweighted refit above.
+
 ``finetune`` (:mod:`.finetune`, torch): gradient distillation of the factors against the original
 model's next-token distribution.
 
