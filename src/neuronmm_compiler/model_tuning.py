@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,11 @@ def parse_buckets(text: str) -> list[int]:
     return buckets
 
 
+def write_index(out_dir: str | Path, index: Mapping[str, Any]) -> None:
+    """``out_dir``/index.json, written atomically."""
+    write_text_atomic(Path(out_dir) / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+
+
 def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,
                trials: int = DEFAULT_TRIALS, seed: int = 0,
                tune_bucket: Callable[[Workload, int], Tuned] | None = None, jobs: int = 1,
@@ -203,7 +208,7 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
                             for r in results[0]]
         for entry in index["buckets"]:
             entry["chosen_by"] = index["formats_from"]
-    write_text_atomic(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    write_index(out, index)
     if on_written is not None:
         on_written([(workload, tuned) for (_, workload), tuned in zip(searches, tuned_all, strict=True)])
     return index

@@ -44,14 +44,6 @@ class TuneRequest:
         return resolve(workload, self.target, self.dialect)
 
 
-def default_jobs() -> int:
-    """``tune --model --jobs`` by default: the cores this process may run on."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # not on Linux
-        return max(os.cpu_count() or 1, 1)
-
-
 def search(workload: Workload, request: TuneRequest, echo: Echo) -> tuple[Tuned, str | None]:
     """(tuned, the cache directory that answered or None), with the progress bar and the cache
     warnings the request asks for."""
@@ -378,10 +370,9 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                 entry["verified"] = entry.get("verified", True) and report.ok
                 if not report.ok:
                     failures.append(f"{name}: {report.error}")
-        from .io import write_text_atomic
-        from .model_tuning import INDEX_FILE
+        from .model_tuning import write_index
 
-        write_text_atomic(Path(output) / INDEX_FILE, json.dumps(index, indent=2) + "\n")  # with each "verified"
+        write_index(output, index)  # with each bucket's "verified"
     if as_json:
         echo(json.dumps(index, indent=2))
     else:

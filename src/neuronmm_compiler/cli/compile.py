@@ -150,8 +150,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     unfused SVD factors, each with AWS's kernel per matmul; for an SVD MLP, first nmmc's own fused
     dense MLP, tuned the same way. With --model, do that for a model's MLP at every token bucket.
     Every speedup names its launch context (--launch; in-graph by default for MLPs)."""
+    from ..cores import available_cores as cores
     from ..tuning import TuneRequest, run_model_tune, run_tune
-    from ..tuning import default_jobs as cores
 
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
     if model is not None and any(options.get(key) not in (None, False) for key in PROLOGUE_KEYS):

@@ -5,13 +5,13 @@ and the factor shards of ``--tp`` with the same whitening and healing."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..cores import available_cores
 from ..errors import InputError
 from .calibration import Calibration
 from .compress import plan_ranks
@@ -108,11 +108,6 @@ def sample(request, model, count: int, seed: int, progress: StageProgress | None
     return sample_tokens(model, count, length=request.sequence_length, batch=SAMPLE_BATCH, seed=seed,
                          threads=request.threads or available_cores(),
                          progress=None if progress is None else lambda d, t: progress(stage, d, t))
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity where the OS has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _finetune_identity(request, calibration: Calibration) -> dict[str, Any]:

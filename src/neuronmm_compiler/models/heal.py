@@ -261,15 +261,11 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         # that brings the residual stream back to the original model's)
         ys = []
         down_acc = _Accumulator(a.intermediate_size, a.hidden_size) if isinstance(given["down"], tuple) else None
+        teacher_ys = [model.mlp(index, tx)[0] for tx in teacher_x]  # the original model's MLP (target "stream")
         for i, x in enumerate(xs):
             inner = silu(_project(x, out["gate"])) * _project(x, out["up"])
             if down_acc is not None:
-                if teacher is not None:
-                    y_teacher = model.mlp(index, teacher_x[i])[0]
-                    want = teacher[i] + y_teacher - stream[i]
-                else:
-                    want = wants[i]
-                down_acc.add(inner, want)
+                down_acc.add(inner, wants[i] if teacher is None else teacher[i] + teacher_ys[i] - stream[i])
                 ys.append(inner)
             else:
                 ys.append(inner @ given["down"])
@@ -289,7 +285,7 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         for i, y in enumerate(ys):
             stream[i] += y
             if teacher is not None:
-                teacher[i] += model.mlp(index, teacher_x[i])[0]
+                teacher[i] += teacher_ys[i]
         healed[index] = {p: out[p] for p in PROJECTIONS}
         before.append(errs_before)
         after.append(errs_after)
@@ -310,9 +306,9 @@ def _shard_gate_up(model, index: int, acc: Mapping[str, _Accumulator], given, sh
         k = model.mlp_weight(index, p).shape[0]
         full = given[p][0].shape[1]
         blocks = []
+        q = metrics.get(p)
         for a, b in shards:
             r = shard_rank(k, b - a, full)
-            q = metrics.get(p)
             blocks.append(None if r is None else tuple(t.astype(np.float32) for t in rank_constrained_lstsq(
                 acc[p].gram, acc[p].cross[:, a:b], r, damping, None if q is None else q[a:b, a:b])))
         out[p] = None if any(f is None for f in blocks) else blocks

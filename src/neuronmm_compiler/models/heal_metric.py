@@ -33,6 +33,8 @@ def original_mlp(model, index: int, xs: Sequence[np.ndarray], metric_for: Sequen
     product of two positive semi-definite matrices, so itself one). The refit then minimises the MLP
     output's error instead of each projection's own, which spends the rank on the intermediate
     features down actually reads."""
+    if not metric_for and not outputs:
+        return [], {}
     w = {p: model.mlp_weight(index, p) for p in PROJECTIONS}
     width = w["down"].shape[0]
     sums = {p: np.zeros((width, width)) for p in metric_for}
