@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 from finetune_sweep import EVALS, perplexities
 
-from neuronmm_compiler.models.calibration import calibrate, load_tokens
+from neuronmm_compiler.models.calibration import DEFAULT_SEQUENCE, calibrate, load_tokens
 from neuronmm_compiler.models.compress_steps import whitened_factors
 from neuronmm_compiler.models.finetune import import_torch
+from neuronmm_compiler.models.fisher import FISHER_MIX, FISHER_TOKENS, residual_fisher, residual_metric
 from neuronmm_compiler.models.forward import CausalLM
 from neuronmm_compiler.models.heal import HEAL_METRICS, closed_form_heal
 from neuronmm_compiler.models.torch_lm import TorchLM
@@ -33,6 +34,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096, help="calibration tokens of docs-cal and of man each")
     ap.add_argument("--rank", type=int, default=384)
     ap.add_argument("--metric", nargs="+", default=list(HEAL_METRICS), choices=HEAL_METRICS)
+    ap.add_argument("--mix", nargs="+", type=float, default=[FISHER_MIX], help="identity weights for --metric fisher")
+    ap.add_argument("--fisher-tokens", type=int, default=FISHER_TOKENS)
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     texts, model = Path(a.texts), CausalLM(a.model_dir)
     ids = np.concatenate([load_tokens(texts / "docs-cal.txt", a.model_dir, a.tokens),
@@ -45,12 +49,21 @@ def main() -> None:
     lm = TorchLM(model, torch)
     evals = {n: load_tokens(texts / f, a.model_dir, 1024) for n, f in EVALS.items()}
     original = perplexities(lm, torch, evals, None)
-    for metric in a.metric:
+    runs = [(m, None) for m in a.metric if m != "fisher"]
+    if "fisher" in a.metric:
         began = time.process_time()
-        healed, _ = closed_form_heal(model, ids, white, prior=cal.grams, prior_weight=1.0, metric=metric)
+        fisher, _ = residual_fisher(model, ids, length=DEFAULT_SEQUENCE, tokens=a.fisher_tokens, threads=a.threads)
+        print(f"fisher on {a.fisher_tokens} tokens: {time.process_time() - began:.0f} CPU s", flush=True)
+        runs += [("fisher", mix) for mix in a.mix]
+    for metric, mix in runs:
+        began = time.process_time()
+        stream = None if mix is None else [residual_metric(f, mix) for f in fisher]
+        healed, _ = closed_form_heal(model, ids, white, prior=cal.grams, prior_weight=1.0, metric=metric,
+                                     stream_metrics=stream)
         cpu = time.process_time() - began
         ppl = perplexities(lm, torch, evals, healed)
-        print(f"{metric} ({ids.size} calibration tokens, closed form {cpu:.0f} CPU s):",
+        label = metric if mix is None else f"{metric} mix {mix}"
+        print(f"{label} ({ids.size} calibration tokens, closed form {cpu:.0f} CPU s):",
               " ".join(f"{n} {v:.2f} ({v / original[n] - 1:+.1%})" for n, v in ppl.items()), flush=True)
 
 

@@ -13,8 +13,9 @@ from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.models import read_manifest
 from neuronmm_compiler.models.calibration import calibrate
 from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import METRIC_DAMPING, closed_form_heal, rank_constrained_lstsq
+from neuronmm_compiler.models.heal import closed_form_heal
 from neuronmm_compiler.models.heal_metric import original_mlp
+from neuronmm_compiler.models.heal_solve import METRIC_DAMPING, rank_constrained_lstsq
 from neuronmm_compiler.models.measured_choice import measured_choice, plot_front
 from neuronmm_compiler.models.quality import evaluate, factored_mlp
 from neuronmm_compiler.models.sampling import sample_tokens

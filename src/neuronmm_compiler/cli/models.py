@@ -76,9 +76,11 @@ def _stage_bar(enabled: bool):
               help="Closed-form targets: the original layer on the compressed model's inputs (layer), or the "
                    "original model's own activations (stream, also undoes earlier layers' drift).")
 @click.option("--heal-metric", default="mlp-output", show_default=True,
-              type=click.Choice(["mlp-output", "projection"]),
+              type=click.Choice(["mlp-output", "fisher", "projection"]),
               help="What the closed form refits gate and up to: the error they cause in the MLP's output, through "
-                   "silu and down (mlp-output), or their own output's error (projection).")
+                   "silu and down (mlp-output); the same with the MLP output's error (and down's) weighed by the "
+                   "model's Fisher information of the residual stream, estimated with one backward pass per "
+                   "calibration batch (fisher, needs PyTorch); or their own output's error (projection).")
 @click.option("--finetune-steps", default=None, type=click.IntRange(min=1),
               help="Fine-tuning steps of one 256-token sequence (default 200).")
 @click.option("--finetune-lr", default=None, type=float,
@@ -194,7 +196,7 @@ def _extra_lines(result, output: str) -> list[str]:
             tuned = (f"; fine-tuned {heal['finetune']['steps']} steps ({run['seconds']:.0f} s this run), KL "
                      f"{run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
         own = "; gate and up are fitted to the MLP output's error, so their own may rise" \
-            if heal.get("metric") == "mlp-output" else ""
+            if heal.get("metric") in ("mlp-output", "fisher") else ""
         lines.append(f"  healed ({heal['method']}): closed-form refit residual of each projection's output on "
                      f"calibration tokens {cf.get('mean_before', float('nan')):.4f} -> "
                      f"{cf.get('mean_after', float('nan')):.4f} (mean relative{own}){tuned}")

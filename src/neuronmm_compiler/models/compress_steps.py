@@ -86,11 +86,12 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
         if resumed is not None:
             return resumed
     start = whitened_factors(model, calibration, plans, request.damping)
+    stream = _stream_metrics(request, model, ids, progress, record)
     healed, report = closed_form_heal(
         model, ids, start, length=request.sequence_length, damping=request.heal_damping, target=request.heal_target,
         progress=None if progress is None else lambda d, t: progress("healing (closed form)", d, t),
         shard_out=shard_out, prior=calibration.grams, prior_weight=request.heal_prior, metric=request.heal_metric,
-        **_shard_args(request, model))
+        stream_metrics=stream, **_shard_args(request, model))
     record["closed_form_error"] = {
         "mean_before": float(np.mean([v for layer in report.before for v in layer.values()] or [0.0])),
         "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
@@ -98,6 +99,20 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
     if request.heal == "finetune":
         return _finetune(request, model, calibration, ids, healed, record, progress)
     return healed, record
+
+
+def _stream_metrics(request, model, ids: np.ndarray, progress: StageProgress | None, record: dict[str, Any]
+                    ) -> list[np.ndarray] | None:
+    """``--heal-metric fisher``'s residual-stream metric of every layer (:mod:`.fisher`); None for the others."""
+    if request.heal_metric != "fisher":
+        return None
+    from .fisher import FISHER_MIX, residual_fisher, residual_metric
+
+    fisher, tokens = residual_fisher(model, ids, length=request.sequence_length,
+                                     threads=request.threads or available_cores(),
+                                     progress=None if progress is None else lambda d, t: progress("fisher", d, t))
+    record["fisher"] = {"tokens": tokens, "mix": FISHER_MIX}
+    return [residual_metric(f) for f in fisher]
 
 
 def sample(request, model, count: int, seed: int, progress: StageProgress | None, stage: str) -> np.ndarray:
@@ -233,7 +248,7 @@ def _write_shards(request, model_loader, calibration: Calibration | None, layer_
     """Write OUT/tp<N>/ (whitened or healed blocks when calibrated) and measure the sharded model on the
     eval files; the measurement (None without --eval)."""
     from ..tensor_parallel.shard_factors import write_shards
-    from .heal import sharded_mlp, whitened_shards
+    from .heal_shards import sharded_mlp, whitened_shards
 
     method = "plain SVD per block"
     if calibration is not None:

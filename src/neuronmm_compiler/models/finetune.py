@@ -62,12 +62,12 @@ TORCH_INSTALL = ("pip install 'nmmc[torch]' (on a CPU-only machine, pip install 
                  "build first: PyPI's default torch wheel brings several GB of CUDA libraries)")
 
 
-def import_torch():
-    """The torch module, or a one-line InputError saying how to install it."""
+def import_torch(purpose: str = "--heal finetune"):
+    """The torch module, or a one-line InputError saying that ``purpose`` needs it and how to install it."""
     try:
         import torch
     except ImportError:
-        raise InputError(f"--heal finetune needs PyTorch, which is not installed: {TORCH_INSTALL}") from None
+        raise InputError(f"{purpose} needs PyTorch, which is not installed: {TORCH_INSTALL}") from None
     return torch
 
 

@@ -42,18 +42,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from ..errors import InputError
 from .calibration import DEFAULT_SEQUENCE, batch_gram, sequences
 from .config import PROJECTIONS
 from .forward import rms_norm, silu
 from .heal_metric import original_mlp
-from .svd import _gram, _lapack, choose_method
-from .whitening import whiten
+from .heal_shards import shard_down, shard_gate_up
+from .heal_solve import DEFAULT_HEAL_DAMPING, Accumulator, project, rank_constrained_lstsq, relative_residual
 
 __all__ = [
     "DEFAULT_HEAL_DAMPING",
@@ -64,20 +62,15 @@ __all__ = [
     "HealReport",
     "check_heal_options",
     "closed_form_heal",
-    "rank_constrained_lstsq",
 ]
 
 HEAL_METHODS = ("none", "closed-form", "finetune")
 HEAL_TARGETS = ("layer", "stream")
-#: Ridge of the closed-form refit, relative to the mean diagonal of ``A^T A``.
-DEFAULT_HEAL_DAMPING = 1e-4
 #: Weight of the prior (whitened SVD's objective on the original activations) in the closed-form refit.
 DEFAULT_HEAL_PRIOR = 1.0
 #: What gate's and up's refit errors are measured in: the MLP's output (:func:`.heal_metric.original_mlp`) or their own.
-HEAL_METRICS = ("mlp-output", "projection")
+HEAL_METRICS = ("mlp-output", "fisher", "projection")
 DEFAULT_HEAL_METRIC = "mlp-output"
-#: Ridge of the output metric, relative to its mean diagonal (measured on SmolLM2-135M, docs/compression.md).
-METRIC_DAMPING = 1e-2
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
@@ -104,76 +97,7 @@ def check_heal_options(method: str, target: str, metric: str) -> None:
         if value not in accepted:
             raise InputError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
 
-
-def rank_constrained_lstsq(gram: np.ndarray, cross: np.ndarray, rank: int, damping: float = DEFAULT_HEAL_DAMPING,
-                           metric: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(u [in, rank], v [rank, out])`` minimising ``||A u v - B||_F^2 + lambda ||u v||^2_(ridge)`` from
-    ``gram = A^T A`` and ``cross = A^T B`` (float64); ``lambda = damping * mean(diag(gram))``.
-
-    ``metric`` (``Q`` [out, out], positive semi-definite) weighs the output's errors: the objective becomes
-    ``||(A u v - B) R||_F^2`` with ``Q + mu I = R R^T`` (``mu``: :data:`METRIC_DAMPING` of Q's mean diagonal),
-    solved the same way with ``L^-1 A^T B R`` in place of ``L^-1 A^T B`` and ``v R^-1`` in place of ``v``."""
-    gram = np.asarray(gram, dtype=np.float64)
-    cross = np.asarray(cross, dtype=np.float64)
-    k, n = cross.shape
-    if gram.shape != (k, k):
-        raise InputError(f"Gram matrix {list(gram.shape)} does not match the cross product {list(cross.shape)}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(k, n):
-        raise InputError(f"rank must be an integer in [1, {min(k, n)}]; got {rank!r}")
-    if not np.isfinite(cross).all():
-        raise InputError("the refit's targets hold NaN or Inf values")
-    lower, _ = whiten(gram, damping)
-    m = solve_triangular(lower, cross, lower=True, check_finite=False)  # L^-1 A^T B
-    right = None if metric is None else whiten(metric, METRIC_DAMPING)[0]
-    if right is not None:
-        m = m @ right
-    u_white, v, _ = (_lapack if choose_method(k, n) == "lapack" else _gram)(m, rank)
-    u = solve_triangular(lower.T, u_white, lower=False, check_finite=False)
-    if right is not None:
-        v = solve_triangular(right.T, v.T, lower=False, check_finite=False).T  # v R^-1
-    return u, v
-
-
-def _residual(gram: np.ndarray, cross: np.ndarray, target: float, u: np.ndarray, v: np.ndarray) -> float:
-    """``||A u v - B||_F / ||B||_F`` from ``A^T A``, ``A^T B`` and ``||B||^2``, through the rank-r factors
-    (``<u^T G u, v v^T> - 2 <u^T C, v> + t``: no [in, out] product)."""
-    u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
-    value = float(np.einsum("ij,ij->", u.T @ (gram @ u), v @ v.T)) - 2.0 * float(np.einsum("ij,ij->", u.T @ cross, v)) \
-        + target
-    return float(np.sqrt(max(value, 0.0) / target)) if target > 0 else 0.0
-
-
-def _project(x: np.ndarray, factor) -> np.ndarray:
-    if isinstance(factor, tuple):
-        return (x @ factor[0]) @ factor[1]
-    return x @ factor
-
-
-class _Accumulator:
-    """``A^T A``, ``A^T B`` and ``||B||^2``, summed in float64 over batches whose products are summed in
-    float32 (:func:`~.calibration.batch_gram` says why that is exact enough)."""
-
-    def __init__(self, k: int, n: int):
-        self.gram, self.cross, self.target = np.zeros((k, k)), np.zeros((k, n)), 0.0
-
-    def add(self, a: np.ndarray, b: np.ndarray) -> None:
-        a32, b32 = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
-        self.gram += batch_gram(a32)
-        self.cross += (a32.T @ b32).astype(np.float64)
-        self.target += float(np.einsum("ij,ij->", b32, b32, dtype=np.float64))
-
-    @classmethod
-    def of_linear(cls, gram: np.ndarray, w: np.ndarray) -> _Accumulator:
-        """The sums for targets ``B = A W`` from ``A^T A`` alone: ``A^T B = (A^T A) W`` and ``||B||^2 =
-        <W, (A^T A) W>`` (one product per layer instead of one per batch)."""
-        acc = cls(0, 0)
-        acc.gram = gram
-        acc.cross = gram @ np.asarray(w, dtype=np.float64)
-        acc.target = float(np.einsum("ij,ij->", np.asarray(w, dtype=np.float64), acc.cross))
-        return acc
-
-
-def _with_prior(acc: _Accumulator, prior, weight: float, layer: int, name: str, w: np.ndarray
+def _with_prior(acc: Accumulator, prior, weight: float, layer: int, name: str, w: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(A^T A + w X^T X, A^T B + w X^T X W)``: the refit's normal equations plus the prior's."""
     if prior is None or weight <= 0:
@@ -188,7 +112,8 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
                      shards: Sequence[tuple[int, int]] | None = None,
                      shard_rank: Callable[[int, int, int], int | None] | None = None,
                      shard_out: dict | None = None, prior: Sequence[Mapping[str, np.ndarray]] | None = None,
-                     prior_weight: float = 0.0, metric: str = DEFAULT_HEAL_METRIC) -> tuple[dict, HealReport]:
+                     prior_weight: float = 0.0, metric: str = DEFAULT_HEAL_METRIC,
+                     stream_metrics: Sequence[np.ndarray] | None = None) -> tuple[dict, HealReport]:
     """Healed factors (same ranks; dense projections stay dense) and the per-projection residuals.
 
     ``model`` is a :class:`~.forward.CausalLM`, ``ids`` the calibration token ids, ``factors`` per
@@ -211,6 +136,8 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
     (:func:`.heal_metric.original_mlp`); down's refit is unchanged (it already targets the MLP's output).
     """
     check_heal_options("closed-form", target, metric)
+    if (metric == "fisher") != (stream_metrics is not None):
+        raise InputError("the fisher heal metric needs the residual-stream metrics (models.fisher), and only it")
     if not damping > 0:
         raise InputError(f"heal damping must be positive; got {damping!r}")
     a = model.arch
@@ -235,17 +162,18 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         # gate and up: inputs x~, targets x~ W (from x~'s Gram alone) or the original model's x W
         factored = [p for p in ("gate", "up") if isinstance(given[p], tuple)]
         if teacher is not None:
-            acc = {p: _Accumulator(a.hidden_size, a.intermediate_size) for p in factored}
+            acc = {p: Accumulator(a.hidden_size, a.intermediate_size) for p in factored}
             for i, x in enumerate(xs):
                 for p, ac in acc.items():
                     ac.add(x, teacher_x[i] @ model.mlp_weight(index, p))
         else:
             gram = sum(batch_gram(x) for x in xs) if factored else None
-            acc = {p: _Accumulator.of_linear(gram, model.mlp_weight(index, p)) for p in factored}
-        wants, metrics = original_mlp(model, index, xs, factored if metric == "mlp-output" else (),
-                                       outputs=teacher is None and isinstance(given["down"], tuple))
+            acc = {p: Accumulator.of_linear(gram, model.mlp_weight(index, p)) for p in factored}
+        stream_q = None if stream_metrics is None else stream_metrics[index]
+        wants, metrics = original_mlp(model, index, xs, factored if metric != "projection" else (),
+                                       outputs=teacher is None and isinstance(given["down"], tuple), stream=stream_q)
         if shards is not None and shard_out is not None:
-            shard_out[index] = _shard_gate_up(model, index, acc, given, shards, shard_rank, damping, metrics)
+            shard_out[index] = shard_gate_up(model, index, acc, given, shards, shard_rank, damping, metrics)
         for p in ("gate", "up"):
             if p not in acc:
                 out[p] = given[p]
@@ -253,31 +181,31 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
             rank = given[p][0].shape[1]
             u, v = rank_constrained_lstsq(*_with_prior(acc[p], prior, prior_weight, index, "input",
                                                        model.mlp_weight(index, p)), rank, damping, metrics.get(p))
-            errs_before[p] = _residual(acc[p].gram, acc[p].cross, acc[p].target, *given[p])
-            errs_after[p] = _residual(acc[p].gram, acc[p].cross, acc[p].target, u, v)
+            errs_before[p] = relative_residual(acc[p].gram, acc[p].cross, acc[p].target, *given[p])
+            errs_after[p] = relative_residual(acc[p].gram, acc[p].cross, acc[p].target, u, v)
             out[p] = (u.astype(np.float32), v.astype(np.float32))
         del acc
         # down: inputs h~ from the healed gate and up, targets the original MLP's output on x~ (or the output
         # that brings the residual stream back to the original model's)
         ys = []
-        down_acc = _Accumulator(a.intermediate_size, a.hidden_size) if isinstance(given["down"], tuple) else None
+        down_acc = Accumulator(a.intermediate_size, a.hidden_size) if isinstance(given["down"], tuple) else None
         teacher_ys = [model.mlp(index, tx)[0] for tx in teacher_x]  # the original model's MLP (target "stream")
         for i, x in enumerate(xs):
-            inner = silu(_project(x, out["gate"])) * _project(x, out["up"])
+            inner = silu(project(x, out["gate"])) * project(x, out["up"])
             if down_acc is not None:
                 down_acc.add(inner, wants[i] if teacher is None else teacher[i] + teacher_ys[i] - stream[i])
                 ys.append(inner)
             else:
                 ys.append(inner @ given["down"])
         if shards is not None and shard_out is not None and isinstance(given["down"], tuple):
-            shard_out[index]["down"] = _shard_down(model, index, xs, shard_out[index], shards, shard_rank, damping,
-                                                   given["down"][0].shape[1])
+            shard_out[index]["down"] = shard_down(model, index, xs, shard_out[index], shards, shard_rank, damping,
+                                                   given["down"][0].shape[1], stream_q)
         if down_acc is not None:
             rank = given["down"][0].shape[1]
             u, v = rank_constrained_lstsq(*_with_prior(down_acc, prior, prior_weight, index, "inner",
-                                                       model.mlp_weight(index, "down")), rank, damping)
-            errs_before["down"] = _residual(down_acc.gram, down_acc.cross, down_acc.target, *given["down"])
-            errs_after["down"] = _residual(down_acc.gram, down_acc.cross, down_acc.target, u, v)
+                                                       model.mlp_weight(index, "down")), rank, damping, stream_q)
+            errs_before["down"] = relative_residual(down_acc.gram, down_acc.cross, down_acc.target, *given["down"])
+            errs_after["down"] = relative_residual(down_acc.gram, down_acc.cross, down_acc.target, u, v)
             out["down"] = (u.astype(np.float32), v.astype(np.float32))
             ys = [inner @ out["down"][0] @ out["down"][1] for inner in ys]
         else:
@@ -292,99 +220,3 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         if progress is not None:
             progress(index + 1, len(model.layers))
     return healed, HealReport(tuple(before), tuple(after), int(sum(len(c) for c in chunks)))
-
-
-def _shard_gate_up(model, index: int, acc: Mapping[str, _Accumulator], given, shards, shard_rank, damping,
-                   metrics: Mapping[str, np.ndarray]) -> dict:
-    """Each rank's gate/up block (columns ``[a, b)``) fitted to the same targets' columns (weighed by the
-    block of the output metric: rank i's MLP reads only its own columns)."""
-    out: dict = {}
-    for p in ("gate", "up"):
-        if p not in acc:
-            out[p] = None
-            continue
-        k = model.mlp_weight(index, p).shape[0]
-        full = given[p][0].shape[1]
-        blocks = []
-        q = metrics.get(p)
-        for a, b in shards:
-            r = shard_rank(k, b - a, full)
-            blocks.append(None if r is None else tuple(t.astype(np.float32) for t in rank_constrained_lstsq(
-                acc[p].gram, acc[p].cross[:, a:b], r, damping, None if q is None else q[a:b, a:b])))
-        out[p] = None if any(f is None for f in blocks) else blocks
-    return out
-
-
-def _shard_down(model, index: int, xs, shard_layer: Mapping, shards, shard_rank, damping, full: int):
-    """Each rank's down block (rows ``[a, b)``), on that rank's own inner activations from its gate/up
-    blocks (the dense columns where those are not factored), against the original partial sum
-    ``h(x~)[:, a:b] Wd[a:b]``."""
-    w_down = model.mlp_weight(index, "down")
-    weights = {p: model.mlp_weight(index, p) for p in ("gate", "up")}
-    blocks = []
-    for i, (a, b) in enumerate(shards):
-        r = shard_rank(b - a, w_down.shape[1], full)
-        if r is None:
-            return None
-        acc = _Accumulator(b - a, w_down.shape[1])
-        for x in xs:
-            parts = {p: (_project(x, shard_layer[p][i]) if shard_layer.get(p) else x @ weights[p][:, a:b])
-                     for p in ("gate", "up")}
-            inner = silu(parts["gate"]) * parts["up"]
-            original = model.mlp(index, x)[1][:, a:b]
-            acc.add(inner, original @ w_down[a:b])
-        blocks.append(tuple(t.astype(np.float32) for t in rank_constrained_lstsq(acc.gram, acc.cross, r, damping)))
-    return blocks
-
-
-def sharded_mlp(model, shard_factors: Mapping[int, Mapping[str, Any]], shards: Sequence[tuple[int, int]]
-                ) -> Callable[[int, np.ndarray], np.ndarray]:
-    """``mlp(layer, x)`` of a tensor-parallel deployment with factor-shard blocks: the sum over ranks of
-    ``down_i(silu(gate_i(x)) * up_i(x))``, each projection from its rank's block factors (the original
-    weight's block where the block is not factored)."""
-
-    def mlp(layer: int, x: np.ndarray) -> np.ndarray:
-        f = shard_factors.get(layer) or {}
-        total = None
-        for i, (a, b) in enumerate(shards):
-            def part(p: str, inp: np.ndarray, i=i, a=a, b=b) -> np.ndarray:
-                blocks = f.get(p)
-                if blocks:
-                    return _project(inp, blocks[i])
-                w = model.mlp_weight(layer, p)
-                return inp @ (w[a:b] if p == "down" else w[:, a:b])
-            y = part("down", silu(part("gate", x)) * part("up", x))
-            total = y if total is None else total + y
-        return total
-
-    return mlp
-
-
-def whitened_shards(model, grams: Sequence[Mapping[str, np.ndarray]], plans: Sequence[Mapping[str, int | None]],
-                    shards: Sequence[tuple[int, int]], shard_rank: Callable[[int, int, int], int | None],
-                    damping: float) -> dict[int, dict[str, Any]]:
-    """Factor-shard blocks by whitened SVD on the calibration activations (no healing): gate/up blocks
-    whitened by the MLP input's Gram, each down block by its rows' block of the inner Gram."""
-    out: dict[int, dict[str, Any]] = {}
-    for layer, ranks in enumerate(plans):
-        out[layer] = {}
-        for proj, full in ranks.items():
-            if full is None:
-                out[layer][proj] = None
-                continue
-            w = model.mlp_weight(layer, proj)
-            blocks = []
-            for a, b in shards:
-                if proj == "down":
-                    block, gram = w[a:b], grams[layer]["inner"][a:b, a:b]
-                else:
-                    block, gram = w[:, a:b], grams[layer]["input"]
-                r = shard_rank(block.shape[0], block.shape[1], full)
-                if r is None:
-                    blocks = None
-                    break
-                gram = np.asarray(gram, dtype=np.float64)
-                blocks.append(tuple(t.astype(np.float32) for t in rank_constrained_lstsq(
-                    gram, gram @ block.astype(np.float64), r, damping)))
-            out[layer][proj] = blocks
-    return out

@@ -21,8 +21,8 @@ from .forward import silu
 __all__ = ["original_mlp"]
 
 
-def original_mlp(model, index: int, xs: Sequence[np.ndarray], metric_for: Sequence[str], *, outputs: bool
-                 ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+def original_mlp(model, index: int, xs: Sequence[np.ndarray], metric_for: Sequence[str], *, outputs: bool,
+                 stream: np.ndarray | None = None) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """The original MLP of layer ``index`` on each healed input ``x~``: its outputs (when ``outputs``: down's
     targets), and for each projection in ``metric_for`` the metric its refit's errors are weighed by.
 
@@ -52,5 +52,5 @@ def original_mlp(model, index: int, xs: Sequence[np.ndarray], metric_for: Sequen
     if not sums:
         return wants, {}
     down = np.asarray(w["down"], dtype=np.float64)
-    k = down @ down.T
+    k = down @ down.T if stream is None else down @ stream @ down.T
     return wants, {p: q * k for p, q in sums.items()}

@@ -20,18 +20,12 @@ import numpy as np
 
 from .calibration import DEFAULT_SEQUENCE, sequences
 from .forward import log_softmax, silu
+from .heal_solve import project
 
 __all__ = ["Factors", "Quality", "evaluate", "factored_mlp", "original_predictions"]
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
-
-
-def _project(x: np.ndarray, factor) -> np.ndarray:
-    if isinstance(factor, tuple):
-        u, v = factor
-        return (x @ u) @ v
-    return x @ factor
 
 
 def factored_mlp(factors: Factors) -> Callable[[int, np.ndarray], np.ndarray]:
@@ -42,7 +36,7 @@ def factored_mlp(factors: Factors) -> Callable[[int, np.ndarray], np.ndarray]:
 
     def mlp(layer: int, x: np.ndarray) -> np.ndarray:
         f = cast[layer]
-        return _project(silu(_project(x, f["gate"])) * _project(x, f["up"]), f["down"])
+        return project(silu(project(x, f["gate"])) * project(x, f["up"]), f["down"])
 
     return mlp
 

@@ -297,10 +297,10 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None) -> C
                          "--dtype fp8 with --tp is not supported yet (docs/fp8.md)")
     if request.heal != "none" and not calibrated:
         raise InputError("--heal needs --calibration (healing fits the factors on calibration tokens)")
-    if request.heal == "finetune":
+    if request.heal == "finetune" or (request.heal != "none" and request.heal_metric == "fisher"):
         from .finetune import import_torch
 
-        import_torch()  # the one-line install hint before any work
+        import_torch("--heal finetune" if request.heal == "finetune" else "--heal-metric fisher")  # before any work
     if not Path(request.model_dir).is_dir():  # reported before any work, as compress_model words it
         raise InputError(f"model directory not found: {request.model_dir} (it must hold config.json and safetensors "
                          "weights)")

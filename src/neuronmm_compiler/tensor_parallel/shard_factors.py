@@ -12,7 +12,7 @@ Next to the unsharded factors (``layer_XXX.safetensors``, docs/compression.md), 
 
 Without ``--calibration`` the shard factors are a plain SVD of each block; with it, ``nmmc compress`` computes
 them with the same whitening and ``--heal closed-form`` refit as the unsharded factors
-(:func:`neuronmm_compiler.models.heal.whitened_shards`, ``closed_form_heal(shards=...)``) and passes them in
+(:func:`neuronmm_compiler.models.heal_shards.whitened_shards`, ``closed_form_heal(shards=...)``) and passes them in
 (``--heal finetune`` fine-tunes the unsharded factors; the blocks get its closed-form start).
 """
 
