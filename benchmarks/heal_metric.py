@@ -1,10 +1,12 @@
 """The closed form with and without its output metric (``--heal-metric``), on the heal study's texts (issue 27).
 
-    python benchmarks/heal_metric.py MODEL_DIR --texts WORK/texts [--tokens 4096] [--metric mlp-output projection]
+    python benchmarks/heal_metric.py MODEL_DIR --texts WORK/texts [--tokens 4096] [--metric mlp-output fisher]
+        [--mix 0.5 0.1] [--fisher-tokens 8192] [--metric-tokens 16384 2560] [--threads 2]
 
 Calibrates on ``--tokens`` each of docs-cal and man plus the 2048 tokens of samples.npy (what
 ``benchmarks/compression.py --heal-study --work WORK`` wrote), takes whitened SVD at ``--rank``, heals it
-with the closed form (prior 1, as compress) once per metric, and prints each result's perplexity on the
+with the closed form (prior 1, as compress) once per metric (and, for ``fisher``, per identity weight
+``--mix``; the Fisher is estimated once) and per ``--metric-tokens``, and prints each result's perplexity on the
 first 1024 tokens of every evaluation text and the closed form's CPU seconds.
 """
 
@@ -22,7 +24,7 @@ from neuronmm_compiler.models.compress_steps import whitened_factors
 from neuronmm_compiler.models.finetune import import_torch
 from neuronmm_compiler.models.fisher import FISHER_MIX, FISHER_TOKENS, residual_fisher, residual_metric
 from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import HEAL_METRICS, closed_form_heal
+from neuronmm_compiler.models.heal import HEAL_METRICS, METRIC_TOKENS, closed_form_heal
 from neuronmm_compiler.models.torch_lm import TorchLM
 from neuronmm_compiler.models.whitening import DEFAULT_DAMPING
 
@@ -37,6 +39,8 @@ def main() -> None:
     ap.add_argument("--mix", nargs="+", type=float, default=[FISHER_MIX], help="identity weights for --metric fisher")
     ap.add_argument("--fisher-tokens", type=int, default=FISHER_TOKENS)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--metric-tokens", type=int, nargs="+", default=[METRIC_TOKENS],
+                    help="tokens the output metric's Grams are summed over (one closed form per value)")
     a = ap.parse_args()
     texts, model = Path(a.texts), CausalLM(a.model_dir)
     ids = np.concatenate([load_tokens(texts / "docs-cal.txt", a.model_dir, a.tokens),
@@ -49,20 +53,20 @@ def main() -> None:
     lm = TorchLM(model, torch)
     evals = {n: load_tokens(texts / f, a.model_dir, 1024) for n, f in EVALS.items()}
     original = perplexities(lm, torch, evals, None)
-    runs = [(m, None) for m in a.metric if m != "fisher"]
+    runs = [(m, None, t) for m in a.metric if m != "fisher" for t in a.metric_tokens]
     if "fisher" in a.metric:
         began = time.process_time()
         fisher, _ = residual_fisher(model, ids, length=DEFAULT_SEQUENCE, tokens=a.fisher_tokens, threads=a.threads)
         print(f"fisher on {a.fisher_tokens} tokens: {time.process_time() - began:.0f} CPU s", flush=True)
-        runs += [("fisher", mix) for mix in a.mix]
-    for metric, mix in runs:
+        runs += [("fisher", mix, t) for mix in a.mix for t in a.metric_tokens]
+    for metric, mix, metric_tokens in runs:
         began = time.process_time()
         stream = None if mix is None else [residual_metric(f, mix) for f in fisher]
         healed, _ = closed_form_heal(model, ids, white, prior=cal.grams, prior_weight=1.0, metric=metric,
-                                     stream_metrics=stream)
+                                     stream_metrics=stream, metric_tokens=metric_tokens)
         cpu = time.process_time() - began
         ppl = perplexities(lm, torch, evals, healed)
-        label = metric if mix is None else f"{metric} mix {mix}"
+        label = (metric if mix is None else f"{metric} mix {mix}") + f", --metric-tokens {metric_tokens}"
         print(f"{label} ({ids.size} calibration tokens, closed form {cpu:.0f} CPU s):",
               " ".join(f"{n} {v:.2f} ({v / original[n] - 1:+.1%})" for n, v in ppl.items()), flush=True)
 

@@ -97,7 +97,16 @@ def test_output_metric_is_how_gate_and_up_errors_reach_the_mlp_output(tiny):
     for p, moved in (("up", out(g, u + e)), ("gate", out(g + e, u))):
         change = float(np.sum((moved - out(g, u)) ** 2))
         assert change == pytest.approx(float(e @ metrics[p] @ e), rel=1e-3)  # first order in e
+        # a residual-stream metric S weighs the output's change: (change) S (change)^T
+        s = np.diag(rng.uniform(0.5, 2.0, w["down"].shape[1]))
+        _, weighed = original_mlp(model, 0, xs, (p,), outputs=False, stream=s)
+        delta = moved - out(g, u)
+        assert float(np.einsum("ti,ij,tj->", delta, s, delta)) == pytest.approx(float(e @ weighed[p] @ e), rel=1e-3)
     assert original_mlp(model, 0, xs, (), outputs=False) == ([], {})
+    # every=2: the metric's sums over the even inputs alone, the outputs over all
+    wants2, halves = original_mlp(model, 0, xs, ("gate", "up"), outputs=True, every=2)
+    _, first = original_mlp(model, 0, xs[:1], ("gate", "up"), outputs=False)
+    assert len(wants2) == 2 and all(np.array_equal(halves[p], first[p]) for p in ("gate", "up"))
 
 
 def test_closed_form_heal_keeps_ranks_and_lowers_the_calibration_loss(tiny):

@@ -31,7 +31,7 @@ FISHER_TOKENS = 8192
 #: Weight of the identity in the residual-stream metric (measured on SmolLM2-135M, docs/compression.md).
 FISHER_MIX = 0.5
 #: Sequences per forward/backward pass.
-_BATCH = 4
+_BATCH = 2
 
 
 def _spread(chunks: list[np.ndarray], tokens: int) -> list[np.ndarray]:

@@ -26,8 +26,9 @@ the compressed residual stream back onto the original one), which also corrects 
 layers; it fits the calibration text harder.
 
 By default (``metric="mlp-output"``) gate's and up's errors are weighed by how they reach the MLP's output
-through silu and down (:mod:`.heal_metric`), not measured in their own output; ``"projection"`` is the
-unweighted refit above.
+through silu and down (:mod:`.heal_metric`), not measured in their own output; ``"fisher"`` weighs the MLP
+output's error in turn (down's too) by how much the model's predictions care about each direction of the
+residual stream (:mod:`.fisher`); ``"projection"`` is the unweighted refit above.
 
 ``finetune`` (:mod:`.finetune`, torch): gradient distillation of the factors against the original
 model's next-token distribution.
@@ -71,6 +72,9 @@ DEFAULT_HEAL_PRIOR = 1.0
 #: What gate's and up's refit errors are measured in: the MLP's output (:func:`.heal_metric.original_mlp`) or their own.
 HEAL_METRICS = ("mlp-output", "fisher", "projection")
 DEFAULT_HEAL_METRIC = "mlp-output"
+#: Calibration tokens the output metric's Grams are summed over (every k-th sequence): a weighting needs fewer
+#: tokens than the fit it weighs, and its two [intermediate, intermediate] Grams per layer cost more than the rest.
+METRIC_TOKENS = 16384
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
@@ -97,6 +101,7 @@ def check_heal_options(method: str, target: str, metric: str) -> None:
         if value not in accepted:
             raise InputError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
 
+
 def _with_prior(acc: Accumulator, prior, weight: float, layer: int, name: str, w: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(A^T A + w X^T X, A^T B + w X^T X W)``: the refit's normal equations plus the prior's."""
@@ -113,7 +118,8 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
                      shard_rank: Callable[[int, int, int], int | None] | None = None,
                      shard_out: dict | None = None, prior: Sequence[Mapping[str, np.ndarray]] | None = None,
                      prior_weight: float = 0.0, metric: str = DEFAULT_HEAL_METRIC,
-                     stream_metrics: Sequence[np.ndarray] | None = None) -> tuple[dict, HealReport]:
+                     stream_metrics: Sequence[np.ndarray] | None = None, metric_tokens: int = METRIC_TOKENS
+                     ) -> tuple[dict, HealReport]:
     """Healed factors (same ranks; dense projections stay dense) and the per-projection residuals.
 
     ``model`` is a :class:`~.forward.CausalLM`, ``ids`` the calibration token ids, ``factors`` per
@@ -133,7 +139,9 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
     fitting them alone.
 
     ``metric="mlp-output"`` refits gate and up to the MLP output's error instead of their own
-    (:func:`.heal_metric.original_mlp`); down's refit is unchanged (it already targets the MLP's output).
+    (:func:`.heal_metric.original_mlp`, its Grams over at most ``metric_tokens`` tokens); down's refit is
+    unchanged (it already targets the MLP's output). ``metric="fisher"`` also weighs the MLP output's error,
+    down's fit included, by ``stream_metrics`` (per layer, the residual stream's metric of :mod:`.fisher`).
     """
     check_heal_options("closed-form", target, metric)
     if (metric == "fisher") != (stream_metrics is not None):
@@ -144,6 +152,7 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
     chunks = sequences(np.asarray(ids), length)
     if not chunks:
         raise InputError("healing needs calibration tokens")
+    every = max(1, -(-sum(len(c) for c in chunks) // metric_tokens))  # the metric's sequences: every k-th
     stream = [model.embed[c].astype(np.float32) for c in chunks]  # the healed model's residual stream
     teacher = [s.copy() for s in stream] if target == "stream" else None
     healed: dict[int, dict] = {}
@@ -171,7 +180,8 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
             acc = {p: Accumulator.of_linear(gram, model.mlp_weight(index, p)) for p in factored}
         stream_q = None if stream_metrics is None else stream_metrics[index]
         wants, metrics = original_mlp(model, index, xs, factored if metric != "projection" else (),
-                                       outputs=teacher is None and isinstance(given["down"], tuple), stream=stream_q)
+                                       outputs=teacher is None and isinstance(given["down"], tuple), stream=stream_q,
+                                       every=every)
         if shards is not None and shard_out is not None:
             shard_out[index] = shard_gate_up(model, index, acc, given, shards, shard_rank, damping, metrics)
         for p in ("gate", "up"):

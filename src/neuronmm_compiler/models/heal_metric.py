@@ -22,7 +22,7 @@ __all__ = ["original_mlp"]
 
 
 def original_mlp(model, index: int, xs: Sequence[np.ndarray], metric_for: Sequence[str], *, outputs: bool,
-                 stream: np.ndarray | None = None) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+                 stream: np.ndarray | None = None, every: int = 1) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """The original MLP of layer ``index`` on each healed input ``x~``: its outputs (when ``outputs``: down's
     targets), and for each projection in ``metric_for`` the metric its refit's errors are weighed by.
 
@@ -32,19 +32,26 @@ def original_mlp(model, index: int, xs: Sequence[np.ndarray], metric_for: Sequen
     ``c`` is ``sum_t e_t Q e_t^T`` with ``Q = (sum_t c_t^T c_t) * (Wd Wd^T)`` (elementwise: a Schur
     product of two positive semi-definite matrices, so itself one). The refit then minimises the MLP
     output's error instead of each projection's own, which spends the rank on the intermediate
-    features down actually reads."""
+    features down actually reads.
+
+    ``stream`` (the residual stream's metric ``S``, :mod:`.fisher`) weighs the MLP output's error in turn:
+    ``Wd S Wd^T`` replaces ``Wd Wd^T``. The metric's sums run over every ``every``-th input only (a weighting
+    needs fewer tokens than the fit it weighs)."""
     if not metric_for and not outputs:
         return [], {}
     w = {p: model.mlp_weight(index, p) for p in PROJECTIONS}
     width = w["down"].shape[0]
     sums = {p: np.zeros((width, width)) for p in metric_for}
     wants = []
-    for x in xs:
+    for i, x in enumerate(xs):
+        weigh = i % every == 0
+        if not weigh and not outputs:
+            continue
         g, u = x @ w["gate"], x @ w["up"]
         s = silu(g)
-        if "up" in sums:
+        if weigh and "up" in sums:
             sums["up"] += batch_gram(s)
-        if "gate" in sums:
+        if weigh and "gate" in sums:
             sig = expit(g)
             sums["gate"] += batch_gram(sig * (1 + g * (1 - sig)) * u)
         if outputs:
