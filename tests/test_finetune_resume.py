@@ -27,7 +27,8 @@ def _factors(out) -> dict[str, np.ndarray]:
     return tensors
 
 
-def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, monkeypatch):
+@pytest.mark.parametrize("metric", ["mlp-output", "fisher"])
+def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, monkeypatch, metric):
     pytest.importorskip("torch")
     import neuronmm_compiler.models.heal as heal
     from neuronmm_compiler.models.finetune import FinetuneSettings
@@ -39,7 +40,7 @@ def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, mo
     def request(out, **kw):
         return CompressRequest(model_dir=str(model_dir), out_dir=str(tmp_path / out), keep_ratio=0.3, align=16,
                                calibration=(str(cal),), calibration_samples=64, sequence_length=64,
-                               heal="finetune", finetune=settings, **kw)
+                               heal="finetune", heal_metric=metric, finetune=settings, **kw)
 
     with threadpool_limits(limits=1, user_api="blas"):
         run_compress(request("whole"))
@@ -59,7 +60,9 @@ def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, mo
     assert "finetune_sampling_seconds" not in read_manifest(tmp_path / "cut").heal  # its samples came from it too
     record = read_manifest(tmp_path / "cut").heal
     assert record["finetune_run"]["resumed_at_step"] == 2
-    assert record["closed_form_error"] == read_manifest(tmp_path / "whole").heal["closed_form_error"]
+    whole_record = read_manifest(tmp_path / "whole").heal
+    assert record["closed_form_error"] == whole_record["closed_form_error"]
+    assert record.get("fisher") == whole_record.get("fisher") and ("fisher" in record) == (metric == "fisher")
     assert not (tmp_path / "cut" / FINETUNE_CHECKPOINT).exists()
     whole, cut = _factors(tmp_path / "whole"), _factors(tmp_path / "cut")
     assert whole.keys() == cut.keys() and all(np.array_equal(whole[k], cut[k]) for k in whole)

@@ -141,7 +141,7 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
     settings = replace(request.finetune or FinetuneSettings(), threads=request.threads or available_cores())
     record["finetune"] = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
     record["finetune"]["start"] = "closed-form"
-    extra: dict[str, Any] = {"closed_form_error": record["closed_form_error"]}
+    extra: dict[str, Any] = {k: record[k] for k in _CLOSED_FORM_RECORD if k in record}
     distill = ids
     if settings.samples > 0:
         if state is not None and "samples" in (state.get("extra") or {}):
@@ -163,6 +163,10 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
     return healed, record
 
 
+#: What the closed form adds to the heal record, kept in the fine-tuning checkpoint for a resumed run's manifest.
+_CLOSED_FORM_RECORD = ("closed_form_error", "fisher")
+
+
 def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, plans, record: dict[str, Any],
                      progress: StageProgress | None, shard_out: dict | None) -> tuple[dict, dict] | None:
     """A killed ``--heal finetune`` run's fine-tuning, resumed from its checkpoint without recomputing the
@@ -177,7 +181,7 @@ def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, 
     state = load_checkpoint(Path(request.out_dir) / FINETUNE_CHECKPOINT, key)
     if state is None or not isinstance(state.get("extra"), dict) or "closed_form_error" not in state["extra"]:
         return None
-    record["closed_form_error"] = state["extra"]["closed_form_error"]
+    record.update({k: v for k, v in state["extra"].items() if k in _CLOSED_FORM_RECORD})
     like = {layer: {p: r if r is not None else model.mlp_weight(layer, p) for p, r in plan.items()}
             for layer, plan in enumerate(plans)}
     return _finetune(request, model, calibration, ids, checkpoint_factors(state, like), record, progress, state)
