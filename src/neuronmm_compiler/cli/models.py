@@ -79,8 +79,9 @@ def _stage_bar(enabled: bool):
               type=click.Choice(["mlp-output", "fisher", "projection"]),
               help="What the closed form refits gate and up to: the error they cause in the MLP's output, through "
                    "silu and down (mlp-output); the same with the MLP output's error (and down's) weighed by the "
-                   "model's Fisher information of the residual stream, estimated with one backward pass per "
-                   "calibration batch (fisher, needs PyTorch); or their own output's error (projection).")
+                   "model's Fisher information of the residual stream, estimated from backward passes over 8,192 "
+                   "calibration tokens (fisher, needs PyTorch; docs/compression.md); or their own output's error "
+                   "(projection).")
 @click.option("--finetune-steps", default=None, type=click.IntRange(min=1),
               help="Fine-tuning steps of one 256-token sequence (default 200).")
 @click.option("--finetune-lr", default=None, type=float,
