@@ -16,37 +16,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 from finetune_sweep import EVALS, perplexities
+from heal_metric import study_args, study_start
 
-from neuronmm_compiler.models.calibration import DEFAULT_SEQUENCE, calibrate, load_tokens
-from neuronmm_compiler.models.compress_steps import whitened_factors
+from neuronmm_compiler.models.calibration import DEFAULT_SEQUENCE, load_tokens
 from neuronmm_compiler.models.config import PROJECTIONS
 from neuronmm_compiler.models.finetune import import_torch
 from neuronmm_compiler.models.fisher import residual_fisher, residual_metric
-from neuronmm_compiler.models.forward import CausalLM
 from neuronmm_compiler.models.heal import DEFAULT_HEAL_METRIC, HEAL_METRICS, closed_form_heal
 from neuronmm_compiler.models.torch_lm import TorchLM
-from neuronmm_compiler.models.whitening import DEFAULT_DAMPING
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model_dir")
-    ap.add_argument("--texts", required=True)
-    ap.add_argument("--tokens", type=int, default=4096, help="calibration tokens of docs-cal and of man each")
-    ap.add_argument("--rank", type=int, default=384)
+    study_args(ap)
     ap.add_argument("--heal-metric", default=DEFAULT_HEAL_METRIC, choices=HEAL_METRICS)
     ap.add_argument("--evals", nargs="+", default=["docs", "licences"], choices=sorted(EVALS))
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    texts, model = Path(a.texts), CausalLM(a.model_dir)
-    ids = np.concatenate([load_tokens(texts / "docs-cal.txt", a.model_dir, a.tokens),
-                          load_tokens(texts / "man.txt", a.model_dir, a.tokens),
-                          load_tokens(texts / "samples.npy", a.model_dir, 2048)])
-    cal = calibrate(model, ids, source="docs+man+samples")
-    layers = model.arch.num_hidden_layers
-    white = whitened_factors(model, cal, [dict.fromkeys(PROJECTIONS, a.rank)] * layers, DEFAULT_DAMPING)
+    model, ids, cal, white = study_start(a)
+    texts, layers = Path(a.texts), model.arch.num_hidden_layers
     stream = None
     if a.heal_metric == "fisher":
         fisher, _ = residual_fisher(model, ids, length=DEFAULT_SEQUENCE, threads=a.threads)

@@ -29,12 +29,29 @@ from neuronmm_compiler.models.torch_lm import TorchLM
 from neuronmm_compiler.models.whitening import DEFAULT_DAMPING
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def study_args(ap: argparse.ArgumentParser) -> None:
+    """The model, texts, calibration size and rank of a closed-form study (this script's and its siblings')."""
     ap.add_argument("model_dir")
     ap.add_argument("--texts", required=True)
     ap.add_argument("--tokens", type=int, default=4096, help="calibration tokens of docs-cal and of man each")
     ap.add_argument("--rank", type=int, default=384)
+
+
+def study_start(a: argparse.Namespace):
+    """``(model, ids, calibration, whitened factors)``: docs-cal and man ``--tokens`` each plus 2048 sampled tokens,
+    whitened SVD at ``--rank`` for every projection."""
+    texts, model = Path(a.texts), CausalLM(a.model_dir)
+    ids = np.concatenate([load_tokens(texts / "docs-cal.txt", a.model_dir, a.tokens),
+                          load_tokens(texts / "man.txt", a.model_dir, a.tokens),
+                          load_tokens(texts / "samples.npy", a.model_dir, 2048)])
+    cal = calibrate(model, ids, source="docs+man+samples")
+    plan = [{"gate": a.rank, "up": a.rank, "down": a.rank}] * model.arch.num_hidden_layers
+    return model, ids, cal, whitened_factors(model, cal, plan, DEFAULT_DAMPING)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    study_args(ap)
     ap.add_argument("--metric", nargs="+", default=list(HEAL_METRICS), choices=HEAL_METRICS)
     ap.add_argument("--mix", nargs="+", type=float, default=[FISHER_MIX], help="identity weights for --metric fisher")
     ap.add_argument("--fisher-tokens", type=int, default=FISHER_TOKENS)
@@ -42,13 +59,8 @@ def main() -> None:
     ap.add_argument("--metric-tokens", type=int, nargs="+", default=[METRIC_TOKENS],
                     help="tokens the output metric's Grams are summed over (one closed form per value)")
     a = ap.parse_args()
-    texts, model = Path(a.texts), CausalLM(a.model_dir)
-    ids = np.concatenate([load_tokens(texts / "docs-cal.txt", a.model_dir, a.tokens),
-                          load_tokens(texts / "man.txt", a.model_dir, a.tokens),
-                          load_tokens(texts / "samples.npy", a.model_dir, 2048)])
-    cal = calibrate(model, ids, source="docs+man+samples")
-    plan = [{"gate": a.rank, "up": a.rank, "down": a.rank}] * model.arch.num_hidden_layers
-    white = whitened_factors(model, cal, plan, DEFAULT_DAMPING)
+    model, ids, cal, white = study_start(a)
+    texts = Path(a.texts)
     torch = import_torch()
     lm = TorchLM(model, torch)
     evals = {n: load_tokens(texts / f, a.model_dir, 1024) for n, f in EVALS.items()}
