@@ -69,7 +69,8 @@ HEAL_METHODS = ("none", "closed-form", "finetune")
 HEAL_TARGETS = ("layer", "stream")
 #: Weight of the prior (whitened SVD's objective on the original activations) in the closed-form refit.
 DEFAULT_HEAL_PRIOR = 1.0
-#: What gate's and up's refit errors are measured in: the MLP's output (:func:`.heal_metric.original_mlp`) or their own.
+#: What the refit's errors are measured in: the MLP's output (:func:`.heal_metric.original_mlp`), the same weighed by
+#: the residual stream's Fisher (:mod:`.fisher`, down's refit too), or each projection's own output.
 HEAL_METRICS = ("mlp-output", "fisher", "projection")
 DEFAULT_HEAL_METRIC = "mlp-output"
 #: Calibration tokens the output metric's Grams are summed over (every k-th sequence): a weighting needs fewer
