@@ -3,6 +3,8 @@ on the tiny random Llama of test_compress_calibrated (a few seconds in all)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -326,8 +328,11 @@ def test_tp_shards_get_the_same_whitening_and_healing_and_are_measured(tmp_path,
     model_dir = make_llama(tmp_path / "m", seed=5)
     cal, ev = token_file(tmp_path / "cal.npy", 1024, 1), token_file(tmp_path / "ev.npy", 256, 2)
     ppl = {}
-    for label, extra in (("plain", []), ("whitened", ["--calibration", str(cal)]),
-                         ("healed", ["--calibration", str(cal), "--heal", "closed-form"])):
+    runs = [("plain", []), ("whitened", ["--calibration", str(cal)]),
+            ("healed", ["--calibration", str(cal), "--heal", "closed-form"])]
+    if importlib.util.find_spec("torch") is not None:  # the Fisher metric weighs each rank's down block too
+        runs.append(("fisher", ["--calibration", str(cal), "--heal", "closed-form", "--heal-metric", "fisher"]))
+    for label, extra in runs:
         out = tmp_path / label
         result = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.8", "--tp", "2", *extra,
                                            "--eval", str(ev), "--sequence-length", "128", "--max-ppl-increase",
@@ -338,4 +343,4 @@ def test_tp_shards_get_the_same_whitening_and_healing_and_are_measured(tmp_path,
         ppl[label] = sharded["perplexity_compressed"]
         with safe_open(str(out / "tp2" / "layer_000.rank1.safetensors"), framework="np") as f:
             assert f.get_tensor("model.layers.0.mlp.down_proj.u").shape == (384, 128)
-    assert ppl["whitened"] < ppl["plain"] and ppl["healed"] < ppl["plain"]
+    assert ppl["whitened"] < ppl["plain"] and ppl["healed"] < ppl["plain"] and ppl.get("fisher", 0) < ppl["plain"]
