@@ -33,8 +33,6 @@ __all__ = ["FISHER_MIX", "FISHER_TOKENS", "residual_fisher", "residual_metric"]
 FISHER_TOKENS = 8192
 #: Weight of the identity in the residual-stream metric (measured on SmolLM2-135M, docs/compression.md).
 FISHER_MIX = 0.5
-#: Sequences per forward/backward pass.
-_BATCH = 1
 
 
 def _spread(chunks: list[np.ndarray], tokens: int) -> list[np.ndarray]:
@@ -49,8 +47,8 @@ def residual_fisher(model, ids: np.ndarray, *, length: int, tokens: int = FISHER
                     threads: int = 1, progress: Callable[[int, int], None] | None = None
                     ) -> tuple[list[np.ndarray], int]:
     """Per layer, ``sum_t g_t^T g_t`` [hidden, hidden] (float64) of the gradients of the sampled-label loss
-    with respect to the residual stream after that layer's MLP, over at most ``tokens`` calibration tokens;
-    and the number of tokens it was estimated on."""
+    with respect to the residual stream after that layer's MLP, over at most ``tokens`` calibration tokens (one
+    sequence at least); and the number of tokens it was estimated on."""
     from .finetune import import_torch
     from .torch_lm import TorchLM
 
@@ -60,9 +58,8 @@ def residual_fisher(model, ids: np.ndarray, *, length: int, tokens: int = FISHER
     picked = _spread(sequences(np.asarray(ids), length), tokens)
     generator = torch.Generator().manual_seed(seed)
     sums = [np.zeros((model.arch.hidden_size,) * 2) for _ in model.layers]
-    batches = [picked[i:i + _BATCH] for i in range(0, len(picked), _BATCH)]
-    for done, batch in enumerate(batches, 1):
-        tokens_t = torch.from_numpy(np.stack(batch).astype(np.int64))
+    for done, sequence in enumerate(picked, 1):
+        tokens_t = torch.from_numpy(sequence[None].astype(np.int64))
         probes: list = []
 
         def mlp(index: int, x, probes=probes):
@@ -82,7 +79,7 @@ def residual_fisher(model, ids: np.ndarray, *, length: int, tokens: int = FISHER
             sums[index] += batch_gram(probe.grad.reshape(-1, probe.shape[-1]).numpy())
         del hidden, upstream, probes
         if progress is not None:
-            progress(done, len(batches))
+            progress(done, len(picked))
     _release_freed_memory()
     return sums, sum(len(c) for c in picked)
 
