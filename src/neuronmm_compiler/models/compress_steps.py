@@ -101,6 +101,11 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
     return healed, record
 
 
+def _threads(request) -> int:
+    """``--threads``, every core this process may use by default."""
+    return request.threads or available_cores()
+
+
 def _stream_metrics(request, model, ids: np.ndarray, progress: StageProgress | None, record: dict[str, Any]
                     ) -> list[np.ndarray] | None:
     """``--heal-metric fisher``'s residual-stream metric of every layer (:mod:`.fisher`); None for the others."""
@@ -109,7 +114,7 @@ def _stream_metrics(request, model, ids: np.ndarray, progress: StageProgress | N
     from .fisher import FISHER_MIX, residual_fisher, residual_metric
 
     fisher, tokens = residual_fisher(model, ids, length=request.sequence_length,
-                                     threads=request.threads or available_cores(),
+                                     threads=_threads(request),
                                      progress=None if progress is None else lambda d, t: progress("fisher", d, t))
     record["fisher"] = {"tokens": tokens, "mix": FISHER_MIX}
     return [residual_metric(f) for f in fisher]
@@ -121,7 +126,7 @@ def sample(request, model, count: int, seed: int, progress: StageProgress | None
     from .sampling import sample_tokens
 
     return sample_tokens(model, count, length=request.sequence_length, batch=SAMPLE_BATCH, seed=seed,
-                         threads=request.threads or available_cores(),
+                         threads=_threads(request),
                          progress=None if progress is None else lambda d, t: progress(stage, d, t))
 
 
@@ -138,7 +143,7 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
 
     from .finetune import FinetuneSettings, finetune_heal
 
-    settings = replace(request.finetune or FinetuneSettings(), threads=request.threads or available_cores())
+    settings = replace(request.finetune or FinetuneSettings(), threads=_threads(request))
     record["finetune"] = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
     record["finetune"]["start"] = "closed-form"
     extra: dict[str, Any] = {k: record[k] for k in _CLOSED_FORM_RECORD if k in record}

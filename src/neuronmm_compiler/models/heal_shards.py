@@ -43,21 +43,18 @@ def shard_down(model, index: int, xs, shard_layer: Mapping, shards, shard_rank, 
     ``h(x~)[:, a:b] Wd[a:b]``."""
     w_down = model.mlp_weight(index, "down")
     weights = {p: model.mlp_weight(index, p) for p in ("gate", "up")}
-    blocks = []
-    for i, (a, b) in enumerate(shards):
-        r = shard_rank(b - a, w_down.shape[1], full)
-        if r is None:
-            return None
-        acc = Accumulator(b - a, w_down.shape[1])
-        for x in xs:
+    ranks = [shard_rank(b - a, w_down.shape[1], full) for a, b in shards]
+    if any(r is None for r in ranks):
+        return None
+    accs = [Accumulator(b - a, w_down.shape[1]) for a, b in shards]
+    for x in xs:
+        original = model.mlp(index, x)[1]  # the original MLP's inner activations, once per input for every rank
+        for i, (a, b) in enumerate(shards):
             parts = {p: (project(x, shard_layer[p][i]) if shard_layer.get(p) else x @ weights[p][:, a:b])
                      for p in ("gate", "up")}
-            inner = silu(parts["gate"]) * parts["up"]
-            original = model.mlp(index, x)[1][:, a:b]
-            acc.add(inner, original @ w_down[a:b])
-        blocks.append(tuple(t.astype(np.float32) for t in rank_constrained_lstsq(acc.gram, acc.cross, r, damping,
-                                                                                 stream_q)))
-    return blocks
+            accs[i].add(silu(parts["gate"]) * parts["up"], original[:, a:b] @ w_down[a:b])
+    return [tuple(t.astype(np.float32) for t in rank_constrained_lstsq(acc.gram, acc.cross, r, damping, stream_q))
+            for acc, r in zip(accs, ranks, strict=True)]
 
 
 def sharded_mlp(model, shard_factors: Mapping[int, Mapping[str, Any]], shards: Sequence[tuple[int, int]]

@@ -63,6 +63,7 @@ def relative_residual(gram: np.ndarray, cross: np.ndarray, target: float, u: np.
 
 
 def project(x: np.ndarray, factor) -> np.ndarray:
+    """``x`` through one projection: ``(x u) v`` for ``(u, v)`` factors, ``x W`` for a dense ``W``."""
     if isinstance(factor, tuple):
         return (x @ factor[0]) @ factor[1]
     return x @ factor
