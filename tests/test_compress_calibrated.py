@@ -17,7 +17,7 @@ from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.models import compress_model, read_manifest
 from neuronmm_compiler.models.calibration import ACTIVATION_NAMES, calibrate, calibration_from_activations
 from neuronmm_compiler.models.forward import CausalLM, log_softmax
-from neuronmm_compiler.models.quality import evaluate, factored_mlp, original_predictions
+from neuronmm_compiler.models.quality import evaluate, factored_mlp, original_predictions, spread_note
 from neuronmm_compiler.models.whitening import whitened_svd
 from neuronmm_compiler.models.workflow import CompressRequest, load_factors, run_compress
 
@@ -174,6 +174,13 @@ def test_whitened_compression_writes_whitened_factors_and_beats_plain_svd(tmp_pa
         logp = log_softmax(model.forward(chunk, override=mlp).astype(np.float64))
         nll += list(-logp[np.arange(63), chunk[1:]])
     assert q_white.ppl_compressed == pytest.approx(np.exp(np.mean(nll)), rel=1e-4)
+    # each sequence's own increase, from its own NLL before and after; with equal lengths their geometric
+    # mean is the whole text's
+    each = [np.exp(np.mean(nll[i * 63:(i + 1) * 63]) - original.sequence_nll[i]) - 1 for i in range(2)]
+    np.testing.assert_allclose(q_white.sequence_increases, each, rtol=1e-4)
+    assert np.exp(np.mean(np.log1p(q_white.sequence_increases))) - 1 == pytest.approx(q_white.ppl_increase, rel=1e-6)
+    assert spread_note(q_white.to_dict()) == f"; its 2 sequences {min(each):+.1%} to {max(each):+.1%}"
+    assert spread_note({"perplexity_increase_by_sequence": each[:1]}) == spread_note({}) == ""
 
 
 def test_identical_factors_give_identical_quality(tmp_path):
@@ -197,6 +204,7 @@ def test_cli_calibrated_eval_and_warnings(tmp_path):
     assert "PERPLEXITY ROSE" in result.stderr  # any rise is over a 0% threshold
     manifest = read_manifest(tmp_path / "out")
     assert manifest.quality["tokens"] == 126 and len(manifest.quality["mlp_output_error"]) == LAYERS
+    assert len(manifest.quality["perplexity_increase_by_sequence"]) == 2 and "its 2 sequences" in result.output
     plain = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.3", "--align", "16",
                                  "-o", str(tmp_path / "plain")])
     assert plain.exit_code == 0 and "plain SVD (no --calibration)" in plain.stderr

@@ -187,6 +187,8 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
 
 def _extra_lines(result, output: str) -> list[str]:
     """Healing, per-file evaluation and the measured rank choice's front."""
+    from ..models.quality import spread_note
+
     lines = []
     heal = result.manifest.heal
     if heal:
@@ -204,8 +206,8 @@ def _extra_lines(result, output: str) -> list[str]:
     quality = result.manifest.quality
     for q in (quality or {}).get("per_file", []):
         lines.append(f"    {q['source']}: {q['tokens']} tokens, perplexity {q['perplexity_original']:.2f} -> "
-                     f"{q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%}), top-1 agreement "
-                     f"{q['top1_agreement']:.3f}")
+                     f"{q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%}{spread_note(q)}), top-1 "
+                     f"agreement {q['top1_agreement']:.3f}")
     sharded = (quality or {}).get("tensor_parallel")
     if sharded:
         lines.append(f"  --tp {sharded['tp']} factor-shard blocks ({sharded['method']}): perplexity "

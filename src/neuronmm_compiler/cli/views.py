@@ -106,11 +106,13 @@ def compress_lines(manifest: Any, output: str) -> list[str]:
                    if p.output_error is not None]
         lines.append(f"  calibration: {c['source']}; worst projection output error on it {max(outputs):.4f}")
     if manifest.quality:
+        from ..models.quality import spread_note
+
         q = manifest.quality
         errors = q["mlp_output_error"]
         lines.append(f"  measured on {q['tokens']} held-out tokens ({q['source']}): perplexity "
                      f"{q['perplexity_original']:.2f} -> {q['perplexity_compressed']:.2f} "
-                     f"({q['perplexity_increase']:+.1%}), top-1 agreement {q['top1_agreement']:.3f}, "
+                     f"({q['perplexity_increase']:+.1%}{spread_note(q)}), top-1 agreement {q['top1_agreement']:.3f}, "
                      f"MLP output error mean {sum(errors) / len(errors):.3f} worst {max(errors):.3f}")
     if manifest.rank_choice and "latency" in manifest.rank_choice:  # the measured choice prints its own front
         lines += rank_choice_lines(manifest.rank_choice)

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..cost_model.trust import trust_note
 from ..targets import get_target
 from .manifest import Manifest
+from .quality import spread_note
 
 __all__ = ["write_compression_report"]
 
@@ -27,7 +28,7 @@ def _summary(manifest: Manifest) -> list[str]:
     if q:
         lines.append(f"- measured on {q['tokens']} held-out tokens ({q['source']}): perplexity "
                      f"{q['perplexity_original']:.3f} -> {q['perplexity_compressed']:.3f} "
-                     f"({q['perplexity_increase']:+.1%}), top-1 agreement {q['top1_agreement']:.3f}")
+                     f"({q['perplexity_increase']:+.1%}{spread_note(q)}), top-1 agreement {q['top1_agreement']:.3f}")
     lines += ["", "| layer | gate | up | down |", "|---|---|---|---|"]
     for layer, ranks in enumerate(manifest.layer_ranks()):
         lines.append(f"| {layer} | " + " | ".join("dense" if r is None else str(r) for r in ranks.values()) + " |")

@@ -246,7 +246,8 @@ def _measure(model, eval_sets, mlp, request, progress: StageProgress | None, ori
               for i in range(layers)]
     overall = {"tokens": tokens, "perplexity_original": math.exp(nll_o), "perplexity_compressed": math.exp(nll_c),
                "perplexity_increase": math.exp(nll_c - nll_o) - 1.0, "top1_agreement": agree,
-               "mlp_output_error": errors, "source": ", ".join(q["source"] for q in per_file)}
+               "mlp_output_error": errors, "source": ", ".join(q["source"] for q in per_file),
+               "perplexity_increase_by_sequence": [x for q in per_file for x in q["perplexity_increase_by_sequence"]]}
     if len(per_file) > 1:
         overall["per_file"] = per_file
     return overall

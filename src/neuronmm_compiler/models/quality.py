@@ -5,6 +5,9 @@ it is and once with every layer's MLP replaced by its factors (attention, norms 
 the original ones, as in a compressed checkpoint), and reports
 
 - perplexity of both, ``exp(mean next-token negative log-likelihood)`` over every predicted token;
+- the perplexity increase of every sequence on its own, so that a report can say how much one text's
+  sequences disagree (measured on SmolLM2-135M: the 1024-token slices of one licence text ranged from
+  +55% to +146% for the same factors; docs/compression.md, "Seventh run");
 - top-1 agreement, the fraction of positions where both models' most likely next token is the same;
 - per layer, the relative error ``||y - y'||_F / ||y||_F`` of the compressed MLP's output ``y'`` on the
   original model's MLP inputs (real activations, not random ones).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,7 +26,7 @@ from .calibration import DEFAULT_SEQUENCE, sequences
 from .forward import log_softmax, silu
 from .heal_solve import project
 
-__all__ = ["Factors", "Quality", "evaluate", "factored_mlp", "original_predictions"]
+__all__ = ["Factors", "Original", "Quality", "evaluate", "factored_mlp", "original_predictions", "spread_note"]
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
@@ -41,15 +45,25 @@ def factored_mlp(factors: Factors) -> Callable[[int, np.ndarray], np.ndarray]:
     return mlp
 
 
+class Original(NamedTuple):
+    """The unmodified model on some ids: perplexity, top-1 next-token predictions, and the mean negative
+    log-likelihood of each sequence."""
+
+    ppl: float
+    top1: np.ndarray
+    sequence_nll: tuple[float, ...]
+
+
 @dataclass(frozen=True)
 class Quality:
-    """What :func:`evaluate` measured."""
+    """What :func:`evaluate` measured. ``sequence_increases``: each sequence's own perplexity increase."""
 
     tokens: int
     ppl_original: float
     ppl_compressed: float
     top1_agreement: float
     layer_errors: tuple[float, ...]
+    sequence_increases: tuple[float, ...] = ()
 
     @property
     def ppl_increase(self) -> float:
@@ -59,16 +73,26 @@ class Quality:
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "perplexity_original": self.ppl_original,
                 "perplexity_compressed": self.ppl_compressed, "perplexity_increase": self.ppl_increase,
-                "top1_agreement": self.top1_agreement, "mlp_output_error": list(self.layer_errors)}
+                "top1_agreement": self.top1_agreement, "mlp_output_error": list(self.layer_errors),
+                "perplexity_increase_by_sequence": list(self.sequence_increases)}
+
+
+def spread_note(quality: Mapping) -> str:
+    """How far one file's perplexity increase can be trusted: its sequences' lowest and highest increase
+    (empty for one sequence, or a record from before 2026-12-02 that has none)."""
+    each = quality.get("perplexity_increase_by_sequence") or []
+    if len(each) < 2:
+        return ""
+    return f"; its {len(each)} sequences {min(each):+.1%} to {max(each):+.1%}"
 
 
 def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray], *,
-             length: int = DEFAULT_SEQUENCE, original: tuple[float, np.ndarray] | None = None,
+             length: int = DEFAULT_SEQUENCE, original: Original | None = None,
              per_layer: bool = True, progress: Callable[[int, int], None] | None = None) -> Quality:
     """Perplexity and agreement of ``model`` with and without ``mlp`` substituted (see the module docstring).
 
-    ``original``: ``(perplexity, top-1 predictions)`` of the original model on the same ids, from
-    :func:`original_predictions`, to skip recomputing them when evaluating several compressions.
+    ``original``: the original model on the same ids, from :func:`original_predictions`, to skip
+    recomputing it when evaluating several compressions.
     ``per_layer=False`` skips the per-layer MLP output errors (one forward pass per sequence instead of
     two; ``layer_errors`` is then empty).
     """
@@ -84,14 +108,16 @@ def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray
 
     if original is None:
         original = original_predictions(model, ids, length=length)
-    ppl_original, top1_original = original
-    nll, agree, count, offset = 0.0, 0, 0, 0
+    ppl_original, top1_original, sequence_nll = original
+    nll, agree, count, offset, increases = 0.0, 0, 0, 0, []
     for done, chunk in enumerate(chunks, 1):
         if per_layer:
             model.forward(chunk, observe=observe, logits=False)
         logp = log_softmax(model.forward(chunk, override=mlp))
         targets = chunk[1:]
-        nll -= float(logp[np.arange(len(targets)), targets].astype(np.float64).sum())
+        chunk_nll = -float(logp[np.arange(len(targets)), targets].astype(np.float64).sum())
+        nll += chunk_nll
+        increases.append(math.exp(chunk_nll / len(targets) - sequence_nll[done - 1]) - 1.0)
         agree += int(np.count_nonzero(logp[:-1].argmax(axis=-1) == top1_original[offset:offset + len(targets)]))
         count += len(targets)
         offset += len(targets)
@@ -99,16 +125,18 @@ def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray
             progress(done, len(chunks))
     errors = tuple(float(math.sqrt(r / t)) if t > 0 else 0.0 for r, t in zip(residual, total, strict=True)
                    if per_layer)
-    return Quality(count, ppl_original, float(math.exp(nll / count)), agree / count, errors)
+    return Quality(count, ppl_original, float(math.exp(nll / count)), agree / count, errors, tuple(increases))
 
 
-def original_predictions(model, ids: np.ndarray, *, length: int = DEFAULT_SEQUENCE) -> tuple[float, np.ndarray]:
-    """``(perplexity, top-1 next-token predictions)`` of the unmodified model on ``ids``."""
-    nll, count, top1 = 0.0, 0, []
+def original_predictions(model, ids: np.ndarray, *, length: int = DEFAULT_SEQUENCE) -> Original:
+    """The unmodified model's perplexity, top-1 next-token predictions and per-sequence NLL on ``ids``."""
+    nll, count, top1, each = 0.0, 0, [], []
     for chunk in sequences(ids, length):
         logp = log_softmax(model.forward(chunk))
         targets = chunk[1:]
-        nll -= float(logp[np.arange(len(targets)), targets].astype(np.float64).sum())
+        chunk_nll = -float(logp[np.arange(len(targets)), targets].astype(np.float64).sum())
+        nll += chunk_nll
+        each.append(chunk_nll / len(targets))
         top1.append(logp[:-1].argmax(axis=-1))
         count += len(targets)
-    return float(math.exp(nll / count)), np.concatenate(top1)
+    return Original(float(math.exp(nll / count)), np.concatenate(top1), tuple(each))
