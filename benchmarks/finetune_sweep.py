@@ -10,7 +10,9 @@ tokens each of docs, man pages and model samples), whitened SVD and the closed f
 rank 384, as the heal study does, and caches them in ``--cache``; later runs reuse them. Each run
 prints the KL every 10 steps, wall and CPU seconds, peak RSS, and the perplexity of the result on the
 first 1024 tokens of each evaluation text (sequences of 512, as the heal study; the torch pass gives
-the NumPy pass's figures for the whitened and closed-form factors to 0.01).
+the NumPy pass's figures for the whitened and closed-form factors to 0.01); ``--eval-slices K`` measures
+the first K consecutive 1024-token slices, each and together (the first slice alone is not representative:
+docs/compression.md, "Seventh run"). ``--length`` and ``--batch`` set the fine-tuning sequences.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def starting_points(model, texts: Path, cache: Path, rank: int) -> dict:
     return out
 
 
-def perplexities(lm, torch, evals: dict, factors) -> dict[str, float]:
+def perplexities(lm, torch, evals: dict, factors, slice_tokens: int = 1024) -> dict[str, list[float]]:
+    """Per text, the perplexity of each consecutive ``slice_tokens`` slice (sequences of 512)."""
     silu = torch.nn.functional.silu
 
     def mlp(layer, x):
@@ -73,17 +76,24 @@ def perplexities(lm, torch, evals: dict, factors) -> dict[str, float]:
     out = {}
     with torch.no_grad():
         for name, ids in evals.items():
-            nll, count = 0.0, 0
-            for i in range(0, len(ids), 512):
-                chunk = ids[i:i + 512]
-                if len(chunk) < 2:
-                    continue
-                logits = lm.logits(torch.from_numpy(chunk[None].astype(np.int64)), None if factors is None else mlp)
-                logp = torch.log_softmax(logits[0], -1)[:-1]
-                nll -= float(logp.gather(-1, torch.from_numpy(chunk[1:, None].astype(np.int64))).sum())
-                count += len(chunk) - 1
-            out[name] = float(np.exp(nll / count))
+            out[name] = []
+            for start in range(0, len(ids), slice_tokens):
+                nll, count = 0.0, 0
+                for i in range(start, min(start + slice_tokens, len(ids)), 512):
+                    chunk = ids[i:min(i + 512, start + slice_tokens)]
+                    if len(chunk) < 2:
+                        continue
+                    logits = lm.logits(torch.from_numpy(chunk[None].astype(np.int64)), None if factors is None else mlp)
+                    logp = torch.log_softmax(logits[0], -1)[:-1]
+                    nll -= float(logp.gather(-1, torch.from_numpy(chunk[1:, None].astype(np.int64))).sum())
+                    count += len(chunk) - 1
+                out[name].append(float(np.exp(nll / count)))
     return out
+
+
+def _overall(slices: list[float]) -> float:
+    """The perplexity of equal-sized slices together (geometric mean)."""
+    return float(np.exp(np.mean(np.log(slices))))
 
 
 def main() -> None:
@@ -95,6 +105,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--length", type=int, default=FinetuneSettings.length, help="tokens per fine-tuning sequence")
+    ap.add_argument("--batch", type=int, default=FinetuneSettings.batch, help="sequences per step")
     ap.add_argument("--layer-weight", type=float, default=0.0)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--extra", default=None, metavar="IDS.npy",
@@ -108,6 +120,8 @@ def main() -> None:
     ap.add_argument("--ids", action="append", default=None, metavar="FILE[:N]",
                     help="distillation tokens (text or .npy; first N), repeatable; replaces the cached calibration")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--eval-slices", type=int, default=1,
+                    help="measure this many consecutive 1024-token slices of each text, each and together")
     a = ap.parse_args()
     torch = import_torch()
     torch.set_num_threads(a.threads)
@@ -123,15 +137,20 @@ def main() -> None:
     if a.ids:
         parts = [spec.rsplit(":", 1) if ":" in spec else (spec, None) for spec in a.ids]
         start["ids"] = np.concatenate([load_tokens(f, a.model_dir, None if n is None else int(n)) for f, n in parts])
-    evals = {n: load_tokens(texts / f, a.model_dir, 1024) for n, f in EVALS.items()}
+    evals = {n: load_tokens(texts / f, a.model_dir, 1024 * a.eval_slices) for n, f in EVALS.items()}
     original = perplexities(lm, torch, evals, None)
 
     def show(tag: str, factors) -> dict[str, float]:
-        ppl = perplexities(lm, torch, evals, factors)
-        print(tag, " ".join(f"{n} {v:.2f} ({v / original[n] - 1:+.1%})" for n, v in ppl.items()), flush=True)
+        slices = perplexities(lm, torch, evals, factors)
+        ppl = {n: _overall(v) for n, v in slices.items()}
+        print(tag, " ".join(f"{n} {v:.2f} ({v / _overall(original[n]) - 1:+.1%})" for n, v in ppl.items()), flush=True)
+        if a.eval_slices > 1:
+            for n, v in slices.items():
+                pairs = zip(v, original[n], strict=True)
+                print(f"  {n} by slice:", " ".join(f"{p:.2f} ({p / o - 1:+.1%})" for p, o in pairs), flush=True)
         return ppl
 
-    print("original", " ".join(f"{n} {v:.2f}" for n, v in original.items()), flush=True)
+    print("original", " ".join(f"{n} {_overall(v):.2f}" for n, v in original.items()), flush=True)
     if a.eval_start:
         show("whitened", start["white"])
         show("closed-form", start["healed"])
@@ -141,6 +160,7 @@ def main() -> None:
         ids = np.concatenate([ids, extra])
         print(f"distillation tokens: {start['ids'].size} calibration + {extra.size} from {a.extra}", flush=True)
     settings = FinetuneSettings(steps=a.steps, learning_rate=a.lr, warmup=a.warmup, layer_weight=a.layer_weight,
+                                length=a.length, batch=a.batch,
                                 dtype=a.dtype, samples=0, threads=a.threads, checkpoint_seconds=1e9)  # data: --extra
     t0, c0 = time.time(), _cpu()
 
@@ -159,7 +179,8 @@ def main() -> None:
         with open(a.json, "a") as f:
             f.write(json.dumps({"settings": {**vars(a)}, "distill_tokens": int(ids.size), "wall_s": round(wall),
                                 "cpu_s": round(cpu), "peak_mib": round(peak), "kl_first": record["kl_first"],
-                                "kl_last_10": record["kl_last_10"], "original": original, "perplexity": ppl}) + "\n")
+                                "kl_last_10": record["kl_last_10"], "perplexity": ppl, "original_slices": original,
+                                "original": {n: _overall(v) for n, v in original.items()}}) + "\n")
 
 
 if __name__ == "__main__":
