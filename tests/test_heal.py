@@ -170,6 +170,22 @@ def test_cli_heal_min_calibration_single_source_and_several_eval_files(tiny):
     assert max(256, INTER) == 256
 
 
+def test_cli_fine_tuning_options_reach_the_settings(tiny):
+    pytest.importorskip("torch")
+    root, model_dir, _ = tiny
+    cal = token_file(root / "cal-ft.npy", 512, 5)
+    out = root / "tuned-f32"
+    result = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.3", "--align", "16",
+                                       "--calibration", str(cal), "--sequence-length", "64", "--heal", "finetune",
+                                       "--finetune-steps", "1", "--finetune-samples", "0", "--finetune-lr", "2e-5",
+                                       "--finetune-dtype", "float32", "--threads", "1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    settings = read_manifest(out).heal["finetune"]
+    assert (settings["steps"], settings["samples"], settings["learning_rate"], settings["dtype"]) == \
+        (1, 0, 2e-5, "float32")
+    assert settings["batch"] == 1 and settings["top_k"] == 64  # the rest stays FinetuneSettings'
+
+
 def test_measured_choice_respects_its_budget_and_keeps_dense_as_a_choice(tiny):
     root, _, model = tiny
     ids = np.random.default_rng(2).integers(0, VOCAB, 256)
