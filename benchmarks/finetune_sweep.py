@@ -79,8 +79,8 @@ def perplexities(lm, torch, evals: dict, factors, slice_tokens: int = 1024) -> d
             out[name] = []
             for start in range(0, len(ids), slice_tokens):
                 nll, count = 0.0, 0
-                for i in range(start, min(start + slice_tokens, len(ids)), 512):
-                    chunk = ids[i:min(i + 512, start + slice_tokens)]
+                for i in range(start, min(start + slice_tokens, len(ids)), 512):  # slice_tokens: a multiple of 512
+                    chunk = ids[i:i + 512]
                     if len(chunk) < 2:
                         continue
                     logits = lm.logits(torch.from_numpy(chunk[None].astype(np.int64)), None if factors is None else mlp)
@@ -152,7 +152,8 @@ def main() -> None:
 
     print("original", " ".join(f"{n} {_overall(v):.2f}" for n, v in original.items()), flush=True)
     if a.eval_start:
-        show("whitened", start["white"])
+        if "white" in start:  # not with --start-dir and --ids: the cached starting points were not made
+            show("whitened", start["white"])
         show("closed-form", start["healed"])
     ids = start["ids"]
     if a.extra:
