@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from neuronmm_compiler.fuzz import GOOD, FuzzCase, random_case, run_case
 
-CI_CASES = 110  # ~67 s in one worker on an idle 2-core machine; scripts/fuzz.py runs the long version (1500 cases)
+CI_CASES = 70  # ~40 s in one worker on an idle 2-core machine (110 took ~67 s; the suite's time budget);
+# scripts/fuzz.py runs the long version (1500 cases)
 seen: dict[str, int] = {}
 
 
@@ -37,7 +38,7 @@ def test_random_graphs_emit_verify_and_match_the_cost_model() -> None:
     seen.clear()
     _random_graphs()
     total = sum(seen.values())
-    assert total >= 100, seen
+    assert total >= 64, seen
     # The generator is useful only if most cases compile: a pipeline that rejected everything
     # would pass the loop above.
     assert seen.get("ok", 0) >= 0.6 * total, seen
