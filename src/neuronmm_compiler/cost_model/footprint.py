@@ -34,10 +34,11 @@ class Footprint:
 
 def footprint(program: Program, target: Target) -> Footprint:
     """Every allocation site holds its buffer for the kernel's lifetime (see docs/architecture.md)."""
+    sbuf, psum = program.peaks(target.psum_bank_bytes)
     return Footprint(
-        sbuf_bytes_per_partition=program.sbuf_bytes_per_partition(),
+        sbuf_bytes_per_partition=sbuf,
         sbuf_capacity=target.sbuf_usable_bytes_per_partition,
-        psum_banks=program.psum_banks(target.psum_bank_bytes),
+        psum_banks=psum,
         psum_capacity=target.psum_banks,
         split_error=program.split_error,
     )

@@ -382,9 +382,10 @@ class Program:
                 record[1] = max(record[1], end)
         return [(a, b, buf) for a, b, buf in intervals]
 
-    def _peak(self, memory: str, size: Callable[[Buffer], int]) -> int:
+    @staticmethod
+    def _peak(intervals: list[tuple[int, int, Buffer]], memory: str, size: Callable[[Buffer], int]) -> int:
         events: list[tuple[int, int]] = []
-        for first, last, buf in self.live_intervals():
+        for first, last, buf in intervals:
             if buf.memory == memory:
                 events += [(first, size(buf)), (last + 1, -size(buf))]
         peak = live = 0
@@ -393,13 +394,20 @@ class Program:
             peak = max(peak, live)
         return peak
 
+    def peaks(self, bank_bytes: int) -> tuple[int, int]:
+        """``(sbuf_bytes_per_partition(), psum_banks(bank_bytes))`` from one pass of :meth:`live_intervals`
+        (the search costs every candidate's footprint)."""
+        intervals = self.live_intervals()
+        return (self._peak(intervals, "sbuf", lambda b: b.footprint()),
+                self._peak(intervals, "psum", lambda b: b.footprint(bank_bytes)))
+
     def sbuf_bytes_per_partition(self) -> int:
         """Peak SBUF bytes per partition (see :meth:`live_intervals`)."""
-        return self._peak("sbuf", lambda b: b.footprint())
+        return self._peak(self.live_intervals(), "sbuf", lambda b: b.footprint())
 
     def psum_banks(self, bank_bytes: int) -> int:
         """Peak PSUM banks; each allocation starts on a bank boundary and takes whole banks."""
-        return self._peak("psum", lambda b: b.footprint(bank_bytes))
+        return self._peak(self.live_intervals(), "psum", lambda b: b.footprint(bank_bytes))
 
 
 def refs_of(stmt: Stmt) -> list[Ref]:

@@ -17,6 +17,19 @@ from .program import Alloc, Buffer, Loop, Program, Ref, Stmt
 __all__ = ["drop_unused_allocs"]
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The fields of a dataclass type that may hold a Ref (none for a Buffer or a non-dataclass), cached per type:
+    every candidate the search costs is pruned, and ``dataclasses.fields`` is slow."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = (tuple(f.name for f in fields(cls)) if is_dataclass(cls) and not issubclass(cls, Buffer)
+                                else ())
+    return names
+
+
 def _buffers(value: Any, out: set[Buffer]) -> None:
     """Every buffer a value refers to (a Ref, or any dataclass, tuple or list holding one)."""
     if isinstance(value, Ref):
@@ -24,9 +37,9 @@ def _buffers(value: Any, out: set[Buffer]) -> None:
     elif isinstance(value, tuple | list):
         for item in value:
             _buffers(item, out)
-    elif is_dataclass(value) and not isinstance(value, type | Buffer):
-        for f in fields(value):
-            _buffers(getattr(value, f.name), out)
+    else:
+        for name in _field_names(type(value)):
+            _buffers(getattr(value, name), out)
 
 
 def _used(body: list[Stmt], out: set[Buffer]) -> None:
