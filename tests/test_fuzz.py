@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from neuronmm_compiler.fuzz import GOOD, FuzzCase, random_case, run_case
 
-CI_CASES = 70  # ~40 s in one worker on an idle 2-core machine (110 took ~67 s; the suite's time budget);
+CI_CASES = 70  # 33 s alone on a 2-core host where 110 took 76 s in the suite (the suite's 10-minute budget);
 # scripts/fuzz.py runs the long version (1500 cases)
 seen: dict[str, int] = {}
 
