@@ -17,7 +17,7 @@ from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.models import compress_model, read_manifest
 from neuronmm_compiler.models.calibration import ACTIVATION_NAMES, calibrate, calibration_from_activations
 from neuronmm_compiler.models.forward import CausalLM, log_softmax
-from neuronmm_compiler.models.quality import evaluate, factored_mlp, original_predictions, spread_note
+from neuronmm_compiler.models.quality import evaluate, factored_mlp, original_predictions, spread_note, worst_share
 from neuronmm_compiler.models.whitening import whitened_svd
 from neuronmm_compiler.models.workflow import CompressRequest, load_factors, run_compress
 
@@ -179,8 +179,20 @@ def test_whitened_compression_writes_whitened_factors_and_beats_plain_svd(tmp_pa
     each = [np.exp(np.mean(nll[i * 63:(i + 1) * 63]) - original.sequence_nll[i]) - 1 for i in range(2)]
     np.testing.assert_allclose(q_white.sequence_increases, each, rtol=1e-4)
     assert np.exp(np.mean(np.log1p(q_white.sequence_increases))) - 1 == pytest.approx(q_white.ppl_increase, rel=1e-6)
-    assert spread_note(q_white.to_dict()) == f"; its 2 sequences {min(each):+.1%} to {max(each):+.1%}"
+    # the share of the rise the worst tenth of tokens carry, from each token's NLL under the original model
+    before = []
+    for start in (0, 64):
+        chunk = held_out[start:start + 64]
+        before += list(-log_softmax(model.forward(chunk).astype(np.float64))[np.arange(63), chunk[1:]])
+    rise = np.array(nll) - np.array(before)
+    assert rise.sum() > 0
+    share = np.sort(rise)[-12:].sum() / rise.sum()  # 12 of 126 tokens
+    assert q_white.worst_share == pytest.approx(share, rel=1e-3)
+    assert spread_note(q_white.to_dict()) == (f"; its 2 sequences {min(each):+.1%} to {max(each):+.1%}; "
+                                              f"10% of its tokens carry {share:.0%} of the rise")
     assert spread_note({"perplexity_increase_by_sequence": each[:1]}) == spread_note({}) == ""
+    assert worst_share(np.array([1.0, -2.0])) is None and worst_share(np.array([0.5] * 5)) is None  # fell; too few
+    assert worst_share(np.r_[np.full(10, 2.0), np.full(90, -0.1)]) == pytest.approx(20 / 11)  # the rest improved
 
 
 def test_identical_factors_give_identical_quality(tmp_path):
@@ -205,6 +217,8 @@ def test_cli_calibrated_eval_and_warnings(tmp_path):
     manifest = read_manifest(tmp_path / "out")
     assert manifest.quality["tokens"] == 126 and len(manifest.quality["mlp_output_error"]) == LAYERS
     assert len(manifest.quality["perplexity_increase_by_sequence"]) == 2 and "its 2 sequences" in result.output
+    share = manifest.quality["increase_share_of_worst_tenth_tokens"]  # one eval file: the overall record has it
+    assert share > 0 and f"10% of its tokens carry {share:.0%} of the rise" in result.output
     plain = runner.invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.3", "--align", "16",
                                  "-o", str(tmp_path / "plain")])
     assert plain.exit_code == 0 and "plain SVD (no --calibration)" in plain.stderr

@@ -224,7 +224,7 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
 def _measure(model, eval_sets, mlp, request, progress: StageProgress | None, originals: dict | None = None):
     """Per eval file quality, and the overall (token-weighted) quality dict for the manifest. ``originals``: a dict
     the original model's predictions per eval file are kept in, for measuring several compressions of one model."""
-    from .quality import evaluate, original_predictions
+    from .quality import WORST_KEY, evaluate, original_predictions
 
     per_file = []
     for path, ids in eval_sets:
@@ -250,6 +250,8 @@ def _measure(model, eval_sets, mlp, request, progress: StageProgress | None, ori
                "perplexity_increase_by_sequence": [x for q in per_file for x in q["perplexity_increase_by_sequence"]]}
     if len(per_file) > 1:
         overall["per_file"] = per_file
+    else:  # one file: its tokens are all of them (several files' shares do not combine)
+        overall[WORST_KEY] = per_file[0][WORST_KEY]
     return overall
 
 
