@@ -22,21 +22,17 @@ from neuronmm_compiler.models.calibration import load_tokens, sequences
 from neuronmm_compiler.models.compress_steps import load_factors
 from neuronmm_compiler.models.forward import CausalLM, log_softmax
 from neuronmm_compiler.models.manifest import read_manifest
-from neuronmm_compiler.models.quality import factored_mlp
+from neuronmm_compiler.models.quality import factored_mlp, original_predictions, target_nll, worst_share
 
 BUCKETS = ((0.0, 0.05), (0.05, 0.5), (0.5, 2.0), (2.0, 5.0), (5.0, np.inf))  # original NLL, nats
 
 
 def token_nll(model: CausalLM, ids: np.ndarray, mlp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Targets, the original's and the compressed model's NLL of each, over sequences of 512."""
-    targets, original, compressed = [], [], []
-    for chunk in sequences(ids, 512):
-        t, rows = chunk[1:], np.arange(len(chunk) - 1)
-        targets.append(t)
-        original.append(-log_softmax(model.forward(chunk))[:-1][rows, t])
-        compressed.append(-log_softmax(model.forward(chunk, override=mlp))[:-1][rows, t])
-    return (np.concatenate(targets), np.concatenate(original).astype(np.float64),
-            np.concatenate(compressed).astype(np.float64))
+    chunks = sequences(ids, 512)
+    compressed = [target_nll(log_softmax(model.forward(chunk, override=mlp)), chunk) for chunk in chunks]
+    return (np.concatenate([chunk[1:] for chunk in chunks]), original_predictions(model, ids, length=512).token_nll,
+            np.concatenate(compressed))
 
 
 def report(targets: np.ndarray, original: np.ndarray, compressed: np.ndarray, *, top: int,
@@ -50,11 +46,10 @@ def report(targets: np.ndarray, original: np.ndarray, compressed: np.ndarray, *,
         if inside.any():
             lines.append(f"  original NLL in [{lo:g}, {hi:g}): {inside.sum():5d} tokens, mean increase "
                          f"{increase[inside].mean():+.3f}, share of the total {increase[inside].sum() / total:+.2f}")
-    worst = np.sort(increase)[::-1]
-    shares = np.cumsum(worst) / total
-    lines.append("  the worst " + ", ".join(f"{f:.0%}" for f in (0.01, 0.05, 0.1, 0.2)) + " of tokens carry "
-                 + ", ".join(f"{shares[max(1, int(f * len(worst))) - 1]:.2f}" for f in (0.01, 0.05, 0.1, 0.2))
-                 + " of the increase")
+    if total > 0:
+        fractions = (0.01, 0.05, 0.1, 0.2)
+        lines.append("  the worst " + ", ".join(f"{f:.0%}" for f in fractions) + " of tokens carry "
+                     + ", ".join(f"{worst_share(increase, f) or 0:.2f}" for f in fractions) + " of the increase")
     for i in sorted(np.argsort(increase)[::-1][:top]):
         before = decode(targets[max(0, i - 12):i].tolist()) if decode else str(targets[max(0, i - 12):i].tolist())
         word = decode([int(targets[i])]) if decode else str(int(targets[i]))

@@ -395,19 +395,11 @@ class Program:
         return peak
 
     def peaks(self, bank_bytes: int) -> tuple[int, int]:
-        """``(sbuf_bytes_per_partition(), psum_banks(bank_bytes))`` from one pass of :meth:`live_intervals`
-        (the search costs every candidate's footprint)."""
+        """``(peak SBUF bytes per partition, peak PSUM banks)`` (see :meth:`live_intervals`; each PSUM allocation
+        starts on a bank boundary and takes whole banks of ``bank_bytes``), from one pass of the intervals."""
         intervals = self.live_intervals()
         return (self._peak(intervals, "sbuf", lambda b: b.footprint()),
                 self._peak(intervals, "psum", lambda b: b.footprint(bank_bytes)))
-
-    def sbuf_bytes_per_partition(self) -> int:
-        """Peak SBUF bytes per partition (see :meth:`live_intervals`)."""
-        return self._peak(self.live_intervals(), "sbuf", lambda b: b.footprint())
-
-    def psum_banks(self, bank_bytes: int) -> int:
-        """Peak PSUM banks; each allocation starts on a bank boundary and takes whole banks."""
-        return self._peak(self.live_intervals(), "psum", lambda b: b.footprint(bank_bytes))
 
 
 def refs_of(stmt: Stmt) -> list[Ref]:

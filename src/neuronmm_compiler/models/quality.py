@@ -30,7 +30,7 @@ from .forward import log_softmax, silu
 from .heal_solve import project
 
 __all__ = ["Factors", "Original", "Quality", "evaluate", "factored_mlp", "original_predictions", "spread_note",
-           "worst_share"]
+           "target_nll", "worst_share"]
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
@@ -112,6 +112,13 @@ def spread_note(quality: Mapping) -> str:
     return note
 
 
+def target_nll(logp: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """Each next token's negative log-likelihood (float64) under ``logp`` [tokens, vocab], the log-probabilities
+    of one sequence ``chunk``."""
+    targets = chunk[1:]
+    return -logp[np.arange(len(targets)), targets].astype(np.float64)
+
+
 def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray], *,
              length: int = DEFAULT_SEQUENCE, original: Original | None = None,
              per_layer: bool = True, progress: Callable[[int, int], None] | None = None) -> Quality:
@@ -141,7 +148,7 @@ def evaluate(model, ids: np.ndarray, mlp: Callable[[int, np.ndarray], np.ndarray
             model.forward(chunk, observe=observe, logits=False)
         logp = log_softmax(model.forward(chunk, override=mlp))
         targets = chunk[1:]
-        each_nll = -logp[np.arange(len(targets)), targets].astype(np.float64)
+        each_nll = target_nll(logp, chunk)
         chunk_nll = float(each_nll.sum())
         token_increase.append(each_nll - token_nll[offset:offset + len(targets)])
         nll += chunk_nll
@@ -164,7 +171,7 @@ def original_predictions(model, ids: np.ndarray, *, length: int = DEFAULT_SEQUEN
     for chunk in sequences(ids, length):
         logp = log_softmax(model.forward(chunk))
         targets = chunk[1:]
-        token_nll = -logp[np.arange(len(targets)), targets].astype(np.float64)
+        token_nll = target_nll(logp, chunk)
         chunk_nll = float(token_nll.sum())
         nll += chunk_nll
         each.append(chunk_nll / len(targets))
