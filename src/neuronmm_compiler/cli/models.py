@@ -184,6 +184,24 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
         eval_check=o["eval_check"])
 
 
+def _tuned_note(heal: dict | None, key: str) -> str:
+    """``; fine-tuned N steps (S s this run), KL a -> b`` of the heal record's fine-tuning run ``key`` ("" without)."""
+    run = (heal or {}).get(key)
+    if not run:
+        return ""
+    return (f"; fine-tuned {heal['finetune']['steps']} steps ({run['seconds']:.0f} s this run), KL "
+            f"{run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
+
+
+def _file_line(q: dict) -> str:
+    """One eval file's measurement, indented under its model's."""
+    from ..models.quality import spread_note
+
+    return (f"    {q['source']}: {q['tokens']} tokens, perplexity {q['perplexity_original']:.2f} -> "
+            f"{q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%}{spread_note(q)}), top-1 "
+            f"agreement {q['top1_agreement']:.3f}")
+
+
 def _extra_lines(result, output: str) -> list[str]:
     """Healing, per-file evaluation and the measured rank choice's front."""
     from ..models.quality import spread_note
@@ -192,29 +210,21 @@ def _extra_lines(result, output: str) -> list[str]:
     heal = result.manifest.heal
     if heal:
         cf = heal.get("closed_form_error", {})
-        tuned = ""
-        if "finetune_run" in heal:
-            run = heal["finetune_run"]
-            tuned = (f"; fine-tuned {heal['finetune']['steps']} steps ({run['seconds']:.0f} s this run), KL "
-                     f"{run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
+        tuned = _tuned_note(heal, "finetune_run")
         own = "; gate and up are fitted to the MLP output's error, so their own may rise" \
             if heal.get("metric") in ("mlp-output", "fisher") else ""
         lines.append(f"  healed ({heal['method']}): closed-form refit residual of each projection's output on "
                      f"calibration tokens {cf.get('mean_before', float('nan')):.4f} -> "
                      f"{cf.get('mean_after', float('nan')):.4f} (mean relative{own}){tuned}")
     quality = result.manifest.quality
-    for q in (quality or {}).get("per_file", []):
-        lines.append(f"    {q['source']}: {q['tokens']} tokens, perplexity {q['perplexity_original']:.2f} -> "
-                     f"{q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%}{spread_note(q)}), top-1 "
-                     f"agreement {q['top1_agreement']:.3f}")
+    lines += [_file_line(q) for q in (quality or {}).get("per_file", [])]
     sharded = (quality or {}).get("tensor_parallel")
     if sharded:
-        lines.append(f"  --tp {sharded['tp']} factor-shard blocks ({sharded['method']}): perplexity "
-                     f"{sharded['perplexity_original']:.2f} -> {sharded['perplexity_compressed']:.2f} "
-                     f"({sharded['perplexity_increase']:+.1%}), top-1 agreement {sharded['top1_agreement']:.3f}")
-        for q in sharded.get("per_file", []):
-            lines.append(f"    {q['source']}: perplexity {q['perplexity_compressed']:.2f} "
-                         f"({q['perplexity_increase']:+.1%}), top-1 agreement {q['top1_agreement']:.3f}")
+        lines.append(f"  --tp {sharded['tp']} factor-shard blocks ({sharded['method']}"
+                     f"{_tuned_note(heal, 'finetune_tp_run')}): perplexity {sharded['perplexity_original']:.2f} -> "
+                     f"{sharded['perplexity_compressed']:.2f} ({sharded['perplexity_increase']:+.1%}"
+                     f"{spread_note(sharded)}), top-1 agreement {sharded['top1_agreement']:.3f}")
+        lines += [_file_line(q) for q in sharded.get("per_file", [])]
     if result.measured_choice is not None:
         from ..models.measured_choice import front_lines
 

@@ -18,14 +18,16 @@ from .compress import plan_ranks
 from .config import read_config
 from .manifest import Manifest, dense_name, factor_names, layer_file
 
-__all__ = ["FINETUNE_CHECKPOINT", "compressed_mlp", "load_factors", "whitened_factors"]
+__all__ = ["FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "compressed_mlp", "load_factors", "whitened_factors"]
 
 #: ``progress(stage, done, total)``.
 StageProgress = Callable[[str, int, int], None]
 
 
-#: The fine-tuning checkpoint in the output directory (removed once the manifest is written).
+#: The fine-tuning checkpoints in the output directory, of the factors and of ``--tp``'s factor-shard blocks
+#: (removed once the manifest is written).
 FINETUNE_CHECKPOINT = "heal-finetune.ckpt"
+SHARD_FINETUNE_CHECKPOINT = "heal-finetune-tp.ckpt"
 #: Sequences sampled together for the fine-tuning data: SmolLM2-135M sampled 150 tokens per CPU second at 64
 #: (32,768 tokens in 219 CPU s, 2150 MiB peak with its 1.5 GB KV cache at 512 tokens; docs/compression.md).
 SAMPLE_BATCH = 64
@@ -97,7 +99,7 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
         "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
     del start  # the closed form's output is all fine-tuning needs (frees one copy of the factors)
     if request.heal == "finetune":
-        return _finetune(request, model, calibration, ids, healed, record, progress)
+        return _finetune(request, model, calibration, ids, healed, record, progress, shard_out=shard_out)
     return healed, record
 
 
@@ -136,9 +138,12 @@ def _finetune_identity(request, calibration: Calibration) -> dict[str, Any]:
 
 
 def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, record: dict[str, Any],
-              progress: StageProgress | None, state: dict | None = None) -> tuple[dict, dict]:
+              progress: StageProgress | None, state: dict | None = None, shard_out: dict | None = None
+              ) -> tuple[dict, dict]:
     """Fine-tuning from the closed form's factors ``start`` (trained in place); ``record`` (the closed form's)
-    is stored in the checkpoint, so that a resumed run can skip the closed form."""
+    is stored in the checkpoint, so that a resumed run can skip the closed form. ``shard_out`` (``--tp``: the
+    closed form's factor-shard blocks) is then fine-tuned the same way, on the same data, through the sum over
+    ranks the deployment computes (:func:`.finetune.finetune_heal` with ``shards``), and updated in place."""
     from dataclasses import asdict, replace
 
     from .finetune import FinetuneSettings, finetune_heal
@@ -165,6 +170,15 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
         on_step=None if progress is None or request.progress_bars else
         lambda d, t, _loss: progress("healing (fine-tuning)", d, t), state=state, extra=extra, key_ids=ids)
     record["finetune_run"] = run
+    if shard_out:
+        bar = f"healing (fine-tuning the --tp {request.tp} blocks)"
+        blocks, run = finetune_heal(
+            model, distill, shard_out, settings=settings, checkpoint=Path(request.out_dir) / SHARD_FINETUNE_CHECKPOINT,
+            identity=_finetune_identity(request, calibration), progress=request.progress_bars, in_place=True,
+            key_ids=ids, shards=_shard_args(request, model)["shards"],
+            on_step=None if progress is None or request.progress_bars else lambda d, t, _loss: progress(bar, d, t))
+        shard_out.update(blocks)
+        record["finetune_tp_run"] = run
     return healed, record
 
 
@@ -176,7 +190,8 @@ def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, 
                      progress: StageProgress | None, shard_out: dict | None) -> tuple[dict, dict] | None:
     """A killed ``--heal finetune`` run's fine-tuning, resumed from its checkpoint without recomputing the
     whitened SVD and the closed form it started from (their record is in the checkpoint); None when there is
-    no matching checkpoint, or with ``--tp`` (its blocks are healed in the closed form's pass)."""
+    no matching checkpoint, or with ``--tp``: its blocks' start comes from the closed form's pass, which is then
+    run again before both fine-tunings resume from their checkpoints."""
     from .finetune import FinetuneSettings, checkpoint_factors, checkpoint_key, load_checkpoint
 
     if shard_out is not None:
@@ -203,7 +218,8 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
 
     out = Path(request.out_dir)
     if fresh:
-        for path in [*out.glob(LAYER_FILE.replace("{layer:03d}", "*")), out / FINETUNE_CHECKPOINT]:
+        for path in [*out.glob(LAYER_FILE.replace("{layer:03d}", "*")), out / FINETUNE_CHECKPOINT,
+                     out / SHARD_FINETUNE_CHECKPOINT]:
             path.unlink(missing_ok=True)
     if shard_out is not None:
         shard_out.clear()
@@ -266,7 +282,8 @@ def _write_shards(request, model_loader, calibration: Calibration | None, layer_
     if calibration is not None:
         model = model_loader()
         if request.heal != "none":
-            method = "whitened SVD per block, closed-form healed like the unsharded factors"
+            method = "whitened SVD per block, closed-form healed" + (
+                " and fine-tuned" if request.heal == "finetune" else "") + " like the unsharded factors"
         else:
             blocks = whitened_shards(model, calibration.grams, _plans(request, layer_ranks),
                                      **_shard_args(request, model), damping=request.damping)

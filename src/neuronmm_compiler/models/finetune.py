@@ -27,6 +27,10 @@ the student's forward and backward passes; everything runs in float32 with ``thr
 (``layer_weight``) each compressed MLP's output is also pulled towards the original MLP's output on
 the same (student) input: a relative squared error averaged over layers, cheap and local.
 
+Tensor-parallel factor-shard blocks (``shards``): the student's MLP is the deployment's, the sum over ranks
+of ``down_i(silu(gate_i(x)) * up_i(x))`` with each rank's own block factors (:func:`.heal_shards.sharded_mlp`);
+the unsharded model is the case of one rank owning every intermediate column, so both train the same way.
+
 Resuming: every ``checkpoint_seconds`` (and at the end) the trained factors, the optimizer's state and
 the step are written to ``checkpoint`` (a temporary file renamed into place). A run whose checkpoint
 records the same settings (calibration digest, ranks, steps, learning rate, ...) continues from the
@@ -43,7 +47,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,7 +60,7 @@ from .calibration import sequences
 from .config import PROJECTIONS
 
 __all__ = ["TORCH_INSTALL", "FinetuneSettings", "checkpoint_factors", "checkpoint_key", "finetune_heal", "import_torch",
-           "load_checkpoint"]
+           "load_checkpoint", "student_mlp"]
 
 TORCH_INSTALL = ("pip install 'nmmc[torch]' (on a CPU-only machine, pip install torch==2.13.0 or another CPU "
                  "build first: PyPI's default torch wheel brings several GB of CUDA libraries)")
@@ -134,6 +138,37 @@ def checkpoint_factors(state: dict, factors_like: Mapping[int, Mapping[str, Any]
     return out
 
 
+def _blocks(f) -> list | None:
+    """A projection's trained factors as a list of ``(u, v)`` blocks (one per rank; one for unsharded factors),
+    None for a dense projection (an array, or None: the blocks of a projection not factored per rank)."""
+    if isinstance(f, list):
+        return f
+    return [f] if isinstance(f, tuple) else None
+
+
+def student_mlp(torch, lm, params: Mapping[tuple[int, str], list], spans: list[tuple[int, int]] | None, layer: int,
+                x):
+    """The compressed model's MLP of ``layer`` in torch: with ``spans`` (each rank's intermediate columns) the sum
+    over ranks of ``down_i(silu(gate_i(x)) * up_i(x))`` from each rank's ``params[(layer, proj)][i]`` block (the
+    original weight's block where a projection has none); without, the one MLP of ``params[(layer, proj)][0]``."""
+    weights = lm.layers[layer]
+
+    def proj(name: str, inp, i: int, span: tuple[int, int] | None):
+        pairs = params.get((layer, name))
+        if pairs is not None:
+            return (inp @ pairs[i][0]) @ pairs[i][1]
+        w = weights[name]
+        if span is not None:
+            w = w[span[0]:span[1]] if name == "down" else w[:, span[0]:span[1]]
+        return inp @ w
+
+    total = None
+    for i, span in enumerate(spans or [None]):
+        y = proj("down", torch.nn.functional.silu(proj("gate", x, i, span)) * proj("up", x, i, span), i, span)
+        total = y if total is None else total + y
+    return total
+
+
 def _learning_rate(settings: FinetuneSettings, step: int) -> float:
     """Linear warm-up, then cosine decay to 0."""
     if step < settings.warmup:
@@ -155,7 +190,8 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
                   checkpoint: str | Path | None = None, identity: Mapping[str, Any] | None = None,
                   progress: bool = False, on_step: Callable[[int, int, float], None] | None = None,
                   in_place: bool = False, state: dict | None = None, extra: Any = None,
-                  key_ids: np.ndarray | None = None) -> tuple[dict, dict]:
+                  key_ids: np.ndarray | None = None, shards: Sequence[tuple[int, int]] | None = None
+                  ) -> tuple[dict, dict]:
     """Factors trained by distillation (same ranks; dense projections unchanged) and a record of the run.
 
     ``model``: the original :class:`~.forward.CausalLM`; ``ids``: calibration token ids; ``factors``: the
@@ -167,7 +203,10 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     checkpoint, already read by :func:`load_checkpoint` (not read again). ``extra``: stored in every
     checkpoint (e.g. what produced the starting point, so that a resume can skip producing it).
     ``key_ids``: the tokens the checkpoint key covers instead of ``ids`` (when the rest of ``ids`` follows
-    from the settings, e.g. ``samples`` drawn from the model).
+    from the settings, e.g. ``samples`` drawn from the model). ``shards``: the ``[start, stop)`` intermediate
+    columns of each tensor-parallel rank; ``factors[layer][proj]`` is then a list of per-rank ``(u, v)`` blocks
+    (None or absent: the projection is not factored per rank and its weight's blocks stay as they are), trained
+    through the sum over ranks that the deployment computes, and returned in the same form.
 
     Ctrl-C (SIGINT, in the main thread) finishes the current step, writes the checkpoint and then raises
     KeyboardInterrupt; a kill loses at most ``checkpoint_seconds`` of steps.
@@ -183,18 +222,24 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     chunks = _batches(ids, settings)
     torch.set_num_threads(settings.threads)
     lm = TorchLM(model, torch)
-    params: dict[tuple[int, str], tuple[Any, Any]] = {}
+    spans = None if shards is None else [(int(a), int(b)) for a, b in shards]
+    params: dict[tuple[int, str], list[tuple[Any, Any]]] = {}
     for layer, projections in factors.items():
         for proj in PROJECTIONS:
-            f = projections[proj]
-            if isinstance(f, tuple):
-                params[(layer, proj)] = tuple(torch.nn.Parameter(torch.from_numpy(
+            blocks = _blocks(projections.get(proj))
+            if blocks is not None:
+                if len(blocks) != len(spans or [None]):
+                    raise InputError(f"layer {layer} {proj}: {len(blocks)} factor blocks for "
+                                     f"{len(spans or [None])} ranks")
+                params[(layer, proj)] = [tuple(torch.nn.Parameter(torch.from_numpy(
                     np.ascontiguousarray(t, dtype=np.float32) if in_place else np.array(t, dtype=np.float32)))
-                    for t in f)
-    flat = [t for pair in params.values() for t in pair]
+                    for t in pair) for pair in blocks]
+    flat = [t for blocks in params.values() for pair in blocks for t in pair]
     optimizer = _optimizer(torch, flat, settings)
-    key = checkpoint_key(settings, identity or {}, ids if key_ids is None else key_ids,
-                         {k: p[0].shape[1] for k, p in params.items()})
+    ranks = {k: p[0][0].shape[1] for k, p in params.items()} if spans is None else \
+        {(k[0], f"{k[1]}.rank{i}"): pair[0].shape[1] for k, p in params.items() for i, pair in enumerate(p)}
+    key = checkpoint_key(settings, {**(identity or {}), **({} if spans is None else {"shards": spans})},
+                         ids if key_ids is None else key_ids, ranks)
     start, losses = 0, []
     path = Path(checkpoint) if checkpoint is not None else None
     if state is None or state.get("key") != key:
@@ -218,14 +263,10 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
                     "optimizer": None if done else optimizer.state_dict(), "extra": extra}, tmp)
         os.replace(tmp, path)
 
-    silu = torch.nn.functional.silu
     layer_errors: list = []
 
-    def student_mlp(layer: int, x):
-        def proj(name: str, inp):
-            pair = params.get((layer, name))
-            return (inp @ pair[0]) @ pair[1] if pair is not None else inp @ lm.layers[layer][name]
-        y = proj("down", silu(proj("gate", x)) * proj("up", x))
+    def mlp(layer: int, x):
+        y = student_mlp(torch, lm, params, spans, layer, x)
         if settings.layer_weight > 0 and any((layer, p) in params for p in PROJECTIONS):
             with torch.no_grad():
                 target = lm.dense_mlp(layer, x).float()
@@ -260,7 +301,7 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
         t_logp, t_ids = torch.stack([t[0] for t in top]), torch.stack([t[1] for t in top])
         layer_errors.clear()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.dtype == "bfloat16"):
-            s_logits = lm.logits(tokens, student_mlp)
+            s_logits = lm.logits(tokens, mlp)
         s_logp = torch.log_softmax(s_logits.float(), dim=-1).gather(-1, t_ids)
         kl = _sparse_kl(torch, t_logp, s_logp)
         loss = kl + settings.layer_weight * torch.stack(layer_errors).mean() if layer_errors else kl
@@ -299,9 +340,14 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     for layer, projections in factors.items():
         healed[layer] = {}
         for proj in PROJECTIONS:
-            pair = params.get((layer, proj))
-            healed[layer][proj] = projections[proj] if pair is None else \
-                tuple(t.detach().numpy() if in_place else t.detach().numpy().copy() for t in pair)
+            blocks = params.get((layer, proj))
+            if blocks is None:
+                if proj in projections:
+                    healed[layer][proj] = projections[proj]
+                continue
+            trained = [tuple(t.detach().numpy() if in_place else t.detach().numpy().copy() for t in pair)
+                       for pair in blocks]
+            healed[layer][proj] = trained if spans is not None else trained[0]
     record = {"settings": asdict(settings), "resumed_at_step": start, "seconds": round(time.time() - began, 1),
               "kl_first": losses[0] if losses else None,
               "kl_last_10": float(np.mean(losses[-10:])) if losses else None}

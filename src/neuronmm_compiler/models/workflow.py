@@ -42,6 +42,7 @@ from .calibration import (
 from .compress import plan_ranks
 from .compress_steps import (
     FINETUNE_CHECKPOINT,
+    SHARD_FINETUNE_CHECKPOINT,
     _measure,
     _write_shards,
     build_model,
@@ -394,5 +395,6 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None) -> C
     if quality is not None or record is not None:
         manifest = replace(manifest, quality=quality, rank_choice=record)  # type: ignore[arg-type]
         write_text_atomic(Path(request.out_dir) / MANIFEST_FILE, manifest.to_json())
-    (Path(request.out_dir) / FINETUNE_CHECKPOINT).unlink(missing_ok=True)
+    for checkpoint in (FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT):
+        (Path(request.out_dir) / checkpoint).unlink(missing_ok=True)
     return CompressResult(manifest, warnings, front, point, chosen)
