@@ -220,7 +220,8 @@ def _extra_lines(result, output: str) -> list[str]:
     lines += [_file_line(q) for q in (quality or {}).get("per_file", [])]
     sharded = (quality or {}).get("tensor_parallel")
     if sharded:
-        lines.append(f"  --tp {sharded['tp']} factor-shard blocks ({sharded['method']}"
+        kept = f"kept {sharded['kept_fraction']:.3f} of the MLP parameters; " if "kept_fraction" in sharded else ""
+        lines.append(f"  --tp {sharded['tp']} factor-shard blocks ({kept}{sharded['method']}"
                      f"{_tuned_note(heal, 'finetune_tp_run')}): perplexity {sharded['perplexity_original']:.2f} -> "
                      f"{sharded['perplexity_compressed']:.2f} ({sharded['perplexity_increase']:+.1%}"
                      f"{spread_note(sharded)}), top-1 agreement {sharded['top1_agreement']:.3f}")
