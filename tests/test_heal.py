@@ -357,6 +357,7 @@ def test_tp_shards_get_the_same_whitening_and_healing_and_are_measured(tmp_path,
         sharded = read_manifest(out).quality["tensor_parallel"]
         assert sharded["tp"] == 2 and "--tp 2 factor-shard blocks (kept 0.833 of the MLP parameters" in result.output
         assert sharded["kept_fraction"] == pytest.approx(128 * (256 + 384) / (256 * 384))  # rank-128 blocks
+        assert "the factor-shard blocks keep 0.833 of the MLP parameters, the unsharded factors 0." in result.output
         ppl[label] = sharded["perplexity_compressed"]
         with safe_open(str(out / "tp2" / "layer_000.rank1.safetensors"), framework="np") as f:
             assert f.get_tensor("model.layers.0.mlp.down_proj.u").shape == (384, 128)

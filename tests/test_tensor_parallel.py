@@ -225,6 +225,7 @@ def test_compress_tp_writes_each_ranks_own_factors_in_the_plans_layout(tmp_path)
                                              {"rank": 1, "start": 384, "stop": 768}]
     assert shards["factor_shard"]["layers"][0]["factor_shard_ranks"] == {"gate": [128, 128], "up": [128, 128],
                                                                          "down": [128, 128]}
+    assert shards["factor_shard"]["kept_fraction"] == pytest.approx(128 * (256 + 384) / (256 * 384))
     rank1 = load_file(str(out / "tp2" / "layer_000.rank1.safetensors"))
     u, v = rank1["model.layers.0.mlp.gate_proj.u"], rank1["model.layers.0.mlp.gate_proj.v"]
     block = weights["gate"].T[:, 384:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +150,10 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
     for warning in result.warnings:
         click.echo(f"nmmc: warning: {warning}", err=True)
     if tp != 1:
+        index = json.loads((Path(output) / f"tp{tp}" / "shards.json").read_text())["factor_shard"]
         click.echo(f"wrote the factor shards for --tp {tp} to {Path(output) / f'tp{tp}'} (shards.json maps every "
-                   "layout)", err=options["as_json"])
+                   f"layout; the factor-shard blocks keep {index['kept_fraction']:.3f} of the MLP parameters, the "
+                   f"unsharded factors {result.manifest.kept_fraction:.3f})", err=options["as_json"])
     if options["as_json"]:
         echo_lines([(Path(output) / MANIFEST_FILE).read_text()])
         return

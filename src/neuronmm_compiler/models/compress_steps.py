@@ -4,6 +4,7 @@ and the factor shards of ``--tp`` with the same whitening and healing."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -294,17 +295,9 @@ def _write_shards(request, model_loader, calibration: Calibration | None, layer_
     model = model_loader()
     written = _read_shard_blocks(directory, model.arch.num_hidden_layers, request.tp)
     mlp = sharded_mlp(model, written, _shard_args(request, model)["shards"])
-    return {"tp": request.tp, "method": method, "kept_fraction": _kept_fraction(model.arch, written),
+    kept = json.loads((directory / "shards.json").read_text())["factor_shard"]["kept_fraction"]
+    return {"tp": request.tp, "method": method, "kept_fraction": kept,
             **_measure(model, eval_sets, mlp, request, progress)}
-
-
-def _kept_fraction(arch, blocks: dict[int, dict[str, Any]]) -> float:
-    """The fraction of the dense MLP parameters the factor-shard blocks hold (dense where not factored): each
-    block's rank is a whole number of tiles, so it can keep less than the unsharded factors' fraction."""
-    dense = arch.hidden_size * arch.intermediate_size
-    held = sum(sum(u.size + v.size for u, v in blocks[layer][p]) if blocks[layer].get(p) else dense
-               for layer in blocks for p in ("gate", "up", "down"))
-    return held / (3 * dense * len(blocks))
 
 
 def _read_shard_blocks(directory: Path, layers: int, tp: int) -> dict[int, dict[str, Any]]:

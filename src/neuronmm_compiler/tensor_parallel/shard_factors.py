@@ -9,11 +9,14 @@ Next to the unsharded factors (``layer_XXX.safetensors``, docs/compression.md), 
   projection's block of W (gate/up: its columns, down: its rows) factorised on its own with a 128-aligned
   rank keeping the fraction of parameters the unsharded factors keep (docs/tensor-parallel.md, "Per-shard
   ranks"). Names ``model.layers.{i}.mlp.{proj}_proj.u`` / ``.v`` as in the unsharded files, [in, out].
+  ``shards.json`` records their ranks and the fraction of the MLP parameters they keep, which the whole-tile
+  rounding can move either way from the unsharded factors'.
 
 Without ``--calibration`` the shard factors are a plain SVD of each block; with it, ``nmmc compress`` computes
 them with the same whitening and ``--heal closed-form`` refit as the unsharded factors
 (:func:`neuronmm_compiler.models.heal_shards.whitened_shards`, ``closed_form_heal(shards=...)``) and passes them in
-(``--heal finetune`` fine-tunes the unsharded factors; the blocks get its closed-form start).
+(``--heal finetune`` then fine-tunes the blocks too, :func:`neuronmm_compiler.models.finetune.finetune_heal`
+with ``shards``).
 """
 
 from __future__ import annotations
@@ -67,17 +70,20 @@ def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int, blocks: An
     reader = WeightReader(model_dir)
     dtype = OUTPUT_DTYPES[manifest.dtype][0]
     layers = []
+    held = dense = 0  # parameters of the blocks as written, and of the dense MLP
     for entry in manifest.layers:
         per_rank: list[dict[str, np.ndarray]] = [{} for _ in range(tp)]
         own: dict[str, Any] = {}
         for proj, name in mlp_weight_names(config, entry.layer).items():
             k, n = projection_shape(config, proj)
             full = entry.projections[proj].rank
+            dense += k * n
             if entry.projections[proj].method == "dense":
                 own[proj] = None
+                held += k * n
                 continue
             w = reader.read(name, shape=(n, k)).T
-            ranks = []
+            ranks, blocks_held = [], 0
             for rank, (start, stop) in enumerate(spans):
                 block = w[:, start:stop] if proj != "down" else w[start:stop, :]
                 shard = shard_rank(block.shape[0], block.shape[1], kept_fraction(k, n, full))
@@ -94,7 +100,9 @@ def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int, blocks: An
                 per_rank[rank][u_name] = np.ascontiguousarray(np.asarray(u).astype(dtype))
                 per_rank[rank][v_name] = np.ascontiguousarray(np.asarray(v).astype(dtype))
                 ranks.append(shard)
+                blocks_held += shard * sum(block.shape)
             own[proj] = ranks
+            held += k * n if ranks is None else blocks_held
         for rank in range(tp):
             if per_rank[rank]:
                 stem = layer_file(entry.layer).removesuffix(".safetensors")
@@ -108,13 +116,8 @@ def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int, blocks: An
              [{"rank": i, "start": a, "stop": b} for i, (a, b) in enumerate(spans)],
              "unsharded_factors": "the layer_XXX.safetensors files of this compression", "slices": slices,
              "factor_shard": {"files": f"tp{tp}/layer_XXX.rank<i>.safetensors", "method": method,
-                              "layers": layers}}
+                              "kept_fraction": held / dense, "layers": layers}}
     write_text_atomic(directory / "shards.json", json.dumps(index, indent=2) + "\n")
     return directory
 
-
-def shards_note(calibrated: bool) -> str | None:
-    """Nothing to say: with --calibration the factor-shard blocks get the unsharded factors' whitening and
-    healing (nmmc compress computes them); kept for callers of the earlier interface."""
-    return None
 
