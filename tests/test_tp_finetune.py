@@ -113,6 +113,7 @@ def test_tp_blocks_are_fine_tuned_measured_and_resumed(tmp_path, monkeypatch):
     closed = run_compress(request("closed", heal="closed-form")).manifest
     whole = run_compress(request("whole")).manifest
     assert whole.heal["finetune_tp_run"]["resumed_at_step"] == 0
+    assert read_manifest(tmp_path / "whole").heal["finetune_tp_run"] == whole.heal["finetune_tp_run"]  # as written
     sharded, before = whole.quality["tensor_parallel"], closed.quality["tensor_parallel"]
     assert "fine-tuned" in sharded["method"] and "fine-tuned" not in before["method"]
     tuned, start = _blocks(tmp_path / "whole"), _blocks(tmp_path / "closed")

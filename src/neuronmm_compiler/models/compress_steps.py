@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,11 @@ import numpy as np
 
 from ..cores import available_cores
 from ..errors import InputError
+from ..io import write_text_atomic
 from .calibration import Calibration
 from .compress import plan_ranks
 from .config import read_config
-from .manifest import Manifest, dense_name, factor_names, layer_file
+from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file
 
 __all__ = ["FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "compressed_mlp", "load_factors", "whitened_factors"]
 
@@ -25,8 +27,7 @@ __all__ = ["FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "compressed_mlp",
 StageProgress = Callable[[str, int, int], None]
 
 
-#: The fine-tuning checkpoints in the output directory, of the factors and of ``--tp``'s factor-shard blocks
-#: (removed once the manifest is written).
+#: The fine-tuning checkpoints in the output directory, of the factors and of ``--tp``'s blocks (removed at the end).
 FINETUNE_CHECKPOINT = "heal-finetune.ckpt"
 SHARD_FINETUNE_CHECKPOINT = "heal-finetune-tp.ckpt"
 #: Sequences sampled together for the fine-tuning data: SmolLM2-135M sampled 150 tokens per CPU second at 64
@@ -73,9 +74,10 @@ def _shard_args(request, model) -> dict[str, Any]:
 
 
 def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plans,
-          progress: StageProgress | None, shard_out: dict | None = None) -> tuple[dict, dict]:
-    """The healed factors and the heal record (see :mod:`.heal`, :mod:`.finetune`); the factor-shard
-    blocks of ``--tp`` healed the same way into ``shard_out``."""
+          progress: StageProgress | None, shard_out: dict | None = None, later: list | None = None
+          ) -> tuple[dict, dict]:
+    """The healed factors and the heal record (see :mod:`.heal`, :mod:`.finetune`); the factor-shard blocks of
+    ``--tp`` healed the same way into ``shard_out`` (their fine-tuning appended to ``later``: :func:`build_model`)."""
     from .heal import closed_form_heal
 
     if ids is None:
@@ -100,7 +102,8 @@ def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plan
         "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
     del start  # the closed form's output is all fine-tuning needs (frees one copy of the factors)
     if request.heal == "finetune":
-        return _finetune(request, model, calibration, ids, healed, record, progress, shard_out=shard_out)
+        return _finetune(request, model, calibration, ids, healed, record, progress, shard_out=shard_out,
+                         later=later)
     return healed, record
 
 
@@ -139,13 +142,14 @@ def _finetune_identity(request, calibration: Calibration) -> dict[str, Any]:
 
 
 def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, record: dict[str, Any],
-              progress: StageProgress | None, state: dict | None = None, shard_out: dict | None = None
-              ) -> tuple[dict, dict]:
+              progress: StageProgress | None, state: dict | None = None, shard_out: dict | None = None,
+              later: list | None = None) -> tuple[dict, dict]:
     """Fine-tuning from the closed form's factors ``start`` (trained in place); ``record`` (the closed form's)
     is stored in the checkpoint, so that a resumed run can skip the closed form. ``shard_out`` (``--tp``: the
-    closed form's factor-shard blocks) is then fine-tuned the same way, on the same data, through the sum over
-    ranks the deployment computes (:func:`.finetune.finetune_heal` with ``shards``), and updated in place."""
-    from dataclasses import asdict, replace
+    closed form's factor-shard blocks) is fine-tuned the same way, on the same data, through the sum over ranks
+    the deployment computes (:func:`.finetune.finetune_heal` with ``shards``), and updated in place, by a job
+    appended to ``later`` (run at once without it)."""
+    from dataclasses import asdict
 
     from .finetune import FinetuneSettings, finetune_heal
 
@@ -172,14 +176,17 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
         lambda d, t, _loss: progress("healing (fine-tuning)", d, t), state=state, extra=extra, key_ids=ids)
     record["finetune_run"] = run
     if shard_out:
-        bar = f"healing (fine-tuning the --tp {request.tp} blocks)"
-        blocks, run = finetune_heal(
-            model, distill, shard_out, settings=settings, checkpoint=Path(request.out_dir) / SHARD_FINETUNE_CHECKPOINT,
-            identity=_finetune_identity(request, calibration), progress=request.progress_bars, in_place=True,
-            key_ids=ids, shards=_shard_args(request, model)["shards"],
-            on_step=None if progress is None or request.progress_bars else lambda d, t, _loss: progress(bar, d, t))
-        shard_out.update(blocks)
-        record["finetune_tp_run"] = run
+        def blocks() -> None:
+            bar = f"healing (fine-tuning the --tp {request.tp} blocks)"
+            tuned, tp_run = finetune_heal(
+                model, distill, shard_out, settings=settings, identity=_finetune_identity(request, calibration),
+                checkpoint=Path(request.out_dir) / SHARD_FINETUNE_CHECKPOINT, progress=request.progress_bars,
+                in_place=True, key_ids=ids, shards=_shard_args(request, model)["shards"],
+                on_step=None if progress is None or request.progress_bars else lambda d, t, _l: progress(bar, d, t))
+            shard_out.update(tuned)
+            record["finetune_tp_run"] = tp_run
+
+        blocks() if later is None else later.append(blocks)
     return healed, record
 
 
@@ -190,9 +197,8 @@ _CLOSED_FORM_RECORD = ("closed_form_error", "fisher")
 def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, plans, record: dict[str, Any],
                      progress: StageProgress | None, shard_out: dict | None) -> tuple[dict, dict] | None:
     """A killed ``--heal finetune`` run's fine-tuning, resumed from its checkpoint without recomputing the
-    whitened SVD and the closed form it started from (their record is in the checkpoint); None when there is
-    no matching checkpoint, or with ``--tp``: its blocks' start comes from the closed form's pass, which is then
-    run again before both fine-tunings resume from their checkpoints."""
+    whitened SVD and the closed form it started from (their record is in the checkpoint); None without one, or
+    with ``--tp`` (the closed form, the blocks' start, runs again; both fine-tunings resume from their checkpoints)."""
     from .finetune import FinetuneSettings, checkpoint_factors, checkpoint_key, load_checkpoint
 
     if shard_out is not None:
@@ -225,17 +231,25 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
     if shard_out is not None:
         shard_out.clear()
     healed = heal_record = None
+    later: list[Callable[[], None]] = []  # --tp --heal finetune: the blocks' fine-tuning, once the factors are written
     if request.heal != "none":
         healed, heal_record = _heal(request, model, calibration, ids, _plans(request, layer_ranks), progress,
-                                    shard_out=shard_out)
+                                    shard_out=shard_out, later=later)
     fp8, fp8_record = (None, None) if fmt is None else _fp8_layers(
         request, model, calibration, ids, layer_ranks, healed, fmt, progress,
         None if formats is None else [i for i, f in enumerate(formats) if f == fmt])
-    return compress_model(
+    manifest = compress_model(
         request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
         layer_ranks=layer_ranks, factors=healed, heal=heal_record, fp8=fp8, fp8_record=fp8_record,
         progress=None if progress is None else lambda d, t: progress("factoring", d, t))
+    del healed  # written: the blocks' fine-tuning need not hold it too (docs/compression.md, "Ninth run")
+    for job in later:
+        job()
+    if later:  # the record gained the blocks' fine-tuning run
+        manifest = replace(manifest, heal=heal_record)
+        write_text_atomic(out / MANIFEST_FILE, manifest.to_json())
+    return manifest
 
 
 def _measure(model, eval_sets, mlp, request, progress: StageProgress | None, originals: dict | None = None):
