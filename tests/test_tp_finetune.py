@@ -12,6 +12,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
+from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.models import read_manifest
 from neuronmm_compiler.models.compress_steps import FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT
 from neuronmm_compiler.models.forward import CausalLM
@@ -79,7 +80,7 @@ def test_fine_tuning_the_blocks_heals_the_sharded_model(tmp_path):
     before, after = (evaluate(model, ids, sharded_mlp(model, f, spans), length=64, per_layer=False)
                      for f in (start, tuned))
     assert after.ppl_compressed < before.ppl_compressed
-    with pytest.raises(Exception, match="2 factor blocks for 3 ranks"):
+    with pytest.raises(InputError, match="2 factor blocks for 3 ranks"):
         finetune_heal(model, ids, start, settings=settings, shards=[(0, 64), (64, 128), (128, inter)])
 
 

@@ -148,7 +148,7 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
     is stored in the checkpoint, so that a resumed run can skip the closed form. ``shard_out`` (``--tp``: the
     closed form's factor-shard blocks) is fine-tuned the same way, on the same data, through the sum over ranks
     the deployment computes (:func:`.finetune.finetune_heal` with ``shards``), and updated in place, by a job
-    appended to ``later`` (run at once without it)."""
+    appended to ``later`` (given with ``shard_out``; :func:`build_model` runs it once the factors are written)."""
     from dataclasses import asdict
 
     from .finetune import FinetuneSettings, finetune_heal
@@ -175,7 +175,7 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
         on_step=None if progress is None or request.progress_bars else
         lambda d, t, _loss: progress("healing (fine-tuning)", d, t), state=state, extra=extra, key_ids=ids)
     record["finetune_run"] = run
-    if shard_out:
+    if shard_out and later is not None:
         def blocks() -> None:
             bar = f"healing (fine-tuning the --tp {request.tp} blocks)"
             tuned, tp_run = finetune_heal(
@@ -186,7 +186,7 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
             shard_out.update(tuned)
             record["finetune_tp_run"] = tp_run
 
-        blocks() if later is None else later.append(blocks)
+        later.append(blocks)
     return healed, record
 
 
