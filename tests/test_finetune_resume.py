@@ -35,7 +35,8 @@ def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, mo
 
     model_dir = make_llama(tmp_path / "m", seed=3)
     cal = token_file(tmp_path / "cal.npy", 512, 1)
-    settings = FinetuneSettings(steps=5, learning_rate=3e-3, length=32, warmup=1, samples=96, checkpoint_seconds=1e9)
+    settings = FinetuneSettings(steps=5, learning_rate=3e-3, length=32, warmup=1, samples=96, checkpoint_seconds=1e9,
+                                dtype="bfloat16")  # not "auto": runs compared bit for bit
 
     def request(out, **kw):
         return CompressRequest(model_dir=str(model_dir), out_dir=str(tmp_path / out), keep_ratio=0.3, align=16,

@@ -295,7 +295,7 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
     cal = calibrate(model, ids, source="t", length=64)
     start = whitened_factors(model, cal, [{"gate": 16, "up": 16, "down": 16}] * LAYERS, 1e-4)
     settings = FinetuneSettings(steps=6, learning_rate=3e-3, batch=2, length=32, warmup=1, threads=1,
-                                checkpoint_seconds=0.0)
+                                checkpoint_seconds=0.0, dtype="float32")
     whole, record = finetune_heal(model, ids, start, settings=settings)
     assert record["kl_last_10"] < record["kl_first"]
     assert all(whole[layer][p][0].shape == start[layer][p][0].shape for layer in whole for p in whole[layer])

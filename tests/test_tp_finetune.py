@@ -104,7 +104,8 @@ def test_tp_blocks_are_fine_tuned_measured_and_resumed(tmp_path, monkeypatch):
     weights["model.embed_tokens.weight"] *= 0.1
     save_file(weights, str(model_dir / "model.safetensors"))
     cal, ev = token_file(tmp_path / "cal.npy", 1024, 1), token_file(tmp_path / "ev.npy", 256, 2)
-    settings = FinetuneSettings(steps=5, learning_rate=1e-4, length=128, warmup=1, samples=0, checkpoint_seconds=1e9)
+    settings = FinetuneSettings(steps=5, learning_rate=1e-4, length=128, warmup=1, samples=0, checkpoint_seconds=1e9,
+                                dtype="bfloat16")  # not "auto": runs compared bit for bit
 
     def request(out, heal="finetune"):
         return CompressRequest(model_dir=str(model_dir), out_dir=str(tmp_path / out), keep_ratio=0.8,

@@ -89,10 +89,11 @@ def _stage_bar(enabled: bool):
               help="Fine-tuning peak learning rate (AdamW, warm-up then cosine; default 1e-5).")
 @click.option("--finetune-samples", default=None, type=click.IntRange(min=0), metavar="N",
               help="Tokens sampled from the original model added to the fine-tuning data (default 16384).")
-@click.option("--finetune-dtype", default=None, type=click.Choice(["bfloat16", "float32"]),
-              help="Fine-tuning matmuls (default bfloat16). Measured: bfloat16 took half float32's CPU time on one "
-                   "2-core host and 1.5x float32's wall time on another (AVX-512 BF16, no AMX); perplexities within "
-                   "0.5% (docs/compression.md).")
+@click.option("--finetune-dtype", default=None, type=click.Choice(["auto", "bfloat16", "float32"]),
+              help="Fine-tuning matmuls (default auto: a step's forward and backward pass is timed in each first, "
+                   "and bfloat16 is taken when at least 10% faster). Measured: bfloat16 took half float32's CPU time "
+                   "on one 2-core host and 1.5x float32's wall time on another (AVX-512 BF16, no AMX); perplexities "
+                   "within 0.5% (docs/compression.md).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), metavar="N",
               help="CPU threads for the NumPy stages (BLAS) and fine-tuning (torch). Default: every core this "
                    "process may use. On a machine shared with other jobs, 1 is faster (threads that wait for each "
@@ -188,12 +189,15 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
 
 
 def _tuned_note(heal: dict | None, key: str) -> str:
-    """``; fine-tuned N steps (S s this run), KL a -> b`` of the heal record's fine-tuning run ``key`` ("" without)."""
+    """``; fine-tuned N steps in DTYPE (S s this run; the timed dtypes), KL a -> b`` of the heal record's fine-tuning
+    run ``key`` ("" without)."""
     run = (heal or {}).get(key)
     if not run:
         return ""
-    return (f"; fine-tuned {heal['finetune']['steps']} steps ({run['seconds']:.0f} s this run), KL "
-            f"{run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
+    probe = run.get("dtype_probe_seconds")
+    timed = f"; a step {probe['float32']:.2f} s in float32, {probe['bfloat16']:.2f} in bfloat16" if probe else ""
+    return (f"; fine-tuned {heal['finetune']['steps']} steps in {run.get('dtype')} ({run['seconds']:.0f} s this run"
+            f"{timed}), KL {run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
 
 
 def _file_line(q: dict) -> str:

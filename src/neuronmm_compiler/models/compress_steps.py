@@ -26,7 +26,6 @@ __all__ = ["FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "compressed_mlp",
 #: ``progress(stage, done, total)``.
 StageProgress = Callable[[str, int, int], None]
 
-
 #: The fine-tuning checkpoints in the output directory, of the factors and of ``--tp``'s blocks (removed at the end).
 FINETUNE_CHECKPOINT = "heal-finetune.ckpt"
 SHARD_FINETUNE_CHECKPOINT = "heal-finetune-tp.ckpt"
@@ -179,9 +178,10 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
         def blocks() -> None:
             bar = f"healing (fine-tuning the --tp {request.tp} blocks)"
             tuned, tp_run = finetune_heal(
-                model, distill, shard_out, settings=settings, identity=_finetune_identity(request, calibration),
-                checkpoint=Path(request.out_dir) / SHARD_FINETUNE_CHECKPOINT, progress=request.progress_bars,
-                in_place=True, key_ids=ids, shards=_shard_args(request, model)["shards"],
+                model, distill, shard_out, settings=replace(settings, dtype=run["dtype"]),  # "auto" chooses once
+                identity=_finetune_identity(request, calibration), progress=request.progress_bars, in_place=True,
+                checkpoint=Path(request.out_dir) / SHARD_FINETUNE_CHECKPOINT, key_ids=ids,
+                shards=_shard_args(request, model)["shards"],
                 on_step=None if progress is None or request.progress_bars else lambda d, t, _l: progress(bar, d, t))
             shard_out.update(tuned)
             record["finetune_tp_run"] = tp_run
@@ -199,8 +199,8 @@ def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, 
     """A killed ``--heal finetune`` run's fine-tuning, resumed from its checkpoint without recomputing the
     whitened SVD and the closed form it started from (their record is in the checkpoint); None without one, or
     with ``--tp`` (the closed form, the blocks' start, runs again; both fine-tunings resume from their checkpoints)."""
-    from .finetune import FinetuneSettings, checkpoint_factors, checkpoint_key, load_checkpoint
-
+    from .finetune import FinetuneSettings
+    from .finetune_checkpoint import checkpoint_factors, checkpoint_key, load_checkpoint
     if shard_out is not None:
         return None
     ranks = {(layer, p): r for layer, plan in enumerate(plans) for p, r in plan.items() if r is not None}

@@ -22,8 +22,10 @@ Step cost (SmolLM2-135M, 256 tokens, 2 cores): the teacher's targets are compute
 calibration sequence, without gradients, and kept as its top-``top_k`` log-probabilities per token
 (``top_k * 8`` bytes a token; the loss is the KL divergence restricted to those tokens, which hold
 nearly all of the teacher's mass), so an epoch over the calibration set after the first costs only
-the student's forward and backward passes; everything runs in float32 with ``threads`` torch threads
-(``docs/compression.md`` gives the measured seconds per step and peak memory). Optionally
+the student's forward and backward passes, in ``threads`` torch threads (``docs/compression.md`` gives the
+measured seconds per step and peak memory). The student's matmuls run in bfloat16 autocast or in float32,
+whichever this machine runs faster (``dtype="auto"``: one step's forward and backward pass timed in each
+before the first step; bfloat16 took half float32's time on one 2-core host and 1.5x on another). Optionally
 (``layer_weight``) each compressed MLP's output is also pulled towards the original MLP's output on
 the same (student) input: a relative squared error averaged over layers, cheap and local.
 
@@ -34,21 +36,17 @@ the unsharded model is the case of one rank owning every intermediate column, so
 Resuming: every ``checkpoint_seconds`` (and at the end) the trained factors, the optimizer's state and
 the step are written to ``checkpoint`` (a temporary file renamed into place). A run whose checkpoint
 records the same settings (calibration digest, ranks, steps, learning rate, ...) continues from the
-recorded step with the same data order; another run's checkpoint is ignored and overwritten.
+recorded step with the same data order and the matmul type "auto" chose; another run's checkpoint is ignored
+and overwritten (:mod:`.finetune_checkpoint`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -58,10 +56,13 @@ import numpy as np
 from ..errors import InputError
 from .calibration import sequences
 from .config import PROJECTIONS
+from .finetune_checkpoint import checkpoint_key, deferred_sigint, load_checkpoint
 
-__all__ = ["TORCH_INSTALL", "FinetuneSettings", "checkpoint_factors", "checkpoint_key", "finetune_heal", "import_torch",
-           "load_checkpoint", "student_mlp"]
+__all__ = ["DTYPES", "TORCH_INSTALL", "FinetuneSettings", "choose_dtype", "finetune_heal", "import_torch",
+           "student_mlp"]
 
+#: The student's matmul types (:attr:`FinetuneSettings.dtype`).
+DTYPES = ("auto", "bfloat16", "float32")
 TORCH_INSTALL = ("pip install 'nmmc[torch]' (on a CPU-only machine, pip install torch==2.13.0 or another CPU "
                  "build first: PyPI's default torch wheel brings several GB of CUDA libraries)")
 
@@ -89,7 +90,9 @@ class FinetuneSettings:
     top_k: int = 64  # teacher log-probabilities kept per token
     layer_weight: float = 0.0  # weight of the per-layer MLP-output error (0: logits only)
     weight_decay: float = 0.0  # AdamW's, towards 0 (not towards the starting factors)
-    dtype: str = "bfloat16"  # the student's matmuls (autocast; factors, optimizer, loss stay float32); float32
+    # the student's matmuls (autocast; factors, optimizer, loss stay float32): bfloat16, float32, or "auto", the
+    # faster of the two on this machine, timed before the first step (:func:`choose_dtype`)
+    dtype: str = "auto"
     # tokens sampled from the original model (seed + 1) that ``compress`` adds to the distillation data
     # (finetune_heal itself trains on the ids it is given); measured: 16384 healed every text more than 0, at
     # ~110 CPU s of sampling and ~30 of fine-tuning more for SmolLM2-135M (docs/compression.md, third run)
@@ -99,43 +102,6 @@ class FinetuneSettings:
 
 
 Factors = Mapping[int, Mapping[str, "tuple[np.ndarray, np.ndarray] | np.ndarray"]]
-
-
-def checkpoint_key(settings: FinetuneSettings, identity: Mapping[str, Any], ids: np.ndarray,
-                   ranks: Mapping[tuple[int, str], int]) -> str:
-    """What a checkpoint must record to be resumed: the settings, ``identity``, the calibration tokens and
-    the rank of every trained ``(layer, projection)``."""
-    record = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
-    full = {"settings": record, **identity, "ranks": sorted((f"{k[0]}.{k[1]}", int(r)) for k, r in ranks.items()),
-            "tokens": hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16]}
-    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def load_checkpoint(path: str | Path | None, key: str) -> dict | None:
-    """The checkpoint at ``path`` if it records ``key`` (None: absent, truncated, foreign or another run's).
-    Its ``params`` are the trained factors in :func:`finetune_heal`'s order (layers, then gate/up/down,
-    then ``u``, ``v``); ``extra`` is what the caller stored with it."""
-    if path is None or not Path(path).is_file():
-        return None
-    torch = import_torch()
-    try:
-        state = torch.load(path, weights_only=False)
-    except Exception:  # a truncated or foreign file: start over
-        return None
-    return state if isinstance(state, dict) and state.get("key") == key else None
-
-
-def checkpoint_factors(state: dict, factors_like: Mapping[int, Mapping[str, Any]]) -> dict[int, dict]:
-    """The factors a checkpoint holds, arranged as ``factors_like`` (the trained projections marked by any
-    non-array value, e.g. their rank; other entries, such as dense weights, passed through)."""
-    saved = iter(state["params"])
-    out: dict[int, dict] = {}
-    for layer, projections in factors_like.items():
-        out[layer] = {}
-        for proj in PROJECTIONS:
-            f = projections[proj]
-            out[layer][proj] = f if isinstance(f, np.ndarray) else (next(saved).numpy(), next(saved).numpy())
-    return out
 
 
 def _blocks(f) -> list | None:
@@ -217,7 +183,7 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     settings = settings or FinetuneSettings()
     if settings.steps < 1 or settings.batch < 1 or settings.length < 2 or not settings.learning_rate > 0 \
             or settings.top_k < 1 or settings.layer_weight < 0 or settings.weight_decay < 0 \
-            or settings.dtype not in ("float32", "bfloat16"):
+            or settings.dtype not in DTYPES:
         raise InputError(f"fine-tuning settings must be positive: {settings}")
     chunks = _batches(ids, settings)
     torch.set_num_threads(settings.threads)
@@ -252,6 +218,7 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
         if state.get("optimizer") is not None:
             optimizer.load_state_dict(state["optimizer"])
         start, losses = int(state["step"]), list(state["losses"])
+    chosen = state.get("dtype") if state is not None else None  # what "auto" chose before a resume
     state = None  # its optimizer tensors are the optimizer's now; the rest is not needed
 
     def save(step: int, done: bool) -> None:
@@ -260,7 +227,7 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
         path.parent.mkdir(parents=True, exist_ok=True)  # compress's -o directory is created after healing
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         torch.save({"key": key, "step": step, "losses": losses, "params": [p.detach() for p in flat],
-                    "optimizer": None if done else optimizer.state_dict(), "extra": extra}, tmp)
+                    "optimizer": None if done else optimizer.state_dict(), "extra": extra, "dtype": chosen}, tmp)
         os.replace(tmp, path)
 
     layer_errors: list = []
@@ -293,25 +260,35 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     order = np.concatenate([order_rng.permutation(len(chunks))
                             for _ in range(math.ceil(settings.steps * settings.batch / len(chunks)))])
 
-    def one_step(step: int) -> None:
-        nonlocal last_save
+    def loss_of(step: int, dtype: str):
+        """The KL divergence of step ``step``'s sequences, and the loss trained (with the per-layer term)."""
         picks = order[step * settings.batch:(step + 1) * settings.batch]
         tokens = torch.from_numpy(np.stack([chunks[i] for i in picks]).astype(np.int64))
         top = [teacher(int(i)) for i in picks]
         t_logp, t_ids = torch.stack([t[0] for t in top]), torch.stack([t[1] for t in top])
         layer_errors.clear()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.dtype == "bfloat16"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
             s_logits = lm.logits(tokens, mlp)
-        s_logp = torch.log_softmax(s_logits.float(), dim=-1).gather(-1, t_ids)
-        kl = _sparse_kl(torch, t_logp, s_logp)
-        loss = kl + settings.layer_weight * torch.stack(layer_errors).mean() if layer_errors else kl
+        kl = _sparse_kl(torch, t_logp, torch.log_softmax(s_logits.float(), dim=-1).gather(-1, t_ids))
+        return kl, kl + settings.layer_weight * torch.stack(layer_errors).mean() if layer_errors else kl
+
+    probe: dict[str, float] = {}
+    if settings.dtype != "auto":
+        chosen = settings.dtype
+    elif chosen is None and start < settings.steps:
+        probe = _time_dtypes(lambda dtype: loss_of(start, dtype)[1].backward(), flat)
+        chosen = choose_dtype(probe)
+
+    def one_step(step: int) -> None:
+        nonlocal last_save
+        kl, loss = loss_of(step, chosen)
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(settings, step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         losses.append(float(kl.detach()))
-        del s_logits, s_logp, loss
+        del kl, loss
         if bar is not None:
             bar.update(1)
             bar.set_postfix_str(f"KL {losses[-1]:.4f}", refresh=False)
@@ -321,7 +298,7 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
             save(step + 1, done=False)
             last_save = time.time()
 
-    with _deferred_sigint() as interrupted:
+    with deferred_sigint() as interrupted:
         for step in range(start, settings.steps):
             one_step(step)
             if interrupted:
@@ -348,26 +325,31 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
             trained = [tuple(t.detach().numpy() if in_place else t.detach().numpy().copy() for t in pair)
                        for pair in blocks]
             healed[layer][proj] = trained if spans is not None else trained[0]
-    record = {"settings": asdict(settings), "resumed_at_step": start, "seconds": round(time.time() - began, 1),
+    record = {"settings": asdict(settings), "dtype": chosen, "dtype_probe_seconds": probe or None,
+              "resumed_at_step": start, "seconds": round(time.time() - began, 1),
               "kl_first": losses[0] if losses else None,
               "kl_last_10": float(np.mean(losses[-10:])) if losses else None}
     return healed, record
 
 
-@contextmanager
-def _deferred_sigint():
-    """A list that becomes non-empty on SIGINT, until the block ends (the handler is restored then);
-    outside the main thread, or when SIGINT is ignored, nothing changes."""
-    flag: list[bool] = []
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):
-        yield flag
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: flag.append(True))
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def choose_dtype(seconds: Mapping[str, float]) -> str:
+    """bfloat16 when its timed step (``seconds``, per dtype) is at least 10% faster than float32's, else float32
+    (the exact one: measured faster on one 2-core host without AMX, half as fast on another, docs/compression.md)."""
+    return "bfloat16" if seconds["bfloat16"] * 1.1 <= seconds["float32"] else "float32"
+
+
+def _time_dtypes(step: Callable[[str], None], flat: list) -> dict[str, float]:
+    """Seconds of ``step(dtype)`` (a forward and backward pass, no update) per dtype: the best of two after a
+    warm-up each, the dtypes alternating so that a change in the machine's load hits both; gradients cleared."""
+    runs: dict[str, list[float]] = {"bfloat16": [], "float32": []}
+    for _ in range(3):
+        for dtype, times in runs.items():
+            began = time.perf_counter()
+            step(dtype)
+            times.append(time.perf_counter() - began)
+    for p in flat:
+        p.grad = None
+    return {dtype: round(min(times[1:]), 4) for dtype, times in runs.items()}
 
 
 def _sparse_kl(torch, t_logp, s_logp):
