@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,14 +225,37 @@ class CausalLM:
 
     # ------------------------------------------------------------------ the pass
 
+    def observe_mlps(self, sequences: Sequence[np.ndarray], observe: MlpObserver) -> None:
+        """Run several sequences through the original model, each with its own causal attention, and hand
+        ``observe`` every layer's MLP inputs of all of them at once: their rows concatenated, so that the MLP's
+        and the observer's products are one larger matrix product each (faster on a CPU than one per sequence)."""
+        for tokens in sequences:
+            self._check(tokens)
+        a = self.arch
+        hs = [self.embed[np.asarray(tokens)] for tokens in sequences]
+        for index, layer in enumerate(self.layers):
+            for h in hs:
+                h += self._attention(layer, rms_norm(h, layer["input_norm"], a.rms_norm_eps))
+            x = rms_norm(np.concatenate(hs), layer["post_norm"], a.rms_norm_eps)
+            out, inner = self.mlp(index, x)
+            observe(index, x, inner)
+            offset = 0
+            for h in hs:
+                h += out[offset:offset + len(h)]
+                offset += len(h)
+
+    def _check(self, tokens: np.ndarray) -> None:
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1 or not tokens.size or tokens.min() < 0 or tokens.max() >= self.arch.vocab_size:
+            raise InputError(f"token ids must be a non-empty 1-D sequence in [0, {self.arch.vocab_size}) for this "
+                             "model's vocabulary")
+
     def forward(self, tokens: np.ndarray, *, observe: MlpObserver | None = None,
                 override: MlpOverride | None = None, logits: bool = True) -> np.ndarray | None:
         """Logits [tokens, vocab] (float32) of one sequence of token ids, or None when ``logits`` is False
         (calibration only needs ``observe``). See :data:`MlpObserver` and :data:`MlpOverride`."""
         tokens = np.asarray(tokens)
-        if tokens.ndim != 1 or not tokens.size or tokens.min() < 0 or tokens.max() >= self.arch.vocab_size:
-            raise InputError(f"token ids must be a non-empty 1-D sequence in [0, {self.arch.vocab_size}) for this "
-                             "model's vocabulary")
+        self._check(tokens)
         a = self.arch
         h = self.embed[tokens]
         for index, layer in enumerate(self.layers):

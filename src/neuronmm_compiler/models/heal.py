@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from .calibration import DEFAULT_SEQUENCE, batch_gram, sequences
+from .calibration import DEFAULT_SEQUENCE, batch_gram, sequence_groups, sequences
 from .config import PROJECTIONS
 from .forward import rms_norm, silu
 from .heal_metric import original_mlp
@@ -153,19 +153,22 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
     chunks = sequences(np.asarray(ids), length)
     if not chunks:
         raise InputError("healing needs calibration tokens")
-    every = max(1, -(-sum(len(c) for c in chunks) // metric_tokens))  # the metric's sequences: every k-th
+    every = max(1, -(-sum(len(c) for c in chunks) // metric_tokens))  # the metric's blocks: every k-th
     stream = [model.embed[c].astype(np.float32) for c in chunks]  # the healed model's residual stream
     teacher = [s.copy() for s in stream] if target == "stream" else None
+    groups = sequence_groups([len(c) for c in chunks])
     healed: dict[int, dict] = {}
     before, after = [], []
     for index, layer in enumerate(model.layers):
-        xs, teacher_x = [], []
+        xs, teacher_x = [], []  # per block of sequences (attention runs per sequence)
         for i, h in enumerate(stream):
             h += model._attention(layer, rms_norm(h, layer["input_norm"], a.rms_norm_eps))
-            xs.append(rms_norm(h, layer["post_norm"], a.rms_norm_eps))
             if teacher is not None:
                 teacher[i] += model._attention(layer, rms_norm(teacher[i], layer["input_norm"], a.rms_norm_eps))
-                teacher_x.append(rms_norm(teacher[i], layer["post_norm"], a.rms_norm_eps))
+        for g in groups:
+            xs.append(rms_norm(np.concatenate(stream[g]), layer["post_norm"], a.rms_norm_eps))
+            if teacher is not None:
+                teacher_x.append(rms_norm(np.concatenate(teacher[g]), layer["post_norm"], a.rms_norm_eps))
         given = factors[index]
         out: dict = {}
         errs_before, errs_after = {}, {}
@@ -204,7 +207,8 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         for i, x in enumerate(xs):
             inner = silu(project(x, out["gate"])) * project(x, out["up"])
             if down_acc is not None:
-                down_acc.add(inner, wants[i] if teacher is None else teacher[i] + teacher_ys[i] - stream[i])
+                down_acc.add(inner, wants[i] if teacher is None else
+                             np.concatenate(teacher[groups[i]]) + teacher_ys[i] - np.concatenate(stream[groups[i]]))
                 ys.append(inner)
             else:
                 ys.append(inner @ given["down"])
@@ -221,13 +225,21 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
             ys = [inner @ out["down"][0] @ out["down"][1] for inner in ys]
         else:
             out["down"] = given["down"]
-        for i, y in enumerate(ys):
-            stream[i] += y
+        for i, g in enumerate(groups):
+            _add_split(stream[g], ys[i])
             if teacher is not None:
-                teacher[i] += teacher_ys[i]
+                _add_split(teacher[g], teacher_ys[i])
         healed[index] = {p: out[p] for p in PROJECTIONS}
         before.append(errs_before)
         after.append(errs_after)
         if progress is not None:
             progress(index + 1, len(model.layers))
     return healed, HealReport(tuple(before), tuple(after), int(sum(len(c) for c in chunks)))
+
+
+def _add_split(parts: Sequence[np.ndarray], block: np.ndarray) -> None:
+    """Add ``block`` (the concatenation of ``parts``' rows) to ``parts`` in place."""
+    offset = 0
+    for part in parts:
+        part += block[offset:offset + len(part)]
+        offset += len(part)
