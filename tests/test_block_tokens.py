@@ -41,6 +41,11 @@ def test_blocks_observe_what_single_sequences_do_and_heal_the_same(tmp_path, mon
             assert np.allclose(single, next(t[k] for t in together if t[0] == layer), rtol=1e-5, atol=1e-5)
     with pytest.raises(InputError, match="token ids"):
         model.observe_mlps([chunks[0], np.array([VOCAB])], lambda *_: None)
+    acc = calibration.GramAccumulator(4, 6, 1)
+    bad = np.ones((3, 6), dtype=np.float32)
+    bad[1, 2] = np.nan
+    with pytest.raises(InputError, match="layer 0: the MLP's inner activations hold NaN or Inf"):
+        acc.observe(0, np.ones((3, 4), dtype=np.float32), bad)
 
     results = {}
     for block in (64, 256, 2048):  # one sequence per block (as before), several, all of them

@@ -74,10 +74,11 @@ class GramAccumulator:
     def observe(self, layer: int, x: np.ndarray, h: np.ndarray) -> None:
         """Fold one batch of activations of ``layer`` in (the :data:`~.forward.MlpObserver` signature)."""
         for name, act in (("input", x), ("inner", h)):
-            act = np.asarray(act)
-            if not np.isfinite(act).all():
-                raise InputError(f"layer {layer}: the MLP's {name} activations hold NaN or Inf values")
-            self.grams[layer][name] += batch_gram(act)
+            gram = batch_gram(act)
+            if not np.isfinite(gram.diagonal()).all():  # a column holding NaN or Inf has a NaN or Inf square sum
+                raise InputError(f"layer {layer}: the MLP's {name} activations hold NaN or Inf values (or values "
+                                 "whose squares overflow float32)")
+            self.grams[layer][name] += gram
         if layer == 0:
             self.tokens += int(np.shape(x)[0])
 

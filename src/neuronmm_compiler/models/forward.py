@@ -177,6 +177,7 @@ class CausalLM:
                 layer[proj] = np.ascontiguousarray(read(f"{p}mlp.{proj}_proj.weight", shape).T)
             self.layers.append(layer)
         self.inv_freq = rope_frequencies(a)
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # per length: cos, sin, causal mask
 
     # ------------------------------------------------------------------ pieces
 
@@ -184,11 +185,19 @@ class CausalLM:
         """nmmc's ``W`` [in, out] of one MLP projection (float32)."""
         return self.layers[layer][projection]
 
-    def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _length_tables(self, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rotary cos and sin [tokens, head_dim] of positions 0..tokens-1 and the additive causal mask
+        [tokens, tokens] (0 on and below the diagonal, -inf above), computed once per length."""
+        if tokens not in self._tables:
+            angles = np.arange(tokens, dtype=np.float64)[:, None] * self.inv_freq[None, :]
+            full = np.concatenate([angles, angles], axis=-1)
+            mask = np.where(np.tril(np.ones((tokens, tokens), dtype=bool)), np.float32(0), np.float32(-np.inf))
+            self._tables[tokens] = (np.cos(full).astype(np.float32), np.sin(full).astype(np.float32), mask)
+        return self._tables[tokens]
+
+    @staticmethod
+    def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """x [heads, tokens, head_dim] rotated by position (the rotate_half convention)."""
-        angles = positions[:, None].astype(np.float64) * self.inv_freq[None, :]
-        cos = np.cos(np.concatenate([angles, angles], axis=-1)).astype(np.float32)
-        sin = np.sin(np.concatenate([angles, angles], axis=-1)).astype(np.float32)
         half = x.shape[-1] // 2
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
@@ -206,13 +215,15 @@ class CausalLM:
         q, k, v = projected["q_proj"], projected["k_proj"], projected["v_proj"]
         if a.qk_norm:
             q, k = rms_norm(q, layer["q_norm"], a.rms_norm_eps), rms_norm(k, layer["k_norm"], a.rms_norm_eps)
-        positions = np.arange(tokens)
-        q, k = self._rope(q, positions), self._rope(k, positions)
+        cos, sin, mask = self._length_tables(tokens)
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         group = a.num_attention_heads // a.num_key_value_heads
         k, v = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
-        scores = (q @ k.transpose(0, 2, 1)) * np.float32(1.0 / math.sqrt(a.head_dim))
-        scores = np.where(np.tril(np.ones((tokens, tokens), dtype=bool)), scores, np.float32(-np.inf))
-        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        scores = q @ k.transpose(0, 2, 1)
+        scores *= np.float32(1.0 / math.sqrt(a.head_dim))
+        scores += mask  # in place from here on: [heads, tokens, tokens] is the largest array of the pass
+        scores -= scores.max(axis=-1, keepdims=True)
+        weights = np.exp(scores, out=scores)
         weights /= weights.sum(axis=-1, keepdims=True)
         out = (weights @ v).transpose(1, 0, 2).reshape(tokens, a.num_attention_heads * a.head_dim)
         return out @ layer["o_proj"]
