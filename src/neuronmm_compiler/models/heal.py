@@ -34,7 +34,8 @@ residual stream (:mod:`.fisher`); ``"projection"`` is the unweighted refit above
 model's next-token distribution.
 
 Cost of the closed form: one pass of the calibration tokens through the layers (no LM head) plus, per
-projection, a Cholesky and an SVD of the same sizes as whitened SVD's. Memory: the residual stream
+projection, a Cholesky and an SVD of the same sizes as whitened SVD's; attention runs per sequence, the token-wise
+products per block of :data:`~.calibration.BLOCK_TOKENS` tokens of consecutive sequences. Memory: the residual stream
 and MLP input of every calibration token, ``2 * 4 * tokens * hidden`` bytes (76 MB for 16k tokens of
 SmolLM2-135M), plus one layer's Grams.
 """
@@ -73,8 +74,9 @@ DEFAULT_HEAL_PRIOR = 1.0
 #: the residual stream's Fisher (:mod:`.fisher`, down's refit too), or each projection's own output.
 HEAL_METRICS = ("mlp-output", "fisher", "projection")
 DEFAULT_HEAL_METRIC = "mlp-output"
-#: Calibration tokens the output metric's Grams are summed over (every k-th sequence): a weighting needs fewer
-#: tokens than the fit it weighs, and its two [intermediate, intermediate] Grams per layer cost more than the rest.
+#: Calibration tokens the output metric's Grams are summed over (every k-th block of sequences): a weighting needs
+#: fewer tokens than the fit it weighs, and its two [intermediate, intermediate] Grams per layer cost more than
+#: the rest.
 METRIC_TOKENS = 16384
 
 #: Per layer and projection: ``(u, v)`` factors or a dense ``W`` [in, out].
