@@ -66,3 +66,5 @@ def test_auto_chooses_by_timing_changes_nothing_else_and_a_resume_keeps_its_choi
     note = _tuned_note({"finetune": {"steps": 4}, "finetune_run": record}, "finetune_run")
     assert f"fine-tuned 4 steps in {record['dtype']} (" in note
     assert f"a step {probe['float32']:.2f} s in float32, {probe['bfloat16']:.2f} in bfloat16" in note
+    older = {k: v for k, v in record.items() if k not in ("dtype", "dtype_probe_seconds")}  # a manifest before auto
+    assert "; fine-tuned 4 steps (" in _tuned_note({"finetune": {"steps": 4}, "finetune_run": older}, "finetune_run")

@@ -196,8 +196,9 @@ def _tuned_note(heal: dict | None, key: str) -> str:
         return ""
     probe = run.get("dtype_probe_seconds")
     timed = f"; a step {probe['float32']:.2f} s in float32, {probe['bfloat16']:.2f} in bfloat16" if probe else ""
-    return (f"; fine-tuned {heal['finetune']['steps']} steps in {run.get('dtype')} ({run['seconds']:.0f} s this run"
-            f"{timed}), KL {run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
+    dtype = f" in {run['dtype']}" if run.get("dtype") else ""
+    return (f"; fine-tuned {heal['finetune']['steps']} steps{dtype} ({run['seconds']:.0f} s this run{timed}), KL "
+            f"{run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
 
 
 def _file_line(q: dict) -> str:

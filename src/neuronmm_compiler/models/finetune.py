@@ -57,25 +57,13 @@ from ..errors import InputError
 from .calibration import sequences
 from .config import PROJECTIONS
 from .finetune_checkpoint import checkpoint_key, deferred_sigint, load_checkpoint
+from .torch_lm import TORCH_INSTALL, import_torch
 
 __all__ = ["DTYPES", "TORCH_INSTALL", "FinetuneSettings", "choose_dtype", "finetune_heal", "import_torch",
            "student_mlp"]
 
 #: The student's matmul types (:attr:`FinetuneSettings.dtype`).
 DTYPES = ("auto", "bfloat16", "float32")
-TORCH_INSTALL = ("pip install 'nmmc[torch]' (on a CPU-only machine, pip install torch==2.13.0 or another CPU "
-                 "build first: PyPI's default torch wheel brings several GB of CUDA libraries)")
-
-
-def import_torch(purpose: str = "--heal finetune"):
-    """The torch module, or a one-line InputError saying that ``purpose`` needs it and how to install it."""
-    try:
-        import torch
-    except ImportError:
-        raise InputError(f"{purpose} needs PyTorch, which is not installed: {TORCH_INSTALL}") from None
-    return torch
-
-
 @dataclass(frozen=True)
 class FinetuneSettings:
     """Distillation settings (all but ``threads`` and ``checkpoint_seconds`` recorded in the checkpoint

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import PROJECTIONS
+from .torch_lm import import_torch
 
 if TYPE_CHECKING:
     from .finetune import FinetuneSettings
@@ -43,8 +44,6 @@ def load_checkpoint(path: str | Path | None, key: str) -> dict | None:
     then ``u``, ``v``); ``extra`` is what the caller stored with it."""
     if path is None or not Path(path).is_file():
         return None
-    from .finetune import import_torch
-
     torch = import_torch()
     try:
         state = torch.load(path, weights_only=False)

@@ -2,7 +2,8 @@
 
 Same weights (shared with the NumPy arrays, not copied; a tied LM head is a transposed view),
 float32, batch-first; attention through ``scaled_dot_product_attention`` (fused, causal). The MLP of
-any layer can be replaced by a callable (the compressed model's factors). Imported only when torch is.
+any layer can be replaced by a callable (the compressed model's factors). torch itself is imported only by
+:func:`import_torch`, which says how to install it when it is missing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TorchLM"]
+from ..errors import InputError
+
+__all__ = ["TORCH_INSTALL", "TorchLM", "import_torch"]
+
+TORCH_INSTALL = ("pip install 'nmmc[torch]' (on a CPU-only machine, pip install torch==2.13.0 or another CPU "
+                 "build first: PyPI's default torch wheel brings several GB of CUDA libraries)")
+
+
+def import_torch(purpose: str = "--heal finetune"):
+    """The torch module, or a one-line InputError saying that ``purpose`` needs it and how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise InputError(f"{purpose} needs PyTorch, which is not installed: {TORCH_INSTALL}") from None
+    return torch
 
 
 class TorchLM:
