@@ -92,7 +92,7 @@ def _stage_bar(enabled: bool):
 @click.option("--finetune-dtype", default=None, type=click.Choice(["auto", "bfloat16", "float32"]),
               help="Fine-tuning matmuls (default auto: a step's forward and backward pass is timed in each first, "
                    "and bfloat16 is taken when at least 10% faster). Measured: bfloat16 took half float32's CPU time "
-                   "on one 2-core host and 1.5x float32's wall time on another (AVX-512 BF16, no AMX); perplexities "
+                   "on one 2-core host and 1.5-2x float32's wall time on another (AVX-512 BF16, no AMX); perplexities "
                    "within 0.5% (docs/compression.md).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), metavar="N",
               help="CPU threads for the NumPy stages (BLAS) and fine-tuning (torch). Default: every core this "

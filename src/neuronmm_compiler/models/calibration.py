@@ -12,7 +12,8 @@ Three sources, one result (:class:`Calibration`, per layer the float64 Gram matr
   capture on their own hardware (without the latter, h is computed from x and the original weights).
 
 Memory is bounded by the Gram matrices, ``8 * layers * (hidden^2 + intermediate^2)`` bytes, and one
-sequence's activations: activations are folded into ``X^T X`` as they are produced, never stored.
+block's activations (:data:`BLOCK_TOKENS` tokens of consecutive sequences): activations are folded into ``X^T X``
+as they are produced, never stored.
 """
 
 from __future__ import annotations

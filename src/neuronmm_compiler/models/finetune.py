@@ -321,8 +321,9 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
 
 
 def choose_dtype(seconds: Mapping[str, float]) -> str:
-    """bfloat16 when its timed step (``seconds``, per dtype) is at least 10% faster than float32's, else float32
-    (the exact one: measured faster on one 2-core host without AMX, half as fast on another, docs/compression.md)."""
+    """bfloat16 when its timed step (``seconds``, per dtype) is at least 10% faster than float32's, else float32,
+    the exact one (measured: bfloat16 took half float32's time on one 2-core host and 1.5-2x on another, with AVX-512
+    BF16 and no AMX; docs/compression.md, "Seventh run" and "Tenth run")."""
     return "bfloat16" if seconds["bfloat16"] * 1.1 <= seconds["float32"] else "float32"
 
 

@@ -36,7 +36,7 @@ from ..errors import InputError
 from .config import read_config
 from .weights import WeightReader
 
-__all__ = ["Architecture", "CausalLM", "MlpObserver", "MlpOverride", "read_architecture"]
+__all__ = ["Architecture", "CausalLM", "MlpObserver", "MlpOverride", "add_rows", "read_architecture"]
 
 #: ``observer(layer, x, h)``: the MLP input ``x`` [tokens, hidden] and the down projection's input
 #: ``h = silu(x Wg) * (x Wu)`` [tokens, intermediate] of one layer, as the original model computes them.
@@ -132,6 +132,14 @@ def silu(x: np.ndarray) -> np.ndarray:
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def add_rows(parts: Sequence[np.ndarray], block: np.ndarray) -> None:
+    """Add ``block`` (rows in the order of ``parts``, concatenated) to ``parts``, each in place."""
+    offset = 0
+    for part in parts:
+        part += block[offset:offset + len(part)]
+        offset += len(part)
 
 
 class CausalLM:
@@ -250,10 +258,7 @@ class CausalLM:
             x = rms_norm(np.concatenate(hs), layer["post_norm"], a.rms_norm_eps)
             out, inner = self.mlp(index, x)
             observe(index, x, inner)
-            offset = 0
-            for h in hs:
-                h += out[offset:offset + len(h)]
-                offset += len(h)
+            add_rows(hs, out)
 
     def _check(self, tokens: np.ndarray) -> None:
         tokens = np.asarray(tokens)

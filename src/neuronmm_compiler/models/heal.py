@@ -50,7 +50,7 @@ import numpy as np
 from ..errors import InputError
 from .calibration import DEFAULT_SEQUENCE, batch_gram, sequence_groups, sequences
 from .config import PROJECTIONS
-from .forward import rms_norm, silu
+from .forward import add_rows, rms_norm, silu
 from .heal_metric import original_mlp
 from .heal_shards import shard_down, shard_gate_up
 from .heal_solve import DEFAULT_HEAL_DAMPING, Accumulator, project, rank_constrained_lstsq, relative_residual
@@ -228,20 +228,12 @@ def closed_form_heal(model, ids: np.ndarray, factors: Factors, *, length: int = 
         else:
             out["down"] = given["down"]
         for i, g in enumerate(groups):
-            _add_split(stream[g], ys[i])
+            add_rows(stream[g], ys[i])
             if teacher is not None:
-                _add_split(teacher[g], teacher_ys[i])
+                add_rows(teacher[g], teacher_ys[i])
         healed[index] = {p: out[p] for p in PROJECTIONS}
         before.append(errs_before)
         after.append(errs_after)
         if progress is not None:
             progress(index + 1, len(model.layers))
     return healed, HealReport(tuple(before), tuple(after), int(sum(len(c) for c in chunks)))
-
-
-def _add_split(parts: Sequence[np.ndarray], block: np.ndarray) -> None:
-    """Add ``block`` (the concatenation of ``parts``' rows) to ``parts`` in place."""
-    offset = 0
-    for part in parts:
-        part += block[offset:offset + len(part)]
-        offset += len(part)
