@@ -24,10 +24,10 @@ from finetune_sweep import EVALS, perplexities
 
 import neuronmm_compiler.models.calibration as calibration
 from neuronmm_compiler.models.calibration import calibrate, load_tokens
-from neuronmm_compiler.models.compress_steps import whitened_factors
 from neuronmm_compiler.models.finetune import import_torch
 from neuronmm_compiler.models.forward import CausalLM
 from neuronmm_compiler.models.heal import closed_form_heal
+from neuronmm_compiler.models.heal_steps import whitened_factors
 from neuronmm_compiler.models.torch_lm import TorchLM
 from neuronmm_compiler.models.whitening import DEFAULT_DAMPING
 

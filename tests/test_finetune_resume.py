@@ -14,7 +14,7 @@ from safetensors import safe_open
 from threadpoolctl import threadpool_limits
 
 from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.compress_steps import FINETUNE_CHECKPOINT
+from neuronmm_compiler.models.heal_steps import FINETUNE_CHECKPOINT
 from neuronmm_compiler.models.workflow import CompressRequest, run_compress
 from test_compress_calibrated import LAYERS, make_llama, token_file
 
@@ -58,8 +58,12 @@ def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, mo
         monkeypatch.setattr(heal, "closed_form_heal", lambda *a, **k: calls.append(1) or real(*a, **k))
         run_compress(request("cut"))
     assert calls == []  # resumed from the checkpoint, without the whitened SVD and the closed form
-    assert "finetune_sampling_seconds" not in read_manifest(tmp_path / "cut").heal  # its samples came from it too
     record = read_manifest(tmp_path / "cut").heal
+    whole_seconds = read_manifest(tmp_path / "whole").heal["seconds"]
+    stages = {"whitened_svd", "closed_form", "finetune"} | ({"fisher"} if metric == "fisher" else set())
+    assert set(whole_seconds) == stages | {"finetune_sampling"} and all(v >= 0 for v in whole_seconds.values())
+    assert set(record["seconds"]) == stages  # its samples came from the checkpoint: not sampled, not timed
+    assert record["seconds"]["finetune"] > 0 and record["threads"] >= 1
     assert record["finetune_run"]["resumed_at_step"] == 2
     whole_record = read_manifest(tmp_path / "whole").heal
     assert record["closed_form_error"] == whole_record["closed_form_error"]

@@ -114,6 +114,8 @@ def test_cli_fisher_metric_records_its_estimate_and_without_torch_says_how_to_in
     assert result.exit_code == 0, result.output
     heal = read_manifest(tmp_path / "out").heal
     assert heal["metric"] == "fisher" and heal["fisher"] == {"tokens": 768, "mix": 0.5}
+    assert set(heal["seconds"]) == {"whitened_svd", "fisher", "closed_form"}
+    assert "  healing took " in result.output and ": whitened SVD " in result.output  # the stages' wall time
     monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch raises ImportError
     missing = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "none")])
     assert missing.exit_code == 2 and missing.stderr.strip().count("\n") == 0

@@ -14,9 +14,9 @@ from safetensors.numpy import load_file, save_file
 
 from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.compress_steps import FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT
 from neuronmm_compiler.models.forward import CausalLM
 from neuronmm_compiler.models.heal_shards import sharded_mlp
+from neuronmm_compiler.models.heal_steps import FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT
 from neuronmm_compiler.models.workflow import CompressRequest, run_compress
 from test_compress_calibrated import make_llama, token_file
 

@@ -201,6 +201,32 @@ def _tuned_note(heal: dict | None, key: str) -> str:
             f"{run['kl_first']:.4f} -> {run['kl_last_10']:.4f}")
 
 
+#: The heal record's stages (``seconds``), in the order they run, as the time line names them.
+_HEAL_STAGES = (("whitened_svd", "whitened SVD"), ("fisher", "Fisher"), ("closed_form", "closed form"),
+                ("finetune_sampling", "sampling the fine-tuning data"), ("finetune", "fine-tuning"))
+
+
+def _clock(seconds: float) -> str:
+    """``M:SS`` from a minute on, ``N s`` below."""
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _heal_time_line(heal: dict) -> str | None:
+    """``healing took T on N threads: stage t, ...`` from the heal record's wall seconds (None without them); the
+    ``--tp`` blocks' fine-tuning is named apart (it runs after the factors are written)."""
+    seconds = heal.get("seconds")
+    if not seconds:
+        return None
+    stages = [(name, seconds[key]) for key, name in _HEAL_STAGES if key in seconds]
+    run = heal.get("finetune_run") or {}
+    resumed = (f"; fine-tuning resumed at step {run['resumed_at_step']}, the stages before it timed in the run that "
+               "wrote the checkpoint") if run.get("resumed_at_step") else ""
+    blocks = f"; the --tp blocks' fine-tuning {_clock(seconds['finetune_tp'])} more" if "finetune_tp" in seconds else ""
+    threads = f" on {heal['threads']} thread{'s' if heal['threads'] != 1 else ''}" if heal.get("threads") else ""
+    return (f"  healing took {_clock(sum(t for _, t in stages))}{threads} (wall time): "
+            + ", ".join(f"{name} {_clock(t)}" for name, t in stages) + resumed + blocks)
+
+
 def _file_line(q: dict) -> str:
     """One eval file's measurement, indented under its model's."""
     from ..models.quality import spread_note
@@ -224,6 +250,8 @@ def _extra_lines(result, output: str) -> list[str]:
         lines.append(f"  healed ({heal['method']}): closed-form refit residual of each projection's output on "
                      f"calibration tokens {cf.get('mean_before', float('nan')):.4f} -> "
                      f"{cf.get('mean_after', float('nan')):.4f} (mean relative{own}){tuned}")
+        timing = _heal_time_line(heal)
+        lines += [timing] if timing else []
     quality = result.manifest.quality
     lines += [_file_line(q) for q in (quality or {}).get("per_file", [])]
     sharded = (quality or {}).get("tensor_parallel")

@@ -1,6 +1,6 @@
-"""The steps of ``nmmc compress`` after calibration (:mod:`.workflow` strings them together): whitened
-factors of a rank plan, healing (:mod:`.heal`, :mod:`.finetune`), measurement on several eval files,
-and the factor shards of ``--tp`` with the same whitening and healing."""
+"""The steps of ``nmmc compress`` after calibration (:mod:`.workflow` strings them together): healing
+(:mod:`.heal_steps`), writing the compressed model, measurement on several eval files, and the factor shards of
+``--tp`` with the same whitening and healing."""
 
 from __future__ import annotations
 
@@ -13,25 +13,22 @@ from typing import Any
 
 import numpy as np
 
-from ..cores import available_cores
 from ..errors import InputError
 from ..io import write_text_atomic
 from .calibration import Calibration
 from .compress import plan_ranks
 from .config import read_config
+from .heal_steps import (
+    FINETUNE_CHECKPOINT,
+    SHARD_FINETUNE_CHECKPOINT,
+    StageProgress,
+    heal,
+    shard_args,
+    whitened_factors,
+)
 from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file
 
-__all__ = ["FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "compressed_mlp", "load_factors", "whitened_factors"]
-
-#: ``progress(stage, done, total)``.
-StageProgress = Callable[[str, int, int], None]
-
-#: The fine-tuning checkpoints in the output directory, of the factors and of ``--tp``'s blocks (removed at the end).
-FINETUNE_CHECKPOINT = "heal-finetune.ckpt"
-SHARD_FINETUNE_CHECKPOINT = "heal-finetune-tp.ckpt"
-#: Sequences sampled together for the fine-tuning data: SmolLM2-135M sampled 150 tokens per CPU second at 64
-#: (32,768 tokens in 219 CPU s, 2150 MiB peak with its 1.5 GB KV cache at 512 tokens; docs/compression.md).
-SAMPLE_BATCH = 64
+__all__ = ["build_model", "compressed_mlp", "load_factors"]
 
 
 def _plans(request, layer_ranks) -> list[dict[str, int | None]]:
@@ -39,179 +36,6 @@ def _plans(request, layer_ranks) -> list[dict[str, int | None]]:
     if layer_ranks is not None:
         return [dict(r) for r in layer_ranks]
     return [dict(plan_ranks(config, request.keep_ratio, request.align, request.ranks))] * config.num_hidden_layers
-
-
-def whitened_factors(model, calibration: Calibration, plans, damping: float) -> dict[int, dict[str, Any]]:
-    """Per layer and projection the whitened SVD factors ``(u, v)`` of ``plans`` (None: the dense ``W``)."""
-    from .whitening import whiten, whitened_svd
-
-    out: dict[int, dict[str, Any]] = {}
-    for layer, ranks in enumerate(plans):
-        white = {name: whiten(calibration.grams[layer][name], damping) for name in ("input", "inner")
-                 if any(ranks[p] is not None for p in (("down",) if name == "inner" else ("gate", "up")))}
-        out[layer] = {}
-        for proj, rank in ranks.items():
-            w = model.mlp_weight(layer, proj)
-            if rank is None:
-                out[layer][proj] = w
-                continue
-            f = whitened_svd(w, calibration.gram(layer, proj), rank, damping,
-                             whitening=white["inner" if proj == "down" else "input"])
-            out[layer][proj] = (f.u.astype(np.float32), f.v.astype(np.float32))
-    return out
-
-
-def _shard_args(request, model) -> dict[str, Any]:
-    """``shards`` and ``shard_rank`` of the factor-shard blocks of ``--tp`` (empty without it)."""
-    if request.tp <= 1:
-        return {}
-    from ..tensor_parallel.shard_factors import block_rank, shard_spans
-
-    a = model.arch
-    return {"shards": shard_spans(a.intermediate_size, request.tp),
-            "shard_rank": lambda rows, cols, full: block_rank(rows, cols, full, a.hidden_size, a.intermediate_size)}
-
-
-def _heal(request, model, calibration: Calibration, ids: np.ndarray | None, plans,
-          progress: StageProgress | None, shard_out: dict | None = None, later: list | None = None
-          ) -> tuple[dict, dict]:
-    """The healed factors and the heal record (see :mod:`.heal`, :mod:`.finetune`); the factor-shard blocks of
-    ``--tp`` healed the same way into ``shard_out`` (their fine-tuning appended to ``later``: :func:`build_model`)."""
-    from .heal import closed_form_heal
-
-    if ids is None:
-        raise InputError("--heal runs the model over calibration tokens: give --calibration as text or .npy token "
-                         "ids (pre-captured activations cannot be re-run through the healed layers)")
-    record: dict[str, Any] = {"method": request.heal, "calibration": calibration.digest(),
-                              "damping": request.heal_damping, "target": request.heal_target,
-                              "prior_weight": request.heal_prior, "metric": request.heal_metric}
-    if request.heal == "finetune":
-        resumed = _resume_finetune(request, model, calibration, ids, plans, record, progress, shard_out)
-        if resumed is not None:
-            return resumed
-    start = whitened_factors(model, calibration, plans, request.damping)
-    stream = _stream_metrics(request, model, ids, progress, record)
-    healed, report = closed_form_heal(
-        model, ids, start, length=request.sequence_length, damping=request.heal_damping, target=request.heal_target,
-        progress=None if progress is None else lambda d, t: progress("healing (closed form)", d, t),
-        shard_out=shard_out, prior=calibration.grams, prior_weight=request.heal_prior, metric=request.heal_metric,
-        stream_metrics=stream, **_shard_args(request, model))
-    record["closed_form_error"] = {
-        "mean_before": float(np.mean([v for layer in report.before for v in layer.values()] or [0.0])),
-        "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
-    del start  # the closed form's output is all fine-tuning needs (frees one copy of the factors)
-    if request.heal == "finetune":
-        return _finetune(request, model, calibration, ids, healed, record, progress, shard_out=shard_out,
-                         later=later)
-    return healed, record
-
-
-def _threads(request) -> int:
-    """``--threads``, every core this process may use by default."""
-    return request.threads or available_cores()
-
-
-def _stream_metrics(request, model, ids: np.ndarray, progress: StageProgress | None, record: dict[str, Any]
-                    ) -> list[np.ndarray] | None:
-    """``--heal-metric fisher``'s residual-stream metric of every layer (:mod:`.fisher`); None for the others."""
-    if request.heal_metric != "fisher":
-        return None
-    from .fisher import FISHER_MIX, residual_fisher, residual_metric
-
-    fisher, tokens = residual_fisher(model, ids, length=request.sequence_length,
-                                     threads=_threads(request),
-                                     progress=None if progress is None else lambda d, t: progress("fisher", d, t))
-    record["fisher"] = {"tokens": tokens, "mix": FISHER_MIX}
-    return [residual_metric(f) for f in fisher]
-
-
-def sample(request, model, count: int, seed: int, progress: StageProgress | None, stage: str) -> np.ndarray:
-    """``count`` tokens sampled from the original model as compress samples (:data:`SAMPLE_BATCH` sequences decoded
-    together, on ``--threads``)."""
-    from .sampling import sample_tokens
-
-    return sample_tokens(model, count, length=request.sequence_length, batch=SAMPLE_BATCH, seed=seed,
-                         threads=_threads(request),
-                         progress=None if progress is None else lambda d, t: progress(stage, d, t))
-
-
-def _finetune_identity(request, calibration: Calibration) -> dict[str, Any]:
-    return {"calibration": calibration.digest(), "damping": request.damping, "heal_damping": request.heal_damping,
-            "target": request.heal_target, "prior": request.heal_prior, "metric": request.heal_metric}
-
-
-def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, record: dict[str, Any],
-              progress: StageProgress | None, state: dict | None = None, shard_out: dict | None = None,
-              later: list | None = None) -> tuple[dict, dict]:
-    """Fine-tuning from the closed form's factors ``start`` (trained in place); ``record`` (the closed form's)
-    is stored in the checkpoint, so that a resumed run can skip the closed form. ``shard_out`` (``--tp``: the
-    closed form's factor-shard blocks) is fine-tuned the same way, on the same data, through the sum over ranks
-    the deployment computes (:func:`.finetune.finetune_heal` with ``shards``), and updated in place, by a job
-    appended to ``later`` (given with ``shard_out``; :func:`build_model` runs it once the factors are written)."""
-    from dataclasses import asdict
-
-    from .finetune import FinetuneSettings, finetune_heal
-
-    settings = replace(request.finetune or FinetuneSettings(), threads=_threads(request))
-    record["finetune"] = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
-    record["finetune"]["start"] = "closed-form"
-    extra: dict[str, Any] = {k: record[k] for k in _CLOSED_FORM_RECORD if k in record}
-    distill = ids
-    if settings.samples > 0:
-        if state is not None and "samples" in (state.get("extra") or {}):
-            extra["samples"] = state["extra"]["samples"]
-        else:
-            import time
-
-            began = time.time()
-            extra["samples"] = sample(request, model, settings.samples, settings.seed + 1, progress,
-                                      "sampling (fine-tuning data)")
-            record["finetune_sampling_seconds"] = round(time.time() - began, 1)
-        distill = np.concatenate([ids, extra["samples"]])
-    healed, run = finetune_heal(
-        model, distill, start, settings=settings, checkpoint=Path(request.out_dir) / FINETUNE_CHECKPOINT,
-        identity=_finetune_identity(request, calibration), progress=request.progress_bars, in_place=True,
-        on_step=None if progress is None or request.progress_bars else
-        lambda d, t, _loss: progress("healing (fine-tuning)", d, t), state=state, extra=extra, key_ids=ids)
-    record["finetune_run"] = run
-    if shard_out and later is not None:
-        def blocks() -> None:
-            bar = f"healing (fine-tuning the --tp {request.tp} blocks)"
-            tuned, tp_run = finetune_heal(
-                model, distill, shard_out, settings=replace(settings, dtype=run["dtype"]),  # "auto" chooses once
-                identity=_finetune_identity(request, calibration), progress=request.progress_bars, in_place=True,
-                checkpoint=Path(request.out_dir) / SHARD_FINETUNE_CHECKPOINT, key_ids=ids,
-                shards=_shard_args(request, model)["shards"],
-                on_step=None if progress is None or request.progress_bars else lambda d, t, _l: progress(bar, d, t))
-            shard_out.update(tuned)
-            record["finetune_tp_run"] = tp_run
-
-        later.append(blocks)
-    return healed, record
-
-
-#: What the closed form adds to the heal record, kept in the fine-tuning checkpoint for a resumed run's manifest.
-_CLOSED_FORM_RECORD = ("closed_form_error", "fisher")
-
-
-def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, plans, record: dict[str, Any],
-                     progress: StageProgress | None, shard_out: dict | None) -> tuple[dict, dict] | None:
-    """A killed ``--heal finetune`` run's fine-tuning, resumed from its checkpoint without recomputing the
-    whitened SVD and the closed form it started from (their record is in the checkpoint); None without one, or
-    with ``--tp`` (the closed form, the blocks' start, runs again; both fine-tunings resume from their checkpoints)."""
-    from .finetune import FinetuneSettings
-    from .finetune_checkpoint import checkpoint_factors, checkpoint_key, load_checkpoint
-    if shard_out is not None:
-        return None
-    ranks = {(layer, p): r for layer, plan in enumerate(plans) for p, r in plan.items() if r is not None}
-    key = checkpoint_key(request.finetune or FinetuneSettings(), _finetune_identity(request, calibration), ids, ranks)
-    state = load_checkpoint(Path(request.out_dir) / FINETUNE_CHECKPOINT, key)
-    if state is None or not isinstance(state.get("extra"), dict) or "closed_form_error" not in state["extra"]:
-        return None
-    record.update({k: v for k, v in state["extra"].items() if k in _CLOSED_FORM_RECORD})
-    like = {layer: {p: r if r is not None else model.mlp_weight(layer, p) for p, r in plan.items()}
-            for layer, plan in enumerate(plans)}
-    return _finetune(request, model, calibration, ids, checkpoint_factors(state, like), record, progress, state)
 
 
 def build_model(request, model, calibration: Calibration | None, ids: np.ndarray | None, layer_ranks, fmt: str | None,
@@ -233,7 +57,7 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
     healed = heal_record = None
     later: list[Callable[[], None]] = []  # --tp --heal finetune: the blocks' fine-tuning, once the factors are written
     if request.heal != "none":
-        healed, heal_record = _heal(request, model, calibration, ids, _plans(request, layer_ranks), progress,
+        healed, heal_record = heal(request, model, calibration, ids, _plans(request, layer_ranks), progress,
                                     shard_out=shard_out, later=later)
     fp8, fp8_record = (None, None) if fmt is None else _fp8_layers(
         request, model, calibration, ids, layer_ranks, healed, fmt, progress,
@@ -301,14 +125,14 @@ def _write_shards(request, model_loader, calibration: Calibration | None, layer_
                 " and fine-tuned" if request.heal == "finetune" else "") + " like the unsharded factors"
         else:
             blocks = whitened_shards(model, calibration.grams, _plans(request, layer_ranks),
-                                     **_shard_args(request, model), damping=request.damping)
+                                     **shard_args(request, model), damping=request.damping)
             method = "whitened SVD per block (the calibration's activations)"
     directory = write_shards(request.model_dir, request.out_dir, request.tp, blocks=blocks, method=method)
     if not eval_sets:
         return None
     model = model_loader()
     written = _read_shard_blocks(directory, model.arch.num_hidden_layers, request.tp)
-    mlp = sharded_mlp(model, written, _shard_args(request, model)["shards"])
+    mlp = sharded_mlp(model, written, shard_args(request, model)["shards"])
     kept = json.loads((directory / "shards.json").read_text())["factor_shard"]["kept_fraction"]
     return {"tp": request.tp, "method": method, "kept_fraction": kept,
             **_measure(model, eval_sets, mlp, request, progress)}

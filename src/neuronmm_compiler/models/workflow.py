@@ -40,21 +40,12 @@ from .calibration import (
     sequences,
 )
 from .compress import plan_ranks
-from .compress_steps import (
-    FINETUNE_CHECKPOINT,
-    SHARD_FINETUNE_CHECKPOINT,
-    _measure,
-    _write_shards,
-    build_model,
-    compressed_mlp,
-    load_factors,
-    sample,
-    whitened_factors,
-)
+from .compress_steps import _measure, _write_shards, build_model, compressed_mlp, load_factors
 from .config import read_config
 from .eval_budget import hold_budget_on_eval
 from .formats import fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_METRIC, DEFAULT_HEAL_PRIOR, check_heal_options
+from .heal_steps import FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT, StageProgress, sample, whitened_factors
 from .manifest import MANIFEST_FILE, Manifest
 from .measured_choice import SELECTION_SHARE, selection_tokens
 from .rank_choice import BUDGET_NOT_APPLIED
@@ -62,8 +53,6 @@ from .whitening import DEFAULT_DAMPING
 
 __all__ = ["CompressRequest", "CompressResult", "load_factors", "run_compress", "whitened_factors"]
 
-#: ``progress(stage, done, total)``.
-StageProgress = Callable[[str, int, int], None]
 PLAIN_SVD_WARNING = ("plain SVD (no --calibration) ignores which directions the activations use: on a real "
                      "pretrained model (SmolLM2-135M, docs/compression.md) it took held-out perplexity from 15.7 to "
                      "73,694 at keep ratio 0.8 (whitened SVD: 23.3); pass --calibration TEXT for activation-aware "
