@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import InputError
 from ..io import check_input_file
 from .config import ModelConfig, read_config
+from .forward import rms_norm
 
 __all__ = ["ACTIVATION_NAMES", "BLOCK_TOKENS", "Calibration", "GramAccumulator", "batch_gram", "calibrate",
            "calibration_from_activations", "load_tokens", "sequence_groups", "sequences"]
@@ -91,6 +92,9 @@ class Calibration:
     grams: tuple[dict[str, np.ndarray], ...]
     tokens: int
     source: str
+    #: Per calibration sequence, the original model's final normalised hidden state of its first ``keep_final``
+    #: tokens (:func:`calibrate`; empty unless asked): what fine-tuning's teacher needs besides the LM head.
+    final: tuple[np.ndarray, ...] = ()
 
     def gram(self, layer: int, projection: str) -> np.ndarray:
         """The Gram matrix of the input of ``projection`` ("gate", "up": x; "down": h) in ``layer``."""
@@ -165,17 +169,22 @@ def sequences(ids: np.ndarray, length: int = DEFAULT_SEQUENCE) -> list[np.ndarra
 
 
 def calibrate(model, ids: np.ndarray, *, source: str, length: int = DEFAULT_SEQUENCE,
-              progress: Callable[[int, int], None] | None = None) -> Calibration:
+              progress: Callable[[int, int], None] | None = None, keep_final: int = 0) -> Calibration:
     """Run ``model`` (:class:`~.forward.CausalLM`) on ``ids``, in sequences of ``length`` whose MLP activations
-    are taken :data:`BLOCK_TOKENS` at a time (:func:`sequence_groups`); return the Grams."""
+    are taken :data:`BLOCK_TOKENS` at a time (:func:`sequence_groups`); return the Grams, and with ``keep_final``
+    each sequence's final normalised hidden state of its first ``keep_final`` tokens (``Calibration.final``; they
+    attend to those tokens only, so they are also the hidden state of a sequence of those tokens alone)."""
     a = model.arch
     acc = GramAccumulator(a.hidden_size, a.intermediate_size, a.num_hidden_layers)
     chunks = sequences(ids, length)
+    final: list[np.ndarray] = []
     for group in sequence_groups([len(c) for c in chunks]):
-        model.observe_mlps(chunks[group], acc.observe)
+        hs = model.observe_mlps(chunks[group], acc.observe)
+        if keep_final > 0:
+            final += [rms_norm(h[:keep_final], model.norm, a.rms_norm_eps) for h in hs]
         if progress is not None:
             progress(group.stop, len(chunks))
-    return Calibration(tuple(acc.grams), acc.tokens, source)
+    return Calibration(tuple(acc.grams), acc.tokens, source, tuple(final))
 
 
 def sequence_groups(lengths: Sequence[int], tokens: int | None = None) -> list[slice]:

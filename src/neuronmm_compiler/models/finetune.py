@@ -60,7 +60,7 @@ from .finetune_checkpoint import checkpoint_key, deferred_sigint, load_checkpoin
 from .torch_lm import TORCH_INSTALL, import_torch
 
 __all__ = ["DTYPES", "TORCH_INSTALL", "FinetuneSettings", "choose_dtype", "finetune_heal", "import_torch",
-           "student_mlp"]
+           "student_mlp", "teacher_states"]
 
 #: The student's matmul types (:attr:`FinetuneSettings.dtype`).
 DTYPES = ("auto", "bfloat16", "float32")
@@ -144,8 +144,8 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
                   checkpoint: str | Path | None = None, identity: Mapping[str, Any] | None = None,
                   progress: bool = False, on_step: Callable[[int, int, float], None] | None = None,
                   in_place: bool = False, state: dict | None = None, extra: Any = None,
-                  key_ids: np.ndarray | None = None, shards: Sequence[tuple[int, int]] | None = None
-                  ) -> tuple[dict, dict]:
+                  key_ids: np.ndarray | None = None, shards: Sequence[tuple[int, int]] | None = None,
+                  teacher_hidden: Mapping[int, np.ndarray] | None = None) -> tuple[dict, dict]:
     """Factors trained by distillation (same ranks; dense projections unchanged) and a record of the run.
 
     ``model``: the original :class:`~.forward.CausalLM`; ``ids``: calibration token ids; ``factors``: the
@@ -160,7 +160,10 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     from the settings, e.g. ``samples`` drawn from the model). ``shards``: the ``[start, stop)`` intermediate
     columns of each tensor-parallel rank; ``factors[layer][proj]`` is then a list of per-rank ``(u, v)`` blocks
     (None or absent: the projection is not factored per rank and its weight's blocks stay as they are), trained
-    through the sum over ranks that the deployment computes, and returned in the same form.
+    through the sum over ranks that the deployment computes, and returned in the same form. ``teacher_hidden``: the
+    original model's final normalised hidden state [length, hidden] of some of the fine-tuning sequences, by their
+    index among the full-length sequences of ``ids`` (e.g. kept by the calibration pass over the same tokens:
+    :func:`teacher_states`), so that their teacher targets need only the LM head.
 
     Ctrl-C (SIGINT, in the main thread) finishes the current step, writes the checkpoint and then raises
     KeyboardInterrupt; a kill loses at most ``checkpoint_seconds`` of steps.
@@ -233,8 +236,10 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     def teacher(index: int):
         if index not in targets:
             with torch.no_grad():
-                logp = torch.log_softmax(lm.logits(torch.from_numpy(chunks[index][None].astype(np.int64)))[0], -1)
-                targets[index] = logp.topk(settings.top_k, dim=-1)
+                known = (teacher_hidden or {}).get(index)
+                hidden = lm.hidden(torch.from_numpy(chunks[index][None].astype(np.int64)))[0] if known is None \
+                    else torch.from_numpy(known)
+                targets[index] = torch.log_softmax(hidden @ lm.lm_head, -1).topk(settings.top_k, dim=-1)
         return targets[index]
 
     bar = None
@@ -318,6 +323,20 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
               "kl_first": losses[0] if losses else None,
               "kl_last_10": float(np.mean(losses[-10:])) if losses else None}
     return healed, record
+
+
+def teacher_states(final: Sequence[np.ndarray], calibration_length: int, settings: FinetuneSettings
+                   ) -> dict[int, np.ndarray]:
+    """``finetune_heal``'s ``teacher_hidden`` from a calibration pass over the first tokens of its ``ids`` in
+    sequences of ``calibration_length`` that kept each one's first ``settings.length`` final hidden states
+    (:func:`.calibration.calibrate`'s ``keep_final``): the fine-tuning sequences that start where a calibration
+    sequence starts (all of them at equal lengths, every other one at half) see exactly the same tokens."""
+    out = {}
+    for i, hidden in enumerate(final):
+        start = i * calibration_length
+        if start % settings.length == 0 and len(hidden) >= settings.length:
+            out[start // settings.length] = np.ascontiguousarray(hidden[:settings.length], dtype=np.float32)
+    return out
 
 
 def choose_dtype(seconds: Mapping[str, float]) -> str:

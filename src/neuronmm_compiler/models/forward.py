@@ -244,10 +244,11 @@ class CausalLM:
 
     # ------------------------------------------------------------------ the pass
 
-    def observe_mlps(self, sequences: Sequence[np.ndarray], observe: MlpObserver) -> None:
+    def observe_mlps(self, sequences: Sequence[np.ndarray], observe: MlpObserver) -> list[np.ndarray]:
         """Run several sequences through the original model, each with its own causal attention, and hand
         ``observe`` every layer's MLP inputs of all of them at once: their rows concatenated, so that the MLP's
-        and the observer's products are one larger matrix product each (faster on a CPU than one per sequence)."""
+        and the observer's products are one larger matrix product each (faster on a CPU than one per sequence).
+        Returns each sequence's final residual stream [tokens, hidden] (before the final norm)."""
         for tokens in sequences:
             self._check(tokens)
         a = self.arch
@@ -259,6 +260,7 @@ class CausalLM:
             out, inner = self.mlp(index, x)
             observe(index, x, inner)
             add_rows(hs, out)
+        return hs
 
     def _check(self, tokens: np.ndarray) -> None:
         tokens = np.asarray(tokens)

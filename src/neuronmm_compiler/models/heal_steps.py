@@ -22,7 +22,7 @@ from ..errors import InputError
 from .calibration import Calibration
 
 __all__ = ["FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "StageProgress", "heal", "sample", "shard_args",
-           "threads_of", "whitened_factors"]
+           "teacher_length", "threads_of", "whitened_factors"]
 
 #: ``progress(stage, done, total)``.
 StageProgress = Callable[[str, int, int], None]
@@ -112,6 +112,16 @@ def heal(request, model, calibration: Calibration, ids: np.ndarray | None, plans
     return healed, record
 
 
+def teacher_length(request) -> int:
+    """The tokens of each calibration sequence whose final hidden states the calibration pass keeps for fine-tuning's
+    teacher (:func:`.finetune.teacher_states`): a fine-tuning sequence's length with ``--heal finetune``, else 0."""
+    if request.heal != "finetune":
+        return 0
+    from .finetune import FinetuneSettings
+
+    return (request.finetune or FinetuneSettings()).length
+
+
 def threads_of(request) -> int:
     """``--threads``, every core this process may use by default."""
     return request.threads or available_cores()
@@ -156,7 +166,7 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
     appended to ``later`` (given with ``shard_out``; :func:`build_model` runs it once the factors are written)."""
     from dataclasses import asdict
 
-    from .finetune import FinetuneSettings, finetune_heal
+    from .finetune import FinetuneSettings, finetune_heal, teacher_states
 
     settings = replace(request.finetune or FinetuneSettings(), threads=threads_of(request))
     record["finetune"] = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
@@ -172,12 +182,14 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
                 extra["samples"] = sample(request, model, settings.samples, settings.seed + 1, progress,
                                           "sampling (fine-tuning data)")
         distill = np.concatenate([ids, extra["samples"]])
+    known = teacher_states(calibration.final, request.sequence_length, settings)  # teacher states it computed
     with _timed(record, "finetune"):
         healed, run = finetune_heal(
             model, distill, start, settings=settings, checkpoint=Path(request.out_dir) / FINETUNE_CHECKPOINT,
             identity=_finetune_identity(request, calibration), progress=request.progress_bars, in_place=True,
             on_step=None if progress is None or request.progress_bars else
-            lambda d, t, _loss: progress("healing (fine-tuning)", d, t), state=state, extra=extra, key_ids=ids)
+            lambda d, t, _loss: progress("healing (fine-tuning)", d, t), state=state, extra=extra, key_ids=ids,
+            teacher_hidden=known)
     record["finetune_run"] = run
     if shard_out and later is not None:
         def blocks() -> None:
@@ -187,7 +199,7 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
                     model, distill, shard_out, settings=replace(settings, dtype=run["dtype"]),  # "auto" chooses once
                     identity=_finetune_identity(request, calibration), progress=request.progress_bars,
                     in_place=True, checkpoint=Path(request.out_dir) / SHARD_FINETUNE_CHECKPOINT, key_ids=ids,
-                    shards=shard_args(request, model)["shards"],
+                    shards=shard_args(request, model)["shards"], teacher_hidden=known,
                     on_step=None if progress is None or request.progress_bars else
                     lambda d, t, _l: progress(bar, d, t))
             shard_out.update(tuned)

@@ -45,7 +45,14 @@ from .config import read_config
 from .eval_budget import hold_budget_on_eval
 from .formats import fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_METRIC, DEFAULT_HEAL_PRIOR, check_heal_options
-from .heal_steps import FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT, StageProgress, sample, whitened_factors
+from .heal_steps import (
+    FINETUNE_CHECKPOINT,
+    SHARD_FINETUNE_CHECKPOINT,
+    StageProgress,
+    sample,
+    teacher_length,
+    whitened_factors,
+)
 from .manifest import MANIFEST_FILE, Manifest
 from .measured_choice import SELECTION_SHARE, selection_tokens
 from .rank_choice import BUDGET_NOT_APPLIED
@@ -167,7 +174,8 @@ def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
     warnings = [single_source_warning(Path(paths[0]).name)] if len(paths) == 1 and not request.calibration_samples \
         else []
     calibration = calibrate(model, ids, source=", ".join(sources), length=request.sequence_length,
-                            progress=None if progress is None else lambda d, t: progress("calibrating", d, t))
+                            progress=None if progress is None else lambda d, t: progress("calibrating", d, t),
+                            keep_final=teacher_length(request))
     return calibration, ids, warnings
 
 
