@@ -207,8 +207,9 @@ _HEAL_STAGES = (("whitened_svd", "whitened SVD"), ("fisher", "Fisher"), ("closed
 
 
 def _clock(seconds: float) -> str:
-    """``M:SS`` from a minute on, ``N s`` below."""
-    return f"{int(seconds // 60)}:{int(seconds % 60):02d}" if seconds >= 60 else f"{seconds:.0f} s"
+    """``M:SS`` from a minute on, ``N s`` below (to the nearest second)."""
+    whole = int(seconds + 0.5)
+    return f"{whole // 60}:{whole % 60:02d}" if whole >= 60 else f"{whole} s"
 
 
 def _heal_time_line(heal: dict) -> str | None:
