@@ -75,10 +75,11 @@ def _timed(record: dict[str, Any], stage: str) -> Iterator[None]:
 
 
 def heal(request, model, calibration: Calibration, ids: np.ndarray | None, plans,
-          progress: StageProgress | None, shard_out: dict | None = None, later: list | None = None
-          ) -> tuple[dict, dict]:
+         progress: StageProgress | None, shard_out: dict | None = None, later: list | None = None
+         ) -> tuple[dict, dict]:
     """The healed factors and the heal record (see :mod:`.heal`, :mod:`.finetune`); the factor-shard blocks of
-    ``--tp`` healed the same way into ``shard_out`` (their fine-tuning appended to ``later``: :func:`build_model`)."""
+    ``--tp`` healed the same way into ``shard_out`` (their fine-tuning appended to ``later``:
+    :func:`.compress_steps.build_model` runs it once the factors are written)."""
     from .heal import closed_form_heal
 
     if ids is None:
@@ -163,7 +164,8 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
     is stored in the checkpoint, so that a resumed run can skip the closed form. ``shard_out`` (``--tp``: the
     closed form's factor-shard blocks) is fine-tuned the same way, on the same data, through the sum over ranks
     the deployment computes (:func:`.finetune.finetune_heal` with ``shards``), and updated in place, by a job
-    appended to ``later`` (given with ``shard_out``; :func:`build_model` runs it once the factors are written)."""
+    appended to ``later`` (given with ``shard_out``; :func:`.compress_steps.build_model` runs it once the factors
+    are written)."""
     from dataclasses import asdict
 
     from .finetune import FinetuneSettings, finetune_heal, teacher_states
