@@ -108,6 +108,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=FinetuneSettings.length, help="tokens per fine-tuning sequence")
     ap.add_argument("--batch", type=int, default=FinetuneSettings.batch, help="sequences per step")
     ap.add_argument("--layer-weight", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=FinetuneSettings.top_k, help="teacher log-probs kept per token")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--extra", default=None, metavar="IDS.npy",
                     help="more distillation tokens (e.g. samples from the model), after the calibration's")
@@ -161,7 +162,7 @@ def main() -> None:
         ids = np.concatenate([ids, extra])
         print(f"distillation tokens: {start['ids'].size} calibration + {extra.size} from {a.extra}", flush=True)
     settings = FinetuneSettings(steps=a.steps, learning_rate=a.lr, warmup=a.warmup, layer_weight=a.layer_weight,
-                                length=a.length, batch=a.batch,
+                                top_k=a.top_k, length=a.length, batch=a.batch,
                                 dtype=a.dtype, samples=0, threads=a.threads, checkpoint_seconds=1e9)  # data: --extra
     t0, c0 = time.time(), _cpu()
 
