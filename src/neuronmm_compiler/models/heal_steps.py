@@ -173,8 +173,8 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
     settings = replace(request.finetune or FinetuneSettings(), threads=threads_of(request))
     record["finetune"] = {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_seconds")}
     record["finetune"]["start"] = "closed-form"
-    extra: dict[str, Any] = {k: dict(record[k]) for k in _CLOSED_FORM_RECORD if k in record}  # copies: the
-    # record gains fine-tuning's seconds
+    # copies, for the record gains fine-tuning's seconds after the checkpoint's extra is made
+    extra: dict[str, Any] = {k: dict(record[k]) for k in _CLOSED_FORM_RECORD if k in record}
     distill = ids
     if settings.samples > 0:
         if state is not None and "samples" in (state.get("extra") or {}):
