@@ -61,8 +61,10 @@ def starting_points(model, texts: Path, cache: Path, rank: int) -> dict:
     return out
 
 
-def perplexities(lm, torch, evals: dict, factors, slice_tokens: int = 1024) -> dict[str, list[float]]:
-    """Per text, the perplexity of each consecutive ``slice_tokens`` slice (sequences of 512)."""
+def perplexities(lm, torch, evals: dict, factors, slice_tokens: int = 1024, top1: dict | None = None
+                 ) -> dict[str, list[float]]:
+    """Per text, the perplexity of each consecutive ``slice_tokens`` slice (sequences of 512). ``top1``: per text,
+    a list that gets each predicted position's most likely token (for the top-1 agreement with the original)."""
     silu = torch.nn.functional.silu
 
     def mlp(layer, x):
@@ -85,6 +87,8 @@ def perplexities(lm, torch, evals: dict, factors, slice_tokens: int = 1024) -> d
                         continue
                     logits = lm.logits(torch.from_numpy(chunk[None].astype(np.int64)), None if factors is None else mlp)
                     logp = torch.log_softmax(logits[0], -1)[:-1]
+                    if top1 is not None:
+                        top1.setdefault(name, []).append(logp.argmax(-1).numpy())
                     nll -= float(logp.gather(-1, torch.from_numpy(chunk[1:, None].astype(np.int64))).sum())
                     count += len(chunk) - 1
                 out[name].append(float(np.exp(nll / count)))
@@ -108,6 +112,8 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=FinetuneSettings.length, help="tokens per fine-tuning sequence")
     ap.add_argument("--batch", type=int, default=FinetuneSettings.batch, help="sequences per step")
     ap.add_argument("--layer-weight", type=float, default=0.0)
+    ap.add_argument("--label-weight", type=float, default=0.0,
+                    help="weight of the data's own next-token cross-entropy beside the KL")
     ap.add_argument("--top-k", type=int, default=FinetuneSettings.top_k, help="teacher log-probs kept per token")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--extra", default=None, metavar="IDS.npy",
@@ -139,12 +145,19 @@ def main() -> None:
         parts = [spec.rsplit(":", 1) if ":" in spec else (spec, None) for spec in a.ids]
         start["ids"] = np.concatenate([load_tokens(f, a.model_dir, None if n is None else int(n)) for f, n in parts])
     evals = {n: load_tokens(texts / f, a.model_dir, 1024 * a.eval_slices) for n, f in EVALS.items()}
-    original = perplexities(lm, torch, evals, None)
+    original_top1: dict[str, list] = {}
+    original = perplexities(lm, torch, evals, None, top1=original_top1)
+    agreements: dict[str, dict[str, float]] = {}
 
     def show(tag: str, factors) -> dict[str, float]:
-        slices = perplexities(lm, torch, evals, factors)
+        top1: dict[str, list] = {}
+        slices = perplexities(lm, torch, evals, factors, top1=top1)
         ppl = {n: _overall(v) for n, v in slices.items()}
+        agreements[tag] = {n: float(np.mean(np.concatenate(top1[n]) == np.concatenate(original_top1[n])))
+                           for n in top1}
         print(tag, " ".join(f"{n} {v:.2f} ({v / _overall(original[n]) - 1:+.1%})" for n, v in ppl.items()), flush=True)
+        print("  top-1 agreement with the original:", " ".join(f"{n} {v:.3f}" for n, v in agreements[tag].items()),
+              flush=True)
         if a.eval_slices > 1:
             for n, v in slices.items():
                 pairs = zip(v, original[n], strict=True)
@@ -162,6 +175,7 @@ def main() -> None:
         ids = np.concatenate([ids, extra])
         print(f"distillation tokens: {start['ids'].size} calibration + {extra.size} from {a.extra}", flush=True)
     settings = FinetuneSettings(steps=a.steps, learning_rate=a.lr, warmup=a.warmup, layer_weight=a.layer_weight,
+                                label_weight=a.label_weight,
                                 top_k=a.top_k, length=a.length, batch=a.batch,
                                 dtype=a.dtype, samples=0, threads=a.threads, checkpoint_seconds=1e9)  # data: --extra
     t0, c0 = time.time(), _cpu()
@@ -181,7 +195,8 @@ def main() -> None:
         with open(a.json, "a") as f:
             f.write(json.dumps({"settings": {**vars(a)}, "distill_tokens": int(ids.size), "wall_s": round(wall),
                                 "cpu_s": round(cpu), "peak_mib": round(peak), "kl_first": record["kl_first"],
-                                "kl_last_10": record["kl_last_10"], "perplexity": ppl, "original_slices": original,
+                                "kl_last_10": record["kl_last_10"], "perplexity": ppl,
+                                "top1_agreement": agreements["tuned"], "original_slices": original,
                                 "original": {n: _overall(v) for n, v in original.items()}}) + "\n")
 
 

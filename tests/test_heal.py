@@ -178,11 +178,12 @@ def test_cli_fine_tuning_options_reach_the_settings(tiny):
     result = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "0.3", "--align", "16",
                                        "--calibration", str(cal), "--sequence-length", "64", "--heal", "finetune",
                                        "--finetune-steps", "1", "--finetune-samples", "0", "--finetune-lr", "2e-5",
-                                       "--finetune-dtype", "float32", "--threads", "1", "-o", str(out)])
+                                       "--finetune-dtype", "float32", "--finetune-label-weight", "0.5",
+                                       "--threads", "1", "-o", str(out)])
     assert result.exit_code == 0, result.output
     settings = read_manifest(out).heal["finetune"]
-    assert (settings["steps"], settings["samples"], settings["learning_rate"], settings["dtype"]) == \
-        (1, 0, 2e-5, "float32")
+    assert (settings["steps"], settings["samples"], settings["learning_rate"], settings["dtype"],
+            settings["label_weight"]) == (1, 0, 2e-5, "float32", 0.5)
     assert settings["batch"] == 1 and settings["top_k"] == 64  # the rest stays FinetuneSettings'
 
 
@@ -321,6 +322,30 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
     # the per-layer MLP-output loss and bfloat16 autocast run and still lower the KL
     _, mixed = finetune_heal(model, ids, start, settings=replace(settings, layer_weight=1.0, dtype="bfloat16"))
     assert mixed["kl_last_10"] < mixed["kl_first"]
+
+
+def test_the_label_term_is_the_next_token_cross_entropy_and_fits_the_data(tiny):
+    torch = pytest.importorskip("torch")
+    from neuronmm_compiler.models.finetune import FinetuneSettings, _label_nll, finetune_heal
+    from neuronmm_compiler.models.quality import evaluate, factored_mlp
+
+    gen = torch.Generator().manual_seed(1)
+    logits, tokens = torch.randn(2, 7, 30, generator=gen), torch.randint(0, 30, (2, 7), generator=gen)
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 30), tokens[:, 1:].reshape(-1))
+    assert torch.allclose(_label_nll(torch.log_softmax(logits, -1), tokens), expected)
+    _, _, model = tiny
+    ids = np.random.default_rng(4).integers(0, VOCAB, 512)
+    start = whitened_factors(model, calibrate(model, ids, source="t", length=64),
+                             [{"gate": 16, "up": 16, "down": 16}] * LAYERS, 1e-4)
+    quality = {}
+    for weight in (0.0, 1.0):
+        settings = FinetuneSettings(steps=6, learning_rate=1e-3, batch=2, length=32, warmup=1, threads=1,
+                                    dtype="float32", label_weight=weight)
+        tuned, _ = finetune_heal(model, ids, start, settings=settings)
+        quality[weight] = evaluate(model, ids, factored_mlp(tuned), length=64, per_layer=False)
+    # the label term fits the data's own tokens; distillation alone keeps closer to the original's predictions
+    assert quality[1.0].ppl_compressed < quality[0.0].ppl_compressed
+    assert quality[1.0].top1_agreement < quality[0.0].top1_agreement
 
 
 def test_sparse_kl_is_a_divergence():

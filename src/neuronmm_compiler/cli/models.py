@@ -89,6 +89,11 @@ def _stage_bar(enabled: bool):
               help="Fine-tuning peak learning rate (AdamW, warm-up then cosine; default 1e-5).")
 @click.option("--finetune-samples", default=None, type=click.IntRange(min=0), metavar="N",
               help="Tokens sampled from the original model added to the fine-tuning data (default 16384).")
+@click.option("--finetune-label-weight", default=None, type=click.FloatRange(min=0), metavar="W",
+              help="Weight of the cross-entropy of the fine-tuning data's own next tokens, added to the KL "
+                   "divergence from the original model (default 0.3; 0: distillation alone). It fits the "
+                   "compressed model to the calibration text as well as to the original model's predictions "
+                   "(docs/compression.md, twelfth run).")
 @click.option("--finetune-dtype", default=None, type=click.Choice(["auto", "bfloat16", "float32"]),
               help="Fine-tuning matmuls (default auto: a step's forward and backward pass is timed in each first, "
                    "and bfloat16 is taken when at least 10% faster). Measured: bfloat16 took half float32's CPU time "
@@ -172,7 +177,7 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
     from .options import resolve_target
 
     fields = {"finetune_samples": "samples", "finetune_steps": "steps", "finetune_lr": "learning_rate",
-              "finetune_dtype": "dtype"}
+              "finetune_dtype": "dtype", "finetune_label_weight": "label_weight"}
     given = {field: o[option] for option, field in fields.items() if o[option] is not None}
     finetune = replace(FinetuneSettings(), **given) if given else None
     joint = o["target_speedup"] is not None or (o["choose_ranks"] and bool(o["buckets"]))

@@ -4,9 +4,11 @@ The compressed model is the original one with every compressed MLP projection re
 Only ``u`` and ``v`` are trained (attention, norms, embeddings and dense projections stay frozen), so
 the result has the same block-aligned ranks and is written in the same factor files. The loss is the
 Kullback-Leibler divergence from the original model's next-token distribution to the compressed
-model's, on the calibration tokens (distillation: no labels, and the teacher's full distribution says
-more per token than the next token alone). Training the factors directly is LoRA with the adapter
-merged from the start: at ranks of 60-100% of ``min(in, out)`` the factors are no larger than the
+model's, on the calibration tokens (distillation: the teacher's full distribution says more per token than
+the next token alone), plus ``label_weight`` times the cross-entropy of the data's own next tokens, which fits
+the compressed model to the calibration text as well as to the teacher (measured: at 0.3 every text's
+perplexity fell, the top-1 agreement with the original by at most 0.01). Training the factors directly is
+LoRA with the adapter merged from the start: at ranks of 60-100% of ``min(in, out)`` the factors are no larger than the
 adapters of a useful LoRA rank, and there is nothing to merge back.
 
 Why torch (an optional extra, ``pip install 'nmmc[torch]'``): it is the one autodiff library whose CPU
@@ -77,6 +79,11 @@ class FinetuneSettings:
     seed: int = 0
     top_k: int = 64  # teacher log-probabilities kept per token
     layer_weight: float = 0.0  # weight of the per-layer MLP-output error (0: logits only)
+    # weight of the cross-entropy of the data's own next tokens, added to the KL (0: distillation alone); measured
+    # at 300 steps on SmolLM2-135M: 0.3 lowered every text's perplexity (in domain below the original's), the top-1
+    # agreement with the original within 0.01; 1.0 lowered them more and the agreement by up to 0.036
+    # (docs/compression.md, twelfth run)
+    label_weight: float = 0.3
     weight_decay: float = 0.0  # AdamW's, towards 0 (not towards the starting factors)
     # the student's matmuls (autocast; factors, optimizer, loss stay float32): bfloat16, float32, or "auto", the
     # faster of the two on this machine, timed before the first step (:func:`choose_dtype`)
@@ -262,8 +269,12 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
         layer_errors.clear()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
             s_logits = lm.logits(tokens, mlp)
-        kl = _sparse_kl(torch, t_logp, torch.log_softmax(s_logits.float(), dim=-1).gather(-1, t_ids))
-        return kl, kl + settings.layer_weight * torch.stack(layer_errors).mean() if layer_errors else kl
+        s_logp = torch.log_softmax(s_logits.float(), dim=-1)
+        kl = _sparse_kl(torch, t_logp, s_logp.gather(-1, t_ids))
+        loss = kl + settings.layer_weight * torch.stack(layer_errors).mean() if layer_errors else kl
+        if settings.label_weight > 0:
+            loss = loss + settings.label_weight * _label_nll(s_logp, tokens)
+        return kl, loss
 
     probe: dict[str, float] = {}
     if settings.dtype != "auto":
@@ -368,6 +379,12 @@ def _sparse_kl(torch, t_logp, s_logp):
     t_rest = (1 - t_p.sum(-1)).clamp_min(1e-12)
     s_rest = (1 - s_p.sum(-1)).clamp_min(1e-12)
     return ((t_p * (t_logp - s_logp)).sum(-1) + t_rest * (t_rest.log() - s_rest.log())).mean()
+
+
+def _label_nll(s_logp, tokens):
+    """The mean negative log-likelihood the student gives each token's next token within its sequence (the last
+    token of a sequence has none there); ``s_logp`` [sequences, tokens, vocabulary], ``tokens`` int64."""
+    return -s_logp[:, :-1].gather(-1, tokens[:, 1:, None]).mean()
 
 
 def _optimizer(torch, params: list, settings: FinetuneSettings):
