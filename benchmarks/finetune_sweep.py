@@ -112,8 +112,8 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=FinetuneSettings.length, help="tokens per fine-tuning sequence")
     ap.add_argument("--batch", type=int, default=FinetuneSettings.batch, help="sequences per step")
     ap.add_argument("--layer-weight", type=float, default=0.0)
-    ap.add_argument("--label-weight", type=float, default=0.0,
-                    help="weight of the data's own next-token cross-entropy beside the KL")
+    ap.add_argument("--label-weight", type=float, default=FinetuneSettings.label_weight,
+                    help="weight of the data's own next-token cross-entropy beside the KL (0: distillation alone)")
     ap.add_argument("--top-k", type=int, default=FinetuneSettings.top_k, help="teacher log-probs kept per token")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--extra", default=None, metavar="IDS.npy",

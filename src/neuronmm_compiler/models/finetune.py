@@ -8,8 +8,8 @@ model's, on the calibration tokens (distillation: the teacher's full distributio
 the next token alone), plus ``label_weight`` times the cross-entropy of the data's own next tokens, which fits
 the compressed model to the calibration text as well as to the teacher (measured: at 0.3 every text's
 perplexity fell, the top-1 agreement with the original by at most 0.01). Training the factors directly is
-LoRA with the adapter merged from the start: at ranks of 60-100% of ``min(in, out)`` the factors are no larger than the
-adapters of a useful LoRA rank, and there is nothing to merge back.
+LoRA with the adapter merged from the start: at ranks of 60-100% of ``min(in, out)`` the factors are no larger
+than the adapters of a useful LoRA rank, and there is nothing to merge back.
 
 Why torch (an optional extra, ``pip install 'nmmc[torch]'``): it is the one autodiff library whose CPU
 build runs a 135M-parameter transformer's forward and backward passes at BLAS speed on 2 cores with
