@@ -10,7 +10,7 @@ from conftest import compile_and_verify
 from neuronmm_compiler.cost_model import dma_efficiency, estimate
 from neuronmm_compiler.lowerings.gemm import gemm_space, tune_gemm
 from neuronmm_compiler.lowerings.lower_gemm import lower_gemm
-from neuronmm_compiler.schedule import PRESETS, GemmProblem, preset
+from neuronmm_compiler.schedule import PRESETS, GemmProblem, normalize, preset
 from neuronmm_compiler.targets import TARGETS, get_target
 
 TRN1 = get_target("trn1")
@@ -132,7 +132,7 @@ def test_exhaustive_search_finds_the_optimum_of_a_small_space():
     space = gemm_space(problem, max_column_tiles=1)  # without PE column tiles: small enough to enumerate
     result = tune_gemm(problem, TRN1, space=space)
     assert result.method == "exhaustive" and result.evaluated == result.space_size
-    every = [estimate(lower_gemm(problem, s, TRN1), TRN1) for s in space.distinct(problem)]
+    every = [estimate(lower_gemm(problem, s, TRN1), TRN1) for s in space.distinct(lambda s: normalize(problem, s))]
     assert result.best.latency_us == min(c.latency_us for c in every if c.feasible)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import multiprocessing
 import socket
 
@@ -13,8 +14,10 @@ from neuronmm_compiler.errors import ScheduleError
 from neuronmm_compiler.lowerings.fused import fused_space
 from neuronmm_compiler.lowerings.gemm import gemm_space
 from neuronmm_compiler.schedule import GemmProblem, GemmSchedule, check_schedule
-from neuronmm_compiler.schedule.fused import FusedSchedule
-from neuronmm_compiler.schedule.gemm import LOOP_ORDERS
+from neuronmm_compiler.schedule.fused import NORMALIZED_PARAMS as FUSED_NORMALIZED
+from neuronmm_compiler.schedule.fused import FusedSchedule, normalize_fused
+from neuronmm_compiler.schedule.gemm import LOOP_ORDERS, normalize
+from neuronmm_compiler.schedule.gemm import NORMALIZED_PARAMS as GEMM_NORMALIZED
 from neuronmm_compiler.schedule.params import max_tiles_per_block
 from neuronmm_compiler.search import SearchSpace
 from neuronmm_compiler.search import trials as trials_module
@@ -156,11 +159,33 @@ def test_restrictions_narrow_in_declared_order_and_are_checked():
 def test_distinct_normalizes_with_the_schedule_class():
     problem = GemmProblem(100, 300, 50)
     space = SearchSpace(GemmSchedule, {"tile_m": (128, 64), "tiles_in_block_m": (1, 2)})
-    assert set(space.distinct(problem)) == {GemmSchedule(tile_m=100, tile_n=300, tile_k=50),
-                                            GemmSchedule(tile_m=64, tile_n=300, tile_k=50),
-                                            GemmSchedule(tile_m=64, tile_n=300, tile_k=50, tiles_in_block_m=2)}
+    assert set(space.distinct(lambda s: normalize(problem, s))) == {
+        GemmSchedule(tile_m=100, tile_n=300, tile_k=50), GemmSchedule(tile_m=64, tile_n=300, tile_k=50),
+        GemmSchedule(tile_m=64, tile_n=300, tile_k=50, tiles_in_block_m=2)}
     fused = SearchSpace(FusedSchedule, {"tokens_per_block": (32, 512)})
-    assert {s.tokens_per_block for s in fused.distinct(40)} == {32, 40}
+    assert {s.tokens_per_block for s in fused.distinct(lambda s: normalize_fused(s, 40))} == {32, 40}
+
+
+@pytest.mark.parametrize(("kind", "lnc"), [("gemm", 1), ("gemm", 2), ("fused", 1), ("fused", 2)])
+def test_walking_the_coupled_parameters_gives_the_whole_walks_schedules_in_its_order(kind, lnc):
+    """SearchSpace.distinct with a normalization's coupled parameters returns exactly what walking every point
+    returns (the same schedules, the same first points, the same order), on spaces that keep every parameter
+    with a few candidates each, and the normalizations pass the other parameters through unchanged."""
+    if kind == "gemm":
+        problem = GemmProblem(40, 700, 300)
+        whole = gemm_space(problem, lnc=lnc)
+        normalized, coupled = (lambda s: normalize(problem, s, lnc)), GEMM_NORMALIZED
+    else:
+        whole = fused_space(True, True, True, lnc, True, (1, 2))
+        normalized, coupled = (lambda s: normalize_fused(s, 20, lnc)), FUSED_NORMALIZED
+    space = SearchSpace(whole.schedule, {name: values if name == "lnc_split" else values[:2]
+                                         for name, values in whole.candidates.items()})
+    assert len(list(space.points())) > len(space.distinct(normalized, coupled)) > 0  # points collapse
+    assert list(space.distinct(normalized, coupled).items()) == list(space.distinct(normalized).items())
+    for point in itertools.islice(space.points(), 0, None, 7):
+        schedule = space.decode(point)
+        passed = {name for name in space.candidates if name not in coupled}
+        assert all(getattr(normalized(schedule), name) == point[name] for name in passed)
 
 
 # ----------------------------------------------------------------------------- Optuna

@@ -221,10 +221,7 @@ class FusedLowering(Lowering):
             return normalize_on(schedule, tokens, target)
 
         def distinct() -> list[FusedSchedule]:  # walked only by an exhaustive search
-            seen: dict[FusedSchedule, None] = {}
-            for point in space.points():
-                seen.setdefault(normalized(space.decode(point)), None)
-            return list(seen)
+            return list(space.distinct(normalized, NORMALIZED_PARAMS))
 
         base = FusedSchedule()
         transposes = space.candidates["x_transpose"]

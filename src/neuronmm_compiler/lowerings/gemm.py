@@ -22,7 +22,7 @@ from ..ir import Graph
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_PIPELINE, Pass, parse_pipeline
 from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, normalize, preset
-from ..schedule.gemm import preset_doc
+from ..schedule.gemm import NORMALIZED_PARAMS, preset_doc
 from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target, with_lnc
@@ -215,7 +215,8 @@ def gemm_search_setup(problem: GemmProblem, target: Target, exhaustive_threshold
     size = distinct_size(problem, space)
     spec = SpaceSpec(
         space=space, guesses=heuristic_guesses(problem, space), size=size,
-        distinct=lambda: (space.distinct(problem) if size <= 20 * exhaustive_threshold
+        distinct=lambda: (space.distinct(lambda s: normalize(problem, s), NORMALIZED_PARAMS)
+                          if size <= 20 * exhaustive_threshold
                           else (space.decode(p) for p in space.points())),
     )
     evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params),

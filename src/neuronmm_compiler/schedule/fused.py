@@ -126,10 +126,6 @@ class FusedSchedule(ScheduleParams):
             raise ScheduleError(f"tokens_per_block={self.tokens_per_block} must be a multiple of "
                                 f"token_tile={self.token_tile}")
 
-    def normalized(self, context: int) -> FusedSchedule:
-        """:func:`normalize_fused` to ``context`` tokens."""
-        return normalize_fused(self, context)
-
 
 def normalize_fused(schedule: FusedSchedule, tokens: int, lnc: int = 1, pe_columns: int = 128,
                     max_column_tiles: int = 4) -> FusedSchedule:

@@ -190,10 +190,6 @@ class GemmSchedule(ScheduleParams):
             raise ScheduleError("operand_buffers=1 would make every block load wait for the matmuls still reading "
                                 "the block before it; use 0 (the compiler rotates the blocks) or 2 or more copies")
 
-    def normalized(self, context: GemmProblem) -> GemmSchedule:
-        """:func:`normalize` to the problem ``context``."""
-        return normalize(context, self)
-
 
 def load_levels(loop_order: str) -> dict[str, int]:
     """Where each operand block is loaded: the position in ``loop_order`` of the innermost block loop it
@@ -210,6 +206,12 @@ def tile_counts(problem: GemmProblem, schedule: GemmSchedule) -> dict[str, int]:
     }
 
 
+#: The parameters :func:`normalize` reads or changes; it passes every other one (``tile_order``, ``dma``,
+#: ``a_transpose``, ``accumulator_dtype``) through (the exhaustive search walks these alone: ``SearchSpace.distinct``).
+NORMALIZED_PARAMS = ("tile_m", "tile_n", "tile_k", "tiles_in_block_m", "tiles_in_block_n", "tiles_in_block_k",
+                     "loop_order", "accumulate", "operand_buffers", "psum_buffers", "lnc_split", "column_tiles")
+
+
 def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1, pe_columns: int = 128,
               max_column_tiles: int = 4) -> GemmSchedule:
     """Clip tile sizes to the problem and tiles-in-block to the tile counts, so that a decode-sized
@@ -220,46 +222,38 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1, pe_col
     an A^T tile of ``tile_m`` columns fitting a column tile of the ``pe_columns``-wide array, the target's
     ``gemm_stationary_fmax``; K in one block accumulated in a PSUM tile per output tile, no rotating copies), and to
     the target's ``max_column_tiles``."""
-    clipped = replace(
-        schedule,
-        tile_m=min(schedule.tile_m, problem.m),
-        tile_n=min(schedule.tile_n, problem.n),
-        tile_k=min(schedule.tile_k, problem.k),
-    )
-    if lnc > 1 and clipped.lnc_split in ("m", "n"):
-        clipped = _divisible(problem, clipped, clipped.lnc_split, lnc)
-    counts = tile_counts(problem, clipped)
-    blocked = replace(
-        clipped,
-        tiles_in_block_m=min(clipped.tiles_in_block_m, counts["m"]),
-        tiles_in_block_n=min(clipped.tiles_in_block_n, counts["n"]),
-        tiles_in_block_k=min(clipped.tiles_in_block_k, counts["k"]),
-    )
-    order = blocked.loop_order
-    block_counts = {d: -(-counts[d] // getattr(blocked, f"tiles_in_block_{d}")) for d in "mnk"}
+    size = {"m": problem.m, "n": problem.n, "k": problem.k}
+    tile = {d: min(getattr(schedule, f"tile_{d}"), size[d]) for d in "mnk"}
+    per_block = {d: getattr(schedule, f"tiles_in_block_{d}") for d in "mnk"}
+    if lnc > 1 and schedule.lnc_split in ("m", "n"):
+        dim = schedule.lnc_split
+        tile[dim], per_block[dim] = _divisible(size[dim], tile[dim], per_block[dim], lnc)
+    counts = {d: -(-size[d] // tile[d]) for d in "mnk"}  # tile_counts of the clipped tiles
+    per_block = {d: min(per_block[d], counts[d]) for d in "mnk"}
+    order = schedule.loop_order
+    block_counts = {d: -(-counts[d] // per_block[d]) for d in "mnk"}
     load_trips = max(block_counts[order[level]] for level in load_levels(order).values())
-    copies = min(blocked.operand_buffers, load_trips)
-    blocked = replace(blocked, operand_buffers=copies if copies >= 2 else 0)
-    held = blocked.accumulate == "psum" and counts["k"] > blocked.tiles_in_block_k
-    tiles = blocked.tiles_in_block_m * blocked.tiles_in_block_n
-    blocked = replace(blocked, psum_buffers=0 if held else min(blocked.psum_buffers, tiles))
-    per_tile = blocked.accumulate == "psum" and counts["k"] == blocked.tiles_in_block_k and blocked.psum_buffers == 0
-    asked = min(blocked.column_tiles, max_column_tiles)
-    columns = usable_column_tiles(asked, blocked.tile_m, counts["k"], pe_columns) if per_tile else 1
-    return replace(blocked, column_tiles=columns)
+    copies = min(schedule.operand_buffers, load_trips)
+    held = schedule.accumulate == "psum" and counts["k"] > per_block["k"]
+    psum_buffers = 0 if held else min(schedule.psum_buffers, per_block["m"] * per_block["n"])
+    per_tile = schedule.accumulate == "psum" and counts["k"] == per_block["k"] and psum_buffers == 0
+    asked = min(schedule.column_tiles, max_column_tiles)
+    columns = usable_column_tiles(asked, tile["m"], counts["k"], pe_columns) if per_tile else 1
+    # one replace (each costs microseconds, and an exhaustive search normalizes every point of its space)
+    return replace(schedule, tile_m=tile["m"], tile_n=tile["n"], tile_k=tile["k"], tiles_in_block_m=per_block["m"],
+                   tiles_in_block_n=per_block["n"], tiles_in_block_k=per_block["k"],
+                   operand_buffers=copies if copies >= 2 else 0, psum_buffers=psum_buffers, column_tiles=columns)
 
 
-def _divisible(problem: GemmProblem, schedule: GemmSchedule, dim: str, programs: int) -> GemmSchedule:
-    """``schedule`` with dimension ``dim`` blocked so that ``programs`` programs share its blocks evenly."""
-    size, tile = getattr(problem, dim), getattr(schedule, f"tile_{dim}")
+def _divisible(size: int, tile: int, per_block: int, programs: int) -> tuple[int, int]:
+    """The tile and tiles per block of a dimension of ``size`` blocked so that ``programs`` programs share its
+    blocks evenly."""
     tiles = -(-size // tile)
     if tiles % programs:
         narrower = -(-size // (tiles + programs - tiles % programs))
         if -(-size // narrower) % programs == 0:
             tile, tiles = narrower, -(-size // narrower)
-    per_block = min(getattr(schedule, f"tiles_in_block_{dim}"), tiles)
-    return replace(schedule, **{f"tile_{dim}": tile,
-                                f"tiles_in_block_{dim}": divisible_blocking(tiles, per_block, programs)})
+    return tile, divisible_blocking(tiles, min(per_block, tiles), programs)
 
 
 # ----------------------------------------------------------------------------- presets

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from ..errors import InputError, ScheduleError, UnknownNameError
 
@@ -242,10 +242,6 @@ class ScheduleParams:
 
     def check_relations(self) -> None:
         """Raise ScheduleError when parameters contradict each other (each within its domain)."""
-
-    def normalized(self: _S, context: Any) -> _S:
-        """The equivalent schedule with sizes clipped to the workload ``context`` describes."""
-        raise NotImplementedError
 
 
 def check_schedule(schedule: ScheduleParams, target: Target) -> None:

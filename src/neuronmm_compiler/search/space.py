@@ -98,14 +98,47 @@ class SearchSpace:
         for values in itertools.product(*(self.candidates[n] for n in names)):
             yield dict(zip(names, values, strict=True))
 
-    def distinct(self, context: Any) -> dict[Any, dict]:
-        """Every distinct schedule of the space normalized to ``context`` (the workload as the
-        schedule class's ``normalized`` takes it: a GemmProblem, a token count), with one point
-        that produces it."""
-        out: dict[Any, dict] = {}
-        for point in self.points():
-            out.setdefault(self.decode(point).normalized(context), point)
+    def distinct(self, normalize: Callable[[Any], Any], coupled: Collection[str] | None = None) -> dict[Any, dict]:
+        """Every distinct schedule of the space under ``normalize`` (schedule to normalized schedule), each with the
+        first point of :meth:`points` that produces it, in the order that walk first meets them.
+
+        ``coupled`` names the parameters ``normalize`` reads or changes, for one that passes every other one through
+        unchanged (as :meth:`distinct_size`); None walks every point. With it, only the product of the coupled
+        parameters is walked (the others at their first candidate): a point's normalized schedule is its coupled
+        part's normalized values with its other parameters as they are, so the first point producing a schedule is
+        the first producer of that coupled part combined with those other parameters. Those points, sorted in
+        :meth:`points` order, give the same schedules in the same order as the whole walk, at a fraction of the
+        normalizations (a GEMM space on a logical core of two: 165,888 points, a quarter of them walked)."""
+        names = list(self.candidates)
+        if coupled is None:
+            out: dict[Any, dict] = {}
+            for point in self.points():
+                out.setdefault(normalize(self.decode(point)), point)
+            return out
+        walked = [i for i, name in enumerate(names) if name in coupled]
+        free = [i for i, name in enumerate(names) if name not in coupled]
+        first = [0] * len(names)
+        leaders: dict[Any, tuple[int, ...]] = {}
+        for indices in itertools.product(*(range(len(self.candidates[names[i]])) for i in walked)):
+            for i, index in zip(walked, indices, strict=True):
+                first[i] = index
+            leaders.setdefault(normalize(self.decode(self._point(first))), tuple(first))
+        starts = []
+        for leader in leaders.values():
+            for others in itertools.product(*(range(len(self.candidates[names[i]])) for i in free)):
+                start = list(leader)
+                for i, index in zip(free, others, strict=True):
+                    start[i] = index
+                starts.append(tuple(start))
+        out = {}
+        for start in sorted(starts):
+            point = self._point(start)
+            out.setdefault(normalize(self.decode(point)), point)
         return out
+
+    def _point(self, indices: Collection[int]) -> dict:
+        """The point of one candidate index per parameter, in candidate order."""
+        return {name: self.candidates[name][i] for name, i in zip(self.candidates, indices, strict=True)}
 
     def distinct_size(self, normalize: Callable[[Any], Any], coupled: Collection[str]) -> int:
         """``len(distinct(...))`` without walking the whole space, for a normalization (``normalize``: schedule to
