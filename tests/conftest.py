@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import HealthCheck, settings
+import os
 
-from helpers import compile_gemm
-from neuronmm_compiler.verification import verify_source
+# One BLAS and OpenMP (torch) thread per test process unless the caller chose: the suite runs a worker per core
+# (pytest -n auto), and each one's libraries starting a thread per core oversubscribed the machine (OpenBLAS's
+# threads spin while they wait): the whole suite took 462 s on an idle 2-core host, 385 s with one thread each.
+# This must run before numpy or torch is imported; test_repo.py checks that it did. Tests that pass --threads still
+# get what they ask for (nmmc sets the threads itself, through threadpoolctl and torch.set_num_threads).
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from helpers import compile_gemm  # noqa: E402
+from neuronmm_compiler.verification import verify_source  # noqa: E402
 
 settings.register_profile(
     "nmmc", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -49,3 +50,15 @@ def test_readme_says_how_long_the_suite_takes_what_it_skips_and_how_to_reactivat
     storage = (ROOT / "tests" / "test_storage.py").read_text()
     assert "NMMC_TEST_POSTGRES_URL" in storage and (ROOT / ".ci" / "postgres.sh").is_file()
     assert "in a new shell, run `. .venv/bin/activate` again" in text
+
+
+def test_each_test_process_runs_one_blas_thread_unless_told_otherwise():
+    """conftest.py sets OPENBLAS_NUM_THREADS (and OMP_NUM_THREADS) before numpy is imported: numpy's OpenBLAS runs
+    the variable's number of threads (one unless the caller set it), not one per core, which oversubscribed the
+    machine with a test worker per core."""
+    import numpy  # noqa: F401  (loads OpenBLAS, if nothing has yet)
+    from threadpoolctl import threadpool_info
+
+    assert os.environ.get("OMP_NUM_THREADS")
+    blas = [pool for pool in threadpool_info() if pool["internal_api"] == "openblas"]
+    assert blas and {pool["num_threads"] for pool in blas} == {int(os.environ["OPENBLAS_NUM_THREADS"])}
