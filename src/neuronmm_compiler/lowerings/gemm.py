@@ -163,16 +163,18 @@ def gemm_space(problem: GemmProblem, dma_transpose: bool = True, lnc: int = 1, m
 
 
 def distinct_size(problem: GemmProblem, space: SearchSpace) -> int:
-    """Number of distinct normalized schedules in the space (numeric parts collapse; the
-    categorical parameters never do)."""
-    numeric = {name: space.candidates[name] for name in space.ordinal}
-    categorical = math.prod(len(v) for k, v in space.candidates.items() if k not in space.ordinal)
+    """Number of distinct normalized schedules in the space, as :meth:`SearchSpace.distinct` walks it (normalized
+    on one core): the numeric parameters and ``accumulate`` collapse together (PE column tiles apply only to output
+    tiles accumulated in PSUM), the other categorical parameters never do (``loop_order`` matters only for
+    ``operand_buffers``, ``lnc_split`` only on a logical core, and neither is searched there)."""
+    walked = {name: space.candidates[name] for name in (*space.ordinal, "accumulate") if name in space.candidates}
+    others = math.prod(len(v) for k, v in space.candidates.items() if k not in walked)
     seen = set()
-    names = list(numeric)
-    for values in itertools.product(*numeric.values()):
+    names = list(walked)
+    for values in itertools.product(*walked.values()):
         sched = normalize(problem, GemmSchedule(**dict(zip(names, values, strict=True))))
         seen.add(tuple(getattr(sched, n) for n in names))
-    return len(seen) * categorical
+    return len(seen) * others
 
 
 def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSchedule]:
