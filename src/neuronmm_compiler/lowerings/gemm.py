@@ -165,8 +165,9 @@ def gemm_space(problem: GemmProblem, dma_transpose: bool = True, lnc: int = 1, m
 def distinct_size(problem: GemmProblem, space: SearchSpace) -> int:
     """Number of distinct normalized schedules in the space, as :meth:`SearchSpace.distinct` walks it (normalized
     on one core): the numeric parameters and ``accumulate`` collapse together (PE column tiles apply only to output
-    tiles accumulated in PSUM), the other categorical parameters never do (``loop_order`` matters only for
-    ``operand_buffers``, ``lnc_split`` only on a logical core, and neither is searched there)."""
+    tiles accumulated in PSUM); the other categorical parameters never do (``loop_order`` changes only
+    ``operand_buffers``, which is not searched, and ``lnc_split`` normalizes only on a logical core;
+    tests/test_schedule_space.py checks the count against the walk)."""
     walked = {name: space.candidates[name] for name in (*space.ordinal, "accumulate") if name in space.candidates}
     others = math.prod(len(v) for k, v in space.candidates.items() if k not in walked)
     seen = set()

@@ -117,12 +117,12 @@ class SearchSpace:
             return out
         walked = [i for i, name in enumerate(names) if name in coupled]
         free = [i for i, name in enumerate(names) if name not in coupled]
-        first = [0] * len(names)
+        current = [0] * len(names)  # the others stay at their first candidate
         leaders: dict[Any, tuple[int, ...]] = {}
         for indices in itertools.product(*(range(len(self.candidates[names[i]])) for i in walked)):
             for i, index in zip(walked, indices, strict=True):
-                first[i] = index
-            leaders.setdefault(normalize(self.decode(self._point(first))), tuple(first))
+                current[i] = index
+            leaders.setdefault(normalize(self.decode(self._point(current))), tuple(current))
         starts = []
         for leader in leaders.values():
             for others in itertools.product(*(range(len(self.candidates[names[i]])) for i in free)):
