@@ -237,3 +237,22 @@ def test_the_counted_gemm_space_is_the_enumerated_one(shape, lnc):
     workload = GemmWorkload(*shape)
     spec, _ = lowering_for(workload).search_setup(workload, with_lnc(get_target("trn2"), lnc), 1000)
     assert spec.size == len(list(spec.distinct())) > 0
+
+
+def test_the_gemm_walk_and_count_are_those_of_the_target_the_evaluator_compares_on():
+    """On a logical core the walk and the count normalize as the evaluator does (the split divides tiles and blocks),
+    so the space's size is what the target distinguishes and the walk yields each such schedule once (they
+    normalized on one core: 3x700x300 at LNC=2 counted 1680 where the target tells 1344 apart)."""
+    from neuronmm_compiler.lowerings.gemm import gemm_search_setup
+    from neuronmm_compiler.targets import with_lnc
+
+    problem, target = GemmProblem(300, 700, 300), with_lnc(get_target("trn2"), 2)
+    whole = gemm_space(problem, lnc=2, max_column_tiles=target.max_column_tiles)
+    space = SearchSpace(GemmSchedule, {name: values[:3] if name.startswith("tiles_in_block") else values
+                                       for name, values in whole.candidates.items()})
+    spec, _ = gemm_search_setup(problem, target, 1000, space=space)
+    every = {normalize(problem, space.decode(point), 2, target.gemm_stationary_fmax, target.max_column_tiles)
+             for point in space.points()}
+    walked = list(spec.distinct())
+    assert len(walked) == len(set(walked)) == spec.size == len(every) and set(walked) == every
+    assert len({normalize(problem, space.decode(point)) for point in space.points()}) > len(every)  # one core: more

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -162,18 +162,19 @@ def gemm_space(problem: GemmProblem, dma_transpose: bool = True, lnc: int = 1, m
     return SearchSpace.for_schedule(GemmSchedule, restrict)
 
 
-def distinct_size(problem: GemmProblem, space: SearchSpace) -> int:
-    """Number of distinct normalized schedules in the space, as :meth:`SearchSpace.distinct` walks it (normalized
-    on one core): the numeric parameters and ``accumulate`` collapse together (PE column tiles apply only to output
-    tiles accumulated in PSUM); the other categorical parameters never do (``loop_order`` changes only
-    ``operand_buffers``, which is not searched, and ``lnc_split`` normalizes only on a logical core;
-    tests/test_schedule_space.py checks the count against the walk)."""
-    walked = {name: space.candidates[name] for name in (*space.ordinal, "accumulate") if name in space.candidates}
+def distinct_size(space: SearchSpace, normalized: Callable[[GemmSchedule], GemmSchedule]) -> int:
+    """Number of distinct schedules in the space under ``normalized`` (:func:`normalize` for a problem and
+    target), as :meth:`SearchSpace.distinct` walks it: the numeric parameters, ``accumulate`` (PE column tiles apply
+    only to output tiles accumulated in PSUM) and ``lnc_split`` (the divided dimension's tiles and blocks) collapse
+    together; the other categorical parameters never do (``loop_order`` changes only ``operand_buffers``, which is
+    not searched; tests/test_schedule_space.py checks the count against the walk)."""
+    walked = {name: space.candidates[name] for name in (*space.ordinal, "accumulate", "lnc_split")
+              if name in space.candidates}
     others = math.prod(len(v) for k, v in space.candidates.items() if k not in walked)
     seen = set()
     names = list(walked)
     for values in itertools.product(*walked.values()):
-        sched = normalize(problem, GemmSchedule(**dict(zip(names, values, strict=True))))
+        sched = normalized(GemmSchedule(**dict(zip(names, values, strict=True))))
         seen.add(tuple(getattr(sched, n) for n in names))
     return len(seen) * others
 
@@ -215,16 +216,17 @@ def gemm_search_setup(problem: GemmProblem, target: Target, exhaustive_threshold
     """The GEMM search's space and evaluator (module-level and picklable, for worker processes);
     ``params`` overrides the target's cost-model parameters, ``space`` the default space."""
     space = space or gemm_space(problem, max_column_tiles=target.max_column_tiles)
-    size = distinct_size(problem, space)
+
+    def normalized(schedule: GemmSchedule) -> GemmSchedule:  # as the evaluator compares schedules, on the target
+        return normalize(problem, schedule, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
+
+    size = distinct_size(space, normalized)
     spec = SpaceSpec(
         space=space, guesses=heuristic_guesses(problem, space), size=size,
-        distinct=lambda: (space.distinct(lambda s: normalize(problem, s), NORMALIZED_PARAMS)
-                          if size <= 20 * exhaustive_threshold
+        distinct=lambda: (space.distinct(normalized, NORMALIZED_PARAMS) if size <= 20 * exhaustive_threshold
                           else (space.decode(p) for p in space.points())),
     )
-    evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params),
-                         lambda s: normalize(problem, s, target.lnc, target.gemm_stationary_fmax,
-                                                   target.max_column_tiles))
+    evaluate = Evaluator(lambda s: estimate(lower_gemm(problem, s, target), target, params), normalized)
     return spec, evaluate
 
 
