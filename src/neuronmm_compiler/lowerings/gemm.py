@@ -8,9 +8,7 @@ NKI matmul tutorial are presets; a tuned kernel is compared with AWS's fully opt
 from __future__ import annotations
 
 import functools
-import itertools
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,8 +19,8 @@ from ..frontends.workloads import GemmWorkload, Workload
 from ..ir import Graph
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_PIPELINE, Pass, parse_pipeline
-from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, normalize, preset
-from ..schedule.gemm import NORMALIZED_PARAMS, preset_doc
+from ..schedule import DEFAULT_PRESET, PRESETS, GemmProblem, GemmSchedule, preset
+from ..schedule.gemm import NORMALIZED_PARAMS, normalize_on, preset_doc
 from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target, with_lnc
@@ -85,7 +83,7 @@ class GemmLowering(Lowering):
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
         check_column_tiles(chosen.column_tiles, target)
-        normalized = normalize(problem, chosen, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
+        normalized = normalize_on(problem, chosen, target)
         return resolve_split(normalized, params, target, lambda s: [lower_gemm(problem, s, target)])
 
     def pipeline(self, schedule: Any) -> list[Pass]:
@@ -162,21 +160,13 @@ def gemm_space(problem: GemmProblem, dma_transpose: bool = True, lnc: int = 1, m
     return SearchSpace.for_schedule(GemmSchedule, restrict)
 
 
-def distinct_size(space: SearchSpace, normalized: Callable[[GemmSchedule], GemmSchedule]) -> int:
-    """Number of distinct schedules in the space under ``normalized`` (:func:`normalize` for a problem and
-    target), as :meth:`SearchSpace.distinct` walks it: the numeric parameters, ``accumulate`` (PE column tiles apply
-    only to output tiles accumulated in PSUM) and ``lnc_split`` (the divided dimension's tiles and blocks) collapse
-    together; the other categorical parameters never do (``loop_order`` changes only ``operand_buffers``, which is
-    not searched; tests/test_schedule_space.py checks the count against the walk)."""
-    walked = {name: space.candidates[name] for name in (*space.ordinal, "accumulate", "lnc_split")
-              if name in space.candidates}
-    others = math.prod(len(v) for k, v in space.candidates.items() if k not in walked)
-    seen = set()
-    names = list(walked)
-    for values in itertools.product(*walked.values()):
-        sched = normalized(GemmSchedule(**dict(zip(names, values, strict=True))))
-        seen.add(tuple(getattr(sched, n) for n in names))
-    return len(seen) * others
+#: The parameters that collapse together when the space's distinct schedules are counted
+#: (``SearchSpace.distinct_size``): the numeric ones, ``accumulate`` (PE column tiles apply only to output tiles
+#: accumulated in PSUM) and ``lnc_split`` (the divided dimension's tiles and blocks). The other categorical ones never
+#: collapse (``loop_order`` changes only ``operand_buffers``, which is not searched); tests/test_schedule_space.py
+#: checks the count against the walk.
+COUNTED_PARAMS = ("tile_m", "tile_n", "tile_k", "tiles_in_block_m", "tiles_in_block_n", "tiles_in_block_k",
+                  "operand_buffers", "psum_buffers", "column_tiles", "accumulate", "lnc_split")
 
 
 def heuristic_guesses(problem: GemmProblem, space: SearchSpace) -> list[GemmSchedule]:
@@ -218,9 +208,9 @@ def gemm_search_setup(problem: GemmProblem, target: Target, exhaustive_threshold
     space = space or gemm_space(problem, max_column_tiles=target.max_column_tiles)
 
     def normalized(schedule: GemmSchedule) -> GemmSchedule:  # as the evaluator compares schedules, on the target
-        return normalize(problem, schedule, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
+        return normalize_on(problem, schedule, target)
 
-    size = distinct_size(space, normalized)
+    size = space.distinct_size(normalized, COUNTED_PARAMS)
     spec = SpaceSpec(
         space=space, guesses=heuristic_guesses(problem, space), size=size,
         distinct=lambda: (space.distinct(normalized, NORMALIZED_PARAMS) if size <= 20 * exhaustive_threshold

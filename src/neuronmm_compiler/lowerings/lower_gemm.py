@@ -51,7 +51,7 @@ from ..kernel_ir.program import (
     TensorTensor,
     span,
 )
-from ..schedule.gemm import GemmProblem, GemmSchedule, load_levels, normalize, tile_counts
+from ..schedule.gemm import GemmProblem, GemmSchedule, load_levels, normalize_on, tile_counts
 from ..vocab import ALayout, ElementwiseOp
 from .limits import named_limits, psum_bank_fp32
 from .pe_tiles import column_sum, column_tiled
@@ -69,7 +69,7 @@ class _GemmLowering:
     def __init__(self, problem: GemmProblem, schedule: GemmSchedule, target: Target):
         self.p = problem
         self.target = target = named_limits(target)
-        self.s = normalize(problem, schedule, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
+        self.s = normalize_on(problem, schedule, target)
         counts = tile_counts(problem, self.s)
         s = self.s
         # tile and block sizes named as in AWS's matmul tutorial (TILE_M, BLOCK_M, ...; expr.Named)

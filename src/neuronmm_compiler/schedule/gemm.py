@@ -39,7 +39,7 @@ from .params import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from ..targets import Target
 
 DTYPES = ("bfloat16", "float32")
 A_LAYOUTS: tuple[ALayout, ...] = tuple(ALayout)
@@ -243,6 +243,11 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1, pe_col
     return replace(schedule, tile_m=tile["m"], tile_n=tile["n"], tile_k=tile["k"], tiles_in_block_m=per_block["m"],
                    tiles_in_block_n=per_block["n"], tiles_in_block_k=per_block["k"],
                    operand_buffers=copies if copies >= 2 else 0, psum_buffers=psum_buffers, column_tiles=columns)
+
+
+def normalize_on(problem: GemmProblem, schedule: GemmSchedule, target: Target) -> GemmSchedule:
+    """:func:`normalize` for ``target``: its logical-core degree, PE array width and column tile count."""
+    return normalize(problem, schedule, target.lnc, target.gemm_stationary_fmax, target.max_column_tiles)
 
 
 def _divisible(size: int, tile: int, per_block: int, programs: int) -> tuple[int, int]:
