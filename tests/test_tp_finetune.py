@@ -16,7 +16,7 @@ from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.models import read_manifest
 from neuronmm_compiler.models.forward import CausalLM
 from neuronmm_compiler.models.heal_shards import sharded_mlp
-from neuronmm_compiler.models.heal_steps import FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT
+from neuronmm_compiler.models.heal_steps import CHECKPOINTS, SHARD_FINETUNE_CHECKPOINT, SHARD_START_CHECKPOINT
 from neuronmm_compiler.models.workflow import CompressRequest, run_compress
 from test_compress_calibrated import make_llama, token_file
 
@@ -94,6 +94,7 @@ def _blocks(out) -> dict[str, np.ndarray]:
 
 def test_tp_blocks_are_fine_tuned_measured_and_resumed(tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    import neuronmm_compiler.models.heal as heal
     import test_compress_calibrated as tiny_models
     from neuronmm_compiler.models.finetune import FinetuneSettings
 
@@ -123,19 +124,29 @@ def test_tp_blocks_are_fine_tuned_measured_and_resumed(tmp_path, monkeypatch):
     assert sharded["perplexity_compressed"] != before["perplexity_compressed"]  # measured on the tuned blocks
     assert not (tmp_path / "whole" / SHARD_FINETUNE_CHECKPOINT).exists()
 
-    def interrupt(stage, done, total):
-        if stage == "healing (fine-tuning the --tp 2 blocks)" and done == 2:
-            os.kill(os.getpid(), signal.SIGINT)  # arrives during step 2's callback: step 2 completes
+    assert not (tmp_path / "whole" / SHARD_START_CHECKPOINT).exists()
+    real, calls = heal.closed_form_heal, []
+    # interrupted while fine-tuning the unsharded factors, then while fine-tuning the blocks: each resume skips the
+    # closed form (the blocks' start is in SHARD_START_CHECKPOINT) and ends with the uninterrupted run's blocks
+    for out, stage in (("cut-factors", "healing (fine-tuning)"), ("cut", "healing (fine-tuning the --tp 2 blocks)")):
+        def interrupt(s, done, total, stage=stage):
+            if s == stage and done == 2:
+                os.kill(os.getpid(), signal.SIGINT)  # arrives during step 2's callback: step 2 completes
 
-    with pytest.raises(KeyboardInterrupt):
-        run_compress(request("cut"), progress=interrupt)
-    assert (tmp_path / "cut" / SHARD_FINETUNE_CHECKPOINT).is_file()
-    cut = run_compress(request("cut")).manifest
-    assert cut.heal["finetune_run"]["resumed_at_step"] == settings.steps  # finished before the interruption
-    assert cut.heal["finetune_tp_run"]["resumed_at_step"] == 2
-    for checkpoint in (FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT):
-        assert not (tmp_path / "cut" / checkpoint).exists()
-    a, b = _blocks(tmp_path / "whole"), _blocks(tmp_path / "cut")
-    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-    assert read_manifest(tmp_path / "cut").quality["tensor_parallel"] == read_manifest(
-        tmp_path / "whole").quality["tensor_parallel"]
+        monkeypatch.setattr(heal, "closed_form_heal", real)
+        with pytest.raises(KeyboardInterrupt):
+            run_compress(request(out), progress=interrupt)
+        assert (tmp_path / out / SHARD_START_CHECKPOINT).is_file()
+        calls.clear()
+        monkeypatch.setattr(heal, "closed_form_heal", lambda *a, **k: calls.append(1) or real(*a, **k))
+        cut = run_compress(request(out)).manifest
+        assert calls == [], out
+        resumed = (2, 0) if out == "cut-factors" else (settings.steps, 2)  # the blocks start after the factors
+        assert (cut.heal["finetune_run"]["resumed_at_step"], cut.heal["finetune_tp_run"]["resumed_at_step"]) == resumed
+        assert cut.heal["closed_form_error"] == whole.heal["closed_form_error"]
+        for checkpoint in CHECKPOINTS:
+            assert not (tmp_path / out / checkpoint).exists()
+        a, b = _blocks(tmp_path / "whole"), _blocks(tmp_path / out)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+        assert read_manifest(tmp_path / out).quality["tensor_parallel"] == read_manifest(
+            tmp_path / "whole").quality["tensor_parallel"]

@@ -19,8 +19,7 @@ from .calibration import Calibration
 from .compress import plan_ranks
 from .config import read_config
 from .heal_steps import (
-    FINETUNE_CHECKPOINT,
-    SHARD_FINETUNE_CHECKPOINT,
+    CHECKPOINTS,
     StageProgress,
     heal,
     shard_args,
@@ -49,8 +48,7 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
 
     out = Path(request.out_dir)
     if fresh:
-        for path in [*out.glob(LAYER_FILE.replace("{layer:03d}", "*")), out / FINETUNE_CHECKPOINT,
-                     out / SHARD_FINETUNE_CHECKPOINT]:
+        for path in [*out.glob(LAYER_FILE.replace("{layer:03d}", "*")), *(out / c for c in CHECKPOINTS)]:
             path.unlink(missing_ok=True)
     if shard_out is not None:
         shard_out.clear()

@@ -21,8 +21,8 @@ from ..cores import available_cores
 from ..errors import InputError
 from .calibration import Calibration
 
-__all__ = ["FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "StageProgress", "heal", "sample", "shard_args",
-           "teacher_length", "threads_of", "whitened_factors"]
+__all__ = ["CHECKPOINTS", "FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "SHARD_START_CHECKPOINT", "StageProgress",
+           "heal", "sample", "shard_args", "teacher_length", "threads_of", "whitened_factors"]
 
 #: ``progress(stage, done, total)``.
 StageProgress = Callable[[str, int, int], None]
@@ -30,6 +30,10 @@ StageProgress = Callable[[str, int, int], None]
 #: The fine-tuning checkpoints in the output directory, of the factors and of ``--tp``'s blocks (removed at the end).
 FINETUNE_CHECKPOINT = "heal-finetune.ckpt"
 SHARD_FINETUNE_CHECKPOINT = "heal-finetune-tp.ckpt"
+#: ``--tp``'s closed-form blocks, written once when fine-tuning starts, so that a resumed run skips the closed form.
+SHARD_START_CHECKPOINT = "heal-closed-form-tp.ckpt"
+#: Every file a ``--heal finetune`` run resumes from (removed once the manifest is written, or by a fresh build).
+CHECKPOINTS = (FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT, SHARD_START_CHECKPOINT)
 #: Sequences sampled together for the fine-tuning data: SmolLM2-135M sampled 150 tokens per CPU second at 64
 #: (32,768 tokens in 219 CPU s, 2150 MiB peak with its 1.5 GB KV cache at 512 tokens; docs/compression.md).
 SAMPLE_BATCH = 64
@@ -90,7 +94,7 @@ def heal(request, model, calibration: Calibration, ids: np.ndarray | None, plans
                               "prior_weight": request.heal_prior, "metric": request.heal_metric,
                               "threads": threads_of(request)}
     if request.heal == "finetune":
-        resumed = _resume_finetune(request, model, calibration, ids, plans, record, progress, shard_out)
+        resumed = _resume_finetune(request, model, calibration, ids, plans, record, progress, shard_out, later)
         if resumed is not None:
             return resumed
     with _timed(record, "whitened_svd"):
@@ -108,6 +112,8 @@ def heal(request, model, calibration: Calibration, ids: np.ndarray | None, plans
         "mean_after": float(np.mean([v for layer in report.after for v in layer.values()] or [0.0]))}
     del start  # the closed form's output is all fine-tuning needs (frees one copy of the factors)
     if request.heal == "finetune":
+        if shard_out:
+            _save_shard_start(request, model, calibration, ids, plans, shard_out)
         return _finetune(request, model, calibration, ids, healed, record, progress, shard_out=shard_out,
                          later=later)
     return healed, record
@@ -216,21 +222,59 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
 _CLOSED_FORM_RECORD = ("closed_form_error", "fisher", "seconds")
 
 
-def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, plans, record: dict[str, Any],
-                     progress: StageProgress | None, shard_out: dict | None) -> tuple[dict, dict] | None:
-    """A killed ``--heal finetune`` run's fine-tuning, resumed from its checkpoint without recomputing the
-    whitened SVD and the closed form it started from (their record is in the checkpoint); None without one, or
-    with ``--tp`` (the closed form, the blocks' start, runs again; both fine-tunings resume from their checkpoints)."""
+def _resume_key(request, calibration: Calibration, ids: np.ndarray, plans, shards: Any = None) -> str:
+    """The key of the unsharded fine-tuning's checkpoint (with ``shards``: of ``--tp``'s closed-form blocks)."""
     from .finetune import FinetuneSettings
-    from .finetune_checkpoint import checkpoint_factors, checkpoint_key, load_checkpoint
-    if shard_out is not None:
-        return None
+    from .finetune_checkpoint import checkpoint_key
+
     ranks = {(layer, p): r for layer, plan in enumerate(plans) for p, r in plan.items() if r is not None}
-    key = checkpoint_key(request.finetune or FinetuneSettings(), _finetune_identity(request, calibration), ids, ranks)
-    state = load_checkpoint(Path(request.out_dir) / FINETUNE_CHECKPOINT, key)
+    identity = _finetune_identity(request, calibration)
+    if shards is not None:
+        identity = {**identity, "closed_form_blocks": [list(s) for s in shards]}
+    return checkpoint_key(request.finetune or FinetuneSettings(), identity, ids, ranks)
+
+
+def _save_shard_start(request, model, calibration: Calibration, ids: np.ndarray, plans, blocks: dict) -> None:
+    """Write ``--tp``'s closed-form blocks (:data:`SHARD_START_CHECKPOINT`), the start their fine-tuning resumes
+    from; written once, before the unsharded factors' fine-tuning (a temporary file renamed into place)."""
+    import os
+
+    from .torch_lm import import_torch
+
+    path = Path(request.out_dir) / SHARD_START_CHECKPOINT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    key = _resume_key(request, calibration, ids, plans, shard_args(request, model)["shards"])
+    torch = import_torch()
+    # as tensors: torch.save writes their storages one by one (NumPy arrays would be pickled into one buffer)
+    torch.save({"key": key, "blocks": {layer: {p: None if b is None else [tuple(torch.from_numpy(t) for t in f)
+                                                                          for f in b] for p, b in projections.items()}
+                                       for layer, projections in blocks.items()}}, tmp)
+    os.replace(tmp, path)
+
+
+def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, plans, record: dict[str, Any],
+                     progress: StageProgress | None, shard_out: dict | None, later: list | None
+                     ) -> tuple[dict, dict] | None:
+    """A killed ``--heal finetune`` run's fine-tuning, resumed from its checkpoint without recomputing the
+    whitened SVD and the closed form it started from (their record is in the checkpoint); None without one.
+    With ``--tp`` (``shard_out``) the closed form's blocks come from :data:`SHARD_START_CHECKPOINT` (None without
+    it), and their fine-tuning resumes from its own checkpoint when it has one."""
+    from .finetune_checkpoint import checkpoint_factors, load_checkpoint
+
+    out = Path(request.out_dir)
+    state = load_checkpoint(out / FINETUNE_CHECKPOINT, _resume_key(request, calibration, ids, plans))
     if state is None or not isinstance(state.get("extra"), dict) or "closed_form_error" not in state["extra"]:
         return None
+    if shard_out is not None:
+        blocks = load_checkpoint(out / SHARD_START_CHECKPOINT, _resume_key(
+            request, calibration, ids, plans, shard_args(request, model)["shards"]))
+        if blocks is None:
+            return None
+        shard_out.update({layer: {p: None if b is None else [tuple(t.numpy() for t in f) for f in b]
+                                  for p, b in projections.items()} for layer, projections in blocks["blocks"].items()})
     record.update({k: v for k, v in state["extra"].items() if k in _CLOSED_FORM_RECORD})
     like = {layer: {p: r if r is not None else model.mlp_weight(layer, p) for p, r in plan.items()}
             for layer, plan in enumerate(plans)}
-    return _finetune(request, model, calibration, ids, checkpoint_factors(state, like), record, progress, state)
+    return _finetune(request, model, calibration, ids, checkpoint_factors(state, like), record, progress, state,
+                     shard_out=shard_out, later=later)

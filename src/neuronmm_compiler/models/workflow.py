@@ -46,8 +46,7 @@ from .eval_budget import hold_budget_on_eval
 from .formats import fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_METRIC, DEFAULT_HEAL_PRIOR, check_heal_options
 from .heal_steps import (
-    FINETUNE_CHECKPOINT,
-    SHARD_FINETUNE_CHECKPOINT,
+    CHECKPOINTS,
     StageProgress,
     sample,
     teacher_length,
@@ -392,6 +391,6 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None) -> C
     if quality is not None or record is not None:
         manifest = replace(manifest, quality=quality, rank_choice=record)  # type: ignore[arg-type]
         write_text_atomic(Path(request.out_dir) / MANIFEST_FILE, manifest.to_json())
-    for checkpoint in (FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT):
+    for checkpoint in CHECKPOINTS:
         (Path(request.out_dir) / checkpoint).unlink(missing_ok=True)
     return CompressResult(manifest, warnings, front, point, chosen)
