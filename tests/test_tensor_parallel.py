@@ -201,6 +201,10 @@ def test_tune_model_tp_writes_one_plan_per_bucket(tmp_path):
     assert all(b["verified"] for b in index["buckets"])
     assert all((out / b["plan"]).is_file() for b in index["buckets"])
     assert "not validated against measurements" in result.output
+    for b in index["buckets"]:  # what the chosen strategy keeps, and a more accurate one when there is one
+        assert f"kept {b['kept_fraction']:.3f}" in result.output
+        assert ("most_accurate" in b) == (b["kept_fraction"] < 0.9 - 1e-9)  # factor-shard/factor-shard keeps 0.9
+    assert result.output.count("ACCURACY:") == sum("most_accurate" in b for b in index["buckets"])
 
 
 def test_compress_tp_writes_each_ranks_own_factors_in_the_plans_layout(tmp_path):
@@ -253,3 +257,34 @@ def test_each_ranks_counted_bytes_equal_the_cost_models(tmp_path):
         kernels = [result.chosen.kernels[s.key].cost for s in program.steps if isinstance(s, KernelStep)]
         assert counted["total_hbm_bytes_read"] == sum(c.hbm_bytes_read for c in kernels)
         assert counted["total_hbm_bytes_written"] == sum(c.hbm_bytes_written for c in kernels)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_the_plan_says_what_each_strategy_keeps_and_when_the_choice_is_less_accurate(dtype):
+    # SmolLM2-135M's MLP at rank 384: a [576, 768] shard cannot keep the unsharded 0.917 at an aligned rank that
+    # compresses it, so factor-shard's blocks get rank 256 (compress --tp measured this fraction: 0.778)
+    args = ["cost", "--mlp", "--tokens", "32", "--hidden", "576", "--intermediate", "1536", "--ranks", "384,384,384",
+            "--target", "trn2", "--dtype", dtype, "--tp", "2"]
+    data = json.loads(_run([*args, "--json"]).output)
+    kept = {s["strategy"]: s["kept_fraction"] for s in data["strategies"] if s["applies"]}
+    dense = 3 * 576 * 1536
+    unsharded, block = 3 * 384 * (576 + 1536) / dense, 2 * 256 * (576 + 768) / (576 * 1536)
+    assert kept["replicate-u/reduce-output"] == pytest.approx(unsharded)  # scales (FP8) not counted
+    assert kept["factor-shard/factor-shard"] == pytest.approx(block) and round(block, 3) == 0.778
+    assert kept["replicate-u/factor-shard"] == pytest.approx((2 * unsharded + block) / 3)
+    text = _run(args).output
+    chosen = data["strategy"]["name"]
+    best = min((s for s in data["strategies"] if s["applies"] and s["kept_fraction"] == pytest.approx(unsharded)),
+               key=lambda s: s["total_us"])["strategy"]
+    assert ("ACCURACY:" in text) == (kept[chosen] < unsharded - 1e-9)
+    if kept[chosen] < unsharded - 1e-9:
+        assert f"ACCURACY: {chosen} keeps {kept[chosen]:.3f} of the parameters against {unsharded:.3f}" in text
+        assert f"--tp-strategy {best}' takes it" in text
+    # a shard's aligned rank can also keep more than the unsharded factors (hidden 256, intermediate 640, rank 128:
+    # [256, 320] shards at rank 128 keep 0.9 against 0.7; gate and up are two thirds of the parameters, down one);
+    # one strategy asked for needs no comparison
+    small = json.loads(_run(["cost", *SMALL, "--tokens", "32", "--tp", "2", "--json"]).output)
+    assert {s["strategy"]: round(s["kept_fraction"], 3) for s in small["strategies"] if s["applies"]} == {
+        "replicate-u/reduce-output": 0.7, "replicate-u/reduce-rank": 0.7, "replicate-u/factor-shard": 0.767,
+        "factor-shard/reduce-output": 0.833, "factor-shard/reduce-rank": 0.833, "factor-shard/factor-shard": 0.9}
+    assert "kept:" not in _run([*args, "--tp-strategy", "factor-shard/factor-shard"]).output

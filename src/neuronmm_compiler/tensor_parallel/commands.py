@@ -86,14 +86,15 @@ def result_lines(result: TpResult) -> list[str]:
     lines = [f"tensor parallel: {result.workload.describe()}", f"  over {result.tp} ranks of {result.target.label} "
              f"(intermediate shards {min(result.chosen.sharded.sizes)}..{max(result.chosen.sharded.sizes)})"
              if result.chosen.sharded else "",
-             f"  {'strategy':<{width}} {'kernel us':>10} {'comm us':>9} {'total us':>9} {'comm KiB/rank':>14}"]
+             f"  {'strategy':<{width}} {'kernel us':>10} {'comm us':>9} {'total us':>9} {'comm KiB/rank':>14} "
+             f"{'kept':>5}"]
     for r in result.results:
         if r.error is not None:
             lines.append(f"  {r.strategy.name:<{width}} does not apply: {r.error}")
             continue
         mark = "  <- chosen" if r is result.chosen else ""
         lines.append(f"  {r.strategy.name:<{width}} {r.kernel_us:>10.2f} {r.comm_us:>9.2f} {r.total_us:>9.2f} "
-                     f"{r.comm_bytes / 1024:>14.1f}{mark}")
+                     f"{r.comm_bytes / 1024:>14.1f} {r.kept:>5.3f}{mark}")
     for label, alt in result.alternatives.items():
         text = "not modelled (or, nki-library's, does not run this shape)" if alt is None else \
             f"{alt['kernel_us']:>10.2f} {alt['comm_us']:>9.2f} {alt['total_us']:>9.2f}"
@@ -104,6 +105,7 @@ def result_lines(result: TpResult) -> list[str]:
             speedup = alt["total_us"] / chosen.total_us
             lines.append(f"  {chosen.strategy.name} vs {label} ({result.target.launch}): {speedup_text(speedup)}"
                          + (" (the dense MLP is predicted faster at this shape)" if speedup < 1 else ""))
+    lines.extend(accuracy_lines(result))
     lines.append(f"  {context_note(result.target)}")
     for step in chosen.collectives:
         lines.append(f"  chosen collective: {step.op} of {step.tensor_bytes} bytes over {step.ranks} ranks, "
@@ -114,6 +116,24 @@ def result_lines(result: TpResult) -> list[str]:
     lines.append(f"  kernel latencies are the cost model's; model error: {trust_note(result.target, fused=True)}")
     lines.append(f"  {UNVALIDATED}")
     return [line for line in lines if line]
+
+
+def accuracy_lines(result: TpResult) -> list[str]:
+    """What the latency-only choice gives up, when the strategies differ in the parameters they keep (the ``kept``
+    column): whether the chosen keeps the most, else that it is less accurate, and the fastest one that is not."""
+    chosen, best = result.chosen, result.most_accurate
+    if all(abs(r.kept - best.kept) < 1e-12 for r in result.applicable):
+        return []
+    lines = ["  kept: the fraction of the dense MLP's parameters a strategy's weights hold (factor-shard factorises "
+             "each shard on its own, at the 128-aligned rank nearest the unsharded factors' fraction); the choice is "
+             "by predicted time only"]
+    if chosen.kept < best.kept - 1e-12:
+        lines.append(f"  ACCURACY: {chosen.strategy.name} keeps {chosen.kept:.3f} of the parameters against "
+                     f"{best.kept:.3f}: expect it less accurate than {best.strategy.name} (predicted "
+                     f"{best.total_us:.2f} us; the chosen is {speedup_text(best.total_us / chosen.total_us)} faster). "
+                     f"'nmmc compress --tp {result.tp} --eval' measures both; '--tp-strategy {best.strategy.name}' "
+                     "takes it")
+    return lines
 
 
 def result_json(result: TpResult, dialect: str, output: str | None) -> dict[str, Any]:
@@ -194,7 +214,11 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
         chosen = result.chosen
         entry = {"tokens": tokens, "plan": f"t{tokens}/plan.json", "strategy": chosen.strategy.name,
                  "kernel_us": chosen.kernel_us, "comm_us": chosen.comm_us, "total_us": chosen.total_us,
-                 "alternatives": result.alternatives}
+                 "kept_fraction": chosen.kept, "alternatives": result.alternatives}
+        if chosen is not result.most_accurate and chosen.kept < result.most_accurate.kept - 1e-12:
+            best = result.most_accurate
+            entry["most_accurate"] = {"strategy": best.strategy.name, "total_us": best.total_us,
+                                      "kept_fraction": best.kept}
         if verify:
             from .verify import verify_plan
 
@@ -227,7 +251,12 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
                 versus += (f", {name} + all-reduce {dense['total_us']:.1f} us "
                            f"({speedup_text(dense['total_us'] / e['total_us'])})" if dense else "")
             echo(f"  {e['tokens']:>6} tokens: {e['strategy']:<28} kernel {e['kernel_us']:.1f} us + comm "
-                 f"{e['comm_us']:.1f} us = {e['total_us']:.1f} us{versus}")
+                 f"{e['comm_us']:.1f} us = {e['total_us']:.1f} us, kept {e['kept_fraction']:.3f}{versus}")
+            if "most_accurate" in e:
+                best = e["most_accurate"]
+                echo(f"          ACCURACY: keeps fewer parameters than {best['strategy']} (kept "
+                     f"{best['kept_fraction']:.3f}, {best['total_us']:.1f} us): expect it less accurate; 'nmmc "
+                     f"compress --tp {tp} --eval' measures both, --tp-strategy chooses")
         echo(f"  {context_note(target)}")
         echo(f"  model error: {trust_note(target, fused=True)}; {UNVALIDATED}")
         echo(f"wrote {Path(output) / 'index.json'}")

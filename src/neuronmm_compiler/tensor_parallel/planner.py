@@ -49,11 +49,18 @@ class StrategyResult:
         """Bytes one rank sends in the strategy's collectives."""
         return sum(c.bytes_sent_per_rank for c in self.collectives)
 
+    @property
+    def kept(self) -> float:
+        """The fraction of the dense MLP's parameters the strategy's weights hold (:attr:`.ShardedMlp.kept`)."""
+        assert self.sharded is not None
+        return self.sharded.kept
+
     def as_dict(self) -> dict[str, Any]:
         if self.error is not None:
             return {"strategy": self.strategy.name, "applies": False, "reason": self.error}
         return {"strategy": self.strategy.name, "applies": True, "kernel_us": self.kernel_us,
                 "comm_us": self.comm_us, "total_us": self.total_us, "comm_bytes_per_rank": self.comm_bytes,
+                "kept_fraction": self.kept,
                 "collectives": [c.as_dict() for c in self.collectives],
                 "kernels": {key: c.cost.latency_us for key, c in sorted(self.kernels.items())}}
 
@@ -75,6 +82,13 @@ class TpResult:
     @property
     def chosen(self) -> StrategyResult:
         return min(self.applicable, key=lambda r: r.total_us)
+
+    @property
+    def most_accurate(self) -> StrategyResult:
+        """The fastest strategy among those keeping the most parameters (the unsharded factors' accuracy when a
+        slice-based strategy applies): what the latency-only choice gives up accuracy against, if it does."""
+        kept = max(r.kept for r in self.applicable)
+        return min((r for r in self.applicable if r.kept >= kept - 1e-12), key=lambda r: r.total_us)
 
 
 def stage_time(sharded: ShardedMlp, kernels: dict[str, Compiled], target: Target

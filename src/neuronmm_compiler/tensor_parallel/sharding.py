@@ -181,6 +181,14 @@ class ShardedMlp:
     ranks: list[RankProgram]
 
     @property
+    def kept(self) -> float:
+        """The fraction of the dense MLP's parameters the plan's weights hold (its scales not counted): the unsharded
+        factors' for the slice-based strategies, fewer when ``factor-shard`` factorises a shard on its own at a lower
+        rank, so that strategy is less accurate than its speed alone says."""
+        held = sum(f.shape[0] * f.shape[1] for f in self.factors.values() if "_scale" not in f.name)
+        return held / (3 * self.workload.hidden * self.workload.intermediate)
+
+    @property
     def offsets(self) -> list[int]:
         out, at = [], 0
         for size in self.sizes:
