@@ -1,12 +1,14 @@
 """The closed form with and without its output metric (``--heal-metric``), on the heal study's texts (issue 27).
 
     python benchmarks/heal_metric.py MODEL_DIR --texts WORK/texts [--tokens 4096] [--metric mlp-output fisher]
-        [--mix 0.5 0.1] [--fisher-tokens 8192] [--metric-tokens 16384 2560] [--threads 2]
+        [--mix 0.5 0.1] [--mix-ramp 1.0:0.5 1.0:0.1] [--fisher-tokens 8192] [--metric-tokens 16384 2560]
+        [--threads 2]
 
 Calibrates on ``--tokens`` each of docs-cal and man plus the 2048 tokens of samples.npy (what
 ``benchmarks/compression.py --heal-study --work WORK`` wrote), takes whitened SVD at ``--rank``, heals it
 with the closed form (prior 1, as compress) once per metric (and, for ``fisher``, per identity weight
-``--mix``; the Fisher is estimated once) and per ``--metric-tokens``, and prints each result's perplexity on the
+``--mix``, or per ``--mix-ramp FIRST:LAST``, an identity weight going linearly from FIRST at the first layer to
+LAST at the last; the Fisher is estimated once) and per ``--metric-tokens``, and prints each result's perplexity on the
 first 1024 tokens of every evaluation text and the closed form's CPU seconds.
 """
 
@@ -54,6 +56,8 @@ def main() -> None:
     study_args(ap)
     ap.add_argument("--metric", nargs="+", default=list(HEAL_METRICS), choices=HEAL_METRICS)
     ap.add_argument("--mix", nargs="+", type=float, default=[FISHER_MIX], help="identity weights for --metric fisher")
+    ap.add_argument("--mix-ramp", nargs="+", default=[], metavar="FIRST:LAST",
+                    help="per-layer identity weights for --metric fisher, linear from the first layer to the last")
     ap.add_argument("--fisher-tokens", type=int, default=FISHER_TOKENS)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--metric-tokens", type=int, nargs="+", default=[METRIC_TOKENS],
@@ -70,15 +74,20 @@ def main() -> None:
         began = time.process_time()
         fisher, _ = residual_fisher(model, ids, length=DEFAULT_SEQUENCE, tokens=a.fisher_tokens, threads=a.threads)
         print(f"fisher on {a.fisher_tokens} tokens: {time.process_time() - began:.0f} CPU s", flush=True)
-        runs += [("fisher", mix, t) for mix in a.mix for t in a.metric_tokens]
+        layers = len(fisher)
+        ramps = [tuple(float(x) for x in r.split(":")) for r in a.mix_ramp]
+        runs += [("fisher", [mix] * layers, t) for mix in a.mix for t in a.metric_tokens]
+        runs += [("fisher", list(np.linspace(first, last, layers)), t) for first, last in ramps
+                 for t in a.metric_tokens]
     for metric, mix, metric_tokens in runs:
         began = time.process_time()
-        stream = None if mix is None else [residual_metric(f, mix) for f in fisher]
+        stream = None if mix is None else [residual_metric(f, m) for f, m in zip(fisher, mix, strict=True)]
         healed, _ = closed_form_heal(model, ids, white, prior=cal.grams, prior_weight=1.0, metric=metric,
                                      stream_metrics=stream, metric_tokens=metric_tokens)
         cpu = time.process_time() - began
         ppl = perplexities(lm, torch, evals, healed)
-        label = (metric if mix is None else f"{metric} mix {mix}") + f", --metric-tokens {metric_tokens}"
+        shown = None if mix is None else f"{mix[0]:g}" if len(set(mix)) == 1 else f"{mix[0]:g}..{mix[-1]:g}"
+        label = (metric if mix is None else f"{metric} mix {shown}") + f", --metric-tokens {metric_tokens}"
         print(f"{label} ({ids.size} calibration tokens, closed form {cpu:.0f} CPU s):",
               " ".join(f"{n} {v:.2f} ({v / original[n] - 1:+.1%})" for n, v in ppl.items()), flush=True)
 
