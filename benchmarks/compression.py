@@ -81,6 +81,7 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
+from neuronmm_compiler.cli.options import resolve_target
 from neuronmm_compiler.frontends.shapes import block_aligned_rank
 from neuronmm_compiler.models.calibration import _tokenize, calibrate, sequences
 from neuronmm_compiler.models.config import PROJECTIONS
@@ -91,7 +92,8 @@ from neuronmm_compiler.models.rank_choice import pareto_front, uniform_point, va
 from neuronmm_compiler.models.sensitivity import scaled_losses
 from neuronmm_compiler.models.svd import truncated_svd
 from neuronmm_compiler.models.whitening import DEFAULT_DAMPING, whitened_svd
-from neuronmm_compiler.targets import get_target
+from neuronmm_compiler.speedups import context_note
+from neuronmm_compiler.targets import DEFAULT_TARGET
 
 #: The two ways of choosing ranks compared with the uniform ranks of a keep ratio.
 MODES = {"speed": "fastest within the uniform ranks' predicted accuracy",
@@ -142,7 +144,8 @@ def all_options(hidden: int, intermediate: int, keep_ratios: list[float]) -> lis
 def latency_table(hidden: int, intermediate: int, buckets: tuple[int, ...], options: list, target):
     """Predict and print one layer's MLP latency per bucket and variant."""
     table = predict_latencies(hidden, intermediate, buckets, options, target=target)
-    print(f"predicted latency of one layer's MLP on {target.name} (cost-model prediction, us):")
+    print(f"predicted latency of one layer's MLP on {target.label} (cost-model prediction, us; "
+          f"{context_note(target)}):")
     for b, tokens in enumerate(buckets):
         cells = ", ".join(f"{'dense' if o is None else f'{o[0]}/{o[1]}'} {table.per_bucket[b, i]:.1f}"
                           for i, o in enumerate(options))
@@ -477,7 +480,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-tokens", type=int, default=4096)
     parser.add_argument("--sequence-length", type=int, default=512)
     parser.add_argument("--damping", type=float, default=DEFAULT_DAMPING)
-    parser.add_argument("--target", default="trn1")
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help="as nmmc's --target spec, e.g. trn2, trn1, trn2:lnc=1, trn1:launch=standalone; in-graph "
+                             "unless it names a launch (a model's MLPs run inside its graph, as compress --tokens "
+                             "predicts them)")
     parser.add_argument("--proxy", choices=("measured", "plain"), default="measured",
                         help="accuracy proxy of the rank choice: whitened loss times the layer's measured "
                              "sensitivity (nmmc's), or unweighted")
@@ -509,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     keep_ratios = [float(k) for k in args.keep_ratios.split(",")]
     if args.latency_only:
         hidden, intermediate = (int(x) for x in args.latency_only.lower().split("x"))
-        latency_only(hidden, intermediate, keep_ratios, bucket_sets, get_target(args.target))
+        latency_only(hidden, intermediate, keep_ratios, bucket_sets, resolve_target(args.target, None))
         return
     if not args.model_dir:
         parser.error("MODEL_DIR is needed (or --latency-only HxI)")
@@ -535,7 +541,7 @@ def main(argv: list[str] | None = None) -> None:
     for j in range(measured.shape[1]):
         print(f"measured NLL increase with one layer alone compressed at {points[j]}: "
               + " ".join(f"{v:.3g}" for v in measured[:, j]), flush=True)
-    target = get_target(args.target)
+    target = resolve_target(args.target, None)
     all_buckets = tuple(sorted({b for s in bucket_sets for b in s}))
     table = latency_table(a.hidden_size, a.intermediate_size, all_buckets, options, target)
 
