@@ -93,7 +93,7 @@ from neuronmm_compiler.models.sensitivity import scaled_losses
 from neuronmm_compiler.models.svd import truncated_svd
 from neuronmm_compiler.models.whitening import DEFAULT_DAMPING, whitened_svd
 from neuronmm_compiler.speedups import context_note
-from neuronmm_compiler.targets import DEFAULT_TARGET
+from neuronmm_compiler.targets import DEFAULT_TARGET, LNC_SUFFIX, with_lnc
 
 #: The two ways of choosing ranks compared with the uniform ranks of a keep ratio.
 MODES = {"speed": "fastest within the uniform ranks' predicted accuracy",
@@ -139,6 +139,13 @@ def all_options(hidden: int, intermediate: int, keep_ratios: list[float]) -> lis
         if uniform not in options:
             options.append(uniform)
     return options
+
+
+def model_target(spec: str):
+    """The target of ``--target`` as ``nmmc compress --tokens`` resolves it: the platform's logical-core degree
+    unless the spec names one, in-graph unless it names a launch."""
+    target = resolve_target(spec, None)
+    return target if LNC_SUFFIX in spec else with_lnc(target, None)
 
 
 def latency_table(hidden: int, intermediate: int, buckets: tuple[int, ...], options: list, target):
@@ -481,9 +488,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sequence-length", type=int, default=512)
     parser.add_argument("--damping", type=float, default=DEFAULT_DAMPING)
     parser.add_argument("--target", default=DEFAULT_TARGET,
-                        help="as nmmc's --target spec, e.g. trn2, trn1, trn2:lnc=1, trn1:launch=standalone; in-graph "
-                             "unless it names a launch (a model's MLPs run inside its graph, as compress --tokens "
-                             "predicts them)")
+                        help="as nmmc's --target spec, e.g. trn2, trn1, trn2:lnc=1, trn1:launch=standalone: the "
+                             "platform's logical core unless it names one, in-graph unless it names a launch (as "
+                             "compress --tokens predicts a model's MLPs)")
     parser.add_argument("--proxy", choices=("measured", "plain"), default="measured",
                         help="accuracy proxy of the rank choice: whitened loss times the layer's measured "
                              "sensitivity (nmmc's), or unweighted")
@@ -515,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
     keep_ratios = [float(k) for k in args.keep_ratios.split(",")]
     if args.latency_only:
         hidden, intermediate = (int(x) for x in args.latency_only.lower().split("x"))
-        latency_only(hidden, intermediate, keep_ratios, bucket_sets, resolve_target(args.target, None))
+        latency_only(hidden, intermediate, keep_ratios, bucket_sets, model_target(args.target))
         return
     if not args.model_dir:
         parser.error("MODEL_DIR is needed (or --latency-only HxI)")
@@ -541,7 +548,7 @@ def main(argv: list[str] | None = None) -> None:
     for j in range(measured.shape[1]):
         print(f"measured NLL increase with one layer alone compressed at {points[j]}: "
               + " ".join(f"{v:.3g}" for v in measured[:, j]), flush=True)
-    target = resolve_target(args.target, None)
+    target = model_target(args.target)
     all_buckets = tuple(sorted({b for s in bucket_sets for b in s}))
     table = latency_table(a.hidden_size, a.intermediate_size, all_buckets, options, target)
 
