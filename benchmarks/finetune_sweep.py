@@ -95,7 +95,7 @@ def perplexities(lm, torch, evals: dict, factors, slice_tokens: int = 1024, top1
     return out
 
 
-def _overall(slices: list[float]) -> float:
+def overall(slices: list[float]) -> float:
     """The perplexity of equal-sized slices together (geometric mean)."""
     return float(np.exp(np.mean(np.log(slices))))
 
@@ -152,10 +152,10 @@ def main() -> None:
     def show(tag: str, factors) -> dict[str, float]:
         top1: dict[str, list] = {}
         slices = perplexities(lm, torch, evals, factors, top1=top1)
-        ppl = {n: _overall(v) for n, v in slices.items()}
+        ppl = {n: overall(v) for n, v in slices.items()}
         agreements[tag] = {n: float(np.mean(np.concatenate(top1[n]) == np.concatenate(original_top1[n])))
                            for n in top1}
-        print(tag, " ".join(f"{n} {v:.2f} ({v / _overall(original[n]) - 1:+.1%})" for n, v in ppl.items()), flush=True)
+        print(tag, " ".join(f"{n} {v:.2f} ({v / overall(original[n]) - 1:+.1%})" for n, v in ppl.items()), flush=True)
         print("  top-1 agreement with the original:", " ".join(f"{n} {v:.3f}" for n, v in agreements[tag].items()),
               flush=True)
         if a.eval_slices > 1:
@@ -164,7 +164,7 @@ def main() -> None:
                 print(f"  {n} by slice:", " ".join(f"{p:.2f} ({p / o - 1:+.1%})" for p, o in pairs), flush=True)
         return ppl
 
-    print("original", " ".join(f"{n} {_overall(v):.2f}" for n, v in original.items()), flush=True)
+    print("original", " ".join(f"{n} {overall(v):.2f}" for n, v in original.items()), flush=True)
     if a.eval_start:
         if "white" in start:  # not with --start-dir and --ids: the cached starting points were not made
             show("whitened", start["white"])
@@ -197,7 +197,7 @@ def main() -> None:
                                 "cpu_s": round(cpu), "peak_mib": round(peak), "kl_first": record["kl_first"],
                                 "kl_last_10": record["kl_last_10"], "perplexity": ppl,
                                 "top1_agreement": agreements["tuned"], "original_slices": original,
-                                "original": {n: _overall(v) for n, v in original.items()}}) + "\n")
+                                "original": {n: overall(v) for n, v in original.items()}}) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from finetune_sweep import EVALS, perplexities
+from finetune_sweep import EVALS, overall, perplexities
 from heal_metric import study_args, study_start
 
 from neuronmm_compiler.models.calibration import DEFAULT_SEQUENCE, load_tokens
@@ -46,11 +46,11 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     lm = TorchLM(model, torch)
     evals = {n: load_tokens(texts / EVALS[n], a.model_dir, 1024) for n in a.evals}
-    original = perplexities(lm, torch, evals, None)
+    original = {n: overall(v) for n, v in perplexities(lm, torch, evals, None).items()}
     dense = {layer: {p: model.mlp_weight(layer, p) for p in PROJECTIONS} for layer in range(layers)}
 
     def report(label: str, factors: dict) -> None:
-        ppl = perplexities(lm, torch, evals, factors)
+        ppl = {n: overall(v) for n, v in perplexities(lm, torch, evals, factors).items()}
         print(label, " ".join(f"{n} {v / original[n] - 1:+.2%}" for n, v in ppl.items()), flush=True)
 
     for layer in range(layers):

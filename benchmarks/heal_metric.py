@@ -2,14 +2,14 @@
 
     python benchmarks/heal_metric.py MODEL_DIR --texts WORK/texts [--tokens 4096] [--metric mlp-output fisher]
         [--mix 0.5 0.1] [--mix-ramp 1.0:0.5 1.0:0.1] [--fisher-tokens 8192] [--metric-tokens 16384 2560]
-        [--threads 2]
+        [--threads 2] [--eval-tokens 4096]
 
 Calibrates on ``--tokens`` each of docs-cal and man plus the 2048 tokens of samples.npy (what
 ``benchmarks/compression.py --heal-study --work WORK`` wrote), takes whitened SVD at ``--rank``, heals it
 with the closed form (prior 1, as compress) once per metric (and, for ``fisher``, per identity weight
 ``--mix``, or per ``--mix-ramp FIRST:LAST``, an identity weight going linearly from FIRST at the first layer to
 LAST at the last; the Fisher is estimated once) and per ``--metric-tokens``, and prints each result's perplexity on the
-first 1024 tokens of every evaluation text and the closed form's CPU seconds.
+first ``--eval-tokens`` (default 1024, a multiple of 1024) of every evaluation text and the closed form's CPU seconds.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from finetune_sweep import EVALS, perplexities
+from finetune_sweep import EVALS, overall, perplexities
 
 from neuronmm_compiler.models.calibration import DEFAULT_SEQUENCE, calibrate, load_tokens
 from neuronmm_compiler.models.finetune import import_torch
@@ -60,6 +60,7 @@ def main() -> None:
                     help="per-layer identity weights for --metric fisher, linear from the first layer to the last")
     ap.add_argument("--fisher-tokens", type=int, default=FISHER_TOKENS)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eval-tokens", type=int, default=1024, help="tokens of each evaluation text (multiple of 1024)")
     ap.add_argument("--metric-tokens", type=int, nargs="+", default=[METRIC_TOKENS],
                     help="tokens the output metric's Grams are summed over (one closed form per value)")
     a = ap.parse_args()
@@ -67,8 +68,8 @@ def main() -> None:
     texts = Path(a.texts)
     torch = import_torch()
     lm = TorchLM(model, torch)
-    evals = {n: load_tokens(texts / f, a.model_dir, 1024) for n, f in EVALS.items()}
-    original = perplexities(lm, torch, evals, None)
+    evals = {n: load_tokens(texts / f, a.model_dir, a.eval_tokens) for n, f in EVALS.items()}
+    original = {n: overall(v) for n, v in perplexities(lm, torch, evals, None).items()}
     runs = [(m, None, t) for m in a.metric if m != "fisher" for t in a.metric_tokens]
     if "fisher" in a.metric:
         began = time.process_time()
@@ -85,7 +86,7 @@ def main() -> None:
         healed, _ = closed_form_heal(model, ids, white, prior=cal.grams, prior_weight=1.0, metric=metric,
                                      stream_metrics=stream, metric_tokens=metric_tokens)
         cpu = time.process_time() - began
-        ppl = perplexities(lm, torch, evals, healed)
+        ppl = {n: overall(v) for n, v in perplexities(lm, torch, evals, healed).items()}
         shown = None if mix is None else f"{mix[0]:g}" if len(set(mix)) == 1 else f"{mix[0]:g}..{mix[-1]:g}"
         label = (metric if mix is None else f"{metric} mix {shown}") + f", --metric-tokens {metric_tokens}"
         print(f"{label} ({ids.size} calibration tokens, closed form {cpu:.0f} CPU s):",
