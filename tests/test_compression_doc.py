@@ -10,7 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FULL = RESULTS / "compression-2026-11-30.txt"
-LATENCY = RESULTS / "compression-latency-2026-12-01.txt"
+LATENCY = RESULTS / "compression-latency-2026-12-03.txt"  # trn2, nmmc's default target, in-graph
+LATENCY_TRN1 = RESULTS / "compression-latency-trn1-2026-12-03.txt"
+STANDALONE = RESULTS / "compression-latency-2026-12-01.txt"  # trn1 standalone, before the benchmark ran in-graph
 
 
 def _doc() -> str:
@@ -31,7 +33,7 @@ def _grouped(value: float, digits: int) -> str:
 
 def test_the_doc_names_the_result_files_and_the_text():
     doc = _doc()
-    assert FULL.name in doc and LATENCY.name in doc
+    assert all(f.name in doc for f in (FULL, LATENCY, LATENCY_TRN1, STANDALONE))
     assert "the same source" in doc and "CPython documentation" in doc
 
 
@@ -52,15 +54,25 @@ def test_perplexities_are_the_full_runs():
 
 def test_latencies_are_the_latest_runs_and_the_old_ones_are_marked_stale():
     doc = _doc()
-    now, then = _latencies(LATENCY), _latencies(FULL)
-    n512 = now[512]
-    assert (f"at 512 tokens fused dense {n512['dense']}, ranks 128/128 {n512['128/128']}, "
-            f"256/256 {n512['256/256']}, 384/384 {n512['384/384']}") in doc
-    ranks = [v for t in (1, 128) for name, v in now[t].items() if name != "dense"]
-    assert (f"at 1 and 128 tokens fused dense {now[1]['dense']} and {now[128]['dense']}, every rank "
-            f"{min(ranks)}–{max(ranks)}") in doc
-    assert all(row["dense"] < min(v for k, v in row.items() if k != "dense") for row in now.values())
-    assert LATENCY.read_text().count("every rank choice keeps every layer dense") == 2
+    now, trn1, then = _latencies(LATENCY), _latencies(LATENCY_TRN1), _latencies(FULL)
+    assert "on trn2 LNC=2 in-graph" in LATENCY.read_text() and "on trn1 in-graph" in LATENCY_TRN1.read_text()
+    for rows in (now, trn1):
+        n512 = rows[512]
+        assert (f"at 512 tokens fused dense {n512['dense']}, ranks 128/128 {n512['128/128']}, "
+                f"256/256 {n512['256/256']}, 384/384 {n512['384/384']}") in doc
+        ranks = [v for t in (1, 128) for name, v in rows[t].items() if name != "dense"]
+        assert (f"at 1 and 128 tokens fused dense {rows[1]['dense']} and {rows[128]['dense']}, every rank "
+                f"{min(ranks)}–{max(ranks)}") in doc
+    # trn2: every rank faster than dense at 512 tokens, and all but 384/384 at 1 and 128 tokens, as the doc says
+    assert all(v < now[512]["dense"] for k, v in now[512].items() if k != "dense")
+    slower = {(t, k) for t in (1, 128) for k, v in now[t].items() if k != "dense" and v >= now[t]["dense"]}
+    assert slower == {(1, "384/384"), (128, "384/384")}
+    assert f"every rank but 384/384 at 1 and 128 tokens ({now[1]['384/384']} and {now[128]['384/384']})" in doc
+    # trn1: dense fastest at every bucket, so the joint choice keeps every layer dense
+    assert all(row["dense"] < min(v for k, v in row.items() if k != "dense") for row in trn1.values())
+    assert LATENCY_TRN1.read_text().count("every rank choice keeps every layer dense") == 2
+    old = _latencies(STANDALONE)[512]
+    assert f"fused dense {old['dense']} against ranks {old['128/128']}–{old['384/384']} at 512 tokens" in doc
     # the 2026-11-30 figures appear only in the section marked stale
     stale = doc.split("**Stale: the 2026-11-30 rank choice**", 1)
     assert len(stale) == 2
