@@ -9,7 +9,7 @@ computed them when fine-tuning resumed from a checkpoint), so that a user can ch
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -222,7 +222,8 @@ def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, 
 _CLOSED_FORM_RECORD = ("closed_form_error", "fisher", "seconds")
 
 
-def _resume_key(request, calibration: Calibration, ids: np.ndarray, plans, shards: Any = None) -> str:
+def _resume_key(request, calibration: Calibration, ids: np.ndarray, plans,
+                shards: Sequence[tuple[int, int]] | None = None) -> str:
     """The key of the unsharded fine-tuning's checkpoint (with ``shards``: of ``--tp``'s closed-form blocks)."""
     from .finetune import FinetuneSettings
     from .finetune_checkpoint import checkpoint_key

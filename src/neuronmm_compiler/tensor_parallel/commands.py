@@ -16,7 +16,7 @@ from ..frontends.workloads import Workload
 from ..jobs import Job, SearchSettings
 from ..speedups import context_note, launch_dict, speedup_text
 from ..targets import Target
-from .planner import KernelFn, TpResult, alternative_label, plan_tp
+from .planner import KEPT_TOLERANCE, KernelFn, TpResult, alternative_label, plan_tp
 
 Echo = Callable[..., None]
 
@@ -122,12 +122,12 @@ def accuracy_lines(result: TpResult) -> list[str]:
     """What the latency-only choice gives up, when the strategies differ in the parameters they keep (the ``kept``
     column): whether the chosen keeps the most, else that it is less accurate, and the fastest one that is not."""
     chosen, best = result.chosen, result.most_accurate
-    if all(abs(r.kept - best.kept) < 1e-12 for r in result.applicable):
+    if all(abs(r.kept - best.kept) < KEPT_TOLERANCE for r in result.applicable):
         return []
     lines = ["  kept: the fraction of the dense MLP's parameters a strategy's weights hold (factor-shard factorises "
              "each shard on its own, at the 128-aligned rank nearest the unsharded factors' fraction); the choice is "
              "by predicted time only"]
-    if chosen.kept < best.kept - 1e-12:
+    if result.more_accurate is not None:
         lines.append(f"  ACCURACY: {chosen.strategy.name} keeps {chosen.kept:.3f} of the parameters against "
                      f"{best.kept:.3f}: expect it less accurate than {best.strategy.name} (predicted "
                      f"{best.total_us:.2f} us; the chosen is {speedup_text(best.total_us / chosen.total_us)} faster). "
@@ -215,8 +215,8 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
         entry = {"tokens": tokens, "plan": f"t{tokens}/plan.json", "strategy": chosen.strategy.name,
                  "kernel_us": chosen.kernel_us, "comm_us": chosen.comm_us, "total_us": chosen.total_us,
                  "kept_fraction": chosen.kept, "alternatives": result.alternatives}
-        if chosen is not result.most_accurate and chosen.kept < result.most_accurate.kept - 1e-12:
-            best = result.most_accurate
+        best = result.more_accurate
+        if best is not None:
             entry["most_accurate"] = {"strategy": best.strategy.name, "total_us": best.total_us,
                                       "kept_fraction": best.kept}
         if verify:

@@ -23,6 +23,8 @@ from .sharding import CollectiveStep, KernelStep, ShardedMlp, Strategy, check_tp
 #: Compiles (or tunes) one per-rank workload.
 KernelFn = Callable[[Workload], Compiled]
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+#: Kept fractions closer than this are equal (they are ratios of parameter counts, exact up to rounding).
+KEPT_TOLERANCE = 1e-12
 
 
 @dataclass
@@ -86,9 +88,15 @@ class TpResult:
     @property
     def most_accurate(self) -> StrategyResult:
         """The fastest strategy among those keeping the most parameters (the unsharded factors' accuracy when a
-        slice-based strategy applies): what the latency-only choice gives up accuracy against, if it does."""
+        slice-based strategy applies and factor-shard's blocks keep fewer)."""
         kept = max(r.kept for r in self.applicable)
-        return min((r for r in self.applicable if r.kept >= kept - 1e-12), key=lambda r: r.total_us)
+        return min((r for r in self.applicable if r.kept >= kept - KEPT_TOLERANCE), key=lambda r: r.total_us)
+
+    @property
+    def more_accurate(self) -> StrategyResult | None:
+        """:attr:`most_accurate` when the latency-only choice keeps fewer parameters than it, else None."""
+        best = self.most_accurate
+        return best if self.chosen.kept < best.kept - KEPT_TOLERANCE else None
 
 
 def stage_time(sharded: ShardedMlp, kernels: dict[str, Compiled], target: Target

@@ -183,8 +183,8 @@ class ShardedMlp:
     @property
     def kept(self) -> float:
         """The fraction of the dense MLP's parameters the plan's weights hold (its scales not counted): the unsharded
-        factors' for the slice-based strategies, fewer when ``factor-shard`` factorises a shard on its own at a lower
-        rank, so that strategy is less accurate than its speed alone says."""
+        factors' for the slice-based strategies; ``factor-shard`` factorises each shard on its own at its own aligned
+        rank, which can keep fewer (SmolLM2-135M at rank 384, tp 2: 0.778 against 0.917) or more."""
         held = sum(f.shape[0] * f.shape[1] for f in self.factors.values() if "_scale" not in f.name)
         return held / (3 * self.workload.hidden * self.workload.intermediate)
 
