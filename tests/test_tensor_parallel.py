@@ -203,8 +203,8 @@ def test_tune_model_tp_writes_one_plan_per_bucket(tmp_path):
     assert "not validated against measurements" in result.output
     for b in index["buckets"]:  # what the chosen strategy keeps, and a more accurate one when there is one
         assert f"kept {b['kept_fraction']:.3f}" in result.output
-        assert ("most_accurate" in b) == (b["kept_fraction"] < 0.9 - 1e-9)  # factor-shard/factor-shard keeps 0.9
-    assert result.output.count("ACCURACY:") == sum("most_accurate" in b for b in index["buckets"])
+        assert ("more_accurate" in b) == (b["kept_fraction"] < 0.9 - 1e-9)  # factor-shard/factor-shard keeps 0.9
+    assert result.output.count("ACCURACY:") == sum("more_accurate" in b for b in index["buckets"])
 
 
 def test_compress_tp_writes_each_ranks_own_factors_in_the_plans_layout(tmp_path):

@@ -217,7 +217,7 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
                  "kept_fraction": chosen.kept, "alternatives": result.alternatives}
         best = result.more_accurate
         if best is not None:
-            entry["most_accurate"] = {"strategy": best.strategy.name, "total_us": best.total_us,
+            entry["more_accurate"] = {"strategy": best.strategy.name, "total_us": best.total_us,
                                       "kept_fraction": best.kept}
         if verify:
             from .verify import verify_plan
@@ -252,8 +252,8 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
                            f"({speedup_text(dense['total_us'] / e['total_us'])})" if dense else "")
             echo(f"  {e['tokens']:>6} tokens: {e['strategy']:<28} kernel {e['kernel_us']:.1f} us + comm "
                  f"{e['comm_us']:.1f} us = {e['total_us']:.1f} us, kept {e['kept_fraction']:.3f}{versus}")
-            if "most_accurate" in e:
-                best = e["most_accurate"]
+            if "more_accurate" in e:
+                best = e["more_accurate"]
                 echo(f"          ACCURACY: keeps fewer parameters than {best['strategy']} (kept "
                      f"{best['kept_fraction']:.3f}, {best['total_us']:.1f} us): expect it less accurate; 'nmmc "
                      f"compress --tp {tp} --eval' measures both, --tp-strategy chooses")
