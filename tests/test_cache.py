@@ -98,6 +98,9 @@ def test_key_is_stable_and_covers_what_the_decision_depends_on(monkeypatch):
     assert key(gemm_graph(64, 128, 256).copy()) == base
     different = {
         "target": key(gemm_graph(64, 128, 256), target="trn2"),
+        # a logical core and a launch context are other targets (the schedule searched at LNC=1 is not LNC=2's)
+        "logical core": key(gemm_graph(64, 128, 256), target="trn2:lnc=2"),
+        "launch": key(gemm_graph(64, 128, 256), target="trn1:launch=in-graph"),
         "dialect": key(gemm_graph(64, 128, 256), dialect="neuronxcc"),
         "kind": key(gemm_graph(64, 128, 256), kind="fused"),
         "shape": key(gemm_graph(64, 128, 512)),
@@ -312,3 +315,17 @@ def test_concurrent_writers_and_readers(tmp_path):
     assert cache.warnings == [] and all(_consistent(r) for r in records)
     assert files == sorted(f"{r.key}.json" for r in records)  # no temporary or damaged file left behind
     assert {SHARED_KEY, "1" * 64} <= {r.key for r in records}  # writer 0's last act was a put
+
+
+def test_a_search_on_one_core_does_not_answer_for_a_logical_core(tmp_path):
+    from neuronmm_compiler.driver import tune_cached
+    from neuronmm_compiler.jobs import SearchSettings, resolve
+
+    cache, settings = ResultCache(tmp_path), SearchSettings(trials=8, seed=0)
+    workload = gemm_workload(256, 512, 256)
+    _, hit = tune_cached(resolve(workload, get_target("trn2:lnc=1")), settings, cache)
+    assert not hit
+    two, hit = tune_cached(resolve(workload, get_target("trn2:lnc=2")), settings, cache)
+    assert not hit  # searched on the logical core, not the one-core decision re-costed
+    again, hit = tune_cached(resolve(workload, get_target("trn2:lnc=2")), settings, cache)
+    assert hit and again.compiled.cost.latency_us == two.compiled.cost.latency_us
