@@ -12,6 +12,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 FULL = RESULTS / "compression-2026-11-30.txt"
 LATENCY = RESULTS / "compression-latency-2026-12-03.txt"  # trn2, nmmc's default target, in-graph
 LATENCY_TRN1 = RESULTS / "compression-latency-trn1-2026-12-03.txt"
+JOINT_TRN2 = RESULTS / "compression-trn2-2026-12-03.txt"  # the full run on trn2, in-graph
 STANDALONE = RESULTS / "compression-latency-2026-12-01.txt"  # trn1 standalone, before the benchmark ran in-graph
 
 
@@ -33,7 +34,7 @@ def _grouped(value: float, digits: int) -> str:
 
 def test_the_doc_names_the_result_files_and_the_text():
     doc = _doc()
-    assert all(f.name in doc for f in (FULL, LATENCY, LATENCY_TRN1, STANDALONE))
+    assert all(f.name in doc for f in (FULL, LATENCY, LATENCY_TRN1, STANDALONE, JOINT_TRN2))
     assert "the same source" in doc and "CPython documentation" in doc
 
 
@@ -63,11 +64,22 @@ def test_latencies_are_the_latest_runs_and_the_old_ones_are_marked_stale():
         ranks = [v for t in (1, 128) for name, v in rows[t].items() if name != "dense"]
         assert (f"at 1 and 128 tokens fused dense {rows[1]['dense']} and {rows[128]['dense']}, every rank "
                 f"{min(ranks)}–{max(ranks)}") in doc
-    # trn2: every rank faster than dense at 512 tokens, and all but 384/384 at 1 and 128 tokens, as the doc says
+    # trn2: every rank faster than dense at 512 tokens; at 1 and 128 tokens 128/128 is and 384/384 is not
     assert all(v < now[512]["dense"] for k, v in now[512].items() if k != "dense")
-    slower = {(t, k) for t in (1, 128) for k, v in now[t].items() if k != "dense" and v >= now[t]["dense"]}
-    assert slower == {(1, "384/384"), (128, "384/384")}
-    assert f"every rank but 384/384 at 1 and 128 tokens ({now[1]['384/384']} and {now[128]['384/384']})" in doc
+    assert all(now[t]["128/128"] < now[t]["dense"] < now[t]["384/384"] for t in (1, 128))
+    assert (f"the small ranks are (128/128: {now[1]['128/128']} and {now[128]['128/128']}) and 384/384 is not "
+            f"({now[1]['384/384']} and {now[128]['384/384']})") in doc
+    # the joint choice on trn2, as its run printed it
+    joint = JOINT_TRN2.read_text()
+    assert joint.count("predicted latency of one layer's MLP on trn2 LNC=2 in-graph") == 1
+    assert _latencies(JOINT_TRN2) == now  # the run searched at LNC=2, as the latency file
+    keep08 = joint.split("keep 0.8: ranks", 1)[1].split("\nkeep ", 1)[0]
+    uniform, dense, chosen, ppl, layers = re.search(
+        r"buckets 512, most accurate within the uniform ranks' predicted latency: predicted MLP latency uniform "
+        r"([\d.]+) us, fused dense ([\d.]+) us; chosen ranks ([\d.]+) us, kept [\d.]+, ppl ([\d.]+) agree [\d.]+, "
+        r"(\d+) dense layers", keep08).groups()
+    assert (f"uniform whitened ranks are predicted {uniform} µs against {dense} for the fused dense MLP" in doc
+            and f"keeps {layers} layers dense" in doc and f"measures {ppl} at {chosen} µs" in doc)
     # trn1: dense fastest at every bucket, so the joint choice keeps every layer dense
     assert all(row["dense"] < min(v for k, v in row.items() if k != "dense") for row in trn1.values())
     assert LATENCY_TRN1.read_text().count("every rank choice keeps every layer dense") == 2
