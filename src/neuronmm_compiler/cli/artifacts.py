@@ -101,7 +101,8 @@ def report(source: str, study_name: str | None, output: str) -> None:
 @click.group()
 def cache() -> None:
     """The result cache of 'nmmc tune': tuning decisions (schedules, never code) keyed by the graph's
-    structure, target, dialect, cost-model and nmmc versions."""
+    structure, target (with its logical-core degree and launch context), dialect, search request, cost-model and
+    nmmc versions."""
 
 
 def _cache(cache_dir: str | None) -> Any:
