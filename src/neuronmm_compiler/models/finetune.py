@@ -45,7 +45,6 @@ and overwritten (:mod:`.finetune_checkpoint`).
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,7 +57,7 @@ import numpy as np
 from ..errors import InputError
 from .calibration import sequences
 from .config import PROJECTIONS
-from .finetune_checkpoint import checkpoint_key, deferred_sigint, load_checkpoint
+from .finetune_checkpoint import checkpoint_key, deferred_sigint, load_checkpoint, save_checkpoint
 from .torch_lm import TORCH_INSTALL, import_torch
 
 __all__ = ["DTYPES", "TORCH_INSTALL", "FinetuneSettings", "choose_dtype", "finetune_heal", "import_torch",
@@ -222,11 +221,9 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     def save(step: int, done: bool) -> None:
         if path is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)  # compress's -o directory is created after healing
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save({"key": key, "step": step, "losses": losses, "params": [p.detach() for p in flat],
-                    "optimizer": None if done else optimizer.state_dict(), "extra": extra, "dtype": chosen}, tmp)
-        os.replace(tmp, path)
+        save_checkpoint({"key": key, "step": step, "losses": losses, "params": [p.detach() for p in flat],
+                         "optimizer": None if done else optimizer.state_dict(), "extra": extra, "dtype": chosen},
+                        path)
 
     layer_errors: list = []
 

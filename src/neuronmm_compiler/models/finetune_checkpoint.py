@@ -25,7 +25,7 @@ from .torch_lm import import_torch
 if TYPE_CHECKING:
     from .finetune import FinetuneSettings
 
-__all__ = ["checkpoint_factors", "checkpoint_key", "deferred_sigint", "load_checkpoint"]
+__all__ = ["checkpoint_factors", "checkpoint_key", "deferred_sigint", "load_checkpoint", "save_checkpoint"]
 
 
 def checkpoint_key(settings: FinetuneSettings, identity: Mapping[str, Any], ids: np.ndarray,
@@ -50,6 +50,19 @@ def load_checkpoint(path: str | Path | None, key: str) -> dict | None:
     except Exception:  # a truncated or foreign file: start over
         return None
     return state if isinstance(state, dict) and state.get("key") == key else None
+
+
+def save_checkpoint(state: dict, path: str | Path) -> None:
+    """Write ``state`` (holding its ``key``) to ``path`` with torch: a temporary file renamed into place, so that a
+    kill leaves the previous checkpoint or none, never a truncated one; the directory is created first (compress's
+    ``-o`` directory is created after healing)."""
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    import_torch().save(state, tmp)
+    os.replace(tmp, path)
 
 
 def checkpoint_factors(state: dict, factors_like: Mapping[int, Mapping[str, Any]]) -> dict[int, dict]:

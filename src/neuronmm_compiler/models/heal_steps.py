@@ -237,21 +237,18 @@ def _resume_key(request, calibration: Calibration, ids: np.ndarray, plans,
 
 def _save_shard_start(request, model, calibration: Calibration, ids: np.ndarray, plans, blocks: dict) -> None:
     """Write ``--tp``'s closed-form blocks (:data:`SHARD_START_CHECKPOINT`), the start their fine-tuning resumes
-    from; written once, before the unsharded factors' fine-tuning (a temporary file renamed into place)."""
-    import os
-
+    from; written once, before the unsharded factors' fine-tuning."""
+    from .finetune_checkpoint import save_checkpoint
     from .torch_lm import import_torch
 
-    path = Path(request.out_dir) / SHARD_START_CHECKPOINT
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    key = _resume_key(request, calibration, ids, plans, shard_args(request, model)["shards"])
     torch = import_torch()
+    key = _resume_key(request, calibration, ids, plans, shard_args(request, model)["shards"])
     # as tensors: torch.save writes their storages one by one (NumPy arrays would be pickled into one buffer)
-    torch.save({"key": key, "blocks": {layer: {p: None if b is None else [tuple(torch.from_numpy(t) for t in f)
-                                                                          for f in b] for p, b in projections.items()}
-                                       for layer, projections in blocks.items()}}, tmp)
-    os.replace(tmp, path)
+    save_checkpoint({"key": key, "blocks": {layer: {p: None if b is None else [tuple(torch.from_numpy(t) for t in f)
+                                                                               for f in b]
+                                                    for p, b in projections.items()}
+                                            for layer, projections in blocks.items()}},
+                    Path(request.out_dir) / SHARD_START_CHECKPOINT)
 
 
 def _resume_finetune(request, model, calibration: Calibration, ids: np.ndarray, plans, record: dict[str, Any],
