@@ -147,6 +147,9 @@ def test_gemm_verifies_with_both_programs(target, shape, params):
     (mlp_workload(8, 512, 1024, keep_ratio=0.8), {"lnc_split": "hidden", "x_transpose": "pe"}),
     (mlp_workload(4, 512, 1024, dense=True), {"lnc_split": "hidden", "mlp": "split"}),  # h^T streamed, halves stored
     (chain_workload(4, 1024, 512, rank=256), {"lnc_split": "hidden"}),
+    # 3 rank tiles, which two programs cannot share: h U_d divides its contraction (I) instead, so U_d is still
+    # streamed once over the two programs
+    (mlp_workload(3, 512, 1024, rank=384), {"lnc_split": "hidden"}),
 ])
 def test_fused_kernels_verify_with_both_programs(workload, params):
     compiled = compile_graph(workload, target=lnc2(), dialect="nki", params=params)

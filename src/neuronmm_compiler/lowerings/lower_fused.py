@@ -122,7 +122,10 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
         each program the half of a block's columns it stores, a reduce-scatter, for a row-major one):
 
         - ``lnc_split=hidden``: every group contracting over a kernel input (the gate and up projections over the
-          hidden dimension, as AWS's decode MLP divides them); the groups after them divide their features;
+          hidden dimension, as AWS's decode MLP divides them), and a transposed group reading the gated value (an
+          SVD MLP's h @ U_down, over the intermediate dimension: its [rank, tokens] partial sums are exchanged
+          instead of h's halves, and U_down's rows are divided whatever the rank's tile count, where dividing its
+          rank tiles needs an even count); the other groups after them divide their features;
         - ``lnc_split=intermediate``: the group reading the gated value (h of an MLP), else the last group reading a
           computed value (V of a chain); the groups before it divide their features, and the value it reads, when
           nothing else reads it, stays halved: no exchange before the reduction.
@@ -136,15 +139,20 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
         if split == "hidden":
             groups = [g for g in self.group_list if g.matmuls and all(
                 self._reads_kernel_input(self.nodes[mm.operands[0]]) for mm in g.matmuls)]
+            groups += [g for g in self._reading_gated() if g.orient == Orient.TRANSPOSED and self._reducible(g)]
         else:
-            # the gated value: a group whose epilogue computes (silu, multiply), not one that only rescales its
-            # accumulator (an FP8 group's dequantize/quantize: x_q, x @ U's requantization, docs/fp8.md)
-            gated = {g.root.id for g in self.group_list if any(not ElementwiseOp(n.attrs["op"]).fp8 for n in g.tree)}
-            groups = [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
+            groups = self._reading_gated()
             if not groups:
                 groups = [g for g in self.group_list if any(
                     self.nodes[mm.operands[0]].kind not in (NodeKind.INPUT, NodeKind.NORM) for mm in g.matmuls)][-1:]
         return groups if groups and all(self._reducible(g) for g in groups) else []
+
+    def _reading_gated(self) -> list[Group]:
+        """The first group reading the gated value: the value of a group whose epilogue computes (silu, multiply),
+        not of one that only rescales its accumulator (an FP8 group's dequantize/quantize: x_q, x @ U's
+        requantization, docs/fp8.md)."""
+        gated = {g.root.id for g in self.group_list if any(not ElementwiseOp(n.attrs["op"]).fp8 for n in g.tree)}
+        return [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
 
     def _reads_kernel_input(self, lhs: Node) -> bool:
         """A matmul operand over the hidden dimension: a kernel input or the norm prologue's value, or (FP8) the

@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
 # footprint    svd_mlp_k0: SBUF 20652 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    282.1 us on trn2 LNC=2 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
+# predicted    280.1 us on trn2 LNC=2 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -136,22 +136,27 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
             nisa.tensor_tensor(dst=h_strip[0:F_TILE, 4 * f_blk + ft + 32 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
-    # exchange halves of h_strip with the other program: both hold all 8192 features
-    nisa.sendrecv(src=h_strip[0:F_TILE, 32 * pid:32 * pid + 32, 0:TOKEN_TILE], dst=h_strip[0:F_TILE, 32 - 32 * pid:64 - 32 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h_ud^T strip of this token block, kept in SBUF
     h_ud_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
-    # 2 programs: each its 5 of 10
-    for f_blk in range(5):
-        u_down_block = nl.ndarray((P, 64, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(64):
-            nisa.dma_copy(dst=u_down_block[0:P, kt, 0:F_TILE], src=u_down[P * kt:P * kt + P, F_TILE * f_blk + 640 * pid:F_TILE * f_blk + 640 * pid + F_TILE])
+    # this program's partial sums (its half of the contraction)
+    h_ud_partial = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
+    for f_blk in range(10):
+        u_down_block = nl.ndarray((P, 32, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        # 2 programs: each its 32 of 64
+        for kt in range(32):
+            nisa.dma_copy(dst=u_down_block[0:P, kt, 0:F_TILE], src=u_down[P * kt + 4096 * pid:P * kt + 4096 * pid + P, F_TILE * f_blk:F_TILE * f_blk + F_TILE])
         h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(64):
-            nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:TOKEN_TILE])
-        nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk + 5 * pid, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
-    # exchange halves of h_ud_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=h_ud_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=h_ud_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+        # 2 programs: each its 32 of 64
+        for kt in range(32):
+            nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt + 32 * pid, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=h_ud_partial[0:F_TILE, f_blk, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
+    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
+    h_ud_partial_other = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], dst=h_ud_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=h_ud_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
+    for nt in range(10):
+        nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, nt, 0:TOKEN_TILE], src=h_ud_partial[0:F_TILE, nt, 0:TOKEN_TILE])
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
