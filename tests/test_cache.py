@@ -255,6 +255,40 @@ def test_clear(tmp_path):
     assert cache.clear() == 0
 
 
+def test_prune_removes_what_this_nmmc_cannot_hit_and_keeps_the_rest(tmp_path):
+    """A record written by other code (another source digest, nmmc or cost-model version, or none recorded, as
+    before 2026-12-03) is under a key no request of this nmmc makes; prune removes those and broken files only."""
+    cache = ResultCache(tmp_path)
+    assert cache.prune() == (0, 0)  # no directory yet
+    current = _gemm_record()
+    others = [_fake(c * 64, **field) for c, field in
+              (("a", {"source": "0" * 16}), ("b", {"nmmc_version": "0.0.1"}), ("c", {"cost_model_version": "0"}))]
+    for record in (current, *others):
+        assert cache.put(record)
+    legacy = json.loads(_fake("d" * 64).to_json())
+    del legacy["source"]  # a record of an nmmc that did not store its source digest still reads
+    (tmp_path / "tune" / f"{'d' * 64}.json").write_text(json.dumps(legacy))
+    assert cache.get("d" * 64) is not None and cache.get("d" * 64).source == ""
+    (tmp_path / "tune" / f"{'e' * 64}.json").write_text("{broken")
+    assert cache.prune() == (5, 1)
+    assert [r.key for r in cache.list()] == [current.key]
+    assert cache.prune() == (0, 1)
+
+
+def test_prune_through_the_cli(tmp_path):
+    from click.testing import CliRunner
+
+    from neuronmm_compiler.cli import main
+
+    cache = ResultCache(tmp_path)
+    cache.put(_gemm_record())
+    cache.put(_fake("a" * 64, source="0" * 16))
+    result = CliRunner().invoke(main, ["cache", "prune", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("removed 1 entries this nmmc cannot use") and result.output.rstrip().endswith(
+        "kept 1")
+
+
 # ----------------------------------------------------------------------------- concurrency
 
 SHARED_KEY = "a" * 64

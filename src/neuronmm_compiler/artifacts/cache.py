@@ -8,7 +8,8 @@ dialect, the lowering entry whose schedule it is (``gemm`` or ``fused``), the se
 (method, trials, seed, exhaustive threshold) with a fingerprint of the schedule space, the cost
 model version, the nmmc version and a digest of nmmc's own source files (an editable install or a checkout
 between releases keeps one version number while its lowerings change). A change to any of them is a
-different key; stale files are simply never read again.
+different key; stale files are never read again, and :meth:`ResultCache.prune` (``nmmc cache prune``)
+removes them: a record names the versions and source digest it was written by.
 
 Layout: ``<cache dir>/tune/<key>.json``, one :class:`CacheRecord` per file. Files are written to a
 temporary name in the same directory and renamed over the final name (atomic on POSIX), so readers
@@ -129,6 +130,7 @@ class CacheRecord:
     dialect: str
     nmmc_version: str
     cost_model_version: str
+    source: str = ""  # source_digest() of the nmmc that wrote it ("" in records of nmmc before 2026-12-03)
 
     def to_json(self) -> str:
         """The file text: the fields plus the ``format``/``format_version`` marker."""
@@ -148,6 +150,8 @@ class CacheRecord:
             raise InputError(f"format version {data.get('format_version')!r}, expected {CACHE_FORMAT_VERSION}")
         values = {}
         for f in fields(cls):
+            if f.name == "source" and f.name not in data:
+                continue  # written by an nmmc that did not record it: the default, unknown
             if f.name not in data:
                 raise InputError(f"missing field {f.name!r}")
             value, want = data[f.name], {"params": dict, "search": dict, "latency_us": (int, float)}.get(f.name, str)
@@ -198,7 +202,16 @@ def new_record(graph: Graph, *, target: str | Target, dialect: str, kind: str, s
                        schedule_name=schedule_name, params=schedule.as_dict(), latency_us=float(latency_us),
                        search=dict(search), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        workload=desc["workload"], target=desc["target"], dialect=dialect,
-                       nmmc_version=desc["nmmc_version"], cost_model_version=desc["cost_model_version"])
+                       nmmc_version=desc["nmmc_version"], cost_model_version=desc["cost_model_version"],
+                       source=source_digest())
+
+
+def usable_here(record: CacheRecord) -> bool:
+    """Whether a request of this nmmc can hit ``record``: its key holds the nmmc and cost-model versions and the
+    source digest, so a record written under others is never read again."""
+    now = _versions()
+    return (record.nmmc_version, record.cost_model_version, record.source) == (
+        now["nmmc_version"], now["cost_model_version"], source_digest())
 
 
 def default_cache_dir() -> Path:
@@ -306,6 +319,26 @@ class ResultCache:
             raise InputError(f"cached result {matches[0]} is unusable: "
                              + (self.warnings[-1] if self.warnings else "it was removed"))
         return record
+
+    def prune(self) -> tuple[int, int]:
+        """Remove the record files this nmmc can no longer use (:func:`usable_here`: written by another nmmc version,
+        cost model or source, or unusable) and stale temporary files; return (removed, kept)."""
+        if not self.tune_dir.is_dir():
+            return 0, 0
+        removed = kept = 0
+        with self._locked():
+            for path in self._files():
+                record = self._load(path, path.stem)
+                if record is not None and usable_here(record):
+                    kept += 1
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
+            for path in stale_temp_files(self.tune_dir, "*.json"):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        return removed, kept
 
     def clear(self) -> int:
         """Remove every record file (valid or not) and stale temporary files; return the records removed."""

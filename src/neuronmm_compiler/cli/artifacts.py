@@ -139,6 +139,16 @@ def cache_show(key_prefix: str, cache_dir: str | None) -> None:
     click.echo(_cache(cache_dir).show(key_prefix).to_json())
 
 
+@cache.command("prune")
+@_cache_dir_option
+def cache_prune(cache_dir: str | None) -> None:
+    """Delete the cached decisions this nmmc can no longer use: those written by another nmmc version, cost model
+    or source (every change to nmmc's code makes new keys), and unreadable files. The rest are kept."""
+    store = _cache(cache_dir)
+    removed, kept = store.prune()
+    click.echo(f"removed {removed} entries this nmmc cannot use from {store.tune_dir}; kept {kept}")
+
+
 @cache.command("clear")
 @_cache_dir_option
 def cache_clear(cache_dir: str | None) -> None:
