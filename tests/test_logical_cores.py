@@ -272,6 +272,18 @@ def test_a_partial_sum_left_unreduced_fails_verify(split):
     assert not report.ok and report.rel_error is not None and report.rel_error > 0.1
 
 
+def test_a_reduced_value_without_epilogue_is_added_into_its_strip_in_one_instruction():
+    """x @ U_gate, x @ U_up and h @ U_down of an SVD MLP under the hidden split: the sum of the two programs' partial
+    strips is cast into the bf16 strip by the add itself, not copied tile by tile afterwards."""
+    compiled = compile_graph(mlp_workload(1, 512, 1024, rank=384), target=lnc2(), dialect="nki",
+                             params={"lnc_split": "hidden"})
+    source = compiled.kernel.source
+    for value in ("x_ug", "x_uu", "h_ud"):
+        assert f"nisa.tensor_tensor(dst={value}_strip[0:F_TILE, 0:3, " in source
+        assert f"tensor_copy(dst={value}_strip" not in source
+    verified(compiled)
+
+
 def test_an_lnc2_kernel_launched_on_one_core_fails_its_assertion():
     """A kernel written for both programs, run as one (an LNC=1 launch): its own assertion stops it, instead of
     it computing half of the output."""

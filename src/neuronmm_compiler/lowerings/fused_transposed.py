@@ -157,8 +157,9 @@ class TransposedGroups(OperandLoads):
         its half of the contraction into fp32 partial strips (one per term), the programs exchange them whole
         (nisa.sendrecv) and each adds the other's to its own in one instruction over the strip (the same two terms
         in the same order: identical sums on both), and only then is the group's epilogue evaluated, tile by tile,
-        from the sums. A result streamed to
-        HBM is evaluated and stored by each program for its half of the tiles; one kept in SBUF by both, whole."""
+        from the sums; a group without one (x @ U of an SVD MLP) is written into its strip by that add. A result
+        streamed to HBM is evaluated and stored by each program for its half of the tiles; one kept in SBUF by both,
+        whole."""
         root, s, tok = group.root, self.s, self.tok
         n = root.shape[1]
         ftile = feature_tile_size(self.target, n)
@@ -187,8 +188,13 @@ class TransposedGroups(OperandLoads):
         received = Buffer(f"{held.name}_other", held.shape, "float32", "sbuf")
         out += [Comment("add the other program's partial sums (one exchange, one instruction over the whole strip): "
                         "both hold the whole sums"),
-                Alloc(received), SendRecv(Ref(received, whole), Ref(held, whole)),
-                TensorTensor(Ref(held, whole), Ref(held, whole), Ref(received, whole), ElementwiseOp.ADD)]
+                Alloc(received), SendRecv(Ref(received, whole), Ref(held, whole))]
+        if not group.tree and len(terms) == 1 and not streamed:
+            # no epilogue: the sum is the value, cast into its strip by the add itself (no copy per tile)
+            strip = self._strip(root.id, n)
+            out.insert(0, Alloc(strip, comment=f"{root.id}^T strip of this token block, kept in SBUF"))
+            return [*out, TensorTensor(Ref(strip, whole), Ref(held, whole), Ref(received, whole), ElementwiseOp.ADD)]
+        out.append(TensorTensor(Ref(held, whole), Ref(held, whole), Ref(received, whole), ElementwiseOp.ADD))
         nt = iv("nt", ntiles)
         at = (span(0, ftile), Point(nt), span(0, bm))
         body: list[Stmt] = []

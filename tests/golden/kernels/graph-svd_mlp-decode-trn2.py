@@ -90,9 +90,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     x_ug_partial_other = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=x_ug_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], dst=x_ug_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=x_ug_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=x_ug_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=x_ug_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
-    for nt in range(10):
-        nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, nt, 0:TOKEN_TILE], src=x_ug_partial[0:F_TILE, nt, 0:TOKEN_TILE])
+    nisa.tensor_tensor(dst=x_ug_strip[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=x_ug_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=x_ug_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
@@ -112,9 +110,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     x_uu_partial_other = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=x_uu_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], dst=x_uu_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=x_uu_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=x_uu_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=x_uu_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
-    for nt in range(10):
-        nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, nt, 0:TOKEN_TILE], src=x_uu_partial[0:F_TILE, nt, 0:TOKEN_TILE])
+    nisa.tensor_tensor(dst=x_uu_strip[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=x_uu_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=x_uu_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
@@ -154,9 +150,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     h_ud_partial_other = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], dst=h_ud_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=h_ud_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
-    for nt in range(10):
-        nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, nt, 0:TOKEN_TILE], src=h_ud_partial[0:F_TILE, nt, 0:TOKEN_TILE])
+    nisa.tensor_tensor(dst=h_ud_strip[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=h_ud_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=h_ud_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):

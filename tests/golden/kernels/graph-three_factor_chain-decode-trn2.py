@@ -77,9 +77,7 @@ def three_factor_chain_k0(x, p, q, r):
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     xp_partial_other = nl.ndarray((F_TILE, 4, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], dst=xp_partial_other[0:F_TILE, 0:4, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], data1=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], data2=xp_partial_other[0:F_TILE, 0:4, 0:TOKEN_TILE], op=nl.add)
-    for nt in range(4):
-        nisa.tensor_copy(dst=xp_strip[0:F_TILE, nt, 0:TOKEN_TILE], src=xp_partial[0:F_TILE, nt, 0:TOKEN_TILE])
+    nisa.tensor_tensor(dst=xp_strip[0:F_TILE, 0:4, 0:TOKEN_TILE], data1=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], data2=xp_partial_other[0:F_TILE, 0:4, 0:TOKEN_TILE], op=nl.add)
     # xpq^T strip of this token block, kept in SBUF
     xpq_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xpq^T = (xp @ q)^T: weight tiles stationary, strips moving (implicit transposition)

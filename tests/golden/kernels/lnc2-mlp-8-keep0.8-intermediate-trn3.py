@@ -135,9 +135,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     h_ud_partial_other = nl.ndarray((F_TILE, 10, T), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=h_ud_partial[0:F_TILE, 0:10, 0:T], dst=h_ud_partial_other[0:F_TILE, 0:10, 0:T], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=h_ud_partial[0:F_TILE, 0:10, 0:T], data1=h_ud_partial[0:F_TILE, 0:10, 0:T], data2=h_ud_partial_other[0:F_TILE, 0:10, 0:T], op=nl.add)
-    for nt in range(10):
-        nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, nt, 0:T], src=h_ud_partial[0:F_TILE, nt, 0:T])
+    nisa.tensor_tensor(dst=h_ud_strip[0:F_TILE, 0:10, 0:T], data1=h_ud_partial[0:F_TILE, 0:10, 0:T], data2=h_ud_partial_other[0:F_TILE, 0:10, 0:T], op=nl.add)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
