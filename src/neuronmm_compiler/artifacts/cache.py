@@ -28,7 +28,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -323,13 +323,25 @@ class ResultCache:
     def prune(self) -> tuple[int, int]:
         """Remove the record files this nmmc can no longer use (:func:`usable_here`: written by another nmmc version,
         cost model or source, or unusable) and stale temporary files; return (removed, kept)."""
+        def usable(path: Path) -> bool:
+            record = self._load(path, path.stem)
+            return record is not None and usable_here(record)
+
+        return self._remove(self._files, usable)
+
+    def clear(self) -> int:
+        """Remove every record file (valid or not) and stale temporary files; return the records removed."""
+        return self._remove(lambda: builtins.list(self.tune_dir.glob("*.json")), lambda path: False)[0]
+
+    def _remove(self, files: Callable[[], builtins.list[Path]], keep: Callable[[Path], bool]) -> tuple[int, int]:
+        """Under the lock, delete the ``files()`` that ``keep`` rejects and the stale temporary files; return
+        (removed, kept)."""
         if not self.tune_dir.is_dir():
             return 0, 0
         removed = kept = 0
         with self._locked():
-            for path in self._files():
-                record = self._load(path, path.stem)
-                if record is not None and usable_here(record):
+            for path in files():
+                if keep(path):
                     kept += 1
                     continue
                 with contextlib.suppress(FileNotFoundError):
@@ -339,18 +351,3 @@ class ResultCache:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
         return removed, kept
-
-    def clear(self) -> int:
-        """Remove every record file (valid or not) and stale temporary files; return the records removed."""
-        if not self.tune_dir.is_dir():
-            return 0
-        removed = 0
-        with self._locked():
-            for path in self.tune_dir.glob("*.json"):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    removed += 1
-            for path in stale_temp_files(self.tune_dir, "*.json"):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-        return removed
