@@ -88,7 +88,7 @@ def main() -> None:
         cpu = time.process_time() - began
         ppl = {n: overall(v) for n, v in perplexities(lm, torch, evals, healed).items()}
         shown = None if mix is None else f"{mix[0]:g}" if len(set(mix)) == 1 else f"{mix[0]:g}..{mix[-1]:g}"
-        label = (metric if mix is None else f"{metric} mix {shown}") + f", --metric-tokens {metric_tokens}"
+        label = (metric if shown is None else f"{metric} mix {shown}") + f", --metric-tokens {metric_tokens}"
         print(f"{label} ({ids.size} calibration tokens, closed form {cpu:.0f} CPU s):",
               " ".join(f"{n} {v:.2f} ({v / original[n] - 1:+.1%})" for n, v in ppl.items()), flush=True)
 

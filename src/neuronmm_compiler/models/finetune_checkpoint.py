@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import threading
 from collections.abc import Mapping
@@ -56,8 +57,6 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     """Write ``state`` (holding its ``key``) to ``path`` with torch: a temporary file renamed into place, so that a
     kill leaves the previous checkpoint or none, never a truncated one; the directory is created first (compress's
     ``-o`` directory is created after healing)."""
-    import os
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
