@@ -283,6 +283,19 @@ def test_a_reduced_value_without_epilogue_is_added_into_its_strip_in_one_instruc
         assert f"tensor_copy(dst={value}_strip" not in source
     verified(compiled)
 
+def test_sibling_reductions_share_one_exchange():
+    """x @ U_gate and x @ U_up of an SVD MLP under the hidden split read none of each other's values: their partial
+    strips travel in one sendrecv (as a dense MLP's gate and up terms do), then h @ U_down's in a second."""
+    compiled = compile_graph(mlp_workload(1, 512, 1024, rank=384), target=lnc2(), dialect="nki",
+                             params={"lnc_split": "hidden"})
+    source = compiled.kernel.source
+    assert source.count("nisa.sendrecv(") == 2
+    assert "x_ug_x_uu_partials = nl.ndarray((F_TILE, 6, TOKENS_PER_BLOCK)" in source
+    assert "data1=x_ug_x_uu_partials[0:F_TILE, 3:6, 0:TOKEN_TILE]" in source  # x_uu's sums, after x_ug's
+    assert sum(isinstance(s, SendRecv) for p in compiled.programs for s, _ in walk(p.body)) == 2
+    verified(compiled)
+
+
 
 def test_an_lnc2_kernel_launched_on_one_core_fails_its_assertion():
     """A kernel written for both programs, run as one (an LNC=1 launch): its own assertion stops it, instead of

@@ -60,7 +60,7 @@ class TransposedGroups(OperandLoads):
     def transposed_group(self, group: Group, mb: Expr) -> list[Stmt]:
         """The statements computing ``group`` for token block ``mb`` into its strip (or streamed to HBM)."""
         if self._reduces(group):
-            return self._reduced_group(group, mb)
+            return self.reduced_groups([group], mb)
         root, s = group.root, self.s
         n = root.shape[1]
         feature_tile = self.target.gemm_stationary_fmax  # output features per matmul: the stationary free size
@@ -152,53 +152,87 @@ class TransposedGroups(OperandLoads):
         whole = fdim.tiles % fdim.tiles_in_block == 0 and fdim.size % fdim.tile == 0
         return whole and (streamed or not stored)
 
-    def _reduced_group(self, group: Group, mb: Expr) -> list[Stmt]:
-        """A group whose contraction the programs of a logical core divide (``reducing_groups``): each accumulates
-        its half of the contraction into fp32 partial strips (one per term), the programs exchange them whole
-        (nisa.sendrecv) and each adds the other's to its own in one instruction over the strip (the same two terms
-        in the same order: identical sums on both), and only then is the group's epilogue evaluated, tile by tile,
-        from the sums; a group without one (x @ U of an SVD MLP) is written into its strip by that add. A result
+    def reduced_groups(self, groups: list[Group], mb: Expr) -> list[Stmt]:
+        """Groups whose contraction the programs of a logical core divide (``reducing_groups``; several only when none
+        reads another's value, :meth:`exchange_batches`): each program accumulates its half of the contraction into
+        fp32 partial strips (one per term, every term of every group in one buffer), the programs exchange them whole
+        in one nisa.sendrecv, and each adds the other's to its own, one instruction per group over its strip (the same
+        two terms in the same order: identical sums on both); only then is a group's epilogue evaluated, tile by
+        tile, from the sums; a group without one (x @ U of an SVD MLP) is written into its strip by that add. A result
         streamed to HBM is evaluated and stored by each program for its half of the tiles; one kept in SBUF by both,
         whole."""
-        root, s, tok = group.root, self.s, self.tok
-        n = root.shape[1]
-        ftile = feature_tile_size(self.target, n)
-        ntiles = n // ftile  # whole tiles (reducing_groups)
-        fdim = Dim("f", n, ftile, ntiles, self._tiles_per_block(group, ftile, ntiles),
-                   block_name=constant_name(root.id, "BLOCK"))
-        bm = tok.block_size(mb)
-        streamed = self._stored(root)
+        s, ftile = self.s, feature_tile_size(self.target, groups[0].root.shape[1])
         # every term's partial strip in one buffer, so that one sendrecv exchanges them all (as AWS's decode MLP sends
         # gate's and up's partial sums together: mlp_tkg_gate_up_projection.py:595-601, 938-948 of nki-library@d2ad3a57)
-        terms = [t.node.id for t in group.terms]
-        held = Buffer(f"{root.id}_partials" if len(terms) > 1 else f"{terms[0]}_partial",
-                      (ftile, len(terms) * ntiles, s.tokens_per_block), "float32", "sbuf")
-        offset = {t: i * ntiles for i, t in enumerate(terms)}
+        bases, width = [], 0
+        for group in groups:
+            bases.append(width)
+            width += len(group.terms) * (group.root.shape[1] // ftile)  # whole tiles (reducing_groups)
+        terms = [t.node.id for t in groups[0].terms]
+        name = (f"{groups[0].root.id}_partials" if len(terms) > 1 else f"{terms[0]}_partial") if len(groups) == 1 \
+            else "_".join(g.root.id for g in groups) + "_partials"
+        held = Buffer(name, (ftile, width, s.tokens_per_block), "float32", "sbuf")
         out: list[Stmt] = [Alloc(held, comment="this program's partial sums (its half of the contraction)")]
+        for group, base in zip(groups, bases, strict=True):
+            out += self._partial_sums(group, held, base, mb)
+        whole = (span(0, ftile), span(0, width), span(0, self.tok.block_size(mb)))
+        received = Buffer(f"{held.name}_other", held.shape, "float32", "sbuf")
+        how = "one instruction over the whole strip" if len(groups) == 1 else "one instruction per value"
+        out += [Comment(f"add the other program's partial sums (one exchange, {how}): both hold the whole sums"),
+                Alloc(received), SendRecv(Ref(received, whole), Ref(held, whole))]
+        strips: list[Stmt] = []
+        for group, base in zip(groups, bases, strict=True):
+            allocs, stmts = self._summed(group, held, received, base, mb)
+            strips += allocs
+            out += stmts
+        return strips + out
+
+    def _partial_sums(self, group: Group, held: Buffer, base: int, mb: Expr) -> list[Stmt]:
+        """This program's partial sums of ``group`` (its half of the contraction) into ``held`` from tile ``base``:
+        one tile per term and feature tile."""
+        root, ftile = group.root, held.shape[0]
+        n = root.shape[1]
+        ntiles = n // ftile
+        fdim = Dim("f", n, ftile, ntiles, self._tiles_per_block(group, ftile, ntiles),
+                   block_name=constant_name(root.id, "BLOCK"))
         fb, ft = iv("f_blk", fdim.blocks), iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
+        bm = self.tok.block_size(mb)
         loads, sources = self._weight_sources(group, fdim, fb)
         tile, values = self._term_tiles(group, sources, fdim, g, scale(ft, ftile), Lin(ftile), Lin(0), bm,
                                         row_major=False)
-        tile += [Copy(Ref(held, (span(0, ftile), Point(add(g, offset[t])), span(0, bm))), values[t]) for t in terms]
-        out += [Comment(self._describe_group(group) + "; partial sums over this program's half of the contraction"),
+        tile += [Copy(Ref(held, (span(0, ftile), Point(add(g, base + i * ntiles)), span(0, bm))), values[t.node.id])
+                 for i, t in enumerate(group.terms)]
+        return [Comment(self._describe_group(group) + "; partial sums over this program's half of the contraction"),
                 *loop("f_blk", Lin(fdim.blocks), fdim.blocks, loads + loop("ft", fdim.tiles_in(fb),
                                                                              fdim.tiles_in_block, tile))]
-        whole = (span(0, ftile), span(0, len(terms) * ntiles), span(0, bm))
-        received = Buffer(f"{held.name}_other", held.shape, "float32", "sbuf")
-        out += [Comment("add the other program's partial sums (one exchange, one instruction over the whole strip): "
-                        "both hold the whole sums"),
-                Alloc(received), SendRecv(Ref(received, whole), Ref(held, whole))]
+
+    def _summed(self, group: Group, held: Buffer, received: Buffer, base: int,
+                mb: Expr) -> tuple[list[Stmt], list[Stmt]]:
+        """``group``'s sums (its tiles of ``held`` from ``base`` plus the other program's in ``received``) and then its
+        value: written into its strip by the add when it has no epilogue, else evaluated tile by tile. Returns (the
+        allocation of its strip, if kept in SBUF; the statements)."""
+        root, s, tok, ftile = group.root, self.s, self.tok, held.shape[0]
+        n = root.shape[1]
+        ntiles = n // ftile
+        bm = tok.block_size(mb)
+        terms = [t.node.id for t in group.terms]
+        mine = (span(0, ftile), span(base, len(terms) * ntiles), span(0, bm))
+        streamed = self._stored(root)
+        allocs: list[Stmt] = []
+        if not streamed:
+            strip = self._strip(root.id, n)
+            allocs.append(Alloc(strip, comment=f"{root.id}^T strip of this token block, kept in SBUF"))
         if not group.tree and len(terms) == 1 and not streamed:
             # no epilogue: the sum is the value, cast into its strip by the add itself (no copy per tile)
-            strip = self._strip(root.id, n)
-            out.insert(0, Alloc(strip, comment=f"{root.id}^T strip of this token block, kept in SBUF"))
-            return [*out, TensorTensor(Ref(strip, whole), Ref(held, whole), Ref(received, whole), ElementwiseOp.ADD)]
-        out.append(TensorTensor(Ref(held, whole), Ref(held, whole), Ref(received, whole), ElementwiseOp.ADD))
+            return allocs, [TensorTensor(Ref(strip, (span(0, ftile), span(0, ntiles), span(0, bm))), Ref(held, mine),
+                                         Ref(received, mine), ElementwiseOp.ADD)]
+        out: list[Stmt] = [TensorTensor(Ref(held, mine), Ref(held, mine), Ref(received, mine), ElementwiseOp.ADD)]
         nt = iv("nt", ntiles)
         at = (span(0, ftile), Point(nt), span(0, bm))
         body: list[Stmt] = []
-        sums = {t: Ref(held, (span(0, ftile), Point(add(nt, offset[t])), span(0, bm))) for t in terms}
+        sums = {t: Ref(held, (span(0, ftile), Point(add(nt, base + i * ntiles)), span(0, bm)))
+                for i, t in enumerate(terms)}
         sums.update({op.id: Ref(self.strips[op.id], at) for op in group.operands if op.id not in self.scales})
         sums.update(self.scale_refs(group, Lin(ftile), nt))
         temps = {node.id: Buffer(f"{node.id}_f32", (ftile, s.tokens_per_block), "float32", "sbuf")
@@ -213,13 +247,11 @@ class TransposedGroups(OperandLoads):
             result = Ref(result_tile, (span(0, ftile), span(0, bm)))
             body += [Alloc(result_tile), *self._epilogue(group, sums, result, temps, scratch or result_tile,
                                                           (Lin(ftile), bm))]
-            body += [DmaCopy(Ref(hbm, (span(fdim.tile_start(nt), ftile), span(tok.block_start(mb), bm))), result)
+            body += [DmaCopy(Ref(hbm, (span(scale(nt, ftile), ftile), span(tok.block_start(mb), bm))), result)
                      for _, hbm in self.out_hbm[root.id]]
         else:
-            strip = self._strip(root.id, n)
-            out.insert(0, Alloc(strip, comment=f"{root.id}^T strip of this token block, kept in SBUF"))
             body += self._epilogue(group, sums, Ref(strip, at), temps, scratch or strip, (Lin(ftile), bm))
-        return out + loop("nt", Lin(ntiles), ntiles, body, split=(s.lnc_split,) if streamed else ())
+        return allocs, out + loop("nt", Lin(ntiles), ntiles, body, split=(s.lnc_split,) if streamed else ())
 
     def _gather(self, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
         """Each program sends the half of the strip it computed to the other, which receives it in the same place:

@@ -54,7 +54,7 @@ from .fused_prologue import NormPrologue
 from .fused_rows import RowMajorGroups
 from .fused_tokens import token_dim, token_rows
 from .fused_transposed import TransposedGroups
-from .limits import named_limits
+from .limits import feature_tile_size, named_limits
 
 if TYPE_CHECKING:
     from ..targets import Target
@@ -147,6 +147,32 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
                     self.nodes[mm.operands[0]].kind not in (NodeKind.INPUT, NodeKind.NORM) for mm in g.matmuls)][-1:]
         return groups if groups and all(self._reducible(g) for g in groups) else []
 
+    def exchange_batches(self) -> list[list[Group]]:
+        """The groups in order, consecutive transposed reducing groups that read none of each other's values (an SVD
+        MLP's x @ U_gate and x @ U_up under ``hidden``) batched: their partial strips travel in one exchange, as the
+        gate and up terms of one group do (one sendrecv fixed cost instead of one per group)."""
+        batches: list[list[Group]] = []
+        for group in self.group_list:
+            prev = batches[-1] if batches else []
+            if (prev and self._batches_with(group, prev[0]) and self._batches_with(prev[0], group)
+                    and not self._reads_any(group, prev)):
+                prev.append(group)
+            else:
+                batches.append([group])
+        return batches
+
+    def _batches_with(self, group: Group, other: Group) -> bool:
+        """Whether ``group`` is a transposed reducing group whose partial tiles have ``other``'s size."""
+        return (group.orient == Orient.TRANSPOSED and self._reduces(group)
+                and feature_tile_size(self.target, group.root.shape[1])
+                == feature_tile_size(self.target, other.root.shape[1]))
+
+    def _reads_any(self, group: Group, batch: list[Group]) -> bool:
+        """Whether ``group`` reads a value computed by a group of ``batch``."""
+        made = {node.id for g in batch for node in (g.root, *g.tree, *g.matmuls, *(t.node for t in g.terms))}
+        reads = {mm.operands[0] for mm in group.matmuls} | {op.id for op in group.operands}
+        return bool(reads & made)
+
     def _reading_gated(self) -> list[Group]:
         """The first group reading the gated value: the value of a group whose epilogue computes (silu, multiply),
         not of one that only rescales its accumulator (an FP8 group's dequantize/quantize: x_q, x @ U's
@@ -233,9 +259,13 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
             block += self.load_strip(inp, mb)
         for prologue in self.prologues:
             block += self.load_normed_strip(prologue, mb)
-        for group in self.group_list:
-            block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
-                      else self.row_major_group(group, mb))
+        for batch in self.exchange_batches():
+            if len(batch) > 1:
+                block += self.reduced_groups(batch, mb)
+            else:
+                group = batch[0]
+                block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
+                          else self.row_major_group(group, mb))
         if block and self.tokdim.divided:  # each program its share of the tokens (fused_tokens.py)
             body += loop("m_blk", tok.block_trip(), blocks, block,
                          comment="blocks of tokens (2 programs: each T_MINE tokens from T_HALF * pid)")

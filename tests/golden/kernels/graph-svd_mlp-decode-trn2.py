@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
 # footprint    svd_mlp_k0: SBUF 20652 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    280.1 us on trn2 LNC=2 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
+# predicted    278.0 us on trn2 LNC=2 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -73,8 +73,10 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
         nisa.dma_transpose(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x[0:TOKEN_TILE, P * kt + 1024 * pid:P * kt + 1024 * pid + P])
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # x_uu^T strip of this token block, kept in SBUF
+    x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
-    x_ug_partial = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    x_ug_x_uu_partials = nl.ndarray((F_TILE, 20, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     for f_blk in range(3):
         u_gate_block = nl.ndarray((P, 8, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -86,15 +88,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             # 2 programs: each its 8 of 16
             for kt in range(8):
                 nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-            nisa.tensor_copy(dst=x_ug_partial[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
-    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
-    x_ug_partial_other = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=x_ug_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], dst=x_ug_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=x_ug_strip[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=x_ug_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=x_ug_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
-    # x_uu^T strip of this token block, kept in SBUF
-    x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # this program's partial sums (its half of the contraction)
-    x_uu_partial = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=x_ug_x_uu_partials[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     for f_blk in range(3):
         u_up_block = nl.ndarray((P, 8, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -106,11 +100,12 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             # 2 programs: each its 8 of 16
             for kt in range(8):
                 nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-            nisa.tensor_copy(dst=x_uu_partial[0:F_TILE, 4 * f_blk + ft, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
-    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
-    x_uu_partial_other = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=x_uu_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], dst=x_uu_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    nisa.tensor_tensor(dst=x_uu_strip[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=x_uu_partial[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=x_uu_partial_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
+            nisa.tensor_copy(dst=x_ug_x_uu_partials[0:F_TILE, 4 * f_blk + ft + 10, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
+    # add the other program's partial sums (one exchange, one instruction per value): both hold the whole sums
+    x_ug_x_uu_partials_other = nl.ndarray((F_TILE, 20, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=x_ug_x_uu_partials[0:F_TILE, 0:20, 0:TOKEN_TILE], dst=x_ug_x_uu_partials_other[0:F_TILE, 0:20, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=x_ug_strip[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=x_ug_x_uu_partials[0:F_TILE, 0:10, 0:TOKEN_TILE], data2=x_ug_x_uu_partials_other[0:F_TILE, 0:10, 0:TOKEN_TILE], op=nl.add)
+    nisa.tensor_tensor(dst=x_uu_strip[0:F_TILE, 0:10, 0:TOKEN_TILE], data1=x_ug_x_uu_partials[0:F_TILE, 10:20, 0:TOKEN_TILE], data2=x_ug_x_uu_partials_other[0:F_TILE, 10:20, 0:TOKEN_TILE], op=nl.add)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
