@@ -75,7 +75,7 @@ def test_dense_mlp_fuses_too():
 
 
 @pytest.mark.parametrize("cache", ["none", "stage1", "all"])
-@pytest.mark.parametrize("weight_dma", ["row", "tile"])
+@pytest.mark.parametrize("weight_dma", ["row", "tile", "block"])
 def test_weight_options_verify(cache, weight_dma):
     _verify(mlp_workload(300, 256, 640, ranks=(128, 128, 256)), cache_weights=cache, weight_dma=weight_dma,
             tokens_per_block=256, weight_block_kib=4)
@@ -99,7 +99,8 @@ def _assert_model_counts(compiled, report):
 @pytest.mark.parametrize("params", [{}, {"cache_weights": "stage1", "tokens_per_block": 64, "x_transpose": "pe"},
                                     {"weight_dma": "tile", "weight_block_kib": 8, "out_tile": 256},
                                     {"k_tiles_per_block": 2, "weight_block_kib": 64},
-                                    {"k_tiles_per_block": 1, "weight_dma": "tile", "weight_block_kib": 4}], ids=str)
+                                    {"k_tiles_per_block": 1, "weight_dma": "tile", "weight_block_kib": 4},
+                                    {"k_tiles_per_block": 2, "weight_dma": "block", "weight_block_kib": 64}], ids=str)
 def test_model_counts_equal_interpreter_for_fused_kernels(mlp, params):
     compiled, report = _verify(mlp_workload(130, 384, 640, ranks=(128, 256, 128)), mlp=mlp, **params)
     _assert_model_counts(compiled, report)

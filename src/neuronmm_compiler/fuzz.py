@@ -141,13 +141,16 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
     doc.update(inputs=inputs, ops=ops, outputs=outputs)
     params: dict[str, Any] = {}
     for key, choices in (("tokens_per_block", (32, 64, 128, 256, 512)), ("weight_block_kib", (4, 16, 64)),
-                         ("k_tiles_per_block", (0, 2, 8)), ("out_tile", (128, 512)), ("weight_dma", ("row", "tile")),
-                         ("cache_weights", ("none", "stage1", "all")), ("x_transpose", ("dma", "pe")),
+                         ("k_tiles_per_block", (0, 2, 8)), ("out_tile", (128, 512)),
+                         ("weight_dma", ("row", "tile", "block")), ("cache_weights", ("none", "stage1", "all")),
+                         ("x_transpose", ("dma", "pe")),
                          ("token_tile", (64, 128)), ("mlp", ("whole", "split"))):
         if rng.random() < (0.1 if key == "mlp" else 0.3):
             params[key] = rng.choice(choices)
     target = rng.choice(tuple(TARGETS))
     dialect = rng.choice([d for d in Dialect if support_for(d, target) is not None])  # documented pairings only
+    if params.get("weight_dma") == "block" and dialect != Dialect.NKI:  # an access pattern: nki dialect only
+        params["weight_dma"] = "row"
     if TARGETS[target].max_lnc > 1 and rng.random() < 0.5:  # the logical core (LNC=2), and sometimes its split
         target = with_lnc(TARGETS[target], 2).spec
         if rng.random() < 0.5:

@@ -223,7 +223,7 @@ class NkiPrinter(_Printer):
     def instruction(self, stmt: Stmt, depth: int) -> None:
         if isinstance(stmt, DmaCopy):
             fn = "nisa.dma_transpose" if stmt.transpose else "nisa.dma_copy"
-            src = _pattern_source(stmt) if stmt.broadcast or stmt.fold else stmt.src.code()
+            src = _pattern_source(stmt) if stmt.broadcast or stmt.fold or stmt.slabs else stmt.src.code()
             self.emit(depth, f"{fn}(dst={stmt.dst.code()}, src={src})")
         elif isinstance(stmt, Matmul):
             start = ", accumulate=False" if stmt.overwrite else ""
@@ -287,6 +287,9 @@ class NeuronxccPrinter(_Printer):
         return "nl.zeros" if stmt.zero or stmt.accumulator else "nl.ndarray", False
 
     def instruction(self, stmt: Stmt, depth: int) -> None:
+        if isinstance(stmt, DmaCopy) and stmt.slabs:
+            raise ScheduleError("weight_dma=block (a weight block in one DMA through an access pattern) is emitted "
+                                "in the nki dialect (NKI 0.2+) only; use --dialect nki or weight_dma=row")
         pattern = isinstance(stmt, DmaCopy) and (stmt.broadcast or stmt.fold)
         if pattern or (isinstance(stmt, Matmul) and stmt.perf_mode != "none"):
             raise ScheduleError("FP8 kernels (scale loads by access pattern, double_row matmuls) are emitted in the "
@@ -339,12 +342,19 @@ def _pattern_source(stmt: DmaCopy) -> str:
     ``[step, num]`` pairs, the first for partitions). Broadcast: the F contiguous elements of the HBM region, read
     once per partition of the destination (partition step 0): ``t.ap(pattern=[[0, P], [1, F]], offset=o)`` (rule
     NKI-DMA-BROADCAST). Folded: the region's P * F contiguous elements, F per partition:
-    ``t.ap(pattern=[[F, P], [1, F]], offset=o)``."""
+    ``t.ap(pattern=[[F, P], [1, F]], offset=o)``. Slabs: KT slabs of P rows of an array of C columns, row
+    ``kt * P + p`` to partition p, slot kt: ``t.ap(pattern=[[C, P], [P * C, KT], [1, F]], offset=o)`` (rule
+    NKI-DMA-SLABS)."""
     src, dst = stmt.src, stmt.dst
     starts = [ix.start if isinstance(ix, Span) else ix.index for ix in src.index]
     extents = [ix.size for ix in src.index if isinstance(ix, Span)]
     row_elems = src.buffer.shape[1] if len(src.buffer.shape) == 2 else 1
     offset = add(scale(starts[0], row_elems), starts[1]) if len(starts) == 2 else starts[0]
+    if stmt.slabs:
+        part, slots, cols = dst.shape
+        width = row_elems
+        return (f"{src.buffer.name}.ap(pattern=[[{width}, {code(part)}], [{code(scale(part, width))}, {code(slots)}], "
+                f"[1, {code(cols)}]], offset={code(offset)})")
     if stmt.fold:
         rows, cols = dst.shape
         return f"{src.buffer.name}.ap(pattern=[[{code(cols)}, {code(rows)}], [1, {code(cols)}]], offset={code(offset)})"

@@ -126,6 +126,9 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
         sbuf = stmt.dst if stmt.is_load else stmt.src
         nbytes = math.prod(_extents(hbm, env)) * hbm.buffer.itemsize
         partitions, per_partition = _free(sbuf, env)
+        if stmt.slabs:  # one transfer of KT slabs: a partition's KT rows are apart in HBM, so the efficiency is that
+            # of one row's bytes (conservative: AWS's chart is per transfer, trainium-facts.md; kernel_ir/coalesce.py)
+            per_partition = _extents(hbm, env)[1]
         bpp = per_partition * sbuf.buffer.itemsize
         book = counts.hbm_bytes_read if stmt.is_load else counts.hbm_bytes_written
         book[hbm.buffer.name] = book.get(hbm.buffer.name, 0) + mult * nbytes

@@ -149,7 +149,11 @@ def dma(m: Machine, dst: Tensor, src: Tensor, what: str, *, transpose: bool = Fa
     else:
         hbm.alloc.bytes_written += nbytes
     c = m.counters
-    c.record_dma(sbuf.data.nbytes // sbuf.shape[0])
+    per_partition = sbuf.data.nbytes // sbuf.shape[0]
+    run = hbm.contiguous_run()
+    if run is not None and hbm.ndim > 2:  # several runs per partition (a block of slabs): the bytes of one, as the
+        per_partition = run * hbm.dtype.itemsize  # cost model prices them (cost_model/counts.py)
+    c.record_dma(per_partition)
     if transpose:
         c.dma_transposes += 1
 

@@ -90,10 +90,12 @@ def _index_value(value: Any, what: str) -> int:
 class Tensor:
     """A view of an :class:`Allocation`: a box of allocation coordinates, some dims kept."""
 
-    __slots__ = ("alloc", "box", "data", "dims", "is_full", "key", "shape")
+    __slots__ = ("alloc", "box", "data", "dims", "is_full", "key", "pattern", "shape")
 
     def __init__(self, alloc: Allocation, box: tuple[tuple[int, int], ...], dims: tuple[int, ...]):
         self.alloc = alloc
+        #: the [step, num] pairs of a view made by .ap(), else None
+        self.pattern: tuple[tuple[int, int], ...] | None = None
         self.box = box
         self.dims = dims
         full_shape = alloc.data.shape
@@ -240,7 +242,23 @@ class Tensor:
         view.shape = view.data.shape
         view.dims = tuple(range(len(pairs)))
         view.is_full = False
+        view.pattern = tuple(pairs)
         return view
+
+    def contiguous_run(self) -> int | None:
+        """Elements per contiguous run of a partition's part of an .ap() view (its free pairs, merged from the
+        innermost while each step is the next pair's span), or None for a view that is not an access pattern."""
+        if self.pattern is None:
+            return None
+        free = self.pattern[1:]
+        if not free or free[-1][0] != 1:
+            return 1
+        run = free[-1][1]
+        for step, num in reversed(free[:-1]):
+            if step != run:
+                break
+            run *= num
+        return run
 
     def same_region(self, other: Tensor) -> bool:
         return self.alloc is other.alloc and self.box == other.box and self.dims == other.dims

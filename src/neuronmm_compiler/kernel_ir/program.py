@@ -147,13 +147,17 @@ class DmaCopy:
     contiguous elements) repeated on every partition of ``dst`` [P, F] (an access pattern with partition step 0,
     ``.ap``; docs/fp8.md: how scales reach every partition). ``fold``: a load whose source region holds ``P * F``
     contiguous elements of an [N, 1] column, laid out row by row over ``dst`` [P, F] (the access pattern
-    ``[[F, P], [1, F]]``: one transfer of F-element rows instead of one per partition column; docs/fp8.md)."""
+    ``[[F, P], [1, F]]``: one transfer of F-element rows instead of one per partition column; docs/fp8.md).
+    ``slabs``: a load of ``KT`` slabs of ``P`` rows of a row-major HBM array in one transfer, source rows
+    ``[r0, r0 + KT * P)`` into ``dst`` [P, KT, F], row ``r0 + kt * P + p`` to partition p, slot kt (the access pattern
+    ``[[C, P], [P * C, KT], [1, F]]`` of an array of C columns; :mod:`.coalesce`)."""
 
     dst: Ref
     src: Ref
     transpose: bool = False
     broadcast: bool = False
     fold: bool = False
+    slabs: bool = False
 
     @property
     def is_load(self) -> bool:

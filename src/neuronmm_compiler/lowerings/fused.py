@@ -26,7 +26,7 @@ from ..ir.quantized import is_quantized, unquantized
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
-from ..schedule.fused import NORMALIZED_PARAMS, FusedSchedule, normalize_on
+from ..schedule.fused import NORMALIZED_PARAMS, WEIGHT_DMA, FusedSchedule, normalize_on
 from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target, with_lnc
@@ -79,10 +79,12 @@ def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True,
     """The fused search space: X^T made only by DMA unless some activation is row-major
     (``row_major_x``), and then only on the TensorEngine where a transposing DMA load is not documented
     (``dma_transpose`` False); one kernel per gated MLP unless ``splittable``; the token or feature split on an
-    LNC=2 target (``lnc``), with the gather split only where the dialect documents nisa.sendrecv (``exchange``)."""
+    LNC=2 target (``lnc``), with the exchanging splits and ``weight_dma=block`` only in the nki dialect, which
+    documents nisa.sendrecv and access patterns (``exchange``)."""
     restrict: dict[str, tuple] = split_restriction(FusedSchedule, lnc)
     if not exchange:
         restrict["lnc_split"] = tuple(v for v in restrict["lnc_split"] if v not in EXCHANGING)
+        restrict["weight_dma"] = tuple(v for v in WEIGHT_DMA if v != "block")  # .ap: NKI 0.2+
     if not row_major_x:
         restrict["x_transpose"] = ("pe",) if normalized else ("dma",)  # a norm's strip: TensorE transposes
     elif not dma_transpose:
@@ -161,6 +163,9 @@ class FusedLowering(Lowering):
         if chosen.lnc_split in EXCHANGING and dialect != Dialect.NKI:
             raise ScheduleError(f"lnc_split={chosen.lnc_split} exchanges values with nisa.sendrecv, documented for the "
                                 "nki dialect only; use --dialect nki, or lnc_split=tokens/features")
+        if chosen.weight_dma == "block" and dialect != Dialect.NKI:
+            raise ScheduleError("weight_dma=block loads a weight block in one DMA through an access pattern (.ap), "
+                                "documented for the nki dialect (NKI 0.2+) only; use --dialect nki, or weight_dma=row")
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")

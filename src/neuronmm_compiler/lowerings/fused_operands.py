@@ -125,7 +125,7 @@ class OperandLoads(FusedState):
         families the contraction loop belongs to, kernel_ir/lnc.py)."""
         kt = iv("kt", kdim.tiles)
         ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
-        if self.s.weight_dma == "row" or max_tiles == 1:
+        if self.s.weight_dma != "tile" or max_tiles == 1:
             cols = fdim.block_size(blk)
             dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(0, cols))), k0, ksz,
                                    fdim.block_start(blk), cols)

@@ -285,7 +285,7 @@ class TransposedGroups(OperandLoads):
                 "one PSUM bank per feature tile, across K blocks")))
             wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, fdim.block_elems), w.dtype, "sbuf")
             loads.append(Alloc(wbuf))
-            if self.s.weight_dma == "row" or fdim.tiles_in_block == 1:
+            if self.s.weight_dma != "tile" or fdim.tiles_in_block == 1:
                 cols = fdim.block_size(fb)
                 dma = self._weight_dma(w, Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk),
                                        ksz, fdim.block_start(fb), cols)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from ..errors import ScheduleError
 from ..ir import Graph, Node
 from ..ir.fp8 import is_fp8
+from ..kernel_ir.coalesce import coalesce_slab_loads
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Lin, traced
 from ..kernel_ir.lnc import distribute
@@ -297,4 +298,5 @@ def lower_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, na
     """The loop-nest program of one kernel subgraph (annotated by the fusion pipeline, see the module
     docstring) under ``schedule`` on ``target``."""
     program = drop_unused_allocs(_FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program())
-    return program if program.programs > 1 else distribute(program, schedule.lnc_split, target.lnc)
+    program = program if program.programs > 1 else distribute(program, schedule.lnc_split, target.lnc)
+    return coalesce_slab_loads(program) if schedule.weight_dma == "block" else program

@@ -24,6 +24,7 @@ double-buffered stack sections are left to nmmc's allocation (what the footprint
 
 from __future__ import annotations
 
+from ..kernel_ir.coalesce import coalesce_slab_loads
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, modulo, scale, sub, var
 from ..kernel_ir.lnc import PROGRAM_ID
@@ -137,8 +138,9 @@ def cte_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
            f"as nmmc models it.\nArguments: x{list(x.shape)}, w_gate{list(w['gate'].shape)}, "
            f"w_up{list(w['up'].shape)}, w_down{list(w_down.shape)}. Returns out{list(out.shape)}.")
     split = ("intermediate" if on_inter else "tokens") if lnc > 1 else ""
-    return Program("nkilib_mlp_cte", [x, w["gate"], w["up"], w_down], [out], body, doc=doc, programs=lnc,
-                   split=split)
+    # one DMA per gate/up slab, several 128-row tiles through one access pattern (mlp_cte_projection.py:535-548)
+    return coalesce_slab_loads(Program("nkilib_mlp_cte", [x, w["gate"], w["up"], w_down], [out], body, doc=doc,
+                                       programs=lnc, split=split))
 
 
 class _Cte:

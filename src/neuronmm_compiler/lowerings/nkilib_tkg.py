@@ -45,6 +45,7 @@ write-after-read stall, ``mlp_tkg_constants.py:427-436``) is 0 here: nmmc alloca
 
 from __future__ import annotations
 
+from ..kernel_ir.coalesce import coalesce_slab_loads
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, modulo, scale, var
 from ..kernel_ir.lnc import PROGRAM_ID
@@ -287,8 +288,9 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
            f"as nmmc models it.\nArguments: x{list(x.shape)}, w_gate{list(w['gate'].shape)}, "
            f"w_up{list(w['up'].shape)}, w_down{list(w_down.shape)}"
            + "".join(f", {b.name}{list(b.shape)}" for b in ws.values()) + f". Returns out{list(out.shape)}.")
-    return Program("nkilib_mlp_tkg", [x, w["gate"], w["up"], w_down, *ws.values()], [out], body, doc=doc,
-                   programs=lnc, split="hidden" if lnc > 1 else "")
+    # one DMA per gate/up weight tile, as the kernel loads it (mlp_tkg_gate_up_projection.py:163-181)
+    return coalesce_slab_loads(Program("nkilib_mlp_tkg", [x, w["gate"], w["up"], w_down, *ws.values()], [out], body,
+                                       doc=doc, programs=lnc, split="hidden" if lnc > 1 else ""))
 
 
 def _gate_up_matmuls(acc: Buffer, xs: Buffer, ring: Buffer, slot: int, first_tile: int, tiles: int, t: int,

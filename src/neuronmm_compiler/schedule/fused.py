@@ -39,7 +39,7 @@ from .params import (
 if TYPE_CHECKING:
     from ..targets import Target
 
-WEIGHT_DMA = ("row", "tile")
+WEIGHT_DMA = ("row", "tile", "block")
 CACHE_WEIGHTS = ("none", "stage1", "all")
 X_TRANSPOSE = ("dma", "pe")
 MLP_MODES = ("whole", "split")
@@ -69,8 +69,9 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
             "narrow ones", role=EXCHANGE),
     integer("out_tile", 1, "gemm_moving_fmax", "moving free size", (512, 256),
             "output columns per matmul of the final, row-major matmul, 1..512"),
-    categorical("weight_dma", WEIGHT_DMA, ("row", "tile"),
-                "row: one DMA per 128-row slab of a weight block; tile: per tile"),
+    categorical("weight_dma", WEIGHT_DMA, WEIGHT_DMA,
+                "row: one DMA per 128-row slab of a weight block; tile: per tile; block: the slabs of a block in one "
+                "DMA through an access pattern (nki dialect; kernel_ir/coalesce.py)"),
     categorical("cache_weights", CACHE_WEIGHTS, ("none", "stage1", "all"),
                 "weights loaded once and kept in SBUF across token blocks: none, stage1 (the factors applied "
                 "to the kernel's inputs, e.g. U), or all", role=CLASS),

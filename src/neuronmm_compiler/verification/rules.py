@@ -471,6 +471,19 @@ RULES: tuple[Rule, ...] = (
               "access-pattern page documents patterns for SBUF/PSUM instructions; its use as a dma_copy source of an "
               "HBM tensor follows nki-library's dequantisation-scale loads (mlp_tkg_gate_up_projection.py, "
               "dequant_scale ... .ap(pattern=...)) and is not measured by nmmc."),
+    Rule("NKI-DMA-SLABS", "isa", "a weight block of KT slabs of P rows is one DMA source access pattern t.ap(pattern="
+         "[[C, P], [P * C, KT], [1, F]], offset=o) into a [P, KT, F] tile: row kt * P + p to partition p, slot kt "
+         "(weight_dma=block)",
+         (_latest("nki/deep-dives/nki-aps.html", "NKI Access Patterns: [step, num] pairs, offset"),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py",
+                  "in_load_pattern [[hidden_size, 128], [128 * hidden_size, 2], [1, hidden_tile.size]] as a dma_copy "
+                  "source"),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py",
+                  "weight tile [HTile, I] -> SBUF [H0, HTile/H0, I] in one dma_copy of unsharded_weight.ap(...)")),
+         dialects=(Dialect.NKI,),
+         note="Not checked statically; the interpreter reads .ap() of whole HBM tensors only, bounds-checked, and "
+              "tests compare each coalesced load with the slab loads it replaces. Not measured by nmmc: the cost "
+              "model pays one DMA fixed cost for it and the efficiency of one row's bytes (docs/cost_model.md)."),
     Rule("NKI-DMA-COPY-PSUM", "isa", "dma_copy moves between HBM and SBUF only (no PSUM); dtype casts through "
          "float32",
          (_sdk(_ISA, "dma_copy"), _sdk(_MIGRATION, "Migrating from NKI 0.2.0 to NKI 0.3.0: dma_copy reading "

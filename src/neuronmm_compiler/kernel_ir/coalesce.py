@@ -1,0 +1,84 @@
+"""Coalescing a loop of slab loads into one DMA (``weight_dma=block``).
+
+A weight block is loaded slab by slab: a loop ``for kt in range(KT)`` whose body is one DMA of ``P`` rows of a
+row-major HBM array, rows ``r0 + kt * P ..``, into slot ``kt`` of an SBUF buffer. The same bytes move in one
+transfer whose source is an access pattern (``[[C, P], [P * C, KT], [1, F]]``, :attr:`~.program.DmaCopy.slabs`), as
+AWS's decode MLP loads a weight tile [HTile, I] into [128, HTile / 128, I] with one ``dma_copy``
+(nki-library@d2ad3a5:src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py:163-181; rule
+NKI-DMA-SLABS). The cost model then pays one DMA fixed cost for the block instead of one per slab; the
+efficiency of its bytes stays that of one slab row (a partition's KT rows are not adjacent in HBM:
+cost_model/counts.py).
+
+The rewrite is a kernel-IR transformation: any lowering's program can go through it. Only loops of a constant trip
+whose body is exactly such a load are rewritten (a ragged last slab, a loop carrying other work, a transposing or
+pattern load, stay as they are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .expr import Expr, Lin
+from .program import DmaCopy, Loop, Point, Program, Ref, Span, Stmt
+
+
+def coalesce_slab_loads(program: Program) -> Program:
+    """``program`` with every loop of slab loads (module docstring) replaced by one DMA."""
+    return replace(program, body=_coalesce(program.body))
+
+
+def _coalesce(body: list[Stmt]) -> list[Stmt]:
+    out: list[Stmt] = []
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            merged = _slab_load(stmt)
+            out.append(merged if merged is not None else replace(stmt, body=_coalesce(stmt.body)))
+        else:
+            out.append(stmt)
+    return out
+
+
+def _coefficient(expr: Expr, name: str) -> tuple[int, Expr] | None:
+    """(coefficient of ``name``, the rest) of an affine expression, or None when it is not affine."""
+    if not isinstance(expr, Lin):
+        return None
+    coef = dict(expr.terms).get(name, 0)
+    return coef, Lin(expr.const, tuple(t for t in expr.terms if t[0] != name))
+
+
+def _slab_load(loop: Loop) -> DmaCopy | None:
+    """The one DMA equivalent to ``loop``, or None when the loop is not a loop of slab loads."""
+    body = loop.body
+    if len(body) != 1 or not isinstance(body[0], DmaCopy) or not isinstance(loop.trip, Lin) or not loop.trip.is_const:
+        return None
+    dma, trip, name = body[0], loop.trip.const, loop.var
+    if not dma.is_load or dma.transpose or dma.broadcast or dma.fold or dma.slabs or trip < 2:
+        return None
+    src, dst = dma.src, dma.dst
+    if len(src.index) != 2 or not all(isinstance(ix, Span) for ix in src.index) or dst.entry is not None:
+        return None
+    rows, cols = src.index
+    part = dst.index[0]
+    if not (isinstance(part, Span) and isinstance(part.size, Lin) and part.size.is_const
+            and isinstance(rows.size, Lin) and rows.size == part.size):
+        return None
+    slab = part.size.const
+    start = _coefficient(rows.start, name)
+    if start is None or start[0] != slab or _uses(cols, name) or _uses(part, name):
+        return None
+    slots = [i for i, ix in enumerate(dst.index) if isinstance(ix, Point) and name in ix.index.variables()]
+    if len(slots) != 1 or any(_uses(ix, name) for i, ix in enumerate(dst.index) if i != slots[0]):
+        return None
+    slot = _coefficient(dst.index[slots[0]].index, name)
+    if slot is None or slot[0] != 1:
+        return None
+    index = list(dst.index)
+    index[slots[0]] = Span(slot[1], Lin(trip))
+    return DmaCopy(Ref(dst.buffer, tuple(index)), Ref(src.buffer, (Span(start[1], Lin(trip * slab)), cols)),
+                   slabs=True)
+
+
+def _uses(index: Span | Point, name: str) -> bool:
+    exprs = (index.start, index.size) if isinstance(index, Span) else (index.index,)
+    return any(name in e.variables() for e in exprs)
+

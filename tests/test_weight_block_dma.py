@@ -1,0 +1,96 @@
+"""weight_dma=block: the slabs of a weight block loaded in one DMA through an access pattern (kernel_ir/coalesce.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import compile_graph
+from neuronmm_compiler.errors import ScheduleError
+from neuronmm_compiler.frontends.workloads import chain_workload, mlp_workload
+from neuronmm_compiler.kernel_ir.coalesce import coalesce_slab_loads
+from neuronmm_compiler.kernel_ir.dims import iv
+from neuronmm_compiler.kernel_ir.expr import Lin, add, scale, var
+from neuronmm_compiler.kernel_ir.program import Buffer, DmaCopy, Loop, Point, Program, Ref, span, walk
+from neuronmm_compiler.lowerings.fused import fused_space
+from neuronmm_compiler.lowerings.nkilib_tkg import tkg_program
+from neuronmm_compiler.targets import get_target, with_lnc
+from neuronmm_compiler.verification import verify_source
+
+TRN2 = get_target("trn2")
+
+
+def _verified(workload, target=TRN2, **params):
+    compiled = compile_graph(workload, target=target, dialect="nki", params=params)
+    report = verify_source(compiled.kernel.source, filename=workload.describe())
+    assert report.ok, report.error
+    assert compiled.cost.dma_transfers == report.counters["dma_transfers"]
+    assert {str(k): v for k, v in compiled.cost.dma_bytes_per_partition.items()} == \
+        report.counters["dma_bytes_per_partition"]
+    return compiled, report
+
+
+@pytest.mark.parametrize("workload", [mlp_workload(3, 512, 1024, rank=384), mlp_workload(130, 512, 640, dense=True),
+                                      chain_workload(77, 700, 512, rank=256)], ids=str)
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_block_loads_move_the_same_bytes_in_fewer_dmas(workload, lnc):
+    """The same kernel as weight_dma=row, its slab loops replaced by one DMA each: the same HBM bytes per tensor, the
+    same result (both verify), fewer transfers, and the model's counts equal the interpreter's (_verified)."""
+    target = with_lnc(TRN2, lnc)
+    params = {"weight_block_kib": 16, "k_tiles_per_block": 0, **({"lnc_split": "hidden"} if lnc == 2 else {})}
+    row, row_report = _verified(workload, target, weight_dma="row", **params)
+    block, block_report = _verified(workload, target, weight_dma="block", **params)
+    assert block_report.counters["hbm_bytes_read"] == row_report.counters["hbm_bytes_read"]
+    assert block.cost.dma_transfers < row.cost.dma_transfers
+    assert ".ap(pattern=[[" in block.kernel.source and ".ap(pattern=[[" not in row.kernel.source
+    # not always faster: the first matmul of a block waits for all of its slabs (a longer prologue), so the search
+    # weighs the fixed costs saved against it
+
+
+def test_a_block_load_reads_rows_kt_times_p_plus_p():
+    """The access pattern of one block: u's rows 128 * kt + p (kt = slot, p = partition), the block's columns."""
+    compiled, _ = _verified(mlp_workload(1, 512, 1024, rank=384), weight_dma="block", weight_block_kib=16)
+    source = compiled.kernel.source
+    # U_gate [512, 384]: 4 slabs of 128 rows, all 384 columns, in one DMA
+    assert "src=u_gate.ap(pattern=[[384, P], [49152, 4], [1, X_UG_BLOCK]], offset=0)" in source
+
+
+def test_block_loads_need_the_nki_dialect():
+    workload = mlp_workload(8, 512, 1024, rank=256)
+    with pytest.raises(ScheduleError, match=r"weight_dma=block .* nki dialect"):
+        compile_graph(workload, target=get_target("trn1"), dialect="neuronxcc", params={"weight_dma": "block"})
+    space = fused_space(row_major_x=True, splittable=True, exchange=False)
+    assert space.candidates["weight_dma"] == ("row", "tile")
+    assert "block" in fused_space(row_major_x=True, splittable=True).candidates["weight_dma"]
+
+
+def _slab_loop(trip, rows=128, slot_coef=1, row_coef=128, extra=()):
+    w = Buffer("w", (1024, 256), "bfloat16", "hbm")
+    buf = Buffer("w_block", (128, 8, 256), "bfloat16", "sbuf")
+    kt = var("kt")
+    load = DmaCopy(Ref(buf, (span(0, 128), Point(scale(kt, slot_coef)), span(0, 256))),
+                   Ref(w, (span(add(64, scale(kt, row_coef)), rows), span(0, 256))))
+    return Loop("kt", trip, [load, *extra]), w, buf
+
+
+def test_coalesce_rewrites_only_loops_of_slab_loads():
+    loop, w, _ = _slab_loop(Lin(4))
+    (merged,) = coalesce_slab_loads(Program("k", [w], [], [loop])).body
+    assert isinstance(merged, DmaCopy) and merged.slabs
+    assert merged.src.code() == "w[64:576, 0:256]" and merged.dst.code() == "w_block[0:128, 0:4, 0:256]"
+    kept = [_slab_loop(Lin(4), rows=64)[0],  # a partial slab: rows and partitions differ from the stride
+            _slab_loop(Lin(4), slot_coef=2)[0],  # every other slot
+            _slab_loop(Lin(4), row_coef=256)[0],  # every other slab of rows
+            _slab_loop(iv("n", 4))[0]]  # a trip that is not a constant
+    for original in kept:
+        (same,) = coalesce_slab_loads(Program("k", [w], [], [original])).body
+        assert same == original
+
+
+def test_nkilib_decode_loads_a_gate_up_tile_per_dma():
+    """nki-library's decode MLP loads each gate/up weight tile [2048, I] in one dma_copy (mlp_tkg_gate_up_projection
+    .py:163-181); its model does too, and its down projection keeps one DMA per 128 rows."""
+    program = tkg_program(1, 4096, 1792, with_lnc(TRN2, 2))
+    loads = [s for s, _ in walk(program.body) if isinstance(s, DmaCopy) and s.is_load]
+    slabs = [s for s in loads if s.slabs]
+    assert {s.src.buffer.name for s in slabs} == {"w_gate", "w_up"}
+    assert not any(s.slabs for s in loads if s.src.buffer.name == "w_down")
