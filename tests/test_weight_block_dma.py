@@ -11,8 +11,9 @@ from neuronmm_compiler.kernel_ir.coalesce import coalesce_slab_loads
 from neuronmm_compiler.kernel_ir.dims import iv
 from neuronmm_compiler.kernel_ir.expr import Lin, add, scale, var
 from neuronmm_compiler.kernel_ir.program import Buffer, DmaCopy, Loop, Point, Program, Ref, span, walk
-from neuronmm_compiler.lowerings.fused import fused_space
+from neuronmm_compiler.lowerings import lowering_for
 from neuronmm_compiler.lowerings.nkilib_tkg import tkg_program
+from neuronmm_compiler.schedule.fused import FusedSchedule
 from neuronmm_compiler.targets import get_target, with_lnc
 from neuronmm_compiler.verification import verify_source
 
@@ -58,9 +59,23 @@ def test_block_loads_need_the_nki_dialect():
     workload = mlp_workload(8, 512, 1024, rank=256)
     with pytest.raises(ScheduleError, match=r"weight_dma=block .* nki dialect"):
         compile_graph(workload, target=get_target("trn1"), dialect="neuronxcc", params={"weight_dma": "block"})
-    space = fused_space(row_major_x=True, splittable=True, exchange=False)
-    assert space.candidates["weight_dma"] == ("row", "tile")
-    assert "block" in fused_space(row_major_x=True, splittable=True).candidates["weight_dma"]
+
+
+def test_the_search_costs_block_beside_each_row_schedule_in_the_nki_dialect_only():
+    """block is not sampled (as a third value it left TPE in worse basins at 512 tokens): the evaluator costs it
+    beside every row schedule and returns the faster; in the neuronxcc dialect it is never costed."""
+    workload = mlp_workload(1, 4096, 1792, keep_ratio=0.9)
+    target = with_lnc(TRN2, 2)
+    row = FusedSchedule(tokens_per_block=1, token_tile=1, weight_block_kib=128, out_tile=256, x_transpose="pe",
+                        lnc_split="hidden")
+    spec, evaluate = lowering_for(workload).search_setup(workload, target, 1000, exchange=True)
+    assert spec.space.candidates["weight_dma"] == ("row", "tile")
+    best = evaluate(row)
+    costed = {c.schedule.weight_dma: c.latency_us for c in evaluate.memo.values()}
+    assert best.schedule.weight_dma == "block" and best.latency_us == costed["block"] < costed["row"]
+    assert evaluate.raw[best.schedule].weight_dma == "row"  # the polish moves from the sampled point
+    _, evaluate = lowering_for(workload).search_setup(workload, target, 1000, exchange=False)
+    assert evaluate(row).schedule.weight_dma == "row" and len(evaluate.memo) == 1
 
 
 def _slab_loop(trip, rows=128, slot_coef=1, row_coef=128, extra=()):

@@ -26,7 +26,7 @@ from ..ir.quantized import is_quantized, unquantized
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
-from ..schedule.fused import NORMALIZED_PARAMS, WEIGHT_DMA, FusedSchedule, normalize_on
+from ..schedule.fused import NORMALIZED_PARAMS, FusedSchedule, normalize_on
 from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target, with_lnc
@@ -79,12 +79,11 @@ def fused_space(row_major_x: bool, splittable: bool, dma_transpose: bool = True,
     """The fused search space: X^T made only by DMA unless some activation is row-major
     (``row_major_x``), and then only on the TensorEngine where a transposing DMA load is not documented
     (``dma_transpose`` False); one kernel per gated MLP unless ``splittable``; the token or feature split on an
-    LNC=2 target (``lnc``), with the exchanging splits and ``weight_dma=block`` only in the nki dialect, which
-    documents nisa.sendrecv and access patterns (``exchange``)."""
+    LNC=2 target (``lnc``), with the exchanging splits only where the dialect documents nisa.sendrecv
+    (``exchange``)."""
     restrict: dict[str, tuple] = split_restriction(FusedSchedule, lnc)
     if not exchange:
         restrict["lnc_split"] = tuple(v for v in restrict["lnc_split"] if v not in EXCHANGING)
-        restrict["weight_dma"] = tuple(v for v in WEIGHT_DMA if v != "block")  # .ap: NKI 0.2+
     if not row_major_x:
         restrict["x_transpose"] = ("pe",) if normalized else ("dma",)  # a norm's strip: TensorE transposes
     elif not dma_transpose:
@@ -241,7 +240,11 @@ class FusedLowering(Lowering):
         guesses = [replace(g, lnc_split=split) for g in shapes for split in space.candidates["lnc_split"]]
         spec = SpaceSpec(space=space, guesses=guesses, size=space.distinct_size(normalized, NORMALIZED_PARAMS),
                          distinct=distinct)
-        return spec, Evaluator(cost, normalized)
+        # a weight block in one DMA (an access pattern: the nki dialect) is costed beside every sampled schedule of one
+        # DMA per slab, not sampled itself: it trades fixed costs for a longer prologue, and as a third value it left
+        # the search in other basins at 512 tokens (docs/fusion.md, "Search noise")
+        variants = (lambda s: [replace(s, weight_dma="block")] if s.weight_dma == "row" else []) if exchange else None
+        return spec, Evaluator(cost, normalized, variants)
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):

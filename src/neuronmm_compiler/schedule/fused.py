@@ -69,9 +69,10 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
             "narrow ones", role=EXCHANGE),
     integer("out_tile", 1, "gemm_moving_fmax", "moving free size", (512, 256),
             "output columns per matmul of the final, row-major matmul, 1..512"),
-    categorical("weight_dma", WEIGHT_DMA, WEIGHT_DMA,
+    categorical("weight_dma", WEIGHT_DMA, ("row", "tile"),
                 "row: one DMA per 128-row slab of a weight block; tile: per tile; block: the slabs of a block in one "
-                "DMA through an access pattern (nki dialect; kernel_ir/coalesce.py)"),
+                "DMA through an access pattern (nki dialect; kernel_ir/coalesce.py; the search costs it as a variant "
+                "of every row schedule it samples)"),
     categorical("cache_weights", CACHE_WEIGHTS, ("none", "stage1", "all"),
                 "weights loaded once and kept in SBUF across token blocks: none, stage1 (the factors applied "
                 "to the kernel's inputs, e.g. U), or all", role=CLASS),

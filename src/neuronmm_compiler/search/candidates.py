@@ -66,19 +66,32 @@ class TuneResult:
 
 
 class Evaluator:
-    """Costs schedules once each (normalized schedules are the memo key)."""
+    """Costs schedules once each (normalized schedules are the memo key). ``variants``: schedules outside the
+    sampled space that a sampled one stands for (a fused schedule's weight blocks in one DMA instead of one per
+    slab): each is costed too and the best is returned, so the search sees a point's best form while sampling the
+    space it had, and the polish moves from the sampled point (:attr:`raw`)."""
 
-    def __init__(self, cost: Callable[[Any], CostReport], normalize: Callable[[Any], Any]):
-        self.cost, self.normalize = cost, normalize
+    def __init__(self, cost: Callable[[Any], CostReport], normalize: Callable[[Any], Any],
+                 variants: Callable[[Any], list[Any]] | None = None):
+        self.cost, self.normalize, self.variants = cost, normalize, variants
         self.memo: dict[Any, Candidate] = {}
-        self.raw: dict[Any, Any] = {}  # normalized -> first raw schedule seen
+        self.raw: dict[Any, Any] = {}  # normalized -> first raw schedule seen (for a variant: the one it stands for)
         self.history: list[float] = []
         self.trial_history: list[float] = []
         self.best: float = math.inf
 
     def __call__(self, schedule: Any) -> Candidate:
+        best = self._costed(schedule, schedule)
+        for variant in self.variants(best.schedule) if self.variants is not None else ():
+            cand = self._costed(variant, self.raw[best.schedule])
+            if cand.cost.feasible and (not best.cost.feasible or (cand.latency_us, schedule_key(cand.schedule))
+                                       < (best.latency_us, schedule_key(best.schedule))):
+                best = cand
+        return best
+
+    def _costed(self, schedule: Any, raw: Any) -> Candidate:
         sched = self.normalize(schedule)
-        self.raw.setdefault(sched, schedule)
+        self.raw.setdefault(sched, raw)
         hit = self.memo.get(sched)
         if hit is not None:
             return hit
