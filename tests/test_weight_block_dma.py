@@ -74,6 +74,8 @@ def test_the_search_costs_block_beside_each_row_schedule_in_the_nki_dialect_only
     costed = {c.schedule.weight_dma: c.latency_us for c in evaluate.memo.values()}
     assert best.schedule.weight_dma == "block" and best.latency_us == costed["block"] < costed["row"]
     assert evaluate.raw[best.schedule].weight_dma == "row"  # the polish moves from the sampled point
+    again = evaluate.fresh()  # what a stored study's catch-up starts from: costs the same way, remembers nothing
+    assert not again.memo and again(row).schedule.weight_dma == "block"
     _, evaluate = lowering_for(workload).search_setup(workload, target, 1000, exchange=False)
     assert evaluate(row).schedule.weight_dma == "row" and len(evaluate.memo) == 1
 

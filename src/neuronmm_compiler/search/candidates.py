@@ -80,6 +80,10 @@ class Evaluator:
         self.trial_history: list[float] = []
         self.best: float = math.inf
 
+    def fresh(self) -> Evaluator:
+        """An empty evaluator costing the same way (the same cost, normalization and variants)."""
+        return Evaluator(self.cost, self.normalize, self.variants)
+
     def __call__(self, schedule: Any) -> Candidate:
         best = self._costed(schedule, schedule)
         for variant in self.variants(best.schedule) if self.variants is not None else ():

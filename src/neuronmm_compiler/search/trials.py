@@ -368,7 +368,7 @@ def _catch_up(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec,
     warmed from the study instead."""
     complete = sorted(t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     if seen != complete[:len(seen)]:
-        evaluate, seen[:] = Evaluator(evaluate.cost, evaluate.normalize), []
+        evaluate, seen[:] = evaluate.fresh(), []
     warm(study, evaluate, spec, seen)
     return evaluate
 

@@ -57,7 +57,7 @@ def _polish(evaluate: Evaluator, spec: SpaceSpec, start: Candidate) -> Candidate
     return best
 
 
-POLISH_STARTS = 4
+POLISH_STARTS = 8
 
 
 def _polish_starts(ranked: list[Candidate], classes: tuple[str, ...]) -> list[Candidate]:
