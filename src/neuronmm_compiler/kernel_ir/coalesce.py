@@ -81,4 +81,3 @@ def _slab_load(loop: Loop) -> DmaCopy | None:
 def _uses(index: Span | Point, name: str) -> bool:
     exprs = (index.start, index.size) if isinstance(index, Span) else (index.index,)
     return any(name in e.variables() for e in exprs)
-

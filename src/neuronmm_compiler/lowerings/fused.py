@@ -242,7 +242,7 @@ class FusedLowering(Lowering):
                          distinct=distinct)
         # a weight block in one DMA (an access pattern: the nki dialect) is costed beside every sampled schedule of one
         # DMA per slab, not sampled itself: it trades fixed costs for a longer prologue, and as a third value it left
-        # the search in other basins at 512 tokens (docs/fusion.md, "Search noise")
+        # the search in other basins at 512 tokens (docs/fusion.md, "The search")
         variants = (lambda s: [replace(s, weight_dma="block")] if s.weight_dma == "row" else []) if exchange else None
         return spec, Evaluator(cost, normalized, variants)
 

@@ -138,7 +138,8 @@ def cte_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
            f"as nmmc models it.\nArguments: x{list(x.shape)}, w_gate{list(w['gate'].shape)}, "
            f"w_up{list(w['up'].shape)}, w_down{list(w_down.shape)}. Returns out{list(out.shape)}.")
     split = ("intermediate" if on_inter else "tokens") if lnc > 1 else ""
-    # one DMA per gate/up slab, several 128-row tiles through one access pattern (mlp_cte_projection.py:535-548)
+    # one DMA per gate/up slab of 128-row tiles, the access pattern [[I, 128], [128 I, n], [1, I]] of
+    # project_standard_source_tensor_tile (mlp_cte_projection.py:1041-1059)
     return coalesce_slab_loads(Program("nkilib_mlp_cte", [x, w["gate"], w["up"], w_down], [out], body, doc=doc,
                                        programs=lnc, split=split))
 

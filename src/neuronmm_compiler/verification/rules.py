@@ -476,8 +476,8 @@ RULES: tuple[Rule, ...] = (
          "(weight_dma=block)",
          (_latest("nki/deep-dives/nki-aps.html", "NKI Access Patterns: [step, num] pairs, offset"),
           _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py",
-                  "in_load_pattern [[hidden_size, 128], [128 * hidden_size, 2], [1, hidden_tile.size]] as a dma_copy "
-                  "source"),
+                  "project_standard_source_tensor_tile: weights_tensor_hbm.ap(pattern=[[I, 128], [I * 128, "
+                  "len(hidden_subtiles)], [1, I_SHARD_SIZE]]) as a dma_copy source"),
           _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py",
                   "weight tile [HTile, I] -> SBUF [H0, HTile/H0, I] in one dma_copy of unsharded_weight.ap(...)")),
          dialects=(Dialect.NKI,),
