@@ -352,9 +352,8 @@ def _pattern_source(stmt: DmaCopy) -> str:
     offset = add(scale(starts[0], row_elems), starts[1]) if len(starts) == 2 else starts[0]
     if stmt.slabs:
         part, slots, cols = dst.shape
-        width = row_elems
-        return (f"{src.buffer.name}.ap(pattern=[[{width}, {code(part)}], [{code(scale(part, width))}, {code(slots)}], "
-                f"[1, {code(cols)}]], offset={code(offset)})")
+        return (f"{src.buffer.name}.ap(pattern=[[{row_elems}, {code(part)}], [{code(scale(part, row_elems))}, "
+                f"{code(slots)}], [1, {code(cols)}]], offset={code(offset)})")
     if stmt.fold:
         rows, cols = dst.shape
         return f"{src.buffer.name}.ap(pattern=[[{code(cols)}, {code(rows)}], [1, {code(cols)}]], offset={code(offset)})"

@@ -59,8 +59,7 @@ def _slab_load(loop: Loop) -> DmaCopy | None:
         return None
     rows, cols = src.index
     part = dst.index[0]
-    if not (isinstance(part, Span) and isinstance(part.size, Lin) and part.size.is_const
-            and isinstance(rows.size, Lin) and rows.size == part.size):
+    if not (isinstance(part, Span) and isinstance(part.size, Lin) and part.size.is_const and rows.size == part.size):
         return None
     slab = part.size.const
     start = _coefficient(rows.start, name)

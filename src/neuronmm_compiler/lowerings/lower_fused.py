@@ -55,7 +55,7 @@ from .fused_prologue import NormPrologue
 from .fused_rows import RowMajorGroups
 from .fused_tokens import token_dim, token_rows
 from .fused_transposed import TransposedGroups
-from .limits import feature_tile_size, named_limits
+from .limits import named_limits
 
 if TYPE_CHECKING:
     from ..targets import Target
@@ -151,22 +151,20 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
     def exchange_batches(self) -> list[list[Group]]:
         """The groups in order, consecutive transposed reducing groups that read none of each other's values (an SVD
         MLP's x @ U_gate and x @ U_up under ``hidden``) batched: their partial strips travel in one exchange, as the
-        gate and up terms of one group do (one sendrecv fixed cost instead of one per group)."""
+        gate and up terms of one group do (one sendrecv fixed cost instead of one per group). Their partial tiles
+        all have 128 features (``_reducible``: whole tiles), so they share one buffer."""
         batches: list[list[Group]] = []
         for group in self.group_list:
             prev = batches[-1] if batches else []
-            if (prev and self._batches_with(group, prev[0]) and self._batches_with(prev[0], group)
-                    and not self._reads_any(group, prev)):
+            if prev and self._exchanges(group) and self._exchanges(prev[0]) and not self._reads_any(group, prev):
                 prev.append(group)
             else:
                 batches.append([group])
         return batches
 
-    def _batches_with(self, group: Group, other: Group) -> bool:
-        """Whether ``group`` is a transposed reducing group whose partial tiles have ``other``'s size."""
-        return (group.orient == Orient.TRANSPOSED and self._reduces(group)
-                and feature_tile_size(self.target, group.root.shape[1])
-                == feature_tile_size(self.target, other.root.shape[1]))
+    def _exchanges(self, group: Group) -> bool:
+        """Whether ``group`` is a transposed group whose partial strips the programs exchange."""
+        return group.orient == Orient.TRANSPOSED and self._reduces(group)
 
     def _reads_any(self, group: Group, batch: list[Group]) -> bool:
         """Whether ``group`` reads a value computed by a group of ``batch``."""

@@ -24,6 +24,11 @@ class Candidate:
     def latency_us(self) -> float:
         return self.cost.latency_us
 
+    @property
+    def order(self) -> tuple:
+        """How candidates rank: latency, then the schedule's parameters (a deterministic tie-break)."""
+        return (self.cost.latency_us, schedule_key(self.schedule))
+
 
 @dataclass
 class TuneResult:
@@ -88,8 +93,7 @@ class Evaluator:
         best = self._costed(schedule, schedule)
         for variant in self.variants(best.schedule) if self.variants is not None else ():
             cand = self._costed(variant, self.raw[best.schedule])
-            if cand.cost.feasible and (not best.cost.feasible or (cand.latency_us, schedule_key(cand.schedule))
-                                       < (best.latency_us, schedule_key(best.schedule))):
+            if cand.cost.feasible and (not best.cost.feasible or cand.order < best.order):
                 best = cand
         return best
 
@@ -108,7 +112,7 @@ class Evaluator:
 
     def ranked(self) -> list[Candidate]:
         feasible = [c for c in self.memo.values() if c.cost.feasible]
-        return sorted(feasible, key=lambda c: (c.latency_us, schedule_key(c.schedule)))
+        return sorted(feasible, key=lambda c: c.order)
 
 
 def schedule_key(schedule: Any) -> tuple:

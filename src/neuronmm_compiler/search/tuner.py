@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, ScheduleError
-from .candidates import Candidate, Evaluator, SpaceSpec, TuneResult, schedule_key
+from .candidates import Candidate, Evaluator, SpaceSpec, TuneResult
 from .space import SearchSpace
 
 if TYPE_CHECKING:  # Optuna is imported by the searches that use it (.trials), not by importing this
@@ -51,8 +51,7 @@ def _polish(evaluate: Evaluator, spec: SpaceSpec, start: Candidate) -> Candidate
             break
         for neighbour in _neighbours(spec.space, point, spec.space.exchange):
             cand = evaluate(spec.space.decode(neighbour))
-            better = (cand.latency_us, schedule_key(cand.schedule)) < (best.latency_us, schedule_key(best.schedule))
-            if cand.cost.feasible and better:
+            if cand.cost.feasible and cand.order < best.order:
                 best, improved = cand, True
     return best
 
@@ -181,7 +180,7 @@ def _result(evaluate: Evaluator, spec: SpaceSpec, *, what: str, method: str, tri
     best = ranked[0]
     if method == "optuna":
         best = min((_polish(evaluate, spec, s) for s in _polish_starts(ranked, spec.space.classes)),
-                   key=lambda c: (c.latency_us, schedule_key(c.schedule)))
+                   key=lambda c: c.order)
         ranked = evaluate.ranked()
     return TuneResult(best=best, top=ranked[:top_k], method=method, trials=trials, evaluated=len(evaluate.memo),
                       feasible=sum(c.cost.feasible for c in evaluate.memo.values()), space_size=spec.size,
