@@ -59,7 +59,17 @@ def cost_lines(cost: CostReport) -> list[str]:
         f"{cost.psum_evictions} PSUM evictions",
         f"on chip          SBUF {cost.sbuf_bytes_per_partition} of {cost.sbuf_capacity} B/partition, "
         f"PSUM {cost.psum_banks} of {cost.psum_capacity} banks: {'fits' if cost.feasible else 'DOES NOT FIT'}",
+        _rotation_line(cost),
     ]
+
+
+def _rotation_line(cost: CostReport) -> str:
+    """Whether the loop loads have room for the second copy that overlapping them with compute needs."""
+    need = f"{cost.sbuf_rotating_bytes_per_partition} B/partition with a second copy of each loop load"
+    if cost.rotates:
+        return f"loads overlap    compute on the previous copy ({need})"
+    return (f"loads SERIALIZED no room to rotate ({need}): each waits for the compute on the last copy, "
+            f"+{cost.values.get('T_serial', 0.0):.1f} us (T_serial; docs/cost_model.md, \"Room to rotate\")")
 
 
 def _fmt(expr: Any) -> str:

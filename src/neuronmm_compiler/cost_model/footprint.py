@@ -20,6 +20,17 @@ class Footprint:
     #: why the work could not be divided between the programs of a logical core (kernel_ir/lnc.py): such a
     #: program does not fit the target's logical core any more than one that overflows SBUF
     split_error: str | None = None
+    #: SBUF bytes per partition with a second copy of every buffer a loop's iterations load afresh
+    #: (:meth:`~..kernel_ir.program.Program.rotating_loads`): the room the steady state's overlap of those loads with
+    #: the compute on the previous copy needs (docs/cost_model.md, "Room to rotate")
+    sbuf_rotating_bytes_per_partition: int = 0
+
+    @property
+    def rotates(self) -> bool:
+        """Whether the loop loads have room for a second copy: if not, each waits for the compute on the last one (a
+        program with no such loads rotates, even one that does not fit at all: that is :attr:`fits`' verdict)."""
+        return (self.sbuf_rotating_bytes_per_partition <= self.sbuf_capacity
+                or self.sbuf_rotating_bytes_per_partition == self.sbuf_bytes_per_partition)
 
     @property
     def fits(self) -> bool:
@@ -34,9 +45,10 @@ class Footprint:
 
 def footprint(program: Program, target: Target) -> Footprint:
     """Every allocation site holds its buffer for the kernel's lifetime (see docs/architecture.md)."""
-    sbuf, psum = program.peaks(target.psum_bank_bytes)
+    sbuf, psum, rotating = program.peaks(target.psum_bank_bytes)
     return Footprint(
         sbuf_bytes_per_partition=sbuf,
+        sbuf_rotating_bytes_per_partition=rotating,
         sbuf_capacity=target.sbuf_usable_bytes_per_partition,
         psum_banks=psum,
         psum_capacity=target.psum_banks,

@@ -10,8 +10,11 @@ evaluates both on real programs and asserts they agree, so the printed formulas 
                                                   curve's efficiency for their bytes per partition)
     T_stall = t_stall                           (TensorE waiting on PSUM evictions: counts.psum_stall_us)
     T_exchange = t_exchange                     (an LNC=2 program waiting on its sendrecv exchanges)
+    T_serial = serial * min(T_dma, max(T_pe + T_stall, T_vec, T_act))
+                                                (serial = 1 when the loop loads have no room for a second copy:
+                                                 loads and compute take turns instead of overlapping)
     latency = T_launch + T_prologue + max(T_pe + T_stall, T_dma, T_vec, T_act over the steady state) + T_epilogue
-              + T_exchange
+              + T_exchange + T_serial
 
 (every count minus its prologue and epilogue part in the steady-state terms; docs/cost_model.md).
 """
@@ -29,11 +32,11 @@ SYMBOLS: tuple[str, ...] = (
     "pro_pe_cycles", "pro_vec_cycles", "pro_n_dma", "pro_eff_bytes",
     "epi_pe_cycles", "epi_vec_cycles", "epi_n_dma", "epi_eff_bytes",
     "f_pe", "f_vec", "f_act", "c_dma", "q", "bw", "flops", "hbm_bytes", "compulsory_bytes", "peak_flops_per_us",
-    "t_launch", "t_stall", "t_exchange",
+    "t_launch", "t_stall", "t_exchange", "serial",
 )
 #: The time terms, in the order ``explain`` prints them.
 TERMS: tuple[str, ...] = ("T_pe", "T_vec", "T_act", "T_dma", "T_prologue", "T_epilogue", "T_launch", "T_stall",
-                          "T_exchange")
+                          "T_exchange", "T_serial")
 
 
 def engine_us(cycles: float, ghz: float) -> float:
@@ -66,7 +69,7 @@ def steady_times(v: Mapping[str, float]) -> dict[str, float]:
     """Every time term (microseconds) from the symbols' values."""
     n_dma = v["n_dma"] - v["pro_n_dma"] - v["epi_n_dma"]
     eff_bytes = v["eff_bytes"] - v["pro_eff_bytes"] - v["epi_eff_bytes"]
-    return {
+    times = {
         "T_pe": engine_us(v["pe_cycles"] - v["pro_pe_cycles"] - v["epi_pe_cycles"], v["f_pe"]),
         "T_vec": engine_us(v["vec_cycles"] - v["pro_vec_cycles"] - v["epi_vec_cycles"], v["f_vec"]),
         "T_act": engine_us(v["act_cycles"], v["f_act"]),
@@ -77,12 +80,21 @@ def steady_times(v: Mapping[str, float]) -> dict[str, float]:
         "T_stall": v["t_stall"],
         "T_exchange": v["t_exchange"],
     }
+    times["T_serial"] = serial_us(times, v["serial"])
+    return times
+
+
+def serial_us(t: Mapping[str, float], serial: float) -> float:
+    """``T_serial``: with no room to rotate the loop loads (``serial`` 1), the steady state's DMA and compute take
+    turns, so the shorter of the two adds to the longer instead of hiding under it (docs/cost_model.md, "Room to
+    rotate")."""
+    return serial * min(t["T_dma"], max(t["T_pe"] + t["T_stall"], t["T_vec"], t["T_act"]))
 
 
 def latency(t: Mapping[str, float]) -> float:
     """The predicted latency from the time terms."""
     steady = max(t["T_pe"] + t["T_stall"], t["T_dma"], t["T_vec"], t["T_act"])
-    return t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"] + t["T_exchange"]
+    return t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"] + t["T_exchange"] + t["T_serial"]
 
 
 def lower_bound(v: Mapping[str, float]) -> float:
@@ -117,8 +129,10 @@ def symbolic() -> tuple[dict[str, Any], Any, Any]:
         "T_stall": s["t_stall"],
         "T_exchange": s["t_exchange"],
     }
+    terms["T_serial"] = s["serial"] * sp.Min(terms["T_dma"], sp.Max(terms["T_pe"] + terms["T_stall"], terms["T_vec"],
+                                                                    terms["T_act"]))
     t = {name: sp.Symbol(name) for name in terms}
     steady = sp.Max(t["T_pe"] + t["T_stall"], t["T_dma"], t["T_vec"], t["T_act"])
-    total = t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"] + t["T_exchange"]
+    total = t["T_launch"] + t["T_prologue"] + steady + t["T_epilogue"] + t["T_exchange"] + t["T_serial"]
     bound = s["t_launch"] + sp.Max(s["flops"] / s["peak_flops_per_us"], s["compulsory_bytes"] / s["bw"])
     return terms, total, bound

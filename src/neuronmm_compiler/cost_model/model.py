@@ -26,8 +26,8 @@ from ..kernel_ir.lnc import PROGRAM_ID
 from ..kernel_ir.program import Program
 from ..targets import IN_GRAPH, Target
 from .counts import ProgramCounts, count_program, dma_histogram, edge_counts, psum_stall_us
-from .footprint import footprint
-from .formulas import engine_us, latency, lower_bound, steady_times
+from .footprint import Footprint, footprint
+from .formulas import engine_us, latency, lower_bound, serial_us, steady_times
 from .params import ModelParams, params_of
 
 
@@ -97,6 +97,10 @@ class CostReport:
     psum_capacity: int
     feasible: bool
     lower_bound_us: float
+    #: SBUF bytes per partition with room for a second copy of every loop load (Footprint), and whether it fits:
+    #: when not, the steady state pays T_serial (docs/cost_model.md, "Room to rotate")
+    sbuf_rotating_bytes_per_partition: int = 0
+    rotates: bool = True
     values: dict[str, float] = field(default_factory=dict, repr=False)
     #: each program's latency on an LNC=2 target (empty on one core); the report's times are the slowest one's
     program_latency_us: list[float] = field(default_factory=list)
@@ -111,12 +115,13 @@ class CostReport:
 
 
 def model_inputs(program: Program, target: Target, params: ModelParams | None = None,
-                 counts: ProgramCounts | None = None,
-                 env: dict[str, int] | None = None) -> tuple[dict[str, float], ProgramCounts]:
+                 counts: ProgramCounts | None = None, env: dict[str, int] | None = None,
+                 fp: Footprint | None = None) -> tuple[dict[str, float], ProgramCounts]:
     """The numeric value of every symbol of the formulas, for this program and target (``params``:
     the target's own, i.e. a calibrated target's fit or the defaults, unless given; ``env``: the program id
-    of one program of a logical core)."""
+    of one program of a logical core; ``fp``: the program's footprint, computed when not given)."""
     params = params if params is not None else params_of(target)
+    fp = fp if fp is not None else footprint(program, target)
     f_pe, bw = effective_rates(target, params)
     columns = target.gemm_stationary_fmax  # the PE array's columns: a column-tiled matmul takes its share of them
     counts = counts or count_program(program, params, env, pe_columns=columns)
@@ -145,6 +150,8 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
         "t_stall": psum_stall_us(counts, f_pe, target.vector_clock_ghz, target.scalar_clock_ghz),
         # each sendrecv: both programs wait for the other's half (a DMA fixed cost for the handshake, and the bytes)
         "t_exchange": counts.exchanges * target.dma_fixed_cost_us + counts.exchange_bytes / bw,
+        # 1 when the loop loads have no room for a second copy: loads and compute take turns (T_serial)
+        "serial": 0.0 if fp.rotates else 1.0,
     }
     return values, counts
 
@@ -156,12 +163,13 @@ def estimate(program: Program, target: Target, params: ModelParams | None = None
     (:mod:`.lnc`)."""
     if program.programs > 1:
         return estimate_programs(program, target, params)
-    values, counts = model_inputs(program, target, params)
-    return _report(program, target, values, counts, steady_times(values))
+    fp = footprint(program, target)
+    values, counts = model_inputs(program, target, params, fp=fp)
+    return _report(target, values, counts, steady_times(values), fp)
 
 
-def _report(program: Program, target: Target, values: dict[str, float], counts: ProgramCounts,
-            times: dict[str, float]) -> CostReport:
+def _report(target: Target, values: dict[str, float], counts: ProgramCounts, times: dict[str, float],
+            fp: Footprint) -> CostReport:
     """The report of one program from its symbol values, counts and time terms."""
     total = latency(times)
     lower = lower_bound(values)
@@ -178,7 +186,6 @@ def _report(program: Program, target: Target, values: dict[str, float], counts: 
         bound = "overhead"
     if times["T_prologue"] + times["T_epilogue"] > steady[top]:
         bound = "overhead"
-    fp = footprint(program, target)
     hbm = counts.total_hbm_bytes_read + counts.total_hbm_bytes_written
     return CostReport(
         latency_us=total,
@@ -211,6 +218,8 @@ def _report(program: Program, target: Target, values: dict[str, float], counts: 
         psum_capacity=fp.psum_capacity,
         feasible=fp.fits,
         lower_bound_us=lower,
+        sbuf_rotating_bytes_per_partition=fp.sbuf_rotating_bytes_per_partition,
+        rotates=fp.rotates,
         values={**values, **times},
     )
 
@@ -255,6 +264,8 @@ def combine_reports(reports: list[CostReport]) -> CostReport:
         psum_capacity=reports[0].psum_capacity,
         feasible=all(r.feasible for r in reports),
         lower_bound_us=total("lower_bound_us") - launches,
+        sbuf_rotating_bytes_per_partition=max(r.sbuf_rotating_bytes_per_partition for r in reports),
+        rotates=all(r.rotates for r in reports),
         values={"t_launch": max(r.values.get("t_launch", 0.0) for r in reports),
                 "launch_per_kernel": 1.0 if per_kernel else 0.0,
                 "n_launch": total_launches(reports) if per_kernel else 1.0},
@@ -310,7 +321,8 @@ def estimate_programs(program: Program, target: Target, params: ModelParams | No
     """The report of a kernel run by ``program.programs`` programs (see the module docstring): the slowest
     program's times, everyone's traffic and instructions, ``program_latency_us`` per program."""
     params = params if params is not None else params_of(target)
-    inputs = [model_inputs(program, target, params, env={PROGRAM_ID: p}) for p in range(program.programs)]
+    fp = footprint(program, target)
+    inputs = [model_inputs(program, target, params, env={PROGRAM_ID: p}, fp=fp) for p in range(program.programs)]
     steady = [v["eff_bytes"] - v["pro_eff_bytes"] - v["epi_eff_bytes"] for v, _ in inputs]
     shared_bw = inputs[0][0]["bw"] * program.programs * params.lnc_hbm_share
     t_shared = sum(steady) / shared_bw
@@ -319,8 +331,9 @@ def estimate_programs(program: Program, target: Target, params: ModelParams | No
         times = steady_times(values)
         fixed = (values["n_dma"] - values["pro_n_dma"] - values["epi_n_dma"]) * values["c_dma"] / values["q"]
         times["T_dma"] = max(times["T_dma"], fixed + t_shared)
+        times["T_serial"] = serial_us(times, values["serial"])
         values["t_dma_shared"] = t_shared
-        reports.append(_report(program, target, values, counts, times))
+        reports.append(_report(target, values, counts, times, fp))
     slowest = max(reports, key=lambda r: latency(r.values))
     return _combined(slowest, reports, params, program.programs)
 

@@ -17,7 +17,7 @@ from ..targets import DEFAULT_PARAMS, PARAM_NAMES, ModelParams, Target
 __all__ = ["COST_MODEL_VERSION", "DEFAULT_PARAMS", "PARAM_NAMES", "ModelParams", "params_of"]
 
 #: Version of the cost model; part of any cache key of search results.
-COST_MODEL_VERSION = "3"
+COST_MODEL_VERSION = "4"
 
 
 def params_of(target: Target) -> ModelParams:

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Literal
 
 from ..vocab import ElementwiseOp
-from .expr import Expr, add, as_expr, code, literal
+from .expr import Expr, Lin, add, as_expr, code, literal
 
 Memory = Literal["hbm", "sbuf", "psum"]
 
@@ -398,12 +398,36 @@ class Program:
             peak = max(peak, live)
         return peak
 
-    def peaks(self, bank_bytes: int) -> tuple[int, int]:
-        """``(peak SBUF bytes per partition, peak PSUM banks)`` (see :meth:`live_intervals`; each PSUM allocation
-        starts on a bank boundary and takes whole banks of ``bank_bytes``), from one pass of the intervals."""
+    def rotating_loads(self) -> set[int]:
+        """The ids of the SBUF buffers a loop's iterations fill with one DMA of several slabs (``slabs``, a block in
+        one transfer): allocated (``copies`` 0) inside a loop whose trip is not the constant 1. That transfer writes
+        the whole block at once, so it cannot start before every read of the previous iteration's block at the same
+        address is done: the model's overlap of it with that compute needs a second copy's room (:meth:`peaks`). A
+        block loaded slab by slab needs none: each slab is refilled once its readers are done, as AWS's measured
+        'hoisted loads' GEMM shows (docs/cost_model.md, "Room to rotate")."""
+        allocated: set[int] = set()
+        loaded: set[int] = set()
+        for stmt, loops in walk(self.body):
+            if isinstance(stmt, Alloc):
+                if (stmt.copies == 0 and stmt.buffer.memory == "sbuf"
+                        and any(not (isinstance(loop.trip, Lin) and loop.trip.is_const and loop.trip.const == 1)
+                                for loop in loops)):
+                    allocated.add(id(stmt.buffer))
+            elif isinstance(stmt, DmaCopy) and stmt.slabs and id(stmt.dst.buffer) in allocated:
+                loaded.add(id(stmt.dst.buffer))
+        return loaded
+
+    def peaks(self, bank_bytes: int) -> tuple[int, int, int]:
+        """``(peak SBUF bytes per partition, peak PSUM banks, peak SBUF bytes per partition with room to rotate)``
+        (see :meth:`live_intervals`; each PSUM allocation starts on a bank boundary and takes whole banks of
+        ``bank_bytes``), from one pass of the intervals. The third counts every buffer of :meth:`rotating_loads`
+        twice: the next iteration's load lands in a second copy while the compute still reads the first
+        (docs/cost_model.md, "Room to rotate")."""
         intervals = self.live_intervals()
+        rotating = self.rotating_loads()
         return (self._peak(intervals, "sbuf", lambda b: b.footprint()),
-                self._peak(intervals, "psum", lambda b: b.footprint(bank_bytes)))
+                self._peak(intervals, "psum", lambda b: b.footprint(bank_bytes)),
+                self._peak(intervals, "sbuf", lambda b: b.footprint() * (2 if id(b) in rotating else 1)))
 
 
 def refs_of(stmt: Stmt) -> list[Ref]:

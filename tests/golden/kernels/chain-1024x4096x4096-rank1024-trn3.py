@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
 # footprint    svd_chain_k0: SBUF 26624 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    316.8 us on trn3 LNC=2 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
+# predicted    316.8 us on trn3 LNC=2 (cost model v4, 1 kernel; standalone launch: 45.3 us once per workload)
 # model error  not validated: no published trn3 measurement to compare with; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,7 +5,7 @@
 # schedule     aws-fully-optimized
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=8 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=none
 # footprint    SBUF 49152 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    176.4 us on trn1 (memory-bound; cost model v3, lower bound 92.0 us; standalone launch: 45.3 us once per workload)
+# predicted    176.4 us on trn1 (memory-bound; cost model v4, lower bound 92.0 us; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used

@@ -5,7 +5,7 @@
 # schedule     aws-hoist-load
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=8 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=none
 # footprint    SBUF 10240 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    484.7 us on trn1 (memory-bound; cost model v3, lower bound 92.0 us; standalone launch: 45.3 us once per workload)
+# predicted    484.7 us on trn1 (memory-bound; cost model v4, lower bound 92.0 us; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,7 +5,7 @@
 # schedule     aws-hoist-load
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=1 tiles_in_block_n=1 tiles_in_block_k=16 loop_order=kmn tile_order=mn accumulate=psum dma=tile a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=m
 # footprint    SBUF 20480 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    365.4 us on trn2 LNC=2 (memory-bound; cost model v3, lower bound 157.6 us; standalone launch: 45.3 us once per workload)
+# predicted    365.4 us on trn2 LNC=2 (memory-bound; cost model v4, lower bound 157.6 us; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,7 +5,7 @@
 # schedule     aws-fully-optimized + psum_buffers=2 tiles_in_block_m=2
 # parameters   tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=2 lnc_split=n
 # footprint    SBUF 15036 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    67.4 us on trn2 LNC=2 (overhead-bound; cost model v3, lower bound 50.0 us; standalone launch: 45.3 us once per workload)
+# predicted    67.4 us on trn2 LNC=2 (overhead-bound; cost model v4, lower bound 50.0 us; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used

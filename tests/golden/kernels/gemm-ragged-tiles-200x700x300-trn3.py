@@ -5,7 +5,7 @@
 # schedule     aws-fully-optimized + dma=tile tile_m=64 tile_n=256
 # parameters   tile_m=64 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=tile a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=n
 # footprint    SBUF 5668 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    56.3 us on trn3 LNC=2 (overhead-bound; cost model v3, lower bound 46.1 us; standalone launch: 45.3 us once per workload)
+# predicted    56.3 us on trn3 LNC=2 (overhead-bound; cost model v4, lower bound 46.1 us; standalone launch: 45.3 us once per workload)
 # model error  not validated: no published trn3 measurement to compare with; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)

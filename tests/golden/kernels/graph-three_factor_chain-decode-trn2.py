@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=hidden
 # footprint    three_factor_chain_k0: SBUF 12292 of 212992 bytes/partition, PSUM 1 of 8 banks
-# predicted    64.8 us on trn2 LNC=2 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
+# predicted    64.8 us on trn2 LNC=2 (cost model v4, 1 kernel; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)

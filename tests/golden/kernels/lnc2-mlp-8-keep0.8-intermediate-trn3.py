@@ -5,7 +5,7 @@
 # schedule     default + lnc_split=intermediate
 # parameters   tokens_per_block=8 token_tile=8 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=intermediate
 # footprint    svd_mlp_k0: SBUF 21856 of 245760 bytes/partition, PSUM 2 of 8 banks
-# predicted    214.3 us on trn3 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    214.3 us on trn3 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  not validated: no published trn3 measurement to compare with; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
 # footprint    dense_mlp_k0: SBUF 82944 of 180224 bytes/partition, PSUM 2 of 8 banks
-# predicted    955.8 us on trn1 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    955.8 us on trn1 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      nki: NKI 0.3+ (import nki)

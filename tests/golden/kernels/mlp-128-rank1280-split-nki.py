@@ -5,7 +5,7 @@
 # schedule     default + mlp=split
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=split lnc_split=none
 # footprint    svd_mlp_k0: SBUF 36608 of 180224 bytes/partition, PSUM 2 of 8 banks; svd_mlp_k1: SBUF 35328 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    1435.7 us on trn1 in-graph (cost model v3, 2 kernels; in-graph: 2 us per kernel, assumed)
+# predicted    1435.7 us on trn1 in-graph (cost model v4, 2 kernels; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      nki: NKI 0.3+ (import nki)

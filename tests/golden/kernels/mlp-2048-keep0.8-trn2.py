@@ -5,7 +5,7 @@
 # schedule     default
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=tokens
 # footprint    svd_mlp_k0: SBUF 70144 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    13887.8 us on trn2 LNC=2 in-graph (cost model v3, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    13887.8 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)

@@ -5,7 +5,7 @@
 # schedule     default + mlp=split
 # parameters   tokens_per_block=32 token_tile=32 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=split lnc_split=gather
 # footprint    dense_mlp_k0: SBUF 33984 of 245760 bytes/partition, PSUM 2 of 8 banks; dense_mlp_k1: SBUF 70656 of 245760 bytes/partition, PSUM 1 of 8 banks
-# predicted    185.9 us on trn3 LNC=2 in-graph (cost model v3, 2 kernels; in-graph: 2 us per kernel, assumed)
+# predicted    185.9 us on trn3 LNC=2 in-graph (cost model v4, 2 kernels; in-graph: 2 us per kernel, assumed)
 # model error  not validated: no published trn3 measurement to compare with; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)

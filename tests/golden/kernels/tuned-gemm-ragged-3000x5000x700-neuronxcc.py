@@ -5,7 +5,7 @@
 # schedule     tuned (optuna, seed 0)
 # parameters   tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=4 tiles_in_block_k=6 loop_order=kmn tile_order=mn accumulate=psum dma=row a_transpose=pe accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=none
 # footprint    SBUF 49152 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    314.8 us on trn1 (compute-bound; cost model v3, lower bound 273.6 us; standalone launch: 45.3 us once per workload)
+# predicted    314.8 us on trn1 (compute-bound; cost model v4, lower bound 273.6 us; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used

@@ -5,7 +5,7 @@
 # schedule     tuned (optuna, seed 0)
 # parameters   tokens_per_block=128 token_tile=128 weight_block_kib=64 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=all x_transpose=pe mlp=whole lnc_split=none
 # footprint    lora_k0: SBUF 78592 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    108.4 us on trn1 (cost model v3, 1 kernel; standalone launch: 45.3 us once per workload)
+# predicted    108.4 us on trn1 (cost model v4, 1 kernel; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
