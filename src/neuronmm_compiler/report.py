@@ -65,7 +65,7 @@ def cost_lines(cost: CostReport) -> list[str]:
 
 def _rotation_line(cost: CostReport) -> str:
     """Whether the loop loads have room for the second copy that overlapping them with compute needs."""
-    need = f"{cost.sbuf_rotating_bytes_per_partition} B/partition with a second copy of each loop load"
+    need = f"{cost.sbuf_rotating_bytes_per_partition} B/partition with a second copy of each one-DMA loop block"
     if cost.rotates:
         return f"loads overlap    compute on the previous copy ({need})"
     return (f"loads SERIALIZED no room to rotate ({need}): each waits for the compute on the last copy, "

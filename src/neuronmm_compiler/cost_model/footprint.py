@@ -20,9 +20,9 @@ class Footprint:
     #: why the work could not be divided between the programs of a logical core (kernel_ir/lnc.py): such a
     #: program does not fit the target's logical core any more than one that overflows SBUF
     split_error: str | None = None
-    #: SBUF bytes per partition with a second copy of every buffer a loop's iterations load afresh
+    #: SBUF bytes per partition with a second copy of every block a loop's iterations fill with one DMA
     #: (:meth:`~..kernel_ir.program.Program.rotating_loads`): the room the steady state's overlap of those loads with
-    #: the compute on the previous copy needs (docs/cost_model.md, "Room to rotate")
+    #: the compute on the previous block needs (docs/cost_model.md, "Room to rotate")
     sbuf_rotating_bytes_per_partition: int = 0
 
     @property

@@ -97,8 +97,8 @@ class CostReport:
     psum_capacity: int
     feasible: bool
     lower_bound_us: float
-    #: SBUF bytes per partition with room for a second copy of every loop load (Footprint), and whether it fits:
-    #: when not, the steady state pays T_serial (docs/cost_model.md, "Room to rotate")
+    #: SBUF bytes per partition with room for a second copy of every one-DMA loop block (Footprint), and whether it
+    #: fits: when not, the steady state pays T_serial (docs/cost_model.md, "Room to rotate")
     sbuf_rotating_bytes_per_partition: int = 0
     rotates: bool = True
     values: dict[str, float] = field(default_factory=dict, repr=False)
