@@ -298,6 +298,77 @@ def test_invalid_or_stale_layer_files_are_recomputed(tmp_path, reference_run, fp
     assert len(calls) == 9 and manifest.ranks["gate"] == block_aligned_rank(256, 768, 0.6, 32)
 
 
+def _rewrite_tensor(model_dir: Path, name: str, change) -> None:
+    """Rewrite model.safetensors with ``name`` replaced by ``change(old)``, every other tensor as it was."""
+    with safe_open(str(model_dir / "model.safetensors"), framework="np") as handle:
+        names = list(handle.keys())
+        tensors = {key: handle.get_tensor(key) for key in names}
+    tensors[name] = change(tensors[name])
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_weights_changed_before_a_resume_are_recompressed(tmp_path, reference_run):
+    """A finished layer file records a digest of the weights it was made from: a resume after one layer's weight
+    changed recomputes that layer only, and its factors are those of the new weight."""
+    model, weights = make_model(tmp_path / "model")
+    out = tmp_path / "out"
+    compress_model(model, out, 0.8, align=32)
+    assert files_bytes(out) == files_bytes(reference_run[0])
+    name = "model.layers.1.mlp.up_proj.weight"
+    _rewrite_tensor(model, name, lambda w: w * 2)
+    calls = []
+    manifest = compress_model(model, out, 0.8, align=32, progress=lambda d, t: calls.append(d))
+    assert calls == [7, 8, 9]  # layers 0 and 2 reused, layer 1 recomputed
+    with safe_open(str(out / "layer_001.safetensors"), framework="np") as handle:
+        u, v = handle.get_tensor("model.layers.1.mlp.up_proj.u"), handle.get_tensor("model.layers.1.mlp.up_proj.v")
+    w_new = 2 * weights[1, "up"]
+    assert relative_error(w_new, u, v) == pytest.approx(optimal_error(w_new, manifest.ranks["up"]), rel=1e-5)
+    calls.clear()  # a weight outside the MLPs does not touch the layer files
+    _rewrite_tensor(model, "model.embed_tokens.weight", lambda w: w + 1)
+    compress_model(model, out, 0.8, align=32, progress=lambda d, t: calls.append(d))
+    assert calls == []
+
+
+def test_the_weight_digest_covers_bytes_names_and_order(tmp_path, fp32_model):
+    reader = WeightReader(fp32_model[0])
+    names = ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+    assert reader.digest(names) == WeightReader(fp32_model[0]).digest(names) != reader.digest(names[::-1])
+    assert len(reader.digest()) == 16 and reader.digest() != reader.digest(names)
+    copy = tmp_path / "copy"
+    shutil.copytree(fp32_model[0], copy)
+
+    def one_ulp(w):
+        w = w.copy()
+        w.flat[7] = np.nextafter(w.flat[7], np.inf)
+        return w
+
+    _rewrite_tensor(copy, names[1], one_ulp)
+    assert WeightReader(copy).digest(names[:1]) == reader.digest(names[:1])
+    assert WeightReader(copy).digest(names) != reader.digest(names)
+    data = (copy / "model.safetensors").read_bytes()
+    (copy / "model.safetensors").write_bytes(data[: len(data) - 100])
+    with pytest.raises(InputError, match=r"not a readable safetensors file|cut short"):
+        WeightReader(copy).digest()
+
+
+def test_a_healing_checkpoint_is_keyed_by_every_weight_of_the_model(tmp_path):
+    """Fine-tuning distils from the whole original model, whose LM head and final norm feed no calibration Gram: its
+    checkpoints' identity holds a digest of every tensor, so a changed weight anywhere starts them afresh."""
+    from types import SimpleNamespace
+
+    from neuronmm_compiler.models.heal_steps import _finetune_identity
+
+    model, _ = make_model(tmp_path / "model")
+    request = SimpleNamespace(model_dir=str(model), damping=0.01, heal_damping=1e-4, heal_target="healed",
+                              heal_prior=1.0, heal_metric="mlp-output")
+    calibration = SimpleNamespace(digest=lambda: "c0ffee")
+    before = _finetune_identity(request, calibration)
+    assert before == _finetune_identity(request, calibration)
+    _rewrite_tensor(model, "model.embed_tokens.weight", lambda w: w + 1)
+    after = _finetune_identity(request, calibration)
+    assert after["source"] != before["source"] and {**after, "source": 0} == {**before, "source": 0}
+
+
 def test_model_directory_errors(tmp_path, fp32_model):
     empty = tmp_path / "no-weights"
     empty.mkdir()

@@ -352,7 +352,9 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     if (factors is None) != (heal is None):
         raise InputError("given factors need a heal record describing them, and a heal record needs the factors")
     fp8 = dict(fp8 or {})
-    settings = [_settings(config, keep_ratio, align, dtype, p, whitening, heal, fp8.get(i))
+    # the source weights' bytes too: a resumed run must not keep factors of weights changed in between
+    settings = [{**_settings(config, keep_ratio, align, dtype, p, whitening, heal, fp8.get(i)),
+                 "source": reader.digest(mlp_weight_names(config, i).values())}
                 for i, p in enumerate(plans)]
     code = OUTPUT_DTYPES[dtype][1]
     layers = range(config.num_hidden_layers)

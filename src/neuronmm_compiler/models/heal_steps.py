@@ -8,6 +8,7 @@ computed them when fine-tuning resumed from a checkpoint), so that a user can ch
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ import numpy as np
 from ..cores import available_cores
 from ..errors import InputError
 from .calibration import Calibration
+from .weights import WeightReader
 
 __all__ = ["CHECKPOINTS", "FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "SHARD_START_CHECKPOINT", "StageProgress",
            "heal", "sample", "shard_args", "teacher_length", "threads_of", "whitened_factors"]
@@ -159,8 +161,22 @@ def sample(request, model, count: int, seed: int, progress: StageProgress | None
 
 
 def _finetune_identity(request, calibration: Calibration) -> dict[str, Any]:
+    """What a healing checkpoint must match besides its settings: the calibration, the healing options and every
+    weight of the model (the teacher's too: its final norm and LM head feed no calibration Gram)."""
     return {"calibration": calibration.digest(), "damping": request.damping, "heal_damping": request.heal_damping,
-            "target": request.heal_target, "prior": request.heal_prior, "metric": request.heal_metric}
+            "target": request.heal_target, "prior": request.heal_prior, "metric": request.heal_metric,
+            "source": _model_digest(str(request.model_dir), _weight_files_stamp(Path(request.model_dir)))}
+
+
+def _weight_files_stamp(model_dir: Path) -> tuple:
+    """Name, size and modification time of every safetensors file: a changed file changes the cache key below."""
+    return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(model_dir.glob("*.safetensors")))
+
+
+@functools.lru_cache(maxsize=4)
+def _model_digest(model_dir: str, stamp: tuple) -> str:
+    """:meth:`.weights.WeightReader.digest` of every tensor, once per model state (``stamp``) in a process."""
+    return WeightReader(model_dir).digest()
 
 
 def _finetune(request, model, calibration: Calibration, ids: np.ndarray, start, record: dict[str, Any],

@@ -13,11 +13,12 @@ uint16 from the file's header offsets and shifted into the top half of a float32
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,37 @@ class WeightReader:
                 raise InputError(f"{path}: tensor {name!r} listed in the index is not in the shard")
             view = handle.get_slice(name)
             return str(view.get_dtype()), tuple(int(d) for d in view.get_shape())
+
+    def digest(self, names: Iterable[str] | None = None) -> str:
+        """A hash (16 hex digits) of the named tensors as stored, in the given order (every tensor, by name, when
+        ``names`` is None): each one's name, dtype, shape and data bytes, read from the file in 16 MiB pieces. A
+        resumed compression compares it with the one its earlier files recorded, so weights changed in between are
+        not mixed with factors of the old ones (docs/compression.md, "Memory, atomicity, resuming")."""
+        sha = hashlib.sha256()
+        headers: dict[Path, tuple[dict, int]] = {}
+        for name in (sorted(self.files) if names is None else names):
+            path = self.file_of(name)
+            if path not in headers:
+                try:
+                    headers[path] = _header(path)
+                except (OSError, ValueError, struct.error) as exc:
+                    raise InputError(f"{path}: not a readable safetensors file: {exc}") from None
+            header, start = headers[path]
+            if name not in header:
+                raise InputError(f"{path}: tensor {name!r} listed in the index is not in the shard")
+            info = header[name]
+            begin, end = info["data_offsets"]
+            sha.update(json.dumps([name, info["dtype"], info["shape"], end - begin]).encode())
+            with open(path, "rb") as handle:
+                handle.seek(start + begin)
+                left = end - begin
+                while left > 0:
+                    chunk = handle.read(min(left, 1 << 24))
+                    if not chunk:
+                        raise InputError(f"{path}: tensor {name!r} is cut short ({left} bytes missing)")
+                    sha.update(chunk)
+                    left -= len(chunk)
+        return sha.hexdigest()[:16]
 
     def read(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """Tensor ``name`` as a float32 array in its stored layout; ``shape`` is checked if given."""
