@@ -65,6 +65,8 @@ def cost_lines(cost: CostReport) -> list[str]:
 
 def _rotation_line(cost: CostReport) -> str:
     """Whether the loop loads have room for the second copy that overlapping them with compute needs."""
+    if cost.sbuf_rotating_bytes_per_partition == cost.sbuf_bytes_per_partition:
+        return "loads overlap    compute (no loop loads a block in one DMA: docs/cost_model.md, \"Room to rotate\")"
     need = f"{cost.sbuf_rotating_bytes_per_partition} B/partition with a second copy of each one-DMA loop block"
     if cost.rotates:
         return f"loads overlap    compute on the previous copy ({need})"
