@@ -3,9 +3,9 @@
 #
 # workload     Y[M,N] = X[M,K] @ U[K,R] @ V[R,N], M=512 N=8192 K=2048 R=1280, bfloat16, X [M,K]
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=512 token_tile=128 weight_block_kib=128 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
-# footprint    svd_chain_k0: SBUF 151040 of 180224 bytes/partition, PSUM 1 of 8 banks
-# predicted    203.0 us on trn1 (cost model v4, 1 kernel; standalone launch: 45.3 us once per workload)
+# parameters   tokens_per_block=512 token_tile=128 weight_block_kib=48 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
+# footprint    svd_chain_k0: SBUF 67584 of 180224 bytes/partition, PSUM 1 of 8 banks
+# predicted    202.6 us on trn1 (cost model v4, 1 kernel; standalone launch: 45.3 us once per workload)
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
@@ -20,7 +20,7 @@
 #     %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xuv
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [512, 2048] bfloat16 layout=row_major\n  %u = input \"u\" [2048, 1280] bfloat16 layout=row_major\n  %v = input \"v\" [1280, 8192] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [512, 1280] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"none","mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":512,"weight_block_kib":128,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph svd_chain {\n  %x = input \"x\" [512, 2048] bfloat16 layout=row_major\n  %u = input \"u\" [2048, 1280] bfloat16 layout=row_major\n  %v = input \"v\" [1280, 8192] bfloat16 layout=row_major\n  %xu = matmul %x, %u : [512, 1280] bfloat16 {acc=xu, group=xu, kernel=k0, orient=transposed, place=sbuf}\n  %xuv = matmul %xu, %v : [512, 8192] bfloat16 {acc=xuv, group=xuv, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xuv\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[512,2048]},{"dtype":"bfloat16","name":"u","shape":[2048,1280]},{"dtype":"bfloat16","name":"v","shape":[1280,8192]}],"name":"svd_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}]}],"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[512,8192]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"none","mlp":"whole","out_tile":256,"token_tile":128,"tokens_per_block":512,"weight_block_kib":48,"weight_dma":"row","x_transpose":"pe"}},"target":"trn1"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -43,13 +43,13 @@ def svd_chain_k0(x, u, v):
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 512  # tokens per block
     TOKEN_TILE = 128  # tokens per tile
-    XUV_BLOCK = 6400  # 25 tiles of 256
+    XUV_BLOCK = 2304  # 9 tiles of 256
     XU_BLOCK = 1280  # 10 tiles of 128
     assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u.shape) == (2048, 1280), f"u: expected shape (2048, 1280), got {u.shape}"
     assert tuple(v.shape) == (1280, 8192), f"v: expected shape (1280, 8192), got {v.shape}"
     y = nl.ndarray((T, 8192), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=512 token_tile=128 weight_block_kib=128 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
+    # schedule: tokens_per_block=512 token_tile=128 weight_block_kib=48 k_tiles_per_block=0 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=none
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     for tt in nl.static_range((min(TOKENS_PER_BLOCK, T) + TOKEN_TILE - 1) // TOKEN_TILE):
@@ -72,14 +72,14 @@ def svd_chain_k0(x, u, v):
             xu_psum[0:F_TILE, 0:min(TOKENS_PER_BLOCK, T)] += nisa.nc_matmul(u_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], x_strip[0:P, kt, 0:min(TOKENS_PER_BLOCK, T)])
         xu_strip[0:F_TILE, ft, 0:min(TOKENS_PER_BLOCK, T)] = nl.copy(xu_psum[0:F_TILE, 0:min(TOKENS_PER_BLOCK, T)], dtype=nl.bfloat16)
     # y = xuv = (xu @ v): strips stationary, weights moving
-    for o_blk in nl.static_range(2):
+    for o_blk in nl.static_range(4):
         v_block = nl.ndarray((P, 10, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(10):
             v_block[0:P, kt, 0:min(XUV_BLOCK, 8192 - XUV_BLOCK * o_blk)] = nl.load(v[P * kt:P * kt + P, XUV_BLOCK * o_blk:min(XUV_BLOCK * o_blk + XUV_BLOCK, 8192)])
         for tt in nl.static_range((min(TOKENS_PER_BLOCK, T) + TOKEN_TILE - 1) // TOKEN_TILE):
             # one packed row of output tiles
             y_rows = nl.ndarray((TOKEN_TILE, XUV_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bn in nl.affine_range(min(25, 32 - 25 * o_blk)):
+            for bn in nl.affine_range(min(9, 32 - 9 * o_blk)):
                 xuv_psum = nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
                 for kt in nl.affine_range(10):
                     xuv_psum[0:min(TOKEN_TILE, T - TOKEN_TILE * tt), 0:OUT_TILE] += nisa.nc_matmul(xu_strip[0:P, kt, TOKEN_TILE * tt:min(TOKEN_TILE * tt + TOKEN_TILE, T)], v_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])

@@ -3,9 +3,9 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=1 hidden=4096 intermediate=14336, ranks gate/up/down 2560/2560/2560, bfloat16
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=gather column_tiles=2
-# footprint    svd_mlp_k0: SBUF 114992 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    421.1 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=192 k_tiles_per_block=2 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=hidden column_tiles=2
+# footprint    svd_mlp_k0: SBUF 87080 of 212992 bytes/partition, PSUM 2 of 8 banks
+# predicted    411.3 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -31,7 +31,7 @@
 #     %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 4096] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [4096, 2560] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [2560, 14336] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [4096, 2560] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [2560, 14336] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [14336, 2560] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [2560, 4096] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 2560] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 14336] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 2560] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 14336] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 2560] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","column_tiles":2,"k_tiles_per_block":8,"lnc_split":"gather","mlp":"whole","out_tile":256,"token_tile":1,"tokens_per_block":1,"weight_block_kib":64,"weight_dma":"block","x_transpose":"pe"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 4096] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [4096, 2560] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [2560, 14336] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [4096, 2560] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [2560, 14336] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [14336, 2560] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [2560, 4096] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 2560] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 14336] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 2560] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 14336] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 2560] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","column_tiles":2,"k_tiles_per_block":2,"lnc_split":"hidden","mlp":"whole","out_tile":256,"token_tile":1,"tokens_per_block":1,"weight_block_kib":192,"weight_dma":"block","x_transpose":"pe"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -47,16 +47,16 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 4096], u_gate[4096, 2560], v_gate[2560, 14336], u_up[4096, 2560], v_up[2560, 14336], u_down[14336, 2560], v_down[2560, 4096]. Returns out[1, 4096].
     """
-    DOWN_BLOCK = 1024  # 4 tiles of 256
+    DOWN_BLOCK = 2048  # 8 tiles of 256
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
-    H_BLOCK = 3584  # 28 tiles of 128
-    H_UD_BLOCK = 1280  # 10 tiles of 128
+    H_BLOCK = 7168  # 56 tiles of 128
+    H_UD_BLOCK = 768  # 6 tiles of 128
     OUT_TILE = 256  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 1  # tokens per block
     TOKEN_TILE = 1  # tokens per tile
-    X_UG_BLOCK = 1280  # 10 tiles of 128
-    X_UU_BLOCK = 1280  # 10 tiles of 128
+    X_UG_BLOCK = 2560  # 20 tiles of 128
+    X_UU_BLOCK = 2560  # 20 tiles of 128
     assert tuple(x.shape) == (1, 4096), f"x: expected shape (1, 4096), got {x.shape}"
     assert tuple(u_gate.shape) == (4096, 2560), f"u_gate: expected shape (4096, 2560), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (2560, 14336), f"v_gate: expected shape (2560, 14336), got {v_gate.shape}"
@@ -65,104 +65,97 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert tuple(u_down.shape) == (14336, 2560), f"u_down: expected shape (14336, 2560), got {u_down.shape}"
     assert tuple(v_down.shape) == (2560, 4096), f"v_down: expected shape (2560, 4096), got {v_down.shape}"
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
-    pid = nl.program_id(0)  # this program's share of the 'gather' split (0..1)
+    pid = nl.program_id(0)  # this program's share of the 'hidden' split (0..1)
     out = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=64 k_tiles_per_block=8 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=gather column_tiles=2
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=192 k_tiles_per_block=2 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=hidden column_tiles=2
     # x^T strip: features on partitions, tokens free
-    x_strip = nl.ndarray((P, 32, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
     x_rows = nl.ndarray((TOKEN_TILE, 4096), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_rows[0:TOKEN_TILE, 0:4096], src=x[0:TOKEN_TILE, 0:4096])
-    for kt in range(32):
+    # 2 programs: each its 16 of 32
+    for kt in range(16):
         x_tpsum = nl.ndarray((P, TOKEN_TILE), dtype=nl.bfloat16, buffer=nl.psum)
-        nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt:P * kt + P])
+        nisa.nc_transpose(dst=x_tpsum[0:P, 0:TOKEN_TILE], data=x_rows[0:TOKEN_TILE, P * kt + 2048 * pid:P * kt + 2048 * pid + P])
         nisa.tensor_copy(dst=x_strip[0:P, kt, 0:TOKEN_TILE], src=x_tpsum[0:P, 0:TOKEN_TILE])
     # x_ug^T strip of this token block, kept in SBUF
     x_ug_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
-    # 2 programs: each its 1 of 2
-    for f_blk in range(1):
-        # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        x_ug_psum = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        for k_blk in range(4):
-            u_gate_block = nl.ndarray((P, 8, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=u_gate_block[0:P, 0:8, 0:X_UG_BLOCK], src=u_gate.ap(pattern=[[2560, P], [327680, 8], [1, X_UG_BLOCK]], offset=2621440 * k_blk + X_UG_BLOCK * f_blk + X_UG_BLOCK * pid))
-            for ft in range(10):
-                for kt in range(8):
-                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
-        for ft in range(10):
-            nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 10 * f_blk + ft + 10 * pid, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, ft, 0:TOKEN_TILE])
-    # exchange halves of x_ug_strip with the other program: both hold all 2560 features
-    nisa.sendrecv(src=x_ug_strip[0:F_TILE, 10 * pid:10 * pid + 10, 0:TOKEN_TILE], dst=x_ug_strip[0:F_TILE, 10 - 10 * pid:20 - 10 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
-    # 2 programs: each its 1 of 2
-    for f_blk in range(1):
-        # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        x_uu_psum = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        for k_blk in range(4):
-            u_up_block = nl.ndarray((P, 8, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=u_up_block[0:P, 0:8, 0:X_UU_BLOCK], src=u_up.ap(pattern=[[2560, P], [327680, 8], [1, X_UU_BLOCK]], offset=2621440 * k_blk + X_UU_BLOCK * f_blk + X_UU_BLOCK * pid))
-            for ft in range(10):
-                for kt in range(8):
-                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
-        for ft in range(10):
-            nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 10 * f_blk + ft + 10 * pid, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, ft, 0:TOKEN_TILE])
-    # exchange halves of x_uu_strip with the other program: both hold all 2560 features
-    nisa.sendrecv(src=x_uu_strip[0:F_TILE, 10 * pid:10 * pid + 10, 0:TOKEN_TILE], dst=x_uu_strip[0:F_TILE, 10 - 10 * pid:20 - 10 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    # this program's partial sums (its half of the contraction)
+    x_ug_x_uu_partials = nl.ndarray((F_TILE, 40, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
+    u_gate_block = nl.ndarray((P, 16, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=u_gate_block[0:P, 0:16, 0:X_UG_BLOCK], src=u_gate.ap(pattern=[[2560, P], [327680, 16], [1, X_UG_BLOCK]], offset=5242880 * pid))
+    for ft in range(20):
+        x_ug_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        # 2 programs: each its 16 of 32
+        for kt in range(16):
+            nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=x_ug_x_uu_partials[0:F_TILE, ft, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
+    # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
+    u_up_block = nl.ndarray((P, 16, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=u_up_block[0:P, 0:16, 0:X_UU_BLOCK], src=u_up.ap(pattern=[[2560, P], [327680, 16], [1, X_UU_BLOCK]], offset=5242880 * pid))
+    for ft in range(20):
+        x_uu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        # 2 programs: each its 16 of 32
+        for kt in range(16):
+            nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
+        nisa.tensor_copy(dst=x_ug_x_uu_partials[0:F_TILE, ft + 20, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
+    # add the other program's partial sums (one exchange, one instruction per value): both hold the whole sums
+    x_ug_x_uu_partials_other = nl.ndarray((F_TILE, 40, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=x_ug_x_uu_partials[0:F_TILE, 0:40, 0:TOKEN_TILE], dst=x_ug_x_uu_partials_other[0:F_TILE, 0:40, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=x_ug_strip[0:F_TILE, 0:20, 0:TOKEN_TILE], data1=x_ug_x_uu_partials[0:F_TILE, 0:20, 0:TOKEN_TILE], data2=x_ug_x_uu_partials_other[0:F_TILE, 0:20, 0:TOKEN_TILE], op=nl.add)
+    nisa.tensor_tensor(dst=x_uu_strip[0:F_TILE, 0:20, 0:TOKEN_TILE], data1=x_ug_x_uu_partials[0:F_TILE, 20:40, 0:TOKEN_TILE], data2=x_ug_x_uu_partials_other[0:F_TILE, 20:40, 0:TOKEN_TILE], op=nl.add)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((P, 112, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
-    # 2 programs: each its 2 of 4
-    for f_blk in range(2):
-        # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        gate_psum = nl.ndarray((F_TILE, 28, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        up_psum = nl.ndarray((F_TILE, 28, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        for k_blk in range(3):
-            v_gate_block = nl.ndarray((P, 8, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.dma_copy(dst=v_gate_block[0:P, kt, 0:H_BLOCK], src=v_gate[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, H_BLOCK * f_blk + 7168 * pid:H_BLOCK * f_blk + 7168 * pid + H_BLOCK])
-            v_up_block = nl.ndarray((P, 8, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for kt in range(min(8, 20 - 8 * k_blk)):
-                nisa.dma_copy(dst=v_up_block[0:P, kt, 0:H_BLOCK], src=v_up[1024 * k_blk + P * kt:1024 * k_blk + P * kt + P, H_BLOCK * f_blk + 7168 * pid:H_BLOCK * f_blk + 7168 * pid + H_BLOCK])
-            for ft in range(28):
-                for kt in range(min(8, 20 - 8 * k_blk)):
-                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
-                for kt in range(min(8, 20 - 8 * k_blk)):
-                    nisa.nc_matmul(dst=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
-        for ft in range(28):
-            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE])
-            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 28 * f_blk + ft + 56 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], op=nl.multiply)
-    # exchange halves of h_strip with the other program: both hold all 14336 features
-    nisa.sendrecv(src=h_strip[0:F_TILE, 56 * pid:56 * pid + 56, 0:TOKEN_TILE], dst=h_strip[0:F_TILE, 56 - 56 * pid:112 - 56 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
-    # h_ud^T strip of this token block, kept in SBUF
-    h_ud_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-    # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 1 of 2
     for f_blk in range(1):
         # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        h_ud_psum = nl.ndarray((F_TILE, 10, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        for k_blk in range(14):
-            u_down_block = nl.ndarray((P, 8, H_UD_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=u_down_block[0:P, 0:8, 0:H_UD_BLOCK], src=u_down.ap(pattern=[[2560, P], [327680, 8], [1, H_UD_BLOCK]], offset=2621440 * k_blk + H_UD_BLOCK * f_blk + H_UD_BLOCK * pid))
-            for ft in range(10):
-                for kt in range(8):
-                    nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_strip[0:P, 8 * k_blk + kt, 0:TOKEN_TILE])
-        for ft in range(10):
-            nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, 10 * f_blk + ft + 10 * pid, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, ft, 0:TOKEN_TILE])
-    # exchange halves of h_ud_strip with the other program: both hold all 2560 features
-    nisa.sendrecv(src=h_ud_strip[0:F_TILE, 10 * pid:10 * pid + 10, 0:TOKEN_TILE], dst=h_ud_strip[0:F_TILE, 10 - 10 * pid:20 - 10 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+        gate_psum = nl.ndarray((F_TILE, 56, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
+        up_psum = nl.ndarray((F_TILE, 56, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        for k_blk in range(10):
+            v_gate_block = nl.ndarray((P, 2, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=v_gate_block[0:P, 0:2, 0:H_BLOCK], src=v_gate.ap(pattern=[[14336, P], [1835008, 2], [1, H_BLOCK]], offset=3670016 * k_blk + H_BLOCK * f_blk + H_BLOCK * pid))
+            v_up_block = nl.ndarray((P, 2, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=v_up_block[0:P, 0:2, 0:H_BLOCK], src=v_up.ap(pattern=[[14336, P], [1835008, 2], [1, H_BLOCK]], offset=3670016 * k_blk + H_BLOCK * f_blk + H_BLOCK * pid))
+            for ft in range(56):
+                for kt in range(2):
+                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE])
+                for kt in range(2):
+                    nisa.nc_matmul(dst=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE])
+        for ft in range(56):
+            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE])
+            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 56 * f_blk + ft + 56 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], op=nl.multiply)
+    # h_ud^T strip of this token block, kept in SBUF
+    h_ud_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # this program's partial sums (its half of the contraction)
+    h_ud_partial = nl.ndarray((F_TILE, 20, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
+    for f_blk in range(4):
+        u_down_block = nl.ndarray((P, 56, H_UD_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=u_down_block[0:P, 0:56, 0:min(H_UD_BLOCK, 2560 - H_UD_BLOCK * f_blk)], src=u_down.ap(pattern=[[2560, P], [327680, 56], [1, min(H_UD_BLOCK, 2560 - H_UD_BLOCK * f_blk)]], offset=18350080 * pid + H_UD_BLOCK * f_blk))
+        for ft in range(min(6, 20 - 6 * f_blk)):
+            h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+            # 2 programs: each its 56 of 112
+            for kt in range(56):
+                nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_strip[0:P, kt + 56 * pid, 0:TOKEN_TILE])
+            nisa.tensor_copy(dst=h_ud_partial[0:F_TILE, 6 * f_blk + ft, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
+    # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
+    h_ud_partial_other = nl.ndarray((F_TILE, 20, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=h_ud_partial[0:F_TILE, 0:20, 0:TOKEN_TILE], dst=h_ud_partial_other[0:F_TILE, 0:20, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.tensor_tensor(dst=h_ud_strip[0:F_TILE, 0:20, 0:TOKEN_TILE], data1=h_ud_partial[0:F_TILE, 0:20, 0:TOKEN_TILE], data2=h_ud_partial_other[0:F_TILE, 0:20, 0:TOKEN_TILE], op=nl.add)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
-    # 2 programs: each its 2 of 4
-    for o_blk in range(2):
+    # 2 programs: each its 1 of 2
+    for o_blk in range(1):
         v_down_block = nl.ndarray((P, 20, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=v_down_block[0:P, 0:20, 0:DOWN_BLOCK], src=v_down.ap(pattern=[[4096, P], [524288, 20], [1, DOWN_BLOCK]], offset=DOWN_BLOCK * o_blk + 2048 * pid))
+        nisa.dma_copy(dst=v_down_block[0:P, 0:20, 0:DOWN_BLOCK], src=v_down.ap(pattern=[[4096, P], [524288, 20], [1, DOWN_BLOCK]], offset=DOWN_BLOCK * o_blk + DOWN_BLOCK * pid))
         # one packed row of output tiles
         out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(4):
+        for bn in range(8):
             down_psum = nl.ndarray((128, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             # contraction tiles 2 at a time, one per PE column tile of 64 columns
             for kg in range(10):
@@ -172,7 +165,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             down_sum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=down_sum[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
             nisa.tensor_tensor(dst=out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], data1=down_sum[0:TOKEN_TILE, 0:OUT_TILE], data2=down_psum[64:65, 0:OUT_TILE], op=nl.add)
-        nisa.dma_copy(dst=out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + 2048 * pid:DOWN_BLOCK * o_blk + 2048 * pid + DOWN_BLOCK], src=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
+        nisa.dma_copy(dst=out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK], src=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
     return out
 
 
