@@ -64,3 +64,28 @@ def test_the_search_picks_a_schedule_with_room_and_the_formulas_print_t_serial()
     values = estimate(program, TRN2_LNC1).values
     expr = terms["T_serial"]
     assert float(expr.subs({sym: values[str(sym)] for sym in expr.free_symbols})) == pytest.approx(values["T_serial"])
+
+
+def test_the_polish_refines_between_the_sampled_candidates_and_never_ends_worse(monkeypatch):
+    """weight_block_kib 48/96 and k_tiles_per_block 2/4 are visited by the polish only (ParamSpec.refine): Optuna
+    samples the coarse lists, the polish descends over them first and then over the merged lists from there, so
+    the result is never worse than the coarse polish and reaches the values between (Qwen3-4B's decode: 48 KiB
+    blocks of 4 contraction tiles, faster than nki-library's decode kernel where the coarse lists are slower)."""
+    from dataclasses import replace
+
+    from neuronmm_compiler.driver import tune
+    from neuronmm_compiler.lowerings import lowering_for
+    from neuronmm_compiler.search import tuner
+
+    space = lowering_for(QWEN_DECODE).search_setup(QWEN_DECODE, TRN2_LNC1, 150, exchange=True)[0].space
+    assert space.candidates["weight_block_kib"] == (4, 8, 16, 32, 64, 128, 192)
+    assert space.fine["weight_block_kib"] == (4, 8, 16, 32, 48, 64, 96, 128, 192)
+    assert space.fine["k_tiles_per_block"] == (0, 2, 4, 8, 16, 32) and space.fine["out_tile"] == (512, 256)
+    result = tune(QWEN_DECODE, target=TRN2_LNC1, dialect="nki", trials=150)
+    refined, nkilib = result.compiled, result.baselines["nkilib-mlp"].cost
+    assert (refined.schedule.weight_block_kib, refined.schedule.k_tiles_per_block) == (48, 4)
+    original = tuner._polish  # the same search with the polish on the sampled lists only
+    monkeypatch.setattr(tuner, "_polish", lambda evaluate, spec, start: original(
+        evaluate, replace(spec, space=replace(spec.space, refine={})), start))
+    coarse = tune(QWEN_DECODE, target=TRN2_LNC1, dialect="nki", trials=150).compiled
+    assert coarse.cost.latency_us > nkilib.latency_us > refined.cost.latency_us

@@ -102,9 +102,8 @@ GEMM_CANDIDATES = {
     "lnc_split": ("none", "m", "n"), "column_tiles": (1, 2, 4),
 }
 FUSED_CANDIDATES = {
-    "tokens_per_block": (32, 64, 128, 256, 512), "token_tile": (128,),
-    "weight_block_kib": (4, 8, 16, 32, 48, 64, 96, 128, 192),
-    "k_tiles_per_block": (0, 2, 4, 8, 16, 32), "out_tile": (512, 256), "weight_dma": ("row", "tile"),
+    "tokens_per_block": (32, 64, 128, 256, 512), "token_tile": (128,), "weight_block_kib": (4, 8, 16, 32, 64, 128, 192),
+    "k_tiles_per_block": (0, 8, 16, 32), "out_tile": (512, 256), "weight_dma": ("row", "tile"),
     "cache_weights": ("none", "stage1", "all"), "x_transpose": ("dma", "pe"), "mlp": ("whole", "split"),
     "lnc_split": ("none", "tokens", "features", "gather", "hidden", "intermediate"), "column_tiles": (1, 2, 4),
 }

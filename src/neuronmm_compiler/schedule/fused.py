@@ -57,16 +57,16 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
     integer("token_tile", 1, "gemm_stationary_fmax", "stationary free size", (128,),
             "tokens per stationary tile of the final, row-major matmul, 1..128"),
     integer("weight_block_kib", 1, sbuf_kib_per_partition, "SBUF KiB per partition: a larger block cannot fit",
-            (4, 8, 16, 32, 48, 64, 96, 128, 192),
+            (4, 8, 16, 32, 64, 128, 192),
             "SBUF KiB per partition of one weight block (all of its contraction rows, as many output "
             "tiles as fit, at least one), 1..SBUF KiB per partition (192 on trn1): larger blocks mean "
-            "fewer, longer weight DMAs", role=EXCHANGE),
+            "fewer, longer weight DMAs", role=EXCHANGE, refine=(48, 96)),
     integer("k_tiles_per_block", 0, max_tiles_per_block,
-            "0 = all; at most SBUF bytes per partition / 2: a block of more tiles cannot fit", (0, 2, 4, 8, 16, 32),
+            "0 = all; at most SBUF bytes per partition / 2: a block of more tiles cannot fit", (0, 8, 16, 32),
             "contraction tiles per weight block of a transposed matmul, 0..SBUF bytes per partition / 2 "
             "(98304 on trn1); 0 = all of them. Blocking K keeps a PSUM bank per feature tile across K "
             "blocks, so long contractions (the down projection's U) stream wide weight rows instead of "
-            "narrow ones", role=EXCHANGE),
+            "narrow ones", role=EXCHANGE, refine=(2, 4)),
     integer("out_tile", 1, "gemm_moving_fmax", "moving free size", (512, 256),
             "output columns per matmul of the final, row-major matmul, 1..512"),
     categorical("weight_dma", WEIGHT_DMA, ("row", "tile"),

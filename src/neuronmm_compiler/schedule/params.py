@@ -117,6 +117,10 @@ class ParamSpec:
     limit: str = ""
     candidates: tuple = ()
     role: str = CATEGORICAL
+    #: values between the candidates that only the polish visits (one-parameter moves from the sampled optimum),
+    #: not Optuna: a finer grid where a boundary (SBUF room) makes the best value fall between coarse candidates,
+    #: without diluting what the 150 trials sample (docs/architecture.md, "Search")
+    refine: tuple = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -124,7 +128,7 @@ class ParamSpec:
         if self.kind is int:
             if self.choices is not None or not self.ordinal:
                 raise ValueError(f"{self.name}: an integer parameter is ordinal and has no choices")
-            bad = [v for v in self.candidates if not _is_int(v) or v < self.low
+            bad = [v for v in self.candidates + self.refine if not _is_int(v) or v < self.low
                    or (isinstance(self.high, int) and v > self.high)]
         elif self.kind is str:
             if not self.choices or self.ordinal:
@@ -181,9 +185,11 @@ def _is_int(value: object) -> bool:
 
 
 def integer(name: str, low: int, high: Bound, limit: str, candidates: tuple[int, ...], help: str, *,
-            role: str = ORDINAL) -> ParamSpec:
-    """An integer parameter with domain ``low..high`` (``limit``: what ``high`` is, for errors)."""
-    return ParamSpec(name, int, None, help, low=low, high=high, limit=limit, candidates=candidates, role=role)
+            role: str = ORDINAL, refine: tuple[int, ...] = ()) -> ParamSpec:
+    """An integer parameter with domain ``low..high`` (``limit``: what ``high`` is, for errors); ``refine``: values
+    only the polish visits (:attr:`ParamSpec.refine`)."""
+    return ParamSpec(name, int, None, help, low=low, high=high, limit=limit, candidates=candidates, role=role,
+                     refine=refine)
 
 
 def categorical(name: str, choices: tuple[str, ...], candidates: tuple[str, ...], help: str, *,

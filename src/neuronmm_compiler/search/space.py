@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -32,6 +32,8 @@ class SearchSpace:
 
     schedule: type[ScheduleParams]
     candidates: dict[str, tuple]
+    #: per parameter, the values only the polish visits besides the candidates (ParamSpec.refine)
+    refine: dict[str, tuple] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         specs = {spec.name: spec for spec in self.schedule.SPECS}
@@ -49,17 +51,20 @@ class SearchSpace:
         their declared order)."""
         restrict = dict(restrict or {})
         candidates: dict[str, tuple] = {}
+        refine: dict[str, tuple] = {}
         for spec in schedule.SPECS:
             if not spec.searched:
                 continue
-            allowed = restrict.pop(spec.name, spec.candidates)
+            allowed = restrict.pop(spec.name, spec.candidates + spec.refine)
             candidates[spec.name] = tuple(v for v in spec.candidates if v in allowed)
+            if spec.refine:
+                refine[spec.name] = tuple(v for v in spec.refine if v in allowed)
             if not candidates[spec.name]:
                 raise ValueError(f"restricting {spec.name} to {allowed} leaves no candidate of {spec.candidates}")
         if restrict:
             raise ValueError(f"cannot restrict {', '.join(restrict)}: not searched parameters of "
                              f"{schedule.__name__}")
-        return cls(schedule, candidates)
+        return cls(schedule, candidates, refine)
 
     @cached_property
     def specs(self) -> tuple[ParamSpec, ...]:
@@ -152,6 +157,28 @@ class SearchSpace:
             schedule = normalize(self.decode({**first, **dict(zip(names, values, strict=True))}))
             seen.add(tuple(getattr(schedule, name) for name in names))
         return len(seen) * others
+
+    @cached_property
+    def fine(self) -> dict[str, tuple]:
+        """Every parameter's values for the polish: its candidates with its refine values merged in, in the
+        candidates' direction (ascending unless the candidates descend), so a step along the list is a step in
+        size."""
+        out: dict[str, tuple] = {}
+        for name, values in self.candidates.items():
+            extra = self.refine.get(name, ())
+            if not extra:
+                out[name] = values
+                continue
+            descending = len(values) > 1 and values[0] > values[-1]
+            out[name] = tuple(sorted(set(values) | set(extra), reverse=descending))
+        return out
+
+    def fine_point_of(self, schedule: Any) -> dict | None:
+        """The point of ``schedule``'s parameters in :attr:`fine`, if every one is a value there."""
+        point = {name: getattr(schedule, name) for name in self.candidates}
+        if all(point[name] in values for name, values in self.fine.items()):
+            return point
+        return None
 
     def point_of(self, schedule: Any) -> dict | None:
         """The point of ``schedule``'s parameters, if every one is a candidate."""

@@ -3,9 +3,9 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=1 hidden=2048 intermediate=8192, dense, bfloat16
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=128 k_tiles_per_block=2 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features column_tiles=2
-# footprint    dense_mlp_k0: SBUF 134272 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    249.1 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=32 k_tiles_per_block=2 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
+# footprint    dense_mlp_k0: SBUF 65696 of 212992 bytes/partition, PSUM 2 of 8 banks
+# predicted    249.6 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      neuronxcc: NKI 0.1 (import neuronxcc.nki), as the NeuronMM paper used
@@ -25,7 +25,7 @@
 #     %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","column_tiles":2,"k_tiles_per_block":2,"lnc_split":"features","mlp":"whole","out_tile":256,"token_tile":1,"tokens_per_block":1,"weight_block_kib":128,"weight_dma":"row","x_transpose":"pe"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"neuronxcc","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":2,"lnc_split":"features","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":32,"weight_dma":"row","x_transpose":"pe"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -41,10 +41,10 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     """Fused kernel dense_mlp_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 2048], w_gate[2048, 8192], w_up[2048, 8192], w_down[8192, 2048]. Returns out[1, 2048].
     """
-    DOWN_BLOCK = 1024  # 4 tiles of 256
+    DOWN_BLOCK = 1024  # 2 tiles of 512
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 8192  # 64 tiles of 128
-    OUT_TILE = 256  # output columns per row-major matmul
+    OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 1  # tokens per block
     TOKEN_TILE = 1  # tokens per tile
@@ -55,7 +55,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'features' split (0..1)
     out = nl.ndarray((1, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=128 k_tiles_per_block=2 out_tile=256 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features column_tiles=2
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=32 k_tiles_per_block=2 out_tile=512 weight_dma=row cache_weights=none x_transpose=pe mlp=whole lnc_split=features
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
@@ -88,24 +88,24 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
         act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
         act_f32[0:F_TILE, 0:TOKEN_TILE] = nl.silu(gate_psum[0:F_TILE, ft, 0:TOKEN_TILE], dtype=nl.float32)
         h_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.multiply(act_f32[0:F_TILE, 0:TOKEN_TILE], up_psum[0:F_TILE, ft, 0:TOKEN_TILE], dtype=nl.bfloat16)
-    # out = down = (h @ w_down): strips stationary, weights moving
+    # out = down = (h @ w_down): strips stationary, weights moving; weight rows in blocks of 2 K tiles
     # 2 programs: each its 1 of 2
     for o_blk in nl.affine_range(1):
-        w_down_block = nl.ndarray((P, 64, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in nl.affine_range(64):
-            w_down_block[0:P, kt, 0:DOWN_BLOCK] = nl.load(w_down[P * kt:P * kt + P, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK])
+        # one PSUM bank per output tile, across K blocks
+        down_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+        for bank in nl.static_range(2):
+            down_psum.append(nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum))
+        for k_blk in nl.affine_range(32):
+            w_down_block = nl.ndarray((P, 2, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for kt in nl.affine_range(2):
+                w_down_block[0:P, kt, 0:DOWN_BLOCK] = nl.load(w_down[256 * k_blk + P * kt:256 * k_blk + P * kt + P, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK])
+            for bn in nl.static_range(2):
+                for kt in nl.affine_range(2):
+                    down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE], w_down_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
         # one packed row of output tiles
         out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in nl.affine_range(4):
-            down_psum = nl.zeros((128, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
-            # contraction tiles 2 at a time, one per PE column tile of 64 columns
-            for kg in nl.affine_range(32):
-                for ct in nl.affine_range(2):
-                    down_psum[64 * ct:64 * ct + TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_strip[0:P, 2 * kg + ct, 0:TOKEN_TILE], w_down_block[0:P, 2 * kg + ct, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], tile_position=(0, 64 * ct), tile_size=(P, 64))
-            # the 2 PE column tiles' partial sums, added
-            down_sum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
-            down_sum[0:TOKEN_TILE, 0:OUT_TILE] = nl.copy(down_psum[0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.float32)
-            out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.add(down_sum[0:TOKEN_TILE, 0:OUT_TILE], down_psum[64:65, 0:OUT_TILE], dtype=nl.bfloat16)
+        for bn in nl.static_range(2):
+            out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
         nl.store(out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK], value=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
     return out
 
