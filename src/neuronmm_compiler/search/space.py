@@ -173,16 +173,10 @@ class SearchSpace:
             out[name] = tuple(sorted(set(values) | set(extra), reverse=descending))
         return out
 
-    def fine_point_of(self, schedule: Any) -> dict | None:
-        """The point of ``schedule``'s parameters in :attr:`fine`, if every one is a value there."""
+    def point_of(self, schedule: Any, fine: bool = False) -> dict | None:
+        """The point of ``schedule``'s parameters, if every one is a candidate (with ``fine``, a value of
+        :attr:`fine`)."""
         point = {name: getattr(schedule, name) for name in self.candidates}
-        if all(point[name] in values for name, values in self.fine.items()):
-            return point
-        return None
-
-    def point_of(self, schedule: Any) -> dict | None:
-        """The point of ``schedule``'s parameters, if every one is a candidate."""
-        point = {name: getattr(schedule, name) for name in self.candidates}
-        if all(point[name] in values for name, values in self.candidates.items()):
+        if all(point[name] in values for name, values in (self.fine if fine else self.candidates).items()):
             return point
         return None

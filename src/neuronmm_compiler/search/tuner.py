@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, ScheduleError
 from .candidates import Candidate, Evaluator, SpaceSpec, TuneResult
@@ -44,21 +44,22 @@ def _polish(evaluate: Evaluator, spec: SpaceSpec, start: Candidate) -> Candidate
     over the finer lists (:attr:`~.space.SearchSpace.fine`, with the values only the polish visits). Coarse first:
     a descent over more neighbours can take another first step and end in a worse basin (measured at 512 tokens),
     while the fine descent from the coarse optimum only ever improves on it."""
-    best = _descend(evaluate, spec, start, spec.space.candidates, spec.space.point_of)
+    best = _descend(evaluate, spec, start, fine=False)
     if spec.space.refine:
-        best = _descend(evaluate, spec, best, spec.space.fine, spec.space.fine_point_of)
+        best = _descend(evaluate, spec, best, fine=True)
     return best
 
 
-def _descend(evaluate: Evaluator, spec: SpaceSpec, start: Candidate, lists: dict[str, tuple],
-             point_of: Callable[[Any], dict | None]) -> Candidate:
-    """Best-improvement descent over :func:`_neighbours` in ``lists`` until no neighbour is better."""
+def _descend(evaluate: Evaluator, spec: SpaceSpec, start: Candidate, *, fine: bool) -> Candidate:
+    """Best-improvement descent over :func:`_neighbours` in the candidate lists (``fine``: the polish's lists)
+    until no neighbour is better."""
+    lists = spec.space.fine if fine else spec.space.candidates
     best = start
     improved = True
     while improved:
         improved = False
         # The raw point (tiles before clipping to the problem) is what lies in the candidate lists.
-        point = point_of(evaluate.raw.get(best.schedule, best.schedule))
+        point = spec.space.point_of(evaluate.raw.get(best.schedule, best.schedule), fine=fine)
         if point is None:
             break
         for neighbour in _neighbours(lists, point, spec.space.exchange):
