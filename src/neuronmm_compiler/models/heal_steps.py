@@ -170,7 +170,8 @@ def _finetune_identity(request, calibration: Calibration) -> dict[str, Any]:
 
 def _weight_files_stamp(model_dir: Path) -> tuple:
     """Name, size and modification time of every safetensors file: a changed file changes the cache key below."""
-    return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(model_dir.glob("*.safetensors")))
+    stats = ((p.name, p.stat()) for p in sorted(model_dir.glob("*.safetensors")))
+    return tuple((name, st.st_size, st.st_mtime_ns) for name, st in stats)
 
 
 @functools.lru_cache(maxsize=4)

@@ -45,7 +45,7 @@ def _polish(evaluate: Evaluator, spec: SpaceSpec, start: Candidate) -> Candidate
 
 
 def _refine(evaluate: Evaluator, spec: SpaceSpec, best: Candidate) -> Candidate:
-    """From the polished best, descent over the parameters with values only the polish visits
+    """From one start's coarse optimum, descent over the parameters with values only the polish visits
     (:attr:`~.space.SearchSpace.refine`), along their merged lists (:attr:`~.space.SearchSpace.fine`). After the
     coarse polish, not in it: a descent over more neighbours can take another first step and end in a worse basin
     (measured at 512 tokens), while this one only ever improves on the coarse optimum; and over those parameters
