@@ -272,6 +272,15 @@ def test_a_partial_sum_left_unreduced_fails_verify(split):
     assert not report.ok and report.rel_error is not None and report.rel_error > 0.1
 
 
+def test_a_contraction_of_one_tile_is_not_divided():
+    """Found by scripts/fuzz.py: x @ U over 120 rows is one contraction tile, no loop to divide, so under the hidden
+    split both programs summed the whole product and the exchange doubled it (the kernel failed verify with a
+    relative error of 1.0). Such a group is not reduced; with nothing else to divide, the split is a user error."""
+    with pytest.raises(ScheduleError, match="nothing in kernel svd_chain_k0 divides by the 'hidden' split"):
+        compile_graph(chain_workload(64, 256, 120, rank=256), target=lnc2(), dialect="nki",
+                      params={"lnc_split": "hidden"})
+
+
 def test_a_reduced_value_without_epilogue_is_added_into_its_strip_in_one_instruction():
     """x @ U_gate, x @ U_up and h @ U_down of an SVD MLP under the hidden split: the sum of the two programs' partial
     strips is cast into the bf16 strip by the add itself, not copied tile by tile afterwards."""

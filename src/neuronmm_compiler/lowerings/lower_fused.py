@@ -188,6 +188,8 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
 
     def _reducible(self, group: Group) -> bool:
         root = group.root
+        if any(self._kdim(self.nodes[mm.operands[0]].shape[1]).tiles < self.target.lnc for mm in group.matmuls):
+            return False  # one contraction tile is no loop to divide: each program would add the whole product twice
         if group.orient == Orient.TRANSPOSED:
             streamed = self._stored(root) and all(u.kind == NodeKind.OUTPUT for u in self._users(root.id))
             return root.shape[1] % self.target.gemm_stationary_fmax == 0 and (streamed or not self._stored(root))
