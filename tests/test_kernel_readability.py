@@ -99,7 +99,7 @@ def test_every_kernel_declares_its_names_once():
     assert "nl.ndarray((P, " in source and "0:OUT_TILE]" in source
     # two feature blocks of different widths, each named after its group: no clash
     svd = (GOLDEN / "tuned-mlp-128-rank1280.py").read_text()
-    assert "    H_BLOCK = 3200" in svd and "    H_UD_BLOCK = 768" in svd
+    assert "    H_BLOCK = 3072  # 12 tiles of 256" in svd and "    H_UD_BLOCK = 1280  # 5 tiles of 256" in svd
 
 
 @pytest.mark.parametrize(("dialect", "target", "rank"), [("nki", "trn2", None), ("neuronxcc", "trn1", 64)])

@@ -144,7 +144,7 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
                          ("k_tiles_per_block", (0, 2, 8)), ("out_tile", (128, 512)),
                          ("weight_dma", ("row", "tile", "block")), ("cache_weights", ("none", "stage1", "all")),
                          ("x_transpose", ("dma", "pe")),
-                         ("token_tile", (64, 128)), ("mlp", ("whole", "split"))):
+                         ("token_tile", (64, 128)), ("mlp", ("whole", "split")), ("stationary", ("weights", "tokens"))):
         if rng.random() < (0.1 if key == "mlp" else 0.3):
             params[key] = rng.choice(choices)
     target = rng.choice(tuple(TARGETS))

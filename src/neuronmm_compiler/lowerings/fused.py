@@ -244,7 +244,12 @@ class FusedLowering(Lowering):
         # DMA per slab, not sampled itself: it trades fixed costs for a longer prologue, and as a third value it left
         # the search in other basins at 512 tokens (docs/fusion.md, "The search")
         variants = (lambda s: [replace(s, weight_dma="block")] if s.weight_dma == "row" else []) if exchange else None
-        return spec, Evaluator(cost, normalized, variants)
+        # the activations stationary (lowerings/fused_stationary.py) where the tokens are one token tile, as in
+        # nki-library's decode MLP: costed in the search's last descent only (search/tuner.py, _late); on every
+        # trial it made the test suite's searches a third slower
+        late = ((lambda s: [replace(s, stationary="tokens")] if s.stationary == "weights" else [])
+                if tokens <= target.gemm_stationary_fmax else None)
+        return spec, Evaluator(cost, normalized, variants, late)
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:
         if isinstance(workload, GraphWorkload):

@@ -12,6 +12,7 @@ its result strip.
 from __future__ import annotations
 
 from ..ir import Node
+from ..ir.fp8 import is_fp8
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, scale
 from ..kernel_ir.lnc import divisible_blocking, halves
@@ -32,11 +33,11 @@ from ..kernel_ir.program import (
 from ..schedule.fused import tiles_per_weight_block
 from ..vocab import ElementwiseOp, NodeKind
 from .fused_groups import Group
-from .fused_operands import OperandLoads
+from .fused_stationary import TokenStationaryGroups
 from .limits import constant_name, feature_tile_size, k_blocked_group_banks, packed_feature_tiles, psum_bank_fp32
 
 
-class TransposedGroups(OperandLoads):
+class TransposedGroups(TokenStationaryGroups):
     """The lowering of groups annotated ``orient=transposed``."""
 
     def _k_blocked(self, group: Group) -> int:
@@ -61,6 +62,8 @@ class TransposedGroups(OperandLoads):
         """The statements computing ``group`` for token block ``mb`` into its strip (or streamed to HBM)."""
         if self._reduces(group):
             return self.reduced_groups([group], mb)
+        if self._token_stationary(group):
+            return self.token_stationary_group(group, mb, self._k_blocked(group))
         root, s = group.root, self.s
         n = root.shape[1]
         feature_tile = self.target.gemm_stationary_fmax  # output features per matmul: the stationary free size
@@ -133,6 +136,17 @@ class TransposedGroups(OperandLoads):
         if stored and not streamed:
             out += self._store_strip(root, out_strip, fdim, mb)
         return out
+
+    def _token_stationary(self, group: Group) -> bool:
+        """Whether ``group`` is computed with the activations stationary (:mod:`.fused_stationary`): asked for by the
+        schedule, and a group of matmuls whose epilogue reads only its terms (no operand strip, no FP8 scale: those
+        are held feature-major), in BF16/FP32, kept in SBUF (a value stored to HBM streams its tiles from the
+        feature-major form), and computed whole by each program of a logical core (no divided features)."""
+        if self.s.stationary != "tokens" or not group.matmuls or group.operands or self._stored(group.root):
+            return False
+        if any(is_fp8(self._weight(mm).dtype) for mm in group.matmuls):
+            return False
+        return not self._divides_features(group)
 
     def _divides_features(self, group: Group) -> bool:
         """Whether the split divides this group's output features between the programs of a logical core: every

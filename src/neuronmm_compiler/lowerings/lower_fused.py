@@ -53,6 +53,7 @@ from .fused_epilogue import Epilogues
 from .fused_groups import Group, Term, read_groups
 from .fused_prologue import NormPrologue
 from .fused_rows import RowMajorGroups
+from .fused_stationary import TOKEN_STATIONARY
 from .fused_tokens import token_dim, token_rows
 from .fused_transposed import TransposedGroups
 from .limits import named_limits
@@ -227,8 +228,8 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
         def product(term: Term) -> str:
             return " + ".join(f"{mm.operands[0]} @ {self._weight(mm).attrs['name']}" for mm in term.matmuls)
 
-        how = ("weight tiles stationary, strips moving (implicit transposition)" if group.orient == Orient.TRANSPOSED
-               else "strips stationary, weights moving")
+        how = ("strips stationary, weights moving" if group.orient != Orient.TRANSPOSED else TOKEN_STATIONARY
+               if self._token_stationary(group) else "weight tiles stationary, strips moving (implicit transposition)")
         mark = "^T" if group.orient == Orient.TRANSPOSED else ""
         if not group.terms and not group.tree:
             return f"{group.root.id} copied"

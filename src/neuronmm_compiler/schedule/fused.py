@@ -43,6 +43,8 @@ WEIGHT_DMA = ("row", "tile", "block")
 CACHE_WEIGHTS = ("none", "stage1", "all")
 X_TRANSPOSE = ("dma", "pe")
 MLP_MODES = ("whole", "split")
+#: Which operand the matmuls of a value held transposed keep stationary (lowerings/fused_stationary.py).
+STATIONARY = ("weights", "tokens")
 #: How an LNC=2 fused kernel divides its work between the two programs (kernel_ir/lnc.py); none on one core.
 FUSED_SPLITS = ("none", "tokens", "features", "gather", "hidden", "intermediate")
 
@@ -97,6 +99,13 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
                 "core (docs/logical-cores.md)",
                 role=CLASS),
     column_tiles_spec("token_tile"),
+    categorical("stationary", STATIONARY, (),
+                "which operand the matmuls of a value held transposed (a strip a later matmul reads, e.g. gate and "
+                "up) keep stationary: weights (128 features per matmul accumulate [features, tokens]) or tokens (the "
+                "activations' strip stationary and out_tile weight columns moving into a [tokens, out_tile] "
+                "accumulator, evaluated row-major and transposed into the strip on the TensorEngine, as nki-library's "
+                "decode MLP computes gate and up); not sampled: the search costs tokens as a variant of every "
+                "schedule whose token blocks are one token tile"),
 )
 
 
@@ -118,8 +127,9 @@ class FusedSchedule(ScheduleParams):
     mlp: str = "whole"
     lnc_split: str = "none"
     column_tiles: int = 1
+    stationary: str = "weights"
 
-    QUIET: ClassVar[dict[str, int | str]] = {"column_tiles": 1}
+    QUIET: ClassVar[dict[str, int | str]] = {"column_tiles": 1, "stationary": "weights"}
 
     def check_relations(self) -> None:
         """A token block wider than a token tile is a whole number of tiles; PE column tiles split the array

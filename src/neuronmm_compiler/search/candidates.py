@@ -74,11 +74,16 @@ class Evaluator:
     """Costs schedules once each (normalized schedules are the memo key). ``variants``: schedules outside the
     sampled space that a sampled one stands for (a fused schedule's weight blocks in one DMA instead of one per
     slab): each is costed too and the best is returned, so the search sees a point's best form while sampling the
-    space it had, and the polish moves from the sampled point (:attr:`raw`)."""
+    space it had, and the polish moves from the sampled point (:attr:`raw`). ``late_variants``: more such forms,
+    costed only once :attr:`late` is set (the search's last descent, search/tuner.py): a form that pays off near
+    the optimum, whose cost on every trial would slow the whole search (a fused group with the activations
+    stationary)."""
 
     def __init__(self, cost: Callable[[Any], CostReport], normalize: Callable[[Any], Any],
-                 variants: Callable[[Any], list[Any]] | None = None):
-        self.cost, self.normalize, self.variants = cost, normalize, variants
+                 variants: Callable[[Any], list[Any]] | None = None,
+                 late_variants: Callable[[Any], list[Any]] | None = None):
+        self.cost, self.normalize, self.variants, self.late_variants = cost, normalize, variants, late_variants
+        self.late = False
         self.memo: dict[Any, Candidate] = {}
         self.raw: dict[Any, Any] = {}  # normalized -> first raw schedule seen (for a variant: the one it stands for)
         self.history: list[float] = []
@@ -87,11 +92,14 @@ class Evaluator:
 
     def fresh(self) -> Evaluator:
         """An empty evaluator costing the same way (the same cost, normalization and variants)."""
-        return Evaluator(self.cost, self.normalize, self.variants)
+        return Evaluator(self.cost, self.normalize, self.variants, self.late_variants)
 
     def __call__(self, schedule: Any) -> Candidate:
         best = self._costed(schedule, schedule)
-        for variant in self.variants(best.schedule) if self.variants is not None else ():
+        forms = list(self.variants(best.schedule)) if self.variants is not None else []
+        if self.late and self.late_variants is not None:
+            forms += [late for form in (best.schedule, *forms) for late in self.late_variants(form)]
+        for variant in forms:
             cand = self._costed(variant, self.raw[best.schedule])
             if cand.cost.feasible and (not best.cost.feasible or cand.order < best.order):
                 best = cand
@@ -116,7 +124,10 @@ class Evaluator:
 
 
 def schedule_key(schedule: Any) -> tuple:
-    return tuple(schedule.as_dict().values())
+    """The tie-break between schedules of equal latency: their (name, value) pairs in field order, parameters at a
+    quiet default left out (``ScheduleParams.QUIET``), so a schedule that leaves a later parameter at its default
+    ranks first, and values of different parameters are never compared."""
+    return tuple(schedule.as_dict().items())
 
 
 @dataclass(frozen=True)

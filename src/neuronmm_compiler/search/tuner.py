@@ -57,6 +57,19 @@ def _refine(evaluate: Evaluator, spec: SpaceSpec, best: Candidate) -> Candidate:
     return _descend(evaluate, spec, best, lists, exchange, fine=True)
 
 
+def _late(evaluate: Evaluator, spec: SpaceSpec, final: Candidate) -> Candidate:
+    """From one start's optimum, the coarse descent again with the evaluator's late variants costed
+    (:attr:`~.candidates.Evaluator.late_variants`): the optimum's own other forms first, then its neighbours'. Only
+    ever improves on ``final``; a few dozen schedules per start instead of a variant on every trial."""
+    evaluate.late = True
+    try:
+        start = evaluate(evaluate.raw.get(final.schedule, final.schedule))
+        start = min(start, final, key=lambda c: c.order) if start.cost.feasible else final
+        return _polish(evaluate, spec, start)
+    finally:
+        evaluate.late = False
+
+
 def _descend(evaluate: Evaluator, spec: SpaceSpec, start: Candidate, lists: dict[str, tuple],
              exchange: tuple[str, ...], *, fine: bool) -> Candidate:
     """Best-improvement descent over :func:`_neighbours` in ``lists`` until no neighbour is better (``fine``: the
@@ -200,7 +213,13 @@ def _result(evaluate: Evaluator, spec: SpaceSpec, *, what: str, method: str, tri
     best = ranked[0]
     if method == "optuna":
         starts = _polish_starts(ranked, spec.space.classes)
-        best = min((_refine(evaluate, spec, _polish(evaluate, spec, s)) for s in starts), key=lambda c: c.order)
+        finals = [_refine(evaluate, spec, _polish(evaluate, spec, s)) for s in starts]
+        best = min(finals, key=lambda c: c.order)
+        ranked = evaluate.ranked()
+    else:
+        finals = _polish_starts(ranked, spec.space.classes)
+    if evaluate.late_variants is not None:
+        best = min((_late(evaluate, spec, f) for f in finals), key=lambda c: c.order)
         ranked = evaluate.ranked()
     return TuneResult(best=best, top=ranked[:top_k], method=method, trials=trials, evaluated=len(evaluate.memo),
                       feasible=sum(c.cost.feasible for c in evaluate.memo.values()), space_size=spec.size,
