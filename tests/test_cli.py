@@ -120,6 +120,12 @@ def test_schedules_and_targets_list_everything():
     assert {p["name"] for p in data["parameters"]} >= {"tile_m", "loop_order", "a_transpose"}
     human = run("schedules", "--shape", "1024x2048x1024")
     assert "aws-fully-optimized" in human.output and "--param" in human.output
+    fused = run("schedules", "--mlp", "--dense", "--hidden", "512", "--intermediate", "1024", "--tokens", "8").output
+    assert "the search samples 4, 8, 16, 32, 64, 128, 192, its polish also visits 48, 96]" in fused
+    assert "[weights, tokens; not sampled by the search]" in fused
+    rows = json.loads(run("schedules", "--mlp", "--dense", "--hidden", "512", "--intermediate", "1024", "--tokens",
+                          "8", "--json").output)["parameters"]
+    assert {p["name"]: p["polish_only"] for p in rows}["k_tiles_per_block"] == [2, 4]
     targets = json.loads(run("targets", "--json").output)
     assert set(targets) == {"trn1", "trn2", "trn3"}
     assert targets["trn2"]["sbuf_bytes_per_partition"] == 224 * 1024

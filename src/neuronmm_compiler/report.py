@@ -316,7 +316,10 @@ def schedules_lines(workload: Workload, target: Target, rows: list[dict[str, Any
     lines += ["", "parameters (--param KEY=VALUE):"]
     for p in space:
         accepted = ", ".join(p["choices"]) if p["choices"] else p["type"]
-        lines.append(f"  {p['name']:<24} {p['help']} [{accepted}]")
+        searched = (f"; the search samples {', '.join(map(str, p['searched']))}" if p["searched"] else
+                    "; not sampled by the search")
+        polish = f", its polish also visits {', '.join(map(str, p['polish_only']))}" if p["polish_only"] else ""
+        lines.append(f"  {p['name']:<24} {p['help']} [{accepted}{searched}{polish}]")
     return lines
 
 

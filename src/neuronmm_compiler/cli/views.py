@@ -32,7 +32,7 @@ def echo_lines(lines: Iterable[str]) -> None:
 def parameter_rows(specs: Sequence[Any]) -> list[dict[str, Any]]:
     """The parameters ``--param`` can set (schedule ParamSpecs) as ``nmmc schedules`` shows them."""
     return [{"name": p.name, "type": p.kind.__name__, "choices": list(p.choices) if p.choices else None,
-             "help": p.help} for p in specs]
+             "searched": list(p.candidates), "polish_only": list(p.refine), "help": p.help} for p in specs]
 
 
 def schedules_json(workload: Workload, target: Target, rows: list[dict[str, Any]],

@@ -104,8 +104,8 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
                 "up) keep stationary: weights (128 features per matmul accumulate [features, tokens]) or tokens (the "
                 "activations' strip stationary and out_tile weight columns moving into a [tokens, out_tile] "
                 "accumulator, evaluated row-major and transposed into the strip on the TensorEngine, as nki-library's "
-                "decode MLP computes gate and up); not sampled: the search costs tokens as a variant of every "
-                "schedule whose token blocks are one token tile"),
+                "decode MLP computes gate and up; lowerings/fused_stationary.py); not sampled: where the tokens are "
+                "one token tile, the search's last descent costs tokens beside every schedule it visits"),
 )
 
 
