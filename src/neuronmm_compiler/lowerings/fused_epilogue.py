@@ -112,6 +112,18 @@ class Epilogues(FusedState):
                     folds[node.id] = ScaleFold(node, quantize=quantize)
         return folds
 
+    def _evaluated(self, group: Group, values: dict[str, Ref], result: Ref, shape: tuple[int, int],
+                   sizes: tuple[Expr, Expr]) -> list[Stmt]:
+        """:meth:`_epilogue` with its scratch allocated: an fp32 tile of ``shape`` per intermediate node and, when an
+        op reads two PSUM operands, the spill tile, then the ops writing ``result``."""
+        root = group.root
+        temps = {node.id: Buffer(f"{node.id}_f32", shape, "float32", "sbuf") for node in group.tree if node is not root}
+        spill = Buffer(f"{root.id}_spill", shape, "float32", "sbuf")
+        out: list[Stmt] = [Alloc(t) for t in temps.values()]
+        if any(self._two_psum_operands(node, group) for node in group.tree):
+            out.append(Alloc(spill))
+        return out + self._epilogue(group, values, result, temps, spill, sizes)
+
     def _epilogue(self, group: Group, values: dict[str, Ref], result: Ref, temps: dict[str, Buffer],
                   spill: Buffer, sizes: tuple[Expr, Expr]) -> list[Stmt]:
         """Evaluate the group's elementwise tree on its tiles (PSUM terms, SBUF operands), writing the

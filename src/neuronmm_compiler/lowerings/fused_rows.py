@@ -99,13 +99,7 @@ class RowMajorGroups(OperandLoads):
                 dma = DmaCopy(dst, Ref(hbm, (span(t0, tsz), span(c0, nsz))))
             per_tile += [Alloc(buf), dma]
             values[op.id] = dst
-        temps = {node.id: Buffer(f"{node.id}_f32", (tok.tile, tile_n), "float32", "sbuf")
-                 for node in group.tree if node is not root}
-        spill = Buffer(f"{root.id}_spill", (tok.tile, tile_n), "float32", "sbuf")
-        per_tile += [Alloc(t) for t in temps.values()]
-        if any(self._two_psum_operands(node, group) for node in group.tree):
-            per_tile.append(Alloc(spill))
-        per_tile += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
+        per_tile += self._evaluated(group, values, result, (tok.tile, tile_n), (tsz, nsz))
         for out_node, hbm in flipped:
             per_tile += self._transposed_store(out_node, hbm, rows, odim, g, scale(bn, tile_n), tok, tg, tsz)
         cols = odim.block_size(ob)
@@ -176,13 +170,7 @@ class RowMajorGroups(OperandLoads):
         rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
         result = Ref(rows, (span(0, tsz), span(scale(bn, odim.tile), nsz)))
         values = {group.terms[0].node.id: dst, **self.scale_refs(group, tsz, odim.tile_start(g), nsz)}
-        temps = {node.id: Buffer(f"{node.id}_f32", (tok.tile, odim.tile), "float32", "sbuf")
-                 for node in group.tree if node is not root}
-        spill = Buffer(f"{root.id}_spill", (tok.tile, odim.tile), "float32", "sbuf")
-        evict: list[Stmt] = [Alloc(t) for t in temps.values()]
-        if any(self._two_psum_operands(node, group) for node in group.tree):
-            evict.append(Alloc(spill))
-        evict += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
+        evict = self._evaluated(group, values, result, (tok.tile, odim.tile), (tsz, nsz))
         store = [DmaCopy(Ref(hbm, (span(tok.tile_start(mb), tsz), span(odim.block_start(ob), cols))),
                          Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
         body = [Alloc(acc, accumulator=True, comment="one PSUM bank per output tile, across K blocks"),

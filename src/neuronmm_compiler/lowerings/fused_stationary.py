@@ -67,13 +67,7 @@ class TokenStationaryGroups(OperandLoads):
             matmuls, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz,
                                                row_major=True, result=result)
             per_tile += matmuls
-        temps = {node.id: Buffer(f"{node.id}_f32", (tok.tile, tile_n), "float32", "sbuf")
-                 for node in group.tree if node is not root}
-        spill = Buffer(f"{root.id}_spill", (tok.tile, tile_n), "float32", "sbuf")
-        per_tile += [Alloc(t) for t in temps.values()]
-        if any(self._two_psum_operands(node, group) for node in group.tree):
-            per_tile.append(Alloc(spill))
-        per_tile += self._epilogue(group, values, result, temps, spill, (tsz, nsz))
+        per_tile += self._evaluated(group, values, result, (tok.tile, tile_n), (tsz, nsz))
         per_tile += self._transpose_into_strip(rows, strip, cdim, g, tt, tsz)
         how = f"; {TOKEN_STATIONARY}" if group.tree else ""  # a group without an epilogue says it in its description
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block,
