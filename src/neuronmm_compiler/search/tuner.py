@@ -1,5 +1,6 @@
 """Pick the best schedule of a space: Optuna TPE over the candidate lists (:mod:`.trials`), or
-exhaustive enumeration when the space of distinct schedules is small, then a local polish.
+exhaustive enumeration when the space of distinct schedules is small, then a local polish (and, where the evaluator
+has late variants, a last descent that costs them: :func:`_late`).
 
 Every candidate is lowered to its loop-nest program and costed by the analytic model, the same
 program codegen would print. Schedules over the target's SBUF or PSUM are infeasible: Optuna sees
