@@ -34,6 +34,7 @@ CASES = [  # workload, schedule parameters, groups held transposed that take the
     (mlp_workload(200, 512, 1536, dense=True), {"cache_weights": "all"}, 1),  # two token tiles, resident weights
     (mlp_workload(96, 512, 1024, keep_ratio=0.8), {"k_tiles_per_block": 2}, 4),  # x U, the gated V, h U_down
     (chain_workload(96, 1024, 512, rank=256), {"x_transpose": "pe"}, 1),
+    (mlp_workload(16, 512, 1024, keep_ratio=0.8), {"column_tiles": 4}, 4),  # PE column tiles (tile_position)
 ]
 
 
