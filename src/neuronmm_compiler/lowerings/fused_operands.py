@@ -119,6 +119,16 @@ class OperandLoads(FusedState):
             return DmaCopy(dst, Ref(hbm, (span(c0, csz), span(k0, ksz))), transpose=True)
         return DmaCopy(dst, Ref(hbm, (span(k0, ksz), span(c0, csz))))
 
+    def _load_k_block(self, w: Node, buf: Buffer, kdim: Dim, kblk: Expr, fdim: Dim, blk: Expr) -> list[Stmt]:
+        """DMAs filling ``buf[k, kt, :]`` with the weight rows of K block ``kblk`` and the columns of block ``blk`` of
+        ``fdim``: one per 128 rows (one per block once ``coalesce_slab_loads`` joins them, ``weight_dma=block``)."""
+        kt = iv("kt", kdim.tiles_in_block)
+        gk = kdim.tile_index(kblk, kt)
+        ksz, cols = kdim.tile_size(gk), fdim.block_size(blk)
+        dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk), ksz,
+                               fdim.block_start(blk), cols)
+        return loop("kt", kdim.tiles_in(kblk), kdim.tiles_in_block, [dma])
+
     def _load_block(self, w: Node, buf: Buffer, kdim: Dim, fdim: Dim, blk: Expr, max_tiles: int,
                     split: tuple[str, ...] = ()) -> list[Stmt]:
         """DMAs filling ``buf[k, kt, :]`` with the weight columns of feature block ``blk`` (``split``: the work-split

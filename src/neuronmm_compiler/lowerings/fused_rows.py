@@ -158,9 +158,7 @@ class RowMajorGroups(OperandLoads):
                      "psum")
         wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, odim.block_elems), w.dtype, "sbuf")
         cols = odim.block_size(ob)
-        load = loop("kt", kdim.tiles_in(kblk), kb, [self._weight_dma(
-            w, Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk), ksz, odim.block_start(ob),
-            cols)])
+        load = self._load_k_block(w, wbuf, kdim, kblk, odim, ob)
         dst = Ref(acc, (span(0, tsz), Point(bn), span(0, nsz)))
         strip = Ref(self.strips[lhs.id], (span(0, ksz), Point(gk), span(0, tsz)))
         mmul = Matmul(dst, strip, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(bn, odim.tile), nsz))),

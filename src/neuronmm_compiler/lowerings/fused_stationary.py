@@ -108,7 +108,6 @@ class TokenStationaryGroups(OperandLoads):
         allocs: list[Stmt] = []
         k_body: list[Stmt] = []
         values: dict[str, Ref] = {}
-        cols = odim.block_size(ob)
         for term in group.terms:
             (mm,) = term.matmuls
             w = self._weight(mm)
@@ -116,14 +115,12 @@ class TokenStationaryGroups(OperandLoads):
                          "float32", "psum")
             allocs.append(Alloc(acc, accumulator=True, comment="one PSUM bank per output tile, across K blocks"))
             wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, odim.block_elems), w.dtype, "sbuf")
-            k_body += [Alloc(wbuf), *loop("kt", kdim.tiles_in(kblk), kb, [self._weight_dma(
-                w, Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk), ksz, odim.block_start(ob),
-                cols)])]
+            k_body += [Alloc(wbuf), *self._load_k_block(w, wbuf, kdim, kblk, odim, ob)]
             bt = iv("bt", odim.tiles_in_block)
+            bsz = odim.tile_size(odim.tile_index(ob, bt))
             strip = Ref(self.strips[lhs.id], (span(0, ksz), Point(gk), span(0, tsz)))
-            mmul = Matmul(Ref(acc, (span(0, tsz), Point(bt), span(0, odim.tile_size(odim.tile_index(ob, bt))))), strip,
-                          Ref(wbuf, (span(0, ksz), Point(kt), span(scale(bt, odim.tile),
-                                                                   odim.tile_size(odim.tile_index(ob, bt))))),
+            mmul = Matmul(Ref(acc, (span(0, tsz), Point(bt), span(0, bsz))), strip,
+                          Ref(wbuf, (span(0, ksz), Point(kt), span(scale(bt, odim.tile), bsz))),
                           perf_mode=self._perf_mode(mm))
             k_body += loop("bt", odim.tiles_in(ob), odim.tiles_in_block, loop("kt", kdim.tiles_in(kblk), kb, [mmul]))
             values[term.node.id] = Ref(acc, (span(0, tsz), Point(bn), span(0, nsz)))

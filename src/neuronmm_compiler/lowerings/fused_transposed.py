@@ -300,10 +300,7 @@ class TransposedGroups(TokenStationaryGroups):
             wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, fdim.block_elems), w.dtype, "sbuf")
             loads.append(Alloc(wbuf))
             if self.s.weight_dma != "tile" or fdim.tiles_in_block == 1:
-                cols = fdim.block_size(fb)
-                dma = self._weight_dma(w, Ref(wbuf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk),
-                                       ksz, fdim.block_start(fb), cols)
-                loads += loop("kt", kdim.tiles_in(kblk), kb, [dma])
+                loads += self._load_k_block(w, wbuf, kdim, kblk, fdim, fb)
             else:
                 wt = iv("wt", fdim.tiles_in_block)
                 gw = fdim.tile_index(fb, wt)

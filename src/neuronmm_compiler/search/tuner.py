@@ -64,9 +64,9 @@ def _late(evaluate: Evaluator, spec: SpaceSpec, final: Candidate) -> Candidate:
     ever improves on ``final``; a few dozen schedules per start instead of a variant on every trial."""
     evaluate.late = True
     try:
-        start = evaluate(evaluate.raw.get(final.schedule, final.schedule))
-        start = min(start, final, key=lambda c: c.order) if start.cost.feasible else final
-        return _polish(evaluate, spec, start)
+        # the best form of the point ``final`` stands for: ``final`` itself or a late form of it (never worse: it
+        # is one of the forms costed)
+        return _polish(evaluate, spec, evaluate(evaluate.raw.get(final.schedule, final.schedule)))
     finally:
         evaluate.late = False
 
