@@ -158,7 +158,7 @@ def test_tune_tp_writes_the_chosen_plan_and_verifies(tmp_path):
 
 def test_tp_1_is_todays_output(tmp_path):
     base = ["tune", "--mlp", "--tokens", "1", "--hidden", "256", "--intermediate", "640", "--keep-ratio", "0.8",
-            "--no-cache"]
+            "--trials", "30", "--no-cache"]
     plain = _run([*base, "-o", str(tmp_path / "a.py")])
     with_tp = _run([*base, "--tp", "1", "-o", str(tmp_path / "b.py")])
     assert (tmp_path / "a.py").read_bytes() == (tmp_path / "b.py").read_bytes()

@@ -6,7 +6,7 @@ their ``SPECS`` with these; the search derives its spaces from them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from ..errors import InputError, ScheduleError, UnknownNameError
@@ -222,6 +222,9 @@ def parse_params(specs: tuple[ParamSpec, ...], params: dict[str, str | int], wha
 _S = TypeVar("_S", bound="ScheduleParams")
 
 
+_NO_VALUE = object()  # a value no parameter holds
+
+
 class ScheduleParams:
     """What every schedule dataclass offers: its parameters as a dict, one readable line,
     ``--param key=value`` overrides checked against the class's ``SPECS`` (which name the
@@ -235,9 +238,8 @@ class ScheduleParams:
     QUIET: ClassVar[dict[str, int | str]] = {}
 
     def as_dict(self) -> dict[str, int | str]:
-        quiet = self.QUIET
-        return {k: v for k, v in asdict(self).items()  # type: ignore[call-overload]
-                if k not in quiet or quiet[k] != v}
+        quiet = self.QUIET  # the fields are ints and strings: read directly, not deep-copied as asdict() does
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) != quiet.get(f.name, _NO_VALUE)}
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.as_dict().items())
