@@ -70,7 +70,8 @@ def test_the_polish_refines_between_the_sampled_candidates_and_never_ends_worse(
     """weight_block_kib 48/96 and k_tiles_per_block 2/4 are visited by the polish only (ParamSpec.refine): Optuna
     samples the coarse lists, the polish descends over them first and then over the merged lists from there, so
     the result is never worse than the coarse polish and reaches the values between (Qwen3-4B's decode: 48 KiB
-    blocks of 4 contraction tiles, faster than nki-library's decode kernel where the coarse lists are slower)."""
+    blocks of 4 contraction tiles, faster than the coarse lists' best, 32 KiB blocks of 8 tiles, and than
+    nki-library's decode kernel)."""
     from neuronmm_compiler.driver import tune
     from neuronmm_compiler.lowerings import lowering_for
     from neuronmm_compiler.search import tuner
@@ -84,4 +85,4 @@ def test_the_polish_refines_between_the_sampled_candidates_and_never_ends_worse(
     assert (refined.schedule.weight_block_kib, refined.schedule.k_tiles_per_block) == (48, 4)
     monkeypatch.setattr(tuner, "_refine", lambda evaluate, spec, best: best)  # the polish on the sampled lists only
     coarse = tune(QWEN_DECODE, target=TRN2_LNC1, dialect="nki", trials=150).compiled
-    assert coarse.cost.latency_us > nkilib.latency_us > refined.cost.latency_us
+    assert coarse.cost.latency_us > refined.cost.latency_us and nkilib.latency_us > refined.cost.latency_us

@@ -9,7 +9,7 @@ from neuronmm_compiler.errors import ScheduleError
 from neuronmm_compiler.frontends.workloads import chain_workload, mlp_workload
 from neuronmm_compiler.kernel_ir.coalesce import coalesce_slab_loads
 from neuronmm_compiler.kernel_ir.dims import iv
-from neuronmm_compiler.kernel_ir.expr import Lin, add, scale, var
+from neuronmm_compiler.kernel_ir.expr import Lin, add, minimum, scale, var
 from neuronmm_compiler.kernel_ir.program import Buffer, DmaCopy, Loop, Point, Program, Ref, span, walk
 from neuronmm_compiler.lowerings import lowering_for
 from neuronmm_compiler.lowerings.nkilib_tkg import tkg_program
@@ -101,6 +101,23 @@ def test_coalesce_rewrites_only_loops_of_slab_loads():
     for original in kept:
         (same,) = coalesce_slab_loads(Program("k", [w], [], [original])).body
         assert same == original
+
+
+def test_a_blocked_contractions_ragged_last_block_is_one_dma_too():
+    """A contraction of 11 tiles in blocks of 4 loads 4, 4 and 3 slabs: each block in one DMA, its pattern count the
+    block's min(), the same bytes as slab by slab, the model's counts the interpreter's (_verified)."""
+    loop, w, _ = _slab_loop(minimum(4, Lin(11, (("k_blk", -4),))))
+    (merged,) = coalesce_slab_loads(Program("k", [w], [], [loop])).body
+    assert isinstance(merged, DmaCopy) and merged.slabs
+    assert merged.dst.code() == "w_block[0:128, 0:min(4, 11 - 4 * k_blk), 0:256]"
+    assert merged.src.code() == "w[64:min(576, 1472 - 512 * k_blk), 0:256]"  # rows 64 .. 64 + 128 * slabs
+    workload = mlp_workload(8, 512, 1408, rank=384)  # down's U: 1408 rows = 11 tiles
+    params = {"weight_block_kib": 16, "k_tiles_per_block": 4}
+    row, row_report = _verified(workload, weight_dma="row", **params)
+    block, block_report = _verified(workload, weight_dma="block", **params)
+    assert "min(4, 11 - 4 * k_blk)], [1, " in block.kernel.source
+    assert block_report.counters["hbm_bytes_read"] == row_report.counters["hbm_bytes_read"]
+    assert block.cost.dma_transfers < row.cost.dma_transfers
 
 
 def test_nkilib_decode_loads_a_gate_up_tile_per_dma():

@@ -9,16 +9,18 @@ NKI-DMA-SLABS). The cost model then pays one DMA fixed cost for the block instea
 efficiency of its bytes stays that of one slab row (a partition's KT rows are not adjacent in HBM:
 cost_model/counts.py).
 
-The rewrite is a kernel-IR transformation: any lowering's program can go through it. Only loops of a constant trip
-whose body is exactly such a load are rewritten (a ragged last slab, a loop carrying other work, a transposing or
-pattern load, stay as they are).
+The rewrite is a kernel-IR transformation: any lowering's program can go through it. Only loops whose body is exactly
+such a load are rewritten, of a constant trip or of the ragged trip of a blocked contraction's last block (``min(KB,
+K - KB * k_blk)`` whole slabs: 112 contraction tiles in blocks of 32 load 32, 32, 32 and 16); a ragged last slab, a
+loop carrying other work, a transposing or pattern load, stay as they are.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .expr import Expr, Lin
+from .expr import Expr, Lin, Min, scale
+from .lnc import PROGRAM_ID
 from .program import DmaCopy, Loop, Point, Program, Ref, Span, Stmt
 
 
@@ -49,10 +51,10 @@ def _coefficient(expr: Expr, name: str) -> tuple[int, Expr] | None:
 def _slab_load(loop: Loop) -> DmaCopy | None:
     """The one DMA equivalent to ``loop``, or None when the loop is not a loop of slab loads."""
     body = loop.body
-    if len(body) != 1 or not isinstance(body[0], DmaCopy) or not isinstance(loop.trip, Lin) or not loop.trip.is_const:
+    if len(body) != 1 or not isinstance(body[0], DmaCopy):
         return None
-    dma, trip, name = body[0], loop.trip.const, loop.var
-    if not dma.is_load or dma.transpose or dma.broadcast or dma.fold or dma.slabs or trip < 2:
+    dma, trip, name = body[0], _slab_count(loop.trip), loop.var
+    if trip is None or not dma.is_load or dma.transpose or dma.broadcast or dma.fold or dma.slabs:
         return None
     src, dst = dma.src, dma.dst
     if len(src.index) != 2 or not all(isinstance(ix, Span) for ix in src.index) or dst.entry is not None:
@@ -72,9 +74,23 @@ def _slab_load(loop: Loop) -> DmaCopy | None:
     if slot is None or slot[0] != 1:
         return None
     index = list(dst.index)
-    index[slots[0]] = Span(slot[1], Lin(trip))
-    return DmaCopy(Ref(dst.buffer, tuple(index)), Ref(src.buffer, (Span(start[1], Lin(trip * slab)), cols)),
+    index[slots[0]] = Span(slot[1], trip)
+    return DmaCopy(Ref(dst.buffer, tuple(index)), Ref(src.buffer, (Span(start[1], scale(trip, slab)), cols)),
                    slabs=True)
+
+
+def _slab_count(trip: Expr) -> Expr | None:
+    """The slabs a loop of slab loads moves, when one DMA can move them: a constant of at least 2, or the ragged
+    count of a blocked contraction's blocks, ``min(KB, K - KB * k_blk)`` (each block whole slabs, the last one
+    fewer), whose block variable the printers unroll at trace time (a min() of a loop variable), so every DMA's
+    pattern count is a number. None otherwise: one slab, a count that is not a block's share, or one that depends on
+    the program id of a logical core (a value of the launch, not of the trace: kept slab by slab)."""
+    if isinstance(trip, Lin):
+        return trip if trip.is_const and trip.const >= 2 else None
+    if (isinstance(trip, Min) and all(isinstance(a, Lin) for a in trip.args) and PROGRAM_ID not in trip.variables()
+            and any(a.is_const and a.const >= 2 for a in trip.args)):
+        return trip
+    return None
 
 
 def _uses(index: Span | Point, name: str) -> bool:
