@@ -103,3 +103,21 @@ def test_the_form_is_costed_in_the_last_descent_only():
     evaluate.late = True
     late = evaluate(point)
     assert late.schedule.stationary == "tokens" and late.latency_us < plain.latency_us and len(evaluate.memo) == 4
+
+
+def test_the_last_descent_also_moves_the_structural_parameters_of_a_refined_optimum():
+    """A refined optimum (a 48 KiB block lies only in the merged lists) is off the coarse lists, so the late coarse
+    descent cannot leave it; the descent over the structural parameters that follows can: Llama-3.2-3B's SVD MLP at
+    128 tokens on LNC=2 ended at lnc_split=hidden (207.5 us) where intermediate costs 201.5."""
+    from neuronmm_compiler.search.tuner import _late
+    from neuronmm_compiler.targets import IN_GRAPH, with_launch
+
+    workload = mlp_workload(128, 3072, 8192, keep_ratio=0.8)
+    target = with_launch(with_lnc(TRN2, 2), IN_GRAPH)
+    spec, evaluate = lowering_for(workload).search_setup(workload, target, 150, exchange=True)
+    refined = FusedSchedule(tokens_per_block=128, token_tile=128, weight_block_kib=48, out_tile=256, x_transpose="pe",
+                            lnc_split="hidden")  # its one-DMA block variant is what the evaluator returns
+    final = evaluate(refined)
+    assert spec.space.point_of(refined) is None and spec.space.point_of(refined, fine=True)
+    best = _late(evaluate, spec, final)
+    assert best.schedule.lnc_split == "intermediate" and best.latency_us < final.latency_us - 5
