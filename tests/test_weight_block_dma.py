@@ -111,6 +111,8 @@ def test_a_blocked_contractions_ragged_last_block_is_one_dma_too():
     assert isinstance(merged, DmaCopy) and merged.slabs
     assert merged.dst.code() == "w_block[0:128, 0:min(4, 11 - 4 * k_blk), 0:256]"
     assert merged.src.code() == "w[64:min(576, 1472 - 512 * k_blk), 0:256]"  # rows 64 .. 64 + 128 * slabs
+    by_program, _, _ = _slab_loop(minimum(4, Lin(11, (("pid", -4),))))  # a count of the launch: kept slab by slab
+    assert coalesce_slab_loads(Program("k", [w], [], [by_program])).body == [by_program]
     workload = mlp_workload(8, 512, 1408, rank=384)  # down's U: 1408 rows = 11 tiles
     params = {"weight_block_kib": 16, "k_tiles_per_block": 4}
     row, row_report = _verified(workload, weight_dma="row", **params)

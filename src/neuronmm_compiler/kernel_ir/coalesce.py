@@ -83,8 +83,9 @@ def _slab_count(trip: Expr) -> Expr | None:
     """The slabs a loop of slab loads moves, when one DMA can move them: a constant of at least 2, or the ragged
     count of a blocked contraction's blocks, ``min(KB, K - KB * k_blk)`` (each block whole slabs, the last one
     fewer), whose block variable the printers unroll at trace time (a min() of a loop variable), so every DMA's
-    pattern count is a number. None otherwise: one slab, a count that is not a block's share, or one that depends on
-    the program id of a logical core (a value of the launch, not of the trace: kept slab by slab)."""
+    pattern count is a number. None otherwise: one slab, a count that is neither a constant nor a min() of affine
+    forms, or one that depends on the program id of a logical core (a value of the launch, not of the trace: kept
+    slab by slab)."""
     if isinstance(trip, Lin):
         return trip if trip.is_const and trip.const >= 2 else None
     if (isinstance(trip, Min) and all(isinstance(a, Lin) for a in trip.args) and PROGRAM_ID not in trip.variables()
