@@ -27,6 +27,12 @@ class Dim:
     #: trips ``size`` gives), and where its first element sits in the arrays (``start``)
     own: int = 0
     start: Expr = _ZERO
+    #: the dimension split into shares of ``share_tiles`` whole tiles before it is blocked (0: not): a share loop
+    #: around the block loop, whose variable's offset ``share`` (``share_tiles * s``) every tile index adds; the blocks
+    #: (:attr:`blocks`, per share) end ragged within each share, so programs dividing the share loop of a logical core
+    #: walk the same blocks of their own tiles whatever ``tiles_in_block`` (kernel_ir/lnc.py)
+    share_tiles: int = 0
+    share: Expr = _ZERO
 
     @property
     def traced(self) -> bool:
@@ -39,7 +45,8 @@ class Dim:
 
     @property
     def blocks(self) -> int:
-        return -(-self.tiles // self.tiles_in_block)
+        """Blocks of the dimension (of one share, when shared)."""
+        return -(-(self.share_tiles or self.tiles) // self.tiles_in_block)
 
     @property
     def block_elems(self) -> int:
@@ -55,12 +62,13 @@ class Dim:
             if self.tiles_in_block == 1:
                 return Lin(1)
             return ceil_div(minimum(self.block_elems, sub(self.size, scale(blk, self.block_elems))), self.tile)
-        if self.tiles % self.tiles_in_block == 0:
+        tiles = self.share_tiles or self.tiles
+        if tiles % self.tiles_in_block == 0:
             return Lin(self.tiles_in_block)
-        return minimum(self.tiles_in_block, sub(self.tiles, scale(blk, self.tiles_in_block)))
+        return minimum(self.tiles_in_block, sub(tiles, scale(blk, self.tiles_in_block)))
 
     def tile_index(self, blk: Expr, t: Expr) -> Expr:
-        return add(scale(blk, self.tiles_in_block), t)
+        return add(self.share, scale(blk, self.tiles_in_block), t)
 
     def tile_start(self, g: Expr) -> Expr:
         return add(self.start, scale(g, self.tile)) if self.traced else scale(g, self.tile)
@@ -73,14 +81,17 @@ class Dim:
         return minimum(self.tile, sub(self.size, scale(g, self.tile)))
 
     def block_start(self, blk: Expr) -> Expr:
+        if self.share_tiles:
+            return add(scale(self.share, self.tile), scale(blk, self.block_elems))
         return add(self.start, scale(blk, self.block_elems)) if self.traced else scale(blk, self.block_elems)
 
     def block_size(self, blk: Expr) -> Expr:
         if self.traced:
             return minimum(self.block_elems, sub(self.own or self.size, scale(blk, self.block_elems)))
-        if self.size % self.block_elems == 0:
+        size = self.share_tiles * self.tile if self.share_tiles else self.size
+        if size % self.block_elems == 0:
             return Lin(self.block_elems)
-        return minimum(self.block_elems, sub(self.size, scale(blk, self.block_elems)))
+        return minimum(self.block_elems, sub(size, scale(blk, self.block_elems)))
 
 
 def loop(var_name: str, trip: Expr, max_trip: int, body: list[Stmt], *, sequential: bool = False,

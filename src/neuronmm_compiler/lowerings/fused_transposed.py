@@ -77,9 +77,13 @@ class TransposedGroups(TokenStationaryGroups):
             per_block = max(1, min(by_sbuf, self._k_blocked_accumulators(group)))
         else:
             per_block = self._tiles_per_block(group, ftile, ntiles)
-        if self._divides_features(group) and n % ftile == 0:  # blocks the programs can divide (kernel_ir/lnc.py)
+        shares = self._shares(group, n, ftile, ntiles, per_block)
+        if self._divides_features(group) and n % ftile == 0 and not shares:  # blocks the programs can divide
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
-        fdim = Dim("f", n, ftile, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"))
+        share_tiles = ntiles // shares if shares else 0
+        per_block = min(per_block, share_tiles) if shares else per_block
+        fdim = Dim("f", n, ftile, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"),
+                   share_tiles=share_tiles, share=scale(iv("f_share", shares), share_tiles) if shares else Lin(0))
         bm = self.tok.block_size(mb)
         # A result placed in HBM that no matmul of this kernel reads (e.g. h^T of a split MLP's first
         # kernel) is stored tile by tile as it is produced, instead of being held whole in SBUF.
@@ -130,7 +134,12 @@ class TransposedGroups(TokenStationaryGroups):
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
         out += [Comment(self._describe_group(group))]
         divided = self._divided(group, fdim, streamed, stored)
-        out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block, split=(self.s.lnc_split,) if divided else ())
+        split = (self.s.lnc_split,) if divided else ()
+        if shares:  # the programs divide the shares; each walks the blocks of its own share
+            out += loop("f_share", Lin(shares), shares, loop("f_blk", Lin(fdim.blocks), fdim.blocks, block),
+                        split=split)
+        else:
+            out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block, split=split)
         if divided and not streamed and root.id not in self.halved:
             out += self._gather(out_strip, fdim, bm)
         if stored and not streamed:
@@ -161,10 +170,21 @@ class TransposedGroups(TokenStationaryGroups):
         whole blocks of whole tiles (so both halves of the strip have one shape, as sendrecv needs), and a result
         either streamed to HBM or kept in SBUF only (a strip stored whole after the group would be stored by both
         programs). Otherwise both programs compute the whole group."""
-        if not self._divides_features(group) or fdim.blocks % 2:
+        if not self._divides_features(group) or (fdim.blocks % 2 and not fdim.share_tiles):
             return False
-        whole = fdim.tiles % fdim.tiles_in_block == 0 and fdim.size % fdim.tile == 0
+        whole = (fdim.share_tiles or fdim.tiles % fdim.tiles_in_block == 0) and fdim.size % fdim.tile == 0
         return whole and (streamed or not stored)
+
+    def _shares(self, group: Group, n: int, ftile: int, ntiles: int, per_block: int) -> int:
+        """Shares the feature tiles are split into before they are blocked (0: none): the programs of a logical core
+        when they divide this group's features and whole blocks of each program's share would be at most half the
+        block the schedule asks for (Qwen3-4B's 76 tiles: a share of 38 = 2 x 19 tiles takes blocks of 2 where 9
+        fit, 512-byte weight rows); each share then ends in a ragged block (9, 9, 9, 9, 2)."""
+        programs = self.target.lnc
+        if not self._divides_features(group) or n % ftile or ntiles % programs:
+            return 0
+        asked = min(per_block, ntiles // programs)  # a block never spans shares
+        return programs if 2 * divisible_blocking(ntiles, per_block, programs) <= asked else 0
 
     def reduced_groups(self, groups: list[Group], mb: Expr) -> list[Stmt]:
         """Groups whose contraction the programs of a logical core divide (``reducing_groups``; several only when none
