@@ -167,9 +167,10 @@ class TransposedGroups(TokenStationaryGroups):
 
     def _divided(self, group: Group, fdim: Dim, streamed: bool, stored: bool) -> bool:
         """Whether this group's feature blocks are divided (:meth:`_divides_features`) here: an even number of
-        whole blocks of whole tiles (so both halves of the strip have one shape, as sendrecv needs), and a result
-        either streamed to HBM or kept in SBUF only (a strip stored whole after the group would be stored by both
-        programs). Otherwise both programs compute the whole group."""
+        whole blocks of whole tiles, or one share of whole tiles per program (:meth:`_shares`), so both halves of the
+        strip have one shape, as sendrecv needs; and a result either streamed to HBM or kept in SBUF only (a strip
+        stored whole after the group would be stored by both programs). Otherwise both programs compute the whole
+        group."""
         if not self._divides_features(group) or (fdim.blocks % 2 and not fdim.share_tiles):
             return False
         whole = (fdim.share_tiles or fdim.tiles % fdim.tiles_in_block == 0) and fdim.size % fdim.tile == 0
