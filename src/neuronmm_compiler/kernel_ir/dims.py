@@ -28,11 +28,20 @@ class Dim:
     own: int = 0
     start: Expr = _ZERO
     #: the dimension split into shares of ``share_tiles`` whole tiles before it is blocked (0: not): a share loop
-    #: around the block loop, whose variable's offset ``share`` (``share_tiles * s``) every tile index adds; the blocks
-    #: (:attr:`blocks`, per share) end ragged within each share, so programs dividing the share loop of a logical core
-    #: walk the same blocks of their own tiles whatever ``tiles_in_block`` (kernel_ir/lnc.py)
+    #: (variable :attr:`share_var`) around the block loop, whose first tile every tile index adds (:attr:`share`); the
+    #: blocks (:attr:`blocks`, per share) end ragged within each share, so programs dividing the share loop of a
+    #: logical core walk the same blocks of their own tiles whatever ``tiles_in_block`` (kernel_ir/lnc.py)
     share_tiles: int = 0
-    share: Expr = _ZERO
+
+    @property
+    def share_var(self) -> str:
+        """The variable of the share loop."""
+        return f"{self.name}_share"
+
+    @property
+    def share(self) -> Expr:
+        """The first tile of the current share (0 without shares)."""
+        return scale(var(self.share_var), self.share_tiles) if self.share_tiles else _ZERO
 
     @property
     def traced(self) -> bool:

@@ -83,7 +83,7 @@ class TransposedGroups(TokenStationaryGroups):
         share_tiles = ntiles // shares if shares else 0
         per_block = min(per_block, share_tiles) if shares else per_block
         fdim = Dim("f", n, ftile, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"),
-                   share_tiles=share_tiles, share=scale(iv("f_share", shares), share_tiles) if shares else Lin(0))
+                   share_tiles=share_tiles)
         bm = self.tok.block_size(mb)
         # A result placed in HBM that no matmul of this kernel reads (e.g. h^T of a split MLP's first
         # kernel) is stored tile by tile as it is produced, instead of being held whole in SBUF.
@@ -95,15 +95,6 @@ class TransposedGroups(TokenStationaryGroups):
         else:
             out_strip = self._strip(root.id, n)
             out = [Alloc(out_strip, comment=f"{root.id}^T strip of this token block, kept in SBUF")]
-        temps = {node.id: Buffer(f"{node.id}_f32", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
-                 for node in group.tree if node is not root}
-        spill = Buffer(f"{root.id}_spill", (fdim.tile, s.tokens_per_block), "float32", "sbuf")
-        # scratch of the epilogue is allocated in the body of the ft loop it is written in: allocated
-        # above an affine loop and written in every iteration, it would be a loop-carried write race
-        # (rule NKI-AFFINE-WRITE-RACE, verification/rules.py)
-        scratch = [Alloc(t) for t in temps.values()]
-        if any(self._two_psum_operands(node, group) for node in group.tree):
-            scratch.append(Alloc(spill))
         fb = iv("f_blk", fdim.blocks)
         ft = iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
@@ -129,14 +120,17 @@ class TransposedGroups(TokenStationaryGroups):
             tile, values = self._term_tiles(group, sources, fdim, g, scale(ft, fdim.tile), nsz, Lin(0), bm,
                                             row_major=False)
         values.update(operands)
-        tile += ([Alloc(out_strip)] if streamed else []) + scratch + self._epilogue(group, values, result, temps,
-                                                                                    spill, (nsz, bm)) + store
+        # the epilogue's scratch is allocated in the body of the ft loop it is written in: allocated above an affine
+        # loop and written in every iteration, it would be a loop-carried write race (rule NKI-AFFINE-WRITE-RACE,
+        # verification/rules.py)
+        tile += ([Alloc(out_strip)] if streamed else []) + self._evaluated(
+            group, values, result, (fdim.tile, s.tokens_per_block), (nsz, bm)) + store
         block += loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
         out += [Comment(self._describe_group(group))]
         divided = self._divided(group, fdim, streamed, stored)
         split = (self.s.lnc_split,) if divided else ()
         if shares:  # the programs divide the shares; each walks the blocks of its own share
-            out += loop("f_share", Lin(shares), shares, loop("f_blk", Lin(fdim.blocks), fdim.blocks, block),
+            out += loop(fdim.share_var, Lin(shares), shares, loop("f_blk", Lin(fdim.blocks), fdim.blocks, block),
                         split=split)
         else:
             out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block, split=split)

@@ -228,8 +228,12 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
         def product(term: Term) -> str:
             return " + ".join(f"{mm.operands[0]} @ {self._weight(mm).attrs['name']}" for mm in term.matmuls)
 
-        how = ("strips stationary, weights moving" if group.orient != Orient.TRANSPOSED else TOKEN_STATIONARY
-               if self._token_stationary(group) else "weight tiles stationary, strips moving (implicit transposition)")
+        if group.orient != Orient.TRANSPOSED:
+            how = "strips stationary, weights moving"
+        elif self._token_stationary(group):
+            how = TOKEN_STATIONARY
+        else:
+            how = "weight tiles stationary, strips moving (implicit transposition)"
         mark = "^T" if group.orient == Orient.TRANSPOSED else ""
         if not group.terms and not group.tree:
             return f"{group.root.id} copied"
