@@ -168,17 +168,17 @@ def test_fused_kernels_verify_with_both_programs(workload, params):
 @pytest.mark.parametrize("split", ["gather", "intermediate"])
 def test_a_share_of_prime_tiles_is_blocked_within_each_programs_share(split):
     """14 feature tiles are a share of 7 per program, which whole blocks divide only into blocks of 1: the tiles are
-    split into the programs' shares first and each share blocked as the schedule asks (5 + 2 tiles), so a weight
-    block moves 640 columns, not 128; both programs verify and every weight crosses HBM once."""
+    split into the programs' shares first and each share blocked as the schedule asks (4 + 3 tiles), so a weight
+    block moves 512 columns, not 128; both programs verify and every weight crosses HBM once."""
     workload = mlp_workload(8, 512, 1792, dense=True)
-    params = {"lnc_split": split, "weight_block_kib": 5, "k_tiles_per_block": 0, "weight_dma": "row"}
+    params = {"lnc_split": split, "weight_block_kib": 4, "k_tiles_per_block": 0, "weight_dma": "row"}
     compiled = compile_graph(workload, target=lnc2(), dialect="nki", params=params)
     report = verified(compiled)
     source = compiled.kernel.source
-    assert "for f_share in range(1):" in source and "min(5, 7 - 5 * f_blk)" in source
+    assert "for f_share in range(1):" in source and "min(4, 7 - 4 * f_blk)" in source
     assert report.counters["dma_transfers"] == compiled.cost.dma_transfers
     assert report.counters["hbm_bytes_read"]["w_gate"] == _bytes(workload, "w_gate")
-    assert 1280 in compiled.cost.dma_bytes_per_partition  # 640-column weight rows
+    assert 1024 in compiled.cost.dma_bytes_per_partition  # 512-column weight rows
 
 
 def _bytes(workload, name: str) -> int:

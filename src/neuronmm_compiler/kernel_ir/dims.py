@@ -103,6 +103,25 @@ class Dim:
         return minimum(self.block_elems, sub(size, scale(blk, self.block_elems)))
 
 
+def balanced_block(tiles: int, per_block: int) -> int:
+    """Tiles per block for ``tiles`` tiles in blocks of at most ``per_block``: ``per_block``, or, where that leaves a
+    last block of less than half a block, the same number of blocks as even as whole tiles make them.
+
+    A weight block's DMA moves rows of its columns, and the DMA efficiency curve falls steeply below about 2 KiB per
+    partition (targets.py, DMA_EFFICIENCY_CURVE): the tp 8 rank of Llama-3.1-8B's 14 intermediate tiles in blocks of 6
+    left a last block of 2, rows of 512 bytes at about 73% efficiency, where blocks of 5, 5 and 4 move rows of 1280
+    and 1024 bytes (140.0 -> 137.1 us at 96 tokens on trn2). A last block of at least half a block is kept: its rows
+    lose little, and a short last block shortens the compute left after the last load (a compute-bound SVD chain on
+    trn1 measured 202.6 us with blocks of 9, 9, 9, 5 against 203.2 with four of 8; docs/fusion.md, "Balanced
+    blocks")."""
+    per_block = max(1, per_block)
+    last = tiles % per_block
+    if not last or 2 * last >= per_block:
+        return per_block
+    blocks = -(-tiles // per_block)
+    return -(-tiles // blocks)
+
+
 def loop(var_name: str, trip: Expr, max_trip: int, body: list[Stmt], *, sequential: bool = False,
           comment: str = "", split: tuple[str, ...] = ()) -> list[Stmt]:
     """A loop, or its body alone when it can only ever run once (its variable is then 0). ``split``: the

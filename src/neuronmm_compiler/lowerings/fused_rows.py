@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import Node
-from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.dims import Dim, balanced_block, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, scale, var
 from ..kernel_ir.lnc import PROGRAM_ID, divisible_blocking, halves
 from ..kernel_ir.program import (
@@ -69,7 +69,8 @@ class RowMajorGroups(OperandLoads):
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
         if reducing:  # whole blocks, so each block's columns halve evenly (checked by reducing_group)
             per_block = max(d for d in range(1, per_block + 1) if ntiles % d == 0)
-        odim = Dim("o", n, tile_n, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"))
+        odim = Dim("o", n, tile_n, ntiles, balanced_block(ntiles, per_block),
+                   block_name=constant_name(root.id, "BLOCK"))
         ob = iv("o_blk", odim.blocks)
         if kb:
             return self._k_blocked_row_group(group, mb, odim, ob, kb, stores, out_dtype)
@@ -134,7 +135,7 @@ class RowMajorGroups(OperandLoads):
         if self._cache(mm) or self._column_tiles(group, group.terms[0]) > 1 or self._contraction_split(group):
             return 0
         k_tiles = -(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax)
-        return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
+        return balanced_block(k_tiles, s.k_tiles_per_block) if s.k_tiles_per_block < k_tiles else 0
 
     def _k_blocked_row_group(self, group: Group, mb: Expr, odim: Dim, ob: Expr, kb: int,
                              stores: list[tuple[Node, Buffer]], out_dtype: str) -> list[Stmt]:

@@ -15,7 +15,7 @@ cost model and the interpreter see the form through the program as they see any 
 
 from __future__ import annotations
 
-from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.dims import Dim, balanced_block, iv, loop
 from ..kernel_ir.expr import Expr, Lin, scale
 from ..kernel_ir.program import Alloc, Buffer, Comment, Copy, Matmul, PeTranspose, Point, Ref, Stmt, span
 from ..schedule.fused import tiles_per_weight_block
@@ -47,7 +47,8 @@ class TokenStationaryGroups(OperandLoads):
                                    k_blocked_group_banks(self.target) // len(group.terms)))
         else:
             per_block = self._tiles_per_block(group, tile_n, ntiles)
-        odim = Dim("o", n, tile_n, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"))
+        odim = Dim("o", n, tile_n, ntiles, balanced_block(ntiles, per_block),
+                   block_name=constant_name(root.id, "BLOCK"))
         chunk = min(pmax, n)  # features per strip tile (the strip's partitions)
         cdim = Dim("c", n, chunk, -(-n // chunk), -(-tile_n // chunk))  # tile_n is n or a multiple of chunk
         strip = self._strip(root.id, n)

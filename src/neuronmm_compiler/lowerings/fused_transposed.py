@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..ir import Node
 from ..ir.fp8 import is_fp8
-from ..kernel_ir.dims import Dim, iv, loop
+from ..kernel_ir.dims import Dim, balanced_block, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, scale
 from ..kernel_ir.lnc import divisible_blocking, halves
 from ..kernel_ir.program import (
@@ -42,7 +42,7 @@ class TransposedGroups(TokenStationaryGroups):
 
     def _k_blocked(self, group: Group) -> int:
         """K tiles per weight block when the group's contraction is blocked (0: not blocked; nor is the contraction
-        the programs of a logical core divide)."""
+        the programs of a logical core divide), balanced (:func:`~..kernel_ir.dims.balanced_block`)."""
         s = self.s
         matmuls = group.matmuls
         ks = {-(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax) for mm in matmuls}
@@ -50,7 +50,7 @@ class TransposedGroups(TokenStationaryGroups):
                 or any(self._cache(mm) for mm in matmuls) or self._reduces(group)):
             return 0
         k_tiles = ks.pop()
-        return s.k_tiles_per_block if s.k_tiles_per_block < k_tiles else 0
+        return balanced_block(k_tiles, s.k_tiles_per_block) if s.k_tiles_per_block < k_tiles else 0
 
     def _k_blocked_accumulators(self, group: Group) -> int:
         """How many feature tiles' accumulators a K-blocked group holds per term: one bank each out of the banks left
@@ -81,7 +81,7 @@ class TransposedGroups(TokenStationaryGroups):
         if self._divides_features(group) and n % ftile == 0 and not shares:  # blocks the programs can divide
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
         share_tiles = ntiles // shares if shares else 0
-        per_block = min(per_block, share_tiles) if shares else per_block
+        per_block = balanced_block(share_tiles or ntiles, min(per_block, share_tiles) if shares else per_block)
         fdim = Dim("f", n, ftile, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"),
                    share_tiles=share_tiles)
         bm = self.tok.block_size(mb)
@@ -174,7 +174,8 @@ class TransposedGroups(TokenStationaryGroups):
         """Shares the feature tiles are split into before they are blocked (0: none): the programs of a logical core
         when they divide this group's features and whole blocks of each program's share would be at most half the
         block the schedule asks for (Qwen3-4B's 76 tiles: a share of 38 = 2 x 19 tiles takes blocks of 2 where 9
-        fit, 512-byte weight rows); each share then ends in a ragged block (9, 9, 9, 9, 2)."""
+        fit, 512-byte weight rows); each share is then blocked as asked, balanced (8, 8, 8, 8, 6 where 9s left a last 2:
+        :func:`~..kernel_ir.dims.balanced_block`)."""
         programs = self.target.lnc
         if not self._divides_features(group) or n % ftile or ntiles % programs:
             return 0
@@ -222,7 +223,7 @@ class TransposedGroups(TokenStationaryGroups):
         root, ftile = group.root, held.shape[0]
         n = root.shape[1]
         ntiles = n // ftile
-        fdim = Dim("f", n, ftile, ntiles, self._tiles_per_block(group, ftile, ntiles),
+        fdim = Dim("f", n, ftile, ntiles, balanced_block(ntiles, self._tiles_per_block(group, ftile, ntiles)),
                    block_name=constant_name(root.id, "BLOCK"))
         fb, ft = iv("f_blk", fdim.blocks), iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)

@@ -5,7 +5,7 @@
 # schedule     default + lnc_split=intermediate
 # parameters   tokens_per_block=8 token_tile=8 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=intermediate
 # footprint    svd_mlp_k0: SBUF 21856 of 245760 bytes/partition, PSUM 2 of 8 banks
-# predicted    191.4 us on trn3 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    189.9 us on trn3 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  not validated: no published trn3 measurement to compare with; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn3 (NeuronCore-v4)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -53,8 +53,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     H_BLOCK = 512  # 4 tiles of 128
     OUT_TILE = 512  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
-    X_UG_BLOCK = 512  # 4 tiles of 128
-    X_UU_BLOCK = 512  # 4 tiles of 128
+    X_UG_BLOCK = 384  # 3 tiles of 128
+    X_UU_BLOCK = 384  # 3 tiles of 128
     assert tuple(x.shape) == (T, 2048), f"x: expected shape (T, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 1280), f"u_gate: expected shape (2048, 1280), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (1280, 8192), f"v_gate: expected shape (1280, 8192), got {v_gate.shape}"
@@ -79,11 +79,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             u_gate_block = nl.ndarray((P, 16, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(16):
                 nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:min(X_UG_BLOCK, 640 - X_UG_BLOCK * f_blk)], src=u_gate[P * kt:P * kt + P, 640 * f_share + X_UG_BLOCK * f_blk + 640 * pid:min(640 * f_share + X_UG_BLOCK * f_blk + 640 * pid + X_UG_BLOCK, 640 * f_share + 640 * pid + 640)])
-            for ft in range(min(4, 5 - 4 * f_blk)):
+            for ft in range(min(3, 5 - 3 * f_blk)):
                 x_ug_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
                     nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:T], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:T])
-                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 5 * f_share + 4 * f_blk + ft + 5 * pid, 0:T], src=x_ug_psum[0:F_TILE, 0:T])
+                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 5 * f_share + 3 * f_blk + ft + 5 * pid, 0:T], src=x_ug_psum[0:F_TILE, 0:T])
     # exchange halves of x_ug_strip with the other program: both hold all 1280 features
     nisa.sendrecv(src=x_ug_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:T], dst=x_ug_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:T], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # x_uu^T strip of this token block, kept in SBUF
@@ -95,11 +95,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             u_up_block = nl.ndarray((P, 16, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(16):
                 nisa.dma_copy(dst=u_up_block[0:P, kt, 0:min(X_UU_BLOCK, 640 - X_UU_BLOCK * f_blk)], src=u_up[P * kt:P * kt + P, 640 * f_share + X_UU_BLOCK * f_blk + 640 * pid:min(640 * f_share + X_UU_BLOCK * f_blk + 640 * pid + X_UU_BLOCK, 640 * f_share + 640 * pid + 640)])
-            for ft in range(min(4, 5 - 4 * f_blk)):
+            for ft in range(min(3, 5 - 3 * f_blk)):
                 x_uu_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
                     nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:T], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:T])
-                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 5 * f_share + 4 * f_blk + ft + 5 * pid, 0:T], src=x_uu_psum[0:F_TILE, 0:T])
+                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 5 * f_share + 3 * f_blk + ft + 5 * pid, 0:T], src=x_uu_psum[0:F_TILE, 0:T])
     # exchange halves of x_uu_strip with the other program: both hold all 1280 features
     nisa.sendrecv(src=x_uu_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:T], dst=x_uu_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:T], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h^T strip of this token block, kept in SBUF

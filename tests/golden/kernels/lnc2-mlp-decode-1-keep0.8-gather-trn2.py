@@ -5,7 +5,7 @@
 # schedule     default + lnc_split=gather
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=16 k_tiles_per_block=0 out_tile=512 weight_dma=row cache_weights=none x_transpose=dma mlp=whole lnc_split=gather
 # footprint    svd_mlp_k0: SBUF 20652 of 212992 bytes/partition, PSUM 2 of 8 banks
-# predicted    247.2 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
+# predicted    245.0 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -53,8 +53,8 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 1  # tokens per block
     TOKEN_TILE = 1  # tokens per tile
-    X_UG_BLOCK = 512  # 4 tiles of 128
-    X_UU_BLOCK = 512  # 4 tiles of 128
+    X_UG_BLOCK = 384  # 3 tiles of 128
+    X_UU_BLOCK = 384  # 3 tiles of 128
     assert tuple(x.shape) == (1, 2048), f"x: expected shape (1, 2048), got {x.shape}"
     assert tuple(u_gate.shape) == (2048, 1280), f"u_gate: expected shape (2048, 1280), got {u_gate.shape}"
     assert tuple(v_gate.shape) == (1280, 8192), f"v_gate: expected shape (1280, 8192), got {v_gate.shape}"
@@ -79,11 +79,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             u_gate_block = nl.ndarray((P, 16, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(16):
                 nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:min(X_UG_BLOCK, 640 - X_UG_BLOCK * f_blk)], src=u_gate[P * kt:P * kt + P, 640 * f_share + X_UG_BLOCK * f_blk + 640 * pid:min(640 * f_share + X_UG_BLOCK * f_blk + 640 * pid + X_UG_BLOCK, 640 * f_share + 640 * pid + 640)])
-            for ft in range(min(4, 5 - 4 * f_blk)):
+            for ft in range(min(3, 5 - 3 * f_blk)):
                 x_ug_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
                     nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 5 * f_share + 4 * f_blk + ft + 5 * pid, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
+                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 5 * f_share + 3 * f_blk + ft + 5 * pid, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of x_ug_strip with the other program: both hold all 1280 features
     nisa.sendrecv(src=x_ug_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_ug_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # x_uu^T strip of this token block, kept in SBUF
@@ -95,11 +95,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             u_up_block = nl.ndarray((P, 16, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
             for kt in range(16):
                 nisa.dma_copy(dst=u_up_block[0:P, kt, 0:min(X_UU_BLOCK, 640 - X_UU_BLOCK * f_blk)], src=u_up[P * kt:P * kt + P, 640 * f_share + X_UU_BLOCK * f_blk + 640 * pid:min(640 * f_share + X_UU_BLOCK * f_blk + 640 * pid + X_UU_BLOCK, 640 * f_share + 640 * pid + 640)])
-            for ft in range(min(4, 5 - 4 * f_blk)):
+            for ft in range(min(3, 5 - 3 * f_blk)):
                 x_uu_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
                 for kt in range(16):
                     nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
-                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 5 * f_share + 4 * f_blk + ft + 5 * pid, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
+                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 5 * f_share + 3 * f_blk + ft + 5 * pid, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of x_uu_strip with the other program: both hold all 1280 features
     nisa.sendrecv(src=x_uu_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_uu_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h^T strip of this token block, kept in SBUF

@@ -4,8 +4,8 @@
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=1 hidden=4096 intermediate=14336, ranks gate/up/down 2560/2560/2560, bfloat16
 # schedule     tuned (optuna, seed 0)
 # parameters   tokens_per_block=1 token_tile=1 weight_block_kib=192 k_tiles_per_block=2 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=hidden
-# footprint    svd_mlp_k0: SBUF 86360 of 212992 bytes/partition, PSUM 4 of 8 banks
-# predicted    414.6 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
+# footprint    svd_mlp_k0: SBUF 82192 of 212992 bytes/partition, PSUM 4 of 8 banks
+# predicted    411.3 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -50,7 +50,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     DOWN_BLOCK = 1024  # 4 tiles of 256
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 7168  # 56 tiles of 128
-    H_UD_BLOCK = 768  # 6 tiles of 128
+    H_UD_BLOCK = 640  # 5 tiles of 128
     OUT_TILE = 256  # output columns per row-major matmul
     P = 128  # partitions per tile (nl.tile_size.pmax)
     TOKENS_PER_BLOCK = 1  # tokens per block
@@ -137,13 +137,13 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition); partial sums over this program's half of the contraction
     for f_blk in range(4):
         u_down_block = nl.ndarray((P, 56, H_UD_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=u_down_block[0:P, 0:56, 0:min(H_UD_BLOCK, 2560 - H_UD_BLOCK * f_blk)], src=u_down.ap(pattern=[[2560, P], [327680, 56], [1, min(H_UD_BLOCK, 2560 - H_UD_BLOCK * f_blk)]], offset=18350080 * pid + H_UD_BLOCK * f_blk))
-        for ft in range(min(6, 20 - 6 * f_blk)):
+        nisa.dma_copy(dst=u_down_block[0:P, 0:56, 0:H_UD_BLOCK], src=u_down.ap(pattern=[[2560, P], [327680, 56], [1, H_UD_BLOCK]], offset=18350080 * pid + H_UD_BLOCK * f_blk))
+        for ft in range(5):
             h_ud_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
             # 2 programs: each its 56 of 112
             for kt in range(56):
                 nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=h_strip[0:P, kt + 56 * pid, 0:TOKEN_TILE])
-            nisa.tensor_copy(dst=h_ud_partial[0:F_TILE, 6 * f_blk + ft, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
+            nisa.tensor_copy(dst=h_ud_partial[0:F_TILE, 5 * f_blk + ft, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     h_ud_partial_other = nl.ndarray((F_TILE, 20, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=h_ud_partial[0:F_TILE, 0:20, 0:TOKEN_TILE], dst=h_ud_partial_other[0:F_TILE, 0:20, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
