@@ -156,6 +156,8 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
         if rng.random() < 0.5:
             exchanging = ("gather", "hidden", "intermediate") if dialect == Dialect.NKI else ()
             params["lnc_split"] = rng.choice(("tokens", "features", *exchanging))
+    if rng.random() < 0.3:  # drawn last, so the cases drawn before it keep their other settings
+        params["row_k_tiles"] = rng.choice((2, 8))
     return FuzzCase(doc, bound, target, dialect, params)
 
 

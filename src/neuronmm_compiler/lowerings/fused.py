@@ -26,7 +26,7 @@ from ..ir.quantized import is_quantized, unquantized
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
 from ..schedule import GemmProblem
-from ..schedule.fused import NORMALIZED_PARAMS, FusedSchedule, normalize_on
+from ..schedule.fused import NORMALIZED_PARAMS, ROW_K_TILES, FusedSchedule, normalize_on
 from ..schedule.params import check_column_tiles, check_schedule, column_tile_candidates
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target, with_lnc
@@ -130,6 +130,14 @@ def unfused_cost(graph: Graph, target: Target, *, lhs_layout: str = ALayout.MK, 
 def _canonical(graph: Graph) -> Graph:
     return run_pipeline(graph, DEFAULT_PIPELINE).graph
 
+
+def late_forms(schedule: FusedSchedule) -> list[FusedSchedule]:
+    """The forms of a one-token-tile schedule the search's last descent costs beside it: the activations stationary
+    (``stationary=tokens``), the row-major matmul in K blocks of each of :data:`ROW_K_TILES`, and both."""
+    forms = [schedule] + ([replace(schedule, stationary="tokens")] if schedule.stationary == "weights" else [])
+    if schedule.row_k_tiles == 0:
+        forms += [replace(form, row_k_tiles=k) for form in forms for k in ROW_K_TILES]
+    return forms[1:]
 
 class FusedLowering(Lowering):
     kind: ClassVar[str] = "fused"
@@ -244,11 +252,11 @@ class FusedLowering(Lowering):
         # DMA per slab, not sampled itself: it trades fixed costs for a longer prologue, and as a third value it left
         # the search in other basins at 512 tokens (docs/fusion.md, "The search")
         variants = (lambda s: [replace(s, weight_dma="block")] if s.weight_dma == "row" else []) if exchange else None
-        # the activations stationary (lowerings/fused_stationary.py) where the tokens are one token tile, as in
-        # nki-library's decode MLP: costed in the search's last descent only (search/tuner.py, _late); costed on every
-        # trial it made the test suite about a quarter slower (pytest 7:20 -> 9:24 on a 2-core host)
-        late = ((lambda s: [replace(s, stationary="tokens")] if s.stationary == "weights" else [])
-                if tokens <= target.gemm_stationary_fmax else None)
+        # the activations stationary (lowerings/fused_stationary.py) and the row-major matmul's own K blocks
+        # (row_k_tiles) where the tokens are one token tile, as in nki-library's decode MLP: costed in the search's last
+        # descent only (search/tuner.py, _late); the first, costed on every trial, made the test suite about a quarter
+        # slower (pytest 7:20 -> 9:24 on a 2-core host)
+        late = late_forms if tokens <= target.gemm_stationary_fmax else None
         return spec, Evaluator(cost, normalized, variants, late)
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:

@@ -120,7 +120,8 @@ class RowMajorGroups(OperandLoads):
 
     def _k_blocked_rows(self, group: Group, tok: Dim, flipped: list, reducing: bool) -> int:
         """K tiles per weight block when a row-major group streams its weight rows in K blocks (0: it does not):
-        ``k_tiles_per_block`` below the contraction's tiles, for a decode-sized token block (one token tile), one
+        ``row_k_tiles`` (or, at 0, ``k_tiles_per_block``) below the contraction's tiles, balanced, for a decode-sized
+        token block (one token tile), one
         term of one matmul whose weights are not cached, no operand read from HBM by the epilogue (an FP8
         dequantization's scales are on chip already), no column tiles, no reduction, stored row-major. The output
         tiles' accumulators then live across the K blocks, as nki-library's decode down projection accumulates a
@@ -128,14 +129,15 @@ class RowMajorGroups(OperandLoads):
         src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py:125-198)."""
         s = self.s
         hbm_operands = [op for op in group.operands if op.id not in self.scales]
-        if (s.k_tiles_per_block <= 0 or tok.tiles_in_block != 1 or tok is not self.tok or reducing or flipped
+        asked = s.row_k_tiles or s.k_tiles_per_block
+        if (asked <= 0 or tok.tiles_in_block != 1 or tok is not self.tok or reducing or flipped
                 or hbm_operands or len(group.terms) != 1 or len(group.terms[0].matmuls) != 1):
             return 0
         (mm,) = group.terms[0].matmuls
         if self._cache(mm) or self._column_tiles(group, group.terms[0]) > 1 or self._contraction_split(group):
             return 0
         k_tiles = -(-self.nodes[mm.operands[0]].shape[1] // self.target.pmax)
-        return balanced_block(k_tiles, s.k_tiles_per_block) if s.k_tiles_per_block < k_tiles else 0
+        return balanced_block(k_tiles, asked) if asked < k_tiles else 0
 
     def _k_blocked_row_group(self, group: Group, mb: Expr, odim: Dim, ob: Expr, kb: int,
                              stores: list[tuple[Node, Buffer]], out_dtype: str) -> list[Stmt]:

@@ -68,7 +68,8 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
             "contraction tiles per weight block of a transposed matmul, 0..SBUF bytes per partition / 2 "
             "(98304 on trn1); 0 = all of them. Blocking K keeps a PSUM bank per feature tile across K "
             "blocks, so long contractions (the down projection's U) stream wide weight rows instead of "
-            "narrow ones", role=EXCHANGE, refine=(2, 4)),
+            "narrow ones; over one token tile it blocks the final row-major matmul too, unless row_k_tiles sets its "
+            "own", role=EXCHANGE, refine=(2, 4)),
     integer("out_tile", 1, "gemm_moving_fmax", "moving free size", (512, 256),
             "output columns per matmul of the final, row-major matmul, 1..512"),
     categorical("weight_dma", WEIGHT_DMA, ("row", "tile"),
@@ -106,7 +107,19 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
                 "accumulator, evaluated row-major and transposed into the strip on the TensorEngine, as nki-library's "
                 "decode MLP computes gate and up; lowerings/fused_stationary.py); not sampled: where the tokens are "
                 "one token tile, the search's last descent costs tokens beside every schedule it visits"),
+    integer("row_k_tiles", 0, max_tiles_per_block,
+            "0 = as k_tiles_per_block; at most SBUF bytes per partition / 2: a block of more tiles cannot fit", (),
+            "contraction tiles per weight block of a row-major matmul over one token tile, 0..SBUF bytes per partition "
+            "/ 2 (the last one, e.g. the "
+            "down projection at decode), its output tiles' accumulators held across the K blocks so that a weight "
+            "block holds several output tiles of wide rows instead of one 1 KiB-row tile of every contraction row, "
+            "as nki-library's decode down projection streams its weight; 0 = k_tiles_per_block's (which also "
+            "blocks the transposed matmuls, whose rows it narrows). Not sampled: where the tokens are one token "
+            "tile, the search's last descent costs 8 and 16 beside every schedule it visits"),
 )
+
+#: The ``row_k_tiles`` the search's last descent costs beside each schedule it visits (search/tuner.py, ``_late``).
+ROW_K_TILES = (8, 16)
 
 
 @dataclass(frozen=True)
@@ -128,8 +141,9 @@ class FusedSchedule(ScheduleParams):
     lnc_split: str = "none"
     column_tiles: int = 1
     stationary: str = "weights"
+    row_k_tiles: int = 0
 
-    QUIET: ClassVar[dict[str, int | str]] = {"column_tiles": 1, "stationary": "weights"}
+    QUIET: ClassVar[dict[str, int | str]] = {"column_tiles": 1, "stationary": "weights", "row_k_tiles": 0}
 
     def check_relations(self) -> None:
         """A token block wider than a token tile is a whole number of tiles; PE column tiles split the array
