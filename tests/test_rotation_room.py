@@ -85,3 +85,25 @@ def test_the_polish_refines_between_the_sampled_candidates_and_never_ends_worse(
     monkeypatch.setattr(tuner, "_refine", lambda evaluate, spec, best: best)  # the polish on the sampled lists only
     coarse = tune(QWEN_DECODE, target=TRN2_LNC1, dialect="nki", trials=150).compiled
     assert coarse.cost.latency_us > refined.cost.latency_us and nkilib.latency_us > refined.cost.latency_us
+
+
+def test_after_refining_the_other_parameters_descend_again():
+    """The other parameters of a coarse optimum were chosen for its unrefined values: after the refinement moves, one
+    more descent over their coarse lists, the refined values held, goes further (Llama-3.1-8B's SVD MLP at keep 0.8,
+    1 token on LNC=2: from the `hidden` class's coarse optimum the refinement alone ends at 192 KiB blocks of 2 K
+    tiles, 411.3 us; then the column tiles move to 2: 408.0 us, the tuned golden's schedule)."""
+    from neuronmm_compiler.lowerings import lowering_for
+    from neuronmm_compiler.schedule.fused import FusedSchedule
+    from neuronmm_compiler.search import tuner
+    from neuronmm_compiler.targets import IN_GRAPH, with_launch
+
+    workload = mlp_workload(1, 4096, 14336, keep_ratio=0.8)
+    target = with_launch(with_lnc(get_target("trn2"), 2), IN_GRAPH)
+    spec, evaluate = lowering_for(workload).search_setup(workload, target, 150, exchange=True)
+    start = evaluate(FusedSchedule(tokens_per_block=32, token_tile=128, weight_block_kib=64, k_tiles_per_block=0,
+                                   out_tile=256, weight_dma="row", x_transpose="pe", lnc_split="hidden"))
+    lists = {name: spec.space.fine[name] for name in spec.space.refine}
+    alone = tuner._descend(evaluate, spec, start, lists, tuple(n for n in spec.space.exchange if n in lists), fine=True)
+    refined = tuner._refine(evaluate, spec, start)
+    assert alone.latency_us < start.latency_us and refined.latency_us < alone.latency_us - 1
+    assert refined.schedule.k_tiles_per_block == alone.schedule.k_tiles_per_block == 2

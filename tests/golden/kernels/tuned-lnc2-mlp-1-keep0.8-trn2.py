@@ -3,9 +3,9 @@
 #
 # workload     gated MLP silu(x Wg) * (x Wu) Wd, tokens=1 hidden=4096 intermediate=14336, ranks gate/up/down 2560/2560/2560, bfloat16
 # schedule     tuned (optuna, seed 0)
-# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=192 k_tiles_per_block=2 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=hidden row_k_tiles=16
-# footprint    svd_mlp_k0: SBUF 82192 of 212992 bytes/partition, PSUM 4 of 8 banks
-# predicted    409.6 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
+# parameters   tokens_per_block=1 token_tile=1 weight_block_kib=192 k_tiles_per_block=2 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=hidden column_tiles=2
+# footprint    svd_mlp_k0: SBUF 87080 of 212992 bytes/partition, PSUM 2 of 8 banks
+# predicted    408.0 us on trn2 LNC=2 in-graph (cost model v4, 1 kernel; in-graph: 2 us per kernel, assumed)
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
@@ -31,7 +31,7 @@
 #     %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 4096] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [4096, 2560] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [2560, 14336] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [4096, 2560] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [2560, 14336] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [14336, 2560] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [2560, 4096] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 2560] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 14336] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 2560] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 14336] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 2560] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","k_tiles_per_block":2,"lnc_split":"hidden","mlp":"whole","out_tile":256,"row_k_tiles":16,"token_tile":1,"tokens_per_block":1,"weight_block_kib":192,"weight_dma":"block","x_transpose":"pe"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 4096] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [4096, 2560] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [2560, 14336] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [4096, 2560] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [2560, 14336] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [14336, 2560] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [2560, 4096] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 2560] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 14336] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 2560] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 14336] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 14336] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 2560] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 4096] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,4096]},{"dtype":"bfloat16","name":"u_gate","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_gate","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_up","shape":[4096,2560]},{"dtype":"bfloat16","name":"v_up","shape":[2560,14336]},{"dtype":"bfloat16","name":"u_down","shape":[14336,2560]},{"dtype":"bfloat16","name":"v_down","shape":[2560,4096]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,4096]}],"schedule":{"kind":"fused","name":"tuned (optuna, seed 0)","params":{"cache_weights":"none","column_tiles":2,"k_tiles_per_block":2,"lnc_split":"hidden","mlp":"whole","out_tile":256,"token_tile":1,"tokens_per_block":1,"weight_block_kib":192,"weight_dma":"block","x_transpose":"pe"}},"target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -47,7 +47,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     """Fused kernel svd_mlp_k0 over 1 tokens (bfloat16).
     Arguments: x[1, 4096], u_gate[4096, 2560], v_gate[2560, 14336], u_up[4096, 2560], v_up[2560, 14336], u_down[14336, 2560], v_down[2560, 4096]. Returns out[1, 4096].
     """
-    DOWN_BLOCK = 1024  # 4 tiles of 256
+    DOWN_BLOCK = 2048  # 8 tiles of 256
     F_TILE = 128  # output features per matmul (nl.tile_size.gemm_stationary_fmax)
     H_BLOCK = 7168  # 56 tiles of 128
     H_UD_BLOCK = 640  # 5 tiles of 128
@@ -67,7 +67,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     assert nl.num_programs() == 2, f"an LNC=2 kernel launched with {nl.num_programs()} program(s): launch it on a logical core of 2 physical cores (see the file header)"
     pid = nl.program_id(0)  # this program's share of the 'hidden' split (0..1)
     out = nl.ndarray((1, 4096), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=192 k_tiles_per_block=2 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=hidden row_k_tiles=16
+    # schedule: tokens_per_block=1 token_tile=1 weight_block_kib=192 k_tiles_per_block=2 out_tile=256 weight_dma=block cache_weights=none x_transpose=pe mlp=whole lnc_split=hidden column_tiles=2
     # x^T strip: features on partitions, tokens free
     x_strip = nl.ndarray((P, 16, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # tokens on partitions, as stored
@@ -148,24 +148,24 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     h_ud_partial_other = nl.ndarray((F_TILE, 20, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.sendrecv(src=h_ud_partial[0:F_TILE, 0:20, 0:TOKEN_TILE], dst=h_ud_partial_other[0:F_TILE, 0:20, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     nisa.tensor_tensor(dst=h_ud_strip[0:F_TILE, 0:20, 0:TOKEN_TILE], data1=h_ud_partial[0:F_TILE, 0:20, 0:TOKEN_TILE], data2=h_ud_partial_other[0:F_TILE, 0:20, 0:TOKEN_TILE], op=nl.add)
-    # out = down = (h_ud @ v_down): strips stationary, weights moving; weight rows in blocks of 10 K tiles
-    # 2 programs: each its 2 of 4
-    for o_blk in range(2):
-        # one PSUM bank per output tile, across K blocks
-        down_psum = []  # 4 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
-        for bank in range(4):
-            down_psum.append(nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum))
-        for k_blk in range(2):
-            v_down_block = nl.ndarray((P, 10, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=v_down_block[0:P, 0:10, 0:DOWN_BLOCK], src=v_down.ap(pattern=[[4096, P], [524288, 10], [1, DOWN_BLOCK]], offset=5242880 * k_blk + DOWN_BLOCK * o_blk + 2048 * pid))
-            for bn in range(4):
-                for kt in range(10):
-                    nisa.nc_matmul(dst=down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, 10 * k_blk + kt, 0:TOKEN_TILE], moving=v_down_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+    # out = down = (h_ud @ v_down): strips stationary, weights moving
+    # 2 programs: each its 1 of 2
+    for o_blk in range(1):
+        v_down_block = nl.ndarray((P, 20, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v_down_block[0:P, 0:20, 0:DOWN_BLOCK], src=v_down.ap(pattern=[[4096, P], [524288, 20], [1, DOWN_BLOCK]], offset=DOWN_BLOCK * o_blk + DOWN_BLOCK * pid))
         # one packed row of output tiles
         out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(4):
-            nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE])
-        nisa.dma_copy(dst=out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + 2048 * pid:DOWN_BLOCK * o_blk + 2048 * pid + DOWN_BLOCK], src=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
+        for bn in range(8):
+            down_psum = nl.ndarray((128, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+            # contraction tiles 2 at a time, one per PE column tile of 64 columns
+            for kg in range(10):
+                for ct in range(2):
+                    nisa.nc_matmul(dst=down_psum[64 * ct:64 * ct + TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, 2 * kg + ct, 0:TOKEN_TILE], moving=v_down_block[0:P, 2 * kg + ct, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], tile_position=(0, 64 * ct), tile_size=(P, 64))
+            # the 2 PE column tiles' partial sums, added
+            down_sum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=down_sum[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
+            nisa.tensor_tensor(dst=out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], data1=down_sum[0:TOKEN_TILE, 0:OUT_TILE], data2=down_psum[64:65, 0:OUT_TILE], op=nl.add)
+        nisa.dma_copy(dst=out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK], src=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
     return out
 
 
