@@ -36,3 +36,17 @@ def compile_graph(workload: Workload, *, target: str | Target = "trn1", **option
 
 def tune_graph(workload: Workload, *, target: str | Target = "trn1", **options: Any) -> Tuned:
     return tune(workload, target=_target(target), **options)
+
+
+def verified_nki(workload: Workload, target: str | Target = "trn2", **params: Any) -> tuple[Compiled, Any]:
+    """``workload`` compiled in the nki dialect under ``params`` and run in the interpreter: (compiled, report), the
+    kernel verified and the cost model's DMA counts (transfers, bytes per partition) equal to the interpreter's."""
+    from neuronmm_compiler.verification import verify_source
+
+    compiled = compile_graph(workload, target=target, dialect="nki", params=params)
+    report = verify_source(compiled.kernel.source, filename=workload.describe())
+    assert report.ok, report.error
+    assert compiled.cost.dma_transfers == report.counters["dma_transfers"]
+    assert {str(k): v for k, v in compiled.cost.dma_bytes_per_partition.items()} == \
+        report.counters["dma_bytes_per_partition"]
+    return compiled, report

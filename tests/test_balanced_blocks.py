@@ -6,13 +6,9 @@ import re
 
 import pytest
 
-from helpers import compile_graph
+from helpers import verified_nki
 from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.kernel_ir.dims import balanced_block
-from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.verification import verify_source
-
-TRN2 = get_target("trn2")
 
 
 @pytest.mark.parametrize(("tiles", "per_block", "expected"), [
@@ -29,19 +25,11 @@ def test_balanced_block(tiles, per_block, expected):
     assert -(-tiles // expected) == -(-tiles // max(1, per_block))  # the same number of blocks
 
 
-def _verified(workload, **params):
-    compiled = compile_graph(workload, target=TRN2, dialect="nki", params=params)
-    report = verify_source(compiled.kernel.source, filename=workload.describe())
-    assert report.ok, report.error
-    assert {str(k): v for k, v in compiled.cost.dma_bytes_per_partition.items()} == \
-        report.counters["dma_bytes_per_partition"]
-    return compiled, report
-
 
 def test_feature_blocks_are_balanced_and_verify():
     """14 intermediate tiles where a 6 KiB block holds 6 (4 K tiles x 128 columns x 2 bytes = 1 KiB a tile): blocks
     of 5, 5 and 4 tiles, so no weight DMA moves rows of 2 tiles (512 bytes) as 6, 6, 2 did."""
-    compiled, report = _verified(mlp_workload(8, 512, 1792, dense=True), weight_block_kib=6, k_tiles_per_block=0,
+    compiled, report = verified_nki(mlp_workload(8, 512, 1792, dense=True), weight_block_kib=6, k_tiles_per_block=0,
                                  weight_dma="row", out_tile=512)
     source = compiled.kernel.source
     assert re.search(r"H_BLOCK = 640  # 5 tiles of 128", source)
@@ -51,6 +39,6 @@ def test_feature_blocks_are_balanced_and_verify():
 
 def test_k_blocks_are_balanced_and_verify():
     """The down projection's 14 contraction tiles in K blocks of 12 become blocks of 7 (12 and 2 before)."""
-    compiled, _ = _verified(mlp_workload(8, 512, 1792, dense=True), weight_block_kib=16, k_tiles_per_block=12,
+    compiled, _ = verified_nki(mlp_workload(8, 512, 1792, dense=True), weight_block_kib=16, k_tiles_per_block=12,
                             weight_dma="row", out_tile=512)
     assert "weight rows in blocks of 7 K tiles" in compiled.kernel.source

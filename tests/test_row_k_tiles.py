@@ -3,22 +3,14 @@ the search's last descent beside every one-token-tile schedule (lowerings/fused.
 
 from __future__ import annotations
 
-from helpers import compile_graph
+from helpers import compile_graph, verified_nki
 from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.lowerings.fused import late_forms
 from neuronmm_compiler.schedule.fused import ROW_K_TILES, FusedSchedule
 from neuronmm_compiler.targets import get_target, with_lnc
-from neuronmm_compiler.verification import verify_source
 
 TRN2 = get_target("trn2")
 
-
-def _verified(workload, target=TRN2, **params):
-    compiled = compile_graph(workload, target=target, dialect="nki", params=params)
-    report = verify_source(compiled.kernel.source, filename=workload.describe())
-    assert report.ok, report.error
-    assert compiled.cost.dma_transfers == report.counters["dma_transfers"]
-    return compiled, report
 
 
 def test_the_down_projection_takes_its_own_k_blocks_and_verifies():
@@ -27,15 +19,15 @@ def test_the_down_projection_takes_its_own_k_blocks_and_verifies():
     instead of the 1 KiB of one tile, and the result and the counts are the interpreter's."""
     workload = mlp_workload(8, 1536, 1792, dense=True)
     params = {"weight_block_kib": 16, "k_tiles_per_block": 0, "weight_dma": "row", "out_tile": 512}
-    whole, _ = _verified(workload, **params)
-    blocked, report = _verified(workload, **params, row_k_tiles=8)
+    whole, whole_report = verified_nki(workload, **params)
+    blocked, report = verified_nki(workload, **params, row_k_tiles=8)
     source = blocked.kernel.source
     assert "weight rows in blocks of 8 K tiles" in source
     assert "weight rows in blocks" not in whole.kernel.source
     assert source.count("across K blocks") == 1  # the down projection's accumulators only: gate and up are whole
     assert 2048 in blocked.cost.dma_bytes_per_partition and 2048 not in whole.cost.dma_bytes_per_partition
     assert blocked.cost.latency_us < whole.cost.latency_us
-    assert report.counters["hbm_bytes_read"] == _verified(workload, **params)[1].counters["hbm_bytes_read"]
+    assert report.counters["hbm_bytes_read"] == whole_report.counters["hbm_bytes_read"]
 
 
 def test_row_k_tiles_zero_follows_k_tiles_per_block():

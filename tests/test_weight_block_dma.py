@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import compile_graph
+from helpers import compile_graph, verified_nki
 from neuronmm_compiler.errors import ScheduleError
 from neuronmm_compiler.frontends.workloads import chain_workload, mlp_workload
 from neuronmm_compiler.kernel_ir.coalesce import coalesce_slab_loads
@@ -15,19 +15,9 @@ from neuronmm_compiler.lowerings import lowering_for
 from neuronmm_compiler.lowerings.nkilib_tkg import tkg_program
 from neuronmm_compiler.schedule.fused import FusedSchedule
 from neuronmm_compiler.targets import get_target, with_lnc
-from neuronmm_compiler.verification import verify_source
 
 TRN2 = get_target("trn2")
 
-
-def _verified(workload, target=TRN2, **params):
-    compiled = compile_graph(workload, target=target, dialect="nki", params=params)
-    report = verify_source(compiled.kernel.source, filename=workload.describe())
-    assert report.ok, report.error
-    assert compiled.cost.dma_transfers == report.counters["dma_transfers"]
-    assert {str(k): v for k, v in compiled.cost.dma_bytes_per_partition.items()} == \
-        report.counters["dma_bytes_per_partition"]
-    return compiled, report
 
 
 @pytest.mark.parametrize("workload", [mlp_workload(3, 512, 1024, rank=384), mlp_workload(130, 512, 640, dense=True),
@@ -38,8 +28,8 @@ def test_block_loads_move_the_same_bytes_in_fewer_dmas(workload, lnc):
     same result (both verify), fewer transfers, and the model's counts equal the interpreter's (_verified)."""
     target = with_lnc(TRN2, lnc)
     params = {"weight_block_kib": 16, "k_tiles_per_block": 0, **({"lnc_split": "hidden"} if lnc == 2 else {})}
-    row, row_report = _verified(workload, target, weight_dma="row", **params)
-    block, block_report = _verified(workload, target, weight_dma="block", **params)
+    row, row_report = verified_nki(workload, target, weight_dma="row", **params)
+    block, block_report = verified_nki(workload, target, weight_dma="block", **params)
     assert block_report.counters["hbm_bytes_read"] == row_report.counters["hbm_bytes_read"]
     assert block.cost.dma_transfers < row.cost.dma_transfers
     assert ".ap(pattern=[[" in block.kernel.source and ".ap(pattern=[[" not in row.kernel.source
@@ -49,7 +39,7 @@ def test_block_loads_move_the_same_bytes_in_fewer_dmas(workload, lnc):
 
 def test_a_block_load_reads_rows_kt_times_p_plus_p():
     """The access pattern of one block: u's rows 128 * kt + p (kt = slot, p = partition), the block's columns."""
-    compiled, _ = _verified(mlp_workload(1, 512, 1024, rank=384), weight_dma="block", weight_block_kib=16)
+    compiled, _ = verified_nki(mlp_workload(1, 512, 1024, rank=384), weight_dma="block", weight_block_kib=16)
     source = compiled.kernel.source
     # U_gate [512, 384]: 4 slabs of 128 rows, all 384 columns, in one DMA
     assert "src=u_gate.ap(pattern=[[384, P], [49152, 4], [1, X_UG_BLOCK]], offset=0)" in source
@@ -115,8 +105,8 @@ def test_a_blocked_contractions_ragged_last_block_is_one_dma_too():
     assert coalesce_slab_loads(Program("k", [w], [], [by_program])).body == [by_program]
     workload = mlp_workload(8, 512, 1408, rank=384)  # down's U: 1408 rows = 11 tiles
     params = {"weight_block_kib": 16, "k_tiles_per_block": 4}
-    row, row_report = _verified(workload, weight_dma="row", **params)
-    block, block_report = _verified(workload, weight_dma="block", **params)
+    row, row_report = verified_nki(workload, weight_dma="row", **params)
+    block, block_report = verified_nki(workload, weight_dma="block", **params)
     assert "min(4, 11 - 4 * k_blk)], [1, " in block.kernel.source
     assert block_report.counters["hbm_bytes_read"] == row_report.counters["hbm_bytes_read"]
     assert block.cost.dma_transfers < row.cost.dma_transfers

@@ -139,6 +139,7 @@ def late_forms(schedule: FusedSchedule) -> list[FusedSchedule]:
         forms += [replace(form, row_k_tiles=k) for form in forms for k in ROW_K_TILES]
     return forms[1:]
 
+
 class FusedLowering(Lowering):
     kind: ClassVar[str] = "fused"
     schedule_class: ClassVar[type] = FusedSchedule

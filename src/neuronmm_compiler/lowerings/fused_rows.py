@@ -121,12 +121,11 @@ class RowMajorGroups(OperandLoads):
     def _k_blocked_rows(self, group: Group, tok: Dim, flipped: list, reducing: bool) -> int:
         """K tiles per weight block when a row-major group streams its weight rows in K blocks (0: it does not):
         ``row_k_tiles`` (or, at 0, ``k_tiles_per_block``) below the contraction's tiles, balanced, for a decode-sized
-        token block (one token tile), one
-        term of one matmul whose weights are not cached, no operand read from HBM by the epilogue (an FP8
-        dequantization's scales are on chip already), no column tiles, no reduction, stored row-major. The output
-        tiles' accumulators then live across the K blocks, as nki-library's decode down projection accumulates a
-        4096-column output tile across its 128-row weight slabs (aws-neuron/nki-library@d2ad3a57:
-        src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py:125-198)."""
+        token block (one token tile), one term of one matmul whose weights are not cached, no operand read from HBM by
+        the epilogue (an FP8 dequantization's scales are on chip already), no column tiles, no reduction, stored
+        row-major. The output tiles' accumulators then live across the K blocks, as nki-library's decode down
+        projection accumulates a 4096-column output tile across its 128-row weight slabs
+        (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py:125-198)."""
         s = self.s
         hbm_operands = [op for op in group.operands if op.id not in self.scales]
         asked = s.row_k_tiles or s.k_tiles_per_block

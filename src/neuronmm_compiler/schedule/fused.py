@@ -109,13 +109,13 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
                 "one token tile, the search's last descent costs tokens beside every schedule it visits"),
     integer("row_k_tiles", 0, max_tiles_per_block,
             "0 = as k_tiles_per_block; at most SBUF bytes per partition / 2: a block of more tiles cannot fit", (),
-            "contraction tiles per weight block of a row-major matmul over one token tile, 0..SBUF bytes per partition "
-            "/ 2 (the last one, e.g. the "
-            "down projection at decode), its output tiles' accumulators held across the K blocks so that a weight "
-            "block holds several output tiles of wide rows instead of one 1 KiB-row tile of every contraction row, "
-            "as nki-library's decode down projection streams its weight; 0 = k_tiles_per_block's (which also "
-            "blocks the transposed matmuls, whose rows it narrows). Not sampled: where the tokens are one token "
-            "tile, the search's last descent costs 8 and 16 beside every schedule it visits"),
+            "contraction tiles per weight block of a row-major matmul over one token tile (the last one, e.g. the "
+            "down projection at decode), 0..SBUF bytes per partition / 2; 0 = k_tiles_per_block's (which also blocks "
+            "the transposed matmuls, whose rows it narrows). Its output tiles' accumulators are held across the K "
+            "blocks, so a weight block holds several output tiles of wide rows instead of one tile's 1 KiB rows of "
+            "every contraction row, as nki-library's decode down projection streams its weight. Not sampled: where "
+            "the tokens are one token tile, the search's last descent costs 8 and 16 beside every schedule it "
+            "visits"),
 )
 
 #: The ``row_k_tiles`` the search's last descent costs beside each schedule it visits (search/tuner.py, ``_late``).
