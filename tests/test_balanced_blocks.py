@@ -25,12 +25,11 @@ def test_balanced_block(tiles, per_block, expected):
     assert -(-tiles // expected) == -(-tiles // max(1, per_block))  # the same number of blocks
 
 
-
 def test_feature_blocks_are_balanced_and_verify():
     """14 intermediate tiles where a 6 KiB block holds 6 (4 K tiles x 128 columns x 2 bytes = 1 KiB a tile): blocks
     of 5, 5 and 4 tiles, so no weight DMA moves rows of 2 tiles (512 bytes) as 6, 6, 2 did."""
     compiled, report = verified_nki(mlp_workload(8, 512, 1792, dense=True), weight_block_kib=6, k_tiles_per_block=0,
-                                 weight_dma="row", out_tile=512)
+                                    weight_dma="row", out_tile=512)
     source = compiled.kernel.source
     assert re.search(r"H_BLOCK = 640  # 5 tiles of 128", source)
     rows = {int(k) for k in report.counters["dma_bytes_per_partition"]}
@@ -40,5 +39,5 @@ def test_feature_blocks_are_balanced_and_verify():
 def test_k_blocks_are_balanced_and_verify():
     """The down projection's 14 contraction tiles in K blocks of 12 become blocks of 7 (12 and 2 before)."""
     compiled, _ = verified_nki(mlp_workload(8, 512, 1792, dense=True), weight_block_kib=16, k_tiles_per_block=12,
-                            weight_dma="row", out_tile=512)
+                               weight_dma="row", out_tile=512)
     assert "weight rows in blocks of 7 K tiles" in compiled.kernel.source

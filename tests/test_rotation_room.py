@@ -102,8 +102,7 @@ def test_after_refining_the_other_parameters_descend_again():
     spec, evaluate = lowering_for(workload).search_setup(workload, target, 150, exchange=True)
     start = evaluate(FusedSchedule(tokens_per_block=32, token_tile=128, weight_block_kib=64, k_tiles_per_block=0,
                                    out_tile=256, weight_dma="row", x_transpose="pe", lnc_split="hidden"))
-    lists = {name: spec.space.fine[name] for name in spec.space.refine}
-    alone = tuner._descend(evaluate, spec, start, lists, tuple(n for n in spec.space.exchange if n in lists), fine=True)
+    alone = tuner._refined_values(evaluate, spec, start)
     refined = tuner._refine(evaluate, spec, start)
     assert alone.latency_us < start.latency_us and refined.latency_us < alone.latency_us - 1
     assert refined.schedule.k_tiles_per_block == alone.schedule.k_tiles_per_block == 2
