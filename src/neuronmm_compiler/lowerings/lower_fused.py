@@ -37,6 +37,7 @@ from ..ir.fp8 import is_fp8
 from ..kernel_ir.coalesce import coalesce_slab_loads
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Lin, traced
+from ..kernel_ir.fold import fold_unit_loops
 from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import (
     DTYPE_BYTES,
@@ -304,4 +305,4 @@ def lower_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, na
     docstring) under ``schedule`` on ``target``."""
     program = drop_unused_allocs(_FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program())
     program = program if program.programs > 1 else distribute(program, schedule.lnc_split, target.lnc)
-    return coalesce_slab_loads(program) if schedule.weight_dma == "block" else program
+    return fold_unit_loops(coalesce_slab_loads(program) if schedule.weight_dma == "block" else program)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, add, modulo, named, scale, sub, var
+from ..kernel_ir.fold import fold_unit_loops
 from ..kernel_ir.lnc import distribute
 from ..kernel_ir.program import (
     Alloc,
@@ -412,4 +413,5 @@ def lower_gemm(problem: GemmProblem, schedule: GemmSchedule, target: Target) -> 
     """The loop-nest program of ``schedule`` for ``problem`` on ``target`` (the schedule is normalized
     first). PSUM accumulators held across the K loop take one bank of the target each. On an LNC=2 target
     the program's work is divided by ``lnc_split`` (:func:`~neuronmm_compiler.kernel_ir.lnc.distribute`)."""
-    return distribute(_GemmLowering(problem, schedule, target).program(), schedule.lnc_split, target.lnc)
+    return fold_unit_loops(distribute(_GemmLowering(problem, schedule, target).program(), schedule.lnc_split,
+                                      target.lnc))

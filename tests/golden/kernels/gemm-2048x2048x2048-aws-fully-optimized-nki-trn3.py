@@ -47,31 +47,30 @@ def gemm_kernel(a, b):
     c = nl.ndarray((2048, 2048), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=16 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=n
     # 2 programs: each its 1 of 2
-    for n_blk in range(1):
-        # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((TILE_M, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.memset(dst=acc_sbuf, value=0.0)
-        for k_blk in range(2):
-            # B block: K on partitions, N free (moving)
-            b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bk in range(8):
-                nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[1024 * k_blk + TILE_K * bk:1024 * k_blk + TILE_K * bk + TILE_K, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N])
-            # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((TILE_K, 8, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bk in range(8):
-                nisa.dma_transpose(dst=a_t_tiles[0:TILE_K, bk, 0:BLOCK_M], src=a[0:BLOCK_M, 1024 * k_blk + TILE_K * bk:1024 * k_blk + TILE_K * bk + TILE_K])
-            for bn in range(2):
-                for bm in range(16):
-                    c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-                    for bk in range(8):
-                        nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
-                    nisa.tensor_tensor(dst=acc_sbuf[0:TILE_M, bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:TILE_M, bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:TILE_M, 0:TILE_N], op=nl.add)
-        for m_tile in range(16):
-            # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bn in range(2):
-                nisa.tensor_copy(dst=c_rows[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:TILE_M, m_tile, TILE_N * bn:TILE_N * bn + TILE_N])
-            nisa.dma_copy(dst=c[TILE_M * m_tile:TILE_M * m_tile + TILE_M, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N], src=c_rows[0:TILE_M, 0:BLOCK_N])
+    # partial sums of every output tile the K loop revisits
+    acc_sbuf = nl.ndarray((TILE_M, 16, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=acc_sbuf, value=0.0)
+    for k_blk in range(2):
+        # B block: K on partitions, N free (moving)
+        b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bk in range(8):
+            nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[1024 * k_blk + TILE_K * bk:1024 * k_blk + TILE_K * bk + TILE_K, BLOCK_N * pid:BLOCK_N * pid + BLOCK_N])
+        # A^T block: K on partitions, M free (stationary)
+        a_t_tiles = nl.ndarray((TILE_K, 8, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bk in range(8):
+            nisa.dma_transpose(dst=a_t_tiles[0:TILE_K, bk, 0:BLOCK_M], src=a[0:BLOCK_M, 1024 * k_blk + TILE_K * bk:1024 * k_blk + TILE_K * bk + TILE_K])
+        for bn in range(2):
+            for bm in range(16):
+                c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+                for bk in range(8):
+                    nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                nisa.tensor_tensor(dst=acc_sbuf[0:TILE_M, bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:TILE_M, bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:TILE_M, 0:TILE_N], op=nl.add)
+    for m_tile in range(16):
+        # one row of output tiles, packed for a single store
+        c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bn in range(2):
+            nisa.tensor_copy(dst=c_rows[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:TILE_M, m_tile, TILE_N * bn:TILE_N * bn + TILE_N])
+        nisa.dma_copy(dst=c[TILE_M * m_tile:TILE_M * m_tile + TILE_M, BLOCK_N * pid:BLOCK_N * pid + BLOCK_N], src=c_rows[0:TILE_M, 0:BLOCK_N])
     return c
 
 

@@ -47,35 +47,34 @@ def gemm_kernel(a, b):
     c = nl.ndarray((700, 1500), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=375 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=2 lnc_split=n
     # 2 programs: each its 1 of 2
-    for n_blk in range(1):
-        # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((TILE_M, 6, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.memset(dst=acc_sbuf, value=0.0)
-        # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((TILE_K, 3, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # partial sums of every output tile the K loop revisits
+    acc_sbuf = nl.ndarray((TILE_M, 6, 750), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=acc_sbuf, value=0.0)
+    # B block: K on partitions, N free (moving)
+    b_tiles = nl.ndarray((TILE_K, 3, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bk in range(3):
+        nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, 0:BLOCK_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 300), BLOCK_N * pid:BLOCK_N * pid + BLOCK_N])
+    for m_blk in range(3):
+        # A^T block: K on partitions, M free (stationary)
+        a_t_tiles = nl.ndarray((TILE_K, 3, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(3):
-            nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, 0:BLOCK_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 300), BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N])
-        for m_blk in range(3):
-            # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((TILE_K, 3, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bk in range(3):
-                nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, 0:min(BLOCK_M, 700 - BLOCK_M * m_blk)], src=a[BLOCK_M * m_blk:min(BLOCK_M * m_blk + BLOCK_M, 700), TILE_K * bk:min(TILE_K * bk + TILE_K, 300)])
-            # 2 PSUM copies the block's output tiles rotate through
-            c_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
-            for bank in range(2):
-                c_psum.append(nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum))
-            for bn in range(2):
-                for bm in range(2):
-                    nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:TILE_K, 0, TILE_M * bm:min(TILE_M * bm + TILE_M, 700 - 256 * m_blk)], moving=b_tiles[0:TILE_K, 0, TILE_N * bn:TILE_N * bn + TILE_N], accumulate=False)
-                    for bk in range(2):
-                        nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 172 - TILE_K * bk), bk + 1, TILE_M * bm:min(TILE_M * bm + TILE_M, 700 - 256 * m_blk)], moving=b_tiles[0:min(TILE_K, 172 - TILE_K * bk), bk + 1, TILE_N * bn:TILE_N * bn + TILE_N])
-                    nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], op=nl.add)
-        for m_tile in range(6):
-            # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bn in range(2):
-                nisa.tensor_copy(dst=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:min(TILE_M, 700 - TILE_M * m_tile), m_tile, TILE_N * bn:TILE_N * bn + TILE_N])
-            nisa.dma_copy(dst=c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 700), BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N], src=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), 0:BLOCK_N])
+            nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, 0:min(BLOCK_M, 700 - BLOCK_M * m_blk)], src=a[BLOCK_M * m_blk:min(BLOCK_M * m_blk + BLOCK_M, 700), TILE_K * bk:min(TILE_K * bk + TILE_K, 300)])
+        # 2 PSUM copies the block's output tiles rotate through
+        c_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+        for bank in range(2):
+            c_psum.append(nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum))
+        for bn in range(2):
+            for bm in range(2):
+                nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:TILE_K, 0, TILE_M * bm:min(TILE_M * bm + TILE_M, 700 - 256 * m_blk)], moving=b_tiles[0:TILE_K, 0, TILE_N * bn:TILE_N * bn + TILE_N], accumulate=False)
+                for bk in range(2):
+                    nisa.nc_matmul(dst=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 172 - TILE_K * bk), bk + 1, TILE_M * bm:min(TILE_M * bm + TILE_M, 700 - 256 * m_blk)], moving=b_tiles[0:min(TILE_K, 172 - TILE_K * bk), bk + 1, TILE_N * bn:TILE_N * bn + TILE_N])
+                nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[(2 * bn + bm) % 2][0:min(TILE_M, 700 - 256 * m_blk - TILE_M * bm), 0:TILE_N], op=nl.add)
+    for m_tile in range(6):
+        # one row of output tiles, packed for a single store
+        c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bn in range(2):
+            nisa.tensor_copy(dst=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:min(TILE_M, 700 - TILE_M * m_tile), m_tile, TILE_N * bn:TILE_N * bn + TILE_N])
+        nisa.dma_copy(dst=c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 700), BLOCK_N * pid:BLOCK_N * pid + BLOCK_N], src=c_rows[0:min(TILE_M, 700 - TILE_M * m_tile), 0:BLOCK_N])
     return c
 
 

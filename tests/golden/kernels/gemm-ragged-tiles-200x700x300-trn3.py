@@ -47,32 +47,31 @@ def gemm_kernel(a, b):
     c = nl.ndarray((200, 700), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=64 tile_n=175 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=3 loop_order=nkm tile_order=nm accumulate=sbuf dma=tile a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=n
     # 2 programs: each its 1 of 2
-    for n_blk in range(1):
-        # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((TILE_M, 4, 350), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.memset(dst=acc_sbuf, value=0.0)
-        # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((TILE_K, 3, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(2):
+    # partial sums of every output tile the K loop revisits
+    acc_sbuf = nl.ndarray((TILE_M, 4, 350), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=acc_sbuf, value=0.0)
+    # B block: K on partitions, N free (moving)
+    b_tiles = nl.ndarray((TILE_K, 3, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bn in range(2):
+        for bk in range(3):
+            nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 300), TILE_N * bn + 350 * pid:TILE_N * bn + 350 * pid + TILE_N])
+    for m_blk in range(2):
+        # A^T block: K on partitions, M free (stationary)
+        a_t_tiles = nl.ndarray((TILE_K, 3, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bm in range(2):
             for bk in range(3):
-                nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 300), 350 * n_blk + TILE_N * bn + 350 * pid:350 * n_blk + TILE_N * bn + 350 * pid + TILE_N])
-        for m_blk in range(2):
-            # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((TILE_K, 3, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 200 - 128 * m_blk)], src=a[128 * m_blk + TILE_M * bm:min(128 * m_blk + TILE_M * bm + TILE_M, 200), TILE_K * bk:min(TILE_K * bk + TILE_K, 300)])
+        for bn in range(2):
             for bm in range(2):
+                c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for bk in range(3):
-                    nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 200 - 128 * m_blk)], src=a[128 * m_blk + TILE_M * bm:min(128 * m_blk + TILE_M * bm + TILE_M, 200), TILE_K * bk:min(TILE_K * bk + TILE_K, 300)])
-            for bn in range(2):
-                for bm in range(2):
-                    c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-                    for bk in range(3):
-                        nisa.nc_matmul(dst=c_psum[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 200 - 128 * m_blk)], moving=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N])
-                    nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 0:TILE_N], op=nl.add)
-        for m_tile in range(4):
-            for bn in range(2):
-                c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=c_tile[0:min(TILE_M, 200 - TILE_M * m_tile), 0:TILE_N], src=acc_sbuf[0:min(TILE_M, 200 - TILE_M * m_tile), m_tile, TILE_N * bn:TILE_N * bn + TILE_N])
-                nisa.dma_copy(dst=c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 200), 350 * n_blk + TILE_N * bn + 350 * pid:350 * n_blk + TILE_N * bn + 350 * pid + TILE_N], src=c_tile[0:min(TILE_M, 200 - TILE_M * m_tile), 0:TILE_N])
+                    nisa.nc_matmul(dst=c_psum[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 200 - 128 * m_blk)], moving=b_tiles[0:min(TILE_K, 300 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 2 * m_blk + bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:min(TILE_M, 200 - 128 * m_blk - TILE_M * bm), 0:TILE_N], op=nl.add)
+    for m_tile in range(4):
+        for bn in range(2):
+            c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=c_tile[0:min(TILE_M, 200 - TILE_M * m_tile), 0:TILE_N], src=acc_sbuf[0:min(TILE_M, 200 - TILE_M * m_tile), m_tile, TILE_N * bn:TILE_N * bn + TILE_N])
+            nisa.dma_copy(dst=c[TILE_M * m_tile:min(TILE_M * m_tile + TILE_M, 200), TILE_N * bn + 350 * pid:TILE_N * bn + 350 * pid + TILE_N], src=c_tile[0:min(TILE_M, 200 - TILE_M * m_tile), 0:TILE_N])
     return c
 
 

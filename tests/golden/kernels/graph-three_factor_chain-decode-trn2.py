@@ -82,30 +82,28 @@ def three_factor_chain_k0(x, p, q, r):
     xpq_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # xpq^T = (xp @ q)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 1 of 2
-    for f_blk in range(1):
-        q_block = nl.ndarray((P, 4, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(4):
-            nisa.dma_copy(dst=q_block[0:P, kt, 0:F_TILE], src=q[P * kt:P * kt + P, F_TILE * f_blk + F_TILE * pid:F_TILE * f_blk + F_TILE * pid + F_TILE])
-        xpq_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(4):
-            nisa.nc_matmul(dst=xpq_psum[0:F_TILE, 0:TOKEN_TILE], stationary=q_block[0:P, kt, 0:F_TILE], moving=xp_strip[0:P, kt, 0:TOKEN_TILE])
-        nisa.tensor_copy(dst=xpq_strip[0:F_TILE, f_blk + pid, 0:TOKEN_TILE], src=xpq_psum[0:F_TILE, 0:TOKEN_TILE])
+    q_block = nl.ndarray((P, 4, F_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in range(4):
+        nisa.dma_copy(dst=q_block[0:P, kt, 0:F_TILE], src=q[P * kt:P * kt + P, F_TILE * pid:F_TILE * pid + F_TILE])
+    xpq_psum = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+    for kt in range(4):
+        nisa.nc_matmul(dst=xpq_psum[0:F_TILE, 0:TOKEN_TILE], stationary=q_block[0:P, kt, 0:F_TILE], moving=xp_strip[0:P, kt, 0:TOKEN_TILE])
+    nisa.tensor_copy(dst=xpq_strip[0:F_TILE, pid, 0:TOKEN_TILE], src=xpq_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of xpq_strip with the other program: both hold all 256 features
     nisa.sendrecv(src=xpq_strip[0:F_TILE, pid:pid + 1, 0:TOKEN_TILE], dst=xpq_strip[0:F_TILE, 1 - pid:2 - pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # y = xpqr = (xpq @ r): strips stationary, weights moving
     # 2 programs: each its 1 of 2
-    for o_blk in range(1):
-        r_block = nl.ndarray((P, 2, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    r_block = nl.ndarray((P, 2, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in range(2):
+        nisa.dma_copy(dst=r_block[0:P, kt, 0:XPQR_BLOCK], src=r[P * kt:P * kt + P, XPQR_BLOCK * pid:XPQR_BLOCK * pid + XPQR_BLOCK])
+    # one packed row of output tiles
+    y_rows = nl.ndarray((TOKEN_TILE, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bn in range(4):
+        xpqr_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in range(2):
-            nisa.dma_copy(dst=r_block[0:P, kt, 0:XPQR_BLOCK], src=r[P * kt:P * kt + P, XPQR_BLOCK * o_blk + XPQR_BLOCK * pid:XPQR_BLOCK * o_blk + XPQR_BLOCK * pid + XPQR_BLOCK])
-        # one packed row of output tiles
-        y_rows = nl.ndarray((TOKEN_TILE, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(4):
-            xpqr_psum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
-            for kt in range(2):
-                nisa.nc_matmul(dst=xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xpq_strip[0:P, kt, 0:TOKEN_TILE], moving=r_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
-            nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE])
-        nisa.dma_copy(dst=y[0:TOKEN_TILE, XPQR_BLOCK * o_blk + XPQR_BLOCK * pid:XPQR_BLOCK * o_blk + XPQR_BLOCK * pid + XPQR_BLOCK], src=y_rows[0:TOKEN_TILE, 0:XPQR_BLOCK])
+            nisa.nc_matmul(dst=xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=xpq_strip[0:P, kt, 0:TOKEN_TILE], moving=r_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+        nisa.tensor_copy(dst=y_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], src=xpqr_psum[0:TOKEN_TILE, 0:OUT_TILE])
+    nisa.dma_copy(dst=y[0:TOKEN_TILE, XPQR_BLOCK * pid:XPQR_BLOCK * pid + XPQR_BLOCK], src=y_rows[0:TOKEN_TILE, 0:XPQR_BLOCK])
     return y
 
 

@@ -67,17 +67,16 @@ def svd_chain_k0(x, u, v):
         nisa.tensor_copy(dst=xu_strip[0:F_TILE, ft, 0:T], src=xu_psum[0:F_TILE, 0:T])
     # y = xuv = (xu @ v): strips stationary, weights moving
     # 2 programs: each its 1 of 2
-    for o_blk in range(1):
-        v_block = nl.ndarray((P, 2, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for kt in range(2):
-            nisa.dma_copy(dst=v_block[0:P, kt, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)], src=v[P * kt:P * kt + P, OUT_TILE * o_blk + OUT_TILE * pid:min(OUT_TILE * o_blk + OUT_TILE * pid + OUT_TILE, 1000)])
-        # one packed row of output tiles
-        y_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
-        xuv_psum = nl.ndarray((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(2):
-            nisa.nc_matmul(dst=xuv_psum[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)], stationary=xu_strip[0:P, kt, 0:T], moving=v_block[0:P, kt, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
-        nisa.tensor_copy(dst=y_rows[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)], src=xuv_psum[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
-        nisa.dma_copy(dst=y[0:T, OUT_TILE * o_blk + OUT_TILE * pid:min(OUT_TILE * o_blk + OUT_TILE * pid + OUT_TILE, 1000)], src=y_rows[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * o_blk - OUT_TILE * pid)])
+    v_block = nl.ndarray((P, 2, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for kt in range(2):
+        nisa.dma_copy(dst=v_block[0:P, kt, 0:min(OUT_TILE, 1000 - OUT_TILE * pid)], src=v[P * kt:P * kt + P, OUT_TILE * pid:min(OUT_TILE * pid + OUT_TILE, 1000)])
+    # one packed row of output tiles
+    y_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+    xuv_psum = nl.ndarray((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+    for kt in range(2):
+        nisa.nc_matmul(dst=xuv_psum[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * pid)], stationary=xu_strip[0:P, kt, 0:T], moving=v_block[0:P, kt, 0:min(OUT_TILE, 1000 - OUT_TILE * pid)])
+    nisa.tensor_copy(dst=y_rows[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * pid)], src=xuv_psum[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * pid)])
+    nisa.dma_copy(dst=y[0:T, OUT_TILE * pid:min(OUT_TILE * pid + OUT_TILE, 1000)], src=y_rows[0:T, 0:min(OUT_TILE, 1000 - OUT_TILE * pid)])
     return y
 
 

@@ -47,30 +47,29 @@ def gemm_kernel(a, b):
     c = nl.ndarray((500, 1024), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=512 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=2 loop_order=mnk tile_order=nm accumulate=sbuf dma=row a_transpose=dma accumulator_dtype=output operand_buffers=0 psum_buffers=0 lnc_split=m
     # 2 programs: each its 1 of 2
-    for m_blk in range(1):
-        # partial sums of every output tile the K loop revisits
-        acc_sbuf = nl.ndarray((TILE_M, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.memset(dst=acc_sbuf, value=0.0)
-        # A^T block: K on partitions, M free (stationary)
-        a_t_tiles = nl.ndarray((TILE_K, 2, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bk in range(2):
-            nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, 0:min(BLOCK_M, 500 - BLOCK_M * m_blk - BLOCK_M * pid)], src=a[BLOCK_M * m_blk + BLOCK_M * pid:min(BLOCK_M * m_blk + BLOCK_M * pid + BLOCK_M, 500), TILE_K * bk:min(TILE_K * bk + TILE_K, 200)])
-        # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((TILE_K, 2, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bk in range(2):
-            nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, 0:BLOCK_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 200), 0:BLOCK_N])
-        for bn in range(2):
-            for bm in range(2):
-                c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-                for bk in range(2):
-                    nisa.nc_matmul(dst=c_psum[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 500 - 256 * m_blk - 256 * pid)], moving=b_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N])
-                nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), 0:TILE_N], op=nl.add)
+    # partial sums of every output tile the K loop revisits
+    acc_sbuf = nl.ndarray((TILE_M, 2, 1024), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=acc_sbuf, value=0.0)
+    # A^T block: K on partitions, M free (stationary)
+    a_t_tiles = nl.ndarray((TILE_K, 2, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bk in range(2):
+        nisa.dma_transpose(dst=a_t_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, 0:min(BLOCK_M, 500 - BLOCK_M * pid)], src=a[BLOCK_M * pid:min(BLOCK_M * pid + BLOCK_M, 500), TILE_K * bk:min(TILE_K * bk + TILE_K, 200)])
+    # B block: K on partitions, N free (moving)
+    b_tiles = nl.ndarray((TILE_K, 2, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bk in range(2):
+        nisa.dma_copy(dst=b_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, 0:BLOCK_N], src=b[TILE_K * bk:min(TILE_K * bk + TILE_K, 200), 0:BLOCK_N])
+    for bn in range(2):
         for bm in range(2):
-            # one row of output tiles, packed for a single store
-            c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bn in range(2):
-                nisa.tensor_copy(dst=c_rows[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N])
-            nisa.dma_copy(dst=c[256 * m_blk + TILE_M * bm + 256 * pid:min(256 * m_blk + TILE_M * bm + 256 * pid + TILE_M, 500), 0:BLOCK_N], src=c_rows[0:min(TILE_M, 500 - 256 * m_blk - TILE_M * bm - 256 * pid), 0:BLOCK_N])
+            c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+            for bk in range(2):
+                nisa.nc_matmul(dst=c_psum[0:min(TILE_M, 500 - TILE_M * bm - 256 * pid), 0:TILE_N], stationary=a_t_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, TILE_M * bm:min(TILE_M * bm + TILE_M, 500 - 256 * pid)], moving=b_tiles[0:min(TILE_K, 200 - TILE_K * bk), bk, TILE_N * bn:TILE_N * bn + TILE_N])
+            nisa.tensor_tensor(dst=acc_sbuf[0:min(TILE_M, 500 - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N], data1=acc_sbuf[0:min(TILE_M, 500 - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N], data2=c_psum[0:min(TILE_M, 500 - TILE_M * bm - 256 * pid), 0:TILE_N], op=nl.add)
+    for bm in range(2):
+        # one row of output tiles, packed for a single store
+        c_rows = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for bn in range(2):
+            nisa.tensor_copy(dst=c_rows[0:min(TILE_M, 500 - TILE_M * bm - 256 * pid), TILE_N * bn:TILE_N * bn + TILE_N], src=acc_sbuf[0:min(TILE_M, 500 - TILE_M * bm - 256 * pid), bm, TILE_N * bn:TILE_N * bn + TILE_N])
+        nisa.dma_copy(dst=c[TILE_M * bm + 256 * pid:min(TILE_M * bm + 256 * pid + TILE_M, 500), 0:BLOCK_N], src=c_rows[0:min(TILE_M, 500 - TILE_M * bm - 256 * pid), 0:BLOCK_N])
     return c
 
 

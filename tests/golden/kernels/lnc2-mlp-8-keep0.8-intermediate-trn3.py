@@ -74,32 +74,30 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     x_ug_strip = nl.ndarray((P, 10, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_ug^T = (x @ u_gate)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 1 of 2
-    for f_share in range(1):
-        for f_blk in range(2):
-            u_gate_block = nl.ndarray((P, 16, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for f_blk in range(2):
+        u_gate_block = nl.ndarray((P, 16, X_UG_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for kt in range(16):
+            nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:min(X_UG_BLOCK, 640 - X_UG_BLOCK * f_blk)], src=u_gate[P * kt:P * kt + P, X_UG_BLOCK * f_blk + 640 * pid:min(X_UG_BLOCK * f_blk + 640 * pid + X_UG_BLOCK, 640 * pid + 640)])
+        for ft in range(min(3, 5 - 3 * f_blk)):
+            x_ug_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.dma_copy(dst=u_gate_block[0:P, kt, 0:min(X_UG_BLOCK, 640 - X_UG_BLOCK * f_blk)], src=u_gate[P * kt:P * kt + P, 640 * f_share + X_UG_BLOCK * f_blk + 640 * pid:min(640 * f_share + X_UG_BLOCK * f_blk + 640 * pid + X_UG_BLOCK, 640 * f_share + 640 * pid + 640)])
-            for ft in range(min(3, 5 - 3 * f_blk)):
-                x_ug_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
-                for kt in range(16):
-                    nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:T], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:T])
-                nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 5 * f_share + 3 * f_blk + ft + 5 * pid, 0:T], src=x_ug_psum[0:F_TILE, 0:T])
+                nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:T], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:T])
+            nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 3 * f_blk + ft + 5 * pid, 0:T], src=x_ug_psum[0:F_TILE, 0:T])
     # exchange halves of x_ug_strip with the other program: both hold all 1280 features
     nisa.sendrecv(src=x_ug_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:T], dst=x_ug_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:T], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((P, 10, T), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
     # 2 programs: each its 1 of 2
-    for f_share in range(1):
-        for f_blk in range(2):
-            u_up_block = nl.ndarray((P, 16, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for f_blk in range(2):
+        u_up_block = nl.ndarray((P, 16, X_UU_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for kt in range(16):
+            nisa.dma_copy(dst=u_up_block[0:P, kt, 0:min(X_UU_BLOCK, 640 - X_UU_BLOCK * f_blk)], src=u_up[P * kt:P * kt + P, X_UU_BLOCK * f_blk + 640 * pid:min(X_UU_BLOCK * f_blk + 640 * pid + X_UU_BLOCK, 640 * pid + 640)])
+        for ft in range(min(3, 5 - 3 * f_blk)):
+            x_uu_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
             for kt in range(16):
-                nisa.dma_copy(dst=u_up_block[0:P, kt, 0:min(X_UU_BLOCK, 640 - X_UU_BLOCK * f_blk)], src=u_up[P * kt:P * kt + P, 640 * f_share + X_UU_BLOCK * f_blk + 640 * pid:min(640 * f_share + X_UU_BLOCK * f_blk + 640 * pid + X_UU_BLOCK, 640 * f_share + 640 * pid + 640)])
-            for ft in range(min(3, 5 - 3 * f_blk)):
-                x_uu_psum = nl.ndarray((F_TILE, T), dtype=nl.float32, buffer=nl.psum)
-                for kt in range(16):
-                    nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:T], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:T])
-                nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 5 * f_share + 3 * f_blk + ft + 5 * pid, 0:T], src=x_uu_psum[0:F_TILE, 0:T])
+                nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:T], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:T])
+            nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 3 * f_blk + ft + 5 * pid, 0:T], src=x_uu_psum[0:F_TILE, 0:T])
     # exchange halves of x_uu_strip with the other program: both hold all 1280 features
     nisa.sendrecv(src=x_uu_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:T], dst=x_uu_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:T], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
     # h^T strip of this token block, kept in SBUF

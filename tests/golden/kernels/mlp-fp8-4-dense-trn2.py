@@ -130,19 +130,18 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, x_scale, w_gate_scale, w_up_scale, h_s
         nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:T], data=h_f32[0:F_TILE, 0:T], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
     # out = down from PSUM tiles of down_acc = h_q @ w_down; tiles of h_scale, w_down_scale (dequantize on the eviction)
     # 2 programs: each its 1 of 2
-    for o_blk in range(1):
-        w_down_block = nl.ndarray((P, 8, 256), dtype=nl.float8_e4m3, buffer=nl.sbuf)
-        for kt in range(8):
-            nisa.dma_copy(dst=w_down_block[0:P, kt, 0:256], src=w_down[P * kt:P * kt + P, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256])
-        # one packed row of output tiles
-        out_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_acc_psum = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(8):
-            nisa.nc_matmul(dst=down_acc_psum[0:T, 0:256], stationary=h_q_strip[0:P, kt, 0:T], moving=w_down_block[0:P, kt, 0:256], perf_mode=nisa.matmul_perf_mode.double_row)
-        down_spill = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=down_spill[0:T, 0:256], data1=down_acc_psum[0:T, 0:256], data2=w_down_scale_row[0:T, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256], op=nl.multiply)
-        nisa.tensor_scalar(dst=out_rows[0:T, 0:256], data=down_spill[0:T, 0:256], op0=nl.multiply, operand0=h_scale_col[0:T, 0:1])
-        nisa.dma_copy(dst=out[0:T, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256], src=out_rows[0:T, 0:256])
+    w_down_block = nl.ndarray((P, 8, 256), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+    for kt in range(8):
+        nisa.dma_copy(dst=w_down_block[0:P, kt, 0:256], src=w_down[P * kt:P * kt + P, 256 * pid:256 * pid + 256])
+    # one packed row of output tiles
+    out_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+    down_acc_psum = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.psum)
+    for kt in range(8):
+        nisa.nc_matmul(dst=down_acc_psum[0:T, 0:256], stationary=h_q_strip[0:P, kt, 0:T], moving=w_down_block[0:P, kt, 0:256], perf_mode=nisa.matmul_perf_mode.double_row)
+    down_spill = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=down_spill[0:T, 0:256], data1=down_acc_psum[0:T, 0:256], data2=w_down_scale_row[0:T, 256 * pid:256 * pid + 256], op=nl.multiply)
+    nisa.tensor_scalar(dst=out_rows[0:T, 0:256], data=down_spill[0:T, 0:256], op0=nl.multiply, operand0=h_scale_col[0:T, 0:1])
+    nisa.dma_copy(dst=out[0:T, 256 * pid:256 * pid + 256], src=out_rows[0:T, 0:256])
     return out
 
 

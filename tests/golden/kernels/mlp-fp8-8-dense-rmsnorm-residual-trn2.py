@@ -121,8 +121,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, residual, gamma, xn_scale, w_gate_scal
     x_sum_rows = nl.ndarray((T, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=x_sum_rows[0:T, 0:512], data1=x_rows[0:T, 0:512], data2=residual_rows[0:T, 0:512], op=nl.add)
     # each program of the logical core stores half the columns (2 programs: each its 1 of 2)
-    for hv in range(1):
-        nisa.dma_copy(dst=residual_sum[0:T, 256 * hv + 256 * pid:256 * hv + 256 * pid + 256], src=x_sum_rows[0:T, 256 * hv + 256 * pid:256 * hv + 256 * pid + 256])
+    nisa.dma_copy(dst=residual_sum[0:T, 256 * pid:256 * pid + 256], src=x_sum_rows[0:T, 256 * pid:256 * pid + 256])
     # xn: normalized rows (gamma applied on the transposes' eviction)
     xn_rows = nl.ndarray((T, 512), dtype=nl.float32, buffer=nl.sbuf)
     # per token: sum of squares, then 1/sqrt(mean + eps)
@@ -166,19 +165,18 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, residual, gamma, xn_scale, w_gate_scal
         nisa.tensor_scalar(dst=h_q_strip[0:F_TILE, ft, 0:T], data=h_f32[0:F_TILE, 0:T], op0=nl.minimum, operand0=240.0, op1=nl.maximum, operand1=-240.0)
     # out = down from PSUM tiles of down_acc = h_q @ w_down; tiles of h_scale, w_down_scale (dequantize on the eviction)
     # 2 programs: each its 1 of 2
-    for o_blk in range(1):
-        w_down_block = nl.ndarray((P, 8, 256), dtype=nl.float8_e4m3, buffer=nl.sbuf)
-        for kt in range(8):
-            nisa.dma_copy(dst=w_down_block[0:P, kt, 0:256], src=w_down[P * kt:P * kt + P, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256])
-        # one packed row of output tiles
-        out_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        down_acc_psum = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.psum)
-        for kt in range(8):
-            nisa.nc_matmul(dst=down_acc_psum[0:T, 0:256], stationary=h_q_strip[0:P, kt, 0:T], moving=w_down_block[0:P, kt, 0:256], perf_mode=nisa.matmul_perf_mode.double_row)
-        down_spill = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=down_spill[0:T, 0:256], data1=down_acc_psum[0:T, 0:256], data2=w_down_scale_row[0:T, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256], op=nl.multiply)
-        nisa.tensor_scalar(dst=out_rows[0:T, 0:256], data=down_spill[0:T, 0:256], op0=nl.multiply, operand0=h_scale_col[0:T, 0:1])
-        nisa.dma_copy(dst=out[0:T, 256 * o_blk + 256 * pid:256 * o_blk + 256 * pid + 256], src=out_rows[0:T, 0:256])
+    w_down_block = nl.ndarray((P, 8, 256), dtype=nl.float8_e4m3, buffer=nl.sbuf)
+    for kt in range(8):
+        nisa.dma_copy(dst=w_down_block[0:P, kt, 0:256], src=w_down[P * kt:P * kt + P, 256 * pid:256 * pid + 256])
+    # one packed row of output tiles
+    out_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+    down_acc_psum = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.psum)
+    for kt in range(8):
+        nisa.nc_matmul(dst=down_acc_psum[0:T, 0:256], stationary=h_q_strip[0:P, kt, 0:T], moving=w_down_block[0:P, kt, 0:256], perf_mode=nisa.matmul_perf_mode.double_row)
+    down_spill = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=down_spill[0:T, 0:256], data1=down_acc_psum[0:T, 0:256], data2=w_down_scale_row[0:T, 256 * pid:256 * pid + 256], op=nl.multiply)
+    nisa.tensor_scalar(dst=out_rows[0:T, 0:256], data=down_spill[0:T, 0:256], op0=nl.multiply, operand0=h_scale_col[0:T, 0:1])
+    nisa.dma_copy(dst=out[0:T, 256 * pid:256 * pid + 256], src=out_rows[0:T, 0:256])
     return residual_sum, out
 
 

@@ -82,8 +82,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down, residual, gamma):
     x_sum_rows = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=x_sum_rows[0:T, 0:2048], data1=x_rows[0:T, 0:2048], data2=residual_rows[0:T, 0:2048], op=nl.add)
     # each program of the logical core stores half the columns (2 programs: each its 1 of 2)
-    for hv in range(1):
-        nisa.dma_copy(dst=residual_sum[0:T, 1024 * hv + 1024 * pid:1024 * hv + 1024 * pid + 1024], src=x_sum_rows[0:T, 1024 * hv + 1024 * pid:1024 * hv + 1024 * pid + 1024])
+    nisa.dma_copy(dst=residual_sum[0:T, 1024 * pid:1024 * pid + 1024], src=x_sum_rows[0:T, 1024 * pid:1024 * pid + 1024])
     # xn: normalized rows (gamma applied on the transposes' eviction)
     xn_rows = nl.ndarray((T, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
     # per token: sum of squares, then 1/sqrt(mean + eps)

@@ -56,19 +56,18 @@ def gemm_kernel(a, b):
         nisa.nc_transpose(dst=a_t_psum[0:TILE_K, 0:TILE_M], data=a_rows[0:TILE_M, 0, TILE_K * bk:TILE_K * bk + TILE_K])
         nisa.tensor_copy(dst=a_t_tiles[0:TILE_K, bk, 0:TILE_M], src=a_t_psum[0:TILE_K, 0:TILE_M])
     # 2 programs: each its 1 of 2
-    for n_blk in range(1):
-        # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((TILE_K, 32, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # B block: K on partitions, N free (moving)
+    b_tiles = nl.ndarray((TILE_K, 32, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bk in range(32):
+        nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_N * pid:BLOCK_N * pid + BLOCK_N])
+    # one row of the block's output tiles, stored once evicted
+    c_row = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bn in range(4):
+        c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
         for bk in range(32):
-            nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N])
-        # one row of the block's output tiles, stored once evicted
-        c_row = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(4):
-            c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-            for bk in range(32):
-                nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, 0:TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
-            nisa.tensor_copy(dst=c_row[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=c_psum[0:TILE_M, 0:TILE_N])
-        nisa.dma_copy(dst=c[0:TILE_M, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N], src=c_row[0:TILE_M, 0:BLOCK_N])
+            nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, 0:TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+        nisa.tensor_copy(dst=c_row[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=c_psum[0:TILE_M, 0:TILE_N])
+    nisa.dma_copy(dst=c[0:TILE_M, BLOCK_N * pid:BLOCK_N * pid + BLOCK_N], src=c_row[0:TILE_M, 0:BLOCK_N])
     return c
 
 

@@ -47,25 +47,24 @@ def gemm_kernel(a_t, b):
     c = nl.ndarray((2048, 1024), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     # schedule: tile_m=128 tile_n=256 tile_k=128 tiles_in_block_m=2 tiles_in_block_n=2 tiles_in_block_k=8 loop_order=knm tile_order=mn accumulate=psum dma=row a_transpose=dma accumulator_dtype=float32 operand_buffers=0 psum_buffers=0 lnc_split=n
     # 2 programs: each its 1 of 2
-    for n_blk in range(1):
-        # B block: K on partitions, N free (moving)
-        b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # B block: K on partitions, N free (moving)
+    b_tiles = nl.ndarray((TILE_K, 8, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bk in range(8):
+        nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_N * pid:BLOCK_N * pid + BLOCK_N])
+    for m_blk in range(8):
+        # A^T block: K on partitions, M free (stationary)
+        a_t_tiles = nl.ndarray((TILE_K, 8, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
         for bk in range(8):
-            nisa.dma_copy(dst=b_tiles[0:TILE_K, bk, 0:BLOCK_N], src=b[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N])
-        for m_blk in range(8):
-            # A^T block: K on partitions, M free (stationary)
-            a_t_tiles = nl.ndarray((TILE_K, 8, BLOCK_M), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for bk in range(8):
-                nisa.dma_copy(dst=a_t_tiles[0:TILE_K, bk, 0:BLOCK_M], src=a_t[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_M * m_blk:BLOCK_M * m_blk + BLOCK_M])
-            for bm in range(2):
-                # one row of the block's output tiles, stored once evicted
-                c_row = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
-                for bn in range(2):
-                    c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-                    for bk in range(8):
-                        nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
-                    nisa.tensor_copy(dst=c_row[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=c_psum[0:TILE_M, 0:TILE_N])
-                nisa.dma_copy(dst=c[256 * m_blk + TILE_M * bm:256 * m_blk + TILE_M * bm + TILE_M, BLOCK_N * n_blk + BLOCK_N * pid:BLOCK_N * n_blk + BLOCK_N * pid + BLOCK_N], src=c_row[0:TILE_M, 0:BLOCK_N])
+            nisa.dma_copy(dst=a_t_tiles[0:TILE_K, bk, 0:BLOCK_M], src=a_t[TILE_K * bk:TILE_K * bk + TILE_K, BLOCK_M * m_blk:BLOCK_M * m_blk + BLOCK_M])
+        for bm in range(2):
+            # one row of the block's output tiles, stored once evicted
+            c_row = nl.ndarray((TILE_M, BLOCK_N), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for bn in range(2):
+                c_psum = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+                for bk in range(8):
+                    nisa.nc_matmul(dst=c_psum[0:TILE_M, 0:TILE_N], stationary=a_t_tiles[0:TILE_K, bk, TILE_M * bm:TILE_M * bm + TILE_M], moving=b_tiles[0:TILE_K, bk, TILE_N * bn:TILE_N * bn + TILE_N])
+                nisa.tensor_copy(dst=c_row[0:TILE_M, TILE_N * bn:TILE_N * bn + TILE_N], src=c_psum[0:TILE_M, 0:TILE_N])
+            nisa.dma_copy(dst=c[256 * m_blk + TILE_M * bm:256 * m_blk + TILE_M * bm + TILE_M, BLOCK_N * pid:BLOCK_N * pid + BLOCK_N], src=c_row[0:TILE_M, 0:BLOCK_N])
     return c
 
 

@@ -111,25 +111,24 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     h_strip = nl.ndarray((P, 112, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
     # 2 programs: each its 1 of 2
-    for f_blk in range(1):
-        # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        gate_psum = nl.ndarray((F_TILE, 56, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
-        up_psum = nl.ndarray((F_TILE, 56, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
-        for k_blk in range(10):
-            v_gate_block = nl.ndarray((P, 2, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=v_gate_block[0:P, 0:2, 0:H_BLOCK], src=v_gate.ap(pattern=[[14336, P], [1835008, 2], [1, H_BLOCK]], offset=3670016 * k_blk + H_BLOCK * f_blk + H_BLOCK * pid))
-            v_up_block = nl.ndarray((P, 2, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=v_up_block[0:P, 0:2, 0:H_BLOCK], src=v_up.ap(pattern=[[14336, P], [1835008, 2], [1, H_BLOCK]], offset=3670016 * k_blk + H_BLOCK * f_blk + H_BLOCK * pid))
-            for ft in range(56):
-                for kt in range(2):
-                    nisa.nc_matmul(dst=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE])
-                for kt in range(2):
-                    nisa.nc_matmul(dst=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE])
+    # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
+    gate_psum = nl.ndarray((F_TILE, 56, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+    # the feature tiles' accumulators side by side in one PSUM bank, across K blocks
+    up_psum = nl.ndarray((F_TILE, 56, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.psum)
+    for k_blk in range(10):
+        v_gate_block = nl.ndarray((P, 2, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v_gate_block[0:P, 0:2, 0:H_BLOCK], src=v_gate.ap(pattern=[[14336, P], [1835008, 2], [1, H_BLOCK]], offset=3670016 * k_blk + H_BLOCK * pid))
+        v_up_block = nl.ndarray((P, 2, H_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v_up_block[0:P, 0:2, 0:H_BLOCK], src=v_up.ap(pattern=[[14336, P], [1835008, 2], [1, H_BLOCK]], offset=3670016 * k_blk + H_BLOCK * pid))
         for ft in range(56):
-            act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE])
-            nisa.tensor_tensor(dst=h_strip[0:F_TILE, 56 * f_blk + ft + 56 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], op=nl.multiply)
+            for kt in range(2):
+                nisa.nc_matmul(dst=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_ug_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE])
+            for kt in range(2):
+                nisa.nc_matmul(dst=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], stationary=v_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_uu_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE])
+    for ft in range(56):
+        act_f32 = nl.ndarray((F_TILE, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, ft, 0:TOKEN_TILE])
+        nisa.tensor_tensor(dst=h_strip[0:F_TILE, ft + 56 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, ft, 0:TOKEN_TILE], op=nl.multiply)
     # h_ud^T strip of this token block, kept in SBUF
     h_ud_strip = nl.ndarray((P, 20, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # this program's partial sums (its half of the contraction)
@@ -150,22 +149,21 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     nisa.tensor_tensor(dst=h_ud_strip[0:F_TILE, 0:20, 0:TOKEN_TILE], data1=h_ud_partial[0:F_TILE, 0:20, 0:TOKEN_TILE], data2=h_ud_partial_other[0:F_TILE, 0:20, 0:TOKEN_TILE], op=nl.add)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     # 2 programs: each its 1 of 2
-    for o_blk in range(1):
-        v_down_block = nl.ndarray((P, 20, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=v_down_block[0:P, 0:20, 0:DOWN_BLOCK], src=v_down.ap(pattern=[[4096, P], [524288, 20], [1, DOWN_BLOCK]], offset=DOWN_BLOCK * o_blk + DOWN_BLOCK * pid))
-        # one packed row of output tiles
-        out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-        for bn in range(8):
-            down_psum = nl.ndarray((128, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
-            # contraction tiles 2 at a time, one per PE column tile of 64 columns
-            for kg in range(10):
-                for ct in range(2):
-                    nisa.nc_matmul(dst=down_psum[64 * ct:64 * ct + TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, 2 * kg + ct, 0:TOKEN_TILE], moving=v_down_block[0:P, 2 * kg + ct, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], tile_position=(0, 64 * ct), tile_size=(P, 64))
-            # the 2 PE column tiles' partial sums, added
-            down_sum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=down_sum[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
-            nisa.tensor_tensor(dst=out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], data1=down_sum[0:TOKEN_TILE, 0:OUT_TILE], data2=down_psum[64:65, 0:OUT_TILE], op=nl.add)
-        nisa.dma_copy(dst=out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK], src=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
+    v_down_block = nl.ndarray((P, 20, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v_down_block[0:P, 0:20, 0:DOWN_BLOCK], src=v_down.ap(pattern=[[4096, P], [524288, 20], [1, DOWN_BLOCK]], offset=DOWN_BLOCK * pid))
+    # one packed row of output tiles
+    out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bn in range(8):
+        down_psum = nl.ndarray((128, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
+        # contraction tiles 2 at a time, one per PE column tile of 64 columns
+        for kg in range(10):
+            for ct in range(2):
+                nisa.nc_matmul(dst=down_psum[64 * ct:64 * ct + TOKEN_TILE, 0:OUT_TILE], stationary=h_ud_strip[0:P, 2 * kg + ct, 0:TOKEN_TILE], moving=v_down_block[0:P, 2 * kg + ct, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], tile_position=(0, 64 * ct), tile_size=(P, 64))
+        # the 2 PE column tiles' partial sums, added
+        down_sum = nl.ndarray((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=down_sum[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
+        nisa.tensor_tensor(dst=out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE], data1=down_sum[0:TOKEN_TILE, 0:OUT_TILE], data2=down_psum[64:65, 0:OUT_TILE], op=nl.add)
+    nisa.dma_copy(dst=out[0:TOKEN_TILE, DOWN_BLOCK * pid:DOWN_BLOCK * pid + DOWN_BLOCK], src=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
     return out
 
 

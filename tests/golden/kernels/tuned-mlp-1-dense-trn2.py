@@ -90,23 +90,22 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
         h_strip[0:F_TILE, ft, 0:TOKEN_TILE] = nl.multiply(act_f32[0:F_TILE, 0:TOKEN_TILE], up_psum[0:F_TILE, ft, 0:TOKEN_TILE], dtype=nl.bfloat16)
     # out = down = (h @ w_down): strips stationary, weights moving; weight rows in blocks of 2 K tiles
     # 2 programs: each its 1 of 2
-    for o_blk in nl.affine_range(1):
-        # one PSUM bank per output tile, across K blocks
-        down_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
-        for bank in nl.static_range(2):
-            down_psum.append(nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum))
-        for k_blk in nl.affine_range(32):
-            w_down_block = nl.ndarray((P, 2, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
-            for kt in nl.affine_range(2):
-                w_down_block[0:P, kt, 0:DOWN_BLOCK] = nl.load(w_down[256 * k_blk + P * kt:256 * k_blk + P * kt + P, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK])
-            for bn in nl.static_range(2):
-                for kt in nl.affine_range(2):
-                    down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE], w_down_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
-        # one packed row of output tiles
-        out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    # one PSUM bank per output tile, across K blocks
+    down_psum = []  # 2 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
+    for bank in nl.static_range(2):
+        down_psum.append(nl.zeros((TOKEN_TILE, OUT_TILE), dtype=nl.float32, buffer=nl.psum))
+    for k_blk in nl.affine_range(32):
+        w_down_block = nl.ndarray((P, 2, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for kt in nl.affine_range(2):
+            w_down_block[0:P, kt, 0:DOWN_BLOCK] = nl.load(w_down[256 * k_blk + P * kt:256 * k_blk + P * kt + P, DOWN_BLOCK * pid:DOWN_BLOCK * pid + DOWN_BLOCK])
         for bn in nl.static_range(2):
-            out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
-        nl.store(out[0:TOKEN_TILE, DOWN_BLOCK * o_blk + DOWN_BLOCK * pid:DOWN_BLOCK * o_blk + DOWN_BLOCK * pid + DOWN_BLOCK], value=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
+            for kt in nl.affine_range(2):
+                down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE] += nisa.nc_matmul(h_strip[0:P, 2 * k_blk + kt, 0:TOKEN_TILE], w_down_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+    # one packed row of output tiles
+    out_rows = nl.ndarray((TOKEN_TILE, DOWN_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for bn in nl.static_range(2):
+        out_rows[0:TOKEN_TILE, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE] = nl.copy(down_psum[bn][0:TOKEN_TILE, 0:OUT_TILE], dtype=nl.bfloat16)
+    nl.store(out[0:TOKEN_TILE, DOWN_BLOCK * pid:DOWN_BLOCK * pid + DOWN_BLOCK], value=out_rows[0:TOKEN_TILE, 0:DOWN_BLOCK])
     return out
 
 
