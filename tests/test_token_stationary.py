@@ -50,6 +50,15 @@ def test_token_stationary_kernels_verify(workload, params, groups):
     assert report.counters["total_hbm_bytes_read"] == base_report.counters["total_hbm_bytes_read"]
 
 
+
+@pytest.mark.parametrize("params", [{"k_tiles_per_block": 2, "weight_dma": "block"}, {}], ids=["k-blocked", "whole"])
+def test_the_forms_output_tiles_print_by_name(params):
+    """The form's [tokens, out_tile] tiles are OUT_TILE wide in the kernel, as the row-major matmul's are, not 512."""
+    compiled, _ = _verified(mlp_workload(96, 512, 1024, dense=True), stationary="tokens", **params)
+    matmuls = [line for line in compiled.kernel.source.splitlines() if "stationary=x_strip" in line]
+    assert len(matmuls) == 2 and all("0:OUT_TILE]" in line and "512" not in line for line in matmuls)
+
+
 def test_the_legacy_dialect_and_a_logical_core_verify():
     _verified(mlp_workload(64, 384, 768, dense=True), target=get_target("trn1"), dialect="neuronxcc",
               stationary="tokens", k_tiles_per_block=1)

@@ -38,7 +38,7 @@ class TokenStationaryGroups(OperandLoads):
         n = root.shape[1]
         pmax = self.target.pmax
         tile_n = min(s.out_tile, n)
-        if tile_n < n:  # whole strip tiles per output tile: each is transposed into its own
+        if tile_n < n and tile_n % pmax:  # whole strip tiles per output tile: each is transposed into its own
             tile_n = min(n, max(pmax, tile_n - tile_n % pmax))
         ntiles = -(-n // tile_n)
         kb = kb if tok.tiles_in_block == 1 else 0

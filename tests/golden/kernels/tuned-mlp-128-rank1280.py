@@ -84,11 +84,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # x_ug^T = (x @ u_gate)^T: activations stationary, weights moving, each row transposed into the strip on the TensorEngine; 256 weight columns per matmul
     for bn in nl.affine_range(5):
         # one output tile of x_ug, tokens on partitions
-        x_ug_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        x_ug_psum = nl.zeros((T, 256), dtype=nl.float32, buffer=nl.psum)
+        x_ug_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_ug_psum = nl.zeros((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(16):
-            x_ug_psum[0:T, 0:256] += nisa.nc_matmul(x_strip[0:P, kt, 0:T], u_gate_resident[0:P, kt, 256 * bn:256 * bn + 256])
-        x_ug_rows[0:T, 0:256] = nl.copy(x_ug_psum[0:T, 0:256], dtype=nl.bfloat16)
+            x_ug_psum[0:T, 0:OUT_TILE] += nisa.nc_matmul(x_strip[0:P, kt, 0:T], u_gate_resident[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+        x_ug_rows[0:T, 0:OUT_TILE] = nl.copy(x_ug_psum[0:T, 0:OUT_TILE], dtype=nl.bfloat16)
         for ct in nl.affine_range(2):
             x_ug_rows_tpsum = nl.ndarray((P, T), dtype=nl.bfloat16, buffer=nl.psum)
             x_ug_rows_tpsum[0:P, 0:T] = nisa.nc_transpose(x_ug_rows[0:T, P * ct:P * ct + P])
@@ -98,11 +98,11 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # x_uu^T = (x @ u_up)^T: activations stationary, weights moving, each row transposed into the strip on the TensorEngine; 256 weight columns per matmul
     for bn in nl.affine_range(5):
         # one output tile of x_uu, tokens on partitions
-        x_uu_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        x_uu_psum = nl.zeros((T, 256), dtype=nl.float32, buffer=nl.psum)
+        x_uu_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        x_uu_psum = nl.zeros((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.affine_range(16):
-            x_uu_psum[0:T, 0:256] += nisa.nc_matmul(x_strip[0:P, kt, 0:T], u_up_resident[0:P, kt, 256 * bn:256 * bn + 256])
-        x_uu_rows[0:T, 0:256] = nl.copy(x_uu_psum[0:T, 0:256], dtype=nl.bfloat16)
+            x_uu_psum[0:T, 0:OUT_TILE] += nisa.nc_matmul(x_strip[0:P, kt, 0:T], u_up_resident[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+        x_uu_rows[0:T, 0:OUT_TILE] = nl.copy(x_uu_psum[0:T, 0:OUT_TILE], dtype=nl.bfloat16)
         for ct in nl.affine_range(2):
             x_uu_rows_tpsum = nl.ndarray((P, T), dtype=nl.bfloat16, buffer=nl.psum)
             x_uu_rows_tpsum[0:P, 0:T] = nisa.nc_transpose(x_uu_rows[0:T, P * ct:P * ct + P])
@@ -119,16 +119,16 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             v_up_block[0:P, kt, 0:min(H_BLOCK, 8192 - H_BLOCK * o_blk)] = nl.load(v_up[P * kt:P * kt + P, H_BLOCK * o_blk:min(H_BLOCK * o_blk + H_BLOCK, 8192)])
         for bn in nl.affine_range(min(12, 32 - 12 * o_blk)):
             # one output tile of h, tokens on partitions
-            h_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-            gate_psum = nl.zeros((T, 256), dtype=nl.float32, buffer=nl.psum)
+            h_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+            gate_psum = nl.zeros((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(10):
-                gate_psum[0:T, 0:256] += nisa.nc_matmul(x_ug_strip[0:P, kt, 0:T], v_gate_block[0:P, kt, 256 * bn:256 * bn + 256])
-            up_psum = nl.zeros((T, 256), dtype=nl.float32, buffer=nl.psum)
+                gate_psum[0:T, 0:OUT_TILE] += nisa.nc_matmul(x_ug_strip[0:P, kt, 0:T], v_gate_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            up_psum = nl.zeros((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(10):
-                up_psum[0:T, 0:256] += nisa.nc_matmul(x_uu_strip[0:P, kt, 0:T], v_up_block[0:P, kt, 256 * bn:256 * bn + 256])
-            act_f32 = nl.ndarray((T, 256), dtype=nl.float32, buffer=nl.sbuf)
-            act_f32[0:T, 0:256] = nl.silu(gate_psum[0:T, 0:256], dtype=nl.float32)
-            h_rows[0:T, 0:256] = nl.multiply(act_f32[0:T, 0:256], up_psum[0:T, 0:256], dtype=nl.bfloat16)
+                up_psum[0:T, 0:OUT_TILE] += nisa.nc_matmul(x_uu_strip[0:P, kt, 0:T], v_up_block[0:P, kt, OUT_TILE * bn:OUT_TILE * bn + OUT_TILE])
+            act_f32 = nl.ndarray((T, OUT_TILE), dtype=nl.float32, buffer=nl.sbuf)
+            act_f32[0:T, 0:OUT_TILE] = nl.silu(gate_psum[0:T, 0:OUT_TILE], dtype=nl.float32)
+            h_rows[0:T, 0:OUT_TILE] = nl.multiply(act_f32[0:T, 0:OUT_TILE], up_psum[0:T, 0:OUT_TILE], dtype=nl.bfloat16)
             for ct in nl.affine_range(2):
                 h_rows_tpsum = nl.ndarray((P, T), dtype=nl.bfloat16, buffer=nl.psum)
                 h_rows_tpsum[0:P, 0:T] = nisa.nc_transpose(h_rows[0:T, P * ct:P * ct + P])
@@ -139,18 +139,18 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
     # one PSUM bank per output tile, across K blocks
     h_ud_psum = []  # 5 tiles, one PSUM bank each (NKI-PSUM-TILE-FMAX)
     for bank in nl.static_range(5):
-        h_ud_psum.append(nl.zeros((T, 256), dtype=nl.float32, buffer=nl.psum))
+        h_ud_psum.append(nl.zeros((T, OUT_TILE), dtype=nl.float32, buffer=nl.psum))
     for k_blk in nl.affine_range(4):
         u_down_block = nl.ndarray((P, 16, H_UD_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
         for kt in nl.affine_range(16):
             u_down_block[0:P, kt, 0:H_UD_BLOCK] = nl.load(u_down[2048 * k_blk + P * kt:2048 * k_blk + P * kt + P, 0:H_UD_BLOCK])
         for bt in nl.static_range(5):
             for kt in nl.affine_range(16):
-                h_ud_psum[bt][0:T, 0:256] += nisa.nc_matmul(h_strip[0:P, 16 * k_blk + kt, 0:T], u_down_block[0:P, kt, 256 * bt:256 * bt + 256])
+                h_ud_psum[bt][0:T, 0:OUT_TILE] += nisa.nc_matmul(h_strip[0:P, 16 * k_blk + kt, 0:T], u_down_block[0:P, kt, OUT_TILE * bt:OUT_TILE * bt + OUT_TILE])
     for bn in nl.static_range(5):
         # one output tile of h_ud, tokens on partitions
-        h_ud_rows = nl.ndarray((T, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
-        h_ud_rows[0:T, 0:256] = nl.copy(h_ud_psum[bn][0:T, 0:256], dtype=nl.bfloat16)
+        h_ud_rows = nl.ndarray((T, OUT_TILE), dtype=nl.bfloat16, buffer=nl.sbuf)
+        h_ud_rows[0:T, 0:OUT_TILE] = nl.copy(h_ud_psum[bn][0:T, 0:OUT_TILE], dtype=nl.bfloat16)
         for ct in nl.affine_range(2):
             h_ud_rows_tpsum = nl.ndarray((P, T), dtype=nl.bfloat16, buffer=nl.psum)
             h_ud_rows_tpsum[0:P, 0:T] = nisa.nc_transpose(h_ud_rows[0:T, P * ct:P * ct + P])
