@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cores import available_cores
 from ..errors import InputError
 from .calibration import sequences
 from .config import PROJECTIONS
@@ -91,7 +92,7 @@ class FinetuneSettings:
     # (finetune_heal itself trains on the ids it is given); measured: 16384 healed every text more than 0, at
     # ~110 CPU s of sampling and ~30 of fine-tuning more for SmolLM2-135M (docs/compression.md, third run)
     samples: int = 16384
-    threads: int = 1
+    threads: int | None = None  # torch threads; None: every core this process may use (as compress's --threads)
     checkpoint_seconds: float = 60.0
 
 
@@ -183,7 +184,7 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
             or settings.dtype not in DTYPES:
         raise InputError(f"fine-tuning settings must be positive: {settings}")
     chunks = _batches(ids, settings)
-    torch.set_num_threads(settings.threads)
+    torch.set_num_threads(settings.threads or available_cores())
     lm = TorchLM(model, torch)
     spans = None if shards is None else [(int(a), int(b)) for a, b in shards]
     params: dict[tuple[int, str], list[tuple[Any, Any]]] = {}
