@@ -98,7 +98,7 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
                 "contraction and the programs add their partial sums with nisa.sendrecv; the groups before it divide "
                 "their features; nki dialect). A divided loop needs an even number of blocks; none on one physical "
                 "core (docs/logical-cores.md)",
-                role=CLASS),
+                role=CLASS, rival=True),
     column_tiles_spec("token_tile"),
     categorical("stationary", STATIONARY, (),
                 "which operand the matmuls of a value held transposed (a strip a later matmul reads, e.g. gate and "

@@ -121,10 +121,16 @@ class ParamSpec:
     #: not Optuna: a finer grid where a boundary (SBUF room) makes the best value fall between coarse candidates,
     #: without diluting what the 150 trials sample (docs/architecture.md, "Search")
     refine: tuple = ()
+    #: a structural class parameter (``role`` CLASS) whose classes the polish keeps a rival of: after the free
+    #: descents, the best start with another value than the winner's is polished once more within its class
+    #: (search/tuner.py, ``_rival``)
+    rival: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"{self.name}: unknown role {self.role!r}")
+        if self.rival and self.role != CLASS:
+            raise ValueError(f"{self.name}: only a structural class parameter keeps a rival")
         if self.kind is int:
             if self.choices is not None or not self.ordinal:
                 raise ValueError(f"{self.name}: an integer parameter is ordinal and has no choices")
@@ -193,9 +199,9 @@ def integer(name: str, low: int, high: Bound, limit: str, candidates: tuple[int,
 
 
 def categorical(name: str, choices: tuple[str, ...], candidates: tuple[str, ...], help: str, *,
-                role: str = CATEGORICAL) -> ParamSpec:
+                role: str = CATEGORICAL, rival: bool = False) -> ParamSpec:
     """A string parameter with domain ``choices``."""
-    return ParamSpec(name, str, choices, help, candidates=candidates, role=role)
+    return ParamSpec(name, str, choices, help, candidates=candidates, role=role, rival=rival)
 
 
 def parse_params(specs: tuple[ParamSpec, ...], params: dict[str, str | int], what: str) -> dict[str, int | str]:

@@ -87,6 +87,11 @@ class SearchSpace:
         """Structural parameters: the polish starts once per combination of their values."""
         return tuple(spec.name for spec in self.specs if spec.polish_class)
 
+    @cached_property
+    def rivals(self) -> tuple[str, ...]:
+        """Structural parameters another value of which keeps a rival descent (:attr:`ParamSpec.rival`)."""
+        return tuple(spec.name for spec in self.specs if spec.rival)
+
     @property
     def size(self) -> int:
         size = 1
