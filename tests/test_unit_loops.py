@@ -15,6 +15,7 @@ from neuronmm_compiler.kernel_ir.program import Alloc, Buffer, Comment, DmaCopy,
 from neuronmm_compiler.lowerings.gemm import gemm_problem_from_graph
 from neuronmm_compiler.lowerings.lower_gemm import _GemmLowering
 from neuronmm_compiler.targets import get_target, with_lnc
+from neuronmm_compiler.verification import verify_source
 
 
 def _once(program: Program) -> list[Loop]:
@@ -53,6 +54,9 @@ def test_a_divided_gemm_costs_the_same_folded_and_verifies():
     before, after = estimate(unfolded, target), estimate(compiled.program, target)
     assert after.latency_us == before.latency_us and after.dma_transfers == before.dma_transfers
     assert "range(1)" not in compiled.kernel.source and "n_blk" not in compiled.kernel.source
+    report = verify_source(compiled.kernel.source, filename="gemm 700x1500x300")
+    assert report.ok, report.error
+    assert report.counters["sbuf_peak_bytes"] == after.sbuf_bytes_per_partition
 
 
 def test_a_kernel_wrapped_in_a_loop_that_runs_once_costs_what_it_did():
@@ -63,6 +67,7 @@ def test_a_kernel_wrapped_in_a_loop_that_runs_once_costs_what_it_did():
     program = compiled.program
     wrapped = replace(program, body=[Loop("w", Lin(1), list(program.body))])
     target = compiled.target
-    assert estimate(wrapped, target).latency_us == estimate(program, target).latency_us
+    before, after = estimate(wrapped, target), estimate(program, target)
+    assert (before.latency_us, before.sbuf_bytes_per_partition) == (after.latency_us, after.sbuf_bytes_per_partition)
     assert fold_unit_loops(wrapped).body == program.body
     assert "range(1)" not in compiled.kernel.source
