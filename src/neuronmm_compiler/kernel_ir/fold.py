@@ -17,10 +17,10 @@ stays, as a comment line where the loop was.
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from .expr import CeilDiv, Expr, Lin, Min, Mod, ceil_div, minimum, modulo
-from .program import Comment, Loop, PeTile, Point, Program, Ref, Span, Stmt
+from .program import Comment, Loop, Point, Program, Ref, Span, Stmt, map_regions
 
 __all__ = ["fold_unit_loops"]
 
@@ -31,10 +31,6 @@ def fold_unit_loops(program: Program) -> Program:
     return program if body is program.body else replace(program, body=body)
 
 
-def _once(stmt: Stmt) -> bool:
-    return isinstance(stmt, Loop) and isinstance(stmt.trip, Lin) and stmt.trip.is_const and stmt.trip.const == 1
-
-
 def _fold(body: list[Stmt], zero: tuple[str, ...]) -> list[Stmt]:
     """``body`` with its unit loops folded and the variables ``zero`` (folded loops around it) read as 0; the same
     list when nothing changes (the search lowers every candidate: most have no unit loop)."""
@@ -43,8 +39,7 @@ def _fold(body: list[Stmt], zero: tuple[str, ...]) -> list[Stmt]:
     out: list[Stmt] = []
     changed = bool(zero)
     for stmt in body:
-        if _once(stmt):
-            assert isinstance(stmt, Loop)
+        if isinstance(stmt, Loop) and stmt.runs_once:
             changed = True
             if stmt.comment:
                 out.append(Comment(stmt.comment))
@@ -85,11 +80,4 @@ def _ref(ref: Ref, zero: tuple[str, ...]) -> Ref:
 
 
 def _statement(stmt: Stmt, zero: tuple[str, ...]) -> Stmt:
-    changes: dict[str, object] = {}
-    for item in fields(stmt):
-        value = getattr(stmt, item.name)
-        if isinstance(value, Ref):
-            changes[item.name] = _ref(value, zero)
-        elif isinstance(value, PeTile):
-            changes[item.name] = value.map(lambda e: _zeroed(e, zero))
-    return replace(stmt, **changes) if changes else stmt
+    return map_regions(stmt, lambda ref: _ref(ref, zero), lambda expr: _zeroed(expr, zero))

@@ -21,7 +21,7 @@ set, and the footprint check treats it as infeasible, so a search moves on to sc
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from .expr import CeilDiv, Expr, Lin, Min, Mod, add, as_expr, ceil_div, minimum, scale, var
 from .program import (
@@ -30,12 +30,12 @@ from .program import (
     Comment,
     DmaCopy,
     Loop,
-    Matmul,
     Point,
     Program,
     Ref,
     Span,
     Stmt,
+    map_regions,
     refs_of,
     walk,
 )
@@ -224,8 +224,4 @@ def _shift_stmt(stmt: Stmt, name: str, offset: Expr, local: dict[Buffer, tuple[B
         return replace(stmt, trip=shift(stmt.trip, name, offset), body=body)
     if isinstance(stmt, Alloc | Comment):
         return stmt
-    changes: dict[str, object] = {f.name: _shift_ref(getattr(stmt, f.name), name, offset, local)
-                                  for f in fields(stmt) if isinstance(getattr(stmt, f.name), Ref)}
-    if isinstance(stmt, Matmul) and stmt.tile is not None:
-        changes["tile"] = stmt.tile.map(lambda e: shift(e, name, offset))
-    return replace(stmt, **changes)
+    return map_regions(stmt, lambda ref: _shift_ref(ref, name, offset, local), lambda e: shift(e, name, offset))

@@ -11,7 +11,7 @@ instruction, which the printers, the cost model and the interpreter's contract a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Literal
 
@@ -326,6 +326,11 @@ class Loop:
     comment: str = ""
     split: tuple[str, ...] = ()
 
+    @property
+    def runs_once(self) -> bool:
+        """Whether the trip is the constant 1."""
+        return isinstance(self.trip, Lin) and self.trip.is_const and self.trip.const == 1
+
 
 @dataclass(frozen=True)
 class Comment:
@@ -410,8 +415,7 @@ class Program:
         for stmt, loops in walk(self.body):
             if isinstance(stmt, Alloc):
                 if (stmt.copies == 0 and stmt.buffer.memory == "sbuf"
-                        and any(not (isinstance(loop.trip, Lin) and loop.trip.is_const and loop.trip.const == 1)
-                                for loop in loops)):
+                        and any(not loop.runs_once for loop in loops)):
                     allocated.add(id(stmt.buffer))
             elif isinstance(stmt, DmaCopy) and stmt.slabs and id(stmt.dst.buffer) in allocated:
                 loaded.add(id(stmt.dst.buffer))
@@ -435,6 +439,16 @@ def refs_of(stmt: Stmt) -> list[Ref]:
     if isinstance(stmt, Loop | Comment | Alloc):
         return []
     return [value for value in vars(stmt).values() if isinstance(value, Ref)]
+
+
+def map_regions(stmt: Stmt, region: Callable[[Ref], Ref], start: Callable[[Expr], Expr] | None = None) -> Stmt:
+    """An instruction with every region it reads or writes passed through ``region`` and, given ``start``, the start
+    expressions of its PE tile through ``start`` (the loop rewrites: program offsets, folded loops, PSUM lists)."""
+    changes: dict[str, object] = {f.name: region(value) for f in fields(stmt)
+                                  if isinstance(value := getattr(stmt, f.name), Ref)}
+    if start is not None and isinstance(stmt, Matmul) and stmt.tile is not None:
+        changes["tile"] = stmt.tile.map(start)
+    return replace(stmt, **changes) if changes else stmt
 
 
 def walk(body: list[Stmt], loops: tuple[Loop, ...] = ()) -> Iterator[tuple[Stmt, tuple[Loop, ...]]]:

@@ -25,10 +25,10 @@ model counts the program before the split.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from .expr import Lin
-from .program import Alloc, Buffer, Loop, Point, Program, Ref, Span, Stmt, refs_of, walk
+from .program import Alloc, Buffer, Loop, Point, Program, Ref, Span, Stmt, map_regions, refs_of, walk
 
 #: The variable of the loop that fills a list buffer (the printer's); no lowering names a loop so.
 ENTRY_VAR = "bank"
@@ -87,7 +87,5 @@ def _rewrite(body: list[Stmt], lists: Mapping[Buffer, Buffer]) -> list[Stmt]:
             listed = lists.get(stmt.buffer)
             out.append(stmt if listed is None else replace(stmt, buffer=listed))
         else:
-            changes = {f.name: _ref(getattr(stmt, f.name), lists) for f in fields(stmt)
-                       if isinstance(getattr(stmt, f.name), Ref)}
-            out.append(replace(stmt, **changes) if changes else stmt)
+            out.append(map_regions(stmt, lambda ref: _ref(ref, lists)))
     return out
