@@ -32,6 +32,10 @@ class Dim:
     #: blocks (:attr:`blocks`, per share) end ragged within each share, so programs dividing the share loop of a
     #: logical core walk the same blocks of their own tiles whatever ``tiles_in_block`` (kernel_ir/lnc.py)
     share_tiles: int = 0
+    #: tiles from one share's first tile to the next's (0: ``share_tiles``, shares side by side). Fewer than
+    #: ``share_tiles`` makes neighbouring shares overlap: an odd tile count divided between two programs as two
+    #: shares of ``ceil(tiles / 2)`` whose middle tile both compute (:meth:`overlapping_shares`)
+    share_step: int = 0
 
     @property
     def share_var(self) -> str:
@@ -41,7 +45,17 @@ class Dim:
     @property
     def share(self) -> Expr:
         """The first tile of the current share (0 without shares)."""
-        return scale(var(self.share_var), self.share_tiles) if self.share_tiles else _ZERO
+        return scale(var(self.share_var), self.share_step or self.share_tiles) if self.share_tiles else _ZERO
+
+    @staticmethod
+    def overlapping_shares(tiles: int, shares: int) -> tuple[int, int]:
+        """(tiles per share, tiles between share starts) covering ``tiles`` with ``shares`` shares of one size:
+        side by side when they divide evenly, else overlapping by as little as whole shares of one size allow (13
+        tiles in two shares: tiles 0-6 and 6-12). (0, 0) where no such cover exists."""
+        size = -(-tiles // shares)
+        if shares < 2 or tiles - size < shares - 1 or (tiles - size) % (shares - 1):
+            return 0, 0
+        return size, (tiles - size) // (shares - 1)
 
     @property
     def traced(self) -> bool:

@@ -113,11 +113,14 @@ def _replace_allocs(body: list[Stmt], local: dict[Buffer, tuple[Buffer, int]]) -
     return out
 
 
-def halves(half: int) -> tuple[Span, Span]:
-    """(this program's, the other program's) half of ``2 * half`` elements of an axis two programs share: what a
-    ``sendrecv`` exchange sends from and receives into."""
-    return (Span(scale(var(PROGRAM_ID), half), Lin(half)),
-            Span(Lin(half, ((PROGRAM_ID, -half),)), Lin(half)))
+def halves(half: int, stride: int | None = None) -> tuple[Span, Span]:
+    """(this program's, the other program's) ``half`` elements of an axis two programs share, starting at
+    ``stride * pid``: what a ``sendrecv`` exchange sends from and receives into. ``stride`` defaults to ``half`` (the
+    halves of ``2 * half`` elements); a larger one leaves ``stride - half`` elements in between that both programs
+    computed (overlapping shares, :meth:`~.dims.Dim.overlapping_shares`) and neither sends."""
+    stride = half if stride is None else stride
+    return (Span(scale(var(PROGRAM_ID), stride), Lin(half)),
+            Span(Lin(stride, ((PROGRAM_ID, -stride),)), Lin(half)))
 
 
 def divisible_blocking(tiles: int, per_block: int, programs: int) -> int:

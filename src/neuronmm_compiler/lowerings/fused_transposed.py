@@ -80,10 +80,10 @@ class TransposedGroups(TokenStationaryGroups):
         shares = self._shares(group, n, ftile, ntiles, per_block)
         if self._divides_features(group) and n % ftile == 0 and not shares:  # blocks the programs can divide
             per_block = divisible_blocking(ntiles, per_block, self.target.lnc)
-        share_tiles = ntiles // shares if shares else 0
+        share_tiles, share_step = Dim.overlapping_shares(ntiles, shares) if shares else (0, 0)
         per_block = balanced_block(share_tiles or ntiles, min(per_block, share_tiles) if shares else per_block)
         fdim = Dim("f", n, ftile, ntiles, per_block, block_name=constant_name(root.id, "BLOCK"),
-                   share_tiles=share_tiles)
+                   share_tiles=share_tiles, share_step=0 if share_step == share_tiles else share_step)
         bm = self.tok.block_size(mb)
         # A result placed in HBM that no matmul of this kernel reads (e.g. h^T of a split MLP's first
         # kernel) is stored tile by tile as it is produced, instead of being held whole in SBUF.
@@ -129,6 +129,11 @@ class TransposedGroups(TokenStationaryGroups):
         out += [Comment(self._describe_group(group))]
         divided = self._divided(group, fdim, streamed, stored)
         split = (self.s.lnc_split,) if divided else ()
+        if fdim.share_step:
+            both = range(fdim.share_step, fdim.share_tiles)
+            which = f"tile {both[0]} is" if len(both) == 1 else f"tiles {both[0]}-{both[-1]} are"
+            out.append(Comment(f"{shares} shares of {fdim.share_tiles} of the {ntiles} feature tiles, {fdim.share_step} "
+                               f"apart: {which} computed by both programs"))
         if shares:  # the programs divide the shares; each walks the blocks of its own share
             out += loop(fdim.share_var, Lin(shares), shares, loop("f_blk", Lin(fdim.blocks), fdim.blocks, block),
                         split=split)
@@ -175,10 +180,18 @@ class TransposedGroups(TokenStationaryGroups):
         when they divide this group's features and whole blocks of each program's share would be at most half the
         block the schedule asks for (Qwen3-4B's 76 tiles: a share of 38 = 2 x 19 tiles takes blocks of 2 where 9
         fit, 512-byte weight rows); each share is then blocked as asked, balanced (8, 8, 8, 8, 6 where 9s left a last 2:
-        :func:`~..kernel_ir.dims.balanced_block`)."""
+        :func:`~..kernel_ir.dims.balanced_block`).
+
+        A tile count the programs cannot halve (Qwen3-4B's rank 1664 at keep 0.8: 13 tiles) is shared with an overlap
+        (:meth:`~..kernel_ir.dims.Dim.overlapping_shares`: tiles 0-6 and 6-12), each program computing one more tile
+        than half instead of both computing all of them, when the strip is exchanged whole afterwards: kept in SBUF
+        only (a stored tile would be stored by both) and not left halved for a divided contraction."""
         programs = self.target.lnc
-        if not self._divides_features(group) or n % ftile or ntiles % programs:
+        if not self._divides_features(group) or n % ftile:
             return 0
+        if ntiles % programs:
+            odd = group.root.id not in self.halved and not self._stored(group.root)
+            return programs if odd and Dim.overlapping_shares(ntiles, programs)[0] else 0
         asked = min(per_block, ntiles // programs)  # a block never spans shares
         return programs if 2 * divisible_blocking(ntiles, per_block, programs) <= asked else 0
 
@@ -286,10 +299,11 @@ class TransposedGroups(TokenStationaryGroups):
     def _gather(self, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
         """Each program sends the half of the strip it computed to the other, which receives it in the same place:
         afterwards both hold the whole value (nisa.sendrecv, SBUF to SBUF)."""
-        half = fdim.tiles // 2
-        own, other = halves(half)
+        half = fdim.share_step or fdim.tiles // 2  # tiles only one program computed, each
+        own, other = halves(half, fdim.share_tiles or half)
         rows = span(0, fdim.tile)
-        return [Comment(f"exchange halves of {strip.name} with the other program: both hold all {fdim.size} features"),
+        what = f"the tiles of {strip.name} only it computed" if fdim.share_step else f"halves of {strip.name}"
+        return [Comment(f"exchange {what} with the other program: both hold all {fdim.size} features"),
                 SendRecv(Ref(strip, (rows, other, span(0, bm))), Ref(strip, (rows, own, span(0, bm))))]
 
     def _k_blocked_matmuls(self, group: Group, fdim: Dim, fb: Expr, ft: Expr, nsz: Expr, bm: Expr,
