@@ -2,12 +2,14 @@
 """Logical cores: nmmc's kernels at LNC=2 against the same workloads at LNC=1, side by side in one run.
 
 For GEMMs and the MLPs of Llama-3.2-1B and Llama-3.1-8B (dense, and SVD at keep 0.8) at decode and prefill token
-counts, on trn2 (and trn3 with --targets), this tunes nmmc's kernel at LNC=1 (one physical core) and at LNC=2 (the
-logical core trn2/trn3 deploy by default), and prints the predicted latencies, the ratio LNC=2 / LNC=1, the split
-the search chose, and how much the ratio moves under the model's one undocumented assumption about logical cores:
-how much of the HBM stack the two programs draw together (``ModelParams.lnc_hbm_share``; 1.0 shipped: each core at
-its own per-core rate; 0.5: the pair together at one core's rate; docs/logical-cores.md). The 0.5 column re-tunes
-under that assumption. Every LNC=2 winner small enough to interpret is verified with both programs run.
+counts, and Qwen3-4B's SVD MLP at keep 0.8 (rank 1664: an odd count of 13 tiles, which the programs share with an
+overlap, docs/logical-cores.md), on trn2 (and trn3 with --targets), this tunes nmmc's kernel at LNC=1 (one physical
+core) and at LNC=2 (the logical core trn2/trn3 deploy by default), and prints the predicted latencies, the ratio
+LNC=2 / LNC=1, the split the search chose, and how much the ratio moves under the model's one undocumented
+assumption about logical cores: how much of the HBM stack the two programs draw together
+(``ModelParams.lnc_hbm_share``; 1.0 shipped: each core at its own per-core rate; 0.5: the pair together at one
+core's rate; docs/logical-cores.md). The 0.5 column re-tunes under that assumption.
+Every LNC=2 winner small enough to interpret is verified with both programs run.
 
 Latencies are the cost model's, standalone launch (45 us) included, with trn2's model error (validated on LNC=1
 GEMMs; no LNC=2 kernel has been measured). Usage:
@@ -42,6 +44,8 @@ def cases(quick: bool) -> list[tuple[str, object]]:
         for tokens in ((1, 512) if quick else (1, 32, 128, 512, 2048)):
             out.append((f"{name} mlp dense t={tokens}", mlp_workload(tokens, hidden, intermediate, dense=True)))
             out.append((f"{name} mlp svd0.8 t={tokens}", mlp_workload(tokens, hidden, intermediate, keep_ratio=0.8)))
+    for tokens in ((96,) if quick else (1, 96, 512)):
+        out.append((f"qwen3-4b mlp svd0.8 t={tokens}", mlp_workload(tokens, 2560, 9728, keep_ratio=0.8)))
     return out
 
 

@@ -132,8 +132,8 @@ class TransposedGroups(TokenStationaryGroups):
         if fdim.share_step:
             both = range(fdim.share_step, fdim.share_tiles)
             which = f"tile {both[0]} is" if len(both) == 1 else f"tiles {both[0]}-{both[-1]} are"
-            out.append(Comment(f"{shares} shares of {fdim.share_tiles} of the {ntiles} feature tiles, {fdim.share_step} "
-                               f"apart: {which} computed by both programs"))
+            out.append(Comment(f"{shares} shares of {fdim.share_tiles} of the {ntiles} feature tiles, "
+                               f"{fdim.share_step} apart: {which} computed by both programs"))
         if shares:  # the programs divide the shares; each walks the blocks of its own share
             out += loop(fdim.share_var, Lin(shares), shares, loop("f_blk", Lin(fdim.blocks), fdim.blocks, block),
                         split=split)
