@@ -6,8 +6,9 @@ For the MLP shapes ``benchmarks/vs_nkilib.py`` compares with nki-library (dense 
 32, 96, 128, 512 and 2048 tokens), on trn2 in-graph at the given LNC, this tunes each MLP twice, the order alternating
 from one MLP to the next: with the search as shipped and with one step switched off (``--without``):
 
-  rival   the rival descent (search/tuner.py ``_rival``): the best start of another logical-core split than the
-          winner's, polished within its structural class
+  rival          the rival descents (search/tuner.py ``_rivals``): the best start of each other logical-core split
+                 than the winner's, polished within its structural class
+  extra-rivals   every rival descent but the first (the best-ranked start's)
 
 and prints per MLP both tuned latencies (cost model, us), their ratio (> 1: the step found a faster schedule), the
 schedules each search costed and its wall seconds; then how many MLPs the step made faster or slower, the schedules
@@ -35,16 +36,19 @@ from neuronmm_compiler.targets import IN_GRAPH, get_target, with_launch, with_ln
 
 
 @contextmanager
-def _rival_off() -> Iterator[None]:
-    saved = tuner._rival
-    tuner._rival = lambda *args: None
+def _patched(name: str, value: object) -> Iterator[None]:
+    saved = getattr(tuner, name)
+    setattr(tuner, name, value)
     try:
         yield
     finally:
-        tuner._rival = saved
+        setattr(tuner, name, saved)
 
 
-STEPS: dict[str, Callable[[], object]] = {"rival": _rival_off}
+STEPS: dict[str, Callable[[], object]] = {
+    "rival": lambda: _patched("_rivals", lambda *args: []),
+    "extra-rivals": lambda: _patched("RIVAL_DESCENTS", 1),
+}
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
-"""The polish keeps a rival of the winner's logical-core split (search/tuner.py ``_rival``): the best start of another
-split, held within its structural class."""
+"""The polish keeps rivals of the winner's logical-core split (search/tuner.py ``_rivals``): the best start of each
+other split, held within its structural class."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_a_split_the_free_descent_left_is_polished_within_its_class(llama_8b_dec
     spec, evaluate, start = llama_8b_decode
     free = tuner._refine(evaluate, spec, tuner._polish(evaluate, spec, start))
     assert free.schedule.lnc_split == "gather"
-    rival = tuner._rival(evaluate, spec, [start], [free])
+    [rival] = tuner._rivals(evaluate, spec, [start], [free])
     assert rival.schedule.lnc_split == "hidden" and rival.latency_us < free.latency_us - 5
     assert (rival.schedule.weight_block_kib, rival.schedule.k_tiles_per_block, rival.schedule.column_tiles) == \
         (192, 2, 2)
@@ -39,10 +39,25 @@ def test_a_split_the_free_descent_left_is_polished_within_its_class(llama_8b_dec
 
 def test_no_rival_where_the_descents_reached_the_class_or_the_split_is_the_winners(llama_8b_decode):
     spec, evaluate, start = llama_8b_decode
-    assert tuner._rival(evaluate, spec, [start], [start]) is None  # a descent ended in the start's class
+    assert tuner._rivals(evaluate, spec, [start], [start]) == []  # a descent ended in the start's class
     same = evaluate(FusedSchedule(tokens_per_block=32, token_tile=128, weight_block_kib=64, k_tiles_per_block=0,
                                   out_tile=512, weight_dma="row", x_transpose="dma", lnc_split="hidden"))
-    assert tuner._rival(evaluate, spec, [same], [start]) is None  # another class, the winner's split
+    assert tuner._rivals(evaluate, spec, [same], [start]) == []  # another class, the winner's split
+
+
+def test_each_other_split_gets_one_rival_descent(llama_8b_decode, monkeypatch):
+    """Two starts of the `hidden` split and one of `intermediate` against a `gather` winner: one descent per split,
+    from the best-ranked start of each; ``RIVAL_DESCENTS`` caps them."""
+    spec, evaluate, start = llama_8b_decode
+    free = tuner._refine(evaluate, spec, tuner._polish(evaluate, spec, start))
+    other = evaluate(FusedSchedule(tokens_per_block=32, token_tile=128, weight_block_kib=64, k_tiles_per_block=0,
+                                   out_tile=512, weight_dma="row", x_transpose="dma", lnc_split="hidden"))
+    inter = evaluate(FusedSchedule(tokens_per_block=32, token_tile=128, weight_block_kib=64, k_tiles_per_block=0,
+                                   out_tile=512, weight_dma="row", x_transpose="pe", lnc_split="intermediate"))
+    rivals = tuner._rivals(evaluate, spec, [start, other, inter], [free])
+    assert [r.schedule.lnc_split for r in rivals] == ["hidden", "intermediate"]
+    monkeypatch.setattr(tuner, "RIVAL_DESCENTS", 1)
+    assert [r.schedule.lnc_split for r in tuner._rivals(evaluate, spec, [start, other, inter], [free])] == ["hidden"]
 
 
 def test_only_a_structural_class_parameter_keeps_a_rival():

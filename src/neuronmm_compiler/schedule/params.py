@@ -122,8 +122,8 @@ class ParamSpec:
     #: without diluting what the 150 trials sample (docs/architecture.md, "Search")
     refine: tuple = ()
     #: a structural class parameter (``role`` CLASS) whose classes the polish keeps a rival of: after the free
-    #: descents, the best start with another value than the winner's is polished once more within its class
-    #: (search/tuner.py, ``_rival``)
+    #: descents, the best start with each other value than the winner's is polished once more within its class
+    #: (search/tuner.py, ``_rivals``)
     rival: bool = False
 
     def __post_init__(self) -> None:

@@ -108,10 +108,12 @@ def _descend(evaluate: Evaluator, spec: SpaceSpec, start: Candidate, lists: dict
 
 
 POLISH_STARTS = 8
-#: The rival's optimum (:func:`_rival`) takes the late descent only when it is within this factor of the best: the late
+#: A rival's optimum (:func:`_rivals`) takes the late descent only when it is within this factor of the best: the late
 #: forms moved optima by up to ~1.5%, and the late descent from the rival's region cost most of the rival's schedules
 #: (measured over vs_nkilib's 105 MLPs on LNC=2: every rival win kept, 9% more schedules costed instead of 17%)
 RIVAL_LATE_MARGIN = 1.02
+#: At most this many rival descents (:func:`_rivals`), one per value of the rival parameters
+RIVAL_DESCENTS = 4
 
 
 def _polish_starts(ranked: list[Candidate], classes: tuple[str, ...]) -> list[Candidate]:
@@ -129,27 +131,33 @@ def _class_key(cand: Candidate, classes: tuple[str, ...]) -> tuple:
     return tuple(getattr(cand.schedule, name) for name in classes)
 
 
-def _rival(evaluate: Evaluator, spec: SpaceSpec, starts: list[Candidate], finals: list[Candidate]) -> Candidate | None:
-    """The best polish start that differs from the winner in a rival parameter (:attr:`~.space.SearchSpace.rivals`,
-    ``lnc_split``) and in whose class no descent ended, polished within its class and refined; None when there is
-    none. The free descents cross classes one parameter at a time and tend to end in one class: a class whose optimum
-    needs several parameters to move together is lost. Measured, Llama-3.1-8B's SVD MLP at keep 0.9 and 1 token on
-    LNC=2: every descent ended at lnc_split=gather, 454.6 us; the hidden split's start, held in its class, reaches
-    448.1 (192 KiB blocks of 2 K tiles, 2 PE column tiles). One descent more, not one per start: holding every start
-    in its class cost 60% more search time and lost 3-5% at 512 tokens, where leaving a class paid."""
+def _rivals(evaluate: Evaluator, spec: SpaceSpec, starts: list[Candidate], finals: list[Candidate]) -> list[Candidate]:
+    """For each value of the rival parameters (:attr:`~.space.SearchSpace.rivals`, ``lnc_split``) other than the
+    winner's, the best polish start with that value in whose class no descent ended, polished within its class and
+    refined (at most :data:`RIVAL_DESCENTS` of them, best starts first). The free descents cross classes one parameter
+    at a time and tend to end in one class: a class whose optimum needs several parameters to move together is lost.
+    Measured, Llama-3.1-8B's SVD MLP at keep 0.9 and 1 token on LNC=2: every descent ended at lnc_split=gather,
+    454.6 us; the hidden split's start, held in its class, reaches 448.1 (192 KiB blocks of 2 K tiles, 2 PE column
+    tiles). And Qwen3-4B's SVD MLP at keep 0.8 and 96 tokens on LNC=2 under an HBM share of 0.5 (benchmarks/lnc.py):
+    every descent ended at hidden, 476.8 us; the intermediate split's start was already its class's optimum (490.1),
+    the gather split's, held in its class, reaches 422.2. One descent per split value, not one per start: holding
+    every start in its class cost 60% more search time and lost 3-5% at 512 tokens, where leaving a class paid."""
     if not spec.space.rivals:
-        return None
+        return []
     classes = spec.space.classes
     winner = min(finals, key=lambda c: c.order)
     reached = {_class_key(final, classes) for final in finals}
+    taken = {tuple(getattr(winner.schedule, name) for name in spec.space.rivals)}
+    lists = {name: values for name, values in spec.space.candidates.items() if name not in classes}
+    exchange = tuple(name for name in spec.space.exchange if name in lists)
+    out: list[Candidate] = []
     for start in starts:
-        if _class_key(start, classes) in reached or all(
-                getattr(start.schedule, name) == getattr(winner.schedule, name) for name in spec.space.rivals):
+        value = tuple(getattr(start.schedule, name) for name in spec.space.rivals)
+        if _class_key(start, classes) in reached or value in taken or len(out) == RIVAL_DESCENTS:
             continue
-        lists = {name: values for name, values in spec.space.candidates.items() if name not in classes}
-        exchange = tuple(name for name in spec.space.exchange if name in lists)
-        return _refine(evaluate, spec, _descend(evaluate, spec, start, lists, exchange, fine=False))
-    return None
+        taken.add(value)
+        out.append(_refine(evaluate, spec, _descend(evaluate, spec, start, lists, exchange, fine=False)))
+    return out
 
 
 def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEFAULT_TRIALS, seed: int = 0,
@@ -254,7 +262,7 @@ def recorded_seconds(study: optuna.Study) -> float | None:
 def _result(evaluate: Evaluator, spec: SpaceSpec, *, what: str, method: str, trials: int, top_k: int,
             started: float, study: dict[str, object] | None) -> TuneResult:
     """The TuneResult of an evaluator holding a finished search: after an Optuna search, the best
-    schedule polished from the best of each structural class and from a rival of the winner's split."""
+    schedule polished from the best of each structural class and from rivals of the winner's split."""
     ranked = evaluate.ranked()
     if not ranked:
         raise ScheduleError(f"no schedule of the search space fits on chip for {what}")
@@ -262,10 +270,9 @@ def _result(evaluate: Evaluator, spec: SpaceSpec, *, what: str, method: str, tri
     if method == "optuna":
         starts = _polish_starts(ranked, spec.space.classes)
         finals = [_refine(evaluate, spec, _polish(evaluate, spec, s)) for s in starts]
-        rival = _rival(evaluate, spec, starts, finals)
-        best = min([*finals, rival] if rival is not None else finals, key=lambda c: c.order)
-        if rival is not None and rival.latency_us <= RIVAL_LATE_MARGIN * best.latency_us:
-            finals.append(rival)
+        rivals = _rivals(evaluate, spec, starts, finals)
+        best = min([*finals, *rivals], key=lambda c: c.order)
+        finals += [rival for rival in rivals if rival.latency_us <= RIVAL_LATE_MARGIN * best.latency_us]
         ranked = evaluate.ranked()
     else:
         finals = _polish_starts(ranked, spec.space.classes)
