@@ -297,8 +297,9 @@ class TransposedGroups(TokenStationaryGroups):
         return allocs, out + loop("nt", Lin(ntiles), ntiles, body, split=(s.lnc_split,) if streamed else ())
 
     def _gather(self, strip: Buffer, fdim: Dim, bm: Expr) -> list[Stmt]:
-        """Each program sends the half of the strip it computed to the other, which receives it in the same place:
-        afterwards both hold the whole value (nisa.sendrecv, SBUF to SBUF)."""
+        """Each program sends the tiles of the strip only it computed (its half; with overlapping shares, its share
+        but the tiles both computed) to the other, which receives them in the same place: afterwards both hold the whole
+        value (nisa.sendrecv, SBUF to SBUF)."""
         half = fdim.share_step or fdim.tiles // 2  # tiles only one program computed, each
         own, other = halves(half, fdim.share_tiles or half)
         rows = span(0, fdim.tile)
