@@ -112,8 +112,9 @@ POLISH_STARTS = 8
 #: forms moved optima by up to ~1.5%, and the late descent from the rival's region cost most of the rival's schedules
 #: (measured over vs_nkilib's 105 MLPs on LNC=2: every rival win kept, 9% more schedules costed instead of 17%)
 RIVAL_LATE_MARGIN = 1.02
-#: At most this many rival descents (:func:`_rivals`), one per value of the rival parameters
-RIVAL_DESCENTS = 4
+#: At most this many rival descents (:func:`_rivals`), one per value of the rival parameters, best starts first: every
+#: rival win measured came from the first or the second (a third or fourth never won, at their cost)
+RIVAL_DESCENTS = 2
 
 
 def _polish_starts(ranked: list[Candidate], classes: tuple[str, ...]) -> list[Candidate]:
