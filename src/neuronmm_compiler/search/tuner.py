@@ -153,8 +153,10 @@ def _rivals(evaluate: Evaluator, spec: SpaceSpec, starts: list[Candidate], final
     exchange = tuple(name for name in spec.space.exchange if name in lists)
     out: list[Candidate] = []
     for start in starts:
+        if len(out) == RIVAL_DESCENTS:
+            break
         value = tuple(getattr(start.schedule, name) for name in spec.space.rivals)
-        if _class_key(start, classes) in reached or value in taken or len(out) == RIVAL_DESCENTS:
+        if _class_key(start, classes) in reached or value in taken:
             continue
         taken.add(value)
         out.append(_refine(evaluate, spec, _descend(evaluate, spec, start, lists, exchange, fine=False)))
