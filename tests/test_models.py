@@ -145,3 +145,51 @@ def test_fixture_model_directory_copy(tmp_path):
     shutil.copy(FIXTURES / "tiny-qwen3.json", tmp_path / "config.json")
     (tmp_path / "tokenizer.json").write_text("{}")
     assert read_config(tmp_path).name == "nmmc/tiny-qwen3"
+
+
+@pytest.mark.parametrize(("field", "name"), [("hidden_act", "gelu"), ("hidden_act", "gelu_pytorch_tanh"),
+                                             ("hidden_activation", "gelu_pytorch_tanh"), ("hidden_act", "relu")])
+def test_an_activation_other_than_silu_is_refused_in_one_line(tmp_path, field, name):
+    """Every kernel computes silu(gate) * up: a GELU (or any other) config would be silently wrong, so it is refused,
+    naming the field and the value."""
+    raw = json.loads((FIXTURES / "tiny-llama.json").read_text())
+    raw[field] = name
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(InputError, match=rf"config\.json: {field} '{name}' is not supported: .*silu\(gate\) \* up"):
+        read_config(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["silu", "SiLU", "swish", None])
+def test_silu_spellings_and_an_absent_activation_are_accepted(tmp_path, name):
+    raw = json.loads((FIXTURES / "tiny-llama.json").read_text())
+    raw["hidden_act"] = name
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert read_config(tmp_path).hidden_size == raw["hidden_size"]
+
+
+def test_mlp_bias_is_refused(tmp_path):
+    raw = json.loads((FIXTURES / "tiny-llama.json").read_text())
+    raw["mlp_bias"] = True
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(InputError, match="mlp_bias true is not supported"):
+        read_config(tmp_path)
+
+
+def test_export_of_a_gelu_checkpoint_is_refused_with_nothing_written(tmp_path):
+    """The trial that found the silent error: a Llama checkpoint whose config says gelu exported, verified and patched
+    with kernels computing SiLU. Now `nmmc export` refuses it in one line, exit 2, and writes nothing."""
+    from click.testing import CliRunner
+
+    from neuronmm_compiler.cli import main
+
+    raw = json.loads((FIXTURES / "tiny-llama.json").read_text())
+    raw["hidden_act"] = "gelu"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(raw))
+    out = tmp_path / "pkg"
+    result = CliRunner().invoke(main, ["export", str(model), "--tokens", "1", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "hidden_act 'gelu' is not supported" in lines[0], result.output
+    assert not out.exists()

@@ -50,6 +50,12 @@ _CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 KNOWN_MODELS: tuple[str, ...] = ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "qwen3-1.7b", "qwen3-4b")
 
 _SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers")
+#: The gated MLP's activation names nmmc's kernels compute: SiLU, ``act(gate) * up`` with ``act = x * sigmoid(x)``.
+#: Hugging Face's ``ACT2FN`` maps both "silu" and "swish" to ``nn.SiLU`` (transformers ``activations.py``); Llama,
+#: Qwen2 and Qwen3 configs name it in ``hidden_act`` (Gemma's in ``hidden_activation``). Any other activation (GELU
+#: exact or tanh-approximated, ReLU, ...) would be computed as SiLU by every kernel, so it is refused.
+SILU_NAMES = ("silu", "swish")
+_ACTIVATION_FIELDS = ("hidden_act", "hidden_activation")
 #: Upper bounds of a config's sizes: far beyond any released model (Llama-3.1-405B has 126 layers,
 #: hidden 16384, intermediate 53248), low enough that a corrupt config cannot make nmmc loop for hours.
 SIZE_LIMITS = {"hidden_size": 2**20, "intermediate_size": 2**22, "num_hidden_layers": 4096}
@@ -106,6 +112,21 @@ def _positive_int(raw: dict, field: str, where: Path) -> int:
     return value
 
 
+def _check_mlp_form(raw: dict, where: Path) -> None:
+    """Refuse a config whose gated MLP is not the one nmmc's kernels compute: an activation other than SiLU
+    (absent means the architecture's default, SiLU for Llama/Qwen) or biases on the MLP projections
+    (``mlp_bias``, a Llama config field)."""
+    for field in _ACTIVATION_FIELDS:
+        if field not in raw or raw[field] is None:
+            continue
+        name = raw[field]
+        if not isinstance(name, str) or name.strip().lower() not in SILU_NAMES:
+            raise InputError(f"{where}: {field} {name!r} is not supported: nmmc's MLP kernels compute "
+                             f"silu(gate) * up (accepted: {', '.join(SILU_NAMES)})")
+    if raw.get("mlp_bias"):
+        raise InputError(f"{where}: mlp_bias true is not supported: nmmc's MLP kernels have no projection biases")
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """Read a model's ``config.json`` (``path`` is the model directory or the file itself).
 
@@ -125,6 +146,7 @@ def read_config(path: str | Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(raw).__name__}")
     architecture = _architecture(raw, where)
+    _check_mlp_form(raw, where)
     sizes = {field: _positive_int(raw, field, where) for field in _SIZE_FIELDS}
     dtype = raw.get("torch_dtype", raw.get("dtype", "bfloat16"))
     if not isinstance(dtype, str) or not dtype:
