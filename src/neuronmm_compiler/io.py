@@ -169,6 +169,34 @@ def write_output(path: str, text: str) -> None:
         raise InputError(f"cannot write {path!r}: {exc.strerror or exc}") from None
 
 
+def write_dir_atomic(out: str | Path, files: dict[str, str]) -> None:
+    """Write ``files`` (relative path -> text) as the directory ``out``, replacing a previous ``out`` as a whole: the
+    files go into a fresh temporary directory next to ``out``, which is then renamed into place (an existing ``out``
+    is first renamed aside and removed after), so ``out`` never mixes two runs' files and an interrupted write
+    leaves the previous directory, or none, plus a ``.{name}.*.tmp`` directory. The caller has checked ``out``
+    (:func:`check_output_dir`) and decided that an existing ``out`` may be replaced."""
+    import shutil
+
+    out = Path(out)
+    tmp = temp_name(out)
+    try:
+        tmp.mkdir()
+        for relative, text in sorted(files.items()):
+            (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / relative).write_text(text, encoding="utf-8")
+        old = None
+        if out.exists():
+            old = temp_name(out)
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_directory(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _fsync_directory(directory: Path) -> None:
     """Make a rename in ``directory`` durable, where directories can be opened and fsynced (not on Windows)."""
     with contextlib.suppress(OSError):

@@ -107,8 +107,17 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128, 
     return ModelSource(config, (gate_up, gate_up, block_aligned_rank(i, h, keep_ratio, align)), keep_ratio, "formula")
 
 
+#: The largest token bucket a model command takes. A bucket is the token count of one MLP call; serving stacks
+#: bound it by their largest prefill chunk (vLLM's ``max_num_batched_tokens``, NxD Inference's context buckets), far
+#: below this, and an exported module runs a call of more tokens than its largest bucket as chunks of that bucket,
+#: so a larger bucket buys nothing. The bound keeps a typo (``--tokens 10000000``) from exporting a kernel whose
+#: verification cannot fit a machine's memory (nmmc's policy, not a hardware limit).
+MAX_BUCKET_TOKENS = 65536
+
+
 def parse_buckets(text: str) -> list[int]:
-    """``1,32,128`` -> [1, 32, 128] (positive, duplicates dropped, order kept)."""
+    """``1,32,128`` -> [1, 32, 128] (positive, at most :data:`MAX_BUCKET_TOKENS`, duplicates dropped, order
+    kept)."""
     buckets: list[int] = []
     for item in text.split(","):
         try:
@@ -118,6 +127,10 @@ def parse_buckets(text: str) -> list[int]:
                              f"got {text!r}") from None
         if value <= 0:
             raise InputError(f"token buckets must be positive; got {value}")
+        if value > MAX_BUCKET_TOKENS:
+            raise InputError(f"token bucket {value} is above nmmc's limit of {MAX_BUCKET_TOKENS} tokens per MLP call; "
+                             "a call of more tokens runs as chunks of the largest bucket, so export the largest "
+                             "chunk your serving stack runs (e.g. vLLM's --max-num-batched-tokens)")
         if value not in buckets:
             buckets.append(value)
     return buckets

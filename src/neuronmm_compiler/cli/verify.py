@@ -34,6 +34,7 @@ def dir_verify(fn: Any) -> Any:
         from ..errors import InputError
         from ..export.verify import is_model_dir, verify_dir
         from ..tensor_parallel.plan import is_plan
+        from ..verification.memory import parse_size
 
         if not is_model_dir(file):
             if Path(file).is_dir() and not is_plan(file):  # a plan's directory goes on to tp_verify
@@ -41,10 +42,10 @@ def dir_verify(fn: Any) -> Any:
                                  "'tune --model' output (index.json) nor a tensor-parallel plan (plan.json)")
             return fn(file=file, seed=seed, target=target, backend=backend, sdk=sdk, as_json=as_json,
                       max_memory=max_memory)
-        if backend != "interpreter" or target or sdk or max_memory:
+        if backend != "interpreter" or target or sdk:
             raise InputError("verify of a directory runs nmmc's interpreter on each file's own target; drop "
-                             "--backend/--target/--sdk/--max-memory")
-        report = verify_dir(file, seed=seed)
+                             "--backend/--target/--sdk")
+        report = verify_dir(file, seed=seed, max_memory=parse_size(max_memory) if max_memory else None)
         if as_json:
             click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
         else:

@@ -29,13 +29,13 @@ from ..driver import Compiled
 from ..errors import InputError
 from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import MlpWorkload, mlp_workload
-from ..io import check_output_dir, write_text_atomic
+from ..io import check_output_dir, write_dir_atomic
 from ..model_tuning import ModelSource, sdk_range
 from ..search import DEFAULT_TRIALS
 from ..speedups import launch_dict
 from ..targets import Target
 from .groups import ExportGroup, export_groups, tensor_source
-from .manifest import FORMAT, SCHEMA_FILE, VERSION, schema_text
+from .manifest import FORMAT, MANIFEST_NAME, SCHEMA_FILE, VERSION, is_export, schema_text
 
 #: The runtime modules copied into every package (export/runtime/).
 RUNTIME_FILES = ("__init__.py", "backend.py", "layers.py", "weights.py", "fp8.py", "module.py", "patch.py",
@@ -83,11 +83,18 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
     workload (default: tuned with the request's search settings, answered from the result cache when it can be);
     nothing is written before every bucket compiled."""
     out = check_output_dir(out_dir)
+    if out.is_dir() and any(out.iterdir()) and not is_export(out):
+        raise InputError(f"{str(out_dir)!r} exists and is neither empty nor an nmmc export package; name a new or "
+                         "empty directory (an existing package is replaced as a whole)")
     activation = activation_dtype(request)
     source, factors_dir, groups = export_groups(request.model, request.keep_ratio, request.dense, request.dtype,
                                                 activation)
     if not request.buckets:
         raise InputError("--tokens needs at least one bucket")
+    if request.tp > 1 and source.config.intermediate_size % request.tp:
+        raise InputError(f"--tp {request.tp} does not divide the intermediate size {source.config.intermediate_size}: "
+                         "the ranks would get unequal slices and so different kernels, which the one graph every "
+                         "rank runs (vLLM Neuron, NxD Inference) cannot hold; pick a --tp that divides it")
     if kernel_fn is None:
         from ..tensor_parallel.commands import tuned_kernels
 
@@ -118,10 +125,8 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
     for name in RUNTIME_FILES:
         files[name] = (runtime / name).read_text(encoding="utf-8")
     files[SCHEMA_FILE] = schema_text()
-    for relative, text in sorted(files.items()):
-        (out / relative).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / relative, text)
-    write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")  # last: a complete package
+    files[MANIFEST_NAME] = json.dumps(manifest, indent=2) + "\n"
+    write_dir_atomic(out, files)  # a previous package in out is replaced as a whole, none of its files left
     commit = getattr(kernel_fn, "commit", None)
     if commit is not None:  # the searches go into the result cache only now: an interrupted export stores none
         commit()

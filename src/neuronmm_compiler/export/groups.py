@@ -30,6 +30,7 @@ from ..models import read_manifest
 from ..models.fp8_files import activation_scale_name, weight_scale_name
 from ..models.layer_groups import LayerGroup, manifest_groups
 from ..models.manifest import MANIFEST_FILE, U_NAME, V_NAME, W_NAME
+from ..models.weights import check_mlp_checkpoint
 
 __all__ = ["ExportGroup", "export_groups", "tensor_source"]
 
@@ -68,6 +69,8 @@ def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str 
                              dict(manifest.quality) if manifest.quality else None)
         return source, str(path.resolve()), groups
     source = resolve_model(path, keep_ratio, dense=dense or keep_ratio is None)
+    if path.is_dir():  # a checkpoint beside the config: its MLP tensors checked now, not first at patch time
+        check_mlp_checkpoint(path, source.config)
     # an SVD group's factors (FP8: with their scales) come from an 'nmmc compress' output at these ranks
     weights = dtype or activation
     layers = tuple(range(source.config.num_hidden_layers))

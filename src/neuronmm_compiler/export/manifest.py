@@ -38,7 +38,9 @@ def is_export(path: str | Path) -> bool:
         return False
     try:
         return json.loads(p.read_text(encoding="utf-8")).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
+    except (UnicodeDecodeError, ValueError):
+        return True  # a damaged manifest: read_export says so, rather than "not a package"
+    except (OSError, AttributeError):
         return False
 
 
@@ -55,7 +57,8 @@ def read_export(path: str | Path) -> tuple[dict[str, Any], Path]:
     except OSError as exc:
         raise InputError(f"cannot read export manifest {str(p)!r}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{p}: not an export manifest (not UTF-8 JSON: {exc})") from None
+        raise InputError(f"{p}: damaged export package: manifest.json is not valid UTF-8 JSON ({exc}; truncated or "
+                         "edited?); export the package again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise InputError(f"{p}: not an nmmc export manifest (no \"format\": \"{FORMAT}\")")
     if manifest.get("version") != VERSION:
@@ -64,11 +67,17 @@ def read_export(path: str | Path) -> tuple[dict[str, Any], Path]:
     root = p.parent.resolve()
     try:
         for bucket in (b for group in manifest["groups"].values() for b in group["buckets"]):
+            if bucket.get("plan") is not None and not (root / bucket["plan"]).is_file():
+                raise InputError(f"{p.parent}: damaged export package: plan {bucket['plan']} (bucket "
+                                 f"{bucket['tokens']}) is missing; export the package again")
             for key, kernel in bucket["kernels"].items():
                 file = (root / kernel["file"]).resolve()
                 if root not in file.parents or file.suffix != ".py":
                     raise InputError(f"{p}: kernel {key!r} of bucket {bucket['tokens']} names {kernel['file']!r}, "
                                      "not a .py file inside the package")
+                if not file.is_file():
+                    raise InputError(f"{p.parent}: damaged export package: kernel file {kernel['file']} (bucket "
+                                     f"{bucket['tokens']}, kernel {key!r}) is missing; export the package again")
     except (KeyError, TypeError) as exc:
         raise InputError(f"{p}: malformed export manifest: {exc!r}") from None
     return manifest, p.parent

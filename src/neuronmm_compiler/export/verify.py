@@ -7,6 +7,7 @@ file's own."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,10 +60,11 @@ def is_model_dir(path: str | Path) -> bool:
     return index.name == INDEX_NAME and index.is_file()
 
 
-def verify_dir(path: str | Path, seed: int = 0) -> DirReport:
-    """Verify an export package or a ``tune --model`` directory (see the module docstring)."""
+def verify_dir(path: str | Path, seed: int = 0, max_memory: int | None = None) -> DirReport:
+    """Verify an export package or a ``tune --model`` directory (see the module docstring); ``max_memory`` (bytes)
+    refuses, before anything runs, a directory one of whose kernel files or plans is estimated to need more."""
     if is_export(path):
-        return verify_export(path, seed)
+        return verify_export(path, seed, max_memory)
     p = Path(path)
     index_path = p / INDEX_NAME if p.is_dir() else p
     try:
@@ -74,25 +76,33 @@ def verify_dir(path: str | Path, seed: int = 0) -> DirReport:
     report = DirReport("tune --model")
     for bucket in buckets:
         if "plan" in bucket:
-            report.items.append(_plan(root, bucket["plan"], seed))
+            report.items.append(_plan(root, bucket["plan"], seed, max_memory))
             continue
         for name in dict.fromkeys((bucket["file"], bucket.get("recommended_file", bucket["file"]))):
             if name:  # none where nki-library's MLP is recommended
-                report.items.append(_kernel(root, name, seed))
+                report.items.append(_kernel(root, name, seed, max_memory))
     return report
 
 
-def verify_export(path: str | Path, seed: int = 0) -> DirReport:
+def verify_export(path: str | Path, seed: int = 0, max_memory: int | None = None) -> DirReport:
     """Verify every kernel (tp 1) or plan (tp > 1) of an export package, and its manifest against the files."""
     manifest, root = read_export(path)
+    if max_memory is not None:  # every file's estimate first: refuse the directory before anything runs
+        for group in manifest["groups"].values():
+            for bucket in group["buckets"]:
+                if bucket["plan"] is not None:
+                    _plan_memory(root / bucket["plan"], max_memory)
+                else:
+                    for kernel in bucket["kernels"].values():
+                        _kernel_memory(root / kernel["file"], max_memory)
     report = DirReport("export")
     for name, group in manifest["groups"].items():
         for bucket in group["buckets"]:
             if bucket["plan"] is not None:
-                report.items.append(_plan(root, bucket["plan"], seed))
+                report.items.append(_plan(root, bucket["plan"], seed, max_memory))
             else:
                 for kernel in bucket["kernels"].values():
-                    report.items.append(_kernel(root, kernel["file"], seed))
+                    report.items.append(_kernel(root, kernel["file"], seed, max_memory))
             for key, kernel in bucket["kernels"].items():
                 mismatch = _manifest_mismatch(root, kernel)
                 if mismatch:
@@ -119,11 +129,32 @@ def group_problems(manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _kernel(root: Path, name: str, seed: int) -> Item:
+def _kernel_memory(path: Path, max_memory: int) -> None:
+    """InputError when verifying the kernel file at ``path`` would need more than ``max_memory`` bytes."""
+    from ..codegen import read_metadata
+    from ..ir import parse_text
+    from ..verification import read_kernel_file
+    from ..verification.memory import check_memory
+
+    meta = read_metadata(read_kernel_file(path))
+    if meta is not None:
+        check_memory(str(path), meta, parse_text(meta.graph), max_memory)
+
+
+def _plan_memory(path: Path, max_memory: int) -> None:
+    from ..tensor_parallel.plan import read_plan
+    from ..verification.memory import check_plan_memory
+
+    plan, _ = read_plan(path)
+    check_plan_memory(str(path), sum(math.prod(t["shape"]) for t in plan["tensors"].values()), len(plan["ranks"]),
+                      max_memory)
+
+
+def _kernel(root: Path, name: str, seed: int, max_memory: int | None = None) -> Item:
     from ..verification import verify_file
 
     try:
-        result = verify_file(root / name, seed=seed, rules=True)
+        result = verify_file(root / name, seed=seed, rules=True, max_memory=max_memory)
     except InputError as exc:
         return Item(name, False, error=str(exc))
     error = result.error or ("; ".join(f"{v.rule} (line {v.line})" for v in result.violations)
@@ -131,11 +162,11 @@ def _kernel(root: Path, name: str, seed: int) -> Item:
     return Item(name, result.ok, result.rel_error, None if result.ok else error or "failed")
 
 
-def _plan(root: Path, name: str, seed: int) -> Item:
+def _plan(root: Path, name: str, seed: int, max_memory: int | None = None) -> Item:
     from ..tensor_parallel.verify import verify_plan
 
     try:
-        result = verify_plan(root / name, seed=seed)
+        result = verify_plan(root / name, seed=seed, max_memory=max_memory)
     except InputError as exc:
         return Item(name, False, error=str(exc))
     return Item(name, result.ok, result.rel_error, result.error)

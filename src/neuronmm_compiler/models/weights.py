@@ -27,10 +27,12 @@ from safetensors.numpy import save_file
 
 from ..errors import InputError
 from ..io import atomic_path
+from .config import ModelConfig
 
 __all__ = [
     "WeightReader",
     "bf16_to_f32",
+    "check_mlp_checkpoint",
     "read_raw_tensor",
     "valid_tensor_file",
     "write_tensor_file",
@@ -174,6 +176,31 @@ class WeightReader:
                 raise InputError(f"{path}: cannot read tensor {name!r}: {exc}") from None
             return read_raw_tensor(path, name)
         return np.ascontiguousarray(array.astype(np.float32, copy=False))
+
+
+def check_mlp_checkpoint(model_dir: str | Path, config: ModelConfig) -> bool:
+    """Check, without reading tensor data, that a model directory's checkpoint holds every MLP weight of ``config``
+    (each layer's gate, up and down projection) with the shape the config implies (Hugging Face's ``[out, in]``) and
+    a dtype nmmc reads, in files safetensors opens (a truncated file does not: its header must cover the file
+    exactly). False when the directory holds no checkpoint (a config alone: the weights come later); InputError,
+    naming the file and the tensor, for anything else."""
+    from .config import mlp_weight_names, projection_shape
+
+    directory = Path(model_dir)
+    if not ((directory / SINGLE_FILE).is_file() or (directory / INDEX_FILE).is_file()):
+        return False
+    reader = WeightReader(directory)
+    for layer in range(config.num_hidden_layers):
+        for projection, name in mlp_weight_names(config, layer).items():
+            dtype, stored = reader.info(name)
+            expected = tuple(reversed(projection_shape(config, projection)))
+            if stored != expected:
+                raise InputError(f"{reader.file_of(name)}: tensor {name!r} has shape {list(stored)}; the config "
+                                 f"implies {list(expected)}")
+            if dtype not in _READABLE:
+                raise InputError(f"{reader.file_of(name)}: tensor {name!r} has dtype {dtype}; nmmc reads "
+                                 f"{', '.join(_READABLE)}")
+    return True
 
 
 def valid_tensor_file(path: str | Path, expected: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, str] | None:

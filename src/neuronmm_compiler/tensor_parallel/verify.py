@@ -165,11 +165,21 @@ def _combined_graph(plan: dict[str, Any], workloads: dict[str, Any]) -> tuple[Gr
     return graph, bindings
 
 
-def verify_plan(path: str | Path | None, *, seed: int = 0) -> TpVerifyReport:
-    """Verify the plan at ``path`` (plan.json or its directory); see the module docstring."""
+def verify_plan(path: str | Path | None, *, seed: int = 0, max_memory: int | None = None) -> TpVerifyReport:
+    """Verify the plan at ``path`` (plan.json or its directory); see the module docstring. ``max_memory`` (bytes)
+    refuses, before anything runs, a plan estimated to need more (:func:`..verification.memory.plan_bytes`)."""
     if path is None:
         raise InputError("verify of a tensor-parallel plan needs the plan's path")
     plan, directory = read_plan(path)
+    if max_memory is not None:
+        from ..verification.memory import check_plan_memory
+
+        try:
+            elements = sum(int(np.prod(entry["shape"])) for entry in plan["tensors"].values())
+            ranks = len(plan["ranks"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"{path}: malformed plan ({exc})") from None
+        check_plan_memory(str(path), elements, ranks, max_memory)
     try:
         workload = workload_from_dict(plan["workload"])
         workloads = {key: workload_from_dict(entry["workload"]) for key, entry in plan["kernels"].items()}

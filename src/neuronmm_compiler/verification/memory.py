@@ -65,5 +65,24 @@ def check_memory(filename: str, meta: KernelMetadata, graph: Graph, max_memory: 
                          "on a machine with more memory")
 
 
+def plan_bytes(tensor_elements: int, ranks: int) -> int:
+    """The estimated peak memory of verifying a tensor-parallel plan whose tensors hold ``tensor_elements`` values
+    in all: the float32 draws, every rank's copy of them and of what its kernels write (at most 4 bytes each, doubled
+    for the interpreter's copies and written-masks as for one file), and the float64 reference of the unsharded
+    computation with its variance (16 bytes per value). An upper bound in the spirit of :func:`verify_bytes`."""
+    return BASE_BYTES + tensor_elements * (4 + 2 * 4 * ranks + 16)
+
+
+def check_plan_memory(filename: str, tensor_elements: int, ranks: int, max_memory: int | None) -> None:
+    """InputError when verifying a plan would take more than ``max_memory`` bytes (None: no limit)."""
+    if max_memory is None:
+        return
+    need = plan_bytes(tensor_elements, ranks)
+    if need > max_memory:
+        raise InputError(f"{filename}: verifying it needs about {_mib(need)} (every rank's tensors and the float64 "
+                         f"reference), more than --max-memory {_mib(max_memory)}; raise --max-memory or verify "
+                         "on a machine with more memory")
+
+
 def _mib(nbytes: int) -> str:
     return f"{math.ceil(nbytes / 2**20)} MiB"

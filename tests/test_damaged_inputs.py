@@ -1,0 +1,148 @@
+"""Damaged or odd packages and inputs end in one line (exit 2 for a user error, 1 for a failed check) with nothing
+half-written: a kernel file deleted from an export package, a truncated manifest or checkpoint, an uneven --tp, a
+token bucket no serving stack runs, --max-memory on a directory, and a second export into the same directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from safetensors.numpy import save_file
+
+from neuronmm_compiler.cli import main
+
+CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
+          "torch_dtype": "bfloat16"}
+
+
+def _checkpoint(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(CONFIG))
+    rng = np.random.default_rng(0)
+    h, i = CONFIG["hidden_size"], CONFIG["intermediate_size"]
+    save_file({"model.layers.0.mlp.gate_proj.weight": rng.standard_normal((i, h), dtype=np.float32),
+               "model.layers.0.mlp.up_proj.weight": rng.standard_normal((i, h), dtype=np.float32),
+               "model.layers.0.mlp.down_proj.weight": rng.standard_normal((h, i), dtype=np.float32)},
+              str(directory / "model.safetensors"))
+    return directory
+
+
+def _nmmc(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _one_line(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("damaged")
+    model = _checkpoint(root / "model")
+    out = root / "pkg"
+    result = _nmmc("export", str(model), "--tokens", "1", "--trials", "8", "--no-cache", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_verify_of_a_package_with_a_kernel_file_deleted_says_it_is_damaged(package, tmp_path):
+    damaged = tmp_path / "pkg"
+    shutil.copytree(package, damaged)
+    kernel = next(damaged.glob("kernels/*/t1/mlp.py"))
+    kernel.unlink()
+    result = _nmmc("verify", str(damaged))
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert "damaged export package" in line and "mlp.py" in line and "missing" in line
+
+
+def test_verify_of_a_truncated_manifest_says_it_is_damaged_not_that_it_is_no_package(package, tmp_path):
+    damaged = tmp_path / "pkg"
+    shutil.copytree(package, damaged)
+    text = (damaged / "manifest.json").read_text()
+    (damaged / "manifest.json").write_text(text[: len(text) // 3])
+    result = _nmmc("verify", str(damaged))
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert "damaged export package: manifest.json is not valid UTF-8 JSON" in line
+
+
+def test_verify_takes_max_memory_for_a_directory(package):
+    refused = _nmmc("verify", str(package), "--max-memory", "1M")
+    assert refused.exit_code == 2
+    assert "more than --max-memory 1 MiB" in _one_line(refused)
+    assert _nmmc("verify", str(package), "--max-memory", "2G").exit_code == 0
+
+
+def test_a_truncated_checkpoint_is_refused_at_export(tmp_path):
+    model = _checkpoint(tmp_path / "model")
+    data = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(data[: len(data) - 1000])
+    out = tmp_path / "pkg"
+    result = _nmmc("export", str(model), "--tokens", "1", "-o", str(out))
+    assert result.exit_code == 2
+    assert "not a readable safetensors file" in _one_line(result)
+    assert not out.exists()
+
+
+def test_a_checkpoint_tensor_of_the_wrong_shape_is_refused_at_export(tmp_path):
+    model = _checkpoint(tmp_path / "model")
+    rng = np.random.default_rng(1)
+    save_file({"model.layers.0.mlp.gate_proj.weight": rng.standard_normal((256, 128), dtype=np.float32),
+               "model.layers.0.mlp.up_proj.weight": rng.standard_normal((128, 256), dtype=np.float32),
+               "model.layers.0.mlp.down_proj.weight": rng.standard_normal((128, 256), dtype=np.float32)},
+              str(model / "model.safetensors"))
+    result = _nmmc("export", str(model), "--tokens", "1", "-o", str(tmp_path / "pkg"))
+    assert result.exit_code == 2
+    assert "'model.layers.0.mlp.up_proj.weight' has shape [128, 256]; the config implies [256, 128]" in \
+        _one_line(result)
+
+
+def test_an_uneven_tp_is_refused_before_any_work(tmp_path):
+    result = _nmmc("export", str(_checkpoint(tmp_path / "model")), "--tokens", "1", "--tp", "3",
+                   "-o", str(tmp_path / "pkg"))
+    assert result.exit_code == 2
+    assert "--tp 3 does not divide the intermediate size 256" in _one_line(result)
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.parametrize("command", ["export", "tune"])
+def test_a_bucket_beyond_the_limit_is_refused(tmp_path, command):
+    model = str(_checkpoint(tmp_path / "model"))
+    args = ["export", model, "--tokens", "10000000", "-o", str(tmp_path / "pkg")] if command == "export" else \
+        ["tune", "--model", model, "--dense", "--tokens", "1,10000000", "-o", str(tmp_path / "pkg")]
+    result = _nmmc(*args)
+    assert result.exit_code == 2
+    assert "token bucket 10000000 is above nmmc's limit of 65536" in _one_line(result)
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_a_second_export_replaces_the_package_as_a_whole(package, tmp_path):
+    out = tmp_path / "pkg"
+    shutil.copytree(package, out)
+    stale = out / "kernels" / "stale-group" / "t7" / "mlp.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("# a previous run's kernel\n")
+    model = _checkpoint(tmp_path / "model")
+    result = _nmmc("export", str(model), "--tokens", "1", "--trials", "8", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert not stale.exists()
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == sorted(p.relative_to(package)
+                                                                         for p in package.rglob("*"))
+    assert not list(tmp_path.glob(".pkg.*.tmp"))
+
+
+def test_export_into_a_directory_that_is_not_a_package_is_refused(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me\n")
+    result = _nmmc("export", str(_checkpoint(tmp_path / "model")), "--tokens", "1", "-o", str(out))
+    assert result.exit_code == 2
+    assert "neither empty nor an nmmc export package" in _one_line(result)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
