@@ -3,7 +3,7 @@ the manifest that says how to call them, and the runtime modules that do (docs/i
 
 The package directory::
 
-    __init__.py backend.py layers.py weights.py fp8.py module.py patch.py llama.py   the runtime (copied)
+    __init__.py backend.py layers.py weights.py fp8.py module.py ops.py patch.py llama.py   the runtime (copied)
     kernels/<group>/t<T>/mlp.py                                  --tp 1: the bucket's kernel file
     kernels/<group>/t<T>/<role>.py, kernels/<group>/t<T>/plan.json   --tp N: a kernel file per rank role, the plan
     manifest.json, manifest.schema.json                          written last
@@ -38,8 +38,8 @@ from .groups import ExportGroup, export_groups, tensor_source
 from .manifest import FORMAT, MANIFEST_NAME, SCHEMA_FILE, VERSION, is_export, schema_text
 
 #: The runtime modules copied into every package (export/runtime/).
-RUNTIME_FILES = ("__init__.py", "backend.py", "layers.py", "weights.py", "fp8.py", "module.py", "patch.py",
-                 "llama.py")
+RUNTIME_FILES = ("__init__.py", "backend.py", "layers.py", "weights.py", "fp8.py", "module.py", "ops.py",
+                 "patch.py", "llama.py")
 #: The tensor-parallel strategies an export takes: those whose every weight is a slice of the unsharded tensors
 #: (the factor-shard strategies need per-shard factorisations, which the runtime does not load yet); a strategy whose
 #: plan names a tensor of a rank's own (FP8 replicate-u/reduce-output's ``h_ud_scale.r<i>``) is skipped, saying why.

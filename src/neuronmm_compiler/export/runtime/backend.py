@@ -1,5 +1,6 @@
 """How this package runs a kernel file: through ``nki.jit`` on a Neuron device (the emitted file imported as it
-is, launched on the manifest's logical-core degree), or through nmmc's NumPy interpreter of NKI on the CPU.
+is, launched on the manifest's logical-core degree), or through nmmc's NumPy interpreter of NKI on the CPU. The
+model reaches both through the custom operators of :mod:`.ops`, whose implementations call :meth:`KernelRunner.run`.
 
 Part of a package written by ``nmmc export``; reads ``manifest.json`` beside it.
 """
@@ -15,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-#: The interpreter is not re-entrant across threads (tensor-parallel emulation runs ranks in threads): one kernel
-#: run at a time; the ranks interleave at their collectives only.
+#: The interpreter is not re-entrant across threads (a caller may run ranks or requests in threads): one kernel run
+#: at a time.
 _INTERPRETER = threading.Lock()
 #: The kernels' dtypes as torch dtypes. nmmc's ``float8_e4m3`` (IEEE-style, largest 240, NKI's ``nl.float8_e4m3``)
 #: is held in ``torch.float8_e4m3fn`` (largest 448): the two share every bit pattern of magnitude <= 240 and the
@@ -55,15 +56,6 @@ def from_numpy(array: np.ndarray) -> torch.Tensor:
     if array.dtype.name in _TORCH_DTYPES and array.dtype.name.startswith("float8"):
         return torch.from_numpy(array.view(np.uint8).copy()).view(torch_dtype(array.dtype.name))
     return torch.from_numpy(array.copy())
-
-
-def choose(backend: str, tensor: torch.Tensor) -> str:
-    """``auto``: ``neuron`` for a tensor on an XLA (Neuron) device, else ``interpreter``."""
-    if backend == "auto":
-        return "neuron" if tensor.device.type in ("xla", "neuron") else "interpreter"
-    if backend not in ("neuron", "interpreter"):
-        raise ValueError(f"unknown backend {backend!r}: auto, neuron or interpreter")
-    return backend
 
 
 class KernelRunner:
@@ -109,6 +101,10 @@ class KernelRunner:
         return {r["name"]: from_numpy(env[r["name"]]) for r in last}
 
     # -- Neuron device: nki.jit ---------------------------------------------------------------------------------
+    def preload(self, kernel: dict[str, Any]) -> None:
+        """Import ``kernel``'s file now (it imports AWS's ``nki``), so that a launch does not."""
+        self._module(kernel["file"])
+
     def _module(self, file: str) -> Any:
         if file not in self._modules:
             path = self.root / file

@@ -3,22 +3,23 @@ weights layer by layer.
 
 Which modules: every ``<...>.layers.<i>`` decoder layer whose ``mlp`` is a gated MLP this package was exported
 for: Hugging Face transformers' ``LlamaMLP``/``Qwen3MLP``/``Qwen2MLP`` (replaced by :class:`.module.NmmcMLP`,
-``forward(x) -> y``) and NxD Inference's ``NeuronLlamaMLP``, which its Llama and Qwen3 decoder layers use
-(replaced by :class:`.module.NeuronNmmcMLP`, ``forward(x, rmsnorm, residual, adapter_ids) -> (y, residual)``).
+``forward(x) -> y``; the module for TorchNeuron and CPU checks) and NxD Inference's ``NeuronLlamaMLP``, which its
+Llama and Qwen3 decoder layers use (replaced by :class:`.module.NeuronNmmcMLP`, ``forward(x, rmsnorm, residual,
+adapter_ids) -> (y, residual)``; legacy: NxD Inference is in maintenance for trn1/inf2 only since Neuron 2.34).
 The module is found by its class name and its ``hidden_size``/``intermediate_size``, so neither transformers nor
 NxD Inference is imported here.
 
-Tensor parallelism: on NxD Inference each rank's process patches its own model (``rank`` defaults to NxD's
-tensor-parallel rank, ``all_reduce`` to its ``reduce_from_tensor_model_parallel_region``). On the CPU,
-``emulate_tp=True`` puts all ranks in one process: each layer's MLP becomes :class:`EmulatedGroup`, which runs
-every rank's module in its own thread and all-reduces their partial outputs between them.
+Tensor parallelism: each rank's process patches its own model (``rank`` defaults to NxD's tensor-parallel rank
+when neuronx-distributed is initialized, else torch.distributed's rank; ``all_reduce`` to
+:func:`.module.default_all_reduce`). On the CPU, ``emulate_tp=True`` puts all ranks in one process: each layer's
+MLP becomes :class:`EmulatedGroup`, which runs every rank's kernels one rank after the other up to each
+collective and sums their partial outputs there (no threads, so it traces under ``torch.compile`` too).
 
 Part of a package written by ``nmmc export``.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,57 +33,33 @@ from .weights import TensorSource, layer_arguments, layer_group
 
 
 def tp_rank() -> int:
-    """NxD's tensor-parallel rank of this process (0 without neuronx-distributed or outside a parallel group)."""
+    """This process's tensor-parallel rank: NxD's when neuronx-distributed's parallel state is initialized (legacy
+    NxD Inference), else torch.distributed's rank when it is initialized, else 0."""
     try:
         from neuronx_distributed.parallel_layers import parallel_state
     except ImportError:
-        return 0
-    return parallel_state.get_tensor_model_parallel_rank() if parallel_state.model_parallel_is_initialized() else 0
+        pass
+    else:
+        if parallel_state.model_parallel_is_initialized():
+            return parallel_state.get_tensor_model_parallel_rank()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
 
 
 class EmulatedGroup(nn.Module):
-    """All tensor-parallel ranks of one MLP in one process (a CPU check): ``forward`` runs each rank's module in
-    its own thread; their all-reduces meet at a barrier and sum the partial outputs (in float32, rounded to the
-    partials' dtype, as a bf16 all-reduce delivers them); every rank ends with the same output."""
+    """All tensor-parallel ranks of one MLP in one process (a CPU check): ``forward`` runs every rank's kernels,
+    rank after rank, up to each collective, where the partial outputs are summed (in float32, rounded to the
+    partials' dtype, as a bf16 all-reduce delivers them) and every rank continues with the sum. The first rank's
+    module does the work (its ``peers`` are all ranks); the others hold their weights."""
 
     def __init__(self, ranks: list[NmmcMLP]) -> None:
         super().__init__()
         self.ranks = nn.ModuleList(ranks)
-        self._barrier = threading.Barrier(len(ranks))
-        self._parts: dict[int, torch.Tensor] = {}
-        self._local = threading.local()
-        for module in ranks:
-            module.all_reduce = self._all_reduce
-
-    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        rank = self._local.rank
-        self._parts[rank] = tensor
-        self._barrier.wait()
-        total = sum(self._parts[r].float() for r in range(len(self.ranks)))
-        self._barrier.wait()  # every rank has read every part before the next collective overwrites them
-        return total.to(tensor.dtype)
+        ranks[0].peers = tuple(ranks)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        results: list[Any] = [None] * len(self.ranks)
-        errors: list[BaseException] = []
-
-        def run(rank: int) -> None:
-            self._local.rank = rank
-            try:
-                results[rank] = self.ranks[rank](*args, **kwargs)
-            except BaseException as exc:
-                errors.append(exc)
-                self._barrier.abort()
-
-        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(len(self.ranks))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        self._barrier.reset()
-        if errors:
-            raise errors[0]
-        return results[0]
+        return self.ranks[0](*args, **kwargs)
 
 
 def patch_model(model: nn.Module, weights: str | Path, *, manifest: dict[str, Any], root: Path,
