@@ -146,3 +146,15 @@ def test_export_into_a_directory_that_is_not_a_package_is_refused(tmp_path):
     assert result.exit_code == 2
     assert "neither empty nor an nmmc export package" in _one_line(result)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("param", ["k_tiles_per_block", "row_k_tiles"])
+def test_a_contraction_block_beyond_the_contraction_is_refused(tmp_path, param):
+    """A block of 100000 contraction tiles was accepted and silently taken as the whole contraction."""
+    out = tmp_path / "k.py"
+    result = _nmmc("emit", "--mlp", "--tokens", "128", "--hidden", "512", "--intermediate", "1024", "--dense",
+                   "--param", f"{param}=100000", "-o", str(out))
+    assert result.exit_code == 2
+    assert f"{param}=100000 exceeds this workload's longest contraction, 8 tiles of 128 rows (1024)" in \
+        _one_line(result)
+    assert not out.exists()

@@ -140,6 +140,24 @@ def late_forms(schedule: FusedSchedule) -> list[FusedSchedule]:
     return forms[1:]
 
 
+#: The schedule parameters that count contraction tiles per weight block (0: all of them).
+_CONTRACTION_BLOCK_PARAMS = ("k_tiles_per_block", "row_k_tiles")
+
+
+def _check_contraction_blocks(workload: Workload, params: Mapping[str, str | int], target: Target) -> None:
+    """ScheduleError when a ``--param`` block of contraction tiles is larger than the workload's longest contraction:
+    the lowering would take the whole contraction, so the value the user wrote is not the one the kernel uses.
+    Only values the user gave are checked (the search samples within the workload's own lists)."""
+    graph = workload.graph()
+    longest = max(graph.node(n.operands[0]).shape[-1] for n in graph.nodes() if n.kind == NodeKind.MATMUL)
+    tiles = -(-longest // target.pmax)
+    for name in _CONTRACTION_BLOCK_PARAMS:
+        value = params.get(name)
+        if value is not None and int(value) > tiles:
+            raise ScheduleError(f"{name}={value} exceeds this workload's longest contraction, {tiles} tiles of "
+                                f"{target.pmax} rows ({longest}); give 1..{tiles}, or 0 for all of them")
+
+
 class FusedLowering(Lowering):
     kind: ClassVar[str] = "fused"
     schedule_class: ClassVar[type] = FusedSchedule
@@ -163,6 +181,7 @@ class FusedLowering(Lowering):
             base = base.with_params(transpose_choice("x_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
+        _check_contraction_blocks(workload, params, target)
         if has_prologue(workload) and dialect != Dialect.NKI:
             raise ScheduleError("the norm prologue (--fuse-norm, a graph's rmsnorm/layernorm) uses nisa.activation_"
                                 "reduce, bn_stats, bn_aggr and tensor_scalar as the nki dialect (NKI 0.3+) spells "
