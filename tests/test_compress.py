@@ -479,7 +479,9 @@ def test_a_nan_weight_is_one_line_naming_the_tensor(tmp_path):
     result = CliRunner().invoke(main, ["compress", str(model), "--keep-ratio", "0.5", "-o", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
     assert "model.layers.1.mlp.up_proj.weight" in result.stderr and "NaN" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    *before, error = result.stderr.strip().splitlines()  # the error is one line; before it only the planned ranks
+    assert error.startswith("nmmc: error: ") and "NaN" in error
+    assert [line.split(":")[1] for line in before] == [" note"] and "0.667 of the MLP parameters kept" in before[0]
 
 
 @pytest.mark.parametrize(("field", "value"), [("num_hidden_layers", 1_000_000_000), ("hidden_size", 2**40)])

@@ -186,3 +186,23 @@ def test_choose_ranks_fp8_with_tokens_records_predicted_latencies(tiny, monkeypa
     assert result.measured_choice.candidates == [] and any("no candidate is predicted faster" in w
                                                            for w in result.warnings)
     assert read_manifest(root / "latency").rank_choice["cost"]["unit"] == cost["unit"]
+
+
+def test_keep_ratio_one_with_fp8_writes_dense_fp8_layers_and_says_so_first(tiny):
+    """Keeping every parameter and quantizing to FP8 asks for dense FP8 layers: the parameter-equal rank (rounded
+    down to the block) used to write lossy rank-r factors instead. The note comes before the work starts."""
+    model_dir, cal, _, root = tiny
+    out = root / "dense-fp8"
+    run = CliRunner().invoke(main, ["compress", str(model_dir), "--keep-ratio", "1.0", "--dtype", "fp8",
+                                    "--calibration", str(cal), "--sequence-length", "64", "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    first = next(line for line in run.output.splitlines() if line.strip())
+    assert first == ("nmmc: note: --keep-ratio 1.0 keeps every MLP weight dense in FP8: no factorization (the "
+                     "parameter-equal rank would keep less)")
+    manifest = read_manifest(out)
+    assert manifest.layer_formats() == ["float8_e4m3"] * 2
+    raw = json.loads((out / "manifest.json").read_text())
+    assert all(entry["svd_method"] == "dense" and entry["params_after"] == entry["params_before"]
+               for layer in raw["layers"] for entry in layer["projections"].values())
+    with safe_open(str(out / "layer_000.safetensors"), framework="np") as h:
+        assert str(h.get_slice("model.layers.0.mlp.gate_proj.w").get_dtype()) == "F8_E4M3"

@@ -108,7 +108,9 @@ def spread_note(quality: Mapping) -> str:
     note = f"; its {len(each)} sequences {min(each):+.1%} to {max(each):+.1%}" if len(each) >= 2 else ""
     share = quality.get(WORST_KEY)
     if share is not None:
-        note += f"; {WORST_FRACTION:.0%} of its tokens carry {share:.0%} of the rise"
+        # a share above 100% means the other tokens' losses fell: say so, or the number reads as impossible
+        offset = "; the other tokens improved, offsetting the rest" if share > 1 else ""
+        note += f"; {WORST_FRACTION:.0%} of its tokens carry {share:.0%} of the rise{offset}"
     return note
 
 

@@ -263,6 +263,46 @@ def ppl_fraction(value: float) -> float:
     return value / 100.0 if value > 1 else value
 
 
+def keeps_everything(request: CompressRequest) -> bool:
+    """Whether the request keeps every MLP parameter: ``--keep-ratio 1.0`` with no per-projection ranks and no rank
+    choice. Such a compression writes dense layers (FP8 ones with ``--dtype fp8``): the parameter-equal block-aligned
+    rank is below full rank (a [k, n] weight's rank-r factors hold r (k + n) values), so factoring would lose what
+    the user asked to keep."""
+    return (request.keep_ratio >= 1.0 and not request.ranks and not request.choose_ranks
+            and request.target_speedup is None)
+
+
+def planned_note(request: CompressRequest) -> str | None:
+    """What the keep ratio turns into, said before the work starts when it is not what was asked: every layer dense
+    (:func:`keeps_everything`), or block-aligned ranks whose kept fraction differs from the requested ratio by more
+    than half a percent (rounded to multiples of ``--align``). None when the ranks are the user's or chosen."""
+    from .config import projection_shape
+
+    if keeps_everything(request):
+        return ("--keep-ratio 1.0 keeps every MLP weight dense" + (" in FP8" if fp8_format(request.dtype) else "")
+                + ": no factorization (the parameter-equal rank would keep less)")
+    if request.ranks or request.choose_ranks or request.target_speedup is not None:
+        return None
+    config = read_config(request.model_dir)
+    ranks = plan_ranks(config, request.keep_ratio, request.align)
+    shapes = {p: projection_shape(config, p) for p in ranks}
+    kept = sum(r * sum(shapes[p]) for p, r in ranks.items()) / sum(k * n for k, n in shapes.values())
+    if abs(kept - request.keep_ratio) <= 0.005:
+        return None
+    return (f"--keep-ratio {request.keep_ratio} gives ranks gate {ranks['gate']}, up {ranks['up']}, down "
+            f"{ranks['down']}: {kept:.3f} of the MLP parameters kept (ranks are multiples of --align {request.align})")
+
+
+def rise_advice(request: CompressRequest) -> str:
+    """What to try when perplexity rose over the budget, leaving out what this run already did."""
+    options = ["keep more rank", "calibrate on broader text"]
+    if request.heal == "none":
+        options.append("heal (--heal closed-form|finetune)")
+    elif request.heal != "finetune":
+        options.append("heal by fine-tuning (--heal finetune)")
+    return ", ".join(options[:-1]) + " or " + options[-1]
+
+
 def run_compress(request: CompressRequest, *, progress: StageProgress | None = None) -> CompressResult:
     """Compress as ``request`` says (see the module docstring); return the manifest and warnings."""
     with threadpool_limits(limits=request.threads, user_api="blas"):  # None: the BLAS library's default
@@ -301,7 +341,11 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None) -> C
     if not Path(request.model_dir).is_dir():  # reported before any work, as compress_model words it
         raise InputError(f"model directory not found: {request.model_dir} (it must hold config.json and safetensors "
                          "weights)")
-    read_config(request.model_dir)
+    config = read_config(request.model_dir)
+    keep_all = keeps_everything(request)
+    if keep_all and (request.heal != "none" or request.tp > 1):
+        raise InputError("--keep-ratio 1.0 keeps every MLP weight dense (FP8 with --dtype fp8): there are no factors "
+                         "to " + ("heal; drop --heal" if request.heal != "none" else "shard; drop --tp"))
     budget = ppl_fraction(request.max_ppl_increase)
     loaded: list[Any] = []
 
@@ -339,6 +383,8 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None) -> C
     elif request.choose_ranks or request.target_speedup is not None:
         layer_ranks, record, front, point = _choose_ranks(request, calibration, calibration_ids, model(), progress)
         warnings += [BUDGET_NOT_APPLIED] if request.target_speedup is None else []
+    if keep_all:  # every layer dense: the parameter-equal rank would lose what the user asked to keep
+        layer_ranks = [dict.fromkeys(("gate", "up", "down")) for _ in range(config.num_hidden_layers)]
     shard_blocks: dict | None = {} if request.tp > 1 and calibration is not None else None
     build = partial(build_model, request, model() if calibrated else None, calibration, calibration_ids, fmt=fmt,
                     progress=progress, shard_out=shard_blocks)
@@ -370,16 +416,18 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None) -> C
     kept = manifest.kept_fraction
     if layer_ranks is None and (kept > 1.0 or abs(kept - request.keep_ratio) > 0.05):
         more = " -- more than the dense weights" if kept > 1.0 else ""
+        why = ("the ranks given with --rank-gate/--rank-up/--rank-down" if request.ranks else
+               f"ranks are rounded to multiples of --align {request.align}")
         warnings.append(f"kept fraction {kept:.3f} of the MLP parameters{more}, requested keep ratio "
-                        f"{request.keep_ratio}: ranks are rounded to multiples of --align {request.align}")
+                        f"{request.keep_ratio}: {why}")
     if eval_sets:
         if quality is None:
             quality = _measure(model(), eval_sets, compressed_mlp(request.out_dir, manifest), request, progress)
         if quality["perplexity_increase"] > budget:
             warnings.append(f"PERPLEXITY ROSE {quality['perplexity_increase']:+.1%} "
                             f"({quality['perplexity_original']:.2f} -> {quality['perplexity_compressed']:.2f}), over "
-                            f"--max-ppl-increase {budget:.0%}: this compressed model is measurably worse; keep more "
-                            "rank, calibrate on broader text, or heal (--heal closed-form|finetune)")
+                            f"--max-ppl-increase {budget:.0%}: this compressed model is measurably worse; "
+                            + rise_advice(request))
     if request.tp > 1:
         sharded = _write_shards(request, model, calibration, layer_ranks, shard_blocks, eval_sets, progress)
         if sharded is not None:

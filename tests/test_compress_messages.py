@@ -1,0 +1,38 @@
+"""What ``nmmc compress`` says about its result must not mislead: the advice after a perplexity rise leaves out what
+the run already did, a kept fraction off the requested ratio is blamed on its real cause, and a worst-tokens share
+above 100% says that the other tokens improved."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuronmm_compiler.models.quality import WORST_KEY, spread_note
+from neuronmm_compiler.models.workflow import CompressRequest, keeps_everything, rise_advice
+
+
+def _request(**fields) -> CompressRequest:
+    return CompressRequest(model_dir="m", out_dir="o", keep_ratio=fields.pop("keep_ratio", 0.8), **fields)
+
+
+@pytest.mark.parametrize(("heal", "advised", "not_advised"), [
+    ("none", "heal (--heal closed-form|finetune)", None),
+    ("closed-form", "heal by fine-tuning (--heal finetune)", "closed-form|finetune"),
+    ("finetune", "keep more rank or calibrate on broader text", "heal"),
+])
+def test_the_advice_after_a_rise_leaves_out_what_the_run_did(heal, advised, not_advised):
+    advice = rise_advice(_request(heal=heal))
+    assert advised in advice
+    if not_advised:
+        assert not_advised not in advice
+
+
+def test_a_share_above_all_of_the_rise_says_the_other_tokens_improved():
+    assert "the other tokens improved" in spread_note({WORST_KEY: 1.45})
+    assert "improved" not in spread_note({WORST_KEY: 0.6})
+
+
+def test_only_keep_ratio_one_without_ranks_or_choice_keeps_everything():
+    assert keeps_everything(_request(keep_ratio=1.0))
+    assert not keeps_everything(_request(keep_ratio=0.99))
+    assert not keeps_everything(_request(keep_ratio=1.0, ranks={"down": 128}))
+    assert not keeps_everything(_request(keep_ratio=1.0, choose_ranks=True))
