@@ -315,6 +315,10 @@ def test_fp8_svd_export_at_tp2_reduces_the_rank_and_matches_the_emulation(tiny, 
     tensors = manifest["groups"]["svd-fp8-r128-128-128"]["tensors"]
     assert tensors["h_ud_scale"]["name"] == "model.layers.{layer}.mlp.h_ud_scale"
     pkg = _import(out)
+    # the all-reduce sits between the rank kernel and down_v: a router owning only a final all-reduce cannot run it
+    assert not any(pkg.ops.routable("svd-fp8-r128-128-128", tokens, rank) for tokens in (3, 16) for rank in (0, 1))
+    with pytest.raises(ValueError, match="routable"):
+        pkg.ops.run_rank("svd-fp8-r128-128-128", 3, 0, torch.zeros(3, CONFIG["hidden_size"]), {})
     patched = LlamaForCausalLM.from_pretrained(directory)
     assert pkg.patch(patched, factors, emulate_tp=True, backend="interpreter") == [0, 1]
     ranks = {p: 128 for p in ("gate", "up", "down")}
