@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,37 @@ def test_run_rank_partials_sum_to_the_module_output(packages, tmp_path):
         assert torch.equal(total, module(x))
     with pytest.raises(ValueError, match=r"w_down is \(256, 320\)"):
         pkg.ops.run_rank(group, 5, 0, x[:5], {**by_name, "w_down": by_name["w_gate"]})
+
+
+def test_nki_op_registration_with_a_stand_in(packages, tmp_path, monkeypatch):
+    """Where torch_neuronx imports, each kernel is registered with its nki_op (here a stand-in holding to the
+    documented contract: it wraps torch.library.custom_op and its body is the fake implementation; torch-neuronx is
+    not installable here, so the real one is not run): the nki_op operator is the one the model calls, and CPU
+    tensors reach the interpreter through the ..._cpu operator, giving the logits of the package registered
+    without torch_neuronx."""
+    registered = []
+
+    def nki_op(name, fn=None, mutates_args=()):
+        def register(fn):
+            registered.append(name)
+            defined = torch.library.custom_op(name, fn, mutates_args=mutates_args)
+            defined.register_fake(fn)
+            return defined
+        return register if fn is None else register(fn)
+
+    checkpoint, package = packages["llama"]
+    _, plain = _patched("llama", packages)  # its operators registered before torch_neuronx "imports"
+    copy = tmp_path / "nmmc_hf_llama_nki"
+    shutil.copytree(package, copy)
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.SimpleNamespace(nki_op=nki_op))
+    pkg = _import(copy)
+    monkeypatch.setattr(pkg.backend.KernelRunner, "preload", lambda self, kernel: None)  # would import nki
+    ops = pkg.ops.package_ops()
+    assert sorted(registered) == sorted(kernel.qualname for kernel in ops.kernels.values())
+    assert all(kernel.op.name().endswith("_mlp") for kernel in ops.kernels.values())
+    assert all(hasattr(torch.ops.nmmc, kernel.qualname.split("::")[1] + "_cpu") for kernel in ops.kernels.values())
+    model = _load("llama", checkpoint, torch.bfloat16)
+    pkg.patch(model, checkpoint)
+    ids = torch.randint(0, COMMON["vocab_size"], (1, 3), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(model(ids, use_cache=False).logits, plain(ids, use_cache=False).logits)

@@ -18,9 +18,11 @@ How it is registered:
   (``kernel[lnc](...)``, :meth:`.backend.KernelRunner.launcher`); tensors on another device go to the CPU operator
   below. This path is written against the documented API and has not been run: nmmc has no Neuron host.
 - everywhere, ``torch.library.custom_op`` with a fake (meta) implementation that returns empty tensors of the
-  manifest's result shapes and dtypes, and a CPU implementation that runs nmmc's NKI interpreter
-  (:meth:`.backend.KernelRunner.run`). Without ``torch_neuronx`` this is the operator; with it, it is
-  ``..._cpu``, which the ``nki_op`` body calls for non-neuron tensors.
+  manifest's result shapes and dtypes, and an implementation that runs nmmc's NKI interpreter on CPU tensors
+  (:meth:`.backend.KernelRunner.run`) and the ``@nki.jit`` kernel on XLA tensors (PyTorch/XLA torch-neuronx,
+  which has no ``nki_op``: the legacy NxD Inference path, as before operators). Without ``torch_neuronx.nki_op``
+  this is the operator; with it, it is ``..._cpu``, which the ``nki_op`` body calls for tensors not on a Neuron
+  device.
 
 Router API (what a vLLM Neuron integration calls; stable):
 
@@ -61,6 +63,8 @@ from .weights import operand_key
 
 #: The namespace of every operator of every nmmc export.
 NAMESPACE = "nmmc"
+#: Tensors on these devices run the NKI kernel (``nki.jit``); any other device runs nmmc's interpreter on the CPU.
+DEVICE_TYPES = ("neuron", "xla")
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -120,7 +124,11 @@ class KernelOp:
 
     def _register_cpu(self, qualname: str, kernel: dict[str, Any], runner: KernelRunner) -> torch._ops.OpOverload:
         def interpret(*args: torch.Tensor) -> Any:
-            got = runner.run(kernel, dict(zip(self.inputs, args, strict=True)), "interpreter")
+            named = dict(zip(self.inputs, args, strict=True))
+            if args[0].device.type in DEVICE_TYPES:  # PyTorch/XLA without nki_op (legacy NxD Inference): nki.jit
+                got = runner.run(kernel, named, "neuron")
+                return self._pack([got[name] for name, _, _ in self.results])
+            got = runner.run(kernel, named, "interpreter")
             return self._pack([got[name].to(args[0].device) for name, _, _ in self.results])
 
         def fake(*args: torch.Tensor) -> Any:
@@ -145,7 +153,7 @@ class KernelOp:
         runner.preload(kernel)  # import the kernel file (and nki) now, not while torch.compile traces the body
 
         def body(*args: torch.Tensor) -> Any:
-            if args[0].device.type in ("neuron", "xla"):
+            if args[0].device.type in DEVICE_TYPES:
                 got = runner.run(kernel, dict(zip(self.inputs, args, strict=True)), "neuron")
                 return self._pack([got[name] for name, _, _ in self.results])
             return cpu(*args)
