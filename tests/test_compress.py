@@ -482,6 +482,7 @@ def test_a_nan_weight_is_one_line_naming_the_tensor(tmp_path):
     *before, error = result.stderr.strip().splitlines()  # the error is one line; before it only the planned ranks
     assert error.startswith("nmmc: error: ") and "NaN" in error
     assert [line.split(":")[1] for line in before] == [" note"] and "0.667 of the MLP parameters kept" in before[0]
+    # the note comes once the inputs are checked: it is no part of a user error's one line
 
 
 @pytest.mark.parametrize(("field", "value"), [("num_hidden_layers", 1_000_000_000), ("hidden_size", 2**40)])

@@ -36,3 +36,16 @@ def test_only_keep_ratio_one_without_ranks_or_choice_keeps_everything():
     assert not keeps_everything(_request(keep_ratio=0.99))
     assert not keeps_everything(_request(keep_ratio=1.0, ranks={"down": 128}))
     assert not keeps_everything(_request(keep_ratio=1.0, choose_ranks=True))
+
+
+@pytest.mark.parametrize(("sizes", "budget", "takes"), [
+    ([100, 10_000], 1000, [100, 900]),      # the short file's unused share goes to the other
+    ([10_000, 10_000], 1000, [500, 500]),   # equal shares as before
+    ([10, 20, 10_000], 999, [10, 20, 969]),
+    ([5, 5], 1000, [5, 5]),                 # fewer tokens than asked: all of them (and a warning, in the workflow)
+    ([10, 20], None, [10, 20]),
+])
+def test_calibration_files_share_the_token_budget(sizes, budget, takes):
+    from neuronmm_compiler.models.workflow import share_budget
+
+    assert share_budget(sizes, budget) == takes

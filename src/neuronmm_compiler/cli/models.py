@@ -142,18 +142,15 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
     predicted speed together). Layer by layer, resumable: an interrupted run continues where it stopped."""
     from ..io import check_output_dir
     from ..models.manifest import MANIFEST_FILE
-    from ..models.workflow import planned_note, run_compress
+    from ..models.workflow import run_compress
 
     check_output_dir(output)
     ranks = {k: v for k, v in (("gate", rank_gate), ("up", rank_up), ("down", rank_down)) if v is not None}
     bars = show_progress(options["progress"], options["as_json"])
     request = _request(model_dir, output, keep_ratio, align, ranks, tp, bars, options)
-    note = planned_note(request) if Path(model_dir).is_dir() else None
-    if note:  # before the work starts: what the keep ratio becomes when it is not what was asked
-        click.echo(f"nmmc: note: {note}", err=True)
     update, close = _stage_bar(bars)
-    try:
-        result = run_compress(request, progress=update)
+    try:  # the note: what the keep ratio becomes when it is not what was asked, once the inputs are checked
+        result = run_compress(request, progress=update, note=lambda text: click.echo(f"nmmc: note: {text}", err=True))
     finally:
         close()
     for warning in result.warnings:

@@ -247,12 +247,6 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
                 targets[index] = torch.log_softmax(hidden @ lm.lm_head, -1).topk(settings.top_k, dim=-1)
         return targets[index]
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=settings.steps, initial=start, desc="finetune", unit="step", file=sys.stderr,
-                   leave=False)
     began, last_save = time.time(), time.time()
     order_rng = np.random.default_rng(settings.seed)
     order = np.concatenate([order_rng.permutation(len(chunks))
@@ -278,8 +272,16 @@ def finetune_heal(model, ids: np.ndarray, factors: Factors, *, settings: Finetun
     if settings.dtype != "auto":
         chosen = settings.dtype
     elif chosen is None and start < settings.steps:
+        if progress:  # the setup is a stage of its own: the step bar's rate and estimate count steps only
+            print("finetune: setup (timing a step in float32 and in bfloat16 to choose the dtype)", file=sys.stderr)
         probe = _time_dtypes(lambda dtype: loss_of(start, dtype)[1].backward(), flat)
         chosen = choose_dtype(probe)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=settings.steps, initial=start, desc="finetune", unit="step", file=sys.stderr,
+                   leave=False)
 
     def one_step(step: int) -> None:
         nonlocal last_save

@@ -250,7 +250,7 @@ class CausalLM:
         and the observer's products are one larger matrix product each (faster on a CPU than one per sequence).
         Returns each sequence's final residual stream [tokens, hidden] (before the final norm)."""
         for tokens in sequences:
-            self._check(tokens)
+            self.check_tokens(tokens)
         a = self.arch
         hs = [self.embed[np.asarray(tokens)] for tokens in sequences]
         for index, layer in enumerate(self.layers):
@@ -262,7 +262,8 @@ class CausalLM:
             add_rows(hs, out)
         return hs
 
-    def _check(self, tokens: np.ndarray) -> None:
+    def check_tokens(self, tokens: np.ndarray) -> None:
+        """InputError unless ``tokens`` is a non-empty 1-D sequence of ids in the model's vocabulary."""
         tokens = np.asarray(tokens)
         if tokens.ndim != 1 or not tokens.size or tokens.min() < 0 or tokens.max() >= self.arch.vocab_size:
             raise InputError(f"token ids must be a non-empty 1-D sequence in [0, {self.arch.vocab_size}) for this "
@@ -273,7 +274,7 @@ class CausalLM:
         """Logits [tokens, vocab] (float32) of one sequence of token ids, or None when ``logits`` is False
         (calibration only needs ``observe``). See :data:`MlpObserver` and :data:`MlpOverride`."""
         tokens = np.asarray(tokens)
-        self._check(tokens)
+        self.check_tokens(tokens)
         a = self.arch
         h = self.embed[tokens]
         for index, layer in enumerate(self.layers):

@@ -133,9 +133,11 @@ def single_source_warning(source: str) -> str:
             "kinds and --calibration-samples N (text sampled from the model itself)")
 
 
-def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
-                 progress: StageProgress | None) -> tuple[Calibration | None, np.ndarray | None, list[str]]:
-    """The Grams, the calibration token ids (None for pre-captured activations), and warnings."""
+def _calibration(request: CompressRequest, model_loader: Callable[[], Any], progress: StageProgress | None,
+                 before_work: Callable[[], None] = lambda: None
+                 ) -> tuple[Calibration | None, np.ndarray | None, list[str]]:
+    """The Grams, the calibration token ids (None for pre-captured activations), and warnings; ``before_work`` is
+    called once the inputs are checked, before the model runs."""
     paths = _paths(request.calibration)
     if not paths and request.calibration_samples <= 0:
         return None, None, []
@@ -144,6 +146,7 @@ def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
     if len(paths) == 1 and Path(paths[0]).suffix == ".safetensors" and request.calibration_samples <= 0:
         path = Path(paths[0])
         check_input_file(path, "--calibration", "one .safetensors file of activations")
+        before_work()
         model = model_loader()
         calibration = calibration_from_activations(path, request.model_dir,
                                                    inner_from=lambda layer, x: model.mlp(layer, x)[1])
@@ -155,13 +158,23 @@ def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
         raise InputError("pre-captured activations (.safetensors) are a calibration set of their own: give that one "
                          "file alone, without other --calibration files or --calibration-samples")
     budget = request.calibration_tokens
-    share = None if budget is None or not paths else max(budget // len(paths), 2)
-    parts, sources = [], []
-    for p in paths:
-        ids = load_tokens(p, request.model_dir, share, what="--calibration")
-        parts.append(ids)
-        sources.append(f"{Path(p).name} ({ids.size} tokens)")
+    loaded = [load_tokens(p, request.model_dir, budget, what="--calibration") for p in paths]
+    takes = share_budget([ids.size for ids in loaded], budget)
+    parts, sources, warnings = [], [], []
+    for p, ids, take in zip(paths, loaded, takes, strict=True):
+        parts.append(ids[:take])
+        sources.append(f"{Path(p).name} ({take} tokens)")
+    if budget is not None and paths and sum(takes) < budget:
+        warnings.append(f"--calibration used {sum(takes)} tokens of the {budget} asked (--calibration-tokens): the "
+                        "files hold no more")
+    if parts and sum(p.size for p in parts) + request.calibration_samples < minimum:
+        raise InputError(f"--calibration has {sum(p.size for p in parts) + request.calibration_samples} tokens; at "
+                         f"least {minimum} are needed for this model (its intermediate size: fewer leave the down "
+                         "projection's activation Gram matrix singular)")
     model = model_loader() if parts or request.calibration_samples > 0 else None
+    for part in parts:  # ids outside the vocabulary are a user error: found before the work starts
+        model.check_tokens(part)
+    before_work()
     if request.calibration_samples > 0:
         sampled = sample(request, model, request.calibration_samples, 0, progress, "sampling")
         parts.append(sampled)
@@ -170,7 +183,7 @@ def _calibration(request: CompressRequest, model_loader: Callable[[], Any],
     if ids.size < minimum:
         raise InputError(f"--calibration has {ids.size} tokens; at least {minimum} are needed for this model (its "
                          "intermediate size: fewer leave the down projection's activation Gram matrix singular)")
-    warnings = [single_source_warning(Path(paths[0]).name)] if len(paths) == 1 and not request.calibration_samples \
+    warnings += [single_source_warning(Path(paths[0]).name)] if len(paths) == 1 and not request.calibration_samples \
         else []
     calibration = calibrate(model, ids, source=", ".join(sources), length=request.sequence_length,
                             progress=None if progress is None else lambda d, t: progress("calibrating", d, t),
@@ -263,6 +276,21 @@ def ppl_fraction(value: float) -> float:
     return value / 100.0 if value > 1 else value
 
 
+def share_budget(sizes: list[int], budget: int | None) -> list[int]:
+    """How many tokens each calibration file gives: equal shares of ``budget`` (None: every token), a file shorter
+    than its share giving all it has and its unused share going to the others in equal parts."""
+    if budget is None:
+        return list(sizes)
+    takes = [0] * len(sizes)
+    left, open_ = budget, sorted(range(len(sizes)), key=lambda i: sizes[i])
+    while open_:
+        share = left // len(open_)
+        index = open_.pop(0)  # the shortest first: what it cannot use passes on
+        takes[index] = min(sizes[index], share if open_ else left)
+        left -= takes[index]
+    return takes
+
+
 def keeps_everything(request: CompressRequest) -> bool:
     """Whether the request keeps every MLP parameter: ``--keep-ratio 1.0`` with no per-projection ranks and no rank
     choice. Such a compression writes dense layers (FP8 ones with ``--dtype fp8``): the parameter-equal block-aligned
@@ -303,15 +331,19 @@ def rise_advice(request: CompressRequest) -> str:
     return ", ".join(options[:-1]) + " or " + options[-1]
 
 
-def run_compress(request: CompressRequest, *, progress: StageProgress | None = None) -> CompressResult:
-    """Compress as ``request`` says (see the module docstring); return the manifest and warnings."""
+def run_compress(request: CompressRequest, *, progress: StageProgress | None = None,
+                 note: Callable[[str], None] | None = None) -> CompressResult:
+    """Compress as ``request`` says (see the module docstring); return the manifest and warnings. ``note`` receives
+    :func:`planned_note`, when there is one, once the inputs are checked and before the work starts."""
     with threadpool_limits(limits=request.threads, user_api="blas"):  # None: the BLAS library's default
-        return _run_compress(request, progress)
+        return _run_compress(request, progress, note)
 
 
-def _run_compress(request: CompressRequest, progress: StageProgress | None) -> CompressResult:
+def _run_compress(request: CompressRequest, progress: StageProgress | None,
+                  note: Callable[[str], None] | None = None) -> CompressResult:
     from .forward import CausalLM
 
+    asked = request  # as asked: planned_note names its FP8 format
     fmt = fp8_format(request.dtype)
     if fmt is not None:  # FP8 kernels: their activations and the other layers are bf16
         request = replace(request, dtype="bfloat16")
@@ -356,7 +388,17 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None) -> C
 
     eval_sets = [(p, load_tokens(p, request.model_dir, request.eval_tokens, what="--eval"))
                  for p in _paths(request.eval)]
-    calibration, calibration_ids, warnings = _calibration(request, model, progress)
+    announced: list[bool] = []
+
+    def announce() -> None:  # once, before the first heavy step
+        if note is not None and not announced:
+            announced.append(True)
+            text = planned_note(asked)
+            if text:
+                note(text)
+
+    calibration, calibration_ids, warnings = _calibration(request, model, progress, announce)
+    announce()
     layer_ranks = record = front = point = None
     chosen = None
     if measured:
