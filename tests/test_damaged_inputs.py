@@ -158,3 +158,45 @@ def test_a_contraction_block_beyond_the_contraction_is_refused(tmp_path, param):
     assert f"{param}=100000 exceeds this workload's longest contraction, 8 tiles of 128 rows (1024)" in \
         _one_line(result)
     assert not out.exists()
+
+
+def _bad_inputs(root: Path) -> dict[str, tuple[list[str], str]]:
+    """The trial's other bad inputs: (nmmc arguments, what the one line says)."""
+    model = _checkpoint(root / "model")
+    (root / "no-config").mkdir()
+    (root / "gpt2").mkdir()
+    (root / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2}))
+    (root / "truncated").mkdir()
+    (root / "truncated" / "config.json").write_text(json.dumps(CONFIG)[:40])
+    (root / "empty").mkdir()
+    (root / "existing.txt").write_text("mine\n")
+    out = str(root / "out")
+    return {
+        "nonexistent model": (["export", str(root / "nowhere"), "--tokens", "1", "-o", out], "model not found"),
+        "missing config.json": (["export", str(root / "no-config"), "--tokens", "1", "-o", out],
+                                "model config not found"),
+        "GPT-2 config": (["export", str(root / "gpt2"), "--tokens", "1", "-o", out], "unsupported architecture"),
+        "tokens 0": (["export", str(model), "--tokens", "0", "-o", out], "must be positive; got 0"),
+        "tokens -8": (["export", str(model), "--tokens", "-8", "-o", out], "must be positive; got -8"),
+        "tokens 1.5": (["export", str(model), "--tokens", "1.5", "-o", out], "positive integers"),
+        "tokens empty": (["export", str(model), "--tokens", "", "-o", out], "positive integers"),
+        "existing file as -o": (["export", str(model), "--tokens", "1", "-o", str(root / "existing.txt")],
+                                "exists and is not a directory"),
+        "truncated config.json": (["export", str(root / "truncated"), "--tokens", "1", "-o", out], "malformed JSON"),
+        "verify an empty directory": (["verify", str(root / "empty")], "neither an 'nmmc export' package"),
+        "verify a checkpoint directory": (["verify", str(model)], "neither an 'nmmc export' package"),
+    }
+
+
+@pytest.mark.parametrize("case", ["nonexistent model", "missing config.json", "GPT-2 config", "tokens 0", "tokens -8",
+                                  "tokens 1.5", "tokens empty", "existing file as -o", "truncated config.json",
+                                  "verify an empty directory", "verify a checkpoint directory"])
+def test_bad_inputs_end_in_one_line_with_nothing_written(tmp_path, case):
+    args, says = _bad_inputs(tmp_path)[case]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = _nmmc(*args)
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert line.startswith("nmmc: error: ") and says in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "existing.txt").read_text() == "mine\n"
