@@ -74,16 +74,16 @@ def dense_bucket_entry(result: BucketResult) -> dict[str, Any]:
     nkilib = result.tuned.baselines.get("nkilib-mlp")
     nkilib_us = _latency(nkilib.cost) if nkilib is not None and nkilib.cost is not None and nkilib.cost.feasible \
         else None
-    # nki-library's MLP where it beats nmmc's dense kernel: keep what NxD Inference runs
+    # nki-library's MLP where it runs here and beats nmmc's dense kernel: keep what the serving stack runs
     best = result.formats[result.chosen].compiled.cost.latency_us
-    recommended = "nkilib" if nkilib_us is not None and nkilib_us < best else "dense"
+    runs = nkilib is not None and nkilib.runnable
+    recommended = "nkilib" if runs and nkilib_us is not None and nkilib_us < best else "dense"
     return {"tokens": result.tokens, "file": result.file, "kernels": kernel_entries(result.tuned),
             "schedule": compiled.schedule.as_dict(), "predicted_us": compiled.cost.latency_us,
             "nkilib_us": nkilib_us, "speedup_vs_nkilib": speedups.get("nkilib-mlp"),
             "baseline_us": _latency(result.tuned.baselines["dense"].cost), "speedup_vs_baseline": speedups["dense"],
-            "baselines": [{"name": name, "computation": b.label, "latency_us": _latency(b.cost),
-                           "speedup": speedups[name]} for name, b in result.tuned.baselines.items()],
-            "recommended": recommended, "recommended_file": None if recommended == "nkilib" else _chosen_file(result),
+            "baselines": _baselines(result.tuned), "recommended": recommended,
+            "recommended_file": None if recommended == "nkilib" else _chosen_file(result),
             **_format_fields(result)}
 
 
@@ -94,8 +94,11 @@ def bucket_entry(result: BucketResult) -> dict[str, Any]:
     fused_dense = result.dense.compiled.cost.latency_us
     nkilib = _latency(result.tuned.baselines["nkilib-mlp"].cost) if "nkilib-mlp" in result.tuned.baselines else None
     best_nmmc = result.formats[result.chosen].compiled.cost.latency_us
-    # nki-library's MLP where it beats every kernel nmmc wrote for the bucket: keep what NxD Inference runs
-    nkilib_best = nkilib is not None and result.tuned.baselines["nkilib-mlp"].cost.feasible and nkilib < best_nmmc
+    # nki-library's MLP where it runs here and beats every kernel nmmc wrote for the bucket: keep what the serving
+    # stack runs
+    runs = "nkilib-mlp" in result.tuned.baselines and result.tuned.baselines["nkilib-mlp"].runnable
+    nkilib_best = runs and nkilib is not None and result.tuned.baselines["nkilib-mlp"].cost.feasible \
+        and nkilib < best_nmmc
     recommended = "nkilib" if nkilib_best else "svd" if result.chosen.svd else "dense"
     return {
         "tokens": result.tokens,
@@ -114,12 +117,25 @@ def bucket_entry(result: BucketResult) -> dict[str, Any]:
         "speedup_vs_baseline": speedups["dense"],
         "speedup_vs_unfused": speedups["unfused"],
         # every baseline in the order a user meets them (lowerings/base.py, BASELINE_ORDER)
-        "baselines": [{"name": name, "computation": b.label, "latency_us": _latency(b.cost),
-                       "speedup": speedups[name]} for name, b in tuned.baselines.items()],
+        "baselines": _baselines(tuned),
         "recommended": recommended,
         "recommended_file": None if recommended == "nkilib" else _chosen_file(result),
         **_format_fields(result),
     }
+
+
+def _baselines(tuned: Tuned) -> list[dict[str, Any]]:
+    """Every baseline of a bucket: what it computes, its latency, the speedup over it (None where it is not modelled,
+    does not fit or cannot run in the launch context) and whether it can run there, and why not."""
+    speedups = tuned.speedups()
+    return [{"name": name, "computation": b.label, "latency_us": _latency(b.cost), "speedup": speedups[name],
+             **b.context_dict()} for name, b in tuned.baselines.items()]
+
+
+def runnable(entry: dict[str, Any], name: str) -> bool:
+    """Whether the bucket ``entry``'s baseline ``name`` can run in the launch context (an index written before this
+    was recorded: True)."""
+    return next((b.get("runnable", True) for b in entry.get("baselines", []) if b["name"] == name), True)
 
 
 def _chosen_file(result: BucketResult) -> str:

@@ -72,9 +72,12 @@ def group_index(groups: Sequence[LayerGroup], results: Sequence[Sequence[BucketR
         nkilib = dense.baselines.get("nkilib-mlp")
         nkilib_us = nkilib.cost.latency_us * layers if nkilib is not None and nkilib.cost is not None \
             and nkilib.cost.feasible else None
+        runs = nkilib is not None and nkilib.runnable  # else a reference: no speedup over it
         totals.append({"tokens": results[0][b].tokens, "layers": layers, "predicted_us": total,
                        "baseline": BASELINE, "dense_bf16_us": dense_us, "speedup_vs_dense_bf16": dense_us / total,
-                       "nkilib_us": nkilib_us, "speedup_vs_nkilib": None if nkilib_us is None else nkilib_us / total,
+                       "nkilib_us": nkilib_us, "nkilib_runnable": runs,
+                       **({} if runs or nkilib is None else {"nkilib_not_runnable": nkilib.not_runnable}),
+                       "speedup_vs_nkilib": None if nkilib_us is None or not runs else nkilib_us / total,
                        "groups": parts, "chosen_by": "manifest"})
     return {"ranks": "per layer (see groups)", "formats_allowed": allowed, "layer_groups": group_names(groups),
             "groups": entries, "buckets": totals}

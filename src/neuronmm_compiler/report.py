@@ -167,6 +167,23 @@ def _band(cost: CostReport, target: Target) -> str:
 _TUNE_COLUMNS = [(34, "<"), (12, ">"), (16, ">"), (11, "<"), (9, ">"), (8, ">"), (13, ">"), (6, ">"), (9, ">")]
 
 
+def wrap_note(text: str, indent: str = "  ", hang: str = "    ") -> list[str]:
+    """A printed note as lines: wrapped at the terminal's width when the output is a terminal (``indent`` before the
+    first line, ``hang`` before the others), one line otherwise (a file or a pipe keeps each note whole for grep)."""
+    import shutil
+    import textwrap
+
+    if not sys.stdout.isatty():
+        return [indent + text]
+    width = max(40, shutil.get_terminal_size().columns - 1)
+    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=hang, break_on_hyphens=False,
+                         break_long_words=False)
+
+
+#: How a table names a baseline that cannot run in the launch context: a reference row, compared with nothing.
+REFERENCE = "ref: "
+
+
 def _row(name: str, cost: CostReport | None, kernels: int | None, target: Target, reason: str = "") -> list[str]:
     if cost is None:  # with a reason (an assert of the baseline's, say), the speedup line below gives it
         return [name, "n/a (see below)" if reason else "(not modelled)"]
@@ -204,15 +221,23 @@ def tune_lines(tuned: Tuned) -> list[str]:
         "",
         *columns([["", "latency us", "typical range", "  bound", "HBM MiB", "DMAs", "SBUF B/part", "PSUM", "kernels"],
                   _row("nmmc tuned", c.cost, len(c.programs), c.target),
-                  *(_row(b.label, b.cost, None, c.target, b.reason) for b in tuned.baselines.values())],
+                  *(_row(("" if b.runnable else REFERENCE) + b.label, b.cost, None, c.target, b.reason)
+                    for b in tuned.baselines.values())],
                  _TUNE_COLUMNS),
-        f"  latencies and speedups are the cost model's: {trust_note(c.target, _fused(c.workload))}; the typical "
-        "range is the latency within that typical factor",
-        f"  {context_note(c.target)}",
+        *wrap_note(f"latencies and speedups are the cost model's: {trust_note(c.target, _fused(c.workload))}; the "
+                   "typical range is the latency within that typical factor"),
+        *wrap_note(context_note(c.target)),
+        *([] if all(b.runnable for b in tuned.baselines.values()) else
+          wrap_note(f"'{REFERENCE.strip()}' rows cannot run in this launch context: references only, no speedup is "
+                    "stated over them (why, and what runs there instead, below; --json: baselines.*.not_runnable)")),
         "",
     ]
     for name, speedup in tuned.speedups().items():
         baseline = tuned.baselines[name]
+        if not baseline.runnable:  # a reference row: no ratio over a baseline nobody can run here
+            lines += wrap_note(f"not compared with {baseline.speedup_label} ({c.target.launch}): "
+                               f"{baseline.not_runnable}", indent="")
+            continue
         label = f"speedup vs {baseline.speedup_label} ({c.target.launch})"
         notes = [LOSSY] if name in DENSE_BASELINES and c.workload.svd else []
         if (baseline.details or {}).get("prologue"):
@@ -260,10 +285,11 @@ def tune_json(tuned: Tuned, output: str, report: Any) -> dict[str, Any]:
 
 
 def _baseline_json(baseline: Any) -> dict[str, Any] | None:
-    """One baseline of ``tune --json``: what it computes, its details, its cost and why it has none (or None)."""
-    if baseline.cost is None and not baseline.reason:
+    """One baseline of ``tune --json``: what it computes, its details, whether it can run in the launch context (and
+    why not), its cost and why it has none (or None: not modelled, nothing to say)."""
+    if baseline.cost is None and not baseline.reason and baseline.runnable:
         return None
-    data: dict[str, Any] = {"computation": baseline.label, **(baseline.details or {})}
+    data: dict[str, Any] = {"computation": baseline.label, **(baseline.details or {}), **baseline.context_dict()}
     if baseline.reason:
         data["reason"] = baseline.reason
     if baseline.cost is not None:

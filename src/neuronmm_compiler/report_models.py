@@ -8,8 +8,9 @@ from typing import Any
 
 from .cost_model.trust import trust_note
 from .ir.fp8 import is_fp8
+from .model_entries import runnable
 from .model_formats import format_lines, written_files
-from .report import columns, quality_note
+from .report import columns, quality_note, wrap_note
 from .speedups import context_note, speedup_text
 from .targets import Target
 
@@ -60,6 +61,35 @@ def _dense_model_lines(source: Any, index: dict[str, Any], target: Target, outpu
     return lines
 
 
+def _us(entry: dict[str, Any], key: str, name: str) -> str:
+    """A baseline's latency cell: ``n/a`` where it has none, ``ref`` before it where it cannot run in the launch
+    context (a reference, compared with nothing)."""
+    us = entry.get(key)
+    if us is None:
+        return "n/a"
+    return f"{us:.1f}" if runnable(entry, name) else f"ref {us:.1f}"
+
+
+def _vs(entry: dict[str, Any], key: str, name: str) -> str:
+    """The speedup over a baseline: ``-`` over one that cannot run in the launch context, ``n/a`` where there is
+    none."""
+    if not runnable(entry, name):
+        return "-"
+    return speedup_text(entry[key]) if entry.get(key) else "n/a"
+
+
+def _reference_notes(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]:
+    """Why the 'ref' baselines of a table cannot run in the launch context (each reason once)."""
+    reasons = dict.fromkeys(f"{b['computation']}: {b['not_runnable']}" for e in buckets
+                            for b in e.get("baselines", []) if not b.get("runnable", True))
+    if not reasons:
+        return []
+    lines = wrap_note("'ref': cannot run in this launch context, a reference only, no speedup over it:", indent)
+    for reason in reasons:
+        lines += wrap_note(reason, indent + "  ", indent + "    ")
+    return lines
+
+
 def _svd_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]:
     """The rows of an SVD MLP's buckets: its latency against nki-library's fused MLP, nmmc's fused dense MLP and
     AWS's per-matmul kernels, each bucket's format choice and recommendation under it."""
@@ -67,13 +97,11 @@ def _svd_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]:
              "vs it", "kernels", "  file"]]
     for e in buckets:
         check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
-        nkilib = e.get("nkilib_us")
-        versus = e.get("speedup_vs_nkilib")
-        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", "n/a" if nkilib is None else f"{nkilib:.1f}",
-                     speedup_text(versus) if versus else "n/a", f"{e['fused_dense_us']:.1f}",
-                     speedup_text(e["speedup_vs_fused_dense"]), f"{e['baseline_us']:.1f}",
-                     speedup_text(e["speedup_vs_baseline"]), f"{e['unfused_baseline_us']:.1f}",
-                     speedup_text(e["speedup_vs_unfused"]), str(len(e["kernels"])), f"  {e['file']}{check}"])
+        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", _us(e, "nkilib_us", "nkilib-mlp"),
+                     _vs(e, "speedup_vs_nkilib", "nkilib-mlp"), f"{e['fused_dense_us']:.1f}",
+                     speedup_text(e["speedup_vs_fused_dense"]), _us(e, "baseline_us", "dense"),
+                     _vs(e, "speedup_vs_baseline", "dense"), _us(e, "unfused_baseline_us", "unfused"),
+                     _vs(e, "speedup_vs_unfused", "unfused"), str(len(e["kernels"])), f"  {e['file']}{check}"])
     table = columns(rows, _MODEL_COLUMNS, indent)
     lines, under = [table[0]], indent + " " * 7
     for row, e in zip(table[1:], buckets, strict=True):
@@ -86,7 +114,7 @@ def _svd_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]:
         elif e.get("recommended") == "nkilib":
             lines.append(f"{under}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
                          "tokens it is predicted faster than every kernel nmmc wrote for the bucket")
-    return lines
+    return lines + _reference_notes(buckets, indent)
 
 
 def _dense_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]:
@@ -94,12 +122,9 @@ def _dense_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]
     rows = [["tokens", "nmmc dense us", "nkilib us", "vs it", "AWS dense us", "vs it", "kernels", "  file"]]
     for e in buckets:
         check = {True: "  verified", False: "  FAILED"}.get(e.get("verified"), "")
-        nkilib = "n/a" if e.get("nkilib_us") is None else f"{e['nkilib_us']:.1f}"
-        versus_nkilib = speedup_text(e["speedup_vs_nkilib"]) if e.get("speedup_vs_nkilib") else "n/a"
-        aws = "n/a" if e["baseline_us"] is None else f"{e['baseline_us']:.1f}"
-        versus = "n/a" if e["speedup_vs_baseline"] is None else speedup_text(e["speedup_vs_baseline"])
-        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", nkilib, versus_nkilib, aws, versus,
-                     str(len(e["kernels"])), f"  {e['file']}{check}"])
+        rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", _us(e, "nkilib_us", "nkilib-mlp"),
+                     _vs(e, "speedup_vs_nkilib", "nkilib-mlp"), _us(e, "baseline_us", "dense"),
+                     _vs(e, "speedup_vs_baseline", "dense"), str(len(e["kernels"])), f"  {e['file']}{check}"])
     table = columns(rows, [(7, ">"), (15, ">"), (10, ">"), (15, ">"), (14, ">"), (8, ">"), (9, ">"), (0, "<")], indent)
     lines, under = [table[0]], indent + " " * 7
     for row, e in zip(table[1:], buckets, strict=True):
@@ -108,7 +133,7 @@ def _dense_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]
         if e.get("recommended") == "nkilib":
             lines.append(f"{under}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
                          "tokens it is predicted faster than nmmc's dense MLP")
-    return lines
+    return lines + _reference_notes(buckets, indent)
 
 
 def _approximations(index: dict[str, Any]) -> str:
@@ -154,12 +179,19 @@ def _grouped_lines(source: Any, index: dict[str, Any], target: Target, output: s
                  "nki-library's fused MLP in bf16 for every layer (what NxD Inference runs)")
     rows = [["tokens", "model MLP us", "nmmc dense bf16 us", "vs it", "nkilib us", "vs it", "  layers x group us"]]
     for e in index["buckets"]:
-        nkilib = e.get("nkilib_us")
+        nkilib, runs = e.get("nkilib_us"), e.get("nkilib_runnable", True)
         parts = ", ".join(f"{p['layers']} x {p['group']} {p['predicted_us']:.1f}" for p in e["groups"])
         rows.append([str(e["tokens"]), f"{e['predicted_us']:.1f}", f"{e['dense_bf16_us']:.1f}",
-                     speedup_text(e["speedup_vs_dense_bf16"]), "n/a" if nkilib is None else f"{nkilib:.1f}",
-                     "n/a" if nkilib is None else speedup_text(e["speedup_vs_nkilib"]), f"  {parts}"])
+                     speedup_text(e["speedup_vs_dense_bf16"]),
+                     "n/a" if nkilib is None else f"{nkilib:.1f}" if runs else f"ref {nkilib:.1f}",
+                     "-" if not runs else "n/a" if nkilib is None else speedup_text(e["speedup_vs_nkilib"]),
+                     f"  {parts}"])
     lines += columns(rows, [(7, ">"), (14, ">"), (20, ">"), (8, ">"), (11, ">"), (8, ">"), (0, "<")])
+    reasons = dict.fromkeys(e["nkilib_not_runnable"] for e in index["buckets"] if e.get("nkilib_not_runnable"))
+    if reasons:
+        lines += wrap_note("'ref' nkilib: cannot run in this launch context, a reference only, no speedup over it:")
+        for reason in reasons:
+            lines += wrap_note(reason, "    ", "      ")
     count = written_files(index)
     lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
     lines.append(f"wrote {count} kernel file{'s' if count != 1 else ''} and index.json to {output}")

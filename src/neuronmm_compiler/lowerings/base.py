@@ -18,14 +18,15 @@ from ..kernel_ir.program import DTYPE_BYTES, Program
 from ..passes import Pass
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..support import dma_transpose_rule
-from ..targets import Target
+from ..targets import IN_GRAPH, Target
 from ..vocab import Dialect
 
 if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
 
-__all__ = ["BASELINE_ORDER", "Baseline", "Lowering", "dma_transpose_ok", "one_core_label", "ordered_baselines",
-           "resolve_split", "split_restriction", "transpose_choice", "undocumented_dma_transpose"]
+__all__ = ["BASELINE_ORDER", "Baseline", "Lowering", "aws_baseline", "dma_transpose_ok", "one_core_label",
+           "one_core_unrunnable", "ordered_baselines", "resolve_split", "split_restriction", "transpose_choice",
+           "undocumented_dma_transpose"]
 
 
 def undocumented_dma_transpose(workload: Workload, target: Target, dialect: Dialect) -> str | None:
@@ -62,6 +63,28 @@ def one_core_label(label: str, target: Target) -> str:
     if target.lnc == 1:
         return label
     return f"{label[:-1]}, LNC=1)" if label.endswith(")") else f"{label} (LNC=1)"
+
+
+def one_core_unrunnable(target: Target) -> str:
+    """Why a kernel of one physical core (LNC=1: AWS's tutorial kernels) cannot run in the target's launch context,
+    or "" where it can (standalone, or inside a graph compiled at LNC=1). Inside a model graph the kernel takes the
+    graph's LNC degree and neuronx-cc rejects a mismatch: compiler error NCC_EVRF066 (Neuron 2.33, "Configuring the
+    LNC degree of kernels", nki/get-started/about/lnc.html; compiler/error-codes/EVRF066.html; rule NKI-LNC-DEGREE,
+    docs/nki-rules.md)."""
+    if target.launch != IN_GRAPH or target.lnc == 1:
+        return ""
+    return (f"cannot run here: an LNC=1 kernel inside a model graph compiled at LNC={target.lnc} is a compile error "
+            "(NCC_EVRF066, from Neuron SDK 2.33); in that graph the stack runs neuronx-cc's own lowering of these "
+            "matmuls (not modelled) or an LNC=2 kernel (nki-library's MLP where it runs, or nmmc's)")
+
+
+def aws_baseline(label: str, speedup_label: str, cost: CostReport | None, target: Target) -> Baseline:
+    """A baseline of AWS's tutorial kernels, which run on one physical core: labelled so on a target of logical
+    cores (:func:`one_core_label`), and not runnable where the launch context rules that out
+    (:func:`one_core_unrunnable`)."""
+    why = one_core_unrunnable(target)
+    return Baseline(one_core_label(label, target), speedup_label, cost, one_core=True, runnable=not why,
+                    not_runnable=why)
 
 
 def split_restriction(schedule_class: type, lnc: int) -> dict[str, tuple]:
@@ -117,8 +140,10 @@ def ordered_baselines(baselines: Mapping[str, Baseline]) -> dict[str, Baseline]:
 @dataclass(frozen=True)
 class Baseline:
     """What a tuned kernel is compared with: a label for tables, how its speedup is named, its cost
-    (None when the baseline cannot be modelled for this workload), and whether it runs on one physical core
-    (AWS's tutorial kernels) rather than on the target's logical core (nmmc's own kernels)."""
+    (None when the baseline cannot be modelled for this workload), whether it runs on one physical core
+    (AWS's tutorial kernels) rather than on the target's logical core (nmmc's own kernels), and whether it can run
+    at all in the target's launch context. A baseline that cannot run there is a reference row: every printer shows
+    it labelled so, with ``not_runnable``, and no speedup over it (:meth:`speedup` is None)."""
 
     label: str
     speedup_label: str
@@ -128,12 +153,22 @@ class Baseline:
     reason: str = ""
     #: What JSON reports add about it (a variant, its source).
     details: Mapping[str, Any] | None = None
+    #: False where this baseline cannot run in the target's launch context (an LNC=1 kernel in an LNC=2 graph,
+    #: nki-library's kernel where it asserts or where the serving stack does not call it)...
+    runnable: bool = True
+    #: ...and why, with what the serving stack runs there instead where that is known.
+    not_runnable: str = ""
 
     def speedup(self, cost: CostReport) -> float | None:
-        """How many times faster ``cost`` is than this baseline (None when it is not modelled or does not fit)."""
-        if self.cost is None or not self.cost.feasible:
+        """How many times faster ``cost`` is than this baseline (None when it is not modelled, does not fit, or
+        cannot run in the launch context: no speedup is stated over a baseline nobody can run there)."""
+        if not self.runnable or self.cost is None or not self.cost.feasible:
             return None
         return self.cost.latency_us / cost.latency_us
+
+    def context_dict(self) -> dict[str, Any]:
+        """Whether it can run in the launch context, and why not (``tune --json``, index.json)."""
+        return {"runnable": self.runnable, **({"not_runnable": self.not_runnable} if not self.runnable else {})}
 
 
 class Lowering(ABC):

@@ -31,7 +31,7 @@ from ..schedule.params import check_column_tiles, check_schedule, column_tile_ca
 from ..search import Evaluator, SearchSpace, SpaceSpec
 from ..targets import Target, with_lnc
 from ..vocab import ALayout, Dialect, Layout, NodeKind
-from .base import Baseline, Lowering, one_core_label, resolve_split, split_restriction, transpose_choice
+from .base import Baseline, Lowering, aws_baseline, resolve_split, split_restriction, transpose_choice
 from .gemm import aws_gemm_cost
 from .lower_elementwise import lower_elementwise
 from .lower_fused import lower_fused_kernel
@@ -290,10 +290,9 @@ class FusedLowering(Lowering):
                                   unfused_cost(graph, target, lhs_layout=ALayout.MK, dma_transpose=dma_transpose))
             except ScheduleError:
                 dense = unfused = None
-            return {"dense": Baseline(one_core_label(f"per-op kernels, lhs pre-transposed{tag}", target),
-                                      "pre-transposed per-op kernels", dense),
-                    "unfused": Baseline(one_core_label(f"per-op kernels (AWS GEMMs{tag})", target), "per-op kernels",
-                                        unfused)}
+            return {"dense": aws_baseline(f"per-op kernels, lhs pre-transposed{tag}", "pre-transposed per-op kernels",
+                                          dense, target),
+                    "unfused": aws_baseline(f"per-op kernels (AWS GEMMs{tag})", "per-op kernels", unfused, target)}
         # AWS's tutorial matmul has no FP8: for an FP8 MLP its baselines are the bf16 computations a user without
         # nmmc's FP8 kernel would run (ir/quantized.unquantized), named so (docs/fp8.md, "Baselines")
         fp8 = isinstance(workload, MlpWorkload) and workload.fp8 is not None
@@ -301,13 +300,13 @@ class FusedLowering(Lowering):
         aws = "AWS kernels, no FP8" if fp8 else "AWS kernels"
         dense = unfused_cost(_canonical(plain(workload.dense_graph())), target, lhs_layout=ALayout.KM,
                              dma_transpose=dma_transpose)
-        baselines = {"dense": Baseline(one_core_label(f"dense{tag} ({aws})", target), f"dense{tag}", dense)}
+        baselines = {"dense": aws_baseline(f"dense{tag} ({aws})", f"dense{tag}", dense, target)}
         if isinstance(workload, MlpWorkload):  # what NxD Inference runs for an MLP (lowerings/nkilib_mlp.py)
             baselines = {"nkilib-mlp": nkilib_baseline(workload, target), **baselines}
         if workload.svd:  # a dense MLP has no SVD factors to leave unfused
             unfused = unfused_cost(_canonical(plain(workload.graph())), target, lhs_layout=ALayout.MK,
                                    dma_transpose=dma_transpose)
-            baselines["unfused"] = Baseline(one_core_label(f"SVD factors unfused{tag} ({aws})", target),
-                                            f"unfused SVD{tag}", unfused)
+            baselines["unfused"] = aws_baseline(f"SVD factors unfused{tag} ({aws})", f"unfused SVD{tag}", unfused,
+                                                target)
         return baselines
 

@@ -25,7 +25,7 @@ from ..schedule.params import check_column_tiles, check_schedule, column_tile_ca
 from ..search import DEFAULT_EXHAUSTIVE_THRESHOLD, Evaluator, SearchSpace, SpaceSpec, TuneResult, search
 from ..targets import ModelParams, Target, with_lnc
 from ..vocab import ALayout, Dialect, Layout, NodeKind
-from .base import Baseline, Lowering, one_core_label, resolve_split, split_restriction, transpose_choice
+from .base import Baseline, Lowering, aws_baseline, resolve_split, split_restriction, transpose_choice
 from .lower_gemm import lower_gemm
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class GemmLowering(Lowering):
         problem = _problem(workload)
         one_core = with_lnc(target, 1)  # AWS's tutorial kernel runs on one physical core
         cost = estimate(lower_gemm(problem, aws_preset(BASELINE_PRESET, problem, dma_transpose), one_core), one_core)
-        return {BASELINE_PRESET: Baseline(one_core_label(BASELINE_PRESET, target), BASELINE_PRESET, cost)}
+        return {BASELINE_PRESET: aws_baseline(BASELINE_PRESET, BASELINE_PRESET, cost, target)}
 
 
 def aws_preset(name: str, problem: GemmProblem, dma_transpose: bool = True) -> GemmSchedule:

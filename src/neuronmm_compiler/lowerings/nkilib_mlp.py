@@ -1,19 +1,30 @@
-"""AWS nki-library's fused MLP (``nkilib-mlp``): what a user of an MLP on trn2/trn3 runs today, as a baseline.
+"""AWS nki-library's fused MLP (``nkilib-mlp``): what a serving stack runs for an MLP on trn2/trn3, as a baseline.
 
-NxD Inference calls ``nkilib.core.mlp.mlp`` from ``NeuronLlamaMLP`` (one launch per MLP,
-aws-neuron/neuronx-distributed-inference@4bcdc54bf3b6ccdad490e5cd0680a3dc95270b8e,
-``src/neuronx_distributed_inference/models/llama/modeling_llama.py:77, 492, 643``). No latency of it is
-published, so nmmc models it: its schedule is written as a program of nmmc's own kernel IR
-(:mod:`.nkilib_tkg` for the decode kernel, :mod:`.nkilib_cte` for prefill), costed by the same cost model and run
+vLLM Neuron calls ``nkilib.core.mlp.mlp`` for every dense bf16 MLP (``NF.mlp(hidden, gate_w, up_w, down_w)`` from its
+model files, e.g. vllm-project/vllm-neuron@04c112d1, ``vllm_neuron/model/qwen3/model_bf16.py``, ``Qwen3DenseMLP``:
+row-major weights [H, I/TP], [H, I/TP], [I/TP, H], this rank's slice of the intermediate dim, no norm fused, the
+all-reduce or reduce-scatter outside the kernel). Its ``vllm_neuron/functional/mlp.py`` (read at
+longdct/vllm-neuron@75ac066de2750d350e35bdf5300489547c600adf: the code index holds no copy of vllm-project's own)
+launches it at LNC=2, ``wrap_nki(nkilib_mlp)[2](...)``, with ``normalization_type=NO_NORM``, no bias or quantization,
+``use_tkg_gate_up_proj_column_tiling=True``, ``use_tkg_down_proj_column_tiling=True``,
+``use_tkg_down_proj_optimized_layout=False``, ``store_output_in_sbuf=False``, ``force_cte_mode=False``, and only where
+its own gate ``_can_use_kernel`` passes (:func:`vllm_refusal`); elsewhere it runs a PyTorch fallback
+(``_torch_mlp_impl``), which neuronx-cc compiles and nmmc does not model. NxD Inference calls the same kernel from
+``NeuronLlamaMLP`` (aws-neuron/neuronx-distributed-inference@4bcdc54bf3b6ccdad490e5cd0680a3dc95270b8e,
+``src/neuronx_distributed_inference/models/llama/modeling_llama.py:77, 492, 643``; its FP8 path is modelled as it
+calls it).
+
+No latency of the kernel is published, so nmmc models it: its schedule is written as a program of nmmc's own kernel
+IR (:mod:`.nkilib_tkg` for the decode kernel, :mod:`.nkilib_cte` for prefill), costed by the same cost model and run
 by the same interpreter as nmmc's kernels (``scripts/verify_nkilib.py``). It is a reference, never emitted for
-users. Source: aws-neuron/nki-library at :data:`NKILIB_COMMIT`, ``src/nkilib_src/nkilib/core/mlp/``.
+users. Which aws-neuron/nki-library commit each part is read from: :mod:`.nkilib_source`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .nkilib_source import NKILIB_COMMIT, NotModelled
+from .nkilib_source import NKILIB_COMMIT, NKILIB_SELECT_COMMIT, DoesNotRun, NotModelled, nkilib_commit
 
 if TYPE_CHECKING:
     from ..frontends.workloads import MlpWorkload
@@ -21,16 +32,54 @@ if TYPE_CHECKING:
     from ..targets import Target
     from .base import Baseline
 
-__all__ = ["NKILIB_COMMIT", "TKG_MAX_TOKENS", "NotModelled", "nkilib_baseline", "nkilib_label", "nkilib_program",
-           "nkilib_source", "nkilib_variant"]
+__all__ = ["NKILIB_COMMIT", "TKG_MAX_TOKENS", "DoesNotRun", "NotModelled", "nkilib_baseline", "nkilib_label",
+           "nkilib_program", "nkilib_source", "nkilib_variant", "vllm_refusal"]
 
 #: batch x sequence at or below which ``mlp`` runs its decode kernel (TKG), else prefill (CTE)
-#: (mlp/mlp_parameters.py:77 ``TKG_BS_SEQLEN_THRESHOLD = 96``, :532-533 ``is_mlp_tkg``).
+#: (aws-neuron/nki-library@092a49dc, core/mlp/mlp_parameters.py: ``TKG_BS_SEQLEN_THRESHOLD = 96``, ``is_mlp_tkg``
+#: with ``mode=AUTO`` and ``force_cte_mode=False``, as vLLM Neuron calls it).
 TKG_MAX_TOKENS = 96
 #: batch x sequence at or below which NxD Inference calls the MLP kernel as for decode (a bf16 hidden, no
 #: rmsnorm_quant before it) (aws-neuron/neuronx-distributed-inference@4bcdc54b,
 #: models/llama/modeling_llama.py:706-725 ``TKG_BS_SEQLEN_THRESHOLD = 128``)
 NXDI_TKG_MAX_TOKENS = 128
+
+#: vLLM Neuron's gate before it calls the kernel (longdct/vllm-neuron@75ac066d, vllm_neuron/functional/mlp.py, its
+#: copies of nki-library's limits "for grid=2 (lnc=2)"): ``_TKG_BS_SEQLEN_THRESHOLD = 128`` (its own, not the kernel's
+#: 96), ``_NUM_HW_PSUM_BANKS = 8``, ``_SRC_PROJ_INT_DIM_TILE_SIZE = 512``, ``_MIN_H_FOR_I_SHARDING = 7168``,
+#: ``_MIN_I_FOR_I_SHARDING = 1024``, ``_MAX_T_FOR_I_SHARDING = 256``.
+VLLM_TKG_MAX_TOKENS = 128
+VLLM_PSUM_BANKS, VLLM_I_TILE = 8, 512
+VLLM_MIN_H_SHARD_I, VLLM_MIN_I_SHARD_I, VLLM_MAX_T_SHARD_I = 7168, 1024, 256
+#: How vLLM Neuron launches the kernel (``tune --json`` details).
+VLLM_CALL = ("vLLM Neuron: vllm_neuron.functional.mlp -> wrap_nki(nkilib.core.mlp.mlp)[2](hidden [1, T, H], gate/up "
+             "[H, I], down [I, H], NO_NORM, no bias, no quantization, column tiling on, output in HBM) "
+             "(longdct/vllm-neuron@75ac066d, vllm_neuron/functional/mlp.py); I is this rank's TP slice")
+VLLM_FALLBACK = ("vLLM Neuron runs its PyTorch fallback there (vllm_neuron/functional/mlp.py, _torch_mlp_impl), "
+                 "compiled by neuronx-cc: not modelled")
+
+
+def vllm_refusal(tokens: int, hidden: int, intermediate: int) -> str | None:
+    """Why vLLM Neuron does not call nki-library's kernel for a bf16 MLP x[tokens, hidden] -> ``intermediate`` (no
+    bias) and runs its PyTorch fallback instead, or None where it calls it (``_can_use_kernel``: H a multiple of 128;
+    at <= 128 tokens H a multiple of 256; above, ``ceil(I_eff / 512) <= 8`` with ``I_eff = I / 2`` when
+    ``H >= 7168 and I >= 1024 and tokens <= 256``, else ``I``)."""
+    where = "vllm_neuron/functional/mlp.py, _can_use_kernel"
+    if hidden % 128:
+        return f"vLLM Neuron does not call nki-library's MLP for hidden={hidden} (not a multiple of 128; {where})"
+    if tokens <= VLLM_TKG_MAX_TOKENS:
+        if hidden % 256:
+            return (f"vLLM Neuron does not call nki-library's MLP at <= {VLLM_TKG_MAX_TOKENS} tokens for "
+                    f"hidden={hidden} (not a multiple of 256; {where})")
+        return None
+    shard = hidden >= VLLM_MIN_H_SHARD_I and intermediate >= VLLM_MIN_I_SHARD_I and tokens <= VLLM_MAX_T_SHARD_I
+    effective = intermediate // 2 if shard else intermediate
+    tiles = -(-effective // VLLM_I_TILE)
+    if tiles <= VLLM_PSUM_BANKS:
+        return None
+    return (f"vLLM Neuron does not call nki-library's MLP above {VLLM_TKG_MAX_TOKENS} tokens for intermediate="
+            f"{intermediate}: {tiles} tiles of {VLLM_I_TILE} columns of {'I/2' if shard else 'I'} exceed its "
+            f"{VLLM_PSUM_BANKS} PSUM banks ({where})")
 
 
 def nkilib_variant(tokens: int) -> str:
@@ -44,14 +93,16 @@ NKILIB_FP8_FORMATS = ("float8_e4m3",)
 
 
 def nkilib_label(tokens: int, target: Target, fp8: str | None = None) -> str:
-    """How tables name the baseline: ``nki-library MLP (decode kernel, LNC=2)``; with ``fp8``, the FP8 scheme NxD
-    Inference gets from it (``QuantizationType.ROW``): at decode FP8 weights only (bf16 activations)."""
-    kind = "decode" if nkilib_variant(tokens) == "tkg" else "prefill"
+    """How tables name the baseline: ``nki-library MLP (decode kernel, LNC=2, @d2ad3a57)``, with the nki-library
+    commit its model is read from; with ``fp8``, the FP8 scheme NxD Inference gets from it
+    (``QuantizationType.ROW``): at decode FP8 weights only (bf16 activations)."""
+    variant = nkilib_variant(tokens)
+    kind = "decode" if variant == "tkg" else "prefill"
     scheme = ""
     if fp8:
         scheme = (", FP8 weights, bf16 activations" if kind == "decode"
                   else ", FP8 weights, per-token FP8 activations")
-    return f"nki-library MLP ({kind} kernel, LNC={target.lnc}{scheme})"
+    return f"nki-library MLP ({kind} kernel, LNC={target.lnc}{scheme}, @{nkilib_commit(variant)[:8]})"
 
 
 def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, dtype: str = "bfloat16",
@@ -61,18 +112,18 @@ def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, 
     :class:`NotModelled` where it does not run (trn1: NxD Inference runs no NKI kernels there since 2.29; other
     dtypes than bf16; FP8 formats it does not read; its asserts) or where nmmc does not model it (FP8 prefill)."""
     if target.max_lnc < 2:
-        raise NotModelled(f"nki-library's MLP is not modelled on {target.name}: NxD Inference runs no NKI kernels "
+        raise DoesNotRun(f"nki-library's MLP is not modelled on {target.name}: NxD Inference runs no NKI kernels "
                           "on trn1/inf2 since its 2.29 release")
     if dtype != "bfloat16":
         raise NotModelled(f"nki-library's bf16 MLP path is modelled; {dtype} is not")
     if fp8 is not None and fp8 not in NKILIB_FP8_FORMATS:
-        raise NotModelled(f"nki-library's MLP reads float8_e4m3 weights, not {fp8} (mlp/mlp_parameters.py:30-40)")
+        raise DoesNotRun(f"nki-library's MLP reads float8_e4m3 weights, not {fp8} (mlp/mlp_parameters.py:30-40)")
     if nkilib_variant(tokens) == "tkg":
         from .nkilib_tkg import tkg_program
 
         return tkg_program(tokens, hidden, intermediate, target, dtype, fp8=fp8)
     if fp8 is not None and tokens <= NXDI_TKG_MAX_TOKENS:
-        raise NotModelled(f"NxD Inference passes a bf16 hidden with QuantizationType.ROW at <= "
+        raise DoesNotRun(f"NxD Inference passes a bf16 hidden with QuantizationType.ROW at <= "
                           f"{NXDI_TKG_MAX_TOKENS} tokens (modeling_llama.py:706-725, 492-505), nki-library picks its "
                           "prefill kernel above 96, and that reads per-token hidden scales it only loads for an FP8 "
                           "hidden (mlp_cte_utils.py:413 indexes an empty list; mlp_cte_allocation.py:64-71, "
@@ -94,16 +145,37 @@ def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, 
     return cte_program(tokens, hidden, intermediate, target, dtype)
 
 
+def _instead(workload: MlpWorkload, target: Target) -> str:
+    """What the serving stack runs where nki-library's kernel does not: as vLLM Neuron calls it (LNC=2, bf16), its
+    PyTorch fallback where its gate refuses the shape, else nothing (the kernel's assert fails the model's
+    compile); elsewhere (LNC=1, FP8 as NxD Inference calls it) not known to nmmc."""
+    tokens, hidden, inter = workload.tokens, workload.hidden, workload.intermediate
+    if target.lnc != 2 or workload.fp8 is not None:
+        return "what the serving stack runs instead is not modelled"
+    refusal = vllm_refusal(tokens, hidden, inter)
+    if refusal:
+        return f"{refusal}: {VLLM_FALLBACK}"
+    return ("vLLM Neuron's gate (vllm_neuron/functional/mlp.py, _can_use_kernel) passes this shape to the kernel, so "
+            "a model graph that calls it here does not compile (no fallback); under tensor parallelism each rank "
+            "runs a smaller intermediate slice (nmmc tune --tp N)")
+
+
 def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
     """The ``nkilib-mlp`` baseline of an MLP workload: nki-library's kernel on the dense MLP, on the target's logical
-    core and in its launch context (one kernel); no cost, with the reason, where it does not run."""
+    core and in its launch context (one kernel), as vLLM Neuron calls it (module docstring). No cost, with the
+    reason, where it does not run or nmmc does not model it; not runnable (a reference row, no speedup) where the
+    kernel's asserts stop it or where vLLM Neuron does not call it, with what runs there instead."""
     from ..cost_model import estimate
     from .base import Baseline
 
     tokens, hidden, inter = workload.tokens, workload.hidden, workload.intermediate
     fp8 = workload.fp8.format if workload.fp8 is not None else None
-    details = {"variant": nkilib_variant(tokens), "source": f"aws-neuron/nki-library@{NKILIB_COMMIT}",
-               "selection": f"decode kernel (TKG) at <= {TKG_MAX_TOKENS} tokens, else prefill (CTE)"}
+    variant = nkilib_variant(tokens)
+    details = {"variant": variant, "source": f"aws-neuron/nki-library@{nkilib_commit(variant)}",
+               "selection": f"decode kernel (TKG) at <= {TKG_MAX_TOKENS} tokens, else prefill (CTE) "
+                            f"(aws-neuron/nki-library@{NKILIB_SELECT_COMMIT}, core/mlp/mlp_parameters.py)",
+               "called_as": VLLM_CALL if target.lnc == 2 and not fp8 else
+               "as NxD Inference calls it (modeling_llama.py; vLLM Neuron launches it at LNC=2 only)"}
     if fp8:
         details["fp8"] = ("QuantizationType.ROW, as NxD Inference calls it (aws-neuron/neuronx-distributed-inference@"
                           "4bcdc54b, models/llama/modeling_llama.py:481-505): per-channel weight scales; the decode "
@@ -113,16 +185,24 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
     if workload.prologue is not None:  # conservative: nki-library is charged less than it runs
         label = f"{label[:-1]}; without its fused norm/residual, not modelled)"
         details["prologue"] = "not modelled: the baseline is nki-library's MLP alone"
+    name = "nki-library's fused MLP"
     try:
         program = nkilib_program(tokens, hidden, inter, target, workload.dtype, fp8=fp8)
+    except DoesNotRun as exc:
+        return Baseline(label, name, None, one_core=False, reason=str(exc), details=details, runnable=False,
+                        not_runnable=f"{exc}; {_instead(workload, target)}")
     except NotModelled as exc:
-        return Baseline(label, "nki-library's fused MLP", None, one_core=False, reason=str(exc), details=details)
+        return Baseline(label, name, None, one_core=False, reason=str(exc), details=details)
     details["lnc_split"] = program.split or "none"
     cost = estimate(program, target)
     reason = "" if cost.feasible else (
         f"nki-library's kernel does not fit on chip at this shape: SBUF {cost.sbuf_bytes_per_partition} of "
         f"{cost.sbuf_capacity} bytes/partition, PSUM {cost.psum_banks} of {cost.psum_capacity} banks")
-    return Baseline(label, "nki-library's fused MLP", cost, one_core=False, reason=reason, details=details)
+    refusal = vllm_refusal(tokens, hidden, inter) if target.lnc == 2 and not fp8 else None
+    if refusal:  # the kernel would run, but the serving stack does not call it here
+        return Baseline(f"{label[:-1]}; not called by vLLM Neuron here)", name, cost, one_core=False, reason=reason,
+                        details=details, runnable=False, not_runnable=f"{refusal}: {VLLM_FALLBACK}")
+    return Baseline(label, name, cost, one_core=False, reason=reason, details=details)
 
 
 def nkilib_source(tokens: int, hidden: int, intermediate: int, target: Target, fp8: str | None = None) -> str:
@@ -143,9 +223,10 @@ def nkilib_source(tokens: int, hidden: int, intermediate: int, target: Target, f
                  *printer.imports, "", "", *printer.kernel(split_psum_banks(program, target.psum_bank_bytes))]
         return "\n".join(lines) + "\n"
     workload = mlp_workload(tokens, hidden, intermediate, dense=True)
-    record = {"kind": "nkilib-mlp", "name": f"nki-library {nkilib_variant(tokens)} @{NKILIB_COMMIT[:12]}",
+    commit = nkilib_commit(nkilib_variant(tokens))
+    record = {"kind": "nkilib-mlp", "name": f"nki-library {nkilib_variant(tokens)} @{commit[:12]}",
               "params": {}}
     return emit_kernel(program, workload.graph(), target=target, dialect="nki",
                        summary=[("workload", workload.describe()),
-                                ("schedule", f"nki-library's MLP as nmmc models it ({NKILIB_COMMIT})")],
+                                ("schedule", f"nki-library's MLP as nmmc models it ({commit})")],
                        schedule=record).source

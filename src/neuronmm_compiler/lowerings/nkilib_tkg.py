@@ -2,7 +2,8 @@
 kernel IR.
 
 Every tile size, buffer count, loop order and split below is read from aws-neuron/nki-library at
-:data:`~.nkilib_source.NKILIB_COMMIT`, paths under ``src/nkilib_src/nkilib/core/mlp/`` (cited per line as
+:data:`~.nkilib_source.NKILIB_TKG_COMMIT` (d2ad3a57: the code index holds no later version of these
+files), paths under ``src/nkilib_src/nkilib/core/mlp/`` (cited per line as
 ``mlp_tkg/<file>:<line>``). Per physical core of a logical core of ``L`` cores:
 
 1. x [T, H/L] (this core's slice of the hidden dim) is loaded with one DMA and turned into ``[128, H/(128 L), T]``
@@ -69,7 +70,7 @@ from ..kernel_ir.program import (
 )
 from ..targets import Target
 from ..vocab import ElementwiseOp
-from .nkilib_source import NotModelled
+from .nkilib_source import DoesNotRun
 
 KIB = 1024
 #: SBUF bytes per partition the decode kernel allocates from (mlp.py:256, asserted mlp_tkg/mlp_tkg.py:139-142).
@@ -102,7 +103,7 @@ def _slab_rows(free: int, hs: int, cols: int, wbytes: int = 2) -> tuple[int, int
         count = min(2 * tiles, free // slab)
         if count > 0:
             return rows, count
-    raise NotModelled(f"no gate/up weight slab fits nki-library's {SBUF_WINDOW // KIB} KiB SBUF window "
+    raise DoesNotRun(f"no gate/up weight slab fits nki-library's {SBUF_WINDOW // KIB} KiB SBUF window "
                       f"(mlp_tkg_constants.py:315-319 asserts)")
 
 
@@ -125,7 +126,7 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
     (an FP8 format) for its ``QuantizationType.ROW`` path (FP8 weights and per-channel scales, see above)."""
     lnc = target.lnc
     if hidden % (P * lnc):
-        raise NotModelled(f"hidden={hidden} is not a multiple of {P * lnc}: nki-library's decode MLP asserts it "
+        raise DoesNotRun(f"hidden={hidden} is not a multiple of {P * lnc}: nki-library's decode MLP asserts it "
                           "(mlp_tkg/mlp_tkg_constants.py:176-186)")
     pid: Expr = var(PROGRAM_ID) if lnc > 1 else Lin(0)
     t, hs = tokens, hidden // lnc
@@ -171,7 +172,7 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
     if live >= SBUF_WINDOW:
         held = "fp32 gate/up sums [T, 2I]" + (" and their receive buffer" if lnc > 1 else "") + (
             ", the FP8 scale tiles" if fp8 else "")
-        raise NotModelled(f"nki-library's decode kernel holds {live} bytes per partition ({held}) before any weight "
+        raise DoesNotRun(f"nki-library's decode kernel holds {live} bytes per partition ({held}) before any weight "
                           f"slab, more than its {SBUF_WINDOW}-byte SBUF window (its allocator asserts 'Stack out of "
                           "memory', utils/allocator.py:400; mlp_tkg_gate_up_projection.py:602-615, 765-775)")
     body += [Alloc(gu)]
@@ -243,7 +244,7 @@ def tkg_program(tokens: int, hidden: int, inter: int, target: Target, dtype: str
     live_down = i128 * t * 2 + hs * 2 + (4 * hs if fp8 else 0)
     nbuf_d = min(i128 * -(-hs // htd), (SBUF_WINDOW - live_down) // (wbytes * htd))
     if nbuf_d < 1:
-        raise NotModelled("no down-projection weight slab fits nki-library's SBUF window "
+        raise DoesNotRun("no down-projection weight slab fits nki-library's SBUF window "
                           "(mlp_tkg_down_projection.py:500 asserts)")
     dring = Buffer("w_down_ring", (P, nbuf_d, htd), wdtype, "sbuf")
     body += [Comment(f"down: output columns in tiles of {htd}, 128 rows of I per DMA through {nbuf_d} buffers"),

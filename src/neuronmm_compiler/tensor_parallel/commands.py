@@ -96,7 +96,9 @@ def result_lines(result: TpResult) -> list[str]:
         lines.append(f"  {r.strategy.name:<{width}} {r.kernel_us:>10.2f} {r.comm_us:>9.2f} {r.total_us:>9.2f} "
                      f"{r.comm_bytes / 1024:>14.1f} {r.kept:>5.3f}{mark}")
     for label, alt in result.alternatives.items():
-        text = "not modelled (or, nki-library's, does not run this shape)" if alt is None else \
+        text = ("not modelled, or cannot run in this launch context (nki-library's where it asserts or vLLM Neuron "
+                "does not call it; AWS's LNC=1 kernels in an LNC=2 graph; nmmc tune --json says why)") if alt is None \
+            else \
             f"{alt['kernel_us']:>10.2f} {alt['comm_us']:>9.2f} {alt['total_us']:>9.2f}"
         lines.append(f"  {label:<{width}} {text}")
     chosen = result.chosen

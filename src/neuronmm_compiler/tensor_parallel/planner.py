@@ -179,7 +179,9 @@ def dense_alternatives(workload: MlpWorkload, tp: int, target: Target, dialect: 
         # an FP8 shard's baselines: nki-library's FP8 path (nkilib_mlp.py), AWS's the bf16 computation (fused.py)
         baselines = lowering_for(shard).baselines(shard, target, dma_transpose_ok(shard, target, dialect))
         for name, latency in slowest.items():
-            cost = baselines[name].cost if name in baselines else None
+            # a baseline that cannot run in the launch context (lowerings/base.py, Baseline.runnable) is no
+            # alternative: nobody can run it there
+            cost = baselines[name].cost if name in baselines and baselines[name].runnable else None
             slowest[name] = (None if latency is None or cost is None or not cost.feasible
                              else max(latency, cost.latency_us))
     comm = megatron.comm_us
