@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -21,6 +22,8 @@ from .options import (
 )
 from .views import echo_lines
 
+SERVING = "vllm-neuron"  # the stack --serving takes (export/serving.py SERVING; not imported: the CLI loads lazily)
+
 EPILOG = """\b
 The package (OUT/):
   kernels/<group>/t<T>/   the kernel of bucket T for a layer group (dense-bf16, svd-fp8-r..., ...;
@@ -36,6 +39,9 @@ The package (OUT/):
   patch.py                replace the MLPs of a Hugging Face or NxD Inference Llama/Qwen3 model
   backend.py, llama.py    nki.jit on a Neuron device / nmmc's interpreter on the CPU; a torch Llama
                           with Hugging Face's module names for CPU accuracy checks
+  vllm_plugin.py, pyproject.toml, serving.json, SERVING.md
+                          with --serving vllm-neuron: a vLLM general plugin (pip install OUT) that
+                          routes vLLM Neuron's MLP calls of the exported shapes to the kernels
 
 \b
 Then: nmmc verify OUT   (every kernel and plan in the interpreter); docs/integration.md.
@@ -44,11 +50,25 @@ Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 
 
 @click.command(epilog=EPILOG)
 @click.argument("model")
-@click.option("--tokens", "buckets", required=True, metavar="N,N,...",
+@click.option("--tokens", "buckets", default=None, metavar="N,N,...",
               help="Token buckets (batch x sequence rows one MLP call processes), e.g. 1,128: one kernel each; a "
                    "call is padded to the smallest bucket that holds it (more tokens than the largest: chunks of "
                    "it). Match them to your serving buckets (NxD Inference: the token-generation batch size and "
-                   "the context-encoding buckets).")
+                   "the context-encoding buckets). Required unless --serving derives them.")
+@click.option("--serving", type=click.Choice([SERVING], case_sensitive=False), default=None,
+              help="Derive the buckets and per-rank shapes a vLLM Neuron server compiles from its flags "
+                   "(--tp = --tensor-parallel-size, --max-num-seqs, --max-num-batched-tokens, --max-model-len), "
+                   "export exactly those, and make the package a vLLM plugin (pip install OUT) that routes vLLM "
+                   "Neuron's MLP calls of those shapes to the kernels. Dense bf16 MLPs only: vLLM passes each layer's "
+                   "dense weight slices with no layer index, so SVD factors or FP8 scales could not be matched to a "
+                   "layer. See OUT/SERVING.md and docs/integration.md, 'vLLM Neuron'.")
+@click.option("--max-num-seqs", type=int, default=None, metavar="S",
+              help="With --serving: vllm serve --max-num-seqs (the decode buckets: powers of two up to S).")
+@click.option("--max-num-batched-tokens", type=int, default=None, metavar="B",
+              help="With --serving: vllm serve --max-num-batched-tokens (the prefill buckets).")
+@click.option("--max-model-len", type=int, default=None, metavar="L",
+              help="With --serving: vllm serve --max-model-len (B below L is chunked prefill, which vLLM Neuron runs "
+                   "in segments of B tokens; B >= L prefills in one shot with powers of two from 128).")
 @click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
               help="Tensor-parallel degree (NxD Inference's tp_degree): per-rank kernels of the best slice-based "
                    "sharding (Megatron for a dense MLP; replicate-u with reduce-output or reduce-rank for an SVD "
@@ -81,9 +101,11 @@ Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 
 @click.option("-o", "--output", required=True, metavar="DIR",
               help="Package directory to write (created; an importable Python package when its name is an "
                    "identifier and its parent is on sys.path).")
-def export(model: str, buckets: str, tp: int, keep_ratio: float | None, dense: bool, dtype: str, target: str,
-           dialect: str, sdk: str | None, trials: int, seed: int, no_cache: bool, cache_dir: str | None,
-           run_verify: bool, progress: bool | None, as_json: bool, output: str) -> None:
+def export(model: str, buckets: str | None, serving: str | None, max_num_seqs: int | None,
+           max_num_batched_tokens: int | None, max_model_len: int | None, tp: int, keep_ratio: float | None,
+           dense: bool, dtype: str, target: str, dialect: str, sdk: str | None, trials: int, seed: int,
+           no_cache: bool, cache_dir: str | None, run_verify: bool, progress: bool | None, as_json: bool,
+           output: str) -> None:
     """Write MODEL's MLP kernels as a Python package that drops them into a PyTorch or NxD Inference model.
 
     MODEL is a shipped model name (llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-1.7b, qwen3-4b), a model
@@ -97,29 +119,96 @@ def export(model: str, buckets: str, tp: int, keep_ratio: float | None, dense: b
     if dense and keep_ratio is not None:
         raise InputError("--dense exports the uncompressed MLP: drop --keep-ratio")
     tgt = resolve_target(target, None)  # inside a model's graph: in-graph unless --launch says otherwise
-    request = ExportRequest(model=model, buckets=tuple(parse_buckets(buckets)), target=tgt,
+    flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
+             "--max-model-len": max_model_len}
+    weights = None if dtype is None else canonical_dtype(dtype)
+    plugin: ServingExport | None = None
+    if serving is None:
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise InputError(f"{', '.join(given)} describe a vLLM Neuron server: add --serving {SERVING}")
+        if buckets is None:
+            raise InputError("--tokens is required (or --serving vllm-neuron, which derives the buckets)")
+        token_buckets = tuple(parse_buckets(buckets))
+    else:
+        plugin = serving_export(model, output, buckets=buckets, tp=tp, keep_ratio=keep_ratio, dense=dense,
+                                dtype=weights, target=tgt, dialect=dialect, flags=flags)
+        token_buckets = plugin.plan.tokens
+    request = ExportRequest(model=model, buckets=token_buckets, target=tgt,
                             dialect=chosen_dialect(dialect, sdk, tgt), tp=tp, keep_ratio=keep_ratio, dense=dense,
-                            dtype=None if dtype is None else canonical_dtype(dtype), trials=trials, seed=seed,
-                            cache_dir=cache_dir,
+                            dtype=weights, trials=trials, seed=seed, cache_dir=cache_dir,
                             use_cache=not no_cache)
     ok = run_export(request, output, verify=run_verify, as_json=as_json,
-                    progress=show_progress(progress, as_json), echo=click.echo)
+                    progress=show_progress(progress, as_json), echo=click.echo, plugin=plugin)
     if not ok:
         sys.exit(EXIT_FAILED)
 
 
+@dataclass(frozen=True)
+class ServingExport:
+    """An export for a serving stack: its plan, the extra files of the package and the lines printed after."""
+
+    plan: Any
+    files: dict[str, str]
+    lines: list[str]
+
+
+def serving_export(model: str, output: str, *, buckets: str | None, tp: int, keep_ratio: float | None, dense: bool,
+                   dtype: str | None, target: Any, dialect: str, flags: dict[str, int | None]) -> ServingExport:
+    """Check what --serving vllm-neuron cannot match (one line each, before any work) and derive its plan."""
+    from pathlib import Path
+
+    from ..errors import InputError
+    from ..export.groups import export_groups
+    from ..export.serving import LNC, check_package_name, guide_lines, plan_serving, serving_files
+
+    why = f"--serving {SERVING}"
+    if buckets is not None:
+        raise InputError(f"{why} derives the token buckets from the server flags: drop --tokens")
+    missing = [flag for flag, value in flags.items() if value is None]
+    if missing:
+        raise InputError(f"{why} needs {', '.join(missing)}: the buckets vLLM Neuron compiles depend on them (give "
+                         "the values you pass to vllm serve)")
+    if keep_ratio is not None or (dtype is not None and dtype != "bfloat16"):
+        raise InputError(f"{why} exports the dense bf16 MLP only: vLLM Neuron passes each layer's dense bf16 weight "
+                         "slices to vllm_neuron.functional.mlp with no layer index, so SVD factors or FP8 weights and "
+                         "scales could not be matched to a layer; drop --keep-ratio/--dtype")
+    if target.lnc != LNC:
+        raise InputError(f"{why}: vLLM Neuron runs its graphs on LNC={LNC} (it launches its MLP kernel as "
+                         f"kernel[{LNC}]); drop --lnc {target.lnc}")
+    if dialect not in ("auto", "nki"):
+        raise InputError(f"{why}: vLLM Neuron's kernels are NKI 0.3+ (import nki); drop --dialect {dialect}")
+    package = check_package_name(output)
+    source, _, groups = export_groups(model, None, dense, None, "bfloat16")
+    if any(g.ranks is not None for g in groups):
+        raise InputError(f"{why}: {model} is an 'nmmc compress' output (SVD factors); vLLM Neuron passes each layer's "
+                         "dense weight slices with no layer index, so the factors could not be matched to a layer; add "
+                         "--dense to export the dense MLP")
+    if any(g.weights != "bfloat16" for g in groups) or source.config.torch_dtype != "bfloat16":
+        raise InputError(f"{why} exports bf16 kernels, and vLLM Neuron keeps the checkpoint's dtype "
+                         f"({source.config.torch_dtype}) for the MLP weights: no call would match")
+    c = source.config
+    plan = plan_serving(c.architecture, c.hidden_size, c.intermediate_size, tp=tp,
+                        max_num_seqs=flags["--max-num-seqs"], max_num_batched_tokens=flags["--max-num-batched-tokens"],
+                        max_model_len=flags["--max-model-len"])
+    package_dir = Path(output).resolve()
+    return ServingExport(plan, serving_files(plan, package, package_dir, c.name or model),
+                         guide_lines(plan, package, package_dir))
+
+
 def run_export(request: Any, output: str, *, verify: bool, as_json: bool, progress: bool,
-               echo: Callable[..., None]) -> bool:
+               echo: Callable[..., None], plugin: ServingExport | None = None) -> bool:
     """Export, optionally verify, print the summary (or the manifest as JSON); False when --verify failed."""
     from ..export import export_model
 
     update, close = _bar(progress, len(request.buckets))
     try:
-        manifest = export_model(request, output, progress=update)
+        manifest = export_model(request, output, progress=update,
+                                extra_files=None if plugin is None else plugin.files)
     finally:
         close()
     ok = True
-    lines = _summary(manifest, output)
+    lines = _summary(manifest, output) + ([] if plugin is None else plugin.lines)
     if verify:
         from ..export.verify import verify_export
 

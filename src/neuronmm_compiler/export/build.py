@@ -18,7 +18,7 @@ or a collective), so the runtime has one code path.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,9 +78,11 @@ def activation_dtype(request: ExportRequest) -> str:
 
 
 def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: KernelFn | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[int, int], None] | None = None,
+                 extra_files: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Tune every bucket, then write the package into ``out_dir``; the manifest. ``kernel_fn`` compiles one
     workload (default: tuned with the request's search settings, answered from the result cache when it can be);
+    ``extra_files`` (relative path -> text) are written with the package (``--serving``: export/serving.py);
     nothing is written before every bucket compiled."""
     out = check_output_dir(out_dir)
     if out.is_dir() and any(out.iterdir()) and not is_export(out):
@@ -125,6 +127,7 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
     for name in RUNTIME_FILES:
         files[name] = (runtime / name).read_text(encoding="utf-8")
     files[SCHEMA_FILE] = schema_text()
+    files.update(extra_files or {})
     files[MANIFEST_NAME] = json.dumps(manifest, indent=2) + "\n"
     write_dir_atomic(out, files)  # a previous package in out is replaced as a whole, none of its files left
     commit = getattr(kernel_fn, "commit", None)
