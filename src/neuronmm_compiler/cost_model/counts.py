@@ -214,11 +214,12 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
 
 
 def count_program(program: Program, params: ModelParams, env: Mapping[str, int] | None = None,
-                  pe_columns: int | None = None) -> ProgramCounts:
+                  pe_columns: int | None = None, memo: dict[int, frozenset[str]] | None = None) -> ProgramCounts:
     """The program's counts; ``env`` binds variables outside the loop nest (the program id of one program of a
-    logical core); ``pe_columns`` as for :func:`add_statement`."""
+    logical core); ``pe_columns`` as for :func:`add_statement`; ``memo`` as for
+    :func:`~neuronmm_compiler.kernel_ir.program.instruction_counts`."""
     counts = ProgramCounts()
-    for stmt, at, mult in instruction_counts(program.body, env):
+    for stmt, at, mult in instruction_counts(program.body, env, memo):
         add_statement(counts, stmt, at, mult, params, pe_columns)
     for param in program.params:
         counts.hbm_bytes_read.setdefault(param.name, 0)

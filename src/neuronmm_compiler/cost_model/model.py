@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..kernel_ir.lnc import PROGRAM_ID
-from ..kernel_ir.program import Program
+from ..kernel_ir.program import Program, extent_variables
 from ..targets import IN_GRAPH, Target
 from .counts import ProgramCounts, count_program, dma_histogram, edge_counts, psum_stall_us
 from .footprint import Footprint, footprint
@@ -116,15 +116,17 @@ class CostReport:
 
 def model_inputs(program: Program, target: Target, params: ModelParams | None = None,
                  counts: ProgramCounts | None = None, env: dict[str, int] | None = None,
-                 fp: Footprint | None = None) -> tuple[dict[str, float], ProgramCounts]:
+                 fp: Footprint | None = None,
+                 memo: dict[int, frozenset[str]] | None = None) -> tuple[dict[str, float], ProgramCounts]:
     """The numeric value of every symbol of the formulas, for this program and target (``params``:
     the target's own, i.e. a calibrated target's fit or the defaults, unless given; ``env``: the program id
-    of one program of a logical core; ``fp``: the program's footprint, computed when not given)."""
+    of one program of a logical core; ``fp``: the program's footprint, computed when not given; ``memo``: the
+    loops' extent variables, shared between counts of one program, see :func:`.counts.count_program`)."""
     params = params if params is not None else params_of(target)
     fp = fp if fp is not None else footprint(program, target)
     f_pe, bw = effective_rates(target, params)
     columns = target.gemm_stationary_fmax  # the PE array's columns: a column-tiled matmul takes its share of them
-    counts = counts or count_program(program, params, env, pe_columns=columns)
+    counts = counts or count_program(program, params, env, pe_columns=columns, memo=memo)
     pro = edge_counts(program, params, reverse=False, env=env, pe_columns=columns)
     epi = edge_counts(program, params, reverse=True, env=env, pe_columns=columns)
     dtype = program.params[0].dtype if program.params else "bfloat16"
@@ -322,7 +324,13 @@ def estimate_programs(program: Program, target: Target, params: ModelParams | No
     program's times, everyone's traffic and instructions, ``program_latency_us`` per program."""
     params = params if params is not None else params_of(target)
     fp = footprint(program, target)
-    inputs = [model_inputs(program, target, params, env={PROGRAM_ID: p}, fp=fp) for p in range(program.programs)]
+    memo: dict[int, frozenset[str]] = {}
+    if PROGRAM_ID in extent_variables(program.body, memo):
+        inputs = [model_inputs(program, target, params, env={PROGRAM_ID: p}, fp=fp, memo=memo)
+                  for p in range(program.programs)]
+    else:  # only offsets read the program id: every program counts alike (counted once, the same for each)
+        values, counts = model_inputs(program, target, params, env={PROGRAM_ID: 0}, fp=fp, memo=memo)
+        inputs = [(dict(values), counts) for _ in range(program.programs)]
     steady = [v["eff_bytes"] - v["pro_eff_bytes"] - v["epi_eff_bytes"] for v, _ in inputs]
     shared_bw = inputs[0][0]["bw"] * program.programs * params.lnc_hbm_share
     t_shared = sum(steady) / shared_bw

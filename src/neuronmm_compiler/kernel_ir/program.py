@@ -462,16 +462,34 @@ def walk(body: list[Stmt], loops: tuple[Loop, ...] = ()) -> Iterator[tuple[Stmt,
 Counted = Iterator[tuple[Stmt, dict[str, int], int]]
 
 
-def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None) -> Counted:
+def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None,
+                       memo: dict[int, frozenset[str]] | None = None) -> Counted:
     """Yield (statement, loop environment, multiplicity) for every leaf statement, evaluating
     loops in closed form: an iteration space is split into its first and last iterations, the
     only ones that can differ (ragged tiles are always the last). The first stands for all but
     the last. A loop whose variable appears in no extent (:attr:`Ref.shape`) or trip count inside
     it has identical iterations: it is visited once, at its last iteration, for all of them. So a
     consumer may read a statement's extents and trip counts in the environment, not its offsets.
-    Exact for the programs nmmc's lowerings build; tests compare it with enumeration."""
+    Exact for the programs nmmc's lowerings build; tests compare it with enumeration. ``memo``: the loops'
+    extent variables found so far (:func:`extent_variables`), to share between walks of one body."""
     env = dict(env or {})
-    yield from _counts(body, env, 1, {})
+    yield from _counts(body, env, 1, {} if memo is None else memo)
+
+
+def extent_variables(body: list[Stmt], memo: dict[int, frozenset[str]] | None = None) -> frozenset[str]:
+    """The variables that the extents (:attr:`Ref.shape`) and trip counts of ``body`` read: all that
+    :func:`instruction_counts` evaluates, so two environments that agree on these count alike. ``memo`` (loop id ->
+    its variables) is filled as :func:`instruction_counts` fills it, for a count of the same body to reuse."""
+    memo = {} if memo is None else memo
+    names: set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            names |= _extent_variables(stmt, memo)
+        else:
+            for ref in refs_of(stmt):
+                for extent in ref.shape:
+                    names |= extent.variables()
+    return frozenset(names)
 
 
 def _extent_variables(loop: Loop, memo: dict[int, frozenset[str]]) -> frozenset[str]:

@@ -34,7 +34,7 @@ from ..vocab import ALayout, Dialect, Layout, NodeKind
 from .base import Baseline, Lowering, aws_baseline, resolve_split, split_restriction, transpose_choice
 from .gemm import aws_gemm_cost
 from .lower_elementwise import lower_elementwise
-from .lower_fused import lower_fused_kernel
+from .lower_fused import divided_fused_kernel, finish_fused_kernel, lower_fused_kernel
 from .nkilib_mlp import nkilib_baseline
 
 if TYPE_CHECKING:
@@ -158,6 +158,12 @@ def _check_contraction_blocks(workload: Workload, params: Mapping[str, str | int
                                 f"{target.pmax} rows ({longest}); give 1..{tiles}, or 0 for all of them")
 
 
+#: Divided programs the search keeps for the block forms of the row schedules it costed last
+#: (:meth:`FusedLowering.search_setup`): a row schedule and its 5 late forms (:func:`late_forms`), each kernel's
+#: (two for mlp=split), whose block forms the evaluator costs after them
+_DIVIDED_KEPT = 16
+
+
 class FusedLowering(Lowering):
     kind: ClassVar[str] = "fused"
     schedule_class: ClassVar[type] = FusedSchedule
@@ -239,12 +245,23 @@ class FusedLowering(Lowering):
         tokens = workload.token_count
         graph = workload.graph()
         kernels_by_mode: dict[str, list[Graph]] = {}
+        divided: dict[tuple[int, FusedSchedule], Program] = {}  # (kernel graph, row schedule): its divided program
+
+        def lower(kernel: Graph, schedule: FusedSchedule) -> Program:
+            # the block form of a row schedule (the variant below, costed right after it, and its late forms right
+            # after the row form's) is the row form's divided program with its slab loads coalesced
+            # (lower_fused.divided_fused_kernel): lowered once for both, the last few kept
+            key = (id(kernel), replace(schedule, weight_dma="row") if schedule.weight_dma == "block" else schedule)
+            program = divided.pop(key, None) or divided_fused_kernel(kernel, key[1], target, kernel.name)
+            divided[key] = program  # the most recent last
+            if len(divided) > _DIVIDED_KEPT:
+                del divided[next(iter(divided))]
+            return finish_fused_kernel(program, schedule)
 
         def cost(schedule: FusedSchedule) -> CostReport:
             if schedule.mlp not in kernels_by_mode:
                 kernels_by_mode[schedule.mlp] = self.kernels(run_pipeline(graph, self.pipeline(schedule)).graph)
-            return combine_reports([estimate(self.lower(k, schedule, target), target)
-                                    for k in kernels_by_mode[schedule.mlp]])
+            return combine_reports([estimate(lower(k, schedule), target) for k in kernels_by_mode[schedule.mlp]])
 
         space = fused_space(row_major_activations(workload), splittable(workload), dma_transpose, target.lnc,
                             exchange, column_tile_candidates(tokens, target.max_column_tiles))

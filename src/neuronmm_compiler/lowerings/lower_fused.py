@@ -62,7 +62,7 @@ from .limits import named_limits
 if TYPE_CHECKING:
     from ..targets import Target
 
-__all__ = ["lower_fused_kernel"]
+__all__ = ["divided_fused_kernel", "finish_fused_kernel", "lower_fused_kernel"]
 
 
 class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
@@ -303,6 +303,19 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
 def lower_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, name: str | None = None) -> Program:
     """The loop-nest program of one kernel subgraph (annotated by the fusion pipeline, see the module
     docstring) under ``schedule`` on ``target``."""
+    return finish_fused_kernel(divided_fused_kernel(graph, schedule, target, name), schedule)
+
+
+def divided_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, name: str | None = None) -> Program:
+    """:func:`lower_fused_kernel` before its last steps (:func:`finish_fused_kernel`): the program divided between the
+    programs of a logical core, its slab loads not yet coalesced. Nothing before those steps reads ``weight_dma`` but
+    to tell ``tile`` from the others, so ``row`` and ``block`` give this same program (its schedule comment aside): the
+    search costs the block form of a row schedule from the row form's (lowerings/fused.py)."""
     program = drop_unused_allocs(_FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program())
-    program = program if program.programs > 1 else distribute(program, schedule.lnc_split, target.lnc)
+    return program if program.programs > 1 else distribute(program, schedule.lnc_split, target.lnc)
+
+
+def finish_fused_kernel(program: Program, schedule: FusedSchedule) -> Program:
+    """The last steps of :func:`lower_fused_kernel` on a :func:`divided_fused_kernel` program: each loop of slab loads
+    made one DMA (``weight_dma=block``, kernel_ir/coalesce.py), then the loops that run once folded."""
     return fold_unit_loops(coalesce_slab_loads(program) if schedule.weight_dma == "block" else program)
