@@ -30,9 +30,9 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
         return _dense_model_lines(source, index, target, output)
     ranks = "/".join(str(r) for r in index["ranks"].values())
     lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target.label}",
-             "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what NxD "
-             "Inference runs; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' AWS's "
-             "kernel per matmul",
+             "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what vLLM Neuron "
+             "and NxD Inference call; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' "
+             "AWS's kernel per matmul",
              f"  {context_note(target)}",
              f"  speedups over the dense MLPs: {_approximations(index)}"]
     if index.get("formats_from") == "manifest":
@@ -51,8 +51,8 @@ def _dense_model_lines(source: Any, index: dict[str, Any], target: Target, outpu
     """``nmmc tune --model --dense``: nmmc's fused dense MLP per bucket against nki-library's fused MLP (what NxD
     Inference runs) and AWS's kernel per matmul; a bucket where nki-library's kernel is faster says so."""
     lines = [f"{source.config.describe()}; the dense MLP (no compression: exact); {target.label}",
-             "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what NxD Inference "
-             "runs; modelled, docs/fusion.md), 'AWS dense' AWS's kernel per matmul",
+             "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what vLLM Neuron "
+             "and NxD Inference call; modelled, docs/fusion.md), 'AWS dense' AWS's kernel per matmul",
              f"  {context_note(target)}"]
     lines += _dense_table(index["buckets"])
     lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
@@ -157,9 +157,9 @@ def _grouped_lines(source: Any, index: dict[str, Any], target: Target, output: s
     groups = index["groups"]
     count = f"{len(groups)} layer group{'s' if len(groups) > 1 else ''}"
     lines = [f"{source.config.describe()}; ranks and formats per layer (from the manifest): {count}; {target.label}",
-             "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what NxD "
-             "Inference runs; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' AWS's "
-             "kernel per matmul",
+             "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what vLLM Neuron "
+             "and NxD Inference call; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' "
+             "AWS's kernel per matmul",
              f"  {context_note(target)}",
              f"  speedups over the dense MLPs: {_approximations(index)}",
              "  format: each group's kernel is in the format the compress output records for its layers (manifest "
