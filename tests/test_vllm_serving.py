@@ -113,19 +113,20 @@ def _write_standin(root: Path, extra: str = "") -> None:
 @pytest.fixture
 def standin(package, tmp_path, monkeypatch):
     """A stand-in vllm_neuron package on sys.path (not imported), the plugin's state reset, and a spy on the
-    package's ops.run_rank (the nmmc operator entry point) recording each call."""
+    package's operators' run_rank (the nmmc entry point the router calls) recording each call."""
     pkg, _ = package
     plugin = pkg.vllm_plugin
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(plugin._STATE, "warned", False)
     calls: list[tuple[str, int, int]] = []
-    real = pkg.ops.run_rank
+    operators = pkg.ops.package_ops()
+    real = operators.run_rank
 
     def spy(group, tokens, rank, x, weights):
         calls.append((group, tokens, rank))
         return real(group, tokens, rank, x, weights)
 
-    monkeypatch.setattr(pkg.ops, "run_rank", spy)
+    monkeypatch.setattr(operators, "run_rank", spy)
     yield plugin, tmp_path, calls
     for name in [n for n in sys.modules if n == "vllm_neuron" or n.startswith("vllm_neuron.")]:
         del sys.modules[name]
@@ -286,6 +287,28 @@ def test_signature_check_exported_shapes_run_nmmcs_kernels_others_the_original(s
     for args, kwargs in fallbacks:
         NF.mlp(*args, **kwargs)
     assert len(calls) == 4 and len(standin_module.CALLS) == len(fallbacks)
+
+
+def test_router_traces_into_one_graph_under_torch_compile(standin):
+    """vLLM Neuron compiles its models with torch.compile: the router's choice is made on shapes and dtypes while
+    tracing, so a routed call is one graph with the package's operator in it (fullgraph, no break) and a call
+    passed on traces through the original; both equal eager (aot_eager backend on the CPU; not the Neuron backend)."""
+    plugin, root, _ = standin
+    _write_standin(root)
+    plugin.register()
+    import vllm_neuron.functional as NF
+
+    def layer(x, gate, up, down):
+        return NF.mlp(x, gate, up, down) + 1
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    for tokens in (2, 3):  # an exported bucket, then one that is not
+        args = _call_arguments(tokens)
+        assert torch.equal(compiled(*args), layer(*args))
+    explained = torch._dynamo.explain(layer)(*_call_arguments(2))
+    assert explained.graph_break_count == 0
+    targets = [str(n.target) for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any(t.startswith("nmmc.nmmc_vllm_tiny_") for t in targets), targets
 
 
 def test_signature_check_rebinds_early_imports_and_is_idempotent(standin):

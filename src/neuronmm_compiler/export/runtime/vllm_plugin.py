@@ -141,7 +141,7 @@ def register() -> None:
 def install(module: Any, runner: Callable[..., Any] | None = None) -> bool:
     """Replace ``module.mlp`` (and the function's other names in loaded vllm_neuron modules) by the router; True
     when the router is in place. ``runner(group, tokens, rank, x, weights)`` runs a bucket's kernels (default:
-    this package's ``ops.run_rank``)."""
+    ``run_rank`` of this package's operators, ``ops.package_ops()``)."""
     with _LOCK:
         try:
             return _install(module, runner)
@@ -163,9 +163,11 @@ def _install(module: Any, runner: Callable[..., Any] | None) -> bool:
         return False
     routes = routes_of(manifest())
     if runner is None:  # this package's kernels as PyTorch operators (ops.py), only buckets it can run per rank
-        ops = importlib.import_module(f"{__package__}.ops")
-        runner = ops.run_rank
-        routes = {shape: target for shape, target in routes.items() if ops.routable(*target)}
+        # ops.package_ops() (the operators, registered once) is resolved here, not in the traced call: under
+        # torch.compile the cached lookup would be traced into (Path.resolve, a graph break)
+        operators = importlib.import_module(f"{__package__}.ops").package_ops()
+        runner = operators.run_rank
+        routes = {shape: target for shape, target in routes.items() if operators.routable(*target)}
     router = make_router(current, routes, runner)
     _rebind(module, current, router)
     _STATE["installed"] = router
