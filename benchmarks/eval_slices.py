@@ -5,8 +5,8 @@
 
 ``OUT`` is a ``nmmc compress`` output directory; ``WORK/texts`` what ``benchmarks/compression.py --heal-study
 --work WORK`` wrote. The NumPy forward pass, sequences of 512 (as ``compress --eval``), so the first slice's figure
-is ``compress --eval-tokens 1024``'s. Measured 2026-12-02 (docs/compression.md, "Seventh run"): for one set of
-factors the licence text's four slices ranged from +55% to +146%.
+is ``compress --eval-tokens 1024``'s. Measured 2026-12-02 (benchmarks/results/compression-runs.md, "Seventh
+run"): for one set of factors the licence text's four slices ranged from +55% to +146%.
 """
 
 from __future__ import annotations

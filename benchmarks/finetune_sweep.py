@@ -12,7 +12,7 @@ prints the KL every 10 steps, wall and CPU seconds, peak RSS, and the perplexity
 first 1024 tokens of each evaluation text (sequences of 512, as the heal study; the torch pass gives
 the NumPy pass's figures for the whitened and closed-form factors to 0.01); ``--eval-slices K`` measures
 the first K consecutive 1024-token slices, each and together (the first slice alone is not representative:
-docs/compression.md, "Seventh run"). ``--length`` and ``--batch`` set the fine-tuning sequences.
+benchmarks/results/compression-runs.md, "Seventh run"). ``--length`` and ``--batch`` set the fine-tuning sequences.
 """
 
 from __future__ import annotations

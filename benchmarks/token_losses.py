@@ -7,8 +7,8 @@ text file (tokenized with the model's tokenizer) or a ``.npy`` of token ids. Seq
 ``compress --eval``. Prints the mean NLL increase (its exponential is ``compress --eval``'s perplexity ratio), how
 it splits over the original model's confidence (the original's NLL of the true token, in buckets), how much of
 it the worst 1/5/10/20% of tokens carry, and the tokens that lost most with the text before them. Used for
-docs/compression.md's "Eighth run": on the licence text the loss sits in a few tokens the original predicted
-with confidence (completions of long or capitalised words in boilerplate).
+benchmarks/results/compression-runs.md's "Eighth run": on the licence text the loss sits in a few tokens the
+original predicted with confidence (completions of long or capitalised words in boilerplate).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""docs/compression.md quotes benchmarks/compression.py's committed results, figure for figure (issue 28):
-the perplexities from the full run, the predicted latencies from the latest --latency-only run, and the
-stale 2026-11-30 rank choice only where it is marked stale."""
+"""docs/compression.md quotes the committed results figure for figure: the perplexities from the full run, the
+predicted latencies from the latest --latency-only run, the healing recipe's run and its time. The run log beside
+the results (benchmarks/results/compression-runs.md) holds the superseded figures, each still tied to its results
+file: the heal study's runs, the standalone latencies and the stale 2026-11-30 rank choice, marked stale."""
 
 from __future__ import annotations
 
@@ -16,8 +17,15 @@ JOINT_TRN2 = RESULTS / "compression-trn2-2026-12-03.txt"  # the full run on trn2
 STANDALONE = RESULTS / "compression-latency-2026-12-01.txt"  # trn1 standalone, before the benchmark ran in-graph
 
 
+NOTES = RESULTS / "compression-runs.md"
+
+
 def _doc() -> str:
     return " ".join((ROOT / "docs" / "compression.md").read_text(encoding="utf-8").split())
+
+
+def _notes() -> str:
+    return " ".join(NOTES.read_text(encoding="utf-8").split())
 
 
 def _latencies(path: Path) -> dict[int, dict[str, float]]:
@@ -33,8 +41,9 @@ def _grouped(value: float, digits: int) -> str:
 
 
 def test_the_doc_names_the_result_files_and_the_text():
-    doc = _doc()
-    assert all(f.name in doc for f in (FULL, LATENCY, LATENCY_TRN1, STANDALONE, JOINT_TRN2))
+    doc, notes = _doc(), _notes()
+    assert all(f.name in doc for f in (FULL, LATENCY, LATENCY_TRN1, JOINT_TRN2))
+    assert f"benchmarks/results/{NOTES.name}" in doc and STANDALONE.name in notes
     assert "the same source" in doc and "CPython documentation" in doc
 
 
@@ -54,7 +63,7 @@ def test_perplexities_are_the_full_runs():
 
 
 def test_latencies_are_the_latest_runs_and_the_old_ones_are_marked_stale():
-    doc = _doc()
+    doc, notes = _doc(), _notes()
     now, trn1, then = _latencies(LATENCY), _latencies(LATENCY_TRN1), _latencies(FULL)
     assert "on trn2 LNC=2 in-graph" in LATENCY.read_text() and "on trn1 in-graph" in LATENCY_TRN1.read_text()
     for rows in (now, trn1):
@@ -84,19 +93,19 @@ def test_latencies_are_the_latest_runs_and_the_old_ones_are_marked_stale():
     assert all(row["dense"] < min(v for k, v in row.items() if k != "dense") for row in trn1.values())
     assert LATENCY_TRN1.read_text().count("every rank choice keeps every layer dense") == 2
     old = _latencies(STANDALONE)[512]
-    assert f"fused dense {old['dense']} against ranks {old['128/128']}–{old['384/384']} at 512 tokens" in doc
-    # the 2026-11-30 figures appear only in the section marked stale
-    stale = doc.split("**Stale: the 2026-11-30 rank choice**", 1)
+    assert f"fused dense {old['dense']} against ranks {old['128/128']}–{old['384/384']} at 512 tokens" in notes
+    # the 2026-11-30 figures appear only in the run log's section marked stale, never on the page
+    stale = notes.split("**Stale: the 2026-11-30 rank choice**", 1)
     assert len(stale) == 2
     t512 = then[512]
     old = (f"fused dense {t512['dense']} µs per layer, ranks 128/128 {t512['128/128']}, 256/256 {t512['256/256']}, "
            f"384/384 {t512['384/384']}")
-    assert old in stale[1] and old not in stale[0]
+    assert old in stale[1] and old not in stale[0] and old not in doc
 
 
 def test_the_stale_rank_choice_table_is_the_full_runs():
-    doc, text = _doc(), FULL.read_text()
-    stale = doc.split("**Stale: the 2026-11-30 rank choice**", 1)[1]
+    text = FULL.read_text()
+    stale = _notes().split("**Stale: the 2026-11-30 rank choice**", 1)[1]
     for keep in ("0.5", "0.8"):
         block = text.split(f"keep {keep}: ranks", 1)[1].split("\nkeep ", 1)[0]
         accurate = [line for line in block.splitlines() if "most accurate within" in line]
@@ -112,10 +121,10 @@ HEAL = RESULTS / "compression-heal-2026-12-01.json"
 
 
 def test_the_healing_table_is_the_heal_studys():
-    """Every perplexity of benchmarks/compression.py --heal-study's committed run is in the doc's table."""
+    """Every perplexity of benchmarks/compression.py --heal-study's committed run is in the run log's table."""
     import json
 
-    doc, data = _doc(), json.loads(HEAL.read_text())
+    doc, data = _notes(), json.loads(HEAL.read_text())
     assert HEAL.name in doc
     for name, ppl in data["originals"].items():
         assert f"{name} ({ppl:.2f})" in doc
@@ -140,10 +149,10 @@ HEAL_FINETUNE = RESULTS / "compression-heal-finetune-2026-12-01.json"
 
 
 def test_the_fine_tuning_rows_are_the_second_heal_runs():
-    """The rank-384 rows of the fine-tuning rerun (faster, measured settings) are in the doc, figure for figure."""
+    """The rank-384 rows of the fine-tuning rerun (faster, measured settings) are in the run log, figure for figure."""
     import json
 
-    doc, data = _doc(), json.loads(HEAL_FINETUNE.read_text())
+    doc, data = _notes(), json.loads(HEAL_FINETUNE.read_text())
     assert HEAL_FINETUNE.name in doc
     assert {row["method"] for row in data["rows"]} == {"whitened", "whitened+closed-form", "whitened+finetune"}
     for row in data["rows"]:
@@ -157,10 +166,10 @@ HEAL_COMPRESS = RESULTS / "compression-heal-finetune-2026-12-02.json"
 
 def test_the_compress_finetune_run_and_the_distillation_data_rows_are_in_the_doc():
     """`nmmc compress --heal finetune`'s own run (time, memory, per-file perplexities), its kill-and-resume, and
-    the fine-tuning runs with the model's samples are quoted from the 2026-12-02 record."""
+    the fine-tuning runs with the model's samples are quoted in the run log from the 2026-12-02 record."""
     import json
 
-    doc, data = _doc(), json.loads(HEAL_COMPRESS.read_text())
+    doc, data = _notes(), json.loads(HEAL_COMPRESS.read_text())
     assert HEAL_COMPRESS.name.replace(".json", ".txt") in doc
     full = data["full"]
     assert f"{full['cpu_s']:.0f} CPU s (user + system), {full['peak_mib']} MiB peak RSS" in doc
@@ -176,3 +185,41 @@ def test_the_compress_finetune_run_and_the_distillation_data_rows_are_in_the_doc
         cells = " | ".join(f"{run['perplexity'][n]:.2f} ({run['perplexity'][n] / run['original'][n] - 1:+.1%})"
                            for n in ("docs", "licences", "code", "changelogs"))
         assert f"| {run['distill_tokens']:,} | {cells} | {run['cpu_s']} | {run['peak_mib']} |" in doc
+
+
+RECIPE = RESULTS / "compression-recipe-250-steps-2026-12-03.txt"
+RECIPE_TP = RESULTS / "compression-tp-label-2026-12-03.txt"
+TEXTS = ("docs-eval", "licences", "code", "changelogs")
+
+
+def _per_file(text: str) -> dict[str, tuple[str, str]]:
+    """eval file -> (signed increase, top-1 agreement) from a compress run's per-file lines (the first of each)."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, inc, agree in re.findall(r"^ +(\S+)\.txt: \d+ tokens, perplexity [\d.]+ -> [\d.]+ \(([+-][\d.]+%)[^)]*\)"
+                                       r", top-1 agreement ([\d.]+)$", text, flags=re.M):
+        out.setdefault(name, (inc, agree))
+    return out
+
+
+def test_the_recipe_rows_and_its_time_are_the_runs():
+    """The page's healing table (the recipe, and its --tp 2 blocks) and its time table's first row are the runs'
+    printed figures."""
+    doc, recipe = _doc(), RECIPE.read_text()
+    files = _per_file(recipe)
+    overall = re.search(r"perplexity [\d.]+ -> [\d.]+ \(([+-][\d.]+%);.*top-1 agreement ([\d.]+),", recipe).groups()
+    cells = " | ".join(f"{files[n][0]} ({files[n][1]})" for n in TEXTS) + f" | {overall[0]} ({overall[1]})"
+    assert f"| recipe: Fisher metric, closed form, 250 fine-tuning steps | {cells} |" in doc
+    took = re.search(r"healing took (\d+:\d\d) on 2 threads \(wall time\): whitened SVD (\d+ s), Fisher (\d+ s), "
+                     r"closed form (\d+:\d\d), fine-tuning (\d+:\d\d)", recipe).groups()
+    assert f"| 2, idle (host B) | {took[0]} (250 steps: {', '.join(took[1:])}) |" in doc
+    minutes, seconds = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\d+):([\d.]+)", recipe).groups()
+    wall = f"{minutes}:{round(float(seconds)):02d}"
+    peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", recipe).group(1)) // 1024
+    assert f"| {wall} | `{RECIPE.name}` |" in doc and f"Peak RSS of the recipe: {peak} MiB" in doc
+    # the --tp 2 run printed the recipe's figures for the unsharded factors, then the blocks'
+    unsharded, blocks = RECIPE_TP.read_text().split("--tp 2 factor-shard blocks (kept 0.778", 1)
+    assert _per_file(unsharded) == files
+    tp_files = _per_file(blocks)
+    tp_overall = re.search(r"perplexity [\d.]+ -> [\d.]+ \(([+-][\d.]+%);.*?top-1 agreement ([\d.]+)", blocks).groups()
+    cells = " | ".join(f"{tp_files[n][0]} ({tp_files[n][1]})" for n in TEXTS) + f" | {tp_overall[0]} ({tp_overall[1]})"
+    assert RECIPE_TP.name in doc and f"the factor-shard blocks (kept 0.778) | {cells} |" in doc

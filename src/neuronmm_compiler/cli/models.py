@@ -93,16 +93,16 @@ def _stage_bar(enabled: bool):
               help="Weight of the cross-entropy of the fine-tuning data's own next tokens, added to the KL "
                    "divergence from the original model (default 0.3; 0: distillation alone). It fits the "
                    "compressed model to the calibration text as well as to the original model's predictions "
-                   "(docs/compression.md, twelfth run).")
+                   "(benchmarks/results/compression-runs.md, 'Twelfth run').")
 @click.option("--finetune-dtype", default=None, type=click.Choice(["auto", "bfloat16", "float32"]),
               help="Fine-tuning matmuls (default auto: a step's forward and backward pass is timed in each first, "
                    "and bfloat16 is taken when at least 10% faster). Measured: bfloat16 took half float32's CPU time "
                    "on one 2-core host and 1.5-2x float32's wall time on another (AVX-512 BF16, no AMX); perplexities "
-                   "within 0.5% (docs/compression.md).")
+                   "within 0.5% (benchmarks/results/compression-runs.md).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), metavar="N",
               help="CPU threads for the NumPy stages (BLAS) and fine-tuning (torch). Default: every core this "
                    "process may use. On a machine shared with other jobs, 1 is faster (threads that wait for each "
-                   "other spin; docs/compression.md).")
+                   "other spin; docs/compression.md, 'Time and memory').")
 @click.option("--sequence-length", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per sequence of the calibration and evaluation forward passes.")
 @click.option("--damping", default=1e-4, show_default=True, type=float,

@@ -6,7 +6,8 @@
 - :func:`compress_model`: factor every MLP weight into ``u @ v`` at the NeuronMM block-aligned rank,
   one safetensors file per layer plus ``manifest.json`` (:class:`Manifest`, :func:`read_manifest`).
 
-``docs/compression.md`` describes the method, the file format and the measured SVD accuracy.
+``docs/compression.md`` describes the method and the file format;
+``benchmarks/results/compression-runs.md`` holds the measured SVD accuracy.
 """
 
 from .compress import compress_model, plan_ranks

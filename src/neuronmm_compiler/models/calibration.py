@@ -41,7 +41,7 @@ DEFAULT_SEQUENCE = 512
 #: Tokens per block of calibration's and healing's token-wise products (Grams, the MLPs): consecutive sequences
 #: are concatenated after their attention. Measured on 2 cores (float32): a [2048, 1536] Gram took 33 ms against
 #: 4 x 16 ms for four [512, 1536] ones; the closed form on 8192 tokens of SmolLM2-135M 115 -> 90 s
-#: (docs/compression.md).
+#: (benchmarks/results/compression-runs.md, "The healing study").
 BLOCK_TOKENS = 2048
 
 

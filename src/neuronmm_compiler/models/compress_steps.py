@@ -65,7 +65,8 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
         layer_ranks=layer_ranks, factors=healed, heal=heal_record, fp8=fp8, fp8_record=fp8_record,
         progress=None if progress is None else lambda d, t: progress("factoring", d, t))
-    del healed  # written: the blocks' fine-tuning need not hold it too (docs/compression.md, "Ninth run")
+    # written: the blocks' fine-tuning need not hold it too (benchmarks/results/compression-runs.md, "Ninth run")
+    del healed
     for job in later:
         job()
     if later:  # the record gained the blocks' fine-tuning run

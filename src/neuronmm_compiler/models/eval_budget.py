@@ -1,7 +1,8 @@
 """``--choose-ranks`` with ``--eval``: the accuracy budget held on the eval files, where the user measures it.
 
 The measured choice (:mod:`.measured_choice`, :mod:`.format_choice`) spends half of ``--max-ppl-increase`` on
-calibration tokens. Text of other domains loses more (on SmolLM2-135M two to three times more, docs/compression.md),
+calibration tokens. Text of other domains loses more (on SmolLM2-135M two to three times more,
+benchmarks/results/compression-runs.md),
 so a choice within budget there measured +15.7% on the eval files for a +10% budget. With ``--eval`` (unless
 ``--no-eval-check``) nmmc therefore builds the chosen model as it will be written -- healed, FP8 where chosen --
 measures it on every eval file, and when any file or all of them together measure over the budget, backs off along

@@ -24,12 +24,12 @@ Step cost (SmolLM2-135M, 256 tokens, 2 cores): the teacher's targets are compute
 calibration sequence, without gradients, and kept as its top-``top_k`` log-probabilities per token
 (``top_k * 8`` bytes a token; the loss is the KL divergence restricted to those tokens, which hold
 nearly all of the teacher's mass), so an epoch over the calibration set after the first costs only
-the student's forward and backward passes, in ``threads`` torch threads (``docs/compression.md`` gives the
-measured seconds per step and peak memory). The student's matmuls run in bfloat16 autocast or in float32,
-whichever this machine runs faster (``dtype="auto"``: one step's forward and backward pass timed in each
-before the first step; bfloat16 took half float32's time on one 2-core host and 1.5x on another). Optionally
-(``layer_weight``) each compressed MLP's output is also pulled towards the original MLP's output on
-the same (student) input: a relative squared error averaged over layers, cheap and local.
+the student's forward and backward passes, in ``threads`` torch threads (``docs/compression.md``, "Time
+and memory", gives the measured seconds per step and peak memory). The student's matmuls run in bfloat16
+autocast or in float32, whichever this machine runs faster (``dtype="auto"``: one step's forward and backward
+pass timed in each before the first step; bfloat16 took half float32's time on one 2-core host and 1.5x on
+another). Optionally (``layer_weight``) each compressed MLP's output is also pulled towards the original MLP's
+output on the same (student) input: a relative squared error averaged over layers, cheap and local.
 
 Tensor-parallel factor-shard blocks (``shards``): the student's MLP is the deployment's, the sum over ranks
 of ``down_i(silu(gate_i(x)) * up_i(x))`` with each rank's own block factors (:func:`.heal_shards.sharded_mlp`);
@@ -72,7 +72,8 @@ class FinetuneSettings:
     key and the manifest)."""
 
     steps: int = 200
-    learning_rate: float = 1e-5  # measured: 1e-4 diverged, 3e-5 and 3e-6 healed less (docs/compression.md)
+    # measured: 1e-4 diverged, 3e-5 and 3e-6 healed less (benchmarks/results/compression-runs.md)
+    learning_rate: float = 1e-5
     batch: int = 1  # sequences per step
     length: int = 256  # tokens per sequence
     warmup: int = 5
@@ -82,7 +83,7 @@ class FinetuneSettings:
     # weight of the cross-entropy of the data's own next tokens, added to the KL (0: distillation alone); measured
     # at 300 steps on SmolLM2-135M: 0.3 lowered every text's perplexity (in domain below the original's), the top-1
     # agreement with the original within 0.01; 1.0 lowered them more and the agreement by up to 0.036
-    # (docs/compression.md, twelfth run)
+    # (benchmarks/results/compression-runs.md, "Twelfth run")
     label_weight: float = 0.3
     weight_decay: float = 0.0  # AdamW's, towards 0 (not towards the starting factors)
     # the student's matmuls (autocast; factors, optimizer, loss stay float32): bfloat16, float32, or "auto", the
@@ -90,7 +91,8 @@ class FinetuneSettings:
     dtype: str = "auto"
     # tokens sampled from the original model (seed + 1) that ``compress`` adds to the distillation data
     # (finetune_heal itself trains on the ids it is given); measured: 16384 healed every text more than 0, at
-    # ~110 CPU s of sampling and ~30 of fine-tuning more for SmolLM2-135M (docs/compression.md, third run)
+    # ~110 CPU s of sampling and ~30 of fine-tuning more for SmolLM2-135M (benchmarks/results/compression-runs.md,
+    # "Third run")
     samples: int = 16384
     threads: int | None = None  # torch threads; None: every core this process may use (as compress's --threads)
     checkpoint_seconds: float = 60.0
@@ -353,7 +355,7 @@ def teacher_states(final: Sequence[np.ndarray], calibration_length: int, setting
 def choose_dtype(seconds: Mapping[str, float]) -> str:
     """bfloat16 when its timed step (``seconds``, per dtype) is at least 10% faster than float32's, else float32,
     the exact one (measured: bfloat16 took half float32's time on one 2-core host and 1.5-2x on another, with AVX-512
-    BF16 and no AMX; docs/compression.md, "Seventh run" and "Tenth run")."""
+    BF16 and no AMX; benchmarks/results/compression-runs.md, "Seventh run" and "Tenth run")."""
     return "bfloat16" if seconds["bfloat16"] * 1.1 <= seconds["float32"] else "float32"
 
 

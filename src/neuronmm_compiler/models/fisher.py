@@ -31,7 +31,8 @@ __all__ = ["FISHER_MIX", "FISHER_TOKENS", "residual_fisher", "residual_metric"]
 
 #: Calibration tokens the Fisher is estimated on (sequences spread evenly over the calibration set).
 FISHER_TOKENS = 8192
-#: Weight of the identity in the residual-stream metric (measured on SmolLM2-135M, docs/compression.md).
+#: Weight of the identity in the residual-stream metric (measured on SmolLM2-135M,
+#: benchmarks/results/compression-runs.md, "Sixth run").
 FISHER_MIX = 0.5
 
 

@@ -6,7 +6,7 @@ MLPs (perplexity and top-1 agreement, :mod:`.quality`). Both run on the CPU of t
 compresses. This module is that forward pass, in float32 NumPy (reductions and softmax in float32,
 attention one sequence at a time), so that ``nmmc compress --calibration`` needs no PyTorch: the
 CPU build of torch alone adds ~860 MB to an environment and PyPI's default wheel several GB of CUDA
-libraries (``docs/compression.md``), against a few hundred lines here.
+libraries (``benchmarks/results/compression-runs.md``), against a few hundred lines here.
 
 The architecture, as Hugging Face's ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``
 compute it (``scripts/check_forward.py`` compares the logits with transformers' where it is installed):

@@ -4,7 +4,8 @@ Truncating gate or up to rank r keeps the directions of their own output that ca
 (on the calibration inputs). But the MLP reads their outputs through ``silu(g) * u`` and then down:
 an intermediate feature that down barely reads, or that the gate mostly closes, costs the model little,
 however large it is. Weighing each projection's output error by its path to the MLP's output spends the
-rank where the model loses most. Measured on SmolLM2-135M at rank 384 (docs/compression.md).
+rank where the model loses most. Measured on SmolLM2-135M at rank 384 (benchmarks/results/compression-runs.md,
+"Fifth run").
 """
 
 from __future__ import annotations

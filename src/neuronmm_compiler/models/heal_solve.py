@@ -20,7 +20,8 @@ __all__ = ["DEFAULT_HEAL_DAMPING", "METRIC_DAMPING", "Accumulator", "project", "
 
 #: Ridge of the closed-form refit, relative to the mean diagonal of ``A^T A``.
 DEFAULT_HEAL_DAMPING = 1e-4
-#: Ridge of the output metric, relative to its mean diagonal (measured on SmolLM2-135M, docs/compression.md).
+#: Ridge of the output metric, relative to its mean diagonal (measured on SmolLM2-135M,
+#: benchmarks/results/compression-runs.md, "The healing study").
 METRIC_DAMPING = 1e-2
 
 

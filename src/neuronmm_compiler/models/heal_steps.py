@@ -37,7 +37,8 @@ SHARD_START_CHECKPOINT = "heal-closed-form-tp.ckpt"
 #: Every file a ``--heal finetune`` run resumes from (removed once the manifest is written, or by a fresh build).
 CHECKPOINTS = (FINETUNE_CHECKPOINT, SHARD_FINETUNE_CHECKPOINT, SHARD_START_CHECKPOINT)
 #: Sequences sampled together for the fine-tuning data: SmolLM2-135M sampled 150 tokens per CPU second at 64
-#: (32,768 tokens in 219 CPU s, 2150 MiB peak with its 1.5 GB KV cache at 512 tokens; docs/compression.md).
+#: (32,768 tokens in 219 CPU s, 2150 MiB peak with its 1.5 GB KV cache at 512 tokens;
+#: benchmarks/results/compression-runs.md, "Third run").
 SAMPLE_BATCH = 64
 
 

@@ -42,8 +42,9 @@ __all__ = ["SELECTION_SHARE", "SELECTION_TOKENS", "MeasuredChoice", "Ticker", "c
 SELECTION_TOKENS = 1024
 #: The measured rank choice spends this fraction of --max-ppl-increase on the selection tokens: they are
 #: calibration text, and on SmolLM2-135M text of other domains lost 2-3x more perplexity than the
-#: calibration's own (docs/compression.md), so the whole budget there overshoots it elsewhere. With --eval the
-#: budget is then checked on the eval files, and the choice backed off until it holds there (:mod:`.eval_budget`).
+#: calibration's own (benchmarks/results/compression-runs.md), so the whole budget there overshoots it
+#: elsewhere. With --eval the budget is then checked on the eval files, and the choice backed off until it holds
+#: there (:mod:`.eval_budget`).
 SELECTION_SHARE = 0.5
 
 

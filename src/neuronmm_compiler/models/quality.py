@@ -7,10 +7,10 @@ the original ones, as in a compressed checkpoint), and reports
 - perplexity of both, ``exp(mean next-token negative log-likelihood)`` over every predicted token;
 - the perplexity increase of every sequence on its own, so that a report can say how much one text's
   sequences disagree (measured on SmolLM2-135M: the 1024-token slices of one licence text ranged from
-  +55% to +146% for the same factors; docs/compression.md, "Seventh run");
+  +55% to +146% for the same factors; benchmarks/results/compression-runs.md, "Seventh run");
 - the share of the NLL increase that the tenth of the tokens that lost most carry: near 0.1 the loss is
   spread over the text, near or above 1 a few tokens carry it (on SmolLM2-135M's licence text 0.73, in
-  memorised word completions; docs/compression.md, "Eighth run");
+  memorised word completions; benchmarks/results/compression-runs.md, "Eighth run");
 - top-1 agreement, the fraction of positions where both models' most likely next token is the same;
 - per layer, the relative error ``||y - y'||_F / ||y||_F`` of the compressed MLP's output ``y'`` on the
   original model's MLP inputs (real activations, not random ones).

@@ -2,7 +2,7 @@
 
 A model's own samples follow the distribution it was trained on, which is broader than any one
 file a user has at hand; mixed into the calibration set they widen the activations the whitening and
-the healing are fitted to (docs/compression.md measures whether it helps). Sampling is ancestral
+the healing are fitted to (benchmarks/results/compression-runs.md measures whether it helps). Sampling is ancestral
 (temperature 1 by default, optionally top-p), from the beginning-of-sequence token, with a KV cache so
 each new token costs one token's forward pass; ``batch`` sequences are decoded together. Deterministic
 for a given seed (and batch). The matmuls have a few rows each ([batch, hidden]): they run on one BLAS

@@ -11,9 +11,9 @@ Two exact methods, both in float64, both deterministic (no random numbers):
   square roots of its eigenvalues, and ``v = U_r^T W / sqrt(S_r)`` (symmetrically when k > n). Forming
   G is one BLAS-3 product and a symmetric eigensolver of the small side is far cheaper than an SVD of
   the rectangle: on the 2048 x 8192 gate of Llama-3.2-1B it took ~2 s where ``np.linalg.svd`` took
-  ~30 s, with the same reconstruction error to 7 digits (``docs/compression.md`` has the measured
-  table). Squaring W squares its condition number, so singular values below ~1e-8 of the largest
-  are not resolved in float64; the factors are float32, where anything below 2^-24 (fp32's unit
+  ~30 s, with the same reconstruction error to 7 digits (``benchmarks/results/compression-runs.md``, "The SVD
+  route", has the measured table). Squaring W squares its condition number, so singular values below ~1e-8 of the
+  largest are not resolved in float64; the factors are float32, where anything below 2^-24 (fp32's unit
   roundoff) of the largest singular value is rounding noise, so such components are set to zero in
   both factors (they change ``||W - u v||_F / ||W||_F`` by less than ``sqrt(r) * 2^-24``).
 

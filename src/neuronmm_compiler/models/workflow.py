@@ -129,8 +129,8 @@ def minimum_calibration_tokens(intermediate_size: int) -> int:
 def single_source_warning(source: str) -> str:
     return (f"calibration comes from a single source ({source}): whitening and healing fit its kind of text, and "
             "on SmolLM2-135M text of another domain lost several times more perplexity than text of the "
-            "calibration's own (docs/compression.md); mix sources: several --calibration files of different "
-            "kinds and --calibration-samples N (text sampled from the model itself)")
+            "calibration's own (benchmarks/results/compression-runs.md); mix sources: several --calibration files "
+            "of different kinds and --calibration-samples N (text sampled from the model itself)")
 
 
 def _calibration(request: CompressRequest, model_loader: Callable[[], Any], progress: StageProgress | None,
