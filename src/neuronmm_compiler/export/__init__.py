@@ -2,7 +2,8 @@
 
 :mod:`.build` tunes one kernel (or one tensor-parallel plan) per token bucket and writes the package: the kernel
 files, ``manifest.json`` (:mod:`.manifest`, with its JSON Schema), and the runtime modules of :mod:`.runtime`
-copied verbatim (``weights``, ``module``, ``patch``, ``backend``, ``llama``), which read the manifest.
+copied verbatim (``weights``, ``module``, ``ops``: every kernel a PyTorch custom operator, ``patch``, ``backend``,
+``llama``), which read the manifest.
 :mod:`.verify` checks an export (or a ``tune --model`` directory) kernel by kernel (``nmmc verify DIR``).
 docs/integration.md is the user's guide.
 """
