@@ -22,19 +22,20 @@ from neuronmm_compiler.support import newest_sdk  # noqa: E402
 from neuronmm_compiler.verification.static_check import Violation, check_kernel_source  # noqa: E402
 from neuronmm_compiler.vocab import Dialect  # noqa: E402
 
-#: ``--sdk default``: per file, the release ``nmmc verify`` checks by default (support.newest_sdk).
+#: ``--sdk default``: per file, the release ``nmmc verify`` checks by default (the one its metadata records, else
+#: support.newest_sdk).
 DEFAULT = "default"
 
 GOLDEN = ROOT / "tests" / "golden" / "kernels"
 METADATA = "# nmmc-metadata:"
 
 
-def file_context(source: str) -> tuple[str, str]:
-    """(dialect, target) recorded in an nmmc kernel file's metadata line."""
+def file_context(source: str) -> tuple[str, str, str | None]:
+    """(dialect, target, Neuron SDK release or None) recorded in an nmmc kernel file's metadata line."""
     for line in source.splitlines():
         if line.startswith(METADATA):
             data = json.loads(line[len(METADATA):])
-            return data["dialect"], data["target"]
+            return data["dialect"], data["target"], data.get("sdk")
     raise ValueError("no nmmc-metadata line")
 
 
@@ -43,8 +44,8 @@ def check_dir(directory: Path, sdk: str | None = None) -> dict[str, list[Violati
     out: dict[str, list[Violation]] = {}
     for path in sorted(directory.glob("*.py")):
         source = path.read_text(encoding="utf-8")
-        dialect, target = file_context(source)
-        release = newest_sdk(Dialect(dialect), target) if sdk == DEFAULT else sdk
+        dialect, target, recorded = file_context(source)
+        release = (recorded or newest_sdk(Dialect(dialect), target)) if sdk == DEFAULT else sdk
         out[path.name] = check_kernel_source(source, dialect=dialect, target=target, sdk=release)
     return out
 

@@ -25,6 +25,7 @@ from neuronmm_compiler.support import (  # noqa: E402
     KNOWN_SDKS,
     LATER_SDKS,
     NEURONXCC_REMOVED_IN,
+    NKI_LNC_FROM,
     SUPPORT,
     newest_sdk,
     resolve_dialect,
@@ -39,6 +40,7 @@ from neuronmm_compiler.verification.rules import (  # noqa: E402
     RULES,
     RULES_BY_ID,
     SDK233_DOCS,
+    SDK234_DOCS,
     SDK_DOCS,
     TOPICS,
     Rule,
@@ -89,13 +91,17 @@ def _limit(rule: Rule) -> str:
 
 
 def golden_calls() -> list[tuple[str, int]]:
-    """(call, occurrences) of every nl.*/nisa.*/nki.* call in the golden kernels, most used first."""
+    """(call, occurrences) of every nl.*/nisa.*/nki.* (and nki.lnc.*) call in the golden kernels, most used first."""
     found: Counter = Counter()
     for path in sorted(GOLDEN.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             func = node.func if isinstance(node, ast.Call) else None
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in MODULES:
+            if not isinstance(func, ast.Attribute):
+                continue
+            if isinstance(func.value, ast.Name) and func.value.id in MODULES:
                 found[f"{func.value.id}.{func.attr}"] += 1
+            elif ast.unparse(func.value) == "nki.lnc":
+                found[f"nki.lnc.{func.attr}"] += 1
     return sorted(found.items(), key=lambda item: (-item[1], item[0]))
 
 
@@ -104,8 +110,8 @@ def support_matrix() -> list[str]:
     lines = ["## Support matrix", "",
              "Generated from `src/neuronmm_compiler/support.py` (`SUPPORT`): where each dialect runs, and the rules "
              "of this book that decide it (the evidence; where the docs conflict, the rule's note says which "
-             "reading was chosen). `nmmc verify --sdk` defaults to the newest release of the dialect's range on the "
-             "file's target.", "",
+             "reading was chosen). `nmmc verify --sdk` defaults to the release a file records (a kernel that "
+             "exchanges), else the newest release of the dialect's range on the file's target.", "",
              "| dialect | targets | Neuron SDK | evidence |", "|---|---|---|---|"]
     for entry in SUPPORT:
         rules = [RULES_BY_ID[rid] for rid in entry.rules]
@@ -127,11 +133,17 @@ def support_matrix() -> list[str]:
         lines.append(f"| {target} | " + " | ".join(cells) + f" | {defaults} |")
     lines += ["", "Without `--sdk`, `--dialect auto` gives: " + ", ".join(
         f"{target} {resolve_dialect('auto', target).value}" for target in TARGETS) + ".", "",
-        "After the rule book: " + ", ".join(f"`--sdk {sdk}`" for sdk in LATER_SDKS) + " is refused with a one-line "
-        "user error (exit 2) that gives the reason for the dialect: for `neuronxcc`, that Neuron "
-        f"{NEURONXCC_REMOVED_IN} removes the `neuronxcc.nki` namespace (`NKI-NEURONXCC-REMOVED`, naming the "
-        f"announcement); for `nki`, that the rule book stops at {KNOWN_SDKS[-1]} (Neuron 2.34's NKI 0.8.0 has not "
-        "been read into it).", ""]
+        f"`--dialect neuronxcc --sdk {NEURONXCC_REMOVED_IN}` (or later) is refused with a one-line user error (exit 2) "
+        f"that gives the reason: Neuron {NEURONXCC_REMOVED_IN} removes the `neuronxcc.nki` namespace "
+        "(`NKI-NEURONXCC-REMOVED`, naming the announcement)" + (
+            "" if not LATER_SDKS else "; " + ", ".join(f"`--sdk {sdk}`" for sdk in LATER_SDKS)
+            + f" is refused for every dialect: the rule book stops at {KNOWN_SDKS[-1]}") + ".", "",
+        f"Within the `nki` range one emitted line depends on the release: the exchange between the programs of a "
+        f"logical core is `nki.lnc.sendrecv` (no `pipe_id`; the file imports `nki.lnc`) from {NKI_LNC_FROM} "
+        "(`NKI-ISA-LNC-DEPRECATED`) and `nisa.sendrecv(..., pipe_id=0)` before it (`NKI-LNC-MODULE`). `nmmc emit` and "
+        "`tune` write a kernel for `--sdk` (default: the newest release of the dialect on the target); a kernel that "
+        "exchanges records that release in its metadata (`sdk`) and its header states the narrower range it runs "
+        "on; `nmmc verify` checks such a file against its recorded release by default.", ""]
     return lines
 
 
@@ -144,9 +156,11 @@ def render() -> str:
         "The documented rules nmmc's kernels rely on, each read in the cited source: the Neuron SDK documentation "
         f"repository at `{SDK_DOCS}` (NKI 0.1 to 0.6, SDK up to 2.32) and, for NKI 0.1, the same repository at "
         f"`{LEGACY_DOCS}`, before its `general/nki/` pages were removed. That repository's snapshot ends at SDK 2.32: "
-        f"the SDK 2.33 (NKI 0.7) rules were read in the published documentation at `{SDK233_DOCS}`, and the "
-        f"announcements made after it at `{LATEST_DOCS}` (not pinned to a release; each is cited with its posting "
-        f"date). How the documented APIs are used in practice is cited from AWS's NKI library at `{NKILIB}`. "
+        f"the SDK 2.33 (NKI 0.7) rules were read in the published documentation at `{SDK233_DOCS}`, the SDK 2.34 "
+        f"(NKI 0.8.0) ones at `{SDK234_DOCS}`, and the announcements made after 2.33, and 2.34 pages the stored "
+        f"v2.34.0 copy lacks (the `nki.lnc` API), at `{LATEST_DOCS}` (not pinned to a release; each announcement is "
+        f"cited with its posting date). How the documented APIs are used in practice is cited from AWS's NKI "
+        f"library at `{NKILIB}`. "
         f"Rules whose id starts with `NMMC-` are nmmc's own (source `{NMMC}`): its graph semantics, which a kernel "
         "can break while satisfying every AWS rule. "
         "Sources are `repo@commit:path (section)`, the commit shortened to 8 characters, or `page (section)`. "
@@ -169,18 +183,21 @@ def render() -> str:
         lines.append("")
     lines += support_matrix()
     lines += ["## NKI calls the golden kernels use", "",
-              "Calls of `nl.*`, `nisa.*` and `nki.*` in `tests/golden/kernels` (occurrences): the API surface "
-              "these rules cover.", "", ", ".join(f"`{name}` {count}" for name, count in golden_calls()), ""]
+              "Calls of `nl.*`, `nisa.*`, `nki.*` and `nki.lnc.*` in `tests/golden/kernels` (occurrences): the API "
+              "surface these rules cover.", "", ", ".join(f"`{name}` {count}" for name, count in golden_calls()), ""]
     lines += [
         "## Known violations of the current emitter",
         "",
         "`python scripts/check_nki_rules.py [--sdk X]` over the "
         f"{len(list(GOLDEN.glob('*.py')))} files of `tests/golden/kernels` (dialect and target from each file's "
-        "metadata): violations (files). `nmmc verify` runs the same checker (with `--sdk`, default the newest "
-        "release supporting the file's dialect on its target) and fails on any violation; "
+        "metadata): violations (files). `nmmc verify` runs the same checker (with `--sdk`, default the release the "
+        "file records, else the newest release supporting the file's dialect on its target) and fails on any "
+        "violation; "
         "`python scripts/emit_matrix.py` runs it over the whole emit matrix. `NKI-DIALECT-TRN1` counts the golden "
         "cases that ask for the `nki` dialect on trn1, a pairing the support matrix calls unsupported (kept to show "
-        "it); `NKI-NEURONXCC-IMPORT` at SDK 2.30 counts the `neuronxcc` files, whose range ends at 2.29.",
+        "it); `NKI-NEURONXCC-IMPORT` at SDK 2.30 counts the `neuronxcc` files, whose range ends at 2.29; "
+        "`NKI-LNC-MODULE` at SDK 2.30 counts the files emitted for 2.34 that exchange through `nki.lnc` (the import "
+        "line and each call), a module 2.30 does not have.",
         "",
         "| rule | " + " | ".join(SDK_TITLES[s] for s in SDKS) + " |",
         "|---|" + "---|" * len(SDKS),

@@ -111,6 +111,10 @@ def test_key_is_stable_and_covers_what_the_decision_depends_on(monkeypatch):
         "chain rank": key(chain_workload(64, 128, 256, rank=256).graph(), kind="fused"),
     }
     assert len({base, *different.values()}) == len(different) + 1, different
+    # the Neuron SDK release a kernel is for (the driver always gives it: an exchange is spelled per release)
+    releases = {sdk: cache_key(gemm_graph(64, 128, 256), target="trn1", dialect="nki", kind="gemm", sdk=sdk)
+                for sdk in ("2.33", "2.34")}
+    assert len({base, *releases.values()}) == 3
     monkeypatch.setattr(cost_model_params, "COST_MODEL_VERSION", "999")
     assert key(gemm_graph(64, 128, 256)) != base
     assert describe_key(gemm_graph(64, 128, 256), target="trn1", dialect="nki", kind="gemm")["cost_model_version"] \

@@ -258,7 +258,7 @@ def test_fp8_hidden_split_quantizes_each_programs_half_of_x_without_exchanging_i
     compiled = compile_workload(workload, target=with_lnc(get_target("trn2"), 2), dialect="nki",
                                 params={"lnc_split": "hidden"})
     source = compiled.kernel.source
-    assert source.count("nisa.sendrecv(") == 1 and "h_q_partials" in source
+    assert source.count("nki.lnc.sendrecv(") == 1 and "h_q_partials" in source
     report = verify_source(source, rules=True)
     assert report.ok, report.error
 

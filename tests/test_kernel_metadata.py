@@ -112,6 +112,8 @@ MALFORMED = [
     (_set("schedule.kind", KeyError), "'schedule' has no 'kind'"),
     (_set("schedule.params", []), "'schedule' 'params' must be an object; got a list"),
     (_set("schedule.params.tile_m", [1]), "schedule parameter 'tile_m' must be a string or a number; got a list"),
+    (_set("sdk", 2.34), "'sdk' must be a Neuron SDK release such as \"2.34\"; got 2.34"),
+    (_set("sdk", "2..34"), "'sdk' must be a Neuron SDK release"),
 ]
 
 
@@ -124,6 +126,18 @@ def test_malformed_or_other_format_metadata_is_one_input_error(emitted, change, 
     assert "\n" not in str(raised.value)
     with pytest.raises(InputError, match=f"^k.py: .*{message}"):
         verify_source(_with(source, bad), filename="k.py")
+
+
+def test_the_recorded_sdk_round_trips_and_a_release_nmmc_does_not_know_is_one_input_error(emitted) -> None:
+    """``sdk`` is on the line only where the code depends on the release (absent from this GEMM's); verify checks a
+    file against it by default, and names a release it cannot check in one line."""
+    source, data = emitted
+    assert "sdk" not in data and read_metadata(source).sdk is None
+    recorded = KernelMetadata.from_dict({**data, "sdk": "2.33"})
+    assert recorded.sdk == "2.33" and recorded.to_dict()["sdk"] == "2.33"
+    assert verify_source(_with(source, {**data, "sdk": "2.33"}), filename="k.py", rules=True).sdk == "2.33"
+    with pytest.raises(InputError, match=r"^k.py: its metadata records Neuron SDK 2\.99 \(unknown Neuron SDK release"):
+        verify_source(_with(source, {**data, "sdk": "2.99"}), filename="k.py", rules=True)
 
 
 def test_a_line_that_is_not_json(emitted) -> None:

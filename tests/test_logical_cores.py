@@ -158,7 +158,7 @@ def test_fused_kernels_verify_with_both_programs(workload, params):
     assert nonzero(report.counters["hbm_bytes_read"]) == nonzero(compiled.cost.hbm_bytes_read_by_tensor)
     assert report.counters["dma_transfers"] == compiled.cost.dma_transfers
     if params["lnc_split"] in ("gather", "hidden", "intermediate"):
-        assert "nisa.sendrecv(" in compiled.kernel.source
+        assert "nki.lnc.sendrecv(" in compiled.kernel.source
         # every weight crosses HBM once over both programs: each streamed its half
         inputs = {n.attrs["name"] for n in workload.graph().inputs()} - {"x"}
         weights = {k: v for k, v in report.counters["hbm_bytes_read"].items() if k in inputs}
@@ -265,9 +265,22 @@ def gather_source() -> str:
 
 
 def test_removed_exchange_fails_with_the_unwritten_read_id(gather_source):
-    lines = [line for line in gather_source.splitlines() if "nisa.sendrecv(" not in line]
+    lines = [line for line in gather_source.splitlines() if "sendrecv(" not in line]
     report = verify_source("\n".join(lines) + "\n")
     assert not report.ok and "KERNEL-UNWRITTEN-READ" in report.error
+
+
+def test_both_exchange_spellings_run_in_the_interpreter(gather_source):
+    """SDK 2.34's nki.lnc.sendrecv (the default) and 2.29-2.33's nisa.sendrecv(..., pipe_id=0) exchange alike with
+    both programs run; nki.lnc.sendrecv has no pipe_id (the nki.lnc API page), so a call with one is refused."""
+    old = compile_graph(mlp_workload(1, 512, 1024, dense=True), target=lnc2(), dialect="nki", sdk="2.33",
+                        params={"lnc_split": "gather"}).kernel.source
+    assert "nki.lnc.sendrecv(" in gather_source and "nisa.sendrecv(" in old and "nki.lnc" not in old
+    for source in (gather_source, old):
+        report = verify_source(source, rules=True)
+        assert report.ok and report.lnc == 2, report.error
+    bad = verify_source(gather_source.replace("recv_from_rank=1 - pid)", "recv_from_rank=1 - pid, pipe_id=0)", 1))
+    assert not bad.ok and "nki.lnc.sendrecv" in bad.error and "pipe_id" in bad.error
 
 
 def test_mismatched_exchange_fails_with_the_exchange_id(gather_source):
@@ -314,7 +327,7 @@ def test_sibling_reductions_share_one_exchange():
     compiled = compile_graph(mlp_workload(1, 512, 1024, rank=384), target=lnc2(), dialect="nki",
                              params={"lnc_split": "hidden"})
     source = compiled.kernel.source
-    assert source.count("nisa.sendrecv(") == 2
+    assert source.count("nki.lnc.sendrecv(") == 2
     assert "x_ug_x_uu_partials = nl.ndarray((F_TILE, 6, TOKENS_PER_BLOCK)" in source
     assert "data1=x_ug_x_uu_partials[0:F_TILE, 3:6, 0:TOKEN_TILE]" in source  # x_uu's sums, after x_ug's
     assert sum(isinstance(s, SendRecv) for p in compiled.programs for s, _ in walk(p.body)) == 2

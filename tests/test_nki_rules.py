@@ -610,6 +610,60 @@ CASES = [
         out = nl.ndarray((256, 128), dtype=nl.bfloat16, buffer=nl.shared_hbm)
         t = nl.load_transpose2d(a[0:256, 0:128])
         """),
+    # NKI 0.8.0 (SDK 2.34) moves the LNC exchange to nki.lnc (no pipe_id): the old spelling is flagged there, the new
+    # one before it
+    ("NKI-ISA-LNC-DEPRECATED", "nki", "trn2", "2.34",
+     """
+        out = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.sendrecv(src=t, dst=r, send_to_rank=1, recv_from_rank=1, pipe_id=0)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nki.lnc.sendrecv(src=t, dst=r, send_to_rank=1, recv_from_rank=1)
+        """),
+    ("NKI-LNC-MODULE", "nki", "trn2", "2.33",
+     """
+        out = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nki.lnc.sendrecv(src=t, dst=r, send_to_rank=1, recv_from_rank=1)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.sendrecv(src=t, dst=r, send_to_rank=1, recv_from_rank=1, pipe_id=0)
+        """),
+    ("NKI-VIRTUAL-REGISTER", "nki", "trn2", "2.34",
+     """
+        out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+        t = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        count = nisa.register_alloc(4)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+        t = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        count = nisa.scalar_load(t)
+        """),
+    ("NKI-LOCAL-GATHER-VALID", "nki", "trn3", "2.34",
+     """
+        out = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        src = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        idx = nl.ndarray((128, 4), dtype=nl.uint16, buffer=nl.sbuf)
+        g = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.local_gather(dst=g, src_buffer=src, index=idx, num_elem_per_idx=16)  # VIOLATION
+        """,
+     """
+        out = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        src = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        idx = nl.ndarray((128, 4), dtype=nl.uint16, buffer=nl.sbuf)
+        g = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.local_gather(dst=g, src_buffer=src, index=idx, num_elem_per_idx=16, num_valid_indices=4)
+        """),
     ("NKI-BENCHMARK", "nki", "trn2", None,
      """
         out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -675,10 +729,39 @@ def test_nki_dialect_before_sdk_2_29_is_flagged():
         for target in ("trn2", "trn3"):
             found = check_kernel_source(_kernel("nki", body), dialect="nki", target=target, sdk=sdk)
             assert [(v.rule_id, v.line) for v in found] == [("NKI-DIALECT-SDK", 1)], (sdk, target)
-    for sdk in (None, "2.29", "2.33"):
+    for sdk in (None, "2.29", "2.33", "2.34"):
         assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk=sdk) == []
     # the neuronxcc dialect is not bounded by it
     assert check_kernel_source(_kernel("neuronxcc", body), dialect="neuronxcc", target="trn2", sdk="2.26") == []
+
+
+def test_the_exchange_spelling_is_checked_per_release():
+    """NKI 0.8.0 (SDK 2.34): nisa.sendrecv / sendrecv_compute / core_barrier are deprecated for nki.lnc's (flagged
+    from 2.34, also spelled nki.isa.*); nki.lnc, and its import, do not exist before 2.34 (flagged on 2.29 to 2.33);
+    without an SDK neither is checked."""
+    tiles = """
+        out = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        """
+    old = tiles + """
+        nisa.sendrecv(src=t, dst=r, send_to_rank=1, recv_from_rank=1, pipe_id=0)
+        nki.isa.core_barrier(data=out, cores=(0, 1))
+        nisa.sendrecv_compute(src=t, dst=r, send_to_rank=1, recv_from_rank=1, reduce_op=nl.add)
+        """
+    new = tiles + """
+        nki.lnc.sendrecv(src=t, dst=r, send_to_rank=1, recv_from_rank=1)
+        """
+
+    def rules(body: str, sdk: str | None, extra: str = "") -> list[str]:
+        source = _kernel("nki", body).replace("import nki.language as nl\n", "import nki.language as nl\n" + extra)
+        return [v.rule_id for v in check_kernel_source(source, dialect="nki", target="trn2", sdk=sdk)]
+
+    assert rules(old, "2.34") == ["NKI-ISA-LNC-DEPRECATED"] * 3
+    for sdk in (None, "2.29", "2.33"):
+        assert rules(old, sdk) == [] and rules(new, "2.34", "import nki.lnc\n") == []
+    assert rules(new, "2.33", "import nki.lnc\n") == ["NKI-LNC-MODULE"] * 2  # the import line and the call
+    assert rules(new, None) == [] and rules(new, "2.29") == ["NKI-LNC-MODULE"]
 
 
 def test_dynamic_range_is_flagged_from_sdk_2_33():
@@ -701,7 +784,7 @@ def test_nl_wrappers_are_flagged_only_on_nki_0_2():
     # SDK 2.28 predates the nki dialect as nmmc prints it (NKI-DIALECT-SDK, at the import line) as well
     assert [v.rule_id for v in check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2",
                                                    sdk="2.28")] == ["NKI-DIALECT-SDK", "NKI-LANG-WRAPPERS"]
-    for sdk in (None, "2.29", "2.32", "2.33"):
+    for sdk in (None, "2.29", "2.32", "2.33", "2.34"):
         assert check_kernel_source(_kernel("nki", body), dialect="nki", target="trn2", sdk=sdk) == []
 
 

@@ -43,12 +43,12 @@ def test_schedules_verify_with_every_program(tokens, hidden, inter, lnc, split):
 def test_decode_kernel_uses_column_tiles_and_one_exchange():
     source = nkilib_source(8, 1024, 1024, TRN2[2])
     assert "tile_position=(0, 96), tile_size=(128, 32)" in source
-    assert source.count("nisa.sendrecv(") == 1
+    assert source.count("nki.lnc.sendrecv(") == 1
 
 
 def test_mutations_fail_verification():
     source = nkilib_source(8, 1024, 1024, TRN2[2])
-    exchange = next(line for line in source.splitlines() if "nisa.sendrecv(" in line)
+    exchange = next(line for line in source.splitlines() if "nki.lnc.sendrecv(" in line)
     assert not verify_source(source.replace(exchange, ""), rules=True).ok  # partial sums never exchanged
     added = next(line for line in source.splitlines() if "data2=gate_psum[it][32:40" in line)
     dropped = verify_source(source.replace(added, ""), rules=True)  # one column tile's partial sums lost
@@ -78,7 +78,7 @@ def test_nmmc_decode_packs_k_blocked_accumulators_and_exchanges_once(tmp_path):
     assert "side by side in one PSUM bank" in source and "nl.ndarray((F_TILE, 8, T), dtype=nl.float32" in source
     assert verify_source(source, rules=True).ok
     hidden = compile_workload(workload, target=TRN2[2], dialect="nki", params={"lnc_split": "hidden"}).kernel.source
-    assert hidden.count("nisa.sendrecv(") == 1 and verify_source(hidden, rules=True).ok
+    assert hidden.count("nki.lnc.sendrecv(") == 1 and verify_source(hidden, rules=True).ok
 
 
 @pytest.mark.parametrize(("lnc", "split"), [(1, "none"), (2, "gather")])

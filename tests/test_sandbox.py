@@ -167,7 +167,7 @@ def test_the_message_names_the_construct(tmp_path):
     kernel.write_text(source)
     assert _one_error_line(_verify(kernel)) == (
         f"nmmc: error: {kernel} line {line}: 'import os' (a kernel imports only numpy as np and its NKI "
-        f"modules as nki, nisa, nl) {SUFFIX}")
+        f"modules as nki, nisa, nl, and nki.lnc) {SUFFIX}")
 
 
 @pytest.mark.parametrize("code", ["t = " + "-" * 200000 + "1", "t = " + "1 + " * 100000 + "1",

@@ -1,7 +1,8 @@
 """``nmmc verify`` runs the static NKI rule pass (verification/static_check.py) before the kernels, for the file's
-dialect, its target (or ``--target``) and the Neuron SDK release ``--sdk`` (default: the newest that supports the
-dialect on the target, support.newest_sdk): a violation fails verify with the rule id, the kernel line and the doc
-citation, in text and in ``--json``, on both backends."""
+dialect, its target (or ``--target``) and the Neuron SDK release ``--sdk`` (default: the release the file records it
+was emitted for, where its code depends on one, else the newest that supports the dialect on the target,
+support.newest_sdk): a violation fails verify with the rule id, the kernel line and the doc citation, in text and in
+``--json``, on both backends."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_default_sdk_is_the_newest_supporting_the_dialect(legacy_file: Path, nki
     legacy = json.loads(run("verify", str(legacy_file), "--json").output)
     assert legacy["ok"] is True and legacy["sdk"] == "2.29" and legacy["violations"] == []
     current = json.loads(run("verify", str(nki_file), "--json").output)
-    assert current["ok"] is True and current["sdk"] == "2.33" and current["violations"] == []
+    assert current["ok"] is True and current["sdk"] == "2.34" and current["violations"] == []
     human = run("verify", str(legacy_file))
     assert human.exit_code == 0 and "NKI rules of Neuron SDK 2.29: no violation" in human.output
 
@@ -88,7 +89,7 @@ def test_json_lists_the_violations_and_the_sdk(legacy_file: Path) -> None:
 def test_target_override_selects_the_rules(nki_file: Path) -> None:
     """An nki-dialect kernel checked for trn1, where NKI 0.3+ kernels are documented as unsupported."""
     report = json.loads(run("verify", str(nki_file), "--target", "trn1", "--json").output)
-    assert report["target"] == "trn1" and report["sdk"] == "2.33"
+    assert report["target"] == "trn1" and report["sdk"] == "2.34"
     assert {v["rule"] for v in report["violations"]} == {"NKI-DIALECT-TRN1"}
     # an SDK before NKI 0.3 (2.28) does not bound the trn1 rule; it has no nki dialect at all (NKI-DIALECT-SDK)
     report = json.loads(run("verify", str(nki_file), "--target", "trn1", "--sdk", "2.28", "--json").output)
@@ -105,16 +106,54 @@ def test_an_nki_kernel_on_an_sdk_before_2_29_fails(nki_file: Path, sdk: str) -> 
     assert run("verify", str(nki_file), "--sdk", "2.29").exit_code == 0
 
 
-def test_sdk_2_34_is_refused_per_dialect(legacy_file: Path, nki_file: Path) -> None:
-    """Neuron 2.34 removes neuronxcc.nki (the error names the announcement); the nki rules stop at 2.33. One line on
-    stderr, exit 2, before the kernel runs."""
+def test_sdk_2_34_refuses_a_neuronxcc_file_and_checks_an_nki_one(legacy_file: Path, nki_file: Path) -> None:
+    """Neuron 2.34 removes neuronxcc.nki: one line on stderr naming the announcement, exit 2, before the kernel runs.
+    An nki file is checked against 2.34's rules."""
     legacy = run("verify", str(legacy_file), "--sdk", "2.34")
     assert legacy.exit_code == 2 and legacy.stdout == "" and legacy.stderr.count("\n") == 1
     assert legacy.stderr.startswith("nmmc: error: Neuron SDK 2.34: it removes the neuronxcc.nki namespace "
                                     f"('{REMOVAL_ANNOUNCEMENT[1]}', {REMOVAL_ANNOUNCEMENT[0]})")
-    current = run("verify", str(nki_file), "--sdk", "2.34", "--json")
-    assert current.exit_code == 2 and current.stdout == "" and current.stderr.count("\n") == 1
-    assert "nmmc's NKI rule book stops at Neuron SDK 2.33" in current.stderr and "neuronxcc" not in current.stderr
+    current = json.loads(run("verify", str(nki_file), "--sdk", "2.34", "--json").output)
+    assert current["ok"] is True and current["sdk"] == "2.34" and current["violations"] == []
+
+
+@pytest.fixture(scope="module")
+def exchanging() -> dict[str, str]:
+    """A dense decode MLP on a trn2 logical core of two programs (lnc_split=hidden: the programs exchange partial
+    sums), emitted for SDK 2.34 (the default) and 2.33."""
+    from neuronmm_compiler.driver import compile_workload
+    from neuronmm_compiler.frontends.workloads import mlp_workload
+    from neuronmm_compiler.targets import with_lnc
+
+    workload, target = mlp_workload(1, 512, 1024, dense=True), with_lnc(TRN2, 2)
+    return {sdk or "default": compile_workload(workload, target=target, sdk=sdk, params={"lnc_split": "hidden"})
+            .kernel.source for sdk in (None, "2.34", "2.33")}
+
+
+def test_an_exchanging_kernel_is_spelled_and_verified_for_its_release(exchanging, tmp_path: Path) -> None:
+    """2.34 (the default): nki.lnc.sendrecv without pipe_id, 'import nki.lnc', 'sdk' 2.34 in the metadata, a header
+    range of 2.34 alone; 2.33: today's nisa.sendrecv(..., pipe_id=0), 'sdk' 2.33, 2.29 to 2.33. verify checks each
+    against its recorded release by default and passes; against the other release it fails with the rule that
+    separates them."""
+    assert exchanging["default"] == exchanging["2.34"]
+    new, old = exchanging["2.34"], exchanging["2.33"]
+    assert "nki.lnc.sendrecv(" in new and "pipe_id" not in new and "nisa.sendrecv(" not in new
+    assert "\nimport nki.lnc\n" in new and '"sdk":"2.34"' in new and "Neuron SDK 2.34 on trn2" in new
+    assert "nisa.sendrecv(" in old and "pipe_id=0)" in old and "nki.lnc" not in old
+    assert '"sdk":"2.33"' in old and "Neuron SDK 2.29 to 2.33 on trn2" in old
+    # the two releases' files differ only where the exchange is spelled and where the release is recorded
+    lines = [line for line in new.splitlines() if line != "import nki.lnc"]
+    changed = [(a, b) for a, b in zip(old.splitlines(), lines, strict=True) if a != b]
+    assert {a.split("(")[0].strip() for a, _ in changed if "sendrecv(" in a} == {"nisa.sendrecv"}
+    assert all("sendrecv(" in a or a.startswith(("# sdk ", "# nmmc-metadata: ")) for a, _ in changed), changed
+    for path, source, sdk, wrong, rule in ((tmp_path / "new.py", new, "2.34", "2.33", "NKI-LNC-MODULE"),
+                                           (tmp_path / "old.py", old, "2.33", "2.34", "NKI-ISA-LNC-DEPRECATED")):
+        path.write_text(source)
+        report = json.loads(run("verify", str(path), "--json").output)
+        assert report["ok"] is True and report["sdk"] == sdk and report["lnc"] == 2, report
+        result = run("verify", str(path), "--sdk", wrong)
+        assert result.exit_code == 1 and f": {rule}: " in result.output, result.output
+        assert f"[{RULES_BY_ID[rule].citation}]" in result.output
 
 
 def test_unknown_sdk_is_a_usage_error(legacy_file: Path) -> None:
@@ -126,8 +165,9 @@ def test_unknown_sdk_is_a_usage_error(legacy_file: Path) -> None:
 def test_help_documents_sdk() -> None:
     text = " ".join(run("verify", "--help").output.split())
     assert "--sdk [" + "|".join(KNOWN_SDKS + LATER_SDKS) + "]" in text
-    assert "neuronxcc on trn1/trn2: 2.29" in text and "nki on trn2/trn3: 2.33" in text
-    assert "2.34 is refused with the reason: it removes neuronxcc.nki, and nmmc's rule book stops at 2.33" in text
+    assert "neuronxcc on trn1/trn2: 2.29" in text and "nki on trn2/trn3: 2.34" in text
+    assert "the release the file was emitted for, where its header records one" in text
+    assert "A neuronxcc file on 2.34 or later is refused with the reason: that release removes neuronxcc.nki" in text
     assert re.search(r"violated NKI rule", text)
 
 

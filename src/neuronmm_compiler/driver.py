@@ -111,6 +111,7 @@ class Compiled:
     kernel: KernelFile
     target: Target
     dialect: str
+    sdk: str  # the Neuron SDK release the kernel was emitted for (the job's)
 
     @property
     def kind(self) -> str:
@@ -133,13 +134,14 @@ def _name(lowering: Lowering, schedule: Any | None, preset: str | None, params: 
     return name
 
 
-def compile_workload(workload: Workload, *, target: Target, dialect: str | None = None,
+def compile_workload(workload: Workload, *, target: Target, dialect: str | None = None, sdk: str | None = None,
                      schedule: Any | None = None, preset: str | None = None,
                      params: Mapping[str, str | int] | None = None, schedule_name: str | None = None,
                      pipeline: Sequence[Pass] | str | None = None) -> Compiled:
     """Compile ``workload`` under a schedule (a given one, a preset, or the entry's default) with
-    ``params`` overrides: lower, check it fits on chip and in HBM, cost and print it."""
-    return compile_job(resolve(workload, target, dialect), schedule=schedule, preset=preset, params=params,
+    ``params`` overrides, for Neuron SDK release ``sdk`` (None: the newest of the dialect on the target): lower, check
+    it fits on chip and in HBM, cost and print it."""
+    return compile_job(resolve(workload, target, dialect, sdk), schedule=schedule, preset=preset, params=params,
                        schedule_name=schedule_name, pipeline=pipeline)
 
 
@@ -159,10 +161,10 @@ def compile_job(job: Job, *, schedule: Any | None = None, preset: str | None = N
     total = combine_reports(costs)
     name = _name(lowering, schedule, preset, params, schedule_name)
     summary = lowering.summary(workload, name, chosen, programs, footprints, total, target)
-    kernel = emit_kernel(programs, lowered.graph, target=target, dialect=dialect, summary=summary,
+    kernel = emit_kernel(programs, lowered.graph, target=target, dialect=dialect, sdk=job.sdk, summary=summary,
                          schedule={"kind": lowering.kind, "name": name, "params": chosen.as_dict()})
     return Compiled(workload, lowering, lowered, name, chosen, programs, footprints, costs, total, kernel, target,
-                    dialect)
+                    dialect, job.sdk)
 
 
 @dataclass
@@ -236,10 +238,11 @@ class Tuned:
         return {name: b.speedup(self.compiled.cost) for name, b in self.baselines.items()}
 
 
-def tune(workload: Workload, *, target: Target, dialect: str | None = None, **settings: Any) -> Tuned:
-    """:func:`tune_job` of ``workload`` resolved for ``target`` and ``dialect``, with :class:`SearchSettings`
-    ``settings`` (trials, seed, method, ...)."""
-    return tune_job(resolve(workload, target, dialect), SearchSettings(**settings))
+def tune(workload: Workload, *, target: Target, dialect: str | None = None, sdk: str | None = None,
+         **settings: Any) -> Tuned:
+    """:func:`tune_job` of ``workload`` resolved for ``target``, ``dialect`` and Neuron SDK release ``sdk``, with
+    :class:`SearchSettings` ``settings`` (trials, seed, method, ...)."""
+    return tune_job(resolve(workload, target, dialect, sdk), SearchSettings(**settings))
 
 
 def tune_job(job: Job, settings: SearchSettings) -> Tuned:
@@ -267,11 +270,11 @@ def _cache_key(job: Job, settings: SearchSettings) -> str:
     from .artifacts.cache import cache_key
 
     return cache_key(job.graph, target=job.target, dialect=job.dialect, kind=job.lowering.kind,
-                     search=search_fingerprint(job, settings))
+                     search=search_fingerprint(job, settings), sdk=job.sdk)
 
 
 def search_fingerprint(job: Job, settings: SearchSettings) -> dict[str, str]:
-    """What a search's outcome depends on besides the graph, target and dialect: the request
+    """What a search's outcome depends on besides the graph, target, dialect and SDK release: the request
     (method, trials, seed, exhaustive threshold) and a fingerprint of the schedule space."""
     lowering = job.lowering
     space = lowering.space(job.workload, job.dma_transpose)
@@ -286,7 +289,7 @@ def search_fingerprint(job: Job, settings: SearchSettings) -> dict[str, str]:
 def tune_cached(job: Job, settings: SearchSettings, cache: ResultCache | None, *,
                 store: bool = True) -> tuple[Tuned, bool]:
     """(tuned, answered_from_cache): :func:`tune_job`, answered from the result cache when the same
-    request (graph, target, dialect, search settings, schedule space) was tuned before.
+    request (graph, target, dialect, SDK release, search settings, schedule space) was tuned before.
 
     A search cut short by a ``timeout`` depends on the machine's speed, so it is neither answered
     from nor stored in the cache. With a ``storage`` the cache is not read (the caller asked for
@@ -330,7 +333,8 @@ def store_tuned(job: Job, tuned: Tuned, settings: SearchSettings, cache: ResultC
     key = _cache_key(job, settings)
     if keep_existing and cache.get(key) is not None:
         return False
-    return cache.put(new_record(job.graph, key=key, target=job.target, dialect=job.dialect, kind=job.lowering.kind,
+    return cache.put(new_record(job.graph, key=key, target=job.target, dialect=job.dialect, sdk=job.sdk,
+                                kind=job.lowering.kind,
                                 schedule=tuned.compiled.schedule, schedule_name=tuned.compiled.schedule_name,
                                 latency_us=tuned.compiled.cost.latency_us, search=tuned.search.search_summary(),
                                 workload=job.workload.describe()))

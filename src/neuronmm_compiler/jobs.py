@@ -1,6 +1,6 @@
-"""What one compile or tune request is, resolved once: :class:`Job` (a workload on a target, in a dialect, with its
-lowering entry) and :class:`SearchSettings` (how a schedule search runs). The driver (:mod:`.driver`) takes these
-instead of loose arguments, so nothing in a request is resolved twice."""
+"""What one compile or tune request is, resolved once: :class:`Job` (a workload on a target, in a dialect, for a
+Neuron SDK release, with its lowering entry) and :class:`SearchSettings` (how a schedule search runs). The driver
+(:mod:`.driver`) takes these instead of loose arguments, so nothing in a request is resolved twice."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .ir import Graph
 from .lowerings import Lowering, lowering_for
 from .lowerings.base import dma_transpose_ok
 from .search import DEFAULT_TRIALS
-from .support import AUTO, resolve_dialect
+from .support import AUTO, check_sdk, newest_sdk, resolve_dialect
 from .targets import Target
 from .vocab import Dialect
 
@@ -25,15 +25,18 @@ ProgressFn = Callable[[int, int, float], None]
 
 @dataclass(frozen=True)
 class Job:
-    """One workload resolved once for a target: the concrete dialect, the lowering entry that compiles it, whether
-    its A^T / X^T may be a transposing DMA load there, and (built on first use) its graph. Every step of a request
-    (search, cache key, compile, baselines, cache record) reads these from here instead of resolving them again."""
+    """One workload resolved once for a target: the concrete dialect, the Neuron SDK release its kernel is for (the
+    spelling of an exchange between the programs of a logical core depends on it, :func:`~.support.uses_nki_lnc`), the
+    lowering entry that compiles it, whether its A^T / X^T may be a transposing DMA load there, and (built on first
+    use) its graph. Every step of a request (search, cache key, compile, baselines, cache record) reads these from here
+    instead of resolving them again."""
 
     workload: Workload
     target: Target
     dialect: Dialect
     lowering: Lowering
     dma_transpose: bool
+    sdk: str
 
     @functools.cached_property
     def graph(self) -> Graph:
@@ -41,10 +44,14 @@ class Job:
         return self.workload.graph()
 
 
-def resolve(workload: Workload, target: Target, dialect: str | None = None) -> Job:
-    """``workload`` on ``target`` in ``dialect`` (None or ``auto``: the one the target's SDK support picks)."""
-    concrete = platform_dialect(dialect, target)
-    return Job(workload, target, concrete, lowering_for(workload), dma_transpose_ok(workload, target, concrete))
+def resolve(workload: Workload, target: Target, dialect: str | None = None, sdk: str | None = None) -> Job:
+    """``workload`` on ``target`` in ``dialect`` (None or ``auto``: the one the target's support picks for ``sdk``) for
+    Neuron SDK release ``sdk`` (None: the newest supporting the dialect on the target; InputError for a release the
+    dialect cannot run on, :func:`~.support.check_sdk`)."""
+    concrete = platform_dialect(dialect, target, sdk)
+    release = check_sdk(sdk, concrete) if sdk is not None else newest_sdk(concrete, target.name)
+    return Job(workload, target, concrete, lowering_for(workload), dma_transpose_ok(workload, target, concrete),
+               release)
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ class SearchSettings:
         return lowering.exhaustive_threshold if self.exhaustive_threshold is None else self.exhaustive_threshold
 
 
-def platform_dialect(dialect: str | None, target: Target) -> Dialect:
+def platform_dialect(dialect: str | None, target: Target, sdk: str | None = None) -> Dialect:
     """The concrete dialect of ``--dialect`` (None or ``auto``: the one :mod:`~neuronmm_compiler.support` picks
-    for the target)."""
-    return resolve_dialect(dialect or AUTO, target.name)
+    for the target and SDK release)."""
+    return resolve_dialect(dialect or AUTO, target.name, sdk)

@@ -142,7 +142,7 @@ def write_index(out_dir: str | Path, index: Mapping[str, Any]) -> None:
 
 
 def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, target: Target, dialect: str,
-               trials: int = DEFAULT_TRIALS, seed: int = 0,
+               trials: int = DEFAULT_TRIALS, seed: int = 0, sdk: str | None = None,
                tune_bucket: Callable[[Workload, int], Tuned] | None = None, jobs: int = 1,
                progress: Callable[[int, int, float], None] | None = None,
                on_written: Callable[[list[tuple[Workload, Tuned]]], None] | None = None,
@@ -150,7 +150,8 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     """Tune and emit one fused MLP per bucket into ``out_dir``; write and return the index.
     ``tune_bucket(workload, bucket_index)`` runs one search with the caller's settings (``nmmc tune
     --model``: cache, timeout, method, progress); by default :func:`driver.tune` with ``trials`` and
-    ``seed``. Each bucket needs two independent searches (the compressed MLP and the fused dense
+    ``seed`` (for Neuron SDK release ``sdk``, None: the newest; ``tune_bucket`` carries its own). Each bucket needs
+    two independent searches (the compressed MLP and the fused dense
     one): with ``jobs`` > 1 they run in that many worker processes (``tune_bucket`` must then be
     picklable: a module-level function or a partial of one), each search deterministic, so the
     files and the index are those of ``jobs=1``. ``progress(buckets_done, buckets, inf)`` is
@@ -164,7 +165,8 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     so, its files in ``<group>/``, an equal workload searched once, and nmmc's fused dense bf16 MLP tuned in every
     bucket as the baseline of the model's total (:mod:`.model_groups`)."""
     if tune_bucket is None:
-        tune_bucket = functools.partial(_tune_default, target=target, dialect=dialect, trials=trials, seed=seed)
+        tune_bucket = functools.partial(_tune_default, target=target, dialect=dialect, trials=trials, seed=seed,
+                                        sdk=sdk)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
@@ -205,7 +207,7 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
         "lnc": target.lnc,
         "launch": launch_dict(target),  # the launch context every latency and speedup below was predicted in
         "dialect": dialect,
-        "sdk": sdk_range(dialect, target),
+        "sdk": sdk_range(dialect, target, sdk),
         "dtype": results[0][0].workload.dtype if buckets else None,
         # the formats each bucket chose among, {dense, SVD} x the allowed weight formats (model_formats.py)
         "formats_allowed": [f.name for f in plans[0].candidates],
@@ -282,19 +284,22 @@ def recorded_format(source: ModelSource, formats: FormatRequest) -> MlpFormat | 
     return recorded
 
 
-def sdk_range(dialect: str, target: Target) -> dict[str, str] | None:
-    """The Neuron SDK releases whose NKI rules the kernels were checked against for ``dialect`` on ``target``
-    (support.py's matrix; None where no release documents the pairing)."""
-    from .support import SUPPORT
+def sdk_range(dialect: str, target: Target, sdk: str | None = None) -> dict[str, str] | None:
+    """The Neuron SDK releases whose NKI rules the kernels emitted for release ``sdk`` (None: the newest) were checked
+    against for ``dialect`` on ``target`` (support.py's matrix; None where no release documents the pairing). On a
+    logical core of two programs any kernel may exchange values, whose spelling holds on part of the dialect's range
+    only (:func:`~.support.kernel_range`): the range is then that part, conservatively, for every kernel."""
+    from .support import kernel_range, newest_sdk
+    from .vocab import Dialect
 
-    for entry in SUPPORT:
-        if entry.dialect == dialect and target.name in entry.targets:
-            return {"min": entry.sdk_min, "max": entry.sdk_max}
-    return None
+    concrete = Dialect(dialect)
+    span = kernel_range(concrete, target.name, sdk or newest_sdk(concrete, target.name), target.lnc > 1)
+    return None if span is None else {"min": span[0], "max": span[1]}
 
 
-def _tune_default(workload: Workload, bucket: int, *, target: Target, dialect: str, trials: int, seed: int) -> Tuned:
-    return tune(workload, target=target, dialect=dialect, trials=trials, seed=seed)
+def _tune_default(workload: Workload, bucket: int, *, target: Target, dialect: str, trials: int, seed: int,
+                  sdk: str | None = None) -> Tuned:
+    return tune(workload, target=target, dialect=dialect, sdk=sdk, trials=trials, seed=seed)
 
 
 def _run_searches(tune_bucket: Callable[[Workload, int], Tuned], searches: list[tuple[int, Workload]], jobs: int,

@@ -25,12 +25,14 @@ Echo = Callable[..., None]
 
 @dataclass(frozen=True)
 class TuneRequest:
-    """One ``nmmc tune``: where (target, dialect), how the search runs (:class:`~.jobs.SearchSettings`), and what the
-    command adds around it (worker processes of ``tune --model``, the result cache, the progress bar)."""
+    """One ``nmmc tune``: where (target, dialect, Neuron SDK release; None: the newest), how the search runs
+    (:class:`~.jobs.SearchSettings`), and what the command adds around it (worker processes of ``tune --model``, the
+    result cache, the progress bar)."""
 
     target: Target
     dialect: str
     search: SearchSettings = field(default_factory=SearchSettings)
+    sdk: str | None = None
     jobs: int = 1  # tune --model: searches run at once in worker processes
     cache_dir: str | None = None
     use_cache: bool = True
@@ -40,8 +42,8 @@ class TuneRequest:
     def settings(self, progress: ProgressFn | None = None) -> SearchSettings:  # the driver's, with a progress callback
         return replace(self.search, progress=progress)
 
-    def job(self, workload: Workload) -> Job:  # ``workload`` resolved for this request's target and dialect
-        return resolve(workload, self.target, self.dialect)
+    def job(self, workload: Workload) -> Job:  # ``workload`` resolved for this request's target, dialect and SDK
+        return resolve(workload, self.target, self.dialect, self.sdk)
 
 
 def search(workload: Workload, request: TuneRequest, echo: Echo) -> tuple[Tuned, str | None]:
@@ -352,7 +354,7 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                                     buckets=len(buckets), echo=echo)
     update, close = progress_bar(request.progress and parallel, f"tuning {len(buckets)} buckets")
     try:
-        index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect,
+        index = tune_model(source, buckets, output, target=request.target, dialect=request.dialect, sdk=request.sdk,
                            tune_bucket=tune_bucket, jobs=request.jobs, progress=update, on_written=written,
                            formats=formats)
     finally:

@@ -123,6 +123,9 @@ def _cases() -> dict[str, tuple[str, ...]]:
          "8192", "--dense", "--param", "lnc_split=intermediate", "--target", "trn2")
     emit("lnc2-mlp-decode-1-dense-hidden-trn2", "--mlp", "--tokens", "1", "--hidden", "2048", "--intermediate",
          "8192", "--dense", "--param", "lnc_split=hidden", "--target", "trn2")
+    # the same kernel for Neuron SDK 2.33: its exchange stays nisa.sendrecv(..., pipe_id=0) (2.34: nki.lnc.sendrecv)
+    emit("lnc2-mlp-decode-1-dense-hidden-trn2-sdk2.33", "--mlp", "--tokens", "1", "--hidden", "2048",
+         "--intermediate", "8192", "--dense", "--param", "lnc_split=hidden", "--target", "trn2", "--sdk", "2.33")
     emit("lnc2-mlp-8-keep0.8-intermediate-trn3", "--mlp", "--tokens", "8", "--hidden", "2048", "--intermediate",
          "8192", "--keep-ratio", "0.8", "--param", "lnc_split=intermediate", "--target", "trn3")
     emit("lnc2-chain-77x1000x600-features-trn2", "--shape", "77x1000x600", "--rank", "256", "--param",

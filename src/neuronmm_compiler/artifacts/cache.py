@@ -4,10 +4,10 @@ Only decisions are cached, never generated code: a hit rebuilds the schedule obj
 (:func:`cached_schedule`) and the kernel is lowered and printed again, so a cached kernel is exactly
 what the same schedule compiles to today. The key (:func:`cache_key`) is a SHA-256 over everything
 the decision depends on: the graph's structural signature (shapes, dtypes, layouts), the target, the
-dialect, the lowering entry whose schedule it is (``gemm`` or ``fused``), the search request
-(method, trials, seed, exhaustive threshold) with a fingerprint of the schedule space, the cost
-model version, the nmmc version and a digest of nmmc's own source files (an editable install or a checkout
-between releases keeps one version number while its lowerings change). A change to any of them is a
+dialect and the Neuron SDK release the kernel is for, the lowering entry whose schedule it is (``gemm`` or
+``fused``), the search request (method, trials, seed, exhaustive threshold) with a fingerprint of the schedule
+space, the cost model version, the nmmc version and a digest of nmmc's own source files (an editable install or a
+checkout between releases keeps one version number while its lowerings change). A change to any of them is a
 different key; stale files are never read again, and :meth:`ResultCache.prune` (``nmmc cache prune``)
 removes them: a record names the versions and source digest it was written by.
 
@@ -75,8 +75,9 @@ def _target(target: str | Target) -> Target:
 
 
 def cache_key(graph: Graph, *, target: str | Target, dialect: str, kind: str,
-              search: Mapping[str, str] | None = None) -> str:
-    """The cache key of tuning ``graph`` for ``target``/``dialect``: a 64-digit SHA-256 hex string.
+              search: Mapping[str, str] | None = None, sdk: str | None = None) -> str:
+    """The cache key of tuning ``graph`` for ``target``/``dialect`` (and Neuron SDK release ``sdk``, which the kernel's
+    exchange spelling depends on; the driver always gives it): a 64-digit SHA-256 hex string.
     ``search`` is what else the decision depends on (the driver's ``search_fingerprint``: method,
     trials, seed, exhaustive threshold, a fingerprint of the schedule space). A calibrated target
     adds the fingerprint of its fitted values, so it never shares decisions with its stock target
@@ -91,6 +92,8 @@ def cache_key(graph: Graph, *, target: str | Target, dialect: str, kind: str,
                                "source": source_digest()}
     if search:
         fields_["search"] = json.dumps(dict(search), sort_keys=True)
+    if sdk is not None:
+        fields_["sdk"] = sdk
     if tgt.calibrated:
         fields_["target_model"] = tgt.model_fingerprint()
     text = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
@@ -131,6 +134,7 @@ class CacheRecord:
     nmmc_version: str
     cost_model_version: str
     source: str = ""  # source_digest() of the nmmc that wrote it ("" in records of nmmc before 2026-12-03)
+    sdk: str = ""  # the Neuron SDK release the kernel is for ("" in records written before nmmc recorded it)
 
     def to_json(self) -> str:
         """The file text: the fields plus the ``format``/``format_version`` marker."""
@@ -150,7 +154,7 @@ class CacheRecord:
             raise InputError(f"format version {data.get('format_version')!r}, expected {CACHE_FORMAT_VERSION}")
         values = {}
         for f in fields(cls):
-            if f.name == "source" and f.name not in data:
+            if f.name in ("source", "sdk") and f.name not in data:
                 continue  # written by an nmmc that did not record it: the default, unknown
             if f.name not in data:
                 raise InputError(f"missing field {f.name!r}")
@@ -192,18 +196,18 @@ def cached_schedule(record: CacheRecord) -> Any:
 
 def new_record(graph: Graph, *, target: str | Target, dialect: str, kind: str, schedule: Any,
                schedule_name: str, latency_us: float, search: dict[str, Any], workload: str | None = None,
-               key: str | None = None) -> CacheRecord:
+               key: str | None = None, sdk: str | None = None) -> CacheRecord:
     """A record of tuning ``graph`` (``key`` defaults to :func:`cache_key` without a search request;
     descriptive fields computed here, ``created`` = now)."""
     target = _target(target)  # a calibrated target file is read once
     desc = describe_key(graph, target=target, dialect=dialect, kind=kind, workload=workload)
-    key = key or cache_key(graph, target=target, dialect=dialect, kind=kind)
+    key = key or cache_key(graph, target=target, dialect=dialect, kind=kind, sdk=sdk)
     return CacheRecord(key=key, kind=kind,
                        schedule_name=schedule_name, params=schedule.as_dict(), latency_us=float(latency_us),
                        search=dict(search), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        workload=desc["workload"], target=desc["target"], dialect=dialect,
                        nmmc_version=desc["nmmc_version"], cost_model_version=desc["cost_model_version"],
-                       source=source_digest())
+                       source=source_digest(), sdk=sdk or "")
 
 
 def usable_here(record: CacheRecord) -> bool:

@@ -1,7 +1,7 @@
 """Schedule lockfiles: the schedules a project chose, recorded so CI can check they still hold.
 
 A lockfile (``nmmc.lock.json``, written by ``nmmc tune ... --lock FILE``) holds one
-:class:`LockEntry` per (workload, target, dialect): the chosen schedule's parameters, what the cost
+:class:`LockEntry` per (workload, target, dialect, Neuron SDK release): the chosen schedule's parameters, what the cost
 model predicted for it, the sha256 of the kernel file that was emitted, the search settings that
 found it (seed, trials, method), the nmmc and cost-model versions, and a fingerprint of the target's
 hardware table. A schedule tuned for a calibrated target records the target file's path (as given to
@@ -56,9 +56,11 @@ def kernel_sha256(source: str) -> str:
     return _sha256(source)
 
 
-def entry_key(workload: Mapping[str, Any], target: str, dialect: str) -> str:
-    """The stable key of an entry: sha256 of its workload, target name and dialect."""
-    return _sha256(_canonical({"workload": dict(workload), "target": target, "dialect": dialect}))
+def entry_key(workload: Mapping[str, Any], target: str, dialect: str, sdk: str | None = None) -> str:
+    """The stable key of an entry: sha256 of its workload, target name, dialect and (when the entry records one, as
+    every entry written since nmmc knew Neuron 2.34 does) Neuron SDK release."""
+    fields_ = {"workload": dict(workload), "target": target, "dialect": dialect} | ({} if sdk is None else {"sdk": sdk})
+    return _sha256(_canonical(fields_))
 
 
 # ----------------------------------------------------------------------------- entries
@@ -82,10 +84,13 @@ class LockEntry:
     method: str  # the search method that found the schedule ("exhaustive" or "optuna")
     nmmc_version: str = __version__
     cost_model_version: str = COST_MODEL_VERSION
+    #: the Neuron SDK release the kernel was emitted for (None in entries written before nmmc recorded it: re-derived
+    #: for the newest release of the dialect on the target)
+    sdk: str | None = None
     key: str = field(default="")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "key", entry_key(self.workload, self.target, self.dialect))
+        object.__setattr__(self, "key", entry_key(self.workload, self.target, self.dialect, self.sdk))
 
     @property
     def latency_us(self) -> float:
@@ -104,13 +109,13 @@ class LockEntry:
         if not isinstance(data, dict):
             raise InputError(f"an entry must be a JSON object; got {type(data).__name__}")
         names = {f.name for f in fields(cls)}
-        missing = sorted(names - {"key"} - set(data))
+        missing = sorted(names - {"key", "sdk"} - set(data))
         unknown = sorted(set(data) - names)
         if missing or unknown:
             raise InputError(f"entry has missing fields {missing} / unknown fields {unknown}")
         types = {"workload": dict, "schedule": dict, "predicted": dict, "seed": int, "trials": int}
         spelled = {dict: "a JSON object", int: "an integer", str: "a string"}
-        for name in names - {"key"}:
+        for name in names - {"key"} - ({"sdk"} if data.get("sdk") is None else set()):
             want = types.get(name, str)
             if not isinstance(data[name], want) or isinstance(data[name], bool):
                 raise InputError(f"entry field {name!r} must be {spelled[want]}; got {data[name]!r}")
@@ -121,7 +126,7 @@ class LockEntry:
             raise InputError("entry 'predicted' has no numeric latency_us")
         entry = cls(**{k: v for k, v in data.items() if k != "key"})
         if "key" in data and data["key"] != entry.key:
-            raise InputError(f"entry key {data['key']!r} does not match its workload, target and dialect "
+            raise InputError(f"entry key {data['key']!r} does not match its workload, target, dialect and SDK "
                              f"(expected {entry.key!r}; edited by hand?)")
         return entry
 
@@ -140,6 +145,7 @@ def entry_from_compiled(workload: Workload, compiled: Compiled, *, seed: int, tr
         target=compiled.target.spec,
         target_fingerprint=target_fingerprint(compiled.target),
         dialect=compiled.dialect,
+        sdk=compiled.sdk,
         schedule_kind=compiled.kind,
         schedule=dict(compiled.schedule.as_dict()),
         schedule_name=compiled.schedule_name,

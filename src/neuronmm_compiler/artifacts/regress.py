@@ -136,14 +136,15 @@ class RegressReport:
 def compile_entry(entry: LockEntry, workload: Workload, target: Target) -> Compiled:
     """Recompile the locked schedule through the path ``tune`` used (same schedule name); an unknown
     or out-of-range parameter, or a schedule of another kind than the workload's, is an InputError."""
-    return recompile(resolve(workload, target, entry.dialect), entry.schedule_kind, entry.schedule,
+    return recompile(resolve(workload, target, entry.dialect, entry.sdk), entry.schedule_kind, entry.schedule,
                      schedule_name=entry.schedule_name)
 
 
 def fresh_search(entry: LockEntry, workload: Workload, target: Target, trials: int) -> tuple[LockEntry, str]:
     """Rerun the search the entry records (seed, trials, method): its winner as an entry, and its kernel."""
     force = entry.method if entry.method in ("optuna", "exhaustive") else None
-    tuned = tune(workload, target=target, dialect=entry.dialect, trials=trials, seed=entry.seed, method=force)
+    tuned = tune(workload, target=target, dialect=entry.dialect, sdk=entry.sdk, trials=trials, seed=entry.seed,
+                 method=force)
     return entry_from_tuned(workload, tuned, seed=entry.seed, trials=trials), tuned.compiled.kernel.source
 
 

@@ -52,7 +52,7 @@ def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     if output != "-":
         check_output_file(output)
     wl, tgt = compile_inputs(options, target)
-    result = compile_workload(wl, target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), preset=schedule_name,
+    result = compile_workload(wl, target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), sdk=sdk, preset=schedule_name,
                               params=parse_params(params), pipeline=pipeline)
     if output == "-":
         click.echo(result.kernel.source, nl=False)
@@ -161,7 +161,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     workload = None if model is not None else workload_from(options, target)
     tgt = resolve_target(target, workload)  # --model: a model's MLP, in-graph unless --launch says otherwise
     search = search_settings(trials, seed, timeout, method, exhaustive_threshold, top_k, storage, study_name, workers)
-    request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), search=search, jobs=jobs or cores(),
+    request = TuneRequest(target=tgt, dialect=chosen_dialect(dialect, sdk, tgt), sdk=sdk, search=search,
+                          jobs=jobs or cores(),
                           cache_dir=cache_dir, use_cache=not no_cache, progress=show_progress(progress, as_json))
     if model is not None:
         if report_dir or storage:

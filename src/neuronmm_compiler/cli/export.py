@@ -118,7 +118,7 @@ def export(model: str, buckets: str | None, serving: str | None, max_num_seqs: i
 
     if dense and keep_ratio is not None:
         raise InputError("--dense exports the uncompressed MLP: drop --keep-ratio")
-    tgt = resolve_target(target, None)  # inside a model's graph: in-graph unless --launch says otherwise
+    tgt = export_target(target, dialect, sdk)  # inside a model's graph: in-graph unless --launch says otherwise
     flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
              "--max-model-len": max_model_len}
     weights = None if dtype is None else canonical_dtype(dtype)
@@ -261,3 +261,23 @@ def _summary(manifest: dict, output: str) -> list[str]:
                      "calibration=token ids); docs/integration.md)")
     lines.append(f"wrote the package to {output} (manifest.json; nmmc verify {output})")
     return lines
+
+def export_target(target_spec: str, dialect: str, sdk: str | None) -> Any:
+    """The target of an export (in-graph unless --launch says otherwise), and InputError when ``--sdk`` asks for
+    kernels other than those the export writes: the package's kernels are emitted for the newest release of their
+    dialect on the target, and an nki kernel's exchange between the programs of a logical core is spelled per release
+    (nki.lnc.sendrecv from 2.34, nisa.sendrecv before; support.uses_nki_lnc)."""
+    from ..errors import InputError
+    from ..support import newest_sdk, resolve_dialect, uses_nki_lnc
+    from ..vocab import Dialect
+
+    target = resolve_target(target_spec, None)
+    concrete = resolve_dialect(dialect, target.name, sdk)
+    if sdk is None or concrete is not Dialect.NKI:
+        return target
+    newest = newest_sdk(concrete, target.name)
+    if uses_nki_lnc(sdk) != uses_nki_lnc(newest):
+        raise InputError(f"export writes kernels for Neuron SDK {newest} (the newest the nki dialect supports on "
+                         f"{target.name}), whose exchange between the programs of a logical core is spelled otherwise "
+                         f"than on --sdk {sdk}; use 'nmmc tune --model MODEL --sdk {sdk}' for kernels of that release")
+    return target

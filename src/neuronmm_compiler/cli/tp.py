@@ -61,9 +61,10 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
         kernel_fn = commands.tuned_kernels(target, dialect, trials=kw["trials"] or 150, seed=kw["seed"],
                                            method=None if kw["method"] == "auto" else kw["method"],
                                            exhaustive_threshold=kw["exhaustive_threshold"],
-                                           cache_dir=kw["cache_dir"], use_cache=not kw["no_cache"])
+                                           cache_dir=kw["cache_dir"], use_cache=not kw["no_cache"],
+                                           sdk=kw.get("sdk"))
     else:
-        kernel_fn = commands.default_kernels(target, dialect)
+        kernel_fn = commands.default_kernels(target, dialect, kw.get("sdk"))
     if any(kw.get(key) not in (None, False) for key in PROLOGUE_KEYS):
         raise InputError("--fuse-norm/--residual are not sharded by --tp yet (docs/fusion.md, 'The norm prologue'); "
                          "drop them or --tp")

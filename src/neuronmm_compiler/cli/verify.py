@@ -10,18 +10,21 @@ from typing import Any
 
 import click
 
-from ..support import KNOWN_SDKS, LATER_SDKS, SUPPORT
+from ..support import KNOWN_SDKS, LATER_SDKS, NEURONXCC_REMOVED_IN, SUPPORT
 from .options import EXIT_FAILED
 from .tp import tp_verify
 from .views import echo_lines, verify_lines
 
 SDK_HELP = (
     "Neuron SDK release whose NKI rules the static pass checks (rules bounded by release, e.g. neuronxcc.nki "
-    "imports are an error from 2.30; docs/nki-rules.md). Default: the newest release that supports the file's "
-    "dialect on its target (" + "; ".join(f"{s.dialect} on {'/'.join(s.targets)}: {s.sdk_max}" for s in SUPPORT)
-    + "; where no release supports the pairing, e.g. nki on trn1, the newest that has the dialect). "
-    + ", ".join(LATER_SDKS) + " is refused with the reason: it removes neuronxcc.nki, and nmmc's rule book stops "
-    "at " + KNOWN_SDKS[-1] + ".")
+    "imports are an error from 2.30, nisa.sendrecv is deprecated for nki.lnc.sendrecv from 2.34; docs/nki-rules.md). "
+    "Default: the release the file was emitted for, where its header records one (a kernel whose programs exchange), "
+    "else the newest release that supports the file's dialect on its target ("
+    + "; ".join(f"{s.dialect} on {'/'.join(s.targets)}: {s.sdk_max}" for s in SUPPORT)
+    + "; where no release supports the pairing, e.g. nki on trn1, the newest that has the dialect). A neuronxcc file "
+    "on " + NEURONXCC_REMOVED_IN + " or later is refused with the reason: that release removes neuronxcc.nki"
+    + ("" if not LATER_SDKS else "; " + ", ".join(LATER_SDKS) + " is refused: nmmc's rule book stops at "
+       + KNOWN_SDKS[-1]) + ".")
 
 
 def dir_verify(fn: Any) -> Any:

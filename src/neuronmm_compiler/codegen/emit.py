@@ -3,7 +3,8 @@
 The file is deterministic (same inputs, byte-identical output) and self-describing: the line
 starting with ``# nmmc-metadata:`` holds JSON with everything ``nmmc verify`` needs (kernel name,
 argument and output names/shapes/dtypes, target, dialect, the graph in text form) so a kernel can
-be checked long after it was emitted, against a reference rebuilt from the graph rather than
+be checked long after it was emitted (for the Neuron SDK release it was emitted for, where its code depends on one),
+against a reference rebuilt from the graph rather than
 against the file's own ``reference``. :mod:`.metadata` types that line (:class:`KernelMetadata`).
 """
 
@@ -18,11 +19,11 @@ from ..errors import UnknownNameError
 from ..ir import Graph, to_text
 from ..kernel_ir.program import Program
 from ..kernel_ir.psum_banks import split_psum_banks
-from ..support import support_note
+from ..support import newest_sdk, support_note
 from ..targets import Target
 from ..vocab import Dialect
 from .metadata import METADATA_FORMAT, KernelMetadata, KernelSpec, ScheduleRecord, TensorSpec, buffer_specs
-from .printer import DIALECTS, PRINTERS
+from .printer import DIALECTS, PRINTERS, exchanges
 from .reference import reference_source
 
 
@@ -43,14 +44,18 @@ def check_dialect(dialect: str) -> Dialect:
 
 
 def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: Target, dialect: str,
-                summary: list[tuple[str, str]], schedule: ScheduleRecord | Mapping[str, Any]) -> KernelFile:
+                summary: list[tuple[str, str]], schedule: ScheduleRecord | Mapping[str, Any],
+                sdk: str | None = None) -> KernelFile:
     """Render one or more kernels (run in order; later ones may read earlier ones' outputs) in
-    ``dialect``. ``summary`` rows go into the human-readable header; ``schedule`` (lowering kind,
-    name and parameters, as a :class:`ScheduleRecord` or its JSON object) goes into the metadata."""
+    ``dialect`` for Neuron SDK release ``sdk`` (None: the newest of the dialect on the target). ``summary`` rows go
+    into the human-readable header; ``schedule`` (lowering kind, name and parameters, as a :class:`ScheduleRecord` or
+    its JSON object) goes into the metadata, and so does ``sdk`` where the code depends on it (an exchange)."""
     kernels = [split_psum_banks(p, target.psum_bank_bytes)
                for p in ([programs] if isinstance(programs, Program) else programs)]
     dialect = check_dialect(dialect)
-    printer = PRINTERS[dialect]()
+    release = sdk or newest_sdk(dialect, target.name)
+    printer = PRINTERS[dialect](release)
+    exchanging = exchanges(kernels)
     metadata = KernelMetadata(
         format=METADATA_FORMAT,
         nmmc_version=__version__,
@@ -62,6 +67,7 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
         schedule=schedule if isinstance(schedule, ScheduleRecord) else ScheduleRecord.from_dict(dict(schedule)),
         graph=to_text(graph),
         lnc=target.lnc,
+        sdk=release if exchanging and dialect is Dialect.NKI else None,
     )
     from ..cost_model.trust import trust_note  # here: reading kernel files (verify) needs no cost model
 
@@ -72,7 +78,7 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
                                                    else "")
     rows = [*summary, ("model error", trust_note(target)), ("target", hardware),
             ("dialect", f"{dialect}: {DIALECTS[dialect]}"),
-            ("sdk", support_note(dialect, target.name))]
+            ("sdk", support_note(dialect, target.name, release, exchanging))]
     if target.max_lnc > 1:
         rows.append(("launch", launch_note(target.lnc, dialect, [k.name for k in kernels])))
     if len(kernels) > 1:
@@ -90,7 +96,7 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
     lines.append("")
     lines.append("import numpy as np")
     lines.append("")
-    lines += list(printer.imports)
+    lines += list(printer.file_imports(kernels))
     for program in kernels:
         lines += ["", ""]
         lines += printer.kernel(program)

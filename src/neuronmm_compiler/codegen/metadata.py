@@ -15,7 +15,12 @@ Format 3 (current) holds:
 - ``kernels``: each kernel function, in the order they run, with its arguments and outputs;
 - ``schedule``: the lowering entry (``kind``: ``gemm`` or ``fused``), the schedule's name and
   parameters;
-- ``graph``: the graph after the pass pipeline, in the IR's text form.
+- ``graph``: the graph after the pass pipeline, in the IR's text form;
+- ``lnc``: the logical-core degree the kernel is written for, present only when it is not 1;
+- ``sdk``: the Neuron SDK release the file's code is for, present only where the code depends on it (an nki-dialect
+  kernel whose programs exchange: ``nki.lnc.sendrecv`` from 2.34, ``nisa.sendrecv`` before; support.uses_nki_lnc).
+  ``nmmc verify`` checks a file against it by default, and against the newest release of the file's dialect on its
+  target when it is absent (the same code serves every release of that range).
 
 Format 3 added the schedule's ``kind``; files of formats 1 and 2 (older nmmc) are refused with a
 request to re-emit them.
@@ -24,6 +29,7 @@ request to re-emit them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -193,10 +199,13 @@ class KernelMetadata:
     graph: str
     #: the logical-core degree the kernel is written for (its programs; absent from the line when 1)
     lnc: int = 1
+    #: the Neuron SDK release the code is for, where the code depends on it (absent from the line otherwise)
+    sdk: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The line's JSON object, as nmmc has always written it (``lnc`` only when it is not 1)."""
-        return ({"lnc": self.lnc} if self.lnc != 1 else {}) | {
+        """The line's JSON object, as nmmc has always written it (``lnc`` only when it is not 1, ``sdk`` only when the
+        code depends on the release)."""
+        return ({"lnc": self.lnc} if self.lnc != 1 else {}) | ({"sdk": self.sdk} if self.sdk is not None else {}) | {
             "format": self.format,
             "nmmc_version": self.nmmc_version,
             "kernels": [k.to_dict() for k in self.kernels],
@@ -239,6 +248,7 @@ class KernelMetadata:
             schedule=ScheduleRecord.from_dict(_get(data, "schedule", dict, "")),
             graph=_get(data, "graph", str, ""),
             lnc=_lnc(data),
+            sdk=_sdk(data),
         )
         for what in ("inputs", "outputs", "kernels"):
             if not getattr(metadata, what):
@@ -264,6 +274,13 @@ def _lnc(data: dict[str, Any]) -> int:
     value = data.get("lnc", 1)
     if isinstance(value, bool) or value not in (1, 2):
         raise InputError(f"{_MALFORMED}: 'lnc' must be 1 or 2; got {value!r:.40}")
+    return value
+
+
+def _sdk(data: dict[str, Any]) -> str | None:
+    value = data.get("sdk")
+    if value is not None and not (isinstance(value, str) and re.fullmatch(r"\d+\.\d+", value)):
+        raise InputError(f"{_MALFORMED}: 'sdk' must be a Neuron SDK release such as \"2.34\"; got {value!r:.40}")
     return value
 
 

@@ -1,7 +1,10 @@
 """Print a loop-nest :class:`Program` as NKI source, one printer per dialect.
 
 ``nki`` is NKI 0.3+ (``import nki``): every ISA call names its destination with ``dst=``, loops are
-plain Python ``range`` (unrolled at trace time), outputs live in ``nl.shared_hbm``.
+plain Python ``range`` (unrolled at trace time), outputs live in ``nl.shared_hbm``. Its printer is made for a Neuron
+SDK release, which decides one spelling: the exchange between the programs of a logical core is
+``nki.lnc.sendrecv`` (no ``pipe_id``; the file then imports ``nki.lnc``) from SDK 2.34 (NKI 0.8.0), and
+``nisa.sendrecv(..., pipe_id=0)`` before it (rules NKI-ISA-LNC-DEPRECATED, NKI-LNC-MODULE).
 ``neuronxcc`` is the older NKI 0.1 API (``import neuronxcc.nki``) that the NeuronMM paper used:
 instructions return values that are assigned into buffers, loads and stores are ``nl.load`` /
 ``nl.store``, matmul results accumulate with ``+=`` into a zeroed PSUM tile (``=`` starts the sums in a
@@ -44,6 +47,7 @@ from ..kernel_ir.program import (
     walk,
 )
 from ..kernel_ir.psum_banks import ENTRY_VAR
+from ..support import newest_release, uses_nki_lnc
 from ..vocab import Dialect, ElementwiseOp
 
 INDENT = "    "
@@ -79,12 +83,23 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(literal(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+def exchanges(programs: list[Program]) -> bool:
+    """Whether any of the programs exchanges values with the other program of its logical core (a sendrecv)."""
+    return any(isinstance(stmt, SendRecv) for program in programs for stmt, _ in walk(program.body))
+
+
 class _Printer:
     dialect: Dialect
     imports: tuple[str, ...] = ()
 
-    def __init__(self) -> None:
+    def __init__(self, sdk: str | None = None) -> None:
+        """A printer of kernels for Neuron SDK release ``sdk`` (None: the newest release of the dialect)."""
         self.lines: list[str] = []
+        self.sdk = sdk or newest_release(self.dialect)
+
+    def file_imports(self, programs: list[Program]) -> tuple[str, ...]:
+        """The import lines of a file holding ``programs``: :attr:`imports`, and what their calls need besides."""
+        return self.imports
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append(INDENT * depth + text)
@@ -210,6 +225,12 @@ class NkiPrinter(_Printer):
 
     dialect = Dialect.NKI
     imports = _imports(dialect)
+    #: The import an exchange through ``nki.lnc`` needs: the module is documented as ``nki.lnc`` (its API page), but no
+    #: page says ``import nki`` alone makes it an attribute of ``nki``, so the file imports it (conservatively).
+    LNC_IMPORT = "import nki.lnc"
+
+    def file_imports(self, programs: list[Program]) -> tuple[str, ...]:
+        return self.imports + ((self.LNC_IMPORT,) if uses_nki_lnc(self.sdk) and exchanges(programs) else ())
 
     def range_call(self, loop: Loop) -> str:
         return f"range({code(loop.trip)})"
@@ -259,8 +280,11 @@ class NkiPrinter(_Printer):
             self.emit(depth, f"nisa.memset(dst={stmt.dst.code()}, value={_operand(stmt.value)})")
         elif isinstance(stmt, SendRecv):
             peer = f"1 - {PROGRAM_ID}"
-            self.emit(depth, f"nisa.sendrecv(src={stmt.src.code()}, dst={stmt.dst.code()}, send_to_rank={peer}, "
-                             f"recv_from_rank={peer}, pipe_id=0)")
+            args = f"src={stmt.src.code()}, dst={stmt.dst.code()}, send_to_rank={peer}, recv_from_rank={peer}"
+            if uses_nki_lnc(self.sdk):  # NKI 0.8.0: nki.lnc.sendrecv(src, dst, send_to_rank, recv_from_rank, ...)
+                self.emit(depth, f"nki.lnc.sendrecv({args})")
+            else:  # NKI 0.3 to 0.7: nki.isa.sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, ...)
+                self.emit(depth, f"nisa.sendrecv({args}, pipe_id=0)")
         else:  # pragma: no cover - every statement kind is handled above
             raise TypeError(f"cannot print {type(stmt).__name__}")
 

@@ -1,6 +1,10 @@
-"""The NKI 0.3+ dialect: ``import nki``, ``nki.language as nl``, ``nki.isa as nisa``.
+"""The NKI 0.3+ dialect: ``import nki``, ``nki.language as nl``, ``nki.isa as nisa``, and ``nki.lnc``.
 
-Every ISA call writes into ``dst=``; nothing returns a value.
+Every ISA call writes into ``dst=``; nothing returns a value. The exchange between the programs of a logical core
+has both spellings: ``nisa.sendrecv(..., pipe_id)`` (NKI 0.3 to 0.7; deprecated by NKI 0.8.0) and
+``nki.lnc.sendrecv(...)`` without ``pipe_id`` (NKI 0.8.0, Neuron 2.34: the nki.lnc API page, "LNC communication").
+Which release a file may use which in is the rule book's to say (NKI-ISA-LNC-DEPRECATED, NKI-LNC-MODULE); both run
+here the same way (interpreter/lnc.py). ``core_barrier`` is in neither namespace here: nmmc emits none.
 """
 
 from __future__ import annotations
@@ -85,20 +89,7 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
     @api("nisa.sendrecv", m)
     def sendrecv(src: Any, dst: Any, send_to_rank: Any, recv_from_rank: Any, pipe_id: Any = 0,
                  dma_engine: Any = None) -> None:
-        src_t, dst_t = ops.tensor_arg(src, "nisa.sendrecv src"), ops.tensor_arg(dst, "nisa.sendrecv dst")
-        for t, what in ((src_t, "src"), (dst_t, "dst")):
-            if t.alloc.buffer != SBUF:
-                raise KernelLimitError(f"nisa.sendrecv {what} must be in SBUF, got {t.describe()}")
-        if m.turns is None:
-            raise KernelLimitError("nisa.sendrecv exchanges with the other program of a logical core; this kernel runs "
-                                   "on one core (LNC=1: nothing to exchange with)")
-        if send_to_rank != recv_from_rank:
-            raise UnsupportedAPIError(f"nisa.sendrecv: send_to_rank={send_to_rank!r}, recv_from_rank="
-                                      f"{recv_from_rank!r}; with two programs both name the other one")
-        require_written(src_t, "nisa.sendrecv src")
-        m.counters.record_dma(src_t.data.nbytes // src_t.shape[0])
-        units = None if m.units is None else scale_units.units_of(src_t)
-        m.turns.sendrecv(m.program_id, src_t, dst_t, int(send_to_rank), int(pipe_id), units=units)
+        exchange(m, src, dst, send_to_rank, recv_from_rank, int(pipe_id), "nisa.sendrecv")
 
     @api("nisa.nc_matmul", m)
     def nc_matmul(dst: Any, stationary: Any, moving: Any, accumulate: bool | None = None, tile_position: Any = (),
@@ -260,10 +251,41 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
     }
 
 
+def exchange(m: Machine, src: Any, dst: Any, send_to_rank: Any, recv_from_rank: Any, pipe: int, what: str) -> None:
+    """One program's side of a sendrecv (``what``: the spelling called): src and dst in SBUF, on a logical core of
+    two programs, each naming the other (interpreter/lnc.py pairs it with the other program's)."""
+    src_t, dst_t = ops.tensor_arg(src, f"{what} src"), ops.tensor_arg(dst, f"{what} dst")
+    for t, role in ((src_t, "src"), (dst_t, "dst")):
+        if t.alloc.buffer != SBUF:
+            raise KernelLimitError(f"{what} {role} must be in SBUF, got {t.describe()}")
+    if m.turns is None:
+        raise KernelLimitError(f"{what} exchanges with the other program of a logical core; this kernel runs "
+                               "on one core (LNC=1: nothing to exchange with)")
+    if send_to_rank != recv_from_rank:
+        raise UnsupportedAPIError(f"{what}: send_to_rank={send_to_rank!r}, recv_from_rank="
+                                  f"{recv_from_rank!r}; with two programs both name the other one")
+    require_written(src_t, f"{what} src")
+    m.counters.record_dma(src_t.data.nbytes // src_t.shape[0])
+    units = None if m.units is None else scale_units.units_of(src_t)
+    m.turns.sendrecv(m.program_id, src_t, dst_t, int(send_to_rank), pipe, units=units)
+
+
+def lnc_attrs(m: Machine) -> dict[str, Any]:
+    """``nki.lnc`` (NKI 0.8.0): ``sendrecv`` without ``pipe_id`` (messages pair by program order, which the
+    interpreter's exchanges follow; nisa.sendrecv's pipe 0 is the same queue)."""
+
+    @api("nki.lnc.sendrecv", m)
+    def sendrecv(src: Any, dst: Any, send_to_rank: Any, recv_from_rank: Any) -> None:
+        exchange(m, src, dst, send_to_rank, recv_from_rank, 0, "nki.lnc.sendrecv")
+
+    return {"sendrecv": sendrecv}
+
+
 def build_modules(m: Machine) -> dict[str, StandInModule]:
-    """The ``nki``, ``nki.language`` and ``nki.isa`` stand-ins bound to ``m``."""
+    """The ``nki``, ``nki.language``, ``nki.isa`` and ``nki.lnc`` stand-ins bound to ``m``."""
     language = StandInModule("nki.language", language_attrs(m))
     isa = StandInModule("nki.isa", isa_attrs(m))
-    top = StandInModule("nki", {"jit": jit, "language": language, "isa": isa})
-    return {"nki": top, "nki.language": language, "nki.isa": isa}
+    lnc = StandInModule("nki.lnc", lnc_attrs(m))
+    top = StandInModule("nki", {"jit": jit, "language": language, "isa": isa, "lnc": lnc})
+    return {"nki": top, "nki.language": language, "nki.isa": isa, "nki.lnc": lnc}
 

@@ -5,11 +5,13 @@ is; inputs and outputs are tensors in shared HBM that both programs see ("Using 
 NKI", sections "Programming for multiple cores" and "Final Notes"). SBUF and PSUM are per core. Nothing orders
 one program's HBM accesses against the other's unless the kernel synchronises them: the documented primitives are
 ``nisa.core_barrier`` (both programs wait; HBM written before it is visible after it) and ``nisa.sendrecv``
-(SBUF to SBUF). The kernels nmmc emits today divide disjoint work and use neither, so the interpreter holds them
-to the rule that follows: no HBM element is written by one program and read or written by the other.
+(SBUF to SBUF), both ``nki.lnc`` functions from NKI 0.8.0 (Neuron 2.34; the ``nki.isa`` ones deprecated there).
+The kernels nmmc emits today divide disjoint work and use neither, so the interpreter holds them to the rule that
+follows: no HBM element is written by one program and read or written by the other.
 
 The programs run in threads that take turns (:class:`Turns`, one runs at a time, so a run is deterministic):
-program 0 runs until its first ``nisa.sendrecv``, then program 1 until its matching one, which completes the
+program 0 runs until its first sendrecv (``nisa.sendrecv`` or ``nki.lnc.sendrecv``), then program 1 until its
+matching one, which completes the
 exchange (each ``src`` lands in the other program's ``dst``) and runs on; a program waiting for its partner gets
 the turn back when the partner reaches its next exchange or ends. An exchange whose partner never comes (the
 other program ended, or reached an exchange of another shape, rank or pipe) is ``LNC-EXCHANGE-MISMATCH``
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 WRITE_OVERLAP = "LNC-HBM-WRITE-OVERLAP"
 UNSYNCED_READ = "LNC-HBM-UNSYNCED-READ"
 EXCHANGE_MISMATCH = "LNC-EXCHANGE-MISMATCH"
-SENDRECV_SOURCE = "NKI API reference, nki.isa.sendrecv"
+SENDRECV_SOURCE = "NKI API reference, nki.isa.sendrecv (NKI 0.3-0.7) / nki.lnc.sendrecv (NKI 0.8.0)"
 #: The page both rules rest on.
 #: ``SharedHbm.current`` once the programs have finished
 HOST = -1

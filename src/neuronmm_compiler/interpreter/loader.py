@@ -69,7 +69,7 @@ class _Importer:
         if dialect is None:
             allowed = ", ".join(sorted(PLAIN_IMPORTS - {"__future__"}))
             raise UnsupportedAPIError(f"import of {name!r} is not allowed in a kernel file; allowed: "
-                                      f"{allowed} and the NKI modules (nki, nki.language, nki.isa or "
+                                      f"{allowed} and the NKI modules (nki, nki.language, nki.isa, nki.lnc or "
                                       "neuronxcc.nki, neuronxcc.nki.language, neuronxcc.nki.isa)")
         m = self.machine
         if m.dialect is None:

@@ -21,15 +21,16 @@ from .planner import KEPT_TOLERANCE, KernelFn, TpResult, alternative_label, plan
 Echo = Callable[..., None]
 
 
-def default_kernels(target: Target, dialect: str | None) -> KernelFn:
-    """Compile each per-rank workload under its entry's default schedule (``emit``, ``cost``, ``explain``)."""
+def default_kernels(target: Target, dialect: str | None, sdk: str | None = None) -> KernelFn:
+    """Compile each per-rank workload under its entry's default schedule (``emit``, ``cost``, ``explain``), for Neuron
+    SDK release ``sdk`` (None: the newest of the dialect on the target)."""
     from ..driver import compile_workload
 
     memo: dict[Workload, Compiled] = {}
 
     def compile_one(workload: Workload) -> Compiled:
         if workload not in memo:
-            memo[workload] = compile_workload(workload, target=target, dialect=dialect)
+            memo[workload] = compile_workload(workload, target=target, dialect=dialect, sdk=sdk)
         return memo[workload]
 
     return compile_one
@@ -41,12 +42,12 @@ class TunedKernels:
     failing command leaves no cache entry."""
 
     def __init__(self, target: Target, dialect: str, settings: SearchSettings, *, cache_dir: str | None,
-                 use_cache: bool) -> None:
+                 use_cache: bool, sdk: str | None = None) -> None:
         from pathlib import Path
 
         from ..artifacts.cache import ResultCache
 
-        self.target, self.dialect, self.settings = target, dialect, settings
+        self.target, self.dialect, self.settings, self.sdk = target, dialect, settings, sdk
         self.cache = ResultCache(Path(cache_dir) if cache_dir else None) if use_cache else None
         self.memo: dict[Workload, Compiled] = {}
         self.pending: list[tuple[Job, Any]] = []
@@ -56,7 +57,7 @@ class TunedKernels:
         from ..jobs import resolve
 
         if workload not in self.memo:
-            job = resolve(workload, self.target, self.dialect)
+            job = resolve(workload, self.target, self.dialect, self.sdk)
             tuned, from_cache = tune_cached(job, self.settings, self.cache, store=False)
             if not from_cache:
                 self.pending.append((job, tuned))
@@ -74,10 +75,12 @@ class TunedKernels:
 
 
 def tuned_kernels(target: Target, dialect: str, *, trials: int, seed: int, method: str | None,
-                  exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool) -> TunedKernels:
-    """Tune each per-rank workload (see :class:`TunedKernels`; call its ``commit`` once the outputs are written)."""
+                  exhaustive_threshold: int | None, cache_dir: str | None, use_cache: bool,
+                  sdk: str | None = None) -> TunedKernels:
+    """Tune each per-rank workload (see :class:`TunedKernels`; call its ``commit`` once the outputs are written), for
+    Neuron SDK release ``sdk`` (None: the newest of the dialect on the target)."""
     settings = SearchSettings(trials=trials, seed=seed, method=method, exhaustive_threshold=exhaustive_threshold)
-    return TunedKernels(target, dialect, settings, cache_dir=cache_dir, use_cache=use_cache)
+    return TunedKernels(target, dialect, settings, cache_dir=cache_dir, use_cache=use_cache, sdk=sdk)
 
 
 def result_lines(result: TpResult) -> list[str]:

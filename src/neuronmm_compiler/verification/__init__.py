@@ -180,8 +180,9 @@ def verify_source(source: str, *, filename: str = "<kernel>", seed: int = 0, tar
 
     With ``rules`` (as ``nmmc verify`` does), the static NKI rule pass
     (:func:`~.static_check.check_kernel_source`) runs before the kernels, for the file's dialect, the target
-    (``target`` or the file's) and Neuron SDK release ``sdk`` (default: the newest release that supports the
-    dialect on the target, :func:`~neuronmm_compiler.support.newest_sdk`; InputError, before anything runs, for a
+    (``target`` or the file's) and Neuron SDK release ``sdk`` (default: the release the file records it was emitted
+    for, where its code depends on one, else the newest release that supports the dialect on the target,
+    :func:`~neuronmm_compiler.support.newest_sdk`; InputError, before anything runs, for a
     release the rule book was not read for, with the reason for the file's dialect when it is a later one,
     :func:`~neuronmm_compiler.support.check_sdk`). The kernels still run; any violation fails the report
     (``violations``, ``sdk``).
@@ -223,6 +224,11 @@ def _verify_source(source: str, filename: str, seed: int, target: Target | None,
     check_source(source, filename)
     if sdk is not None:
         check_sdk(sdk, meta.dialect)
+    elif meta.sdk is not None:
+        try:
+            sdk = check_sdk(meta.sdk, meta.dialect)
+        except InputError as exc:
+            raise InputError(f"{filename}: its metadata records Neuron SDK {meta.sdk} ({exc}); pass --sdk") from None
     tgt = with_lnc(target or get_target(meta.target), meta.lnc)  # the file's programs decide the logical core
     graph = parse_text(meta.graph)
     check_memory(filename, meta, graph, max_memory)

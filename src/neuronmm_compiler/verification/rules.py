@@ -4,9 +4,9 @@ One data module: a single table (:data:`RULES`) whose entries each carry their c
 sources conflict, a note saying which reading was chosen (always the conservative one).
 
 Every rule was read in the cited text (the Neuron SDK documentation repository at a fixed commit, or
-the NKI 0.1 documentation as it stood before its removal; for SDK 2.33, whose documentation that repository's
-snapshot does not yet hold, the published documentation site at its v2.33.1 version, and for later announcements
-the site's latest version); nothing here is from memory. Where a
+the NKI 0.1 documentation as it stood before its removal; for SDK 2.33 and 2.34, whose documentation that repository's
+snapshot does not yet hold, the published documentation site at its v2.33.1 and v2.34.0 versions, and for later
+announcements and the pages of the newest release the site's latest version); nothing here is from memory. Where a
 limit is a hardware number that :mod:`neuronmm_compiler.targets` also holds, the rule names the
 :class:`~neuronmm_compiler.targets.Target` field (``target_field``) and records the documented value
 per target (``documented``) instead of restating it as a limit; ``tests/test_nki_rules.py`` checks
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..support import NEURONXCC_REMOVED_IN, REMOVAL_ANNOUNCEMENT
+from ..support import KNOWN_SDKS, NEURONXCC_REMOVED_IN, NKI_LNC_FROM, REMOVAL_ANNOUNCEMENT
 from ..vocab import Dialect
 
 #: The Neuron SDK documentation (docs for NKI 0.1 to 0.6, SDK up to 2.32) these rules were read in.
@@ -34,14 +34,17 @@ SDK_DOCS = "aws-neuron/aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155"
 LEGACY_DOCS = "aws-neuron/aws-neuron-sdk@cca378474a507331b7c0cd4b6cbbf2bbe0956324"
 #: The Neuron SDK 2.33 (NKI 0.7.0) documentation as published; the repository snapshot above ends at 2.32.
 SDK233_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1"
-#: The published documentation's newest version: announcements made after 2.33 (not pinned to a release).
+#: The Neuron SDK 2.34 (NKI 0.8.0) documentation as published.
+SDK234_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.34.0"
+#: The published documentation's newest version: announcements made after 2.33 and pages of the newest release (2.34)
+#: the stored v2.34.0 copy lacks (not pinned to a release).
 LATEST_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
 #: AWS's NKI library (the kernels bundled with neuronx-cc): evidence of how the documented APIs are used.
 NKILIB = "aws-neuron/nki-library@d2ad3a579498d1888aa8740af97fd325dd5f2740"
 #: nmmc's own definitions (not an AWS rule): a rule of nmmc's graph semantics, cited from nmmc's documentation.
 NMMC = "nmmc (not an AWS rule)"
 #: Every source a citation may name.
-SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, LATEST_DOCS, NKILIB, NMMC)
+SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, SDK234_DOCS, LATEST_DOCS, NKILIB, NMMC)
 
 BOTH = (Dialect.NKI, Dialect.NEURONXCC)
 #: Why the capacity rules are not checked from the source.
@@ -148,6 +151,10 @@ def _v233(page: str, where: str) -> str:
     return f"{SDK233_DOCS}/{page} ({where})"
 
 
+def _v234(page: str, where: str) -> str:
+    return f"{SDK234_DOCS}/{page} ({where})"
+
+
 def _latest(page: str, where: str) -> str:
     return f"{LATEST_DOCS}/{page} ({where})"
 
@@ -166,6 +173,22 @@ _MIGRATION_233 = "nki/migration/index.html"
 _NKI_07 = "Migrating from NKI 0.6.0 to NKI 0.7.0"
 #: The announcement of neuronxcc.nki's removal (support.py holds it: nmmc quotes it when refusing --sdk 2.34).
 _REMOVAL_234 = f"{REMOVAL_ANNOUNCEMENT[0]} ({REMOVAL_ANNOUNCEMENT[1]}, posted November 30, 2026)"
+_RELNOTES_234 = "release-notes/components/nki.html"
+_NKI_08 = "Neuron Kernel Interface (NKI) [0.8.0] (Neuron 2.34.0 Release), date of release 11/30/2026"
+#: NKI 0.8.0's deprecations: the announcement (latest site; its v2.34.0 tag page carries the same post).
+_EOS_08 = "about-neuron/announcements/neuron2.x/announce-intent-eos-nki-virtualregister-lnc-apis.html"
+_EOS_08_TITLE = ("Announcing end of support for NKI VirtualRegister APIs and nki.isa LNC functions in a future "
+                 "release, posted November 17, 2026")
+_EOS_08_TAG = "about-neuron/announcements/index/tag/announce-intent-eos-nki-virtualregister-lnc-apis.html"
+_MIGRATION_234 = ("_sources/nki/migration/index.rst", "NKI version to Neuron SDK mapping: 0.8.0 2.34.0, migration "
+                  "section 'Migrating from NKI 0.7.0 to NKI 0.8.0'")
+#: The last release before nki.lnc.
+_BEFORE_LNC = KNOWN_SDKS[KNOWN_SDKS.index(NKI_LNC_FROM) - 1]
+#: What nmmc's 2.34 kernels call, and the deprecated calls they no longer make.
+ISA_LNC_FUNCTIONS = frozenset(("sendrecv", "sendrecv_compute", "core_barrier"))
+#: The VirtualRegister API NKI 0.8.0 deprecates for nki.isa.scalar_load / scalar_store and NkiScalar.
+VIRTUAL_REGISTER_API = frozenset(("register_alloc", "register_move", "register_load", "register_store",
+                                  "VirtualRegister"))
 
 RULES: tuple[Rule, ...] = (
     # --- memory ---------------------------------------------------------------------------------
@@ -318,7 +341,9 @@ RULES: tuple[Rule, ...] = (
          dialects=(Dialect.NKI,), sdk_min="2.33", checkable=True,
          note="Checked: a call of nl.dynamic_range. A while loop on a register is not (whether its condition is a "
               "register is not known from the source); nmmc emits neither, only Python range loops with constant "
-              "bounds."),
+              "bounds. NKI 0.8.0 (SDK 2.34) adds dynamic control flow, nl.if_else and nl.while_loop on a condition "
+              "the kernel computes on the device (" + _v234(_RELNOTES_234, _NKI_08) + "): it permits, and nmmc "
+              "emits neither."),
     Rule("NKI-PYTHON-TRACING", "loops", "NKI 0.7 (SDK 2.33) specializes a kernel by running it as Python: each NKI "
          "call records one operation, and the meta-program (range loops, Python variables, classes) follows "
          "standard Python semantics",
@@ -326,12 +351,17 @@ RULES: tuple[Rule, ...] = (
                 "New Features: Specialization by Python tracing"),
           _v233(_MIGRATION_233, _NKI_07 + ": Updated Kernel Specialization"),
           _latest("about-neuron/announcements/neuron2.x/announce-nki-specialization-change.html",
-                  "Announcing changes to NKI specialization, posted October 16, 2026")),
+                  "Announcing changes to NKI specialization, posted October 16, 2026"),
+          _v234(_RELNOTES_234, _NKI_08 + ": the custom NKI language is removed, so all kernels are specialized by "
+                "Python tracing; NKI allocation and scheduling are experimental and off by default, and a kernel that "
+                "does not turn them on compiles as in NKI 0.7.0")),
          dialects=(Dialect.NKI,), sdk_min="2.33",
          note="Not checked: it permits, it forbids nothing. It is the model nmmc's interpreter already runs kernels "
               "by (eagerly, in program order). The previous specialization (NKI_COMPILER_FRONTEND=custom) is "
-              "deprecated in 2.33 and removed in the next release (announcement); nmmc sets neither. == on "
-              "user-defined classes may behave differently; nmmc's kernels define no classes."),
+              "deprecated in 2.33 and removed in 2.34 (NKI 0.8.0 release notes); nmmc sets neither. == on "
+              "user-defined classes may behave differently; nmmc's kernels define no classes. nmmc's kernels pass "
+              "@nki.jit no compile_config, so on 2.34 they compile as in NKI 0.7.0 (no NKI allocation or "
+              "scheduling)."),
     # --- isa ------------------------------------------------------------------------------------
     Rule("NKI-MATMUL-MEMORY", "isa", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
          (_sdk(_ISA, "nc_matmul, Memory types"),), checkable=True),
@@ -537,6 +567,36 @@ RULES: tuple[Rule, ...] = (
          note="The NKI 0.1 dialect's transposing load on every target; prefer nl.load + nisa.nc_transpose in a "
               "memory-bound kernel (performance guide). Checked: the source's last dimension (the result's "
               "partition dimension) where its width is constant."),
+    Rule("NKI-VIRTUAL-REGISTER", "isa", "NKI 0.8.0 (SDK 2.34) deprecates nisa.register_alloc, register_move, "
+         "register_load, register_store and nisa.VirtualRegister for nisa.scalar_load / scalar_store with "
+         "nisa.NkiScalar (a DeprecationWarning; a future release removes them)",
+         (_latest(_EOS_08, _EOS_08_TITLE + ": Deprecated API / Use instead"),
+          _v234(_EOS_08_TAG, "the same post: In Neuron Release 2.34.0, NKI 0.8.0 deprecates the following APIs"),
+          _v234("nki/deep-dives/nki-scalar.html", "NKI Scalar Values: Loading and Storing"),
+          _v234(*_MIGRATION_234)),
+         dialects=(Dialect.NKI,), sdk_min=NKI_LNC_FROM, checkable=True,
+         note="nmmc emits no register or scalar API (docs/nki-subset.md: no runtime loop bound, no dynamic "
+              "offset), so no emitted kernel can break it; checked (a use of those names through nisa) so that a "
+              "hand-edited kernel verified for 2.34 is told. NKI 0.7.0 (2.33) introduced NkiScalar as the future "
+              "replacement (" + _v233(_MIGRATION_233, _NKI_07) + ")."),
+    Rule("NKI-LOCAL-GATHER-VALID", "isa", "nisa.local_gather without an explicit num_valid_indices gives undefined "
+         "results from NKI 0.8.0 (SDK 2.34, with a warning); pass it explicitly (a future release changes its "
+         "default to dst_free_size / num_elem_per_idx)",
+         (_latest(_EOS_08, _EOS_08_TITLE + ": NKI 0.8.0 also announces these future changes: local_gather"),
+          _sdk(_RELNOTES, "NKI [0.6.0] (Neuron 2.32.0 Release), Known Issues: local_gather num_elem_per_idx ignored "
+                          "unless num_valid_indices * num_elem_per_idx == dst.size / dst.shape[0]; pass both")),
+         dialects=(Dialect.NKI,), sdk_min=NKI_LNC_FROM, checkable=True,
+         note="nmmc emits no local_gather (its gathers are DMA access patterns, NKI-DMA-BROADCAST/NKI-DMA-SLABS), so "
+              "no emitted kernel can break it; checked (a local_gather call without the num_valid_indices keyword) "
+              "for hand-edited kernels. The 2.32 known issue already asked for both arguments; the rule starts where "
+              "the announcement calls the result undefined."),
+    Rule("NKI-BITVEC-ENGINE", "isa", "announced by NKI 0.8.0 (SDK 2.34) for a future release: nisa.tensor_tensor with "
+         "a bitvec operator rejects engine=gpsimd, nisa.tensor_scalar with one rejects engine=scalar or gpsimd (pass "
+         "engine=vector or no engine)",
+         (_latest(_EOS_08, _EOS_08_TITLE + ": NKI 0.8.0 also announces these future changes: Bitvec operators"),),
+         dialects=(Dialect.NKI,), sdk_min=NKI_LNC_FROM,
+         note="Not checked: not yet an error in 2.34, and nmmc's tensor_tensor / tensor_scalar calls pass no engine= "
+              "and use arithmetic operators only (add, subtract, multiply, divide, minimum, maximum), no bitvec one."),
     # --- dialect --------------------------------------------------------------------------------
     Rule("NKI-NEURONXCC-IMPORT", "dialect", "neuronxcc.nki inside a kernel is a compilation error from NKI 0.4 "
          "(SDK 2.30)",
@@ -559,6 +619,42 @@ RULES: tuple[Rule, ...] = (
               "neuronxcc dialect (a one-line user error naming this announcement; support.check_sdk). The "
               "announcement's source carries an editor's note to confirm with the compiler team that the removal "
               "ships in 2.34 before publishing; it is published, and nmmc takes it as stated."),
+    Rule("NKI-ISA-LNC-DEPRECATED", "dialect", "NKI 0.8.0 (SDK 2.34) deprecates nisa.sendrecv, nisa.sendrecv_compute "
+         "and nisa.core_barrier for the same functions in nki.lnc (a DeprecationWarning; a future release removes "
+         "them); nki.lnc.sendrecv takes no pipe_id",
+         (_latest(_EOS_08, _EOS_08_TITLE + ": Deprecated API / Use instead: the same functions in nki.lnc; remove "
+                           "the pipe_id argument, which NKI 0.8.0 ignores"),
+          _v234(_EOS_08_TAG, "the same post: In Neuron Release 2.34.0, NKI 0.8.0 deprecates the following APIs"),
+          _latest("nki/api/nki.lnc.html", "LNC communication: the nki.isa entry points are deprecated compatibility "
+                  "wrappers; nki.lnc.sendrecv has no pipe_id argument"),
+          _latest("nki/api/generated/nki.lnc.sendrecv.html", "nki.lnc.sendrecv(src, dst, send_to_rank, "
+                  "recv_from_rank, dma_engine=dma_engine.dma, name=None, priority=None)"),
+          _v234(_RELNOTES_234, _NKI_08),
+          _v234(*_MIGRATION_234)),
+         dialects=(Dialect.NKI,), sdk_min=NKI_LNC_FROM, checkable=True,
+         note="Checked: a call of nisa.sendrecv, nisa.sendrecv_compute or nisa.core_barrier (or the same under "
+              "nki.isa). Deprecated, not removed, in 2.34: such a kernel still runs there with a warning, but nmmc "
+              "holds a 2.34 kernel to the replacement (conservatively: the announcement removes the old names in a "
+              "future release), and emits its exchange as nki.lnc.sendrecv(src=, dst=, send_to_rank=, "
+              "recv_from_rank=) for 2.34 (codegen/printer.py; the file imports nki.lnc, as no page says 'import nki' "
+              "alone loads it). The migration guide's 0.7-to-0.8 section is referenced by the announcement and "
+              "listed in the 2.34 migration index; its body was not in the stored documentation, so the deprecation "
+              "list is the announcement's. nmmc emits no sendrecv_compute and no core_barrier."),
+    Rule("NKI-LNC-MODULE", "dialect", "nki.lnc (sendrecv, sendrecv_compute, core_barrier) exists from NKI 0.8.0 "
+         "(SDK 2.34); a kernel for an earlier release exchanges with nisa.sendrecv(..., pipe_id)",
+         (_v234("nki/api/index.html", "NKI API reference manual, Multi-core communication: nki.lnc, nki.collectives"),
+          _sdk("nki/api/index.rst", "NKI API reference manual: the nki, nki.language, nki.isa and nki.collectives "
+                                    "modules (SDK 2.32: no nki.lnc)"),
+          _sdk(_ISA, "sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_engine.dma, "
+                     "name=None); core_barrier"),
+          _latest(_EOS_08, _EOS_08_TITLE)),
+         dialects=(Dialect.NKI,), sdk_max=_BEFORE_LNC, checkable=True,
+         note="Checked: 'import nki.lnc' or any nki.lnc attribute, on an SDK given before 2.34. The SDK 2.32 API "
+              "reference (the repository snapshot) has no nki.lnc module, and the 2.33 page of the barrier is still "
+              "nki.isa.core_barrier, telling kernels to call nisa.core_barrier (https://awsdocs-neuron.readthedocs-"
+              "hosted.com/en/v2.33.0/nki/api/generated/nki.isa.core_barrier.html); the announcement introduces the "
+              "nki.lnc functions with NKI 0.8.0. No page states that 2.33 lacks nki.lnc, so conservatively it does: "
+              "nmmc emits nisa.sendrecv(..., pipe_id=0) for 2.29 to 2.33."),
     Rule("NKI-DIALECT-SDK", "dialect", "the nki dialect as nmmc prints it (the NKI 0.3 API: dst= first in every "
          "nisa call) needs NKI 0.3.0, Neuron SDK 2.29; SDK 2.27 and 2.28 ship NKI 0.2, older "
          "releases no nki package",

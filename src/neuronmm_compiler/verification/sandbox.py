@@ -9,7 +9,8 @@ codegen/reference.py) and rejects anything else with :class:`SandboxError`, nami
 
 * statements: at module level the docstring, the exact import lines the emitter writes (``import
   numpy as np`` and, per dialect, ``import nki`` / ``import neuronxcc.nki as nki``, ``import
-  <nki>.isa as nisa``, ``import <nki>.language as nl``) and function definitions (plain positional
+  <nki>.isa as nisa``, ``import <nki>.language as nl``, and ``import nki.lnc``, which binds ``nki`` again, to
+  the same package, for an exchange through ``nki.lnc``) and function definitions (plain positional
   parameters, no decorator but ``@nki.jit``); inside a function the docstring, ``assert``,
   assignment to a name or a subscript, ``+=``, ``for`` over a call, call statements and ``return``;
   and a list of tiles as the NKI migration guide writes it (kernel_ir/psum_banks.py): ``name = []`` (an
@@ -54,6 +55,9 @@ IMPORTS: dict[str, tuple[str, str]] = {
     "import neuronxcc.nki.isa as nisa": ("nisa", "neuronxcc.nki.isa"),
     "import neuronxcc.nki.language as nl": ("nl", "neuronxcc.nki.language"),
 }
+#: Import lines of a submodule that bind its package's alias to the same package (``nki.lnc.sendrecv`` is then an
+#: attribute chain under ``nki``): alias -> module, as :data:`IMPORTS`.
+SUBMODULE_IMPORTS: dict[str, tuple[str, str]] = {"import nki.lnc": ("nki", "nki")}
 #: Attributes of values that are not modules (tensors, arrays).
 VALUE_ATTRIBUTES = frozenset({"shape", "T"})
 #: The decorators a function may carry.
@@ -142,6 +146,7 @@ class _Checker:
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
         self.aliases: dict[str, str] = {}  # alias -> module
+        self.imported: set[str] = set()  # aliases bound by an IMPORTS line (one each)
         self.bound: set[str] = set()
         self.patterns: set[int] = set()  # ids of the list displays of .ap(pattern=...)
         self.docstrings = {id(body[0].value) for body in self._bodies(tree)
@@ -183,12 +188,18 @@ class _Checker:
 
     def import_(self, stmt: ast.Import | ast.ImportFrom) -> None:
         text = ast.unparse(stmt)
+        if not isinstance(stmt, ast.ImportFrom) and text in SUBMODULE_IMPORTS:
+            alias, module = SUBMODULE_IMPORTS[text]
+            if self.aliases.setdefault(alias, module) != module:
+                raise self.fail(stmt, f"'{text}' (it binds {alias}, imported as another module)")
+            return
         if isinstance(stmt, ast.ImportFrom) or text not in IMPORTS:
             raise self.fail(stmt, f"'{text}' (a kernel imports only numpy as np and its NKI modules as nki, "
-                                  "nisa, nl)")
+                                  "nisa, nl, and nki.lnc)")
         alias, module = IMPORTS[text]
-        if alias in self.aliases:
+        if alias in self.imported or self.aliases.get(alias, module) != module:
             raise self.fail(stmt, f"'{text}' (a second import binding {alias})")
+        self.imported.add(alias)
         self.aliases[alias] = module
 
     def bind(self, node: ast.AST, name: str) -> None:

@@ -9,7 +9,7 @@
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
-# sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# sdk          rules checked against Neuron SDK 2.29 to 2.34 on trn2
 # launch       LNC=1 (one physical core): launch gemm_kernel(...) with NEURON_LOGICAL_NC_CONFIG=1; inside a model graph neuronx-cc must compile with --lnc=1 too (else NCC_EVRF066)
 #
 # graph:

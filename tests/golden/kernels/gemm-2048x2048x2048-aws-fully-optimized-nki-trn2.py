@@ -9,7 +9,7 @@
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
-# sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# sdk          rules checked against Neuron SDK 2.29 to 2.34 on trn2
 # launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch gemm_kernel[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:

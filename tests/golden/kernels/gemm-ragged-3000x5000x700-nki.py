@@ -9,7 +9,7 @@
 # model error  typically within x1.53, worst x3.96 of 11 published trn1 measurements (3 sources)
 # target       trn1 (NeuronCore-v2)
 # dialect      nki: NKI 0.3+ (import nki)
-# sdk          not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.33
+# sdk          not documented for trn1 (see NKI-DIALECT-TRN1 in docs/nki-rules.md); rules checked against Neuron SDK 2.34
 #
 # graph:
 #   graph gemm {

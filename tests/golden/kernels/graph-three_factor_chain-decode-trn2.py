@@ -9,7 +9,7 @@
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
-# sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# sdk          rules checked against Neuron SDK 2.34 on trn2
 # launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch three_factor_chain_k0[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
@@ -23,7 +23,7 @@
 #     %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}
 #     %y = output "y" %xpqr
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [1, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [1, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"hidden","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph three_factor_chain {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %p = input \"p\" [2048, 512] bfloat16 layout=row_major\n  %q = input \"q\" [512, 256] bfloat16 layout=row_major\n  %r = input \"r\" [256, 4096] bfloat16 layout=row_major\n  %xp = matmul %x, %p : [1, 512] bfloat16 {acc=xp, group=xp, kernel=k0, orient=transposed, place=sbuf}\n  %xpq = matmul %xp, %q : [1, 256] bfloat16 {acc=xpq, group=xpq, kernel=k0, orient=transposed, place=sbuf}\n  %xpqr = matmul %xpq, %r : [1, 4096] bfloat16 {acc=xpqr, group=xpqr, kernel=k0, orient=normal, place=hbm}\n  %y = output \"y\" %xpqr\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"p","shape":[2048,512]},{"dtype":"bfloat16","name":"q","shape":[512,256]},{"dtype":"bfloat16","name":"r","shape":[256,4096]}],"name":"three_factor_chain_k0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"y","shape":[1,4096]}],"schedule":{"kind":"fused","name":"default","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"hidden","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"sdk":"2.34","target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -32,6 +32,7 @@ import numpy as np
 import nki
 import nki.isa as nisa
 import nki.language as nl
+import nki.lnc
 
 
 @nki.jit
@@ -76,7 +77,7 @@ def three_factor_chain_k0(x, p, q, r):
         nisa.tensor_copy(dst=xp_partial[0:F_TILE, ft, 0:TOKEN_TILE], src=xp_psum[0:F_TILE, 0:TOKEN_TILE])
     # add the other program's partial sums (one exchange, one instruction over the whole strip): both hold the whole sums
     xp_partial_other = nl.ndarray((F_TILE, 4, TOKENS_PER_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.sendrecv(src=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], dst=xp_partial_other[0:F_TILE, 0:4, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nki.lnc.sendrecv(src=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], dst=xp_partial_other[0:F_TILE, 0:4, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid)
     nisa.tensor_tensor(dst=xp_strip[0:F_TILE, 0:4, 0:TOKEN_TILE], data1=xp_partial[0:F_TILE, 0:4, 0:TOKEN_TILE], data2=xp_partial_other[0:F_TILE, 0:4, 0:TOKEN_TILE], op=nl.add)
     # xpq^T strip of this token block, kept in SBUF
     xpq_strip = nl.ndarray((P, 2, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -90,7 +91,7 @@ def three_factor_chain_k0(x, p, q, r):
         nisa.nc_matmul(dst=xpq_psum[0:F_TILE, 0:TOKEN_TILE], stationary=q_block[0:P, kt, 0:F_TILE], moving=xp_strip[0:P, kt, 0:TOKEN_TILE])
     nisa.tensor_copy(dst=xpq_strip[0:F_TILE, pid, 0:TOKEN_TILE], src=xpq_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of xpq_strip with the other program: both hold all 256 features
-    nisa.sendrecv(src=xpq_strip[0:F_TILE, pid:pid + 1, 0:TOKEN_TILE], dst=xpq_strip[0:F_TILE, 1 - pid:2 - pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nki.lnc.sendrecv(src=xpq_strip[0:F_TILE, pid:pid + 1, 0:TOKEN_TILE], dst=xpq_strip[0:F_TILE, 1 - pid:2 - pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid)
     # y = xpqr = (xpq @ r): strips stationary, weights moving
     # 2 programs: each its 1 of 2
     r_block = nl.ndarray((P, 2, XPQR_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)

@@ -9,7 +9,7 @@
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
-# sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# sdk          rules checked against Neuron SDK 2.34 on trn2
 # launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch dense_mlp_k0[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
@@ -25,7 +25,7 @@
 #     %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default + lnc_split=intermediate","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"intermediate","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph dense_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %w_gate = input \"w_gate\" [2048, 8192] bfloat16 layout=row_major\n  %w_up = input \"w_up\" [2048, 8192] bfloat16 layout=row_major\n  %w_down = input \"w_down\" [8192, 2048] bfloat16 layout=row_major\n  %gate = matmul %x, %w_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x, %w_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h, %w_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"w_gate","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_up","shape":[2048,8192]},{"dtype":"bfloat16","name":"w_down","shape":[8192,2048]}],"name":"dense_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default + lnc_split=intermediate","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"intermediate","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"sdk":"2.34","target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -34,6 +34,7 @@ import numpy as np
 import nki
 import nki.isa as nisa
 import nki.language as nl
+import nki.lnc
 
 
 @nki.jit
@@ -94,7 +95,7 @@ def dense_mlp_k0(x, w_gate, w_up, w_down):
             nisa.nc_matmul(dst=down_psum[0:TOKEN_TILE, 0:OUT_TILE], stationary=h_strip[0:P, kt + 32 * pid, 0:TOKEN_TILE], moving=w_down_block[0:P, kt, 0:OUT_TILE])
         nisa.tensor_copy(dst=out_rows[0:TOKEN_TILE, 0:OUT_TILE], src=down_psum[0:TOKEN_TILE, 0:OUT_TILE])
         out_rows_other = nl.ndarray((TOKEN_TILE, 256), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.sendrecv(src=out_rows[0:TOKEN_TILE, 256 - 256 * pid:512 - 256 * pid], dst=out_rows_other[0:TOKEN_TILE, 0:256], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+        nki.lnc.sendrecv(src=out_rows[0:TOKEN_TILE, 256 - 256 * pid:512 - 256 * pid], dst=out_rows_other[0:TOKEN_TILE, 0:256], send_to_rank=1 - pid, recv_from_rank=1 - pid)
         nisa.tensor_tensor(dst=out_rows[0:TOKEN_TILE, 256 * pid:256 * pid + 256], data1=out_rows[0:TOKEN_TILE, 256 * pid:256 * pid + 256], data2=out_rows_other[0:TOKEN_TILE, 0:256], op=nl.add)
         out_rows_sum = nl.ndarray((TOKEN_TILE, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.tensor_copy(dst=out_rows_sum[0:TOKEN_TILE, 0:256], src=out_rows[0:TOKEN_TILE, 256 * pid:256 * pid + 256])

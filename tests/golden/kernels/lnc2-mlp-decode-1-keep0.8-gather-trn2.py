@@ -9,7 +9,7 @@
 # model error  typically within x1.04, worst x1.17 of 33 published trn2 measurements (3 sources, cross-validated); measured on one physical core; LNC=2 adds an assumed HBM share and exchange cost, no LNC=2 kernel measured (docs/logical-cores.md)
 # target       trn2 (NeuronCore-v3)
 # dialect      nki: NKI 0.3+ (import nki)
-# sdk          rules checked against Neuron SDK 2.29 to 2.33 on trn2
+# sdk          rules checked against Neuron SDK 2.34 on trn2
 # launch       LNC=2: both programs of the logical core run it, each its half (nl.program_id); launch svd_mlp_k0[2](...) on SDK 2.29-2.32; from 2.33 NEURON_LOGICAL_NC_CONFIG=2 (a matching [2] grid is still accepted); inside a model graph neuronx-cc --lnc=2, its trn2/trn3 default; a launch with another degree fails the kernel's num_programs assertion
 #
 # graph:
@@ -31,7 +31,7 @@
 #     %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}
 #     %out = output "out" %down
 #   }
-# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default + lnc_split=gather","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"gather","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"target":"trn2"}
+# nmmc-metadata: {"dialect":"nki","format":3,"graph":"graph svd_mlp {\n  %x = input \"x\" [1, 2048] bfloat16 layout=row_major\n  %u_gate = input \"u_gate\" [2048, 1280] bfloat16 layout=row_major\n  %v_gate = input \"v_gate\" [1280, 8192] bfloat16 layout=row_major\n  %u_up = input \"u_up\" [2048, 1280] bfloat16 layout=row_major\n  %v_up = input \"v_up\" [1280, 8192] bfloat16 layout=row_major\n  %u_down = input \"u_down\" [8192, 1280] bfloat16 layout=row_major\n  %v_down = input \"v_down\" [1280, 2048] bfloat16 layout=row_major\n  %x_ug = matmul %x, %u_gate : [1, 1280] bfloat16 {acc=x_ug, group=x_ug, kernel=k0, orient=transposed, place=sbuf}\n  %gate = matmul %x_ug, %v_gate : [1, 8192] bfloat16 {acc=gate, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %x_uu = matmul %x, %u_up : [1, 1280] bfloat16 {acc=x_uu, group=x_uu, kernel=k0, orient=transposed, place=sbuf}\n  %up = matmul %x_uu, %v_up : [1, 8192] bfloat16 {acc=up, group=h, kernel=k0, orient=transposed, place=sbuf}\n  %act = elementwise silu %gate : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h = elementwise multiply %act, %up : [1, 8192] bfloat16 {group=h, kernel=k0, orient=transposed, place=sbuf}\n  %h_ud = matmul %h, %u_down : [1, 1280] bfloat16 {acc=h_ud, group=h_ud, kernel=k0, orient=transposed, place=sbuf}\n  %down = matmul %h_ud, %v_down : [1, 2048] bfloat16 {acc=down, group=down, kernel=k0, orient=normal, place=hbm}\n  %out = output \"out\" %down\n}\n","inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"kernels":[{"inputs":[{"dtype":"bfloat16","name":"x","shape":[1,2048]},{"dtype":"bfloat16","name":"u_gate","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_gate","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_up","shape":[2048,1280]},{"dtype":"bfloat16","name":"v_up","shape":[1280,8192]},{"dtype":"bfloat16","name":"u_down","shape":[8192,1280]},{"dtype":"bfloat16","name":"v_down","shape":[1280,2048]}],"name":"svd_mlp_k0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}]}],"lnc":2,"nmmc_version":"0.1.0","outputs":[{"dtype":"bfloat16","name":"out","shape":[1,2048]}],"schedule":{"kind":"fused","name":"default + lnc_split=gather","params":{"cache_weights":"none","k_tiles_per_block":0,"lnc_split":"gather","mlp":"whole","out_tile":512,"token_tile":1,"tokens_per_block":1,"weight_block_kib":16,"weight_dma":"row","x_transpose":"dma"}},"sdk":"2.34","target":"trn2"}
 # ==================================================================================================
 """NKI kernel emitted by nmmc; see the header above. Run `nmmc verify <this file>` to check it."""
 
@@ -40,6 +40,7 @@ import numpy as np
 import nki
 import nki.isa as nisa
 import nki.language as nl
+import nki.lnc
 
 
 @nki.jit
@@ -84,7 +85,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
                 nisa.nc_matmul(dst=x_ug_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_gate_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
             nisa.tensor_copy(dst=x_ug_strip[0:F_TILE, 3 * f_blk + ft + 5 * pid, 0:TOKEN_TILE], src=x_ug_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of x_ug_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=x_ug_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_ug_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nki.lnc.sendrecv(src=x_ug_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_ug_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid)
     # x_uu^T strip of this token block, kept in SBUF
     x_uu_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # x_uu^T = (x @ u_up)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -99,7 +100,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
                 nisa.nc_matmul(dst=x_uu_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_up_block[0:P, kt, F_TILE * ft:F_TILE * ft + F_TILE], moving=x_strip[0:P, kt, 0:TOKEN_TILE])
             nisa.tensor_copy(dst=x_uu_strip[0:F_TILE, 3 * f_blk + ft + 5 * pid, 0:TOKEN_TILE], src=x_uu_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of x_uu_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=x_uu_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_uu_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nki.lnc.sendrecv(src=x_uu_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=x_uu_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid)
     # h^T strip of this token block, kept in SBUF
     h_strip = nl.ndarray((P, 64, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h^T from PSUM tiles of gate = x_ug @ v_gate, up = x_uu @ v_up (silu then multiply on the eviction)
@@ -122,7 +123,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             nisa.activation(dst=act_f32[0:F_TILE, 0:TOKEN_TILE], op=nl.silu, data=gate_psum[0:F_TILE, 0:TOKEN_TILE])
             nisa.tensor_tensor(dst=h_strip[0:F_TILE, 4 * f_blk + ft + 32 * pid, 0:TOKEN_TILE], data1=act_f32[0:F_TILE, 0:TOKEN_TILE], data2=up_psum[0:F_TILE, 0:TOKEN_TILE], op=nl.multiply)
     # exchange halves of h_strip with the other program: both hold all 8192 features
-    nisa.sendrecv(src=h_strip[0:F_TILE, 32 * pid:32 * pid + 32, 0:TOKEN_TILE], dst=h_strip[0:F_TILE, 32 - 32 * pid:64 - 32 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nki.lnc.sendrecv(src=h_strip[0:F_TILE, 32 * pid:32 * pid + 32, 0:TOKEN_TILE], dst=h_strip[0:F_TILE, 32 - 32 * pid:64 - 32 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid)
     # h_ud^T strip of this token block, kept in SBUF
     h_ud_strip = nl.ndarray((P, 10, TOKENS_PER_BLOCK), dtype=nl.bfloat16, buffer=nl.sbuf)
     # h_ud^T = (h @ u_down)^T: weight tiles stationary, strips moving (implicit transposition)
@@ -136,7 +137,7 @@ def svd_mlp_k0(x, u_gate, v_gate, u_up, v_up, u_down, v_down):
             nisa.nc_matmul(dst=h_ud_psum[0:F_TILE, 0:TOKEN_TILE], stationary=u_down_block[0:P, kt, 0:F_TILE], moving=h_strip[0:P, kt, 0:TOKEN_TILE])
         nisa.tensor_copy(dst=h_ud_strip[0:F_TILE, f_blk + 5 * pid, 0:TOKEN_TILE], src=h_ud_psum[0:F_TILE, 0:TOKEN_TILE])
     # exchange halves of h_ud_strip with the other program: both hold all 1280 features
-    nisa.sendrecv(src=h_ud_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=h_ud_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nki.lnc.sendrecv(src=h_ud_strip[0:F_TILE, 5 * pid:5 * pid + 5, 0:TOKEN_TILE], dst=h_ud_strip[0:F_TILE, 5 - 5 * pid:10 - 5 * pid, 0:TOKEN_TILE], send_to_rank=1 - pid, recv_from_rank=1 - pid)
     # out = down = (h_ud @ v_down): strips stationary, weights moving
     # 2 programs: each its 2 of 4
     for o_blk in range(2):
