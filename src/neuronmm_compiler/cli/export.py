@@ -262,6 +262,7 @@ def _summary(manifest: dict, output: str) -> list[str]:
     lines.append(f"wrote the package to {output} (manifest.json; nmmc verify {output})")
     return lines
 
+
 def export_target(target_spec: str, dialect: str, sdk: str | None) -> Any:
     """The target of an export (in-graph unless --launch says otherwise), and InputError when ``--sdk`` asks for
     kernels other than those the export writes: the package's kernels are emitted for the newest release of their
