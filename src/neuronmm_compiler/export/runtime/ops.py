@@ -117,12 +117,12 @@ class KernelOp:
         namespace, name = self.qualname.split("::")
         nki_op = _nki_op()
         cpu_name = name if nki_op is None else f"{name}_cpu"
-        cpu = _existing(namespace, cpu_name) or self._register_cpu(f"{namespace}::{cpu_name}", kernel, runner)
+        cpu = _existing(namespace, cpu_name) or self._register_library(f"{namespace}::{cpu_name}", kernel, runner)
         if nki_op is None:
             return cpu
         return _existing(namespace, name) or self._register_nki(nki_op, kernel, runner, cpu)
 
-    def _register_cpu(self, qualname: str, kernel: dict[str, Any], runner: KernelRunner) -> torch._ops.OpOverload:
+    def _register_library(self, qualname: str, kernel: dict[str, Any], runner: KernelRunner) -> torch._ops.OpOverload:
         def interpret(*args: torch.Tensor) -> Any:
             named = dict(zip(self.inputs, args, strict=True))
             if args[0].device.type in DEVICE_TYPES:  # PyTorch/XLA without nki_op (legacy NxD Inference): nki.jit
