@@ -200,3 +200,26 @@ def test_bad_inputs_end_in_one_line_with_nothing_written(tmp_path, case):
     assert line.startswith("nmmc: error: ") and says in line
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert (tmp_path / "existing.txt").read_text() == "mine\n"
+
+
+def test_patching_a_gelu_model_with_a_silu_package_is_refused(package, tmp_path):
+    """The package's patch checks each MLP's activation too (a model built from another config than the export's)."""
+    import importlib
+    import sys
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=64,
+                                      hidden_act="gelu")
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    copy = tmp_path / "gelu_pkg"
+    shutil.copytree(package, copy)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.invalidate_caches()
+        pkg = importlib.import_module(copy.name)
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(ValueError, match="activation is GELUActivation; the package's kernels compute silu"):
+        pkg.patch(model, tmp_path / "model-not-read")

@@ -62,6 +62,17 @@ class EmulatedGroup(nn.Module):
         return self.ranks[0](*args, **kwargs)
 
 
+def check_mlp_form(index: int, mlp: nn.Module) -> None:
+    """ValueError when layer ``index``'s MLP is not the one the kernels compute: an activation other than SiLU
+    (Hugging Face's ``act_fn``, ``ACT2FN[config.hidden_act]``) or biases on its projections."""
+    act = getattr(mlp, "act_fn", None)
+    if act is not None and not isinstance(act, nn.SiLU):
+        raise ValueError(f"layer {index}: the MLP's activation is {type(act).__name__}; the package's kernels "
+                         "compute silu(gate) * up (nmmc refuses such a config at export)")
+    if any(getattr(getattr(mlp, p, None), "bias", None) is not None for p in ("gate_proj", "up_proj", "down_proj")):
+        raise ValueError(f"layer {index}: the MLP's projections have biases; the package's kernels have none")
+
+
 def patch_model(model: nn.Module, weights: str | Path, *, manifest: dict[str, Any], root: Path,
                 rank: int | None = None, all_reduce: AllReduce | None = None, backend: str = "auto",
                 emulate_tp: bool = False, activation_scales: Any = None, calibration: Any = None) -> list[int]:
@@ -75,6 +86,8 @@ def patch_model(model: nn.Module, weights: str | Path, *, manifest: dict[str, An
     layers = mlp_layers(model)
     if not layers:
         raise ValueError(f"no gated MLP of {', '.join(HF_MLPS + NXDI_MLPS)} found under a 'layers.<i>' module")
+    for index, _, mlp in layers:
+        check_mlp_form(index, mlp)
     if manifest["weights"].get("activation_scales") == "calibration":
         from .fp8 import calibrate, load_scales
 
