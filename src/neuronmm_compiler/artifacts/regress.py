@@ -123,7 +123,8 @@ class RegressReport:
         rows = [header]
         for r in self.results:
             change = "-" if r.change is None else f"{r.change:+.1%}"
-            rows.append((r.entry.label, f"{r.entry.target}/{r.entry.dialect}", us(r.entry.latency_us),
+            sdk = "" if r.entry.sdk is None else f" {r.entry.sdk}"  # the release an entry records (lockfile.py)
+            rows.append((r.entry.label, f"{r.entry.target}/{r.entry.dialect}{sdk}", us(r.entry.latency_us),
                          us(r.now_us), change, us(r.fresh_us), r.status, "; ".join(r.reasons) or "-"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
