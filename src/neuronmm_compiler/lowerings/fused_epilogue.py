@@ -271,8 +271,8 @@ class Epilogues(FusedState):
         mlp_tkg/mlp_tkg_gate_up_projection.py:375-420, dma_copy then nc_transpose where dma_transpose cannot serve;
         nmmc's dma_transpose takes 2-byte types only, rule NKI-DMA-TRANSPOSE-DTYPE); a ragged last tile's channels
         as one column DMA. One DMA per channel tile instead would pay a DMA fixed cost per 128 channels for a
-        4-byte-per-partition transfer (docs/fp8.md, "Cost"). ``combining``: the eviction from PSUM is that tensor_scalar
-        (:meth:`_combining_ops`) instead of a copy."""
+        4-byte-per-partition transfer (benchmarks/results/fp8-history.md, "Cost: predictions of 2026-12-02").
+        ``combining``: the eviction from PSUM is that tensor_scalar (:meth:`_combining_ops`) instead of a copy."""
         pmax = self.target.pmax
         whole, ragged = divmod(n, pmax)
         out: list[Stmt] = []
