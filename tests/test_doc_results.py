@@ -73,3 +73,18 @@ def test_the_cost_example_is_the_run():
     for line in quoted:
         key, shown = line.split()[0], _flat(line).split(" ...")[0]  # '...' marks where the page trims a line
         assert printed[key].startswith(shown), (key, shown)
+
+
+SVD = RESULTS / "svd-accuracy-2026-12-07.txt"
+
+
+def test_the_svd_route_figures_are_the_run():
+    """docs/compression.md, "Factorization": the Gram route's time against the full SVD's, as the run printed it."""
+    page, text = _flat(_page("compression.md")), SVD.read_text()
+    rows = {name: tuple(float(x) for x in found) for name, *found in re.findall(
+        r"^(\S+) .*\| full +([\d.]+)s ([\d.]+) \| gram +([\d.]+)s ([\d.]+) \(([-+.\de]+)\)", text, flags=re.M)}
+    assert len(rows) == 5 and SVD.name in page
+    full, _, gram, _, _ = rows["llama-3.2-1b"]
+    assert f"2048 x 8192: {gram} s against {full} s" in page
+    # "the full SVD's error to 15 digits in a sixth to a third of its time"
+    assert all(abs(rel) < 1e-14 and 1 / 6.5 < g / f < 1 / 2.9 for f, _, g, _, rel in rows.values())
