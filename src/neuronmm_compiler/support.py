@@ -117,6 +117,13 @@ def _removal() -> str:
     return f"it removes the neuronxcc.nki namespace ('{REMOVAL_ANNOUNCEMENT[1]}', {REMOVAL_ANNOUNCEMENT[0]})"
 
 
+def sdk_summary() -> str:
+    """What ``--sdk`` changes besides the dialect, in words (the CLI's help texts)."""
+    return (f"the nki dialect's exchange between the programs of a logical core is nki.lnc.sendrecv from "
+            f"{NKI_LNC_FROM}, nisa.sendrecv before; --dialect neuronxcc on {NEURONXCC_REMOVED_IN} or later is refused "
+            "with the reason (it removes neuronxcc.nki)")
+
+
 def uses_nki_lnc(sdk: str) -> bool:
     """Whether a kernel of the nki dialect for Neuron SDK ``sdk`` exchanges through ``nki.lnc.sendrecv`` (2.34 and
     later, NKI-ISA-LNC-DEPRECATED) rather than ``nisa.sendrecv`` (2.29 to 2.33, NKI-LNC-MODULE)."""

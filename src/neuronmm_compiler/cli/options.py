@@ -16,16 +16,7 @@ from ..frontends.shapes import A_LAYOUTS, fp8_request, parse_shape
 from ..frontends.workloads import MlpWorkload, Workload, chain_workload, gemm_workload, mlp_workload
 from ..ir import canonical_dtype
 from ..schedule import PRESETS
-from ..support import (
-    AUTO,
-    KNOWN_SDKS,
-    NEURONXCC_REMOVED_IN,
-    NKI_LNC_FROM,
-    SUPPORT,
-    check_sdk,
-    resolve_dialect,
-    support_warning,
-)
+from ..support import AUTO, KNOWN_SDKS, SUPPORT, check_sdk, resolve_dialect, sdk_summary, support_warning
 from ..targets import (
     DEFAULT_TARGET,
     IN_GRAPH,
@@ -369,10 +360,8 @@ def dialect_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--sdk", default=None, metavar="VERSION", callback=lowercase_name,
                       help=f"Neuron SDK release the kernel is for ({', '.join(KNOWN_SDKS)}): --dialect auto picks the "
                            "dialect documented for it; a dialect not documented for the target on that release is "
-                           "a warning; the nki dialect's exchange between the programs of a logical core is "
-                           f"nki.lnc.sendrecv from {NKI_LNC_FROM}, nisa.sendrecv before; --dialect neuronxcc on "
-                           f"{NEURONXCC_REMOVED_IN} or later is refused with the reason (it removes neuronxcc.nki) "
-                           "[default: the newest release supporting the dialect on the target: "
+                           f"a warning; {sdk_summary()} [default: the newest release supporting the dialect on the "
+                           "target: "
                            + "; ".join(f"{e.dialect} on {'/'.join(e.targets)} {e.sdk_max}" for e in SUPPORT)
                            + "].")(fn)
     return click.option("--dialect", default=AUTO, show_default=True, callback=lowercase_name, help=DIALECT_HELP)(fn)

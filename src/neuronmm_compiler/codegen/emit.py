@@ -17,13 +17,14 @@ from typing import Any
 from .. import __version__
 from ..errors import UnknownNameError
 from ..ir import Graph, to_text
+from ..kernel_ir.lnc import exchanges
 from ..kernel_ir.program import Program
 from ..kernel_ir.psum_banks import split_psum_banks
 from ..support import newest_sdk, support_note
 from ..targets import Target
 from ..vocab import Dialect
 from .metadata import METADATA_FORMAT, KernelMetadata, KernelSpec, ScheduleRecord, TensorSpec, buffer_specs
-from .printer import DIALECTS, PRINTERS, exchanges
+from .printer import DIALECTS, PRINTERS
 from .reference import reference_source
 
 

@@ -1,10 +1,8 @@
 """Print a loop-nest :class:`Program` as NKI source, one printer per dialect.
 
 ``nki`` is NKI 0.3+ (``import nki``): every ISA call names its destination with ``dst=``, loops are
-plain Python ``range`` (unrolled at trace time), outputs live in ``nl.shared_hbm``. Its printer is made for a Neuron
-SDK release, which decides one spelling: the exchange between the programs of a logical core is
-``nki.lnc.sendrecv`` (no ``pipe_id``; the file then imports ``nki.lnc``) from SDK 2.34 (NKI 0.8.0), and
-``nisa.sendrecv(..., pipe_id=0)`` before it (rules NKI-ISA-LNC-DEPRECATED, NKI-LNC-MODULE).
+plain Python ``range`` (unrolled at trace time), outputs live in ``nl.shared_hbm``; an exchange is
+``nki.lnc.sendrecv`` for SDK 2.34+, ``nisa.sendrecv(..., pipe_id=0)`` before (NKI-ISA-LNC-DEPRECATED, NKI-LNC-MODULE).
 ``neuronxcc`` is the older NKI 0.1 API (``import neuronxcc.nki``) that the NeuronMM paper used:
 instructions return values that are assigned into buffers, loads and stores are ``nl.load`` /
 ``nl.store``, matmul results accumulate with ``+=`` into a zeroed PSUM tile (``=`` starts the sums in a
@@ -22,7 +20,7 @@ from types import MappingProxyType
 
 from ..errors import ScheduleError
 from ..kernel_ir.expr import CeilDiv, Min, Mod, add, code, literal, naming, scale
-from ..kernel_ir.lnc import PROGRAM_ID
+from ..kernel_ir.lnc import PROGRAM_ID, exchanges
 from ..kernel_ir.program import (
     Activation,
     ActivationReduce,
@@ -81,11 +79,6 @@ def _imports(dialect: Dialect) -> tuple[str, ...]:
 
 def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(literal(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
-def exchanges(programs: list[Program]) -> bool:
-    """Whether any of the programs exchanges values with the other program of its logical core (a sendrecv)."""
-    return any(isinstance(stmt, SendRecv) for program in programs for stmt, _ in walk(program.body))
 
 
 class _Printer:
@@ -225,8 +218,7 @@ class NkiPrinter(_Printer):
 
     dialect = Dialect.NKI
     imports = _imports(dialect)
-    #: The import an exchange through ``nki.lnc`` needs: the module is documented as ``nki.lnc`` (its API page), but no
-    #: page says ``import nki`` alone makes it an attribute of ``nki``, so the file imports it (conservatively).
+    #: An exchange through nki.lnc imports it: no page says ``import nki`` alone loads it (conservatively).
     LNC_IMPORT = "import nki.lnc"
 
     def file_imports(self, programs: list[Program]) -> tuple[str, ...]:

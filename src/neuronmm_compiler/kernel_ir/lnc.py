@@ -33,6 +33,7 @@ from .program import (
     Point,
     Program,
     Ref,
+    SendRecv,
     Span,
     Stmt,
     map_regions,
@@ -40,7 +41,7 @@ from .program import (
     walk,
 )
 
-__all__ = ["PROGRAM_ID", "distribute", "divisible_blocking", "halves"]
+__all__ = ["PROGRAM_ID", "distribute", "divisible_blocking", "exchanges", "halves"]
 
 #: The loop-nest variable that holds ``nl.program_id(0)`` (the printers bind it at the top of the kernel).
 PROGRAM_ID = "pid"
@@ -228,3 +229,8 @@ def _shift_stmt(stmt: Stmt, name: str, offset: Expr, local: dict[Buffer, tuple[B
     if isinstance(stmt, Alloc | Comment):
         return stmt
     return map_regions(stmt, lambda ref: _shift_ref(ref, name, offset, local), lambda e: shift(e, name, offset))
+
+
+def exchanges(programs: list[Program]) -> bool:
+    """Whether any of the programs exchanges values with the other program of its logical core (a sendrecv)."""
+    return any(isinstance(stmt, SendRecv) for program in programs for stmt, _ in walk(program.body))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..targets import TARGETS
 from ..vocab import Dialect
+from . import lnc_api_check
 from .dma_transpose_check import check_dma_transpose_shape
 from .kernel_ast import (
     DTYPE_BYTES,
@@ -36,28 +37,11 @@ from .pe_tile_check import check_pe_tile
 from .rules import (
     ACTIVATION_FUNCTIONS,
     ACTIVATION_FUNCTIONS_LEGACY,
-    ISA_LNC_FUNCTIONS,
     LANG_WRAPPERS,
     MATMUL_DST_DTYPES,
     MATMUL_INPUT_DTYPES,
     RULES_BY_ID,
-    VIRTUAL_REGISTER_API,
 )
-
-#: The spellings of NKI 0.3+'s ISA module in a kernel (its alias, or the full name under ``import nki``).
-ISA_MODULES = frozenset(("nisa", "nki.isa"))
-#: ``nisa.local_gather``'s positional index of ``num_valid_indices`` (SDK 2.32 API reference, local_gather).
-LOCAL_GATHER_VALID_POSITION = 4
-
-
-def _dotted(node: ast.AST | None) -> str | None:
-    """``nki.isa`` for the expression ``nki.isa``; None for anything but names and attributes."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -121,8 +105,7 @@ class _Checker(ast.NodeVisitor):
         top = module.partition(".")[0]
         if top == "neuronxcc" and module.startswith("neuronxcc.nki"):
             self.report("NKI-NEURONXCC-IMPORT", node, f"'{module}' inside a kernel is a compilation error on this SDK")
-        if module == "nki.lnc":
-            self.report("NKI-LNC-MODULE", node, "'import nki.lnc' on a Neuron SDK before 2.34, which has no nki.lnc")
+        lnc_api_check.check_import(self, node, module)
         if top == "nki" and not self.import_reported:
             self.import_reported = True
             self.report("NKI-DIALECT-TRN1", node, "an NKI 0.3+ kernel ('import nki') targets trn1, where NKI 0.3 "
@@ -141,12 +124,7 @@ class _Checker(ast.NodeVisitor):
             self.report("NKI-ACTIVATION-OP", node, "nl.identity is not an NKI function; the identity is nl.copy")
         if node.attr in ("benchmark", "profile", "baremetal") and attr_name(node.value) == "nki":
             self.report("NKI-BENCHMARK", node, f"nki.{node.attr} is not available in NKI 0.2+")
-        if node.attr == "lnc" and _dotted(node.value) == "nki":
-            self.report("NKI-LNC-MODULE", node, "nki.lnc on a Neuron SDK before 2.34, which has no nki.lnc (use "
-                        "nisa.sendrecv(..., pipe_id=0))")
-        if node.attr in VIRTUAL_REGISTER_API and _dotted(node.value) in ISA_MODULES:
-            self.report("NKI-VIRTUAL-REGISTER", node, f"nisa.{node.attr} is deprecated from NKI 0.8.0 (use "
-                        "nisa.scalar_load / scalar_store)")
+        lnc_api_check.check_attribute(self, node)
         self.generic_visit(node)
 
     def visit_For(self, node: ast.For) -> None:
@@ -290,15 +268,7 @@ class _Checker(ast.NodeVisitor):
             if tile is not None:
                 self.env[node.func.value.id] = tile
         nki = self.dialect is Dialect.NKI
-        isa = _dotted(getattr(node.func, "value", None)) in ISA_MODULES
-        if nki and isa and name in ISA_LNC_FUNCTIONS:
-            self.report("NKI-ISA-LNC-DEPRECATED", node, f"nisa.{name} is deprecated from NKI 0.8.0 (SDK 2.34): use "
-                        f"nki.lnc.{name}" + (" without pipe_id" if name == "sendrecv" else ""))
-        valid = kwarg(node, "num_valid_indices", LOCAL_GATHER_VALID_POSITION) if name == "local_gather" else None
-        if nki and isa and name == "local_gather" and (valid is None or (isinstance(valid, ast.Constant)
-                                                                         and valid.value is None)):
-            self.report("NKI-LOCAL-GATHER-VALID", node, "nisa.local_gather without num_valid_indices: undefined "
-                        "results from NKI 0.8.0")
+        lnc_api_check.check_call(self, node, name)  # its rules are the nki dialect's
         if name == "nc_matmul" and nki:
             self._check_matmul(node, base_name(kwarg(node, "dst", 0)))
         elif name == "dma_transpose":
