@@ -6,8 +6,8 @@ NKI", sections "Programming for multiple cores" and "Final Notes"). SBUF and PSU
 one program's HBM accesses against the other's unless the kernel synchronises them: the documented primitives are
 ``nisa.core_barrier`` (both programs wait; HBM written before it is visible after it) and ``nisa.sendrecv``
 (SBUF to SBUF), both ``nki.lnc`` functions from NKI 0.8.0 (Neuron 2.34; the ``nki.isa`` ones deprecated there).
-The kernels nmmc emits today divide disjoint work and use neither, so the interpreter holds them to the rule that
-follows: no HBM element is written by one program and read or written by the other.
+The kernels nmmc emits divide disjoint work and use no barrier (their exchanges are SBUF to SBUF), so the interpreter
+holds them to the rule that follows: no HBM element is written by one program and read or written by the other.
 
 The programs run in threads that take turns (:class:`Turns`, one runs at a time, so a run is deterministic):
 program 0 runs until its first sendrecv (``nisa.sendrecv`` or ``nki.lnc.sendrecv``), then program 1 until its
