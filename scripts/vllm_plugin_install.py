@@ -55,6 +55,10 @@ def main() -> int:
     if not (package / "pyproject.toml").is_file():
         print(f"{package}: no pyproject.toml (export it with --serving vllm-neuron)", file=sys.stderr)
         return 2
+    import tomllib
+
+    # the import name the export recorded (the directory's name then; a renamed directory still installs under it)
+    (name,) = tomllib.loads((package / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     with tempfile.TemporaryDirectory(prefix="nmmc-plugin-") as tmp:
         copy = Path(tmp) / package.name
         shutil.copytree(package, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
@@ -70,7 +74,7 @@ def main() -> int:
         subprocess.run(install, check=True, stdout=subprocess.DEVNULL)
         installed = time.perf_counter() - start
         torch_path = ":".join(site.getsitepackages())
-        result = subprocess.run([str(python), "-c", CHECK, package.name], capture_output=True, text=True,
+        result = subprocess.run([str(python), "-c", CHECK, name], capture_output=True, text=True,
                                 env={"PYTHONPATH": torch_path, "PATH": "/usr/bin:/bin"})
         if result.returncode:
             print(result.stdout + result.stderr, file=sys.stderr)

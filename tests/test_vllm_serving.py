@@ -340,12 +340,12 @@ def test_signature_check_a_changed_signature_keeps_the_original_with_one_warning
         source = root / "vllm_neuron" / "functional" / "mlp.py"
         source.write_text(source.read_text().replace("eps=1e-6", "eps=1e-5"))
     plugin.register()
-    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
+    with caplog.at_level(logging.WARNING, logger=plugin.logger.name):
         import vllm_neuron.functional as NF
 
         plugin.register()
         plugin.install(NF)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == plugin.__name__]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == plugin.logger.name]
     assert len(warnings) == 1
     assert ("new: new_option" if extra else "kind or default changed: eps") in warnings[0].getMessage()
     assert not getattr(NF.mlp, "nmmc_router", False)

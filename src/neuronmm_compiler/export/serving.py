@@ -249,7 +249,8 @@ Built against {PIN} (the function's signature is checked at start-up).
 
        pip install {package_dir}
 
-   (pip builds in the directory and leaves `build/` and an `.egg-info` directory there; both are harmless.)
+   (pip builds in the directory and leaves `build/` and an `.egg-info` directory there; both are harmless. The
+   import name is `{package}`, the directory's name at export: a moved or renamed directory installs under it.)
 
 2. Start the server with these flags, exactly (they decide the buckets vLLM Neuron compiles):
 

@@ -50,9 +50,11 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
-
 ROOT = Path(__file__).resolve().parent
+#: A child of vLLM's "vllm" logger, whose handler prints INFO and up to the server's log
+#: (vllm-project/vllm@00656a8e7442dec75d69881cee20ffe38f46f606:vllm/logger.py), so
+#: the one line per process saying whether the router is in place is seen.
+logger = logging.getLogger(f"vllm.nmmc.{ROOT.name}")
 #: Where the recorded signature and the call sites come from.
 SOURCE = "jinhuang12/vllm-neuron@ed3580d01e8632897b29986ab7532d8c5925846f:vllm_neuron/functional/mlp.py"
 TARGET_MODULE = "vllm_neuron.functional"
