@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..kernel_ir.program import (
     Activation,
@@ -121,96 +122,153 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
     """Account ``mult`` executions of one leaf statement (``pe_columns``: the PE array's columns, the target's
     ``gemm_stationary_fmax``; a matmul in a narrower column tile then takes its share of the array's time,
     :func:`~.formulas.matmul_cycles`; None: every matmul as if it held the whole array)."""
-    if isinstance(stmt, DmaCopy):
-        hbm = stmt.src if stmt.is_load else stmt.dst
-        sbuf = stmt.dst if stmt.is_load else stmt.src
-        nbytes = math.prod(_extents(hbm, env)) * hbm.buffer.itemsize
-        partitions, per_partition = _free(sbuf, env)
-        if stmt.slabs:  # one transfer of KT slabs: a partition's KT rows are apart in HBM, so the efficiency is that
-            # of one row's bytes (conservative: AWS's chart is per transfer, trainium-facts.md; kernel_ir/coalesce.py)
-            per_partition = _extents(hbm, env)[1]
-        bpp = per_partition * sbuf.buffer.itemsize
-        book = counts.hbm_bytes_read if stmt.is_load else counts.hbm_bytes_written
-        book[hbm.buffer.name] = book.get(hbm.buffer.name, 0) + mult * nbytes
-        key = ("load" if stmt.is_load else "store", stmt.transpose, bpp)
-        cls = counts.dma.setdefault(key, DmaClass())
-        cls.count += mult
-        cls.bytes += mult * nbytes
-    elif isinstance(stmt, Matmul):
-        k, m = _extents(stmt.stationary, env)
-        _, n = _extents(stmt.moving, env)
-        factor = params.matmul_fp32_factor if stmt.moving.buffer.dtype == "float32" else 1
-        counts.matmuls += mult
-        counts.flops += mult * 2 * k * m * n
-        counts.matmul_moving_columns += mult * n
-        columns = None
-        if stmt.tile is not None and pe_columns is not None and stmt.tile.cols < pe_columns:
-            counts.pe_tiled_matmuls += mult
-            columns = stmt.tile.cols
-        cycles = mult * matmul_cycles(n, params.matmul_min_cycles, factor, columns, pe_columns,
-                                      stmt.perf_mode == "double_row")
-        counts.pe_cycles += cycles
-        counts.psum.setdefault(stmt.dst.buffer.name, PsumUse()).pe_cycles += cycles
-        per_partition = m * stmt.stationary.buffer.itemsize + n * stmt.moving.buffer.itemsize
-        counts.sbuf_read_bytes_by_pe += mult * k * per_partition
-    elif isinstance(stmt, PeTranspose):
-        p, f = _extents(stmt.src, env)
-        cycles = mult * max(p, min(params.transpose_min_cycles, f))
-        counts.transposes += mult
-        counts.pe_cycles += cycles
-        if stmt.dst.buffer.memory == "psum":
-            counts.psum.setdefault(stmt.dst.buffer.name, PsumUse()).pe_cycles += cycles
-    elif isinstance(stmt, Copy | TensorTensor | Activation):
-        partitions, free = _free(stmt.dst, env)
-        inputs = 2 if isinstance(stmt, TensorTensor) else 1
-        cycles = _engine_cycles(free, inputs, params)
-        sources = (stmt.lhs, stmt.rhs) if isinstance(stmt, TensorTensor) else (stmt.src,)
-        psum = next((src.buffer.name for src in sources if src.buffer.memory == "psum"), None)
-        if psum is not None:
-            counts.psum_evictions += mult
-            counts.psum_to_sbuf_bytes += mult * partitions * free * 4
-            use = counts.psum.setdefault(psum, PsumUse())
-            use.evictions += mult
-            if isinstance(stmt, Activation):
-                use.scalar_cycles += mult * cycles
-            else:
-                use.vector_cycles += mult * cycles
+    _adder(stmt)(counts, stmt, env, mult, params, pe_columns)
+
+
+def _add_dma(counts: ProgramCounts, stmt: DmaCopy, env: Mapping[str, int], mult: int, params: ModelParams,
+             pe_columns: int | None) -> None:
+    hbm = stmt.src if stmt.is_load else stmt.dst
+    sbuf = stmt.dst if stmt.is_load else stmt.src
+    nbytes = math.prod(_extents(hbm, env)) * hbm.buffer.itemsize
+    _, per_partition = _free(sbuf, env)
+    if stmt.slabs:  # one transfer of KT slabs: a partition's KT rows are apart in HBM, so the efficiency is that
+        # of one row's bytes (conservative: AWS's chart is per transfer, trainium-facts.md; kernel_ir/coalesce.py)
+        per_partition = _extents(hbm, env)[1]
+    bpp = per_partition * sbuf.buffer.itemsize
+    book = counts.hbm_bytes_read if stmt.is_load else counts.hbm_bytes_written
+    book[hbm.buffer.name] = book.get(hbm.buffer.name, 0) + mult * nbytes
+    key = ("load" if stmt.is_load else "store", stmt.transpose, bpp)
+    cls = counts.dma.get(key)
+    if cls is None:
+        cls = counts.dma[key] = DmaClass()
+    cls.count += mult
+    cls.bytes += mult * nbytes
+
+
+def _psum_use(counts: ProgramCounts, name: str) -> PsumUse:
+    use = counts.psum.get(name)
+    if use is None:
+        use = counts.psum[name] = PsumUse()
+    return use
+
+
+def _add_matmul(counts: ProgramCounts, stmt: Matmul, env: Mapping[str, int], mult: int, params: ModelParams,
+                pe_columns: int | None) -> None:
+    k, m = _extents(stmt.stationary, env)
+    _, n = _extents(stmt.moving, env)
+    factor = params.matmul_fp32_factor if stmt.moving.buffer.dtype == "float32" else 1
+    counts.matmuls += mult
+    counts.flops += mult * 2 * k * m * n
+    counts.matmul_moving_columns += mult * n
+    columns = None
+    if stmt.tile is not None and pe_columns is not None and stmt.tile.cols < pe_columns:
+        counts.pe_tiled_matmuls += mult
+        columns = stmt.tile.cols
+    cycles = mult * matmul_cycles(n, params.matmul_min_cycles, factor, columns, pe_columns,
+                                  stmt.perf_mode == "double_row")
+    counts.pe_cycles += cycles
+    _psum_use(counts, stmt.dst.buffer.name).pe_cycles += cycles
+    per_partition = m * stmt.stationary.buffer.itemsize + n * stmt.moving.buffer.itemsize
+    counts.sbuf_read_bytes_by_pe += mult * k * per_partition
+
+
+def _add_pe_transpose(counts: ProgramCounts, stmt: PeTranspose, env: Mapping[str, int], mult: int,
+                      params: ModelParams, pe_columns: int | None) -> None:
+    p, f = _extents(stmt.src, env)
+    cycles = mult * max(p, min(params.transpose_min_cycles, f))
+    counts.transposes += mult
+    counts.pe_cycles += cycles
+    if stmt.dst.buffer.memory == "psum":
+        _psum_use(counts, stmt.dst.buffer.name).pe_cycles += cycles
+
+
+def _add_engine_op(counts: ProgramCounts, stmt: Copy | TensorTensor | Activation, env: Mapping[str, int], mult: int,
+                   params: ModelParams, pe_columns: int | None) -> None:
+    partitions, free = _free(stmt.dst, env)
+    inputs = 2 if isinstance(stmt, TensorTensor) else 1
+    cycles = _engine_cycles(free, inputs, params)
+    sources = (stmt.lhs, stmt.rhs) if isinstance(stmt, TensorTensor) else (stmt.src,)
+    psum = next((src.buffer.name for src in sources if src.buffer.memory == "psum"), None)
+    if psum is not None:
+        counts.psum_evictions += mult
+        counts.psum_to_sbuf_bytes += mult * partitions * free * 4
+        use = _psum_use(counts, psum)
+        use.evictions += mult
         if isinstance(stmt, Activation):
-            counts.scalar_cycles += mult * cycles
+            use.scalar_cycles += mult * cycles
         else:
-            counts.vector_cycles += mult * cycles
-    elif isinstance(stmt, ActivationReduce | BnStats | BnAggr | TensorScalar | Memset):
-        # the norm prologue: one pass over each partition's elements of the source (the destination for a memset),
-        # one input each (the [P, 1] scale/operand columns are per-partition registers, no second stream); the
-        # reduction of activation_reduce rides on the activation (NKI ISA reference: max(MIN_II, N) + MIN_II
-        # cycles, the same form as one activation)
-        ref = stmt.dst if isinstance(stmt, Memset) else stmt.src
-        _, free = _free(ref, env)
-        cycles = mult * _engine_cycles(free, 0 if isinstance(stmt, Memset) else 1, params)
-        if isinstance(stmt, ActivationReduce):
-            counts.scalar_cycles += cycles
-        else:
-            counts.vector_cycles += cycles
-    elif isinstance(stmt, Alloc):
-        if stmt.buffer.memory == "psum":
-            use = counts.psum.setdefault(stmt.buffer.name, PsumUse())
-            use.allocations += mult
-            use.copies = stmt.copies
-        if stmt.zero:  # memset of the whole buffer on the VectorEngine
-            free = math.prod(stmt.buffer.shape[1:])
-            counts.vector_cycles += mult * _engine_cycles(free, 0, params)
-    elif isinstance(stmt, SendRecv):  # an SBUF-to-SBUF DMA to the other core (the default DMA-engine sendrecv)
-        partitions, per_partition = _free(stmt.src, env)
-        bpp = per_partition * stmt.src.buffer.itemsize
-        cls = counts.dma.setdefault(("exchange", False, bpp), DmaClass())
-        cls.count += mult
-        cls.bytes += mult * partitions * bpp
-        counts.exchanges += mult
-        counts.exchange_bytes += mult * partitions * bpp
-    elif isinstance(stmt, Comment):
-        pass
-    else:  # pragma: no cover - loops never reach here
-        raise TypeError(f"cannot count {type(stmt).__name__}")
+            use.vector_cycles += mult * cycles
+    if isinstance(stmt, Activation):
+        counts.scalar_cycles += mult * cycles
+    else:
+        counts.vector_cycles += mult * cycles
+
+
+def _add_norm_op(counts: ProgramCounts, stmt: ActivationReduce | BnStats | BnAggr | TensorScalar | Memset,
+                 env: Mapping[str, int], mult: int, params: ModelParams, pe_columns: int | None) -> None:
+    # the norm prologue: one pass over each partition's elements of the source (the destination for a memset),
+    # one input each (the [P, 1] scale/operand columns are per-partition registers, no second stream); the
+    # reduction of activation_reduce rides on the activation (NKI ISA reference: max(MIN_II, N) + MIN_II
+    # cycles, the same form as one activation)
+    ref = stmt.dst if isinstance(stmt, Memset) else stmt.src
+    _, free = _free(ref, env)
+    cycles = mult * _engine_cycles(free, 0 if isinstance(stmt, Memset) else 1, params)
+    if isinstance(stmt, ActivationReduce):
+        counts.scalar_cycles += cycles
+    else:
+        counts.vector_cycles += cycles
+
+
+def _add_alloc(counts: ProgramCounts, stmt: Alloc, env: Mapping[str, int], mult: int, params: ModelParams,
+               pe_columns: int | None) -> None:
+    if stmt.buffer.memory == "psum":
+        use = _psum_use(counts, stmt.buffer.name)
+        use.allocations += mult
+        use.copies = stmt.copies
+    if stmt.zero:  # memset of the whole buffer on the VectorEngine
+        free = math.prod(stmt.buffer.shape[1:])
+        counts.vector_cycles += mult * _engine_cycles(free, 0, params)
+
+
+def _add_sendrecv(counts: ProgramCounts, stmt: SendRecv, env: Mapping[str, int], mult: int, params: ModelParams,
+                  pe_columns: int | None) -> None:
+    # an SBUF-to-SBUF DMA to the other core (the default DMA-engine sendrecv)
+    partitions, per_partition = _free(stmt.src, env)
+    bpp = per_partition * stmt.src.buffer.itemsize
+    key = ("exchange", False, bpp)
+    cls = counts.dma.get(key)
+    if cls is None:
+        cls = counts.dma[key] = DmaClass()
+    cls.count += mult
+    cls.bytes += mult * partitions * bpp
+    counts.exchanges += mult
+    counts.exchange_bytes += mult * partitions * bpp
+
+
+def _add_nothing(counts: ProgramCounts, stmt: Comment, env: Mapping[str, int], mult: int, params: ModelParams,
+                 pe_columns: int | None) -> None:
+    pass
+
+
+_Adder = Callable[[ProgramCounts, Any, Mapping[str, int], int, ModelParams, int | None], None]
+#: How each kind of leaf statement is counted (looked up by its type: the counting loop runs ~10^5 times a search)
+_ADDERS: dict[type, _Adder] = {
+    DmaCopy: _add_dma, Matmul: _add_matmul, PeTranspose: _add_pe_transpose, Copy: _add_engine_op,
+    TensorTensor: _add_engine_op, Activation: _add_engine_op, ActivationReduce: _add_norm_op, BnStats: _add_norm_op,
+    BnAggr: _add_norm_op, TensorScalar: _add_norm_op, Memset: _add_norm_op, Alloc: _add_alloc,
+    SendRecv: _add_sendrecv, Comment: _add_nothing,
+}
+
+
+def _adder(stmt: Stmt) -> _Adder:
+    """The function counting ``stmt`` (:data:`_ADDERS`; a subclass of a statement kind counts as that kind)."""
+    adder = _ADDERS.get(type(stmt))
+    if adder is not None:
+        return adder
+    for kind, adder in _ADDERS.items():
+        if isinstance(stmt, kind):
+            return adder
+    raise TypeError(f"cannot count {type(stmt).__name__}")  # loops never reach here
 
 
 def count_program(program: Program, params: ModelParams, env: Mapping[str, int] | None = None,
@@ -219,8 +277,9 @@ def count_program(program: Program, params: ModelParams, env: Mapping[str, int] 
     logical core); ``pe_columns`` as for :func:`add_statement`; ``memo`` as for
     :func:`~neuronmm_compiler.kernel_ir.program.instruction_counts`."""
     counts = ProgramCounts()
+    adders = _ADDERS
     for stmt, at, mult in instruction_counts(program.body, env, memo):
-        add_statement(counts, stmt, at, mult, params, pe_columns)
+        (adders.get(type(stmt)) or _adder(stmt))(counts, stmt, at, mult, params, pe_columns)
     for param in program.params:
         counts.hbm_bytes_read.setdefault(param.name, 0)
     for out in program.outputs:
