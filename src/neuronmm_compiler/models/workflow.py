@@ -30,16 +30,22 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..errors import InputError
-from ..io import check_input_file, write_text_atomic
+from ..io import write_text_atomic
 from .calibration import (
     DEFAULT_SEQUENCE,
     Calibration,
-    calibrate,
-    calibration_from_activations,
     load_tokens,
     sequences,
 )
+from .calibration_set import calibration_set, token_paths
 from .compress import plan_ranks
+from .compress_notes import (
+    all_dense_warning,
+    keeps_everything,
+    planned_note,
+    ppl_fraction,
+    rise_advice,
+)
 from .compress_steps import _measure, _write_shards, build_model, compressed_mlp, load_factors
 from .config import read_config
 from .eval_budget import hold_budget_on_eval
@@ -48,8 +54,6 @@ from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_METRIC, DEFAULT_HEAL_PRIOR,
 from .heal_steps import (
     CHECKPOINTS,
     StageProgress,
-    sample,
-    teacher_length,
     whitened_factors,
 )
 from .manifest import MANIFEST_FILE, Manifest
@@ -114,84 +118,6 @@ class CompressResult:
     measured_choice: Any = None  # measured_choice.MeasuredChoice with --choose-ranks and no --tokens
 
 
-def _paths(value: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, str | Path) else tuple(value)
-
-
-def minimum_calibration_tokens(intermediate_size: int) -> int:
-    """Fewest calibration tokens accepted: the MLP's intermediate size (below it the Gram matrix of the
-    down projection's input is singular, and whitening fits a subspace of the text's own), at least 256."""
-    return max(256, int(intermediate_size))
-
-
-def single_source_warning(source: str) -> str:
-    return (f"calibration comes from a single source ({source}): whitening and healing fit its kind of text, and "
-            "on SmolLM2-135M text of another domain lost several times more perplexity than text of the "
-            "calibration's own (benchmarks/results/compression-runs.md); mix sources: several --calibration files "
-            "of different kinds and --calibration-samples N (text sampled from the model itself)")
-
-
-def _calibration(request: CompressRequest, model_loader: Callable[[], Any], progress: StageProgress | None,
-                 before_work: Callable[[], None] = lambda: None
-                 ) -> tuple[Calibration | None, np.ndarray | None, list[str]]:
-    """The Grams, the calibration token ids (None for pre-captured activations), and warnings; ``before_work`` is
-    called once the inputs are checked, before the model runs."""
-    paths = _paths(request.calibration)
-    if not paths and request.calibration_samples <= 0:
-        return None, None, []
-    config = read_config(request.model_dir)
-    minimum = minimum_calibration_tokens(config.intermediate_size)
-    if len(paths) == 1 and Path(paths[0]).suffix == ".safetensors" and request.calibration_samples <= 0:
-        path = Path(paths[0])
-        check_input_file(path, "--calibration", "one .safetensors file of activations")
-        before_work()
-        model = model_loader()
-        calibration = calibration_from_activations(path, request.model_dir,
-                                                   inner_from=lambda layer, x: model.mlp(layer, x)[1])
-        if calibration.tokens < minimum:
-            raise InputError(f"--calibration {path}: {calibration.tokens} activation rows; at least {minimum} are "
-                             "needed (the model's intermediate size)")
-        return calibration, None, [single_source_warning(path.name)]
-    if any(Path(p).suffix == ".safetensors" for p in paths):
-        raise InputError("pre-captured activations (.safetensors) are a calibration set of their own: give that one "
-                         "file alone, without other --calibration files or --calibration-samples")
-    budget = request.calibration_tokens
-    loaded = [load_tokens(p, request.model_dir, budget, what="--calibration") for p in paths]
-    takes = share_budget([ids.size for ids in loaded], budget)
-    parts, sources, warnings = [], [], []
-    for p, ids, take in zip(paths, loaded, takes, strict=True):
-        parts.append(ids[:take])
-        sources.append(f"{Path(p).name} ({take} tokens)")
-    if budget is not None and paths and sum(takes) < budget:
-        warnings.append(f"--calibration used {sum(takes)} tokens of the {budget} asked (--calibration-tokens): the "
-                        "files hold no more")
-    if parts and sum(p.size for p in parts) + request.calibration_samples < minimum:
-        raise InputError(f"--calibration has {sum(p.size for p in parts) + request.calibration_samples} tokens; at "
-                         f"least {minimum} are needed for this model (its intermediate size: fewer leave the down "
-                         "projection's activation Gram matrix singular)")
-    model = model_loader() if parts or request.calibration_samples > 0 else None
-    for part in parts:  # ids outside the vocabulary are a user error: found before the work starts
-        model.check_tokens(part)
-    before_work()
-    if request.calibration_samples > 0:
-        sampled = sample(request, model, request.calibration_samples, 0, progress, "sampling")
-        parts.append(sampled)
-        sources.append(f"{sampled.size} tokens sampled from the model")
-    ids = np.concatenate(parts)
-    if ids.size < minimum:
-        raise InputError(f"--calibration has {ids.size} tokens; at least {minimum} are needed for this model (its "
-                         "intermediate size: fewer leave the down projection's activation Gram matrix singular)")
-    warnings += [single_source_warning(Path(paths[0]).name)] if len(paths) == 1 and not request.calibration_samples \
-        else []
-    calibration = calibrate(model, ids, source=", ".join(sources), length=request.sequence_length,
-                            progress=None if progress is None else lambda d, t: progress("calibrating", d, t),
-                            keep_final=teacher_length(request))
-    return calibration, ids, warnings
-
-
-#: Calibration tokens on which each layer's sensitivity is measured (one forward pass per layer).
 SENSITIVITY_TOKENS = 1024
 
 
@@ -250,87 +176,6 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.nd
     return layer_ranks, record, front, point
 
 
-def all_dense_warning(request: CompressRequest, record: dict[str, Any]) -> str:
-    """What a joint rank choice that kept every layer dense says: that the output is the original
-    weights, and why (the SVD MLP predicted no faster than the dense one at the requested buckets)."""
-    latency = record["latency"]
-    where = (f"at token bucket{'s' if len(latency['buckets']) > 1 else ''} "
-             f"{','.join(map(str, latency['buckets']))} on {latency['target']}")
-    dense = record["dense"]["predicted_us"]
-    if request.target_speedup is not None:
-        why = (f"--target-speedup {request.target_speedup} allows the fused dense MLP's predicted latency "
-               f"({dense:.1f} us {where}), and dense is exact")
-    else:
-        uniform = record["uniform"]
-        why = (f"the SVD MLP is predicted slower than the fused dense MLP {where}: uniform ranks "
-               f"{'/'.join(map(str, uniform['ranks']))} {uniform['predicted_us']:.1f} us vs dense {dense:.1f} us "
-               "(summed over layers and buckets), so dense, which is exact, is the most accurate choice within "
-               "that latency")
-    return (f"--choose-ranks kept every layer dense: the output holds the original weights, uncompressed; {why}. "
-            "Compression buys no predicted speed there: choose larger token buckets (--tokens), or compress "
-            "without --choose-ranks")
-
-
-def ppl_fraction(value: float) -> float:
-    """``--max-ppl-increase``: a fraction (0.10) or, above 1, a percentage (10 means +10%)."""
-    return value / 100.0 if value > 1 else value
-
-
-def share_budget(sizes: list[int], budget: int | None) -> list[int]:
-    """How many tokens each calibration file gives: equal shares of ``budget`` (None: every token), a file shorter
-    than its share giving all it has and its unused share going to the others in equal parts."""
-    if budget is None:
-        return list(sizes)
-    takes = [0] * len(sizes)
-    left, open_ = budget, sorted(range(len(sizes)), key=lambda i: sizes[i])
-    while open_:
-        share = left // len(open_)
-        index = open_.pop(0)  # the shortest first: what it cannot use passes on
-        takes[index] = min(sizes[index], share if open_ else left)
-        left -= takes[index]
-    return takes
-
-
-def keeps_everything(request: CompressRequest) -> bool:
-    """Whether the request keeps every MLP parameter: ``--keep-ratio 1.0`` with no per-projection ranks and no rank
-    choice. Such a compression writes dense layers (FP8 ones with ``--dtype fp8``): the parameter-equal block-aligned
-    rank is below full rank (a [k, n] weight's rank-r factors hold r (k + n) values), so factoring would lose what
-    the user asked to keep."""
-    return (request.keep_ratio >= 1.0 and not request.ranks and not request.choose_ranks
-            and request.target_speedup is None)
-
-
-def planned_note(request: CompressRequest) -> str | None:
-    """What the keep ratio turns into, said before the work starts when it is not what was asked: every layer dense
-    (:func:`keeps_everything`), or block-aligned ranks whose kept fraction differs from the requested ratio by more
-    than half a percent (rounded to multiples of ``--align``). None when the ranks are the user's or chosen."""
-    from .config import projection_shape
-
-    if keeps_everything(request):
-        return ("--keep-ratio 1.0 keeps every MLP weight dense" + (" in FP8" if fp8_format(request.dtype) else "")
-                + ": no factorization (the parameter-equal rank would keep less)")
-    if request.ranks or request.choose_ranks or request.target_speedup is not None:
-        return None
-    config = read_config(request.model_dir)
-    ranks = plan_ranks(config, request.keep_ratio, request.align)
-    shapes = {p: projection_shape(config, p) for p in ranks}
-    kept = sum(r * sum(shapes[p]) for p, r in ranks.items()) / sum(k * n for k, n in shapes.values())
-    if abs(kept - request.keep_ratio) <= 0.005:
-        return None
-    return (f"--keep-ratio {request.keep_ratio} gives ranks gate {ranks['gate']}, up {ranks['up']}, down "
-            f"{ranks['down']}: {kept:.3f} of the MLP parameters kept (ranks are multiples of --align {request.align})")
-
-
-def rise_advice(request: CompressRequest) -> str:
-    """What to try when perplexity rose over the budget, leaving out what this run already did."""
-    options = ["keep more rank", "calibrate on broader text"]
-    if request.heal == "none":
-        options.append("heal (--heal closed-form|finetune)")
-    elif request.heal != "finetune":
-        options.append("heal by fine-tuning (--heal finetune)")
-    return ", ".join(options[:-1]) + " or " + options[-1]
-
-
 def run_compress(request: CompressRequest, *, progress: StageProgress | None = None,
                  note: Callable[[str], None] | None = None) -> CompressResult:
     """Compress as ``request`` says (see the module docstring); return the manifest and warnings. ``note`` receives
@@ -349,7 +194,7 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
         request = replace(request, dtype="bfloat16")
     # measured greedy: ranks alone without --tokens; with FP8, by predicted latency at --tokens (.format_choice)
     measured = request.choose_ranks and request.target_speedup is None and (not request.buckets or fmt is not None)
-    calibrated = bool(_paths(request.calibration)) or request.calibration_samples > 0
+    calibrated = bool(token_paths(request.calibration)) or request.calibration_samples > 0
     if (request.choose_ranks or request.target_speedup is not None) and not calibrated:
         raise InputError("choosing ranks needs --calibration (whitened factors, and tokens to measure on)")
     if request.target_speedup is not None and not request.buckets:
@@ -387,7 +232,7 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
         return loaded[0]
 
     eval_sets = [(p, load_tokens(p, request.model_dir, request.eval_tokens, what="--eval"))
-                 for p in _paths(request.eval)]
+                 for p in token_paths(request.eval)]
     announced: list[bool] = []
 
     def announce() -> None:  # once, before the first heavy step
@@ -397,7 +242,7 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
             if text:
                 note(text)
 
-    calibration, calibration_ids, warnings = _calibration(request, model, progress, announce)
+    calibration, calibration_ids, warnings = calibration_set(request, model, progress, announce)
     announce()
     layer_ranks = record = front = point = None
     chosen = None
