@@ -288,6 +288,7 @@ NKI interpreter (slow): set `NMMC_VLLM_NEURON=off` there.
 
 ## Not verified
 
-The kernels are checked by `nmmc verify {package_dir}` in nmmc's interpreter, against NKI's documented rules up to
-Neuron SDK 2.33. Nothing of this package has been run inside vLLM or on a Neuron device by nmmc.
+The kernels are checked by `nmmc verify {package_dir}` in nmmc's interpreter, against NKI's documented rules of the
+Neuron SDK releases `manifest.json` names (`sdk`). Nothing of this package has been run inside vLLM or on a Neuron
+device by nmmc.
 """
