@@ -137,7 +137,7 @@ def export(model: str, buckets: str | None, serving: str | None, max_num_seqs: i
     request = ExportRequest(model=model, buckets=token_buckets, target=tgt,
                             dialect=chosen_dialect(dialect, sdk, tgt), tp=tp, keep_ratio=keep_ratio, dense=dense,
                             dtype=weights, trials=trials, seed=seed, cache_dir=cache_dir,
-                            use_cache=not no_cache)
+                            use_cache=not no_cache, sdk=sdk)
     ok = run_export(request, output, verify=run_verify, as_json=as_json,
                     progress=show_progress(progress, as_json), echo=click.echo, plugin=plugin)
     if not ok:
@@ -264,21 +264,10 @@ def _summary(manifest: dict, output: str) -> list[str]:
 
 
 def export_target(target_spec: str, dialect: str, sdk: str | None) -> Any:
-    """The target of an export (in-graph unless --launch says otherwise), and InputError when ``--sdk`` asks for
-    kernels other than those the export writes: the package's kernels are emitted for the newest release of their
-    dialect on the target, and an nki kernel's exchange between the programs of a logical core is spelled per release
-    (nki.lnc.sendrecv from 2.34, nisa.sendrecv before; support.uses_nki_lnc)."""
-    from ..errors import InputError
-    from ..support import newest_sdk, resolve_dialect, uses_nki_lnc
-    from ..vocab import Dialect
+    """The target of an export (in-graph unless --launch says otherwise); ``--sdk`` is checked against the dialect
+    (:func:`~..support.resolve_dialect`) and the kernels are emitted for that release (``ExportRequest.sdk``)."""
+    from ..support import resolve_dialect
 
     target = resolve_target(target_spec, None)
-    concrete = resolve_dialect(dialect, target.name, sdk)
-    if sdk is None or concrete is not Dialect.NKI:
-        return target
-    newest = newest_sdk(concrete, target.name)
-    if uses_nki_lnc(sdk) != uses_nki_lnc(newest):
-        raise InputError(f"export writes kernels for Neuron SDK {newest} (the newest the nki dialect supports on "
-                         f"{target.name}), whose exchange between the programs of a logical core is spelled otherwise "
-                         f"than on --sdk {sdk}; use 'nmmc tune --model MODEL --sdk {sdk}' for kernels of that release")
+    resolve_dialect(dialect, target.name, sdk)
     return target

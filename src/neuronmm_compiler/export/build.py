@@ -53,8 +53,8 @@ class ExportRequest:
     """What to export: the model (a shipped name, a model directory or config.json, or an ``nmmc compress``
     output), the token buckets, the target (its spec carries the LNC and launch context), dialect, TP degree,
     compression (``keep_ratio``; a compress output gives its ranks; neither, or ``dense``: the dense MLP), the
-    weights' ``dtype`` (None: the source's formats, else bf16; an FP8 format: FP8 kernels), and the search
-    settings."""
+    weights' ``dtype`` (None: the source's formats, else bf16; an FP8 format: FP8 kernels), the Neuron SDK release
+    the kernels are emitted for (``sdk``; None: the newest of the dialect on the target), and the search settings."""
 
     model: str
     buckets: tuple[int, ...]
@@ -69,6 +69,7 @@ class ExportRequest:
     method: str | None = None
     cache_dir: str | None = None
     use_cache: bool = True
+    sdk: str | None = None
 
 
 def activation_dtype(request: ExportRequest) -> str:
@@ -102,7 +103,7 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
 
         kernel_fn = tuned_kernels(request.target, request.dialect, trials=request.trials, seed=request.seed,
                                   method=request.method, exhaustive_threshold=None, cache_dir=request.cache_dir,
-                                  use_cache=request.use_cache)
+                                  use_cache=request.use_cache, sdk=request.sdk)
     files: dict[str, str] = {}
     c = source.config
     entries: dict[str, dict[str, Any]] = {}
@@ -282,7 +283,7 @@ def _manifest(request: ExportRequest, source: ModelSource, factors_dir: str | No
                     else "an 'nmmc compress' output directory (layer_XXX.safetensors factors)",
                     "activation_scales": "calibration" if calibrated else None},
         "target": request.target.spec, "target_name": request.target.name, "lnc": request.target.lnc,
-        "dialect": str(request.dialect), "sdk": sdk_range(request.dialect, request.target),
+        "dialect": str(request.dialect), "sdk": sdk_range(request.dialect, request.target, request.sdk),
         "activation_dtype": activation,
         "weights_dtypes": sorted({g.weights for g in groups}),
         "launch": _launch(request.target, request.dialect),
