@@ -21,7 +21,7 @@ physical core:
   VectorE straight from PSUM into bf16; the product transposed back the same way; down: 128 rows of I x 1024 columns
   of H per DMA through a ring of 8 (``down_proj_weights_buffer_count = 8``); one store per subtile.
 
-Modelling differences (docs/fusion.md): a 1024-row slab is one DMA in the kernel (8 runs per partition) and eight
+Modelling differences (docs/nkilib-mlp.md): a 1024-row slab is one DMA in the kernel (8 runs per partition) and eight
 here (nmmc's buffers put 128 consecutive rows on the partitions); the kernel's in-place reuse of SBUF tiles and its
 double-buffered stack sections are left to nmmc's allocation (what the footprint check sees is each buffer once);
 the ring's buffer count is the first token tile's (a later tile of an interleaved stack section may get fewer).

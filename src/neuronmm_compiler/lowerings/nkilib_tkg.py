@@ -35,7 +35,7 @@ column tiles are added (``mlp_tkg_gate_up_projection.py:226-236``, ``utils/inter
 down eviction (``mlp_tkg_down_projection.py:187-198``). ``gate_up_in_scale``/``down_in_scale`` are read nowhere in
 the decode kernel (``:588``; ``mlp_tkg_down_projection.py:429-433``).
 
-What nmmc's IR does not express, and how it is modelled instead (docs/fusion.md, "nki-library's MLP"):
+What nmmc's IR does not express, and how it is modelled instead (docs/nkilib-mlp.md):
 the kernel splits H as (partition outer, tile inner) so that each partition reads one contiguous run per slab and a
 slab is one DMA; nmmc's buffers split H as (tile outer, partition inner), so a slab is one DMA per 128 rows (the
 same bytes; per-partition runs of 2·I instead of 32·I bytes). For H/L > 2048 the kernel loads x with one strided
