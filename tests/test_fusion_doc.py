@@ -100,3 +100,18 @@ def test_the_pages_stay_short_and_name_no_issue():
         page = _page(name)
         assert len(page.splitlines()) <= 400, name
         assert not re.search(r"\bissues? #?\d", page, flags=re.I), name
+
+
+def test_the_layout_map_is_the_tree():
+    """docs/architecture.md opens with the package map: every line names a package or top-level module of
+    src/neuronmm_compiler that exists, and every package has a line."""
+    page = _page("architecture.md")
+    assert re.search(r"\A# [^\n]+\n\n(?:[^#\n][^\n]*\n)*\n## Layout\n", page), "'## Layout' is the first section"
+    section = page.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"^\| `([a-z_]+/|[a-z_]+\.py)` \| \S", section, flags=re.M)
+    package = ROOT / "src" / "neuronmm_compiler"
+    assert len(named) == len(set(named)) >= 30
+    for name in named:
+        assert (package / name).exists(), name
+    packages = {p.name + "/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    assert packages <= set(named), packages - set(named)
