@@ -1,6 +1,6 @@
 """Which kernels an export needs: the model's layers grouped by MLP format (dense or SVD ranks, bf16/fp32 or FP8
 weights), one kernel set per group, and where each group's kernel arguments come from (docs/integration.md,
-"Per-layer formats and FP8").
+"FP8 and per-layer formats").
 
 The source decides the groups:
 
