@@ -663,8 +663,8 @@ RULES: tuple[Rule, ...] = (
           _sdk(_RELNOTES, "Neuron Kernel Interface (NKI) (0.1.0) [2.27] (Neuron 2.27.0 Release)")),
          dialects=(Dialect.NKI,), sdk_max="2.28", checkable=True,
          note="Checked at the first 'import nki' line, like NKI-DIALECT-TRN1: the support matrix's lower bound of the "
-              "nki dialect (support.py), so nmmc verify --sdk 2.26 (or 2.27, 2.28) fails an nki-dialect file (issue "
-              "28, item 8). On 2.28 NKI-LANG-WRAPPERS names the calls NKI 0.2 lacks as well. The release notes number "
+              "nki dialect (support.py), so nmmc verify --sdk 2.26 (or 2.27, 2.28) fails an nki-dialect file. On "
+              "2.28 NKI-LANG-WRAPPERS names the calls NKI 0.2 lacks as well. The release notes number "
               "the nki package of 2.27 0.1.0 (Beta 2) where the migration table says 0.2.0; either way not 0.3."),
     Rule("NKI-LNC-DEGREE", "dialect", "a kernel compiled into a model graph has the graph's LNC degree (neuronx-cc "
          "defaults to LNC=2 on trn2 and later); from NKI 0.7 (SDK 2.33) the compiler rejects a mismatch "
