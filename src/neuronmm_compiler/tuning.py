@@ -166,12 +166,14 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
     once everything they need was computed: the report into a temporary directory, then the kernel
     file, the lockfile, the report files and last the result cache entry, so a failing command
     leaves none of them behind."""
+    from .dense_baseline import dense_baseline, with_nmmc_dense
     from .io import write_output
     from .report import tune_json, tune_lines
 
     check_tune_outputs(request, output=output, lock_path=lock_path, report_dir=report_dir)
-    tuned, from_cache, commit_svd = search_uncommitted(workload, request, echo)
-    tuned, commit_cache = _with_nmmc_dense(workload, tuned, commit_svd, request, echo)
+    with dense_baseline(workload, request, echo, search_uncommitted, store_searches) as dense:
+        tuned, from_cache, commit_svd = search_uncommitted(workload, request, echo)
+        tuned, commit_cache = with_nmmc_dense(workload, tuned, commit_svd, dense)
     if request.search.storage and tuned.search.study:
         record_study(workload, tuned, request)
     elif request.search.storage:
@@ -218,27 +220,6 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         rel = f"{report.rel_error:.3e}" if report.rel_error is not None else "n/a"
         echo(f"{status}: relative error {rel}" + (f"; {report.error}" if report.error else ""), err=output == "-")
     return report is None or report.ok
-
-
-def _with_nmmc_dense(workload: Workload, tuned: Tuned, commit: Callable[[], None], request: TuneRequest,
-                     echo: Echo) -> tuple[Tuned, Callable[[], None]]:
-    """For an SVD MLP (and an FP8 dense one: its bf16 twin), ``tuned`` with nmmc's own fused dense MLP among its
-    baselines, tuned the same way (same target, launch context, trials and seed; cached alike; no --storage study
-    of its own), and a commit writing both searches to the result cache; anything else unchanged."""
-    from .model_entries import dense_counterpart, with_dense_baseline
-
-    dense = dense_counterpart(workload)
-    if dense is None:
-        return tuned, commit
-    dense_request = replace(request, search=replace(request.search, storage=None, study_name=None, workers=1),
-                            progress_label="tuning nmmc's dense MLP (baseline)")
-    dense_tuned, _, commit_dense = search_uncommitted(dense, dense_request, echo)
-
-    def commit_both() -> None:
-        commit()
-        commit_dense()
-
-    return with_dense_baseline(tuned, dense_tuned, unquantized=not workload.svd), commit_both
 
 
 def _tune_bucket(workload: Workload, bucket: int, *, request: TuneRequest, buckets: int, echo: Echo) -> Tuned:

@@ -126,7 +126,8 @@ def search_settings(trials: int | None, seed: int, timeout: float | None, method
               help="Local worker processes sharing the study (needs --storage).")
 @click.option("--jobs", default=None, type=click.IntRange(min=1),
               help="With --model: searches (each bucket's compressed and dense MLP) run at once in this many worker "
-                   "processes; the files are those of --jobs 1 [default: the cores].")
+                   "processes; for an SVD MLP, its dense baseline is searched in a worker process beside it unless 1; "
+                   "the files are those of --jobs 1 [default: the cores].")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Also write plots of the search (history, parameter importance, roofline) and a summary to DIR.")
 @click.option("--lock", "lock_path", default=None, metavar="LOCKFILE",
