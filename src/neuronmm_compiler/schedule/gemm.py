@@ -17,6 +17,7 @@ but still positions the loads (order ``kmn`` with one K block keeps an A^T strip
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from itertools import permutations
@@ -222,27 +223,35 @@ def normalize(problem: GemmProblem, schedule: GemmSchedule, lnc: int = 1, pe_col
     an A^T tile of ``tile_m`` columns fitting a column tile of the ``pe_columns``-wide array, the target's
     ``gemm_stationary_fmax``; K in one block accumulated in a PSUM tile per output tile, no rotating copies), and to
     the target's ``max_column_tiles``."""
-    size = {"m": problem.m, "n": problem.n, "k": problem.k}
-    tile = {d: min(getattr(schedule, f"tile_{d}"), size[d]) for d in "mnk"}
-    per_block = {d: getattr(schedule, f"tiles_in_block_{d}") for d in "mnk"}
-    if lnc > 1 and schedule.lnc_split in ("m", "n"):
-        dim = schedule.lnc_split
-        tile[dim], per_block[dim] = _divisible(size[dim], tile[dim], per_block[dim], lnc)
-    counts = {d: -(-size[d] // tile[d]) for d in "mnk"}  # tile_counts of the clipped tiles
-    per_block = {d: min(per_block[d], counts[d]) for d in "mnk"}
-    order = schedule.loop_order
-    block_counts = {d: -(-counts[d] // per_block[d]) for d in "mnk"}
-    load_trips = max(block_counts[order[level]] for level in load_levels(order).values())
+    # plain locals, not per-dimension dicts: a search normalizes every schedule it meets (the GEMM space's size alone
+    # takes thousands, SearchSpace.distinct_size)
+    m, n, k = problem.m, problem.n, problem.k
+    tile_m, tile_n, tile_k = min(schedule.tile_m, m), min(schedule.tile_n, n), min(schedule.tile_k, k)
+    per_m, per_n, per_k = schedule.tiles_in_block_m, schedule.tiles_in_block_n, schedule.tiles_in_block_k
+    if lnc > 1 and schedule.lnc_split == "m":
+        tile_m, per_m = _divisible(m, tile_m, per_m, lnc)
+    elif lnc > 1 and schedule.lnc_split == "n":
+        tile_n, per_n = _divisible(n, tile_n, per_n, lnc)
+    count_m, count_n, count_k = -(-m // tile_m), -(-n // tile_n), -(-k // tile_k)  # tile_counts of the clipped tiles
+    per_m, per_n, per_k = min(per_m, count_m), min(per_n, count_n), min(per_k, count_k)
+    blocks = {"m": -(-count_m // per_m), "n": -(-count_n // per_n), "k": -(-count_k // per_k)}
+    load_trips = max(blocks[dim] for dim in _load_dims(schedule.loop_order))
     copies = min(schedule.operand_buffers, load_trips)
-    held = schedule.accumulate == "psum" and counts["k"] > per_block["k"]
-    psum_buffers = 0 if held else min(schedule.psum_buffers, per_block["m"] * per_block["n"])
-    per_tile = schedule.accumulate == "psum" and counts["k"] == per_block["k"] and psum_buffers == 0
+    held = schedule.accumulate == "psum" and count_k > per_k
+    psum_buffers = 0 if held else min(schedule.psum_buffers, per_m * per_n)
+    per_tile = schedule.accumulate == "psum" and count_k == per_k and psum_buffers == 0
     asked = min(schedule.column_tiles, max_column_tiles)
-    columns = usable_column_tiles(asked, tile["m"], counts["k"], pe_columns) if per_tile else 1
+    columns = usable_column_tiles(asked, tile_m, count_k, pe_columns) if per_tile else 1
     # one replace (each costs microseconds, and an exhaustive search normalizes every point of its space)
-    return replace(schedule, tile_m=tile["m"], tile_n=tile["n"], tile_k=tile["k"], tiles_in_block_m=per_block["m"],
-                   tiles_in_block_n=per_block["n"], tiles_in_block_k=per_block["k"],
+    return replace(schedule, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, tiles_in_block_m=per_m,
+                   tiles_in_block_n=per_n, tiles_in_block_k=per_k,
                    operand_buffers=copies if copies >= 2 else 0, psum_buffers=psum_buffers, column_tiles=columns)
+
+
+@functools.cache
+def _load_dims(loop_order: str) -> tuple[str, ...]:
+    """The block loops the operand loads sit in (:func:`load_levels`), as dimensions."""
+    return tuple(loop_order[level] for level in load_levels(loop_order).values())
 
 
 def normalize_on(problem: GemmProblem, schedule: GemmSchedule, target: Target) -> GemmSchedule:

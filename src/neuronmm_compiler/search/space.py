@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -156,11 +157,11 @@ class SearchSpace:
         through: the distinct combinations of the coupled ones times the product of the others' candidate counts."""
         names = [name for name in self.candidates if name in coupled]
         others = math.prod(len(values) for name, values in self.candidates.items() if name not in coupled)
-        first = {name: values[0] for name, values in self.candidates.items()}
+        first = {name: values[0] for name, values in self.candidates.items() if name not in coupled}
+        coupled_part = operator.attrgetter(*names)  # a tuple of the coupled values (for one name: the value)
         seen = set()
         for values in itertools.product(*(self.candidates[name] for name in names)):
-            schedule = normalize(self.decode({**first, **dict(zip(names, values, strict=True))}))
-            seen.add(tuple(getattr(schedule, name) for name in names))
+            seen.add(coupled_part(normalize(self.schedule(**first, **dict(zip(names, values, strict=True))))))
         return len(seen) * others
 
     @cached_property
