@@ -131,7 +131,7 @@ def choice(value: str, accepted: dict[str, Any] | tuple[str, ...], what: str) ->
 
 
 WORKLOAD_KEYS = ("graph", "dims", "shape", "rank", "keep_ratio", "mlp", "tokens", "hidden", "intermediate", "ranks",
-                 "dense", "dtype", "a_layout", "fuse_norm", "residual", "norm_eps", "fold_gamma")
+                 "dense", "dtype", "a_layout", "fuse_norm", "residual", "norm_eps", "fold_gamma", "act_scale")
 #: The MLP prologue's options (frontends/prologue.py), which only --mlp takes.
 PROLOGUE_KEYS = ("fuse_norm", "residual", "norm_eps", "fold_gamma")
 
@@ -175,6 +175,8 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "fp8_e5m2 or (trn3) fp8_e4m3fn: FP8 weights, per-channel scales, activations per tensor "
                           "(docs/fp8.md; MX formats are not supported). With tune "
                           "--model: the formats to choose among, e.g. bf16,fp8 ({dense, SVD} x those; docs/fp8.md)."),
+        click.option("--act-scale", default=None, callback=lowercase_name, metavar="static|row", help="FP8 activation "
+                     "scales: static (default: one per tensor, an input) or row (per token, in-kernel; docs/fp8.md)."),
         click.option("--a-layout", default="mk", show_default=True, callback=lowercase_name,
                      help="How A (or X) is stored in HBM: mk = row-major [M,K] (activations), km = transposed "
                           "[K,M]."),
@@ -206,7 +208,7 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
         raise InputError("--dim binds dimensions of a --graph file")
     dtype = canonical_dtype(o["dtype"])
     layout = choice(o["a_layout"], A_LAYOUTS, "A layout")
-    fp8 = fp8_request(o["dtype"], dtype, o["mlp"])
+    fp8 = fp8_request(o["dtype"], dtype, o["mlp"], o["act_scale"] or "static")
     dtype = "bfloat16" if fp8 else dtype
     if o["mlp"]:
         if o["shape"]:

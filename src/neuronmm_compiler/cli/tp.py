@@ -68,6 +68,9 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
     if any(kw.get(key) not in (None, False) for key in PROLOGUE_KEYS):
         raise InputError("--fuse-norm/--residual are not sharded by --tp yet (docs/fusion.md, 'The norm prologue'); "
                          "drop them or --tp")
+    if kw.get("act_scale") not in (None, "static"):
+        raise InputError("--act-scale row is not sharded by --tp yet: a rank's shard of h holds part of each token's "
+                         "values, so its maximum is not the token's (docs/fp8.md); drop one of them")
     if kw.get("model"):
         options = {key: kw[key] for key in WORKLOAD_KEYS}
         ok = commands.run_model_tp(kw["model"], options, tp, target, dialect, kernel_fn, strategy=strategy,

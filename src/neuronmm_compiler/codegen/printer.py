@@ -10,7 +10,8 @@ rotating PSUM copy, ``accumulate=False`` in 0.3+), and loops are
 ``nl.affine_range`` (independent), ``nl.sequential_range`` (loop-carried partial sums) or
 ``nl.static_range`` (a loop whose variable sizes a ragged tile, picks a rotating copy or indexes a list of
 PSUM tiles, so it must be unrolled at trace time). In both, sizes a lowering named
-(:class:`~neuronmm_compiler.kernel_ir.expr.Named`) print by name, declared at the kernel's top.
+(:class:`~neuronmm_compiler.kernel_ir.expr.Named`) print by name, declared at the kernel's top. The module is a little
+longer than the 400-line guideline: one branch per statement kind of the subset in each dialect, kept side by side.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from ..kernel_ir.program import (
     SendRecv,
     Span,
     Stmt,
+    TensorReduce,
     TensorScalar,
+    TensorScalarReduce,
     TensorTensor,
     refs_of,
     walk,
@@ -268,6 +271,12 @@ class NkiPrinter(_Printer):
                       else f", op1={NL_OPS[stmt.op1]}, operand1={_operand(stmt.operand1)}")
             self.emit(depth, f"nisa.tensor_scalar(dst={stmt.dst.code()}, data={stmt.src.code()}, "
                              f"op0={NL_OPS[stmt.op0]}, operand0={_operand(stmt.operand0)}{second})")
+        elif isinstance(stmt, TensorScalarReduce):  # a per-token absolute maximum (lowerings/row_scales.py)
+            self.emit(depth, f"nisa.tensor_scalar_reduce(dst={stmt.dst.code()}, data={stmt.src.code()}, op0=nl.abs, "
+                             f"operand0=0.0, reduce_op=nl.maximum, reduce_res={stmt.reduce_res.code()})")
+        elif isinstance(stmt, TensorReduce):
+            self.emit(depth, f"nisa.tensor_reduce(dst={stmt.dst.code()}, op=nl.maximum, data={stmt.src.code()}, "
+                             "axis=1)")
         elif isinstance(stmt, Memset):
             self.emit(depth, f"nisa.memset(dst={stmt.dst.code()}, value={_operand(stmt.value)})")
         elif isinstance(stmt, SendRecv):

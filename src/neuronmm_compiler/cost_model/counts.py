@@ -32,7 +32,9 @@ from ..kernel_ir.program import (
     Ref,
     SendRecv,
     Stmt,
+    TensorReduce,
     TensorScalar,
+    TensorScalarReduce,
     TensorTensor,
     instruction_counts,
 )
@@ -219,6 +221,21 @@ def _add_norm_op(counts: ProgramCounts, stmt: ActivationReduce | BnStats | BnAgg
         counts.vector_cycles += cycles
 
 
+def _add_reduction(counts: ProgramCounts, stmt: TensorScalarReduce | TensorReduce, env: Mapping[str, int], mult: int,
+                   params: ModelParams, pe_columns: int | None) -> None:
+    # a per-token absolute maximum (lowerings/row_scales.py): one VectorEngine pass over each partition's elements of
+    # the source, as one tensor_scalar (the reduction rides on it: "at a small additional performance cost",
+    # nki.isa.tensor_scalar_reduce; not separately priced, no page gives it); a source in PSUM is an eviction of it
+    _, free = _free(stmt.src, env)
+    cycles = mult * _engine_cycles(free, 1, params)
+    counts.vector_cycles += cycles
+    if stmt.src.buffer.memory == "psum":
+        use = _psum_use(counts, stmt.src.buffer.name)
+        use.evictions += mult
+        use.vector_cycles += cycles
+        counts.psum_evictions += mult
+
+
 def _add_alloc(counts: ProgramCounts, stmt: Alloc, env: Mapping[str, int], mult: int, params: ModelParams,
                pe_columns: int | None) -> None:
     if stmt.buffer.memory == "psum":
@@ -255,7 +272,8 @@ _Adder = Callable[[ProgramCounts, Any, Mapping[str, int], int, ModelParams, int 
 _ADDERS: dict[type, _Adder] = {
     DmaCopy: _add_dma, Matmul: _add_matmul, PeTranspose: _add_pe_transpose, Copy: _add_engine_op,
     TensorTensor: _add_engine_op, Activation: _add_engine_op, ActivationReduce: _add_norm_op, BnStats: _add_norm_op,
-    BnAggr: _add_norm_op, TensorScalar: _add_norm_op, Memset: _add_norm_op, Alloc: _add_alloc,
+    BnAggr: _add_norm_op, TensorScalar: _add_norm_op, TensorScalarReduce: _add_reduction, TensorReduce: _add_reduction,
+    Memset: _add_norm_op, Alloc: _add_alloc,
     SendRecv: _add_sendrecv, Comment: _add_nothing,
 }
 
@@ -287,7 +305,8 @@ def count_program(program: Program, params: ModelParams, env: Mapping[str, int] 
     return counts
 
 
-ENGINE_WORK = (Matmul, PeTranspose, Copy, TensorTensor, Activation, ActivationReduce, BnStats, BnAggr, TensorScalar)
+ENGINE_WORK = (Matmul, PeTranspose, Copy, TensorTensor, Activation, ActivationReduce, BnStats, BnAggr, TensorScalar,
+               TensorScalarReduce, TensorReduce)
 
 
 def _contains(loop: Loop, kinds: tuple[type, ...]) -> bool:

@@ -232,12 +232,17 @@ class Fp8Weights:
 
 
 
-def fp8_request(spelled: str, dtype: str, mlp: bool) -> Fp8Weights | None:
-    """The FP8 request of the command line's ``--dtype`` (``spelled``, canonical ``dtype``): an :class:`Fp8Weights`
-    with static activation scales for an FP8 ``dtype`` (``--mlp`` only), else None. Per-row activation scales
-    (``Fp8Weights(act_scale="row")``) exist at graph level only, so the command line does not offer them yet."""
+def fp8_request(spelled: str, dtype: str, mlp: bool, act_scale: str = "static") -> Fp8Weights | None:
+    """The FP8 request of the command line's ``--dtype`` (``spelled``, canonical ``dtype``) and ``--act-scale``: an
+    :class:`Fp8Weights` with ``act_scale`` activation scales (static, or row: per token, computed in the kernel) for an
+    FP8 ``dtype`` (``--mlp`` only), else None; ``--act-scale row`` without an FP8 ``dtype`` is an InputError."""
+    if act_scale not in FP8_ACT_SCALES:
+        raise InputError(f"--act-scale {act_scale!r}: accepted {', '.join(FP8_ACT_SCALES)}")
     if not is_fp8(dtype):
+        if act_scale != "static":
+            raise InputError(f"--act-scale {act_scale} scales the activations of FP8 matmuls: it goes with --dtype fp8 "
+                             "(or fp8_e5m2, fp8_e4m3fn; docs/fp8.md)")
         return None
     if not mlp:
         raise InputError(f"--dtype {spelled} (FP8 weights) goes with --mlp (docs/fp8.md)")
-    return Fp8Weights(dtype)
+    return Fp8Weights(dtype, act_scale=act_scale)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
-from . import ops, scale_units
+from . import ops, reductions, scale_units
 from . import perf_mode as perf_modes
 from .machine import (
     BFLOAT16,
@@ -232,6 +232,33 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
             steps = [(op0.name, operand0)] + ([(op1.name, operand1)] if op1 is not None else [])
             m.units.tensor_scalar(out, data, steps, "nisa.tensor_scalar")
 
+    @api("nisa.tensor_scalar_reduce", m)
+    def tensor_scalar_reduce(dst: Any, data: Any, op0: Any, operand0: Any, reduce_op: Any, reduce_res: Any) -> None:
+        out = ops.on_chip(dst, "nisa.tensor_scalar_reduce dst")
+        res = ops.on_chip(reduce_res, "nisa.tensor_scalar_reduce reduce_res")
+        result, total = reductions.tensor_scalar_reduce(m, data, op0, operand0, reduce_op, "nisa.tensor_scalar_reduce")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.tensor_scalar_reduce: dst shape {list(out.shape)} != data shape "
+                              f"{list(result.shape)}")
+        if res.shape != total.shape:
+            raise KernelError(f"nisa.tensor_scalar_reduce: reduce_res must be [{total.shape[0]}, 1] (one value per "
+                              f"partition of data), got {list(res.shape)}")
+        write(out, result)
+        write(res, total)
+        if m.units is not None:
+            m.units.absmax(out, res, data, "nisa.tensor_scalar_reduce")
+
+    @api("nisa.tensor_reduce", m)
+    def tensor_reduce(dst: Any, op: Any, data: Any, axis: Any) -> None:
+        out = ops.on_chip(dst, "nisa.tensor_reduce dst")
+        result = reductions.tensor_reduce(m, op, data, axis, "nisa.tensor_reduce")
+        if out.shape != result.shape:
+            raise KernelError(f"nisa.tensor_reduce: dst must be [{result.shape[0]}, 1] (one value per partition), "
+                              f"got {list(out.shape)}")
+        write(out, result)
+        if m.units is not None:
+            m.units.reduce(out, data, "nisa.tensor_reduce")
+
     @api("nisa.memset", m)
     def memset(dst: Any, value: Any) -> None:
         out = ops.on_chip(dst, "nisa.memset dst")
@@ -247,7 +274,8 @@ def isa_attrs(m: Machine) -> dict[str, Any]:
         "nc_transpose": nc_transpose, "tensor_copy": tensor_copy, "tensor_tensor": tensor_tensor,
         "activation": activation, "memset": memset, "sendrecv": sendrecv,
         "activation_reduce": activation_reduce, "bn_stats": bn_stats, "bn_aggr": bn_aggr,
-        "tensor_scalar": tensor_scalar, "matmul_perf_mode": perf_modes.MATMUL_PERF_MODE,
+        "tensor_scalar": tensor_scalar, "tensor_scalar_reduce": tensor_scalar_reduce, "tensor_reduce": tensor_reduce,
+        "matmul_perf_mode": perf_modes.MATMUL_PERF_MODE,
     }
 
 
@@ -283,7 +311,7 @@ def lnc_attrs(m: Machine) -> dict[str, Any]:
 
 def build_modules(m: Machine) -> dict[str, StandInModule]:
     """The ``nki``, ``nki.language``, ``nki.isa`` and ``nki.lnc`` stand-ins bound to ``m``."""
-    language = StandInModule("nki.language", language_attrs(m))
+    language = StandInModule("nki.language", {**language_attrs(m), **reductions.unary_ops()})
     isa = StandInModule("nki.isa", isa_attrs(m))
     lnc = StandInModule("nki.lnc", lnc_attrs(m))
     top = StandInModule("nki", {"jit": jit, "language": language, "isa": isa, "lnc": lnc})

@@ -268,6 +268,30 @@ class ScaleUnits:
         for dst in dsts:
             set_units(dst, u)
 
+    def absmax(self, dst: Tensor, reduce_res: Tensor, data: Tensor, what: str) -> None:
+        """A per-token absolute maximum (tensor_scalar_reduce abs, maximum): ``dst = |data|`` keeps the units; the
+        maximum is the start of a row scale computed on chip, which the quantized graph gives a unit of its own
+        (``row_scale``, ir/quantized.py): here the unit of the tile it is reduced into, by that tile's name, so the
+        programs of a logical core and every token block agree on it. ``data`` must be in the graph's own units."""
+        u = units_of(data)
+        self._scalar_free(u, f"{what} reads {data.describe()}, scaled by {{}}; a row scale is the maximum of values "
+                             "in the quantized graph's own units")
+        set_units(dst, u)
+        name = f"row scale {reduce_res.alloc.name}"
+        weight = self.weights.setdefault(name, _weight(name))
+        self.quantized.add((-weight) & MASK)
+        set_units(reduce_res, weight)
+
+    def reduce(self, dst: Tensor, data: Tensor, what: str) -> None:
+        """A maximum along the free axis: every element reduced carries the same units, the result's."""
+        u = units_of(data)
+        if isinstance(u, np.ndarray):
+            flat = u.reshape(u.shape[0], -1)
+            for col in range(1, flat.shape[1]):
+                self._match(flat[:, 0], flat[:, col], f"{what} over {data.describe()}")
+            u = flat[:, :1]
+        set_units(dst, u)
+
     def statistics(self, dst: Tensor, data: Tensor, what: str) -> None:
         self._scalar_free(units_of(data), f"{what} reads {data.describe()}, scaled by {{}}; statistics read values "
                                           "in the quantized graph's own units")

@@ -295,6 +295,27 @@ class TensorScalar:
 
 
 @dataclass(frozen=True)
+class TensorScalarReduce:
+    """``dst = |src|`` on the VectorEngine and ``reduce_res[p, 0] = max(dst[p, :])`` in the same instruction
+    (nki.isa.tensor_scalar_reduce with ``op0=nl.abs``, ``reduce_op=nl.maximum``): the absolute maximum of each
+    partition's elements, a token's when tokens are on the partitions (a per-token FP8 scale, docs/fp8.md).
+    ``reduce_res`` is ``[P, 1]``; ``dst`` is written and not read (the instruction has one)."""
+
+    dst: Ref
+    src: Ref
+    reduce_res: Ref
+
+
+@dataclass(frozen=True)
+class TensorReduce:
+    """``dst[p, 0] = max(src[p, :])`` along the free axis on the VectorEngine (nki.isa.tensor_reduce, ``op=nl.maximum``,
+    ``axis=1``); ``dst`` is ``[P, 1]``."""
+
+    dst: Ref
+    src: Ref
+
+
+@dataclass(frozen=True)
 class Memset:
     """Fill an on-chip region with a constant (nki.isa.memset), e.g. the ``eps`` column a norm adds."""
 
@@ -338,7 +359,7 @@ class Comment:
 
 
 Stmt = (Alloc | DmaCopy | Matmul | PeTranspose | Copy | TensorTensor | Activation | ActivationReduce | BnStats | BnAggr
-        | TensorScalar | Memset | SendRecv | Loop | Comment)
+        | TensorScalar | TensorScalarReduce | TensorReduce | Memset | SendRecv | Loop | Comment)
 
 
 @dataclass

@@ -41,10 +41,17 @@ if TYPE_CHECKING:
     from ..cost_model.footprint import Footprint
 
 
+def row_scaled(workload: Workload) -> bool:
+    """True for an FP8 MLP whose activations are scaled per token in the kernel (``--act-scale row``)."""
+    fp8 = getattr(workload, "fp8", None)
+    return fp8 is not None and fp8.act_scale == "row"
+
+
 def splittable(workload: Workload) -> bool:
-    """True when ``mlp=split`` changes anything: a matmul reads an elementwise result (the MLP's h)."""
+    """True when ``mlp=split`` changes anything: a matmul reads an elementwise result (the MLP's h); not with per-token
+    activation scales, computed in the kernel that quantizes with them (passes/legality.py, rule 'row scale')."""
     if not isinstance(workload, GraphWorkload):
-        return isinstance(workload, MlpWorkload)
+        return isinstance(workload, MlpWorkload) and not row_scaled(workload)
     graph = workload.graph()
     return any(n.kind == NodeKind.MATMUL and graph.node(n.operands[0]).kind == NodeKind.ELEMENTWISE
                for n in graph.nodes())
@@ -199,6 +206,10 @@ class FusedLowering(Lowering):
         if chosen.weight_dma == "block" and dialect != Dialect.NKI:
             raise ScheduleError("weight_dma=block loads a weight block in one DMA through an access pattern (.ap), "
                                 "documented for the nki dialect (NKI 0.2+) only; use --dialect nki, or weight_dma=row")
+        if chosen.mlp == "split" and row_scaled(workload):
+            raise ScheduleError("mlp=split hands h to a second kernel through HBM; per-token activation scales "
+                                "(--act-scale row) are computed in the kernel that quantizes and dequantizes with "
+                                "them: use mlp=whole (docs/fp8.md)")
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")

@@ -139,6 +139,11 @@ class Epilogues(FusedState):
         for node in group.tree:
             dst = result if node is root else Ref(temps[node.id], (span(0, rows), span(0, cols)))
             op = ElementwiseOp(node.attrs["op"])
+            prefold = self._prefold(node, values, dst)
+            if prefold is not None:  # a dequantization the activation reading it finishes with its scale=
+                out += prefold[0]
+                deferred[node.id] = prefold[1]
+                continue
             fold = self.folds.get(node.id)
             if fold is not None and fold.activation is not None:  # applied by the activation's scale=
                 deferred[node.id] = (values[node.operands[0]], values[fold.key])
@@ -166,6 +171,12 @@ class Epilogues(FusedState):
                 out.append(TensorTensor(dst, ops[0], ops[1], op))
             values[node.id] = dst
         return out
+
+    def _prefold(self, node: Node, values: dict[str, Ref], dst: Ref) -> tuple[list[Stmt], tuple[Ref, Ref]] | None:
+        """(statements, (source, scale)) when ``node`` is a dequantization whose reader, a ScalarE function, applies
+        its last scale with its ``scale=`` after the statements wrote the rest into ``source`` (``dst``); None
+        otherwise (here always: lowerings/row_scales.py has the ones of per-token scales)."""
+        return None
 
     def _fp8_op(self, node: Node, op: ElementwiseOp, dst: Ref, ops: list[Ref], scratch: Ref) -> list[Stmt]:
         """``quantize``: ``(x / scale) min max`` into fp32 scratch, then ``max -max`` into the FP8 tile (a clamp
@@ -213,7 +224,7 @@ class Epilogues(FusedState):
                         *self._scale_columns(name, hbm, buf, n, self._combining_ops(fold, pmax) if fold else None)]
                 if fold:
                     self.scale_bufs[(fold.key, "col")] = buf
-            if Orient.NORMAL in orients:
+            if Orient.NORMAL in orients or self._stationary_reader(sid):
                 rows = self.tok.tile
                 buf = self.scale_bufs[(sid, "row")] = Buffer(f"{name}_row", (rows, n), "float32", "sbuf")
                 out += [Alloc(buf, comment=f"{name} along the free axis, on every token partition"),
@@ -223,6 +234,11 @@ class Epilogues(FusedState):
             if fold.dequantize.operands[2] not in on_eviction:
                 out += self._combined_column(fold)
         return out
+
+    def _stationary_reader(self, scale_id: str) -> bool:
+        """Whether a group computed with the activations stationary reads scale input ``scale_id`` (then also loaded
+        as rows; lowerings/row_scales.py overrides it: only row-scaled groups are)."""
+        return False
 
     def _combined_on_eviction(self, fold: ScaleFold) -> bool:
         w_scale = fold.dequantize.operands[2]

@@ -95,8 +95,8 @@ class OperandLoads(FusedState):
             node = self.nodes[node_id]
             dtype = node.dtype if is_fp8(node.dtype) else self.dtype
             users = self._users(node_id)
-            if node.kind != NodeKind.INPUT and users and all(
-                    u.kind == NodeKind.ELEMENTWISE and u.attrs["op"] == ElementwiseOp.QUANTIZE for u in users):
+            if node.kind != NodeKind.INPUT and users and all(u.kind == NodeKind.ELEMENTWISE and u.attrs["op"] in (
+                    ElementwiseOp.QUANTIZE, ElementwiseOp.ROW_SCALE) for u in users):
                 dtype = "float32"
             self.strips[node_id] = Buffer(f"{node_id}_strip", shape, dtype, "sbuf")
         return self.strips[node_id]
@@ -196,9 +196,12 @@ class OperandLoads(FusedState):
         tsz = tok.tile_size(tg)
         rows = Buffer(f"{inp.attrs['name']}_rows", (tok.tile, k), inp.dtype, "sbuf")
         tp = Buffer(f"{inp.attrs['name']}_tpsum", (kdim.tile, tok.tile), inp.dtype, "psum")
+        out += self.alloc_row_parts(inp, 1)
         body: list[Stmt] = [
             Alloc(rows, comment="tokens on partitions, as stored"),
             DmaCopy(Ref(rows, (span(0, tsz), span(0, k))), Ref(hbm, (span(tok.tile_start(tg), tsz), span(0, k)))),
+            # a per-token FP8 scale's maxima, reduced on the rows before their transposes (lowerings/row_scales.py)
+            *self.row_parts_from_rows(inp, Ref(rows, (span(0, tsz), span(0, k))), Lin(0), tt),
             *loop("kt", Lin(kdim.tiles), kdim.tiles, [
                 Alloc(tp),
                 PeTranspose(Ref(tp, (span(0, ksz), span(0, tsz))), Ref(rows, (span(0, tsz), span(k0, ksz)))),

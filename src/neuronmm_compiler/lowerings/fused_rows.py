@@ -87,8 +87,9 @@ class RowMajorGroups(OperandLoads):
         per_tile, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz, row_major=True,
                                             result=result)
         values.update(self.scale_refs(group, tsz, odim.tile_start(g), nsz))
+        values.update(self.row_scale_refs(group, tsz, tsz, tt))
         for op in group.operands:
-            if op.id in self.scales:
+            if self._is_scale_operand(op.id):
                 continue
             buf = Buffer(f"{op.attrs['name']}_rowtile", (tok.tile, tile_n), op.dtype, "sbuf")
             dst = Ref(buf, (span(0, tsz), span(0, nsz)))
@@ -127,7 +128,7 @@ class RowMajorGroups(OperandLoads):
         projection accumulates a 4096-column output tile across its 128-row weight slabs
         (aws-neuron/nki-library@d2ad3a57: src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py:125-198)."""
         s = self.s
-        hbm_operands = [op for op in group.operands if op.id not in self.scales]
+        hbm_operands = [op for op in group.operands if not self._is_scale_operand(op.id)]
         asked = s.row_k_tiles or s.k_tiles_per_block
         if (asked <= 0 or tok.tiles_in_block != 1 or tok is not self.tok or reducing or flipped
                 or hbm_operands or len(group.terms) != 1 or len(group.terms[0].matmuls) != 1):
@@ -169,7 +170,8 @@ class RowMajorGroups(OperandLoads):
                                             loop("kt", kdim.tiles_in(kblk), kb, [mmul]))]
         rows = Buffer(f"{name}_rows", (tok.tile, odim.block_elems), out_dtype, "sbuf")
         result = Ref(rows, (span(0, tsz), span(scale(bn, odim.tile), nsz)))
-        values = {group.terms[0].node.id: dst, **self.scale_refs(group, tsz, odim.tile_start(g), nsz)}
+        values = {group.terms[0].node.id: dst, **self.scale_refs(group, tsz, odim.tile_start(g), nsz),
+                  **self.row_scale_refs(group, tsz, tsz, Lin(0))}
         evict = self._evaluated(group, values, result, (tok.tile, odim.tile), (tsz, nsz))
         store = [DmaCopy(Ref(hbm, (span(tok.tile_start(mb), tsz), span(odim.block_start(ob), cols))),
                          Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]

@@ -58,7 +58,8 @@ class TokenStationaryGroups(OperandLoads):
         bn = iv("bn", odim.tiles_in_block)
         g = odim.tile_index(ob, bn)
         nsz = odim.tile_size(g)
-        rows = Buffer(f"{root.id}_rows", (tok.tile, tile_n), self.dtype, "sbuf")
+        parts = self.alloc_row_parts(root, odim.tiles)
+        rows = Buffer(f"{root.id}_rows", (tok.tile, tile_n), strip.dtype, "sbuf")
         result = Ref(rows, (span(0, tsz), span(0, nsz)))
         per_tile: list[Stmt] = [Alloc(rows, comment=f"one output tile of {root.id}, tokens on partitions")]
         if kb:
@@ -68,12 +69,15 @@ class TokenStationaryGroups(OperandLoads):
             matmuls, values = self._term_tiles(group, sources, odim, g, scale(bn, tile_n), nsz, tt, tsz,
                                                row_major=True, result=result)
             per_tile += matmuls
+        values.update(self.stationary_scale_refs(group, tsz, odim.tile_start(g), nsz, tt))
         per_tile += self._evaluated(group, values, result, (tok.tile, tile_n), (tsz, nsz))
+        per_tile += self.row_parts_from_rows(root, result, g, tt)  # a per-token FP8 scale's maxima (row_scales.py)
         per_tile += self._transpose_into_strip(rows, strip, cdim, g, tt, tsz)
         how = f"; {TOKEN_STATIONARY}" if group.tree else ""  # a group without an epilogue says it in its description
         body = loads + loop("tt", tok.tiles_in(mb), tok.tiles_in_block,
                             loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile))
         return [Alloc(strip, comment=f"{root.id}^T strip of this token block, kept in SBUF"),
+                *parts,
                 Comment(f"{self._describe_group(group)}{how}; {tile_n} weight columns per matmul"
                         + (f", weight rows in blocks of {kb} K tiles" if kb else "")),
                 *loop("o_blk", Lin(odim.blocks), odim.blocks, body)]

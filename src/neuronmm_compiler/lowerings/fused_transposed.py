@@ -107,8 +107,9 @@ class TransposedGroups(TokenStationaryGroups):
             result = Ref(out_strip, (span(0, nsz), Point(g), span(0, bm)))
             store = []
         operands = {op.id: Ref(self.strips[op.id], (span(0, nsz), Point(g), span(0, bm))) for op in group.operands
-                    if op.id not in self.scales}
+                    if not self._is_scale_operand(op.id)}
         operands.update(self.scale_refs(group, nsz, g))
+        operands.update(self.row_scale_refs(group, nsz, bm, Lin(0)))
         block: list[Stmt] = []
         if kb:
             values, accumulate = self._k_blocked_matmuls(group, fdim, fb, ft, nsz, bm, kb)
@@ -149,10 +150,14 @@ class TransposedGroups(TokenStationaryGroups):
         """Whether ``group`` is computed with the activations stationary (:mod:`.fused_stationary`): asked for by the
         schedule, and a group of matmuls whose epilogue reads only its terms (no operand strip, no FP8 scale: those
         are held feature-major), in BF16/FP32, kept in SBUF (a value stored to HBM streams its tiles from the
-        feature-major form), and computed whole by each program of a logical core (no divided features)."""
-        if self.s.stationary != "tokens" or not group.matmuls or group.operands or self._stored(group.root):
+        feature-major form), and computed whole by each program of a logical core (no divided features). An FP8 group
+        only where its activations are scaled per token (--act-scale row: its dequantizations read each token's scale
+        as a per-partition column of the rows, lowerings/row_scales.py), the scales then its only operands."""
+        if self.s.stationary != "tokens" or not group.matmuls or self._stored(group.root):
             return False
-        if any(is_fp8(self._weight(mm).dtype) for mm in group.matmuls):
+        if any(not self._is_scale_operand(op.id) for op in group.operands):
+            return False
+        if any(is_fp8(self._weight(mm).dtype) for mm in group.matmuls) and not self._row_scaled(group):
             return False
         return not self._divides_features(group)
 
@@ -276,8 +281,9 @@ class TransposedGroups(TokenStationaryGroups):
         body: list[Stmt] = []
         sums = {t: Ref(held, (span(0, ftile), Point(add(nt, base + i * ntiles)), span(0, bm)))
                 for i, t in enumerate(terms)}
-        sums.update({op.id: Ref(self.strips[op.id], at) for op in group.operands if op.id not in self.scales})
+        sums.update({op.id: Ref(self.strips[op.id], at) for op in group.operands if not self._is_scale_operand(op.id)})
         sums.update(self.scale_refs(group, Lin(ftile), nt))
+        sums.update(self.row_scale_refs(group, Lin(ftile), bm, Lin(0)))
         temps = {node.id: Buffer(f"{node.id}_f32", (ftile, s.tokens_per_block), "float32", "sbuf")
                  for node in group.tree if node is not root}
         body += [Alloc(b) for b in temps.values()]

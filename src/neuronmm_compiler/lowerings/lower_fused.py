@@ -50,7 +50,6 @@ from ..kernel_ir.prune import drop_unused_allocs
 from ..passes.legality import check_kernel
 from ..schedule.fused import FusedSchedule, normalize_on
 from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
-from .fused_epilogue import Epilogues
 from .fused_groups import Group, Term, read_groups
 from .fused_prologue import NormPrologue
 from .fused_rows import RowMajorGroups
@@ -58,6 +57,7 @@ from .fused_stationary import TOKEN_STATIONARY
 from .fused_tokens import token_dim, token_rows
 from .fused_transposed import TransposedGroups
 from .limits import named_limits
+from .row_scales import RowScales, is_row_scale
 
 if TYPE_CHECKING:
     from ..targets import Target
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 __all__ = ["divided_fused_kernel", "finish_fused_kernel", "lower_fused_kernel"]
 
 
-class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
+class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
     def __init__(self, graph: Graph, schedule: FusedSchedule, target: Target, name: str):
         self.g = graph
         self.name = name
@@ -83,9 +83,12 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
         self.prologues = [g for g in groups if g.root.kind == NodeKind.NORM]
         self.group_list = [g for g in groups if g.root.kind != NodeKind.NORM]
         self.tokens = compute[0].shape[0] if compute else copied[0].shape[0]
-        # the scale inputs of quantize/dequantize nodes: loaded once, as per-partition columns or broadcast rows
+        # the scale inputs of quantize/dequantize nodes: loaded once, as per-partition columns or broadcast rows; the
+        # per-token scales computed in the kernel (row_scale) apart (row_scales.py)
         self.scales = {o: self.nodes[o] for n in compute if n.kind == NodeKind.ELEMENTWISE
-                       and ElementwiseOp(n.attrs["op"]).scaled for o in n.operands[1:]}
+                       and ElementwiseOp(n.attrs["op"]).scaled for o in n.operands[1:]
+                       if self.nodes[o].kind == NodeKind.INPUT}
+        self._init_row_scales(compute)
         self.folds = {}
         aliases = graph.hbm_aliases
         s = normalize_on(schedule, self.tokens, target)
@@ -99,7 +102,8 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
         tokens = self.tokdim.count if traced(self.tokdim.count) else None
         # the kernel's dtype: its values' (an FP8 kernel's quantized values and fp32 accumulators aside, docs/fp8.md)
         self.dtype = next((n.dtype for n in compute if n.dtype in ("bfloat16", "float32") and not (
-            n.kind == NodeKind.MATMUL and is_fp8(self.nodes[n.operands[0]].dtype))), (compute or copied)[0].dtype)
+            n.kind == NodeKind.MATMUL and is_fp8(self.nodes[n.operands[0]].dtype)) and not is_row_scale(n)),
+            (compute or copied)[0].dtype)
         self.dtype_bytes = DTYPE_BYTES[self.dtype]
 
         def hbm(n: Node, name: str) -> Buffer:
@@ -257,6 +261,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
         body += self.cached_weights()
         body += self.prologue_constants()
         body += self.scale_constants()
+        body += self.row_scale_constants()
         # the blocks of the bucket: a loop divided between programs stays a loop when each runs it once, as
         # kernel_ir/lnc.py's distribute leaves it (buffers used in it stay live across it)
         blocks = tok.blocks * (self.target.lnc if self.tokdim.divided else 1)
@@ -271,8 +276,11 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, Epilogues):
                 block += self.reduced_groups(batch, mb)
             else:
                 group = batch[0]
-                block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
-                          else self.row_major_group(group, mb))
+                if is_row_scale(group.root):
+                    block += self.row_scale_group(group, mb)
+                else:
+                    block += (self.transposed_group(group, mb) if group.orient == Orient.TRANSPOSED
+                              else self.row_major_group(group, mb))
         if block and self.tokdim.divided:  # each program its share of the tokens (fused_tokens.py)
             body += loop("m_blk", tok.block_trip(), blocks, block,
                          comment="blocks of tokens (2 programs: each T_MINE tokens from T_HALF * pid)")

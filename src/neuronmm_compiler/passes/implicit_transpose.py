@@ -16,19 +16,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..ir.graph import Graph
-from ..vocab import Layout, NodeKind, Orient
+from ..ir.graph import Graph, Node
+from ..vocab import ElementwiseOp, Layout, NodeKind, Orient
 from .base import Pass, register_pass
+
+
+def is_row_scale(node: Node) -> bool:
+    """True for a ``row_scale`` node: a value's per-token FP8 scale computed on chip (docs/fp8.md)."""
+    return node.kind == NodeKind.ELEMENTWISE and node.attrs.get("op") == ElementwiseOp.ROW_SCALE
 
 
 def required_orients(graph: Graph) -> dict[str, Orient]:
     """The ``orient`` each compute node should get (see :class:`ImplicitTranspose`), by node id."""
     orient: dict[str, Orient] = {}
     for node in reversed(graph.compute_nodes()):  # users before the values they read
+        if is_row_scale(node):  # one value per token, a column (tokens on partitions), whoever reads it
+            orient[node.id] = Orient.NORMAL
+            continue
         wants: set[Orient] = set()
         read_as_rhs = False
         for user_id in graph.users(node.id):
             user = graph.node(user_id)
+            if is_row_scale(user):  # reduces each token's values in whichever layout the value is held
+                continue
             positions = [index for index, operand in enumerate(user.operands) if operand == node.id]
             if user.kind == NodeKind.MATMUL:
                 read_as_rhs |= 1 in positions
@@ -64,6 +74,9 @@ class ImplicitTranspose(Pass):
       consumers that wanted it transposed; none of the built-in graphs (GEMM, SVD chain, SVD and
       dense MLP) hits this case.
     - a value read by no one (dead; canonicalize removes those) is ``normal``.
+    - a ``row_scale`` (an FP8 value's per-token scale, docs/fp8.md) is ``normal``, one value per token on the
+      partitions; it puts no requirement on the value it reduces, which the lowering reduces in whichever layout it
+      is held, and its readers (quantize, dequantize) read it in theirs.
     - a ``norm`` reads its operand row-major (it reduces each row over the free axis), so the value it
       normalizes (the residual sum of an MLP prologue) is ``normal``; the norm itself follows its readers
       (``transposed`` for the matmuls of an MLP: the prologue transposes the normalized rows into the strip).

@@ -62,9 +62,9 @@ RULES: Mapping[str, str] = {
                           "(transposes of inputs become input layouts, and of outputs output layouts)",
     "transposed output": "it is held transposed but stored to an output declared row-major (run implicit-transpose)",
     "row-major unstored": "it is held row-major and nothing reads it; a row-major value must be stored",
-    "row scale": "it is a dynamic per-row activation scale (row_scale, act_scale=row), which the fused lowering "
-                 "does not emit yet: a token's absmax is a reduction across the partitions of the transposed strips "
-                 "nmmc holds activations in, and across LNC programs (docs/fp8.md, 'Per-row activation scales')",
+    "row scale": "it is a per-token activation scale (row_scale, act_scale=row) another kernel would read through "
+                 "HBM; the fused lowering computes a row scale in the kernel that quantizes and dequantizes with it "
+                 "(mlp=whole; docs/fp8.md, 'Per-token activation scales')",
 }
 
 #: The rules ``fuse`` can resolve by starting a new kernel (the others no split fixes).
@@ -92,6 +92,8 @@ def operand_conflict(graph: Graph, node: Node, position: int, operand: Node) -> 
     decided (implicit-transpose has run); before that only the structural ones do."""
     if operand.kind == NodeKind.TRANSPOSE:
         return "transpose" if graph.node(operand.operands[0]).kind != NodeKind.INPUT else ""
+    if _reads_row_scale(node, position, operand) or _row_scale(node):
+        return ""  # a per-token scale: computed from, and read by, values in either layout (lowerings/row_scales.py)
     if node.kind == NodeKind.NORM:
         return "" if position == 0 and prologue_sum(graph, operand) else "prologue"
     if node.kind == NodeKind.MATMUL and position == 1:
@@ -106,6 +108,16 @@ def operand_conflict(graph: Graph, node: Node, position: int, operand: Node) -> 
     if held == Orient.NORMAL and len(graph.users(operand.id)) > 1:
         return "row-major reread"
     return ""
+
+
+def _row_scale(node: Node) -> bool:
+    return node.kind == NodeKind.ELEMENTWISE and node.attrs.get("op") == ElementwiseOp.ROW_SCALE
+
+
+def _reads_row_scale(node: Node, position: int, operand: Node) -> bool:
+    """Whether ``node`` reads ``operand`` as a quantize's or dequantize's activation scale computed by a row_scale."""
+    return position == 1 and _row_scale(operand) and node.kind == NodeKind.ELEMENTWISE and \
+        ElementwiseOp(node.attrs["op"]).scaled
 
 
 def prologue_sum(graph: Graph, node: Node) -> bool:
@@ -147,9 +159,13 @@ def kernel_conflicts(graph: Graph) -> list[Conflict]:
         if node.kind == NodeKind.TRANSPOSE:
             conflicts.append(Conflict(node.id, "transpose computed"))
             continue
-        if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.ROW_SCALE:
+        if _row_scale(node) and any(graph.node(u).kind == NodeKind.OUTPUT for u in graph.users(node.id)):
             conflicts.append(Conflict(node.id, "row scale"))
             continue
+        if node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled:
+            x_scale = graph.node(node.operands[1])
+            if x_scale.kind == NodeKind.INPUT and x_scale.shape[0] > 1:  # a row scale stored by another kernel
+                conflicts.append(Conflict(node.id, "row scale", x_scale.id))
         if len(node.shape) != 2:
             conflicts.append(Conflict(node.id, "not 2-D"))
             continue

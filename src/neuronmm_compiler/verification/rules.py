@@ -420,6 +420,32 @@ RULES: tuple[Rule, ...] = (
           _latest("nki/api/generated/nki.isa.activation.html", "activation, reduce_op")),
          dialects=(Dialect.NKI,),
          note="Not checked statically; the interpreter refuses another reduce_op or a reduce_res of another shape."),
+    Rule("NKI-TENSOR-SCALAR-REDUCE", "isa", "tensor_scalar_reduce applies one arithmetic op0 to data (a unary one, "
+         "such as nl.abs, with operand0 None or 0) and reduces the result along all free axes with reduce_op (add, "
+         "multiply, max, min) into reduce_res, one element per partition of data, on the Vector Engine; dst receives "
+         "the op0 result",
+         (_sdk(_ISA, "tensor_scalar_reduce"), _sdk(_ISA, "tensor_scalar: operand0 None or 0 for a unary op0"),
+          _sdk("nki/api/nki.api.shared.rst", "Supported Math Operators for NKI ISA: Absolute nl.abs, arithmetic "
+               "unary; Max nl.maximum, a legal reduction op"),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_quantization.py",
+                  "perform_intermediate_row_quantization: op0=nl.abs, operand0=0.0, reduce_op=nl.maximum"),
+          _nkilib("src/nkilib_src/nkilib/core/rmsnorm/rmsnorm_quant.py", "_row_quantize_tile: the same call")),
+         dialects=(Dialect.NKI,),
+         note="The page lists the reduce ops as nl.add, nl.multiply, nl.max, nl.min; the operator table names the "
+              "elementwise maximum nl.maximum as a legal reduction op, and nki-library passes reduce_op=nl.maximum, "
+              "which nmmc emits. Not checked statically; the interpreter refuses another op0 or reduce_op than the "
+              "absolute maximum nmmc emits (per-token FP8 scales, lowerings/row_scales.py), or a reduce_res of "
+              "another shape."),
+    Rule("NKI-TENSOR-REDUCE", "isa", "tensor_reduce reduces free axes only, the last contiguous ones ending at the "
+         "final dimension (axis 0, the partitions, cannot be reduced), on the Vector Engine in float32; a partition "
+         "reduction is an nc_transpose then a tensor_reduce",
+         (_sdk(_ISA, "tensor_reduce, Layout"),
+          _nkilib("src/nkilib_src/nkilib/core/max/cascaded_max.py", "tensor_reduce(op=nl.maximum, ..., axis=1) into "
+                  "a [P, 1] dst")),
+         dialects=(Dialect.NKI,),
+         note="Not checked statically; the interpreter refuses another axis than the free axis of a 2-D tile or a "
+              "dst other than [P, 1]. nmmc reduces across partitions as the page says: TensorE transposes of the "
+              "strip, then the reduction along the free axis (lowerings/row_scales.py)."),
     Rule("NKI-PER-PARTITION-OPERAND", "isa", "activation's scale and bias, and tensor_scalar's operand0/operand1, are "
          "compile-time scalars or vectors of shape (data.shape[0], 1) broadcast along the free axis; tensor_scalar's "
          "op1/operand1 are None when unused",
