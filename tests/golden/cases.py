@@ -89,6 +89,15 @@ def _cases() -> dict[str, tuple[str, ...]]:
     # FP8 after the norm prologue (rmsnorm_quant before the MLP): residual add, RMSNorm in float32, x quantized on chip
     emit("mlp-fp8-8-dense-rmsnorm-residual-trn2", "--mlp", "--tokens", "8", "--hidden", "512", "--intermediate", "1024",
          "--dense", "--dtype", "fp8", "--fuse-norm", "rmsnorm", "--residual", "--target", "trn2")
+    # FP8 with per-token activation scales computed in the kernel (--act-scale row, lowerings/row_scales.py): the maxima
+    # from TensorE transposes of the strips (weights stationary), from the rows (activations stationary), and SVD
+    emit("mlp-fp8-row-8-dense-trn2", "--mlp", "--tokens", "8", "--hidden", "512", "--intermediate", "1024", "--dense",
+         "--dtype", "fp8", "--act-scale", "row", "--target", "trn2")
+    emit("mlp-fp8-row-8-dense-stationary-trn2", "--mlp", "--tokens", "8", "--hidden", "512", "--intermediate", "1024",
+         "--dense", "--dtype", "fp8", "--act-scale", "row", "--target", "trn2", "--param", "lnc_split=features",
+         "--param", "stationary=tokens", "--param", "x_transpose=pe")
+    emit("mlp-fp8-row-128-keep0.8-trn2", "--mlp", "--tokens", "128", "--hidden", "512", "--intermediate", "1024",
+         "--keep-ratio", "0.8", "--dtype", "fp8", "--act-scale", "row", "--target", "trn2")
     # every example graph, both dialects, and on trn2
     for graph in GRAPHS:
         for dialect in DIALECTS:
