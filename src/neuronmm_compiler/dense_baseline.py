@@ -50,7 +50,8 @@ def dense_baseline(workload: Workload, request: TuneRequest, echo: Echo, search:
         return
     from .background import Background
 
-    worker = Background(_search_answered, search, dense, replace(request, progress=False), name="nmmc-dense-baseline")
+    worker = Background(_search_answered, search, dense, replace(request, progress=False, jobs=1),
+                        name="nmmc-dense-baseline")
 
     def result() -> tuple[Tuned, Callable[[], None]]:
         tuned, answered = worker.result()  # its result cache read there, stored here with the other outputs

@@ -259,7 +259,8 @@ def tune_job(job: Job, settings: SearchSettings) -> Tuned:
     result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=settings.trials,
                     seed=settings.seed, timeout=settings.timeout, exhaustive_threshold=threshold, top_k=settings.top_k,
                     force=settings.method, progress=settings.progress, storage=settings.storage,
-                    study_name=settings.study_name, workers=settings.workers, setup=setup)
+                    study_name=settings.study_name, workers=settings.workers, setup=setup,
+                    processes=settings.processes)
     compiled = compile_job(job, schedule=result.best.schedule,
                            schedule_name=f"tuned ({result.method}, seed {settings.seed})")
     return Tuned(compiled, result, lowering.baselines(workload, target, job.dma_transpose))

@@ -58,7 +58,8 @@ def resolve(workload: Workload, target: Target, dialect: str | None = None, sdk:
 class SearchSettings:
     """How a schedule search runs (``nmmc tune``'s search options). ``exhaustive_threshold`` None: the lowering
     entry's; ``storage``, ``study_name``, ``workers``: a resumable, shareable Optuna study
-    (:func:`search.tuner.search`); ``timeout``: a search cut short, never cached."""
+    (:func:`search.tuner.search`); ``timeout``: a search cut short, never cached; ``processes``: 2 or more costs the
+    polish's schedules in two processes (the same result, :mod:`.search.prefetch`)."""
 
     trials: int = DEFAULT_TRIALS
     seed: int = 0
@@ -70,6 +71,7 @@ class SearchSettings:
     study_name: str | None = None
     workers: int = 1
     progress: ProgressFn | None = field(default=None, compare=False)
+    processes: int = field(default=1, compare=False)
 
     def threshold(self, lowering: Lowering) -> int:
         """The exhaustive threshold asked for, else the lowering entry's default."""

@@ -357,6 +357,7 @@ def progress_bar(enabled: bool, desc: str = "tuning") -> tuple[Callable[[int, in
         return None, lambda: None
     from tqdm import tqdm
 
+    tqdm.monitor_interval = 0  # no monitor thread: a search forks workers only while no other thread runs
     bar = tqdm(total=0, desc=desc, unit="trial", file=sys.stderr, leave=False)
 
     def update(done: int, total: int, best: float) -> None:

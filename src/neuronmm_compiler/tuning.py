@@ -33,14 +33,14 @@ class TuneRequest:
     dialect: str
     search: SearchSettings = field(default_factory=SearchSettings)
     sdk: str | None = None
-    jobs: int = 1  # tune --model: searches run at once in worker processes
+    jobs: int = 1  # processes: tune --model's searches run at once, one search's polish in two (SearchSettings)
     cache_dir: str | None = None
     use_cache: bool = True
     progress: bool = False
     progress_label: str = "tuning"  # what the progress bar says it is doing (a model's bucket, say)
 
     def settings(self, progress: ProgressFn | None = None) -> SearchSettings:  # the driver's, with a progress callback
-        return replace(self.search, progress=progress)
+        return replace(self.search, progress=progress, processes=self.jobs)
 
     def job(self, workload: Workload) -> Job:  # ``workload`` resolved for this request's target, dialect and SDK
         return resolve(workload, self.target, self.dialect, self.sdk)
@@ -330,8 +330,10 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
         searched.extend(searches)
         store_searches(searches, request=request, echo=echo)
 
-    # In worker processes a per-trial bar would interleave: the bar counts finished buckets instead.
-    tune_bucket = functools.partial(_tune_bucket, request=replace(request, progress=request.progress and not parallel),
+    # In worker processes a per-trial bar would interleave: the bar counts finished buckets instead; each worker's
+    # search then runs in its one process.
+    tune_bucket = functools.partial(_tune_bucket, request=replace(request, progress=request.progress and not parallel,
+                                                                  jobs=1 if parallel else request.jobs),
                                     buckets=len(buckets), echo=echo)
     update, close = progress_bar(request.progress and parallel, f"tuning {len(buckets)} buckets")
     try:

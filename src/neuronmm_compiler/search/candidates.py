@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cost_model import CostReport
+from .prefetch import CostWorker, Outcome
 from .space import SearchSpace
 
 
@@ -89,6 +90,9 @@ class Evaluator:
         self.history: list[float] = []
         self.trial_history: list[float] = []
         self.best: float = math.inf
+        #: a second process costing batches (:meth:`prefetch`), and the outcomes it costed ahead of their turn
+        self.worker: CostWorker | None = None
+        self._ready: dict[Any, Outcome] = {}
 
     def fresh(self) -> Evaluator:
         """An empty evaluator costing the same way (the same cost, normalization and variants)."""
@@ -96,14 +100,37 @@ class Evaluator:
 
     def __call__(self, schedule: Any) -> Candidate:
         best = self._costed(schedule, schedule)
-        forms = list(self.variants(best.schedule)) if self.variants is not None else []
-        if self.late and self.late_variants is not None:
-            forms += [late for form in (best.schedule, *forms) for late in self.late_variants(form)]
-        for variant in forms:
+        for variant in self._forms(best.schedule):
             cand = self._costed(variant, self.raw[best.schedule])
             if cand.cost.feasible and (not best.cost.feasible or cand.order < best.order):
                 best = cand
         return best
+
+    def _forms(self, schedule: Any) -> list[Any]:
+        """The other forms :meth:`__call__` costs beside a normalized schedule: its variants, then (once :attr:`late`
+        is set) the late variants of it and of them."""
+        forms = list(self.variants(schedule)) if self.variants is not None else []
+        if self.late and self.late_variants is not None:
+            forms += [late for form in (schedule, *forms) for late in self.late_variants(form)]
+        return forms
+
+    def prefetch(self, schedules: list[Any]) -> None:
+        """Cost ahead, in two processes (:attr:`worker`, when there is one), the schedules that calling this
+        evaluator on each of ``schedules`` in turn would cost: the same reports, taken in the same order when the
+        calls come (the cost function is pure, see :mod:`.prefetch`). Without a worker, nothing."""
+        if self.worker is None:
+            return
+        groups: list[list[Any]] = []
+        seen: set[Any] = set()
+        for schedule in schedules:
+            sched = self.normalize(schedule)
+            forms = [sched, *(self.normalize(form) for form in self._forms(sched))]
+            group = [form for form in forms if form not in self.memo and form not in self._ready and form not in seen]
+            seen.update(group)
+            if group:
+                groups.append(group)
+        if sum(len(group) for group in groups) >= 2:  # one schedule is not worth a round trip
+            self._ready.update(self.worker.cost(groups))
 
     def _costed(self, schedule: Any, raw: Any) -> Candidate:
         sched = self.normalize(schedule)
@@ -111,7 +138,10 @@ class Evaluator:
         hit = self.memo.get(sched)
         if hit is not None:
             return hit
-        cand = Candidate(sched, self.cost(sched))
+        ready = self._ready.pop(sched, None)
+        if ready is not None and not ready[0]:
+            raise ready[1]
+        cand = Candidate(sched, ready[1] if ready is not None else self.cost(sched))
         self.memo[sched] = cand
         if cand.cost.feasible:
             self.best = min(self.best, cand.latency_us)

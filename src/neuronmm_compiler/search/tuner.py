@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError, ScheduleError
 from .candidates import Candidate, Evaluator, SpaceSpec, TuneResult
+from .prefetch import CostWorker, can_fork
 
 if TYPE_CHECKING:  # Optuna is imported by the searches that use it (.trials), not by importing this
     import optuna
@@ -100,14 +101,18 @@ def _descend(evaluate: Evaluator, spec: SpaceSpec, start: Candidate, lists: dict
         point = spec.space.point_of(evaluate.raw.get(best.schedule, best.schedule), fine=fine)
         if point is None:
             break
-        for neighbour in _neighbours(lists, point, exchange):
-            cand = evaluate(spec.space.decode(neighbour))
+        neighbours = [spec.space.decode(neighbour) for neighbour in _neighbours(lists, point, exchange)]
+        evaluate.prefetch(neighbours)  # the new ones costed at once, in two processes where the search has them
+        for neighbour in neighbours:
+            cand = evaluate(neighbour)
             if cand.cost.feasible and cand.order < best.order:
                 best, improved = cand, True
     return best
 
 
 POLISH_STARTS = 8
+#: Schedules an exhaustive search costs at a time (shared between two processes with ``search(processes=2)``)
+EXHAUSTIVE_SLICE = 64
 #: A rival's optimum (:func:`_rivals`) takes the late descent only when it is within this factor of the best: the late
 #: forms moved optima by up to ~1.5%, and the late descent from the rival's region cost most of the rival's schedules
 #: (measured over vs_nkilib's 105 MLPs on LNC=2: every rival win kept, 9% more schedules costed instead of 17%)
@@ -168,7 +173,7 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
            top_k: int = 5, force: str | None = None,
            progress: Callable[[int, int, float], None] | None = None, storage: str | None = None,
            study_name: str | None = None, workers: int = 1,
-           setup: Callable[[], tuple[SpaceSpec, Evaluator]] | None = None) -> TuneResult:
+           setup: Callable[[], tuple[SpaceSpec, Evaluator]] | None = None, processes: int = 1) -> TuneResult:
     """Optuna TPE (or exhaustive enumeration of a small space), then the polish.
 
     ``force`` = "optuna" or "exhaustive" overrides the automatic choice (exhaustive when the space
@@ -190,6 +195,10 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
     :func:`~.trials._trial_loop`) and every process returns the result of the whole study.
     Concurrent runs are not bit-reproducible (the interleaving decides which history each trial
     sees). An exhaustive search never uses the storage.
+
+    ``processes`` > 1: the polish's descent steps (and an exhaustive enumeration, a slice at a time) cost their new
+    schedules in two processes (:mod:`.prefetch`, a worker forked when this process runs no other thread), with the
+    same result; the trials stay in this one (each depends on the last).
     """
     start = time.perf_counter()
     method = force or ("exhaustive" if spec.size <= exhaustive_threshold else "optuna")
@@ -205,19 +214,32 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
     study_info = None
     if method != "exhaustive":
         from .trials import run_optuna, run_stored
-    if method == "exhaustive":
-        for i, sched in enumerate(spec.distinct()):
-            evaluate(sched)
-            if progress:
-                progress(i + 1, spec.size, evaluate.best)
-    elif storage is None:
-        n_trials = run_optuna(evaluate, spec, trials, seed, timeout, progress)
-    else:
-        n_trials, study_info, evaluate = run_stored(evaluate, spec, what=what, trials=trials, seed=seed,
-                                                     timeout=timeout, progress=progress, storage=storage,
-                                                     study_name=study_name, workers=workers, setup=setup)
-    return _result(evaluate, spec, what=what, method=method, trials=n_trials, top_k=top_k, started=start,
-                   study=study_info)
+    parallel = processes > 1 and can_fork()
+    try:
+        if method == "exhaustive":
+            evaluate.worker = CostWorker(evaluate.cost) if parallel else None
+            done, schedules = 0, iter(spec.distinct())
+            while chunk := list(itertools.islice(schedules, EXHAUSTIVE_SLICE)):
+                evaluate.prefetch(chunk)
+                for sched in chunk:
+                    evaluate(sched)
+                    done += 1
+                    if progress:
+                        progress(done, spec.size, evaluate.best)
+        elif storage is None:
+            n_trials = run_optuna(evaluate, spec, trials, seed, timeout, progress)
+        else:
+            n_trials, study_info, evaluate = run_stored(evaluate, spec, what=what, trials=trials, seed=seed,
+                                                         timeout=timeout, progress=progress, storage=storage,
+                                                         study_name=study_name, workers=workers, setup=setup)
+        if parallel and evaluate.worker is None:  # forked now, with what the trials built
+            evaluate.worker = CostWorker(evaluate.cost)
+        return _result(evaluate, spec, what=what, method=method, trials=n_trials, top_k=top_k, started=start,
+                       study=study_info)
+    finally:
+        if evaluate.worker is not None:
+            evaluate.worker.close()
+            evaluate.worker = None
 
 
 def result_from_study(study: optuna.Study, spec: SpaceSpec, evaluate: Evaluator, *, what: str,
