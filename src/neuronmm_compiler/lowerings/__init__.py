@@ -12,34 +12,46 @@ kernels).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..errors import UnknownNameError
 from ..frontends.workloads import Workload
 from .base import Baseline, Lowering
-from .fused import FusedLowering
 from .gemm import GemmLowering
 
 __all__ = ["Baseline", "Lowering", "lowering_for", "lowering_named", "register_lowering", "registered_lowerings"]
 
-_REGISTRY: dict[str, Lowering] = {}
+#: kind -> the entry, or the function that builds it on first use (the fused family is a fifth of nmmc's modules,
+#: which a command on a GEMM need not import: start-up, docs/architecture.md)
+_REGISTRY: dict[str, Lowering | Callable[[], Lowering]] = {}
 
 
-def register_lowering(entry: Lowering) -> Lowering:
-    """Add an entry (its ``kind`` must be new)."""
-    if entry.kind in _REGISTRY:
-        raise TypeError(f"lowering {entry.kind!r} is already registered")
-    _REGISTRY[entry.kind] = entry
+def register_lowering(entry: Lowering | Callable[[], Lowering],
+                      kind: str | None = None) -> Lowering | Callable[[], Lowering]:
+    """Add an entry (its ``kind`` must be new), or with ``kind`` a function building the entry when first asked for."""
+    kind = kind or entry.kind  # type: ignore[union-attr]
+    if kind in _REGISTRY:
+        raise TypeError(f"lowering {kind!r} is already registered")
+    _REGISTRY[kind] = entry
+    return entry
+
+
+def _entry(kind: str) -> Lowering:
+    entry = _REGISTRY[kind]
+    if not isinstance(entry, Lowering):
+        entry = _REGISTRY[kind] = entry()
     return entry
 
 
 def registered_lowerings() -> dict[str, Lowering]:
     """The entries by kind, in registration order (the order :func:`lowering_for` tries them)."""
-    return dict(_REGISTRY)
+    return {kind: _entry(kind) for kind in _REGISTRY}
 
 
 def lowering_for(workload: Workload) -> Lowering:
     """The first registered entry that accepts ``workload``."""
-    for entry in _REGISTRY.values():
-        if entry.accepts(workload):
+    for kind in _REGISTRY:
+        if (entry := _entry(kind)).accepts(workload):
             return entry
     raise UnknownNameError(f"no lowering compiles a {workload.kind} workload")
 
@@ -47,10 +59,16 @@ def lowering_for(workload: Workload) -> Lowering:
 def lowering_named(kind: str) -> Lowering:
     """The entry of a stored schedule's ``kind``."""
     try:
-        return _REGISTRY[kind]
+        return _entry(kind)
     except KeyError:
         raise UnknownNameError(f"unknown schedule kind {kind!r}; kinds: {', '.join(_REGISTRY)}") from None
 
 
+def _fused() -> Lowering:
+    from .fused import FusedLowering
+
+    return FusedLowering()
+
+
 register_lowering(GemmLowering())  # tried first: a --shape GEMM is one GEMM kernel
-register_lowering(FusedLowering())
+register_lowering(_fused, "fused")

@@ -149,6 +149,17 @@ def _ask_owned(study: optuna.Study, user_attrs: dict[str, object]) -> optuna.Tri
     return optuna.Trial(study, trial_id)
 
 
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float) -> optuna.trial.TrialState:
+    """``study.tell(trial, value, skip_if_finished=True).state``, without the deep copy of the trial that ``tell``
+    returns (a tenth of an in-memory trial loop's own time, measured with 150 trials): Optuna's ``tell`` is
+    ``_tell_with_warning`` and that copy (optuna/study/study.py, ``Study.tell``), so the trial is told the same way.
+    An Optuna without that function tells through ``tell``."""
+    tell_with_warning = getattr(getattr(optuna.study, "_tell", None), "_tell_with_warning", None)
+    if tell_with_warning is None:
+        return study.tell(trial, value, skip_if_finished=True).state
+    return tell_with_warning(study=study, trial=trial, value_or_values=value, skip_if_finished=True)[0]
+
+
 def _finish(study: optuna.Study, number: int, state: optuna.trial.TrialState) -> None:
     """Tell ``state`` for trial ``number`` unless it is finished already (telling is idempotent;
     another process may finish it between the check and the write, which is fine too)."""
@@ -239,7 +250,7 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
                     point[name] = trial.suggest_categorical(name, list(values))
             cand = evaluate(space.decode(point))
             trial.set_constraint("on_chip_overflow", _overflow(cand))
-            told = study.tell(trial, cand.latency_us, skip_if_finished=True)
+            told = _tell(study, trial, cand.latency_us)
         except optuna.exceptions.UpdateFinishedTrialError:
             # Another process judged this trial dead and failed it: its slot is free again.
             if seen is not None and cand is not None:
@@ -250,8 +261,8 @@ def _trial_loop(study: optuna.Study, evaluate: Evaluator, spec: SpaceSpec, trial
                 _finish(study, trial.number, state.FAIL)
             raise
         if seen is not None:
-            seen.append(trial.number if told.state == state.COMPLETE else None)
-        if told.state != state.COMPLETE:
+            seen.append(trial.number if told == state.COMPLETE else None)
+        if told != state.COMPLETE:
             continue
         ran += 1
         evaluate.trial_history.append(evaluate.best)
