@@ -140,7 +140,7 @@ class TransposedGroups(TokenStationaryGroups):
                         split=split)
         else:
             out += loop("f_blk", Lin(fdim.blocks), fdim.blocks, block, split=split)
-        if divided and not streamed and root.id not in self.halved:
+        if divided and not streamed and root.id not in self.halved and not self.row_half(root, fdim):
             out += self._gather(out_strip, fdim, bm)
         if stored and not streamed:
             out += self._store_strip(root, out_strip, fdim, mb)

@@ -43,7 +43,8 @@ from __future__ import annotations
 from ..ir import Node
 from ..ir.fp8 import FP8_FORMATS, ROW_SCALE_FLOOR
 from ..kernel_ir.dims import Dim, iv, loop
-from ..kernel_ir.expr import Expr, Lin, scale
+from ..kernel_ir.expr import Expr, Lin, add, scale, var
+from ..kernel_ir.lnc import PROGRAM_ID, divisible_blocking
 from ..kernel_ir.program import (
     Activation,
     Alloc,
@@ -54,6 +55,7 @@ from ..kernel_ir.program import (
     PeTranspose,
     Point,
     Ref,
+    SendRecv,
     Stmt,
     TensorReduce,
     TensorScalar,
@@ -64,6 +66,16 @@ from ..kernel_ir.program import (
 from ..vocab import ElementwiseOp, NodeKind, Orient
 from .fused_epilogue import Epilogues
 from .fused_groups import Group
+
+
+def _own_half(fdim: Dim) -> tuple[int, int] | None:
+    """(stride, tiles) of the tiles a program of two computes when they divide ``fdim``'s blocks or shares: tiles
+    ``stride * pid`` onwards (None when its blocks do not halve into whole tiles)."""
+    if fdim.share_tiles:
+        return fdim.share_step or fdim.share_tiles, fdim.share_tiles
+    if fdim.blocks % 2 or fdim.tiles % fdim.tiles_in_block or fdim.size % fdim.tile:
+        return None
+    return fdim.tiles // 2, fdim.tiles // 2
 
 
 def is_row_scale(node: Node) -> bool:
@@ -82,6 +94,7 @@ class RowScales(Epilogues):
         self.scale_cols: dict[str, Buffer] = {}  # row_scale id -> [token_tile, token tiles] (tokens on partitions)
         self.scale_rows: dict[str, Buffer] = {}  # row_scale id -> [pmax, tokens_per_block] (tokens on the free axis)
         self.row_ones: Buffer | None = None
+        self.row_halved: dict[str, tuple[int, int]] = {}  # value id -> (stride, tiles) of a program's half
 
     # --- which reader needs which layout ------------------------------------------------------------------------
     def _row_scale_of(self, value_id: str) -> Node | None:
@@ -170,6 +183,14 @@ class RowScales(Epilogues):
             amax = Buffer(f"{rs.id}_amax", (tok.tile, 1), "float32", "sbuf")
             source = Ref(amax, (span(0, tsz), span(0, 1)))
             body += [Alloc(amax), TensorReduce(source, parts)]
+        if value.id in self.row_halved:  # this program reduced its half of the features: the other's maxima
+            other = Buffer(f"{rs.id}_other", (tok.tile, 1), "float32", "sbuf")
+            whole = Buffer(f"{rs.id}_both", (tok.tile, 1), "float32", "sbuf")
+            theirs, both = Ref(other, (span(0, tsz), span(0, 1))), Ref(whole, (span(0, tsz), span(0, 1)))
+            body += [Comment(f"exchange the maxima over this program's half of {value.id} (not its fp32 strip)"),
+                     Alloc(other), SendRecv(theirs, source), Alloc(whole),
+                     TensorTensor(both, source, theirs, "maximum")]
+            source = both
         column = Ref(cols, (span(0, tsz), span(tt, 1)))
         body.append(TensorScalar(column, source, "divide", fmax, "maximum", ROW_SCALE_FLOOR))
         if row is not None:
@@ -183,12 +204,14 @@ class RowScales(Epilogues):
         n = value.shape[1]
         ftile = min(pmax, n)
         per_chunk = max(1, self.target.psum_bank_bytes // (strip.itemsize * ftile))
-        tiles = -(-n // ftile)
-        fdim = Dim("f", n, ftile, tiles, min(per_chunk, tiles))
+        stride, tiles = self.row_halved.get(value.id, (0, -(-n // ftile)))  # a program's own tiles: its half
+        size = n if not stride else tiles * ftile
+        fdim = Dim("f", size, ftile, tiles, min(per_chunk, tiles))
         parts = Buffer(f"{rs.id}_parts", (tok.tile, fdim.blocks), "float32", "sbuf")
         fb, ft = iv("c_blk", fdim.blocks), iv("ft", fdim.tiles_in_block)
         g = fdim.tile_index(fb, ft)
         ksz, width = fdim.tile_size(g), fdim.block_size(fb)
+        g = add(g, scale(var(PROGRAM_ID), stride)) if stride else g
         tp = Buffer(f"{rs.id}_tpsum", (tok.tile, fdim.block_elems), strip.dtype, "psum")
         scratch = Buffer(f"{rs.id}_abs", (tok.tile, fdim.block_elems), "float32", "sbuf")
         transpose = PeTranspose(Ref(tp, (span(0, tsz), span(scale(ft, ftile), ksz))),
@@ -217,6 +240,33 @@ class RowScales(Epilogues):
                                             column),
                 Alloc(tp), PeTranspose(Ref(tp, (span(0, pmax), span(0, tsz))), wide),
                 Copy(Ref(row, (span(0, pmax), span(scale(tt, tok.tile), tsz))), Ref(tp, (span(0, pmax), span(0, tsz))))]
+
+    def row_half(self, root: Node, fdim: Dim) -> bool:
+        """Whether ``root``, a strip the programs of a logical core divide (each computes its ``fdim`` half), stays
+        halved instead of being exchanged: when only a row scale and the quantization by it read it, and that
+        quantization divides the features the same way, each program reduces its half, the programs exchange the
+        maxima (a column per token tile) and each quantizes its half, whose FP8 strip is then exchanged as a static
+        quantization's is. Records (stride, tiles) of a program's half (:data:`row_halved`)."""
+        users = self._users(root.id)
+        rs = [u for u in users if is_row_scale(u)]
+        quant = [u for u in users if u.kind == NodeKind.ELEMENTWISE and u.attrs["op"] == ElementwiseOp.QUANTIZE]
+        if len(users) != 2 or len(rs) != 1 or len(quant) != 1 or quant[0].operands[1] != rs[0].id:
+            return False
+        group = next((g for g in self.group_list if g.root is quant[0]), None)
+        if group is None or group.matmuls or group.orient != Orient.TRANSPOSED or not self._divides_features(group):
+            return False
+        own = _own_half(fdim)
+        n = root.shape[1]
+        ntiles, ftile = fdim.tiles, fdim.tile  # the quantization's feature tiles: as transposed_group blocks them
+        qshares = self._shares(group, n, ftile, ntiles, ntiles)
+        share_tiles, share_step = Dim.overlapping_shares(ntiles, qshares) if qshares else (0, 0)
+        per_block = share_tiles or divisible_blocking(ntiles, ntiles, self.target.lnc)
+        qdim = Dim("f", n, ftile, ntiles, per_block, share_tiles=share_tiles,
+                   share_step=0 if share_step == share_tiles else share_step)
+        if own is None or _own_half(qdim) != own or not self._divided(group, qdim, False, False):
+            return False
+        self.row_halved[root.id] = own
+        return True
 
     # --- readers -----------------------------------------------------------------------------------------------
     def row_scale_refs(self, group: Group, parts: Expr, tokens: Expr, tt: Expr) -> dict[str, Ref]:
