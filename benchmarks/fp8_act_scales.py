@@ -1,4 +1,4 @@
-"""Accuracy of FP8 activation scales, static per tensor vs dynamic per row (docs/fp8.md, "Per-row activation scales").
+"""Accuracy of FP8 activation scales, static per tensor vs per token (docs/fp8.md, "Per-token activation scales").
 
     python benchmarks/fp8_act_scales.py [--tokens 128] [--hidden 1024] [--intermediate 2816] [--seeds 3]
 
@@ -8,8 +8,13 @@ unquantized graph on the same inputs, and prints the relative error (Frobenius) 
 Static scales are calibrated on the very inputs evaluated (``ir/quantized.calibrate``: the best a static scale can
 do); row scales need no calibration. Two input distributions: x standard normal (every token alike) and x whose
 tokens have log-normal magnitudes (sigma 1.5: a few tokens far larger than the rest, as outlier tokens in real
-hidden states; the MLP's weights are scaled so h stays of order one). Graph-level only: the kernels of row scales are
-not emitted yet.
+hidden states; the MLP's weights are scaled so h stays of order one).
+
+Next to each graph-level figure, the same figure for the kernel nmmc emits for that workload (``--dtype fp8
+--act-scale static|row``, default schedule, trn2 at LNC=2) run in nmmc's interpreter on the same FP8 inputs: the
+kernel computes its row scales on chip (lowerings/row_scales.py), its h in fp32 and its output in bf16, so its error
+against the unquantized graph differs from the float64 graph's by those roundings only. ``--graph-only`` skips the
+kernels.
 """
 
 from __future__ import annotations
@@ -19,10 +24,19 @@ import argparse
 import ml_dtypes
 import numpy as np
 
+from neuronmm_compiler.codegen import read_metadata
+from neuronmm_compiler.driver import compile_workload
 from neuronmm_compiler.frontends.shapes import Fp8Weights, block_aligned_rank, mlp_graph
+from neuronmm_compiler.frontends.workloads import mlp_workload
+from neuronmm_compiler.ir import parse_text
 from neuronmm_compiler.ir.evaluate import evaluate
 from neuronmm_compiler.ir.quantized import calibrate, unquantized
 from neuronmm_compiler.passes.quantize_fp8 import quantize_fp8
+from neuronmm_compiler.targets import get_target
+from neuronmm_compiler.verification import interpreter_runner
+
+#: Where the emitted kernels are built for and run (the interpreter runs both programs of the logical core).
+TARGET = "trn2:lnc=2"
 
 
 def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
@@ -31,13 +45,37 @@ def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     return whole, float(np.max(per_token))
 
 
-def run(tokens: int, hidden: int, intermediate: int, seeds: int) -> list[str]:
+class Kernel:
+    """The emitted kernel of one FP8 MLP workload, run in nmmc's interpreter."""
+
+    def __init__(self, tokens: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, kind: str):
+        workload = mlp_workload(tokens, hidden, intermediate, ranks=ranks, dense=ranks is None,
+                                fp8=Fp8Weights(act_scale=kind))
+        self.target = get_target(TARGET)
+        self.source = compile_workload(workload, target=self.target).kernel.source
+        self.meta = read_metadata(self.source)
+        self.runner = interpreter_runner(self.source, f"<{kind} {ranks}>", parse_text(self.meta.graph))
+
+    def out(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        tensors = dict(inputs)
+        for kernel in self.meta.kernels:
+            outputs, _ = self.runner(kernel, [tensors[s.name] for s in kernel.inputs], self.target)
+            tensors.update(zip([s.name for s in kernel.outputs], outputs, strict=True))
+        return np.asarray(tensors["out"], dtype=np.float64)
+
+
+def run(tokens: int, hidden: int, intermediate: int, seeds: int, kernels: bool = True) -> list[str]:
     lines = [f"MLP tokens={tokens} hidden={hidden} intermediate={intermediate}, float8_e4m3 weights (row scales); "
-             f"relative error vs the unquantized graph: whole output / worst token, mean over {seeds} seeds"]
+             f"relative error vs the unquantized graph: whole output / worst token, mean over {seeds} seeds; graph: "
+             "float64 evaluation of the quantized graph" + (f"; kernel: nmmc's emitted kernel ({TARGET}, default "
+                                                            "schedule) in nmmc's interpreter" if kernels else "")]
     rank = block_aligned_rank(hidden, intermediate, 0.8)
     for structure, ranks in (("dense", None), (f"SVD keep 0.8 (rank {rank})", (rank, rank, rank))):
+        emitted = {kind: Kernel(tokens, hidden, intermediate, ranks, kind) for kind in ("static", "row")} \
+            if kernels else {}
         for spread in (0.0, 1.5):
             row: dict[str, list[tuple[float, float]]] = {"static": [], "row": []}
+            ran: dict[str, list[tuple[float, float]]] = {"static": [], "row": []}
             for seed in range(seeds):
                 rng = np.random.default_rng(seed)
                 plain = mlp_graph(tokens, hidden, intermediate, ranks)
@@ -52,11 +90,18 @@ def run(tokens: int, hidden: int, intermediate: int, seeds: int) -> list[str]:
                 for kind in row:
                     graph = quantize_fp8(mlp_graph(tokens, hidden, intermediate, ranks, fp8=Fp8Weights(act_scale=kind)))
                     assert unquantized(graph) == plain
-                    row[kind].append(_errors(evaluate(graph, calibrate(graph, raw))["out"], want))
+                    inputs = calibrate(graph, raw)
+                    row[kind].append(_errors(evaluate(graph, inputs)["out"], want))
+                    if kind in emitted:
+                        ran[kind].append(_errors(emitted[kind].out(inputs), want))
             label = "x ~ N(0, 1)" if spread == 0 else f"x tokens log-normal (sigma {spread})"
             for kind, errs in row.items():
                 whole, worst = np.mean(errs, axis=0)
-                lines.append(f"  {structure:28s} {label:34s} {kind:6s} {whole:.4f} / {worst:.4f}")
+                line = f"  {structure:28s} {label:34s} {kind:6s} graph {whole:.4f} / {worst:.4f}"
+                if ran[kind]:
+                    k_whole, k_worst = np.mean(ran[kind], axis=0)
+                    line += f"   kernel {k_whole:.4f} / {k_worst:.4f} (worst token {k_worst / worst:.3f}x the graph's)"
+                lines.append(line)
     return lines
 
 
@@ -66,8 +111,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=2816)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--graph-only", action="store_true", help="skip the emitted kernels")
     args = parser.parse_args()
-    print("\n".join(run(args.tokens, args.hidden, args.intermediate, args.seeds)))
+    print("\n".join(run(args.tokens, args.hidden, args.intermediate, args.seeds, kernels=not args.graph_only)))
 
 
 if __name__ == "__main__":
