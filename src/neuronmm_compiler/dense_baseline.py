@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .cores import idle_core
 from .driver import Tuned
 from .frontends.workloads import Workload
 
@@ -29,9 +30,10 @@ def dense_baseline(workload: Workload, request: TuneRequest, echo: Echo, search:
                    store: Store) -> Iterator[Callable[[], Any] | None]:
     """For an SVD MLP (and an FP8 dense one: its bf16 twin), nmmc's own fused dense MLP searched the same way (same
     target, launch context, trials and seed; cached alike; no --storage study) by ``search``: yields a function
-    returning its tuned and the commit storing it (None for other workloads). With several cores (``request.jobs``)
-    it runs in a worker process (:mod:`.background`) while this one searches the workload, as ``tune --model`` runs
-    a bucket's two searches, and is stored with ``store``; else it runs when the function is called."""
+    returning its tuned and the commit storing it (None for other workloads). With several cores (``request.jobs``),
+    one of them idle (:func:`~.cores.idle_core`), it runs in a worker process (:mod:`.background`) while this one
+    searches the workload, as ``tune --model`` runs a bucket's two searches, and is stored with ``store``; else it
+    runs when the function is called."""
     from .model_entries import dense_counterpart
 
     dense = dense_counterpart(workload)
@@ -40,7 +42,7 @@ def dense_baseline(workload: Workload, request: TuneRequest, echo: Echo, search:
     if dense is None:
         yield None
         return
-    if request.jobs <= 1:
+    if request.jobs <= 1 or not idle_core():
 
         def here() -> tuple[Tuned, Callable[[], None]]:
             tuned, _, commit = search(dense, request, echo)

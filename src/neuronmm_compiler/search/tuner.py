@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..cores import idle_core
 from ..errors import InputError, ScheduleError
 from .candidates import Candidate, Evaluator, SpaceSpec, TuneResult
 from .prefetch import CostWorker, can_fork
@@ -197,8 +198,9 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
     sees). An exhaustive search never uses the storage.
 
     ``processes`` > 1: the polish's descent steps (and an exhaustive enumeration, a slice at a time) cost their new
-    schedules in two processes (:mod:`.prefetch`, a worker forked when this process runs no other thread), with the
-    same result; the trials stay in this one (each depends on the last).
+    schedules in two processes (:mod:`.prefetch`, a worker forked when this process runs no other thread and a core
+    is idle, :func:`~neuronmm_compiler.cores.idle_core`), with the same result; the trials stay in this one (each
+    depends on the last).
     """
     start = time.perf_counter()
     method = force or ("exhaustive" if spec.size <= exhaustive_threshold else "optuna")
@@ -214,7 +216,7 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
     study_info = None
     if method != "exhaustive":
         from .trials import run_optuna, run_stored
-    parallel = processes > 1 and can_fork()
+    parallel = processes > 1 and can_fork() and idle_core()
     try:
         if method == "exhaustive":
             evaluate.worker = CostWorker(evaluate.cost) if parallel else None

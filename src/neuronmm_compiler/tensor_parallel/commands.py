@@ -79,7 +79,11 @@ def tuned_kernels(target: Target, dialect: str, *, trials: int, seed: int, metho
                   sdk: str | None = None) -> TunedKernels:
     """Tune each per-rank workload (see :class:`TunedKernels`; call its ``commit`` once the outputs are written), for
     Neuron SDK release ``sdk`` (None: the newest of the dialect on the target)."""
-    settings = SearchSettings(trials=trials, seed=seed, method=method, exhaustive_threshold=exhaustive_threshold)
+    from ..cores import available_cores
+
+    # every core this process may use for each search's polish (search/prefetch.py; the same result with one)
+    settings = SearchSettings(trials=trials, seed=seed, method=method, exhaustive_threshold=exhaustive_threshold,
+                              processes=available_cores())
     return TunedKernels(target, dialect, settings, cache_dir=cache_dir, use_cache=use_cache, sdk=sdk)
 
 
