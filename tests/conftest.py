@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 # One BLAS and OpenMP (torch) thread per test process unless the caller chose: the suite runs a worker per core
@@ -30,6 +31,25 @@ def compile_and_verify(m: int, n: int, k: int, *, seed: int = 0, **options):
     report = verify_source(compiled.kernel.source, filename=f"<gemm {m}x{n}x{k}>", seed=seed)
     assert report.ok, f"{m}x{n}x{k} {options}: {report.error}"
     return compiled, report
+
+
+_frozen_module: list[str] = [""]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Keep the garbage collector's full collections cheap: before each test, what is alive is moved out of its reach
+    (``gc.freeze``), so a full collection scans only what the test allocates. Verification calls ``gc.collect()`` after
+    every kernel it runs (the interpreter's machine sits in reference cycles), and in a test worker that had every
+    test collected and earlier modules' objects alive each call scanned 88,000-270,000 objects: 50-140 ms a kernel,
+    42% of test_gemm_kernels.py's CPU time. At each new test file the frozen objects are released and collected
+    once, so cycles that earlier files left behind are still freed."""
+    module = item.nodeid.split("::", 1)[0]
+    if module != _frozen_module[0]:
+        _frozen_module[0] = module
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
