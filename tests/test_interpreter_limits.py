@@ -408,10 +408,10 @@ return a
 
 def test_unknown_isa_attribute() -> None:
     src = nki_kernel("""
-nisa.tensor_reduce(a, a)  # <-- error
+nisa.tensor_partition_reduce(a, a)  # <-- error
 return a
 """)
-    expect(src, [A], UnsupportedAPIError, "nki.isa.tensor_reduce")
+    expect(src, [A], UnsupportedAPIError, "nki.isa.tensor_partition_reduce")
 
 
 def test_error_in_helper_names_innermost_line() -> None:
