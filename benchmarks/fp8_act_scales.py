@@ -14,7 +14,8 @@ Next to each graph-level figure, the same figure for the kernel nmmc emits for t
 --act-scale static|row``, default schedule, trn2 at LNC=2) run in nmmc's interpreter on the same FP8 inputs: the
 kernel computes its row scales on chip (lowerings/row_scales.py), its h in fp32 and its output in bf16, so its error
 against the unquantized graph differs from the float64 graph's by those roundings only. ``--graph-only`` skips the
-kernels.
+kernels; ``--tuned`` runs the kernel ``nmmc tune`` writes for each workload instead (150 trials, seed 0, trn2 at LNC=2
+in-graph, as the command line tunes an MLP).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from neuronmm_compiler.codegen import read_metadata
-from neuronmm_compiler.driver import compile_workload
+from neuronmm_compiler.driver import compile_workload, tune
 from neuronmm_compiler.frontends.shapes import Fp8Weights, block_aligned_rank, mlp_graph
 from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.ir import parse_text
@@ -48,11 +49,16 @@ def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
 class Kernel:
     """The emitted kernel of one FP8 MLP workload, run in nmmc's interpreter."""
 
-    def __init__(self, tokens: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, kind: str):
+    def __init__(self, tokens: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, kind: str,
+                 tuned: bool = False):
         workload = mlp_workload(tokens, hidden, intermediate, ranks=ranks, dense=ranks is None,
                                 fp8=Fp8Weights(act_scale=kind))
-        self.target = get_target(TARGET)
-        self.source = compile_workload(workload, target=self.target).kernel.source
+        if tuned:
+            self.target = get_target(f"{TARGET}:launch=in-graph")
+            self.source = tune(workload, target=self.target, trials=150, seed=0).compiled.kernel.source
+        else:
+            self.target = get_target(TARGET)
+            self.source = compile_workload(workload, target=self.target).kernel.source
         self.meta = read_metadata(self.source)
         self.runner = interpreter_runner(self.source, f"<{kind} {ranks}>", parse_text(self.meta.graph))
 
@@ -64,14 +70,16 @@ class Kernel:
         return np.asarray(tensors["out"], dtype=np.float64)
 
 
-def run(tokens: int, hidden: int, intermediate: int, seeds: int, kernels: bool = True) -> list[str]:
+def run(tokens: int, hidden: int, intermediate: int, seeds: int, kernels: bool = True,
+        tuned: bool = False) -> list[str]:
+    schedule = "the schedule nmmc tune chooses, 150 trials, seed 0, in-graph" if tuned else "default schedule"
     lines = [f"MLP tokens={tokens} hidden={hidden} intermediate={intermediate}, float8_e4m3 weights (row scales); "
              f"relative error vs the unquantized graph: whole output / worst token, mean over {seeds} seeds; graph: "
-             "float64 evaluation of the quantized graph" + (f"; kernel: nmmc's emitted kernel ({TARGET}, default "
-                                                            "schedule) in nmmc's interpreter" if kernels else "")]
+             "float64 evaluation of the quantized graph" + (f"; kernel: nmmc's emitted kernel ({TARGET}, {schedule}) "
+                                                            "in nmmc's interpreter" if kernels else "")]
     rank = block_aligned_rank(hidden, intermediate, 0.8)
     for structure, ranks in (("dense", None), (f"SVD keep 0.8 (rank {rank})", (rank, rank, rank))):
-        emitted = {kind: Kernel(tokens, hidden, intermediate, ranks, kind) for kind in ("static", "row")} \
+        emitted = {kind: Kernel(tokens, hidden, intermediate, ranks, kind, tuned) for kind in ("static", "row")} \
             if kernels else {}
         for spread in (0.0, 1.5):
             row: dict[str, list[tuple[float, float]]] = {"static": [], "row": []}
@@ -112,8 +120,10 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=2816)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--graph-only", action="store_true", help="skip the emitted kernels")
+    parser.add_argument("--tuned", action="store_true", help="run the kernels nmmc tune writes (default schedule: off)")
     args = parser.parse_args()
-    print("\n".join(run(args.tokens, args.hidden, args.intermediate, args.seeds, kernels=not args.graph_only)))
+    print("\n".join(run(args.tokens, args.hidden, args.intermediate, args.seeds, kernels=not args.graph_only,
+                         tuned=args.tuned)))
 
 
 if __name__ == "__main__":
