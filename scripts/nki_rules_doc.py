@@ -39,6 +39,8 @@ from neuronmm_compiler.verification.rules import (  # noqa: E402
     NMMC,
     RULES,
     RULES_BY_ID,
+    SDK229_DOCS,
+    SDK232_DOCS,
     SDK233_DOCS,
     SDK234_DOCS,
     SDK_DOCS,
@@ -49,7 +51,7 @@ from neuronmm_compiler.vocab import Dialect  # noqa: E402
 
 OUT = ROOT / "docs" / "nki-rules.md"
 TITLES = {"memory": "On-chip memory", "tiles": "Tile limits", "loops": "Loops", "isa": "ISA calls", "fp8": "FP8",
-          "dialect": "Dialects and SDK releases"}
+          "mx": "MX (microscaling)", "dialect": "Dialects and SDK releases"}
 #: SDK releases the known-violations table is computed for (DEFAULT: each file's nmmc verify default; None: no SDK
 #: given, only unbounded rules; 2.30: the first release without neuronxcc.nki).
 SDKS = (DEFAULT, None, "2.30")
@@ -159,7 +161,8 @@ def render() -> str:
         f"the SDK 2.33 (NKI 0.7) rules were read in the published documentation at `{SDK233_DOCS}`, the SDK 2.34 "
         f"(NKI 0.8.0) ones at `{SDK234_DOCS}`, and the announcements made after 2.33, and 2.34 pages the stored "
         f"v2.34.0 copy lacks (the `nki.lnc` API), at `{LATEST_DOCS}` (not pinned to a release; each announcement is "
-        f"cited with its posting date). How the documented APIs are used in practice is cited from AWS's NKI "
+        f"cited with its posting date); the MX scale dtype's change at `{SDK229_DOCS}` and `{SDK232_DOCS}`. How the "
+        "documented APIs are used in practice is cited from AWS's NKI "
         f"library at `{NKILIB}`. "
         f"Rules whose id starts with `NMMC-` are nmmc's own (source `{NMMC}`): its graph semantics, which a kernel "
         "can break while satisfying every AWS rule. "

@@ -22,6 +22,7 @@ from neuronmm_compiler.passes import (
     Pass,
     Place,
     QuantizeFp8,
+    QuantizeMx,
     get_pass,
     parse_pipeline,
     registered_passes,
@@ -335,6 +336,7 @@ def test_registry_and_fusion_pipeline():
     assert {"implicit-transpose", "fuse", "place", "group-epilogues"} <= set(registered_passes())
     assert get_pass("fuse", mlp="split") == Fuse(mlp="split")
     assert parse_pipeline(DEFAULT_FUSION_PIPELINE) == [
+        QuantizeMx(),
         QuantizeFp8(),
         Canonicalize(),
         FoldTransposes(),

@@ -208,7 +208,8 @@ def _line(body: str) -> str:
         (
             _line("  %b = elementwise gelu %a : [4, 8] bfloat16"),
             3,
-            "expected an elementwise op (silu, multiply, add, quantize, dequantize, row_scale), found 'gelu'",
+            "expected an elementwise op (silu, multiply, add, quantize, dequantize, row_scale, quantize_mx), found "
+            "'gelu'",
         ),
         (
             _line('  %b = input "b" [4, 0] bfloat16'),

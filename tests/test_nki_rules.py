@@ -106,6 +106,25 @@ def _matmul_body(x: str = "bfloat16", y: str = "bfloat16", acc: str = "float32",
     return "\n".join(line + ("  # VIOLATION" if key == violation else "") for key, line in lines.items() if line)
 
 
+def _mx_body(moving: str = "float8_e4m3fn_x4", quantized: str = "float8_e4m3fn_x4", scale: str = "uint8",
+             violation: str | None = None, target_ok: bool = False) -> str:
+    """The nki-dialect body of an MX matmul (docs/mx.md): a bf16 [128, 256] tile quantize_mx'd into x [128, 64] and
+    its scales, times a weight y [128, 512] of dtype ``moving`` into PSUM; ``violation`` ("quantize" or "matmul")
+    marks that line "# VIOLATION". ``target_ok``: the good body of a target case (its tiles, no MX call)."""
+    lines = {"out": "out = nl.ndarray((64, 512), dtype=nl.float32, buffer=nl.shared_hbm)",
+             "src": "src = nl.ndarray((128, 256), dtype=nl.bfloat16, buffer=nl.sbuf)",
+             "x": f"x = nl.ndarray((128, 64), dtype=nl.{quantized}, buffer=nl.sbuf)",
+             "xs": f"xs = nl.ndarray((128, 64), dtype=nl.{scale}, buffer=nl.sbuf)",
+             "y": f"y = nl.ndarray((128, 512), dtype=nl.{moving}, buffer=nl.sbuf)",
+             "ys": "ys = nl.ndarray((128, 512), dtype=nl.uint8, buffer=nl.sbuf)",
+             "acc": "acc = nl.ndarray((64, 512), dtype=nl.float32, buffer=nl.psum)",
+             "quantize": "nisa.quantize_mx(dst=x, src=src, dst_scale=xs)",
+             "matmul": "nisa.nc_matmul_mx(dst=acc, stationary=x, moving=y, stationary_scale=xs, moving_scale=ys)"}
+    calls = () if target_ok else ("quantize", "matmul")
+    return "\n".join(line + ("  # VIOLATION" if key == violation else "") for key, line in lines.items()
+                     if key in calls or key not in ("quantize", "matmul"))
+
+
 # (rule, dialect, target, sdk, bad body, good body); the bad body marks its line with "# VIOLATION".
 CASES = [
     ("NKI-PARTITION-MAX", "nki", "trn2", None,
@@ -672,6 +691,19 @@ CASES = [
      """
         out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
         """),
+    # MX (docs/mx.md): a quantize_mx on trn2; a moving operand of bf16; an FP4 quantize_mx output; a scale tile of
+    # bfloat16; a float8_e8m0fnu scale tile on SDK 2.29 (uint8 there)
+    ("NKI-MX-TARGET", "nki", "trn2", None, _mx_body(violation="quantize"), _mx_body(target_ok=True)),
+    ("NKI-MX-MATMUL-TILE", "nki", "trn3", None, _mx_body(moving="bfloat16", violation="matmul"), _mx_body()),
+    ("NKI-MX-QUANTIZE-TILE", "nki", "trn3", None, _mx_body(quantized="float4_e2m1fn_x4", violation="quantize"),
+     _mx_body()),
+    ("NKI-MX-SCALE-LAYOUT", "nki", "trn3", None, _mx_body(scale="bfloat16", violation="quantize"), _mx_body()),
+    ("NKI-MX-SCALE-DTYPE", "nki", "trn3", "2.29", _mx_body(scale="float8_e8m0fnu", violation="quantize"),
+     _mx_body()),
+    # an MX tile of float8_e4m3fn_x4 is OCP E4M3: a legacy float8_e4m3 tile beside it mixes the two modes
+    ("NKI-FP8-E4M3-MODE", "nki", "trn3", None,
+     _mx_body() + "\nlegacy = nl.ndarray((128, 64), dtype=nl.float8_e4m3, buffer=nl.sbuf)  # VIOLATION",
+     _mx_body() + "\nlegacy = nl.ndarray((128, 64), dtype=nl.float8_e5m2, buffer=nl.sbuf)"),
 ]
 
 

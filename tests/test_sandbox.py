@@ -221,7 +221,9 @@ def test_the_allowlist_follows_the_stand_ins_and_the_reference():
     fp8 = {"np.float32", "np.clip", "np.exp2", "np.maximum", "np.frexp", "np.round"}  # ir/fp8.py's quantize
     fp8 |= {"np.max", "np.abs"}  # and its row_scale
     norms = {"np.sqrt", "np.mean"}  # the norm prologue's reference
-    assert attrs["numpy"] == {"np.asarray", "np.float64", "np.exp"} | fp8 | norms
+    mx = {"np.frombuffer", "np.ascontiguousarray", "np.uint8", "np.int64", "np.reshape", "np.stack", "np.where",
+          "np.repeat", "np.transpose"}  # an MX weight's real matrix and quantize_mx (codegen/mx.py)
+    assert attrs["numpy"] == {"np.asarray", "np.float64", "np.exp"} | fp8 | norms | mx
     assert {"range", "min", "tuple"} <= KERNEL_BUILTINS and not {"open", "getattr", "eval"} & KERNEL_BUILTINS
 
 

@@ -109,13 +109,13 @@ def test_node_kinds() -> None:
 
 
 def test_one_elementwise_table_for_every_user() -> None:
-    assert ElementwiseOp.values() == ("silu", "multiply", "add", "quantize", "dequantize", "row_scale")
+    assert ElementwiseOp.values() == ("silu", "multiply", "add", "quantize", "dequantize", "row_scale", "quantize_mx")
     assert dict(ELEMENTWISE_ARITY) == {"silu": 1, "multiply": 2, "add": 2, "quantize": 2, "dequantize": 3,
-                                       "row_scale": 1}
+                                       "row_scale": 1, "quantize_mx": 1}
     assert [op for op in ElementwiseOp if op.unary] == [ElementwiseOp.SILU]
     assert {op: NL_OPS[op] for op in ElementwiseOp} == {"silu": "nl.silu", "multiply": "nl.multiply", "add": "nl.add",
                                                        "quantize": "nl.divide", "dequantize": "nl.multiply",
-                                                       "row_scale": "nl.maximum"}
+                                                       "row_scale": "nl.maximum", "quantize_mx": "nl.divide"}
     assert dict(graph_file.OPS) == {"matmul": 2, "transpose": 1, "add": 2, "multiply": 2, "silu": 1, "rmsnorm": 2,
                                     "layernorm": 3}
     for op in ElementwiseOp:  # the interpreter implements every op kernels are printed with

@@ -8,7 +8,7 @@ from typing import Any
 
 from .cost_model import CostReport
 from .driver import Tuned
-from .frontends.workloads import MlpWorkload, Workload, mlp_workload
+from .frontends.workloads import GemmWorkload, MlpWorkload, Workload, mlp_workload
 from .lowerings.base import Baseline, ordered_baselines
 from .model_formats import MlpFormat
 
@@ -43,17 +43,25 @@ def dense_counterpart(workload: Workload) -> Workload | None:
     """What nmmc's own dense baseline tunes (None for anything else): the dense MLP an SVD-compressed MLP replaces,
     in the same weight format; for an FP8 dense MLP, the unquantized dense MLP it quantizes (what the user runs
     without FP8)."""
-    if not isinstance(workload, MlpWorkload) or not (workload.svd or workload.fp8):
+    if isinstance(workload, GemmWorkload) and workload.mx is not None:  # an MX GEMM: the bf16 GEMM it quantizes
+        return replace(workload, mx=None)
+    if not isinstance(workload, MlpWorkload) or not (workload.svd or workload.fp8 or workload.mx):
         return None
     return mlp_workload(workload.tokens, workload.hidden, workload.intermediate, dense=True, dtype=workload.dtype,
-                        fp8=workload.fp8 if workload.svd else None)
+                        fp8=workload.fp8 if workload.svd else None, mx=workload.mx if workload.svd else None)
 
 
 def with_dense_baseline(tuned: Tuned, dense: Tuned, *, unquantized: bool = False) -> Tuned:
     """``tuned`` with nmmc's own fused dense MLP (``dense``, tuned the same way, on the same target and launch
     context) among its baselines, in the order a user meets them (:func:`~.lowerings.base.ordered_baselines`);
-    ``unquantized``: ``dense`` is the bf16 MLP an FP8 one quantizes, and its label says so."""
-    if unquantized:
+    ``unquantized``: ``dense`` is the bf16 MLP an FP8 one quantizes, and its label says so (an MX MLP's or GEMM's:
+    docs/mx.md)."""
+    workload = tuned.compiled.workload
+    if unquantized and getattr(workload, "mx", None) is not None:
+        kind, kernel = ("GEMM", "kernel") if isinstance(workload, GemmWorkload) else ("dense MLP", "fused kernel")
+        label = f"{kind} without MX (nmmc's {kernel}, tuned)"
+        name = f"nmmc's {kind} without MX (MX's accuracy cost: nmmc verify, docs/mx.md)"
+    elif unquantized:
         label = "dense MLP without FP8 (nmmc's fused kernel, tuned)"
         name = ("nmmc's fused dense MLP without FP8 (FP8's accuracy cost: nmmc verify, nmmc compress --eval, "
                 "docs/fp8.md)")

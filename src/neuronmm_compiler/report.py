@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .codegen.printer import NkiPrinter
+from .codegen.mx import MxNkiPrinter
 from .cost_model import CostReport
 from .cost_model.formulas import symbolic
 from .cost_model.trust import trust_dict, trust_note, typical_range
@@ -320,7 +320,7 @@ def explain_lines(compiled: Compiled, heading: str | None = None) -> list[str]:
         views = [f"  (input %{view} is a view of the HBM array {array}, with the other layout)"
                  for view, array in getattr(kernel, "hbm_aliases", {}).items()]
         lines += ["", f"== kernel {program.name}", *to_text(kernel).splitlines(), *views,
-                  "", f"== loop nest of {program.name} (NKI 0.3+ spelling)", *NkiPrinter().kernel(program)]
+                  "", f"== loop nest of {program.name} (NKI 0.3+ spelling)", *MxNkiPrinter().kernel(program)]
         lines += ["", f"== cost model of {program.name} on {compiled.target.label}", *_formula_lines(cost),
                   *cost_lines(cost)]
     if len(compiled.programs) > 1:

@@ -197,6 +197,13 @@ class Target:
     # NeuronCore-v4, float8_e4m3fn (OCP FP8) is also supported" (NKI API reference, nki.isa.nc_matmul, "Data types";
     # rules NKI-MATMUL-DTYPE, NKI-MATMUL-E4M3FN; ir/fp8.py, docs/fp8.md). Not in as_dict: only a kernel's dtypes read it
     fp8_formats: tuple[str, ...] = ("float8_e4m3", "float8_e5m2")
+    # --- OCP MX (microscaling) matmuls: "nc_matmul_mx ... Available only on NeuronCore-v4 and newer" (NKI ISA
+    # reference, nki.isa.nc_matmul_mx); "A NeuronCore-v4 Tensor Engine delivers 315 MXFP8/MXFP4 TFLOPS ... 79
+    # BF16/FP16/TF32" (Trainium3 architecture guide, "Tensor Engine"; aws-neuron/aws-neuron-sdk@81ce03ae,
+    # nki/guides/architecture/trainium3_arch.rst). 0 / () where there is none (rule NKI-MX-TARGET; docs/mx.md). Not in
+    # as_dict: an MX workload records its format, and the MX rates are read only by MX kernels' costs
+    peak_mx_tflops: float = 0.0
+    mx_formats: tuple[str, ...] = ()
     # the most elements per partition one nisa.bn_stats reads (nl.tile_size.bn_stats_fmax; NKI ISA reference,
     # nki.isa.bn_stats: "must not exceed 512"); the layernorm prologue cuts its rows into chunks of it
     bn_stats_fmax: int = 512
@@ -310,6 +317,8 @@ class Target:
                             f"moving fmax {self.gemm_moving_fmax}"),
             ("PE tiles", f"row/column tile sizes {', '.join(map(str, self.pe_tile_sizes))} "
                          f"(up to {self.max_column_tiles} concurrent matmuls; nc_matmul tile_position)"),
+            ("MX", f"{', '.join(self.mx_formats)}: nc_matmul_mx at {self.peak_mx_tflops:g} TFLOPS, quantize_mx on "
+                   "VectorE (docs/mx.md)" if self.mx_formats else "none (nc_matmul_mx is NeuronCore-v4's)"),
             ("FP8", f"weights in {', '.join(self.fp8_formats)}; "
                     + ("double_row matmuls at 2x the bf16 rate, not with column tiles" if "double_row" in
                        self.matmul_perf_modes else "no double_row mode: FP8 matmuls at the bf16 rate")
@@ -344,8 +353,8 @@ class Target:
                 continue  # a one-core target's dict (and its fingerprint) is what it was before logical cores
             if name in ("launch", "in_graph_kernel_us") and self.launch == STANDALONE:
                 continue  # standalone predictions do not read them: the dict is what it was before launch contexts
-            if name == "fp8_formats":
-                continue  # a workload's dtype records the format; no prediction reads the list
+            if name in ("fp8_formats", "mx_formats", "peak_mx_tflops"):
+                continue  # a workload's dtype records the format; no prediction of another format reads them
             if name == "pe_tile_sizes":
                 continue  # a schedule using PE tiles records them (column_tiles); every other prediction ignores it
             out[name] = [list(p) for p in value] if name == "dma_efficiency_curve" else value
@@ -451,9 +460,20 @@ TARGETS: dict[str, Target] = {
         max_lnc=2,
         default_lnc=2,
         fp8_formats=("float8_e4m3", "float8_e5m2", "float8_e4m3fn"),  # OCP e4m3fn from NeuronCore-v4 on
+        peak_mx_tflops=315.0,  # per NeuronCore-v4 (see the field)
+        mx_formats=("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4"),
         params=ModelParams(tensor_engine_efficiency=0.968, engine_extra_input_cycles=0.0),
     ),
 }
+
+#: NeuronCore-v4's MX rates (the only cores with MX; docs/mx.md, "Cost"). An nc_matmul_mx contracts 4 packed elements
+#: per PE: "each processing element performs four pairs of MX multiplications and also accumulation of the four
+#: multiplication results per cycle", "4x the throughput compared to a BF16/FP16 matmul" (Trainium3 architecture guide,
+#: "Quad-MXFP8/MXFP4 Matmul Performance"): one instruction over N moving x4 columns takes the cycles of a bf16 one over
+#: N. quantize_mx "can quantize four input elements per partition, per cycle (i.e., 4x Vector performance mode)" (same
+#: guide, "MX data-type Quantization").
+MX_MATMUL_SPEEDUP = 4
+MX_QUANTIZE_ELEMENTS_PER_CYCLE = 4
 
 #: The target commands use unless told: trn2, what users deploy NKI kernels on (NxD Inference runs no NKI kernels on
 #: trn1 from its 2.29 release; its release notes). The CLI gives it its platform LNC (:func:`with_lnc`).

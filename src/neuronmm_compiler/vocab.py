@@ -313,8 +313,8 @@ def _dequantize(acc: np.ndarray, x_scale: np.ndarray, w_scale: np.ndarray) -> np
 
 
 def _needs_format(*_: np.ndarray) -> np.ndarray:
-    raise TypeError("quantize and row_scale depend on the FP8 format of their node's dtype attr: use ir.fp8's "
-                    "quantize and row_scale")
+    raise TypeError("quantize, row_scale and quantize_mx depend on the format of their node's dtype attr: use ir.fp8's "
+                    "quantize and row_scale, ir.mx's quantize_activation")
 
 
 @dataclass(frozen=True)
@@ -342,6 +342,7 @@ class ElementwiseOp(StrEnum):
     QUANTIZE = "quantize"
     DEQUANTIZE = "dequantize"
     ROW_SCALE = "row_scale"
+    QUANTIZE_MX = "quantize_mx"  # [M, K] bf16 -> [M, K/4] of the packed MX dtype in its dtype attr (docs/mx.md)
 
     @property
     def scaled(self) -> bool:
@@ -353,8 +354,8 @@ class ElementwiseOp(StrEnum):
     @property
     def fp8(self) -> bool:
         """True for every op of FP8 quantization: quantize, dequantize and ``row_scale`` (a value's dynamic per-row
-        scale, ``max|v[i, :]| / max`` of the FP8 format in its ``dtype`` attr; result float32 [M, 1])."""
-        return self.scaled or self == ElementwiseOp.ROW_SCALE
+        scale, ``max|v[i, :]| / max`` of the FP8 format in its ``dtype`` attr; result float32 [M, 1]), quantize_mx."""
+        return self.scaled or self in (ElementwiseOp.ROW_SCALE, ElementwiseOp.QUANTIZE_MX)
 
     @property
     def info(self) -> ElementwiseOpInfo:
@@ -369,8 +370,8 @@ class ElementwiseOp(StrEnum):
     @property
     def unary(self) -> bool:
         """True for an activation (one operand, ``nisa.activation``); False for a tensor-tensor op (and row_scale,
-        a reduction)."""
-        return self.info.arity == 1 and self != ElementwiseOp.ROW_SCALE
+        a reduction, and quantize_mx, a Vector Engine quantization)."""
+        return self.info.arity == 1 and self not in (ElementwiseOp.ROW_SCALE, ElementwiseOp.QUANTIZE_MX)
 
     @property
     def nki(self) -> str:
@@ -395,4 +396,5 @@ _ELEMENTWISE_OPS: Mapping[ElementwiseOp, ElementwiseOpInfo] = MappingProxyType({
     ElementwiseOp.DEQUANTIZE: ElementwiseOpInfo(3, "dq", "{0} * {1} * {2}.T", "nl.multiply", _dequantize),
     # a max-reduction of |v| along each row (ir/fp8.py's row_scale; its NumPy spelling needs the format too)
     ElementwiseOp.ROW_SCALE: ElementwiseOpInfo(1, "rs", "", "nl.maximum", _needs_format),
+    ElementwiseOp.QUANTIZE_MX: ElementwiseOpInfo(1, "qmx", "", "nl.divide", _needs_format),  # nisa.quantize_mx
 })

@@ -98,6 +98,13 @@ def _cases() -> dict[str, tuple[str, ...]]:
          "--param", "stationary=tokens", "--param", "x_transpose=pe")
     emit("mlp-fp8-row-128-keep0.8-trn2", "--mlp", "--tokens", "128", "--hidden", "512", "--intermediate", "1024",
          "--keep-ratio", "0.8", "--dtype", "fp8", "--act-scale", "row", "--target", "trn2")
+    # OCP MX weights on trn3 (docs/mx.md): nc_matmul_mx with x quantize_mx'd on chip from a DMA-interleaved load (mxfp4
+    # decode), from the row tiles (MXFP8 E5M2, 3 tokens: a padded stationary), and an MX GEMM
+    emit("mlp-mxfp4-1-dense-trn3", "--mlp", "--tokens", "1", "--hidden", "1024", "--intermediate", "2048", "--dense",
+         "--dtype", "mxfp4", "--target", "trn3")
+    emit("mlp-mxfp8-e5m2-3-dense-trn3", "--mlp", "--tokens", "3", "--hidden", "512", "--intermediate", "1024",
+         "--dense", "--dtype", "mxfp8_e5m2", "--target", "trn3", "--param", "x_transpose=pe")
+    emit("gemm-mxfp8-77x512x1024-trn3", "--shape", "77x512x1024", "--dtype", "mxfp8_e4m3", "--target", "trn3")
     # every example graph, both dialects, and on trn2
     for graph in GRAPHS:
         for dialect in DIALECTS:

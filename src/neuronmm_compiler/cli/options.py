@@ -12,9 +12,8 @@ import click
 
 from ..errors import InputError, NmmcError
 from ..frontends.prologue import NormPrologue
-from ..frontends.shapes import A_LAYOUTS, fp8_request, parse_shape
+from ..frontends.shapes import A_LAYOUTS, dtype_request, fp8_request, parse_shape
 from ..frontends.workloads import MlpWorkload, Workload, chain_workload, gemm_workload, mlp_workload
-from ..ir import canonical_dtype
 from ..schedule import PRESETS
 from ..support import AUTO, KNOWN_SDKS, SUPPORT, check_sdk, resolve_dialect, sdk_summary, support_warning
 from ..targets import (
@@ -172,9 +171,9 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "with gamma folded in, diag(gamma) W (frontends.prologue.fold_gamma computes them)."),
         click.option("--dtype", default="bf16", show_default=True, callback=lowercase_name,
                      help="Element type: bf16 (bfloat16) or fp32 (float32); for --mlp also fp8 (= fp8_e4m3), "
-                          "fp8_e5m2 or (trn3) fp8_e4m3fn: FP8 weights, per-channel scales, activations per tensor "
-                          "(docs/fp8.md; MX formats are not supported). With tune "
-                          "--model: the formats to choose among, e.g. bf16,fp8 ({dense, SVD} x those; docs/fp8.md)."),
+                          "fp8_e5m2 or (trn3) fp8_e4m3fn: FP8 weights (docs/fp8.md); on trn3 also mxfp8_e4m3, "
+                          "mxfp8_e5m2, mxfp4: OCP MX weights, for --shape too (docs/mx.md). With tune --model: the "
+                          "formats to choose among, e.g. bf16,fp8 ({dense, SVD} x those; docs/fp8.md)."),
         click.option("--act-scale", default=None, callback=lowercase_name, metavar="static|row", help="FP8 activation "
                      "scales: static (default: one per tensor, an input) or row (per token, in-kernel; docs/fp8.md)."),
         click.option("--a-layout", default="mk", show_default=True, callback=lowercase_name,
@@ -206,7 +205,7 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
     """A GEMM, chain or MLP from the workload options (not a graph file)."""
     if o["dims"]:
         raise InputError("--dim binds dimensions of a --graph file")
-    dtype = canonical_dtype(o["dtype"])
+    dtype, mx = dtype_request(o)  # an MX --dtype: MxWeights on bf16 activations (docs/mx.md)
     layout = choice(o["a_layout"], A_LAYOUTS, "A layout")
     fp8 = fp8_request(o["dtype"], dtype, o["mlp"], o["act_scale"] or "static")
     dtype = "bfloat16" if fp8 else dtype
@@ -230,7 +229,7 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
                 raise InputError(f"--ranks takes three integers G,U,D; got {o['ranks']!r}") from None
         return mlp_workload(o["tokens"], o["hidden"], o["intermediate"], rank=o["rank"], ranks=ranks,  # type: ignore[arg-type]
                             keep_ratio=o["keep_ratio"], dense=o["dense"], dtype=dtype, prologue=prologue_from(o),
-                            fp8=fp8)
+                            fp8=fp8, mx=mx)
     for name in ("tokens", "hidden", "intermediate", "ranks", *PROLOGUE_KEYS):
         if o[name] not in (None, False):
             raise InputError(f"--{name} goes with --mlp")
@@ -241,7 +240,7 @@ def _builtin_workload(o: dict[str, Any]) -> Workload:
     m, n, k = parse_shape(o["shape"])
     if o["rank"] is not None or o["keep_ratio"] is not None:
         return chain_workload(m, n, k, rank=o["rank"], keep_ratio=o["keep_ratio"], dtype=dtype, a_layout=layout)
-    return gemm_workload(m, n, k, dtype=dtype, a_layout=layout)
+    return gemm_workload(m, n, k, dtype=dtype, a_layout=layout, mx=mx)
 
 
 def prologue_from(o: dict[str, Any]) -> NormPrologue | None:

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..errors import InputError
+from ..ir.mx import mx_format
 from .options import EXIT_FAILED, PROLOGUE_KEYS, WORKLOAD_KEYS, chosen_dialect, workload_from
 
 TP_HELP = ("Tensor parallelism: shard the --mlp over N NeuronCores (Megatron-style: gate/up split by columns of "
@@ -71,6 +72,9 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
     if kw.get("act_scale") not in (None, "static"):
         raise InputError("--act-scale row is not sharded by --tp yet: a rank's shard of h holds part of each token's "
                          "values, so its maximum is not the token's (docs/fp8.md); drop one of them")
+    if mx_format(str(kw.get("dtype") or "")) is not None:
+        raise InputError(f"--dtype {kw['dtype']} is not sharded by --tp yet: the strategies and their baselines are "
+                         "bf16/FP8 ones (docs/mx.md, 'What is not done'); drop one of them")
     if kw.get("model"):
         options = {key: kw[key] for key in WORKLOAD_KEYS}
         ok = commands.run_model_tp(kw["model"], options, tp, target, dialect, kernel_fn, strategy=strategy,

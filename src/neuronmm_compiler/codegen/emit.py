@@ -24,7 +24,8 @@ from ..support import newest_sdk, support_note
 from ..targets import Target
 from ..vocab import Dialect
 from .metadata import METADATA_FORMAT, KernelMetadata, KernelSpec, ScheduleRecord, TensorSpec, buffer_specs
-from .printer import DIALECTS, PRINTERS
+from .mx import MX_PRINTERS, mx_input_specs
+from .printer import DIALECTS
 from .reference import reference_source
 
 
@@ -55,14 +56,14 @@ def emit_kernel(programs: Program | Sequence[Program], graph: Graph, *, target: 
                for p in ([programs] if isinstance(programs, Program) else programs)]
     dialect = check_dialect(dialect)
     release = sdk or newest_sdk(dialect, target.name)
-    printer = PRINTERS[dialect](release)
+    printer = MX_PRINTERS[dialect](release)
     exchanging = exchanges(kernels)
     metadata = KernelMetadata(
         format=METADATA_FORMAT,
         nmmc_version=__version__,
         dialect=dialect,
         target=target.name,
-        inputs=tuple(TensorSpec(n.attrs["name"], n.storage_shape, n.dtype) for n in graph.inputs()),
+        inputs=tuple(spec for n in graph.inputs() for spec in mx_input_specs(n)),
         outputs=tuple(TensorSpec(n.attrs["name"], n.storage_shape, n.dtype) for n in graph.outputs()),
         kernels=tuple(KernelSpec(k.name, buffer_specs(k.params), buffer_specs(k.outputs)) for k in kernels),
         schedule=schedule if isinstance(schedule, ScheduleRecord) else ScheduleRecord.from_dict(dict(schedule)),

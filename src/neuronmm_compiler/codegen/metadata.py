@@ -37,6 +37,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..ir import DTYPES
+from ..ir.mx import MX_SCALE_DTYPE
 from ..vocab import Dialect
 
 __all__ = [
@@ -111,7 +112,7 @@ class TensorSpec:
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             raise InputError(f"{_MALFORMED}: {where} 'shape' must be a list of positive integers; got {shape!r:.80}")
         dtype = _get(data, "dtype", str, f"{where} ")
-        if dtype not in DTYPES:
+        if dtype not in DTYPES and dtype != MX_SCALE_DTYPE:  # uint8: an MX tensor's scales (ir/mx.py, "Storage")
             raise InputError(f"{_MALFORMED}: {where} has the unknown dtype {dtype!r:.40}; dtypes: {', '.join(DTYPES)}")
         return cls(name, tuple(shape), dtype)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..ir import Graph
 from ..ir.fp8 import numpy_source as fp8_source
 from ..ir.fp8 import row_scale_source
+from ..ir.mx import is_mx
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 
 INDENT = "    "
@@ -12,14 +13,20 @@ INDENT = "    "
 
 def reference_source(graph: Graph, name: str = "reference") -> list[str]:
     """Source lines of ``def reference(<inputs in storage layout>) -> output(s)`` in float64."""
+    from .mx import mx_input_specs, mx_reference_quantize, mx_reference_value
+
     inputs = graph.inputs()
     outputs = graph.outputs()
-    args = ", ".join(node.attrs["name"] for node in inputs)
+    args = ", ".join(spec.name for node in inputs for spec in mx_input_specs(node))  # an MX input: two arrays
     lines = [f"def {name}({args}):",
              f'{INDENT}"""float64 NumPy reference of the kernel (inputs in their HBM layout)."""']
     names: dict[str, str] = {}
     for node in inputs:
         arg = node.attrs["name"]
+        if is_mx(node.dtype):  # its elements and scales, as the real matrix they store (docs/mx.md)
+            lines += [INDENT + line for line in mx_reference_value(node, arg, f"{arg}_f64")]
+            names[node.id] = f"{arg}_f64"
+            continue
         value = f"np.asarray({arg}, dtype=np.float64)"
         if node.layout == Layout.TRANSPOSED:
             value += ".T"
@@ -41,6 +48,10 @@ def reference_source(graph: Graph, name: str = "reference") -> list[str]:
                 expr = fp8_source(ops[0], ops[1], node.attrs["dtype"])
             elif op == ElementwiseOp.ROW_SCALE:
                 expr = row_scale_source(ops[0], node.attrs["dtype"])
+            elif op == ElementwiseOp.QUANTIZE_MX:
+                lines += [INDENT + line for line in mx_reference_quantize(ops[0], node.attrs["dtype"], f"v{index}")]
+                names[node.id] = f"v{index}"
+                continue
             else:
                 expr = op.numpy_source(*ops)
         elif node.kind == NodeKind.NORM:

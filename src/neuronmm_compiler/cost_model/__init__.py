@@ -1,5 +1,6 @@
 """The analytic cost model of a loop-nest program on a Trainium target."""
 
+from . import counts_mx  # noqa: F401  (registers the MX instructions' counts with .counts)
 from .counts import ProgramCounts, count_program
 from .footprint import Footprint, check_fits, footprint
 from .model import (

@@ -75,6 +75,8 @@ class ProgramCounts:
     hbm_bytes_written: dict[str, int] = field(default_factory=dict)
     dma: dict[tuple[str, bool, int], DmaClass] = field(default_factory=dict)  # (dir, transpose, bpp)
     matmuls: int = 0
+    #: of ``flops``, those of nc_matmul_mx instructions (at the MX rate: the lower bound's, model.py)
+    mx_flops: int = 0
     #: matmuls in a PE tile narrower than the array (nc_matmul tile_position / tile_size)
     pe_tiled_matmuls: int = 0
     flops: int = 0
@@ -287,6 +289,16 @@ def _adder(stmt: Stmt) -> _Adder:
         if isinstance(stmt, kind):
             return adder
     raise TypeError(f"cannot count {type(stmt).__name__}")  # loops never reach here
+
+
+def register(kind: type, adder: _Adder, *, engine_work: bool = False) -> None:
+    """Count statements of ``kind`` with ``adder`` (an instruction family kept in a module of its own, which registers
+    itself when the package is imported: cost_model/counts_mx.py); ``engine_work``: an engine instruction that anchors
+    the prologue of a program without matmuls (:data:`ENGINE_WORK`)."""
+    global ENGINE_WORK
+    _ADDERS[kind] = adder
+    if engine_work:
+        ENGINE_WORK = (*ENGINE_WORK, kind)
 
 
 def count_program(program: Program, params: ModelParams, env: Mapping[str, int] | None = None,

@@ -132,6 +132,9 @@ def model_inputs(program: Program, target: Target, params: ModelParams | None = 
     dtype = program.params[0].dtype if program.params else "bfloat16"
     peak = (target.peak_bf16_tflops * 1e6 * params.tensor_engine_efficiency
             / (params.matmul_fp32_factor if dtype == "float32" else 1))
+    if counts.mx_flops:  # the peak of the program's mix: nc_matmul_mx's FLOPs at the MX peak (targets.py; docs/mx.md)
+        peak_mx = target.peak_mx_tflops * 1e6 * params.tensor_engine_efficiency
+        peak = counts.flops / ((counts.flops - counts.mx_flops) / peak + counts.mx_flops / peak_mx)
     compulsory = sum(p.itemsize * math.prod(p.shape) for p in program.params)
     compulsory += sum(o.itemsize * math.prod(o.shape) for o in program.outputs)
     values = {

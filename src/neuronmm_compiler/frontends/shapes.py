@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Real
+from typing import Any
 
 from ..errors import InputError
 from ..ir.fp8 import FP8_FORMATS, is_fp8
 from ..ir.graph import Graph
-from ..ir.node import FP8_MATMUL_VALUES
+from ..ir.node import FP8_MATMUL_VALUES, canonical_dtype
 from ..vocab import ALayout, ElementwiseOp
+from .mx import MxWeights, mark, mx_request, weight_input
 from .prologue import NormPrologue, add_prologue
 
-__all__ = ["A_LAYOUTS", "Fp8Weights", "block_aligned_rank", "fp8_request", "gemm_graph", "mlp_graph", "parse_shape",
-           "svd_chain_graph"]
+__all__ = ["A_LAYOUTS", "Fp8Weights", "block_aligned_rank", "dtype_request", "fp8_request", "gemm_graph", "mlp_graph",
+           "parse_shape", "svd_chain_graph"]
 
 #: How the user holds A (:class:`~neuronmm_compiler.vocab.ALayout`): "mk" is A[M, K] as is, "km" is
 #: A transposed, stored [K, M].
@@ -57,17 +60,24 @@ def _check_dim(value: object, what: str, frontend: str = "gemm") -> int:
     return value
 
 
-def gemm_graph(m: int, n: int, k: int, dtype: str = "bfloat16", a_layout: str = ALayout.MK) -> Graph:
+def gemm_graph(m: int, n: int, k: int, dtype: str = "bfloat16", a_layout: str = ALayout.MK,
+               mx: MxWeights | None = None) -> Graph:
     """C[M, N] = A[M, K] @ B[K, N] with inputs ``a``, ``b`` and output ``c``, graph name ``gemm``.
 
     With ``a_layout="km"`` the user holds A transposed: the graph is the literal one, an input
     ``a_t`` of shape [K, M] (row_major) feeding a ``transpose`` and then the matmul; the
-    ``fold-transposes`` pass turns that into a ``transposed`` input.
+    ``fold-transposes`` pass turns that into a ``transposed`` input. With ``mx`` (:class:`~.mx.MxWeights`) B is an MX
+    weight (``[K/4, N]`` packed) and the matmul is marked for the ``quantize-mx`` pass (docs/mx.md).
     """
     m, n, k = _check_dim(m, "M"), _check_dim(n, "N"), _check_dim(k, "K")
     if ALayout.lookup(a_layout) is None:
         raise InputError(f"gemm: unknown A layout {a_layout!r}; accepted: {', '.join(A_LAYOUTS)}")
     graph = Graph("gemm")
+    if mx is not None:
+        a = graph.add_input("a", (m, k), dtype)
+        b = weight_input(graph, "b", k, n, mx, "gemm: K")
+        graph.add_output("c", graph.add_matmul(a, b, **mark(mx)))
+        return graph
     if a_layout == ALayout.MK:
         lhs = graph.add_input("a", (m, k), dtype)
         rhs = graph.add_input("b", (k, n), dtype)
@@ -137,7 +147,7 @@ def svd_chain_graph(m: int, n: int, k: int, rank: int, dtype: str = "bfloat16",
 
 def mlp_graph(
     tokens: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, dtype: str = "bfloat16",
-    prologue: NormPrologue | None = None, fp8: Fp8Weights | None = None,
+    prologue: NormPrologue | None = None, fp8: Fp8Weights | None = None, mx: MxWeights | None = None,
 ) -> Graph:
     """The gated MLP ``out = (silu(x W_gate) * (x W_up)) W_down`` for x [T, H]; output ``out`` [T, H].
 
@@ -152,7 +162,9 @@ def mlp_graph(
     With ``fp8`` (:class:`Fp8Weights`) every weight (every SVD factor) is an FP8 input and every matmul reading one
     is marked an FP8-weight matmul (attrs ``act_scale``, ``w_scale`` from ``fp8``): the ``quantize-fp8`` pass
     (:mod:`~neuronmm_compiler.passes.quantize_fp8`) places the quantization of the value it reads, the weight's
-    scale input ``<weight>_scale`` and the dequantization (docs/fp8.md, "Where quantization happens").
+    scale input ``<weight>_scale`` and the dequantization (docs/fp8.md, "Where quantization happens"). With ``mx``
+    (:class:`~.mx.MxWeights`) every weight is an MX input, packed along its contraction (``[rows/4, cols]``), and every
+    matmul reading one is marked for the ``quantize-mx`` pass (docs/mx.md).
     """
     where = "mlp"
     tokens = _check_dim(tokens, "tokens", where)
@@ -166,18 +178,25 @@ def mlp_graph(
             )
         parts = ("gate", "up", "down")
         ranks = tuple(_check_dim(r, f"{part} rank", where) for r, part in zip(ranks, parts, strict=True))
+    if mx is not None and (fp8 is not None or prologue is not None):
+        raise InputError(f"{where}: MX weights take neither FP8 weights nor a norm prologue (docs/mx.md)")
     graph = Graph("dense_mlp" if ranks is None else "svd_mlp")
     x = graph.add_input("x", (tokens, hidden), dtype)
-    marks = {} if fp8 is None else {"act_scale": fp8.act_scale, "w_scale": fp8.scales}
+    marks = mark(mx) if fp8 is None else {"act_scale": fp8.act_scale, "w_scale": fp8.scales}
 
     def matmul(value: str, weight: str, id: str) -> str:
         return graph.add_matmul(value, weight, id=id, **marks)
     weight_dtype = dtype if fp8 is None else fp8.format
+
+    def add_weight(name: str, rows: int, cols: int) -> str:
+        if mx is not None:
+            return weight_input(graph, name, rows, cols, mx, f"mlp: the contraction of {name}")
+        return graph.add_input(name, (rows, cols), weight_dtype)
     if ranks is None:
         weights = {
-            "gate": graph.add_input("w_gate", (hidden, intermediate), weight_dtype),
-            "up": graph.add_input("w_up", (hidden, intermediate), weight_dtype),
-            "down": graph.add_input("w_down", (intermediate, hidden), weight_dtype),
+            "gate": add_weight("w_gate", hidden, intermediate),
+            "up": add_weight("w_up", hidden, intermediate),
+            "down": add_weight("w_down", intermediate, hidden),
         }
 
         def project(value: str, part: str, _tag: str, _base: str) -> str:
@@ -186,10 +205,7 @@ def mlp_graph(
         sizes = {"gate": (hidden, intermediate), "up": (hidden, intermediate), "down": (intermediate, hidden)}
         factors = {}
         for (part, (rows, cols)), rank in zip(sizes.items(), ranks, strict=True):
-            factors[part] = (
-                graph.add_input(f"u_{part}", (rows, rank), weight_dtype),
-                graph.add_input(f"v_{part}", (rank, cols), weight_dtype),
-            )
+            factors[part] = (add_weight(f"u_{part}", rows, rank), add_weight(f"v_{part}", rank, cols))
 
         def project(value: str, part: str, tag: str, base: str) -> str:
             u, v = factors[part]
@@ -246,3 +262,11 @@ def fp8_request(spelled: str, dtype: str, mlp: bool, act_scale: str = "static") 
     if not mlp:
         raise InputError(f"--dtype {spelled} (FP8 weights) goes with --mlp (docs/fp8.md)")
     return Fp8Weights(dtype, act_scale=act_scale)
+
+
+def dtype_request(o: Mapping[str, Any]) -> tuple[str, MxWeights | None]:
+    """The element type and OCP MX weights the workload options ``o`` ask for (``--dtype``): ``(its canonical
+    dtype, None)``, or ``("bfloat16", MxWeights)`` for an MX format (docs/mx.md; refusals: :func:`~.mx.mx_request`)."""
+    mx = mx_request(o["dtype"], a_layout=o["a_layout"], prologue=o["fuse_norm"] if o["mlp"] else None,
+                    chain=not o["mlp"] and (o["rank"] is not None or o["keep_ratio"] is not None))
+    return ("bfloat16", mx) if mx else (canonical_dtype(o["dtype"]), None)

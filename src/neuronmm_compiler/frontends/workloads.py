@@ -18,6 +18,7 @@ from ..errors import InputError
 from ..ir import DTYPES, Graph, canonical_dtype, parse_text, to_text
 from ..schedule import GemmProblem
 from ..vocab import ALayout, NodeKind
+from .mx import MxWeights, mx_from_dict
 from .prologue import NormPrologue, prologue_from_dict
 from .shapes import Fp8Weights, block_aligned_rank, gemm_graph, mlp_graph, svd_chain_graph
 
@@ -76,6 +77,8 @@ class GemmWorkload(Workload):
     k: int
     dtype: str = "bfloat16"
     a_layout: ALayout = ALayout.MK
+    #: B in an OCP MX format and A quantized on chip (``--dtype mxfp4`` ..., docs/mx.md; a fused kernel), or None
+    mx: MxWeights | None = None
 
     def __post_init__(self) -> None:
         _typed_a_layout(self)
@@ -84,20 +87,23 @@ class GemmWorkload(Workload):
         return GemmProblem(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
 
     def graph(self) -> Graph:
-        return gemm_graph(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout)
+        return gemm_graph(self.m, self.n, self.k, dtype=self.dtype, a_layout=self.a_layout, mx=self.mx)
 
     def dense_graph(self) -> Graph:
         return self.graph()
 
     def describe(self) -> str:
-        return self.problem().describe()
+        return self.problem().describe() + ("" if self.mx is None else f", B {self.mx.describe()}")
 
     @property
     def token_count(self) -> int:
         return self.m
 
     def fields_dict(self) -> dict[str, Any]:
-        return {"m": self.m, "n": self.n, "k": self.k, "a_layout": self.a_layout}
+        fields = {"m": self.m, "n": self.n, "k": self.k, "a_layout": self.a_layout}
+        if self.mx is not None:  # absent otherwise: the JSON form (cache keys, lockfiles) of other GEMMs is kept
+            fields["mx"] = self.mx.to_dict()
+        return fields
 
 
 @dataclass(frozen=True)
@@ -151,14 +157,16 @@ class MlpWorkload(Workload):
     prologue: NormPrologue | None = None
     #: FP8 weights and quantized activations (``--dtype fp8``, docs/fp8.md), or None (weights in ``dtype``)
     fp8: Fp8Weights | None = None
+    #: OCP MX weights and activations quantized on chip (``--dtype mxfp4`` ..., docs/mx.md), or None
+    mx: MxWeights | None = None
 
     def graph(self) -> Graph:
         return mlp_graph(self.tokens, self.hidden, self.intermediate, self.ranks, dtype=self.dtype,
-                         prologue=self.prologue, fp8=self.fp8)
+                         prologue=self.prologue, fp8=self.fp8, mx=self.mx)
 
     def dense_graph(self) -> Graph:
         return mlp_graph(self.tokens, self.hidden, self.intermediate, None, dtype=self.dtype, prologue=self.prologue,
-                         fp8=self.fp8)
+                         fp8=self.fp8, mx=self.mx)
 
     def describe(self) -> str:
         ranks = "dense" if self.ranks is None else "ranks gate/up/down " + "/".join(map(str, self.ranks))
@@ -166,6 +174,7 @@ class MlpWorkload(Workload):
         fp8 = "" if self.fp8 is None else f", {self.fp8.format} weights ({self.fp8.scales} scales)"
         if self.fp8 is not None and self.fp8.act_scale != "static":
             fp8 += f", {self.fp8.act_scale} activation scales"
+        fp8 += "" if self.mx is None else f", {self.mx.describe()}"
         return (f"gated MLP silu(x Wg) * (x Wu) Wd, tokens={self.tokens} hidden={self.hidden} "
                 f"intermediate={self.intermediate}, {ranks}, {self.dtype}{prologue}{fp8}")
 
@@ -182,6 +191,8 @@ class MlpWorkload(Workload):
             fields["fp8"] = {"format": self.fp8.format, "scales": self.fp8.scales}
             if self.fp8.act_scale != "static":  # absent when static: earlier FP8 cache keys and lockfiles are kept
                 fields["fp8"]["act_scale"] = self.fp8.act_scale
+        if self.mx is not None:  # likewise
+            fields["mx"] = self.mx.to_dict()
         return fields
 
     @property
@@ -252,11 +263,14 @@ def _positive(value: object, what: str) -> int:
     return value
 
 
-def gemm_workload(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: str = ALayout.MK) -> GemmWorkload:
+def gemm_workload(m: int, n: int, k: int, *, dtype: str = "bfloat16", a_layout: str = ALayout.MK,
+                  mx: MxWeights | None = None) -> GemmWorkload:
     """``C[M,N] = A[M,K] @ B[K,N]`` (``dtype`` may be spelled bf16/fp32; dimensions and dtype are
-    checked by :class:`GemmProblem`)."""
-    workload = GemmWorkload(m, n, k, dtype=canonical_dtype(dtype), a_layout=a_layout)
+    checked by :class:`GemmProblem`); ``mx``: B in an OCP MX format (docs/mx.md)."""
+    workload = GemmWorkload(m, n, k, dtype=canonical_dtype(dtype), a_layout=a_layout, mx=mx)
     workload.problem()
+    if mx is not None:
+        workload.graph()  # K a whole number of MX tiles, else InputError now
     return workload
 
 
@@ -272,7 +286,8 @@ def chain_workload(m: int, n: int, k: int, *, rank: int | None = None, keep_rati
 def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | None = None,
                  ranks: tuple[int, ...] | None = None, keep_ratio: float | None = None,
                  dense: bool = False, dtype: str = "bfloat16", align: int = 128,
-                 prologue: NormPrologue | None = None, fp8: Fp8Weights | None = None) -> MlpWorkload:
+                 prologue: NormPrologue | None = None, fp8: Fp8Weights | None = None,
+                 mx: MxWeights | None = None) -> MlpWorkload:
     """The gated MLP; ranks per projection (gate, up, down), one rank for all, or block-aligned from
     keep_ratio (gate/up from [hidden, intermediate], down from [intermediate, hidden]); ``prologue``: the
     residual add and norm fused before it."""
@@ -282,7 +297,7 @@ def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | Non
     if dense:
         if given:
             raise InputError("a dense MLP takes no --rank, --ranks or --keep-ratio")
-        return MlpWorkload(tokens, hidden, intermediate, dtype=dtype, prologue=prologue, fp8=fp8)
+        return MlpWorkload(tokens, hidden, intermediate, dtype=dtype, prologue=prologue, fp8=fp8, mx=mx)
     if given != 1:
         raise InputError("give exactly one of --rank, --ranks and --keep-ratio for an SVD MLP (or --dense)")
     if keep_ratio is not None:
@@ -295,7 +310,7 @@ def mlp_workload(tokens: int, hidden: int, intermediate: int, *, rank: int | Non
         chosen = tuple(_positive(r, "--ranks entry") for r in ranks)  # type: ignore[assignment]
     else:
         chosen = (_positive(rank, "--rank"),) * 3
-    return MlpWorkload(tokens, hidden, intermediate, ranks=chosen, dtype=dtype, prologue=prologue, fp8=fp8)
+    return MlpWorkload(tokens, hidden, intermediate, ranks=chosen, dtype=dtype, prologue=prologue, fp8=fp8, mx=mx)
 
 
 # ----------------------------------------------------------------------------- JSON form
@@ -336,7 +351,7 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
         m, n, k = (_field(data, name) for name in ("m", "n", "k"))
         if kind == "chain":
             return ChainWorkload(m, n, k, _field(data, "rank"), dtype=dtype, a_layout=layout)
-        return GemmWorkload(m, n, k, dtype=dtype, a_layout=layout)
+        return GemmWorkload(m, n, k, dtype=dtype, a_layout=layout, mx=mx_from_dict(data.get("mx")))
     if kind == "graph":
         return _graph_from_dict(data)
     ranks = data.get("ranks")
@@ -350,7 +365,8 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
             raise InputError(f"workload field 'fp8' must be null or {{format, scales}}; got {fp8!r}")
         fp8 = Fp8Weights(str(fp8.get("format")), str(fp8.get("scales")), str(fp8.get("act_scale", "static")))
     return MlpWorkload(_field(data, "tokens"), _field(data, "hidden"), _field(data, "intermediate"),
-                       ranks=ranks, dtype=dtype, prologue=prologue_from_dict(data.get("prologue")), fp8=fp8)
+                       ranks=ranks, dtype=dtype, prologue=prologue_from_dict(data.get("prologue")), fp8=fp8,
+                       mx=mx_from_dict(data.get("mx")))
 
 
 def workload_label(data: Mapping[str, Any]) -> str:
@@ -361,7 +377,8 @@ def workload_label(data: Mapping[str, Any]) -> str:
         text = f"{kind} {data.get('m')}x{data.get('n')}x{data.get('k')}"
         text += f" r{data.get('rank')}" if kind == "chain" else ""
         text += " A^T" if data.get("a_layout") == ALayout.KM else ""
-        return f"{text} {dtype}"
+        mx = data.get("mx")
+        return f"{text} {dtype}" + (f" {mx.get('format')}" if isinstance(mx, Mapping) else "")
     if kind == "graph":
         match = re.search(r"graph\s+(\w+)", str(data.get("graph", "")))
         return f"graph {match.group(1) if match else '?'} {dtype}"
@@ -369,7 +386,8 @@ def workload_label(data: Mapping[str, Any]) -> str:
     rank_text = "dense" if ranks is None else "r" + "/".join(map(str, ranks))
     prologue = data.get("prologue")
     norm = f" +{prologue.get('norm')}" if isinstance(prologue, Mapping) else ""
-    fp8 = data.get("fp8")
+    fp8, mx = data.get("fp8"), data.get("mx")
     weights = f" {str(fp8.get('format')).replace('float8_', 'fp8_')}" if isinstance(fp8, Mapping) else ""
+    weights += f" {mx.get('format')}" if isinstance(mx, Mapping) else ""
     return (f"mlp t{data.get('tokens')} h{data.get('hidden')} i{data.get('intermediate')} {rank_text}{norm} "
             f"{dtype}{weights}")

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError, KernelLimitError, UnsupportedAPIError
-from . import ops, reductions, scale_units
+from . import mx, ops, reductions, scale_units
 from . import perf_mode as perf_modes
 from .machine import (
     BFLOAT16,
@@ -314,6 +314,8 @@ def build_modules(m: Machine) -> dict[str, StandInModule]:
     language = StandInModule("nki.language", {**language_attrs(m), **reductions.unary_ops()})
     isa = StandInModule("nki.isa", isa_attrs(m))
     lnc = StandInModule("nki.lnc", lnc_attrs(m))
+    language.__dict__.update(mx.language_attrs())  # the MX dtypes and instructions (interpreter/mx.py)
+    isa.__dict__.update(mx.isa_attrs(m))
     top = StandInModule("nki", {"jit": jit, "language": language, "isa": isa, "lnc": lnc})
     return {"nki": top, "nki.language": language, "nki.isa": isa, "nki.lnc": lnc}
 

@@ -16,6 +16,7 @@ from ..vocab import Dialect
 from .counters import Counters
 from .lnc import SharedHbm, Turns
 from .memory import MemoryTracker
+from .mx import MX_DTYPES
 from .scale_units import ANY, ScaleUnits
 from .tensor import HBM, PSUM, SBUF, Allocation, Tensor, as_f32, mark_written, require_written, write
 
@@ -31,7 +32,13 @@ FLOAT8_E5M2 = np.dtype(ml_dtypes.float8_e5m2)
 #: 448; an overflowing cast is NaN there, refused under the same rule. nc_matmul takes it on NeuronCore-v4 only
 #: (Target.fp8_formats, rule NKI-MATMUL-E4M3FN, checked by perf_mode.check_fp8_formats).
 FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
-SUPPORTED_DTYPES = (BFLOAT16, FLOAT32, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT8_E4M3FN)
+#: and the MX tiles' dtypes: the packed ``_x4`` types and the uint8 / float8_e8m0fnu scales (interpreter/mx.py)
+SUPPORTED_DTYPES = (BFLOAT16, FLOAT32, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT8_E4M3FN, *MX_DTYPES)
+
+
+def _poisoned(dims: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """A new tile's storage: NaN where the dtype has it, zeros otherwise (the written mask marks it unwritten)."""
+    return np.full(dims, np.nan, dt) if dt.kind == "f" or dt == BFLOAT16 else np.zeros(dims, dt)
 
 _ASSIGNED_NAME = re.compile(r"\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=[^=]")
 
@@ -109,7 +116,8 @@ class Machine:
             dt = None
         if dt not in SUPPORTED_DTYPES:
             raise UnsupportedAPIError(f"{what} {value!r} is not supported; use nl.bfloat16, nl.float32, "
-                                      "nl.float16, nl.float8_e4m3, nl.float8_e5m2 or nl.float8_e4m3fn")
+                                      "nl.float16, nl.float8_e4m3, nl.float8_e5m2, nl.float8_e4m3fn, or for MX tiles "
+                                      "nl.float8_e4m3fn_x4, nl.float8_e5m2_x4, nl.float4_e2m1fn_x4, nl.uint8")
         return dt
 
     @staticmethod
@@ -147,13 +155,13 @@ class Machine:
             raise UnsupportedAPIError("nl.zeros in HBM is not in the subset; allocate with nl.ndarray")
         if kind == HBM and self.shared is not None:  # both programs of a logical core see one tensor
             alloc = self.shared.hbm_allocation(
-                line, lambda: Allocation(self, np.full(dims, np.nan, dt), kind, str(name), line))
+                line, lambda: Allocation(self, _poisoned(dims, dt), kind, str(name), line))
             if alloc.data.shape != dims or alloc.data.dtype != dt:
                 raise KernelError(f"program {self.program_id} allocates {alloc.describe()} as {list(dims)} "
                                   f"{dt.name}: the programs of a logical core disagree on a shared HBM tensor")
             self.hbm_allocs.append(alloc)
             return Tensor.whole(alloc)
-        data = np.zeros(dims, dt) if zero else np.full(dims, np.nan, dt)
+        data = np.zeros(dims, dt) if zero else _poisoned(dims, dt)
         alloc = Allocation(self, data, kind, str(name), line, written=zero)
         if zero and self.units is not None:
             alloc.units = ANY  # zeros are zeros in any scale units

@@ -211,14 +211,16 @@ class Tensor:
         return self
 
     def ap(self, pattern: Any, offset: Any = 0) -> Tensor:
-        """``t.ap(pattern=[[step, num], ...], offset=o)`` on an HBM tensor (NKI access patterns): the elements
+        """``t.ap(pattern=[[step, num], ...], offset=o)`` on a whole tensor (NKI access patterns): the elements
         ``offset + sum(i_d * step_d)`` of its storage, as a read-only view of shape ``[num, ...]``. A step of 0
-        repeats elements (a partition broadcast, ``[[0, P], [1, F]]``); the subset reads such views only as a DMA
-        source (rule NKI-DMA-BROADCAST)."""
+        repeats elements (a partition broadcast, ``[[0, P], [1, F]]``); the subset reads such views of HBM tensors only
+        as a DMA source (rule NKI-DMA-BROADCAST), and of on-chip tensors only as an engine's source whose first pair
+        walks the partitions ([elements per partition, P]: the strided copy of an MX kernel, docs/mx.md); nothing
+        writes through one."""
         a = self.alloc
-        if a.buffer != HBM or not self.is_full:
-            raise UnsupportedAPIError(f".ap() on {self.describe()}: the subset reads access patterns of whole HBM "
-                                      "tensors only")
+        if not self.is_full:
+            raise UnsupportedAPIError(f".ap() on {self.describe()}: the subset reads access patterns of whole tensors "
+                                      "only")
         try:
             pairs = [(operator.index(step), operator.index(num)) for step, num in pattern]
             start = operator.index(offset)
@@ -243,6 +245,13 @@ class Tensor:
         view.dims = tuple(range(len(pairs)))
         view.is_full = False
         view.pattern = tuple(pairs)
+        if a.buffer != HBM:  # on chip: partitions first, and the elements it reads checked written one by one
+            per_partition = size // a.data.shape[0]
+            inner = start % per_partition + sum(step * (num - 1) for step, num in pairs[1:])
+            if pairs[0][0] != per_partition or inner >= per_partition:
+                raise UnsupportedAPIError(f".ap(pattern={pattern!r:.60}) of {self.describe()}: an on-chip access "
+                                          f"pattern's first pair walks the partitions, [{per_partition}, P]")
+            view.key = np.unravel_index(flat, a.data.shape)
         return view
 
     def contiguous_run(self) -> int | None:
@@ -301,6 +310,9 @@ def write(t: Tensor, values: Any) -> None:
         record.last = a.machine.clock
     if a.lnc is not None:
         a.lnc.wrote(t)
+    if t.pattern is not None:
+        raise UnsupportedAPIError(f"a write through the access pattern {list(t.pattern)} of {t.describe()}: the subset "
+                                  "reads access patterns only")
     t.data[...] = values
     if t.data.dtype.itemsize == 1 and not np.all(np.isfinite(t.data)):
         raise KernelLimitError(f"{FP8_SATURATE_RULE}: a value outside the finite range of {t.data.dtype.name} was "

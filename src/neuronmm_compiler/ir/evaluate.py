@@ -9,6 +9,8 @@ from ..errors import InputError, IRError, NmmcError
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 from .fp8 import is_fp8, quantize, row_scale
 from .graph import Graph, Node, format_shape
+from .mx import X4_DTYPES, is_mx, quantize_activation
+from .mx_graph import is_mx_marked, load_weight, scale_name, value_shape
 from .verify import verify
 
 if TYPE_CHECKING:
@@ -43,8 +45,9 @@ def _load_input(node: Node, value: Any, dtype: Any) -> np.ndarray:
 
 def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
     if node.kind == NodeKind.MATMUL and "act_scale" in node.attrs:
-        raise IRError(f"matmul %{node.id} is an FP8-weight matmul: its quantization is placed by the quantize-fp8 "
-                      "pass (passes/quantize_fp8.py), which evaluation needs first (docs/fp8.md)")
+        which = "an MX" if is_mx_marked(node.attrs) else "an FP8"
+        raise IRError(f"matmul %{node.id} is {which}-weight matmul: its quantization is placed by the quantize-fp8 / "
+                      "quantize-mx pass, which evaluation needs first (docs/fp8.md, docs/mx.md)")
     if node.kind == NodeKind.MATMUL:
         return args[0] @ args[1]
     if node.kind == NodeKind.TRANSPOSE:
@@ -60,6 +63,8 @@ def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
         return quantize(args[0], args[1], node.attrs["dtype"])
     if op == ElementwiseOp.ROW_SCALE:
         return row_scale(args[0], node.attrs["dtype"])
+    if op == ElementwiseOp.QUANTIZE_MX:
+        return quantize_activation(args[0], X4_DTYPES[node.attrs["dtype"]].name)
     return op.apply(*args)
 
 
@@ -80,6 +85,7 @@ def evaluate(
 
     verify(graph)
     declared = {node.name: node for node in graph.inputs()}
+    declared.update({scale_name(node.name): node for node in graph.inputs() if is_mx(node.dtype)})  # docs/mx.md
     missing = [name for name in declared if name not in inputs]
     extra = sorted(str(name) for name in inputs if name not in declared)
     if missing or extra:
@@ -96,6 +102,9 @@ def evaluate(
     results: dict[str, np.ndarray] = {}
     for node in graph.nodes():
         if node.kind == NodeKind.INPUT:
+            if is_mx(node.dtype):  # its elements and scales, as the real matrix they store
+                values[node.id] = load_weight(node, inputs).astype(dtype)
+                continue
             values[node.id] = _load_input(node, inputs[node.name], dtype)
             continue
         try:
@@ -104,7 +113,7 @@ def evaluate(
             raise IRError(f"evaluating {node.kind} %{node.id}: {err}") from err
         except Exception as err:
             raise IRError(f"evaluating {node.kind} %{node.id} failed: {type(err).__name__}: {err}") from err
-        if value.shape != node.shape:
+        if value.shape != value_shape(node):
             raise IRError(
                 f"evaluating {node.kind} %{node.id}: got shape {format_shape(value.shape)}, "
                 f"the IR says {format_shape(node.shape)}"

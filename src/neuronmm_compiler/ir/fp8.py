@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from .mx import MX_ALIASES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -77,15 +78,17 @@ FP8_FORMATS: Mapping[str, Fp8Format] = MappingProxyType({
 })
 
 
-#: The microscaling (OCP MX) formats of NeuronCore-v4, which nmmc does not compile: their ``--dtype`` spellings.
-MX_DTYPES = ("mxfp8", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4")
+#: The ``--dtype`` spellings of the microscaling (OCP MX) formats of NeuronCore-v4 (ir/mx.py): not element types of
+#: the IR, but a request for MX weights, which only GEMM and MLP compilation on trn3 takes.
+MX_DTYPES = tuple(MX_ALIASES)
 
 
 def mx_refusal(dtype: str) -> str:
-    """The one sentence ``--dtype mxfp8`` (any :data:`MX_DTYPES`) is refused with (docs/fp8.md, "Not supported yet")."""
-    return (f"--dtype {dtype}: OCP MX formats (32-element blocks, float8_e8m0fnu block scales, nisa.quantize_mx and "
-            "nisa.nc_matmul_mx on trn3) are not supported yet: nmmc has no block-scaled matmul in its IR, interpreter "
-            "or lowerings (docs/fp8.md, 'Not supported yet'); use fp8, fp8_e5m2 or fp8_e4m3fn")
+    """The one sentence a ``--dtype`` MX format (any :data:`MX_DTYPES`) is refused with where MX weights are not
+    compiled (docs/mx.md, "What is not done")."""
+    return (f"--dtype {dtype}: OCP MX weights (nisa.nc_matmul_mx, trn3) are compiled by nmmc tune, emit, cost and "
+            "verify of --shape GEMMs and --mlp MLPs (docs/mx.md); graph files, nmmc compress, tune --model and export "
+            "do not take them yet; use fp8, fp8_e5m2 or fp8_e4m3fn here")
 
 
 def is_fp8(dtype: str) -> bool:

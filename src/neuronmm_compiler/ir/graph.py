@@ -201,7 +201,8 @@ class Graph:
 
     def add_elementwise(self, op: str, *operands: str, id: str | None = None, dtype: str | None = None) -> str:
         """Add ``silu(x)``, ``multiply(x, y)`` or ``add(x, y)`` (binary ops need equal shapes), or an FP8 op:
-        ``quantize(x, scale)`` / ``dequantize(acc, x_scale, w_scale)`` with its result ``dtype`` (docs/fp8.md)."""
+        ``quantize(x, scale)`` / ``dequantize(acc, x_scale, w_scale)`` with its result ``dtype`` (docs/fp8.md), or
+        ``quantize_mx(x)`` with its packed MX ``dtype`` (docs/mx.md)."""
         checked = ElementwiseOp.lookup(op)
         if checked is None:
             raise UnknownNameError(f"unknown elementwise op {op!r}; known: {', '.join(ElementwiseOp)}")
@@ -209,7 +210,7 @@ class Graph:
         if checked.fp8:
             attrs["dtype"] = canonical_dtype(dtype) if dtype is not None else ""
         elif dtype is not None:
-            raise IRError(f"elementwise {checked}: only quantize, dequantize and row_scale take a dtype")
+            raise IRError(f"elementwise {checked}: only quantize, dequantize, row_scale and quantize_mx take a dtype")
         return self._add_computed(NodeKind.ELEMENTWISE, operands, attrs, id, checked.info.id_prefix)
 
     def add_norm(self, op: str, x: str, *params: str, eps: float = 1e-6, id: str | None = None) -> str:

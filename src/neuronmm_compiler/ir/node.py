@@ -28,9 +28,13 @@ from typing import Any
 from ..errors import InputError, IRError, UnknownNameError
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp, Orient
 from .fp8 import FP8_FORMATS, MX_DTYPES, is_fp8, mx_refusal
+from .mx import X4_DTYPES
+from .mx_graph import applies as mx_applies
+from .mx_graph import mx_result
 
-#: Canonical dtype names.
-DTYPES: tuple[str, ...] = ("bfloat16", "float32", "float8_e4m3", "float8_e5m2", "float8_e4m3fn")
+#: Canonical dtype names; the packed MX dtypes (``float8_e4m3fn_x4``, ...; ir/mx.py) only as nmmc's MX frontends and
+#: passes spell them (not in :data:`DTYPE_ALIASES`, which graph files read).
+DTYPES: tuple[str, ...] = ("bfloat16", "float32", "float8_e4m3", "float8_e5m2", "float8_e4m3fn", *X4_DTYPES)
 #: Accepted spellings (lower case) and the canonical dtype each one means.
 DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
     {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
@@ -81,11 +85,13 @@ def canonical_dtype(dtype: Any) -> str:
         import numpy as np  # a dtype object: its caller has NumPy loaded already
 
         try:
-            key = np.dtype(dtype).name
+            key = np.dtype(dtype).names[0] if np.dtype(dtype).names else np.dtype(dtype).name  # an _x4: its field
         except TypeError:
             key = repr(dtype)
     if key in DTYPE_ALIASES:
         return DTYPE_ALIASES[key]
+    if key in X4_DTYPES:
+        return key
     if key in MX_DTYPES:
         raise InputError(mx_refusal(key))
     accepted = ", ".join(DTYPE_ALIASES)
@@ -251,6 +257,8 @@ def infer_result(
         for operand in operands:
             if len(operand.shape) != 2:
                 raise IRError(f"{where} needs 2-D operands; got {', '.join(described)}")
+    if mx_applies(kind, attrs, operands):  # MX values and their quantization (ir/mx_graph.py)
+        return mx_result(where, kind, attrs, operands, described)
     scaled = ElementwiseOp.lookup(attrs.get("op")) if kind == NodeKind.ELEMENTWISE else None
     if scaled is not None and scaled.fp8:
         return _scaled_result(where, scaled, attrs, operands, described)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..vocab import ElementwiseOp, NodeKind
 from .fp8 import FP8_FORMATS, is_fp8, round_fp8
 from .graph import Graph
+from .mx_quantized import calibrate_mx, is_mx_graph, mx_scale_exponents, unquantized_mx
 
 if TYPE_CHECKING:
     import numpy as np
@@ -48,8 +49,9 @@ def quantize_weight(w: np.ndarray, dtype: str, per_channel: bool = True) -> tupl
 
 
 def is_quantized(graph: Graph) -> bool:
-    """True when ``graph`` holds a quantize or dequantize node."""
-    return any(node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled for node in graph.nodes())
+    """True when ``graph`` holds a quantize or dequantize node, or MX values (ir/mx_quantized.py)."""
+    return is_mx_graph(graph) or any(node.kind == NodeKind.ELEMENTWISE and ElementwiseOp(node.attrs["op"]).scaled
+                                     for node in graph.nodes())
 
 
 def scale_inputs(graph: Graph) -> set[str]:
@@ -63,7 +65,9 @@ def scale_inputs(graph: Graph) -> set[str]:
 
 def unquantized(graph: Graph, dtype: str = "bfloat16") -> Graph:
     """The graph ``graph`` quantizes: FP8 inputs in ``dtype``, scale inputs dropped, ``quantize`` replaced by its value
-    and ``dequantize`` by a ``dtype`` matmul with the dequantize's id."""
+    and ``dequantize`` by a ``dtype`` matmul with the dequantize's id (an MX graph's: ir/mx_quantized.py)."""
+    if is_mx_graph(graph):
+        return unquantized_mx(graph, dtype)
     out = Graph(graph.name)
     scales = scale_inputs(graph)
     alias: dict[str, str] = {}
@@ -130,7 +134,9 @@ def activation_amax(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str,
 def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Inputs of the FP8 ``graph`` from ``inputs`` of :func:`unquantized` ``(graph)`` (storage layout): FP8 weights
     rounded after dividing by their scales, and every scale input (see the module docstring), as float32 / ml_dtypes
-    arrays."""
+    arrays (an MX graph's: ir/mx_quantized.py)."""
+    if is_mx_graph(graph):
+        return calibrate_mx(graph, inputs)
     out: dict[str, np.ndarray] = {}
     by_id = {node.id: node for node in graph.inputs()}
     formats = {by_id[node.operands[1]].name: node.attrs["dtype"] for node in graph.nodes()
@@ -159,7 +165,9 @@ def scale_exponents(graph: Graph) -> dict[str, dict[str, int]]:
     ``s``; a matmul and a multiply add their operands' units; ``dequantize acc, s1, s2`` adds one of each; every other
     value (an unquantized input, a silu, a norm, an add) is in the graph's own units: ``{}``. So every dequantized
     product and every output carries ``{}``, and every FP8 matmul operand exactly ``{s: -1}`` of the one scale it was
-    quantized by."""
+    quantized by. An MX graph's: ir/mx_quantized.py."""
+    if is_mx_graph(graph):
+        return mx_scale_exponents(graph)
     weight_scale: dict[str, str] = {}
     for node in graph.nodes():
         if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.DEQUANTIZE:

@@ -286,7 +286,8 @@ class _Parser:
         elif isinstance(op, NormOp):
             self.build(kind_token, lambda: graph.add_norm(op, *operands, eps=eps, id=node_id))
         else:
-            result = row_format or (dtype if isinstance(op, ElementwiseOp) and op.scaled else None)
+            named = isinstance(op, ElementwiseOp) and (op.scaled or op == ElementwiseOp.QUANTIZE_MX)  # its format
+            result = row_format or (dtype if named else None)
             self.build(kind_token, lambda: graph.add_elementwise(op, *operands, id=node_id, dtype=result))
         node = graph.node(node_id)
         if (node.shape, node.dtype) != (shape, dtype):

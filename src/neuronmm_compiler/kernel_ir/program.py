@@ -21,7 +21,9 @@ from .expr import Expr, Lin, add, as_expr, code, literal
 Memory = Literal["hbm", "sbuf", "psum"]
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float32": 4, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1,
-                               "float8_e4m3fn": 1}
+                               "float8_e4m3fn": 1,
+                               # MX: four packed elements per element (kernel_ir/mx.py), and E8M0 scales as uint8
+                               "float8_e4m3fn_x4": 4, "float8_e5m2_x4": 4, "float4_e2m1fn_x4": 2, "uint8": 1}
 #: ``nc_matmul`` performance modes (``nki.isa.matmul_perf_mode``): ``double_row`` is "Double FP8 mode, 2x matmul
 #: throughput by packing two FP8 weight/ifmap element pairs", on NeuronCore-v3/v4 only, never with column tiling
 #: (rules NKI-MATMUL-DOUBLE-ROW*, verification/rules.py).

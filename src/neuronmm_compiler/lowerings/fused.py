@@ -22,6 +22,7 @@ from ..errors import InputError, ScheduleError
 from ..frontends.workloads import ChainWorkload, GemmWorkload, GraphWorkload, MlpWorkload, Workload
 from ..ir import Graph
 from ..ir.fp8 import check_on_target
+from ..ir.mx import check_mx_on_target
 from ..ir.quantized import is_quantized, unquantized
 from ..kernel_ir.program import Program
 from ..passes import DEFAULT_FUSION_PIPELINE, DEFAULT_PIPELINE, Fuse, Pass, parse_pipeline, run_pipeline, split_kernels
@@ -35,6 +36,7 @@ from .base import Baseline, Lowering, aws_baseline, resolve_split, split_restric
 from .gemm import aws_gemm_cost
 from .lower_elementwise import lower_elementwise
 from .lower_fused import divided_fused_kernel, finish_fused_kernel, lower_fused_kernel
+from .mx import check_mx_schedule
 from .nkilib_mlp import nkilib_baseline
 
 if TYPE_CHECKING:
@@ -49,7 +51,10 @@ def row_scaled(workload: Workload) -> bool:
 
 def splittable(workload: Workload) -> bool:
     """True when ``mlp=split`` changes anything: a matmul reads an elementwise result (the MLP's h); not with per-token
-    activation scales, computed in the kernel that quantizes with them (passes/legality.py, rule 'row scale')."""
+    activation scales, computed in the kernel that quantizes with them (passes/legality.py, rule 'row scale'), nor with
+    MX weights (an MX MLP quantizes h on chip: lowerings/mx.py)."""
+    if getattr(workload, "mx", None) is not None:
+        return False
     if not isinstance(workload, GraphWorkload):
         return isinstance(workload, MlpWorkload) and not row_scaled(workload)
     graph = workload.graph()
@@ -189,6 +194,10 @@ class FusedLowering(Lowering):
         fp8 = getattr(workload, "fp8", None)
         if fp8 is not None:  # a format the target's nc_matmul takes (rule NKI-MATMUL-E4M3FN)
             check_on_target(fp8.format, target)
+        mx = getattr(workload, "mx", None)
+        if mx is not None:  # nc_matmul_mx on the target, in the nki dialect (rule NKI-MX-TARGET; docs/mx.md)
+            check_mx_on_target(mx.spec, target, dialect)
+            check_mx_schedule(params)
         base = schedule or FusedSchedule()
         if row_major_activations(workload):
             base = base.with_params(transpose_choice("x_transpose", schedule, params, workload, target, dialect))
@@ -248,11 +257,15 @@ class FusedLowering(Lowering):
         ]
 
     def space(self, workload: Workload, dma_transpose: bool = True, lnc: int = 1, exchange: bool = True) -> SearchSpace:
+        columns = (1,) if getattr(workload, "mx", None) is not None else column_tile_candidates(workload.token_count)
         return fused_space(row_major_activations(workload), splittable(workload), dma_transpose, lnc, exchange,
-                           column_tile_candidates(workload.token_count), has_prologue(workload))
+                           columns, has_prologue(workload))
 
     def search_setup(self, workload: Workload, target: Target, exhaustive_threshold: int,
                      dma_transpose: bool = True, exchange: bool = True) -> tuple[SpaceSpec, Evaluator]:
+        mx = getattr(workload, "mx", None)
+        if mx is not None:  # before any schedule is costed (rule NKI-MX-TARGET)
+            check_mx_on_target(mx.spec, target, "nki" if exchange else "neuronxcc")
         tokens = workload.token_count
         graph = workload.graph()
         kernels_by_mode: dict[str, list[Graph]] = {}
@@ -274,8 +287,9 @@ class FusedLowering(Lowering):
                 kernels_by_mode[schedule.mlp] = self.kernels(run_pipeline(graph, self.pipeline(schedule)).graph)
             return combine_reports([estimate(lower(k, schedule), target) for k in kernels_by_mode[schedule.mlp]])
 
+        columns = (1,) if mx is not None else column_tile_candidates(tokens, target.max_column_tiles)  # MX: row tiles
         space = fused_space(row_major_activations(workload), splittable(workload), dma_transpose, target.lnc,
-                            exchange, column_tile_candidates(tokens, target.max_column_tiles))
+                            exchange, columns)
 
         def normalized(schedule: FusedSchedule) -> FusedSchedule:
             return normalize_on(schedule, tokens, target)

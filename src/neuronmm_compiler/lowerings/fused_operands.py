@@ -13,13 +13,28 @@ from typing import TYPE_CHECKING
 from ..errors import IRError
 from ..ir import Graph, Node
 from ..ir.fp8 import is_fp8
+from ..ir.mx import is_mx
 from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, scale
-from ..kernel_ir.program import Alloc, Buffer, Copy, DmaCopy, Matmul, PerfMode, PeTranspose, Point, Ref, Stmt, span
+from ..kernel_ir.program import (
+    DTYPE_BYTES,
+    Alloc,
+    Buffer,
+    Copy,
+    DmaCopy,
+    Matmul,
+    PerfMode,
+    PeTranspose,
+    Point,
+    Ref,
+    Stmt,
+    span,
+)
 from ..schedule.fused import FusedSchedule, tiles_per_weight_block
 from ..schedule.params import usable_column_tiles
 from ..vocab import ElementwiseOp, Layout, NodeKind
 from .fused_groups import Group, Term
+from .mx import MxGroups
 from .pe_tiles import column_dst, column_matmuls, column_sum, column_tile
 
 if TYPE_CHECKING:
@@ -67,7 +82,7 @@ class FusedState:
         return outputs
 
 
-class OperandLoads(FusedState):
+class OperandLoads(FusedState, MxGroups):
     """Weights (streamed per block, or resident), input strips, and the PSUM tiles of groups' terms."""
 
     def _matmuls(self) -> list[Node]:
@@ -93,7 +108,7 @@ class OperandLoads(FusedState):
             tiles = -(-features // pmax)
             shape = (min(pmax, features), tiles, self.s.tokens_per_block)
             node = self.nodes[node_id]
-            dtype = node.dtype if is_fp8(node.dtype) else self.dtype
+            dtype = node.dtype if is_fp8(node.dtype) or is_mx(node.dtype) else self.dtype
             users = self._users(node_id)
             if node.kind != NodeKind.INPUT and users and all(u.kind == NodeKind.ELEMENTWISE and u.attrs["op"] in (
                     ElementwiseOp.QUANTIZE, ElementwiseOp.ROW_SCALE) for u in users):
@@ -127,12 +142,18 @@ class OperandLoads(FusedState):
         ksz, cols = kdim.tile_size(gk), fdim.block_size(blk)
         dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk), ksz,
                                fdim.block_start(blk), cols)
-        return loop("kt", kdim.tiles_in(kblk), kdim.tiles_in_block, [dma])
+        return loop("kt", kdim.tiles_in(kblk), kdim.tiles_in_block, [dma]) + self.mx_weight_scales(
+            w, buf, Lin(0), kdim.tile_index(kblk, Lin(0)), kdim.tiles_in(kblk), fdim.block_start(blk), cols)
 
     def _load_block(self, w: Node, buf: Buffer, kdim: Dim, fdim: Dim, blk: Expr, max_tiles: int,
                     split: tuple[str, ...] = ()) -> list[Stmt]:
         """DMAs filling ``buf[k, kt, :]`` with the weight columns of feature block ``blk`` (``split``: the work-split
-        families the contraction loop belongs to, kernel_ir/lnc.py)."""
+        families the contraction loop belongs to, kernel_ir/lnc.py), and an MX weight's scales (lowerings/mx.py)."""
+        return self._load_slabs(w, buf, kdim, fdim, blk, max_tiles, split) + self.mx_weight_scales(
+            w, buf, Lin(0), Lin(0), Lin(kdim.tiles), fdim.block_start(blk), fdim.block_size(blk))
+
+    def _load_slabs(self, w: Node, buf: Buffer, kdim: Dim, fdim: Dim, blk: Expr, max_tiles: int,
+                    split: tuple[str, ...]) -> list[Stmt]:
         kt = iv("kt", kdim.tiles)
         ksz, k0 = kdim.tile_size(kt), kdim.tile_start(kt)
         if self.s.weight_dma != "tile" or max_tiles == 1:
@@ -188,8 +209,10 @@ class OperandLoads(FusedState):
             dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, bm))), Ref(hbm, (span(k0, ksz), span(t0, bm))))
             return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma], split=split)
         if s.x_transpose == "dma":
-            dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, bm))),
-                          Ref(hbm, (span(t0, bm), span(k0, ksz))), transpose=True)
+            real = self.mx_tokens(t0, bm)  # bm but in an MX kernel padded to an even count (lowerings/mx.py)
+            dma = DmaCopy(Ref(buf, (span(0, ksz), Point(kt), span(0, real))),
+                          Ref(hbm, (span(t0, real), span(k0, ksz))), transpose=True)
+            out += self.mx_zeroed(Ref(buf, (span(0, buf.shape[0]), span(0, kdim.tiles), span(0, bm))))
             return out + loop("kt", Lin(kdim.tiles), kdim.tiles, [dma], split=split)
         tt = iv("tt", tok.tiles_in_block)
         tg = tok.tile_index(mb, tt)
@@ -197,9 +220,11 @@ class OperandLoads(FusedState):
         rows = Buffer(f"{inp.attrs['name']}_rows", (tok.tile, k), inp.dtype, "sbuf")
         tp = Buffer(f"{inp.attrs['name']}_tpsum", (kdim.tile, tok.tile), inp.dtype, "psum")
         out += self.alloc_row_parts(inp, 1)
+        real = self.mx_tokens(tok.tile_start(tg), tsz)
         body: list[Stmt] = [
             Alloc(rows, comment="tokens on partitions, as stored"),
-            DmaCopy(Ref(rows, (span(0, tsz), span(0, k))), Ref(hbm, (span(tok.tile_start(tg), tsz), span(0, k)))),
+            *self.mx_zeroed(Ref(rows, (span(0, tsz), span(0, k)))),
+            DmaCopy(Ref(rows, (span(0, real), span(0, k))), Ref(hbm, (span(tok.tile_start(tg), real), span(0, k)))),
             # a per-token FP8 scale's maxima, reduced on the rows before their transposes (lowerings/row_scales.py)
             *self.row_parts_from_rows(inp, Ref(rows, (span(0, tsz), span(0, k))), Lin(0), tt),
             *loop("kt", Lin(kdim.tiles), kdim.tiles, [
@@ -221,8 +246,11 @@ class OperandLoads(FusedState):
 
     def _weight_bytes(self, group: Group) -> int:
         """Bytes per element of the group's weights: the kernel's dtype, or 1 for FP8 weights (a weight block of
-        ``weight_block_kib`` then holds twice the columns; docs/fp8.md)."""
+        ``weight_block_kib`` then holds twice the columns; docs/fp8.md), or for MX weights a packed element and its
+        scale tile's byte (5 for MXFP8, 3 for MXFP4: docs/mx.md)."""
         dtypes = {self._weight(mm).dtype for mm in group.matmuls}
+        if dtypes and all(is_mx(d) for d in dtypes):  # a packed element and its tile's byte of scale (lowerings/mx.py)
+            return max(DTYPE_BYTES[d] for d in dtypes) + 1
         return 1 if dtypes and all(is_fp8(d) for d in dtypes) else self.dtype_bytes
 
     def _weight_sources(self, group: Group, fdim: Dim, blk: Expr) -> tuple[list[Stmt], dict[str, tuple[Buffer, bool]]]:
@@ -278,7 +306,7 @@ class OperandLoads(FusedState):
         """The PE column tiles a row-major term's matmuls go round (:mod:`.pe_tiles`): the schedule's
         ``column_tiles`` narrowed to the contraction tiles of its shortest matmul; 1 when the contraction loop is
         divided between the programs of a logical core (its K tiles are then the programs' to share)."""
-        if self.s.column_tiles == 1 or self._contraction_split(group):
+        if self.s.column_tiles == 1 or self._contraction_split(group) or self.mx:  # MX: row tiling only
             return 1
         k_tiles = min(self._kdim(self.nodes[mm.operands[0]].shape[1]).tiles for mm in term.matmuls)
         return usable_column_tiles(self.s.column_tiles, self.tok.tile, k_tiles, self.target.gemm_stationary_fmax)

@@ -108,8 +108,9 @@ class RowMajorGroups(OperandLoads):
         if reducing:
             store = self._reduce_scatter(rows, stores, odim, ob, tok.tile_start(tg), tsz, out_dtype)
         else:
-            store = [DmaCopy(Ref(hbm, (span(tok.tile_start(tg), tsz), span(odim.block_start(ob), cols))),
-                             Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
+            real = self.mx_tokens(tok.tile_start(tg), tsz)  # an MX kernel's pad token is not stored (lowerings/mx.py)
+            store = [DmaCopy(Ref(hbm, (span(tok.tile_start(tg), real), span(odim.block_start(ob), cols))),
+                             Ref(rows, (span(0, real), span(0, cols)))) for _, hbm in stores]
         what = "this program's partial sums of" if reducing else "one packed row of"
         token_tile = [Alloc(rows, comment=f"{what} output tiles"),
                       *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, per_tile), *store]
@@ -173,8 +174,9 @@ class RowMajorGroups(OperandLoads):
         values = {group.terms[0].node.id: dst, **self.scale_refs(group, tsz, odim.tile_start(g), nsz),
                   **self.row_scale_refs(group, tsz, tsz, Lin(0))}
         evict = self._evaluated(group, values, result, (tok.tile, odim.tile), (tsz, nsz))
-        store = [DmaCopy(Ref(hbm, (span(tok.tile_start(mb), tsz), span(odim.block_start(ob), cols))),
-                         Ref(rows, (span(0, tsz), span(0, cols)))) for _, hbm in stores]
+        real = self.mx_tokens(tok.tile_start(mb), tsz)  # an MX kernel's pad token is not stored (lowerings/mx.py)
+        store = [DmaCopy(Ref(hbm, (span(tok.tile_start(mb), real), span(odim.block_start(ob), cols))),
+                         Ref(rows, (span(0, real), span(0, cols)))) for _, hbm in stores]
         body = [Alloc(acc, accumulator=True, comment="one PSUM bank per output tile, across K blocks"),
                 *loop("k_blk", Lin(kdim.blocks), kdim.blocks, k_body),
                 Alloc(rows, comment="one packed row of output tiles"),
@@ -199,8 +201,8 @@ class RowMajorGroups(OperandLoads):
         return [Alloc(received), SendRecv(theirs, Ref(rows, (span(0, tsz), other))),
                 TensorTensor(mine, mine, theirs, ElementwiseOp.ADD),
                 Alloc(summed), Copy(Ref(summed, (span(0, tsz), span(0, half))), mine),
-                *(DmaCopy(Ref(hbm, (span(t0, tsz), span(col, half))), Ref(summed, (span(0, tsz), span(0, half))))
-                  for _, hbm in stores)]
+                *(DmaCopy(Ref(hbm, (span(t0, real), span(col, half))), Ref(summed, (span(0, real), span(0, half))))
+                  for _, hbm in stores for real in (self.mx_tokens(t0, tsz),))]
 
     def _transposed_store(self, out_node: Node, hbm: Buffer, rows: Buffer, odim: Dim, g: Expr, col: Expr,
                           tok: Dim, tg: Expr, tsz: Expr) -> list[Stmt]:

@@ -60,6 +60,8 @@ class TransposedGroups(TokenStationaryGroups):
 
     def transposed_group(self, group: Group, mb: Expr) -> list[Stmt]:
         """The statements computing ``group`` for token block ``mb`` into its strip (or streamed to HBM)."""
+        if group.root.attrs.get("op") == ElementwiseOp.QUANTIZE_MX:  # an MX quantization (lowerings/mx.py)
+            return self.mx_quantize_group(group, mb)
         if self._reduces(group):
             return self.reduced_groups([group], mb)
         if self._token_stationary(group):

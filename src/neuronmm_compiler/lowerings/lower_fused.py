@@ -83,6 +83,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
         self.prologues = [g for g in groups if g.root.kind == NodeKind.NORM]
         self.group_list = [g for g in groups if g.root.kind != NodeKind.NORM]
         self.tokens = compute[0].shape[0] if compute else copied[0].shape[0]
+        self.tokens = self.mx_init(self.tokens)  # an MX kernel computes an even count (lowerings/mx.py)
         # the scale inputs of quantize/dequantize nodes: loaded once, as per-partition columns or broadcast rows; the
         # per-token scales computed in the kernel (row_scale) apart (row_scales.py)
         self.scales = {o: self.nodes[o] for n in compute if n.kind == NodeKind.ELEMENTWISE
@@ -91,11 +92,11 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
         self._init_row_scales(compute)
         self.folds = {}
         aliases = graph.hbm_aliases
-        s = normalize_on(schedule, self.tokens, target)
+        s = self.mx_even(normalize_on(schedule, self.tokens, target))  # MX: even token tiles (lowerings/mx.py)
         # the tile sizes the printed kernel spells by name (kernel_ir/expr.py, Named); the token count read from the
         # arguments where the kernel can take any count up to the one it was built for (fused_tokens.py)
         weights = set(self.scales) | {n.operands[1] for n in compute if n.kind == NodeKind.MATMUL}
-        rows = token_rows(graph, self.tokens, weights, aliases)
+        rows = [] if self.mx else token_rows(graph, self.tokens, weights, aliases)  # MX: the count is the bucket
         self.tokdim = token_dim(self.tokens, s, rows, target.lnc, bool(copied))
         self.s = s = self.tokdim.schedule
         self.tok = self.tokdim.dim
@@ -111,6 +112,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
             return Buffer(name, (tokens, *shape[1:]) if tokens and name in rows else shape, n.dtype, "hbm")
 
         self.hbm = {n.id: hbm(n, aliases.get(n.id, n.attrs["name"])) for n in self.inputs}
+        self.mx_arguments(self.inputs, self.hbm)
         self.out_hbm: dict[str, list[tuple[Node, Buffer]]] = {}
         for n in self.outputs:
             self.out_hbm.setdefault(n.operands[0], []).append((n, hbm(n, n.attrs["name"])))
@@ -188,7 +190,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
     def _reads_kernel_input(self, lhs: Node) -> bool:
         """A matmul operand over the hidden dimension: a kernel input or the norm prologue's value, or (FP8) the
         quantization of one (docs/fp8.md)."""
-        if lhs.kind == NodeKind.ELEMENTWISE and lhs.attrs["op"] == ElementwiseOp.QUANTIZE:
+        if lhs.kind == NodeKind.ELEMENTWISE and lhs.attrs["op"] in (ElementwiseOp.QUANTIZE, ElementwiseOp.QUANTIZE_MX):
             lhs = self.nodes[lhs.operands[0]]
         return lhs.kind in (NodeKind.INPUT, NodeKind.NORM)
 
@@ -211,8 +213,9 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
         if self.s.lnc_split not in ("intermediate", "hidden") or not self.reducing:
             return set()
         inside = {mm.id for group in self.reducing for mm in group.matmuls}
-        return {mm.operands[0] for group in self.reducing for mm in group.matmuls
-                if all(u in inside for u in self.g.users(mm.operands[0]))}
+        halved = {mm.operands[0] for group in self.reducing for mm in group.matmuls
+                  if all(u in inside for u in self.g.users(mm.operands[0]))}
+        return halved | self.mx_halved(halved)
 
     def _strip_inputs(self) -> list[Node]:
         """Kernel inputs held as transposed strips: matmul left operands and transposed groups' operands."""
@@ -226,7 +229,7 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
                 for op in group.operands:
                     if op.kind == NodeKind.INPUT and op.id not in self.scales:
                         seen.setdefault(op.id, op)
-        return list(seen.values())
+        return [node for node in seen.values() if not self.mx_loads_itself(node)]  # MX: lowerings/mx.py
 
     def _describe_group(self, group: Group) -> str:
         """One line saying what the group computes and how (for the emitted kernel's readers)."""
@@ -297,7 +300,8 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
                 rows = inp.shape[0]
                 tiles = -(-rows // tok.tile)
                 body += self.row_major_group(copy, Lin(0), Dim("t", rows, min(tok.tile, rows), tiles, tiles), other)
-        params = list({self.hbm[n.id].name: self.hbm[n.id] for n in self.inputs}.values())  # views share arrays
+        params = self.mx_params(list({self.hbm[n.id].name: self.hbm[n.id] for n in self.inputs}.values()))
+        body = self.mx_matmuls(body) if self.mx else body  # matmuls of MX tiles: nc_matmul_mx (lowerings/mx.py)
         args = ", ".join(f"{p.name}{list(p.shape)}" for p in params)
         results = ", ".join(f"{o.name}{list(o.shape)}" for o in outs)
         doc = (f"Fused kernel {self.name} over {self.tokens} tokens ({self.dtype}).\n"

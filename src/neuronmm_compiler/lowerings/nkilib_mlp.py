@@ -186,6 +186,10 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
         label = f"{label[:-1]}; without its fused norm/residual, not modelled)"
         details["prologue"] = "not modelled: the baseline is nki-library's MLP alone"
     name = "nki-library's fused MLP"
+    if workload.mx is not None:  # docs/mx.md, "Baselines": no row that is not the kernel a serving stack would run
+        return Baseline(f"{label[:-1]}, MX weights)", name, None, one_core=False, details=details,
+                        reason="nki-library's MX MLP (core/mlp/mlp_tkg/mlp_tkg_mx.py) is not modelled by nmmc; its "
+                               "bf16 MLP reads no MX weights (docs/mx.md)")
     try:
         program = nkilib_program(tokens, hidden, inter, target, workload.dtype, fp8=fp8)
     except DoesNotRun as exc:

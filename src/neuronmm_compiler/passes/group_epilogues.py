@@ -40,13 +40,17 @@ __all__ = ["GroupEpilogues", "absorbed", "accumulator", "epilogue_groups"]
 
 def absorbed(graph: Graph, node: Node) -> bool:
     """True when ``node`` is evaluated inside its only reader's group: a matmul or elementwise value
-    read by exactly one node, an elementwise node of the same kernel and orientation."""
+    read by exactly one node, an elementwise node of the same kernel and orientation. A ``quantize_mx`` absorbs
+    nothing: nisa.quantize_mx reads a bf16 tile of 32-partition multiples from SBUF ("All input src and output tiles
+    ... must be in SBUF"), so the value it quantizes is held in SBUF by its own group first (docs/mx.md)."""
     if node.kind not in (NodeKind.MATMUL, NodeKind.ELEMENTWISE):
         return False
     users = graph.users(node.id)
     if len(users) != 1:
         return False
     user = graph.node(users[0])
+    if user.kind == NodeKind.ELEMENTWISE and user.attrs["op"] == ElementwiseOp.QUANTIZE_MX:
+        return False
     return (user.kind == NodeKind.ELEMENTWISE
             and user.annotations.get("orient") == node.annotations.get("orient")
             and user.annotations.get("kernel") == node.annotations.get("kernel"))

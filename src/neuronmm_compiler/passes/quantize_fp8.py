@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..ir.graph import Graph
+from ..ir.mx_graph import MX_MARKS, is_mx_marked
 from ..vocab import ElementwiseOp, NodeKind
 from .base import Pass, register_pass
 
@@ -35,9 +36,10 @@ __all__ = ["QuantizeFp8", "is_fp8_weight_matmul", "quantize_fp8"]
 
 
 def is_fp8_weight_matmul(graph: Graph, node_id: str) -> bool:
-    """True for a matmul the frontend marked (``act_scale`` / ``w_scale`` attrs)."""
+    """True for a matmul the frontend marked (``act_scale`` / ``w_scale`` attrs) for FP8 (``act_scale=mx`` marks an MX
+    matmul, the ``quantize-mx`` pass's: passes/quantize_mx.py)."""
     node = graph.node(node_id)
-    return node.kind == NodeKind.MATMUL and "act_scale" in node.attrs
+    return node.kind == NodeKind.MATMUL and "act_scale" in node.attrs and not is_mx_marked(node.attrs)
 
 
 def quantize_fp8(graph: Graph) -> Graph:
@@ -60,10 +62,10 @@ class _Rebuild:
             new = out.add_input(node.name or node.id, node.shape, node.dtype, node.layout or "row_major", id=node.id)
         elif node.kind == NodeKind.OUTPUT:
             new = out.add_output(node.name or node.id, ops[0], layout=node.layout or "row_major", id=node.id)
-        elif node.kind == NodeKind.MATMUL and "act_scale" in node.attrs:
+        elif node.kind == NodeKind.MATMUL and is_fp8_weight_matmul(self.src, node_id):
             new = self.fp8_matmul(node_id, ops)
         elif node.kind == NodeKind.MATMUL:
-            new = out.add_matmul(*ops, id=node.id)
+            new = out.add_matmul(*ops, id=node.id, **{k: v for k, v in node.attrs.items() if k in MX_MARKS})
         elif node.kind == NodeKind.TRANSPOSE:
             new = out.add_transpose(*ops, id=node.id)
         elif node.kind == NodeKind.NORM:

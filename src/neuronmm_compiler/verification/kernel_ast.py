@@ -8,7 +8,8 @@ import ast
 import json
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "tfloat32": 4, "int32": 4, "uint32": 4, "int16": 2,
-               "uint16": 2, "int8": 1, "uint8": 1, "float8_e4m3": 1, "float8_e5m2": 1, "float8_e4m3fn": 1}
+               "uint16": 2, "int8": 1, "uint8": 1, "float8_e4m3": 1, "float8_e5m2": 1, "float8_e4m3fn": 1,
+               "float8_e8m0fnu": 1, "float8_e4m3fn_x4": 4, "float8_e5m2_x4": 4, "float4_e2m1fn_x4": 2}
 METADATA = "# nmmc-metadata:"
 
 

@@ -29,6 +29,8 @@ import numpy as np
 from ..ir import Graph
 from ..ir.fp8 import quantize, row_scale
 from ..ir.graph import Node
+from ..ir.mx import X4_DTYPES, is_mx, quantize_activation
+from ..ir.mx_graph import load_weight, value_shape
 from ..ir.quantized import is_quantized
 from ..vocab import ElementwiseOp, Layout, NodeKind, NormOp
 
@@ -73,11 +75,13 @@ def row_labels(graph: Graph) -> dict[str, str] | None:
 
 def _stored(graph: Graph, node: Node) -> bool:
     """A computed value some matmul or norm reads: held on chip (or handed between kernels) rounded to the graph's
-    dtype (a norm prologue normalizes the residual sum as rounded for its store)."""
-    if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE:
+    dtype (a norm prologue normalizes the residual sum as rounded for its store); or an MX quantization reads, which
+    reads it from a bf16 tile (docs/mx.md)."""
+    if node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] in (ElementwiseOp.QUANTIZE, ElementwiseOp.QUANTIZE_MX):
         return False  # its rounding is the op itself, exact in the reference
     return node.kind not in (NodeKind.INPUT, NodeKind.OUTPUT) and any(
-        graph.node(user).kind in (NodeKind.MATMUL, NodeKind.NORM) for user in graph.users(node.id))
+        graph.node(user).kind in (NodeKind.MATMUL, NodeKind.NORM) or graph.node(user).attrs.get("op") ==
+        ElementwiseOp.QUANTIZE_MX for user in graph.users(node.id))
 
 
 def uncertain(graph: Graph) -> set[str]:
@@ -142,6 +146,8 @@ def _compute(node: Node, ops: list[np.ndarray], var: list[np.ndarray | None],
             variance = var[0] * gain
     else:
         op = ElementwiseOp(node.attrs["op"])
+        if op == ElementwiseOp.QUANTIZE_MX:  # exact, as quantize; a perturbation moves it by whole steps: bounded
+            return quantize_activation(ops[0], X4_DTYPES[node.attrs["dtype"]].name), None
         if op == ElementwiseOp.ROW_SCALE:
             value = row_scale(ops[0], node.attrs["dtype"])  # a max moves by at most the perturbation: not tracked
         else:
@@ -172,7 +178,7 @@ def chunk_rows(graph: Graph, labels: Mapping[str, str] | None, with_variance: se
     rows = graph.outputs()[0].shape[0]
     if labels is None:
         return rows
-    per_row = sum(8 * node.shape[1] * (2 if node.id in with_variance else 1)
+    per_row = sum(8 * value_shape(node)[1] * (2 if node.id in with_variance else 1)
                   for node in graph.nodes() if labels.get(node.id) == ROW and len(node.shape) == 2)
     return max(1, min(rows, CHUNK_BYTES // max(per_row, 1)))
 
@@ -201,7 +207,9 @@ def reference_chunks(graph: Graph, inputs: Mapping[str, np.ndarray], *,
             if label == WHOLE and node.id in whole:
                 values[node.id] = whole[node.id]
                 continue
-            if node.kind == NodeKind.INPUT:
+            if node.kind == NodeKind.INPUT and is_mx(node.dtype):  # its elements and scales (ir/mx_graph.py)
+                result = (load_weight(node, inputs), None)
+            elif node.kind == NodeKind.INPUT:
                 result = (_logical(node, inputs[node.name], part if label == ROW else None), None)
             else:
                 ops = [values[o][0] for o in node.operands]

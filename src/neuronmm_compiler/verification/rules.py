@@ -43,8 +43,11 @@ LATEST_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
 NKILIB = "aws-neuron/nki-library@d2ad3a579498d1888aa8740af97fd325dd5f2740"
 #: nmmc's own definitions (not an AWS rule): a rule of nmmc's graph semantics, cited from nmmc's documentation.
 NMMC = "nmmc (not an AWS rule)"
+#: The published API pages of Neuron SDK 2.29.1 and 2.32.0 (the MX scale dtype changed between them).
+SDK229_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.29.1"
+SDK232_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0"
 #: Every source a citation may name.
-SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, SDK234_DOCS, LATEST_DOCS, NKILIB, NMMC)
+SOURCES = (SDK_DOCS, LEGACY_DOCS, SDK233_DOCS, SDK234_DOCS, LATEST_DOCS, NKILIB, NMMC, SDK229_DOCS, SDK232_DOCS)
 
 BOTH = (Dialect.NKI, Dialect.NEURONXCC)
 #: Why the capacity rules are not checked from the source.
@@ -54,7 +57,7 @@ ALL_TARGETS = ("trn1", "trn2", "trn3")
 KIB = 1024
 
 #: Topics, in the order the generated document lists them.
-TOPICS = ("memory", "tiles", "loops", "isa", "fp8", "dialect")
+TOPICS = ("memory", "tiles", "loops", "isa", "fp8", "mx", "dialect")
 
 #: ``op=`` values the Scalar Engine accepts in ``nisa.activation``: the table "Supported Activation
 #: Functions for NKI ISA" (names under ``nki.language``). There is no ``identity``: the identity is
@@ -159,6 +162,14 @@ def _latest(page: str, where: str) -> str:
     return f"{LATEST_DOCS}/{page} ({where})"
 
 
+def _sdk229(page: str, where: str) -> str:
+    return f"{SDK229_DOCS}/{page} ({where})"
+
+
+def _sdk232(page: str, where: str) -> str:
+    return f"{SDK232_DOCS}/{page} ({where})"
+
+
 _TILING = "nki/get-started/about/tiling-overview.rst"
 _ISA = "nki/api/nki/isa/__init__.py"
 _LANG = "nki/api/nki/language/__init__.py"
@@ -167,6 +178,9 @@ _RELNOTES = "release-notes/components/nki.rst"
 _ARCH1 = "nki/guides/architecture/trainium_inferentia2_arch.rst"
 _ARCH2 = "nki/guides/architecture/trainium2_arch.rst"
 _ARCH3 = "nki/guides/architecture/trainium3_arch.rst"
+_MXFP = "nki/deep-dives/mxfp-matmul.rst"
+#: The MX formats per target (Target.mx_formats): nc_matmul_mx is NeuronCore-v4's (docs/mx.md)
+MX_TARGET_FORMATS = (("trn1", ()), ("trn2", ()), ("trn3", ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4")))
 _LEGACY_PM = "general/nki/programming_model.rst"
 _LEGACY_LANG = "general/nki/api/nki/language/__init__.py"
 _MIGRATION_233 = "nki/migration/index.html"
@@ -482,10 +496,11 @@ RULES: tuple[Rule, ...] = (
           _latest("compiler/error-codes/EOCP001.html", "NCC_EOCP001: each compiled module selects a single FP8 E4M3 "
                   "conversion mode; a module cannot use both formats")),
          dialects=(Dialect.NKI,), checkable=True,
-         note="Checked statically (tensors of both types declared in one kernel file) and by the interpreter (an "
-              "nc_matmul reading both). The compiler error is per module, so a float8_e4m3fn kernel embedded in a "
-              "model whose other FP8 E4M3 tensors are legacy float8_e4m3 fails there too; nmmc cannot see the rest of "
-              "the model."),
+         note="Checked statically (tensors of both types declared in one kernel file; an MX tensor of "
+              "float8_e4m3fn_x4 counts as float8_e4m3fn, four of them packed: nki.isa.nc_matmul_mx, \"Data types\") "
+              "and by the interpreter (an nc_matmul reading both). The compiler error is per module, so a "
+              "float8_e4m3fn kernel embedded in a model whose other FP8 E4M3 tensors are legacy float8_e4m3 fails "
+              "there too; nmmc cannot see the rest of the model."),
     Rule("NKI-FP8-SATURATE", "fp8", "a value written into an FP8 tile (nl.float8_e4m3, largest finite 240; "
          "nl.float8_e5m2, 57344; nl.float8_e4m3fn, 448) lies in the format's finite range: clamp it first "
          "(tensor_scalar minimum/maximum into the FP8 tile), as the conversion is not documented to saturate",
@@ -623,6 +638,116 @@ RULES: tuple[Rule, ...] = (
          dialects=(Dialect.NKI,), sdk_min=NKI_LNC_FROM,
          note="Not checked: not yet an error in 2.34, and nmmc's tensor_tensor / tensor_scalar calls pass no engine= "
               "and use arithmetic operators only (add, subtract, multiply, divide, minimum, maximum), no bitvec one."),
+    # --- mx -------------------------------------------------------------------------------------
+    Rule("NKI-MX-TARGET", "mx", "nisa.nc_matmul_mx and nisa.quantize_mx run on NeuronCore-v4 (trn3) only; nmmc's MX "
+         "formats per target are Target.mx_formats (--dtype mxfp8_e4m3, mxfp8_e5m2, mxfp4)",
+         (_sdk(_ISA, "nc_matmul_mx: \"Available only on NeuronCore-v4 and newer\""),
+          _sdk(_ISA, "quantize_mx: \"Available only on NeuronCore-v4 and newer\""),
+          _sdk(_ARCH3, "Quad-MXFP8/MXFP4 Matmul Performance: MXFP8 and MXFP4, \"Multiplying an MXFP8 matrix with an "
+                       "MXFP4 matrix is also allowed\"")),
+         dialects=(Dialect.NKI,), target_field="mx_formats", documented=MX_TARGET_FORMATS, checkable=True,
+         note="Checked statically (a call of either on trn1/trn2) and by the interpreter on every call; nmmc refuses "
+              "an MX --dtype on trn1/trn2 (and in the neuronxcc dialect) before anything is lowered or searched."),
+    Rule("NKI-MX-RATE", "mx", "an MX matmul runs at 4x the bf16 rate: 315 MXFP8/MXFP4 TFLOPS per NeuronCore-v4 against "
+         "79 BF16, one nc_matmul_mx over N moving x4 columns in the cycles of an nc_matmul over N; quantize_mx takes "
+         "four input elements per partition per cycle",
+         (_sdk(_ARCH3, "Tensor Engine: \"315 MXFP8/MXFP4 TFLOPS ... 79 BF16/FP16/TF32\""),
+          _sdk(_ARCH3, "Quad-MXFP8/MXFP4 Matmul Performance: \"4x the throughput compared to a BF16/FP16 matmul\", "
+                       "each PE \"performs four pairs of MX multiplications ... per cycle\""),
+          _sdk(_ARCH3, "MX data-type Quantization: \"four input elements per partition, per cycle (i.e., 4x Vector "
+                       "performance mode)\"")),
+         dialects=(Dialect.NKI,), target_field="peak_mx_tflops", documented=(("trn1", 0.0), ("trn2", 0.0),
+                                                                              ("trn3", 315.0)),
+         note="The cost model's MX rates (targets.py MX_MATMUL_SPEEDUP, MX_QUANTIZE_ELEMENTS_PER_CYCLE; docs/mx.md, "
+              "'Cost'); 4 x 79 = 316, the guide rounds to 315. No MX kernel has been measured on Trainium: the "
+              "nc_matmul's 64-cycle floor is assumed for nc_matmul_mx too."),
+    Rule("NKI-MX-LAYOUT", "mx", "an nc_matmul_mx contracts 512 positions: 128 partitions x 4 packed elements, the four "
+         "elements of a partition 128 apart on the contraction (\"interleaving\"); a scaling group is 8 partitions x "
+         "4 packed elements (32 values), one E8M0 scale each; nmmc holds MX weights packed so ([K/4, N] of an _x4 "
+         "type, scales [16, K/512, N] uint8) and K a whole number of 512-tiles",
+         (_sdk(_ISA, "nc_matmul_mx: \"The micro-scaling group size is 32 elements in groups of 8 partitions x 4 "
+                     "elements per partition\"; Layout"),
+          _sdk(_ARCH3, "Quad-MXFP8/MXFP4 Matmul Performance: \"These four elements are 128 (K//4) elements apart\""),
+          _sdk(_MXFP, "Data Tensor: \"take 4 elements originating 128 apart on the contraction axis and pack them "
+                      "together on the SBUF free-dimension\""),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_mx.py", "H must be divisible by 512; hidden "
+                  "layout [_pmax, n_H512_tile, T, 4] quantized by quantize_mx"),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_tkg/down_projection_mx_shard_H.py", "weight scales uint8 "
+                  "[_pmax // 8, ceil(I/512), H] in HBM")),
+         dialects=(Dialect.NKI,), targets=("trn3",),
+         note="The contraction's order inside a 512-tile is nmmc's to choose as long as both operands share it; nmmc "
+              "takes the documented interleaving, so a weight's blocks are the 32 positions 512t + 128j + 8g + i "
+              "(j < 4, i < 8), not 32 consecutive ones (ir/mx.py). Checked by the interpreter (the data's packing and "
+              "the reference's blocks) and the value comparison of nmmc verify, not from the source."),
+    Rule("NKI-MX-MATMUL-TILE", "mx", "nc_matmul_mx: stationary and moving in SBUF of an _x4 type (float8_e5m2_x4, "
+         "float8_e4m3fn_x4, float4_e2m1fn_x4), partitions identical, a multiple of 32 and at most 128; the "
+         "stationary's free size even and at most 128; the moving's at most 4096 (fp32 dst) or 8192 (bf16 dst); dst in "
+         "PSUM; row tiling only (tile_size (row, 128), tile_position (row, 0)); no perf_mode",
+         (_sdk(_ISA, "nc_matmul_mx: Tiling Mode, Memory types, Data types, Tile size"),
+          _sdk(_MXFP, "Layout and Tile Size Requirements: max tile sizes [128P, 128F] / [128P, 512F] in _x4 elements")),
+         dialects=(Dialect.NKI,), targets=("trn3",), checkable=True,
+         note="Checked statically where the source shows it (operand dtypes and memories, a column tile) and by the "
+              "interpreter on every call (shapes, evenness, dst). An MX kernel over an odd token count computes one "
+              "zero token more, so that its row-major matmuls' stationary (a token tile) is even (lowerings/mx.py)."),
+    Rule("NKI-MX-QUANTIZE-TILE", "mx", "quantize_mx: src bf16/fp16 in SBUF, partitions a multiple of 32 and at most "
+         "128, free size a multiple of 4 (the 4 packed elements innermost); dst float8_e5m2_x4 or float8_e4m3fn_x4 "
+         "(no FP4 output) with a quarter of src's free size",
+         (_sdk(_ISA, "quantize_mx: Memory types, Data types, Layout, Tile size"),
+          _sdk(_MXFP, "Data Tensor: \"Quantize-MX does not support an FP4 output but Matmul-MX does support FP4 "
+                      "input\""),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_tkg/projection_mx_constants.py",
+                  "SUPPORTED_QMX_OUTPUT_DTYPES = [nl.float8_e4m3fn_x4]")),
+         dialects=(Dialect.NKI,), targets=("trn3",), checkable=True,
+         note="Checked statically (dtypes) and by the interpreter (shapes). nmmc passes src as the [P, F, 4] view of "
+              "an interleaved tile, its free axes flattened to the [P, 4F] the page describes (nki-library reshapes "
+              "its [_pmax, n, T, 4] tile to 2-D first: mlp_tkg_mx.py); an assumption no measurement has checked."),
+    Rule("NKI-MX-SCALE-LAYOUT", "mx", "an MX scale tile is uint8 (or float8_e8m0fnu) of the data tile's shape when the "
+         "data spans more than one 32-partition quadrant (P // 8 rows within one); the scale of the group of "
+         "partitions 8g .. 8g + 7 sits on partition 32 (g // 4) + g % 4, the first 4 partitions of its quadrant",
+         (_sdk(_MXFP, "Scale Tensor: \"Scales must be placed in the quadrant from which the corresponding scaling "
+                      "group originated\"; \"If P > 32 (Oversize required) MX Quantized Scale = [P, F//4] UINT8\""),
+          _sdk(_ARCH3, "Quad-MXFP8/MXFP4 Matmul Performance: each quadrant holds 4 partitions worth of scales"),
+          _nkilib("src/nkilib_src/nkilib/core/mlp/mlp_tkg/gate_up_projection_mx_shard_H.py",
+                  "Load 4 partitions of scales for every quadrant: one dma_copy per quadrant")),
+         dialects=(Dialect.NKI,), targets=("trn3",), checkable=True,
+         note="Checked statically (the scale tile's dtype) and by the interpreter (quantize_mx writes, nc_matmul_mx "
+              "reads each group's scale on that partition; a scale partition never written fails here). nmmc loads a "
+              "weight block's scales with one DMA per quadrant (4 partitions each, as the guide's "
+              "load_scales_scattered and nki-library's gate/up projection do; its down projection loads one partition "
+              "per DMA, citing a scalar-DGE restriction to 1 or 16k partitions that nmmc's DMAs, which name no "
+              "dge_mode, do not meet). The offsets 0/4/8/12 that pack four tensors' scales into one tile are not "
+              "used."),
+    Rule("NKI-MX-SCALE-DTYPE", "mx", "before Neuron SDK 2.32 an MX scale tile is uint8 (\"The dst_scale tile must be "
+         "uint8\"); from 2.32 float8_e8m0fnu or uint8 (\"uint8 accepted for backward compatibility\"): nmmc's MX "
+         "kernels use uint8 holding the E8M0 exponent, for every release its nki dialect covers",
+         (_sdk229("nki/api/generated/nki.isa.quantize_mx.html", "Data types: \"The dst_scale tile must be uint8\""),
+          _sdk232("nki/api/generated/nki.isa.quantize_mx.html", "Data types: \"float8_e8m0fnu or uint8 (prefer "
+                  "float8_e8m0fnu: OCP MX standard; uint8 accepted for backward compatibility)\""),
+          _sdk(_ISA, "nc_matmul_mx: Data types: stationary_scale and moving_scale \"float8_e8m0fnu or uint8\"")),
+         dialects=(Dialect.NKI,), targets=("trn3",), sdk_max="2.31", checkable=True,
+         note="Releases 2.30 and 2.31 were not read; the rule takes the older text for them (the conservative "
+              "reading). Checked statically: a scale tile allocated float8_e8m0fnu on those releases."),
+    Rule("NKI-MX-QUANTIZE-SCALE", "mx", "quantize_mx's block scale is 2^(floor(log2(max|V|)) - (E_max - 1)), E_max 8 "
+         "for float8_e4m3fn and 15 for float8_e5m2 (twice the OCP sample algorithm's, so the largest values round "
+         "without saturation), 2^-127 for an all-zero group; the elements are V / scale rounded into the format",
+         (_sdk(_ISA, "quantize_mx: Scale calculation; \"this instruction uses a block scale that is two times "
+                     "larger\""),
+          _nkilib("src/nkilib_src/nkilib/core/utils/mx_torch_common.py", "quantize_to_mx: the OCP sample algorithm "
+                  "(block_max_exp - max_exp, clip to max_val) nmmc quantizes offline weights with")),
+         dialects=(Dialect.NKI,), targets=("trn3",),
+         note="The rounding of V / scale (exact: a power of two) into the element type is not stated; round to nearest "
+              "even is assumed, as every narrowing cast nmmc models. nmmc's reference (ir/mx.py), the emitted "
+              "reference() and the interpreter compute the same; offline weights use the OCP sample algorithm, clamped "
+              "(their elements reach the format's largest value; quantize_mx's never exceed 2^E_max)."),
+    Rule("NMMC-MX-SCALE-PAIR", "mx", "every MX operand reaches nc_matmul_mx with its own scales: in scale units (an MX "
+         "weight's elements carry <name>_scale^-1 and its scale argument ^+1; each quantize_mx makes a unit of its "
+         "own), each operand's elements and scale tile cancel, so the product carries no scale",
+         (f"{NMMC}: docs/mx.md (Verification: scale pairs)",
+          f"{NMMC}: src/neuronmm_compiler/interpreter/scale_units_mx.py"),
+         dialects=(Dialect.NKI,), targets=("trn3",),
+         note="nmmc's quantized-graph semantics, not an NKI rule: a weight's scale tile given to the activation (the "
+              "weight's scale applied twice, the activation's never) runs, but computes another function. Checked by "
+              "the interpreter in nmmc verify of an MX file."),
     # --- dialect --------------------------------------------------------------------------------
     Rule("NKI-NEURONXCC-IMPORT", "dialect", "neuronxcc.nki inside a kernel is a compilation error from NKI 0.4 "
          "(SDK 2.30)",

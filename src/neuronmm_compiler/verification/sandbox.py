@@ -39,6 +39,7 @@ import re
 from collections.abc import Iterator
 from types import ModuleType
 
+from ..codegen.mx import reference_numpy_names
 from ..errors import InputError
 from ..interpreter.loader import KERNEL_BUILTINS
 from ..ir.fp8 import FP8_FORMATS, row_scale_source
@@ -79,6 +80,7 @@ def numpy_names() -> frozenset[str]:
         names.update(re.findall(r"\bnp\.(\w+)", fp8_source("x", "s", dtype) + row_scale_source("x", dtype)))
     for norm in NormOp:
         names.update(re.findall(r"\bnp\.(\w+)", norm.numpy_source("x", "1e-06", "g", "b")))
+    names.update(re.findall(r"\bnp\.(\w+)", reference_numpy_names()))  # an MX file's reference() helpers
     return frozenset(names)
 
 

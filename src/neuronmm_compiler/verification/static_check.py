@@ -1,12 +1,11 @@
 """Check an NKI kernel's source against the statically checkable rules of the rule book.
 
-:func:`check_kernel_source` parses the file (nothing is imported or run) and walks it in program
-order, keeping what each name was last bound to: an on-chip or HBM allocation (``nl.ndarray`` /
-``nl.zeros`` with a literal shape, dtype and buffer) or a kernel argument (dtype from the file's
-``nmmc-metadata`` line when there is one). A rule is reported only where the source shows the
-violation: an operand whose buffer or dtype cannot be resolved is not guessed about. Which rules
-are checked is :data:`~neuronmm_compiler.verification.rules.RULES` with ``checkable=True``, filtered
-by :meth:`Rule.applies` for the dialect, target and SDK.
+:func:`check_kernel_source` parses the file (nothing is imported or run) and walks it in program order, keeping what
+each name was last bound to: an on-chip or HBM allocation (``nl.ndarray`` / ``nl.zeros`` with a literal shape, dtype
+and buffer) or a kernel argument (dtype from the file's ``nmmc-metadata`` line when there is one). A rule is reported
+only where the source shows the violation: an operand whose buffer or dtype cannot be resolved is not guessed about.
+Which rules are checked is :data:`~neuronmm_compiler.verification.rules.RULES` with ``checkable=True``, filtered by
+:meth:`Rule.applies` for the dialect, target and SDK.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 
 from ..targets import TARGETS
 from ..vocab import Dialect
-from . import lnc_api_check
+from . import lnc_api_check, mx_check
 from .dma_transpose_check import check_dma_transpose_shape
 from .kernel_ast import (
     DTYPE_BYTES,
@@ -232,8 +231,8 @@ class _Checker(ast.NodeVisitor):
         return buf
 
     def _note_e4m3(self, dtype: str | None, node: ast.AST) -> None:
-        if dtype in ("float8_e4m3", "float8_e4m3fn") and dtype not in self.e4m3:
-            self.e4m3[dtype] = node.lineno
+        if (mode := mx_check.E4M3_MODES.get(dtype or "")) and mode not in self.e4m3:  # an MX _x4: OCP E4M3
+            self.e4m3[mode] = node.lineno
             if len(self.e4m3) == 2:  # the second type: reported once
                 self.report("NKI-FP8-E4M3-MODE", node, f"float8_e4m3 and float8_e4m3fn in one kernel {self.e4m3}")
 
@@ -268,7 +267,8 @@ class _Checker(ast.NodeVisitor):
             if tile is not None:
                 self.env[node.func.value.id] = tile
         nki = self.dialect is Dialect.NKI
-        lnc_api_check.check_call(self, node, name)  # its rules are the nki dialect's
+        for extra in (lnc_api_check, mx_check):  # the nki dialect's NKI 0.8.0 API moves and MX calls
+            extra.check_call(self, node, name)
         if name == "nc_matmul" and nki:
             self._check_matmul(node, base_name(kwarg(node, "dst", 0)))
         elif name == "dma_transpose":
