@@ -61,20 +61,11 @@ def _problem(workload: Workload) -> GemmProblem:
     return workload.problem()
 
 
-#: A GEMM search's default Optuna trials (nmmc tune --trials; a fused search keeps search.DEFAULT_TRIALS, 150): the
-#: polish from the best schedule of eight structural classes ends where it ends after 150 trials. Measured on trn2 LNC=2
-#: over the 15 GEMMs of benchmarks/search_quality.py's suite and the 6 of benchmarks/tune_speed.py: 75 trials found
-#: the same schedule for 20 and one 0.22% slower (130x9000x2100: 119.07 us against 118.80), in 10-60% less search
-#: time; against exhaustive enumeration: benchmarks/results/search-quality-2026-12-07.txt
-GEMM_TRIALS = 100
-
-
 class GemmLowering(Lowering):
     kind: ClassVar[str] = "gemm"
     schedule_class: ClassVar[type] = GemmSchedule
     default_schedule_name: ClassVar[str] = DEFAULT_PRESET
     exhaustive_threshold: ClassVar[int] = 1000
-    default_trials: ClassVar[int] = GEMM_TRIALS
     fit_advice: ClassVar[tuple[str, str]] = GEMM_ADVICE
 
     def accepts(self, workload: Workload) -> bool:
