@@ -114,7 +114,6 @@ def export(model: str, buckets: str | None, serving: str | None, max_num_seqs: i
     from ..errors import InputError
     from ..export import ExportRequest
     from ..ir import canonical_dtype
-    from ..model_tuning import parse_buckets
 
     if dense and keep_ratio is not None:
         raise InputError("--dense exports the uncompressed MLP: drop --keep-ratio")
@@ -122,18 +121,8 @@ def export(model: str, buckets: str | None, serving: str | None, max_num_seqs: i
     flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
              "--max-model-len": max_model_len}
     weights = None if dtype is None else canonical_dtype(dtype)
-    plugin: ServingExport | None = None
-    if serving is None:
-        given = [flag for flag, value in flags.items() if value is not None]
-        if given:
-            raise InputError(f"{', '.join(given)} describe a vLLM Neuron server: add --serving {SERVING}")
-        if buckets is None:
-            raise InputError("--tokens is required (or --serving vllm-neuron, which derives the buckets)")
-        token_buckets = tuple(parse_buckets(buckets))
-    else:
-        plugin = serving_export(model, output, buckets=buckets, tp=tp, keep_ratio=keep_ratio, dense=dense,
-                                dtype=weights, target=tgt, dialect=dialect, flags=flags)
-        token_buckets = plugin.plan.tokens
+    token_buckets, plugin = _buckets(model, output, buckets, serving, flags, tp=tp, keep_ratio=keep_ratio,
+                                     dense=dense, dtype=weights, target=tgt, dialect=dialect)
     request = ExportRequest(model=model, buckets=token_buckets, target=tgt,
                             dialect=chosen_dialect(dialect, sdk, tgt), tp=tp, keep_ratio=keep_ratio, dense=dense,
                             dtype=weights, trials=trials, seed=seed, cache_dir=cache_dir,
@@ -261,6 +250,24 @@ def _summary(manifest: dict, output: str) -> list[str]:
                      "calibration=token ids); docs/integration.md)")
     lines.append(f"wrote the package to {output} (manifest.json; nmmc verify {output})")
     return lines
+
+
+def _buckets(model: str, output: str, buckets: str | None, serving: str | None, flags: dict[str, int | None],
+             **settings: Any) -> tuple[tuple[int, ...], ServingExport | None]:
+    """The token buckets of an export and, with ``--serving``, its vLLM Neuron plugin (which derives them from the
+    server's ``flags``); InputError for server flags without ``--serving`` or no buckets at all."""
+    from ..errors import InputError
+    from ..model_tuning import parse_buckets
+
+    if serving is None:
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise InputError(f"{', '.join(given)} describe a vLLM Neuron server: add --serving {SERVING}")
+        if buckets is None:
+            raise InputError("--tokens is required (or --serving vllm-neuron, which derives the buckets)")
+        return tuple(parse_buckets(buckets)), None
+    plugin = serving_export(model, output, buckets=buckets, flags=flags, **settings)
+    return plugin.plan.tokens, plugin
 
 
 def export_target(target_spec: str, dialect: str, sdk: str | None) -> Any:
