@@ -256,11 +256,11 @@ def tune_job(job: Job, settings: SearchSettings) -> Tuned:
     setup = functools.partial(lowering.search_setup, workload, target, threshold, job.dma_transpose,
                               exchange=job.dialect == Dialect.NKI)
     spec, evaluate = setup()
-    result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}", trials=settings.trials,
-                    seed=settings.seed, timeout=settings.timeout, exhaustive_threshold=threshold, top_k=settings.top_k,
-                    force=settings.method, progress=settings.progress, storage=settings.storage,
-                    study_name=settings.study_name, workers=settings.workers, setup=setup,
-                    processes=settings.processes)
+    result = search(spec, evaluate, what=f"{workload.describe()} on {target.label}",
+                    trials=settings.trials_for(lowering), seed=settings.seed, timeout=settings.timeout,
+                    exhaustive_threshold=threshold, top_k=settings.top_k, force=settings.method,
+                    progress=settings.progress, storage=settings.storage, study_name=settings.study_name,
+                    workers=settings.workers, setup=setup, processes=settings.processes)
     compiled = compile_job(job, schedule=result.best.schedule,
                            schedule_name=f"tuned ({result.method}, seed {settings.seed})")
     return Tuned(compiled, result, lowering.baselines(workload, target, job.dma_transpose))
@@ -282,7 +282,8 @@ def search_fingerprint(job: Job, settings: SearchSettings) -> dict[str, str]:
     text = json.dumps({"schedule": lowering.schedule_class.__name__,
                        "candidates": {name: list(values) for name, values in space.candidates.items()}},
                       sort_keys=True, default=str)
-    return {"method": settings.method or "auto", "trials": str(settings.trials), "seed": str(settings.seed),
+    return {"method": settings.method or "auto", "trials": str(settings.trials_for(lowering)),
+            "seed": str(settings.seed),
             "exhaustive_threshold": str(settings.threshold(lowering)),
             "space": hashlib.sha256(text.encode()).hexdigest()[:16]}
 

@@ -12,7 +12,6 @@ from .frontends.workloads import Workload
 from .ir import Graph
 from .lowerings import Lowering, lowering_for
 from .lowerings.base import dma_transpose_ok
-from .search import DEFAULT_TRIALS
 from .support import AUTO, check_sdk, newest_sdk, resolve_dialect
 from .targets import Target
 from .vocab import Dialect
@@ -56,12 +55,12 @@ def resolve(workload: Workload, target: Target, dialect: str | None = None, sdk:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """How a schedule search runs (``nmmc tune``'s search options). ``exhaustive_threshold`` None: the lowering
-    entry's; ``storage``, ``study_name``, ``workers``: a resumable, shareable Optuna study
+    """How a schedule search runs (``nmmc tune``'s search options). ``trials`` and ``exhaustive_threshold`` None: the
+    lowering entry's; ``storage``, ``study_name``, ``workers``: a resumable, shareable Optuna study
     (:func:`search.tuner.search`); ``timeout``: a search cut short, never cached; ``processes``: 2 or more costs the
     polish's schedules in two processes (the same result, :mod:`.search.prefetch`)."""
 
-    trials: int = DEFAULT_TRIALS
+    trials: int | None = None
     seed: int = 0
     timeout: float | None = None
     method: str | None = None
@@ -72,6 +71,10 @@ class SearchSettings:
     workers: int = 1
     progress: ProgressFn | None = field(default=None, compare=False)
     processes: int = field(default=1, compare=False)
+
+    def trials_for(self, lowering: Lowering) -> int:
+        """The trials asked for, else the lowering entry's default (:attr:`.lowerings.base.Lowering.default_trials`)."""
+        return lowering.default_trials if self.trials is None else self.trials
 
     def threshold(self, lowering: Lowering) -> int:
         """The exhaustive threshold asked for, else the lowering entry's default."""

@@ -184,7 +184,8 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         from .artifacts.lockfile import Lockfile, entry_from_tuned
 
         lock = Lockfile.load(lock_path)
-        lock.add(entry_from_tuned(workload, tuned, seed=request.search.seed, trials=request.search.trials))
+        lock.add(entry_from_tuned(workload, tuned, seed=request.search.seed,
+                                  trials=request.search.trials_for(request.job(workload).lowering)))
         lock_text = lock.to_json()
     report = None
     if verify:
@@ -244,7 +245,8 @@ def _lock_chosen(lock_path: str, index: dict[str, Any], searched: list[tuple[Wor
     for entry in kernel_buckets(index):  # of a grouped output: one per (layer group, bucket)
         chosen = next(f["workload"] for f in entry["formats"] if f["chosen"])
         workload, tuned = next((w, t) for w, t in searched if w.to_dict() == chosen)
-        lock.add(entry_from_tuned(workload, tuned, seed=request.search.seed, trials=request.search.trials))
+        lock.add(entry_from_tuned(workload, tuned, seed=request.search.seed,
+                                  trials=request.search.trials_for(request.job(workload).lowering)))
     write_output(lock_path, lock.to_json())
 
 

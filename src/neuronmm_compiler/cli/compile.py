@@ -87,9 +87,8 @@ def search_settings(trials: int | None, seed: int, timeout: float | None, method
                     top_k: int, storage: str | None, study_name: str | None, workers: int) -> SearchSettings:
     """``nmmc tune``'s search options as the driver's :class:`~..jobs.SearchSettings` (``auto``: no forced method)."""
     from ..jobs import SearchSettings
-    from ..search import DEFAULT_TRIALS
 
-    return SearchSettings(trials=trials or DEFAULT_TRIALS, seed=seed, timeout=timeout,
+    return SearchSettings(trials=trials, seed=seed, timeout=timeout,
                           method=None if method == "auto" else method, exhaustive_threshold=exhaustive_threshold,
                           top_k=top_k, storage=storage, study_name=study_name, workers=workers)
 
@@ -98,8 +97,9 @@ def search_settings(trials: int | None, seed: int, timeout: float | None, method
 @workload_options
 @target_option
 @click.option("--trials", default=None, type=click.IntRange(min=1),
-              help="Optuna trials [default: 150]. On 60 MLPs of 1-512 tokens 600 trials found no faster fused "
-                   "schedule (benchmarks/search_budget.py; before the polish from eight classes, 4 at 512 tokens).")
+              help="Optuna trials [default: 150; 100 for a GEMM]. On 60 MLPs of 1-512 tokens 600 trials found no "
+                   "faster fused schedule (benchmarks/search_budget.py; before the polish from eight classes, 4 at 512 "
+                   "tokens); on 104 GEMM points 100 found 150's schedule at 102 (lowerings/gemm.py).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the search (same seed, same result).")
 @click.option("--timeout", default=None, type=click.FloatRange(min=0.0, min_open=True), callback=finite_seconds,
               help="Stop the search after this many seconds (such a search is not cached).")

@@ -16,7 +16,7 @@ from ..frontends.workloads import Workload
 from ..ir import Graph
 from ..kernel_ir.program import DTYPE_BYTES, Program
 from ..passes import Pass
-from ..search import Evaluator, SearchSpace, SpaceSpec
+from ..search import DEFAULT_TRIALS, Evaluator, SearchSpace, SpaceSpec
 from ..support import dma_transpose_rule
 from ..targets import IN_GRAPH, Target
 from ..vocab import Dialect
@@ -182,6 +182,8 @@ class Lowering(ABC):
     default_schedule_name: ClassVar[str]
     #: --exhaustive-threshold default: the largest space enumerated rather than sampled.
     exhaustive_threshold: ClassVar[int]
+    #: --trials default: the Optuna trials of a search of this entry's schedules.
+    default_trials: ClassVar[int] = DEFAULT_TRIALS
     #: What an SBUF / PSUM overflow message suggests (the parameters of this schedule family).
     fit_advice: ClassVar[tuple[str, str]]
 

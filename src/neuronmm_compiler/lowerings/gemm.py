@@ -61,11 +61,20 @@ def _problem(workload: Workload) -> GemmProblem:
     return workload.problem()
 
 
+#: A GEMM search's default Optuna trials (nmmc tune --trials; a fused search keeps search.DEFAULT_TRIALS, 150): the
+#: polish from the best schedule of each of eight structural classes mostly ends where it ends after 150 trials, in 30%
+#: less search time. Measured over the GEMMs of benchmarks/search_quality.py and benchmarks/tune_speed.py on trn1,
+#: trn2 and trn3 (LNC 1 and 2): the same schedule at 102 of 104 points, 0.2% slower at two; 75 trials missed by up to
+#: 2.3% (benchmarks/results/gemm-trials-2026-12-07.txt; against exhaustive enumeration: search-quality-2026-12-07.txt)
+GEMM_TRIALS = 100
+
+
 class GemmLowering(Lowering):
     kind: ClassVar[str] = "gemm"
     schedule_class: ClassVar[type] = GemmSchedule
     default_schedule_name: ClassVar[str] = DEFAULT_PRESET
     exhaustive_threshold: ClassVar[int] = 1000
+    default_trials: ClassVar[int] = GEMM_TRIALS
     fit_advice: ClassVar[tuple[str, str]] = GEMM_ADVICE
 
     def accepts(self, workload: Workload) -> bool:
