@@ -160,8 +160,11 @@ def _check_contraction_blocks(workload: Workload, params: Mapping[str, str | int
     """ScheduleError when a ``--param`` block of contraction tiles is larger than the workload's longest contraction:
     the lowering would take the whole contraction, so the value the user wrote is not the one the kernel uses.
     Only values the user gave are checked (the search samples within the workload's own lists)."""
+    if not any(params.get(name) is not None for name in _CONTRACTION_BLOCK_PARAMS):
+        return
     graph = workload.graph()
-    longest = max(graph.node(n.operands[0]).shape[-1] for n in graph.nodes() if n.kind == NodeKind.MATMUL)
+    longest = max((graph.node(n.operands[0]).shape[-1] for n in graph.nodes() if n.kind == NodeKind.MATMUL),
+                  default=0)
     tiles = -(-longest // target.pmax)
     for name in _CONTRACTION_BLOCK_PARAMS:
         value = params.get(name)

@@ -64,9 +64,11 @@ class EmulatedGroup(nn.Module):
 
 def check_mlp_form(index: int, mlp: nn.Module) -> None:
     """ValueError when layer ``index``'s MLP is not the one the kernels compute: an activation other than SiLU
-    (Hugging Face's ``act_fn``, ``ACT2FN[config.hidden_act]``) or biases on its projections."""
+    (Hugging Face's ``act_fn``, ``ACT2FN[config.hidden_act]``, a class of transformers' own such as
+    ``SiLUActivation``, so compared by its values) or biases on its projections."""
     act = getattr(mlp, "act_fn", None)
-    if act is not None and not isinstance(act, nn.SiLU):
+    probe = torch.linspace(-4.0, 4.0, 17)
+    if act is not None and not torch.allclose(act(probe), torch.nn.functional.silu(probe)):
         raise ValueError(f"layer {index}: the MLP's activation is {type(act).__name__}; the package's kernels "
                          "compute silu(gate) * up (nmmc refuses such a config at export)")
     if any(getattr(getattr(mlp, p, None), "bias", None) is not None for p in ("gate_proj", "up_proj", "down_proj")):
