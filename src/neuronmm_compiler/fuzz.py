@@ -158,6 +158,12 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
             params["lnc_split"] = rng.choice(("tokens", "features", *exchanging))
     if rng.random() < 0.3:  # drawn last, so the cases drawn before it keep their other settings
         params["row_k_tiles"] = rng.choice((2, 8))
+    # a block of contraction tiles is at most the longest contraction (nmmc refuses more): drawn values are clamped
+    contraction = max((shapes[op["args"][0]][1] for op in ops.values() if op["op"] == NodeKind.MATMUL.value),
+                      default=0)
+    for key in ("k_tiles_per_block", "row_k_tiles"):
+        if key in params:
+            params[key] = min(params[key], -(-contraction // 128))
     return FuzzCase(doc, bound, target, dialect, params)
 
 
