@@ -10,6 +10,7 @@ pickled; a worker whose result is never taken is stopped, so an error in this pr
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -20,7 +21,9 @@ __all__ = ["Background"]
 
 
 def _run(send: Connection, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """The worker: ``fn(*args)`` sent back as (True, result) or (False, exception)."""
+    """The worker: ``fn(*args)`` sent back as (True, result) or (False, exception) (Ctrl-C is the caller's to handle:
+    it stops the worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         outcome: tuple[bool, Any] = (True, fn(*args))
     except BaseException as exc:  # every failure goes back to the caller, who raises it

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -40,7 +41,9 @@ def can_fork() -> bool:
 
 
 def _serve(connection: Connection, cost: Callable[[Any], Any]) -> None:
-    """The worker: cost each batch it receives until it receives None."""
+    """The worker: cost each batch it receives until it receives None (Ctrl-C is this process's to handle: it ends
+    the worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while (batch := connection.recv()) is not None:
         connection.send([outcome(cost, schedule) for schedule in batch])
 
