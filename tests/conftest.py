@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
+import sys
+import tempfile
+from pathlib import Path
 
 # One BLAS and OpenMP (torch) thread per test process unless the caller chose: the suite runs a worker per core
 # (pytest -n auto), and each one's libraries starting a thread per core oversubscribed the machine (OpenBLAS's
@@ -12,6 +16,16 @@ import os
 # get what they ask for (nmmc sets the threads itself, through threadpoolctl and torch.set_num_threads).
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
+
+# Bytecode where PYTHONDONTWRITEBYTECODE forbids it (as on the shared 2-core machine): each test worker rewrote and
+# compiled every test module (pytest's assertion rewriting: 11.7 -> 5.9 CPU s of collection per process once cached)
+# and every nmmc process a test starts compiled the package from source. Written outside the checkout, under the
+# temporary directory (PYTHONPYCACHEPREFIX, inherited by the workers and the processes tests start); a caller's
+# prefix is kept.
+if sys.dont_write_bytecode and not sys.pycache_prefix:
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "nmmc-test-pycache")
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
@@ -31,6 +45,32 @@ def compile_and_verify(m: int, n: int, k: int, *, seed: int = 0, **options):
     report = verify_source(compiled.kernel.source, filename=f"<gemm {m}x{n}x{k}>", seed=seed)
     assert report.ok, f"{m}x{n}x{k} {options}: {report.error}"
     return compiled, report
+
+
+#: Tests recorded (cpu_seconds.json, written by scripts/suite_cpu.py) at this many CPU seconds or more are marked
+#: ``slow``; ``pytest -m "not slow"`` runs the others, the quick subset (README, docs/ci.md).
+SLOW_SECONDS = 0.2
+CPU_SECONDS = Path(__file__).with_name("cpu_seconds.json")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` the tests recorded at SLOW_SECONDS or more, and the tests of their file that request one of the
+    file's own module (or wider) fixtures such a test requests: that fixture's cost was recorded on the first test
+    that used it, and without that test the next one would pay it in the quick subset."""
+    recorded = json.loads(CPU_SECONDS.read_text(encoding="utf-8"))["tests"] if CPU_SECONDS.is_file() else {}
+
+    def shared(item: pytest.Item) -> set[tuple[str, str]]:
+        module = item.nodeid.split("::", 1)[0]
+        info = getattr(item, "_fixtureinfo", None)
+        return {(module, name) for name, defs in (info.name2fixturedefs.items() if info else ())
+                if defs and defs[-1].scope != "function" and defs[-1].baseid == module}
+
+    slow = {item for item in items if recorded.get(item.nodeid, 0.0) >= SLOW_SECONDS}
+    expensive = set().union(*map(shared, slow)) if slow else set()
+    for item in items:
+        if item in slow or shared(item) & expensive:
+            item.add_marker(pytest.mark.slow)
 
 
 _frozen_module: list[str] = [""]

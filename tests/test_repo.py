@@ -50,6 +50,7 @@ def test_readme_says_how_long_the_suite_takes_what_it_skips_and_how_to_reactivat
     storage = (ROOT / "tests" / "test_storage.py").read_text()
     assert "NMMC_TEST_POSTGRES_URL" in storage and (ROOT / ".ci" / "postgres.sh").is_file()
     assert "in a new shell, run `. .venv/bin/activate` again" in text
+    assert '`pytest -q -n auto -m "not slow"` runs the quick subset' in text  # the slow marker: tests/conftest.py
 
 
 def test_each_test_process_runs_one_blas_thread_unless_told_otherwise():
