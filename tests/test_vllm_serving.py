@@ -198,7 +198,8 @@ def test_serving_flags_need_each_other(tmp_path):
     runner = CliRunner()
     missing = runner.invoke(main, ["export", "llama-3.1-8b", "--serving", "vllm-neuron", "--max-num-seqs", "8",
                                    "-o", str(tmp_path / "a")])
-    assert missing.exit_code == 2 and "needs --max-num-batched-tokens, --max-model-len" in missing.stderr
+    assert missing.exit_code == 2 and "needs --max-num-batched-tokens:" in missing.stderr
+
     stray = runner.invoke(main, ["export", "llama-3.1-8b", "--tokens", "1", "--max-num-seqs", "8",
                                  "-o", str(tmp_path / "b")])
     assert stray.exit_code == 2 and "add --serving vllm-neuron" in stray.stderr
@@ -376,3 +377,24 @@ def test_plugin_module_reads_nothing_from_nmmc():
     imported = set(re.findall(r"^\s*(?:from|import) ([\w.]+)", source, flags=re.M))
     assert imported <= {"__future__", "enum", "importlib", "importlib.abc", "inspect", "json", "logging", "os", "sys",
                         "threading", "collections.abc", "pathlib", "typing", "torch"}
+
+
+def test_max_model_len_defaults_to_the_model_config_as_vllm_does(tmp_path):
+    """Without --max-model-len vLLM takes the model config's max_position_embeddings (131072 for Llama-3.1-8B): above
+    --max-num-batched-tokens 2048 its prefill is segmented, one bucket of 2048. A config without the field needs the
+    flag."""
+    from neuronmm_compiler.cli.export import _max_position_embeddings
+
+    assert _max_position_embeddings("llama-3.1-8b", "--serving vllm-neuron") == 131072
+    from neuronmm_compiler.export.serving import plan_serving
+
+    plan = plan_serving("llama", 4096, 14336, tp=8, max_num_seqs=32, max_num_batched_tokens=2048,
+                        max_model_len=131072)
+    assert plan.tokens == (1, 2, 4, 8, 16, 32, 2048)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text('{"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, '
+                                      '"num_hidden_layers": 1, "torch_dtype": "bfloat16"}')
+    result = CliRunner().invoke(main, ["export", str(bare), "--serving", "vllm-neuron", "--tp", "2", "--max-num-seqs",
+                                       "8", "--max-num-batched-tokens", "512", "-o", str(tmp_path / "pkg")])
+    assert result.exit_code == 2 and "needs --max-model-len" in result.stderr and not (tmp_path / "pkg").exists()

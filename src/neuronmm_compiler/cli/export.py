@@ -154,7 +154,7 @@ def serving_export(model: str, output: str, *, buckets: str | None, tp: int, kee
     why = f"--serving {SERVING}"
     if buckets is not None:
         raise InputError(f"{why} derives the token buckets from the server flags: drop --tokens")
-    missing = [flag for flag, value in flags.items() if value is None]
+    missing = [flag for flag, value in flags.items() if value is None and flag != "--max-model-len"]
     if missing:
         raise InputError(f"{why} needs {', '.join(missing)}: the buckets vLLM Neuron compiles depend on them (give "
                          "the values you pass to vllm serve)")
@@ -177,6 +177,8 @@ def serving_export(model: str, output: str, *, buckets: str | None, tp: int, kee
         raise InputError(f"{why} exports bf16 kernels, and vLLM Neuron keeps the checkpoint's dtype "
                          f"({source.config.torch_dtype}) for the MLP weights: no call would match")
     c = source.config
+    if flags["--max-model-len"] is None:  # vllm serve's default: the model config's max_position_embeddings
+        flags = {**flags, "--max-model-len": _max_position_embeddings(model, why)}
     plan = plan_serving(c.architecture, c.hidden_size, c.intermediate_size, tp=tp,
                         max_num_seqs=flags["--max-num-seqs"], max_num_batched_tokens=flags["--max-num-batched-tokens"],
                         max_model_len=flags["--max-model-len"])
@@ -268,6 +270,23 @@ def _buckets(model: str, output: str, buckets: str | None, serving: str | None, 
         return tuple(parse_buckets(buckets)), None
     plugin = serving_export(model, output, buckets=buckets, flags=flags, **settings)
     return plugin.plan.tokens, plugin
+
+
+def _max_position_embeddings(model: str, why: str) -> int:
+    """The model config's ``max_position_embeddings``: the ``--max-model-len`` vLLM takes when none is given (it
+    derives the model length from the model's config); InputError asking for the flag when the config has none."""
+    import json
+
+    from ..errors import InputError
+    from ..model_tuning import model_path
+
+    path = model_path(model)
+    path = path / "config.json" if path.is_dir() else path
+    value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{why} needs --max-model-len: {path} has no max_position_embeddings, which vLLM would take "
+                         "as the default (give the value you pass to vllm serve)")
+    return value
 
 
 def export_target(target_spec: str, dialect: str, sdk: str | None) -> Any:
