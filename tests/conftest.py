@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +23,8 @@ for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # and every nmmc process a test starts compiled the package from source. Written outside the checkout, under the
 # temporary directory (PYTHONPYCACHEPREFIX, inherited by the workers and the processes tests start); a caller's
 # prefix is kept.
-if sys.dont_write_bytecode and not sys.pycache_prefix:
+_OWN_PYCACHE = sys.dont_write_bytecode and not sys.pycache_prefix
+if _OWN_PYCACHE:
     sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "nmmc-test-pycache")
     sys.dont_write_bytecode = False
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -71,6 +73,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item in slow or shared(item) & expensive:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The bytecode of temporary files the tests imported (kernels, exported packages) goes with them: the prefix
+    keeps only that of the checkout and the installed packages (it grew by about 1 MB a run otherwise)."""
+    if _OWN_PYCACHE and not hasattr(session.config, "workerinput"):
+        mirror = Path(sys.pycache_prefix or "", *Path(tempfile.gettempdir()).resolve().parts[1:])
+        for pattern in ("pytest-of-*", "nmmc-kernel-*", "nmmc-bench-*"):
+            for path in mirror.glob(pattern):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 _frozen_module: list[str] = [""]
