@@ -62,6 +62,15 @@ def test_a_cost_that_raises_raises_in_its_turn():
     assert not done[3][0] and isinstance(done[3][1], ValueError)
 
 
+def search_dense(workload, req, echo):  # module level: a worker started otherwise than by fork pickles it
+    assert req.jobs == 1 and not workload.svd  # the worker's search runs in its one process
+    return {"tokens": workload.tokens}, None, None
+
+
+def failing(workload, req, echo):
+    raise ValueError("dense search failed")
+
+
 def test_the_dense_baseline_beside_the_svd_search_comes_back_and_is_stored(monkeypatch):
     """Searched in a worker (forked: the search function need not pickle), its tuned comes back whole and is stored
     with the other outputs unless the cache answered it; an exception there is raised here."""
@@ -72,18 +81,11 @@ def test_the_dense_baseline_beside_the_svd_search_comes_back_and_is_stored(monke
     request = TuneRequest(target=TARGET, dialect="nki", jobs=2)
     stored = []
 
-    def search_dense(workload, req, echo):
-        assert req.jobs == 1 and not workload.svd  # the worker's search runs in its one process
-        return {"tokens": workload.tokens}, None, None
-
     with dense_baseline.dense_baseline(mlp_workload(8, 256, 640, keep_ratio=0.8), request, print, search_dense,
                                        lambda searches, req, echo: stored.extend(searches)) as dense:
         tuned, commit = dense()
         commit()
     assert tuned == {"tokens": 8} and len(stored) == 1
-
-    def failing(workload, req, echo):
-        raise ValueError("dense search failed")
 
     with pytest.raises(ValueError, match="dense search failed"), dense_baseline.dense_baseline(
             mlp_workload(8, 256, 640, keep_ratio=0.8), request, print, failing, lambda *a: None) as dense:
