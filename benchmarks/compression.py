@@ -92,8 +92,8 @@ from neuronmm_compiler.models.rank_choice import pareto_front, uniform_point, va
 from neuronmm_compiler.models.sensitivity import scaled_losses
 from neuronmm_compiler.models.svd import truncated_svd
 from neuronmm_compiler.models.whitening import DEFAULT_DAMPING, whitened_svd
-from neuronmm_compiler.speedups import context_note
 from neuronmm_compiler.targets import DEFAULT_TARGET, LNC_SUFFIX, with_lnc
+from neuronmm_compiler.tuning.speedups import context_note
 
 #: The two ways of choosing ranks compared with the uniform ranks of a keep ratio.
 MODES = {"speed": "fastest within the uniform ranks' predicted accuracy",

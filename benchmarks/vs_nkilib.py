@@ -35,8 +35,8 @@ from neuronmm_compiler.cost_model.trust import trust_note, typical_range
 from neuronmm_compiler.driver import tune
 from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.lowerings import lowering_for
-from neuronmm_compiler.speedups import speedup_text
 from neuronmm_compiler.targets import IN_GRAPH, get_target, with_launch, with_lnc
+from neuronmm_compiler.tuning.speedups import speedup_text
 
 #: (hidden, intermediate) of each model's MLP (models/configs/*.json; tp8: one rank's column/row shards).
 SHAPES: dict[str, tuple[int, int]] = {

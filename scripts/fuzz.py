@@ -5,7 +5,7 @@
 Case i is drawn from random.Random(f"{seed}:{i}"), so any case can be rerun alone with
 ``--only i``. Prints the outcome counts (ok: emitted, verified, bytes equal; rejected: a one-line
 user error, counted by message), and every internal error, verification failure or byte mismatch
-with the case's graph file. Exits 1 if there was any of those. See src/neuronmm_compiler/fuzz.py.
+with the case's graph file. Exits 1 if there was any of those. See src/neuronmm_compiler/verification/fuzz.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 import sys
 import time
 
-from neuronmm_compiler.fuzz import GOOD, random_case, run_case
+from neuronmm_compiler.verification.fuzz import GOOD, random_case, run_case
 
 
 def one(args: tuple[int, int]) -> tuple[int, str, str, int, str]:

@@ -13,7 +13,7 @@ from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.lowerings.base import aws_baseline
 from neuronmm_compiler.lowerings.nkilib_cte import slab_buffers
 from neuronmm_compiler.lowerings.nkilib_mlp import nkilib_baseline, vllm_refusal
-from neuronmm_compiler.report_models import _dense_table
+from neuronmm_compiler.model_tuning.report import _dense_table
 from neuronmm_compiler.targets import IN_GRAPH, STANDALONE, get_target, with_launch, with_lnc
 
 TRN2 = get_target("trn2")

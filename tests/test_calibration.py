@@ -34,12 +34,12 @@ from neuronmm_compiler.calibration.measurements import (
     read_measurements,
     relative_to_csv,
 )
+from neuronmm_compiler.calibration.target_file import target_file_text
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.cost_model import DEFAULT_PARAMS, estimate
 from neuronmm_compiler.errors import InputError, UnknownNameError
 from neuronmm_compiler.frontends.shapes import gemm_graph
 from neuronmm_compiler.frontends.workloads import chain_workload, gemm_workload, mlp_workload
-from neuronmm_compiler.target_file import target_file_text
 from neuronmm_compiler.targets import TARGETS, get_target, load_target_file, parse_target_file
 
 TRN1 = get_target("trn1")

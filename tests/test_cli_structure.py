@@ -1,8 +1,8 @@
 """The command line stays thin: every command function only parses its options and calls the driver
 or an orchestration function, so none is longer than :data:`MAX_LINES` lines (from its ``def`` to
 its last line, docstring included, decorators excluded). Longer work belongs in a function outside
-the command (as :func:`neuronmm_compiler.tuning.run_tune` is for ``nmmc tune``), and what a command
-prints in a view (:mod:`neuronmm_compiler.report`, :mod:`neuronmm_compiler.cli.views`)."""
+the command (as :func:`neuronmm_compiler.tuning.request.run_tune` is for ``nmmc tune``), and what a command
+prints in a view (:mod:`neuronmm_compiler.tuning.report`, :mod:`neuronmm_compiler.cli.views`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The CI portion of the fuzzer: random graph files through emit, verify and the cost model.
 
-Each example is a graph file drawn by :func:`neuronmm_compiler.fuzz.random_case` from a
+Each example is a graph file drawn by :func:`neuronmm_compiler.verification.fuzz.random_case` from a
 hypothesis-controlled random source (so a failure shrinks to a small graph); ``scripts/fuzz.py``
 runs the long version. Every case must end ``ok`` (emitted, verified against float64, cost-model
 bytes equal to the interpreter's) or ``rejected`` with a user-facing one-line error.
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuronmm_compiler.fuzz import GOOD, FuzzCase, random_case, run_case
+from neuronmm_compiler.verification.fuzz import GOOD, FuzzCase, random_case, run_case
 
 CI_CASES = 70  # 33 s alone on a 2-core host where 110 took 76 s in the suite (the suite's 10-minute budget);
 # scripts/fuzz.py runs the long version (1500 cases)

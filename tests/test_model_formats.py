@@ -1,5 +1,5 @@
-"""tune --model's joint choice of {dense, SVD} x {bf16, FP8} per bucket (model_formats.py, docs/fp8.md "Choosing a
-format"): the request, the tie-break, and one small model's buckets (front in index.json and the table, the chosen
+"""tune --model's joint choice of {dense, SVD} x {bf16, FP8} per bucket (model_tuning/formats.py, docs/fp8.md "Choosing
+a format"): the request, the tie-break, and one small model's buckets (front in index.json and the table, the chosen
 kernel written and locked), each format compiled under its default schedule: a few seconds."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from neuronmm_compiler.artifacts.lockfile import Lockfile
 from neuronmm_compiler.driver import Tuned, compile_workload, lowering_for
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.model_formats import FormatRequest, MlpFormat, choose
-from neuronmm_compiler.model_tuning import resolve_model, tune_model
+from neuronmm_compiler.model_tuning.formats import FormatRequest, MlpFormat, choose
+from neuronmm_compiler.model_tuning.pipeline import resolve_model, tune_model
+from neuronmm_compiler.model_tuning.report import model_lines
 from neuronmm_compiler.models import known_config
-from neuronmm_compiler.report_models import model_lines
 from neuronmm_compiler.search.candidates import TuneResult
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.tuning import TuneRequest, _lock_chosen
+from neuronmm_compiler.tuning.request import TuneRequest, _lock_chosen
 
 
 def test_the_request_parses_formats_in_order_and_lists_svd_then_dense_per_format() -> None:

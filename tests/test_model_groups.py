@@ -1,7 +1,8 @@
 """tune --model on an `nmmc compress` output whose layers differ in ranks and format (--choose-ranks [--dtype fp8];
-model_groups.py, docs/fp8.md "Choosing a format"): one kernel set per layer group in its recorded format, index.json
-per group and the model's total per bucket, a lock entry per (group, bucket). The manifest is written as compress
-writes it (tune --model reads nothing else), each format compiled under its default schedule: a few seconds."""
+model_tuning/groups.py, docs/fp8.md "Choosing a format"): one kernel set per layer group in its recorded format,
+index.json per group and the model's total per bucket, a lock entry per (group, bucket). The manifest is written as
+compress writes it (tune --model reads nothing else), each format compiled under its default schedule: a few
+seconds."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from click.testing import CliRunner
 from neuronmm_compiler.artifacts.lockfile import Lockfile, kernel_sha256
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.model_formats import FormatRequest, written_files
-from neuronmm_compiler.model_tuning import resolve_model, tune_model
+from neuronmm_compiler.model_tuning.formats import FormatRequest, written_files
+from neuronmm_compiler.model_tuning.pipeline import resolve_model, tune_model
+from neuronmm_compiler.model_tuning.report import model_lines
 from neuronmm_compiler.models import LayerEntry, Manifest, ModelConfig, ProjectionEntry
-from neuronmm_compiler.report_models import model_lines
 from neuronmm_compiler.targets import get_target
-from neuronmm_compiler.tuning import TuneRequest, _lock_chosen
+from neuronmm_compiler.tuning.request import TuneRequest, _lock_chosen
 from test_model_formats import _compile_default
 
 HIDDEN, INTER = 256, 640
@@ -83,7 +84,7 @@ def test_tune_model_tunes_every_layer_group_and_totals_the_model(mixed, tmp_path
                      "wrote 6 kernel files",
                      "speedups over the dense MLPs: the SVD and FP8 change the model's outputs; not measured"):
         assert fragment in text, fragment
-    from neuronmm_compiler.report_models import _approximations
+    from neuronmm_compiler.model_tuning.report import _approximations
 
     only_fp8 = {**index, "groups": [g for g in index["groups"] if g["ranks"] is None]}
     assert _approximations(only_fp8).startswith("FP8 changes the model's outputs")  # not "the SVD"
@@ -130,7 +131,7 @@ def test_the_cli_no_longer_refuses_it_but_tp_does(mixed, tmp_path) -> None:
 def test_the_cli_tunes_verifies_and_locks_each_group(mixed, tmp_path, monkeypatch) -> None:
     """nmmc tune --model on the mixed output (each search answered with the default schedule, in this process): the
     table, index.json, --verify running every group's kernel, a lock entry per group of the file written."""
-    from neuronmm_compiler import tuning
+    from neuronmm_compiler.tuning import request as tuning
 
     target = get_target("trn2")
     monkeypatch.setattr(tuning, "search_uncommitted",

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.model_tuning import parse_buckets, resolve_model, tune_model
+from neuronmm_compiler.model_tuning.pipeline import parse_buckets, resolve_model, tune_model
 from neuronmm_compiler.models import known_config
 from neuronmm_compiler.targets import get_target
 
@@ -248,7 +248,7 @@ def test_tune_model_takes_a_shipped_name_and_dense(tmp_path):
 def test_an_interrupted_tune_model_writes_no_cache_entry(tmp_path, monkeypatch):
     """Ctrl-C after the first bucket's searches: no kernel file, no index and no result-cache entry; an
     uninterrupted run then stores every search."""
-    from neuronmm_compiler import model_tuning
+    from neuronmm_compiler.model_tuning import pipeline as model_tuning
 
     calls = []
     original = model_tuning._run_searches

@@ -218,7 +218,7 @@ def test_mx_refusals_are_one_line(case: str, tmp_path) -> None:
 
 def test_an_mx_workload_is_compared_with_its_bf16_twin_and_no_nki_library_row() -> None:
     from neuronmm_compiler.lowerings.nkilib_mlp import nkilib_baseline
-    from neuronmm_compiler.model_entries import dense_counterpart
+    from neuronmm_compiler.model_tuning.entries import dense_counterpart
 
     mlp = mlp_workload(1, 1024, 2048, dense=True, mx=MxWeights("mxfp4"))
     assert dense_counterpart(mlp) == mlp_workload(1, 1024, 2048, dense=True)

@@ -9,8 +9,8 @@ from helpers import compile_graph
 from neuronmm_compiler.cost_model import estimate
 from neuronmm_compiler.cost_model.formulas import latency, symbolic
 from neuronmm_compiler.frontends.workloads import mlp_workload
-from neuronmm_compiler.report import cost_lines
 from neuronmm_compiler.targets import get_target, with_lnc
+from neuronmm_compiler.tuning.report import cost_lines
 
 TRN2_LNC1 = with_lnc(get_target("trn2"), 1)
 #: Qwen3-4B's MLP at one token: nmmc's v3 choice, 64 KiB blocks of w_gate and w_up in one DMA each (76 feature tiles in

@@ -1,5 +1,5 @@
 """Work a search shares with worker processes changes nothing: the polish's schedules costed in two processes
-(search/prefetch.py) and an SVD MLP's dense baseline searched beside it (dense_baseline.py) give what one process
+(search/prefetch.py) and an SVD MLP's dense baseline searched beside it (tuning/dense_baseline.py) give what one process
 gives, to every report."""
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def failing(workload, req, echo):
 def test_the_dense_baseline_beside_the_svd_search_comes_back_and_is_stored(monkeypatch):
     """Searched in a worker (forked: the search function need not pickle), its tuned comes back whole and is stored
     with the other outputs unless the cache answered it; an exception there is raised here."""
-    from neuronmm_compiler import dense_baseline
-    from neuronmm_compiler.tuning import TuneRequest
+    from neuronmm_compiler.tuning import dense_baseline
+    from neuronmm_compiler.tuning.request import TuneRequest
 
     monkeypatch.setattr(dense_baseline, "idle_core", lambda: True)
     request = TuneRequest(target=TARGET, dialect="nki", jobs=2)

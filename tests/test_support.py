@@ -137,7 +137,7 @@ def test_check_sdk_accepts_2_34_for_nki_and_refuses_neuronxcc_there_with_the_rea
 def test_a_kernel_that_exchanges_runs_on_the_releases_of_its_spelling():
     """NKI 0.8.0 (2.34) moves sendrecv to nki.lnc: a 2.34 kernel that exchanges runs on 2.34 only, one for 2.29-2.33
     (nisa.sendrecv) there only; a kernel without an exchange on the dialect's whole range."""
-    from neuronmm_compiler.model_tuning import sdk_range
+    from neuronmm_compiler.model_tuning.pipeline import sdk_range
     from neuronmm_compiler.support import kernel_range, support_note, uses_nki_lnc
     from neuronmm_compiler.targets import get_target, with_lnc
 

@@ -108,7 +108,7 @@ def test_transpose_of_a_computed_value_is_a_view_of_its_hbm_array():
 
 
 def run_explain(doc: dict) -> list[str]:
-    from neuronmm_compiler.report import explain_lines
+    from neuronmm_compiler.tuning.report import explain_lines
 
     return explain_lines(compile_doc(doc))
 

@@ -11,7 +11,7 @@ carries (:attr:`Target.params`), and where they came from (:attr:`Target.calibra
 ``name`` stays the stock name, because the hardware (tile limits, capacities) is the same one: a
 kernel emitted for it records that name and verifies against that hardware. The file is read here
 (:func:`parse_target_file`, :func:`load_target_file`) because ``get_target`` resolves a path anywhere a
-target is named; :mod:`neuronmm_compiler.target_file` writes it.
+target is named; :mod:`neuronmm_compiler.calibration.target_file` writes it.
 
 The cost model's efficiency parameters (:class:`ModelParams`) are defined here too, since a target
 carries them; :mod:`neuronmm_compiler.cost_model.params` is where the cost model takes them from.
@@ -552,7 +552,7 @@ def _section(data: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def parse_target_file(text: str, *, source: str) -> Target:
-    """The calibrated target a file's text describes (format: :mod:`neuronmm_compiler.target_file`);
+    """The calibrated target a file's text describes (format: :mod:`neuronmm_compiler.calibration.target_file`);
     InputError (without the file name) when malformed."""
     try:
         data = json.loads(text)

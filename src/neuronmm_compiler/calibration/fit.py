@@ -47,7 +47,7 @@ from .kernels import KernelFile
 @dataclass(frozen=True)
 class FitParameter:
     """An unknown the fit may refit: its name and what it means. Where it lives and its range are
-    those a calibrated target file gives it (:mod:`neuronmm_compiler.target_file`)."""
+    those a calibrated target file gives it (:mod:`neuronmm_compiler.calibration.target_file`)."""
 
     name: str
     help: str

@@ -8,9 +8,9 @@ This package holds the ``main`` group and registers the commands, which live in 
 what they do: :mod:`.compile` (emit, cost, explain, schedules, tune), :mod:`.verify` (verify, bench),
 :mod:`.artifacts` (regress, report, cache), :mod:`.models` (compress), :mod:`.calibrate` (calibrate,
 targets), :mod:`.opt` (opt) and :mod:`.export` (export). A command function only parses its options and
-calls the driver or an orchestration function (:mod:`neuronmm_compiler.tuning`, ...); what it prints comes from the
-views (:mod:`neuronmm_compiler.report`, :mod:`.views`). :mod:`.options` holds the error handling and
-the options several commands share.
+calls the driver or an orchestration function (:mod:`neuronmm_compiler.tuning.request`, ...); what it
+prints comes from the views (:mod:`neuronmm_compiler.tuning.report`, :mod:`.views`). :mod:`.options` holds the
+error handling and the options several commands share.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def report(source: str, study_name: str | None, output: str) -> None:
         paths = write_compression_report(manifest, Path(output))
     elif "://" in source:
         from ..search.storage import check_storage
-        from ..tuning import study_report
+        from ..tuning.request import study_report
 
         check_storage(source, must_exist=True)  # reading a study must not create an empty one
         check_output_dir(output)

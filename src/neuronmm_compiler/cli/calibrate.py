@@ -48,8 +48,8 @@ def calibrate(measurements: str, target: str, fit: str | None, max_iter: int, as
     relative error, and writes the calibrated target (see docs/calibration.md)."""
     from ..calibration.fit import DEFAULT_FIT
     from ..calibration.run import calibrate as run_calibration
+    from ..calibration.target_file import target_file_text
     from ..io import check_output_file, write_output
-    from ..target_file import target_file_text
     from ..targets import get_target
 
     check_output_file(output)

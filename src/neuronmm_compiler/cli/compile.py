@@ -47,7 +47,7 @@ def emit(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     schedule (chains, MLPs, graphs), plus --param overrides."""
     from ..driver import compile_workload
     from ..io import check_output_file, write_output
-    from ..report import emit_lines
+    from ..tuning.report import emit_lines
 
     if output != "-":
         check_output_file(output)
@@ -73,7 +73,7 @@ def cost(schedule_name: str | None, params: tuple[str, ...], pipeline: str | Non
     traffic per tensor, DMA transfers, engine busy times, on-chip footprint and feasibility.
     A schedule that does not fit on chip is reported (feasible: false), not rejected."""
     from ..driver import cost_workload
-    from ..report import cost_json, costed_lines
+    from ..tuning.report import cost_json, costed_lines
 
     wl, tgt = compile_inputs(options, target)
     costed = cost_workload(wl, target=tgt, preset=schedule_name, params=parse_params(params), pipeline=pipeline)
@@ -153,8 +153,8 @@ def tune(target: str, trials: int | None, seed: int, timeout: float | None, meth
     unfused SVD factors, each with AWS's kernel per matmul; for an SVD MLP, first nmmc's own fused
     dense MLP, tuned the same way. With --model, do that for a model's MLP at every token bucket.
     Every speedup names its launch context (--launch; in-graph by default for MLPs)."""
-    from ..cores import available_cores as cores
-    from ..tuning import TuneRequest, run_model_tune, run_tune
+    from ..tuning.request import TuneRequest, run_model_tune, run_tune
+    from ..workers.cores import available_cores as cores
 
     choice(method, ("auto", "optuna", "exhaustive"), "search method")
     if model is not None and any(options.get(key) not in (None, False) for key in PROLOGUE_KEYS):
@@ -194,7 +194,7 @@ def explain(schedule_name: str | None, params: tuple[str, ...], pipeline: str | 
     wrote), each kernel's loop nest, and the cost model's formulas with the schedule's numbers."""
     from ..driver import compile_workload
     from ..driver import tune as run_search
-    from ..report import explain_heading, explain_lines
+    from ..tuning.report import explain_heading, explain_lines
 
     wl, tgt = compile_inputs(options, target)
     if tuned and (schedule_name or params or pipeline):
@@ -212,7 +212,7 @@ def schedules(target: str, as_json: bool, **options: Any) -> None:
     """List the named schedules of a workload (a GEMM's presets, a fused graph's default) with
     their parameters and on-chip footprint, and the parameters --param can set."""
     from ..driver import named_schedules
-    from ..report import schedules_lines
+    from ..tuning.report import schedules_lines
     from .views import parameter_rows
 
     wl, tgt = compile_inputs(options, target)

@@ -259,7 +259,7 @@ def _buckets(model: str, output: str, buckets: str | None, serving: str | None, 
     """The token buckets of an export and, with ``--serving``, its vLLM Neuron plugin (which derives them from the
     server's ``flags``); InputError for server flags without ``--serving`` or no buckets at all."""
     from ..errors import InputError
-    from ..model_tuning import parse_buckets
+    from ..model_tuning.pipeline import parse_buckets
 
     if serving is None:
         given = [flag for flag, value in flags.items() if value is not None]
@@ -278,7 +278,7 @@ def _max_position_embeddings(model: str, why: str) -> int:
     import json
 
     from ..errors import InputError
-    from ..model_tuning import model_path
+    from ..model_tuning.pipeline import model_path
 
     path = model_path(model)
     path = path / "config.json" if path.is_dir() else path

@@ -171,7 +171,7 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
     """The CompressRequest of ``nmmc compress``'s options ``o``."""
     from dataclasses import replace
 
-    from ..model_tuning import parse_buckets
+    from ..model_tuning.pipeline import parse_buckets
     from ..models.finetune import FinetuneSettings
     from ..models.workflow import CompressRequest
     from .options import resolve_target

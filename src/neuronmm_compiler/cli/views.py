@@ -1,4 +1,4 @@
-"""Views of the commands that have no place in :mod:`neuronmm_compiler.report`: the text and JSON
+"""Views of the commands that have no place in :mod:`neuronmm_compiler.tuning.report`: the text and JSON
 of ``nmmc verify``, ``compress``, ``schedules --json``, ``targets``, ``cache list`` and ``regress
 --update``. Nothing here computes; the commands pass in what they got."""
 

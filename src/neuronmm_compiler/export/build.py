@@ -30,10 +30,10 @@ from ..errors import InputError
 from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import MlpWorkload, mlp_workload
 from ..io import check_output_dir, write_dir_atomic
-from ..model_tuning import ModelSource, sdk_range
+from ..model_tuning.pipeline import ModelSource, sdk_range
 from ..search import DEFAULT_TRIALS
-from ..speedups import launch_dict
 from ..targets import Target
+from ..tuning.speedups import launch_dict
 from .groups import ExportGroup, export_groups, tensor_source
 from .manifest import FORMAT, MANIFEST_NAME, SCHEMA_FILE, VERSION, is_export, schema_text
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..ir.fp8 import is_fp8
-from ..model_tuning import ModelSource, model_path, resolve_model
+from ..model_tuning.pipeline import ModelSource, model_path, resolve_model
 from ..models import read_manifest
 from ..models.fp8_files import activation_scale_name, weight_scale_name
 from ..models.layer_groups import LayerGroup, manifest_groups

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..model_formats import kernel_buckets
+from ..model_tuning.formats import kernel_buckets
 from .manifest import MANIFEST_NAME, is_export, read_export
 
 INDEX_NAME = "index.json"

@@ -54,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from ..cores import available_cores
 from ..errors import InputError
+from ..workers.cores import available_cores
 from .calibration import sequences
 from .config import PROJECTIONS
 from .finetune_checkpoint import checkpoint_key, deferred_sigint, load_checkpoint, save_checkpoint

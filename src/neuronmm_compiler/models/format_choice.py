@@ -185,7 +185,7 @@ def latency_costs(arch, fmt: str, buckets, target, align: int = 128,
     """One layer's cost of each candidate for :func:`measured_format_choice` with ``--tokens`` (its ``costs``): its
     fused kernel's predicted latency summed over ``buckets`` on ``target`` (nmmc's cost model)."""
     from ..cost_model.trust import trust_note
-    from ..speedups import context_note
+    from ..tuning.speedups import context_note
     from .latency import predict_candidate_latencies
 
     options = candidates(arch.hidden_size, arch.intermediate_size, align, fmt)

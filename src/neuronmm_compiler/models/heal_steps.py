@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..cores import available_cores
 from ..errors import InputError
+from ..workers.cores import available_cores
 from .calibration import Calibration
 from .weights import WeightReader
 

@@ -21,7 +21,7 @@ from ..artifacts.cache import ResultCache
 from ..driver import tune_cached
 from ..frontends.workloads import MlpWorkload, mlp_workload
 from ..jobs import SearchSettings, resolve
-from ..model_formats import MlpFormat
+from ..model_tuning.formats import MlpFormat
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
 

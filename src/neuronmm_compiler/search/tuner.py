@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..cores import idle_core
 from ..errors import InputError, ScheduleError
+from ..workers.cores import idle_core
 from .candidates import Candidate, Evaluator, SpaceSpec, TuneResult
 from .prefetch import CostWorker, can_fork
 
@@ -199,8 +199,8 @@ def search(spec: SpaceSpec, evaluate: Evaluator, *, what: str, trials: int = DEF
 
     ``processes`` > 1: the polish's descent steps (and an exhaustive enumeration, a slice at a time) cost their new
     schedules in two processes (:mod:`.prefetch`, a worker forked when this process runs no other thread and a core
-    is idle, :func:`~neuronmm_compiler.cores.idle_core`), with the same result; the trials stay in this one (each
-    depends on the last).
+    is idle, :func:`~neuronmm_compiler.workers.cores.idle_core`), with the same result; the trials stay in this one
+    (each depends on the last).
     """
     start = time.perf_counter()
     method = force or ("exhaustive" if spec.size <= exhaustive_threshold else "optuna")

@@ -14,8 +14,8 @@ from ..errors import InputError
 from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import Workload
 from ..jobs import Job, SearchSettings
-from ..speedups import context_note, launch_dict, speedup_text
 from ..targets import Target
+from ..tuning.speedups import context_note, launch_dict, speedup_text
 from .planner import KEPT_TOLERANCE, KernelFn, TpResult, alternative_label, plan_tp
 
 Echo = Callable[..., None]
@@ -79,7 +79,7 @@ def tuned_kernels(target: Target, dialect: str, *, trials: int, seed: int, metho
                   sdk: str | None = None) -> TunedKernels:
     """Tune each per-rank workload (see :class:`TunedKernels`; call its ``commit`` once the outputs are written), for
     Neuron SDK release ``sdk`` (None: the newest of the dialect on the target)."""
-    from ..cores import available_cores
+    from ..workers.cores import available_cores
 
     # every core this process may use for each search's polish (search/prefetch.py; the same result with one)
     settings = SearchSettings(trials=trials, seed=seed, method=method, exhaustive_threshold=exhaustive_threshold,
@@ -177,7 +177,7 @@ def run_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel_fn:
 def explain_tp(workload: Workload, tp: int, target: Target, dialect: str, kernel_fn: KernelFn,
                strategy: str | None, echo: Echo) -> None:
     """``explain --tp``: the strategies, then each kernel of the chosen one as ``explain`` shows it."""
-    from ..report import explain_lines
+    from ..tuning.report import explain_lines
 
     result = plan_tp(workload, tp, target, dialect, kernel_fn, only=strategy)
     for line in result_lines(result):
@@ -196,7 +196,7 @@ def run_model_tp(model: str, options: dict[str, Any], tp: int, target: Target, d
 
     from ..frontends.workloads import mlp_workload
     from ..io import check_output_dir, write_text_atomic
-    from ..model_tuning import parse_buckets, resolve_model
+    from ..model_tuning.pipeline import parse_buckets, resolve_model
     from .plan import write_plan
 
     given = [k for k, v in options.items() if k not in ("tokens", "keep_ratio", "dense", "dtype", "a_layout")

@@ -17,7 +17,7 @@ from typing import Any
 from ..cost_model.collectives import UNVALIDATED
 from ..cost_model.trust import trust_note
 from ..errors import InputError
-from ..speedups import launch_dict
+from ..tuning.speedups import launch_dict
 from .planner import StrategyResult, TpResult
 from .sharding import CollectiveStep, KernelStep
 

@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .cores import idle_core
-from .driver import Tuned
-from .frontends.workloads import Workload
+from ..driver import Tuned
+from ..frontends.workloads import Workload
+from ..workers.cores import idle_core
 
 if TYPE_CHECKING:  # tuning.py runs these; it passes its search and store functions in
-    from .tuning import Echo, TuneRequest
+    from .request import Echo, TuneRequest
 
 __all__ = ["dense_baseline", "with_nmmc_dense"]
 
@@ -34,7 +34,7 @@ def dense_baseline(workload: Workload, request: TuneRequest, echo: Echo, search:
     one of them idle (:func:`~.cores.idle_core`), it runs in a worker process (:mod:`.background`) while this one
     searches the workload, as ``tune --model`` runs a bucket's two searches, and is stored with ``store``; else it
     runs when the function is called."""
-    from .model_entries import dense_counterpart
+    from ..model_tuning.entries import dense_counterpart
 
     dense = dense_counterpart(workload)
     request = replace(request, search=replace(request.search, storage=None, study_name=None, workers=1),
@@ -50,7 +50,7 @@ def dense_baseline(workload: Workload, request: TuneRequest, echo: Echo, search:
 
         yield here
         return
-    from .background import Background
+    from ..workers.background import Background
 
     worker = Background(_search_answered, search, dense, replace(request, progress=False, jobs=1),
                         name="nmmc-dense-baseline")
@@ -75,7 +75,7 @@ def with_nmmc_dense(workload: Workload, tuned: Tuned, commit: Callable[[], None]
                     dense: Callable[[], Any] | None) -> tuple[Tuned, Callable[[], None]]:
     """``tuned`` with nmmc's fused dense MLP (:func:`dense_baseline`) among its baselines and a commit storing both
     searches; without one, unchanged."""
-    from .model_entries import with_dense_baseline
+    from ..model_tuning.entries import with_dense_baseline
 
     if dense is None:
         return tuned, commit

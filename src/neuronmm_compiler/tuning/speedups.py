@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .targets import IN_GRAPH, Target
+from ..targets import IN_GRAPH, Target
 
 if TYPE_CHECKING:
-    from .cost_model import CostReport
+    from ..cost_model import CostReport
 
 #: The other in-graph per-kernel costs (us) every in-graph speedup is also shown at: none at all, and more than
 #: twice the assumed 2 us (a kernel boundary costing a few DMA fixed costs).

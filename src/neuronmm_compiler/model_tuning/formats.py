@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InputError
-from .frontends.shapes import Fp8Weights
-from .frontends.workloads import MlpWorkload, mlp_workload
-from .ir.fp8 import is_fp8
-from .ir.node import canonical_dtype
+from ..errors import InputError
+from ..frontends.shapes import Fp8Weights
+from ..frontends.workloads import MlpWorkload, mlp_workload
+from ..ir.fp8 import is_fp8
+from ..ir.node import canonical_dtype
 
 #: Short names of the weight formats in format names and files.
 _SHORT = {"bfloat16": "bf16", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2", "float8_e4m3fn": "fp8_e4m3fn"}

@@ -24,10 +24,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import NmmcError
-from .support import support_for
-from .targets import TARGETS, with_lnc
-from .vocab import Dialect, ElementwiseOp, Layout, NodeKind
+from ..errors import NmmcError
+from ..support import support_for
+from ..targets import TARGETS, with_lnc
+from ..vocab import Dialect, ElementwiseOp, Layout, NodeKind
 
 #: Outcomes that are not bugs.
 GOOD = ("ok", "rejected")
@@ -169,11 +169,11 @@ def random_case(rng: random.Random, max_ops: int = 7) -> FuzzCase:
 
 def run_case(case: FuzzCase, *, verify: bool = True) -> Outcome:
     """Compile (and verify) one case; never raises."""
-    from .driver import compile_workload
-    from .frontends.graph_file import check_fits_hbm, spec_from_document
-    from .frontends.workloads import graph_workload
-    from .targets import get_target
-    from .verification import verify_source
+    from ..driver import compile_workload
+    from ..frontends.graph_file import check_fits_hbm, spec_from_document
+    from ..frontends.workloads import graph_workload
+    from ..targets import get_target
+    from . import verify_source
 
     try:
         target = get_target(case.target)

@@ -8,15 +8,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .codegen.mx import MxNkiPrinter
-from .cost_model import CostReport
-from .cost_model.formulas import symbolic
-from .cost_model.trust import trust_dict, trust_note, typical_range
-from .driver import Compiled, Costed, Lowered, Tuned
-from .frontends.workloads import GemmWorkload, Workload
-from .ir import to_text
+from ..codegen.mx import MxNkiPrinter
+from ..cost_model import CostReport
+from ..cost_model.formulas import symbolic
+from ..cost_model.trust import trust_dict, trust_note, typical_range
+from ..driver import Compiled, Costed, Lowered, Tuned
+from ..frontends.workloads import GemmWorkload, Workload
+from ..ir import to_text
+from ..targets import Target
 from .speedups import context_note, launch_dict, sensitivity, speedup_text
-from .targets import Target
 
 
 def _mib(nbytes: float) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .cost_model import CostReport
-from .driver import Tuned
-from .frontends.workloads import GemmWorkload, MlpWorkload, Workload, mlp_workload
-from .lowerings.base import Baseline, ordered_baselines
-from .model_formats import MlpFormat
+from ..cost_model import CostReport
+from ..driver import Tuned
+from ..frontends.workloads import GemmWorkload, MlpWorkload, Workload, mlp_workload
+from ..lowerings.base import Baseline, ordered_baselines
+from .formats import MlpFormat
 
 
 @dataclass

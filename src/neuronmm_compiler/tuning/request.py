@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .driver import Tuned, tune_cached
-from .errors import InputError
-from .frontends.workloads import Workload
-from .jobs import Job, ProgressFn, SearchSettings, resolve
-from .targets import Target
+from ..driver import Tuned, tune_cached
+from ..errors import InputError
+from ..frontends.workloads import Workload
+from ..jobs import Job, ProgressFn, SearchSettings, resolve
+from ..targets import Target
 
 Echo = Callable[..., None]
 
@@ -58,8 +58,8 @@ def search_uncommitted(workload: Workload, request: TuneRequest,
                        echo: Echo) -> tuple[Tuned, str | None, Callable[[], None]]:
     """:func:`search` without writing its outcome to the result cache: the third item writes it
     (and prints the cache's warnings), for the caller to call once all its outputs are written."""
-    from .artifacts.cache import ResultCache
-    from .driver import store_tuned
+    from ..artifacts.cache import ResultCache
+    from ..driver import store_tuned
     from .report import progress_bar
 
     if request.search.workers > 1 and not request.search.storage:
@@ -89,8 +89,8 @@ def record_study(workload: Workload, tuned: Tuned, request: TuneRequest) -> None
 
     import optuna
 
-    from .search.storage import open_storage
-    from .search.tuner import SECONDS_ATTR
+    from ..search.storage import open_storage
+    from ..search.tuner import SECONDS_ATTR
 
     assert request.search.storage is not None and tuned.search.study is not None
     started = time.perf_counter()
@@ -109,12 +109,12 @@ def study_report(url: str, study_name: str | None, out_dir: Path) -> list[Path]:
     plotted into ``out_dir``. ``study_name`` may be omitted when the storage holds one study."""
     import optuna
 
-    from .artifacts.report import write_report
-    from .frontends.workloads import workload_from_dict
-    from .lowerings import lowering_for
-    from .search.storage import open_storage
-    from .search.tuner import result_from_study
-    from .targets import get_target
+    from ..artifacts.report import write_report
+    from ..frontends.workloads import workload_from_dict
+    from ..lowerings import lowering_for
+    from ..search.storage import open_storage
+    from ..search.tuner import result_from_study
+    from ..targets import get_target
 
     storage = open_storage(url)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
@@ -142,13 +142,13 @@ def check_tune_outputs(request: TuneRequest, *, output: str, lock_path: str | No
                        report_dir: str | None) -> None:
     """Check every path ``nmmc tune`` will write (-o, --lock, --report, --storage) before any work,
     so a command that cannot write one of them fails at once and writes nothing (InputError)."""
-    from .io import check_output_dir, check_output_file
-    from .search.storage import check_storage
+    from ..io import check_output_dir, check_output_file
+    from ..search.storage import check_storage
 
     if output != "-":
         check_output_file(output)
     if lock_path:
-        from .artifacts.lockfile import Lockfile
+        from ..artifacts.lockfile import Lockfile
 
         check_output_file(lock_path)
         Lockfile.load(lock_path)  # a malformed lockfile fails now, not after the search
@@ -166,8 +166,8 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
     once everything they need was computed: the report into a temporary directory, then the kernel
     file, the lockfile, the report files and last the result cache entry, so a failing command
     leaves none of them behind."""
+    from ..io import write_output
     from .dense_baseline import dense_baseline, with_nmmc_dense
-    from .io import write_output
     from .report import tune_json, tune_lines
 
     check_tune_outputs(request, output=output, lock_path=lock_path, report_dir=report_dir)
@@ -181,7 +181,7 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
              "Optuna study (use --method optuna to record one)", err=True)
     lock_text = None
     if lock_path:
-        from .artifacts.lockfile import Lockfile, entry_from_tuned
+        from ..artifacts.lockfile import Lockfile, entry_from_tuned
 
         lock = Lockfile.load(lock_path)
         lock.add(entry_from_tuned(workload, tuned, seed=request.search.seed,
@@ -189,7 +189,7 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
         lock_text = lock.to_json()
     report = None
     if verify:
-        from .verification import verify_source
+        from ..verification import verify_source
 
         report = verify_source(tuned.compiled.kernel.source, filename=output, rules=True)
     source = tuned.compiled.kernel.source
@@ -212,7 +212,7 @@ def run_tune(workload: Workload, request: TuneRequest, *, verify: bool, lock_pat
             echo(line)
         echo(f"wrote {output}")
     if report_dir and from_cache:
-        from .artifacts.report import CACHED_NO_PLOTS
+        from ..artifacts.report import CACHED_NO_PLOTS
 
         echo(f"nmmc: note: --report {report_dir}: no plots, only summary.md: this tune was {CACHED_NO_PLOTS}",
              err=True)
@@ -237,9 +237,9 @@ def _lock_chosen(lock_path: str, index: dict[str, Any], searched: list[tuple[Wor
                  request: TuneRequest) -> None:
     """Record each bucket's chosen kernel (its format in the entry's workload: ranks or dense, dtype, fp8) in the
     lockfile at ``lock_path``; of an output of layer groups, each group's in each bucket."""
-    from .artifacts.lockfile import Lockfile, entry_from_tuned
-    from .io import write_output
-    from .model_formats import kernel_buckets
+    from ..artifacts.lockfile import Lockfile, entry_from_tuned
+    from ..io import write_output
+    from ..model_tuning.formats import kernel_buckets
 
     lock = Lockfile.load(lock_path)
     for entry in kernel_buckets(index):  # of a grouped output: one per (layer group, bucket)
@@ -253,8 +253,8 @@ def _lock_chosen(lock_path: str, index: dict[str, Any], searched: list[tuple[Wor
 def store_searches(searches: list[tuple[Workload, Tuned]], request: TuneRequest, echo: Echo) -> None:
     """Store the searches of a command whose outputs are all written in the result cache (those it answered from
     the cache are left as they are), and print the cache's warnings."""
-    from .artifacts.cache import ResultCache
-    from .driver import store_tuned
+    from ..artifacts.cache import ResultCache
+    from ..driver import store_tuned
 
     if not request.use_cache or request.search.timeout is not None:
         return
@@ -276,8 +276,8 @@ def _staged_report(tuned: Tuned, request: TuneRequest, workload: Workload,
         return
     import shutil
 
-    from .artifacts.report import write_report
-    from .io import temp_name
+    from ..artifacts.report import write_report
+    from ..io import temp_name
 
     final = Path(report_dir)
     # Inside the directory when it exists (it may be all the user can write), else next to it.
@@ -301,10 +301,10 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     """``nmmc tune --model``: one tuned MLP kernel per token bucket (per allowed format, ``--dtype bf16,fp8``: the
     fastest predicted one recommended) and an index; with ``lock_path``, each bucket's chosen kernel recorded in that
     lockfile. False when --verify found a wrong kernel."""
-    from .model_formats import FormatRequest, kernel_buckets
-    from .model_tuning import parse_buckets, resolve_model, tune_model
+    from ..model_tuning.formats import FormatRequest, kernel_buckets
+    from ..model_tuning.pipeline import parse_buckets, resolve_model, tune_model
+    from ..model_tuning.report import model_lines
     from .report import progress_bar
-    from .report_models import model_lines
 
     allowed = {"tokens", "keep_ratio", "dense", "dtype", "a_layout"}
     given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
@@ -320,8 +320,8 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     buckets = parse_buckets(str(options["tokens"]))
     formats = FormatRequest.parse(options.get("dtype"))
     if lock_path:
-        from .artifacts.lockfile import Lockfile
-        from .io import check_output_file
+        from ..artifacts.lockfile import Lockfile
+        from ..io import check_output_file
 
         check_output_file(lock_path)
         Lockfile.load(lock_path)  # a malformed lockfile fails now, not after the searches
@@ -348,7 +348,7 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
         _lock_chosen(lock_path, index, searched, request)
     failures = []
     if verify:
-        from .verification import verify_file
+        from ..verification import verify_file
 
         for entry in kernel_buckets(index):
             # a recommended dense kernel too (none where nki-library's MLP is recommended)
@@ -357,7 +357,7 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
                 entry["verified"] = entry.get("verified", True) and report.ok
                 if not report.ok:
                     failures.append(f"{name}: {report.error}")
-        from .model_tuning import write_index
+        from ..model_tuning.pipeline import write_index
 
         write_index(output, index)  # with each bucket's "verified"
     if as_json:

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .driver import Tuned
-from .errors import InputError
-from .model_entries import BucketResult, bucket_entry, dense_bucket_entry
-from .model_formats import FormatRequest, MlpFormat
-from .models.layer_groups import LayerGroup, group_names
+from ..driver import Tuned
+from ..errors import InputError
+from ..models.layer_groups import LayerGroup, group_names
+from .entries import BucketResult, bucket_entry, dense_bucket_entry
+from .formats import FormatRequest, MlpFormat
 
 #: What the per-bucket totals are compared with.
 BASELINE = "nmmc's fused dense MLP in bf16 for every layer"

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cost_model.trust import trust_note
-from .ir.fp8 import is_fp8
-from .model_entries import runnable
-from .model_formats import format_lines, written_files
-from .report import columns, quality_note, wrap_note
-from .speedups import context_note, speedup_text
-from .targets import Target
+from ..cost_model.trust import trust_note
+from ..ir.fp8 import is_fp8
+from ..targets import Target
+from ..tuning.report import columns, quality_note, wrap_note
+from ..tuning.speedups import context_note, speedup_text
+from .entries import runnable
+from .formats import format_lines, written_files
 
 #: The columns of ``nmmc tune --model``'s table: (least width, alignment).
 _MODEL_COLUMNS = [(7, ">"), (9, ">"), (10, ">"), (8, ">"), (16, ">"), (8, ">"), (14, ">"), (8, ">"), (12, ">"),

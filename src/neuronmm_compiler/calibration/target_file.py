@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 
-from .cost_model.params import params_of
-from .errors import InputError
-from .targets import FORMAT, TARGET_FIELDS, VERSION, Target
+from ..cost_model.params import params_of
+from ..errors import InputError
+from ..targets import FORMAT, TARGET_FIELDS, VERSION, Target
 
 __all__ = ["target_file_text"]
 

@@ -20,21 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .driver import Tuned, tune
-from .errors import InputError
-from .frontends.shapes import block_aligned_rank
-from .frontends.workloads import Workload
-from .io import write_text_atomic
-from .model_entries import BucketResult, bucket_entry, dense_bucket_entry
-from .model_formats import FormatRequest, MlpFormat, choose
-from .model_groups import group_formats, group_index
-from .models import ModelConfig, read_config, read_manifest
-from .models.layer_groups import LayerGroup, manifest_groups
-from .models.manifest import MANIFEST_FILE
-from .search import DEFAULT_TRIALS
-from .speedups import launch_dict
-from .targets import Target
+from .. import __version__
+from ..driver import Tuned, tune
+from ..errors import InputError
+from ..frontends.shapes import block_aligned_rank
+from ..frontends.workloads import Workload
+from ..io import write_text_atomic
+from ..models import ModelConfig, read_config, read_manifest
+from ..models.layer_groups import LayerGroup, manifest_groups
+from ..models.manifest import MANIFEST_FILE
+from ..search import DEFAULT_TRIALS
+from ..targets import Target
+from ..tuning.speedups import launch_dict
+from .entries import BucketResult, bucket_entry, dense_bucket_entry
+from .formats import FormatRequest, MlpFormat, choose
+from .groups import group_formats, group_index
 
 INDEX_FILE = "index.json"
 
@@ -59,8 +59,8 @@ class ModelSource:
 def model_path(path: str | Path) -> Path:
     """``path`` itself when it exists, else the config shipped in the package under that name (``llama-3.2-1b``,
     ``meta-llama/Llama-3.2-1B``; :func:`~.models.known_config`); InputError naming both when neither is."""
-    from .errors import UnknownNameError
-    from .models import KNOWN_MODELS, known_config
+    from ..errors import UnknownNameError
+    from ..models import KNOWN_MODELS, known_config
 
     p = Path(path)
     if p.exists():
@@ -289,8 +289,8 @@ def sdk_range(dialect: str, target: Target, sdk: str | None = None) -> dict[str,
     against for ``dialect`` on ``target`` (support.py's matrix; None where no release documents the pairing). On a
     logical core of two programs any kernel may exchange values, whose spelling holds on part of the dialect's range
     only (:func:`~.support.kernel_range`): the range is then that part, conservatively, for every kernel."""
-    from .support import kernel_range, newest_sdk
-    from .vocab import Dialect
+    from ..support import kernel_range, newest_sdk
+    from ..vocab import Dialect
 
     concrete = Dialect(dialect)
     span = kernel_range(concrete, target.name, sdk or newest_sdk(concrete, target.name), target.lnc > 1)
