@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 from finetune_sweep import EVALS, perplexities
 
-import neuronmm_compiler.models.calibration as calibration
-from neuronmm_compiler.models.calibration import calibrate, load_tokens
-from neuronmm_compiler.models.finetune import import_torch
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import closed_form_heal
-from neuronmm_compiler.models.heal_steps import whitened_factors
-from neuronmm_compiler.models.torch_lm import TorchLM
-from neuronmm_compiler.models.whitening import DEFAULT_DAMPING
+import neuronmm_compiler.compression.calibration as calibration
+from neuronmm_compiler.compression.calibration import calibrate, load_tokens
+from neuronmm_compiler.compression.finetune import import_torch
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.heal import closed_form_heal
+from neuronmm_compiler.compression.heal_steps import whitened_factors
+from neuronmm_compiler.compression.torch_lm import TorchLM
+from neuronmm_compiler.compression.whitening import DEFAULT_DAMPING
 
 
 def timed(fn):

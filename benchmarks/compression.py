@@ -42,7 +42,7 @@ docs alone / docs + man pages / docs + man pages + model samples, evaluated on t
 
 ``--formats-study`` (issue 25) compares the kernels' formats on the same texts and calibration: the dense MLP
 in bf16 and in FP8, and the SVD MLP at rank ``--ranks`` (whitened + closed-form healing) in bf16 and in FP8, each
-emulated in the NumPy forward as the kernels compute it (``models/formats.py``: bf16 operands, or FP8 weights with
+emulated in the NumPy forward as the kernels compute it (``compression/formats.py``: bf16 operands, or FP8 weights with
 per-output-channel scales and activations quantized with static per-tensor scales calibrated on the mixed
 calibration set), plus the SVD factors in float32 for reference; perplexity and top-1 agreement per evaluation text.
 
@@ -63,7 +63,7 @@ Text sources (all read at run time from this machine; none is committed):
   standard library (PSF licence);
 - ``changelogs``: the first 4,000 characters of /usr/share/doc/*/changelog.Debian.gz (Debian package
   changelogs);
-- ``samples``: tokens sampled from the model itself (``models/sampling.py``, temperature 1, seed 0).
+- ``samples``: tokens sampled from the model itself (``compression/sampling.py``, temperature 1, seed 0).
 """
 
 from __future__ import annotations
@@ -81,17 +81,17 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
+from neuronmm_compiler.checkpoints.config import PROJECTIONS
 from neuronmm_compiler.cli.options import resolve_target
+from neuronmm_compiler.compression.calibration import _tokenize, calibrate, sequences
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.latency import predict_latencies
+from neuronmm_compiler.compression.quality import evaluate, factored_mlp, original_predictions
+from neuronmm_compiler.compression.rank_choice import pareto_front, uniform_point, variants
+from neuronmm_compiler.compression.sensitivity import scaled_losses
+from neuronmm_compiler.compression.svd import truncated_svd
+from neuronmm_compiler.compression.whitening import DEFAULT_DAMPING, whitened_svd
 from neuronmm_compiler.frontends.shapes import block_aligned_rank
-from neuronmm_compiler.models.calibration import _tokenize, calibrate, sequences
-from neuronmm_compiler.models.config import PROJECTIONS
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.latency import predict_latencies
-from neuronmm_compiler.models.quality import evaluate, factored_mlp, original_predictions
-from neuronmm_compiler.models.rank_choice import pareto_front, uniform_point, variants
-from neuronmm_compiler.models.sensitivity import scaled_losses
-from neuronmm_compiler.models.svd import truncated_svd
-from neuronmm_compiler.models.whitening import DEFAULT_DAMPING, whitened_svd
 from neuronmm_compiler.targets import DEFAULT_TARGET, LNC_SUFFIX, with_lnc
 from neuronmm_compiler.tuning.speedups import context_note
 
@@ -281,11 +281,11 @@ def heal_study(args) -> None:
 
     import numpy as np
 
-    from neuronmm_compiler.models.calibration import load_tokens
-    from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal
-    from neuronmm_compiler.models.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
-    from neuronmm_compiler.models.sampling import sample_tokens
-    from neuronmm_compiler.models.workflow import whitened_factors
+    from neuronmm_compiler.compression.calibration import load_tokens
+    from neuronmm_compiler.compression.finetune import FinetuneSettings, finetune_heal
+    from neuronmm_compiler.compression.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
+    from neuronmm_compiler.compression.sampling import sample_tokens
+    from neuronmm_compiler.compression.workflow import whitened_factors
 
     start = time.time()
     work = Path(args.work)
@@ -396,11 +396,11 @@ def formats_study(args) -> None:
     """bf16 dense, FP8 dense, SVD bf16, SVD FP8 (and SVD float32), measured on every evaluation text."""
     import numpy as np
 
-    from neuronmm_compiler.models.calibration import load_tokens
-    from neuronmm_compiler.models.formats import activation_ranges, emulated_mlp, fp8_layer
-    from neuronmm_compiler.models.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
-    from neuronmm_compiler.models.sampling import sample_tokens
-    from neuronmm_compiler.models.workflow import whitened_factors as white_factors
+    from neuronmm_compiler.compression.calibration import load_tokens
+    from neuronmm_compiler.compression.formats import activation_ranges, emulated_mlp, fp8_layer
+    from neuronmm_compiler.compression.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
+    from neuronmm_compiler.compression.sampling import sample_tokens
+    from neuronmm_compiler.compression.workflow import whitened_factors as white_factors
 
     start = time.time()
     work = Path(args.work)

@@ -15,11 +15,11 @@ import argparse
 import math
 from pathlib import Path
 
-from neuronmm_compiler.models.calibration import load_tokens
-from neuronmm_compiler.models.compress_steps import load_factors
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.manifest import read_manifest
-from neuronmm_compiler.models.quality import evaluate, factored_mlp
+from neuronmm_compiler.compression.calibration import load_tokens
+from neuronmm_compiler.compression.compress_steps import load_factors
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.manifest import read_manifest
+from neuronmm_compiler.compression.quality import evaluate, factored_mlp
 
 TEXTS = ("docs-eval", "licences", "code", "changelogs")
 SLICE = 1024

@@ -5,7 +5,7 @@ checkpoint (too slow for the suite: every MLP call of every layer runs in the in
 
 ``--dtype fp8`` (default): a dense FP8 export of MODEL (weights quantized per output channel on the fly, static
 activation scales calibrated on ``--calibration`` token ids through the unpatched model), one bucket. Printed:
-perplexity on ``--eval`` of the unpatched model, nmmc's FP8 emulation (models/formats.py, what ``nmmc compress
+perplexity on ``--eval`` of the unpatched model, nmmc's FP8 emulation (compression/formats.py, what ``nmmc compress
 --eval`` measures), the same emulation with every MLP input perturbed by a relative 1e-6 (how sensitive the FP8
 model is to the last bits: an accumulation-order difference is of that size), and the patched model; the largest
 logit difference of the patched model from each (of the largest logit) and top-1 agreement; per layer (a few), the
@@ -34,15 +34,15 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from neuronmm_compiler.compression import read_manifest
+from neuronmm_compiler.compression.compress_steps import compressed_mlp
+from neuronmm_compiler.compression.formats import Fp8Layer, emulated_mlp, reduce_rank_mlp
+from neuronmm_compiler.compression.fp8_files import read_fp8_layer
 from neuronmm_compiler.driver import compile_workload
 from neuronmm_compiler.export import ExportRequest, export_model
 from neuronmm_compiler.export.runtime.llama import LlamaForCausalLM
 from neuronmm_compiler.export.verify import verify_export
 from neuronmm_compiler.ir.quantized import quantize_weight
-from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.compress_steps import compressed_mlp
-from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp, reduce_rank_mlp
-from neuronmm_compiler.models.fp8_files import read_fp8_layer
 from neuronmm_compiler.targets import get_target, with_launch
 
 FMT = "float8_e4m3"

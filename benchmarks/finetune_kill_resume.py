@@ -23,8 +23,8 @@ import numpy as np
 
 
 def child(mode: str, model_dir: str, start_path: str, steps: int, work: Path) -> None:
-    from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal
-    from neuronmm_compiler.models.forward import CausalLM
+    from neuronmm_compiler.compression.finetune import FinetuneSettings, finetune_heal
+    from neuronmm_compiler.compression.forward import CausalLM
 
     model = CausalLM(model_dir)
     with open(start_path, "rb") as f:

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from neuronmm_compiler.models.calibration import calibrate, load_tokens
-from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal, import_torch
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
-from neuronmm_compiler.models.torch_lm import TorchLM
-from neuronmm_compiler.models.whitening import DEFAULT_DAMPING
-from neuronmm_compiler.models.workflow import whitened_factors
+from neuronmm_compiler.compression.calibration import calibrate, load_tokens
+from neuronmm_compiler.compression.finetune import FinetuneSettings, finetune_heal, import_torch
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.heal import DEFAULT_HEAL_DAMPING, closed_form_heal
+from neuronmm_compiler.compression.torch_lm import TorchLM
+from neuronmm_compiler.compression.whitening import DEFAULT_DAMPING
+from neuronmm_compiler.compression.workflow import whitened_factors
 
 EVALS = {"docs": "docs-eval.txt", "licences": "licences.txt", "code": "code.txt", "changelogs": "changelogs.txt"}
 
@@ -137,8 +137,8 @@ def main() -> None:
     lm = TorchLM(model, torch)
     start = starting_points(model, texts, Path(a.cache), a.rank) if a.start_dir is None or a.ids is None else {}
     if a.start_dir is not None:
-        from neuronmm_compiler.models.compress_steps import load_factors
-        from neuronmm_compiler.models.manifest import read_manifest
+        from neuronmm_compiler.compression.compress_steps import load_factors
+        from neuronmm_compiler.compression.manifest import read_manifest
 
         start["healed"] = load_factors(a.start_dir, read_manifest(Path(a.start_dir) / "manifest.json"))
     if a.ids:

@@ -19,12 +19,12 @@ from pathlib import Path
 from finetune_sweep import EVALS, overall, perplexities
 from heal_metric import study_args, study_start
 
-from neuronmm_compiler.models.calibration import DEFAULT_SEQUENCE, load_tokens
-from neuronmm_compiler.models.config import PROJECTIONS
-from neuronmm_compiler.models.finetune import import_torch
-from neuronmm_compiler.models.fisher import residual_fisher, residual_metric
-from neuronmm_compiler.models.heal import DEFAULT_HEAL_METRIC, HEAL_METRICS, closed_form_heal
-from neuronmm_compiler.models.torch_lm import TorchLM
+from neuronmm_compiler.checkpoints.config import PROJECTIONS
+from neuronmm_compiler.compression.calibration import DEFAULT_SEQUENCE, load_tokens
+from neuronmm_compiler.compression.finetune import import_torch
+from neuronmm_compiler.compression.fisher import residual_fisher, residual_metric
+from neuronmm_compiler.compression.heal import DEFAULT_HEAL_METRIC, HEAL_METRICS, closed_form_heal
+from neuronmm_compiler.compression.torch_lm import TorchLM
 
 
 def main() -> None:

@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 from finetune_sweep import EVALS, overall, perplexities
 
-from neuronmm_compiler.models.calibration import DEFAULT_SEQUENCE, calibrate, load_tokens
-from neuronmm_compiler.models.finetune import import_torch
-from neuronmm_compiler.models.fisher import FISHER_MIX, FISHER_TOKENS, residual_fisher, residual_metric
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import HEAL_METRICS, METRIC_TOKENS, closed_form_heal
-from neuronmm_compiler.models.heal_steps import whitened_factors
-from neuronmm_compiler.models.torch_lm import TorchLM
-from neuronmm_compiler.models.whitening import DEFAULT_DAMPING
+from neuronmm_compiler.compression.calibration import DEFAULT_SEQUENCE, calibrate, load_tokens
+from neuronmm_compiler.compression.finetune import import_torch
+from neuronmm_compiler.compression.fisher import FISHER_MIX, FISHER_TOKENS, residual_fisher, residual_metric
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.heal import HEAL_METRICS, METRIC_TOKENS, closed_form_heal
+from neuronmm_compiler.compression.heal_steps import whitened_factors
+from neuronmm_compiler.compression.torch_lm import TorchLM
+from neuronmm_compiler.compression.whitening import DEFAULT_DAMPING
 
 
 def study_args(ap: argparse.ArgumentParser) -> None:

@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from neuronmm_compiler.models.calibration import calibrate, load_tokens, sequences
-from neuronmm_compiler.models.finetune import FinetuneSettings, import_torch, teacher_states
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.torch_lm import TorchLM
+from neuronmm_compiler.compression.calibration import calibrate, load_tokens, sequences
+from neuronmm_compiler.compression.finetune import FinetuneSettings, import_torch, teacher_states
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.torch_lm import TorchLM
 
 
 def main() -> None:

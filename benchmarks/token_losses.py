@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from neuronmm_compiler.models.calibration import load_tokens, sequences
-from neuronmm_compiler.models.compress_steps import load_factors
-from neuronmm_compiler.models.forward import CausalLM, log_softmax
-from neuronmm_compiler.models.manifest import read_manifest
-from neuronmm_compiler.models.quality import factored_mlp, original_predictions, target_nll, worst_share
+from neuronmm_compiler.compression.calibration import load_tokens, sequences
+from neuronmm_compiler.compression.compress_steps import load_factors
+from neuronmm_compiler.compression.forward import CausalLM, log_softmax
+from neuronmm_compiler.compression.manifest import read_manifest
+from neuronmm_compiler.compression.quality import factored_mlp, original_predictions, target_nll, worst_share
 
 BUCKETS = ((0.0, 0.05), (0.05, 0.5), (0.5, 2.0), (2.0, 5.0), (5.0, np.inf))  # original NLL, nats
 

@@ -1,4 +1,4 @@
-"""Check nmmc's NumPy forward pass (``neuronmm_compiler.models.forward``) against transformers' logits.
+"""Check nmmc's NumPy forward pass (``neuronmm_compiler.compression.forward``) against transformers' logits.
 
     pip install torch==2.13.0 transformers     # a separate environment: neither is an nmmc dependency
     pip install -e .                            # nmmc in the same environment
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from neuronmm_compiler.models.forward import CausalLM, log_softmax
+    from neuronmm_compiler.compression.forward import CausalLM, log_softmax
 
     ours = CausalLM(args.model_dir)
     ids = np.random.default_rng(args.seed).integers(0, ours.arch.vocab_size, args.tokens)

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from neuronmm_compiler.checkpoints.config import KNOWN_MODELS, known_config
 from neuronmm_compiler.model_tuning.pipeline import parse_buckets, resolve_model, tune_model
-from neuronmm_compiler.models import KNOWN_MODELS, known_config
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_file
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import neuronmm_compiler.models.calibration as calibration
+import neuronmm_compiler.compression.calibration as calibration
+from neuronmm_compiler.compression.calibration import calibrate, sequence_groups, sequences
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.heal import closed_form_heal
+from neuronmm_compiler.compression.workflow import whitened_factors
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.models.calibration import calibrate, sequence_groups, sequences
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import closed_form_heal
-from neuronmm_compiler.models.workflow import whitened_factors
 from test_compress_calibrated import LAYERS, VOCAB, make_llama
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")

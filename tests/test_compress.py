@@ -13,13 +13,14 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from neuronmm_compiler.checkpoints.config import read_config
+from neuronmm_compiler.checkpoints.weights import WeightReader, bf16_to_f32, read_raw_tensor
 from neuronmm_compiler.cli import main
+from neuronmm_compiler.compression import compress_model, read_manifest
+from neuronmm_compiler.compression import svd as svd_module
+from neuronmm_compiler.compression.svd import relative_error, truncated_svd
 from neuronmm_compiler.errors import InputError, UnknownNameError
 from neuronmm_compiler.frontends.shapes import block_aligned_rank
-from neuronmm_compiler.models import compress_model, read_config, read_manifest
-from neuronmm_compiler.models import svd as svd_module
-from neuronmm_compiler.models.svd import relative_error, truncated_svd
-from neuronmm_compiler.models.weights import WeightReader, bf16_to_f32, read_raw_tensor
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "configs"
 HIDDEN, INTERMEDIATE, LAYERS = 256, 768, 3
@@ -356,7 +357,7 @@ def test_a_healing_checkpoint_is_keyed_by_every_weight_of_the_model(tmp_path):
     checkpoints' identity holds a digest of every tensor, so a changed weight anywhere starts them afresh."""
     from types import SimpleNamespace
 
-    from neuronmm_compiler.models.heal_steps import _finetune_identity
+    from neuronmm_compiler.compression.heal_steps import _finetune_identity
 
     model, _ = make_model(tmp_path / "model")
     request = SimpleNamespace(model_dir=str(model), damping=0.01, heal_damping=1e-4, heal_target="healed",
@@ -411,7 +412,7 @@ def test_read_manifest_errors(tmp_path, reference_run):
 
 def test_bf16_fallback_when_safetensors_cannot_give_numpy_bf16(tmp_path, monkeypatch):
     """Older safetensors cannot return bf16 to NumPy: the reader then widens the raw uint16 bits."""
-    from neuronmm_compiler.models import weights as weights_module
+    from neuronmm_compiler.checkpoints import weights as weights_module
 
     model, weights = make_model(tmp_path / "model", "bfloat16")
     real_open = weights_module.safe_open
@@ -444,7 +445,7 @@ def test_bf16_fallback_when_safetensors_cannot_give_numpy_bf16(tmp_path, monkeyp
 
 
 def test_svd_accuracy_script_runs_on_a_small_shape():
-    from neuronmm_compiler.models.svd_accuracy import measure
+    from neuronmm_compiler.compression.svd_accuracy import measure
 
     (row,) = measure(shapes={"small": (256, 640)}, randomized=True)
     assert row.rank == block_aligned_rank(256, 640, 0.8) and set(row.results) == {"full", "gram", "randomized"}

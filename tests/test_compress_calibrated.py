@@ -13,13 +13,13 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from neuronmm_compiler.cli import main
+from neuronmm_compiler.compression import compress_model, read_manifest
+from neuronmm_compiler.compression.calibration import ACTIVATION_NAMES, calibrate, calibration_from_activations
+from neuronmm_compiler.compression.forward import CausalLM, log_softmax
+from neuronmm_compiler.compression.quality import evaluate, factored_mlp, original_predictions, spread_note, worst_share
+from neuronmm_compiler.compression.whitening import whitened_svd
+from neuronmm_compiler.compression.workflow import CompressRequest, load_factors, run_compress
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.models import compress_model, read_manifest
-from neuronmm_compiler.models.calibration import ACTIVATION_NAMES, calibrate, calibration_from_activations
-from neuronmm_compiler.models.forward import CausalLM, log_softmax
-from neuronmm_compiler.models.quality import evaluate, factored_mlp, original_predictions, spread_note, worst_share
-from neuronmm_compiler.models.whitening import whitened_svd
-from neuronmm_compiler.models.workflow import CompressRequest, load_factors, run_compress
 
 HIDDEN, INTER, LAYERS, HEADS, KV, VOCAB = 64, 192, 2, 4, 2, 101
 
@@ -285,7 +285,7 @@ def test_text_calibration_uses_the_models_tokenizer(tmp_path):
     """Text is tokenized with the model's tokenizer.json (a word-level one here) and gives the same
     Grams as its token ids passed as .npy."""
     pytest.importorskip("tokenizers")
-    from neuronmm_compiler.models.calibration import load_tokens
+    from neuronmm_compiler.compression.calibration import load_tokens
 
     model_dir = make_llama(tmp_path / "m")
     words = [f"w{i}" for i in range(VOCAB - 1)]
@@ -310,7 +310,7 @@ def test_text_calibration_uses_the_models_tokenizer(tmp_path):
 
 
 def test_svd_accuracy_takes_model_directories_and_reports_bad_names_in_one_line(tmp_path, capsys):
-    from neuronmm_compiler.models import svd_accuracy
+    from neuronmm_compiler.compression import svd_accuracy
 
     model_dir = make_llama(tmp_path / "m")
     svd_accuracy.main(["--models", str(model_dir), "--keep-ratio", "0.5"])
@@ -344,7 +344,7 @@ def test_report_of_a_compress_output(tmp_path):
                                          align=32, calibration=str(tmp_path / "cal.npy"), eval=str(tmp_path / "ev.npy"),
                                          sequence_length=64, choose_ranks=True, buckets=(1,),
                                          target=get_target("trn1")))
-    from neuronmm_compiler.models.rank_choice import BUDGET_NOT_APPLIED
+    from neuronmm_compiler.compression.rank_choice import BUDGET_NOT_APPLIED
 
     assert BUDGET_NOT_APPLIED in joint.warnings  # bf16 --tokens: the proxy choice does not spend the budget
     result = CliRunner().invoke(main, ["report", str(tmp_path / "j"), "-o", str(tmp_path / "rep")])
@@ -358,9 +358,9 @@ def test_report_of_a_compress_output(tmp_path):
 
 
 def test_layer_costs_interpolate_the_measured_nll_increases(tmp_path):
-    from neuronmm_compiler.models.calibration import sequences
-    from neuronmm_compiler.models.rank_choice import variants
-    from neuronmm_compiler.models.sensitivity import _interpolate, mean_nll, scaled_losses
+    from neuronmm_compiler.compression.calibration import sequences
+    from neuronmm_compiler.compression.rank_choice import variants
+    from neuronmm_compiler.compression.sensitivity import _interpolate, mean_nll, scaled_losses
 
     model = CausalLM(make_llama(tmp_path / "m"))
     ids = np.random.default_rng(12).integers(0, VOCAB, 256)

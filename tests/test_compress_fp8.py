@@ -13,15 +13,15 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from neuronmm_compiler.cli import main
+from neuronmm_compiler.compression import read_manifest
+from neuronmm_compiler.compression.compress_steps import compressed_mlp
+from neuronmm_compiler.compression.formats import activation_points, emulated_mlp, fp8_layer, traced_mlp
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.quality import evaluate as measure
+from neuronmm_compiler.compression.workflow import CompressRequest, run_compress
 from neuronmm_compiler.frontends.shapes import Fp8Weights, mlp_graph
 from neuronmm_compiler.ir.evaluate import evaluate
 from neuronmm_compiler.ir.quantized import calibrate, unquantized
-from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.compress_steps import compressed_mlp
-from neuronmm_compiler.models.formats import activation_points, emulated_mlp, fp8_layer, traced_mlp
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.quality import evaluate as measure
-from neuronmm_compiler.models.workflow import CompressRequest, run_compress
 from neuronmm_compiler.passes.quantize_fp8 import quantize_fp8
 from test_compress_calibrated import make_llama, token_file
 
@@ -117,7 +117,7 @@ def test_choose_ranks_with_fp8_records_each_layers_format(tiny):
     assert [r["gate"] for r in manifest.layer_ranks()] == chosen.choice
     assert manifest.rank_choice["formats"] == chosen.formats
     assert (manifest.fp8 is not None) == ("float8_e4m3" in chosen.formats)
-    from neuronmm_compiler.models.compress_report import write_compression_report
+    from neuronmm_compiler.compression.compress_report import write_compression_report
 
     summary = write_compression_report(manifest, root / "report")[-1].read_text()
     assert "## Format choice" in summary and "Cost per layer: weight bytes." in summary
@@ -125,7 +125,7 @@ def test_choose_ranks_with_fp8_records_each_layers_format(tiny):
 
 
 def test_useful_candidates_drop_what_cannot_pay():
-    from neuronmm_compiler.models.format_choice import cost_record, useful_candidates
+    from neuronmm_compiler.compression.format_choice import cost_record, useful_candidates
 
     options = [(None, "bfloat16"), (None, "float8_e4m3"), (256, "bfloat16"), (256, "float8_e4m3"),
                (128, "bfloat16"), (128, "float8_e4m3")]
@@ -142,7 +142,7 @@ def test_useful_candidates_drop_what_cannot_pay():
 def test_format_choice_spends_the_cost_it_is_given(tiny):
     """The greedy's moves follow the cost: made dense FP8 the one candidate cheaper than bf16 dense, it is the only
     one measured and accepted; made every candidate cost more, nothing is measured beyond the start."""
-    from neuronmm_compiler.models.format_choice import candidates, cost_record, measured_format_choice
+    from neuronmm_compiler.compression.format_choice import candidates, cost_record, measured_format_choice
 
     model_dir, cal, _, _ = tiny
     model = CausalLM(model_dir)
@@ -167,7 +167,7 @@ def test_format_choice_spends_the_cost_it_is_given(tiny):
 
 def test_choose_ranks_fp8_with_tokens_records_predicted_latencies(tiny, monkeypatch):
     from neuronmm_compiler.cli.options import resolve_target
-    from neuronmm_compiler.models import latency
+    from neuronmm_compiler.compression import latency
 
     monkeypatch.setattr(latency, "DEFAULT_TRIALS", 3)  # the tiny kernels' searches, short
     model_dir, cal, _, root = tiny

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from neuronmm_compiler.models.compress_notes import keeps_everything, rise_advice
-from neuronmm_compiler.models.quality import WORST_KEY, spread_note
-from neuronmm_compiler.models.workflow import CompressRequest
+from neuronmm_compiler.compression.compress_notes import keeps_everything, rise_advice
+from neuronmm_compiler.compression.quality import WORST_KEY, spread_note
+from neuronmm_compiler.compression.workflow import CompressRequest
 
 
 def _request(**fields) -> CompressRequest:
@@ -47,6 +47,6 @@ def test_only_keep_ratio_one_without_ranks_or_choice_keeps_everything():
     ([10, 20], None, [10, 20]),
 ])
 def test_calibration_files_share_the_token_budget(sizes, budget, takes):
-    from neuronmm_compiler.models.compress_notes import share_budget
+    from neuronmm_compiler.compression.compress_notes import share_budget
 
     assert share_budget(sizes, budget) == takes

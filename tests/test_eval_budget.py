@@ -1,12 +1,12 @@
 """The measured rank choice's budget held on the eval files: bisection along the accepted steps
-(models/eval_budget.py)."""
+(compression/eval_budget.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from neuronmm_compiler.models.eval_budget import check_lines, hold_budget_on_eval, prefix_choice, worst_increase
-from neuronmm_compiler.models.measured_choice import MeasuredChoice
+from neuronmm_compiler.compression.eval_budget import check_lines, hold_budget_on_eval, prefix_choice, worst_increase
+from neuronmm_compiler.compression.measured_choice import MeasuredChoice
 
 
 def _choice(accepted: list[tuple[int, int]], layers: int = 6) -> MeasuredChoice:

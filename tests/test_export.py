@@ -66,7 +66,7 @@ def write_checkpoint(directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def factors(tiny_model, tmp_path_factory) -> Path:
-    from neuronmm_compiler.models import compress_model
+    from neuronmm_compiler.compression import compress_model
 
     out = tmp_path_factory.mktemp("factors") / "f"
     compress_model(tiny_model, out, keep_ratio=0.8)

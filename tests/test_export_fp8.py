@@ -1,7 +1,7 @@
 """nmmc export with FP8 kernels: a dense FP8 export of a Hugging Face checkpoint (weights quantized on the fly,
 activation scales calibrated on the unpatched model) and an export of an ``nmmc compress`` output whose layers
 differ in format and ranks (an FP8 dense layer, a bf16 SVD layer: two kernel groups), each patched into a tiny
-Llama-architecture torch model and compared with nmmc's FP8 emulation of the same model (models/formats.py, the
+Llama-architecture torch model and compared with nmmc's FP8 emulation of the same model (compression/formats.py, the
 forward ``nmmc compress --eval`` measures) and with the unquantized model.
 
 Kernels are compiled at their default schedule (no search) to keep the file cheap."""
@@ -16,14 +16,14 @@ import pytest
 from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
+from neuronmm_compiler.compression import read_manifest
+from neuronmm_compiler.compression.formats import Fp8Layer, emulated_mlp, reduce_rank_mlp
+from neuronmm_compiler.compression.fp8_files import read_fp8_layer
 from neuronmm_compiler.driver import compile_workload
 from neuronmm_compiler.export import ExportRequest, export_model
 from neuronmm_compiler.export.manifest import schema
 from neuronmm_compiler.export.verify import group_problems
 from neuronmm_compiler.ir.quantized import activation_scale, quantize_weight
-from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.formats import Fp8Layer, emulated_mlp, reduce_rank_mlp
-from neuronmm_compiler.models.fp8_files import read_fp8_layer
 from neuronmm_compiler.targets import get_target, with_launch
 
 torch = pytest.importorskip("torch", reason="the export runtime needs the 'torch' extra")
@@ -239,8 +239,8 @@ def test_export_of_per_layer_formats_groups_the_layers(tiny, tmp_path):
     records them): one kernel group each, the layer files' FP8 bytes and scales read as they are, the patched
     model matching the emulation of those files, `nmmc verify` passing the package; a --dtype contradicting the
     recorded formats is refused."""
-    from neuronmm_compiler.models import compress_model
-    from neuronmm_compiler.models.compress_steps import load_factors
+    from neuronmm_compiler.compression import compress_model
+    from neuronmm_compiler.compression.compress_steps import load_factors
 
     directory, calibration = tiny
     ranges = _ranges(LlamaForCausalLM.from_pretrained(directory), calibration)
@@ -293,7 +293,7 @@ def test_fp8_svd_export_at_tp2_reduces_the_rank_and_matches_the_emulation(tiny, 
     quantizes the all-reduced h U_down with the layer file's own h_ud scale (reduce-output, whose per-rank partials
     need scales no source holds, is skipped saying so); the two rank modules all-reduced match nmmc's emulation of
     those ranks and the unquantized factors within FP8's error, and `nmmc verify` passes the package."""
-    from neuronmm_compiler.models.compress_steps import load_factors
+    from neuronmm_compiler.compression.compress_steps import load_factors
 
     directory, _ = tiny
     ids = np.random.default_rng(5).integers(0, CONFIG["vocab_size"], (4, 200))  # whitening needs >= 640 tokens

@@ -6,16 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neuronmm_compiler.models.calibration import calibrate
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.workflow import whitened_factors
+from neuronmm_compiler.compression.calibration import calibrate
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.workflow import whitened_factors
 from test_compress_calibrated import LAYERS, VOCAB, make_llama
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def test_choose_dtype_takes_bfloat16_only_when_ten_percent_faster():
-    from neuronmm_compiler.models.finetune import choose_dtype
+    from neuronmm_compiler.compression.finetune import choose_dtype
 
     assert choose_dtype({"bfloat16": 1.0, "float32": 1.1}) == "bfloat16"
     assert choose_dtype({"bfloat16": 1.0, "float32": 1.05}) == "float32"  # too close: the exact one
@@ -26,7 +26,7 @@ def test_auto_chooses_by_timing_changes_nothing_else_and_a_resume_keeps_its_choi
     pytest.importorskip("torch")
     from dataclasses import replace
 
-    import neuronmm_compiler.models.finetune as finetune
+    import neuronmm_compiler.compression.finetune as finetune
     from neuronmm_compiler.cli.models import _tuned_note
 
     model = CausalLM(make_llama(tmp_path / "m", seed=4))

@@ -13,9 +13,9 @@ import pytest
 from safetensors import safe_open
 from threadpoolctl import threadpool_limits
 
-from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.heal_steps import FINETUNE_CHECKPOINT
-from neuronmm_compiler.models.workflow import CompressRequest, run_compress
+from neuronmm_compiler.compression import read_manifest
+from neuronmm_compiler.compression.heal_steps import FINETUNE_CHECKPOINT
+from neuronmm_compiler.compression.workflow import CompressRequest, run_compress
 from test_compress_calibrated import LAYERS, make_llama, token_file
 
 
@@ -30,8 +30,8 @@ def _factors(out) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("metric", ["mlp-output", "fisher"])
 def test_ctrl_c_saves_the_step_and_the_resume_skips_the_closed_form(tmp_path, monkeypatch, metric):
     pytest.importorskip("torch")
-    import neuronmm_compiler.models.heal as heal
-    from neuronmm_compiler.models.finetune import FinetuneSettings
+    import neuronmm_compiler.compression.heal as heal
+    from neuronmm_compiler.compression.finetune import FinetuneSettings
 
     model_dir = make_llama(tmp_path / "m", seed=3)
     cal = token_file(tmp_path / "cal.npy", 512, 1)

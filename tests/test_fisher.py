@@ -1,4 +1,4 @@
-"""The residual-stream Fisher of ``--heal-metric fisher`` (models/fisher.py), on the tiny random Llama of
+"""The residual-stream Fisher of ``--heal-metric fisher`` (compression/fisher.py), on the tiny random Llama of
 test_compress_calibrated (a few seconds)."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from neuronmm_compiler.compression.calibration import calibrate
+from neuronmm_compiler.compression.fisher import residual_fisher, residual_metric
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.heal import closed_form_heal
+from neuronmm_compiler.compression.workflow import whitened_factors
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.models.calibration import calibrate
-from neuronmm_compiler.models.fisher import residual_fisher, residual_metric
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import closed_form_heal
-from neuronmm_compiler.models.workflow import whitened_factors
 from test_compress_calibrated import HIDDEN, LAYERS, VOCAB, make_llama
 
 torch = pytest.importorskip("torch")
@@ -27,7 +27,7 @@ def _kl_hessian_diagonal_blocks(model, tokens: np.ndarray, layer: int) -> np.nda
     """``sum_t H_tt``: the diagonal blocks of the Hessian of ``sum_s KL(p_s || q_s(d))`` in a change ``d``
     [tokens, hidden] of the residual stream after ``layer``'s MLP, at ``d = 0``: ``J^T (diag p - p p^T) J``
     summed over positions ``s`` (the KL's gradient vanishes there), with ``J`` the logits' Jacobian by autograd."""
-    from neuronmm_compiler.models.torch_lm import TorchLM
+    from neuronmm_compiler.compression.torch_lm import TorchLM
 
     lm = TorchLM(model, torch)
     ids = torch.from_numpy(tokens[None].astype(np.int64))
@@ -103,7 +103,7 @@ def test_cli_fisher_metric_records_its_estimate_and_without_torch_says_how_to_in
     from click.testing import CliRunner
 
     from neuronmm_compiler.cli import main
-    from neuronmm_compiler.models import read_manifest
+    from neuronmm_compiler.compression import read_manifest
     from test_compress_calibrated import token_file
 
     model_dir = make_llama(tmp_path / "m", seed=5)

@@ -100,10 +100,10 @@ def test_e4m3fn_layer_files_keep_values_past_240(tmp_path) -> None:
     patterns would be inf/NaN); ``compress --dtype mxfp8`` is refused in one sentence."""
     from click.testing import CliRunner
 
+    from neuronmm_compiler.checkpoints.weights import write_tensor_file
     from neuronmm_compiler.cli import main
-    from neuronmm_compiler.models.formats import fp8_format, fp8_layer
-    from neuronmm_compiler.models.fp8_files import fp8_tensors, read_fp8_layer
-    from neuronmm_compiler.models.weights import write_tensor_file
+    from neuronmm_compiler.compression.formats import fp8_format, fp8_layer
+    from neuronmm_compiler.compression.fp8_files import fp8_tensors, read_fp8_layer
 
     rng = np.random.default_rng(0)
     f = {p: rng.standard_normal((96, 64) if p == "down" else (64, 96)) for p in ("gate", "up", "down")}

@@ -11,18 +11,18 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from neuronmm_compiler.cli import main
+from neuronmm_compiler.compression import read_manifest
+from neuronmm_compiler.compression.calibration import calibrate
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.heal import closed_form_heal
+from neuronmm_compiler.compression.heal_metric import original_mlp
+from neuronmm_compiler.compression.heal_solve import METRIC_DAMPING, rank_constrained_lstsq
+from neuronmm_compiler.compression.measured_choice import measured_choice, plot_front
+from neuronmm_compiler.compression.quality import evaluate, factored_mlp
+from neuronmm_compiler.compression.sampling import sample_tokens
+from neuronmm_compiler.compression.whitening import whitened_svd
+from neuronmm_compiler.compression.workflow import CompressRequest, run_compress, whitened_factors
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.calibration import calibrate
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal import closed_form_heal
-from neuronmm_compiler.models.heal_metric import original_mlp
-from neuronmm_compiler.models.heal_solve import METRIC_DAMPING, rank_constrained_lstsq
-from neuronmm_compiler.models.measured_choice import measured_choice, plot_front
-from neuronmm_compiler.models.quality import evaluate, factored_mlp
-from neuronmm_compiler.models.sampling import sample_tokens
-from neuronmm_compiler.models.whitening import whitened_svd
-from neuronmm_compiler.models.workflow import CompressRequest, run_compress, whitened_factors
 from test_compress_calibrated import INTER, LAYERS, VOCAB, make_llama, token_file
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
@@ -230,7 +230,7 @@ def test_choice_over_budget_on_the_eval_file_is_backed_off_and_rebuilt_healed(ti
     root, model_dir, _ = tiny
     cal, ev = token_file(root / "cal4.npy", 512, 11), token_file(root / "ev4.npy", 128, 12)
     # a selection budget far above the eval budget: the greedy accepts steps the eval file must refuse
-    monkeypatch.setattr("neuronmm_compiler.models.workflow.SELECTION_SHARE", 40.0)
+    monkeypatch.setattr("neuronmm_compiler.compression.workflow.SELECTION_SHARE", 40.0)
     request = CompressRequest(str(model_dir), str(root / "backed"), 0.5, align=32, calibration=str(cal),
                               eval=str(ev), sequence_length=64, choose_ranks=True, max_ppl_increase=0.05,
                               heal="closed-form")
@@ -258,7 +258,7 @@ def test_sampling_is_deterministic_and_in_vocabulary(tiny):
     assert np.array_equal(hot, sample_tokens(model, 70, length=20, batch=3, seed=4, temperature=1e3))
     assert not np.array_equal(hot, sample_tokens(model, 70, length=20, batch=3, seed=5, temperature=1e3))
     # the cached step reproduces the full forward pass's last-position logits
-    from neuronmm_compiler.models.sampling import _step
+    from neuronmm_compiler.compression.sampling import _step
 
     tokens = np.array([[0, 5, 9, 2]])
     cache = [{"k": np.zeros((1, model.arch.num_key_value_heads, 4, model.arch.head_dim), np.float32),
@@ -283,8 +283,8 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
     torch = pytest.importorskip("torch")
     from dataclasses import replace
 
-    from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal
-    from neuronmm_compiler.models.torch_lm import TorchLM
+    from neuronmm_compiler.compression.finetune import FinetuneSettings, finetune_heal
+    from neuronmm_compiler.compression.torch_lm import TorchLM
 
     root, _, model = tiny
     tokens = np.random.default_rng(3).integers(0, VOCAB, 48)
@@ -326,8 +326,8 @@ def test_finetune_mirrors_the_numpy_model_lowers_the_kl_and_resumes_after_a_kill
 
 def test_the_label_term_is_the_next_token_cross_entropy_and_fits_the_data(tiny):
     torch = pytest.importorskip("torch")
-    from neuronmm_compiler.models.finetune import FinetuneSettings, _label_nll, finetune_heal
-    from neuronmm_compiler.models.quality import evaluate, factored_mlp
+    from neuronmm_compiler.compression.finetune import FinetuneSettings, _label_nll, finetune_heal
+    from neuronmm_compiler.compression.quality import evaluate, factored_mlp
 
     gen = torch.Generator().manual_seed(1)
     logits, tokens = torch.randn(2, 7, 30, generator=gen), torch.randint(0, 30, (2, 7), generator=gen)
@@ -350,7 +350,7 @@ def test_the_label_term_is_the_next_token_cross_entropy_and_fits_the_data(tiny):
 
 def test_sparse_kl_is_a_divergence():
     torch = pytest.importorskip("torch")
-    from neuronmm_compiler.models.finetune import _sparse_kl
+    from neuronmm_compiler.compression.finetune import _sparse_kl
 
     gen = torch.Generator().manual_seed(0)
     t, s = (torch.log_softmax(torch.randn(5, 40, generator=gen) * 3, -1) for _ in range(2))

@@ -19,6 +19,7 @@ Module-level and function-level imports alike must be acyclic, without exception
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +161,61 @@ def test_module_level_only_ignores_function_bodies(tmp_path):
                                         "b.py": "def f():\n    from . import a\n"})
     assert cycles(import_graph(package, module_level_only=True)) == []
     assert cycles(import_graph(package)) == [["pkg.a", "pkg.b"]]
+
+
+# -- the layout map of docs/architecture.md: what each package may import ------------------------------------------
+
+ROOT_MODULES = ("targets", "support", "errors", "vocab", "io", "jobs")
+COMPILER = ("frontends", "ir", "passes", "lowerings", "schedule", "kernel_ir", "cost_model", "search", "codegen")
+
+
+def layout_map() -> dict[str, set[str]]:
+    """Each top-level unit of the package (a package ``x``, or a root module ``x``) -> the units docs/architecture.md's
+    '## Layout' table says it may import, its words expanded: ``root`` the root modules, ``the compiler`` its nine
+    packages, ``everything`` every unit, ``(nothing)`` none."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)(?:/|\.py)` \| .* \| ([^|]+) \|$", section, flags=re.M)
+    units = {name for name, _ in rows}
+    allowed: dict[str, set[str]] = {}
+    for name, cell in rows:
+        words = {w.strip() for w in cell.split(",")}
+        out: set[str] = set()
+        for word in words:
+            if word == "root":
+                out |= set(ROOT_MODULES)
+            elif word == "the compiler":
+                out |= set(COMPILER)
+            elif word == "everything":
+                out |= units
+            elif word != "(nothing)":
+                assert word in units, (name, word)
+                out.add(word)
+        allowed[name] = out
+    return allowed
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None  # None: the package's own __init__ (its version)
+
+
+def _outside_the_map(edges, allowed: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The (importer, imported) unit pairs of ``edges`` (module -> module) that the map does not allow."""
+    return sorted({(_unit(a), _unit(b)) for a, b in edges
+                   if _unit(a) and _unit(b) and _unit(a) != _unit(b) and _unit(b) not in allowed[_unit(a)]})
+
+
+def test_every_import_stays_inside_the_layout_map():
+    allowed = layout_map()
+    assert set(allowed) >= set(ROOT_MODULES) | set(COMPILER) | {"driver", "cli", "export", "compression"}
+    outside = _outside_the_map(import_graph(PACKAGE_DIR).edges(), allowed)
+    assert not outside, f"imports the layout map does not allow (fix the code or the map): {outside}"
+
+
+def test_the_layout_map_check_sees_a_forbidden_import():
+    edges = [("neuronmm_compiler.ir.graph", "neuronmm_compiler.driver"),
+             ("neuronmm_compiler.checkpoints.config", "neuronmm_compiler.compression.svd"),
+             ("neuronmm_compiler.cli.compile", "neuronmm_compiler.driver"),
+             ("neuronmm_compiler.ir.graph", "neuronmm_compiler")]
+    assert _outside_the_map(edges, layout_map()) == [("checkpoints", "compression"), ("ir", "driver")]

@@ -49,8 +49,9 @@ def test_every_cited_section_exists():
 
 def test_every_named_path_exists():
     """Files the page and its notes name under tests/, scripts/, benchmarks/, examples/, docs/, src/neuronmm_compiler/
-    or lowerings/ are in the repository (``models/...`` is left out: the page also cites NxD Inference's)."""
-    prefixes = r"(?:tests|scripts|benchmarks|examples|docs|src/neuronmm_compiler|lowerings)"
+    or one of its packages are in the repository (``models/...`` is left out: the page also cites NxD Inference's)."""
+    prefixes = (r"(?:tests|scripts|benchmarks|examples|docs|src/neuronmm_compiler|lowerings|compression|checkpoints"
+                r"|export)")
     for text in (_page(), NOTES.read_text(encoding="utf-8")):
         for path in re.findall(rf"(?<![\w./:-]){prefixes}/[\w./-]+\.(?:py|md|txt|json)", text):
             assert (ROOT / path).exists() or (ROOT / "src" / "neuronmm_compiler" / path).exists(), path

@@ -15,12 +15,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from neuronmm_compiler.checkpoints.config import read_config
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.frontends.workloads import mlp_workload
 from neuronmm_compiler.lowerings import lowering_for
 from neuronmm_compiler.model_tuning.pipeline import ModelSource, tune_model
 from neuronmm_compiler.model_tuning.report import model_lines
-from neuronmm_compiler.models import read_config
 from neuronmm_compiler.targets import IN_GRAPH, STANDALONE, get_target, with_launch
 from neuronmm_compiler.tuning.speedups import latency_at, launches, speedup_text
 

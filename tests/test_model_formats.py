@@ -10,12 +10,12 @@ import json
 import pytest
 
 from neuronmm_compiler.artifacts.lockfile import Lockfile
+from neuronmm_compiler.checkpoints.config import known_config
 from neuronmm_compiler.driver import Tuned, compile_workload, lowering_for
 from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.model_tuning.formats import FormatRequest, MlpFormat, choose
 from neuronmm_compiler.model_tuning.pipeline import resolve_model, tune_model
 from neuronmm_compiler.model_tuning.report import model_lines
-from neuronmm_compiler.models import known_config
 from neuronmm_compiler.search.candidates import TuneResult
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.tuning.request import TuneRequest, _lock_chosen

@@ -13,12 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 from neuronmm_compiler.artifacts.lockfile import Lockfile, kernel_sha256
+from neuronmm_compiler.checkpoints.config import ModelConfig
 from neuronmm_compiler.cli import main
+from neuronmm_compiler.compression import LayerEntry, Manifest, ProjectionEntry
 from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.model_tuning.formats import FormatRequest, written_files
 from neuronmm_compiler.model_tuning.pipeline import resolve_model, tune_model
 from neuronmm_compiler.model_tuning.report import model_lines
-from neuronmm_compiler.models import LayerEntry, Manifest, ModelConfig, ProjectionEntry
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.tuning.request import TuneRequest, _lock_chosen
 from test_model_formats import _compile_default

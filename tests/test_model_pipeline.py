@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from neuronmm_compiler.checkpoints.config import known_config
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.model_tuning.pipeline import parse_buckets, resolve_model, tune_model
-from neuronmm_compiler.models import known_config
 from neuronmm_compiler.targets import get_target
 
 ROOT = Path(__file__).resolve().parent.parent

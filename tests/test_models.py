@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronmm_compiler.errors import InputError, UnknownNameError
-from neuronmm_compiler.frontends.shapes import block_aligned_rank
-from neuronmm_compiler.models import (
+from neuronmm_compiler.checkpoints.config import (
     KNOWN_MODELS,
     ModelConfig,
     known_config,
@@ -18,6 +16,8 @@ from neuronmm_compiler.models import (
     projection_shape,
     read_config,
 )
+from neuronmm_compiler.errors import InputError, UnknownNameError
+from neuronmm_compiler.frontends.shapes import block_aligned_rank
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "configs"
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_known_models_are_exactly_the_shipped_files_and_declared_package_data():
     shipped = {path.stem for path in known_config("llama-3.2-1b").parent.glob("*.json")}
     assert shipped == set(SHIPPED)
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert pyproject["tool"]["setuptools"]["package-data"]["neuronmm_compiler.models"] == ["configs/*.json"]
+    assert pyproject["tool"]["setuptools"]["package-data"]["neuronmm_compiler.checkpoints"] == ["configs/*.json"]
     assert any(dep.startswith("safetensors") for dep in pyproject["project"]["dependencies"])
 
 

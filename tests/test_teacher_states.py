@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neuronmm_compiler.models.calibration import calibrate, sequences
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal_steps import whitened_factors
+from neuronmm_compiler.compression.calibration import calibrate, sequences
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.heal_steps import whitened_factors
 from test_compress_calibrated import LAYERS, VOCAB, make_llama
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 def test_calibration_states_are_the_teachers_and_spare_its_forward_pass(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
-    import neuronmm_compiler.models.finetune as finetune
-    from neuronmm_compiler.models.torch_lm import TorchLM
+    import neuronmm_compiler.compression.finetune as finetune
+    from neuronmm_compiler.compression.torch_lm import TorchLM
 
     model = CausalLM(make_llama(tmp_path / "m", seed=6))
     ids = np.random.default_rng(7).integers(0, VOCAB, 448)  # 7 calibration sequences of 64, 14 of 32

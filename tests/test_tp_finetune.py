@@ -12,12 +12,12 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
+from neuronmm_compiler.compression import read_manifest
+from neuronmm_compiler.compression.forward import CausalLM
+from neuronmm_compiler.compression.heal_shards import sharded_mlp
+from neuronmm_compiler.compression.heal_steps import CHECKPOINTS, SHARD_FINETUNE_CHECKPOINT, SHARD_START_CHECKPOINT
+from neuronmm_compiler.compression.workflow import CompressRequest, run_compress
 from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.models import read_manifest
-from neuronmm_compiler.models.forward import CausalLM
-from neuronmm_compiler.models.heal_shards import sharded_mlp
-from neuronmm_compiler.models.heal_steps import CHECKPOINTS, SHARD_FINETUNE_CHECKPOINT, SHARD_START_CHECKPOINT
-from neuronmm_compiler.models.workflow import CompressRequest, run_compress
 from test_compress_calibrated import make_llama, token_file
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (confte
 
 def test_the_students_mlp_is_the_deployments_sum_over_ranks(tmp_path):
     torch = pytest.importorskip("torch")
-    from neuronmm_compiler.models.finetune import student_mlp
-    from neuronmm_compiler.models.torch_lm import TorchLM
+    from neuronmm_compiler.compression.finetune import student_mlp
+    from neuronmm_compiler.compression.torch_lm import TorchLM
 
     model = CausalLM(make_llama(tmp_path / "m", seed=1))
     hidden, inter = model.arch.hidden_size, model.arch.intermediate_size
@@ -57,8 +57,8 @@ def test_the_students_mlp_is_the_deployments_sum_over_ranks(tmp_path):
 
 def test_fine_tuning_the_blocks_heals_the_sharded_model(tmp_path):
     pytest.importorskip("torch")
-    from neuronmm_compiler.models.finetune import FinetuneSettings, finetune_heal
-    from neuronmm_compiler.models.quality import evaluate
+    from neuronmm_compiler.compression.finetune import FinetuneSettings, finetune_heal
+    from neuronmm_compiler.compression.quality import evaluate
 
     model = CausalLM(make_llama(tmp_path / "m", seed=3))
     hidden, inter = model.arch.hidden_size, model.arch.intermediate_size
@@ -94,9 +94,9 @@ def _blocks(out) -> dict[str, np.ndarray]:
 
 def test_tp_blocks_are_fine_tuned_measured_and_resumed(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    import neuronmm_compiler.models.heal as heal
+    import neuronmm_compiler.compression.heal as heal
     import test_compress_calibrated as tiny_models
-    from neuronmm_compiler.models.finetune import FinetuneSettings
+    from neuronmm_compiler.compression.finetune import FinetuneSettings
 
     for name, value in (("HIDDEN", 256), ("INTER", 768), ("LAYERS", 1)):  # blocks wide enough for rank 128
         monkeypatch.setattr(tiny_models, name, value)

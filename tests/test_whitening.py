@@ -7,16 +7,16 @@ import itertools
 import numpy as np
 import pytest
 
-from neuronmm_compiler.errors import InputError
-from neuronmm_compiler.models.rank_choice import (
+from neuronmm_compiler.compression.rank_choice import (
     candidate_ranks,
     layer_losses,
     pareto_front,
     uniform_point,
     variants,
 )
-from neuronmm_compiler.models.svd import truncated_svd
-from neuronmm_compiler.models.whitening import spectrum, truncation_loss, whiten, whitened_svd
+from neuronmm_compiler.compression.svd import truncated_svd
+from neuronmm_compiler.compression.whitening import spectrum, truncation_loss, whiten, whitened_svd
+from neuronmm_compiler.errors import InputError
 
 
 def activations(rng: np.random.Generator, tokens: int, features: int) -> np.ndarray:

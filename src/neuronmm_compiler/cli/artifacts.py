@@ -74,8 +74,8 @@ def report(source: str, study_name: str | None, output: str) -> None:
     from ..io import check_output_dir
 
     if Path(source).is_dir():
-        from ..models import read_manifest
-        from ..models.compress_report import write_compression_report
+        from ..compression import read_manifest
+        from ..compression.compress_report import write_compression_report
 
         manifest = read_manifest(source)
         check_output_dir(output)

@@ -140,9 +140,9 @@ def compress(model_dir: str, keep_ratio: float, align: int, rank_gate: int | Non
     it; --heal refits the factors after truncation; --eval measures the result on each file;
     --choose-ranks picks per-layer ranks from measured perplexity (or, with --tokens, for accuracy and
     predicted speed together). Layer by layer, resumable: an interrupted run continues where it stopped."""
+    from ..compression.manifest import MANIFEST_FILE
+    from ..compression.workflow import run_compress
     from ..io import check_output_dir
-    from ..models.manifest import MANIFEST_FILE
-    from ..models.workflow import run_compress
 
     check_output_dir(output)
     ranks = {k: v for k, v in (("gate", rank_gate), ("up", rank_up), ("down", rank_down)) if v is not None}
@@ -171,9 +171,9 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
     """The CompressRequest of ``nmmc compress``'s options ``o``."""
     from dataclasses import replace
 
+    from ..compression.finetune import FinetuneSettings
+    from ..compression.workflow import CompressRequest
     from ..model_tuning.pipeline import parse_buckets
-    from ..models.finetune import FinetuneSettings
-    from ..models.workflow import CompressRequest
     from .options import resolve_target
 
     fields = {"finetune_samples": "samples", "finetune_steps": "steps", "finetune_lr": "learning_rate",
@@ -235,7 +235,7 @@ def _heal_time_line(heal: dict) -> str | None:
 
 def _file_line(q: dict) -> str:
     """One eval file's measurement, indented under its model's."""
-    from ..models.quality import spread_note
+    from ..compression.quality import spread_note
 
     return (f"    {q['source']}: {q['tokens']} tokens, perplexity {q['perplexity_original']:.2f} -> "
             f"{q['perplexity_compressed']:.2f} ({q['perplexity_increase']:+.1%}{spread_note(q)}), top-1 "
@@ -244,7 +244,7 @@ def _file_line(q: dict) -> str:
 
 def _extra_lines(result, output: str) -> list[str]:
     """Healing, per-file evaluation and the measured rank choice's front."""
-    from ..models.quality import spread_note
+    from ..compression.quality import spread_note
 
     lines = []
     heal = result.manifest.heal
@@ -269,7 +269,7 @@ def _extra_lines(result, output: str) -> list[str]:
                      f"{spread_note(sharded)}), top-1 agreement {sharded['top1_agreement']:.3f}")
         lines += [_file_line(q) for q in sharded.get("per_file", [])]
     if result.measured_choice is not None:
-        from ..models.measured_choice import front_lines
+        from ..compression.measured_choice import front_lines
 
         lines += front_lines(result.measured_choice)
         lines.append(f"  front plotted to {Path(output) / 'choice_front.png'}")

@@ -106,7 +106,7 @@ def compress_lines(manifest: Any, output: str) -> list[str]:
                    if p.output_error is not None]
         lines.append(f"  calibration: {c['source']}; worst projection output error on it {max(outputs):.4f}")
     if manifest.quality:
-        from ..models.quality import spread_note
+        from ..compression.quality import spread_note
 
         q = manifest.quality
         errors = q["mlp_output_error"]

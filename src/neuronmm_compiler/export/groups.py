@@ -16,28 +16,28 @@ Argument sources (``tensors`` of a group in the manifest): a dense group from a 
 ``model.layers.{i}.mlp.{p}_proj.weight`` transposed (FP8: quantized on the fly with per-output-channel scales from
 the weight, :mod:`.runtime.fp8`; the static activation scales ``x_scale``/``h_scale`` from a calibration the
 runtime runs on the unpatched model); every group of a compress output reads the layer files
-(``u``/``v``/``w`` as stored, FP8 layers' scales beside them, :mod:`..models.fp8_files`).
+(``u``/``v``/``w`` as stored, FP8 layers' scales beside them, :mod:`..compression.fp8_files`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..checkpoints.weights import check_mlp_checkpoint
+from ..compression import read_manifest
+from ..compression.fp8_files import activation_scale_name, weight_scale_name
+from ..compression.layer_groups import LayerGroup, manifest_groups
+from ..compression.manifest import MANIFEST_FILE, U_NAME, V_NAME, W_NAME
 from ..errors import InputError
 from ..ir.fp8 import is_fp8
 from ..model_tuning.pipeline import ModelSource, model_path, resolve_model
-from ..models import read_manifest
-from ..models.fp8_files import activation_scale_name, weight_scale_name
-from ..models.layer_groups import LayerGroup, manifest_groups
-from ..models.manifest import MANIFEST_FILE, U_NAME, V_NAME, W_NAME
-from ..models.weights import check_mlp_checkpoint
 
 __all__ = ["ExportGroup", "export_groups", "tensor_source"]
 
 #: A Hugging Face checkpoint's MLP weight ([out, in]; the kernels take its transpose [in, out]).
 HF_WEIGHT = "model.layers.{layer}.mlp.{proj}_proj.weight"
-#: Layers sharing one kernel set (the grouping ``tune --model`` uses too, :mod:`..models.layer_groups`); its name is
-#: the group's kernel directory under ``kernels/``.
+#: Layers sharing one kernel set (the grouping ``tune --model`` uses too, :mod:`..compression.layer_groups`); its name
+#: is the group's kernel directory under ``kernels/``.
 ExportGroup = LayerGroup
 
 

@@ -1,5 +1,5 @@
 """``nmmc tune --model`` on an ``nmmc compress`` output whose layers differ in ranks or format (``--choose-ranks``,
-``--choose-ranks --dtype fp8``): one kernel set per layer group (:mod:`.models.layer_groups`, the grouping ``nmmc
+``--choose-ranks --dtype fp8``): one kernel set per layer group (:mod:`..compression.layer_groups`, the grouping ``nmmc
 export`` uses), and the model's total predicted MLP latency per token bucket (docs/fp8.md, "Choosing a format").
 
 Each group's kernels go to ``<group>/`` in the output (``svd-bf16-r128-128-128/mlp_t1.py``, ``dense-fp8/mlp_t1.py``):
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..compression.layer_groups import LayerGroup, group_names
 from ..driver import Tuned
 from ..errors import InputError
-from ..models.layer_groups import LayerGroup, group_names
 from .entries import BucketResult, bucket_entry, dense_bucket_entry
 from .formats import FormatRequest, MlpFormat
 

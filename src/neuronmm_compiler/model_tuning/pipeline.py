@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..checkpoints.config import ModelConfig, read_config
+from ..compression import read_manifest
+from ..compression.layer_groups import LayerGroup, manifest_groups
+from ..compression.manifest import MANIFEST_FILE
 from ..driver import Tuned, tune
 from ..errors import InputError
 from ..frontends.shapes import block_aligned_rank
 from ..frontends.workloads import Workload
 from ..io import write_text_atomic
-from ..models import ModelConfig, read_config, read_manifest
-from ..models.layer_groups import LayerGroup, manifest_groups
-from ..models.manifest import MANIFEST_FILE
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
 from ..tuning.speedups import launch_dict
@@ -59,8 +60,8 @@ class ModelSource:
 def model_path(path: str | Path) -> Path:
     """``path`` itself when it exists, else the config shipped in the package under that name (``llama-3.2-1b``,
     ``meta-llama/Llama-3.2-1B``; :func:`~.models.known_config`); InputError naming both when neither is."""
+    from ..checkpoints.config import KNOWN_MODELS, known_config
     from ..errors import UnknownNameError
-    from ..models import KNOWN_MODELS, known_config
 
     p = Path(path)
     if p.exists():

@@ -14,8 +14,8 @@ Next to the unsharded factors (``layer_XXX.safetensors``, docs/compression.md), 
 
 Without ``--calibration`` the shard factors are a plain SVD of each block; with it, ``nmmc compress`` computes
 them with the same whitening and ``--heal closed-form`` refit as the unsharded factors
-(:func:`neuronmm_compiler.models.heal_shards.whitened_shards`, ``closed_form_heal(shards=...)``) and passes them in
-(``--heal finetune`` then fine-tunes the blocks too, :func:`neuronmm_compiler.models.finetune.finetune_heal`
+(:func:`neuronmm_compiler.compression.heal_shards.whitened_shards`, ``closed_form_heal(shards=...)``) and passes them in
+(``--heal finetune`` then fine-tunes the blocks too, :func:`neuronmm_compiler.compression.finetune.finetune_heal`
 with ``shards``).
 """
 
@@ -27,18 +27,18 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoints.config import mlp_weight_names, projection_shape
+from ..checkpoints.weights import WeightReader, write_tensor_file
+from ..compression import svd
+from ..compression.compress import OUTPUT_DTYPES
+from ..compression.manifest import factor_names, layer_file, read_manifest
 from ..io import write_text_atomic
-from ..models import svd
-from ..models.compress import OUTPUT_DTYPES
-from ..models.config import mlp_weight_names, projection_shape
-from ..models.manifest import factor_names, layer_file, read_manifest
-from ..models.weights import WeightReader, write_tensor_file
 from .sharding import check_tp, kept_fraction, shard_rank, shard_sizes
 
 
 def check_model_tp(model_dir: str | Path, tp: int) -> None:
     """InputError when the model's intermediate size cannot be split ``tp`` ways (before the compression runs)."""
-    from ..models.config import read_config
+    from ..checkpoints.config import read_config
 
     check_tp(tp, read_config(model_dir).intermediate_size)
 
@@ -60,7 +60,7 @@ def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int, blocks: An
     """Write ``out_dir/tp<tp>/`` (see the module docstring) for the compression in ``out_dir``; its path.
 
     ``blocks[layer][proj]``: each rank's ``(u, v)`` computed by the caller (whitened or healed,
-    :mod:`neuronmm_compiler.models.heal`), None where the blocks are not factored; ``method`` names
+    :mod:`neuronmm_compiler.compression.heal`), None where the blocks are not factored; ``method`` names
     how. Without it, every block is factored by plain SVD."""
     manifest = read_manifest(out_dir)
     config = manifest.model

@@ -21,7 +21,7 @@ import torch
 _INTERPRETER = threading.Lock()
 #: The kernels' dtypes as torch dtypes. nmmc's ``float8_e4m3`` (IEEE-style, largest 240, NKI's ``nl.float8_e4m3``)
 #: is held in ``torch.float8_e4m3fn`` (largest 448): the two share every bit pattern of magnitude <= 240 and the
-#: weights are quantized into +-240, so the bytes mean the same values in both (nmmc's models/fp8_files.py);
+#: weights are quantized into +-240, so the bytes mean the same values in both (nmmc's compression/fp8_files.py);
 #: ``float8_e5m2`` is the same IEEE layout in both.
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
                  "float8_e4m3": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints.config import ModelConfig, read_config
 from ..errors import InputError
 from ..io import check_input_file
-from .config import ModelConfig, read_config
 from .forward import rms_norm
 
 __all__ = ["ACTIVATION_NAMES", "BLOCK_TOKENS", "Calibration", "GramAccumulator", "batch_gram", "calibrate",

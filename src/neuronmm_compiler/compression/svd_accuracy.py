@@ -1,6 +1,6 @@
 """Measure the truncated SVD nmmc uses against a full LAPACK SVD (and a randomized SVD) at real shapes.
 
-``python -m neuronmm_compiler.models.svd_accuracy [--models llama-3.2-1b,...] [--keep-ratio 0.8]
+``python -m neuronmm_compiler.compression.svd_accuracy [--models llama-3.2-1b,...] [--keep-ratio 0.8]
 [--threads 1] [--randomized]`` prints one row per model's gate shape [hidden, intermediate] (the down
 projection is its transpose: same singular values, same errors): the time and relative
 reconstruction error ``||W - u v||_F / ||W||_F`` of the full ``np.linalg.svd`` (float32, the
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from ..checkpoints.config import KNOWN_MODELS, known_config, mlp_weight_names, read_config
+from ..checkpoints.weights import WeightReader
 from ..errors import InputError
 from ..frontends.shapes import block_aligned_rank
-from .config import KNOWN_MODELS, known_config, mlp_weight_names, read_config
 from .svd import relative_error, truncated_svd
-from .weights import WeightReader
 
 __all__ = ["AccuracyRow", "measure", "randomized_svd", "synthetic_weight"]
 

@@ -1,6 +1,6 @@
 """``nmmc compress`` end to end: calibrate, choose ranks, factor, measure, warn.
 
-:func:`run_compress` strings the pieces of :mod:`neuronmm_compiler.models` together:
+:func:`run_compress` strings the pieces of :mod:`neuronmm_compiler.compression` together:
 
 1. calibration (optional): token ids or text through the NumPy forward pass, or pre-captured
    activations, folded into ``X^T X`` per projection (:mod:`.calibration`);
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from ..checkpoints.config import read_config
 from ..errors import InputError
 from ..io import write_text_atomic
 from .calibration import (
@@ -47,7 +48,6 @@ from .compress_notes import (
     rise_advice,
 )
 from .compress_steps import _measure, _write_shards, build_model, compressed_mlp, load_factors
-from .config import read_config
 from .eval_budget import hold_budget_on_eval
 from .formats import fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_METRIC, DEFAULT_HEAL_PRIOR, check_heal_options

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import expit
 
+from ..checkpoints.config import PROJECTIONS
 from .calibration import batch_gram
-from .config import PROJECTIONS
 from .forward import silu
 
 __all__ = ["original_mlp"]

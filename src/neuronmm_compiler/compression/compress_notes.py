@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..checkpoints.config import projection_shape, read_config
 from .compress import plan_ranks
-from .config import projection_shape, read_config
 from .formats import fp8_format
 
 if TYPE_CHECKING:

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoints.weights import WeightReader
 from ..errors import InputError
 from ..workers.cores import available_cores
 from .calibration import Calibration
-from .weights import WeightReader
 
 __all__ = ["CHECKPOINTS", "FINETUNE_CHECKPOINT", "SHARD_FINETUNE_CHECKPOINT", "SHARD_START_CHECKPOINT", "StageProgress",
            "heal", "sample", "shard_args", "teacher_length", "threads_of", "whitened_factors"]

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoints.config import read_config
 from ..errors import InputError
 from ..io import write_text_atomic
 from .calibration import Calibration
 from .compress import plan_ranks
-from .config import read_config
 from .heal_steps import (
     CHECKPOINTS,
     StageProgress,
@@ -177,7 +177,7 @@ def _fp8_layers(request, model, calibration: Calibration, ids: np.ndarray | None
               "activation_scales": "static per tensor: max|v| / max over the calibration tokens in the unquantized "
               "compressed model, for x, h and the SVD rank-r values; float32 [1, 1]",
               "calibration_tokens": int(ids.size), "layers": [int(i) for i in chosen],
-              "tensors": "docs/compression.md, FP8 layers (models/fp8_files.py)"}
+              "tensors": "docs/compression.md, FP8 layers (compression/fp8_files.py)"}
     return {layer: (fmt, ranges[layer]) for layer in chosen}, record
 
 

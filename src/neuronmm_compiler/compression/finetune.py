@@ -54,10 +54,10 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoints.config import PROJECTIONS
 from ..errors import InputError
 from ..workers.cores import available_cores
 from .calibration import sequences
-from .config import PROJECTIONS
 from .finetune_checkpoint import checkpoint_key, deferred_sigint, load_checkpoint, save_checkpoint
 from .torch_lm import TORCH_INSTALL, import_torch
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..checkpoints.config import read_config
 from ..errors import InputError
 from ..io import check_input_file
 from .calibration import Calibration, calibrate, calibration_from_activations, load_tokens
 from .compress_notes import share_budget
-from .config import read_config
 from .heal_steps import StageProgress, sample, teacher_length
 
 if TYPE_CHECKING:

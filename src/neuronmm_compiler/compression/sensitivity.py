@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .config import PROJECTIONS
+from ..checkpoints.config import PROJECTIONS
 from .forward import log_softmax, silu
 from .whitening import whitened_svd
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoints.config import PROJECTIONS
 from .calibration import sequences
-from .config import PROJECTIONS
 from .formats import add_range, emulated_mlp, fp8_layer, traced_mlp, weight_bytes
 from .forward import rms_norm
 from .measured_choice import MeasuredChoice, Ticker, initial_states, run_from

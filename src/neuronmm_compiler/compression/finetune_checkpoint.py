@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import PROJECTIONS
+from ..checkpoints.config import PROJECTIONS
 from .torch_lm import import_torch
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checkpoints.config import PROJECTIONS, ModelConfig
 from ..errors import InputError
-from .config import PROJECTIONS, ModelConfig
 
 __all__ = [
     "FORMAT",

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checkpoints.config import PROJECTIONS
 from ..errors import InputError
 from .calibration import DEFAULT_SEQUENCE, batch_gram, sequence_groups, sequences
-from .config import PROJECTIONS
 from .forward import add_rows, rms_norm, silu
 from .heal_metric import original_mlp
 from .heal_shards import shard_down, shard_gate_up

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints.config import read_config
+from ..checkpoints.weights import WeightReader
 from ..errors import InputError
-from .config import read_config
-from .weights import WeightReader
 
 __all__ = ["Architecture", "CausalLM", "MlpObserver", "MlpOverride", "add_rows", "read_architecture"]
 

@@ -29,12 +29,13 @@ import ml_dtypes
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from ..checkpoints.config import PROJECTIONS, ModelConfig, mlp_weight_names, projection_shape, read_config
+from ..checkpoints.weights import WeightReader, valid_tensor_file, write_tensor_file
 from ..errors import InputError, UnknownNameError
 from ..frontends.shapes import block_aligned_rank
 from ..io import stale_temp_files, write_text_atomic
 from . import svd
 from .calibration import Calibration
-from .config import PROJECTIONS, ModelConfig, mlp_weight_names, projection_shape, read_config
 from .fp8_files import expected_fp8_tensors, fp8_tensors
 from .manifest import (
     FORMAT,
@@ -48,7 +49,6 @@ from .manifest import (
     factor_names,
     layer_file,
 )
-from .weights import WeightReader, valid_tensor_file, write_tensor_file
 from .whitening import DEFAULT_DAMPING, whitened_svd
 
 __all__ = ["OUTPUT_DTYPES", "compress_model", "plan_ranks", "resolve_dtype"]

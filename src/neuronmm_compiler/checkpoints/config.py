@@ -46,7 +46,7 @@ _BY_CLASS = {cls: arch for arch, cls in ARCHITECTURES.items()}
 
 _CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
-#: The models nmmc is measured on; their configs ship as package data (``models/configs/*.json``).
+#: The models nmmc is measured on; their configs ship as package data (``checkpoints/configs/*.json``).
 KNOWN_MODELS: tuple[str, ...] = ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "qwen3-1.7b", "qwen3-4b")
 
 _SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers")

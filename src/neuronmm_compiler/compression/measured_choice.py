@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints.config import PROJECTIONS
 from .calibration import sequences
-from .config import PROJECTIONS
 from .forward import log_softmax, rms_norm, silu
 from .rank_choice import candidate_ranks
 
