@@ -50,3 +50,25 @@ def test_calibration_files_share_the_token_budget(sizes, budget, takes):
     from neuronmm_compiler.compression.compress_notes import share_budget
 
     assert share_budget(sizes, budget) == takes
+
+
+def test_threads_is_one_setting_for_blas_and_torch(monkeypatch):
+    """--threads, or by default every core this process may use, is the thread count of every stage: the BLAS
+    library's (NumPy stages) and the one the torch stages and the heal record read (request.threads). Before, an
+    unset --threads left BLAS at its own default (OPENBLAS_NUM_THREADS: 1 in this suite) while torch took every core."""
+    from threadpoolctl import threadpool_info
+
+    from neuronmm_compiler.compression import workflow
+
+    seen = []
+
+    def fake_run(request, progress, note=None):
+        blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+        seen.append((request.threads, blas))
+
+    monkeypatch.setattr(workflow, "_run_compress", fake_run)
+    monkeypatch.setattr(workflow, "available_cores", lambda: 2)
+    workflow.run_compress(workflow.CompressRequest("m", "o", 0.5))
+    workflow.run_compress(workflow.CompressRequest("m", "o", 0.5, threads=1))
+    assert seen[0][0] == 2 and seen[0][1] and set(seen[0][1]) == {2}
+    assert seen[1] == (1, [1] * len(seen[1][1]))

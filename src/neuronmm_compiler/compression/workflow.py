@@ -32,6 +32,7 @@ from threadpoolctl import threadpool_limits
 from ..checkpoints.config import read_config
 from ..errors import InputError
 from ..io import write_text_atomic
+from ..workers.cores import available_cores
 from .calibration import (
     DEFAULT_SEQUENCE,
     Calibration,
@@ -85,7 +86,7 @@ class CompressRequest:
     align: int = 128
     ranks: dict[str, int] | None = None
     dtype: str = "float32"
-    threads: int | None = None  # BLAS and fine-tuning threads; None: every core this process may use
+    threads: int | None = None  # BLAS and torch threads of every stage; None: every core this process may use
     calibration: str | tuple[str, ...] | None = None
     calibration_tokens: int | None = 16384
     eval: str | tuple[str, ...] | None = None
@@ -180,7 +181,11 @@ def run_compress(request: CompressRequest, *, progress: StageProgress | None = N
                  note: Callable[[str], None] | None = None) -> CompressResult:
     """Compress as ``request`` says (see the module docstring); return the manifest and warnings. ``note`` receives
     :func:`planned_note`, when there is one, once the inputs are checked and before the work starts."""
-    with threadpool_limits(limits=request.threads, user_api="blas"):  # None: the BLAS library's default
+    # one thread count for every stage, resolved once: the BLAS library's (NumPy: calibration, SVD, closed form) and
+    # torch's (Fisher, fine-tuning); by default every core this process may use, not the BLAS library's own default
+    # (OPENBLAS_NUM_THREADS or every core of the machine, whatever the process's affinity)
+    request = replace(request, threads=request.threads or available_cores())
+    with threadpool_limits(limits=request.threads, user_api="blas"):
         return _run_compress(request, progress, note)
 
 
