@@ -1,4 +1,5 @@
-"""Accuracy of FP8 activation scales, static per tensor vs per token (docs/fp8.md, "Per-token activation scales").
+"""Accuracy of FP8 activation scales, static per tensor vs per token (docs/quantization.md, "Per-token activation
+scales").
 
     python benchmarks/fp8_act_scales.py [--tokens 128] [--hidden 1024] [--intermediate 2816] [--seeds 3]
 

@@ -1,10 +1,12 @@
-"""Predicted latency of bf16 and FP8 MLPs, dense and SVD at several ranks (docs/fp8.md, "FP8 SVD at small ranks").
+"""Predicted latency of bf16 and FP8 MLPs, dense and SVD at several ranks (docs/quantization.md, "FP8 SVD at small
+ranks").
 
     python benchmarks/fp8_svd_ranks.py [--hidden 2048] [--intermediate 8192] [--ranks 1024,512,128] [--tokens 1,128]
 
 Runs ``nmmc tune --mlp ... --dtype bf16|fp8 --target trn2 --no-cache`` (LNC=2, in-graph, seed 0) for the dense MLP
 and every rank, and prints the tuned latency of each (cost model only, nothing measured). About 10 s per tune on
-one core; the tables of docs/fp8.md ("Cost") are this script at 4096 x 14336 rank 2560 tokens 1,512 (Llama-3.1-8B),
+one core; the tables of docs/quantization.md ("Cost") are this script at 4096 x 14336 rank 2560 tokens 1,512
+(Llama-3.1-8B),
 at 2048 x 8192 (Llama-3.2-1B) and at 576 x 1536 ranks 384,128 (SmolLM2-135M):
 benchmarks/results/fp8-svd-ranks-2026-12-07.txt.
 """

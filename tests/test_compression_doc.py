@@ -134,11 +134,11 @@ def test_the_healing_table_is_the_heal_studys():
 
 
 def test_the_fp8_tables_are_the_formats_runs():
-    """docs/compression.md and docs/fp8.md quote benchmarks/compression.py --formats-study's summary rows."""
+    """docs/compression.md and docs/quantization.md quote benchmarks/compression.py --formats-study's summary rows."""
     text = (RESULTS / "compression-formats-2026-12-01.txt").read_text()
     rows = re.findall(r"^(dense|SVD 384) \| (bf16|fp8 \(e4m3\)) \| (.+)$", text, flags=re.M)
     assert len(rows) == 4
-    for doc in (_doc(), " ".join((ROOT / "docs" / "fp8.md").read_text(encoding="utf-8").split())):
+    for doc in (_doc(), " ".join((ROOT / "docs" / "quantization.md").read_text(encoding="utf-8").split())):
         assert "compression-formats-2026-12-01.txt" in doc
         for weights, fmt, cells in rows:
             assert re.search(rf"\| {re.escape(weights)} \| {re.escape(fmt)} \| [\d.]+ \| {re.escape(cells)} \|", doc), \

@@ -1,4 +1,5 @@
-"""docs/fp8.md and docs/cost_model.md quote their committed results figure for figure: the predicted FP8 and bf16
+"""docs/quantization.md and docs/cost_model.md quote their committed results figure for figure: the predicted FP8 and
+bf16
 MLP latencies (benchmarks/fp8_svd_ranks.py), the tune and verify output of the FP8 example, and the nmmc cost output
 the cost model's page explains line by line. Reads files only."""
 
@@ -33,7 +34,7 @@ def _runs(path: Path) -> dict[tuple[int, int], dict[str, list[str]]]:
 
 
 def test_the_fp8_cost_tables_are_the_runs():
-    page, runs = _page("fp8.md"), _runs(FP8_RANKS)
+    page, runs = _page("quantization.md"), _runs(FP8_RANKS)
     assert FP8_RANKS.name in page and set(runs) == {(4096, 14336), (2048, 8192), (576, 1536)}
     for name, label in (("dense", "dense"), ("rank 2560", "SVD keep 0.8 (rank 2560)")):
         b1, f1, b512, f512 = (float(c) for c in runs[(4096, 14336)][name])
@@ -50,7 +51,7 @@ def test_the_fp8_cost_tables_are_the_runs():
 
 
 def test_the_fp8_tune_and_verify_example_is_the_run():
-    page, text = _flat(_page("fp8.md")), FP8_TUNE.read_text()
+    page, text = _flat(_page("quantization.md")), FP8_TUNE.read_text()
     assert FP8_TUNE.name in page
     for label in ("nmmc tuned", "dense MLP without FP8 (nmmc's fused kernel, tuned)",
                   "ref: dense bfloat16 (AWS kernels, no FP8, LNC=1)"):

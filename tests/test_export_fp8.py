@@ -39,7 +39,8 @@ TARGET = with_launch(get_target("trn2:lnc=2"), "in-graph")
 EMULATION_TOLERANCE = 1e-2
 #: Patched FP8 vs the unquantized model: e4m3 keeps 3 mantissa bits (rounding error up to 2^-4 relative per
 #: element, on x, h and every weight); nmmc verify measures 6-9% relative error of one FP8 MLP's output against the
-#: unquantized one on Gaussian data (docs/fp8.md "Verification"). Through two layers and the residual stream the
+#: unquantized one on Gaussian data (docs/quantization.md "Verification"). Through two layers and the residual stream
+#: the
 #: logits moved 3.4% of the largest logit here; the bound leaves 3x.
 FP8_TOLERANCE = 0.1
 

@@ -1,4 +1,5 @@
-"""FP8 end to end (docs/fp8.md): the formats' rounding, the quantized MLP graph and its unquantized twin, emitted
+"""FP8 end to end (docs/quantization.md): the formats' rounding, the quantized MLP graph and its unquantized twin,
+emitted
 kernels that verify against the quantized graph, the rules FP8 kernels are held to (mutations fail verify with a
 rule id), and the cost of FP8 bytes and double_row matmuls. Small shapes: the whole file runs in a few seconds."""
 

@@ -1,4 +1,5 @@
-"""The FP8 formats per target (docs/fp8.md "Formats"): float8_e4m3fn (OCP, largest 448) compiles and verifies on
+"""The FP8 formats per target (docs/quantization.md "Formats"): float8_e4m3fn (OCP, largest 448) compiles and verifies
+on
 trn3 only, is refused on trn1/trn2 by rule id, and one kernel never mixes it with legacy float8_e4m3; an MX format is
 not an element dtype: where MX weights are not compiled it is refused in a sentence naming docs/mx.md (MX kernels:
 tests/test_mx.py). Small shapes: the file runs in a few seconds."""

@@ -1,4 +1,5 @@
-"""Per-token FP8 activation scales in the kernel (``--act-scale row``; docs/fp8.md, "Per-token activation scales",
+"""Per-token FP8 activation scales in the kernel (``--act-scale row``; docs/quantization.md, "Per-token activation
+scales",
 lowerings/row_scales.py): the kernels verify against the quantized graph in both layouts the search chooses between,
 each scale the kernel computes is the graph's ``row_scale`` of the value it reduces bit for bit (fp32), the scale units
 catch a row scale applied twice or not at all, the interpreter takes only the reductions nmmc emits, the cost model

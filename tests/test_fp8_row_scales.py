@@ -1,4 +1,5 @@
-"""Dynamic per-row activation scales (``Fp8Weights(act_scale="row")``, ``--act-scale row``, docs/fp8.md) at graph level:
+"""Dynamic per-row activation scales (``Fp8Weights(act_scale="row")``, ``--act-scale row``, docs/quantization.md) at
+graph level:
 the ``row_scale`` op, the ``quantize-fp8`` pass placing it, the reference and scale units of a row-scaled graph, the
 option's plumbing and the kernel split the legality rules allow (the kernels: tests/test_fp8_row.py). Graph-level and
 small: the file runs in about a second."""

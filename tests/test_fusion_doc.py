@@ -96,7 +96,7 @@ def test_every_cited_section_exists():
 
 
 def test_the_pages_stay_short_and_name_no_issue():
-    for name in (*CITED_PAGES, "logical-cores.md", "cost_model.md", "fp8.md"):
+    for name in (*CITED_PAGES, "logical-cores.md", "cost_model.md", "quantization.md"):
         page = _page(name)
         assert len(page.splitlines()) <= 400, name
         assert not re.search(r"\bissues? #?\d", page, flags=re.I), name

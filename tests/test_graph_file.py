@@ -711,7 +711,8 @@ def check_kernel_ast(source: str, dialect: str) -> set[str]:
                     assert node.func.id in CALLABLE_BUILTINS, node.func.id
                 else:
                     root = _attribute_root(node.func)
-                    # an FP8 kernel reads a scale argument through an access pattern, ``s.ap(...)`` (docs/fp8.md)
+                    # an FP8 kernel reads a scale argument through an access pattern, ``s.ap(...)``
+                    # (docs/quantization.md)
                     access_pattern = node.func.attr == "ap" and isinstance(node.func.value, ast.Name)
                     assert isinstance(root, ast.Name) and (root.id in {"np", "nl", "nisa"} or (
                         access_pattern and root.id in params)), ast.unparse(node.func)
@@ -867,7 +868,7 @@ def test_every_name_nmmc_binds_is_refused_as_a_user_name(tmp_path, dialect):
     the lowering invents a new kind of name, this test says which, and RESERVED_NAMES or
     DERIVED_PATTERN in graph_file.py must learn it.)"""
     kernels = 0
-    # the norm prologue and FP8 are emitted in the nki dialect only (docs/fusion.md, docs/fp8.md)
+    # the norm prologue and FP8 are emitted in the nki dialect only (docs/fusion.md, docs/quantization.md)
     graphs = [g for g in _graphs_for_codegen(tmp_path) if dialect == "nki" or g[0].stem not in ("norm_mlp", "lora_fp8")]
     for index, (path, options) in enumerate(graphs):
         out = tmp_path / f"{path.stem}-{index}-{dialect}.py"

@@ -1,4 +1,5 @@
-"""tune --model's joint choice of {dense, SVD} x {bf16, FP8} per bucket (model_tuning/formats.py, docs/fp8.md "Choosing
+"""tune --model's joint choice of {dense, SVD} x {bf16, FP8} per bucket (model_tuning/formats.py, docs/quantization.md
+"Choosing
 a format"): the request, the tie-break, and one small model's buckets (front in index.json and the table, the chosen
 kernel written and locked), each format compiled under its default schedule: a few seconds."""
 

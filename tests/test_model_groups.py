@@ -1,5 +1,6 @@
 """tune --model on an `nmmc compress` output whose layers differ in ranks and format (--choose-ranks [--dtype fp8];
-model_tuning/groups.py, docs/fp8.md "Choosing a format"): one kernel set per layer group in its recorded format,
+model_tuning/groups.py, docs/quantization.md "Choosing a format"): one kernel set per layer group in its recorded
+format,
 index.json per group and the model's total per bucket, a lock entry per (group, bucket). The manifest is written as
 compress writes it (tune --model reads nothing else), each format compiled under its default schedule: a few
 seconds."""

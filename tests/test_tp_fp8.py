@@ -109,7 +109,7 @@ def test_fp8_svd_strategies_verify(tmp_path, strategy, tp):
     report = verify_plan(out, seed=2)
     assert report.ok, report.lines(None)
     assert report.unquantized_rel_error is not None and "FP8" in report.reference
-    assert report.unquantized_rel_error < 0.2  # FP8's error (docs/fp8.md), not a wrongly bound scale's
+    assert report.unquantized_rel_error < 0.2  # FP8's error (docs/quantization.md), not a wrongly bound scale's
 
 
 def test_fp8_reduce_rank_quantizes_the_all_reduced_sum(tmp_path):

@@ -191,11 +191,12 @@ class Target:
     # --- nc_matmul performance modes: "On NeuronCore-v2, performance mode is not supported. On NeuronCore-v3 and
     # NeuronCore-v4, Tensor Engine supports FP8 double performance mode, enabled by setting performance mode to
     # double_row" (NKI API reference, nki.isa.nc_matmul, "Performance mode"; nki.isa.matmul_perf_mode: "Double FP8
-    # mode, 2x matmul throughput"; rules NKI-MATMUL-DOUBLE-ROW*, docs/fp8.md)
+    # mode, 2x matmul throughput"; rules NKI-MATMUL-DOUBLE-ROW*, docs/quantization.md)
     matmul_perf_modes: tuple[str, ...] = ("none", "double_row")
     # --- FP8 formats nc_matmul takes: "float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32. Starting
     # NeuronCore-v4, float8_e4m3fn (OCP FP8) is also supported" (NKI API reference, nki.isa.nc_matmul, "Data types";
-    # rules NKI-MATMUL-DTYPE, NKI-MATMUL-E4M3FN; ir/fp8.py, docs/fp8.md). Not in as_dict: only a kernel's dtypes read it
+    # rules NKI-MATMUL-DTYPE, NKI-MATMUL-E4M3FN; ir/fp8.py, docs/quantization.md). Not in as_dict: only a kernel's
+    # dtypes read it
     fp8_formats: tuple[str, ...] = ("float8_e4m3", "float8_e5m2")
     # --- OCP MX (microscaling) matmuls: "nc_matmul_mx ... Available only on NeuronCore-v4 and newer" (NKI ISA
     # reference, nki.isa.nc_matmul_mx); "A NeuronCore-v4 Tensor Engine delivers 315 MXFP8/MXFP4 TFLOPS ... 79
@@ -322,7 +323,7 @@ class Target:
             ("FP8", f"weights in {', '.join(self.fp8_formats)}; "
                     + ("double_row matmuls at 2x the bf16 rate, not with column tiles" if "double_row" in
                        self.matmul_perf_modes else "no double_row mode: FP8 matmuls at the bf16 rate")
-                    + " (nc_matmul, 'Data types', 'Performance mode'; docs/fp8.md)"),
+                    + " (nc_matmul, 'Data types', 'Performance mode'; docs/quantization.md)"),
         ] + ([("calibrated", f"from {self.calibration.measurements} ({self.calibration.rows} rows, "
                                f"{self.calibration.date}): {', '.join(self.calibration.fitted)}")]
              if self.calibration is not None else [])

@@ -348,7 +348,7 @@ class ElementwiseOp(StrEnum):
     def scaled(self) -> bool:
         """True for the FP8 ops (``quantize``, ``dequantize``): their operands after the first are scales (2-D, one
         value per tensor, per row or per output channel), their result dtype is the node's ``dtype`` attr
-        (docs/fp8.md)."""
+        (docs/quantization.md)."""
         return self in (ElementwiseOp.QUANTIZE, ElementwiseOp.DEQUANTIZE)
 
     @property
@@ -391,7 +391,7 @@ _ELEMENTWISE_OPS: Mapping[ElementwiseOp, ElementwiseOpInfo] = MappingProxyType({
     ElementwiseOp.SILU: ElementwiseOpInfo(1, "silu", "{0} / (1.0 + np.exp(-{0}))", "nl.silu", _silu),
     ElementwiseOp.MULTIPLY: ElementwiseOpInfo(2, "mul", "{0} * {1}", "nl.multiply", _multiply),
     ElementwiseOp.ADD: ElementwiseOpInfo(2, "add", "{0} + {1}", "nl.add", _add),
-    # lowered to nisa.tensor_scalar (docs/fp8.md), not to one nl.* op; quantize's NumPy spelling is ir/fp8.py's
+    # lowered to nisa.tensor_scalar (docs/quantization.md), not to one nl.* op; quantize's NumPy spelling is ir/fp8.py's
     ElementwiseOp.QUANTIZE: ElementwiseOpInfo(2, "q", "", "nl.divide", _needs_format),
     ElementwiseOp.DEQUANTIZE: ElementwiseOpInfo(3, "dq", "{0} * {1} * {2}.T", "nl.multiply", _dequantize),
     # a max-reduction of |v| along each row (ir/fp8.py's row_scale; its NumPy spelling needs the format too)

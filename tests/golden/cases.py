@@ -81,7 +81,7 @@ def _cases() -> dict[str, tuple[str, ...]]:
          "--ranks", "512,512,1024")
     emit("mlp-32-dense-split-trn3", "--mlp", "--tokens", "32", "--hidden", "2048", "--intermediate", "8192",
          "--dense", "--param", "mlp=split", "--target", "trn3")
-    # FP8 weights (docs/fp8.md): a dense decode MLP with double_row matmuls, and an SVD one (trn2)
+    # FP8 weights (docs/quantization.md): a dense decode MLP with double_row matmuls, and an SVD one (trn2)
     emit("mlp-fp8-4-dense-trn2", "--mlp", "--tokens", "4", "--hidden", "512", "--intermediate", "1024", "--dense",
          "--dtype", "fp8", "--target", "trn2")
     emit("mlp-fp8-128-keep0.8-trn2", "--mlp", "--tokens", "128", "--hidden", "512", "--intermediate", "1024",

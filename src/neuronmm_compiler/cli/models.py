@@ -190,7 +190,7 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
         target=resolve_target(o["target"], None) if joint else None, max_ppl_increase=o["max_ppl_increase"],
         heal=o["heal"], heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"],
         heal_metric=o["heal_metric"], threads=o["threads"], finetune=finetune, progress_bars=bars, tp=tp,
-        eval_check=o["eval_check"])
+        eval_check=o["eval_check"], act_scale=str(o.get("act_scale") or "static").lower())
 
 
 def _tuned_note(heal: dict | None, key: str) -> str:

@@ -171,11 +171,12 @@ def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "with gamma folded in, diag(gamma) W (frontends.prologue.fold_gamma computes them)."),
         click.option("--dtype", default="bf16", show_default=True, callback=lowercase_name,
                      help="Element type: bf16 (bfloat16) or fp32 (float32); for --mlp also fp8 (= fp8_e4m3), "
-                          "fp8_e5m2 or (trn3) fp8_e4m3fn: FP8 weights (docs/fp8.md); on trn3 also mxfp8_e4m3, "
+                          "fp8_e5m2 or (trn3) fp8_e4m3fn: FP8 weights (docs/quantization.md); on trn3 also mxfp8_e4m3, "
                           "mxfp8_e5m2, mxfp4: OCP MX weights, for --shape too (docs/mx.md). With tune --model: the "
-                          "formats to choose among, e.g. bf16,fp8 ({dense, SVD} x those; docs/fp8.md)."),
+                          "formats to choose among, e.g. bf16,fp8 ({dense, SVD} x those; docs/quantization.md)."),
         click.option("--act-scale", default=None, callback=lowercase_name, metavar="static|row", help="FP8 activation "
-                     "scales: static (default: one per tensor, an input) or row (per token, in-kernel; docs/fp8.md)."),
+                     "scales: static (default: one per tensor, an input) or row (per token, in-kernel; "
+                          "docs/quantization.md)."),
         click.option("--a-layout", default="mk", show_default=True, callback=lowercase_name,
                      help="How A (or X) is stored in HBM: mk = row-major [M,K] (activations), km = transposed "
                           "[K,M]."),

@@ -71,7 +71,7 @@ def _tensor_parallel(command: str, tp: int, strategy: str | None, kw: dict[str, 
                          "drop them or --tp")
     if kw.get("act_scale") not in (None, "static"):
         raise InputError("--act-scale row is not sharded by --tp yet: a rank's shard of h holds part of each token's "
-                         "values, so its maximum is not the token's (docs/fp8.md); drop one of them")
+                         "values, so its maximum is not the token's (docs/quantization.md); drop one of them")
     if mx_format(str(kw.get("dtype") or "")) is not None:
         raise InputError(f"--dtype {kw['dtype']} is not sharded by --tp yet: the strategies and their baselines are "
                          "bf16/FP8 ones (docs/mx.md, 'What is not done'); drop one of them")

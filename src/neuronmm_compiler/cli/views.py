@@ -62,7 +62,7 @@ def verify_lines(report: Any, file: str, backend: str) -> list[str]:
                      f"max abs error {report.max_abs_error:.3e}{scale}")
     if report.unquantized_rel_error is not None:
         lines.append(f"  relative error {report.unquantized_rel_error:.3e} against the unquantized graph (bf16 "
-                     "weights, no quantization; reported, not checked: docs/fp8.md)")
+                     "weights, no quantization; reported, not checked: docs/quantization.md)")
     if report.error:
         lines.append(f"  {report.error}")
     c = report.counters

@@ -318,7 +318,8 @@ class NeuronxccPrinter(_Printer):
         pattern = isinstance(stmt, DmaCopy) and (stmt.broadcast or stmt.fold)
         if pattern or (isinstance(stmt, Matmul) and stmt.perf_mode != "none"):
             raise ScheduleError("FP8 kernels (scale loads by access pattern, double_row matmuls) are emitted in the "
-                                "nki dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3; docs/fp8.md)")
+                                "nki dialect (NKI 0.3+) only; use --dialect nki (on trn2 or trn3; "
+                                "docs/quantization.md)")
         if isinstance(stmt, DmaCopy):
             if stmt.is_load:
                 fn = "nl.load_transpose2d" if stmt.transpose else "nl.load"

@@ -1,5 +1,5 @@
 """Per-layer {dense, SVD ranks} x {bf16, FP8} chosen from *measured* perplexity within an accuracy budget
-(``nmmc compress --choose-ranks --dtype fp8`` without ``--tokens``; docs/compression.md, docs/fp8.md).
+(``nmmc compress --choose-ranks --dtype fp8`` without ``--tokens``; docs/compression.md, docs/quantization.md).
 
 The ranks-only choice (:mod:`.measured_choice`) walks each layer down a ladder of ranks. With FP8 the candidates of a
 layer are no longer nested: dense FP8 stores fewer bytes than SVD bf16 at every rank that keeps more than half of the

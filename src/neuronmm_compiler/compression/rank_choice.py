@@ -40,7 +40,7 @@ __all__ = ["BUDGET_NOT_APPLIED", "DENSE", "Front", "Variant", "candidate_ranks",
 BUDGET_NOT_APPLIED = ("--max-ppl-increase does not bound this choice: with --tokens and bf16 weights, --choose-ranks "
                       "picks the most accurate ranks (by a predicted-loss proxy) within the predicted latency of "
                       "uniform ranks, and the budget is only checked afterwards on --eval; for a choice measured "
-                      "within the budget drop --tokens, or add --dtype fp8 (docs/compression.md, docs/fp8.md)")
+                      "within the budget drop --tokens, or add --dtype fp8 (docs/compression.md, docs/quantization.md)")
 #: The dense variant of a layer (no factorization).
 DENSE = None
 #: An MLP variant: ``(r_gate_up, r_down)``, or :data:`DENSE`.

@@ -213,7 +213,7 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
     if fmt is not None and (not calibrated or request.tp > 1):
         raise InputError("--dtype fp8 needs --calibration (text or .npy token ids: the static activation scales are "
                          "calibrated on them) and no --tp" if request.tp <= 1 else
-                         "--dtype fp8 with --tp is not supported yet (docs/fp8.md)")
+                         "--dtype fp8 with --tp is not supported yet (docs/quantization.md)")
     if request.heal != "none" and not calibrated:
         raise InputError("--heal needs --calibration (healing fits the factors on calibration tokens)")
     if request.heal == "finetune" or (request.heal != "none" and request.heal_metric == "fisher"):

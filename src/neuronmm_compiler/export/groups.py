@@ -50,6 +50,8 @@ def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str 
     compressed = path.is_dir() and (path / MANIFEST_FILE).is_file()
     if compressed and not dense:
         manifest = read_manifest(path / MANIFEST_FILE)
+        if manifest.kernel_refusal("nmmc export"):  # MX layers, per-token FP8 scales: never read as bf16
+            raise InputError(str(manifest.kernel_refusal("nmmc export")))
         if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
             raise InputError(f"{path} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
                              f"{manifest.keep_ratio}")

@@ -2,7 +2,8 @@
 ``float8_e5m2``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``), with ``scale: row`` (one float32 scale per output channel, the
 default) or ``scale: tensor`` (one per weight), is an FP8 weight. Every matmul that reads it as its right operand is
 marked as the ``--mlp --dtype fp8`` frontend marks one (``act_scale=static w_scale=row|tensor``), and the
-``quantize-fp8`` pass (:mod:`..passes.quantize_fp8`, docs/fp8.md "The graph") makes it what it computes: the left
+``quantize-fp8`` pass (:mod:`..passes.quantize_fp8`, docs/quantization.md "The graph") makes it what it computes: the
+left
 operand quantized with a static per-tensor scale (once per value), an FP8 matmul, a dequantization back to the
 graph's dtype keeping the op's name. The scales are kernel arguments the file does not list: ``<weight>_scale``
 ([N, 1] or [1, 1]) and ``<value>_scale`` ([1, 1]), after the file's inputs, in the order the matmuls need them.

@@ -162,7 +162,8 @@ def mlp_graph(
     With ``fp8`` (:class:`Fp8Weights`) every weight (every SVD factor) is an FP8 input and every matmul reading one
     is marked an FP8-weight matmul (attrs ``act_scale``, ``w_scale`` from ``fp8``): the ``quantize-fp8`` pass
     (:mod:`~neuronmm_compiler.passes.quantize_fp8`) places the quantization of the value it reads, the weight's
-    scale input ``<weight>_scale`` and the dequantization (docs/fp8.md, "Where quantization happens"). With ``mx``
+    scale input ``<weight>_scale`` and the dequantization (docs/quantization.md, "Where quantization happens"). With
+    ``mx``
     (:class:`~.mx.MxWeights`) every weight is an MX input, packed along its contraction (``[rows/4, cols]``), and every
     matmul reading one is marked for the ``quantize-mx`` pass (docs/mx.md).
     """
@@ -222,7 +223,7 @@ def mlp_graph(
 
 #: Weight scale granularities of :class:`Fp8Weights`.
 FP8_SCALES: tuple[str, ...] = ("row", "tensor")
-#: Activation scale kinds of :class:`Fp8Weights` (docs/fp8.md).
+#: Activation scale kinds of :class:`Fp8Weights` (docs/quantization.md).
 FP8_ACT_SCALES: tuple[str, ...] = FP8_MATMUL_VALUES["act_scale"]
 
 
@@ -232,7 +233,7 @@ class Fp8Weights:
     scales' granularity, ``row`` (one per output channel, as nki-library's ``QuantizationType.ROW``) or ``tensor``
     (one per weight, ``QuantizationType.STATIC``). ``act_scale``: how the activations the FP8 matmuls read are
     scaled, ``static`` (one calibrated scale per tensor, an input) or ``row`` (each row's absmax / the format's max,
-    computed by the graph: nki-library's dynamic ``QuantizationType.ROW``; docs/fp8.md)."""
+    computed by the graph: nki-library's dynamic ``QuantizationType.ROW``; docs/quantization.md)."""
 
     format: str = "float8_e4m3"
     scales: str = "row"
@@ -257,10 +258,10 @@ def fp8_request(spelled: str, dtype: str, mlp: bool, act_scale: str = "static") 
     if not is_fp8(dtype):
         if act_scale != "static":
             raise InputError(f"--act-scale {act_scale} scales the activations of FP8 matmuls: it goes with --dtype fp8 "
-                             "(or fp8_e5m2, fp8_e4m3fn; docs/fp8.md)")
+                             "(or fp8_e5m2, fp8_e4m3fn; docs/quantization.md)")
         return None
     if not mlp:
-        raise InputError(f"--dtype {spelled} (FP8 weights) goes with --mlp (docs/fp8.md)")
+        raise InputError(f"--dtype {spelled} (FP8 weights) goes with --mlp (docs/quantization.md)")
     return Fp8Weights(dtype, act_scale=act_scale)
 
 

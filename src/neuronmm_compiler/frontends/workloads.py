@@ -155,7 +155,7 @@ class MlpWorkload(Workload):
     ranks: tuple[int, int, int] | None = None
     dtype: str = "bfloat16"
     prologue: NormPrologue | None = None
-    #: FP8 weights and quantized activations (``--dtype fp8``, docs/fp8.md), or None (weights in ``dtype``)
+    #: FP8 weights and quantized activations (``--dtype fp8``, docs/quantization.md), or None (weights in ``dtype``)
     fp8: Fp8Weights | None = None
     #: OCP MX weights and activations quantized on chip (``--dtype mxfp4`` ..., docs/mx.md), or None
     mx: MxWeights | None = None
@@ -245,7 +245,7 @@ def graph_token_count(graph: Graph) -> int:
 
 def graph_workload(graph: Graph, source: str) -> GraphWorkload:
     """A workload compiling a user's graph (see :mod:`.graph_file`); the dtype of its activations (an FP8 graph's
-    weights and float32 scales besides, docs/fp8.md)."""
+    weights and float32 scales besides, docs/quantization.md)."""
     from ..ir.fp8 import is_fp8
     from ..ir.quantized import scale_inputs
 

@@ -1,5 +1,6 @@
 """``nc_matmul``'s FP8 checks in the interpreter: ``nisa.matmul_perf_mode`` and the checks of a double-row
-matmul (rules NKI-MATMUL-DOUBLE-ROW and NKI-MATMUL-TILE of verification/rules.py; docs/fp8.md), and the FP8 formats
+matmul (rules NKI-MATMUL-DOUBLE-ROW and NKI-MATMUL-TILE of verification/rules.py; docs/quantization.md), and the FP8
+formats
 a target's matmul takes (rules NKI-MATMUL-E4M3FN, NKI-FP8-E4M3-MODE)."""
 
 from __future__ import annotations

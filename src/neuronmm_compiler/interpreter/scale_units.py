@@ -1,5 +1,5 @@
 """Scale units: the interpreter's check that every FP8 product is scaled exactly once by each of its scales (rule
-NMMC-FP8-SCALE-ONCE, verification/rules.py; docs/fp8.md, "Verification").
+NMMC-FP8-SCALE-ONCE, verification/rules.py; docs/quantization.md, "Verification").
 
 Dimensional analysis with each scale input of the quantized graph as a unit: a value carries, per scale, the power
 of it that it holds beyond the value the quantized graph means (``ir/quantized.py``, ``scale_exponents``). A scale

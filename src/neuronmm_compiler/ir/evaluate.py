@@ -47,7 +47,7 @@ def _compute(node: Node, args: list[np.ndarray]) -> np.ndarray:
     if node.kind == NodeKind.MATMUL and "act_scale" in node.attrs:
         which = "an MX" if is_mx_marked(node.attrs) else "an FP8"
         raise IRError(f"matmul %{node.id} is {which}-weight matmul: its quantization is placed by the quantize-fp8 / "
-                      "quantize-mx pass, which evaluation needs first (docs/fp8.md, docs/mx.md)")
+                      "quantize-mx pass, which evaluation needs first (docs/quantization.md, docs/mx.md)")
     if node.kind == NodeKind.MATMUL:
         return args[0] @ args[1]
     if node.kind == NodeKind.TRANSPOSE:

@@ -1,4 +1,4 @@
-"""FP8 formats of the graph IR and their exact rounding (docs/fp8.md).
+"""FP8 formats of the graph IR and their exact rounding (docs/quantization.md).
 
 Three formats. Two are listed for trn1, trn2 and trn3 by the NKI language reference (``nki.language.float8_e4m3``,
 "8-bit floating-point number (1S,4E,3M)"; ``nki.language.float8_e5m2``, "(1S,5E,2M)"). Their largest finite values

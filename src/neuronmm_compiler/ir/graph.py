@@ -191,7 +191,7 @@ class Graph:
                    w_scale: str | None = None) -> str:
         """Add ``lhs [M, K] @ rhs [K, N] -> [M, N]`` (dtype of the operands); return its id. With ``act_scale`` and
         ``w_scale`` an FP8-weight matmul: ``rhs`` an FP8 input, ``lhs`` bf16/fp32, quantized by the ``quantize-fp8``
-        pass (docs/fp8.md)."""
+        pass (docs/quantization.md)."""
         attrs = {key: value for key, value in (("act_scale", act_scale), ("w_scale", w_scale)) if value is not None}
         return self._add_computed(NodeKind.MATMUL, (lhs, rhs), attrs, id, "mm")
 
@@ -201,7 +201,8 @@ class Graph:
 
     def add_elementwise(self, op: str, *operands: str, id: str | None = None, dtype: str | None = None) -> str:
         """Add ``silu(x)``, ``multiply(x, y)`` or ``add(x, y)`` (binary ops need equal shapes), or an FP8 op:
-        ``quantize(x, scale)`` / ``dequantize(acc, x_scale, w_scale)`` with its result ``dtype`` (docs/fp8.md), or
+        ``quantize(x, scale)`` / ``dequantize(acc, x_scale, w_scale)`` with its result ``dtype``
+        (docs/quantization.md), or
         ``quantize_mx(x)`` with its packed MX ``dtype`` (docs/mx.md)."""
         checked = ElementwiseOp.lookup(op)
         if checked is None:

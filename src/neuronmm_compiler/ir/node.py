@@ -42,7 +42,8 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
      "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
      "fp8_e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn"}
 )
-#: The bf16 and fp32 spellings: what a graph file may declare (FP8 graphs come from ``--mlp --dtype fp8``, docs/fp8.md).
+#: The bf16 and fp32 spellings: what a graph file may declare (FP8 graphs come from ``--mlp --dtype fp8``,
+#: docs/quantization.md).
 PLAIN_DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
     {k: v for k, v in DTYPE_ALIASES.items() if v in ("bfloat16", "float32")})
 #: How an input or output is stored in HBM (:class:`~neuronmm_compiler.vocab.Layout`): as its
@@ -75,7 +76,8 @@ def canonical_dtype(dtype: Any) -> str:
     """Return the canonical dtype string (one of :data:`DTYPES`) for an alias or NumPy dtype.
 
     Accepts "bf16", "bfloat16", "fp32", "float32", "fp8" (= "float8_e4m3"), "fp8_e4m3", "float8_e4m3", "fp8_e5m2",
-    "float8_e5m2", "fp8_e4m3fn", "float8_e4m3fn" (any case) and NumPy / ml_dtypes dtypes of those (docs/fp8.md for
+    "float8_e5m2", "fp8_e4m3fn", "float8_e4m3fn" (any case) and NumPy / ml_dtypes dtypes of those (docs/quantization.md
+    for
     the FP8 formats).
     Anything else raises :class:`InputError` listing what is accepted.
     """
@@ -284,7 +286,7 @@ def infer_result(
                 f"{where}: contraction sizes differ: lhs %{lhs.id} [M, K] = {format_shape(lhs.shape)}, "
                 f"rhs %{rhs.id} [K, N] = {format_shape(rhs.shape)}"
             )
-        # an FP8 matmul's result is its fp32 accumulator (PSUM), which a dequantize scales (docs/fp8.md)
+        # an FP8 matmul's result is its fp32 accumulator (PSUM), which a dequantize scales (docs/quantization.md)
         return (lhs.shape[0], rhs.shape[1]), "float32" if is_fp8(lhs.dtype) else lhs.dtype
     if kind == NodeKind.TRANSPOSE:
         return (first.shape[1], first.shape[0]), first.dtype
@@ -294,7 +296,7 @@ def infer_result(
 
 
 #: The attrs of an FP8-weight matmul (``lhs @ W`` with ``W`` an FP8 input, before the ``quantize-fp8`` pass):
-#: how its activation is quantized and how its weight is scaled (docs/fp8.md), with their accepted values.
+#: how its activation is quantized and how its weight is scaled (docs/quantization.md), with their accepted values.
 FP8_MATMUL_VALUES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "act_scale": ("static", "row"), "w_scale": ("row", "tensor")})
 FP8_MATMUL_ATTRS = frozenset(FP8_MATMUL_VALUES)
@@ -309,7 +311,7 @@ def _fp8_weight_result(where: str, attrs: Mapping[str, str], operands: Sequence[
     for key, accepted in FP8_MATMUL_VALUES.items():
         if attrs.get(key) not in accepted:
             raise IRError(f"{where}: an FP8-weight matmul needs {key}= one of {', '.join(accepted)} (how the "
-                          f"quantize-fp8 pass quantizes it, docs/fp8.md); got {attrs.get(key)!r}")
+                          f"quantize-fp8 pass quantizes it, docs/quantization.md); got {attrs.get(key)!r}")
     if lhs.dtype not in ("bfloat16", "float32") or not is_fp8(rhs.dtype) or rhs.kind != NodeKind.INPUT:
         raise IRError(f"{where}: an FP8-weight matmul reads a bf16/fp32 value and an FP8 weight input; got "
                       f"{', '.join(described)}")

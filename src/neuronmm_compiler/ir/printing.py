@@ -43,7 +43,7 @@ def format_line(
         values = f"{values} eps={attrs.get('eps', '?')}"
     if kind == NodeKind.ELEMENTWISE and attrs.get("op") == "row_scale":  # the FP8 format it scales into
         values = f"{values} format={attrs.get('dtype', '?')}"
-    if kind == NodeKind.MATMUL and attrs:  # an FP8-weight matmul's act_scale, w_scale (docs/fp8.md)
+    if kind == NodeKind.MATMUL and attrs:  # an FP8-weight matmul's act_scale, w_scale (docs/quantization.md)
         values = " ".join([values, *(f"{key}={attrs[key]}" for key in sorted(attrs))])
     suffix = f" {format_annotations(annotations)}" if annotations else ""
     return f"%{node_id} = {head} {values} : {shape_text} {dtype}{suffix}"

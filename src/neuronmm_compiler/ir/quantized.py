@@ -1,4 +1,4 @@
-"""An FP8 graph's unquantized twin and the static scales of its inputs (docs/fp8.md).
+"""An FP8 graph's unquantized twin and the static scales of its inputs (docs/quantization.md).
 
 An FP8 graph (``mlp_graph(..., fp8=...)`` after the ``quantize-fp8`` pass, or any graph of the same form) holds
 FP8 weight inputs, float32 scale inputs, ``quantize`` nodes on the activations matmuls read and ``dequantize`` nodes
@@ -158,7 +158,8 @@ def calibrate(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
 
 
 def scale_exponents(graph: Graph) -> dict[str, dict[str, int]]:
-    """Every value's scale units in the quantized graph's semantics (rule NMMC-FP8-SCALE-ONCE, docs/fp8.md), by the
+    """Every value's scale units in the quantized graph's semantics (rule NMMC-FP8-SCALE-ONCE, docs/quantization.md),
+    by the
     value's name (an input's or output's name, else its id): ``{scale input name: exponent}``, the power of each
     scale the stored value carries beyond the value it stands for. A scale input carries its own scale (+1); an FP8
     weight ``W = w / W_scale`` carries ``-1`` of the scale its dequantize applies; ``quantize v, s`` subtracts one

@@ -147,9 +147,10 @@ class DmaCopy:
     """HBM -> SBUF load or SBUF -> HBM store. ``transpose`` loads a 2-D HBM region transposed. ``broadcast``: a
     load whose source region holds one row ([1, F] of a row-major HBM array, or [F, 1] of an [N, 1] column, both F
     contiguous elements) repeated on every partition of ``dst`` [P, F] (an access pattern with partition step 0,
-    ``.ap``; docs/fp8.md: how scales reach every partition). ``fold``: a load whose source region holds ``P * F``
+    ``.ap``; docs/quantization.md: how scales reach every partition). ``fold``: a load whose source region holds ``P *
+    F``
     contiguous elements of an [N, 1] column, laid out row by row over ``dst`` [P, F] (the access pattern
-    ``[[F, P], [1, F]]``: one transfer of F-element rows instead of one per partition column; docs/fp8.md).
+    ``[[F, P], [1, F]]``: one transfer of F-element rows instead of one per partition column; docs/quantization.md).
     ``slabs``: a load of ``KT`` slabs of ``P`` rows of a row-major HBM array in one transfer, source rows
     ``[r0, r0 + KT * P)`` into ``dst`` [P, KT, F], row ``r0 + kt * P + p`` to partition p, slot kt (the access pattern
     ``[[C, P], [P * C, KT], [1, F]]`` of an array of C columns; :mod:`.coalesce`)."""
@@ -286,7 +287,7 @@ ScalarOp = Literal["subtract", "multiply", "add", "divide", "minimum", "maximum"
 class TensorScalar:
     """``dst = (src op0 operand0) op1 operand1`` on the VectorEngine, the operands ``[P, 1]`` regions broadcast
     along the free axis or numbers (nki.isa.tensor_scalar); ``op1``/``operand1`` optional. The FP8 quantization is
-    ``(x divide scale) minimum max`` then ``maximum -max`` into the FP8 tile (docs/fp8.md)."""
+    ``(x divide scale) minimum max`` then ``maximum -max`` into the FP8 tile (docs/quantization.md)."""
 
     dst: Ref
     src: Ref
@@ -300,7 +301,7 @@ class TensorScalar:
 class TensorScalarReduce:
     """``dst = |src|`` on the VectorEngine and ``reduce_res[p, 0] = max(dst[p, :])`` in the same instruction
     (nki.isa.tensor_scalar_reduce with ``op0=nl.abs``, ``reduce_op=nl.maximum``): the absolute maximum of each
-    partition's elements, a token's when tokens are on the partitions (a per-token FP8 scale, docs/fp8.md).
+    partition's elements, a token's when tokens are on the partitions (a per-token FP8 scale, docs/quantization.md).
     ``reduce_res`` is ``[P, 1]``; ``dst`` is written and not read (the instruction has one)."""
 
     dst: Ref

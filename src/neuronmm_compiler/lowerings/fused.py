@@ -221,7 +221,7 @@ class FusedLowering(Lowering):
         if chosen.mlp == "split" and row_scaled(workload):
             raise ScheduleError("mlp=split hands h to a second kernel through HBM; per-token activation scales "
                                 "(--act-scale row) are computed in the kernel that quantizes and dequantizes with "
-                                "them: use mlp=whole (docs/fp8.md)")
+                                "them: use mlp=whole (docs/quantization.md)")
         if chosen.mlp == "split" and not splittable(workload):
             raise ScheduleError("mlp=split applies to graphs where a matmul reads an elementwise result "
                                 "(the gated MLP's h)")
@@ -339,7 +339,7 @@ class FusedLowering(Lowering):
                                           dense, target),
                     "unfused": aws_baseline(f"per-op kernels (AWS GEMMs{tag})", "per-op kernels", unfused, target)}
         # AWS's tutorial matmul has no FP8: for an FP8 MLP its baselines are the bf16 computations a user without
-        # nmmc's FP8 kernel would run (ir/quantized.unquantized), named so (docs/fp8.md, "Baselines")
+        # nmmc's FP8 kernel would run (ir/quantized.unquantized), named so (docs/quantization.md, "Baselines")
         fp8 = isinstance(workload, MlpWorkload) and workload.fp8 is not None
         plain, tag = ((lambda g: unquantized(g, workload.dtype)), f" {workload.dtype}") if fp8 else ((lambda g: g), "")
         aws = "AWS kernels, no FP8" if fp8 else "AWS kernels"

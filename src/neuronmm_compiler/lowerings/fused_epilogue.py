@@ -1,5 +1,5 @@
 """The epilogue of a fused kernel's groups: the elementwise tree evaluated on the PSUM eviction, and the FP8 scales
-it reads (docs/fp8.md, "The kernel").
+it reads (docs/quantization.md, "The kernel").
 
 Part of the fused lowering (:mod:`.lower_fused`), shared by transposed and row-major groups. Every scale is loaded
 once per kernel (:meth:`Epilogues.scale_constants`). In a transposed group, where every scale is a per-partition

@@ -102,7 +102,7 @@ class OperandLoads(FusedState, MxGroups):
     def _strip(self, node_id: str, features: int) -> Buffer:
         """The SBUF strip holding a value transposed: [features (tiles of pmax), tiles, tokens of a block], in the
         kernel's dtype, FP8 for a quantized value, or float32 for a computed value only quantizations read (the
-        normalized x of a norm prologue, as h: rounded once, into FP8; docs/fp8.md)."""
+        normalized x of a norm prologue, as h: rounded once, into FP8; docs/quantization.md)."""
         if node_id not in self.strips:
             pmax = self.target.pmax
             tiles = -(-features // pmax)
@@ -246,7 +246,8 @@ class OperandLoads(FusedState, MxGroups):
 
     def _weight_bytes(self, group: Group) -> int:
         """Bytes per element of the group's weights: the kernel's dtype, or 1 for FP8 weights (a weight block of
-        ``weight_block_kib`` then holds twice the columns; docs/fp8.md), or for MX weights a packed element and its
+        ``weight_block_kib`` then holds twice the columns; docs/quantization.md), or for MX weights a packed element
+        and its
         scale tile's byte (5 for MXFP8, 3 for MXFP4: docs/mx.md)."""
         dtypes = {self._weight(mm).dtype for mm in group.matmuls}
         if dtypes and all(is_mx(d) for d in dtypes):  # a packed element and its tile's byte of scale (lowerings/mx.py)

@@ -101,7 +101,8 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
         self.s = s = self.tokdim.schedule
         self.tok = self.tokdim.dim
         tokens = self.tokdim.count if traced(self.tokdim.count) else None
-        # the kernel's dtype: its values' (an FP8 kernel's quantized values and fp32 accumulators aside, docs/fp8.md)
+        # the kernel's dtype: its values' (an FP8 kernel's quantized values and fp32 accumulators aside,
+        # docs/quantization.md)
         self.dtype = next((n.dtype for n in compute if n.dtype in ("bfloat16", "float32") and not (
             n.kind == NodeKind.MATMUL and is_fp8(self.nodes[n.operands[0]].dtype)) and not is_row_scale(n)),
             (compute or copied)[0].dtype)
@@ -183,13 +184,13 @@ class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
     def _reading_gated(self) -> list[Group]:
         """The first group reading the gated value: the value of a group whose epilogue computes (silu, multiply),
         not of one that only rescales its accumulator (an FP8 group's dequantize/quantize: x_q, x @ U's
-        requantization, docs/fp8.md)."""
+        requantization, docs/quantization.md)."""
         gated = {g.root.id for g in self.group_list if any(not ElementwiseOp(n.attrs["op"]).fp8 for n in g.tree)}
         return [g for g in self.group_list if any(mm.operands[0] in gated for mm in g.matmuls)][:1]
 
     def _reads_kernel_input(self, lhs: Node) -> bool:
         """A matmul operand over the hidden dimension: a kernel input or the norm prologue's value, or (FP8) the
-        quantization of one (docs/fp8.md)."""
+        quantization of one (docs/quantization.md)."""
         if lhs.kind == NodeKind.ELEMENTWISE and lhs.attrs["op"] in (ElementwiseOp.QUANTIZE, ElementwiseOp.QUANTIZE_MX):
             lhs = self.nodes[lhs.operands[0]]
         return lhs.kind in (NodeKind.INPUT, NodeKind.NORM)

@@ -4,7 +4,7 @@ reference, because its scheme is not nmmc's quantized graph.
 nki-library's FP8 decode kernel as NxD Inference calls it (``QuantizationType.ROW``) quantizes only the weights: FP8
 weights with one float32 scale per output channel, stored broadcast over 128 rows ([128, I] for gate and up, [128, H]
 for down; aws-neuron/nki-library@d2ad3a57, ``core/mlp/mlp_parameters.py:197-208``); the hidden state and the
-intermediate stay bf16 (docs/fp8.md, "Baselines"). nmmc's FP8 graph quantizes the activations too, so ``nmmc
+intermediate stay bf16 (docs/quantization.md, "Baselines"). nmmc's FP8 graph quantizes the activations too, so ``nmmc
 verify``'s reference does not apply. Here: the weights are drawn standard normal, quantized per output channel with
 the rule nmmc's kernels use (:func:`~neuronmm_compiler.ir.quantized.quantize_weight`), and the reference is
 ``(bf16(silu(x @ Wg~) * (x @ Wu~))) @ Wd~`` in float64 with ``W~ = q * scale`` (the intermediate rounded to bf16 where

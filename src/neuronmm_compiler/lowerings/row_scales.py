@@ -1,4 +1,5 @@
-"""Per-token FP8 activation scales computed in the kernel (``--act-scale row``; docs/fp8.md, "Per-token activation
+"""Per-token FP8 activation scales computed in the kernel (``--act-scale row``; docs/quantization.md, "Per-token
+activation
 scales").
 
 Part of the fused lowering (:mod:`.lower_fused`). The quantized graph scales every value ``v`` an FP8 matmul reads by

@@ -64,7 +64,7 @@ def with_dense_baseline(tuned: Tuned, dense: Tuned, *, unquantized: bool = False
     elif unquantized:
         label = "dense MLP without FP8 (nmmc's fused kernel, tuned)"
         name = ("nmmc's fused dense MLP without FP8 (FP8's accuracy cost: nmmc verify, nmmc compress --eval, "
-                "docs/fp8.md)")
+                "docs/quantization.md)")
     else:
         label, name = "dense MLP (nmmc's fused kernel, tuned)", "nmmc's fused dense MLP"
     baseline = Baseline(label, name, dense.compiled.cost, one_core=False)

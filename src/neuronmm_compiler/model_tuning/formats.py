@@ -1,5 +1,5 @@
 """The formats ``nmmc tune --model`` chooses among for each token bucket: {dense, SVD} x {bf16, FP8} (issue 25,
-docs/fp8.md "Choosing a format").
+docs/quantization.md "Choosing a format").
 
 A :class:`FormatRequest` is what the user allows: the weight formats given to ``--dtype`` (``bf16,fp8``), in their
 order; the structures follow from the model source (dense always, SVD where it has ranks). Every allowed
@@ -28,7 +28,7 @@ _SHORT = {"bfloat16": "bf16", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2", "
 @dataclass(frozen=True)
 class MlpFormat:
     """One candidate: the MLP's structure (``svd``: the model's SVD factors, else the dense weights) and the weights'
-    element type (``bfloat16``, or an FP8 format with per-channel scales, docs/fp8.md)."""
+    element type (``bfloat16``, or an FP8 format with per-channel scales, docs/quantization.md)."""
 
     svd: bool
     weights: str = "bfloat16"

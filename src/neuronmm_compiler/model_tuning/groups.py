@@ -1,6 +1,7 @@
 """``nmmc tune --model`` on an ``nmmc compress`` output whose layers differ in ranks or format (``--choose-ranks``,
 ``--choose-ranks --dtype fp8``): one kernel set per layer group (:mod:`..compression.layer_groups`, the grouping ``nmmc
-export`` uses), and the model's total predicted MLP latency per token bucket (docs/fp8.md, "Choosing a format").
+export`` uses), and the model's total predicted MLP latency per token bucket (docs/quantization.md, "Choosing a
+format").
 
 Each group's kernels go to ``<group>/`` in the output (``svd-bf16-r128-128-128/mlp_t1.py``, ``dense-fp8/mlp_t1.py``):
 the file names inside are a uniform output's. A group's kernel is in the format the manifest records for its layers

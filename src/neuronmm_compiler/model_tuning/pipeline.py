@@ -50,7 +50,8 @@ class ModelSource:
     ranks_from: str  # "manifest", "formula" or "dense"
     quality: dict[str, Any] | None = None  # the manifest's measured quality (nmmc compress --eval), if any
     # per layer, the kernel weight format an 'nmmc compress' output records (layers[i].fp8; "bfloat16" for the
-    # others), when some layer is FP8: tune --model then tunes that format instead of choosing one (docs/fp8.md)
+    # others), when some layer is FP8: tune --model then tunes that format instead of choosing one
+    # (docs/quantization.md)
     layer_formats: tuple[str, ...] | None = None
     # the layer groups of a compress output whose layers differ in ranks or format (ranks is then None): tune
     # --model tunes one kernel set per group (model_groups.py); None for every other source
@@ -86,6 +87,8 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128, 
         manifest = read_manifest(manifest_path)
         if dense:
             return ModelSource(manifest.model, None, None, "dense")
+        if manifest.kernel_refusal("nmmc tune --model"):  # MX layers, per-token FP8 scales: never read as bf16
+            raise InputError(str(manifest.kernel_refusal("nmmc tune --model")))
         if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
             raise InputError(f"{p} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
                              f"{manifest.keep_ratio}")

@@ -22,7 +22,7 @@ from .base import Pass, register_pass
 
 
 def is_row_scale(node: Node) -> bool:
-    """True for a ``row_scale`` node: a value's per-token FP8 scale computed on chip (docs/fp8.md)."""
+    """True for a ``row_scale`` node: a value's per-token FP8 scale computed on chip (docs/quantization.md)."""
     return node.kind == NodeKind.ELEMENTWISE and node.attrs.get("op") == ElementwiseOp.ROW_SCALE
 
 
@@ -74,7 +74,7 @@ class ImplicitTranspose(Pass):
       consumers that wanted it transposed; none of the built-in graphs (GEMM, SVD chain, SVD and
       dense MLP) hits this case.
     - a value read by no one (dead; canonicalize removes those) is ``normal``.
-    - a ``row_scale`` (an FP8 value's per-token scale, docs/fp8.md) is ``normal``, one value per token on the
+    - a ``row_scale`` (an FP8 value's per-token scale, docs/quantization.md) is ``normal``, one value per token on the
       partitions; it puts no requirement on the value it reduces, which the lowering reduces in whichever layout it
       is held, and its readers (quantize, dequantize) read it in theirs.
     - a ``norm`` reads its operand row-major (it reduces each row over the free axis), so the value it

@@ -64,7 +64,7 @@ RULES: Mapping[str, str] = {
     "row-major unstored": "it is held row-major and nothing reads it; a row-major value must be stored",
     "row scale": "it is a per-token activation scale (row_scale, act_scale=row) another kernel would read through "
                  "HBM; the fused lowering computes a row scale in the kernel that quantizes and dequantizes with it "
-                 "(mlp=whole; docs/fp8.md, 'Per-token activation scales')",
+                 "(mlp=whole; docs/quantization.md, 'Per-token activation scales')",
 }
 
 #: The rules ``fuse`` can resolve by starting a new kernel (the others no split fixes).

@@ -1,9 +1,9 @@
-"""``quantize-fp8``: place the quantization of the activations FP8-weight matmuls read (docs/fp8.md).
+"""``quantize-fp8``: place the quantization of the activations FP8-weight matmuls read (docs/quantization.md).
 
 A frontend marks a matmul whose weight is stored in FP8 (``mlp_graph(..., fp8=...)``): ``%gate = matmul %x, %w_gate
 act_scale=static w_scale=row``, ``W`` an FP8 input, ``x`` bf16. NKI's Tensor Engine multiplies FP8 only by FP8
 (``nki.isa.nc_matmul`` lists float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32 inputs, and its
-``perf_mode=double_row`` is "Double FP8 mode"; no page documents a mixed FP8 x bf16 product, see docs/fp8.md
+``perf_mode=double_row`` is "Double FP8 mode"; no page documents a mixed FP8 x bf16 product, see docs/quantization.md
 "Where quantization happens"), so every such matmul's activation is quantized: this pass makes that explicit, as
 nki-library quantizes the hidden state before the gate/up projection and the intermediate before the down projection.
 For each marked matmul, in the graph's order, it adds
@@ -104,7 +104,7 @@ class QuantizeFp8(Pass):
 
     For a matmul with ``act_scale``/``w_scale`` attrs (set by the frontend): a ``quantize`` node with a static
     [1, 1] scale input or a per-row ``row_scale`` computed on chip, the FP8 matmul into a float32 accumulator, and
-    a ``dequantize`` by both scales under the matmul's id (docs/fp8.md)."""
+    a ``dequantize`` by both scales under the matmul's id (docs/quantization.md)."""
 
     name: ClassVar[str] = "quantize-fp8"
 

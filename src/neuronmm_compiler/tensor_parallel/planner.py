@@ -148,7 +148,7 @@ def alternative_label(kind: str, workload: MlpWorkload) -> str:
     """How tables and plan.json name an alternative (the labels of a bf16 MLP are unchanged since version 1). For FP8
     weights each label says its format: nki-library's MLP runs its FP8 path as NxD Inference calls it (FP8 weights;
     at decode bf16 activations), AWS's tutorial matmul has no FP8 (as ``nmmc tune`` labels them for one kernel,
-    docs/fp8.md "Baselines")."""
+    docs/quantization.md "Baselines")."""
     fp8 = workload.fp8
     if fp8 is None:
         return {"nkilib-mlp": "dense, nki-library MLP + all-reduce", "nmmc-dense": "dense, nmmc fused MLP + all-reduce",

@@ -14,7 +14,7 @@ down
   *before* the multiplication by V (r / hidden of the bytes of ``reduce-output``);
   ``factor-shard``: every rank's row block of W factorised on its own, the partial outputs all-reduced.
 
-FP8 weights (``--dtype fp8``, docs/fp8.md) shard with their scales: a per-output-channel scale follows its
+FP8 weights (``--dtype fp8``, docs/quantization.md) shard with their scales: a per-output-channel scale follows its
 weight's columns (gate/up, V of a column shard), a row-parallel weight keeps its whole per-channel scale (its
 output channels are not split), a factor of a shard's own carries its own. An activation's static per-tensor scale
 is one tensor, the same on every rank, when every rank quantizes the same value or a column shard of one value (x,

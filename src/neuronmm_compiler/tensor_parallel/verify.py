@@ -75,7 +75,7 @@ class TpVerifyReport:
                      f"{self.rounding_allowance:.1e})" + (f"; {self.error}" if self.error else "")]
         if self.unquantized_rel_error is not None:
             out.append(f"  error against the unquantized MLP: {self.unquantized_rel_error:.3e} (FP8's quantization "
-                       "error on these random values, reported, not checked; docs/fp8.md)")
+                       "error on these random values, reported, not checked; docs/quantization.md)")
         for entry in [*self.per_rank, {"rank": "all", **self.totals}] if self.per_rank else []:
             out.append(f"  {'rank ' + str(entry['rank']) if entry['rank'] != 'all' else 'all ranks':<9} HBM read "
                        f"{entry.get('total_hbm_bytes_read', 0)} B, "

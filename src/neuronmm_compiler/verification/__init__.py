@@ -92,7 +92,7 @@ class VerifyReport:
     #: The largest magnitude in the reference outputs: the scale ``max_abs_error`` is read against.
     max_abs_reference: float | None = None
     #: An FP8 graph's outputs against the float64 evaluation of the graph it quantizes (ir/quantized.py), on the
-    #: same values: the quantization error, reported, never checked (None: not an FP8 graph; docs/fp8.md).
+    #: same values: the quantization error, reported, never checked (None: not an FP8 graph; docs/quantization.md).
     unquantized_rel_error: float | None = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ variance zero and is not computed. A single GEMM stores no intermediate: its all
 nothing. In a quantized (FP8) graph a stored intermediate is rounded to its dtype in the reference itself, exactly
 as the kernel rounds it, and carries no allowance: an FP8 quantization downstream turns any perturbation into whole
 FP8 steps of some elements, which no variance bounds, so the reference must hold the kernel's very values (the
-residual sum a norm prologue stores in bf16 and normalizes; docs/fp8.md).
+residual sum a norm prologue stores in bf16 and normalizes; docs/quantization.md).
 """
 
 from __future__ import annotations

@@ -523,7 +523,8 @@ RULES: tuple[Rule, ...] = (
          "its scale^-1, a quantization dividing one scale away), a kernel's values keep the quantized graph's units: "
          "FP8 matmul operands carry exactly one scale^-1, one PSUM accumulation one unit, nonlinear functions and "
          "outputs no scale",
-         (f"{NMMC}: docs/fp8.md (The graph: dequantize = acc * v_scale * W_scale^T; Verification: scale units)",
+         (f"{NMMC}: docs/quantization.md (The graph: dequantize = acc * v_scale * W_scale^T; Verification: scale "
+          "units)",
           f"{NMMC}: src/neuronmm_compiler/ir/quantized.py (scale_exponents)"),
          dialects=(Dialect.NKI,),
          note="nmmc's quantized-graph semantics, not a hardware or NKI rule: a scale applied twice, or not at all, "

@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 #: Largest finite value and (mantissa bits, smallest normal exponent) of each format (nmmc's ir/fp8.py; the maxima
-#: are nki-library's get_max_positive_value_for_dtype, docs/fp8.md "Formats").
+#: are nki-library's get_max_positive_value_for_dtype, docs/quantization.md "Formats").
 FP8_MAX = {"float8_e4m3": 240.0, "float8_e5m2": 57344.0}
 _GRID = {"float8_e4m3": (3, -6), "float8_e5m2": (2, -14)}
-#: The FP8 kernel's activation points of a dense MLP: its input and the intermediate (docs/fp8.md "The graph").
+#: The FP8 kernel's activation points of a dense MLP: its input and the intermediate (docs/quantization.md "The graph").
 DENSE_POINTS = ("x", "h")
 
 
