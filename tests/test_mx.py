@@ -216,7 +216,7 @@ def test_mx_refusals_are_one_line(case: str, tmp_path) -> None:
     assert not out.exists()
 
 
-def test_an_mx_workload_is_compared_with_its_bf16_twin_and_no_nki_library_row() -> None:
+def test_an_mx_workload_is_compared_with_its_bf16_twin_and_nki_library_mx_row() -> None:
     from neuronmm_compiler.lowerings.nkilib_mlp import nkilib_baseline
     from neuronmm_compiler.model_tuning.entries import dense_counterpart
 
@@ -225,7 +225,7 @@ def test_an_mx_workload_is_compared_with_its_bf16_twin_and_no_nki_library_row() 
     gemm = gemm_workload(77, 512, 1024, mx=MxWeights("mxfp8_e4m3"))
     assert dense_counterpart(gemm) == gemm_workload(77, 512, 1024)
     row = nkilib_baseline(mlp, get_target("trn3:lnc=2:launch=in-graph"))
-    assert row.cost is None and "mlp_tkg_mx.py" in row.reason and "MX weights" in row.label
+    assert row.cost is not None and "mlp_tkg_mx.py" in row.details["mx"] and "QuantizationType.MX" in row.label
 
 
 def test_explain_prints_the_mx_pass_and_instructions() -> None:

@@ -55,6 +55,21 @@ VLLM_MIN_H_SHARD_I, VLLM_MIN_I_SHARD_I, VLLM_MAX_T_SHARD_I = 7168, 1024, 256
 VLLM_CALL = ("vLLM Neuron: vllm_neuron.functional.mlp -> wrap_nki(nkilib.core.mlp.mlp)[2](hidden [1, T, H], gate/up "
              "[H, I], down [I, H], NO_NORM, no bias, no quantization, column tiling on, output in HBM) "
              "(longdct/vllm-neuron@75ac066d, vllm_neuron/functional/mlp.py); I is this rank's TP slice")
+#: Why its FP8 ROW prefill path is not modelled (its decode path is: :mod:`.nkilib_tkg` with ``fp8``).
+FP8_PREFILL_NOT_MODELLED = (
+    "nki-library's FP8 prefill (mlp_cte, QuantizationType.ROW) is not modelled: it is two kernels, a separate "
+    "rmsnorm_quant (core/rmsnorm/rmsnorm_quant.py, NO_NORM allowed: :48-65) quantizing x per token into an FP8 hidden "
+    "and its scales, then mlp_cte re-quantizing the intermediate per token with tensor_scalar_reduce(abs, max) "
+    "(mlp_cte_quantization.py:103-199, d2ad3a57; basic/mlp_cte_basic_quantization.py at 092a49dc); nmmc has not "
+    "written either as a program yet")
+#: Who calls the MX path: no serving stack nmmc knows (vLLM Neuron's ``mlp`` passes no quantization).
+MX_CALL = ("nkilib.core.mlp.mlp(..., quantization_type=QuantizationType.MX, column tiling off) as its own tests call "
+           "it (test/integration/nkilib/core/mlp/test_mlp_tkg.py:418-439); vLLM Neuron's mlp passes no quantization")
+#: Why its MX prefill kernel is not modelled.
+MX_PREFILL_NOT_MODELLED = (
+    "nki-library's MX prefill MLP is not modelled: at d2ad3a57 QuantizationType.MX is decode-only "
+    "(core/mlp/mlp.py:137, 193-205); the prefill kernel of 092a49dc (mlp_cte/mx/mlp_cte_mx.py) imports "
+    "perform_intermediate_quantization from mlp_cte/mx/mlp_cte_mx_quantization.py, which no readable snapshot holds")
 VLLM_FALLBACK = ("vLLM Neuron runs its PyTorch fallback there (vllm_neuron/functional/mlp.py, _torch_mlp_impl), "
                  "compiled by neuronx-cc: not modelled")
 
@@ -92,30 +107,43 @@ def nkilib_variant(tokens: int) -> str:
 NKILIB_FP8_FORMATS = ("float8_e4m3",)
 
 
-def nkilib_label(tokens: int, target: Target, fp8: str | None = None) -> str:
+def nkilib_label(tokens: int, target: Target, fp8: str | None = None, mx: str | None = None) -> str:
     """How tables name the baseline: ``nki-library MLP (decode kernel, LNC=2, @d2ad3a57)``, with the nki-library
     commit its model is read from; with ``fp8``, the FP8 scheme NxD Inference gets from it
-    (``QuantizationType.ROW``): at decode FP8 weights only (bf16 activations)."""
+    (``QuantizationType.ROW``): at decode FP8 weights only (bf16 activations); with ``mx`` (an nmmc MX format) its
+    ``QuantizationType.MX`` path (:mod:`.nkilib_mx`)."""
     variant = nkilib_variant(tokens)
     kind = "decode" if variant == "tkg" else "prefill"
     scheme = ""
-    if fp8:
+    if mx:
+        from ..ir.mx import MX_FORMATS
+
+        scheme = f", {mx} weights, {MX_FORMATS[mx].activations} activations (QuantizationType.MX)"
+    elif fp8:
         scheme = (", FP8 weights, bf16 activations" if kind == "decode"
                   else ", FP8 weights, per-token FP8 activations")
     return f"nki-library MLP ({kind} kernel, LNC={target.lnc}{scheme}, @{nkilib_commit(variant)[:8]})"
 
 
 def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, dtype: str = "bfloat16",
-                   fp8: str | None = None) -> Program:
+                   fp8: str | None = None, mx: str | None = None) -> Program:
     """nki-library's MLP kernel for ``tokens`` x ``hidden`` -> ``intermediate`` on ``target`` as nmmc's IR; ``fp8``
     (the weights' FP8 format) for its FP8 path as NxD Inference calls it (``QuantizationType.ROW``); raises
     :class:`NotModelled` where it does not run (trn1: NxD Inference runs no NKI kernels there since 2.29; other
-    dtypes than bf16; FP8 formats it does not read; its asserts) or where nmmc does not model it (FP8 prefill)."""
+    dtypes than bf16; FP8 formats it does not read; its asserts) or where nmmc does not model it (FP8 prefill); ``mx``
+    (an nmmc MX format) for its ``QuantizationType.MX`` path (:mod:`.nkilib_mx`; prefill not modelled)."""
     if target.max_lnc < 2:
         raise DoesNotRun(f"nki-library's MLP is not modelled on {target.name}: NxD Inference runs no NKI kernels "
                           "on trn1/inf2 since its 2.29 release")
     if dtype != "bfloat16":
         raise NotModelled(f"nki-library's bf16 MLP path is modelled; {dtype} is not")
+    if mx is not None:
+        from .nkilib_mx import mx_asserts, mx_tkg_program
+
+        if nkilib_variant(tokens) == "tkg":
+            return mx_tkg_program(tokens, hidden, intermediate, target, mx)
+        mx_asserts(tokens, hidden, intermediate, target.lnc)
+        raise NotModelled(MX_PREFILL_NOT_MODELLED)
     if fp8 is not None and fp8 not in NKILIB_FP8_FORMATS:
         raise DoesNotRun(f"nki-library's MLP reads float8_e4m3 weights, not {fp8} (mlp/mlp_parameters.py:30-40)")
     if nkilib_variant(tokens) == "tkg":
@@ -136,10 +164,7 @@ def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, 
         split = target.lnc > 1 and split_on_intermediate(tokens, hidden, intermediate)
         token_tile(tokens if split else tokens // target.lnc, hidden, intermediate // target.lnc if split
                    else intermediate)
-        raise NotModelled("nki-library's FP8 prefill (mlp_cte, QuantizationType.ROW) is not modelled: it reads an "
-                          "FP8 hidden with per-token scales from a separate rmsnorm_quant kernel and re-quantizes the "
-                          "intermediate per token with tensor_scalar_reduce(abs, max) (mlp_cte_quantization.py:"
-                          "103-199), a reduction nmmc's kernel IR does not express yet")
+        raise NotModelled(FP8_PREFILL_NOT_MODELLED)
     from .nkilib_cte import cte_program
 
     return cte_program(tokens, hidden, intermediate, target, dtype)
@@ -150,7 +175,7 @@ def _instead(workload: MlpWorkload, target: Target) -> str:
     PyTorch fallback where its gate refuses the shape, else nothing (the kernel's assert fails the model's
     compile); elsewhere (LNC=1, FP8 as NxD Inference calls it) not known to nmmc."""
     tokens, hidden, inter = workload.tokens, workload.hidden, workload.intermediate
-    if target.lnc != 2 or workload.fp8 is not None:
+    if target.lnc != 2 or workload.fp8 is not None or workload.mx is not None:
         return "what the serving stack runs instead is not modelled"
     refusal = vllm_refusal(tokens, hidden, inter)
     if refusal:
@@ -170,28 +195,29 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
 
     tokens, hidden, inter = workload.tokens, workload.hidden, workload.intermediate
     fp8 = workload.fp8.format if workload.fp8 is not None else None
+    mx = workload.mx.format if workload.mx is not None else None
     variant = nkilib_variant(tokens)
     details = {"variant": variant, "source": f"aws-neuron/nki-library@{nkilib_commit(variant)}",
                "selection": f"decode kernel (TKG) at <= {TKG_MAX_TOKENS} tokens, else prefill (CTE) "
                             f"(aws-neuron/nki-library@{NKILIB_SELECT_COMMIT}, core/mlp/mlp_parameters.py)",
-               "called_as": VLLM_CALL if target.lnc == 2 and not fp8 else
+               "called_as": VLLM_CALL if target.lnc == 2 and not fp8 and not mx else MX_CALL if mx else
                "as NxD Inference calls it (modeling_llama.py; vLLM Neuron launches it at LNC=2 only)"}
+    if mx:
+        details["mx"] = (f"QuantizationType.MX (aws-neuron/nki-library@{NKILIB_COMMIT}, core/mlp/mlp.py:285-287, "
+                         "mlp_tkg/mlp_tkg_mx.py): MX weights and scales in its layouts, x and the intermediate "
+                         "quantize_mx'd to float8_e4m3fn_x4 on chip, bf16 PSUM; lowerings/nkilib_mx.py")
     if fp8:
         details["fp8"] = ("QuantizationType.ROW, as NxD Inference calls it (aws-neuron/neuronx-distributed-inference@"
                           "4bcdc54b, models/llama/modeling_llama.py:481-505): per-channel weight scales; the decode "
                           "kernel quantizes no activation (bf16 x FP8-weight matmuls, no double_row), unlike nmmc's "
                           "static per-tensor activation scales")
-    label = nkilib_label(tokens, target, fp8)
+    label = nkilib_label(tokens, target, fp8, mx)
     if workload.prologue is not None:  # conservative: nki-library is charged less than it runs
         label = f"{label[:-1]}; without its fused norm/residual, not modelled)"
         details["prologue"] = "not modelled: the baseline is nki-library's MLP alone"
     name = "nki-library's fused MLP"
-    if workload.mx is not None:  # docs/mx.md, "Baselines": no row that is not the kernel a serving stack would run
-        return Baseline(f"{label[:-1]}, MX weights)", name, None, one_core=False, details=details,
-                        reason="nki-library's MX MLP (core/mlp/mlp_tkg/mlp_tkg_mx.py) is not modelled by nmmc; its "
-                               "bf16 MLP reads no MX weights (docs/mx.md)")
     try:
-        program = nkilib_program(tokens, hidden, inter, target, workload.dtype, fp8=fp8)
+        program = nkilib_program(tokens, hidden, inter, target, workload.dtype, fp8=fp8, mx=mx)
     except DoesNotRun as exc:
         return Baseline(label, name, None, one_core=False, reason=str(exc), details=details, runnable=False,
                         not_runnable=f"{exc}; {_instead(workload, target)}")
@@ -202,19 +228,26 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
     reason = "" if cost.feasible else (
         f"nki-library's kernel does not fit on chip at this shape: SBUF {cost.sbuf_bytes_per_partition} of "
         f"{cost.sbuf_capacity} bytes/partition, PSUM {cost.psum_banks} of {cost.psum_capacity} banks")
-    refusal = vllm_refusal(tokens, hidden, inter) if target.lnc == 2 and not fp8 else None
+    refusal = vllm_refusal(tokens, hidden, inter) if target.lnc == 2 and not fp8 and not mx else None
     if refusal:  # the kernel would run, but the serving stack does not call it here
         return Baseline(f"{label[:-1]}; not called by vLLM Neuron here)", name, cost, one_core=False, reason=reason,
                         details=details, runnable=False, not_runnable=f"{refusal}: {VLLM_FALLBACK}")
     return Baseline(label, name, cost, one_core=False, reason=reason, details=details)
 
 
-def nkilib_source(tokens: int, hidden: int, intermediate: int, target: Target, fp8: str | None = None) -> str:
+def nkilib_source(tokens: int, hidden: int, intermediate: int, target: Target, fp8: str | None = None,
+                  mx: str | None = None) -> str:
     """nki-library's MLP as nmmc models it, printed as a kernel file of the nki dialect for nmmc's interpreter
     (``scripts/verify_nkilib.py``; never written for users). With ``fp8`` the file holds the kernel alone (no
-    graph: nmmc's quantized graph scales activations, this kernel does not; :mod:`.nkilib_fp8` verifies it)."""
+    graph: nmmc's quantized graph scales activations, this kernel does not; :mod:`.nkilib_fp8` verifies it); with
+    ``mx`` likewise (its layouts are not nmmc's; :mod:`.nkilib_mx` verifies it)."""
     from ..codegen.emit import emit_kernel
     from ..frontends.workloads import mlp_workload
+
+    if mx is not None:
+        from .nkilib_mx import mx_source
+
+        return mx_source(nkilib_program(tokens, hidden, intermediate, target, mx=mx), target)
 
     program = nkilib_program(tokens, hidden, intermediate, target, fp8=fp8)
     if fp8 is not None:
