@@ -2,9 +2,8 @@
 
 :func:`compress_model` reads every gate/up/down weight of a Hugging Face model directory one tensor at
 a time, factors ``W = weight.T`` [in, out] into ``u`` [in, r] and ``v`` [r, out] (:mod:`.svd`), and
-writes one safetensors file per layer plus ``manifest.json`` (:mod:`.manifest`). Memory is bounded by
-one layer: the three factor pairs of the layer being built and one weight with its float64 work
-arrays.
+writes one safetensors file per layer plus ``manifest.json`` (:mod:`.manifest`). Memory is bounded by one
+layer: the three factor pairs of the layer being built and one weight with its float64 work arrays.
 
 Crash safety and resuming: every file is written to a temporary name and renamed (``os.replace``),
 so a file under its final name is complete. The manifest of a previous run is removed first and
@@ -13,8 +12,7 @@ exactly the expected tensors with the expected shapes and dtype, and records the
 its metadata (model, keep ratio, alignment, ranks, dtype, SVD parameters) is kept and not recomputed;
 its ranks and errors come from that metadata. The SVD is deterministic and safetensors writes its
 header in a fixed order, so a resumed run produces byte-identical files to an uninterrupted one (with
-the same NumPy/BLAS build and BLAS thread count).
-One run per output directory at a time.
+the same NumPy/BLAS build and BLAS thread count). One run per output directory at a time.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from ..frontends.shapes import block_aligned_rank
 from ..io import stale_temp_files, write_text_atomic
 from . import svd
 from .calibration import Calibration
-from .fp8_files import expected_fp8_tensors, fp8_tensors
+from .fp8_files import entry_act_scale, expected_fp8_tensors, fp8_tensors
 from .manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -116,11 +114,14 @@ def _check_layer_ranks(config: ModelConfig, layer_ranks: Sequence[Mapping[str, i
 
 
 def _settings(config: ModelConfig, keep_ratio: float, align: int, dtype: str, ranks: Mapping[str, int | None],
-              whitening: dict | None, heal: dict | None = None, fp8: tuple | None = None) -> dict:
+              whitening: dict | None, heal: dict | None = None, fp8: tuple | None = None, mx: str | None = None
+              ) -> dict:
     """What a layer file must record to be reused by a run (as it reads back from JSON)."""
     extra = {} if heal is None else {"heal": heal}  # absent when not healed: older layer files stay reusable
-    if fp8 is not None:  # the format and the activation ranges the scales come from
-        extra["fp8"] = {"format": fp8[0], "activation_ranges": dict(sorted(fp8[1].items()))}
+    if fp8 is not None:  # the format and the activation ranges the scales come from (act_scale only when not static)
+        row = {} if entry_act_scale(fp8) == "static" else {"act_scale": entry_act_scale(fp8)}
+        extra["fp8"] = {"format": fp8[0], "activation_ranges": dict(sorted(fp8[1].items())), **row}
+    extra.update({} if mx is None else {"mx": mx})  # the MX format the factors are quantized into when read
     return json.loads(json.dumps({
         "method": "whitened" if whitening else "svd",
         "whitening": whitening,
@@ -141,10 +142,9 @@ def _expected_tensors(config: ModelConfig, layer: int, ranks: Mapping[str, int |
         k, n = projection_shape(config, proj)
         if ranks[proj] is None:
             expected[dense_name(layer, proj)] = ((k, n), code)
-            continue
-        u_name, v_name = factor_names(layer, proj)
-        expected[u_name] = ((k, ranks[proj]), code)
-        expected[v_name] = ((ranks[proj], n), code)
+        else:
+            u_name, v_name = factor_names(layer, proj)
+            expected.update({u_name: ((k, ranks[proj]), code), v_name: ((ranks[proj], n), code)})
     return expected
 
 
@@ -163,9 +163,8 @@ def _entry_from_metadata(metadata: Mapping[str, str], layer: int, settings: dict
     """The layer's entry if ``metadata`` was written for this layer with the same settings, else None."""
     try:
         record = json.loads(metadata["nmmc"])
-        if (record["format"], record["format_version"], record["layer"]) != (FORMAT, FORMAT_VERSION, layer):
-            return None
-        if record["settings"] != settings:
+        if (record["format"], record["format_version"], record["layer"], record["settings"]) != (
+                FORMAT, FORMAT_VERSION, layer, settings):
             return None
         raw = record["projections"]
         return LayerEntry(layer, file, {proj: ProjectionEntry.from_dict(raw[proj]) for proj in PROJECTIONS})
@@ -271,7 +270,7 @@ def _quantized_layer(reader: WeightReader, config: ModelConfig, layer: int, rank
 
     factors = {proj: tensors[dense_name(layer, proj)] if ranks[proj] is None
                else tuple(tensors[n] for n in factor_names(layer, proj)) for proj in PROJECTIONS}
-    q = fp8_layer(factors, fp8[1], fp8[0])
+    q = fp8_layer(factors, fp8[1], fp8[0], entry_act_scale(fp8))
     out = {}
     for proj, name in mlp_weight_names(config, layer).items():
         k, n = projection_shape(config, proj)
@@ -293,8 +292,9 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
                    damping: float = DEFAULT_DAMPING,
                    layer_ranks: Sequence[Mapping[str, int | None]] | None = None,
                    factors: Mapping[int, Mapping[str, Any]] | None = None, heal: dict | None = None,
-                   fp8: Mapping[int, tuple[str, Mapping[str, float]]] | None = None,
-                   fp8_record: Mapping[str, Any] | None = None) -> Manifest:
+                   fp8: Mapping[int, tuple] | None = None, fp8_record: Mapping[str, Any] | None = None,
+                   mx: Mapping[int, str] | None = None,
+                   mx_record: Mapping[str, Any] | None = None) -> Manifest:
     """Compress the MLP of the model in ``model_dir`` into ``out_dir``; return the manifest written.
 
     - ``keep_ratio``: fraction of each MLP weight's parameters kept; the rank is the NeuronMM
@@ -316,7 +316,8 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     - ``fp8``: per layer made FP8, ``(format, activation ranges)`` (``max|v|`` per quantized value,
       :func:`.formats.activation_ranges`): the layer's weights are quantized with per-output-channel scales and
       stored with them and the static activation scales (:mod:`.fp8_files`); ``fp8_record`` describes how (manifest
-      ``fp8``). Its errors are of the dequantized weights.
+      ``fp8``). Its errors are of the dequantized weights. A third element "row": per-token activation scales.
+    - ``mx``: per layer made MX, its format: factors written as given, not pre-quantized (:mod:`.mx_layers`).
     - ``progress(done, total)``: called after each matrix factorized by this call; ``total`` is 3 x layers
       and ``done`` counts matrices finished so far, including those of layers found already complete
       (which are not recomputed and cause no call).
@@ -352,8 +353,9 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     if (factors is None) != (heal is None):
         raise InputError("given factors need a heal record describing them, and a heal record needs the factors")
     fp8 = dict(fp8 or {})
+    mx = dict(mx or {})
     # the source weights' bytes too: a resumed run must not keep factors of weights changed in between
-    settings = [{**_settings(config, keep_ratio, align, dtype, p, whitening, heal, fp8.get(i)),
+    settings = [{**_settings(config, keep_ratio, align, dtype, p, whitening, heal, fp8.get(i), mx.get(i)),
                  "source": reader.digest(mlp_weight_names(config, i).values())}
                 for i, p in enumerate(plans)]
     code = OUTPUT_DTYPES[dtype][1]
@@ -362,7 +364,8 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     entries: dict[int, LayerEntry | None] = {
         layer: _finished_layer(out / layer_file(layer), layer, settings[layer],
                                _expected_tensors(config, layer, plans[layer], code) if layer not in fp8 else
-                               expected_fp8_tensors(shapes, layer, plans[layer], fp8[layer][0]))
+                               expected_fp8_tensors(shapes, layer, plans[layer], fp8[layer][0],
+                                                    entry_act_scale(fp8[layer])))
         for layer in layers
     }
     total = len(PROJECTIONS) * config.num_hidden_layers
@@ -385,13 +388,13 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
         del tensors
         # the manifest is built from the recorded JSON, exactly as a resumed run reads it back
         entries[layer] = _entry_from_metadata(metadata, layer, settings[layer], layer_file(layer))
-    entries = {layer: replace(entry, fp8=fp8[layer][0]) if layer in fp8 and entry is not None else entry
-               for layer, entry in entries.items()}
+    entries = {layer: replace(entry, fp8=fp8[layer][0] if layer in fp8 else None, mx=mx.get(layer))
+               if entry is not None else entry for layer, entry in entries.items()}
 
     manifest = Manifest(model=config, keep_ratio=float(keep_ratio), align=align, dtype=dtype,
                         layers=tuple(entries[layer] for layer in layers),  # type: ignore[misc]
                         method="whitened" if calibration is not None else "svd",
                         calibration=None if calibration is None else {**calibration.describe(), "damping": damping},
-                        heal=heal, fp8=fp8_record if fp8 else None)
+                        heal=heal, fp8=fp8_record if fp8 else None, mx=mx_record if mx else None)
     write_text_atomic(out / MANIFEST_FILE, manifest.to_json())
     return manifest

@@ -39,10 +39,11 @@ def _plans(request, layer_ranks) -> list[dict[str, int | None]]:
 
 def build_model(request, model, calibration: Calibration | None, ids: np.ndarray | None, layer_ranks, fmt: str | None,
                 formats: list[str] | None, progress: StageProgress | None, shard_out: dict | None,
-                fresh: bool = False) -> Manifest:
-    """Heal (``request.heal``), calibrate the FP8 layers (``fmt``; ``formats``: per layer, None: all FP8) and write
-    the compressed model (:func:`.compress.compress_model`); ``fresh``: remove the layer files and fine-tuning
-    checkpoint of an earlier build into the same directory first (they would be resumed)."""
+                fresh: bool = False, mx: str | None = None) -> Manifest:
+    """Heal (``request.heal``), calibrate the FP8 layers (``fmt``; ``formats``: per layer, None: all FP8; static or
+    per-token scales as ``request.act_scale`` says) and write the compressed model (:func:`.compress.compress_model`);
+    ``mx``: every layer's MX format (the factors written as computed, :mod:`.mx_layers`); ``fresh``: remove the layer
+    files and fine-tuning checkpoint of an earlier build into the same directory first (they would be resumed)."""
     from .compress import compress_model
     from .manifest import LAYER_FILE
 
@@ -60,11 +61,12 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
     fp8, fp8_record = (None, None) if fmt is None else _fp8_layers(
         request, model, calibration, ids, layer_ranks, healed, fmt, progress,
         None if formats is None else [i for i, f in enumerate(formats) if f == fmt])
+    mx_layers, mx_record = (None, None) if mx is None else _mx_layers(request, model, layer_ranks, mx)
     manifest = compress_model(
         request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
-        layer_ranks=layer_ranks, factors=healed, heal=heal_record, fp8=fp8, fp8_record=fp8_record,
-        progress=None if progress is None else lambda d, t: progress("factoring", d, t))
+        layer_ranks=layer_ranks, factors=healed, heal=heal_record, fp8=fp8, fp8_record=fp8_record, mx=mx_layers,
+        mx_record=mx_record, progress=None if progress is None else lambda d, t: progress("factoring", d, t))
     # written: the blocks' fine-tuning need not hold it too (benchmarks/results/compression-runs.md, "Ninth run")
     del healed
     for job in later:
@@ -163,6 +165,13 @@ def _fp8_layers(request, model, calibration: Calibration, ids: np.ndarray | None
     in the unquantized compressed model) and the manifest's ``fp8`` record; ``layers``: the FP8 layers (None: all)."""
     from .formats import activation_ranges
 
+    chosen = range(model.arch.num_hidden_layers) if layers is None else layers
+    if request.act_scale == "row":  # per-token scales, on chip: nothing to calibrate
+        record = {"format": fmt, "act_scale": "row", "weight_scales": "per output channel: max|W| / max over each "
+                  "column of W [in, out] (and of u, v); float32 [N, 1]", "activation_scales": "per token (row), "
+                  "computed on chip: max(max|v[t, :]| / max, 1e-6) for x, h and the SVD rank-r values; not stored",
+                  "layers": [int(i) for i in chosen], "tensors": "docs/compression.md, FP8 layers"}
+        return {layer: (fmt, {}, "row") for layer in chosen}, record
     if ids is None:
         raise InputError("--dtype fp8 calibrates static activation scales by running the model over calibration "
                          "tokens: give --calibration as text or .npy token ids (not pre-captured activations)")
@@ -171,7 +180,6 @@ def _fp8_layers(request, model, calibration: Calibration, ids: np.ndarray | None
     ranges = activation_ranges(model, ids, factors, length=request.sequence_length,
                                progress=None if progress is None else lambda d, t: progress("FP8 activation ranges",
                                                                                            d, t))
-    chosen = range(model.arch.num_hidden_layers) if layers is None else layers
     record = {"format": fmt, "weight_scales": "per output channel: max|W| / max over each column of W [in, out] "
               "(and of u, v); float32 [N, 1]",
               "activation_scales": "static per tensor: max|v| / max over the calibration tokens in the unquantized "
@@ -181,21 +189,37 @@ def _fp8_layers(request, model, calibration: Calibration, ids: np.ndarray | None
     return {layer: (fmt, ranges[layer]) for layer in chosen}, record
 
 
+def _mx_layers(request, model, layer_ranks, fmt: str) -> tuple[dict[int, str], dict]:
+    """``compress_model``'s ``mx`` (every layer in MX format ``fmt``) and the manifest's ``mx`` record."""
+    from ..checkpoints.config import PROJECTIONS, projection_shape
+    from .mx_layers import mx_record, padded_contractions
+
+    config = read_config(request.model_dir)
+    shapes = {proj: projection_shape(config, proj) for proj in PROJECTIONS}
+    padded: dict[str, list[int]] = {}
+    for ranks in _plans(request, layer_ranks):
+        padded.update(padded_contractions(shapes, ranks))
+    layers = list(range(config.num_hidden_layers))
+    return dict.fromkeys(layers, fmt), mx_record(fmt, layers, padded)
+
+
 def load_factors(out_dir: str | Path, manifest: Manifest) -> dict[int, dict[str, Any]]:
     """Every layer's factors ``(u, v)`` (or dense ``W``) from a compression output directory (float32; an FP8
-    layer's dequantized, ``q * scale^T``)."""
+    layer's dequantized, ``q * scale^T``; an MX layer's as stored, unquantized)."""
     return _load(out_dir, manifest)[0]
 
 
 def compressed_mlp(out_dir: str | Path, manifest: Manifest) -> Callable[[int, np.ndarray], np.ndarray]:
     """``mlp(layer, x)`` of the compressed model in ``out_dir``: float32 products of the stored factors, or, when some
-    layer is FP8, every layer as its kernel computes it (:func:`.formats.emulated_mlp`: FP8 layers in FP8, the others
-    in bf16)."""
+    layer is FP8 or MX, every layer as its kernel computes it (:func:`.formats.emulated_mlp`: FP8 layers in FP8, MX
+    layers in MX (:mod:`.mx_layers`), the others in bf16)."""
     from .formats import emulated_mlp
+    from .mx_layers import mx_layer
     from .quality import factored_mlp
 
     factors, fp8 = _load(out_dir, manifest)
-    return emulated_mlp(factors, fp8=fp8) if fp8 else factored_mlp(factors)
+    mx = {e.layer: mx_layer(factors[e.layer], e.mx) for e in manifest.layers if e.mx is not None}
+    return emulated_mlp(factors, fp8=fp8, mx=mx) if fp8 or mx else factored_mlp(factors)
 
 
 def _load(out_dir: str | Path, manifest: Manifest) -> tuple[dict[int, dict[str, Any]], dict]:
@@ -209,7 +233,8 @@ def _load(out_dir: str | Path, manifest: Manifest) -> tuple[dict[int, dict[str, 
         path = Path(out_dir) / layer_file(entry.layer)
         if entry.fp8 is not None:
             ranks = {proj: None if p.dense else p.rank for proj, p in entry.projections.items()}
-            fp8[entry.layer], factors[entry.layer] = read_fp8_layer(path, entry.layer, ranks, entry.fp8)
+            fp8[entry.layer], factors[entry.layer] = read_fp8_layer(path, entry.layer, ranks, entry.fp8,
+                                                                    manifest.act_scale)
             continue
         with safe_open(str(path), framework="np") as handle:
             factors[entry.layer] = {}

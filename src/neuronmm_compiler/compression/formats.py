@@ -1,4 +1,5 @@
-"""The MLP of a compressed layer as nmmc's kernels compute it, in bf16 or FP8, for the NumPy forward (docs/fp8.md).
+"""The MLP of a compressed layer as nmmc's kernels compute it, in bf16 or FP8, for the NumPy forward
+(docs/quantization.md).
 
 ``nmmc compress --eval`` measures the perplexity of what the kernels compute, so each layer's MLP is emulated in the
 kernel's formats (the kernel path: ``mlp_graph(..., fp8=Fp8Weights(format))``, lowered by ``lowerings/lower_fused.py``):
@@ -17,6 +18,12 @@ kernel's formats (the kernel path: ``mlp_graph(..., fp8=Fp8Weights(format))``, l
   accumulate in fp32 and are scaled back on the eviction, ``(acc * s_W) * s_v`` in fp32, as the kernel's
   ``tensor_scalar`` does; ``h`` is the fp32 ``silu(gate) * up``, never rounded to bf16 first; the output is bf16.
 
+With ``--act-scale row`` (an :class:`Fp8Layer` whose ``act_scale`` is "row") every value a matmul reads is instead
+quantized with its per-token scale :func:`~neuronmm_compiler.ir.fp8.row_scale` (``max(max|v[t, :]| / max, 1e-6)``,
+computed on chip: what ``nmmc tune --dtype fp8 --act-scale row`` kernels compute; docs/quantization.md, "Per-token
+activation
+scales"), no scale stored. An MX layer (``mx``, :mod:`.mx_layers`) is computed as nmmc's MX kernel does.
+
 The activation points are named by the FP8 graph's scale inputs (``x_scale``, ``h_scale``, ``x_ug_scale``,
 ``x_uu_scale``, ``h_ud_scale``): a layer file stores them under those names (:mod:`.fp8_files`).
 """
@@ -30,18 +37,20 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..ir.fp8 import FP8_FORMATS, quantize
+from ..ir.fp8 import FP8_FORMATS, quantize, row_scale
 from ..ir.quantized import activation_scale, quantize_weight
 from .calibration import DEFAULT_SEQUENCE, sequences
 from .forward import silu
 
-__all__ = ["FP8_ALIASES", "Fp8Layer", "activation_points", "activation_ranges", "add_range", "emulated_mlp",
-           "fp8_format", "fp8_layer", "reduce_rank_mlp", "traced_mlp", "weight_bytes"]
+__all__ = ["ACT_SCALES", "FP8_ALIASES", "Fp8Layer", "activation_points", "activation_ranges", "add_range",
+           "emulated_mlp", "fp8_format", "fp8_layer", "reduce_rank_mlp", "traced_mlp", "weight_bytes"]
 
 #: ``--dtype`` spellings of the FP8 formats (as ``nmmc tune --dtype`` takes them).
 FP8_ALIASES = {"fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3", "float8_e4m3": "float8_e4m3",
                "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
                "fp8_e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn"}
+#: ``--act-scale`` values of FP8 layers: static per-tensor scales (stored) or per-token scales computed on chip.
+ACT_SCALES = ("static", "row")
 #: Per projection, the graph's name of the value a projection reads and of its rank-r value (SVD).
 _POINTS = {"gate": ("x", "x_ug"), "up": ("x", "x_uu"), "down": ("h", "h_ud")}
 
@@ -71,23 +80,27 @@ def weight_bytes(shape: tuple[int, int], rank: int | None, dtype: str) -> int:
 @dataclass(frozen=True)
 class Fp8Layer:
     """One layer's FP8 weights and scales: per projection ``(q, s)`` (dense; ``q`` [K, N] ml_dtypes, ``s`` [N, 1]
-    float32) or ``((q_u, s_u), (q_v, s_v))`` (SVD factors), and the static activation scales by graph value id."""
+    float32) or ``((q_u, s_u), (q_v, s_v))`` (SVD factors), and the static activation scales by graph value id
+    (empty with ``act_scale`` "row": per-token scales, computed from each value)."""
 
     format: str
     weights: Mapping[str, Any]
     activation_scales: Mapping[str, float]
+    act_scale: str = "static"
 
 
-def fp8_layer(layer_factors: Mapping[str, Any], ranges: Mapping[str, float], dtype: str) -> Fp8Layer:
+def fp8_layer(layer_factors: Mapping[str, Any], ranges: Mapping[str, float], dtype: str,
+              act_scale: str = "static") -> Fp8Layer:
     """Quantize one layer's factors (``(u, v)`` or a dense ``W`` per projection) into ``dtype`` with per-output-
-    channel weight scales, and its activation scales from ``ranges`` (``max|v|`` per point,
-    :func:`activation_ranges`)."""
+    channel weight scales, and its static activation scales from ``ranges`` (``max|v|`` per point,
+    :func:`activation_ranges`; unused with ``act_scale`` "row")."""
     weights: dict[str, Any] = {}
     for proj, f in layer_factors.items():
         weights[proj] = tuple(quantize_weight(t, dtype) for t in f) if isinstance(f, tuple) \
             else quantize_weight(f, dtype)
-    scales = {p: float(activation_scale(ranges[p], dtype)[0, 0]) for p in activation_points(layer_factors)}
-    return Fp8Layer(dtype, weights, scales)
+    scales = {} if act_scale == "row" else {p: float(activation_scale(ranges[p], dtype)[0, 0])
+                                            for p in activation_points(layer_factors)}
+    return Fp8Layer(dtype, weights, scales, act_scale)
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -98,37 +111,42 @@ class _Fp8Matmuls:
     """The FP8 projections of one layer (values quantized once each, as the graph's quantize nodes)."""
 
     def __init__(self, layer: Fp8Layer):
-        self.fmt, self.scales = layer.format, layer.activation_scales
+        self.fmt, self.scales, self.row = layer.format, layer.activation_scales, layer.act_scale == "row"
         self.w = {proj: tuple((q.astype(np.float32), s.reshape(-1).astype(np.float32)) for q, s in f)
                   if isinstance(f[0], tuple) else ((f[0].astype(np.float32), f[1].reshape(-1).astype(np.float32)),)
                   for proj, f in layer.weights.items()}
 
-    def _q(self, v: np.ndarray, point: str) -> np.ndarray:
-        return quantize(v, np.float32(self.scales[point]), self.fmt).astype(np.float32)
+    def _q(self, v: np.ndarray, point: str) -> tuple[np.ndarray, np.ndarray]:
+        """(``v`` quantized, its scale: [1, 1] static or [T, 1] per token), float32."""
+        scale = (row_scale(v, self.fmt) if self.row else np.full((1, 1), self.scales[point])).astype(np.float32)
+        return quantize(v, scale, self.fmt).astype(np.float32), scale
 
-    def project(self, v: np.ndarray, proj: str, vq: np.ndarray | None = None) -> np.ndarray:
-        s_v = np.float32(self.scales[_POINTS[proj][0]])
+    def project(self, v: np.ndarray, proj: str, vq: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         for i, (q, s_w) in enumerate(self.w[proj]):
             if i:  # the rank-r value between the factors, quantized again
-                s_v = np.float32(self.scales[_POINTS[proj][1]])
                 vq = self._q(v, _POINTS[proj][1])
             elif vq is None:
                 vq = self._q(v, _POINTS[proj][0])
-            v = ((vq @ q) * s_w) * s_v
+            v = ((vq[0] @ q) * s_w) * vq[1]
         return v
 
 
 def emulated_mlp(factors: Mapping[int, Mapping[str, Any]], *, kernel_dtype: str = "bfloat16",
-                 fp8: Mapping[int, Fp8Layer] | None = None) -> Callable[[int, np.ndarray], np.ndarray]:
-    """``mlp(layer, x)`` as the kernels compute it (module docstring): a layer in ``fp8`` in its FP8 format, any
-    other layer from ``factors`` (``(u, v)`` or ``W`` per projection) in ``kernel_dtype`` ("bfloat16"; "float32" is
-    the plain float32 product of :func:`~.quality.factored_mlp`)."""
-    fp8 = dict(fp8 or {})
+                 fp8: Mapping[int, Fp8Layer] | None = None, mx: Mapping[int, Any] | None = None
+                 ) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``mlp(layer, x)`` as the kernels compute it (module docstring): a layer in ``fp8`` in its FP8 format, a layer in
+    ``mx`` (:class:`~.mx_layers.MxLayer`) in its MX format, any other layer from ``factors`` (``(u, v)`` or ``W`` per
+    projection) in ``kernel_dtype`` ("bfloat16"; "float32" is the plain float32 product of
+    :func:`~.quality.factored_mlp`)."""
+    from .mx_layers import mx_mlp
+
+    mx = dict(mx or {})
+    fp8 = {layer: q for layer, q in (fp8 or {}).items() if layer not in mx}
     plain = {layer: {p: (tuple(_bf16(t) if kernel_dtype == "bfloat16" else np.asarray(t, np.float32) for t in f)
                          if isinstance(f, tuple) else
                          (_bf16(f) if kernel_dtype == "bfloat16" else np.asarray(f, np.float32)))
                      for p, f in projections.items()}
-             for layer, projections in factors.items() if layer not in fp8}
+             for layer, projections in factors.items() if layer not in fp8 and layer not in mx}
     quantized = {layer: _Fp8Matmuls(q) for layer, q in fp8.items()}
     rnd = _bf16 if kernel_dtype == "bfloat16" else (lambda a: np.asarray(a, dtype=np.float32))
 
@@ -138,6 +156,8 @@ def emulated_mlp(factors: Mapping[int, Mapping[str, Any]], *, kernel_dtype: str 
         return v
 
     def mlp(layer: int, x: np.ndarray) -> np.ndarray:
+        if layer in mx:
+            return mx_mlp(mx[layer], x)
         if layer in quantized:
             m = quantized[layer]
             xq = m._q(x, "x")
@@ -164,11 +184,11 @@ def reduce_rank_mlp(fp8: Mapping[int, Fp8Layer], spans: Sequence[tuple[int, int]
     def mlp(layer: int, x: np.ndarray) -> np.ndarray:
         m = quantized[layer]
         xq = m._q(x, "x")
-        hq = m._q(silu(m.project(x, "gate", xq)) * m.project(x, "up", xq), "h")
+        hq, s_h = m._q(silu(m.project(x, "gate", xq)) * m.project(x, "up", xq), "h")
         (qu, su), (qv, sv) = m.w["down"]
-        s_h, s_hud = np.float32(m.scales["h"]), np.float32(m.scales["h_ud"])
         z = _bf16(sum(_bf16(((hq[:, a:b] @ qu[a:b]) * su) * s_h) for a, b in spans))
-        return _bf16(((m._q(z, "h_ud") @ qv) * sv) * s_hud)
+        zq, s_hud = m._q(z, "h_ud")
+        return _bf16(((zq @ qv) * sv) * s_hud)
 
     return mlp
 

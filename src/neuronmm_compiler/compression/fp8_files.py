@@ -1,4 +1,5 @@
-"""FP8 layers in ``nmmc compress``'s output files (``--dtype fp8``; docs/compression.md "FP8 layers", docs/fp8.md).
+"""FP8 layers in ``nmmc compress``'s output files (``--dtype fp8``; docs/compression.md "FP8 layers",
+docs/quantization.md).
 
 A layer whose MLP kernel is FP8 (manifest ``layers[i].fp8`` = ``"float8_e4m3"``, ``"float8_e5m2"`` or
 ``"float8_e4m3fn"``) holds, in its
@@ -22,7 +23,8 @@ tensor                                                      dtype       shape   
   ``W ~= q * scale^T``; activation scales: static, per tensor, ``max|v| / max`` over the calibration tokens in the
   unquantized model, for the points the kernel quantizes: ``x`` (gate and up's input), ``h`` (down's input) and,
   for an SVD projection, its rank-r value (``x_ug``, ``x_uu``, ``h_ud``). The kernel divides by them
-  (:mod:`.formats`).
+  (:mod:`.formats`). With ``--act-scale row`` (manifest ``fp8.act_scale`` "row") there are none: the kernel computes
+  each token's scale on chip.
 """
 
 from __future__ import annotations
@@ -40,12 +42,18 @@ from ..ir.fp8 import FP8_FORMATS
 from .formats import Fp8Layer, activation_points
 from .manifest import dense_name, factor_names
 
-__all__ = ["FP8_CODES", "activation_scale_name", "expected_fp8_tensors", "fp8_tensors", "read_fp8_layer",
-           "weight_scale_name"]
+__all__ = ["FP8_CODES", "activation_scale_name", "entry_act_scale", "expected_fp8_tensors", "fp8_tensors",
+           "read_fp8_layer", "weight_scale_name"]
 
 #: safetensors dtype code of each FP8 format, and the ml_dtypes type safetensors writes under that code.
 FP8_CODES = {"float8_e4m3": ("F8_E4M3", ml_dtypes.float8_e4m3fn), "float8_e5m2": ("F8_E5M2", ml_dtypes.float8_e5m2),
              "float8_e4m3fn": ("F8_E4M3", ml_dtypes.float8_e4m3fn)}
+
+
+def entry_act_scale(fp8: tuple) -> str:
+    """The activation scales of ``compress_model``'s per-layer ``fp8`` entry: ``(format, ranges)`` (static) or
+    ``(format, ranges, act_scale)``."""
+    return str(fp8[2]) if len(fp8) > 2 else "static"
 
 
 def weight_scale_name(layer: int, proj: str, which: str) -> str:
@@ -66,7 +74,7 @@ def _weight_names(layer: int, proj: str, rank: int | None) -> list[tuple[str, st
 
 
 def expected_fp8_tensors(shapes: Mapping[str, tuple[int, int]], layer: int, ranks: Mapping[str, int | None],
-                         fmt: str) -> dict[str, tuple[tuple[int, ...], str]]:
+                         fmt: str, act_scale: str = "static") -> dict[str, tuple[tuple[int, ...], str]]:
     """Name -> (shape, safetensors code) of an FP8 layer file (``shapes``: [in, out] per projection)."""
     code = FP8_CODES[fmt][0]
     out: dict[str, tuple[tuple[int, ...], str]] = {}
@@ -76,7 +84,8 @@ def expected_fp8_tensors(shapes: Mapping[str, tuple[int, int]], layer: int, rank
         for (name, which), shape in zip(_weight_names(layer, proj, rank), dims, strict=True):
             out[name] = (shape, code)
             out[weight_scale_name(layer, proj, which)] = ((shape[1], 1), "F32")
-    points = activation_points({p: None if r is None else (None, None) for p, r in ranks.items()})
+    points = [] if act_scale == "row" else activation_points({p: None if r is None else (None, None)
+                                                                for p, r in ranks.items()})
     out.update({activation_scale_name(layer, p): ((1, 1), "F32") for p in points})
     return out
 
@@ -118,17 +127,18 @@ def _read_raw(path: Path, names: list[str], fmt: str) -> dict[str, np.ndarray]:
     return out
 
 
-def read_fp8_layer(path: str | Path, layer: int, ranks: Mapping[str, int | None], fmt: str
-                   ) -> tuple[Fp8Layer, dict[str, Any]]:
+def read_fp8_layer(path: str | Path, layer: int, ranks: Mapping[str, int | None], fmt: str,
+                   act_scale: str = "static") -> tuple[Fp8Layer, dict[str, Any]]:
     """An FP8 layer file: its :class:`Fp8Layer` and its dequantized factors (``q * scale^T``, float32; ``(u, v)`` or
-    ``W`` per projection)."""
+    ``W`` per projection); ``act_scale`` "row": no stored activation scales (per token, on chip)."""
     if fmt not in FP8_FORMATS:
         raise InputError(f"{path}: unknown FP8 format {fmt!r}")
     names = []
     for proj, rank in ranks.items():
         for name, which in _weight_names(layer, proj, rank):
             names += [name, weight_scale_name(layer, proj, which)]
-    points = activation_points({p: None if r is None else (None, None) for p, r in ranks.items()})
+    points = [] if act_scale == "row" else activation_points({p: None if r is None else (None, None)
+                                                                for p, r in ranks.items()})
     names += [activation_scale_name(layer, p) for p in points]
     raw = _read_raw(Path(path), names, fmt)
     weights: dict[str, Any] = {}
@@ -140,4 +150,4 @@ def read_fp8_layer(path: str | Path, layer: int, ranks: Mapping[str, int | None]
         values = tuple(q.astype(np.float32) * s.reshape(1, -1) for q, s in pairs)
         dequantized[proj] = values[0] if rank is None else values
     scales = {p: float(raw[activation_scale_name(layer, p)][0, 0]) for p in points}
-    return Fp8Layer(fmt, weights, scales), dequantized
+    return Fp8Layer(fmt, weights, scales, act_scale), dequantized

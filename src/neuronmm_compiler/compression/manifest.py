@@ -28,6 +28,7 @@ __all__ = [
     "FP8_FORMAT_VERSION",
     "LAYER_FILE",
     "MANIFEST_FILE",
+    "MX_FORMAT_VERSION",
     "U_NAME",
     "V_NAME",
     "W_NAME",
@@ -45,8 +46,12 @@ FORMAT_VERSION = 2
 #: The version of a manifest with FP8 layers (``layers[i].fp8``; docs/compression.md "FP8 layers"): older readers,
 #: which would take their FP8 bytes for bf16 weights, refuse it. A manifest without FP8 layers stays version 2.
 FP8_FORMAT_VERSION = 3
-#: Versions :func:`read_manifest` reads (1: before calibration, quality and per-layer ranks; 3: FP8 layers).
-READABLE_VERSIONS = (1, 2, 3)
+#: The version of a manifest with MX layers (``layers[i].mx``; docs/compression.md "MX layers"): their files hold
+#: float32 factors that are *not* pre-quantized, and a reader that does not know it would take them for the model's
+#: kernels in bf16; older readers refuse it.
+MX_FORMAT_VERSION = 4
+#: Versions :func:`read_manifest` reads (1: before calibration, quality and per-layer ranks; 3: FP8 layers; 4: MX).
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST_FILE = "manifest.json"
 LAYER_FILE = "layer_{layer:03d}.safetensors"
 U_NAME = "model.layers.{layer}.mlp.{proj}_proj.u"
@@ -123,27 +128,31 @@ class ProjectionEntry:
 @dataclass(frozen=True)
 class LayerEntry:
     """One layer file. ``fp8``: the FP8 format of the layer's MLP kernel (weights and the activations its matmuls
-    read; ``"float8_e4m3"``, ``"float8_e5m2"`` or ``"float8_e4m3fn"``, tensors as :mod:`.fp8_files` says), or None:
-    the layer's kernel runs in the manifest's ``dtype``."""
+    read; ``"float8_e4m3"``, ``"float8_e5m2"`` or ``"float8_e4m3fn"``, tensors as :mod:`.fp8_files` says); ``mx``:
+    the OCP MX format of its kernel (``"mxfp8_e4m3"``, ``"mxfp8_e5m2"``, ``"mxfp4"``; the file holds the float32
+    factors, not pre-quantized: :mod:`.mx_layers`); both None: the layer's kernel runs in the manifest's ``dtype``."""
 
     layer: int
     file: str
     projections: Mapping[str, ProjectionEntry]
     fp8: str | None = None
+    mx: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"layer": self.layer, "file": self.file,
                "projections": {proj: self.projections[proj].to_dict() for proj in PROJECTIONS}}
         if self.fp8 is not None:
             out["fp8"] = self.fp8
+        if self.mx is not None:
+            out["mx"] = self.mx
         return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LayerEntry:
         projections = {proj: ProjectionEntry.from_dict(raw["projections"][proj]) for proj in PROJECTIONS}
-        fp8 = raw.get("fp8")
+        fp8, mx = raw.get("fp8"), raw.get("mx")
         return cls(layer=int(raw["layer"]), file=str(raw["file"]), projections=projections,
-                   fp8=None if fp8 is None else str(fp8))
+                   fp8=None if fp8 is None else str(fp8), mx=None if mx is None else str(mx))
 
 
 @dataclass(frozen=True)
@@ -166,10 +175,34 @@ class Manifest:
     rank_choice: Mapping[str, Any] | None = None
     heal: Mapping[str, Any] | None = None
     fp8: Mapping[str, Any] | None = None
+    mx: Mapping[str, Any] | None = None
 
     def layer_formats(self) -> list[str]:
-        """Per layer, the dtype its MLP kernel computes in: the layer's FP8 format, else the manifest's ``dtype``."""
-        return [layer.fp8 or self.dtype for layer in self.layers]
+        """Per layer, the dtype its MLP kernel computes in: the layer's FP8 or MX format, else the manifest's
+        ``dtype``."""
+        return [layer.fp8 or layer.mx or self.dtype for layer in self.layers]
+
+    @property
+    def act_scale(self) -> str:
+        """How the FP8 layers' activations are scaled: "static" (stored per-tensor scales) or "row" (per token, on
+        chip; ``compress --act-scale row``)."""
+        return str((self.fp8 or {}).get("act_scale", "static"))
+
+    def kernel_refusal(self, command: str) -> str | None:
+        """The one line ``command`` (``nmmc tune --model``, ``nmmc export``) refuses this output with when its
+        kernels cannot honour what the manifest records (MX layers: float32 factors, not pre-quantized, and no MX
+        model kernels; FP8 with per-token activation scales), else None: never read as bf16 or static FP8."""
+        if any(layer.mx for layer in self.layers):
+            fmt = next(layer.mx for layer in self.layers if layer.mx)
+            return (f"{command}: this compress output records {fmt} layers (manifest layers[i].mx), whose files hold "
+                    "float32 factors that are not pre-quantized MX weights, and it does not read MX layers from a "
+                    "compress output yet (docs/compression.md, 'MX layers'); compress with --dtype fp8 or bf16 for "
+                    "kernels")
+        if self.act_scale != "static":
+            return (f"{command}: this compress output's FP8 layers use per-token activation scales (manifest "
+                    f"fp8.act_scale {self.act_scale!r}), which {command} does not build yet (it reads stored static "
+                    "scales); compress with --act-scale static (docs/compression.md, 'FP8 layers')")
+        return None
 
     def layer_ranks(self) -> list[dict[str, int | None]]:
         """Per layer, the rank of each projection (None for a dense one)."""
@@ -211,7 +244,8 @@ class Manifest:
         errors = self.errors()
         return {
             "format": FORMAT,
-            "format_version": FP8_FORMAT_VERSION if any(layer.fp8 for layer in self.layers) else FORMAT_VERSION,
+            "format_version": MX_FORMAT_VERSION if any(layer.mx for layer in self.layers) else
+            FP8_FORMAT_VERSION if any(layer.fp8 for layer in self.layers) else FORMAT_VERSION,
             "model": {
                 "name": self.model.name,
                 "architecture": self.model.architecture,
@@ -238,7 +272,7 @@ class Manifest:
             },
             **{key: dict(value) for key, value in (("calibration", self.calibration), ("quality", self.quality),
                                                    ("rank_choice", self.rank_choice), ("heal", self.heal),
-                                                   ("fp8", self.fp8))
+                                                   ("fp8", self.fp8), ("mx", self.mx))
                if value is not None},
         }
 
@@ -266,7 +300,8 @@ class Manifest:
         return cls(model=config, keep_ratio=float(raw["keep_ratio"]), align=int(raw["align"]),
                    dtype=str(raw["dtype"]), layers=layers, method=str(raw.get("method", "svd")),
                    calibration=raw.get("calibration"), quality=raw.get("quality"),
-                   rank_choice=raw.get("rank_choice"), heal=raw.get("heal"), fp8=raw.get("fp8"))
+                   rank_choice=raw.get("rank_choice"), heal=raw.get("heal"), fp8=raw.get("fp8"),
+                   mx=raw.get("mx"))
 
 
 def read_manifest(path: str | Path) -> Manifest:

@@ -32,6 +32,7 @@ from threadpoolctl import threadpool_limits
 from ..checkpoints.config import read_config
 from ..errors import InputError
 from ..io import write_text_atomic
+from ..ir.mx import mx_format
 from ..workers.cores import available_cores
 from .calibration import (
     DEFAULT_SEQUENCE,
@@ -50,7 +51,7 @@ from .compress_notes import (
 )
 from .compress_steps import _measure, _write_shards, build_model, compressed_mlp, load_factors
 from .eval_budget import hold_budget_on_eval
-from .formats import fp8_format
+from .formats import ACT_SCALES, fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_METRIC, DEFAULT_HEAL_PRIOR, check_heal_options
 from .heal_steps import (
     CHECKPOINTS,
@@ -108,6 +109,7 @@ class CompressRequest:
     progress_bars: bool = False  # tqdm bars of long stages (fine-tuning) on stderr
     tp: int = 1  # > 1: also write the factor shards of a tensor-parallel deployment (OUT/tp<N>/)
     eval_check: bool = True  # --choose-ranks with --eval: back off until the eval files measure within budget
+    act_scale: str = "static"  # FP8 activation scales: static (calibrated, stored) or row (per token, on chip)
 
 
 @dataclass
@@ -177,6 +179,19 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.nd
     return layer_ranks, record, front, point
 
 
+def _check_formats(request: CompressRequest, fmt: str | None, mx: Any) -> None:
+    """Refuse, in one line, what the FP8 and MX outputs do not do (docs/compression.md, "FP8 layers", "MX layers")."""
+    if request.act_scale not in ACT_SCALES:
+        raise InputError(f"--act-scale must be one of {', '.join(ACT_SCALES)}; got {request.act_scale!r}")
+    if request.act_scale != "static" and fmt is None:
+        raise InputError(f"--act-scale {request.act_scale} scales FP8 activations: it needs --dtype fp8 (fp8_e4m3, "
+                         "fp8_e5m2, fp8_e4m3fn)" + ("; MX activations get quantize_mx's block scales" if mx else ""))
+    if mx is not None and (request.choose_ranks or request.target_speedup is not None or request.tp > 1):
+        what = "--tp" if request.tp > 1 else "--choose-ranks" if request.choose_ranks else "--target-speedup"
+        raise InputError(f"--dtype {mx.name} with {what} is not supported yet: MX layers are written for every "
+                         "layer at the keep ratio's ranks (docs/compression.md, 'MX layers')")
+
+
 def run_compress(request: CompressRequest, *, progress: StageProgress | None = None,
                  note: Callable[[str], None] | None = None) -> CompressResult:
     """Compress as ``request`` says (see the module docstring); return the manifest and warnings. ``note`` receives
@@ -194,9 +209,12 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
     from .forward import CausalLM
 
     asked = request  # as asked: planned_note names its FP8 format
-    fmt = fp8_format(request.dtype)
+    fmt, mx = fp8_format(request.dtype), mx_format(str(request.dtype))
+    _check_formats(request, fmt, mx)
     if fmt is not None:  # FP8 kernels: their activations and the other layers are bf16
         request = replace(request, dtype="bfloat16")
+    if mx is not None:  # MX: the factors stored in float32, quantized when read (.mx_layers)
+        request = replace(request, dtype="float32")
     # measured greedy: ranks alone without --tokens; with FP8, by predicted latency at --tokens (.format_choice)
     measured = request.choose_ranks and request.target_speedup is None and (not request.buckets or fmt is not None)
     calibrated = bool(token_paths(request.calibration)) or request.calibration_samples > 0
@@ -210,7 +228,7 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
     if not request.max_ppl_increase >= 0:
         raise InputError(f"--max-ppl-increase must be non-negative; got {request.max_ppl_increase}")
     check_heal_options(request.heal, request.heal_target, request.heal_metric)
-    if fmt is not None and (not calibrated or request.tp > 1):
+    if fmt is not None and ((not calibrated and request.act_scale == "static") or request.tp > 1):
         raise InputError("--dtype fp8 needs --calibration (text or .npy token ids: the static activation scales are "
                          "calibrated on them) and no --tp" if request.tp <= 1 else
                          "--dtype fp8 with --tp is not supported yet (docs/quantization.md)")
@@ -278,8 +296,9 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
     if keep_all:  # every layer dense: the parameter-equal rank would lose what the user asked to keep
         layer_ranks = [dict.fromkeys(("gate", "up", "down")) for _ in range(config.num_hidden_layers)]
     shard_blocks: dict | None = {} if request.tp > 1 and calibration is not None else None
-    build = partial(build_model, request, model() if calibrated else None, calibration, calibration_ids, fmt=fmt,
-                    progress=progress, shard_out=shard_blocks)
+    build = partial(build_model, request, model() if calibrated or fmt is not None else None, calibration,
+                    calibration_ids, fmt=fmt, progress=progress, shard_out=shard_blocks,
+                    mx=None if mx is None else mx.name)
     quality = None
     if chosen is not None and eval_sets and request.eval_check:  # the budget held on the eval files (.eval_budget)
         built: list[Manifest] = []
