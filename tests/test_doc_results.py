@@ -13,6 +13,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 FP8_RANKS = RESULTS / "fp8-svd-ranks-2026-12-07.txt"
 FP8_TUNE = RESULTS / "fp8-tune-example-2026-12-07.txt"
 COST = RESULTS / "cost-example-2026-12-07.txt"
+TUNE_MODEL_MX = RESULTS / "tune-model-mx-2026-12-07.txt"
 
 
 def _page(name: str) -> str:
@@ -89,3 +90,12 @@ def test_the_svd_route_figures_are_the_run():
     assert f"2048 x 8192: {gram} s against {full} s" in page
     # "the full SVD's error to 15 digits in a sixth to a third of its time"
     assert all(abs(rel) < 1e-14 and 1 / 6.5 < g / f < 1 / 2.9 for f, _, g, _, rel in rows.values())
+
+
+def test_the_tune_model_mx_front_is_the_run():
+    """docs/quantization.md quotes tune --model's format front on trn3 (bf16, FP8, MXFP8, MXFP4) as the run printed
+    it."""
+    page = _flat(_page("quantization.md"))
+    quoted = re.search(r"`(dense-bf16 [^`]+\(chosen\))` \(`benchmarks/results/(tune-model-mx-[\d-]+\.txt)`\)", page)
+    assert quoted and quoted.group(2) == TUNE_MODEL_MX.name
+    assert f"formats: {quoted.group(1)}" in TUNE_MODEL_MX.read_text()

@@ -1,7 +1,7 @@
-"""tune --model's joint choice of {dense, SVD} x {bf16, FP8} per bucket (model_tuning/formats.py, docs/quantization.md
-"Choosing
-a format"): the request, the tie-break, and one small model's buckets (front in index.json and the table, the chosen
-kernel written and locked), each format compiled under its default schedule: a few seconds."""
+"""tune --model's joint choice of {dense, SVD} x {bf16, FP8, MX} per bucket (model_tuning/formats.py,
+docs/quantization.md "Choosing a format"): the request, the tie-break, and one small model's buckets (front in
+index.json and the table, the chosen kernel written and locked), each format compiled under its default schedule: a
+few seconds."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from neuronmm_compiler.artifacts.lockfile import Lockfile
 from neuronmm_compiler.checkpoints.config import known_config
 from neuronmm_compiler.driver import Tuned, compile_workload, lowering_for
-from neuronmm_compiler.errors import InputError
+from neuronmm_compiler.errors import InputError, NmmcError
 from neuronmm_compiler.model_tuning.formats import FormatRequest, MlpFormat, choose
 from neuronmm_compiler.model_tuning.pipeline import resolve_model, tune_model
 from neuronmm_compiler.model_tuning.report import model_lines
@@ -31,7 +31,7 @@ def test_the_request_parses_formats_in_order_and_lists_svd_then_dense_per_format
     primary = MlpFormat(True)
     assert [f.file(8, primary) for f in request.candidates(svd=True)] == [
         "mlp_t8.py", "mlp_t8_dense.py", "mlp_t8_svd_fp8.py", "mlp_t8_dense_fp8.py"]
-    with pytest.raises(InputError, match="bf16 and FP8"):
+    with pytest.raises(InputError, match=r"bf16, FP8 .* and MX weights"):
         FormatRequest.parse("fp32")
 
 
@@ -109,3 +109,37 @@ def test_tune_model_uses_the_format_a_compress_output_records(tmp_path) -> None:
     with pytest.raises(InputError, match="add it to --dtype"):
         tune_model(source, [1], tmp_path / "c", target=target, dialect="nki", tune_bucket=tune,
                    formats=FormatRequest.parse("fp8_e5m2"))
+
+
+def test_mx_formats_are_candidates_on_trn3_and_refused_on_trn2(tmp_path) -> None:
+    """--dtype bf16,mxfp8,mxfp4 (OCP MX weights, docs/mx.md): each an MlpFormat of its canonical name, an MX workload
+    (packed weights, quantize_mx marks), lossier than bf16 on a tie; tuned on trn3, a one-line rule error on trn2."""
+    request = FormatRequest.parse("bf16,MXFP8,mxfp4_e2m1")
+    assert request.weights == ("bfloat16", "mxfp8_e4m3", "mxfp4")
+    assert [f.name for f in request.candidates(svd=False)] == ["dense-bf16", "dense-mxfp8_e4m3", "dense-mxfp4"]
+    mx4 = MlpFormat(False, "mxfp4")
+    assert mx4.quantized and mx4.lossiness == 1 and not MlpFormat(False).quantized
+    assert mx4.file(1, MlpFormat(False)) == "mlp_t1_dense_mxfp4.py"
+    assert choose(dict.fromkeys(request.candidates(svd=False), 5.0), request.candidates(svd=False)).name == "dense-bf16"
+    workload = mx4.workload(1, 512, 1024, None)
+    assert workload.to_dict()["mx"] == {"format": "mxfp4"}
+    config = json.loads(known_config("llama-3.2-1b").read_text())
+    config.update(hidden_size=512, intermediate_size=1024, num_hidden_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    source = resolve_model(tmp_path / "config.json", None, dense=True)
+    for name in ("trn3", "trn2"):
+        target = get_target(name)
+        run = functools.partial(tune_model, source, [1], tmp_path / name, target=target, dialect="nki",
+                                formats=request, tune_bucket=functools.partial(_compile_default, target=target))
+        if name == "trn2":
+            with pytest.raises(NmmcError, match=r"^NKI-MX-TARGET: "):
+                run()
+            assert not (tmp_path / name).exists()  # refused before any search: nothing written
+            continue
+        (bucket,) = run()["buckets"]
+        front = {f["name"]: f for f in bucket["formats"]}
+        assert front["dense-mxfp4"]["predicted_us"] < front["dense-mxfp8_e4m3"]["predicted_us"] < front[
+            "dense-bf16"]["predicted_us"]
+        assert bucket["chosen_format"] == "dense-mxfp4"
+        source_text = (tmp_path / name / front["dense-mxfp4"]["file"]).read_text()
+        assert "nisa.nc_matmul_mx(" in source_text and "nisa.quantize_mx(" in source_text

@@ -1,10 +1,10 @@
-"""The formats ``nmmc tune --model`` chooses among for each token bucket: {dense, SVD} x {bf16, FP8} (issue 25,
-docs/quantization.md "Choosing a format").
+"""The formats ``nmmc tune --model`` chooses among for each token bucket: {dense, SVD} x {bf16, FP8, MX}
+(docs/quantization.md "Choosing a format"; MX on trn3 only, docs/mx.md).
 
 A :class:`FormatRequest` is what the user allows: the weight formats given to ``--dtype`` (``bf16,fp8``), in their
 order; the structures follow from the model source (dense always, SVD where it has ranks). Every allowed
 :class:`MlpFormat` is tuned alike and the fastest predicted one is chosen, the more exact one on a tie (dense before
-SVD, bf16 before FP8). Accuracy is not judged here: ``nmmc compress --eval`` measures it, and the user lists the
+SVD, bf16 before FP8 or MX). Accuracy is not judged here: ``nmmc compress --eval`` measures it, and the user lists the
 formats whose accuracy they accept. The first allowed format's SVD MLP (its dense MLP for a dense source) is the
 bucket's primary kernel, ``mlp_t{tokens}.py``, as without a choice.
 """
@@ -16,19 +16,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
+from ..frontends.mx import MxWeights
 from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import MlpWorkload, mlp_workload
 from ..ir.fp8 import is_fp8
+from ..ir.mx import MX_FORMATS, check_mx_on_target, mx_format
 from ..ir.node import canonical_dtype
+from ..targets import Target
 
 #: Short names of the weight formats in format names and files.
-_SHORT = {"bfloat16": "bf16", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2", "float8_e4m3fn": "fp8_e4m3fn"}
+_SHORT = {"bfloat16": "bf16", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2", "float8_e4m3fn": "fp8_e4m3fn",
+          **{name: name for name in MX_FORMATS}}
 
 
 @dataclass(frozen=True)
 class MlpFormat:
     """One candidate: the MLP's structure (``svd``: the model's SVD factors, else the dense weights) and the weights'
-    element type (``bfloat16``, or an FP8 format with per-channel scales, docs/quantization.md)."""
+    element type (``bfloat16``, an FP8 format with per-channel scales, docs/quantization.md, or an OCP MX format by its
+    canonical name, ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp4``: docs/mx.md)."""
 
     svd: bool
     weights: str = "bfloat16"
@@ -40,18 +45,24 @@ class MlpFormat:
 
     @property
     def lossiness(self) -> int:
-        """How many approximations the format makes (SVD, FP8): the tie-break, fewer first."""
-        return int(self.svd) + int(is_fp8(self.weights))
+        """How many approximations the format makes (SVD, FP8 or MX): the tie-break, fewer first."""
+        return int(self.svd) + int(self.quantized)
+
+    @property
+    def quantized(self) -> bool:
+        """FP8 or MX weights (and activations quantized in the kernel)."""
+        return is_fp8(self.weights) or self.weights in MX_FORMATS
 
     def workload(self, tokens: int, hidden: int, intermediate: int,
                  ranks: tuple[int, int, int] | None) -> MlpWorkload:
         """The MLP of this format at ``tokens`` (``ranks``: the source's, for an SVD format)."""
         fp8 = Fp8Weights(self.weights) if is_fp8(self.weights) else None
+        mx = MxWeights(self.weights) if self.weights in MX_FORMATS else None
         if self.svd:
             if ranks is None:
                 raise InputError(f"format {self.name} needs SVD ranks (a keep ratio or an 'nmmc compress' output)")
-            return mlp_workload(tokens, hidden, intermediate, ranks=ranks, fp8=fp8)
-        return mlp_workload(tokens, hidden, intermediate, dense=True, fp8=fp8)
+            return mlp_workload(tokens, hidden, intermediate, ranks=ranks, fp8=fp8, mx=mx)
+        return mlp_workload(tokens, hidden, intermediate, dense=True, fp8=fp8, mx=mx)
 
     def file(self, tokens: int, primary: MlpFormat) -> str:
         """The kernel file of this format in a ``tune --model`` directory: the primary's ``mlp_t{tokens}.py``, the
@@ -66,29 +77,38 @@ class MlpFormat:
 
 @dataclass(frozen=True)
 class FormatRequest:
-    """The weight formats ``tune --model`` may choose among (``--dtype bf16,fp8``), first the primary one."""
+    """The weight formats ``tune --model`` may choose among (``--dtype bf16,fp8,mxfp4``), first the primary one."""
 
     weights: tuple[str, ...] = ("bfloat16",)
 
     def __post_init__(self) -> None:
         if not self.weights:
-            raise InputError("give at least one weight format (--dtype bf16, fp8 or bf16,fp8)")
+            raise InputError("give at least one weight format (--dtype bf16, fp8, mxfp8, mxfp4 or a list: bf16,fp8)")
         wrong = [w for w in self.weights if w not in _SHORT]
         if wrong:
-            raise InputError("tune --model chooses among bf16 and FP8 weights (fp8, fp8_e5m2, fp8_e4m3fn on trn3); "
-                             f"not {', '.join(wrong)}")
+            raise InputError("tune --model chooses among bf16, FP8 (fp8, fp8_e5m2, fp8_e4m3fn on trn3) and MX weights "
+                             f"(mxfp8_e4m3, mxfp8_e5m2, mxfp4: trn3); not {', '.join(wrong)}")
 
     @classmethod
     def parse(cls, text: str | None) -> FormatRequest:
-        """``bf16,fp8`` -> (bfloat16, float8_e4m3); duplicates dropped, order kept; None: bf16 alone."""
+        """``bf16,fp8,mxfp8`` -> (bfloat16, float8_e4m3, mxfp8_e4m3); duplicates dropped, order kept; None: bf16
+        alone."""
         if text is None:
             return cls()
         weights: list[str] = []
         for item in str(text).split(","):
-            dtype = canonical_dtype(item)
+            mx = mx_format(item)
+            dtype = mx.name if mx is not None else canonical_dtype(item)
             if dtype not in weights:
                 weights.append(dtype)
         return cls(tuple(weights))
+
+    def check_target(self, target: Target, dialect: str = "nki") -> None:
+        """Refuse, in one line, an allowed MX format ``target`` (or ``dialect``) does not compile (rule NKI-MX-TARGET:
+        trn3's nc_matmul_mx only), before anything is tuned."""
+        for weights in self.weights:
+            if weights in MX_FORMATS:
+                check_mx_on_target(MX_FORMATS[weights], target, dialect)
 
     @property
     def several(self) -> bool:

@@ -162,7 +162,7 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     called as buckets complete; ``on_written(searches)`` once every file is written, with each search's
     workload and result (``nmmc tune --model`` stores them in the result cache then, so that an interrupted
     command leaves no cache entry). A source without ranks (``--dense``) tunes the dense MLP alone. ``formats``: the
-    weight formats allowed (default bf16 alone); each bucket tunes every allowed format (:mod:`.model_formats`). A
+    weight formats allowed (default bf16 alone); each bucket tunes every allowed format (:mod:`.formats`). A
     source whose layers record their format (``source.layer_formats``, an ``nmmc compress --dtype fp8`` output) has
     it chosen in every bucket, the other allowed formats tuned for comparison (:func:`recorded_format`). A source of
     layer groups (``source.groups``: a compress output whose layers differ in ranks or format) has each group tuned
@@ -175,6 +175,7 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
     c = source.config
+    (formats or FormatRequest()).check_target(target, dialect)  # before any search: MX only where it compiles
     plans = _plans(source, formats or FormatRequest())
     searches: list[tuple[int, Workload]] = []
     slots: dict[str, int] = {}
