@@ -87,8 +87,8 @@ def mx_refusal(dtype: str) -> str:
     """The one sentence a ``--dtype`` MX format (any :data:`MX_DTYPES`) is refused with where MX weights are not
     compiled (docs/mx.md, "What is not done")."""
     return (f"--dtype {dtype}: OCP MX weights (nisa.nc_matmul_mx, trn3) are compiled by nmmc tune, emit, cost and "
-            "verify of --shape GEMMs and --mlp MLPs and by tune --model (docs/mx.md); graph files, nmmc compress and "
-            "export do not take them yet; use fp8, fp8_e5m2 or fp8_e4m3fn here")
+            "verify of --shape GEMMs and --mlp MLPs and by tune --model, and nmmc compress measures them (docs/mx.md); "
+            "graph files and export do not take them yet; use fp8, fp8_e5m2 or fp8_e4m3fn here")
 
 
 def is_fp8(dtype: str) -> bool:
