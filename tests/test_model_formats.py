@@ -143,3 +143,33 @@ def test_mx_formats_are_candidates_on_trn3_and_refused_on_trn2(tmp_path) -> None
         assert bucket["chosen_format"] == "dense-mxfp4"
         source_text = (tmp_path / name / front["dense-mxfp4"]["file"]).read_text()
         assert "nisa.nc_matmul_mx(" in source_text and "nisa.quantize_mx(" in source_text
+
+
+def test_tune_model_tunes_the_mx_format_a_compress_output_records(tmp_path) -> None:
+    """An ``nmmc compress --dtype mxfp4`` output (layers[i].mx) is tuned in its recorded MX format on trn3 (the
+    kernels need only the format and the shapes; an export, which needs the weights, still refuses it), and refused
+    in one line on trn2. The tiny model's sizes are raised in its manifest to a contraction MX tiles (512)."""
+    from click.testing import CliRunner
+
+    from neuronmm_compiler.cli import main
+    from test_compress_calibrated import make_llama
+
+    out = tmp_path / "mx"
+    run = CliRunner().invoke(main, ["compress", str(make_llama(tmp_path / "m")), "--keep-ratio", "1.0", "--dtype",
+                                    "mxfp4", "--sequence-length", "64", "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    raw = json.loads((out / "manifest.json").read_text())
+    raw["model"].update(hidden_size=512, intermediate_size=1024)
+    (out / "manifest.json").write_text(json.dumps(raw))
+    source = resolve_model(out, None)
+    assert source.layer_formats == ("mxfp4", "mxfp4")
+    target = get_target("trn3")
+    index = tune_model(source, [1], tmp_path / "k", target=target, dialect="nki",
+                       tune_bucket=functools.partial(_compile_default, target=target))
+    (group,) = index["groups"]
+    assert group["weights"] == "mxfp4" and group["format"] == "dense-mxfp4"
+    kernel = next((tmp_path / "k").rglob("mlp_t1.py")).read_text()
+    assert "nisa.nc_matmul_mx(" in kernel and "nisa.quantize_mx(" in kernel
+    refused = CliRunner().invoke(main, ["tune", "--model", str(out), "--tokens", "1", "-o", str(tmp_path / "k2")])
+    assert refused.exit_code == 2 and refused.output.startswith("nmmc: error: NKI-MX-TARGET: "), refused.output
+    assert len(refused.output.strip().splitlines()) == 1 and not (tmp_path / "k2").exists()

@@ -54,8 +54,8 @@ def _layer_ranks(path: Path, layer: int, ranks: dict[str, int | None]) -> tuple[
 
 def manifest_groups(manifest: Manifest, path: str | Path, activation: str = "bfloat16") -> list[LayerGroup]:
     """The layer groups of the compress output at ``path`` (for messages), in the order their first layers come:
-    layers of equal (ranks, format), a layer's format its ``fp8`` or else ``activation``."""
-    formats = [layer.fp8 or activation for layer in manifest.layers]
+    layers of equal (ranks, format), a layer's format its ``fp8``, its ``mx`` or else ``activation``."""
+    formats = [layer.fp8 or layer.mx or activation for layer in manifest.layers]
     by_key: dict[tuple[Any, str], list[int]] = {}
     for layer, ranks in enumerate(manifest.layer_ranks()):
         by_key.setdefault((_layer_ranks(Path(path), layer, ranks), formats[layer]), []).append(layer)

@@ -188,11 +188,13 @@ class Manifest:
         chip; ``compress --act-scale row``)."""
         return str((self.fp8 or {}).get("act_scale", "static"))
 
-    def kernel_refusal(self, command: str) -> str | None:
+    def kernel_refusal(self, command: str, *, mx_kernels: bool = False) -> str | None:
         """The one line ``command`` (``nmmc tune --model``, ``nmmc export``) refuses this output with when its
-        kernels cannot honour what the manifest records (MX layers: float32 factors, not pre-quantized, and no MX
-        model kernels; FP8 with per-token activation scales), else None: never read as bf16 or static FP8."""
-        if any(layer.mx for layer in self.layers):
+        kernels cannot honour what the manifest records (MX layers, unless ``mx_kernels``: the command builds MX
+        kernels from the recorded format and shapes alone, as ``tune --model`` does; an export would need the weights,
+        which are float32 factors, not pre-quantized; FP8 with per-token activation scales), else None: never read as
+        bf16 or static FP8."""
+        if not mx_kernels and any(layer.mx for layer in self.layers):
             fmt = next(layer.mx for layer in self.layers if layer.mx)
             return (f"{command}: this compress output records {fmt} layers (manifest layers[i].mx), whose files hold "
                     "float32 factors that are not pre-quantized MX weights, and it does not read MX layers from a "

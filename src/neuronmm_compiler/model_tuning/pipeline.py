@@ -87,19 +87,20 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128, 
         manifest = read_manifest(manifest_path)
         if dense:
             return ModelSource(manifest.model, None, None, "dense")
-        if manifest.kernel_refusal("nmmc tune --model"):  # MX layers, per-token FP8 scales: never read as bf16
-            raise InputError(str(manifest.kernel_refusal("nmmc tune --model")))
+        refusal = manifest.kernel_refusal("nmmc tune --model", mx_kernels=True)  # per-token FP8 scales
+        if refusal:
+            raise InputError(refusal)
         if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
             raise InputError(f"{p} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
                              f"{manifest.keep_ratio}")
         quality = dict(manifest.quality) if manifest.quality else None
-        recorded = tuple(layer.fp8 or "bfloat16" for layer in manifest.layers)
+        recorded = tuple(layer.fp8 or layer.mx or "bfloat16" for layer in manifest.layers)
         if not manifest.uniform or len(set(recorded)) > 1:  # chosen per layer: one kernel set per layer group
             return ModelSource(manifest.model, None, manifest.keep_ratio, "manifest", quality, recorded,
                                tuple(manifest_groups(manifest, p)))
         r = manifest.ranks
         return ModelSource(manifest.model, (r["gate"], r["up"], r["down"]), manifest.keep_ratio, "manifest", quality,
-                           recorded if any(layer.fp8 for layer in manifest.layers) else None)
+                           recorded if any(layer.fp8 or layer.mx for layer in manifest.layers) else None)
     config = read_config(p)
     if dense:
         return ModelSource(config, None, None, "dense")
@@ -175,8 +176,9 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
     c = source.config
-    (formats or FormatRequest()).check_target(target, dialect)  # before any search: MX only where it compiles
     plans = _plans(source, formats or FormatRequest())
+    # before any search: every format to tune (allowed or recorded) must compile here (MX: trn3 only)
+    FormatRequest(tuple(dict.fromkeys(f.weights for p in plans for f in p.candidates))).check_target(target, dialect)
     searches: list[tuple[int, Workload]] = []
     slots: dict[str, int] = {}
 
@@ -271,11 +273,11 @@ def _write_bucket(out: Path, plan: _Plan, tokens: int, tuned: list[Tuned], workl
 
 
 def recorded_format(source: ModelSource, formats: FormatRequest) -> MlpFormat | None:
-    """The format an ``nmmc compress`` output records for its layers (``layers[i].fp8``), which ``tune --model``
-    tunes and chooses in every bucket; None when it records none. Its layers agree (a source whose layers differ has
-    its layer groups, each with its own recorded format: :func:`.model_groups.group_formats`), and ``--dtype``, when
-    given, must allow it (the other formats it lists are tuned for
-    comparison: the front shows what the recorded choice costs)."""
+    """The format an ``nmmc compress`` output records for its layers (``layers[i].fp8`` or ``.mx``), which ``tune
+    --model`` tunes and chooses in every bucket; None when it records none. Its layers agree (a source whose layers
+    differ has its layer groups, each with its own recorded format: :func:`.model_groups.group_formats`), and
+    ``--dtype``, when given, must allow it (the other formats it lists are tuned for comparison: the front shows
+    what the recorded choice costs)."""
     if source.layer_formats is None or source.ranks is None:
         return None
     distinct = sorted(set(source.layer_formats))
