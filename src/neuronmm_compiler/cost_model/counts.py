@@ -2,9 +2,8 @@
 partition, TensorEngine and Vector/Scalar instructions, and what precedes the first matmul or
 follows the last one (the prologue and epilogue that no engine overlap can hide).
 
-Counting uses :func:`~neuronmm_compiler.kernel_ir.program.instruction_counts`, the closed-form
-evaluation of the program's loops, so the figures equal what the interpreter measures when it runs
-the emitted kernel (tests assert equality) at a fraction of the cost.
+Counting uses the closed-form evaluation of the program's loops (kernel_ir/program.py, instruction_counts), so the
+figures equal what the interpreter measures running the emitted kernel (tests assert it) at a fraction of the cost.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from ..kernel_ir.program import (
     TensorScalarReduce,
     TensorTensor,
     instruction_counts,
+    visit_counts,
 )
 from .formulas import engine_us, matmul_cycles
 from .params import ModelParams
@@ -304,12 +304,14 @@ def register(kind: type, adder: _Adder, *, engine_work: bool = False) -> None:
 def count_program(program: Program, params: ModelParams, env: Mapping[str, int] | None = None,
                   pe_columns: int | None = None, memo: dict[int, frozenset[str]] | None = None) -> ProgramCounts:
     """The program's counts; ``env`` binds variables outside the loop nest (the program id of one program of a
-    logical core); ``pe_columns`` as for :func:`add_statement`; ``memo`` as for
-    :func:`~neuronmm_compiler.kernel_ir.program.instruction_counts`."""
+    logical core); ``pe_columns`` as for :func:`add_statement`; ``memo`` as for ``kernel_ir.program.visit_counts``."""
     counts = ProgramCounts()
     adders = _ADDERS
-    for stmt, at, mult in instruction_counts(program.body, env, memo):
+
+    def visit(stmt: Stmt, at: dict[str, int], mult: int) -> None:
         (adders.get(type(stmt)) or _adder(stmt))(counts, stmt, at, mult, params, pe_columns)
+
+    visit_counts(program.body, visit, env, memo)
     for param in program.params:
         counts.hbm_bytes_read.setdefault(param.name, 0)
     for out in program.outputs:

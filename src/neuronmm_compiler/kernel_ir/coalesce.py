@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from .expr import Expr, Lin, Min, scale
 from .lnc import PROGRAM_ID
-from .program import DmaCopy, Loop, Point, Program, Ref, Span, Stmt
+from .program import DmaCopy, Loop, Point, Program, Ref, Span, Stmt, with_fields
 
 
 def coalesce_slab_loads(program: Program) -> Program:
@@ -34,7 +34,7 @@ def _coalesce(body: list[Stmt]) -> list[Stmt]:
     for stmt in body:
         if isinstance(stmt, Loop):
             merged = _slab_load(stmt)
-            out.append(merged if merged is not None else replace(stmt, body=_coalesce(stmt.body)))
+            out.append(merged if merged is not None else with_fields(stmt, {"body": _coalesce(stmt.body)}))
         else:
             out.append(stmt)
     return out

@@ -252,6 +252,7 @@ class CeilDiv:
 
 
 Expr = Lin | Min | Mod | CeilDiv
+_EXPRS, _SLOTS = (Lin, Min, Mod, CeilDiv), (Mod, CeilDiv)  # tuples: isinstance(x, A | B) builds the union each call
 
 
 def ceil_div(value: int | Expr, den: int) -> Expr:
@@ -279,7 +280,7 @@ def modulo(value: int | Expr, modulus: int) -> Expr:
 
 
 def as_expr(value: int | Expr) -> Expr:
-    if isinstance(value, Lin | Min | Mod | CeilDiv):
+    if isinstance(value, _EXPRS):
         return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"not an index expression: {value!r}")
@@ -321,7 +322,7 @@ def add(*values: int | Expr) -> Expr:
     result: Expr = Lin(0)
     for value in values:
         item = as_expr(value)
-        if isinstance(item, Mod | CeilDiv):
+        if isinstance(item, _SLOTS):
             raise ValueError("a rotation slot (Mod) or a tile count (CeilDiv) takes no arithmetic")
         if isinstance(result, Min):
             result = minimum(*(add(arg, item) for arg in result.args))
@@ -337,7 +338,7 @@ def scale(value: int | Expr, factor: int) -> Expr:
     if factor < 0:
         raise ValueError("scale() takes a non-negative factor (it distributes into min)")
     item = as_expr(value)
-    if isinstance(item, Mod | CeilDiv):
+    if isinstance(item, _SLOTS):
         raise ValueError("a rotation slot (Mod) or a tile count (CeilDiv) takes no arithmetic")
     if isinstance(item, Min):
         return minimum(*(scale(arg, factor) for arg in item.args))
@@ -365,7 +366,7 @@ def minimum(*values: int | Expr) -> Expr:
     flat: list[Lin] = []
     for value in values:
         item = as_expr(value)
-        if isinstance(item, Mod | CeilDiv):
+        if isinstance(item, _SLOTS):
             raise ValueError("a rotation slot (Mod) or a tile count (CeilDiv) takes no arithmetic")
         flat.extend(item.args if isinstance(item, Min) else (item,))
     kept: list[Lin] = []

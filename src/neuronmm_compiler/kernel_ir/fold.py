@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .expr import CeilDiv, Expr, Lin, Min, Mod, ceil_div, minimum, modulo
-from .program import Comment, Loop, Point, Program, Ref, Span, Stmt, map_regions
+from .program import Comment, Loop, Point, Program, Ref, Span, Stmt, map_regions, with_fields
 
 __all__ = ["fold_unit_loops"]
 
@@ -50,7 +50,7 @@ def _fold(body: list[Stmt], zero: tuple[str, ...]) -> list[Stmt]:
             trip = _zeroed(stmt.trip, zero)
             if folded is not stmt.body or trip is not stmt.trip:
                 changed = True
-                stmt = replace(stmt, body=folded, trip=trip)
+                stmt = with_fields(stmt, {"body": folded, "trip": trip})
             out.append(stmt)
         else:
             out.append(_statement(stmt, zero) if zero else stmt)

@@ -39,6 +39,7 @@ from .program import (
     map_regions,
     refs_of,
     walk,
+    with_fields,
 )
 
 __all__ = ["PROGRAM_ID", "distribute", "divisible_blocking", "exchanges", "halves"]
@@ -106,9 +107,9 @@ def _replace_allocs(body: list[Stmt], local: dict[Buffer, tuple[Buffer, int]]) -
     out: list[Stmt] = []
     for stmt in body:
         if isinstance(stmt, Loop):
-            out.append(replace(stmt, body=_replace_allocs(stmt.body, local)))
+            out.append(with_fields(stmt, {"body": _replace_allocs(stmt.body, local)}))
         elif isinstance(stmt, Alloc) and stmt.buffer in local:
-            out.append(replace(stmt, buffer=local[stmt.buffer][0]))
+            out.append(with_fields(stmt, {"buffer": local[stmt.buffer][0]}))
         else:
             out.append(stmt)
     return out
@@ -181,9 +182,9 @@ def _rewrite(body: list[Stmt], family: str, programs: int, local: dict[Buffer, t
             offset = scale(var(PROGRAM_ID), share)
             shifted = [_shift_stmt(s, stmt.var, offset, local) for s in stmt.body]
             note = f"{programs} programs: each its {share} of {stmt.trip.const}"
-            out.append(replace(stmt, trip=Lin(share), body=shifted, comment=_note(stmt.comment, note)))
+            out.append(with_fields(stmt, {"trip": Lin(share), "body": shifted, "comment": _note(stmt.comment, note)}))
         elif isinstance(stmt, Loop):
-            out.append(replace(stmt, body=_rewrite(stmt.body, family, programs, local)))
+            out.append(with_fields(stmt, {"body": _rewrite(stmt.body, family, programs, local)}))
         else:
             out.append(stmt)
     return out
@@ -196,6 +197,12 @@ def _note(comment: str, note: str) -> str:
 def shift(expr: Expr, name: str, offset: Expr) -> Expr:
     """``expr`` with variable ``name`` read as ``name + offset``. A rotation slot (``Mod``) keeps the variable
     as it is: each program rotates its copies by its own iteration count."""
+    if type(expr) is Lin:  # the common case, without building the variables' set
+        coef = 0
+        for term, value in expr.terms:
+            if term == name:
+                coef = value
+        return expr if coef == 0 else add(expr, scale(offset, coef) if coef > 0 else _negate(scale(offset, -coef)))
     if isinstance(expr, Mod) or name not in expr.variables():
         return expr
     if isinstance(expr, CeilDiv):
@@ -225,8 +232,8 @@ def _shift_ref(ref: Ref, name: str, offset: Expr, local: dict[Buffer, tuple[Buff
 def _shift_stmt(stmt: Stmt, name: str, offset: Expr, local: dict[Buffer, tuple[Buffer, int]]) -> Stmt:
     if isinstance(stmt, Loop):
         body = stmt.body if stmt.var == name else [_shift_stmt(s, name, offset, local) for s in stmt.body]  # shadowed
-        return replace(stmt, trip=shift(stmt.trip, name, offset), body=body)
-    if isinstance(stmt, Alloc | Comment):
+        return with_fields(stmt, {"trip": shift(stmt.trip, name, offset), "body": body})
+    if isinstance(stmt, (Alloc, Comment)):
         return stmt
     return map_regions(stmt, lambda ref: _shift_ref(ref, name, offset, local), lambda e: shift(e, name, offset))
 

@@ -11,7 +11,7 @@ instruction, which the printers, the cost model and the interpreter's contract a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
 
@@ -384,13 +384,15 @@ class Program:
     #: from the arguments that the program needs (true at the size it was built for)
     checks: tuple[tuple[Expr, Expr, str], ...] = ()
 
-    def live_intervals(self) -> list[tuple[int, int, Buffer]]:
+    def live_intervals(self, walked: list[tuple[Stmt, tuple[Loop, ...]]] | None = None
+                       ) -> list[tuple[int, int, Buffer]]:
         """(first, last, buffer) of every allocation site, in positions of the program read once in
         order (a loop body counted once): a buffer occupies memory from its allocation to its last
         use. A use inside a loop that the allocation is outside of keeps the buffer live to the end
         of that loop (later iterations use it again). Every iteration repeats its body's intervals,
-        so the peak over this pass is the kernel's peak; the interpreter measures the same."""
-        walked = list(walk(self.body))
+        so the peak over this pass is the kernel's peak; the interpreter measures the same. ``walked``: the body's
+        :func:`walked` list, when the caller has it."""
+        walked = walked_list(self.body) if walked is None else walked
         loop_end: dict[int, int] = {}
         for position, (_, loops) in enumerate(walked):
             for loop in loops:
@@ -409,10 +411,12 @@ class Program:
                     continue
                 record, alloc_loops = found
                 end = position
-                outer = [loop for loop in loops if all(loop is not a for a in alloc_loops)]
-                if outer:
-                    end = loop_end[id(outer[0])]
-                record[1] = max(record[1], end)
+                if loops is not alloc_loops:
+                    outer = [loop for loop in loops if all(loop is not a for a in alloc_loops)]
+                    if outer:
+                        end = loop_end[id(outer[0])]
+                if end > record[1]:
+                    record[1] = end
         return [(a, b, buf) for a, b, buf in intervals]
 
     @staticmethod
@@ -427,16 +431,16 @@ class Program:
             peak = max(peak, live)
         return peak
 
-    def rotating_loads(self) -> set[int]:
+    def rotating_loads(self, walked: list[tuple[Stmt, tuple[Loop, ...]]] | None = None) -> set[int]:
         """The ids of the SBUF buffers a loop's iterations fill with one DMA of several slabs (``slabs``, a block in
         one transfer): allocated (``copies`` 0) inside a loop whose trip is not the constant 1. That transfer writes
         the whole block at once, so it cannot start before every read of the previous iteration's block at the same
         address is done: the model's overlap of it with that compute needs a second copy's room (:meth:`peaks`). A
         block loaded slab by slab needs none: each slab is refilled once its readers are done, as AWS's measured
-        'hoisted loads' GEMM shows (docs/cost_model.md, "Room to rotate")."""
+        'hoisted loads' GEMM shows (docs/cost_model.md, "Room to rotate"). ``walked`` as for :meth:`live_intervals`."""
         allocated: set[int] = set()
         loaded: set[int] = set()
-        for stmt, loops in walk(self.body):
+        for stmt, loops in (walked_list(self.body) if walked is None else walked):
             if isinstance(stmt, Alloc):
                 if (stmt.copies == 0 and stmt.buffer.memory == "sbuf"
                         and any(not loop.runs_once for loop in loops)):
@@ -451,16 +455,20 @@ class Program:
         ``bank_bytes``), from one pass of the intervals. The third counts every buffer of :meth:`rotating_loads`
         twice: the next iteration's load lands in a second copy while the compute still reads the first
         (docs/cost_model.md, "Room to rotate")."""
-        intervals = self.live_intervals()
-        rotating = self.rotating_loads()
+        walked = walked_list(self.body)
+        intervals = self.live_intervals(walked)
+        rotating = self.rotating_loads(walked)
         return (self._peak(intervals, "sbuf", lambda b: b.footprint()),
                 self._peak(intervals, "psum", lambda b: b.footprint(bank_bytes)),
                 self._peak(intervals, "sbuf", lambda b: b.footprint() * (2 if id(b) in rotating else 1)))
 
 
+_NO_REFS = (Loop, Comment, Alloc)  # a tuple: isinstance(x, A | B) builds the union on every call
+
+
 def refs_of(stmt: Stmt) -> list[Ref]:
     """The tensor regions an instruction reads or writes (none for loops, comments, allocations)."""
-    if isinstance(stmt, Loop | Comment | Alloc):
+    if isinstance(stmt, _NO_REFS):
         return []
     return [value for value in vars(stmt).values() if isinstance(value, Ref)]
 
@@ -468,11 +476,22 @@ def refs_of(stmt: Stmt) -> list[Ref]:
 def map_regions(stmt: Stmt, region: Callable[[Ref], Ref], start: Callable[[Expr], Expr] | None = None) -> Stmt:
     """An instruction with every region it reads or writes passed through ``region`` and, given ``start``, the start
     expressions of its PE tile through ``start`` (the loop rewrites: program offsets, folded loops, PSUM lists)."""
-    changes: dict[str, object] = {f.name: region(value) for f in fields(stmt)
-                                  if isinstance(value := getattr(stmt, f.name), Ref)}
+    changes: dict[str, object] = {name: region(value) for name, value in vars(stmt).items() if isinstance(value, Ref)}
     if start is not None and isinstance(stmt, Matmul) and stmt.tile is not None:
         changes["tile"] = stmt.tile.map(start)
-    return replace(stmt, **changes) if changes else stmt
+    return with_fields(stmt, changes) if changes else stmt
+
+
+def with_fields(stmt: Stmt, changes: Mapping[str, object]) -> Stmt:
+    """``dataclasses.replace(stmt, **changes)`` for a statement: its fields' values are its ``__dict__`` (no statement
+    class has a ``__post_init__``, an ``InitVar`` or a cached property), so the copy is that dictionary updated,
+    without ``__init__``'s per-field ``object.__setattr__`` (the search rewrites ~10^5 statements)."""
+    if hasattr(stmt, "__post_init__"):
+        return replace(stmt, **changes)
+    copy = object.__new__(type(stmt))
+    copy.__dict__.update(vars(stmt))
+    copy.__dict__.update(changes)
+    return copy
 
 
 def walk(body: list[Stmt], loops: tuple[Loop, ...] = ()) -> Iterator[tuple[Stmt, tuple[Loop, ...]]]:
@@ -483,7 +502,23 @@ def walk(body: list[Stmt], loops: tuple[Loop, ...] = ()) -> Iterator[tuple[Stmt,
             yield from walk(stmt.body, (*loops, stmt))
 
 
+def walked_list(body: list[Stmt]) -> list[tuple[Stmt, tuple[Loop, ...]]]:
+    """``list(walk(body))``, built without generators (the search reads every candidate's program this way)."""
+    out: list[tuple[Stmt, tuple[Loop, ...]]] = []
+    _walk_into(body, (), out)
+    return out
+
+
+def _walk_into(body: list[Stmt], loops: tuple[Loop, ...], out: list[tuple[Stmt, tuple[Loop, ...]]]) -> None:
+    append = out.append
+    for stmt in body:
+        append((stmt, loops))
+        if isinstance(stmt, Loop):
+            _walk_into(stmt.body, (*loops, stmt), out)
+
+
 Counted = Iterator[tuple[Stmt, dict[str, int], int]]
+Visit = Callable[[Stmt, dict[str, int], int], None]
 
 
 def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None,
@@ -498,6 +533,30 @@ def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None,
     extent variables found so far (:func:`extent_variables`), to share between walks of one body."""
     env = dict(env or {})
     yield from _counts(body, env, 1, {} if memo is None else memo)
+
+
+def visit_counts(body: list[Stmt], visit: Visit, env: Mapping[str, int] | None = None,
+                 memo: dict[int, frozenset[str]] | None = None) -> None:
+    """``visit(statement, loop environment, multiplicity)`` for what :func:`instruction_counts` yields, in its order,
+    without a generator per loop level (the cost model counts every candidate of a search this way)."""
+    _visit(body, dict(env or {}), 1, {} if memo is None else memo, visit)
+
+
+def _visit(body: list[Stmt], env: dict[str, int], mult: int, memo: dict[int, frozenset[str]], visit: Visit) -> None:
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            trip = stmt.trip.evaluate(env)
+            if trip <= 0:
+                continue
+            last = {**env, stmt.var: trip - 1}
+            if trip > 1 and stmt.var not in _extent_variables(stmt, memo):
+                _visit(stmt.body, last, mult * trip, memo, visit)
+                continue
+            if trip > 1:
+                _visit(stmt.body, {**env, stmt.var: 0}, mult * (trip - 1), memo, visit)
+            _visit(stmt.body, last, mult, memo, visit)
+        else:
+            visit(stmt, env, mult)
 
 
 def extent_variables(body: list[Stmt], memo: dict[int, frozenset[str]] | None = None) -> frozenset[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
-from .program import Alloc, Buffer, Loop, Program, Ref, Stmt
+from .program import Alloc, Buffer, Loop, Program, Ref, Stmt, with_fields
 
 __all__ = ["drop_unused_allocs"]
 
@@ -51,12 +51,21 @@ def _used(body: list[Stmt], out: set[Buffer]) -> None:
 
 
 def _prune(body: list[Stmt], used: set[Buffer]) -> list[Stmt]:
+    """``body`` without the unused allocations; the same list when it has none (compared by identity, not by
+    value: the search prunes every candidate's program)."""
     kept: list[Stmt] = []
+    changed = False
     for stmt in body:
         if isinstance(stmt, Alloc) and stmt.buffer not in used:
+            changed = True
             continue
-        kept.append(replace(stmt, body=_prune(stmt.body, used)) if isinstance(stmt, Loop) else stmt)
-    return kept
+        if isinstance(stmt, Loop):
+            inner = _prune(stmt.body, used)
+            if inner is not stmt.body:
+                changed = True
+                stmt = with_fields(stmt, {"body": inner})
+        kept.append(stmt)
+    return kept if changed else body
 
 
 def drop_unused_allocs(program: Program) -> Program:
@@ -64,4 +73,4 @@ def drop_unused_allocs(program: Program) -> Program:
     used: set[Buffer] = set()
     _used(program.body, used)
     body = _prune(program.body, used)
-    return program if body == program.body else replace(program, body=body)
+    return program if body is program.body else replace(program, body=body)
