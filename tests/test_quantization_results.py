@@ -1,7 +1,6 @@
-"""The perplexity table of every compress format (issue 55) quotes its committed run row for row: the table
-``benchmarks/quantization_ppl.py`` printed into its results file is in the page, with the file's name and the
-commands it ran. The page is docs/quantization_table.md.part until the lead merges it into docs/quantization.md
-(then retarget :data:`PAGE`). Reads files only."""
+"""The perplexity table of every compress format (docs/quantization.md, "What each format costs the model") quotes
+its committed run row for row: the table ``benchmarks/quantization_ppl.py`` printed into its results file is in the
+page, with the file's name and the commands it ran. Reads files only."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "quantization-ppl-2026-12-07.txt"
-PAGE = ROOT / "docs" / "quantization_table.md.part"
+PAGE = ROOT / "docs" / "quantization.md"
 FORMATS = ("bf16", "fp8-static", "fp8-row", "mxfp8", "mxfp4")
 
 
