@@ -35,7 +35,7 @@ from ..vocab import ALayout, Dialect, Layout, NodeKind
 from .base import Baseline, Lowering, aws_baseline, resolve_split, split_restriction, transpose_choice
 from .gemm import aws_gemm_cost
 from .lower_elementwise import lower_elementwise
-from .lower_fused import divided_fused_kernel, finish_fused_kernel, lower_fused_kernel
+from .lower_fused import KernelCache, divided_fused_kernel, finish_fused_kernel, lower_fused_kernel
 from .mx import check_mx_schedule
 from .nkilib_mlp import nkilib_baseline
 
@@ -273,13 +273,14 @@ class FusedLowering(Lowering):
         graph = workload.graph()
         kernels_by_mode: dict[str, list[Graph]] = {}
         divided: dict[tuple[int, FusedSchedule], Program] = {}  # (kernel graph, row schedule): its divided program
+        read: KernelCache = {}  # what the lowering reads of each kernel whatever the schedule (lower_fused.py)
 
         def lower(kernel: Graph, schedule: FusedSchedule) -> Program:
             # the block form of a row schedule (the variant below, costed right after it, and its late forms right
             # after the row form's) is the row form's divided program with its slab loads coalesced
             # (lower_fused.divided_fused_kernel): lowered once for both, the last few kept
             key = (id(kernel), replace(schedule, weight_dma="row") if schedule.weight_dma == "block" else schedule)
-            program = divided.pop(key, None) or divided_fused_kernel(kernel, key[1], target, kernel.name)
+            program = divided.pop(key, None) or divided_fused_kernel(kernel, key[1], target, kernel.name, read)
             divided[key] = program  # the most recent last
             if len(divided) > _DIVIDED_KEPT:
                 del divided[next(iter(divided))]

@@ -62,23 +62,40 @@ from .row_scales import RowScales, is_row_scale
 if TYPE_CHECKING:
     from ..targets import Target
 
-__all__ = ["divided_fused_kernel", "finish_fused_kernel", "lower_fused_kernel"]
+__all__ = ["KernelCache", "divided_fused_kernel", "finish_fused_kernel", "lower_fused_kernel"]
+
+#: What the lowering reads of a kernel graph whatever the schedule (the named target limits, its nodes, inputs,
+#: outputs, compute nodes, copied inputs and checked groups), by (graph id, kernel name, target id), for a search
+#: that lowers the same kernels for every candidate (lowerings/fused.py); each entry holds its graph and target, so
+#: their ids stay theirs. The lowering reads these and changes none of them (nor the graph).
+KernelCache = dict[tuple[int, str, int], tuple[Graph, "Target", tuple]]
 
 
 class _FusedLowering(TransposedGroups, RowMajorGroups, NormPrologue, RowScales):
-    def __init__(self, graph: Graph, schedule: FusedSchedule, target: Target, name: str):
+    def __init__(self, graph: Graph, schedule: FusedSchedule, target: Target, name: str,
+                 kernels: KernelCache | None = None):
         self.g = graph
         self.name = name
-        self.target = target = named_limits(target)
-        self.nodes = {n.id: n for n in graph.nodes()}
-        self.inputs = graph.inputs()
-        self.outputs = graph.outputs()
-        compute = graph.compute_nodes()
-        copied = [n for n in self.inputs if any(u.kind == NodeKind.OUTPUT for u in self._users(n.id))]
-        if not compute and not copied:
-            raise ScheduleError(f"kernel {name}: nothing to compute")
-        check_kernel(graph, name)
-        groups = read_groups(graph, name)
+        given = target
+        key = (id(graph), name, id(given))
+        known = kernels.get(key) if kernels is not None else None
+        if known is not None and known[0] is graph and known[1] is given:  # read before: the same kernel
+            self.target, self.nodes, self.inputs, self.outputs, compute, copied, groups = known[2]
+            target = self.target
+        else:
+            self.target = target = named_limits(target)
+            self.nodes = {n.id: n for n in graph.nodes()}
+            self.inputs = graph.inputs()
+            self.outputs = graph.outputs()
+            compute = graph.compute_nodes()
+            copied = [n for n in self.inputs if any(u.kind == NodeKind.OUTPUT for u in self._users(n.id))]
+            if not compute and not copied:
+                raise ScheduleError(f"kernel {name}: nothing to compute")
+            check_kernel(graph, name)
+            groups = read_groups(graph, name)
+            if kernels is not None:
+                kernels[key] = (graph, given, (
+                    self.target, self.nodes, self.inputs, self.outputs, compute, copied, groups))
         # a norm's group is its prologue (residual add, norm), which makes the norm's strip (fused_prologue.py)
         self.prologues = [g for g in groups if g.root.kind == NodeKind.NORM]
         self.group_list = [g for g in groups if g.root.kind != NodeKind.NORM]
@@ -319,12 +336,15 @@ def lower_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, na
     return finish_fused_kernel(divided_fused_kernel(graph, schedule, target, name), schedule)
 
 
-def divided_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, name: str | None = None) -> Program:
+def divided_fused_kernel(graph: Graph, schedule: FusedSchedule, target: Target, name: str | None = None,
+                         kernels: KernelCache | None = None) -> Program:
     """:func:`lower_fused_kernel` before its last steps (:func:`finish_fused_kernel`): the program divided between the
     programs of a logical core, its slab loads not yet coalesced. Nothing before those steps reads ``weight_dma`` but
     to tell ``tile`` from the others, so ``row`` and ``block`` give this same program (its schedule comment aside): the
-    search costs the block form of a row schedule from the row form's (lowerings/fused.py)."""
-    program = drop_unused_allocs(_FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel").program())
+    search costs the block form of a row schedule from the row form's (lowerings/fused.py). ``kernels``: a search's
+    :data:`KernelCache`, which keeps what the lowering reads of the kernel whatever the schedule."""
+    lowering = _FusedLowering(graph, schedule, target, name or f"{graph.name}_kernel", kernels)
+    program = drop_unused_allocs(lowering.program())
     return program if program.programs > 1 else distribute(program, schedule.lnc_split, target.lnc)
 
 
