@@ -264,11 +264,6 @@ def _add_sendrecv(counts: ProgramCounts, stmt: SendRecv, env: Mapping[str, int],
     counts.exchange_bytes += mult * partitions * bpp
 
 
-def _add_nothing(counts: ProgramCounts, stmt: Comment, env: Mapping[str, int], mult: int, params: ModelParams,
-                 pe_columns: int | None) -> None:
-    pass
-
-
 _Adder = Callable[[ProgramCounts, Any, Mapping[str, int], int, ModelParams, int | None], None]
 #: How each kind of leaf statement is counted (looked up by its type: the counting loop runs ~10^5 times a search)
 _ADDERS: dict[type, _Adder] = {
@@ -276,14 +271,13 @@ _ADDERS: dict[type, _Adder] = {
     TensorTensor: _add_engine_op, Activation: _add_engine_op, ActivationReduce: _add_norm_op, BnStats: _add_norm_op,
     BnAggr: _add_norm_op, TensorScalar: _add_norm_op, TensorScalarReduce: _add_reduction, TensorReduce: _add_reduction,
     Memset: _add_norm_op, Alloc: _add_alloc,
-    SendRecv: _add_sendrecv, Comment: _add_nothing,
+    SendRecv: _add_sendrecv, Comment: lambda *_: None,  # a comment counts nothing
 }
 
 
 def _adder(stmt: Stmt) -> _Adder:
     """The function counting ``stmt`` (:data:`_ADDERS`; a subclass of a statement kind counts as that kind)."""
-    adder = _ADDERS.get(type(stmt))
-    if adder is not None:
+    if (adder := _ADDERS.get(type(stmt))) is not None:
         return adder
     for kind, adder in _ADDERS.items():
         if isinstance(stmt, kind):
@@ -323,12 +317,17 @@ ENGINE_WORK = (Matmul, PeTranspose, Copy, TensorTensor, Activation, ActivationRe
                TensorScalarReduce, TensorReduce)
 
 
-def _contains(loop: Loop, kinds: tuple[type, ...]) -> bool:
-    return any(isinstance(s, kinds) or (isinstance(s, Loop) and _contains(s, kinds)) for s in loop.body)
+def _contains(loop: Loop, kinds: tuple[type, ...], memo: dict[int, bool]) -> bool:
+    """Whether ``loop`` holds a statement of ``kinds`` (``memo``: loop id -> the answer, for one walk)."""
+    found = memo.get(id(loop))
+    if found is None:
+        found = memo[id(loop)] = any(isinstance(s, kinds) or (isinstance(s, Loop) and _contains(s, kinds, memo))
+                                     for s in loop.body)
+    return found
 
 
-def _edge(body: list[Stmt], env: dict[str, int], reverse: bool,
-          anchor: tuple[type, ...]) -> Iterator[tuple[Stmt, dict[str, int], int]]:
+def _edge(body: list[Stmt], env: dict[str, int], reverse: bool, anchor: tuple[type, ...],
+          memo: dict[int, bool]) -> Iterator[tuple[Stmt, dict[str, int], int]]:
     """Statements executed before the first anchor instruction (or, reversed, after the last)."""
     for stmt in (reversed(body) if reverse else body):
         if isinstance(stmt, anchor):
@@ -337,8 +336,8 @@ def _edge(body: list[Stmt], env: dict[str, int], reverse: bool,
             trip = stmt.trip.evaluate(env)
             if trip <= 0:
                 continue
-            if _contains(stmt, anchor):
-                yield from _edge(stmt.body, {**env, stmt.var: trip - 1 if reverse else 0}, reverse, anchor)
+            if _contains(stmt, anchor, memo):
+                yield from _edge(stmt.body, {**env, stmt.var: trip - 1 if reverse else 0}, reverse, anchor, memo)
                 return
             # The first instruction waits only for the first tiles its loop nests load; the epilogue's
             # loops (the last block's evictions and stores) all follow the last matmul.
@@ -364,11 +363,12 @@ def edge_counts(program: Program, params: ModelParams, *, reverse: bool,
     of each loop nest before it only the first iteration, i.e. the first tiles it loads) or the epilogue
     (``reverse=True``: everything after the last one). A program without matmuls (an elementwise kernel)
     is anchored on its first/last engine instruction."""
-    has_matmul = any(isinstance(s, Matmul) or (isinstance(s, Loop) and _contains(s, (Matmul,)))
+    memo: dict[int, bool] = {}
+    has_matmul = any(isinstance(s, Matmul) or (isinstance(s, Loop) and _contains(s, (Matmul,), memo))
                      for s in program.body)
     anchor: tuple[type, ...] = (Matmul,) if has_matmul else ENGINE_WORK
     counts = ProgramCounts()
-    for stmt, at, mult in _edge(program.body, dict(env or {}), reverse, anchor):
+    for stmt, at, mult in _edge(program.body, dict(env or {}), reverse, anchor, memo if has_matmul else {}):
         add_statement(counts, stmt, at, mult, params, pe_columns)
     return counts
 

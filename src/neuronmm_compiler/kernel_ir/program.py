@@ -411,10 +411,11 @@ class Program:
                     continue
                 record, alloc_loops = found
                 end = position
-                if loops is not alloc_loops:
-                    outer = [loop for loop in loops if all(loop is not a for a in alloc_loops)]
-                    if outer:
-                        end = loop_end[id(outer[0])]
+                if loops is not alloc_loops:  # the outermost loop around the use that is not around the allocation
+                    for loop in loops:
+                        if not any(loop is a for a in alloc_loops):
+                            end = loop_end[id(loop)]
+                            break
                 if end > record[1]:
                     record[1] = end
         return [(a, b, buf) for a, b, buf in intervals]
@@ -583,10 +584,14 @@ def _extent_variables(loop: Loop, memo: dict[int, frozenset[str]]) -> frozenset[
         for stmt in loop.body:
             if isinstance(stmt, Loop):
                 names |= _extent_variables(stmt, memo)
-            else:
-                for ref in refs_of(stmt):
-                    for extent in ref.shape:
-                        names |= extent.variables()
+            elif not isinstance(stmt, _NO_REFS):
+                for ref in vars(stmt).values():  # refs_of, inlined: this runs for every loop of every candidate
+                    if isinstance(ref, Ref):
+                        for extent in ref.shape:
+                            if type(extent) is Lin:
+                                names.update(name for name, _ in extent.terms)
+                            else:
+                                names |= extent.variables()
         found = memo[id(loop)] = frozenset(names)
     return found
 
