@@ -30,6 +30,32 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 from helpers import compile_gemm  # noqa: E402
 from neuronmm_compiler.verification import verify_source  # noqa: E402
+from neuronmm_compiler.workers import cores as _cores  # noqa: E402
+
+
+def _cores_per_test_worker() -> None:
+    """Each pytest-xdist worker takes its share of the cores (2 cores, -n 2: one each), as the BLAS threads above
+    do. nmmc's defaults follow the cores it may use (``tune --model --jobs``: a spawned process per core, each
+    importing nmmc again; an SVD MLP's dense baseline and the polish in a second process when a core is idle;
+    ``compress --threads``): in a test worker those processes and threads only took the other worker's core. The
+    tests of those paths ask for them (``--jobs 2``, tests/test_search_parallel.py patches ``idle_core``), and
+    their output is that of one process, which the tests check. Without xdist nothing changes."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2:
+        return
+    original = _cores.available_cores
+    share = max(original() // workers, 1)
+
+    def available_cores() -> int:
+        return share
+
+    _cores.available_cores = available_cores
+    for module in list(sys.modules.values()):  # modules that bound the function before this ran
+        if getattr(module, "available_cores", None) is original:
+            module.available_cores = available_cores
+
+
+_cores_per_test_worker()
 
 settings.register_profile(
     "nmmc", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
@@ -114,3 +140,34 @@ def one_blas_thread():
 
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+#: A test not in CPU_SECONDS (under its RECORD_SECONDS, 0.1) counts this much when files are ordered below.
+UNRECORDED_SECONDS = 0.03
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``-n auto`` (``--dist load``, or README's ``--dist loadfile``): each test file runs whole in one worker (its
+    module fixtures built once), and the files go out longest first by their recorded CPU seconds (the longest
+    processing time rule). pytest-xdist's loadfile sends the files with the most tests first, which left a file of
+    few long tests (test_trust.py, test_model_pipeline.py) to start late and one core idle at the end."""
+    if config.getvalue("dist") not in ("load", "loadfile"):
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    recorded = json.loads(CPU_SECONDS.read_text(encoding="utf-8"))["tests"] if CPU_SECONDS.is_file() else {}
+
+    class LongestFileFirst(LoadFileScheduling):
+        _ordered = False
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:
+                self._ordered = True
+                files = sorted(self.workqueue.items(), key=lambda unit: -sum(
+                    recorded.get(nodeid, UNRECORDED_SECONDS) for nodeid in unit[1]))
+                self.workqueue.clear()
+                self.workqueue.update(files)
+            super()._assign_work_unit(node)
+
+    return LongestFileFirst(config, log)

@@ -156,10 +156,13 @@ def test_sigkilled_compress_resumes_to_identical_output(tmp_path):
     save_file({f"model.layers.{i}.mlp.{p}_proj.weight": rng.standard_normal(s).astype(np.float32)
                for i in range(layers) for p, s in (("gate", (inter, hidden)), ("up", (inter, hidden)),
                                                    ("down", (hidden, inter)))}, str(model / "model.safetensors"))
-    command = [sys.executable, "-c", "from neuronmm_compiler.cli import main; main()", "compress", str(model),
-               "--keep-ratio", "0.8", "--no-progress"]
+    # one BLAS thread in every run (the bytes compared must not depend on the thread count); the uninterrupted and
+    # the resumed runs in this process, the killed one a process of its own (what SIGKILL needs)
+    args = ["compress", str(model), "--keep-ratio", "0.8", "--threads", "1", "--no-progress"]
+    command = [sys.executable, "-c", "from neuronmm_compiler.cli import main; main()", *args]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([*command, "-o", str(tmp_path / "reference")], check=True, env=env, capture_output=True)
+    reference = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "reference")])
+    assert reference.exit_code == 0, reference.output + reference.stderr
     interrupted = tmp_path / "interrupted"
     proc = subprocess.Popen([*command, "-o", str(interrupted)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -171,8 +174,8 @@ def test_sigkilled_compress_resumes_to_identical_output(tmp_path):
     proc.wait()
     if killed_early:
         assert not (interrupted / "manifest.json").exists()  # the manifest is written last
-    resumed = subprocess.run([*command, "-o", str(interrupted)], env=env, capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = CliRunner().invoke(main, [*args, "-o", str(interrupted)])
+    assert resumed.exit_code == 0, resumed.output + resumed.stderr
     assert _tree_bytes(interrupted) == _tree_bytes(tmp_path / "reference")
 
 
