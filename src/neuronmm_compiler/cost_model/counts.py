@@ -131,17 +131,18 @@ def add_statement(counts: ProgramCounts, stmt: Stmt, env: Mapping[str, int], mul
 
 def _add_dma(counts: ProgramCounts, stmt: DmaCopy, env: Mapping[str, int], mult: int, params: ModelParams,
              pe_columns: int | None) -> None:
-    hbm = stmt.src if stmt.is_load else stmt.dst
-    sbuf = stmt.dst if stmt.is_load else stmt.src
-    nbytes = math.prod(_extents(hbm, env)) * hbm.buffer.itemsize
+    load = stmt.is_load
+    hbm, sbuf = (stmt.src, stmt.dst) if load else (stmt.dst, stmt.src)
+    extents = _extents(hbm, env)
+    nbytes = math.prod(extents) * hbm.buffer.itemsize
     _, per_partition = _free(sbuf, env)
     if stmt.slabs:  # one transfer of KT slabs: a partition's KT rows are apart in HBM, so the efficiency is that
         # of one row's bytes (conservative: AWS's chart is per transfer, trainium-facts.md; kernel_ir/coalesce.py)
-        per_partition = _extents(hbm, env)[1]
+        per_partition = extents[1]
     bpp = per_partition * sbuf.buffer.itemsize
-    book = counts.hbm_bytes_read if stmt.is_load else counts.hbm_bytes_written
+    book = counts.hbm_bytes_read if load else counts.hbm_bytes_written
     book[hbm.buffer.name] = book.get(hbm.buffer.name, 0) + mult * nbytes
-    key = ("load" if stmt.is_load else "store", stmt.transpose, bpp)
+    key = ("load" if load else "store", stmt.transpose, bpp)
     cls = counts.dma.get(key)
     if cls is None:
         cls = counts.dma[key] = DmaClass()
@@ -150,8 +151,7 @@ def _add_dma(counts: ProgramCounts, stmt: DmaCopy, env: Mapping[str, int], mult:
 
 
 def _psum_use(counts: ProgramCounts, name: str) -> PsumUse:
-    use = counts.psum.get(name)
-    if use is None:
+    if (use := counts.psum.get(name)) is None:
         use = counts.psum[name] = PsumUse()
     return use
 

@@ -223,10 +223,15 @@ def _shift_ref(ref: Ref, name: str, offset: Expr, local: dict[Buffer, tuple[Buff
     """``ref`` with ``name`` read as ``name + offset``; a buffer of the program's own slots (:func:`_local_buffers`)
     keeps its slot index and becomes the cut buffer."""
     buffer, keep = local.get(ref.buffer, (ref.buffer, -1))
-    index = tuple(ix if a == keep
-                  else Span(shift(ix.start, name, offset), shift(ix.size, name, offset)) if isinstance(ix, Span)
-                  else Point(shift(ix.index, name, offset)) for a, ix in enumerate(ref.index))
-    return Ref(buffer, index)
+    index = []
+    for a, ix in enumerate(ref.index):  # a loop, not a generator: every region of every candidate passes here
+        if a == keep:
+            index.append(ix)
+        elif isinstance(ix, Span):
+            index.append(Span(shift(ix.start, name, offset), shift(ix.size, name, offset)))
+        else:
+            index.append(Point(shift(ix.index, name, offset)))
+    return Ref(buffer, tuple(index))
 
 
 def _shift_stmt(stmt: Stmt, name: str, offset: Expr, local: dict[Buffer, tuple[Buffer, int]]) -> Stmt:

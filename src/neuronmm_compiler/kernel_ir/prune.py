@@ -12,12 +12,16 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
+from .expr import CeilDiv, Lin, Min, Mod
 from .program import Alloc, Buffer, Loop, Program, Ref, Stmt, with_fields
 
 __all__ = ["drop_unused_allocs"]
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+_NO_BUFFERS = (Lin, Min, Mod, CeilDiv, int, float, str)
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
@@ -34,7 +38,9 @@ def _buffers(value: Any, out: set[Buffer]) -> None:
     """Every buffer a value refers to (a Ref, or any dataclass, tuple or list holding one)."""
     if isinstance(value, Ref):
         out.add(value.buffer)
-    elif isinstance(value, tuple | list):
+    elif isinstance(value, _NO_BUFFERS):  # an index expression, a number or a name holds no region
+        return
+    elif isinstance(value, (tuple, list)):
         for item in value:
             _buffers(item, out)
     else:
