@@ -425,9 +425,10 @@ class Program:
         events: list[tuple[int, int]] = []
         for first, last, buf in intervals:
             if buf.memory == memory:
-                events += [(first, size(buf)), (last + 1, -size(buf))]
+                amount = size(buf)
+                events += [(first, amount), (last + 1, -amount)]
         peak = live = 0
-        for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        for _, delta in sorted(events):  # by position, then frees (negative) before allocations
             live += delta
             peak = max(peak, live)
         return peak
