@@ -98,11 +98,9 @@ def test_mx_formats_are_refused_in_one_sentence(dtype: str) -> None:
 
 def test_e4m3fn_layer_files_keep_values_past_240(tmp_path) -> None:
     """``compress --dtype fp8_e4m3fn``'s files: weights reach 448 and read back as e4m3fn (as legacy e4m3 those bit
-    patterns would be inf/NaN); ``compress --dtype mxfp8`` is refused in one sentence."""
-    from click.testing import CliRunner
+    patterns would be inf/NaN). (``compress --dtype mxfp8`` measures MX layers: test_compress_mx.)"""
 
     from neuronmm_compiler.checkpoints.weights import write_tensor_file
-    from neuronmm_compiler.cli import main
     from neuronmm_compiler.compression.formats import fp8_format, fp8_layer
     from neuronmm_compiler.compression.fp8_files import fp8_tensors, read_fp8_layer
 
@@ -116,6 +114,3 @@ def test_e4m3fn_layer_files_keep_values_past_240(tmp_path) -> None:
     assert np.array_equal(w.view(np.uint8), q.weights["gate"][0].view(np.uint8))
     assert back.activation_scales == pytest.approx({"x": 3.0 / 448, "h": 5.0 / 448})
     assert np.abs(dequantized["gate"] - f["gate"]).max() < 0.07 * np.abs(f["gate"]).max()
-    run = CliRunner().invoke(main, ["compress", str(tmp_path), "--keep-ratio", "0.8", "--dtype", "mxfp8", "-o",
-                                    str(tmp_path / "mx")])
-    assert run.exit_code == 2 and "nc_matmul_mx" in run.output, run.output
