@@ -173,3 +173,21 @@ def test_tune_model_tunes_the_mx_format_a_compress_output_records(tmp_path) -> N
     refused = CliRunner().invoke(main, ["tune", "--model", str(out), "--tokens", "1", "-o", str(tmp_path / "k2")])
     assert refused.exit_code == 2 and refused.output.startswith("nmmc: error: NKI-MX-TARGET: "), refused.output
     assert len(refused.output.strip().splitlines()) == 1 and not (tmp_path / "k2").exists()
+
+
+def test_a_format_the_shapes_do_not_take_is_refused_before_any_search(tmp_path) -> None:
+    """An MX SVD MLP whose rank is not a multiple of 512 (an MX matmul's contraction) is refused in one line naming
+    the format, before any bucket is tuned (it used to fail after the bf16 searches) and with nothing written."""
+    config = json.loads(known_config("llama-3.2-1b").read_text())
+    config.update(hidden_size=512, intermediate_size=1024, num_hidden_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    source = resolve_model(tmp_path / "config.json", 0.8)
+    assert source.ranks is not None and source.ranks[0] % 512
+
+    def never(*_args):
+        raise AssertionError("searched before the formats were checked")
+
+    with pytest.raises(InputError, match=r"^format svd-mxfp4 at this model's shapes: .* not a multiple of 512"):
+        tune_model(source, [1], tmp_path / "k", target=get_target("trn3"), dialect="nki",
+                   formats=FormatRequest.parse("bf16,mxfp4"), tune_bucket=never)
+    assert not (tmp_path / "k").exists()

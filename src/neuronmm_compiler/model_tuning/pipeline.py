@@ -177,8 +177,15 @@ def tune_model(source: ModelSource, buckets: list[int], out_dir: str | Path, *, 
         raise InputError(f"{out} exists and is not a directory")
     c = source.config
     plans = _plans(source, formats or FormatRequest())
-    # before any search: every format to tune (allowed or recorded) must compile here (MX: trn3 only)
+    # before any search: every format to tune (allowed or recorded) must compile here (MX: trn3 only) and take the
+    # model's shapes (an MX matmul contracts multiples of 512: an SVD rank of 1280 does not)
     FormatRequest(tuple(dict.fromkeys(f.weights for p in plans for f in p.candidates))).check_target(target, dialect)
+    for plan in plans:
+        for fmt in plan.candidates:
+            try:
+                fmt.workload(buckets[0], c.hidden_size, c.intermediate_size, plan.ranks).graph()
+            except InputError as err:
+                raise InputError(f"format {fmt.name} at this model's shapes: {err}") from None
     searches: list[tuple[int, Workload]] = []
     slots: dict[str, int] = {}
 
