@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from neuronmm_compiler.compression import compress_model, factor_names, layer_file
 from neuronmm_compiler.export import ExportRequest, export_model
 from neuronmm_compiler.export.verify import verify_dir
-from neuronmm_compiler.compression import compress_model, factor_names, layer_file
 from neuronmm_compiler.targets import get_target, with_launch
 
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 768,
