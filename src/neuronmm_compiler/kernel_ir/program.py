@@ -533,8 +533,9 @@ def instruction_counts(body: list[Stmt], env: Mapping[str, int] | None = None,
     consumer may read a statement's extents and trip counts in the environment, not its offsets.
     Exact for the programs nmmc's lowerings build; tests compare it with enumeration. ``memo``: the loops'
     extent variables found so far (:func:`extent_variables`), to share between walks of one body."""
-    env = dict(env or {})
-    yield from _counts(body, env, 1, {} if memo is None else memo)
+    found: list[tuple[Stmt, dict[str, int], int]] = []
+    _visit(body, dict(env or {}), 1, {} if memo is None else memo, lambda *leaf: found.append(leaf))
+    yield from found
 
 
 def visit_counts(body: list[Stmt], visit: Visit, env: Mapping[str, int] | None = None,
@@ -595,20 +596,3 @@ def _extent_variables(loop: Loop, memo: dict[int, frozenset[str]]) -> frozenset[
                                 names |= extent.variables()
         found = memo[id(loop)] = frozenset(names)
     return found
-
-
-def _counts(body: list[Stmt], env: dict[str, int], mult: int, memo: dict[int, frozenset[str]]) -> Counted:
-    for stmt in body:
-        if isinstance(stmt, Loop):
-            trip = stmt.trip.evaluate(env)
-            if trip <= 0:
-                continue
-            last = {**env, stmt.var: trip - 1}
-            if trip > 1 and stmt.var not in _extent_variables(stmt, memo):
-                yield from _counts(stmt.body, last, mult * trip, memo)
-                continue
-            if trip > 1:
-                yield from _counts(stmt.body, {**env, stmt.var: 0}, mult * (trip - 1), memo)
-            yield from _counts(stmt.body, last, mult, memo)
-        else:
-            yield stmt, env, mult
