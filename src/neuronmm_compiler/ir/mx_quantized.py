@@ -47,15 +47,22 @@ def unquantized_mx(graph: Graph, dtype: str = "bfloat16") -> Graph:
             out.add_output(node.name or node.id, ops[0], layout=node.layout or "row_major", id=node.id)
         elif node.kind == NodeKind.ELEMENTWISE and node.attrs["op"] == ElementwiseOp.QUANTIZE_MX:
             alias[node.id] = ops[0]
-        elif node.kind == NodeKind.MATMUL:
-            alias[node.id] = out.add_matmul(*ops, id=node.id)
-        elif node.kind == NodeKind.TRANSPOSE:
-            alias[node.id] = out.add_transpose(*ops, id=node.id)
-        elif node.kind == NodeKind.NORM:
-            alias[node.id] = out.add_norm(node.attrs["norm"], *ops, eps=float(node.attrs["eps"]), id=node.id)
         else:
-            alias[node.id] = out.add_elementwise(node.attrs["op"], *ops, id=node.id)
+            alias[node.id] = add_plain(out, node, ops)
     return out
+
+
+def add_plain(out: Graph, node: Any, ops: list[str]) -> str:
+    """Add to ``out`` a plain copy of the compute ``node`` (matmul, transpose, norm or elementwise) reading ``ops``,
+    under its id: no quantization marks and no dtype override, as the unquantized graphs of :func:`unquantized_mx`
+    and :func:`.quantized.unquantized` hold every value."""
+    if node.kind == NodeKind.MATMUL:
+        return out.add_matmul(*ops, id=node.id)
+    if node.kind == NodeKind.TRANSPOSE:
+        return out.add_transpose(*ops, id=node.id)
+    if node.kind == NodeKind.NORM:
+        return out.add_norm(node.attrs["norm"], *ops, eps=float(node.attrs["eps"]), id=node.id)
+    return out.add_elementwise(node.attrs["op"], *ops, id=node.id)
 
 
 def calibrate_mx(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..vocab import ElementwiseOp, NodeKind
 from .fp8 import FP8_FORMATS, is_fp8, round_fp8
 from .graph import Graph
-from .mx_quantized import calibrate_mx, is_mx_graph, mx_scale_exponents, unquantized_mx
+from .mx_quantized import add_plain, calibrate_mx, is_mx_graph, mx_scale_exponents, unquantized_mx
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,14 +90,8 @@ def unquantized(graph: Graph, dtype: str = "bfloat16") -> Graph:
             acc = graph.node(node.operands[0])
             lhs, rhs = (alias.get(o, o) for o in acc.operands)
             alias[node.id] = out.add_matmul(lhs, rhs, id=node.id)
-        elif node.kind == NodeKind.MATMUL:
-            alias[node.id] = out.add_matmul(*ops, id=node.id)
-        elif node.kind == NodeKind.TRANSPOSE:
-            alias[node.id] = out.add_transpose(*ops, id=node.id)
-        elif node.kind == NodeKind.NORM:
-            alias[node.id] = out.add_norm(node.attrs["norm"], *ops, eps=float(node.attrs["eps"]), id=node.id)
         else:
-            alias[node.id] = out.add_elementwise(node.attrs["op"], *ops, id=node.id)
+            alias[node.id] = add_plain(out, node, ops)
     return out
 
 
