@@ -59,7 +59,8 @@ def test_where_it_does_not_run_says_why():
     assert nkilib_baseline(mlp_workload(1, 2048, 8192, dense=True), TRN2[2]).cost is not None
     assert "bf16 activations" in decode.label and "QuantizationType.ROW" in decode.details["fp8"]
     assert "empty list" in nkilib_baseline(mlp_workload(128, 2048, 8192, dense=True, fp8=fp8), TRN2[2]).reason
-    assert "not modelled" in nkilib_baseline(mlp_workload(512, 2048, 8192, dense=True, fp8=fp8), TRN2[2]).reason
+    prefill = nkilib_baseline(mlp_workload(512, 2048, 8192, dense=True, fp8=fp8), TRN2[2])  # two kernels, modelled
+    assert prefill.cost is not None and prefill.details["kernels"] == 2  # tests/test_nkilib_fp8_prefill.py
     assert "cannot tile 7168" in nkilib_baseline(mlp_workload(512, 4096, 14336, dense=True, fp8=fp8), TRN2[2]).reason
     with pytest.raises(NotModelled, match="float8_e4m3"):
         nkilib_program(8, 512, 1024, TRN2[2], fp8="float8_e5m2")

@@ -24,7 +24,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .nkilib_source import NKILIB_COMMIT, NKILIB_SELECT_COMMIT, DoesNotRun, NotModelled, nkilib_commit
+from .nkilib_source import (
+    NKILIB_COMMIT,
+    NKILIB_SELECT_COMMIT,
+    NKILIB_TKG_COMMIT,
+    DoesNotRun,
+    NotModelled,
+    nkilib_commit,
+)
 
 if TYPE_CHECKING:
     from ..frontends.workloads import MlpWorkload
@@ -33,7 +40,7 @@ if TYPE_CHECKING:
     from .base import Baseline
 
 __all__ = ["NKILIB_COMMIT", "TKG_MAX_TOKENS", "DoesNotRun", "NotModelled", "nkilib_baseline", "nkilib_label",
-           "nkilib_program", "nkilib_source", "nkilib_variant", "vllm_refusal"]
+           "nkilib_program", "nkilib_programs", "nkilib_source", "nkilib_variant", "vllm_refusal"]
 
 #: batch x sequence at or below which ``mlp`` runs its decode kernel (TKG), else prefill (CTE)
 #: (aws-neuron/nki-library@092a49dc, core/mlp/mlp_parameters.py: ``TKG_BS_SEQLEN_THRESHOLD = 96``, ``is_mlp_tkg``
@@ -55,13 +62,12 @@ VLLM_MIN_H_SHARD_I, VLLM_MIN_I_SHARD_I, VLLM_MAX_T_SHARD_I = 7168, 1024, 256
 VLLM_CALL = ("vLLM Neuron: vllm_neuron.functional.mlp -> wrap_nki(nkilib.core.mlp.mlp)[2](hidden [1, T, H], gate/up "
              "[H, I], down [I, H], NO_NORM, no bias, no quantization, column tiling on, output in HBM) "
              "(longdct/vllm-neuron@75ac066d, vllm_neuron/functional/mlp.py); I is this rank's TP slice")
-#: Why its FP8 ROW prefill path is not modelled (its decode path is: :mod:`.nkilib_tkg` with ``fp8``).
-FP8_PREFILL_NOT_MODELLED = (
-    "nki-library's FP8 prefill (mlp_cte, QuantizationType.ROW) is not modelled: it is two kernels, a separate "
-    "rmsnorm_quant (core/rmsnorm/rmsnorm_quant.py, NO_NORM allowed: :48-65) quantizing x per token into an FP8 hidden "
-    "and its scales, then mlp_cte re-quantizing the intermediate per token with tensor_scalar_reduce(abs, max) "
-    "(mlp_cte_quantization.py:103-199, d2ad3a57; basic/mlp_cte_basic_quantization.py at 092a49dc); nmmc has not "
-    "written either as a program yet")
+#: How NxD Inference calls the FP8 ROW prefill path (``tune --json`` details): two kernels, two launches.
+FP8_PREFILL_CALL = (
+    "two kernels, as NxD Inference runs QuantizationType.ROW above 128 tokens (modeling_llama.py:481-505, 706-725): "
+    "rmsnorm_quant (core/rmsnorm/rmsnorm_quant.py, @d2ad3a57; NO_NORM here) quantizes x per token into FP8 rows and "
+    "scales, then mlp_cte (@092a49dc) reads them, re-quantizes the intermediate per token and runs double_row FP8 "
+    "matmuls; lowerings/nkilib_cte_fp8.py")
 #: Who calls the MX path: no serving stack nmmc knows (vLLM Neuron's ``mlp`` passes no quantization).
 MX_CALL = ("nkilib.core.mlp.mlp(..., quantization_type=QuantizationType.MX, column tiling off) as its own tests call "
            "it (test/integration/nkilib/core/mlp/test_mlp_tkg.py:418-439); vLLM Neuron's mlp passes no quantization")
@@ -120,8 +126,11 @@ def nkilib_label(tokens: int, target: Target, fp8: str | None = None, mx: str | 
 
         scheme = f", {mx} weights, {MX_FORMATS[mx].activations} activations (QuantizationType.MX)"
     elif fp8:
-        scheme = (", FP8 weights, bf16 activations" if kind == "decode"
-                  else ", FP8 weights, per-token FP8 activations")
+        if kind == "decode":
+            scheme = ", FP8 weights, bf16 activations"
+        else:  # two kernels (lowerings/nkilib_cte_fp8.py): rmsnorm_quant read at the decode kernel's commit
+            return (f"nki-library MLP (prefill: rmsnorm_quant @{NKILIB_TKG_COMMIT[:8]} + mlp_cte, 2 kernels, "
+                    f"LNC={target.lnc}, FP8 weights, per-token FP8 activations, @{nkilib_commit(variant)[:8]})")
     return f"nki-library MLP ({kind} kernel, LNC={target.lnc}{scheme}, @{nkilib_commit(variant)[:8]})"
 
 
@@ -157,17 +166,24 @@ def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, 
                           "hidden (mlp_cte_utils.py:413 indexes an empty list; mlp_cte_allocation.py:64-71, "
                           "mlp_parameters.py:540-545)")
     if fp8 is not None:
-        from .nkilib_cte import split_on_intermediate, token_tile
-
-        # its tiling asserts first, as for bf16 (the token tile follows the fp32 PSUM accumulators, whatever the
-        # weights' dtype): mlp_cte_sharding.py:38-78, mlp_cte_tile_info.py:82-134
-        split = target.lnc > 1 and split_on_intermediate(tokens, hidden, intermediate)
-        token_tile(tokens if split else tokens // target.lnc, hidden, intermediate // target.lnc if split
-                   else intermediate)
-        raise NotModelled(FP8_PREFILL_NOT_MODELLED)
+        raise NotModelled("nki-library's FP8 prefill path is two kernels: nkilib_programs "
+                          "(lowerings/nkilib_cte_fp8.py)")
     from .nkilib_cte import cte_program
 
     return cte_program(tokens, hidden, intermediate, target, dtype)
+
+
+def nkilib_programs(tokens: int, hidden: int, intermediate: int, target: Target, dtype: str = "bfloat16",
+                    fp8: str | None = None, mx: str | None = None) -> list[Program]:
+    """The kernels a serving stack launches one after another for the MLP (:func:`nkilib_program`'s one, except
+    the FP8 prefill path as NxD Inference calls it above 128 tokens: ``rmsnorm_quant`` then ``mlp_cte``,
+    :mod:`.nkilib_cte_fp8`); same refusals."""
+    if (fp8 is not None and mx is None and dtype == "bfloat16" and target.max_lnc >= 2 and fp8 in NKILIB_FP8_FORMATS
+            and tokens > NXDI_TKG_MAX_TOKENS):
+        from .nkilib_cte_fp8 import fp8_prefill_programs
+
+        return fp8_prefill_programs(tokens, hidden, intermediate, target)
+    return [nkilib_program(tokens, hidden, intermediate, target, dtype, fp8=fp8, mx=mx)]
 
 
 def _instead(workload: MlpWorkload, target: Target) -> str:
@@ -190,7 +206,7 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
     core and in its launch context (one kernel), as vLLM Neuron calls it (module docstring). No cost, with the
     reason, where it does not run or nmmc does not model it; not runnable (a reference row, no speedup) where the
     kernel's asserts stop it or where vLLM Neuron does not call it, with what runs there instead."""
-    from ..cost_model import estimate
+    from ..cost_model import combine_reports, estimate
     from .base import Baseline
 
     tokens, hidden, inter = workload.tokens, workload.hidden, workload.intermediate
@@ -217,17 +233,23 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
         details["prologue"] = "not modelled: the baseline is nki-library's MLP alone"
     name = "nki-library's fused MLP"
     try:
-        program = nkilib_program(tokens, hidden, inter, target, workload.dtype, fp8=fp8, mx=mx)
+        programs = nkilib_programs(tokens, hidden, inter, target, workload.dtype, fp8=fp8, mx=mx)
     except DoesNotRun as exc:
         return Baseline(label, name, None, one_core=False, reason=str(exc), details=details, runnable=False,
                         not_runnable=f"{exc}; {_instead(workload, target)}")
     except NotModelled as exc:
         return Baseline(label, name, None, one_core=False, reason=str(exc), details=details)
-    details["lnc_split"] = program.split or "none"
-    cost = estimate(program, target)
-    reason = "" if cost.feasible else (
-        f"nki-library's kernel does not fit on chip at this shape: SBUF {cost.sbuf_bytes_per_partition} of "
-        f"{cost.sbuf_capacity} bytes/partition, PSUM {cost.psum_banks} of {cost.psum_capacity} banks")
+    details["lnc_split"] = programs[-1].split or "none"
+    if len(programs) > 1:  # launched one after another: each pays its launch in a model graph (combine_reports)
+        details["kernels"] = len(programs)
+        details["fp8_prefill"] = FP8_PREFILL_CALL
+    reports = [estimate(p, target) for p in programs]
+    cost = combine_reports(reports)
+    misfit = [(p, r) for p, r in zip(programs, reports, strict=True) if not r.feasible]
+    reason = "" if not misfit else (
+        f"nki-library's kernel{f' {misfit[0][0].name}' if len(programs) > 1 else ''} does not fit on chip at this "
+        f"shape: SBUF {misfit[0][1].sbuf_bytes_per_partition} of {misfit[0][1].sbuf_capacity} bytes/partition, PSUM "
+        f"{misfit[0][1].psum_banks} of {misfit[0][1].psum_capacity} banks")
     refusal = vllm_refusal(tokens, hidden, inter) if target.lnc == 2 and not fp8 and not mx else None
     if refusal:  # the kernel would run, but the serving stack does not call it here
         return Baseline(f"{label[:-1]}; not called by vLLM Neuron here)", name, cost, one_core=False, reason=reason,

@@ -221,7 +221,8 @@ def tune_lines(tuned: Tuned) -> list[str]:
         "",
         *columns([["", "latency us", "typical range", "  bound", "HBM MiB", "DMAs", "SBUF B/part", "PSUM", "kernels"],
                   _row("nmmc tuned", c.cost, len(c.programs), c.target),
-                  *(_row(("" if b.runnable else REFERENCE) + b.label, b.cost, None, c.target, b.reason)
+                  *(_row(("" if b.runnable else REFERENCE) + b.label, b.cost, (b.details or {}).get("kernels"),
+                         c.target, b.reason)
                     for b in tuned.baselines.values())],
                  _TUNE_COLUMNS),
         *wrap_note(f"latencies and speedups are the cost model's: {trust_note(c.target, _fused(c.workload))}; the "
