@@ -1,7 +1,7 @@
 """``nmmc compress --dtype mxfp8|mxfp4`` and ``--act-scale row`` on a tiny random Llama (issue 55): the NumPy
 emulation is the MX kernel's graph (ir/mx.py's arithmetic, evaluated as ``nmmc verify`` evaluates it) and the FP8
 per-token kernel's graph; the manifest records the format; ``tune --model`` and ``export`` refuse what they cannot
-build, in one line."""
+build (MX on trn2, contractions MX does not tile, scales that contradict the manifest), in one line."""
 
 from __future__ import annotations
 
@@ -139,7 +139,8 @@ def test_compress_dtype_mx_records_the_format_measures_it_and_is_refused_downstr
     assert manifest.quality["perplexity_compressed"] != pytest.approx(manifest.quality["perplexity_original"],
                                                                       rel=1e-3)
     for cmd, says in ((["tune", "--model", str(out), "--tokens", "1", "-o", str(root / "k")], "NKI-MX-TARGET"),
-                      (["export", str(out), "--tokens", "1", "-o", str(root / "pkg")], "records mxfp4 layers")):
+                      (["export", str(out), "--tokens", "1", "--target", "trn3", "-o", str(root / "pkg")],
+                       "not a multiple of 512")):  # 64/192 wide: exported where MX tiles them (test_export_mx)
         refused = CliRunner().invoke(main, cmd)  # tune --model tunes MX on trn3 only (test_model_formats)
         assert refused.exit_code == 2 and says in refused.output, refused.output
         assert len(refused.output.strip().splitlines()) == 1
@@ -168,5 +169,6 @@ def test_compress_fp8_row_scales_need_no_calibration_and_store_none(tiny):
     q = measure(CausalLM(model_dir), np.load(ev), compressed_mlp(out, manifest), length=64, per_layer=False)
     assert q.ppl_compressed == pytest.approx(manifest.quality["perplexity_compressed"], rel=1e-6)
     assert _compress(model_dir, out, "--dtype", "fp8", "--act-scale", "row").exit_code == 0  # resumed
-    refused = CliRunner().invoke(main, ["export", str(out), "--tokens", "1", "-o", str(root / "pkg-row")])
-    assert refused.exit_code == 2 and "per-token activation scales" in refused.output, refused.output
+    refused = CliRunner().invoke(main, ["export", str(out), "--tokens", "1", "--act-scale", "static", "-o",
+                                        str(root / "pkg-row")])  # exported with its row scales: test_export_row
+    assert refused.exit_code == 2 and "FP8 layers with row activation scales" in refused.output, refused.output

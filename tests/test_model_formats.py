@@ -147,7 +147,7 @@ def test_mx_formats_are_candidates_on_trn3_and_refused_on_trn2(tmp_path) -> None
 
 def test_tune_model_tunes_the_mx_format_a_compress_output_records(tmp_path) -> None:
     """An ``nmmc compress --dtype mxfp4`` output (layers[i].mx) is tuned in its recorded MX format on trn3 (the
-    kernels need only the format and the shapes; an export, which needs the weights, still refuses it), and refused
+    kernels need only the format and the shapes; an export also quantizes the weights: test_export_mx), and refused
     in one line on trn2. The tiny model's sizes are raised in its manifest to a contraction MX tiles (512)."""
     from click.testing import CliRunner
 

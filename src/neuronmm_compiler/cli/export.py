@@ -83,9 +83,15 @@ Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 
 @click.option("--dtype", default=None, callback=lowercase_name,
               help="Weights of the kernels: bf16, fp32 (activations too) or fp8 (fp8_e4m3, fp8_e5m2: FP8 weights "
                    "with per-output-channel scales, bf16 activations quantized on chip with static scales; from a "
-                   "checkpoint the weights are quantized on the fly and the scales calibrated when patching). "
-                   "Default: an 'nmmc compress' output's recorded per-layer formats (its --dtype fp8 layers FP8), "
-                   "else bf16.")
+                   "checkpoint the weights are quantized on the fly and the scales calibrated when patching), or on "
+                   "trn3 an OCP MX format (mxfp8_e4m3, mxfp8_e5m2, mxfp4: weights quantized into E8M0-scaled blocks "
+                   "of 32 when patching, activations by quantize_mx in the kernel; tp 1). Default: an 'nmmc "
+                   "compress' output's recorded per-layer formats (its --dtype fp8 / mxfp8 / mxfp4 layers), else "
+                   "bf16.")
+@click.option("--act-scale", type=click.Choice(["static", "row"], case_sensitive=False), default=None,
+              help="FP8 activation scales: static (one per tensor, calibrated when patching a checkpoint) or row "
+                   "(one per token, computed by the kernel: nothing to calibrate; tp 1). Default: an 'nmmc compress' "
+                   "output's recorded fp8.act_scale, else static.")
 @target_option
 @dialect_option
 @click.option("--trials", default=150, show_default=True, type=click.IntRange(min=1),
@@ -103,7 +109,8 @@ Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 
                    "identifier and its parent is on sys.path).")
 def export(model: str, buckets: str | None, serving: str | None, max_num_seqs: int | None,
            max_num_batched_tokens: int | None, max_model_len: int | None, tp: int, keep_ratio: float | None,
-           dense: bool, dtype: str, target: str, dialect: str, sdk: str | None, trials: int, seed: int,
+           dense: bool, dtype: str, act_scale: str | None, target: str, dialect: str, sdk: str | None, trials: int,
+           seed: int,
            no_cache: bool, cache_dir: str | None, run_verify: bool, progress: bool | None, as_json: bool,
            output: str) -> None:
     """Write MODEL's MLP kernels as a Python package that drops them into a PyTorch or NxD Inference model.
@@ -114,19 +121,22 @@ def export(model: str, buckets: str | None, serving: str | None, max_num_seqs: i
     from ..errors import InputError
     from ..export import ExportRequest
     from ..ir import canonical_dtype
+    from ..ir.mx import mx_format
 
     if dense and keep_ratio is not None:
         raise InputError("--dense exports the uncompressed MLP: drop --keep-ratio")
     tgt = export_target(target, dialect, sdk)  # inside a model's graph: in-graph unless --launch says otherwise
     flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
              "--max-model-len": max_model_len}
-    weights = None if dtype is None else canonical_dtype(dtype)
+    mx = None if dtype is None else mx_format(dtype)
+    weights = None if dtype is None else mx.name if mx is not None else canonical_dtype(dtype)
+    act_scale = None if act_scale is None else act_scale.lower()
     token_buckets, plugin = _buckets(model, output, buckets, serving, flags, tp=tp, keep_ratio=keep_ratio,
-                                     dense=dense, dtype=weights, target=tgt, dialect=dialect)
+                                     dense=dense, dtype=weights, act_scale=act_scale, target=tgt, dialect=dialect)
     request = ExportRequest(model=model, buckets=token_buckets, target=tgt,
                             dialect=chosen_dialect(dialect, sdk, tgt), tp=tp, keep_ratio=keep_ratio, dense=dense,
                             dtype=weights, trials=trials, seed=seed, cache_dir=cache_dir,
-                            use_cache=not no_cache, sdk=sdk)
+                            use_cache=not no_cache, sdk=sdk, act_scale=act_scale)
     ok = run_export(request, output, verify=run_verify, as_json=as_json,
                     progress=show_progress(progress, as_json), echo=click.echo, plugin=plugin)
     if not ok:
@@ -143,7 +153,8 @@ class ServingExport:
 
 
 def serving_export(model: str, output: str, *, buckets: str | None, tp: int, keep_ratio: float | None, dense: bool,
-                   dtype: str | None, target: Any, dialect: str, flags: dict[str, int | None]) -> ServingExport:
+                   dtype: str | None, target: Any, dialect: str, flags: dict[str, int | None],
+                   act_scale: str | None = None) -> ServingExport:
     """Check what --serving vllm-neuron cannot match (one line each, before any work) and derive its plan."""
     from pathlib import Path
 
@@ -158,10 +169,11 @@ def serving_export(model: str, output: str, *, buckets: str | None, tp: int, kee
     if missing:
         raise InputError(f"{why} needs {', '.join(missing)}: the buckets vLLM Neuron compiles depend on them (give "
                          "the values you pass to vllm serve)")
-    if keep_ratio is not None or (dtype is not None and dtype != "bfloat16"):
+    if keep_ratio is not None or (dtype is not None and dtype != "bfloat16") or act_scale is not None:
         raise InputError(f"{why} exports the dense bf16 MLP only: vLLM Neuron passes each layer's dense bf16 weight "
-                         "slices to vllm_neuron.functional.mlp with no layer index, so SVD factors or FP8 weights and "
-                         "scales could not be matched to a layer; drop --keep-ratio/--dtype")
+                         "slices to vllm_neuron.functional.mlp with no layer index, so SVD factors, FP8 weights and "
+                         "scales (static or per-token) or MX weights and their E8M0 scales could not be matched to a "
+                         "layer; drop --keep-ratio/--dtype/--act-scale")
     if target.lnc != LNC:
         raise InputError(f"{why}: vLLM Neuron runs its graphs on LNC={LNC} (it launches its MLP kernel as "
                          f"kernel[{LNC}]); drop --lnc {target.lnc}")
@@ -173,7 +185,12 @@ def serving_export(model: str, output: str, *, buckets: str | None, tp: int, kee
         raise InputError(f"{why}: {model} is an 'nmmc compress' output (SVD factors); vLLM Neuron passes each layer's "
                          "dense weight slices with no layer index, so the factors could not be matched to a layer; add "
                          "--dense to export the dense MLP")
-    if any(g.weights != "bfloat16" for g in groups) or source.config.torch_dtype != "bfloat16":
+    formats = sorted({g.weights for g in groups} - {"bfloat16"})
+    if formats:
+        raise InputError(f"{why}: {model} records {', '.join(formats)} layers (FP8 or MX weights with their scales), "
+                         "which vLLM Neuron's dense bf16 MLP call cannot carry; --serving exports dense bf16 kernels "
+                         "only: add --dense")
+    if source.config.torch_dtype != "bfloat16":
         raise InputError(f"{why} exports bf16 kernels, and vLLM Neuron keeps the checkpoint's dtype "
                          f"({source.config.torch_dtype}) for the MLP weights: no call would match")
     c = source.config
@@ -250,6 +267,11 @@ def _summary(manifest: dict, output: str) -> list[str]:
     if manifest["weights"].get("activation_scales") == "calibration":
         lines.append("  FP8 activation scales: calibrated on the unpatched model when patching (patch(..., "
                      "calibration=token ids); docs/integration.md)")
+    elif manifest["weights"].get("activation_scales") == "row":
+        lines.append("  FP8 activation scales: per token, computed by the kernels (nothing to calibrate)")
+    if any(g["weights_dtype"].startswith("mx") for g in manifest["groups"].values()):
+        lines.append("  MX weights: quantized into packed elements and E8M0 scales when patching (runtime mx.py), "
+                     "activations by quantize_mx in the kernels")
     lines.append(f"wrote the package to {output} (manifest.json; nmmc verify {output})")
     return lines
 

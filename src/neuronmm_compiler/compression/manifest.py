@@ -188,24 +188,6 @@ class Manifest:
         chip; ``compress --act-scale row``)."""
         return str((self.fp8 or {}).get("act_scale", "static"))
 
-    def kernel_refusal(self, command: str, *, mx_kernels: bool = False) -> str | None:
-        """The one line ``command`` (``nmmc tune --model``, ``nmmc export``) refuses this output with when its
-        kernels cannot honour what the manifest records (MX layers, unless ``mx_kernels``: the command builds MX
-        kernels from the recorded format and shapes alone, as ``tune --model`` does; an export would need the weights,
-        which are float32 factors, not pre-quantized; FP8 with per-token activation scales), else None: never read as
-        bf16 or static FP8."""
-        if not mx_kernels and any(layer.mx for layer in self.layers):
-            fmt = next(layer.mx for layer in self.layers if layer.mx)
-            return (f"{command}: this compress output records {fmt} layers (manifest layers[i].mx), whose files hold "
-                    "float32 factors that are not pre-quantized MX weights, and it does not read MX layers from a "
-                    "compress output yet (docs/compression.md, 'MX layers'); compress with --dtype fp8 or bf16 for "
-                    "kernels")
-        if self.act_scale != "static":
-            return (f"{command}: this compress output's FP8 layers use per-token activation scales (manifest "
-                    f"fp8.act_scale {self.act_scale!r}), which {command} does not build yet (it reads stored static "
-                    "scales); compress with --act-scale static (docs/compression.md, 'FP8 layers')")
-        return None
-
     def layer_ranks(self) -> list[dict[str, int | None]]:
         """Per layer, the rank of each projection (None for a dense one)."""
         return [{proj: None if p.dense else p.rank for proj, p in layer.projections.items()} for layer in self.layers]

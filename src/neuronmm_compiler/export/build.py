@@ -27,18 +27,20 @@ from .. import __version__
 from ..codegen import read_metadata
 from ..driver import Compiled
 from ..errors import InputError
+from ..frontends.mx import MxWeights
 from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import MlpWorkload, mlp_workload
 from ..io import check_output_dir, write_dir_atomic
+from ..ir.mx import MX_FORMATS, is_mx
 from ..model_tuning.pipeline import ModelSource, sdk_range
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
 from ..tuning.speedups import launch_dict
-from .groups import ExportGroup, export_groups, tensor_source
+from .groups import ExportGroup, activation_scales, export_groups, mx_tensor_source, tensor_source
 from .manifest import FORMAT, MANIFEST_NAME, SCHEMA_FILE, VERSION, is_export, schema_text
 
 #: The runtime modules copied into every package (export/runtime/).
-RUNTIME_FILES = ("__init__.py", "backend.py", "layers.py", "weights.py", "fp8.py", "module.py", "ops.py",
+RUNTIME_FILES = ("__init__.py", "backend.py", "layers.py", "weights.py", "fp8.py", "mx.py", "module.py", "ops.py",
                  "patch.py", "llama.py")
 #: The tensor-parallel strategies an export takes: those whose every weight is a slice of the unsharded tensors
 #: (the factor-shard strategies need per-shard factorisations, which the runtime does not load yet); a strategy whose
@@ -54,7 +56,9 @@ class ExportRequest:
     output), the token buckets, the target (its spec carries the LNC and launch context), dialect, TP degree,
     compression (``keep_ratio``; a compress output gives its ranks; neither, or ``dense``: the dense MLP), the
     weights' ``dtype`` (None: the source's formats, else bf16; an FP8 format: FP8 kernels), the Neuron SDK release
-    the kernels are emitted for (``sdk``; None: the newest of the dialect on the target), and the search settings."""
+    the kernels are emitted for (``sdk``; None: the newest of the dialect on the target), the search settings, and
+    ``act_scale``: how FP8 kernels scale their activations (None: the source's, else static; ``row``: per token, in
+    the kernel). ``dtype`` may name an OCP MX format (``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp4``: trn3 only)."""
 
     model: str
     buckets: tuple[int, ...]
@@ -70,6 +74,7 @@ class ExportRequest:
     cache_dir: str | None = None
     use_cache: bool = True
     sdk: str | None = None
+    act_scale: str | None = None
 
 
 def activation_dtype(request: ExportRequest) -> str:
@@ -90,10 +95,12 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
         raise InputError(f"{str(out_dir)!r} exists and is neither empty nor an nmmc export package; name a new or "
                          "empty directory (an existing package is replaced as a whole)")
     activation = activation_dtype(request)
+    act_scale = activation_scales(request.model, request.dense, request.dtype, request.act_scale)
     source, factors_dir, groups = export_groups(request.model, request.keep_ratio, request.dense, request.dtype,
                                                 activation)
     if not request.buckets:
         raise InputError("--tokens needs at least one bucket")
+    _check_formats(request, groups, act_scale, source.config.hidden_size, source.config.intermediate_size)
     if request.tp > 1 and source.config.intermediate_size % request.tp:
         raise InputError(f"--tp {request.tp} does not divide the intermediate size {source.config.intermediate_size}: "
                          "the ranks would get unequal slices and so different kernels, which the one graph every "
@@ -111,10 +118,11 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
     steps = len(groups) * len(request.buckets)
     for g, group in enumerate(groups):
         buckets = []
-        fp8 = Fp8Weights(group.weights) if group.fp8 else None
+        fp8 = Fp8Weights(group.weights, act_scale=act_scale) if group.fp8 else None
+        mx = MxWeights(group.weights) if group.weights in MX_FORMATS else None
         for b, tokens in enumerate(sorted(request.buckets)):
             workload = mlp_workload(tokens, c.hidden_size, c.intermediate_size, ranks=group.ranks,
-                                    dense=group.ranks is None, dtype=activation, fp8=fp8)
+                                    dense=group.ranks is None, dtype=activation, fp8=fp8, mx=mx)
             directory = f"kernels/{group.name}/t{tokens}"
             if request.tp == 1:
                 buckets.append(_one_core_bucket(workload, kernel_fn, request.target, files, directory))
@@ -122,8 +130,8 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
                 buckets.append(_tp_bucket(workload, request, kernel_fn, files, directory))
             if progress:
                 progress(g * len(request.buckets) + b + 1, steps)
-        entries[group.name] = _group(group, buckets, from_checkpoint)
-    manifest = _manifest(request, source, factors_dir, groups, entries, activation)
+        entries[group.name] = _group(group, buckets, from_checkpoint, act_scale)
+    manifest = _manifest(request, source, factors_dir, groups, entries, activation, act_scale)
     runtime = Path(__file__).parent / "runtime"
     for name in RUNTIME_FILES:
         files[name] = (runtime / name).read_text(encoding="utf-8")
@@ -137,13 +145,49 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
     return manifest
 
 
+def _check_formats(request: ExportRequest, groups: list[ExportGroup], act_scale: str, hidden: int,
+                   intermediate: int) -> None:
+    """Refuse, in one line and before any search, what the export does not build: an MX group on a target without
+    nc_matmul_mx (rule NKI-MX-TARGET) or at shapes MX does not tile (contractions in multiples of 512), MX or
+    per-token FP8 scales at --tp above 1 (neither is sharded: tensor_parallel/sharding.py builds static-scale FP8 and
+    bf16 plans only)."""
+    from ..ir.mx import check_mx_on_target
+
+    for group in groups:
+        if group.weights in MX_FORMATS:
+            check_mx_on_target(MX_FORMATS[group.weights], request.target, request.dialect)
+            try:
+                mlp_workload(min(request.buckets), hidden, intermediate, ranks=group.ranks, dense=group.ranks is None,
+                             mx=MxWeights(group.weights)).graph()
+            except InputError as err:
+                raise InputError(f"{group.name} (layers {', '.join(map(str, group.layers))}) at this model's "
+                                 f"shapes: {err}") from None
+    if request.tp > 1:
+        if any(g.weights in MX_FORMATS for g in groups):
+            raise InputError(f"--tp {request.tp}: MX kernels are exported unsharded (tensor-parallel MX plans are not "
+                             "built); export with --tp 1")
+        if act_scale == "row" and any(g.fp8 for g in groups):
+            raise InputError(f"--tp {request.tp}: FP8 kernels with per-token activation scales (--act-scale row) are "
+                             "not sharded by --tp; export with --tp 1, or with static scales")
+
+
+def _layout(name: str, dtype: str, mx_args: set[str]) -> str:
+    """A kernel argument's layout: ``mx_packed`` (an MX weight's packed elements), ``mx_scales`` (its E8M0 scales),
+    else ``row_major``."""
+    if is_mx(dtype):
+        return "mx_packed"
+    return "mx_scales" if name.endswith("_scale") and name.removesuffix("_scale") in mx_args else "row_major"
+
+
 def _functions(source: str) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     """(each kernel function of a file in call order with its arguments and results, the file's graph inputs)."""
     meta = read_metadata(source)
     assert meta is not None, "an emitted kernel file has metadata"
+    mx_args = {b.name for k in meta.kernels for b in k.inputs if is_mx(b.dtype)}
 
     def described(buffers: Any) -> list[dict[str, Any]]:
-        return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype, "layout": "row_major"} for b in buffers]
+        return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype, "layout": _layout(b.name, b.dtype, mx_args)}
+                for b in buffers]
 
     functions = [{"name": k.name, "arguments": described(k.inputs), "results": described(k.outputs)}
                  for k in meta.kernels]
@@ -247,29 +291,36 @@ def _launch(target: Target, dialect: str) -> dict[str, Any]:
                     "logical_nc_config); a mismatch fails compilation with NCC_EVRF066"}
 
 
-def _group(group: ExportGroup, buckets: list[dict[str, Any]], from_checkpoint: bool) -> dict[str, Any]:
+def _group(group: ExportGroup, buckets: list[dict[str, Any]], from_checkpoint: bool, act_scale: str) -> dict[str, Any]:
     """A group's manifest entry: its layers, MLP, weight format, the weights its kernels take (each with its
-    source, shape and dtype as the kernel files state them) and its buckets."""
+    source, shape, dtype and layout as the kernel files state them; an MX weight's two arguments with their ``mx``
+    record), how its activations are scaled and its buckets."""
     tensors: dict[str, dict[str, Any]] = {}
+    mx = group.weights in MX_FORMATS
     for bucket in buckets:
         dtypes = {a["name"]: a["dtype"] for kernel in bucket["kernels"].values() for f in kernel["functions"]
                   for a in f["arguments"]}
         for name, shape in bucket.pop("tensors").items():
-            if name != "x":
-                tensors[name] = {"shape": shape, "dtype": dtypes.get(name, group.weights), "layout": "row_major",
-                                 **tensor_source(name, group, from_checkpoint)}
+            if name == "x":
+                continue
+            where = mx_tensor_source(name, shape, group, from_checkpoint) if mx else \
+                {"layout": "row_major", **tensor_source(name, group, from_checkpoint)}
+            tensors[name] = {"shape": shape, "dtype": dtypes.get(name, group.weights), **where}
+    activations = ("quantize_mx" if mx else act_scale if group.fp8 else None)
     return {"layers": list(group.layers), "mlp": "dense" if group.ranks is None else "svd",
             "ranks": None if group.ranks is None else dict(zip(("gate", "up", "down"), group.ranks, strict=True)),
-            "weights_dtype": group.weights, "tensors": dict(sorted(tensors.items())), "buckets": buckets}
+            "weights_dtype": group.weights, "activation_scales": activations, "tensors": dict(sorted(tensors.items())),
+            "buckets": buckets}
 
 
 def _manifest(request: ExportRequest, source: ModelSource, factors_dir: str | None, groups: list[ExportGroup],
-              entries: dict[str, dict[str, Any]], activation: str) -> dict[str, Any]:
+              entries: dict[str, dict[str, Any]], activation: str, act_scale: str) -> dict[str, Any]:
     c = source.config
     weights_from = "checkpoint" if factors_dir is None and all(g.ranks is None for g in groups) else "factors"
     mlps = {e["mlp"] for e in entries.values()}
     layer_group = {layer: g.name for g in groups for layer in g.layers}
-    calibrated = weights_from == "checkpoint" and any(g.fp8 for g in groups)
+    fp8 = any(g.fp8 for g in groups)
+    calibrated = weights_from == "checkpoint" and fp8 and act_scale == "static"
     return {
         "format": FORMAT, "version": VERSION, "nmmc_version": __version__,
         "model": {"name": c.name, "architecture": c.architecture, "hidden_size": c.hidden_size,
@@ -281,7 +332,8 @@ def _manifest(request: ExportRequest, source: ModelSource, factors_dir: str | No
         "weights": {"from": weights_from, "factors_dir": factors_dir,
                     "expects": "a Hugging Face checkpoint directory (safetensors)" if weights_from == "checkpoint"
                     else "an 'nmmc compress' output directory (layer_XXX.safetensors factors)",
-                    "activation_scales": "calibration" if calibrated else None},
+                    "activation_scales": "calibration" if calibrated else "row" if fp8 and act_scale == "row"
+                    else None},
         "target": request.target.spec, "target_name": request.target.name, "lnc": request.target.lnc,
         "dialect": str(request.dialect), "sdk": sdk_range(request.dialect, request.target, request.sdk),
         "activation_dtype": activation,

@@ -6,17 +6,22 @@ The source decides the groups:
 
 - a model directory, config.json or shipped name: one group of every layer, dense (``--dense`` or no
   ``--keep-ratio``) or SVD at the keep ratio's block-aligned ranks, in ``--dtype``;
-- an ``nmmc compress`` output: its layers as the manifest records them (``layers[i]``: ranks, ``fp8``), layers of
-  equal (ranks, format) in one group. Its formats dictate the export's: an FP8 layer (``--dtype fp8`` at compress
-  time, or chosen by ``--choose-ranks --dtype fp8``) gets an FP8 kernel, any other layer a kernel in the
-  activation dtype (bf16). A ``--dtype`` that contradicts them is refused rather than silently followed, and so is
-  ``--dtype fp8`` of bf16 factors (their static activation scales are calibrated by ``nmmc compress --dtype fp8``).
+- an ``nmmc compress`` output: its layers as the manifest records them (``layers[i]``: ranks, ``fp8``, ``mx``),
+  layers of equal (ranks, format) in one group. Its formats dictate the export's: an FP8 layer (``--dtype fp8`` at
+  compress time, or chosen by ``--choose-ranks --dtype fp8``) gets an FP8 kernel (per-token activation scales when
+  the manifest's ``fp8.act_scale`` is ``row``), an MX layer (``--dtype mxfp8|mxfp4``: float32 factors) an MX kernel
+  (trn3), any other layer a kernel in the activation dtype (bf16). A ``--dtype`` that contradicts them is refused
+  rather than silently followed, and so is ``--dtype fp8`` of bf16 factors (their static activation scales are
+  calibrated by ``nmmc compress --dtype fp8``).
 
 Argument sources (``tensors`` of a group in the manifest): a dense group from a Hugging Face checkpoint reads
 ``model.layers.{i}.mlp.{p}_proj.weight`` transposed (FP8: quantized on the fly with per-output-channel scales from
 the weight, :mod:`.runtime.fp8`; the static activation scales ``x_scale``/``h_scale`` from a calibration the
-runtime runs on the unpatched model); every group of a compress output reads the layer files
-(``u``/``v``/``w`` as stored, FP8 layers' scales beside them, :mod:`..compression.fp8_files`).
+runtime runs on the unpatched model; per-token scales: none, the kernel computes them); every group of a compress
+output reads the layer files (``u``/``v``/``w`` as stored, FP8 layers' scales beside them,
+:mod:`..compression.fp8_files`). An MX group's arguments come in pairs, packed elements and E8M0 scales, both made
+from one float weight (the checkpoint's, transposed, or a factor) when the runtime loads a layer
+(:func:`mx_tensor_source`, :mod:`.runtime.mx`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from ..errors import InputError
 from ..ir.fp8 import is_fp8
 from ..model_tuning.pipeline import ModelSource, model_path, resolve_model
 
-__all__ = ["ExportGroup", "export_groups", "tensor_source"]
+__all__ = ["ExportGroup", "activation_scales", "export_groups", "mx_tensor_source", "tensor_source"]
 
 #: A Hugging Face checkpoint's MLP weight ([out, in]; the kernels take its transpose [in, out]).
 HF_WEIGHT = "model.layers.{layer}.mlp.{proj}_proj.weight"
@@ -50,12 +55,10 @@ def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str 
     compressed = path.is_dir() and (path / MANIFEST_FILE).is_file()
     if compressed and not dense:
         manifest = read_manifest(path / MANIFEST_FILE)
-        if manifest.kernel_refusal("nmmc export"):  # MX layers, per-token FP8 scales: never read as bf16
-            raise InputError(str(manifest.kernel_refusal("nmmc export")))
         if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
             raise InputError(f"{path} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
                              f"{manifest.keep_ratio}")
-        formats = [layer.fp8 or activation for layer in manifest.layers]
+        formats = [layer.fp8 or layer.mx or activation for layer in manifest.layers]
         recorded = sorted(set(formats))
         if dtype is not None and recorded != [dtype]:
             if is_fp8(dtype) and not any(is_fp8(f) for f in formats):
@@ -63,7 +66,7 @@ def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str 
                                  "'nmmc compress --dtype fp8' calibrates; compress with --dtype fp8 (or "
                                  "--choose-ranks --dtype fp8), or export it without --dtype")
             raise InputError(f"{path} records its layers' kernel formats ({', '.join(recorded)}, manifest "
-                             f"layers[i].fp8), which the export follows: drop --dtype {dtype}")
+                             f"layers[i].fp8 / .mx), which the export follows: drop --dtype {dtype}")
         groups = manifest_groups(manifest, path, activation)
         uniform = len({g.ranks for g in groups}) == 1
         r = groups[0].ranks
@@ -77,6 +80,51 @@ def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str 
     weights = dtype or activation
     layers = tuple(range(source.config.num_hidden_layers))
     return source, None, [ExportGroup(layers, source.ranks, weights)]
+
+
+def activation_scales(model: str, dense: bool, dtype: str | None, act_scale: str | None) -> str:
+    """How the export's FP8 kernels scale their activations: ``static`` (per tensor, stored or calibrated) or ``row``
+    (per token, computed by the kernel: nothing to calibrate). An ``nmmc compress`` output's FP8 layers follow its
+    manifest (``fp8.act_scale``; an ``act_scale`` that contradicts it is refused); else ``act_scale`` (default
+    static), which ``row`` only with an FP8 ``dtype``."""
+    path = model_path(model)
+    if path.is_dir() and (path / MANIFEST_FILE).is_file() and not dense:
+        manifest = read_manifest(path / MANIFEST_FILE)
+        recorded = manifest.act_scale if any(layer.fp8 for layer in manifest.layers) else None
+        if act_scale is not None and act_scale != (recorded or "static"):
+            raise InputError(f"{path} records " + (f"FP8 layers with {recorded} activation scales (manifest "
+                             "fp8.act_scale), which the export follows" if recorded else "no FP8 layers") +
+                             f": drop --act-scale {act_scale}")
+        return recorded or "static"
+    if act_scale == "row" and not (dtype is not None and is_fp8(dtype)):
+        raise InputError("--act-scale row scales the activations of FP8 kernels per token: it goes with --dtype fp8 "
+                         "(MX kernels quantize their activations per block with quantize_mx)")
+    return act_scale or "static"
+
+
+def mx_tensor_source(name: str, shape: list[int], group: ExportGroup, from_checkpoint: bool) -> dict[str, Any]:
+    """Where kernel argument ``name`` of an MX ``group`` comes from and how it is stored (``shape``: the kernel
+    argument's): a weight's packed elements (``<kind>_<proj>``, ``[K/4, N]``, layout ``mx_packed``, transform
+    ``mx_quantize``) or its E8M0 scales (``<kind>_<proj>_scale``, ``[16, K/512, N]`` uint8, layout ``mx_scales``,
+    transform ``mx_scale``), both from the float weight ``W`` [K, N] (a checkpoint's transposed weight or a factor),
+    quantized when the package loads it (runtime mx.py; nmmc's ir/mx.py)."""
+    from ..ir.mx import MX_BLOCK, MX_FORMATS, MX_PACK, MX_TILE
+
+    fmt = MX_FORMATS[group.weights]
+    scale = name.endswith("_scale")
+    stem = name.removesuffix("_scale")
+    kind, _, proj = stem.partition("_")
+    template = {"w": W_NAME, "u": U_NAME, "v": V_NAME}.get(kind)
+    if template is None or proj not in ("gate", "up", "down"):
+        raise InputError(f"the export has no weight source for MX kernel argument {name!r}")
+    logical = [shape[1] * MX_TILE, shape[2]] if scale else [shape[0] * MX_PACK, shape[1]]
+    where = ({"from": "checkpoint", "name": HF_WEIGHT.format(layer="{layer}", proj=proj)}
+             if from_checkpoint and kind == "w" else
+             {"from": "factors", "name": template.format(layer="{layer}", proj=proj)})
+    mx = {"format": fmt.name, "element": fmt.weights, "block": MX_BLOCK, "logical_shape": logical,
+          **({"of": stem} if scale else {"scale": f"{stem}_scale"})}
+    return {"layout": "mx_scales" if scale else "mx_packed", **where,
+            "transform": "mx_scale" if scale else "mx_quantize", "mx": mx}
 
 
 def tensor_source(name: str, group: ExportGroup, from_checkpoint: bool) -> dict[str, Any]:

@@ -33,15 +33,19 @@ _SHORT = {"bfloat16": "bf16", "float8_e4m3": "fp8", "float8_e5m2": "fp8_e5m2", "
 class MlpFormat:
     """One candidate: the MLP's structure (``svd``: the model's SVD factors, else the dense weights) and the weights'
     element type (``bfloat16``, an FP8 format with per-channel scales, docs/quantization.md, or an OCP MX format by its
-    canonical name, ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp4``: docs/mx.md)."""
+    canonical name, ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp4``: docs/mx.md); ``act_scale``: how an FP8 format's kernel
+    scales the activations, ``static`` (per tensor, an argument) or ``row`` (per token, computed in the kernel: an
+    ``nmmc compress --act-scale row`` output's)."""
 
     svd: bool
     weights: str = "bfloat16"
+    act_scale: str = "static"
 
     @property
     def name(self) -> str:
-        """``dense-bf16``, ``svd-fp8``, ``svd-fp8_e5m2``, ..."""
-        return f"{'svd' if self.svd else 'dense'}-{_SHORT[self.weights]}"
+        """``dense-bf16``, ``svd-fp8``, ``svd-fp8_e5m2``, ``svd-fp8-row`` (per-token scales), ..."""
+        row = "-row" if self.act_scale != "static" and is_fp8(self.weights) else ""
+        return f"{'svd' if self.svd else 'dense'}-{_SHORT[self.weights]}{row}"
 
     @property
     def lossiness(self) -> int:
@@ -56,7 +60,7 @@ class MlpFormat:
     def workload(self, tokens: int, hidden: int, intermediate: int,
                  ranks: tuple[int, int, int] | None) -> MlpWorkload:
         """The MLP of this format at ``tokens`` (``ranks``: the source's, for an SVD format)."""
-        fp8 = Fp8Weights(self.weights) if is_fp8(self.weights) else None
+        fp8 = Fp8Weights(self.weights, act_scale=self.act_scale) if is_fp8(self.weights) else None
         mx = MxWeights(self.weights) if self.weights in MX_FORMATS else None
         if self.svd:
             if ranks is None:
@@ -77,9 +81,12 @@ class MlpFormat:
 
 @dataclass(frozen=True)
 class FormatRequest:
-    """The weight formats ``tune --model`` may choose among (``--dtype bf16,fp8,mxfp4``), first the primary one."""
+    """The weight formats ``tune --model`` may choose among (``--dtype bf16,fp8,mxfp4``), first the primary one;
+    ``act_scale``: the FP8 formats' activation scales (static, or row: an ``nmmc compress --act-scale row`` output's,
+    which every FP8 candidate then takes)."""
 
     weights: tuple[str, ...] = ("bfloat16",)
+    act_scale: str = "static"
 
     def __post_init__(self) -> None:
         if not self.weights:
@@ -118,10 +125,14 @@ class FormatRequest:
         """Every allowed format for a source with (``svd``) or without SVD ranks: per weight format, its SVD MLP
         then its dense MLP."""
         structures = (True, False) if svd else (False,)
-        return tuple(MlpFormat(s, w) for w in self.weights for s in structures)
+        return tuple(MlpFormat(s, w, self.format_scale(w)) for w in self.weights for s in structures)
+
+    def format_scale(self, weights: str) -> str:
+        """The activation scales of a candidate of ``weights``: the request's for FP8, static otherwise."""
+        return self.act_scale if is_fp8(weights) else "static"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"weights": list(self.weights)}
+        return {"weights": list(self.weights), **({"act_scale": self.act_scale} if self.act_scale != "static" else {})}
 
 
 def choose(latencies: Mapping[MlpFormat, float], order: Sequence[MlpFormat]) -> MlpFormat:

@@ -30,13 +30,13 @@ def group_formats(group: LayerGroup, formats: FormatRequest) -> tuple[tuple[MlpF
     """(the formats ``tune --model`` tunes for ``group``, the one its layers record): the recorded weight format
     first (its kernel is the group's ``mlp_t{T}.py``), then the other ``--dtype`` formats for comparison; a
     ``--dtype`` that excludes the recorded format is refused."""
-    recorded = MlpFormat(group.ranks is not None, group.weights)
+    recorded = MlpFormat(group.ranks is not None, group.weights, formats.format_scale(group.weights))
     default = formats.weights == FormatRequest().weights  # no --dtype (or bf16 alone): the recorded format alone
     if not default and group.weights not in formats.weights:
         raise InputError(f"the compress output's layers {_layers(group.layers)} are {group.weights} (manifest "
                          "layers[i].fp8), which tune --model uses: add it to --dtype or drop --dtype")
     weights = (group.weights,) if default else (group.weights, *(w for w in formats.weights if w != group.weights))
-    return FormatRequest(weights).candidates(group.ranks is not None), recorded
+    return FormatRequest(weights, formats.act_scale).candidates(group.ranks is not None), recorded
 
 
 def group_index(groups: Sequence[LayerGroup], results: Sequence[Sequence[BucketResult]],

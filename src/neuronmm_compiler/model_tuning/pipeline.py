@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,9 @@ class ModelSource:
     # the layer groups of a compress output whose layers differ in ranks or format (ranks is then None): tune
     # --model tunes one kernel set per group (model_groups.py); None for every other source
     groups: tuple[LayerGroup, ...] | None = None
+    # how the FP8 layers of a compress output scale their activations (manifest fp8.act_scale): static, or row (per
+    # token, computed in the kernel), which every FP8 kernel tune --model builds for it then takes
+    act_scale: str = "static"
 
 
 def model_path(path: str | Path) -> Path:
@@ -87,9 +90,6 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128, 
         manifest = read_manifest(manifest_path)
         if dense:
             return ModelSource(manifest.model, None, None, "dense")
-        refusal = manifest.kernel_refusal("nmmc tune --model", mx_kernels=True)  # per-token FP8 scales
-        if refusal:
-            raise InputError(refusal)
         if keep_ratio is not None and abs(keep_ratio - manifest.keep_ratio) > 1e-12:
             raise InputError(f"{p} was compressed at keep ratio {manifest.keep_ratio}; drop --keep-ratio or pass "
                              f"{manifest.keep_ratio}")
@@ -97,10 +97,11 @@ def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128, 
         recorded = tuple(layer.fp8 or layer.mx or "bfloat16" for layer in manifest.layers)
         if not manifest.uniform or len(set(recorded)) > 1:  # chosen per layer: one kernel set per layer group
             return ModelSource(manifest.model, None, manifest.keep_ratio, "manifest", quality, recorded,
-                               tuple(manifest_groups(manifest, p)))
+                               tuple(manifest_groups(manifest, p)), act_scale=manifest.act_scale)
         r = manifest.ranks
         return ModelSource(manifest.model, (r["gate"], r["up"], r["down"]), manifest.keep_ratio, "manifest", quality,
-                           recorded if any(layer.fp8 or layer.mx for layer in manifest.layers) else None)
+                           recorded if any(layer.fp8 or layer.mx for layer in manifest.layers) else None,
+                           act_scale=manifest.act_scale)
     config = read_config(p)
     if dense:
         return ModelSource(config, None, None, "dense")
@@ -257,11 +258,12 @@ class _Plan:
 def _plans(source: ModelSource, formats: FormatRequest) -> list[_Plan]:
     """What ``tune_model`` tunes: an SVD MLP with nmmc's fused dense MLP (its honest alternative), per allowed weight
     format; a dense source the dense MLPs alone; a grouped source each group so, in the format it records."""
+    formats = replace(formats, act_scale=source.act_scale)  # a compress output's FP8 layers: their recorded scales
     if source.groups:
         return [_Plan(g.ranks, *group_formats(g, formats), prefix=f"{g.name}/") for g in source.groups]
     recorded = recorded_format(source, formats)
     if recorded is not None and formats.weights == FormatRequest().weights:
-        formats = FormatRequest((recorded.weights,))
+        formats = FormatRequest((recorded.weights,), formats.act_scale)
     return [_Plan(source.ranks, formats.candidates(source.ranks is not None), recorded)]
 
 
@@ -276,7 +278,7 @@ def _write_bucket(out: Path, plan: _Plan, tokens: int, tuned: list[Tuned], workl
     if chosen != primary:  # the bucket's recommended kernel is another format's: write it too
         write_text_atomic(out / plan.prefix / chosen.file(tokens, primary), by_format[chosen].compiled.kernel.source)
     return BucketResult(tokens, plan.prefix + name, workload, by_format[primary],
-                        by_format[MlpFormat(False, primary.weights)], by_format, chosen, plan.prefix)
+                        by_format[MlpFormat(False, primary.weights, primary.act_scale)], by_format, chosen, plan.prefix)
 
 
 def recorded_format(source: ModelSource, formats: FormatRequest) -> MlpFormat | None:
@@ -291,7 +293,7 @@ def recorded_format(source: ModelSource, formats: FormatRequest) -> MlpFormat | 
     if len(distinct) > 1:  # resolve_model gives such a source its layer groups, which _plans tunes one by one
         raise ValueError(f"a source whose layers differ in format ({', '.join(distinct)}) needs its layer groups "
                          "(ModelSource.groups, as resolve_model gives them)")
-    recorded = MlpFormat(True, distinct[0])
+    recorded = MlpFormat(True, distinct[0], formats.format_scale(distinct[0]))
     if formats.weights != FormatRequest().weights and recorded.weights not in formats.weights:
         raise InputError(f"the compress output's layers are {recorded.weights} (manifest layers[i].fp8), which "
                          f"tune --model uses: add it to --dtype or drop --dtype")

@@ -20,13 +20,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import backend, fp8, module, ops, weights
+from . import backend, fp8, module, mx, ops, weights
 from . import patch as _patch
 from .module import AllReduce, NeuronNmmcMLP, NmmcMLP
 
 ROOT = Path(__file__).resolve().parent
 
-__all__ = ["ROOT", "NeuronNmmcMLP", "NmmcMLP", "backend", "fp8", "manifest", "mlp", "module", "ops", "patch",
+__all__ = ["ROOT", "NeuronNmmcMLP", "NmmcMLP", "backend", "fp8", "manifest", "mlp", "module", "mx", "ops", "patch",
            "runner", "weights"]
 
 

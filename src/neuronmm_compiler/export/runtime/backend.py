@@ -22,9 +22,15 @@ _INTERPRETER = threading.Lock()
 #: The kernels' dtypes as torch dtypes. nmmc's ``float8_e4m3`` (IEEE-style, largest 240, NKI's ``nl.float8_e4m3``)
 #: is held in ``torch.float8_e4m3fn`` (largest 448): the two share every bit pattern of magnitude <= 240 and the
 #: weights are quantized into +-240, so the bytes mean the same values in both (nmmc's compression/fp8_files.py);
-#: ``float8_e5m2`` is the same IEEE layout in both.
+#: ``float8_e5m2`` is the same IEEE layout in both. The MX kernels' packed ``_x4`` arguments are held as the words of
+#: their 4 elements (torch has no 4-packed dtype): ``torch.int32`` for the float8 ones, ``torch.int16`` for float4, of
+#: the argument's shape; their E8M0 scales as the ``uint8`` the kernels declare (:mod:`.mx`).
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
-                 "float8_e4m3": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+                 "float8_e4m3": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "uint8": torch.uint8,
+                 "float8_e4m3fn_x4": torch.int32, "float8_e5m2_x4": torch.int32, "float4_e2m1fn_x4": torch.int16}
+#: The packed MX dtypes: NumPy holds each as one unsigned field of its word's width named after it, as nmmc's
+#: interpreter does (nmmc's ir/mx.py ``numpy_dtype``).
+_PACKED_WORDS = {"float8_e4m3fn_x4": "<u4", "float8_e5m2_x4": "<u4", "float4_e2m1fn_x4": "<u2"}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -34,8 +40,10 @@ def torch_dtype(name: str) -> torch.dtype:
 def to_numpy(tensor: torch.Tensor, dtype: str | None = None) -> np.ndarray:
     """A CPU tensor as a NumPy array, bits unchanged: bfloat16 as ml_dtypes.bfloat16, an FP8 tensor as the
     ml_dtypes type of the kernel argument's ``dtype`` (``float8_e4m3``: nmmc's IEEE-style e4m3, whose values up to
-    240 have the bits of torch's float8_e4m3fn)."""
+    240 have the bits of torch's float8_e4m3fn), the words of a packed MX argument as its NumPy field dtype."""
     tensor = tensor.detach().cpu().contiguous()
+    if dtype in _PACKED_WORDS:
+        return tensor.numpy().view(np.dtype([(dtype, _PACKED_WORDS[dtype])]))
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
 
@@ -51,6 +59,9 @@ def to_numpy(tensor: torch.Tensor, dtype: str | None = None) -> np.ndarray:
 def from_numpy(array: np.ndarray) -> torch.Tensor:
     """The inverse of :func:`to_numpy`."""
     array = np.ascontiguousarray(array)
+    names = array.dtype.names
+    if names and names[0] in _PACKED_WORDS:
+        return torch.from_numpy(array.view(np.int32 if array.dtype.itemsize == 4 else np.int16).copy())
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
     if array.dtype.name in _TORCH_DTYPES and array.dtype.name.startswith("float8"):

@@ -62,7 +62,8 @@ class NmmcMLP(nn.Module):
     """One rank's share of a gated MLP, computed by the exported kernels of one layer group (``group``: its name in
     the manifest; :func:`.weights.layer_group` gives a layer's; None: the package's only group). The weight
     arguments are buffers named by :func:`.weights.operand_key`, each in its manifest dtype (FP8 weights as
-    ``torch.float8_e4m3fn``, their scales float32; fill them with :meth:`load`); the activations are cast to the
+    ``torch.float8_e4m3fn``, their scales float32; MX weights as the int32/int16 words of their packed elements with
+    uint8 E8M0 scales, :mod:`.mx`; fill them with :meth:`load`); the activations are cast to the
     manifest's ``activation_dtype``. Every kernel runs through its custom operator (:mod:`.ops`), which dispatches
     on the tensors' device: the ``@nki.jit`` kernel on a Neuron device, nmmc's interpreter on the CPU. ``backend``
     only checks that: ``auto`` (either), ``neuron`` or ``interpreter`` (refuses tensors on another device)."""
@@ -94,10 +95,12 @@ class NmmcMLP(nn.Module):
         self.peers: tuple[NmmcMLP, ...] = ()
         for key, spec in rank_operands(manifest, rank, group).items():
             info = self.tensors[spec["tensor"]]
-            shape = info["shape"]
-            rows = spec["rows"][1] - spec["rows"][0] if "rows" in spec else shape[0]
-            cols = spec["cols"][1] - spec["cols"][0] if "cols" in spec else shape[1]
-            self.register_buffer(key, torch.zeros(rows, cols, dtype=torch_dtype(info["dtype"])))
+            shape = list(info["shape"])  # 2-D, or an MX scale argument's [16, K/512, N]
+            if "rows" in spec:
+                shape[0] = spec["rows"][1] - spec["rows"][0]
+            if "cols" in spec:
+                shape[1] = spec["cols"][1] - spec["cols"][0]
+            self.register_buffer(key, torch.zeros(shape, dtype=torch_dtype(info["dtype"])))
 
     def load(self, arguments: dict[str, torch.Tensor]) -> None:
         """Copy the rank's weight arguments (:func:`.weights.layer_arguments`) into the buffers."""

@@ -2,6 +2,10 @@
 an ``nmmc compress`` output (SVD factors, dense layers, FP8 layers with their scales), as the ``tensors`` of the
 layer's group in the manifest say (``manifest["layers"][i]`` names layer i's group).
 
+MX (transform ``mx_quantize`` / ``mx_scale``): every weight, from a checkpoint (transposed) or a factor file, is
+quantized whole when the layer is loaded into the packed elements and E8M0 scales of the kernel's two arguments
+(:mod:`.mx`); an MX package is exported at tp 1.
+
 FP8 from a checkpoint (transform ``quantize`` / ``channel_scale``): the weight is quantized per output channel on
 the fly (:mod:`.fp8`), one layer at a time, each output channel with all its input channels: a column-parallel rank
 (gate, up) reads and quantizes its own channels only, a row-parallel one (down) reads the whole weight for its
@@ -136,6 +140,9 @@ def layer_arguments(manifest: dict[str, Any], source: TensorSource | str | Path,
             continue
         name = info["name"].format(layer=layer)
         stored = source.shape(name, layer)
+        if info["transform"] in ("mx_quantize", "mx_scale"):
+            out[key] = _mx_argument(source, name, layer, info, stored, spec, quantized)
+            continue
         transposed = info["transform"] in ("transpose", "quantize", "channel_scale")
         expected = {"transpose": info["shape"][::-1], "quantize": info["shape"][::-1],
                     "channel_scale": [info["shape"][0], stored[1]]}.get(info["transform"], info["shape"])
@@ -159,6 +166,28 @@ def layer_arguments(manifest: dict[str, Any], source: TensorSource | str | Path,
             value = source.read(name, layer, rows, cols)
         out[key] = value.to(torch_dtype(info["dtype"])).contiguous()
     return out
+
+
+def _mx_argument(source: TensorSource, name: str, layer: int, info: dict[str, Any], stored: list[int],
+                 spec: dict[str, Any], quantized: dict[Any, Any]) -> torch.Tensor:
+    """One argument of an MX weight (:mod:`.mx`): its packed words (``mx_quantize``) or its scales (``mx_scale``), the
+    weight ``W`` [K, N] read whole (a checkpoint's ``weight`` [N, K] transposed, a factor as stored) and quantized
+    once for both."""
+    from .mx import quantize_weight
+
+    if "rows" in spec or "cols" in spec:
+        raise ValueError(f"{name}: MX weights are exported unsharded (tp 1); this operand names a slice")
+    k, n = info["mx"]["logical_shape"]
+    expected = [n, k] if info["from"] == "checkpoint" else [k, n]
+    if stored != expected:
+        raise ValueError(f"{name} in {source.directory} is {stored}, the package's kernels need {expected} "
+                         f"({'the transpose of ' if info['from'] == 'checkpoint' else ''}the real [K, N] = [{k}, {n}] "
+                         f"of {spec['tensor']}): export from this model (and these ranks)")
+    if (name, "mx") not in quantized:
+        w = source.read(name, layer, None, None)
+        quantized[name, "mx"] = quantize_weight(w.t() if info["from"] == "checkpoint" else w, info["mx"]["element"])
+    words, scales = quantized[name, "mx"]
+    return words if info["transform"] == "mx_quantize" else scales
 
 
 def rank_state_dict(manifest: dict[str, Any], source: str | Path, rank: int = 0,
