@@ -235,3 +235,91 @@ def test_explain_prints_the_mx_pass_and_instructions() -> None:
     assert result.exit_code == 0, result.output
     assert "== after pass quantize-mx (changed)" in result.output
     assert "nisa.quantize_mx(" in result.output and "nisa.nc_matmul_mx(" in result.output
+
+
+# ----------------------------------------------------------------------------- scales hoisted before the K blocks
+# A decode MLP whose contractions all stream in K blocks of one tile (gate/up over hidden 1024, down over intermediate
+# 1024: 2 K tiles of 512 positions each), on a logical core of 2 (lnc_split=gather: each program its column block)
+_BLOCKED = {"k_tiles_per_block": "1", "row_k_tiles": "1", "lnc_split": "gather"}
+_HOIST_SHAPE = ("mlp", "mxfp4", 1, 1024, 1024)
+
+
+def _hoisting(form: str, **params: str):
+    return _compiled(*_HOIST_SHAPE, target="trn3:lnc=2", **_BLOCKED, mx_scales=form, **params)
+
+
+def _scale_loads(compiled) -> dict[str, int]:
+    """Executions of each DMA reading an MX scale argument, per program (loops evaluated in closed form)."""
+    from neuronmm_compiler.kernel_ir.program import DmaCopy, instruction_counts
+
+    loads: dict[str, int] = {}
+    for stmt, _, mult in instruction_counts(compiled.programs[0].body):
+        if isinstance(stmt, DmaCopy) and stmt.src.buffer.name.endswith("_scale"):
+            loads[stmt.src.buffer.name] = loads.get(stmt.src.buffer.name, 0) + mult
+    return loads
+
+
+def test_hoisted_scales_load_once_per_column_block_and_verify() -> None:
+    """mx_scales=hoisted: each weight's scales of both K tiles in one buffer [128, 2, columns], loaded before the
+    K-block loop by one DMA per quadrant (4 per weight and column block, instead of 4 per K block), and read at the
+    global K tile; the kernel verifies, and the cost model counts what the interpreter runs (the bigger buffer too)."""
+    block, hoisted = _hoisting("block"), _hoisting("hoisted")
+    weights = ("w_gate_scale", "w_up_scale", "w_down_scale")
+    assert _scale_loads(block) == dict.fromkeys(weights, 4 * 2)  # 4 quadrants x 2 K blocks, one column block
+    assert _scale_loads(hoisted) == dict.fromkeys(weights, 4)
+    source = hoisted.kernel.source
+    for w in ("w_gate", "w_up"):
+        assert f"{w}_scales_hoisted = nl.ndarray((P, 2, H_BLOCK), dtype=nl.uint8" in source
+        assert f"stationary_scale={w}_scales_hoisted[0:P, k_blk, " in source  # K block k_blk of 1 tile: tile k_blk
+    assert "_block_scale" not in source
+    report = verify_source(source, rules=True)
+    assert report.ok, report.error
+    cost, counters = hoisted.cost, report.counters
+    assert cost.dma_transfers == counters["dma_transfers"] == block.cost.dma_transfers - 2 * 3 * 4  # 2 programs
+    assert cost.sbuf_bytes_per_partition == counters["sbuf_peak_bytes"] > block.cost.sbuf_bytes_per_partition
+    # every scale byte still crosses from HBM once
+    assert cost.hbm_bytes_read_by_tensor == block.cost.hbm_bytes_read_by_tensor
+    assert cost.latency_us < block.cost.latency_us
+
+
+def test_a_hoisted_scale_read_at_the_local_k_tile_fails_verification() -> None:
+    """The mutation the global index guards against: gate's hoisted scales read at the K tile within its block (0
+    for every block), so the second K block is dequantized with the first one's scales."""
+    source = _hoisting("hoisted").kernel.source
+    old = "stationary_scale=w_gate_scales_hoisted[0:P, k_blk, "
+    assert source.count(old) == 1
+    report = verify_source(source.replace(old, "stationary_scale=w_gate_scales_hoisted[0:P, 0, "), rules=True)
+    assert not report.ok and report.rel_error is not None and report.rel_error > 1e-2, report.error
+
+
+def test_k_blocked_weights_loaded_tile_by_tile_load_their_scales() -> None:
+    """weight_dma=tile over K blocks of several feature tiles loads the block's scales too (one DMA per quadrant and
+    K block): before, such a kernel read scale tiles it never allocated."""
+    compiled = _hoisting("block", weight_dma="tile", weight_block_kib="2")
+    assert "for wt in range(" in compiled.kernel.source
+    assert _scale_loads(compiled)["w_gate_scale"] == 4 * 2  # per K block, for the column block's 4 feature tiles
+    report = verify_source(compiled.kernel.source, rules=True)
+    assert report.ok, report.error
+
+
+def test_the_search_costs_hoisted_scales_beside_mx_schedules_only() -> None:
+    """hoisted is a form of every MX schedule that blocks a contraction (a variant and, in the last descent, beside
+    each late form), never of a bf16 one; a bf16 --param mx_scales=hoisted is refused in one line."""
+    from neuronmm_compiler.errors import ScheduleError
+    from neuronmm_compiler.lowerings.fused import FusedLowering, hoisted_forms
+    from neuronmm_compiler.schedule.fused import FusedSchedule
+
+    target = get_target("trn3:lnc=2")
+    blocked = FusedSchedule(k_tiles_per_block=2, weight_dma="row")
+    assert hoisted_forms(blocked) == [FusedSchedule(k_tiles_per_block=2, weight_dma="row", mx_scales="hoisted")]
+    assert hoisted_forms(FusedSchedule()) == [] and hoisted_forms(hoisted_forms(blocked)[0]) == []
+    mx_eval = FusedLowering().search_setup(mlp_workload(1, 1024, 1024, dense=True, mx=MxWeights("mxfp4")), target,
+                                           200)[1]
+    forms = mx_eval.variants(blocked)
+    assert {(f.weight_dma, f.mx_scales) for f in forms} == {("block", "block"), ("row", "hoisted"),
+                                                             ("block", "hoisted")}
+    assert any(f.mx_scales == "hoisted" and f.row_k_tiles for f in mx_eval.late_variants(blocked))
+    bf16_eval = FusedLowering().search_setup(mlp_workload(1, 1024, 1024, dense=True), target, 200)[1]
+    assert all(f.mx_scales == "block" for f in [*bf16_eval.variants(blocked), *bf16_eval.late_variants(blocked)])
+    with pytest.raises(ScheduleError, match="only MX weights"):
+        compile_workload(mlp_workload(1, 1024, 1024, dense=True), target=target, params={"mx_scales": "hoisted"})

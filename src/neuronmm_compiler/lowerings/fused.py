@@ -12,7 +12,7 @@ pre-transposed or row-major).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -152,6 +152,29 @@ def late_forms(schedule: FusedSchedule) -> list[FusedSchedule]:
     return forms[1:]
 
 
+def hoisted_forms(schedule: FusedSchedule) -> list[FusedSchedule]:
+    """The MX schedule with its weights' scales hoisted before their K blocks (``mx_scales=hoisted``, lowerings/mx.py)
+    where it blocks a contraction (``k_tiles_per_block`` or ``row_k_tiles``: elsewhere nothing is hoisted)."""
+    if schedule.mx_scales != "block" or not (schedule.k_tiles_per_block or schedule.row_k_tiles):
+        return []
+    return [replace(schedule, mx_scales="hoisted")]
+
+
+Forms = Callable[[FusedSchedule], list[FusedSchedule]]
+
+
+def _with_hoisted(forms: Forms | None, hoist: Forms | None, keep: bool = True) -> Forms | None:
+    """``forms`` (other forms of a schedule) followed by the ``hoist`` forms of the schedule (``keep``) and of each of
+    them; ``forms`` itself without ``hoist``."""
+    if hoist is None:
+        return forms
+
+    def both(schedule: FusedSchedule) -> list[FusedSchedule]:
+        others = forms(schedule) if forms is not None else []
+        return [*others, *(h for f in ((schedule, *others) if keep else others) for h in hoist(f))]
+    return both
+
+
 #: The schedule parameters that count contraction tiles per weight block (0: all of them).
 _CONTRACTION_BLOCK_PARAMS = ("k_tiles_per_block", "row_k_tiles")
 
@@ -206,6 +229,9 @@ class FusedLowering(Lowering):
             base = base.with_params(transpose_choice("x_transpose", schedule, params, workload, target, dialect))
         chosen = base.with_params(dict(params))
         check_schedule(chosen, target)
+        if chosen.mx_scales != "block" and mx is None:
+            raise ScheduleError(f"mx_scales={chosen.mx_scales}: only MX weights (--dtype mxfp8_e4m3, mxfp8_e5m2, "
+                                "mxfp4) have block scales to hoist (docs/mx.md); drop the mx_scales parameter")
         _check_contraction_blocks(workload, params, target)
         if has_prologue(workload) and dialect != Dialect.NKI:
             raise ScheduleError("the norm prologue (--fuse-norm, a graph's rmsnorm/layernorm) uses nisa.activation_"
@@ -317,12 +343,16 @@ class FusedLowering(Lowering):
         # a weight block in one DMA (an access pattern: the nki dialect) is costed beside every sampled schedule of one
         # DMA per slab, not sampled itself: it trades fixed costs for a longer prologue, and as a third value it left
         # the search in other basins at 512 tokens (docs/fusion.md, "The search")
-        variants = (lambda s: [replace(s, weight_dma="block")] if s.weight_dma == "row" else []) if exchange else None
+        blocks = (lambda s: [replace(s, weight_dma="block")] if s.weight_dma == "row" else []) if exchange else None
+        # an MX weight's scales hoisted before its K blocks (lowerings/mx.py: fewer DMAs, more SBUF) is costed beside
+        # every MX schedule that blocks a contraction and beside its other forms, not sampled: only MX schedules have it
+        hoist = hoisted_forms if mx is not None else None
+        variants = _with_hoisted(blocks, hoist)
         # the activations stationary (lowerings/fused_stationary.py) and the row-major matmul's own K blocks
         # (row_k_tiles) where the tokens are one token tile, as in nki-library's decode MLP: costed in the search's last
         # descent only (search/tuner.py, _late); the first, costed on every trial, made the test suite about a quarter
         # slower (pytest 7:20 -> 9:24 on a 2-core host)
-        late = late_forms if tokens <= target.gemm_stationary_fmax else None
+        late = _with_hoisted(late_forms, hoist, keep=False) if tokens <= target.gemm_stationary_fmax else None
         return spec, Evaluator(cost, normalized, variants, late)
 
     def baselines(self, workload: Workload, target: Target, dma_transpose: bool = True) -> dict[str, Baseline]:

@@ -136,14 +136,23 @@ class OperandLoads(FusedState, MxGroups):
 
     def _load_k_block(self, w: Node, buf: Buffer, kdim: Dim, kblk: Expr, fdim: Dim, blk: Expr) -> list[Stmt]:
         """DMAs filling ``buf[k, kt, :]`` with the weight rows of K block ``kblk`` and the columns of block ``blk`` of
-        ``fdim``: one per 128 rows (one per block once ``coalesce_slab_loads`` joins them, ``weight_dma=block``)."""
+        ``fdim``: one per 128 rows (one per block once ``coalesce_slab_loads`` joins them, ``weight_dma=block``), and
+        an MX weight's scales of the K block unless they are hoisted before the K-block loop (lowerings/mx.py)."""
         kt = iv("kt", kdim.tiles_in_block)
         gk = kdim.tile_index(kblk, kt)
         ksz, cols = kdim.tile_size(gk), fdim.block_size(blk)
         dma = self._weight_dma(w, Ref(buf, (span(0, ksz), Point(kt), span(0, cols))), kdim.tile_start(gk), ksz,
                                fdim.block_start(blk), cols)
-        return loop("kt", kdim.tiles_in(kblk), kdim.tiles_in_block, [dma]) + self.mx_weight_scales(
-            w, buf, Lin(0), kdim.tile_index(kblk, Lin(0)), kdim.tiles_in(kblk), fdim.block_start(blk), cols)
+        return loop("kt", kdim.tiles_in(kblk), kdim.tiles_in_block, [dma]) + self._k_block_scales(w, buf, kdim, kblk,
+                                                                                                 fdim, blk)
+
+    def _k_block_scales(self, w: Node, buf: Buffer, kdim: Dim, kblk: Expr, fdim: Dim, blk: Expr) -> list[Stmt]:
+        """An MX weight's scales of K block ``kblk`` into the scale buffer of ``buf`` (lowerings/mx.py); nothing when
+        they are hoisted before the K-block loop (``mx_scales=hoisted``: :meth:`~.mx.MxGroups.mx_hoisted_scales`)."""
+        if self.mx_hoists(w):
+            return []
+        return self.mx_weight_scales(w, buf, Lin(0), kdim.tile_index(kblk, Lin(0)), kdim.tiles_in(kblk),
+                                     fdim.block_start(blk), fdim.block_size(blk))
 
     def _load_block(self, w: Node, buf: Buffer, kdim: Dim, fdim: Dim, blk: Expr, max_tiles: int,
                     split: tuple[str, ...] = ()) -> list[Stmt]:

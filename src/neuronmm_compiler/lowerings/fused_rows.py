@@ -178,6 +178,7 @@ class RowMajorGroups(OperandLoads):
         store = [DmaCopy(Ref(hbm, (span(tok.tile_start(mb), real), span(odim.block_start(ob), cols))),
                          Ref(rows, (span(0, real), span(0, cols)))) for _, hbm in stores]
         body = [Alloc(acc, accumulator=True, comment="one PSUM bank per output tile, across K blocks"),
+                *self.mx_hoisted_scales(w, wbuf, kdim, kblk, odim, ob),  # MX scales before the K blocks (mx.py)
                 *loop("k_blk", Lin(kdim.blocks), kdim.blocks, k_body),
                 Alloc(rows, comment="one packed row of output tiles"),
                 *loop("bn", odim.tiles_in(ob), odim.tiles_in_block, evict), *store]

@@ -111,6 +111,7 @@ class TokenStationaryGroups(OperandLoads):
         gk = kdim.tile_index(kblk, kt)
         ksz = kdim.tile_size(gk)
         allocs: list[Stmt] = []
+        hoisted: list[Stmt] = []  # an MX weight's scales of every K tile, before the K blocks (lowerings/mx.py)
         k_body: list[Stmt] = []
         values: dict[str, Ref] = {}
         for term in group.terms:
@@ -121,6 +122,7 @@ class TokenStationaryGroups(OperandLoads):
             allocs.append(Alloc(acc, accumulator=True, comment="one PSUM bank per output tile, across K blocks"))
             wbuf = Buffer(f"{w.attrs['name']}_block", (kdim.tile, kb, odim.block_elems), w.dtype, "sbuf")
             k_body += [Alloc(wbuf), *self._load_k_block(w, wbuf, kdim, kblk, odim, ob)]
+            hoisted += self.mx_hoisted_scales(w, wbuf, kdim, kblk, odim, ob)
             bt = iv("bt", odim.tiles_in_block)
             bsz = odim.tile_size(odim.tile_index(ob, bt))
             strip = Ref(self.strips[lhs.id], (span(0, ksz), Point(gk), span(0, tsz)))
@@ -129,4 +131,4 @@ class TokenStationaryGroups(OperandLoads):
                           perf_mode=self._perf_mode(mm))
             k_body += loop("bt", odim.tiles_in(ob), odim.tiles_in_block, loop("kt", kdim.tiles_in(kblk), kb, [mmul]))
             values[term.node.id] = Ref(acc, (span(0, tsz), Point(bn), span(0, nsz)))
-        return values, allocs + loop("k_blk", Lin(kdim.blocks), kdim.blocks, k_body)
+        return values, allocs + hoisted + loop("k_blk", Lin(kdim.blocks), kdim.blocks, k_body)

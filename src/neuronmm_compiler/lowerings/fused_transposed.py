@@ -325,6 +325,7 @@ class TransposedGroups(TokenStationaryGroups):
         gk = kdim.tile_index(kblk, kt)
         ksz = kdim.tile_size(gk)
         allocs: list[Stmt] = []
+        hoisted: list[Stmt] = []  # an MX weight's scales of every K tile, before the K blocks (lowerings/mx.py)
         loads: list[Stmt] = []
         tile: list[Stmt] = []
         values: dict[str, Ref] = {}
@@ -347,6 +348,8 @@ class TransposedGroups(TokenStationaryGroups):
                 dma = self._weight_dma(w, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(wt, fdim.tile), csz))),
                                        kdim.tile_start(gk), ksz, fdim.tile_start(gw), csz)
                 loads += loop("wt", fdim.tiles_in(fb), fdim.tiles_in_block, loop("kt", kdim.tiles_in(kblk), kb, [dma]))
+                loads += self._k_block_scales(w, wbuf, kdim, kblk, fdim, fb)  # an MX weight's, for the whole block
+            hoisted += self.mx_hoisted_scales(w, wbuf, kdim, kblk, fdim, fb)
             dst = Ref(psum, (span(0, nsz), Point(ft), span(0, bm)))
             mm = Matmul(dst, Ref(wbuf, (span(0, ksz), Point(kt), span(scale(ft, fdim.tile), nsz))),
                         Ref(self.strips[self.nodes[leaf.operands[0]].id], (span(0, ksz), Point(gk), span(0, bm))),
@@ -354,7 +357,7 @@ class TransposedGroups(TokenStationaryGroups):
             tile += loop("kt", kdim.tiles_in(kblk), kb, [mm])
             values[leaf.id] = dst
         body = loads + loop("ft", fdim.tiles_in(fb), fdim.tiles_in_block, tile)
-        return values, allocs + loop("k_blk", Lin(kdim.blocks), kdim.blocks, body)
+        return values, allocs + hoisted + loop("k_blk", Lin(kdim.blocks), kdim.blocks, body)
 
     def _store_strip(self, node: Node, strip: Buffer, fdim: Dim, mb: Expr) -> list[Stmt]:
         """Store the strip of ``node`` to each of its outputs (declared transposed: the legality rules)."""

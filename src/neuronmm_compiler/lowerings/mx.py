@@ -13,14 +13,24 @@ value; what MX adds is here:
   of the ``[16, K/512, N]`` argument (rows ``4q .. 4q + 4`` to partitions ``32q .. 32q + 4``, as the guide's
   ``load_scales_scattered`` and nki-library's gate/up projection load them: aws-neuron/nki-library@d2ad3a57,
   src/nkilib_src/nkilib/core/mlp/mlp_tkg/gate_up_projection_mx_shard_H.py:115-131).
+- **Hoisted scales** (``mx_scales=hoisted``, :meth:`MxGroups.mx_hoisted_scales`): a weight streamed in K blocks loads
+  the scales of every K tile of its column block once, before the K-block loop, into a scale buffer
+  ``[128, K tiles, columns]``: 4 DMAs per column block instead of 4 per K block. One DMA per quadrant holds them all:
+  the quadrant layout fixes only the partitions (the first 4 of each quadrant), the K tiles are a free axis of the
+  scale tile, so rows ``4q .. 4q + 4`` of the ``[16, K/512, N]`` argument over every K tile are one 3-D region of
+  contiguous column runs, as nki-library's gate/up projection loads every K tile of its scales in one DMA per
+  quadrant (aws-neuron/nki-library@0759719d, gate_up_projection_mx_shard_H.py, ``gate_up_projection_mx_tp_shard_H``,
+  "Load 4 partitions of scales for every quadrant": ``[_pmax, n_H512_tile_sharded, I]``). The matmuls of the K block
+  read the scale tile at the global K tile (:meth:`MxGroups.mx_matmuls`). The buffer sits beside the weight block
+  (``weight_block_kib`` does not count it; the footprint does), so the search costs it beside each schedule.
 - **Quantization** (:meth:`MxGroups.mx_quantize_group`, a ``quantize_mx`` group): the bf16 strip of the value, per
   512-position tile, copied into an interleaved tile ``[128, tokens, 4]`` (element ``j`` of partition ``p`` from the
   strip's tile ``4 kt + j``: the "VectorE/ScalarE Strided Access" technique of the guide, "SBUF Layout Using Strided
   Access"), then ``nisa.quantize_mx`` into the MX strip and its scales, which it writes in the quadrant layout itself
   ("Quantize-MX will correctly spread the data across SBUF partition-dim quadrants").
 - **Matmuls.** Every ``Matmul`` of two MX tiles becomes a :class:`~..kernel_ir.mx.MatmulMx` reading the scale tile at
-  the same index of each operand's scale buffer (:meth:`MxGroups.mx_matmuls`): the dequantization is inside the
-  instruction.
+  the same index of each operand's scale buffer, or for a hoisted weight block at its global K tile
+  (:meth:`MxGroups.mx_matmuls`): the dequantization is inside the instruction.
 - **Even stationary.** "The free dimension size of stationary must be even" (nki.isa.nc_matmul_mx, "Tile size"): a
   row-major MX matmul's stationary is a token tile of the strip, so an MX kernel over an odd token count T computes
   ``T + 1`` token columns, the last of zeros: its activation loads zero their target first and stop at ``T``, as do
@@ -37,7 +47,7 @@ from ..ir import Node
 from ..ir.mx import MX_PACK, MX_TILE, QUADRANT, SCALES_PER_QUADRANT, is_mx
 from ..ir.mx_graph import scale_name
 from ..ir.mx_quantized import is_mx_graph
-from ..kernel_ir.dims import iv, loop
+from ..kernel_ir.dims import Dim, iv, loop
 from ..kernel_ir.expr import Expr, Lin, minimum, scale, sub
 from ..kernel_ir.mx import Interleave, InterleavedLoad, MatmulMx, QuantizeMx
 from ..kernel_ir.program import Alloc, Buffer, DmaCopy, Loop, Matmul, Memset, Point, Ref, Stmt, span
@@ -68,13 +78,15 @@ class MxGroups:
     mx_padded: bool
     mx_scale_hbm: dict[str, Buffer]
     mx_scale_buffers: dict[str, Buffer]
+    #: weight block name -> (its hoisted scale buffer, the contraction's Dim, the K-block loop's index)
+    mx_hoisted: dict[str, tuple[Buffer, Dim, Expr]]
     mx_true_tokens: int
 
     def mx_init(self, tokens: int) -> int:
         """Set up MX for a kernel over ``tokens``; return the token count the program computes (``tokens`` rounded up
         to even in an MX kernel, so that every row-major MX stationary is even: module docstring)."""
         self.mx = is_mx_graph(self.g)
-        self.mx_scale_hbm, self.mx_scale_buffers = {}, {}
+        self.mx_scale_hbm, self.mx_scale_buffers, self.mx_hoisted = {}, {}, {}
         self.mx_true_tokens = tokens
         self.mx_padded = self.mx and tokens % 2 == 1
         return tokens + 1 if self.mx_padded else tokens
@@ -116,14 +128,37 @@ class MxGroups:
         per SBUF quadrant (module docstring). Nothing for another weight."""
         if not is_mx(w.dtype):
             return []
-        sbuf = self.mx_scale_buffer(buf)
+        return self._mx_scale_loads(w, self.mx_scale_buffer(buf), slot0, tile0, tiles, col0, cols)
+
+    def _mx_scale_loads(self, w: Node, sbuf: Buffer, slot0: Expr, tile0: Expr, tiles: Expr, col0: Expr,
+                        cols: Expr, what: str = "") -> list[Stmt]:
+        """Allocate ``sbuf`` and load ``w``'s scales of K tiles ``tile0 ..`` (slots ``slot0 ..``), columns ``col0 ..``
+        into the first 4 partitions of each quadrant, one DMA per quadrant."""
         q = iv("q", 4)
         dma = DmaCopy(Ref(sbuf, (span(scale(q, QUADRANT), SCALES_PER_QUADRANT), span(slot0, tiles), span(0, cols))),
                       Ref(self.mx_scale_hbm[w.id], (span(scale(q, SCALES_PER_QUADRANT), SCALES_PER_QUADRANT),
                                                     span(tile0, tiles), span(col0, cols))))
-        return [Alloc(sbuf, comment=f"{w.attrs['name']} scales: groups of 8 partitions x 4, in the first 4 partitions "
-                                    "of each quadrant"),
+        return [Alloc(sbuf, comment=f"{w.attrs['name']} scales{what}: groups of 8 partitions x 4, in the first 4 "
+                                    "partitions of each quadrant"),
                 *loop("q", Lin(4), 4, [dma], comment="one DMA per SBUF quadrant")]
+
+    def mx_hoists(self, w: Node) -> bool:
+        """Whether the scales of ``w`` streamed in K blocks are loaded once per column block (``mx_scales=hoisted``,
+        an MX weight), not with each K block."""
+        return self.s.mx_scales == "hoisted" and is_mx(w.dtype)
+
+    def mx_hoisted_scales(self, w: Node, buf: Buffer, kdim: Dim, kblk: Expr, fdim: Dim, blk: Expr) -> list[Stmt]:
+        """For a K-block loop over ``kblk`` streaming ``w``'s weight block ``buf`` (column block ``blk`` of
+        ``fdim``): the statements placed before that loop that allocate a scale buffer of every K tile of the column
+        block and load it, one DMA per quadrant over all K tiles (module docstring, "Hoisted scales"); the MX
+        matmuls reading ``buf`` then read it at the global K tile (:meth:`mx_matmuls`). Nothing unless
+        :meth:`mx_hoists`."""
+        if not self.mx_hoists(w):
+            return []
+        sbuf = Buffer(f"{w.attrs['name']}_scales_hoisted", (kdim.tile, kdim.tiles, fdim.block_elems), "uint8", "sbuf")
+        self.mx_hoisted[buf.name] = (sbuf, kdim, kblk)
+        return self._mx_scale_loads(w, sbuf, Lin(0), Lin(0), Lin(kdim.tiles), fdim.block_start(blk),
+                                    fdim.block_size(blk), f" of all {kdim.tiles} K tiles, before the K blocks")
 
     def mx_tokens(self, start: Expr, size: Expr) -> Expr:
         """The tokens of ``size`` from ``start`` that exist in HBM: ``size`` clipped at the true token count of a
@@ -196,8 +231,18 @@ class MxGroups:
             elif isinstance(stmt, Matmul) and not isinstance(stmt, MatmulMx) and is_mx(stmt.stationary.buffer.dtype):
                 st, mv = stmt.stationary, stmt.moving
                 stmt = MatmulMx(stmt.dst, st, mv, overwrite=stmt.overwrite, tile=stmt.tile,
-                                stationary_scale=Ref(self.mx_scale_buffer(st.buffer), st.index, st.entry),
-                                moving_scale=Ref(self.mx_scale_buffer(mv.buffer), mv.index, mv.entry))
+                                stationary_scale=self._mx_scale_tile(st), moving_scale=self._mx_scale_tile(mv))
             out.append(stmt)
         return out
 
+    def _mx_scale_tile(self, operand: Ref) -> Ref:
+        """The scale tile of an MX matmul operand: the same index of its buffer's scale buffer, or, for a weight block
+        whose scales are hoisted, the hoisted buffer at the global K tile of the operand's K tile in its block."""
+        hoisted = self.mx_hoisted.get(operand.buffer.name)
+        if hoisted is None:
+            return Ref(self.mx_scale_buffer(operand.buffer), operand.index, operand.entry)
+        sbuf, kdim, kblk = hoisted
+        rows, kt, cols = operand.index
+        if not isinstance(kt, Point):
+            raise ValueError(f"{operand.buffer.name}: an MX operand reads one K tile of its block")
+        return Ref(sbuf, (rows, Point(kdim.tile_index(kblk, kt.index)), cols))

@@ -45,6 +45,9 @@ X_TRANSPOSE = ("dma", "pe")
 MLP_MODES = ("whole", "split")
 #: Which operand the matmuls of a value held transposed keep stationary (lowerings/fused_stationary.py).
 STATIONARY = ("weights", "tokens")
+#: Where an MX weight block's scales are loaded (lowerings/mx.py): with each K block of the weight, or once per column
+#: block before its K-block loop ("hoisted"). Only MX schedules have the second.
+MX_SCALES = ("block", "hoisted")
 #: How an LNC=2 fused kernel divides its work between the two programs (kernel_ir/lnc.py); none on one core.
 FUSED_SPLITS = ("none", "tokens", "features", "gather", "hidden", "intermediate")
 
@@ -116,6 +119,12 @@ FUSED_PARAMS: tuple[ParamSpec, ...] = (
             "every contraction row, as nki-library's decode down projection streams its weight. Not sampled: where "
             "the tokens are one token tile, the search's last descent costs 8 and 16 beside every schedule it "
             "visits"),
+    categorical("mx_scales", MX_SCALES, (),
+                "MX weights only (docs/mx.md): where the scales of a weight streamed in K blocks are loaded: block "
+                "(with each K block, one DMA per SBUF quadrant per K block) or hoisted (a scale buffer spanning every "
+                "K tile of the column block, loaded before the K-block loop: one DMA per quadrant per column block, "
+                "at the cost of K-tiles x columns bytes per partition of SBUF beside the weight block); not sampled: "
+                "the search costs hoisted beside every MX schedule that blocks a contraction"),
 )
 
 #: The ``row_k_tiles`` the search's last descent costs beside each schedule it visits (search/tuner.py, ``_late``).
@@ -142,8 +151,10 @@ class FusedSchedule(ScheduleParams):
     column_tiles: int = 1
     stationary: str = "weights"
     row_k_tiles: int = 0
+    mx_scales: str = "block"
 
-    QUIET: ClassVar[dict[str, int | str]] = {"column_tiles": 1, "stationary": "weights", "row_k_tiles": 0}
+    QUIET: ClassVar[dict[str, int | str]] = {"column_tiles": 1, "stationary": "weights", "row_k_tiles": 0,
+                                             "mx_scales": "block"}
 
     def check_relations(self) -> None:
         """A token block wider than a token tile is a whole number of tiles; PE column tiles split the array
