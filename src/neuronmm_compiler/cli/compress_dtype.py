@@ -4,7 +4,8 @@
 ``--dtype fp8`` (``fp8_e4m3``, ``fp8_e5m2``, ``fp8_e4m3fn``: trn3's OCP format) quantizes every layer's weights
 (every SVD factor) to FP8 with per-output-channel scales and calibrates static activation scales on the calibration
 tokens (``--act-scale row``: per-token scales computed on chip instead, nothing calibrated); with ``--choose-ranks``
-it makes FP8 a per-layer candidate next to bf16 instead. ``--dtype mxfp8_e4m3`` (``mxfp8``, ``mxfp8_e4m3fn``),
+it makes FP8 a per-layer candidate next to bf16 instead (likewise one MX format, or a list ``bf16,fp8,mxfp8,mxfp4``:
+:mod:`~neuronmm_compiler.compression.format_choice`). ``--dtype mxfp8_e4m3`` (``mxfp8``, ``mxfp8_e4m3fn``),
 ``mxfp8_e5m2`` or ``mxfp4`` (trn3's OCP MX formats, the spellings ``nmmc tune`` takes) records MX layers, measured by
 ``--eval`` as nmmc's MX kernels compute them (:mod:`~neuronmm_compiler.compression.mx_layers`). Other values
 (``bfloat16``, ``float32``, ...) are the stored factors' dtype, as ``--factor-dtype`` says. The options are added to
@@ -27,7 +28,9 @@ HELP = ("dtype of the MLP kernels: fp8 (fp8_e4m3, fp8_e5m2, fp8_e4m3fn for trn3)
         "channel) and activations (static scales from the calibration tokens, needs --calibration) as nmmc's FP8 "
         "kernels do, and --eval measures that; with --choose-ranks each layer is chosen among dense/SVD x bf16/fp8 "
         "within --max-ppl-increase. mxfp8_e4m3 (mxfp8), mxfp8_e5m2, mxfp4: OCP MX layers (trn3), measured by --eval "
-        "as nmmc's MX kernels compute them; the files hold float32 factors, not pre-quantized. "
+        "as nmmc's MX kernels compute them; the files hold float32 factors, not pre-quantized. With --choose-ranks "
+        "a list (bf16,fp8,mxfp8,mxfp4, as tune --model --dtype takes it) is chosen among per layer; MX candidates "
+        "need --target trn3 and shapes nmmc's MX kernel takes (multiples of 512). "
         "bfloat16/float32/...: the stored factors' dtype (as --factor-dtype).")
 ACT_HELP = ("FP8 activation scales (with --dtype fp8): static (default; per tensor, calibrated on --calibration and "
             "stored) or row (per token, computed on chip as 'nmmc tune --dtype fp8 --act-scale row' kernels do).")

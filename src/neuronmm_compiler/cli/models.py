@@ -111,8 +111,9 @@ def _stage_bar(enabled: bool):
               help="Choose each layer's ranks (or keep it dense). Without --tokens: greedily, least sensitive layer "
                    "first, each step kept only if the measured perplexity increase on calibration tokens stays "
                    "within --max-ppl-increase (the front is printed and plotted to OUT/choice_front.png). With "
-                   "--dtype fp8: each layer among {dense, ranks} x {bf16, FP8}, the same measured greedy over weight "
-                   "bytes, or with --tokens over the predicted MLP latency at those buckets. With --tokens (bf16): "
+                   "--dtype fp8 (or mxfp8/mxfp4 with --target trn3, or a list: bf16,fp8,mxfp8,mxfp4): each layer "
+                   "among {dense, ranks} x {bf16 and those formats}, the same measured greedy over weight bytes, or "
+                   "with --tokens over the predicted MLP latency at those buckets. With --tokens (bf16): "
                    "the best predicted accuracy within the predicted MLP latency of uniform ranks at --keep-ratio. "
                    "Needs --calibration.")
 @click.option("--eval-check/--no-eval-check", default=True, show_default=True,
@@ -187,7 +188,8 @@ def _request(model_dir: str, output: str, keep_ratio: float, align: int, ranks: 
         calibration_samples=o["calibration_samples"], eval=o["eval_path"] or None, eval_tokens=o["eval_tokens"],
         sequence_length=o["sequence_length"], damping=o["damping"], choose_ranks=o["choose_ranks"],
         target_speedup=o["target_speedup"], buckets=tuple(parse_buckets(o["buckets"])) if o["buckets"] else None,
-        target=resolve_target(o["target"], None) if joint else None, max_ppl_increase=o["max_ppl_increase"],
+        target=resolve_target(o["target"], None) if joint or o["choose_ranks"] else None,
+        max_ppl_increase=o["max_ppl_increase"],
         heal=o["heal"], heal_damping=o["heal_damping"], heal_target=o["heal_target"], heal_prior=o["heal_prior"],
         heal_metric=o["heal_metric"], threads=o["threads"], finetune=finetune, progress_bars=bars, tp=tp,
         eval_check=o["eval_check"], act_scale=str(o.get("act_scale") or "static").lower())

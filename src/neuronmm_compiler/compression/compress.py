@@ -219,9 +219,9 @@ def _output_error(w: np.ndarray, u: np.ndarray, v: np.ndarray | None, gram: np.n
 def _compress_layer(reader: WeightReader, config: ModelConfig, layer: int, ranks: Mapping[str, int | None],
                     dtype: str, threads: int | None, on_matrix: Callable[[], None],
                     calibration: Calibration | None, damping: float,
-                    given: Mapping[str, Any] | None = None, healed: str | None = None, fp8: tuple | None = None
-                    ) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
-    np_dtype = np.float32 if fp8 is not None else OUTPUT_DTYPES[dtype][0]  # FP8: quantized from float32 below
+                    given: Mapping[str, Any] | None = None, healed: str | None = None, fp8: tuple | None = None,
+                    mx: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, ProjectionEntry]]:
+    np_dtype = np.float32 if fp8 is not None or mx is not None else OUTPUT_DTYPES[dtype][0]  # FP8, MX: from float32
     tensors: dict[str, np.ndarray] = {}
     entries: dict[str, ProjectionEntry] = {}
     for proj, name in mlp_weight_names(config, layer).items():
@@ -317,7 +317,7 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
       :func:`.formats.activation_ranges`): the layer's weights are quantized with per-output-channel scales and
       stored with them and the static activation scales (:mod:`.fp8_files`); ``fp8_record`` describes how (manifest
       ``fp8``). Its errors are of the dequantized weights. A third element "row": per-token activation scales.
-    - ``mx``: per layer made MX, its format: factors written as given, not pre-quantized (:mod:`.mx_layers`).
+    - ``mx``: per layer made MX, its format: float32 factors whatever ``dtype`` is, not pre-quantized (.mx_layers).
     - ``progress(done, total)``: called after each matrix factorized by this call; ``total`` is 3 x layers
       and ``done`` counts matrices finished so far, including those of layers found already complete
       (which are not recomputed and cause no call).
@@ -361,13 +361,11 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
     code = OUTPUT_DTYPES[dtype][1]
     layers = range(config.num_hidden_layers)
     shapes = {proj: projection_shape(config, proj) for proj in PROJECTIONS}
-    entries: dict[int, LayerEntry | None] = {
-        layer: _finished_layer(out / layer_file(layer), layer, settings[layer],
-                               _expected_tensors(config, layer, plans[layer], code) if layer not in fp8 else
-                               expected_fp8_tensors(shapes, layer, plans[layer], fp8[layer][0],
-                                                    entry_act_scale(fp8[layer])))
-        for layer in layers
-    }
+    entries: dict[int, LayerEntry | None] = {layer: _finished_layer(
+        out / layer_file(layer), layer, settings[layer],
+        _expected_tensors(config, layer, plans[layer], "F32" if layer in mx else code) if layer not in fp8 else
+        expected_fp8_tensors(shapes, layer, plans[layer], fp8[layer][0], entry_act_scale(fp8[layer])))
+        for layer in layers}
     total = len(PROJECTIONS) * config.num_hidden_layers
     done = len(PROJECTIONS) * sum(entry is not None for entry in entries.values())
 
@@ -382,7 +380,7 @@ def compress_model(model_dir: str | Path, out_dir: str | Path, keep_ratio: float
             continue
         tensors, projections = _compress_layer(reader, config, layer, plans[layer], dtype, threads, on_matrix,
                                                calibration, damping, None if factors is None else factors[layer],
-                                               None if heal is None else heal["method"], fp8.get(layer))
+                                               None if heal is None else heal["method"], fp8.get(layer), mx.get(layer))
         metadata = _layer_metadata(layer, settings[layer], projections)
         write_tensor_file(out / layer_file(layer), tensors, metadata)
         del tensors

@@ -43,6 +43,7 @@ def _summary(manifest: Manifest) -> list[str]:
         lines += [f"| {i} | {s['layer']} | {'dense' if s['rank'] is None else s['rank']} | {s['format']} | "
                   f"{s.get('cost', s['bytes']):.3f} | {s['ppl_increase']:+.2%} | {'yes' if s['accepted'] else 'no'} |"
                   for i, s in enumerate(rc["steps"], 1)]
+        lines += _chosen(rc, cost, spent)
     elif rc and "steps" in rc:  # the measured greedy choice (--choose-ranks without --tokens)
         lines += ["", f"## Rank choice: {rc['mode']}, budget {rc['budget_ppl_increase']:+.1%}", "",
                   "| step | layer | rank | kept | measured ppl increase | accepted |", "|---|---|---|---|---|---|"]
@@ -62,6 +63,23 @@ def _summary(manifest: Manifest) -> list[str]:
                          f"{rc['uniform']['loss']:.5f} | 0 |")
         lines.append(f"| chosen | {rc['chosen']['predicted_us']:.1f} | {rc['chosen']['loss']:.5f} | |")
         lines += [f"| front | {p['predicted_us']:.1f} | {p['loss']:.5f} | {p['dense_layers']} |" for p in rc["front"]]
+    return lines
+
+
+def _chosen(rc: dict, cost: dict, spent: str) -> list[str]:
+    """The format choice's result per layer: its rank, format and what it saves against dense bf16."""
+    by = {(c["rank"], c["format"]): c["cost"] for c in cost.get("candidates", [])}
+    if (None, "bfloat16") not in by:
+        return []
+    unit = "us" if spent != "weight bytes" else "bytes"
+    lines = ["", f"Chosen per layer ({spent} saved against dense bf16"
+             + (f", cost-model predictions on {cost['target']}, not measurements" if unit == "us" else "") + "):", "",
+             f"| layer | chosen | {spent} saved ({unit}) |", "|---|---|---|"]
+    lines += [f"| {i} | {'dense' if r is None else 'rank ' + str(r)} {f} | {by[(None, 'bfloat16')] - by[(r, f)]:.1f} |"
+              for i, (r, f) in enumerate(zip(rc["choice"], rc["formats"], strict=True))]
+    if cost.get("unsupported"):
+        lines += ["", "Dropped before measuring (nmmc's MX kernel does not take their shapes): " + ", ".join(
+            f"{'dense' if u['rank'] is None else 'rank ' + str(u['rank'])} {u['format']}" for u in cost["unsupported"])]
     return lines
 
 

@@ -25,7 +25,7 @@ from .heal_steps import (
     shard_args,
     whitened_factors,
 )
-from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file
+from .manifest import MANIFEST_FILE, Manifest, dense_name, factor_names, layer_file, read_manifest
 
 __all__ = ["build_model", "compressed_mlp", "load_factors"]
 
@@ -42,8 +42,10 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
                 fresh: bool = False, mx: str | None = None) -> Manifest:
     """Heal (``request.heal``), calibrate the FP8 layers (``fmt``; ``formats``: per layer, None: all FP8; static or
     per-token scales as ``request.act_scale`` says) and write the compressed model (:func:`.compress.compress_model`);
-    ``mx``: every layer's MX format (the factors written as computed, :mod:`.mx_layers`); ``fresh``: remove the layer
-    files and fine-tuning checkpoint of an earlier build into the same directory first (they would be resumed)."""
+    MX layers (the factors written as computed, :mod:`.mx_layers`): with ``formats`` those whose format is an MX one,
+    else every layer in ``mx``; ``fresh``: remove the layer files and fine-tuning checkpoint of an earlier build into
+    the same directory first (they would be resumed)."""
+    from ..ir.mx import MX_FORMATS
     from .compress import compress_model
     from .manifest import LAYER_FILE
 
@@ -61,7 +63,9 @@ def build_model(request, model, calibration: Calibration | None, ids: np.ndarray
     fp8, fp8_record = (None, None) if fmt is None else _fp8_layers(
         request, model, calibration, ids, layer_ranks, healed, fmt, progress,
         None if formats is None else [i for i, f in enumerate(formats) if f == fmt])
-    mx_layers, mx_record = (None, None) if mx is None else _mx_layers(request, model, layer_ranks, mx)
+    chosen_mx = {i: f for i, f in enumerate(formats) if f in MX_FORMATS} if formats is not None else \
+        {} if mx is None else dict.fromkeys(range(read_config(request.model_dir).num_hidden_layers), mx)
+    mx_layers, mx_record = (None, None) if not chosen_mx else _mx_layers(request, layer_ranks, chosen_mx)
     manifest = compress_model(
         request.model_dir, request.out_dir, request.keep_ratio, align=request.align, ranks=request.ranks,
         dtype=request.dtype, threads=request.threads, calibration=calibration, damping=request.damping,
@@ -134,6 +138,12 @@ def _write_shards(request, model_loader, calibration: Calibration | None, layer_
     model = model_loader()
     written = _read_shard_blocks(directory, model.arch.num_hidden_layers, request.tp)
     mlp = sharded_mlp(model, written, shard_args(request, model)["shards"])
+    mx = {e.layer: e.mx for e in read_manifest(request.out_dir).layers if e.mx}
+    if mx:  # as each rank's MX kernel computes its blocks (.mx_layers)
+        from .mx_layers import mx_sharded_mlp
+
+        mlp = mx_sharded_mlp(model, written, shard_args(request, model)["shards"], mx, mlp)
+        method += "; MX layers as each rank's MX kernel computes its blocks, partial outputs summed in bf16"
     kept = json.loads((directory / "shards.json").read_text())["factor_shard"]["kept_fraction"]
     return {"tp": request.tp, "method": method, "kept_fraction": kept,
             **_measure(model, eval_sets, mlp, request, progress)}
@@ -189,18 +199,18 @@ def _fp8_layers(request, model, calibration: Calibration, ids: np.ndarray | None
     return {layer: (fmt, ranges[layer]) for layer in chosen}, record
 
 
-def _mx_layers(request, model, layer_ranks, fmt: str) -> tuple[dict[int, str], dict]:
-    """``compress_model``'s ``mx`` (every layer in MX format ``fmt``) and the manifest's ``mx`` record."""
+def _mx_layers(request, layer_ranks, chosen: dict[int, str]) -> tuple[dict[int, str], dict]:
+    """``compress_model``'s ``mx`` (``chosen``: per MX layer its format) and the manifest's ``mx`` record."""
     from ..checkpoints.config import PROJECTIONS, projection_shape
     from .mx_layers import mx_record, padded_contractions
 
     config = read_config(request.model_dir)
     shapes = {proj: projection_shape(config, proj) for proj in PROJECTIONS}
     padded: dict[str, list[int]] = {}
-    for ranks in _plans(request, layer_ranks):
-        padded.update(padded_contractions(shapes, ranks))
-    layers = list(range(config.num_hidden_layers))
-    return dict.fromkeys(layers, fmt), mx_record(fmt, layers, padded)
+    plans = _plans(request, layer_ranks)
+    for layer in chosen:
+        padded.update(padded_contractions(shapes, plans[layer]))
+    return chosen, mx_record(chosen, padded)
 
 
 def load_factors(out_dir: str | Path, manifest: Manifest) -> dict[int, dict[str, Any]]:

@@ -71,10 +71,15 @@ def activation_points(layer_factors: Mapping[str, Any]) -> list[str]:
 
 
 def weight_bytes(shape: tuple[int, int], rank: int | None, dtype: str) -> int:
-    """Bytes of one projection's weights (``rank`` None: dense) in ``dtype``: FP8 1, bf16/fp16 2, fp32 4."""
-    size = 1 if dtype in FP8_FORMATS else 4 if dtype == "float32" else 2
+    """Bytes of one projection's weights (``rank`` None: dense) in ``dtype``: FP8 1, bf16/fp16 2, fp32 4; an MX format
+    its elements and E8M0 scales (:attr:`~..ir.mx.MxFormat.weight_bits`: 8.25 or 4.25 bits, rounded up to a byte)."""
+    from ..ir.mx import MX_FORMATS
+
     k, n = shape
-    return size * (k * n if rank is None else rank * (k + n))
+    count = k * n if rank is None else rank * (k + n)
+    if dtype in MX_FORMATS:
+        return -(-int(count * MX_FORMATS[dtype].weight_bits) // 8)
+    return (1 if dtype in FP8_FORMATS else 4 if dtype == "float32" else 2) * count
 
 
 @dataclass(frozen=True)

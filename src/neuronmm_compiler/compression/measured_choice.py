@@ -34,8 +34,8 @@ from .calibration import sequences
 from .forward import log_softmax, rms_norm, silu
 from .rank_choice import candidate_ranks
 
-__all__ = ["SELECTION_SHARE", "SELECTION_TOKENS", "MeasuredChoice", "Ticker", "cost_lines", "front_lines",
-           "measured_choice", "plot_front", "selection_tokens"]
+__all__ = ["SELECTION_SHARE", "SELECTION_TOKENS", "MeasuredChoice", "Ticker", "chosen_lines", "cost_lines",
+           "front_lines", "measured_choice", "plot_front", "selection_tokens"]
 
 #: Calibration tokens the measured rank choice (--choose-ranks without --tokens) measures perplexity on,
 #: taken as whole sequences spread evenly over the calibration set (so every source is represented).
@@ -205,7 +205,7 @@ def front_lines(result: MeasuredChoice) -> list[str]:
     lines = [f"  measured rank choice within +{result.budget:.1%} perplexity on calibration tokens (base perplexity "
              f"{result.base_ppl:.2f}; half of --max-ppl-increase, the rest is margin for other text); greedy "
              + ("steps, least sensitive layer first:" if result.formats is None else
-                f"moves over {{dense, SVD}} x {{bf16, FP8}}, least measured NLL increase per {what} first:")]
+                f"moves over {{dense, SVD}} x {{{_formats(result)}}}, least measured NLL increase per {what} first:")]
     if latency:
         assert result.cost is not None
         lines[0:0] = cost_lines(result.cost)
@@ -223,7 +223,72 @@ def front_lines(result: MeasuredChoice) -> list[str]:
         from .eval_budget import check_lines
 
         lines += check_lines(result.eval_check)
+    if result.formats is not None and result.cost is not None:
+        lines += chosen_lines(result)
     return lines
+
+
+def _formats(result: MeasuredChoice) -> str:
+    """The weight formats a format choice took (``bf16, FP8`` before they were recorded)."""
+    short = {"bfloat16": "bf16"}
+    return ", ".join(short.get(f, f) for f in (result.cost or {}).get("formats", ["bf16", "FP8"]))
+
+
+def _name(c: tuple[int | None, str]) -> str:
+    return f"{'dense' if c[0] is None else 'rank ' + str(c[0])} {c[1]}"
+
+
+def _spans(layers: Sequence[int]) -> str:
+    """``0-3, 7``."""
+    out: list[list[int]] = []
+    for i in layers:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def layer_savings(result: MeasuredChoice) -> list[dict]:
+    """Per layer of a format choice: its rank, format and the cost it saves against the original layer (dense bf16),
+    in the choice's cost unit (predicted us summed over the buckets, or weight bytes)."""
+    assert result.cost is not None and result.formats is not None
+    cost = {(c["rank"], c["format"]): c["cost"] for c in result.cost["candidates"]}
+    start = cost[(None, "bfloat16")]
+    return [{"layer": i, "rank": r, "format": f, "saved": start - cost[(r, f)]}
+            for i, (r, f) in enumerate(zip(result.choice, result.formats, strict=True))]
+
+
+def chosen_lines(result: MeasuredChoice) -> list[str]:
+    """What a format choice gave each layer (layers of one candidate together) and what it saves, with how far to
+    trust a predicted latency."""
+    assert result.cost is not None
+    latency = result.cost["unit"] != "weight bytes"
+    saves = layer_savings(result)
+    start = next(c["cost"] for c in result.cost["candidates"] if (c["rank"], c["format"]) == (None, "bfloat16"))
+    groups: dict[tuple[int | None, str], list[int]] = {}
+    for s in saves:
+        groups.setdefault((s["rank"], s["format"]), []).append(s["layer"])
+
+    def amount(v: float) -> str:
+        return f"{v:.1f} us" if latency else f"{v / 1024:.0f} KiB"
+
+    what = "predicted latency of one layer's MLP kernel" if latency else "weight bytes"
+    lines = [f"  chosen per layer ({what} saved against dense bf16, per layer):"]
+    for cand, layers in groups.items():
+        lines.append(f"    {_name(cand):<22} layers {_spans(layers)}: saves {amount(start - cost_of(result, cand))}")
+    total, saved = start * len(saves), sum(s["saved"] for s in saves)
+    lines.append(f"    all {len(saves)} layers: {amount(total)} -> {amount(total - saved)} ({saved / total:.1%} saved)"
+                 + (f"; cost-model predictions over token buckets {','.join(map(str, result.cost['buckets']))} on "
+                    f"{result.cost['target']}, not measurements ({result.cost['trust']}; {result.cost['context']})"
+                    if latency else "; what a memory-bound decode MLP streams, not a latency"))
+    return lines
+
+
+def cost_of(result: MeasuredChoice, cand: tuple[int | None, str]) -> float:
+    """The recorded cost of ``cand`` in ``result``'s choice."""
+    assert result.cost is not None
+    return next(c["cost"] for c in result.cost["candidates"] if (c["rank"], c["format"]) == cand)
 
 
 def cost_lines(cost: dict) -> list[str]:

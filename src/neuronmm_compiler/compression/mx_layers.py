@@ -34,7 +34,7 @@ deterministic and done when the file is read. ``tune --model`` and ``export`` re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ from ..errors import InputError
 from ..ir.mx import MX_BLOCK, MX_FORMATS, MX_TILE, MxFormat, dequantize, mx_format, quantize_activation, quantize_weight
 from .forward import silu
 
-__all__ = ["MxLayer", "mx_layer", "mx_mlp", "mx_record", "padded_contractions"]
+__all__ = ["MxLayer", "mx_layer", "mx_mlp", "mx_record", "mx_sharded_mlp", "padded_contractions"]
 
 
 def _padded(a: np.ndarray, axis: int) -> np.ndarray:
@@ -121,6 +121,34 @@ def mx_mlp(layer: MxLayer, x: np.ndarray) -> np.ndarray:
     return _bf16(project(h, w["down"]))
 
 
+def mx_sharded_mlp(model, shard_factors: Mapping[int, Mapping[str, Any]], shards: Sequence[tuple[int, int]],
+                   formats: Mapping[int, str], other: Callable[[int, np.ndarray], np.ndarray]
+                   ) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``mlp(layer, x)`` of a ``--tp`` deployment whose MX layers (``formats``) run nmmc's MX MLP kernel on each rank's
+    blocks (``shard_factors[layer][proj][rank]``, the factor-shard blocks; the original weight's block where a
+    projection is not factored): each rank's bf16 output :func:`mx_mlp` computes, summed in fp32 and rounded to bf16
+    (a bf16 all-reduce). Every rank's share of the intermediate dimension is whole 512-position tiles (compress
+    refuses a ``--tp`` that is not), so the down projection's blocks are the unsharded layer's. Other layers:
+    ``other``."""
+    cache: dict[tuple[int, int], MxLayer] = {}
+
+    def rank_layer(layer: int, i: int) -> MxLayer:
+        if (layer, i) not in cache:
+            a, b = shards[i]
+            f = shard_factors.get(layer) or {}
+            cache[(layer, i)] = mx_layer({p: f[p][i] if f.get(p) else (
+                model.mlp_weight(layer, p)[a:b] if p == "down" else model.mlp_weight(layer, p)[:, a:b])
+                for p in ("gate", "up", "down")}, formats[layer])
+        return cache[(layer, i)]
+
+    def mlp(layer: int, x: np.ndarray) -> np.ndarray:
+        if layer not in formats:
+            return other(layer, x)
+        return _bf16(sum(mx_mlp(rank_layer(layer, i), x) for i in range(len(shards))))
+
+    return mlp
+
+
 def padded_contractions(shapes: Mapping[str, tuple[int, int]], ranks: Mapping[str, int | None]
                         ) -> dict[str, list[int]]:
     """Per weight of a layer (``gate``, or ``gate.u``/``gate.v`` for factors; ``shapes``: [in, out] per projection,
@@ -134,16 +162,20 @@ def padded_contractions(shapes: Mapping[str, tuple[int, int]], ranks: Mapping[st
     return out
 
 
-def mx_record(fmt: str, layers: list[int], padded: Mapping[str, list[int]]) -> dict[str, Any]:
-    """The manifest's ``mx`` record: how the MX layers are to be read."""
-    found = mx_format(fmt)
-    assert found is not None
-    return {"format": found.name, "weights": found.weights, "activations": found.activations,
-            "block": MX_BLOCK, "weight_bits": found.weight_bits,
+def mx_record(layers: Mapping[int, str], padded: Mapping[str, list[int]]) -> dict[str, Any]:
+    """The manifest's ``mx`` record: how the MX layers (``layers``: each one's format) are to be read. One format: its
+    elements; several (``--choose-ranks`` among them): ``format`` says so and ``formats`` holds each one's."""
+    found = [mx_format(f) for f in dict.fromkeys(layers.values())]
+    assert found and None not in found
+    each = {f.name: {"weights": f.weights, "activations": f.activations, "weight_bits": f.weight_bits}
+            for f in found if f is not None}
+    one = {"format": found[0].name, **each[found[0].name]} if len(each) == 1 else {
+        "format": "per layer (layers[i].mx)", "formats": each}
+    return {**one, "block": MX_BLOCK,
             "weight_scales": "one E8M0 scale per block of 32 along the contraction, OCP sample algorithm "
                              "(ir/mx.py quantize_weight), nmmc's packed block order",
             "activation_scales": "on chip: quantize_mx's doubled E8M0 block scale of the bf16 value (ir/mx.py "
                                  "quantize_activation)",
             "stored": "float32 factors (or dense weights), NOT pre-quantized: quantized when read",
-            "padded_contractions": dict(padded), "layers": [int(i) for i in layers],
+            "padded_contractions": dict(padded), "layers": sorted(int(i) for i in layers),
             "docs": "docs/compression.md, MX layers (compression/mx_layers.py)"}

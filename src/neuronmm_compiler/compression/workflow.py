@@ -32,7 +32,6 @@ from threadpoolctl import threadpool_limits
 from ..checkpoints.config import read_config
 from ..errors import InputError
 from ..io import write_text_atomic
-from ..ir.mx import mx_format
 from ..workers.cores import available_cores
 from .calibration import (
     DEFAULT_SEQUENCE,
@@ -42,6 +41,7 @@ from .calibration import (
 )
 from .calibration_set import calibration_set, token_paths
 from .compress import plan_ranks
+from .compress_formats import check_formats, resolve_formats
 from .compress_notes import (
     all_dense_warning,
     keeps_everything,
@@ -51,7 +51,6 @@ from .compress_notes import (
 )
 from .compress_steps import _measure, _write_shards, build_model, compressed_mlp, load_factors
 from .eval_budget import hold_budget_on_eval
-from .formats import ACT_SCALES, fp8_format
 from .heal import DEFAULT_HEAL_DAMPING, DEFAULT_HEAL_METRIC, DEFAULT_HEAL_PRIOR, check_heal_options
 from .heal_steps import (
     CHECKPOINTS,
@@ -179,19 +178,6 @@ def _choose_ranks(request: CompressRequest, calibration: Calibration, ids: np.nd
     return layer_ranks, record, front, point
 
 
-def _check_formats(request: CompressRequest, fmt: str | None, mx: Any) -> None:
-    """Refuse, in one line, what the FP8 and MX outputs do not do (docs/compression.md, "FP8 layers", "MX layers")."""
-    if request.act_scale not in ACT_SCALES:
-        raise InputError(f"--act-scale must be one of {', '.join(ACT_SCALES)}; got {request.act_scale!r}")
-    if request.act_scale != "static" and fmt is None:
-        raise InputError(f"--act-scale {request.act_scale} scales FP8 activations: it needs --dtype fp8 (fp8_e4m3, "
-                         "fp8_e5m2, fp8_e4m3fn)" + ("; MX activations get quantize_mx's block scales" if mx else ""))
-    if mx is not None and (request.choose_ranks or request.target_speedup is not None or request.tp > 1):
-        what = "--tp" if request.tp > 1 else "--choose-ranks" if request.choose_ranks else "--target-speedup"
-        raise InputError(f"--dtype {mx.name} with {what} is not supported yet: MX layers are written for every "
-                         "layer at the keep ratio's ranks (docs/compression.md, 'MX layers')")
-
-
 def run_compress(request: CompressRequest, *, progress: StageProgress | None = None,
                  note: Callable[[str], None] | None = None) -> CompressResult:
     """Compress as ``request`` says (see the module docstring); return the manifest and warnings. ``note`` receives
@@ -209,14 +195,14 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
     from .forward import CausalLM
 
     asked = request  # as asked: planned_note names its FP8 format
-    fmt, mx = fp8_format(request.dtype), mx_format(str(request.dtype))
-    _check_formats(request, fmt, mx)
-    if fmt is not None:  # FP8 kernels: their activations and the other layers are bf16
-        request = replace(request, dtype="bfloat16")
-    if mx is not None:  # MX: the factors stored in float32, quantized when read (.mx_layers)
+    fmt, mx, allowed = resolve_formats(request)
+    check_formats(request, fmt, mx, allowed)
+    if fmt is not None or allowed is not None:  # FP8 kernels: their activations and the other layers are bf16
+        request = replace(request, dtype="bfloat16")  # (MX layers chosen among others are stored float32 anyway)
+    elif mx is not None:  # MX: the factors stored in float32, quantized when read (.mx_layers)
         request = replace(request, dtype="float32")
-    # measured greedy: ranks alone without --tokens; with FP8, by predicted latency at --tokens (.format_choice)
-    measured = request.choose_ranks and request.target_speedup is None and (not request.buckets or fmt is not None)
+    # measured greedy: ranks alone without --tokens; with formats, by predicted latency at --tokens (.format_choice)
+    measured = request.choose_ranks and request.target_speedup is None and (not request.buckets or bool(allowed))
     calibrated = bool(token_paths(request.calibration)) or request.calibration_samples > 0
     if (request.choose_ranks or request.target_speedup is not None) and not calibrated:
         raise InputError("choosing ranks needs --calibration (whitened factors, and tokens to measure on)")
@@ -270,7 +256,7 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
     layer_ranks = record = front = point = None
     chosen = None
     if measured:
-        from .format_choice import latency_costs, measured_format_choice
+        from .format_choice import bytes_costs, latency_costs, measured_format_choice, unsupported_notes
         from .measured_choice import measured_choice
         from .whitening import whitened_svd
 
@@ -278,10 +264,13 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
             raise InputError("--choose-ranks without --tokens measures perplexity on calibration tokens: give "
                              "--calibration as text or .npy token ids")
         m = model()
-        costs = None if fmt is None or not request.buckets else latency_costs(
-            m.arch, fmt, request.buckets, request.target, request.align,
-            None if progress is None else lambda d, t: progress("cost model", d, t))
-        chosen = (measured_choice if fmt is None else partial(measured_format_choice, fmt=fmt, costs=costs))(
+        costs = None if allowed is None else bytes_costs(m.arch, allowed, request.align) if not request.buckets else \
+            latency_costs(m.arch, allowed, request.buckets, request.target, request.align,
+                          None if progress is None else lambda d, t: progress("cost model", d, t))
+        for line in unsupported_notes((costs or {}).get("unsupported", [])):
+            if note is not None:
+                note(line)
+        chosen = (measured_choice if allowed is None else partial(measured_format_choice, fmt=allowed, costs=costs))(
             m, selection_tokens(calibration_ids, request.sequence_length), budget * SELECTION_SHARE,
             lambda layer, proj, rank: (lambda f: (f.u, f.v))(whitened_svd(
                 m.mlp_weight(layer, proj), calibration.gram(layer, proj), rank, request.damping)),
@@ -319,7 +308,7 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
         warnings.append(PLAIN_SVD_WARNING)
     if layer_ranks is not None and record is not None and not measured and all(r["gate"] is None for r in layer_ranks):
         warnings.append(all_dense_warning(request, record))
-    if measured and all(r["gate"] is None for r in layer_ranks) and manifest.fp8 is None:
+    if measured and all(r["gate"] is None for r in layer_ranks) and manifest.fp8 is None and manifest.mx is None:
         where = "the --eval files" if chosen.eval_check else "the selection tokens"
         warnings.append("--choose-ranks kept every layer dense: " + (
             f"no layer could be compressed within +{budget:.1%} measured perplexity on {where}" if chosen.candidates

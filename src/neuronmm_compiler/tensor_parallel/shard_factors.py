@@ -97,8 +97,9 @@ def write_shards(model_dir: str | Path, out_dir: str | Path, tp: int, blocks: An
                     factors = svd.truncated_svd(block, shard)
                     u, v = factors.u, factors.v
                 u_name, v_name = factor_names(entry.layer, proj)
-                per_rank[rank][u_name] = np.ascontiguousarray(np.asarray(u).astype(dtype))
-                per_rank[rank][v_name] = np.ascontiguousarray(np.asarray(v).astype(dtype))
+                stored = np.float32 if entry.mx else dtype  # MX: float32, quantized when read, as unsharded
+                per_rank[rank][u_name] = np.ascontiguousarray(np.asarray(u).astype(stored))
+                per_rank[rank][v_name] = np.ascontiguousarray(np.asarray(v).astype(stored))
                 ranks.append(shard)
                 blocks_held += shard * sum(block.shape)
             own[proj] = ranks
