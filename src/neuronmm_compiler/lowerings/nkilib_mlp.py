@@ -73,9 +73,11 @@ MX_CALL = ("nkilib.core.mlp.mlp(..., quantization_type=QuantizationType.MX, colu
            "it (test/integration/nkilib/core/mlp/test_mlp_tkg.py:418-439); vLLM Neuron's mlp passes no quantization")
 #: Why its MX prefill kernel is not modelled.
 MX_PREFILL_NOT_MODELLED = (
-    "nki-library's MX prefill MLP is not modelled: at d2ad3a57 QuantizationType.MX is decode-only "
-    "(core/mlp/mlp.py:137, 193-205); the prefill kernel of 092a49dc (mlp_cte/mx/mlp_cte_mx.py) imports "
-    "perform_intermediate_quantization from mlp_cte/mx/mlp_cte_mx_quantization.py, which no readable snapshot holds")
+    "nki-library's MX prefill MLP (mlp_cte/mx/, QuantizationType.MX, @092a49dc) is not modelled yet: every file of "
+    "it is readable (mlp_cte_mx.py, _allocation, _projection, _tensor_io, _tile_info, _transpose, _utils at 092a49dc; "
+    "mlp_cte_mx_quantization.py only as an unattributed copy in the code index, whose perform_intermediate_"
+    "quantization takes the arguments 092a49dc's mlp_cte_mx.py passes: one quantize_mx per 128 tokens and 512 "
+    "columns of I), but nmmc has not written it as a program")
 VLLM_FALLBACK = ("vLLM Neuron runs its PyTorch fallback there (vllm_neuron/functional/mlp.py, _torch_mlp_impl), "
                  "compiled by neuronx-cc: not modelled")
 
