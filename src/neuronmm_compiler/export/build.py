@@ -32,11 +32,11 @@ from ..frontends.shapes import Fp8Weights
 from ..frontends.workloads import MlpWorkload, mlp_workload
 from ..io import check_output_dir, write_dir_atomic
 from ..ir.mx import MX_FORMATS, is_mx
-from ..model_tuning.pipeline import ModelSource, sdk_range
+from ..model_tuning.pipeline import ModelSource, activation_scales, sdk_range
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
 from ..tuning.speedups import launch_dict
-from .groups import ExportGroup, activation_scales, export_groups, mx_tensor_source, tensor_source
+from .groups import ExportGroup, export_groups, mx_tensor_source, tensor_source
 from .manifest import FORMAT, MANIFEST_NAME, SCHEMA_FILE, VERSION, is_export, schema_text
 
 #: The runtime modules copied into every package (export/runtime/).
@@ -95,7 +95,8 @@ def export_model(request: ExportRequest, out_dir: str | Path, *, kernel_fn: Kern
         raise InputError(f"{str(out_dir)!r} exists and is neither empty nor an nmmc export package; name a new or "
                          "empty directory (an existing package is replaced as a whole)")
     activation = activation_dtype(request)
-    act_scale = activation_scales(request.model, request.dense, request.dtype, request.act_scale)
+    act_scale = activation_scales(request.model, request.dense, () if request.dtype is None else (request.dtype,),
+                                  request.act_scale)
     source, factors_dir, groups = export_groups(request.model, request.keep_ratio, request.dense, request.dtype,
                                                 activation)
     if not request.buckets:

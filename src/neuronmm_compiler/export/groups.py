@@ -37,7 +37,7 @@ from ..errors import InputError
 from ..ir.fp8 import is_fp8
 from ..model_tuning.pipeline import ModelSource, model_path, resolve_model
 
-__all__ = ["ExportGroup", "activation_scales", "export_groups", "mx_tensor_source", "tensor_source"]
+__all__ = ["ExportGroup", "export_groups", "mx_tensor_source", "tensor_source"]
 
 #: A Hugging Face checkpoint's MLP weight ([out, in]; the kernels take its transpose [in, out]).
 HF_WEIGHT = "model.layers.{layer}.mlp.{proj}_proj.weight"
@@ -80,26 +80,6 @@ def export_groups(model: str, keep_ratio: float | None, dense: bool, dtype: str 
     weights = dtype or activation
     layers = tuple(range(source.config.num_hidden_layers))
     return source, None, [ExportGroup(layers, source.ranks, weights)]
-
-
-def activation_scales(model: str, dense: bool, dtype: str | None, act_scale: str | None) -> str:
-    """How the export's FP8 kernels scale their activations: ``static`` (per tensor, stored or calibrated) or ``row``
-    (per token, computed by the kernel: nothing to calibrate). An ``nmmc compress`` output's FP8 layers follow its
-    manifest (``fp8.act_scale``; an ``act_scale`` that contradicts it is refused); else ``act_scale`` (default
-    static), which ``row`` only with an FP8 ``dtype``."""
-    path = model_path(model)
-    if path.is_dir() and (path / MANIFEST_FILE).is_file() and not dense:
-        manifest = read_manifest(path / MANIFEST_FILE)
-        recorded = manifest.act_scale if any(layer.fp8 for layer in manifest.layers) else None
-        if act_scale is not None and act_scale != (recorded or "static"):
-            raise InputError(f"{path} records " + (f"FP8 layers with {recorded} activation scales (manifest "
-                             "fp8.act_scale), which the export follows" if recorded else "no FP8 layers") +
-                             f": drop --act-scale {act_scale}")
-        return recorded or "static"
-    if act_scale == "row" and not (dtype is not None and is_fp8(dtype)):
-        raise InputError("--act-scale row scales the activations of FP8 kernels per token: it goes with --dtype fp8 "
-                         "(MX kernels quantize their activations per block with quantize_mx)")
-    return act_scale or "static"
 
 
 def mx_tensor_source(name: str, shape: list[int], group: ExportGroup, from_checkpoint: bool) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ..errors import InputError
 from ..frontends.shapes import block_aligned_rank
 from ..frontends.workloads import Workload
 from ..io import write_text_atomic
+from ..ir.fp8 import is_fp8
 from ..search import DEFAULT_TRIALS
 from ..targets import Target
 from ..tuning.speedups import launch_dict
@@ -75,6 +76,27 @@ def model_path(path: str | Path) -> Path:
     except UnknownNameError:
         raise InputError(f"model not found: {p} (give a model directory, its config.json, an 'nmmc compress' output "
                          f"directory, or a shipped model name: {', '.join(KNOWN_MODELS)})") from None
+
+
+def activation_scales(model: str | Path, dense: bool, weights: Sequence[str], act_scale: str | None,
+                      command: str = "the export") -> str:
+    """How FP8 kernels built for ``model`` scale their activations: ``static`` (per tensor, stored or calibrated) or
+    ``row`` (per token, computed by the kernel: nothing to calibrate). An ``nmmc compress`` output's FP8 layers follow
+    its manifest (``fp8.act_scale``; an ``act_scale`` that contradicts it is refused, ``command`` saying who follows
+    it); else ``act_scale`` (default static), ``row`` only when one of the ``weights`` formats asked for is FP8."""
+    path = model_path(model)
+    if path.is_dir() and (path / MANIFEST_FILE).is_file() and not dense:
+        manifest = read_manifest(path / MANIFEST_FILE)
+        recorded = manifest.act_scale if any(layer.fp8 for layer in manifest.layers) else None
+        if act_scale is not None and act_scale != (recorded or "static"):
+            raise InputError(f"{path} records " + (f"FP8 layers with {recorded} activation scales (manifest "
+                             f"fp8.act_scale), which {command} follows" if recorded else "no FP8 layers") +
+                             f": drop --act-scale {act_scale}")
+        return recorded or "static"
+    if act_scale == "row" and not any(is_fp8(w) for w in weights):
+        raise InputError("--act-scale row scales the activations of FP8 kernels per token: it goes with --dtype fp8 "
+                         "(MX kernels quantize their activations per block with quantize_mx)")
+    return act_scale or "static"
 
 
 def resolve_model(path: str | Path, keep_ratio: float | None, align: int = 128, *, dense: bool = False) -> ModelSource:
@@ -258,7 +280,8 @@ class _Plan:
 def _plans(source: ModelSource, formats: FormatRequest) -> list[_Plan]:
     """What ``tune_model`` tunes: an SVD MLP with nmmc's fused dense MLP (its honest alternative), per allowed weight
     format; a dense source the dense MLPs alone; a grouped source each group so, in the format it records."""
-    formats = replace(formats, act_scale=source.act_scale)  # a compress output's FP8 layers: their recorded scales
+    if source.act_scale != "static":  # a compress output's FP8 layers: their recorded scales
+        formats = replace(formats, act_scale=source.act_scale)
     if source.groups:
         return [_Plan(g.ranks, *group_formats(g, formats), prefix=f"{g.name}/") for g in source.groups]
     recorded = recorded_format(source, formats)

@@ -50,7 +50,7 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
 def _dense_model_lines(source: Any, index: dict[str, Any], target: Target, output: str) -> list[str]:
     """``nmmc tune --model --dense``: nmmc's fused dense MLP per bucket against nki-library's fused MLP (what NxD
     Inference runs) and AWS's kernel per matmul; a bucket where nki-library's kernel is faster says so."""
-    lines = [f"{source.config.describe()}; the dense MLP (no compression: exact); {target.label}",
+    lines = [f"{source.config.describe()}; the dense MLP ({_dense_formats(index)}); {target.label}",
              "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what vLLM Neuron "
              "and NxD Inference call; modelled, docs/fusion.md), 'AWS dense' AWS's kernel per matmul",
              f"  {context_note(target)}"]
@@ -134,6 +134,16 @@ def _dense_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]
             lines.append(f"{under}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
                          "tokens it is predicted faster than nmmc's dense MLP")
     return lines + _reference_notes(buckets, indent)
+
+
+def _dense_formats(index: dict[str, Any]) -> str:
+    """What the dense MLP's kernels compute: exact with bf16 weights alone, else the quantized formats allowed
+    (``formats_allowed``, e.g. ``dense-fp8-row``), which are not exact."""
+    allowed = [name for name in index.get("formats_allowed") or [] if name != "dense-bf16"]
+    if not allowed:
+        return "no compression: exact"
+    return (f"no SVD; weights {', '.join(index.get('formats_allowed') or [])}: quantized formats are approximations, "
+            "nmmc compress --eval measures their accuracy")
 
 
 def _approximations(index: dict[str, Any]) -> str:

@@ -302,11 +302,11 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     fastest predicted one recommended) and an index; with ``lock_path``, each bucket's chosen kernel recorded in that
     lockfile. False when --verify found a wrong kernel."""
     from ..model_tuning.formats import FormatRequest, kernel_buckets
-    from ..model_tuning.pipeline import parse_buckets, resolve_model, tune_model
+    from ..model_tuning.pipeline import activation_scales, parse_buckets, resolve_model, tune_model
     from ..model_tuning.report import model_lines
     from .report import progress_bar
 
-    allowed = {"tokens", "keep_ratio", "dense", "dtype", "a_layout"}
+    allowed = {"tokens", "keep_ratio", "dense", "dtype", "a_layout", "act_scale"}
     given = [k for k, v in options.items() if k not in allowed and v not in (None, False, ())]
     if given:
         raise InputError("--model takes --tokens (buckets) and --keep-ratio or --dense; drop " +
@@ -319,6 +319,8 @@ def run_model_tune(model: str, options: dict[str, Any], request: TuneRequest, *,
     source = resolve_model(model, options["keep_ratio"], dense=bool(options.get("dense")))
     buckets = parse_buckets(str(options["tokens"]))
     formats = FormatRequest.parse(options.get("dtype"))
+    formats = replace(formats, act_scale=activation_scales(model, bool(options.get("dense")), formats.weights,
+                                                           options.get("act_scale"), "tune --model"))
     if lock_path:
         from ..artifacts.lockfile import Lockfile
         from ..io import check_output_file
