@@ -256,7 +256,14 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
     layer_ranks = record = front = point = None
     chosen = None
     if measured:
-        from .format_choice import bytes_costs, latency_costs, measured_format_choice, unsupported_notes
+        from .format_choice import (
+            bytes_costs,
+            candidates,
+            latency_costs,
+            measured_format_choice,
+            supported,
+            unsupported_notes,
+        )
         from .measured_choice import measured_choice
         from .whitening import whitened_svd
 
@@ -264,12 +271,13 @@ def _run_compress(request: CompressRequest, progress: StageProgress | None,
             raise InputError("--choose-ranks without --tokens measures perplexity on calibration tokens: give "
                              "--calibration as text or .npy token ids")
         m = model()
+        if allowed is not None and note is not None:  # the MX candidates dropped, said before their pricing
+            shape = (m.arch.hidden_size, m.arch.intermediate_size)
+            for line in unsupported_notes(supported(*shape, candidates(*shape, request.align, allowed))[1]):
+                note(line)
         costs = None if allowed is None else bytes_costs(m.arch, allowed, request.align) if not request.buckets else \
             latency_costs(m.arch, allowed, request.buckets, request.target, request.align,
                           None if progress is None else lambda d, t: progress("cost model", d, t))
-        for line in unsupported_notes((costs or {}).get("unsupported", [])):
-            if note is not None:
-                note(line)
         chosen = (measured_choice if allowed is None else partial(measured_format_choice, fmt=allowed, costs=costs))(
             m, selection_tokens(calibration_ids, request.sequence_length), budget * SELECTION_SHARE,
             lambda layer, proj, rank: (lambda f: (f.u, f.v))(whitened_svd(
