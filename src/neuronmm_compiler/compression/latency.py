@@ -6,7 +6,9 @@ cost model, exactly as ``nmmc tune --mlp`` does (answered from the same result c
 ran before), and takes the tuned kernel's predicted latency.
 A variant's latency is the sum over the buckets. Every figure here is a cost-model prediction.
 :func:`predict_candidate_latencies` does the same for the per-layer candidates of the measured format choice
-(:mod:`.format_choice`: dense or one rank for gate, up and down, each in bf16 or an FP8 weight format).
+(:mod:`.format_choice`: dense or one rank for gate, up and down, each in bf16, an FP8 or an MX weight format), each
+built by ``model_tuning``'s :class:`~..model_tuning.formats.MlpFormat` as ``tune --model`` builds it: an MX candidate is
+the MLP ``nmmc tune --mlp --dtype mxfp4`` tunes (``mlp_workload(..., mx=MxWeights(format))``, trn3 only).
 """
 
 from __future__ import annotations
