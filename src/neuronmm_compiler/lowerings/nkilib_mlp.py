@@ -71,13 +71,12 @@ FP8_PREFILL_CALL = (
 #: Who calls the MX path: no serving stack nmmc knows (vLLM Neuron's ``mlp`` passes no quantization).
 MX_CALL = ("nkilib.core.mlp.mlp(..., quantization_type=QuantizationType.MX, column tiling off) as its own tests call "
            "it (test/integration/nkilib/core/mlp/test_mlp_tkg.py:418-439); vLLM Neuron's mlp passes no quantization")
-#: Why its MX prefill kernel is not modelled.
-MX_PREFILL_NOT_MODELLED = (
-    "nki-library's MX prefill MLP (mlp_cte/mx/, QuantizationType.MX, @092a49dc) is not modelled yet: every file of "
-    "it is readable (mlp_cte_mx.py, _allocation, _projection, _tensor_io, _tile_info, _transpose, _utils at 092a49dc; "
-    "mlp_cte_mx_quantization.py only as an unattributed copy in the code index, whose perform_intermediate_"
-    "quantization takes the arguments 092a49dc's mlp_cte_mx.py passes: one quantize_mx per 128 tokens and 512 "
-    "columns of I), but nmmc has not written it as a program")
+#: What the MX prefill row leaves out (``tune --json`` details).
+MX_PREFILL_CALL = (
+    "mlp_cte_mx (@092a49dc, mlp_cte/mx/) on a hidden already MX-quantized as rmsnorm_mx_prefill packs it: that "
+    "quantizing kernel and its launch are not modelled, so nki-library is charged less than it runs; the "
+    "intermediate's quantize_mx read from an unattributed code-index copy of mlp_cte_mx_quantization.py whose "
+    "signature matches 092a49dc's call; lowerings/nkilib_cte_mx.py")
 VLLM_FALLBACK = ("vLLM Neuron runs its PyTorch fallback there (vllm_neuron/functional/mlp.py, _torch_mlp_impl), "
                  "compiled by neuronx-cc: not modelled")
 
@@ -127,6 +126,8 @@ def nkilib_label(tokens: int, target: Target, fp8: str | None = None, mx: str | 
         from ..ir.mx import MX_FORMATS
 
         scheme = f", {mx} weights, {MX_FORMATS[mx].activations} activations (QuantizationType.MX)"
+        if kind == "prefill":  # lowerings/nkilib_cte_mx.py: the hidden arrives quantized (rmsnorm_mx_prefill)
+            scheme += "; x pre-quantized, its quantizing kernel not charged"
     elif fp8:
         if kind == "decode":
             scheme = ", FP8 weights, bf16 activations"
@@ -142,7 +143,8 @@ def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, 
     (the weights' FP8 format) for its FP8 path as NxD Inference calls it (``QuantizationType.ROW``); raises
     :class:`NotModelled` where it does not run (trn1: NxD Inference runs no NKI kernels there since 2.29; other
     dtypes than bf16; FP8 formats it does not read; its asserts) or where nmmc does not model it (FP8 prefill); ``mx``
-    (an nmmc MX format) for its ``QuantizationType.MX`` path (:mod:`.nkilib_mx`; prefill not modelled)."""
+    (an nmmc MX format) for its ``QuantizationType.MX`` path (:mod:`.nkilib_mx`; prefill :mod:`.nkilib_cte_mx`, its
+    hidden already MX-quantized: the quantizing kernel is not charged)."""
     if target.max_lnc < 2:
         raise DoesNotRun(f"nki-library's MLP is not modelled on {target.name}: NxD Inference runs no NKI kernels "
                           "on trn1/inf2 since its 2.29 release")
@@ -154,7 +156,9 @@ def nkilib_program(tokens: int, hidden: int, intermediate: int, target: Target, 
         if nkilib_variant(tokens) == "tkg":
             return mx_tkg_program(tokens, hidden, intermediate, target, mx)
         mx_asserts(tokens, hidden, intermediate, target.lnc)
-        raise NotModelled(MX_PREFILL_NOT_MODELLED)
+        from .nkilib_cte_mx import mx_cte_program
+
+        return mx_cte_program(tokens, hidden, intermediate, target, mx)
     if fp8 is not None and fp8 not in NKILIB_FP8_FORMATS:
         raise DoesNotRun(f"nki-library's MLP reads float8_e4m3 weights, not {fp8} (mlp/mlp_parameters.py:30-40)")
     if nkilib_variant(tokens) == "tkg":
@@ -221,6 +225,8 @@ def nkilib_baseline(workload: MlpWorkload, target: Target) -> Baseline:
                "called_as": VLLM_CALL if target.lnc == 2 and not fp8 and not mx else MX_CALL if mx else
                "as NxD Inference calls it (modeling_llama.py; vLLM Neuron launches it at LNC=2 only)"}
     if mx:
+        if variant == "cte":
+            details["mx_prefill"] = MX_PREFILL_CALL
         details["mx"] = (f"QuantizationType.MX (aws-neuron/nki-library@{NKILIB_COMMIT}, core/mlp/mlp.py:285-287, "
                          "mlp_tkg/mlp_tkg_mx.py): MX weights and scales in its layouts, x and the intermediate "
                          "quantize_mx'd to float8_e4m3fn_x4 on chip, bf16 PSUM; lowerings/nkilib_mx.py")
