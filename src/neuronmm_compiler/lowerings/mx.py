@@ -19,10 +19,11 @@ value; what MX adds is here:
   the quadrant layout fixes only the partitions (the first 4 of each quadrant), the K tiles are a free axis of the
   scale tile, so rows ``4q .. 4q + 4`` of the ``[16, K/512, N]`` argument over every K tile are one 3-D region of
   contiguous column runs, as nki-library's gate/up projection loads every K tile of its scales in one DMA per
-  quadrant (aws-neuron/nki-library@0759719d, gate_up_projection_mx_shard_H.py, ``gate_up_projection_mx_tp_shard_H``,
-  "Load 4 partitions of scales for every quadrant": ``[_pmax, n_H512_tile_sharded, I]``). The matmuls of the K block
-  read the scale tile at the global K tile (:meth:`MxGroups.mx_matmuls`). The buffer sits beside the weight block
-  (``weight_block_kib`` does not count it; the footprint does), so the search costs it beside each schedule.
+  quadrant (aws-neuron/nki-library@d2ad3a57, gate_up_projection_mx_shard_H.py:115-131, "Load 4 partitions of scales
+  for every quadrant": a ``[_pmax, n_H512_tile_sharded, I]`` buffer, every K tile and column of it in each DMA). The
+  matmuls of the K block read the scale tile at the global K tile (:meth:`MxGroups.mx_matmuls`). The buffer sits
+  beside the weight block (``weight_block_kib`` does not count it; the footprint does), so the search costs it beside
+  each schedule.
 - **Quantization** (:meth:`MxGroups.mx_quantize_group`, a ``quantize_mx`` group): the bf16 strip of the value, per
   512-position tile, copied into an interleaved tile ``[128, tokens, 4]`` (element ``j`` of partition ``p`` from the
   strip's tile ``4 kt + j``: the "VectorE/ScalarE Strided Access" technique of the guide, "SBUF Layout Using Strided

@@ -716,8 +716,12 @@ RULES: tuple[Rule, ...] = (
               "weight block's scales with one DMA per quadrant (4 partitions each, as the guide's "
               "load_scales_scattered and nki-library's gate/up projection do; its down projection loads one partition "
               "per DMA, citing a scalar-DGE restriction to 1 or 16k partitions that nmmc's DMAs, which name no "
-              "dge_mode, do not meet). The offsets 0/4/8/12 that pack four tensors' scales into one tile are not "
-              "used."),
+              "dge_mode, do not meet). Under mx_scales=hoisted a weight streamed in K blocks loads the scales of "
+              "every K tile of its column block into one [P, K tiles, F] buffer before the K blocks, still one DMA "
+              "per quadrant (the K tiles are a free axis: the partitions are the same 4 per quadrant, as nki-library's "
+              "gate/up projection loads [_pmax, n_H512_tile_sharded, I] per quadrant), and each nc_matmul_mx reads "
+              "its [P, F] tile at the global K tile; the buffer's K tiles x F bytes per partition are in the "
+              "footprint. The offsets 0/4/8/12 that pack four tensors' scales into one tile are not used."),
     Rule("NKI-MX-SCALE-DTYPE", "mx", "before Neuron SDK 2.32 an MX scale tile is uint8 (\"The dst_scale tile must be "
          "uint8\"); from 2.32 float8_e8m0fnu or uint8 (\"uint8 accepted for backward compatibility\"): nmmc's MX "
          "kernels use uint8 holding the E8M0 exponent, for every release its nki dialect covers",
