@@ -7,6 +7,7 @@ the edit loop (README, docs/ci.md). Rerun this when tests were added or became s
 
     python scripts/suite_cpu.py                         # the whole suite as CI runs it; rewrites the file
     python scripts/suite_cpu.py tests/test_export.py    # these pytest arguments only; their files' entries replaced
+    python scripts/suite_cpu.py -- -n 2 tests/test_x.py # pytest options go after --
 
 A test's seconds are the user and system time of its test process over its setup, call and teardown, plus that of
 the child processes it waited for (``getrusage``); a module fixture's cost lands on the first test that uses it. CPU
