@@ -28,8 +28,8 @@ such kernel (``tune --mlp --dtype mxfp4`` refuses the shape), so those figures a
 nmmc emits.
 
 The layer files hold the float32 factors (or dense weights), **not** pre-quantized: the quantization above is
-deterministic and done when the file is read. ``tune --model`` and ``export`` refuse such an output
-(:meth:`~.manifest.Manifest.kernel_refusal`).
+deterministic and done when the file is read; ``tune --model`` tunes the recorded format, and an ``nmmc export``
+package quantizes the same float32 files into its MX kernels' arguments when it patches a model (export/runtime/mx.py).
 """
 
 from __future__ import annotations
