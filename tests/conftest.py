@@ -142,6 +142,23 @@ def one_blas_thread():
         yield
 
 
+@pytest.fixture(scope="module")
+def one_polish_start():
+    """One polish start per search instead of ``search.tuner.POLISH_STARTS`` (8), for a module of tests of what
+    surrounds a search -- the CLI, files, manifests, exports, caches, lockfiles -- not of the search itself
+    (``pytestmark = pytest.mark.usefixtures("one_polish_start")``). Module-scoped, so the searches of the module's
+    fixtures are shortened too. Like a small ``--trials``, it changes which schedule wins, never what these tests
+    assert: each assertion holds for any search result (the 16 files that use it passed unchanged with it,
+    225 -> 141 CPU s for 13 of them). The polish from every start is what test_golden's tuned kernels,
+    test_trust's tuned rows, test_rotation_room and test_search_*.py check, and they keep it. A search in a spawned
+    worker process (``--jobs 2``) keeps the default: the fixture patches this process (and forked children) only."""
+    from neuronmm_compiler.search import tuner
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tuner, "POLISH_STARTS", 1)
+        yield
+
+
 #: A test not in CPU_SECONDS (under its RECORD_SECONDS, 0.1) counts this much when files are ordered below.
 UNRECORDED_SECONDS = 0.03
 

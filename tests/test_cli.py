@@ -11,6 +11,8 @@ from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 
 def run(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)

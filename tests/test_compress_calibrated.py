@@ -24,7 +24,7 @@ from neuronmm_compiler.errors import InputError
 HIDDEN, INTER, LAYERS, HEADS, KV, VOCAB = 64, 192, 2, 4, 2, 101
 
 
-pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_blas_thread", "one_polish_start")  # tiny matrices (conftest.py)
 
 
 def make_llama(root: Path, seed: int = 0, model_type: str = "llama") -> Path:

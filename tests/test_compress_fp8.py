@@ -25,7 +25,7 @@ from neuronmm_compiler.ir.quantized import calibrate, unquantized
 from neuronmm_compiler.passes.quantize_fp8 import quantize_fp8
 from test_compress_calibrated import make_llama, token_file
 
-pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_blas_thread", "one_polish_start")  # tiny matrices (conftest.py)
 
 
 @pytest.fixture(scope="module")

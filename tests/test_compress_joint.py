@@ -31,7 +31,7 @@ from neuronmm_compiler.compression.quality import evaluate as measure
 from neuronmm_compiler.compression.workflow import CompressRequest, run_compress
 from neuronmm_compiler.targets import get_target
 
-pytestmark = pytest.mark.usefixtures("one_blas_thread")  # small matrices (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_blas_thread", "one_polish_start")  # small matrices (conftest.py)
 VOCAB, HEADS, KV = 64, 4, 2
 ALL = ("bfloat16", "float8_e4m3", "mxfp8_e4m3", "mxfp4")
 

@@ -15,6 +15,8 @@ from safetensors.numpy import save_file
 
 from neuronmm_compiler.cli import main
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
           "torch_dtype": "bfloat16"}
 

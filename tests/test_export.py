@@ -22,6 +22,8 @@ torch = pytest.importorskip("torch", reason="the export runtime needs the 'torch
 
 from neuronmm_compiler.export.runtime.llama import LlamaForCausalLM  # noqa: E402 - needs torch
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 640,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32", "tie_word_embeddings": False,

@@ -46,7 +46,7 @@ EMULATION_TOLERANCE = 1e-2
 #: leave 1.5-1.8x. A trained model loses far less (docs/quantization.md, "What each format costs the model").
 FORMAT_TOLERANCE = {"mxfp4": 0.45, "mxfp8_e4m3": 0.25}
 
-pytestmark = pytest.mark.usefixtures("one_blas_thread")  # small matrices (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_blas_thread", "one_polish_start")  # small matrices (conftest.py)
 
 
 def _kernel(workload):

@@ -34,7 +34,7 @@ from test_export_fp8 import EMULATION_TOLERANCE, FP8_TOLERANCE, _emulated_model,
 TARGET = with_launch(get_target("trn2:lnc=2"), "in-graph")
 PROJ = ("gate", "up", "down")
 
-pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_blas_thread", "one_polish_start")  # tiny matrices (conftest.py)
 
 
 def _kernel(workload):

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 #: One layer of Llama-3.2-1B's MLP shape: at one token its LNC=2 kernel divides the hidden contraction between the
 #: two programs, which exchange their partial sums.
 CONFIG = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 1,

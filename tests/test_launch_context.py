@@ -24,6 +24,8 @@ from neuronmm_compiler.model_tuning.report import model_lines
 from neuronmm_compiler.targets import IN_GRAPH, STANDALONE, get_target, with_launch
 from neuronmm_compiler.tuning.speedups import latency_at, launches, speedup_text
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 MLP = ("--mlp", "--tokens", "16", "--hidden", "256", "--intermediate", "512")
 
 

@@ -16,6 +16,8 @@ from neuronmm_compiler.errors import InputError
 from neuronmm_compiler.model_tuning.pipeline import parse_buckets, resolve_model, tune_model
 from neuronmm_compiler.targets import get_target
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_RANKS = {"llama-3.2-1b": 1280, "llama-3.2-3b": 1792, "llama-3.1-8b": 2560, "qwen3-1.7b": 1280,
                "qwen3-4b": 1664}

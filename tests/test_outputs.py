@@ -30,6 +30,8 @@ from neuronmm_compiler import io as nmmc_io
 from neuronmm_compiler.cli import main
 from neuronmm_compiler.errors import InputError
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 SHAPE = ["--shape", "128x512x128"]  # an exhaustive search of about a second
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 NMMC = [sys.executable, "-c", "from neuronmm_compiler.cli import main; main()"]

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
 
 MLP = ("--mlp", "--tokens", "16", "--hidden", "256", "--intermediate", "512")
 
@@ -69,7 +72,7 @@ def test_svd_speedup_over_dense_says_it_is_an_approximation(tmp_path):
         assert "an approximation vs exact: the SVD changes the model's outputs" in line, line
     dense = run("tune", *MLP, "--dense", "--trials", "3", "-o", str(tmp_path / "d.py"))
     assert "approximation" not in dense
-    config = Path(__file__).parents[1] / "src" / "neuronmm_compiler" / "models" / "configs" / "llama-3.2-1b.json"
+    config = Path(__file__).parents[1] / "src" / "neuronmm_compiler" / "checkpoints" / "configs" / "llama-3.2-1b.json"
     model = run("tune", "--model", str(config), "--keep-ratio", "0.8",
                 "--tokens", "1", "--trials", "3", "-o", str(tmp_path / "K"))
     assert "speedups over the dense MLPs: the SVD changes the model's outputs; not measured" in model

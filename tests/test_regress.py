@@ -30,6 +30,8 @@ from neuronmm_compiler.frontends.workloads import (
 )
 from neuronmm_compiler.targets import get_target
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 TRIALS = 20
 GEMM = gemm_workload(128, 512, 256)
 CHAIN = chain_workload(64, 512, 256, rank=128)

@@ -30,6 +30,8 @@ from neuronmm_compiler.tensor_parallel.sharding import (
 )
 from neuronmm_compiler.tensor_parallel.verify import verify_plan
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 TRN1 = TARGETS["trn1"]
 SMALL = ["--mlp", "--hidden", "256", "--intermediate", "640", "--keep-ratio", "0.8"]
 

@@ -17,6 +17,8 @@ from neuronmm_compiler.frontends.workloads import graph_workload
 from neuronmm_compiler.targets import get_target
 from neuronmm_compiler.verification import verify_source
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "graphs"
 
 
