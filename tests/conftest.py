@@ -151,12 +151,14 @@ def one_polish_start():
     assert: each assertion holds for any search result (the 16 files that use it passed unchanged with it,
     225 -> 141 CPU s for 13 of them). The polish from every start is what test_golden's tuned kernels,
     test_trust's tuned rows, test_rotation_room and test_search_*.py check, and they keep it. A search in a spawned
-    worker process (``--jobs 2``) keeps the default: the fixture patches this process (and forked children) only."""
+    worker process (``--jobs 2``) keeps the default: the fixture patches this process (and forked children) only, so
+    a test comparing such a worker's search with one in this process restores the default it yields."""
     from neuronmm_compiler.search import tuner
 
     with pytest.MonkeyPatch.context() as patch:
+        default = tuner.POLISH_STARTS
         patch.setattr(tuner, "POLISH_STARTS", 1)
-        yield
+        yield default
 
 
 #: A test not in CPU_SECONDS (under its RECORD_SECONDS, 0.1) counts this much when files are ordered below.

@@ -228,9 +228,13 @@ def test_tune_model_takes_the_search_options(tmp_path):
     assert workers.exit_code == 2 and "--workers" in workers.stderr and not (tmp_path / "d").exists()
 
 
-def test_tune_model_jobs_write_what_one_job_writes(tmp_path):
+def test_tune_model_jobs_write_what_one_job_writes(tmp_path, monkeypatch, one_polish_start):
     """--jobs 2 runs the buckets' searches in worker processes; the kernel files and the index are
-    those of --jobs 1, byte for byte."""
+    those of --jobs 1, byte for byte. The spawned workers search with every polish start, so this process does too
+    (conftest.one_polish_start yields the default)."""
+    from neuronmm_compiler.search import tuner
+
+    monkeypatch.setattr(tuner, "POLISH_STARTS", one_polish_start)
     args = ["tune", "--model", str(_small_model(tmp_path, 1024, 3072)), "--keep-ratio", "0.8", "--tokens", "1,2",
             "--trials", "5", "--no-cache"]
     for jobs in ("1", "2"):
