@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
@@ -15,6 +16,8 @@ from neuronmm_compiler.lowerings.nkilib_cte import slab_buffers
 from neuronmm_compiler.lowerings.nkilib_mlp import nkilib_baseline, vllm_refusal
 from neuronmm_compiler.model_tuning.report import _dense_table
 from neuronmm_compiler.targets import IN_GRAPH, STANDALONE, get_target, with_launch, with_lnc
+
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
 
 TRN2 = get_target("trn2")
 #: The Llama-3.1-8B decode MLP on one LNC=2 logical core, in a model graph: the command of the headline.

@@ -13,6 +13,8 @@ from neuronmm_compiler.driver import named_schedules
 from neuronmm_compiler.frontends.workloads import gemm_workload
 from neuronmm_compiler.targets import get_target
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("emit_matrix", ROOT / "scripts" / "emit_matrix.py")
 matrix = importlib.util.module_from_spec(spec)

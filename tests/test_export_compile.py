@@ -19,6 +19,8 @@ from click.testing import CliRunner
 
 from neuronmm_compiler.cli import main
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # what surrounds a search, not the search (conftest.py)
+
 torch = pytest.importorskip("torch", reason="the export runtime needs the 'torch' extra")
 transformers = pytest.importorskip("transformers", reason="needs the 'test' extra (transformers)")
 

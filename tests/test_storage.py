@@ -311,7 +311,7 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def _race_to_open(url: str, processes: int = 8) -> None:
+def _race_to_open(url: str, processes: int = 6) -> None:
     """``processes`` processes open (create) study "s" on ``url`` at the same instant: all succeed."""
     code = ("import sys, time\nfrom neuronmm_compiler.search.trials import _open_study\n"
             "start = float(sys.argv[2])\nwhile time.time() < start:\n    time.sleep(0.001)\n"
