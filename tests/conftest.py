@@ -146,12 +146,12 @@ def one_blas_thread():
 def one_polish_start():
     """One polish start per search instead of ``search.tuner.POLISH_STARTS`` (8), for a module of tests of what
     surrounds a search -- the CLI, files, manifests, exports, caches, lockfiles -- not of the search itself
-    (``pytestmark = pytest.mark.usefixtures("one_polish_start")``). Module-scoped, so the searches of the module's fixtures are
-    shortened too. Like a small ``--trials``, it changes which schedule wins, never what these tests assert: each
-    assertion holds for any search result (the files that use it passed unchanged with it; 16 of them took 215 CPU s
-    without it and 149 with it, -n 2 on the idle machine). The polish from every start is what test_golden's tuned
-    kernels, test_trust's tuned rows, test_rotation_room and test_search_*.py check, and they keep it. A search in a
-    spawned worker process (``--jobs 2``) keeps the default: the fixture patches this process (and forked children)
+    (``pytestmark = pytest.mark.usefixtures("one_polish_start")``). Module-scoped, so the searches of the module's
+    fixtures are shortened too. Like a small ``--trials``, it changes which schedule wins, never what these tests
+    assert: each assertion holds for any search result (the files that use it passed unchanged with it; 16 of them took
+    215 CPU s without it and 149 with it, -n 2 on the idle machine). The polish from every start is what test_golden's
+    tuned kernels, test_trust's tuned rows, test_rotation_room and test_search_*.py check, and they keep it. A search in
+    a spawned worker process (``--jobs 2``) keeps the default: the fixture patches this process (and forked children)
     only, so a test comparing such a worker's search with one in this process restores the default it yields."""
     from neuronmm_compiler.search import tuner
 
