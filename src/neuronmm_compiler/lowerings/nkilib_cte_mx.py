@@ -62,7 +62,7 @@ from ..kernel_ir.program import (
 from ..targets import Target
 from ..vocab import ElementwiseOp
 from .nkilib_cte import SBUF_WINDOW, P, split_on_intermediate
-from .nkilib_mx import TILE, MxCheck, mx_source
+from .nkilib_mx import TILE, MxCheck, check_mx_model
 from .nkilib_source import DoesNotRun, NotModelled
 
 #: PSUM banks (tile_info.py: NUM_HW_PSUM_BANKS = 8), tokens per gate/up subtile (2 * pmax, tile_info.py) and the most
@@ -299,26 +299,11 @@ def mx_cte_reference(real: dict[str, np.ndarray], fmt: str = FORMAT) -> np.ndarr
 
 def verify_nkilib_mx_prefill(tokens: int, hidden: int, inter: int, target: Target, fmt: str = FORMAT, seed: int = 0,
                              source: str | None = None) -> MxCheck:
-    """Run the MX prefill kernel in the interpreter (every program of ``target``'s logical core) against
-    :func:`mx_cte_reference` (tolerance 1e-2, as the MX decode model); rules checked statically. ``source``: a
-    (mutated) kernel file instead of the model's."""
-    from ..errors import KernelError
-    from ..interpreter import run_kernel
-    from ..verification import static_rules
-
-    program = mx_cte_program(tokens, hidden, inter, target, fmt)
-    source = source if source is not None else mx_source(program, target)
-    _, violations = static_rules(source, "nki", target.name, None)
+    """Run the MX prefill kernel against :func:`mx_cte_reference` (:func:`.nkilib_mx.check_mx_model`, as the MX
+    decode model). ``source``: a (mutated) kernel file instead of the model's."""
     args, real = mx_cte_inputs(tokens, hidden, inter, fmt, seed)
-    names = [b.name for b in program.params]
-    try:
-        run = run_kernel(source, filename=f"nkilib_cte_mx_{tokens}x{hidden}x{inter}.py", kernel_name=program.name,
-                         args=[args[n] for n in names], target=target, arg_names=names, output_names=["out"])
-    except KernelError as exc:
-        return MxCheck(False, None, 1e-2, [str(v) for v in violations], error=str(exc))
-    ref = mx_cte_reference(real, fmt)
-    rel = float(np.linalg.norm(run.outputs[0].astype(np.float64) - ref) / (np.linalg.norm(ref) or 1.0))
-    return MxCheck(rel <= 1e-2 and not violations, rel, 1e-2, [str(v) for v in violations])
+    return check_mx_model(mx_cte_program(tokens, hidden, inter, target, fmt), target, args,
+                          mx_cte_reference(real, fmt), f"nkilib_cte_mx_{tokens}x{hidden}x{inter}.py", source)
 
 
 __all__ = ["mx_cte_inputs", "mx_cte_program", "mx_cte_reference", "mx_cte_tile", "src_buffers",

@@ -306,25 +306,31 @@ def mx_source(program: Program, target: Target) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verify_nkilib_mx(tokens: int, hidden: int, inter: int, target: Target, fmt: str = "mxfp8_e4m3",
-                     seed: int = 0, source: str | None = None) -> MxCheck:
-    """Run the MX decode kernel in the interpreter (every program of ``target``'s logical core) against
-    :func:`mx_reference` (tolerance 1e-2, as nmmc's MX kernels); rules checked statically. ``source``: a (mutated)
-    kernel file instead of the model's."""
+def check_mx_model(program: Program, target: Target, args: dict[str, np.ndarray], reference: np.ndarray,
+                   filename: str, source: str | None = None) -> MxCheck:
+    """Run an nki-library MX kernel model's ``program`` (or a mutated ``source`` of it) in the interpreter, every
+    program of ``target``'s logical core, on ``args``, against its float64 ``reference`` (relative tolerance 1e-2,
+    as nmmc's MX kernels); rules checked statically."""
     from ..errors import KernelError
     from ..interpreter import run_kernel
     from ..verification import static_rules
 
-    program = mx_tkg_program(tokens, hidden, inter, target, fmt)
     source = source if source is not None else mx_source(program, target)
     _, violations = static_rules(source, "nki", target.name, None)
-    args, real = mx_inputs(tokens, hidden, inter, fmt, seed)
     names = [b.name for b in program.params]
     try:
-        run = run_kernel(source, filename=f"nkilib_mx_{tokens}x{hidden}x{inter}.py", kernel_name=program.name,
-                         args=[args[n] for n in names], target=target, arg_names=names, output_names=["out"])
+        run = run_kernel(source, filename=filename, kernel_name=program.name, args=[args[n] for n in names],
+                         target=target, arg_names=names, output_names=["out"])
     except KernelError as exc:
         return MxCheck(False, None, 1e-2, [str(v) for v in violations], error=str(exc))
-    ref = mx_reference(real, fmt, target.lnc)
-    rel = float(np.linalg.norm(run.outputs[0].astype(np.float64) - ref) / (np.linalg.norm(ref) or 1.0))
+    rel = float(np.linalg.norm(run.outputs[0].astype(np.float64) - reference) / (np.linalg.norm(reference) or 1.0))
     return MxCheck(rel <= 1e-2 and not violations, rel, 1e-2, [str(v) for v in violations])
+
+
+def verify_nkilib_mx(tokens: int, hidden: int, inter: int, target: Target, fmt: str = "mxfp8_e4m3",
+                     seed: int = 0, source: str | None = None) -> MxCheck:
+    """Run the MX decode kernel against :func:`mx_reference` (:func:`check_mx_model`). ``source``: a (mutated)
+    kernel file instead of the model's."""
+    args, real = mx_inputs(tokens, hidden, inter, fmt, seed)
+    return check_mx_model(mx_tkg_program(tokens, hidden, inter, target, fmt), target, args,
+                          mx_reference(real, fmt, target.lnc), f"nkilib_mx_{tokens}x{hidden}x{inter}.py", source)
