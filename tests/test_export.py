@@ -225,6 +225,9 @@ def test_export_cli_from_a_shipped_name_and_its_help(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"] == "trn2:lnc=2:launch=in-graph" and manifest["launch"]["call"] == "kernel[2](*args)"
     assert manifest["mlp"] == "dense" and [b["tokens"] for b in manifest["groups"]["dense-bf16"]["buckets"]] == [1, 128]
+    # the predicted latencies say how far to trust them (the manifest's model_error, also where no band exists)
+    note = manifest["groups"]["dense-bf16"]["buckets"][0]["predicted"]["model_error"]
+    assert f"latencies are the cost model's, not measured: {note}" in result.output
     assert {p.name for p in out.iterdir()} >= {"__init__.py", "weights.py", "module.py", "patch.py", "backend.py",
                                                "manifest.json", "manifest.schema.json", "kernels"}
     help_text = CliRunner().invoke(main, ["export", "--help"]).output

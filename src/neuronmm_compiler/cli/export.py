@@ -245,6 +245,8 @@ def _bar(enabled: bool, total: int):
 
 
 def _summary(manifest: dict, output: str) -> list[str]:
+    from ..tuning.report import wrap_note
+
     m = manifest["model"]
     lines = [f"{m['name']}: {manifest['target']} ({manifest['dialect']}, LNC={manifest['lnc']}, launch "
              f"{manifest['launch']['call']}), tp {manifest['tp']['degree']}, activations "
@@ -263,6 +265,9 @@ def _summary(manifest: dict, output: str) -> list[str]:
             comm = f" incl. {p['comm_us']:.1f} us all-reduce" if p["comm_us"] else ""
             lines.append(f"    {bucket['tokens']:>6} tokens: {p['total_us']:.1f} us predicted{band}{comm}{strategy}; "
                          f"{len(bucket['kernels'])} kernel file(s)")
+    notes = [b["predicted"]["model_error"] for g in manifest["groups"].values() for b in g["buckets"]]
+    if notes:  # the figures above are predictions: how far to trust them (on trn3: not validated at all)
+        lines += wrap_note(f"latencies are the cost model's, not measured: {notes[0]}")
     lines.append(f"  weights: {manifest['weights']['expects']}")
     if manifest["weights"].get("activation_scales") == "calibration":
         lines.append("  FP8 activation scales: calibrated on the unpatched model when patching (patch(..., "
