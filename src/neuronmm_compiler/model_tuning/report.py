@@ -21,7 +21,7 @@ _MODEL_COLUMNS = [(7, ">"), (9, ">"), (10, ">"), (8, ">"), (16, ">"), (8, ">"), 
 
 def model_lines(source: Any, index: dict[str, Any], target: Target, output: str) -> list[str]:
     """``nmmc tune --model``: one row per token bucket (cost-model predictions). The first speedup is
-    over nki-library's fused MLP (what NxD Inference runs), then nmmc's own fused dense MLP, then AWS's per-matmul
+    over nki-library's fused MLP (what vLLM Neuron runs), then nmmc's own fused dense MLP, then AWS's per-matmul
     kernels. A bucket where the SVD MLP does not beat nmmc's dense MLP recommends the dense one, and one where
     nki-library's kernel beats both recommends keeping it; either says so."""
     if index.get("groups"):
@@ -31,8 +31,8 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
     ranks = "/".join(str(r) for r in index["ranks"].values())
     lines = [f"{source.config.describe()}; ranks gate/up/down {ranks} (from the {source.ranks_from}); {target.label}",
              "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what vLLM Neuron "
-             "and NxD Inference call; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' "
-             "AWS's kernel per matmul",
+             "calls, NxD Inference before Neuron 2.34; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense "
+             "MLP, 'AWS dense' AWS's kernel per matmul",
              f"  {context_note(target)}",
              f"  speedups over the dense MLPs: {_approximations(index)}"]
     if index.get("formats_from") == "manifest":
@@ -48,11 +48,11 @@ def model_lines(source: Any, index: dict[str, Any], target: Target, output: str)
 
 
 def _dense_model_lines(source: Any, index: dict[str, Any], target: Target, output: str) -> list[str]:
-    """``nmmc tune --model --dense``: nmmc's fused dense MLP per bucket against nki-library's fused MLP (what NxD
-    Inference runs) and AWS's kernel per matmul; a bucket where nki-library's kernel is faster says so."""
+    """``nmmc tune --model --dense``: nmmc's fused dense MLP per bucket against nki-library's fused MLP (what vLLM
+    Neuron runs) and AWS's kernel per matmul; a bucket where nki-library's kernel is faster says so."""
     lines = [f"{source.config.describe()}; the dense MLP ({_dense_formats(index)}); {target.label}",
              "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what vLLM Neuron "
-             "and NxD Inference call; modelled, docs/fusion.md), 'AWS dense' AWS's kernel per matmul",
+             "calls, NxD Inference before Neuron 2.34; modelled, docs/fusion.md), 'AWS dense' AWS's kernel per matmul",
              f"  {context_note(target)}"]
     lines += _dense_table(index["buckets"])
     lines.append(f"latencies are the cost model's: {trust_note(target, fused=True)}")
@@ -112,7 +112,7 @@ def _svd_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]:
                          f"the SVD MLP is predicted no faster ({speedup_text(e['speedup_vs_fused_dense'])}), so "
                          "compression buys no speed there")
         elif e.get("recommended") == "nkilib":
-            lines.append(f"{under}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
+            lines.append(f"{under}recommended: nki-library's MLP (keep the serving stack's kernel): at {e['tokens']} "
                          "tokens it is predicted faster than every kernel nmmc wrote for the bucket")
     return lines + _reference_notes(buckets, indent)
 
@@ -131,7 +131,7 @@ def _dense_table(buckets: list[dict[str, Any]], indent: str = "  ") -> list[str]
         lines.append(row)
         lines += format_lines(e, under)
         if e.get("recommended") == "nkilib":
-            lines.append(f"{under}recommended: nki-library's MLP (keep NxD Inference's kernel): at {e['tokens']} "
+            lines.append(f"{under}recommended: nki-library's MLP (keep the serving stack's kernel): at {e['tokens']} "
                          "tokens it is predicted faster than nmmc's dense MLP")
     return lines + _reference_notes(buckets, indent)
 
@@ -168,8 +168,8 @@ def _grouped_lines(source: Any, index: dict[str, Any], target: Target, output: s
     count = f"{len(groups)} layer group{'s' if len(groups) > 1 else ''}"
     lines = [f"{source.config.describe()}; ranks and formats per layer (from the manifest): {count}; {target.label}",
              "  predicted by nmmc's cost model (not measured); 'nkilib' is nki-library's fused MLP (what vLLM Neuron "
-             "and NxD Inference call; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense MLP, 'AWS dense' "
-             "AWS's kernel per matmul",
+             "calls, NxD Inference before Neuron 2.34; modelled, docs/fusion.md), 'nmmc dense' nmmc's own fused dense "
+             "MLP, 'AWS dense' AWS's kernel per matmul",
              f"  {context_note(target)}",
              f"  speedups over the dense MLPs: {_approximations(index)}",
              "  format: each group's kernel is in the format the compress output records for its layers (manifest "
@@ -186,7 +186,7 @@ def _grouped_lines(source: Any, index: dict[str, Any], target: Target, output: s
     layers = index["model"]["num_hidden_layers"]
     lines.append(f"model MLP per bucket: the sum over its {layers} layers of their group's kernel, against "
                  "nmmc's fused dense MLP in bf16 for every layer (the uncompressed, unquantized model) and "
-                 "nki-library's fused MLP in bf16 for every layer (what NxD Inference runs)")
+                 "nki-library's fused MLP in bf16 for every layer (what vLLM Neuron runs)")
     rows = [["tokens", "model MLP us", "nmmc dense bf16 us", "vs it", "nkilib us", "vs it", "  layers x group us"]]
     for e in index["buckets"]:
         nkilib, runs = e.get("nkilib_us"), e.get("nkilib_runnable", True)
