@@ -241,12 +241,16 @@ class _Cte:
                 op = (Activation(dst, src, ElementwiseOp.SILU) if proj == "gate"
                       else TensorTensor(dst, dst, src, ElementwiseOp.MULTIPLY))
                 body += loop("it", Lin(idim.tiles), idim.tiles, [op])
-        body.append(Alloc(b["h_strip"]))
+        return body + self._transpose_down_store(b["h_rows"], t0, subs)
+
+    def _transpose_down_store(self, h: Buffer, t0: Expr, subs: list[tuple[int, int]]) -> list[Stmt]:
+        """A token tile's end: ``h`` (tokens on partitions) transposed into the strip, the down projection, the
+        store."""
+        b, ic = self.b, self.inter_c
+        body: list[Stmt] = [Alloc(b["h_strip"])]
         for s, rows in subs:
-            body += self._transposes(b["h_rows"], b["h_strip"], s, rows, ic, "h")
-        body += self._down(subs)
-        body += self._store(t0, subs)
-        return body
+            body += self._transposes(h, b["h_strip"], s, rows, ic, "h")
+        return body + self._down(subs) + self._store(t0, subs)
 
     def _down(self, subs: list[tuple[int, int]]) -> list[Stmt]:
         b, h, ic = self.b, self.hidden, self.inter_c

@@ -276,12 +276,7 @@ class _Fp8Cte(_Cte):
                                     Activation(dst, dst, "copy", scale=token_scale)])
                 body += loop("it", Lin(idim.tiles), idim.tiles, ops)
         body += self._quantize(subs)
-        body.append(Alloc(b["h_strip"]))
-        for s, rows in subs:
-            body += self._transposes(b["h_q"], b["h_strip"], s, rows, ic, "h")
-        body += self._down(subs)
-        body += self._store(t0, subs)
-        return body
+        return body + self._transpose_down_store(b["h_q"], t0, subs)
 
     def _quantize(self, subs: list[tuple[int, int]]) -> list[Stmt]:
         """_perform_intermediate_row_quantization: each token's scale over its I_c products, the FP8 product."""
