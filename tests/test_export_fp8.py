@@ -98,13 +98,13 @@ def _emulated_model(directory, mlp) -> LlamaForCausalLM:
     return model
 
 
-def _errors(patched, emulated, reference) -> tuple[float, float]:
+def _errors(patched, emulated, reference, shapes=((1, 3), (2, 11))) -> tuple[float, float]:
     """Largest logit error (of the largest logit) of the patched model against the emulation and the reference,
-    over prompts in both buckets and one chunked past the largest."""
+    over prompts ``shapes`` (by default in both buckets and one chunked past the largest)."""
     generator = torch.Generator().manual_seed(2)
     worst = [0.0, 0.0]
     with torch.no_grad():
-        for shape in ((1, 3), (2, 11)):
+        for shape in shapes:
             ids = torch.randint(0, CONFIG["vocab_size"], shape, generator=generator)
             got, expected = patched(ids), reference(ids)
             scale = expected.abs().max().item()

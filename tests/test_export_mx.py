@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch", reason="the export runtime needs the 'torch
 from neuronmm_compiler.export.runtime import mx as runtime_mx  # noqa: E402 - needs torch
 from neuronmm_compiler.export.runtime.llama import LlamaForCausalLM  # noqa: E402
 from test_export import _import  # noqa: E402
+from test_export_fp8 import _errors  # noqa: E402 - the same vocabulary (128) and prompts
 
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 512, "intermediate_size": 1024,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
@@ -105,21 +106,6 @@ def _checkpoint_weights(directory):
     reference = LlamaForCausalLM.from_pretrained(directory)
     return lambda layer: {p: getattr(reference.model.layers[layer].mlp, f"{p}_proj").weight.detach().t().numpy()
                           for p in ("gate", "up", "down")}
-
-
-def _errors(patched, emulated, reference, shapes=((1, 3), (2, 11))) -> tuple[float, float]:
-    """Largest logit error (of the largest logit) of ``patched`` against the emulation and the reference, over
-    prompts in both buckets and one chunked past the largest."""
-    generator = torch.Generator().manual_seed(2)
-    worst = [0.0, 0.0]
-    with torch.no_grad():
-        for shape in shapes:
-            ids = torch.randint(0, CONFIG["vocab_size"], shape, generator=generator)
-            got, expected = patched(ids), reference(ids)
-            scale = expected.abs().max().item()
-            worst[0] = max(worst[0], (got - emulated(ids)).abs().max().item() / scale)
-            worst[1] = max(worst[1], (got - expected).abs().max().item() / scale)
-    return worst[0], worst[1]
 
 
 @pytest.mark.parametrize("element", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"])
