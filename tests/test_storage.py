@@ -22,6 +22,8 @@ from neuronmm_compiler.schedule import GemmProblem
 from neuronmm_compiler.search.storage import open_storage, storage_kind
 from neuronmm_compiler.targets import get_target
 
+pytestmark = pytest.mark.usefixtures("one_polish_start")  # storage and resume, not the polish (conftest.py)
+
 TRN1 = get_target("trn1")
 PROBLEM = GemmProblem(512, 2048, 4096)
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -263,10 +265,10 @@ def _concurrent_tunes(url: str, study: str, out_dir: Path, *, processes: int, wo
 
 
 def test_concurrent_processes_and_workers_sqlite(tmp_path):
-    """Three processes of two workers each (six trial loops) on a fresh SQLite file: they race to create the tables,
-    the study and the last trials, and end with exactly the requested trials. (Four processes cost a fourth
-    interpreter and polish for no other race.)"""
-    _concurrent_tunes(f"sqlite:///{tmp_path / 'race.db'}", "race", tmp_path, processes=3, workers=2, trials=24)
+    """Two processes of two workers each (four trial loops) on a fresh SQLite file: they race to create the tables,
+    the study and the last trials, and end with exactly the requested trials. (Each further process costs three
+    interpreters and a polish for no other race; test_processes_racing_to_create_a_sqlite_storage races more.)"""
+    _concurrent_tunes(f"sqlite:///{tmp_path / 'race.db'}", "race", tmp_path, processes=2, workers=2, trials=24)
 
 
 def test_concurrent_processes_and_workers_postgresql(tmp_path):
@@ -277,7 +279,7 @@ def test_concurrent_processes_and_workers_postgresql(tmp_path):
         pytest.skip("NMMC_TEST_POSTGRES_URL is unset (set it to a postgresql:// URL to run this test)")
     name = f"nmmc-race-{uuid.uuid4().hex[:12]}"
     try:
-        _concurrent_tunes(url, name, tmp_path, processes=3, workers=2, trials=24)
+        _concurrent_tunes(url, name, tmp_path, processes=2, workers=2, trials=24)
     finally:
         optuna.delete_study(study_name=name, storage=open_storage(url))
 
@@ -311,7 +313,7 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def _race_to_open(url: str, processes: int = 6) -> None:
+def _race_to_open(url: str, processes: int = 4) -> None:
     """``processes`` processes open (create) study "s" on ``url`` at the same instant: all succeed."""
     code = ("import sys, time\nfrom neuronmm_compiler.search.trials import _open_study\n"
             "start = float(sys.argv[2])\nwhile time.time() < start:\n    time.sleep(0.001)\n"
