@@ -236,7 +236,7 @@ def test_tune_model_jobs_write_what_one_job_writes(tmp_path, monkeypatch, one_po
     from neuronmm_compiler.search import tuner
 
     monkeypatch.setattr(tuner, "POLISH_STARTS", one_polish_start)
-    args = ["tune", "--model", str(_small_model(tmp_path)), "--keep-ratio", "0.8", "--tokens", "1,2",
+    args = ["tune", "--model", str(_small_model(tmp_path, 1024, 3072)), "--keep-ratio", "0.8", "--tokens", "1,2",
             "--trials", "5", "--no-cache"]
     for jobs in ("1", "2"):
         result = CliRunner().invoke(main, [*args, "--jobs", jobs, "-o", str(tmp_path / jobs)])
