@@ -52,7 +52,16 @@ def test_fitted_targets_quote_their_cross_validated_error():
         assert entry.basis == ("held_out" if name in fitted else "default"), name
 
 
-def test_every_prediction_says_how_far_to_trust_it(tmp_path):
+def _one_polish_start(monkeypatch) -> None:
+    """The notes tests below search only to print a result: one polish start (as conftest.one_polish_start, but for
+    one test: the table test above keeps every start for its tuned rows)."""
+    from neuronmm_compiler.search import tuner
+
+    monkeypatch.setattr(tuner, "POLISH_STARTS", 1)
+
+
+def test_every_prediction_says_how_far_to_trust_it(tmp_path, monkeypatch):
+    _one_polish_start(monkeypatch)
     runner = CliRunner()
     note = trust_note(get_target("trn1"))
     assert note.startswith("typically within x") and "published trn1 measurements" in note
@@ -109,8 +118,9 @@ def test_every_doc_quotes_the_model_error_of_trust_py():
     assert found >= 3
 
 
-def test_fused_workloads_say_the_band_was_validated_on_gemms(tmp_path):
+def test_fused_workloads_say_the_band_was_validated_on_gemms(tmp_path, monkeypatch):
     """The published measurements are all of GEMM kernels: fused chains and MLPs say so next to the band."""
+    _one_polish_start(monkeypatch)
     from neuronmm_compiler.cost_model.trust import FUSED_CAVEAT
 
     runner = CliRunner()
