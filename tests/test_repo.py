@@ -44,7 +44,7 @@ def test_readme_says_how_long_the_suite_takes_what_it_skips_and_how_to_reactivat
     that the PostgreSQL storage tests are skipped without a server (and how to run them), and that a new
     shell needs the venv activated again."""
     text = " ".join((ROOT / "README.md").read_text().split())
-    assert re.search(r"about \d+ minutes on an idle 2-core machine", text) and "longer when other work" in text
+    assert re.search(r"about \d+(\.\d+)? minutes on an idle 2-core machine", text) and "longer when other work" in text
     assert "skipped unless `NMMC_TEST_POSTGRES_URL`" in text and "`.ci/run` starts" in text
     assert "NMMC_TEST_POSTGRES_URL=postgresql://" in text
     storage = (ROOT / "tests" / "test_storage.py").read_text()
