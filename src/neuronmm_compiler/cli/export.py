@@ -36,7 +36,8 @@ The package (OUT/):
   weights.py, fp8.py      checkpoint (dense; FP8: quantized per output channel) or factor files
                           (SVD, FP8 layers with their scales) -> a rank's kernel arguments
   module.py               NmmcMLP / NeuronNmmcMLP: the MLP module (pad to bucket, launch, all-reduce)
-  patch.py                replace the MLPs of a Hugging Face or NxD Inference Llama/Qwen3 model
+  patch.py                replace the MLPs of a Hugging Face Llama/Qwen3 model (or of an NxD Inference
+                          one: legacy, retired on trn2/trn3 by Neuron 2.34)
   backend.py, llama.py    nki.jit on a Neuron device / nmmc's interpreter on the CPU; a torch Llama
                           with Hugging Face's module names for CPU accuracy checks
   vllm_plugin.py, pyproject.toml, serving.json, SERVING.md
@@ -53,8 +54,9 @@ Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 
 @click.option("--tokens", "buckets", default=None, metavar="N,N,...",
               help="Token buckets (batch x sequence rows one MLP call processes), e.g. 1,128: one kernel each; a "
                    "call is padded to the smallest bucket that holds it (more tokens than the largest: chunks of "
-                   "it). Match them to your serving buckets (NxD Inference: the token-generation batch size and "
-                   "the context-encoding buckets). Required unless --serving derives them.")
+                   "it). Match them to your serving buckets (vLLM Neuron: --serving derives them; NxD Inference, "
+                   "before Neuron 2.34 retired it on trn2/trn3: the token-generation batch size and the "
+                   "context-encoding buckets). Required unless --serving derives them.")
 @click.option("--serving", type=click.Choice([SERVING], case_sensitive=False), default=None,
               help="Derive the buckets and per-rank shapes a vLLM Neuron server compiles from its flags "
                    "(--tp = --tensor-parallel-size, --max-num-seqs, --max-num-batched-tokens, --max-model-len), "
@@ -70,11 +72,11 @@ Exit codes: 0 written (and verified with --verify), 1 a kernel failed --verify, 
               help="With --serving: vllm serve --max-model-len (B below L is chunked prefill, which vLLM Neuron runs "
                    "in segments of B tokens; B >= L prefills in one shot with powers of two from 128).")
 @click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
-              help="Tensor-parallel degree (NxD Inference's tp_degree): per-rank kernels of the best slice-based "
-                   "sharding (Megatron for a dense MLP; replicate-u with reduce-output or reduce-rank for an SVD "
-                   "one) and the all-reduce between them. With FP8 each rank gets its weight and scale slices; FP8 SVD "
-                   "layers shard with replicate-u/reduce-rank (reduce-output would need per-rank scales compress "
-                   "does not calibrate).")
+              help="Tensor-parallel degree (vLLM Neuron's --tensor-parallel-size; NxD Inference's tp_degree): "
+                   "per-rank kernels of the best slice-based sharding (Megatron for a dense MLP; replicate-u with "
+                   "reduce-output or reduce-rank for an SVD one) and the all-reduce between them. With FP8 each rank "
+                   "gets its weight and scale slices; FP8 SVD layers shard with replicate-u/reduce-rank "
+                   "(reduce-output would need per-rank scales compress does not calibrate).")
 @click.option("--keep-ratio", type=float, default=None,
               help="Export the SVD-compressed MLP at this keep ratio (its weights then come from an 'nmmc compress' "
                    "output at the same ranks). Default: the ranks of MODEL when it is an 'nmmc compress' output, "
@@ -113,7 +115,7 @@ def export(model: str, buckets: str | None, serving: str | None, max_num_seqs: i
            seed: int,
            no_cache: bool, cache_dir: str | None, run_verify: bool, progress: bool | None, as_json: bool,
            output: str) -> None:
-    """Write MODEL's MLP kernels as a Python package that drops them into a PyTorch or NxD Inference model.
+    """Write MODEL's MLP kernels as a Python package that drops them into a PyTorch model or a vLLM Neuron server.
 
     MODEL is a shipped model name (llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-1.7b, qwen3-4b), a model
     directory or its config.json, or an 'nmmc compress' output directory (its ranks: the SVD MLP).
