@@ -25,6 +25,16 @@ for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 _BYTECODE_WHILE_COLLECTING = sys.dont_write_bytecode
 sys.dont_write_bytecode = False
 
+import signal  # noqa: E402
+
+# Ctrl-C reaches the tests' own processes: a shell that starts a command in the background without job control (`cmd
+# &` in a script, nohup) makes it ignore SIGINT, an ignored signal stays ignored across exec, and Python then installs
+# no KeyboardInterrupt handler. The tests of Ctrl-C (test_outputs, test_finetune_resume, test_tp_finetune) sent a
+# SIGINT that nothing received: four failures, one of them after a 120 s wait for an nmmc search that went on. With
+# Python's handler back, this process raises KeyboardInterrupt and the nmmc processes it starts get SIGINT's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
