@@ -86,6 +86,10 @@ def _shared_verification_inputs() -> None:
 
     draw = verification.random_inputs
     kept: OrderedDict[tuple, dict] = OrderedDict()
+    held = [0]  # bytes in ``kept``
+
+    def nbytes(arrays: dict) -> int:
+        return sum(array.nbytes for array in arrays.values())
 
     def random_inputs(specs, seed: int) -> dict:
         specs = list(specs)
@@ -94,9 +98,9 @@ def _shared_verification_inputs() -> None:
             kept.move_to_end(key)
         else:
             kept[key] = draw(specs, seed)
-            while len(kept) > 1 and sum(a.nbytes for arrays in kept.values() for a in arrays.values()) \
-                    > SHARED_INPUT_BYTES:
-                kept.popitem(last=False)
+            held[0] += nbytes(kept[key])
+            while len(kept) > 1 and held[0] > SHARED_INPUT_BYTES:
+                held[0] -= nbytes(kept.popitem(last=False)[1])
         return {name: array.copy() for name, array in kept[key].items()}
 
     verification.random_inputs = random_inputs
@@ -181,12 +185,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     module = item.nodeid.split("::", 1)[0]
     new_file, _last_file[0] = module != _last_file[0], module
     resident = _resident_bytes()
-    if resident - _released_at[0] > RELEASE_AFTER_BYTES if resident else new_file:
+    release = resident - _released_at[0] > RELEASE_AFTER_BYTES if resident else new_file
+    if release:
         gc.unfreeze()
-        gc.collect()
+    gc.collect()
+    if release:
         _released_at[0] = _resident_bytes()
-    else:
-        gc.collect()
     gc.freeze()
 
 
